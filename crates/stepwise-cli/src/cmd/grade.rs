@@ -1,0 +1,78 @@
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use stepwise_core::answer::extract_answer;
+use stepwise_core::grader::{grade, GradeMode};
+use stepwise_core::io::raw_records;
+
+/// Grade final answers.
+#[derive(clap::Args)]
+#[command(after_help = "Each input line is a JSON object with `given` and `ground_truth` strings. `given` may be a \
+whole solution: when it has several lines, a \\boxed{}, `####` or \"the answer is\", its final answer is extracted \
+first (and written as `extracted`). Each record is written to stdout with a boolean `correct` added.
+
+Example:
+  echo '{\"given\": \"so x = \\\\boxed{\\\\frac{1}{2}}\", \"ground_truth\": \"0.5\"}' | stepwise grade -")]
+pub struct Args {
+    /// JSONL file of {given, ground_truth} records (`-` for stdin).
+    pub input: PathBuf,
+    /// prm800k: exactly OpenAI's PRM800K grader; lenient: mathematically right where it is strict.
+    #[arg(long, default_value = "prm800k")]
+    pub mode: GradeMode,
+    /// Skip records that cannot be read instead of stopping.
+    #[arg(long)]
+    pub skip_invalid: bool,
+}
+
+fn looks_like_solution(s: &str) -> bool {
+    let l = s.to_lowercase();
+    s.trim().contains('\n') || s.contains("\\boxed") || s.contains("####") || l.contains("answer is") || l.contains("answer:")
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let out = std::io::stdout();
+    let mut out = BufWriter::new(out.lock());
+    let (mut n, mut correct, mut skipped) = (0usize, 0usize, 0usize);
+    for (line, rec) in raw_records(&a.input)? {
+        let at = || format!("{}:{line}", a.input.display());
+        let res = rec.map_err(|e| anyhow::anyhow!("{e}")).and_then(|mut v| {
+            let obj = v.as_object_mut().context("expected a JSON object")?;
+            let field = |k: &str| -> Result<String> {
+                match obj.get(k) {
+                    Some(Value::String(s)) => Ok(s.clone()),
+                    Some(Value::Number(n)) => Ok(n.to_string()),
+                    Some(_) => bail!("field `{k}`: expected a string"),
+                    None => bail!("field `{k}`: missing"),
+                }
+            };
+            let (given, truth) = (field("given")?, field("ground_truth")?);
+            let answer = if looks_like_solution(&given) {
+                let x = extract_answer(&given).unwrap_or_default();
+                obj.insert("extracted".into(), Value::String(x.clone()));
+                x
+            } else {
+                given
+            };
+            let ok = grade(&answer, &truth, a.mode);
+            obj.insert("correct".into(), Value::Bool(ok));
+            Ok((v, ok))
+        });
+        match res {
+            Ok((v, ok)) => {
+                n += 1;
+                correct += usize::from(ok);
+                serde_json::to_writer(&mut out, &v)?;
+                out.write_all(b"\n")?;
+            }
+            Err(_) if a.skip_invalid => skipped += 1,
+            Err(e) => bail!("{}: {e}", at()),
+        }
+    }
+    out.flush()?;
+    eprintln!("graded {n}: {correct} correct ({:.1}%)", 100.0 * correct as f64 / n.max(1) as f64);
+    if skipped > 0 {
+        eprintln!("skipped {skipped} invalid records");
+    }
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! `stepwise`: process supervision for reasoning models, one subcommand per stage of the loop.
+//! This binary only parses arguments and wires the library crates together.
+
+mod cmd;
+mod progress;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "stepwise",
+    version,
+    about = "Process supervision for reasoning models: label steps, train process reward models, verify and search.",
+    long_about = "stepwise runs the process-supervision loop: step-labelled data in every format the field \
+uses, automatic step annotation, process and outcome reward models, step scoring, best-of-N and search, and \
+evaluation. Every stage reads and writes JSONL (or Parquet), so each can run alone on files other tools made.",
+    after_help = "Examples:\n  \
+stepwise convert prm800k.jsonl out.jsonl --to trl        # any format to any other\n  \
+stepwise stats processbench/gsm8k.json                    # counts, label balance, first errors\n  \
+stepwise grade --mode lenient answers.jsonl              # add `correct` to {given, ground_truth} records\n  \
+stepwise score --model DIR --input steps.jsonl --output scored.jsonl\n\n\
+Run `stepwise <command> --help` for the details of each."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert step-labelled data between formats (detects the input format).
+    Convert(cmd::convert::Args),
+    /// Summarise a step-labelled dataset: counts, steps per solution, label balance, first errors.
+    Stats(cmd::stats::Args),
+    /// Grade final answers: reads {given, ground_truth} JSONL, writes each record with `correct`.
+    Grade(cmd::grade::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Convert(a) => cmd::convert::run(a),
+        Command::Stats(a) => cmd::stats::run(a),
+        Command::Grade(a) => cmd::grade::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

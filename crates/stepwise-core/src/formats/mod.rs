@@ -1,0 +1,249 @@
+//! Readers and writers for the step-supervision formats the field uses.
+//!
+//! Every format maps one record (a JSON value) to one or more [`Solution`]s and back. Fields the
+//! [`Solution`] has no slot for are kept in `meta`, so converting a file to stepwise's own format
+//! and back reproduces it. [`Format::drops`] says what converting *into* a format loses.
+
+mod math_shepherd;
+mod omegaprm;
+mod prm800k;
+mod processbench;
+mod rlhflow;
+mod trl;
+
+use crate::error::FieldError;
+use crate::record::Solution;
+use serde_json::Value;
+use std::fmt;
+use std::str::FromStr;
+
+/// A dataset format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// stepwise's own JSONL of [`Solution`] records.
+    Stepwise,
+    /// OpenAI PRM800K (phase 1 and 2): per-step completions rated -1/0/1 by humans.
+    Prm800k,
+    /// Math-Shepherd: `input` with ` ки` after each step and `label` with `+`/`-` in their place.
+    MathShepherd,
+    /// OpenR's training layout of Math-Shepherd data: `{question, process, labels: [1, 0]}`.
+    OpenrPrm,
+    /// TRL's stepwise supervision layout: `{prompt, completions, labels}`.
+    Trl,
+    /// ProcessBench: `{id, generator, problem, steps, final_answer_correct, label}`.
+    ProcessBench,
+    /// OpenR's OmegaPRM output, flat: `reasoning_steps: [{solution_prefix, mc_value}]`.
+    OmegaPrm,
+    /// OpenR's OmegaPRM output as a tree: `reasoning_steps: {text, mc_value, children}`.
+    OmegaPrmTree,
+    /// RLHFlow chat: user turns are steps, assistant turns are `+`/`-`.
+    Rlhflow,
+}
+
+/// Every format, in the order `--help` lists them.
+pub const ALL_FORMATS: [Format; 9] = [
+    Format::Stepwise,
+    Format::Prm800k,
+    Format::MathShepherd,
+    Format::OpenrPrm,
+    Format::Trl,
+    Format::ProcessBench,
+    Format::OmegaPrm,
+    Format::OmegaPrmTree,
+    Format::Rlhflow,
+];
+
+impl Format {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Stepwise => "stepwise",
+            Format::Prm800k => "prm800k",
+            Format::MathShepherd => "math-shepherd",
+            Format::OpenrPrm => "openr-prm",
+            Format::Trl => "trl",
+            Format::ProcessBench => "processbench",
+            Format::OmegaPrm => "omegaprm",
+            Format::OmegaPrmTree => "omegaprm-tree",
+            Format::Rlhflow => "rlhflow",
+        }
+    }
+
+    /// Guess the format from a file's first record.
+    pub fn detect(v: &Value) -> Option<Format> {
+        let o = v.as_object()?;
+        let has = |k: &str| o.contains_key(k);
+        let steps_are_objects = o.get("steps").and_then(|s| s.as_array()).is_some_and(|a| a.iter().all(Value::is_object));
+        Some(if has("steps") && steps_are_objects && !has("problem") {
+            Format::Stepwise
+        } else if has("label") && o.get("label")?.get("steps").is_some() {
+            Format::Prm800k
+        } else if has("input") && has("label") {
+            Format::MathShepherd
+        } else if has("process") && has("labels") {
+            Format::OpenrPrm
+        } else if has("prompt") && has("completions") {
+            Format::Trl
+        } else if has("problem") && has("steps") {
+            Format::ProcessBench
+        } else if has("reasoning_steps") {
+            if o.get("reasoning_steps")?.is_array() {
+                Format::OmegaPrm
+            } else {
+                Format::OmegaPrmTree
+            }
+        } else if has("conversations") || has("messages") {
+            Format::Rlhflow
+        } else {
+            return None;
+        })
+    }
+
+    /// Whether the writer needs all solutions of one problem together (one record holds many).
+    pub fn groups_by_problem(self) -> bool {
+        matches!(self, Format::OmegaPrm | Format::OmegaPrmTree)
+    }
+
+    /// Read one record. `index` is the record's 0-based position in its file, used for ids.
+    pub fn read(self, v: &Value, index: usize) -> Result<Vec<Solution>, FieldError> {
+        match self {
+            Format::Stepwise => serde_json::from_value::<Solution>(v.clone())
+                .map(|s| vec![s])
+                .map_err(|e| FieldError::new("", e.to_string())),
+            Format::Prm800k => prm800k::read(v, index).map(|s| vec![s]),
+            Format::MathShepherd => math_shepherd::read(v, index).map(|s| vec![s]),
+            Format::OpenrPrm => math_shepherd::read_openr(v, index).map(|s| vec![s]),
+            Format::Trl => trl::read(v, index).map(|s| vec![s]),
+            Format::ProcessBench => processbench::read(v, index).map(|s| vec![s]),
+            Format::OmegaPrm => omegaprm::read_flat(v, index),
+            Format::OmegaPrmTree => omegaprm::read_tree(v, index),
+            Format::Rlhflow => rlhflow::read(v, index).map(|s| vec![s]),
+        }
+    }
+
+    /// Write solutions as records of this format. For formats that
+    /// [group by problem](Format::groups_by_problem), `group` holds the solutions of one problem.
+    pub fn write(self, group: &[Solution]) -> Result<Vec<Value>, FieldError> {
+        match self {
+            Format::OmegaPrm => Ok(vec![omegaprm::write_flat(group)]),
+            Format::OmegaPrmTree => Ok(vec![omegaprm::write_tree(group)]),
+            _ => group.iter().map(|s| self.write_one(s)).collect(),
+        }
+    }
+
+    fn write_one(self, s: &Solution) -> Result<Value, FieldError> {
+        Ok(match self {
+            Format::Stepwise => serde_json::to_value(s).map_err(|e| FieldError::new("", e.to_string()))?,
+            Format::Prm800k => prm800k::write(s),
+            Format::MathShepherd => math_shepherd::write(s),
+            Format::OpenrPrm => math_shepherd::write_openr(s),
+            Format::Trl => trl::write(s),
+            Format::ProcessBench => processbench::write(s),
+            Format::Rlhflow => rlhflow::write(s),
+            Format::OmegaPrm | Format::OmegaPrmTree => unreachable!("grouped formats are written by Format::write"),
+        })
+    }
+
+    /// What converting a stepwise record into this format loses.
+    pub fn drops(self) -> &'static str {
+        match self {
+            Format::Stepwise => "nothing",
+            Format::Prm800k => "soft labels (written as rating 1 when p > 0, else -1) and step scores",
+            Format::MathShepherd | Format::OpenrPrm | Format::Trl | Format::Rlhflow => {
+                "neutral ratings (written as good), soft values (good when p > 0), label provenance and step scores; \
+                 unlabelled steps are written good before the first bad step and bad after it"
+            }
+            Format::ProcessBench => {
+                "every label after the first bad step, soft values (good when p > 0), provenance and step scores"
+            }
+            Format::OmegaPrm | Format::OmegaPrmTree => {
+                "hard ratings (written as mc_value 1 or 0; neutral as 1), provenance and step scores"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ALL_FORMATS
+            .iter()
+            .copied()
+            .find(|f| f.name() == s.to_ascii_lowercase().replace('_', "-"))
+            .ok_or_else(|| {
+                let names: Vec<_> = ALL_FORMATS.iter().map(|f| f.name()).collect();
+                format!("unknown format `{s}`; known formats: {}", names.join(", "))
+            })
+    }
+}
+
+/// A stable short id for a question text (FNV-1a 64, hex), so solutions of one problem share it.
+pub fn problem_id_for(question: &str) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in question.as_bytes() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("q{h:016x}")
+}
+
+/// Binary labels for writing into formats that only hold good/bad: a label's verdict where there
+/// is one; unlabelled steps are good before the first bad step and bad after it.
+pub(crate) fn binary_labels(s: &Solution) -> Vec<bool> {
+    let mut seen_bad = false;
+    s.steps
+        .iter()
+        .map(|st| {
+            let good = match &st.label {
+                Some(l) => l.is_good(),
+                None => !seen_bad,
+            };
+            seen_bad |= !good;
+            good
+        })
+        .collect()
+}
+
+/// Copy `meta` entries into a record object, skipping keys the record already has and keys
+/// that belong to another format (prefixed `_`).
+pub(crate) fn extend_with_meta(obj: &mut serde_json::Map<String, Value>, s: &Solution) {
+    for (k, v) in &s.meta {
+        if !k.starts_with('_') && !obj.contains_key(k) {
+            obj.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// Split a `question + " " + "Step 1: ..."` string into question and first step at `Step 1`;
+/// without that marker the question cannot be told apart and comes back empty.
+pub(crate) fn split_question(first: &str) -> (String, String) {
+    if let Some(i) = first.find("Step 1") {
+        return (first[..i].trim_end().to_string(), first[i..].to_string());
+    }
+    (String::new(), first.to_string())
+}
+
+
+/// Question and first step from the text before the first step boundary: at an explicit
+/// `question` field (writers add one when the steps carry no `Step 1` marker), else at `Step 1`.
+pub(crate) fn split_first(o: &serde_json::Map<String, Value>, first: &str) -> Result<(String, String), FieldError> {
+    match crate::json::opt_str(o, "question")? {
+        Some(q) => match first.strip_prefix(q.as_str()) {
+            Some(rest) => Ok((q, rest.trim().to_string())),
+            None => Err(FieldError::new("question", "the first step's text does not start with it")),
+        },
+        None => Ok(split_question(first)),
+    }
+}
+
+/// Whether `question + " " + step 1` could not be split back without a `question` field.
+pub(crate) fn needs_question_field(s: &Solution) -> bool {
+    let first = s.steps.first().map_or("", |st| st.text.as_str());
+    !s.question.is_empty() && split_question(&format!("{} {first}", s.question)).0 != s.question
+}

@@ -1,0 +1,292 @@
+//! Streaming record I/O: JSONL (constant memory), JSON arrays and Parquet in; JSONL, JSON and
+//! Parquet out; solutions in any [`Format`], auto-detected from the first record.
+
+use crate::error::{Error, RecordError, Result};
+use crate::formats::Format;
+use crate::parquet_io::{is_parquet, read_parquet, write_parquet};
+use crate::record::Solution;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// One raw record and its 1-based position (line number for JSONL, index for arrays/Parquet).
+pub type RawRecord = (usize, std::result::Result<Value, RecordError>);
+
+/// Iterate over the JSON records of a file: JSONL line by line, a JSON array, or Parquet rows.
+/// `-` reads standard input.
+pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
+    let io_err = |source| Error::Io { file: path.to_path_buf(), source };
+    if is_parquet(path) {
+        let batches = read_parquet(path).map_err(|message| Error::Other { file: path.to_path_buf(), message })?;
+        let mut n = 0usize;
+        return Ok(Box::new(batches.flat_map(move |b| {
+            let rows: Vec<RawRecord> = match b {
+                Ok(rows) => rows.into_iter().map(|v| { n += 1; (n, Ok(v)) }).collect(),
+                Err(e) => vec![(n + 1, Err(RecordError::Json(e)))],
+            };
+            rows
+        })));
+    }
+    let reader: Box<dyn BufRead> = if path == Path::new("-") {
+        Box::new(BufReader::new(io::stdin()))
+    } else {
+        Box::new(BufReader::with_capacity(1 << 16, File::open(path).map_err(io_err)?))
+    };
+    let mut reader = reader;
+    // Peek at the first non-blank byte: `[` means one JSON array.
+    let first = loop {
+        let buf = reader.fill_buf().map_err(io_err)?;
+        match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+            Some(i) => break Some(buf[i]),
+            None if buf.is_empty() => break None,
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+            }
+        }
+    };
+    let is_json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    if first == Some(b'{') && is_json {
+        // A `.json` file holding one (possibly pretty-printed) object, or several in a row.
+        let values: Vec<RawRecord> = serde_json::Deserializer::from_reader(reader)
+            .into_iter::<Value>()
+            .enumerate()
+            .map(|(i, v)| (i + 1, v.map_err(|e| RecordError::Json(e.to_string()))))
+            .collect();
+        return Ok(Box::new(values.into_iter()));
+    }
+    if first == Some(b'[') {
+        let mut s = String::new();
+        reader.read_to_string(&mut s).map_err(io_err)?;
+        let arr: Vec<Value> = serde_json::from_str(&s)
+            .map_err(|e| Error::Other { file: path.to_path_buf(), message: format!("invalid JSON array: {e}") })?;
+        return Ok(Box::new(arr.into_iter().enumerate().map(|(i, v)| (i + 1, Ok(v)))));
+    }
+    Ok(Box::new(JsonLines { reader, line: 0, buf: String::new() }))
+}
+
+struct JsonLines {
+    reader: Box<dyn BufRead>,
+    line: usize,
+    buf: String,
+}
+
+impl Iterator for JsonLines {
+    type Item = RawRecord;
+    fn next(&mut self) -> Option<RawRecord> {
+        loop {
+            self.buf.clear();
+            self.line += 1;
+            match self.reader.read_line(&mut self.buf) {
+                Ok(0) => return None,
+                Ok(_) if self.buf.trim().is_empty() => continue,
+                Ok(_) => {
+                    return Some((self.line, serde_json::from_str(&self.buf).map_err(|e| RecordError::Json(e.to_string()))))
+                }
+                Err(e) => return Some((self.line, Err(RecordError::Json(e.to_string())))),
+            }
+        }
+    }
+}
+
+/// Reads solutions from a file in any format.
+pub struct SolutionReader {
+    path: PathBuf,
+    records: std::iter::Peekable<Box<dyn Iterator<Item = RawRecord>>>,
+    format: Option<Format>,
+    skip_invalid: bool,
+    skipped: usize,
+    index: usize,
+    pending: VecDeque<Solution>,
+}
+
+impl SolutionReader {
+    /// Open `path`; `format` of `None` detects it from the first record.
+    pub fn open(path: impl AsRef<Path>, format: Option<Format>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let records = raw_records(&path)?.peekable();
+        Ok(SolutionReader { path, records, format, skip_invalid: false, skipped: 0, index: 0, pending: VecDeque::new() })
+    }
+
+    /// Skip records that fail to parse instead of stopping at the first one.
+    pub fn skip_invalid(mut self, yes: bool) -> Self {
+        self.skip_invalid = yes;
+        self
+    }
+
+    /// How many records were skipped as invalid so far.
+    pub fn skipped(&self) -> usize {
+        self.skipped
+    }
+
+    /// The format, detecting it from the first record if needed.
+    pub fn format(&mut self) -> Result<Option<Format>> {
+        if self.format.is_none() {
+            if let Some((line, Ok(v))) = self.records.peek() {
+                let f = Format::detect(v).ok_or_else(|| Error::Record {
+                    file: self.path.clone(),
+                    line: *line,
+                    source: RecordError::Json("cannot tell the format from this record; pass --from FORMAT".into()),
+                })?;
+                self.format = Some(f);
+            }
+        }
+        Ok(self.format)
+    }
+}
+
+impl Iterator for SolutionReader {
+    type Item = Result<Solution>;
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(s) = self.pending.pop_front() {
+                return Some(Ok(s));
+            }
+            let format = match self.format() {
+                Ok(Some(f)) => f,
+                Ok(None) => return self.records.next().map(|(line, r)| Err(Error::Record {
+                    file: self.path.clone(),
+                    line,
+                    source: r.err().unwrap_or(RecordError::Json("unreadable record".into())),
+                })),
+                Err(e) => return Some(Err(e)),
+            };
+            let (line, rec) = self.records.next()?;
+            let index = self.index;
+            self.index += 1;
+            match rec.and_then(|v| format.read(&v, index).map_err(RecordError::from)) {
+                Ok(sols) => self.pending.extend(sols),
+                Err(source) if self.skip_invalid => {
+                    self.skipped += 1;
+                    let _ = source;
+                }
+                Err(source) => return Some(Err(Error::Record { file: self.path.clone(), line, source })),
+            }
+        }
+    }
+}
+
+/// Read every solution of a file (convenience for small files and tests).
+pub fn read_solutions(path: impl AsRef<Path>, format: Option<Format>) -> Result<Vec<Solution>> {
+    SolutionReader::open(path, format)?.collect()
+}
+
+enum Sink {
+    Lines(Box<dyn Write>),
+    Array(Box<dyn Write>, bool),
+    Parquet(PathBuf, Vec<Value>),
+}
+
+/// Writes solutions in a format to JSONL (default), a JSON array (`.json`) or Parquet.
+pub struct SolutionWriter {
+    path: PathBuf,
+    format: Format,
+    sink: Sink,
+    group: Vec<Solution>,
+}
+
+impl SolutionWriter {
+    /// Create `path` (`-` for standard output).
+    pub fn create(path: impl AsRef<Path>, format: Format) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let open = |p: &Path| -> Result<Box<dyn Write>> {
+            if p == Path::new("-") {
+                Ok(Box::new(BufWriter::new(io::stdout())))
+            } else {
+                if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|source| Error::Io { file: dir.to_path_buf(), source })?;
+                }
+                let f = File::create(p).map_err(|source| Error::Io { file: p.to_path_buf(), source })?;
+                Ok(Box::new(BufWriter::with_capacity(1 << 16, f)))
+            }
+        };
+        let sink = if is_parquet(&path) {
+            Sink::Parquet(path.clone(), Vec::new())
+        } else if path.extension().is_some_and(|e| e == "json") {
+            Sink::Array(open(&path)?, true)
+        } else {
+            Sink::Lines(open(&path)?)
+        };
+        Ok(SolutionWriter { path, format, sink, group: Vec::new() })
+    }
+
+    fn emit(&mut self, sols: &[Solution]) -> Result<()> {
+        let records = self.format.write(sols).map_err(|e| Error::Other { file: self.path.clone(), message: e.to_string() })?;
+        let io_err = |source| Error::Io { file: self.path.clone(), source };
+        for v in records {
+            match &mut self.sink {
+                Sink::Lines(w) => {
+                    serde_json::to_writer(&mut *w, &v).map_err(|e| io_err(e.into()))?;
+                    w.write_all(b"\n").map_err(io_err)?;
+                }
+                Sink::Array(w, first) => {
+                    w.write_all(if *first { b"[\n" } else { b",\n" }).map_err(io_err)?;
+                    *first = false;
+                    serde_json::to_writer(&mut *w, &v).map_err(|e| io_err(e.into()))?;
+                }
+                Sink::Parquet(_, rows) => rows.push(v),
+            }
+        }
+        Ok(())
+    }
+
+    /// Write one solution (grouped formats buffer the solutions of one problem).
+    pub fn write(&mut self, s: &Solution) -> Result<()> {
+        if !self.format.groups_by_problem() {
+            return self.emit(std::slice::from_ref(s));
+        }
+        if self.group.first().is_some_and(|g| !same_group(g, s)) {
+            let g = std::mem::take(&mut self.group);
+            self.emit(&g)?;
+        }
+        self.group.push(s.clone());
+        Ok(())
+    }
+
+    /// Flush everything and close the file.
+    pub fn finish(mut self) -> Result<()> {
+        if !self.group.is_empty() {
+            let g = std::mem::take(&mut self.group);
+            self.emit(&g)?;
+        }
+        let io_err = |source| Error::Io { file: self.path.clone(), source };
+        match self.sink {
+            Sink::Lines(mut w) => w.flush().map_err(io_err),
+            Sink::Array(mut w, first) => {
+                w.write_all(if first { b"[]\n" } else { b"\n]\n" }).map_err(io_err)?;
+                w.flush().map_err(io_err)
+            }
+            Sink::Parquet(path, rows) => write_parquet(&path, &rows).map_err(|message| Error::Other { file: path, message }),
+        }
+    }
+}
+
+fn same_group(a: &Solution, b: &Solution) -> bool {
+    match (a.meta.get("_omegaprm_group"), b.meta.get("_omegaprm_group")) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.problem_id == b.problem_id,
+    }
+}
+
+/// Write solutions to a file in one go.
+pub fn write_solutions(path: impl AsRef<Path>, format: Format, sols: &[Solution]) -> Result<()> {
+    let mut w = SolutionWriter::create(path, format)?;
+    for s in sols {
+        w.write(s)?;
+    }
+    w.finish()
+}
+
+/// Write any serializable records as JSONL.
+pub fn write_jsonl<T: serde::Serialize>(path: impl AsRef<Path>, items: &[T]) -> Result<()> {
+    let path = path.as_ref();
+    let io_err = |source| Error::Io { file: path.to_path_buf(), source };
+    let mut w = BufWriter::new(File::create(path).map_err(io_err)?);
+    for it in items {
+        serde_json::to_writer(&mut w, it).map_err(|e| io_err(e.into()))?;
+        w.write_all(b"\n").map_err(io_err)?;
+    }
+    w.flush().map_err(io_err)
+}

@@ -1,0 +1,20 @@
+//! stepwise-core: the records of process supervision and the formats, step splitting, answer
+//! extraction and grading every other stepwise stage builds on.
+#![warn(missing_docs)]
+
+pub mod answer;
+pub mod calc;
+pub mod error;
+pub mod formats;
+pub mod grader;
+pub mod io;
+pub mod json;
+pub mod parquet_io;
+pub mod record;
+pub mod stats;
+pub mod steps;
+
+pub use error::{Error, FieldError, RecordError};
+pub use formats::Format;
+pub use io::{read_solutions, write_solutions, SolutionReader, SolutionWriter};
+pub use record::{LabelValue, Meta, Problem, Provenance, Rating, Solution, Step, StepLabel};

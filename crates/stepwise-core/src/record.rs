@@ -1,0 +1,237 @@
+//! The records every stage reads and writes: [`Problem`], [`Solution`], [`Step`], [`StepLabel`].
+//!
+//! A [`Solution`] carries its question (and gold answer when known) so that a JSONL file of
+//! solutions is self-contained: any stage can run on it alone.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Free-form metadata kept alongside a record (format-specific fields live here so that
+/// conversions back to the original format are lossless).
+pub type Meta = Map<String, Value>;
+
+/// A problem to solve.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Problem {
+    /// Stable identifier.
+    pub id: String,
+    /// The question text.
+    pub question: String,
+    /// The reference final answer, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gold_answer: Option<String>,
+    /// Where the problem comes from (dataset name, generator family, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Anything else.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub meta: Meta,
+}
+
+/// A step-by-step solution to a problem, with optional per-step labels and scores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Solution {
+    /// Stable identifier of this solution.
+    pub id: String,
+    /// Identifier of the problem it answers.
+    #[serde(default)]
+    pub problem_id: String,
+    /// The question text (copied from the problem so the record stands alone).
+    #[serde(default)]
+    pub question: String,
+    /// The reasoning steps, in order.
+    pub steps: Vec<Step>,
+    /// The final answer the solution arrives at, when extracted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_answer: Option<String>,
+    /// The reference answer of the problem, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gold_answer: Option<String>,
+    /// Whether the final answer is correct (outcome label), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correct: Option<bool>,
+    /// The model (or person) that wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator: Option<String>,
+    /// Anything else, including format-specific fields kept for lossless round trips.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub meta: Meta,
+}
+
+/// One reasoning step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Step {
+    /// The step's text.
+    pub text: String,
+    /// A supervision label, when the step has been annotated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<StepLabel>,
+    /// A score given by a step scorer (PRM, oracle, …), in [0, 1] for probabilities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f32>,
+}
+
+impl Step {
+    /// An unlabelled step.
+    pub fn new(text: impl Into<String>) -> Self {
+        Step { text: text.into(), label: None, score: None }
+    }
+
+    /// A step with a label.
+    pub fn labelled(text: impl Into<String>, label: StepLabel) -> Self {
+        Step { text: text.into(), label: Some(label), score: None }
+    }
+}
+
+/// A hard step rating, as PRM800K rates steps: -1 bad, 0 neutral, +1 good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rating {
+    /// The step is wrong (-1).
+    Bad,
+    /// The step is acceptable but does not move towards the answer (0).
+    Neutral,
+    /// The step is correct and useful (+1).
+    Good,
+}
+
+impl Rating {
+    /// PRM800K's integer encoding.
+    pub fn as_i64(self) -> i64 {
+        match self {
+            Rating::Bad => -1,
+            Rating::Neutral => 0,
+            Rating::Good => 1,
+        }
+    }
+
+    /// Inverse of [`Rating::as_i64`].
+    pub fn from_i64(v: i64) -> Option<Rating> {
+        match v {
+            -1 => Some(Rating::Bad),
+            0 => Some(Rating::Neutral),
+            1 => Some(Rating::Good),
+            _ => None,
+        }
+    }
+}
+
+/// Who or what produced a label.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Provenance {
+    /// Not recorded by the source format.
+    #[default]
+    Unknown,
+    /// A human annotator.
+    Human,
+    /// Monte Carlo rollouts from the step prefix: `hits` of `rollouts` reached the gold answer.
+    MonteCarlo {
+        /// Number of rollouts from this prefix.
+        rollouts: u32,
+        /// Number of those that reached a correct answer.
+        hits: u32,
+    },
+    /// Binary search for the first error (OmegaPRM).
+    BinarySearch,
+    /// An LLM judge.
+    Judge,
+    /// Agreement of several annotators (e.g. Monte Carlo and judge).
+    Consensus,
+    /// An exact step checker.
+    Oracle,
+}
+
+/// The value of a label: a hard rating or a soft probability that the step is correct.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LabelValue {
+    /// A hard rating.
+    Hard {
+        /// The rating.
+        rating: Rating,
+    },
+    /// A soft label: the estimated probability that the step is correct (e.g. an MC value).
+    Soft {
+        /// Probability in [0, 1].
+        p: f32,
+    },
+}
+
+/// A supervision label on one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepLabel {
+    /// Hard or soft value.
+    #[serde(flatten)]
+    pub value: LabelValue,
+    /// Who produced it.
+    #[serde(default, skip_serializing_if = "is_unknown")]
+    pub source: Provenance,
+}
+
+fn is_unknown(p: &Provenance) -> bool {
+    matches!(p, Provenance::Unknown)
+}
+
+impl StepLabel {
+    /// A hard label.
+    pub fn hard(rating: Rating, source: Provenance) -> Self {
+        StepLabel { value: LabelValue::Hard { rating }, source }
+    }
+
+    /// A hard good/bad label from a boolean.
+    pub fn from_bool(good: bool, source: Provenance) -> Self {
+        Self::hard(if good { Rating::Good } else { Rating::Bad }, source)
+    }
+
+    /// A soft label.
+    pub fn soft(p: f32, source: Provenance) -> Self {
+        StepLabel { value: LabelValue::Soft { p }, source }
+    }
+
+    /// The hard rating if this is a hard label.
+    pub fn rating(&self) -> Option<Rating> {
+        match self.value {
+            LabelValue::Hard { rating } => Some(rating),
+            LabelValue::Soft { .. } => None,
+        }
+    }
+
+    /// Probability that the step is good: 1/0 for good/bad, `neutral` for neutral, p for soft.
+    pub fn prob(&self, neutral: f32) -> f32 {
+        match self.value {
+            LabelValue::Hard { rating: Rating::Good } => 1.0,
+            LabelValue::Hard { rating: Rating::Bad } => 0.0,
+            LabelValue::Hard { rating: Rating::Neutral } => neutral,
+            LabelValue::Soft { p } => p,
+        }
+    }
+
+    /// Binary verdict: good unless bad; neutral counts as good (PRM800K's convention), soft
+    /// labels are good when `p > 0` (Math-Shepherd hard estimation: any rollout succeeded).
+    pub fn is_good(&self) -> bool {
+        match self.value {
+            LabelValue::Hard { rating } => rating != Rating::Bad,
+            LabelValue::Soft { p } => p > 0.0,
+        }
+    }
+}
+
+impl Solution {
+    /// Index of the first step whose label is bad, if any.
+    pub fn first_error(&self) -> Option<usize> {
+        self.steps
+            .iter()
+            .position(|s| s.label.as_ref().is_some_and(|l| !l.is_good()))
+    }
+
+    /// Whether every step carries a label.
+    pub fn fully_labelled(&self) -> bool {
+        self.steps.iter().all(|s| s.label.is_some())
+    }
+
+    /// The step texts.
+    pub fn step_texts(&self) -> Vec<&str> {
+        self.steps.iter().map(|s| s.text.as_str()).collect()
+    }
+}

@@ -1,0 +1,204 @@
+//! A decoder plus its head, loaded from (and saved to) a Hugging Face checkpoint folder.
+
+use crate::config::{HeadKind, ModelConfig};
+use crate::transformer::{KvCache, Transformer};
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{Linear, VarBuilder, VarMap};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The head on top of the decoder.
+#[derive(Clone, Debug)]
+pub enum Head {
+    /// Vocabulary logits.
+    Lm(Linear),
+    /// Qwen2.5-Math-PRM's `score`: Linear → ReLU → Linear.
+    Mlp(Linear, Linear),
+    /// A linear classifier (`score`).
+    Classifier(Linear),
+}
+
+/// A decoder-only transformer with its head.
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    /// The decoder.
+    pub decoder: Transformer,
+    /// The head.
+    pub head: Head,
+    /// The device it runs on.
+    pub device: Device,
+}
+
+impl Model {
+    /// Build from a `VarBuilder` holding HF-named weights.
+    pub fn new(config: ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let decoder = Transformer::new(&config, vb.pp("model"))?;
+        let h = config.hidden_size;
+        let head = match config.head {
+            HeadKind::CausalLm if config.tie_word_embeddings => Head::Lm(Linear::new(decoder.embeddings().clone(), None)),
+            HeadKind::CausalLm => Head::Lm(candle_nn::linear_no_bias(h, config.vocab_size, vb.pp("lm_head"))?),
+            HeadKind::ProcessRewardMlp => Head::Mlp(
+                candle_nn::linear(h, h, vb.pp("score.0"))?,
+                candle_nn::linear(h, config.num_labels, vb.pp("score.2"))?,
+            ),
+            HeadKind::TokenClassification => Head::Classifier(candle_nn::linear(h, config.num_labels, vb.pp("score"))?),
+        };
+        Ok(Model { device: vb.device().clone(), config, decoder, head })
+    }
+
+    /// Load `config.json` and the safetensors weights of a checkpoint folder (single file or
+    /// sharded with `model.safetensors.index.json`; f32, bf16 or f16, computed in f32).
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        Self::load_with_config(dir, config, device)
+    }
+
+    /// Load weights with a given config (e.g. to override the head).
+    pub fn load_with_config(dir: &Path, config: ModelConfig, device: &Device) -> Result<Self> {
+        let files = weight_files(dir)?;
+        let tensors = load_tensors(&files, device)?;
+        check_tensors(&config, &tensors, &files)?;
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, device);
+        Self::new(config, vb).with_context(|| format!("building the model from {}", dir.display()))
+    }
+
+    /// Load trainable: every weight becomes a variable in `varmap` (missing head weights, e.g. a
+    /// new classifier on a causal LM, are freshly initialised).
+    pub fn load_trainable(dir: &Path, config: ModelConfig, varmap: &VarMap, device: &Device) -> Result<Self> {
+        let files = weight_files(dir)?;
+        let tensors = load_tensors(&files, device)?;
+        {
+            let mut data = varmap.data().lock().unwrap();
+            for (name, t) in tensors {
+                data.insert(name, candle_core::Var::from_tensor(&t)?);
+            }
+        }
+        let vb = VarBuilder::from_varmap(varmap, DType::F32, device);
+        Self::new(config, vb)
+    }
+
+    /// A freshly initialised model whose weights live in `varmap`.
+    pub fn fresh(config: ModelConfig, varmap: &VarMap, device: &Device) -> Result<Self> {
+        let vb = VarBuilder::from_varmap(varmap, DType::F32, device);
+        Self::new(config, vb)
+    }
+
+    /// Hidden states `[b, t, hidden]`.
+    pub fn hidden(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        self.decoder.forward(ids, pad_mask, cache)
+    }
+
+    /// Head outputs for hidden states `[.., hidden]`: vocabulary logits or class logits.
+    pub fn head_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(match &self.head {
+            Head::Lm(l) | Head::Classifier(l) => l.forward(hidden)?,
+            Head::Mlp(a, b) => b.forward(&a.forward(hidden)?.relu()?)?,
+        })
+    }
+
+    /// Head outputs at every position `[b, t, classes or vocab]`.
+    pub fn forward(&self, ids: &Tensor, pad_mask: Option<&Tensor>) -> Result<Tensor> {
+        self.head_logits(&self.hidden(ids, pad_mask, None)?)
+    }
+
+    /// Switch between the inference kernels and the differentiable training path.
+    pub fn set_training(&mut self, on: bool) {
+        self.decoder.differentiable = on;
+    }
+
+    /// Number of positions encoded so far.
+    pub fn encoded_tokens(&self) -> usize {
+        self.decoder.encoded_tokens.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Probability of class 1 from 2-class logits along the last dimension.
+pub fn class1_prob(logits: &Tensor) -> Result<Tensor> {
+    Ok(candle_nn::ops::softmax_last_dim(logits)?.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?)
+}
+
+/// The safetensors files of a checkpoint folder.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)
+            .with_context(|| format!("{}: invalid JSON", index.display()))?;
+        let map = v.get("weight_map").and_then(|m| m.as_object()).with_context(|| format!("{}: field `weight_map` missing", index.display()))?;
+        let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
+        files.sort();
+        files.dedup();
+        return Ok(files);
+    }
+    bail!("{}: no model.safetensors or model.safetensors.index.json", dir.display())
+}
+
+fn load_tensors(files: &[PathBuf], device: &Device) -> Result<HashMap<String, Tensor>> {
+    let mut all = HashMap::new();
+    for f in files {
+        let t = candle_core::safetensors::load(f, device).with_context(|| format!("reading {}", f.display()))?;
+        for (k, v) in t {
+            let v = v.to_dtype(DType::F32).with_context(|| format!("{}: tensor `{k}`: cannot convert to f32", f.display()))?;
+            all.insert(k, v);
+        }
+    }
+    Ok(all)
+}
+
+/// Name every missing or mis-shaped tensor before candle would fail on the first one.
+fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBuf]) -> Result<()> {
+    let (h, d) = (cfg.hidden_size, cfg.head_dim);
+    let mut want: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h]), ("model.norm.weight".into(), vec![h])];
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        want.push((format!("{p}.self_attn.q_proj.weight"), vec![cfg.num_attention_heads * d, h]));
+        want.push((format!("{p}.self_attn.k_proj.weight"), vec![cfg.num_key_value_heads * d, h]));
+        want.push((format!("{p}.self_attn.v_proj.weight"), vec![cfg.num_key_value_heads * d, h]));
+        want.push((format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.num_attention_heads * d]));
+        want.push((format!("{p}.mlp.gate_proj.weight"), vec![cfg.intermediate_size, h]));
+        want.push((format!("{p}.mlp.up_proj.weight"), vec![cfg.intermediate_size, h]));
+        want.push((format!("{p}.mlp.down_proj.weight"), vec![h, cfg.intermediate_size]));
+    }
+    match cfg.head {
+        HeadKind::CausalLm if !cfg.tie_word_embeddings => want.push(("lm_head.weight".into(), vec![cfg.vocab_size, h])),
+        HeadKind::ProcessRewardMlp => {
+            want.push(("score.0.weight".into(), vec![h, h]));
+            want.push(("score.2.weight".into(), vec![cfg.num_labels, h]));
+        }
+        HeadKind::TokenClassification => want.push(("score.weight".into(), vec![cfg.num_labels, h])),
+        HeadKind::CausalLm => {}
+    }
+    let names = files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ");
+    for (name, shape) in want {
+        match t.get(&name) {
+            None => bail!("{names}: tensor `{name}` is missing (architecture {})", cfg.architecture),
+            Some(x) if x.dims() != shape.as_slice() => {
+                bail!("{names}: tensor `{name}` has shape {:?}, config.json implies {:?}", x.dims(), shape)
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Write the model as a Hugging Face folder: `config.json` + `model.safetensors` (f32).
+pub fn save_checkpoint(dir: &Path, config: &ModelConfig, varmap: &VarMap) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config.to_hf_json())?)?;
+    let data = varmap.data().lock().unwrap();
+    let mut tensors: HashMap<String, Tensor> = data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
+    if config.tie_word_embeddings {
+        tensors.remove("lm_head.weight");
+    }
+    // Write to a temporary name, then rename: an interrupted save never leaves a torn file.
+    let tmp = dir.join("model.safetensors.tmp");
+    candle_core::safetensors::save(&tensors, &tmp)?;
+    std::fs::rename(&tmp, dir.join("model.safetensors"))?;
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! The decoder shared by Qwen2/Qwen2.5 and Llama/Mistral: embeddings, pre-norm blocks with
+//! grouped-query attention and rotary positions, SwiGLU MLPs, a final RMSNorm. Read top to
+//! bottom: [`Transformer::forward`] → [`Block::forward`] → [`Attention::forward`].
+//!
+//! Two numerically equivalent paths: the fused candle kernels for inference, and plain tensor
+//! ops that record a backward pass for training (candle's fused `rms_norm`, `softmax_last_dim`
+//! and `rope` have no gradient).
+
+use crate::config::ModelConfig;
+use anyhow::Result;
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{Embedding, Linear, VarBuilder};
+
+/// Per-layer key/value cache of a batch of sequences.
+#[derive(Clone, Debug, Default)]
+pub struct KvCache {
+    /// `(k, v)` per layer, each `[batch, kv_heads, seq, head_dim]`.
+    pub layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same cache repeated `n` times along the batch (continuations of one prefix).
+    pub fn repeat_batch(&self, n: usize) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.as_ref()
+                    .map(|(k, v)| -> Result<_> { Ok((k.repeat((n, 1, 1, 1))?, v.repeat((n, 1, 1, 1))?)) })
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+
+    /// Keep only the batch rows in `rows`.
+    pub fn select(&self, rows: &Tensor) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| l.as_ref().map(|(k, v)| -> Result<_> { Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?)) }).transpose())
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, diff: bool) -> Result<Tensor> {
+    if !diff {
+        return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?);
+    }
+    let var = x.sqr()?.mean_keepdim(D::Minus1)?;
+    Ok(x.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(w)?)
+}
+
+/// Rotary embeddings: cos/sin tables for every position up to the maximum.
+#[derive(Clone, Debug)]
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    fn new(cfg: &ModelConfig, dev: &Device) -> Result<Self> {
+        let d = cfg.head_dim;
+        let max = cfg.max_position_embeddings.min(32768);
+        let inv: Vec<f32> = (0..d / 2).map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32)).collect();
+        let inv = Tensor::from_vec(inv, (1, d / 2), dev)?;
+        let t = Tensor::arange(0u32, max as u32, dev)?.to_dtype(DType::F32)?.reshape((max, 1))?;
+        let freqs = t.matmul(&inv)?;
+        Ok(Rope { cos: freqs.cos()?, sin: freqs.sin()? })
+    }
+
+    /// Rotate `x` `[b, h, t, d]` for positions `offset..offset + t`.
+    fn apply(&self, x: &Tensor, offset: usize, diff: bool) -> Result<Tensor> {
+        let t = x.dim(2)?;
+        let cos = self.cos.narrow(0, offset, t)?;
+        let sin = self.sin.narrow(0, offset, t)?;
+        let x = x.contiguous()?;
+        Ok(if diff {
+            candle_nn::rotary_emb::rope_slow(&x, &cos, &sin)?
+        } else {
+            candle_nn::rotary_emb::rope(&x, &cos, &sin)?
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+fn linear(vb: VarBuilder, i: usize, o: usize, bias: bool) -> Result<Linear> {
+    Ok(if bias { candle_nn::linear(i, o, vb)? } else { candle_nn::linear_no_bias(i, o, vb)? })
+}
+
+impl Attention {
+    fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let (h, d, kv) = (cfg.hidden_size, cfg.head_dim, cfg.num_key_value_heads);
+        let heads = cfg.num_attention_heads;
+        Ok(Attention {
+            q: linear(vb.pp("q_proj"), h, heads * d, cfg.attention_bias)?,
+            k: linear(vb.pp("k_proj"), h, kv * d, cfg.attention_bias)?,
+            v: linear(vb.pp("v_proj"), h, kv * d, cfg.attention_bias)?,
+            o: linear(vb.pp("o_proj"), heads * d, h, false)?,
+            heads,
+            kv_heads: kv,
+            head_dim: d,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rope: &Rope,
+        cache: &mut Option<(Tensor, Tensor)>,
+        offset: usize,
+        diff: bool,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let split = |y: Tensor, n: usize| -> Result<Tensor> { Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?) };
+        let q = rope.apply(&split(self.q.forward(x)?, self.heads)?, offset, diff)?;
+        let mut k = rope.apply(&split(self.k.forward(x)?, self.kv_heads)?, offset, diff)?;
+        let mut v = split(self.v.forward(x)?, self.kv_heads)?.contiguous()?;
+        if let Some((pk, pv)) = cache.as_ref() {
+            k = Tensor::cat(&[pk, &k], 2)?;
+            v = Tensor::cat(&[pv, &v], 2)?;
+        }
+        *cache = Some((k.clone(), v.clone()));
+        // Grouped-query attention: each kv head serves `heads / kv_heads` query heads.
+        let group = self.heads / self.kv_heads;
+        let s = k.dim(2)?;
+        let q = q.reshape((b, self.kv_heads, group * t, self.head_dim))?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let mut att = (q.matmul(&k.t()?)? * scale)?.reshape((b, self.heads, t, s))?;
+        if let Some(m) = mask {
+            att = att.broadcast_add(m)?;
+        }
+        let att = if diff { candle_nn::ops::softmax(&att, D::Minus1)? } else { candle_nn::ops::softmax_last_dim(&att)? };
+        let y = att.reshape((b, self.kv_heads, group * t, s))?.matmul(&v)?;
+        let y = y.reshape((b, self.heads, t, self.head_dim))?.transpose(1, 2)?.reshape((b, t, self.heads * self.head_dim))?;
+        Ok(self.o.forward(&y)?)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Mlp {
+            gate: linear(vb.pp("gate_proj"), h, i, false)?,
+            up: linear(vb.pp("up_proj"), h, i, false)?,
+            down: linear(vb.pp("down_proj"), i, h, false)?,
+        })
+    }
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = candle_nn::ops::silu(&self.gate.forward(x)?)?;
+        Ok(self.down.forward(&(g * self.up.forward(x)?)?)?)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    ln1: Tensor,
+    ln2: Tensor,
+}
+
+impl Block {
+    fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rope: &Rope,
+        cache: &mut Option<(Tensor, Tensor)>,
+        offset: usize,
+        eps: f64,
+        diff: bool,
+    ) -> Result<Tensor> {
+        let h = self.attn.forward(&rms_norm(x, &self.ln1, eps, diff)?, mask, rope, cache, offset, diff)?;
+        let x = (x + h)?;
+        let h = self.mlp.forward(&rms_norm(&x, &self.ln2, eps, diff)?)?;
+        Ok((x + h)?)
+    }
+}
+
+/// The decoder stack (`model.*` weights).
+#[derive(Clone, Debug)]
+pub struct Transformer {
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    rope: Rope,
+    eps: f64,
+    /// Use the differentiable (training) path.
+    pub differentiable: bool,
+    /// Number of token positions run through the decoder so far (for shared-prefix tests and
+    /// throughput reports).
+    pub encoded_tokens: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Transformer {
+    /// Build from weights under `vb` (the `model.` prefix).
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let embed = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, vb.pp("embed_tokens"))?;
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let vb = vb.pp(format!("layers.{i}"));
+                Ok(Block {
+                    attn: Attention::new(cfg, vb.pp("self_attn"))?,
+                    mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+                    ln1: vb.pp("input_layernorm").get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?,
+                    ln2: vb.pp("post_attention_layernorm").get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let norm = vb.pp("norm").get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?;
+        Ok(Transformer {
+            rope: Rope::new(cfg, vb.device())?,
+            embed,
+            blocks,
+            norm,
+            eps: cfg.rms_norm_eps,
+            differentiable: false,
+            encoded_tokens: Default::default(),
+        })
+    }
+
+    /// The token embedding matrix (for tied LM heads).
+    pub fn embeddings(&self) -> &Tensor {
+        self.embed.embeddings()
+    }
+
+    /// Hidden states `[b, t, hidden]` for token ids `[b, t]`.
+    ///
+    /// `pad_mask` `[b, t_total]` (1 = real token, 0 = padding) covers the cached positions and
+    /// the new ones; attention is causal and never looks at padding. With a `cache`, the new
+    /// tokens continue the cached sequence and the cache is extended.
+    pub fn forward(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        self.encoded_tokens.fetch_add(b * t, std::sync::atomic::Ordering::Relaxed);
+        let mut local = KvCache::default();
+        let cache = cache.unwrap_or(&mut local);
+        if cache.layers.len() != self.blocks.len() {
+            cache.layers = vec![None; self.blocks.len()];
+        }
+        let offset = cache.len();
+        let mask = attention_mask(b, t, offset, pad_mask, ids.device())?;
+        let mut x = self.embed.forward(ids)?;
+        for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            x = block.forward(&x, mask.as_ref(), &self.rope, c, offset, self.eps, self.differentiable)?;
+        }
+        rms_norm(&x, &self.norm, self.eps, self.differentiable)
+    }
+}
+
+/// Additive mask `[b, 1, t, offset + t]`: 0 where query i may attend key j (j ≤ offset + i and
+/// j is not padding), −∞ elsewhere; `None` when no masking is needed (one query, no padding).
+fn attention_mask(b: usize, t: usize, offset: usize, pad: Option<&Tensor>, dev: &Device) -> Result<Option<Tensor>> {
+    let s = offset + t;
+    if t == 1 && pad.is_none() {
+        return Ok(None);
+    }
+    let causal: Vec<f32> = (0..t)
+        .flat_map(|i| (0..s).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    let causal = Tensor::from_vec(causal, (1, 1, t, s), dev)?;
+    let Some(pad) = pad else { return Ok(Some(causal)) };
+    // Padding keys: 0 → −∞ (a large negative, so that rows of pure padding stay finite).
+    let keys = ((pad.to_dtype(DType::F32)?.reshape((b, 1, 1, s))? - 1.0)? * 1e9)?;
+    Ok(Some(causal.broadcast_add(&keys)?))
+}
