@@ -26,7 +26,10 @@ pub fn last_boxed(text: &str) -> Option<String> {
         None
     } else {
         // `\boxed 5` form: up to the next `$` or whitespace.
-        let tok: String = rest_trim.chars().take_while(|c| !c.is_whitespace() && *c != '$').collect();
+        let tok: String = rest_trim
+            .chars()
+            .take_while(|c| !c.is_whitespace() && *c != '$')
+            .collect();
         (!tok.is_empty()).then_some(tok)
     }
 }
@@ -52,7 +55,9 @@ fn after_marker(text: &str, marker: &str) -> Option<String> {
     if lower.len() != text.len() {
         return None;
     }
-    let mut a = text[i + marker.len()..].trim_start_matches([':', ' ', '\t']).trim();
+    let mut a = text[i + marker.len()..]
+        .trim_start_matches([':', ' ', '\t'])
+        .trim();
     if let Some(b) = last_boxed(a) {
         return Some(b);
     }
@@ -66,20 +71,31 @@ fn after_marker(text: &str, marker: &str) -> Option<String> {
 /// Extract the final answer from a solution text, trying in order: `\boxed{}`, `# Answer`,
 /// `####`, "The answer is", "A:" at the start of the last line, and finally the last number.
 pub fn extract_answer(text: &str) -> Option<String> {
-    extract_raw(text).map(|a| tidy(&a)).filter(|a| !a.is_empty())
+    extract_raw(text)
+        .map(|a| tidy(&a))
+        .filter(|a| !a.is_empty())
 }
 
 /// Clean an extracted answer: surrounding `**`/`$`, a trailing full stop, a stray backslash
 /// before digits (`\15` for `\$15`); a sentence with a number is reduced to its last number.
 pub fn tidy(answer: &str) -> String {
-    let mut a = answer.trim().trim_matches('*').trim().trim_matches('$').trim().to_string();
+    let mut a = answer
+        .trim()
+        .trim_matches('*')
+        .trim()
+        .trim_matches('$')
+        .trim()
+        .to_string();
     if a.ends_with('.') && !a.ends_with("..") {
         a.pop();
     }
     if a.starts_with('\\') && a[1..].starts_with(|c: char| c.is_ascii_digit()) {
         a.remove(0);
     }
-    let words = a.split_whitespace().filter(|w| w.len() > 1 && w.chars().all(char::is_alphabetic)).count();
+    let words = a
+        .split_whitespace()
+        .filter(|w| w.len() > 1 && w.chars().all(char::is_alphabetic))
+        .count();
     if words >= 2 && !a.contains('\\') {
         if let Some(n) = last_number(&a) {
             return n;
@@ -98,7 +114,12 @@ fn extract_raw(text: &str) -> Option<String> {
     if text.contains("####") {
         return extract_gsm8k_gold(text);
     }
-    for marker in ["the answer is", "final answer is", "final answer:", "answer:"] {
+    for marker in [
+        "the answer is",
+        "final answer is",
+        "final answer:",
+        "answer:",
+    ] {
         if let Some(a) = after_marker(text, marker) {
             return Some(a);
         }
@@ -137,7 +158,9 @@ pub fn last_number(text: &str) -> Option<String> {
     while end > 0 {
         if b[end - 1].is_ascii_digit() {
             let mut start = end;
-            while start > 0 && (b[start - 1].is_ascii_digit() || b[start - 1] == b',' || b[start - 1] == b'.') {
+            while start > 0
+                && (b[start - 1].is_ascii_digit() || b[start - 1] == b',' || b[start - 1] == b'.')
+            {
                 start -= 1;
             }
             while start < end && !b[start].is_ascii_digit() {
@@ -159,8 +182,14 @@ mod tests {
 
     #[test]
     fn boxed_with_nested_braces() {
-        assert_eq!(last_boxed(r"so \boxed{\frac{1}{2}} and \boxed{x^{2}}").as_deref(), Some("x^{2}"));
-        assert_eq!(last_boxed(r"\boxed{\frac{a}{b}}").as_deref(), Some(r"\frac{a}{b}"));
+        assert_eq!(
+            last_boxed(r"so \boxed{\frac{1}{2}} and \boxed{x^{2}}").as_deref(),
+            Some("x^{2}")
+        );
+        assert_eq!(
+            last_boxed(r"\boxed{\frac{a}{b}}").as_deref(),
+            Some(r"\frac{a}{b}")
+        );
         assert_eq!(last_boxed(r"\boxed 5$").as_deref(), Some("5"));
         assert_eq!(last_boxed(r"\boxed{unclosed"), None);
     }
@@ -170,9 +199,21 @@ mod tests {
         assert_eq!(extract_answer("x\n#### 1,234").as_deref(), Some("1234"));
         assert_eq!(extract_answer("so\nA: 18").as_deref(), Some("18"));
         assert_eq!(extract_answer("The answer is: 17").as_deref(), Some("17"));
-        assert_eq!(extract_answer("Therefore, the answer is $42$.").as_deref(), Some("42"));
-        assert_eq!(extract_answer("We get 3 then 4.5 apples.").as_deref(), Some("4.5"));
-        assert_eq!(extract_answer("So 29 cents.\n\n# Answer\n\n29").as_deref(), Some("29"));
-        assert_eq!(extract_answer("a loss of -12 dollars").as_deref(), Some("-12"));
+        assert_eq!(
+            extract_answer("Therefore, the answer is $42$.").as_deref(),
+            Some("42")
+        );
+        assert_eq!(
+            extract_answer("We get 3 then 4.5 apples.").as_deref(),
+            Some("4.5")
+        );
+        assert_eq!(
+            extract_answer("So 29 cents.\n\n# Answer\n\n29").as_deref(),
+            Some("29")
+        );
+        assert_eq!(
+            extract_answer("a loss of -12 dollars").as_deref(),
+            Some("-12")
+        );
     }
 }

@@ -25,7 +25,9 @@ pub fn check_annotations(text: &str) -> Vec<Annotation> {
         let Some(j) = after.find(">>") else { break };
         let inner = &after[..j];
         rest = &after[j + 2..];
-        let Some((lhs, rhs)) = inner.rsplit_once('=') else { continue };
+        let Some((lhs, rhs)) = inner.rsplit_once('=') else {
+            continue;
+        };
         out.push(check(lhs.trim(), rhs.trim()));
     }
     out
@@ -49,7 +51,12 @@ fn check(lhs: &str, rhs: &str) -> Annotation {
         }
         _ => false,
     };
-    Annotation { expression: lhs.to_string(), stated: rhs.to_string(), value, correct }
+    Annotation {
+        expression: lhs.to_string(),
+        stated: rhs.to_string(),
+        value,
+        correct,
+    }
 }
 
 #[cfg(test)]
@@ -57,7 +64,12 @@ mod tests {
     use super::*;
     #[test]
     fn right_and_wrong() {
-        let a = check_annotations("16 - 3 - 4 = <<16-3-4=9>>9 and 13 * 2 = <<13*2=25>>25 and <<10/3=3.33>>");
-        assert_eq!(a.iter().map(|x| x.correct).collect::<Vec<_>>(), vec![true, false, true]);
+        let a = check_annotations(
+            "16 - 3 - 4 = <<16-3-4=9>>9 and 13 * 2 = <<13*2=25>>25 and <<10/3=3.33>>",
+        );
+        assert_eq!(
+            a.iter().map(|x| x.correct).collect::<Vec<_>>(),
+            vec![true, false, true]
+        );
     }
 }

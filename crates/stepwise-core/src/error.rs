@@ -15,7 +15,10 @@ pub struct FieldError {
 impl FieldError {
     /// A new field error.
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        FieldError { field: field.into(), message: message.into() }
+        FieldError {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     /// Prefix the field path with a parent (`parent.field`).

@@ -17,13 +17,25 @@ pub type RawRecord = (usize, std::result::Result<Value, RecordError>);
 /// Iterate over the JSON records of a file: JSONL line by line, a JSON array, or Parquet rows.
 /// `-` reads standard input.
 pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
-    let io_err = |source| Error::Io { file: path.to_path_buf(), source };
+    let io_err = |source| Error::Io {
+        file: path.to_path_buf(),
+        source,
+    };
     if is_parquet(path) {
-        let batches = read_parquet(path).map_err(|message| Error::Other { file: path.to_path_buf(), message })?;
+        let batches = read_parquet(path).map_err(|message| Error::Other {
+            file: path.to_path_buf(),
+            message,
+        })?;
         let mut n = 0usize;
         return Ok(Box::new(batches.flat_map(move |b| {
             let rows: Vec<RawRecord> = match b {
-                Ok(rows) => rows.into_iter().map(|v| { n += 1; (n, Ok(v)) }).collect(),
+                Ok(rows) => rows
+                    .into_iter()
+                    .map(|v| {
+                        n += 1;
+                        (n, Ok(v))
+                    })
+                    .collect(),
                 Err(e) => vec![(n + 1, Err(RecordError::Json(e)))],
             };
             rows
@@ -32,7 +44,10 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
     let reader: Box<dyn BufRead> = if path == Path::new("-") {
         Box::new(BufReader::new(io::stdin()))
     } else {
-        Box::new(BufReader::with_capacity(1 << 16, File::open(path).map_err(io_err)?))
+        Box::new(BufReader::with_capacity(
+            1 << 16,
+            File::open(path).map_err(io_err)?,
+        ))
     };
     let mut reader = reader;
     // Peek at the first non-blank byte: `[` means one JSON array.
@@ -47,7 +62,9 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
             }
         }
     };
-    let is_json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
     if first == Some(b'{') && is_json {
         // A `.json` file holding one (possibly pretty-printed) object, or several in a row.
         let values: Vec<RawRecord> = serde_json::Deserializer::from_reader(reader)
@@ -60,11 +77,19 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
     if first == Some(b'[') {
         let mut s = String::new();
         reader.read_to_string(&mut s).map_err(io_err)?;
-        let arr: Vec<Value> = serde_json::from_str(&s)
-            .map_err(|e| Error::Other { file: path.to_path_buf(), message: format!("invalid JSON array: {e}") })?;
-        return Ok(Box::new(arr.into_iter().enumerate().map(|(i, v)| (i + 1, Ok(v)))));
+        let arr: Vec<Value> = serde_json::from_str(&s).map_err(|e| Error::Other {
+            file: path.to_path_buf(),
+            message: format!("invalid JSON array: {e}"),
+        })?;
+        return Ok(Box::new(
+            arr.into_iter().enumerate().map(|(i, v)| (i + 1, Ok(v))),
+        ));
     }
-    Ok(Box::new(JsonLines { reader, line: 0, buf: String::new() }))
+    Ok(Box::new(JsonLines {
+        reader,
+        line: 0,
+        buf: String::new(),
+    }))
 }
 
 struct JsonLines {
@@ -83,7 +108,11 @@ impl Iterator for JsonLines {
                 Ok(0) => return None,
                 Ok(_) if self.buf.trim().is_empty() => continue,
                 Ok(_) => {
-                    return Some((self.line, serde_json::from_str(&self.buf).map_err(|e| RecordError::Json(e.to_string()))))
+                    return Some((
+                        self.line,
+                        serde_json::from_str(&self.buf)
+                            .map_err(|e| RecordError::Json(e.to_string())),
+                    ))
                 }
                 Err(e) => return Some((self.line, Err(RecordError::Json(e.to_string())))),
             }
@@ -107,7 +136,15 @@ impl SolutionReader {
     pub fn open(path: impl AsRef<Path>, format: Option<Format>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let records = raw_records(&path)?.peekable();
-        Ok(SolutionReader { path, records, format, skip_invalid: false, skipped: 0, index: 0, pending: VecDeque::new() })
+        Ok(SolutionReader {
+            path,
+            records,
+            format,
+            skip_invalid: false,
+            skipped: 0,
+            index: 0,
+            pending: VecDeque::new(),
+        })
     }
 
     /// Skip records that fail to parse instead of stopping at the first one.
@@ -128,7 +165,9 @@ impl SolutionReader {
                 let f = Format::detect(v).ok_or_else(|| Error::Record {
                     file: self.path.clone(),
                     line: *line,
-                    source: RecordError::Json("cannot tell the format from this record; pass --from FORMAT".into()),
+                    source: RecordError::Json(
+                        "cannot tell the format from this record; pass --from FORMAT".into(),
+                    ),
                 })?;
                 self.format = Some(f);
             }
@@ -146,11 +185,17 @@ impl Iterator for SolutionReader {
             }
             let format = match self.format() {
                 Ok(Some(f)) => f,
-                Ok(None) => return self.records.next().map(|(line, r)| Err(Error::Record {
-                    file: self.path.clone(),
-                    line,
-                    source: r.err().unwrap_or(RecordError::Json("unreadable record".into())),
-                })),
+                Ok(None) => {
+                    return self.records.next().map(|(line, r)| {
+                        Err(Error::Record {
+                            file: self.path.clone(),
+                            line,
+                            source: r
+                                .err()
+                                .unwrap_or(RecordError::Json("unreadable record".into())),
+                        })
+                    })
+                }
                 Err(e) => return Some(Err(e)),
             };
             let (line, rec) = self.records.next()?;
@@ -162,7 +207,13 @@ impl Iterator for SolutionReader {
                     self.skipped += 1;
                     let _ = source;
                 }
-                Err(source) => return Some(Err(Error::Record { file: self.path.clone(), line, source })),
+                Err(source) => {
+                    return Some(Err(Error::Record {
+                        file: self.path.clone(),
+                        line,
+                        source,
+                    }))
+                }
             }
         }
     }
@@ -196,9 +247,15 @@ impl SolutionWriter {
                 Ok(Box::new(BufWriter::new(io::stdout())))
             } else {
                 if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir).map_err(|source| Error::Io { file: dir.to_path_buf(), source })?;
+                    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+                        file: dir.to_path_buf(),
+                        source,
+                    })?;
                 }
-                let f = File::create(p).map_err(|source| Error::Io { file: p.to_path_buf(), source })?;
+                let f = File::create(p).map_err(|source| Error::Io {
+                    file: p.to_path_buf(),
+                    source,
+                })?;
                 Ok(Box::new(BufWriter::with_capacity(1 << 16, f)))
             }
         };
@@ -209,12 +266,23 @@ impl SolutionWriter {
         } else {
             Sink::Lines(open(&path)?)
         };
-        Ok(SolutionWriter { path, format, sink, group: Vec::new() })
+        Ok(SolutionWriter {
+            path,
+            format,
+            sink,
+            group: Vec::new(),
+        })
     }
 
     fn emit(&mut self, sols: &[Solution]) -> Result<()> {
-        let records = self.format.write(sols).map_err(|e| Error::Other { file: self.path.clone(), message: e.to_string() })?;
-        let io_err = |source| Error::Io { file: self.path.clone(), source };
+        let records = self.format.write(sols).map_err(|e| Error::Other {
+            file: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        let io_err = |source| Error::Io {
+            file: self.path.clone(),
+            source,
+        };
         for v in records {
             match &mut self.sink {
                 Sink::Lines(w) => {
@@ -222,7 +290,8 @@ impl SolutionWriter {
                     w.write_all(b"\n").map_err(io_err)?;
                 }
                 Sink::Array(w, first) => {
-                    w.write_all(if *first { b"[\n" } else { b",\n" }).map_err(io_err)?;
+                    w.write_all(if *first { b"[\n" } else { b",\n" })
+                        .map_err(io_err)?;
                     *first = false;
                     serde_json::to_writer(&mut *w, &v).map_err(|e| io_err(e.into()))?;
                 }
@@ -251,14 +320,23 @@ impl SolutionWriter {
             let g = std::mem::take(&mut self.group);
             self.emit(&g)?;
         }
-        let io_err = |source| Error::Io { file: self.path.clone(), source };
+        let io_err = |source| Error::Io {
+            file: self.path.clone(),
+            source,
+        };
         match self.sink {
             Sink::Lines(mut w) => w.flush().map_err(io_err),
             Sink::Array(mut w, first) => {
-                w.write_all(if first { b"[]\n" } else { b"\n]\n" }).map_err(io_err)?;
+                w.write_all(if first { b"[]\n" } else { b"\n]\n" })
+                    .map_err(io_err)?;
                 w.flush().map_err(io_err)
             }
-            Sink::Parquet(path, rows) => write_parquet(&path, &rows).map_err(|message| Error::Other { file: path, message }),
+            Sink::Parquet(path, rows) => {
+                write_parquet(&path, &rows).map_err(|message| Error::Other {
+                    file: path,
+                    message,
+                })
+            }
         }
     }
 }
@@ -282,7 +360,10 @@ pub fn write_solutions(path: impl AsRef<Path>, format: Format, sols: &[Solution]
 /// Write any serializable records as JSONL.
 pub fn write_jsonl<T: serde::Serialize>(path: impl AsRef<Path>, items: &[T]) -> Result<()> {
     let path = path.as_ref();
-    let io_err = |source| Error::Io { file: path.to_path_buf(), source };
+    let io_err = |source| Error::Io {
+        file: path.to_path_buf(),
+        source,
+    };
     let mut w = BufWriter::new(File::create(path).map_err(io_err)?);
     for it in items {
         serde_json::to_writer(&mut w, it).map_err(|e| io_err(e.into()))?;

@@ -74,12 +74,20 @@ pub struct Step {
 impl Step {
     /// An unlabelled step.
     pub fn new(text: impl Into<String>) -> Self {
-        Step { text: text.into(), label: None, score: None }
+        Step {
+            text: text.into(),
+            label: None,
+            score: None,
+        }
     }
 
     /// A step with a label.
     pub fn labelled(text: impl Into<String>, label: StepLabel) -> Self {
-        Step { text: text.into(), label: Some(label), score: None }
+        Step {
+            text: text.into(),
+            label: Some(label),
+            score: None,
+        }
     }
 }
 
@@ -176,7 +184,10 @@ fn is_unknown(p: &Provenance) -> bool {
 impl StepLabel {
     /// A hard label.
     pub fn hard(rating: Rating, source: Provenance) -> Self {
-        StepLabel { value: LabelValue::Hard { rating }, source }
+        StepLabel {
+            value: LabelValue::Hard { rating },
+            source,
+        }
     }
 
     /// A hard good/bad label from a boolean.
@@ -186,7 +197,10 @@ impl StepLabel {
 
     /// A soft label.
     pub fn soft(p: f32, source: Provenance) -> Self {
-        StepLabel { value: LabelValue::Soft { p }, source }
+        StepLabel {
+            value: LabelValue::Soft { p },
+            source,
+        }
     }
 
     /// The hard rating if this is a hard label.
@@ -200,9 +214,15 @@ impl StepLabel {
     /// Probability that the step is good: 1/0 for good/bad, `neutral` for neutral, p for soft.
     pub fn prob(&self, neutral: f32) -> f32 {
         match self.value {
-            LabelValue::Hard { rating: Rating::Good } => 1.0,
-            LabelValue::Hard { rating: Rating::Bad } => 0.0,
-            LabelValue::Hard { rating: Rating::Neutral } => neutral,
+            LabelValue::Hard {
+                rating: Rating::Good,
+            } => 1.0,
+            LabelValue::Hard {
+                rating: Rating::Bad,
+            } => 0.0,
+            LabelValue::Hard {
+                rating: Rating::Neutral,
+            } => neutral,
             LabelValue::Soft { p } => p,
         }
     }

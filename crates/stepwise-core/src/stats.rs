@@ -47,9 +47,15 @@ pub fn stats<'a>(sols: impl IntoIterator<Item = &'a Solution>) -> Stats {
         for st in &sol.steps {
             match st.label.as_ref().map(|l| l.value) {
                 None => s.unlabelled_steps += 1,
-                Some(LabelValue::Hard { rating: Rating::Good }) => s.hard_labels.0 += 1,
-                Some(LabelValue::Hard { rating: Rating::Neutral }) => s.hard_labels.1 += 1,
-                Some(LabelValue::Hard { rating: Rating::Bad }) => s.hard_labels.2 += 1,
+                Some(LabelValue::Hard {
+                    rating: Rating::Good,
+                }) => s.hard_labels.0 += 1,
+                Some(LabelValue::Hard {
+                    rating: Rating::Neutral,
+                }) => s.hard_labels.1 += 1,
+                Some(LabelValue::Hard {
+                    rating: Rating::Bad,
+                }) => s.hard_labels.2 += 1,
                 Some(LabelValue::Soft { p }) => {
                     s.soft_labels.0 += 1;
                     soft_sum += p as f64;
@@ -71,7 +77,11 @@ pub fn stats<'a>(sols: impl IntoIterator<Item = &'a Solution>) -> Stats {
         }
     }
     s.problems = problems.len();
-    let mean = if s.solutions > 0 { s.steps as f64 / s.solutions as f64 } else { 0.0 };
+    let mean = if s.solutions > 0 {
+        s.steps as f64 / s.solutions as f64
+    } else {
+        0.0
+    };
     s.steps_per_solution = (if s.solutions > 0 { min } else { 0 }, mean, max);
     if s.soft_labels.0 > 0 {
         s.soft_labels.1 = soft_sum / s.soft_labels.0 as f64;
@@ -88,11 +98,19 @@ impl std::fmt::Display for Stats {
         writeln!(f, "steps per solution  min {a}, mean {m:.2}, max {b}")?;
         let (g, n, bad) = self.hard_labels;
         writeln!(f, "hard labels         good {g}, neutral {n}, bad {bad}")?;
-        writeln!(f, "soft labels         {} (mean {:.3})", self.soft_labels.0, self.soft_labels.1)?;
+        writeln!(
+            f,
+            "soft labels         {} (mean {:.3})",
+            self.soft_labels.0, self.soft_labels.1
+        )?;
         writeln!(f, "unlabelled steps    {}", self.unlabelled_steps)?;
         writeln!(f, "solutions all good  {}", self.all_good_solutions)?;
         writeln!(f, "with a bad step     {}", self.solutions_with_error)?;
-        writeln!(f, "outcomes            correct {}, incorrect {}", self.outcomes.0, self.outcomes.1)?;
+        writeln!(
+            f,
+            "outcomes            correct {}, incorrect {}",
+            self.outcomes.0, self.outcomes.1
+        )?;
         write!(f, "first error at step")?;
         for (k, v) in &self.first_error_histogram {
             write!(f, "  {k}:{v}")?;

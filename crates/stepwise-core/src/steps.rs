@@ -24,7 +24,11 @@ impl FromStr for SplitStrategy {
             "step-marker" | "step" => SplitStrategy::StepMarker,
             _ => match s.strip_prefix("tag:") {
                 Some(t) if !t.is_empty() => SplitStrategy::Tag(t.to_string()),
-                _ => return Err(format!("unknown split strategy `{s}`: use blank-line, newline, step-marker or tag:TAG")),
+                _ => {
+                    return Err(format!(
+                    "unknown split strategy `{s}`: use blank-line, newline, step-marker or tag:TAG"
+                ))
+                }
             },
         })
     }
@@ -67,7 +71,11 @@ pub fn split_steps(text: &str, strategy: &SplitStrategy) -> Vec<String> {
         }
         SplitStrategy::Tag(tag) => text.split(tag.as_str()).map(str::to_string).collect(),
     };
-    parts.into_iter().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect()
+    parts
+        .into_iter()
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 /// Byte offsets where `Step k:` (or `Step k.`) markers begin.
@@ -93,11 +101,23 @@ mod tests {
     #[test]
     fn strategies() {
         let t = "Step 1: a\nb\n\nStep 2: c\n\n\nStep 3: d";
-        assert_eq!(split_steps(t, &SplitStrategy::BlankLine), vec!["Step 1: a\nb", "Step 2: c", "Step 3: d"]);
+        assert_eq!(
+            split_steps(t, &SplitStrategy::BlankLine),
+            vec!["Step 1: a\nb", "Step 2: c", "Step 3: d"]
+        );
         assert_eq!(split_steps(t, &SplitStrategy::Newline).len(), 4);
-        assert_eq!(split_steps(t, &SplitStrategy::StepMarker), vec!["Step 1: a\nb", "Step 2: c", "Step 3: d"]);
-        assert_eq!(split_steps("a ки\nb ки", &SplitStrategy::Tag("ки".into())), vec!["a", "b"]);
-        assert_eq!("tag:<extra_0>".parse::<SplitStrategy>().unwrap(), SplitStrategy::Tag("<extra_0>".into()));
+        assert_eq!(
+            split_steps(t, &SplitStrategy::StepMarker),
+            vec!["Step 1: a\nb", "Step 2: c", "Step 3: d"]
+        );
+        assert_eq!(
+            split_steps("a ки\nb ки", &SplitStrategy::Tag("ки".into())),
+            vec!["a", "b"]
+        );
+        assert_eq!(
+            "tag:<extra_0>".parse::<SplitStrategy>().unwrap(),
+            SplitStrategy::Tag("<extra_0>".into())
+        );
         assert!("bogus".parse::<SplitStrategy>().is_err());
     }
 }

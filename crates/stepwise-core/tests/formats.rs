@@ -8,13 +8,21 @@ use stepwise_core::io::raw_records;
 use stepwise_core::{read_solutions, write_solutions, Format, Rating, Solution};
 
 fn raw(path: &std::path::Path) -> Vec<Value> {
-    raw_records(path).unwrap().map(|(_, r)| r.unwrap()).collect()
+    raw_records(path)
+        .unwrap()
+        .map(|(_, r)| r.unwrap())
+        .collect()
 }
 
 /// Read a file, write it back in its own format, and compare record by record.
 fn assert_lossless(path: &std::path::Path, format: Format) -> Vec<Solution> {
     let original = raw(path);
-    assert_eq!(Format::detect(&original[0]), Some(format), "{}", path.display());
+    assert_eq!(
+        Format::detect(&original[0]),
+        Some(format),
+        "{}",
+        path.display()
+    );
     let sols = read_solutions(path, None).unwrap();
     let dir = scratch(&format!("lossless-{format}"));
     let out = dir.join("out.jsonl");
@@ -37,13 +45,22 @@ fn prm800k_real_records_round_trip() {
     let sols = assert_lossless(&data("prm800k/samples_openr.jsonl"), Format::Prm800k);
     assert_eq!(sols.len(), 6);
     // First record: step 2 has no chosen completion; the human completion is followed.
-    assert_eq!(sols[0].steps[1].text, "We have $3p+e=1.24$ and $5p+e=1.82$.");
+    assert_eq!(
+        sols[0].steps[1].text,
+        "We have $3p+e=1.24$ and $5p+e=1.82$."
+    );
     assert_eq!(sols[0].steps[1].label, None);
     assert_eq!(sols[0].gold_answer.as_deref(), Some("29"));
     assert_eq!(sols[0].final_answer.as_deref(), Some("29"));
     // The phase-2 record that found an error ends on a step rated -1.
-    let found = sols.iter().find(|s| s.meta["prm800k"]["label"]["finish_reason"] == "found_error").unwrap();
-    assert_eq!(found.steps.last().unwrap().label.as_ref().unwrap().rating(), Some(Rating::Bad));
+    let found = sols
+        .iter()
+        .find(|s| s.meta["prm800k"]["label"]["finish_reason"] == "found_error")
+        .unwrap();
+    assert_eq!(
+        found.steps.last().unwrap().label.as_ref().unwrap().rating(),
+        Some(Rating::Bad)
+    );
     // The pretty-printed phase-2 test example reads as a JSON document too.
     let one = read_solutions(data("prm800k/phase2_test_example_tongyx361.json"), None).unwrap();
     assert_eq!(one.len(), 1);
@@ -52,27 +69,44 @@ fn prm800k_real_records_round_trip() {
 
 #[test]
 fn math_shepherd_real_records_round_trip() {
-    let sols = assert_lossless(&data("math_shepherd/samples_openr.jsonl"), Format::MathShepherd);
+    let sols = assert_lossless(
+        &data("math_shepherd/samples_openr.jsonl"),
+        Format::MathShepherd,
+    );
     assert_eq!(sols.len(), 7);
     assert!(sols[0].question.starts_with("Janet pays $40/hour"));
     assert_eq!(sols[0].steps.len(), 5);
     assert!(sols[0].steps[0].text.starts_with("Step 1: Janet spends"));
-    assert!(sols[1].steps.iter().all(|s| !s.label.as_ref().unwrap().is_good()));
+    assert!(sols[1]
+        .steps
+        .iter()
+        .all(|s| !s.label.as_ref().unwrap().is_good()));
 }
 
 #[test]
 fn openr_prm_layout_round_trips() {
-    let sols = assert_lossless(&data("math_shepherd/openr_prm_test_toy.json"), Format::OpenrPrm);
+    let sols = assert_lossless(
+        &data("math_shepherd/openr_prm_test_toy.json"),
+        Format::OpenrPrm,
+    );
     assert_eq!(sols[0].steps.len(), 4);
     assert_eq!(sols[0].first_error(), Some(3));
 }
 
 #[test]
 fn omegaprm_flat_and_tree_round_trip() {
-    let flat = assert_lossless(&data("openr/samples_math-aps_openr.jsonl"), Format::OmegaPrm);
+    let flat = assert_lossless(
+        &data("openr/samples_math-aps_openr.jsonl"),
+        Format::OmegaPrm,
+    );
     assert!(flat.iter().any(|s| s.steps.len() > 3));
-    let tree = assert_lossless(&data("openr/samples_math-aps-tree_openr.jsonl"), Format::OmegaPrmTree);
-    assert!(tree.iter().all(|s| s.steps.iter().all(|st| st.label.is_some())));
+    let tree = assert_lossless(
+        &data("openr/samples_math-aps-tree_openr.jsonl"),
+        Format::OmegaPrmTree,
+    );
+    assert!(tree
+        .iter()
+        .all(|s| s.steps.iter().all(|st| st.label.is_some())));
 }
 
 #[test]
@@ -95,15 +129,34 @@ fn processbench_real_files_round_trip_and_convert_everywhere() {
             let back = read_solutions(&p, Some(f)).unwrap();
             let back = if f.groups_by_problem() {
                 // Grouped formats hold every prefix; keep the full solutions.
-                back.into_iter().filter(|s| sols.iter().any(|o| o.question == s.question && o.step_texts() == s.step_texts())).collect::<Vec<_>>()
+                back.into_iter()
+                    .filter(|s| {
+                        sols.iter()
+                            .any(|o| o.question == s.question && o.step_texts() == s.step_texts())
+                    })
+                    .collect::<Vec<_>>()
             } else {
                 back
             };
             assert_eq!(back.len(), sols.len(), "{file} via {f}: count");
             for (a, b) in sols.iter().zip(&back) {
-                assert_eq!(a.question, b.question, "{file} via {f}: question of {}", a.id);
-                assert_eq!(a.step_texts().len(), b.step_texts().len(), "{file} via {f}: steps of {}", a.id);
-                assert_eq!(a.first_error(), b.first_error(), "{file} via {f}: first error of {}", a.id);
+                assert_eq!(
+                    a.question, b.question,
+                    "{file} via {f}: question of {}",
+                    a.id
+                );
+                assert_eq!(
+                    a.step_texts().len(),
+                    b.step_texts().len(),
+                    "{file} via {f}: steps of {}",
+                    a.id
+                );
+                assert_eq!(
+                    a.first_error(),
+                    b.first_error(),
+                    "{file} via {f}: first error of {}",
+                    a.id
+                );
             }
         }
     }
@@ -112,24 +165,48 @@ fn processbench_real_files_round_trip_and_convert_everywhere() {
 #[test]
 fn hand_written_records_of_each_format_round_trip() {
     let records: Vec<(Format, Value)> = vec![
-        (Format::Trl, json!({"prompt": "What is 2+3?", "completions": ["2+3=5.", "So 5."], "labels": [true, true]})),
-        (Format::Rlhflow, json!({"conversations": [
+        (
+            Format::Trl,
+            json!({"prompt": "What is 2+3?", "completions": ["2+3=5.", "So 5."], "labels": [true, true]}),
+        ),
+        (
+            Format::Rlhflow,
+            json!({"conversations": [
             {"role": "user", "content": "What is 2+3? Step 1: 2+3=6."}, {"role": "assistant", "content": "-"},
-            {"role": "user", "content": "Step 2: The answer is 6."}, {"role": "assistant", "content": "-"}]})),
-        (Format::ProcessBench, json!({"id": "x-1", "generator": "me", "problem": "P", "steps": ["a", "b", "c"], "final_answer_correct": false, "label": 1})),
-        (Format::MathShepherd, json!({"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -", "task": "GSM8K"})),
-        (Format::OpenrPrm, json!({"question": "Q", "process": "Step 1: a ки\nStep 2: b ки", "labels": [1, 0]})),
-        (Format::OmegaPrmTree, json!({"question": "Q", "final_answer": "4", "reasoning_steps": {"text": "Q", "mc_value": 0.5, "children": [
-            {"text": "a", "mc_value": 1.0, "children": []}, {"text": "b", "mc_value": 0.0, "children": [{"text": "c", "mc_value": 0.0, "children": []}]}]}})),
-        (Format::OmegaPrm, json!({"question": "Q", "final_answer": "4", "reasoning_steps": [
-            {"solution_prefix": "Q", "mc_value": 0.5}, {"solution_prefix": "Q\n\na", "mc_value": 1.0}, {"solution_prefix": "Q\n\nb", "mc_value": 0.0}]})),
+            {"role": "user", "content": "Step 2: The answer is 6."}, {"role": "assistant", "content": "-"}]}),
+        ),
+        (
+            Format::ProcessBench,
+            json!({"id": "x-1", "generator": "me", "problem": "P", "steps": ["a", "b", "c"], "final_answer_correct": false, "label": 1}),
+        ),
+        (
+            Format::MathShepherd,
+            json!({"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -", "task": "GSM8K"}),
+        ),
+        (
+            Format::OpenrPrm,
+            json!({"question": "Q", "process": "Step 1: a ки\nStep 2: b ки", "labels": [1, 0]}),
+        ),
+        (
+            Format::OmegaPrmTree,
+            json!({"question": "Q", "final_answer": "4", "reasoning_steps": {"text": "Q", "mc_value": 0.5, "children": [
+            {"text": "a", "mc_value": 1.0, "children": []}, {"text": "b", "mc_value": 0.0, "children": [{"text": "c", "mc_value": 0.0, "children": []}]}]}}),
+        ),
+        (
+            Format::OmegaPrm,
+            json!({"question": "Q", "final_answer": "4", "reasoning_steps": [
+            {"solution_prefix": "Q", "mc_value": 0.5}, {"solution_prefix": "Q\n\na", "mc_value": 1.0}, {"solution_prefix": "Q\n\nb", "mc_value": 0.0}]}),
+        ),
     ];
     for (f, v) in records {
         assert_eq!(Format::detect(&v), Some(f), "detect {v}");
         let sols = f.read(&v, 0).unwrap();
         let back = f.write(&sols).unwrap();
         assert_eq!(back, vec![v.clone()], "{f}");
-        let native: Vec<Solution> = sols.iter().map(|s| serde_json::from_value(serde_json::to_value(s).unwrap()).unwrap()).collect();
+        let native: Vec<Solution> = sols
+            .iter()
+            .map(|s| serde_json::from_value(serde_json::to_value(s).unwrap()).unwrap())
+            .collect();
         assert_eq!(native, sols);
     }
 }
@@ -160,15 +237,34 @@ fn bad_input_names_file_line_and_field() {
         "{\"prompt\": \"q\", \"completions\": [\"a\"], \"labels\": [true]}\n{not json\n{\"prompt\": \"q\", \"completions\": [\"a\", \"b\"], \"labels\": [true, 7]}\n",
     )
     .unwrap();
-    let errs: Vec<String> = stepwise_core::SolutionReader::open(&p, None).unwrap().filter_map(|r| r.err()).map(|e| e.to_string()).collect();
+    let errs: Vec<String> = stepwise_core::SolutionReader::open(&p, None)
+        .unwrap()
+        .filter_map(|r| r.err())
+        .map(|e| e.to_string())
+        .collect();
     assert_eq!(errs.len(), 2, "{errs:?}");
-    assert!(errs[0].contains("bad.jsonl:2") && errs[0].contains("invalid JSON"), "{}", errs[0]);
-    assert!(errs[1].contains("bad.jsonl:3") && errs[1].contains("labels[1]"), "{}", errs[1]);
-    let mut r = stepwise_core::SolutionReader::open(&p, None).unwrap().skip_invalid(true);
+    assert!(
+        errs[0].contains("bad.jsonl:2") && errs[0].contains("invalid JSON"),
+        "{}",
+        errs[0]
+    );
+    assert!(
+        errs[1].contains("bad.jsonl:3") && errs[1].contains("labels[1]"),
+        "{}",
+        errs[1]
+    );
+    let mut r = stepwise_core::SolutionReader::open(&p, None)
+        .unwrap()
+        .skip_invalid(true);
     let ok: Vec<_> = r.by_ref().collect::<Result<_, _>>().unwrap();
     assert_eq!(ok.len(), 1);
     assert_eq!(r.skipped(), 2);
-    let one = std::fs::read_to_string(&p).unwrap().lines().nth(2).unwrap().to_string();
+    let one = std::fs::read_to_string(&p)
+        .unwrap()
+        .lines()
+        .nth(2)
+        .unwrap()
+        .to_string();
     std::fs::write(&p, one).unwrap();
     let e = read_solutions(&p, None).unwrap_err().to_string();
     assert!(e.contains(":1:") && e.contains("labels[1]"), "{e}");

@@ -11,7 +11,10 @@ use stepwise_core::grader::{grade, GradeMode};
 use stepwise_core::io::raw_records;
 
 fn records(rel: &str) -> Vec<Value> {
-    raw_records(&data(rel)).unwrap().map(|(_, r)| r.unwrap()).collect()
+    raw_records(&data(rel))
+        .unwrap()
+        .map(|(_, r)| r.unwrap())
+        .collect()
 }
 
 #[test]
@@ -19,13 +22,22 @@ fn prm800k_mode_agrees_with_openai_grader_on_every_pair() {
     let mut misses = Vec::new();
     let pairs = records("grader/prm800k_pairs.jsonl");
     for p in &pairs {
-        let (given, gt) = (p["given"].as_str().unwrap(), p["ground_truth"].as_str().unwrap());
+        let (given, gt) = (
+            p["given"].as_str().unwrap(),
+            p["ground_truth"].as_str().unwrap(),
+        );
         let want = p["prm800k_grader"].as_bool().unwrap();
         if grade(given, gt, GradeMode::Prm800k) != want {
             misses.push(format!("given {given:?} truth {gt:?}: expected {want}"));
         }
     }
-    assert!(misses.is_empty(), "{} of {} pairs differ:\n{}", misses.len(), pairs.len(), misses.join("\n"));
+    assert!(
+        misses.is_empty(),
+        "{} of {} pairs differ:\n{}",
+        misses.len(),
+        pairs.len(),
+        misses.join("\n")
+    );
 }
 
 #[test]
@@ -43,10 +55,23 @@ fn lenient_mode_is_mathematically_right_where_prm800k_is_strict() {
         ("20\\%", "0.2"),
         ("5 dollars", "5"),
     ] {
-        assert!(grade(given, gt, GradeMode::Lenient), "lenient: {given} vs {gt}");
+        assert!(
+            grade(given, gt, GradeMode::Lenient),
+            "lenient: {given} vs {gt}"
+        );
     }
-    for (given, gt) in [("x+1", "x+2"), ("(2,1)", "(1,2)"), ("(1,2)", "[1,2]"), ("0.333", "\\frac13"), ("yes", "no"), ("-\\infty", "\\infty")] {
-        assert!(!grade(given, gt, GradeMode::Lenient), "lenient must reject: {given} vs {gt}");
+    for (given, gt) in [
+        ("x+1", "x+2"),
+        ("(2,1)", "(1,2)"),
+        ("(1,2)", "[1,2]"),
+        ("0.333", "\\frac13"),
+        ("yes", "no"),
+        ("-\\infty", "\\infty"),
+    ] {
+        assert!(
+            !grade(given, gt, GradeMode::Lenient),
+            "lenient must reject: {given} vs {gt}"
+        );
     }
 }
 
@@ -57,14 +82,29 @@ fn gsm8k_model_solutions_reproduce_is_correct() {
     let mut wrong_annotations = 0;
     let mut solutions_with_wrong_annotation = 0;
     for r in records("gsm8k/example_model_solutions.first300.jsonl") {
-        let gold = r["ground_truth"].as_str().unwrap().lines().last().unwrap().trim_start_matches("A:").trim().to_string();
-        for key in ["6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification"] {
+        let gold = r["ground_truth"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .trim_start_matches("A:")
+            .trim()
+            .to_string();
+        for key in [
+            "6b_finetuning",
+            "6b_verification",
+            "175b_finetuning",
+            "175b_verification",
+        ] {
             let sol = r[key]["solution"].as_str().unwrap();
             let want = r[key]["is_correct"].as_bool().unwrap();
             n += 1;
             let given = extract_answer(sol).unwrap_or_default();
             if grade(&given, &gold, GradeMode::Prm800k) != want {
-                misses.push(format!("{key}: extracted {given:?}, gold {gold:?}, expected {want}"));
+                misses.push(format!(
+                    "{key}: extracted {given:?}, gold {gold:?}, expected {want}"
+                ));
             }
             let bad = check_annotations(sol).iter().filter(|a| !a.correct).count();
             wrong_annotations += bad;
@@ -73,33 +113,59 @@ fn gsm8k_model_solutions_reproduce_is_correct() {
     }
     assert_eq!(n, 1200);
     println!("calculator annotations: {solutions_with_wrong_annotation} of {n} solutions contain a wrong one ({wrong_annotations} wrong annotations)");
-    assert!(misses.is_empty(), "{} misses:\n{}", misses.len(), misses.join("\n"));
+    assert!(
+        misses.is_empty(),
+        "{} misses:\n{}",
+        misses.len(),
+        misses.join("\n")
+    );
 }
 
 #[test]
 fn processbench_gsm8k_final_answers_reproduce_final_answer_correct() {
     let gold: HashMap<String, String> = records("gsm8k/test.jsonl")
         .into_iter()
-        .map(|r| (r["question"].as_str().unwrap().to_string(), extract_gsm8k_gold(r["answer"].as_str().unwrap()).unwrap()))
+        .map(|r| {
+            (
+                r["question"].as_str().unwrap().to_string(),
+                extract_gsm8k_gold(r["answer"].as_str().unwrap()).unwrap(),
+            )
+        })
         .collect();
     let pb = records("processbench/gsm8k.json");
     let mut hits = 0;
     let mut misses = Vec::new();
     for r in &pb {
         let problem = r["problem"].as_str().unwrap();
-        let g = gold.get(problem).unwrap_or_else(|| panic!("problem not in GSM8K test: {problem}"));
-        let steps: Vec<&str> = r["steps"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        let g = gold
+            .get(problem)
+            .unwrap_or_else(|| panic!("problem not in GSM8K test: {problem}"));
+        let steps: Vec<&str> = r["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
         let last = steps.last().unwrap();
-        let given = extract_answer(last).or_else(|| extract_answer(&steps.join("\n\n"))).unwrap_or_default();
+        let given = extract_answer(last)
+            .or_else(|| extract_answer(&steps.join("\n\n")))
+            .unwrap_or_default();
         let want = r["final_answer_correct"].as_bool().unwrap();
         if grade(&given, g, GradeMode::Prm800k) == want {
             hits += 1;
         } else {
-            misses.push(format!("{}: extracted {given:?}, gold {g}, expected {want}", r["id"]));
+            misses.push(format!(
+                "{}: extracted {given:?}, gold {g}, expected {want}",
+                r["id"]
+            ));
         }
     }
     let rate = hits as f64 / pb.len() as f64;
-    println!("ProcessBench gsm8k final-answer agreement: {hits}/{} = {:.2}%", pb.len(), 100.0 * rate);
+    println!(
+        "ProcessBench gsm8k final-answer agreement: {hits}/{} = {:.2}%",
+        pb.len(),
+        100.0 * rate
+    );
     for m in &misses {
         println!("  miss {m}");
     }
@@ -115,7 +181,10 @@ fn math500_gold_answers_grade_equal_to_themselves_in_bounded_time() {
         // Extraction from the reference solution finds an answer the grader accepts.
         let sol = r["solution"].as_str().unwrap();
         let boxed = extract_answer(sol).unwrap();
-        assert!(grade(&boxed, a, GradeMode::Lenient) || boxed.len() > 40, "extracted {boxed:?} vs {a:?}");
+        assert!(
+            grade(&boxed, a, GradeMode::Lenient) || boxed.len() > 40,
+            "extracted {boxed:?} vs {a:?}"
+        );
     }
 }
 

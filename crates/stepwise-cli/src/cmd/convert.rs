@@ -46,7 +46,9 @@ pub fn run(a: Args) -> Result<()> {
         n += 1;
         bar.inc(1);
     }
-    writer.finish().with_context(|| format!("writing {}", a.output.display()))?;
+    writer
+        .finish()
+        .with_context(|| format!("writing {}", a.output.display()))?;
     bar.finish_and_clear();
     let from = from.map_or("empty".to_string(), |f| f.to_string());
     eprintln!("converted {n} solutions: {from} -> {}", a.to);

@@ -8,12 +8,14 @@ use stepwise_core::io::raw_records;
 
 /// Grade final answers.
 #[derive(clap::Args)]
-#[command(after_help = "Each input line is a JSON object with `given` and `ground_truth` strings. `given` may be a \
+#[command(
+    after_help = "Each input line is a JSON object with `given` and `ground_truth` strings. `given` may be a \
 whole solution: when it has several lines, a \\boxed{}, `####` or \"the answer is\", its final answer is extracted \
 first (and written as `extracted`). Each record is written to stdout with a boolean `correct` added.
 
 Example:
-  echo '{\"given\": \"so x = \\\\boxed{\\\\frac{1}{2}}\", \"ground_truth\": \"0.5\"}' | stepwise grade -")]
+  echo '{\"given\": \"so x = \\\\boxed{\\\\frac{1}{2}}\", \"ground_truth\": \"0.5\"}' | stepwise grade -"
+)]
 pub struct Args {
     /// JSONL file of {given, ground_truth} records (`-` for stdin).
     pub input: PathBuf,
@@ -27,7 +29,11 @@ pub struct Args {
 
 fn looks_like_solution(s: &str) -> bool {
     let l = s.to_lowercase();
-    s.trim().contains('\n') || s.contains("\\boxed") || s.contains("####") || l.contains("answer is") || l.contains("answer:")
+    s.trim().contains('\n')
+        || s.contains("\\boxed")
+        || s.contains("####")
+        || l.contains("answer is")
+        || l.contains("answer:")
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -70,7 +76,10 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     out.flush()?;
-    eprintln!("graded {n}: {correct} correct ({:.1}%)", 100.0 * correct as f64 / n.max(1) as f64);
+    eprintln!(
+        "graded {n}: {correct} correct ({:.1}%)",
+        100.0 * correct as f64 / n.max(1) as f64
+    );
     if skipped > 0 {
         eprintln!("skipped {skipped} invalid records");
     }

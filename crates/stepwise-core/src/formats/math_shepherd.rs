@@ -20,7 +20,10 @@ fn split_tagged(text: &str, field: &str) -> Result<Vec<String>, FieldError> {
     let mut parts: Vec<&str> = text.split(STEP_TAG).collect();
     let tail = parts.pop().unwrap_or("");
     if !tail.trim().is_empty() {
-        return Err(FieldError::new(field, format!("text after the last `{STEP_TAG}` tag: {:?}", tail.trim())));
+        return Err(FieldError::new(
+            field,
+            format!("text after the last `{STEP_TAG}` tag: {:?}", tail.trim()),
+        ));
     }
     if parts.is_empty() {
         return Err(FieldError::new(field, format!("no `{STEP_TAG}` step tag")));
@@ -30,7 +33,11 @@ fn split_tagged(text: &str, field: &str) -> Result<Vec<String>, FieldError> {
 
 /// The canonical tagged text: steps each followed by ` ки`, joined by newlines.
 fn tagged(steps: &[&str]) -> String {
-    steps.iter().map(|s| format!("{s} {STEP_TAG}")).collect::<Vec<_>>().join("\n")
+    steps
+        .iter()
+        .map(|s| format!("{s} {STEP_TAG}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn canonical_input(question: &str, steps: &[&str]) -> String {
@@ -54,14 +61,23 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     let mut goods = Vec::with_capacity(parts.len());
     for (i, seg) in segments[..segments.len() - 1].iter().enumerate() {
         rest = rest.strip_prefix(seg).ok_or_else(|| {
-            FieldError::new("label", format!("does not match `input` before step tag {}", i + 1))
+            FieldError::new(
+                "label",
+                format!("does not match `input` before step tag {}", i + 1),
+            )
         })?;
         let mut chars = rest.chars();
         goods.push(match chars.next() {
             Some('+') => true,
             Some('-') => false,
             other => {
-                return Err(FieldError::new("label", format!("expected `+` or `-` in place of step tag {}, found {other:?}", i + 1)))
+                return Err(FieldError::new(
+                    "label",
+                    format!(
+                        "expected `+` or `-` in place of step tag {}, found {other:?}",
+                        i + 1
+                    ),
+                ))
             }
         });
         rest = chars.as_str();
@@ -90,10 +106,17 @@ pub(super) fn write(s: &Solution) -> Value {
     let texts = s.step_texts();
     // Use the exact original input when it still holds the same steps.
     let input = match s.meta.get(RAW_INPUT).and_then(Value::as_str) {
-        Some(raw) if split_tagged(raw, "input").is_ok_and(|p| {
-            let (q, first) = split_first(&s.meta, &p[0]).unwrap_or_default();
-            q == s.question && p.len() == texts.len() && first == texts[0] && p[1..] == texts[1..]
-        }) => raw.to_string(),
+        Some(raw)
+            if split_tagged(raw, "input").is_ok_and(|p| {
+                let (q, first) = split_first(&s.meta, &p[0]).unwrap_or_default();
+                q == s.question
+                    && p.len() == texts.len()
+                    && first == texts[0]
+                    && p[1..] == texts[1..]
+            }) =>
+        {
+            raw.to_string()
+        }
         _ => canonical_input(&s.question, &texts),
     };
     let mut label = String::with_capacity(input.len());
@@ -102,7 +125,11 @@ pub(super) fn write(s: &Solution) -> Value {
     while let Some(seg) = segs.next() {
         label.push_str(seg);
         if segs.peek().is_some() {
-            label.push(if goods.next().unwrap_or(true) { '+' } else { '-' });
+            label.push(if goods.next().unwrap_or(true) {
+                '+'
+            } else {
+                '-'
+            });
         }
     }
     let mut v = json!({ "input": input, "label": label });
@@ -121,15 +148,28 @@ pub(super) fn read_openr(v: &Value, index: usize) -> Result<Solution, FieldError
     let texts = split_tagged(process, "process")?;
     let labels = json::array_field(o, "labels")?;
     if labels.len() != texts.len() {
-        return Err(FieldError::new("labels", format!("has {} entries but `process` has {} steps", labels.len(), texts.len())));
+        return Err(FieldError::new(
+            "labels",
+            format!(
+                "has {} entries but `process` has {} steps",
+                labels.len(),
+                texts.len()
+            ),
+        ));
     }
     let steps = texts
         .into_iter()
         .zip(labels)
         .enumerate()
         .map(|(i, (t, l))| match l.as_i64() {
-            Some(v @ (0 | 1)) => Ok(Step::labelled(t, StepLabel::from_bool(v == 1, Provenance::Unknown))),
-            _ => Err(FieldError::new(format!("labels[{i}]"), format!("expected 0 or 1, found {l}"))),
+            Some(v @ (0 | 1)) => Ok(Step::labelled(
+                t,
+                StepLabel::from_bool(v == 1, Provenance::Unknown),
+            )),
+            _ => Err(FieldError::new(
+                format!("labels[{i}]"),
+                format!("expected 0 or 1, found {l}"),
+            )),
         })
         .collect::<Result<_, _>>()?;
     Ok(Solution {
@@ -144,7 +184,8 @@ pub(super) fn read_openr(v: &Value, index: usize) -> Result<Solution, FieldError
 
 pub(super) fn write_openr(s: &Solution) -> Value {
     let labels: Vec<u8> = binary_labels(s).into_iter().map(u8::from).collect();
-    let mut v = json!({ "question": s.question, "process": tagged(&s.step_texts()), "labels": labels });
+    let mut v =
+        json!({ "question": s.question, "process": tagged(&s.step_texts()), "labels": labels });
     extend_with_meta(v.as_object_mut().unwrap(), s);
     v
 }

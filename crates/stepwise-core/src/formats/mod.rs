@@ -73,7 +73,10 @@ impl Format {
     pub fn detect(v: &Value) -> Option<Format> {
         let o = v.as_object()?;
         let has = |k: &str| o.contains_key(k);
-        let steps_are_objects = o.get("steps").and_then(|s| s.as_array()).is_some_and(|a| a.iter().all(Value::is_object));
+        let steps_are_objects = o
+            .get("steps")
+            .and_then(|s| s.as_array())
+            .is_some_and(|a| a.iter().all(Value::is_object));
         Some(if has("steps") && steps_are_objects && !has("problem") {
             Format::Stepwise
         } else if has("label") && o.get("label")?.get("steps").is_some() {
@@ -133,14 +136,18 @@ impl Format {
 
     fn write_one(self, s: &Solution) -> Result<Value, FieldError> {
         Ok(match self {
-            Format::Stepwise => serde_json::to_value(s).map_err(|e| FieldError::new("", e.to_string()))?,
+            Format::Stepwise => {
+                serde_json::to_value(s).map_err(|e| FieldError::new("", e.to_string()))?
+            }
             Format::Prm800k => prm800k::write(s),
             Format::MathShepherd => math_shepherd::write(s),
             Format::OpenrPrm => math_shepherd::write_openr(s),
             Format::Trl => trl::write(s),
             Format::ProcessBench => processbench::write(s),
             Format::Rlhflow => rlhflow::write(s),
-            Format::OmegaPrm | Format::OmegaPrmTree => unreachable!("grouped formats are written by Format::write"),
+            Format::OmegaPrm | Format::OmegaPrmTree => {
+                unreachable!("grouped formats are written by Format::write")
+            }
         })
     }
 
@@ -229,14 +236,19 @@ pub(crate) fn split_question(first: &str) -> (String, String) {
     (String::new(), first.to_string())
 }
 
-
 /// Question and first step from the text before the first step boundary: at an explicit
 /// `question` field (writers add one when the steps carry no `Step 1` marker), else at `Step 1`.
-pub(crate) fn split_first(o: &serde_json::Map<String, Value>, first: &str) -> Result<(String, String), FieldError> {
+pub(crate) fn split_first(
+    o: &serde_json::Map<String, Value>,
+    first: &str,
+) -> Result<(String, String), FieldError> {
     match crate::json::opt_str(o, "question")? {
         Some(q) => match first.strip_prefix(q.as_str()) {
             Some(rest) => Ok((q, rest.trim().to_string())),
-            None => Err(FieldError::new("question", "the first step's text does not start with it")),
+            None => Err(FieldError::new(
+                "question",
+                "the first step's text does not start with it",
+            )),
         },
         None => Ok(split_question(first)),
     }

@@ -23,7 +23,9 @@ const KNOWN: &[&str] = &["question", "final_answer", "reasoning_steps"];
 fn opt_mc(o: &Map<String, Value>, at: &str) -> Result<Option<f64>, FieldError> {
     match o.get("mc_value") {
         None | Some(Value::Null) => Ok(None),
-        Some(_) => json::f64_field(o, "mc_value").map(Some).map_err(|e| e.within(at)),
+        Some(_) => json::f64_field(o, "mc_value")
+            .map(Some)
+            .map_err(|e| e.within(at)),
     }
 }
 
@@ -43,6 +45,9 @@ fn base(o: &Map<String, Value>, index: usize, question: &str) -> Result<Solution
     })
 }
 
+/// One step of a flat prefix: (text, leading separator, MC value).
+type FlatStep = (String, String, f64);
+
 /// Split `remainder` into (leading whitespace, step text).
 fn split_sep(remainder: &str) -> (&str, &str) {
     let text = remainder.trim_start();
@@ -55,7 +60,7 @@ pub(super) fn read_flat(v: &Value, index: usize) -> Result<Vec<Solution>, FieldE
     let base = base(o, index, question)?;
     let entries = json::array_field(o, "reasoning_steps")?;
     // For every entry: its prefix, its steps (text, separator, mc) in order.
-    let mut done: Vec<(&str, Vec<(String, String, f64)>)> = Vec::with_capacity(entries.len());
+    let mut done: Vec<(&str, Vec<FlatStep>)> = Vec::with_capacity(entries.len());
     let mut out = Vec::with_capacity(entries.len());
     for (j, e) in entries.iter().enumerate() {
         let at = format!("reasoning_steps[{j}]");
@@ -63,7 +68,10 @@ pub(super) fn read_flat(v: &Value, index: usize) -> Result<Vec<Solution>, FieldE
         let prefix = json::str_field(e, "solution_prefix").map_err(|x| x.within(&at))?;
         let mc = json::f64_field(e, "mc_value").map_err(|x| x.within(&at))?;
         if !prefix.starts_with(question) {
-            return Err(FieldError::new(format!("{at}.solution_prefix"), "does not start with the question"));
+            return Err(FieldError::new(
+                format!("{at}.solution_prefix"),
+                "does not start with the question",
+            ));
         }
         // The longest earlier prefix strictly shorter than this one that it extends.
         let parent = done
@@ -92,15 +100,24 @@ pub(super) fn read_flat(v: &Value, index: usize) -> Result<Vec<Solution>, FieldE
     Ok(out)
 }
 
-fn set_steps(s: &mut Solution, steps: &[(String, String, f64)]) {
-    s.steps = steps.iter().map(|(t, _, mc)| Step::labelled(t.clone(), mc_label(*mc))).collect();
+fn set_steps(s: &mut Solution, steps: &[FlatStep]) {
+    s.steps = steps
+        .iter()
+        .map(|(t, _, mc)| Step::labelled(t.clone(), mc_label(*mc)))
+        .collect();
     if steps.iter().any(|(_, sep, _)| sep != DEFAULT_SEP) {
-        s.meta.insert(SEPS.into(), json!(steps.iter().map(|(_, sep, _)| sep).collect::<Vec<_>>()));
+        s.meta.insert(
+            SEPS.into(),
+            json!(steps.iter().map(|(_, sep, _)| sep).collect::<Vec<_>>()),
+        );
     }
 }
 
 fn separators(s: &Solution) -> Vec<String> {
-    let kept: Option<Vec<String>> = s.meta.get(SEPS).and_then(|v| serde_json::from_value(v.clone()).ok());
+    let kept: Option<Vec<String>> = s
+        .meta
+        .get(SEPS)
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
     match kept {
         Some(k) if k.len() == s.steps.len() => k,
         _ => vec![DEFAULT_SEP.to_string(); s.steps.len()],
@@ -173,7 +190,15 @@ pub(super) fn read_tree(v: &Value, index: usize) -> Result<Vec<Solution>, FieldE
     }
     let mut out = Vec::new();
     let mut path = Vec::new();
-    walk(root, "reasoning_steps", &base, &mut path, &mut Vec::new(), &mut out, index)?;
+    walk(
+        root,
+        "reasoning_steps",
+        &base,
+        &mut path,
+        &mut Vec::new(),
+        &mut out,
+        index,
+    )?;
     Ok(out)
 }
 
@@ -199,7 +224,11 @@ fn walk(
         let c = object(c, &cat)?;
         let text = json::str_field(c, "text").map_err(|e| e.within(&cat))?;
         let mc = opt_mc(c, &cat)?;
-        path.push(Step { text: text.to_string(), label: mc.map(mc_label), score: None });
+        path.push(Step {
+            text: text.to_string(),
+            label: mc.map(mc_label),
+            score: None,
+        });
         positions.push(i);
         walk(c, &cat, base, path, positions, out, index)?;
         positions.pop();
@@ -227,16 +256,26 @@ pub(super) fn write_tree(group: &[Solution]) -> Value {
     for s in group {
         // Child positions kept from a tree we read place nodes exactly (siblings may repeat);
         // otherwise identical steps under one parent are merged.
-        let kept: Option<Vec<usize>> = s.meta.get(PATH).and_then(|p| serde_json::from_value(p.clone()).ok());
+        let kept: Option<Vec<usize>> = s
+            .meta
+            .get(PATH)
+            .and_then(|p| serde_json::from_value(p.clone()).ok());
         let kept = kept.filter(|p| p.len() == s.steps.len());
         let mut node = &mut root;
         for (depth, (st, mc)) in s.steps.iter().zip(mc_values(s)).enumerate() {
             let pos = match &kept {
                 Some(p) => (p[depth] < node.children.len()).then_some(p[depth]),
-                None => node.children.iter().position(|c| c.text == st.text && c.mc == mc),
+                None => node
+                    .children
+                    .iter()
+                    .position(|c| c.text == st.text && c.mc == mc),
             };
             let k = pos.unwrap_or_else(|| {
-                node.children.push(Node { text: st.text.clone(), mc, children: Vec::new() });
+                node.children.push(Node {
+                    text: st.text.clone(),
+                    mc,
+                    children: Vec::new(),
+                });
                 node.children.len() - 1
             });
             node = &mut node.children[k];

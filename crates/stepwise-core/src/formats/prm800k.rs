@@ -23,41 +23,58 @@ fn chosen_ref(step: &Map<String, Value>, i: usize) -> Result<Chosen, FieldError>
     let at = |f: &str| format!("label.steps[{i}].{f}");
     let completions = match step.get("completions") {
         None | Some(serde_json::Value::Null) => &[][..],
-        Some(_) => json::array_field(step, "completions").map_err(|e| e.within(&format!("label.steps[{i}]")))?,
+        Some(_) => json::array_field(step, "completions")
+            .map_err(|e| e.within(&format!("label.steps[{i}]")))?,
     };
     match step.get("chosen_completion") {
         Some(Value::Number(n)) => {
-            let k = n.as_u64().ok_or_else(|| FieldError::new(at("chosen_completion"), "expected an index"))? as usize;
+            let k = n
+                .as_u64()
+                .ok_or_else(|| FieldError::new(at("chosen_completion"), "expected an index"))?
+                as usize;
             if k >= completions.len() {
-                return Err(FieldError::new(at("chosen_completion"), format!("index {k} but only {} completions", completions.len())));
+                return Err(FieldError::new(
+                    at("chosen_completion"),
+                    format!("index {k} but only {} completions", completions.len()),
+                ));
             }
             Ok(Chosen::Completion(k))
         }
-        None | Some(Value::Null) if step.get("human_completion").is_some_and(Value::is_object) => Ok(Chosen::Human),
+        None | Some(Value::Null) if step.get("human_completion").is_some_and(Value::is_object) => {
+            Ok(Chosen::Human)
+        }
         None | Some(Value::Null) => completions
             .iter()
             .position(|c| c.get("rating").and_then(Value::as_i64) == Some(-1))
-            .or(if completions.is_empty() { None } else { Some(0) })
+            .or(if completions.is_empty() {
+                None
+            } else {
+                Some(0)
+            })
             .map(Chosen::Completion)
             .ok_or_else(|| FieldError::new(at("completions"), "no completion to follow")),
-        Some(other) => Err(FieldError::new(at("chosen_completion"), format!("expected an index or null, found {}", json::kind(other)))),
+        Some(other) => Err(FieldError::new(
+            at("chosen_completion"),
+            format!("expected an index or null, found {}", json::kind(other)),
+        )),
     }
 }
 
 /// A step with no completion at all (PRM800K's `give_up` records end with one).
 fn is_empty_step(step: &Map<String, Value>) -> bool {
-    step.get("completions").is_none_or(|c| c.as_array().is_none_or(|a| a.is_empty()))
+    step.get("completions")
+        .is_none_or(|c| c.as_array().is_none_or(|a| a.is_empty()))
         && step.get("human_completion").is_none_or(Value::is_null)
 }
 
-fn chosen_mut<'a>(step: &'a mut Value, which: Chosen) -> Option<&'a mut Value> {
+fn chosen_mut(step: &mut Value, which: Chosen) -> Option<&mut Value> {
     match which {
         Chosen::Completion(k) => step.get_mut("completions")?.get_mut(k),
         Chosen::Human => step.get_mut("human_completion"),
     }
 }
 
-fn chosen<'a>(step: &'a Map<String, Value>, i: usize) -> Result<&'a Map<String, Value>, FieldError> {
+fn chosen(step: &Map<String, Value>, i: usize) -> Result<&Map<String, Value>, FieldError> {
     let pick = match chosen_ref(step, i)? {
         Chosen::Completion(k) => &step["completions"][k],
         Chosen::Human => &step["human_completion"],
@@ -68,7 +85,9 @@ fn chosen<'a>(step: &'a Map<String, Value>, i: usize) -> Result<&'a Map<String, 
 pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     let o = object(v, "")?;
     let q = object(json::field(o, "question")?, "question")?;
-    let question = json::str_field(q, "problem").map_err(|e| e.within("question"))?.to_string();
+    let question = json::str_field(q, "problem")
+        .map_err(|e| e.within("question"))?
+        .to_string();
     let gold = json::opt_str(q, "ground_truth_answer").map_err(|e| e.within("question"))?;
     let label = object(json::field(o, "label")?, "label")?;
     let raw_steps = json::array_field(label, "steps").map_err(|e| e.within("label"))?;
@@ -79,14 +98,22 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
             continue; // a labeler gave up here: nothing was written
         }
         let c = chosen(st, i)?;
-        let text = json::str_field(c, "text").map_err(|e| e.within(&format!("label.steps[{i}].completion")))?;
+        let text = json::str_field(c, "text")
+            .map_err(|e| e.within(&format!("label.steps[{i}].completion")))?;
         let rating = match c.get("rating") {
             None | Some(Value::Null) => None,
             Some(r) => Some(r.as_i64().and_then(Rating::from_i64).ok_or_else(|| {
-                FieldError::new(format!("label.steps[{i}].rating"), format!("expected -1, 0 or 1, found {r}"))
+                FieldError::new(
+                    format!("label.steps[{i}].rating"),
+                    format!("expected -1, 0 or 1, found {r}"),
+                )
             })?),
         };
-        steps.push(Step { text: text.to_string(), label: rating.map(|r| StepLabel::hard(r, Provenance::Human)), score: None });
+        steps.push(Step {
+            text: text.to_string(),
+            label: rating.map(|r| StepLabel::hard(r, Provenance::Human)),
+            score: None,
+        });
     }
     let finish = json::opt_str(label, "finish_reason").map_err(|e| e.within("label"))?;
     let final_answer = match finish.as_deref() {
@@ -118,8 +145,14 @@ fn rating_of(step: &Step) -> Value {
 
 /// Whether the kept original still describes these steps (same chosen texts).
 fn original_matches(orig: &Value, s: &Solution) -> bool {
-    let Some(raw) = orig.pointer("/label/steps").and_then(Value::as_array) else { return false };
-    let raw: Vec<(usize, &Value)> = raw.iter().enumerate().filter(|(_, r)| r.as_object().is_some_and(|o| !is_empty_step(o))).collect();
+    let Some(raw) = orig.pointer("/label/steps").and_then(Value::as_array) else {
+        return false;
+    };
+    let raw: Vec<(usize, &Value)> = raw
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.as_object().is_some_and(|o| !is_empty_step(o)))
+        .collect();
     raw.len() == s.steps.len()
         && raw.iter().zip(&s.steps).all(|((i, r), st)| {
             let i = *i;
@@ -135,8 +168,14 @@ pub(super) fn write(s: &Solution) -> Value {
         Some(orig) if original_matches(orig, s) => {
             let mut o = orig.clone();
             // Update the chosen completions' ratings from the (possibly edited) labels.
-            let steps = o.pointer_mut("/label/steps").and_then(Value::as_array_mut).unwrap();
-            let non_empty = steps.iter_mut().enumerate().filter(|(_, r)| r.as_object().is_some_and(|o| !is_empty_step(o)));
+            let steps = o
+                .pointer_mut("/label/steps")
+                .and_then(Value::as_array_mut)
+                .unwrap();
+            let non_empty = steps
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, r)| r.as_object().is_some_and(|o| !is_empty_step(o)));
             for ((i, raw), st) in non_empty.zip(&s.steps) {
                 let which = raw.as_object().and_then(|r| chosen_ref(r, i).ok());
                 if let Some(t) = which.and_then(|w| chosen_mut(raw, w)) {
@@ -151,7 +190,11 @@ pub(super) fn write(s: &Solution) -> Value {
                 .iter()
                 .map(|st| json!({"completions": [{"text": st.text, "rating": rating_of(st), "flagged": false}], "human_completion": null, "chosen_completion": 0}))
                 .collect();
-            let finish = if s.first_error().is_some() { "found_error" } else { "solution" };
+            let finish = if s.first_error().is_some() {
+                "found_error"
+            } else {
+                "solution"
+            };
             json!({"labeler": null, "timestamp": null, "generation": null, "is_quality_control_question": false,
                    "is_initial_screening_question": false, "question": {}, "label": {"steps": steps, "total_time": null, "finish_reason": finish}})
         }

@@ -7,7 +7,14 @@ use crate::json::{self, object};
 use crate::record::{Provenance, Solution, Step, StepLabel};
 use serde_json::{json, Value};
 
-const KNOWN: &[&str] = &["id", "generator", "problem", "steps", "final_answer_correct", "label"];
+const KNOWN: &[&str] = &[
+    "id",
+    "generator",
+    "problem",
+    "steps",
+    "final_answer_correct",
+    "label",
+];
 
 pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     let o = object(v, "")?;
@@ -17,14 +24,20 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     if label < -1 || label >= texts.len() as i64 {
         return Err(FieldError::new(
             "label",
-            format!("must be -1 or a step index below {}, found {label}", texts.len()),
+            format!(
+                "must be -1 or a step index below {}, found {label}",
+                texts.len()
+            ),
         ));
     }
     let correct = match o.get("final_answer_correct") {
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
         Some(other) => {
-            return Err(FieldError::new("final_answer_correct", format!("expected a boolean, found {}", json::kind(other))))
+            return Err(FieldError::new(
+                "final_answer_correct",
+                format!("expected a boolean, found {}", json::kind(other)),
+            ))
         }
     };
     let steps = texts
@@ -37,7 +50,11 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
                 k if i as i64 == k => Some(false),
                 _ => None,
             };
-            Step { text, label: label.map(|g| StepLabel::from_bool(g, Provenance::Human)), score: None }
+            Step {
+                text,
+                label: label.map(|g| StepLabel::from_bool(g, Provenance::Human)),
+                score: None,
+            }
         })
         .collect();
     Ok(Solution {

@@ -9,10 +9,17 @@ use serde_json::{json, Value};
 
 pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     let o = object(v, "")?;
-    let key = if o.contains_key("conversations") { "conversations" } else { "messages" };
+    let key = if o.contains_key("conversations") {
+        "conversations"
+    } else {
+        "messages"
+    };
     let turns = json::array_field(o, key)?;
     if turns.len() % 2 != 0 {
-        return Err(FieldError::new(key, format!("expected user/assistant pairs, found {} turns", turns.len())));
+        return Err(FieldError::new(
+            key,
+            format!("expected user/assistant pairs, found {} turns", turns.len()),
+        ));
     }
     let mut question = String::new();
     let mut steps = Vec::with_capacity(turns.len() / 2);
@@ -22,9 +29,14 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
             let t = object(&pair[j], &at)?;
             let r = json::str_field(t, "role").map_err(|e| e.within(&at))?;
             if r != role {
-                return Err(FieldError::new(format!("{at}.role"), format!("expected `{role}`, found `{r}`")));
+                return Err(FieldError::new(
+                    format!("{at}.role"),
+                    format!("expected `{role}`, found `{r}`"),
+                ));
             }
-            Ok(json::str_field(t, "content").map_err(|e| e.within(&at))?.to_string())
+            Ok(json::str_field(t, "content")
+                .map_err(|e| e.within(&at))?
+                .to_string())
         };
         let mut text = turn(0, "user")?;
         if i == 0 {
@@ -35,9 +47,17 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
         let good = match turn(1, "assistant")?.trim() {
             "+" => true,
             "-" => false,
-            other => return Err(FieldError::new(format!("{key}[{}].content", 2 * i + 1), format!("expected `+` or `-`, found {other:?}"))),
+            other => {
+                return Err(FieldError::new(
+                    format!("{key}[{}].content", 2 * i + 1),
+                    format!("expected `+` or `-`, found {other:?}"),
+                ))
+            }
         };
-        steps.push(Step::labelled(text, StepLabel::from_bool(good, Provenance::Unknown)));
+        steps.push(Step::labelled(
+            text,
+            StepLabel::from_bool(good, Provenance::Unknown),
+        ));
     }
     Ok(Solution {
         id: json::opt_str(o, "id")?.unwrap_or_else(|| index.to_string()),
@@ -52,7 +72,11 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
 pub(super) fn write(s: &Solution) -> Value {
     let mut turns = Vec::with_capacity(2 * s.steps.len());
     for (i, (st, good)) in s.steps.iter().zip(binary_labels(s)).enumerate() {
-        let content = if i == 0 && !s.question.is_empty() { format!("{} {}", s.question, st.text) } else { st.text.clone() };
+        let content = if i == 0 && !s.question.is_empty() {
+            format!("{} {}", s.question, st.text)
+        } else {
+            st.text.clone()
+        };
         turns.push(json!({"role": "user", "content": content}));
         turns.push(json!({"role": "assistant", "content": if good { "+" } else { "-" }}));
     }

@@ -16,7 +16,11 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     if labels.len() != texts.len() {
         return Err(FieldError::new(
             "labels",
-            format!("has {} entries but `completions` has {}", labels.len(), texts.len()),
+            format!(
+                "has {} entries but `completions` has {}",
+                labels.len(),
+                texts.len()
+            ),
         ));
     }
     let steps = texts
@@ -29,10 +33,16 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
                 Value::Number(n) if n.as_i64() == Some(1) => true,
                 Value::Number(n) if n.as_i64() == Some(0) => false,
                 other => {
-                    return Err(FieldError::new(format!("labels[{i}]"), format!("expected a boolean, found {}", json::kind(other))))
+                    return Err(FieldError::new(
+                        format!("labels[{i}]"),
+                        format!("expected a boolean, found {}", json::kind(other)),
+                    ))
                 }
             };
-            Ok(Step::labelled(text, StepLabel::from_bool(good, Provenance::Unknown)))
+            Ok(Step::labelled(
+                text,
+                StepLabel::from_bool(good, Provenance::Unknown),
+            ))
         })
         .collect::<Result<_, _>>()?;
     Ok(Solution {

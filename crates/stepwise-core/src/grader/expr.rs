@@ -70,7 +70,10 @@ impl Rat {
         }
         let g = gcd(n, d).max(1);
         let s = if d < 0 { -1 } else { 1 };
-        Some(Rat { n: s * n / g, d: s * d / g })
+        Some(Rat {
+            n: s * n / g,
+            d: s * d / g,
+        })
     }
     fn int(n: i128) -> Rat {
         Rat { n, d: 1 }
@@ -82,13 +85,19 @@ impl Rat {
         self.d == 1
     }
     fn add(self, o: Rat) -> Option<Rat> {
-        let n = self.n.checked_mul(o.d)?.checked_add(o.n.checked_mul(self.d)?)?;
+        let n = self
+            .n
+            .checked_mul(o.d)?
+            .checked_add(o.n.checked_mul(self.d)?)?;
         Rat::new(n, self.d.checked_mul(o.d)?)
     }
     fn mul(self, o: Rat) -> Option<Rat> {
         let g1 = gcd(self.n, o.d).max(1);
         let g2 = gcd(o.n, self.d).max(1);
-        Rat::new((self.n / g1).checked_mul(o.n / g2)?, (self.d / g2).checked_mul(o.d / g1)?)
+        Rat::new(
+            (self.n / g1).checked_mul(o.n / g2)?,
+            (self.d / g2).checked_mul(o.d / g1)?,
+        )
     }
     fn recip(self) -> Option<Rat> {
         Rat::new(self.d, self.n)
@@ -152,7 +161,9 @@ enum Tok {
 }
 
 /// Names kept whole instead of being split into one-letter symbols.
-const FUNCTIONS: &[&str] = &["sqrt", "cbrt", "sin", "cos", "tan", "ln", "log", "exp", "abs", "binom"];
+const FUNCTIONS: &[&str] = &[
+    "sqrt", "cbrt", "sin", "cos", "tan", "ln", "log", "exp", "abs", "binom",
+];
 const CONSTANTS: &[&str] = &["pi", "inf", "oo", "infinity"];
 
 fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
@@ -166,7 +177,9 @@ fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
         let c = chars[i];
         if c.is_whitespace() {
             i += 1;
-        } else if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(|d| d.is_ascii_digit())) {
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
+        {
             let st = i;
             while i < chars.len() && (chars[i].is_ascii_digit() || chars[i] == '.') {
                 i += 1;
@@ -247,7 +260,11 @@ pub fn parse(s: &str) -> Result<Expr, ParseError> {
     if toks.is_empty() {
         return Err(ParseError("empty expression".into()));
     }
-    let mut p = Parser { toks, i: 0, depth: 0 };
+    let mut p = Parser {
+        toks,
+        i: 0,
+        depth: 0,
+    };
     let e = p.sum()?;
     if p.i != p.toks.len() {
         return Err(ParseError(format!("unexpected {:?}", p.toks[p.i])));
@@ -292,7 +309,10 @@ impl Parser {
     }
 
     fn starts_atom(&self) -> bool {
-        matches!(self.peek(), Some(Tok::Num(_)) | Some(Tok::Ident(_)) | Some(Tok::Op('(')))
+        matches!(
+            self.peek(),
+            Some(Tok::Num(_)) | Some(Tok::Ident(_)) | Some(Tok::Op('('))
+        )
     }
 
     fn product(&mut self) -> Result<Expr, ParseError> {
@@ -343,7 +363,10 @@ impl Parser {
 
     fn atom(&mut self) -> Result<Expr, ParseError> {
         self.enter()?;
-        let tok = self.peek().cloned().ok_or_else(|| ParseError("unexpected end".into()))?;
+        let tok = self
+            .peek()
+            .cloned()
+            .ok_or_else(|| ParseError("unexpected end".into()))?;
         self.i += 1;
         let e = match tok {
             Tok::Num(s) => number(&s)?,
@@ -392,8 +415,14 @@ fn number(s: &str) -> Result<Expr, ParseError> {
         return Ok(Expr::Float(s.parse().map_err(|_| bad())?));
     }
     let digits = format!("{int}{frac}");
-    let n: i128 = if digits.is_empty() { 0 } else { digits.parse().map_err(|_| bad())? };
-    Ok(Expr::Num(Rat::new(n, 10i128.pow(frac.len() as u32)).ok_or_else(bad)?))
+    let n: i128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().map_err(|_| bad())?
+    };
+    Ok(Expr::Num(
+        Rat::new(n, 10i128.pow(frac.len() as u32)).ok_or_else(bad)?,
+    ))
 }
 
 fn exact_float(x: f64) -> Expr {
@@ -417,7 +446,11 @@ impl Expr {
                 out.insert(s.clone());
             }
             Expr::Neg(a) | Expr::Fact(a) => a.collect(out),
-            Expr::Add(a, b) | Expr::Sub(a, b) | Expr::Mul(a, b) | Expr::Div(a, b) | Expr::Pow(a, b) => {
+            Expr::Add(a, b)
+            | Expr::Sub(a, b)
+            | Expr::Mul(a, b)
+            | Expr::Div(a, b)
+            | Expr::Pow(a, b) => {
                 a.collect(out);
                 b.collect(out);
             }
@@ -471,7 +504,10 @@ fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
             (x, y) => F(x.f() + y.f()),
         },
         Expr::Sub(a, b) => match bin(a, b)? {
-            (Q(x), Q(y)) => x.add(Rat { n: -y.n, d: y.d }).map(Q).unwrap_or(F(x.to_f64() - y.to_f64())),
+            (Q(x), Q(y)) => x
+                .add(Rat { n: -y.n, d: y.d })
+                .map(Q)
+                .unwrap_or(F(x.to_f64() - y.to_f64())),
             (x, y) => F(x.f() - y.f()),
         },
         Expr::Mul(a, b) => match bin(a, b)? {
@@ -480,7 +516,10 @@ fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
         },
         Expr::Div(a, b) => match bin(a, b)? {
             (_, Q(y)) if y.n == 0 => return None,
-            (Q(x), Q(y)) => x.mul(y.recip()?).map(Q).unwrap_or(F(x.to_f64() / y.to_f64())),
+            (Q(x), Q(y)) => x
+                .mul(y.recip()?)
+                .map(Q)
+                .unwrap_or(F(x.to_f64() / y.to_f64())),
             (x, y) => F(x.f() / y.f()),
         },
         Expr::Pow(a, b) => match bin(a, b)? {
@@ -513,7 +552,10 @@ fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
             }
             match (f.as_str(), x) {
                 ("sqrt", Q(r)) if r.sqrt().is_some() => Q(r.sqrt()?),
-                ("abs", Q(r)) => Q(Rat { n: r.n.abs(), d: r.d }),
+                ("abs", Q(r)) => Q(Rat {
+                    n: r.n.abs(),
+                    d: r.d,
+                }),
                 ("sqrt", x) => F(x.f().sqrt()),
                 ("cbrt", x) => F(x.f().cbrt()),
                 ("sin", x) => F(x.f().sin()),
@@ -530,7 +572,9 @@ fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
 
 fn binom(n: Val, k: Val) -> Option<Val> {
     match (n, k) {
-        (Val::Q(n), Val::Q(k)) if n.is_int() && k.is_int() && k.n >= 0 && k.n <= n.n && n.n <= 10_000 => {
+        (Val::Q(n), Val::Q(k))
+            if n.is_int() && k.is_int() && k.n >= 0 && k.n <= n.n && n.n <= 10_000 =>
+        {
             let k = k.n.min(n.n - k.n);
             let mut acc = Rat::int(1);
             for i in 0..k {

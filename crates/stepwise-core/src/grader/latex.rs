@@ -27,7 +27,11 @@ pub fn latex_to_text(s: &str) -> Option<String> {
 /// Convert LaTeX to text in the given style.
 pub fn convert(s: &str, style: Style) -> Option<String> {
     let chars: Vec<char> = s.chars().collect();
-    let mut p = Parser { c: &chars, i: 0, style };
+    let mut p = Parser {
+        c: &chars,
+        i: 0,
+        style,
+    };
     let out = p.nodes(0, None)?;
     Some(out.trim().to_string())
 }
@@ -101,9 +105,31 @@ fn symbol(name: &str) -> Option<&'static str> {
 
 /// Macros whose text is their (last) mandatory argument.
 const KEEP_ARG: &[&str] = &[
-    "text", "textbf", "textit", "textrm", "textsf", "texttt", "textnormal", "emph", "mbox", "mathrm", "mathbf",
-    "mathit", "mathsf", "mathtt", "operatorname", "overline", "underline", "widehat", "widetilde", "hat", "bar",
-    "vec", "tilde", "dot", "boldsymbol",
+    "text",
+    "textbf",
+    "textit",
+    "textrm",
+    "textsf",
+    "texttt",
+    "textnormal",
+    "emph",
+    "mbox",
+    "mathrm",
+    "mathbf",
+    "mathit",
+    "mathsf",
+    "mathtt",
+    "operatorname",
+    "overline",
+    "underline",
+    "widehat",
+    "widetilde",
+    "hat",
+    "bar",
+    "vec",
+    "tilde",
+    "dot",
+    "boldsymbol",
 ];
 
 impl Parser<'_> {
@@ -217,7 +243,8 @@ impl Parser<'_> {
             "{" | "}" if self.style == Style::Math => String::new(),
             "circ" if self.style == Style::Math => String::new(),
             n if KEEP_ARG.contains(&n) => self.arg(depth)?,
-            "left" | "right" | "big" | "Big" | "bigl" | "bigr" | "Bigl" | "Bigr" | "displaystyle" => String::new(),
+            "left" | "right" | "big" | "Big" | "bigl" | "bigr" | "Bigl" | "Bigr"
+            | "displaystyle" => String::new(),
             n => symbol(n).map(str::to_string).unwrap_or_default(),
         })
     }

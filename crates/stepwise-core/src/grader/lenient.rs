@@ -10,10 +10,46 @@ use super::prm800k::{self, strip_commas};
 use crate::answer::last_boxed;
 
 const UNIT_WORDS: &[&str] = &[
-    "degrees", "degree", "dollars", "dollar", "cents", "cent", "units", "unit", "cm", "centimeters", "meters",
-    "meter", "m", "km", "miles", "mile", "seconds", "second", "minutes", "minute", "hours", "hour", "days", "day",
-    "weeks", "week", "months", "month", "years", "year", "feet", "foot", "inches", "inch", "yards", "yard", "square",
-    "sq", "percent", "mph",
+    "degrees",
+    "degree",
+    "dollars",
+    "dollar",
+    "cents",
+    "cent",
+    "units",
+    "unit",
+    "cm",
+    "centimeters",
+    "meters",
+    "meter",
+    "m",
+    "km",
+    "miles",
+    "mile",
+    "seconds",
+    "second",
+    "minutes",
+    "minute",
+    "hours",
+    "hour",
+    "days",
+    "day",
+    "weeks",
+    "week",
+    "months",
+    "month",
+    "years",
+    "year",
+    "feet",
+    "foot",
+    "inches",
+    "inch",
+    "yards",
+    "yard",
+    "square",
+    "sq",
+    "percent",
+    "mph",
 ];
 
 /// Lenient equality of a given answer and the ground truth.
@@ -42,12 +78,23 @@ fn clean(s: &str) -> String {
     if let Some(inner) = strip_text_wrapper(&s) {
         s = inner.to_string();
     }
-    s = s.replace("\\$", "").replace('$', "").replace("\\!", "").replace("\\left", "").replace("\\right", "");
-    s = s.replace("^\\circ", "").replace("^{\\circ}", "").replace("\\%", "%");
+    s = s
+        .replace("\\$", "")
+        .replace('$', "")
+        .replace("\\!", "")
+        .replace("\\left", "")
+        .replace("\\right", "");
+    s = s
+        .replace("^\\circ", "")
+        .replace("^{\\circ}", "")
+        .replace("\\%", "%");
     // Mixed numbers: `3\frac12` is 3 + 1/2.
     let b = s.as_bytes();
     if let Some(i) = s.find("\\frac") {
-        if i > 0 && b[i - 1].is_ascii_digit() && s[..i].bytes().all(|c| c.is_ascii_digit() || c == b'-') {
+        if i > 0
+            && b[i - 1].is_ascii_digit()
+            && s[..i].bytes().all(|c| c.is_ascii_digit() || c == b'-')
+        {
             s = format!("{}+{}", &s[..i], &s[i..]);
         }
     }
@@ -57,15 +104,27 @@ fn clean(s: &str) -> String {
 /// Drop a leading `x =` and trailing unit words.
 fn strip_decorations(mut e: String) -> String {
     if let Some((lhs, rhs)) = e.split_once('=') {
-        if lhs.trim().chars().all(|c| c.is_alphabetic() || c == '_' || c == ' ') && lhs.trim().len() <= 3 {
+        if lhs
+            .trim()
+            .chars()
+            .all(|c| c.is_alphabetic() || c == '_' || c == ' ')
+            && lhs.trim().len() <= 3
+        {
             e = rhs.trim().to_string();
         }
     }
     loop {
         let t = e.trim_end();
-        let word_start = t.char_indices().rev().find(|(_, c)| !c.is_ascii_alphabetic()).map_or(0, |(i, c)| i + c.len_utf8());
+        let word_start = t
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !c.is_ascii_alphabetic())
+            .map_or(0, |(i, c)| i + c.len_utf8());
         let word = &t[word_start..];
-        if word_start > 0 && !word.is_empty() && UNIT_WORDS.contains(&word.to_ascii_lowercase().as_str()) {
+        if word_start > 0
+            && !word.is_empty()
+            && UNIT_WORDS.contains(&word.to_ascii_lowercase().as_str())
+        {
             e = t[..word_start].trim_end().to_string();
         } else {
             return t.to_string();
@@ -75,13 +134,26 @@ fn strip_decorations(mut e: String) -> String {
 
 fn answer_set(s: &str) -> Option<Answer> {
     let s = clean(s);
-    let text = if s.contains(['\\', '{']) { convert(&s, Style::Math)? } else { s };
-    let text = strip_commas(&strip_decorations(text.replace(" or ", ",").replace(" and ", ",")));
+    let text = if s.contains(['\\', '{']) {
+        convert(&s, Style::Math)?
+    } else {
+        s
+    };
+    let text = strip_commas(&strip_decorations(
+        text.replace(" or ", ",").replace(" and ", ","),
+    ));
     let text = text.trim();
     let chars: Vec<char> = text.chars().collect();
     let n = chars.len();
-    let (brackets, inner) = if n >= 2 && "([".contains(chars[0]) && ")]".contains(chars[n - 1]) && top_level_commas(&chars[1..n - 1]) {
-        (Some((chars[0], chars[n - 1])), chars[1..n - 1].iter().collect::<String>())
+    let (brackets, inner) = if n >= 2
+        && "([".contains(chars[0])
+        && ")]".contains(chars[n - 1])
+        && top_level_commas(&chars[1..n - 1])
+    {
+        (
+            Some((chars[0], chars[n - 1])),
+            chars[1..n - 1].iter().collect::<String>(),
+        )
     } else {
         (None, text.to_string())
     };
@@ -142,12 +214,17 @@ fn same_answers(a: &Answer, b: &Answer) -> bool {
         return false;
     }
     if a.brackets.is_some() || b.brackets.is_some() {
-        return a.brackets == b.brackets && a.elems.iter().zip(&b.elems).all(|(x, y)| same_value(x, y));
+        return a.brackets == b.brackets
+            && a.elems.iter().zip(&b.elems).all(|(x, y)| same_value(x, y));
     }
     // Unordered: a greedy matching is exact here because equality is transitive.
     let mut used = vec![false; b.elems.len()];
     a.elems.iter().all(|x| {
-        let hit = b.elems.iter().enumerate().position(|(j, y)| !used[j] && same_value(x, y));
+        let hit = b
+            .elems
+            .iter()
+            .enumerate()
+            .position(|(j, y)| !used[j] && same_value(x, y));
         hit.map(|j| used[j] = true).is_some()
     })
 }

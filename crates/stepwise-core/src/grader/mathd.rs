@@ -97,10 +97,20 @@ fn fix_sqrt(s: &str) -> Option<String> {
 /// `_strip_string`; `None` where the original raises (the caller then keeps the input).
 fn strip_string(s: &str) -> Option<String> {
     let mut s = s.replace('\n', "").replace("\\!", "").replace("\\\\", "\\");
-    s = s.replace("tfrac", "frac").replace("dfrac", "frac").replace("\\left", "").replace("\\right", "");
-    s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "");
+    s = s
+        .replace("tfrac", "frac")
+        .replace("dfrac", "frac")
+        .replace("\\left", "")
+        .replace("\\right", "");
+    s = s
+        .replace("^{\\circ}", "")
+        .replace("^\\circ", "")
+        .replace("\\$", "");
     s = remove_right_units(&s)?;
-    s = s.replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.");
+    s = s
+        .replace("\\%", "")
+        .replace(" .", " 0.")
+        .replace("{.", "{0.");
     if s.is_empty() {
         return Some(s);
     }

@@ -10,20 +10,44 @@ use regex::Regex;
 use std::sync::LazyLock;
 
 const UNITS: &[&str] = &[
-    "degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week", "month", "year", "foot",
-    "feet", "inch", "yard",
+    "degree",
+    "cm",
+    "centimeter",
+    "meter",
+    "mile",
+    "second",
+    "minute",
+    "hour",
+    "day",
+    "week",
+    "month",
+    "year",
+    "foot",
+    "feet",
+    "inch",
+    "yard",
 ];
 
-static UNIT_RES: LazyLock<Vec<Regex>> =
-    LazyLock::new(|| UNITS.iter().map(|u| Regex::new(&format!(r"{u}(es)?(s)? *(\^[0-9]+)?")).unwrap()).collect());
+static UNIT_RES: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    UNITS
+        .iter()
+        .map(|u| Regex::new(&format!(r"{u}(es)?(s)? *(\^[0-9]+)?")).unwrap())
+        .collect()
+});
 static CIRC: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\^ *\\circ").unwrap());
 static THIN_COMMA: LazyLock<Regex> = LazyLock::new(|| Regex::new(r",\\! *").unwrap());
 static MINUS_SPACE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"- *").unwrap());
 static MIXED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"([0-9]) +([0-9])").unwrap());
-static COMMA_GROUP: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(\d)(,)(\d\d\d)($|\D)").unwrap());
-static FRAC: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^-?[0-9]+.?/0*[1-9][0-9]*.?$").unwrap());
-static BAD_RES: LazyLock<Vec<Regex>> =
-    LazyLock::new(|| vec![Regex::new(r"\^[0-9]+\^").unwrap(), Regex::new(r"\^[0-9][0-9]+").unwrap()]);
+static COMMA_GROUP: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(\d)(,)(\d\d\d)($|\D)").unwrap());
+static FRAC: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^-?[0-9]+.?/0*[1-9][0-9]*.?$").unwrap());
+static BAD_RES: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    vec![
+        Regex::new(r"\^[0-9]+\^").unwrap(),
+        Regex::new(r"\^[0-9][0-9]+").unwrap(),
+    ]
+});
 
 /// Python's `float(s)` acceptance: decimal literals, exponents, inf/nan, `_` separators aside.
 pub(crate) fn py_float(s: &str) -> Option<f64> {
@@ -31,9 +55,17 @@ pub(crate) fn py_float(s: &str) -> Option<f64> {
     let lower = t.to_ascii_lowercase();
     let body = lower.trim_start_matches(['+', '-']);
     if matches!(body, "inf" | "infinity" | "nan") {
-        return t.parse::<f64>().ok().or(Some(if lower.starts_with('-') { f64::NEG_INFINITY } else { f64::INFINITY }));
+        return t.parse::<f64>().ok().or(Some(if lower.starts_with('-') {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        }));
     }
-    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) {
+    if t.is_empty()
+        || !t
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b))
+    {
         return None;
     }
     t.parse::<f64>().ok()
@@ -69,15 +101,17 @@ fn str_to_int(x: &str) -> Option<String> {
 }
 
 fn parse_latex(expr: &str) -> Option<String> {
-    let e = expr.replace("\\tfrac", "\\frac").replace("\\dfrac", "\\frac").replace("\\frac", " \\frac");
+    let e = expr
+        .replace("\\tfrac", "\\frac")
+        .replace("\\dfrac", "\\frac")
+        .replace("\\frac", " \\frac");
     let t = latex_to_text(&e)?;
     Some(
         t.replace('√', "sqrt")
             .replace('π', "pi")
             .replace('∞', "inf")
             .replace('∪', "U")
-            .replace('·', "*")
-            .replace('×', "*")
+            .replace(['·', '×'], "*")
             .trim()
             .to_string(),
     )
@@ -86,9 +120,15 @@ fn parse_latex(expr: &str) -> Option<String> {
 /// The grader's own `_normalize`.
 pub fn normalize(expr: &str) -> String {
     let mut e = strip_text_wrapper(expr).unwrap_or(expr).to_string();
-    e = e.replace("\\%", "%").replace("\\$", "$").replace(['$', '%'], "");
+    e = e
+        .replace("\\%", "%")
+        .replace("\\$", "$")
+        .replace(['$', '%'], "");
     e = e.replace(" or ", " , ").replace(" and ", " , ");
-    e = e.replace("million", "*10^6").replace("billion", "*10^9").replace("trillion", "*10^12");
+    e = e
+        .replace("million", "*10^6")
+        .replace("billion", "*10^9")
+        .replace("trillion", "*10^12");
     for re in UNIT_RES.iter() {
         e = re.replace_all(&e, "").into_owned();
     }
@@ -123,7 +163,10 @@ pub fn normalize(expr: &str) -> String {
 
 fn count_unknown_letters(expr: &str) -> usize {
     let e = expr.replace("sqrt", "").replace("frac", "");
-    e.chars().filter(|c| c.is_alphabetic()).collect::<std::collections::HashSet<_>>().len()
+    e.chars()
+        .filter(|c| c.is_alphabetic())
+        .collect::<std::collections::HashSet<_>>()
+        .len()
 }
 
 fn should_allow_eval(expr: &str) -> bool {
@@ -182,7 +225,9 @@ pub fn grade(given: &str, ground_truth: &str) -> bool {
     }
     let gt_elems = split_tuple(&gt);
     let gv_elems = split_tuple(&gv);
-    if gt_elems.len() > 1 && (gt.chars().next() != gv.chars().next() || gt.chars().last() != gv.chars().last()) {
+    if gt_elems.len() > 1
+        && (gt.chars().next() != gv.chars().next() || gt.chars().last() != gv.chars().last())
+    {
         return false;
     }
     if gt_elems.len() != gv_elems.len() {

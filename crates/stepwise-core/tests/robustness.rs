@@ -1,0 +1,98 @@
+//! Fuzz-style robustness: every reader and the grader on random and mutated inputs, for a
+//! bounded number of iterations, must return (an error is fine) and never panic. The same
+//! harness runs unbounded under `cargo fuzz` (see `fuzz/`).
+
+mod common;
+use common::data;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use stepwise_core::formats::ALL_FORMATS;
+use stepwise_core::grader::{grade, GradeMode};
+
+const ITERATIONS: usize = 3000;
+
+/// Mutate bytes of a seed input: flips, deletions, duplications, insertions of syntax.
+fn mutate(seed: &[u8], rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let mut v = seed.to_vec();
+    for _ in 0..rng.random_range(1..8) {
+        if v.is_empty() {
+            v.push(b'{');
+        }
+        let i = rng.random_range(0..v.len());
+        match rng.random_range(0..5) {
+            0 => v[i] = rng.random(),
+            1 => {
+                v.remove(i);
+            }
+            2 => {
+                let j = (i + rng.random_range(0..16)).min(v.len());
+                let chunk = v[i..j].to_vec();
+                v.splice(i..i, chunk);
+            }
+            3 => {
+                let toks: [&[u8]; 10] = [
+                    b"{", b"}", b"\\frac", b"^", b"(", b"]", b",", b"\\sqrt[", b"null", b"\"\"",
+                ];
+                let t = toks[rng.random_range(0..toks.len())];
+                v.splice(i..i, t.iter().copied());
+            }
+            _ => v.truncate(i),
+        }
+    }
+    v
+}
+
+#[test]
+fn readers_never_panic_on_mutated_records() {
+    let seeds: Vec<String> = [
+        "prm800k/samples_openr.jsonl",
+        "math_shepherd/samples_openr.jsonl",
+        "openr/samples_math-aps-tree_openr.jsonl",
+        "processbench/gsm8k.json",
+    ]
+    .iter()
+    .map(|f| {
+        std::fs::read_to_string(data(f))
+            .unwrap()
+            .chars()
+            .take(3000)
+            .collect()
+    })
+    .collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for it in 0..ITERATIONS {
+        let seed = seeds[it % seeds.len()].as_bytes();
+        let bytes = mutate(seed, &mut rng);
+        let text = String::from_utf8_lossy(&bytes);
+        for line in text.lines().take(3) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+                for f in ALL_FORMATS {
+                    if let Ok(sols) = f.read(&v, 0) {
+                        let _ = f.write(&sols);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grader_never_panics_on_random_answers() {
+    let atoms = [
+        "\\frac", "{", "}", "1", "23", "-", "+", "^", "x", "\\sqrt", "[", "]", "(", ")", ",",
+        "\\pi", "\\infty", "!", ".", "e", "\\text{", "\\$", "%", "\\left(", "\\right)", "\\pm",
+        "\\binom", " ", "=", "/", "*", "9^9^9", "\\!", "∞", "é",
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for _ in 0..ITERATIONS {
+        let mut gen = || {
+            (0..rng.random_range(0..12))
+                .map(|_| atoms[rng.random_range(0..atoms.len())])
+                .collect::<String>()
+        };
+        let (a, b) = (gen(), gen());
+        for mode in [GradeMode::Prm800k, GradeMode::Lenient] {
+            let _ = grade(&a, &b, mode);
+        }
+    }
+}
