@@ -69,15 +69,20 @@ pub struct ModelConfig {
 }
 
 fn get_usize(v: &Value, k: &str) -> Result<usize> {
-    v.get(k).and_then(Value::as_u64).map(|x| x as usize).with_context(|| format!("field `{k}`: missing or not an integer"))
+    v.get(k)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .with_context(|| format!("field `{k}`: missing or not an integer"))
 }
 
 impl ModelConfig {
     /// Read `config.json` from a checkpoint folder.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: invalid JSON", path.display()))?;
         Self::from_json(&v).with_context(|| format!("{}", path.display()))
     }
 
@@ -109,9 +114,15 @@ impl ModelConfig {
         let rope_theta = v
             .get("rope_theta")
             .and_then(Value::as_f64)
-            .or_else(|| v.pointer("/rope_parameters/rope_theta").and_then(Value::as_f64))
+            .or_else(|| {
+                v.pointer("/rope_parameters/rope_theta")
+                    .and_then(Value::as_f64)
+            })
             .unwrap_or(10000.0);
-        if let Some(t) = v.pointer("/rope_parameters/rope_type").and_then(Value::as_str) {
+        if let Some(t) = v
+            .pointer("/rope_parameters/rope_type")
+            .and_then(Value::as_str)
+        {
             if t != "default" {
                 bail!("field `rope_parameters.rope_type`: `{t}` scaling is not supported");
             }
@@ -120,11 +131,19 @@ impl ModelConfig {
             .get("num_labels")
             .and_then(Value::as_u64)
             .map(|x| x as usize)
-            .or_else(|| v.get("id2label").and_then(Value::as_object).map(|m| m.len()))
+            .or_else(|| {
+                v.get("id2label")
+                    .and_then(Value::as_object)
+                    .map(|m| m.len())
+            })
             .unwrap_or(2);
         let eos_token_ids = match v.get("eos_token_id") {
             Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect(),
             _ => Vec::new(),
         };
         Ok(ModelConfig {
@@ -136,15 +155,33 @@ impl ModelConfig {
             intermediate_size: get_usize(v, "intermediate_size")?,
             num_hidden_layers: get_usize(v, "num_hidden_layers")?,
             num_attention_heads,
-            num_key_value_heads: v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_attention_heads, |x| x as usize),
-            head_dim: v.get("head_dim").and_then(Value::as_u64).map_or(hidden_size / num_attention_heads, |x| x as usize),
-            rms_norm_eps: v.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6),
+            num_key_value_heads: v
+                .get("num_key_value_heads")
+                .and_then(Value::as_u64)
+                .map_or(num_attention_heads, |x| x as usize),
+            head_dim: v
+                .get("head_dim")
+                .and_then(Value::as_u64)
+                .map_or(hidden_size / num_attention_heads, |x| x as usize),
+            rms_norm_eps: v
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
             rope_theta,
-            max_position_embeddings: v.get("max_position_embeddings").and_then(Value::as_u64).map_or(32768, |x| x as usize),
-            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            max_position_embeddings: v
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .map_or(32768, |x| x as usize),
+            tie_word_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             attention_bias: match family {
                 Family::Qwen2 => true,
-                Family::Llama => v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+                Family::Llama => v
+                    .get("attention_bias")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
             },
             num_labels,
             eos_token_ids,
@@ -152,7 +189,14 @@ impl ModelConfig {
     }
 
     /// A config for a model trained from scratch, Qwen2 shape.
-    pub fn tiny(vocab_size: usize, hidden: usize, layers: usize, heads: usize, kv_heads: usize, head: HeadKind) -> Self {
+    pub fn tiny(
+        vocab_size: usize,
+        hidden: usize,
+        layers: usize,
+        heads: usize,
+        kv_heads: usize,
+        head: HeadKind,
+    ) -> Self {
         ModelConfig {
             family: Family::Qwen2,
             head,
@@ -226,8 +270,12 @@ impl ModelConfig {
         }
         if self.head != HeadKind::CausalLm {
             v["num_labels"] = json!(self.num_labels);
-            v["id2label"] = json!((0..self.num_labels).map(|i| (i.to_string(), format!("LABEL_{i}"))).collect::<serde_json::Map<_, _>>());
-            v["label2id"] = json!((0..self.num_labels).map(|i| (format!("LABEL_{i}"), i)).collect::<serde_json::Map<_, _>>());
+            v["id2label"] = json!((0..self.num_labels)
+                .map(|i| (i.to_string(), json!(format!("LABEL_{i}"))))
+                .collect::<serde_json::Map<_, _>>());
+            v["label2id"] = json!((0..self.num_labels)
+                .map(|i| (format!("LABEL_{i}"), json!(i)))
+                .collect::<serde_json::Map<_, _>>());
         }
         if let Some(&e) = self.eos_token_ids.first() {
             v["eos_token_id"] = json!(e);

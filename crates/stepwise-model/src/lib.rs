@@ -1,1 +1,26 @@
-//! stepwise-model: the neural engine (work in progress; modules land as they are tested).
+//! stepwise-model: the neural engine. Qwen2/Qwen2.5 and Llama/Mistral decoders on candle, read
+//! from Hugging Face checkpoint folders; the PRM heads in use; scoring every step in one forward
+//! pass; shared-prefix generation.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod generate;
+pub mod model;
+pub mod scoring;
+pub mod tokenizer;
+pub mod transformer;
+
+pub use config::{Family, HeadKind, ModelConfig};
+pub use generate::{generate, SamplingParams};
+pub use model::Model;
+pub use scoring::{PrmLayout, StepScorer};
+pub use tokenizer::Tokenizer;
+
+/// The device to run on: CUDA when built with the `cuda` feature and a GPU is present, else CPU.
+pub fn default_device() -> candle_core::Device {
+    #[cfg(feature = "cuda")]
+    if let Ok(d) = candle_core::Device::new_cuda(0) {
+        return d;
+    }
+    candle_core::Device::Cpu
+}

@@ -38,15 +38,28 @@ impl Model {
         let decoder = Transformer::new(&config, vb.pp("model"))?;
         let h = config.hidden_size;
         let head = match config.head {
-            HeadKind::CausalLm if config.tie_word_embeddings => Head::Lm(Linear::new(decoder.embeddings().clone(), None)),
-            HeadKind::CausalLm => Head::Lm(candle_nn::linear_no_bias(h, config.vocab_size, vb.pp("lm_head"))?),
+            HeadKind::CausalLm if config.tie_word_embeddings => {
+                Head::Lm(Linear::new(decoder.embeddings().clone(), None))
+            }
+            HeadKind::CausalLm => Head::Lm(candle_nn::linear_no_bias(
+                h,
+                config.vocab_size,
+                vb.pp("lm_head"),
+            )?),
             HeadKind::ProcessRewardMlp => Head::Mlp(
                 candle_nn::linear(h, h, vb.pp("score.0"))?,
                 candle_nn::linear(h, config.num_labels, vb.pp("score.2"))?,
             ),
-            HeadKind::TokenClassification => Head::Classifier(candle_nn::linear(h, config.num_labels, vb.pp("score"))?),
+            HeadKind::TokenClassification => {
+                Head::Classifier(candle_nn::linear(h, config.num_labels, vb.pp("score"))?)
+            }
         };
-        Ok(Model { device: vb.device().clone(), config, decoder, head })
+        Ok(Model {
+            device: vb.device().clone(),
+            config,
+            decoder,
+            head,
+        })
     }
 
     /// Load `config.json` and the safetensors weights of a checkpoint folder (single file or
@@ -67,7 +80,12 @@ impl Model {
 
     /// Load trainable: every weight becomes a variable in `varmap` (missing head weights, e.g. a
     /// new classifier on a causal LM, are freshly initialised).
-    pub fn load_trainable(dir: &Path, config: ModelConfig, varmap: &VarMap, device: &Device) -> Result<Self> {
+    pub fn load_trainable(
+        dir: &Path,
+        config: ModelConfig,
+        varmap: &VarMap,
+        device: &Device,
+    ) -> Result<Self> {
         let files = weight_files(dir)?;
         let tensors = load_tensors(&files, device)?;
         {
@@ -87,7 +105,12 @@ impl Model {
     }
 
     /// Hidden states `[b, t, hidden]`.
-    pub fn hidden(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
+    pub fn hidden(
+        &self,
+        ids: &Tensor,
+        pad_mask: Option<&Tensor>,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
         self.decoder.forward(ids, pad_mask, cache)
     }
 
@@ -111,13 +134,17 @@ impl Model {
 
     /// Number of positions encoded so far.
     pub fn encoded_tokens(&self) -> usize {
-        self.decoder.encoded_tokens.load(std::sync::atomic::Ordering::Relaxed)
+        self.decoder
+            .encoded_tokens
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
 /// Probability of class 1 from 2-class logits along the last dimension.
 pub fn class1_prob(logits: &Tensor) -> Result<Tensor> {
-    Ok(candle_nn::ops::softmax_last_dim(logits)?.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?)
+    Ok(candle_nn::ops::softmax_last_dim(logits)?
+        .narrow(D::Minus1, 1, 1)?
+        .squeeze(D::Minus1)?)
 }
 
 /// The safetensors files of a checkpoint folder.
@@ -130,21 +157,34 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     if index.exists() {
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)
             .with_context(|| format!("{}: invalid JSON", index.display()))?;
-        let map = v.get("weight_map").and_then(|m| m.as_object()).with_context(|| format!("{}: field `weight_map` missing", index.display()))?;
-        let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .with_context(|| format!("{}: field `weight_map` missing", index.display()))?;
+        let mut files: Vec<PathBuf> = map
+            .values()
+            .filter_map(|f| f.as_str())
+            .map(|f| dir.join(f))
+            .collect();
         files.sort();
         files.dedup();
         return Ok(files);
     }
-    bail!("{}: no model.safetensors or model.safetensors.index.json", dir.display())
+    bail!(
+        "{}: no model.safetensors or model.safetensors.index.json",
+        dir.display()
+    )
 }
 
 fn load_tensors(files: &[PathBuf], device: &Device) -> Result<HashMap<String, Tensor>> {
     let mut all = HashMap::new();
     for f in files {
-        let t = candle_core::safetensors::load(f, device).with_context(|| format!("reading {}", f.display()))?;
+        let t = candle_core::safetensors::load(f, device)
+            .with_context(|| format!("reading {}", f.display()))?;
         for (k, v) in t {
-            let v = v.to_dtype(DType::F32).with_context(|| format!("{}: tensor `{k}`: cannot convert to f32", f.display()))?;
+            let v = v
+                .to_dtype(DType::F32)
+                .with_context(|| format!("{}: tensor `{k}`: cannot convert to f32", f.display()))?;
             all.insert(k, v);
         }
     }
@@ -154,32 +194,71 @@ fn load_tensors(files: &[PathBuf], device: &Device) -> Result<HashMap<String, Te
 /// Name every missing or mis-shaped tensor before candle would fail on the first one.
 fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBuf]) -> Result<()> {
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
-    let mut want: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h]), ("model.norm.weight".into(), vec![h])];
+    let mut want: Vec<(String, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h]),
+        ("model.norm.weight".into(), vec![h]),
+    ];
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
-        want.push((format!("{p}.self_attn.q_proj.weight"), vec![cfg.num_attention_heads * d, h]));
-        want.push((format!("{p}.self_attn.k_proj.weight"), vec![cfg.num_key_value_heads * d, h]));
-        want.push((format!("{p}.self_attn.v_proj.weight"), vec![cfg.num_key_value_heads * d, h]));
-        want.push((format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.num_attention_heads * d]));
-        want.push((format!("{p}.mlp.gate_proj.weight"), vec![cfg.intermediate_size, h]));
-        want.push((format!("{p}.mlp.up_proj.weight"), vec![cfg.intermediate_size, h]));
-        want.push((format!("{p}.mlp.down_proj.weight"), vec![h, cfg.intermediate_size]));
+        want.push((
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![cfg.num_attention_heads * d, h],
+        ));
+        want.push((
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![cfg.num_key_value_heads * d, h],
+        ));
+        want.push((
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![cfg.num_key_value_heads * d, h],
+        ));
+        want.push((
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![h, cfg.num_attention_heads * d],
+        ));
+        want.push((
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![cfg.intermediate_size, h],
+        ));
+        want.push((
+            format!("{p}.mlp.up_proj.weight"),
+            vec![cfg.intermediate_size, h],
+        ));
+        want.push((
+            format!("{p}.mlp.down_proj.weight"),
+            vec![h, cfg.intermediate_size],
+        ));
     }
     match cfg.head {
-        HeadKind::CausalLm if !cfg.tie_word_embeddings => want.push(("lm_head.weight".into(), vec![cfg.vocab_size, h])),
+        HeadKind::CausalLm if !cfg.tie_word_embeddings => {
+            want.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]))
+        }
         HeadKind::ProcessRewardMlp => {
             want.push(("score.0.weight".into(), vec![h, h]));
             want.push(("score.2.weight".into(), vec![cfg.num_labels, h]));
         }
-        HeadKind::TokenClassification => want.push(("score.weight".into(), vec![cfg.num_labels, h])),
+        HeadKind::TokenClassification => {
+            want.push(("score.weight".into(), vec![cfg.num_labels, h]))
+        }
         HeadKind::CausalLm => {}
     }
-    let names = files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ");
+    let names = files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     for (name, shape) in want {
         match t.get(&name) {
-            None => bail!("{names}: tensor `{name}` is missing (architecture {})", cfg.architecture),
+            None => bail!(
+                "{names}: tensor `{name}` is missing (architecture {})",
+                cfg.architecture
+            ),
             Some(x) if x.dims() != shape.as_slice() => {
-                bail!("{names}: tensor `{name}` has shape {:?}, config.json implies {:?}", x.dims(), shape)
+                bail!(
+                    "{names}: tensor `{name}` has shape {:?}, config.json implies {:?}",
+                    x.dims(),
+                    shape
+                )
             }
             _ => {}
         }
@@ -190,9 +269,15 @@ fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBu
 /// Write the model as a Hugging Face folder: `config.json` + `model.safetensors` (f32).
 pub fn save_checkpoint(dir: &Path, config: &ModelConfig, varmap: &VarMap) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config.to_hf_json())?)?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config.to_hf_json())?,
+    )?;
     let data = varmap.data().lock().unwrap();
-    let mut tensors: HashMap<String, Tensor> = data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
+    let mut tensors: HashMap<String, Tensor> = data
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect();
     if config.tie_word_embeddings {
         tensors.remove("lm_head.weight");
     }

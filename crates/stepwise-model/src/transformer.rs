@@ -21,7 +21,10 @@ pub struct KvCache {
 impl KvCache {
     /// Number of cached positions.
     pub fn len(&self) -> usize {
-        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
     }
 
     /// Whether nothing is cached.
@@ -36,7 +39,9 @@ impl KvCache {
             .iter()
             .map(|l| {
                 l.as_ref()
-                    .map(|(k, v)| -> Result<_> { Ok((k.repeat((n, 1, 1, 1))?, v.repeat((n, 1, 1, 1))?)) })
+                    .map(|(k, v)| -> Result<_> {
+                        Ok((k.repeat((n, 1, 1, 1))?, v.repeat((n, 1, 1, 1))?))
+                    })
                     .transpose()
             })
             .collect::<Result<_>>()?;
@@ -48,7 +53,13 @@ impl KvCache {
         let layers = self
             .layers
             .iter()
-            .map(|l| l.as_ref().map(|(k, v)| -> Result<_> { Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?)) }).transpose())
+            .map(|l| {
+                l.as_ref()
+                    .map(|(k, v)| -> Result<_> {
+                        Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?))
+                    })
+                    .transpose()
+            })
             .collect::<Result<_>>()?;
         Ok(KvCache { layers })
     }
@@ -73,11 +84,18 @@ impl Rope {
     fn new(cfg: &ModelConfig, dev: &Device) -> Result<Self> {
         let d = cfg.head_dim;
         let max = cfg.max_position_embeddings.min(32768);
-        let inv: Vec<f32> = (0..d / 2).map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32)).collect();
+        let inv: Vec<f32> = (0..d / 2)
+            .map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32))
+            .collect();
         let inv = Tensor::from_vec(inv, (1, d / 2), dev)?;
-        let t = Tensor::arange(0u32, max as u32, dev)?.to_dtype(DType::F32)?.reshape((max, 1))?;
+        let t = Tensor::arange(0u32, max as u32, dev)?
+            .to_dtype(DType::F32)?
+            .reshape((max, 1))?;
         let freqs = t.matmul(&inv)?;
-        Ok(Rope { cos: freqs.cos()?, sin: freqs.sin()? })
+        Ok(Rope {
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+        })
     }
 
     /// Rotate `x` `[b, h, t, d]` for positions `offset..offset + t`.
@@ -106,7 +124,11 @@ struct Attention {
 }
 
 fn linear(vb: VarBuilder, i: usize, o: usize, bias: bool) -> Result<Linear> {
-    Ok(if bias { candle_nn::linear(i, o, vb)? } else { candle_nn::linear_no_bias(i, o, vb)? })
+    Ok(if bias {
+        candle_nn::linear(i, o, vb)?
+    } else {
+        candle_nn::linear_no_bias(i, o, vb)?
+    })
 }
 
 impl Attention {
@@ -134,7 +156,9 @@ impl Attention {
         diff: bool,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
-        let split = |y: Tensor, n: usize| -> Result<Tensor> { Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?) };
+        let split = |y: Tensor, n: usize| -> Result<Tensor> {
+            Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?)
+        };
         let q = rope.apply(&split(self.q.forward(x)?, self.heads)?, offset, diff)?;
         let mut k = rope.apply(&split(self.k.forward(x)?, self.kv_heads)?, offset, diff)?;
         let mut v = split(self.v.forward(x)?, self.kv_heads)?.contiguous()?;
@@ -152,9 +176,16 @@ impl Attention {
         if let Some(m) = mask {
             att = att.broadcast_add(m)?;
         }
-        let att = if diff { candle_nn::ops::softmax(&att, D::Minus1)? } else { candle_nn::ops::softmax_last_dim(&att)? };
+        let att = if diff {
+            candle_nn::ops::softmax(&att, D::Minus1)?
+        } else {
+            candle_nn::ops::softmax_last_dim(&att)?
+        };
         let y = att.reshape((b, self.kv_heads, group * t, s))?.matmul(&v)?;
-        let y = y.reshape((b, self.heads, t, self.head_dim))?.transpose(1, 2)?.reshape((b, t, self.heads * self.head_dim))?;
+        let y = y
+            .reshape((b, self.heads, t, self.head_dim))?
+            .transpose(1, 2)?
+            .reshape((b, t, self.heads * self.head_dim))?;
         Ok(self.o.forward(&y)?)
     }
 }
@@ -200,7 +231,14 @@ impl Block {
         eps: f64,
         diff: bool,
     ) -> Result<Tensor> {
-        let h = self.attn.forward(&rms_norm(x, &self.ln1, eps, diff)?, mask, rope, cache, offset, diff)?;
+        let h = self.attn.forward(
+            &rms_norm(x, &self.ln1, eps, diff)?,
+            mask,
+            rope,
+            cache,
+            offset,
+            diff,
+        )?;
         let x = (x + h)?;
         let h = self.mlp.forward(&rms_norm(&x, &self.ln2, eps, diff)?)?;
         Ok((x + h)?)
@@ -232,12 +270,22 @@ impl Transformer {
                 Ok(Block {
                     attn: Attention::new(cfg, vb.pp("self_attn"))?,
                     mlp: Mlp::new(cfg, vb.pp("mlp"))?,
-                    ln1: vb.pp("input_layernorm").get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?,
-                    ln2: vb.pp("post_attention_layernorm").get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?,
+                    ln1: vb.pp("input_layernorm").get_with_hints(
+                        cfg.hidden_size,
+                        "weight",
+                        candle_nn::Init::Const(1.0),
+                    )?,
+                    ln2: vb.pp("post_attention_layernorm").get_with_hints(
+                        cfg.hidden_size,
+                        "weight",
+                        candle_nn::Init::Const(1.0),
+                    )?,
                 })
             })
             .collect::<Result<_>>()?;
-        let norm = vb.pp("norm").get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?;
+        let norm =
+            vb.pp("norm")
+                .get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?;
         Ok(Transformer {
             rope: Rope::new(cfg, vb.device())?,
             embed,
@@ -259,9 +307,15 @@ impl Transformer {
     /// `pad_mask` `[b, t_total]` (1 = real token, 0 = padding) covers the cached positions and
     /// the new ones; attention is causal and never looks at padding. With a `cache`, the new
     /// tokens continue the cached sequence and the cache is extended.
-    pub fn forward(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        pad_mask: Option<&Tensor>,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        self.encoded_tokens.fetch_add(b * t, std::sync::atomic::Ordering::Relaxed);
+        self.encoded_tokens
+            .fetch_add(b * t, std::sync::atomic::Ordering::Relaxed);
         let mut local = KvCache::default();
         let cache = cache.unwrap_or(&mut local);
         if cache.layers.len() != self.blocks.len() {
@@ -271,7 +325,15 @@ impl Transformer {
         let mask = attention_mask(b, t, offset, pad_mask, ids.device())?;
         let mut x = self.embed.forward(ids)?;
         for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward(&x, mask.as_ref(), &self.rope, c, offset, self.eps, self.differentiable)?;
+            x = block.forward(
+                &x,
+                mask.as_ref(),
+                &self.rope,
+                c,
+                offset,
+                self.eps,
+                self.differentiable,
+            )?;
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
     }
@@ -279,16 +341,32 @@ impl Transformer {
 
 /// Additive mask `[b, 1, t, offset + t]`: 0 where query i may attend key j (j ≤ offset + i and
 /// j is not padding), −∞ elsewhere; `None` when no masking is needed (one query, no padding).
-fn attention_mask(b: usize, t: usize, offset: usize, pad: Option<&Tensor>, dev: &Device) -> Result<Option<Tensor>> {
+fn attention_mask(
+    b: usize,
+    t: usize,
+    offset: usize,
+    pad: Option<&Tensor>,
+    dev: &Device,
+) -> Result<Option<Tensor>> {
     let s = offset + t;
     if t == 1 && pad.is_none() {
         return Ok(None);
     }
     let causal: Vec<f32> = (0..t)
-        .flat_map(|i| (0..s).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| {
+            (0..s).map(move |j| {
+                if j <= offset + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     let causal = Tensor::from_vec(causal, (1, 1, t, s), dev)?;
-    let Some(pad) = pad else { return Ok(Some(causal)) };
+    let Some(pad) = pad else {
+        return Ok(Some(causal));
+    };
     // Padding keys: 0 → −∞ (a large negative, so that rows of pure padding stay finite).
     let keys = ((pad.to_dtype(DType::F32)?.reshape((b, 1, 1, s))? - 1.0)? * 1e9)?;
     Ok(Some(causal.broadcast_add(&keys)?))

@@ -1,0 +1,231 @@
+//! Scoring every step of a solution in one forward pass, for the four PRM layouts in use.
+//!
+//! Each layout says how to lay a problem and its steps out as tokens, where the step rewards are
+//! read, and how a reward is computed from the model's outputs there.
+
+use crate::config::HeadKind;
+use crate::model::Model;
+use crate::tokenizer::{Message, Tokenizer};
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, IndexOp, Tensor};
+
+/// How a PRM expects its input and yields step rewards.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PrmLayout {
+    /// Qwen2.5-Math-PRM: chat template, steps joined by `<extra_0>`; softmax class 1 there.
+    QwenPrm {
+        /// System prompt of the chat.
+        system: String,
+        /// The step separator token.
+        step_token: String,
+    },
+    /// Math-Shepherd / RLHFlow: `problem + " " + step + " ки\n" ...`; P(`+`) over {`+`, `-`} at `ки`.
+    StepTag {
+        /// The step tag.
+        tag: String,
+        /// Token meaning "good".
+        good: String,
+        /// Token meaning "bad".
+        bad: String,
+    },
+    /// TRL token classifier: problem ids, then each step's ids + separator ids (no special
+    /// tokens); softmax class 1 at the last token of each step + separator.
+    TokenClassifier {
+        /// The separator after each step.
+        separator: String,
+    },
+}
+
+/// Qwen2.5-Math-PRM's system prompt.
+pub const QWEN_PRM_SYSTEM: &str =
+    "Please reason step by step, and put your final answer within \\boxed{}.";
+
+impl PrmLayout {
+    /// The layout a checkpoint was built for, from its head and tokenizer.
+    pub fn detect(model: &Model, tok: &Tokenizer) -> Result<Self> {
+        Ok(match model.config.head {
+            HeadKind::ProcessRewardMlp => PrmLayout::QwenPrm {
+                system: QWEN_PRM_SYSTEM.into(),
+                step_token: "<extra_0>".into(),
+            },
+            HeadKind::TokenClassification => PrmLayout::TokenClassifier {
+                separator: "\n".into(),
+            },
+            HeadKind::CausalLm if tok.token_id("ки").is_some() => PrmLayout::StepTag {
+                tag: "ки".into(),
+                good: "+".into(),
+                bad: "-".into(),
+            },
+            HeadKind::CausalLm => {
+                bail!("a causal LM without a `ки` step tag is a policy, not a PRM (pass --layout)")
+            }
+        })
+    }
+
+    /// Token ids for a problem and its steps, and the positions where the step rewards are read.
+    pub fn encode(
+        &self,
+        tok: &Tokenizer,
+        problem: &str,
+        steps: &[&str],
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        match self {
+            PrmLayout::QwenPrm { system, step_token } => {
+                let head = tok.apply_chat_template(
+                    &[
+                        Message::new("system", system),
+                        Message::new("user", problem),
+                    ],
+                    true,
+                )?;
+                let body: String = steps.iter().map(|s| format!("{s}{step_token}")).collect();
+                let text = format!("{head}{body}<|im_end|><|endoftext|>");
+                let ids = tok.encode(&text, true)?;
+                let id = tok
+                    .token_id(step_token)
+                    .with_context(|| format!("the tokenizer has no `{step_token}` token"))?;
+                Ok(positions_of(ids, id))
+            }
+            PrmLayout::StepTag { tag, .. } => {
+                let body: String = steps.iter().map(|s| format!("{s} {tag}\n")).collect();
+                let ids = tok.encode(&format!("{problem} {body}"), true)?;
+                let id = tok
+                    .token_id(tag)
+                    .with_context(|| format!("the tokenizer has no `{tag}` token"))?;
+                Ok(positions_of(ids, id))
+            }
+            PrmLayout::TokenClassifier { separator } => {
+                let mut ids = tok.encode(problem, false)?;
+                let sep = tok.encode(separator, false)?;
+                let mut pos = Vec::with_capacity(steps.len());
+                for s in steps {
+                    ids.extend(tok.encode(s, false)?);
+                    ids.extend(&sep);
+                    pos.push(ids.len() - 1);
+                }
+                Ok((ids, pos))
+            }
+        }
+    }
+
+    /// Step rewards from head outputs `[t, classes or vocab]` of one sequence at `positions`.
+    fn rewards(&self, tok: &Tokenizer, out: &Tensor, positions: &[usize]) -> Result<Vec<f32>> {
+        if positions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let idx = Tensor::new(
+            positions.iter().map(|&p| p as u32).collect::<Vec<_>>(),
+            out.device(),
+        )?;
+        let at = out.index_select(&idx, 0)?;
+        let pair = match self {
+            PrmLayout::StepTag { good, bad, .. } => {
+                let g = tok
+                    .token_id(good)
+                    .with_context(|| format!("no `{good}` token"))?;
+                let b = tok
+                    .token_id(bad)
+                    .with_context(|| format!("no `{bad}` token"))?;
+                // P(good) = softmax over [good, bad] → class 0 of that pair; reorder as [bad, good].
+                let gi = Tensor::new(&[b, g], out.device())?;
+                at.index_select(&gi, 1)?
+            }
+            _ => at,
+        };
+        Ok(candle_nn::ops::softmax_last_dim(&pair)?
+            .i((.., 1))?
+            .to_vec1::<f32>()?)
+    }
+}
+
+fn positions_of(ids: Vec<u32>, id: u32) -> (Vec<u32>, Vec<usize>) {
+    let pos = ids
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == id)
+        .map(|(i, _)| i)
+        .collect();
+    (ids, pos)
+}
+
+/// One encoded solution ready for scoring.
+pub struct Encoded {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Where the step rewards are read.
+    pub positions: Vec<usize>,
+}
+
+/// Scores steps with a PRM.
+pub struct StepScorer<'a> {
+    /// The model.
+    pub model: &'a Model,
+    /// Its tokenizer.
+    pub tokenizer: &'a Tokenizer,
+    /// Its layout.
+    pub layout: PrmLayout,
+}
+
+impl StepScorer<'_> {
+    /// Encode a problem and its steps.
+    pub fn encode(&self, problem: &str, steps: &[&str]) -> Result<Encoded> {
+        let (ids, positions) = self.layout.encode(self.tokenizer, problem, steps)?;
+        if positions.len() != steps.len() {
+            bail!("{} steps but {} reward positions in the encoded input (a step contains the step token?)", steps.len(), positions.len());
+        }
+        Ok(Encoded { ids, positions })
+    }
+
+    /// Step rewards for a batch of encoded solutions, in ONE forward pass: right-padded to the
+    /// longest, with a padding mask so that every solution scores as it would alone.
+    pub fn score_batch(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dev = &self.model.device;
+        let t = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(batch.len() * t);
+        let mut mask = Vec::with_capacity(batch.len() * t);
+        for e in batch {
+            ids.extend(
+                e.ids
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0, t - e.ids.len())),
+            );
+            mask.extend((0..t).map(|i| u8::from(i < e.ids.len())));
+        }
+        let ids = Tensor::from_vec(ids, (batch.len(), t), dev)?;
+        let padded = batch.iter().any(|e| e.ids.len() < t);
+        let mask = if padded {
+            Some(Tensor::from_vec(mask, (batch.len(), t), dev)?.to_dtype(DType::F32)?)
+        } else {
+            None
+        };
+        let hidden = self.model.hidden(&ids, mask.as_ref(), None)?;
+        let mut out = Vec::with_capacity(batch.len());
+        for (b, e) in batch.iter().enumerate() {
+            // Apply the head only where rewards are read: cheap even for a vocabulary head.
+            let h = hidden.i(b)?;
+            let idx = Tensor::new(
+                e.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(),
+                dev,
+            )?;
+            let at = if e.positions.is_empty() {
+                h.narrow(0, 0, 0)?
+            } else {
+                h.index_select(&idx, 0)?
+            };
+            let logits = self.model.head_logits(&at)?;
+            let local: Vec<usize> = (0..e.positions.len()).collect();
+            out.push(self.layout.rewards(self.tokenizer, &logits, &local)?);
+        }
+        Ok(out)
+    }
+
+    /// Step rewards of one solution.
+    pub fn score(&self, problem: &str, steps: &[&str]) -> Result<Vec<f32>> {
+        let e = self.encode(problem, steps)?;
+        Ok(self.score_batch(std::slice::from_ref(&e))?.remove(0))
+    }
+}

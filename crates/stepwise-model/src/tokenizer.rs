@@ -1,0 +1,140 @@
+//! `tokenizer.json` (Hugging Face `tokenizers`) and the chat template of `tokenizer_config.json`
+//! rendered with minijinja the way transformers' `apply_chat_template` does.
+
+use anyhow::{anyhow, Context, Result};
+use serde_json::Value;
+use std::path::Path;
+
+/// A tokenizer with its chat template and special tokens.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    /// End-of-sequence token text (`eos_token` of `tokenizer_config.json`).
+    pub eos_token: Option<String>,
+    /// Padding token text.
+    pub pad_token: Option<String>,
+}
+
+fn token_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// One chat message.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message.
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+impl Tokenizer {
+    /// Load `tokenizer.json` (and `tokenizer_config.json` when present) from a folder.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg: Value = if cfg_path.exists() {
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path)?)
+                .with_context(|| format!("{}: invalid JSON", cfg_path.display()))?
+        } else {
+            Value::Null
+        };
+        Ok(Tokenizer {
+            inner,
+            chat_template: cfg
+                .get("chat_template")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            eos_token: token_text(cfg.get("eos_token")),
+            pad_token: token_text(cfg.get("pad_token")),
+        })
+    }
+
+    /// Wrap an in-memory `tokenizers::Tokenizer` (e.g. one stepwise built for the lab).
+    pub fn from_inner(inner: tokenizers::Tokenizer, eos_token: Option<String>) -> Self {
+        Tokenizer {
+            inner,
+            chat_template: None,
+            eos_token,
+            pad_token: None,
+        }
+    }
+
+    /// The wrapped tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Token ids of `text`; `special` adds the post-processor's special tokens (transformers'
+    /// default for `tokenizer(text)`).
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>> {
+        Ok(self
+            .inner
+            .encode(text, special)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?
+            .get_ids()
+            .to_vec())
+    }
+
+    /// Text of token ids.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| anyhow!("decoding: {e}"))
+    }
+
+    /// The id of a token given by its text.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Vocabulary size, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// End-of-sequence token id.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_token.as_deref().and_then(|t| self.token_id(t))
+    }
+
+    /// Render messages with the chat template.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tpl = self
+            .chat_template
+            .as_deref()
+            .context("tokenizer_config.json has no chat_template")?;
+        let mut env = minijinja::Environment::new();
+        env.set_trim_blocks(false);
+        env.add_template("chat", tpl)
+            .context("parsing the chat template")?;
+        env.get_template("chat")?
+            .render(minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                eos_token => self.eos_token.clone().unwrap_or_default(),
+                bos_token => "",
+            })
+            .context("rendering the chat template")
+    }
+}

@@ -1,0 +1,127 @@
+//! Parity with PyTorch + transformers on the four fixture checkpoints (`expected.json`): token ids
+//! exactly, step rewards within 1e-4, greedy continuations exactly; batched = unbatched scoring;
+//! shared-prefix generation encodes the prefix once.
+
+use candle_core::Device;
+use serde_json::Value;
+use std::path::PathBuf;
+use stepwise_model::{generate, Model, PrmLayout, SamplingParams, StepScorer, Tokenizer};
+
+fn fixtures() -> PathBuf {
+    std::env::var_os("STEPWISE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("fixtures/hf-tiny")
+}
+
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap())
+        .unwrap()
+}
+
+fn load(name: &str) -> (Model, Tokenizer) {
+    let dir = fixtures().join(name);
+    (
+        Model::load(&dir, &Device::Cpu).unwrap(),
+        Tokenizer::from_dir(&dir).unwrap(),
+    )
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn prm_fixtures_reproduce_transformers() {
+    let exp = expected();
+    for case in ["qwen2-prm", "llama-shepherd", "qwen2-tokcls"] {
+        let (model, tok) = load(case);
+        let layout = PrmLayout::detect(&model, &tok).unwrap();
+        let scorer = StepScorer {
+            model: &model,
+            tokenizer: &tok,
+            layout,
+        };
+        let items = exp["cases"][case]["items"].as_array().unwrap();
+        let mut encoded = Vec::new();
+        let mut want = Vec::new();
+        for it in items {
+            let steps: Vec<&str> = it["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap())
+                .collect();
+            let e = scorer
+                .encode(it["problem"].as_str().unwrap(), &steps)
+                .unwrap();
+            assert_eq!(e.ids, ids(&it["input_ids"]), "{case}: token ids");
+            let pos: Vec<usize> = it["step_positions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect();
+            assert_eq!(e.positions, pos, "{case}: step positions");
+            let r = scorer
+                .score(it["problem"].as_str().unwrap(), &steps)
+                .unwrap();
+            let w: Vec<f32> = it["step_rewards"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            for (a, b) in r.iter().zip(&w) {
+                assert!(
+                    (a - b).abs() < 1e-4,
+                    "{case}: reward {a} vs transformers {b}"
+                );
+            }
+            encoded.push(e);
+            want.push(r);
+        }
+        // Mixed-length batch = one at a time.
+        let batched = scorer.score_batch(&encoded).unwrap();
+        for (b, u) in batched.iter().zip(&want) {
+            for (x, y) in b.iter().zip(u) {
+                assert!((x - y).abs() < 1e-5, "{case}: batched {x} vs unbatched {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn policy_greedy_matches_and_prefix_is_encoded_once() {
+    let exp = expected();
+    let (model, tok) = load("qwen2-policy");
+    let p = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: 16,
+        ..Default::default()
+    };
+    for it in exp["cases"]["qwen2-policy"]["items"].as_array().unwrap() {
+        let prompt = ids(&it["prompt_ids"]);
+        assert_eq!(
+            tok.encode(it["prompt"].as_str().unwrap(), true).unwrap(),
+            prompt
+        );
+        let want = ids(&it["greedy_new_ids"]);
+        let before = model.encoded_tokens();
+        let outs = generate(&model, Some(&tok), &prompt, 4, &p).unwrap();
+        let encoded = model.encoded_tokens() - before;
+        // The prompt once, then one position per row per new token (the last token is not fed).
+        assert_eq!(
+            encoded,
+            prompt.len() + 4 * (want.len() - 1),
+            "prefix encoded more than once"
+        );
+        for o in &outs {
+            assert_eq!(o, &want, "greedy continuation");
+        }
+    }
+}
