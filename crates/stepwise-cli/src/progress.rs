@@ -12,11 +12,7 @@ pub fn bar(len: Option<u64>, what: &str) -> ProgressBar {
         Some(_) => "{msg:>12} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})",
         None => "{msg:>12} {spinner} {pos} ({per_sec})",
     };
-    pb.set_style(
-        ProgressStyle::with_template(template)
-            .unwrap()
-            .progress_chars("=> "),
-    );
+    pb.set_style(ProgressStyle::with_template(template).unwrap().progress_chars("=> "));
     pb.set_message(what.to_string());
     pb
 }

@@ -63,13 +63,8 @@ fn main() {
     write_solutions(&path, Format::Stepwise, &sols).unwrap();
     let bytes = std::fs::metadata(&path).unwrap().len() as f64;
     let raw = rate(budget, || raw_records(&path).unwrap().count());
-    println!(
-        "JSONL raw records: {:.1} MB/s",
-        raw / sols.len() as f64 * bytes / 1e6
-    );
-    let typed = rate(budget, || {
-        SolutionReader::open(&path, None).unwrap().count()
-    });
+    println!("JSONL raw records: {:.1} MB/s", raw / sols.len() as f64 * bytes / 1e6);
+    let typed = rate(budget, || SolutionReader::open(&path, None).unwrap().count());
     println!(
         "JSONL -> Solution: {:.1} MB/s ({:.0} solutions/s)",
         typed / sols.len() as f64 * bytes / 1e6,

@@ -55,9 +55,7 @@ fn after_marker(text: &str, marker: &str) -> Option<String> {
     if lower.len() != text.len() {
         return None;
     }
-    let mut a = text[i + marker.len()..]
-        .trim_start_matches([':', ' ', '\t'])
-        .trim();
+    let mut a = text[i + marker.len()..].trim_start_matches([':', ' ', '\t']).trim();
     if let Some(b) = last_boxed(a) {
         return Some(b);
     }
@@ -71,9 +69,7 @@ fn after_marker(text: &str, marker: &str) -> Option<String> {
 /// Extract the final answer from a solution text, trying in order: `\boxed{}`, `# Answer`,
 /// `####`, "The answer is", "A:" at the start of the last line, and finally the last number.
 pub fn extract_answer(text: &str) -> Option<String> {
-    extract_raw(text)
-        .map(|a| tidy(&a))
-        .filter(|a| !a.is_empty())
+    extract_raw(text).map(|a| tidy(&a)).filter(|a| !a.is_empty())
 }
 
 /// Clean an extracted answer: surrounding `**`/`$`, a trailing full stop, a stray backslash
@@ -114,12 +110,7 @@ fn extract_raw(text: &str) -> Option<String> {
     if text.contains("####") {
         return extract_gsm8k_gold(text);
     }
-    for marker in [
-        "the answer is",
-        "final answer is",
-        "final answer:",
-        "answer:",
-    ] {
+    for marker in ["the answer is", "final answer is", "final answer:", "answer:"] {
         if let Some(a) = after_marker(text, marker) {
             return Some(a);
         }
@@ -158,9 +149,7 @@ pub fn last_number(text: &str) -> Option<String> {
     while end > 0 {
         if b[end - 1].is_ascii_digit() {
             let mut start = end;
-            while start > 0
-                && (b[start - 1].is_ascii_digit() || b[start - 1] == b',' || b[start - 1] == b'.')
-            {
+            while start > 0 && (b[start - 1].is_ascii_digit() || b[start - 1] == b',' || b[start - 1] == b'.') {
                 start -= 1;
             }
             while start < end && !b[start].is_ascii_digit() {
@@ -186,10 +175,7 @@ mod tests {
             last_boxed(r"so \boxed{\frac{1}{2}} and \boxed{x^{2}}").as_deref(),
             Some("x^{2}")
         );
-        assert_eq!(
-            last_boxed(r"\boxed{\frac{a}{b}}").as_deref(),
-            Some(r"\frac{a}{b}")
-        );
+        assert_eq!(last_boxed(r"\boxed{\frac{a}{b}}").as_deref(), Some(r"\frac{a}{b}"));
         assert_eq!(last_boxed(r"\boxed 5$").as_deref(), Some("5"));
         assert_eq!(last_boxed(r"\boxed{unclosed"), None);
     }
@@ -199,21 +185,9 @@ mod tests {
         assert_eq!(extract_answer("x\n#### 1,234").as_deref(), Some("1234"));
         assert_eq!(extract_answer("so\nA: 18").as_deref(), Some("18"));
         assert_eq!(extract_answer("The answer is: 17").as_deref(), Some("17"));
-        assert_eq!(
-            extract_answer("Therefore, the answer is $42$.").as_deref(),
-            Some("42")
-        );
-        assert_eq!(
-            extract_answer("We get 3 then 4.5 apples.").as_deref(),
-            Some("4.5")
-        );
-        assert_eq!(
-            extract_answer("So 29 cents.\n\n# Answer\n\n29").as_deref(),
-            Some("29")
-        );
-        assert_eq!(
-            extract_answer("a loss of -12 dollars").as_deref(),
-            Some("-12")
-        );
+        assert_eq!(extract_answer("Therefore, the answer is $42$.").as_deref(), Some("42"));
+        assert_eq!(extract_answer("We get 3 then 4.5 apples.").as_deref(), Some("4.5"));
+        assert_eq!(extract_answer("So 29 cents.\n\n# Answer\n\n29").as_deref(), Some("29"));
+        assert_eq!(extract_answer("a loss of -12 dollars").as_deref(), Some("-12"));
     }
 }

@@ -64,12 +64,7 @@ mod tests {
     use super::*;
     #[test]
     fn right_and_wrong() {
-        let a = check_annotations(
-            "16 - 3 - 4 = <<16-3-4=9>>9 and 13 * 2 = <<13*2=25>>25 and <<10/3=3.33>>",
-        );
-        assert_eq!(
-            a.iter().map(|x| x.correct).collect::<Vec<_>>(),
-            vec![true, false, true]
-        );
+        let a = check_annotations("16 - 3 - 4 = <<16-3-4=9>>9 and 13 * 2 = <<13*2=25>>25 and <<10/3=3.33>>");
+        assert_eq!(a.iter().map(|x| x.correct).collect::<Vec<_>>(), vec![true, false, true]);
     }
 }

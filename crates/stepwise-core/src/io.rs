@@ -44,10 +44,7 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
     let reader: Box<dyn BufRead> = if path == Path::new("-") {
         Box::new(BufReader::new(io::stdin()))
     } else {
-        Box::new(BufReader::with_capacity(
-            1 << 16,
-            File::open(path).map_err(io_err)?,
-        ))
+        Box::new(BufReader::with_capacity(1 << 16, File::open(path).map_err(io_err)?))
     };
     let mut reader = reader;
     // Peek at the first non-blank byte: `[` means one JSON array.
@@ -62,9 +59,7 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
             }
         }
     };
-    let is_json = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let is_json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
     if first == Some(b'{') && is_json {
         // A `.json` file holding one (possibly pretty-printed) object, or several in a row.
         let values: Vec<RawRecord> = serde_json::Deserializer::from_reader(reader)
@@ -81,9 +76,7 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
             file: path.to_path_buf(),
             message: format!("invalid JSON array: {e}"),
         })?;
-        return Ok(Box::new(
-            arr.into_iter().enumerate().map(|(i, v)| (i + 1, Ok(v))),
-        ));
+        return Ok(Box::new(arr.into_iter().enumerate().map(|(i, v)| (i + 1, Ok(v)))));
     }
     Ok(Box::new(JsonLines {
         reader,
@@ -110,8 +103,7 @@ impl Iterator for JsonLines {
                 Ok(_) => {
                     return Some((
                         self.line,
-                        serde_json::from_str(&self.buf)
-                            .map_err(|e| RecordError::Json(e.to_string())),
+                        serde_json::from_str(&self.buf).map_err(|e| RecordError::Json(e.to_string())),
                     ))
                 }
                 Err(e) => return Some((self.line, Err(RecordError::Json(e.to_string())))),
@@ -165,9 +157,7 @@ impl SolutionReader {
                 let f = Format::detect(v).ok_or_else(|| Error::Record {
                     file: self.path.clone(),
                     line: *line,
-                    source: RecordError::Json(
-                        "cannot tell the format from this record; pass --from FORMAT".into(),
-                    ),
+                    source: RecordError::Json("cannot tell the format from this record; pass --from FORMAT".into()),
                 })?;
                 self.format = Some(f);
             }
@@ -190,9 +180,7 @@ impl Iterator for SolutionReader {
                         Err(Error::Record {
                             file: self.path.clone(),
                             line,
-                            source: r
-                                .err()
-                                .unwrap_or(RecordError::Json("unreadable record".into())),
+                            source: r.err().unwrap_or(RecordError::Json("unreadable record".into())),
                         })
                     })
                 }
@@ -290,8 +278,7 @@ impl SolutionWriter {
                     w.write_all(b"\n").map_err(io_err)?;
                 }
                 Sink::Array(w, first) => {
-                    w.write_all(if *first { b"[\n" } else { b",\n" })
-                        .map_err(io_err)?;
+                    w.write_all(if *first { b"[\n" } else { b",\n" }).map_err(io_err)?;
                     *first = false;
                     serde_json::to_writer(&mut *w, &v).map_err(|e| io_err(e.into()))?;
                 }
@@ -327,15 +314,11 @@ impl SolutionWriter {
         match self.sink {
             Sink::Lines(mut w) => w.flush().map_err(io_err),
             Sink::Array(mut w, first) => {
-                w.write_all(if first { b"[]\n" } else { b"\n]\n" })
-                    .map_err(io_err)?;
+                w.write_all(if first { b"[]\n" } else { b"\n]\n" }).map_err(io_err)?;
                 w.flush().map_err(io_err)
             }
             Sink::Parquet(path, rows) => {
-                write_parquet(&path, &rows).map_err(|message| Error::Other {
-                    file: path,
-                    message,
-                })
+                write_parquet(&path, &rows).map_err(|message| Error::Other { file: path, message })
             }
         }
     }

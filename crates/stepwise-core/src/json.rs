@@ -11,8 +11,7 @@ pub fn object<'a>(v: &'a Value, field: &str) -> Result<&'a Map<String, Value>, F
 
 /// A required field.
 pub fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<&'a Value, FieldError> {
-    obj.get(name)
-        .ok_or_else(|| FieldError::new(name, "missing"))
+    obj.get(name).ok_or_else(|| FieldError::new(name, "missing"))
 }
 
 /// A required string field.
@@ -28,10 +27,7 @@ pub fn opt_str(obj: &Map<String, Value>, name: &str) -> Result<Option<String>, F
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Number(n)) => Ok(Some(n.to_string())),
-        Some(v) => Err(FieldError::new(
-            name,
-            format!("expected a string, found {}", kind(v)),
-        )),
+        Some(v) => Err(FieldError::new(name, format!("expected a string, found {}", kind(v)))),
     }
 }
 
@@ -49,12 +45,9 @@ pub fn str_array(obj: &Map<String, Value>, name: &str) -> Result<Vec<String>, Fi
         .iter()
         .enumerate()
         .map(|(i, v)| {
-            v.as_str().map(str::to_string).ok_or_else(|| {
-                FieldError::new(
-                    format!("{name}[{i}]"),
-                    format!("expected a string, found {}", kind(v)),
-                )
-            })
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| FieldError::new(format!("{name}[{i}]"), format!("expected a string, found {}", kind(v))))
         })
         .collect()
 }

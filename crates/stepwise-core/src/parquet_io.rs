@@ -3,9 +3,7 @@
 //! with `load_dataset("parquet", data_files=...)`, and read back into JSON records.
 
 use arrow_array::RecordBatch;
-use arrow_json::{
-    reader::infer_json_schema_from_iterator, writer::LineDelimited, ReaderBuilder, WriterBuilder,
-};
+use arrow_json::{reader::infer_json_schema_from_iterator, writer::LineDelimited, ReaderBuilder, WriterBuilder};
 use parquet::arrow::{arrow_reader::ParquetRecordBatchReaderBuilder, ArrowWriter};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
@@ -16,23 +14,20 @@ use std::sync::Arc;
 
 /// Whether a path names a Parquet file (by extension).
 pub fn is_parquet(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
 }
 
 /// Write JSON object records to a Parquet file (snappy-compressed, schema inferred from all rows).
 pub fn write_parquet(path: &Path, records: &[Value]) -> Result<(), String> {
-    let schema = infer_json_schema_from_iterator(records.iter().map(Ok))
-        .map_err(|e| format!("inferring a schema: {e}"))?;
+    let schema =
+        infer_json_schema_from_iterator(records.iter().map(Ok)).map_err(|e| format!("inferring a schema: {e}"))?;
     let schema = Arc::new(schema);
     let mut decoder = ReaderBuilder::new(schema.clone())
         .with_batch_size(8192)
         .build_decoder()
         .map_err(|e| e.to_string())?;
     let file = File::create(path).map_err(|e| e.to_string())?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
+    let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
     let mut writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| e.to_string())?;
     for chunk in records.chunks(8192) {
         decoder
@@ -47,18 +42,12 @@ pub fn write_parquet(path: &Path, records: &[Value]) -> Result<(), String> {
 }
 
 /// Read a Parquet file as JSON object records, one batch at a time.
-pub fn read_parquet(
-    path: &Path,
-) -> Result<impl Iterator<Item = Result<Vec<Value>, String>>, String> {
+pub fn read_parquet(path: &Path) -> Result<impl Iterator<Item = Result<Vec<Value>, String>>, String> {
     let file = File::open(path).map_err(|e| e.to_string())?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.with_batch_size(4096).build())
         .map_err(|e| format!("not a readable Parquet file: {e}"))?;
-    Ok(reader.map(|batch| {
-        batch
-            .map_err(|e| e.to_string())
-            .and_then(|b| batch_to_json(&b))
-    }))
+    Ok(reader.map(|batch| batch.map_err(|e| e.to_string()).and_then(|b| batch_to_json(&b))))
 }
 
 fn batch_to_json(batch: &RecordBatch) -> Result<Vec<Value>, String> {

@@ -214,12 +214,8 @@ impl StepLabel {
     /// Probability that the step is good: 1/0 for good/bad, `neutral` for neutral, p for soft.
     pub fn prob(&self, neutral: f32) -> f32 {
         match self.value {
-            LabelValue::Hard {
-                rating: Rating::Good,
-            } => 1.0,
-            LabelValue::Hard {
-                rating: Rating::Bad,
-            } => 0.0,
+            LabelValue::Hard { rating: Rating::Good } => 1.0,
+            LabelValue::Hard { rating: Rating::Bad } => 0.0,
             LabelValue::Hard {
                 rating: Rating::Neutral,
             } => neutral,

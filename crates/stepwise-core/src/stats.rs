@@ -47,15 +47,11 @@ pub fn stats<'a>(sols: impl IntoIterator<Item = &'a Solution>) -> Stats {
         for st in &sol.steps {
             match st.label.as_ref().map(|l| l.value) {
                 None => s.unlabelled_steps += 1,
-                Some(LabelValue::Hard {
-                    rating: Rating::Good,
-                }) => s.hard_labels.0 += 1,
+                Some(LabelValue::Hard { rating: Rating::Good }) => s.hard_labels.0 += 1,
                 Some(LabelValue::Hard {
                     rating: Rating::Neutral,
                 }) => s.hard_labels.1 += 1,
-                Some(LabelValue::Hard {
-                    rating: Rating::Bad,
-                }) => s.hard_labels.2 += 1,
+                Some(LabelValue::Hard { rating: Rating::Bad }) => s.hard_labels.2 += 1,
                 Some(LabelValue::Soft { p }) => {
                     s.soft_labels.0 += 1;
                     soft_sum += p as f64;

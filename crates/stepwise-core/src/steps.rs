@@ -26,8 +26,8 @@ impl FromStr for SplitStrategy {
                 Some(t) if !t.is_empty() => SplitStrategy::Tag(t.to_string()),
                 _ => {
                     return Err(format!(
-                    "unknown split strategy `{s}`: use blank-line, newline, step-marker or tag:TAG"
-                ))
+                        "unknown split strategy `{s}`: use blank-line, newline, step-marker or tag:TAG"
+                    ))
                 }
             },
         })

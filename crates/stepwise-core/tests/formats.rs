@@ -8,21 +8,13 @@ use stepwise_core::io::raw_records;
 use stepwise_core::{read_solutions, write_solutions, Format, Rating, Solution};
 
 fn raw(path: &std::path::Path) -> Vec<Value> {
-    raw_records(path)
-        .unwrap()
-        .map(|(_, r)| r.unwrap())
-        .collect()
+    raw_records(path).unwrap().map(|(_, r)| r.unwrap()).collect()
 }
 
 /// Read a file, write it back in its own format, and compare record by record.
 fn assert_lossless(path: &std::path::Path, format: Format) -> Vec<Solution> {
     let original = raw(path);
-    assert_eq!(
-        Format::detect(&original[0]),
-        Some(format),
-        "{}",
-        path.display()
-    );
+    assert_eq!(Format::detect(&original[0]), Some(format), "{}", path.display());
     let sols = read_solutions(path, None).unwrap();
     let dir = scratch(&format!("lossless-{format}"));
     let out = dir.join("out.jsonl");
@@ -45,10 +37,7 @@ fn prm800k_real_records_round_trip() {
     let sols = assert_lossless(&data("prm800k/samples_openr.jsonl"), Format::Prm800k);
     assert_eq!(sols.len(), 6);
     // First record: step 2 has no chosen completion; the human completion is followed.
-    assert_eq!(
-        sols[0].steps[1].text,
-        "We have $3p+e=1.24$ and $5p+e=1.82$."
-    );
+    assert_eq!(sols[0].steps[1].text, "We have $3p+e=1.24$ and $5p+e=1.82$.");
     assert_eq!(sols[0].steps[1].label, None);
     assert_eq!(sols[0].gold_answer.as_deref(), Some("29"));
     assert_eq!(sols[0].final_answer.as_deref(), Some("29"));
@@ -69,44 +58,27 @@ fn prm800k_real_records_round_trip() {
 
 #[test]
 fn math_shepherd_real_records_round_trip() {
-    let sols = assert_lossless(
-        &data("math_shepherd/samples_openr.jsonl"),
-        Format::MathShepherd,
-    );
+    let sols = assert_lossless(&data("math_shepherd/samples_openr.jsonl"), Format::MathShepherd);
     assert_eq!(sols.len(), 7);
     assert!(sols[0].question.starts_with("Janet pays $40/hour"));
     assert_eq!(sols[0].steps.len(), 5);
     assert!(sols[0].steps[0].text.starts_with("Step 1: Janet spends"));
-    assert!(sols[1]
-        .steps
-        .iter()
-        .all(|s| !s.label.as_ref().unwrap().is_good()));
+    assert!(sols[1].steps.iter().all(|s| !s.label.as_ref().unwrap().is_good()));
 }
 
 #[test]
 fn openr_prm_layout_round_trips() {
-    let sols = assert_lossless(
-        &data("math_shepherd/openr_prm_test_toy.json"),
-        Format::OpenrPrm,
-    );
+    let sols = assert_lossless(&data("math_shepherd/openr_prm_test_toy.json"), Format::OpenrPrm);
     assert_eq!(sols[0].steps.len(), 4);
     assert_eq!(sols[0].first_error(), Some(3));
 }
 
 #[test]
 fn omegaprm_flat_and_tree_round_trip() {
-    let flat = assert_lossless(
-        &data("openr/samples_math-aps_openr.jsonl"),
-        Format::OmegaPrm,
-    );
+    let flat = assert_lossless(&data("openr/samples_math-aps_openr.jsonl"), Format::OmegaPrm);
     assert!(flat.iter().any(|s| s.steps.len() > 3));
-    let tree = assert_lossless(
-        &data("openr/samples_math-aps-tree_openr.jsonl"),
-        Format::OmegaPrmTree,
-    );
-    assert!(tree
-        .iter()
-        .all(|s| s.steps.iter().all(|st| st.label.is_some())));
+    let tree = assert_lossless(&data("openr/samples_math-aps-tree_openr.jsonl"), Format::OmegaPrmTree);
+    assert!(tree.iter().all(|s| s.steps.iter().all(|st| st.label.is_some())));
 }
 
 #[test]
@@ -140,11 +112,7 @@ fn processbench_real_files_round_trip_and_convert_everywhere() {
             };
             assert_eq!(back.len(), sols.len(), "{file} via {f}: count");
             for (a, b) in sols.iter().zip(&back) {
-                assert_eq!(
-                    a.question, b.question,
-                    "{file} via {f}: question of {}",
-                    a.id
-                );
+                assert_eq!(a.question, b.question, "{file} via {f}: question of {}", a.id);
                 assert_eq!(
                     a.step_texts().len(),
                     b.step_texts().len(),
@@ -259,12 +227,7 @@ fn bad_input_names_file_line_and_field() {
     let ok: Vec<_> = r.by_ref().collect::<Result<_, _>>().unwrap();
     assert_eq!(ok.len(), 1);
     assert_eq!(r.skipped(), 2);
-    let one = std::fs::read_to_string(&p)
-        .unwrap()
-        .lines()
-        .nth(2)
-        .unwrap()
-        .to_string();
+    let one = std::fs::read_to_string(&p).unwrap().lines().nth(2).unwrap().to_string();
     std::fs::write(&p, one).unwrap();
     let e = read_solutions(&p, None).unwrap_err().to_string();
     assert!(e.contains(":1:") && e.contains("labels[1]"), "{e}");

@@ -11,10 +11,7 @@ use stepwise_core::grader::{grade, GradeMode};
 use stepwise_core::io::raw_records;
 
 fn records(rel: &str) -> Vec<Value> {
-    raw_records(&data(rel))
-        .unwrap()
-        .map(|(_, r)| r.unwrap())
-        .collect()
+    raw_records(&data(rel)).unwrap().map(|(_, r)| r.unwrap()).collect()
 }
 
 #[test]
@@ -22,10 +19,7 @@ fn prm800k_mode_agrees_with_openai_grader_on_every_pair() {
     let mut misses = Vec::new();
     let pairs = records("grader/prm800k_pairs.jsonl");
     for p in &pairs {
-        let (given, gt) = (
-            p["given"].as_str().unwrap(),
-            p["ground_truth"].as_str().unwrap(),
-        );
+        let (given, gt) = (p["given"].as_str().unwrap(), p["ground_truth"].as_str().unwrap());
         let want = p["prm800k_grader"].as_bool().unwrap();
         if grade(given, gt, GradeMode::Prm800k) != want {
             misses.push(format!("given {given:?} truth {gt:?}: expected {want}"));
@@ -55,10 +49,7 @@ fn lenient_mode_is_mathematically_right_where_prm800k_is_strict() {
         ("20\\%", "0.2"),
         ("5 dollars", "5"),
     ] {
-        assert!(
-            grade(given, gt, GradeMode::Lenient),
-            "lenient: {given} vs {gt}"
-        );
+        assert!(grade(given, gt, GradeMode::Lenient), "lenient: {given} vs {gt}");
     }
     for (given, gt) in [
         ("x+1", "x+2"),
@@ -102,9 +93,7 @@ fn gsm8k_model_solutions_reproduce_is_correct() {
             n += 1;
             let given = extract_answer(sol).unwrap_or_default();
             if grade(&given, &gold, GradeMode::Prm800k) != want {
-                misses.push(format!(
-                    "{key}: extracted {given:?}, gold {gold:?}, expected {want}"
-                ));
+                misses.push(format!("{key}: extracted {given:?}, gold {gold:?}, expected {want}"));
             }
             let bad = check_annotations(sol).iter().filter(|a| !a.correct).count();
             wrong_annotations += bad;
@@ -113,12 +102,7 @@ fn gsm8k_model_solutions_reproduce_is_correct() {
     }
     assert_eq!(n, 1200);
     println!("calculator annotations: {solutions_with_wrong_annotation} of {n} solutions contain a wrong one ({wrong_annotations} wrong annotations)");
-    assert!(
-        misses.is_empty(),
-        "{} misses:\n{}",
-        misses.len(),
-        misses.join("\n")
-    );
+    assert!(misses.is_empty(), "{} misses:\n{}", misses.len(), misses.join("\n"));
 }
 
 #[test]
@@ -154,10 +138,7 @@ fn processbench_gsm8k_final_answers_reproduce_final_answer_correct() {
         if grade(&given, g, GradeMode::Prm800k) == want {
             hits += 1;
         } else {
-            misses.push(format!(
-                "{}: extracted {given:?}, gold {g}, expected {want}",
-                r["id"]
-            ));
+            misses.push(format!("{}: extracted {given:?}, gold {g}, expected {want}", r["id"]));
         }
     }
     let rate = hits as f64 / pb.len() as f64;

@@ -51,13 +51,7 @@ fn readers_never_panic_on_mutated_records() {
         "processbench/gsm8k.json",
     ]
     .iter()
-    .map(|f| {
-        std::fs::read_to_string(data(f))
-            .unwrap()
-            .chars()
-            .take(3000)
-            .collect()
-    })
+    .map(|f| std::fs::read_to_string(data(f)).unwrap().chars().take(3000).collect())
     .collect();
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for it in 0..ITERATIONS {
@@ -79,9 +73,9 @@ fn readers_never_panic_on_mutated_records() {
 #[test]
 fn grader_never_panics_on_random_answers() {
     let atoms = [
-        "\\frac", "{", "}", "1", "23", "-", "+", "^", "x", "\\sqrt", "[", "]", "(", ")", ",",
-        "\\pi", "\\infty", "!", ".", "e", "\\text{", "\\$", "%", "\\left(", "\\right)", "\\pm",
-        "\\binom", " ", "=", "/", "*", "9^9^9", "\\!", "∞", "é",
+        "\\frac", "{", "}", "1", "23", "-", "+", "^", "x", "\\sqrt", "[", "]", "(", ")", ",", "\\pi", "\\infty", "!",
+        ".", "e", "\\text{", "\\$", "%", "\\left(", "\\right)", "\\pm", "\\binom", " ", "=", "/", "*", "9^9^9", "\\!",
+        "∞", "é",
     ];
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for _ in 0..ITERATIONS {

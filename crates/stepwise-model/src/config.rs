@@ -79,10 +79,8 @@ impl ModelConfig {
     /// Read `config.json` from a checkpoint folder.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: invalid JSON", path.display()))?;
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
         Self::from_json(&v).with_context(|| format!("{}", path.display()))
     }
 
@@ -98,7 +96,9 @@ impl ModelConfig {
         let family = match model_type {
             "qwen2" => Family::Qwen2,
             "llama" | "mistral" => Family::Llama,
-            other => bail!("field `model_type`: unsupported architecture `{other}` (stepwise reads qwen2, llama, mistral)"),
+            other => {
+                bail!("field `model_type`: unsupported architecture `{other}` (stepwise reads qwen2, llama, mistral)")
+            }
         };
         let head = if architecture.ends_with("ForProcessRewardModel") {
             HeadKind::ProcessRewardMlp
@@ -114,15 +114,9 @@ impl ModelConfig {
         let rope_theta = v
             .get("rope_theta")
             .and_then(Value::as_f64)
-            .or_else(|| {
-                v.pointer("/rope_parameters/rope_theta")
-                    .and_then(Value::as_f64)
-            })
+            .or_else(|| v.pointer("/rope_parameters/rope_theta").and_then(Value::as_f64))
             .unwrap_or(10000.0);
-        if let Some(t) = v
-            .pointer("/rope_parameters/rope_type")
-            .and_then(Value::as_str)
-        {
+        if let Some(t) = v.pointer("/rope_parameters/rope_type").and_then(Value::as_str) {
             if t != "default" {
                 bail!("field `rope_parameters.rope_type`: `{t}` scaling is not supported");
             }
@@ -131,19 +125,11 @@ impl ModelConfig {
             .get("num_labels")
             .and_then(Value::as_u64)
             .map(|x| x as usize)
-            .or_else(|| {
-                v.get("id2label")
-                    .and_then(Value::as_object)
-                    .map(|m| m.len())
-            })
+            .or_else(|| v.get("id2label").and_then(Value::as_object).map(|m| m.len()))
             .unwrap_or(2);
         let eos_token_ids = match v.get("eos_token_id") {
             Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_u64)
-                .map(|x| x as u32)
-                .collect(),
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
             _ => Vec::new(),
         };
         Ok(ModelConfig {
@@ -163,25 +149,16 @@ impl ModelConfig {
                 .get("head_dim")
                 .and_then(Value::as_u64)
                 .map_or(hidden_size / num_attention_heads, |x| x as usize),
-            rms_norm_eps: v
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
+            rms_norm_eps: v.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6),
             rope_theta,
             max_position_embeddings: v
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)
                 .map_or(32768, |x| x as usize),
-            tie_word_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             attention_bias: match family {
                 Family::Qwen2 => true,
-                Family::Llama => v
-                    .get("attention_bias")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
+                Family::Llama => v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
             },
             num_labels,
             eos_token_ids,

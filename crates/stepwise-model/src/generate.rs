@@ -48,10 +48,7 @@ pub fn sample_token(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) ->
         logits
             .iter()
             .enumerate()
-            .fold(
-                (0, f32::NEG_INFINITY),
-                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-            )
+            .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
             .0 as u32
     };
     if p.temperature <= 0.0 {
@@ -63,10 +60,7 @@ pub fn sample_token(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) ->
         idx.truncate(p.top_k);
     }
     let max = logits[idx[0]];
-    let mut probs: Vec<f32> = idx
-        .iter()
-        .map(|&i| ((logits[i] - max) / p.temperature).exp())
-        .collect();
+    let mut probs: Vec<f32> = idx.iter().map(|&i| ((logits[i] - max) / p.temperature).exp()).collect();
     let total: f32 = probs.iter().sum();
     probs.iter_mut().for_each(|x| *x /= total);
     if p.top_p < 1.0 {
@@ -124,10 +118,7 @@ pub fn generate(
     let mut outs: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut live: Vec<usize> = (0..n).collect();
     let mut cache = prefix_cache.repeat_batch(n)?;
-    let mut next: Vec<u32> = rngs
-        .iter_mut()
-        .map(|r| sample_token(&first, p, r))
-        .collect();
+    let mut next: Vec<u32> = rngs.iter_mut().map(|r| sample_token(&first, p, r)).collect();
     for step in 0..p.max_new_tokens {
         let mut still = Vec::with_capacity(live.len());
         for (k, &row) in live.iter().enumerate() {
@@ -136,9 +127,7 @@ pub fn generate(
                 || (!p.stop_strings.is_empty()
                     && tok
                         .and_then(|t| t.decode(&outs[row]).ok())
-                        .is_some_and(|text| {
-                            p.stop_strings.iter().any(|s| text.ends_with(s.as_str()))
-                        }));
+                        .is_some_and(|text| p.stop_strings.iter().any(|s| text.ends_with(s.as_str()))));
             if !stopped {
                 still.push(k);
             }

@@ -41,18 +41,12 @@ impl Model {
             HeadKind::CausalLm if config.tie_word_embeddings => {
                 Head::Lm(Linear::new(decoder.embeddings().clone(), None))
             }
-            HeadKind::CausalLm => Head::Lm(candle_nn::linear_no_bias(
-                h,
-                config.vocab_size,
-                vb.pp("lm_head"),
-            )?),
+            HeadKind::CausalLm => Head::Lm(candle_nn::linear_no_bias(h, config.vocab_size, vb.pp("lm_head"))?),
             HeadKind::ProcessRewardMlp => Head::Mlp(
                 candle_nn::linear(h, h, vb.pp("score.0"))?,
                 candle_nn::linear(h, config.num_labels, vb.pp("score.2"))?,
             ),
-            HeadKind::TokenClassification => {
-                Head::Classifier(candle_nn::linear(h, config.num_labels, vb.pp("score"))?)
-            }
+            HeadKind::TokenClassification => Head::Classifier(candle_nn::linear(h, config.num_labels, vb.pp("score"))?),
         };
         Ok(Model {
             device: vb.device().clone(),
@@ -80,12 +74,7 @@ impl Model {
 
     /// Load trainable: every weight becomes a variable in `varmap` (missing head weights, e.g. a
     /// new classifier on a causal LM, are freshly initialised).
-    pub fn load_trainable(
-        dir: &Path,
-        config: ModelConfig,
-        varmap: &VarMap,
-        device: &Device,
-    ) -> Result<Self> {
+    pub fn load_trainable(dir: &Path, config: ModelConfig, varmap: &VarMap, device: &Device) -> Result<Self> {
         let files = weight_files(dir)?;
         let tensors = load_tensors(&files, device)?;
         {
@@ -105,12 +94,7 @@ impl Model {
     }
 
     /// Hidden states `[b, t, hidden]`.
-    pub fn hidden(
-        &self,
-        ids: &Tensor,
-        pad_mask: Option<&Tensor>,
-        cache: Option<&mut KvCache>,
-    ) -> Result<Tensor> {
+    pub fn hidden(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
         self.decoder.forward(ids, pad_mask, cache)
     }
 
@@ -134,9 +118,7 @@ impl Model {
 
     /// Number of positions encoded so far.
     pub fn encoded_tokens(&self) -> usize {
-        self.decoder
-            .encoded_tokens
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.decoder.encoded_tokens.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -161,11 +143,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
             .get("weight_map")
             .and_then(|m| m.as_object())
             .with_context(|| format!("{}: field `weight_map` missing", index.display()))?;
-        let mut files: Vec<PathBuf> = map
-            .values()
-            .filter_map(|f| f.as_str())
-            .map(|f| dir.join(f))
-            .collect();
+        let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
         files.sort();
         files.dedup();
         return Ok(files);
@@ -179,8 +157,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 fn load_tensors(files: &[PathBuf], device: &Device) -> Result<HashMap<String, Tensor>> {
     let mut all = HashMap::new();
     for f in files {
-        let t = candle_core::safetensors::load(f, device)
-            .with_context(|| format!("reading {}", f.display()))?;
+        let t = candle_core::safetensors::load(f, device).with_context(|| format!("reading {}", f.display()))?;
         for (k, v) in t {
             let v = v
                 .to_dtype(DType::F32)
@@ -216,30 +193,17 @@ fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBu
             format!("{p}.self_attn.o_proj.weight"),
             vec![h, cfg.num_attention_heads * d],
         ));
-        want.push((
-            format!("{p}.mlp.gate_proj.weight"),
-            vec![cfg.intermediate_size, h],
-        ));
-        want.push((
-            format!("{p}.mlp.up_proj.weight"),
-            vec![cfg.intermediate_size, h],
-        ));
-        want.push((
-            format!("{p}.mlp.down_proj.weight"),
-            vec![h, cfg.intermediate_size],
-        ));
+        want.push((format!("{p}.mlp.gate_proj.weight"), vec![cfg.intermediate_size, h]));
+        want.push((format!("{p}.mlp.up_proj.weight"), vec![cfg.intermediate_size, h]));
+        want.push((format!("{p}.mlp.down_proj.weight"), vec![h, cfg.intermediate_size]));
     }
     match cfg.head {
-        HeadKind::CausalLm if !cfg.tie_word_embeddings => {
-            want.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]))
-        }
+        HeadKind::CausalLm if !cfg.tie_word_embeddings => want.push(("lm_head.weight".into(), vec![cfg.vocab_size, h])),
         HeadKind::ProcessRewardMlp => {
             want.push(("score.0.weight".into(), vec![h, h]));
             want.push(("score.2.weight".into(), vec![cfg.num_labels, h]));
         }
-        HeadKind::TokenClassification => {
-            want.push(("score.weight".into(), vec![cfg.num_labels, h]))
-        }
+        HeadKind::TokenClassification => want.push(("score.weight".into(), vec![cfg.num_labels, h])),
         HeadKind::CausalLm => {}
     }
     let names = files
@@ -274,10 +238,7 @@ pub fn save_checkpoint(dir: &Path, config: &ModelConfig, varmap: &VarMap) -> Res
         serde_json::to_string_pretty(&config.to_hf_json())?,
     )?;
     let data = varmap.data().lock().unwrap();
-    let mut tensors: HashMap<String, Tensor> = data
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-        .collect();
+    let mut tensors: HashMap<String, Tensor> = data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
     if config.tie_word_embeddings {
         tensors.remove("lm_head.weight");
     }

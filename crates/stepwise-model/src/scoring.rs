@@ -37,8 +37,7 @@ pub enum PrmLayout {
 }
 
 /// Qwen2.5-Math-PRM's system prompt.
-pub const QWEN_PRM_SYSTEM: &str =
-    "Please reason step by step, and put your final answer within \\boxed{}.";
+pub const QWEN_PRM_SYSTEM: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
 
 impl PrmLayout {
     /// The layout a checkpoint was built for, from its head and tokenizer.
@@ -48,9 +47,7 @@ impl PrmLayout {
                 system: QWEN_PRM_SYSTEM.into(),
                 step_token: "<extra_0>".into(),
             },
-            HeadKind::TokenClassification => PrmLayout::TokenClassifier {
-                separator: "\n".into(),
-            },
+            HeadKind::TokenClassification => PrmLayout::TokenClassifier { separator: "\n".into() },
             HeadKind::CausalLm if tok.token_id("ки").is_some() => PrmLayout::StepTag {
                 tag: "ки".into(),
                 good: "+".into(),
@@ -63,21 +60,11 @@ impl PrmLayout {
     }
 
     /// Token ids for a problem and its steps, and the positions where the step rewards are read.
-    pub fn encode(
-        &self,
-        tok: &Tokenizer,
-        problem: &str,
-        steps: &[&str],
-    ) -> Result<(Vec<u32>, Vec<usize>)> {
+    pub fn encode(&self, tok: &Tokenizer, problem: &str, steps: &[&str]) -> Result<(Vec<u32>, Vec<usize>)> {
         match self {
             PrmLayout::QwenPrm { system, step_token } => {
-                let head = tok.apply_chat_template(
-                    &[
-                        Message::new("system", system),
-                        Message::new("user", problem),
-                    ],
-                    true,
-                )?;
+                let head =
+                    tok.apply_chat_template(&[Message::new("system", system), Message::new("user", problem)], true)?;
                 let body: String = steps.iter().map(|s| format!("{s}{step_token}")).collect();
                 let text = format!("{head}{body}<|im_end|><|endoftext|>");
                 let ids = tok.encode(&text, true)?;
@@ -113,28 +100,19 @@ impl PrmLayout {
         if positions.is_empty() {
             return Ok(Vec::new());
         }
-        let idx = Tensor::new(
-            positions.iter().map(|&p| p as u32).collect::<Vec<_>>(),
-            out.device(),
-        )?;
+        let idx = Tensor::new(positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), out.device())?;
         let at = out.index_select(&idx, 0)?;
         let pair = match self {
             PrmLayout::StepTag { good, bad, .. } => {
-                let g = tok
-                    .token_id(good)
-                    .with_context(|| format!("no `{good}` token"))?;
-                let b = tok
-                    .token_id(bad)
-                    .with_context(|| format!("no `{bad}` token"))?;
+                let g = tok.token_id(good).with_context(|| format!("no `{good}` token"))?;
+                let b = tok.token_id(bad).with_context(|| format!("no `{bad}` token"))?;
                 // P(good) = softmax over [good, bad] → class 0 of that pair; reorder as [bad, good].
                 let gi = Tensor::new(&[b, g], out.device())?;
                 at.index_select(&gi, 1)?
             }
             _ => at,
         };
-        Ok(candle_nn::ops::softmax_last_dim(&pair)?
-            .i((.., 1))?
-            .to_vec1::<f32>()?)
+        Ok(candle_nn::ops::softmax_last_dim(&pair)?.i((.., 1))?.to_vec1::<f32>()?)
     }
 }
 
@@ -171,7 +149,11 @@ impl StepScorer<'_> {
     pub fn encode(&self, problem: &str, steps: &[&str]) -> Result<Encoded> {
         let (ids, positions) = self.layout.encode(self.tokenizer, problem, steps)?;
         if positions.len() != steps.len() {
-            bail!("{} steps but {} reward positions in the encoded input (a step contains the step token?)", steps.len(), positions.len());
+            bail!(
+                "{} steps but {} reward positions in the encoded input (a step contains the step token?)",
+                steps.len(),
+                positions.len()
+            );
         }
         Ok(Encoded { ids, positions })
     }
@@ -187,12 +169,7 @@ impl StepScorer<'_> {
         let mut ids = Vec::with_capacity(batch.len() * t);
         let mut mask = Vec::with_capacity(batch.len() * t);
         for e in batch {
-            ids.extend(
-                e.ids
-                    .iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(0, t - e.ids.len())),
-            );
+            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(0, t - e.ids.len())));
             mask.extend((0..t).map(|i| u8::from(i < e.ids.len())));
         }
         let ids = Tensor::from_vec(ids, (batch.len(), t), dev)?;
@@ -207,10 +184,7 @@ impl StepScorer<'_> {
         for (b, e) in batch.iter().enumerate() {
             // Apply the head only where rewards are read: cheap even for a vocabulary head.
             let h = hidden.i(b)?;
-            let idx = Tensor::new(
-                e.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(),
-                dev,
-            )?;
+            let idx = Tensor::new(e.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), dev)?;
             let at = if e.positions.is_empty() {
                 h.narrow(0, 0, 0)?
             } else {

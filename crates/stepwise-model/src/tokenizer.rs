@@ -46,8 +46,7 @@ impl Tokenizer {
     /// Load `tokenizer.json` (and `tokenizer_config.json` when present) from a folder.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.exists() {
             serde_json::from_str(&std::fs::read_to_string(&cfg_path)?)
@@ -57,10 +56,7 @@ impl Tokenizer {
         };
         Ok(Tokenizer {
             inner,
-            chat_template: cfg
-                .get("chat_template")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            chat_template: cfg.get("chat_template").and_then(Value::as_str).map(str::to_string),
             eos_token: token_text(cfg.get("eos_token")),
             pad_token: token_text(cfg.get("pad_token")),
         })
@@ -94,9 +90,7 @@ impl Tokenizer {
 
     /// Text of token ids.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| anyhow!("decoding: {e}"))
+        self.inner.decode(ids, false).map_err(|e| anyhow!("decoding: {e}"))
     }
 
     /// The id of a token given by its text.
@@ -115,19 +109,14 @@ impl Tokenizer {
     }
 
     /// Render messages with the chat template.
-    pub fn apply_chat_template(
-        &self,
-        messages: &[Message],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
+    pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let tpl = self
             .chat_template
             .as_deref()
             .context("tokenizer_config.json has no chat_template")?;
         let mut env = minijinja::Environment::new();
         env.set_trim_blocks(false);
-        env.add_template("chat", tpl)
-            .context("parsing the chat template")?;
+        env.add_template("chat", tpl).context("parsing the chat template")?;
         env.get_template("chat")?
             .render(minijinja::context! {
                 messages => messages,

@@ -39,9 +39,7 @@ impl KvCache {
             .iter()
             .map(|l| {
                 l.as_ref()
-                    .map(|(k, v)| -> Result<_> {
-                        Ok((k.repeat((n, 1, 1, 1))?, v.repeat((n, 1, 1, 1))?))
-                    })
+                    .map(|(k, v)| -> Result<_> { Ok((k.repeat((n, 1, 1, 1))?, v.repeat((n, 1, 1, 1))?)) })
                     .transpose()
             })
             .collect::<Result<_>>()?;
@@ -55,9 +53,7 @@ impl KvCache {
             .iter()
             .map(|l| {
                 l.as_ref()
-                    .map(|(k, v)| -> Result<_> {
-                        Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?))
-                    })
+                    .map(|(k, v)| -> Result<_> { Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?)) })
                     .transpose()
             })
             .collect::<Result<_>>()?;
@@ -112,6 +108,15 @@ impl Rope {
     }
 }
 
+/// What every layer needs to know about the current forward pass.
+struct Pass<'a> {
+    mask: Option<Tensor>,
+    rope: &'a Rope,
+    offset: usize,
+    eps: f64,
+    diff: bool,
+}
+
 #[derive(Clone, Debug)]
 struct Attention {
     q: Linear,
@@ -146,19 +151,11 @@ impl Attention {
         })
     }
 
-    fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rope: &Rope,
-        cache: &mut Option<(Tensor, Tensor)>,
-        offset: usize,
-        diff: bool,
-    ) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, pass: &Pass, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
+        let (rope, offset, diff) = (pass.rope, pass.offset, pass.diff);
         let (b, t, _) = x.dims3()?;
-        let split = |y: Tensor, n: usize| -> Result<Tensor> {
-            Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?)
-        };
+        let split =
+            |y: Tensor, n: usize| -> Result<Tensor> { Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?) };
         let q = rope.apply(&split(self.q.forward(x)?, self.heads)?, offset, diff)?;
         let mut k = rope.apply(&split(self.k.forward(x)?, self.kv_heads)?, offset, diff)?;
         let mut v = split(self.v.forward(x)?, self.kv_heads)?.contiguous()?;
@@ -173,7 +170,7 @@ impl Attention {
         let q = q.reshape((b, self.kv_heads, group * t, self.head_dim))?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let mut att = (q.matmul(&k.t()?)? * scale)?.reshape((b, self.heads, t, s))?;
-        if let Some(m) = mask {
+        if let Some(m) = &pass.mask {
             att = att.broadcast_add(m)?;
         }
         let att = if diff {
@@ -221,26 +218,12 @@ struct Block {
 }
 
 impl Block {
-    fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rope: &Rope,
-        cache: &mut Option<(Tensor, Tensor)>,
-        offset: usize,
-        eps: f64,
-        diff: bool,
-    ) -> Result<Tensor> {
-        let h = self.attn.forward(
-            &rms_norm(x, &self.ln1, eps, diff)?,
-            mask,
-            rope,
-            cache,
-            offset,
-            diff,
-        )?;
+    fn forward(&self, x: &Tensor, pass: &Pass, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
+        let h = self
+            .attn
+            .forward(&rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, cache)?;
         let x = (x + h)?;
-        let h = self.mlp.forward(&rms_norm(&x, &self.ln2, eps, diff)?)?;
+        let h = self.mlp.forward(&rms_norm(&x, &self.ln2, pass.eps, pass.diff)?)?;
         Ok((x + h)?)
     }
 }
@@ -283,9 +266,9 @@ impl Transformer {
                 })
             })
             .collect::<Result<_>>()?;
-        let norm =
-            vb.pp("norm")
-                .get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?;
+        let norm = vb
+            .pp("norm")
+            .get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?;
         Ok(Transformer {
             rope: Rope::new(cfg, vb.device())?,
             embed,
@@ -307,12 +290,7 @@ impl Transformer {
     /// `pad_mask` `[b, t_total]` (1 = real token, 0 = padding) covers the cached positions and
     /// the new ones; attention is causal and never looks at padding. With a `cache`, the new
     /// tokens continue the cached sequence and the cache is extended.
-    pub fn forward(
-        &self,
-        ids: &Tensor,
-        pad_mask: Option<&Tensor>,
-        cache: Option<&mut KvCache>,
-    ) -> Result<Tensor> {
+    pub fn forward(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         self.encoded_tokens
             .fetch_add(b * t, std::sync::atomic::Ordering::Relaxed);
@@ -322,18 +300,16 @@ impl Transformer {
             cache.layers = vec![None; self.blocks.len()];
         }
         let offset = cache.len();
-        let mask = attention_mask(b, t, offset, pad_mask, ids.device())?;
+        let pass = Pass {
+            mask: attention_mask(b, t, offset, pad_mask, ids.device())?,
+            rope: &self.rope,
+            offset,
+            eps: self.eps,
+            diff: self.differentiable,
+        };
         let mut x = self.embed.forward(ids)?;
         for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward(
-                &x,
-                mask.as_ref(),
-                &self.rope,
-                c,
-                offset,
-                self.eps,
-                self.differentiable,
-            )?;
+            x = block.forward(&x, &pass, c)?;
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
     }
@@ -341,27 +317,13 @@ impl Transformer {
 
 /// Additive mask `[b, 1, t, offset + t]`: 0 where query i may attend key j (j ≤ offset + i and
 /// j is not padding), −∞ elsewhere; `None` when no masking is needed (one query, no padding).
-fn attention_mask(
-    b: usize,
-    t: usize,
-    offset: usize,
-    pad: Option<&Tensor>,
-    dev: &Device,
-) -> Result<Option<Tensor>> {
+fn attention_mask(b: usize, t: usize, offset: usize, pad: Option<&Tensor>, dev: &Device) -> Result<Option<Tensor>> {
     let s = offset + t;
     if t == 1 && pad.is_none() {
         return Ok(None);
     }
     let causal: Vec<f32> = (0..t)
-        .flat_map(|i| {
-            (0..s).map(move |j| {
-                if j <= offset + i {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
+        .flat_map(|i| (0..s).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
     let causal = Tensor::from_vec(causal, (1, 1, t, s), dev)?;
     let Some(pad) = pad else {

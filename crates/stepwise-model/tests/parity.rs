@@ -15,8 +15,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn expected() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap())
-        .unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap()).unwrap()
 }
 
 fn load(name: &str) -> (Model, Tokenizer) {
@@ -56,9 +55,7 @@ fn prm_fixtures_reproduce_transformers() {
                 .iter()
                 .map(|s| s.as_str().unwrap())
                 .collect();
-            let e = scorer
-                .encode(it["problem"].as_str().unwrap(), &steps)
-                .unwrap();
+            let e = scorer.encode(it["problem"].as_str().unwrap(), &steps).unwrap();
             assert_eq!(e.ids, ids(&it["input_ids"]), "{case}: token ids");
             let pos: Vec<usize> = it["step_positions"]
                 .as_array()
@@ -67,9 +64,7 @@ fn prm_fixtures_reproduce_transformers() {
                 .map(|x| x.as_u64().unwrap() as usize)
                 .collect();
             assert_eq!(e.positions, pos, "{case}: step positions");
-            let r = scorer
-                .score(it["problem"].as_str().unwrap(), &steps)
-                .unwrap();
+            let r = scorer.score(it["problem"].as_str().unwrap(), &steps).unwrap();
             let w: Vec<f32> = it["step_rewards"]
                 .as_array()
                 .unwrap()
@@ -77,10 +72,7 @@ fn prm_fixtures_reproduce_transformers() {
                 .map(|x| x.as_f64().unwrap() as f32)
                 .collect();
             for (a, b) in r.iter().zip(&w) {
-                assert!(
-                    (a - b).abs() < 1e-4,
-                    "{case}: reward {a} vs transformers {b}"
-                );
+                assert!((a - b).abs() < 1e-4, "{case}: reward {a} vs transformers {b}");
             }
             encoded.push(e);
             want.push(r);
@@ -106,10 +98,7 @@ fn policy_greedy_matches_and_prefix_is_encoded_once() {
     };
     for it in exp["cases"]["qwen2-policy"]["items"].as_array().unwrap() {
         let prompt = ids(&it["prompt_ids"]);
-        assert_eq!(
-            tok.encode(it["prompt"].as_str().unwrap(), true).unwrap(),
-            prompt
-        );
+        assert_eq!(tok.encode(it["prompt"].as_str().unwrap(), true).unwrap(), prompt);
         let want = ids(&it["greedy_new_ids"]);
         let before = model.encoded_tokens();
         let outs = generate(&model, Some(&tok), &prompt, 4, &p).unwrap();

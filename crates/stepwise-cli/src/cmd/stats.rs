@@ -27,10 +27,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
-        println!(
-            "format              {}",
-            format.map_or("-".into(), |f| f.to_string())
-        );
+        println!("format              {}", format.map_or("-".into(), |f| f.to_string()));
         print!("{s}");
     }
     if reader.skipped() > 0 {

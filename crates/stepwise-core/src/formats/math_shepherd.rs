@@ -60,12 +60,9 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     let mut rest = label;
     let mut goods = Vec::with_capacity(parts.len());
     for (i, seg) in segments[..segments.len() - 1].iter().enumerate() {
-        rest = rest.strip_prefix(seg).ok_or_else(|| {
-            FieldError::new(
-                "label",
-                format!("does not match `input` before step tag {}", i + 1),
-            )
-        })?;
+        rest = rest
+            .strip_prefix(seg)
+            .ok_or_else(|| FieldError::new("label", format!("does not match `input` before step tag {}", i + 1)))?;
         let mut chars = rest.chars();
         goods.push(match chars.next() {
             Some('+') => true,
@@ -73,10 +70,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
             other => {
                 return Err(FieldError::new(
                     "label",
-                    format!(
-                        "expected `+` or `-` in place of step tag {}, found {other:?}",
-                        i + 1
-                    ),
+                    format!("expected `+` or `-` in place of step tag {}, found {other:?}", i + 1),
                 ))
             }
         });
@@ -109,10 +103,7 @@ pub(super) fn write(s: &Solution) -> Value {
         Some(raw)
             if split_tagged(raw, "input").is_ok_and(|p| {
                 let (q, first) = split_first(&s.meta, &p[0]).unwrap_or_default();
-                q == s.question
-                    && p.len() == texts.len()
-                    && first == texts[0]
-                    && p[1..] == texts[1..]
+                q == s.question && p.len() == texts.len() && first == texts[0] && p[1..] == texts[1..]
             }) =>
         {
             raw.to_string()
@@ -125,11 +116,7 @@ pub(super) fn write(s: &Solution) -> Value {
     while let Some(seg) = segs.next() {
         label.push_str(seg);
         if segs.peek().is_some() {
-            label.push(if goods.next().unwrap_or(true) {
-                '+'
-            } else {
-                '-'
-            });
+            label.push(if goods.next().unwrap_or(true) { '+' } else { '-' });
         }
     }
     let mut v = json!({ "input": input, "label": label });
@@ -150,11 +137,7 @@ pub(super) fn read_openr(v: &Value, index: usize) -> Result<Solution, FieldError
     if labels.len() != texts.len() {
         return Err(FieldError::new(
             "labels",
-            format!(
-                "has {} entries but `process` has {} steps",
-                labels.len(),
-                texts.len()
-            ),
+            format!("has {} entries but `process` has {} steps", labels.len(), texts.len()),
         ));
     }
     let steps = texts
@@ -162,10 +145,7 @@ pub(super) fn read_openr(v: &Value, index: usize) -> Result<Solution, FieldError
         .zip(labels)
         .enumerate()
         .map(|(i, (t, l))| match l.as_i64() {
-            Some(v @ (0 | 1)) => Ok(Step::labelled(
-                t,
-                StepLabel::from_bool(v == 1, Provenance::Unknown),
-            )),
+            Some(v @ (0 | 1)) => Ok(Step::labelled(t, StepLabel::from_bool(v == 1, Provenance::Unknown))),
             _ => Err(FieldError::new(
                 format!("labels[{i}]"),
                 format!("expected 0 or 1, found {l}"),
@@ -184,8 +164,7 @@ pub(super) fn read_openr(v: &Value, index: usize) -> Result<Solution, FieldError
 
 pub(super) fn write_openr(s: &Solution) -> Value {
     let labels: Vec<u8> = binary_labels(s).into_iter().map(u8::from).collect();
-    let mut v =
-        json!({ "question": s.question, "process": tagged(&s.step_texts()), "labels": labels });
+    let mut v = json!({ "question": s.question, "process": tagged(&s.step_texts()), "labels": labels });
     extend_with_meta(v.as_object_mut().unwrap(), s);
     v
 }

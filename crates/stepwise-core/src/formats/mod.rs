@@ -136,9 +136,7 @@ impl Format {
 
     fn write_one(self, s: &Solution) -> Result<Value, FieldError> {
         Ok(match self {
-            Format::Stepwise => {
-                serde_json::to_value(s).map_err(|e| FieldError::new("", e.to_string()))?
-            }
+            Format::Stepwise => serde_json::to_value(s).map_err(|e| FieldError::new("", e.to_string()))?,
             Format::Prm800k => prm800k::write(s),
             Format::MathShepherd => math_shepherd::write(s),
             Format::OpenrPrm => math_shepherd::write_openr(s),
@@ -238,10 +236,7 @@ pub(crate) fn split_question(first: &str) -> (String, String) {
 
 /// Question and first step from the text before the first step boundary: at an explicit
 /// `question` field (writers add one when the steps carry no `Step 1` marker), else at `Step 1`.
-pub(crate) fn split_first(
-    o: &serde_json::Map<String, Value>,
-    first: &str,
-) -> Result<(String, String), FieldError> {
+pub(crate) fn split_first(o: &serde_json::Map<String, Value>, first: &str) -> Result<(String, String), FieldError> {
     match crate::json::opt_str(o, "question")? {
         Some(q) => match first.strip_prefix(q.as_str()) {
             Some(rest) => Ok((q, rest.trim().to_string())),

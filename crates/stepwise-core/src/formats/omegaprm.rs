@@ -23,9 +23,7 @@ const KNOWN: &[&str] = &["question", "final_answer", "reasoning_steps"];
 fn opt_mc(o: &Map<String, Value>, at: &str) -> Result<Option<f64>, FieldError> {
     match o.get("mc_value") {
         None | Some(Value::Null) => Ok(None),
-        Some(_) => json::f64_field(o, "mc_value")
-            .map(Some)
-            .map_err(|e| e.within(at)),
+        Some(_) => json::f64_field(o, "mc_value").map(Some).map_err(|e| e.within(at)),
     }
 }
 
@@ -114,10 +112,7 @@ fn set_steps(s: &mut Solution, steps: &[FlatStep]) {
 }
 
 fn separators(s: &Solution) -> Vec<String> {
-    let kept: Option<Vec<String>> = s
-        .meta
-        .get(SEPS)
-        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    let kept: Option<Vec<String>> = s.meta.get(SEPS).and_then(|v| serde_json::from_value(v.clone()).ok());
     match kept {
         Some(k) if k.len() == s.steps.len() => k,
         _ => vec![DEFAULT_SEP.to_string(); s.steps.len()],
@@ -256,19 +251,13 @@ pub(super) fn write_tree(group: &[Solution]) -> Value {
     for s in group {
         // Child positions kept from a tree we read place nodes exactly (siblings may repeat);
         // otherwise identical steps under one parent are merged.
-        let kept: Option<Vec<usize>> = s
-            .meta
-            .get(PATH)
-            .and_then(|p| serde_json::from_value(p.clone()).ok());
+        let kept: Option<Vec<usize>> = s.meta.get(PATH).and_then(|p| serde_json::from_value(p.clone()).ok());
         let kept = kept.filter(|p| p.len() == s.steps.len());
         let mut node = &mut root;
         for (depth, (st, mc)) in s.steps.iter().zip(mc_values(s)).enumerate() {
             let pos = match &kept {
                 Some(p) => (p[depth] < node.children.len()).then_some(p[depth]),
-                None => node
-                    .children
-                    .iter()
-                    .position(|c| c.text == st.text && c.mc == mc),
+                None => node.children.iter().position(|c| c.text == st.text && c.mc == mc),
             };
             let k = pos.unwrap_or_else(|| {
                 node.children.push(Node {

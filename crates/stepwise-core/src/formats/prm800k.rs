@@ -23,8 +23,7 @@ fn chosen_ref(step: &Map<String, Value>, i: usize) -> Result<Chosen, FieldError>
     let at = |f: &str| format!("label.steps[{i}].{f}");
     let completions = match step.get("completions") {
         None | Some(serde_json::Value::Null) => &[][..],
-        Some(_) => json::array_field(step, "completions")
-            .map_err(|e| e.within(&format!("label.steps[{i}]")))?,
+        Some(_) => json::array_field(step, "completions").map_err(|e| e.within(&format!("label.steps[{i}]")))?,
     };
     match step.get("chosen_completion") {
         Some(Value::Number(n)) => {
@@ -40,17 +39,11 @@ fn chosen_ref(step: &Map<String, Value>, i: usize) -> Result<Chosen, FieldError>
             }
             Ok(Chosen::Completion(k))
         }
-        None | Some(Value::Null) if step.get("human_completion").is_some_and(Value::is_object) => {
-            Ok(Chosen::Human)
-        }
+        None | Some(Value::Null) if step.get("human_completion").is_some_and(Value::is_object) => Ok(Chosen::Human),
         None | Some(Value::Null) => completions
             .iter()
             .position(|c| c.get("rating").and_then(Value::as_i64) == Some(-1))
-            .or(if completions.is_empty() {
-                None
-            } else {
-                Some(0)
-            })
+            .or(if completions.is_empty() { None } else { Some(0) })
             .map(Chosen::Completion)
             .ok_or_else(|| FieldError::new(at("completions"), "no completion to follow")),
         Some(other) => Err(FieldError::new(
@@ -98,8 +91,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
             continue; // a labeler gave up here: nothing was written
         }
         let c = chosen(st, i)?;
-        let text = json::str_field(c, "text")
-            .map_err(|e| e.within(&format!("label.steps[{i}].completion")))?;
+        let text = json::str_field(c, "text").map_err(|e| e.within(&format!("label.steps[{i}].completion")))?;
         let rating = match c.get("rating") {
             None | Some(Value::Null) => None,
             Some(r) => Some(r.as_i64().and_then(Rating::from_i64).ok_or_else(|| {
@@ -168,10 +160,7 @@ pub(super) fn write(s: &Solution) -> Value {
         Some(orig) if original_matches(orig, s) => {
             let mut o = orig.clone();
             // Update the chosen completions' ratings from the (possibly edited) labels.
-            let steps = o
-                .pointer_mut("/label/steps")
-                .and_then(Value::as_array_mut)
-                .unwrap();
+            let steps = o.pointer_mut("/label/steps").and_then(Value::as_array_mut).unwrap();
             let non_empty = steps
                 .iter_mut()
                 .enumerate()

@@ -7,14 +7,7 @@ use crate::json::{self, object};
 use crate::record::{Provenance, Solution, Step, StepLabel};
 use serde_json::{json, Value};
 
-const KNOWN: &[&str] = &[
-    "id",
-    "generator",
-    "problem",
-    "steps",
-    "final_answer_correct",
-    "label",
-];
+const KNOWN: &[&str] = &["id", "generator", "problem", "steps", "final_answer_correct", "label"];
 
 pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     let o = object(v, "")?;
@@ -24,10 +17,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     if label < -1 || label >= texts.len() as i64 {
         return Err(FieldError::new(
             "label",
-            format!(
-                "must be -1 or a step index below {}, found {label}",
-                texts.len()
-            ),
+            format!("must be -1 or a step index below {}, found {label}", texts.len()),
         ));
     }
     let correct = match o.get("final_answer_correct") {

@@ -34,9 +34,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
                     format!("expected `{role}`, found `{r}`"),
                 ));
             }
-            Ok(json::str_field(t, "content")
-                .map_err(|e| e.within(&at))?
-                .to_string())
+            Ok(json::str_field(t, "content").map_err(|e| e.within(&at))?.to_string())
         };
         let mut text = turn(0, "user")?;
         if i == 0 {
@@ -54,10 +52,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
                 ))
             }
         };
-        steps.push(Step::labelled(
-            text,
-            StepLabel::from_bool(good, Provenance::Unknown),
-        ));
+        steps.push(Step::labelled(text, StepLabel::from_bool(good, Provenance::Unknown)));
     }
     Ok(Solution {
         id: json::opt_str(o, "id")?.unwrap_or_else(|| index.to_string()),

@@ -16,11 +16,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     if labels.len() != texts.len() {
         return Err(FieldError::new(
             "labels",
-            format!(
-                "has {} entries but `completions` has {}",
-                labels.len(),
-                texts.len()
-            ),
+            format!("has {} entries but `completions` has {}", labels.len(), texts.len()),
         ));
     }
     let steps = texts
@@ -39,10 +35,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
                     ))
                 }
             };
-            Ok(Step::labelled(
-                text,
-                StepLabel::from_bool(good, Provenance::Unknown),
-            ))
+            Ok(Step::labelled(text, StepLabel::from_bool(good, Provenance::Unknown)))
         })
         .collect::<Result<_, _>>()?;
     Ok(Solution {

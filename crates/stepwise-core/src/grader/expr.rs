@@ -85,10 +85,7 @@ impl Rat {
         self.d == 1
     }
     fn add(self, o: Rat) -> Option<Rat> {
-        let n = self
-            .n
-            .checked_mul(o.d)?
-            .checked_add(o.n.checked_mul(self.d)?)?;
+        let n = self.n.checked_mul(o.d)?.checked_add(o.n.checked_mul(self.d)?)?;
         Rat::new(n, self.d.checked_mul(o.d)?)
     }
     fn mul(self, o: Rat) -> Option<Rat> {
@@ -161,9 +158,7 @@ enum Tok {
 }
 
 /// Names kept whole instead of being split into one-letter symbols.
-const FUNCTIONS: &[&str] = &[
-    "sqrt", "cbrt", "sin", "cos", "tan", "ln", "log", "exp", "abs", "binom",
-];
+const FUNCTIONS: &[&str] = &["sqrt", "cbrt", "sin", "cos", "tan", "ln", "log", "exp", "abs", "binom"];
 const CONSTANTS: &[&str] = &["pi", "inf", "oo", "infinity"];
 
 fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
@@ -177,9 +172,7 @@ fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
         let c = chars[i];
         if c.is_whitespace() {
             i += 1;
-        } else if c.is_ascii_digit()
-            || (c == '.' && chars.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
-        {
+        } else if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(|d| d.is_ascii_digit())) {
             let st = i;
             while i < chars.len() && (chars[i].is_ascii_digit() || chars[i] == '.') {
                 i += 1;
@@ -260,11 +253,7 @@ pub fn parse(s: &str) -> Result<Expr, ParseError> {
     if toks.is_empty() {
         return Err(ParseError("empty expression".into()));
     }
-    let mut p = Parser {
-        toks,
-        i: 0,
-        depth: 0,
-    };
+    let mut p = Parser { toks, i: 0, depth: 0 };
     let e = p.sum()?;
     if p.i != p.toks.len() {
         return Err(ParseError(format!("unexpected {:?}", p.toks[p.i])));
@@ -420,9 +409,7 @@ fn number(s: &str) -> Result<Expr, ParseError> {
     } else {
         digits.parse().map_err(|_| bad())?
     };
-    Ok(Expr::Num(
-        Rat::new(n, 10i128.pow(frac.len() as u32)).ok_or_else(bad)?,
-    ))
+    Ok(Expr::Num(Rat::new(n, 10i128.pow(frac.len() as u32)).ok_or_else(bad)?))
 }
 
 fn exact_float(x: f64) -> Expr {
@@ -446,11 +433,7 @@ impl Expr {
                 out.insert(s.clone());
             }
             Expr::Neg(a) | Expr::Fact(a) => a.collect(out),
-            Expr::Add(a, b)
-            | Expr::Sub(a, b)
-            | Expr::Mul(a, b)
-            | Expr::Div(a, b)
-            | Expr::Pow(a, b) => {
+            Expr::Add(a, b) | Expr::Sub(a, b) | Expr::Mul(a, b) | Expr::Div(a, b) | Expr::Pow(a, b) => {
                 a.collect(out);
                 b.collect(out);
             }
@@ -516,10 +499,7 @@ fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
         },
         Expr::Div(a, b) => match bin(a, b)? {
             (_, Q(y)) if y.n == 0 => return None,
-            (Q(x), Q(y)) => x
-                .mul(y.recip()?)
-                .map(Q)
-                .unwrap_or(F(x.to_f64() / y.to_f64())),
+            (Q(x), Q(y)) => x.mul(y.recip()?).map(Q).unwrap_or(F(x.to_f64() / y.to_f64())),
             (x, y) => F(x.f() / y.f()),
         },
         Expr::Pow(a, b) => match bin(a, b)? {
@@ -552,10 +532,7 @@ fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
             }
             match (f.as_str(), x) {
                 ("sqrt", Q(r)) if r.sqrt().is_some() => Q(r.sqrt()?),
-                ("abs", Q(r)) => Q(Rat {
-                    n: r.n.abs(),
-                    d: r.d,
-                }),
+                ("abs", Q(r)) => Q(Rat { n: r.n.abs(), d: r.d }),
                 ("sqrt", x) => F(x.f().sqrt()),
                 ("cbrt", x) => F(x.f().cbrt()),
                 ("sin", x) => F(x.f().sin()),
@@ -572,9 +549,7 @@ fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
 
 fn binom(n: Val, k: Val) -> Option<Val> {
     match (n, k) {
-        (Val::Q(n), Val::Q(k))
-            if n.is_int() && k.is_int() && k.n >= 0 && k.n <= n.n && n.n <= 10_000 =>
-        {
+        (Val::Q(n), Val::Q(k)) if n.is_int() && k.is_int() && k.n >= 0 && k.n <= n.n && n.n <= 10_000 => {
             let k = k.n.min(n.n - k.n);
             let mut acc = Rat::int(1);
             for i in 0..k {

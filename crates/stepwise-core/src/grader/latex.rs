@@ -27,11 +27,7 @@ pub fn latex_to_text(s: &str) -> Option<String> {
 /// Convert LaTeX to text in the given style.
 pub fn convert(s: &str, style: Style) -> Option<String> {
     let chars: Vec<char> = s.chars().collect();
-    let mut p = Parser {
-        c: &chars,
-        i: 0,
-        style,
-    };
+    let mut p = Parser { c: &chars, i: 0, style };
     let out = p.nodes(0, None)?;
     Some(out.trim().to_string())
 }
@@ -243,8 +239,7 @@ impl Parser<'_> {
             "{" | "}" if self.style == Style::Math => String::new(),
             "circ" if self.style == Style::Math => String::new(),
             n if KEEP_ARG.contains(&n) => self.arg(depth)?,
-            "left" | "right" | "big" | "Big" | "bigl" | "bigr" | "Bigl" | "Bigr"
-            | "displaystyle" => String::new(),
+            "left" | "right" | "big" | "Big" | "bigl" | "bigr" | "Bigl" | "Bigr" | "displaystyle" => String::new(),
             n => symbol(n).map(str::to_string).unwrap_or_default(),
         })
     }

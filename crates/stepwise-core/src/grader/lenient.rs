@@ -84,17 +84,11 @@ fn clean(s: &str) -> String {
         .replace("\\!", "")
         .replace("\\left", "")
         .replace("\\right", "");
-    s = s
-        .replace("^\\circ", "")
-        .replace("^{\\circ}", "")
-        .replace("\\%", "%");
+    s = s.replace("^\\circ", "").replace("^{\\circ}", "").replace("\\%", "%");
     // Mixed numbers: `3\frac12` is 3 + 1/2.
     let b = s.as_bytes();
     if let Some(i) = s.find("\\frac") {
-        if i > 0
-            && b[i - 1].is_ascii_digit()
-            && s[..i].bytes().all(|c| c.is_ascii_digit() || c == b'-')
-        {
+        if i > 0 && b[i - 1].is_ascii_digit() && s[..i].bytes().all(|c| c.is_ascii_digit() || c == b'-') {
             s = format!("{}+{}", &s[..i], &s[i..]);
         }
     }
@@ -104,12 +98,7 @@ fn clean(s: &str) -> String {
 /// Drop a leading `x =` and trailing unit words.
 fn strip_decorations(mut e: String) -> String {
     if let Some((lhs, rhs)) = e.split_once('=') {
-        if lhs
-            .trim()
-            .chars()
-            .all(|c| c.is_alphabetic() || c == '_' || c == ' ')
-            && lhs.trim().len() <= 3
-        {
+        if lhs.trim().chars().all(|c| c.is_alphabetic() || c == '_' || c == ' ') && lhs.trim().len() <= 3 {
             e = rhs.trim().to_string();
         }
     }
@@ -121,10 +110,7 @@ fn strip_decorations(mut e: String) -> String {
             .find(|(_, c)| !c.is_ascii_alphabetic())
             .map_or(0, |(i, c)| i + c.len_utf8());
         let word = &t[word_start..];
-        if word_start > 0
-            && !word.is_empty()
-            && UNIT_WORDS.contains(&word.to_ascii_lowercase().as_str())
-        {
+        if word_start > 0 && !word.is_empty() && UNIT_WORDS.contains(&word.to_ascii_lowercase().as_str()) {
             e = t[..word_start].trim_end().to_string();
         } else {
             return t.to_string();
@@ -139,24 +125,19 @@ fn answer_set(s: &str) -> Option<Answer> {
     } else {
         s
     };
-    let text = strip_commas(&strip_decorations(
-        text.replace(" or ", ",").replace(" and ", ","),
-    ));
+    let text = strip_commas(&strip_decorations(text.replace(" or ", ",").replace(" and ", ",")));
     let text = text.trim();
     let chars: Vec<char> = text.chars().collect();
     let n = chars.len();
-    let (brackets, inner) = if n >= 2
-        && "([".contains(chars[0])
-        && ")]".contains(chars[n - 1])
-        && top_level_commas(&chars[1..n - 1])
-    {
-        (
-            Some((chars[0], chars[n - 1])),
-            chars[1..n - 1].iter().collect::<String>(),
-        )
-    } else {
-        (None, text.to_string())
-    };
+    let (brackets, inner) =
+        if n >= 2 && "([".contains(chars[0]) && ")]".contains(chars[n - 1]) && top_level_commas(&chars[1..n - 1]) {
+            (
+                Some((chars[0], chars[n - 1])),
+                chars[1..n - 1].iter().collect::<String>(),
+            )
+        } else {
+            (None, text.to_string())
+        };
     let mut elems = Vec::new();
     for part in split_top(&inner) {
         // `±a` stands for both signs.
@@ -214,8 +195,7 @@ fn same_answers(a: &Answer, b: &Answer) -> bool {
         return false;
     }
     if a.brackets.is_some() || b.brackets.is_some() {
-        return a.brackets == b.brackets
-            && a.elems.iter().zip(&b.elems).all(|(x, y)| same_value(x, y));
+        return a.brackets == b.brackets && a.elems.iter().zip(&b.elems).all(|(x, y)| same_value(x, y));
     }
     // Unordered: a greedy matching is exact here because equality is transitive.
     let mut used = vec![false; b.elems.len()];

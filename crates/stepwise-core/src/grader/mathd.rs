@@ -102,15 +102,9 @@ fn strip_string(s: &str) -> Option<String> {
         .replace("dfrac", "frac")
         .replace("\\left", "")
         .replace("\\right", "");
-    s = s
-        .replace("^{\\circ}", "")
-        .replace("^\\circ", "")
-        .replace("\\$", "");
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "");
     s = remove_right_units(&s)?;
-    s = s
-        .replace("\\%", "")
-        .replace(" .", " 0.")
-        .replace("{.", "{0.");
+    s = s.replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.");
     if s.is_empty() {
         return Some(s);
     }

@@ -38,10 +38,8 @@ static CIRC: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\^ *\\circ").unwrap
 static THIN_COMMA: LazyLock<Regex> = LazyLock::new(|| Regex::new(r",\\! *").unwrap());
 static MINUS_SPACE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"- *").unwrap());
 static MIXED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"([0-9]) +([0-9])").unwrap());
-static COMMA_GROUP: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(\d)(,)(\d\d\d)($|\D)").unwrap());
-static FRAC: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^-?[0-9]+.?/0*[1-9][0-9]*.?$").unwrap());
+static COMMA_GROUP: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(\d)(,)(\d\d\d)($|\D)").unwrap());
+static FRAC: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^-?[0-9]+.?/0*[1-9][0-9]*.?$").unwrap());
 static BAD_RES: LazyLock<Vec<Regex>> = LazyLock::new(|| {
     vec![
         Regex::new(r"\^[0-9]+\^").unwrap(),
@@ -61,11 +59,7 @@ pub(crate) fn py_float(s: &str) -> Option<f64> {
             f64::INFINITY
         }));
     }
-    if t.is_empty()
-        || !t
-            .bytes()
-            .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b))
-    {
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) {
         return None;
     }
     t.parse::<f64>().ok()
@@ -120,10 +114,7 @@ fn parse_latex(expr: &str) -> Option<String> {
 /// The grader's own `_normalize`.
 pub fn normalize(expr: &str) -> String {
     let mut e = strip_text_wrapper(expr).unwrap_or(expr).to_string();
-    e = e
-        .replace("\\%", "%")
-        .replace("\\$", "$")
-        .replace(['$', '%'], "");
+    e = e.replace("\\%", "%").replace("\\$", "$").replace(['$', '%'], "");
     e = e.replace(" or ", " , ").replace(" and ", " , ");
     e = e
         .replace("million", "*10^6")
@@ -225,9 +216,7 @@ pub fn grade(given: &str, ground_truth: &str) -> bool {
     }
     let gt_elems = split_tuple(&gt);
     let gv_elems = split_tuple(&gv);
-    if gt_elems.len() > 1
-        && (gt.chars().next() != gv.chars().next() || gt.chars().last() != gv.chars().last())
-    {
+    if gt_elems.len() > 1 && (gt.chars().next() != gv.chars().next() || gt.chars().last() != gv.chars().last()) {
         return false;
     }
     if gt_elems.len() != gv_elems.len() {
