@@ -1,13 +1,16 @@
 //! stepwise-model: the neural engine. Qwen2/Qwen2.5 and Llama/Mistral decoders on candle, read
 //! from Hugging Face checkpoint folders; the PRM heads in use; scoring every step in one forward
-//! pass; shared-prefix generation.
+//! pass; shared-prefix generation; training of policies, PRMs and ORMs.
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod examples;
 pub mod generate;
 pub mod model;
+pub mod optim;
 pub mod scoring;
 pub mod tokenizer;
+pub mod train;
 pub mod transformer;
 
 pub use config::{Family, HeadKind, ModelConfig};

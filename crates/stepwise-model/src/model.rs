@@ -5,6 +5,8 @@ use crate::transformer::{KvCache, Transformer};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Linear, VarBuilder, VarMap};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -87,10 +89,31 @@ impl Model {
         Self::new(config, vb)
     }
 
-    /// A freshly initialised model whose weights live in `varmap`.
-    pub fn fresh(config: ModelConfig, varmap: &VarMap, device: &Device) -> Result<Self> {
+    /// A freshly initialised model whose weights live in `varmap`, initialised as transformers
+    /// does (normal with std 0.02, norms 1, biases 0) from `seed`, so runs are reproducible.
+    pub fn fresh(config: ModelConfig, varmap: &VarMap, device: &Device, seed: u64) -> Result<Self> {
         let vb = VarBuilder::from_varmap(varmap, DType::F32, device);
-        Self::new(config, vb)
+        let model = Self::new(config, vb)?;
+        let data = varmap.data().lock().unwrap();
+        let mut names: Vec<&String> = data.keys().collect();
+        names.sort();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let normal = rand_distr::Normal::new(0.0f32, 0.02).unwrap();
+        for name in names {
+            let var = &data[name];
+            let shape = var.as_tensor().shape().clone();
+            let t = if name.ends_with("norm.weight") {
+                Tensor::ones(shape, DType::F32, device)?
+            } else if name.ends_with(".bias") {
+                Tensor::zeros(shape, DType::F32, device)?
+            } else {
+                let v: Vec<f32> = (0..shape.elem_count()).map(|_| rng.sample(normal)).collect();
+                Tensor::from_vec(v, shape, device)?
+            };
+            var.set(&t)?;
+        }
+        drop(data);
+        Ok(model)
     }
 
     /// Hidden states `[b, t, hidden]`.
@@ -226,6 +249,21 @@ fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBu
             }
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// Set the variables of `varmap` from a safetensors file (names must match).
+pub fn load_into(varmap: &VarMap, path: &Path) -> Result<()> {
+    let tensors =
+        candle_core::safetensors::load(path, &Device::Cpu).with_context(|| format!("reading {}", path.display()))?;
+    let data = varmap.data().lock().unwrap();
+    for (name, var) in data.iter() {
+        let t = tensors
+            .get(name)
+            .with_context(|| format!("{}: tensor `{name}` is missing", path.display()))?;
+        var.set(&t.to_dtype(DType::F32)?.to_device(var.device())?)
+            .with_context(|| format!("{}: tensor `{name}`", path.display()))?;
     }
     Ok(())
 }

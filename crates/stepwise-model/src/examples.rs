@@ -1,0 +1,100 @@
+//! Turning labelled solutions into training sequences, with TRL's token-classification layout:
+//! problem tokens, then each step's tokens and the separator; the label sits on the separator's
+//! last token. The same layout serves PRMs (every step), `train_on_last_step_only`, and ORMs
+//! (one outcome label on the last step).
+
+use crate::tokenizer::Tokenizer;
+use crate::train::Example;
+use anyhow::Result;
+use stepwise_core::{Rating, Solution};
+
+/// What to do with PRM800K's neutral (0) ratings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Neutral {
+    /// Count as good (PRM800K's convention for training).
+    #[default]
+    Good,
+    /// Count as bad.
+    Bad,
+    /// Leave out of the loss.
+    Skip,
+}
+
+/// Options for [`label_examples`].
+#[derive(Debug, Clone, Default)]
+pub struct LabelOptions {
+    /// Neutral ratings.
+    pub neutral: Neutral,
+    /// Only the last labelled step carries a target (TRL's `train_on_last_step_only`).
+    pub last_step_only: bool,
+    /// Outcome supervision: one target on the last step, from `Solution::correct`.
+    pub outcome: bool,
+    /// Separator after each step.
+    pub separator: String,
+    /// Longest sequence kept (longer ones are cut at a step boundary).
+    pub max_len: usize,
+}
+
+/// Token ids of a problem and its steps in the token-classification layout, with the position of
+/// each step's last (separator) token.
+pub fn encode_steps(tok: &Tokenizer, question: &str, steps: &[&str], sep: &str) -> Result<(Vec<u32>, Vec<usize>)> {
+    let mut ids = tok.encode(question, false)?;
+    let sep_ids = tok.encode(sep, false)?;
+    ids.extend(&sep_ids);
+    let mut pos = Vec::with_capacity(steps.len());
+    for s in steps {
+        ids.extend(tok.encode(s, false)?);
+        ids.extend(&sep_ids);
+        pos.push(ids.len() - 1);
+    }
+    Ok((ids, pos))
+}
+
+/// Training examples from labelled solutions (solutions with nothing to learn are skipped).
+pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> Result<Vec<Example>> {
+    let sep = if o.separator.is_empty() {
+        "\n"
+    } else {
+        o.separator.as_str()
+    };
+    let mut out = Vec::with_capacity(sols.len());
+    for s in sols {
+        let texts = s.step_texts();
+        let (mut ids, pos) = encode_steps(tok, &s.question, &texts, sep)?;
+        let mut targets: Vec<(usize, f32)> = if o.outcome {
+            match (s.correct, pos.last()) {
+                (Some(c), Some(&p)) => vec![(p, if c { 1.0 } else { 0.0 })],
+                _ => Vec::new(),
+            }
+        } else {
+            s.steps
+                .iter()
+                .zip(&pos)
+                .filter_map(|(st, &p)| {
+                    let l = st.label.as_ref()?;
+                    match (l.rating(), o.neutral) {
+                        (Some(Rating::Neutral), Neutral::Skip) => None,
+                        (Some(Rating::Neutral), Neutral::Good) => Some((p, 1.0)),
+                        (Some(Rating::Neutral), Neutral::Bad) => Some((p, 0.0)),
+                        _ => Some((p, l.prob(1.0))),
+                    }
+                })
+                .collect()
+        };
+        if o.last_step_only {
+            targets = targets.last().copied().into_iter().collect();
+        }
+        if o.max_len > 0 && ids.len() > o.max_len {
+            ids.truncate(o.max_len);
+            targets.retain(|&(p, _)| p < o.max_len);
+        }
+        if !targets.is_empty() {
+            out.push(Example {
+                ids,
+                targets,
+                lm_from: 0,
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,342 @@
+//! Training: a next-token LM (policies), PRMs on hard or soft step labels, ORMs on outcome labels.
+//! One loop for all of them, readable in one sitting: batches → loss → backward → clip → AdamW
+//! with warm-up + cosine → periodic validation → early stop → checkpoints that resume exactly.
+
+use crate::model::Model;
+use crate::optim::{accumulate, schedule, AdamW};
+use anyhow::{bail, Result};
+use candle_core::{IndexOp, Tensor, D};
+use candle_nn::VarMap;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// One training sequence.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Example {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Classification targets: (position, probability that the step is good).
+    #[serde(default)]
+    pub targets: Vec<(usize, f32)>,
+    /// For the LM objective: the loss covers predictions of tokens at positions ≥ this.
+    #[serde(default)]
+    pub lm_from: usize,
+}
+
+/// What to learn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// Next-token prediction.
+    Lm,
+    /// Binary classification at target positions (PRM on hard or soft step labels, or ORM with
+    /// one target at the final position): numerically stable masked BCE-with-logits on
+    /// `logit(good) - logit(bad)`, which is cross-entropy for hard labels.
+    Classify,
+}
+
+/// Hyper-parameters of a run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Warm-up steps.
+    pub warmup: usize,
+    /// Optimiser steps in total.
+    pub steps: usize,
+    /// Sequences per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches per optimiser step.
+    pub grad_accum: usize,
+    /// Clip the global gradient norm to this (0 = off).
+    pub clip: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Validate every this many steps (0 = only at the end).
+    pub eval_every: usize,
+    /// Stop after this many validations without improvement (0 = never).
+    pub patience: usize,
+    /// Shuffling seed.
+    pub seed: u64,
+    /// Where to write checkpoints (and resume from); `None` keeps everything in memory.
+    pub out_dir: Option<PathBuf>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            lr: 1e-3,
+            warmup: 20,
+            steps: 300,
+            batch_size: 16,
+            grad_accum: 1,
+            clip: 1.0,
+            weight_decay: 0.01,
+            eval_every: 50,
+            patience: 0,
+            seed: 0,
+            out_dir: None,
+        }
+    }
+}
+
+/// Validation metrics.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Mean loss.
+    pub loss: f64,
+    /// Classification accuracy at threshold 0.5 (targets ≥ 0.5 count as good).
+    pub accuracy: f64,
+    /// Area under the ROC curve of P(good) against hard targets.
+    pub auroc: f64,
+}
+
+/// What happened in a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Optimiser steps done.
+    pub step: usize,
+    /// Loss of the last step.
+    pub last_loss: f64,
+    /// Best validation loss so far.
+    pub best_valid_loss: Option<f64>,
+    /// Validations since the best one.
+    pub since_best: usize,
+    /// Validation history: (step, metrics).
+    pub history: Vec<(usize, Metrics)>,
+    /// Whether the run stopped early.
+    pub stopped_early: bool,
+}
+
+/// Pad a batch: ids `[b, t]`, mask `[b, t]` (1 = token).
+fn pad(batch: &[&Example], dev: &candle_core::Device) -> Result<(Tensor, Tensor, usize)> {
+    let t = batch.iter().map(|e| e.ids.len()).max().unwrap_or(1).max(1);
+    let mut ids = Vec::with_capacity(batch.len() * t);
+    let mut mask = Vec::with_capacity(batch.len() * t);
+    for e in batch {
+        ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(0, t - e.ids.len())));
+        mask.extend((0..t).map(|i| if i < e.ids.len() { 1f32 } else { 0.0 }));
+    }
+    Ok((
+        Tensor::from_vec(ids, (batch.len(), t), dev)?,
+        Tensor::from_vec(mask, (batch.len(), t), dev)?,
+        t,
+    ))
+}
+
+/// Stable BCE with logits: `max(z, 0) - z·y + log(1 + exp(-|z|))`, averaged.
+pub fn bce_with_logits(z: &Tensor, y: &Tensor) -> Result<Tensor> {
+    let loss = ((z.relu()? - (z * y)?)? + (z.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+    Ok(loss.mean_all()?)
+}
+
+/// Loss of one micro-batch, plus (P(good), target) pairs for metrics.
+pub fn batch_loss(model: &Model, batch: &[&Example], objective: Objective) -> Result<(Tensor, Vec<(f32, f32)>)> {
+    let dev = model.device.clone();
+    let (ids, mask, t) = pad(batch, &dev)?;
+    let hidden = model.hidden(&ids, Some(&mask), None)?;
+    let h = hidden.dim(2)?;
+    let flat = hidden.reshape((batch.len() * t, h))?;
+    match objective {
+        Objective::Classify => {
+            let (mut rows, mut ys) = (Vec::new(), Vec::new());
+            for (b, e) in batch.iter().enumerate() {
+                for &(p, y) in &e.targets {
+                    rows.push((b * t + p) as u32);
+                    ys.push(y);
+                }
+            }
+            if rows.is_empty() {
+                bail!("a batch without targets");
+            }
+            let idx = Tensor::new(rows.as_slice(), &dev)?;
+            let logits = model.head_logits(&flat.index_select(&idx, 0)?)?;
+            let z = (logits.i((.., 1))? - logits.i((.., 0))?)?;
+            let y = Tensor::new(ys.as_slice(), &dev)?;
+            let loss = bce_with_logits(&z, &y)?;
+            let p: Vec<f32> = candle_nn::ops::sigmoid(&z.detach())?.to_vec1()?;
+            Ok((loss, p.into_iter().zip(ys).collect()))
+        }
+        Objective::Lm => {
+            // Predict token i+1 from position i, for i+1 ≥ lm_from.
+            let (mut rows, mut tgt) = (Vec::new(), Vec::new());
+            for (b, e) in batch.iter().enumerate() {
+                for i in e.lm_from.max(1)..e.ids.len() {
+                    rows.push((b * t + i - 1) as u32);
+                    tgt.push(e.ids[i]);
+                }
+            }
+            if rows.is_empty() {
+                bail!("a batch without LM targets");
+            }
+            let idx = Tensor::new(rows.as_slice(), &dev)?;
+            let logits = model.head_logits(&flat.index_select(&idx, 0)?)?;
+            let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            let tgt = Tensor::new(tgt.as_slice(), &dev)?.unsqueeze(1)?;
+            let loss = logp.gather(&tgt, 1)?.neg()?.mean_all()?;
+            Ok((loss, Vec::new()))
+        }
+    }
+}
+
+/// Area under the ROC curve (ties counted half); 0.5 when one class is absent.
+pub fn auroc(pairs: &[(f32, bool)]) -> f64 {
+    let pos = pairs.iter().filter(|p| p.1).count();
+    let neg = pairs.len() - pos;
+    if pos == 0 || neg == 0 {
+        return 0.5;
+    }
+    let mut v: Vec<(f32, bool)> = pairs.to_vec();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Rank-sum with average ranks for ties.
+    let mut rank_sum = 0.0;
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j < v.len() && v[j].0 == v[i].0 {
+            j += 1;
+        }
+        let avg = (i + j + 1) as f64 / 2.0;
+        rank_sum += avg * v[i..j].iter().filter(|p| p.1).count() as f64;
+        i = j;
+    }
+    (rank_sum - (pos * (pos + 1)) as f64 / 2.0) / (pos * neg) as f64
+}
+
+/// Loss, accuracy and AUROC on held-out examples (inference path, no gradients).
+pub fn evaluate(model: &Model, data: &[Example], objective: Objective, batch_size: usize) -> Result<Metrics> {
+    let mut m = model.clone();
+    m.set_training(false);
+    let (mut loss, mut n) = (0.0, 0usize);
+    let mut pairs = Vec::new();
+    for chunk in data.chunks(batch_size.max(1)) {
+        let refs: Vec<&Example> = chunk.iter().collect();
+        let (l, p) = batch_loss(&m, &refs, objective)?;
+        loss += l.to_scalar::<f32>()? as f64 * chunk.len() as f64;
+        n += chunk.len();
+        pairs.extend(p);
+    }
+    let hard: Vec<(f32, bool)> = pairs.iter().map(|&(p, y)| (p, y >= 0.5)).collect();
+    let acc = hard.iter().filter(|(p, y)| (*p >= 0.5) == *y).count() as f64 / hard.len().max(1) as f64;
+    Ok(Metrics {
+        loss: loss / n.max(1) as f64,
+        accuracy: acc,
+        auroc: auroc(&hard),
+    })
+}
+
+/// Files a run keeps in `out_dir`.
+const STATE: &str = "trainer_state.json";
+const OPTIM: &str = "optimizer.safetensors";
+
+/// Train `model` (whose weights live in `varmap`). `on_step(step, loss)` reports progress.
+/// With `out_dir`, a checkpoint (HF folder + optimiser + state) is written at every validation
+/// and at the end, and a run restarted on the same folder resumes from it.
+pub fn train(
+    model: &mut Model,
+    varmap: &VarMap,
+    train_set: &[Example],
+    valid_set: &[Example],
+    objective: Objective,
+    cfg: &TrainConfig,
+    mut on_step: impl FnMut(usize, f64),
+) -> Result<TrainState> {
+    if train_set.is_empty() {
+        bail!("no training examples");
+    }
+    let named: Vec<(String, candle_core::Var)> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let vars: Vec<candle_core::Var> = named.iter().map(|(_, v)| v.clone()).collect();
+    let mut opt = AdamW::new(named, cfg.lr, cfg.weight_decay)?;
+    let mut state = TrainState::default();
+    if let Some(dir) = &cfg.out_dir {
+        if dir.join(STATE).exists() && dir.join(OPTIM).exists() {
+            state = serde_json::from_str(&std::fs::read_to_string(dir.join(STATE))?)?;
+            crate::model::load_into(varmap, &dir.join("model.safetensors"))?;
+            opt.load(&dir.join(OPTIM))?;
+        }
+    }
+    model.set_training(true);
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let mut order: Vec<usize> = (0..train_set.len()).collect();
+    // Replay the shuffles of the steps already done, so a resumed run sees the same batches.
+    let mut cursor = 0usize;
+    order.shuffle(&mut rng);
+    let mut next_batch = |rng: &mut ChaCha8Rng| -> Vec<usize> {
+        let mut b = Vec::with_capacity(cfg.batch_size);
+        for _ in 0..cfg.batch_size {
+            if cursor == order.len() {
+                order.shuffle(rng);
+                cursor = 0;
+            }
+            b.push(order[cursor]);
+            cursor += 1;
+        }
+        b
+    };
+    for _ in 0..state.step * cfg.grad_accum {
+        next_batch(&mut rng);
+    }
+    while state.step < cfg.steps {
+        opt.lr = schedule(state.step, cfg.lr, cfg.warmup, cfg.steps);
+        let mut grads = None;
+        let mut loss_sum = 0.0;
+        for _ in 0..cfg.grad_accum {
+            let batch: Vec<&Example> = next_batch(&mut rng).into_iter().map(|i| &train_set[i]).collect();
+            let (loss, _) = batch_loss(model, &batch, objective)?;
+            loss_sum += loss.to_scalar::<f32>()? as f64;
+            let g = loss.backward()?;
+            match grads.as_mut() {
+                None => grads = Some(g),
+                Some(acc) => accumulate(acc, g, &vars)?,
+            }
+        }
+        let grads = grads.expect("grad_accum >= 1");
+        let mut scale = 1.0 / cfg.grad_accum as f64;
+        if cfg.clip > 0.0 {
+            let norm = opt.grad_norm(&grads)? * scale;
+            if norm > cfg.clip {
+                scale *= cfg.clip / norm;
+            }
+        }
+        opt.step(&grads, scale)?;
+        state.step += 1;
+        state.last_loss = loss_sum / cfg.grad_accum as f64;
+        on_step(state.step, state.last_loss);
+        let validate = state.step == cfg.steps || (cfg.eval_every > 0 && state.step % cfg.eval_every == 0);
+        if validate && !valid_set.is_empty() {
+            let m = evaluate(model, valid_set, objective, cfg.batch_size * 2)?;
+            model.set_training(true);
+            let better = state.best_valid_loss.is_none_or(|b| m.loss < b);
+            if better {
+                state.best_valid_loss = Some(m.loss);
+                state.since_best = 0;
+            } else {
+                state.since_best += 1;
+            }
+            state.history.push((state.step, m));
+            if cfg.patience > 0 && state.since_best >= cfg.patience {
+                state.stopped_early = true;
+            }
+        }
+        if validate {
+            if let Some(dir) = &cfg.out_dir {
+                crate::model::save_checkpoint(dir, &model.config, varmap)?;
+                opt.save(&dir.join(OPTIM))?;
+                std::fs::write(dir.join(STATE), serde_json::to_string_pretty(&state)?)?;
+            }
+        }
+        if state.stopped_early {
+            break;
+        }
+    }
+    model.set_training(false);
+    Ok(state)
+}

@@ -1,0 +1,208 @@
+//! Training is real: every weight gets a gradient through the differentiable path; a tiny PRM
+//! learns a step rule that needs attention to the previous step and reaches ≥ 95% held-out step
+//! accuracy; its checkpoint loads back (as transformers would) and scores identically; an
+//! interrupted run resumes to the same weights.
+
+use candle_core::Device;
+use candle_nn::VarMap;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::PathBuf;
+use stepwise_core::{Provenance, Solution, Step, StepLabel};
+use stepwise_model::examples::{label_examples, LabelOptions};
+use stepwise_model::train::{batch_loss, evaluate, train, Objective, TrainConfig};
+use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, StepScorer, Tokenizer};
+
+fn tokenizer() -> Tokenizer {
+    let dir = std::env::var_os("STEPWISE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("fixtures/hf-tiny/qwen2-tokcls");
+    Tokenizer::from_dir(&dir).unwrap()
+}
+
+/// Counting problems: each step must be the previous number + 1; a bad step is off by 2..8.
+fn solutions(n: usize, seed: u64) -> Vec<Solution> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let start: u32 = rng.random_range(0..10);
+            let len = rng.random_range(3..6);
+            let bad_at = if rng.random_bool(0.6) {
+                Some(rng.random_range(0..len))
+            } else {
+                None
+            };
+            let mut cur = start;
+            let mut steps = Vec::new();
+            for k in 0..len {
+                let good = bad_at.is_none_or(|b| k < b);
+                let next = if good {
+                    (cur + 1) % 10
+                } else {
+                    (cur + rng.random_range(2..9)) % 10
+                };
+                steps.push(Step::labelled(
+                    format!("{next}"),
+                    StepLabel::from_bool(good, Provenance::Oracle),
+                ));
+                cur = next;
+            }
+            Solution {
+                id: i.to_string(),
+                question: format!("count from {start}"),
+                steps,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+fn tiny_prm(tok: &Tokenizer, varmap: &VarMap) -> Model {
+    let cfg = ModelConfig::tiny(tok.vocab_size(), 64, 2, 4, 2, HeadKind::TokenClassification);
+    Model::fresh(cfg, varmap, &Device::Cpu, 42).unwrap()
+}
+
+#[test]
+fn every_weight_receives_a_gradient() {
+    let tok = tokenizer();
+    let varmap = VarMap::new();
+    let mut model = tiny_prm(&tok, &varmap);
+    model.set_training(true);
+    let ex = label_examples(&tok, &solutions(8, 1), &LabelOptions::default()).unwrap();
+    let refs: Vec<_> = ex.iter().collect();
+    let (loss, _) = batch_loss(&model, &refs, Objective::Classify).unwrap();
+    let grads = loss.backward().unwrap();
+    let data = varmap.data().lock().unwrap();
+    assert!(data.len() > 10);
+    for (name, var) in data.iter() {
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
+        let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(norm > 0.0, "zero gradient for {name}");
+    }
+}
+
+#[test]
+fn tiny_prm_learns_detectable_errors_and_round_trips_through_a_checkpoint() {
+    let tok = tokenizer();
+    let varmap = VarMap::new();
+    let mut model = tiny_prm(&tok, &varmap);
+    let opts = LabelOptions::default();
+    let train_set = label_examples(&tok, &solutions(600, 2), &opts).unwrap();
+    let held_out = solutions(150, 3);
+    let valid = label_examples(&tok, &held_out, &opts).unwrap();
+    let out = std::env::temp_dir().join(format!("stepwise-train-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let cfg = TrainConfig {
+        lr: 3e-3,
+        warmup: 20,
+        steps: 400,
+        batch_size: 32,
+        eval_every: 100,
+        out_dir: Some(out.clone()),
+        ..Default::default()
+    };
+    let state = train(
+        &mut model,
+        &varmap,
+        &train_set,
+        &valid,
+        Objective::Classify,
+        &cfg,
+        |_, _| {},
+    )
+    .unwrap();
+    let m = evaluate(&model, &valid, Objective::Classify, 64).unwrap();
+    println!(
+        "held-out step accuracy {:.3}, AUROC {:.3}, loss {:.3} after {} steps",
+        m.accuracy, m.auroc, m.loss, state.step
+    );
+    assert!(m.accuracy >= 0.95, "held-out step accuracy {:.3}", m.accuracy);
+
+    // The checkpoint is a HF folder: load it back and score identically.
+    std::fs::copy(tokenizer_dir().join("tokenizer.json"), out.join("tokenizer.json")).unwrap();
+    let loaded = Model::load(&out, &Device::Cpu).unwrap();
+    let layout = PrmLayout::TokenClassifier { separator: "\n".into() };
+    let a = StepScorer {
+        model: &model,
+        tokenizer: &tok,
+        layout: layout.clone(),
+    };
+    let b = StepScorer {
+        model: &loaded,
+        tokenizer: &tok,
+        layout,
+    };
+    for s in held_out.iter().take(10) {
+        let texts = s.step_texts();
+        // The trained layout puts the separator after the question too.
+        let q = format!("{}\n", s.question);
+        let (x, y) = (a.score(&q, &texts).unwrap(), b.score(&q, &texts).unwrap());
+        for (u, v) in x.iter().zip(&y) {
+            assert!((u - v).abs() < 1e-6, "{u} vs {v}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+fn tokenizer_dir() -> PathBuf {
+    std::env::var_os("STEPWISE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("fixtures/hf-tiny/qwen2-tokcls")
+}
+
+#[test]
+fn interrupted_training_resumes_to_the_same_weights() {
+    let tok = tokenizer();
+    let ex = label_examples(&tok, &solutions(64, 4), &LabelOptions::default()).unwrap();
+    let run = |steps_first: Option<usize>, dir: &PathBuf| -> Vec<f32> {
+        let _ = std::fs::remove_dir_all(dir);
+        let cfg = TrainConfig {
+            steps: 20,
+            warmup: 5,
+            batch_size: 8,
+            eval_every: 5,
+            out_dir: Some(dir.clone()),
+            ..Default::default()
+        };
+        if let Some(k) = steps_first {
+            // First process: stops after k steps (as if killed after its last checkpoint).
+            let varmap = VarMap::new();
+            let mut m = tiny_prm(&tok, &varmap);
+            let c = TrainConfig {
+                steps: 20,
+                ..cfg.clone()
+            };
+            let mut calls = 0;
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                train(&mut m, &varmap, &ex, &ex[..8], Objective::Classify, &c, |s, _| {
+                    calls += 1;
+                    if s == k {
+                        panic!("killed");
+                    }
+                })
+            }));
+        }
+        let varmap = VarMap::new();
+        let mut m = tiny_prm(&tok, &varmap);
+        train(&mut m, &varmap, &ex, &ex[..8], Objective::Classify, &cfg, |_, _| {}).unwrap();
+        let data = varmap.data().lock().unwrap();
+        data["score.weight"]
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let base = std::env::temp_dir().join(format!("stepwise-resume-{}", std::process::id()));
+    let a = run(None, &base.join("a"));
+    let b = run(Some(11), &base.join("b"));
+    let _ = std::fs::remove_dir_all(&base);
+    assert_eq!(
+        a, b,
+        "a run killed at step 11 and resumed must end with the same weights"
+    );
+}
