@@ -34,6 +34,12 @@ enum Command {
     Stats(cmd::stats::Args),
     /// Grade final answers: reads {given, ground_truth} JSONL, writes each record with `correct`.
     Grade(cmd::grade::Args),
+    /// Score every step of every solution with a PRM, one forward pass per solution.
+    Score(cmd::score::Args),
+    /// Sample solutions from a policy (shared-prefix KV cache), split into steps and graded.
+    Generate(cmd::generate::Args),
+    /// Train a PRM on hard or soft step labels, or an ORM on outcomes (--outcome).
+    TrainPrm(cmd::train_prm::Args),
 }
 
 fn main() {
@@ -42,6 +48,9 @@ fn main() {
         Command::Convert(a) => cmd::convert::run(a),
         Command::Stats(a) => cmd::stats::run(a),
         Command::Grade(a) => cmd::grade::run(a),
+        Command::Score(a) => cmd::score::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::TrainPrm(a) => cmd::train_prm::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

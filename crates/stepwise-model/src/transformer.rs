@@ -236,6 +236,7 @@ pub struct Transformer {
     norm: Tensor,
     rope: Rope,
     eps: f64,
+    max_positions: usize,
     /// Use the differentiable (training) path.
     pub differentiable: bool,
     /// Number of token positions run through the decoder so far (for shared-prefix tests and
@@ -275,6 +276,7 @@ impl Transformer {
             blocks,
             norm,
             eps: cfg.rms_norm_eps,
+            max_positions: cfg.max_position_embeddings.min(32768),
             differentiable: false,
             encoded_tokens: Default::default(),
         })
@@ -300,6 +302,13 @@ impl Transformer {
             cache.layers = vec![None; self.blocks.len()];
         }
         let offset = cache.len();
+        if offset + t > self.max_positions {
+            anyhow::bail!(
+                "a sequence of {} tokens exceeds the model's max_position_embeddings ({})",
+                offset + t,
+                self.max_positions
+            );
+        }
         let pass = Pass {
             mask: attention_mask(b, t, offset, pad_mask, ids.device())?,
             rope: &self.rope,

@@ -1,4 +1,7 @@
 //! One module per subcommand.
 pub mod convert;
+pub mod generate;
 pub mod grade;
+pub mod score;
 pub mod stats;
+pub mod train_prm;

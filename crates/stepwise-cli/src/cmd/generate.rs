@@ -1,0 +1,141 @@
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Instant;
+use stepwise_core::answer::extract_answer;
+use stepwise_core::grader::{grade, GradeMode};
+use stepwise_core::io::raw_records;
+use stepwise_core::steps::{split_steps, SplitStrategy};
+use stepwise_core::{formats::problem_id_for, Format, Solution, SolutionWriter, Step};
+use stepwise_model::tokenizer::Message;
+use stepwise_model::{default_device, generate, Model, SamplingParams, Tokenizer};
+
+/// Sample solutions from a policy.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Input: JSONL records with `question` (or `problem`), optional `id` and a gold answer in \
+`gold_answer` or `answer` (GSM8K's `#### N` is understood). Output: one stepwise Solution per sample, split into \
+steps, with `final_answer` extracted and `correct` graded when a gold answer is known. The prompt is encoded once \
+and its KV cache shared by the n samples.
+
+Example:
+  stepwise generate --model ../shared/fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl"
+)]
+pub struct Args {
+    /// Policy checkpoint folder.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Problems (JSONL).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output solutions (stepwise JSONL).
+    #[arg(long, default_value = "-")]
+    pub output: PathBuf,
+    /// Samples per problem.
+    #[arg(short, default_value_t = 4)]
+    pub n: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Nucleus mass.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Top-k (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Most new tokens per sample.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop strings (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Step splitting: blank-line, newline, step-marker or tag:TAG.
+    #[arg(long, default_value = "newline")]
+    pub split: SplitStrategy,
+    /// Wrap the question in the tokenizer's chat template.
+    #[arg(long)]
+    pub chat: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let dev = default_device();
+    let model = Model::load(&a.model, &dev)?;
+    let tok = Tokenizer::from_dir(&a.model)?;
+    let mut stop_ids: Vec<u32> = model.config.eos_token_ids.clone();
+    stop_ids.extend(tok.eos_id());
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        max_new_tokens: a.max_tokens,
+        seed: a.seed,
+        stop_token_ids: stop_ids.clone(),
+        stop_strings: a.stop.clone(),
+    };
+    let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;
+    let bar = crate::progress::bar(None, "generating");
+    let start = Instant::now();
+    let mut new_tokens = 0usize;
+    for (line, rec) in raw_records(&a.input)? {
+        let at = || format!("{}:{line}", a.input.display());
+        let v = rec.map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+        let question = v
+            .get("question")
+            .or_else(|| v.get("problem"))
+            .and_then(Value::as_str)
+            .with_context(|| format!("{}: field `question`: missing", at()))?
+            .to_string();
+        let gold = ["gold_answer", "answer"]
+            .iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_str))
+            .map(|g| stepwise_core::answer::extract_gsm8k_gold(g).unwrap_or_else(|| g.to_string()));
+        let id = v
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| problem_id_for(&question));
+        let prompt = if a.chat {
+            tok.apply_chat_template(&[Message::new("user", &question)], true)?
+        } else {
+            question.clone()
+        };
+        let ids = tok.encode(&prompt, true)?;
+        for (k, out) in generate(&model, Some(&tok), &ids, a.n, &params)?
+            .into_iter()
+            .enumerate()
+        {
+            new_tokens += out.len();
+            let body: Vec<u32> = out.into_iter().filter(|t| !stop_ids.contains(t)).collect();
+            let text = tok.decode(&body)?;
+            let final_answer = extract_answer(&text);
+            let correct = match (&final_answer, &gold) {
+                (Some(f), Some(g)) => Some(grade(f, g, GradeMode::Lenient)),
+                (None, Some(_)) => Some(false),
+                _ => None,
+            };
+            writer.write(&Solution {
+                id: format!("{id}-{k}"),
+                problem_id: id.clone(),
+                question: question.clone(),
+                steps: split_steps(&text, &a.split).into_iter().map(Step::new).collect(),
+                final_answer,
+                gold_answer: gold.clone(),
+                correct,
+                generator: Some(a.model.display().to_string()),
+                ..Default::default()
+            })?;
+            bar.inc(1);
+        }
+    }
+    writer.finish()?;
+    bar.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "generated {new_tokens} tokens in {secs:.1}s ({:.0} tokens/s)",
+        new_tokens as f64 / secs
+    );
+    Ok(())
+}

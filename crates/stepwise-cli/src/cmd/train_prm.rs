@@ -1,0 +1,188 @@
+use anyhow::{bail, Context, Result};
+use candle_nn::VarMap;
+use std::path::PathBuf;
+use stepwise_core::{Format, SolutionReader};
+use stepwise_model::examples::{label_examples, LabelOptions, Neutral};
+use stepwise_model::train::{evaluate, train, Objective, TrainConfig};
+use stepwise_model::{default_device, HeadKind, Model, ModelConfig, Tokenizer};
+
+/// Train a process reward model (or, with --outcome, an outcome reward model).
+#[derive(clap::Args)]
+#[command(
+    after_help = "The model is a token classifier in TRL's PRM layout (problem, then each step followed by \
+\"\\n\", the label on that separator), written as a Hugging Face folder that transformers loads with \
+AutoModelForTokenClassification and `stepwise score` reads back. Hard labels train with cross-entropy, soft labels \
+(Monte Carlo values) with BCE; --outcome puts one label, the solution's `correct`, on its last step. An interrupted \
+run started again with the same --out resumes from its last checkpoint.
+
+Examples:
+  stepwise train-prm --data labeled.jsonl --base ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
+  stepwise train-prm --data labeled.jsonl --config tiny --tokenizer ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
+  stepwise train-prm --data labeled.jsonl --config tiny --tokenizer TOK --outcome --out orm/"
+)]
+pub struct Args {
+    /// Step-labelled solutions in any format stepwise reads.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Start from this checkpoint (its head is replaced by a 2-class classifier).
+    #[arg(long, conflicts_with = "config")]
+    pub base: Option<PathBuf>,
+    /// Train from scratch with a built-in shape: tiny (2×64), small (4×128) or base (8×256).
+    #[arg(long)]
+    pub config: Option<String>,
+    /// Tokenizer folder (required with --config; defaults to --base).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Output folder (checkpoints, metrics; resumes if present).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Outcome reward model: one label per solution, from `correct`.
+    #[arg(long)]
+    pub outcome: bool,
+    /// Neutral ratings: good, bad or skip.
+    #[arg(long, default_value = "good")]
+    pub neutral: String,
+    /// Only the last labelled step carries a label (TRL's train_on_last_step_only).
+    #[arg(long)]
+    pub last_step_only: bool,
+    /// Optimiser steps.
+    #[arg(long, default_value_t = 500)]
+    pub steps: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Micro-batches per step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Fraction of solutions held out for validation.
+    #[arg(long, default_value_t = 0.1)]
+    pub valid_fraction: f64,
+    /// Stop after this many validations without improvement (0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub patience: usize,
+    /// Seed (initialisation and shuffling).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Longest training sequence in tokens (longer solutions are cut at a step boundary).
+    #[arg(long, default_value_t = 512)]
+    pub max_len: usize,
+    /// Input format (detected when omitted).
+    #[arg(long)]
+    pub from: Option<Format>,
+}
+
+/// A built-in from-scratch shape.
+pub fn shape(name: &str, vocab: usize, head: HeadKind) -> Result<ModelConfig> {
+    Ok(match name {
+        "tiny" => ModelConfig::tiny(vocab, 64, 2, 4, 2, head),
+        "small" => ModelConfig::tiny(vocab, 128, 4, 4, 2, head),
+        "base" => ModelConfig::tiny(vocab, 256, 8, 8, 4, head),
+        other => bail!("unknown --config `{other}`: use tiny, small or base"),
+    })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let dev = default_device();
+    let tok_dir = a
+        .tokenizer
+        .clone()
+        .or(a.base.clone())
+        .context("pass --base DIR, or --config with --tokenizer DIR")?;
+    let tok = Tokenizer::from_dir(&tok_dir)?;
+    let sols: Vec<_> = SolutionReader::open(&a.data, a.from)?.collect::<Result<_, _>>()?;
+    let neutral = match a.neutral.as_str() {
+        "good" => Neutral::Good,
+        "bad" => Neutral::Bad,
+        "skip" => Neutral::Skip,
+        o => bail!("unknown --neutral `{o}`"),
+    };
+    let max_len = match &a.base {
+        Some(base) => ModelConfig::from_dir(base)?.max_position_embeddings.min(a.max_len),
+        None => a.max_len,
+    };
+    let opts = LabelOptions {
+        neutral,
+        last_step_only: a.last_step_only,
+        outcome: a.outcome,
+        separator: "\n".into(),
+        max_len,
+    };
+    let n_valid = ((sols.len() as f64) * a.valid_fraction).round() as usize;
+    let (valid_sols, train_sols) = sols.split_at(n_valid.min(sols.len()));
+    let train_set = label_examples(&tok, train_sols, &opts)?;
+    let valid_set = label_examples(&tok, valid_sols, &opts)?;
+    eprintln!("{} training sequences, {} validation", train_set.len(), valid_set.len());
+    let varmap = VarMap::new();
+    let mut model = match (&a.base, &a.config) {
+        (Some(base), _) => {
+            let cfg = ModelConfig::from_dir(base)?.with_head(HeadKind::TokenClassification);
+            let m = Model::load_trainable(base, cfg.clone(), &varmap, &dev)?;
+            drop(m);
+            // Drop a causal-LM head that the classifier does not use, then build on the rest.
+            varmap.data().lock().unwrap().remove("lm_head.weight");
+            Model::new(
+                cfg,
+                candle_nn::VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &dev),
+            )?
+        }
+        (None, Some(name)) => Model::fresh(
+            shape(name, tok.vocab_size(), HeadKind::TokenClassification)?,
+            &varmap,
+            &dev,
+            a.seed,
+        )?,
+        (None, None) => bail!("pass --base DIR or --config tiny|small|base"),
+    };
+    let cfg = TrainConfig {
+        lr: a.lr,
+        warmup: (a.steps / 20).max(1),
+        steps: a.steps,
+        batch_size: a.batch_size,
+        grad_accum: a.grad_accum,
+        eval_every: (a.steps / 5).max(1),
+        patience: a.patience,
+        seed: a.seed,
+        out_dir: Some(a.out.clone()),
+        ..Default::default()
+    };
+    let bar = crate::progress::bar(Some(a.steps as u64), "training");
+    bar.set_style(indicatif::ProgressStyle::with_template(
+        "{msg:>12} [{bar:30}] {pos}/{len} {prefix} ({per_sec}, eta {eta})",
+    )?);
+    let state = train(
+        &mut model,
+        &varmap,
+        &train_set,
+        &valid_set,
+        Objective::Classify,
+        &cfg,
+        |step, loss| {
+            bar.set_position(step as u64);
+            bar.set_prefix(format!("loss {loss:.4}"));
+        },
+    )?;
+    bar.finish_and_clear();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if tok_dir.join(f).exists() {
+            std::fs::copy(tok_dir.join(f), a.out.join(f))?;
+        }
+    }
+    if !valid_set.is_empty() {
+        let m = evaluate(&model, &valid_set, Objective::Classify, a.batch_size * 2)?;
+        eprintln!(
+            "validation: loss {:.4}, step accuracy {:.3}, AUROC {:.3}",
+            m.loss, m.accuracy, m.auroc
+        );
+        std::fs::write(a.out.join("metrics.json"), serde_json::to_string_pretty(&m)?)?;
+    }
+    eprintln!(
+        "trained {} steps{}; checkpoint in {}",
+        state.step,
+        if state.stopped_early { " (early stop)" } else { "" },
+        a.out.display()
+    );
+    Ok(())
+}
