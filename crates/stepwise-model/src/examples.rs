@@ -35,12 +35,12 @@ pub struct LabelOptions {
     pub max_len: usize,
 }
 
-/// Token ids of a problem and its steps in the token-classification layout, with the position of
-/// each step's last (separator) token.
+/// Token ids of a problem and its steps in TRL's token-classification layout (problem ids, then
+/// each step's ids followed by the separator's, all encoded separately without special tokens),
+/// with the position of each step's last (separator) token.
 pub fn encode_steps(tok: &Tokenizer, question: &str, steps: &[&str], sep: &str) -> Result<(Vec<u32>, Vec<usize>)> {
     let mut ids = tok.encode(question, false)?;
     let sep_ids = tok.encode(sep, false)?;
-    ids.extend(&sep_ids);
     let mut pos = Vec::with_capacity(steps.len());
     for s in steps {
         ids.extend(tok.encode(s, false)?);

@@ -81,17 +81,7 @@ impl PrmLayout {
                     .with_context(|| format!("the tokenizer has no `{tag}` token"))?;
                 Ok(positions_of(ids, id))
             }
-            PrmLayout::TokenClassifier { separator } => {
-                let mut ids = tok.encode(problem, false)?;
-                let sep = tok.encode(separator, false)?;
-                let mut pos = Vec::with_capacity(steps.len());
-                for s in steps {
-                    ids.extend(tok.encode(s, false)?);
-                    ids.extend(&sep);
-                    pos.push(ids.len() - 1);
-                }
-                Ok((ids, pos))
-            }
+            PrmLayout::TokenClassifier { separator } => crate::examples::encode_steps(tok, problem, steps, separator),
         }
     }
 
