@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 uses, automatic step annotation, process and outcome reward models, step scoring, best-of-N and search, and \
 evaluation. Every stage reads and writes JSONL (or Parquet), so each can run alone on files other tools made.",
     after_help = "Examples:\n  \
+stepwise lab                                              # the whole loop on the built-in task\n  \
 stepwise convert prm800k.jsonl out.jsonl --to trl        # any format to any other\n  \
 stepwise stats processbench/gsm8k.json                    # counts, label balance, first errors\n  \
 stepwise grade --mode lenient answers.jsonl              # add `correct` to {given, ground_truth} records\n  \
@@ -28,6 +29,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The built-in lab: train a policy, sample, annotate, train PRMs and an ORM, evaluate, report.
+    Lab(cmd::lab::Args),
     /// Convert step-labelled data between formats (detects the input format).
     Convert(cmd::convert::Args),
     /// Summarise a step-labelled dataset: counts, steps per solution, label balance, first errors.
@@ -45,6 +48,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Lab(a) => cmd::lab::run_lab(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::Stats(a) => cmd::stats::run(a),
         Command::Grade(a) => cmd::grade::run(a),

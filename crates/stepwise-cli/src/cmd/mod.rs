@@ -2,6 +2,7 @@
 pub mod convert;
 pub mod generate;
 pub mod grade;
+pub mod lab;
 pub mod score;
 pub mod stats;
 pub mod train_prm;

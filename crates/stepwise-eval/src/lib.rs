@@ -1,0 +1,7 @@
+//! stepwise-eval: metrics and plots.
+#![warn(missing_docs)]
+
+pub mod bon;
+pub mod labels;
+pub mod plot;
+pub mod processbench;

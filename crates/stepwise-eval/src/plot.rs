@@ -1,0 +1,134 @@
+//! Plots as PNG and SVG (plotters). Text needs a TrueType font: the first of a few common
+//! system fonts is registered; without one, plots are skipped with a message.
+
+use crate::bon::Curve;
+use anyhow::{bail, Result};
+use plotters::prelude::*;
+use std::path::Path;
+use std::sync::OnceLock;
+
+const FONTS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/Library/Fonts/Arial.ttf",
+    "C:\\Windows\\Fonts\\arial.ttf",
+];
+
+fn ensure_font() -> Result<()> {
+    static OK: OnceLock<bool> = OnceLock::new();
+    let ok = *OK.get_or_init(|| {
+        FONTS.iter().filter_map(|p| std::fs::read(p).ok()).any(|bytes| {
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+        })
+    });
+    if !ok {
+        bail!("no TrueType font found (install fonts-dejavu-core) — plots skipped");
+    }
+    Ok(())
+}
+
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+fn draw_curves<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, curves: &[Curve]) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let max_n = curves.iter().flat_map(|c| c.points.iter().map(|p| p.n)).max().unwrap_or(1).max(2);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d((1f64..max_n as f64).log_scale(), 0f64..1f64)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("N (samples per problem)")
+        .y_desc("accuracy")
+        .x_label_formatter(&|x| format!("{}", x.round() as usize))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for (i, c) in curves.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let pts: Vec<(f64, f64)> = c.points.iter().map(|p| (p.n as f64, p.accuracy)).collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .label(c.method.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        chart
+            .draw_series(c.points.iter().map(|p| {
+                PathElement::new(vec![(p.n as f64, p.lo), (p.n as f64, p.hi)], color.mix(0.5).stroke_width(1))
+            }))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+/// Best-of-N curves (with 95% interval bars) to `stem.png` and `stem.svg`.
+pub fn bon_plot(stem: &Path, title: &str, curves: &[Curve]) -> Result<()> {
+    ensure_font()?;
+    let png = stem.with_extension("png");
+    draw_curves(BitMapBackend::new(&png, (900, 600)).into_drawing_area(), title, curves)?;
+    let svg = stem.with_extension("svg");
+    draw_curves(SVGBackend::new(&svg, (900, 600)).into_drawing_area(), title, curves)?;
+    Ok(())
+}
+
+/// Reliability diagrams, one series per scorer: `(label, bins of (mean p, frequency, count))`.
+pub fn calibration_plot(stem: &Path, series: &[(String, Vec<(f64, f64, usize)>)]) -> Result<()> {
+    ensure_font()?;
+    fn draw<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, series: &[(String, Vec<(f64, f64, usize)>)]) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let e = |x: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{x:?}");
+        root.fill(&WHITE).map_err(e)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Step-score calibration against oracle labels", ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..1f64, 0f64..1f64)
+            .map_err(e)?;
+        chart.configure_mesh().x_desc("predicted P(step correct)").y_desc("fraction correct").draw().map_err(e)?;
+        chart.draw_series(LineSeries::new(vec![(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.3))).map_err(e)?;
+        for (i, (label, bins)) in series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let pts: Vec<(f64, f64)> = bins.iter().map(|b| (b.0, b.1)).collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(e)?
+                .label(label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(e)?;
+        }
+        chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(e)?;
+        root.present().map_err(e)?;
+        Ok(())
+    }
+    draw(BitMapBackend::new(&stem.with_extension("png"), (700, 600)).into_drawing_area(), series)?;
+    draw(SVGBackend::new(&stem.with_extension("svg"), (700, 600)).into_drawing_area(), series)?;
+    Ok(())
+}

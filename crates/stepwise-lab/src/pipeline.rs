@@ -1,0 +1,336 @@
+//! The lab loop, stage by stage. Every stage writes its records into the run folder and is
+//! skipped when its output is complete; the long stages (policy training, sampling, annotation,
+//! verifier training) resume where an interrupted run stopped.
+
+use crate::journal::Journal;
+use crate::policy::{lm_example, LabPolicy};
+use crate::report::{write_report, Report};
+use crate::task::{self, oracle_labelled, LabProblem};
+use crate::vocab::{self, SEP};
+use anyhow::{Context, Result};
+use candle_core::Device;
+use candle_nn::VarMap;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use stepwise_core::{Solution, StepLabel};
+use stepwise_label::{annotate, McOptions};
+use stepwise_model::examples::{label_examples, LabelOptions};
+use stepwise_model::train::{evaluate, train, Objective, TrainConfig};
+use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, StepScorer, Tokenizer};
+
+/// Sizes and budgets of a lab run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Preset {
+    /// Name.
+    pub name: String,
+    /// Policy shape: hidden size, layers.
+    pub policy_shape: (usize, usize),
+    /// Policy training steps and batch size.
+    pub policy_steps: usize,
+    /// Problems the policy is trained on (reference solutions with slips).
+    pub policy_problems: usize,
+    /// Probability that a training solution carries one arithmetic slip.
+    pub slip: f64,
+    /// Problems whose samples are annotated to train the verifiers.
+    pub label_problems: usize,
+    /// Samples per annotation problem.
+    pub label_samples: usize,
+    /// Monte Carlo rollouts per step prefix.
+    pub rollouts: usize,
+    /// Held-out evaluation problems.
+    pub eval_problems: usize,
+    /// Samples per evaluation problem (the largest N of best-of-N).
+    pub eval_samples: usize,
+    /// Verifier shape and training steps (the same for PRMs and the ORM).
+    pub verifier_shape: (usize, usize),
+    /// Verifier training steps.
+    pub verifier_steps: usize,
+    /// Sampling temperature.
+    pub temperature: f32,
+}
+
+impl Preset {
+    /// About two minutes on 2 cores: every stage runs, numbers are noisy.
+    pub fn quick() -> Self {
+        Preset {
+            name: "quick".into(),
+            policy_shape: (64, 2),
+            policy_steps: 250,
+            policy_problems: 3000,
+            slip: 0.25,
+            label_problems: 40,
+            label_samples: 4,
+            rollouts: 4,
+            eval_problems: 30,
+            eval_samples: 16,
+            verifier_shape: (64, 2),
+            verifier_steps: 120,
+            temperature: 1.0,
+        }
+    }
+
+    /// The measured setting (about ten minutes on 2 cores).
+    pub fn standard() -> Self {
+        Preset {
+            name: "standard".into(),
+            policy_shape: (96, 3),
+            policy_steps: 1200,
+            policy_problems: 20000,
+            slip: 0.25,
+            label_problems: 250,
+            label_samples: 8,
+            rollouts: 8,
+            eval_problems: 150,
+            eval_samples: 64,
+            verifier_shape: (64, 2),
+            verifier_steps: 600,
+            temperature: 1.0,
+        }
+    }
+
+    /// By name.
+    pub fn by_name(name: &str) -> Result<Self> {
+        match name {
+            "quick" => Ok(Self::quick()),
+            "standard" => Ok(Self::standard()),
+            o => anyhow::bail!("unknown preset `{o}`: use quick or standard"),
+        }
+    }
+}
+
+/// Options of [`run`].
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// Sizes and budgets.
+    pub preset: Preset,
+    /// Seed of everything.
+    pub seed: u64,
+    /// Run folder.
+    pub out: PathBuf,
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(ProgressStyle::with_template("{msg:>22} [{bar:30}] {pos}/{len} {prefix} ({elapsed}, eta {eta})").unwrap().progress_chars("=> "));
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn say(msg: &str) {
+    eprintln!("{msg}");
+}
+
+/// The problems of a run: policy-training, annotation and evaluation splits.
+pub struct Splits {
+    /// For training the policy.
+    pub policy: Vec<LabProblem>,
+    /// For annotation (verifier training).
+    pub label: Vec<LabProblem>,
+    /// Held out for evaluation.
+    pub eval: Vec<LabProblem>,
+}
+
+fn splits(p: &Preset, seed: u64) -> Splits {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut all: Vec<LabProblem> = (0..p.policy_problems + p.label_problems + p.eval_problems).map(|i| task::generate(&mut rng, i)).collect();
+    let eval = all.split_off(p.policy_problems + p.label_problems);
+    let label = all.split_off(p.policy_problems);
+    Splits { policy: all, label, eval }
+}
+
+fn shape(vocab: usize, (hidden, layers): (usize, usize), head: HeadKind) -> ModelConfig {
+    ModelConfig::tiny(vocab, hidden, layers, 4, 2, head)
+}
+
+fn done_marker(dir: &Path) -> PathBuf {
+    dir.join("DONE")
+}
+
+/// Train (or resume, or reuse) a model in `dir`.
+#[allow(clippy::too_many_arguments)]
+fn train_stage(
+    dir: &Path,
+    what: &str,
+    cfg: ModelConfig,
+    train_set: &[stepwise_model::train::Example],
+    valid: &[stepwise_model::train::Example],
+    objective: Objective,
+    tc: TrainConfig,
+) -> Result<Model> {
+    let dev = Device::Cpu;
+    if done_marker(dir).exists() {
+        say(&format!("{what}: cached in {}", dir.display()));
+        return Model::load(dir, &dev);
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("tokenizer.json"), vocab::tokenizer_json())?;
+    let varmap = VarMap::new();
+    let mut model = Model::fresh(cfg, &varmap, &dev, tc.seed)?;
+    let pb = bar(tc.steps as u64, what);
+    let tc = TrainConfig { out_dir: Some(dir.to_path_buf()), ..tc };
+    let state = train(&mut model, &varmap, train_set, valid, objective, &tc, |s, l| {
+        pb.set_position(s as u64);
+        pb.set_prefix(format!("loss {l:.3}"));
+    })?;
+    pb.finish_and_clear();
+    let m = if valid.is_empty() { None } else { Some(evaluate(&model, valid, objective, 64)?) };
+    std::fs::write(dir.join("train_metrics.json"), serde_json::to_string_pretty(&(state.history, &m))?)?;
+    std::fs::write(done_marker(dir), "")?;
+    say(&format!("{what}: trained {} steps{}", tc.steps, m.map(|m| format!(", validation loss {:.3}", m.loss)).unwrap_or_default()));
+    Ok(model)
+}
+
+/// Per-problem sample record (one journal line).
+#[derive(Serialize, Deserialize)]
+struct Samples {
+    problem_id: String,
+    solutions: Vec<Solution>,
+}
+
+fn sample_stage(path: &Path, what: &str, problems: &[LabProblem], n: usize, policy: &LabPolicy, seed: u64) -> Result<Vec<Solution>> {
+    let (mut j, mut kept) = Journal::open::<Samples>(path, |s| s.problem_id.clone())?;
+    let todo: Vec<&LabProblem> = problems.iter().filter(|p| !j.contains(&p.id)).collect();
+    if !todo.is_empty() {
+        let pb = bar(problems.len() as u64, what);
+        pb.set_position((problems.len() - todo.len()) as u64);
+        for p in todo {
+            let s = problem_seed(seed, &p.id);
+            let outs = stepwise_label::Policy::complete(policy, &p.question, &[], n, s)?;
+            let solutions = outs.into_iter().enumerate().map(|(k, steps)| task::solution(p, format!("{}-s{k}", p.id), steps, "lab-policy")).collect();
+            let rec = Samples { problem_id: p.id.clone(), solutions };
+            j.append(p.id.clone(), &rec)?;
+            kept.push(rec);
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+    }
+    let order: std::collections::HashMap<&str, usize> = problems.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
+    kept.sort_by_key(|s| order.get(s.problem_id.as_str()).copied().unwrap_or(usize::MAX));
+    Ok(kept.into_iter().flat_map(|s| s.solutions).collect())
+}
+
+fn problem_seed(seed: u64, id: &str) -> u64 {
+    id.bytes().fold(seed ^ 0x9e3779b97f4a7c15, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+/// Monte Carlo annotation of `sols`, resumable; returns labelled solutions and rollouts spent.
+pub fn annotate_stage(path: &Path, sols: &[Solution], policy: &LabPolicy, rollouts: usize, seed: u64) -> Result<(Vec<Solution>, usize)> {
+    let (mut j, mut kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
+    let todo: Vec<&Solution> = sols.iter().filter(|s| !j.contains(&s.id)).collect();
+    if !todo.is_empty() {
+        let pb = bar(sols.len() as u64, "annotating (MC)");
+        pb.set_position((sols.len() - todo.len()) as u64);
+        let correct = |s: &Solution, full: &[String]| task::stated_answer(full).as_deref() == s.gold_answer.as_deref();
+        for s in todo {
+            let (mut l, spent) = annotate(s, policy, &correct, &McOptions { rollouts, seed })?;
+            l.meta.insert("rollouts".into(), spent.into());
+            j.append(s.id.clone(), &l)?;
+            kept.push(l);
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+    }
+    let order: std::collections::HashMap<&str, usize> = sols.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
+    kept.sort_by_key(|s| order.get(s.id.as_str()).copied().unwrap_or(usize::MAX));
+    let spent = kept.iter().filter_map(|s| s.meta.get("rollouts").and_then(|v| v.as_u64())).sum::<u64>() as usize;
+    Ok((kept, spent))
+}
+
+/// Hard Monte Carlo labels (Math-Shepherd hard estimation: good when any rollout succeeded).
+fn hard_mc(s: &Solution) -> Solution {
+    let mut s = s.clone();
+    for st in &mut s.steps {
+        if let Some(l) = &st.label {
+            st.label = Some(StepLabel::from_bool(l.is_good(), l.source.clone()));
+        }
+    }
+    s
+}
+
+/// Scores of one verifier on the evaluation samples: step scores per solution.
+fn score_all(model: &Model, tok: &Tokenizer, sols: &[Solution], what: &str) -> Result<Vec<Vec<f32>>> {
+    let scorer = StepScorer { model, tokenizer: tok, layout: PrmLayout::TokenClassifier { separator: SEP.into() } };
+    let pb = bar(sols.len() as u64, what);
+    let mut out = Vec::with_capacity(sols.len());
+    for chunk in sols.chunks(64) {
+        let enc = chunk.iter().map(|s| scorer.encode(&s.question, &s.step_texts())).collect::<Result<Vec<_>>>()?;
+        out.extend(scorer.score_batch(&enc)?);
+        pb.inc(chunk.len() as u64);
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
+fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    stepwise_core::io::write_jsonl(&tmp, items)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Run the whole loop; returns the report (also written to the run folder).
+pub fn run(o: &LabOptions) -> Result<Report> {
+    let p = &o.preset;
+    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
+    std::fs::write(o.out.join("preset.json"), serde_json::to_string_pretty(&(p, o.seed))?)?;
+    let tok = vocab::tokenizer()?;
+    let v = tok.vocab_size();
+    let sp = splits(p, o.seed);
+    write_jsonl(&o.out.join("problems.jsonl"), &sp.eval.iter().chain(&sp.label).map(LabProblem::problem).collect::<Vec<_>>())?;
+
+    // 1. Policy: next-token LM on reference solutions, some with a slip.
+    let mut rng = ChaCha8Rng::seed_from_u64(o.seed ^ 1);
+    let lm: Vec<_> = sp.policy.iter().map(|q| lm_example(&tok, &q.question, &task::noisy_reference(q, &mut rng, p.slip))).collect::<Result<_>>()?;
+    let (lm_valid, lm_train) = lm.split_at(lm.len() / 20);
+    let tc = TrainConfig { lr: 3e-3, warmup: p.policy_steps / 20, steps: p.policy_steps, batch_size: 32, eval_every: p.policy_steps / 4, seed: o.seed, ..Default::default() };
+    let policy_model = train_stage(&o.out.join("policy"), "training policy", shape(v, p.policy_shape, HeadKind::CausalLm), lm_train, lm_valid, Objective::Lm, tc)?;
+    let policy = LabPolicy { model: &policy_model, tok: &tok, temperature: p.temperature, max_new_tokens: 64 };
+
+    // 2. Samples for annotation and for evaluation (shared-prefix KV cache).
+    let label_sols = sample_stage(&o.out.join("samples_label.jsonl"), "sampling (label set)", &sp.label, p.label_samples, &policy, o.seed ^ 2)?;
+    let eval_sols = sample_stage(&o.out.join("samples_eval.jsonl"), "sampling (eval set)", &sp.eval, p.eval_samples, &policy, o.seed ^ 3)?;
+
+    // 3. Step labels: Monte Carlo rollouts, and the oracle for comparison.
+    let (mc, rollouts_spent) = annotate_stage(&o.out.join("labels_mc.jsonl"), &label_sols, &policy, p.rollouts, o.seed ^ 4)?;
+    let oracle: Vec<Solution> = label_sols.iter().map(oracle_labelled).collect();
+    write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
+
+    // 4. Verifiers, same code and budget: PRM on MC labels, PRM on oracle labels, ORM.
+    let sep_opts = LabelOptions { separator: SEP.into(), ..Default::default() };
+    let vc = shape(v, p.verifier_shape, HeadKind::TokenClassification);
+    let vtc = TrainConfig { lr: 2e-3, warmup: p.verifier_steps / 20, steps: p.verifier_steps, batch_size: 32, eval_every: 0, seed: o.seed ^ 5, ..Default::default() };
+    let mc_hard: Vec<Solution> = mc.iter().map(hard_mc).collect();
+    let ex_mc = label_examples(&tok, &mc_hard, &sep_opts)?;
+    let ex_or = label_examples(&tok, &oracle, &sep_opts)?;
+    let ex_orm = label_examples(&tok, &label_sols, &LabelOptions { outcome: true, ..sep_opts.clone() })?;
+    let prm_mc = train_stage(&o.out.join("prm_mc"), "training PRM (MC labels)", vc.clone(), &ex_mc, &[], Objective::Classify, vtc.clone())?;
+    let prm_or = train_stage(&o.out.join("prm_oracle"), "training PRM (oracle)", vc.clone(), &ex_or, &[], Objective::Classify, vtc.clone())?;
+    let orm = train_stage(&o.out.join("orm"), "training ORM", vc, &ex_orm, &[], Objective::Classify, vtc)?;
+
+    // 5. Score the evaluation samples with every verifier.
+    let s_mc = score_all(&prm_mc, &tok, &eval_sols, "scoring (PRM-MC)")?;
+    let s_or = score_all(&prm_or, &tok, &eval_sols, "scoring (PRM-oracle)")?;
+    let s_orm = score_all(&orm, &tok, &eval_sols, "scoring (ORM)")?;
+    let scored: Vec<Solution> = eval_sols
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut s = oracle_labelled(s);
+            for (st, x) in s.steps.iter_mut().zip(&s_mc[i]) {
+                st.score = Some(*x);
+            }
+            s.meta.insert("prm_oracle_scores".into(), serde_json::json!(s_or[i]));
+            s.meta.insert("orm_score".into(), serde_json::json!(s_orm[i].last().copied().unwrap_or(0.0)));
+            s
+        })
+        .collect();
+    write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
+
+    // 6. Evaluate and report.
+    let report = crate::report::evaluate(p, o.seed, &sp.eval, &scored, &s_mc, &s_or, &s_orm, &mc, &oracle, rollouts_spent)?;
+    write_report(&o.out, &report)?;
+    Ok(report)
+}

@@ -1,0 +1,257 @@
+//! The lab's evaluation and report: best-of-N curves, first-error localisation (ProcessBench's
+//! metric), Monte Carlo label quality, calibration; `metrics.json`, `report.md`, `report.html`
+//! and plots in the run folder, and a headline table for the terminal.
+
+use crate::pipeline::Preset;
+use crate::task::LabProblem;
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::Path;
+use stepwise_core::Solution;
+use stepwise_eval::bon::{curve, Curve};
+use stepwise_eval::labels::{calibration, label_quality, LabelQuality};
+use stepwise_eval::processbench::{predict_first_error, score, ProcessBenchScore};
+use stepwise_search::{Aggregation, Candidate, Selector};
+
+/// Everything the lab measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// Preset name.
+    pub preset: String,
+    /// Seed.
+    pub seed: u64,
+    /// Held-out problems and samples per problem.
+    pub eval_problems: usize,
+    /// Samples per evaluation problem.
+    pub eval_samples: usize,
+    /// Single-sample accuracy of the policy on held-out problems.
+    pub policy_accuracy: f64,
+    /// Of the samples with a correct final answer, the fraction whose process the oracle rejects.
+    pub lucky_correct_rate: f64,
+    /// Best-of-N curves.
+    pub bon: Vec<Curve>,
+    /// First-error localisation on held-out samples, by verifier.
+    pub processbench: Vec<(String, ProcessBenchScore)>,
+    /// Monte Carlo labels against the oracle: hard (any rollout succeeded) and soft.
+    pub mc_label_quality: LabelQuality,
+    /// Rollouts spent per labelled step.
+    pub rollouts_per_step: f64,
+    /// Calibration bins of step scores against oracle labels, by verifier.
+    pub calibration: Vec<(String, Vec<(f64, f64, usize)>)>,
+    /// Plot files written (or why not).
+    pub plots: Vec<String>,
+}
+
+/// Compute the report from the scored evaluation samples.
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate(
+    p: &Preset,
+    seed: u64,
+    eval: &[LabProblem],
+    scored: &[Solution],
+    s_mc: &[Vec<f32>],
+    s_or: &[Vec<f32>],
+    s_orm: &[Vec<f32>],
+    mc: &[Solution],
+    oracle: &[Solution],
+    rollouts: usize,
+) -> Result<Report> {
+    // Candidates grouped by problem.
+    let mut groups: Vec<Vec<Candidate>> = Vec::new();
+    let mut groups_or: Vec<Vec<Candidate>> = Vec::new();
+    let mut last = None;
+    for (i, s) in scored.iter().enumerate() {
+        if last != Some(&s.problem_id) {
+            groups.push(Vec::new());
+            groups_or.push(Vec::new());
+            last = Some(&s.problem_id);
+        }
+        let c = Candidate {
+            answer: s.final_answer.clone(),
+            step_scores: s_mc[i].clone(),
+            outcome_score: s_orm[i].last().copied().unwrap_or(0.0),
+            correct: s.correct == Some(true),
+        };
+        groups_or.last_mut().unwrap().push(Candidate { step_scores: s_or[i].clone(), ..c.clone() });
+        groups.last_mut().unwrap().push(c);
+    }
+    let mut ns = vec![1];
+    while ns.last().unwrap() * 2 <= p.eval_samples {
+        ns.push(ns.last().unwrap() * 2);
+    }
+    let draws = 32;
+    let mut bon = Vec::new();
+    for a in Aggregation::ALL {
+        bon.push(curve(&format!("PRM-MC ({})", a.name()), &groups, Some(Selector::Prm(a)), &ns, draws, seed));
+    }
+    bon.push(curve("PRM-MC weighted vote", &groups, Some(Selector::PrmVote(Aggregation::Min)), &ns, draws, seed));
+    bon.push(curve("PRM-oracle (min)", &groups_or, Some(Selector::Prm(Aggregation::Min)), &ns, draws, seed));
+    bon.push(curve("ORM", &groups, Some(Selector::Orm), &ns, draws, seed));
+    bon.push(curve("majority vote", &groups, Some(Selector::Majority), &ns, draws, seed));
+    bon.push(curve("pass@N", &groups, None, &ns, draws, seed));
+
+    let truth: Vec<Option<usize>> = scored.iter().map(|s| s.first_error()).collect();
+    let pb = |scores: &[Vec<f32>]| score(&scores.iter().zip(&truth).map(|(s, t)| (predict_first_error(s, 0.5), *t)).collect::<Vec<_>>());
+    let processbench = vec![("PRM-MC".to_string(), pb(s_mc)), ("PRM-oracle".to_string(), pb(s_or))];
+
+    let mut pairs = Vec::new();
+    for (m, o) in mc.iter().zip(oracle) {
+        for (a, b) in m.steps.iter().zip(&o.steps) {
+            if let (Some(x), Some(y)) = (&a.label, &b.label) {
+                pairs.push((x.prob(1.0), y.is_good()));
+            }
+        }
+    }
+    let mc_label_quality = label_quality(&pairs, 0.0);
+    let labelled_steps = mc.iter().map(|s| s.steps.len()).sum::<usize>().max(1);
+
+    let step_pairs = |scores: &[Vec<f32>]| -> Vec<(f32, bool)> {
+        scored.iter().zip(scores).flat_map(|(s, sc)| s.steps.iter().zip(sc).filter_map(|(st, &x)| st.label.as_ref().map(|l| (x, l.is_good())))).collect()
+    };
+    let calib = vec![("PRM-MC".to_string(), calibration(&step_pairs(s_mc), 10)), ("PRM-oracle".to_string(), calibration(&step_pairs(s_or), 10))];
+
+    let correct: Vec<&Solution> = scored.iter().filter(|s| s.correct == Some(true)).collect();
+    let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
+    Ok(Report {
+        preset: p.name.clone(),
+        seed,
+        eval_problems: eval.len(),
+        eval_samples: p.eval_samples,
+        policy_accuracy: correct.len() as f64 / scored.len().max(1) as f64,
+        lucky_correct_rate: lucky as f64 / correct.len().max(1) as f64,
+        bon,
+        processbench,
+        mc_label_quality,
+        rollouts_per_step: rollouts as f64 / labelled_steps as f64,
+        calibration: calib,
+        plots: Vec::new(),
+    })
+}
+
+fn at(c: &Curve, n: usize) -> String {
+    c.points.iter().find(|p| p.n == n).map_or("-".into(), |p| format!("{:.3}", p.accuracy))
+}
+
+/// The headline table (markdown; also what the terminal prints).
+pub fn headline(r: &Report) -> String {
+    let ns: Vec<usize> = r.bon.first().map(|c| c.points.iter().map(|p| p.n).collect()).unwrap_or_default();
+    let shown: Vec<usize> = ns.iter().copied().filter(|n| n.is_power_of_two() && (n.trailing_zeros() % 2 == 0 || *n == *ns.last().unwrap())).collect();
+    let mut s = String::new();
+    let _ = writeln!(s, "| method | {} |", shown.iter().map(|n| format!("N={n}")).collect::<Vec<_>>().join(" | "));
+    let _ = writeln!(s, "|---|{}", "---|".repeat(shown.len()));
+    for c in &r.bon {
+        let _ = writeln!(s, "| {} | {} |", c.method, shown.iter().map(|&n| at(c, n)).collect::<Vec<_>>().join(" | "));
+    }
+    s
+}
+
+fn body(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# stepwise lab report\n");
+    let _ = writeln!(s, "Preset `{}`, seed {}: {} held-out problems, {} samples each.\n", r.preset, r.seed, r.eval_problems, r.eval_samples);
+    let _ = writeln!(s, "- Policy single-sample accuracy: **{:.3}**", r.policy_accuracy);
+    let _ = writeln!(s, "- Correct final answers reached through a wrong step (invisible to outcome supervision): **{:.1}%**", 100.0 * r.lucky_correct_rate);
+    let _ = writeln!(s, "- Monte Carlo rollouts per labelled step: {:.2}\n", r.rollouts_per_step);
+    let _ = writeln!(s, "## Best-of-N accuracy\n");
+    let _ = writeln!(s, "Expected accuracy of the answer each method selects from N samples (32 random draws of N per problem); pass@N is the ceiling (any sample correct).\n");
+    s.push_str(&headline(r));
+    let _ = writeln!(s, "\n![best-of-N](bon.png)\n");
+    let _ = writeln!(s, "95% bootstrap intervals over problems:\n");
+    let _ = writeln!(s, "| method | N | accuracy | 95% CI |\n|---|---|---|---|");
+    for c in &r.bon {
+        for pt in &c.points {
+            let _ = writeln!(s, "| {} | {} | {:.3} | [{:.3}, {:.3}] |", c.method, pt.n, pt.accuracy, pt.lo, pt.hi);
+        }
+    }
+    let _ = writeln!(s, "\n## First-error localisation (ProcessBench metric)\n");
+    let _ = writeln!(s, "On held-out samples with oracle labels; a PRM's predicted first error is its first step scoring below 0.5.\n");
+    let _ = writeln!(s, "| verifier | accuracy on erroneous | accuracy on correct | F1 | erroneous / correct |\n|---|---|---|---|---|");
+    for (name, m) in &r.processbench {
+        let _ = writeln!(s, "| {name} | {:.3} | {:.3} | {:.3} | {} / {} |", m.error_accuracy, m.correct_accuracy, m.f1, m.counts.0, m.counts.1);
+    }
+    let q = &r.mc_label_quality;
+    let _ = writeln!(s, "\n## Monte Carlo labels against the oracle\n");
+    let _ = writeln!(s, "| steps | hard accuracy | bad-step recall | bad-step precision | soft Brier |\n|---|---|---|---|---|");
+    let _ = writeln!(s, "| {} | {:.3} | {:.3} | {:.3} | {:.3} |", q.steps, q.hard_accuracy, q.bad_recall, q.bad_precision, q.soft_brier);
+    let _ = writeln!(s, "\n## Calibration\n\n![calibration](calibration.png)\n");
+    if !r.plots.is_empty() {
+        let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
+    }
+    s
+}
+
+/// Write `metrics.json`, `report.md`, `report.html` and the plots into `dir`.
+pub fn write_report(dir: &Path, r: &Report) -> Result<()> {
+    let mut r = r.clone();
+    let mut plots = Vec::new();
+    match stepwise_eval::plot::bon_plot(&dir.join("bon"), &format!("Best-of-N on held-out lab problems ({} preset)", r.preset), &r.bon) {
+        Ok(()) => plots.extend(["bon.png".to_string(), "bon.svg".to_string()]),
+        Err(e) => plots.push(format!("bon: {e}")),
+    }
+    match stepwise_eval::plot::calibration_plot(&dir.join("calibration"), &r.calibration) {
+        Ok(()) => plots.extend(["calibration.png".to_string(), "calibration.svg".to_string()]),
+        Err(e) => plots.push(format!("calibration: {e}")),
+    }
+    r.plots = plots;
+    std::fs::write(dir.join("metrics.json"), serde_json::to_string_pretty(&r)?)?;
+    let md = body(&r);
+    std::fs::write(dir.join("report.md"), &md)?;
+    std::fs::write(dir.join("report.html"), markdown_to_html(&md))?;
+    Ok(())
+}
+
+/// Enough Markdown for the report: headings, bullets, tables, images, bold, paragraphs.
+fn markdown_to_html(md: &str) -> String {
+    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let inline = |s: &str| {
+        let mut out = String::new();
+        for (i, part) in esc(s).split("**").enumerate() {
+            out.push_str(if i % 2 == 1 { "<b>" } else { "" });
+            out.push_str(part);
+            out.push_str(if i % 2 == 1 { "</b>" } else { "" });
+        }
+        out.replace('`', "")
+    };
+    let mut h = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>stepwise lab report</title><style>body{font-family:sans-serif;max-width:960px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}img{max-width:100%}</style></head><body>\n");
+    let mut in_table = false;
+    for line in md.lines() {
+        if line.starts_with('|') {
+            if line.contains("---") {
+                continue;
+            }
+            if !in_table {
+                h.push_str("<table>\n");
+                in_table = true;
+            }
+            let cells: Vec<&str> = line.trim_matches('|').split('|').collect();
+            h.push_str("<tr>");
+            for c in cells {
+                let _ = write!(h, "<td>{}</td>", inline(c.trim()));
+            }
+            h.push_str("</tr>\n");
+            continue;
+        }
+        if in_table {
+            h.push_str("</table>\n");
+            in_table = false;
+        }
+        if let Some(t) = line.strip_prefix("## ") {
+            let _ = writeln!(h, "<h2>{}</h2>", inline(t));
+        } else if let Some(t) = line.strip_prefix("# ") {
+            let _ = writeln!(h, "<h1>{}</h1>", inline(t));
+        } else if let Some(t) = line.strip_prefix("- ") {
+            let _ = writeln!(h, "<li>{}</li>", inline(t));
+        } else if let Some(t) = line.strip_prefix("![") {
+            let (alt, rest) = t.split_once("](").unwrap_or((t, ""));
+            let _ = writeln!(h, "<p><img alt=\"{}\" src=\"{}\"></p>", esc(alt), esc(rest.trim_end_matches(')')));
+        } else if !line.trim().is_empty() {
+            let _ = writeln!(h, "<p>{}</p>", inline(line));
+        }
+    }
+    if in_table {
+        h.push_str("</table>\n");
+    }
+    h.push_str("</body></html>\n");
+    h
+}

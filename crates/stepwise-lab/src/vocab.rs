@@ -1,0 +1,75 @@
+//! The lab's tokenizer: word level with one token per digit, built in code and saved as a
+//! Hugging Face `tokenizer.json` next to every checkpoint the lab trains.
+
+use crate::task::generate;
+use anyhow::{anyhow, Result};
+use rand::SeedableRng;
+use serde_json::json;
+use std::collections::BTreeSet;
+use stepwise_model::Tokenizer;
+
+/// Separator between steps inside model inputs.
+pub const SEP: &str = "|";
+/// End of a solution.
+pub const EOS: &str = "<eos>";
+
+/// The `tokenizer.json` text of the lab tokenizer.
+pub fn tokenizer_json() -> String {
+    let mut words: BTreeSet<String> = BTreeSet::new();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    for i in 0..3000 {
+        let p = generate(&mut rng, i);
+        for w in p.question.split_whitespace().chain(p.steps.iter().flat_map(|s| s.split_whitespace())) {
+            if !w.chars().all(|c| c.is_ascii_digit()) {
+                words.insert(w.to_string());
+            }
+        }
+    }
+    let mut vocab = vec!["<pad>".to_string(), "<unk>".into(), EOS.into(), SEP.into()];
+    vocab.extend((0..10).map(|d| d.to_string()));
+    vocab.extend(["+", "-", "*", "%", "=", ">", "<", "first", "second"].iter().map(|s| s.to_string()));
+    for w in words {
+        if !vocab.contains(&w) {
+            vocab.push(w);
+        }
+    }
+    let map: serde_json::Map<String, serde_json::Value> = vocab.iter().enumerate().map(|(i, w)| (w.clone(), json!(i))).collect();
+    json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"}, {"type": "Digits", "individual_digits": true}]},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": map, "unk_token": "<unk>"}
+    })
+    .to_string()
+}
+
+/// The lab tokenizer.
+pub fn tokenizer() -> Result<Tokenizer> {
+    let inner: tokenizers::Tokenizer = tokenizer_json().parse().map_err(|e| anyhow!("lab tokenizer: {e}"))?;
+    Ok(Tokenizer::from_inner(inner, Some(EOS.into())))
+}
+
+/// Undo the per-digit split of decoding: `4 8 - 7` → `48 - 7`.
+pub fn join_digits(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    for (i, &ch) in c.iter().enumerate() {
+        if ch == ' ' && i > 0 && i + 1 < c.len() && c[i - 1].is_ascii_digit() && c[i + 1].is_ascii_digit() {
+            continue;
+        }
+        out.push(ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn round_trip() {
+        let t = tokenizer().unwrap();
+        let ids = t.encode("Ann has 12 boxes | 12 * 3 = 36", false).unwrap();
+        assert!(!ids.contains(&1), "no unknown tokens");
+        assert_eq!(join_digits(&t.decode(&ids).unwrap()), "Ann has 12 boxes | 12 * 3 = 36");
+    }
+}

@@ -1,0 +1,102 @@
+//! Monte Carlo step labels (Math-Shepherd): from the prefix ending at step i, sample K
+//! completions with the policy; the soft label is the fraction that reach the gold answer, the
+//! hard label is "any did". Annotation stops at the first step no rollout can rescue: every
+//! later step is labelled bad without spending rollouts (an error cannot be undone).
+
+use anyhow::Result;
+use stepwise_core::{Provenance, Solution, StepLabel};
+
+/// Anything that can continue a partial solution: the local engine, a remote server, …
+pub trait Policy {
+    /// `k` completions of `question` after `prefix` steps; each completion is the list of the
+    /// remaining steps. `seed` makes the draw reproducible.
+    fn complete(&self, question: &str, prefix: &[&str], k: usize, seed: u64) -> Result<Vec<Vec<String>>>;
+}
+
+/// Options of Monte Carlo annotation.
+#[derive(Debug, Clone)]
+pub struct McOptions {
+    /// Rollouts per step prefix.
+    pub rollouts: usize,
+    /// Base seed; each (solution, step) gets its own seed derived from it.
+    pub seed: u64,
+}
+
+fn seed_for(base: u64, id: &str, step: usize) -> u64 {
+    let mut h = 0xcbf29ce484222325u64 ^ base;
+    for b in id.bytes().chain(step.to_le_bytes()) {
+        h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Label every step of `sol` by rollouts. `is_correct(question_gold, completed_steps)` says
+/// whether a full solution reaches the gold answer. Returns the labelled solution and the
+/// number of rollouts spent.
+pub fn annotate(
+    sol: &Solution,
+    policy: &dyn Policy,
+    is_correct: &dyn Fn(&Solution, &[String]) -> bool,
+    o: &McOptions,
+) -> Result<(Solution, usize)> {
+    let mut out = sol.clone();
+    let texts: Vec<String> = sol.steps.iter().map(|s| s.text.clone()).collect();
+    let mut spent = 0;
+    let mut dead = false;
+    for i in 0..texts.len() {
+        if dead {
+            out.steps[i].label = Some(StepLabel::soft(0.0, Provenance::MonteCarlo { rollouts: 0, hits: 0 }));
+            continue;
+        }
+        let prefix: Vec<&str> = texts[..=i].iter().map(String::as_str).collect();
+        let hits = if i + 1 == texts.len() {
+            // The last step: the solution itself is the only completion.
+            let full: Vec<String> = texts.clone();
+            if is_correct(sol, &full) { o.rollouts } else { 0 }
+        } else {
+            let outs = policy.complete(&sol.question, &prefix, o.rollouts, seed_for(o.seed, &sol.id, i))?;
+            spent += outs.len();
+            outs.into_iter()
+                .filter(|rest| {
+                    let mut full: Vec<String> = texts[..=i].to_vec();
+                    full.extend(rest.iter().cloned());
+                    is_correct(sol, &full)
+                })
+                .count()
+        };
+        let p = hits as f32 / o.rollouts.max(1) as f32;
+        out.steps[i].label = Some(StepLabel::soft(p, Provenance::MonteCarlo { rollouts: o.rollouts as u32, hits: hits as u32 }));
+        dead = hits == 0;
+    }
+    Ok((out, spent))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_core::Step;
+
+    /// A policy that finishes correctly only while the prefix has no "bad" step.
+    struct Toy;
+    impl Policy for Toy {
+        fn complete(&self, _q: &str, prefix: &[&str], k: usize, _seed: u64) -> Result<Vec<Vec<String>>> {
+            let ok = !prefix.contains(&"bad");
+            Ok((0..k).map(|j| vec![if ok && j % 2 == 0 { "answer 1".into() } else { "answer 2".into() }]).collect())
+        }
+    }
+
+    #[test]
+    fn labels_stop_at_the_first_unrescuable_step() {
+        let sol = Solution {
+            id: "s".into(),
+            steps: ["good", "bad", "after", "answer 2"].iter().map(|t| Step::new(*t)).collect(),
+            ..Default::default()
+        };
+        let correct = |_: &Solution, full: &[String]| full.last().is_some_and(|l| l == "answer 1");
+        let (l, spent) = annotate(&sol, &Toy, &correct, &McOptions { rollouts: 4, seed: 0 }).unwrap();
+        let p: Vec<f32> = l.steps.iter().map(|s| s.label.as_ref().unwrap().prob(1.0)).collect();
+        assert_eq!(p, vec![0.5, 0.0, 0.0, 0.0]);
+        assert_eq!(spent, 8, "no rollouts after the first dead step");
+        assert_eq!(l.first_error(), Some(1));
+    }
+}
