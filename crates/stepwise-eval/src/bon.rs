@@ -58,13 +58,19 @@ pub fn curve(label: &str, problems: &[Vec<Candidate>], how: Method, ns: &[usize]
     let points = ns
         .iter()
         .map(|&n| {
-            let per: Vec<f64> = problems.iter().map(|c| per_problem(c, n, how, draws, &mut rng)).collect();
+            let per: Vec<f64> = problems
+                .iter()
+                .map(|c| per_problem(c, n, how, draws, &mut rng))
+                .collect();
             let accuracy = per.iter().sum::<f64>() / per.len().max(1) as f64;
             let (lo, hi) = bootstrap(&per, 1000, &mut rng);
             Point { n, accuracy, lo, hi }
         })
         .collect();
-    Curve { method: label.to_string(), points }
+    Curve {
+        method: label.to_string(),
+        points,
+    }
 }
 
 /// 95% bootstrap interval of the mean.

@@ -48,5 +48,8 @@ pub fn calibration(pairs: &[(f32, bool)], bins: usize) -> Vec<(f64, f64, usize)>
         acc[b].1 += if y { 1.0 } else { 0.0 };
         acc[b].2 += 1;
     }
-    acc.into_iter().filter(|b| b.2 > 0).map(|(s, y, c)| (s / c as f64, y / c as f64, c)).collect()
+    acc.into_iter()
+        .filter(|b| b.2 > 0)
+        .map(|(s, y, c)| (s / c as f64, y / c as f64, c))
+        .collect()
 }

@@ -40,12 +40,21 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-fn draw_curves<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, curves: &[Curve]) -> Result<()>
+fn draw_curves<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    curves: &[Curve],
+) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let max_n = curves.iter().flat_map(|c| c.points.iter().map(|p| p.n)).max().unwrap_or(1).max(2);
+    let max_n = curves
+        .iter()
+        .flat_map(|c| c.points.iter().map(|p| p.n))
+        .max()
+        .unwrap_or(1)
+        .max(2);
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(12)
@@ -68,10 +77,15 @@ where
             .map_err(|e| anyhow::anyhow!("{e:?}"))?
             .label(c.method.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         chart
             .draw_series(c.points.iter().map(|p| {
-                PathElement::new(vec![(p.n as f64, p.lo), (p.n as f64, p.hi)], color.mix(0.5).stroke_width(1))
+                PathElement::new(
+                    vec![(p.n as f64, p.lo), (p.n as f64, p.hi)],
+                    color.mix(0.5).stroke_width(1),
+                )
             }))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
@@ -99,7 +113,10 @@ pub fn bon_plot(stem: &Path, title: &str, curves: &[Curve]) -> Result<()> {
 /// Reliability diagrams, one series per scorer: `(label, bins of (mean p, frequency, count))`.
 pub fn calibration_plot(stem: &Path, series: &[(String, Vec<(f64, f64, usize)>)]) -> Result<()> {
     ensure_font()?;
-    fn draw<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, series: &[(String, Vec<(f64, f64, usize)>)]) -> Result<()>
+    fn draw<DB: DrawingBackend>(
+        root: DrawingArea<DB, plotters::coord::Shift>,
+        series: &[(String, Vec<(f64, f64, usize)>)],
+    ) -> Result<()>
     where
         DB::ErrorType: 'static,
     {
@@ -112,8 +129,15 @@ pub fn calibration_plot(stem: &Path, series: &[(String, Vec<(f64, f64, usize)>)]
             .y_label_area_size(50)
             .build_cartesian_2d(0f64..1f64, 0f64..1f64)
             .map_err(e)?;
-        chart.configure_mesh().x_desc("predicted P(step correct)").y_desc("fraction correct").draw().map_err(e)?;
-        chart.draw_series(LineSeries::new(vec![(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.3))).map_err(e)?;
+        chart
+            .configure_mesh()
+            .x_desc("predicted P(step correct)")
+            .y_desc("fraction correct")
+            .draw()
+            .map_err(e)?;
+        chart
+            .draw_series(LineSeries::new(vec![(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.3)))
+            .map_err(e)?;
         for (i, (label, bins)) in series.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
             let pts: Vec<(f64, f64)> = bins.iter().map(|b| (b.0, b.1)).collect();
@@ -122,13 +146,27 @@ pub fn calibration_plot(stem: &Path, series: &[(String, Vec<(f64, f64, usize)>)]
                 .map_err(e)?
                 .label(label.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(e)?;
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(e)?;
         }
-        chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(e)?;
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(e)?;
         root.present().map_err(e)?;
         Ok(())
     }
-    draw(BitMapBackend::new(&stem.with_extension("png"), (700, 600)).into_drawing_area(), series)?;
-    draw(SVGBackend::new(&stem.with_extension("svg"), (700, 600)).into_drawing_area(), series)?;
+    draw(
+        BitMapBackend::new(&stem.with_extension("png"), (700, 600)).into_drawing_area(),
+        series,
+    )?;
+    draw(
+        SVGBackend::new(&stem.with_extension("svg"), (700, 600)).into_drawing_area(),
+        series,
+    )?;
     Ok(())
 }

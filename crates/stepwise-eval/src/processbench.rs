@@ -39,7 +39,12 @@ pub fn score(pairs: &[(Option<usize>, Option<usize>)]) -> ProcessBenchScore {
     let ea = e_ok as f64 / e_n.max(1) as f64;
     let ca = c_ok as f64 / c_n.max(1) as f64;
     let f1 = if ea + ca > 0.0 { 2.0 * ea * ca / (ea + ca) } else { 0.0 };
-    ProcessBenchScore { error_accuracy: ea, correct_accuracy: ca, f1, counts: (e_n, c_n) }
+    ProcessBenchScore {
+        error_accuracy: ea,
+        correct_accuracy: ca,
+        f1,
+        counts: (e_n, c_n),
+    }
 }
 
 #[cfg(test)]

@@ -40,13 +40,26 @@ impl Journal {
                 }
             }
         }
-        let file = OpenOptions::new().create(true).append(false).write(true).truncate(false).open(path).with_context(|| format!("opening {}", path.display()))?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(false)
+            .write(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
         file.set_len(good_bytes)?;
         let mut file = file;
         use std::io::Seek;
         file.seek(std::io::SeekFrom::End(0))?;
         let done = kept.iter().map(&key).collect();
-        Ok((Journal { path: path.to_path_buf(), file, done }, kept))
+        Ok((
+            Journal {
+                path: path.to_path_buf(),
+                file,
+                done,
+            },
+            kept,
+        ))
     }
 
     /// Whether a key is already written.
@@ -58,7 +71,9 @@ impl Journal {
     pub fn append<T: Serialize>(&mut self, key: String, rec: &T) -> Result<()> {
         let mut line = serde_json::to_string(rec)?;
         line.push('\n');
-        self.file.write_all(line.as_bytes()).with_context(|| format!("writing {}", self.path.display()))?;
+        self.file
+            .write_all(line.as_bytes())
+            .with_context(|| format!("writing {}", self.path.display()))?;
         self.file.flush()?;
         self.done.insert(key);
         Ok(())

@@ -53,21 +53,21 @@ pub struct Preset {
 }
 
 impl Preset {
-    /// About two minutes on 2 cores: every stage runs, numbers are noisy.
+    /// Every stage on a small budget (about a minute on 2 cores): checks the loop, numbers are noise.
     pub fn quick() -> Self {
         Preset {
             name: "quick".into(),
             policy_shape: (64, 2),
-            policy_steps: 250,
-            policy_problems: 3000,
+            policy_steps: 60,
+            policy_problems: 600,
             slip: 0.25,
-            label_problems: 40,
+            label_problems: 12,
             label_samples: 4,
-            rollouts: 4,
-            eval_problems: 30,
-            eval_samples: 16,
-            verifier_shape: (64, 2),
-            verifier_steps: 120,
+            rollouts: 2,
+            eval_problems: 10,
+            eval_samples: 8,
+            verifier_shape: (32, 1),
+            verifier_steps: 20,
             temperature: 1.0,
         }
     }
@@ -76,17 +76,17 @@ impl Preset {
     pub fn standard() -> Self {
         Preset {
             name: "standard".into(),
-            policy_shape: (96, 3),
-            policy_steps: 1200,
-            policy_problems: 20000,
+            policy_shape: (64, 2),
+            policy_steps: 500,
+            policy_problems: 8000,
             slip: 0.25,
-            label_problems: 250,
-            label_samples: 8,
-            rollouts: 8,
-            eval_problems: 150,
-            eval_samples: 64,
-            verifier_shape: (64, 2),
-            verifier_steps: 600,
+            label_problems: 80,
+            label_samples: 6,
+            rollouts: 4,
+            eval_problems: 60,
+            eval_samples: 32,
+            verifier_shape: (32, 1),
+            verifier_steps: 200,
             temperature: 1.0,
         }
     }
@@ -114,7 +114,11 @@ pub struct LabOptions {
 
 fn bar(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
-    pb.set_style(ProgressStyle::with_template("{msg:>22} [{bar:30}] {pos}/{len} {prefix} ({elapsed}, eta {eta})").unwrap().progress_chars("=> "));
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>22} [{bar:30}] {pos}/{len} {prefix} ({elapsed}, eta {eta})")
+            .unwrap()
+            .progress_chars("=> "),
+    );
     pb.set_message(what.to_string());
     pb
 }
@@ -135,10 +139,16 @@ pub struct Splits {
 
 fn splits(p: &Preset, seed: u64) -> Splits {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut all: Vec<LabProblem> = (0..p.policy_problems + p.label_problems + p.eval_problems).map(|i| task::generate(&mut rng, i)).collect();
+    let mut all: Vec<LabProblem> = (0..p.policy_problems + p.label_problems + p.eval_problems)
+        .map(|i| task::generate(&mut rng, i))
+        .collect();
     let eval = all.split_off(p.policy_problems + p.label_problems);
     let label = all.split_off(p.policy_problems);
-    Splits { policy: all, label, eval }
+    Splits {
+        policy: all,
+        label,
+        eval,
+    }
 }
 
 fn shape(vocab: usize, (hidden, layers): (usize, usize), head: HeadKind) -> ModelConfig {
@@ -170,16 +180,31 @@ fn train_stage(
     let varmap = VarMap::new();
     let mut model = Model::fresh(cfg, &varmap, &dev, tc.seed)?;
     let pb = bar(tc.steps as u64, what);
-    let tc = TrainConfig { out_dir: Some(dir.to_path_buf()), ..tc };
+    let tc = TrainConfig {
+        out_dir: Some(dir.to_path_buf()),
+        ..tc
+    };
     let state = train(&mut model, &varmap, train_set, valid, objective, &tc, |s, l| {
         pb.set_position(s as u64);
         pb.set_prefix(format!("loss {l:.3}"));
     })?;
     pb.finish_and_clear();
-    let m = if valid.is_empty() { None } else { Some(evaluate(&model, valid, objective, 64)?) };
-    std::fs::write(dir.join("train_metrics.json"), serde_json::to_string_pretty(&(state.history, &m))?)?;
+    let m = if valid.is_empty() {
+        None
+    } else {
+        Some(evaluate(&model, valid, objective, 64)?)
+    };
+    std::fs::write(
+        dir.join("train_metrics.json"),
+        serde_json::to_string_pretty(&(state.history, &m))?,
+    )?;
     std::fs::write(done_marker(dir), "")?;
-    say(&format!("{what}: trained {} steps{}", tc.steps, m.map(|m| format!(", validation loss {:.3}", m.loss)).unwrap_or_default()));
+    say(&format!(
+        "{what}: trained {} steps{}",
+        tc.steps,
+        m.map(|m| format!(", validation loss {:.3}", m.loss))
+            .unwrap_or_default()
+    ));
     Ok(model)
 }
 
@@ -190,7 +215,14 @@ struct Samples {
     solutions: Vec<Solution>,
 }
 
-fn sample_stage(path: &Path, what: &str, problems: &[LabProblem], n: usize, policy: &LabPolicy, seed: u64) -> Result<Vec<Solution>> {
+fn sample_stage(
+    path: &Path,
+    what: &str,
+    problems: &[LabProblem],
+    n: usize,
+    policy: &LabPolicy,
+    seed: u64,
+) -> Result<Vec<Solution>> {
     let (mut j, mut kept) = Journal::open::<Samples>(path, |s| s.problem_id.clone())?;
     let todo: Vec<&LabProblem> = problems.iter().filter(|p| !j.contains(&p.id)).collect();
     if !todo.is_empty() {
@@ -199,25 +231,41 @@ fn sample_stage(path: &Path, what: &str, problems: &[LabProblem], n: usize, poli
         for p in todo {
             let s = problem_seed(seed, &p.id);
             let outs = stepwise_label::Policy::complete(policy, &p.question, &[], n, s)?;
-            let solutions = outs.into_iter().enumerate().map(|(k, steps)| task::solution(p, format!("{}-s{k}", p.id), steps, "lab-policy")).collect();
-            let rec = Samples { problem_id: p.id.clone(), solutions };
+            let solutions = outs
+                .into_iter()
+                .enumerate()
+                .map(|(k, steps)| task::solution(p, format!("{}-s{k}", p.id), steps, "lab-policy"))
+                .collect();
+            let rec = Samples {
+                problem_id: p.id.clone(),
+                solutions,
+            };
             j.append(p.id.clone(), &rec)?;
             kept.push(rec);
             pb.inc(1);
         }
         pb.finish_and_clear();
     }
-    let order: std::collections::HashMap<&str, usize> = problems.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
+    let order: std::collections::HashMap<&str, usize> =
+        problems.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
     kept.sort_by_key(|s| order.get(s.problem_id.as_str()).copied().unwrap_or(usize::MAX));
     Ok(kept.into_iter().flat_map(|s| s.solutions).collect())
 }
 
 fn problem_seed(seed: u64, id: &str) -> u64 {
-    id.bytes().fold(seed ^ 0x9e3779b97f4a7c15, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    id.bytes().fold(seed ^ 0x9e3779b97f4a7c15, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// Monte Carlo annotation of `sols`, resumable; returns labelled solutions and rollouts spent.
-pub fn annotate_stage(path: &Path, sols: &[Solution], policy: &LabPolicy, rollouts: usize, seed: u64) -> Result<(Vec<Solution>, usize)> {
+pub fn annotate_stage(
+    path: &Path,
+    sols: &[Solution],
+    policy: &LabPolicy,
+    rollouts: usize,
+    seed: u64,
+) -> Result<(Vec<Solution>, usize)> {
     let (mut j, mut kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
     let todo: Vec<&Solution> = sols.iter().filter(|s| !j.contains(&s.id)).collect();
     if !todo.is_empty() {
@@ -233,9 +281,13 @@ pub fn annotate_stage(path: &Path, sols: &[Solution], policy: &LabPolicy, rollou
         }
         pb.finish_and_clear();
     }
-    let order: std::collections::HashMap<&str, usize> = sols.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
+    let order: std::collections::HashMap<&str, usize> =
+        sols.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
     kept.sort_by_key(|s| order.get(s.id.as_str()).copied().unwrap_or(usize::MAX));
-    let spent = kept.iter().filter_map(|s| s.meta.get("rollouts").and_then(|v| v.as_u64())).sum::<u64>() as usize;
+    let spent = kept
+        .iter()
+        .filter_map(|s| s.meta.get("rollouts").and_then(|v| v.as_u64()))
+        .sum::<u64>() as usize;
     Ok((kept, spent))
 }
 
@@ -252,11 +304,18 @@ fn hard_mc(s: &Solution) -> Solution {
 
 /// Scores of one verifier on the evaluation samples: step scores per solution.
 fn score_all(model: &Model, tok: &Tokenizer, sols: &[Solution], what: &str) -> Result<Vec<Vec<f32>>> {
-    let scorer = StepScorer { model, tokenizer: tok, layout: PrmLayout::TokenClassifier { separator: SEP.into() } };
+    let scorer = StepScorer {
+        model,
+        tokenizer: tok,
+        layout: PrmLayout::TokenClassifier { separator: SEP.into() },
+    };
     let pb = bar(sols.len() as u64, what);
     let mut out = Vec::with_capacity(sols.len());
     for chunk in sols.chunks(64) {
-        let enc = chunk.iter().map(|s| scorer.encode(&s.question, &s.step_texts())).collect::<Result<Vec<_>>>()?;
+        let enc = chunk
+            .iter()
+            .map(|s| scorer.encode(&s.question, &s.step_texts()))
+            .collect::<Result<Vec<_>>>()?;
         out.extend(scorer.score_batch(&enc)?);
         pb.inc(chunk.len() as u64);
     }
@@ -279,36 +338,130 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let tok = vocab::tokenizer()?;
     let v = tok.vocab_size();
     let sp = splits(p, o.seed);
-    write_jsonl(&o.out.join("problems.jsonl"), &sp.eval.iter().chain(&sp.label).map(LabProblem::problem).collect::<Vec<_>>())?;
+    write_jsonl(
+        &o.out.join("problems.jsonl"),
+        &sp.eval
+            .iter()
+            .chain(&sp.label)
+            .map(LabProblem::problem)
+            .collect::<Vec<_>>(),
+    )?;
 
     // 1. Policy: next-token LM on reference solutions, some with a slip.
     let mut rng = ChaCha8Rng::seed_from_u64(o.seed ^ 1);
-    let lm: Vec<_> = sp.policy.iter().map(|q| lm_example(&tok, &q.question, &task::noisy_reference(q, &mut rng, p.slip))).collect::<Result<_>>()?;
+    let lm: Vec<_> = sp
+        .policy
+        .iter()
+        .map(|q| lm_example(&tok, &q.question, &task::noisy_reference(q, &mut rng, p.slip)))
+        .collect::<Result<_>>()?;
     let (lm_valid, lm_train) = lm.split_at(lm.len() / 20);
-    let tc = TrainConfig { lr: 3e-3, warmup: p.policy_steps / 20, steps: p.policy_steps, batch_size: 32, eval_every: p.policy_steps / 4, seed: o.seed, ..Default::default() };
-    let policy_model = train_stage(&o.out.join("policy"), "training policy", shape(v, p.policy_shape, HeadKind::CausalLm), lm_train, lm_valid, Objective::Lm, tc)?;
-    let policy = LabPolicy { model: &policy_model, tok: &tok, temperature: p.temperature, max_new_tokens: 64 };
+    let tc = TrainConfig {
+        lr: 3e-3,
+        warmup: p.policy_steps / 20,
+        steps: p.policy_steps,
+        batch_size: 32,
+        eval_every: p.policy_steps / 4,
+        seed: o.seed,
+        ..Default::default()
+    };
+    let policy_model = train_stage(
+        &o.out.join("policy"),
+        "training policy",
+        shape(v, p.policy_shape, HeadKind::CausalLm),
+        lm_train,
+        lm_valid,
+        Objective::Lm,
+        tc,
+    )?;
+    let policy = LabPolicy {
+        model: &policy_model,
+        tok: &tok,
+        temperature: p.temperature,
+        max_new_tokens: 64,
+    };
 
     // 2. Samples for annotation and for evaluation (shared-prefix KV cache).
-    let label_sols = sample_stage(&o.out.join("samples_label.jsonl"), "sampling (label set)", &sp.label, p.label_samples, &policy, o.seed ^ 2)?;
-    let eval_sols = sample_stage(&o.out.join("samples_eval.jsonl"), "sampling (eval set)", &sp.eval, p.eval_samples, &policy, o.seed ^ 3)?;
+    let label_sols = sample_stage(
+        &o.out.join("samples_label.jsonl"),
+        "sampling (label set)",
+        &sp.label,
+        p.label_samples,
+        &policy,
+        o.seed ^ 2,
+    )?;
+    let eval_sols = sample_stage(
+        &o.out.join("samples_eval.jsonl"),
+        "sampling (eval set)",
+        &sp.eval,
+        p.eval_samples,
+        &policy,
+        o.seed ^ 3,
+    )?;
 
     // 3. Step labels: Monte Carlo rollouts, and the oracle for comparison.
-    let (mc, rollouts_spent) = annotate_stage(&o.out.join("labels_mc.jsonl"), &label_sols, &policy, p.rollouts, o.seed ^ 4)?;
+    let (mc, rollouts_spent) = annotate_stage(
+        &o.out.join("labels_mc.jsonl"),
+        &label_sols,
+        &policy,
+        p.rollouts,
+        o.seed ^ 4,
+    )?;
     let oracle: Vec<Solution> = label_sols.iter().map(oracle_labelled).collect();
     write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
 
     // 4. Verifiers, same code and budget: PRM on MC labels, PRM on oracle labels, ORM.
-    let sep_opts = LabelOptions { separator: SEP.into(), ..Default::default() };
+    let sep_opts = LabelOptions {
+        separator: SEP.into(),
+        ..Default::default()
+    };
     let vc = shape(v, p.verifier_shape, HeadKind::TokenClassification);
-    let vtc = TrainConfig { lr: 2e-3, warmup: p.verifier_steps / 20, steps: p.verifier_steps, batch_size: 32, eval_every: 0, seed: o.seed ^ 5, ..Default::default() };
+    let vtc = TrainConfig {
+        lr: 2e-3,
+        warmup: p.verifier_steps / 20,
+        steps: p.verifier_steps,
+        batch_size: 32,
+        eval_every: 0,
+        seed: o.seed ^ 5,
+        ..Default::default()
+    };
     let mc_hard: Vec<Solution> = mc.iter().map(hard_mc).collect();
     let ex_mc = label_examples(&tok, &mc_hard, &sep_opts)?;
     let ex_or = label_examples(&tok, &oracle, &sep_opts)?;
-    let ex_orm = label_examples(&tok, &label_sols, &LabelOptions { outcome: true, ..sep_opts.clone() })?;
-    let prm_mc = train_stage(&o.out.join("prm_mc"), "training PRM (MC labels)", vc.clone(), &ex_mc, &[], Objective::Classify, vtc.clone())?;
-    let prm_or = train_stage(&o.out.join("prm_oracle"), "training PRM (oracle)", vc.clone(), &ex_or, &[], Objective::Classify, vtc.clone())?;
-    let orm = train_stage(&o.out.join("orm"), "training ORM", vc, &ex_orm, &[], Objective::Classify, vtc)?;
+    let ex_orm = label_examples(
+        &tok,
+        &label_sols,
+        &LabelOptions {
+            outcome: true,
+            ..sep_opts.clone()
+        },
+    )?;
+    let prm_mc = train_stage(
+        &o.out.join("prm_mc"),
+        "training PRM (MC labels)",
+        vc.clone(),
+        &ex_mc,
+        &[],
+        Objective::Classify,
+        vtc.clone(),
+    )?;
+    let prm_or = train_stage(
+        &o.out.join("prm_oracle"),
+        "training PRM (oracle)",
+        vc.clone(),
+        &ex_or,
+        &[],
+        Objective::Classify,
+        vtc.clone(),
+    )?;
+    let orm = train_stage(
+        &o.out.join("orm"),
+        "training ORM",
+        vc,
+        &ex_orm,
+        &[],
+        Objective::Classify,
+        vtc,
+    )?;
 
     // 5. Score the evaluation samples with every verifier.
     let s_mc = score_all(&prm_mc, &tok, &eval_sols, "scoring (PRM-MC)")?;
@@ -323,14 +476,28 @@ pub fn run(o: &LabOptions) -> Result<Report> {
                 st.score = Some(*x);
             }
             s.meta.insert("prm_oracle_scores".into(), serde_json::json!(s_or[i]));
-            s.meta.insert("orm_score".into(), serde_json::json!(s_orm[i].last().copied().unwrap_or(0.0)));
+            s.meta.insert(
+                "orm_score".into(),
+                serde_json::json!(s_orm[i].last().copied().unwrap_or(0.0)),
+            );
             s
         })
         .collect();
     write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
 
     // 6. Evaluate and report.
-    let report = crate::report::evaluate(p, o.seed, &sp.eval, &scored, &s_mc, &s_or, &s_orm, &mc, &oracle, rollouts_spent)?;
+    let report = crate::report::evaluate(
+        p,
+        o.seed,
+        &sp.eval,
+        &scored,
+        &s_mc,
+        &s_or,
+        &s_orm,
+        &mc,
+        &oracle,
+        rollouts_spent,
+    )?;
     write_report(&o.out, &report)?;
     Ok(report)
 }

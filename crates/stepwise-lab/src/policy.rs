@@ -38,19 +38,34 @@ pub fn lm_example(tok: &Tokenizer, question: &str, steps: &[String]) -> Result<E
     let mut ids = prompt_ids(tok, question, &refs)?;
     ids.pop(); // the last separator is replaced by the end token
     ids.extend(tok.encode(EOS, false)?);
-    Ok(Example { ids, targets: Vec::new(), lm_from })
+    Ok(Example {
+        ids,
+        targets: Vec::new(),
+        lm_from,
+    })
 }
 
 impl stepwise_label::Policy for LabPolicy<'_> {
     fn complete(&self, question: &str, prefix: &[&str], k: usize, seed: u64) -> Result<Vec<Vec<String>>> {
         let ids = prompt_ids(self.tok, question, prefix)?;
         let eos = self.tok.token_id(EOS).into_iter().collect();
-        let p = SamplingParams { temperature: self.temperature, max_new_tokens: self.max_new_tokens, seed, stop_token_ids: eos, ..Default::default() };
+        let p = SamplingParams {
+            temperature: self.temperature,
+            max_new_tokens: self.max_new_tokens,
+            seed,
+            stop_token_ids: eos,
+            ..Default::default()
+        };
         generate(self.model, None, &ids, k, &p)?
             .into_iter()
             .map(|out| {
                 let text = join_digits(&self.tok.decode(&out)?);
-                Ok(text.replace(EOS, "").split(SEP).map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+                Ok(text
+                    .replace(EOS, "")
+                    .split(SEP)
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect())
             })
             .collect()
     }

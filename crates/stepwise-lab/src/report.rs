@@ -73,7 +73,10 @@ pub fn evaluate(
             outcome_score: s_orm[i].last().copied().unwrap_or(0.0),
             correct: s.correct == Some(true),
         };
-        groups_or.last_mut().unwrap().push(Candidate { step_scores: s_or[i].clone(), ..c.clone() });
+        groups_or.last_mut().unwrap().push(Candidate {
+            step_scores: s_or[i].clone(),
+            ..c.clone()
+        });
         groups.last_mut().unwrap().push(c);
     }
     let mut ns = vec![1];
@@ -83,16 +86,52 @@ pub fn evaluate(
     let draws = 32;
     let mut bon = Vec::new();
     for a in Aggregation::ALL {
-        bon.push(curve(&format!("PRM-MC ({})", a.name()), &groups, Some(Selector::Prm(a)), &ns, draws, seed));
+        bon.push(curve(
+            &format!("PRM-MC ({})", a.name()),
+            &groups,
+            Some(Selector::Prm(a)),
+            &ns,
+            draws,
+            seed,
+        ));
     }
-    bon.push(curve("PRM-MC weighted vote", &groups, Some(Selector::PrmVote(Aggregation::Min)), &ns, draws, seed));
-    bon.push(curve("PRM-oracle (min)", &groups_or, Some(Selector::Prm(Aggregation::Min)), &ns, draws, seed));
+    bon.push(curve(
+        "PRM-MC weighted vote",
+        &groups,
+        Some(Selector::PrmVote(Aggregation::Min)),
+        &ns,
+        draws,
+        seed,
+    ));
+    bon.push(curve(
+        "PRM-oracle (min)",
+        &groups_or,
+        Some(Selector::Prm(Aggregation::Min)),
+        &ns,
+        draws,
+        seed,
+    ));
     bon.push(curve("ORM", &groups, Some(Selector::Orm), &ns, draws, seed));
-    bon.push(curve("majority vote", &groups, Some(Selector::Majority), &ns, draws, seed));
+    bon.push(curve(
+        "majority vote",
+        &groups,
+        Some(Selector::Majority),
+        &ns,
+        draws,
+        seed,
+    ));
     bon.push(curve("pass@N", &groups, None, &ns, draws, seed));
 
     let truth: Vec<Option<usize>> = scored.iter().map(|s| s.first_error()).collect();
-    let pb = |scores: &[Vec<f32>]| score(&scores.iter().zip(&truth).map(|(s, t)| (predict_first_error(s, 0.5), *t)).collect::<Vec<_>>());
+    let pb = |scores: &[Vec<f32>]| {
+        score(
+            &scores
+                .iter()
+                .zip(&truth)
+                .map(|(s, t)| (predict_first_error(s, 0.5), *t))
+                .collect::<Vec<_>>(),
+        )
+    };
     let processbench = vec![("PRM-MC".to_string(), pb(s_mc)), ("PRM-oracle".to_string(), pb(s_or))];
 
     let mut pairs = Vec::new();
@@ -107,9 +146,21 @@ pub fn evaluate(
     let labelled_steps = mc.iter().map(|s| s.steps.len()).sum::<usize>().max(1);
 
     let step_pairs = |scores: &[Vec<f32>]| -> Vec<(f32, bool)> {
-        scored.iter().zip(scores).flat_map(|(s, sc)| s.steps.iter().zip(sc).filter_map(|(st, &x)| st.label.as_ref().map(|l| (x, l.is_good())))).collect()
+        scored
+            .iter()
+            .zip(scores)
+            .flat_map(|(s, sc)| {
+                s.steps
+                    .iter()
+                    .zip(sc)
+                    .filter_map(|(st, &x)| st.label.as_ref().map(|l| (x, l.is_good())))
+            })
+            .collect()
     };
-    let calib = vec![("PRM-MC".to_string(), calibration(&step_pairs(s_mc), 10)), ("PRM-oracle".to_string(), calibration(&step_pairs(s_or), 10))];
+    let calib = vec![
+        ("PRM-MC".to_string(), calibration(&step_pairs(s_mc), 10)),
+        ("PRM-oracle".to_string(), calibration(&step_pairs(s_or), 10)),
+    ];
 
     let correct: Vec<&Solution> = scored.iter().filter(|s| s.correct == Some(true)).collect();
     let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
@@ -130,18 +181,38 @@ pub fn evaluate(
 }
 
 fn at(c: &Curve, n: usize) -> String {
-    c.points.iter().find(|p| p.n == n).map_or("-".into(), |p| format!("{:.3}", p.accuracy))
+    c.points
+        .iter()
+        .find(|p| p.n == n)
+        .map_or("-".into(), |p| format!("{:.3}", p.accuracy))
 }
 
 /// The headline table (markdown; also what the terminal prints).
 pub fn headline(r: &Report) -> String {
-    let ns: Vec<usize> = r.bon.first().map(|c| c.points.iter().map(|p| p.n).collect()).unwrap_or_default();
-    let shown: Vec<usize> = ns.iter().copied().filter(|n| n.is_power_of_two() && (n.trailing_zeros() % 2 == 0 || *n == *ns.last().unwrap())).collect();
+    let ns: Vec<usize> = r
+        .bon
+        .first()
+        .map(|c| c.points.iter().map(|p| p.n).collect())
+        .unwrap_or_default();
+    let shown: Vec<usize> = ns
+        .iter()
+        .copied()
+        .filter(|n| n.is_power_of_two() && (n.trailing_zeros() % 2 == 0 || *n == *ns.last().unwrap()))
+        .collect();
     let mut s = String::new();
-    let _ = writeln!(s, "| method | {} |", shown.iter().map(|n| format!("N={n}")).collect::<Vec<_>>().join(" | "));
+    let _ = writeln!(
+        s,
+        "| method | {} |",
+        shown.iter().map(|n| format!("N={n}")).collect::<Vec<_>>().join(" | ")
+    );
     let _ = writeln!(s, "|---|{}", "---|".repeat(shown.len()));
     for c in &r.bon {
-        let _ = writeln!(s, "| {} | {} |", c.method, shown.iter().map(|&n| at(c, n)).collect::<Vec<_>>().join(" | "));
+        let _ = writeln!(
+            s,
+            "| {} | {} |",
+            c.method,
+            shown.iter().map(|&n| at(c, n)).collect::<Vec<_>>().join(" | ")
+        );
     }
     s
 }
@@ -149,10 +220,22 @@ pub fn headline(r: &Report) -> String {
 fn body(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# stepwise lab report\n");
-    let _ = writeln!(s, "Preset `{}`, seed {}: {} held-out problems, {} samples each.\n", r.preset, r.seed, r.eval_problems, r.eval_samples);
+    let _ = writeln!(
+        s,
+        "Preset `{}`, seed {}: {} held-out problems, {} samples each.\n",
+        r.preset, r.seed, r.eval_problems, r.eval_samples
+    );
     let _ = writeln!(s, "- Policy single-sample accuracy: **{:.3}**", r.policy_accuracy);
-    let _ = writeln!(s, "- Correct final answers reached through a wrong step (invisible to outcome supervision): **{:.1}%**", 100.0 * r.lucky_correct_rate);
-    let _ = writeln!(s, "- Monte Carlo rollouts per labelled step: {:.2}\n", r.rollouts_per_step);
+    let _ = writeln!(
+        s,
+        "- Correct final answers reached through a wrong step (invisible to outcome supervision): **{:.1}%**",
+        100.0 * r.lucky_correct_rate
+    );
+    let _ = writeln!(
+        s,
+        "- Monte Carlo rollouts per labelled step: {:.2}\n",
+        r.rollouts_per_step
+    );
     let _ = writeln!(s, "## Best-of-N accuracy\n");
     let _ = writeln!(s, "Expected accuracy of the answer each method selects from N samples (32 random draws of N per problem); pass@N is the ceiling (any sample correct).\n");
     s.push_str(&headline(r));
@@ -161,19 +244,40 @@ fn body(r: &Report) -> String {
     let _ = writeln!(s, "| method | N | accuracy | 95% CI |\n|---|---|---|---|");
     for c in &r.bon {
         for pt in &c.points {
-            let _ = writeln!(s, "| {} | {} | {:.3} | [{:.3}, {:.3}] |", c.method, pt.n, pt.accuracy, pt.lo, pt.hi);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.3} | [{:.3}, {:.3}] |",
+                c.method, pt.n, pt.accuracy, pt.lo, pt.hi
+            );
         }
     }
     let _ = writeln!(s, "\n## First-error localisation (ProcessBench metric)\n");
-    let _ = writeln!(s, "On held-out samples with oracle labels; a PRM's predicted first error is its first step scoring below 0.5.\n");
-    let _ = writeln!(s, "| verifier | accuracy on erroneous | accuracy on correct | F1 | erroneous / correct |\n|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "On held-out samples with oracle labels; a PRM's predicted first error is its first step scoring below 0.5.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| verifier | accuracy on erroneous | accuracy on correct | F1 | erroneous / correct |\n|---|---|---|---|---|"
+    );
     for (name, m) in &r.processbench {
-        let _ = writeln!(s, "| {name} | {:.3} | {:.3} | {:.3} | {} / {} |", m.error_accuracy, m.correct_accuracy, m.f1, m.counts.0, m.counts.1);
+        let _ = writeln!(
+            s,
+            "| {name} | {:.3} | {:.3} | {:.3} | {} / {} |",
+            m.error_accuracy, m.correct_accuracy, m.f1, m.counts.0, m.counts.1
+        );
     }
     let q = &r.mc_label_quality;
     let _ = writeln!(s, "\n## Monte Carlo labels against the oracle\n");
-    let _ = writeln!(s, "| steps | hard accuracy | bad-step recall | bad-step precision | soft Brier |\n|---|---|---|---|---|");
-    let _ = writeln!(s, "| {} | {:.3} | {:.3} | {:.3} | {:.3} |", q.steps, q.hard_accuracy, q.bad_recall, q.bad_precision, q.soft_brier);
+    let _ = writeln!(
+        s,
+        "| steps | hard accuracy | bad-step recall | bad-step precision | soft Brier |\n|---|---|---|---|---|"
+    );
+    let _ = writeln!(
+        s,
+        "| {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+        q.steps, q.hard_accuracy, q.bad_recall, q.bad_precision, q.soft_brier
+    );
     let _ = writeln!(s, "\n## Calibration\n\n![calibration](calibration.png)\n");
     if !r.plots.is_empty() {
         let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
@@ -185,7 +289,11 @@ fn body(r: &Report) -> String {
 pub fn write_report(dir: &Path, r: &Report) -> Result<()> {
     let mut r = r.clone();
     let mut plots = Vec::new();
-    match stepwise_eval::plot::bon_plot(&dir.join("bon"), &format!("Best-of-N on held-out lab problems ({} preset)", r.preset), &r.bon) {
+    match stepwise_eval::plot::bon_plot(
+        &dir.join("bon"),
+        &format!("Best-of-N on held-out lab problems ({} preset)", r.preset),
+        &r.bon,
+    ) {
         Ok(()) => plots.extend(["bon.png".to_string(), "bon.svg".to_string()]),
         Err(e) => plots.push(format!("bon: {e}")),
     }
@@ -244,7 +352,12 @@ fn markdown_to_html(md: &str) -> String {
             let _ = writeln!(h, "<li>{}</li>", inline(t));
         } else if let Some(t) = line.strip_prefix("![") {
             let (alt, rest) = t.split_once("](").unwrap_or((t, ""));
-            let _ = writeln!(h, "<p><img alt=\"{}\" src=\"{}\"></p>", esc(alt), esc(rest.trim_end_matches(')')));
+            let _ = writeln!(
+                h,
+                "<p><img alt=\"{}\" src=\"{}\"></p>",
+                esc(alt),
+                esc(rest.trim_end_matches(')'))
+            );
         } else if !line.trim().is_empty() {
             let _ = writeln!(h, "<p>{}</p>", inline(line));
         }

@@ -32,7 +32,13 @@ impl LabProblem {
     pub fn problem(&self) -> Problem {
         let mut meta = stepwise_core::Meta::new();
         meta.insert("family".into(), self.family.clone().into());
-        Problem { id: self.id.clone(), question: self.question.clone(), gold_answer: Some(self.gold.clone()), source: Some("stepwise-lab".into()), meta }
+        Problem {
+            id: self.id.clone(),
+            question: self.question.clone(),
+            gold_answer: Some(self.gold.clone()),
+            source: Some("stepwise-lab".into()),
+            meta,
+        }
     }
 }
 
@@ -52,7 +58,9 @@ fn op_text(op: char, a: i64, b: i64) -> Option<i64> {
 
 /// Generate problem `index` of a run from `rng`.
 pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
-    let family = *["chain", "chain", "long", "compare", "remainder", "choice"].choose(rng).unwrap();
+    let family = *["chain", "chain", "long", "compare", "remainder", "choice"]
+        .choose(rng)
+        .unwrap();
     let name = *NAMES.choose(rng).unwrap();
     let thing = *THINGS.choose(rng).unwrap();
     let cont = *CONTAINERS.choose(rng).unwrap();
@@ -65,7 +73,11 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
             q.push_str(&format!("{name} has {a} {cont} of {b} {thing} ."));
             let mut total = a * b;
             steps.push(format!("{a} * {b} = {total}"));
-            let n_more = if family == "long" { rng.random_range(3..6) } else { rng.random_range(1..3) };
+            let n_more = if family == "long" {
+                rng.random_range(3..6)
+            } else {
+                rng.random_range(1..3)
+            };
             for _ in 0..n_more {
                 let c = rng.random_range(2..20);
                 quantities.push(c);
@@ -83,20 +95,40 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
             gold = total.to_string();
         }
         "compare" | "choice" => {
-            let other = *NAMES.iter().filter(|n| **n != name).collect::<Vec<_>>().choose(rng).unwrap();
-            let (a, b, c, d) = (rng.random_range(2..10), rng.random_range(2..10), rng.random_range(2..10), rng.random_range(2..10));
+            let other = *NAMES
+                .iter()
+                .filter(|n| **n != name)
+                .collect::<Vec<_>>()
+                .choose(rng)
+                .unwrap();
+            let (a, b, c, d) = (
+                rng.random_range(2..10),
+                rng.random_range(2..10),
+                rng.random_range(2..10),
+                rng.random_range(2..10),
+            );
             let (x, y) = (a * b, c * d);
-            let (x, y, c, d) = if x == y { (x, y + d, c, d + 1) } else { (x, y, c, d) };
-            let (n0, n1) = if family == "compare" { (name.to_string(), other.to_string()) } else { ("first".to_string(), "second".to_string()) };
+            let (y, d) = if x == y { (c * (d + 1), d + 1) } else { (y, d) };
+            let (n0, n1) = if family == "compare" {
+                (name.to_string(), other.to_string())
+            } else {
+                ("first".to_string(), "second".to_string())
+            };
             if family == "compare" {
-                q = format!("{n0} has {a} {cont} of {b} {thing} . {n1} has {c} {cont} of {d} {thing} . Who has more {thing} ?");
+                q = format!(
+                    "{n0} has {a} {cont} of {b} {thing} . {n1} has {c} {cont} of {d} {thing} . Who has more {thing} ?"
+                );
             } else {
                 q = format!("The first offer is {a} {cont} of {b} {thing} . The second offer is {c} {cont} of {d} {thing} . Which offer has more {thing} ?");
             }
             quantities.extend([a, b, c, d]);
             steps.push(format!("{a} * {b} = {x}"));
             steps.push(format!("{c} * {d} = {y}"));
-            steps.push(if x > y { format!("{x} > {y}") } else { format!("{x} < {y}") });
+            steps.push(if x > y {
+                format!("{x} > {y}")
+            } else {
+                format!("{x} < {y}")
+            });
             gold = if x > y { n0.clone() } else { n1.clone() };
             names = vec![n0, n1];
         }
@@ -113,7 +145,15 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
         }
     }
     steps.push(format!("The answer is {gold}"));
-    LabProblem { id: format!("p{index:05}"), family: family.to_string(), question: q, gold, quantities, names, steps }
+    LabProblem {
+        id: format!("p{index:05}"),
+        family: family.to_string(),
+        question: q,
+        gold,
+        quantities,
+        names,
+        steps,
+    }
 }
 
 /// What a step says.
@@ -127,7 +167,12 @@ enum Parsed {
 fn parse_step(s: &str) -> Option<Parsed> {
     let t: Vec<&str> = s.split_whitespace().collect();
     match t.as_slice() {
-        [a, op, b, "=", c] if op.len() == 1 => Some(Parsed::Equation(a.parse().ok()?, op.chars().next()?, b.parse().ok()?, c.parse().ok()?)),
+        [a, op, b, "=", c] if op.len() == 1 => Some(Parsed::Equation(
+            a.parse().ok()?,
+            op.chars().next()?,
+            b.parse().ok()?,
+            c.parse().ok()?,
+        )),
         [a, rel @ (">" | "<"), b] => Some(Parsed::Compare(a.parse().ok()?, rel.chars().next()?, b.parse().ok()?)),
         ["The", "answer", "is", x] => Some(Parsed::Answer(x.to_string())),
         _ => None,
@@ -158,10 +203,18 @@ pub fn check_steps(p: &LabProblem, steps: &[String]) -> Vec<bool> {
                 results.push(c);
                 ok
             }
-            Some(Parsed::Compare(a, rel, b)) => known.contains(&a) && known.contains(&b) && if rel == '>' { a > b } else { a < b },
+            Some(Parsed::Compare(a, rel, b)) => {
+                known.contains(&a) && known.contains(&b) && if rel == '>' { a > b } else { a < b }
+            }
             Some(Parsed::Answer(x)) => {
                 let implied = if p.names.len() == 2 {
-                    (results.len() >= 2).then(|| if results[0] > results[1] { p.names[0].clone() } else { p.names[1].clone() })
+                    (results.len() >= 2).then(|| {
+                        if results[0] > results[1] {
+                            p.names[0].clone()
+                        } else {
+                            p.names[1].clone()
+                        }
+                    })
                 } else {
                     results.last().map(|r| r.to_string())
                 };
@@ -203,7 +256,11 @@ pub fn solution(p: &LabProblem, id: String, steps: Vec<String>, generator: &str)
 /// Oracle verdicts kept in a solution's meta, as step labels.
 pub fn oracle_labelled(s: &Solution) -> Solution {
     let mut s = s.clone();
-    let verdicts: Vec<bool> = s.meta.get("oracle").and_then(|v| serde_json::from_value(v.clone()).ok()).unwrap_or_default();
+    let verdicts: Vec<bool> = s
+        .meta
+        .get("oracle")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
     for (st, ok) in s.steps.iter_mut().zip(verdicts) {
         st.label = Some(StepLabel::from_bool(ok, Provenance::Oracle));
     }
@@ -213,7 +270,11 @@ pub fn oracle_labelled(s: &Solution) -> Solution {
 /// A reference solution with, at probability `slip`, one arithmetic slip carried forward
 /// consistently (the kind of mistake the policy should learn to make sometimes).
 pub fn noisy_reference(p: &LabProblem, rng: &mut impl Rng, slip: f64) -> Vec<String> {
-    let n_eq = p.steps.iter().filter(|s| matches!(parse_step(s), Some(Parsed::Equation(..)))).count();
+    let n_eq = p
+        .steps
+        .iter()
+        .filter(|s| matches!(parse_step(s), Some(Parsed::Equation(..))))
+        .count();
     if n_eq == 0 || !rng.random_bool(slip) {
         return p.steps.clone();
     }
@@ -230,7 +291,8 @@ pub fn noisy_reference(p: &LabProblem, rng: &mut impl Rng, slip: f64) -> Vec<Str
                 let mut c2 = op_text(op, a2, b2).unwrap_or(c);
                 if eq == target {
                     let delta = *[-2, -1, 1, 2, 10].choose(rng).unwrap();
-                    c2 = (c2 + delta).max(0);
+                    let slipped = (c2 + delta).max(0);
+                    c2 = if slipped == c2 { c2 + 1 } else { slipped };
                 }
                 if c2 != c {
                     subst.push((c, c2));
@@ -241,11 +303,19 @@ pub fn noisy_reference(p: &LabProblem, rng: &mut impl Rng, slip: f64) -> Vec<Str
             }
             Some(Parsed::Compare(a, _, b)) => {
                 let (a2, b2) = (fix(a, &subst), fix(b, &subst));
-                out.push(if a2 > b2 { format!("{a2} > {b2}") } else { format!("{a2} < {b2}") });
+                out.push(if a2 > b2 {
+                    format!("{a2} > {b2}")
+                } else {
+                    format!("{a2} < {b2}")
+                });
             }
             Some(Parsed::Answer(_)) => {
                 let ans = if p.names.len() == 2 {
-                    if results[0] > results[1] { p.names[0].clone() } else { p.names[1].clone() }
+                    if results[0] > results[1] {
+                        p.names[0].clone()
+                    } else {
+                        p.names[1].clone()
+                    }
                 } else {
                     results.last().map_or(p.gold.clone(), |r| r.to_string())
                 };
@@ -277,7 +347,10 @@ mod tests {
                 lucky += 1;
             }
         }
-        assert!(lucky > 0, "small answer spaces must let some wrong processes land on the right answer");
+        assert!(
+            lucky > 0,
+            "small answer spaces must let some wrong processes land on the right answer"
+        );
     }
 
     #[test]

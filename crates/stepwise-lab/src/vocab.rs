@@ -19,7 +19,11 @@ pub fn tokenizer_json() -> String {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     for i in 0..3000 {
         let p = generate(&mut rng, i);
-        for w in p.question.split_whitespace().chain(p.steps.iter().flat_map(|s| s.split_whitespace())) {
+        for w in p
+            .question
+            .split_whitespace()
+            .chain(p.steps.iter().flat_map(|s| s.split_whitespace()))
+        {
             if !w.chars().all(|c| c.is_ascii_digit()) {
                 words.insert(w.to_string());
             }
@@ -27,13 +31,18 @@ pub fn tokenizer_json() -> String {
     }
     let mut vocab = vec!["<pad>".to_string(), "<unk>".into(), EOS.into(), SEP.into()];
     vocab.extend((0..10).map(|d| d.to_string()));
-    vocab.extend(["+", "-", "*", "%", "=", ">", "<", "first", "second"].iter().map(|s| s.to_string()));
+    vocab.extend(
+        ["+", "-", "*", "%", "=", ">", "<", "first", "second"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
     for w in words {
         if !vocab.contains(&w) {
             vocab.push(w);
         }
     }
-    let map: serde_json::Map<String, serde_json::Value> = vocab.iter().enumerate().map(|(i, w)| (w.clone(), json!(i))).collect();
+    let map: serde_json::Map<String, serde_json::Value> =
+        vocab.iter().enumerate().map(|(i, w)| (w.clone(), json!(i))).collect();
     json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"}, {"type": "Digits", "individual_digits": true}]},

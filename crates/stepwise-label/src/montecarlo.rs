@@ -52,7 +52,11 @@ pub fn annotate(
         let hits = if i + 1 == texts.len() {
             // The last step: the solution itself is the only completion.
             let full: Vec<String> = texts.clone();
-            if is_correct(sol, &full) { o.rollouts } else { 0 }
+            if is_correct(sol, &full) {
+                o.rollouts
+            } else {
+                0
+            }
         } else {
             let outs = policy.complete(&sol.question, &prefix, o.rollouts, seed_for(o.seed, &sol.id, i))?;
             spent += outs.len();
@@ -65,7 +69,13 @@ pub fn annotate(
                 .count()
         };
         let p = hits as f32 / o.rollouts.max(1) as f32;
-        out.steps[i].label = Some(StepLabel::soft(p, Provenance::MonteCarlo { rollouts: o.rollouts as u32, hits: hits as u32 }));
+        out.steps[i].label = Some(StepLabel::soft(
+            p,
+            Provenance::MonteCarlo {
+                rollouts: o.rollouts as u32,
+                hits: hits as u32,
+            },
+        ));
         dead = hits == 0;
     }
     Ok((out, spent))
@@ -81,7 +91,15 @@ mod tests {
     impl Policy for Toy {
         fn complete(&self, _q: &str, prefix: &[&str], k: usize, _seed: u64) -> Result<Vec<Vec<String>>> {
             let ok = !prefix.contains(&"bad");
-            Ok((0..k).map(|j| vec![if ok && j % 2 == 0 { "answer 1".into() } else { "answer 2".into() }]).collect())
+            Ok((0..k)
+                .map(|j| {
+                    vec![if ok && j % 2 == 0 {
+                        "answer 1".into()
+                    } else {
+                        "answer 2".into()
+                    }]
+                })
+                .collect())
         }
     }
 
@@ -89,7 +107,10 @@ mod tests {
     fn labels_stop_at_the_first_unrescuable_step() {
         let sol = Solution {
             id: "s".into(),
-            steps: ["good", "bad", "after", "answer 2"].iter().map(|t| Step::new(*t)).collect(),
+            steps: ["good", "bad", "after", "answer 2"]
+                .iter()
+                .map(|t| Step::new(*t))
+                .collect(),
             ..Default::default()
         };
         let correct = |_: &Solution, full: &[String]| full.last().is_some_and(|l| l == "answer 1");

@@ -137,7 +137,10 @@ fn tiny_prm_learns_detectable_errors_and_round_trips_through_a_checkpoint() {
     };
     for s in held_out.iter().take(10) {
         let texts = s.step_texts();
-        let (x, y) = (a.score(&s.question, &texts).unwrap(), b.score(&s.question, &texts).unwrap());
+        let (x, y) = (
+            a.score(&s.question, &texts).unwrap(),
+            b.score(&s.question, &texts).unwrap(),
+        );
         for (u, v) in x.iter().zip(&y) {
             assert!((u - v).abs() < 1e-6, "{u} vs {v}");
         }

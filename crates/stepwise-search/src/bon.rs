@@ -20,7 +20,12 @@ pub enum Aggregation {
 
 impl Aggregation {
     /// All aggregations.
-    pub const ALL: [Aggregation; 4] = [Aggregation::Min, Aggregation::Product, Aggregation::Last, Aggregation::Mean];
+    pub const ALL: [Aggregation; 4] = [
+        Aggregation::Min,
+        Aggregation::Product,
+        Aggregation::Last,
+        Aggregation::Mean,
+    ];
     /// Lower-case name.
     pub fn name(self) -> &'static str {
         match self {
@@ -84,11 +89,12 @@ impl Selector {
 }
 
 fn argmax(xs: impl Iterator<Item = f32>) -> Option<usize> {
-    xs.enumerate().fold(None, |best: Option<(usize, f32)>, (i, x)| match best {
-        Some((_, b)) if b >= x => best,
-        _ => Some((i, x)),
-    })
-    .map(|(i, _)| i)
+    xs.enumerate()
+        .fold(None, |best: Option<(usize, f32)>, (i, x)| match best {
+            Some((_, b)) if b >= x => best,
+            _ => Some((i, x)),
+        })
+        .map(|(i, _)| i)
 }
 
 fn vote(cands: &[&Candidate], weight: impl Fn(&Candidate) -> f32) -> Option<usize> {
@@ -99,7 +105,10 @@ fn vote(cands: &[&Candidate], weight: impl Fn(&Candidate) -> f32) -> Option<usiz
             e.0 += weight(c);
         }
     }
-    tally.into_values().max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1))).map(|(_, i)| i)
+    tally
+        .into_values()
+        .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))
+        .map(|(_, i)| i)
 }
 
 /// The index of the chosen candidate.
@@ -116,11 +125,20 @@ pub fn select(cands: &[&Candidate], how: Selector) -> Option<usize> {
 mod tests {
     use super::*;
     fn c(a: &str, s: &[f32], o: f32, ok: bool) -> Candidate {
-        Candidate { answer: Some(a.into()), step_scores: s.to_vec(), outcome_score: o, correct: ok }
+        Candidate {
+            answer: Some(a.into()),
+            step_scores: s.to_vec(),
+            outcome_score: o,
+            correct: ok,
+        }
     }
     #[test]
     fn selectors() {
-        let cs = [c("1", &[0.9, 0.2], 0.9, false), c("2", &[0.6, 0.6], 0.1, true), c("1", &[0.5, 0.3], 0.2, false)];
+        let cs = [
+            c("1", &[0.9, 0.2], 0.9, false),
+            c("2", &[0.6, 0.6], 0.1, true),
+            c("1", &[0.5, 0.3], 0.2, false),
+        ];
         let r: Vec<&Candidate> = cs.iter().collect();
         assert_eq!(select(&r, Selector::Prm(Aggregation::Min)), Some(1));
         assert_eq!(select(&r, Selector::Prm(Aggregation::Last)), Some(1));

@@ -4,7 +4,8 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
 
 /// Run the built-in lab: the whole process-supervision loop on a verifiable synthetic task.
 #[derive(clap::Args)]
-#[command(after_help = "Stages (each cached in the run folder and resumed after an interruption):
+#[command(
+    after_help = "Stages (each cached in the run folder and resumed after an interruption):
   1. train a policy from scratch on arithmetic word problems (reference solutions, some with slips)
   2. sample N solutions per problem (shared-prefix KV cache)
   3. annotate steps by Monte Carlo rollouts (Math-Shepherd); oracle labels from the exact checker
@@ -14,7 +15,8 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
 
 Examples:
   stepwise lab                          # standard preset, about ten minutes on 2 cores
-  stepwise lab --preset quick --seed 2  # every stage, small, about two minutes")]
+  stepwise lab --preset quick --seed 2  # every stage, small, about two minutes"
+)]
 pub struct Args {
     /// quick (minutes, noisy) or standard (the measured setting).
     #[arg(long, default_value = "standard")]
@@ -29,9 +31,15 @@ pub struct Args {
 
 pub fn run_lab(a: Args) -> Result<()> {
     let preset = Preset::by_name(&a.preset)?;
-    let out = a.out.unwrap_or_else(|| PathBuf::from(format!("runs/{}-seed{}", preset.name, a.seed)));
+    let out = a
+        .out
+        .unwrap_or_else(|| PathBuf::from(format!("runs/{}-seed{}", preset.name, a.seed)));
     let start = std::time::Instant::now();
-    let report = run(&LabOptions { preset, seed: a.seed, out: out.clone() })?;
+    let report = run(&LabOptions {
+        preset,
+        seed: a.seed,
+        out: out.clone(),
+    })?;
     println!("\n{}", headline(&report));
     println!(
         "policy accuracy {:.3}; lucky-correct {:.1}% of correct answers; MC hard-label accuracy {:.3}; PRM-MC ProcessBench F1 {:.3}",
@@ -40,6 +48,10 @@ pub fn run_lab(a: Args) -> Result<()> {
         report.mc_label_quality.hard_accuracy,
         report.processbench.first().map_or(0.0, |p| p.1.f1)
     );
-    println!("report: {} ({:.0}s)", out.join("report.md").display(), start.elapsed().as_secs_f64());
+    println!(
+        "report: {} ({:.0}s)",
+        out.join("report.md").display(),
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
