@@ -39,8 +39,14 @@ pub fn label_quality(pairs: &[(f32, bool)], threshold: f32) -> LabelQuality {
     }
 }
 
-/// Reliability diagram bins: (mean predicted, observed frequency, count) for `bins` equal bins.
-pub fn calibration(pairs: &[(f32, bool)], bins: usize) -> Vec<(f64, f64, usize)> {
+/// One reliability-diagram bin: (mean predicted, observed frequency, count).
+pub type Bin = (f64, f64, usize);
+
+/// A named series of reliability bins (one per scorer).
+pub type CalibrationSeries = (String, Vec<Bin>);
+
+/// Reliability diagram bins for `bins` equal-width bins (empty ones left out).
+pub fn calibration(pairs: &[(f32, bool)], bins: usize) -> Vec<Bin> {
     let mut acc = vec![(0.0, 0.0, 0usize); bins];
     for &(p, y) in pairs {
         let b = ((p.clamp(0.0, 1.0) * bins as f32) as usize).min(bins - 1);

@@ -2,6 +2,7 @@
 //! system fonts is registered; without one, plots are skipped with a message.
 
 use crate::bon::Curve;
+use crate::labels::CalibrationSeries;
 use anyhow::{bail, Result};
 use plotters::prelude::*;
 use std::path::Path;
@@ -111,11 +112,11 @@ pub fn bon_plot(stem: &Path, title: &str, curves: &[Curve]) -> Result<()> {
 }
 
 /// Reliability diagrams, one series per scorer: `(label, bins of (mean p, frequency, count))`.
-pub fn calibration_plot(stem: &Path, series: &[(String, Vec<(f64, f64, usize)>)]) -> Result<()> {
+pub fn calibration_plot(stem: &Path, series: &[CalibrationSeries]) -> Result<()> {
     ensure_font()?;
     fn draw<DB: DrawingBackend>(
         root: DrawingArea<DB, plotters::coord::Shift>,
-        series: &[(String, Vec<(f64, f64, usize)>)],
+        series: &[CalibrationSeries],
     ) -> Result<()>
     where
         DB::ErrorType: 'static,

@@ -38,7 +38,7 @@ pub struct Report {
     /// Rollouts spent per labelled step.
     pub rollouts_per_step: f64,
     /// Calibration bins of step scores against oracle labels, by verifier.
-    pub calibration: Vec<(String, Vec<(f64, f64, usize)>)>,
+    pub calibration: Vec<stepwise_eval::labels::CalibrationSeries>,
     /// Plot files written (or why not).
     pub plots: Vec<String>,
 }

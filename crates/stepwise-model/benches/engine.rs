@@ -1,0 +1,91 @@
+//! `cargo bench -p stepwise-model [-- --big]`: scoring and generation throughput (tokens/s) on
+//! the fixture checkpoints and, with `--big`, on a randomly initialised model of Qwen2.5-0.5B's
+//! shape (with its GFLOP/s). `bench/reference_transformers.py` runs the same workloads with
+//! PyTorch + transformers for the ratio.
+
+use candle_core::{Device, Tensor};
+use candle_nn::VarMap;
+use std::path::PathBuf;
+use std::time::Instant;
+use stepwise_model::{generate, HeadKind, Model, ModelConfig, SamplingParams};
+
+const BATCH: usize = 8;
+const SEQ: usize = 256;
+const NEW: usize = 64;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny")
+}
+
+/// Forward passes over `BATCH × SEQ` tokens with a head at every position: tokens/s.
+fn scoring(model: &Model, reps: usize) -> anyhow::Result<f64> {
+    let ids: Vec<u32> = (0..BATCH * SEQ).map(|i| (i * 7 % 500) as u32 + 10).collect();
+    let ids = Tensor::from_vec(ids, (BATCH, SEQ), &model.device)?;
+    let _ = model.forward(&ids, None)?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        let _ = model.forward(&ids, None)?;
+    }
+    Ok((reps * BATCH * SEQ) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Greedy decoding of `NEW` tokens for `BATCH` continuations of a 32-token prompt: new tokens/s.
+fn generation(model: &Model) -> anyhow::Result<f64> {
+    let prompt: Vec<u32> = (0..32).map(|i| i * 3 + 10).collect();
+    let p = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: NEW,
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let outs = generate(model, None, &prompt, BATCH, &p)?;
+    let n: usize = outs.iter().map(Vec::len).sum();
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+fn params(c: &ModelConfig) -> f64 {
+    let (h, i, l) = (
+        c.hidden_size as f64,
+        c.intermediate_size as f64,
+        c.num_hidden_layers as f64,
+    );
+    let kv = (c.num_key_value_heads * c.head_dim) as f64;
+    l * (2.0 * h * h + 2.0 * h * kv + 3.0 * h * i)
+}
+
+fn main() -> anyhow::Result<()> {
+    let dev = Device::Cpu;
+    println!(
+        "threads: {}",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    for name in ["qwen2-prm", "qwen2-policy"] {
+        let m = Model::load(&fixtures().join(name), &dev)?;
+        println!(
+            "{name}: scoring {:.0} tokens/s (batch {BATCH} × {SEQ})",
+            scoring(&m, 20)?
+        );
+        if name == "qwen2-policy" {
+            println!(
+                "{name}: generation {:.0} new tokens/s (batch {BATCH}, shared prefix)",
+                generation(&m)?
+            );
+        }
+    }
+    if std::env::args().any(|a| a == "--big") {
+        let mut cfg = ModelConfig::tiny(151936, 896, 24, 14, 2, HeadKind::CausalLm);
+        cfg.intermediate_size = 4864;
+        cfg.head_dim = 64;
+        cfg.max_position_embeddings = 4096;
+        let varmap = VarMap::new();
+        let m = Model::fresh(cfg.clone(), &varmap, &dev, 0)?;
+        let tps = scoring(&m, 2)?;
+        let gflops = 2.0 * params(&cfg) * tps / 1e9;
+        println!("qwen2.5-0.5b shape (random): scoring {tps:.0} tokens/s, {gflops:.1} GFLOP/s in the decoder");
+        println!(
+            "qwen2.5-0.5b shape (random): generation {:.1} new tokens/s",
+            generation(&m)?
+        );
+    }
+    Ok(())
+}
