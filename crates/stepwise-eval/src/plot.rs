@@ -30,7 +30,7 @@ fn ensure_font() -> Result<()> {
     Ok(())
 }
 
-const COLORS: [RGBColor; 8] = [
+const COLORS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -39,6 +39,8 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
 ];
 
 fn draw_curves<DB: DrawingBackend>(
@@ -65,6 +67,7 @@ where
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
         .x_desc("N (samples per problem)")
         .y_desc("accuracy")
         .x_label_formatter(&|x| format!("{}", x.round() as usize))

@@ -14,11 +14,7 @@ use stepwise_model::train::{batch_loss, evaluate, train, Objective, TrainConfig}
 use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, StepScorer, Tokenizer};
 
 fn tokenizer() -> Tokenizer {
-    let dir = std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("fixtures/hf-tiny/qwen2-tokcls");
-    Tokenizer::from_dir(&dir).unwrap()
+    Tokenizer::from_dir(&tokenizer_dir()).unwrap()
 }
 
 /// Counting problems: each step must be the previous number + 1; a bad step is off by 2..8.
