@@ -246,10 +246,16 @@ fn sample_stage(
         }
         pb.finish_and_clear();
     }
-    let order: std::collections::HashMap<&str, usize> =
-        problems.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
-    kept.sort_by_key(|s| order.get(s.problem_id.as_str()).copied().unwrap_or(usize::MAX));
+    sort_like(&mut kept, problems.iter().map(|p| p.id.as_str()), |s| {
+        s.problem_id.as_str()
+    });
     Ok(kept.into_iter().flat_map(|s| s.solutions).collect())
+}
+
+/// Put records resumed from a journal back in the order of `keys` (their input order).
+fn sort_like<'a, T>(kept: &mut [T], keys: impl Iterator<Item = &'a str>, key: impl Fn(&T) -> &str) {
+    let order: std::collections::HashMap<&str, usize> = keys.enumerate().map(|(i, k)| (k, i)).collect();
+    kept.sort_by_key(|r| order.get(key(r)).copied().unwrap_or(usize::MAX));
 }
 
 fn problem_seed(seed: u64, id: &str) -> u64 {
@@ -281,9 +287,7 @@ pub fn annotate_stage(
         }
         pb.finish_and_clear();
     }
-    let order: std::collections::HashMap<&str, usize> =
-        sols.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
-    kept.sort_by_key(|s| order.get(s.id.as_str()).copied().unwrap_or(usize::MAX));
+    sort_like(&mut kept, sols.iter().map(|s| s.id.as_str()), |s| s.id.as_str());
     let spent = kept
         .iter()
         .filter_map(|s| s.meta.get("rollouts").and_then(|v| v.as_u64()))
@@ -435,33 +439,20 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             ..sep_opts.clone()
         },
     )?;
-    let prm_mc = train_stage(
-        &o.out.join("prm_mc"),
-        "training PRM (MC labels)",
-        vc.clone(),
-        &ex_mc,
-        &[],
-        Objective::Classify,
-        vtc.clone(),
-    )?;
-    let prm_or = train_stage(
-        &o.out.join("prm_oracle"),
-        "training PRM (oracle)",
-        vc.clone(),
-        &ex_or,
-        &[],
-        Objective::Classify,
-        vtc.clone(),
-    )?;
-    let orm = train_stage(
-        &o.out.join("orm"),
-        "training ORM",
-        vc,
-        &ex_orm,
-        &[],
-        Objective::Classify,
-        vtc,
-    )?;
+    let verifier = |dir: &str, what: &str, ex: &[stepwise_model::train::Example]| {
+        train_stage(
+            &o.out.join(dir),
+            what,
+            vc.clone(),
+            ex,
+            &[],
+            Objective::Classify,
+            vtc.clone(),
+        )
+    };
+    let prm_mc = verifier("prm_mc", "training PRM (MC labels)", &ex_mc)?;
+    let prm_or = verifier("prm_oracle", "training PRM (oracle)", &ex_or)?;
+    let orm = verifier("orm", "training ORM", &ex_orm)?;
 
     // 5. Score the evaluation samples with every verifier.
     let s_mc = score_all(&prm_mc, &tok, &eval_sols, "scoring (PRM-MC)")?;

@@ -49,30 +49,27 @@ pub fn annotate(
             continue;
         }
         let prefix: Vec<&str> = texts[..=i].iter().map(String::as_str).collect();
-        let hits = if i + 1 == texts.len() {
-            // The last step: the solution itself is the only completion.
-            let full: Vec<String> = texts.clone();
-            if is_correct(sol, &full) {
-                o.rollouts
-            } else {
-                0
-            }
+        // The last step: the solution itself is its only completion (one "rollout", no cost).
+        let (n, hits) = if i + 1 == texts.len() {
+            (1, usize::from(is_correct(sol, &texts)))
         } else {
             let outs = policy.complete(&sol.question, &prefix, o.rollouts, seed_for(o.seed, &sol.id, i))?;
             spent += outs.len();
-            outs.into_iter()
+            let hits = outs
+                .into_iter()
                 .filter(|rest| {
                     let mut full: Vec<String> = texts[..=i].to_vec();
                     full.extend(rest.iter().cloned());
                     is_correct(sol, &full)
                 })
-                .count()
+                .count();
+            (o.rollouts.max(1), hits)
         };
-        let p = hits as f32 / o.rollouts.max(1) as f32;
+        let p = hits as f32 / n as f32;
         out.steps[i].label = Some(StepLabel::soft(
             p,
             Provenance::MonteCarlo {
-                rollouts: o.rollouts as u32,
+                rollouts: n as u32,
                 hits: hits as u32,
             },
         ));
