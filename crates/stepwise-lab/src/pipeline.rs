@@ -439,20 +439,22 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             ..sep_opts.clone()
         },
     )?;
-    let verifier = |dir: &str, what: &str, ex: &[stepwise_model::train::Example]| {
+    let verifier = |dir: &str, what: &str, cfg: &ModelConfig, ex: &[stepwise_model::train::Example]| {
         train_stage(
             &o.out.join(dir),
             what,
-            vc.clone(),
+            cfg.clone(),
             ex,
             &[],
             Objective::Classify,
             vtc.clone(),
         )
     };
-    let prm_mc = verifier("prm_mc", "training PRM (MC labels)", &ex_mc)?;
-    let prm_or = verifier("prm_oracle", "training PRM (oracle)", &ex_or)?;
-    let orm = verifier("orm", "training ORM", &ex_orm)?;
+    // PRMs are 2-class token classifiers (TRL's layout); the ORM is the usual scalar value head
+    // read at the last token (same decoder, same budget).
+    let prm_mc = verifier("prm_mc", "training PRM (MC labels)", &vc, &ex_mc)?;
+    let prm_or = verifier("prm_oracle", "training PRM (oracle)", &vc, &ex_or)?;
+    let orm = verifier("orm", "training ORM", &vc.clone().with_value_head(), &ex_orm)?;
 
     // 5. Score the evaluation samples with every verifier.
     let s_mc = score_all(&prm_mc, &tok, &eval_sols, "scoring (PRM-MC)")?;

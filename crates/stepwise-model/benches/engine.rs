@@ -43,6 +43,33 @@ fn generation(model: &Model) -> anyhow::Result<f64> {
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Optimiser steps of the LM objective on a lab-sized model (`hidden`, `layers`, vocabulary 100,
+/// 60-token sequences): trained tokens/s at each batch size.
+fn training(hidden: usize, layers: usize, batch: usize) -> anyhow::Result<f64> {
+    use stepwise_model::train::{train, Example, Objective, TrainConfig};
+    let cfg = ModelConfig::tiny(100, hidden, layers, 4, 2, HeadKind::CausalLm);
+    let varmap = VarMap::new();
+    let mut m = Model::fresh(cfg, &varmap, &Device::Cpu, 0)?;
+    let data: Vec<Example> = (0..512)
+        .map(|k| Example {
+            ids: (0..60).map(|i| ((i * 7 + k * 13) % 97) as u32 + 3).collect(),
+            targets: vec![],
+            lm_from: 20,
+        })
+        .collect();
+    let tc = TrainConfig {
+        steps: 6,
+        batch_size: batch,
+        eval_every: 0,
+        ..Default::default()
+    };
+    train(&mut m, &varmap, &data, &[], Objective::Lm, &tc, |_, _| {})?;
+    let t = Instant::now();
+    let tc = TrainConfig { steps: 10, ..tc };
+    train(&mut m, &varmap, &data, &[], Objective::Lm, &tc, |_, _| {})?;
+    Ok((10 * batch * 60) as f64 / t.elapsed().as_secs_f64())
+}
+
 fn params(c: &ModelConfig) -> f64 {
     let (h, i, l) = (
         c.hidden_size as f64,
@@ -53,6 +80,16 @@ fn params(c: &ModelConfig) -> f64 {
     l * (2.0 * h * h + 2.0 * h * kv + 3.0 * h * i)
 }
 
+/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|training] [--big]`
+/// (no section name: all of them).
+fn wanted(section: &str) -> bool {
+    let names: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| ["scoring", "generation", "training"].contains(&a.as_str()))
+        .collect();
+    names.is_empty() || names.iter().any(|n| n == section)
+}
+
 fn main() -> anyhow::Result<()> {
     let dev = Device::Cpu;
     println!(
@@ -61,15 +98,27 @@ fn main() -> anyhow::Result<()> {
     );
     for name in ["qwen2-prm", "qwen2-policy"] {
         let m = Model::load(&fixtures().join(name), &dev)?;
-        println!(
-            "{name}: scoring {:.0} tokens/s (batch {BATCH} × {SEQ})",
-            scoring(&m, 20)?
-        );
-        if name == "qwen2-policy" {
+        if wanted("scoring") {
+            println!(
+                "{name}: scoring {:.0} tokens/s (batch {BATCH} × {SEQ})",
+                scoring(&m, 20)?
+            );
+        }
+        if name == "qwen2-policy" && wanted("generation") {
             println!(
                 "{name}: generation {:.0} new tokens/s (batch {BATCH}, shared prefix)",
                 generation(&m)?
             );
+        }
+    }
+    if wanted("training") {
+        for (h, l) in [(64, 2), (128, 4)] {
+            for b in [32, 128] {
+                println!(
+                    "training LM {h}-wide {l}-layer: {:.0} tokens/s (batch {b} × 60)",
+                    training(h, l, b)?
+                );
+            }
         }
     }
     if std::env::args().any(|a| a == "--big") {
@@ -79,13 +128,17 @@ fn main() -> anyhow::Result<()> {
         cfg.max_position_embeddings = 4096;
         let varmap = VarMap::new();
         let m = Model::fresh(cfg.clone(), &varmap, &dev, 0)?;
-        let tps = scoring(&m, 2)?;
-        let gflops = 2.0 * params(&cfg) * tps / 1e9;
-        println!("qwen2.5-0.5b shape (random): scoring {tps:.0} tokens/s, {gflops:.1} GFLOP/s in the decoder");
-        println!(
-            "qwen2.5-0.5b shape (random): generation {:.1} new tokens/s",
-            generation(&m)?
-        );
+        if wanted("scoring") {
+            let tps = scoring(&m, 2)?;
+            let gflops = 2.0 * params(&cfg) * tps / 1e9;
+            println!("qwen2.5-0.5b shape (random): scoring {tps:.0} tokens/s, {gflops:.1} GFLOP/s in the decoder");
+        }
+        if wanted("generation") {
+            println!(
+                "qwen2.5-0.5b shape (random): generation {:.1} new tokens/s",
+                generation(&m)?
+            );
+        }
     }
     Ok(())
 }

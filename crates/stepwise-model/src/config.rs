@@ -25,8 +25,13 @@ pub enum HeadKind {
     CausalLm,
     /// Qwen2.5-Math-PRM: `score` = Linear-ReLU-Linear to 2 classes.
     ProcessRewardMlp,
-    /// Linear token classifier `score` (TRL's PRMTrainer output; our PRMs and ORMs).
+    /// Linear token classifier `score` (TRL's PRMTrainer output; our PRMs). With one label it
+    /// is a scalar value head read through a sigmoid.
     TokenClassification,
+    /// `*ForSequenceClassification`: linear `score` without bias, read at the last token (the
+    /// usual outcome reward model). With one label it is a scalar value head (sigmoid); read at
+    /// every step's end it gives the value of each solution prefix in the same forward pass.
+    SequenceClassification,
 }
 
 /// The model hyper-parameters stepwise needs.
@@ -66,6 +71,8 @@ pub struct ModelConfig {
     pub num_labels: usize,
     /// End-of-sequence token ids from the config, if any.
     pub eos_token_ids: Vec<u32>,
+    /// Padding token id (transformers' sequence classifiers find the last real token with it).
+    pub pad_token_id: Option<u32>,
 }
 
 fn get_usize(v: &Value, k: &str) -> Result<usize> {
@@ -104,6 +111,8 @@ impl ModelConfig {
             HeadKind::ProcessRewardMlp
         } else if architecture.ends_with("ForTokenClassification") {
             HeadKind::TokenClassification
+        } else if architecture.ends_with("ForSequenceClassification") {
+            HeadKind::SequenceClassification
         } else if architecture.ends_with("ForCausalLM") || architecture.is_empty() {
             HeadKind::CausalLm
         } else {
@@ -162,6 +171,7 @@ impl ModelConfig {
             },
             num_labels,
             eos_token_ids,
+            pad_token_id: v.get("pad_token_id").and_then(Value::as_u64).map(|x| x as u32),
         })
     }
 
@@ -192,8 +202,16 @@ impl ModelConfig {
             attention_bias: true,
             num_labels: 2,
             eos_token_ids: Vec::new(),
+            pad_token_id: Some(0),
         }
         .with_head(head)
+    }
+
+    /// The same decoder with a scalar value head (`*ForSequenceClassification`, one label).
+    pub fn with_value_head(self) -> Self {
+        let mut c = self.with_head(HeadKind::SequenceClassification);
+        c.num_labels = 1;
+        c
     }
 
     /// The same decoder with another head.
@@ -209,6 +227,7 @@ impl ModelConfig {
                 HeadKind::CausalLm => "ForCausalLM",
                 HeadKind::ProcessRewardMlp => "ForProcessRewardModel",
                 HeadKind::TokenClassification => "ForTokenClassification",
+                HeadKind::SequenceClassification => "ForSequenceClassification",
             }
         );
         if head != HeadKind::CausalLm {
@@ -256,6 +275,9 @@ impl ModelConfig {
         }
         if let Some(&e) = self.eos_token_ids.first() {
             v["eos_token_id"] = json!(e);
+        }
+        if let Some(p) = self.pad_token_id {
+            v["pad_token_id"] = json!(p);
         }
         v
     }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod examples;
 pub mod generate;
 pub mod model;
+pub mod ops;
 pub mod optim;
 pub mod scoring;
 pub mod tokenizer;

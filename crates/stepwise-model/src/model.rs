@@ -17,7 +17,7 @@ pub enum Head {
     Lm(Linear),
     /// Qwen2.5-Math-PRM's `score`: Linear → ReLU → Linear.
     Mlp(Linear, Linear),
-    /// A linear classifier (`score`).
+    /// A linear classifier (`score`); one output is a scalar value head.
     Classifier(Linear),
 }
 
@@ -49,6 +49,9 @@ impl Model {
                 candle_nn::linear(h, config.num_labels, vb.pp("score.2"))?,
             ),
             HeadKind::TokenClassification => Head::Classifier(candle_nn::linear(h, config.num_labels, vb.pp("score"))?),
+            HeadKind::SequenceClassification => {
+                Head::Classifier(candle_nn::linear_no_bias(h, config.num_labels, vb.pp("score"))?)
+            }
         };
         Ok(Model {
             device: vb.device().clone(),
@@ -145,11 +148,24 @@ impl Model {
     }
 }
 
-/// Probability of class 1 from 2-class logits along the last dimension.
-pub fn class1_prob(logits: &Tensor) -> Result<Tensor> {
-    Ok(candle_nn::ops::softmax_last_dim(logits)?
-        .narrow(D::Minus1, 1, 1)?
-        .squeeze(D::Minus1)?)
+/// Probability of "good" from head outputs `[.., classes]`: softmax class 1 of a 2-class head,
+/// the sigmoid of a scalar value head.
+pub fn good_prob(logits: &Tensor) -> Result<Tensor> {
+    Ok(match logits.dim(D::Minus1)? {
+        1 => candle_nn::ops::sigmoid(&logits.squeeze(D::Minus1)?)?,
+        _ => candle_nn::ops::softmax_last_dim(logits)?
+            .narrow(D::Minus1, 1, 1)?
+            .squeeze(D::Minus1)?,
+    })
+}
+
+/// The log-odds of "good" from head outputs `[.., classes]`: `logit₁ − logit₀` of a 2-class head
+/// (so that its sigmoid is softmax class 1), the value itself of a scalar head.
+pub fn good_logit(logits: &Tensor) -> Result<Tensor> {
+    Ok(match logits.dim(D::Minus1)? {
+        1 => logits.squeeze(D::Minus1)?,
+        _ => (logits.narrow(D::Minus1, 1, 1)? - logits.narrow(D::Minus1, 0, 1)?)?.squeeze(D::Minus1)?,
+    })
 }
 
 /// The safetensors files of a checkpoint folder.
@@ -226,7 +242,9 @@ fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBu
             want.push(("score.0.weight".into(), vec![h, h]));
             want.push(("score.2.weight".into(), vec![cfg.num_labels, h]));
         }
-        HeadKind::TokenClassification => want.push(("score.weight".into(), vec![cfg.num_labels, h])),
+        HeadKind::TokenClassification | HeadKind::SequenceClassification => {
+            want.push(("score.weight".into(), vec![cfg.num_labels, h]))
+        }
         HeadKind::CausalLm => {}
     }
     let names = files

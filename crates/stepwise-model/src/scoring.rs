@@ -47,7 +47,11 @@ impl PrmLayout {
                 system: QWEN_PRM_SYSTEM.into(),
                 step_token: "<extra_0>".into(),
             },
-            HeadKind::TokenClassification => PrmLayout::TokenClassifier { separator: "\n".into() },
+            // A sequence classifier read at each step's end scores each solution prefix; its
+            // last step is the outcome score transformers would return.
+            HeadKind::TokenClassification | HeadKind::SequenceClassification => {
+                PrmLayout::TokenClassifier { separator: "\n".into() }
+            }
             HeadKind::CausalLm if tok.token_id("ки").is_some() => PrmLayout::StepTag {
                 tag: "ки".into(),
                 good: "+".into(),
@@ -102,7 +106,7 @@ impl PrmLayout {
             }
             _ => at,
         };
-        Ok(candle_nn::ops::softmax_last_dim(&pair)?.i((.., 1))?.to_vec1::<f32>()?)
+        Ok(crate::model::good_prob(&pair)?.to_vec1::<f32>()?)
     }
 }
 

@@ -5,7 +5,7 @@
 use crate::model::Model;
 use crate::optim::{accumulate, schedule, AdamW};
 use anyhow::{bail, Result};
-use candle_core::{IndexOp, Tensor, D};
+use candle_core::{Tensor, D};
 use candle_nn::VarMap;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -33,7 +33,8 @@ pub enum Objective {
     Lm,
     /// Binary classification at target positions (PRM on hard or soft step labels, or ORM with
     /// one target at the final position): numerically stable masked BCE-with-logits on
-    /// `logit(good) - logit(bad)`, which is cross-entropy for hard labels.
+    /// `logit(good) - logit(bad)` (which is cross-entropy for hard labels), or on the value of a
+    /// scalar head.
     Classify,
 }
 
@@ -153,7 +154,7 @@ pub fn batch_loss(model: &Model, batch: &[&Example], objective: Objective) -> Re
             }
             let idx = Tensor::new(rows.as_slice(), &dev)?;
             let logits = model.head_logits(&flat.index_select(&idx, 0)?)?;
-            let z = (logits.i((.., 1))? - logits.i((.., 0))?)?;
+            let z = crate::model::good_logit(&logits)?;
             let y = Tensor::new(ys.as_slice(), &dev)?;
             let loss = bce_with_logits(&z, &y)?;
             let p: Vec<f32> = candle_nn::ops::sigmoid(&z.detach())?.to_vec1()?;

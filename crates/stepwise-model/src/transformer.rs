@@ -7,6 +7,7 @@
 //! and `rope` have no gradient).
 
 use crate::config::ModelConfig;
+use crate::ops::{masked_softmax, KeyMask};
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, Linear, VarBuilder};
@@ -110,7 +111,7 @@ impl Rope {
 
 /// What every layer needs to know about the current forward pass.
 struct Pass<'a> {
-    mask: Option<Tensor>,
+    mask: KeyMask,
     rope: &'a Rope,
     offset: usize,
     eps: f64,
@@ -169,15 +170,8 @@ impl Attention {
         let s = k.dim(2)?;
         let q = q.reshape((b, self.kv_heads, group * t, self.head_dim))?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let mut att = (q.matmul(&k.t()?)? * scale)?.reshape((b, self.heads, t, s))?;
-        if let Some(m) = &pass.mask {
-            att = att.broadcast_add(m)?;
-        }
-        let att = if diff {
-            candle_nn::ops::softmax(&att, D::Minus1)?
-        } else {
-            candle_nn::ops::softmax_last_dim(&att)?
-        };
+        let att = q.matmul(&k.t()?)?.reshape((b, self.heads, t, s))?;
+        let att = masked_softmax(&att, scale, &pass.mask)?;
         let y = att.reshape((b, self.kv_heads, group * t, s))?.matmul(&v)?;
         let y = y
             .reshape((b, self.heads, t, self.head_dim))?
@@ -310,7 +304,7 @@ impl Transformer {
             );
         }
         let pass = Pass {
-            mask: attention_mask(b, t, offset, pad_mask, ids.device())?,
+            mask: KeyMask::new(offset, pad_mask)?,
             rope: &self.rope,
             offset,
             eps: self.eps,
@@ -322,23 +316,4 @@ impl Transformer {
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
     }
-}
-
-/// Additive mask `[b, 1, t, offset + t]`: 0 where query i may attend key j (j ≤ offset + i and
-/// j is not padding), −∞ elsewhere; `None` when no masking is needed (one query, no padding).
-fn attention_mask(b: usize, t: usize, offset: usize, pad: Option<&Tensor>, dev: &Device) -> Result<Option<Tensor>> {
-    let s = offset + t;
-    if t == 1 && pad.is_none() {
-        return Ok(None);
-    }
-    let causal: Vec<f32> = (0..t)
-        .flat_map(|i| (0..s).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
-    let causal = Tensor::from_vec(causal, (1, 1, t, s), dev)?;
-    let Some(pad) = pad else {
-        return Ok(Some(causal));
-    };
-    // Padding keys: 0 → −∞ (a large negative, so that rows of pure padding stay finite).
-    let keys = ((pad.to_dtype(DType::F32)?.reshape((b, 1, 1, s))? - 1.0)? * 1e9)?;
-    Ok(Some(causal.broadcast_add(&keys)?))
 }

@@ -114,3 +114,41 @@ fn policy_greedy_matches_and_prefix_is_encoded_once() {
         }
     }
 }
+
+/// A scalar value head (`Qwen2ForSequenceClassification`, one label): the sigmoid of the value at
+/// each step's end matches transformers, and on a right-padded batch the last step's value is
+/// transformers' own sequence-classification output (the outcome score).
+#[test]
+fn value_head_reproduces_transformers() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen2-value");
+    let exp: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let model = Model::load(&dir, &Device::Cpu).unwrap();
+    assert_eq!(model.config.head, stepwise_model::HeadKind::SequenceClassification);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let scorer = StepScorer {
+        model: &model,
+        tokenizer: &tok,
+        layout: PrmLayout::detect(&model, &tok).unwrap(),
+    };
+    let mut encoded = Vec::new();
+    for it in exp["items"].as_array().unwrap() {
+        let steps: Vec<&str> = it["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        let e = scorer.encode(it["problem"].as_str().unwrap(), &steps).unwrap();
+        assert_eq!(e.ids, ids(&it["input_ids"]), "token ids");
+        let got = scorer.score_batch(std::slice::from_ref(&e)).unwrap().remove(0);
+        for (g, w) in got.iter().zip(it["step_values"].as_array().unwrap()) {
+            assert!((*g as f64 - w.as_f64().unwrap()).abs() < 1e-4, "{got:?} vs {w}");
+        }
+        encoded.push(e);
+    }
+    let batched = scorer.score_batch(&encoded).unwrap();
+    for (b, w) in batched.iter().zip(exp["pooled"].as_array().unwrap()) {
+        let last = *b.last().unwrap() as f64;
+        assert!((last - w.as_f64().unwrap()).abs() < 1e-4, "outcome {last} vs {w}");
+    }
+}

@@ -62,22 +62,54 @@ fn tiny_prm(tok: &Tokenizer, varmap: &VarMap) -> Model {
 #[test]
 fn every_weight_receives_a_gradient() {
     let tok = tokenizer();
-    let varmap = VarMap::new();
-    let mut model = tiny_prm(&tok, &varmap);
-    model.set_training(true);
-    let ex = label_examples(&tok, &solutions(8, 1), &LabelOptions::default()).unwrap();
-    let refs: Vec<_> = ex.iter().collect();
-    let (loss, _) = batch_loss(&model, &refs, Objective::Classify).unwrap();
-    let grads = loss.backward().unwrap();
-    let data = varmap.data().lock().unwrap();
-    assert!(data.len() > 10);
-    for (name, var) in data.iter() {
-        let g = grads
-            .get(var.as_tensor())
-            .unwrap_or_else(|| panic!("no gradient for {name}"));
-        let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(norm > 0.0, "zero gradient for {name}");
+    let two_class = ModelConfig::tiny(tok.vocab_size(), 64, 2, 4, 2, HeadKind::TokenClassification);
+    for cfg in [two_class.clone(), two_class.with_value_head()] {
+        let varmap = VarMap::new();
+        let mut model = Model::fresh(cfg.clone(), &varmap, &Device::Cpu, 42).unwrap();
+        model.set_training(true);
+        let ex = label_examples(&tok, &solutions(8, 1), &LabelOptions::default()).unwrap();
+        let refs: Vec<_> = ex.iter().collect();
+        let (loss, _) = batch_loss(&model, &refs, Objective::Classify).unwrap();
+        let grads = loss.backward().unwrap();
+        let data = varmap.data().lock().unwrap();
+        assert!(data.len() > 10);
+        for (name, var) in data.iter() {
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{}: no gradient for {name}", cfg.architecture));
+            let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(norm > 0.0, "{}: zero gradient for {name}", cfg.architecture);
+        }
     }
+}
+
+/// A value-head ORM is saved as `*ForSequenceClassification` with one label and scores the same
+/// after loading back.
+#[test]
+fn value_head_checkpoint_round_trips() {
+    let tok = tokenizer();
+    let cfg = ModelConfig::tiny(tok.vocab_size(), 32, 1, 4, 2, HeadKind::CausalLm).with_value_head();
+    let varmap = VarMap::new();
+    let model = Model::fresh(cfg.clone(), &varmap, &Device::Cpu, 7).unwrap();
+    let out = std::env::temp_dir().join(format!("stepwise-value-{}", std::process::id()));
+    stepwise_model::model::save_checkpoint(&out, &cfg, &varmap).unwrap();
+    std::fs::copy(tokenizer_dir().join("tokenizer.json"), out.join("tokenizer.json")).unwrap();
+    let loaded = Model::load(&out, &Device::Cpu).unwrap();
+    assert_eq!(loaded.config.head, HeadKind::SequenceClassification);
+    assert_eq!(loaded.config.num_labels, 1);
+    let layout = PrmLayout::detect(&loaded, &tok).unwrap();
+    let s = &solutions(1, 9)[0];
+    let score = |m: &Model| {
+        StepScorer {
+            model: m,
+            tokenizer: &tok,
+            layout: layout.clone(),
+        }
+        .score(&s.question, &s.step_texts())
+        .unwrap()
+    };
+    assert_eq!(score(&model), score(&loaded));
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]

@@ -9,11 +9,12 @@ use stepwise_model::{default_device, HeadKind, Model, ModelConfig, Tokenizer};
 /// Train a process reward model (or, with --outcome, an outcome reward model).
 #[derive(clap::Args)]
 #[command(
-    after_help = "The model is a token classifier in TRL's PRM layout (problem, then each step followed by \
-\"\\n\", the label on that separator), written as a Hugging Face folder that transformers loads with \
-AutoModelForTokenClassification and `stepwise score` reads back. Hard labels train with cross-entropy, soft labels \
-(Monte Carlo values) with BCE; --outcome puts one label, the solution's `correct`, on its last step. An interrupted \
-run started again with the same --out resumes from its last checkpoint.
+    after_help = "Inputs use TRL's PRM layout (problem, then each step followed by \"\\n\", the label on that \
+separator). A PRM is a 2-class token classifier (AutoModelForTokenClassification); --outcome puts one label, the \
+solution's `correct`, on its last step and by default trains a scalar value head (AutoModelForSequenceClassification, \
+num_labels=1, the usual ORM). Both are written as Hugging Face folders that `stepwise score` reads back. Hard labels \
+train with cross-entropy, soft labels (Monte Carlo values) with BCE. An interrupted run started again with the same \
+--out resumes from its last checkpoint.
 
 Examples:
   stepwise train-prm --data labeled.jsonl --base ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
@@ -24,7 +25,7 @@ pub struct Args {
     /// Step-labelled solutions in any format stepwise reads.
     #[arg(long)]
     pub data: PathBuf,
-    /// Start from this checkpoint (its head is replaced by a 2-class classifier).
+    /// Start from this checkpoint (its head is replaced by the --head).
     #[arg(long, conflicts_with = "config")]
     pub base: Option<PathBuf>,
     /// Train from scratch with a built-in shape: tiny (2×64), small (4×128) or base (8×256).
@@ -39,6 +40,11 @@ pub struct Args {
     /// Outcome reward model: one label per solution, from `correct`.
     #[arg(long)]
     pub outcome: bool,
+    /// Head: `classifier` (2-class token classifier, TRL's PRM layout) or `value` (scalar value
+    /// head read through a sigmoid, saved as *ForSequenceClassification with one label). Default:
+    /// classifier for PRMs, value for --outcome.
+    #[arg(long, value_parser = ["classifier", "value"])]
+    pub head: Option<String>,
     /// Neutral ratings: good, bad or skip.
     #[arg(long, default_value = "good")]
     pub neutral: String,
@@ -115,10 +121,21 @@ pub fn run(a: Args) -> Result<()> {
     let train_set = label_examples(&tok, train_sols, &opts)?;
     let valid_set = label_examples(&tok, valid_sols, &opts)?;
     eprintln!("{} training sequences, {} validation", train_set.len(), valid_set.len());
+    let value_head = match a.head.as_deref() {
+        Some(h) => h == "value",
+        None => a.outcome,
+    };
+    let with_head = |c: ModelConfig| {
+        if value_head {
+            c.with_value_head()
+        } else {
+            c.with_head(HeadKind::TokenClassification)
+        }
+    };
     let varmap = VarMap::new();
     let mut model = match (&a.base, &a.config) {
         (Some(base), _) => {
-            let cfg = ModelConfig::from_dir(base)?.with_head(HeadKind::TokenClassification);
+            let cfg = with_head(ModelConfig::from_dir(base)?);
             let m = Model::load_trainable(base, cfg.clone(), &varmap, &dev)?;
             drop(m);
             // Drop a causal-LM head that the classifier does not use, then build on the rest.
@@ -129,7 +146,7 @@ pub fn run(a: Args) -> Result<()> {
             )?
         }
         (None, Some(name)) => Model::fresh(
-            shape(name, tok.vocab_size(), HeadKind::TokenClassification)?,
+            with_head(shape(name, tok.vocab_size(), HeadKind::TokenClassification)?),
             &varmap,
             &dev,
             a.seed,
