@@ -43,6 +43,13 @@ enum Command {
     Generate(cmd::generate::Args),
     /// Train a PRM on hard or soft step labels, or an ORM on outcomes (--outcome).
     TrainPrm(cmd::train_prm::Args),
+    /// Label steps by Monte Carlo rollouts of a policy (Math-Shepherd hard and soft labels), resumable.
+    Annotate(cmd::annotate::Args),
+    /// Best-of-N curves from scored samples: PRM (every aggregation), weighted vote, ORM, majority.
+    Bon(cmd::bon::Args),
+    /// Evaluate scored solutions (ProcessBench's first-error metric).
+    #[command(subcommand)]
+    Eval(cmd::eval::Command),
 }
 
 fn main() {
@@ -55,6 +62,9 @@ fn main() {
         Command::Score(a) => cmd::score::run(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::TrainPrm(a) => cmd::train_prm::run(a),
+        Command::Annotate(a) => cmd::annotate::run(a),
+        Command::Bon(a) => cmd::bon::run(a),
+        Command::Eval(c) => cmd::eval::run(c),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -8,6 +8,7 @@ pub mod error;
 pub mod formats;
 pub mod grader;
 pub mod io;
+pub mod journal;
 pub mod json;
 pub mod parquet_io;
 pub mod record;

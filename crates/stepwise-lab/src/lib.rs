@@ -3,7 +3,6 @@
 //! annotate steps by Monte Carlo rollouts, train PRMs and an ORM, evaluate, report.
 #![warn(missing_docs)]
 
-pub mod journal;
 pub mod pipeline;
 pub mod policy;
 pub mod report;

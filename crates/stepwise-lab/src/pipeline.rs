@@ -2,7 +2,6 @@
 //! skipped when its output is complete; the long stages (policy training, sampling, annotation,
 //! verifier training) resume where an interrupted run stopped.
 
-use crate::journal::Journal;
 use crate::policy::{lm_example, LabPolicy};
 use crate::report::{write_report, Report};
 use crate::task::{self, oracle_labelled, LabProblem};
@@ -15,8 +14,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use stepwise_core::journal::{sort_like, Journal};
 use stepwise_core::{Solution, StepLabel};
-use stepwise_label::{annotate, McOptions};
+use stepwise_label::{annotate_resumable, McOptions};
 use stepwise_model::examples::{label_examples, LabelOptions};
 use stepwise_model::train::{evaluate, train, Objective, TrainConfig};
 use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, StepScorer, Tokenizer};
@@ -89,6 +89,22 @@ impl Preset {
             verifier_steps: 200,
             temperature: 1.0,
         }
+    }
+
+    /// Override fields by name, e.g. `policy_steps=2000` or `policy_shape=[128,4]` (values are
+    /// JSON; a bare word is read as a string).
+    pub fn with_overrides(self, sets: &[String]) -> Result<Self> {
+        let mut v = serde_json::to_value(&self)?;
+        for s in sets {
+            let (key, val) = s
+                .split_once('=')
+                .with_context(|| format!("--set `{s}`: expected FIELD=VALUE"))?;
+            let slot = v
+                .get_mut(key)
+                .with_context(|| format!("--set `{s}`: the preset has no field `{key}`"))?;
+            *slot = serde_json::from_str(val).unwrap_or_else(|_| serde_json::Value::String(val.into()));
+        }
+        serde_json::from_value(v).context("--set: a value has the wrong type for its field")
     }
 
     /// By name.
@@ -252,12 +268,6 @@ fn sample_stage(
     Ok(kept.into_iter().flat_map(|s| s.solutions).collect())
 }
 
-/// Put records resumed from a journal back in the order of `keys` (their input order).
-fn sort_like<'a, T>(kept: &mut [T], keys: impl Iterator<Item = &'a str>, key: impl Fn(&T) -> &str) {
-    let order: std::collections::HashMap<&str, usize> = keys.enumerate().map(|(i, k)| (k, i)).collect();
-    kept.sort_by_key(|r| order.get(key(r)).copied().unwrap_or(usize::MAX));
-}
-
 fn problem_seed(seed: u64, id: &str) -> u64 {
     id.bytes().fold(seed ^ 0x9e3779b97f4a7c15, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
@@ -272,27 +282,13 @@ pub fn annotate_stage(
     rollouts: usize,
     seed: u64,
 ) -> Result<(Vec<Solution>, usize)> {
-    let (mut j, mut kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
-    let todo: Vec<&Solution> = sols.iter().filter(|s| !j.contains(&s.id)).collect();
-    if !todo.is_empty() {
-        let pb = bar(sols.len() as u64, "annotating (MC)");
-        pb.set_position((sols.len() - todo.len()) as u64);
-        let correct = |s: &Solution, full: &[String]| task::stated_answer(full).as_deref() == s.gold_answer.as_deref();
-        for s in todo {
-            let (mut l, spent) = annotate(s, policy, &correct, &McOptions { rollouts, seed })?;
-            l.meta.insert("rollouts".into(), spent.into());
-            j.append(s.id.clone(), &l)?;
-            kept.push(l);
-            pb.inc(1);
-        }
-        pb.finish_and_clear();
-    }
-    sort_like(&mut kept, sols.iter().map(|s| s.id.as_str()), |s| s.id.as_str());
-    let spent = kept
-        .iter()
-        .filter_map(|s| s.meta.get("rollouts").and_then(|v| v.as_u64()))
-        .sum::<u64>() as usize;
-    Ok((kept, spent))
+    let pb = bar(sols.len() as u64, "annotating (MC)");
+    let correct = |s: &Solution, full: &[String]| task::stated_answer(full).as_deref() == s.gold_answer.as_deref();
+    let out = annotate_resumable(path, sols, policy, &correct, &McOptions { rollouts, seed }, |done| {
+        pb.set_position(done as u64)
+    })?;
+    pb.finish_and_clear();
+    Ok(out)
 }
 
 /// Hard Monte Carlo labels (Math-Shepherd hard estimation: good when any rollout succeeded).

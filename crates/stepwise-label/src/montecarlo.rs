@@ -4,6 +4,8 @@
 //! later step is labelled bad without spending rollouts (an error cannot be undone).
 
 use anyhow::Result;
+use std::path::Path;
+use stepwise_core::journal::{sort_like, Journal};
 use stepwise_core::{Provenance, Solution, StepLabel};
 
 /// Anything that can continue a partial solution: the local engine, a remote server, …
@@ -76,6 +78,38 @@ pub fn annotate(
         dead = hits == 0;
     }
     Ok((out, spent))
+}
+
+/// [`annotate`] every solution of `sols`, appending each labelled solution to the JSONL journal
+/// at `path` as soon as it is done (with its rollouts in `meta.rollouts`). Started again after an
+/// interruption (even SIGKILL), it keeps what was written, drops a torn last line and labels only
+/// the rest; seeds are per solution and step, so the records equal an uninterrupted run's.
+/// `progress(done)` reports solutions finished. Returns all labelled solutions, in input order,
+/// and the rollouts spent on them.
+pub fn annotate_resumable(
+    path: &Path,
+    sols: &[Solution],
+    policy: &dyn Policy,
+    is_correct: &dyn Fn(&Solution, &[String]) -> bool,
+    o: &McOptions,
+    mut progress: impl FnMut(usize),
+) -> Result<(Vec<Solution>, usize)> {
+    let (mut journal, mut kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
+    progress(kept.len());
+    let todo: Vec<&Solution> = sols.iter().filter(|s| !journal.contains(&s.id)).collect();
+    for s in todo {
+        let (mut l, spent) = annotate(s, policy, is_correct, o)?;
+        l.meta.insert("rollouts".into(), spent.into());
+        journal.append(s.id.clone(), &l)?;
+        kept.push(l);
+        progress(kept.len());
+    }
+    sort_like(&mut kept, sols.iter().map(|s| s.id.as_str()), |s| s.id.as_str());
+    let spent = kept
+        .iter()
+        .filter_map(|s| s.meta.get("rollouts").and_then(|v| v.as_u64()))
+        .sum::<u64>() as usize;
+    Ok((kept, spent))
 }
 
 #[cfg(test)]

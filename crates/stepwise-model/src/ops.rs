@@ -3,9 +3,10 @@
 //! candle's fused kernels (`softmax_last_dim`, `rms_norm`) have no gradient, and the same maths
 //! written as plain tensor ops makes five passes over the attention scores plus a broadcast mask.
 //! [`masked_softmax`] does scale + causal/padding mask + softmax in one pass over the allowed
-//! keys only (half the `exp` calls of a dense causal softmax), on every core.
+//! keys only (half the `exp` calls of a dense causal softmax), on every core; [`rms_norm`] and
+//! [`rope`] are one pass each way instead of six and five ops.
 
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -128,6 +129,267 @@ pub fn masked_softmax(scores: &Tensor, scale: f64, mask: &KeyMask) -> candle_cor
     candle_nn::ops::softmax_last_dim(&(scores * scale)?.broadcast_add(&m)?)
 }
 
+/// A contiguous f32 view of a CPU storage.
+fn f32_slice<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(data) = storage else {
+        candle_core::bail!("{op}: f32 only");
+    };
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: input must be contiguous")))?;
+    Ok(&data[start..end])
+}
+
+fn fused_here(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == candle_core::DType::F32
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn inv_rms(&self, row: &[f32]) -> f32 {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+        1.0 / (ms + self.eps).sqrt()
+    }
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, w) = (f32_slice(s1, l1, "rms-norm")?, f32_slice(s2, l2, "rms-norm")?);
+        let n = w.len();
+        let mut out = vec![0f32; x.len()];
+        out.par_chunks_mut(n).zip(x.par_chunks(n)).for_each(|(y, xr)| {
+            let r = self.inv_rms(xr);
+            for ((y, x), w) in y.iter_mut().zip(xr).zip(w) {
+                *y = x * r * w;
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        // y = x·r·w with r = (mean x² + eps)^-½:
+        // dx = r·(g⊙w) − x·r³·mean((g⊙w)⊙x),  dw = Σ_rows g⊙x·r.
+        let xs: Vec<f32> = x.flatten_all()?.to_vec1()?;
+        let ws: Vec<f32> = w.to_vec1()?;
+        let gs: Vec<f32> = grad.flatten_all()?.to_vec1()?;
+        let n = ws.len();
+        let mut dx = vec![0f32; xs.len()];
+        // Partial weight gradients over fixed blocks of rows, summed in order: the same bits on
+        // every run whatever the thread scheduling (training must be reproducible).
+        const BLOCK: usize = 64;
+        let partials: Vec<Vec<f32>> = dx
+            .par_chunks_mut(n * BLOCK)
+            .zip(xs.par_chunks(n * BLOCK).zip(gs.par_chunks(n * BLOCK)))
+            .map(|(dxb, (xb, gb))| {
+                let mut dw = vec![0f32; n];
+                for ((dxr, xr), gr) in dxb.chunks_mut(n).zip(xb.chunks(n)).zip(gb.chunks(n)) {
+                    let r = self.inv_rms(xr);
+                    let dot = xr.iter().zip(gr).zip(&ws).map(|((x, g), w)| g * w * x).sum::<f32>() / n as f32;
+                    for k in 0..n {
+                        dxr[k] = r * gr[k] * ws[k] - xr[k] * r * r * r * dot;
+                        dw[k] += gr[k] * xr[k] * r;
+                    }
+                }
+                dw
+            })
+            .collect();
+        let mut dw = vec![0f32; n];
+        for p in &partials {
+            for (a, b) in dw.iter_mut().zip(p) {
+                *a += b;
+            }
+        }
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            Some(Tensor::from_vec(dw, n, w.device())?),
+        ))
+    }
+}
+
+/// RMSNorm over the last dimension with weight `w`: `x / sqrt(mean(x²) + eps) · w`.
+/// Differentiable in `x` and `w`; fused on CPU.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    if fused_here(x) {
+        return x.contiguous()?.apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 });
+    }
+    let var = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(w)
+}
+
+/// Rotary position embedding of `x` `[b, h, t, d]` (the half-split layout of Qwen2/Llama) for
+/// positions `offset..offset + t`, with tables `cos`, `sin` `[max_positions, d / 2]`.
+struct Rope {
+    cos: Arc<Vec<f32>>,
+    sin: Arc<Vec<f32>>,
+    offset: usize,
+    /// Rotate the other way (the backward pass).
+    inverse: bool,
+}
+
+impl CustomOp1 for Rope {
+    fn name(&self) -> &'static str {
+        "rope"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(storage, layout, "rope")?;
+        let (_, _, t, d) = layout.shape().dims4()?;
+        let half = d / 2;
+        let sign = if self.inverse { -1.0 } else { 1.0 };
+        let mut out = vec![0f32; x.len()];
+        out.par_chunks_mut(d)
+            .zip(x.par_chunks(d))
+            .enumerate()
+            .for_each(|(row, (y, xr))| {
+                let p = self.offset + row % t;
+                let (cos, sin) = (&self.cos[p * half..(p + 1) * half], &self.sin[p * half..(p + 1) * half]);
+                for j in 0..half {
+                    let (a, b, s) = (xr[j], xr[j + half], sign * sin[j]);
+                    y[j] = a * cos[j] - b * s;
+                    y[j + half] = b * cos[j] + a * s;
+                }
+            });
+        Ok((CpuStorage::F32(out), layout.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        // A rotation's transpose is the rotation by the opposite angle.
+        Ok(Some(grad.contiguous()?.apply_op1(Rope {
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            offset: self.offset,
+            inverse: !self.inverse,
+        })?))
+    }
+}
+
+/// Rotary tables for [`rope`]: `cos`, `sin` `[max_positions, head_dim / 2]`.
+#[derive(Clone, Debug)]
+pub struct RopeTables {
+    cos: Tensor,
+    sin: Tensor,
+    cos_host: Arc<Vec<f32>>,
+    sin_host: Arc<Vec<f32>>,
+}
+
+impl RopeTables {
+    /// From the tables as tensors.
+    pub fn new(cos: Tensor, sin: Tensor) -> candle_core::Result<Self> {
+        Ok(RopeTables {
+            cos_host: Arc::new(cos.flatten_all()?.to_vec1()?),
+            sin_host: Arc::new(sin.flatten_all()?.to_vec1()?),
+            cos,
+            sin,
+        })
+    }
+}
+
+/// Rotate `x` `[b, h, t, d]` for positions `offset..offset + t`. Differentiable; fused on CPU.
+pub fn rope(x: &Tensor, tables: &RopeTables, offset: usize) -> candle_core::Result<Tensor> {
+    if fused_here(x) {
+        return x.contiguous()?.apply_op1(Rope {
+            cos: tables.cos_host.clone(),
+            sin: tables.sin_host.clone(),
+            offset,
+            inverse: false,
+        });
+    }
+    let t = x.dim(2)?;
+    let (cos, sin) = (tables.cos.narrow(0, offset, t)?, tables.sin.narrow(0, offset, t)?);
+    candle_nn::rotary_emb::rope_slow(&x.contiguous()?, &cos, &sin)
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent partial sums, so the compiler can keep them in one vector register.
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Inference attention in one pass per query: `softmax(scale · q·kᵀ)` over the keys `mask`
+/// allows, times `v`, without materialising the score matrix (and without computing the masked
+/// half of a causal one). `q` `[b, h, t, d]`, `k`/`v` `[b, kv_heads, s, d]` (each key/value head
+/// serves `h / kv_heads` query heads). Returns `[b, t, h · d]`, the layout the output projection
+/// reads. No gradient: the training path uses [`masked_softmax`] between two matmuls.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: &KeyMask) -> candle_core::Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let (_, kvh, s, _) = k.dims4()?;
+    let group = h / kvh;
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let (qs, ks, vs): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+        q.flatten_all()?.to_vec1()?,
+        k.flatten_all()?.to_vec1()?,
+        v.flatten_all()?.to_vec1()?,
+    );
+    let scale = scale as f32;
+    let valid = mask.valid.as_deref();
+    let mut out = vec![0f32; b * t * h * d];
+    // Output row (bi, i, hi) of `[b, t, h, d]`.
+    out.par_chunks_mut(d).enumerate().for_each_init(
+        || Vec::with_capacity(s),
+        |scores, (row, y)| {
+            let (bi, i, hi) = (row / (t * h), (row / h) % t, row % h);
+            let qr = &qs[((bi * h + hi) * t + i) * d..][..d];
+            let base = (bi * kvh + hi / group) * s;
+            let causal = (mask.offset + i + 1).min(s);
+            let ok = |j: usize| valid.is_none_or(|m| m[bi * s + j]);
+            let any = (0..causal).any(ok);
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for j in 0..causal {
+                let x = if !any || ok(j) {
+                    dot(qr, &ks[(base + j) * d..][..d]) * scale
+                } else {
+                    f32::NEG_INFINITY
+                };
+                max = max.max(x);
+                scores.push(x);
+            }
+            let mut sum = 0f32;
+            for (j, x) in scores.iter().enumerate() {
+                if *x == f32::NEG_INFINITY {
+                    continue;
+                }
+                let p = (x - max).exp();
+                sum += p;
+                for (yv, vv) in y.iter_mut().zip(&vs[(base + j) * d..][..d]) {
+                    *yv += p * vv;
+                }
+            }
+            let inv = 1.0 / sum;
+            for yv in y.iter_mut() {
+                *yv *= inv;
+            }
+        },
+    );
+    Tensor::from_vec(out, (b, t, h * d), q.device())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,8 +412,88 @@ mod tests {
             .unwrap()
     }
 
+    /// Forward and gradients (w.r.t. every input) of `f` and `g` agree.
+    fn same_with_grads(f: impl Fn(&[Var]) -> Tensor, g: impl Fn(&[Var]) -> Tensor, inputs: &[Tensor]) {
+        let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+        let (a, b) = (f(&vars), g(&vars));
+        assert!(close(&a, &b) < 1e-5, "forward differs by {}", close(&a, &b));
+        let w = Tensor::randn(0f32, 1., a.shape(), a.device()).unwrap();
+        let ga = (a * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let gb = (b * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        for v in &vars {
+            let (x, y) = (ga.get(v).unwrap(), gb.get(v).unwrap());
+            assert!(close(x, y) < 1e-4, "gradient differs by {}", close(x, y));
+        }
+    }
+
     #[test]
-    fn matches_the_unfused_ops_forward_and_backward() {
+    fn rms_norm_matches_the_unfused_ops() {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1., (2, 3, 8), &dev).unwrap();
+        let w = Tensor::randn(1f32, 0.2, 8, &dev).unwrap();
+        same_with_grads(
+            |v| rms_norm(&v[0], &v[1], 1e-6).unwrap(),
+            |v| {
+                let var = v[0].sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+                let d = (var + 1e-6).unwrap().sqrt().unwrap();
+                v[0].broadcast_div(&d).unwrap().broadcast_mul(&v[1]).unwrap()
+            },
+            &[x, w],
+        );
+    }
+
+    #[test]
+    fn rope_matches_candle() {
+        let dev = Device::Cpu;
+        let (max, half) = (10, 4);
+        let cos = Tensor::randn(0f32, 1., (max, half), &dev).unwrap();
+        let sin = Tensor::randn(0f32, 1., (max, half), &dev).unwrap();
+        let tables = RopeTables::new(cos.clone(), sin.clone()).unwrap();
+        let x = Tensor::randn(0f32, 1., (2, 3, 4, 2 * half), &dev).unwrap();
+        same_with_grads(
+            |v| rope(&v[0], &tables, 3).unwrap(),
+            |v| {
+                let (c, s) = (cos.narrow(0, 3, 4).unwrap(), sin.narrow(0, 3, 4).unwrap());
+                candle_nn::rotary_emb::rope_slow(&v[0], &c, &s).unwrap()
+            },
+            &[x],
+        );
+    }
+
+    #[test]
+    fn fused_attention_matches_softmax_between_matmuls() {
+        let dev = Device::Cpu;
+        let pad = Tensor::new(&[[1f32, 1., 1., 1., 1.], [0., 0., 1., 1., 1.]], &dev).unwrap();
+        for (offset, t) in [(0, 5), (3, 2), (4, 1)] {
+            let mask = KeyMask::new(offset, Some(&pad)).unwrap();
+            let q = Tensor::randn(0f32, 1., (2, 4, t, 12), &dev).unwrap();
+            let k = Tensor::randn(0f32, 1., (2, 2, 5, 12), &dev).unwrap();
+            let v = Tensor::randn(0f32, 1., (2, 2, 5, 12), &dev).unwrap();
+            let fused = attention(&q, &k, &v, 0.3, &mask).unwrap();
+            // Reference: repeat kv heads, scores, masked softmax, weighted sum.
+            let rep = |x: &Tensor| {
+                x.unsqueeze(2)
+                    .unwrap()
+                    .repeat((1, 1, 2, 1, 1))
+                    .unwrap()
+                    .reshape((2, 4, 5, 12))
+                    .unwrap()
+            };
+            let att = q.matmul(&rep(&k).t().unwrap()).unwrap();
+            let p = masked_softmax(&att, 0.3, &mask).unwrap();
+            let y = p
+                .matmul(&rep(&v))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .reshape((2, t, 48))
+                .unwrap();
+            assert!(close(&fused, &y) < 1e-5, "offset {offset}: {}", close(&fused, &y));
+        }
+    }
+
+    #[test]
+    fn masked_softmax_matches_the_unfused_ops() {
         let dev = Device::Cpu;
         let pad = Tensor::new(&[[1f32, 1., 1., 1., 1.], [0., 1., 1., 1., 0.]], &dev).unwrap();
         for (offset, t) in [(0, 5), (2, 3), (4, 1)] {

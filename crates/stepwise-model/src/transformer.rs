@@ -7,9 +7,9 @@
 //! and `rope` have no gradient).
 
 use crate::config::ModelConfig;
-use crate::ops::{masked_softmax, KeyMask};
+use crate::ops::{self, masked_softmax, KeyMask, RopeTables};
 use anyhow::Result;
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, Linear, VarBuilder};
 
 /// Per-layer key/value cache of a batch of sequences.
@@ -63,56 +63,31 @@ impl KvCache {
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, diff: bool) -> Result<Tensor> {
-    if !diff {
+    if !diff && !x.device().is_cpu() {
         return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?);
     }
-    let var = x.sqr()?.mean_keepdim(D::Minus1)?;
-    Ok(x.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(w)?)
+    Ok(ops::rms_norm(x, w, eps)?)
 }
 
-/// Rotary embeddings: cos/sin tables for every position up to the maximum.
-#[derive(Clone, Debug)]
-struct Rope {
-    cos: Tensor,
-    sin: Tensor,
-}
-
-impl Rope {
-    fn new(cfg: &ModelConfig, dev: &Device) -> Result<Self> {
-        let d = cfg.head_dim;
-        let max = cfg.max_position_embeddings.min(32768);
-        let inv: Vec<f32> = (0..d / 2)
-            .map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32))
-            .collect();
-        let inv = Tensor::from_vec(inv, (1, d / 2), dev)?;
-        let t = Tensor::arange(0u32, max as u32, dev)?
-            .to_dtype(DType::F32)?
-            .reshape((max, 1))?;
-        let freqs = t.matmul(&inv)?;
-        Ok(Rope {
-            cos: freqs.cos()?,
-            sin: freqs.sin()?,
-        })
-    }
-
-    /// Rotate `x` `[b, h, t, d]` for positions `offset..offset + t`.
-    fn apply(&self, x: &Tensor, offset: usize, diff: bool) -> Result<Tensor> {
-        let t = x.dim(2)?;
-        let cos = self.cos.narrow(0, offset, t)?;
-        let sin = self.sin.narrow(0, offset, t)?;
-        let x = x.contiguous()?;
-        Ok(if diff {
-            candle_nn::rotary_emb::rope_slow(&x, &cos, &sin)?
-        } else {
-            candle_nn::rotary_emb::rope(&x, &cos, &sin)?
-        })
-    }
+/// Rotary embedding tables for every position up to the maximum.
+fn rope_tables(cfg: &ModelConfig, dev: &Device) -> Result<RopeTables> {
+    let d = cfg.head_dim;
+    let max = cfg.max_position_embeddings.min(32768);
+    let inv: Vec<f32> = (0..d / 2)
+        .map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32))
+        .collect();
+    let inv = Tensor::from_vec(inv, (1, d / 2), dev)?;
+    let t = Tensor::arange(0u32, max as u32, dev)?
+        .to_dtype(DType::F32)?
+        .reshape((max, 1))?;
+    let freqs = t.matmul(&inv)?;
+    Ok(RopeTables::new(freqs.cos()?, freqs.sin()?)?)
 }
 
 /// What every layer needs to know about the current forward pass.
 struct Pass<'a> {
     mask: KeyMask,
-    rope: &'a Rope,
+    rope: &'a RopeTables,
     offset: usize,
     eps: f64,
     diff: bool,
@@ -153,23 +128,26 @@ impl Attention {
     }
 
     fn forward(&self, x: &Tensor, pass: &Pass, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
-        let (rope, offset, diff) = (pass.rope, pass.offset, pass.diff);
+        let (rope, offset) = (pass.rope, pass.offset);
         let (b, t, _) = x.dims3()?;
         let split =
             |y: Tensor, n: usize| -> Result<Tensor> { Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?) };
-        let q = rope.apply(&split(self.q.forward(x)?, self.heads)?, offset, diff)?;
-        let mut k = rope.apply(&split(self.k.forward(x)?, self.kv_heads)?, offset, diff)?;
+        let q = ops::rope(&split(self.q.forward(x)?, self.heads)?, rope, offset)?;
+        let mut k = ops::rope(&split(self.k.forward(x)?, self.kv_heads)?, rope, offset)?;
         let mut v = split(self.v.forward(x)?, self.kv_heads)?.contiguous()?;
         if let Some((pk, pv)) = cache.as_ref() {
             k = Tensor::cat(&[pk, &k], 2)?;
             v = Tensor::cat(&[pv, &v], 2)?;
         }
         *cache = Some((k.clone(), v.clone()));
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        if !pass.diff && x.device().is_cpu() {
+            return Ok(self.o.forward(&ops::attention(&q, &k, &v, scale, &pass.mask)?)?);
+        }
         // Grouped-query attention: each kv head serves `heads / kv_heads` query heads.
         let group = self.heads / self.kv_heads;
         let s = k.dim(2)?;
         let q = q.reshape((b, self.kv_heads, group * t, self.head_dim))?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
         let att = q.matmul(&k.t()?)?.reshape((b, self.heads, t, s))?;
         let att = masked_softmax(&att, scale, &pass.mask)?;
         let y = att.reshape((b, self.kv_heads, group * t, s))?.matmul(&v)?;
@@ -228,7 +206,7 @@ pub struct Transformer {
     embed: Embedding,
     blocks: Vec<Block>,
     norm: Tensor,
-    rope: Rope,
+    rope: RopeTables,
     eps: f64,
     max_positions: usize,
     /// Use the differentiable (training) path.
@@ -265,7 +243,7 @@ impl Transformer {
             .pp("norm")
             .get_with_hints(cfg.hidden_size, "weight", candle_nn::Init::Const(1.0))?;
         Ok(Transformer {
-            rope: Rope::new(cfg, vb.device())?,
+            rope: rope_tables(cfg, vb.device())?,
             embed,
             blocks,
             norm,

@@ -15,7 +15,8 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
 
 Examples:
   stepwise lab                          # standard preset, about ten minutes on 2 cores
-  stepwise lab --preset quick --seed 2  # every stage, small, about two minutes"
+  stepwise lab --preset quick --seed 2  # every stage, small, about two minutes
+  stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed"
 )]
 pub struct Args {
     /// quick (minutes, noisy) or standard (the measured setting).
@@ -27,10 +28,14 @@ pub struct Args {
     /// Run folder (default runs/PRESET-seedN); rerunning reuses what is complete.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Change one preset field, e.g. `--set policy_steps=3000 --set rollouts=8` (repeatable;
+    /// the fields are in the run folder's preset.json).
+    #[arg(long = "set", value_name = "FIELD=VALUE")]
+    pub sets: Vec<String>,
 }
 
 pub fn run_lab(a: Args) -> Result<()> {
-    let preset = Preset::by_name(&a.preset)?;
+    let preset = Preset::by_name(&a.preset)?.with_overrides(&a.sets)?;
     let out = a
         .out
         .unwrap_or_else(|| PathBuf::from(format!("runs/{}-seed{}", preset.name, a.seed)));

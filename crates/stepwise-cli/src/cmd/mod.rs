@@ -1,5 +1,8 @@
 //! One module per subcommand.
+pub mod annotate;
+pub mod bon;
 pub mod convert;
+pub mod eval;
 pub mod generate;
 pub mod grade;
 pub mod lab;

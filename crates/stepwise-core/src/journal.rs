@@ -79,3 +79,9 @@ impl Journal {
         Ok(())
     }
 }
+
+/// Put records resumed from a journal back in the order of `keys` (their input order).
+pub fn sort_like<'a, T>(kept: &mut [T], keys: impl Iterator<Item = &'a str>, key: impl Fn(&T) -> &str) {
+    let order: std::collections::HashMap<&str, usize> = keys.enumerate().map(|(i, k)| (k, i)).collect();
+    kept.sort_by_key(|r| order.get(key(r)).copied().unwrap_or(usize::MAX));
+}

@@ -1,0 +1,109 @@
+use anyhow::{bail, Result};
+use std::path::PathBuf;
+use stepwise_core::answer::extract_answer;
+use stepwise_core::grader::{grade, GradeMode};
+use stepwise_core::{Format, Solution, SolutionReader};
+use stepwise_label::{annotate_resumable, EnginePolicy, McOptions};
+use stepwise_model::{default_device, Model, SamplingParams, Tokenizer};
+
+/// Label steps automatically by Monte Carlo rollouts (Math-Shepherd).
+#[derive(clap::Args)]
+#[command(
+    after_help = "For each step i of each solution, the policy completes the solution K times from the \
+prefix ending at step i; the soft label is the fraction of completions whose final answer grades equal to the \
+solution's `gold_answer` (lenient grader), the hard label is \"any did\". Labelling stops at the first step no \
+rollout rescues: later steps are bad without spending rollouts. Each labelled solution is appended to --output as \
+soon as it is done; run the same command again after an interruption and it continues where it stopped, with the \
+same records an uninterrupted run writes. Train on the result with `stepwise train-prm` (soft labels: BCE).
+
+Example:
+  stepwise generate --model POLICY --input problems.jsonl -n 4 --output samples.jsonl
+  stepwise annotate --policy POLICY --input samples.jsonl --rollouts 8 --output labeled.jsonl"
+)]
+pub struct Args {
+    /// Policy checkpoint folder that completes the prefixes.
+    #[arg(long)]
+    pub policy: PathBuf,
+    /// Solutions to label (any format; each needs a gold answer).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Labelled solutions (stepwise JSONL, appended and resumed).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Rollouts per step prefix.
+    #[arg(long, default_value_t = 8)]
+    pub rollouts: usize,
+    /// Sampling temperature of the rollouts.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Most new tokens per rollout.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Text between steps in the prompt and in completions.
+    #[arg(long, default_value = "\n")]
+    pub separator: String,
+    /// Wrap the question in the tokenizer's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Seed (each solution and step derives its own).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Input format (detected when omitted).
+    #[arg(long)]
+    pub from: Option<Format>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.output.extension().is_some_and(|e| e != "jsonl") {
+        bail!(
+            "{}: --output must be a .jsonl file (it is appended to and resumed)",
+            a.output.display()
+        );
+    }
+    let sols: Vec<Solution> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
+    if let Some((i, s)) = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none()) {
+        bail!(
+            "{}: record {} (`{}`): field `gold_answer`: missing",
+            a.input.display(),
+            i + 1,
+            s.id
+        );
+    }
+    let dev = default_device();
+    let model = Model::load(&a.policy, &dev)?;
+    let tok = Tokenizer::from_dir(&a.policy)?;
+    let mut stop = model.config.eos_token_ids.clone();
+    stop.extend(tok.eos_id());
+    let policy = EnginePolicy {
+        model: &model,
+        tokenizer: &tok,
+        params: SamplingParams {
+            temperature: a.temperature,
+            max_new_tokens: a.max_tokens,
+            stop_token_ids: stop,
+            ..Default::default()
+        },
+        chat: a.chat,
+        separator: a.separator.clone(),
+    };
+    let correct = |s: &Solution, full: &[String]| {
+        let gold = s.gold_answer.as_deref().unwrap_or_default();
+        extract_answer(&full.join("\n")).is_some_and(|x| grade(&x, gold, GradeMode::Lenient))
+    };
+    let bar = crate::progress::bar(Some(sols.len() as u64), "annotating");
+    let opts = McOptions {
+        rollouts: a.rollouts,
+        seed: a.seed,
+    };
+    let (labelled, spent) = annotate_resumable(&a.output, &sols, &policy, &correct, &opts, |done| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
+    eprintln!(
+        "labelled {} solutions ({steps} steps) with {spent} rollouts; {}",
+        labelled.len(),
+        a.output.display()
+    );
+    Ok(())
+}

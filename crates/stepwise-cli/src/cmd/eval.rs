@@ -1,0 +1,77 @@
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use stepwise_core::{Format, SolutionReader};
+use stepwise_eval::processbench::{predict_first_error, score};
+
+/// Evaluate scored solutions.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// ProcessBench's metric: find the earliest wrong step (or that there is none).
+    #[command(
+        after_help = "Input: solutions whose steps carry both labels (the truth: ProcessBench's `label`, \
+PRM800K ratings, oracle labels, …) and scores (from `stepwise score`). The predicted first error is the first step \
+scoring below --threshold. Reports accuracy on erroneous solutions, on correct ones, and their harmonic mean (F1).
+
+Example:
+  stepwise score --model PRM --input ../shared/data/processbench/gsm8k.json --output scored.jsonl
+  stepwise eval processbench --input scored.jsonl"
+    )]
+    Processbench(ProcessBenchArgs),
+}
+
+/// Arguments of `eval processbench`.
+#[derive(clap::Args)]
+pub struct ProcessBenchArgs {
+    /// Scored, labelled solutions.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// A step scoring below this is predicted wrong.
+    #[arg(long, default_value_t = 0.5)]
+    pub threshold: f32,
+    /// Input format (detected when omitted).
+    #[arg(long)]
+    pub from: Option<Format>,
+}
+
+pub fn run(c: Command) -> Result<()> {
+    match c {
+        Command::Processbench(a) => processbench(a),
+    }
+}
+
+fn processbench(a: ProcessBenchArgs) -> Result<()> {
+    let mut pairs = Vec::new();
+    for (i, s) in SolutionReader::open(&a.input, a.from)?.enumerate() {
+        let s = s?;
+        let scores = s
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(k, st)| {
+                st.score.with_context(|| {
+                    format!(
+                        "{}: record {}: field `steps[{k}].score`: missing (run `stepwise score`)",
+                        a.input.display(),
+                        i + 1
+                    )
+                })
+            })
+            .collect::<Result<Vec<f32>>>()?;
+        if s.steps.iter().any(|st| st.label.is_none()) {
+            anyhow::bail!("{}: record {}: a step without a label", a.input.display(), i + 1);
+        }
+        pairs.push((predict_first_error(&scores, a.threshold), s.first_error()));
+    }
+    let m = score(&pairs);
+    println!(
+        "{} solutions ({} with an error, {} without): error accuracy {:.3}, correct accuracy {:.3}, F1 {:.3}",
+        pairs.len(),
+        m.counts.0,
+        m.counts.1,
+        m.error_accuracy,
+        m.correct_accuracy,
+        m.f1
+    );
+    println!("{}", serde_json::to_string(&m)?);
+    Ok(())
+}

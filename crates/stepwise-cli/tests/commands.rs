@@ -1,0 +1,130 @@
+//! The stage subcommands on files: `annotate` (resumable), `bon` and `eval processbench`.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn stepwise(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stepwise {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stepwise-cmd-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn write_jsonl(p: &Path, rows: &[Value]) {
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(p, text).unwrap();
+}
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/hf-tiny")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn step(text: &str, score: f32, good: bool) -> Value {
+    json!({"text": text, "score": score, "label": {"rating": if good {"good"} else {"bad"}}})
+}
+
+#[test]
+fn annotate_labels_every_step_by_rollouts_and_resumes() {
+    let d = tmp("annotate");
+    let input = d.join("samples.jsonl");
+    let rows: Vec<Value> = (0..3)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "problem_id": "p", "question": "What is 3 * 4?",
+                   "steps": [{"text": "3 * 4 = 12"}, {"text": "The answer is 12"}], "gold_answer": "12"})
+        })
+        .collect();
+    write_jsonl(&input, &rows);
+    let out = d.join("labeled.jsonl");
+    let args = [
+        "annotate",
+        "--policy",
+        &fixture("qwen2-policy"),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--rollouts",
+        "3",
+        "--max-tokens",
+        "12",
+    ];
+    stepwise(&args);
+    let first = std::fs::read_to_string(&out).unwrap();
+    let recs: Vec<Value> = first.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(recs.len(), 3);
+    for r in &recs {
+        let steps = r["steps"].as_array().unwrap();
+        assert_eq!(steps[0]["label"]["source"]["kind"], "monte_carlo");
+        assert_eq!(steps[0]["label"]["source"]["rollouts"], 3);
+        assert!(r["meta"]["rollouts"].as_u64().unwrap() >= 3);
+    }
+    // Run again: everything is already labelled, nothing changes.
+    stepwise(&args);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
+}
+
+#[test]
+fn bon_and_processbench_on_scored_files() {
+    let d = tmp("bon");
+    // Problem p1: the PRM prefers the correct sample, the majority is wrong.
+    // Problem p2: one sample, correct.
+    let rows = vec![
+        json!({"id": "a", "problem_id": "p1", "question": "q1", "final_answer": "5", "correct": true,
+               "steps": [step("x", 0.9, true), step("y", 0.8, true)]}),
+        json!({"id": "b", "problem_id": "p1", "question": "q1", "final_answer": "6", "correct": false,
+               "steps": [step("x", 0.9, true), step("z", 0.2, false)]}),
+        json!({"id": "c", "problem_id": "p1", "question": "q1", "final_answer": "6", "correct": false,
+               "steps": [step("w", 0.3, false), step("z", 0.6, false)]}),
+        json!({"id": "e", "problem_id": "p2", "question": "q2", "final_answer": "1", "correct": true,
+               "steps": [step("v", 0.7, true)]}),
+    ];
+    let scored = d.join("scored.jsonl");
+    write_jsonl(&scored, &rows);
+    let out = stepwise(&[
+        "bon",
+        "--input",
+        scored.to_str().unwrap(),
+        "--ns",
+        "3",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    let row = |m: &str| -> String {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {m} |")))
+            .unwrap()
+            .to_string()
+    };
+    assert!(row("PRM (min)").contains("| 1.000"), "{table}");
+    assert!(row("majority vote").contains("| 0.500"), "{table}");
+    assert!(row("pass@N").contains("| 1.000"), "{table}");
+    assert!(d.join("bon.json").exists() && d.join("bon.png").exists());
+
+    // First errors: a → none (predicted none), b → 1 (predicted 1), c → 0 (predicted 0),
+    // e → none (predicted none): everything found.
+    let out = stepwise(&["eval", "processbench", "--input", scored.to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let m: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(m["f1"], 1.0, "{text}");
+    assert_eq!(m["counts"], json!([2, 2]));
+}
