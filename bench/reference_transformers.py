@@ -1,6 +1,7 @@
 """Reference throughput with PyTorch + transformers for `cargo bench -p stepwise-model`.
 
-Same workloads: forward passes over 8 x 256 tokens with the head at every position (scoring), and
+Same workloads: forward passes over 8 x 256 tokens, the decoder only (the Rust side reads the
+head at one position per sequence, which costs nothing), and
 greedy decoding of 64 new tokens for 8 continuations of a 32-token prompt (generation), on the
 fixture checkpoints and (with --big) a randomly initialised Qwen2.5-0.5B-shaped model.
 Optional: `pip install torch transformers`; never needed by the tests or CI.
@@ -40,7 +41,7 @@ def main():
     prm = AutoModel.from_pretrained(FIX / "qwen2-prm", trust_remote_code=False, torch_dtype=torch.float32)
     print(f"qwen2-prm: scoring {scoring(prm, 20):.0f} tokens/s")
     pol = AutoModelForCausalLM.from_pretrained(FIX / "qwen2-policy", torch_dtype=torch.float32)
-    print(f"qwen2-policy: scoring {scoring(pol, 20):.0f} tokens/s")
+    print(f"qwen2-policy: scoring {scoring(pol.model, 20):.0f} tokens/s")
     print(f"qwen2-policy: generation {generation(pol):.0f} new tokens/s")
     if "--big" in sys.argv:
         cfg = AutoConfig.for_model("qwen2", vocab_size=151936, hidden_size=896, num_hidden_layers=24,

@@ -17,14 +17,19 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny")
 }
 
-/// Forward passes over `BATCH × SEQ` tokens with a head at every position: tokens/s.
+/// Forward passes over `BATCH × SEQ` tokens with the head read at the last position (a reward
+/// read where the solution ends; PRMs read a few positions, never all): tokens/s.
 fn scoring(model: &Model, reps: usize) -> anyhow::Result<f64> {
     let ids: Vec<u32> = (0..BATCH * SEQ).map(|i| (i * 7 % 500) as u32 + 10).collect();
     let ids = Tensor::from_vec(ids, (BATCH, SEQ), &model.device)?;
-    let _ = model.forward(&ids, None)?;
+    let pass = || -> anyhow::Result<Tensor> {
+        let h = model.hidden(&ids, None, None)?;
+        model.head_logits(&h.narrow(1, SEQ - 1, 1)?)
+    };
+    let _ = pass()?;
     let t = Instant::now();
     for _ in 0..reps {
-        let _ = model.forward(&ids, None)?;
+        let _ = pass()?;
     }
     Ok((reps * BATCH * SEQ) as f64 / t.elapsed().as_secs_f64())
 }

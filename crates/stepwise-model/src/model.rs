@@ -77,11 +77,19 @@ impl Model {
         Self::new(config, vb).with_context(|| format!("building the model from {}", dir.display()))
     }
 
-    /// Load trainable: every weight becomes a variable in `varmap` (missing head weights, e.g. a
-    /// new classifier on a causal LM, are freshly initialised).
-    pub fn load_trainable(dir: &Path, config: ModelConfig, varmap: &VarMap, device: &Device) -> Result<Self> {
+    /// Load trainable: every weight becomes a variable in `varmap`; weights the folder lacks
+    /// (a new classifier on a causal LM, extra layers) are initialised from `seed` as in
+    /// [`Model::fresh`], so a fine-tuning run is reproducible.
+    pub fn load_trainable(
+        dir: &Path,
+        config: ModelConfig,
+        varmap: &VarMap,
+        device: &Device,
+        seed: u64,
+    ) -> Result<Self> {
         let files = weight_files(dir)?;
         let tensors = load_tensors(&files, device)?;
+        let loaded: std::collections::HashSet<String> = tensors.keys().cloned().collect();
         {
             let mut data = varmap.data().lock().unwrap();
             for (name, t) in tensors {
@@ -89,7 +97,9 @@ impl Model {
             }
         }
         let vb = VarBuilder::from_varmap(varmap, DType::F32, device);
-        Self::new(config, vb)
+        let model = Self::new(config, vb)?;
+        init_vars(varmap, |name| !loaded.contains(name), device, seed)?;
+        Ok(model)
     }
 
     /// A freshly initialised model whose weights live in `varmap`, initialised as transformers
@@ -97,25 +107,7 @@ impl Model {
     pub fn fresh(config: ModelConfig, varmap: &VarMap, device: &Device, seed: u64) -> Result<Self> {
         let vb = VarBuilder::from_varmap(varmap, DType::F32, device);
         let model = Self::new(config, vb)?;
-        let data = varmap.data().lock().unwrap();
-        let mut names: Vec<&String> = data.keys().collect();
-        names.sort();
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let normal = rand_distr::Normal::new(0.0f32, 0.02).unwrap();
-        for name in names {
-            let var = &data[name];
-            let shape = var.as_tensor().shape().clone();
-            let t = if name.ends_with("norm.weight") {
-                Tensor::ones(shape, DType::F32, device)?
-            } else if name.ends_with(".bias") {
-                Tensor::zeros(shape, DType::F32, device)?
-            } else {
-                let v: Vec<f32> = (0..shape.elem_count()).map(|_| rng.sample(normal)).collect();
-                Tensor::from_vec(v, shape, device)?
-            };
-            var.set(&t)?;
-        }
-        drop(data);
+        init_vars(varmap, |_| true, device, seed)?;
         Ok(model)
     }
 
@@ -146,6 +138,30 @@ impl Model {
     pub fn encoded_tokens(&self) -> usize {
         self.decoder.encoded_tokens.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// Initialise the variables of `varmap` that `which` selects, in name order, from `seed`:
+/// normal with std 0.02, RMSNorm weights 1, biases 0 (transformers' scheme).
+fn init_vars(varmap: &VarMap, which: impl Fn(&str) -> bool, device: &Device, seed: u64) -> Result<()> {
+    let data = varmap.data().lock().unwrap();
+    let mut names: Vec<&String> = data.keys().filter(|n| which(n)).collect();
+    names.sort();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let normal = rand_distr::Normal::new(0.0f32, 0.02).unwrap();
+    for name in names {
+        let var = &data[name];
+        let shape = var.as_tensor().shape().clone();
+        let t = if name.ends_with("norm.weight") {
+            Tensor::ones(shape, DType::F32, device)?
+        } else if name.ends_with(".bias") {
+            Tensor::zeros(shape, DType::F32, device)?
+        } else {
+            let v: Vec<f32> = (0..shape.elem_count()).map(|_| rng.sample(normal)).collect();
+            Tensor::from_vec(v, shape, device)?
+        };
+        var.set(&t)?;
+    }
+    Ok(())
 }
 
 /// Probability of "good" from head outputs `[.., classes]`: softmax class 1 of a 2-class head,

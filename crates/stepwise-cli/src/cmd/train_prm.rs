@@ -136,7 +136,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut model = match (&a.base, &a.config) {
         (Some(base), _) => {
             let cfg = with_head(ModelConfig::from_dir(base)?);
-            let m = Model::load_trainable(base, cfg.clone(), &varmap, &dev)?;
+            let m = Model::load_trainable(base, cfg.clone(), &varmap, &dev, a.seed)?;
             drop(m);
             // Drop a causal-LM head that the classifier does not use, then build on the rest.
             varmap.data().lock().unwrap().remove("lm_head.weight");
