@@ -27,13 +27,7 @@ fn main() -> anyhow::Result<()> {
         })
         .collect();
     let refs: Vec<&Example> = data.iter().collect();
-    let named: Vec<_> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let named = stepwise_model::optim::named_vars(&varmap);
     let mut opt = AdamW::new(named, 1e-3, 0.01)?;
     let (mut f, mut b, mut o) = (0.0, 0.0, 0.0);
     let reps = 20;

@@ -110,6 +110,17 @@ impl AdamW {
     }
 }
 
+/// Every variable of `varmap` with its name (what [`AdamW::new`] takes).
+pub fn named_vars(varmap: &candle_nn::VarMap) -> Vec<(String, Var)> {
+    varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// Sum `b` into `a` (gradient accumulation).
 pub fn accumulate(a: &mut GradStore, b: GradStore, vars: &[Var]) -> Result<()> {
     for v in vars {

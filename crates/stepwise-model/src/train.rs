@@ -247,13 +247,7 @@ pub fn train(
     if train_set.is_empty() {
         bail!("no training examples");
     }
-    let named: Vec<(String, candle_core::Var)> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let named = crate::optim::named_vars(varmap);
     let vars: Vec<candle_core::Var> = named.iter().map(|(_, v)| v.clone()).collect();
     let mut opt = AdamW::new(named, cfg.lr, cfg.weight_decay)?;
     let mut state = TrainState::default();

@@ -34,6 +34,10 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+fn strs(v: &Value) -> Vec<&str> {
+    v.as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect()
+}
+
 #[test]
 fn prm_fixtures_reproduce_transformers() {
     let exp = expected();
@@ -49,12 +53,7 @@ fn prm_fixtures_reproduce_transformers() {
         let mut encoded = Vec::new();
         let mut want = Vec::new();
         for it in items {
-            let steps: Vec<&str> = it["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s.as_str().unwrap())
-                .collect();
+            let steps = strs(&it["steps"]);
             let e = scorer.encode(it["problem"].as_str().unwrap(), &steps).unwrap();
             assert_eq!(e.ids, ids(&it["input_ids"]), "{case}: token ids");
             let pos: Vec<usize> = it["step_positions"]
@@ -132,12 +131,7 @@ fn value_head_reproduces_transformers() {
     };
     let mut encoded = Vec::new();
     for it in exp["items"].as_array().unwrap() {
-        let steps: Vec<&str> = it["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s.as_str().unwrap())
-            .collect();
+        let steps = strs(&it["steps"]);
         let e = scorer.encode(it["problem"].as_str().unwrap(), &steps).unwrap();
         assert_eq!(e.ids, ids(&it["input_ids"]), "token ids");
         let got = scorer.score_batch(std::slice::from_ref(&e)).unwrap().remove(0);

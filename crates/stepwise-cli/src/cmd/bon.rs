@@ -66,20 +66,7 @@ pub fn run(a: Args) -> Result<()> {
                 i + 1
             )
         })?;
-        let step_scores = s
-            .steps
-            .iter()
-            .enumerate()
-            .map(|(k, st)| {
-                st.score.with_context(|| {
-                    format!(
-                        "{}: record {}: field `steps[{k}].score`: missing (run `stepwise score`)",
-                        a.input.display(),
-                        i + 1
-                    )
-                })
-            })
-            .collect::<Result<Vec<f32>>>()?;
+        let step_scores = super::step_scores(s, &a.input, i)?;
         let outcome_score = match &a.orm {
             Some(p) => *orm
                 .get(&s.id)

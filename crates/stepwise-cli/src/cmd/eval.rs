@@ -1,4 +1,4 @@
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 use stepwise_core::{Format, SolutionReader};
 use stepwise_eval::processbench::{predict_first_error, score};
@@ -43,20 +43,7 @@ fn processbench(a: ProcessBenchArgs) -> Result<()> {
     let mut pairs = Vec::new();
     for (i, s) in SolutionReader::open(&a.input, a.from)?.enumerate() {
         let s = s?;
-        let scores = s
-            .steps
-            .iter()
-            .enumerate()
-            .map(|(k, st)| {
-                st.score.with_context(|| {
-                    format!(
-                        "{}: record {}: field `steps[{k}].score`: missing (run `stepwise score`)",
-                        a.input.display(),
-                        i + 1
-                    )
-                })
-            })
-            .collect::<Result<Vec<f32>>>()?;
+        let scores = super::step_scores(&s, &a.input, i)?;
         if s.steps.iter().any(|st| st.label.is_none()) {
             anyhow::bail!("{}: record {}: a step without a label", a.input.display(), i + 1);
         }
