@@ -10,6 +10,13 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
 use rayon::prelude::*;
 use std::sync::Arc;
 
+mod attention;
+mod simd;
+mod swiglu;
+
+pub use attention::attention;
+pub use swiglu::swiglu;
+
 /// Which keys each query of an attention score tensor `[b, h, t, s]` may see.
 #[derive(Debug, Clone)]
 pub struct KeyMask {
@@ -57,6 +64,44 @@ impl KeyMask {
     }
 }
 
+/// One row of [`masked_softmax`] over its causal window `x` (keys past it stay 0).
+struct SoftmaxRow<'a> {
+    x: &'a [f32],
+    /// Which keys of the window are real tokens (`None`: all are).
+    valid: Option<&'a [bool]>,
+    scale: f32,
+    y: &'a mut [f32],
+}
+
+impl simd::Kernel for SoftmaxRow<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        for (y, x) in self.y.iter_mut().zip(self.x) {
+            *y = x * self.scale;
+        }
+        softmax_window::<FMA>(self.y, self.valid);
+    }
+}
+
+/// Softmax in place over one query's causal window of scaled scores, skipping padding keys
+/// (`valid`, `None`: all keys are real). A query whose visible keys are all padding (itself
+/// padding) attends over the whole window, as an additive −1e9 mask would make it.
+#[inline(always)]
+fn softmax_window<const FMA: bool>(y: &mut [f32], valid: Option<&[bool]>) {
+    if let Some(valid) = valid.filter(|v| v.iter().any(|&ok| ok)) {
+        for (y, &ok) in y.iter_mut().zip(valid) {
+            if !ok {
+                *y = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let max = simd::max(y);
+    let inv = 1.0 / simd::exp_sub_sum::<FMA>(y, max);
+    for y in y.iter_mut() {
+        *y *= inv;
+    }
+}
+
 struct MaskedSoftmax {
     scale: f32,
     mask: KeyMask,
@@ -81,29 +126,13 @@ impl CustomOp1 for MaskedSoftmax {
         let valid = self.mask.valid.as_deref();
         out.par_chunks_mut(s).enumerate().for_each(|(row, y)| {
             let (bi, i) = (row / (h * t), row % t);
-            let xs = &x[row * s..(row + 1) * s];
             let causal = (offset + i + 1).min(s);
-            let ok = |j: usize| valid.is_none_or(|v| v[bi * s + j]);
-            // A query whose visible keys are all padding (itself padding) attends uniformly
-            // over the causal window, as an additive −1e9 mask would make it.
-            let any = (0..causal).any(ok);
-            let keep = |j: usize| !any || ok(j);
-            let mut max = f32::NEG_INFINITY;
-            for j in (0..causal).filter(|&j| keep(j)) {
-                max = max.max(xs[j] * scale);
-            }
-            let mut sum = 0f32;
-            for j in 0..causal {
-                if keep(j) {
-                    let e = (xs[j] * scale - max).exp();
-                    y[j] = e;
-                    sum += e;
-                }
-            }
-            let inv = 1.0 / sum;
-            for v in &mut y[..causal] {
-                *v *= inv;
-            }
+            simd::dispatch(SoftmaxRow {
+                x: &x[row * s..][..causal],
+                valid: valid.map(|v| &v[bi * s..][..causal]),
+                scale,
+                y: &mut y[..causal],
+            });
         });
         Ok((CpuStorage::F32(out), layout.shape().clone()))
     }
@@ -318,78 +347,6 @@ pub fn rope(x: &Tensor, tables: &RopeTables, offset: usize) -> candle_core::Resu
     candle_nn::rotary_emb::rope_slow(&x.contiguous()?, &cos, &sin)
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent partial sums, so the compiler can keep them in one vector register.
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// Inference attention in one pass per query: `softmax(scale · q·kᵀ)` over the keys `mask`
-/// allows, times `v`, without materialising the score matrix (and without computing the masked
-/// half of a causal one). `q` `[b, h, t, d]`, `k`/`v` `[b, kv_heads, s, d]` (each key/value head
-/// serves `h / kv_heads` query heads). Returns `[b, t, h · d]`, the layout the output projection
-/// reads. No gradient: the training path uses [`masked_softmax`] between two matmuls.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: &KeyMask) -> candle_core::Result<Tensor> {
-    let (b, h, t, d) = q.dims4()?;
-    let (_, kvh, s, _) = k.dims4()?;
-    let group = h / kvh;
-    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-    let (qs, ks, vs): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-        q.flatten_all()?.to_vec1()?,
-        k.flatten_all()?.to_vec1()?,
-        v.flatten_all()?.to_vec1()?,
-    );
-    let scale = scale as f32;
-    let valid = mask.valid.as_deref();
-    let mut out = vec![0f32; b * t * h * d];
-    // Output row (bi, i, hi) of `[b, t, h, d]`.
-    out.par_chunks_mut(d).enumerate().for_each_init(
-        || Vec::with_capacity(s),
-        |scores, (row, y)| {
-            let (bi, i, hi) = (row / (t * h), (row / h) % t, row % h);
-            let qr = &qs[((bi * h + hi) * t + i) * d..][..d];
-            let base = (bi * kvh + hi / group) * s;
-            let causal = (mask.offset + i + 1).min(s);
-            let ok = |j: usize| valid.is_none_or(|m| m[bi * s + j]);
-            let any = (0..causal).any(ok);
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for j in 0..causal {
-                let x = if !any || ok(j) {
-                    dot(qr, &ks[(base + j) * d..][..d]) * scale
-                } else {
-                    f32::NEG_INFINITY
-                };
-                max = max.max(x);
-                scores.push(x);
-            }
-            let mut sum = 0f32;
-            for (j, x) in scores.iter().enumerate() {
-                if *x == f32::NEG_INFINITY {
-                    continue;
-                }
-                let p = (x - max).exp();
-                sum += p;
-                for (yv, vv) in y.iter_mut().zip(&vs[(base + j) * d..][..d]) {
-                    *yv += p * vv;
-                }
-            }
-            let inv = 1.0 / sum;
-            for yv in y.iter_mut() {
-                *yv *= inv;
-            }
-        },
-    );
-    Tensor::from_vec(out, (b, t, h * d), q.device())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,6 +396,18 @@ mod tests {
                 v[0].broadcast_div(&d).unwrap().broadcast_mul(&v[1]).unwrap()
             },
             &[x, w],
+        );
+    }
+
+    #[test]
+    fn swiglu_matches_the_unfused_ops() {
+        let dev = Device::Cpu;
+        let g = Tensor::randn(0f32, 3., (3, 5000), &dev).unwrap();
+        let u = Tensor::randn(0f32, 1., (3, 5000), &dev).unwrap();
+        same_with_grads(
+            |v| swiglu(&v[0], &v[1]).unwrap(),
+            |v| (candle_nn::ops::silu(&v[0]).unwrap() * v[1].as_tensor()).unwrap(),
+            &[g, u],
         );
     }
 

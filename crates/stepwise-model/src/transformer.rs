@@ -176,8 +176,8 @@ impl Mlp {
         })
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = candle_nn::ops::silu(&self.gate.forward(x)?)?;
-        Ok(self.down.forward(&(g * self.up.forward(x)?)?)?)
+        let g = ops::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+        Ok(self.down.forward(&g)?)
     }
 }
 

@@ -1,0 +1,161 @@
+//! Inference attention in one pass per query row, reading q, k and v where candle stores them.
+//!
+//! Per query row: scores against the visible keys (eight keys at a time from a transposed copy of
+//! K, so the dot products vectorise across keys), the softmax with a vectorised `exp`, and the
+//! weighted sum of values. The score matrix is never materialised and the masked half of a causal
+//! one is never computed.
+
+use super::simd::{self, Kernel, LANES};
+use super::KeyMask;
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// The op: `softmax(scale · q·kᵀ) · v` over the keys `mask` allows.
+struct Attention {
+    scale: f32,
+    mask: KeyMask,
+}
+
+/// Everything one query row needs, shared by all rows.
+struct Inputs<'a> {
+    q: &'a [f32],
+    /// K transposed per (sequence, kv head): `[b, kv_heads, d, s_pad]`, zero beyond `s`.
+    kt: &'a [f32],
+    v: &'a [f32],
+    heads: usize,
+    kv_heads: usize,
+    t: usize,
+    s: usize,
+    s_pad: usize,
+    d: usize,
+    scale: f32,
+    mask: &'a KeyMask,
+}
+
+impl Inputs<'_> {
+    /// Writes output row `row` (sequence, query, head) of `[b, t, h, d]` into `y`; `scores` is
+    /// scratch space.
+    #[inline(always)]
+    fn row<const FMA: bool>(&self, row: usize, y: &mut [f32], scores: &mut Vec<f32>) {
+        let (h, t, s, d) = (self.heads, self.t, self.s, self.d);
+        let (bi, i, hi) = (row / (t * h), (row / h) % t, row % h);
+        let kv = bi * self.kv_heads + hi / (h / self.kv_heads);
+        let q = &self.q[((bi * h + hi) * t + i) * d..][..d];
+        let kt = &self.kt[kv * d * self.s_pad..][..d * self.s_pad];
+        let causal = (self.mask.offset + i + 1).min(s);
+        // Scores for eight keys at a time, one query component per pass over the row.
+        scores.clear();
+        scores.resize(causal.div_ceil(LANES) * LANES, 0.0);
+        for (k, &qk) in q.iter().enumerate() {
+            let keys = &kt[k * self.s_pad..][..scores.len()];
+            simd::axpy::<FMA>(qk * self.scale, keys, scores);
+        }
+        scores.truncate(causal);
+        let valid = self.mask.valid.as_deref().map(|v| &v[bi * s..][..causal]);
+        super::softmax_window::<FMA>(scores, valid);
+        simd::weighted_sum::<FMA>(scores, &self.v[kv * s * d..][..causal * d], y);
+    }
+}
+
+/// A block of consecutive output rows, starting at row `first`.
+struct Rows<'a, 'b> {
+    inputs: &'a Inputs<'a>,
+    first: usize,
+    out: &'b mut [f32],
+    scores: &'b mut Vec<f32>,
+}
+
+impl Kernel for Rows<'_, '_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        for (r, y) in self.out.chunks_exact_mut(self.inputs.d).enumerate() {
+            self.inputs.row::<FMA>(self.first + r, y, self.scores);
+        }
+    }
+}
+
+/// `[b, kv_heads, s, d]` → `[b, kv_heads, d, s_pad]`, zero-padded to a whole number of lanes.
+fn transpose_keys(k: &[f32], s: usize, d: usize, s_pad: usize) -> Vec<f32> {
+    let mut kt = vec![0f32; k.len() / s * s_pad];
+    kt.par_chunks_mut(d * s_pad)
+        .zip(k.par_chunks(s * d))
+        .for_each(|(dst, src)| {
+            for (j, key) in src.chunks_exact(d).enumerate() {
+                for (c, &x) in key.iter().enumerate() {
+                    dst[c * s_pad + j] = x;
+                }
+            }
+        });
+    kt
+}
+
+impl CustomOp3 for Attention {
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        qs: &CpuStorage,
+        ql: &Layout,
+        ks: &CpuStorage,
+        kl: &Layout,
+        vs: &CpuStorage,
+        vl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (q, k, v) = (
+            super::f32_slice(qs, ql, "attention")?,
+            super::f32_slice(ks, kl, "attention")?,
+            super::f32_slice(vs, vl, "attention")?,
+        );
+        let (b, h, t, d) = ql.shape().dims4()?;
+        let (_, kv_heads, s, _) = kl.shape().dims4()?;
+        let s_pad = s.div_ceil(LANES) * LANES;
+        let kt = transpose_keys(k, s, d, s_pad);
+        let inputs = Inputs {
+            q,
+            kt: &kt,
+            v,
+            heads: h,
+            kv_heads,
+            t,
+            s,
+            s_pad,
+            d,
+            scale: self.scale,
+            mask: &self.mask,
+        };
+        // Blocks of rows (one query, every head) keep each task long enough to amortise the
+        // scheduling and the CPU-feature switch.
+        let block = h * d;
+        let mut out = vec![0f32; b * t * h * d];
+        out.par_chunks_mut(block).enumerate().for_each_init(
+            || Vec::with_capacity(s_pad),
+            |scores, (n, out)| {
+                simd::dispatch(Rows {
+                    inputs: &inputs,
+                    first: n * h,
+                    out,
+                    scores,
+                })
+            },
+        );
+        Ok((CpuStorage::F32(out), Shape::from((b, t, h * d))))
+    }
+}
+
+/// Inference attention: `softmax(scale · q·kᵀ)` over the keys `mask` allows, times `v`. `q`
+/// `[b, h, t, d]`, `k`/`v` `[b, kv_heads, s, d]` (each key/value head serves `h / kv_heads` query
+/// heads), f32 on the CPU. Returns `[b, t, h · d]`, the layout the output projection reads. No
+/// gradient (asking for one is an error): the training path uses
+/// [`masked_softmax`](super::masked_softmax) between two matmuls.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: &KeyMask) -> candle_core::Result<Tensor> {
+    q.contiguous()?.apply_op3(
+        &k.contiguous()?,
+        &v.contiguous()?,
+        Attention {
+            scale: scale as f32,
+            mask: mask.clone(),
+        },
+    )
+}
