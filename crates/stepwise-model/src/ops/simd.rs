@@ -35,7 +35,7 @@ pub fn exp<const FMA: bool>(x: f32) -> f32 {
     p = madd::<FMA>(p, r, 8.333_452e-3);
     p = madd::<FMA>(p, r, 4.166_579_6e-2);
     p = madd::<FMA>(p, r, 1.666_666_5e-1);
-    p = madd::<FMA>(p, r, 5.000_000_1e-1);
+    p = madd::<FMA>(p, r, 0.5);
     let y = madd::<FMA>(p, r * r, r) + 1.0;
     // 2ⁿ from its exponent bits; n + 127 ∈ [0, 255] is an integer, read from the mantissa of
     // 2²³ + n + 127 (a float-to-int cast would not vectorise).
