@@ -5,3 +5,4 @@ pub mod bon;
 pub mod labels;
 pub mod plot;
 pub mod processbench;
+pub mod ranking;

@@ -1,7 +1,7 @@
 //! The lab policy: a small causal LM over `question | step | step | <eos>`, behind the
 //! [`stepwise_label::Policy`] seam so Monte Carlo annotation does not know it is local.
 
-use crate::vocab::{join_digits, EOS, SEP};
+use crate::vocab::{EOS, SEP};
 use anyhow::Result;
 use stepwise_model::train::Example;
 use stepwise_model::{generate, Model, SamplingParams, Tokenizer};
@@ -59,7 +59,7 @@ impl stepwise_label::Policy for LabPolicy<'_> {
         generate(self.model, None, &ids, k, &p)?
             .into_iter()
             .map(|out| {
-                let text = join_digits(&self.tok.decode(&out)?);
+                let text = self.tok.decode(&out)?;
                 Ok(text
                     .replace(EOS, "")
                     .split(SEP)

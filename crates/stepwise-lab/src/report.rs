@@ -12,7 +12,8 @@ use stepwise_core::Solution;
 use stepwise_eval::bon::{curve, Curve};
 use stepwise_eval::labels::{calibration, label_quality, LabelQuality};
 use stepwise_eval::processbench::{predict_first_error, score, ProcessBenchScore};
-use stepwise_search::{Aggregation, Candidate, Selector};
+use stepwise_eval::ranking::{discrimination, Discrimination};
+use stepwise_search::{aggregate, Aggregation, Candidate, Selector};
 
 /// Everything the lab measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,6 +34,9 @@ pub struct Report {
     pub bon: Vec<Curve>,
     /// First-error localisation on held-out samples, by verifier.
     pub processbench: Vec<(String, ProcessBenchScore)>,
+    /// Ranking quality on held-out samples, by verifier (PRMs ranked by their min step score).
+    #[serde(default)]
+    pub discrimination: Vec<(String, Discrimination)>,
     /// Monte Carlo labels against the oracle: hard (any rollout succeeded) and soft.
     pub mc_label_quality: LabelQuality,
     /// Rollouts spent per labelled step.
@@ -162,6 +166,37 @@ pub fn evaluate(
         ("PRM-oracle".to_string(), calibration(&step_pairs(s_or), 10)),
     ];
 
+    let labels: Vec<Vec<Option<bool>>> = scored
+        .iter()
+        .map(|s| {
+            s.steps
+                .iter()
+                .map(|st| st.label.as_ref().map(|l| l.is_good()))
+                .collect()
+        })
+        .collect();
+    let ranked = |groups: &[Vec<Candidate>], by: &dyn Fn(&Candidate) -> f32| -> Vec<Vec<(f32, bool)>> {
+        groups
+            .iter()
+            .map(|g| g.iter().map(|c| (by(c), c.correct)).collect())
+            .collect()
+    };
+    let by_min = |c: &Candidate| aggregate(&c.step_scores, Aggregation::Min);
+    let discrimination = vec![
+        (
+            "PRM-MC".to_string(),
+            discrimination(Some((s_mc, &labels)), &ranked(&groups, &by_min)),
+        ),
+        (
+            "PRM-oracle".to_string(),
+            discrimination(Some((s_or, &labels)), &ranked(&groups_or, &by_min)),
+        ),
+        (
+            "ORM".to_string(),
+            discrimination(None, &ranked(&groups, &|c| c.outcome_score)),
+        ),
+    ];
+
     let correct: Vec<&Solution> = scored.iter().filter(|s| s.correct == Some(true)).collect();
     let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
     Ok(Report {
@@ -173,6 +208,7 @@ pub fn evaluate(
         lucky_correct_rate: lucky as f64 / correct.len().max(1) as f64,
         bon,
         processbench,
+        discrimination,
         mc_label_quality,
         rollouts_per_step: rollouts as f64 / labelled_steps as f64,
         calibration: calib,
@@ -265,6 +301,25 @@ fn body(r: &Report) -> String {
             s,
             "| {name} | {:.3} | {:.3} | {:.3} | {} / {} |",
             m.error_accuracy, m.correct_accuracy, m.f1, m.counts.0, m.counts.1
+        );
+    }
+    let _ = writeln!(s, "\n## Ranking quality\n");
+    let _ = writeln!(
+        s,
+        "Step AUROC: step scores against oracle step labels. Within-problem AUROC: the chance that a correct sample outscores a wrong sample of the same problem (PRMs by their min step score) — what best-of-N depends on; 0.5 is chance.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| verifier | step AUROC | within-problem AUROC | problems |\n|---|---|---|---|"
+    );
+    let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
+    for (name, d) in &r.discrimination {
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} |",
+            opt(d.step_auroc),
+            opt(d.within_problem_auroc),
+            d.problems
         );
     }
     let q = &r.mc_label_quality;

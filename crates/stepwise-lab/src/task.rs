@@ -68,7 +68,7 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
     let gold;
     match family {
         "chain" | "long" => {
-            let (a, b) = (rng.random_range(2..10), rng.random_range(2..10));
+            let (a, b) = (rng.random_range(2..7), rng.random_range(2..7));
             quantities.extend([a, b]);
             q.push_str(&format!("{name} has {a} {cont} of {b} {thing} ."));
             let mut total = a * b;
@@ -79,7 +79,7 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
                 rng.random_range(1..3)
             };
             for _ in 0..n_more {
-                let c = rng.random_range(2..20);
+                let c = rng.random_range(2..7);
                 quantities.push(c);
                 if rng.random_bool(0.5) || total <= c {
                     q.push_str(&format!(" {name} gets {c} more {thing} ."));
@@ -133,8 +133,8 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
             names = vec![n0, n1];
         }
         _ => {
-            let (a, b, k) = (rng.random_range(2..10), rng.random_range(2..10), rng.random_range(3..8));
-            let extra = rng.random_range(2..15);
+            let (a, b, k) = (rng.random_range(2..7), rng.random_range(2..7), rng.random_range(3..8));
+            let extra = rng.random_range(2..7);
             quantities.extend([a, b, extra, k]);
             q = format!("{name} has {a} {cont} of {b} {thing} and finds {extra} more . The {thing} are shared equally by {k} friends . How many {thing} are left over ?");
             steps.push(format!("{a} * {b} = {}", a * b));

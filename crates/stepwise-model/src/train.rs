@@ -182,30 +182,6 @@ pub fn batch_loss(model: &Model, batch: &[&Example], objective: Objective) -> Re
     }
 }
 
-/// Area under the ROC curve (ties counted half); 0.5 when one class is absent.
-pub fn auroc(pairs: &[(f32, bool)]) -> f64 {
-    let pos = pairs.iter().filter(|p| p.1).count();
-    let neg = pairs.len() - pos;
-    if pos == 0 || neg == 0 {
-        return 0.5;
-    }
-    let mut v: Vec<(f32, bool)> = pairs.to_vec();
-    v.sort_by(|a, b| a.0.total_cmp(&b.0));
-    // Rank-sum with average ranks for ties.
-    let mut rank_sum = 0.0;
-    let mut i = 0;
-    while i < v.len() {
-        let mut j = i;
-        while j < v.len() && v[j].0 == v[i].0 {
-            j += 1;
-        }
-        let avg = (i + j + 1) as f64 / 2.0;
-        rank_sum += avg * v[i..j].iter().filter(|p| p.1).count() as f64;
-        i = j;
-    }
-    (rank_sum - (pos * (pos + 1)) as f64 / 2.0) / (pos * neg) as f64
-}
-
 /// Loss, accuracy and AUROC on held-out examples (inference path, no gradients).
 pub fn evaluate(model: &Model, data: &[Example], objective: Objective, batch_size: usize) -> Result<Metrics> {
     let mut m = model.clone();
@@ -224,7 +200,7 @@ pub fn evaluate(model: &Model, data: &[Example], objective: Objective, batch_siz
     Ok(Metrics {
         loss: loss / n.max(1) as f64,
         accuracy: acc,
-        auroc: auroc(&hard),
+        auroc: stepwise_core::stats::auroc(&hard),
     })
 }
 

@@ -53,6 +53,15 @@ pub fn run_lab(a: Args) -> Result<()> {
         report.mc_label_quality.hard_accuracy,
         report.processbench.first().map_or(0.0, |p| p.1.f1)
     );
+    let within: Vec<String> = report
+        .discrimination
+        .iter()
+        .map(|(name, d)| {
+            let x = d.within_problem_auroc.map_or("-".into(), |x| format!("{x:.3}"));
+            format!("{name} {x}")
+        })
+        .collect();
+    println!("within-problem AUROC (0.5 = chance): {}", within.join(", "));
     println!(
         "report: {} ({:.0}s)",
         out.join("report.md").display(),

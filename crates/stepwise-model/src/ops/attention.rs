@@ -43,12 +43,20 @@ impl Inputs<'_> {
         let q = &self.q[((bi * h + hi) * t + i) * d..][..d];
         let kt = &self.kt[kv * d * self.s_pad..][..d * self.s_pad];
         let causal = (self.mask.offset + i + 1).min(s);
-        // Scores for eight keys at a time, one query component per pass over the row.
+        // Scores for eight keys at a time, four query components per pass over the row.
         scores.clear();
         scores.resize(causal.div_ceil(LANES) * LANES, 0.0);
-        for (k, &qk) in q.iter().enumerate() {
-            let keys = &kt[k * self.s_pad..][..scores.len()];
-            simd::axpy::<FMA>(qk * self.scale, keys, scores);
+        let n = scores.len();
+        let key_rows = |k: usize| &kt[k * self.s_pad..][..n];
+        let mut k = 0;
+        while k + 4 <= d {
+            let qk = [q[k], q[k + 1], q[k + 2], q[k + 3]].map(|x| x * self.scale);
+            let rows = [key_rows(k), key_rows(k + 1), key_rows(k + 2), key_rows(k + 3)];
+            simd::axpy4::<FMA>(qk, rows, scores);
+            k += 4;
+        }
+        for (k, &qk) in q.iter().enumerate().skip(k) {
+            simd::axpy::<FMA>(qk * self.scale, key_rows(k), scores);
         }
         scores.truncate(causal);
         let valid = self.mask.valid.as_deref().map(|v| &v[bi * s..][..causal]);

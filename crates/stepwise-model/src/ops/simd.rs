@@ -94,6 +94,21 @@ pub fn axpy<const FMA: bool>(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y += a₀·x₀ + a₁·x₁ + a₂·x₂ + a₃·x₃` (one load and store of `y` for four products).
+#[inline(always)]
+pub fn axpy4<const FMA: bool>(a: [f32; 4], x: [&[f32]; 4], y: &mut [f32]) {
+    let n = y.len();
+    let [x0, x1, x2, x3] = x.map(|r| &r[..n]);
+    for i in 0..n {
+        let mut acc = y[i];
+        acc = madd::<FMA>(a[0], x0[i], acc);
+        acc = madd::<FMA>(a[1], x1[i], acc);
+        acc = madd::<FMA>(a[2], x2[i], acc);
+        acc = madd::<FMA>(a[3], x3[i], acc);
+        y[i] = acc;
+    }
+}
+
 /// `y = Σⱼ pⱼ · rowⱼ(v)` for rows of `D` values (`y` is overwritten). Two independent sets of
 /// accumulators held in registers, so consecutive rows do not wait on each other.
 #[inline(always)]
