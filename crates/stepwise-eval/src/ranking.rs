@@ -35,10 +35,7 @@ pub type ScoredSteps<'a> = (&'a [Vec<f32>], &'a [Vec<Option<bool>>]);
 
 /// Step AUROC of `scores` against their labels (for step verifiers), plus within-problem AUROC of
 /// the solution scores in `groups`.
-pub fn discrimination(
-    scores: Option<ScoredSteps>,
-    groups: &[Vec<(f32, bool)>],
-) -> Discrimination {
+pub fn discrimination(scores: Option<ScoredSteps>, groups: &[Vec<(f32, bool)>]) -> Discrimination {
     let step_auroc = scores.map(|(scores, labels)| {
         let pairs: Vec<(f32, bool)> = scores
             .iter()
@@ -64,7 +61,14 @@ mod tests {
         // Problem A: everything scores high; problem B: everything low. Pooled, the correct
         // samples (mostly A's) look separable; within each problem the ranking is inverted.
         let groups = vec![
-            vec![(0.9, false), (0.8, true), (0.8, true), (0.8, true), (0.8, true), (0.8, true)],
+            vec![
+                (0.9, false),
+                (0.8, true),
+                (0.8, true),
+                (0.8, true),
+                (0.8, true),
+                (0.8, true),
+            ],
             vec![(0.2, false), (0.15, false), (0.12, false), (0.1, true)],
             vec![(0.5, true)],
         ];
