@@ -113,13 +113,7 @@ impl CustomOp1 for MaskedSoftmax {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("masked-softmax: f32 only");
-        };
-        let (start, end) = layout
-            .contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("masked-softmax: input must be contiguous".into()))?;
-        let x = &data[start..end];
+        let x = f32_slice(storage, layout, "masked-softmax")?;
         let (_, h, t, s) = layout.shape().dims4()?;
         let mut out = vec![0f32; x.len()];
         let (offset, scale) = (self.mask.offset, self.scale);
