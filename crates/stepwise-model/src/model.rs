@@ -1,10 +1,11 @@
 //! A decoder plus its head, loaded from (and saved to) a Hugging Face checkpoint folder.
 
 use crate::config::{HeadKind, ModelConfig};
+use crate::ops::Linear;
 use crate::transformer::{KvCache, Transformer};
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::{Linear, VarBuilder, VarMap};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::{VarBuilder, VarMap};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -43,14 +44,16 @@ impl Model {
             HeadKind::CausalLm if config.tie_word_embeddings => {
                 Head::Lm(Linear::new(decoder.embeddings().clone(), None))
             }
-            HeadKind::CausalLm => Head::Lm(candle_nn::linear_no_bias(h, config.vocab_size, vb.pp("lm_head"))?),
+            HeadKind::CausalLm => Head::Lm(Linear::load(vb.pp("lm_head"), h, config.vocab_size, false)?),
             HeadKind::ProcessRewardMlp => Head::Mlp(
-                candle_nn::linear(h, h, vb.pp("score.0"))?,
-                candle_nn::linear(h, config.num_labels, vb.pp("score.2"))?,
+                Linear::load(vb.pp("score.0"), h, h, true)?,
+                Linear::load(vb.pp("score.2"), h, config.num_labels, true)?,
             ),
-            HeadKind::TokenClassification => Head::Classifier(candle_nn::linear(h, config.num_labels, vb.pp("score"))?),
+            HeadKind::TokenClassification => {
+                Head::Classifier(Linear::load(vb.pp("score"), h, config.num_labels, true)?)
+            }
             HeadKind::SequenceClassification => {
-                Head::Classifier(candle_nn::linear_no_bias(h, config.num_labels, vb.pp("score"))?)
+                Head::Classifier(Linear::load(vb.pp("score"), h, config.num_labels, false)?)
             }
         };
         Ok(Model {
@@ -118,9 +121,10 @@ impl Model {
 
     /// Head outputs for hidden states `[.., hidden]`: vocabulary logits or class logits.
     pub fn head_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let diff = self.decoder.differentiable;
         Ok(match &self.head {
-            Head::Lm(l) | Head::Classifier(l) => l.forward(hidden)?,
-            Head::Mlp(a, b) => b.forward(&a.forward(hidden)?.relu()?)?,
+            Head::Lm(l) | Head::Classifier(l) => l.forward(hidden, diff)?,
+            Head::Mlp(a, b) => b.forward(&a.forward(hidden, diff)?.relu()?, diff)?,
         })
     }
 

@@ -11,11 +11,17 @@ use rayon::prelude::*;
 use std::sync::Arc;
 
 mod attention;
+mod linear;
 mod simd;
 mod swiglu;
 
 pub use attention::attention;
+pub use linear::{Linear, MAX_STREAMED_ROWS, MIN_STREAMED_DEPTH};
 pub use swiglu::swiglu;
+
+/// Work (multiply-adds) below which a kernel runs on the calling thread: handing a job to the
+/// thread pool and waking its workers costs more than that (decoding steps of the lab's models).
+pub(crate) const PARALLEL_MIN_WORK: usize = 1 << 16;
 
 /// Which keys each query of an attention score tensor `[b, h, t, s]` may see.
 #[derive(Debug, Clone)]

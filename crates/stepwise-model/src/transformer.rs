@@ -7,10 +7,10 @@
 //! and `rope` have no gradient).
 
 use crate::config::ModelConfig;
-use crate::ops::{self, masked_softmax, KeyMask, RopeTables};
+use crate::ops::{self, masked_softmax, KeyMask, Linear, RopeTables};
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{Embedding, Linear, VarBuilder};
+use candle_nn::{Embedding, VarBuilder};
 
 /// Per-layer key/value cache of a batch of sequences.
 #[derive(Clone, Debug, Default)]
@@ -105,11 +105,7 @@ struct Attention {
 }
 
 fn linear(vb: VarBuilder, i: usize, o: usize, bias: bool) -> Result<Linear> {
-    Ok(if bias {
-        candle_nn::linear(i, o, vb)?
-    } else {
-        candle_nn::linear_no_bias(i, o, vb)?
-    })
+    Ok(Linear::load(vb, i, o, bias)?)
 }
 
 impl Attention {
@@ -132,9 +128,9 @@ impl Attention {
         let (b, t, _) = x.dims3()?;
         let split =
             |y: Tensor, n: usize| -> Result<Tensor> { Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?) };
-        let q = ops::rope(&split(self.q.forward(x)?, self.heads)?, rope, offset)?;
-        let mut k = ops::rope(&split(self.k.forward(x)?, self.kv_heads)?, rope, offset)?;
-        let mut v = split(self.v.forward(x)?, self.kv_heads)?.contiguous()?;
+        let q = ops::rope(&split(self.q.forward(x, pass.diff)?, self.heads)?, rope, offset)?;
+        let mut k = ops::rope(&split(self.k.forward(x, pass.diff)?, self.kv_heads)?, rope, offset)?;
+        let mut v = split(self.v.forward(x, pass.diff)?, self.kv_heads)?.contiguous()?;
         if let Some((pk, pv)) = cache.as_ref() {
             k = Tensor::cat(&[pk, &k], 2)?;
             v = Tensor::cat(&[pv, &v], 2)?;
@@ -142,7 +138,7 @@ impl Attention {
         *cache = Some((k.clone(), v.clone()));
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         if !pass.diff && x.device().is_cpu() {
-            return Ok(self.o.forward(&ops::attention(&q, &k, &v, scale, &pass.mask)?)?);
+            return Ok(self.o.forward(&ops::attention(&q, &k, &v, scale, &pass.mask)?, false)?);
         }
         // Grouped-query attention: each kv head serves `heads / kv_heads` query heads.
         let group = self.heads / self.kv_heads;
@@ -155,7 +151,7 @@ impl Attention {
             .reshape((b, self.heads, t, self.head_dim))?
             .transpose(1, 2)?
             .reshape((b, t, self.heads * self.head_dim))?;
-        Ok(self.o.forward(&y)?)
+        Ok(self.o.forward(&y, pass.diff)?)
     }
 }
 
@@ -175,9 +171,9 @@ impl Mlp {
             down: linear(vb.pp("down_proj"), i, h, false)?,
         })
     }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = ops::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
-        Ok(self.down.forward(&g)?)
+    fn forward(&self, x: &Tensor, diff: bool) -> Result<Tensor> {
+        let g = ops::swiglu(&self.gate.forward(x, diff)?, &self.up.forward(x, diff)?)?;
+        Ok(self.down.forward(&g, diff)?)
     }
 }
 
@@ -195,7 +191,9 @@ impl Block {
             .attn
             .forward(&rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, cache)?;
         let x = (x + h)?;
-        let h = self.mlp.forward(&rms_norm(&x, &self.ln2, pass.eps, pass.diff)?)?;
+        let h = self
+            .mlp
+            .forward(&rms_norm(&x, &self.ln2, pass.eps, pass.diff)?, pass.diff)?;
         Ok((x + h)?)
     }
 }

@@ -1,0 +1,296 @@
+//! Dense layers `y = x·wᵀ + b`, with a weight-streaming kernel for the few-row products of
+//! decoding.
+//!
+//! A general matmul packs its right-hand side into cache-sized panels before multiplying. For the
+//! 1–16 rows of a decoding step that packing is a full copy of every weight matrix per token, and
+//! it costs more than the multiplication (a profile of 0.5B-shaped decoding spent most of its time
+//! there). Here each weight row is read once, straight from where it is stored, and dotted with
+//! every input row while it is in L1; the inputs stay in cache throughout. Many rows (scoring,
+//! training, prefill) go to candle's matmul as before.
+
+use super::simd::{self, Kernel, LANES};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Inputs with at most this many rows take the weight-streaming kernel...
+pub const MAX_STREAMED_ROWS: usize = 16;
+/// ...when their rows are at least this long (below it, summing each dot product's lanes costs
+/// more than the packing it saves, and candle's matmul is faster).
+pub const MIN_STREAMED_DEPTH: usize = 256;
+
+/// A dense layer: weight `[out, in]` (PyTorch's layout) and an optional bias `[out]`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// From a weight `[out, in]` and an optional bias `[out]`.
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Linear { weight, bias }
+    }
+
+    /// `weight` `[out, in]` (and `bias` `[out]` when `bias`) under `vb`, initialised as candle's
+    /// `linear` does when `vb` creates variables.
+    pub fn load(vb: candle_nn::VarBuilder, in_dim: usize, out_dim: usize, bias: bool) -> candle_core::Result<Self> {
+        let l = if bias {
+            candle_nn::linear(in_dim, out_dim, vb)?
+        } else {
+            candle_nn::linear_no_bias(in_dim, out_dim, vb)?
+        };
+        Ok(Linear::new(l.weight().clone(), l.bias().cloned()))
+    }
+
+    /// The weight `[out, in]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// `x·wᵀ + b` for `x` `[.., in]`. `differentiable` (training) always takes candle's matmul,
+    /// which records a backward pass; the weight-streaming kernel records none.
+    pub fn forward(&self, x: &Tensor, differentiable: bool) -> candle_core::Result<Tensor> {
+        let (out, inp) = self.weight.dims2()?;
+        let lead = &x.dims()[..x.rank() - 1];
+        let rows: usize = lead.iter().product();
+        let streamed = !differentiable
+            && rows <= MAX_STREAMED_ROWS
+            && inp >= MIN_STREAMED_DEPTH
+            && x.device().is_cpu()
+            && x.dtype() == DType::F32
+            && self.weight.dtype() == DType::F32;
+        let y2 = if streamed {
+            x.reshape((rows, inp))?
+                .contiguous()?
+                .apply_op2_no_bwd(&self.weight.contiguous()?, &StreamedMatmul)?
+        } else {
+            x.reshape((rows, inp))?.matmul(&self.weight.t()?)?
+        };
+        let y2 = match &self.bias {
+            Some(b) => y2.broadcast_add(b)?,
+            None => y2,
+        };
+        let mut shape = lead.to_vec();
+        shape.push(out);
+        y2.reshape(shape)
+    }
+}
+
+/// `x [m, k] · w [n, k]ᵀ → [m, n]`, streaming `w` once.
+struct StreamedMatmul;
+
+/// Dot products of a block of weight rows with every input row, written as `[rows of w, m]`.
+struct Dots<'a> {
+    x: &'a [f32],
+    w: &'a [f32],
+    k: usize,
+    out: &'a mut [f32],
+}
+
+/// Two weight rows against four input rows: eight lane accumulators held in registers, six loads
+/// per eight multiply-adds.
+/// Two weight rows against four input rows: eight accumulators, six loads per eight
+/// multiply-adds. Portable build (the compiler's own vectorisation).
+#[inline(always)]
+fn dot_2x4_portable(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    let k = w[0].len();
+    let full = k / LANES * LANES;
+    let mut acc = [[[0f32; LANES]; 4]; 2];
+    for c in (0..full).step_by(LANES) {
+        for (a, wr) in acc.iter_mut().zip(&w) {
+            for (ar, xr) in a.iter_mut().zip(&x) {
+                for l in 0..LANES {
+                    ar[l] += wr[c + l] * xr[c + l];
+                }
+            }
+        }
+    }
+    finish(w, x, full, acc)
+}
+
+/// Sums the lane accumulators and adds the products past the last whole lane.
+#[inline(always)]
+fn finish(w: [&[f32]; 2], x: [&[f32]; 4], full: usize, acc: [[[f32; LANES]; 4]; 2]) -> [[f32; 4]; 2] {
+    let mut out = [[0f32; 4]; 2];
+    for (j, wr) in w.iter().enumerate() {
+        for (i, xr) in x.iter().enumerate() {
+            let tail: f32 = (full..wr.len()).map(|c| wr[c] * xr[c]).sum();
+            out[j][i] = simd::sum(&acc[j][i]) + tail;
+        }
+    }
+    out
+}
+
+/// [`dot_2x4_portable`] with AVX2 + FMA intrinsics (the compiler does not keep eight vector
+/// accumulators in registers on its own).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_2x4_avx2(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    use std::arch::x86_64::*;
+    let k = w[0].len();
+    assert!(w[1].len() == k && x.iter().all(|r| r.len() == k));
+    let full = k / LANES * LANES;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut c = 0;
+    while c < full {
+        // SAFETY: every row has k ≥ c + LANES elements.
+        unsafe {
+            let w0 = _mm256_loadu_ps(w[0].as_ptr().add(c));
+            let w1 = _mm256_loadu_ps(w[1].as_ptr().add(c));
+            for i in 0..4 {
+                let xv = _mm256_loadu_ps(x[i].as_ptr().add(c));
+                acc[i] = _mm256_fmadd_ps(w0, xv, acc[i]);
+                acc[4 + i] = _mm256_fmadd_ps(w1, xv, acc[4 + i]);
+            }
+        }
+        c += LANES;
+    }
+    let mut lanes = [[[0f32; LANES]; 4]; 2];
+    for (n, a) in acc.iter().enumerate() {
+        // SAFETY: the destination holds exactly LANES f32.
+        unsafe { _mm256_storeu_ps(lanes[n / 4][n % 4].as_mut_ptr(), *a) };
+    }
+    finish(w, x, full, lanes)
+}
+
+#[inline(always)]
+fn dot_2x4<const FMA: bool>(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: `FMA` builds run only where `simd::dispatch` found AVX2 and FMA.
+        return unsafe { dot_2x4_avx2(w, x) };
+    }
+    dot_2x4_portable(w, x)
+}
+
+impl Kernel for Dots<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        let (k, m) = (self.k, self.x.len() / self.k);
+        let xrow = |i: usize| &self.x[i.min(m - 1) * k..][..k];
+        let n = self.w.len() / k;
+        let wrow = |j: usize| &self.w[j.min(n - 1) * k..][..k];
+        for j in (0..n).step_by(2) {
+            for i in (0..m).step_by(4) {
+                let d = dot_2x4::<FMA>([wrow(j), wrow(j + 1)], [xrow(i), xrow(i + 1), xrow(i + 2), xrow(i + 3)]);
+                for (jj, dj) in d.iter().enumerate().take(n - j) {
+                    for (ii, v) in dj.iter().enumerate().take(m - i) {
+                        self.out[(j + jj) * m + i + ii] = *v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl CustomOp2 for StreamedMatmul {
+    fn name(&self) -> &'static str {
+        "streamed-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, w) = (
+            super::f32_slice(xs, xl, "streamed-matmul")?,
+            super::f32_slice(ws, wl, "streamed-matmul")?,
+        );
+        let (m, k) = xl.shape().dims2()?;
+        let (n, k2) = wl.shape().dims2()?;
+        if k != k2 {
+            candle_core::bail!("streamed-matmul: inner sizes differ ({k} vs {k2})");
+        }
+        // `[n, m]` first (each task owns whole weight rows), then transposed to `[m, n]`.
+        let block = 64.max(n.div_ceil(8 * rayon::current_num_threads()).next_multiple_of(2));
+        let mut yt = vec![0f32; n * m];
+        if n * k < 1 << 16 {
+            simd::dispatch(Dots { x, w, k, out: &mut yt });
+        } else {
+            yt.par_chunks_mut(block * m)
+                .zip(w.par_chunks(block * k))
+                .for_each(|(out, w)| simd::dispatch(Dots { x, w, k, out }));
+        }
+        let mut y = vec![0f32; m * n];
+        for (j, col) in yt.chunks_exact(m).enumerate() {
+            for (i, &v) in col.iter().enumerate() {
+                y[i * n + j] = v;
+            }
+        }
+        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn streamed_rows_match_the_matmul() {
+        let dev = Device::Cpu;
+        for (m, k, n) in [(1, 256, 96), (3, 300, 5), (8, 517, 129), (16, 256, 1), (8, 64, 10)] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
+            let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1.0, n, &dev).unwrap();
+            let layer = Linear::new(w.clone(), Some(b.clone()));
+            let got = layer
+                .forward(&x.unsqueeze(0).unwrap(), false)
+                .unwrap()
+                .squeeze(0)
+                .unwrap();
+            let want = x.matmul(&w.t().unwrap()).unwrap().broadcast_add(&b).unwrap();
+            let diff = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(diff < 1e-4, "m {m} k {k} n {n}: {diff}");
+        }
+    }
+
+    #[test]
+    fn portable_and_vector_builds_agree() {
+        let row = |n: usize, s: usize| -> Vec<f32> { (0..n).map(|i| ((i * s) % 13) as f32 - 6.0).collect() };
+        let w: Vec<Vec<f32>> = (1..3).map(|s| row(43, s)).collect();
+        let x: Vec<Vec<f32>> = (3..7).map(|s| row(43, s)).collect();
+        let ws = [w[0].as_slice(), w[1].as_slice()];
+        let xs = [x[0].as_slice(), x[1].as_slice(), x[2].as_slice(), x[3].as_slice()];
+        let portable = dot_2x4_portable(ws, xs);
+        for j in 0..2 {
+            for i in 0..4 {
+                let want: f32 = w[j].iter().zip(&x[i]).map(|(a, b)| a * b).sum();
+                assert_eq!(portable[j][i], want);
+            }
+        }
+        let mut fast = None;
+        simd::dispatch(Probe(&mut fast, ws, xs));
+        assert_eq!(fast.unwrap(), portable);
+    }
+
+    struct Probe<'a>(&'a mut Option<[[f32; 4]; 2]>, [&'a [f32]; 2], [&'a [f32]; 4]);
+    impl Kernel for Probe<'_> {
+        fn run<const FMA: bool>(self) {
+            *self.0 = Some(dot_2x4::<FMA>(self.1, self.2));
+        }
+    }
+
+    #[test]
+    fn the_differentiable_path_keeps_the_gradient() {
+        let dev = Device::Cpu;
+        let w = candle_core::Var::randn(0f32, 1.0, (4, 256), &dev).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (2, 256), &dev).unwrap();
+        let y = Linear::new(w.as_tensor().clone(), None).forward(&x, true).unwrap();
+        let grads = y.sum_all().unwrap().backward().unwrap();
+        assert!(grads.get(w.as_tensor()).is_some());
+    }
+}
