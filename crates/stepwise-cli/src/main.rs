@@ -6,6 +6,11 @@ mod progress;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc keeps freed large blocks for reuse; glibc returns them to the system, and a big
+/// model's forward pass then page-faults every activation back in.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "stepwise",

@@ -9,6 +9,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_model::{generate, HeadKind, Model, ModelConfig, SamplingParams};
 
+/// The allocator the `stepwise` binary uses (big activations are reused, not page-faulted in).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BATCH: usize = 8;
 const SEQ: usize = 256;
 const NEW: usize = 64;
