@@ -58,6 +58,13 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         }
     }
     assert!(read(a.join("report.md")).contains("Best-of-N"));
+    let confidence = m["discrimination"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d[0] == "policy confidence (diagnostic)")
+        .expect("the policy-confidence diagnostic is reported");
+    assert!((0.0..=1.0).contains(&confidence[1]["step_auroc"].as_f64().unwrap()));
 
     // Same seed, the policy and samples already there (cached stages), killed with SIGKILL once
     // a few annotated solutions are on disk.

@@ -85,7 +85,7 @@ impl Preset {
         }
     }
 
-    /// The measured setting (about thirteen minutes on 2 cores).
+    /// The measured setting (about nine minutes on 2 cores).
     pub fn standard() -> Self {
         Preset {
             name: "standard".into(),
@@ -502,6 +502,10 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         })
         .collect();
     write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
+    let s_policy = eval_sols
+        .iter()
+        .map(|s| crate::policy::step_end_probabilities(&policy_model, &tok, &s.question, &s.step_texts()))
+        .collect::<Result<Vec<_>>>()?;
 
     // 6. Evaluate and report.
     let report = crate::report::evaluate(
@@ -512,6 +516,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         &s_mc,
         &s_or,
         &s_orm,
+        &s_policy,
         &mc,
         &oracle,
         rollouts_spent,

@@ -57,6 +57,7 @@ pub fn evaluate(
     s_mc: &[Vec<f32>],
     s_or: &[Vec<f32>],
     s_orm: &[Vec<f32>],
+    s_policy: &[Vec<f32>],
     mc: &[Solution],
     oracle: &[Solution],
     rollouts: usize,
@@ -64,11 +65,13 @@ pub fn evaluate(
     // Candidates grouped by problem.
     let mut groups: Vec<Vec<Candidate>> = Vec::new();
     let mut groups_or: Vec<Vec<Candidate>> = Vec::new();
+    let mut groups_pol: Vec<Vec<Candidate>> = Vec::new();
     let mut last = None;
     for (i, s) in scored.iter().enumerate() {
         if last != Some(&s.problem_id) {
             groups.push(Vec::new());
             groups_or.push(Vec::new());
+            groups_pol.push(Vec::new());
             last = Some(&s.problem_id);
         }
         let c = Candidate {
@@ -79,6 +82,10 @@ pub fn evaluate(
         };
         groups_or.last_mut().unwrap().push(Candidate {
             step_scores: s_or[i].clone(),
+            ..c.clone()
+        });
+        groups_pol.last_mut().unwrap().push(Candidate {
+            step_scores: s_policy[i].clone(),
             ..c.clone()
         });
         groups.last_mut().unwrap().push(c);
@@ -116,6 +123,15 @@ pub fn evaluate(
         seed,
     ));
     bon.push(curve("ORM", &groups, Some(Selector::Orm), &ns, draws, seed));
+    // A baseline, not a verifier: the policy's confidence in each written result, min over steps.
+    bon.push(curve(
+        "policy confidence (min)",
+        &groups_pol,
+        Some(Selector::Prm(Aggregation::Min)),
+        &ns,
+        draws,
+        seed,
+    ));
     bon.push(curve(
         "majority vote",
         &groups,
@@ -194,6 +210,10 @@ pub fn evaluate(
         (
             "ORM".to_string(),
             discrimination(None, &ranked(&groups, &|c| c.outcome_score)),
+        ),
+        (
+            "policy confidence (diagnostic)".to_string(),
+            discrimination(Some((s_policy, &labels)), &ranked(&groups_pol, &by_min)),
         ),
     ];
 
@@ -306,7 +326,7 @@ fn body(r: &Report) -> String {
     let _ = writeln!(s, "\n## Ranking quality\n");
     let _ = writeln!(
         s,
-        "Step AUROC: step scores against oracle step labels. Within-problem AUROC: the chance that a correct sample outscores a wrong sample of the same problem (PRMs by their min step score) — what best-of-N depends on; 0.5 is chance.\n"
+        "Step AUROC: step scores against oracle step labels. Within-problem AUROC: the chance that a correct sample outscores a wrong sample of the same problem (PRMs by their min step score) — what best-of-N depends on; 0.5 is chance. *Policy confidence* is not a verifier: it scores each step by the probability the policy itself gave the step's last token (the written result). Its step AUROC shows how much of the verifiers' job the policy's own weights already know.\n"
     );
     let _ = writeln!(
         s,

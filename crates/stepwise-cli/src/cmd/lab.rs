@@ -53,15 +53,16 @@ pub fn run_lab(a: Args) -> Result<()> {
         report.mc_label_quality.hard_accuracy,
         report.processbench.first().map_or(0.0, |p| p.1.f1)
     );
-    let within: Vec<String> = report
-        .discrimination
-        .iter()
-        .map(|(name, d)| {
-            let x = d.within_problem_auroc.map_or("-".into(), |x| format!("{x:.3}"));
-            format!("{name} {x}")
-        })
-        .collect();
+    let auroc = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
+    let (mut within, mut step) = (Vec::new(), Vec::new());
+    for (name, d) in &report.discrimination {
+        within.push(format!("{name} {}", auroc(d.within_problem_auroc)));
+        if d.step_auroc.is_some() {
+            step.push(format!("{name} {}", auroc(d.step_auroc)));
+        }
+    }
     println!("within-problem AUROC (0.5 = chance): {}", within.join(", "));
+    println!("step AUROC against the oracle: {}", step.join(", "));
     println!(
         "report: {} ({:.0}s)",
         out.join("report.md").display(),
