@@ -358,7 +358,8 @@ mod tests {
         candle_nn::ops::softmax(&(x * scale).unwrap().broadcast_add(&m).unwrap(), D::Minus1).unwrap()
     }
 
-    fn close(a: &Tensor, b: &Tensor) -> f32 {
+    /// The largest absolute difference of two tensors (shared by the kernels' tests).
+    pub(super) fn close(a: &Tensor, b: &Tensor) -> f32 {
         (a - b)
             .unwrap()
             .abs()

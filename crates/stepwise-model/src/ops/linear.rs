@@ -246,14 +246,7 @@ mod tests {
                 .squeeze(0)
                 .unwrap();
             let want = x.matmul(&w.t().unwrap()).unwrap().broadcast_add(&b).unwrap();
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = crate::ops::tests::close(&got, &want);
             assert!(diff < 1e-4, "m {m} k {k} n {n}: {diff}");
         }
     }
