@@ -104,19 +104,15 @@ struct Attention {
     head_dim: usize,
 }
 
-fn linear(vb: VarBuilder, i: usize, o: usize, bias: bool) -> Result<Linear> {
-    Ok(Linear::load(vb, i, o, bias)?)
-}
-
 impl Attention {
     fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
         let (h, d, kv) = (cfg.hidden_size, cfg.head_dim, cfg.num_key_value_heads);
         let heads = cfg.num_attention_heads;
         Ok(Attention {
-            q: linear(vb.pp("q_proj"), h, heads * d, cfg.attention_bias)?,
-            k: linear(vb.pp("k_proj"), h, kv * d, cfg.attention_bias)?,
-            v: linear(vb.pp("v_proj"), h, kv * d, cfg.attention_bias)?,
-            o: linear(vb.pp("o_proj"), heads * d, h, false)?,
+            q: Linear::load(vb.pp("q_proj"), h, heads * d, cfg.attention_bias)?,
+            k: Linear::load(vb.pp("k_proj"), h, kv * d, cfg.attention_bias)?,
+            v: Linear::load(vb.pp("v_proj"), h, kv * d, cfg.attention_bias)?,
+            o: Linear::load(vb.pp("o_proj"), heads * d, h, false)?,
             heads,
             kv_heads: kv,
             head_dim: d,
@@ -166,9 +162,9 @@ impl Mlp {
     fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         Ok(Mlp {
-            gate: linear(vb.pp("gate_proj"), h, i, false)?,
-            up: linear(vb.pp("up_proj"), h, i, false)?,
-            down: linear(vb.pp("down_proj"), i, h, false)?,
+            gate: Linear::load(vb.pp("gate_proj"), h, i, false)?,
+            up: Linear::load(vb.pp("up_proj"), h, i, false)?,
+            down: Linear::load(vb.pp("down_proj"), i, h, false)?,
         })
     }
     fn forward(&self, x: &Tensor, diff: bool) -> Result<Tensor> {

@@ -137,31 +137,25 @@ impl CustomOp3 for Attention {
         // scheduling and the CPU-feature switch.
         let block = h * d;
         let mut out = vec![0f32; b * t * h * d];
+        let run = |n: usize, out: &mut [f32], scores: &mut Vec<f32>| {
+            simd::dispatch(Rows {
+                inputs: &inputs,
+                first: n * h,
+                out,
+                scores,
+            })
+        };
         if b * t * h * s * d < super::PARALLEL_MIN_WORK {
             // A decoding step of a small model: less work than waking the thread pool.
             let mut scores = Vec::with_capacity(s_pad);
             for (n, out) in out.chunks_mut(block).enumerate() {
-                let first = n * h;
-                simd::dispatch(Rows {
-                    inputs: &inputs,
-                    first,
-                    out,
-                    scores: &mut scores,
-                });
+                run(n, out, &mut scores);
             }
-            return Ok((CpuStorage::F32(out), Shape::from((b, t, h * d))));
+        } else {
+            out.par_chunks_mut(block)
+                .enumerate()
+                .for_each_init(|| Vec::with_capacity(s_pad), |scores, (n, out)| run(n, out, scores));
         }
-        out.par_chunks_mut(block).enumerate().for_each_init(
-            || Vec::with_capacity(s_pad),
-            |scores, (n, out)| {
-                simd::dispatch(Rows {
-                    inputs: &inputs,
-                    first: n * h,
-                    out,
-                    scores,
-                })
-            },
-        );
         Ok((CpuStorage::F32(out), Shape::from((b, t, h * d))))
     }
 }

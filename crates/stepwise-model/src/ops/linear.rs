@@ -42,11 +42,6 @@ impl Linear {
         Ok(Linear::new(l.weight().clone(), l.bias().cloned()))
     }
 
-    /// The weight `[out, in]`.
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
-    }
-
     /// `x·wᵀ + b` for `x` `[.., in]`. `differentiable` (training) always takes candle's matmul,
     /// which records a backward pass; the weight-streaming kernel records none.
     pub fn forward(&self, x: &Tensor, differentiable: bool) -> candle_core::Result<Tensor> {
@@ -87,8 +82,6 @@ struct Dots<'a> {
     out: &'a mut [f32],
 }
 
-/// Two weight rows against four input rows: eight lane accumulators held in registers, six loads
-/// per eight multiply-adds.
 /// Two weight rows against four input rows: eight accumulators, six loads per eight
 /// multiply-adds. Portable build (the compiler's own vectorisation).
 #[inline(always)]
@@ -208,11 +201,11 @@ impl CustomOp2 for StreamedMatmul {
             candle_core::bail!("streamed-matmul: inner sizes differ ({k} vs {k2})");
         }
         // `[n, m]` first (each task owns whole weight rows), then transposed to `[m, n]`.
-        let block = 64.max(n.div_ceil(8 * rayon::current_num_threads()).next_multiple_of(2));
         let mut yt = vec![0f32; n * m];
-        if n * k < 1 << 16 {
+        if m * n * k < super::PARALLEL_MIN_WORK {
             simd::dispatch(Dots { x, w, k, out: &mut yt });
         } else {
+            let block = 64.max(n.div_ceil(8 * rayon::current_num_threads()).next_multiple_of(2));
             yt.par_chunks_mut(block * m)
                 .zip(w.par_chunks(block * k))
                 .for_each(|(out, w)| simd::dispatch(Dots { x, w, k, out }));
