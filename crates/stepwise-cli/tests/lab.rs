@@ -66,6 +66,40 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .expect("the policy-confidence diagnostic is reported");
     assert!((0.0..=1.0).contains(&confidence[1]["step_auroc"].as_f64().unwrap()));
 
+    // The verifiers are folders `stepwise score` reads on its own (reward.json names the policy
+    // as the reference): it reproduces the PRM-MC scores the lab wrote.
+    assert!(a.join("prm_mc/reward.json").exists());
+    let rescored = root.join("rescored.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(["score", "--model"])
+        .arg(a.join("prm_mc"))
+        .arg("--input")
+        .arg(a.join("scored_eval.jsonl"))
+        .arg("--output")
+        .arg(&rescored)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let scores = |p: PathBuf| -> Vec<f64> {
+        read(p)
+            .lines()
+            .flat_map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s["score"].as_f64().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let (lab_scores, cli_scores) = (scores(a.join("scored_eval.jsonl")), scores(rescored));
+    assert_eq!(lab_scores.len(), cli_scores.len());
+    for (x, y) in lab_scores.iter().zip(&cli_scores) {
+        assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+    }
+
     // Same seed, the policy and samples already there (cached stages), killed with SIGKILL once
     // a few annotated solutions are on disk.
     std::fs::create_dir_all(&b).unwrap();

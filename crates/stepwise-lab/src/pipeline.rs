@@ -18,6 +18,7 @@ use stepwise_core::journal::{sort_like, Journal};
 use stepwise_core::{Solution, StepLabel};
 use stepwise_label::{annotate_resumable, McOptions};
 use stepwise_model::examples::{label_examples, LabelOptions};
+use stepwise_model::log_ratio::{LogRatio, RewardSpec};
 use stepwise_model::train::{evaluate, train, Objective, TrainConfig};
 use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, StepScorer, Tokenizer};
 
@@ -54,12 +55,31 @@ pub struct Preset {
     pub verifier_extra_layers: usize,
     /// Verifier shape when trained from scratch (the same for PRMs and the ORM).
     pub verifier_shape: (usize, usize),
+    /// How every verifier turns the decoder's output into a step score.
+    pub verifier_head: VerifierHead,
+    /// `β` of the log-ratio head.
+    pub verifier_beta: f32,
     /// Verifier training steps.
     pub verifier_steps: usize,
     /// Verifier peak learning rate.
     pub verifier_lr: f64,
     /// Sampling temperature.
     pub temperature: f32,
+}
+
+/// How a lab verifier scores a step (the same for PRMs and the ORM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifierHead {
+    /// The policy's own LM, scored by its log-likelihood ratio against the policy over each
+    /// step (implicit-PRM parameterisation, `stepwise_model::log_ratio`). The check a verifier
+    /// needs — is the written result what the policy would compute? — is the LM's next-token
+    /// distribution, so fine-tuning only has to learn to weigh it.
+    LogRatio,
+    /// A fresh 2-class head on the decoder read at each step's separator (TRL's token
+    /// classifier; a scalar value head for the ORM). With the lab's budget it learns priors
+    /// over step kinds and numbers, not the arithmetic check (see the README).
+    Classifier,
 }
 
 impl Preset {
@@ -79,6 +99,8 @@ impl Preset {
             verifiers_from_policy: true,
             verifier_extra_layers: 0,
             verifier_shape: (32, 1),
+            verifier_head: VerifierHead::LogRatio,
+            verifier_beta: 1.0,
             verifier_steps: 20,
             verifier_lr: 1e-3,
             temperature: 1.0,
@@ -101,7 +123,9 @@ impl Preset {
             verifiers_from_policy: true,
             verifier_extra_layers: 0,
             verifier_shape: (32, 1),
-            verifier_steps: 200,
+            verifier_head: VerifierHead::LogRatio,
+            verifier_beta: 1.0,
+            verifier_steps: 600,
             verifier_lr: 1e-3,
             temperature: 1.0,
         }
@@ -323,25 +347,119 @@ fn hard_mc(s: &Solution) -> Solution {
     s
 }
 
-/// Scores of one verifier on the evaluation samples: step scores per solution.
-fn score_all(model: &Model, tok: &Tokenizer, sols: &[Solution], what: &str) -> Result<Vec<Vec<f32>>> {
-    let scorer = StepScorer {
-        model,
-        tokenizer: tok,
-        layout: PrmLayout::TokenClassifier { separator: SEP.into() },
-    };
-    let pb = bar(sols.len() as u64, what);
-    let mut out = Vec::with_capacity(sols.len());
-    for chunk in sols.chunks(64) {
-        let enc = chunk
-            .iter()
-            .map(|s| scorer.encode(&s.question, &s.step_texts()))
-            .collect::<Result<Vec<_>>>()?;
-        out.extend(scorer.score_batch(&enc)?);
-        pb.inc(chunk.len() as u64);
+/// The lab's verifiers: trained with the same code, budget and head, scored the same way.
+struct Verifiers<'a> {
+    preset: &'a Preset,
+    out: &'a Path,
+    policy: &'a Model,
+    tok: &'a Tokenizer,
+    seed: u64,
+}
+
+impl Verifiers<'_> {
+    fn log_ratio(&self, outcome: bool) -> LogRatio {
+        LogRatio {
+            beta: self.preset.verifier_beta,
+            // An ORM's score is the whole solution's: its last step's span starts at the first.
+            cumulative: outcome,
+        }
     }
-    pb.finish_and_clear();
-    Ok(out)
+
+    /// Train (or reuse) the verifier in `dir` on step labels, or on outcomes when `outcome`.
+    fn train(&self, dir: &str, what: &str, sols: &[Solution], outcome: bool) -> Result<Model> {
+        let p = self.preset;
+        let log_ratio = p.verifier_head == VerifierHead::LogRatio;
+        let opts = LabelOptions {
+            separator: SEP.into(),
+            outcome,
+            separator_after_problem: log_ratio,
+            ..Default::default()
+        };
+        let mut examples = label_examples(self.tok, sols, &opts)?;
+        let (cfg, init, objective) = match (p.verifier_head, p.verifiers_from_policy) {
+            (VerifierHead::LogRatio, false) => {
+                anyhow::bail!("the log-ratio verifier head needs verifiers_from_policy = true")
+            }
+            (VerifierHead::LogRatio, true) => {
+                if !done_marker(&self.out.join(dir)).exists() {
+                    stepwise_model::log_ratio::attach_reference(self.policy, &mut examples, 64)?;
+                }
+                let objective = Objective::LogRatio(self.log_ratio(outcome));
+                (self.policy.config.clone(), Some(self.out.join("policy")), objective)
+            }
+            (VerifierHead::Classifier, from_policy) => {
+                let mut c = if from_policy {
+                    let mut c = self.policy.config.clone().with_head(HeadKind::TokenClassification);
+                    c.num_hidden_layers += p.verifier_extra_layers;
+                    c
+                } else {
+                    shape(self.tok.vocab_size(), p.verifier_shape, HeadKind::TokenClassification)
+                };
+                // PRMs are 2-class token classifiers (TRL's layout); the ORM is the usual scalar
+                // value head read at the last token.
+                if outcome {
+                    c = c.with_value_head();
+                }
+                let init = from_policy.then(|| self.out.join("policy"));
+                (c, init, Objective::Classify)
+            }
+        };
+        let tc = TrainConfig {
+            lr: p.verifier_lr,
+            warmup: p.verifier_steps / 20,
+            steps: p.verifier_steps,
+            batch_size: 32,
+            eval_every: 0,
+            seed: self.seed ^ 5,
+            ..Default::default()
+        };
+        let model = train_stage(
+            &self.out.join(dir),
+            what,
+            cfg,
+            init.as_deref(),
+            &examples,
+            &[],
+            objective,
+            tc,
+        )?;
+        if log_ratio {
+            RewardSpec::new("../policy", SEP, self.log_ratio(outcome)).save(&self.out.join(dir))?;
+        }
+        Ok(model)
+    }
+
+    /// Step scores on `sols` of a verifier trained on step labels, or on outcomes when `outcome`.
+    fn score(&self, model: &Model, outcome: bool, sols: &[Solution], what: &str) -> Result<Vec<Vec<f32>>> {
+        let (layout, reference) = match self.preset.verifier_head {
+            VerifierHead::LogRatio => (
+                PrmLayout::LogRatio {
+                    separator: SEP.into(),
+                    log_ratio: self.log_ratio(outcome),
+                },
+                Some(self.policy),
+            ),
+            VerifierHead::Classifier => (PrmLayout::TokenClassifier { separator: SEP.into() }, None),
+        };
+        let scorer = StepScorer {
+            model,
+            tokenizer: self.tok,
+            layout,
+            reference,
+        };
+        let pb = bar(sols.len() as u64, what);
+        let mut out = Vec::with_capacity(sols.len());
+        for chunk in sols.chunks(64) {
+            let enc = chunk
+                .iter()
+                .map(|s| scorer.encode(&s.question, &s.step_texts()))
+                .collect::<Result<Vec<_>>>()?;
+            out.extend(scorer.score_batch(&enc)?);
+            pb.inc(chunk.len() as u64);
+        }
+        pb.finish_and_clear();
+        Ok(out)
+    }
 }
 
 fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
@@ -432,59 +550,22 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
 
     // 4. Verifiers, same code and budget: PRM on MC labels, PRM on oracle labels, ORM.
-    let sep_opts = LabelOptions {
-        separator: SEP.into(),
-        ..Default::default()
-    };
-    let (vc, init) = if p.verifiers_from_policy {
-        let mut c = policy_model.config.clone().with_head(HeadKind::TokenClassification);
-        c.num_hidden_layers += p.verifier_extra_layers;
-        (c, Some(o.out.join("policy")))
-    } else {
-        (shape(v, p.verifier_shape, HeadKind::TokenClassification), None)
-    };
-    let vtc = TrainConfig {
-        lr: p.verifier_lr,
-        warmup: p.verifier_steps / 20,
-        steps: p.verifier_steps,
-        batch_size: 32,
-        eval_every: 0,
-        seed: o.seed ^ 5,
-        ..Default::default()
-    };
     let mc_hard: Vec<Solution> = mc.iter().map(hard_mc).collect();
-    let ex_mc = label_examples(&tok, &mc_hard, &sep_opts)?;
-    let ex_or = label_examples(&tok, &oracle, &sep_opts)?;
-    let ex_orm = label_examples(
-        &tok,
-        &label_sols,
-        &LabelOptions {
-            outcome: true,
-            ..sep_opts.clone()
-        },
-    )?;
-    let verifier = |dir: &str, what: &str, cfg: &ModelConfig, ex: &[stepwise_model::train::Example]| {
-        train_stage(
-            &o.out.join(dir),
-            what,
-            cfg.clone(),
-            init.as_deref(),
-            ex,
-            &[],
-            Objective::Classify,
-            vtc.clone(),
-        )
+    let verifiers = Verifiers {
+        preset: p,
+        out: &o.out,
+        policy: &policy_model,
+        tok: &tok,
+        seed: o.seed,
     };
-    // PRMs are 2-class token classifiers (TRL's layout); the ORM is the usual scalar value head
-    // read at the last token (same decoder, same budget).
-    let prm_mc = verifier("prm_mc", "training PRM (MC labels)", &vc, &ex_mc)?;
-    let prm_or = verifier("prm_oracle", "training PRM (oracle)", &vc, &ex_or)?;
-    let orm = verifier("orm", "training ORM", &vc.clone().with_value_head(), &ex_orm)?;
+    let prm_mc = verifiers.train("prm_mc", "training PRM (MC labels)", &mc_hard, false)?;
+    let prm_or = verifiers.train("prm_oracle", "training PRM (oracle)", &oracle, false)?;
+    let orm = verifiers.train("orm", "training ORM", &label_sols, true)?;
 
     // 5. Score the evaluation samples with every verifier.
-    let s_mc = score_all(&prm_mc, &tok, &eval_sols, "scoring (PRM-MC)")?;
-    let s_or = score_all(&prm_or, &tok, &eval_sols, "scoring (PRM-oracle)")?;
-    let s_orm = score_all(&orm, &tok, &eval_sols, "scoring (ORM)")?;
+    let s_mc = verifiers.score(&prm_mc, false, &eval_sols, "scoring (PRM-MC)")?;
+    let s_or = verifiers.score(&prm_or, false, &eval_sols, "scoring (PRM-oracle)")?;
+    let s_orm = verifiers.score(&orm, true, &eval_sols, "scoring (ORM)")?;
     let scored: Vec<Solution> = eval_sols
         .iter()
         .enumerate()

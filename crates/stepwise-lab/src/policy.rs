@@ -40,8 +40,8 @@ pub fn lm_example(tok: &Tokenizer, question: &str, steps: &[String]) -> Result<E
     ids.extend(tok.encode(EOS, false)?);
     Ok(Example {
         ids,
-        targets: Vec::new(),
         lm_from,
+        ..Default::default()
     })
 }
 

@@ -62,8 +62,8 @@ fn training(hidden: usize, layers: usize, batch: usize) -> anyhow::Result<f64> {
     let data: Vec<Example> = (0..512)
         .map(|k| Example {
             ids: (0..60).map(|i| ((i * 7 + k * 13) % 97) as u32 + 3).collect(),
-            targets: vec![],
             lm_from: 20,
+            ..Default::default()
         })
         .collect();
     let tc = TrainConfig {

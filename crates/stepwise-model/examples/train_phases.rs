@@ -22,8 +22,8 @@ fn main() -> anyhow::Result<()> {
     let data: Vec<Example> = (0..batch)
         .map(|k| Example {
             ids: (0..60).map(|i| ((i * 7 + k * 13) % 97) as u32 + 3).collect(),
-            targets: vec![],
             lm_from: 20,
+            ..Default::default()
         })
         .collect();
     let refs: Vec<&Example> = data.iter().collect();

@@ -33,21 +33,44 @@ pub struct LabelOptions {
     pub separator: String,
     /// Longest sequence kept (longer ones are cut at a step boundary).
     pub max_len: usize,
+    /// Put the separator after the problem too, as a policy writing `problem | step | …` reads
+    /// its solutions (the log-ratio layout); TRL's layout has none there.
+    pub separator_after_problem: bool,
+}
+
+/// A problem and its steps as token ids.
+pub struct EncodedSteps {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// The position of each step's last (separator) token.
+    pub ends: Vec<usize>,
+    /// The first step's first token.
+    pub steps_from: usize,
 }
 
 /// Token ids of a problem and its steps in TRL's token-classification layout (problem ids, then
 /// each step's ids followed by the separator's, all encoded separately without special tokens),
-/// with the position of each step's last (separator) token.
-pub fn encode_steps(tok: &Tokenizer, question: &str, steps: &[&str], sep: &str) -> Result<(Vec<u32>, Vec<usize>)> {
+/// optionally with the separator after the problem as well.
+pub fn encode_steps(
+    tok: &Tokenizer,
+    question: &str,
+    steps: &[&str],
+    sep: &str,
+    separator_after_problem: bool,
+) -> Result<EncodedSteps> {
     let mut ids = tok.encode(question, false)?;
     let sep_ids = tok.encode(sep, false)?;
-    let mut pos = Vec::with_capacity(steps.len());
+    if separator_after_problem {
+        ids.extend(&sep_ids);
+    }
+    let steps_from = ids.len();
+    let mut ends = Vec::with_capacity(steps.len());
     for s in steps {
         ids.extend(tok.encode(s, false)?);
         ids.extend(&sep_ids);
-        pos.push(ids.len() - 1);
+        ends.push(ids.len() - 1);
     }
-    Ok((ids, pos))
+    Ok(EncodedSteps { ids, ends, steps_from })
 }
 
 /// Training examples from labelled solutions (solutions with nothing to learn are skipped).
@@ -60,7 +83,11 @@ pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> R
     let mut out = Vec::with_capacity(sols.len());
     for s in sols {
         let texts = s.step_texts();
-        let (mut ids, pos) = encode_steps(tok, &s.question, &texts, sep)?;
+        let EncodedSteps {
+            mut ids,
+            ends: pos,
+            steps_from,
+        } = encode_steps(tok, &s.question, &texts, sep, o.separator_after_problem)?;
         let mut targets: Vec<(usize, f32)> = if o.outcome {
             match (s.correct, pos.last()) {
                 (Some(c), Some(&p)) => vec![(p, if c { 1.0 } else { 0.0 })],
@@ -90,9 +117,10 @@ pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> R
         }
         if !targets.is_empty() {
             out.push(Example {
+                lm_from: steps_from,
                 ids,
                 targets,
-                lm_from: 0,
+                ref_logprobs: Vec::new(),
             });
         }
     }

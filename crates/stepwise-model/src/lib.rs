@@ -6,6 +6,7 @@
 pub mod config;
 pub mod examples;
 pub mod generate;
+pub mod log_ratio;
 pub mod model;
 pub mod ops;
 pub mod optim;

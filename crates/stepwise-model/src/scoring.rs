@@ -4,6 +4,7 @@
 //! read, and how a reward is computed from the model's outputs there.
 
 use crate::config::HeadKind;
+use crate::log_ratio::{pad_batch, span_sums, spans, token_logprobs, LogRatio};
 use crate::model::Model;
 use crate::tokenizer::{Message, Tokenizer};
 use anyhow::{bail, Context, Result};
@@ -34,6 +35,16 @@ pub enum PrmLayout {
         /// The separator after each step.
         separator: String,
     },
+    /// A causal LM scored by its log-likelihood ratio against a reference LM over each step's
+    /// tokens ([`crate::log_ratio`]); the input is laid out as the policy writes it (problem,
+    /// separator, then each step and separator) and the step reward is
+    /// `sigmoid(β · Σ log π_θ/π_ref)`. Needs [`StepScorer::reference`].
+    LogRatio {
+        /// The separator after each step.
+        separator: String,
+        /// Span scoring.
+        log_ratio: LogRatio,
+    },
 }
 
 /// Qwen2.5-Math-PRM's system prompt.
@@ -63,8 +74,9 @@ impl PrmLayout {
         })
     }
 
-    /// Token ids for a problem and its steps, and the positions where the step rewards are read.
-    pub fn encode(&self, tok: &Tokenizer, problem: &str, steps: &[&str]) -> Result<(Vec<u32>, Vec<usize>)> {
+    /// Token ids for a problem and its steps, the positions where the step rewards are read, and
+    /// where the first step starts (for the step layouts; 0 for the others).
+    pub fn encode(&self, tok: &Tokenizer, problem: &str, steps: &[&str]) -> Result<Encoded> {
         match self {
             PrmLayout::QwenPrm { system, step_token } => {
                 let head =
@@ -85,7 +97,15 @@ impl PrmLayout {
                     .with_context(|| format!("the tokenizer has no `{tag}` token"))?;
                 Ok(positions_of(ids, id))
             }
-            PrmLayout::TokenClassifier { separator } => crate::examples::encode_steps(tok, problem, steps, separator),
+            PrmLayout::TokenClassifier { separator } | PrmLayout::LogRatio { separator, .. } => {
+                let after_problem = matches!(self, PrmLayout::LogRatio { .. });
+                let e = crate::examples::encode_steps(tok, problem, steps, separator, after_problem)?;
+                Ok(Encoded {
+                    ids: e.ids,
+                    positions: e.ends,
+                    steps_from: e.steps_from,
+                })
+            }
         }
     }
 
@@ -110,14 +130,18 @@ impl PrmLayout {
     }
 }
 
-fn positions_of(ids: Vec<u32>, id: u32) -> (Vec<u32>, Vec<usize>) {
-    let pos = ids
+fn positions_of(ids: Vec<u32>, id: u32) -> Encoded {
+    let positions = ids
         .iter()
         .enumerate()
         .filter(|(_, &t)| t == id)
         .map(|(i, _)| i)
         .collect();
-    (ids, pos)
+    Encoded {
+        ids,
+        positions,
+        steps_from: 0,
+    }
 }
 
 /// One encoded solution ready for scoring.
@@ -126,6 +150,8 @@ pub struct Encoded {
     pub ids: Vec<u32>,
     /// Where the step rewards are read.
     pub positions: Vec<usize>,
+    /// The first step's first token (0 where the layout does not say).
+    pub steps_from: usize,
 }
 
 /// Scores steps with a PRM.
@@ -136,20 +162,22 @@ pub struct StepScorer<'a> {
     pub tokenizer: &'a Tokenizer,
     /// Its layout.
     pub layout: PrmLayout,
+    /// The reference model of a [`PrmLayout::LogRatio`] verifier (`None` for the others).
+    pub reference: Option<&'a Model>,
 }
 
 impl StepScorer<'_> {
     /// Encode a problem and its steps.
     pub fn encode(&self, problem: &str, steps: &[&str]) -> Result<Encoded> {
-        let (ids, positions) = self.layout.encode(self.tokenizer, problem, steps)?;
-        if positions.len() != steps.len() {
+        let e = self.layout.encode(self.tokenizer, problem, steps)?;
+        if e.positions.len() != steps.len() {
             bail!(
                 "{} steps but {} reward positions in the encoded input (a step contains the step token?)",
                 steps.len(),
-                positions.len()
+                e.positions.len()
             );
         }
-        Ok(Encoded { ids, positions })
+        Ok(e)
     }
 
     /// Step rewards for a batch of encoded solutions, in ONE forward pass: right-padded to the
@@ -157,6 +185,9 @@ impl StepScorer<'_> {
     pub fn score_batch(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
+        }
+        if let PrmLayout::LogRatio { log_ratio, .. } = &self.layout {
+            return self.score_log_ratio(batch, *log_ratio);
         }
         let dev = &self.model.device;
         let t = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
@@ -189,6 +220,39 @@ impl StepScorer<'_> {
             out.push(self.layout.rewards(self.tokenizer, &logits, &local)?);
         }
         Ok(out)
+    }
+
+    /// Step rewards of a log-ratio verifier: both models read the batch once.
+    fn score_log_ratio(&self, batch: &[Encoded], lr: LogRatio) -> Result<Vec<Vec<f32>>> {
+        let reference = self
+            .reference
+            .context("a log-ratio verifier scores against its reference model: none was given")?;
+        let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+        let (ids, mask, t) = pad_batch(&seqs, &self.model.device)?;
+        let ratio =
+            (token_logprobs(self.model, &ids, mask.as_ref())? - token_logprobs(reference, &ids, mask.as_ref())?)?;
+        let all: Vec<(usize, usize, usize)> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(b, e)| {
+                spans(e.steps_from.max(1), &e.positions, lr.cumulative)
+                    .into_iter()
+                    .map(move |(s, end)| (b, s, end))
+            })
+            .collect();
+        if all.is_empty() {
+            return Ok(batch.iter().map(|_| Vec::new()).collect());
+        }
+        let p: Vec<f32> = candle_nn::ops::sigmoid(&(span_sums(&ratio, t, &all)? * lr.beta as f64)?)?.to_vec1()?;
+        let mut rest = p.as_slice();
+        Ok(batch
+            .iter()
+            .map(|e| {
+                let (mine, tail) = rest.split_at(e.positions.len());
+                rest = tail;
+                mine.to_vec()
+            })
+            .collect())
     }
 
     /// Step rewards of one solution.

@@ -2,6 +2,7 @@
 //! One loop for all of them, readable in one sitting: batches → loss → backward → clip → AdamW
 //! with warm-up + cosine → periodic validation → early stop → checkpoints that resume exactly.
 
+use crate::log_ratio::{pad_batch, span_sums, spans, token_logprobs, LogRatio};
 use crate::model::Model;
 use crate::optim::{accumulate, schedule, AdamW};
 use anyhow::{bail, Result};
@@ -14,20 +15,25 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// One training sequence.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Example {
     /// Token ids.
     pub ids: Vec<u32>,
     /// Classification targets: (position, probability that the step is good).
     #[serde(default)]
     pub targets: Vec<(usize, f32)>,
-    /// For the LM objective: the loss covers predictions of tokens at positions ≥ this.
+    /// Where the part being learned begins: the LM loss covers predictions of tokens at
+    /// positions ≥ this; for labelled solutions, the first step's first token.
     #[serde(default)]
     pub lm_from: usize,
+    /// For the log-ratio objective: the reference model's log-probability of each token given
+    /// the ones before (see [`crate::log_ratio::attach_reference`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ref_logprobs: Vec<f32>,
 }
 
 /// What to learn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Objective {
     /// Next-token prediction.
     Lm,
@@ -36,6 +42,10 @@ pub enum Objective {
     /// `logit(good) - logit(bad)` (which is cross-entropy for hard labels), or on the value of a
     /// scalar head.
     Classify,
+    /// Binary classification of spans by a causal LM's log-likelihood ratio against a reference
+    /// ([`crate::log_ratio`]): the span of target `k` ends at its position and starts after
+    /// the previous target (or at `lm_from`); the examples carry `ref_logprobs`.
+    LogRatio(LogRatio),
 }
 
 /// Hyper-parameters of a run.
@@ -111,22 +121,6 @@ pub struct TrainState {
     pub stopped_early: bool,
 }
 
-/// Pad a batch: ids `[b, t]`, mask `[b, t]` (1 = token).
-fn pad(batch: &[&Example], dev: &candle_core::Device) -> Result<(Tensor, Tensor, usize)> {
-    let t = batch.iter().map(|e| e.ids.len()).max().unwrap_or(1).max(1);
-    let mut ids = Vec::with_capacity(batch.len() * t);
-    let mut mask = Vec::with_capacity(batch.len() * t);
-    for e in batch {
-        ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(0, t - e.ids.len())));
-        mask.extend((0..t).map(|i| if i < e.ids.len() { 1f32 } else { 0.0 }));
-    }
-    Ok((
-        Tensor::from_vec(ids, (batch.len(), t), dev)?,
-        Tensor::from_vec(mask, (batch.len(), t), dev)?,
-        t,
-    ))
-}
-
 /// Stable BCE with logits: `max(z, 0) - z·y + log(1 + exp(-|z|))`, averaged.
 pub fn bce_with_logits(z: &Tensor, y: &Tensor) -> Result<Tensor> {
     let loss = ((z.relu()? - (z * y)?)? + (z.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
@@ -136,8 +130,12 @@ pub fn bce_with_logits(z: &Tensor, y: &Tensor) -> Result<Tensor> {
 /// Loss of one micro-batch, plus (P(good), target) pairs for metrics.
 pub fn batch_loss(model: &Model, batch: &[&Example], objective: Objective) -> Result<(Tensor, Vec<(f32, f32)>)> {
     let dev = model.device.clone();
-    let (ids, mask, t) = pad(batch, &dev)?;
-    let hidden = model.hidden(&ids, Some(&mask), None)?;
+    let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+    let (ids, mask, t) = pad_batch(&seqs, &dev)?;
+    if let Objective::LogRatio(lr) = objective {
+        return log_ratio_loss(model, batch, &ids, mask.as_ref(), t, lr);
+    }
+    let hidden = model.hidden(&ids, mask.as_ref(), None)?;
     let h = hidden.dim(2)?;
     let flat = hidden.reshape((batch.len() * t, h))?;
     match objective {
@@ -179,7 +177,44 @@ pub fn batch_loss(model: &Model, batch: &[&Example], objective: Objective) -> Re
             let loss = logp.gather(&tgt, 1)?.neg()?.mean_all()?;
             Ok((loss, Vec::new()))
         }
+        Objective::LogRatio(_) => unreachable!("handled above"),
     }
+}
+
+/// The log-ratio objective's loss: BCE on `β · Σ_span (log π_θ − log π_ref)`.
+fn log_ratio_loss(
+    model: &Model,
+    batch: &[&Example],
+    ids: &Tensor,
+    mask: Option<&Tensor>,
+    t: usize,
+    lr: LogRatio,
+) -> Result<(Tensor, Vec<(f32, f32)>)> {
+    let dev = &model.device;
+    let (mut all_spans, mut ys, mut ref_sums) = (Vec::new(), Vec::new(), Vec::new());
+    for (b, e) in batch.iter().enumerate() {
+        if e.ref_logprobs.len() != e.ids.len() {
+            bail!("the log-ratio objective needs the reference log-probabilities of every example");
+        }
+        let ends: Vec<usize> = e.targets.iter().map(|&(p, _)| p).collect();
+        for ((start, end), &(_, y)) in spans(e.lm_from.max(1), &ends, lr.cumulative)
+            .into_iter()
+            .zip(&e.targets)
+        {
+            all_spans.push((b, start, end));
+            ys.push(y);
+            ref_sums.push(e.ref_logprobs[start..=end].iter().sum::<f32>());
+        }
+    }
+    if ys.is_empty() {
+        bail!("a batch without targets");
+    }
+    let own = span_sums(&token_logprobs(model, ids, mask)?, t, &all_spans)?;
+    let z = ((own - Tensor::new(ref_sums.as_slice(), dev)?)? * lr.beta as f64)?;
+    let y = Tensor::new(ys.as_slice(), dev)?;
+    let loss = bce_with_logits(&z, &y)?;
+    let p: Vec<f32> = candle_nn::ops::sigmoid(&z.detach())?.to_vec1()?;
+    Ok((loss, p.into_iter().zip(ys).collect()))
 }
 
 /// Loss, accuracy and AUROC on held-out examples (inference path, no gradients).

@@ -48,6 +48,7 @@ fn prm_fixtures_reproduce_transformers() {
             model: &model,
             tokenizer: &tok,
             layout,
+            reference: None,
         };
         let items = exp["cases"][case]["items"].as_array().unwrap();
         let mut encoded = Vec::new();
@@ -128,6 +129,7 @@ fn value_head_reproduces_transformers() {
         model: &model,
         tokenizer: &tok,
         layout: PrmLayout::detect(&model, &tok).unwrap(),
+        reference: None,
     };
     let mut encoded = Vec::new();
     for it in exp["items"].as_array().unwrap() {

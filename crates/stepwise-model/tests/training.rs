@@ -104,6 +104,7 @@ fn value_head_checkpoint_round_trips() {
             model: m,
             tokenizer: &tok,
             layout: layout.clone(),
+            reference: None,
         }
         .score(&s.question, &s.step_texts())
         .unwrap()
@@ -157,11 +158,13 @@ fn tiny_prm_learns_detectable_errors_and_round_trips_through_a_checkpoint() {
         model: &model,
         tokenizer: &tok,
         layout: layout.clone(),
+        reference: None,
     };
     let b = StepScorer {
         model: &loaded,
         tokenizer: &tok,
         layout,
+        reference: None,
     };
     for s in held_out.iter().take(10) {
         let texts = s.step_texts();

@@ -9,7 +9,9 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
   1. train a policy from scratch on arithmetic word problems (reference solutions, some with slips)
   2. sample N solutions per problem (shared-prefix KV cache)
   3. annotate steps by Monte Carlo rollouts (Math-Shepherd); oracle labels from the exact checker
-  4. train a PRM on MC labels, a PRM on oracle labels and an ORM, same code and budget
+  4. train a PRM on MC labels, a PRM on oracle labels and an ORM, same code and budget: each is the
+     policy fine-tuned and read by its log-likelihood ratio against the policy over a step's tokens
+     (the implicit-PRM head; `--set verifier_head=classifier` for a fresh classifier head instead)
   5. evaluate on held-out problems: best-of-N curves, ProcessBench metric, label quality
   6. write metrics.json, report.md, report.html and plots (bon.png/svg, calibration.png/svg)
 

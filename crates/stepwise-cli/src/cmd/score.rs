@@ -2,6 +2,7 @@ use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::{Format, SolutionReader, SolutionWriter};
+use stepwise_model::log_ratio::{RewardSpec, REWARD_FILE};
 use stepwise_model::scoring::QWEN_PRM_SYSTEM;
 use stepwise_model::{default_device, Model, PrmLayout, StepScorer, Tokenizer};
 
@@ -12,6 +13,8 @@ use stepwise_model::{default_device, Model, PrmLayout, StepScorer, Tokenizer};
   qwen-prm    Qwen2.5-Math-PRM: chat template, steps joined by <extra_0>, softmax class 1 there
   step-tag    Math-Shepherd / RLHFlow: `problem step ки\\n ...`, P(+) over {+,-} at each ки
   token-cls   TRL PRMTrainer output: softmax class 1 on the last token of each step + \"\\n\"
+  log-ratio   a folder with reward.json (`stepwise train-prm --head log-ratio`, the lab's verifiers):
+              sigmoid(β·Σ log π/π_ref) over each step's tokens, against the reference it names
 
 Example:
   stepwise score --model ../shared/fixtures/hf-tiny/qwen2-prm \\
@@ -27,7 +30,7 @@ pub struct Args {
     /// Output: stepwise JSONL (or .parquet) with `steps[i].score`.
     #[arg(long)]
     pub output: PathBuf,
-    /// PRM layout: auto, qwen-prm, step-tag or token-cls.
+    /// PRM layout: auto, qwen-prm, step-tag, token-cls or log-ratio.
     #[arg(long, default_value = "auto")]
     pub layout: String,
     /// Solutions per forward pass.
@@ -42,8 +45,22 @@ pub fn run(a: Args) -> Result<()> {
     let dev = default_device();
     let model = Model::load(&a.model, &dev)?;
     let tok = Tokenizer::from_dir(&a.model)?;
+    // A log-ratio verifier names its reference model; it is scored against it.
+    let spec = RewardSpec::load(&a.model)?;
+    let reference = match &spec {
+        Some(s) => Some(Model::load(&s.reference_dir(&a.model), &dev).with_context(|| {
+            format!(
+                "loading the reference model named in {}",
+                a.model.join(REWARD_FILE).display()
+            )
+        })?),
+        None => None,
+    };
     let layout = match a.layout.as_str() {
-        "auto" => PrmLayout::detect(&model, &tok)?,
+        "auto" => match &spec {
+            Some(s) => s.layout(),
+            None => PrmLayout::detect(&model, &tok)?,
+        },
         "qwen-prm" => PrmLayout::QwenPrm {
             system: QWEN_PRM_SYSTEM.into(),
             step_token: "<extra_0>".into(),
@@ -54,12 +71,17 @@ pub fn run(a: Args) -> Result<()> {
             bad: "-".into(),
         },
         "token-cls" => PrmLayout::TokenClassifier { separator: "\n".into() },
+        "log-ratio" => spec
+            .as_ref()
+            .map(RewardSpec::layout)
+            .with_context(|| format!("--layout log-ratio: {} has no {REWARD_FILE}", a.model.display()))?,
         other => bail!("unknown --layout `{other}`"),
     };
     let scorer = StepScorer {
         model: &model,
         tokenizer: &tok,
         layout,
+        reference: reference.as_ref(),
     };
     let sols: Vec<_> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
     let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;

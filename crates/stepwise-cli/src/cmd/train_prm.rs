@@ -3,6 +3,7 @@ use candle_nn::VarMap;
 use std::path::PathBuf;
 use stepwise_core::{Format, SolutionReader};
 use stepwise_model::examples::{label_examples, LabelOptions, Neutral};
+use stepwise_model::log_ratio::{attach_reference, LogRatio, RewardSpec};
 use stepwise_model::train::{evaluate, train, Objective, TrainConfig};
 use stepwise_model::{default_device, HeadKind, Model, ModelConfig, Tokenizer};
 
@@ -16,10 +17,15 @@ num_labels=1, the usual ORM). Both are written as Hugging Face folders that `ste
 train with cross-entropy, soft labels (Monte Carlo values) with BCE. An interrupted run started again with the same \
 --out resumes from its last checkpoint.
 
+--head log-ratio keeps the --base causal LM and scores each step by β·Σ log π/π_base over its tokens (the implicit-PRM \
+parameterisation; with --outcome, the implicit PRM itself). Its input is the policy's layout: problem, separator, \
+then each step and separator. The folder gets a reward.json naming --base as the reference; `stepwise score` loads both.
+
 Examples:
   stepwise train-prm --data labeled.jsonl --base ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
-  stepwise train-prm --data labeled.jsonl --config tiny --tokenizer TOK --outcome --out orm/"
+  stepwise train-prm --data labeled.jsonl --config tiny --tokenizer TOK --outcome --out orm/
+  stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --separator '|' --out prm/"
 )]
 pub struct Args {
     /// Step-labelled solutions in any format stepwise reads.
@@ -40,11 +46,18 @@ pub struct Args {
     /// Outcome reward model: one label per solution, from `correct`.
     #[arg(long)]
     pub outcome: bool,
-    /// Head: `classifier` (2-class token classifier, TRL's PRM layout) or `value` (scalar value
-    /// head read through a sigmoid, saved as *ForSequenceClassification with one label). Default:
-    /// classifier for PRMs, value for --outcome.
-    #[arg(long, value_parser = ["classifier", "value"])]
+    /// Head: `classifier` (2-class token classifier, TRL's PRM layout), `value` (scalar value
+    /// head read through a sigmoid, saved as *ForSequenceClassification with one label) or
+    /// `log-ratio` (the --base LM itself, scored against a frozen copy). Default: classifier for
+    /// PRMs, value for --outcome.
+    #[arg(long, value_parser = ["classifier", "value", "log-ratio"])]
     pub head: Option<String>,
+    /// β of the log-ratio head.
+    #[arg(long, default_value_t = 1.0)]
+    pub beta: f32,
+    /// Separator after each step (and, for the log-ratio head, after the problem).
+    #[arg(long, default_value = "\n")]
+    pub separator: String,
     /// Neutral ratings: good, bad or skip.
     #[arg(long, default_value = "good")]
     pub neutral: String,
@@ -109,24 +122,47 @@ pub fn run(a: Args) -> Result<()> {
         Some(base) => ModelConfig::from_dir(base)?.max_position_embeddings.min(a.max_len),
         None => a.max_len,
     };
+    let log_ratio = (a.head.as_deref() == Some("log-ratio")).then_some(LogRatio {
+        beta: a.beta,
+        cumulative: a.outcome,
+    });
     let opts = LabelOptions {
         neutral,
         last_step_only: a.last_step_only,
         outcome: a.outcome,
-        separator: "\n".into(),
+        separator: a.separator.clone(),
         max_len,
+        separator_after_problem: log_ratio.is_some(),
     };
     let n_valid = ((sols.len() as f64) * a.valid_fraction).round() as usize;
     let (valid_sols, train_sols) = sols.split_at(n_valid.min(sols.len()));
-    let train_set = label_examples(&tok, train_sols, &opts)?;
-    let valid_set = label_examples(&tok, valid_sols, &opts)?;
+    let mut train_set = label_examples(&tok, train_sols, &opts)?;
+    let mut valid_set = label_examples(&tok, valid_sols, &opts)?;
     eprintln!("{} training sequences, {} validation", train_set.len(), valid_set.len());
+    let objective = match log_ratio {
+        Some(lr) => {
+            let base = a
+                .base
+                .as_ref()
+                .context("--head log-ratio needs --base (the reference LM)")?;
+            let reference = Model::load(base, &dev)?;
+            if reference.config.head != HeadKind::CausalLm {
+                bail!("--head log-ratio: {} is not a causal LM", base.display());
+            }
+            attach_reference(&reference, &mut train_set, a.batch_size * 2)?;
+            attach_reference(&reference, &mut valid_set, a.batch_size * 2)?;
+            Objective::LogRatio(lr)
+        }
+        None => Objective::Classify,
+    };
     let value_head = match a.head.as_deref() {
         Some(h) => h == "value",
         None => a.outcome,
     };
     let with_head = |c: ModelConfig| {
-        if value_head {
+        if log_ratio.is_some() {
+            c
+        } else if value_head {
             c.with_value_head()
         } else {
             c.with_head(HeadKind::TokenClassification)
@@ -137,13 +173,17 @@ pub fn run(a: Args) -> Result<()> {
         (Some(base), _) => {
             let cfg = with_head(ModelConfig::from_dir(base)?);
             let m = Model::load_trainable(base, cfg.clone(), &varmap, &dev, a.seed)?;
-            drop(m);
-            // Drop a causal-LM head that the classifier does not use, then build on the rest.
-            varmap.data().lock().unwrap().remove("lm_head.weight");
-            Model::new(
-                cfg,
-                candle_nn::VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &dev),
-            )?
+            if log_ratio.is_some() {
+                m
+            } else {
+                drop(m);
+                // Drop a causal-LM head that the classifier does not use, then build on the rest.
+                varmap.data().lock().unwrap().remove("lm_head.weight");
+                Model::new(
+                    cfg,
+                    candle_nn::VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &dev),
+                )?
+            }
         }
         (None, Some(name)) => Model::fresh(
             with_head(shape(name, tok.vocab_size(), HeadKind::TokenClassification)?),
@@ -152,6 +192,11 @@ pub fn run(a: Args) -> Result<()> {
             a.seed,
         )?,
         (None, None) => bail!("pass --base DIR or --config tiny|small|base"),
+    };
+    if let (Some(lr), Some(base)) = (log_ratio, &a.base) {
+        let reference = std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?;
+        std::fs::create_dir_all(&a.out)?;
+        RewardSpec::new(reference, &a.separator, lr).save(&a.out)?;
     };
     let cfg = TrainConfig {
         lr: a.lr,
@@ -174,7 +219,7 @@ pub fn run(a: Args) -> Result<()> {
         &varmap,
         &train_set,
         &valid_set,
-        Objective::Classify,
+        objective,
         &cfg,
         |step, loss| {
             bar.set_position(step as u64);
@@ -188,7 +233,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     if !valid_set.is_empty() {
-        let m = evaluate(&model, &valid_set, Objective::Classify, a.batch_size * 2)?;
+        let m = evaluate(&model, &valid_set, objective, a.batch_size * 2)?;
         eprintln!(
             "validation: loss {:.4}, step accuracy {:.3}, AUROC {:.3}",
             m.loss, m.accuracy, m.auroc

@@ -1,0 +1,172 @@
+//! Log-likelihood-ratio rewards: a causal LM π_θ fine-tuned from a reference LM π_ref scores a
+//! span of tokens `y` by `β · Σ log π_θ(yᵢ | y<ᵢ) / π_ref(yᵢ | y<ᵢ)`, read as the log-odds that the
+//! span is good. This is the implicit PRM of Yuan et al. 2024 ("Free Process Rewards without
+//! Process Labels", used by PRIME): trained on outcome labels over the whole solution it is an
+//! ORM whose partial sums are process rewards; trained on step labels with one span per step it
+//! is a PRM.
+//!
+//! Why it matters: a verifier fine-tuned from the policy starts from a model that already
+//! predicts every token. A fresh classifier head must rebuild from scratch the check "is the
+//! written result what I would have computed"; here the check is the LM's own next-token
+//! distribution, so training only has to learn how to weigh it (see the README's lab section).
+//!
+//! A folder holding such a verifier carries [`REWARD_FILE`] naming its reference and `β`.
+
+use crate::model::Model;
+use crate::train::Example;
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Tensor, D};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The file in a verifier folder that makes it a log-likelihood-ratio verifier.
+pub const REWARD_FILE: &str = "reward.json";
+
+/// How span log-odds are formed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LogRatio {
+    /// Scale `β` of the summed log-ratio.
+    pub beta: f32,
+    /// Step `k`'s span runs from the first step's start (implicit PRM's `q_k`, what an ORM
+    /// trained on whole solutions yields) instead of from the end of step `k − 1`.
+    pub cumulative: bool,
+}
+
+/// What [`REWARD_FILE`] holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RewardSpec {
+    /// Always `log_likelihood_ratio`.
+    pub kind: String,
+    /// The reference model's folder, relative to the verifier's folder.
+    pub reference: PathBuf,
+    /// The separator after the problem and after each step.
+    pub separator: String,
+    /// Span scoring.
+    #[serde(flatten)]
+    pub log_ratio: LogRatio,
+}
+
+impl RewardSpec {
+    /// A spec for a verifier whose reference lives in `reference` (relative to the verifier).
+    pub fn new(reference: impl Into<PathBuf>, separator: &str, log_ratio: LogRatio) -> Self {
+        RewardSpec {
+            kind: "log_likelihood_ratio".into(),
+            reference: reference.into(),
+            separator: separator.into(),
+            log_ratio,
+        }
+    }
+
+    /// The scoring layout it describes.
+    pub fn layout(&self) -> crate::scoring::PrmLayout {
+        crate::scoring::PrmLayout::LogRatio {
+            separator: self.separator.clone(),
+            log_ratio: self.log_ratio,
+        }
+    }
+
+    /// Write it into the verifier folder `dir`.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::write(dir.join(REWARD_FILE), serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("writing {}", dir.join(REWARD_FILE).display()))
+    }
+
+    /// Read the spec of the verifier folder `dir`, if it has one.
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join(REWARD_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let spec: RewardSpec = serde_json::from_str(&text).with_context(|| format!("{}: invalid", path.display()))?;
+        if spec.kind != "log_likelihood_ratio" {
+            bail!("{}: field `kind`: unknown reward kind `{}`", path.display(), spec.kind);
+        }
+        Ok(Some(spec))
+    }
+
+    /// The reference folder, resolved against the verifier folder `dir`.
+    pub fn reference_dir(&self, dir: &Path) -> PathBuf {
+        dir.join(&self.reference)
+    }
+}
+
+/// The token span of each step: step `k` ends at `ends[k]` (inclusive) and starts after the end
+/// of step `k − 1`, or at `first` (the first step's first token) when `cumulative` or `k = 0`.
+pub fn spans(first: usize, ends: &[usize], cumulative: bool) -> Vec<(usize, usize)> {
+    let mut start = first;
+    ends.iter()
+        .map(|&end| {
+            let span = (start, end);
+            if !cumulative {
+                start = end + 1;
+            }
+            span
+        })
+        .collect()
+}
+
+/// `log p(ids[b, i] | ids[b, <i])` at every position of a padded batch `[b, t]`, as `[b·t]`
+/// with 0 at position 0 (differentiable when the model is in training mode).
+pub fn token_logprobs(model: &Model, ids: &Tensor, pad_mask: Option<&Tensor>) -> Result<Tensor> {
+    let (b, t) = ids.dims2()?;
+    let hidden = model.hidden(ids, pad_mask, None)?;
+    let flat = hidden.reshape((b * t, hidden.dim(2)?))?;
+    let logp = candle_nn::ops::log_softmax(&model.head_logits(&flat)?, D::Minus1)?;
+    // Row (b, i) predicts token (b, i + 1); the last row of a sequence predicts nothing.
+    let ids_v: Vec<u32> = ids.flatten_all()?.to_vec1()?;
+    let next: Vec<u32> = (0..b * t)
+        .map(|r| if r % t + 1 < t { ids_v[r + 1] } else { 0 })
+        .collect();
+    let next = Tensor::new(next.as_slice(), ids.device())?.unsqueeze(1)?;
+    let predicted = logp.gather(&next, 1)?.squeeze(1)?.reshape((b, t))?;
+    // Shift right by one: position i holds the log-probability of token i.
+    let zero = Tensor::zeros((b, 1), DType::F32, ids.device())?;
+    Ok(Tensor::cat(&[&zero, &predicted.narrow(1, 0, t - 1)?], 1)?.flatten_all()?)
+}
+
+/// Sum `values[b·t]` over each span of each sequence: `spans[k] = (sequence, start, end)`.
+pub fn span_sums(values: &Tensor, t: usize, spans: &[(usize, usize, usize)]) -> Result<Tensor> {
+    let n = values.dim(0)?;
+    let mut select = vec![0f32; spans.len() * n];
+    for (k, &(b, start, end)) in spans.iter().enumerate() {
+        for i in start..=end {
+            select[k * n + b * t + i] = 1.0;
+        }
+    }
+    let select = Tensor::from_vec(select, (spans.len(), n), values.device())?;
+    Ok(select.matmul(&values.unsqueeze(1)?)?.squeeze(1)?)
+}
+
+/// Pad token sequences into ids `[b, t]` and a padding mask (`None` when nothing is padded).
+pub fn pad_batch(seqs: &[&[u32]], device: &candle_core::Device) -> Result<(Tensor, Option<Tensor>, usize)> {
+    let t = seqs.iter().map(|s| s.len()).max().unwrap_or(1).max(1);
+    let mut ids = Vec::with_capacity(seqs.len() * t);
+    let mut mask = Vec::with_capacity(seqs.len() * t);
+    for s in seqs {
+        ids.extend(s.iter().copied().chain(std::iter::repeat_n(0, t - s.len())));
+        mask.extend((0..t).map(|i| if i < s.len() { 1f32 } else { 0.0 }));
+    }
+    let ids = Tensor::from_vec(ids, (seqs.len(), t), device)?;
+    let padded = seqs.iter().any(|s| s.len() < t);
+    let mask = if padded {
+        Some(Tensor::from_vec(mask, (seqs.len(), t), device)?)
+    } else {
+        None
+    };
+    Ok((ids, mask, t))
+}
+
+/// Fill every example's `ref_logprobs` with the reference model's token log-probabilities, so
+/// training needs no second forward pass.
+pub fn attach_reference(reference: &Model, examples: &mut [Example], batch_size: usize) -> Result<()> {
+    for chunk in examples.chunks_mut(batch_size.max(1)) {
+        let seqs: Vec<&[u32]> = chunk.iter().map(|e| e.ids.as_slice()).collect();
+        let (ids, mask, t) = pad_batch(&seqs, &reference.device)?;
+        let lp: Vec<f32> = token_logprobs(reference, &ids, mask.as_ref())?.to_vec1()?;
+        for (b, e) in chunk.iter_mut().enumerate() {
+            e.ref_logprobs = lp[b * t..b * t + e.ids.len()].to_vec();
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! Log-ratio verifiers (implicit-PRM parameterisation): token log-probabilities are the LM's own,
+//! a verifier equal to its reference scores every step 1/2, batched scoring equals one at a
+//! time, every weight gets a gradient, and a verifier fine-tuned from a policy learns to flag
+//! wrong steps and scores identically after a round trip through its folder (reward.json).
+
+use candle_core::{Device, IndexOp, Tensor, D};
+use candle_nn::VarMap;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::PathBuf;
+use stepwise_core::{Provenance, Solution, Step, StepLabel};
+use stepwise_model::examples::{label_examples, LabelOptions};
+use stepwise_model::log_ratio::{attach_reference, pad_batch, token_logprobs, LogRatio, RewardSpec};
+use stepwise_model::train::{batch_loss, evaluate, train, Objective, TrainConfig};
+use stepwise_model::{HeadKind, Model, ModelConfig, StepScorer, Tokenizer};
+
+fn tokenizer_dir() -> PathBuf {
+    std::env::var_os("STEPWISE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("fixtures/hf-tiny/qwen2-policy")
+}
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_dir(&tokenizer_dir()).unwrap()
+}
+
+const SEP: &str = "\n";
+const LR: LogRatio = LogRatio {
+    beta: 1.0,
+    cumulative: false,
+};
+
+/// Counting problems: each step must be the previous number + 1; a bad step is off by 2..8 and
+/// the rest of the solution counts on from it.
+fn solutions(n: usize, seed: u64, p_bad: f64) -> Vec<Solution> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let start: u32 = rng.random_range(0..10);
+            let len = rng.random_range(3..6);
+            let bad_at = rng.random_bool(p_bad).then(|| rng.random_range(0..len));
+            let mut cur = start;
+            let steps = (0..len)
+                .map(|k| {
+                    let good = bad_at != Some(k);
+                    cur = if good {
+                        (cur + 1) % 10
+                    } else {
+                        (cur + rng.random_range(2..9)) % 10
+                    };
+                    Step::labelled(format!("{cur}"), StepLabel::from_bool(good, Provenance::Oracle))
+                })
+                .collect();
+            Solution {
+                id: i.to_string(),
+                question: format!("count from {start}"),
+                steps,
+                correct: Some(bad_at.is_none()),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+fn lm(tok: &Tokenizer, varmap: &VarMap, seed: u64) -> Model {
+    let cfg = ModelConfig::tiny(tok.vocab_size(), 64, 2, 4, 2, HeadKind::CausalLm);
+    Model::fresh(cfg, varmap, &Device::Cpu, seed).unwrap()
+}
+
+fn opts(outcome: bool) -> LabelOptions {
+    LabelOptions {
+        separator: SEP.into(),
+        separator_after_problem: true,
+        outcome,
+        ..Default::default()
+    }
+}
+
+fn layout() -> stepwise_model::PrmLayout {
+    stepwise_model::PrmLayout::LogRatio {
+        separator: SEP.into(),
+        log_ratio: LR,
+    }
+}
+
+#[test]
+fn token_logprobs_are_the_lms_next_token_log_probabilities() {
+    let tok = tokenizer();
+    let model = lm(&tok, &VarMap::new(), 1);
+    let seqs: Vec<Vec<u32>> = vec![(3..20).collect(), (40..47).collect()];
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let (ids, mask, t) = pad_batch(&refs, &Device::Cpu).unwrap();
+    let lp: Vec<f32> = token_logprobs(&model, &ids, mask.as_ref()).unwrap().to_vec1().unwrap();
+    for (b, s) in seqs.iter().enumerate() {
+        // Alone, unpadded, through the full logits.
+        let one = Tensor::new(s.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let logits = model.forward(&one, None).unwrap().i(0).unwrap();
+        let logp = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
+        assert_eq!(lp[b * t], 0.0);
+        for i in 1..s.len() {
+            let want: f32 = logp.i((i - 1, s[i] as usize)).unwrap().to_scalar().unwrap();
+            assert!(
+                (lp[b * t + i] - want).abs() < 1e-5,
+                "seq {b} pos {i}: {} vs {want}",
+                lp[b * t + i]
+            );
+        }
+    }
+}
+
+#[test]
+fn a_verifier_equal_to_its_reference_is_undecided_and_batching_changes_nothing() {
+    let tok = tokenizer();
+    let reference = lm(&tok, &VarMap::new(), 1);
+    let sols = solutions(6, 4, 0.5);
+    let same = StepScorer {
+        model: &reference,
+        tokenizer: &tok,
+        layout: layout(),
+        reference: Some(&reference),
+    };
+    for s in &sols {
+        for x in same.score(&s.question, &s.step_texts()).unwrap() {
+            assert!((x - 0.5).abs() < 1e-6, "{x}");
+        }
+    }
+    let other = lm(&tok, &VarMap::new(), 2);
+    let scorer = StepScorer {
+        model: &other,
+        tokenizer: &tok,
+        layout: layout(),
+        reference: Some(&reference),
+    };
+    let enc: Vec<_> = sols
+        .iter()
+        .map(|s| scorer.encode(&s.question, &s.step_texts()).unwrap())
+        .collect();
+    let batched = scorer.score_batch(&enc).unwrap();
+    for (s, b) in sols.iter().zip(&batched) {
+        let alone = scorer.score(&s.question, &s.step_texts()).unwrap();
+        assert_eq!(alone.len(), s.steps.len());
+        for (x, y) in alone.iter().zip(b) {
+            assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+        }
+        assert!(
+            alone.iter().any(|x| (x - 0.5).abs() > 1e-4),
+            "different models disagree"
+        );
+    }
+}
+
+#[test]
+fn every_weight_receives_a_gradient() {
+    let tok = tokenizer();
+    let reference = lm(&tok, &VarMap::new(), 1);
+    let varmap = VarMap::new();
+    let mut model = lm(&tok, &varmap, 3);
+    model.set_training(true);
+    for outcome in [false, true] {
+        let mut ex = label_examples(&tok, &solutions(8, 1, 0.6), &opts(outcome)).unwrap();
+        attach_reference(&reference, &mut ex, 4).unwrap();
+        let refs: Vec<_> = ex.iter().collect();
+        let (loss, _) = batch_loss(&model, &refs, Objective::LogRatio(LR)).unwrap();
+        let grads = loss.backward().unwrap();
+        let data = varmap.data().lock().unwrap();
+        for (name, var) in data.iter() {
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("no gradient for {name}"));
+            let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(norm > 0.0, "zero gradient for {name}");
+        }
+    }
+}
+
+#[test]
+fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
+    let tok = tokenizer();
+    let dir = std::env::temp_dir().join(format!("stepwise-logratio-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (policy_dir, prm_dir) = (dir.join("policy"), dir.join("prm"));
+
+    // A policy that counts, trained on the solutions' own layout (slips included, as a policy
+    // learns from imperfect data).
+    let varmap = VarMap::new();
+    let mut policy = lm(&tok, &varmap, 5);
+    let mut lm_set = label_examples(&tok, &solutions(600, 6, 0.3), &opts(false)).unwrap();
+    for e in &mut lm_set {
+        e.targets.clear();
+    }
+    let tc = |steps, lr, out: &PathBuf| TrainConfig {
+        lr,
+        warmup: 10,
+        steps,
+        batch_size: 32,
+        eval_every: 0,
+        out_dir: Some(out.clone()),
+        ..Default::default()
+    };
+    train(
+        &mut policy,
+        &varmap,
+        &lm_set,
+        &[],
+        Objective::Lm,
+        &tc(150, 3e-3, &policy_dir),
+        |_, _| {},
+    )
+    .unwrap();
+    std::fs::copy(
+        tokenizer_dir().join("tokenizer.json"),
+        policy_dir.join("tokenizer.json"),
+    )
+    .unwrap();
+
+    // The PRM: the policy itself, fine-tuned on step labels against a frozen copy.
+    let reference = Model::load(&policy_dir, &Device::Cpu).unwrap();
+    let varmap = VarMap::new();
+    let mut prm = Model::load_trainable(&policy_dir, reference.config.clone(), &varmap, &Device::Cpu, 0).unwrap();
+    let mut train_set = label_examples(&tok, &solutions(600, 7, 0.6), &opts(false)).unwrap();
+    let held_out = solutions(150, 8, 0.6);
+    let mut valid = label_examples(&tok, &held_out, &opts(false)).unwrap();
+    attach_reference(&reference, &mut train_set, 64).unwrap();
+    attach_reference(&reference, &mut valid, 64).unwrap();
+    let objective = Objective::LogRatio(LR);
+    let before = evaluate(&prm, &valid, objective, 64).unwrap();
+    train(
+        &mut prm,
+        &varmap,
+        &train_set,
+        &[],
+        objective,
+        &tc(250, 1e-3, &prm_dir),
+        |_, _| {},
+    )
+    .unwrap();
+    let after = evaluate(&prm, &valid, objective, 64).unwrap();
+    println!(
+        "held-out step AUROC {:.3} → {:.3}, accuracy {:.3} → {:.3}",
+        before.auroc, after.auroc, before.accuracy, after.accuracy
+    );
+    assert!(after.accuracy >= 0.95, "held-out step accuracy {:.3}", after.accuracy);
+
+    // The folder names its reference; loading it back scores identically.
+    RewardSpec::new("../policy", SEP, LR).save(&prm_dir).unwrap();
+    std::fs::copy(tokenizer_dir().join("tokenizer.json"), prm_dir.join("tokenizer.json")).unwrap();
+    let spec = RewardSpec::load(&prm_dir).unwrap().expect("reward.json");
+    let loaded = Model::load(&prm_dir, &Device::Cpu).unwrap();
+    let loaded_ref = Model::load(&spec.reference_dir(&prm_dir), &Device::Cpu).unwrap();
+    let a = StepScorer {
+        model: &prm,
+        tokenizer: &tok,
+        layout: layout(),
+        reference: Some(&reference),
+    };
+    let b = StepScorer {
+        model: &loaded,
+        tokenizer: &tok,
+        layout: spec.layout(),
+        reference: Some(&loaded_ref),
+    };
+    for s in held_out.iter().take(10) {
+        let texts = s.step_texts();
+        let (x, y) = (
+            a.score(&s.question, &texts).unwrap(),
+            b.score(&s.question, &texts).unwrap(),
+        );
+        for (u, v) in x.iter().zip(&y) {
+            assert!((u - v).abs() < 1e-6, "{u} vs {v}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_folder_with_a_bad_reward_file_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("stepwise-reward-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("reward.json"),
+        r#"{"kind": "magic", "reference": "x", "separator": "|", "beta": 1.0, "cumulative": false}"#,
+    )
+    .unwrap();
+    let err = format!("{:#}", RewardSpec::load(&dir).unwrap_err());
+    assert!(err.contains("reward.json") && err.contains("kind"), "{err}");
+    std::fs::write(dir.join("reward.json"), r#"{"kind": "log_likelihood_ratio"}"#).unwrap();
+    let err = format!("{:#}", RewardSpec::load(&dir).unwrap_err());
+    assert!(err.contains("reward.json"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
