@@ -1,4 +1,4 @@
-//! The stage subcommands on files: `annotate` (resumable), `bon` and `eval processbench`.
+//! The stage subcommands on files: `annotate` (resumable), `bon`, `eval processbench`, and `train-prm` folders read back by `score`.
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -127,4 +127,71 @@ fn bon_and_processbench_on_scored_files() {
     let m: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(m["f1"], 1.0, "{text}");
     assert_eq!(m["counts"], json!([2, 2]));
+}
+
+/// `train-prm` writes a folder `score` reads back, for the classifier head and for the
+/// log-ratio head (whose reward.json names --base as the reference).
+#[test]
+fn train_prm_folders_are_scored_by_score() {
+    let d = tmp("train-prm");
+    let data = d.join("labeled.jsonl");
+    let rows: Vec<Value> = (0..12)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "question": format!("count from {i}"), "correct": i % 3 != 0,
+                   "steps": [step(&format!("{}", i + 1), 0.0, true), step(&format!("{}", i + 2 + i % 3), 0.0, i % 3 != 0)]})
+        })
+        .collect();
+    write_jsonl(&data, &rows);
+    for head in ["classifier", "log-ratio"] {
+        let out = d.join(head);
+        let args = [
+            "train-prm",
+            "--data",
+            data.to_str().unwrap(),
+            "--base",
+            &fixture("qwen2-policy"),
+        ];
+        let rest = [
+            "--head",
+            head,
+            "--steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        stepwise(&[&args[..], &rest[..]].concat());
+        assert_eq!(out.join("reward.json").exists(), head == "log-ratio", "{head}");
+        let scored = d.join(format!("{head}.jsonl"));
+        stepwise(&[
+            "score",
+            "--model",
+            out.to_str().unwrap(),
+            "--input",
+            data.to_str().unwrap(),
+            "--output",
+            scored.to_str().unwrap(),
+        ]);
+        let text = std::fs::read_to_string(&scored).unwrap();
+        assert_eq!(text.lines().count(), rows.len());
+        let scores: Vec<f64> = text
+            .lines()
+            .flat_map(|line| {
+                let v: Value = serde_json::from_str(line).unwrap();
+                v["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s["score"].as_f64().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(scores.len(), 2 * rows.len());
+        assert!(scores.iter().all(|x| (0.0..=1.0).contains(x)), "{head}: {scores:?}");
+        assert!(
+            scores.iter().any(|x| (x - 0.5).abs() > 1e-3),
+            "{head}: training moved nothing"
+        );
+    }
 }
