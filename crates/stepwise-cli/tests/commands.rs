@@ -1,4 +1,5 @@
-//! The stage subcommands on files: `annotate` (resumable), `bon`, `eval processbench`, and `train-prm` folders read back by `score`.
+//! The stage subcommands on files: `annotate` (resumable), `bon`, `eval processbench`, and
+//! `train-prm` folders read back by `score`.
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
