@@ -45,13 +45,12 @@ pub struct Preset {
     pub eval_problems: usize,
     /// Samples per evaluation problem (the largest N of best-of-N).
     pub eval_samples: usize,
-    /// Start every verifier from the policy's decoder with a fresh head, as real PRMs and ORMs
-    /// are fine-tuned from a language model (they need its arithmetic to judge a step); `false`
-    /// trains them from scratch with `verifier_shape`.
+    /// Start every verifier from the policy, as real PRMs and ORMs are fine-tuned from a language
+    /// model (they need its arithmetic to judge a step); `false` trains classifier-head verifiers
+    /// from scratch with `verifier_shape`.
     pub verifiers_from_policy: bool,
-    /// Fresh decoder layers stacked on the policy's when verifiers start from it: judging a step
-    /// means comparing what is written with what the policy would compute, one layer later than
-    /// the policy forms its prediction, so a verifier needs more depth than the generator.
+    /// Fresh decoder layers stacked on the policy's for the classifier head (the log-ratio head
+    /// is the policy's own LM and takes none). One or two did not help (see the README).
     pub verifier_extra_layers: usize,
     /// Verifier shape when trained from scratch (the same for PRMs and the ORM).
     pub verifier_shape: (usize, usize),
@@ -107,7 +106,7 @@ impl Preset {
         }
     }
 
-    /// The measured setting (about nine minutes on 2 cores).
+    /// The measured setting (about twelve and a half minutes on 2 cores).
     pub fn standard() -> Self {
         Preset {
             name: "standard".into(),
@@ -145,6 +144,27 @@ impl Preset {
             *slot = serde_json::from_str(val).unwrap_or_else(|_| serde_json::Value::String(val.into()));
         }
         serde_json::from_value(v).context("--set: a value has the wrong type for its field")
+    }
+
+    /// How the verifiers are built and trained, in words (for the report).
+    pub fn verifier_summary(&self) -> String {
+        let head = match (self.verifier_head, self.verifiers_from_policy) {
+            (VerifierHead::LogRatio, _) => format!(
+                "the policy fine-tuned, each step scored by its log-likelihood ratio against the policy (β = {})",
+                self.verifier_beta
+            ),
+            (VerifierHead::Classifier, true) => {
+                "the policy's decoder with a fresh classifier head (a value head for the ORM)".to_string()
+            }
+            (VerifierHead::Classifier, false) => format!(
+                "a {}×{} decoder trained from scratch with a classifier head (a value head for the ORM)",
+                self.verifier_shape.0, self.verifier_shape.1
+            ),
+        };
+        format!(
+            "{head}; {} steps of 32 solutions, peak learning rate {}",
+            self.verifier_steps, self.verifier_lr
+        )
     }
 
     /// By name.
@@ -381,6 +401,11 @@ impl Verifiers<'_> {
                 anyhow::bail!("the log-ratio verifier head needs verifiers_from_policy = true")
             }
             (VerifierHead::LogRatio, true) => {
+                if p.verifier_extra_layers > 0 {
+                    anyhow::bail!(
+                        "verifier_extra_layers is for the classifier head: the log-ratio head is the policy's own LM"
+                    )
+                }
                 if !done_marker(&self.out.join(dir)).exists() {
                     stepwise_model::log_ratio::attach_reference(self.policy, &mut examples, 64)?;
                 }

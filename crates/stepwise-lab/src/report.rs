@@ -26,6 +26,9 @@ pub struct Report {
     pub eval_problems: usize,
     /// Samples per evaluation problem.
     pub eval_samples: usize,
+    /// How the verifiers were built and trained.
+    #[serde(default)]
+    pub verifiers: String,
     /// Single-sample accuracy of the policy on held-out problems.
     pub policy_accuracy: f64,
     /// Of the samples with a correct final answer, the fraction whose process the oracle rejects.
@@ -222,6 +225,7 @@ pub fn evaluate(
     Ok(Report {
         preset: p.name.clone(),
         seed,
+        verifiers: p.verifier_summary(),
         eval_problems: eval.len(),
         eval_samples: p.eval_samples,
         policy_accuracy: correct.len() as f64 / scored.len().max(1) as f64,
@@ -281,6 +285,7 @@ fn body(r: &Report) -> String {
         "Preset `{}`, seed {}: {} held-out problems, {} samples each.\n",
         r.preset, r.seed, r.eval_problems, r.eval_samples
     );
+    let _ = writeln!(s, "- Verifiers (PRM-MC, PRM-oracle, ORM): {}", r.verifiers);
     let _ = writeln!(s, "- Policy single-sample accuracy: **{:.3}**", r.policy_accuracy);
     let _ = writeln!(
         s,

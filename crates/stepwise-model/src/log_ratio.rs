@@ -12,7 +12,7 @@
 //!
 //! A folder holding such a verifier carries [`REWARD_FILE`] naming its reference and `β`.
 
-use crate::model::Model;
+use crate::model::{pad_batch, Model};
 use crate::train::Example;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, D};
@@ -136,25 +136,6 @@ pub fn span_sums(values: &Tensor, t: usize, spans: &[(usize, usize, usize)]) -> 
     }
     let select = Tensor::from_vec(select, (spans.len(), n), values.device())?;
     Ok(select.matmul(&values.unsqueeze(1)?)?.squeeze(1)?)
-}
-
-/// Pad token sequences into ids `[b, t]` and a padding mask (`None` when nothing is padded).
-pub fn pad_batch(seqs: &[&[u32]], device: &candle_core::Device) -> Result<(Tensor, Option<Tensor>, usize)> {
-    let t = seqs.iter().map(|s| s.len()).max().unwrap_or(1).max(1);
-    let mut ids = Vec::with_capacity(seqs.len() * t);
-    let mut mask = Vec::with_capacity(seqs.len() * t);
-    for s in seqs {
-        ids.extend(s.iter().copied().chain(std::iter::repeat_n(0, t - s.len())));
-        mask.extend((0..t).map(|i| if i < s.len() { 1f32 } else { 0.0 }));
-    }
-    let ids = Tensor::from_vec(ids, (seqs.len(), t), device)?;
-    let padded = seqs.iter().any(|s| s.len() < t);
-    let mask = if padded {
-        Some(Tensor::from_vec(mask, (seqs.len(), t), device)?)
-    } else {
-        None
-    };
-    Ok((ids, mask, t))
 }
 
 /// Fill every example's `ref_logprobs` with the reference model's token log-probabilities, so

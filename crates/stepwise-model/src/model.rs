@@ -168,6 +168,25 @@ fn init_vars(varmap: &VarMap, which: impl Fn(&str) -> bool, device: &Device, see
     Ok(())
 }
 
+/// Pad token sequences into ids `[b, t]` and a padding mask (`None` when nothing is padded).
+pub fn pad_batch(seqs: &[&[u32]], device: &Device) -> Result<(Tensor, Option<Tensor>, usize)> {
+    let t = seqs.iter().map(|s| s.len()).max().unwrap_or(1).max(1);
+    let mut ids = Vec::with_capacity(seqs.len() * t);
+    let mut mask = Vec::with_capacity(seqs.len() * t);
+    for s in seqs {
+        ids.extend(s.iter().copied().chain(std::iter::repeat_n(0, t - s.len())));
+        mask.extend((0..t).map(|i| if i < s.len() { 1f32 } else { 0.0 }));
+    }
+    let ids = Tensor::from_vec(ids, (seqs.len(), t), device)?;
+    let padded = seqs.iter().any(|s| s.len() < t);
+    let mask = if padded {
+        Some(Tensor::from_vec(mask, (seqs.len(), t), device)?)
+    } else {
+        None
+    };
+    Ok((ids, mask, t))
+}
+
 /// Probability of "good" from head outputs `[.., classes]`: softmax class 1 of a 2-class head,
 /// the sigmoid of a scalar value head.
 pub fn good_prob(logits: &Tensor) -> Result<Tensor> {

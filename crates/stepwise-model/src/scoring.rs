@@ -4,11 +4,11 @@
 //! read, and how a reward is computed from the model's outputs there.
 
 use crate::config::HeadKind;
-use crate::log_ratio::{pad_batch, span_sums, spans, token_logprobs, LogRatio};
-use crate::model::Model;
+use crate::log_ratio::{span_sums, spans, token_logprobs, LogRatio};
+use crate::model::{pad_batch, Model};
 use crate::tokenizer::{Message, Tokenizer};
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, IndexOp, Tensor};
+use candle_core::{IndexOp, Tensor};
 
 /// How a PRM expects its input and yields step rewards.
 #[derive(Debug, Clone, PartialEq)]
@@ -190,20 +190,8 @@ impl StepScorer<'_> {
             return self.score_log_ratio(batch, *log_ratio);
         }
         let dev = &self.model.device;
-        let t = batch.iter().map(|e| e.ids.len()).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(batch.len() * t);
-        let mut mask = Vec::with_capacity(batch.len() * t);
-        for e in batch {
-            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(0, t - e.ids.len())));
-            mask.extend((0..t).map(|i| u8::from(i < e.ids.len())));
-        }
-        let ids = Tensor::from_vec(ids, (batch.len(), t), dev)?;
-        let padded = batch.iter().any(|e| e.ids.len() < t);
-        let mask = if padded {
-            Some(Tensor::from_vec(mask, (batch.len(), t), dev)?.to_dtype(DType::F32)?)
-        } else {
-            None
-        };
+        let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+        let (ids, mask, _) = pad_batch(&seqs, dev)?;
         let hidden = self.model.hidden(&ids, mask.as_ref(), None)?;
         let mut out = Vec::with_capacity(batch.len());
         for (b, e) in batch.iter().enumerate() {

@@ -2,8 +2,8 @@
 //! One loop for all of them, readable in one sitting: batches → loss → backward → clip → AdamW
 //! with warm-up + cosine → periodic validation → early stop → checkpoints that resume exactly.
 
-use crate::log_ratio::{pad_batch, span_sums, spans, token_logprobs, LogRatio};
-use crate::model::Model;
+use crate::log_ratio::{span_sums, spans, token_logprobs, LogRatio};
+use crate::model::{pad_batch, Model};
 use crate::optim::{accumulate, schedule, AdamW};
 use anyhow::{bail, Result};
 use candle_core::{Tensor, D};

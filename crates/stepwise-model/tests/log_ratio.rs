@@ -10,7 +10,8 @@ use rand_chacha::ChaCha8Rng;
 use std::path::PathBuf;
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
 use stepwise_model::examples::{label_examples, LabelOptions};
-use stepwise_model::log_ratio::{attach_reference, pad_batch, token_logprobs, LogRatio, RewardSpec};
+use stepwise_model::log_ratio::{attach_reference, token_logprobs, LogRatio, RewardSpec};
+use stepwise_model::model::pad_batch;
 use stepwise_model::train::{batch_loss, evaluate, train, Objective, TrainConfig};
 use stepwise_model::{HeadKind, Model, ModelConfig, StepScorer, Tokenizer};
 
