@@ -5,6 +5,8 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+
 fn stepwise(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
         .args(args)
@@ -176,18 +178,7 @@ fn train_prm_folders_are_scored_by_score() {
         ]);
         let text = std::fs::read_to_string(&scored).unwrap();
         assert_eq!(text.lines().count(), rows.len());
-        let scores: Vec<f64> = text
-            .lines()
-            .flat_map(|line| {
-                let v: Value = serde_json::from_str(line).unwrap();
-                v["steps"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|s| s["score"].as_f64().unwrap())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let scores = common::step_scores(&text);
         assert_eq!(scores.len(), 2 * rows.len());
         assert!(scores.iter().all(|x| (0.0..=1.0).contains(x)), "{head}: {scores:?}");
         assert!(

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn lab(out: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_stepwise"));
     c.args(["lab", "--preset", "quick", "--seed", "7", "--out"]).arg(out);
@@ -80,21 +82,8 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let scores = |p: PathBuf| -> Vec<f64> {
-        read(p)
-            .lines()
-            .flat_map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                v["steps"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|s| s["score"].as_f64().unwrap())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
-    let (lab_scores, cli_scores) = (scores(a.join("scored_eval.jsonl")), scores(rescored));
+    let lab_scores = common::step_scores(&read(a.join("scored_eval.jsonl")));
+    let cli_scores = common::step_scores(&read(rescored));
     assert_eq!(lab_scores.len(), cli_scores.len());
     for (x, y) in lab_scores.iter().zip(&cli_scores) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");

@@ -15,11 +15,10 @@ use stepwise_model::model::pad_batch;
 use stepwise_model::train::{batch_loss, evaluate, train, Objective, TrainConfig};
 use stepwise_model::{HeadKind, Model, ModelConfig, StepScorer, Tokenizer};
 
+mod common;
+
 fn tokenizer_dir() -> PathBuf {
-    std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("fixtures/hf-tiny/qwen2-policy")
+    common::fixtures().join("qwen2-policy")
 }
 
 fn tokenizer() -> Tokenizer {
@@ -261,16 +260,7 @@ fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
         layout: spec.layout(),
         reference: Some(&loaded_ref),
     };
-    for s in held_out.iter().take(10) {
-        let texts = s.step_texts();
-        let (x, y) = (
-            a.score(&s.question, &texts).unwrap(),
-            b.score(&s.question, &texts).unwrap(),
-        );
-        for (u, v) in x.iter().zip(&y) {
-            assert!((u - v).abs() < 1e-6, "{u} vs {v}");
-        }
-    }
+    common::assert_same_scores(&a, &b, &held_out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -7,12 +7,8 @@ use serde_json::Value;
 use std::path::PathBuf;
 use stepwise_model::{generate, Model, PrmLayout, SamplingParams, StepScorer, Tokenizer};
 
-fn fixtures() -> PathBuf {
-    std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("fixtures/hf-tiny")
-}
+mod common;
+use common::fixtures;
 
 fn expected() -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap()).unwrap()

@@ -166,24 +166,14 @@ fn tiny_prm_learns_detectable_errors_and_round_trips_through_a_checkpoint() {
         layout,
         reference: None,
     };
-    for s in held_out.iter().take(10) {
-        let texts = s.step_texts();
-        let (x, y) = (
-            a.score(&s.question, &texts).unwrap(),
-            b.score(&s.question, &texts).unwrap(),
-        );
-        for (u, v) in x.iter().zip(&y) {
-            assert!((u - v).abs() < 1e-6, "{u} vs {v}");
-        }
-    }
+    common::assert_same_scores(&a, &b, &held_out);
     let _ = std::fs::remove_dir_all(&out);
 }
 
+mod common;
+
 fn tokenizer_dir() -> PathBuf {
-    std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("fixtures/hf-tiny/qwen2-tokcls")
+    common::fixtures().join("qwen2-tokcls")
 }
 
 #[test]

@@ -1,0 +1,29 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::path::PathBuf;
+use stepwise_core::Solution;
+use stepwise_model::StepScorer;
+
+/// The Hugging Face fixture folders (`../shared/fixtures/hf-tiny`, or `$STEPWISE_SHARED`).
+pub fn fixtures() -> PathBuf {
+    std::env::var_os("STEPWISE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("fixtures/hf-tiny")
+}
+
+/// Two scorers give the same step scores (within 1e-6) on the first ten solutions.
+pub fn assert_same_scores(a: &StepScorer, b: &StepScorer, sols: &[Solution]) {
+    for s in sols.iter().take(10) {
+        let texts = s.step_texts();
+        let (x, y) = (
+            a.score(&s.question, &texts).unwrap(),
+            b.score(&s.question, &texts).unwrap(),
+        );
+        assert_eq!(x.len(), y.len());
+        for (u, v) in x.iter().zip(&y) {
+            assert!((u - v).abs() < 1e-6, "{u} vs {v}");
+        }
+    }
+}
