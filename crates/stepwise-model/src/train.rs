@@ -201,6 +201,12 @@ fn log_ratio_loss(
             .into_iter()
             .zip(&e.targets)
         {
+            if start > end || end >= e.ids.len() {
+                bail!(
+                    "a target at position {end} has no tokens of its own in a sequence of {}",
+                    e.ids.len()
+                );
+            }
             all_spans.push((b, start, end));
             ys.push(y);
             ref_sums.push(e.ref_logprobs[start..=end].iter().sum::<f32>());
