@@ -377,12 +377,14 @@ struct Verifiers<'a> {
 }
 
 impl Verifiers<'_> {
-    fn log_ratio(&self, outcome: bool) -> LogRatio {
-        LogRatio {
+    /// The `reward.json` of a log-ratio verifier: the policy (one folder up) is its reference.
+    fn spec(&self, outcome: bool) -> RewardSpec {
+        let log_ratio = LogRatio {
             beta: self.preset.verifier_beta,
             // An ORM's score is the whole solution's: its last step's span starts at the first.
             cumulative: outcome,
-        }
+        };
+        RewardSpec::new("../policy", SEP, log_ratio)
     }
 
     /// Train (or reuse) the verifier in `dir` on step labels, or on outcomes when `outcome`.
@@ -409,7 +411,7 @@ impl Verifiers<'_> {
                 if !done_marker(&self.out.join(dir)).exists() {
                     stepwise_model::log_ratio::attach_reference(self.policy, &mut examples, 64)?;
                 }
-                let objective = Objective::LogRatio(self.log_ratio(outcome));
+                let objective = Objective::LogRatio(self.spec(outcome).log_ratio);
                 (self.policy.config.clone(), Some(self.out.join("policy")), objective)
             }
             (VerifierHead::Classifier, from_policy) => {
@@ -449,7 +451,7 @@ impl Verifiers<'_> {
             tc,
         )?;
         if log_ratio {
-            RewardSpec::new("../policy", SEP, self.log_ratio(outcome)).save(&self.out.join(dir))?;
+            self.spec(outcome).save(&self.out.join(dir))?;
         }
         Ok(model)
     }
@@ -457,13 +459,7 @@ impl Verifiers<'_> {
     /// Step scores on `sols` of a verifier trained on step labels, or on outcomes when `outcome`.
     fn score(&self, model: &Model, outcome: bool, sols: &[Solution], what: &str) -> Result<Vec<Vec<f32>>> {
         let (layout, reference) = match self.preset.verifier_head {
-            VerifierHead::LogRatio => (
-                PrmLayout::LogRatio {
-                    separator: SEP.into(),
-                    log_ratio: self.log_ratio(outcome),
-                },
-                Some(self.policy),
-            ),
+            VerifierHead::LogRatio => (self.spec(outcome).layout(), Some(self.policy)),
             VerifierHead::Classifier => (PrmLayout::TokenClassifier { separator: SEP.into() }, None),
         };
         let scorer = StepScorer {

@@ -197,7 +197,7 @@ pub fn run(a: Args) -> Result<()> {
         let reference = std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?;
         std::fs::create_dir_all(&a.out)?;
         RewardSpec::new(reference, &a.separator, lr).save(&a.out)?;
-    };
+    }
     let cfg = TrainConfig {
         lr: a.lr,
         warmup: (a.steps / 20).max(1),
