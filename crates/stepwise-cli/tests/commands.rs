@@ -145,8 +145,15 @@ fn train_prm_folders_are_scored_by_score() {
         })
         .collect();
     write_jsonl(&data, &rows);
-    for head in ["classifier", "log-ratio"] {
-        let out = d.join(head);
+    // The likelihood head is the log-ratio head against a constant reference: no model is kept.
+    let likelihood = ["--reference-logprob", "-0.5"];
+    for (head, extra) in [
+        ("classifier", &[][..]),
+        ("log-ratio", &[][..]),
+        ("log-ratio", &likelihood[..]),
+    ] {
+        let name = if extra.is_empty() { head } else { "likelihood" };
+        let out = d.join(name);
         let args = [
             "train-prm",
             "--data",
@@ -164,9 +171,14 @@ fn train_prm_folders_are_scored_by_score() {
             "--out",
             out.to_str().unwrap(),
         ];
-        stepwise(&[&args[..], &rest[..]].concat());
-        assert_eq!(out.join("reward.json").exists(), head == "log-ratio", "{head}");
-        let scored = d.join(format!("{head}.jsonl"));
+        stepwise(&[&args[..], &rest[..], extra].concat());
+        assert_eq!(out.join("reward.json").exists(), head == "log-ratio", "{name}");
+        if name == "likelihood" {
+            let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("reward.json")).unwrap()).unwrap();
+            assert_eq!(spec["reference_logprob"], json!(-0.5));
+            assert!(spec.get("reference").is_none(), "{spec}");
+        }
+        let scored = d.join(format!("{name}.jsonl"));
         stepwise(&[
             "score",
             "--model",
@@ -180,10 +192,10 @@ fn train_prm_folders_are_scored_by_score() {
         assert_eq!(text.lines().count(), rows.len());
         let scores = common::step_scores(&text);
         assert_eq!(scores.len(), 2 * rows.len());
-        assert!(scores.iter().all(|x| (0.0..=1.0).contains(x)), "{head}: {scores:?}");
+        assert!(scores.iter().all(|x| (0.0..=1.0).contains(x)), "{name}: {scores:?}");
         assert!(
             scores.iter().any(|x| (x - 0.5).abs() > 1e-3),
-            "{head}: training moved nothing"
+            "{name}: training moved nothing"
         );
     }
 }

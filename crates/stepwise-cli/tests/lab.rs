@@ -60,6 +60,17 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         }
     }
     assert!(read(a.join("report.md")).contains("Best-of-N"));
+    // Best-of-8 per problem family: every family of the held-out problems, every method.
+    let families = m["by_family"].as_array().unwrap();
+    assert!(!families.is_empty());
+    let problems: u64 = families.iter().map(|f| f["problems"].as_u64().unwrap()).sum();
+    assert_eq!(problems, m["eval_problems"].as_u64().unwrap());
+    for f in families {
+        let acc = f["accuracy"].as_array().unwrap();
+        assert_eq!(acc.len(), bon.len());
+        assert!(acc.iter().all(|a| (0.0..=1.0).contains(&a[1].as_f64().unwrap())), "{f}");
+    }
+    assert!(read(a.join("report.md")).contains("by problem family"));
     let confidence = m["discrimination"]
         .as_array()
         .unwrap()
@@ -68,9 +79,10 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .expect("the policy-confidence diagnostic is reported");
     assert!((0.0..=1.0).contains(&confidence[1]["step_auroc"].as_f64().unwrap()));
 
-    // The verifiers are folders `stepwise score` reads on its own (reward.json names the policy
-    // as the reference): it reproduces the PRM-MC scores the lab wrote.
-    assert!(a.join("prm_mc/reward.json").exists());
+    // The verifiers are folders `stepwise score` reads on its own (reward.json gives the
+    // likelihood head's constant reference): it reproduces the PRM-MC scores the lab wrote.
+    let spec: serde_json::Value = serde_json::from_str(&read(a.join("prm_mc/reward.json"))).unwrap();
+    assert!(spec["reference_logprob"].as_f64().unwrap() < 0.0, "{spec}");
     let rescored = root.join("rescored.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
         .args(["score", "--model"])

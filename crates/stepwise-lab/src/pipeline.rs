@@ -56,8 +56,11 @@ pub struct Preset {
     pub verifier_shape: (usize, usize),
     /// How every verifier turns the decoder's output into a step score.
     pub verifier_head: VerifierHead,
-    /// `β` of the log-ratio head.
+    /// `β` of the log-ratio and likelihood heads.
     pub verifier_beta: f32,
+    /// The likelihood head's constant reference: the log-probability per token at which a
+    /// step is neither good nor bad.
+    pub verifier_reference_logprob: f32,
     /// Verifier training steps.
     pub verifier_steps: usize,
     /// Verifier peak learning rate.
@@ -75,6 +78,12 @@ pub enum VerifierHead {
     /// needs — is the written result what the policy would compute? — is the LM's next-token
     /// distribution, so fine-tuning only has to learn to weigh it.
     LogRatio,
+    /// The policy's own LM, scored by its log-likelihood of each step against a constant
+    /// reference (`verifier_reference_logprob` per token). It starts as the policy's confidence
+    /// in each step; fine-tuning raises good steps and lowers bad ones. A ratio against the
+    /// policy instead can call a wrong step good when both models give it a tiny probability
+    /// and the fine-tuned one's is less tiny (see the README).
+    Likelihood,
     /// A fresh 2-class head on the decoder read at each step's separator (TRL's token
     /// classifier; a scalar value head for the ORM). With the lab's budget it learns priors
     /// over step kinds and numbers, not the arithmetic check (see the README).
@@ -98,8 +107,9 @@ impl Preset {
             verifiers_from_policy: true,
             verifier_extra_layers: 0,
             verifier_shape: (32, 1),
-            verifier_head: VerifierHead::LogRatio,
+            verifier_head: VerifierHead::Likelihood,
             verifier_beta: 1.0,
+            verifier_reference_logprob: -0.5,
             verifier_steps: 20,
             verifier_lr: 1e-3,
             temperature: 1.0,
@@ -122,10 +132,11 @@ impl Preset {
             verifiers_from_policy: true,
             verifier_extra_layers: 0,
             verifier_shape: (32, 1),
-            verifier_head: VerifierHead::LogRatio,
+            verifier_head: VerifierHead::Likelihood,
             verifier_beta: 1.0,
+            verifier_reference_logprob: -0.5,
             verifier_steps: 600,
-            verifier_lr: 1e-3,
+            verifier_lr: 3e-4,
             temperature: 1.0,
         }
     }
@@ -152,6 +163,10 @@ impl Preset {
             (VerifierHead::LogRatio, _) => format!(
                 "the policy fine-tuned, each step scored by its log-likelihood ratio against the policy (β = {})",
                 self.verifier_beta
+            ),
+            (VerifierHead::Likelihood, _) => format!(
+                "the policy fine-tuned, each step scored by its own log-likelihood against a constant {} per token (β = {})",
+                self.verifier_reference_logprob, self.verifier_beta
             ),
             (VerifierHead::Classifier, true) => {
                 "the policy's decoder with a fresh classifier head (a value head for the ORM)".to_string()
@@ -377,44 +392,53 @@ struct Verifiers<'a> {
 }
 
 impl Verifiers<'_> {
-    /// The `reward.json` of a log-ratio verifier: the policy (one folder up) is its reference.
-    fn spec(&self, outcome: bool) -> RewardSpec {
+    /// The `reward.json` of a log-ratio or likelihood verifier (`None` for the classifier head):
+    /// the policy (one folder up) or a constant is its reference.
+    fn spec(&self, outcome: bool) -> Option<RewardSpec> {
+        let p = self.preset;
+        let reference_logprob = match p.verifier_head {
+            VerifierHead::Classifier => return None,
+            VerifierHead::LogRatio => None,
+            VerifierHead::Likelihood => Some(p.verifier_reference_logprob),
+        };
         let log_ratio = LogRatio {
-            beta: self.preset.verifier_beta,
+            beta: p.verifier_beta,
             // An ORM's score is the whole solution's: its last step's span starts at the first.
             cumulative: outcome,
+            reference_logprob,
         };
-        RewardSpec::new("../policy", SEP, log_ratio)
+        let reference = reference_logprob.is_none().then(|| PathBuf::from("../policy"));
+        Some(RewardSpec::new(reference, SEP, log_ratio))
     }
 
     /// Train (or reuse) the verifier in `dir` on step labels, or on outcomes when `outcome`.
     fn train(&self, dir: &str, what: &str, sols: &[Solution], outcome: bool) -> Result<Model> {
         let p = self.preset;
-        let log_ratio = p.verifier_head == VerifierHead::LogRatio;
+        let spec = self.spec(outcome);
         let opts = LabelOptions {
             separator: SEP.into(),
             outcome,
-            separator_after_problem: log_ratio,
+            separator_after_problem: spec.is_some(),
             ..Default::default()
         };
         let mut examples = label_examples(self.tok, sols, &opts)?;
-        let (cfg, init, objective) = match (p.verifier_head, p.verifiers_from_policy) {
-            (VerifierHead::LogRatio, false) => {
-                anyhow::bail!("the log-ratio verifier head needs verifiers_from_policy = true")
+        let (cfg, init, objective) = match (&spec, p.verifiers_from_policy) {
+            (Some(_), false) => {
+                anyhow::bail!("the log-ratio and likelihood verifier heads need verifiers_from_policy = true")
             }
-            (VerifierHead::LogRatio, true) => {
+            (Some(spec), true) => {
                 if p.verifier_extra_layers > 0 {
                     anyhow::bail!(
-                        "verifier_extra_layers is for the classifier head: the log-ratio head is the policy's own LM"
+                        "verifier_extra_layers is for the classifier head: the log-ratio and likelihood heads are the policy's own LM"
                     )
                 }
-                if !done_marker(&self.out.join(dir)).exists() {
+                if spec.reference.is_some() && !done_marker(&self.out.join(dir)).exists() {
                     stepwise_model::log_ratio::attach_reference(self.policy, &mut examples, 64)?;
                 }
-                let objective = Objective::LogRatio(self.spec(outcome).log_ratio);
+                let objective = Objective::LogRatio(spec.log_ratio);
                 (self.policy.config.clone(), Some(self.out.join("policy")), objective)
             }
-            (VerifierHead::Classifier, from_policy) => {
+            (None, from_policy) => {
                 let mut c = if from_policy {
                     let mut c = self.policy.config.clone().with_head(HeadKind::TokenClassification);
                     c.num_hidden_layers += p.verifier_extra_layers;
@@ -450,17 +474,17 @@ impl Verifiers<'_> {
             objective,
             tc,
         )?;
-        if log_ratio {
-            self.spec(outcome).save(&self.out.join(dir))?;
+        if let Some(spec) = spec {
+            spec.save(&self.out.join(dir))?;
         }
         Ok(model)
     }
 
     /// Step scores on `sols` of a verifier trained on step labels, or on outcomes when `outcome`.
     fn score(&self, model: &Model, outcome: bool, sols: &[Solution], what: &str) -> Result<Vec<Vec<f32>>> {
-        let (layout, reference) = match self.preset.verifier_head {
-            VerifierHead::LogRatio => (self.spec(outcome).layout(), Some(self.policy)),
-            VerifierHead::Classifier => (PrmLayout::TokenClassifier { separator: SEP.into() }, None),
+        let (layout, reference) = match self.spec(outcome) {
+            Some(spec) => (spec.layout(), spec.reference.is_some().then_some(self.policy)),
+            None => (PrmLayout::TokenClassifier { separator: SEP.into() }, None),
         };
         let scorer = StepScorer {
             model,

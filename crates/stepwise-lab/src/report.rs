@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::Path;
 use stepwise_core::Solution;
-use stepwise_eval::bon::{curve, Curve};
+use stepwise_eval::bon::{curve, Curve, Method};
 use stepwise_eval::labels::{calibration, label_quality, LabelQuality};
 use stepwise_eval::processbench::{predict_first_error, score, ProcessBenchScore};
 use stepwise_eval::ranking::{discrimination, Discrimination};
@@ -35,6 +35,9 @@ pub struct Report {
     pub lucky_correct_rate: f64,
     /// Best-of-N curves.
     pub bon: Vec<Curve>,
+    /// Best-of-N at the largest N on each problem family: where each method wins and loses.
+    #[serde(default)]
+    pub by_family: Vec<FamilyRow>,
     /// First-error localisation on held-out samples, by verifier.
     pub processbench: Vec<(String, ProcessBenchScore)>,
     /// Ranking quality on held-out samples, by verifier (PRMs ranked by their min step score).
@@ -48,6 +51,60 @@ pub struct Report {
     pub calibration: Vec<stepwise_eval::labels::CalibrationSeries>,
     /// Plot files written (or why not).
     pub plots: Vec<String>,
+}
+
+/// Best-of-N accuracy on one problem family, by method.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FamilyRow {
+    /// Template family.
+    pub family: String,
+    /// Held-out problems of the family.
+    pub problems: usize,
+    /// Samples per problem the methods select from.
+    pub n: usize,
+    /// `(method, accuracy)` in the order of the best-of-N curves.
+    pub accuracy: Vec<(String, f64)>,
+}
+
+/// Each method's best-of-`n` accuracy on the problems of each family (`families[i]` is problem
+/// `i`'s), families in order of first appearance.
+fn by_family(
+    families: &[String],
+    methods: &[(String, &[Vec<Candidate>], Method)],
+    n: usize,
+    seed: u64,
+) -> Vec<FamilyRow> {
+    let mut names: Vec<&String> = Vec::new();
+    for f in families {
+        if !names.contains(&f) {
+            names.push(f);
+        }
+    }
+    names
+        .into_iter()
+        .map(|family| {
+            let of_family = |g: &[Vec<Candidate>]| -> Vec<Vec<Candidate>> {
+                g.iter()
+                    .zip(families)
+                    .filter(|(_, f)| *f == family)
+                    .map(|(c, _)| c.clone())
+                    .collect()
+            };
+            let accuracy = methods
+                .iter()
+                .map(|(name, g, how)| {
+                    let c = curve(name, &of_family(g), *how, &[n], 32, seed);
+                    (name.clone(), c.points[0].accuracy)
+                })
+                .collect();
+            FamilyRow {
+                family: family.clone(),
+                problems: families.iter().filter(|f| *f == family).count(),
+                n,
+                accuracy,
+            }
+        })
+        .collect()
 }
 
 /// Compute the report from the scored evaluation samples.
@@ -69,9 +126,17 @@ pub fn evaluate(
     let mut groups: Vec<Vec<Candidate>> = Vec::new();
     let mut groups_or: Vec<Vec<Candidate>> = Vec::new();
     let mut groups_pol: Vec<Vec<Candidate>> = Vec::new();
+    let mut families: Vec<String> = Vec::new();
     let mut last = None;
     for (i, s) in scored.iter().enumerate() {
         if last != Some(&s.problem_id) {
+            families.push(
+                s.meta
+                    .get("family")
+                    .and_then(|f| f.as_str())
+                    .unwrap_or("unknown")
+                    .to_string(),
+            );
             groups.push(Vec::new());
             groups_or.push(Vec::new());
             groups_pol.push(Vec::new());
@@ -97,53 +162,44 @@ pub fn evaluate(
     while ns.last().unwrap() * 2 <= p.eval_samples {
         ns.push(ns.last().unwrap() * 2);
     }
+    // Every best-of-N method: its name, the candidates it ranks (scored by which verifier) and
+    // how it selects.
+    let mut methods: Vec<(String, &[Vec<Candidate>], Method)> = Aggregation::ALL
+        .iter()
+        .map(|a| (format!("PRM-MC ({})", a.name()), &groups[..], Some(Selector::Prm(*a))))
+        .collect();
+    methods.extend([
+        (
+            "PRM-MC weighted vote".to_string(),
+            &groups[..],
+            Some(Selector::PrmVote(Aggregation::Min)),
+        ),
+        (
+            "PRM-oracle (min)".to_string(),
+            &groups_or[..],
+            Some(Selector::Prm(Aggregation::Min)),
+        ),
+        (
+            "PRM-oracle weighted vote".to_string(),
+            &groups_or[..],
+            Some(Selector::PrmVote(Aggregation::Min)),
+        ),
+        ("ORM".to_string(), &groups[..], Some(Selector::Orm)),
+        // A baseline, not a verifier: the policy's confidence in each written result, min over steps.
+        (
+            "policy confidence (min)".to_string(),
+            &groups_pol[..],
+            Some(Selector::Prm(Aggregation::Min)),
+        ),
+        ("majority vote".to_string(), &groups[..], Some(Selector::Majority)),
+        ("pass@N".to_string(), &groups[..], None),
+    ]);
     let draws = 32;
-    let mut bon = Vec::new();
-    for a in Aggregation::ALL {
-        bon.push(curve(
-            &format!("PRM-MC ({})", a.name()),
-            &groups,
-            Some(Selector::Prm(a)),
-            &ns,
-            draws,
-            seed,
-        ));
-    }
-    bon.push(curve(
-        "PRM-MC weighted vote",
-        &groups,
-        Some(Selector::PrmVote(Aggregation::Min)),
-        &ns,
-        draws,
-        seed,
-    ));
-    bon.push(curve(
-        "PRM-oracle (min)",
-        &groups_or,
-        Some(Selector::Prm(Aggregation::Min)),
-        &ns,
-        draws,
-        seed,
-    ));
-    bon.push(curve("ORM", &groups, Some(Selector::Orm), &ns, draws, seed));
-    // A baseline, not a verifier: the policy's confidence in each written result, min over steps.
-    bon.push(curve(
-        "policy confidence (min)",
-        &groups_pol,
-        Some(Selector::Prm(Aggregation::Min)),
-        &ns,
-        draws,
-        seed,
-    ));
-    bon.push(curve(
-        "majority vote",
-        &groups,
-        Some(Selector::Majority),
-        &ns,
-        draws,
-        seed,
-    ));
-    bon.push(curve("pass@N", &groups, None, &ns, draws, seed));
+    let bon: Vec<Curve> = methods
+        .iter()
+        .map(|(name, g, how)| curve(name, g, *how, &ns, draws, seed))
+        .collect();
+    let by_family = by_family(&families, &methods, p.eval_samples, seed);
 
     let truth: Vec<Option<usize>> = scored.iter().map(|s| s.first_error()).collect();
     let pb = |scores: &[Vec<f32>]| {
@@ -231,6 +287,7 @@ pub fn evaluate(
         policy_accuracy: correct.len() as f64 / scored.len().max(1) as f64,
         lucky_correct_rate: lucky as f64 / correct.len().max(1) as f64,
         bon,
+        by_family,
         processbench,
         discrimination,
         mc_label_quality,
@@ -310,6 +367,28 @@ fn body(r: &Report) -> String {
                 "| {} | {} | {:.3} | [{:.3}, {:.3}] |",
                 c.method, pt.n, pt.accuracy, pt.lo, pt.hi
             );
+        }
+    }
+    if let Some(first) = r.by_family.first() {
+        let _ = writeln!(s, "\n## Best-of-{} by problem family\n", first.n);
+        let _ = writeln!(
+            s,
+            "Where each method wins and loses: accuracy of the answer selected from all {} samples of each held-out problem.\n",
+            first.n
+        );
+        let _ = writeln!(
+            s,
+            "| method | {} |\n|---|{}",
+            r.by_family
+                .iter()
+                .map(|f| format!("{} ({})", f.family, f.problems))
+                .collect::<Vec<_>>()
+                .join(" | "),
+            "---|".repeat(r.by_family.len())
+        );
+        for (i, (method, _)) in first.accuracy.iter().enumerate() {
+            let cells: Vec<String> = r.by_family.iter().map(|f| format!("{:.3}", f.accuracy[i].1)).collect();
+            let _ = writeln!(s, "| {method} | {} |", cells.join(" | "));
         }
     }
     let _ = writeln!(s, "\n## First-error localisation (ProcessBench metric)\n");

@@ -10,6 +10,13 @@
 //! written result what I would have computed"; here the check is the LM's own next-token
 //! distribution, so training only has to learn how to weigh it (see the README's lab section).
 //!
+//! The reference can also be a constant: every token is compared with one log-probability
+//! `log p₀`, so a span scores `β · (Σ log π_θ(yᵢ | y<ᵢ) − n · log p₀)`, the verifier's own
+//! log-likelihood of the step. Fine-tuned from the policy, it starts as the policy's confidence in
+//! each step. Unlike a ratio against the policy, it cannot call a step good only because the
+//! verifier's and the reference's tiny probabilities of it moved apart (see the README's lab
+//! section).
+//!
 //! A folder holding such a verifier carries [`REWARD_FILE`] naming its reference and `β`.
 
 use crate::model::{pad_batch, Model};
@@ -30,6 +37,24 @@ pub struct LogRatio {
     /// Step `k`'s span runs from the first step's start (implicit PRM's `q_k`, what an ORM
     /// trained on whole solutions yields) instead of from the end of step `k − 1`.
     pub cumulative: bool,
+    /// A constant reference: every token's log-probability under it (`log p₀`). `None`: a
+    /// reference model gives each token's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_logprob: Option<f32>,
+}
+
+impl LogRatio {
+    /// The reference's log-probability summed over positions `start..=end`, from a constant
+    /// reference or from `ref_logprobs` (one per token of the sequence).
+    pub fn reference_sum(&self, ref_logprobs: &[f32], start: usize, end: usize) -> Result<f32> {
+        match self.reference_logprob {
+            Some(c) => Ok(c * (end + 1 - start) as f32),
+            None => match ref_logprobs.get(start..=end) {
+                Some(span) => Ok(span.iter().sum()),
+                None => bail!("the log-ratio objective needs the reference log-probabilities of every token"),
+            },
+        }
+    }
 }
 
 /// What [`REWARD_FILE`] holds.
@@ -37,8 +62,10 @@ pub struct LogRatio {
 pub struct RewardSpec {
     /// Always `log_likelihood_ratio`.
     pub kind: String,
-    /// The reference model's folder, relative to the verifier's folder.
-    pub reference: PathBuf,
+    /// The reference model's folder, relative to the verifier's folder; absent when the
+    /// reference is a constant (`reference_logprob`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<PathBuf>,
     /// The separator after the problem and after each step.
     pub separator: String,
     /// Span scoring.
@@ -47,11 +74,12 @@ pub struct RewardSpec {
 }
 
 impl RewardSpec {
-    /// A spec for a verifier whose reference lives in `reference` (relative to the verifier).
-    pub fn new(reference: impl Into<PathBuf>, separator: &str, log_ratio: LogRatio) -> Self {
+    /// A spec for a verifier whose reference model lives in `reference` (relative to the
+    /// verifier), or, with `None`, whose reference is `log_ratio.reference_logprob`.
+    pub fn new(reference: Option<PathBuf>, separator: &str, log_ratio: LogRatio) -> Self {
         RewardSpec {
             kind: "log_likelihood_ratio".into(),
-            reference: reference.into(),
+            reference,
             separator: separator.into(),
             log_ratio,
         }
@@ -82,12 +110,28 @@ impl RewardSpec {
         if spec.kind != "log_likelihood_ratio" {
             bail!("{}: field `kind`: unknown reward kind `{}`", path.display(), spec.kind);
         }
+        match (&spec.reference, spec.log_ratio.reference_logprob) {
+            (Some(_), Some(_)) => bail!(
+                "{}: fields `reference` and `reference_logprob`: give one reference, not both",
+                path.display()
+            ),
+            (None, None) => bail!(
+                "{}: field `reference`: missing (a reference model's folder, or `reference_logprob`)",
+                path.display()
+            ),
+            (None, Some(c)) if !(c.is_finite() && c <= 0.0) => bail!(
+                "{}: field `reference_logprob`: {c} is not a log-probability (finite, at most 0)",
+                path.display()
+            ),
+            _ => {}
+        }
         Ok(Some(spec))
     }
 
-    /// The reference folder, resolved against the verifier folder `dir`.
-    pub fn reference_dir(&self, dir: &Path) -> PathBuf {
-        dir.join(&self.reference)
+    /// The reference model's folder, resolved against the verifier folder `dir` (`None` for a
+    /// constant reference).
+    pub fn reference_dir(&self, dir: &Path) -> Option<PathBuf> {
+        self.reference.as_ref().map(|r| dir.join(r))
     }
 }
 

@@ -35,10 +35,11 @@ pub enum PrmLayout {
         /// The separator after each step.
         separator: String,
     },
-    /// A causal LM scored by its log-likelihood ratio against a reference LM over each step's
+    /// A causal LM scored by its log-likelihood ratio against a reference over each step's
     /// tokens ([`crate::log_ratio`]); the input is laid out as the policy writes it (problem,
     /// separator, then each step and separator) and the step reward is
-    /// `sigmoid(β · Σ log π_θ/π_ref)`. Needs [`StepScorer::reference`].
+    /// `sigmoid(β · Σ log π_θ/π_ref)`. Needs [`StepScorer::reference`] unless the reference is
+    /// a constant.
     LogRatio {
         /// The separator after each step.
         separator: String,
@@ -162,7 +163,8 @@ pub struct StepScorer<'a> {
     pub tokenizer: &'a Tokenizer,
     /// Its layout.
     pub layout: PrmLayout,
-    /// The reference model of a [`PrmLayout::LogRatio`] verifier (`None` for the others).
+    /// The reference model of a [`PrmLayout::LogRatio`] verifier (`None` for the others, and
+    /// for a constant reference).
     pub reference: Option<&'a Model>,
 }
 
@@ -212,13 +214,18 @@ impl StepScorer<'_> {
 
     /// Step rewards of a log-ratio verifier: both models read the batch once.
     fn score_log_ratio(&self, batch: &[Encoded], lr: LogRatio) -> Result<Vec<Vec<f32>>> {
-        let reference = self
-            .reference
-            .context("a log-ratio verifier scores against its reference model: none was given")?;
         let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
         let (ids, mask, t) = pad_batch(&seqs, &self.model.device)?;
-        let ratio =
-            (token_logprobs(self.model, &ids, mask.as_ref())? - token_logprobs(reference, &ids, mask.as_ref())?)?;
+        let own = token_logprobs(self.model, &ids, mask.as_ref())?;
+        let ratio = match lr.reference_logprob {
+            Some(c) => (own - c as f64)?,
+            None => {
+                let reference = self
+                    .reference
+                    .context("a log-ratio verifier scores against its reference model: none was given")?;
+                (own - token_logprobs(reference, &ids, mask.as_ref())?)?
+            }
+        };
         let all: Vec<(usize, usize, usize)> = batch
             .iter()
             .enumerate()

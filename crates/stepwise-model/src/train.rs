@@ -44,7 +44,8 @@ pub enum Objective {
     Classify,
     /// Binary classification of spans by a causal LM's log-likelihood ratio against a reference
     /// ([`crate::log_ratio`]): the span of target `k` ends at its position and starts after
-    /// the previous target (or at `lm_from`); the examples carry `ref_logprobs`.
+    /// the previous target (or at `lm_from`); the examples carry `ref_logprobs` unless the
+    /// reference is a constant.
     LogRatio(LogRatio),
 }
 
@@ -193,9 +194,6 @@ fn log_ratio_loss(
     let dev = &model.device;
     let (mut all_spans, mut ys, mut ref_sums) = (Vec::new(), Vec::new(), Vec::new());
     for (b, e) in batch.iter().enumerate() {
-        if e.ref_logprobs.len() != e.ids.len() {
-            bail!("the log-ratio objective needs the reference log-probabilities of every example");
-        }
         let ends: Vec<usize> = e.targets.iter().map(|&(p, _)| p).collect();
         for ((start, end), &(_, y)) in spans(e.lm_from.max(1), &ends, lr.cumulative)
             .into_iter()
@@ -209,7 +207,7 @@ fn log_ratio_loss(
             }
             all_spans.push((b, start, end));
             ys.push(y);
-            ref_sums.push(e.ref_logprobs[start..=end].iter().sum::<f32>());
+            ref_sums.push(lr.reference_sum(&e.ref_logprobs, start, end)?);
         }
     }
     if ys.is_empty() {

@@ -1,7 +1,8 @@
 //! Log-ratio verifiers (implicit-PRM parameterisation): token log-probabilities are the LM's own,
 //! a verifier equal to its reference scores every step 1/2, batched scoring equals one at a
-//! time, every weight gets a gradient, and a verifier fine-tuned from a policy learns to flag
-//! wrong steps and scores identically after a round trip through its folder (reward.json).
+//! time, every weight gets a gradient, and a verifier fine-tuned from a policy, against the
+//! policy or against a constant reference, learns to flag wrong steps and scores identically
+//! after a round trip through its folder (reward.json).
 
 use candle_core::{Device, IndexOp, Tensor, D};
 use candle_nn::VarMap;
@@ -29,6 +30,12 @@ const SEP: &str = "\n";
 const LR: LogRatio = LogRatio {
     beta: 1.0,
     cumulative: false,
+    reference_logprob: None,
+};
+/// The likelihood head: a constant reference.
+const LIKELIHOOD: LogRatio = LogRatio {
+    reference_logprob: Some(-0.5),
+    ..LR
 };
 
 /// Counting problems: each step must be the previous number + 1; a bad step is off by 2..8 and
@@ -77,10 +84,10 @@ fn opts(outcome: bool) -> LabelOptions {
     }
 }
 
-fn layout() -> stepwise_model::PrmLayout {
+fn layout(log_ratio: LogRatio) -> stepwise_model::PrmLayout {
     stepwise_model::PrmLayout::LogRatio {
         separator: SEP.into(),
-        log_ratio: LR,
+        log_ratio,
     }
 }
 
@@ -117,7 +124,7 @@ fn a_verifier_equal_to_its_reference_is_undecided_and_batching_changes_nothing()
     let same = StepScorer {
         model: &reference,
         tokenizer: &tok,
-        layout: layout(),
+        layout: layout(LR),
         reference: Some(&reference),
     };
     for s in &sols {
@@ -129,7 +136,7 @@ fn a_verifier_equal_to_its_reference_is_undecided_and_batching_changes_nothing()
     let scorer = StepScorer {
         model: &other,
         tokenizer: &tok,
-        layout: layout(),
+        layout: layout(LR),
         reference: Some(&reference),
     };
     let enc: Vec<_> = sols
@@ -157,11 +164,13 @@ fn every_weight_receives_a_gradient() {
     let varmap = VarMap::new();
     let mut model = lm(&tok, &varmap, 3);
     model.set_training(true);
-    for outcome in [false, true] {
+    for (outcome, lr) in [(false, LR), (true, LR), (false, LIKELIHOOD)] {
         let mut ex = label_examples(&tok, &solutions(8, 1, 0.6), &opts(outcome)).unwrap();
-        attach_reference(&reference, &mut ex, 4).unwrap();
+        if lr.reference_logprob.is_none() {
+            attach_reference(&reference, &mut ex, 4).unwrap();
+        }
         let refs: Vec<_> = ex.iter().collect();
-        let (loss, _) = batch_loss(&model, &refs, Objective::LogRatio(LR)).unwrap();
+        let (loss, _) = batch_loss(&model, &refs, Objective::LogRatio(lr)).unwrap();
         let grads = loss.backward().unwrap();
         let data = varmap.data().lock().unwrap();
         for (name, var) in data.iter() {
@@ -179,7 +188,7 @@ fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
     let tok = tokenizer();
     let dir = std::env::temp_dir().join(format!("stepwise-logratio-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let (policy_dir, prm_dir) = (dir.join("policy"), dir.join("prm"));
+    let policy_dir = dir.join("policy");
 
     // A policy that counts, trained on the solutions' own layout (slips included, as a policy
     // learns from imperfect data).
@@ -214,16 +223,35 @@ fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
     )
     .unwrap();
 
-    // The PRM: the policy itself, fine-tuned on step labels against a frozen copy.
-    let reference = Model::load(&policy_dir, &Device::Cpu).unwrap();
+    // The PRM: the policy itself, fine-tuned on step labels against a frozen copy of it, or
+    // against a constant reference (its own likelihood).
+    for lr in [LR, LIKELIHOOD] {
+        fine_tune_and_round_trip(&tok, &policy_dir, &dir.join("prm"), lr, &tc);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Fine-tune a PRM from the policy in `policy_dir` into `prm_dir`, check it flags held-out wrong
+/// steps, and that its folder scores identically.
+fn fine_tune_and_round_trip(
+    tok: &Tokenizer,
+    policy_dir: &std::path::Path,
+    prm_dir: &PathBuf,
+    lr: LogRatio,
+    tc: &dyn Fn(usize, f64, &PathBuf) -> TrainConfig,
+) {
+    let _ = std::fs::remove_dir_all(prm_dir);
+    let reference = Model::load(policy_dir, &Device::Cpu).unwrap();
     let varmap = VarMap::new();
-    let mut prm = Model::load_trainable(&policy_dir, reference.config.clone(), &varmap, &Device::Cpu, 0).unwrap();
-    let mut train_set = label_examples(&tok, &solutions(600, 7, 0.6), &opts(false)).unwrap();
+    let mut prm = Model::load_trainable(policy_dir, reference.config.clone(), &varmap, &Device::Cpu, 0).unwrap();
+    let mut train_set = label_examples(tok, &solutions(600, 7, 0.6), &opts(false)).unwrap();
     let held_out = solutions(150, 8, 0.6);
-    let mut valid = label_examples(&tok, &held_out, &opts(false)).unwrap();
-    attach_reference(&reference, &mut train_set, 64).unwrap();
-    attach_reference(&reference, &mut valid, 64).unwrap();
-    let objective = Objective::LogRatio(LR);
+    let mut valid = label_examples(tok, &held_out, &opts(false)).unwrap();
+    if lr.reference_logprob.is_none() {
+        attach_reference(&reference, &mut train_set, 64).unwrap();
+        attach_reference(&reference, &mut valid, 64).unwrap();
+    }
+    let objective = Objective::LogRatio(lr);
     let before = evaluate(&prm, &valid, objective, 64).unwrap();
     train(
         &mut prm,
@@ -231,37 +259,41 @@ fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
         &train_set,
         &[],
         objective,
-        &tc(250, 1e-3, &prm_dir),
+        &tc(250, 1e-3, prm_dir),
         |_, _| {},
     )
     .unwrap();
     let after = evaluate(&prm, &valid, objective, 64).unwrap();
     println!(
-        "held-out step AUROC {:.3} → {:.3}, accuracy {:.3} → {:.3}",
-        before.auroc, after.auroc, before.accuracy, after.accuracy
+        "reference {:?}: held-out step AUROC {:.3} → {:.3}, accuracy {:.3} → {:.3}",
+        lr.reference_logprob, before.auroc, after.auroc, before.accuracy, after.accuracy
     );
     assert!(after.accuracy >= 0.95, "held-out step accuracy {:.3}", after.accuracy);
 
     // The folder names its reference; loading it back scores identically.
-    RewardSpec::new("../policy", SEP, LR).save(&prm_dir).unwrap();
+    let reference_dir = lr.reference_logprob.is_none().then(|| PathBuf::from("../policy"));
+    RewardSpec::new(reference_dir, SEP, lr).save(prm_dir).unwrap();
     std::fs::copy(tokenizer_dir().join("tokenizer.json"), prm_dir.join("tokenizer.json")).unwrap();
-    let spec = RewardSpec::load(&prm_dir).unwrap().expect("reward.json");
-    let loaded = Model::load(&prm_dir, &Device::Cpu).unwrap();
-    let loaded_ref = Model::load(&spec.reference_dir(&prm_dir), &Device::Cpu).unwrap();
+    let spec = RewardSpec::load(prm_dir).unwrap().expect("reward.json");
+    assert_eq!(spec.log_ratio, lr);
+    let loaded = Model::load(prm_dir, &Device::Cpu).unwrap();
+    let loaded_ref = spec
+        .reference_dir(prm_dir)
+        .map(|d| Model::load(&d, &Device::Cpu).unwrap());
+    assert_eq!(loaded_ref.is_some(), lr.reference_logprob.is_none());
     let a = StepScorer {
         model: &prm,
-        tokenizer: &tok,
-        layout: layout(),
+        tokenizer: tok,
+        layout: layout(lr),
         reference: Some(&reference),
     };
     let b = StepScorer {
         model: &loaded,
-        tokenizer: &tok,
+        tokenizer: tok,
         layout: spec.layout(),
-        reference: Some(&loaded_ref),
+        reference: loaded_ref.as_ref(),
     };
     common::assert_same_scores(&a, &b, &held_out);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -275,8 +307,24 @@ fn a_folder_with_a_bad_reward_file_is_a_clear_error() {
     .unwrap();
     let err = format!("{:#}", RewardSpec::load(&dir).unwrap_err());
     assert!(err.contains("reward.json") && err.contains("kind"), "{err}");
-    std::fs::write(dir.join("reward.json"), r#"{"kind": "log_likelihood_ratio"}"#).unwrap();
-    let err = format!("{:#}", RewardSpec::load(&dir).unwrap_err());
-    assert!(err.contains("reward.json"), "{err}");
+    for (body, field) in [
+        (r#"{"kind": "log_likelihood_ratio"}"#, "reward.json"),
+        (
+            r#"{"kind": "log_likelihood_ratio", "separator": "|", "beta": 1.0, "cumulative": false}"#,
+            "reference",
+        ),
+        (
+            r#"{"kind": "log_likelihood_ratio", "reference": "x", "reference_logprob": -1.0, "separator": "|", "beta": 1.0, "cumulative": false}"#,
+            "give one reference",
+        ),
+        (
+            r#"{"kind": "log_likelihood_ratio", "reference_logprob": 2.0, "separator": "|", "beta": 1.0, "cumulative": false}"#,
+            "reference_logprob",
+        ),
+    ] {
+        std::fs::write(dir.join("reward.json"), body).unwrap();
+        let err = format!("{:#}", RewardSpec::load(&dir).unwrap_err());
+        assert!(err.contains("reward.json") && err.contains(field), "{err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

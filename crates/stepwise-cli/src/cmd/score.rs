@@ -45,10 +45,11 @@ pub fn run(a: Args) -> Result<()> {
     let dev = default_device();
     let model = Model::load(&a.model, &dev)?;
     let tok = Tokenizer::from_dir(&a.model)?;
-    // A log-ratio verifier names its reference model; it is scored against it.
+    // A log-ratio verifier names its reference model (unless its reference is a constant); it is
+    // scored against it.
     let spec = RewardSpec::load(&a.model)?;
-    let reference = match &spec {
-        Some(s) => Some(Model::load(&s.reference_dir(&a.model), &dev).with_context(|| {
+    let reference = match spec.as_ref().and_then(|s| s.reference_dir(&a.model)) {
+        Some(dir) => Some(Model::load(&dir, &dev).with_context(|| {
             format!(
                 "loading the reference model named in {}",
                 a.model.join(REWARD_FILE).display()

@@ -19,13 +19,14 @@ train with cross-entropy, soft labels (Monte Carlo values) with BCE. An interrup
 
 --head log-ratio keeps the --base causal LM and scores each step by β·Σ log π/π_base over its tokens (the implicit-PRM \
 parameterisation; with --outcome, the implicit PRM itself). Its input is the policy's layout: problem, separator, \
-then each step and separator. The folder gets a reward.json naming --base as the reference; `stepwise score` loads both.
+then each step and separator. The folder gets a reward.json naming --base as the reference; `stepwise score` loads both. With --reference-logprob L the reference is a constant instead (every token at log-probability L): each step scores β·(Σ log π − n·L) over its n tokens, the verifier's own log-likelihood, and no reference model is kept.
 
 Examples:
   stepwise train-prm --data labeled.jsonl --base ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer TOK --outcome --out orm/
-  stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --separator '|' --out prm/"
+  stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --separator '|' --out prm/
+  stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --reference-logprob -0.5 --separator '|' --out prm/"
 )]
 pub struct Args {
     /// Step-labelled solutions in any format stepwise reads.
@@ -55,6 +56,10 @@ pub struct Args {
     /// β of the log-ratio head.
     #[arg(long, default_value_t = 1.0)]
     pub beta: f32,
+    /// Log-ratio head: compare every token with this constant log-probability instead of the
+    /// --base model (the step's score is then the verifier's own log-likelihood).
+    #[arg(long, allow_negative_numbers = true)]
+    pub reference_logprob: Option<f32>,
     /// Separator after each step (and, for the log-ratio head, after the problem).
     #[arg(long, default_value = "\n")]
     pub separator: String,
@@ -125,7 +130,14 @@ pub fn run(a: Args) -> Result<()> {
     let log_ratio = (a.head.as_deref() == Some("log-ratio")).then_some(LogRatio {
         beta: a.beta,
         cumulative: a.outcome,
+        reference_logprob: a.reference_logprob,
     });
+    if a.reference_logprob.is_some() && log_ratio.is_none() {
+        bail!("--reference-logprob is for --head log-ratio");
+    }
+    if let Some(c) = a.reference_logprob.filter(|c| !(c.is_finite() && *c <= 0.0)) {
+        bail!("--reference-logprob {c}: a log-probability is finite and at most 0");
+    }
     let opts = LabelOptions {
         neutral,
         last_step_only: a.last_step_only,
@@ -145,12 +157,14 @@ pub fn run(a: Args) -> Result<()> {
                 .base
                 .as_ref()
                 .context("--head log-ratio needs --base (the reference LM)")?;
-            let reference = Model::load(base, &dev)?;
-            if reference.config.head != HeadKind::CausalLm {
+            if ModelConfig::from_dir(base)?.head != HeadKind::CausalLm {
                 bail!("--head log-ratio: {} is not a causal LM", base.display());
             }
-            attach_reference(&reference, &mut train_set, a.batch_size * 2)?;
-            attach_reference(&reference, &mut valid_set, a.batch_size * 2)?;
+            if lr.reference_logprob.is_none() {
+                let reference = Model::load(base, &dev)?;
+                attach_reference(&reference, &mut train_set, a.batch_size * 2)?;
+                attach_reference(&reference, &mut valid_set, a.batch_size * 2)?;
+            }
             Objective::LogRatio(lr)
         }
         None => Objective::Classify,
@@ -194,7 +208,10 @@ pub fn run(a: Args) -> Result<()> {
         (None, None) => bail!("pass --base DIR or --config tiny|small|base"),
     };
     if let (Some(lr), Some(base)) = (log_ratio, &a.base) {
-        let reference = std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?;
+        let reference = match lr.reference_logprob {
+            Some(_) => None,
+            None => Some(std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?),
+        };
         std::fs::create_dir_all(&a.out)?;
         RewardSpec::new(reference, &a.separator, lr).save(&a.out)?;
     }
