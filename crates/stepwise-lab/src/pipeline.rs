@@ -41,6 +41,9 @@ pub struct Preset {
     pub label_samples: usize,
     /// Monte Carlo rollouts per step prefix.
     pub rollouts: usize,
+    /// Which Math-Shepherd estimate of the rollouts PRM-MC learns.
+    #[serde(default)]
+    pub mc_labels: McLabels,
     /// Held-out evaluation problems.
     pub eval_problems: usize,
     /// Samples per evaluation problem (the largest N of best-of-N).
@@ -67,6 +70,17 @@ pub struct Preset {
     pub verifier_lr: f64,
     /// Sampling temperature.
     pub temperature: f32,
+}
+
+/// Math-Shepherd's two estimates of a step's label from its rollouts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McLabels {
+    /// Good when any rollout reached the gold answer (hard estimation).
+    #[default]
+    Hard,
+    /// The fraction of rollouts that reached it (soft estimation), learned with BCE.
+    Soft,
 }
 
 /// How a lab verifier scores a step (the same for PRMs and the ORM).
@@ -102,6 +116,7 @@ impl Preset {
             label_problems: 12,
             label_samples: 4,
             rollouts: 2,
+            mc_labels: McLabels::Hard,
             eval_problems: 10,
             eval_samples: 8,
             verifiers_from_policy: true,
@@ -127,6 +142,7 @@ impl Preset {
             label_problems: 400,
             label_samples: 8,
             rollouts: 8,
+            mc_labels: McLabels::Hard,
             eval_problems: 150,
             eval_samples: 32,
             verifiers_from_policy: true,
@@ -595,7 +611,10 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
 
     // 4. Verifiers, same code and budget: PRM on MC labels, PRM on oracle labels, ORM.
-    let mc_hard: Vec<Solution> = mc.iter().map(hard_mc).collect();
+    let mc_train: Vec<Solution> = match p.mc_labels {
+        McLabels::Hard => mc.iter().map(hard_mc).collect(),
+        McLabels::Soft => mc.clone(),
+    };
     let verifiers = Verifiers {
         preset: p,
         out: &o.out,
@@ -603,7 +622,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         tok: &tok,
         seed: o.seed,
     };
-    let prm_mc = verifiers.train("prm_mc", "training PRM (MC labels)", &mc_hard, false)?;
+    let prm_mc = verifiers.train("prm_mc", "training PRM (MC labels)", &mc_train, false)?;
     let prm_or = verifiers.train("prm_oracle", "training PRM (oracle)", &oracle, false)?;
     let orm = verifiers.train("orm", "training ORM", &label_sols, true)?;
 
@@ -649,4 +668,45 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     )?;
     write_report(&o.out, &report)?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_core::{Provenance, Step};
+
+    #[test]
+    fn overrides_set_fields_by_name_and_name_what_is_wrong() {
+        let sets = [
+            "mc_labels=soft",
+            "verifier_head=log_ratio",
+            "verifier_lr=0.001",
+            "policy_shape=[32,1]",
+        ];
+        let p = Preset::standard().with_overrides(&sets.map(String::from)).unwrap();
+        assert_eq!(p.mc_labels, McLabels::Soft);
+        assert_eq!(p.verifier_head, VerifierHead::LogRatio);
+        assert_eq!((p.verifier_lr, p.policy_shape), (0.001, (32, 1)));
+        let err = format!(
+            "{:#}",
+            Preset::quick().with_overrides(&["rollout=3".into()]).unwrap_err()
+        );
+        assert!(err.contains("rollout"), "{err}");
+        assert!(Preset::quick().with_overrides(&["mc_labels=medium".into()]).is_err());
+    }
+
+    #[test]
+    fn hard_estimation_is_any_rollout_succeeded() {
+        let soft = |hits| StepLabel::soft(hits as f32 / 8.0, Provenance::MonteCarlo { rollouts: 8, hits });
+        let s = Solution {
+            steps: vec![Step::labelled("a", soft(1)), Step::labelled("b", soft(0))],
+            ..Default::default()
+        };
+        let hard: Vec<f32> = hard_mc(&s)
+            .steps
+            .iter()
+            .map(|st| st.label.as_ref().unwrap().prob(0.5))
+            .collect();
+        assert_eq!(hard, [1.0, 0.0]);
+    }
 }
