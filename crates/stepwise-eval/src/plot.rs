@@ -30,7 +30,9 @@ fn ensure_font() -> Result<()> {
     Ok(())
 }
 
-const COLORS: [RGBColor; 10] = [
+/// Matplotlib's tab10, then black and dark green, so the lab's eleven best-of-N curves all
+/// differ.
+const COLORS: [RGBColor; 12] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -41,6 +43,8 @@ const COLORS: [RGBColor; 10] = [
     RGBColor(127, 127, 127),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(0, 100, 60),
 ];
 
 fn draw_curves<DB: DrawingBackend>(

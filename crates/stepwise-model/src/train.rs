@@ -194,6 +194,9 @@ fn log_ratio_loss(
     let dev = &model.device;
     let (mut all_spans, mut ys, mut ref_sums) = (Vec::new(), Vec::new(), Vec::new());
     for (b, e) in batch.iter().enumerate() {
+        if lr.reference_logprob.is_none() && e.ref_logprobs.len() != e.ids.len() {
+            bail!("the log-ratio objective needs the reference log-probabilities of every example");
+        }
         let ends: Vec<usize> = e.targets.iter().map(|&(p, _)| p).collect();
         for ((start, end), &(_, y)) in spans(e.lm_from.max(1), &ends, lr.cumulative)
             .into_iter()

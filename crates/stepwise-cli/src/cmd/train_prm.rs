@@ -19,7 +19,9 @@ train with cross-entropy, soft labels (Monte Carlo values) with BCE. An interrup
 
 --head log-ratio keeps the --base causal LM and scores each step by β·Σ log π/π_base over its tokens (the implicit-PRM \
 parameterisation; with --outcome, the implicit PRM itself). Its input is the policy's layout: problem, separator, \
-then each step and separator. The folder gets a reward.json naming --base as the reference; `stepwise score` loads both. With --reference-logprob L the reference is a constant instead (every token at log-probability L): each step scores β·(Σ log π − n·L) over its n tokens, the verifier's own log-likelihood, and no reference model is kept.
+then each step and separator. The folder gets a reward.json naming --base as the reference; `stepwise score` loads both. \
+With --reference-logprob L the reference is a constant instead (every token at log-probability L): each step scores \
+β·(Σ log π − n·L) over its n tokens, the verifier's own log-likelihood, and no reference model is kept.
 
 Examples:
   stepwise train-prm --data labeled.jsonl --base ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
@@ -153,10 +155,9 @@ pub fn run(a: Args) -> Result<()> {
     eprintln!("{} training sequences, {} validation", train_set.len(), valid_set.len());
     let objective = match log_ratio {
         Some(lr) => {
-            let base = a
-                .base
-                .as_ref()
-                .context("--head log-ratio needs --base (the reference LM)")?;
+            let base = a.base.as_ref().context(
+                "--head log-ratio needs --base (the LM to fine-tune; also the reference unless --reference-logprob)",
+            )?;
             if ModelConfig::from_dir(base)?.head != HeadKind::CausalLm {
                 bail!("--head log-ratio: {} is not a causal LM", base.display());
             }
