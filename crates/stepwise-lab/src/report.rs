@@ -72,34 +72,30 @@ fn by_family(
     families: &[String],
     methods: &[(String, &[Vec<Candidate>], Method)],
     n: usize,
+    draws: usize,
     seed: u64,
 ) -> Vec<FamilyRow> {
-    let mut names: Vec<&String> = Vec::new();
-    for f in families {
-        if !names.contains(&f) {
-            names.push(f);
+    let mut members: Vec<(&String, Vec<usize>)> = Vec::new();
+    for (i, f) in families.iter().enumerate() {
+        match members.iter_mut().find(|(name, _)| *name == f) {
+            Some((_, idx)) => idx.push(i),
+            None => members.push((f, vec![i])),
         }
     }
-    names
+    members
         .into_iter()
-        .map(|family| {
-            let of_family = |g: &[Vec<Candidate>]| -> Vec<Vec<Candidate>> {
-                g.iter()
-                    .zip(families)
-                    .filter(|(_, f)| *f == family)
-                    .map(|(c, _)| c.clone())
-                    .collect()
-            };
+        .map(|(family, idx)| {
             let accuracy = methods
                 .iter()
                 .map(|(name, g, how)| {
-                    let c = curve(name, &of_family(g), *how, &[n], 32, seed);
+                    let subset: Vec<Vec<Candidate>> = idx.iter().map(|&i| g[i].clone()).collect();
+                    let c = curve(name, &subset, *how, &[n], draws, seed);
                     (name.clone(), c.points[0].accuracy)
                 })
                 .collect();
             FamilyRow {
                 family: family.clone(),
-                problems: families.iter().filter(|f| *f == family).count(),
+                problems: idx.len(),
                 n,
                 accuracy,
             }
@@ -199,7 +195,7 @@ pub fn evaluate(
         .iter()
         .map(|(name, g, how)| curve(name, g, *how, &ns, draws, seed))
         .collect();
-    let by_family = by_family(&families, &methods, p.eval_samples, seed);
+    let by_family = by_family(&families, &methods, p.eval_samples, draws, seed);
 
     let truth: Vec<Option<usize>> = scored.iter().map(|s| s.first_error()).collect();
     let pb = |scores: &[Vec<f32>]| {

@@ -44,6 +44,16 @@ pub struct LogRatio {
 }
 
 impl LogRatio {
+    /// Checks that a constant reference is a log-probability (finite, at most 0).
+    pub fn check_reference(&self) -> Result<()> {
+        match self.reference_logprob {
+            Some(c) if !(c.is_finite() && c <= 0.0) => {
+                bail!("field `reference_logprob`: {c} is not a log-probability (finite, at most 0)")
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The reference's log-probability summed over positions `start..=end`, from a constant
     /// reference or from `ref_logprobs` (one per token of the sequence).
     pub fn reference_sum(&self, ref_logprobs: &[f32], start: usize, end: usize) -> Result<f32> {
@@ -119,12 +129,11 @@ impl RewardSpec {
                 "{}: field `reference`: missing (a reference model's folder, or `reference_logprob`)",
                 path.display()
             ),
-            (None, Some(c)) if !(c.is_finite() && c <= 0.0) => bail!(
-                "{}: field `reference_logprob`: {c} is not a log-probability (finite, at most 0)",
-                path.display()
-            ),
             _ => {}
         }
+        spec.log_ratio
+            .check_reference()
+            .with_context(|| path.display().to_string())?;
         Ok(Some(spec))
     }
 

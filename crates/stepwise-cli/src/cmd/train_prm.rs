@@ -137,8 +137,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.reference_logprob.is_some() && log_ratio.is_none() {
         bail!("--reference-logprob is for --head log-ratio");
     }
-    if let Some(c) = a.reference_logprob.filter(|c| !(c.is_finite() && *c <= 0.0)) {
-        bail!("--reference-logprob {c}: a log-probability is finite and at most 0");
+    if let Some(lr) = &log_ratio {
+        lr.check_reference().context("--reference-logprob")?;
     }
     let opts = LabelOptions {
         neutral,
