@@ -9,11 +9,13 @@ use crate::vocab::{self, SEP};
 use anyhow::{Context, Result};
 use candle_core::Device;
 use candle_nn::VarMap;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 use stepwise_core::journal::{sort_like, Journal};
 use stepwise_core::{Solution, StepLabel};
 use stepwise_label::{annotate_resumable, McOptions};
@@ -219,8 +221,12 @@ pub struct LabOptions {
     pub out: PathBuf,
 }
 
+/// Every progress bar of a run, so the bars of stages that run at once stack instead of
+/// drawing over each other.
+static BARS: LazyLock<MultiProgress> = LazyLock::new(MultiProgress::new);
+
 fn bar(len: u64, what: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len);
+    let pb = BARS.add(ProgressBar::new(len));
     pb.set_style(
         ProgressStyle::with_template("{msg:>22} [{bar:30}] {pos}/{len} {prefix} ({elapsed}, eta {eta})")
             .unwrap()
@@ -231,7 +237,7 @@ fn bar(len: u64, what: &str) -> ProgressBar {
 }
 
 fn say(msg: &str) {
-    eprintln!("{msg}");
+    BARS.suspend(|| eprintln!("{msg}"));
 }
 
 /// The problems of a run: policy-training, annotation and evaluation splits.
@@ -244,18 +250,30 @@ pub struct Splits {
     pub eval: Vec<LabProblem>,
 }
 
+/// The splits of a run. Training problems (policy, then annotation) come from the seed's first
+/// random stream; held-out problems from a second stream, so the evaluation set does not move when
+/// a training budget changes, and without any question a training problem already asked
+/// (decontamination, as real benchmarks are screened). Held-out ids are `e00000`, `e00001`, ….
 fn splits(p: &Preset, seed: u64) -> Splits {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut all: Vec<LabProblem> = (0..p.policy_problems + p.label_problems + p.eval_problems)
+    let mut policy: Vec<LabProblem> = (0..p.policy_problems + p.label_problems)
         .map(|i| task::generate(&mut rng, i))
         .collect();
-    let eval = all.split_off(p.policy_problems + p.label_problems);
-    let label = all.split_off(p.policy_problems);
-    Splits {
-        policy: all,
-        label,
-        eval,
-    }
+    let label = policy.split_off(p.policy_problems);
+    let seen: HashSet<&str> = policy.iter().chain(&label).map(|q| q.question.as_str()).collect();
+    let mut eval_rng = ChaCha8Rng::seed_from_u64(seed);
+    eval_rng.set_stream(1);
+    let eval = (0..)
+        .map(|i| task::generate(&mut eval_rng, i))
+        .filter(|q| !seen.contains(q.question.as_str()))
+        .take(p.eval_problems)
+        .enumerate()
+        .map(|(i, q)| LabProblem {
+            id: format!("e{i:05}"),
+            ..q
+        })
+        .collect();
+    Splits { policy, label, eval }
 }
 
 fn shape(vocab: usize, (hidden, layers): (usize, usize), head: HeadKind) -> ModelConfig {
@@ -622,9 +640,18 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         tok: &tok,
         seed: o.seed,
     };
-    let prm_mc = verifiers.train("prm_mc", "training PRM (MC labels)", &mc_train, false)?;
-    let prm_or = verifiers.train("prm_oracle", "training PRM (oracle)", &oracle, false)?;
-    let orm = verifiers.train("orm", "training ORM", &label_sols, true)?;
+    // The three train at once: one training keeps about one core busy (its small ops run one
+    // after another), and each is seeded on its own, so the weights are those of one at a time.
+    let (prm_mc, prm_or, orm) = std::thread::scope(|scope| {
+        let mc = scope.spawn(|| verifiers.train("prm_mc", "training PRM (MC labels)", &mc_train, false));
+        let or = scope.spawn(|| verifiers.train("prm_oracle", "training PRM (oracle)", &oracle, false));
+        let orm = verifiers.train("orm", "training ORM", &label_sols, true);
+        let join = |h: std::thread::ScopedJoinHandle<'_, Result<Model>>| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a verifier's training thread panicked"))?
+        };
+        anyhow::Ok((join(mc)?, join(or)?, orm?))
+    })?;
 
     // 5. Score the evaluation samples with every verifier.
     let s_mc = verifiers.score(&prm_mc, false, &eval_sols, "scoring (PRM-MC)")?;
@@ -693,6 +720,27 @@ mod tests {
         );
         assert!(err.contains("rollout"), "{err}");
         assert!(Preset::quick().with_overrides(&["mc_labels=medium".into()]).is_err());
+    }
+
+    #[test]
+    fn held_out_problems_ignore_training_budgets_and_never_repeat_a_training_question() {
+        let small = Preset::quick();
+        let big = Preset::quick()
+            .with_overrides(&["label_problems=300".into(), "policy_problems=2000".into()])
+            .unwrap();
+        let (a, b) = (splits(&small, 7), splits(&big, 7));
+        let questions = |s: &Splits| s.eval.iter().map(|q| q.question.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            questions(&a),
+            questions(&b),
+            "the held-out set must not move with the budgets"
+        );
+        assert_eq!(b.eval.len(), big.eval_problems);
+        let seen: HashSet<&str> = b.policy.iter().chain(&b.label).map(|q| q.question.as_str()).collect();
+        assert!(b.eval.iter().all(|q| !seen.contains(q.question.as_str())));
+        assert_eq!(b.eval[3].id, "e00003");
+        let ids: HashSet<&str> = b.label.iter().chain(&b.eval).map(|q| q.id.as_str()).collect();
+        assert_eq!(ids.len(), b.label.len() + b.eval.len(), "problem ids are unique");
     }
 
     #[test]

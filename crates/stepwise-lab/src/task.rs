@@ -1,7 +1,7 @@
 //! The lab's reasoning domain: multi-step arithmetic word problems from templates, with an exact
 //! step checker (the oracle). Steps are one equation each (`4 * 12 = 48`), comparisons
-//! (`48 > 35`) or the final `The answer is X`. Some families have small answer spaces (who has
-//! more, which option, a remainder), so a wrong process can still land on the right answer.
+//! (`48 > 35`) or the final `The answer is X`. Some families have small answer spaces (yes or
+//! no, which option, a remainder), so a wrong process can still land on the right answer.
 
 use rand::seq::IndexedRandom;
 use rand::Rng;
@@ -21,7 +21,8 @@ pub struct LabProblem {
     pub gold: String,
     /// Quantities stated in the question.
     pub quantities: Vec<i64>,
-    /// Names a comparison answer can take, in the order their totals are computed.
+    /// The two answers of a comparison problem (`yes`/`no`, `first`/`second`): the first when
+    /// the first computed total is the larger.
     pub names: Vec<String>,
     /// A correct step-by-step solution.
     pub steps: Vec<String>,
@@ -109,14 +110,18 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
             );
             let (x, y) = (a * b, c * d);
             let (y, d) = if x == y { (c * (d + 1), d + 1) } else { (y, d) };
+            // A yes/no question, not "who has more": a 64-wide two-layer policy did not learn to
+            // copy a name from the question (87% of its answers were wrong after correct
+            // comparisons, most naming someone absent), a failure no verifier built from it can
+            // check and no real language model has (see the README).
             let (n0, n1) = if family == "compare" {
-                (name.to_string(), other.to_string())
+                ("yes".to_string(), "no".to_string())
             } else {
                 ("first".to_string(), "second".to_string())
             };
             if family == "compare" {
                 q = format!(
-                    "{n0} has {a} {cont} of {b} {thing} . {n1} has {c} {cont} of {d} {thing} . Who has more {thing} ?"
+                    "{name} has {a} {cont} of {b} {thing} . {other} has {c} {cont} of {d} {thing} . Does {name} have more {thing} than {other} ?"
                 );
             } else {
                 q = format!("The first offer is {a} {cont} of {b} {thing} . The second offer is {c} {cont} of {d} {thing} . Which offer has more {thing} ?");

@@ -4,12 +4,14 @@
 //! later step is labelled bad without spending rollouts (an error cannot be undone).
 
 use anyhow::Result;
+use rayon::prelude::*;
 use std::path::Path;
 use stepwise_core::journal::{sort_like, Journal};
 use stepwise_core::{Provenance, Solution, StepLabel};
 
 /// Anything that can continue a partial solution: the local engine, a remote server, …
-pub trait Policy {
+/// `Sync`, so several solutions are annotated at once.
+pub trait Policy: Sync {
     /// `k` completions of `question` after `prefix` steps; each completion is the list of the
     /// remaining steps. `seed` makes the draw reproducible.
     fn complete(&self, question: &str, prefix: &[&str], k: usize, seed: u64) -> Result<Vec<Vec<String>>>;
@@ -38,7 +40,7 @@ fn seed_for(base: u64, id: &str, step: usize) -> u64 {
 pub fn annotate(
     sol: &Solution,
     policy: &dyn Policy,
-    is_correct: &dyn Fn(&Solution, &[String]) -> bool,
+    is_correct: &(dyn Fn(&Solution, &[String]) -> bool + Sync),
     o: &McOptions,
 ) -> Result<(Solution, usize)> {
     let mut out = sol.clone();
@@ -81,27 +83,33 @@ pub fn annotate(
 }
 
 /// [`annotate`] every solution of `sols`, appending each labelled solution to the JSONL journal
-/// at `path` as soon as it is done (with its rollouts in `meta.rollouts`). Started again after an
-/// interruption (even SIGKILL), it keeps what was written, drops a torn last line and labels only
-/// the rest; seeds are per solution and step, so the records equal an uninterrupted run's.
-/// `progress(done)` reports solutions finished. Returns all labelled solutions, in input order,
-/// and the rollouts spent on them.
+/// at `path` as soon as it is done (with its rollouts in `meta.rollouts`). Solutions are labelled
+/// a few at a time in parallel (one per thread of rayon's pool, twice over) and written in input
+/// order. Started again after an interruption (even SIGKILL), it keeps what was written, drops a
+/// torn last line and labels only the rest; seeds are per solution and step, so the records
+/// equal an uninterrupted run's. `progress(done)` reports solutions finished. Returns all
+/// labelled solutions, in input order, and the rollouts spent on them.
 pub fn annotate_resumable(
     path: &Path,
     sols: &[Solution],
     policy: &dyn Policy,
-    is_correct: &dyn Fn(&Solution, &[String]) -> bool,
+    is_correct: &(dyn Fn(&Solution, &[String]) -> bool + Sync),
     o: &McOptions,
     mut progress: impl FnMut(usize),
 ) -> Result<(Vec<Solution>, usize)> {
     let (mut journal, mut kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
     progress(kept.len());
     let todo: Vec<&Solution> = sols.iter().filter(|s| !journal.contains(&s.id)).collect();
-    for s in todo {
-        let (mut l, spent) = annotate(s, policy, is_correct, o)?;
-        l.meta.insert("rollouts".into(), spent.into());
-        journal.append(s.id.clone(), &l)?;
-        kept.push(l);
+    for batch in todo.chunks(2 * rayon::current_num_threads()) {
+        let done: Vec<(Solution, usize)> = batch
+            .par_iter()
+            .map(|s| annotate(s, policy, is_correct, o))
+            .collect::<Result<_>>()?;
+        for (mut l, spent) in done {
+            l.meta.insert("rollouts".into(), spent.into());
+            journal.append(l.id.clone(), &l)?;
+            kept.push(l);
+        }
         progress(kept.len());
     }
     sort_like(&mut kept, sols.iter().map(|s| s.id.as_str()), |s| s.id.as_str());
