@@ -31,6 +31,15 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     // The uninterrupted run.
     let status = lab(&a).status().unwrap();
     assert!(status.success());
+    // Its folder refuses another seed instead of mixing two runs' stages.
+    let other = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(["lab", "--preset", "quick", "--seed", "8", "--out"])
+        .arg(&a)
+        .output()
+        .unwrap();
+    assert!(!other.status.success());
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("seed differs"), "{err}");
     for f in [
         "metrics.json",
         "report.md",

@@ -548,11 +548,46 @@ fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
     Ok(())
 }
 
+/// Record the preset and seed in `out/preset.json`, or check that they are those the folder was
+/// started with: its cached stages belong to that run, and reusing them under other settings
+/// would mix two runs without a word.
+fn claim_run_folder(out: &Path, p: &Preset, seed: u64) -> Result<()> {
+    let path = out.join("preset.json");
+    let ours = serde_json::to_value((p, seed))?;
+    if path.exists() {
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let theirs: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        if theirs != ours {
+            let field = differing_field(&theirs, &ours);
+            anyhow::bail!(
+                "{} was started with other settings ({field} differs; see {}): its cached stages belong to that run. Use another --out, or delete the folder to start over",
+                out.display(),
+                path.display()
+            );
+        }
+        return Ok(());
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&ours)?)?;
+    Ok(())
+}
+
+/// The first preset field (or `seed`) in which two `[preset, seed]` records differ.
+fn differing_field(a: &serde_json::Value, b: &serde_json::Value) -> String {
+    if a.get(1) != b.get(1) {
+        return "seed".into();
+    }
+    let (pa, pb) = (&a[0], &b[0]);
+    pb.as_object()
+        .and_then(|o| o.keys().find(|k| pa.get(k.as_str()) != pb.get(k.as_str())).cloned())
+        .unwrap_or_else(|| "the preset".into())
+}
+
 /// Run the whole loop; returns the report (also written to the run folder).
 pub fn run(o: &LabOptions) -> Result<Report> {
     let p = &o.preset;
     std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
-    std::fs::write(o.out.join("preset.json"), serde_json::to_string_pretty(&(p, o.seed))?)?;
+    claim_run_folder(&o.out, p, o.seed)?;
     let tok = vocab::tokenizer()?;
     let v = tok.vocab_size();
     let sp = splits(p, o.seed);
@@ -741,6 +776,21 @@ mod tests {
         assert_eq!(b.eval[3].id, "e00003");
         let ids: HashSet<&str> = b.label.iter().chain(&b.eval).map(|q| q.id.as_str()).collect();
         assert_eq!(ids.len(), b.label.len() + b.eval.len(), "problem ids are unique");
+    }
+
+    #[test]
+    fn a_run_folder_refuses_other_settings() {
+        let dir = std::env::temp_dir().join(format!("stepwise-claim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = Preset::quick();
+        claim_run_folder(&dir, &p, 1).unwrap();
+        claim_run_folder(&dir, &p, 1).expect("the same settings resume");
+        let err = format!("{:#}", claim_run_folder(&dir, &p, 2).unwrap_err());
+        assert!(err.contains("seed differs") && err.contains("--out"), "{err}");
+        let other = Preset::quick().with_overrides(&["rollouts=3".into()]).unwrap();
+        let err = format!("{:#}", claim_run_folder(&dir, &other, 1).unwrap_err());
+        assert!(err.contains("rollouts differs"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -27,7 +27,8 @@ pub struct Args {
     /// Seed of everything (problems, models, sampling).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Run folder (default runs/PRESET-seedN); rerunning reuses what is complete.
+    /// Run folder (default runs/PRESET-seedN); rerunning with the same settings reuses what is
+    /// complete, and a folder started with other settings is refused.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Change one preset field, e.g. `--set policy_steps=3000 --set rollouts=8` (repeatable;
