@@ -379,7 +379,20 @@ fn sample_stage(
     sort_like(&mut kept, problems.iter().map(|p| p.id.as_str()), |s| {
         s.problem_id.as_str()
     });
-    Ok(kept.into_iter().flat_map(|s| s.solutions).collect())
+    // Graded again by the current oracle: samples cached by an earlier version keep their text,
+    // not their verdicts.
+    let by_id: std::collections::HashMap<&str, &LabProblem> = problems.iter().map(|p| (p.id.as_str(), p)).collect();
+    let mut out = Vec::new();
+    for rec in kept {
+        let p = by_id
+            .get(rec.problem_id.as_str())
+            .with_context(|| format!("{}: problem {} is not in this run", path.display(), rec.problem_id))?;
+        for s in rec.solutions {
+            let steps = s.steps.into_iter().map(|st| st.text).collect();
+            out.push(task::solution(p, s.id, steps, "lab-policy"));
+        }
+    }
+    Ok(out)
 }
 
 fn problem_seed(seed: u64, id: &str) -> u64 {

@@ -192,49 +192,132 @@ pub fn stated_answer(steps: &[String]) -> Option<String> {
     })
 }
 
-/// The oracle: whether each step is correct. A step is wrong when its arithmetic or comparison
-/// is false, when it uses a quantity that is neither in the problem nor an earlier result, when
-/// it cannot be read, or (final step) when its answer does not follow from the earlier steps.
-/// A solution that never states an answer has its last step marked wrong.
-pub fn check_steps(p: &LabProblem, steps: &[String]) -> Vec<bool> {
-    let mut known: Vec<i64> = p.quantities.clone();
-    let mut results: Vec<i64> = Vec::new();
-    let mut verdicts = Vec::with_capacity(steps.len());
-    for s in steps {
-        let ok = match parse_step(s) {
-            Some(Parsed::Equation(a, op, b, c)) => {
-                let ok = known.contains(&a) && known.contains(&b) && op_text(op, a, b) == Some(c);
-                known.push(c);
-                results.push(c);
-                ok
-            }
-            Some(Parsed::Compare(a, rel, b)) => {
-                known.contains(&a) && known.contains(&b) && if rel == '>' { a > b } else { a < b }
-            }
-            Some(Parsed::Answer(x)) => {
-                let implied = if p.names.len() == 2 {
-                    (results.len() >= 2).then(|| {
-                        if results[0] > results[1] {
-                            p.names[0].clone()
-                        } else {
-                            p.names[1].clone()
-                        }
-                    })
-                } else {
-                    results.last().map(|r| r.to_string())
-                };
-                implied.as_deref() == Some(x.as_str())
-            }
-            None => false,
-        };
-        verdicts.push(ok);
+/// What a correct solution of a problem may do next, read from its reference solution.
+enum Plan {
+    /// A running total: a product of the question's first two numbers, then each of `ops`
+    /// exactly once, in any order unless `ordered` (chains add what was got and subtract what
+    /// was given away; a remainder adds, then divides).
+    Running {
+        start: (i64, i64),
+        ops: Vec<(char, i64)>,
+        ordered: bool,
+    },
+    /// Two products, one per side, compared; the answer names the larger side.
+    Compare { sides: [(i64, i64); 2] },
+}
+
+impl Plan {
+    #[cfg(test)]
+    fn sides(&self) -> [(i64, i64); 2] {
+        match self {
+            Plan::Compare { sides } => *sides,
+            Plan::Running { .. } => unreachable!(),
+        }
     }
+
+    fn of(p: &LabProblem) -> Plan {
+        let eqs: Vec<(i64, char, i64)> = p
+            .steps
+            .iter()
+            .filter_map(|s| match parse_step(s) {
+                Some(Parsed::Equation(a, op, b, _)) => Some((a, op, b)),
+                _ => None,
+            })
+            .collect();
+        if p.names.len() == 2 {
+            return Plan::Compare {
+                sides: [(eqs[0].0, eqs[0].2), (eqs[1].0, eqs[1].2)],
+            };
+        }
+        Plan::Running {
+            start: (eqs[0].0, eqs[0].2),
+            ops: eqs[1..].iter().map(|&(_, op, b)| (op, b)).collect(),
+            ordered: eqs[1..].iter().any(|&(_, op, _)| op == '%'),
+        }
+    }
+}
+
+/// Whether `x * y` multiplies exactly the pair `(a, b)`, in either order.
+fn is_pair(x: i64, y: i64, (a, b): (i64, i64)) -> bool {
+    (x, y) == (a, b) || (x, y) == (b, a)
+}
+
+/// The oracle: whether each step is correct, judged as a careful human grader would. A step is
+/// wrong when its arithmetic or comparison is false, when it cannot be read, or when it is not
+/// a step of any correct solution from where the solution stands: it uses a quantity that is
+/// neither in the problem nor the result it should build on, applies an operation the problem
+/// does not call for (adds what was given away, uses a number twice), or states an answer
+/// that does not follow from the earlier steps or comes before the work is done. Results are
+/// carried forward: after a wrong result, a step that builds on it correctly is correct (the
+/// first error is what process supervision locates). Valid reorderings of a chain's additions and
+/// subtractions are correct. A solution that never states an answer has its last step marked
+/// wrong. With every step correct, the stated answer is the gold one.
+pub fn check_steps(p: &LabProblem, steps: &[String]) -> Vec<bool> {
+    let mut verdicts: Vec<bool> = match Plan::of(p) {
+        Plan::Running { start, ops, ordered } => check_running(steps, start, ops, ordered),
+        Plan::Compare { sides } => check_compare(steps, sides, &p.names),
+    };
     if stated_answer(steps).is_none() {
         if let Some(last) = verdicts.last_mut() {
             *last = false;
         }
     }
     verdicts
+}
+
+fn check_running(steps: &[String], start: (i64, i64), mut ops: Vec<(char, i64)>, ordered: bool) -> Vec<bool> {
+    let mut total: Option<i64> = None;
+    steps
+        .iter()
+        .map(|s| match parse_step(s) {
+            Some(Parsed::Equation(x, op, y, z)) => {
+                let fits = match total {
+                    None => op == '*' && is_pair(x, y, start),
+                    Some(t) if x == t => {
+                        let next = if ordered {
+                            ops.first().filter(|&&o| o == (op, y)).map(|_| 0)
+                        } else {
+                            ops.iter().position(|&o| o == (op, y))
+                        };
+                        next.map(|i| ops.remove(i)).is_some()
+                    }
+                    Some(_) => false,
+                };
+                total = Some(z);
+                fits && op_text(op, x, y) == Some(z)
+            }
+            Some(Parsed::Answer(a)) => ops.is_empty() && total.is_some_and(|t| t.to_string() == a),
+            _ => false,
+        })
+        .collect()
+}
+
+fn check_compare(steps: &[String], sides: [(i64, i64); 2], names: &[String]) -> Vec<bool> {
+    let mut products: [Option<i64>; 2] = [None, None];
+    steps
+        .iter()
+        .map(|s| match parse_step(s) {
+            Some(Parsed::Equation(x, '*', y, z)) => {
+                let side = (0..2).find(|&i| products[i].is_none() && is_pair(x, y, sides[i]));
+                match side {
+                    Some(i) => {
+                        products[i] = Some(z);
+                        x * y == z
+                    }
+                    None => false,
+                }
+            }
+            Some(Parsed::Compare(x, rel, y)) => match products {
+                [Some(u), Some(v)] => ((x, y) == (u, v) || (x, y) == (v, u)) && if rel == '>' { x > y } else { x < y },
+                _ => false,
+            },
+            Some(Parsed::Answer(a)) => match products {
+                [Some(u), Some(v)] => a == names[usize::from(u <= v)],
+                _ => false,
+            },
+            _ => false,
+        })
+        .collect()
 }
 
 /// A solution record for `steps` with oracle labels and the outcome graded against the gold.
@@ -356,6 +439,120 @@ mod tests {
             lucky > 0,
             "small answer spaces must let some wrong processes land on the right answer"
         );
+    }
+
+    /// A chain's steps for a start product and running operations, results carried forward.
+    fn running_steps((a, b): (i64, i64), ops: &[(char, i64)]) -> Vec<String> {
+        let mut total = a * b;
+        let mut steps = vec![format!("{a} * {b} = {total}")];
+        for &(op, c) in ops {
+            let next = op_text(op, total, c).unwrap();
+            steps.push(format!("{total} {op} {c} = {next}"));
+            total = next;
+        }
+        steps.push(format!("The answer is {total}"));
+        steps
+    }
+
+    fn plan_parts(p: &LabProblem) -> ((i64, i64), Vec<(char, i64)>) {
+        match Plan::of(p) {
+            Plan::Running { start, ops, .. } => (start, ops),
+            Plan::Compare { .. } => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn process_errors_with_right_arithmetic_are_wrong_and_valid_reorderings_are_right() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let (mut flipped, mut reordered, mut compared) = (0, 0, 0);
+        for i in 0..400 {
+            let p = generate(&mut rng, i);
+            if p.names.len() == 2 {
+                // Both products, the second side first: still correct.
+                let mut steps = p.steps.clone();
+                steps.swap(0, 1);
+                assert!(check_steps(&p, &steps).iter().all(|&ok| ok), "{steps:?}");
+                // Multiplying across the sides is not a step of any correct solution.
+                let Some(Parsed::Equation(a, _, _, _)) = parse_step(&p.steps[0]) else {
+                    unreachable!()
+                };
+                let Some(Parsed::Equation(_, _, d, _)) = parse_step(&p.steps[1]) else {
+                    unreachable!()
+                };
+                let mut cross = p.steps.clone();
+                cross[0] = format!("{a} * {d} = {}", a * d);
+                if !is_pair(a, d, Plan::of(&p).sides()[0]) && !is_pair(a, d, Plan::of(&p).sides()[1]) {
+                    assert!(!check_steps(&p, &cross)[0], "{cross:?}");
+                }
+                compared += 1;
+                continue;
+            }
+            let (start, ops) = plan_parts(&p);
+            assert_eq!(running_steps(start, &ops), p.steps);
+            // Subtracting what was got (or adding what was given away), arithmetic right.
+            if let Some(j) = ops.iter().position(|&(op, _)| op == '+' || op == '-') {
+                let mut wrong = ops.clone();
+                wrong[j].0 = if wrong[j].0 == '+' { '-' } else { '+' };
+                let steps = running_steps(start, &wrong);
+                let v = check_steps(&p, &steps);
+                // The flipped step, or (when it matches another of the problem's operations,
+                // a valid reordering) a later one, is an error; none before it.
+                assert!(v[j + 1..].contains(&false), "{steps:?} {v:?}");
+                assert!(v[..=j].iter().all(|&ok| ok), "{steps:?} {v:?}");
+                flipped += 1;
+            }
+            // Using a number twice and skipping another.
+            if ops.len() >= 2 && ops.iter().filter(|&&o| o == ops[0]).count() == 1 && ops[1].0 != '%' {
+                let mut twice = ops.clone();
+                twice[1] = twice[0];
+                let v = check_steps(&p, &running_steps(start, &twice));
+                assert!(!v[2], "{twice:?} {v:?}");
+            }
+            // The same additions and subtractions in another order reach the gold answer.
+            if p.family != "remainder" && ops.len() >= 2 {
+                let mut other = ops.clone();
+                other.reverse();
+                let steps = running_steps(start, &other);
+                assert!(check_steps(&p, &steps).iter().all(|&ok| ok), "{steps:?}");
+                assert_eq!(stated_answer(&steps).as_deref(), Some(p.gold.as_str()));
+                reordered += 1;
+            }
+            // Answering before the work is done.
+            let early = vec![p.steps[0].clone(), format!("The answer is {}", start.0 * start.1)];
+            assert!(!check_steps(&p, &early)[1]);
+        }
+        assert!(
+            flipped > 50 && reordered > 50 && compared > 50,
+            "{flipped} {reordered} {compared}"
+        );
+    }
+
+    #[test]
+    fn a_solution_with_every_step_correct_states_the_gold_answer() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        let mut all_correct = 0;
+        for i in 0..300 {
+            let p = generate(&mut rng, i);
+            for _ in 0..20 {
+                // Drop, repeat or swap steps, slip a result: the kinds of damage samples show.
+                let mut steps = noisy_reference(&p, &mut rng, 0.3);
+                let j = rng.random_range(0..steps.len());
+                let k = rng.random_range(0..steps.len());
+                match rng.random_range(0..4) {
+                    0 if steps.len() > 2 => {
+                        steps.remove(j);
+                    }
+                    1 => steps.insert(j, steps[k].clone()),
+                    2 => steps.swap(j, k),
+                    _ => {}
+                }
+                if check_steps(&p, &steps).iter().all(|&ok| ok) {
+                    all_correct += 1;
+                    assert_eq!(stated_answer(&steps).as_deref(), Some(p.gold.as_str()), "{steps:?}");
+                }
+            }
+        }
+        assert!(all_correct > 1000, "{all_correct}");
     }
 
     #[test]
