@@ -133,7 +133,7 @@ impl Preset {
         }
     }
 
-    /// The measured setting (about ten minutes on 2 cores).
+    /// The measured setting (about twelve minutes on 2 cores).
     pub fn standard() -> Self {
         Preset {
             name: "standard".into(),
@@ -153,7 +153,7 @@ impl Preset {
             verifier_head: VerifierHead::Likelihood,
             verifier_beta: 1.0,
             verifier_reference_logprob: -0.5,
-            verifier_steps: 600,
+            verifier_steps: 1200,
             verifier_lr: 3e-4,
             temperature: 1.0,
         }

@@ -16,7 +16,7 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
   6. write metrics.json, report.md, report.html and plots (bon.png/svg, calibration.png/svg)
 
 Examples:
-  stepwise lab                          # standard preset, about 13 minutes on 2 cores
+  stepwise lab                          # standard preset, about 12 minutes on 2 cores
   stepwise lab --preset quick --seed 2  # every stage, small, about two minutes
   stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed"
 )]
