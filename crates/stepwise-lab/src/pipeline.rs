@@ -13,7 +13,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 use stepwise_core::journal::{sort_like, Journal};
@@ -381,7 +381,7 @@ fn sample_stage(
     });
     // Graded again by the current oracle: samples cached by an earlier version keep their text,
     // not their verdicts.
-    let by_id: std::collections::HashMap<&str, &LabProblem> = problems.iter().map(|p| (p.id.as_str(), p)).collect();
+    let by_id: HashMap<&str, &LabProblem> = problems.iter().map(|p| (p.id.as_str(), p)).collect();
     let mut out = Vec::new();
     for rec in kept {
         let p = by_id

@@ -159,4 +159,35 @@ mod tests {
         assert_eq!(spent, 8, "no rollouts after the first dead step");
         assert_eq!(l.first_error(), Some(1));
     }
+
+    #[test]
+    fn parallel_annotation_keeps_input_order_and_equals_one_at_a_time() {
+        let sols: Vec<Solution> = (0..11)
+            .map(|i| Solution {
+                id: format!("s{i}"),
+                steps: (0..4)
+                    .map(|j| Step::new(if j == i % 4 { "bad" } else { "good" }))
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        let correct = |_: &Solution, full: &[String]| full.last().is_some_and(|l| l == "answer 1");
+        let o = McOptions { rollouts: 4, seed: 3 };
+        let path = std::env::temp_dir().join(format!("stepwise-mc-order-{}.jsonl", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let (all, spent) = annotate_resumable(&path, &sols, &Toy, &correct, &o, |_| {}).unwrap();
+        let one_by_one: Vec<(Solution, usize)> =
+            sols.iter().map(|s| annotate(s, &Toy, &correct, &o).unwrap()).collect();
+        assert_eq!(spent, one_by_one.iter().map(|(_, n)| n).sum::<usize>());
+        for (got, (want, _)) in all.iter().zip(&one_by_one) {
+            assert_eq!((&got.id, &got.steps), (&want.id, &want.steps));
+        }
+        let journal_ids: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Solution>(l).unwrap().id)
+            .collect();
+        assert_eq!(journal_ids, sols.iter().map(|s| s.id.clone()).collect::<Vec<_>>());
+        std::fs::remove_file(&path).unwrap();
+    }
 }
