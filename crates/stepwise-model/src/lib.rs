@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod cpu_inference;
 pub mod examples;
 pub mod generate;
 pub mod log_ratio;

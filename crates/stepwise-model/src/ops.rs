@@ -12,12 +12,14 @@ use std::sync::Arc;
 
 mod attention;
 mod linear;
-mod simd;
+pub(crate) mod simd;
 mod swiglu;
+pub(crate) mod tiles;
 
 pub use attention::attention;
 pub use linear::{Linear, MAX_STREAMED_ROWS, MIN_STREAMED_DEPTH};
 pub use swiglu::swiglu;
+pub(crate) use swiglu::swiglu_into;
 
 /// Work (multiply-adds) below which a kernel runs on the calling thread: handing a job to the
 /// thread pool and waking its workers costs more than that (decoding steps of the lab's models).
@@ -94,6 +96,16 @@ impl simd::Kernel for SoftmaxRow<'_> {
 /// padding) attends over the whole window, as an additive −1e9 mask would make it.
 #[inline(always)]
 fn softmax_window<const FMA: bool>(y: &mut [f32], valid: Option<&[bool]>) {
+    let inv = 1.0 / exp_window::<FMA>(y, valid);
+    for y in y.iter_mut() {
+        *y *= inv;
+    }
+}
+
+/// [`softmax_window`] before the division: `e^(y − max)` in place (0 for padding keys), and
+/// returns their sum.
+#[inline(always)]
+pub(crate) fn exp_window<const FMA: bool>(y: &mut [f32], valid: Option<&[bool]>) -> f32 {
     if let Some(valid) = valid.filter(|v| v.iter().any(|&ok| ok)) {
         for (y, &ok) in y.iter_mut().zip(valid) {
             if !ok {
@@ -102,10 +114,7 @@ fn softmax_window<const FMA: bool>(y: &mut [f32], valid: Option<&[bool]>) {
         }
     }
     let max = simd::max(y);
-    let inv = 1.0 / simd::exp_sub_sum::<FMA>(y, max);
-    for y in y.iter_mut() {
-        *y *= inv;
-    }
+    simd::exp_sub_sum::<FMA>(y, max)
 }
 
 struct MaskedSoftmax {
@@ -321,6 +330,11 @@ pub struct RopeTables {
 }
 
 impl RopeTables {
+    /// The host copies `(cos, sin)`, `[max_positions, head_dim / 2]` each.
+    pub(crate) fn host(&self) -> (&[f32], &[f32]) {
+        (&self.cos_host, &self.sin_host)
+    }
+
     /// From the tables as tensors.
     pub fn new(cos: Tensor, sin: Tensor) -> candle_core::Result<Self> {
         Ok(RopeTables {

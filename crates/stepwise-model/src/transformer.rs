@@ -7,6 +7,7 @@
 //! and `rope` have no gradient).
 
 use crate::config::ModelConfig;
+use crate::cpu_inference;
 use crate::ops::{self, masked_softmax, KeyMask, Linear, RopeTables};
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor};
@@ -262,6 +263,7 @@ impl Transformer {
         let (b, t) = ids.dims2()?;
         self.encoded_tokens
             .fetch_add(b * t, std::sync::atomic::Ordering::Relaxed);
+        let keep_cache = cache.is_some();
         let mut local = KvCache::default();
         let cache = cache.unwrap_or(&mut local);
         if cache.layers.len() != self.blocks.len() {
@@ -282,10 +284,76 @@ impl Transformer {
             eps: self.eps,
             diff: self.differentiable,
         };
+        if !self.differentiable && offset == 0 && t > 0 && ids.device().is_cpu() {
+            if let Some(x) = self.forward_cpu(ids, &pass.mask, keep_cache.then_some(cache))? {
+                return Ok(x);
+            }
+        }
         let mut x = self.embed.forward(ids)?;
         for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward(&x, &pass, c)?;
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
+    }
+
+    /// [`Transformer::forward`] without cached positions by [`cpu_inference`], filling `cache`
+    /// when given; `None` when the weights are not f32 on the CPU.
+    fn forward_cpu(&self, ids: &Tensor, mask: &KeyMask, cache: Option<&mut KvCache>) -> Result<Option<Tensor>> {
+        let (b, t) = ids.dims2()?;
+        let ids: Vec<u32> = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
+        let (vocab, hidden) = self.embed.embeddings().dims2()?;
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            anyhow::bail!("token id {bad} is outside the model's vocabulary of {vocab}");
+        }
+        let Some(first) = self.blocks.first() else {
+            return Ok(None);
+        };
+        let (cos, sin) = self.rope.host();
+        let decoder = cpu_inference::Decoder {
+            dims: cpu_inference::Dims {
+                hidden,
+                heads: first.attn.heads,
+                kv_heads: first.attn.kv_heads,
+                head_dim: first.attn.head_dim,
+                intermediate: first.mlp.gate.weight().dim(0)?,
+                eps: self.eps as f32,
+            },
+            embed: self.embed.embeddings(),
+            layers: self
+                .blocks
+                .iter()
+                .map(|bl| cpu_inference::LayerTensors {
+                    ln1: &bl.ln1,
+                    q: &bl.attn.q,
+                    k: &bl.attn.k,
+                    v: &bl.attn.v,
+                    o: &bl.attn.o,
+                    ln2: &bl.ln2,
+                    gate: &bl.mlp.gate,
+                    up: &bl.mlp.up,
+                    down: &bl.mlp.down,
+                })
+                .collect(),
+            norm: &self.norm,
+            cos,
+            sin,
+        };
+        let Some((x, kv)) = cpu_inference::forward(&decoder, &ids, b, mask, cache.is_some()) else {
+            return Ok(None);
+        };
+        if let Some(cache) = cache {
+            let (g, d) = (decoder.dims.kv_heads, decoder.dims.head_dim);
+            let dev = Device::Cpu;
+            cache.layers = kv
+                .into_iter()
+                .map(|(k, v)| -> Result<_> {
+                    Ok(Some((
+                        Tensor::from_vec(k, (b, g, t, d), &dev)?,
+                        Tensor::from_vec(v, (b, g, t, d), &dev)?,
+                    )))
+                })
+                .collect::<Result<_>>()?;
+        }
+        Ok(Some(Tensor::from_vec(x, (b, t, hidden), &Device::Cpu)?))
     }
 }

@@ -31,6 +31,16 @@ impl Linear {
         Linear { weight, bias }
     }
 
+    /// The weight `[out, in]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// The bias `[out]`, if any.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
     /// `weight` `[out, in]` (and `bias` `[out]` when `bias`) under `vb`, initialised as candle's
     /// `linear` does when `vb` creates variables.
     pub fn load(vb: candle_nn::VarBuilder, in_dim: usize, out_dim: usize, bias: bool) -> candle_core::Result<Self> {

@@ -72,6 +72,20 @@ pub fn sum(xs: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// `Σ x²` in lane-wise partial sums (so it vectorises).
+#[inline(always)]
+pub fn sum_of_squares<const FMA: bool>(xs: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().map(|x| x * x).sum();
+    for c in chunks {
+        for l in 0..LANES {
+            acc[l] = madd::<FMA>(c[l], c[l], acc[l]);
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 /// The largest element of `xs` (−∞ when empty).
 #[inline(always)]
 pub fn max(xs: &[f32]) -> f32 {

@@ -29,6 +29,14 @@ impl Kernel for Forward<'_> {
     }
 }
 
+/// `gate = silu(gate) · up` in place (inside a [`Kernel`]).
+#[inline(always)]
+pub(crate) fn swiglu_into<const FMA: bool>(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g * sigmoid::<FMA>(*g) * u;
+    }
+}
+
 /// Gradients of `silu(g) · u`: `dg = dy · u · σ(g)(1 + g(1 − σ(g)))`, `du = dy · silu(g)`.
 struct Backward<'a> {
     g: &'a [f32],
