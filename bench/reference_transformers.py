@@ -39,9 +39,9 @@ def generation(model):
 def main():
     print("threads:", torch.get_num_threads())
     prm = AutoModel.from_pretrained(FIX / "qwen2-prm", trust_remote_code=False, torch_dtype=torch.float32)
-    print(f"qwen2-prm: scoring {scoring(prm, 20):.0f} tokens/s")
+    print(f"qwen2-prm: scoring {scoring(prm, 100):.0f} tokens/s")
     pol = AutoModelForCausalLM.from_pretrained(FIX / "qwen2-policy", torch_dtype=torch.float32)
-    print(f"qwen2-policy: scoring {scoring(pol.model, 20):.0f} tokens/s")
+    print(f"qwen2-policy: scoring {scoring(pol.model, 100):.0f} tokens/s")
     print(f"qwen2-policy: generation {generation(pol):.0f} new tokens/s")
     if "--big" in sys.argv:
         cfg = AutoConfig.for_model("qwen2", vocab_size=151936, hidden_size=896, num_hidden_layers=24,

@@ -110,7 +110,7 @@ fn main() -> anyhow::Result<()> {
         if wanted("scoring") {
             println!(
                 "{name}: scoring {:.0} tokens/s (batch {BATCH} × {SEQ})",
-                scoring(&m, 20)?
+                scoring(&m, 100)?
             );
         }
         if name == "qwen2-policy" && wanted("generation") {

@@ -51,7 +51,6 @@ pub fn exp<const FMA: bool>(x: f32) -> f32 {
 /// Replaces each `x` of `xs` by `e^(x − max)` and returns their sum.
 #[inline(always)]
 pub fn exp_sub_sum<const FMA: bool>(xs: &mut [f32], max: f32) -> f32 {
-    // A plain element loop (which the loop vectoriser takes), then a lane-wise sum.
     for x in xs.iter_mut() {
         *x = exp::<FMA>(*x - max);
     }
@@ -94,7 +93,8 @@ pub fn max(xs: &[f32]) -> f32 {
     let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     for c in chunks {
         for l in 0..LANES {
-            acc[l] = acc[l].max(c[l]);
+            // A plain comparison (one vector max); f32::max's NaN handling costs a blend.
+            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
         }
     }
     acc.iter().fold(tail, |m, &x| m.max(x))
@@ -175,6 +175,11 @@ pub trait Kernel {
 /// Runs `kernel` compiled for AVX2 + FMA when this CPU has them, else for the baseline.
 pub fn dispatch<K: Kernel>(kernel: K) {
     #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU has just been checked for AVX-512F/VL, AVX2 and FMA.
+        return unsafe { run_avx512(kernel) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU has just been checked for AVX2 and FMA.
         return unsafe { run_avx2(kernel) };
@@ -188,6 +193,28 @@ pub fn dispatch<K: Kernel>(kernel: K) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_avx2<K: Kernel>(kernel: K) {
     kernel.run::<true>()
+}
+
+/// # Safety
+/// The CPU must support AVX-512F/VL, AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn run_avx512<K: Kernel>(kernel: K) {
+    kernel.run::<true>()
+}
+
+/// Whether this CPU runs the AVX-512 build of the kernels (AVX-512F and VL besides AVX2 + FMA).
+pub(crate) fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx2_fma()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether this CPU runs the AVX2 + FMA builds of the kernels.
