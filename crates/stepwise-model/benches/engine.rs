@@ -21,14 +21,24 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny")
 }
 
-/// Forward passes over `BATCH × SEQ` tokens with the head read at the last position (a reward
-/// read where the solution ends; PRMs read a few positions, never all): tokens/s.
-fn scoring(model: &Model, reps: usize) -> anyhow::Result<f64> {
+/// Steps a scored solution has: the reward model reads one position per step.
+const STEPS: usize = 8;
+
+/// Forward passes over `BATCH × SEQ` tokens: tokens/s. `all_positions`: the decoder's hidden
+/// states at every position (what transformers' `model(ids)` computes, the reference's workload);
+/// else a PRM's scoring pass, which reads `STEPS` step ends per sequence and applies the head
+/// there (`Model::hidden_rows`: the last layer runs only for the rows read).
+fn scoring(model: &Model, reps: usize, all_positions: bool) -> anyhow::Result<f64> {
     let ids: Vec<u32> = (0..BATCH * SEQ).map(|i| (i * 7 % 500) as u32 + 10).collect();
     let ids = Tensor::from_vec(ids, (BATCH, SEQ), &model.device)?;
+    let step_ends: Vec<usize> = (1..=STEPS).map(|k| k * SEQ / STEPS - 1).collect();
+    let rows = vec![step_ends; BATCH];
     let pass = || -> anyhow::Result<Tensor> {
-        let h = model.hidden(&ids, None, None)?;
-        model.head_logits(&h.narrow(1, SEQ - 1, 1)?)
+        if all_positions {
+            Ok(model.hidden(&ids, None, None)?)
+        } else {
+            model.head_logits(&model.hidden_rows(&ids, None, &rows)?)
+        }
     };
     let _ = pass()?;
     let t = Instant::now();
@@ -36,6 +46,18 @@ fn scoring(model: &Model, reps: usize) -> anyhow::Result<f64> {
         let _ = pass()?;
     }
     Ok((reps * BATCH * SEQ) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Both scoring workloads of `model`, printed.
+fn print_scoring(name: &str, model: &Model, reps: usize, flops_per_token: Option<f64>) -> anyhow::Result<()> {
+    for (all, what) in [(true, "forward, all positions"), (false, "scoring, 8 step ends read")] {
+        let tps = scoring(model, reps, all)?;
+        let gflops = flops_per_token.map_or(String::new(), |f| {
+            format!(", {:.1} GFLOP/s in the decoder", f * tps / 1e9)
+        });
+        println!("{name}: {what}: {tps:.0} tokens/s (batch {BATCH} × {SEQ}){gflops}");
+    }
+    Ok(())
 }
 
 /// Greedy decoding of `NEW` tokens for `BATCH` continuations of a 32-token prompt: new tokens/s.
@@ -108,10 +130,7 @@ fn main() -> anyhow::Result<()> {
     for name in ["qwen2-prm", "qwen2-policy"] {
         let m = Model::load(&fixtures().join(name), &dev)?;
         if wanted("scoring") {
-            println!(
-                "{name}: scoring {:.0} tokens/s (batch {BATCH} × {SEQ})",
-                scoring(&m, 100)?
-            );
+            print_scoring(name, &m, 100, None)?;
         }
         if name == "qwen2-policy" && wanted("generation") {
             println!(
@@ -138,9 +157,7 @@ fn main() -> anyhow::Result<()> {
         let varmap = VarMap::new();
         let m = Model::fresh(cfg.clone(), &varmap, &dev, 0)?;
         if wanted("scoring") {
-            let tps = scoring(&m, 2)?;
-            let gflops = 2.0 * params(&cfg) * tps / 1e9;
-            println!("qwen2.5-0.5b shape (random): scoring {tps:.0} tokens/s, {gflops:.1} GFLOP/s in the decoder");
+            print_scoring("qwen2.5-0.5b shape (random)", &m, 2, Some(2.0 * params(&cfg)))?;
         }
         if wanted("generation") {
             println!(

@@ -117,6 +117,7 @@ pub(crate) fn forward(
     b: usize,
     mask: &KeyMask,
     want_cache: bool,
+    read: Option<&[Vec<usize>]>,
 ) -> Option<(Vec<f32>, KvRows)> {
     // Only q, k and v may have a bias (Qwen2); anything else takes the candle path.
     let other_bias = |l: &LayerTensors| [l.o, l.gate, l.up, l.down].iter().any(|lin| lin.bias().is_some());
@@ -165,12 +166,16 @@ pub(crate) fn forward(
         cos: decoder.cos,
         sin: decoder.sin,
     };
-    Some(run(&weights, ids, b, mask, want_cache))
+    Some(run(&weights, ids, b, mask, want_cache, read))
 }
 
 /// Buffers one thread reuses across layers and sequences.
 #[derive(Default)]
 struct Scratch {
+    /// The residual stream when only some rows are read.
+    x: Vec<f32>,
+    /// The query rows of a full layer, `0..t`.
+    queries: Vec<usize>,
     normed: Vec<f32>,
     qkv: Vec<f32>,
     attn: Vec<f32>,
@@ -201,7 +206,14 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     })
 }
 
-fn run(w: &Weights, ids: &[u32], b: usize, mask: &KeyMask, want_cache: bool) -> (Vec<f32>, KvRows) {
+fn run(
+    w: &Weights,
+    ids: &[u32],
+    b: usize,
+    mask: &KeyMask,
+    want_cache: bool,
+    read: Option<&[Vec<usize>]>,
+) -> (Vec<f32>, KvRows) {
     let t = ids.len() / b;
     let Dims {
         hidden,
@@ -209,7 +221,16 @@ fn run(w: &Weights, ids: &[u32], b: usize, mask: &KeyMask, want_cache: bool) -> 
         head_dim,
         ..
     } = w.dims;
-    let mut out = vec![0f32; b * t * hidden];
+    // Each sequence's output: all its positions, or the rows it reads.
+    let out_rows: Vec<usize> = (0..b).map(|bi| read.map_or(t, |r| r[bi].len())).collect();
+    let mut out = vec![0f32; out_rows.iter().sum::<usize>() * hidden];
+    let mut outs: Vec<&mut [f32]> = Vec::with_capacity(b);
+    let mut rest = out.as_mut_slice();
+    for &n in &out_rows {
+        let (mine, tail) = rest.split_at_mut(n * hidden);
+        outs.push(mine);
+        rest = tail;
+    }
     let kv_len = kv_heads * t * head_dim;
     let mut cache: KvRows = if want_cache {
         (0..w.layers.len())
@@ -225,31 +246,37 @@ fn run(w: &Weights, ids: &[u32], b: usize, mask: &KeyMask, want_cache: bool) -> 
             share.push(kv);
         }
     }
-    let valid = |bi: usize| mask.valid.as_deref().map(|v| &v[bi * t..][..t]);
+    let job = |bi: usize, out: &mut [f32], share, shared: bool| {
+        let valid = mask.valid.as_deref().map(|v| &v[bi * t..][..t]);
+        let ids = &ids[bi * t..][..t];
+        let read = read.map(|r| r[bi].as_slice());
+        with_scratch(|scratch| sequence(w, ids, valid, read, out, share, scratch, shared))
+    };
     if b >= rayon::current_num_threads() {
-        out.par_chunks_mut(t * hidden)
-            .zip(ids.par_chunks(t))
+        outs.into_par_iter()
             .zip(shares)
             .enumerate()
-            .for_each(|(bi, ((x, ids), share))| {
-                with_scratch(|scratch| sequence(w, ids, valid(bi), x, share, scratch, false))
-            });
+            .for_each(|(bi, (out, share))| job(bi, out, share, false));
     } else {
-        for (bi, ((x, ids), share)) in out.chunks_mut(t * hidden).zip(ids.chunks(t)).zip(shares).enumerate() {
-            with_scratch(|scratch| sequence(w, ids, valid(bi), x, share, scratch, true));
+        for (bi, (out, share)) in outs.into_iter().zip(shares).enumerate() {
+            job(bi, out, share, true);
         }
     }
     (out, cache)
 }
 
-/// One sequence through every layer: `x` `[t, hidden]` receives its hidden states, `cache`
-/// (empty, or one `([kv, t, d], [kv, t, d])` pair per layer) its keys and values. `shared`:
-/// the threads work on this sequence together.
+/// One sequence through every layer. `out` receives the hidden states of every position
+/// (`[t, hidden]`), or with `read` those of the positions listed (`[read.len(), hidden]`: the
+/// last layer then runs its queries, MLP and norm for those rows only). `cache` (empty, or one
+/// `([kv, t, d], [kv, t, d])` pair per layer) receives the keys and values. `shared`: the threads
+/// work on this sequence together.
+#[allow(clippy::too_many_arguments)]
 fn sequence(
     w: &Weights,
     ids: &[u32],
     valid: Option<&[bool]>,
-    x: &mut [f32],
+    read: Option<&[usize]>,
+    out: &mut [f32],
     mut cache: Vec<(&mut [f32], &mut [f32])>,
     s: &mut Scratch,
     shared: bool,
@@ -260,11 +287,20 @@ fn sequence(
         heads,
         kv_heads,
         head_dim: d,
-        intermediate: inter,
         eps,
+        ..
     } = dims;
     let t = ids.len();
     let qkv_w = dims.qkv_width();
+    // The residual stream of every position: `out` itself unless only some rows are read.
+    let mut all_rows = std::mem::take(&mut s.x);
+    let (x, mut selected): (&mut [f32], Option<&mut [f32]>) = match read {
+        Some(_) => {
+            all_rows.resize(t * h, 0.0);
+            (&mut all_rows, Some(out))
+        }
+        None => (out, None),
+    };
     for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
         row.copy_from_slice(&w.embed[id as usize * h..][..h]);
     }
@@ -275,8 +311,10 @@ fn sequence(
     };
     s.normed.resize(t * h, 0.0);
     s.qkv.resize(t * qkv_w, 0.0);
-    s.attn.resize(t * heads * d, 0.0);
-    s.mlp.resize(t * 2 * inter, 0.0);
+    s.mlp.resize(t * 2 * dims.intermediate, 0.0);
+    s.queries.clear();
+    s.queries.extend(0..t);
+    let last = w.layers.len() - 1;
     for (li, l) in w.layers.iter().enumerate() {
         rms_norm_rows(x, l.ln1, eps, &mut s.normed);
         let mut col = 0;
@@ -301,33 +339,69 @@ fn sequence(
                 }
             }
         }
-        attention(&s.qkv, t, dims, valid, &mut s.keys_t, &mut s.head, &mut s.attn, shared);
-        matmul_t(Rows::new(x, h, h), &s.attn, heads * d, l.o, true, parallelism);
-        rms_norm_rows(x, l.ln2, eps, &mut s.normed);
-        matmul_t(
-            Rows::new(&mut s.mlp, 2 * inter, inter),
-            &s.normed,
-            h,
-            l.gate,
-            false,
-            parallelism,
-        );
-        matmul_t(
-            Rows::new(&mut s.mlp[inter..], 2 * inter, inter),
-            &s.normed,
-            h,
-            l.up,
-            false,
-            parallelism,
-        );
-        simd::dispatch(SwiGluRows {
-            rows: &mut s.mlp,
-            width: inter,
-        });
-        matmul_t(Rows::new(x, h, h), &s.mlp, 2 * inter, l.down, true, parallelism);
+        let attend = |queries: &[usize], s: &mut Scratch| {
+            let (keys_t, head, attn) = (&mut s.keys_t, &mut s.head, &mut s.attn);
+            attention(&s.qkv, t, queries, dims, valid, keys_t, head, attn, shared);
+        };
+        match (read, selected.as_deref_mut()) {
+            (Some(rows), Some(sel)) if li == last => {
+                // Only the rows read go on: their residuals move to `out`.
+                attend(rows, s);
+                for (dst, &i) in sel.chunks_exact_mut(h).zip(rows) {
+                    dst.copy_from_slice(&x[i * h..][..h]);
+                }
+                finish_block(l, dims, sel, s, parallelism);
+            }
+            _ => {
+                let queries = std::mem::take(&mut s.queries);
+                attend(&queries, s);
+                s.queries = queries;
+                finish_block(l, dims, x, s, parallelism);
+            }
+        }
     }
-    rms_norm_rows(x, w.norm, eps, &mut s.normed);
-    x.copy_from_slice(&s.normed[..t * h]);
+    let result: &mut [f32] = match selected {
+        Some(sel) => sel,
+        None => x,
+    };
+    let n = result.len();
+    rms_norm_rows(result, w.norm, eps, &mut s.normed[..n]);
+    result.copy_from_slice(&s.normed[..n]);
+    s.x = all_rows;
+}
+
+/// The rest of a block after attention, for the rows of `x` (`[rows, hidden]`, whose attention
+/// outputs are in `s.attn`): output projection into the residual, then the MLP.
+fn finish_block(l: &LayerWeights, dims: Dims, x: &mut [f32], s: &mut Scratch, parallelism: gemm::Parallelism) {
+    let (h, inter) = (dims.hidden, dims.intermediate);
+    let rows = x.len() / h;
+    if rows == 0 {
+        return;
+    }
+    let (normed, mlp) = (&mut s.normed[..rows * h], &mut s.mlp[..rows * 2 * inter]);
+    matmul_t(
+        Rows::new(x, h, h),
+        &s.attn,
+        dims.heads * dims.head_dim,
+        l.o,
+        true,
+        parallelism,
+    );
+    rms_norm_rows(x, l.ln2, dims.eps, normed);
+    matmul_t(Rows::new(mlp, 2 * inter, inter), normed, h, l.gate, false, parallelism);
+    matmul_t(
+        Rows::new(&mut mlp[inter..], 2 * inter, inter),
+        normed,
+        h,
+        l.up,
+        false,
+        parallelism,
+    );
+    simd::dispatch(SwiGluRows {
+        rows: mlp,
+        width: inter,
+    });
+    matmul_t(Rows::new(x, h, h), mlp, 2 * inter, l.down, true, parallelism);
 }
 
 /// Rows of `width` values, `stride` apart, at the start of `data`.
@@ -348,7 +422,7 @@ impl<'a> Rows<'a> {
 fn matmul_t(dst: Rows, a: &[f32], a_stride: usize, w: &[f32], accumulate: bool, parallelism: gemm::Parallelism) {
     let n = dst.width;
     let k = w.len() / n;
-    let m = (dst.data.len() - n) / dst.stride + 1;
+    let m = dst.data.len().checked_sub(n).map_or(0, |rest| rest / dst.stride + 1);
     assert!(m == 0 || (a.len() >= (m - 1) * a_stride + k && dst.data.len() >= (m - 1) * dst.stride + n));
     if m == 0 {
         return;
@@ -438,17 +512,19 @@ fn rotate(rows: &mut [f32], stride: usize, width: usize, d: usize, cos: &[f32], 
     }
 }
 
-/// Causal attention of one sequence from its q|k|v rows (`[t, qkv_width]`, rotated) into `out`
-/// `[t, heads · d]`. `keys_t` and `head` are scratch; `shared`: heads run in parallel.
+/// Causal attention of one sequence from its q|k|v rows (`[t, qkv_width]`, rotated), for the
+/// query positions `queries`, into `out` (`[queries.len(), heads · d]`). `keys_t` and `head` are
+/// scratch; `shared`: heads run in parallel.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     qkv: &[f32],
     t: usize,
+    queries: &[usize],
     dims: Dims,
     valid: Option<&[bool]>,
     keys_t: &mut Vec<f32>,
     head: &mut HeadScratch,
-    out: &mut [f32],
+    out: &mut Vec<f32>,
     shared: bool,
 ) {
     let Dims {
@@ -469,6 +545,7 @@ fn attention(
             }
         }
     }
+    let keys_t = &*keys_t;
     let one = |hq: usize, scratch: &mut HeadScratch| {
         let g = hq / (heads / kv_heads);
         simd::dispatch(HeadAttention {
@@ -479,12 +556,14 @@ fn attention(
             keys_t: &keys_t[g * d * t_pad..][..d * t_pad],
             t_pad,
             t,
+            queries,
             d,
             scale: 1.0 / (d as f32).sqrt(),
             valid,
             scratch,
         });
     };
+    out.resize(queries.len() * heads * d, 0.0);
     let scatter = |hq: usize, y: &[f32], out: &mut [f32]| {
         for (dst, src) in out.chunks_exact_mut(heads * d).zip(y.chunks_exact(d)) {
             dst[hq * d..][..d].copy_from_slice(src);
@@ -510,7 +589,7 @@ fn attention(
     }
 }
 
-/// One query head over one sequence, four queries at a time.
+/// One query head over one sequence, four query positions at a time.
 struct HeadAttention<'a> {
     qkv: &'a [f32],
     stride: usize,
@@ -519,6 +598,8 @@ struct HeadAttention<'a> {
     keys_t: &'a [f32],
     t_pad: usize,
     t: usize,
+    /// The query positions (any order); output row `k` is position `queries[k]`.
+    queries: &'a [usize],
     d: usize,
     scale: f32,
     valid: Option<&'a [bool]>,
@@ -531,19 +612,20 @@ impl simd::Kernel for HeadAttention<'_> {
         use tiles::{TILE_ROWS, TILE_WIDTH};
         let (t, d, stride) = (self.t, self.d, self.stride);
         let HeadScratch { scores, out } = self.scratch;
+        let m = self.queries.len();
         out.clear();
-        out.resize(t.div_ceil(TILE_ROWS) * TILE_ROWS * d, 0.0);
+        out.resize(m.div_ceil(TILE_ROWS) * TILE_ROWS * d, 0.0);
         let mut q = vec![0f32; TILE_ROWS * d];
-        for first in (0..t).step_by(TILE_ROWS) {
-            // Queries past the end repeat the last one; their rows are dropped.
+        for (tile, positions) in self.queries.chunks(TILE_ROWS).enumerate() {
+            // A last, partial tile repeats its last query; those rows are dropped.
+            let at = |r: usize| positions[r.min(positions.len() - 1)];
             for (r, qr) in q.chunks_exact_mut(d).enumerate() {
-                let i = (first + r).min(t - 1);
-                for (dst, &src) in qr.iter_mut().zip(&self.qkv[i * stride + self.q_col..][..d]) {
+                for (dst, &src) in qr.iter_mut().zip(&self.qkv[at(r) * stride + self.q_col..][..d]) {
                     *dst = src * self.scale;
                 }
             }
-            // Keys visible to the tile's last query, rounded up to whole tiles.
-            let seen = (first + TILE_ROWS).min(t);
+            // Keys visible to the tile's latest query, rounded up to whole tiles.
+            let seen = (0..TILE_ROWS).map(|r| at(r) + 1).max().unwrap_or(1).min(t);
             let n = seen.div_ceil(TILE_WIDTH) * TILE_WIDTH;
             scores.resize(TILE_ROWS * n, 0.0);
             let rows = std::array::from_fn(|r| &q[r * d..][..d]);
@@ -551,10 +633,12 @@ impl simd::Kernel for HeadAttention<'_> {
             // Softmax weights before the division, which is applied to the d outputs instead.
             let mut inv = [0f32; TILE_ROWS];
             for (r, row) in scores.chunks_exact_mut(n).enumerate() {
-                let window = (first + r + 1).min(t);
-                inv[r] = 1.0 / crate::ops::exp_window::<FMA>(&mut row[..window], self.valid.map(|v| &v[..window]));
+                let window = (at(r) + 1).min(t);
+                let valid = self.valid.map(|v| &v[..window]);
+                inv[r] = 1.0 / crate::ops::exp_window::<FMA>(&mut row[..window], valid, true);
                 row[window..].fill(0.0);
             }
+            let first = tile * TILE_ROWS;
             let y = split4(&mut out[first * d..][..TILE_ROWS * d], d);
             let v = &self.qkv[self.v_col..];
             tiles::weighted_values::<FMA>(scores, n, v, stride, seen, y);
@@ -564,7 +648,7 @@ impl simd::Kernel for HeadAttention<'_> {
                 }
             }
         }
-        out.truncate(t * d);
+        out.truncate(m * d);
     }
 }
 
@@ -630,6 +714,25 @@ mod tests {
                     let ((fk, fv), (sk, sv)) = (f.as_ref().unwrap(), s.as_ref().unwrap());
                     assert!(max_diff(fk, sk) < 1e-4 && max_diff(fv, sv) < 1e-4, "{case}: cache");
                 }
+                // Reading some rows (in any order, none for one sequence) gives those rows.
+                let rows: Vec<Vec<usize>> = (0..b)
+                    .map(|i| match i {
+                        1 => Vec::new(),
+                        _ => vec![t - 1, 0, 7, 7, t / 2, 3, 9],
+                    })
+                    .collect();
+                m.set_training(false);
+                let read = m.hidden_rows(&ids, Some(&pad), &rows).unwrap();
+                let picked: Vec<Tensor> = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        let idx = Tensor::new(r.iter().map(|&p| p as u32).collect::<Vec<_>>(), &Device::Cpu).unwrap();
+                        slow.get(i).unwrap().index_select(&idx, 0).unwrap()
+                    })
+                    .collect();
+                let want = Tensor::cat(&picked, 0).unwrap();
+                assert!(max_diff(&read, &want) < 1e-4, "{case}: rows {}", max_diff(&read, &want));
             }
         }
     }

@@ -119,6 +119,12 @@ impl Model {
         self.decoder.forward(ids, pad_mask, cache)
     }
 
+    /// Hidden states at positions `rows[i]` of each sequence `i`, stacked `[Σ rows, hidden]`
+    /// (see [`Transformer::forward_rows`]: cheaper than [`Model::hidden`] when few are read).
+    pub fn hidden_rows(&self, ids: &Tensor, pad_mask: Option<&Tensor>, rows: &[Vec<usize>]) -> Result<Tensor> {
+        self.decoder.forward_rows(ids, pad_mask, rows)
+    }
+
     /// Head outputs for hidden states `[.., hidden]`: vocabulary logits or class logits.
     pub fn head_logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let diff = self.decoder.differentiable;

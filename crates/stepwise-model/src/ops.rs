@@ -96,16 +96,18 @@ impl simd::Kernel for SoftmaxRow<'_> {
 /// padding) attends over the whole window, as an additive −1e9 mask would make it.
 #[inline(always)]
 fn softmax_window<const FMA: bool>(y: &mut [f32], valid: Option<&[bool]>) {
-    let inv = 1.0 / exp_window::<FMA>(y, valid);
+    let inv = 1.0 / exp_window::<FMA>(y, valid, false);
     for y in y.iter_mut() {
         *y *= inv;
     }
 }
 
 /// [`softmax_window`] before the division: `e^(y − max)` in place (0 for padding keys), and
-/// returns their sum.
+/// returns their sum. `one_pass`: exponentials and sum in one pass over sixteen lanes (the
+/// inference path); else in two passes (the training path, whose results stay bit for bit what
+/// its tests were tuned on).
 #[inline(always)]
-pub(crate) fn exp_window<const FMA: bool>(y: &mut [f32], valid: Option<&[bool]>) -> f32 {
+pub(crate) fn exp_window<const FMA: bool>(y: &mut [f32], valid: Option<&[bool]>, one_pass: bool) -> f32 {
     if let Some(valid) = valid.filter(|v| v.iter().any(|&ok| ok)) {
         for (y, &ok) in y.iter_mut().zip(valid) {
             if !ok {
@@ -114,7 +116,11 @@ pub(crate) fn exp_window<const FMA: bool>(y: &mut [f32], valid: Option<&[bool]>)
         }
     }
     let max = simd::max(y);
-    simd::exp_sub_sum::<FMA>(y, max)
+    if one_pass {
+        simd::exp_sub_sum_one_pass::<FMA>(y, max)
+    } else {
+        simd::exp_sub_sum::<FMA>(y, max)
+    }
 }
 
 struct MaskedSoftmax {

@@ -8,7 +8,7 @@ use crate::log_ratio::{span_sums, spans, token_logprobs, LogRatio};
 use crate::model::{pad_batch, Model};
 use crate::tokenizer::{Message, Tokenizer};
 use anyhow::{bail, Context, Result};
-use candle_core::{IndexOp, Tensor};
+use candle_core::Tensor;
 
 /// How a PRM expects its input and yields step rewards.
 #[derive(Debug, Clone, PartialEq)]
@@ -194,17 +194,14 @@ impl StepScorer<'_> {
         let dev = &self.model.device;
         let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
         let (ids, mask, _) = pad_batch(&seqs, dev)?;
-        let hidden = self.model.hidden(&ids, mask.as_ref(), None)?;
+        // The decoder's last layer runs only where rewards are read, and so does the head.
+        let rows: Vec<Vec<usize>> = batch.iter().map(|e| e.positions.clone()).collect();
+        let hidden = self.model.hidden_rows(&ids, mask.as_ref(), &rows)?;
         let mut out = Vec::with_capacity(batch.len());
-        for (b, e) in batch.iter().enumerate() {
-            // Apply the head only where rewards are read: cheap even for a vocabulary head.
-            let h = hidden.i(b)?;
-            let idx = Tensor::new(e.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), dev)?;
-            let at = if e.positions.is_empty() {
-                h.narrow(0, 0, 0)?
-            } else {
-                h.index_select(&idx, 0)?
-            };
+        let mut first = 0;
+        for e in batch {
+            let at = hidden.narrow(0, first, e.positions.len())?;
+            first += e.positions.len();
             let logits = self.model.head_logits(&at)?;
             let local: Vec<usize> = (0..e.positions.len()).collect();
             out.push(self.layout.rewards(self.tokenizer, &logits, &local)?);

@@ -261,8 +261,6 @@ impl Transformer {
     /// tokens continue the cached sequence and the cache is extended.
     pub fn forward(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        self.encoded_tokens
-            .fetch_add(b * t, std::sync::atomic::Ordering::Relaxed);
         let keep_cache = cache.is_some();
         let mut local = KvCache::default();
         let cache = cache.unwrap_or(&mut local);
@@ -270,13 +268,7 @@ impl Transformer {
             cache.layers = vec![None; self.blocks.len()];
         }
         let offset = cache.len();
-        if offset + t > self.max_positions {
-            anyhow::bail!(
-                "a sequence of {} tokens exceeds the model's max_position_embeddings ({})",
-                offset + t,
-                self.max_positions
-            );
-        }
+        self.count_and_check(b, offset, t)?;
         let pass = Pass {
             mask: KeyMask::new(offset, pad_mask)?,
             rope: &self.rope,
@@ -285,7 +277,7 @@ impl Transformer {
             diff: self.differentiable,
         };
         if !self.differentiable && offset == 0 && t > 0 && ids.device().is_cpu() {
-            if let Some(x) = self.forward_cpu(ids, &pass.mask, keep_cache.then_some(cache))? {
+            if let Some(x) = self.forward_cpu(ids, &pass.mask, keep_cache.then_some(cache), None)? {
                 return Ok(x);
             }
         }
@@ -296,9 +288,64 @@ impl Transformer {
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
     }
 
+    /// Counts `b × t` new positions after `offset` cached ones, and checks they fit the model.
+    fn count_and_check(&self, b: usize, offset: usize, t: usize) -> Result<()> {
+        self.encoded_tokens
+            .fetch_add(b * t, std::sync::atomic::Ordering::Relaxed);
+        if offset + t > self.max_positions {
+            anyhow::bail!(
+                "a sequence of {} tokens exceeds the model's max_position_embeddings ({})",
+                offset + t,
+                self.max_positions
+            );
+        }
+        Ok(())
+    }
+
+    /// The hidden states (after the final norm) at positions `rows[i]` of each sequence `i`,
+    /// stacked `[Σ rows, hidden]`: what a reward model reads. Same values as [`forward`] at
+    /// those positions; on the CPU inference path the last layer runs its queries, MLP and norm
+    /// for these rows only.
+    ///
+    /// [`forward`]: Transformer::forward
+    pub fn forward_rows(&self, ids: &Tensor, pad_mask: Option<&Tensor>, rows: &[Vec<usize>]) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if rows.len() != b {
+            anyhow::bail!("{} lists of rows for a batch of {b}", rows.len());
+        }
+        if let Some(p) = rows.iter().flatten().find(|&&p| p >= t) {
+            anyhow::bail!("row {p} is past the end of a batch of {t} positions");
+        }
+        if !self.differentiable && t > 0 && ids.device().is_cpu() {
+            self.count_and_check(b, 0, t)?;
+            if let Some(x) = self.forward_cpu(ids, &KeyMask::new(0, pad_mask)?, None, Some(rows))? {
+                return Ok(x);
+            }
+            self.encoded_tokens
+                .fetch_sub(b * t, std::sync::atomic::Ordering::Relaxed);
+        }
+        let hidden = self.forward(ids, pad_mask, None)?;
+        let picked = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| -> Result<Tensor> {
+                let idx = Tensor::new(r.iter().map(|&p| p as u32).collect::<Vec<_>>(), ids.device())?;
+                Ok(hidden.get(i)?.index_select(&idx, 0)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&picked, 0)?)
+    }
+
     /// [`Transformer::forward`] without cached positions by [`cpu_inference`], filling `cache`
-    /// when given; `None` when the weights are not f32 on the CPU.
-    fn forward_cpu(&self, ids: &Tensor, mask: &KeyMask, cache: Option<&mut KvCache>) -> Result<Option<Tensor>> {
+    /// when given, at the positions `read` only when given (as [`Transformer::forward_rows`]);
+    /// `None` when the weights are not f32 on the CPU.
+    fn forward_cpu(
+        &self,
+        ids: &Tensor,
+        mask: &KeyMask,
+        cache: Option<&mut KvCache>,
+        read: Option<&[Vec<usize>]>,
+    ) -> Result<Option<Tensor>> {
         let (b, t) = ids.dims2()?;
         let ids: Vec<u32> = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
         let (vocab, hidden) = self.embed.embeddings().dims2()?;
@@ -338,7 +385,7 @@ impl Transformer {
             cos,
             sin,
         };
-        let Some((x, kv)) = cpu_inference::forward(&decoder, &ids, b, mask, cache.is_some()) else {
+        let Some((x, kv)) = cpu_inference::forward(&decoder, &ids, b, mask, cache.is_some(), read) else {
             return Ok(None);
         };
         if let Some(cache) = cache {
@@ -354,6 +401,10 @@ impl Transformer {
                 })
                 .collect::<Result<_>>()?;
         }
-        Ok(Some(Tensor::from_vec(x, (b, t, hidden), &Device::Cpu)?))
+        let x = match read {
+            Some(rows) => Tensor::from_vec(x, (rows.iter().map(Vec::len).sum::<usize>(), hidden), &Device::Cpu)?,
+            None => Tensor::from_vec(x, (b, t, hidden), &Device::Cpu)?,
+        };
+        Ok(Some(x))
     }
 }
