@@ -45,73 +45,59 @@ pub fn scores<const FMA: bool>(q: [&[f32]; TILE_ROWS], kt: &[f32], stride: usize
     }
 }
 
-/// # Safety
-/// AVX2 + FMA, and the bounds [`scores`] checks.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::needless_range_loop)] // component c of four query rows at once
-unsafe fn scores_avx2(q: [&[f32]; TILE_ROWS], kt: &[f32], stride: usize, n: usize, scores: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let d = q[0].len();
-    for j in (0..n).step_by(16) {
-        let mut acc = [_mm256_setzero_ps(); 2 * TILE_ROWS];
-        for c in 0..d {
-            // SAFETY: kt holds d rows of `stride ≥ n` values, and j + 16 ≤ n.
-            let (k0, k1) = unsafe {
-                let p = kt.as_ptr().add(c * stride + j);
-                (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-            };
-            for r in 0..TILE_ROWS {
-                let qv = _mm256_set1_ps(q[r][c]);
-                acc[2 * r] = _mm256_fmadd_ps(qv, k0, acc[2 * r]);
-                acc[2 * r + 1] = _mm256_fmadd_ps(qv, k1, acc[2 * r + 1]);
+/// Defines a score tile for one vector width: `$lanes` f32 per register, two registers of keys
+/// per row, with that width's zero, load, broadcast, multiply-add and store.
+macro_rules! scores_tile {
+    ($(#[$doc:meta])* $name:ident, $feature:literal, $lanes:literal, $zero:ident, $load:ident, $set1:ident, $fmadd:ident, $store:ident) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        #[allow(clippy::needless_range_loop)] // component c of four query rows at once
+        unsafe fn $name(q: [&[f32]; TILE_ROWS], kt: &[f32], stride: usize, n: usize, scores: &mut [f32]) {
+            use std::arch::x86_64::*;
+            let d = q[0].len();
+            for j in (0..n).step_by(2 * $lanes) {
+                let mut acc = [$zero(); 2 * TILE_ROWS];
+                for c in 0..d {
+                    // SAFETY: kt holds d rows of `stride ≥ n` values, and j + 2 · lanes ≤ n.
+                    let (k0, k1) = unsafe {
+                        let p = kt.as_ptr().add(c * stride + j);
+                        ($load(p), $load(p.add($lanes)))
+                    };
+                    for r in 0..TILE_ROWS {
+                        let qv = $set1(q[r][c]);
+                        acc[2 * r] = $fmadd(qv, k0, acc[2 * r]);
+                        acc[2 * r + 1] = $fmadd(qv, k1, acc[2 * r + 1]);
+                    }
+                }
+                for r in 0..TILE_ROWS {
+                    // SAFETY: scores holds TILE_ROWS rows of n ≥ j + 2 · lanes values.
+                    unsafe {
+                        let p = scores.as_mut_ptr().add(r * n + j);
+                        $store(p, acc[2 * r]);
+                        $store(p.add($lanes), acc[2 * r + 1]);
+                    }
+                }
             }
         }
-        for r in 0..TILE_ROWS {
-            // SAFETY: scores holds TILE_ROWS rows of n ≥ j + 16 values.
-            unsafe {
-                let p = scores.as_mut_ptr().add(r * n + j);
-                _mm256_storeu_ps(p, acc[2 * r]);
-                _mm256_storeu_ps(p.add(8), acc[2 * r + 1]);
-            }
-        }
-    }
+    };
 }
 
-/// [`scores_avx2`] on 16-lane vectors: four rows × 32 keys per tile.
-///
-/// # Safety
-/// AVX-512F, and the bounds [`scores`] checks.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::needless_range_loop)] // component c of four query rows at once
-unsafe fn scores_avx512(q: [&[f32]; TILE_ROWS], kt: &[f32], stride: usize, n: usize, scores: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let d = q[0].len();
-    for j in (0..n).step_by(32) {
-        let mut acc = [_mm512_setzero_ps(); 2 * TILE_ROWS];
-        for c in 0..d {
-            // SAFETY: kt holds d rows of `stride ≥ n` values, and j + 32 ≤ n.
-            let (k0, k1) = unsafe {
-                let p = kt.as_ptr().add(c * stride + j);
-                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
-            };
-            for r in 0..TILE_ROWS {
-                let qv = _mm512_set1_ps(q[r][c]);
-                acc[2 * r] = _mm512_fmadd_ps(qv, k0, acc[2 * r]);
-                acc[2 * r + 1] = _mm512_fmadd_ps(qv, k1, acc[2 * r + 1]);
-            }
-        }
-        for r in 0..TILE_ROWS {
-            // SAFETY: scores holds TILE_ROWS rows of n ≥ j + 32 values.
-            unsafe {
-                let p = scores.as_mut_ptr().add(r * n + j);
-                _mm512_storeu_ps(p, acc[2 * r]);
-                _mm512_storeu_ps(p.add(16), acc[2 * r + 1]);
-            }
-        }
-    }
-}
+scores_tile!(
+    /// [`scores`] on 8-lane vectors: four rows × 16 keys per tile.
+    ///
+    /// # Safety
+    /// AVX2 + FMA, and the bounds [`scores`] checks.
+    scores_avx2, "avx2,fma", 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps
+);
+
+scores_tile!(
+    /// [`scores`] on 16-lane vectors: four rows × 32 keys per tile.
+    ///
+    /// # Safety
+    /// AVX-512F, and the bounds [`scores`] checks.
+    scores_avx512, "avx512f", 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_storeu_ps
+);
 
 /// `y[r][c] = Σ_j p[r][j] · v[j][c]` for the tile's rows and keys `j < n`: `p` holds
 /// `TILE_ROWS` rows of `p_stride ≥ n` weights, value row `j` starts at `v[j * v_stride]`, and
