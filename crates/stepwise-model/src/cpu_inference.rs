@@ -9,8 +9,9 @@
 //! - attention runs in register tiles of four queries ([`crate::ops::tiles`]);
 //! - the fused norm and SwiGLU kernels run row by row.
 //!
-//! With fewer sequences than threads, the threads share each sequence instead: gemm splits
-//! its work and the heads run in parallel.
+//! With fewer sequences than threads (and when not already on a pool thread, as the lab's
+//! parallel Monte Carlo rollouts are), the threads share each sequence instead: gemm splits its
+//! work and the heads run in parallel.
 //!
 //! The maths is the candle path's (the same parity tests cover both). It runs
 //! when nothing needs a gradient, the weights are f32 on the CPU and no cached positions come
@@ -252,7 +253,10 @@ fn run(
         let read = read.map(|r| r[bi].as_slice());
         with_scratch(|scratch| sequence(w, ids, valid, read, out, share, scratch, shared))
     };
-    if b >= rayon::current_num_threads() {
+    // One sequence per thread when there are enough of them, or when this pass already runs on
+    // a pool thread (its siblings are busy with passes of their own); else the threads share
+    // each sequence.
+    if b >= rayon::current_num_threads() || rayon::current_thread_index().is_some() {
         outs.into_par_iter()
             .zip(shares)
             .enumerate()
