@@ -17,9 +17,16 @@
 //! when nothing needs a gradient, the weights are f32 on the CPU and no cached positions come
 //! first (scoring, and the prefill of generation).
 
-use crate::ops::{simd, tiles, KeyMask, Linear};
+mod attention;
+mod rows;
+#[cfg(test)]
+mod tests;
+
+use crate::ops::{simd, KeyMask, Linear};
+use attention::{attention, HeadScratch};
 use candle_core::{CpuStorage, Layout, Storage, Tensor};
 use rayon::prelude::*;
+use rows::{matmul_t, rms_norm_rows, rotate, Rows, SwiGluRows};
 use std::sync::RwLockReadGuard;
 
 /// The sizes of the decoder.
@@ -110,8 +117,9 @@ pub(crate) struct Decoder<'t> {
 pub(crate) type KvRows = Vec<(Vec<f32>, Vec<f32>)>;
 
 /// Hidden states `[b, t, hidden]` (after the final norm) of token ids `ids` (`b` rows of `t`),
-/// and with `want_cache` every layer's keys and values; `None` when a weight is not contiguous
-/// f32 on the CPU (the caller takes the candle path).
+/// or with `read` only those at positions `read[i]` of each sequence `i`, stacked
+/// `[Σ read, hidden]`; with `want_cache` also every layer's keys and values. `None` when a
+/// weight is not contiguous f32 on the CPU (the caller takes the candle path).
 pub(crate) fn forward(
     decoder: &Decoder,
     ids: &[u32],
@@ -183,13 +191,6 @@ struct Scratch {
     mlp: Vec<f32>,
     keys_t: Vec<f32>,
     head: HeadScratch,
-}
-
-/// One head's attention buffers.
-#[derive(Default)]
-struct HeadScratch {
-    scores: Vec<f32>,
-    out: Vec<f32>,
 }
 
 thread_local! {
@@ -406,338 +407,4 @@ fn finish_block(l: &LayerWeights, dims: Dims, x: &mut [f32], s: &mut Scratch, pa
         width: inter,
     });
     matmul_t(Rows::new(x, h, h), mlp, 2 * inter, l.down, true, parallelism);
-}
-
-/// Rows of `width` values, `stride` apart, at the start of `data`.
-struct Rows<'a> {
-    data: &'a mut [f32],
-    stride: usize,
-    width: usize,
-}
-
-impl<'a> Rows<'a> {
-    fn new(data: &'a mut [f32], stride: usize, width: usize) -> Self {
-        Rows { data, stride, width }
-    }
-}
-
-/// `dst = a · wᵀ` (or `dst += a · wᵀ` when `accumulate`) for `a` rows of `k` values `a_stride`
-/// apart and `w` `[dst.width, k]`: one row of `dst` per row of `a`.
-fn matmul_t(dst: Rows, a: &[f32], a_stride: usize, w: &[f32], accumulate: bool, parallelism: gemm::Parallelism) {
-    let n = dst.width;
-    let k = w.len() / n;
-    let m = dst.data.len().checked_sub(n).map_or(0, |rest| rest / dst.stride + 1);
-    assert!(m == 0 || (a.len() >= (m - 1) * a_stride + k && dst.data.len() >= (m - 1) * dst.stride + n));
-    if m == 0 {
-        return;
-    }
-    // SAFETY: the asserted bounds keep every access inside `dst`, `a` and `w`; `dst` is borrowed
-    // mutably, so it overlaps neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.data.as_mut_ptr(),
-            1,
-            dst.stride as isize,
-            accumulate,
-            a.as_ptr(),
-            1,
-            a_stride as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        )
-    }
-}
-
-/// RMSNorm of every row of `x` (rows of `w.len()`) into `y`.
-fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-    simd::dispatch(RmsNormRows { x, w, eps, y });
-}
-
-struct RmsNormRows<'a> {
-    x: &'a [f32],
-    w: &'a [f32],
-    eps: f32,
-    y: &'a mut [f32],
-}
-
-impl simd::Kernel for RmsNormRows<'_> {
-    #[inline(always)]
-    fn run<const FMA: bool>(self) {
-        let n = self.w.len();
-        for (y, x) in self.y.chunks_exact_mut(n).zip(self.x.chunks_exact(n)) {
-            let r = 1.0 / (simd::sum_of_squares::<FMA>(x) / n as f32 + self.eps).sqrt();
-            for ((y, x), w) in y.iter_mut().zip(x).zip(self.w) {
-                *y = x * r * w;
-            }
-        }
-    }
-}
-
-/// `silu(gate) · up` for rows `[gate | up]` of `2 · width`, written over the gate half.
-struct SwiGluRows<'a> {
-    rows: &'a mut [f32],
-    width: usize,
-}
-
-impl simd::Kernel for SwiGluRows<'_> {
-    #[inline(always)]
-    fn run<const FMA: bool>(self) {
-        for row in self.rows.chunks_exact_mut(2 * self.width) {
-            let (gate, up) = row.split_at_mut(self.width);
-            crate::ops::swiglu_into::<FMA>(gate, up);
-        }
-    }
-}
-
-/// Rotary positions on the first `width` values (the q and k heads) of every row, row `i` at
-/// position `i`, heads of `d` values in the half-split layout of Qwen2/Llama.
-fn rotate(rows: &mut [f32], stride: usize, width: usize, d: usize, cos: &[f32], sin: &[f32]) {
-    let half = d / 2;
-    for (p, row) in rows.chunks_exact_mut(stride).enumerate() {
-        let (cos, sin) = (&cos[p * half..][..half], &sin[p * half..][..half]);
-        for head in row[..width].chunks_exact_mut(d) {
-            let (a, b) = head.split_at_mut(half);
-            for j in 0..half {
-                let (x, y) = (a[j], b[j]);
-                a[j] = x * cos[j] - y * sin[j];
-                b[j] = y * cos[j] + x * sin[j];
-            }
-        }
-    }
-}
-
-/// Causal attention of one sequence from its q|k|v rows (`[t, qkv_width]`, rotated), for the
-/// query positions `queries`, into `out` (`[queries.len(), heads · d]`). `keys_t` and `head` are
-/// scratch; `shared`: heads run in parallel.
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    qkv: &[f32],
-    t: usize,
-    queries: &[usize],
-    dims: Dims,
-    valid: Option<&[bool]>,
-    keys_t: &mut Vec<f32>,
-    head: &mut HeadScratch,
-    out: &mut Vec<f32>,
-    shared: bool,
-) {
-    let Dims {
-        heads,
-        kv_heads,
-        head_dim: d,
-        ..
-    } = dims;
-    let stride = dims.qkv_width();
-    // Keys transposed per kv head, `[d, t_pad]`, zero past t.
-    let t_pad = t.div_ceil(tiles::TILE_WIDTH) * tiles::TILE_WIDTH;
-    keys_t.clear();
-    keys_t.resize(kv_heads * d * t_pad, 0.0);
-    for (g, kt) in keys_t.chunks_exact_mut(d * t_pad).enumerate() {
-        for (i, row) in qkv.chunks_exact(stride).enumerate() {
-            for (c, &k) in row[(heads + g) * d..][..d].iter().enumerate() {
-                kt[c * t_pad + i] = k;
-            }
-        }
-    }
-    let keys_t = &*keys_t;
-    let one = |hq: usize, scratch: &mut HeadScratch| {
-        let g = hq / (heads / kv_heads);
-        simd::dispatch(HeadAttention {
-            qkv,
-            stride,
-            q_col: hq * d,
-            v_col: (heads + kv_heads + g) * d,
-            keys_t: &keys_t[g * d * t_pad..][..d * t_pad],
-            t_pad,
-            t,
-            queries,
-            d,
-            scale: 1.0 / (d as f32).sqrt(),
-            valid,
-            scratch,
-        });
-    };
-    out.resize(queries.len() * heads * d, 0.0);
-    let scatter = |hq: usize, y: &[f32], out: &mut [f32]| {
-        for (dst, src) in out.chunks_exact_mut(heads * d).zip(y.chunks_exact(d)) {
-            dst[hq * d..][..d].copy_from_slice(src);
-        }
-    };
-    if shared {
-        let ys: Vec<Vec<f32>> = (0..heads)
-            .into_par_iter()
-            .map(|hq| {
-                let mut scratch = HeadScratch::default();
-                one(hq, &mut scratch);
-                scratch.out
-            })
-            .collect();
-        for (hq, y) in ys.iter().enumerate() {
-            scatter(hq, y, out);
-        }
-    } else {
-        for hq in 0..heads {
-            one(hq, head);
-            scatter(hq, &head.out, out);
-        }
-    }
-}
-
-/// One query head over one sequence, four query positions at a time.
-struct HeadAttention<'a> {
-    qkv: &'a [f32],
-    stride: usize,
-    q_col: usize,
-    v_col: usize,
-    keys_t: &'a [f32],
-    t_pad: usize,
-    t: usize,
-    /// The query positions (any order); output row `k` is position `queries[k]`.
-    queries: &'a [usize],
-    d: usize,
-    scale: f32,
-    valid: Option<&'a [bool]>,
-    scratch: &'a mut HeadScratch,
-}
-
-impl simd::Kernel for HeadAttention<'_> {
-    #[inline(always)]
-    fn run<const FMA: bool>(self) {
-        use tiles::{TILE_ROWS, TILE_WIDTH};
-        let (t, d, stride) = (self.t, self.d, self.stride);
-        let HeadScratch { scores, out } = self.scratch;
-        let m = self.queries.len();
-        out.clear();
-        out.resize(m.div_ceil(TILE_ROWS) * TILE_ROWS * d, 0.0);
-        let mut q = vec![0f32; TILE_ROWS * d];
-        for (tile, positions) in self.queries.chunks(TILE_ROWS).enumerate() {
-            // A last, partial tile repeats its last query; those rows are dropped.
-            let at = |r: usize| positions[r.min(positions.len() - 1)];
-            for (r, qr) in q.chunks_exact_mut(d).enumerate() {
-                for (dst, &src) in qr.iter_mut().zip(&self.qkv[at(r) * stride + self.q_col..][..d]) {
-                    *dst = src * self.scale;
-                }
-            }
-            // Keys visible to the tile's latest query, rounded up to whole tiles.
-            let seen = (0..TILE_ROWS).map(|r| at(r) + 1).max().unwrap_or(1).min(t);
-            let n = seen.div_ceil(TILE_WIDTH) * TILE_WIDTH;
-            scores.resize(TILE_ROWS * n, 0.0);
-            let rows = std::array::from_fn(|r| &q[r * d..][..d]);
-            tiles::scores::<FMA>(rows, self.keys_t, self.t_pad, n, scores);
-            // Softmax weights before the division, which is applied to the d outputs instead.
-            let mut inv = [0f32; TILE_ROWS];
-            for (r, row) in scores.chunks_exact_mut(n).enumerate() {
-                let window = (at(r) + 1).min(t);
-                let valid = self.valid.map(|v| &v[..window]);
-                inv[r] = 1.0 / crate::ops::exp_window::<FMA>(&mut row[..window], valid, true);
-                row[window..].fill(0.0);
-            }
-            let first = tile * TILE_ROWS;
-            let y = split4(&mut out[first * d..][..TILE_ROWS * d], d);
-            let v = &self.qkv[self.v_col..];
-            tiles::weighted_values::<FMA>(scores, n, v, stride, seen, y);
-            for (y, inv) in out[first * d..][..TILE_ROWS * d].chunks_exact_mut(d).zip(inv) {
-                for y in y {
-                    *y *= inv;
-                }
-            }
-        }
-        out.truncate(m * d);
-    }
-}
-
-/// Four consecutive rows of `d` values.
-fn split4(rows: &mut [f32], d: usize) -> [&mut [f32]; 4] {
-    let (a, rest) = rows.split_at_mut(d);
-    let (b, rest) = rest.split_at_mut(d);
-    let (c, e) = rest.split_at_mut(d);
-    [a, b, c, &mut e[..d]]
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::config::{HeadKind, ModelConfig};
-    use crate::transformer::KvCache;
-    use crate::Model;
-    use candle_core::{Device, Tensor};
-    use candle_nn::VarMap;
-
-    /// A random model whose every weight (biases included) is non-trivial.
-    fn model(hidden: usize, heads: usize, kv_heads: usize) -> Model {
-        let cfg = ModelConfig::tiny(50, hidden, 2, heads, kv_heads, HeadKind::CausalLm);
-        let varmap = VarMap::new();
-        let m = Model::fresh(cfg, &varmap, &Device::Cpu, 3).unwrap();
-        for (name, var) in varmap.data().lock().unwrap().iter() {
-            let base = if name.contains("norm") { 1.0 } else { 0.0 };
-            let noise = Tensor::randn(base, 0.3f32, var.shape(), &Device::Cpu).unwrap();
-            var.set(&noise).unwrap();
-        }
-        m
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap()
-    }
-
-    /// The fast path (whole sequences per thread, or threads sharing one sequence) gives the
-    /// hidden states and the prefill cache of the candle path, with padding, grouped-query
-    /// heads, q/k/v biases, and head sizes on and off the vector tiles.
-    #[test]
-    fn the_cpu_path_matches_the_candle_path() {
-        for (hidden, heads, kv_heads) in [(64, 4, 2), (48, 4, 1)] {
-            let mut m = model(hidden, heads, kv_heads);
-            for (b, t) in [(1, 21), (3, 37)] {
-                let ids: Vec<u32> = (0..b * t).map(|i| ((i * 17) % 49) as u32 + 1).collect();
-                let ids = Tensor::from_vec(ids, (b, t), &Device::Cpu).unwrap();
-                // The last sequence is left-padded by five positions.
-                let pad: Vec<f32> = (0..b * t)
-                    .map(|i| if i / t == b - 1 && i % t < 5 { 0.0 } else { 1.0 })
-                    .collect();
-                let pad = Tensor::from_vec(pad, (b, t), &Device::Cpu).unwrap();
-                let mut run = |training: bool| {
-                    m.set_training(training);
-                    let mut cache = KvCache::default();
-                    let h = m.hidden(&ids, Some(&pad), Some(&mut cache)).unwrap();
-                    (h, cache)
-                };
-                let (fast, fast_cache) = run(false);
-                let (slow, slow_cache) = run(true);
-                let case = format!("hidden {hidden}, heads {heads}/{kv_heads}, batch {b}");
-                assert!(max_diff(&fast, &slow) < 1e-4, "{case}: {}", max_diff(&fast, &slow));
-                for (f, s) in fast_cache.layers.iter().zip(&slow_cache.layers) {
-                    let ((fk, fv), (sk, sv)) = (f.as_ref().unwrap(), s.as_ref().unwrap());
-                    assert!(max_diff(fk, sk) < 1e-4 && max_diff(fv, sv) < 1e-4, "{case}: cache");
-                }
-                // Reading some rows (in any order, none for one sequence) gives those rows.
-                let rows: Vec<Vec<usize>> = (0..b)
-                    .map(|i| match i {
-                        1 => Vec::new(),
-                        _ => vec![t - 1, 0, 7, 7, t / 2, 3, 9],
-                    })
-                    .collect();
-                m.set_training(false);
-                let read = m.hidden_rows(&ids, Some(&pad), &rows).unwrap();
-                let picked: Vec<Tensor> = rows
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        let idx = Tensor::new(r.iter().map(|&p| p as u32).collect::<Vec<_>>(), &Device::Cpu).unwrap();
-                        slow.get(i).unwrap().index_select(&idx, 0).unwrap()
-                    })
-                    .collect();
-                let want = Tensor::cat(&picked, 0).unwrap();
-                assert!(max_diff(&read, &want) < 1e-4, "{case}: rows {}", max_diff(&read, &want));
-            }
-        }
-    }
 }

@@ -1,0 +1,118 @@
+//! Row-wise pieces of a layer: projections through gemm, RMSNorm, SwiGLU, rotary positions.
+
+use crate::ops::simd;
+
+/// Rows of `width` values, `stride` apart, at the start of `data`.
+pub(super) struct Rows<'a> {
+    data: &'a mut [f32],
+    stride: usize,
+    width: usize,
+}
+
+impl<'a> Rows<'a> {
+    pub(super) fn new(data: &'a mut [f32], stride: usize, width: usize) -> Self {
+        Rows { data, stride, width }
+    }
+}
+
+/// `dst = a · wᵀ` (or `dst += a · wᵀ` when `accumulate`) for `a` rows of `k` values `a_stride`
+/// apart and `w` `[dst.width, k]`: one row of `dst` per row of `a`.
+pub(super) fn matmul_t(
+    dst: Rows,
+    a: &[f32],
+    a_stride: usize,
+    w: &[f32],
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    let n = dst.width;
+    let k = w.len() / n;
+    let m = dst.data.len().checked_sub(n).map_or(0, |rest| rest / dst.stride + 1);
+    assert!(m == 0 || (a.len() >= (m - 1) * a_stride + k && dst.data.len() >= (m - 1) * dst.stride + n));
+    if m == 0 {
+        return;
+    }
+    // SAFETY: the asserted bounds keep every access inside `dst`, `a` and `w`; `dst` is borrowed
+    // mutably, so it overlaps neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.data.as_mut_ptr(),
+            1,
+            dst.stride as isize,
+            accumulate,
+            a.as_ptr(),
+            1,
+            a_stride as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+/// RMSNorm of every row of `x` (rows of `w.len()`) into `y`.
+pub(super) fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    simd::dispatch(RmsNormRows { x, w, eps, y });
+}
+
+struct RmsNormRows<'a> {
+    x: &'a [f32],
+    w: &'a [f32],
+    eps: f32,
+    y: &'a mut [f32],
+}
+
+impl simd::Kernel for RmsNormRows<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        let n = self.w.len();
+        for (y, x) in self.y.chunks_exact_mut(n).zip(self.x.chunks_exact(n)) {
+            let r = 1.0 / (simd::sum_of_squares::<FMA>(x) / n as f32 + self.eps).sqrt();
+            for ((y, x), w) in y.iter_mut().zip(x).zip(self.w) {
+                *y = x * r * w;
+            }
+        }
+    }
+}
+
+/// `silu(gate) · up` for rows `[gate | up]` of `2 · width`, written over the gate half.
+pub(super) struct SwiGluRows<'a> {
+    pub(super) rows: &'a mut [f32],
+    pub(super) width: usize,
+}
+
+impl simd::Kernel for SwiGluRows<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        for row in self.rows.chunks_exact_mut(2 * self.width) {
+            let (gate, up) = row.split_at_mut(self.width);
+            crate::ops::swiglu_into::<FMA>(gate, up);
+        }
+    }
+}
+
+/// Rotary positions on the first `width` values (the q and k heads) of every row, row `i` at
+/// position `i`, heads of `d` values in the half-split layout of Qwen2/Llama.
+pub(super) fn rotate(rows: &mut [f32], stride: usize, width: usize, d: usize, cos: &[f32], sin: &[f32]) {
+    let half = d / 2;
+    for (p, row) in rows.chunks_exact_mut(stride).enumerate() {
+        let (cos, sin) = (&cos[p * half..][..half], &sin[p * half..][..half]);
+        for head in row[..width].chunks_exact_mut(d) {
+            let (a, b) = head.split_at_mut(half);
+            for j in 0..half {
+                let (x, y) = (a[j], b[j]);
+                a[j] = x * cos[j] - y * sin[j];
+                b[j] = y * cos[j] + x * sin[j];
+            }
+        }
+    }
+}
