@@ -28,11 +28,11 @@ const STEPS: usize = 8;
 /// states at every position (what transformers' `model(ids)` computes, the reference's workload);
 /// else a PRM's scoring pass, which reads `STEPS` step ends per sequence and applies the head
 /// there (`Model::hidden_rows`: the last layer runs only for the rows read).
-fn scoring(model: &Model, reps: usize, all_positions: bool) -> anyhow::Result<f64> {
-    let ids: Vec<u32> = (0..BATCH * SEQ).map(|i| (i * 7 % 500) as u32 + 10).collect();
-    let ids = Tensor::from_vec(ids, (BATCH, SEQ), &model.device)?;
+fn scoring(model: &Model, reps: usize, all_positions: bool, batch: usize) -> anyhow::Result<f64> {
+    let ids: Vec<u32> = (0..batch * SEQ).map(|i| (i * 7 % 500) as u32 + 10).collect();
+    let ids = Tensor::from_vec(ids, (batch, SEQ), &model.device)?;
     let step_ends: Vec<usize> = (1..=STEPS).map(|k| k * SEQ / STEPS - 1).collect();
-    let rows = vec![step_ends; BATCH];
+    let rows = vec![step_ends; batch];
     let pass = || -> anyhow::Result<Tensor> {
         if all_positions {
             Ok(model.hidden(&ids, None, None)?)
@@ -45,17 +45,22 @@ fn scoring(model: &Model, reps: usize, all_positions: bool) -> anyhow::Result<f6
     for _ in 0..reps {
         let _ = pass()?;
     }
-    Ok((reps * BATCH * SEQ) as f64 / t.elapsed().as_secs_f64())
+    Ok((reps * batch * SEQ) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// Both scoring workloads of `model`, printed.
 fn print_scoring(name: &str, model: &Model, reps: usize, flops_per_token: Option<f64>) -> anyhow::Result<()> {
-    for (all, what) in [(true, "forward, all positions"), (false, "scoring, 8 step ends read")] {
-        let tps = scoring(model, reps, all)?;
+    // The last: one sequence at a time, which the threads share.
+    for (all, what, batch) in [
+        (true, "forward, all positions", BATCH),
+        (false, "scoring, 8 step ends read", BATCH),
+        (true, "forward, all positions", 1),
+    ] {
+        let tps = scoring(model, reps * BATCH / batch, all, batch)?;
         let gflops = flops_per_token.map_or(String::new(), |f| {
             format!(", {:.1} GFLOP/s in the decoder", f * tps / 1e9)
         });
-        println!("{name}: {what}: {tps:.0} tokens/s (batch {BATCH} × {SEQ}){gflops}");
+        println!("{name}: {what}: {tps:.0} tokens/s (batch {batch} × {SEQ}){gflops}");
     }
     Ok(())
 }

@@ -15,6 +15,9 @@ impl<'a> Rows<'a> {
     }
 }
 
+/// Rows per thread below which threads sharing a sequence leave the split to gemm.
+const MIN_ROWS_PER_THREAD: usize = 32;
+
 /// `dst = a · wᵀ` (or `dst += a · wᵀ` when `accumulate`) for `a` rows of `k` values `a_stride`
 /// apart and `w` `[dst.width, k]`: one row of `dst` per row of `a`.
 pub(super) fn matmul_t(
@@ -31,6 +34,23 @@ pub(super) fn matmul_t(
     assert!(m == 0 || (a.len() >= (m - 1) * a_stride + k && dst.data.len() >= (m - 1) * dst.stride + n));
     if m == 0 {
         return;
+    }
+    if let gemm::Parallelism::Rayon(threads) = parallelism {
+        // Threads sharing one sequence take a block of rows each: gemm's own split of a few
+        // hundred rows ran at half the speed of one sequence per thread.
+        let per_thread = m.div_ceil(threads.max(1));
+        if threads > 1 && per_thread >= MIN_ROWS_PER_THREAD {
+            use rayon::prelude::*;
+            let (dst_stride, width) = (dst.stride, dst.width);
+            dst.data
+                .par_chunks_mut(per_thread * dst_stride)
+                .zip(a.par_chunks(per_thread * a_stride))
+                .for_each(|(rows, a)| {
+                    let block = Rows::new(rows, dst_stride, width);
+                    matmul_t(block, a, a_stride, w, accumulate, gemm::Parallelism::None)
+                });
+            return;
+        }
     }
     // SAFETY: the asserted bounds keep every access inside `dst`, `a` and `w`; `dst` is borrowed
     // mutably, so it overlaps neither input.

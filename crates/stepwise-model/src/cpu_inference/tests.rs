@@ -30,7 +30,8 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 fn the_cpu_path_matches_the_candle_path() {
     for (hidden, heads, kv_heads) in [(64, 4, 2), (48, 4, 1)] {
         let mut m = model(hidden, heads, kv_heads);
-        for (b, t) in [(1, 21), (3, 37)] {
+        // One sequence split by gemm (21 rows) or into blocks of rows (70); three, one per thread.
+        for (b, t) in [(1, 21), (1, 70), (3, 37)] {
             let ids: Vec<u32> = (0..b * t).map(|i| ((i * 17) % 49) as u32 + 1).collect();
             let ids = Tensor::from_vec(ids, (b, t), &Device::Cpu).unwrap();
             // The last sequence is left-padded by five positions.
