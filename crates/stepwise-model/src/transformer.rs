@@ -316,13 +316,11 @@ impl Transformer {
         if let Some(p) = rows.iter().flatten().find(|&&p| p >= t) {
             anyhow::bail!("row {p} is past the end of a batch of {t} positions");
         }
-        if !self.differentiable && t > 0 && ids.device().is_cpu() {
-            self.count_and_check(b, 0, t)?;
+        if !self.differentiable && t > 0 && t <= self.max_positions && ids.device().is_cpu() {
             if let Some(x) = self.forward_cpu(ids, &KeyMask::new(0, pad_mask)?, None, Some(rows))? {
+                self.count_and_check(b, 0, t)?;
                 return Ok(x);
             }
-            self.encoded_tokens
-                .fetch_sub(b * t, std::sync::atomic::Ordering::Relaxed);
         }
         let hidden = self.forward(ids, pad_mask, None)?;
         let picked = rows

@@ -7,6 +7,8 @@ use rayon::prelude::*;
 /// One head's attention buffers.
 #[derive(Default)]
 pub(super) struct HeadScratch {
+    /// One tile's scaled queries.
+    queries: Vec<f32>,
     scores: Vec<f32>,
     out: Vec<f32>,
 }
@@ -110,11 +112,16 @@ impl simd::Kernel for HeadAttention<'_> {
     fn run<const FMA: bool>(self) {
         use tiles::{TILE_ROWS, TILE_WIDTH};
         let (t, d, stride) = (self.t, self.d, self.stride);
-        let HeadScratch { scores, out } = self.scratch;
+        let HeadScratch {
+            queries: q,
+            scores,
+            out,
+        } = self.scratch;
         let m = self.queries.len();
         out.clear();
         out.resize(m.div_ceil(TILE_ROWS) * TILE_ROWS * d, 0.0);
-        let mut q = vec![0f32; TILE_ROWS * d];
+        q.clear();
+        q.resize(TILE_ROWS * d, 0.0);
         for (tile, positions) in self.queries.chunks(TILE_ROWS).enumerate() {
             // A last, partial tile repeats its last query; those rows are dropped.
             let at = |r: usize| positions[r.min(positions.len() - 1)];
