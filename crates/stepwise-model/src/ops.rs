@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 mod attention;
 mod linear;
+pub(crate) mod sgemm;
 pub(crate) mod simd;
 mod swiglu;
 pub(crate) mod tiles;

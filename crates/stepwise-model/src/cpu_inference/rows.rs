@@ -1,6 +1,7 @@
-//! Row-wise pieces of a layer: projections through gemm, RMSNorm, SwiGLU, rotary positions.
+//! Row-wise pieces of a layer: projections (AVX-512 tiles, else gemm), RMSNorm, SwiGLU, rotary
+//! positions.
 
-use crate::ops::simd;
+use crate::ops::{sgemm, simd};
 
 /// Rows of `width` values, `stride` apart, at the start of `data`.
 pub(super) struct Rows<'a> {
@@ -51,6 +52,9 @@ pub(super) fn matmul_t(
                 });
             return;
         }
+    }
+    if matches!(parallelism, gemm::Parallelism::None) && k >= sgemm::MIN_DEPTH && sgemm::available() {
+        return sgemm::matmul_t(dst.data, dst.stride, a, a_stride, w, (m, n, k), accumulate);
     }
     // SAFETY: the asserted bounds keep every access inside `dst`, `a` and `w`; `dst` is borrowed
     // mutably, so it overlaps neither input.
