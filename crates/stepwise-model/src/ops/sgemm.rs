@@ -17,8 +17,7 @@ use std::cell::RefCell;
 const PANEL: usize = 32;
 /// Rows of `w` in a tile.
 const COLS: usize = 12;
-/// Steps of `k` per block: a packed block of a few hundred rows stays in L2, the tile's twelve
-/// weight rows in L1.
+/// Steps of `k` per block: the packed block of a sequence's 256 rows (1 MiB) stays in L2.
 const DEPTH: usize = 1024;
 /// Columns of `dst` (weight rows) per chunk: every panel runs over a chunk before the next.
 const CHUNK: usize = 16 * COLS;
@@ -43,7 +42,6 @@ pub(crate) fn available() -> bool {
 ///
 /// # Panics
 /// When the CPU lacks AVX-512F (check [`available`]) or a slice is too short for the sizes.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_t(
     dst: &mut [f32],
     dst_stride: usize,
@@ -68,7 +66,7 @@ pub(crate) fn matmul_t(
     );
     if k == 0 {
         if !accumulate {
-            dst.chunks_mut(dst_stride).for_each(|row| row[..n].fill(0.0));
+            dst.chunks_mut(dst_stride).take(m).for_each(|row| row[..n].fill(0.0));
         }
         return;
     }
