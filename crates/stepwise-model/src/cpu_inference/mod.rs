@@ -4,14 +4,15 @@
 //! forks and joins the thread pool. For the models of the lab and the fixtures that overhead,
 //! not arithmetic, was most of a scoring pass: two threads ran only 1.25× as fast as one. Here
 //! each thread takes whole sequences through every layer on buffers it reuses:
-//! - gemm computes the projections, with each bias preloaded and each residual accumulated in place;
+//! - the projections run in AVX-512 tiles ([`crate::ops::sgemm`]) for real-size models and in
+//!   gemm's kernels otherwise, with each bias preloaded and each residual accumulated in place;
 //! - rotary positions are applied in place;
 //! - attention runs in register tiles of four queries ([`crate::ops::tiles`]);
 //! - the fused norm and SwiGLU kernels run row by row.
 //!
 //! With fewer sequences than threads (and when not already on a pool thread, as the lab's
-//! parallel Monte Carlo rollouts are), the threads share each sequence instead: gemm splits its
-//! work and the heads run in parallel.
+//! parallel Monte Carlo rollouts are), the threads share each sequence instead: each takes a
+//! block of rows of every product (or gemm splits a short one) and the heads run in parallel.
 //!
 //! The maths is the candle path's (the same parity tests cover both). It runs
 //! when nothing needs a gradient, the weights are f32 on the CPU and no cached positions come

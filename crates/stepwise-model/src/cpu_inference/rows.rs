@@ -20,7 +20,8 @@ impl<'a> Rows<'a> {
 const MIN_ROWS_PER_THREAD: usize = 32;
 
 /// `dst = a · wᵀ` (or `dst += a · wᵀ` when `accumulate`) for `a` rows of `k` values `a_stride`
-/// apart and `w` `[dst.width, k]`: one row of `dst` per row of `a`.
+/// apart and `w` `[dst.width, k]`: one row of `dst` per row of `a`. A thread's share runs in
+/// [`sgemm`]'s tiles where they suit `k`, else in gemm's kernels.
 pub(super) fn matmul_t(
     dst: Rows,
     a: &[f32],
@@ -53,7 +54,7 @@ pub(super) fn matmul_t(
             return;
         }
     }
-    if matches!(parallelism, gemm::Parallelism::None) && k >= sgemm::MIN_DEPTH && sgemm::available() {
+    if matches!(parallelism, gemm::Parallelism::None) && sgemm::suits(k) {
         return sgemm::matmul_t(dst.data, dst.stride, a, a_stride, w, (m, n, k), accumulate);
     }
     // SAFETY: the asserted bounds keep every access inside `dst`, `a` and `w`; `dst` is borrowed

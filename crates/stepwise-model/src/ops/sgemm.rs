@@ -37,6 +37,12 @@ pub(crate) fn available() -> bool {
     super::simd::has_avx512()
 }
 
+/// Whether [`matmul_t`] is the one to use for products over `k` steps: it can run here and `k`
+/// reaches [`MIN_DEPTH`].
+pub(crate) fn suits(k: usize) -> bool {
+    k >= MIN_DEPTH && available()
+}
+
 /// `dst[i][j] = Σ_k a[i][k] · w[j][k]` (or `+=` when `accumulate`) for `m` rows of `a`
 /// (`a_stride` apart) and of `dst` (`dst_stride` apart, `n` wide), `w` `[n, k]`.
 ///
