@@ -12,10 +12,13 @@ pub mod journal;
 pub mod json;
 pub mod parquet_io;
 pub mod record;
+pub mod seams;
 pub mod stats;
 pub mod steps;
+pub mod testing;
 
 pub use error::{Error, FieldError, RecordError};
 pub use formats::Format;
 pub use io::{read_solutions, write_solutions, SolutionReader, SolutionWriter};
 pub use record::{LabelValue, Meta, Problem, Provenance, Rating, Solution, Step, StepLabel};
+pub use seams::{Annotator, Policy, Reward, StepScorer, Task};

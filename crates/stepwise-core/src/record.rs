@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 /// Free-form metadata kept alongside a record (format-specific fields live here so that
 /// conversions back to the original format are lossless).
@@ -53,6 +54,11 @@ pub struct Solution {
     /// The model (or person) that wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator: Option<String>,
+    /// Step scores by verifier name (`"prm"`, `"orm"`, `"oracle"`, …): one score per step. An
+    /// outcome model's solution score is its last step's. The one place stepwise keeps scores;
+    /// [`Solution::scores_of`] also reads `steps[].score` of files written elsewhere.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scores: BTreeMap<String, Vec<f32>>,
     /// Anything else, including format-specific fields kept for lossless round trips.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub meta: Meta,
@@ -249,5 +255,28 @@ impl Solution {
     /// The step texts.
     pub fn step_texts(&self) -> Vec<&str> {
         self.steps.iter().map(|s| s.text.as_str()).collect()
+    }
+
+    /// The step texts, owned.
+    pub fn step_strings(&self) -> Vec<String> {
+        self.steps.iter().map(|s| s.text.clone()).collect()
+    }
+
+    /// Record `verifier`'s step scores (one per step).
+    pub fn set_scores(&mut self, verifier: &str, scores: Vec<f32>) {
+        self.scores.insert(verifier.to_string(), scores);
+    }
+
+    /// `verifier`'s step scores: from [`Solution::scores`], else, for a file whose scores sit on
+    /// its steps (`steps[].score`, as other tools and earlier versions write them), those when
+    /// every step has one.
+    pub fn scores_of(&self, verifier: &str) -> Option<Vec<f32>> {
+        if let Some(s) = self.scores.get(verifier) {
+            return Some(s.clone());
+        }
+        if self.scores.is_empty() && !self.steps.is_empty() {
+            return self.steps.iter().map(|s| s.score).collect();
+        }
+        None
     }
 }

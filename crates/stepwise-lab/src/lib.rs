@@ -1,12 +1,21 @@
-//! stepwise-lab: the built-in lab. A verifiable synthetic reasoning domain ([`task`]) and the
-//! whole process-supervision loop on it ([`pipeline`]): train a policy from scratch, sample,
-//! annotate steps by Monte Carlo rollouts, train PRMs and an ORM, evaluate, report.
+//! stepwise-lab: the built-in lab. A verifiable synthetic reasoning domain ([`task`], behind the
+//! [`stepwise_core::Task`] seam as [`oracle::LabTask`]) and the whole process-supervision loop on
+//! it ([`run`]), one file per stage ([`stages`]): train a policy from scratch, sample, annotate
+//! steps by Monte Carlo rollouts, train PRMs and an ORM, evaluate, report.
 #![warn(missing_docs)]
 
-pub mod pipeline;
-pub mod policy;
+pub mod confidence;
+mod html;
+pub mod oracle;
+pub mod preset;
+mod progress;
 pub mod report;
+pub mod run;
+pub mod splits;
+pub mod stages;
 pub mod task;
 pub mod vocab;
 
-pub use pipeline::{run, LabOptions, Preset};
+pub use preset::Preset;
+pub use run::{run, LabOptions};
+pub use stages::evaluate::Report;

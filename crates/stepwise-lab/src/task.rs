@@ -338,6 +338,7 @@ pub fn solution(p: &LabProblem, id: String, steps: Vec<String>, generator: &str)
         correct: Some(correct),
         generator: Some(generator.to_string()),
         meta,
+        ..Default::default()
     }
 }
 

@@ -4,13 +4,12 @@
 #![warn(missing_docs)]
 
 pub mod config;
-mod cpu_inference;
-pub mod examples;
 pub mod generate;
+pub mod kernels;
+pub mod layout;
 pub mod log_ratio;
 pub mod model;
-pub mod ops;
-pub mod optim;
+pub mod policy;
 pub mod scoring;
 pub mod tokenizer;
 pub mod train;
@@ -18,8 +17,10 @@ pub mod transformer;
 
 pub use config::{Family, HeadKind, ModelConfig};
 pub use generate::{generate, SamplingParams};
+pub use layout::PrmLayout;
 pub use model::Model;
-pub use scoring::{PrmLayout, StepScorer};
+pub use policy::{EnginePolicy, Prompt};
+pub use scoring::PrmScorer;
 pub use tokenizer::Tokenizer;
 
 /// The device to run on: CUDA when built with the `cuda` feature and a GPU is present, else CPU.

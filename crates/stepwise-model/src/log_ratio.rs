@@ -19,8 +19,7 @@
 //!
 //! A folder holding such a verifier carries [`REWARD_FILE`] naming its reference and `β`.
 
-use crate::model::{pad_batch, Model};
-use crate::train::Example;
+use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, D};
 use serde::{Deserialize, Serialize};
@@ -96,8 +95,8 @@ impl RewardSpec {
     }
 
     /// The scoring layout it describes.
-    pub fn layout(&self) -> crate::scoring::PrmLayout {
-        crate::scoring::PrmLayout::LogRatio {
+    pub fn layout(&self) -> crate::layout::PrmLayout {
+        crate::layout::PrmLayout::LogRatio {
             separator: self.separator.clone(),
             log_ratio: self.log_ratio,
         }
@@ -189,18 +188,4 @@ pub fn span_sums(values: &Tensor, t: usize, spans: &[(usize, usize, usize)]) -> 
     }
     let select = Tensor::from_vec(select, (spans.len(), n), values.device())?;
     Ok(select.matmul(&values.unsqueeze(1)?)?.squeeze(1)?)
-}
-
-/// Fill every example's `ref_logprobs` with the reference model's token log-probabilities, so
-/// training needs no second forward pass.
-pub fn attach_reference(reference: &Model, examples: &mut [Example], batch_size: usize) -> Result<()> {
-    for chunk in examples.chunks_mut(batch_size.max(1)) {
-        let seqs: Vec<&[u32]> = chunk.iter().map(|e| e.ids.as_slice()).collect();
-        let (ids, mask, t) = pad_batch(&seqs, &reference.device)?;
-        let lp: Vec<f32> = token_logprobs(reference, &ids, mask.as_ref())?.to_vec1()?;
-        for (b, e) in chunk.iter_mut().enumerate() {
-            e.ref_logprobs = lp[b * t..b * t + e.ids.len()].to_vec();
-        }
-    }
-    Ok(())
 }

@@ -1,7 +1,7 @@
 //! A decoder plus its head, loaded from (and saved to) a Hugging Face checkpoint folder.
 
 use crate::config::{HeadKind, ModelConfig};
-use crate::ops::Linear;
+use crate::kernels::Linear;
 use crate::transformer::{KvCache, Transformer};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, D};

@@ -1,162 +1,15 @@
-//! Scoring every step of a solution in one forward pass, for the four PRM layouts in use.
-//!
-//! Each layout says how to lay a problem and its steps out as tokens, where the step rewards are
-//! read, and how a reward is computed from the model's outputs there.
+//! Scoring every step of a solution in one forward pass, for every PRM layout
+//! ([`crate::layout::PrmLayout`]): a local checkpoint as a [`stepwise_core::StepScorer`].
 
-use crate::config::HeadKind;
+use crate::layout::{Encoded, PrmLayout};
 use crate::log_ratio::{span_sums, spans, token_logprobs, LogRatio};
 use crate::model::{pad_batch, Model};
-use crate::tokenizer::{Message, Tokenizer};
+use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
-use candle_core::Tensor;
+use stepwise_core::seams::{ScoreInput, Scored, StepScorer};
 
-/// How a PRM expects its input and yields step rewards.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PrmLayout {
-    /// Qwen2.5-Math-PRM: chat template, steps joined by `<extra_0>`; softmax class 1 there.
-    QwenPrm {
-        /// System prompt of the chat.
-        system: String,
-        /// The step separator token.
-        step_token: String,
-    },
-    /// Math-Shepherd / RLHFlow: `problem + " " + step + " ки\n" ...`; P(`+`) over {`+`, `-`} at `ки`.
-    StepTag {
-        /// The step tag.
-        tag: String,
-        /// Token meaning "good".
-        good: String,
-        /// Token meaning "bad".
-        bad: String,
-    },
-    /// TRL token classifier: problem ids, then each step's ids + separator ids (no special
-    /// tokens); softmax class 1 at the last token of each step + separator.
-    TokenClassifier {
-        /// The separator after each step.
-        separator: String,
-    },
-    /// A causal LM scored by its log-likelihood ratio against a reference over each step's
-    /// tokens ([`crate::log_ratio`]); the input is laid out as the policy writes it (problem,
-    /// separator, then each step and separator) and the step reward is
-    /// `sigmoid(β · Σ log π_θ/π_ref)`. Needs [`StepScorer::reference`] unless the reference is
-    /// a constant.
-    LogRatio {
-        /// The separator after each step.
-        separator: String,
-        /// Span scoring.
-        log_ratio: LogRatio,
-    },
-}
-
-/// Qwen2.5-Math-PRM's system prompt.
-pub const QWEN_PRM_SYSTEM: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
-
-impl PrmLayout {
-    /// The layout a checkpoint was built for, from its head and tokenizer.
-    pub fn detect(model: &Model, tok: &Tokenizer) -> Result<Self> {
-        Ok(match model.config.head {
-            HeadKind::ProcessRewardMlp => PrmLayout::QwenPrm {
-                system: QWEN_PRM_SYSTEM.into(),
-                step_token: "<extra_0>".into(),
-            },
-            // A sequence classifier read at each step's end scores each solution prefix; its
-            // last step is the outcome score transformers would return.
-            HeadKind::TokenClassification | HeadKind::SequenceClassification => {
-                PrmLayout::TokenClassifier { separator: "\n".into() }
-            }
-            HeadKind::CausalLm if tok.token_id("ки").is_some() => PrmLayout::StepTag {
-                tag: "ки".into(),
-                good: "+".into(),
-                bad: "-".into(),
-            },
-            HeadKind::CausalLm => {
-                bail!("a causal LM without a `ки` step tag is a policy, not a PRM (pass --layout)")
-            }
-        })
-    }
-
-    /// Token ids for a problem and its steps, the positions where the step rewards are read, and
-    /// where the first step starts (for the step layouts; 0 for the others).
-    pub fn encode(&self, tok: &Tokenizer, problem: &str, steps: &[&str]) -> Result<Encoded> {
-        match self {
-            PrmLayout::QwenPrm { system, step_token } => {
-                let head =
-                    tok.apply_chat_template(&[Message::new("system", system), Message::new("user", problem)], true)?;
-                let body: String = steps.iter().map(|s| format!("{s}{step_token}")).collect();
-                let text = format!("{head}{body}<|im_end|><|endoftext|>");
-                let ids = tok.encode(&text, true)?;
-                let id = tok
-                    .token_id(step_token)
-                    .with_context(|| format!("the tokenizer has no `{step_token}` token"))?;
-                Ok(positions_of(ids, id))
-            }
-            PrmLayout::StepTag { tag, .. } => {
-                let body: String = steps.iter().map(|s| format!("{s} {tag}\n")).collect();
-                let ids = tok.encode(&format!("{problem} {body}"), true)?;
-                let id = tok
-                    .token_id(tag)
-                    .with_context(|| format!("the tokenizer has no `{tag}` token"))?;
-                Ok(positions_of(ids, id))
-            }
-            PrmLayout::TokenClassifier { separator } | PrmLayout::LogRatio { separator, .. } => {
-                let after_problem = matches!(self, PrmLayout::LogRatio { .. });
-                let e = crate::examples::encode_steps(tok, problem, steps, separator, after_problem)?;
-                Ok(Encoded {
-                    ids: e.ids,
-                    positions: e.ends,
-                    steps_from: e.steps_from,
-                })
-            }
-        }
-    }
-
-    /// Step rewards from head outputs `[t, classes or vocab]` of one sequence at `positions`.
-    fn rewards(&self, tok: &Tokenizer, out: &Tensor, positions: &[usize]) -> Result<Vec<f32>> {
-        if positions.is_empty() {
-            return Ok(Vec::new());
-        }
-        let idx = Tensor::new(positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), out.device())?;
-        let at = out.index_select(&idx, 0)?;
-        let pair = match self {
-            PrmLayout::StepTag { good, bad, .. } => {
-                let g = tok.token_id(good).with_context(|| format!("no `{good}` token"))?;
-                let b = tok.token_id(bad).with_context(|| format!("no `{bad}` token"))?;
-                // P(good) = softmax over [good, bad] → class 0 of that pair; reorder as [bad, good].
-                let gi = Tensor::new(&[b, g], out.device())?;
-                at.index_select(&gi, 1)?
-            }
-            _ => at,
-        };
-        Ok(crate::model::good_prob(&pair)?.to_vec1::<f32>()?)
-    }
-}
-
-fn positions_of(ids: Vec<u32>, id: u32) -> Encoded {
-    let positions = ids
-        .iter()
-        .enumerate()
-        .filter(|(_, &t)| t == id)
-        .map(|(i, _)| i)
-        .collect();
-    Encoded {
-        ids,
-        positions,
-        steps_from: 0,
-    }
-}
-
-/// One encoded solution ready for scoring.
-pub struct Encoded {
-    /// Token ids.
-    pub ids: Vec<u32>,
-    /// Where the step rewards are read.
-    pub positions: Vec<usize>,
-    /// The first step's first token (0 where the layout does not say).
-    pub steps_from: usize,
-}
-
-/// Scores steps with a PRM.
-pub struct StepScorer<'a> {
+/// A local checkpoint that scores steps: a PRM of any layout, an ORM, a log-ratio verifier.
+pub struct PrmScorer<'a> {
     /// The model.
     pub model: &'a Model,
     /// Its tokenizer.
@@ -168,7 +21,7 @@ pub struct StepScorer<'a> {
     pub reference: Option<&'a Model>,
 }
 
-impl StepScorer<'_> {
+impl PrmScorer<'_> {
     /// Encode a problem and its steps.
     pub fn encode(&self, problem: &str, steps: &[&str]) -> Result<Encoded> {
         let e = self.layout.encode(self.tokenizer, problem, steps)?;
@@ -251,5 +104,80 @@ impl StepScorer<'_> {
     pub fn score(&self, problem: &str, steps: &[&str]) -> Result<Vec<f32>> {
         let e = self.encode(problem, steps)?;
         Ok(self.score_batch(std::slice::from_ref(&e))?.remove(0))
+    }
+}
+
+impl StepScorer for PrmScorer<'_> {
+    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let enc = batch
+            .iter()
+            .map(|s| self.encode(s.question, &s.steps))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Scored {
+            tokens: enc.iter().map(|e| e.ids.len()).sum(),
+            scores: self.score_batch(&enc)?,
+        })
+    }
+}
+
+/// A verifier folder loaded for scoring: the model, its tokenizer, its layout and, for a
+/// log-ratio verifier scored against a model, that reference model.
+pub struct LoadedVerifier {
+    /// The verifier.
+    pub model: Model,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// How it reads solutions.
+    pub layout: PrmLayout,
+    /// The reference model named in its `reward.json`, if any.
+    pub reference: Option<Model>,
+}
+
+impl LoadedVerifier {
+    /// Load the verifier in `dir`. `layout` is `auto` (from `reward.json`, else from the head and
+    /// tokenizer), `qwen-prm`, `step-tag`, `token-cls` or `log-ratio`.
+    pub fn load(dir: &std::path::Path, layout: &str, device: &candle_core::Device) -> Result<Self> {
+        use crate::log_ratio::{RewardSpec, REWARD_FILE};
+        let model = Model::load(dir, device)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        // A log-ratio verifier names its reference model (unless its reference is a constant);
+        // it is scored against it.
+        let spec = RewardSpec::load(dir)?;
+        let reference = match spec.as_ref().and_then(|s| s.reference_dir(dir)) {
+            Some(r) => Some(Model::load(&r, device).with_context(|| {
+                format!(
+                    "loading the reference model named in {}",
+                    dir.join(REWARD_FILE).display()
+                )
+            })?),
+            None => None,
+        };
+        let layout = match layout {
+            "auto" => match &spec {
+                Some(s) => s.layout(),
+                None => PrmLayout::detect(&model, &tokenizer)?,
+            },
+            "log-ratio" => spec
+                .as_ref()
+                .map(RewardSpec::layout)
+                .with_context(|| format!("layout log-ratio: {} has no {REWARD_FILE}", dir.display()))?,
+            other => PrmLayout::by_name(other)?,
+        };
+        Ok(LoadedVerifier {
+            model,
+            tokenizer,
+            layout,
+            reference,
+        })
+    }
+
+    /// It, as a step scorer.
+    pub fn scorer(&self) -> PrmScorer<'_> {
+        PrmScorer {
+            model: &self.model,
+            tokenizer: &self.tokenizer,
+            layout: self.layout.clone(),
+            reference: self.reference.as_ref(),
+        }
     }
 }

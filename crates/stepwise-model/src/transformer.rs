@@ -7,8 +7,8 @@
 //! and `rope` have no gradient).
 
 use crate::config::ModelConfig;
-use crate::cpu_inference;
-use crate::ops::{self, masked_softmax, KeyMask, Linear, RopeTables};
+use crate::kernels::cpu_inference;
+use crate::kernels::{self, masked_softmax, KeyMask, Linear, RopeTables};
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
@@ -67,7 +67,7 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, diff: bool) -> Result<Tensor> {
     if !diff && !x.device().is_cpu() {
         return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?);
     }
-    Ok(ops::rms_norm(x, w, eps)?)
+    Ok(kernels::rms_norm(x, w, eps)?)
 }
 
 /// Rotary embedding tables for every position up to the maximum.
@@ -125,8 +125,8 @@ impl Attention {
         let (b, t, _) = x.dims3()?;
         let split =
             |y: Tensor, n: usize| -> Result<Tensor> { Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?) };
-        let q = ops::rope(&split(self.q.forward(x, pass.diff)?, self.heads)?, rope, offset)?;
-        let mut k = ops::rope(&split(self.k.forward(x, pass.diff)?, self.kv_heads)?, rope, offset)?;
+        let q = kernels::rope(&split(self.q.forward(x, pass.diff)?, self.heads)?, rope, offset)?;
+        let mut k = kernels::rope(&split(self.k.forward(x, pass.diff)?, self.kv_heads)?, rope, offset)?;
         let mut v = split(self.v.forward(x, pass.diff)?, self.kv_heads)?.contiguous()?;
         if let Some((pk, pv)) = cache.as_ref() {
             k = Tensor::cat(&[pk, &k], 2)?;
@@ -135,7 +135,7 @@ impl Attention {
         *cache = Some((k.clone(), v.clone()));
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         if !pass.diff && x.device().is_cpu() {
-            return Ok(self.o.forward(&ops::attention(&q, &k, &v, scale, &pass.mask)?, false)?);
+            return Ok(self.o.forward(&kernels::attention(&q, &k, &v, scale, &pass.mask)?, false)?);
         }
         // Grouped-query attention: each kv head serves `heads / kv_heads` query heads.
         let group = self.heads / self.kv_heads;
@@ -169,7 +169,7 @@ impl Mlp {
         })
     }
     fn forward(&self, x: &Tensor, diff: bool) -> Result<Tensor> {
-        let g = ops::swiglu(&self.gate.forward(x, diff)?, &self.up.forward(x, diff)?)?;
+        let g = kernels::swiglu(&self.gate.forward(x, diff)?, &self.up.forward(x, diff)?)?;
         Ok(self.down.forward(&g, diff)?)
     }
 }

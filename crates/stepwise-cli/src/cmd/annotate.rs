@@ -1,10 +1,9 @@
 use anyhow::{bail, Result};
 use std::path::PathBuf;
-use stepwise_core::answer::extract_answer;
-use stepwise_core::grader::{grade, GradeMode};
+use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution, SolutionReader};
-use stepwise_label::{annotate_resumable, EnginePolicy, McOptions};
-use stepwise_model::{default_device, Model, SamplingParams, Tokenizer};
+use stepwise_label::{annotate_resumable, McOptions, MonteCarlo};
+use stepwise_model::{default_device, EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 
 /// Label steps automatically by Monte Carlo rollouts (Math-Shepherd).
 #[derive(clap::Args)]
@@ -83,26 +82,26 @@ pub fn run(a: Args) -> Result<()> {
             stop_token_ids: stop,
             ..Default::default()
         },
-        chat: a.chat,
+        prompt: if a.chat { Prompt::Chat } else { Prompt::Text },
         separator: a.separator.clone(),
     };
-    let correct = |s: &Solution, full: &[String]| {
-        let gold = s.gold_answer.as_deref().unwrap_or_default();
-        extract_answer(&full.join("\n")).is_some_and(|x| grade(&x, gold, GradeMode::Lenient))
+    let mc = MonteCarlo {
+        policy: &policy,
+        task: &MathTask::default(),
+        options: McOptions {
+            rollouts: a.rollouts,
+            seed: a.seed,
+        },
     };
     let bar = crate::progress::bar(Some(sols.len() as u64), "annotating");
-    let opts = McOptions {
-        rollouts: a.rollouts,
-        seed: a.seed,
-    };
-    let (labelled, spent) = annotate_resumable(&a.output, &sols, &policy, &correct, &opts, |done| {
-        bar.set_position(done as u64)
-    })?;
+    let (labelled, spent) = annotate_resumable(&a.output, &sols, &mc, |done| bar.set_position(done as u64))?;
     bar.finish_and_clear();
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
     eprintln!(
-        "labelled {} solutions ({steps} steps) with {spent} rollouts; {}",
+        "labelled {} solutions ({steps} steps) with {} rollouts ({} tokens); {}",
         labelled.len(),
+        spent.rollouts,
+        spent.tokens,
         a.output.display()
     );
     Ok(())

@@ -1,29 +1,33 @@
 use anyhow::{Context, Result};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use stepwise_core::{Format, Solution, SolutionReader};
 use stepwise_eval::bon::{curve, Curve};
-use stepwise_search::{Aggregation, Candidate, Selector};
+use stepwise_search::{group_candidates, Aggregation, Selector};
 
 /// Best-of-N curves from scored samples.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Input: solutions with `steps[i].score` (from `stepwise score`), `problem_id`, \
-`final_answer` and `correct` (from `stepwise generate`), several per problem. For each N, the expected accuracy \
-of picking one of N random samples by the PRM (every aggregation), by PRM-weighted vote, by the ORM (with --orm: \
-the same solutions scored by an outcome model; its last step score is the outcome score), by majority vote, and \
-pass@N, with bootstrap 95% intervals over problems.
+    after_help = "Input: solutions with step scores (from `stepwise score`: `scores.NAME`, or `steps[i].score` in \
+files written elsewhere), `problem_id`, `final_answer` and `correct` (from `stepwise generate`), several per problem. \
+For each N, the expected accuracy of picking one of N random samples by the PRM (every aggregation), by PRM-weighted \
+vote, by the ORM (with --orm NAME: the same solutions scored by an outcome model under that name; its last step score is \
+the outcome score), by majority vote, and pass@N, with bootstrap 95% intervals over problems.
 
 Example:
-  stepwise bon --input prm_scored.jsonl --orm orm_scored.jsonl --out bon/"
+  stepwise score --model prm/ --name prm --input samples.jsonl --output s1.jsonl
+  stepwise score --model orm/ --name orm --input s1.jsonl --output scored.jsonl
+  stepwise bon --input scored.jsonl --prm prm --orm orm --out bon/"
 )]
 pub struct Args {
     /// Solutions scored by a PRM.
     #[arg(long)]
     pub input: PathBuf,
-    /// The same solutions scored by an ORM (matched by `id`).
+    /// The PRM's name in the solutions' `scores`.
+    #[arg(long, default_value = "prm")]
+    pub prm: String,
+    /// An ORM's name in the solutions' `scores` (adds the ORM's pick).
     #[arg(long)]
-    pub orm: Option<PathBuf>,
+    pub orm: Option<String>,
     /// Sample counts (default: powers of two up to the samples per problem).
     #[arg(long, value_delimiter = ',')]
     pub ns: Vec<usize>,
@@ -41,49 +45,9 @@ pub struct Args {
     pub from: Option<Format>,
 }
 
-fn read(path: &PathBuf, from: Option<Format>) -> Result<Vec<Solution>> {
-    SolutionReader::open(path, from)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(Into::into)
-}
-
 pub fn run(a: Args) -> Result<()> {
-    let sols = read(&a.input, a.from)?;
-    let orm: HashMap<String, f32> = match &a.orm {
-        Some(p) => read(p, a.from)?
-            .into_iter()
-            .map(|s| (s.id.clone(), s.steps.last().and_then(|x| x.score).unwrap_or(0.0)))
-            .collect(),
-        None => HashMap::new(),
-    };
-    let mut groups: Vec<Vec<Candidate>> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    for (i, s) in sols.iter().enumerate() {
-        let correct = s.correct.with_context(|| {
-            format!(
-                "{}: record {}: field `correct`: missing (grade the samples first)",
-                a.input.display(),
-                i + 1
-            )
-        })?;
-        let step_scores = super::step_scores(s, &a.input, i)?;
-        let outcome_score = match &a.orm {
-            Some(p) => *orm
-                .get(&s.id)
-                .with_context(|| format!("{}: no solution with id `{}`", p.display(), s.id))?,
-            None => 0.0,
-        };
-        let g = *index.entry(s.problem_id.clone()).or_insert_with(|| {
-            groups.push(Vec::new());
-            groups.len() - 1
-        });
-        groups[g].push(Candidate {
-            answer: s.final_answer.clone(),
-            step_scores,
-            outcome_score,
-            correct,
-        });
-    }
+    let sols: Vec<Solution> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
+    let groups = group_candidates(&sols, Some(&a.prm), a.orm.as_deref()).with_context(|| a.input.display().to_string())?;
     let most = groups.iter().map(Vec::len).max().unwrap_or(0);
     let ns: Vec<usize> = if a.ns.is_empty() {
         (0..).map(|k| 1usize << k).take_while(|&n| n <= most).collect()

@@ -28,6 +28,10 @@ pub struct ProcessBenchArgs {
     /// A step scoring below this is predicted wrong.
     #[arg(long, default_value_t = 0.5)]
     pub threshold: f32,
+    /// Whose step scores to read (`scores.NAME`; files without `scores` are read from
+    /// `steps[].score`).
+    #[arg(long, default_value = "prm")]
+    pub verifier: String,
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
@@ -43,7 +47,7 @@ fn processbench(a: ProcessBenchArgs) -> Result<()> {
     let mut pairs = Vec::new();
     for (i, s) in SolutionReader::open(&a.input, a.from)?.enumerate() {
         let s = s?;
-        let scores = super::step_scores(&s, &a.input, i)?;
+        let scores = super::step_scores(&s, &a.verifier, &a.input, i)?;
         if s.steps.iter().any(|st| st.label.is_none()) {
             anyhow::bail!("{}: record {}: a step without a label", a.input.display(), i + 1);
         }

@@ -2,21 +2,20 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Instant;
-use stepwise_core::answer::extract_answer;
-use stepwise_core::grader::{grade, GradeMode};
 use stepwise_core::io::raw_records;
+use stepwise_core::seams::{MathTask, Until};
 use stepwise_core::steps::{split_steps, SplitStrategy};
-use stepwise_core::{formats::problem_id_for, Format, Solution, SolutionWriter, Step};
-use stepwise_model::tokenizer::Message;
-use stepwise_model::{default_device, generate, Model, SamplingParams, Tokenizer};
+use stepwise_core::{formats::problem_id_for, Format, Policy, Solution, SolutionWriter, Step, Task};
+use stepwise_model::{default_device, EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 
 /// Sample solutions from a policy.
 #[derive(clap::Args)]
 #[command(
     after_help = "Input: JSONL records with `question` (or `problem`), optional `id` and a gold answer in \
 `gold_answer` or `answer` (GSM8K's `#### N` is understood). Output: one stepwise Solution per sample, split into \
-steps, with `final_answer` extracted and `correct` graded when a gold answer is known. The prompt is encoded once \
-and its KV cache shared by the n samples.
+steps, with `final_answer` extracted and `correct` graded when a gold answer is known (lenient grader). The prompt is \
+the question and a newline (or the question in the chat template with --chat), as `stepwise annotate` continues it; it \
+is encoded once and its KV cache shared by the n samples.
 
 Example:
   stepwise generate --model ../shared/fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl"
@@ -66,15 +65,22 @@ pub fn run(a: Args) -> Result<()> {
     let tok = Tokenizer::from_dir(&a.model)?;
     let mut stop_ids: Vec<u32> = model.config.eos_token_ids.clone();
     stop_ids.extend(tok.eos_id());
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        max_new_tokens: a.max_tokens,
-        seed: a.seed,
-        stop_token_ids: stop_ids.clone(),
-        stop_strings: a.stop.clone(),
+    let policy = EnginePolicy {
+        model: &model,
+        tokenizer: &tok,
+        params: SamplingParams {
+            temperature: a.temperature,
+            top_p: a.top_p,
+            top_k: a.top_k,
+            max_new_tokens: a.max_tokens,
+            seed: a.seed,
+            stop_token_ids: stop_ids,
+            stop_strings: a.stop.clone(),
+        },
+        prompt: if a.chat { Prompt::Chat } else { Prompt::Text },
+        separator: "\n".into(),
     };
+    let task = MathTask::default();
     let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;
     let bar = crate::progress::bar(None, "generating");
     let start = Instant::now();
@@ -97,36 +103,20 @@ pub fn run(a: Args) -> Result<()> {
             .and_then(Value::as_str)
             .map(str::to_string)
             .unwrap_or_else(|| problem_id_for(&question));
-        let prompt = if a.chat {
-            tok.apply_chat_template(&[Message::new("user", &question)], true)?
-        } else {
-            question.clone()
-        };
-        let ids = tok.encode(&prompt, true)?;
-        for (k, out) in generate(&model, Some(&tok), &ids, a.n, &params)?
-            .into_iter()
-            .enumerate()
-        {
-            new_tokens += out.len();
-            let body: Vec<u32> = out.into_iter().filter(|t| !stop_ids.contains(t)).collect();
-            let text = tok.decode(&body)?;
-            let final_answer = extract_answer(&text);
-            let correct = match (&final_answer, &gold) {
-                (Some(f), Some(g)) => Some(grade(f, g, GradeMode::Lenient)),
-                (None, Some(_)) => Some(false),
-                _ => None,
-            };
-            writer.write(&Solution {
+        let outs = policy.continue_from(&question, &[], a.n, Until::End, a.seed)?;
+        for (k, out) in outs.into_iter().enumerate() {
+            new_tokens += out.tokens;
+            let mut s = Solution {
                 id: format!("{id}-{k}"),
                 problem_id: id.clone(),
                 question: question.clone(),
-                steps: split_steps(&text, &a.split).into_iter().map(Step::new).collect(),
-                final_answer,
+                steps: split_steps(&out.text, &a.split).into_iter().map(Step::new).collect(),
                 gold_answer: gold.clone(),
-                correct,
                 generator: Some(a.model.display().to_string()),
                 ..Default::default()
-            })?;
+            };
+            task.grade_solution(&mut s);
+            writer.write(&s)?;
             bar.inc(1);
         }
     }

@@ -10,20 +10,14 @@ pub mod score;
 pub mod stats;
 pub mod train_prm;
 
-/// The step scores of record `i` (0-based) of `path`, naming the first missing one.
-pub fn step_scores(s: &stepwise_core::Solution, path: &std::path::Path, i: usize) -> anyhow::Result<Vec<f32>> {
-    use anyhow::Context;
-    s.steps
-        .iter()
-        .enumerate()
-        .map(|(k, st)| {
-            st.score.with_context(|| {
-                format!(
-                    "{}: record {}: field `steps[{k}].score`: missing (run `stepwise score`)",
-                    path.display(),
-                    i + 1
-                )
-            })
-        })
-        .collect()
+/// Verifier `name`'s step scores of record `i` (0-based) of `path`.
+pub fn step_scores(s: &stepwise_core::Solution, name: &str, path: &std::path::Path, i: usize) -> anyhow::Result<Vec<f32>> {
+    match s.scores_of(name) {
+        Some(v) if v.len() == s.steps.len() => Ok(v),
+        _ => anyhow::bail!(
+            "{}: record {}: field `scores.{name}`: missing or not one per step (run `stepwise score --name {name}`)",
+            path.display(),
+            i + 1
+        ),
+    }
 }

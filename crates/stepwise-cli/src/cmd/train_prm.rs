@@ -1,10 +1,10 @@
 use anyhow::{bail, Context, Result};
-use candle_nn::VarMap;
 use std::path::PathBuf;
 use stepwise_core::{Format, SolutionReader};
-use stepwise_model::examples::{label_examples, LabelOptions, Neutral};
-use stepwise_model::log_ratio::{attach_reference, LogRatio, RewardSpec};
-use stepwise_model::train::{evaluate, train, Objective, TrainConfig};
+use stepwise_model::log_ratio::LogRatio;
+use stepwise_model::train::examples::{LabelOptions, Neutral};
+use stepwise_model::train::verifier::{Start, VerifierHead, VerifierSpec};
+use stepwise_model::train::{evaluate, train, TrainConfig, VarMap};
 use stepwise_model::{default_device, HeadKind, Model, ModelConfig, Tokenizer};
 
 /// Train a process reward model (or, with --outcome, an outcome reward model).
@@ -129,92 +129,69 @@ pub fn run(a: Args) -> Result<()> {
         Some(base) => ModelConfig::from_dir(base)?.max_position_embeddings.min(a.max_len),
         None => a.max_len,
     };
-    let log_ratio = (a.head.as_deref() == Some("log-ratio")).then_some(LogRatio {
-        beta: a.beta,
-        cumulative: a.outcome,
-        reference_logprob: a.reference_logprob,
-    });
-    if a.reference_logprob.is_some() && log_ratio.is_none() {
+    if a.reference_logprob.is_some() && a.head.as_deref() != Some("log-ratio") {
         bail!("--reference-logprob is for --head log-ratio");
     }
-    if let Some(lr) = &log_ratio {
-        lr.check_reference().context("--reference-logprob")?;
+    let head = match a.head.as_deref() {
+        Some("log-ratio") => {
+            let lr = LogRatio {
+                beta: a.beta,
+                cumulative: a.outcome,
+                reference_logprob: a.reference_logprob,
+            };
+            lr.check_reference().context("--reference-logprob")?;
+            VerifierHead::LogRatio(lr)
+        }
+        Some("value") => VerifierHead::Value,
+        Some(_) => VerifierHead::Classifier,
+        None if a.outcome => VerifierHead::Value,
+        None => VerifierHead::Classifier,
+    };
+    let start = match (&a.base, &a.config) {
+        (Some(base), _) => Start::Checkpoint(base.clone()),
+        (None, Some(name)) => Start::Fresh(shape(name, tok.vocab_size(), HeadKind::TokenClassification)?),
+        (None, None) => bail!("pass --base DIR or --config tiny|small|base"),
+    };
+    if matches!(head, VerifierHead::LogRatio(_)) && a.base.is_none() {
+        bail!("--head log-ratio needs --base (the LM to fine-tune; also the reference unless --reference-logprob)");
     }
-    let opts = LabelOptions {
-        neutral,
-        last_step_only: a.last_step_only,
-        outcome: a.outcome,
-        separator: a.separator.clone(),
-        max_len,
-        separator_after_problem: log_ratio.is_some(),
+    let spec = VerifierSpec {
+        head,
+        start,
+        extra_layers: 0,
+        labels: LabelOptions {
+            neutral,
+            last_step_only: a.last_step_only,
+            outcome: a.outcome,
+            separator: a.separator.clone(),
+            max_len,
+            separator_after_problem: false,
+        },
+    };
+    spec.config().context("--head log-ratio")?;
+    // A log-ratio verifier against its --base: the base's log-probabilities are attached once.
+    let reference = match head {
+        VerifierHead::LogRatio(LogRatio {
+            reference_logprob: None,
+            ..
+        }) => Some(Model::load(a.base.as_ref().unwrap(), &dev)?),
+        _ => None,
     };
     let n_valid = ((sols.len() as f64) * a.valid_fraction).round() as usize;
     let (valid_sols, train_sols) = sols.split_at(n_valid.min(sols.len()));
-    let mut train_set = label_examples(&tok, train_sols, &opts)?;
-    let mut valid_set = label_examples(&tok, valid_sols, &opts)?;
+    let train_set = spec.examples(&tok, train_sols, reference.as_ref())?;
+    let valid_set = spec.examples(&tok, valid_sols, reference.as_ref())?;
     eprintln!("{} training sequences, {} validation", train_set.len(), valid_set.len());
-    let objective = match log_ratio {
-        Some(lr) => {
-            let base = a.base.as_ref().context(
-                "--head log-ratio needs --base (the LM to fine-tune; also the reference unless --reference-logprob)",
-            )?;
-            if ModelConfig::from_dir(base)?.head != HeadKind::CausalLm {
-                bail!("--head log-ratio: {} is not a causal LM", base.display());
-            }
-            if lr.reference_logprob.is_none() {
-                let reference = Model::load(base, &dev)?;
-                attach_reference(&reference, &mut train_set, a.batch_size * 2)?;
-                attach_reference(&reference, &mut valid_set, a.batch_size * 2)?;
-            }
-            Objective::LogRatio(lr)
-        }
-        None => Objective::Classify,
-    };
-    let value_head = match a.head.as_deref() {
-        Some(h) => h == "value",
-        None => a.outcome,
-    };
-    let with_head = |c: ModelConfig| {
-        if log_ratio.is_some() {
-            c
-        } else if value_head {
-            c.with_value_head()
-        } else {
-            c.with_head(HeadKind::TokenClassification)
-        }
-    };
+    let objective = spec.objective();
     let varmap = VarMap::new();
-    let mut model = match (&a.base, &a.config) {
-        (Some(base), _) => {
-            let cfg = with_head(ModelConfig::from_dir(base)?);
-            let m = Model::load_trainable(base, cfg.clone(), &varmap, &dev, a.seed)?;
-            if log_ratio.is_some() {
-                m
-            } else {
-                drop(m);
-                // Drop a causal-LM head that the classifier does not use, then build on the rest.
-                varmap.data().lock().unwrap().remove("lm_head.weight");
-                Model::new(
-                    cfg,
-                    candle_nn::VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &dev),
-                )?
-            }
-        }
-        (None, Some(name)) => Model::fresh(
-            with_head(shape(name, tok.vocab_size(), HeadKind::TokenClassification)?),
-            &varmap,
-            &dev,
-            a.seed,
-        )?,
-        (None, None) => bail!("pass --base DIR or --config tiny|small|base"),
+    let mut model = spec.build(&varmap, &dev, a.seed)?;
+    let absolute_base = match (&reference, &a.base) {
+        (Some(_), Some(base)) => Some(std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?),
+        _ => None,
     };
-    if let (Some(lr), Some(base)) = (log_ratio, &a.base) {
-        let reference = match lr.reference_logprob {
-            Some(_) => None,
-            None => Some(std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?),
-        };
+    if let Some(r) = spec.reward_spec(absolute_base.as_deref()) {
         std::fs::create_dir_all(&a.out)?;
-        RewardSpec::new(reference, &a.separator, lr).save(&a.out)?;
+        r.save(&a.out)?;
     }
     let cfg = TrainConfig {
         lr: a.lr,

@@ -124,6 +124,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
         correct: None,
         generator: None,
         meta,
+        ..Default::default()
     })
 }
 

@@ -57,6 +57,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
         correct,
         generator: json::opt_str(o, "generator")?,
         meta: json::rest(o, KNOWN),
+        ..Default::default()
     })
 }
 

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use std::sync::Arc;
 
 mod attention;
+pub(crate) mod cpu_inference;
 mod linear;
 pub(crate) mod sgemm;
 pub(crate) mod simd;

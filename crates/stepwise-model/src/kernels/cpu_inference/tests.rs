@@ -33,7 +33,7 @@ fn close(a: &Tensor, b: &Tensor) -> bool {
 /// The fast path (whole sequences per thread, or threads sharing one sequence) gives the
 /// hidden states and the prefill cache of the candle path, with padding, grouped-query
 /// heads, q/k/v biases, head sizes on and off the vector tiles, and widths below and above
-/// [`sgemm::MIN_DEPTH`](crate::ops::sgemm::MIN_DEPTH) (gemm's kernels, then the AVX-512 tiles).
+/// [`sgemm::MIN_DEPTH`](crate::kernels::sgemm::MIN_DEPTH) (gemm's kernels, then the AVX-512 tiles).
 #[test]
 fn the_cpu_path_matches_the_candle_path() {
     for (hidden, heads, kv_heads) in [(64, 4, 2), (48, 4, 1), (512, 8, 2)] {

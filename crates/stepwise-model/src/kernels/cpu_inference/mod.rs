@@ -4,10 +4,10 @@
 //! forks and joins the thread pool. For the models of the lab and the fixtures that overhead,
 //! not arithmetic, was most of a scoring pass: two threads ran only 1.25× as fast as one. Here
 //! each thread takes whole sequences through every layer on buffers it reuses:
-//! - the projections run in AVX-512 tiles ([`crate::ops::sgemm`]) for real-size models and in
+//! - the projections run in AVX-512 tiles ([`crate::kernels::sgemm`]) for real-size models and in
 //!   gemm's kernels otherwise, with each bias preloaded and each residual accumulated in place;
 //! - rotary positions are applied in place;
-//! - attention runs in register tiles of four queries ([`crate::ops::tiles`]);
+//! - attention runs in register tiles of four queries ([`crate::kernels::tiles`]);
 //! - the fused norm and SwiGLU kernels run row by row.
 //!
 //! With fewer sequences than threads (and when not already on a pool thread, as the lab's
@@ -23,7 +23,7 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
-use crate::ops::{simd, KeyMask, Linear};
+use crate::kernels::{simd, KeyMask, Linear};
 use attention::{attention, HeadScratch};
 use candle_core::{CpuStorage, Layout, Storage, Tensor};
 use rayon::prelude::*;

@@ -4,10 +4,14 @@
 
 use crate::log_ratio::{span_sums, spans, token_logprobs, LogRatio};
 use crate::model::{pad_batch, Model};
-use crate::optim::{accumulate, schedule, AdamW};
+use optim::{accumulate, schedule, AdamW};
+
+pub mod examples;
+pub mod optim;
+pub mod verifier;
 use anyhow::{bail, Result};
 use candle_core::{Tensor, D};
-use candle_nn::VarMap;
+pub use candle_nn::VarMap;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -265,7 +269,7 @@ pub fn train(
     if train_set.is_empty() {
         bail!("no training examples");
     }
-    let named = crate::optim::named_vars(varmap);
+    let named = optim::named_vars(varmap);
     let vars: Vec<candle_core::Var> = named.iter().map(|(_, v)| v.clone()).collect();
     let mut opt = AdamW::new(named, cfg.lr, cfg.weight_decay)?;
     let mut state = TrainState::default();

@@ -1,7 +1,7 @@
 //! Row-wise pieces of a layer: projections (AVX-512 tiles, else gemm), RMSNorm, SwiGLU, rotary
 //! positions.
 
-use crate::ops::{sgemm, simd};
+use crate::kernels::{sgemm, simd};
 
 /// Rows of `width` values, `stride` apart, at the start of `data`.
 pub(super) struct Rows<'a> {
@@ -120,7 +120,7 @@ impl simd::Kernel for SwiGluRows<'_> {
     fn run<const FMA: bool>(self) {
         for row in self.rows.chunks_exact_mut(2 * self.width) {
             let (gate, up) = row.split_at_mut(self.width);
-            crate::ops::swiglu_into::<FMA>(gate, up);
+            crate::kernels::swiglu_into::<FMA>(gate, up);
         }
     }
 }

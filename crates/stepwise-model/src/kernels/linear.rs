@@ -249,7 +249,7 @@ mod tests {
                 .squeeze(0)
                 .unwrap();
             let want = x.matmul(&w.t().unwrap()).unwrap().broadcast_add(&b).unwrap();
-            let diff = crate::ops::tests::close(&got, &want);
+            let diff = crate::kernels::tests::close(&got, &want);
             assert!(diff < 1e-4, "m {m} k {k} n {n}: {diff}");
         }
     }

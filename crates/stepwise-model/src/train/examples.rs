@@ -3,6 +3,9 @@
 //! last token. The same layout serves PRMs (every step), `train_on_last_step_only`, and ORMs
 //! (one outcome label on the last step).
 
+use crate::layout::{encode_steps, EncodedSteps};
+use crate::log_ratio::token_logprobs;
+use crate::model::{pad_batch, Model};
 use crate::tokenizer::Tokenizer;
 use crate::train::Example;
 use anyhow::Result;
@@ -36,41 +39,6 @@ pub struct LabelOptions {
     /// Put the separator after the problem too, as a policy writing `problem | step | …` reads
     /// its solutions (the log-ratio layout); TRL's layout has none there.
     pub separator_after_problem: bool,
-}
-
-/// A problem and its steps as token ids.
-pub struct EncodedSteps {
-    /// Token ids.
-    pub ids: Vec<u32>,
-    /// The position of each step's last (separator) token.
-    pub ends: Vec<usize>,
-    /// The first step's first token.
-    pub steps_from: usize,
-}
-
-/// Token ids of a problem and its steps in TRL's token-classification layout (problem ids, then
-/// each step's ids followed by the separator's, all encoded separately without special tokens),
-/// optionally with the separator after the problem as well.
-pub fn encode_steps(
-    tok: &Tokenizer,
-    question: &str,
-    steps: &[&str],
-    sep: &str,
-    separator_after_problem: bool,
-) -> Result<EncodedSteps> {
-    let mut ids = tok.encode(question, false)?;
-    let sep_ids = tok.encode(sep, false)?;
-    if separator_after_problem {
-        ids.extend(&sep_ids);
-    }
-    let steps_from = ids.len();
-    let mut ends = Vec::with_capacity(steps.len());
-    for s in steps {
-        ids.extend(tok.encode(s, false)?);
-        ids.extend(&sep_ids);
-        ends.push(ids.len() - 1);
-    }
-    Ok(EncodedSteps { ids, ends, steps_from })
 }
 
 /// Training examples from labelled solutions (solutions with nothing to learn are skipped).
@@ -125,4 +93,18 @@ pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> R
         }
     }
     Ok(out)
+}
+
+/// Fill every example's `ref_logprobs` with the reference model's token log-probabilities, so
+/// training needs no second forward pass.
+pub fn attach_reference(reference: &Model, examples: &mut [Example], batch_size: usize) -> Result<()> {
+    for chunk in examples.chunks_mut(batch_size.max(1)) {
+        let seqs: Vec<&[u32]> = chunk.iter().map(|e| e.ids.as_slice()).collect();
+        let (ids, mask, t) = pad_batch(&seqs, &reference.device)?;
+        let lp: Vec<f32> = token_logprobs(reference, &ids, mask.as_ref())?.to_vec1()?;
+        for (b, e) in chunk.iter_mut().enumerate() {
+            e.ref_logprobs = lp[b * t..b * t + e.ids.len()].to_vec();
+        }
+    }
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! Causal attention of one sequence, four query positions at a time, from its rotated q|k|v rows.
 
 use super::Dims;
-use crate::ops::{simd, tiles};
+use crate::kernels::{simd, tiles};
 use rayon::prelude::*;
 
 /// One head's attention buffers.
@@ -141,7 +141,7 @@ impl simd::Kernel for HeadAttention<'_> {
             for (r, row) in scores.chunks_exact_mut(n).enumerate() {
                 let window = (at(r) + 1).min(t);
                 let valid = self.valid.map(|v| &v[..window]);
-                inv[r] = 1.0 / crate::ops::exp_window::<FMA>(&mut row[..window], valid, true);
+                inv[r] = 1.0 / crate::kernels::exp_window::<FMA>(&mut row[..window], valid, true);
                 row[window..].fill(0.0);
             }
             let first = tile * TILE_ROWS;

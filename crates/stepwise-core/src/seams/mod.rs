@@ -1,0 +1,24 @@
+//! The seams of the pipeline: the traits every stage is written against, so that a new backend,
+//! annotator, reward or search method is one new file and never touches `Model`.
+//!
+//! - [`Policy`]: continues a partial solution by one step or to the end (local engine, remote
+//!   server, scripted test double).
+//! - [`StepScorer`]: one score per step of a partial or finished solution (a PRM of any layout,
+//!   an ORM, an exact oracle, a remote scorer).
+//! - [`Task`]: problems, gold answers and grading, and optionally an exact step checker.
+//! - [`Annotator`]: labels the steps of a solution and says what it spent.
+//! - [`Reward`]: per-step (process) or per-solution (outcome) rewards for RL.
+//!
+//! The stage functions that only need the traits live beside them ([`score_solutions`]).
+
+mod annotator;
+mod policy;
+mod reward;
+mod scorer;
+mod task;
+
+pub use annotator::{Annotator, Spent};
+pub use policy::{split_steps_at, Continuation, Policy, Until};
+pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
+pub use scorer::{score_solutions, ScoreInput, Scored, StepScorer};
+pub use task::{MathTask, Task};

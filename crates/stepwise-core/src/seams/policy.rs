@@ -1,0 +1,52 @@
+//! [`Policy`]: anything that writes solutions step by step.
+
+use anyhow::Result;
+
+/// How far a [`Policy`] continues a partial solution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// One more step: generation stops at the step separator (step-level search, beams).
+    Step,
+    /// To the end of the solution (sampling, Monte Carlo rollouts).
+    End,
+}
+
+/// One continuation of a partial solution.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Continuation {
+    /// The new steps: at most one for [`Until::Step`], the rest of the solution for [`Until::End`].
+    pub steps: Vec<String>,
+    /// The generated text as it came out (without end tokens), before step splitting.
+    pub text: String,
+    /// Whether the solution ended here (end of sequence or token budget). With [`Until::Step`],
+    /// `false` means the step was followed by the separator and more steps can follow.
+    pub finished: bool,
+    /// Tokens generated for this continuation.
+    pub tokens: usize,
+}
+
+/// Anything that can continue a partial solution: the local engine, a remote server, a scripted
+/// test double. `Sync`, so several solutions are worked on at once.
+pub trait Policy: Sync {
+    /// `n` continuations of `question` after the `prefix` steps, by one step or to the end.
+    /// `seed` makes the draw reproducible: the same arguments give the same continuations.
+    fn continue_from(&self, question: &str, prefix: &[&str], n: usize, until: Until, seed: u64) -> Result<Vec<Continuation>>;
+
+    /// `n` completions to the end, each as the list of its remaining steps.
+    fn complete(&self, question: &str, prefix: &[&str], n: usize, seed: u64) -> Result<Vec<Vec<String>>> {
+        Ok(self
+            .continue_from(question, prefix, n, Until::End, seed)?
+            .into_iter()
+            .map(|c| c.steps)
+            .collect())
+    }
+}
+
+/// Split generated text into steps at `separator`, trimming each and dropping empty ones.
+pub fn split_steps_at(text: &str, separator: &str) -> Vec<String> {
+    text.split(separator)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}

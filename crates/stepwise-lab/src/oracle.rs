@@ -1,0 +1,108 @@
+//! The lab domain behind the seams: [`LabTask`] (grading and the exact step checker) and
+//! [`OracleScorer`] (the checker as a step scorer: the ceiling any PRM is measured against).
+
+use crate::task::{self, LabProblem};
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use stepwise_core::seams::{ScoreInput, Scored, StepScorer, Task};
+use stepwise_core::Problem;
+
+/// The lab's problems as a [`Task`]: a solution's answer is what it states (`The answer is X`),
+/// graded by equality; every step has an exact verdict ([`task::check_steps`]).
+pub struct LabTask {
+    problems: Vec<Problem>,
+    by_id: HashMap<String, LabProblem>,
+}
+
+impl LabTask {
+    /// A task over these problems.
+    pub fn new<'a>(problems: impl IntoIterator<Item = &'a LabProblem>) -> Self {
+        let by_id: HashMap<String, LabProblem> = problems.into_iter().map(|p| (p.id.clone(), p.clone())).collect();
+        let mut problems: Vec<Problem> = by_id.values().map(LabProblem::problem).collect();
+        problems.sort_by(|a, b| a.id.cmp(&b.id));
+        LabTask { problems, by_id }
+    }
+
+    /// A problem by id.
+    pub fn problem(&self, id: &str) -> Option<&LabProblem> {
+        self.by_id.get(id)
+    }
+}
+
+impl Task for LabTask {
+    fn problems(&self) -> &[Problem] {
+        &self.problems
+    }
+    fn answer(&self, steps: &[String]) -> Option<String> {
+        task::stated_answer(steps)
+    }
+    fn grade(&self, answer: &str, gold: &str) -> bool {
+        answer == gold
+    }
+    fn check_steps(&self, problem_id: &str, steps: &[String]) -> Option<Vec<bool>> {
+        Some(task::check_steps(self.by_id.get(problem_id)?, steps))
+    }
+}
+
+/// The exact checker as a scorer: 1 for a correct step, 0 for a wrong one.
+pub struct OracleScorer<'a> {
+    /// The problems it checks against.
+    pub task: &'a LabTask,
+}
+
+impl StepScorer for OracleScorer<'_> {
+    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let scores = batch
+            .iter()
+            .map(|i| {
+                let steps: Vec<String> = i.steps.iter().map(|s| s.to_string()).collect();
+                let v = self
+                    .task
+                    .check_steps(i.problem_id, &steps)
+                    .with_context(|| format!("problem `{}` is not a lab problem of this run", i.problem_id))?;
+                Ok(v.into_iter().map(|ok| f32::from(u8::from(ok))).collect())
+            })
+            .collect::<Result<_>>()?;
+        Ok(Scored { scores, tokens: 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn the_oracle_scorer_and_the_task_agree_with_the_checker() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let problems: Vec<LabProblem> = (0..20).map(|i| task::generate(&mut rng, i)).collect();
+        let lab = LabTask::new(&problems);
+        for p in &problems {
+            let mut wrong = p.steps.clone();
+            wrong[0] = "1 * 1 = 1".into();
+            for steps in [&p.steps, &wrong] {
+                let verdicts = task::check_steps(p, steps);
+                let refs: Vec<&str> = steps.iter().map(String::as_str).collect();
+                let input = ScoreInput {
+                    problem_id: &p.id,
+                    question: &p.question,
+                    steps: refs,
+                };
+                let s = OracleScorer { task: &lab }.score(&[input]).unwrap();
+                let want: Vec<f32> = verdicts.iter().map(|&ok| if ok { 1.0 } else { 0.0 }).collect();
+                assert_eq!(s.scores[0], want);
+                if verdicts.iter().all(|&ok| ok) {
+                    assert!(lab.is_correct(&p.gold, steps), "{}: every step correct, wrong answer", p.id);
+                }
+            }
+            assert!(lab.is_correct(&p.gold, &p.steps), "{}: the reference solution is correct", p.id);
+            assert!(!task::check_steps(p, &wrong)[0], "{}: `1 * 1 = 1` is no first step", p.id);
+        }
+        let missing = ScoreInput {
+            problem_id: "nope",
+            question: "",
+            steps: vec![],
+        };
+        assert!(OracleScorer { task: &lab }.score(&[missing]).is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! The lab's sizes and budgets ([`Preset`]): the measured `standard` setting, the `quick` one,
+//! and `--set FIELD=VALUE` overrides.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Sizes and budgets of a lab run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Preset {
+    /// Name.
+    pub name: String,
+    /// Policy shape: hidden size, layers.
+    pub policy_shape: (usize, usize),
+    /// Policy training steps and batch size.
+    pub policy_steps: usize,
+    /// Problems the policy is trained on (reference solutions with slips).
+    pub policy_problems: usize,
+    /// Probability that a training solution carries one arithmetic slip.
+    pub slip: f64,
+    /// Problems whose samples are annotated to train the verifiers.
+    pub label_problems: usize,
+    /// Samples per annotation problem.
+    pub label_samples: usize,
+    /// Monte Carlo rollouts per step prefix.
+    pub rollouts: usize,
+    /// Which Math-Shepherd estimate of the rollouts PRM-MC learns.
+    #[serde(default)]
+    pub mc_labels: McLabels,
+    /// Held-out evaluation problems.
+    pub eval_problems: usize,
+    /// Samples per evaluation problem (the largest N of best-of-N).
+    pub eval_samples: usize,
+    /// Start every verifier from the policy, as real PRMs and ORMs are fine-tuned from a language
+    /// model (they need its arithmetic to judge a step); `false` trains classifier-head verifiers
+    /// from scratch with `verifier_shape`.
+    pub verifiers_from_policy: bool,
+    /// Fresh decoder layers stacked on the policy's for the classifier head (the log-ratio head
+    /// is the policy's own LM and takes none). One or two did not help (see the README).
+    pub verifier_extra_layers: usize,
+    /// Verifier shape when trained from scratch (the same for PRMs and the ORM).
+    pub verifier_shape: (usize, usize),
+    /// How every verifier turns the decoder's output into a step score.
+    pub verifier_head: VerifierHead,
+    /// `β` of the log-ratio and likelihood heads.
+    pub verifier_beta: f32,
+    /// The likelihood head's constant reference: the log-probability per token at which a
+    /// step is neither good nor bad.
+    pub verifier_reference_logprob: f32,
+    /// Verifier training steps.
+    pub verifier_steps: usize,
+    /// Verifier peak learning rate.
+    pub verifier_lr: f64,
+    /// Sampling temperature.
+    pub temperature: f32,
+}
+
+/// Math-Shepherd's two estimates of a step's label from its rollouts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McLabels {
+    /// Good when any rollout reached the gold answer (hard estimation).
+    #[default]
+    Hard,
+    /// The fraction of rollouts that reached it (soft estimation), learned with BCE.
+    Soft,
+}
+
+/// How a lab verifier scores a step (the same for PRMs and the ORM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifierHead {
+    /// The policy's own LM, scored by its log-likelihood ratio against the policy over each
+    /// step (implicit-PRM parameterisation, `stepwise_model::log_ratio`). The check a verifier
+    /// needs — is the written result what the policy would compute? — is the LM's next-token
+    /// distribution, so fine-tuning only has to learn to weigh it.
+    LogRatio,
+    /// The policy's own LM, scored by its log-likelihood of each step against a constant
+    /// reference (`verifier_reference_logprob` per token). It starts as the policy's confidence
+    /// in each step; fine-tuning raises good steps and lowers bad ones. A ratio against the
+    /// policy instead can call a wrong step good when both models give it a tiny probability
+    /// and the fine-tuned one's is less tiny (see the README).
+    Likelihood,
+    /// A fresh 2-class head on the decoder read at each step's separator (TRL's token
+    /// classifier; a scalar value head for the ORM). With the lab's budget it learns priors
+    /// over step kinds and numbers, not the arithmetic check (see the README).
+    Classifier,
+}
+
+impl Preset {
+    /// Every stage on a small budget (about a minute on 2 cores): checks the loop, numbers are noise.
+    pub fn quick() -> Self {
+        Preset {
+            name: "quick".into(),
+            policy_shape: (64, 2),
+            policy_steps: 60,
+            policy_problems: 600,
+            slip: 0.25,
+            label_problems: 12,
+            label_samples: 4,
+            rollouts: 2,
+            mc_labels: McLabels::Hard,
+            eval_problems: 10,
+            eval_samples: 8,
+            verifiers_from_policy: true,
+            verifier_extra_layers: 0,
+            verifier_shape: (32, 1),
+            verifier_head: VerifierHead::Likelihood,
+            verifier_beta: 1.0,
+            verifier_reference_logprob: -0.5,
+            verifier_steps: 20,
+            verifier_lr: 1e-3,
+            temperature: 1.0,
+        }
+    }
+
+    /// The measured setting (about twelve minutes on 2 cores).
+    pub fn standard() -> Self {
+        Preset {
+            name: "standard".into(),
+            policy_shape: (64, 2),
+            policy_steps: 1400,
+            policy_problems: 8000,
+            slip: 0.25,
+            label_problems: 800,
+            label_samples: 8,
+            rollouts: 8,
+            mc_labels: McLabels::Hard,
+            eval_problems: 150,
+            eval_samples: 32,
+            verifiers_from_policy: true,
+            verifier_extra_layers: 0,
+            verifier_shape: (32, 1),
+            verifier_head: VerifierHead::Likelihood,
+            verifier_beta: 1.0,
+            verifier_reference_logprob: -0.5,
+            verifier_steps: 1200,
+            verifier_lr: 3e-4,
+            temperature: 1.0,
+        }
+    }
+
+    /// Override fields by name, e.g. `policy_steps=2000` or `policy_shape=[128,4]` (values are
+    /// JSON; a bare word is read as a string).
+    pub fn with_overrides(self, sets: &[String]) -> Result<Self> {
+        let mut v = serde_json::to_value(&self)?;
+        for s in sets {
+            let (key, val) = s
+                .split_once('=')
+                .with_context(|| format!("--set `{s}`: expected FIELD=VALUE"))?;
+            let slot = v
+                .get_mut(key)
+                .with_context(|| format!("--set `{s}`: the preset has no field `{key}`"))?;
+            *slot = serde_json::from_str(val).unwrap_or_else(|_| serde_json::Value::String(val.into()));
+        }
+        serde_json::from_value(v).context("--set: a value has the wrong type for its field")
+    }
+
+    /// How the verifiers are built and trained, in words (for the report).
+    pub fn verifier_summary(&self) -> String {
+        let head = match (self.verifier_head, self.verifiers_from_policy) {
+            (VerifierHead::LogRatio, _) => format!(
+                "the policy fine-tuned, each step scored by its log-likelihood ratio against the policy (β = {})",
+                self.verifier_beta
+            ),
+            (VerifierHead::Likelihood, _) => format!(
+                "the policy fine-tuned, each step scored by its own log-likelihood against a constant {} per token (β = {})",
+                self.verifier_reference_logprob, self.verifier_beta
+            ),
+            (VerifierHead::Classifier, true) => {
+                "the policy's decoder with a fresh classifier head (a value head for the ORM)".to_string()
+            }
+            (VerifierHead::Classifier, false) => format!(
+                "a {}×{} decoder trained from scratch with a classifier head (a value head for the ORM)",
+                self.verifier_shape.0, self.verifier_shape.1
+            ),
+        };
+        format!(
+            "{head}; {} steps of 32 solutions, peak learning rate {}",
+            self.verifier_steps, self.verifier_lr
+        )
+    }
+
+    /// By name.
+    pub fn by_name(name: &str) -> Result<Self> {
+        match name {
+            "quick" => Ok(Self::quick()),
+            "standard" => Ok(Self::standard()),
+            o => anyhow::bail!("unknown preset `{o}`: use quick or standard"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_set_fields_by_name_and_name_what_is_wrong() {
+        let sets = [
+            "mc_labels=soft",
+            "verifier_head=log_ratio",
+            "verifier_lr=0.001",
+            "policy_shape=[32,1]",
+        ];
+        let p = Preset::standard().with_overrides(&sets.map(String::from)).unwrap();
+        assert_eq!(p.mc_labels, McLabels::Soft);
+        assert_eq!(p.verifier_head, VerifierHead::LogRatio);
+        assert_eq!((p.verifier_lr, p.policy_shape), (0.001, (32, 1)));
+        let err = format!(
+            "{:#}",
+            Preset::quick().with_overrides(&["rollout=3".into()]).unwrap_err()
+        );
+        assert!(err.contains("rollout"), "{err}");
+        assert!(Preset::quick().with_overrides(&["mc_labels=medium".into()]).is_err());
+    }
+}

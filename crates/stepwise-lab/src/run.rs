@@ -1,0 +1,176 @@
+//! The whole loop, stage by stage ([`run`]), in a run folder that remembers its settings.
+
+use crate::oracle::LabTask;
+use crate::preset::{McLabels, Preset};
+use crate::report::write_report;
+use crate::splits::splits;
+use crate::stages::evaluate::{verifier, Report};
+use crate::stages::{annotate, policy, sample, verifiers::Verifiers, write_jsonl};
+use crate::task::{oracle_labelled, LabProblem};
+use crate::vocab;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use stepwise_core::seams::score_solutions;
+use stepwise_core::Solution;
+use stepwise_model::Model;
+
+/// Options of [`run`].
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// Sizes and budgets.
+    pub preset: Preset,
+    /// Seed of everything.
+    pub seed: u64,
+    /// Run folder.
+    pub out: PathBuf,
+}
+
+/// Record the preset and seed in `out/preset.json`, or check that they are those the folder was
+/// started with: its cached stages belong to that run, and reusing them under other settings
+/// would mix two runs without a word.
+fn claim_run_folder(out: &Path, p: &Preset, seed: u64) -> Result<()> {
+    let path = out.join("preset.json");
+    let ours = serde_json::to_value((p, seed))?;
+    if path.exists() {
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let theirs: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        if theirs != ours {
+            let field = differing_field(&theirs, &ours);
+            anyhow::bail!(
+                "{} was started with other settings ({field} differs; see {}): its cached stages belong to that run. Use another --out, or delete the folder to start over",
+                out.display(),
+                path.display()
+            );
+        }
+        return Ok(());
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&ours)?)?;
+    Ok(())
+}
+
+/// The first preset field (or `seed`) in which two `[preset, seed]` records differ.
+fn differing_field(a: &serde_json::Value, b: &serde_json::Value) -> String {
+    if a.get(1) != b.get(1) {
+        return "seed".into();
+    }
+    let (pa, pb) = (&a[0], &b[0]);
+    pb.as_object()
+        .and_then(|o| o.keys().find(|k| pa.get(k.as_str()) != pb.get(k.as_str())).cloned())
+        .unwrap_or_else(|| "the preset".into())
+}
+
+/// Run the whole loop; returns the report (also written to the run folder).
+pub fn run(o: &LabOptions) -> Result<Report> {
+    let p = &o.preset;
+    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
+    claim_run_folder(&o.out, p, o.seed)?;
+    let tok = vocab::tokenizer()?;
+    let sp = splits(p, o.seed);
+    write_jsonl(
+        &o.out.join("problems.jsonl"),
+        &sp.eval
+            .iter()
+            .chain(&sp.label)
+            .map(LabProblem::problem)
+            .collect::<Vec<_>>(),
+    )?;
+    let task = LabTask::new(sp.label.iter().chain(&sp.eval));
+
+    // 1. Policy: next-token LM on reference solutions, some with a slip.
+    let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
+    let lab_policy = policy::lab_policy(&policy_model, &tok, p.temperature);
+
+    // 2. Samples for annotation and for evaluation (shared-prefix KV cache).
+    let label_sols = sample::sample_stage(
+        &o.out.join("samples_label.jsonl"),
+        "sampling (label set)",
+        &sp.label,
+        p.label_samples,
+        &lab_policy,
+        o.seed ^ 2,
+    )?;
+    let eval_sols = sample::sample_stage(
+        &o.out.join("samples_eval.jsonl"),
+        "sampling (eval set)",
+        &sp.eval,
+        p.eval_samples,
+        &lab_policy,
+        o.seed ^ 3,
+    )?;
+
+    // 3. Step labels: Monte Carlo rollouts, and the oracle for comparison.
+    let (mc, spent) = annotate::annotate_stage(
+        &o.out.join("labels_mc.jsonl"),
+        &label_sols,
+        &lab_policy,
+        &task,
+        p.rollouts,
+        o.seed ^ 4,
+    )?;
+    let oracle: Vec<Solution> = label_sols.iter().map(oracle_labelled).collect();
+    write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
+
+    // 4. Verifiers, same code and budget: PRM on MC labels, PRM on oracle labels, ORM.
+    let mc_train: Vec<Solution> = match p.mc_labels {
+        McLabels::Hard => mc.iter().map(annotate::hard_mc).collect(),
+        McLabels::Soft => mc.clone(),
+    };
+    let verifiers = Verifiers {
+        preset: p,
+        out: &o.out,
+        policy: &policy_model,
+        tok: &tok,
+        seed: o.seed,
+    };
+    // The three train at once: one training keeps about one core busy (its small ops run one
+    // after another), and each is seeded on its own, so the weights are those of one at a time.
+    let (prm_mc, prm_or, orm) = std::thread::scope(|scope| {
+        let mc = scope.spawn(|| verifiers.train("prm_mc", "training PRM (MC labels)", &mc_train, false));
+        let or = scope.spawn(|| verifiers.train("prm_oracle", "training PRM (oracle)", &oracle, false));
+        let orm = verifiers.train("orm", "training ORM", &label_sols, true);
+        let join = |h: std::thread::ScopedJoinHandle<'_, Result<Model>>| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a verifier's training thread panicked"))?
+        };
+        anyhow::Ok((join(mc)?, join(or)?, orm?))
+    })?;
+
+    // 5. Score the evaluation samples (oracle-labelled) with every verifier, and the policy's
+    //    own confidence as a baseline.
+    let mut scored: Vec<Solution> = eval_sols.iter().map(oracle_labelled).collect();
+    verifiers.score(&prm_mc, false, &mut scored, verifier::PRM_MC, "scoring (PRM-MC)")?;
+    verifiers.score(&prm_or, false, &mut scored, verifier::PRM_ORACLE, "scoring (PRM-oracle)")?;
+    verifiers.score(&orm, true, &mut scored, verifier::ORM, "scoring (ORM)")?;
+    let confidence = crate::confidence::PolicyConfidence {
+        model: &policy_model,
+        tok: &tok,
+    };
+    score_solutions(&confidence, verifier::POLICY_CONFIDENCE, &mut scored, 64, |_| {})?;
+    write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
+
+    // 6. Evaluate and report.
+    let report = crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, &mc, &oracle, spent.rollouts)?;
+    write_report(&o.out, &report)?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_folder_refuses_other_settings() {
+        let dir = std::env::temp_dir().join(format!("stepwise-claim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = Preset::quick();
+        claim_run_folder(&dir, &p, 1).unwrap();
+        claim_run_folder(&dir, &p, 1).expect("the same settings resume");
+        let err = format!("{:#}", claim_run_folder(&dir, &p, 2).unwrap_err());
+        assert!(err.contains("seed differs") && err.contains("--out"), "{err}");
+        let other = Preset::quick().with_overrides(&["rollouts=3".into()]).unwrap();
+        let err = format!("{:#}", claim_run_folder(&dir, &other, 1).unwrap_err());
+        assert!(err.contains("rollouts differs"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,286 @@
+//! Stage 5, evaluation on held-out problems: best-of-N curves (overall and by problem family),
+//! first-error localisation with ProcessBench's metric, ranking quality, Monte Carlo label
+//! quality and calibration. Writing them out is [`crate::report`]'s job.
+
+use crate::preset::Preset;
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use stepwise_core::Solution;
+use stepwise_eval::bon::{curve, Curve, Method};
+use stepwise_eval::labels::{calibration, label_quality, LabelQuality};
+use stepwise_eval::processbench::{predict_first_error, score, ProcessBenchScore};
+use stepwise_eval::ranking::{discrimination, Discrimination};
+use stepwise_search::{aggregate, group_candidates, Aggregation, Candidate, Selector};
+
+/// Everything the lab measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// Preset name.
+    pub preset: String,
+    /// Seed.
+    pub seed: u64,
+    /// Held-out problems and samples per problem.
+    pub eval_problems: usize,
+    /// Samples per evaluation problem.
+    pub eval_samples: usize,
+    /// How the verifiers were built and trained.
+    #[serde(default)]
+    pub verifiers: String,
+    /// Single-sample accuracy of the policy on held-out problems.
+    pub policy_accuracy: f64,
+    /// Of the samples with a correct final answer, the fraction whose process the oracle rejects.
+    pub lucky_correct_rate: f64,
+    /// Best-of-N curves.
+    pub bon: Vec<Curve>,
+    /// Best-of-N at the largest N on each problem family: where each method wins and loses.
+    #[serde(default)]
+    pub by_family: Vec<FamilyRow>,
+    /// First-error localisation on held-out samples, by verifier.
+    pub processbench: Vec<(String, ProcessBenchScore)>,
+    /// Ranking quality on held-out samples, by verifier (PRMs ranked by their min step score).
+    #[serde(default)]
+    pub discrimination: Vec<(String, Discrimination)>,
+    /// Monte Carlo labels against the oracle: hard (any rollout succeeded) and soft.
+    pub mc_label_quality: LabelQuality,
+    /// Rollouts spent per labelled step.
+    pub rollouts_per_step: f64,
+    /// Calibration bins of step scores against oracle labels, by verifier.
+    pub calibration: Vec<stepwise_eval::labels::CalibrationSeries>,
+    /// Plot files written (or why not).
+    pub plots: Vec<String>,
+}
+
+/// Best-of-N accuracy on one problem family, by method.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FamilyRow {
+    /// Template family.
+    pub family: String,
+    /// Held-out problems of the family.
+    pub problems: usize,
+    /// Samples per problem the methods select from.
+    pub n: usize,
+    /// `(method, accuracy)` in the order of the best-of-N curves.
+    pub accuracy: Vec<(String, f64)>,
+}
+
+/// Each method's best-of-`n` accuracy on the problems of each family (`families[i]` is problem
+/// `i`'s), families in order of first appearance.
+fn by_family(
+    families: &[String],
+    methods: &[(String, &[Vec<Candidate>], Method)],
+    n: usize,
+    draws: usize,
+    seed: u64,
+) -> Vec<FamilyRow> {
+    let mut members: Vec<(&String, Vec<usize>)> = Vec::new();
+    for (i, f) in families.iter().enumerate() {
+        match members.iter_mut().find(|(name, _)| *name == f) {
+            Some((_, idx)) => idx.push(i),
+            None => members.push((f, vec![i])),
+        }
+    }
+    members
+        .into_iter()
+        .map(|(family, idx)| {
+            let accuracy = methods
+                .iter()
+                .map(|(name, g, how)| {
+                    let subset: Vec<Vec<Candidate>> = idx.iter().map(|&i| g[i].clone()).collect();
+                    let c = curve(name, &subset, *how, &[n], draws, seed);
+                    (name.clone(), c.points[0].accuracy)
+                })
+                .collect();
+            FamilyRow {
+                family: family.clone(),
+                problems: idx.len(),
+                n,
+                accuracy,
+            }
+        })
+        .collect()
+}
+
+/// Verifier names under which the scored evaluation samples keep their step scores.
+pub mod verifier {
+    /// The PRM trained on Monte Carlo labels.
+    pub const PRM_MC: &str = "prm_mc";
+    /// The PRM trained on oracle labels.
+    pub const PRM_ORACLE: &str = "prm_oracle";
+    /// The ORM (its last step's score is the solution's).
+    pub const ORM: &str = "orm";
+    /// The policy's confidence in each written result (a diagnostic baseline).
+    pub const POLICY_CONFIDENCE: &str = "policy_confidence";
+}
+
+/// Each solution's step scores by `name` (checked present by [`group_candidates`]).
+fn scores_by(scored: &[Solution], name: &str) -> Vec<Vec<f32>> {
+    scored.iter().map(|s| s.scores_of(name).unwrap_or_default()).collect()
+}
+
+/// Compute the report from the evaluation samples (oracle-labelled, scored by every verifier),
+/// the Monte Carlo and oracle labels of the annotation set, and the rollouts those cost.
+pub fn evaluate(
+    p: &Preset,
+    seed: u64,
+    eval_problems: usize,
+    scored: &[Solution],
+    mc: &[Solution],
+    oracle: &[Solution],
+    rollouts: usize,
+) -> Result<Report> {
+    use verifier::*;
+    // Candidates grouped by problem, each ranked by one verifier's step scores.
+    let groups = group_candidates(scored, Some(PRM_MC), Some(ORM))?;
+    let groups_or = group_candidates(scored, Some(PRM_ORACLE), Some(ORM))?;
+    let groups_pol = group_candidates(scored, Some(POLICY_CONFIDENCE), Some(ORM))?;
+    let mut families: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for s in scored {
+        if seen.insert(s.problem_id.as_str()) {
+            families.push(s.meta.get("family").and_then(|f| f.as_str()).unwrap_or("unknown").to_string());
+        }
+    }
+    let (s_mc, s_or, s_policy) = (
+        scores_by(scored, PRM_MC),
+        scores_by(scored, PRM_ORACLE),
+        scores_by(scored, POLICY_CONFIDENCE),
+    );
+    let (s_mc, s_or, s_policy) = (&s_mc[..], &s_or[..], &s_policy[..]);
+    let mut ns = vec![1];
+    while ns.last().unwrap() * 2 <= p.eval_samples {
+        ns.push(ns.last().unwrap() * 2);
+    }
+    // Every best-of-N method: its name, the candidates it ranks (scored by which verifier) and
+    // how it selects.
+    let mut methods: Vec<(String, &[Vec<Candidate>], Method)> = Aggregation::ALL
+        .iter()
+        .map(|a| (format!("PRM-MC ({})", a.name()), &groups[..], Some(Selector::Prm(*a))))
+        .collect();
+    methods.extend([
+        (
+            "PRM-MC weighted vote".to_string(),
+            &groups[..],
+            Some(Selector::PrmVote(Aggregation::Min)),
+        ),
+        (
+            "PRM-oracle (min)".to_string(),
+            &groups_or[..],
+            Some(Selector::Prm(Aggregation::Min)),
+        ),
+        (
+            "PRM-oracle weighted vote".to_string(),
+            &groups_or[..],
+            Some(Selector::PrmVote(Aggregation::Min)),
+        ),
+        ("ORM".to_string(), &groups[..], Some(Selector::Orm)),
+        // A baseline, not a verifier: the policy's confidence in each written result, min over steps.
+        (
+            "policy confidence (min)".to_string(),
+            &groups_pol[..],
+            Some(Selector::Prm(Aggregation::Min)),
+        ),
+        ("majority vote".to_string(), &groups[..], Some(Selector::Majority)),
+        ("pass@N".to_string(), &groups[..], None),
+    ]);
+    let draws = 32;
+    let bon: Vec<Curve> = methods
+        .iter()
+        .map(|(name, g, how)| curve(name, g, *how, &ns, draws, seed))
+        .collect();
+    let by_family = by_family(&families, &methods, p.eval_samples, draws, seed);
+
+    let truth: Vec<Option<usize>> = scored.iter().map(|s| s.first_error()).collect();
+    let pb = |scores: &[Vec<f32>]| {
+        score(
+            &scores
+                .iter()
+                .zip(&truth)
+                .map(|(s, t)| (predict_first_error(s, 0.5), *t))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let processbench = vec![("PRM-MC".to_string(), pb(s_mc)), ("PRM-oracle".to_string(), pb(s_or))];
+
+    let mut pairs = Vec::new();
+    for (m, o) in mc.iter().zip(oracle) {
+        for (a, b) in m.steps.iter().zip(&o.steps) {
+            if let (Some(x), Some(y)) = (&a.label, &b.label) {
+                pairs.push((x.prob(1.0), y.is_good()));
+            }
+        }
+    }
+    let mc_label_quality = label_quality(&pairs, 0.0);
+    let labelled_steps = mc.iter().map(|s| s.steps.len()).sum::<usize>().max(1);
+
+    let step_pairs = |scores: &[Vec<f32>]| -> Vec<(f32, bool)> {
+        scored
+            .iter()
+            .zip(scores)
+            .flat_map(|(s, sc)| {
+                s.steps
+                    .iter()
+                    .zip(sc)
+                    .filter_map(|(st, &x)| st.label.as_ref().map(|l| (x, l.is_good())))
+            })
+            .collect()
+    };
+    let calib = vec![
+        ("PRM-MC".to_string(), calibration(&step_pairs(s_mc), 10)),
+        ("PRM-oracle".to_string(), calibration(&step_pairs(s_or), 10)),
+    ];
+
+    let labels: Vec<Vec<Option<bool>>> = scored
+        .iter()
+        .map(|s| {
+            s.steps
+                .iter()
+                .map(|st| st.label.as_ref().map(|l| l.is_good()))
+                .collect()
+        })
+        .collect();
+    let ranked = |groups: &[Vec<Candidate>], by: &dyn Fn(&Candidate) -> f32| -> Vec<Vec<(f32, bool)>> {
+        groups
+            .iter()
+            .map(|g| g.iter().map(|c| (by(c), c.correct)).collect())
+            .collect()
+    };
+    let by_min = |c: &Candidate| aggregate(&c.step_scores, Aggregation::Min);
+    let discrimination = vec![
+        (
+            "PRM-MC".to_string(),
+            discrimination(Some((s_mc, &labels)), &ranked(&groups, &by_min)),
+        ),
+        (
+            "PRM-oracle".to_string(),
+            discrimination(Some((s_or, &labels)), &ranked(&groups_or, &by_min)),
+        ),
+        (
+            "ORM".to_string(),
+            discrimination(None, &ranked(&groups, &|c| c.outcome_score)),
+        ),
+        (
+            "policy confidence (diagnostic)".to_string(),
+            discrimination(Some((s_policy, &labels)), &ranked(&groups_pol, &by_min)),
+        ),
+    ];
+
+    let correct: Vec<&Solution> = scored.iter().filter(|s| s.correct == Some(true)).collect();
+    let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
+    Ok(Report {
+        preset: p.name.clone(),
+        seed,
+        verifiers: p.verifier_summary(),
+        eval_problems,
+        eval_samples: p.eval_samples,
+        policy_accuracy: correct.len() as f64 / scored.len().max(1) as f64,
+        lucky_correct_rate: lucky as f64 / correct.len().max(1) as f64,
+        bon,
+        by_family,
+        processbench,
+        discrimination,
+        mc_label_quality,
+        rollouts_per_step: rollouts as f64 / labelled_steps as f64,
+        calibration: calib,
+        plots: Vec::new(),
+    })
+}

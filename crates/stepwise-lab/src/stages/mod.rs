@@ -1,0 +1,81 @@
+//! The lab's stages, one file each. Every stage writes its records into the run folder and is
+//! skipped when its output is complete; the long ones resume where an interrupted run stopped.
+
+pub mod annotate;
+pub mod evaluate;
+pub mod policy;
+pub mod sample;
+pub mod verifiers;
+
+use crate::progress::{bar, say};
+use crate::vocab;
+use anyhow::Result;
+use candle_core::Device;
+use candle_nn::VarMap;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use stepwise_model::train::{evaluate, train, Example, Objective, TrainConfig};
+use stepwise_model::Model;
+
+/// The file that marks a trained model's folder complete.
+pub(crate) fn done_marker(dir: &Path) -> PathBuf {
+    dir.join("DONE")
+}
+
+/// Train (or resume, or reuse) a model in `dir`; `build` makes the trainable model in a varmap
+/// (fresh, or from another checkpoint's weights).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn train_stage(
+    dir: &Path,
+    what: &str,
+    build: impl FnOnce(&VarMap, &Device) -> Result<Model>,
+    train_set: &[Example],
+    valid: &[Example],
+    objective: Objective,
+    tc: TrainConfig,
+) -> Result<Model> {
+    let dev = Device::Cpu;
+    if done_marker(dir).exists() {
+        say(&format!("{what}: cached in {}", dir.display()));
+        return Model::load(dir, &dev);
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("tokenizer.json"), vocab::tokenizer_json())?;
+    let varmap = VarMap::new();
+    let mut model = build(&varmap, &dev)?;
+    let pb = bar(tc.steps as u64, what);
+    let tc = TrainConfig {
+        out_dir: Some(dir.to_path_buf()),
+        ..tc
+    };
+    let state = train(&mut model, &varmap, train_set, valid, objective, &tc, |s, l| {
+        pb.set_position(s as u64);
+        pb.set_prefix(format!("loss {l:.3}"));
+    })?;
+    pb.finish_and_clear();
+    let m = if valid.is_empty() {
+        None
+    } else {
+        Some(evaluate(&model, valid, objective, 64)?)
+    };
+    std::fs::write(
+        dir.join("train_metrics.json"),
+        serde_json::to_string_pretty(&(state.history, &m))?,
+    )?;
+    std::fs::write(done_marker(dir), "")?;
+    say(&format!(
+        "{what}: trained {} steps{}",
+        tc.steps,
+        m.map(|m| format!(", validation loss {:.3}", m.loss))
+            .unwrap_or_default()
+    ));
+    Ok(model)
+}
+
+/// Write `items` as JSONL through a temporary file, so a complete file is never half-written.
+pub(crate) fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    stepwise_core::io::write_jsonl(&tmp, items)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! Stage 4, verifiers: a PRM on Monte Carlo labels, a PRM on oracle labels and an ORM on
+//! outcomes, built by the same code as `stepwise train-prm` ([`VerifierSpec`]) with the same
+//! head and budget, and scored by the same code as `stepwise score`.
+
+use super::{done_marker, train_stage};
+use crate::preset::{Preset, VerifierHead};
+use crate::progress::bar;
+use crate::vocab::SEP;
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+use stepwise_core::seams::score_solutions;
+use stepwise_core::Solution;
+use stepwise_model::log_ratio::{LogRatio, RewardSpec};
+use stepwise_model::train::examples::LabelOptions;
+use stepwise_model::train::verifier::{self, Start, VerifierSpec};
+use stepwise_model::train::TrainConfig;
+use stepwise_model::{HeadKind, Model, PrmLayout, PrmScorer, Tokenizer};
+
+/// The lab's verifiers: trained with the same code, budget and head, scored the same way.
+pub struct Verifiers<'a> {
+    /// Sizes and budgets.
+    pub preset: &'a Preset,
+    /// The run folder (the policy lives in `policy/`).
+    pub out: &'a Path,
+    /// The trained policy (a log-ratio verifier's reference).
+    pub policy: &'a Model,
+    /// The lab tokenizer.
+    pub tok: &'a Tokenizer,
+    /// The run's seed.
+    pub seed: u64,
+}
+
+impl Verifiers<'_> {
+    /// How a verifier trained on step labels, or on outcomes when `outcome`, is built.
+    fn spec(&self, outcome: bool) -> VerifierSpec {
+        let p = self.preset;
+        let log_ratio = |reference_logprob| {
+            verifier::VerifierHead::LogRatio(LogRatio {
+                beta: p.verifier_beta,
+                // An ORM's score is the whole solution's: its last step's span starts at the first.
+                cumulative: outcome,
+                reference_logprob,
+            })
+        };
+        let head = match p.verifier_head {
+            VerifierHead::LogRatio => log_ratio(None),
+            VerifierHead::Likelihood => log_ratio(Some(p.verifier_reference_logprob)),
+            // PRMs are 2-class token classifiers (TRL's layout); the ORM is the usual scalar
+            // value head read at the last token.
+            VerifierHead::Classifier if outcome => verifier::VerifierHead::Value,
+            VerifierHead::Classifier => verifier::VerifierHead::Classifier,
+        };
+        let start = if p.verifiers_from_policy {
+            Start::Checkpoint(self.out.join("policy"))
+        } else {
+            Start::Fresh(super::policy::shape(
+                self.tok.vocab_size(),
+                p.verifier_shape,
+                HeadKind::TokenClassification,
+            ))
+        };
+        VerifierSpec {
+            head,
+            start,
+            extra_layers: p.verifier_extra_layers,
+            labels: LabelOptions {
+                separator: SEP.into(),
+                outcome,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The `reward.json` of a log-ratio or likelihood verifier: the policy (one folder up) or a
+    /// constant is its reference.
+    fn reward_spec(&self, outcome: bool) -> Option<RewardSpec> {
+        self.spec(outcome).reward_spec(Some(&PathBuf::from("../policy")))
+    }
+
+    /// Train (or reuse) the verifier in `dir` on step labels, or on outcomes when `outcome`.
+    pub fn train(&self, dir: &str, what: &str, sols: &[Solution], outcome: bool) -> Result<Model> {
+        let p = self.preset;
+        let spec = self.spec(outcome);
+        let cached = done_marker(&self.out.join(dir)).exists();
+        // A cached verifier needs no examples, and no reference log-probabilities for them.
+        let examples = if cached {
+            Vec::new()
+        } else {
+            spec.examples(self.tok, sols, Some(self.policy))?
+        };
+        let tc = TrainConfig {
+            lr: p.verifier_lr,
+            warmup: p.verifier_steps / 20,
+            steps: p.verifier_steps,
+            batch_size: 32,
+            eval_every: 0,
+            seed: self.seed ^ 5,
+            ..Default::default()
+        };
+        let seed = tc.seed;
+        let model = train_stage(
+            &self.out.join(dir),
+            what,
+            |varmap, dev| spec.build(varmap, dev, seed),
+            &examples,
+            &[],
+            spec.objective(),
+            tc,
+        )?;
+        if let Some(r) = self.reward_spec(outcome) {
+            r.save(&self.out.join(dir))?;
+        }
+        Ok(model)
+    }
+
+    /// Score `sols` with a verifier trained on step labels (or outcomes when `outcome`), recording
+    /// the scores under `name`.
+    pub fn score(&self, model: &Model, outcome: bool, sols: &mut [Solution], name: &str, what: &str) -> Result<()> {
+        let (layout, reference) = match self.reward_spec(outcome) {
+            Some(spec) => (spec.layout(), spec.reference.is_some().then_some(self.policy)),
+            None => (PrmLayout::TokenClassifier { separator: SEP.into() }, None),
+        };
+        let scorer = PrmScorer {
+            model,
+            tokenizer: self.tok,
+            layout,
+            reference,
+        };
+        let pb = bar(sols.len() as u64, what);
+        score_solutions(&scorer, name, sols, 64, |done| pb.set_position(done as u64))?;
+        pb.finish_and_clear();
+        Ok(())
+    }
+}

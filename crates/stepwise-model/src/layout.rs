@@ -1,0 +1,200 @@
+//! How a problem and its steps are laid out as model input: the policy's own layout
+//! ([`encode_steps`]: problem, separator, then each step and separator, every piece encoded on
+//! its own) and the four PRM layouts in use ([`PrmLayout`]), with where step rewards are read.
+
+use crate::config::HeadKind;
+use crate::log_ratio::LogRatio;
+use crate::model::Model;
+use crate::tokenizer::{Message, Tokenizer};
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+
+/// A problem and its steps as token ids.
+pub struct EncodedSteps {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// The position of each step's last (separator) token.
+    pub ends: Vec<usize>,
+    /// The first step's first token.
+    pub steps_from: usize,
+}
+
+/// Token ids of a problem and its steps in TRL's token-classification layout (problem ids, then
+/// each step's ids followed by the separator's, all encoded separately without special tokens),
+/// optionally with the separator after the problem as well.
+pub fn encode_steps(
+    tok: &Tokenizer,
+    question: &str,
+    steps: &[&str],
+    sep: &str,
+    separator_after_problem: bool,
+) -> Result<EncodedSteps> {
+    let mut ids = tok.encode(question, false)?;
+    let sep_ids = tok.encode(sep, false)?;
+    if separator_after_problem {
+        ids.extend(&sep_ids);
+    }
+    let steps_from = ids.len();
+    let mut ends = Vec::with_capacity(steps.len());
+    for s in steps {
+        ids.extend(tok.encode(s, false)?);
+        ids.extend(&sep_ids);
+        ends.push(ids.len() - 1);
+    }
+    Ok(EncodedSteps { ids, ends, steps_from })
+}
+
+/// How a PRM expects its input and yields step rewards.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PrmLayout {
+    /// Qwen2.5-Math-PRM: chat template, steps joined by `<extra_0>`; softmax class 1 there.
+    QwenPrm {
+        /// System prompt of the chat.
+        system: String,
+        /// The step separator token.
+        step_token: String,
+    },
+    /// Math-Shepherd / RLHFlow: `problem + " " + step + " ки\n" ...`; P(`+`) over {`+`, `-`} at `ки`.
+    StepTag {
+        /// The step tag.
+        tag: String,
+        /// Token meaning "good".
+        good: String,
+        /// Token meaning "bad".
+        bad: String,
+    },
+    /// TRL token classifier: problem ids, then each step's ids + separator ids (no special
+    /// tokens); softmax class 1 at the last token of each step + separator.
+    TokenClassifier {
+        /// The separator after each step.
+        separator: String,
+    },
+    /// A causal LM scored by its log-likelihood ratio against a reference over each step's
+    /// tokens ([`crate::log_ratio`]); the input is laid out as the policy writes it (problem,
+    /// separator, then each step and separator) and the step reward is
+    /// `sigmoid(β · Σ log π_θ/π_ref)`. Needs [`StepScorer::reference`] unless the reference is
+    /// a constant.
+    LogRatio {
+        /// The separator after each step.
+        separator: String,
+        /// Span scoring.
+        log_ratio: LogRatio,
+    },
+}
+
+/// Qwen2.5-Math-PRM's system prompt.
+pub const QWEN_PRM_SYSTEM: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
+
+impl PrmLayout {
+    /// A fixed layout by name: `qwen-prm`, `step-tag` (Math-Shepherd's `ки` with `+`/`-`) or
+    /// `token-cls` (TRL's token classifier, steps ending in `"\n"`).
+    pub fn by_name(name: &str) -> Result<Self> {
+        Ok(match name {
+            "qwen-prm" => PrmLayout::QwenPrm {
+                system: QWEN_PRM_SYSTEM.into(),
+                step_token: "<extra_0>".into(),
+            },
+            "step-tag" => PrmLayout::StepTag {
+                tag: "ки".into(),
+                good: "+".into(),
+                bad: "-".into(),
+            },
+            "token-cls" => PrmLayout::TokenClassifier { separator: "\n".into() },
+            other => bail!("unknown layout `{other}`: use auto, qwen-prm, step-tag, token-cls or log-ratio"),
+        })
+    }
+
+    /// The layout a checkpoint was built for, from its head and tokenizer.
+    pub fn detect(model: &Model, tok: &Tokenizer) -> Result<Self> {
+        match model.config.head {
+            HeadKind::ProcessRewardMlp => Self::by_name("qwen-prm"),
+            // A sequence classifier read at each step's end scores each solution prefix; its
+            // last step is the outcome score transformers would return.
+            HeadKind::TokenClassification | HeadKind::SequenceClassification => Self::by_name("token-cls"),
+            HeadKind::CausalLm if tok.token_id("ки").is_some() => Self::by_name("step-tag"),
+            HeadKind::CausalLm => {
+                bail!("a causal LM without a `ки` step tag is a policy, not a PRM (pass --layout)")
+            }
+        }
+    }
+
+    /// Token ids for a problem and its steps, the positions where the step rewards are read, and
+    /// where the first step starts (for the step layouts; 0 for the others).
+    pub fn encode(&self, tok: &Tokenizer, problem: &str, steps: &[&str]) -> Result<Encoded> {
+        match self {
+            PrmLayout::QwenPrm { system, step_token } => {
+                let head =
+                    tok.apply_chat_template(&[Message::new("system", system), Message::new("user", problem)], true)?;
+                let body: String = steps.iter().map(|s| format!("{s}{step_token}")).collect();
+                let text = format!("{head}{body}<|im_end|><|endoftext|>");
+                let ids = tok.encode(&text, true)?;
+                let id = tok
+                    .token_id(step_token)
+                    .with_context(|| format!("the tokenizer has no `{step_token}` token"))?;
+                Ok(positions_of(ids, id))
+            }
+            PrmLayout::StepTag { tag, .. } => {
+                let body: String = steps.iter().map(|s| format!("{s} {tag}\n")).collect();
+                let ids = tok.encode(&format!("{problem} {body}"), true)?;
+                let id = tok
+                    .token_id(tag)
+                    .with_context(|| format!("the tokenizer has no `{tag}` token"))?;
+                Ok(positions_of(ids, id))
+            }
+            PrmLayout::TokenClassifier { separator } | PrmLayout::LogRatio { separator, .. } => {
+                let after_problem = matches!(self, PrmLayout::LogRatio { .. });
+                let e = encode_steps(tok, problem, steps, separator, after_problem)?;
+                Ok(Encoded {
+                    ids: e.ids,
+                    positions: e.ends,
+                    steps_from: e.steps_from,
+                })
+            }
+        }
+    }
+
+    /// Step rewards from head outputs `[t, classes or vocab]` of one sequence at `positions`.
+    pub(crate) fn rewards(&self, tok: &Tokenizer, out: &Tensor, positions: &[usize]) -> Result<Vec<f32>> {
+        if positions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let idx = Tensor::new(positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), out.device())?;
+        let at = out.index_select(&idx, 0)?;
+        let pair = match self {
+            PrmLayout::StepTag { good, bad, .. } => {
+                let g = tok.token_id(good).with_context(|| format!("no `{good}` token"))?;
+                let b = tok.token_id(bad).with_context(|| format!("no `{bad}` token"))?;
+                // P(good) = softmax over [good, bad] → class 0 of that pair; reorder as [bad, good].
+                let gi = Tensor::new(&[b, g], out.device())?;
+                at.index_select(&gi, 1)?
+            }
+            _ => at,
+        };
+        Ok(crate::model::good_prob(&pair)?.to_vec1::<f32>()?)
+    }
+}
+
+fn positions_of(ids: Vec<u32>, id: u32) -> Encoded {
+    let positions = ids
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == id)
+        .map(|(i, _)| i)
+        .collect();
+    Encoded {
+        ids,
+        positions,
+        steps_from: 0,
+    }
+}
+
+/// One encoded solution ready for scoring.
+pub struct Encoded {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Where the step rewards are read.
+    pub positions: Vec<usize>,
+    /// The first step's first token (0 where the layout does not say).
+    pub steps_from: usize,
+}
+

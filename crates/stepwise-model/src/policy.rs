@@ -1,0 +1,101 @@
+//! A local checkpoint as a [`Policy`]: the prompt is the question and the steps so far (in one of
+//! three layouts, [`Prompt`]); continuations are split back into steps at the separator. The
+//! prompt is encoded once and its KV cache shared by the `n` continuations; [`Until::Step`]
+//! stops each at the separator.
+
+use crate::generate::{generate, SamplingParams};
+use crate::layout::encode_steps;
+use crate::model::Model;
+use crate::tokenizer::{Message, Tokenizer};
+use anyhow::Result;
+use stepwise_core::seams::{split_steps_at, Continuation, Policy, Until};
+
+/// How the question and the steps so far become the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prompt {
+    /// Question, separator, then each step and separator, every piece encoded on its own without
+    /// special tokens: the layout the lab's policies and log-ratio verifiers are trained on
+    /// ([`encode_steps`]).
+    Pieces,
+    /// The text `question + separator + step + separator + …`, encoded as one string.
+    Text,
+    /// The question in the tokenizer's chat template, then each step and separator.
+    Chat,
+}
+
+/// A local model as a policy.
+pub struct EnginePolicy<'a> {
+    /// The policy model.
+    pub model: &'a Model,
+    /// Its tokenizer.
+    pub tokenizer: &'a Tokenizer,
+    /// Sampling settings; `stop_token_ids` end a solution (the seed is set per call).
+    pub params: SamplingParams,
+    /// The prompt's layout.
+    pub prompt: Prompt,
+    /// Text between steps, e.g. `"\n"`, `"\n\n"` or the lab's `"|"`.
+    pub separator: String,
+}
+
+impl EnginePolicy<'_> {
+    /// The prompt's token ids for a question and the steps so far.
+    pub fn prompt_ids(&self, question: &str, prefix: &[&str]) -> Result<Vec<u32>> {
+        let tok = self.tokenizer;
+        if self.prompt == Prompt::Pieces {
+            return Ok(encode_steps(tok, question, prefix, &self.separator, true)?.ids);
+        }
+        let mut text = match self.prompt {
+            Prompt::Chat => tok.apply_chat_template(&[Message::new("user", question)], true)?,
+            _ => format!("{question}{}", self.separator),
+        };
+        for s in prefix {
+            text.push_str(s);
+            text.push_str(&self.separator);
+        }
+        tok.encode(&text, true)
+    }
+}
+
+impl Policy for EnginePolicy<'_> {
+    fn continue_from(&self, question: &str, prefix: &[&str], n: usize, until: Until, seed: u64) -> Result<Vec<Continuation>> {
+        let ids = self.prompt_ids(question, prefix)?;
+        let mut params = SamplingParams {
+            seed,
+            ..self.params.clone()
+        };
+        let end = self.params.stop_token_ids.clone();
+        let sep_id = self.tokenizer.token_id(&self.separator);
+        if until == Until::Step {
+            // One step: stop at the separator, as a token where it is one, else as text.
+            match sep_id {
+                Some(id) => params.stop_token_ids.push(id),
+                None => params.stop_strings.push(self.separator.clone()),
+            }
+        }
+        generate(self.model, Some(self.tokenizer), &ids, n, &params)?
+            .into_iter()
+            .map(|out| {
+                let tokens = out.len();
+                let at_separator = match sep_id {
+                    Some(id) => out.last() == Some(&id),
+                    None => false,
+                };
+                let body: Vec<u32> = out.into_iter().filter(|t| !end.contains(t)).collect();
+                let text = self.tokenizer.decode(&body)?;
+                let mut steps = split_steps_at(&text, &self.separator);
+                // Until::Step: a step followed by the separator can be continued; one that ended
+                // the sequence (or the token budget) cannot.
+                let finished = until == Until::End || !(at_separator || text.ends_with(self.separator.as_str()));
+                if until == Until::Step {
+                    steps.truncate(1);
+                }
+                Ok(Continuation {
+                    steps,
+                    text,
+                    finished,
+                    tokens,
+                })
+            })
+            .collect()
+    }
+}
