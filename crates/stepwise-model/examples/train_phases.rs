@@ -4,7 +4,7 @@
 use candle_core::Device;
 use candle_nn::VarMap;
 use std::time::Instant;
-use stepwise_model::optim::AdamW;
+use stepwise_model::train::optim::AdamW;
 use stepwise_model::train::{batch_loss, Example, Objective};
 use stepwise_model::{HeadKind, Model, ModelConfig};
 
@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
         })
         .collect();
     let refs: Vec<&Example> = data.iter().collect();
-    let named = stepwise_model::optim::named_vars(&varmap);
+    let named = stepwise_model::train::optim::named_vars(&varmap);
     let mut opt = AdamW::new(named, 1e-3, 0.01)?;
     let (mut f, mut b, mut o) = (0.0, 0.0, 0.0);
     let reps = 20;

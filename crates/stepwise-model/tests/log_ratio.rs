@@ -10,11 +10,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::PathBuf;
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
-use stepwise_model::examples::{label_examples, LabelOptions};
-use stepwise_model::log_ratio::{attach_reference, token_logprobs, LogRatio, RewardSpec};
+use stepwise_model::train::examples::{label_examples, LabelOptions};
+use stepwise_model::train::examples::attach_reference;
+use stepwise_model::log_ratio::{token_logprobs, LogRatio, RewardSpec};
 use stepwise_model::model::pad_batch;
 use stepwise_model::train::{batch_loss, evaluate, train, Objective, TrainConfig};
-use stepwise_model::{HeadKind, Model, ModelConfig, StepScorer, Tokenizer};
+use stepwise_model::{HeadKind, Model, ModelConfig, PrmScorer, Tokenizer};
 
 mod common;
 
@@ -121,7 +122,7 @@ fn a_verifier_equal_to_its_reference_is_undecided_and_batching_changes_nothing()
     let tok = tokenizer();
     let reference = lm(&tok, &VarMap::new(), 1);
     let sols = solutions(6, 4, 0.5);
-    let same = StepScorer {
+    let same = PrmScorer {
         model: &reference,
         tokenizer: &tok,
         layout: layout(LR),
@@ -133,7 +134,7 @@ fn a_verifier_equal_to_its_reference_is_undecided_and_batching_changes_nothing()
         }
     }
     let other = lm(&tok, &VarMap::new(), 2);
-    let scorer = StepScorer {
+    let scorer = PrmScorer {
         model: &other,
         tokenizer: &tok,
         layout: layout(LR),
@@ -281,13 +282,13 @@ fn fine_tune_and_round_trip(
         .reference_dir(prm_dir)
         .map(|d| Model::load(&d, &Device::Cpu).unwrap());
     assert_eq!(loaded_ref.is_some(), lr.reference_logprob.is_none());
-    let a = StepScorer {
+    let a = PrmScorer {
         model: &prm,
         tokenizer: tok,
         layout: layout(lr),
         reference: Some(&reference),
     };
-    let b = StepScorer {
+    let b = PrmScorer {
         model: &loaded,
         tokenizer: tok,
         layout: spec.layout(),

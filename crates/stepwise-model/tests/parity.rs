@@ -5,7 +5,7 @@
 use candle_core::Device;
 use serde_json::Value;
 use std::path::PathBuf;
-use stepwise_model::{generate, Model, PrmLayout, SamplingParams, StepScorer, Tokenizer};
+use stepwise_model::{generate, Model, PrmLayout, SamplingParams, PrmScorer, Tokenizer};
 
 mod common;
 use common::fixtures;
@@ -40,7 +40,7 @@ fn prm_fixtures_reproduce_transformers() {
     for case in ["qwen2-prm", "llama-shepherd", "qwen2-tokcls"] {
         let (model, tok) = load(case);
         let layout = PrmLayout::detect(&model, &tok).unwrap();
-        let scorer = StepScorer {
+        let scorer = PrmScorer {
             model: &model,
             tokenizer: &tok,
             layout,
@@ -121,7 +121,7 @@ fn value_head_reproduces_transformers() {
     let model = Model::load(&dir, &Device::Cpu).unwrap();
     assert_eq!(model.config.head, stepwise_model::HeadKind::SequenceClassification);
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    let scorer = StepScorer {
+    let scorer = PrmScorer {
         model: &model,
         tokenizer: &tok,
         layout: PrmLayout::detect(&model, &tok).unwrap(),

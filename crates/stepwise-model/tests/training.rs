@@ -9,9 +9,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::PathBuf;
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
-use stepwise_model::examples::{label_examples, LabelOptions};
+use stepwise_model::train::examples::{label_examples, LabelOptions};
 use stepwise_model::train::{batch_loss, evaluate, train, Objective, TrainConfig};
-use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, StepScorer, Tokenizer};
+use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, PrmScorer, Tokenizer};
 
 fn tokenizer() -> Tokenizer {
     Tokenizer::from_dir(&tokenizer_dir()).unwrap()
@@ -100,7 +100,7 @@ fn value_head_checkpoint_round_trips() {
     let layout = PrmLayout::detect(&loaded, &tok).unwrap();
     let s = &solutions(1, 9)[0];
     let score = |m: &Model| {
-        StepScorer {
+        PrmScorer {
             model: m,
             tokenizer: &tok,
             layout: layout.clone(),
@@ -154,13 +154,13 @@ fn tiny_prm_learns_detectable_errors_and_round_trips_through_a_checkpoint() {
     std::fs::copy(tokenizer_dir().join("tokenizer.json"), out.join("tokenizer.json")).unwrap();
     let loaded = Model::load(&out, &Device::Cpu).unwrap();
     let layout = PrmLayout::TokenClassifier { separator: "\n".into() };
-    let a = StepScorer {
+    let a = PrmScorer {
         model: &model,
         tokenizer: &tok,
         layout: layout.clone(),
         reference: None,
     };
-    let b = StepScorer {
+    let b = PrmScorer {
         model: &loaded,
         tokenizer: &tok,
         layout,

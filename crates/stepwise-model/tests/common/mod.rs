@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use stepwise_core::Solution;
-use stepwise_model::StepScorer;
+use stepwise_model::PrmScorer;
 
 /// The Hugging Face fixture folders (`../shared/fixtures/hf-tiny`, or `$STEPWISE_SHARED`).
 pub fn fixtures() -> PathBuf {
@@ -14,7 +14,7 @@ pub fn fixtures() -> PathBuf {
 }
 
 /// Two scorers give the same step scores (within 1e-6) on the first ten solutions.
-pub fn assert_same_scores(a: &StepScorer, b: &StepScorer, sols: &[Solution]) {
+pub fn assert_same_scores(a: &PrmScorer, b: &PrmScorer, sols: &[Solution]) {
     for s in sols.iter().take(10) {
         let texts = s.step_texts();
         let (x, y) = (
