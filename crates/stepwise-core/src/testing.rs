@@ -14,7 +14,14 @@ impl<F> Policy for ScriptedPolicy<F>
 where
     F: Fn(&str, &[&str], usize) -> Vec<String> + Sync,
 {
-    fn continue_from(&self, question: &str, prefix: &[&str], n: usize, until: Until, _seed: u64) -> Result<Vec<Continuation>> {
+    fn continue_from(
+        &self,
+        question: &str,
+        prefix: &[&str],
+        n: usize,
+        until: Until,
+        _seed: u64,
+    ) -> Result<Vec<Continuation>> {
         Ok((0..n)
             .map(|j| {
                 let mut steps = (self.0)(question, prefix, j);
@@ -27,6 +34,7 @@ where
                     tokens: steps.iter().map(|s| s.split_whitespace().count()).sum(),
                     steps,
                     finished,
+                    token_ids: Vec::new(),
                 }
             })
             .collect())

@@ -59,9 +59,12 @@ mod tests {
         let cfg = ModelConfig::tiny(tok.vocab_size(), 32, 1, 4, 2, HeadKind::CausalLm);
         let model = Model::fresh(cfg, &candle_nn::VarMap::new(), &Device::Cpu, 3).unwrap();
         let (q, steps) = ("Ann has 3 bags of 4 coins .", ["3 * 4 = 12", "The answer is 12"]);
-        let got = PolicyConfidence { model: &model, tok: &tok }
-            .step_end_probabilities(q, &steps)
-            .unwrap();
+        let got = PolicyConfidence {
+            model: &model,
+            tok: &tok,
+        }
+        .step_end_probabilities(q, &steps)
+        .unwrap();
         // The same probabilities from the next-token distribution after each step's prefix.
         for (k, step) in steps.iter().enumerate() {
             let mut ids = encode_steps(&tok, q, &steps[..k], SEP, true).unwrap().ids;

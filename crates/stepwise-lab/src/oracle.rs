@@ -92,11 +92,23 @@ mod tests {
                 let want: Vec<f32> = verdicts.iter().map(|&ok| if ok { 1.0 } else { 0.0 }).collect();
                 assert_eq!(s.scores[0], want);
                 if verdicts.iter().all(|&ok| ok) {
-                    assert!(lab.is_correct(&p.gold, steps), "{}: every step correct, wrong answer", p.id);
+                    assert!(
+                        lab.is_correct(&p.gold, steps),
+                        "{}: every step correct, wrong answer",
+                        p.id
+                    );
                 }
             }
-            assert!(lab.is_correct(&p.gold, &p.steps), "{}: the reference solution is correct", p.id);
-            assert!(!task::check_steps(p, &wrong)[0], "{}: `1 * 1 = 1` is no first step", p.id);
+            assert!(
+                lab.is_correct(&p.gold, &p.steps),
+                "{}: the reference solution is correct",
+                p.id
+            );
+            assert!(
+                !task::check_steps(p, &wrong)[0],
+                "{}: `1 * 1 = 1` is no first step",
+                p.id
+            );
         }
         let missing = ScoreInput {
             problem_id: "nope",

@@ -140,7 +140,13 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     //    own confidence as a baseline.
     let mut scored: Vec<Solution> = eval_sols.iter().map(oracle_labelled).collect();
     verifiers.score(&prm_mc, false, &mut scored, verifier::PRM_MC, "scoring (PRM-MC)")?;
-    verifiers.score(&prm_or, false, &mut scored, verifier::PRM_ORACLE, "scoring (PRM-oracle)")?;
+    verifiers.score(
+        &prm_or,
+        false,
+        &mut scored,
+        verifier::PRM_ORACLE,
+        "scoring (PRM-oracle)",
+    )?;
     verifiers.score(&orm, true, &mut scored, verifier::ORM, "scoring (ORM)")?;
     let confidence = crate::confidence::PolicyConfidence {
         model: &policy_model,

@@ -61,9 +61,13 @@ impl Annotator for MonteCarlo<'_> {
             let (n, hits) = if i + 1 == texts.len() {
                 (1, usize::from(self.task.is_correct(gold, &texts)))
             } else {
-                let outs: Vec<Continuation> =
-                    self.policy
-                        .continue_from(&sol.question, &prefix, o.rollouts, Until::End, seed_for(o.seed, &sol.id, i))?;
+                let outs: Vec<Continuation> = self.policy.continue_from(
+                    &sol.question,
+                    &prefix,
+                    o.rollouts,
+                    Until::End,
+                    seed_for(o.seed, &sol.id, i),
+                )?;
                 spent.rollouts += outs.len();
                 spent.tokens += outs.iter().map(|c| c.tokens).sum::<usize>();
                 let hits = outs
@@ -145,7 +149,10 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let (all, spent) = annotate_resumable(&path, &sols, &mc, |_| {}).unwrap();
         let one_by_one: Vec<(Solution, Spent)> = sols.iter().map(|s| mc.annotate(s).unwrap()).collect();
-        assert_eq!(spent.rollouts, one_by_one.iter().map(|(_, n)| n.rollouts).sum::<usize>());
+        assert_eq!(
+            spent.rollouts,
+            one_by_one.iter().map(|(_, n)| n.rollouts).sum::<usize>()
+        );
         for (got, (want, _)) in all.iter().zip(&one_by_one) {
             assert_eq!((&got.id, &got.steps), (&want.id, &want.steps));
         }

@@ -26,10 +26,7 @@ pub fn annotate_resumable(
     progress(kept.len());
     let todo: Vec<&Solution> = sols.iter().filter(|s| !journal.contains(&s.id)).collect();
     for batch in todo.chunks(2 * rayon::current_num_threads()) {
-        let done: Vec<(Solution, Spent)> = batch
-            .par_iter()
-            .map(|s| annotator.annotate(s))
-            .collect::<Result<_>>()?;
+        let done: Vec<(Solution, Spent)> = batch.par_iter().map(|s| annotator.annotate(s)).collect::<Result<_>>()?;
         for (mut l, spent) in done {
             l.meta.insert("rollouts".into(), spent.rollouts.into());
             l.meta.insert("generated_tokens".into(), spent.tokens.into());

@@ -197,4 +197,3 @@ pub struct Encoded {
     /// The first step's first token (0 where the layout does not say).
     pub steps_from: usize,
 }
-

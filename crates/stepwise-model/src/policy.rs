@@ -57,7 +57,14 @@ impl EnginePolicy<'_> {
 }
 
 impl Policy for EnginePolicy<'_> {
-    fn continue_from(&self, question: &str, prefix: &[&str], n: usize, until: Until, seed: u64) -> Result<Vec<Continuation>> {
+    fn continue_from(
+        &self,
+        question: &str,
+        prefix: &[&str],
+        n: usize,
+        until: Until,
+        seed: u64,
+    ) -> Result<Vec<Continuation>> {
         let ids = self.prompt_ids(question, prefix)?;
         let mut params = SamplingParams {
             seed,
@@ -80,7 +87,7 @@ impl Policy for EnginePolicy<'_> {
                     Some(id) => out.last() == Some(&id),
                     None => false,
                 };
-                let body: Vec<u32> = out.into_iter().filter(|t| !end.contains(t)).collect();
+                let body: Vec<u32> = out.iter().copied().filter(|t| !end.contains(t)).collect();
                 let text = self.tokenizer.decode(&body)?;
                 let mut steps = split_steps_at(&text, &self.separator);
                 // Until::Step: a step followed by the separator can be continued; one that ended
@@ -94,6 +101,7 @@ impl Policy for EnginePolicy<'_> {
                     text,
                     finished,
                     tokens,
+                    token_ids: out,
                 })
             })
             .collect()

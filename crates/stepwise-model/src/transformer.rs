@@ -135,7 +135,9 @@ impl Attention {
         *cache = Some((k.clone(), v.clone()));
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         if !pass.diff && x.device().is_cpu() {
-            return Ok(self.o.forward(&kernels::attention(&q, &k, &v, scale, &pass.mask)?, false)?);
+            return Ok(self
+                .o
+                .forward(&kernels::attention(&q, &k, &v, scale, &pass.mask)?, false)?);
         }
         // Grouped-query attention: each kv head serves `heads / kv_heads` query heads.
         let group = self.heads / self.kv_heads;

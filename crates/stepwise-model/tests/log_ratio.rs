@@ -10,10 +10,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::PathBuf;
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
-use stepwise_model::train::examples::{label_examples, LabelOptions};
-use stepwise_model::train::examples::attach_reference;
 use stepwise_model::log_ratio::{token_logprobs, LogRatio, RewardSpec};
 use stepwise_model::model::pad_batch;
+use stepwise_model::train::examples::attach_reference;
+use stepwise_model::train::examples::{label_examples, LabelOptions};
 use stepwise_model::train::{batch_loss, evaluate, train, Objective, TrainConfig};
 use stepwise_model::{HeadKind, Model, ModelConfig, PrmScorer, Tokenizer};
 

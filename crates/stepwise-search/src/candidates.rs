@@ -89,12 +89,18 @@ mod tests {
         let groups = group_candidates(&sols, Some("prm"), Some("prm")).unwrap();
         assert_eq!(groups.len(), 1);
         let g: Vec<&Candidate> = groups[0].iter().collect();
-        assert_eq!(select(&g, Selector::Majority), Some(0), "the vote follows the wrong majority");
+        assert_eq!(
+            select(&g, Selector::Majority),
+            Some(0),
+            "the vote follows the wrong majority"
+        );
         assert_eq!(select(&g, Selector::Prm(Aggregation::Min)), Some(2));
         assert!(g[2].correct && !g[0].correct);
         let mut unscored = sols[0].clone();
         unscored.scores.clear();
-        let err = group_candidates(&[unscored], Some("prm"), None).unwrap_err().to_string();
+        let err = group_candidates(&[unscored], Some("prm"), None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("record 1") && err.contains("scores.prm"), "{err}");
     }
 }

@@ -47,7 +47,8 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let sols: Vec<Solution> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
-    let groups = group_candidates(&sols, Some(&a.prm), a.orm.as_deref()).with_context(|| a.input.display().to_string())?;
+    let groups =
+        group_candidates(&sols, Some(&a.prm), a.orm.as_deref()).with_context(|| a.input.display().to_string())?;
     let most = groups.iter().map(Vec::len).max().unwrap_or(0);
     let ns: Vec<usize> = if a.ns.is_empty() {
         (0..).map(|k| 1usize << k).take_while(|&n| n <= most).collect()

@@ -11,7 +11,12 @@ pub mod stats;
 pub mod train_prm;
 
 /// Verifier `name`'s step scores of record `i` (0-based) of `path`.
-pub fn step_scores(s: &stepwise_core::Solution, name: &str, path: &std::path::Path, i: usize) -> anyhow::Result<Vec<f32>> {
+pub fn step_scores(
+    s: &stepwise_core::Solution,
+    name: &str,
+    path: &std::path::Path,
+    i: usize,
+) -> anyhow::Result<Vec<f32>> {
     match s.scores_of(name) {
         Some(v) if v.len() == s.steps.len() => Ok(v),
         _ => anyhow::bail!(

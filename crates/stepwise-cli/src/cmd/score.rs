@@ -3,8 +3,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::score_solutions;
 use stepwise_core::{Format, SolutionReader, SolutionWriter};
-use stepwise_model::scoring::LoadedVerifier;
 use stepwise_model::default_device;
+use stepwise_model::scoring::LoadedVerifier;
 
 /// Score every step of every solution with a PRM.
 #[derive(clap::Args)]
@@ -52,7 +52,9 @@ pub fn run(a: Args) -> Result<()> {
     let mut sols: Vec<_> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");
     let start = Instant::now();
-    let tokens = score_solutions(&scorer, &a.name, &mut sols, a.batch_size, |done| bar.set_position(done as u64))?;
+    let tokens = score_solutions(&scorer, &a.name, &mut sols, a.batch_size, |done| {
+        bar.set_position(done as u64)
+    })?;
     bar.finish_and_clear();
     let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;
     for s in &sols {

@@ -23,6 +23,9 @@ pub struct Continuation {
     pub finished: bool,
     /// Tokens generated for this continuation.
     pub tokens: usize,
+    /// The generated token ids, end token included, where the policy exposes them (a local
+    /// engine does; RL trains on exactly these tokens). Empty otherwise.
+    pub token_ids: Vec<u32>,
 }
 
 /// Anything that can continue a partial solution: the local engine, a remote server, a scripted
@@ -30,7 +33,14 @@ pub struct Continuation {
 pub trait Policy: Sync {
     /// `n` continuations of `question` after the `prefix` steps, by one step or to the end.
     /// `seed` makes the draw reproducible: the same arguments give the same continuations.
-    fn continue_from(&self, question: &str, prefix: &[&str], n: usize, until: Until, seed: u64) -> Result<Vec<Continuation>>;
+    fn continue_from(
+        &self,
+        question: &str,
+        prefix: &[&str],
+        n: usize,
+        until: Until,
+        seed: u64,
+    ) -> Result<Vec<Continuation>>;
 
     /// `n` completions to the end, each as the list of its remaining steps.
     fn complete(&self, question: &str, prefix: &[&str], n: usize, seed: u64) -> Result<Vec<Vec<String>>> {

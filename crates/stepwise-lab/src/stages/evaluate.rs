@@ -137,7 +137,13 @@ pub fn evaluate(
     let mut seen = std::collections::HashSet::new();
     for s in scored {
         if seen.insert(s.problem_id.as_str()) {
-            families.push(s.meta.get("family").and_then(|f| f.as_str()).unwrap_or("unknown").to_string());
+            families.push(
+                s.meta
+                    .get("family")
+                    .and_then(|f| f.as_str())
+                    .unwrap_or("unknown")
+                    .to_string(),
+            );
         }
     }
     let (s_mc, s_or, s_policy) = (

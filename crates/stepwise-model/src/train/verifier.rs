@@ -65,7 +65,10 @@ impl VerifierSpec {
                     bail!("the log-ratio head fine-tunes a causal LM: start from a checkpoint");
                 }
                 if c.head != HeadKind::CausalLm {
-                    bail!("the log-ratio head needs a causal LM to start from, not a {:?} model", c.head);
+                    bail!(
+                        "the log-ratio head needs a causal LM to start from, not a {:?} model",
+                        c.head
+                    );
                 }
                 if self.extra_layers > 0 {
                     bail!("extra layers are for the classifier and value heads: the log-ratio head is the LM itself");
@@ -135,7 +138,11 @@ impl VerifierSpec {
     pub fn reward_spec(&self, reference: Option<&Path>) -> Option<RewardSpec> {
         match self.head {
             VerifierHead::LogRatio(lr) => {
-                let reference = lr.reference_logprob.is_none().then(|| reference.map(Path::to_path_buf)).flatten();
+                let reference = lr
+                    .reference_logprob
+                    .is_none()
+                    .then(|| reference.map(Path::to_path_buf))
+                    .flatten();
                 Some(RewardSpec::new(reference, &self.labels.separator, lr))
             }
             _ => None,

@@ -1,0 +1,19 @@
+//! stepwise-rl: optimise a policy against rewards from the [`stepwise_core::Reward`] seam, dense
+//! per-step (a PRM, the lab's oracle) or per solution (the grader, an ORM).
+//!
+//! - [`advantage`]: GRPO's group-normalised advantages and per-step credit (DeepSeekMath's
+//!   return-to-go of normalised step rewards, or the min-so-far of step rewards);
+//! - [`loss`]: the PPO-clip policy-gradient loss with GRPO's k3 KL penalty to a frozen reference,
+//!   on the engine's differentiable path;
+//! - [`rollout`]: sampled solutions as training sequences, each token carrying its step's advantage;
+//! - [`trainer`]: the on-policy loop, resumable from its checkpoints.
+#![warn(missing_docs)]
+
+pub mod advantage;
+pub mod loss;
+pub mod rollout;
+pub mod trainer;
+
+pub use advantage::{step_advantages, Credit};
+pub use loss::{rl_loss, LossStats};
+pub use trainer::{train_rl, RlConfig, UpdateLog};

@@ -1,0 +1,91 @@
+//! The policy-gradient loss: PPO's clipped ratio against the sampling policy, times each
+//! token's advantage, plus GRPO's k3 estimate of the KL divergence to a frozen reference,
+//! averaged over the learned tokens of a minibatch. Built from differentiable ops only (no
+//! fused kernel without a backward pass), so every weight that shapes a token's probability
+//! gets a gradient.
+
+use crate::rollout::Sequence;
+use anyhow::{ensure, Result};
+use candle_core::Tensor;
+use stepwise_model::log_ratio::token_logprobs;
+use stepwise_model::model::pad_batch;
+use stepwise_model::Model;
+
+/// What a minibatch's loss saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LossStats {
+    /// Mean k3 KL estimate to the reference over learned tokens.
+    pub kl: f64,
+    /// Fraction of learned tokens whose ratio was clipped.
+    pub clip_fraction: f64,
+    /// Learned tokens.
+    pub tokens: usize,
+}
+
+/// The loss of `batch` under `model` (in training mode for a gradient): `clip` is PPO's ε,
+/// `kl_coef` the weight of the KL penalty.
+pub fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(Tensor, LossStats)> {
+    ensure!(!batch.is_empty(), "an empty minibatch");
+    let seqs: Vec<&[u32]> = batch.iter().map(|s| s.ids.as_slice()).collect();
+    let (ids, mask, t) = pad_batch(&seqs, &model.device)?;
+    let logp = token_logprobs(model, &ids, mask.as_ref())?;
+    // Per position of the padded batch: learned or not, advantage, old and reference log-probs.
+    // Positions not learned take the current log-probabilities (ratio 1, KL 0), so a padding
+    // token's tiny probability cannot overflow the exponentials there.
+    let n = batch.len() * t;
+    let now: Vec<f32> = logp.to_vec1()?;
+    let (mut learn, mut adv, mut old, mut reference) = (vec![0f32; n], vec![0f32; n], now.clone(), now);
+    for (b, s) in batch.iter().enumerate() {
+        ensure!(
+            s.advantages.len() == s.ids.len() && s.old_logprobs.len() == s.ids.len() && s.ref_logprobs.len() == s.ids.len(),
+            "a sequence's advantages and log-probabilities must cover its tokens"
+        );
+        for i in s.learn_from..s.ids.len() {
+            let k = b * t + i;
+            learn[k] = 1.0;
+            adv[k] = s.advantages[i];
+            old[k] = s.old_logprobs[i];
+            reference[k] = s.ref_logprobs[i];
+        }
+    }
+    let dev = &model.device;
+    let tensor = |v: &[f32]| Tensor::new(v, dev);
+    let ratio = (&logp - tensor(&old)?)?.exp()?;
+    // min(ratio·A, clip(ratio)·A): where the clipped term is smaller it is a constant (no
+    // gradient); elsewhere the unclipped term is the loss.
+    let ratio_v: Vec<f32> = ratio.to_vec1()?;
+    let mut unclipped_wins = vec![0f32; n];
+    let mut clipped_value = vec![0f32; n];
+    let mut clipped = 0usize;
+    for k in 0..n {
+        if learn[k] == 0.0 {
+            continue;
+        }
+        let r = ratio_v[k];
+        let c = r.clamp(1.0 - clip, 1.0 + clip);
+        if r * adv[k] <= c * adv[k] {
+            unclipped_wins[k] = 1.0;
+        } else {
+            clipped_value[k] = c * adv[k];
+        }
+        clipped += usize::from(c != r);
+    }
+    let pg = ((ratio * tensor(&adv)?)? * tensor(&unclipped_wins)?)?;
+    let pg = (pg + tensor(&clipped_value)?)?.neg()?;
+    // k3 = exp(ref − logp) − (ref − logp) − 1 ≥ 0, an unbiased estimate of KL(π‖π_ref).
+    let d = (tensor(&reference)? - &logp)?;
+    let k3 = ((d.exp()? - &d)? - 1.0)?;
+    let per_token = (pg + (k3.clone() * kl_coef as f64)?)?;
+    let learn_t = tensor(&learn)?;
+    let tokens = learn.iter().filter(|&&x| x > 0.0).count().max(1);
+    let loss = ((per_token * &learn_t)?.sum_all()? / tokens as f64)?;
+    let kl = ((k3 * &learn_t)?.sum_all()?.to_scalar::<f32>()? as f64) / tokens as f64;
+    Ok((
+        loss,
+        LossStats {
+            kl,
+            clip_fraction: clipped as f64 / tokens as f64,
+            tokens,
+        },
+    ))
+}

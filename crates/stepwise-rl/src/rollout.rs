@@ -1,0 +1,71 @@
+//! Sampled solutions as training sequences: the prompt and exactly the tokens the policy drew,
+//! each completion token carrying the advantage of the step it belongs to.
+
+use anyhow::Result;
+use stepwise_model::log_ratio::token_logprobs;
+use stepwise_model::model::pad_batch;
+use stepwise_model::Model;
+
+/// One sampled solution as RL trains on it.
+#[derive(Debug, Clone, Default)]
+pub struct Sequence {
+    /// Prompt and completion token ids.
+    pub ids: Vec<u32>,
+    /// The first completion token: the loss covers positions `learn_from..`.
+    pub learn_from: usize,
+    /// Each token's advantage (0 on the prompt).
+    pub advantages: Vec<f32>,
+    /// Each token's log-probability under the policy that sampled it.
+    pub old_logprobs: Vec<f32>,
+    /// Each token's log-probability under the frozen reference.
+    pub ref_logprobs: Vec<f32>,
+}
+
+/// Each completion token's advantage: a step's tokens, its separator included, get that step's
+/// advantage (step `k` starts after the `k`-th separator); tokens past the last step (the end
+/// token) get the last step's.
+pub fn token_advantages(completion: &[u32], separator: u32, step_advantages: &[f32]) -> Vec<f32> {
+    let last = step_advantages.len().saturating_sub(1);
+    let mut step = 0;
+    completion
+        .iter()
+        .map(|&t| {
+            let a = step_advantages.get(step.min(last)).copied().unwrap_or(0.0);
+            if t == separator {
+                step += 1;
+            }
+            a
+        })
+        .collect()
+}
+
+/// `log p(token i | tokens < i)` of every token of every sequence under `model` (no gradient),
+/// in batches of `batch_size`.
+pub fn sequence_logprobs(model: &Model, seqs: &[&[u32]], batch_size: usize) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(seqs.len());
+    for chunk in seqs.chunks(batch_size.max(1)) {
+        let (ids, mask, t) = pad_batch(chunk, &model.device)?;
+        let lp: Vec<f32> = token_logprobs(model, &ids, mask.as_ref())?.to_vec1()?;
+        for (b, s) in chunk.iter().enumerate() {
+            out.push(lp[b * t..b * t + s.len()].to_vec());
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_token_gets_its_steps_advantage() {
+        // step 0: 5 6 |, step 1: 7 |, step 2: 8 <eos>
+        let sep = 1;
+        let completion = [5, 6, sep, 7, sep, 8, 2];
+        let a = token_advantages(&completion, sep, &[0.5, -1.0, 2.0]);
+        assert_eq!(a, vec![0.5, 0.5, 0.5, -1.0, -1.0, 2.0, 2.0]);
+        // More separators than steps (an empty step was dropped): the rest is the last step's.
+        let a = token_advantages(&[sep, sep, 9], sep, &[1.0, 3.0]);
+        assert_eq!(a, vec![1.0, 3.0, 3.0]);
+    }
+}
