@@ -131,7 +131,12 @@ mod tests {
         let r = vec![vec![1.0], vec![0.0], vec![0.0], vec![1.0]];
         let a = step_advantages(&r, &[2, 1, 3, 1], RewardKind::Outcome, Credit::ReturnToGo);
         close(&a, &[vec![1.0, 1.0], vec![-1.0], vec![-1.0; 3], vec![1.0]]);
-        let same = step_advantages(&[vec![1.0], vec![1.0]], &[1, 1], RewardKind::Outcome, Credit::ReturnToGo);
+        let same = step_advantages(
+            &[vec![1.0], vec![1.0]],
+            &[1, 1],
+            RewardKind::Outcome,
+            Credit::ReturnToGo,
+        );
         close(&same, &[vec![0.0], vec![0.0]]);
     }
 }

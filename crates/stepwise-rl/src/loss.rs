@@ -37,7 +37,9 @@ pub fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> R
     let (mut learn, mut adv, mut old, mut reference) = (vec![0f32; n], vec![0f32; n], now.clone(), now);
     for (b, s) in batch.iter().enumerate() {
         ensure!(
-            s.advantages.len() == s.ids.len() && s.old_logprobs.len() == s.ids.len() && s.ref_logprobs.len() == s.ids.len(),
+            s.advantages.len() == s.ids.len()
+                && s.old_logprobs.len() == s.ids.len()
+                && s.ref_logprobs.len() == s.ids.len(),
             "a sequence's advantages and log-probabilities must cover its tokens"
         );
         for i in s.learn_from..s.ids.len() {

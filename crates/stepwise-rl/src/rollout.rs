@@ -22,17 +22,21 @@ pub struct Sequence {
 }
 
 /// Each completion token's advantage: a step's tokens, its separator included, get that step's
-/// advantage (step `k` starts after the `k`-th separator); tokens past the last step (the end
-/// token) get the last step's.
+/// advantage. Steps are counted as [`stepwise_core::seams::split_steps_at`] counts them: a
+/// separator with nothing before it starts no step. Tokens past the last step (the end token)
+/// get the last step's.
 pub fn token_advantages(completion: &[u32], separator: u32, step_advantages: &[f32]) -> Vec<f32> {
     let last = step_advantages.len().saturating_sub(1);
-    let mut step = 0;
+    let (mut step, mut in_step) = (0, false);
     completion
         .iter()
         .map(|&t| {
             let a = step_advantages.get(step.min(last)).copied().unwrap_or(0.0);
-            if t == separator {
+            if t != separator {
+                in_step = true;
+            } else if in_step {
                 step += 1;
+                in_step = false;
             }
             a
         })
@@ -64,8 +68,14 @@ mod tests {
         let completion = [5, 6, sep, 7, sep, 8, 2];
         let a = token_advantages(&completion, sep, &[0.5, -1.0, 2.0]);
         assert_eq!(a, vec![0.5, 0.5, 0.5, -1.0, -1.0, 2.0, 2.0]);
-        // More separators than steps (an empty step was dropped): the rest is the last step's.
-        let a = token_advantages(&[sep, sep, 9], sep, &[1.0, 3.0]);
-        assert_eq!(a, vec![1.0, 3.0, 3.0]);
+        // An empty step is no step (as in the step texts): its separator joins the next step.
+        let a = token_advantages(&[5, sep, sep, 6, sep, 7], sep, &[1.0, 3.0, 4.0]);
+        assert_eq!(a, vec![1.0, 1.0, 3.0, 3.0, 3.0, 4.0]);
+        let a = token_advantages(&[sep, 9, sep, 9, sep, 9], sep, &[1.0, 3.0]);
+        assert_eq!(
+            a,
+            vec![1.0, 1.0, 1.0, 3.0, 3.0, 3.0],
+            "past the last step: the last step's"
+        );
     }
 }

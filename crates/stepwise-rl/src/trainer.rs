@@ -1,0 +1,326 @@
+//! The on-policy loop (GRPO with per-step credit): for each update, sample a group of solutions
+//! for each of a few prompts with the current policy, reward them, turn rewards into per-token
+//! advantages, then take PPO-clip steps with a KL penalty to the frozen starting policy. Every
+//! `checkpoint_every` updates the policy (Hugging Face layout), the optimiser and the log are
+//! written; a run started again on the same folder continues from there to the same weights an
+//! uninterrupted run reaches.
+
+use crate::advantage::{step_advantages, Credit};
+use crate::loss::rl_loss;
+use crate::rollout::{sequence_logprobs, token_advantages, Sequence};
+use anyhow::{bail, Context, Result};
+use rand::seq::{index::sample, SliceRandom};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Instant;
+use stepwise_core::seams::{Policy, Reward, Task, Until};
+use stepwise_core::{Problem, Solution, Step};
+use stepwise_model::model::{load_into, save_checkpoint};
+use stepwise_model::train::optim::{named_vars, schedule, AdamW};
+use stepwise_model::train::VarMap;
+use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
+
+/// Hyper-parameters of an RL run (names as in TRL's GRPO trainer where they exist).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RlConfig {
+    /// Policy updates (each samples a fresh batch).
+    pub updates: usize,
+    /// Prompts per update.
+    pub prompts_per_update: usize,
+    /// Solutions sampled per prompt (the group advantages are normalised over).
+    pub group_size: usize,
+    /// Passes over each update's samples (PPO epochs; 1 is on-policy GRPO).
+    pub epochs: usize,
+    /// Sequences per optimiser step.
+    pub minibatch_size: usize,
+    /// Peak learning rate (AdamW, linear warm-up then cosine).
+    pub lr: f64,
+    /// Warm-up updates.
+    pub warmup: usize,
+    /// AdamW weight decay.
+    pub weight_decay: f64,
+    /// Gradient-norm clipping (0 = off).
+    pub max_grad_norm: f64,
+    /// PPO's clip range ε on the probability ratio.
+    pub clip: f32,
+    /// Weight β of the k3 KL penalty to the starting policy.
+    pub kl_coef: f32,
+    /// How process rewards become step advantages.
+    pub credit: Credit,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// Most new tokens per solution.
+    pub max_new_tokens: usize,
+    /// Seed of prompt choice, sampling and minibatch order.
+    pub seed: u64,
+    /// Checkpoint every this many updates (0: only at the end).
+    pub checkpoint_every: usize,
+}
+
+impl Default for RlConfig {
+    fn default() -> Self {
+        RlConfig {
+            updates: 100,
+            prompts_per_update: 8,
+            group_size: 8,
+            epochs: 1,
+            minibatch_size: 32,
+            lr: 1e-5,
+            warmup: 0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            clip: 0.2,
+            kl_coef: 0.04,
+            credit: Credit::ReturnToGo,
+            temperature: 1.0,
+            max_new_tokens: 256,
+            seed: 0,
+            checkpoint_every: 10,
+        }
+    }
+}
+
+/// What one update saw and did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct UpdateLog {
+    /// Updates done (1-based).
+    pub update: usize,
+    /// Mean reward of the update's samples (a process reward: the mean over each solution's steps).
+    pub reward: f64,
+    /// Fraction of the update's samples the task grades correct.
+    pub accuracy: f64,
+    /// Mean k3 KL estimate to the reference over learned tokens.
+    pub kl: f64,
+    /// Fraction of learned tokens whose ratio was clipped.
+    pub clip_fraction: f64,
+    /// Mean loss over the update's optimiser steps.
+    pub loss: f64,
+    /// Tokens sampled so far (all updates).
+    pub sampled_tokens: usize,
+    /// Tokens learned from so far (all updates and epochs).
+    pub updated_tokens: usize,
+    /// Seconds this update took.
+    pub seconds: f64,
+}
+
+/// Everything an RL run works on.
+pub struct RlRun<'a> {
+    /// The policy being trained; its weights live in `varmap`.
+    pub policy: &'a mut Model,
+    /// The policy's variables.
+    pub varmap: &'a VarMap,
+    /// The frozen starting policy (the KL penalty's reference).
+    pub reference: &'a Model,
+    /// The tokenizer.
+    pub tokenizer: &'a Tokenizer,
+    /// How the question becomes the prompt.
+    pub prompt: Prompt,
+    /// The step separator: it must be one token of the tokenizer (steps are found in the
+    /// sampled tokens).
+    pub separator: String,
+    /// Tokens that end a solution.
+    pub stop_token_ids: Vec<u32>,
+    /// The prompts to train on.
+    pub problems: &'a [Problem],
+    /// Grades solutions (the accuracy logged).
+    pub task: &'a dyn Task,
+    /// What is optimised.
+    pub reward: &'a dyn Reward,
+    /// Checkpoint folder (resumed from when it holds one).
+    pub out_dir: Option<PathBuf>,
+}
+
+const STATE: &str = "rl_state.json";
+const OPTIM: &str = "optimizer.safetensors";
+
+#[derive(Serialize, Deserialize)]
+struct State {
+    config: RlConfig,
+    log: Vec<UpdateLog>,
+}
+
+/// Run RL; `on_update` sees each update's log. Returns the log of every update (those of a
+/// resumed run's earlier part included).
+pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
+    let RlRun {
+        policy,
+        varmap,
+        reference,
+        tokenizer,
+        prompt,
+        separator,
+        stop_token_ids,
+        problems,
+        task,
+        reward,
+        out_dir,
+    } = run;
+    if problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
+        bail!("RL needs problems, a group of at least 2 samples per prompt and at least one prompt per update");
+    }
+    let sep = tokenizer
+        .token_id(&separator)
+        .with_context(|| format!("the step separator {separator:?} must be one token of the tokenizer"))?;
+    let mut opt = AdamW::new(named_vars(varmap), cfg.lr, cfg.weight_decay)?;
+    let mut log: Vec<UpdateLog> = Vec::new();
+    if let Some(dir) = out_dir.as_ref().filter(|d| d.join(STATE).exists()) {
+        let text = std::fs::read_to_string(dir.join(STATE))?;
+        let state: State =
+            serde_json::from_str(&text).with_context(|| format!("{}: invalid", dir.join(STATE).display()))?;
+        if state.config != *cfg {
+            bail!(
+                "{} was started with other RL settings: use another folder, or delete it to start over",
+                dir.display()
+            );
+        }
+        load_into(varmap, &dir.join("model.safetensors"))?;
+        opt.load(&dir.join(OPTIM))?;
+        log = state.log;
+    }
+    let save = |policy: &Model, opt: &AdamW, log: &[UpdateLog]| -> Result<()> {
+        if let Some(dir) = &out_dir {
+            save_checkpoint(dir, &policy.config, varmap)?;
+            opt.save(&dir.join(OPTIM))?;
+            let state = State {
+                config: cfg.clone(),
+                log: log.to_vec(),
+            };
+            // The state is written last: a checkpoint counts only once all of it is there.
+            let tmp = dir.join(format!("{STATE}.tmp"));
+            std::fs::write(&tmp, serde_json::to_string_pretty(&state)?)?;
+            std::fs::rename(tmp, dir.join(STATE))?;
+        }
+        Ok(())
+    };
+    let (mut sampled, mut updated) = log.last().map_or((0, 0), |l| (l.sampled_tokens, l.updated_tokens));
+    for u in log.len()..cfg.updates {
+        let start = Instant::now();
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ (u as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let chosen: Vec<&Problem> = sample(&mut rng, problems.len(), cfg.prompts_per_update.min(problems.len()))
+            .into_iter()
+            .map(|i| &problems[i])
+            .collect();
+
+        // Sample a group per prompt with the current policy.
+        policy.set_training(false);
+        let engine = EnginePolicy {
+            model: policy,
+            tokenizer,
+            params: SamplingParams {
+                temperature: cfg.temperature,
+                max_new_tokens: cfg.max_new_tokens,
+                stop_token_ids: stop_token_ids.clone(),
+                ..Default::default()
+            },
+            prompt,
+            separator: separator.clone(),
+        };
+        let mut seqs: Vec<Sequence> = Vec::new();
+        let (mut reward_sum, mut correct) = (0.0, 0usize);
+        for (k, p) in chosen.iter().enumerate() {
+            let prompt_ids = engine.prompt_ids(&p.question, &[])?;
+            let conts = engine.continue_from(&p.question, &[], cfg.group_size, Until::End, rng_seed(cfg.seed, u, k))?;
+            let sols: Vec<Solution> = conts
+                .iter()
+                .enumerate()
+                .map(|(j, c)| {
+                    let mut s = Solution {
+                        id: format!("{}-u{u}-{j}", p.id),
+                        problem_id: p.id.clone(),
+                        question: p.question.clone(),
+                        steps: c.steps.iter().map(Step::new).collect(),
+                        gold_answer: p.gold_answer.clone(),
+                        ..Default::default()
+                    };
+                    task.grade_solution(&mut s);
+                    s
+                })
+                .collect();
+            correct += sols.iter().filter(|s| s.correct == Some(true)).count();
+            let rewards = reward.rewards(&sols)?;
+            reward_sum += rewards
+                .iter()
+                .map(|r| r.iter().sum::<f32>() as f64 / r.len().max(1) as f64)
+                .sum::<f64>();
+            let steps: Vec<usize> = sols.iter().map(|s| s.steps.len()).collect();
+            let advantages = step_advantages(&rewards, &steps, reward.kind(), cfg.credit);
+            for (c, a) in conts.iter().zip(advantages) {
+                sampled += c.token_ids.len();
+                let mut ids = prompt_ids.clone();
+                ids.extend(&c.token_ids);
+                let mut adv = vec![0.0; prompt_ids.len()];
+                adv.extend(token_advantages(&c.token_ids, sep, &a));
+                seqs.push(Sequence {
+                    learn_from: prompt_ids.len(),
+                    ids,
+                    advantages: adv,
+                    ..Default::default()
+                });
+            }
+        }
+        drop(engine);
+        let all: Vec<&[u32]> = seqs.iter().map(|s| s.ids.as_slice()).collect();
+        let old = sequence_logprobs(policy, &all, cfg.minibatch_size)?;
+        let refs = sequence_logprobs(reference, &all, cfg.minibatch_size)?;
+        for ((s, o), r) in seqs.iter_mut().zip(old).zip(refs) {
+            s.old_logprobs = o;
+            s.ref_logprobs = r;
+        }
+
+        // PPO-clip steps over the samples.
+        policy.set_training(true);
+        opt.lr = schedule(u, cfg.lr, cfg.warmup, cfg.updates);
+        let (mut loss_sum, mut kl_sum, mut clip_sum, mut steps) = (0.0, 0.0, 0.0, 0usize);
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        for _ in 0..cfg.epochs.max(1) {
+            order.shuffle(&mut rng);
+            for mb in order.chunks(cfg.minibatch_size.max(1)) {
+                let batch: Vec<&Sequence> = mb.iter().map(|&i| &seqs[i]).collect();
+                let (loss, stats) = rl_loss(policy, &batch, cfg.clip, cfg.kl_coef)?;
+                loss_sum += loss.to_scalar::<f32>()? as f64;
+                let grads = loss.backward()?;
+                let mut scale = 1.0;
+                if cfg.max_grad_norm > 0.0 {
+                    let norm = opt.grad_norm(&grads)?;
+                    if norm > cfg.max_grad_norm {
+                        scale = cfg.max_grad_norm / norm;
+                    }
+                }
+                opt.step(&grads, scale)?;
+                kl_sum += stats.kl;
+                clip_sum += stats.clip_fraction;
+                updated += stats.tokens;
+                steps += 1;
+            }
+        }
+        policy.set_training(false);
+        let n = seqs.len().max(1) as f64;
+        let entry = UpdateLog {
+            update: u + 1,
+            reward: reward_sum / n,
+            accuracy: correct as f64 / n,
+            kl: kl_sum / steps.max(1) as f64,
+            clip_fraction: clip_sum / steps.max(1) as f64,
+            loss: loss_sum / steps.max(1) as f64,
+            sampled_tokens: sampled,
+            updated_tokens: updated,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        on_update(&entry);
+        log.push(entry);
+        let last = u + 1 == cfg.updates;
+        if last || (cfg.checkpoint_every > 0 && (u + 1) % cfg.checkpoint_every == 0) {
+            save(policy, &opt, &log)?;
+        }
+    }
+    Ok(log)
+}
+
+/// The sampling seed of prompt `k` of update `u`.
+fn rng_seed(seed: u64, u: usize, k: usize) -> u64 {
+    seed.wrapping_mul(6_364_136_223_846_793_005)
+        .wrapping_add((u as u64) << 20)
+        .wrapping_add(k as u64)
+}
