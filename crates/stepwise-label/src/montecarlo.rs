@@ -104,7 +104,12 @@ mod tests {
     /// Finishes correctly (every other rollout) only while the prefix has no "bad" step.
     fn toy(_q: &str, prefix: &[&str], j: usize) -> Vec<String> {
         let ok = !prefix.contains(&"bad");
-        vec![if ok && j % 2 == 0 { "answer 1" } else { "answer 2" }.into()]
+        vec![if ok && j.is_multiple_of(2) {
+            "answer 1"
+        } else {
+            "answer 2"
+        }
+        .into()]
     }
 
     fn solution(id: &str, steps: &[&str]) -> Solution {
