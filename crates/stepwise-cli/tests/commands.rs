@@ -190,7 +190,7 @@ fn train_prm_folders_are_scored_by_score() {
         ]);
         let text = std::fs::read_to_string(&scored).unwrap();
         assert_eq!(text.lines().count(), rows.len());
-        let scores = common::step_scores(&text);
+        let scores = common::step_scores(&text, "prm");
         assert_eq!(scores.len(), 2 * rows.len());
         assert!(scores.iter().all(|x| (0.0..=1.0).contains(x)), "{name}: {scores:?}");
         assert!(

@@ -94,7 +94,7 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     assert!(spec["reference_logprob"].as_f64().unwrap() < 0.0, "{spec}");
     let rescored = root.join("rescored.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(["score", "--model"])
+        .args(["score", "--name", "cli", "--model"])
         .arg(a.join("prm_mc"))
         .arg("--input")
         .arg(a.join("scored_eval.jsonl"))
@@ -103,8 +103,8 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lab_scores = common::step_scores(&read(a.join("scored_eval.jsonl")));
-    let cli_scores = common::step_scores(&read(rescored));
+    let lab_scores = common::step_scores(&read(a.join("scored_eval.jsonl")), "prm_mc");
+    let cli_scores = common::step_scores(&read(rescored), "cli");
     assert_eq!(lab_scores.len(), cli_scores.len());
     for (x, y) in lab_scores.iter().zip(&cli_scores) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");
