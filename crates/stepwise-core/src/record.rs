@@ -267,16 +267,14 @@ impl Solution {
         self.scores.insert(verifier.to_string(), scores);
     }
 
-    /// `verifier`'s step scores: from [`Solution::scores`], else, for a file whose scores sit on
-    /// its steps (`steps[].score`, as other tools and earlier versions write them), those when
-    /// every step has one.
+    /// `verifier`'s step scores, one per step: from [`Solution::scores`], else, for a file whose
+    /// scores sit on its steps (`steps[].score`, as other tools and earlier versions write them),
+    /// those when every step has one. `None` when there are none, or not one per step.
     pub fn scores_of(&self, verifier: &str) -> Option<Vec<f32>> {
-        if let Some(s) = self.scores.get(verifier) {
-            return Some(s.clone());
+        match self.scores.get(verifier) {
+            Some(s) => (s.len() == self.steps.len()).then(|| s.clone()),
+            None if self.scores.is_empty() && !self.steps.is_empty() => self.steps.iter().map(|s| s.score).collect(),
+            None => None,
         }
-        if self.scores.is_empty() && !self.steps.is_empty() {
-            return self.steps.iter().map(|s| s.score).collect();
-        }
-        None
     }
 }

@@ -21,6 +21,11 @@ pub struct PolicyConfidence<'a> {
 impl PolicyConfidence<'_> {
     /// The probabilities for one solution.
     pub fn step_end_probabilities(&self, question: &str, steps: &[&str]) -> Result<Vec<f32>> {
+        Ok(self.probabilities(question, steps)?.0)
+    }
+
+    /// The probabilities for one solution and the tokens it was encoded into.
+    fn probabilities(&self, question: &str, steps: &[&str]) -> Result<(Vec<f32>, usize)> {
         let e = encode_steps(self.tok, question, steps, SEP, true)?;
         let sep_len = self.tok.encode(SEP, false)?.len();
         // A step's last token sits just before its separator.
@@ -30,7 +35,10 @@ impl PolicyConfidence<'_> {
         let logits = model.head_logits(&model.hidden(&input, None, None)?)?.squeeze(0)?;
         let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
         // The token at position p was predicted at position p - 1 (a question is never empty).
-        Ok(ends.iter().map(|&p| probs[p - 1][e.ids[p] as usize]).collect())
+        Ok((
+            ends.iter().map(|&p| probs[p - 1][e.ids[p] as usize]).collect(),
+            e.ids.len(),
+        ))
     }
 }
 
@@ -39,8 +47,8 @@ impl StepScorer for PolicyConfidence<'_> {
         let mut scores = Vec::with_capacity(batch.len());
         let mut tokens = 0;
         for i in batch {
-            let s = self.step_end_probabilities(i.question, &i.steps)?;
-            tokens += encode_steps(self.tok, i.question, &i.steps, SEP, true)?.ids.len();
+            let (s, n) = self.probabilities(i.question, &i.steps)?;
+            tokens += n;
             scores.push(s);
         }
         Ok(Scored { scores, tokens })

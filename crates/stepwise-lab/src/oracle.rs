@@ -1,10 +1,9 @@
-//! The lab domain behind the seams: [`LabTask`] (grading and the exact step checker) and
-//! [`OracleScorer`] (the checker as a step scorer: the ceiling any PRM is measured against).
+//! The lab domain behind the seams: [`LabTask`], grading and the exact step checker (as a step
+//! scorer, `stepwise_core::seams::CheckerScorer` over it: the ceiling any PRM is measured against).
 
 use crate::task::{self, LabProblem};
-use anyhow::{Context, Result};
 use std::collections::HashMap;
-use stepwise_core::seams::{ScoreInput, Scored, StepScorer, Task};
+use stepwise_core::seams::Task;
 use stepwise_core::Problem;
 
 /// The lab's problems as a [`Task`]: a solution's answer is what it states (`The answer is X`),
@@ -44,33 +43,11 @@ impl Task for LabTask {
     }
 }
 
-/// The exact checker as a scorer: 1 for a correct step, 0 for a wrong one.
-pub struct OracleScorer<'a> {
-    /// The problems it checks against.
-    pub task: &'a LabTask,
-}
-
-impl StepScorer for OracleScorer<'_> {
-    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
-        let scores = batch
-            .iter()
-            .map(|i| {
-                let steps: Vec<String> = i.steps.iter().map(|s| s.to_string()).collect();
-                let v = self
-                    .task
-                    .check_steps(i.problem_id, &steps)
-                    .with_context(|| format!("problem `{}` is not a lab problem of this run", i.problem_id))?;
-                Ok(v.into_iter().map(|ok| f32::from(u8::from(ok))).collect())
-            })
-            .collect::<Result<_>>()?;
-        Ok(Scored { scores, tokens: 0 })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::SeedableRng;
+    use stepwise_core::seams::{CheckerScorer, ScoreInput, StepScorer};
 
     #[test]
     fn the_oracle_scorer_and_the_task_agree_with_the_checker() {
@@ -88,7 +65,7 @@ mod tests {
                     question: &p.question,
                     steps: refs,
                 };
-                let s = OracleScorer { task: &lab }.score(&[input]).unwrap();
+                let s = CheckerScorer { task: &lab }.score(&[input]).unwrap();
                 let want: Vec<f32> = verdicts.iter().map(|&ok| if ok { 1.0 } else { 0.0 }).collect();
                 assert_eq!(s.scores[0], want);
                 if verdicts.iter().all(|&ok| ok) {
@@ -115,6 +92,6 @@ mod tests {
             question: "",
             steps: vec![],
         };
-        assert!(OracleScorer { task: &lab }.score(&[missing]).is_err());
+        assert!(CheckerScorer { task: &lab }.score(&[missing]).is_err());
     }
 }

@@ -18,8 +18,8 @@ pub fn group_candidates(sols: &[Solution], prm: Option<&str>, orm: Option<&str>)
             bail!("{}: field `correct`: missing (grade the samples first)", at());
         };
         let scores = |name: &str| match s.scores_of(name) {
-            Some(v) if v.len() == s.steps.len() => Ok(v),
-            _ => bail!(
+            Some(v) => Ok(v),
+            None => bail!(
                 "{}: field `scores.{name}`: missing or not one per step (run `stepwise score --name {name}`)",
                 at()
             ),

@@ -18,8 +18,8 @@ pub fn step_scores(
     i: usize,
 ) -> anyhow::Result<Vec<f32>> {
     match s.scores_of(name) {
-        Some(v) if v.len() == s.steps.len() => Ok(v),
-        _ => anyhow::bail!(
+        Some(v) => Ok(v),
+        None => anyhow::bail!(
             "{}: record {}: field `scores.{name}`: missing or not one per step (run `stepwise score --name {name}`)",
             path.display(),
             i + 1

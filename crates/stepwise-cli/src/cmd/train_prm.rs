@@ -168,7 +168,8 @@ pub fn run(a: Args) -> Result<()> {
             separator_after_problem: false,
         },
     };
-    spec.config().context("--head log-ratio")?;
+    // Refuse a head that cannot start from --base before any work is done.
+    spec.config()?;
     // A log-ratio verifier against its --base: the base's log-probabilities are attached once.
     let reference = match head {
         VerifierHead::LogRatio(LogRatio {

@@ -20,5 +20,5 @@ mod task;
 pub use annotator::{Annotator, Spent};
 pub use policy::{split_steps_at, Continuation, Policy, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
-pub use scorer::{score_solutions, ScoreInput, Scored, StepScorer};
+pub use scorer::{score_solutions, CheckerScorer, ScoreInput, Scored, StepScorer};
 pub use task::{MathTask, Task};

@@ -1,6 +1,6 @@
 //! [`Reward`]: what RL optimises, per step or per solution.
 
-use super::{ScoreInput, StepScorer, Task};
+use super::{CheckerScorer, ScoreInput, StepScorer, Task};
 use crate::Solution;
 use anyhow::{Context, Result};
 
@@ -97,14 +97,7 @@ impl Reward for OracleReward<'_> {
         RewardKind::Process
     }
     fn rewards(&self, sols: &[Solution]) -> Result<Vec<Vec<f32>>> {
-        sols.iter()
-            .map(|s| {
-                let verdicts = self
-                    .task
-                    .check_steps(&s.problem_id, &s.step_strings())
-                    .context("the oracle reward needs a task with an exact step checker")?;
-                Ok(verdicts.into_iter().map(|ok| f32::from(u8::from(ok))).collect())
-            })
-            .collect()
+        let inputs: Vec<ScoreInput<'_>> = sols.iter().map(ScoreInput::of).collect();
+        Ok(CheckerScorer { task: self.task }.score(&inputs)?.scores)
     }
 }

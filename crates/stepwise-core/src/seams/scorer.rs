@@ -1,5 +1,6 @@
 //! [`StepScorer`]: one score per step, and the scoring stage written once over it.
 
+use super::Task;
 use crate::Solution;
 use anyhow::{Context, Result};
 
@@ -39,6 +40,29 @@ pub struct Scored {
 pub trait StepScorer: Sync {
     /// Scores for each input, one per step.
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored>;
+}
+
+/// A task's exact step checker as a scorer: 1 for a correct step, 0 for a wrong one. The
+/// ceiling any PRM is measured against, where the task has a checker (the lab's does).
+pub struct CheckerScorer<'a> {
+    /// The task whose checker scores.
+    pub task: &'a dyn Task,
+}
+
+impl StepScorer for CheckerScorer<'_> {
+    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let scores = batch
+            .iter()
+            .map(|i| {
+                let steps: Vec<String> = i.steps.iter().map(|s| s.to_string()).collect();
+                let verdicts = self.task.check_steps(i.problem_id, &steps).with_context(|| {
+                    format!("problem `{}`: the task has no exact step checker for it", i.problem_id)
+                })?;
+                Ok(verdicts.into_iter().map(|ok| f32::from(u8::from(ok))).collect())
+            })
+            .collect::<Result<_>>()?;
+        Ok(Scored { scores, tokens: 0 })
+    }
 }
 
 /// The scoring stage: score `sols` in batches of `batch_size` and record the scores under

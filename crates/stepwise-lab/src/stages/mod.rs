@@ -24,7 +24,6 @@ pub(crate) fn done_marker(dir: &Path) -> PathBuf {
 
 /// Train (or resume, or reuse) a model in `dir`; `build` makes the trainable model in a varmap
 /// (fresh, or from another checkpoint's weights).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn train_stage(
     dir: &Path,
     what: &str,

@@ -75,7 +75,7 @@ impl VerifierSpec {
                 }
             }
             VerifierHead::Classifier => c = c.with_head(HeadKind::TokenClassification),
-            VerifierHead::Value => c = c.with_head(HeadKind::TokenClassification).with_value_head(),
+            VerifierHead::Value => c = c.with_value_head(),
         }
         if matches!(self.start, Start::Checkpoint(_)) {
             c.num_hidden_layers += self.extra_layers;
