@@ -21,18 +21,18 @@ pub struct Sequence {
     pub ref_logprobs: Vec<f32>,
 }
 
-/// Each completion token's advantage: a step's tokens, its separator included, get that step's
-/// advantage. Steps are counted as [`stepwise_core::seams::split_steps_at`] counts them: a
+/// Each completion token's advantage, given which tokens are separators (their text holds the
+/// step separator): a step's tokens, its separator included, get that step's advantage. Steps are counted as [`stepwise_core::seams::split_steps_at`] counts them: a
 /// separator with nothing before it starts no step. Tokens past the last step (the end token)
 /// get the last step's.
-pub fn token_advantages(completion: &[u32], separator: u32, step_advantages: &[f32]) -> Vec<f32> {
+pub fn token_advantages(is_separator: &[bool], step_advantages: &[f32]) -> Vec<f32> {
     let last = step_advantages.len().saturating_sub(1);
     let (mut step, mut in_step) = (0, false);
-    completion
+    is_separator
         .iter()
-        .map(|&t| {
+        .map(|&sep| {
             let a = step_advantages.get(step.min(last)).copied().unwrap_or(0.0);
-            if t != separator {
+            if !sep {
                 in_step = true;
             } else if in_step {
                 step += 1;
@@ -61,17 +61,21 @@ pub fn sequence_logprobs(model: &Model, seqs: &[&[u32]], batch_size: usize) -> R
 mod tests {
     use super::*;
 
+    fn flags(tokens: &[u32], sep: u32) -> Vec<bool> {
+        tokens.iter().map(|&t| t == sep).collect()
+    }
+
     #[test]
     fn each_token_gets_its_steps_advantage() {
         // step 0: 5 6 |, step 1: 7 |, step 2: 8 <eos>
         let sep = 1;
         let completion = [5, 6, sep, 7, sep, 8, 2];
-        let a = token_advantages(&completion, sep, &[0.5, -1.0, 2.0]);
+        let a = token_advantages(&flags(&completion, sep), &[0.5, -1.0, 2.0]);
         assert_eq!(a, vec![0.5, 0.5, 0.5, -1.0, -1.0, 2.0, 2.0]);
         // An empty step is no step (as in the step texts): its separator joins the next step.
-        let a = token_advantages(&[5, sep, sep, 6, sep, 7], sep, &[1.0, 3.0, 4.0]);
+        let a = token_advantages(&flags(&[5, sep, sep, 6, sep, 7], sep), &[1.0, 3.0, 4.0]);
         assert_eq!(a, vec![1.0, 1.0, 3.0, 3.0, 3.0, 4.0]);
-        let a = token_advantages(&[sep, 9, sep, 9, sep, 9], sep, &[1.0, 3.0]);
+        let a = token_advantages(&flags(&[sep, 9, sep, 9, sep, 9], sep), &[1.0, 3.0]);
         assert_eq!(
             a,
             vec![1.0, 1.0, 1.0, 3.0, 3.0, 3.0],

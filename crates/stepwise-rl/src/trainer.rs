@@ -103,6 +103,10 @@ pub struct UpdateLog {
     pub updated_tokens: usize,
     /// Seconds this update took.
     pub seconds: f64,
+    /// The mean of each watched reward over the update's samples (e.g. the oracle's verdict
+    /// beside the PRM being optimised: is the policy pleasing the PRM or being right?).
+    #[serde(default)]
+    pub watched: std::collections::BTreeMap<String, f64>,
 }
 
 /// Everything an RL run works on.
@@ -128,6 +132,8 @@ pub struct RlRun<'a> {
     pub task: &'a dyn Task,
     /// What is optimised.
     pub reward: &'a dyn Reward,
+    /// Rewards only measured on the samples, by name (logged in [`UpdateLog::watched`]).
+    pub watch: Vec<&'a dyn Reward>,
     /// Checkpoint folder (resumed from when it holds one).
     pub out_dir: Option<PathBuf>,
 }
@@ -155,14 +161,22 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         problems,
         task,
         reward,
+        watch,
         out_dir,
     } = run;
     if problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
         bail!("RL needs problems, a group of at least 2 samples per prompt and at least one prompt per update");
     }
-    let sep = tokenizer
-        .token_id(&separator)
-        .with_context(|| format!("the step separator {separator:?} must be one token of the tokenizer"))?;
+    // A token ends a step when its text holds the separator (`"|"`, `"\n"`, `".\n\n"`, …).
+    let mut separators = std::collections::HashMap::new();
+    let mut is_separator = |t: u32| -> Result<bool> {
+        if let Some(&b) = separators.get(&t) {
+            return Ok(b);
+        }
+        let b = tokenizer.decode(&[t])?.contains(separator.as_str());
+        separators.insert(t, b);
+        Ok(b)
+    };
     let mut opt = AdamW::new(named_vars(varmap), cfg.lr, cfg.weight_decay)?;
     let mut log: Vec<UpdateLog> = Vec::new();
     if let Some(dir) = out_dir.as_ref().filter(|d| d.join(STATE).exists()) {
@@ -219,6 +233,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         };
         let mut seqs: Vec<Sequence> = Vec::new();
         let (mut reward_sum, mut correct) = (0.0, 0usize);
+        let mut watched = std::collections::BTreeMap::new();
         for (k, p) in chosen.iter().enumerate() {
             let prompt_ids = engine.prompt_ids(&p.question, &[])?;
             let conts = engine.continue_from(&p.question, &[], cfg.group_size, Until::End, rng_seed(cfg.seed, u, k))?;
@@ -240,10 +255,10 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
                 .collect();
             correct += sols.iter().filter(|s| s.correct == Some(true)).count();
             let rewards = reward.rewards(&sols)?;
-            reward_sum += rewards
-                .iter()
-                .map(|r| r.iter().sum::<f32>() as f64 / r.len().max(1) as f64)
-                .sum::<f64>();
+            reward_sum += mean_rewards(&rewards);
+            for w in &watch {
+                *watched.entry(w.name().to_string()).or_insert(0.0) += mean_rewards(&w.rewards(&sols)?);
+            }
             let steps: Vec<usize> = sols.iter().map(|s| s.steps.len()).collect();
             let advantages = step_advantages(&rewards, &steps, reward.kind(), cfg.credit);
             for (c, a) in conts.iter().zip(advantages) {
@@ -251,7 +266,8 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
                 let mut ids = prompt_ids.clone();
                 ids.extend(&c.token_ids);
                 let mut adv = vec![0.0; prompt_ids.len()];
-                adv.extend(token_advantages(&c.token_ids, sep, &a));
+                let seps: Vec<bool> = c.token_ids.iter().map(|&t| is_separator(t)).collect::<Result<_>>()?;
+                adv.extend(token_advantages(&seps, &a));
                 seqs.push(Sequence {
                     learn_from: prompt_ids.len(),
                     ids,
@@ -297,6 +313,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         }
         policy.set_training(false);
         let n = seqs.len().max(1) as f64;
+        watched.values_mut().for_each(|v| *v /= n);
         let entry = UpdateLog {
             update: u + 1,
             reward: reward_sum / n,
@@ -307,6 +324,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             sampled_tokens: sampled,
             updated_tokens: updated,
             seconds: start.elapsed().as_secs_f64(),
+            watched,
         };
         on_update(&entry);
         log.push(entry);
@@ -323,4 +341,12 @@ fn rng_seed(seed: u64, u: usize, k: usize) -> u64 {
     seed.wrapping_mul(6_364_136_223_846_793_005)
         .wrapping_add((u as u64) << 20)
         .wrapping_add(k as u64)
+}
+
+/// The sum over solutions of each solution's mean reward (over its steps, for process rewards).
+fn mean_rewards(rewards: &[Vec<f32>]) -> f64 {
+    rewards
+        .iter()
+        .map(|r| r.iter().sum::<f32>() as f64 / r.len().max(1) as f64)
+        .sum()
 }

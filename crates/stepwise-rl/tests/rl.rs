@@ -107,6 +107,7 @@ fn run<'a>(
         problems,
         task,
         reward: &StepWords,
+        watch: Vec::new(),
         out_dir: out,
     }
 }
