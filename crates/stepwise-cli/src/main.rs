@@ -52,6 +52,8 @@ enum Command {
     Annotate(cmd::annotate::Args),
     /// Best-of-N curves from scored samples: PRM (every aggregation), weighted vote, ORM, majority.
     Bon(cmd::bon::Args),
+    /// Optimise a policy by RL against outcome, ORM or PRM rewards (GRPO, per-step credit), resumable.
+    Rl(cmd::rl::Args),
     /// Evaluate scored solutions (ProcessBench's first-error metric).
     #[command(subcommand)]
     Eval(cmd::eval::Command),
@@ -70,6 +72,7 @@ fn main() {
         Command::Annotate(a) => cmd::annotate::run(a),
         Command::Bon(a) => cmd::bon::run(a),
         Command::Eval(c) => cmd::eval::run(c),
+        Command::Rl(a) => cmd::rl::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

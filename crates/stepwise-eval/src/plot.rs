@@ -178,3 +178,82 @@ pub fn calibration_plot(stem: &Path, series: &[CalibrationSeries]) -> Result<()>
     )?;
     Ok(())
 }
+
+/// A panel of [`panels_plot`]: its y-axis label and its named series of `(x, y)` points.
+pub type Panel = (String, Vec<(String, Vec<(f64, f64)>)>);
+
+/// Line charts stacked vertically, one per panel, sharing the x axis label, to `stem.png` and
+/// `stem.svg` (training curves: reward, accuracy, KL against update).
+pub fn panels_plot(stem: &Path, title: &str, x_desc: &str, panels: &[Panel]) -> Result<()> {
+    ensure_font()?;
+    fn draw<DB: DrawingBackend>(
+        root: DrawingArea<DB, plotters::coord::Shift>,
+        title: &str,
+        x_desc: &str,
+        panels: &[Panel],
+    ) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let err = |e: &dyn std::fmt::Debug| anyhow::anyhow!("{e:?}");
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let root = root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?;
+        for (area, (y_desc, series)) in root.split_evenly((panels.len().max(1), 1)).into_iter().zip(panels) {
+            let pts = series.iter().flat_map(|(_, p)| p.iter());
+            let (mut x1, mut y0, mut y1) = (1f64, f64::INFINITY, f64::NEG_INFINITY);
+            for &(x, y) in pts {
+                x1 = x1.max(x);
+                y0 = y0.min(y);
+                y1 = y1.max(y);
+            }
+            if !y0.is_finite() {
+                (y0, y1) = (0.0, 1.0);
+            }
+            let pad = ((y1 - y0) * 0.05).max(1e-6);
+            let mut chart = ChartBuilder::on(&area)
+                .margin(10)
+                .x_label_area_size(35)
+                .y_label_area_size(55)
+                .build_cartesian_2d(0f64..x1, (y0 - pad)..(y1 + pad))
+                .map_err(|e| err(&e))?;
+            chart
+                .configure_mesh()
+                .light_line_style(WHITE)
+                .x_desc(x_desc)
+                .y_desc(y_desc.as_str())
+                .draw()
+                .map_err(|e| err(&e))?;
+            for (i, (name, p)) in series.iter().enumerate() {
+                let color = COLORS[i % COLORS.len()];
+                chart
+                    .draw_series(LineSeries::new(p.clone(), color.stroke_width(2)))
+                    .map_err(|e| err(&e))?
+                    .label(name.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| err(&e))?;
+        }
+        root.present().map_err(|e| err(&e))?;
+        Ok(())
+    }
+    let h = 300 * panels.len().max(1) as u32 + 40;
+    draw(
+        BitMapBackend::new(&stem.with_extension("png"), (900, h)).into_drawing_area(),
+        title,
+        x_desc,
+        panels,
+    )?;
+    draw(
+        SVGBackend::new(&stem.with_extension("svg"), (900, h)).into_drawing_area(),
+        title,
+        x_desc,
+        panels,
+    )?;
+    Ok(())
+}

@@ -52,6 +52,18 @@ pub struct Preset {
     pub verifier_lr: f64,
     /// Sampling temperature.
     pub temperature: f32,
+    /// RL (the `rl` stage): policy updates per reward source (0 skips the stage).
+    pub rl_updates: usize,
+    /// RL: prompts per update.
+    pub rl_prompts: usize,
+    /// RL: solutions sampled per prompt (the group).
+    pub rl_group: usize,
+    /// RL: peak learning rate.
+    pub rl_lr: f64,
+    /// RL: weight of the KL penalty to the starting policy.
+    pub rl_kl: f32,
+    /// RL: samples per held-out problem to measure each policy before and after.
+    pub rl_eval_samples: usize,
 }
 
 /// Math-Shepherd's two estimates of a step's label from its rollouts.
@@ -110,6 +122,12 @@ impl Preset {
             verifier_steps: 20,
             verifier_lr: 1e-3,
             temperature: 1.0,
+            rl_updates: 4,
+            rl_prompts: 4,
+            rl_group: 4,
+            rl_lr: 3e-4,
+            rl_kl: 0.04,
+            rl_eval_samples: 4,
         }
     }
 
@@ -136,6 +154,12 @@ impl Preset {
             verifier_steps: 1200,
             verifier_lr: 3e-4,
             temperature: 1.0,
+            rl_updates: 60,
+            rl_prompts: 8,
+            rl_group: 8,
+            rl_lr: 3e-4,
+            rl_kl: 0.04,
+            rl_eval_samples: 8,
         }
     }
 

@@ -2,6 +2,7 @@
 //! and a headline table for the terminal.
 
 use crate::stages::evaluate::Report;
+use crate::stages::rl::RlReport;
 use anyhow::Result;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -148,10 +149,83 @@ fn body(r: &Report) -> String {
         q.steps, q.hard_accuracy, q.bad_recall, q.bad_precision, q.soft_brier
     );
     let _ = writeln!(s, "\n## Calibration\n\n![calibration](calibration.png)\n");
+    if let Some(rl) = &r.rl {
+        rl_section(&mut s, rl);
+    }
     if !r.plots.is_empty() {
         let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
     }
     s
+}
+
+/// The RL section: each reward source's policy before and after, on held-out problems.
+fn rl_section(s: &mut String, rl: &RlReport) {
+    let (updates, prompts, group) = rl.budget;
+    let _ = writeln!(s, "## RL against each reward source\n");
+    let _ = writeln!(
+        s,
+        "The policy optimised from the same start with the same budget ({updates} updates × {prompts} prompts × {group} samples, GRPO advantages, DeepSeekMath per-step credit for process rewards, KL penalty to the start), then sampled {} times on each held-out problem. Accuracy is single-sample accuracy with a 95% bootstrap interval over problems; *lucky* is the share of correct answers the oracle says were reached through a wrong step; *reward* and *oracle* are the optimised reward's mean and the oracle's mean step verdict on the training samples, over the first and the last tenth of the updates.\n",
+        rl.eval_samples
+    );
+    let _ = writeln!(
+        s,
+        "| reward | accuracy before | accuracy after | 95% CI | majority before → after | lucky before → after | reward first → last | oracle first → last | KL | sampled tokens |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for v in &rl.variants {
+        let _ = writeln!(
+            s,
+            "| {} | {:.3} | {:.3} | [{:.3}, {:.3}] | {:.3} → {:.3} | {:.1}% → {:.1}% | {:.3} → {:.3} | {:.3} → {:.3} | {:.4} | {} |",
+            v.reward,
+            v.accuracy_before,
+            v.accuracy_after,
+            v.ci95.0,
+            v.ci95.1,
+            v.majority_before,
+            v.majority_after,
+            100.0 * v.lucky_correct_before,
+            100.0 * v.lucky_correct_after,
+            v.reward_first_last.0,
+            v.reward_first_last.1,
+            v.oracle_first_last.0,
+            v.oracle_first_last.1,
+            v.kl,
+            v.sampled_tokens
+        );
+    }
+    let _ = writeln!(s, "\n![RL](rl.png)\n");
+}
+
+/// Training curves of the RL runs (moving averages over ten updates): accuracy of each update's
+/// samples, the oracle's mean step verdict on them, and the KL to the starting policy.
+fn rl_plot(stem: &Path, rl: &RlReport) -> Result<()> {
+    let smooth = |ys: Vec<f64>| -> Vec<(f64, f64)> {
+        (0..ys.len())
+            .map(|i| {
+                let w = &ys[i.saturating_sub(9)..=i];
+                ((i + 1) as f64, w.iter().sum::<f64>() / w.len() as f64)
+            })
+            .collect()
+    };
+    let panel = |y: &str, f: &dyn Fn(&stepwise_rl::UpdateLog) -> f64| -> stepwise_eval::plot::Panel {
+        let series = rl
+            .variants
+            .iter()
+            .map(|v| (v.reward.clone(), smooth(v.log.iter().map(f).collect())))
+            .collect();
+        (y.to_string(), series)
+    };
+    stepwise_eval::plot::panels_plot(
+        stem,
+        "RL from the lab policy, by reward source",
+        "update",
+        &[
+            panel("sample accuracy", &|l| l.accuracy),
+            panel("oracle step verdict", &|l| {
+                l.watched.get("oracle").copied().unwrap_or(0.0)
+            }),
+            panel("KL to start", &|l| l.kl),
+        ],
+    )
 }
 
 /// Write `metrics.json`, `report.md`, `report.html` and the plots into `dir`.
@@ -169,6 +243,12 @@ pub fn write_report(dir: &Path, r: &Report) -> Result<()> {
     match stepwise_eval::plot::calibration_plot(&dir.join("calibration"), &r.calibration) {
         Ok(()) => plots.extend(["calibration.png".to_string(), "calibration.svg".to_string()]),
         Err(e) => plots.push(format!("calibration: {e}")),
+    }
+    if let Some(rl) = &r.rl {
+        match rl_plot(&dir.join("rl"), rl) {
+            Ok(()) => plots.extend(["rl.png".to_string(), "rl.svg".to_string()]),
+            Err(e) => plots.push(format!("rl: {e}")),
+        }
     }
     r.plots = plots;
     std::fs::write(dir.join("metrics.json"), serde_json::to_string_pretty(&r)?)?;

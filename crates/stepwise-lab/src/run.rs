@@ -5,7 +5,7 @@ use crate::preset::{McLabels, Preset};
 use crate::report::write_report;
 use crate::splits::splits;
 use crate::stages::evaluate::{verifier, Report};
-use crate::stages::{annotate, policy, sample, verifiers::Verifiers, write_jsonl};
+use crate::stages::{annotate, policy, rl, sample, verifiers::Verifiers, write_jsonl};
 use crate::task::{oracle_labelled, LabProblem};
 use crate::vocab;
 use anyhow::{Context, Result};
@@ -155,8 +155,33 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     score_solutions(&confidence, verifier::POLICY_CONFIDENCE, &mut scored, 64, |_| {})?;
     write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
 
-    // 6. Evaluate and report.
-    let report = crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, &mc, &oracle, spent.rollouts)?;
+    // 6. Evaluate.
+    let mut report =
+        crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, &mc, &oracle, spent.rollouts)?;
+
+    // 7. RL against each reward source, from the same policy with the same budget.
+    if p.rl_updates > 0 {
+        let (orm, prm_mc, prm_oracle) = (
+            verifiers.scorer(&orm, true),
+            verifiers.scorer(&prm_mc, false),
+            verifiers.scorer(&prm_or, false),
+        );
+        report.rl = Some(rl::rl_stage(&rl::RlInputs {
+            preset: p,
+            seed: o.seed,
+            out: &o.out,
+            policy: &policy_model,
+            tok: &tok,
+            task: &task,
+            train: &sp.label,
+            eval: &sp.eval,
+            orm: &orm,
+            prm_mc: &prm_mc,
+            prm_oracle: &prm_oracle,
+        })?);
+    }
+
+    // 8. Report.
     write_report(&o.out, &report)?;
     Ok(report)
 }

@@ -1,11 +1,9 @@
-use anyhow::{Context, Result};
-use serde_json::Value;
+use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Instant;
-use stepwise_core::io::raw_records;
 use stepwise_core::seams::{MathTask, Until};
 use stepwise_core::steps::{split_steps, SplitStrategy};
-use stepwise_core::{formats::problem_id_for, Format, Policy, Solution, SolutionWriter, Step, Task};
+use stepwise_core::{Format, Policy, Solution, SolutionWriter, Step, Task};
 use stepwise_model::{default_device, EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 
 /// Sample solutions from a policy.
@@ -85,24 +83,8 @@ pub fn run(a: Args) -> Result<()> {
     let bar = crate::progress::bar(None, "generating");
     let start = Instant::now();
     let mut new_tokens = 0usize;
-    for (line, rec) in raw_records(&a.input)? {
-        let at = || format!("{}:{line}", a.input.display());
-        let v = rec.map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
-        let question = v
-            .get("question")
-            .or_else(|| v.get("problem"))
-            .and_then(Value::as_str)
-            .with_context(|| format!("{}: field `question`: missing", at()))?
-            .to_string();
-        let gold = ["gold_answer", "answer"]
-            .iter()
-            .find_map(|k| v.get(*k).and_then(Value::as_str))
-            .map(|g| stepwise_core::answer::extract_gsm8k_gold(g).unwrap_or_else(|| g.to_string()));
-        let id = v
-            .get("id")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| problem_id_for(&question));
+    for p in super::read_problems(&a.input)? {
+        let (id, question, gold) = (p.id, p.question, p.gold_answer);
         let outs = policy.continue_from(&question, &[], a.n, Until::End, a.seed)?;
         for (k, out) in outs.into_iter().enumerate() {
             new_tokens += out.tokens;

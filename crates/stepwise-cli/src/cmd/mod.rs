@@ -6,6 +6,7 @@ pub mod eval;
 pub mod generate;
 pub mod grade;
 pub mod lab;
+pub mod rl;
 pub mod score;
 pub mod stats;
 pub mod train_prm;
@@ -25,4 +26,38 @@ pub fn step_scores(
             i + 1
         ),
     }
+}
+
+/// Problems from JSONL records with `question` (or `problem`), an optional `id` and a gold answer
+/// in `gold_answer` or `answer` (GSM8K's `#### N` is understood); errors name file and line.
+pub fn read_problems(path: &std::path::Path) -> anyhow::Result<Vec<stepwise_core::Problem>> {
+    use anyhow::Context;
+    use serde_json::Value;
+    let mut out = Vec::new();
+    for (line, rec) in stepwise_core::io::raw_records(path)? {
+        let at = || format!("{}:{line}", path.display());
+        let v = rec.map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+        let question = v
+            .get("question")
+            .or_else(|| v.get("problem"))
+            .and_then(Value::as_str)
+            .with_context(|| format!("{}: field `question`: missing", at()))?
+            .to_string();
+        let gold_answer = ["gold_answer", "answer"]
+            .iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_str))
+            .map(|g| stepwise_core::answer::extract_gsm8k_gold(g).unwrap_or_else(|| g.to_string()));
+        let id = v
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| stepwise_core::formats::problem_id_for(&question));
+        out.push(stepwise_core::Problem {
+            id,
+            question,
+            gold_answer,
+            ..Default::default()
+        });
+    }
+    Ok(out)
 }

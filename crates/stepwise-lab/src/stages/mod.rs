@@ -4,6 +4,7 @@
 pub mod annotate;
 pub mod evaluate;
 pub mod policy;
+pub mod rl;
 pub mod sample;
 pub mod verifiers;
 

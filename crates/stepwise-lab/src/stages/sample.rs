@@ -69,7 +69,7 @@ pub fn sample_stage(
     Ok(out)
 }
 
-fn problem_seed(seed: u64, id: &str) -> u64 {
+pub(crate) fn problem_seed(seed: u64, id: &str) -> u64 {
     id.bytes().fold(seed ^ 0x9e3779b97f4a7c15, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
     })

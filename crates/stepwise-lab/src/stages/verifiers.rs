@@ -113,19 +113,24 @@ impl Verifiers<'_> {
         Ok(model)
     }
 
-    /// Score `sols` with a verifier trained on step labels (or outcomes when `outcome`), recording
-    /// the scores under `name`.
-    pub fn score(&self, model: &Model, outcome: bool, sols: &mut [Solution], name: &str, what: &str) -> Result<()> {
+    /// A verifier trained on step labels (or outcomes when `outcome`) as a step scorer.
+    pub fn scorer<'m>(&'m self, model: &'m Model, outcome: bool) -> PrmScorer<'m> {
         let (layout, reference) = match self.reward_spec(outcome) {
             Some(spec) => (spec.layout(), spec.reference.is_some().then_some(self.policy)),
             None => (PrmLayout::TokenClassifier { separator: SEP.into() }, None),
         };
-        let scorer = PrmScorer {
+        PrmScorer {
             model,
             tokenizer: self.tok,
             layout,
             reference,
-        };
+        }
+    }
+
+    /// Score `sols` with a verifier trained on step labels (or outcomes when `outcome`), recording
+    /// the scores under `name`.
+    pub fn score(&self, model: &Model, outcome: bool, sols: &mut [Solution], name: &str, what: &str) -> Result<()> {
+        let scorer = self.scorer(model, outcome);
         let pb = bar(sols.len() as u64, what);
         score_solutions(&scorer, name, sols, 64, |done| pb.set_position(done as u64))?;
         pb.finish_and_clear();

@@ -1,0 +1,210 @@
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use stepwise_core::seams::{MathTask, OutcomeReward, Reward, RewardKind, ScorerReward};
+use stepwise_model::scoring::LoadedVerifier;
+use stepwise_model::train::VarMap;
+use stepwise_model::{default_device, Model, ModelConfig, Prompt, Tokenizer};
+use stepwise_rl::trainer::RlRun;
+use stepwise_rl::{train_rl, Credit, RlConfig};
+
+/// Optimise a policy by RL against a reward.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Each update samples --group-size solutions for each of --prompts problems with the current policy \\
+(prompt KV cache shared), rewards them, normalises the rewards over each group (GRPO) and takes PPO-clip steps \\
+(--clip) with a KL penalty (--kl, k3 estimator) to the starting policy. Rewards:
+  outcome     1 when the graded final answer equals the problem's gold answer, else 0
+  orm:DIR     an outcome model's score of the whole solution (any verifier folder `stepwise score` reads)
+  prm:DIR     a PRM's score of every step: each step's tokens get that step's advantage (--credit:
+              return-to-go = DeepSeekMath's sum of the normalised rewards of the step and every later
+              one; min-so-far = the weakest step so far)
+Steps are what the policy writes between --separator texts. Problems: JSONL with `question` (or `problem`) and a \\
+gold answer in `gold_answer` or `answer`. Writes the policy to --out in Hugging Face layout every \\
+--checkpoint-every updates and at the end (with the optimiser and log), rl_log.jsonl (one line per update) and \\
+rl.png/rl.svg; the same command on the same --out resumes after an interruption.
+
+Example:
+  stepwise rl --policy ../shared/fixtures/hf-tiny/qwen2-policy --reward outcome \\
+      --problems problems.jsonl --updates 20 --out rl-run/"
+)]
+pub struct Args {
+    /// Policy checkpoint folder to start from (also the KL reference).
+    #[arg(long)]
+    pub policy: PathBuf,
+    /// `outcome`, `orm:DIR` or `prm:DIR`.
+    #[arg(long, default_value = "outcome")]
+    pub reward: String,
+    /// Problems (JSONL).
+    #[arg(long)]
+    pub problems: PathBuf,
+    /// Output folder (checkpoints, log, plot; resumed when present).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Policy updates.
+    #[arg(long, default_value_t = 100)]
+    pub updates: usize,
+    /// Prompts per update.
+    #[arg(long, default_value_t = 8)]
+    pub prompts: usize,
+    /// Solutions per prompt (the group).
+    #[arg(long, default_value_t = 8)]
+    pub group_size: usize,
+    /// PPO epochs over each update's samples.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Sequences per optimiser step.
+    #[arg(long, default_value_t = 32)]
+    pub minibatch_size: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-5)]
+    pub lr: f64,
+    /// KL penalty weight β.
+    #[arg(long, default_value_t = 0.04)]
+    pub kl: f32,
+    /// PPO clip range ε.
+    #[arg(long, default_value_t = 0.2)]
+    pub clip: f32,
+    /// Per-step credit of process rewards: return-to-go or min-so-far.
+    #[arg(long, default_value = "return-to-go")]
+    pub credit: String,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Most new tokens per solution.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Text between steps (in the prompt and the completions).
+    #[arg(long, default_value = "\n")]
+    pub separator: String,
+    /// Wrap the question in the tokenizer's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Layout of a PRM or ORM reward's verifier (as `stepwise score --layout`).
+    #[arg(long, default_value = "auto")]
+    pub layout: String,
+    /// Checkpoint every this many updates.
+    #[arg(long, default_value_t = 10)]
+    pub checkpoint_every: usize,
+    /// Seed of prompt choice, sampling and minibatch order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let dev = default_device();
+    let credit = match a.credit.as_str() {
+        "return-to-go" => Credit::ReturnToGo,
+        "min-so-far" => Credit::MinSoFar,
+        o => bail!("unknown --credit `{o}`: use return-to-go or min-so-far"),
+    };
+    let problems = super::read_problems(&a.problems)?;
+    if let Some(p) = problems.iter().find(|p| p.gold_answer.is_none()) {
+        bail!(
+            "{}: problem `{}`: field `gold_answer`: missing",
+            a.problems.display(),
+            p.id
+        );
+    }
+    let task = MathTask::default();
+    let verifier = match a.reward.split_once(':') {
+        Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load(dir.as_ref(), &a.layout, &dev)?),
+        None if a.reward == "outcome" => None,
+        _ => bail!("--reward `{}`: use outcome, orm:DIR or prm:DIR", a.reward),
+    };
+    let scorer = verifier.as_ref().map(LoadedVerifier::scorer);
+    let outcome = OutcomeReward { task: &task };
+    let scored = scorer.as_ref().map(|s| ScorerReward {
+        name: a.reward.split(':').next().unwrap_or_default().to_string(),
+        scorer: s,
+        kind: if a.reward.starts_with("prm:") {
+            RewardKind::Process
+        } else {
+            RewardKind::Outcome
+        },
+    });
+    let reward: &dyn Reward = match &scored {
+        Some(r) => r,
+        None => &outcome,
+    };
+    let tok = Tokenizer::from_dir(&a.policy)?;
+    let reference = Model::load(&a.policy, &dev)?;
+    let varmap = VarMap::new();
+    let mut policy = Model::load_trainable(&a.policy, ModelConfig::from_dir(&a.policy)?, &varmap, &dev, a.seed)?;
+    let mut stop = reference.config.eos_token_ids.clone();
+    stop.extend(tok.eos_id());
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if a.policy.join(f).exists() {
+            std::fs::copy(a.policy.join(f), a.out.join(f))?;
+        }
+    }
+    let cfg = RlConfig {
+        updates: a.updates,
+        prompts_per_update: a.prompts,
+        group_size: a.group_size,
+        epochs: a.epochs,
+        minibatch_size: a.minibatch_size,
+        lr: a.lr,
+        warmup: a.updates / 10,
+        kl_coef: a.kl,
+        clip: a.clip,
+        credit,
+        temperature: a.temperature,
+        max_new_tokens: a.max_tokens,
+        seed: a.seed,
+        checkpoint_every: a.checkpoint_every,
+        ..Default::default()
+    };
+    let bar = crate::progress::bar(Some(a.updates as u64), "RL");
+    let log = train_rl(
+        RlRun {
+            policy: &mut policy,
+            varmap: &varmap,
+            reference: &reference,
+            tokenizer: &tok,
+            prompt: if a.chat { Prompt::Chat } else { Prompt::Text },
+            separator: a.separator.clone(),
+            stop_token_ids: stop,
+            problems: &problems,
+            task: &task,
+            reward,
+            watch: Vec::new(),
+            out_dir: Some(a.out.clone()),
+        },
+        &cfg,
+        |l| {
+            bar.set_position(l.update as u64);
+            bar.set_message(format!("reward {:.3} acc {:.2} kl {:.4}", l.reward, l.accuracy, l.kl));
+        },
+    )?;
+    bar.finish_and_clear();
+    stepwise_core::io::write_jsonl(&a.out.join("rl_log.jsonl"), &log)?;
+    let series = |f: &dyn Fn(&stepwise_rl::UpdateLog) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+        vec![(a.reward.clone(), log.iter().map(|l| (l.update as f64, f(l))).collect())]
+    };
+    let plotted = stepwise_eval::plot::panels_plot(
+        &a.out.join("rl"),
+        "RL",
+        "update",
+        &[
+            ("reward".into(), series(&|l| l.reward)),
+            ("sample accuracy".into(), series(&|l| l.accuracy)),
+            ("KL to start".into(), series(&|l| l.kl)),
+        ],
+    );
+    if let Err(e) = plotted {
+        eprintln!("plot skipped: {e}");
+    }
+    let last = log.last().cloned().unwrap_or_default();
+    eprintln!(
+        "{} updates: reward {:.3}, sample accuracy {:.3}, KL {:.4}; {} tokens sampled, {} learned; policy in {}",
+        log.len(),
+        last.reward,
+        last.accuracy,
+        last.kl,
+        last.sampled_tokens,
+        last.updated_tokens,
+        a.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,282 @@
+//! Stage 6, RL: the lab's policy optimised against each reward source in turn — the outcome
+//! (the grader), the ORM, PRM-MC, PRM-oracle and the oracle itself (the ceiling) — with the same
+//! budget (updates × prompts × group), prompts and seeds, then measured on held-out problems
+//! before and after: single-sample accuracy, majority vote, and how many correct answers were
+//! reached through a wrong step (the reward hacking outcome rewards invite).
+
+use super::sample::sample_stage;
+use crate::oracle::LabTask;
+use crate::preset::Preset;
+use crate::progress::bar;
+use crate::task::{oracle_labelled, LabProblem};
+use crate::vocab::{EOS, SEP};
+use anyhow::Result;
+use candle_core::Device;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use stepwise_core::seams::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
+use stepwise_core::{Problem, Solution, StepScorer};
+use stepwise_eval::bon::bootstrap;
+use stepwise_model::train::VarMap;
+use stepwise_model::{Model, ModelConfig, Prompt, Tokenizer};
+use stepwise_rl::trainer::RlRun;
+use stepwise_rl::{train_rl, Credit, RlConfig, UpdateLog};
+use stepwise_search::{group_candidates, select, Selector};
+
+/// How a policy does on the held-out problems.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PolicyMeasure {
+    /// Single-sample accuracy (all samples of all problems).
+    pub accuracy: f64,
+    /// Bootstrap 95% interval of it over problems.
+    pub ci95: (f64, f64),
+    /// Accuracy of the majority answer of each problem's samples.
+    pub majority: f64,
+    /// Of the correct samples, the fraction the oracle says reached their answer through a wrong
+    /// step.
+    pub lucky_correct: f64,
+}
+
+/// One reward source's RL run and its result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RlVariant {
+    /// The reward source: `outcome`, `orm`, `prm_mc`, `prm_oracle` or `oracle`.
+    pub reward: String,
+    /// Single-sample accuracy of the starting policy on held-out problems.
+    pub accuracy_before: f64,
+    /// The same after RL.
+    pub accuracy_after: f64,
+    /// Bootstrap 95% interval of `accuracy_after` over problems.
+    pub ci95: (f64, f64),
+    /// Lucky-correct rate before.
+    pub lucky_correct_before: f64,
+    /// Lucky-correct rate after.
+    pub lucky_correct_after: f64,
+    /// Majority-vote accuracy over `eval_samples` samples, before.
+    pub majority_before: f64,
+    /// The same after.
+    pub majority_after: f64,
+    /// Tokens sampled during RL.
+    pub sampled_tokens: usize,
+    /// Updates made.
+    pub updates: usize,
+    /// KL estimate to the starting policy, mean over the last tenth of the updates.
+    pub kl: f64,
+    /// The optimised reward's mean over the samples, over the first and the last tenth of the
+    /// updates (for a process reward, the mean step score).
+    pub reward_first_last: (f64, f64),
+    /// The oracle's mean step verdict on the same samples, first and last tenth: a verifier the
+    /// policy learns to please rises while this does not.
+    pub oracle_first_last: (f64, f64),
+    /// Every update's log (`rl_<reward>/rl_state.json` keeps it too).
+    #[serde(skip)]
+    pub log: Vec<UpdateLog>,
+}
+
+/// The mean of `f` over the first and the last tenth of `log`.
+fn first_last(log: &[UpdateLog], f: impl Fn(&UpdateLog) -> f64) -> (f64, f64) {
+    let k = (log.len() / 10).max(1).min(log.len().max(1));
+    let mean = |xs: &[UpdateLog]| xs.iter().map(&f).sum::<f64>() / xs.len().max(1) as f64;
+    (
+        mean(&log[..k.min(log.len())]),
+        mean(&log[log.len().saturating_sub(k)..]),
+    )
+}
+
+/// The RL stage's results.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RlReport {
+    /// Held-out samples per problem behind each measure.
+    pub eval_samples: usize,
+    /// Updates × prompts × group of every run.
+    pub budget: (usize, usize, usize),
+    /// One entry per reward source.
+    pub variants: Vec<RlVariant>,
+}
+
+/// Measure `sols` (graded, oracle verdicts in meta), several per problem.
+pub fn measure(sols: &[Solution], seed: u64) -> Result<PolicyMeasure> {
+    let groups = group_candidates(sols, None, None)?;
+    let per_problem: Vec<f64> = groups
+        .iter()
+        .map(|g| g.iter().filter(|c| c.correct).count() as f64 / g.len().max(1) as f64)
+        .collect();
+    let majority = groups
+        .iter()
+        .filter(|g| {
+            let refs: Vec<_> = g.iter().collect();
+            select(&refs, Selector::Majority).is_some_and(|i| g[i].correct)
+        })
+        .count() as f64
+        / groups.len().max(1) as f64;
+    let correct: Vec<Solution> = sols
+        .iter()
+        .filter(|s| s.correct == Some(true))
+        .map(oracle_labelled)
+        .collect();
+    let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    Ok(PolicyMeasure {
+        accuracy: correct.len() as f64 / sols.len().max(1) as f64,
+        ci95: bootstrap(&per_problem, 1000, &mut rng),
+        majority,
+        lucky_correct: lucky as f64 / correct.len().max(1) as f64,
+    })
+}
+
+/// What the RL stage needs from the rest of the run.
+pub struct RlInputs<'a> {
+    /// Sizes and budgets.
+    pub preset: &'a Preset,
+    /// The run's seed.
+    pub seed: u64,
+    /// The run folder (the policy lives in `policy/`).
+    pub out: &'a Path,
+    /// The starting policy (also the KL reference).
+    pub policy: &'a Model,
+    /// The lab tokenizer.
+    pub tok: &'a Tokenizer,
+    /// Grading and the oracle.
+    pub task: &'a LabTask,
+    /// Training prompts.
+    pub train: &'a [LabProblem],
+    /// Held-out problems.
+    pub eval: &'a [LabProblem],
+    /// The ORM, PRM-MC and PRM-oracle as scorers.
+    pub orm: &'a dyn StepScorer,
+    /// PRM-MC.
+    pub prm_mc: &'a dyn StepScorer,
+    /// PRM-oracle.
+    pub prm_oracle: &'a dyn StepScorer,
+}
+
+/// Run RL against every reward source (the runs train at once, one thread each) and measure the
+/// policies. Each run's folder (`rl_<reward>/`) holds its checkpoints and resumes.
+pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
+    let p = i.preset;
+    let outcome = OutcomeReward { task: i.task };
+    let oracle = OracleReward { task: i.task };
+    let scorer = |name: &str, scorer, kind| ScorerReward {
+        name: name.into(),
+        scorer,
+        kind,
+    };
+    let orm = scorer("orm", i.orm, RewardKind::Outcome);
+    let prm_mc = scorer("prm_mc", i.prm_mc, RewardKind::Process);
+    let prm_oracle = scorer("prm_oracle", i.prm_oracle, RewardKind::Process);
+    let sources: [(&str, &dyn Reward); 5] = [
+        ("outcome", &outcome),
+        ("orm", &orm),
+        ("prm_mc", &prm_mc),
+        ("prm_oracle", &prm_oracle),
+        ("oracle", &oracle),
+    ];
+    let cfg = RlConfig {
+        updates: p.rl_updates,
+        prompts_per_update: p.rl_prompts,
+        group_size: p.rl_group,
+        epochs: 1,
+        minibatch_size: p.rl_prompts * p.rl_group,
+        lr: p.rl_lr,
+        warmup: p.rl_updates / 10,
+        kl_coef: p.rl_kl,
+        credit: Credit::ReturnToGo,
+        temperature: p.temperature,
+        max_new_tokens: 64,
+        seed: i.seed ^ 6,
+        checkpoint_every: 10,
+        ..Default::default()
+    };
+    let prompts: Vec<Problem> = i.train.iter().map(LabProblem::problem).collect();
+    let eval_seed = i.seed ^ 7;
+    let watch: &dyn Reward = &oracle;
+    let start = super::policy::lab_policy(i.policy, i.tok, p.temperature);
+    let before_sols = sample_stage(
+        &i.out.join("rl_before_samples.jsonl"),
+        "sampling (before RL)",
+        i.eval,
+        p.rl_eval_samples,
+        &start,
+        eval_seed,
+    )?;
+    let before = measure(&before_sols, eval_seed)?;
+    let runs: Vec<Result<RlVariant>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = sources
+            .iter()
+            .map(|&(name, reward)| {
+                let (cfg, prompts, before) = (&cfg, &prompts, &before);
+                scope.spawn(move || -> Result<RlVariant> {
+                    let dir = i.out.join(format!("rl_{name}"));
+                    let policy_dir = i.out.join("policy");
+                    let varmap = VarMap::new();
+                    let config = ModelConfig::from_dir(&policy_dir)?;
+                    let mut model = Model::load_trainable(&policy_dir, config, &varmap, &Device::Cpu, cfg.seed)?;
+                    std::fs::create_dir_all(&dir)?;
+                    std::fs::write(dir.join("tokenizer.json"), crate::vocab::tokenizer_json())?;
+                    let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
+                    let log: Vec<UpdateLog> = train_rl(
+                        RlRun {
+                            policy: &mut model,
+                            varmap: &varmap,
+                            reference: i.policy,
+                            tokenizer: i.tok,
+                            prompt: Prompt::Pieces,
+                            separator: SEP.into(),
+                            stop_token_ids: i.tok.token_id(EOS).into_iter().collect(),
+                            problems: prompts,
+                            task: i.task,
+                            reward,
+                            watch: vec![watch],
+                            out_dir: Some(dir.clone()),
+                        },
+                        cfg,
+                        |l| {
+                            pb.set_position(l.update as u64);
+                            pb.set_prefix(format!("reward {:.2} acc {:.2} kl {:.3}", l.reward, l.accuracy, l.kl));
+                        },
+                    )?;
+                    pb.finish_and_clear();
+                    let after_policy = super::policy::lab_policy(&model, i.tok, p.temperature);
+                    let after_sols = sample_stage(
+                        &dir.join("eval_samples.jsonl"),
+                        &format!("sampling (after RL, {name})"),
+                        i.eval,
+                        p.rl_eval_samples,
+                        &after_policy,
+                        eval_seed,
+                    )?;
+                    let after = measure(&after_sols, eval_seed)?;
+                    let last = log.last().cloned().unwrap_or_default();
+                    let oracle_of = |l: &UpdateLog| l.watched.get("oracle").copied().unwrap_or(0.0);
+                    Ok(RlVariant {
+                        reward: name.into(),
+                        accuracy_before: before.accuracy,
+                        accuracy_after: after.accuracy,
+                        ci95: after.ci95,
+                        lucky_correct_before: before.lucky_correct,
+                        lucky_correct_after: after.lucky_correct,
+                        majority_before: before.majority,
+                        majority_after: after.majority,
+                        sampled_tokens: last.sampled_tokens,
+                        updates: log.len(),
+                        kl: first_last(&log, |l| l.kl).1,
+                        reward_first_last: first_last(&log, |l| l.reward),
+                        oracle_first_last: first_last(&log, oracle_of),
+                        log,
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("an RL thread panicked"))?)
+            .collect()
+    });
+    Ok(RlReport {
+        eval_samples: p.rl_eval_samples,
+        budget: (p.rl_updates, p.rl_prompts, p.rl_group),
+        variants: runs.into_iter().collect::<Result<_>>()?,
+    })
+}
