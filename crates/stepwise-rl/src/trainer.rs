@@ -103,6 +103,10 @@ pub struct UpdateLog {
     pub updated_tokens: usize,
     /// Seconds this update took.
     pub seconds: f64,
+    /// Of those, seconds spent sampling and rewarding (the rest went to log-probabilities and
+    /// optimiser steps).
+    #[serde(default)]
+    pub sampling_seconds: f64,
     /// The mean of each watched reward over the update's samples (e.g. the oracle's verdict
     /// beside the PRM being optimised: is the policy pleasing the PRM or being right?).
     #[serde(default)]
@@ -277,6 +281,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             }
         }
         drop(engine);
+        let sampling_seconds = start.elapsed().as_secs_f64();
         let all: Vec<&[u32]> = seqs.iter().map(|s| s.ids.as_slice()).collect();
         let old = sequence_logprobs(policy, &all, cfg.minibatch_size)?;
         let refs = sequence_logprobs(reference, &all, cfg.minibatch_size)?;
@@ -324,6 +329,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             sampled_tokens: sampled,
             updated_tokens: updated,
             seconds: start.elapsed().as_secs_f64(),
+            sampling_seconds,
             watched,
         };
         on_update(&entry);

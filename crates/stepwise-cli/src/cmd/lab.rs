@@ -13,10 +13,13 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
      policy fine-tuned and read by its log-likelihood ratio against the policy over a step's tokens
      (the implicit-PRM head; `--set verifier_head=classifier` for a fresh classifier head instead)
   5. evaluate on held-out problems: best-of-N curves, ProcessBench metric, label quality
-  6. write metrics.json, report.md, report.html and plots (bon.png/svg, calibration.png/svg)
+  6. RL from the policy against each reward source (outcome, ORM, PRM-MC, PRM-oracle, oracle), same
+     budget (rl_updates × rl_prompts × rl_group), measured on held-out problems before and after
+     (`--set rl_updates=0` skips it)
+  7. write metrics.json, report.md, report.html and plots (bon, calibration, rl: .png and .svg)
 
 Examples:
-  stepwise lab                          # standard preset, about 12 minutes on 2 cores
+  stepwise lab                          # standard preset, about 15 minutes on 2 cores
   stepwise lab --preset quick --seed 2  # every stage, small, about two minutes
   stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed"
 )]

@@ -280,3 +280,42 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         variants: runs.into_iter().collect::<Result<_>>()?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_core::Step;
+
+    fn sol(problem: &str, k: usize, answer: &str, correct: bool, verdicts: &[bool]) -> Solution {
+        let mut meta = stepwise_core::Meta::new();
+        meta.insert("oracle".into(), serde_json::json!(verdicts));
+        Solution {
+            id: format!("{problem}-{k}"),
+            problem_id: problem.into(),
+            steps: verdicts.iter().map(|_| Step::new("x")).collect(),
+            final_answer: Some(answer.into()),
+            correct: Some(correct),
+            meta,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn measure_counts_accuracy_majority_and_lucky_answers() {
+        let sols = [
+            // p: 2 of 3 correct, one of them through a wrong step; the majority (7) is right.
+            sol("p", 0, "7", true, &[true, true]),
+            sol("p", 1, "7", true, &[false, true]),
+            sol("p", 2, "8", false, &[true, false]),
+            // q: 1 of 3 correct; the majority (5) is wrong.
+            sol("q", 0, "5", false, &[false, false]),
+            sol("q", 1, "5", false, &[true, false]),
+            sol("q", 2, "6", true, &[true, true]),
+        ];
+        let m = measure(&sols, 0).unwrap();
+        assert!((m.accuracy - 0.5).abs() < 1e-12);
+        assert!((m.majority - 0.5).abs() < 1e-12);
+        assert!((m.lucky_correct - 1.0 / 3.0).abs() < 1e-12);
+        assert!(m.ci95.0 <= m.accuracy && m.accuracy <= m.ci95.1);
+    }
+}
