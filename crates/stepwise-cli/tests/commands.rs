@@ -241,6 +241,12 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
                 "12".into(),
                 "--lr".into(),
                 "1e-3".into(),
+                "--eval-problems".into(),
+                problems.display().to_string(),
+                "--eval-every".into(),
+                "1".into(),
+                "--eval-samples".into(),
+                "2".into(),
             ]
         };
         let a = args(&out);
@@ -252,6 +258,10 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
             .collect();
         assert_eq!(log.len(), 2, "{name}");
         assert!(log[1]["sampled_tokens"].as_u64().unwrap() > 0 && log[1]["kl"].as_f64().unwrap().is_finite());
+        let heldout = log[1]["heldout_accuracy"]
+            .as_f64()
+            .expect("held-out accuracy is measured");
+        assert!((0.0..=1.0).contains(&heldout));
         let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
         assert_eq!(config["architectures"][0], "Qwen2ForCausalLM", "{name}");
         let before = std::fs::read(Path::new(&policy).join("model.safetensors")).unwrap();

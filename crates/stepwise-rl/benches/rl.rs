@@ -87,6 +87,7 @@ fn main() -> Result<()> {
             reward: &CountW1,
             watch: Vec::new(),
             out_dir: None,
+            heldout: None,
         },
         &rl,
         |_| {},

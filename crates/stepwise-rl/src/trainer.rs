@@ -111,6 +111,20 @@ pub struct UpdateLog {
     /// beside the PRM being optimised: is the policy pleasing the PRM or being right?).
     #[serde(default)]
     pub watched: std::collections::BTreeMap<String, f64>,
+    /// Single-sample accuracy on the held-out problems ([`RlRun::heldout`]), on the updates
+    /// where it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heldout_accuracy: Option<f64>,
+}
+
+/// Held-out problems the policy is measured on during training.
+pub struct Heldout<'a> {
+    /// The problems (with gold answers).
+    pub problems: &'a [Problem],
+    /// Measure after every this many updates (and after the last).
+    pub every: usize,
+    /// Samples per problem.
+    pub samples: usize,
 }
 
 /// Everything an RL run works on.
@@ -140,6 +154,8 @@ pub struct RlRun<'a> {
     pub watch: Vec<&'a dyn Reward>,
     /// Checkpoint folder (resumed from when it holds one).
     pub out_dir: Option<PathBuf>,
+    /// Measure held-out accuracy during training (logged in [`UpdateLog::heldout_accuracy`]).
+    pub heldout: Option<Heldout<'a>>,
 }
 
 const STATE: &str = "rl_state.json";
@@ -167,6 +183,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         reward,
         watch,
         out_dir,
+        heldout,
     } = run;
     if problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
         bail!("RL needs problems, a group of at least 2 samples per prompt and at least one prompt per update");
@@ -317,6 +334,25 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             }
         }
         policy.set_training(false);
+        let last = u + 1 == cfg.updates;
+        let heldout_accuracy = match &heldout {
+            Some(h) if last || (h.every > 0 && (u + 1) % h.every == 0) => {
+                let engine = EnginePolicy {
+                    model: policy,
+                    tokenizer,
+                    params: SamplingParams {
+                        temperature: cfg.temperature,
+                        max_new_tokens: cfg.max_new_tokens,
+                        stop_token_ids: stop_token_ids.clone(),
+                        ..Default::default()
+                    },
+                    prompt,
+                    separator: separator.clone(),
+                };
+                Some(heldout_accuracy(&engine, task, h, cfg.seed)?)
+            }
+            _ => None,
+        };
         let n = seqs.len().max(1) as f64;
         watched.values_mut().for_each(|v| *v /= n);
         let entry = UpdateLog {
@@ -331,10 +367,10 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             seconds: start.elapsed().as_secs_f64(),
             sampling_seconds,
             watched,
+            heldout_accuracy,
         };
         on_update(&entry);
         log.push(entry);
-        let last = u + 1 == cfg.updates;
         if last || (cfg.checkpoint_every > 0 && (u + 1) % cfg.checkpoint_every == 0) {
             save(policy, &opt, &log)?;
         }
@@ -355,4 +391,21 @@ fn mean_rewards(rewards: &[Vec<f32>]) -> f64 {
         .iter()
         .map(|r| r.iter().sum::<f32>() as f64 / r.len().max(1) as f64)
         .sum()
+}
+
+/// Single-sample accuracy of `policy` on the held-out problems (the same seeds at every
+/// measurement, so the curve moves with the policy only).
+fn heldout_accuracy(policy: &dyn Policy, task: &dyn Task, h: &Heldout<'_>, seed: u64) -> Result<f64> {
+    let (mut correct, mut total) = (0usize, 0usize);
+    for (k, p) in h.problems.iter().enumerate() {
+        let gold = p
+            .gold_answer
+            .as_deref()
+            .with_context(|| format!("held-out problem `{}`: field `gold_answer`: missing", p.id))?;
+        for c in policy.continue_from(&p.question, &[], h.samples, Until::End, rng_seed(seed ^ 0xe7a1, 0, k))? {
+            correct += usize::from(task.is_correct(gold, &c.steps));
+            total += 1;
+        }
+    }
+    Ok(correct as f64 / total.max(1) as f64)
 }

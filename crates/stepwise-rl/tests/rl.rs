@@ -109,6 +109,7 @@ fn run<'a>(
         reward: &StepWords,
         watch: Vec::new(),
         out_dir: out,
+        heldout: None,
     }
 }
 

@@ -4,7 +4,7 @@ use stepwise_core::seams::{MathTask, OutcomeReward, Reward, RewardKind, ScorerRe
 use stepwise_model::scoring::LoadedVerifier;
 use stepwise_model::train::VarMap;
 use stepwise_model::{default_device, Model, ModelConfig, Prompt, Tokenizer};
-use stepwise_rl::trainer::RlRun;
+use stepwise_rl::trainer::{Heldout, RlRun};
 use stepwise_rl::{train_rl, Credit, RlConfig};
 
 /// Optimise a policy by RL against a reward.
@@ -21,7 +21,8 @@ use stepwise_rl::{train_rl, Credit, RlConfig};
 Steps are what the policy writes between --separator texts. Problems: JSONL with `question` (or `problem`) and a \\
 gold answer in `gold_answer` or `answer`. Writes the policy to --out in Hugging Face layout every \\
 --checkpoint-every updates and at the end (with the optimiser and log), rl_log.jsonl (one line per update) and \\
-rl.png/rl.svg; the same command on the same --out resumes after an interruption.
+rl.png/rl.svg (reward, sample accuracy, held-out accuracy with --eval-problems, KL against update); the same command \
+on the same --out resumes after an interruption.
 
 Example:
   stepwise rl --policy ../shared/fixtures/hf-tiny/qwen2-policy --reward outcome \\
@@ -82,6 +83,16 @@ pub struct Args {
     /// Layout of a PRM or ORM reward's verifier (as `stepwise score --layout`).
     #[arg(long, default_value = "auto")]
     pub layout: String,
+    /// Held-out problems (JSONL, with gold answers) whose single-sample accuracy is logged and
+    /// plotted during training.
+    #[arg(long)]
+    pub eval_problems: Option<PathBuf>,
+    /// Measure the held-out problems every this many updates (and after the last).
+    #[arg(long, default_value_t = 10)]
+    pub eval_every: usize,
+    /// Samples per held-out problem.
+    #[arg(long, default_value_t = 4)]
+    pub eval_samples: usize,
     /// Checkpoint every this many updates.
     #[arg(long, default_value_t = 10)]
     pub checkpoint_every: usize,
@@ -106,6 +117,10 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     let task = MathTask::default();
+    let heldout_problems = match &a.eval_problems {
+        Some(path) => super::read_problems(path)?,
+        None => Vec::new(),
+    };
     let verifier = match a.reward.split_once(':') {
         Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load(dir.as_ref(), &a.layout, &dev)?),
         None if a.reward == "outcome" => None,
@@ -170,6 +185,11 @@ pub fn run(a: Args) -> Result<()> {
             reward,
             watch: Vec::new(),
             out_dir: Some(a.out.clone()),
+            heldout: a.eval_problems.is_some().then_some(Heldout {
+                problems: &heldout_problems,
+                every: a.eval_every,
+                samples: a.eval_samples,
+            }),
         },
         &cfg,
         |l| {
@@ -189,6 +209,15 @@ pub fn run(a: Args) -> Result<()> {
         &[
             ("reward".into(), series(&|l| l.reward)),
             ("sample accuracy".into(), series(&|l| l.accuracy)),
+            (
+                "held-out accuracy".into(),
+                vec![(
+                    a.reward.clone(),
+                    log.iter()
+                        .filter_map(|l| Some((l.update as f64, l.heldout_accuracy?)))
+                        .collect(),
+                )],
+            ),
             ("KL to start".into(), series(&|l| l.kl)),
         ],
     );

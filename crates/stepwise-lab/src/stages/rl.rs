@@ -227,6 +227,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
                             reward,
                             watch: vec![watch],
                             out_dir: Some(dir.clone()),
+                            heldout: None,
                         },
                         cfg,
                         |l| {
