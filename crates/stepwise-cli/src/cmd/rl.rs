@@ -198,7 +198,7 @@ pub fn run(a: Args) -> Result<()> {
         },
     )?;
     bar.finish_and_clear();
-    stepwise_core::io::write_jsonl(&a.out.join("rl_log.jsonl"), &log)?;
+    stepwise_core::io::write_jsonl(a.out.join("rl_log.jsonl"), &log)?;
     let series = |f: &dyn Fn(&stepwise_rl::UpdateLog) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
         vec![(a.reward.clone(), log.iter().map(|l| (l.update as f64, f(l))).collect())]
     };
