@@ -18,7 +18,7 @@ use std::time::Instant;
 use stepwise_core::seams::{Policy, Reward, Task, Until};
 use stepwise_core::{Problem, Solution, Step};
 use stepwise_model::model::{load_into, save_checkpoint};
-use stepwise_model::train::optim::{named_vars, schedule, AdamW};
+use stepwise_model::train::optim::{accumulate, named_vars, schedule, AdamW};
 use stepwise_model::train::VarMap;
 use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 
@@ -33,8 +33,11 @@ pub struct RlConfig {
     pub group_size: usize,
     /// Passes over each update's samples (PPO epochs; 1 is on-policy GRPO).
     pub epochs: usize,
-    /// Sequences per optimiser step.
+    /// Sequences per micro-batch (one forward and backward pass).
     pub minibatch_size: usize,
+    /// Micro-batches whose gradients make one optimiser step (gradient accumulation).
+    #[serde(default = "one")]
+    pub grad_accum: usize,
     /// Peak learning rate (AdamW, linear warm-up then cosine).
     pub lr: f64,
     /// Warm-up updates.
@@ -59,6 +62,10 @@ pub struct RlConfig {
     pub checkpoint_every: usize,
 }
 
+fn one() -> usize {
+    1
+}
+
 impl Default for RlConfig {
     fn default() -> Self {
         RlConfig {
@@ -67,6 +74,7 @@ impl Default for RlConfig {
             group_size: 8,
             epochs: 1,
             minibatch_size: 32,
+            grad_accum: 1,
             lr: 1e-5,
             warmup: 0,
             weight_decay: 0.0,
@@ -198,7 +206,9 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         separators.insert(t, b);
         Ok(b)
     };
-    let mut opt = AdamW::new(named_vars(varmap), cfg.lr, cfg.weight_decay)?;
+    let named = named_vars(varmap);
+    let vars: Vec<candle_core::Var> = named.iter().map(|(_, v)| v.clone()).collect();
+    let mut opt = AdamW::new(named, cfg.lr, cfg.weight_decay)?;
     let mut log: Vec<UpdateLog> = Vec::new();
     if let Some(dir) = out_dir.as_ref().filter(|d| d.join(STATE).exists()) {
         let text = std::fs::read_to_string(dir.join(STATE))?;
@@ -314,23 +324,33 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         let mut order: Vec<usize> = (0..seqs.len()).collect();
         for _ in 0..cfg.epochs.max(1) {
             order.shuffle(&mut rng);
-            for mb in order.chunks(cfg.minibatch_size.max(1)) {
-                let batch: Vec<&Sequence> = mb.iter().map(|&i| &seqs[i]).collect();
-                let (loss, stats) = rl_loss(policy, &batch, cfg.clip, cfg.kl_coef)?;
-                loss_sum += loss.to_scalar::<f32>()? as f64;
-                let grads = loss.backward()?;
-                let mut scale = 1.0;
+            // Micro-batches of `minibatch_size`; gradients of `grad_accum` of them make one step.
+            let micro: Vec<&[usize]> = order.chunks(cfg.minibatch_size.max(1)).collect();
+            for group in micro.chunks(cfg.grad_accum.max(1)) {
+                let mut grads = None;
+                for mb in group {
+                    let batch: Vec<&Sequence> = mb.iter().map(|&i| &seqs[i]).collect();
+                    let (loss, stats) = rl_loss(policy, &batch, cfg.clip, cfg.kl_coef)?;
+                    loss_sum += loss.to_scalar::<f32>()? as f64;
+                    let g = loss.backward()?;
+                    match grads.as_mut() {
+                        None => grads = Some(g),
+                        Some(acc) => accumulate(acc, g, &vars)?,
+                    }
+                    kl_sum += stats.kl;
+                    clip_sum += stats.clip_fraction;
+                    updated += stats.tokens;
+                    steps += 1;
+                }
+                let grads = grads.expect("a group holds at least one micro-batch");
+                let mut scale = 1.0 / group.len() as f64;
                 if cfg.max_grad_norm > 0.0 {
-                    let norm = opt.grad_norm(&grads)?;
+                    let norm = opt.grad_norm(&grads)? * scale;
                     if norm > cfg.max_grad_norm {
-                        scale = cfg.max_grad_norm / norm;
+                        scale *= cfg.max_grad_norm / norm;
                     }
                 }
                 opt.step(&grads, scale)?;
-                kl_sum += stats.kl;
-                clip_sum += stats.clip_fraction;
-                updated += stats.tokens;
-                steps += 1;
             }
         }
         policy.set_training(false);

@@ -77,7 +77,9 @@ fn config(updates: usize) -> RlConfig {
         prompts_per_update: 1,
         group_size: 16,
         epochs: 2,
-        minibatch_size: 16,
+        // Two micro-batches of 8 per optimiser step: the accumulation path runs in every test.
+        minibatch_size: 8,
+        grad_accum: 2,
         lr: 3e-3,
         max_new_tokens: 6,
         kl_coef: 0.01,

@@ -53,9 +53,12 @@ pub struct Args {
     /// PPO epochs over each update's samples.
     #[arg(long, default_value_t = 1)]
     pub epochs: usize,
-    /// Sequences per optimiser step.
+    /// Sequences per micro-batch (one forward and backward pass).
     #[arg(long, default_value_t = 32)]
     pub minibatch_size: usize,
+    /// Micro-batches per optimiser step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
     /// Peak learning rate.
     #[arg(long, default_value_t = 1e-5)]
     pub lr: f64,
@@ -159,6 +162,7 @@ pub fn run(a: Args) -> Result<()> {
         group_size: a.group_size,
         epochs: a.epochs,
         minibatch_size: a.minibatch_size,
+        grad_accum: a.grad_accum,
         lr: a.lr,
         warmup: a.updates / 10,
         kl_coef: a.kl,
