@@ -239,6 +239,13 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         }
         Ok(())
     };
+    // The policy as it samples: for the update's groups and for held-out measurements.
+    let params = SamplingParams {
+        temperature: cfg.temperature,
+        max_new_tokens: cfg.max_new_tokens,
+        stop_token_ids: stop_token_ids.clone(),
+        ..Default::default()
+    };
     let (mut sampled, mut updated) = log.last().map_or((0, 0), |l| (l.sampled_tokens, l.updated_tokens));
     for u in log.len()..cfg.updates {
         let start = Instant::now();
@@ -250,18 +257,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
 
         // Sample a group per prompt with the current policy.
         policy.set_training(false);
-        let engine = EnginePolicy {
-            model: policy,
-            tokenizer,
-            params: SamplingParams {
-                temperature: cfg.temperature,
-                max_new_tokens: cfg.max_new_tokens,
-                stop_token_ids: stop_token_ids.clone(),
-                ..Default::default()
-            },
-            prompt,
-            separator: separator.clone(),
-        };
+        let engine = sampling_policy(policy, tokenizer, &params, prompt, &separator);
         let mut seqs: Vec<Sequence> = Vec::new();
         let (mut reward_sum, mut correct) = (0.0, 0usize);
         let mut watched = std::collections::BTreeMap::new();
@@ -357,18 +353,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         let last = u + 1 == cfg.updates;
         let heldout_accuracy = match &heldout {
             Some(h) if last || (h.every > 0 && (u + 1) % h.every == 0) => {
-                let engine = EnginePolicy {
-                    model: policy,
-                    tokenizer,
-                    params: SamplingParams {
-                        temperature: cfg.temperature,
-                        max_new_tokens: cfg.max_new_tokens,
-                        stop_token_ids: stop_token_ids.clone(),
-                        ..Default::default()
-                    },
-                    prompt,
-                    separator: separator.clone(),
-                };
+                let engine = sampling_policy(policy, tokenizer, &params, prompt, &separator);
                 Some(heldout_accuracy(&engine, task, h, cfg.seed)?)
             }
             _ => None,
@@ -428,4 +413,21 @@ fn heldout_accuracy(policy: &dyn Policy, task: &dyn Task, h: &Heldout<'_>, seed:
         }
     }
     Ok(correct as f64 / total.max(1) as f64)
+}
+
+/// `model` as the policy that samples.
+fn sampling_policy<'m>(
+    model: &'m Model,
+    tokenizer: &'m Tokenizer,
+    params: &SamplingParams,
+    prompt: Prompt,
+    separator: &str,
+) -> EnginePolicy<'m> {
+    EnginePolicy {
+        model,
+        tokenizer,
+        params: params.clone(),
+        prompt,
+        separator: separator.to_string(),
+    }
 }
