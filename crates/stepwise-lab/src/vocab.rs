@@ -10,7 +10,6 @@
 use crate::task::generate;
 use anyhow::{anyhow, Result};
 use rand::SeedableRng;
-use serde_json::json;
 use std::collections::BTreeSet;
 use stepwise_model::Tokenizer;
 
@@ -50,15 +49,7 @@ pub fn tokenizer_json() -> String {
             vocab.push(w);
         }
     }
-    let map: serde_json::Map<String, serde_json::Value> =
-        vocab.iter().enumerate().map(|(i, w)| (w.clone(), json!(i))).collect();
-    json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
-        "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": map, "unk_token": "<unk>"}
-    })
-    .to_string()
+    Tokenizer::word_level_json(&vocab, "<unk>")
 }
 
 /// The lab tokenizer.

@@ -62,6 +62,31 @@ impl Tokenizer {
         })
     }
 
+    /// The `tokenizer.json` of a word-level tokenizer: whitespace splits the text, word `i` of
+    /// `words` is token `i`, anything else is `unk` (which must be one of the words).
+    pub fn word_level_json(words: &[String], unk: &str) -> String {
+        let vocab: serde_json::Map<String, Value> = words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.clone(), Value::from(i)))
+            .collect();
+        serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": unk}
+        })
+        .to_string()
+    }
+
+    /// A word-level tokenizer ([`Tokenizer::word_level_json`]) with `eos` as its end token.
+    pub fn word_level(words: &[String], unk: &str, eos: Option<&str>) -> Result<Self> {
+        let inner: tokenizers::Tokenizer = Self::word_level_json(words, unk)
+            .parse()
+            .map_err(|e| anyhow!("word-level tokenizer: {e}"))?;
+        Ok(Self::from_inner(inner, eos.map(str::to_string)))
+    }
+
     /// Wrap an in-memory `tokenizers::Tokenizer` (e.g. one stepwise built for the lab).
     pub fn from_inner(inner: tokenizers::Tokenizer, eos_token: Option<String>) -> Self {
         Tokenizer {

@@ -41,15 +41,7 @@ impl Reward for CountW1 {
 fn main() -> Result<()> {
     let mut words = vec!["<pad>".to_string(), "<unk>".into(), "<eos>".into(), "|".into()];
     words.extend((0..396).map(|i| format!("w{i}")));
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        words.iter().enumerate().map(|(i, w)| (w.clone(), i.into())).collect();
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
-        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    });
-    let inner: tokenizers::Tokenizer = json.to_string().parse().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let tok = Tokenizer::from_inner(inner, Some("<eos>".into()));
+    let tok = Tokenizer::word_level(&words, "<unk>", Some("<eos>"))?;
     let cfg = ModelConfig::tiny(words.len(), 64, 2, 4, 2, HeadKind::CausalLm);
     let varmap = VarMap::new();
     let mut policy = Model::fresh(cfg.clone(), &varmap, &Device::Cpu, 1)?;

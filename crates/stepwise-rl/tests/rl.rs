@@ -17,18 +17,8 @@ use stepwise_rl::{rl_loss, train_rl, Credit, RlConfig};
 const WORDS: [&str; 7] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b"];
 
 fn tokenizer() -> Tokenizer {
-    let vocab: serde_json::Map<String, serde_json::Value> = WORDS
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (w.to_string(), i.into()))
-        .collect();
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
-        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    });
-    let inner: tokenizers::Tokenizer = json.to_string().parse().unwrap();
-    Tokenizer::from_inner(inner, Some("<eos>".into()))
+    let words: Vec<String> = WORDS.iter().map(|w| w.to_string()).collect();
+    Tokenizer::word_level(&words, "<unk>", Some("<eos>")).unwrap()
 }
 
 fn fresh(seed: u64) -> (Model, VarMap) {
