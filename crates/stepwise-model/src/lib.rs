@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod generate;
+pub mod incremental;
 pub mod kernels;
 pub mod layout;
 pub mod log_ratio;
@@ -17,6 +18,7 @@ pub mod transformer;
 
 pub use config::{Family, HeadKind, ModelConfig};
 pub use generate::{generate, SamplingParams};
+pub use incremental::IncrementalScorer;
 pub use layout::PrmLayout;
 pub use model::Model;
 pub use policy::{EnginePolicy, Prompt};

@@ -48,6 +48,32 @@ impl KvCache {
         Ok(KvCache { layers })
     }
 
+    /// Batch row `row`'s first `len` positions, copied out as a one-row cache: the cache of a
+    /// prefix of that sequence (with causal attention, its keys and values do not depend on what
+    /// follows).
+    pub fn row_prefix(&self, row: usize, len: usize) -> Result<KvCache> {
+        let cut = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, row, 1)?.narrow(2, 0, len)?.contiguous()?) };
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.as_ref()
+                    .map(|(k, v)| -> Result<_> { Ok((cut(k)?, cut(v)?)) })
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+
+    /// Bytes held by the cached keys and values.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
+
     /// Keep only the batch rows in `rows`.
     pub fn select(&self, rows: &Tensor) -> Result<KvCache> {
         let layers = self
