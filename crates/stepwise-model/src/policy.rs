@@ -57,6 +57,20 @@ impl EnginePolicy<'_> {
 }
 
 impl Policy for EnginePolicy<'_> {
+    fn continue_greedy(&self, question: &str, prefix: &[&str], until: Until) -> Result<Continuation> {
+        let greedy = EnginePolicy {
+            params: SamplingParams {
+                temperature: 0.0,
+                ..self.params.clone()
+            },
+            prompt: self.prompt,
+            separator: self.separator.clone(),
+            ..*self
+        };
+        let mut one = greedy.continue_from(question, prefix, 1, until, 0)?;
+        Ok(one.remove(0))
+    }
+
     fn continue_from(
         &self,
         question: &str,

@@ -1,8 +1,30 @@
 //! Best-of-N: pick one of N candidate solutions by a PRM (with an aggregation of its step
 //! scores), by PRM-weighted majority vote, by an ORM, or by plain majority vote.
 
+use crate::method::{Partial, Run, SearchMethod};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use stepwise_core::seams::Until;
+
+/// Best-of-N as a search method: `N` whole solutions sampled at once, every step scored; the
+/// search picks the best by the configured aggregation.
+pub struct BestOfN;
+
+impl SearchMethod for BestOfN {
+    fn name(&self) -> &'static str {
+        "bon"
+    }
+
+    fn candidates(&self, run: &mut Run<'_>) -> Result<Vec<Partial>> {
+        let mut all = run.expand(&Partial::default(), run.config.n, Until::End)?;
+        for a in &mut all {
+            a.finished = true;
+        }
+        run.score(&mut all)?;
+        Ok(all)
+    }
+}
 
 /// How step scores become one solution score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -26,6 +48,14 @@ impl Aggregation {
         Aggregation::Last,
         Aggregation::Mean,
     ];
+    /// The aggregation called `name` (`min`, `product`, `last` or `mean`).
+    pub fn by_name(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| anyhow::anyhow!("unknown aggregation `{name}`: use min, product, last or mean"))
+    }
+
     /// Lower-case name.
     pub fn name(self) -> &'static str {
         match self {

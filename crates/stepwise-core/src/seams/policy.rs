@@ -1,6 +1,6 @@
 //! [`Policy`]: anything that writes solutions step by step.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 /// How far a [`Policy`] continues a partial solution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +41,13 @@ pub trait Policy: Sync {
         until: Until,
         seed: u64,
     ) -> Result<Vec<Continuation>>;
+
+    /// One continuation of the most likely tokens (temperature 0), where the policy can decode
+    /// greedily; by default one sample (seed 0). Lookahead search rolls out with it.
+    fn continue_greedy(&self, question: &str, prefix: &[&str], until: Until) -> Result<Continuation> {
+        let mut one = self.continue_from(question, prefix, 1, until, 0)?;
+        one.pop().context("the policy returned no continuation")
+    }
 
     /// `n` completions to the end, each as the list of its remaining steps.
     fn complete(&self, question: &str, prefix: &[&str], n: usize, seed: u64) -> Result<Vec<Vec<String>>> {

@@ -1,0 +1,59 @@
+//! PRM-guided beam search (search-and-learn's `beam_search`): the first step is sampled `N`
+//! times; at every step the `N / M` best open beams (by the aggregated scores of their steps) are
+//! kept and each is extended `M` ways, so `N` steps are written per round. Finished beams leave
+//! the beam; the search stops when `N` have finished or none is open.
+
+use crate::method::{keep_best, Partial, Run, SearchMethod};
+use anyhow::Result;
+use stepwise_core::seams::Until;
+
+/// Beam search; candidates are ranked by their own step scores.
+pub struct BeamSearch;
+
+impl SearchMethod for BeamSearch {
+    fn name(&self) -> &'static str {
+        "beam"
+    }
+
+    fn candidates(&self, run: &mut Run<'_>) -> Result<Vec<Partial>> {
+        grow(run, |run, kids| {
+            run.score(kids)?;
+            let how = run.config.aggregation;
+            Ok(kids.iter().map(|k| k.value(how)).collect())
+        })
+    }
+}
+
+/// The beam search loop, with `rank` giving each new candidate its value (and its step scores):
+/// its own scores for [`BeamSearch`], a greedy rollout's for lookahead.
+pub(crate) fn grow(
+    run: &mut Run<'_>,
+    mut rank: impl FnMut(&mut Run<'_>, &mut [Partial]) -> Result<Vec<f32>>,
+) -> Result<Vec<Partial>> {
+    let config = run.config;
+    let keep = (config.n / config.width).max(1);
+    let mut open = vec![Partial::default()];
+    let mut done = Vec::new();
+    for round in 0..config.max_steps.max(1) {
+        let ways = if round == 0 { config.n } else { config.width };
+        let mut kids = Vec::with_capacity(open.len() * ways);
+        for beam in &open {
+            kids.extend(run.expand(beam, ways, Until::Step)?);
+        }
+        let value = rank(run, &mut kids)?;
+        let (mut next, mut next_value) = (Vec::new(), Vec::new());
+        for (kid, v) in kids.into_iter().zip(value) {
+            if kid.finished {
+                done.push(kid);
+            } else {
+                next.push(kid);
+                next_value.push(v);
+            }
+        }
+        if done.len() >= config.n || next.is_empty() {
+            break;
+        }
+        open = keep_best(next, &next_value, keep);
+    }
+    Ok(done)
+}
