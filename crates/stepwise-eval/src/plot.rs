@@ -47,32 +47,30 @@ const COLORS: [RGBColor; 12] = [
     RGBColor(0, 100, 60),
 ];
 
+/// Curves with 95% interval bars on a log-scale x axis (each point's `n`), into `area`.
 fn draw_curves<DB: DrawingBackend>(
-    root: DrawingArea<DB, plotters::coord::Shift>,
+    area: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
+    x_desc: &str,
     curves: &[Curve],
 ) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let max_n = curves
-        .iter()
-        .flat_map(|c| c.points.iter().map(|p| p.n))
-        .max()
-        .unwrap_or(1)
-        .max(2);
-    let mut chart = ChartBuilder::on(&root)
+    let xs = || curves.iter().flat_map(|c| c.points.iter().map(|p| p.n));
+    let max_n = xs().max().unwrap_or(1).max(2);
+    let min_n = xs().min().unwrap_or(1).clamp(1, max_n - 1);
+    let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d((1f64..max_n as f64).log_scale(), 0f64..1f64)
+        .build_cartesian_2d((min_n as f64..max_n as f64).log_scale(), 0f64..1f64)
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     chart
         .configure_mesh()
         .light_line_style(WHITE)
-        .x_desc("N (samples per problem)")
+        .x_desc(x_desc)
         .y_desc("accuracy")
         .x_label_formatter(&|x| format!("{}", x.round() as usize))
         .draw()
@@ -104,17 +102,40 @@ where
         .border_style(BLACK)
         .draw()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+/// Side-by-side panels of curves, each `(title, curves)`, sharing the x axis label.
+fn draw_panels<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    x_desc: &str,
+    panels: &[(String, Vec<Curve>)],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for (area, (title, curves)) in root.split_evenly((1, panels.len().max(1))).iter().zip(panels) {
+        draw_curves(area, title, x_desc, curves)?;
+    }
     root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     Ok(())
 }
 
 /// Best-of-N curves (with 95% interval bars) to `stem.png` and `stem.svg`.
 pub fn bon_plot(stem: &Path, title: &str, curves: &[Curve]) -> Result<()> {
+    scaling_plot(stem, "N (samples per problem)", &[(title.to_string(), curves.to_vec())])
+}
+
+/// Accuracy against a budget on a log scale (each point's `n`: samples, tokens), one panel per
+/// `(title, curves)` side by side, to `stem.png` and `stem.svg`.
+pub fn scaling_plot(stem: &Path, x_desc: &str, panels: &[(String, Vec<Curve>)]) -> Result<()> {
     ensure_font()?;
+    let w = 900 * panels.len().max(1) as u32;
     let png = stem.with_extension("png");
-    draw_curves(BitMapBackend::new(&png, (900, 600)).into_drawing_area(), title, curves)?;
+    draw_panels(BitMapBackend::new(&png, (w, 600)).into_drawing_area(), x_desc, panels)?;
     let svg = stem.with_extension("svg");
-    draw_curves(SVGBackend::new(&svg, (900, 600)).into_drawing_area(), title, curves)?;
+    draw_panels(SVGBackend::new(&svg, (w, 600)).into_drawing_area(), x_desc, panels)?;
     Ok(())
 }
 

@@ -41,6 +41,9 @@ impl Task for LabTask {
     fn check_steps(&self, problem_id: &str, steps: &[String]) -> Option<Vec<bool>> {
         Some(task::check_steps(self.by_id.get(problem_id)?, steps))
     }
+    fn check_prefix(&self, problem_id: &str, steps: &[String]) -> Option<Vec<bool>> {
+        Some(task::check_prefix(self.by_id.get(problem_id)?, steps))
+    }
 }
 
 #[cfg(test)]
@@ -64,6 +67,7 @@ mod tests {
                     problem_id: &p.id,
                     question: &p.question,
                     steps: refs,
+                    partial: false,
                 };
                 let s = CheckerScorer { task: &lab }.score(&[input]).unwrap();
                 let want: Vec<f32> = verdicts.iter().map(|&ok| if ok { 1.0 } else { 0.0 }).collect();
@@ -86,11 +90,32 @@ mod tests {
                 "{}: `1 * 1 = 1` is no first step",
                 p.id
             );
+            // A search's open beam: the correct steps before the answer are correct as a prefix,
+            // while as a complete solution its last step fails to state an answer.
+            let open: Vec<&str> = p.steps[..p.steps.len() - 1].iter().map(String::as_str).collect();
+            let as_prefix = ScoreInput {
+                problem_id: &p.id,
+                question: &p.question,
+                steps: open.clone(),
+                partial: true,
+            };
+            let s = CheckerScorer { task: &lab }
+                .score(&[
+                    as_prefix.clone(),
+                    ScoreInput {
+                        partial: false,
+                        ..as_prefix
+                    },
+                ])
+                .unwrap();
+            assert!(s.scores[0].iter().all(|&v| v == 1.0), "{}: {:?}", p.id, s.scores[0]);
+            assert_eq!(s.scores[1].last(), Some(&0.0));
         }
         let missing = ScoreInput {
             problem_id: "nope",
             question: "",
             steps: vec![],
+            partial: false,
         };
         assert!(CheckerScorer { task: &lab }.score(&[missing]).is_err());
     }

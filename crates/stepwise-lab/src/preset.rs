@@ -64,6 +64,19 @@ pub struct Preset {
     pub rl_kl: f32,
     /// RL: samples per held-out problem to measure each policy before and after.
     pub rl_eval_samples: usize,
+    /// Test-time search (the `search` stage): held-out problems searched by every method (0
+    /// skips the stage); the samples of the other held-out problems calibrate `τ`.
+    #[serde(default)]
+    pub search_problems: usize,
+    /// Search budgets `N` (samples per step); each method runs at each, with width `√N`.
+    #[serde(default)]
+    pub search_budgets: Vec<usize>,
+    /// Verify → resample: the precision of "bad step" calls `τ` is calibrated to.
+    #[serde(default)]
+    pub search_precision: f64,
+    /// Verify → resample: most resamples of one step (four times as many per problem).
+    #[serde(default)]
+    pub search_resamples: usize,
 }
 
 /// Math-Shepherd's two estimates of a step's label from its rollouts.
@@ -128,6 +141,10 @@ impl Preset {
             rl_lr: 3e-4,
             rl_kl: 0.04,
             rl_eval_samples: 4,
+            search_problems: 4,
+            search_budgets: vec![2, 4],
+            search_precision: 0.8,
+            search_resamples: 2,
         }
     }
 
@@ -160,6 +177,10 @@ impl Preset {
             rl_lr: 1e-3,
             rl_kl: 0.04,
             rl_eval_samples: 8,
+            search_problems: 200,
+            search_budgets: vec![4, 16, 64],
+            search_precision: 0.8,
+            search_resamples: 4,
         }
     }
 

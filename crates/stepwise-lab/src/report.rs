@@ -3,6 +3,7 @@
 
 use crate::stages::evaluate::Report;
 use crate::stages::rl::RlReport;
+use crate::stages::search::{SearchPoint, SearchReport};
 use anyhow::Result;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -149,6 +150,9 @@ fn body(r: &Report) -> String {
         q.steps, q.hard_accuracy, q.bad_recall, q.bad_precision, q.soft_brier
     );
     let _ = writeln!(s, "\n## Calibration\n\n![calibration](calibration.png)\n");
+    if let Some(search) = &r.search {
+        search_section(&mut s, search);
+    }
     if let Some(rl) = &r.rl {
         rl_section(&mut s, rl);
     }
@@ -156,6 +160,95 @@ fn body(r: &Report) -> String {
         let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
     }
     s
+}
+
+/// The search section: every method and verifier against the tokens it generated.
+fn search_section(s: &mut String, r: &SearchReport) {
+    let _ = writeln!(s, "## Test-time search\n");
+    let _ = writeln!(
+        s,
+        "Each method picks one solution per problem on {} held-out problems, guided by PRM-MC, PRM-oracle or the oracle itself (the ceiling), with the same draws (a draw's seed depends on the problem and its rank). N is the number of samples per step (best-of-N: whole solutions), M the width (beam search keeps N/M beams and extends each M ways; DVTS grows N/M subtrees); candidates are ranked by their weakest step. Lookahead rolls each candidate one step further greedily. Verify → resample rejects a step scored below τ and resamples it (at most {} times per step), τ calibrated to a precision of {} for \"bad\" on the samples of {} other held-out problems. One sample writes {:.1} tokens; accuracy has a 95% bootstrap interval over problems.\n",
+        r.problems,
+        r.max_resamples,
+        r.thresholds.first().map_or(0.0, |t| t.target_precision),
+        r.calibration_problems,
+        r.sample_tokens
+    );
+    let _ = writeln!(
+        s,
+        "| verifier | τ | precision | recall of bad steps |\n|---|---|---|---|"
+    );
+    for t in &r.thresholds {
+        let _ = writeln!(
+            s,
+            "| {} | {:.3} | {:.3} | {:.3} |",
+            t.verifier, t.tau, t.precision, t.recall
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n| method | verifier | N | M | accuracy | 95% CI | tokens generated / problem | tokens encoded / problem | rejected steps / problem | seconds / problem |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for m in &r.methods {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.3} | [{:.3}, {:.3}] | {:.0} | {:.0} | {:.2} | {:.3} |",
+            m.method,
+            m.verifier,
+            m.n,
+            m.width,
+            m.accuracy,
+            m.ci95.0,
+            m.ci95.1,
+            m.generated_tokens,
+            m.encoded_tokens,
+            m.rejected_steps,
+            m.seconds
+        );
+    }
+    if let Some(i) = &r.incremental {
+        let _ = writeln!(
+            s,
+            "\nIncremental scoring: beam search (N = {}) with PRM-oracle on {} problems encoded {} tokens; scoring every text whole encoded {} ({:.1}× more), in {:.2} s against {:.2} s; the same solution was chosen on {} of {} problems.",
+            i.n, i.problems, i.encoded_tokens, i.whole_tokens, i.ratio, i.seconds.0, i.seconds.1, i.same_choice, i.problems
+        );
+    }
+    let _ = writeln!(s, "\n![search](search.png)\n");
+}
+
+/// Accuracy against generated tokens per problem, one panel per verifier, one curve per method.
+fn search_plot(stem: &Path, r: &SearchReport) -> Result<()> {
+    let single = r.methods.iter().find(|m| m.method == "sample");
+    let point = |m: &SearchPoint| stepwise_eval::bon::Point {
+        n: m.generated_tokens.round().max(1.0) as usize,
+        accuracy: m.accuracy,
+        lo: m.ci95.0,
+        hi: m.ci95.1,
+    };
+    let mut panels = Vec::new();
+    for verifier in r.thresholds.iter().map(|t| t.verifier.as_str()) {
+        let mut curves = Vec::new();
+        for method in ["bon", "beam", "dvts", "lookahead", "resample"] {
+            let mut points: Vec<_> = single
+                .into_iter()
+                .chain(
+                    r.methods
+                        .iter()
+                        .filter(|m| m.verifier == verifier && m.method == method),
+                )
+                .map(point)
+                .collect();
+            points.sort_by_key(|p| p.n);
+            if points.len() > 1 {
+                curves.push(stepwise_eval::bon::Curve {
+                    method: method.to_string(),
+                    points,
+                });
+            }
+        }
+        panels.push((format!("guided by {verifier}"), curves));
+    }
+    stepwise_eval::plot::scaling_plot(stem, "tokens generated per problem", &panels)
 }
 
 /// The RL section: each reward source's policy before and after, on held-out problems.
@@ -243,6 +336,12 @@ pub fn write_report(dir: &Path, r: &Report) -> Result<()> {
     match stepwise_eval::plot::calibration_plot(&dir.join("calibration"), &r.calibration) {
         Ok(()) => plots.extend(["calibration.png".to_string(), "calibration.svg".to_string()]),
         Err(e) => plots.push(format!("calibration: {e}")),
+    }
+    if let Some(search) = &r.search {
+        match search_plot(&dir.join("search"), search) {
+            Ok(()) => plots.extend(["search.png".to_string(), "search.svg".to_string()]),
+            Err(e) => plots.push(format!("search: {e}")),
+        }
     }
     if let Some(rl) = &r.rl {
         match rl_plot(&dir.join("rl"), rl) {

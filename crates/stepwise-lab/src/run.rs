@@ -33,8 +33,11 @@ fn claim_run_folder(out: &Path, p: &Preset, seed: u64) -> Result<()> {
     let ours = serde_json::to_value((p, seed))?;
     if path.exists() {
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let theirs: serde_json::Value =
+        let mut theirs: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        // A folder started by an earlier version lacks the settings of stages added since; they
+        // govern only those stages, so the folder takes them on.
+        let added = add_missing_fields(&mut theirs, &ours);
         if theirs != ours {
             let field = differing_field(&theirs, &ours);
             anyhow::bail!(
@@ -43,10 +46,34 @@ fn claim_run_folder(out: &Path, p: &Preset, seed: u64) -> Result<()> {
                 path.display()
             );
         }
+        if !added.is_empty() {
+            crate::progress::say(&format!(
+                "{}: settings of newer stages added ({})",
+                path.display(),
+                added.join(", ")
+            ));
+            std::fs::write(&path, serde_json::to_string_pretty(&ours)?)?;
+        }
         return Ok(());
     }
     std::fs::write(&path, serde_json::to_string_pretty(&ours)?)?;
     Ok(())
+}
+
+/// Copy into the preset of `theirs` (`[preset, seed]`) the fields of `ours` it lacks; returns
+/// their names.
+fn add_missing_fields(theirs: &mut serde_json::Value, ours: &serde_json::Value) -> Vec<String> {
+    let (Some(t), Some(o)) = (theirs.get_mut(0).and_then(|v| v.as_object_mut()), ours[0].as_object()) else {
+        return Vec::new();
+    };
+    let mut added = Vec::new();
+    for (k, v) in o {
+        if !t.contains_key(k) {
+            t.insert(k.clone(), v.clone());
+            added.push(k.clone());
+        }
+    }
+    added
 }
 
 /// The first preset field (or `seed`) in which two `[preset, seed]` records differ.
@@ -75,7 +102,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             .map(LabProblem::problem)
             .collect::<Vec<_>>(),
     )?;
-    let task = LabTask::new(sp.label.iter().chain(&sp.eval));
+    let task = LabTask::new(sp.label.iter().chain(&sp.eval).chain(&sp.search));
 
     // 1. Policy: next-token LM on reference solutions, some with a slip.
     let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
@@ -159,7 +186,27 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let mut report =
         crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, &mc, &oracle, spent.rollouts)?;
 
-    // 7. RL against each reward source, from the same policy with the same budget.
+    // 7. Test-time search guided by each PRM and the oracle, at matched budgets.
+    if p.search_problems > 0 {
+        let dirs = (o.out.join("prm_mc"), o.out.join("prm_oracle"));
+        report.search = Some(crate::stages::search::search_stage(
+            &crate::stages::search::SearchInputs {
+                preset: p,
+                seed: o.seed,
+                out: &o.out,
+                policy: &lab_policy,
+                task: &task,
+                problems: &sp.search,
+                calibration: &scored,
+                prms: [
+                    (verifier::PRM_MC, verifiers.scorer(&prm_mc, false), &dirs.0),
+                    (verifier::PRM_ORACLE, verifiers.scorer(&prm_or, false), &dirs.1),
+                ],
+            },
+        )?);
+    }
+
+    // 8. RL against each reward source, from the same policy with the same budget.
     if p.rl_updates > 0 {
         let (orm, prm_mc, prm_oracle) = (
             verifiers.scorer(&orm, true),
@@ -181,7 +228,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         })?);
     }
 
-    // 8. Report.
+    // 9. Report.
     write_report(&o.out, &report)?;
     Ok(report)
 }
@@ -202,6 +249,13 @@ mod tests {
         let other = Preset::quick().with_overrides(&["rollouts=3".into()]).unwrap();
         let err = format!("{:#}", claim_run_folder(&dir, &other, 1).unwrap_err());
         assert!(err.contains("rollouts differs"), "{err}");
+        // A folder from before a stage existed takes on that stage's settings.
+        let path = dir.join("preset.json");
+        let mut old: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        old[0].as_object_mut().unwrap().remove("search_budgets");
+        std::fs::write(&path, old.to_string()).unwrap();
+        claim_run_folder(&dir, &p, 1).expect("an older folder resumes");
+        assert!(std::fs::read_to_string(&path).unwrap().contains("search_budgets"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

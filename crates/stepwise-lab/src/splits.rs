@@ -14,12 +14,15 @@ pub struct Splits {
     pub label: Vec<LabProblem>,
     /// Held out for evaluation.
     pub eval: Vec<LabProblem>,
+    /// Held out for test-time search (ids `t00000`, …).
+    pub search: Vec<LabProblem>,
 }
 
 /// The splits of a run. Training problems (policy, then annotation) come from the seed's first
 /// random stream; held-out problems from a second stream, so the evaluation set does not move when
 /// a training budget changes, and without any question a training problem already asked
 /// (decontamination, as real benchmarks are screened). Held-out ids are `e00000`, `e00001`, ….
+/// Search problems come from a third stream, screened against both.
 pub fn splits(p: &Preset, seed: u64) -> Splits {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut policy: Vec<LabProblem> = (0..p.policy_problems + p.label_problems)
@@ -27,19 +30,35 @@ pub fn splits(p: &Preset, seed: u64) -> Splits {
         .collect();
     let label = policy.split_off(p.policy_problems);
     let seen: HashSet<&str> = policy.iter().chain(&label).map(|q| q.question.as_str()).collect();
-    let mut eval_rng = ChaCha8Rng::seed_from_u64(seed);
-    eval_rng.set_stream(1);
-    let eval = (0..)
-        .map(|i| task::generate(&mut eval_rng, i))
+    let eval = held_out(seed, 1, &seen, p.eval_problems, "e");
+    let seen: HashSet<&str> = seen
+        .into_iter()
+        .chain(eval.iter().map(|q| q.question.as_str()))
+        .collect();
+    let search = held_out(seed, 2, &seen, p.search_problems, "t");
+    Splits {
+        policy,
+        label,
+        eval,
+        search,
+    }
+}
+
+/// `n` problems from the seed's random stream `stream`, none with a question in `seen`, with ids
+/// `{prefix}00000`, `{prefix}00001`, ….
+fn held_out(seed: u64, stream: u64, seen: &HashSet<&str>, n: usize, prefix: &str) -> Vec<LabProblem> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    (0..)
+        .map(|i| task::generate(&mut rng, i))
         .filter(|q| !seen.contains(q.question.as_str()))
-        .take(p.eval_problems)
+        .take(n)
         .enumerate()
         .map(|(i, q)| LabProblem {
-            id: format!("e{i:05}"),
+            id: format!("{prefix}{i:05}"),
             ..q
         })
-        .collect();
-    Splits { policy, label, eval }
+        .collect()
 }
 
 #[cfg(test)]
@@ -65,5 +84,12 @@ mod tests {
         assert_eq!(b.eval[3].id, "e00003");
         let ids: HashSet<&str> = b.label.iter().chain(&b.eval).map(|q| q.id.as_str()).collect();
         assert_eq!(ids.len(), b.label.len() + b.eval.len(), "problem ids are unique");
+        let asked: HashSet<&str> = seen
+            .iter()
+            .copied()
+            .chain(b.eval.iter().map(|q| q.question.as_str()))
+            .collect();
+        assert_eq!(b.search.len(), big.search_problems);
+        assert!(b.search.iter().all(|q| !asked.contains(q.question.as_str())));
     }
 }

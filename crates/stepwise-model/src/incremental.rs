@@ -22,6 +22,7 @@ use crate::transformer::KvCache;
 use anyhow::{ensure, Context, Result};
 use candle_core::{Tensor, D};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use stepwise_core::seams::{ScoreInput, Scored, StepScorer};
 
@@ -32,6 +33,7 @@ pub const DEFAULT_CAPACITY: usize = 512 << 20;
 pub struct IncrementalScorer<'a> {
     scorer: PrmScorer<'a>,
     store: Mutex<Store>,
+    whole: AtomicUsize,
 }
 
 /// One remembered sequence.
@@ -152,7 +154,14 @@ impl<'a> IncrementalScorer<'a> {
                 capacity: bytes,
                 ..Default::default()
             }),
+            whole: AtomicUsize::new(0),
         }
+    }
+
+    /// Tokens that scoring every input from scratch would have encoded so far (to compare with
+    /// the `tokens` the scores report).
+    pub fn whole_tokens(&self) -> usize {
+        self.whole.load(Ordering::Relaxed)
     }
 
     /// The models that read each input: the verifier, then its reference model if it has one.
@@ -296,12 +305,10 @@ impl<'a> IncrementalScorer<'a> {
     }
 }
 
-impl StepScorer for IncrementalScorer<'_> {
-    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
-        let enc = batch
-            .iter()
-            .map(|s| self.scorer.encode(s.question, &s.steps))
-            .collect::<Result<Vec<_>>>()?;
+impl IncrementalScorer<'_> {
+    /// Score encoded inputs: reuse what is remembered, encode the rest, remember the results.
+    /// Returns the scores and the tokens encoded.
+    fn score_encoded(&self, enc: &[Encoded]) -> Result<(Vec<Vec<f32>>, usize)> {
         let log_ratio = matches!(self.scorer.layout, PrmLayout::LogRatio { .. });
         let models = self.models().len();
         let mut plans = {
@@ -322,7 +329,7 @@ impl StepScorer for IncrementalScorer<'_> {
         for ((start, _), members) in groups {
             let kv = std::mem::take(&mut plans[members[0]].kv);
             let caches = self
-                .encode_group(&enc, &mut plans, &members, start, &kv)
+                .encode_group(enc, &mut plans, &members, start, &kv)
                 .with_context(|| format!("encoding {} inputs from position {start}", members.len()))?;
             tokens += members.iter().map(|&i| enc[i].ids.len() - start).sum::<usize>();
             fresh.extend(members.into_iter().zip(caches));
@@ -336,6 +343,57 @@ impl StepScorer for IncrementalScorer<'_> {
         for (i, kv) in fresh {
             store.insert(enc[i].ids.clone(), kv, std::mem::take(&mut plans[i].values));
         }
-        Ok(Scored { scores, tokens })
+        Ok((scores, tokens))
+    }
+
+    /// When the inputs of a batch share a prefix that nothing remembered covers (the first step
+    /// of a search: every candidate repeats the question), encode it once first. Returns the
+    /// tokens encoded.
+    fn encode_shared_prefix(&self, enc: &[Encoded]) -> Result<usize> {
+        let Some((first, rest)) = enc.split_first() else {
+            return Ok(0);
+        };
+        if rest.is_empty() {
+            return Ok(0);
+        }
+        let shared = rest
+            .iter()
+            .fold(first.ids.len(), |n, e| common_prefix(&first.ids[..n], &e.ids));
+        let known = {
+            let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+            store
+                .entries
+                .iter()
+                .map(|en| common_prefix(&en.ids, &first.ids[..shared]))
+                .max()
+                .unwrap_or(0)
+        };
+        // Worth it when it saves more than the token a log-ratio verifier re-reads.
+        if shared < known + 2 {
+            return Ok(0);
+        }
+        let prefix = Encoded {
+            ids: first.ids[..shared].to_vec(),
+            positions: first.positions.iter().copied().filter(|&p| p < shared).collect(),
+            steps_from: first.steps_from.min(shared),
+        };
+        Ok(self.score_encoded(std::slice::from_ref(&prefix))?.1)
+    }
+}
+
+impl StepScorer for IncrementalScorer<'_> {
+    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let enc = batch
+            .iter()
+            .map(|s| self.scorer.encode(s.question, &s.steps))
+            .collect::<Result<Vec<_>>>()?;
+        self.whole
+            .fetch_add(enc.iter().map(|e| e.ids.len()).sum(), Ordering::Relaxed);
+        let warm = self.encode_shared_prefix(&enc)?;
+        let (scores, tokens) = self.score_encoded(&enc)?;
+        Ok(Scored {
+            scores,
+            tokens: warm + tokens,
+        })
     }
 }

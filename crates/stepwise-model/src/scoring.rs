@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use stepwise_core::seams::{ScoreInput, Scored, StepScorer};
 
 /// A local checkpoint that scores steps: a PRM of any layout, an ORM, a log-ratio verifier.
+#[derive(Clone)]
 pub struct PrmScorer<'a> {
     /// The model.
     pub model: &'a Model,

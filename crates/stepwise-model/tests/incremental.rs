@@ -48,6 +48,7 @@ fn grow(full: &PrmScorer, name: &str) -> (usize, usize) {
                 problem_id: "p",
                 question: QUESTION,
                 steps: k.iter().map(String::as_str).collect(),
+                partial: true,
             })
             .collect();
         let got = inc.score(&inputs).unwrap();
@@ -92,7 +93,7 @@ fn a_growing_beam_scores_as_the_whole_text_for_every_layout() {
         let v = LoadedVerifier::load(&fixtures().join(name), "auto", &dev).unwrap();
         let (encoded, whole) = grow(&v.scorer(), name);
         assert!(
-            encoded * 4 < whole,
+            encoded * 5 < whole,
             "{name}: {encoded} tokens encoded incrementally vs {whole} at once"
         );
     }
@@ -119,7 +120,7 @@ fn a_growing_beam_scores_as_the_whole_text_for_every_layout() {
                 reference,
             };
             let (encoded, whole) = grow(&scorer, "log-ratio");
-            assert!(encoded * 4 < whole, "log-ratio: {encoded} vs {whole}");
+            assert!(encoded * 5 < whole, "log-ratio: {encoded} vs {whole}");
         }
     }
 }
@@ -137,6 +138,7 @@ fn a_tiny_capacity_only_costs_tokens() {
         problem_id: "p",
         question: QUESTION,
         steps: steps[..n].to_vec(),
+        partial: n < steps.len(),
     };
     for n in [1, 2, 2] {
         let got = tiny.score(&[input(n)]).unwrap();

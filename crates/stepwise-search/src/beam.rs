@@ -1,7 +1,8 @@
 //! PRM-guided beam search (search-and-learn's `beam_search`): the first step is sampled `N`
-//! times; at every step the `N / M` best open beams (by the aggregated scores of their steps) are
-//! kept and each is extended `M` ways, so `N` steps are written per round. Finished beams leave
-//! the beam; the search stops when `N` have finished or none is open.
+//! times; at every step the `N / M` best distinct open beams (by the aggregated scores of their
+//! steps) are kept and each is extended `M` ways, so `N` steps are written per round (when fewer
+//! distinct beams are open, each is extended more ways: the budget per round stays `N`). Finished
+//! beams leave the beam; the search stops when `N` have finished or none is open.
 
 use crate::method::{keep_best, Partial, Run, SearchMethod};
 use anyhow::Result;
@@ -34,11 +35,15 @@ pub(crate) fn grow(
     let keep = (config.n / config.width).max(1);
     let mut open = vec![Partial::default()];
     let mut done = Vec::new();
-    for round in 0..config.max_steps.max(1) {
-        let ways = if round == 0 { config.n } else { config.width };
-        let mut kids = Vec::with_capacity(open.len() * ways);
-        for beam in &open {
-            kids.extend(run.expand(beam, ways, Until::Step)?);
+    for _ in 0..config.max_steps.max(1) {
+        // N new steps per round, shared by the open beams: M each when N / M distinct beams are
+        // open, more each when fewer are (samples that repeat a beam still explore it).
+        let mut kids = Vec::with_capacity(config.n);
+        for (k, beam) in open.iter().enumerate() {
+            let ways = config.n / open.len() + usize::from(k < config.n % open.len());
+            if ways > 0 {
+                kids.extend(run.expand(beam, ways, Until::Step)?);
+            }
         }
         let value = rank(run, &mut kids)?;
         let (mut next, mut next_value) = (Vec::new(), Vec::new());

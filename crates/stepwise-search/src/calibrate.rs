@@ -98,7 +98,8 @@ impl Threshold {
     /// Write it into the verifier folder `dir`.
     pub fn save(&self, dir: &Path) -> Result<()> {
         let path = dir.join(THRESHOLD_FILE);
-        std::fs::write(&path, serde_json::to_string_pretty(self)?).with_context(|| format!("writing {}", path.display()))
+        std::fs::write(&path, serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("writing {}", path.display()))
     }
 
     /// The threshold calibrated for the verifier in `dir`, if any.
@@ -123,7 +124,14 @@ mod tests {
     #[test]
     fn the_largest_threshold_that_keeps_the_precision() {
         // Scores of bad steps: 0.1, 0.2, 0.45; good steps: 0.3, 0.6, 0.9.
-        let steps = [(0.1, true), (0.2, true), (0.3, false), (0.45, true), (0.6, false), (0.9, false)];
+        let steps = [
+            (0.1, true),
+            (0.2, true),
+            (0.3, false),
+            (0.45, true),
+            (0.6, false),
+            (0.9, false),
+        ];
         let t = calibrate(&steps, 1.0, "prm").unwrap();
         assert!((t.tau - 0.25).abs() < 1e-6, "{t:?}");
         assert!((t.recall - 2.0 / 3.0).abs() < 1e-9);

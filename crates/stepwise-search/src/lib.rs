@@ -5,6 +5,7 @@
 //! never on a model.
 #![warn(missing_docs)]
 
+pub mod batch;
 pub mod beam;
 pub mod bon;
 pub mod calibrate;
@@ -14,6 +15,7 @@ pub mod lookahead;
 pub mod method;
 pub mod resample;
 
+pub use batch::{compute_of, Job, Searcher};
 pub use beam::BeamSearch;
 pub use bon::{aggregate, select, Aggregation, BestOfN, Candidate, Selector};
 pub use calibrate::{calibrate, Threshold};

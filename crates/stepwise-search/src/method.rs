@@ -212,6 +212,7 @@ impl<'a> Run<'a> {
                 problem_id: self.problem_id,
                 question: self.question,
                 steps: b.steps.iter().map(String::as_str).collect(),
+                partial: !b.finished,
             })
             .collect();
         let scored = self.scorer.score(&inputs)?;

@@ -1,7 +1,9 @@
 //! Verify → accept / reject / resample: one solution, written step by step; each step is scored
 //! as it is written, accepted when its score reaches the threshold `τ`, else rejected and
-//! resampled from the same prefix — at most `R` times per step and within a budget per problem,
-//! after which the best-scored attempt is kept. `τ` comes from calibration on labelled data
+//! resampled from the same prefix — at most `R` times per step and within a budget per problem.
+//! When no attempt passes, the best-scored one is kept and the rest of the solution is written in
+//! one go (a verifier that rejects a step tends to reject what follows it, so resampling further
+//! would only spend the budget). `τ` comes from calibration on labelled data
 //! ([`crate::calibrate`]), not from the user's guess.
 
 use crate::method::{Partial, Run, SearchMethod};
@@ -39,9 +41,16 @@ impl SearchMethod for Resample {
                 budget -= 1;
                 run.compute.rejected_steps += 1;
             }
-            match best {
-                Some(b) => solution = b,
-                None => break,
+            let Some(best) = best else { break };
+            let gave_up = best.scores.last().copied().unwrap_or(0.0) < config.threshold;
+            solution = best;
+            if gave_up && !solution.finished {
+                // No attempt passed: the verifier will likely reject whatever follows a step it
+                // rejects, so resampling further only spends the budget. The rest is written
+                // in one go, unverified.
+                let mut rest = run.expand(&solution, 1, Until::End)?;
+                run.score(&mut rest)?;
+                solution = rest.remove(0);
             }
         }
         Ok(vec![solution])

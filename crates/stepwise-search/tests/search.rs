@@ -26,7 +26,14 @@ impl Tree {
 }
 
 impl Policy for Tree {
-    fn continue_from(&self, _q: &str, prefix: &[&str], n: usize, until: Until, _seed: u64) -> Result<Vec<Continuation>> {
+    fn continue_from(
+        &self,
+        _q: &str,
+        prefix: &[&str],
+        n: usize,
+        until: Until,
+        _seed: u64,
+    ) -> Result<Vec<Continuation>> {
         Ok((0..n)
             .map(|j| {
                 let mut steps: Vec<String> = Vec::new();
@@ -108,8 +115,7 @@ fn beam_search_as_wide_as_the_tree_is_exhaustive_search() {
         let got = search(&*method("beam").unwrap(), &config, "p", "q", &tree, &scorer()).unwrap();
         assert_eq!(got.chosen.steps, best, "{how:?}");
         assert!((got.chosen.value(how) - value(&best, how)).abs() < 1e-6);
-        // Round 1: 27 draws; rounds 2 and 3: the distinct kept beams × 3 ways (3 then 9 beams).
-        assert_eq!(got.compute.generated_tokens, (27 + 9 + 27) * 2);
+        assert_eq!(got.compute.generated_tokens, 3 * 27 * 2, "N steps per round");
         assert_eq!(got.compute.scorer_calls, 3);
         assert_eq!(got.candidates, 27);
     }
@@ -196,24 +202,39 @@ fn lookahead_sees_past_a_step_that_looks_good_and_leads_nowhere() {
 }
 
 /// A policy that writes step `k` as `"k bad"` on its first `bad_draws` draws of that step, then
-/// as `"k"`; three steps make a solution.
+/// as `"k"`; three steps make a solution. Each step written costs one token.
 struct Flaky {
     bad_draws: usize,
     draws: [AtomicUsize; 3],
 }
 
 impl Policy for Flaky {
-    fn continue_from(&self, _q: &str, prefix: &[&str], n: usize, _until: Until, _seed: u64) -> Result<Vec<Continuation>> {
-        let k = prefix.len();
+    fn continue_from(
+        &self,
+        _q: &str,
+        prefix: &[&str],
+        n: usize,
+        until: Until,
+        _seed: u64,
+    ) -> Result<Vec<Continuation>> {
         Ok((0..n)
             .map(|_| {
-                let d = self.draws[k].fetch_add(1, Ordering::SeqCst);
-                let step = if d < self.bad_draws { format!("{k} bad") } else { format!("{k}") };
+                let last = if until == Until::Step { prefix.len() } else { 2 };
+                let steps: Vec<String> = (prefix.len()..=last)
+                    .map(|k| {
+                        let d = self.draws[k].fetch_add(1, Ordering::SeqCst);
+                        if d < self.bad_draws {
+                            format!("{k} bad")
+                        } else {
+                            format!("{k}")
+                        }
+                    })
+                    .collect();
                 Continuation {
-                    tokens: 1,
-                    text: step.clone(),
-                    steps: vec![step],
-                    finished: k == 2,
+                    tokens: steps.len(),
+                    text: steps.join("\n"),
+                    finished: last == 2,
+                    steps,
                     token_ids: Vec::new(),
                 }
             })
@@ -250,15 +271,19 @@ fn verify_then_resample_rejects_the_steps_below_tau_within_its_budget() {
     assert_eq!(got.compute.rejected_steps, 6);
     assert_eq!(got.compute.generated_tokens, 9);
     assert_eq!(got.candidates, 1);
-    // At most one resample per step: the better-scored attempt is kept (both bad: the first).
+    // At most one resample per step: both attempts fail, the first (as good as the second) is
+    // kept and the rest is written in one go, unverified.
     let one = SearchConfig {
         max_resamples: 1,
         ..config.clone()
     };
     let got = search(&*resample, &one, "p", "q", &flaky(2), &checker).unwrap();
     assert_eq!(got.chosen.steps, ["0 bad", "1 bad", "2 bad"]);
-    assert_eq!(got.compute.rejected_steps, 3);
-    // A budget of three resamples for the whole problem: the first step uses two, the second one.
+    assert_eq!(got.compute.rejected_steps, 1);
+    assert_eq!(got.compute.generated_tokens, 4);
+    assert_eq!(got.chosen.scores, [0.2, 0.2, 0.2]);
+    // A budget of three resamples for the whole problem: the first step uses two, the second one
+    // and gives up.
     let budget = SearchConfig {
         resample_budget: 3,
         ..config.clone()
@@ -296,7 +321,11 @@ fn best_of_n_picks_what_the_selector_picks() {
             .collect();
         let best = samples
             .iter()
-            .max_by(|a, b| value(a, how).total_cmp(&value(b, how)).then(std::cmp::Ordering::Greater))
+            .max_by(|a, b| {
+                value(a, how)
+                    .total_cmp(&value(b, how))
+                    .then(std::cmp::Ordering::Greater)
+            })
             .unwrap();
         assert_eq!(&got.chosen.steps, best, "{how:?}");
         assert_eq!(got.compute.policy_calls, 1);

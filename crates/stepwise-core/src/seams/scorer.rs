@@ -13,6 +13,9 @@ pub struct ScoreInput<'a> {
     pub question: &'a str,
     /// The steps written so far.
     pub steps: Vec<&'a str>,
+    /// The solution may continue (an open beam of a search): exact checkers judge its steps as
+    /// a prefix, not as a complete solution that failed to state an answer.
+    pub partial: bool,
 }
 
 impl<'a> ScoreInput<'a> {
@@ -22,6 +25,7 @@ impl<'a> ScoreInput<'a> {
             problem_id: &s.problem_id,
             question: &s.question,
             steps: s.step_texts(),
+            partial: false,
         }
     }
 }
@@ -55,7 +59,12 @@ impl StepScorer for CheckerScorer<'_> {
             .iter()
             .map(|i| {
                 let steps: Vec<String> = i.steps.iter().map(|s| s.to_string()).collect();
-                let verdicts = self.task.check_steps(i.problem_id, &steps).with_context(|| {
+                let verdicts = if i.partial {
+                    self.task.check_prefix(i.problem_id, &steps)
+                } else {
+                    self.task.check_steps(i.problem_id, &steps)
+                };
+                let verdicts = verdicts.with_context(|| {
                     format!("problem `{}`: the task has no exact step checker for it", i.problem_id)
                 })?;
                 Ok(verdicts.into_iter().map(|ok| f32::from(u8::from(ok))).collect())

@@ -27,6 +27,13 @@ pub trait Task: Sync {
         None
     }
 
+    /// Exact verdicts for the steps of a solution still being written (a search's open beam):
+    /// as [`Task::check_steps`], except that not having stated an answer yet is no error. By
+    /// default the same as [`Task::check_steps`].
+    fn check_prefix(&self, problem_id: &str, steps: &[String]) -> Option<Vec<bool>> {
+        self.check_steps(problem_id, steps)
+    }
+
     /// Fill a solution's `final_answer` and, when its gold answer is known, `correct`.
     fn grade_solution(&self, s: &mut Solution) {
         let steps = s.step_strings();

@@ -48,6 +48,9 @@ pub struct Report {
     pub calibration: Vec<stepwise_eval::labels::CalibrationSeries>,
     /// Plot files written (or why not).
     pub plots: Vec<String>,
+    /// Test-time search with every method and verifier (absent when the preset skips it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<super::search::SearchReport>,
     /// RL against each reward source (absent when the preset skips it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rl: Option<super::rl::RlReport>,
@@ -291,6 +294,7 @@ pub fn evaluate(
         rollouts_per_step: rollouts as f64 / labelled_steps as f64,
         calibration: calib,
         plots: Vec::new(),
+        search: None,
         rl: None,
     })
 }

@@ -6,6 +6,7 @@ pub mod evaluate;
 pub mod policy;
 pub mod rl;
 pub mod sample;
+pub mod search;
 pub mod verifiers;
 
 use crate::progress::{bar, say};
