@@ -24,7 +24,8 @@ stepwise lab                                              # the whole loop on th
 stepwise convert prm800k.jsonl out.jsonl --to trl        # any format to any other\n  \
 stepwise stats processbench/gsm8k.json                    # counts, label balance, first errors\n  \
 stepwise grade --mode lenient answers.jsonl              # add `correct` to {given, ground_truth} records\n  \
-stepwise score --model DIR --input steps.jsonl --output scored.jsonl\n\n\
+stepwise score --model DIR --input steps.jsonl --output scored.jsonl\n  \
+stepwise search --policy DIR --prm DIR --method beam -n 16 --input problems.jsonl --output beam.jsonl\n\n\
 Run `stepwise <command> --help` for the details of each."
 )]
 struct Cli {
@@ -52,6 +53,10 @@ enum Command {
     Annotate(cmd::annotate::Args),
     /// Best-of-N curves from scored samples: PRM (every aggregation), weighted vote, ORM, majority.
     Bon(cmd::bon::Args),
+    /// Search step by step guided by a PRM: beam search, DVTS, lookahead, verify → resample, best-of-N.
+    Search(cmd::search::Args),
+    /// Calibrate a PRM's rejection threshold τ on labelled steps (writes PRM/threshold.json).
+    Calibrate(cmd::calibrate::Args),
     /// Optimise a policy by RL against outcome, ORM or PRM rewards (GRPO, per-step credit), resumable.
     Rl(cmd::rl::Args),
     /// Evaluate scored solutions (ProcessBench's first-error metric).
@@ -73,6 +78,8 @@ fn main() {
         Command::Bon(a) => cmd::bon::run(a),
         Command::Eval(c) => cmd::eval::run(c),
         Command::Rl(a) => cmd::rl::run(a),
+        Command::Search(a) => cmd::search::run(a),
+        Command::Calibrate(a) => cmd::calibrate::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

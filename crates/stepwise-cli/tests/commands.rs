@@ -292,3 +292,146 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
         assert_eq!(std::fs::read_to_string(&generated).unwrap().lines().count(), 4);
     }
 }
+
+/// `stepwise search`: every method with every PRM layout on the fixture checkpoints; records
+/// carry each step's score and the method's compute; a second run resumes (nothing changes);
+/// incremental and whole scoring choose the same; `calibrate` writes the τ `resample` reads.
+#[test]
+fn search_runs_every_method_with_every_prm_layout_and_resumes() {
+    let d = tmp("search");
+    let problems = d.join("problems.jsonl");
+    write_jsonl(
+        &problems,
+        &[
+            json!({"id": "a", "question": "What is 2 + 3?", "answer": "5"}),
+            json!({"id": "b", "question": "What is 4 * 2?", "answer": "8"}),
+        ],
+    );
+    let policy = fixture("qwen2-policy");
+    let search = |prm: &str, method: &str, out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "search",
+            "--policy",
+            &policy,
+            "--prm",
+            prm,
+            "--method",
+            method,
+            "--max-steps",
+            "3",
+            "--max-tokens",
+            "6",
+            "--input",
+            problems.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        stepwise(&args)
+    };
+    let read = |p: &Path| -> Vec<Value> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    for prm in ["qwen2-prm", "llama-shepherd", "qwen2-tokcls"] {
+        let prm = fixture(prm);
+        for method in ["bon", "beam", "dvts", "lookahead", "resample"] {
+            let out = d.join(format!("{}-{method}.jsonl", prm.len()));
+            let _ = std::fs::remove_file(&out);
+            let args = ["-n", "4", "--width", "2", "--threshold", "0.5", "--temperature", "1.0"];
+            search(&prm, method, &out, &args);
+            let recs = read(&out);
+            assert_eq!(recs.len(), 2, "{prm} {method}");
+            for r in &recs {
+                let steps = r["steps"].as_array().unwrap().len();
+                assert!((1..=3).contains(&steps), "{prm} {method}: {steps} steps");
+                assert_eq!(r["scores"]["prm"].as_array().unwrap().len(), steps, "{prm} {method}");
+                assert_eq!(r["meta"]["search"]["method"], method);
+                let c = &r["meta"]["compute"];
+                assert!(c["generated_tokens"].as_u64().unwrap() > 0, "{prm} {method}");
+                assert!(c["encoded_tokens"].as_u64().unwrap() > 0, "{prm} {method}");
+                assert!(r["correct"].is_boolean());
+            }
+            let first = std::fs::read_to_string(&out).unwrap();
+            search(&prm, method, &out, &args);
+            assert_eq!(
+                std::fs::read_to_string(&out).unwrap(),
+                first,
+                "resumed, not searched again"
+            );
+        }
+        // Incremental and whole scoring of greedy beams (no choice a near-tie could flip: the
+        // random fixture PRMs score every step about 0.5): the same scores, fewer tokens encoded.
+        let (inc, whole) = (d.join("inc.jsonl"), d.join("whole.jsonl"));
+        let _ = (std::fs::remove_file(&inc), std::fs::remove_file(&whole));
+        let greedy = ["-n", "2", "--width", "1", "--temperature", "0"];
+        search(&prm, "beam", &inc, &greedy);
+        search(&prm, "beam", &whole, &[&greedy[..], &["--whole"]].concat());
+        let (a, b) = (read(&inc), read(&whole));
+        let encoded = |recs: &[Value]| -> u64 {
+            recs.iter()
+                .map(|r| r["meta"]["compute"]["encoded_tokens"].as_u64().unwrap())
+                .sum()
+        };
+        assert!(encoded(&a) < encoded(&b), "{prm}: {} vs {}", encoded(&a), encoded(&b));
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x["steps"], y["steps"], "{prm}");
+            let (sx, sy) = (
+                x["scores"]["prm"].as_array().unwrap(),
+                y["scores"]["prm"].as_array().unwrap(),
+            );
+            for (u, v) in sx.iter().zip(sy) {
+                assert!(
+                    (u.as_f64().unwrap() - v.as_f64().unwrap()).abs() < 1e-5,
+                    "{prm}: {u} vs {v}"
+                );
+            }
+        }
+    }
+    // calibrate writes threshold.json into the PRM folder (a copy), which resample then reads.
+    let prm_dir = d.join("prm");
+    std::fs::create_dir_all(&prm_dir).unwrap();
+    for f in std::fs::read_dir(fixture("qwen2-tokcls")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), prm_dir.join(f.file_name())).unwrap();
+    }
+    let labelled = d.join("labelled.jsonl");
+    let sol = |id: &str, good: bool| {
+        json!({"id": id, "problem_id": "a", "question": "What is 2 + 3?",
+               "steps": [{"text": "2 + 3 = 5", "label": {"rating": "good"}},
+                         {"text": if good { "The answer is 5" } else { "The answer is 6" }, "label": {"rating": if good {"good"} else {"bad"}}}]})
+    };
+    write_jsonl(&labelled, &[sol("s1", true), sol("s2", false), sol("s3", true)]);
+    let out = d.join("resample.jsonl");
+    let missing = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "search",
+            "--policy",
+            &policy,
+            "--prm",
+            prm_dir.to_str().unwrap(),
+            "--method",
+            "resample",
+        ])
+        .args(["--input", problems.to_str().unwrap(), "--output", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("stepwise calibrate"));
+    stepwise(&[
+        "calibrate",
+        "--prm",
+        prm_dir.to_str().unwrap(),
+        "--input",
+        labelled.to_str().unwrap(),
+        "--precision",
+        "0.3",
+    ]);
+    let t: Value = serde_json::from_str(&std::fs::read_to_string(prm_dir.join("threshold.json")).unwrap()).unwrap();
+    let tau = t["tau"].as_f64().unwrap();
+    search(prm_dir.to_str().unwrap(), "resample", &out, &["--temperature", "1.0"]);
+    let recs = read(&out);
+    assert!((recs[0]["meta"]["search"]["threshold"].as_f64().unwrap() - tau).abs() < 1e-6);
+}

@@ -1,7 +1,7 @@
 //! Searching many problems: each result becomes a solution record (its steps, every step's score
 //! under the verifier's name, the method and its compute in `meta`), graded by the task and
 //! appended to a JSONL journal as soon as it is done, so an interrupted run (even `kill -9`)
-//! resumes where it stopped. Problems are searched on several threads; the result of each does
+//! resumes where it stopped; a finished run leaves the records in input order. Problems are searched on several threads; the result of each does
 //! not depend on the threads (its draws are seeded by the problem).
 
 use crate::method::{search, Compute, SearchConfig, SearchMethod};
@@ -126,10 +126,20 @@ impl Searcher<'_> {
                 .map(|h| h.join().map_err(|_| anyhow::anyhow!("a search thread panicked"))?)
                 .collect::<Result<Vec<()>>>()
         })?;
-        let (_, mut kept) = out.into_inner().unwrap_or_else(|p| p.into_inner());
+        let (_, kept) = out.into_inner().unwrap_or_else(|p| p.into_inner());
         let wanted: std::collections::HashSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
-        kept.retain(|s| wanted.contains(s.id.as_str()));
-        sort_like(&mut kept, jobs.iter().map(|j| j.id.as_str()), |s| s.id.as_str());
-        Ok(kept)
+        let (mut mine, others): (Vec<Solution>, Vec<Solution>) =
+            kept.into_iter().partition(|s| wanted.contains(s.id.as_str()));
+        sort_like(&mut mine, jobs.iter().map(|j| j.id.as_str()), |s| s.id.as_str());
+        if !todo.is_empty() {
+            // The journal holds the records in the order they finished; the finished file
+            // holds them in input order, the same whatever the threads did (records of other
+            // problems a earlier run left there stay, after them).
+            let tmp = path.with_extension("jsonl.tmp");
+            let all: Vec<&Solution> = mine.iter().chain(&others).collect();
+            stepwise_core::io::write_jsonl(&tmp, &all)?;
+            std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(mine)
     }
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 pub mod annotate;
 pub mod bon;
+pub mod calibrate;
 pub mod convert;
 pub mod eval;
 pub mod generate;
@@ -8,6 +9,7 @@ pub mod grade;
 pub mod lab;
 pub mod rl;
 pub mod score;
+pub mod search;
 pub mod stats;
 pub mod train_prm;
 

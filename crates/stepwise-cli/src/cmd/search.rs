@@ -1,0 +1,214 @@
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use stepwise_core::seams::{MathTask, StepScorer};
+use stepwise_model::scoring::LoadedVerifier;
+use stepwise_model::{default_device, EnginePolicy, IncrementalScorer, Model, Prompt, SamplingParams, Tokenizer};
+use stepwise_search::{compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold, METHODS};
+
+/// Search for solutions step by step, guided by a PRM.
+#[derive(clap::Args)]
+#[command(after_help = "Methods (search-and-learn's, one file each in stepwise-search):
+  bon        N whole solutions, the best by the aggregated step scores
+  beam       N first steps; then keep the N/M best beams and extend each M ways, N steps per round
+  dvts       N/M independent subtrees, each extended M ways per step, keeping its best child
+  lookahead  beam search, each candidate valued by rolling it out --lookahead steps greedily
+  resample   one solution; a step scored below τ is rejected and resampled (at most
+             --max-resamples times per step, --resample-budget per problem); τ comes from
+             `stepwise calibrate` (PRM/threshold.json) unless --threshold is given
+
+The PRM scores each new step incrementally: only the tokens after a cached prefix are encoded
+(the KV cache of every beam is remembered; the question is encoded once). Each problem's result
+is appended to --output as soon as it is done (steps, `scores.NAME`, `meta.search`,
+`meta.compute`: generated and encoded tokens, calls, seconds); run the same command again after
+an interruption and it continues where it stopped.
+
+Examples:
+  stepwise search --policy POLICY --prm PRM --method beam -n 16 --width 4 \\
+      --input problems.jsonl --output beam.jsonl
+  stepwise calibrate --prm PRM --input labelled.jsonl --precision 0.8
+  stepwise search --policy POLICY --prm PRM --method resample --input problems.jsonl --output resample.jsonl")]
+pub struct Args {
+    /// Policy checkpoint folder.
+    #[arg(long)]
+    pub policy: PathBuf,
+    /// PRM checkpoint folder (any layout `stepwise score` reads).
+    #[arg(long)]
+    pub prm: PathBuf,
+    /// PRM layout: auto, qwen-prm, step-tag, token-cls or log-ratio.
+    #[arg(long, default_value = "auto")]
+    pub layout: String,
+    /// The name the step scores are recorded under (`scores.NAME`).
+    #[arg(long, default_value = "prm")]
+    pub name: String,
+    /// The search method.
+    #[arg(long, default_value = "beam", value_parser = clap::builder::PossibleValuesParser::new(METHODS))]
+    pub method: String,
+    /// N: samples per step (best-of-N: whole solutions).
+    #[arg(short, default_value_t = 8)]
+    pub n: usize,
+    /// M: beam search keeps N/M beams and extends each M ways; DVTS grows N/M subtrees.
+    #[arg(long, default_value_t = 4)]
+    pub width: usize,
+    /// How step scores rank candidates.
+    #[arg(long, default_value = "min", value_parser = ["min", "product", "last", "mean"])]
+    pub aggregation: String,
+    /// Most steps per solution.
+    #[arg(long, default_value_t = 40)]
+    pub max_steps: usize,
+    /// Lookahead: greedy steps rolled out to value a candidate.
+    #[arg(long, default_value_t = 1)]
+    pub lookahead: usize,
+    /// Resample: τ (default: the PRM folder's threshold.json from `stepwise calibrate`).
+    #[arg(long)]
+    pub threshold: Option<f32>,
+    /// Resample: most resamples of one step.
+    #[arg(long, default_value_t = 4)]
+    pub max_resamples: usize,
+    /// Resample: most resamples per problem.
+    #[arg(long, default_value_t = 16)]
+    pub resample_budget: usize,
+    /// Problems (JSONL with `question`, optional `id` and gold answer).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output solutions (stepwise JSONL, appended to and resumed).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Most new tokens per step (per solution for bon).
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Text between steps: the policy's steps are split at it, and it ends a step.
+    #[arg(long, default_value = "\n")]
+    pub separator: String,
+    /// Prompt layout: text (question, separator, steps), chat (the tokenizer's chat template) or
+    /// pieces (each piece encoded on its own: the lab's policies).
+    #[arg(long, default_value = "text", value_parser = ["text", "chat", "pieces"])]
+    pub prompt: String,
+    /// Seed of the policy's draws.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Problems searched at once.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Score every candidate from scratch instead of incrementally (for comparison).
+    #[arg(long)]
+    pub whole: bool,
+}
+
+fn prompt_layout(name: &str) -> Result<Prompt> {
+    Ok(match name {
+        "text" => Prompt::Text,
+        "chat" => Prompt::Chat,
+        "pieces" => Prompt::Pieces,
+        other => bail!("--prompt {other}: use text, chat or pieces"),
+    })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.output.extension().is_some_and(|e| e != "jsonl") {
+        bail!(
+            "{}: --output must be a .jsonl file (it is appended to and resumed)",
+            a.output.display()
+        );
+    }
+    let search = method(&a.method)?;
+    let threshold = match (a.threshold, a.method.as_str()) {
+        (Some(t), _) => t,
+        (None, "resample") => {
+            Threshold::load(&a.prm)?
+                .with_context(|| {
+                    format!(
+                        "--method resample needs τ: run `stepwise calibrate --prm {}` on labelled data, or pass --threshold",
+                        a.prm.display()
+                    )
+                })?
+                .tau
+        }
+        (None, _) => 0.5,
+    };
+    let config = SearchConfig {
+        n: a.n,
+        width: a.width,
+        max_steps: a.max_steps,
+        aggregation: Aggregation::by_name(&a.aggregation)?,
+        lookahead: a.lookahead,
+        threshold,
+        max_resamples: a.max_resamples,
+        resample_budget: a.resample_budget,
+        seed: a.seed,
+    };
+    let problems = super::read_problems(&a.input)?;
+    let dev = default_device();
+    let model = Model::load(&a.policy, &dev)?;
+    let tok = Tokenizer::from_dir(&a.policy)?;
+    let mut stop = model.config.eos_token_ids.clone();
+    stop.extend(tok.eos_id());
+    let policy = EnginePolicy {
+        model: &model,
+        tokenizer: &tok,
+        params: SamplingParams {
+            temperature: a.temperature,
+            max_new_tokens: a.max_tokens,
+            stop_token_ids: stop,
+            ..Default::default()
+        },
+        prompt: prompt_layout(&a.prompt)?,
+        separator: a.separator.clone(),
+    };
+    let verifier = LoadedVerifier::load(&a.prm, &a.layout, &dev)?;
+    let incremental = IncrementalScorer::new(verifier.scorer());
+    let whole = verifier.scorer();
+    let scorer: &dyn StepScorer = if a.whole { &whole } else { &incremental };
+    let jobs: Vec<Job<'_>> = problems
+        .iter()
+        .map(|p| Job {
+            id: format!("{}-{}", p.id, a.method),
+            problem_id: &p.id,
+            question: &p.question,
+            gold_answer: p.gold_answer.as_deref(),
+        })
+        .collect();
+    let task = MathTask::default();
+    let bar = crate::progress::bar(Some(jobs.len() as u64), &format!("searching ({})", a.method));
+    let sols = Searcher {
+        method: &*search,
+        config: &config,
+        policy: &policy,
+        scorer,
+        verifier: &a.name,
+        task: &task,
+        threads: a.threads,
+    }
+    .run_all(&a.output, &jobs, &|done| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+    let computes: Vec<_> = sols.iter().filter_map(compute_of).collect();
+    let per = |f: &dyn Fn(&stepwise_search::Compute) -> f64| {
+        computes.iter().map(f).sum::<f64>() / computes.len().max(1) as f64
+    };
+    let graded: Vec<bool> = sols.iter().filter_map(|s| s.correct).collect();
+    let accuracy = if graded.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "accuracy {:.3} ({} of {}); ",
+            graded.iter().filter(|&&c| c).count() as f64 / graded.len() as f64,
+            graded.iter().filter(|&&c| c).count(),
+            graded.len()
+        )
+    };
+    eprintln!(
+        "{} problems by {} (N = {}, M = {}): {accuracy}per problem {:.0} tokens generated, {:.0} encoded by the PRM, {:.2} steps rejected, {:.2}s; {}",
+        sols.len(),
+        a.method,
+        a.n,
+        a.width,
+        per(&|c| c.generated_tokens as f64),
+        per(&|c| c.encoded_tokens as f64),
+        per(&|c| c.rejected_steps as f64),
+        per(&|c| c.seconds),
+        a.output.display()
+    );
+    Ok(())
+}
