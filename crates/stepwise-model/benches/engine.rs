@@ -1,5 +1,5 @@
 //! `cargo bench -p stepwise-model [-- --big]`: scoring and generation throughput (tokens/s) on
-//! the fixture checkpoints and, with `--big`, on a randomly initialised model of Qwen2.5-0.5B's
+//! the fixture checkpoints, incremental against whole scoring of a growing beam (`search`), and, with `--big`, on a randomly initialised model of Qwen2.5-0.5B's
 //! shape (with its GFLOP/s). `bench/reference_transformers.py` runs the same workloads with
 //! PyTorch + transformers for the ratio.
 
@@ -7,7 +7,8 @@ use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
 use std::path::PathBuf;
 use std::time::Instant;
-use stepwise_model::{generate, HeadKind, Model, ModelConfig, SamplingParams};
+use stepwise_core::seams::{ScoreInput, StepScorer};
+use stepwise_model::{generate, HeadKind, IncrementalScorer, Model, ModelConfig, PrmLayout, PrmScorer, SamplingParams, Tokenizer};
 
 /// The allocator the `stepwise` binary uses (big activations are reused, not page-faulted in).
 #[global_allocator]
@@ -106,6 +107,58 @@ fn training(hidden: usize, layers: usize, batch: usize) -> anyhow::Result<f64> {
     Ok((10 * batch * 60) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// A beam growing for eight steps, four candidate steps scored per round (their shared prefix is
+/// the beam): scored incrementally and whole. Returns (tokens, seconds) for each.
+fn incremental_beam(model: &Model, tok: &Tokenizer, layout: PrmLayout) -> anyhow::Result<[(usize, f64); 2]> {
+    let question = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?";
+    let scorer = PrmScorer {
+        model,
+        tokenizer: tok,
+        layout,
+        reference: None,
+    };
+    let incremental = IncrementalScorer::new(scorer.clone());
+    let mut out = [(0, 0.0); 2];
+    for (k, s) in [&incremental as &dyn StepScorer, &scorer].into_iter().enumerate() {
+        let t = Instant::now();
+        let mut beam: Vec<String> = Vec::new();
+        for depth in 0..STEPS {
+            let kids: Vec<Vec<String>> = (0..4)
+                .map(|c| {
+                    let mut b = beam.clone();
+                    b.push(format!("Step {depth}: in month {c} she sold {} clips, so the total is {}.", 48 / (c + 1), 48 + depth * c));
+                    b
+                })
+                .collect();
+            let inputs: Vec<ScoreInput<'_>> = kids
+                .iter()
+                .map(|b| ScoreInput {
+                    problem_id: "p",
+                    question,
+                    steps: b.iter().map(String::as_str).collect(),
+                    partial: true,
+                })
+                .collect();
+            out[k].0 += s.score(&inputs)?.tokens;
+            beam = kids[depth % 4].clone();
+        }
+        out[k].1 = t.elapsed().as_secs_f64();
+    }
+    Ok(out)
+}
+
+fn print_incremental(name: &str, model: &Model, tok: &Tokenizer, layout: PrmLayout) -> anyhow::Result<()> {
+    let [(inc_tokens, inc_secs), (whole_tokens, whole_secs)] = incremental_beam(model, tok, layout)?;
+    println!(
+        "{name}: beam of {STEPS} steps × 4 candidates: incremental {inc_tokens} tokens in {:.1} ms, whole {whole_tokens} tokens in {:.1} ms ({:.1}× fewer tokens, {:.2}× the speed)",
+        inc_secs * 1e3,
+        whole_secs * 1e3,
+        whole_tokens as f64 / inc_tokens as f64,
+        whole_secs / inc_secs
+    );
+    Ok(())
+}
+
 fn params(c: &ModelConfig) -> f64 {
     let (h, i, l) = (
         c.hidden_size as f64,
@@ -116,12 +169,12 @@ fn params(c: &ModelConfig) -> f64 {
     l * (2.0 * h * h + 2.0 * h * kv + 3.0 * h * i)
 }
 
-/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|training] [--big]`
+/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|training|search] [--big]`
 /// (no section name: all of them).
 fn wanted(section: &str) -> bool {
     let names: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|a| ["scoring", "generation", "training"].contains(&a.as_str()))
+        .filter(|a| ["scoring", "generation", "training", "search"].contains(&a.as_str()))
         .collect();
     names.is_empty() || names.iter().any(|n| n == section)
 }
@@ -144,6 +197,15 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
+    if wanted("search") {
+        for name in ["qwen2-prm", "qwen2-tokcls"] {
+            let dir = fixtures().join(name);
+            let m = Model::load(&dir, &dev)?;
+            let tok = Tokenizer::from_dir(&dir)?;
+            let layout = PrmLayout::detect(&m, &tok)?;
+            print_incremental(name, &m, &tok, layout)?;
+        }
+    }
     if wanted("training") {
         for (h, l) in [(64, 2), (128, 4)] {
             for b in [32, 128] {
@@ -163,6 +225,21 @@ fn main() -> anyhow::Result<()> {
         let m = Model::fresh(cfg.clone(), &varmap, &dev, 0)?;
         if wanted("scoring") {
             print_scoring("qwen2.5-0.5b shape (random)", &m, 2, Some(2.0 * params(&cfg)))?;
+        }
+        if wanted("search") {
+            // The same shape as a token-classification PRM, read with the fixture's tokenizer.
+            let mut prm = cfg.clone();
+            prm.head = HeadKind::TokenClassification;
+            prm.num_labels = 2;
+            let varmap = VarMap::new();
+            let m = Model::fresh(prm, &varmap, &dev, 0)?;
+            let tok = Tokenizer::from_dir(&fixtures().join("qwen2-tokcls"))?;
+            print_incremental(
+                "qwen2.5-0.5b shape PRM (random)",
+                &m,
+                &tok,
+                PrmLayout::TokenClassifier { separator: "\n".into() },
+            )?;
         }
         if wanted("generation") {
             println!(
