@@ -216,7 +216,7 @@ impl<'a> IncrementalScorer<'a> {
                 Some(c) => c.repeat_batch(members.len())?,
                 None => KvCache::default(),
             };
-            hidden.push(model.hidden(&ids, mask.as_ref(), Some(&mut cache))?);
+            hidden.push(model.hidden_cached(&ids, mask.as_ref(), &mut cache)?);
             caches.push(cache);
         }
         match &self.scorer.layout {

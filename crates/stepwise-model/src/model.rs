@@ -119,6 +119,12 @@ impl Model {
         self.decoder.forward(ids, pad_mask, cache)
     }
 
+    /// Hidden states `[b, t, hidden]` of new tokens continuing `cache` (which grows by them), on
+    /// the CPU inference kernels where they apply ([`Transformer::forward_cached`]).
+    pub fn hidden_cached(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
+        self.decoder.forward_cached(ids, pad_mask, cache)
+    }
+
     /// Hidden states at positions `rows[i]` of each sequence `i`, stacked `[Σ rows, hidden]`
     /// (see [`Transformer::forward_rows`]: cheaper than [`Model::hidden`] when few are read).
     pub fn hidden_rows(&self, ids: &Tensor, pad_mask: Option<&Tensor>, rows: &[Vec<usize>]) -> Result<Tensor> {

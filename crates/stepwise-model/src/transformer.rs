@@ -305,7 +305,7 @@ impl Transformer {
             diff: self.differentiable,
         };
         if !self.differentiable && offset == 0 && t > 0 && ids.device().is_cpu() {
-            if let Some(x) = self.forward_cpu(ids, &pass.mask, keep_cache.then_some(cache), None)? {
+            if let Some(x) = self.forward_cpu(ids, &pass.mask, keep_cache.then_some(cache), None, false)? {
                 return Ok(x);
             }
         }
@@ -314,6 +314,28 @@ impl Transformer {
             x = block.forward(&x, &pass, c)?;
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
+    }
+
+    /// [`Transformer::forward`] continuing `cache`, on the CPU inference kernels even when
+    /// positions are cached (where the weights allow; else the candle path). The same values
+    /// within float rounding; incremental scoring uses it. Generation keeps the candle path for
+    /// its decoding steps, whose numerics the lab's recorded samples were drawn with.
+    pub fn forward_cached(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let offset = cache.len();
+        if !self.differentiable
+            && t > 0
+            && offset + t <= self.max_positions
+            && ids.device().is_cpu()
+            && cache.layers.len() == self.blocks.len()
+        {
+            let mask = KeyMask::new(offset, pad_mask)?;
+            if let Some(x) = self.forward_cpu(ids, &mask, Some(cache), None, true)? {
+                self.count_and_check(b, offset, t)?;
+                return Ok(x);
+            }
+        }
+        self.forward(ids, pad_mask, Some(cache))
     }
 
     /// Counts `b × t` new positions after `offset` cached ones, and checks they fit the model.
@@ -345,7 +367,7 @@ impl Transformer {
             anyhow::bail!("row {p} is past the end of a batch of {t} positions");
         }
         if !self.differentiable && t > 0 && t <= self.max_positions && ids.device().is_cpu() {
-            if let Some(x) = self.forward_cpu(ids, &KeyMask::new(0, pad_mask)?, None, Some(rows))? {
+            if let Some(x) = self.forward_cpu(ids, &KeyMask::new(0, pad_mask)?, None, Some(rows), false)? {
                 self.count_and_check(b, 0, t)?;
                 return Ok(x);
             }
@@ -362,17 +384,40 @@ impl Transformer {
         Ok(Tensor::cat(&picked, 0)?)
     }
 
-    /// [`Transformer::forward`] without cached positions by [`cpu_inference`], filling `cache`
-    /// when given, at the positions `read` only when given (as [`Transformer::forward_rows`]);
-    /// `None` when the weights are not f32 on the CPU.
+    /// [`Transformer::forward`] by [`cpu_inference`], filling `cache` when given (continuing
+    /// the positions it holds when `continues`), at the positions `read` only when given (as
+    /// [`Transformer::forward_rows`]); `None` when the weights are not f32 on the CPU.
     fn forward_cpu(
         &self,
         ids: &Tensor,
         mask: &KeyMask,
         cache: Option<&mut KvCache>,
         read: Option<&[Vec<usize>]>,
+        continues: bool,
     ) -> Result<Option<Tensor>> {
         let (b, t) = ids.dims2()?;
+        // The cached keys and values the new tokens continue, as host rows.
+        let prefix = match (&cache, continues) {
+            (Some(c), true) if !c.is_empty() => {
+                let layers = c
+                    .layers
+                    .iter()
+                    .map(|l| -> Result<_> {
+                        let (k, v) = l
+                            .as_ref()
+                            .ok_or_else(|| anyhow::anyhow!("a cache with a layer missing"))?;
+                        anyhow::ensure!(k.dim(0)? == b, "a cache of {} rows for a batch of {b}", k.dim(0)?);
+                        Ok((
+                            k.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
+                            v.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
+                        ))
+                    })
+                    .collect::<Result<_>>()?;
+                Some(cpu_inference::Prefix { len: c.len(), layers })
+            }
+            _ => None,
+        };
+        let offset = prefix.as_ref().map_or(0, |p| p.len);
         let ids: Vec<u32> = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
         let (vocab, hidden) = self.embed.embeddings().dims2()?;
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
@@ -411,7 +456,8 @@ impl Transformer {
             cos,
             sin,
         };
-        let Some((x, kv)) = cpu_inference::forward(&decoder, &ids, b, mask, cache.is_some(), read) else {
+        let Some((x, kv)) = cpu_inference::forward(&decoder, &ids, b, mask, cache.is_some(), read, prefix.as_ref())
+        else {
             return Ok(None);
         };
         if let Some(cache) = cache {
@@ -421,8 +467,8 @@ impl Transformer {
                 .into_iter()
                 .map(|(k, v)| -> Result<_> {
                     Ok(Some((
-                        Tensor::from_vec(k, (b, g, t, d), &dev)?,
-                        Tensor::from_vec(v, (b, g, t, d), &dev)?,
+                        Tensor::from_vec(k, (b, g, offset + t, d), &dev)?,
+                        Tensor::from_vec(v, (b, g, offset + t, d), &dev)?,
                     )))
                 })
                 .collect::<Result<_>>()?;

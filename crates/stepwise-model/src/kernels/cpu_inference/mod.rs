@@ -117,10 +117,20 @@ pub(crate) struct Decoder<'t> {
 /// Per layer, the keys (after rotation) and values of every sequence, `[b, kv_heads, t, d]`.
 pub(crate) type KvRows = Vec<(Vec<f32>, Vec<f32>)>;
 
+/// The keys and values of positions already encoded, which the new tokens continue: per layer,
+/// `[b, kv_heads, len, d]` each.
+pub(crate) struct Prefix {
+    /// Cached positions.
+    pub len: usize,
+    /// Per layer, keys and values.
+    pub layers: KvRows,
+}
+
 /// Hidden states `[b, t, hidden]` (after the final norm) of token ids `ids` (`b` rows of `t`),
 /// or with `read` only those at positions `read[i]` of each sequence `i`, stacked
-/// `[Σ read, hidden]`; with `want_cache` also every layer's keys and values. `None` when a
-/// weight is not contiguous f32 on the CPU (the caller takes the candle path).
+/// `[Σ read, hidden]`; with `want_cache` also every layer's keys and values (of the prefix and
+/// the new tokens). The new tokens continue `prefix` when given (`mask` then covers both).
+/// `None` when a weight is not contiguous f32 on the CPU (the caller takes the candle path).
 pub(crate) fn forward(
     decoder: &Decoder,
     ids: &[u32],
@@ -128,6 +138,7 @@ pub(crate) fn forward(
     mask: &KeyMask,
     want_cache: bool,
     read: Option<&[Vec<usize>]>,
+    prefix: Option<&Prefix>,
 ) -> Option<(Vec<f32>, KvRows)> {
     // Only q, k and v may have a bias (Qwen2); anything else takes the candle path.
     let other_bias = |l: &LayerTensors| [l.o, l.gate, l.up, l.down].iter().any(|lin| lin.bias().is_some());
@@ -176,7 +187,7 @@ pub(crate) fn forward(
         cos: decoder.cos,
         sin: decoder.sin,
     };
-    Some(run(&weights, ids, b, mask, want_cache, read))
+    Some(run(&weights, ids, b, mask, want_cache, read, prefix))
 }
 
 /// Buffers one thread reuses across layers and sequences.
@@ -216,8 +227,11 @@ fn run(
     mask: &KeyMask,
     want_cache: bool,
     read: Option<&[Vec<usize>]>,
+    prefix: Option<&Prefix>,
 ) -> (Vec<f32>, KvRows) {
     let t = ids.len() / b;
+    let p = prefix.map_or(0, |x| x.len);
+    let total = p + t;
     let Dims {
         hidden,
         kv_heads,
@@ -234,7 +248,8 @@ fn run(
         outs.push(mine);
         rest = tail;
     }
-    let kv_len = kv_heads * t * head_dim;
+    let kv_len = kv_heads * total * head_dim;
+    let prefix_len = kv_heads * p * head_dim;
     let mut cache: KvRows = if want_cache {
         (0..w.layers.len())
             .map(|_| (vec![0f32; b * kv_len], vec![0f32; b * kv_len]))
@@ -250,10 +265,23 @@ fn run(
         }
     }
     let job = |bi: usize, out: &mut [f32], share, shared: bool| {
-        let valid = mask.valid.as_deref().map(|v| &v[bi * t..][..t]);
+        let valid = mask.valid.as_deref().map(|v| &v[bi * total..][..total]);
         let ids = &ids[bi * t..][..t];
         let read = read.map(|r| r[bi].as_slice());
-        with_scratch(|scratch| sequence(w, ids, valid, read, out, share, scratch, shared))
+        let before: Vec<(&[f32], &[f32])> = prefix.map_or(Vec::new(), |x| {
+            x.layers
+                .iter()
+                .map(|(k, v)| (&k[bi * prefix_len..][..prefix_len], &v[bi * prefix_len..][..prefix_len]))
+                .collect()
+        });
+        let seq = Sequence {
+            ids,
+            prefix: p,
+            before: &before,
+            valid,
+            read,
+        };
+        with_scratch(|scratch| sequence(w, &seq, out, share, scratch, shared))
     };
     // One sequence per thread when there are enough of them, or when this pass already runs on
     // a pool thread (its siblings are busy with passes of their own); else the threads share
@@ -271,22 +299,41 @@ fn run(
     (out, cache)
 }
 
-/// One sequence through every layer. `out` receives the hidden states of every position
+/// One sequence's input to [`sequence`].
+struct Sequence<'a> {
+    /// Its new tokens.
+    ids: &'a [u32],
+    /// Positions already encoded before them.
+    prefix: usize,
+    /// Per layer, the keys and values of those positions (`[kv, prefix, d]` each; empty when
+    /// there are none).
+    before: &'a [(&'a [f32], &'a [f32])],
+    /// Which of the `prefix + t` positions are real tokens (`None`: all are).
+    valid: Option<&'a [bool]>,
+    /// The new positions whose hidden states are wanted (`None`: all).
+    read: Option<&'a [usize]>,
+}
+
+/// One sequence through every layer. `out` receives the hidden states of every new position
 /// (`[t, hidden]`), or with `read` those of the positions listed (`[read.len(), hidden]`: the
 /// last layer then runs its queries, MLP and norm for those rows only). `cache` (empty, or one
-/// `([kv, t, d], [kv, t, d])` pair per layer) receives the keys and values. `shared`: the threads
-/// work on this sequence together.
-#[allow(clippy::too_many_arguments)]
+/// `([kv, prefix + t, d], [kv, prefix + t, d])` pair per layer) receives the keys and values.
+/// `shared`: the threads work on this sequence together.
 fn sequence(
     w: &Weights,
-    ids: &[u32],
-    valid: Option<&[bool]>,
-    read: Option<&[usize]>,
+    seq: &Sequence,
     out: &mut [f32],
     mut cache: Vec<(&mut [f32], &mut [f32])>,
     s: &mut Scratch,
     shared: bool,
 ) {
+    let Sequence {
+        ids,
+        prefix: p,
+        before,
+        valid,
+        read,
+    } = *seq;
     let dims = w.dims;
     let Dims {
         hidden: h,
@@ -297,6 +344,7 @@ fn sequence(
         ..
     } = dims;
     let t = ids.len();
+    let total = p + t;
     let qkv_w = dims.qkv_width();
     // The residual stream of every position: `out` itself unless only some rows are read.
     let mut all_rows = std::mem::take(&mut s.x);
@@ -316,29 +364,49 @@ fn sequence(
         gemm::Parallelism::None
     };
     s.normed.resize(t * h, 0.0);
-    s.qkv.resize(t * qkv_w, 0.0);
+    // q|k|v rows of every position: the prefix's keys and values are copied in per layer.
+    s.qkv.resize(total * qkv_w, 0.0);
     s.mlp.resize(t * 2 * dims.intermediate, 0.0);
     s.queries.clear();
-    s.queries.extend(0..t);
+    s.queries.extend(p..total);
+    let read_at: Option<Vec<usize>> = read.map(|r| r.iter().map(|&i| p + i).collect());
     let last = w.layers.len() - 1;
     for (li, l) in w.layers.iter().enumerate() {
         rms_norm_rows(x, l.ln1, eps, &mut s.normed);
+        let new_rows = &mut s.qkv[p * qkv_w..];
         let mut col = 0;
         for (weight, bias) in l.qkv {
             let n = weight.len() / h;
             if let Some(bias) = bias {
-                for row in s.qkv.chunks_exact_mut(qkv_w) {
+                for row in new_rows.chunks_exact_mut(qkv_w) {
                     row[col..col + n].copy_from_slice(bias);
                 }
             }
-            let dst = Rows::new(&mut s.qkv[col..], qkv_w, n);
+            let dst = Rows::new(&mut new_rows[col..], qkv_w, n);
             matmul_t(dst, &s.normed, h, weight, bias.is_some(), parallelism);
             col += n;
         }
-        rotate(&mut s.qkv, qkv_w, (heads + kv_heads) * d, d, w.cos, w.sin);
+        let half = d / 2;
+        rotate(
+            new_rows,
+            qkv_w,
+            (heads + kv_heads) * d,
+            d,
+            &w.cos[p * half..],
+            &w.sin[p * half..],
+        );
+        if let Some((k, v)) = before.get(li) {
+            for (c, src) in [(heads * d, k), ((heads + kv_heads) * d, v)] {
+                for (g, head) in src.chunks_exact(p * d).enumerate() {
+                    for (i, row) in head.chunks_exact(d).enumerate() {
+                        s.qkv[i * qkv_w + c + g * d..][..d].copy_from_slice(row);
+                    }
+                }
+            }
+        }
         if let Some((k, v)) = cache.get_mut(li) {
             for (c, dst) in [(heads * d, &mut **k), ((heads + kv_heads) * d, &mut **v)] {
-                for (g, head) in dst.chunks_exact_mut(t * d).enumerate() {
+                for (g, head) in dst.chunks_exact_mut(total * d).enumerate() {
                     for (i, row) in head.chunks_exact_mut(d).enumerate() {
                         row.copy_from_slice(&s.qkv[i * qkv_w + c + g * d..][..d]);
                     }
@@ -347,12 +415,12 @@ fn sequence(
         }
         let attend = |queries: &[usize], s: &mut Scratch| {
             let (keys_t, head, attn) = (&mut s.keys_t, &mut s.head, &mut s.attn);
-            attention(&s.qkv, t, queries, dims, valid, keys_t, head, attn, shared);
+            attention(&s.qkv, total, queries, dims, valid, keys_t, head, attn, shared);
         };
         match (read, selected.as_deref_mut()) {
             (Some(rows), Some(sel)) if li == last => {
                 // Only the rows read go on: their residuals move to `out`.
-                attend(rows, s);
+                attend(read_at.as_deref().unwrap_or(rows), s);
                 for (dst, &i) in sel.chunks_exact_mut(h).zip(rows) {
                     dst.copy_from_slice(&x[i * h..][..h]);
                 }
