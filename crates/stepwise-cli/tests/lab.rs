@@ -69,6 +69,27 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         }
     }
     assert!(read(a.join("report.md")).contains("Best-of-N"));
+    // Test-time search: every method with every verifier, its compute, τ in the PRMs' folders.
+    assert!(read(a.join("report.md")).contains("Test-time search"));
+    let search = &m["search"];
+    let methods = search["methods"].as_array().unwrap();
+    for name in ["sample", "bon", "beam", "dvts", "lookahead", "resample"] {
+        assert!(methods.iter().any(|x| x["method"] == name), "{name} missing");
+    }
+    for x in methods {
+        let acc = x["accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc) && x["ci95"][0].as_f64().unwrap() <= acc + 1e-9, "{x}");
+        assert!(x["generated_tokens"].as_f64().unwrap() > 0.0, "{x}");
+        assert!(x["budget_tokens"].as_f64().unwrap() > 0.0, "{x}");
+        if x["verifier"] == "prm_mc" || x["verifier"] == "prm_oracle" {
+            assert!(x["encoded_tokens"].as_f64().unwrap() > 0.0, "{x}");
+        }
+    }
+    assert!(search["incremental"]["ratio"].as_f64().unwrap() > 1.0);
+    for v in ["prm_mc", "prm_oracle"] {
+        assert!(a.join(v).join("threshold.json").exists(), "{v}: no calibrated τ");
+    }
+    assert!(a.join("search.png").exists() && a.join("search.svg").exists());
     // Best-of-8 per problem family: every family of the held-out problems, every method.
     let families = m["by_family"].as_array().unwrap();
     assert!(!families.is_empty());

@@ -13,10 +13,15 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
      policy fine-tuned and read by its log-likelihood ratio against the policy over a step's tokens
      (the implicit-PRM head; `--set verifier_head=classifier` for a fresh classifier head instead)
   5. evaluate on held-out problems: best-of-N curves, ProcessBench metric, label quality
-  6. RL from the policy against each reward source (outcome, ORM, PRM-MC, PRM-oracle, oracle), same
+  6. test-time search on problems of its own: best-of-N, beam search, DVTS, lookahead and
+     verify → resample (τ calibrated on the evaluation samples), guided by PRM-MC, PRM-oracle
+     and the oracle, at N in search_budgets; accuracy against tokens generated
+     (`--set search_problems=0` skips it)
+  7. RL from the policy against each reward source (outcome, ORM, PRM-MC, PRM-oracle, oracle), same
      budget (rl_updates × rl_prompts × rl_group), measured on held-out problems before and after
      (`--set rl_updates=0` skips it)
-  7. write metrics.json, report.md, report.html and plots (bon, calibration, rl: .png and .svg)
+  8. write metrics.json, report.md, report.html and plots (bon, calibration, search, rl: .png
+     and .svg)
 
 Examples:
   stepwise lab                          # standard preset, about 15 minutes on 2 cores
