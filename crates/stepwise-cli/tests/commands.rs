@@ -355,12 +355,32 @@ fn search_runs_every_method_with_every_prm_layout_and_resumes() {
                 assert!(c["encoded_tokens"].as_u64().unwrap() > 0, "{prm} {method}");
                 assert!(r["correct"].is_boolean());
             }
+            // Records without their wall time, which no two runs share.
+            let timeless = |text: &str| -> Vec<Value> {
+                text.lines()
+                    .map(|l| {
+                        let mut v: Value = serde_json::from_str(l).unwrap();
+                        v["meta"]["compute"]["seconds"] = json!(0);
+                        v
+                    })
+                    .collect()
+            };
             let first = std::fs::read_to_string(&out).unwrap();
             search(&prm, method, &out, &args);
             assert_eq!(
                 std::fs::read_to_string(&out).unwrap(),
                 first,
                 "resumed, not searched again"
+            );
+            // Killed while writing the second record: the torn line is dropped, the second
+            // problem searched again, and the file ends as an uninterrupted run's.
+            let second = first.find('\n').unwrap() + 1;
+            std::fs::write(&out, &first[..second + (first.len() - second) / 2]).unwrap();
+            search(&prm, method, &out, &args);
+            assert_eq!(
+                timeless(&std::fs::read_to_string(&out).unwrap()),
+                timeless(&first),
+                "{method}: resumed after a torn write"
             );
         }
         // Incremental and whole scoring of greedy beams (no choice a near-tie could flip: the

@@ -78,7 +78,10 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     }
     for x in methods {
         let acc = x["accuracy"].as_f64().unwrap();
-        assert!((0.0..=1.0).contains(&acc) && x["ci95"][0].as_f64().unwrap() <= acc + 1e-9, "{x}");
+        assert!(
+            (0.0..=1.0).contains(&acc) && x["ci95"][0].as_f64().unwrap() <= acc + 1e-9,
+            "{x}"
+        );
         assert!(x["generated_tokens"].as_f64().unwrap() > 0.0, "{x}");
         assert!(x["budget_tokens"].as_f64().unwrap() > 0.0, "{x}");
         if x["verifier"] == "prm_mc" || x["verifier"] == "prm_oracle" {

@@ -3,9 +3,10 @@
 //!
 //! [`IncrementalScorer`] wraps a [`PrmScorer`] and remembers every sequence it scored: its token
 //! ids, its KV cache (and the reference model's, for a log-ratio verifier) and what was read at
-//! each position. A new input is matched with the remembered sequence that shares its longest
-//! token prefix (its parent beam, or a sibling with the same question); only the tokens after
-//! that prefix run through the model. Inputs that continue the same prefix from the same point
+//! each position. A new input is matched with the remembered sequence of the same problem that
+//! shares its longest token prefix (its parent beam, or a sibling); only the tokens after that
+//! prefix run through the model, so what a problem costs does not depend on the problems scored
+//! beside it. Inputs that continue the same prefix from the same point
 //! run as one batch on a shared copy of its cache. The scores are those of scoring the whole text
 //! at once (causal attention: a position never sees what follows), whatever the layout:
 //! classifier layouts read the new reward positions, a log-ratio verifier the new tokens'
@@ -38,6 +39,9 @@ pub struct IncrementalScorer<'a> {
 
 /// One remembered sequence.
 struct Entry {
+    /// The problem it belongs to: only its own problem's inputs reuse it, so what a problem's
+    /// scoring costs does not depend on which problems were scored beside it.
+    problem: String,
     ids: Vec<u32>,
     /// The verifier's cache of `ids`, then the reference model's (log-ratio against a model).
     kv: Vec<KvCache>,
@@ -71,12 +75,13 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 impl Store {
     /// Where to start encoding `e`, and what can be reused.
-    fn plan(&mut self, e: &Encoded, log_ratio: bool, models: usize) -> Result<Plan> {
+    fn plan(&mut self, problem: &str, e: &Encoded, log_ratio: bool, models: usize) -> Result<Plan> {
         let t = e.ids.len();
         let best = self
             .entries
             .iter()
             .enumerate()
+            .filter(|(_, en)| en.problem == problem)
             .map(|(k, en)| (common_prefix(&en.ids, &e.ids), en.used, k))
             .max();
         let Some((shared, _, k)) = best.filter(|b| b.0 > 0) else {
@@ -117,14 +122,15 @@ impl Store {
     }
 
     /// Remember a scored sequence, forgetting the least recently used past the capacity.
-    fn insert(&mut self, ids: Vec<u32>, kv: Vec<KvCache>, values: Vec<f32>) {
-        if self.entries.iter().any(|en| en.ids == ids) {
+    fn insert(&mut self, problem: &str, ids: Vec<u32>, kv: Vec<KvCache>, values: Vec<f32>) {
+        if self.entries.iter().any(|en| en.problem == problem && en.ids == ids) {
             return;
         }
         self.clock += 1;
         let bytes = kv.iter().map(KvCache::bytes).sum::<usize>() + 4 * (ids.len() + values.len());
         self.bytes += bytes;
         self.entries.push(Entry {
+            problem: problem.to_string(),
             ids,
             kv,
             values,
@@ -308,13 +314,14 @@ impl<'a> IncrementalScorer<'a> {
 impl IncrementalScorer<'_> {
     /// Score encoded inputs: reuse what is remembered, encode the rest, remember the results.
     /// Returns the scores and the tokens encoded.
-    fn score_encoded(&self, enc: &[Encoded]) -> Result<(Vec<Vec<f32>>, usize)> {
+    fn score_encoded(&self, problems: &[&str], enc: &[Encoded]) -> Result<(Vec<Vec<f32>>, usize)> {
         let log_ratio = matches!(self.scorer.layout, PrmLayout::LogRatio { .. });
         let models = self.models().len();
         let mut plans = {
             let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
             enc.iter()
-                .map(|e| store.plan(e, log_ratio, models))
+                .zip(problems)
+                .map(|(e, problem)| store.plan(problem, e, log_ratio, models))
                 .collect::<Result<Vec<_>>>()?
         };
         // Inputs that continue the same cached prefix from the same point form one batch.
@@ -341,7 +348,12 @@ impl IncrementalScorer<'_> {
             .collect::<Result<Vec<_>>>()?;
         let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         for (i, kv) in fresh {
-            store.insert(enc[i].ids.clone(), kv, std::mem::take(&mut plans[i].values));
+            store.insert(
+                problems[i],
+                enc[i].ids.clone(),
+                kv,
+                std::mem::take(&mut plans[i].values),
+            );
         }
         Ok((scores, tokens))
     }
@@ -349,11 +361,11 @@ impl IncrementalScorer<'_> {
     /// When the inputs of a batch share a prefix that nothing remembered covers (the first step
     /// of a search: every candidate repeats the question), encode it once first. Returns the
     /// tokens encoded.
-    fn encode_shared_prefix(&self, enc: &[Encoded]) -> Result<usize> {
+    fn encode_shared_prefix(&self, problems: &[&str], enc: &[Encoded]) -> Result<usize> {
         let Some((first, rest)) = enc.split_first() else {
             return Ok(0);
         };
-        if rest.is_empty() {
+        if rest.is_empty() || problems.iter().any(|p| *p != problems[0]) {
             return Ok(0);
         }
         let shared = rest
@@ -364,6 +376,7 @@ impl IncrementalScorer<'_> {
             store
                 .entries
                 .iter()
+                .filter(|en| en.problem == problems[0])
                 .map(|en| common_prefix(&en.ids, &first.ids[..shared]))
                 .max()
                 .unwrap_or(0)
@@ -377,7 +390,7 @@ impl IncrementalScorer<'_> {
             positions: first.positions.iter().copied().filter(|&p| p < shared).collect(),
             steps_from: first.steps_from.min(shared),
         };
-        Ok(self.score_encoded(std::slice::from_ref(&prefix))?.1)
+        Ok(self.score_encoded(&problems[..1], std::slice::from_ref(&prefix))?.1)
     }
 }
 
@@ -389,8 +402,9 @@ impl StepScorer for IncrementalScorer<'_> {
             .collect::<Result<Vec<_>>>()?;
         self.whole
             .fetch_add(enc.iter().map(|e| e.ids.len()).sum(), Ordering::Relaxed);
-        let warm = self.encode_shared_prefix(&enc)?;
-        let (scores, tokens) = self.score_encoded(&enc)?;
+        let problems: Vec<&str> = batch.iter().map(|s| s.problem_id).collect();
+        let warm = self.encode_shared_prefix(&problems, &enc)?;
+        let (scores, tokens) = self.score_encoded(&problems, &enc)?;
         Ok(Scored {
             scores,
             tokens: warm + tokens,

@@ -21,7 +21,7 @@ pub use generate::{generate, SamplingParams};
 pub use incremental::IncrementalScorer;
 pub use layout::PrmLayout;
 pub use model::Model;
-pub use policy::{EnginePolicy, Prompt};
+pub use policy::{EnginePolicy, LoadedPolicy, Prompt};
 pub use scoring::PrmScorer;
 pub use tokenizer::Tokenizer;
 

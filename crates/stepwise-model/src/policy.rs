@@ -121,3 +121,46 @@ impl Policy for EnginePolicy<'_> {
             .collect()
     }
 }
+
+/// A policy folder loaded for sampling: the model, its tokenizer, and the token ids that end a
+/// solution (the config's end-of-sequence ids and the tokenizer's).
+pub struct LoadedPolicy {
+    /// The model.
+    pub model: Model,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Ids that end a solution.
+    pub stop_token_ids: Vec<u32>,
+}
+
+impl LoadedPolicy {
+    /// Load the checkpoint in `dir`.
+    pub fn load(dir: &std::path::Path, device: &candle_core::Device) -> Result<Self> {
+        let model = Model::load(dir, device)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let mut stop_token_ids = model.config.eos_token_ids.clone();
+        stop_token_ids.extend(tokenizer.eos_id());
+        Ok(LoadedPolicy {
+            model,
+            tokenizer,
+            stop_token_ids,
+        })
+    }
+
+    /// It as a [`Policy`] sampling at `temperature`, at most `max_new_tokens` per continuation,
+    /// with `prompt`'s layout and `separator` between steps.
+    pub fn policy(&self, temperature: f32, max_new_tokens: usize, prompt: Prompt, separator: &str) -> EnginePolicy<'_> {
+        EnginePolicy {
+            model: &self.model,
+            tokenizer: &self.tokenizer,
+            params: SamplingParams {
+                temperature,
+                max_new_tokens,
+                stop_token_ids: self.stop_token_ids.clone(),
+                ..Default::default()
+            },
+            prompt,
+            separator: separator.to_string(),
+        }
+    }
+}

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution, SolutionReader};
 use stepwise_label::{annotate_resumable, McOptions, MonteCarlo};
-use stepwise_model::{default_device, EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
+use stepwise_model::{default_device, LoadedPolicy, Prompt};
 
 /// Label steps automatically by Monte Carlo rollouts (Math-Shepherd).
 #[derive(clap::Args)]
@@ -68,23 +68,9 @@ pub fn run(a: Args) -> Result<()> {
             s.id
         );
     }
-    let dev = default_device();
-    let model = Model::load(&a.policy, &dev)?;
-    let tok = Tokenizer::from_dir(&a.policy)?;
-    let mut stop = model.config.eos_token_ids.clone();
-    stop.extend(tok.eos_id());
-    let policy = EnginePolicy {
-        model: &model,
-        tokenizer: &tok,
-        params: SamplingParams {
-            temperature: a.temperature,
-            max_new_tokens: a.max_tokens,
-            stop_token_ids: stop,
-            ..Default::default()
-        },
-        prompt: if a.chat { Prompt::Chat } else { Prompt::Text },
-        separator: a.separator.clone(),
-    };
+    let loaded = LoadedPolicy::load(&a.policy, &default_device())?;
+    let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
+    let policy = loaded.policy(a.temperature, a.max_tokens, prompt, &a.separator);
     let mc = MonteCarlo {
         policy: &policy,
         task: &MathTask::default(),

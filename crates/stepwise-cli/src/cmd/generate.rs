@@ -4,7 +4,7 @@ use std::time::Instant;
 use stepwise_core::seams::{MathTask, Until};
 use stepwise_core::steps::{split_steps, SplitStrategy};
 use stepwise_core::{Format, Policy, Solution, SolutionWriter, Step, Task};
-use stepwise_model::{default_device, EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
+use stepwise_model::{default_device, LoadedPolicy, Prompt};
 
 /// Sample solutions from a policy.
 #[derive(clap::Args)]
@@ -58,26 +58,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let dev = default_device();
-    let model = Model::load(&a.model, &dev)?;
-    let tok = Tokenizer::from_dir(&a.model)?;
-    let mut stop_ids: Vec<u32> = model.config.eos_token_ids.clone();
-    stop_ids.extend(tok.eos_id());
-    let policy = EnginePolicy {
-        model: &model,
-        tokenizer: &tok,
-        params: SamplingParams {
-            temperature: a.temperature,
-            top_p: a.top_p,
-            top_k: a.top_k,
-            max_new_tokens: a.max_tokens,
-            seed: a.seed,
-            stop_token_ids: stop_ids,
-            stop_strings: a.stop.clone(),
-        },
-        prompt: if a.chat { Prompt::Chat } else { Prompt::Text },
-        separator: "\n".into(),
-    };
+    let loaded = LoadedPolicy::load(&a.model, &default_device())?;
+    let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
+    let mut policy = loaded.policy(a.temperature, a.max_tokens, prompt, "\n");
+    policy.params.top_p = a.top_p;
+    policy.params.top_k = a.top_k;
+    policy.params.seed = a.seed;
+    policy.params.stop_strings = a.stop.clone();
     let task = MathTask::default();
     let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;
     let bar = crate::progress::bar(None, "generating");

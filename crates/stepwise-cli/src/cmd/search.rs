@@ -2,7 +2,7 @@ use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use stepwise_core::seams::{MathTask, StepScorer};
 use stepwise_model::scoring::LoadedVerifier;
-use stepwise_model::{default_device, EnginePolicy, IncrementalScorer, Model, Prompt, SamplingParams, Tokenizer};
+use stepwise_model::{default_device, IncrementalScorer, LoadedPolicy, Prompt};
 use stepwise_search::{compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold, METHODS};
 
 /// Search for solutions step by step, guided by a PRM.
@@ -141,22 +141,8 @@ pub fn run(a: Args) -> Result<()> {
     };
     let problems = super::read_problems(&a.input)?;
     let dev = default_device();
-    let model = Model::load(&a.policy, &dev)?;
-    let tok = Tokenizer::from_dir(&a.policy)?;
-    let mut stop = model.config.eos_token_ids.clone();
-    stop.extend(tok.eos_id());
-    let policy = EnginePolicy {
-        model: &model,
-        tokenizer: &tok,
-        params: SamplingParams {
-            temperature: a.temperature,
-            max_new_tokens: a.max_tokens,
-            stop_token_ids: stop,
-            ..Default::default()
-        },
-        prompt: prompt_layout(&a.prompt)?,
-        separator: a.separator.clone(),
-    };
+    let loaded = LoadedPolicy::load(&a.policy, &dev)?;
+    let policy = loaded.policy(a.temperature, a.max_tokens, prompt_layout(&a.prompt)?, &a.separator);
     let verifier = LoadedVerifier::load(&a.prm, &a.layout, &dev)?;
     let incremental = IncrementalScorer::new(verifier.scorer());
     let whole = verifier.scorer();
