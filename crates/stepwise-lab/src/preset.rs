@@ -148,7 +148,7 @@ impl Preset {
         }
     }
 
-    /// The measured setting (about fifteen minutes on 2 cores, RL included).
+    /// The measured setting (about fifteen minutes on 2 cores, search and RL included).
     pub fn standard() -> Self {
         Preset {
             name: "standard".into(),
