@@ -455,3 +455,59 @@ fn search_runs_every_method_with_every_prm_layout_and_resumes() {
     let recs = read(&out);
     assert!((recs[0]["meta"]["search"]["threshold"].as_f64().unwrap() - tau).abs() < 1e-6);
 }
+
+/// Nothing is lost by misuse: an output that is the input is refused before anything is written
+/// (by any path to it), and a run that fails leaves an existing output as it was.
+#[test]
+fn an_output_that_is_the_input_is_refused_and_a_failed_run_keeps_the_old_output() {
+    let d = tmp("same-file");
+    let input = d.join("in.jsonl");
+    let rows: Vec<Value> = (0..50)
+        .map(|i| json!({"id": format!("s{i}"), "problem_id": "p", "question": "q", "steps": [{"text": "a"}]}))
+        .collect();
+    write_jsonl(&input, &rows);
+    let before = std::fs::read(&input).unwrap();
+    let aliased = d.join(".").join("in.jsonl");
+    for args in [
+        vec!["convert", input.to_str().unwrap(), aliased.to_str().unwrap()],
+        vec![
+            "score",
+            "--model",
+            &fixture("qwen2-tokcls"),
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            aliased.to_str().unwrap(),
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("the output is the input"),
+            "{args:?}"
+        );
+        assert_eq!(std::fs::read(&input).unwrap(), before, "{args:?}: the input changed");
+    }
+    // A conversion that fails half-way (a broken record) leaves the previous output untouched.
+    let output = d.join("out.jsonl");
+    std::fs::write(&output, "previous\n").unwrap();
+    let broken = d.join("broken.jsonl");
+    let mut text = std::fs::read_to_string(&input).unwrap();
+    text.push_str("{not json\n");
+    std::fs::write(&broken, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(["convert", broken.to_str().unwrap(), output.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), "previous\n");
+    let leftovers: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "a partial file was left behind");
+}

@@ -218,12 +218,62 @@ enum Sink {
     Parquet(PathBuf, Vec<Value>),
 }
 
-/// Writes solutions in a format to JSONL (default), a JSON array (`.json`) or Parquet.
+/// Writes solutions in a format to JSONL (default), a JSON array (`.json`) or Parquet. A file is
+/// written under a temporary name beside it and renamed into place by [`SolutionWriter::finish`]:
+/// a run that fails leaves an existing file as it was, and a partial output never looks complete.
 pub struct SolutionWriter {
     path: PathBuf,
     format: Format,
     sink: Sink,
     group: Vec<Solution>,
+    /// The temporary file being written (`None` for standard output).
+    tmp: Option<PathBuf>,
+}
+
+/// The temporary name `path` is written under until it is complete.
+fn temporary_name(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.partial", std::process::id()))
+}
+
+/// Refuse to write `output` when it is `input` (the same file, by whatever path): reading and
+/// overwriting one file loses what was not read yet.
+pub fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
+    if input == Path::new("-") || output == Path::new("-") {
+        return Ok(());
+    }
+    let canonical = |p: &Path| -> Option<PathBuf> {
+        if let Ok(c) = p.canonicalize() {
+            return Some(c);
+        }
+        let parent = p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        Some(parent.canonicalize().ok()?.join(p.file_name()?))
+    };
+    match (canonical(input), canonical(output)) {
+        (Some(a), Some(b)) if a == b => Err(Error::Other {
+            file: output.to_path_buf(),
+            message: format!(
+                "the output is the input file ({}): write to another file",
+                input.display()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl Drop for SolutionWriter {
+    fn drop(&mut self) {
+        // Not finished: the partial file goes, the old output (if any) stays.
+        if let Some(tmp) = self.tmp.take() {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
 }
 
 impl SolutionWriter {
@@ -247,18 +297,44 @@ impl SolutionWriter {
                 Ok(Box::new(BufWriter::with_capacity(1 << 16, f)))
             }
         };
+        // JSONL unless the name says JSON or Parquet; a name that promises another format is
+        // refused rather than filled with JSONL.
+        match path
+            .extension()
+            .map(|e| e.to_string_lossy().to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("jsonl" | "json" | "parquet" | "ndjson") => {}
+            Some(other) => {
+                return Err(Error::Other {
+                    file: path.clone(),
+                    message: format!(
+                        "stepwise does not write `.{other}` files: name the output .jsonl, .json or .parquet"
+                    ),
+                })
+            }
+        }
+        let tmp = (path != Path::new("-")).then(|| temporary_name(&path));
+        let target = tmp.clone().unwrap_or_else(|| path.clone());
         let sink = if is_parquet(&path) {
-            Sink::Parquet(path.clone(), Vec::new())
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+                    file: dir.to_path_buf(),
+                    source,
+                })?;
+            }
+            Sink::Parquet(target, Vec::new())
         } else if path.extension().is_some_and(|e| e == "json") {
-            Sink::Array(open(&path)?, true)
+            Sink::Array(open(&target)?, true)
         } else {
-            Sink::Lines(open(&path)?)
+            Sink::Lines(open(&target)?)
         };
         Ok(SolutionWriter {
             path,
             format,
             sink,
             group: Vec::new(),
+            tmp,
         })
     }
 
@@ -311,16 +387,24 @@ impl SolutionWriter {
             file: self.path.clone(),
             source,
         };
-        match self.sink {
-            Sink::Lines(mut w) => w.flush().map_err(io_err),
+        let sink = std::mem::replace(&mut self.sink, Sink::Parquet(PathBuf::new(), Vec::new()));
+        match sink {
+            Sink::Lines(mut w) => w.flush().map_err(io_err)?,
             Sink::Array(mut w, first) => {
                 w.write_all(if first { b"[]\n" } else { b"\n]\n" }).map_err(io_err)?;
-                w.flush().map_err(io_err)
+                w.flush().map_err(io_err)?
             }
             Sink::Parquet(path, rows) => {
-                write_parquet(&path, &rows).map_err(|message| Error::Other { file: path, message })
+                write_parquet(&path, &rows).map_err(|message| Error::Other { file: path, message })?
             }
         }
+        if let Some(tmp) = self.tmp.take() {
+            std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
+                file: self.path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
     }
 }
 

@@ -66,6 +66,33 @@ fn lenient_mode_is_mathematically_right_where_prm800k_is_strict() {
     }
 }
 
+/// Two different values are never equal because both are too large to hold exactly: not in
+/// either mode, not through factorials, powers, binomials or long integers.
+#[test]
+fn values_too_large_to_hold_exactly_are_never_equal() {
+    for (given, gt) in [
+        ("171!", "172!"),
+        ("(-2)^{127}", "-(-2)^{127}"),
+        ("2^{200}", "2^{200}+1"),
+        ("\\binom{1000}{500}", "\\binom{1000}{500}+1"),
+        ("100000000000000000001", "100000000000000000000"),
+        ("123456789012345678901234567890", "123456789012345678901234567891"),
+        ("\\infty", "\\infty+1"),
+    ] {
+        for mode in [GradeMode::Prm800k, GradeMode::Lenient] {
+            assert!(!grade(given, gt, mode), "{mode:?}: {given} = {gt}");
+        }
+    }
+    // Large integers are still equal to themselves, however their digits are padded.
+    for mode in [GradeMode::Prm800k, GradeMode::Lenient] {
+        assert!(grade("100000000000000000001", "100000000000000000001", mode));
+        assert!(
+            grade("+00100000000000000000001", "100000000000000000001", mode),
+            "{mode:?}"
+        );
+    }
+}
+
 #[test]
 fn gsm8k_model_solutions_reproduce_is_correct() {
     let mut misses = Vec::new();

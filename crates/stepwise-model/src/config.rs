@@ -120,6 +120,9 @@ impl ModelConfig {
         };
         let hidden_size = get_usize(v, "hidden_size")?;
         let num_attention_heads = get_usize(v, "num_attention_heads")?;
+        if num_attention_heads == 0 {
+            bail!("field `num_attention_heads`: 0 (a decoder needs at least one attention head)");
+        }
         let rope_theta = v
             .get("rope_theta")
             .and_then(Value::as_f64)
@@ -141,7 +144,7 @@ impl ModelConfig {
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
             _ => Vec::new(),
         };
-        Ok(ModelConfig {
+        let config = ModelConfig {
             family,
             head,
             architecture,
@@ -172,7 +175,65 @@ impl ModelConfig {
             num_labels,
             eos_token_ids,
             pad_token_id: v.get("pad_token_id").and_then(Value::as_u64).map(|x| x as u32),
-        })
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Rejects values no decoder can have, naming the field: sizes of zero, key/value heads
+    /// that do not divide the query heads, an odd head size (rotary positions pair values),
+    /// norms and rotary bases that are not positive numbers, token ids outside the vocabulary.
+    pub fn check(&self) -> Result<()> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+            ("num_labels", self.num_labels),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                bail!("field `{field}`: 0 (it must be at least 1)");
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            bail!(
+                "field `num_key_value_heads`: {} does not divide num_attention_heads ({})",
+                self.num_key_value_heads,
+                self.num_attention_heads
+            );
+        }
+        if self.head_dim % 2 != 0 {
+            bail!(
+                "field `head_dim`: {} is odd (rotary positions rotate pairs of values)",
+                self.head_dim
+            );
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            bail!(
+                "field `rms_norm_eps`: {} (it must be a positive number)",
+                self.rms_norm_eps
+            );
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            bail!("field `rope_theta`: {} (it must be a number above 1)", self.rope_theta);
+        }
+        let vocab = self.vocab_size as u64;
+        for (field, id) in self
+            .eos_token_ids
+            .iter()
+            .map(|&i| ("eos_token_id", i))
+            .chain(self.pad_token_id.map(|i| ("pad_token_id", i)))
+        {
+            if u64::from(id) >= vocab {
+                bail!("field `{field}`: {id} is outside the vocabulary of {vocab} tokens");
+            }
+        }
+        Ok(())
     }
 
     /// A config for a model trained from scratch, Qwen2 shape.

@@ -36,6 +36,7 @@ Example:
   stepwise convert ../shared/data/processbench/gsm8k.json pb.trl.parquet --to trl";
 
 pub fn run(a: Args) -> Result<()> {
+    stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     let mut reader = SolutionReader::open(&a.input, a.from)?.skip_invalid(a.skip_invalid);
     let from = reader.format()?;
     let mut writer = SolutionWriter::create(&a.output, a.to)?;

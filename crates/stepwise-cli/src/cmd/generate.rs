@@ -58,6 +58,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     let loaded = LoadedPolicy::load(&a.model, &default_device())?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let mut policy = loaded.policy(a.temperature, a.max_tokens, prompt, "\n");

@@ -47,6 +47,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     let verifier = LoadedVerifier::load(&a.model, &a.layout, &default_device())?;
     let scorer = verifier.scorer();
     let mut sols: Vec<_> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;

@@ -63,9 +63,10 @@ fn gcd(mut a: i128, mut b: i128) -> i128 {
 }
 
 impl Rat {
-    /// `n/d` reduced; `None` when `d == 0`.
+    /// `n/d` reduced; `None` when `d == 0`, or when either is `i128::MIN` (whose negation
+    /// does not fit: arithmetic would wrap).
     pub fn new(n: i128, d: i128) -> Option<Rat> {
-        if d == 0 {
+        if d == 0 || n == i128::MIN || d == i128::MIN {
             return None;
         }
         let g = gcd(n, d).max(1);
@@ -133,15 +134,31 @@ impl Rat {
 /// A value during evaluation.
 #[derive(Debug, Clone, Copy)]
 enum Val {
+    /// Exact.
     Q(Rat),
+    /// A real number, to double precision (π, roots, logarithms).
     F(f64),
+    /// A number whose exact value was lost: exact arithmetic overflowed (or it is not finite),
+    /// and the float kept is only its magnitude. Two such values are never called equal:
+    /// `171!` and `172!`, or `2^200` and `2^200 + 1`, would agree as floats.
+    Lost(f64),
 }
 
 impl Val {
     fn f(self) -> f64 {
         match self {
             Val::Q(r) => r.to_f64(),
-            Val::F(x) => x,
+            Val::F(x) | Val::Lost(x) => x,
+        }
+    }
+
+    /// The float result `x` of an operation on `inputs`: lost when an input was, or when `x`
+    /// is not finite.
+    fn float(x: f64, inputs: &[Val]) -> Val {
+        if !x.is_finite() || inputs.iter().any(|v| matches!(v, Val::Lost(_))) {
+            Val::Lost(x)
+        } else {
+            Val::F(x)
         }
     }
 }
@@ -393,31 +410,36 @@ impl Parser {
     }
 }
 
+/// A number literal, exact where it fits a rational (`1.5e3` is 1500, `0.75` is 3/4); one too
+/// long for that is kept as a float ([`Expr::Float`]).
 fn number(s: &str) -> Result<Expr, ParseError> {
     let bad = || ParseError(format!("bad number {s:?}"));
-    if s.contains(['e', 'E']) || s.matches('.').count() > 1 {
-        let x: f64 = s.parse().map_err(|_| bad())?;
-        return Ok(exact_float(x));
-    }
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    if int.len() + frac.len() > 36 {
-        return Ok(Expr::Float(s.parse().map_err(|_| bad())?));
-    }
-    let digits = format!("{int}{frac}");
-    let n: i128 = if digits.is_empty() {
-        0
-    } else {
-        digits.parse().map_err(|_| bad())?
+    let (mantissa, exp) = match s.find(['e', 'E']) {
+        Some(i) => (&s[..i], s[i + 1..].parse::<i64>().map_err(|_| bad())?),
+        None => (s, 0),
     };
-    Ok(Expr::Num(Rat::new(n, 10i128.pow(frac.len() as u32)).ok_or_else(bad)?))
-}
-
-fn exact_float(x: f64) -> Expr {
-    if x.fract() == 0.0 && x.abs() < 1e30 {
-        Expr::Num(Rat::int(x as i128))
-    } else {
-        Expr::Float(x)
+    if mantissa.matches('.').count() > 1 || mantissa.is_empty() || mantissa == "." {
+        return Err(bad());
     }
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    let digits = digits.trim_start_matches('0');
+    // value = digits · 10^scale
+    let scale = exp.saturating_sub(frac.len() as i64);
+    let float = || -> Result<Expr, ParseError> { Ok(Expr::Float(s.parse().map_err(|_| bad())?)) };
+    if digits.is_empty() {
+        return Ok(Expr::Num(Rat::int(0)));
+    }
+    if digits.len() > 36 || !(-36..=36).contains(&scale) || digits.len() as i64 + scale.max(0) > 36 {
+        return float();
+    }
+    let n: i128 = digits.parse().map_err(|_| bad())?;
+    let ten = 10i128.pow(scale.unsigned_abs() as u32);
+    Ok(Expr::Num(if scale >= 0 {
+        Rat::int(n * ten)
+    } else {
+        Rat::new(n, ten).ok_or_else(bad)?
+    }))
 }
 
 impl Expr {
@@ -472,55 +494,55 @@ fn point(name: &str, r: u64) -> Rat {
 fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
     use Val::*;
     let bin = |a: &Expr, b: &Expr| Some((eval(a, sym)?, eval(b, sym)?));
+    // Exact where both are exact and the result fits; when exact arithmetic overflows, the
+    // float result has lost the exact value.
+    let exact_or_lost = |r: Option<Rat>, x: f64| r.map(Q).unwrap_or(Lost(x));
     Some(match e {
         Expr::Num(r) => Q(*r),
-        Expr::Float(x) => F(*x),
+        // A literal too long for a rational: past 2^53 its float is not even an integer's.
+        Expr::Float(x) if x.abs() >= 9_007_199_254_740_992.0 => Lost(*x),
+        Expr::Float(x) => Val::float(*x, &[]),
         Expr::Sym(s) => Q(sym(s)?),
         Expr::Pi => F(std::f64::consts::PI),
-        Expr::Inf => F(f64::INFINITY),
+        Expr::Inf => Lost(f64::INFINITY),
         Expr::Neg(a) => match eval(a, sym)? {
             Q(r) => Q(Rat { n: -r.n, d: r.d }),
             F(x) => F(-x),
+            Lost(x) => Lost(-x),
         },
         Expr::Add(a, b) => match bin(a, b)? {
-            (Q(x), Q(y)) => x.add(y).map(Q).unwrap_or(F(x.to_f64() + y.to_f64())),
-            (x, y) => F(x.f() + y.f()),
+            (Q(x), Q(y)) => exact_or_lost(x.add(y), x.to_f64() + y.to_f64()),
+            (x, y) => Val::float(x.f() + y.f(), &[x, y]),
         },
         Expr::Sub(a, b) => match bin(a, b)? {
-            (Q(x), Q(y)) => x
-                .add(Rat { n: -y.n, d: y.d })
-                .map(Q)
-                .unwrap_or(F(x.to_f64() - y.to_f64())),
-            (x, y) => F(x.f() - y.f()),
+            (Q(x), Q(y)) => exact_or_lost(x.add(Rat { n: -y.n, d: y.d }), x.to_f64() - y.to_f64()),
+            (x, y) => Val::float(x.f() - y.f(), &[x, y]),
         },
         Expr::Mul(a, b) => match bin(a, b)? {
-            (Q(x), Q(y)) => x.mul(y).map(Q).unwrap_or(F(x.to_f64() * y.to_f64())),
-            (x, y) => F(x.f() * y.f()),
+            (Q(x), Q(y)) => exact_or_lost(x.mul(y), x.to_f64() * y.to_f64()),
+            (x, y) => Val::float(x.f() * y.f(), &[x, y]),
         },
         Expr::Div(a, b) => match bin(a, b)? {
             (_, Q(y)) if y.n == 0 => return None,
-            (Q(x), Q(y)) => x.mul(y.recip()?).map(Q).unwrap_or(F(x.to_f64() / y.to_f64())),
-            (x, y) => F(x.f() / y.f()),
+            (Q(x), Q(y)) => exact_or_lost(x.mul(y.recip()?), x.to_f64() / y.to_f64()),
+            (x, y) => Val::float(x.f() / y.f(), &[x, y]),
         },
         Expr::Pow(a, b) => match bin(a, b)? {
             (Q(x), Q(y)) if y.is_int() && !(x.n == 0 && y.n < 0) => {
                 let k = i64::try_from(y.n).ok();
-                match k.and_then(|k| x.pow(k)) {
-                    Some(r) => Q(r),
-                    None => F(x.to_f64().powf(y.to_f64())),
-                }
+                exact_or_lost(k.and_then(|k| x.pow(k)), x.to_f64().powf(y.to_f64()))
             }
             (Q(x), Q(y)) if y == Rat::new(1, 2).unwrap() && x.sqrt().is_some() => Q(x.sqrt()?),
-            (x, y) => F(x.f().powf(y.f())),
+            (x, y) => Val::float(x.f().powf(y.f()), &[x, y]),
         },
         Expr::Fact(a) => match eval(a, sym)? {
             Q(r) if r.is_int() && r.n >= 0 => {
                 if r.n <= 33 {
                     Q(Rat::int((1..=r.n).product::<i128>().max(1)))
                 } else if r.n <= 170 {
-                    F((1..=r.n).map(|k| k as f64).product())
+                    Lost((1..=r.n).map(|k| k as f64).product())
                 } else {
-                    F(f64::INFINITY)
+                    Lost(f64::INFINITY)
                 }
             }
             _ => return None,
@@ -530,17 +552,18 @@ fn eval(e: &Expr, sym: &dyn Fn(&str) -> Option<Rat>) -> Option<Val> {
             if f == "binom" {
                 return binom(x, eval(args.get(1)?, sym)?);
             }
+            let real = |y: f64| Val::float(y, &[x]);
             match (f.as_str(), x) {
                 ("sqrt", Q(r)) if r.sqrt().is_some() => Q(r.sqrt()?),
                 ("abs", Q(r)) => Q(Rat { n: r.n.abs(), d: r.d }),
-                ("sqrt", x) => F(x.f().sqrt()),
-                ("cbrt", x) => F(x.f().cbrt()),
-                ("sin", x) => F(x.f().sin()),
-                ("cos", x) => F(x.f().cos()),
-                ("tan", x) => F(x.f().tan()),
-                ("ln" | "log", x) => F(x.f().ln()),
-                ("exp", x) => F(x.f().exp()),
-                ("abs", x) => F(x.f().abs()),
+                ("sqrt", x) => real(x.f().sqrt()),
+                ("cbrt", x) => real(x.f().cbrt()),
+                ("sin", x) => real(x.f().sin()),
+                ("cos", x) => real(x.f().cos()),
+                ("tan", x) => real(x.f().tan()),
+                ("ln" | "log", x) => real(x.f().ln()),
+                ("exp", x) => real(x.f().exp()),
+                ("abs", x) => real(x.f().abs()),
                 _ => return None,
             }
         }
@@ -555,7 +578,7 @@ fn binom(n: Val, k: Val) -> Option<Val> {
             for i in 0..k {
                 match acc.mul(Rat::new(n.n - i, i + 1)?) {
                     Some(r) => acc = r,
-                    None => return Some(Val::F(f64::INFINITY)),
+                    None => return Some(Val::Lost(f64::INFINITY)),
                 }
             }
             Some(Val::Q(acc))
@@ -564,18 +587,15 @@ fn binom(n: Val, k: Val) -> Option<Val> {
     }
 }
 
+/// Whether two values are equal: exactly for rationals, to 12 significant digits for reals;
+/// never when either lost its exact value (cannot decide: not equal).
 fn close(a: Val, b: Val) -> bool {
     match (a, b) {
         (Val::Q(x), Val::Q(y)) => x == y,
+        (Val::Lost(_), _) | (_, Val::Lost(_)) => false,
         (x, y) => {
             let (x, y) = (x.f(), y.f());
-            if x.is_nan() || y.is_nan() {
-                return false;
-            }
-            if x.is_infinite() || y.is_infinite() {
-                return x == y;
-            }
-            (x - y).abs() <= 1e-12 * x.abs().max(y.abs()).max(1.0)
+            x.is_finite() && y.is_finite() && (x - y).abs() <= 1e-12 * x.abs().max(y.abs()).max(1.0)
         }
     }
 }
@@ -612,6 +632,10 @@ mod tests {
         assert!(!eq("x+1", "x+2"));
         assert!(eq("a+b", "b+a"));
         assert!(eq("1e3", "1000"));
+        assert!(eq("1.5e3", "1500"));
+        assert!(eq("2.5e-3", "1/400"));
+        assert!(eq("1e25", "10^25"));
+        assert!(!eq("1e25", "10000000000000000905969664"));
     }
     #[test]
     fn bounded_on_towers() {
@@ -620,5 +644,52 @@ mod tests {
         let deep = "(".repeat(500) + "1" + &")".repeat(500);
         assert!(parse(&deep).is_err());
         assert!(!eq("1000!", "3"));
+    }
+
+    /// Values too large for exact arithmetic are never equal to anything: a float agrees with
+    /// its neighbours up there.
+    #[test]
+    fn overflow_is_never_equality() {
+        for (a, b) in [
+            ("171!", "172!"),
+            ("(-2)**127", "-(-2)**127"),
+            ("2^200", "2^200 + 1"),
+            ("50!", "50! + 1"),
+            ("10^40 * 10^40", "10^80 + 1"),
+            ("binom(1000, 500)", "binom(1000, 500) + 1"),
+            ("exp(1000)", "exp(1001)"),
+            ("1/0.0", "2/0.0"),
+            (
+                "1234567890123456789012345678901234567890",
+                "1234567890123456789012345678901234567891",
+            ),
+            ("1e40", "1e40 + 1"),
+        ] {
+            assert!(!eq(a, b), "{a} = {b}");
+        }
+        // Exact values that fit are still compared exactly.
+        assert!(eq("2^100", "1267650600228229401496703205376"));
+        assert!(eq("33!", "33 * 32!"));
+    }
+
+    /// For random large expressions `a`, the grader never says `a = a + 1`.
+    #[test]
+    fn a_large_value_never_equals_its_successor() {
+        let mut h: u64 = 0x243f6a8885a308d3;
+        let mut next = |m: u64| {
+            h ^= h << 13;
+            h ^= h >> 7;
+            h ^= h << 17;
+            h % m
+        };
+        for _ in 0..2000 {
+            let a = match next(4) {
+                0 => format!("{}^{}", next(50) + 2, next(300) + 20),
+                1 => format!("{}!", next(300) + 20),
+                2 => format!("{}^{} * {}", next(1000) + 2, next(60) + 10, next(1_000_000) + 1),
+                _ => format!("({}^{} - {})", next(90) + 10, next(40) + 15, next(1000)),
+            };
+            assert!(!eq(&a, &format!("{a} + 1")), "{a} = {a} + 1");
+        }
     }
 }

@@ -69,6 +69,30 @@ fn is_int(x: f64) -> bool {
     x.is_finite() && (x - x.round()).abs() <= 1e-7
 }
 
+/// Past 2^53 a float no longer holds every integer: two different numbers read as floats can
+/// become one (`100000000000000000001` and `100000000000000000000`). Python's grader rounds
+/// them through a float anyway; here they keep their digits.
+const EXACT_FLOAT_INTS: f64 = 9_007_199_254_740_992.0;
+
+/// An integer written with digits only (a sign and commas aside), as its digits without
+/// leading zeros: the exact form of an integer too large for a float.
+fn integer_digits(x: &str) -> Option<String> {
+    let t = x.trim().replace(',', "");
+    let (sign, digits) = match t.strip_prefix('-') {
+        Some(d) => ("-", d),
+        None => ("", t.strip_prefix('+').unwrap_or(&t)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = digits.trim_start_matches('0');
+    Some(if digits.is_empty() {
+        "0".into()
+    } else {
+        format!("{sign}{digits}")
+    })
+}
+
 /// `_strip_properly_formatted_commas`: `1,000,000` → `1000000`, tuples left alone.
 pub(crate) fn strip_commas(expr: &str) -> String {
     let mut e = expr.to_string();
@@ -90,6 +114,11 @@ fn str_to_int(x: &str) -> Option<String> {
     let f = py_float(&x.replace(',', ""))?;
     if !f.is_finite() {
         return None;
+    }
+    if f.abs() >= EXACT_FLOAT_INTS {
+        // Too large for the float to be exact: digits stay digits, anything else cannot be
+        // decided.
+        return integer_digits(x);
     }
     Some(format!("{}", f.trunc() as i128))
 }
@@ -132,8 +161,10 @@ pub fn normalize(expr: &str) -> String {
     }
     e = THIN_COMMA.replace_all(&e, "").into_owned();
     if let Some(f) = py_float(&e) {
-        if is_int(f) {
+        if is_int(f) && f.abs() < EXACT_FLOAT_INTS {
             e = format!("{}", f.round() as i128);
+        } else if let Some(digits) = integer_digits(&e).filter(|_| is_int(f)) {
+            e = digits;
         }
     }
     if e.contains('\\') {
