@@ -1,6 +1,23 @@
 //! `stepwise`: process supervision for reasoning models, one subcommand per stage of the loop.
 //! This binary only parses arguments and wires the library crates together.
 
+/// `println!` that returns the write's error instead of panicking: a closed pipe (`| head`)
+/// ends the command quietly, a full disk with a message.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` that returns the write's error instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod cmd;
 mod progress;
 
@@ -82,6 +99,15 @@ fn main() {
         Command::Calibrate(a) => cmd::calibrate::run(a),
     };
     if let Err(e) = result {
+        // A reader that stopped reading (`stepwise convert ... - | head`) is not an error.
+        let pipe = Some(std::io::ErrorKind::BrokenPipe);
+        let closed_pipe = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>().map(|io| io.kind()) == pipe
+                || c.downcast_ref::<serde_json::Error>().and_then(|j| j.io_error_kind()) == pipe
+        });
+        if closed_pipe {
+            std::process::exit(0);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

@@ -511,3 +511,51 @@ fn an_output_that_is_the_input_is_refused_and_a_failed_run_keeps_the_old_output(
         .collect();
     assert!(leftovers.is_empty(), "a partial file was left behind");
 }
+
+/// Every command that writes to standard output, with its reader gone (`| head` that stopped
+/// reading): it ends quietly with status 0, never a panic.
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    let d = tmp("closed-stdout");
+    let rows: Vec<Value> = (0..400)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "problem_id": format!("p{}", i % 40), "question": "q",
+                   "final_answer": "5", "correct": i % 3 == 0,
+                   "steps": [step("x", 0.9, true), step("y", 0.2, i % 2 == 0)]})
+        })
+        .collect();
+    let scored = d.join("scored.jsonl");
+    write_jsonl(&scored, &rows);
+    let grades = d.join("grades.jsonl");
+    write_jsonl(
+        &grades,
+        &(0..2000)
+            .map(|i| json!({"given": format!("{i}"), "ground_truth": "5"}))
+            .collect::<Vec<_>>(),
+    );
+    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/processbench/gsm8k.json");
+    let (s, g, p) = (scored.to_str().unwrap(), grades.to_str().unwrap(), pb.to_str().unwrap());
+    for args in [
+        vec!["stats", p],
+        vec!["stats", s, "--json"],
+        vec!["convert", p, "-"],
+        vec!["convert", s, "-", "--to", "trl"],
+        vec!["grade", g],
+        vec!["bon", "--input", s, "--ns", "1,2,4"],
+        vec!["eval", "processbench", "--input", s],
+        vec!["--help"],
+        vec!["search", "--help"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(matches!(out.status.code(), Some(0)), "{args:?}: {:?} {err}", out.status);
+    }
+}

@@ -69,19 +69,19 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .map(|(label, how)| curve(label, &groups, *how, &ns, a.draws, a.seed))
         .collect();
-    println!("{} problems, up to {most} samples each", groups.len());
-    println!(
+    outln!("{} problems, up to {most} samples each", groups.len())?;
+    outln!(
         "| method | {} |",
         ns.iter().map(|n| format!("N={n}")).collect::<Vec<_>>().join(" | ")
-    );
-    println!("|---|{}", "---|".repeat(ns.len()));
+    )?;
+    outln!("|---|{}", "---|".repeat(ns.len()))?;
     for c in &curves {
         let cells: Vec<String> = c
             .points
             .iter()
             .map(|p| format!("{:.3} [{:.2}, {:.2}]", p.accuracy, p.lo, p.hi))
             .collect();
-        println!("| {} | {} |", c.method, cells.join(" | "));
+        outln!("| {} | {} |", c.method, cells.join(" | "))?;
     }
     if let Some(out) = &a.out {
         std::fs::create_dir_all(out)?;

@@ -54,7 +54,7 @@ fn processbench(a: ProcessBenchArgs) -> Result<()> {
         pairs.push((predict_first_error(&scores, a.threshold), s.first_error()));
     }
     let m = score(&pairs);
-    println!(
+    outln!(
         "{} solutions ({} with an error, {} without): error accuracy {:.3}, correct accuracy {:.3}, F1 {:.3}",
         pairs.len(),
         m.counts.0,
@@ -62,7 +62,7 @@ fn processbench(a: ProcessBenchArgs) -> Result<()> {
         m.error_accuracy,
         m.correct_accuracy,
         m.f1
-    );
-    println!("{}", serde_json::to_string(&m)?);
+    )?;
+    outln!("{}", serde_json::to_string(&m)?)?;
     Ok(())
 }

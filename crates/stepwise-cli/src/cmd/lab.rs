@@ -56,14 +56,14 @@ pub fn run_lab(a: Args) -> Result<()> {
         seed: a.seed,
         out: out.clone(),
     })?;
-    println!("\n{}", headline(&report));
-    println!(
+    outln!("\n{}", headline(&report))?;
+    outln!(
         "policy accuracy {:.3}; lucky-correct {:.1}% of correct answers; MC hard-label accuracy {:.3}; PRM-MC ProcessBench F1 {:.3}",
         report.policy_accuracy,
         100.0 * report.lucky_correct_rate,
         report.mc_label_quality.hard_accuracy,
         report.processbench.first().map_or(0.0, |p| p.1.f1)
-    );
+    )?;
     let auroc = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
     let (mut within, mut step) = (Vec::new(), Vec::new());
     for (name, d) in &report.discrimination {
@@ -72,12 +72,12 @@ pub fn run_lab(a: Args) -> Result<()> {
             step.push(format!("{name} {}", auroc(d.step_auroc)));
         }
     }
-    println!("within-problem AUROC (0.5 = chance): {}", within.join(", "));
-    println!("step AUROC against the oracle: {}", step.join(", "));
-    println!(
+    outln!("within-problem AUROC (0.5 = chance): {}", within.join(", "))?;
+    outln!("step AUROC against the oracle: {}", step.join(", "))?;
+    outln!(
         "report: {} ({:.0}s)",
         out.join("report.md").display(),
         start.elapsed().as_secs_f64()
-    );
+    )?;
     Ok(())
 }

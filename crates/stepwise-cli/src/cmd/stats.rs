@@ -25,10 +25,10 @@ pub fn run(a: Args) -> Result<()> {
     let sols: Vec<_> = reader.by_ref().collect::<Result<_, _>>()?;
     let s = stats(&sols);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?)?;
     } else {
-        println!("format              {}", format.map_or("-".into(), |f| f.to_string()));
-        print!("{s}");
+        outln!("format              {}", format.map_or("-".into(), |f| f.to_string()))?;
+        out!("{s}")?;
     }
     if reader.skipped() > 0 {
         eprintln!("skipped {} invalid records", reader.skipped());
