@@ -351,7 +351,16 @@ pub fn save_checkpoint(dir: &Path, config: &ModelConfig, varmap: &VarMap) -> Res
     }
     // Write to a temporary name, then rename: an interrupted save never leaves a torn file.
     let tmp = dir.join("model.safetensors.tmp");
-    candle_core::safetensors::save(&tensors, &tmp)?;
+    write_safetensors(&tensors, &tmp)?;
     std::fs::rename(&tmp, dir.join("model.safetensors"))?;
+    Ok(())
+}
+
+/// Write tensors as safetensors with the `{"format": "pt"}` metadata transformers writes and
+/// expects (some versions refuse a file without it).
+pub fn write_safetensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    safetensors::serialize_to_file(tensors, Some(metadata), path)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }

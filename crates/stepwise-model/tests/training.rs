@@ -110,6 +110,11 @@ fn value_head_checkpoint_round_trips() {
         .unwrap()
     };
     assert_eq!(score(&model), score(&loaded));
+    // The file carries the metadata transformers writes (and some versions require).
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(header["__metadata__"]["format"], "pt", "{header}");
     let _ = std::fs::remove_dir_all(&out);
 }
 
