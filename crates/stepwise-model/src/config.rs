@@ -294,6 +294,11 @@ impl ModelConfig {
         if head != HeadKind::CausalLm {
             self.tie_word_embeddings = false;
         }
+        if head == HeadKind::SequenceClassification && self.pad_token_id.is_none() {
+            // transformers finds each sequence's last token by its padding id and refuses a
+            // batch without one: the end-of-sequence id pads, as for Qwen2 and Llama releases.
+            self.pad_token_id = Some(self.eos_token_ids.first().copied().unwrap_or(0));
+        }
         self
     }
 
