@@ -82,6 +82,18 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
     // Run again: everything is already labelled, nothing changes.
     stepwise(&args);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
+    // Resumed with other settings: refused, naming the setting, and nothing is written.
+    let mut other = args.to_vec();
+    other[8] = "4";
+    let refused = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(&other)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("`rollouts`: 3 then, 4 now"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
+    assert!(!d.join("labeled.jsonl.lock").exists(), "the lock went with the run");
 }
 
 #[test]

@@ -85,3 +85,148 @@ pub fn sort_like<'a, T>(kept: &mut [T], keys: impl Iterator<Item = &'a str>, key
     let order: std::collections::HashMap<&str, usize> = keys.enumerate().map(|(i, k)| (k, i)).collect();
     kept.sort_by_key(|r| order.get(key(r)).copied().unwrap_or(usize::MAX));
 }
+
+/// A claim on an output that a run appends to and resumes (a journal, a run folder's marker):
+/// no other process writes it while the claim lives, and a run with other settings than the
+/// output was started with is refused.
+///
+/// - `PATH.lock` holds the claiming process's id; a lock whose process is gone (killed, even by
+///   `kill -9`) is taken over; one whose process lives is refused, naming it.
+/// - `PATH.settings.json` records the settings of the run that started the output; a later run
+///   whose settings differ is refused, naming the first setting that does.
+#[derive(Debug)]
+pub struct Claim {
+    lock: PathBuf,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.lock);
+    }
+}
+
+/// `path` with `suffix` appended to its file name.
+fn beside(path: &Path, suffix: &str) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!("{name}.{suffix}"))
+}
+
+/// Whether process `pid` is running (where the system says; elsewhere it is assumed to be).
+fn process_lives(pid: u32) -> bool {
+    let proc = Path::new("/proc");
+    !proc.is_dir() || proc.join(pid.to_string()).exists()
+}
+
+/// Claim the output `path` for this process, for a run with `settings` (a JSON object of the
+/// options that decide what the output holds).
+pub fn claim(path: &Path, settings: &serde_json::Value) -> Result<Claim> {
+    let claim = lock(path)?;
+    let recorded = beside(path, "settings.json");
+    let started = path.metadata().is_ok_and(|m| m.len() > 0);
+    if started && recorded.exists() {
+        let text = std::fs::read_to_string(&recorded).with_context(|| format!("reading {}", recorded.display()))?;
+        let theirs: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", recorded.display()))?;
+        if &theirs != settings {
+            let field = first_difference(&theirs, settings);
+            anyhow::bail!(
+                "{} was started with other settings ({field}; see {}): use another output, or delete both to start over",
+                path.display(),
+                recorded.display()
+            );
+        }
+        return Ok(claim);
+    }
+    std::fs::write(&recorded, serde_json::to_string_pretty(settings)?)
+        .with_context(|| format!("writing {}", recorded.display()))?;
+    Ok(claim)
+}
+
+/// The lock half of [`claim`]: `path` is written by this process only while the claim lives.
+pub fn lock(path: &Path) -> Result<Claim> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let lock = beside(path, "lock");
+    let me = std::process::id();
+    loop {
+        match OpenOptions::new().write(true).create_new(true).open(&lock) {
+            Ok(mut f) => {
+                f.write_all(me.to_string().as_bytes())?;
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let holder = std::fs::read_to_string(&lock).unwrap_or_default();
+                match holder.trim().parse::<u32>() {
+                    Ok(pid) if pid != me && process_lives(pid) => anyhow::bail!(
+                        "{}: another stepwise process ({pid}) is writing it (lock {}); wait for it, or delete the lock if that process is not stepwise",
+                        path.display(),
+                        lock.display()
+                    ),
+                    // Left by a process that is gone (or torn): take it over.
+                    _ => std::fs::remove_file(&lock).with_context(|| format!("removing {}", lock.display()))?,
+                }
+            }
+            Err(e) => return Err(e).with_context(|| format!("creating {}", lock.display())),
+        }
+    }
+    Ok(Claim { lock })
+}
+
+/// The first setting in which two settings objects differ, with both values.
+fn first_difference(then: &serde_json::Value, now: &serde_json::Value) -> String {
+    let keys: std::collections::BTreeSet<&String> = then
+        .as_object()
+        .into_iter()
+        .flatten()
+        .chain(now.as_object().into_iter().flatten())
+        .map(|(k, _)| k)
+        .collect();
+    let null = serde_json::Value::Null;
+    keys.into_iter()
+        .find(|k| then.get(k.as_str()) != now.get(k.as_str()))
+        .map(|k| {
+            format!(
+                "`{k}`: {} then, {} now",
+                then.get(k.as_str()).unwrap_or(&null),
+                now.get(k.as_str()).unwrap_or(&null)
+            )
+        })
+        .unwrap_or_else(|| "the settings differ".into())
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn one_process_and_one_set_of_settings_per_output() {
+        let dir = std::env::temp_dir().join(format!("stepwise-claim-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = dir.join("labels.jsonl");
+        let settings = json!({"rollouts": 16, "seed": 0});
+        let held = claim(&out, &settings).unwrap();
+        // A lock held by a living process (here: pid 1) is refused; this process's own is not.
+        std::fs::write(beside(&out, "lock"), "1").unwrap();
+        let err = claim(&out, &settings).unwrap_err().to_string();
+        assert!(err.contains("another stepwise process (1)"), "{err}");
+        // A lock left by a process that is gone is taken over.
+        drop(held);
+        std::fs::write(beside(&out, "lock"), "4000000000").unwrap();
+        std::fs::write(&out, "{}\n").unwrap();
+        let again = claim(&out, &settings).unwrap();
+        drop(again);
+        assert!(!beside(&out, "lock").exists(), "the lock goes with the claim");
+        // Other settings on a started output: refused, naming the setting.
+        let err = claim(&out, &json!({"rollouts": 4, "seed": 0})).unwrap_err().to_string();
+        assert!(err.contains("`rollouts`: 16 then, 4 now"), "{err}");
+        // An output not started yet takes any settings.
+        std::fs::write(&out, "").unwrap();
+        claim(&out, &json!({"rollouts": 4, "seed": 0})).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

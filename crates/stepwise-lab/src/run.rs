@@ -91,6 +91,8 @@ fn differing_field(a: &serde_json::Value, b: &serde_json::Value) -> String {
 pub fn run(o: &LabOptions) -> Result<Report> {
     let p = &o.preset;
     std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
+    // One process per run folder.
+    let _lock = stepwise_core::journal::lock(&o.out.join("run"))?;
     claim_run_folder(&o.out, p, o.seed)?;
     let tok = vocab::tokenizer()?;
     let sp = splits(p, o.seed);

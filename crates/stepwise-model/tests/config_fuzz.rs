@@ -107,10 +107,8 @@ fn impossible_sizes_name_their_field() {
 #[test]
 fn a_value_head_always_has_a_padding_id() {
     for name in ["qwen2-policy", "llama-shepherd"] {
-        let mut v: Value = serde_json::from_str(
-            &std::fs::read_to_string(fixtures().join(name).join("config.json")).unwrap(),
-        )
-        .unwrap();
+        let mut v: Value =
+            serde_json::from_str(&std::fs::read_to_string(fixtures().join(name).join("config.json")).unwrap()).unwrap();
         v["pad_token_id"] = Value::Null;
         let c = stepwise_model::ModelConfig::from_json(&v).unwrap().with_value_head();
         let pad = c.pad_token_id.expect("a padding id");

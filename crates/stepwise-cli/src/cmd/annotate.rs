@@ -69,6 +69,14 @@ pub fn run(a: Args) -> Result<()> {
             s.id
         );
     }
+    // One process per output, and only the settings it was started with.
+    let _claim = stepwise_core::journal::claim(
+        &a.output,
+        &serde_json::json!({
+            "policy": a.policy, "rollouts": a.rollouts, "temperature": a.temperature,
+            "max_tokens": a.max_tokens, "separator": a.separator, "chat": a.chat, "seed": a.seed,
+        }),
+    )?;
     let loaded = LoadedPolicy::load(&a.policy, &default_device())?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy = loaded.policy(a.temperature, a.max_tokens, prompt, &a.separator);

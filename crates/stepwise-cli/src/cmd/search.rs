@@ -140,6 +140,15 @@ pub fn run(a: Args) -> Result<()> {
         resample_budget: a.resample_budget,
         seed: a.seed,
     };
+    // One process per output, and only the settings it was started with.
+    let _claim = stepwise_core::journal::claim(
+        &a.output,
+        &serde_json::json!({
+            "policy": a.policy, "prm": a.prm, "layout": a.layout, "name": a.name,
+            "config": config, "temperature": a.temperature, "max_tokens": a.max_tokens,
+            "separator": a.separator, "prompt": a.prompt, "whole": a.whole,
+        }),
+    )?;
     let problems = super::read_problems(&a.input)?;
     let dev = default_device();
     let loaded = LoadedPolicy::load(&a.policy, &dev)?;
