@@ -503,6 +503,24 @@ fn an_output_that_is_the_input_is_refused_and_a_failed_run_keeps_the_old_output(
         );
         assert_eq!(std::fs::read(&input).unwrap(), before, "{args:?}: the input changed");
     }
+    // Repeated ids: refused where records are matched by id, naming both.
+    let twice = d.join("twice.jsonl");
+    write_jsonl(&twice, &[rows[0].clone(), rows[1].clone(), rows[0].clone()]);
+    for args in [
+        vec!["eval", "processbench", "--input", twice.to_str().unwrap()],
+        vec!["bon", "--input", twice.to_str().unwrap()],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            err.contains("record 3: field `id`: `s0` is the id of record 1 too"),
+            "{args:?}: {err}"
+        );
+    }
     // A conversion that fails half-way (a broken record) leaves the previous output untouched.
     let output = d.join("out.jsonl");
     std::fs::write(&output, "previous\n").unwrap();

@@ -415,6 +415,29 @@ fn same_group(a: &Solution, b: &Solution) -> bool {
     }
 }
 
+/// Every solution of a file, each with an id no other has: a file whose records are matched,
+/// grouped or resumed by id (annotation, scoring, best-of-N, evaluation) would otherwise lose
+/// or double-count the repeats silently. The error names both records.
+pub fn read_solution_set(path: impl AsRef<Path>, from: Option<Format>) -> Result<Vec<Solution>> {
+    let path = path.as_ref();
+    let sols: Vec<Solution> = SolutionReader::open(path, from)?.collect::<Result<_>>()?;
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, s) in sols.iter().enumerate() {
+        if let Some(first) = seen.insert(s.id.as_str(), i) {
+            return Err(Error::Other {
+                file: path.to_path_buf(),
+                message: format!(
+                    "record {}: field `id`: `{}` is the id of record {} too (ids must be unique)",
+                    i + 1,
+                    s.id,
+                    first + 1
+                ),
+            });
+        }
+    }
+    Ok(sols)
+}
+
 /// Write solutions to a file in one go.
 pub fn write_solutions(path: impl AsRef<Path>, format: Format, sols: &[Solution]) -> Result<()> {
     let mut w = SolutionWriter::create(path, format)?;

@@ -1,7 +1,7 @@
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use stepwise_core::seams::MathTask;
-use stepwise_core::{Format, Solution, SolutionReader};
+use stepwise_core::{Format, Solution};
 use stepwise_label::{annotate_resumable, McOptions, MonteCarlo};
 use stepwise_model::{default_device, LoadedPolicy, Prompt};
 
@@ -60,7 +60,7 @@ pub fn run(a: Args) -> Result<()> {
             a.output.display()
         );
     }
-    let sols: Vec<Solution> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
+    let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     if let Some((i, s)) = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none()) {
         bail!(
             "{}: record {} (`{}`): field `gold_answer`: missing",

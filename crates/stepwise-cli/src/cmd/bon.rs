@@ -1,6 +1,6 @@
 use anyhow::{Context, Result};
 use std::path::PathBuf;
-use stepwise_core::{Format, Solution, SolutionReader};
+use stepwise_core::{Format, Solution};
 use stepwise_eval::bon::{curve, Curve};
 use stepwise_search::{group_candidates, Aggregation, Selector};
 
@@ -46,7 +46,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let sols: Vec<Solution> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
+    let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let groups =
         group_candidates(&sols, Some(&a.prm), a.orm.as_deref()).with_context(|| a.input.display().to_string())?;
     let most = groups.iter().map(Vec::len).max().unwrap_or(0);

@@ -1,7 +1,7 @@
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use stepwise_core::seams::score_solutions;
-use stepwise_core::{Format, Solution, SolutionReader};
+use stepwise_core::{Format, Solution};
 use stepwise_model::default_device;
 use stepwise_model::scoring::LoadedVerifier;
 use stepwise_search::calibrate;
@@ -44,7 +44,7 @@ pub fn run(a: Args) -> Result<()> {
     if !(0.0..=1.0).contains(&a.precision) {
         bail!("--precision {}: a precision is between 0 and 1", a.precision);
     }
-    let mut sols: Vec<Solution> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
+    let mut sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     if sols.iter().any(|s| s.scores_of(&a.name).is_none()) {
         let verifier = LoadedVerifier::load(&a.prm, &a.layout, &default_device())?;
         let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");

@@ -1,6 +1,6 @@
 use anyhow::Result;
 use std::path::PathBuf;
-use stepwise_core::{Format, SolutionReader};
+use stepwise_core::Format;
 use stepwise_eval::processbench::{predict_first_error, score};
 
 /// Evaluate scored solutions.
@@ -45,8 +45,10 @@ pub fn run(c: Command) -> Result<()> {
 
 fn processbench(a: ProcessBenchArgs) -> Result<()> {
     let mut pairs = Vec::new();
-    for (i, s) in SolutionReader::open(&a.input, a.from)?.enumerate() {
-        let s = s?;
+    for (i, s) in stepwise_core::io::read_solution_set(&a.input, a.from)?
+        .into_iter()
+        .enumerate()
+    {
         let scores = super::step_scores(&s, &a.verifier, &a.input, i)?;
         if s.steps.iter().any(|st| st.label.is_none()) {
             anyhow::bail!("{}: record {}: a step without a label", a.input.display(), i + 1);

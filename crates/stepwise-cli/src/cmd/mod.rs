@@ -36,6 +36,7 @@ pub fn read_problems(path: &std::path::Path) -> anyhow::Result<Vec<stepwise_core
     use anyhow::Context;
     use serde_json::Value;
     let mut out = Vec::new();
+    let mut lines: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (line, rec) in stepwise_core::io::raw_records(path)? {
         let at = || format!("{}:{line}", path.display());
         let v = rec.map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
@@ -54,6 +55,12 @@ pub fn read_problems(path: &std::path::Path) -> anyhow::Result<Vec<stepwise_core
             .and_then(Value::as_str)
             .map(str::to_string)
             .unwrap_or_else(|| stepwise_core::formats::problem_id_for(&question));
+        if let Some(first) = lines.insert(id.clone(), line) {
+            anyhow::bail!(
+                "{}: field `id`: `{id}` is the id of line {first} too (problem ids must be unique; a question repeated without ids gets the same id)",
+                at()
+            );
+        }
         out.push(stepwise_core::Problem {
             id,
             question,

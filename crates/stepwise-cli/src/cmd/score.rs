@@ -2,7 +2,7 @@ use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::score_solutions;
-use stepwise_core::{Format, SolutionReader, SolutionWriter};
+use stepwise_core::{Format, SolutionWriter};
 use stepwise_model::default_device;
 use stepwise_model::scoring::LoadedVerifier;
 
@@ -50,7 +50,7 @@ pub fn run(a: Args) -> Result<()> {
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     let verifier = LoadedVerifier::load(&a.model, &a.layout, &default_device())?;
     let scorer = verifier.scorer();
-    let mut sols: Vec<_> = SolutionReader::open(&a.input, a.from)?.collect::<Result<_, _>>()?;
+    let mut sols: Vec<_> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");
     let start = Instant::now();
     let tokens = score_solutions(&scorer, &a.name, &mut sols, a.batch_size, |done| {
