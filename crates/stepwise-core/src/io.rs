@@ -189,7 +189,13 @@ impl Iterator for SolutionReader {
             let (line, rec) = self.records.next()?;
             let index = self.index;
             self.index += 1;
-            match rec.and_then(|v| format.read(&v, index).map_err(RecordError::from)) {
+            let checked = |sols: Vec<Solution>| -> Result<Vec<Solution>, RecordError> {
+                for s in &sols {
+                    s.check_values()?;
+                }
+                Ok(sols)
+            };
+            match rec.and_then(|v| format.read(&v, index).map_err(RecordError::from).and_then(checked)) {
                 Ok(sols) => self.pending.extend(sols),
                 Err(source) if self.skip_invalid => {
                     self.skipped += 1;

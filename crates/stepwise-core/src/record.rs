@@ -240,6 +240,36 @@ impl StepLabel {
 }
 
 impl Solution {
+    /// Values outside their domain, with the field's path: a soft label that is not a
+    /// probability in [0, 1], a step score that is not a finite number.
+    pub fn check_values(&self) -> Result<(), crate::FieldError> {
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Some(LabelValue::Soft { p }) = step.label.as_ref().map(|l| l.value) {
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(crate::FieldError::new(
+                        format!("steps[{i}].label.p"),
+                        format!("{p} is not a probability in [0, 1]"),
+                    ));
+                }
+            }
+            if let Some(x) = step.score.filter(|x| !x.is_finite()) {
+                return Err(crate::FieldError::new(
+                    format!("steps[{i}].score"),
+                    format!("{x} is not a finite number"),
+                ));
+            }
+        }
+        for (name, scores) in &self.scores {
+            if let Some((j, x)) = scores.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(crate::FieldError::new(
+                    format!("scores.{name}[{j}]"),
+                    format!("{x} is not a finite number"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Index of the first step whose label is bad, if any.
     pub fn first_error(&self) -> Option<usize> {
         self.steps

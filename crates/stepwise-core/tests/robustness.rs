@@ -90,3 +90,29 @@ fn grader_never_panics_on_random_answers() {
         }
     }
 }
+
+/// Values outside their domain are errors naming the file, the line and the field's path, in
+/// every format that carries soft labels.
+#[test]
+fn soft_labels_outside_zero_one_are_errors_with_their_field() {
+    let dir = std::env::temp_dir().join(format!("stepwise-domain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, record, field) in [
+        (
+            "stepwise.jsonl",
+            r#"{"id":"a","problem_id":"p","question":"q","steps":[{"text":"x","label":{"p":0.5}},{"text":"y","label":{"p":1.5}}]}"#,
+            "steps[1].label.p",
+        ),
+        (
+            "negative.jsonl",
+            r#"{"id":"a","problem_id":"p","question":"q","steps":[{"text":"x","label":{"p":-0.25}}]}"#,
+            "steps[0].label.p",
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{{\"id\":\"ok\",\"problem_id\":\"p\",\"question\":\"q\",\"steps\":[{{\"text\":\"x\"}}]}}\n{record}\n")).unwrap();
+        let err = stepwise_core::io::read_solution_set(&path, None).unwrap_err().to_string();
+        assert!(err.contains(":2") && err.contains(field), "{name}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
