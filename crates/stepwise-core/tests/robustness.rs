@@ -110,8 +110,16 @@ fn soft_labels_outside_zero_one_are_errors_with_their_field() {
         ),
     ] {
         let path = dir.join(name);
-        std::fs::write(&path, format!("{{\"id\":\"ok\",\"problem_id\":\"p\",\"question\":\"q\",\"steps\":[{{\"text\":\"x\"}}]}}\n{record}\n")).unwrap();
-        let err = stepwise_core::io::read_solution_set(&path, None).unwrap_err().to_string();
+        std::fs::write(
+            &path,
+            format!(
+                "{{\"id\":\"ok\",\"problem_id\":\"p\",\"question\":\"q\",\"steps\":[{{\"text\":\"x\"}}]}}\n{record}\n"
+            ),
+        )
+        .unwrap();
+        let err = stepwise_core::io::read_solution_set(&path, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(":2") && err.contains(field), "{name}: {err}");
     }
     let _ = std::fs::remove_dir_all(&dir);

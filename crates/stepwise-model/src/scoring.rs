@@ -25,6 +25,16 @@ pub struct PrmScorer<'a> {
 impl PrmScorer<'_> {
     /// Encode a problem and its steps.
     pub fn encode(&self, problem: &str, steps: &[&str]) -> Result<Encoded> {
+        // A text far longer than the model reads is refused before tokenizing it (a 50 MB line
+        // took seconds and gigabytes to tokenize only to be refused after).
+        let bytes = problem.len() + steps.iter().map(|s| s.len()).sum::<usize>();
+        let limit = self.model.config.max_position_embeddings * self.tokenizer.longest_token_bytes() + 4096;
+        if bytes > limit {
+            bail!(
+                "a solution of {bytes} bytes is more than the model's {} positions can hold, whatever its tokens",
+                self.model.config.max_position_embeddings
+            );
+        }
         let e = self.layout.encode(self.tokenizer, problem, steps)?;
         if e.positions.len() != steps.len() {
             bail!(

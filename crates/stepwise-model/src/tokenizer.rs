@@ -13,6 +13,8 @@ pub struct Tokenizer {
     pub eos_token: Option<String>,
     /// Padding token text.
     pub pad_token: Option<String>,
+    /// The longest token's text, in bytes (computed once).
+    longest: std::sync::OnceLock<usize>,
 }
 
 fn token_text(v: Option<&Value>) -> Option<String> {
@@ -59,6 +61,7 @@ impl Tokenizer {
             chat_template: cfg.get("chat_template").and_then(Value::as_str).map(str::to_string),
             eos_token: token_text(cfg.get("eos_token")),
             pad_token: token_text(cfg.get("pad_token")),
+            longest: Default::default(),
         })
     }
 
@@ -94,6 +97,7 @@ impl Tokenizer {
             chat_template: None,
             eos_token,
             pad_token: None,
+            longest: Default::default(),
         }
     }
 
@@ -121,6 +125,20 @@ impl Tokenizer {
     /// The id of a token given by its text.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// The most bytes of text one token can stand for (its vocabulary's longest entry): a text
+    /// of more than `n` times that many bytes is more than `n` tokens, known without tokenizing.
+    pub fn longest_token_bytes(&self) -> usize {
+        *self.longest.get_or_init(|| {
+            self.inner
+                .get_vocab(true)
+                .keys()
+                .map(String::len)
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        })
     }
 
     /// Vocabulary size, added tokens included.

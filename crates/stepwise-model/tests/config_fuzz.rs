@@ -116,3 +116,13 @@ fn a_value_head_always_has_a_padding_id() {
         assert_eq!(c.to_hf_json()["pad_token_id"], json!(pad), "{name}");
     }
 }
+
+/// A text far longer than the model reads is refused before it is tokenized (the message is the
+/// length check's; tokenizing first would fail elsewhere, after seconds).
+#[test]
+fn an_enormous_solution_is_refused_before_tokenizing() {
+    let v = stepwise_model::scoring::LoadedVerifier::load(&fixtures().join("qwen2-prm"), "auto", &Device::Cpu).unwrap();
+    let huge = "7 + 8 = 15. ".repeat(1 << 20);
+    let err = v.scorer().score("q", &[huge.as_str()]).unwrap_err().to_string();
+    assert!(err.contains("more than the model's"), "{err}");
+}
