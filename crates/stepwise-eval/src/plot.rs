@@ -47,7 +47,8 @@ const COLORS: [RGBColor; 12] = [
     RGBColor(0, 100, 60),
 ];
 
-/// Curves with 95% interval bars on a log-scale x axis (each point's `n`), into `area`.
+/// Curves with 95% interval bars on a log-scale x axis (each point's `n`), into `area`, with
+/// their legend in a column to the right of the plot (where it covers no curve).
 fn draw_curves<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
@@ -57,6 +58,9 @@ fn draw_curves<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
+    let width = area.dim_in_pixel().0 as i32;
+    let (area, legend) = area.split_horizontally(width - 210);
+    let area = &area;
     let xs = || curves.iter().flat_map(|c| c.points.iter().map(|p| p.n));
     let max_n = xs().max().unwrap_or(1).max(2);
     let min_n = xs().min().unwrap_or(1).clamp(1, max_n - 1);
@@ -95,13 +99,16 @@ where
             }))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for (i, c) in curves.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let y = 60 + 22 * i as i32;
+        legend
+            .draw(&PathElement::new(vec![(6, y), (30, y)], color.stroke_width(2)))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        legend
+            .draw(&Text::new(c.method.clone(), (36, y - 7), ("sans-serif", 14)))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
     Ok(())
 }
 

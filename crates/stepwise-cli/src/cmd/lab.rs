@@ -10,8 +10,9 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
   2. sample N solutions per problem (shared-prefix KV cache)
   3. annotate steps by Monte Carlo rollouts (Math-Shepherd); oracle labels from the exact checker
   4. train a PRM on MC labels, a PRM on oracle labels and an ORM, same code and budget: each is the
-     policy fine-tuned and read by its log-likelihood ratio against the policy over a step's tokens
-     (the implicit-PRM head; `--set verifier_head=classifier` for a fresh classifier head instead)
+     policy fine-tuned and scores a step by its own log-likelihood of the step's tokens against a
+     constant reference (the likelihood head, the default; `--set verifier_head=log_ratio` scores
+     against the frozen policy, `--set verifier_head=classifier` trains a fresh classifier head)
   5. evaluate on held-out problems: best-of-N curves, ProcessBench metric, label quality
   6. test-time search on problems of its own: best-of-N, beam search, DVTS, lookahead and
      verify → resample (τ calibrated on the evaluation samples), guided by PRM-MC, PRM-oracle
@@ -25,7 +26,7 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
 
 Examples:
   stepwise lab                          # standard preset, about 15 minutes on 2 cores
-  stepwise lab --preset quick --seed 2  # every stage, small, about two minutes
+  stepwise lab --preset quick --seed 2  # every stage, small, about a minute
   stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed"
 )]
 pub struct Args {
