@@ -200,14 +200,14 @@ impl ModelConfig {
                 bail!("field `{field}`: 0 (it must be at least 1)");
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             bail!(
                 "field `num_key_value_heads`: {} does not divide num_attention_heads ({})",
                 self.num_key_value_heads,
                 self.num_attention_heads
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             bail!(
                 "field `head_dim`: {} is odd (rotary positions rotate pairs of values)",
                 self.head_dim
