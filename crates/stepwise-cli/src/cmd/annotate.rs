@@ -32,15 +32,9 @@ pub struct Args {
     /// Rollouts per step prefix.
     #[arg(long, default_value_t = 8)]
     pub rollouts: usize,
-    /// Sampling temperature of the rollouts.
-    #[arg(long, default_value_t = 0.7)]
-    pub temperature: f32,
-    /// Most new tokens per rollout.
-    #[arg(long, default_value_t = 512)]
-    pub max_tokens: usize,
-    /// Text between steps in the prompt and in completions.
-    #[arg(long, default_value = "\n")]
-    pub separator: String,
+    /// How the rollouts are sampled.
+    #[command(flatten)]
+    pub sampling: super::SamplingArgs,
     /// Wrap the question in the tokenizer's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -73,13 +67,18 @@ pub fn run(a: Args) -> Result<()> {
     let _claim = stepwise_core::journal::claim(
         &a.output,
         &serde_json::json!({
-            "policy": a.policy, "rollouts": a.rollouts, "temperature": a.temperature,
-            "max_tokens": a.max_tokens, "separator": a.separator, "chat": a.chat, "seed": a.seed,
+            "policy": a.policy, "rollouts": a.rollouts, "temperature": a.sampling.temperature,
+            "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),
     )?;
     let loaded = LoadedPolicy::load(&a.policy, &default_device())?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
-    let policy = loaded.policy(a.temperature, a.max_tokens, prompt, &a.separator);
+    let policy = loaded.policy(
+        a.sampling.temperature,
+        a.sampling.max_tokens,
+        prompt,
+        &a.sampling.separator,
+    );
     let mc = MonteCarlo {
         policy: &policy,
         task: &MathTask::default(),

@@ -13,6 +13,20 @@ pub mod search;
 pub mod stats;
 pub mod train_prm;
 
+/// How a policy samples: shared by the commands that continue solutions step by step.
+#[derive(clap::Args, Debug)]
+pub struct SamplingArgs {
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Most new tokens per continuation (a rollout, a step; a whole solution for best-of-N).
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Text between steps in the prompt and in completions: completions are split at it.
+    #[arg(long, default_value = "\n")]
+    pub separator: String,
+}
+
 /// Verifier `name`'s step scores of record `i` (0-based) of `path`.
 pub fn step_scores(
     s: &stepwise_core::Solution,

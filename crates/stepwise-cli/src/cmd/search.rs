@@ -73,15 +73,9 @@ pub struct Args {
     /// Output solutions (stepwise JSONL, appended to and resumed).
     #[arg(long)]
     pub output: PathBuf,
-    /// Sampling temperature.
-    #[arg(long, default_value_t = 0.7)]
-    pub temperature: f32,
-    /// Most new tokens per step (per solution for bon).
-    #[arg(long, default_value_t = 512)]
-    pub max_tokens: usize,
-    /// Text between steps: the policy's steps are split at it, and it ends a step.
-    #[arg(long, default_value = "\n")]
-    pub separator: String,
+    /// How the policy samples.
+    #[command(flatten)]
+    pub sampling: super::SamplingArgs,
     /// Prompt layout: text (question, separator, steps), chat (the tokenizer's chat template) or
     /// pieces (each piece encoded on its own: the lab's policies).
     #[arg(long, default_value = "text", value_parser = ["text", "chat", "pieces"])]
@@ -145,14 +139,19 @@ pub fn run(a: Args) -> Result<()> {
         &a.output,
         &serde_json::json!({
             "policy": a.policy, "prm": a.prm, "layout": a.layout, "name": a.name,
-            "config": config, "temperature": a.temperature, "max_tokens": a.max_tokens,
-            "separator": a.separator, "prompt": a.prompt, "whole": a.whole,
+            "config": config, "temperature": a.sampling.temperature, "max_tokens": a.sampling.max_tokens,
+            "separator": a.sampling.separator, "prompt": a.prompt, "whole": a.whole,
         }),
     )?;
     let problems = super::read_problems(&a.input)?;
     let dev = default_device();
     let loaded = LoadedPolicy::load(&a.policy, &dev)?;
-    let policy = loaded.policy(a.temperature, a.max_tokens, prompt_layout(&a.prompt)?, &a.separator);
+    let policy = loaded.policy(
+        a.sampling.temperature,
+        a.sampling.max_tokens,
+        prompt_layout(&a.prompt)?,
+        &a.sampling.separator,
+    );
     let verifier = LoadedVerifier::load(&a.prm, &a.layout, &dev)?;
     let incremental = IncrementalScorer::new(verifier.scorer());
     let whole = verifier.scorer();
