@@ -521,6 +521,18 @@ fn an_output_that_is_the_input_is_refused_and_a_failed_run_keeps_the_old_output(
             "{args:?}: {err}"
         );
     }
+    // A solution with no step has no first error to find: eval says so instead of counting it.
+    let empty = d.join("empty.jsonl");
+    write_jsonl(
+        &empty,
+        &[json!({"id": "e", "problem_id": "p", "question": "q", "steps": [], "scores": {"prm": []}})],
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(["eval", "processbench", "--input", empty.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("field `steps`: empty"));
     // A conversion that fails half-way (a broken record) leaves the previous output untouched.
     let output = d.join("out.jsonl");
     std::fs::write(&output, "previous\n").unwrap();

@@ -50,6 +50,14 @@ fn processbench(a: ProcessBenchArgs) -> Result<()> {
         .enumerate()
     {
         let scores = super::step_scores(&s, &a.verifier, &a.input, i)?;
+        if s.steps.is_empty() {
+            anyhow::bail!(
+                "{}: record {} (`{}`): field `steps`: empty (a solution with no step has no first error to find)",
+                a.input.display(),
+                i + 1,
+                s.id
+            );
+        }
         if s.steps.iter().any(|st| st.label.is_none()) {
             anyhow::bail!("{}: record {}: a step without a label", a.input.display(), i + 1);
         }

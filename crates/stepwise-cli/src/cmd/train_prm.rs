@@ -183,6 +183,18 @@ pub fn run(a: Args) -> Result<()> {
     let train_set = spec.examples(&tok, train_sols, reference.as_ref())?;
     let valid_set = spec.examples(&tok, valid_sols, reference.as_ref())?;
     eprintln!("{} training sequences, {} validation", train_set.len(), valid_set.len());
+    let dropped = train_sols.len() + valid_sols.len() - train_set.len() - valid_set.len();
+    if dropped > 0 {
+        eprintln!(
+            "{dropped} of {} solutions left out: nothing to learn from them ({})",
+            sols.len(),
+            if a.outcome {
+                "no `correct` field, or no steps"
+            } else {
+                "no labelled step, only neutral steps with --neutral skip, or every label past --max-len"
+            }
+        );
+    }
     let objective = spec.objective();
     let varmap = VarMap::new();
     let mut model = spec.build(&varmap, &dev, a.seed)?;
