@@ -185,10 +185,17 @@ fn train_prm_folders_are_scored_by_score() {
         ];
         stepwise(&[&args[..], &rest[..], extra].concat());
         assert_eq!(out.join("reward.json").exists(), head == "log-ratio", "{name}");
-        if name == "likelihood" {
+        if head == "log-ratio" {
             let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("reward.json")).unwrap()).unwrap();
-            assert_eq!(spec["reference_logprob"], json!(-0.5));
-            assert!(spec.get("reference").is_none(), "{spec}");
+            if name == "likelihood" {
+                assert_eq!(spec["reference_logprob"], json!(-0.5));
+                assert!(spec.get("reference").is_none(), "{spec}");
+            } else {
+                // Named relative to the verifier's folder, so the two can move together.
+                let reference = spec["reference"].as_str().unwrap();
+                assert!(reference.starts_with(".."), "{spec}");
+                assert!(out.join(reference).join("config.json").exists(), "{spec}");
+            }
         }
         let scored = d.join(format!("{name}.jsonl"));
         stepwise(&[

@@ -198,12 +198,17 @@ pub fn run(a: Args) -> Result<()> {
     let objective = spec.objective();
     let varmap = VarMap::new();
     let mut model = spec.build(&varmap, &dev, a.seed)?;
-    let absolute_base = match (&reference, &a.base) {
-        (Some(_), Some(base)) => Some(std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?),
+    // The reference is named relative to the verifier's folder, so the two can move together.
+    std::fs::create_dir_all(&a.out)?;
+    let relative_base = match (&reference, &a.base) {
+        (Some(_), Some(base)) => {
+            let base = std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?;
+            let out = std::fs::canonicalize(&a.out).with_context(|| format!("{}", a.out.display()))?;
+            Some(relative_path(&out, &base))
+        }
         _ => None,
     };
-    if let Some(r) = spec.reward_spec(absolute_base.as_deref()) {
-        std::fs::create_dir_all(&a.out)?;
+    if let Some(r) = spec.reward_spec(relative_base.as_deref()) {
         r.save(&a.out)?;
     }
     let cfg = TrainConfig {
@@ -255,4 +260,16 @@ pub fn run(a: Args) -> Result<()> {
         a.out.display()
     );
     Ok(())
+}
+
+/// The path of `to` relative to the folder `from` (both absolute): `../policy` for siblings.
+fn relative_path(from: &std::path::Path, to: &std::path::Path) -> PathBuf {
+    let (f, t): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let shared = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut rel: PathBuf = std::iter::repeat_n(std::path::Component::ParentDir, f.len() - shared).collect();
+    rel.extend(&t[shared..]);
+    if rel.as_os_str().is_empty() {
+        rel.push(".");
+    }
+    rel
 }
