@@ -23,7 +23,6 @@ use crate::transformer::KvCache;
 use anyhow::{ensure, Context, Result};
 use candle_core::{Tensor, D};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use stepwise_core::seams::{ScoreInput, Scored, StepScorer};
 
@@ -34,7 +33,6 @@ pub const DEFAULT_CAPACITY: usize = 512 << 20;
 pub struct IncrementalScorer<'a> {
     scorer: PrmScorer<'a>,
     store: Mutex<Store>,
-    whole: AtomicUsize,
 }
 
 /// One remembered sequence.
@@ -160,14 +158,7 @@ impl<'a> IncrementalScorer<'a> {
                 capacity: bytes,
                 ..Default::default()
             }),
-            whole: AtomicUsize::new(0),
         }
-    }
-
-    /// Tokens that scoring every input from scratch would have encoded so far (to compare with
-    /// the `tokens` the scores report).
-    pub fn whole_tokens(&self) -> usize {
-        self.whole.load(Ordering::Relaxed)
     }
 
     /// The models that read each input: the verifier, then its reference model if it has one.
@@ -179,16 +170,6 @@ impl<'a> IncrementalScorer<'a> {
             }
         }
         m
-    }
-
-    /// Forget every remembered sequence (e.g. between problems, to free memory early).
-    pub fn clear(&self) {
-        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        let capacity = store.capacity;
-        *store = Store {
-            capacity,
-            ..Default::default()
-        };
     }
 
     /// Encode `ids[start..]` of the `members` (which share `kv`, the caches of their first
@@ -400,8 +381,6 @@ impl StepScorer for IncrementalScorer<'_> {
             .iter()
             .map(|s| self.scorer.encode(s.question, &s.steps))
             .collect::<Result<Vec<_>>>()?;
-        self.whole
-            .fetch_add(enc.iter().map(|e| e.ids.len()).sum(), Ordering::Relaxed);
         let problems: Vec<&str> = batch.iter().map(|s| s.problem_id).collect();
         let warm = self.encode_shared_prefix(&problems, &enc)?;
         let (scores, tokens) = self.score_encoded(&problems, &enc)?;

@@ -67,17 +67,6 @@ pub struct Compute {
     pub seconds: f64,
 }
 
-impl std::ops::AddAssign for Compute {
-    fn add_assign(&mut self, o: Compute) {
-        self.generated_tokens += o.generated_tokens;
-        self.encoded_tokens += o.encoded_tokens;
-        self.policy_calls += o.policy_calls;
-        self.scorer_calls += o.scorer_calls;
-        self.rejected_steps += o.rejected_steps;
-        self.seconds += o.seconds;
-    }
-}
-
 /// A partial (or finished) solution in a search.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Partial {

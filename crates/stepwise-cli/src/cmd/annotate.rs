@@ -47,13 +47,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    if a.output.extension().is_some_and(|e| e != "jsonl") {
-        bail!(
-            "{}: --output must be a .jsonl file (it is appended to and resumed)",
-            a.output.display()
-        );
-    }
+    super::resumable_output(&a.input, &a.output)?;
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     if let Some((i, s)) = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none()) {
         bail!(

@@ -27,6 +27,19 @@ pub struct SamplingArgs {
     pub separator: String,
 }
 
+/// Check a resumable output before a run: not the input, and JSONL (it is appended to and
+/// resumed).
+pub fn resumable_output(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
+    stepwise_core::io::refuse_same_file(input, output)?;
+    if output.extension().is_some_and(|e| e != "jsonl") {
+        anyhow::bail!(
+            "{}: --output must be a .jsonl file (it is appended to and resumed)",
+            output.display()
+        );
+    }
+    Ok(())
+}
+
 /// Verifier `name`'s step scores of record `i` (0-based) of `path`.
 pub fn step_scores(
     s: &stepwise_core::Solution,

@@ -101,13 +101,7 @@ fn prompt_layout(name: &str) -> Result<Prompt> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    if a.output.extension().is_some_and(|e| e != "jsonl") {
-        bail!(
-            "{}: --output must be a .jsonl file (it is appended to and resumed)",
-            a.output.display()
-        );
-    }
+    super::resumable_output(&a.input, &a.output)?;
     let search = method(&a.method)?;
     let threshold = match (a.threshold, a.method.as_str()) {
         (Some(t), _) => t,
