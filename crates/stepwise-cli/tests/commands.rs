@@ -159,12 +159,18 @@ fn train_prm_folders_are_scored_by_score() {
     write_jsonl(&data, &rows);
     // The likelihood head is the log-ratio head against a constant reference: no model is kept.
     let likelihood = ["--reference-logprob", "-0.5"];
+    // A classifier trained with its own separator is scored with it (read from reward.json).
+    let tagged = ["--separator", " ки"];
     for (head, extra) in [
-        ("classifier", &[][..]),
+        ("classifier", &tagged[..]),
         ("log-ratio", &[][..]),
         ("log-ratio", &likelihood[..]),
     ] {
-        let name = if extra.is_empty() { head } else { "likelihood" };
+        let name = if head == "log-ratio" && !extra.is_empty() {
+            "likelihood"
+        } else {
+            head
+        };
         let out = d.join(name);
         let args = [
             "train-prm",
@@ -184,9 +190,10 @@ fn train_prm_folders_are_scored_by_score() {
             out.to_str().unwrap(),
         ];
         stepwise(&[&args[..], &rest[..], extra].concat());
-        assert_eq!(out.join("reward.json").exists(), head == "log-ratio", "{name}");
-        if head == "log-ratio" {
-            let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("reward.json")).unwrap()).unwrap();
+        let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("reward.json")).unwrap()).unwrap();
+        if head == "classifier" {
+            assert_eq!(spec, json!({"kind": "step_classifier", "separator": " ки"}));
+        } else {
             if name == "likelihood" {
                 assert_eq!(spec["reference_logprob"], json!(-0.5));
                 assert!(spec.get("reference").is_none(), "{spec}");
@@ -216,6 +223,174 @@ fn train_prm_folders_are_scored_by_score() {
             scores.iter().any(|x| (x - 0.5).abs() > 1e-3),
             "{name}: training moved nothing"
         );
+        if head == "classifier" {
+            // The same folder told to read steps ending in "\n" scores differently: the
+            // separator it was trained with is the one used.
+            std::fs::write(
+                out.join("reward.json"),
+                json!({"kind": "step_classifier", "separator": "\n"}).to_string(),
+            )
+            .unwrap();
+            let other = d.join("newline.jsonl");
+            stepwise(&[
+                "score",
+                "--model",
+                out.to_str().unwrap(),
+                "--input",
+                data.to_str().unwrap(),
+                "--output",
+                other.to_str().unwrap(),
+            ]);
+            let newline = common::step_scores(&std::fs::read_to_string(&other).unwrap(), "prm");
+            assert_ne!(newline, scores, "the separator in reward.json was not used");
+        }
+    }
+}
+
+/// The tensors of a safetensors file: name → dtype, and its metadata.
+fn safetensors_header(path: &Path) -> (std::collections::BTreeMap<String, String>, Value) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut tensors = std::collections::BTreeMap::new();
+    for (name, t) in header.as_object().unwrap() {
+        if name != "__metadata__" {
+            tensors.insert(name.clone(), t["dtype"].as_str().unwrap().to_string());
+        }
+    }
+    (tensors, header["__metadata__"].clone())
+}
+
+/// A verifier fine-tuned from Qwen2.5-Math-PRM's layout (a bf16 checkpoint with its own
+/// two-layer head): the old head's tensors are gone, the new head is there, every tensor is
+/// bf16 like the base, and `score` reads the folder back.
+#[test]
+fn train_prm_from_a_bf16_prm_drops_its_head_and_stays_bf16() {
+    let d = tmp("from-prm");
+    let data = d.join("labeled.jsonl");
+    let rows: Vec<Value> = (0..8)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "question": format!("q{i}"), "correct": i % 2 == 0,
+                        "steps": [step("a", 0.0, true), step("b", 0.0, i % 2 == 0)]})
+        })
+        .collect();
+    write_jsonl(&data, &rows);
+    let base = fixture("qwen2-prm");
+    let (base_tensors, _) = safetensors_header(&Path::new(&base).join("model.safetensors"));
+    assert!(base_tensors.contains_key("score.0.weight"));
+    for (head, new_head) in [("classifier", "score.weight"), ("value", "score.weight")] {
+        let out = d.join(head);
+        stepwise(&[
+            "train-prm",
+            "--data",
+            data.to_str().unwrap(),
+            "--base",
+            &base,
+            "--head",
+            head,
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let (tensors, metadata) = safetensors_header(&out.join("model.safetensors"));
+        assert_eq!(metadata, json!({"format": "pt"}));
+        assert!(tensors.contains_key(new_head), "{head}: {tensors:?}");
+        assert!(
+            !tensors
+                .keys()
+                .any(|k| k.starts_with("score.0") || k.starts_with("score.2") || k == "lm_head.weight"),
+            "{head}: the old head was kept: {tensors:?}"
+        );
+        let decoder: Vec<_> = base_tensors.keys().filter(|k| k.starts_with("model.")).collect();
+        assert!(
+            decoder.iter().all(|k| tensors.contains_key(*k)),
+            "{head}: decoder tensors lost"
+        );
+        assert!(tensors.values().all(|t| t == "BF16"), "{head}: {tensors:?}");
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["torch_dtype"], json!("bfloat16"));
+        let scored = d.join(format!("{head}.jsonl"));
+        stepwise(&[
+            "score",
+            "--model",
+            out.to_str().unwrap(),
+            "--input",
+            data.to_str().unwrap(),
+            "--output",
+            scored.to_str().unwrap(),
+        ]);
+        assert_eq!(
+            common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm").len(),
+            16
+        );
+    }
+}
+
+/// `--model ORG/NAME` is found offline in a Hugging Face cache laid out as the hub client
+/// writes it (blobs, snapshots of symlinks, refs), by branch or by commit, and scores exactly as
+/// the folder does; a missing model or revision is a clear usage error.
+#[test]
+fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
+    let d = tmp("hf-cache");
+    let cache = d.join("hub");
+    let repo = cache.join("models--test-org--tiny-prm");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let folder = PathBuf::from(fixture("qwen2-tokcls"));
+    for (i, entry) in std::fs::read_dir(&folder).unwrap().enumerate() {
+        let entry = entry.unwrap();
+        let blob = format!("blob{i}");
+        std::fs::copy(entry.path(), repo.join("blobs").join(&blob)).unwrap();
+        std::os::unix::fs::symlink(Path::new("../../blobs").join(&blob), snapshot.join(entry.file_name())).unwrap();
+    }
+    let input = d.join("in.jsonl");
+    write_jsonl(
+        &input,
+        &[json!({"id": "a", "question": "2 + 3", "steps": [{"text": "2 + 3 = 5"}, {"text": "The answer is 5"}]})],
+    );
+    let score = |model: &str, out: &str| {
+        Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args([
+                "score",
+                "--model",
+                model,
+                "--input",
+                input.to_str().unwrap(),
+                "--output",
+            ])
+            .arg(d.join(out))
+            .env("HF_HUB_CACHE", &cache)
+            .output()
+            .unwrap()
+    };
+    let by_folder = score(folder.to_str().unwrap(), "folder.jsonl");
+    assert!(by_folder.status.success());
+    let want = std::fs::read_to_string(d.join("folder.jsonl")).unwrap();
+    for id in [
+        "test-org/tiny-prm",
+        &format!("test-org/tiny-prm@{commit}"),
+        "test-org/tiny-prm@main",
+    ] {
+        let out = score(id, "id.jsonl");
+        assert!(out.status.success(), "{id}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read_to_string(d.join("id.jsonl")).unwrap(), want, "{id}");
+    }
+    for (id, says) in [
+        ("test-org/other", "models--test-org--other"),
+        ("test-org/tiny-prm@v9", "revision `v9`"),
+    ] {
+        let out = score(id, "never.jsonl");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{id}: {err}");
+        assert!(err.contains(says), "{id}: {err}");
+        assert!(!d.join("never.jsonl").exists());
     }
 }
 

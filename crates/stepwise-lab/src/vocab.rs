@@ -1,5 +1,6 @@
 //! The lab's tokenizer: word level with one token per whole number (0 to [`MAX_NUMBER`]), built in
-//! code and saved as a Hugging Face `tokenizer.json` next to every checkpoint the lab trains.
+//! code and saved as a Hugging Face `tokenizer.json` and `tokenizer_config.json` next to every
+//! checkpoint the lab trains ([`save`]).
 //!
 //! Whole-number tokens make each equation one lookup for the model (`36 - 13 =` → `23`), as
 //! single digits were for multiplication. With one token per digit, a 64-wide two-layer policy got
@@ -8,7 +9,7 @@
 //! policies mostly fail on steps they could verify (see the README's lab section).
 
 use crate::task::generate;
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 use rand::SeedableRng;
 use std::collections::BTreeSet;
 use stepwise_model::Tokenizer;
@@ -17,6 +18,10 @@ use stepwise_model::Tokenizer;
 pub const SEP: &str = "|";
 /// End of a solution.
 pub const EOS: &str = "<eos>";
+/// Padding.
+pub const PAD: &str = "<pad>";
+/// Any word outside the vocabulary.
+pub const UNK: &str = "<unk>";
 /// The largest number with its own token (larger ones are unknown to the lab's models; no
 /// problem, reference or slip comes near it).
 pub const MAX_NUMBER: usize = 299;
@@ -37,7 +42,7 @@ pub fn tokenizer_json() -> String {
             }
         }
     }
-    let mut vocab = vec!["<pad>".to_string(), "<unk>".into(), EOS.into(), SEP.into()];
+    let mut vocab = vec![PAD.to_string(), UNK.into(), EOS.into(), SEP.into()];
     vocab.extend((0..=MAX_NUMBER).map(|d| d.to_string()));
     vocab.extend(
         ["+", "-", "*", "%", "=", ">", "<", "first", "second"]
@@ -49,7 +54,36 @@ pub fn tokenizer_json() -> String {
             vocab.push(w);
         }
     }
-    Tokenizer::word_level_json(&vocab, "<unk>")
+    Tokenizer::word_level_json(&vocab, UNK)
+}
+
+/// The `tokenizer_config.json` of the lab tokenizer. There is no slow tokenizer class for it, so
+/// it names `PreTrainedTokenizerFast`: `AutoTokenizer` then reads `tokenizer.json` as it is
+/// (a class guessed from `config.json`'s `model_type` would add special tokens of its own and
+/// shift the ids), with the lab's special tokens.
+pub fn tokenizer_config_json() -> String {
+    serde_json::to_string_pretty(&serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": UNK,
+        "bos_token": null,
+        "model_max_length": 2048,
+        "clean_up_tokenization_spaces": false,
+    }))
+    .expect("a JSON value serializes")
+}
+
+/// Write the lab tokenizer into a checkpoint folder, so the folder loads in stepwise and in
+/// transformers with the lab's ids and special tokens.
+pub fn save(dir: &std::path::Path) -> Result<()> {
+    for (name, text) in [
+        ("tokenizer.json", tokenizer_json()),
+        ("tokenizer_config.json", tokenizer_config_json()),
+    ] {
+        std::fs::write(dir.join(name), text).with_context(|| format!("writing {}", dir.join(name).display()))?;
+    }
+    Ok(())
 }
 
 /// The lab tokenizer.
@@ -68,5 +102,29 @@ mod tests {
         assert!(!ids.contains(&1), "no unknown tokens");
         assert_eq!(ids.len(), 10, "one token per number");
         assert_eq!(t.decode(&ids).unwrap(), "Ann has 12 boxes | 12 * 3 = 36");
+    }
+
+    /// A saved folder reads back with the same ids and the lab's end-of-sequence token.
+    #[test]
+    fn a_saved_folder_reads_back_the_same() {
+        let dir = std::env::temp_dir().join(format!("stepwise-lab-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        save(&dir).unwrap();
+        let (saved, built) = (Tokenizer::from_dir(&dir).unwrap(), tokenizer().unwrap());
+        let text = "Ann has 12 boxes | 12 * 3 = 36 | unknownword <eos>";
+        assert_eq!(saved.encode(text, true).unwrap(), built.encode(text, true).unwrap());
+        assert_eq!(saved.eos_id(), built.eos_id());
+        assert!(saved.eos_id().is_some());
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+        assert_eq!(config["tokenizer_class"], "PreTrainedTokenizerFast");
+        for key in ["eos_token", "pad_token", "unk_token"] {
+            let token = config[key].as_str().unwrap();
+            assert!(
+                built.token_id(token).is_some(),
+                "{key} `{token}` is not in the vocabulary"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,6 +3,7 @@
 //! transformers 5 writes (`rope_parameters`, `"sliding_window": null`).
 
 use anyhow::{bail, Context, Result};
+use candle_core::DType;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -34,8 +35,8 @@ pub enum HeadKind {
     SequenceClassification,
 }
 
-/// The model hyper-parameters stepwise needs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The model hyper-parameters stepwise needs (read from and written as `config.json`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     /// Decoder family.
     pub family: Family,
@@ -73,6 +74,18 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Padding token id (transformers' sequence classifiers find the last real token with it).
     pub pad_token_id: Option<u32>,
+    /// The dtype the weights are stored in (`torch_dtype`, or `dtype` as transformers 5 writes
+    /// it): computed in f32, written back in it, so a bf16 model stays bf16 on disk.
+    pub dtype: DType,
+}
+
+/// The name transformers gives a dtype in `config.json`.
+fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    }
 }
 
 fn get_usize(v: &Value, k: &str) -> Result<usize> {
@@ -144,7 +157,18 @@ impl ModelConfig {
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
             _ => Vec::new(),
         };
+        let dtype = match v.get("torch_dtype").or_else(|| v.get("dtype")) {
+            None | Some(Value::Null) => DType::F32,
+            Some(Value::String(name)) => match name.as_str() {
+                "float32" | "auto" => DType::F32,
+                "bfloat16" => DType::BF16,
+                "float16" => DType::F16,
+                other => bail!("field `torch_dtype`: `{other}` (stepwise reads float32, bfloat16 and float16 weights)"),
+            },
+            Some(other) => bail!("field `torch_dtype`: {other} is not a dtype name such as \"bfloat16\""),
+        };
         let config = ModelConfig {
+            dtype,
             family,
             head,
             architecture,
@@ -264,6 +288,7 @@ impl ModelConfig {
             num_labels: 2,
             eos_token_ids: Vec::new(),
             pad_token_id: Some(0),
+            dtype: DType::F32,
         }
         .with_head(head)
     }
@@ -323,7 +348,8 @@ impl ModelConfig {
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
-            "torch_dtype": "float32",
+            "torch_dtype": dtype_name(self.dtype),
+            "dtype": dtype_name(self.dtype),
             "use_sliding_window": false,
             "sliding_window": null,
         });

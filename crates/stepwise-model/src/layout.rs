@@ -8,6 +8,8 @@ use crate::model::Model;
 use crate::tokenizer::{Message, Tokenizer};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 
 /// A problem and its steps as token ids.
 pub struct EncodedSteps {
@@ -80,6 +82,124 @@ pub enum PrmLayout {
         /// Span scoring.
         log_ratio: LogRatio,
     },
+}
+
+/// The file in a verifier folder that says how its step rewards are read: written by
+/// `stepwise train-prm` and the lab, read by [`crate::scoring::LoadedVerifier`], so a verifier
+/// is scored with the layout and separator it was trained with.
+pub const REWARD_FILE: &str = "reward.json";
+
+/// What [`REWARD_FILE`] holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RewardSpec {
+    /// [`RewardSpec::STEP_CLASSIFIER`] or [`RewardSpec::LOG_LIKELIHOOD_RATIO`].
+    pub kind: String,
+    /// A log-ratio verifier's reference model folder, relative to the verifier's folder; absent
+    /// when the reference is a constant (`reference_logprob`) and for classifiers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<PathBuf>,
+    /// The separator after each step (and, for a log-ratio verifier, after the problem).
+    pub separator: String,
+    /// Span scoring of a log-ratio verifier.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub log_ratio: Option<LogRatio>,
+}
+
+impl RewardSpec {
+    /// A classifier or value head read at the last token of each step and its separator
+    /// ([`PrmLayout::TokenClassifier`]).
+    pub const STEP_CLASSIFIER: &'static str = "step_classifier";
+    /// A causal LM read by its log-likelihood ratio ([`PrmLayout::LogRatio`]).
+    pub const LOG_LIKELIHOOD_RATIO: &'static str = "log_likelihood_ratio";
+
+    /// A classifier (or value head) whose steps each end with `separator`.
+    pub fn step_classifier(separator: &str) -> Self {
+        RewardSpec {
+            kind: Self::STEP_CLASSIFIER.into(),
+            reference: None,
+            separator: separator.into(),
+            log_ratio: None,
+        }
+    }
+
+    /// A log-ratio verifier whose reference model lives in `reference` (relative to the
+    /// verifier), or, with `None`, whose reference is `log_ratio.reference_logprob`.
+    pub fn log_ratio(reference: Option<PathBuf>, separator: &str, log_ratio: LogRatio) -> Self {
+        RewardSpec {
+            kind: Self::LOG_LIKELIHOOD_RATIO.into(),
+            reference,
+            separator: separator.into(),
+            log_ratio: Some(log_ratio),
+        }
+    }
+
+    /// The scoring layout it describes.
+    pub fn layout(&self) -> PrmLayout {
+        match self.log_ratio {
+            Some(log_ratio) => PrmLayout::LogRatio {
+                separator: self.separator.clone(),
+                log_ratio,
+            },
+            None => PrmLayout::TokenClassifier {
+                separator: self.separator.clone(),
+            },
+        }
+    }
+
+    /// Write it into the verifier folder `dir`.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::write(dir.join(REWARD_FILE), serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("writing {}", dir.join(REWARD_FILE).display()))
+    }
+
+    /// Read the spec of the verifier folder `dir`, if it has one; a spec that cannot be right is
+    /// an error naming the field.
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join(REWARD_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let spec: RewardSpec = serde_json::from_str(&text).with_context(|| format!("{}: invalid", path.display()))?;
+        let at = path.display();
+        match spec.kind.as_str() {
+            Self::STEP_CLASSIFIER => {
+                if spec.reference.is_some() || spec.log_ratio.is_some() {
+                    bail!("{at}: fields `reference`, `beta`, `cumulative`: a step classifier has no reference or β");
+                }
+            }
+            Self::LOG_LIKELIHOOD_RATIO => {
+                let Some(lr) = spec.log_ratio else {
+                    bail!("{at}: fields `beta` and `cumulative`: missing (a log-likelihood-ratio verifier needs both)");
+                };
+                match (&spec.reference, lr.reference_logprob) {
+                    (Some(_), Some(_)) => {
+                        bail!("{at}: fields `reference` and `reference_logprob`: give one reference, not both")
+                    }
+                    (None, None) => {
+                        bail!("{at}: field `reference`: missing (a reference model's folder, or `reference_logprob`)")
+                    }
+                    _ => {}
+                }
+                lr.check_reference().with_context(|| at.to_string())?;
+            }
+            other => bail!(
+                "{at}: field `kind`: unknown reward kind `{other}` (use {} or {})",
+                Self::STEP_CLASSIFIER,
+                Self::LOG_LIKELIHOOD_RATIO
+            ),
+        }
+        if spec.separator.is_empty() {
+            bail!("{at}: field `separator`: empty (steps could not be told apart)");
+        }
+        Ok(Some(spec))
+    }
+
+    /// The reference model's folder, resolved against the verifier folder `dir` (`None` for a
+    /// constant reference or a classifier).
+    pub fn reference_dir(&self, dir: &Path) -> Option<PathBuf> {
+        self.reference.as_ref().map(|r| dir.join(r))
+    }
 }
 
 /// Qwen2.5-Math-PRM's system prompt.

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod generate;
+pub mod hub;
 pub mod incremental;
 pub mod kernels;
 pub mod layout;

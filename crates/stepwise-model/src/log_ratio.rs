@@ -17,16 +17,13 @@
 //! verifier's and the reference's tiny probabilities of it moved apart (see the README's lab
 //! section).
 //!
-//! A folder holding such a verifier carries [`REWARD_FILE`] naming its reference and `β`.
+//! A folder holding such a verifier carries a `reward.json` ([`crate::layout::RewardSpec`])
+//! naming its reference and `β`.
 
 use crate::model::Model;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
-
-/// The file in a verifier folder that makes it a log-likelihood-ratio verifier.
-pub const REWARD_FILE: &str = "reward.json";
 
 /// How span log-odds are formed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -63,83 +60,6 @@ impl LogRatio {
                 None => bail!("the log-ratio objective needs the reference log-probabilities of every token"),
             },
         }
-    }
-}
-
-/// What [`REWARD_FILE`] holds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RewardSpec {
-    /// Always `log_likelihood_ratio`.
-    pub kind: String,
-    /// The reference model's folder, relative to the verifier's folder; absent when the
-    /// reference is a constant (`reference_logprob`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reference: Option<PathBuf>,
-    /// The separator after the problem and after each step.
-    pub separator: String,
-    /// Span scoring.
-    #[serde(flatten)]
-    pub log_ratio: LogRatio,
-}
-
-impl RewardSpec {
-    /// A spec for a verifier whose reference model lives in `reference` (relative to the
-    /// verifier), or, with `None`, whose reference is `log_ratio.reference_logprob`.
-    pub fn new(reference: Option<PathBuf>, separator: &str, log_ratio: LogRatio) -> Self {
-        RewardSpec {
-            kind: "log_likelihood_ratio".into(),
-            reference,
-            separator: separator.into(),
-            log_ratio,
-        }
-    }
-
-    /// The scoring layout it describes.
-    pub fn layout(&self) -> crate::layout::PrmLayout {
-        crate::layout::PrmLayout::LogRatio {
-            separator: self.separator.clone(),
-            log_ratio: self.log_ratio,
-        }
-    }
-
-    /// Write it into the verifier folder `dir`.
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::write(dir.join(REWARD_FILE), serde_json::to_string_pretty(self)?)
-            .with_context(|| format!("writing {}", dir.join(REWARD_FILE).display()))
-    }
-
-    /// Read the spec of the verifier folder `dir`, if it has one.
-    pub fn load(dir: &Path) -> Result<Option<Self>> {
-        let path = dir.join(REWARD_FILE);
-        if !path.exists() {
-            return Ok(None);
-        }
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let spec: RewardSpec = serde_json::from_str(&text).with_context(|| format!("{}: invalid", path.display()))?;
-        if spec.kind != "log_likelihood_ratio" {
-            bail!("{}: field `kind`: unknown reward kind `{}`", path.display(), spec.kind);
-        }
-        match (&spec.reference, spec.log_ratio.reference_logprob) {
-            (Some(_), Some(_)) => bail!(
-                "{}: fields `reference` and `reference_logprob`: give one reference, not both",
-                path.display()
-            ),
-            (None, None) => bail!(
-                "{}: field `reference`: missing (a reference model's folder, or `reference_logprob`)",
-                path.display()
-            ),
-            _ => {}
-        }
-        spec.log_ratio
-            .check_reference()
-            .with_context(|| path.display().to_string())?;
-        Ok(Some(spec))
-    }
-
-    /// The reference model's folder, resolved against the verifier folder `dir` (`None` for a
-    /// constant reference).
-    pub fn reference_dir(&self, dir: &Path) -> Option<PathBuf> {
-        self.reference.as_ref().map(|r| dir.join(r))
     }
 }
 

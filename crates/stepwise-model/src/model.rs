@@ -91,7 +91,12 @@ impl Model {
         seed: u64,
     ) -> Result<Self> {
         let files = weight_files(dir)?;
-        let tensors = load_tensors(&files, device)?;
+        let mut tensors = load_tensors(&files, device)?;
+        // Only what this model uses becomes a variable: another head's weights (a PRM's own
+        // head under a new one, a causal LM's output layer under a classifier) are left out of
+        // training and of the checkpoint, and the new head starts fresh.
+        let wanted: HashMap<String, Vec<usize>> = expected_tensors(&config).into_iter().collect();
+        tensors.retain(|name, t| name.starts_with("model.") || wanted.get(name).is_some_and(|s| s == t.dims()));
         let loaded: std::collections::HashSet<String> = tensors.keys().cloned().collect();
         {
             let mut data = varmap.data().lock().unwrap();
@@ -258,8 +263,8 @@ fn load_tensors(files: &[PathBuf], device: &Device) -> Result<HashMap<String, Te
     Ok(all)
 }
 
-/// Name every missing or mis-shaped tensor before candle would fail on the first one.
-fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBuf]) -> Result<()> {
+/// Every tensor a model of `cfg` reads, with its shape.
+fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
     let mut want: Vec<(String, Vec<usize>)> = vec![
         ("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h]),
@@ -298,6 +303,12 @@ fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBu
         }
         HeadKind::CausalLm => {}
     }
+    want
+}
+
+/// Name every missing or mis-shaped tensor before candle would fail on the first one.
+fn check_tensors(cfg: &ModelConfig, t: &HashMap<String, Tensor>, files: &[PathBuf]) -> Result<()> {
+    let want = expected_tensors(cfg);
     let names = files
         .iter()
         .map(|f| f.display().to_string())
@@ -337,22 +348,72 @@ pub fn load_into(varmap: &VarMap, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Write the model as a Hugging Face folder: `config.json` + `model.safetensors` (f32).
+/// Write the model as a Hugging Face folder: `config.json` + `model.safetensors`, the weights in
+/// the config's dtype (a model fine-tuned from a bf16 checkpoint is written in bf16, as
+/// transformers would).
 pub fn save_checkpoint(dir: &Path, config: &ModelConfig, varmap: &VarMap) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(
         dir.join("config.json"),
         serde_json::to_string_pretty(&config.to_hf_json())?,
     )?;
-    let data = varmap.data().lock().unwrap();
-    let mut tensors: HashMap<String, Tensor> = data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
-    if config.tie_word_embeddings {
-        tensors.remove("lm_head.weight");
-    }
+    let tensors = varmap_tensors(config, varmap, config.dtype)?;
     // Write to a temporary name, then rename: an interrupted save never leaves a torn file.
-    let tmp = dir.join("model.safetensors.tmp");
-    write_safetensors(&tensors, &tmp)?;
-    std::fs::rename(&tmp, dir.join("model.safetensors"))?;
+    write_safetensors_atomically(&tensors, &dir.join("model.safetensors"))
+}
+
+/// The f32 weights a training run resumes from when the checkpoint itself is stored in a
+/// narrower dtype (resuming from rounded weights would not continue the same run).
+pub const TRAINING_WEIGHTS: &str = "training_weights.safetensors";
+
+/// [`save_checkpoint`], plus the exact f32 weights ([`TRAINING_WEIGHTS`]) when the checkpoint
+/// is stored in another dtype: what the trainers write at each checkpoint.
+pub fn save_training_checkpoint(dir: &Path, config: &ModelConfig, varmap: &VarMap) -> Result<()> {
+    save_checkpoint(dir, config, varmap)?;
+    let exact = dir.join(TRAINING_WEIGHTS);
+    if config.dtype == DType::F32 {
+        if exact.exists() {
+            std::fs::remove_file(&exact)?;
+        }
+        return Ok(());
+    }
+    write_safetensors_atomically(&varmap_tensors(config, varmap, DType::F32)?, &exact)
+}
+
+/// Set `varmap` from the checkpoint in `dir` that [`save_training_checkpoint`] wrote: its
+/// exact f32 weights when it has them, else `model.safetensors`.
+pub fn load_training_checkpoint(varmap: &VarMap, dir: &Path) -> Result<()> {
+    let exact = dir.join(TRAINING_WEIGHTS);
+    load_into(
+        varmap,
+        &if exact.exists() {
+            exact
+        } else {
+            dir.join("model.safetensors")
+        },
+    )
+}
+
+/// The checkpoint's tensors from `varmap` in `dtype` (a tied output layer left out).
+fn varmap_tensors(config: &ModelConfig, varmap: &VarMap, dtype: DType) -> Result<HashMap<String, Tensor>> {
+    let data = varmap.data().lock().unwrap();
+    let mut tensors = HashMap::with_capacity(data.len());
+    for (name, var) in data.iter() {
+        if config.tie_word_embeddings && name == "lm_head.weight" {
+            continue;
+        }
+        tensors.insert(name.clone(), var.as_tensor().to_dtype(dtype)?);
+    }
+    Ok(tensors)
+}
+
+/// [`write_safetensors`] under a temporary name, renamed into place when complete.
+fn write_safetensors_atomically(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    write_safetensors(tensors, &tmp)?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! Scoring every step of a solution in one forward pass, for every PRM layout
 //! ([`crate::layout::PrmLayout`]): a local checkpoint as a [`stepwise_core::StepScorer`].
 
+use crate::config::HeadKind;
 use crate::layout::{Encoded, PrmLayout};
 use crate::log_ratio::{span_sums, spans, token_logprobs, LogRatio};
 use crate::model::{pad_batch, Model};
@@ -148,31 +149,39 @@ impl LoadedVerifier {
     /// Load the verifier in `dir`. `layout` is `auto` (from `reward.json`, else from the head and
     /// tokenizer), `qwen-prm`, `step-tag`, `token-cls` or `log-ratio`.
     pub fn load(dir: &std::path::Path, layout: &str, device: &candle_core::Device) -> Result<Self> {
-        use crate::log_ratio::{RewardSpec, REWARD_FILE};
+        use crate::layout::{RewardSpec, REWARD_FILE};
         let model = Model::load(dir, device)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
+        // The folder's reward.json says how it was trained to read steps (layout, separator).
+        let spec = RewardSpec::load(dir)?;
+        let file = || dir.join(REWARD_FILE).display().to_string();
+        if let Some(s) = &spec {
+            let causal = model.config.head == HeadKind::CausalLm;
+            if causal != (s.kind == RewardSpec::LOG_LIKELIHOOD_RATIO) {
+                bail!(
+                    "{}: field `kind`: `{}` does not fit the model's {:?} head",
+                    file(),
+                    s.kind,
+                    model.config.head
+                );
+            }
+        }
+        let layout = match (layout, &spec) {
+            ("auto", Some(s)) => s.layout(),
+            ("auto", None) => PrmLayout::detect(&model, &tokenizer)?,
+            ("log-ratio", Some(s)) if s.log_ratio.is_some() => s.layout(),
+            ("log-ratio", _) => bail!("layout log-ratio: {} has no {REWARD_FILE} of that kind", dir.display()),
+            // A classifier's own separator, not the layout's default.
+            ("token-cls", Some(s)) if s.log_ratio.is_none() => s.layout(),
+            (other, _) => PrmLayout::by_name(other)?,
+        };
         // A log-ratio verifier names its reference model (unless its reference is a constant);
         // it is scored against it.
-        let spec = RewardSpec::load(dir)?;
         let reference = match spec.as_ref().and_then(|s| s.reference_dir(dir)) {
-            Some(r) => Some(Model::load(&r, device).with_context(|| {
-                format!(
-                    "loading the reference model named in {}",
-                    dir.join(REWARD_FILE).display()
-                )
-            })?),
-            None => None,
-        };
-        let layout = match layout {
-            "auto" => match &spec {
-                Some(s) => s.layout(),
-                None => PrmLayout::detect(&model, &tokenizer)?,
-            },
-            "log-ratio" => spec
-                .as_ref()
-                .map(RewardSpec::layout)
-                .with_context(|| format!("layout log-ratio: {} has no {REWARD_FILE}", dir.display()))?,
-            other => PrmLayout::by_name(other)?,
+            Some(r) if matches!(layout, PrmLayout::LogRatio { .. }) => Some(
+                Model::load(&r, device).with_context(|| format!("loading the reference model named in {}", file()))?,
+            ),
+            _ => None,
         };
         Ok(LoadedVerifier {
             model,

@@ -10,7 +10,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::PathBuf;
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
-use stepwise_model::log_ratio::{token_logprobs, LogRatio, RewardSpec};
+use stepwise_model::layout::RewardSpec;
+use stepwise_model::log_ratio::{token_logprobs, LogRatio};
 use stepwise_model::model::pad_batch;
 use stepwise_model::train::examples::attach_reference;
 use stepwise_model::train::examples::{label_examples, LabelOptions};
@@ -273,10 +274,10 @@ fn fine_tune_and_round_trip(
 
     // The folder names its reference; loading it back scores identically.
     let reference_dir = lr.reference_logprob.is_none().then(|| PathBuf::from("../policy"));
-    RewardSpec::new(reference_dir, SEP, lr).save(prm_dir).unwrap();
+    RewardSpec::log_ratio(reference_dir, SEP, lr).save(prm_dir).unwrap();
     std::fs::copy(tokenizer_dir().join("tokenizer.json"), prm_dir.join("tokenizer.json")).unwrap();
     let spec = RewardSpec::load(prm_dir).unwrap().expect("reward.json");
-    assert_eq!(spec.log_ratio, lr);
+    assert_eq!(spec.log_ratio, Some(lr));
     let loaded = Model::load(prm_dir, &Device::Cpu).unwrap();
     let loaded_ref = spec
         .reference_dir(prm_dir)
@@ -321,6 +322,11 @@ fn a_folder_with_a_bad_reward_file_is_a_clear_error() {
         (
             r#"{"kind": "log_likelihood_ratio", "reference_logprob": 2.0, "separator": "|", "beta": 1.0, "cumulative": false}"#,
             "reference_logprob",
+        ),
+        (r#"{"kind": "step_classifier", "separator": ""}"#, "separator"),
+        (
+            r#"{"kind": "step_classifier", "separator": "|", "reference": "x"}"#,
+            "a step classifier has no reference",
         ),
     ] {
         std::fs::write(dir.join("reward.json"), body).unwrap();

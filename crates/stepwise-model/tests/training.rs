@@ -3,7 +3,7 @@
 //! accuracy; its checkpoint loads back (as transformers would) and scores identically; an
 //! interrupted run resumes to the same weights.
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -181,11 +181,13 @@ fn tokenizer_dir() -> PathBuf {
     common::fixtures().join("qwen2-tokcls")
 }
 
+/// Also for a model stored in bf16: its checkpoint is bf16, and the run resumes from the exact
+/// f32 weights kept beside it, not from the rounded ones.
 #[test]
 fn interrupted_training_resumes_to_the_same_weights() {
     let tok = tokenizer();
     let ex = label_examples(&tok, &solutions(64, 4), &LabelOptions::default()).unwrap();
-    let run = |steps_first: Option<usize>, dir: &PathBuf| -> Vec<f32> {
+    let run = |steps_first: Option<usize>, dir: &PathBuf, dtype: DType| -> Vec<f32> {
         let _ = std::fs::remove_dir_all(dir);
         let cfg = TrainConfig {
             steps: 20,
@@ -199,14 +201,9 @@ fn interrupted_training_resumes_to_the_same_weights() {
             // First process: stops after k steps (as if killed after its last checkpoint).
             let varmap = VarMap::new();
             let mut m = tiny_prm(&tok, &varmap);
-            let c = TrainConfig {
-                steps: 20,
-                ..cfg.clone()
-            };
-            let mut calls = 0;
+            m.config.dtype = dtype;
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                train(&mut m, &varmap, &ex, &ex[..8], Objective::Classify, &c, |s, _| {
-                    calls += 1;
+                train(&mut m, &varmap, &ex, &ex[..8], Objective::Classify, &cfg, |s, _| {
                     if s == k {
                         panic!("killed");
                     }
@@ -215,7 +212,12 @@ fn interrupted_training_resumes_to_the_same_weights() {
         }
         let varmap = VarMap::new();
         let mut m = tiny_prm(&tok, &varmap);
+        m.config.dtype = dtype;
         train(&mut m, &varmap, &ex, &ex[..8], Objective::Classify, &cfg, |_, _| {}).unwrap();
+        let stored = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+        assert_eq!(stored["score.weight"].dtype(), dtype);
+        let loaded = Model::load(dir, &Device::Cpu).unwrap();
+        assert_eq!(loaded.config.dtype, dtype, "config.json keeps the dtype");
         let data = varmap.data().lock().unwrap();
         data["score.weight"]
             .as_tensor()
@@ -225,11 +227,13 @@ fn interrupted_training_resumes_to_the_same_weights() {
             .unwrap()
     };
     let base = std::env::temp_dir().join(format!("stepwise-resume-{}", std::process::id()));
-    let a = run(None, &base.join("a"));
-    let b = run(Some(11), &base.join("b"));
+    for dtype in [DType::F32, DType::BF16] {
+        let a = run(None, &base.join("a"), dtype);
+        let b = run(Some(11), &base.join("b"), dtype);
+        assert_eq!(
+            a, b,
+            "{dtype:?}: a run killed at step 11 and resumed must end with the same weights"
+        );
+    }
     let _ = std::fs::remove_dir_all(&base);
-    assert_eq!(
-        a, b,
-        "a run killed at step 11 and resumed must end with the same weights"
-    );
 }

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::{Policy, Reward, Task, Until};
 use stepwise_core::{Problem, Solution, Step};
-use stepwise_model::model::{load_into, save_checkpoint};
+use stepwise_model::model::{load_training_checkpoint, save_training_checkpoint};
 use stepwise_model::train::optim::{accumulate, named_vars, schedule, AdamW};
 use stepwise_model::train::VarMap;
 use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
@@ -220,13 +220,13 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
                 dir.display()
             );
         }
-        load_into(varmap, &dir.join("model.safetensors"))?;
+        load_training_checkpoint(varmap, dir)?;
         opt.load(&dir.join(OPTIM))?;
         log = state.log;
     }
     let save = |policy: &Model, opt: &AdamW, log: &[UpdateLog]| -> Result<()> {
         if let Some(dir) = &out_dir {
-            save_checkpoint(dir, &policy.config, varmap)?;
+            save_training_checkpoint(dir, &policy.config, varmap)?;
             opt.save(&dir.join(OPTIM))?;
             let state = State {
                 config: cfg.clone(),

@@ -20,8 +20,8 @@ Example:
   stepwise annotate --policy POLICY --input samples.jsonl --rollouts 8 --output labeled.jsonl"
 )]
 pub struct Args {
-    /// Policy checkpoint folder that completes the prefixes.
-    #[arg(long)]
+    /// Policy checkpoint folder (or cached Hugging Face model id) that completes the prefixes.
+    #[arg(long, value_parser = super::model_dir)]
     pub policy: PathBuf,
     /// Solutions to label (any format; each needs a gold answer).
     #[arg(long)]

@@ -20,8 +20,8 @@ Example:
   stepwise calibrate --prm PRM --input ../shared/data/processbench/gsm8k.json --precision 0.8"
 )]
 pub struct Args {
-    /// PRM checkpoint folder (threshold.json is written there).
-    #[arg(long)]
+    /// PRM checkpoint folder or cached Hugging Face model id (threshold.json is written there).
+    #[arg(long, value_parser = super::model_dir)]
     pub prm: PathBuf,
     /// Step-labelled solutions in any format stepwise reads.
     #[arg(long)]

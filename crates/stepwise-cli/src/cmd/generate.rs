@@ -19,8 +19,8 @@ Example:
   stepwise generate --model ../shared/fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl"
 )]
 pub struct Args {
-    /// Policy checkpoint folder.
-    #[arg(long)]
+    /// Policy checkpoint folder, or a cached Hugging Face model id.
+    #[arg(long, value_parser = super::model_dir)]
     pub model: PathBuf,
     /// Problems (JSONL).
     #[arg(long)]

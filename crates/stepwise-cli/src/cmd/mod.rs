@@ -27,6 +27,12 @@ pub struct SamplingArgs {
     pub separator: String,
 }
 
+/// A checkpoint argument: a folder, or a Hugging Face model id found in the local cache
+/// ([`stepwise_model::hub`]).
+pub fn model_dir(arg: &str) -> Result<std::path::PathBuf, String> {
+    stepwise_model::hub::resolve(arg).map_err(|e| format!("{e:#}"))
+}
+
 /// Check a resumable output before a run: not the input, and JSONL (it is appended to and
 /// resumed).
 pub fn resumable_output(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {

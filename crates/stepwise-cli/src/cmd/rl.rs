@@ -29,8 +29,9 @@ Example:
       --problems problems.jsonl --updates 20 --out rl-run/"
 )]
 pub struct Args {
-    /// Policy checkpoint folder to start from (also the KL reference).
-    #[arg(long)]
+    /// Policy checkpoint folder or cached Hugging Face model id to start from (also the KL
+    /// reference).
+    #[arg(long, value_parser = super::model_dir)]
     pub policy: PathBuf,
     /// `outcome`, `orm:DIR` or `prm:DIR`.
     #[arg(long, default_value = "outcome")]
@@ -125,7 +126,11 @@ pub fn run(a: Args) -> Result<()> {
         None => Vec::new(),
     };
     let verifier = match a.reward.split_once(':') {
-        Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load(dir.as_ref(), &a.layout, &dev)?),
+        Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load(
+            &stepwise_model::hub::resolve(dir).with_context(|| format!("--reward {}", a.reward))?,
+            &a.layout,
+            &dev,
+        )?),
         None if a.reward == "outcome" => None,
         _ => bail!("--reward `{}`: use outcome, orm:DIR or prm:DIR", a.reward),
     };

@@ -22,8 +22,9 @@ Examples:
   stepwise score --model orm/ --name orm --input scored.jsonl --output scored2.jsonl"
 )]
 pub struct Args {
-    /// Checkpoint folder (config.json, model.safetensors, tokenizer.json).
-    #[arg(long)]
+    /// Checkpoint folder (config.json, model.safetensors, tokenizer.json), or a Hugging Face
+    /// model id (ORG/NAME[@REVISION]) found offline in the local cache (HF_HUB_CACHE, HF_HOME).
+    #[arg(long, value_parser = super::model_dir)]
     pub model: PathBuf,
     /// Solutions in any format stepwise reads.
     #[arg(long)]

@@ -28,11 +28,11 @@ Examples:
   stepwise calibrate --prm PRM --input labelled.jsonl --precision 0.8
   stepwise search --policy POLICY --prm PRM --method resample --input problems.jsonl --output resample.jsonl")]
 pub struct Args {
-    /// Policy checkpoint folder.
-    #[arg(long)]
+    /// Policy checkpoint folder, or a cached Hugging Face model id.
+    #[arg(long, value_parser = super::model_dir)]
     pub policy: PathBuf,
-    /// PRM checkpoint folder (any layout `stepwise score` reads).
-    #[arg(long)]
+    /// PRM checkpoint folder or cached Hugging Face model id (any layout `stepwise score` reads).
+    #[arg(long, value_parser = super::model_dir)]
     pub prm: PathBuf,
     /// PRM layout: auto, qwen-prm, step-tag, token-cls or log-ratio.
     #[arg(long, default_value = "auto")]

@@ -34,14 +34,15 @@ pub struct Args {
     /// Step-labelled solutions in any format stepwise reads.
     #[arg(long)]
     pub data: PathBuf,
-    /// Start from this checkpoint (its head is replaced by the --head).
-    #[arg(long, conflicts_with = "config")]
+    /// Start from this checkpoint folder or cached Hugging Face model id (its head is replaced by
+    /// the --head).
+    #[arg(long, conflicts_with = "config", value_parser = super::model_dir)]
     pub base: Option<PathBuf>,
     /// Train from scratch with a built-in shape: tiny (2×64), small (4×128) or base (8×256).
     #[arg(long)]
     pub config: Option<String>,
-    /// Tokenizer folder (required with --config; defaults to --base).
-    #[arg(long)]
+    /// Tokenizer folder or cached model id (required with --config; defaults to --base).
+    #[arg(long, value_parser = super::model_dir)]
     pub tokenizer: Option<PathBuf>,
     /// Output folder (checkpoints, metrics; resumes if present).
     #[arg(long)]
@@ -129,6 +130,9 @@ pub fn run(a: Args) -> Result<()> {
         Some(base) => ModelConfig::from_dir(base)?.max_position_embeddings.min(a.max_len),
         None => a.max_len,
     };
+    if a.separator.is_empty() {
+        bail!("--separator: empty (steps could not be told apart when the verifier is scored)");
+    }
     if a.reference_logprob.is_some() && a.head.as_deref() != Some("log-ratio") {
         bail!("--reference-logprob is for --head log-ratio");
     }
@@ -208,9 +212,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         _ => None,
     };
-    if let Some(r) = spec.reward_spec(relative_base.as_deref()) {
-        r.save(&a.out)?;
-    }
+    spec.reward_spec(relative_base.as_deref()).save(&a.out)?;
     let cfg = TrainConfig {
         lr: a.lr,
         warmup: (a.steps / 20).max(1),

@@ -41,7 +41,7 @@ pub(crate) fn train_stage(
         return Model::load(dir, &dev);
     }
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("tokenizer.json"), vocab::tokenizer_json())?;
+    vocab::save(dir)?;
     let varmap = VarMap::new();
     let mut model = build(&varmap, &dev)?;
     let pb = bar(tc.steps as u64, what);

@@ -211,7 +211,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
                     let config = ModelConfig::from_dir(&policy_dir)?;
                     let mut model = Model::load_trainable(&policy_dir, config, &varmap, &Device::Cpu, cfg.seed)?;
                     std::fs::create_dir_all(&dir)?;
-                    std::fs::write(dir.join("tokenizer.json"), crate::vocab::tokenizer_json())?;
+                    crate::vocab::save(&dir)?;
                     let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
                     let log: Vec<UpdateLog> = train_rl(
                         RlRun {

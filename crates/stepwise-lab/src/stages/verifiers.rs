@@ -10,11 +10,12 @@ use anyhow::Result;
 use std::path::{Path, PathBuf};
 use stepwise_core::seams::score_solutions;
 use stepwise_core::Solution;
-use stepwise_model::log_ratio::{LogRatio, RewardSpec};
+use stepwise_model::layout::RewardSpec;
+use stepwise_model::log_ratio::LogRatio;
 use stepwise_model::train::examples::LabelOptions;
 use stepwise_model::train::verifier::{self, Start, VerifierSpec};
 use stepwise_model::train::TrainConfig;
-use stepwise_model::{HeadKind, Model, PrmLayout, PrmScorer, Tokenizer};
+use stepwise_model::{HeadKind, Model, PrmScorer, Tokenizer};
 
 /// The lab's verifiers: trained with the same code, budget and head, scored the same way.
 pub struct Verifiers<'a> {
@@ -71,9 +72,9 @@ impl Verifiers<'_> {
         }
     }
 
-    /// The `reward.json` of a log-ratio or likelihood verifier: the policy (one folder up) or a
-    /// constant is its reference.
-    fn reward_spec(&self, outcome: bool) -> Option<RewardSpec> {
+    /// The verifier's `reward.json`: for a log-ratio or likelihood verifier, the policy (one
+    /// folder up) or a constant is its reference.
+    fn reward_spec(&self, outcome: bool) -> RewardSpec {
         self.spec(outcome).reward_spec(Some(&PathBuf::from("../policy")))
     }
 
@@ -107,23 +108,18 @@ impl Verifiers<'_> {
             spec.objective(),
             tc,
         )?;
-        if let Some(r) = self.reward_spec(outcome) {
-            r.save(&self.out.join(dir))?;
-        }
+        self.reward_spec(outcome).save(&self.out.join(dir))?;
         Ok(model)
     }
 
     /// A verifier trained on step labels (or outcomes when `outcome`) as a step scorer.
     pub fn scorer<'m>(&'m self, model: &'m Model, outcome: bool) -> PrmScorer<'m> {
-        let (layout, reference) = match self.reward_spec(outcome) {
-            Some(spec) => (spec.layout(), spec.reference.is_some().then_some(self.policy)),
-            None => (PrmLayout::TokenClassifier { separator: SEP.into() }, None),
-        };
+        let spec = self.reward_spec(outcome);
         PrmScorer {
             model,
             tokenizer: self.tok,
-            layout,
-            reference,
+            layout: spec.layout(),
+            reference: spec.reference.is_some().then_some(self.policy),
         }
     }
 

@@ -276,7 +276,7 @@ pub fn train(
     if let Some(dir) = &cfg.out_dir {
         if dir.join(STATE).exists() && dir.join(OPTIM).exists() {
             state = serde_json::from_str(&std::fs::read_to_string(dir.join(STATE))?)?;
-            crate::model::load_into(varmap, &dir.join("model.safetensors"))?;
+            crate::model::load_training_checkpoint(varmap, dir)?;
             opt.load(&dir.join(OPTIM))?;
         }
     }
@@ -345,7 +345,7 @@ pub fn train(
         }
         if validate {
             if let Some(dir) = &cfg.out_dir {
-                crate::model::save_checkpoint(dir, &model.config, varmap)?;
+                crate::model::save_training_checkpoint(dir, &model.config, varmap)?;
                 opt.save(&dir.join(OPTIM))?;
                 std::fs::write(dir.join(STATE), serde_json::to_string_pretty(&state)?)?;
             }

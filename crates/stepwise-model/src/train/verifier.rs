@@ -1,16 +1,17 @@
 //! Building a verifier (PRM or ORM) for training, written once for `stepwise train-prm` and the
 //! lab: which decoder it starts from, which head it gets, its training examples and objective,
-//! and the `reward.json` of a log-ratio verifier.
+//! and its `reward.json` (how its steps are read when it is scored).
 
 use super::examples::{attach_reference, label_examples, LabelOptions};
 use super::{Example, Objective};
 use crate::config::{HeadKind, ModelConfig};
-use crate::log_ratio::{LogRatio, RewardSpec};
+use crate::layout::RewardSpec;
+use crate::log_ratio::LogRatio;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Result};
-use candle_core::{DType, Device};
-use candle_nn::{VarBuilder, VarMap};
+use candle_core::Device;
+use candle_nn::VarMap;
 use std::path::{Path, PathBuf};
 use stepwise_core::Solution;
 
@@ -114,28 +115,22 @@ impl VerifierSpec {
     }
 
     /// The trainable model, its weights in `varmap`: the start checkpoint's (a head it does not
-    /// use is dropped) with the new head and layers initialised from `seed`, or all fresh.
+    /// use is dropped) with the new head and layers initialised from `seed`, or all fresh. A
+    /// verifier started from a bf16 checkpoint is written in bf16.
     pub fn build(&self, varmap: &VarMap, device: &Device, seed: u64) -> Result<Model> {
         let config = self.config()?;
         match &self.start {
             Start::Fresh(_) => Model::fresh(config, varmap, device, seed),
-            Start::Checkpoint(dir) => {
-                let model = Model::load_trainable(dir, config.clone(), varmap, device, seed)?;
-                if config.head == HeadKind::CausalLm {
-                    return Ok(model);
-                }
-                drop(model);
-                // The causal LM's output layer is not part of a classifier: leave it out of the
-                // optimiser and the checkpoint.
-                varmap.data().lock().unwrap().remove("lm_head.weight");
-                Model::new(config, VarBuilder::from_varmap(varmap, DType::F32, device))
-            }
+            // The checkpoint's own head (a causal LM's output layer, a PRM's head) is left out
+            // of the optimiser and the checkpoint when the verifier's differs.
+            Start::Checkpoint(dir) => Model::load_trainable(dir, config, varmap, device, seed),
         }
     }
 
-    /// The `reward.json` of a log-ratio verifier (`None` for the other heads), naming its
-    /// reference model's folder as given (relative to the verifier's folder, or absolute).
-    pub fn reward_spec(&self, reference: Option<&Path>) -> Option<RewardSpec> {
+    /// The verifier's `reward.json`: how its steps are laid out and read. A log-ratio verifier's
+    /// names its reference model's folder as given (relative to the verifier's folder, or
+    /// absolute).
+    pub fn reward_spec(&self, reference: Option<&Path>) -> RewardSpec {
         match self.head {
             VerifierHead::LogRatio(lr) => {
                 let reference = lr
@@ -143,9 +138,9 @@ impl VerifierSpec {
                     .is_none()
                     .then(|| reference.map(Path::to_path_buf))
                     .flatten();
-                Some(RewardSpec::new(reference, &self.labels.separator, lr))
+                RewardSpec::log_ratio(reference, &self.labels.separator, lr)
             }
-            _ => None,
+            VerifierHead::Classifier | VerifierHead::Value => RewardSpec::step_classifier(&self.labels.separator),
         }
     }
 }
