@@ -2,8 +2,12 @@
 
 For each checkpoint folder given (a lab run's `policy/`, `prm_mc/`, `orm/`, `rl_*/`, or a
 `stepwise train-prm` output), this checks what a transformers user would hit first:
-  * `AutoTokenizer.from_pretrained` gives the same ids as the folder's `tokenizer.json` read by
-    the `tokenizers` library (what stepwise reads), on texts from the folder's own vocabulary;
+  * `AutoTokenizer.from_pretrained` (and `PreTrainedTokenizerFast.from_pretrained`) give the same
+    ids as the folder's `tokenizer.json` read by the `tokenizers` library (what stepwise reads),
+    on texts from the folder's own vocabulary. transformers 5 builds every `model_type: qwen2`
+    tokenizer anew from its vocabulary and merges with Qwen2's own pre-tokenizer, whatever
+    `tokenizer_class` says; for a tokenizer.json of another kind (the lab's word-level one) use
+    `PreTrainedTokenizerFast.from_pretrained` there, which this script checks too;
   * `AutoModelFor*.from_pretrained` (the class its `architectures` names) loads with no missing or
     unexpected weights, in the dtype its config.json names;
   * a sequence classifier scores a padded batch (it needs `pad_token_id`) and the padded row
@@ -45,18 +49,26 @@ def check(folder):
     problems = []
     tok_file = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     auto = AutoTokenizer.from_pretrained(folder)
+    fast = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
     texts = sample_texts(tok_file)
-    for text in texts:
-        want = tok_file.encode(text, add_special_tokens=True).ids
-        got = auto(text)["input_ids"]
-        if got != want:
-            problems.append(f"ids differ on {text!r}: transformers {got[:12]} vs tokenizers {want[:12]}")
+    notes = []
+    for name, tok in [("AutoTokenizer", auto), ("PreTrainedTokenizerFast", fast)]:
+        differ = [t for t in texts if tok(t)["input_ids"] != tok_file.encode(t, add_special_tokens=True).ids]
+        if differ:
+            t = differ[0]
+            problems.append(
+                f"{name} ({type(tok).__name__}): ids differ on {len(differ)} of {len(texts)} texts, e.g. {t!r}: "
+                f"{tok(t)['input_ids'][:10]} vs tokenizers {tok_file.encode(t, add_special_tokens=True).ids[:10]}"
+            )
+        else:
+            notes.append(f"{name} ids same")
     config = AutoConfig.from_pretrained(folder)
     arch = config.architectures[0]
     cls = next((c for suffix, c in CLASSES.items() if arch.endswith(suffix)), None)
     if cls is None:
-        return f"{folder}: tokenizer ok on {len(texts)} texts; {arch} has no Auto class to check", problems
-    model, info = cls.from_pretrained(folder, output_loading_info=True, dtype="auto")
+        return f"{folder}: {', '.join(notes)}; {arch} has no Auto class to check", problems
+    dtype_arg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    model, info = cls.from_pretrained(folder, output_loading_info=True, **{dtype_arg: "auto"})
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
         if info.get(kind):
             problems.append(f"{kind}: {sorted(info[kind])[:6]}")
@@ -71,7 +83,7 @@ def check(folder):
             alone = model(torch.tensor([short])).logits[0].float()
         if not torch.allclose(together, alone, atol=1e-2):
             problems.append(f"padded row scores {together.tolist()} alone {alone.tolist()}")
-    return f"{folder}: {arch} ({model.dtype}), {len(texts)} texts", problems
+    return f"{folder}: {arch} ({model.dtype}) loads; {', '.join(notes)} on {len(texts)} texts", problems
 
 
 def main():

@@ -82,7 +82,17 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help, version or a usage error (status 2); printing it can fail too (a full disk).
+        Err(e) => match e.print() {
+            Err(io) if io.kind() != std::io::ErrorKind::BrokenPipe => {
+                eprintln!("error: {io}");
+                std::process::exit(1);
+            }
+            _ => std::process::exit(e.exit_code()),
+        },
+    };
     let result = match cli.command {
         Command::Lab(a) => cmd::lab::run_lab(a),
         Command::Convert(a) => cmd::convert::run(a),
@@ -108,7 +118,24 @@ fn main() {
         if closed_pipe {
             std::process::exit(0);
         }
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", message(&e));
         std::process::exit(1);
     }
+}
+
+/// An error and its causes, `: `-separated as anyhow's `{:#}`, leaving out a cause that the
+/// message before it already ends with (errors that quote their source would say it twice).
+fn message(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }

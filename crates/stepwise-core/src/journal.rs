@@ -1,5 +1,7 @@
 //! Append-only JSONL with resume: records are written one line at a time and flushed; after a
-//! crash (even SIGKILL) a torn last line is dropped and the keys already written are skipped.
+//! crash (even SIGKILL) a torn last line is dropped and the keys already written are skipped. A
+//! file that is not such a journal (another format, another command's output) is refused, never
+//! truncated.
 
 use anyhow::{Context, Result};
 use serde::de::DeserializeOwned;
@@ -23,21 +25,24 @@ impl Journal {
         let mut kept = Vec::new();
         let mut good_bytes = 0u64;
         if path.exists() {
-            let mut r = BufReader::new(File::open(path)?);
-            let mut line = String::new();
-            loop {
+            let mut r = BufReader::new(File::open(path).with_context(|| format!("opening {}", path.display()))?);
+            let mut line = Vec::new();
+            for number in 1.. {
                 line.clear();
-                let n = r.read_line(&mut line)?;
-                if n == 0 || !line.ends_with('\n') {
-                    break; // end, or a torn last line
+                let n = r.read_until(b'\n', &mut line)?;
+                if n == 0 || !line.ends_with(b"\n") {
+                    break; // end, or a torn last line (a record is written with its newline at once)
                 }
-                match serde_json::from_str::<T>(&line) {
-                    Ok(v) => {
-                        kept.push(v);
-                        good_bytes += n as u64;
-                    }
-                    Err(_) => break,
-                }
+                // A whole line that is not a record is not a crash's doing: the file is something
+                // else (another format, another command's output), and is left as it is.
+                let v = serde_json::from_slice::<T>(&line).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{}:{number}: not a record this command writes ({e}); the file is left as it is: choose another output",
+                        path.display()
+                    )
+                })?;
+                kept.push(v);
+                good_bytes += n as u64;
             }
         }
         let file = OpenOptions::new()
@@ -140,6 +145,13 @@ pub fn claim(path: &Path, settings: &serde_json::Value) -> Result<Claim> {
         }
         return Ok(claim);
     }
+    if started {
+        anyhow::bail!(
+            "{} exists and was not started by this command (it has no {}): it is left as it is; choose another output, or delete it",
+            path.display(),
+            recorded.display()
+        );
+    }
     std::fs::write(&recorded, serde_json::to_string_pretty(settings)?)
         .with_context(|| format!("writing {}", recorded.display()))?;
     Ok(claim)
@@ -227,6 +239,52 @@ mod claim_tests {
         // An output not started yet takes any settings.
         std::fs::write(&out, "").unwrap();
         claim(&out, &json!({"rollouts": 4, "seed": 0})).unwrap();
+        // A file this command did not start (no settings beside it) is refused, untouched.
+        let theirs = dir.join("theirs.jsonl");
+        std::fs::write(&theirs, "{\"id\": \"a\"}\n").unwrap();
+        let err = claim(&theirs, &settings).unwrap_err().to_string();
+        assert!(err.contains("was not started by this command"), "{err}");
+        assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "{\"id\": \"a\"}\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Rec {
+        id: String,
+    }
+
+    /// A torn last line is dropped; a file of another kind (another format's records, binary
+    /// data) is refused, naming the line, and left byte for byte as it was.
+    #[test]
+    fn a_torn_line_is_dropped_and_another_file_is_never_truncated() {
+        let dir = std::env::temp_dir().join(format!("stepwise-journal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("out.jsonl");
+        std::fs::write(&out, "{\"id\": \"a\"}\n{\"id\": \"b\"}\n{\"id\": \"c").unwrap();
+        let (mut j, kept) = Journal::open::<Rec>(&out, |r| r.id.clone()).unwrap();
+        assert_eq!(kept.len(), 2);
+        j.append("c".into(), &Rec { id: "c".into() }).unwrap();
+        drop(j);
+        assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 3);
+        for (name, bytes) in [
+            (
+                "trl.jsonl",
+                &b"{\"prompt\": \"q\", \"completions\": [\"a\"], \"labels\": [true]}\n"[..],
+            ),
+            ("data.parquet.jsonl", &b"PAR1\x15\x04\x15\x10\n\x00\x00PAR1"[..]),
+            ("second.jsonl", &b"{\"id\": \"a\"}\nnot json\n{\"id\": \"b\"}\n"[..]),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).unwrap();
+            let err = Journal::open::<Rec>(&path, |r| r.id.clone())
+                .err()
+                .expect(name)
+                .to_string();
+            let line = if name == "second.jsonl" { ":2:" } else { ":1:" };
+            assert!(err.contains(line) && err.contains("not a record"), "{name}: {err}");
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name} was changed");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -124,3 +124,75 @@ fn soft_labels_outside_zero_one_are_errors_with_their_field() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Numbers survive a read and a write exactly: step scores (f32) and fields stepwise does not
+/// know, kept verbatim (f64), on random bit patterns, including the ones a parser that is only
+/// "within one ulp" gets wrong (serde_json's `float_roundtrip`).
+#[test]
+fn floats_survive_a_round_trip_exactly() {
+    use stepwise_core::{Format, SolutionReader, SolutionWriter};
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let dir = std::env::temp_dir().join(format!("stepwise-floats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (f64s, f32s): (Vec<f64>, Vec<f32>) = (0..20_000)
+        .map(|_| {
+            let a = f64::from_bits(rng.random::<u64>());
+            let b = f32::from_bits(rng.random::<u32>());
+            (
+                if a.is_finite() { a } else { rng.random() },
+                if b.is_finite() { b } else { rng.random() },
+            )
+        })
+        .unzip();
+    let input = dir.join("in.jsonl");
+    let text: String = f64s
+        .chunks(100)
+        .zip(f32s.chunks(100))
+        .enumerate()
+        .map(|(i, (a, b))| {
+            let steps: Vec<_> = b.iter().map(|s| serde_json::json!({"text": "x", "score": s})).collect();
+            format!(
+                "{}\n",
+                serde_json::json!({"id": format!("r{i}"), "question": "q", "steps": steps, "values": a})
+            )
+        })
+        .collect();
+    std::fs::write(&input, &text).unwrap();
+    let output = dir.join("out.jsonl");
+    let mut writer = SolutionWriter::create(&output, Format::Stepwise).unwrap();
+    for s in SolutionReader::open(&input, Some(Format::Stepwise)).unwrap() {
+        writer.write(&s.unwrap()).unwrap();
+    }
+    writer.finish().unwrap();
+    let (mut scores, mut values) = (Vec::new(), Vec::new());
+    for line in std::fs::read_to_string(&output).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for s in v["steps"].as_array().unwrap() {
+            scores.push(s["score"].as_f64().unwrap() as f32);
+        }
+        // A top-level field stepwise does not know is kept, in `meta`.
+        values.extend(
+            v["meta"]["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap()),
+        );
+    }
+    let changed_f32 = f32s
+        .iter()
+        .zip(&scores)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let changed_f64 = f64s
+        .iter()
+        .zip(&values)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        (changed_f32, changed_f64),
+        (0, 0),
+        "step scores and kept fields that changed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

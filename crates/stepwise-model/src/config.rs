@@ -146,6 +146,24 @@ impl ModelConfig {
                 bail!("field `rope_parameters.rope_type`: `{t}` scaling is not supported");
             }
         }
+        // Settings stepwise does not implement are refused, not silently computed otherwise.
+        if let Some(scaling) = v.get("rope_scaling").filter(|s| !s.is_null()) {
+            let kind = scaling
+                .get("rope_type")
+                .or_else(|| scaling.get("type"))
+                .and_then(Value::as_str);
+            if kind != Some("default") {
+                bail!("field `rope_scaling`: {scaling} is not supported (stepwise implements plain rotary positions)");
+            }
+        }
+        if let Some(act) = v.get("hidden_act").filter(|a| !a.is_null()) {
+            if !matches!(act.as_str(), Some("silu" | "swish")) {
+                bail!("field `hidden_act`: {act} is not supported (Qwen2 and Llama decoders use silu)");
+            }
+        }
+        if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+            bail!("field `use_sliding_window`: true is not supported (stepwise attends to the whole sequence)");
+        }
         let num_labels = v
             .get("num_labels")
             .and_then(Value::as_u64)

@@ -110,9 +110,7 @@ impl Format {
     /// Read one record. `index` is the record's 0-based position in its file, used for ids.
     pub fn read(self, v: &Value, index: usize) -> Result<Vec<Solution>, FieldError> {
         match self {
-            Format::Stepwise => serde_json::from_value::<Solution>(v.clone())
-                .map(|s| vec![s])
-                .map_err(|e| FieldError::new("", e.to_string())),
+            Format::Stepwise => read_stepwise(v).map(|s| vec![s]),
             Format::Prm800k => prm800k::read(v, index).map(|s| vec![s]),
             Format::MathShepherd => math_shepherd::read(v, index).map(|s| vec![s]),
             Format::OpenrPrm => math_shepherd::read_openr(v, index).map(|s| vec![s]),
@@ -253,4 +251,28 @@ pub(crate) fn split_first(o: &serde_json::Map<String, Value>, first: &str) -> Re
 pub(crate) fn needs_question_field(s: &Solution) -> bool {
     let first = s.steps.first().map_or("", |st| st.text.as_str());
     !s.question.is_empty() && split_question(&format!("{} {first}", s.question)).0 != s.question
+}
+
+/// A stepwise record. Top-level fields stepwise does not know are kept in `meta` (a field
+/// already there wins), so reading and writing a file loses nothing.
+fn read_stepwise(v: &Value) -> Result<Solution, FieldError> {
+    const KNOWN: [&str; 10] = [
+        "id",
+        "problem_id",
+        "question",
+        "steps",
+        "final_answer",
+        "gold_answer",
+        "correct",
+        "generator",
+        "scores",
+        "meta",
+    ];
+    let mut s: Solution = serde_json::from_value(v.clone()).map_err(|e| FieldError::new("", e.to_string()))?;
+    if let Some(fields) = v.as_object() {
+        for (k, x) in fields.iter().filter(|(k, _)| !KNOWN.contains(&k.as_str())) {
+            s.meta.entry(k.clone()).or_insert_with(|| x.clone());
+        }
+    }
+    Ok(s)
 }

@@ -1,0 +1,335 @@
+//! Misuse of whole commands: every subcommand that loads a model, on a checkpoint whose
+//! `config.json` is fuzzed field by field, with its standard output closed, and every command
+//! that prints onto a full disk (`/dev/full`). Each ends with status 0, 1 or 2 and a message,
+//! never a panic (101), and never says one thing twice.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stepwise-misuse-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/hf-tiny")
+        .join(name)
+}
+
+fn write_jsonl(p: &Path, rows: &[Value]) {
+    std::fs::write(p, rows.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
+}
+
+/// A copy of fixture `name` in `dir` (weights and tokenizer linked) with `config` as its
+/// config.json.
+fn checkpoint(name: &str, dir: &Path, config: &Value) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        let link = dir.join(f);
+        if !link.exists() {
+            std::os::unix::fs::symlink(fixture(name).join(f), link).unwrap();
+        }
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir.display().to_string()
+}
+
+fn config_of(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap()
+}
+
+/// Inputs shared by the model commands.
+struct Inputs {
+    problems: String,
+    labelled: String,
+}
+
+fn inputs(d: &Path) -> Inputs {
+    let problems = d.join("problems.jsonl");
+    write_jsonl(
+        &problems,
+        &[json!({"id": "p1", "question": "What is 2 + 3?", "answer": "5"})],
+    );
+    let labelled = d.join("labelled.jsonl");
+    let step = |t: &str, good: bool| json!({"text": t, "label": {"rating": if good {"good"} else {"bad"}}});
+    write_jsonl(
+        &labelled,
+        &(0..4)
+            .map(|i| {
+                json!({"id": format!("s{i}"), "problem_id": "p1", "question": "What is 2 + 3?", "gold_answer": "5",
+                       "correct": i % 2 == 0, "steps": [step("2 + 3 = 5", true), step("The answer is 5", i % 2 == 0)]})
+            })
+            .collect::<Vec<_>>(),
+    );
+    Inputs {
+        problems: problems.display().to_string(),
+        labelled: labelled.display().to_string(),
+    }
+}
+
+/// Every subcommand that loads a checkpoint, on the policy `policy` and the PRM `prm`, writing
+/// under `out` (kept small: a token or two, one step of training).
+fn model_commands(policy: &str, prm: &str, i: &Inputs, out: &Path) -> Vec<Vec<String>> {
+    let o = |name: &str| out.join(name).display().to_string();
+    let few = ["--max-tokens", "3"];
+    let cmds: Vec<Vec<&str>> = vec![
+        vec!["score", "--model", prm, "--input", &i.labelled, "--output"],
+        vec!["calibrate", "--prm", prm, "--input", &i.labelled, "--precision", "0.5"],
+        vec![
+            "generate",
+            "--model",
+            policy,
+            "--input",
+            &i.problems,
+            "-n",
+            "2",
+            "--max-tokens",
+            "3",
+            "--output",
+        ],
+        vec![
+            "annotate",
+            "--policy",
+            policy,
+            "--input",
+            &i.labelled,
+            "--rollouts",
+            "1",
+            few[0],
+            few[1],
+            "--output",
+        ],
+        vec![
+            "search",
+            "--policy",
+            policy,
+            "--prm",
+            prm,
+            "--method",
+            "beam",
+            "-n",
+            "2",
+            "--width",
+            "1",
+            "--max-steps",
+            "2",
+            few[0],
+            few[1],
+            "--input",
+            &i.problems,
+            "--output",
+        ],
+        vec![
+            "train-prm",
+            "--data",
+            &i.labelled,
+            "--base",
+            policy,
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--out",
+        ],
+        vec![
+            "rl",
+            "--policy",
+            policy,
+            "--reward",
+            "outcome",
+            "--problems",
+            &i.problems,
+            "--updates",
+            "1",
+            "--prompts",
+            "1",
+            "--group-size",
+            "2",
+            few[0],
+            few[1],
+            "--out",
+        ],
+    ];
+    cmds.into_iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let mut c: Vec<String> = c.into_iter().map(str::to_string).collect();
+            match c[0].as_str() {
+                "calibrate" => {}
+                "train-prm" | "rl" => c.push(o(&format!("out{k}"))),
+                _ => c.push(o(&format!("out{k}.jsonl"))),
+            }
+            c
+        })
+        .collect()
+}
+
+fn run(args: &[String], stdout: Stdio) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args)
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// The status is 0, 1 or 2; a failure says why, once.
+fn assert_clean_exit(args: &[String], out: &Output) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        matches!(out.status.code(), Some(0..=2)) && !err.contains("panicked"),
+        "{args:?}: {:?}\n{err}",
+        out.status
+    );
+    if let Some(line) = err.lines().find(|l| l.starts_with("error: ")) {
+        let parts: Vec<&str> = line.split(": ").collect();
+        for w in parts.windows(2) {
+            assert_ne!(w[0], w[1], "{args:?}: said twice: {line}");
+        }
+    }
+}
+
+/// Every field of the policy's and the PRM's config.json set to values that cannot be right:
+/// every model command ends cleanly (most refuse, naming the field).
+#[test]
+fn every_model_command_survives_a_fuzzed_config() {
+    let d = tmp("fuzz");
+    let i = inputs(&d);
+    let values = [json!(0), json!(-1), json!("x"), json!(1e12)];
+    let (mut runs, mut refused) = (0, 0);
+    for (which, fixture_name) in [("policy", "qwen2-policy"), ("prm", "qwen2-tokcls")] {
+        let original = config_of(fixture_name);
+        for field in original.as_object().unwrap().keys() {
+            for value in &values {
+                let mut config = original.clone();
+                config[field.as_str()] = value.clone();
+                let case = d.join(format!("case{runs}"));
+                let fuzzed = checkpoint(fixture_name, &case.join("model"), &config);
+                let good_policy = checkpoint("qwen2-policy", &case.join("policy"), &config_of("qwen2-policy"));
+                let good_prm = checkpoint("qwen2-tokcls", &case.join("prm"), &config_of("qwen2-tokcls"));
+                let (policy, prm) = match which {
+                    "policy" => (fuzzed.as_str(), good_prm.as_str()),
+                    _ => (good_policy.as_str(), fuzzed.as_str()),
+                };
+                for args in model_commands(policy, prm, &i, &case) {
+                    // Only the commands that load the fuzzed model.
+                    let loads_fuzzed = match which {
+                        "policy" => !matches!(args[0].as_str(), "score" | "calibrate"),
+                        _ => matches!(args[0].as_str(), "score" | "calibrate" | "search"),
+                    };
+                    if !loads_fuzzed {
+                        continue;
+                    }
+                    let out = run(&args, Stdio::null());
+                    assert_clean_exit(&args, &out);
+                    runs += 1;
+                    if !out.status.success() {
+                        refused += 1;
+                        let err = String::from_utf8_lossy(&out.stderr);
+                        assert!(err.contains("error: "), "{args:?}: failed without a message");
+                    }
+                }
+                std::fs::remove_dir_all(&case).unwrap();
+            }
+        }
+    }
+    println!("{runs} runs on fuzzed configs: {refused} refused with a message, none panicked");
+    assert!(refused > 0 && runs > 100);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// With its reader gone before it starts, every model command still finishes its work (it
+/// writes files, not standard output) and ends with status 0.
+#[test]
+fn every_model_command_runs_with_stdout_closed() {
+    let d = tmp("closed");
+    let i = inputs(&d);
+    let (policy, prm) = (fixture("qwen2-policy"), fixture("qwen2-tokcls"));
+    // calibrate writes threshold.json into the PRM's folder: give it a copy.
+    let prm_copy = checkpoint("qwen2-tokcls", &d.join("prm"), &config_of("qwen2-tokcls"));
+    for mut args in model_commands(policy.to_str().unwrap(), prm.to_str().unwrap(), &i, &d) {
+        if args[0] == "calibrate" {
+            args[2] = prm_copy.clone();
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_clean_exit(&args, &out);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let written = Path::new(args.last().unwrap());
+        assert!(written.exists() || args[0] == "calibrate", "{args:?}: nothing written");
+    }
+    assert!(d.join("prm/threshold.json").exists());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Printing onto a full disk: status 1 and the system's reason, once; help and version too.
+#[test]
+fn a_full_disk_ends_every_printing_command_with_a_message() {
+    let d = tmp("full");
+    let scored = d.join("scored.jsonl");
+    write_jsonl(
+        &scored,
+        &(0..50)
+            .map(|k| {
+                json!({"id": format!("s{k}"), "problem_id": format!("p{}", k % 5), "question": "q", "final_answer": "5",
+                       "correct": k % 2 == 0, "scores": {"prm": [0.9, 0.1 * (k % 10) as f64]},
+                       "steps": [{"text": "a", "label": {"rating": "good"}}, {"text": "b", "label": {"rating": if k % 2 == 0 {"good"} else {"bad"}}}]})
+            })
+            .collect::<Vec<_>>(),
+    );
+    let grades = d.join("grades.jsonl");
+    write_jsonl(&grades, &[json!({"given": "5", "ground_truth": "5"})]);
+    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/processbench/gsm8k.json");
+    let (s, g, p) = (
+        scored.display().to_string(),
+        grades.display().to_string(),
+        pb.display().to_string(),
+    );
+    for args in [
+        vec!["stats", &p],
+        vec!["convert", &p, "-"],
+        vec!["grade", &g],
+        vec!["bon", "--input", &s, "--ns", "1,2"],
+        vec!["eval", "processbench", "--input", &s],
+        vec!["--help"],
+        vec!["score", "--help"],
+        vec!["--version"],
+    ] {
+        let args: Vec<String> = args.into_iter().map(str::to_string).collect();
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = run(&args, Stdio::from(full));
+        assert_clean_exit(&args, &out);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.matches("No space left on device").count(), 1, "{args:?}: {err}");
+    }
+    // A data error names file, line and field, once.
+    let bad = d.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"id\": \"a\", \"question\": \"q\", \"steps\": [{\"text\": 1}]}\n",
+    )
+    .unwrap();
+    let args = vec!["stats".to_string(), bad.display().to_string()];
+    let out = run(&args, Stdio::null());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(err.matches("invalid type").count(), 1, "{err}");
+    assert!(err.contains("bad.jsonl:1"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
