@@ -76,6 +76,8 @@ enum Command {
     Calibrate(cmd::calibrate::Args),
     /// Optimise a policy by RL against outcome, ORM or PRM rewards (GRPO, per-step credit), resumable.
     Rl(cmd::rl::Args),
+    /// Serve a policy and/or PRM over an OpenAI-compatible HTTP API (completions, chat, step scores).
+    Serve(cmd::serve::Args),
     /// Evaluate scored solutions (ProcessBench's first-error metric).
     #[command(subcommand)]
     Eval(cmd::eval::Command),
@@ -107,6 +109,7 @@ fn main() {
         Command::Rl(a) => cmd::rl::run(a),
         Command::Search(a) => cmd::search::run(a),
         Command::Calibrate(a) => cmd::calibrate::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     if let Err(e) = result {
         // A reader that stopped reading (`stepwise convert ... - | head`) is not an error.

@@ -37,22 +37,30 @@ pub struct EnginePolicy<'a> {
     pub separator: String,
 }
 
-impl EnginePolicy<'_> {
-    /// The prompt's token ids for a question and the steps so far.
-    pub fn prompt_ids(&self, question: &str, prefix: &[&str]) -> Result<Vec<u32>> {
-        let tok = self.tokenizer;
-        if self.prompt == Prompt::Pieces {
-            return Ok(encode_steps(tok, question, prefix, &self.separator, true)?.ids);
+impl Prompt {
+    /// The prompt's token ids for a question and the steps so far, with `separator` between
+    /// steps: what a local policy encodes, and what a remote one sends as token ids so that the
+    /// server sees exactly the same input.
+    pub fn ids(self, tok: &Tokenizer, separator: &str, question: &str, prefix: &[&str]) -> Result<Vec<u32>> {
+        if self == Prompt::Pieces {
+            return Ok(encode_steps(tok, question, prefix, separator, true)?.ids);
         }
-        let mut text = match self.prompt {
+        let mut text = match self {
             Prompt::Chat => tok.apply_chat_template(&[Message::new("user", question)], true)?,
-            _ => format!("{question}{}", self.separator),
+            _ => format!("{question}{separator}"),
         };
         for s in prefix {
             text.push_str(s);
-            text.push_str(&self.separator);
+            text.push_str(separator);
         }
         tok.encode(&text, true)
+    }
+}
+
+impl EnginePolicy<'_> {
+    /// The prompt's token ids for a question and the steps so far.
+    pub fn prompt_ids(&self, question: &str, prefix: &[&str]) -> Result<Vec<u32>> {
+        self.prompt.ids(self.tokenizer, &self.separator, question, prefix)
     }
 }
 

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution};
 use stepwise_label::{annotate_resumable, McOptions, MonteCarlo};
-use stepwise_model::{default_device, LoadedPolicy, Prompt};
+use stepwise_model::Prompt;
 
 /// Label steps automatically by Monte Carlo rollouts (Math-Shepherd).
 #[derive(clap::Args)]
@@ -20,9 +20,10 @@ Example:
   stepwise annotate --policy POLICY --input samples.jsonl --rollouts 8 --output labeled.jsonl"
 )]
 pub struct Args {
-    /// Policy checkpoint folder (or cached Hugging Face model id) that completes the prefixes.
-    #[arg(long, value_parser = super::model_dir)]
-    pub policy: PathBuf,
+    /// Policy that completes the prefixes: checkpoint folder, cached Hugging Face model id, or
+    /// server URL(s) (comma-separated: the rollouts are spread over them).
+    #[arg(long, value_parser = super::backend::source)]
+    pub policy: super::backend::Source,
     /// Solutions to label (any format; each needs a gold answer).
     #[arg(long)]
     pub input: PathBuf,
@@ -44,6 +45,9 @@ pub struct Args {
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
+    /// How to reach a policy given by URL.
+    #[command(flatten)]
+    pub remote: super::backend::RemoteArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -65,16 +69,18 @@ pub fn run(a: Args) -> Result<()> {
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),
     )?;
-    let loaded = LoadedPolicy::load(&a.policy, &default_device())?;
+    let backend = super::backend::PolicyBackend::open(&a.policy, &a.remote)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
-    let policy = loaded.policy(
+    let policy = backend.policy(
         a.sampling.temperature,
         a.sampling.max_tokens,
         prompt,
         &a.sampling.separator,
+        1.0,
+        &[],
     );
     let mc = MonteCarlo {
-        policy: &policy,
+        policy: &*policy,
         task: &MathTask::default(),
         options: McOptions {
             rollouts: a.rollouts,
@@ -85,8 +91,12 @@ pub fn run(a: Args) -> Result<()> {
     let (labelled, spent) = annotate_resumable(&a.output, &sols, &mc, |done| bar.set_position(done as u64))?;
     bar.finish_and_clear();
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
+    let retried = match backend.retries() {
+        0 => String::new(),
+        n => format!(" ({n} requests retried)"),
+    };
     eprintln!(
-        "labelled {} solutions ({steps} steps) with {} rollouts ({} tokens); {}",
+        "labelled {} solutions ({steps} steps) with {} rollouts ({} tokens){retried}; {}",
         labelled.len(),
         spent.rollouts,
         spent.tokens,

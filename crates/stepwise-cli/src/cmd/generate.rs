@@ -4,7 +4,7 @@ use std::time::Instant;
 use stepwise_core::seams::{MathTask, Until};
 use stepwise_core::steps::{split_steps, SplitStrategy};
 use stepwise_core::{Format, Policy, Solution, SolutionWriter, Step, Task};
-use stepwise_model::{default_device, LoadedPolicy, Prompt};
+use stepwise_model::Prompt;
 
 /// Sample solutions from a policy.
 #[derive(clap::Args)]
@@ -15,13 +15,17 @@ steps, with `final_answer` extracted and `correct` graded when a gold answer is 
 the question and a newline (or the question in the chat template with --chat), as `stepwise annotate` continues it; it \
 is encoded once and its KV cache shared by the n samples.
 
-Example:
-  stepwise generate --model ../shared/fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl"
+--model may be a server instead (vLLM, SGLang, llama.cpp, `stepwise serve`): its URL, or several comma-separated \
+serving the same model; the requests are spread over them and retried when a server fails.
+
+Examples:
+  stepwise generate --model ../shared/fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl
+  stepwise generate --model http://gpu1:8000,http://gpu2:8000 --input problems.jsonl -n 8 --output samples.jsonl"
 )]
 pub struct Args {
-    /// Policy checkpoint folder, or a cached Hugging Face model id.
-    #[arg(long, value_parser = super::model_dir)]
-    pub model: PathBuf,
+    /// Policy checkpoint folder, cached Hugging Face model id, or server URL(s).
+    #[arg(long, value_parser = super::backend::source)]
+    pub model: super::backend::Source,
     /// Problems (JSONL).
     #[arg(long)]
     pub input: PathBuf,
@@ -37,7 +41,7 @@ pub struct Args {
     /// Nucleus mass.
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
-    /// Top-k (0 = off).
+    /// Top-k (0 = off; local policies only).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
     /// Most new tokens per sample.
@@ -55,17 +59,30 @@ pub struct Args {
     /// Wrap the question in the tokenizer's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// How to reach a policy given by URL.
+    #[command(flatten)]
+    pub remote: super::backend::RemoteArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let loaded = LoadedPolicy::load(&a.model, &default_device())?;
+    let backend = super::backend::PolicyBackend::open(&a.model, &a.remote)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
-    let mut policy = loaded.policy(a.temperature, a.max_tokens, prompt, "\n");
-    policy.params.top_p = a.top_p;
-    policy.params.top_k = a.top_k;
-    policy.params.seed = a.seed;
-    policy.params.stop_strings = a.stop.clone();
+    let policy: Box<dyn Policy + '_> = match &backend {
+        super::backend::PolicyBackend::Local(loaded) => {
+            let mut policy = loaded.policy(a.temperature, a.max_tokens, prompt, "\n");
+            policy.params.top_p = a.top_p;
+            policy.params.top_k = a.top_k;
+            policy.params.stop_strings = a.stop.clone();
+            Box::new(policy)
+        }
+        remote => {
+            if a.top_k > 0 {
+                anyhow::bail!("--top-k is for local policies (OpenAI's API has no top-k)");
+            }
+            remote.policy(a.temperature, a.max_tokens, prompt, "\n", a.top_p, &a.stop)
+        }
+    };
     let task = MathTask::default();
     let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;
     let bar = crate::progress::bar(None, "generating");
@@ -82,7 +99,7 @@ pub fn run(a: Args) -> Result<()> {
                 question: question.clone(),
                 steps: split_steps(&out.text, &a.split).into_iter().map(Step::new).collect(),
                 gold_answer: gold.clone(),
-                generator: Some(a.model.display().to_string()),
+                generator: Some(a.model.to_string()),
                 ..Default::default()
             };
             task.grade_solution(&mut s);

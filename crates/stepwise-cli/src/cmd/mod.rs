@@ -1,5 +1,6 @@
 //! One module per subcommand.
 pub mod annotate;
+pub mod backend;
 pub mod bon;
 pub mod calibrate;
 pub mod convert;
@@ -10,6 +11,7 @@ pub mod lab;
 pub mod rl;
 pub mod score;
 pub mod search;
+pub mod serve;
 pub mod stats;
 pub mod train_prm;
 

@@ -3,8 +3,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::score_solutions;
 use stepwise_core::{Format, SolutionWriter};
-use stepwise_model::default_device;
-use stepwise_model::scoring::LoadedVerifier;
 
 /// Score every step of every solution with a PRM.
 #[derive(clap::Args)]
@@ -19,13 +17,17 @@ use stepwise_model::scoring::LoadedVerifier;
 Examples:
   stepwise score --model ../shared/fixtures/hf-tiny/qwen2-prm \\
       --input ../shared/data/processbench/gsm8k.json --output scored.jsonl
-  stepwise score --model orm/ --name orm --input scored.jsonl --output scored2.jsonl"
+  stepwise score --model orm/ --name orm --input scored.jsonl --output scored2.jsonl
+  stepwise score --model http://gpu1:8000 --input steps.jsonl --output scored.jsonl        # stepwise serve --prm
+  stepwise score --model http://gpu1:8000 --protocol pooling --layout qwen-prm --server-tokenizer PRM_DIR \\
+      --input steps.jsonl --output scored.jsonl                                             # vLLM /pooling"
 )]
 pub struct Args {
-    /// Checkpoint folder (config.json, model.safetensors, tokenizer.json), or a Hugging Face
-    /// model id (ORG/NAME[@REVISION]) found offline in the local cache (HF_HUB_CACHE, HF_HOME).
-    #[arg(long, value_parser = super::model_dir)]
-    pub model: PathBuf,
+    /// Checkpoint folder (config.json, model.safetensors, tokenizer.json), a Hugging Face model
+    /// id (ORG/NAME[@REVISION]) found offline in the local cache (HF_HUB_CACHE, HF_HOME), or
+    /// server URL(s).
+    #[arg(long, value_parser = super::backend::source)]
+    pub model: super::backend::Source,
     /// Solutions in any format stepwise reads.
     #[arg(long)]
     pub input: PathBuf,
@@ -45,16 +47,19 @@ pub struct Args {
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
+    /// How to reach a PRM given by URL.
+    #[command(flatten)]
+    pub remote: super::backend::RemoteArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let verifier = LoadedVerifier::load(&a.model, &a.layout, &default_device())?;
-    let scorer = verifier.scorer();
+    let backend = super::backend::ScorerBackend::open(&a.model, &a.layout, &a.remote)?;
+    let scorer = backend.scorer();
     let mut sols: Vec<_> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");
     let start = Instant::now();
-    let tokens = score_solutions(&scorer, &a.name, &mut sols, a.batch_size, |done| {
+    let tokens = score_solutions(&*scorer, &a.name, &mut sols, a.batch_size, |done| {
         bar.set_position(done as u64)
     })?;
     bar.finish_and_clear();

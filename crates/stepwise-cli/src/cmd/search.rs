@@ -1,8 +1,7 @@
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use stepwise_core::seams::{MathTask, StepScorer};
-use stepwise_model::scoring::LoadedVerifier;
-use stepwise_model::{default_device, IncrementalScorer, LoadedPolicy, Prompt};
+use stepwise_model::{IncrementalScorer, Prompt};
 use stepwise_search::{compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold, METHODS};
 
 /// Search for solutions step by step, guided by a PRM.
@@ -26,14 +25,17 @@ Examples:
   stepwise search --policy POLICY --prm PRM --method beam -n 16 --width 4 \\
       --input problems.jsonl --output beam.jsonl
   stepwise calibrate --prm PRM --input labelled.jsonl --precision 0.8
-  stepwise search --policy POLICY --prm PRM --method resample --input problems.jsonl --output resample.jsonl")]
+  stepwise search --policy POLICY --prm PRM --method resample --input problems.jsonl --output resample.jsonl
+  stepwise search --policy http://gpu1:8000 --prm http://gpu2:8000 --method dvts -n 16 --threads 16 \\
+      --input problems.jsonl --output dvts.jsonl        # servers: vLLM, SGLang, stepwise serve")]
 pub struct Args {
-    /// Policy checkpoint folder, or a cached Hugging Face model id.
-    #[arg(long, value_parser = super::model_dir)]
-    pub policy: PathBuf,
-    /// PRM checkpoint folder or cached Hugging Face model id (any layout `stepwise score` reads).
-    #[arg(long, value_parser = super::model_dir)]
-    pub prm: PathBuf,
+    /// Policy checkpoint folder, cached Hugging Face model id, or server URL(s).
+    #[arg(long, value_parser = super::backend::source)]
+    pub policy: super::backend::Source,
+    /// PRM checkpoint folder or cached Hugging Face model id (any layout `stepwise score`
+    /// reads), or server URL(s) (scored whole, not incrementally).
+    #[arg(long, value_parser = super::backend::source)]
+    pub prm: super::backend::Source,
     /// PRM layout: auto, qwen-prm, step-tag, token-cls or log-ratio.
     #[arg(long, default_value = "auto")]
     pub layout: String,
@@ -89,6 +91,9 @@ pub struct Args {
     /// Score every candidate from scratch instead of incrementally (for comparison).
     #[arg(long)]
     pub whole: bool,
+    /// How to reach a policy or PRM given by URL.
+    #[command(flatten)]
+    pub remote: super::backend::RemoteArgs,
 }
 
 fn prompt_layout(name: &str) -> Result<Prompt> {
@@ -106,11 +111,14 @@ pub fn run(a: Args) -> Result<()> {
     let threshold = match (a.threshold, a.method.as_str()) {
         (Some(t), _) => t,
         (None, "resample") => {
-            Threshold::load(&a.prm)?
+            let super::backend::Source::Dir(prm_dir) = &a.prm else {
+                bail!("--method resample with a remote PRM needs --threshold (τ from `stepwise calibrate` on the PRM's folder)");
+            };
+            Threshold::load(prm_dir)?
                 .with_context(|| {
                     format!(
                         "--method resample needs τ: run `stepwise calibrate --prm {}` on labelled data, or pass --threshold",
-                        a.prm.display()
+                        prm_dir.display()
                     )
                 })?
                 .tau
@@ -138,18 +146,26 @@ pub fn run(a: Args) -> Result<()> {
         }),
     )?;
     let problems = super::read_problems(&a.input)?;
-    let dev = default_device();
-    let loaded = LoadedPolicy::load(&a.policy, &dev)?;
-    let policy = loaded.policy(
+    let policy_backend = super::backend::PolicyBackend::open(&a.policy, &a.remote)?;
+    let policy = policy_backend.policy(
         a.sampling.temperature,
         a.sampling.max_tokens,
         prompt_layout(&a.prompt)?,
         &a.sampling.separator,
+        1.0,
+        &[],
     );
-    let verifier = LoadedVerifier::load(&a.prm, &a.layout, &dev)?;
-    let incremental = IncrementalScorer::new(verifier.scorer());
-    let whole = verifier.scorer();
-    let scorer: &dyn StepScorer = if a.whole { &whole } else { &incremental };
+    let scorer_backend = super::backend::ScorerBackend::open(&a.prm, &a.layout, &a.remote)?;
+    let whole = scorer_backend.scorer();
+    // A local PRM scores each new step incrementally, on the KV cache of its beam.
+    let incremental = match &scorer_backend {
+        super::backend::ScorerBackend::Local(v) if !a.whole => Some(IncrementalScorer::new(v.scorer())),
+        _ => None,
+    };
+    let scorer: &dyn StepScorer = match &incremental {
+        Some(i) => i,
+        None => &*whole,
+    };
     let jobs: Vec<Job<'_>> = problems
         .iter()
         .map(|p| Job {
@@ -164,7 +180,7 @@ pub fn run(a: Args) -> Result<()> {
     let sols = Searcher {
         method: &*search,
         config: &config,
-        policy: &policy,
+        policy: &*policy,
         scorer,
         verifier: &a.name,
         task: &task,

@@ -1,0 +1,242 @@
+//! Where a command's policy or PRM runs: a local checkpoint folder (or cached model id), or one or
+//! more OpenAI-compatible servers given by URL (`http://gpu1:8000,http://gpu2:8000`).
+
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+use stepwise_core::seams::{Policy, StepScorer};
+use stepwise_model::scoring::LoadedVerifier;
+use stepwise_model::{LoadedPolicy, Prompt, Tokenizer};
+use stepwise_remote::{is_url, Client, Protocol, RemotePolicy, RemoteScorer, ServerConfig};
+
+/// A checkpoint argument that may also be a server: folder, cached model id, or URL(s).
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A checkpoint folder.
+    Dir(PathBuf),
+    /// Base URLs of servers serving the same model.
+    Urls(Vec<String>),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Dir(d) => write!(f, "{}", d.display()),
+            Source::Urls(u) => write!(f, "{}", u.join(",")),
+        }
+    }
+}
+
+impl serde::Serialize for Source {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+/// Value parser of a [`Source`] argument.
+pub fn source(arg: &str) -> std::result::Result<Source, String> {
+    if is_url(arg) {
+        let urls: Vec<String> = arg
+            .split(',')
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if let Some(bad) = urls.iter().find(|u| !is_url(u)) {
+            return Err(format!("`{bad}` is not an http:// or https:// URL"));
+        }
+        return Ok(Source::Urls(urls));
+    }
+    super::model_dir(arg).map(Source::Dir)
+}
+
+/// How to reach servers given by URL.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RemoteArgs {
+    /// The model's name on the server(s) (default: the servers' only model, from /v1/models).
+    #[arg(long)]
+    pub served_model: Option<String>,
+    /// The served model's tokenizer folder: prompts and PRM inputs are then sent as token ids,
+    /// laid out exactly as the local engine lays them out (needed for `--prompt pieces` and the
+    /// pooling protocol).
+    #[arg(long)]
+    pub server_tokenizer: Option<PathBuf>,
+    /// Bearer token for the servers (default: $OPENAI_API_KEY).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Seconds allowed for one request before it is retried.
+    #[arg(long, default_value_t = 600.0)]
+    pub request_timeout: f64,
+    /// Retries of a failing request (429, 5xx, timeouts, resets) before the run stops; an
+    /// interrupted run resumes from its output.
+    #[arg(long, default_value_t = 8)]
+    pub retries: usize,
+    /// Requests in flight at once, over all servers.
+    #[arg(long, default_value_t = 64)]
+    pub max_in_flight: usize,
+    /// How a PRM server is asked: `stepwise` (`stepwise serve --prm`, every layout) or `pooling`
+    /// (vLLM's /pooling with STEP pooling; needs --server-tokenizer and --layout qwen-prm or
+    /// step-tag).
+    #[arg(long, default_value = "stepwise", value_parser = ["stepwise", "pooling"])]
+    pub protocol: String,
+}
+
+impl RemoteArgs {
+    /// A client for `urls`, for the model playing `role` (`policy` or `prm`) there.
+    pub fn client(&self, urls: &[String], role: &str) -> Result<Client> {
+        let mut cfg = ServerConfig::new(urls.to_vec(), self.served_model.as_deref().unwrap_or(""));
+        if let Some(k) = &self.api_key {
+            cfg.api_key = Some(k.clone());
+        }
+        if !(self.request_timeout.is_finite() && self.request_timeout > 0.0) {
+            bail!("--request-timeout must be a positive number of seconds");
+        }
+        cfg.timeout = Duration::from_secs_f64(self.request_timeout);
+        cfg.max_retries = self.retries;
+        cfg.max_in_flight = self.max_in_flight.max(1);
+        let client = Client::new(cfg)?;
+        if self.served_model.is_none() {
+            // The servers' only model, as the OpenAI client's users would look it up.
+            let models = client
+                .get("/models")
+                .context("asking the server for its models (or pass --served-model)")?;
+            let listed: Vec<(String, Option<String>)> = models
+                .get("data")
+                .and_then(|d| d.as_array())
+                .map(|d| {
+                    d.iter()
+                        .filter_map(|m| {
+                            let id = m.get("id")?.as_str()?.to_string();
+                            Some((id, m.get("stepwise_role").and_then(|r| r.as_str()).map(str::to_string)))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            // The only model, or the only one in this role (`stepwise serve` names roles).
+            let in_role: Vec<&String> = listed
+                .iter()
+                .filter(|(_, r)| r.as_deref() == Some(role))
+                .map(|(n, _)| n)
+                .collect();
+            match (listed.as_slice(), in_role.as_slice()) {
+                ([(one, _)], _) => return client.with_model(one),
+                (_, [one]) => return client.with_model(one),
+                _ => bail!(
+                    "{} serves {:?}: name the {role} with --served-model",
+                    urls[0],
+                    listed.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                ),
+            }
+        }
+        Ok(client)
+    }
+
+    fn tokenizer(&self) -> Result<Option<Tokenizer>> {
+        self.server_tokenizer.as_deref().map(Tokenizer::from_dir).transpose()
+    }
+}
+
+/// A policy to sample from, local or remote.
+pub enum PolicyBackend {
+    /// A checkpoint loaded here.
+    Local(LoadedPolicy),
+    /// Servers, and the model's tokenizer when given.
+    Remote(Client, Option<Tokenizer>),
+}
+
+impl PolicyBackend {
+    /// Load the checkpoint, or connect to the servers.
+    pub fn open(source: &Source, remote: &RemoteArgs) -> Result<Self> {
+        Ok(match source {
+            Source::Dir(d) => PolicyBackend::Local(LoadedPolicy::load(d, &stepwise_model::default_device())?),
+            Source::Urls(urls) => PolicyBackend::Remote(remote.client(urls, "policy")?, remote.tokenizer()?),
+        })
+    }
+
+    /// It as a [`Policy`]: `top_p` and extra `stop` strings as given.
+    pub fn policy(
+        &self,
+        temperature: f32,
+        max_tokens: usize,
+        prompt: Prompt,
+        separator: &str,
+        top_p: f32,
+        stop: &[String],
+    ) -> Box<dyn Policy + '_> {
+        match self {
+            PolicyBackend::Local(p) => {
+                let mut policy = p.policy(temperature, max_tokens, prompt, separator);
+                policy.params.top_p = top_p;
+                policy.params.stop_strings = stop.to_vec();
+                Box::new(policy)
+            }
+            PolicyBackend::Remote(client, tokenizer) => Box::new(RemotePolicy {
+                client,
+                tokenizer: tokenizer.as_ref(),
+                prompt,
+                separator: separator.to_string(),
+                temperature,
+                top_p,
+                max_tokens,
+                stop: stop.to_vec(),
+            }),
+        }
+    }
+
+    /// Retries the servers needed so far (0 for a local policy).
+    pub fn retries(&self) -> usize {
+        match self {
+            PolicyBackend::Local(_) => 0,
+            PolicyBackend::Remote(c, _) => c.retries.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+/// A PRM to score with, local or remote.
+pub enum ScorerBackend {
+    /// A verifier loaded here.
+    Local(LoadedVerifier),
+    /// Servers; with the pooling protocol, the PRM's tokenizer and layout.
+    Remote(Client, Option<(Tokenizer, stepwise_model::PrmLayout)>),
+}
+
+impl ScorerBackend {
+    /// Load the verifier (`layout` as `stepwise score --layout`), or connect to the servers.
+    pub fn open(source: &Source, layout: &str, remote: &RemoteArgs) -> Result<Self> {
+        Ok(match source {
+            Source::Dir(d) => ScorerBackend::Local(LoadedVerifier::load(d, layout, &stepwise_model::default_device())?),
+            Source::Urls(urls) => {
+                let client = remote.client(urls, "prm")?;
+                let pooling = match remote.protocol.as_str() {
+                    "pooling" => {
+                        let tok = remote
+                            .tokenizer()?
+                            .context("--protocol pooling lays inputs out here: pass --server-tokenizer")?;
+                        if !matches!(layout, "qwen-prm" | "step-tag") {
+                            bail!("--protocol pooling reads rewards at step tags: pass --layout qwen-prm or step-tag");
+                        }
+                        Some((tok, stepwise_model::PrmLayout::by_name(layout)?))
+                    }
+                    _ => None,
+                };
+                ScorerBackend::Remote(client, pooling)
+            }
+        })
+    }
+
+    /// It as a [`StepScorer`].
+    pub fn scorer(&self) -> Box<dyn StepScorer + '_> {
+        match self {
+            ScorerBackend::Local(v) => Box::new(v.scorer()),
+            ScorerBackend::Remote(client, pooling) => Box::new(RemoteScorer {
+                client,
+                protocol: match pooling {
+                    Some((tokenizer, layout)) => Protocol::Pooling {
+                        tokenizer,
+                        layout: layout.clone(),
+                    },
+                    None => Protocol::Stepwise,
+                },
+            }),
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! stepwise-remote: models behind HTTP. A policy or a PRM served by any OpenAI-compatible server
+//! (vLLM, SGLang, llama.cpp, `stepwise serve`) as the same [`stepwise_core::seams::Policy`] and
+//! [`stepwise_core::seams::StepScorer`] a local checkpoint is, with retries and several servers
+//! per run ([`client`]); and `stepwise serve`, a local policy and PRM behind that API ([`serve`]).
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod policy;
+pub mod scorer;
+pub mod serve;
+
+pub use client::{is_url, Client, ServerConfig};
+pub use policy::RemotePolicy;
+pub use scorer::{Protocol, RemoteScorer};

@@ -1,0 +1,456 @@
+//! `/v1/completions` and `/v1/chat/completions` on the served policy, in the request and reply
+//! shapes of OpenAI's API (and vLLM's extensions: `stop_reason`, `continue_final_message`,
+//! token-id prompts), streaming as server-sent events when asked.
+
+use super::{unix_now, ApiError, Shared};
+use anyhow::Result;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use candle_core::{Tensor, D};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use stepwise_model::tokenizer::Message;
+use stepwise_model::{generate, SamplingParams};
+
+/// Sampling settings read from a request.
+struct Sampling {
+    n: usize,
+    max_tokens: usize,
+    params: SamplingParams,
+    stop: Vec<String>,
+    /// Log-probabilities of the sampled tokens, and of this many alternatives.
+    logprobs: Option<usize>,
+    stream: bool,
+}
+
+/// One finished continuation.
+struct Choice {
+    text: String,
+    /// Each generated token's text, its log-probability and the best alternatives.
+    tokens: Vec<(String, f32, Vec<(String, f32)>)>,
+    finish_reason: &'static str,
+    stop_reason: Value,
+    generated: usize,
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}"), None))?;
+    if !v.is_object() {
+        return Err(ApiError::invalid("the body must be a JSON object", None));
+    }
+    Ok(v)
+}
+
+/// The request's model is the served policy.
+fn check_model(s: &Shared, v: &Value) -> Result<(), ApiError> {
+    let served: Vec<&str> = s.policy.iter().map(|(n, _)| n.as_str()).collect();
+    if s.policy.is_none() {
+        return Err(ApiError::invalid(
+            "this server has no policy (start it with --model)",
+            Some("model"),
+        ));
+    }
+    match v.get("model").and_then(Value::as_str) {
+        Some(m) if !served.contains(&m) => Err(ApiError::no_model(m, &served)),
+        _ => Ok(()),
+    }
+}
+
+fn number(v: &Value, key: &'static str, default: f64, lo: f64, hi: f64) -> Result<f64, ApiError> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => match x.as_f64() {
+            Some(f) if f.is_finite() && (lo..=hi).contains(&f) => Ok(f),
+            _ => Err(ApiError::invalid(
+                format!("`{key}` must be a number in [{lo}, {hi}], not {x}"),
+                Some(key),
+            )),
+        },
+    }
+}
+
+fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
+    let n = number(v, "n", 1.0, 1.0, s.max_n as f64)?;
+    if n.fract() != 0.0 {
+        return Err(ApiError::invalid("`n` must be a whole number", Some("n")));
+    }
+    let max_key = if chat && v.get("max_completion_tokens").is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let default_max = if chat { s.max_tokens as f64 } else { 16.0 };
+    let max_tokens = number(v, max_key, default_max, 1.0, s.max_tokens as f64)?;
+    let temperature = number(v, "temperature", 1.0, 0.0, 2.0)?;
+    let top_p = number(v, "top_p", 1.0, 1e-6, 1.0)?;
+    let seed = match v.get("seed") {
+        None | Some(Value::Null) => rand::random::<u64>(),
+        Some(x) => x
+            .as_i64()
+            .map(|i| i as u64)
+            .or_else(|| x.as_u64())
+            .ok_or_else(|| ApiError::invalid("`seed` must be an integer", Some("seed")))?,
+    };
+    let stop: Vec<String> = match v.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::invalid("`stop` must be a string or a list of strings", Some("stop")))?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "`stop` must be a string or a list of strings",
+                Some("stop"),
+            ))
+        }
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("`stop` strings must not be empty", Some("stop")));
+    }
+    let logprobs = if chat {
+        match v.get("logprobs").and_then(Value::as_bool) {
+            Some(true) => Some(number(v, "top_logprobs", 0.0, 0.0, 20.0)? as usize),
+            _ => None,
+        }
+    } else {
+        match v.get("logprobs") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(number(v, "logprobs", 0.0, 0.0, 20.0)? as usize),
+        }
+    };
+    Ok(Sampling {
+        n: n as usize,
+        max_tokens: max_tokens as usize,
+        params: SamplingParams {
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k: 0,
+            max_new_tokens: max_tokens as usize,
+            seed,
+            stop_token_ids: Vec::new(),
+            stop_strings: stop.clone(),
+        },
+        stop,
+        logprobs,
+        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+    })
+}
+
+/// The prompt's token ids: a string (tokenized with the tokenizer's special tokens, as vLLM
+/// does), a list of token ids, or a list holding one of those.
+fn prompt_ids(s: &Shared, v: &Value) -> Result<Vec<u32>, ApiError> {
+    let (_, p) = s.policy.as_ref().expect("checked");
+    let vocab = p.model.config.vocab_size as u64;
+    let prompt = match v.get("prompt") {
+        Some(Value::Array(a)) if a.len() == 1 && !a[0].is_number() => &a[0],
+        Some(x) => x,
+        None => return Err(ApiError::invalid("`prompt` is missing", Some("prompt"))),
+    };
+    match prompt {
+        Value::String(text) => p
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("prompt"))),
+        Value::Array(ids) => ids
+            .iter()
+            .map(|x| x.as_u64().filter(|&i| i < vocab).map(|i| i as u32))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("`prompt` token ids must be integers below {vocab}"),
+                    Some("prompt"),
+                )
+            }),
+        _ => Err(ApiError::invalid(
+            "`prompt` must be a string or a list of token ids (one prompt per request)",
+            Some("prompt"),
+        )),
+    }
+}
+
+/// Refuse a prompt that cannot fit with its continuation.
+fn check_length(s: &Shared, prompt: usize, max_tokens: usize) -> Result<(), ApiError> {
+    let (_, p) = s.policy.as_ref().expect("checked");
+    let limit = p.model.config.max_position_embeddings;
+    if prompt == 0 {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+    }
+    if prompt + max_tokens > limit {
+        return Err(ApiError::invalid(
+            format!(
+                "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt} in the prompt, {max_tokens} for the completion). Please reduce the length of the prompt or the completion.",
+                prompt + max_tokens
+            ),
+            Some("prompt"),
+        ));
+    }
+    Ok(())
+}
+
+/// Sample the continuations (on a blocking thread: the model computes on this machine's cores).
+async fn run(s: &Shared, ids: Vec<u32>, mut sampling: Sampling) -> Result<(Vec<Choice>, usize), ApiError> {
+    let state = s.clone();
+    let prompt_len = ids.len();
+    let choices = tokio::task::spawn_blocking(move || -> Result<Vec<Choice>> {
+        let (_, p) = state.policy.as_ref().expect("checked");
+        sampling.params.stop_token_ids = p.stop_token_ids.clone();
+        let outs = generate(&p.model, Some(&p.tokenizer), &ids, sampling.n, &sampling.params)?;
+        outs.into_iter().map(|out| choice(p, &ids, out, &sampling)).collect()
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("{e}")))?
+    .map_err(ApiError::internal)?;
+    let generated: usize = choices.iter().map(|c| c.generated).sum();
+    s.metrics.tokens(prompt_len, generated);
+    Ok((choices, prompt_len))
+}
+
+/// A generated sequence as a reply's choice: the end token left out of the text, a stop string
+/// cut off (as OpenAI does) and named in `stop_reason` (as vLLM does).
+fn choice(p: &stepwise_model::LoadedPolicy, prompt: &[u32], out: Vec<u32>, s: &Sampling) -> Result<Choice> {
+    let generated = out.len();
+    let ended = out.last().is_some_and(|t| p.stop_token_ids.contains(t));
+    let body = &out[..out.len() - usize::from(ended)];
+    let mut text = p.tokenizer.decode(body)?;
+    let mut finish_reason = if ended { "stop" } else { "length" };
+    let mut stop_reason = Value::Null;
+    if !ended {
+        if let Some(stop) = s.stop.iter().find(|st| text.ends_with(st.as_str())) {
+            text.truncate(text.len() - stop.len());
+            finish_reason = "stop";
+            stop_reason = json!(stop);
+        } else if generated < s.max_tokens {
+            finish_reason = "stop";
+        }
+    }
+    let tokens = match s.logprobs {
+        Some(k) => token_logprobs(p, prompt, body, k)?,
+        None => body
+            .iter()
+            .map(|&t| Ok((p.tokenizer.decode(&[t])?, 0.0, Vec::new())))
+            .collect::<Result<_>>()?,
+    };
+    Ok(Choice {
+        text,
+        tokens,
+        finish_reason,
+        stop_reason,
+        generated,
+    })
+}
+
+/// Each generated token's log-probability under the model (its raw distribution, as vLLM
+/// reports by default) and the `k` most likely tokens at that position, from one forward pass.
+fn token_logprobs(
+    p: &stepwise_model::LoadedPolicy,
+    prompt: &[u32],
+    generated: &[u32],
+    k: usize,
+) -> Result<Vec<(String, f32, Vec<(String, f32)>)>> {
+    if generated.is_empty() {
+        return Ok(Vec::new());
+    }
+    let all: Vec<u32> = prompt.iter().chain(generated).copied().collect();
+    let ids = Tensor::new(all.as_slice(), &p.model.device)?.unsqueeze(0)?;
+    let hidden = p.model.hidden(&ids, None, None)?.squeeze(0)?;
+    let rows = hidden.narrow(0, prompt.len() - 1, generated.len())?;
+    let logp = candle_nn::ops::log_softmax(&p.model.head_logits(&rows)?, D::Minus1)?.to_vec2::<f32>()?;
+    generated
+        .iter()
+        .zip(logp)
+        .map(|(&t, row)| {
+            let mut best: Vec<(usize, f32)> = row.iter().copied().enumerate().collect();
+            best.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let top = best
+                .into_iter()
+                .take(k)
+                .map(|(id, lp)| Ok((p.tokenizer.decode(&[id as u32])?, lp)))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((p.tokenizer.decode(&[t])?, row[t as usize], top))
+        })
+        .collect()
+}
+
+fn usage(prompt: usize, choices: &[Choice]) -> Value {
+    let completion: usize = choices.iter().map(|c| c.generated).sum();
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn request_id(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", rand::random::<u64>())
+}
+
+/// `POST /v1/completions`.
+pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let v = parse_body(&body)?;
+    check_model(&s, &v)?;
+    let sampling = sampling(&s, &v, false)?;
+    let ids = prompt_ids(&s, &v)?;
+    check_length(&s, ids.len(), sampling.max_tokens)?;
+    let (stream, logprobs) = (sampling.stream, sampling.logprobs);
+    let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
+    let (choices, prompt_len) = run(&s, ids, sampling).await?;
+    let (id, created) = (request_id("cmpl"), unix_now());
+    let logprobs_of = |c: &Choice| {
+        logprobs.map(|_| {
+            let mut offset = 0;
+            let offsets: Vec<usize> = c
+                .tokens
+                .iter()
+                .map(|(t, _, _)| {
+                    let o = offset;
+                    offset += t.len();
+                    o
+                })
+                .collect();
+            json!({
+                "tokens": c.tokens.iter().map(|(t, _, _)| t).collect::<Vec<_>>(),
+                "token_logprobs": c.tokens.iter().map(|(_, lp, _)| lp).collect::<Vec<_>>(),
+                "top_logprobs": c.tokens.iter().map(|(_, _, top)| {
+                    top.iter().map(|(t, l)| (t.clone(), json!(l))).collect::<serde_json::Map<_, _>>()
+                }).collect::<Vec<_>>(),
+                "text_offset": offsets,
+            })
+        })
+    };
+    if stream {
+        let mut events = Vec::new();
+        for (i, c) in choices.iter().enumerate() {
+            for (t, _, _) in &c.tokens {
+                events.push(
+                    json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": i, "text": t, "logprobs": null, "finish_reason": null}]}),
+                );
+            }
+            events.push(json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": i, "text": "", "logprobs": null, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}));
+        }
+        return Ok(sse(events));
+    }
+    let body = json!({
+        "id": id, "object": "text_completion", "created": created, "model": model,
+        "choices": choices.iter().enumerate().map(|(i, c)| json!({
+            "index": i, "text": c.text, "logprobs": logprobs_of(c), "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        })).collect::<Vec<_>>(),
+        "usage": usage(prompt_len, &choices),
+    });
+    Ok(Json(body).into_response())
+}
+
+/// A message's text: a string, or the text parts of a list of content parts.
+fn content_text(m: &Value) -> Result<String, ApiError> {
+    match m.get("content") {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => Ok(parts
+            .iter()
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect()),
+        Some(Value::Null) | None => Ok(String::new()),
+        Some(_) => Err(ApiError::invalid(
+            "a message's `content` must be text",
+            Some("messages"),
+        )),
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let v = parse_body(&body)?;
+    check_model(&s, &v)?;
+    let sampling = sampling(&s, &v, true)?;
+    let messages = v
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::invalid("`messages` must be a non-empty list", Some("messages")))?;
+    let mut msgs = Vec::with_capacity(messages.len());
+    for m in messages {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::invalid("every message needs a `role`", Some("messages")))?;
+        msgs.push(Message::new(role, &content_text(m)?));
+    }
+    let (_, p) = s.policy.as_ref().expect("checked");
+    // vLLM's `continue_final_message`: the last (assistant) message is continued in place.
+    let continue_last = v
+        .get("continue_final_message")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let text = if continue_last {
+        let last = msgs.pop().expect("non-empty");
+        if last.role != "assistant" {
+            return Err(ApiError::invalid(
+                "`continue_final_message` needs an assistant message last",
+                Some("messages"),
+            ));
+        }
+        let head = p
+            .tokenizer
+            .apply_chat_template(&msgs, true)
+            .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages")))?;
+        format!("{head}{}", last.content)
+    } else {
+        let add = v.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
+        p.tokenizer
+            .apply_chat_template(&msgs, add)
+            .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages")))?
+    };
+    let ids = p.tokenizer.encode(&text, false).map_err(ApiError::internal)?;
+    check_length(&s, ids.len(), sampling.max_tokens)?;
+    let (stream, logprobs) = (sampling.stream, sampling.logprobs);
+    let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
+    let (choices, prompt_len) = run(&s, ids, sampling).await?;
+    let (id, created) = (request_id("chatcmpl"), unix_now());
+    if stream {
+        let mut events = Vec::new();
+        for (i, c) in choices.iter().enumerate() {
+            events.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]}));
+            for (t, _, _) in &c.tokens {
+                events.push(
+                    json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null}]}),
+                );
+            }
+            events.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": i, "delta": {}, "logprobs": null, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}));
+        }
+        return Ok(sse(events));
+    }
+    let logprobs_of = |c: &Choice| {
+        logprobs.map(|_| {
+            json!({"content": c.tokens.iter().map(|(t, lp, top)| json!({
+                "token": t, "logprob": lp, "bytes": t.as_bytes(),
+                "top_logprobs": top.iter().map(|(tt, l)| json!({"token": tt, "logprob": l, "bytes": tt.as_bytes()})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>()})
+        })
+    };
+    let body = json!({
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "choices": choices.iter().enumerate().map(|(i, c)| json!({
+            "index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs_of(c),
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+        })).collect::<Vec<_>>(),
+        "usage": usage(prompt_len, &choices),
+    });
+    Ok(Json(body).into_response())
+}
+
+/// Server-sent events: each chunk, then `[DONE]`. The chunks are sent as soon as generation
+/// ends (generation is not yet interleaved with sending).
+fn sse(chunks: Vec<Value>) -> Response {
+    let events = chunks
+        .into_iter()
+        .map(|c| Ok::<_, Infallible>(Event::default().data(c.to_string())))
+        .chain(std::iter::once(Ok(Event::default().data("[DONE]"))));
+    Sse::new(tokio_stream::iter(events)).into_response()
+}

@@ -1,0 +1,87 @@
+//! Prometheus metrics of `stepwise serve`: requests by endpoint and status, prompt and generated
+//! tokens, and a latency histogram (`GET /metrics`, text exposition format).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+/// Upper bounds (seconds) of the latency histogram's buckets.
+const BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+#[derive(Default)]
+struct Counts {
+    requests: BTreeMap<(String, u16), u64>,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    latency_buckets: [u64; BUCKETS.len()],
+    latency_count: u64,
+    latency_sum: f64,
+}
+
+/// The server's counters.
+#[derive(Default)]
+pub struct Metrics {
+    counts: Mutex<Counts>,
+}
+
+impl Metrics {
+    /// Count a finished request.
+    pub fn request(&self, endpoint: &str, status: u16, seconds: f64) {
+        let mut c = self.counts.lock().unwrap();
+        *c.requests.entry((endpoint.to_string(), status)).or_default() += 1;
+        for (b, le) in c.latency_buckets.iter_mut().zip(BUCKETS) {
+            if seconds <= le {
+                *b += 1;
+            }
+        }
+        c.latency_count += 1;
+        c.latency_sum += seconds;
+    }
+
+    /// Count tokens read and written.
+    pub fn tokens(&self, prompt: usize, generated: usize) {
+        let mut c = self.counts.lock().unwrap();
+        c.prompt_tokens += prompt as u64;
+        c.generation_tokens += generated as u64;
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let c = self.counts.lock().unwrap();
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP stepwise_requests_total Requests answered, by endpoint and HTTP status."
+        );
+        let _ = writeln!(out, "# TYPE stepwise_requests_total counter");
+        for ((endpoint, status), n) in &c.requests {
+            let _ = writeln!(
+                out,
+                "stepwise_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+            );
+        }
+        for (name, help, v) in [
+            ("stepwise_prompt_tokens_total", "Prompt tokens read.", c.prompt_tokens),
+            (
+                "stepwise_generation_tokens_total",
+                "Tokens generated.",
+                c.generation_tokens,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        let _ = writeln!(out, "# HELP stepwise_request_seconds Time to answer a request.");
+        let _ = writeln!(out, "# TYPE stepwise_request_seconds histogram");
+        for (b, le) in c.latency_buckets.iter().zip(BUCKETS) {
+            let _ = writeln!(out, "stepwise_request_seconds_bucket{{le=\"{le}\"}} {b}");
+        }
+        let _ = writeln!(
+            out,
+            "stepwise_request_seconds_bucket{{le=\"+Inf\"}} {}",
+            c.latency_count
+        );
+        let _ = writeln!(out, "stepwise_request_seconds_sum {}", c.latency_sum);
+        let _ = writeln!(out, "stepwise_request_seconds_count {}", c.latency_count);
+        out
+    }
+}

@@ -1,0 +1,181 @@
+//! Step rewards from the served PRM: stepwise's `/v1/score_steps` (questions and steps as text,
+//! laid out as the verifier was trained, any layout) and vLLM's `/pooling` shape (token ids or
+//! text with step tags; one `[p_bad, p_good]` per step tag).
+
+use super::{ApiError, Shared};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Value};
+use stepwise_core::seams::{ScoreInput, StepScorer};
+use stepwise_model::layout::Encoded;
+use stepwise_model::PrmLayout;
+
+fn parse(s: &Shared, body: &Bytes) -> Result<Value, ApiError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}"), None))?;
+    let Some((name, _)) = &s.prm else {
+        return Err(ApiError::invalid(
+            "this server has no PRM (start it with --prm)",
+            Some("model"),
+        ));
+    };
+    match v.get("model").and_then(Value::as_str) {
+        Some(m) if m != name => Err(ApiError::no_model(m, &[name.as_str()])),
+        _ => Ok(v),
+    }
+}
+
+/// `POST /v1/score_steps`: `{"inputs": [{"question": …, "steps": [...], "partial": false}]}` →
+/// `{"scores": [[…]], "usage": {"prompt_tokens": …}}`.
+pub(crate) async fn score_steps(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let v = parse(&s, &body)?;
+    let inputs = v
+        .get("inputs")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::invalid("`inputs` must be a list of {question, steps}", Some("inputs")))?;
+    let mut owned = Vec::with_capacity(inputs.len());
+    for (k, i) in inputs.iter().enumerate() {
+        let question = i.get("question").and_then(Value::as_str);
+        let steps: Option<Vec<String>> = i
+            .get("steps")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect());
+        match (question, steps) {
+            (Some(q), Some(st)) => owned.push((
+                q.to_string(),
+                st,
+                i.get("partial").and_then(Value::as_bool).unwrap_or(false),
+            )),
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("inputs[{k}]: needs `question` (text) and `steps` (a list of texts)"),
+                    Some("inputs"),
+                ))
+            }
+        }
+    }
+    let state = s.clone();
+    let scored = tokio::task::spawn_blocking(move || {
+        let (_, verifier) = state.prm.as_ref().expect("checked");
+        let batch: Vec<ScoreInput<'_>> = owned
+            .iter()
+            .map(|(q, st, partial)| ScoreInput {
+                problem_id: "",
+                question: q,
+                steps: st.iter().map(String::as_str).collect(),
+                partial: *partial,
+            })
+            .collect();
+        StepScorer::score(&verifier.scorer(), &batch)
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("{e}")))?
+    // A solution the verifier cannot read (too long, a step holding the step tag) is the
+    // request's fault.
+    .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("inputs")))?;
+    s.metrics.tokens(scored.tokens, 0);
+    Ok(Json(
+        json!({"object": "list", "scores": scored.scores, "usage": {"prompt_tokens": scored.tokens}}),
+    ))
+}
+
+/// `POST /pooling` in vLLM's shape: `input` is a text, a list of token ids, or a list of either;
+/// the result of each is one `[p_bad, p_good]` per step tag in it.
+pub(crate) async fn pooling(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let v = parse(&s, &body)?;
+    let (_, verifier) = s.prm.as_ref().expect("checked");
+    let tag = match &verifier.layout {
+        PrmLayout::QwenPrm { step_token, .. } => step_token.clone(),
+        PrmLayout::StepTag { tag, .. } => tag.clone(),
+        _ => {
+            return Err(ApiError::invalid(
+                "this PRM's layout has no step tag token to pool at: use /v1/score_steps",
+                Some("input"),
+            ))
+        }
+    };
+    let tag_id = verifier
+        .tokenizer
+        .token_id(&tag)
+        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("the tokenizer has no `{tag}` token")))?;
+    let input = v
+        .get("input")
+        .ok_or_else(|| ApiError::invalid("`input` is missing", Some("input")))?;
+    let single = input.is_string()
+        || input
+            .as_array()
+            .is_some_and(|a| a.first().is_some_and(Value::is_number));
+    let items: Vec<&Value> = if single {
+        vec![input]
+    } else {
+        input.as_array().map(|a| a.iter().collect()).unwrap_or_default()
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "`input` must be a text, token ids, or a non-empty list of them",
+            Some("input"),
+        ));
+    }
+    let vocab = verifier.model.config.vocab_size as u64;
+    let limit = verifier.model.config.max_position_embeddings;
+    let mut batch = Vec::with_capacity(items.len());
+    for (k, item) in items.into_iter().enumerate() {
+        let ids: Vec<u32> = match item {
+            Value::String(t) => verifier.tokenizer.encode(t, true).map_err(ApiError::internal)?,
+            Value::Array(a) => a
+                .iter()
+                .map(|x| x.as_u64().filter(|&i| i < vocab).map(|i| i as u32))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("input[{k}]: token ids must be integers below {vocab}"),
+                        Some("input"),
+                    )
+                })?,
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("input[{k}]: a text or a list of token ids"),
+                    Some("input"),
+                ))
+            }
+        };
+        if ids.is_empty() || ids.len() > limit {
+            return Err(ApiError::invalid(
+                format!("input[{k}]: {} tokens; this model reads 1 to {limit}", ids.len()),
+                Some("input"),
+            ));
+        }
+        let positions = ids
+            .iter()
+            .enumerate()
+            .filter(|(_, &t)| t == tag_id)
+            .map(|(i, _)| i)
+            .collect();
+        batch.push(Encoded {
+            ids,
+            positions,
+            steps_from: 0,
+        });
+    }
+    let tokens: usize = batch.iter().map(|e| e.ids.len()).sum();
+    let state = s.clone();
+    let rewards = tokio::task::spawn_blocking(move || {
+        let (_, verifier) = state.prm.as_ref().expect("checked");
+        verifier.scorer().score_batch(&batch)
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("{e}")))?
+    .map_err(ApiError::internal)?;
+    s.metrics.tokens(tokens, 0);
+    let data: Vec<Value> = rewards
+        .iter()
+        .enumerate()
+        .map(|(i, r)| json!({"index": i, "object": "pooling", "data": r.iter().map(|p| [1.0 - p, *p]).collect::<Vec<_>>()}))
+        .collect();
+    Ok(Json(json!({
+        "id": format!("pool-{:016x}", rand::random::<u64>()), "object": "list",
+        "created": super::unix_now(), "model": v.get("model").cloned().unwrap_or(Value::Null),
+        "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })))
+}
