@@ -424,3 +424,30 @@ fn the_api_key_and_request_errors_are_answered_as_openai_does() {
     assert_eq!(err.status.code(), Some(1), "{said}");
     assert!(said.contains("maximum context length is 512 tokens"), "{said}");
 }
+
+/// The official `openai` Python package against `stepwise serve` (`tests/openai_client.py`):
+/// completions with n, seed, logprobs, stop and streaming, chat, and the error cases. Runs
+/// where STEPWISE_OPENAI_PYTHON names a Python that has `openai` (`.ci/run` makes one in a
+/// throw-away virtual environment); elsewhere it says it did not run.
+#[test]
+fn the_openai_python_client_works_against_serve() {
+    let Some(python) = std::env::var_os("STEPWISE_OPENAI_PYTHON") else {
+        eprintln!("not run: set STEPWISE_OPENAI_PYTHON to a Python with `openai` installed (.ci/run does)");
+        return;
+    };
+    let server = serve(&["--api-key", "sekrit"]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .args([&server.url, "sekrit", "qwen2-policy"])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("checks passed"), "{said}");
+    println!("{said}");
+}

@@ -194,16 +194,27 @@ impl PolicyBackend {
 /// A PRM to score with, local or remote.
 pub enum ScorerBackend {
     /// A verifier loaded here.
-    Local(LoadedVerifier),
-    /// Servers; with the pooling protocol, the PRM's tokenizer and layout.
-    Remote(Client, Option<(Tokenizer, stepwise_model::PrmLayout)>),
+    Local(Box<LoadedVerifier>),
+    /// Servers.
+    Remote(Box<RemotePrm>),
+}
+
+/// A PRM behind servers.
+pub struct RemotePrm {
+    client: Client,
+    /// With the pooling protocol: the PRM's tokenizer and layout, to lay inputs out here.
+    pooling: Option<(Tokenizer, stepwise_model::PrmLayout)>,
 }
 
 impl ScorerBackend {
     /// Load the verifier (`layout` as `stepwise score --layout`), or connect to the servers.
     pub fn open(source: &Source, layout: &str, remote: &RemoteArgs) -> Result<Self> {
         Ok(match source {
-            Source::Dir(d) => ScorerBackend::Local(LoadedVerifier::load(d, layout, &stepwise_model::default_device())?),
+            Source::Dir(d) => ScorerBackend::Local(Box::new(LoadedVerifier::load(
+                d,
+                layout,
+                &stepwise_model::default_device(),
+            )?)),
             Source::Urls(urls) => {
                 let client = remote.client(urls, "prm")?;
                 let pooling = match remote.protocol.as_str() {
@@ -218,7 +229,7 @@ impl ScorerBackend {
                     }
                     _ => None,
                 };
-                ScorerBackend::Remote(client, pooling)
+                ScorerBackend::Remote(Box::new(RemotePrm { client, pooling }))
             }
         })
     }
@@ -227,9 +238,9 @@ impl ScorerBackend {
     pub fn scorer(&self) -> Box<dyn StepScorer + '_> {
         match self {
             ScorerBackend::Local(v) => Box::new(v.scorer()),
-            ScorerBackend::Remote(client, pooling) => Box::new(RemoteScorer {
-                client,
-                protocol: match pooling {
+            ScorerBackend::Remote(remote) => Box::new(RemoteScorer {
+                client: &remote.client,
+                protocol: match &remote.pooling {
                     Some((tokenizer, layout)) => Protocol::Pooling {
                         tokenizer,
                         layout: layout.clone(),

@@ -26,14 +26,19 @@ struct Sampling {
     stream: bool,
 }
 
+/// A generated token's text, its log-probability, and the most likely tokens there.
+type TokenLogprob = (String, f32, Vec<(String, f32)>);
+
 /// One finished continuation.
 struct Choice {
     text: String,
     /// Each generated token's text, its log-probability and the best alternatives.
-    tokens: Vec<(String, f32, Vec<(String, f32)>)>,
+    tokens: Vec<TokenLogprob>,
     finish_reason: &'static str,
     stop_reason: Value,
     generated: usize,
+    /// The text in the pieces a stream sends, one per token (empty unless streaming).
+    pieces: Vec<String>,
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
@@ -220,14 +225,18 @@ fn choice(p: &stepwise_model::LoadedPolicy, prompt: &[u32], out: Vec<u32>, s: &S
     let mut text = p.tokenizer.decode(body)?;
     let mut finish_reason = if ended { "stop" } else { "length" };
     let mut stop_reason = Value::Null;
-    if !ended {
-        if let Some(stop) = s.stop.iter().find(|st| text.ends_with(st.as_str())) {
-            text.truncate(text.len() - stop.len());
-            finish_reason = "stop";
-            stop_reason = json!(stop);
-        } else if generated < s.max_tokens {
-            finish_reason = "stop";
-        }
+    // The text ends before the first stop string in it (a token can carry text past it).
+    let first_stop = s
+        .stop
+        .iter()
+        .filter_map(|st| text.find(st.as_str()).map(|at| (at, st)))
+        .min_by_key(|(at, _)| *at);
+    if let Some((at, stop)) = first_stop {
+        text.truncate(at);
+        finish_reason = "stop";
+        stop_reason = json!(stop);
+    } else if !ended && generated < s.max_tokens {
+        finish_reason = "stop";
     }
     let tokens = match s.logprobs {
         Some(k) => token_logprobs(p, prompt, body, k)?,
@@ -236,13 +245,41 @@ fn choice(p: &stepwise_model::LoadedPolicy, prompt: &[u32], out: Vec<u32>, s: &S
             .map(|&t| Ok((p.tokenizer.decode(&[t])?, 0.0, Vec::new())))
             .collect::<Result<_>>()?,
     };
+    let pieces = if s.stream {
+        stream_pieces(p, body, &text)?
+    } else {
+        Vec::new()
+    };
     Ok(Choice {
         text,
         tokens,
         finish_reason,
         stop_reason,
         generated,
+        pieces,
     })
+}
+
+/// `text` (a prefix of `body`'s decoding) cut where each token's text begins: decoded prefix by
+/// prefix, so characters spread over several tokens arrive whole.
+fn stream_pieces(p: &stepwise_model::LoadedPolicy, body: &[u32], text: &str) -> Result<Vec<String>> {
+    let mut pieces = Vec::new();
+    let mut sent = 0;
+    for i in 1..=body.len() {
+        let so_far = p.tokenizer.decode(&body[..i])?;
+        let upto = so_far.len().min(text.len());
+        if upto > sent && text.is_char_boundary(upto) && so_far.starts_with(&text[..upto]) {
+            pieces.push(text[sent..upto].to_string());
+            sent = upto;
+        }
+        if sent == text.len() {
+            break;
+        }
+    }
+    if sent < text.len() {
+        pieces.push(text[sent..].to_string());
+    }
+    Ok(pieces)
 }
 
 /// Each generated token's log-probability under the model (its raw distribution, as vLLM
@@ -252,7 +289,7 @@ fn token_logprobs(
     prompt: &[u32],
     generated: &[u32],
     k: usize,
-) -> Result<Vec<(String, f32, Vec<(String, f32)>)>> {
+) -> Result<Vec<TokenLogprob>> {
     if generated.is_empty() {
         return Ok(Vec::new());
     }
@@ -322,7 +359,7 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
     if stream {
         let mut events = Vec::new();
         for (i, c) in choices.iter().enumerate() {
-            for (t, _, _) in &c.tokens {
+            for t in &c.pieces {
                 events.push(
                     json!({"id": id, "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": i, "text": t, "logprobs": null, "finish_reason": null}]}),
@@ -415,7 +452,7 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
         for (i, c) in choices.iter().enumerate() {
             events.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]}));
-            for (t, _, _) in &c.tokens {
+            for t in &c.pieces {
                 events.push(
                     json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [{"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null}]}),

@@ -1,0 +1,76 @@
+"""The official `openai` Python package against `stepwise serve`, as a user would use it.
+
+    python openai_client.py BASE_URL API_KEY MODEL
+
+Run by `tests/remote.rs` when STEPWISE_OPENAI_PYTHON names a Python with `openai` installed
+(`.ci/run` makes one). Exits non-zero with the failed check's message.
+"""
+import sys
+
+import openai
+from openai import OpenAI
+
+base_url, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+checks = []
+
+
+def check(name, ok, detail=""):
+    if not ok:
+        sys.exit(f"FAILED {name}: {detail}")
+    checks.append(name)
+
+
+ids = [m.id for m in client.models.list().data]
+check("models.list names the policy", model in ids, ids)
+
+kw = dict(model=model, prompt="What is 2 + 3?\n", max_tokens=8, temperature=0.8)
+a = client.completions.create(n=2, seed=7, logprobs=1, **kw)
+check("completions: n choices", len(a.choices) == 2, a)
+check(
+    "completions: logprobs per token",
+    all(len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) > 0 for c in a.choices),
+    a.choices[0].logprobs,
+)
+check("completions: usage", a.usage.completion_tokens > 0 and a.usage.prompt_tokens > 0, a.usage)
+b = client.completions.create(n=2, seed=7, logprobs=1, **kw)
+check("completions: a seed reproduces", [c.text for c in a.choices] == [c.text for c in b.choices])
+c = client.completions.create(n=1, seed=8, stop=["l"], **kw)
+check(
+    "completions: stop strings cut the text",
+    "l" not in c.choices[0].text and c.choices[0].finish_reason in ("stop", "length"),
+    c.choices[0],
+)
+for stop in (None, ["u"]):
+    streamed = "".join(
+        chunk.choices[0].text for chunk in client.completions.create(n=1, seed=9, stream=True, stop=stop, **kw)
+    )
+    whole = client.completions.create(n=1, seed=9, stop=stop, **kw).choices[0].text
+    check("completions: streaming gives the same text", streamed == whole, (stop, streamed, whole))
+
+messages = [{"role": "user", "content": "What is 2 + 3?"}]
+chat = client.chat.completions.create(model=model, messages=messages, max_tokens=8, seed=3, logprobs=True, top_logprobs=2)
+msg = chat.choices[0].message
+check("chat: an assistant message", msg.role == "assistant" and isinstance(msg.content, str), chat)
+check("chat: logprobs with alternatives", len(chat.choices[0].logprobs.content[0].top_logprobs) == 2)
+stream = client.chat.completions.create(model=model, messages=messages, max_tokens=8, seed=3, stream=True)
+text = "".join(ch.choices[0].delta.content or "" for ch in stream)
+check("chat: streaming gives the same text", text == msg.content, (text, msg.content))
+
+try:
+    client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    check("errors: unknown model", False, "accepted")
+except openai.NotFoundError as e:
+    check("errors: unknown model is 404", "no-such-model" in str(e), e)
+try:
+    client.completions.create(model=model, prompt="2 + 2 " * 400, max_tokens=8)
+    check("errors: over-long prompt", False, "accepted")
+except openai.BadRequestError as e:
+    check("errors: over-long prompt is 400", "maximum context length" in str(e), e)
+try:
+    OpenAI(base_url=f"{base_url}/v1", api_key="wrong", max_retries=0).models.list()
+    check("errors: wrong key", False, "accepted")
+except openai.AuthenticationError:
+    check("errors: wrong key is 401", True)
+
+print(f"openai {openai.__version__}: {len(checks)} checks passed")
