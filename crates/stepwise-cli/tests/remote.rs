@@ -205,7 +205,11 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
     }
     // Scoring the generated samples: the same step scores from the server.
     let samples = d.join("generate-local.jsonl");
-    let (a, b) = (d.join("score-local.jsonl"), d.join("score-remote.jsonl"));
+    let (a, b, c) = (
+        d.join("score-local.jsonl"),
+        d.join("score-remote.jsonl"),
+        d.join("score-pooling.jsonl"),
+    );
     for (model, out) in [(&prm, &a), (&server.url, &b)] {
         stepwise(&[
             "score",
@@ -217,6 +221,22 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
             out.to_str().unwrap(),
         ]);
     }
+    // vLLM's /pooling protocol: the inputs laid out here and sent as token ids.
+    stepwise(&[
+        "score",
+        "--model",
+        &server.url,
+        "--protocol",
+        "pooling",
+        "--layout",
+        "qwen-prm",
+        "--server-tokenizer",
+        &prm,
+        "--input",
+        samples.to_str().unwrap(),
+        "--output",
+        c.to_str().unwrap(),
+    ]);
     let scores = |p: &Path| -> Vec<f64> {
         records(p)
             .iter()
@@ -230,12 +250,62 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
             })
             .collect()
     };
-    let (sa, sb) = (scores(&a), scores(&b));
-    assert_eq!(sa.len(), sb.len());
-    assert!(
-        sa.iter().zip(&sb).all(|(x, y)| (x - y).abs() < 1e-6),
-        "{sa:?} vs {sb:?}"
-    );
+    let (sa, sb, sc) = (scores(&a), scores(&b), scores(&c));
+    for other in [&sb, &sc] {
+        assert_eq!(sa.len(), other.len());
+        assert!(
+            sa.iter().zip(other).all(|(x, y)| (x - y).abs() < 1e-6),
+            "{sa:?} vs {other:?}"
+        );
+    }
+}
+
+/// POST a JSON body to `url` + `path` and return the reply's JSON.
+fn post(url: &str, path: &str, body: &Value) -> Value {
+    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    let text = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+        text.len()
+    )
+    .unwrap();
+    let reply = read_http(&mut s).unwrap();
+    let end = reply.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    serde_json::from_slice(&reply[end + 4..]).unwrap()
+}
+
+/// Requests that arrive together are scored together, and each gets its own solutions' scores:
+/// the same as one request holding them all.
+#[test]
+fn concurrent_score_requests_get_their_own_scores() {
+    let server = serve(&[]);
+    let inputs: Vec<Value> = (0..16)
+        .map(|i| json!({"question": format!("What is {i} + 2?"), "steps": (0..=i % 4).map(|k| format!("step {k} of {i}")).collect::<Vec<_>>()}))
+        .collect();
+    let together = post(&server.url, "/v1/score_steps", &json!({"inputs": inputs}));
+    let url = server.url.clone();
+    let alone: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = inputs
+            .iter()
+            .map(|i| {
+                let url = url.clone();
+                scope.spawn(move || post(&url, "/v1/score_steps", &json!({"inputs": [i]}))["scores"][0].clone())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (k, (a, b)) in together["scores"].as_array().unwrap().iter().zip(&alone).enumerate() {
+        let (a, b) = (a.as_array().unwrap(), b.as_array().unwrap());
+        assert_eq!(a.len(), k % 4 + 1);
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-5,
+                "input {k}: {a:?} vs {b:?}"
+            );
+        }
+    }
 }
 
 /// A proxy in front of `upstream` that answers request k (1-based, counting every attempt)

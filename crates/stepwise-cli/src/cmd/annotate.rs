@@ -45,6 +45,10 @@ pub struct Args {
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
+    /// Solutions labelled at once (default: one per core; raise it for a policy on servers,
+    /// whose requests then run in parallel).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// How to reach a policy given by URL.
     #[command(flatten)]
     pub remote: super::backend::RemoteArgs,
@@ -88,7 +92,11 @@ pub fn run(a: Args) -> Result<()> {
         },
     };
     let bar = crate::progress::bar(Some(sols.len() as u64), "annotating");
-    let (labelled, spent) = annotate_resumable(&a.output, &sols, &mc, |done| bar.set_position(done as u64))?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads.unwrap_or(0))
+        .build()?;
+    let (labelled, spent) =
+        pool.install(|| annotate_resumable(&a.output, &sols, &mc, |done| bar.set_position(done as u64)))?;
     bar.finish_and_clear();
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
     let retried = match backend.retries() {

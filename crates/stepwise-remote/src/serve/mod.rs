@@ -7,7 +7,7 @@
 //! | `GET /v1/models` | the served models |
 //! | `POST /v1/completions` | text or token-id prompts; `n`, `temperature`, `top_p`, `seed`, `max_tokens`, `stop`, `logprobs`, `stream` |
 //! | `POST /v1/chat/completions` | the tokenizer's chat template; `continue_final_message` as in vLLM |
-//! | `POST /v1/score_steps` | stepwise's step scoring: `{inputs: [{question, steps}]}` → one score per step, any PRM layout |
+//! | `POST /v1/score_steps` | stepwise's step scoring: `{inputs: [{question, steps}]}` → one score per step, any PRM layout; concurrent requests are scored together in one forward pass |
 //! | `POST /pooling` | vLLM's STEP pooling shape: per step-tag position `[p_bad, p_good]` |
 //! | `GET /metrics` | Prometheus text: requests, tokens, latency histogram |
 //!
@@ -67,6 +67,8 @@ pub(crate) struct AppState {
     pub max_tokens: usize,
     pub metrics: Metrics,
     pub started: u64,
+    /// Where `/v1/score_steps` requests queue for the scoring worker ([`steps::score_worker`]).
+    pub score_queue: std::sync::Mutex<std::sync::mpsc::Sender<steps::ScoreJob>>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -152,6 +154,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         policy.is_some() || prm.is_some(),
         "nothing to serve: pass --model and/or --prm"
     );
+    let (queue, jobs) = std::sync::mpsc::channel();
     let state: Shared = Arc::new(AppState {
         policy,
         prm,
@@ -160,7 +163,13 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         max_tokens: cfg.max_tokens,
         metrics: Metrics::default(),
         started: unix_now(),
+        score_queue: std::sync::Mutex::new(queue),
     });
+    let worker_state = state.clone();
+    std::thread::Builder::new()
+        .name("stepwise-score".into())
+        .spawn(move || steps::score_worker(worker_state, jobs))
+        .context("starting the scoring worker")?;
     let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions::completions))

@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
-use stepwise_core::seams::{ScoreInput, StepScorer};
+use stepwise_core::seams::{ScoreInput, Scored, StepScorer};
 use stepwise_model::layout::Encoded;
 use stepwise_model::PrmLayout;
 
@@ -55,25 +55,18 @@ pub(crate) async fn score_steps(State(s): State<Shared>, body: Bytes) -> Result<
             }
         }
     }
-    let state = s.clone();
-    let scored = tokio::task::spawn_blocking(move || {
-        let (_, verifier) = state.prm.as_ref().expect("checked");
-        let batch: Vec<ScoreInput<'_>> = owned
-            .iter()
-            .map(|(q, st, partial)| ScoreInput {
-                problem_id: "",
-                question: q,
-                steps: st.iter().map(String::as_str).collect(),
-                partial: *partial,
-            })
-            .collect();
-        StepScorer::score(&verifier.scorer(), &batch)
-    })
-    .await
-    .map_err(|e| ApiError::internal(anyhow::anyhow!("{e}")))?
-    // A solution the verifier cannot read (too long, a step holding the step tag) is the
-    // request's fault.
-    .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("inputs")))?;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    s.score_queue
+        .lock()
+        .unwrap()
+        .send(ScoreJob { inputs: owned, reply })
+        .map_err(|_| ApiError::internal(anyhow::anyhow!("the scoring worker stopped")))?;
+    let scored = answer
+        .await
+        .map_err(|_| ApiError::internal(anyhow::anyhow!("the scoring worker stopped")))?
+        // A solution the verifier cannot read (too long, a step holding the step tag) is the
+        // request's fault.
+        .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("inputs")))?;
     s.metrics.tokens(scored.tokens, 0);
     Ok(Json(
         json!({"object": "list", "scores": scored.scores, "usage": {"prompt_tokens": scored.tokens}}),
@@ -178,4 +171,70 @@ pub(crate) async fn pooling(State(s): State<Shared>, body: Bytes) -> Result<Json
         "created": super::unix_now(), "model": v.get("model").cloned().unwrap_or(Value::Null),
         "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })))
+}
+
+/// One `/v1/score_steps` request waiting for the scoring worker.
+pub(crate) struct ScoreJob {
+    inputs: Vec<(String, Vec<String>, bool)>,
+    reply: tokio::sync::oneshot::Sender<anyhow::Result<Scored>>,
+}
+
+/// Most solutions scored in one forward pass by the worker.
+const MAX_BATCH: usize = 64;
+
+/// The scoring worker: requests that arrive while a batch is being scored are scored together in
+/// the next forward pass (up to [`MAX_BATCH`] solutions). A batch that fails is scored request by
+/// request, so an error reaches only the request that caused it.
+pub(crate) fn score_worker(state: Shared, jobs: std::sync::mpsc::Receiver<ScoreJob>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        let mut size = batch[0].inputs.len();
+        while size < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => {
+                    size += job.inputs.len();
+                    batch.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let Some((_, verifier)) = state.prm.as_ref() else {
+            return;
+        };
+        let scorer = verifier.scorer();
+        let score = |jobs: &[&ScoreJob]| -> anyhow::Result<Scored> {
+            let inputs: Vec<ScoreInput<'_>> = jobs
+                .iter()
+                .flat_map(|j| j.inputs.iter())
+                .map(|(q, st, partial)| ScoreInput {
+                    problem_id: "",
+                    question: q,
+                    steps: st.iter().map(String::as_str).collect(),
+                    partial: *partial,
+                })
+                .collect();
+            StepScorer::score(&scorer, &inputs)
+        };
+        let all: Vec<&ScoreJob> = batch.iter().collect();
+        let results: Vec<anyhow::Result<Scored>> = match score(&all) {
+            Ok(scored) => {
+                // Split the batch's scores back by request; its tokens in proportion to the
+                // solutions each sent.
+                let mut scores = scored.scores.into_iter();
+                all.iter()
+                    .map(|j| {
+                        Ok(Scored {
+                            scores: scores.by_ref().take(j.inputs.len()).collect(),
+                            tokens: scored.tokens * j.inputs.len() / size.max(1),
+                        })
+                    })
+                    .collect()
+            }
+            Err(_) if all.len() > 1 => all.iter().map(|j| score(&[*j])).collect(),
+            Err(e) => vec![Err(e)],
+        };
+        for (job, result) in batch.into_iter().zip(results) {
+            let _ = job.reply.send(result);
+        }
+    }
 }
