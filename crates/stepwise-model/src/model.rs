@@ -296,11 +296,15 @@ fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         HeadKind::CausalLm if !cfg.tie_word_embeddings => want.push(("lm_head.weight".into(), vec![cfg.vocab_size, h])),
         HeadKind::ProcessRewardMlp => {
             want.push(("score.0.weight".into(), vec![h, h]));
+            want.push(("score.0.bias".into(), vec![h]));
             want.push(("score.2.weight".into(), vec![cfg.num_labels, h]));
+            want.push(("score.2.bias".into(), vec![cfg.num_labels]));
         }
-        HeadKind::TokenClassification | HeadKind::SequenceClassification => {
-            want.push(("score.weight".into(), vec![cfg.num_labels, h]))
+        HeadKind::TokenClassification => {
+            want.push(("score.weight".into(), vec![cfg.num_labels, h]));
+            want.push(("score.bias".into(), vec![cfg.num_labels]));
         }
+        HeadKind::SequenceClassification => want.push(("score.weight".into(), vec![cfg.num_labels, h])),
         HeadKind::CausalLm => {}
     }
     want

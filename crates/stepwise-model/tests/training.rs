@@ -237,3 +237,47 @@ fn interrupted_training_resumes_to_the_same_weights() {
     }
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// A verifier started from a checkpoint with the same head keeps that head (weights and biases);
+/// one with another head starts its head fresh and drops the old one.
+#[test]
+fn a_checkpoint_keeps_its_own_head_and_drops_another() {
+    use stepwise_model::train::verifier::{Start, VerifierHead, VerifierSpec};
+    let spec = |dir: &str, head| VerifierSpec {
+        head,
+        start: Start::Checkpoint(common::fixtures().join(dir)),
+        extra_layers: 0,
+        labels: LabelOptions::default(),
+    };
+    let stored =
+        candle_core::safetensors::load(common::fixtures().join("qwen2-tokcls/model.safetensors"), &Device::Cpu)
+            .unwrap();
+    let varmap = VarMap::new();
+    spec("qwen2-tokcls", VerifierHead::Classifier)
+        .build(&varmap, &Device::Cpu, 1)
+        .unwrap();
+    let data = varmap.data().lock().unwrap();
+    for name in ["score.weight", "score.bias"] {
+        let kept: Vec<f32> = data[name].as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let want: Vec<f32> = stored[name]
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(kept, want, "{name} was not kept");
+    }
+    drop(data);
+    let varmap = VarMap::new();
+    spec("qwen2-prm", VerifierHead::Classifier)
+        .build(&varmap, &Device::Cpu, 1)
+        .unwrap();
+    let names: Vec<String> = varmap.data().lock().unwrap().keys().cloned().collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n.starts_with("model.") || n == "score.weight" || n == "score.bias"),
+        "{names:?}"
+    );
+}
