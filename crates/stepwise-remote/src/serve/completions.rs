@@ -24,6 +24,8 @@ struct Sampling {
     /// Log-probabilities of the sampled tokens, and of this many alternatives.
     logprobs: Option<usize>,
     stream: bool,
+    /// vLLM's `ignore_eos`: generate `max_tokens` whatever the model says (benchmarks).
+    ignore_eos: bool,
 }
 
 /// A generated token's text, its log-probability, and the most likely tokens there.
@@ -144,6 +146,7 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
         stop,
         logprobs,
         stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        ignore_eos: v.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false),
     })
 }
 
@@ -204,7 +207,9 @@ async fn run(s: &Shared, ids: Vec<u32>, mut sampling: Sampling) -> Result<(Vec<C
     let prompt_len = ids.len();
     let choices = tokio::task::spawn_blocking(move || -> Result<Vec<Choice>> {
         let (_, p) = state.policy.as_ref().expect("checked");
-        sampling.params.stop_token_ids = p.stop_token_ids.clone();
+        if !sampling.ignore_eos {
+            sampling.params.stop_token_ids = p.stop_token_ids.clone();
+        }
         let outs = generate(&p.model, Some(&p.tokenizer), &ids, sampling.n, &sampling.params)?;
         outs.into_iter().map(|out| choice(p, &ids, out, &sampling)).collect()
     })

@@ -1,0 +1,59 @@
+"""Load test of an OpenAI-compatible server (`stepwise serve`, vLLM): C concurrent clients send
+completions for D seconds; reports errors, requests/s, generated tokens/s and latency p50/p99.
+Needs `pip install openai`.
+
+    python bench/load_serve.py http://127.0.0.1:8000 MODEL [--clients 64] [--seconds 60] [--max-tokens 32]
+"""
+import argparse
+import asyncio
+import statistics
+import time
+
+from openai import AsyncOpenAI
+
+PROMPTS = [f"What is {a} + {b}?\n" for a in range(3, 40, 3) for b in range(2, 30, 5)]
+
+
+async def client(api, model, deadline, max_tokens, k, out):
+    i = k
+    while time.perf_counter() < deadline:
+        t = time.perf_counter()
+        try:
+            r = await api.completions.create(
+                model=model, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens, temperature=0.8, seed=i,
+                # Every completion runs to max_tokens, so each server generates the same work.
+                extra_body={"ignore_eos": True, "min_tokens": max_tokens},
+            )
+            out["latency"].append(time.perf_counter() - t)
+            out["tokens"] += r.usage.completion_tokens
+        except Exception as e:  # counted, never hidden
+            out["errors"].append(f"{type(e).__name__}: {e}"[:200])
+        i += 7
+
+
+async def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("url")
+    p.add_argument("model")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--max-tokens", type=int, default=32)
+    a = p.parse_args()
+    api = AsyncOpenAI(base_url=f"{a.url}/v1", api_key="none", max_retries=0, timeout=600)
+    out = {"latency": [], "tokens": 0, "errors": []}
+    start = time.perf_counter()
+    deadline = start + a.seconds
+    await asyncio.gather(*(client(api, a.model, deadline, a.max_tokens, k, out) for k in range(a.clients)))
+    wall = time.perf_counter() - start
+    lat = sorted(out["latency"])
+    q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))] if lat else float("nan")
+    print(
+        f"{a.clients} clients, {wall:.0f} s: {len(lat)} requests, {len(out['errors'])} errors, "
+        f"{len(lat) / wall:.1f} requests/s, {out['tokens'] / wall:.0f} generated tokens/s, "
+        f"latency p50 {q(0.5):.3f} s p99 {q(0.99):.3f} s (mean {statistics.mean(lat) if lat else float('nan'):.3f})"
+    )
+    for e in sorted(set(out["errors"]))[:5]:
+        print("  error:", e)
+
+
+asyncio.run(main())
