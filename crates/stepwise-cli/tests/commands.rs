@@ -94,6 +94,27 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
     assert!(err.contains("`rollouts`: 3 then, 4 now"), "{err}");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
     assert!(!d.join("labeled.jsonl.lock").exists(), "the lock went with the run");
+    // Binary search for the first error: hard labels, fewer rollouts than a step-by-step run.
+    let bs = d.join("bs.jsonl");
+    let mut bs_args = args.to_vec();
+    bs_args[6] = bs.to_str().unwrap();
+    bs_args.extend(["--method", "binary-search"]);
+    stepwise(&bs_args);
+    let recs: Vec<Value> = std::fs::read_to_string(&bs)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 3);
+    for r in &recs {
+        for st in r["steps"].as_array().unwrap() {
+            assert_eq!(st["label"]["source"]["kind"], "binary_search", "{r}");
+        }
+        assert!(
+            r["meta"]["rollouts"].as_u64().unwrap() <= 3,
+            "one probe of 3 rollouts for 2 steps: {r}"
+        );
+    }
 }
 
 #[test]

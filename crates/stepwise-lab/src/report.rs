@@ -149,6 +149,32 @@ fn body(r: &Report) -> String {
         "| {} | {:.3} | {:.3} | {:.3} | {:.3} |",
         q.steps, q.hard_accuracy, q.bad_recall, q.bad_precision, q.soft_brier
     );
+    if !r.labels.sources.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n## Label sources against the oracle\n\nThe same samples labelled by per-step Monte Carlo \
+(Math-Shepherd) and by binary search for the first error (OmegaPRM), with the same rollouts wherever both probe a \
+prefix.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| source | steps | label accuracy | bad-step recall | bad-step precision | first error right | rollouts | generated tokens |\n|---|---|---|---|---|---|---|---|"
+        );
+        for l in &r.labels.sources {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} |",
+                l.source,
+                l.steps,
+                l.label_accuracy,
+                l.bad_recall,
+                l.bad_precision,
+                l.first_error_agreement,
+                l.rollouts,
+                l.generated_tokens
+            );
+        }
+    }
     let _ = writeln!(s, "\n## Calibration\n\n![calibration](calibration.png)\n");
     if let Some(search) = &r.search {
         search_section(&mut s, search);

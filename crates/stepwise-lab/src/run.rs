@@ -139,6 +139,15 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     )?;
     let oracle: Vec<Solution> = label_sols.iter().map(oracle_labelled).collect();
     write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
+    // The same samples by binary search for the first error, with the same rollout seeds.
+    let (bs, bs_spent) = annotate::binary_search_stage(
+        &o.out.join("labels_binary_search.jsonl"),
+        &label_sols,
+        &lab_policy,
+        &task,
+        p.rollouts,
+        o.seed ^ 4,
+    )?;
 
     // 4. Verifiers, same code and budget: PRM on MC labels, PRM on oracle labels, ORM.
     let mc_train: Vec<Solution> = match p.mc_labels {
@@ -187,6 +196,15 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     // 6. Evaluate.
     let mut report =
         crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, &mc, &oracle, spent.rollouts)?;
+    {
+        use crate::stages::labels::compare;
+        let mc_hard: Vec<Solution> = mc.iter().map(annotate::hard_mc).collect();
+        report.labels.sources = vec![
+            compare("mc", &mc_hard, &oracle, spent),
+            compare("binary_search", &bs, &oracle, bs_spent),
+            compare("oracle", &oracle, &oracle, Default::default()),
+        ];
+    }
 
     // 7. Test-time search guided by each PRM and the oracle, at matched budgets.
     if p.search_problems > 0 {

@@ -4,8 +4,10 @@
 //! [`annotate_resumable`] runs any of them over a file with a journal that survives `kill -9`.
 #![warn(missing_docs)]
 
+pub mod binary_search;
 pub mod montecarlo;
 pub mod resumable;
 
+pub use binary_search::BinarySearch;
 pub use montecarlo::{McOptions, MonteCarlo};
 pub use resumable::annotate_resumable;

@@ -1,11 +1,13 @@
 use anyhow::{bail, Result};
 use std::path::PathBuf;
+use stepwise_core::seams::Annotator;
 use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution};
-use stepwise_label::{annotate_resumable, McOptions, MonteCarlo};
+use stepwise_label::{annotate_resumable, BinarySearch, McOptions, MonteCarlo};
 use stepwise_model::Prompt;
 
-/// Label steps automatically by Monte Carlo rollouts (Math-Shepherd).
+/// Label steps automatically by Monte Carlo rollouts (Math-Shepherd) or by binary search for the
+/// first error (OmegaPRM).
 #[derive(clap::Args)]
 #[command(
     after_help = "For each step i of each solution, the policy completes the solution K times from the \
@@ -15,9 +17,15 @@ rollout rescues: later steps are bad without spending rollouts. Each labelled so
 soon as it is done; run the same command again after an interruption and it continues where it stopped, with the \
 same records an uninterrupted run writes. Train on the result with `stepwise train-prm` (soft labels: BCE).
 
+--method binary-search (OmegaPRM) finds the first error of a wrong solution by bisection: roll out K times from \
+the middle of the steps still in doubt; if any rollout reaches the gold answer the first error lies after it, else \
+at or before it. It takes ceil(log2 T) rollout batches for T steps where mc takes up to T, and gives hard labels \
+(good before the first error, bad from it on); a solution with the right answer is all good and costs nothing.
+
 Example:
   stepwise generate --model POLICY --input problems.jsonl -n 4 --output samples.jsonl
-  stepwise annotate --policy POLICY --input samples.jsonl --rollouts 8 --output labeled.jsonl"
+  stepwise annotate --policy POLICY --input samples.jsonl --rollouts 8 --output labeled.jsonl
+  stepwise annotate --policy POLICY --method binary-search --input samples.jsonl --rollouts 8 --output bs.jsonl"
 )]
 pub struct Args {
     /// Policy that completes the prefixes: checkpoint folder, cached Hugging Face model id, or
@@ -30,6 +38,10 @@ pub struct Args {
     /// Labelled solutions (stepwise JSONL, appended and resumed).
     #[arg(long)]
     pub output: PathBuf,
+    /// How steps are labelled: `mc` (every step by rollouts; soft and hard labels) or
+    /// `binary-search` (the first error by bisection; hard labels).
+    #[arg(long, default_value = "mc", value_parser = ["mc", "binary-search"])]
+    pub method: String,
     /// Rollouts per step prefix.
     #[arg(long, default_value_t = 8)]
     pub rollouts: usize,
@@ -69,7 +81,7 @@ pub fn run(a: Args) -> Result<()> {
     let _claim = stepwise_core::journal::claim(
         &a.output,
         &serde_json::json!({
-            "policy": a.policy, "rollouts": a.rollouts, "temperature": a.sampling.temperature,
+            "policy": a.policy, "method": a.method, "rollouts": a.rollouts, "temperature": a.sampling.temperature,
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),
     )?;
@@ -83,20 +95,29 @@ pub fn run(a: Args) -> Result<()> {
         1.0,
         &[],
     );
-    let mc = MonteCarlo {
-        policy: &*policy,
-        task: &MathTask::default(),
-        options: McOptions {
-            rollouts: a.rollouts,
-            seed: a.seed,
-        },
+    let task = MathTask::default();
+    let options = McOptions {
+        rollouts: a.rollouts,
+        seed: a.seed,
+    };
+    let annotator: Box<dyn Annotator + '_> = match a.method.as_str() {
+        "binary-search" => Box::new(BinarySearch {
+            policy: &*policy,
+            task: &task,
+            options,
+        }),
+        _ => Box::new(MonteCarlo {
+            policy: &*policy,
+            task: &task,
+            options,
+        }),
     };
     let bar = crate::progress::bar(Some(sols.len() as u64), "annotating");
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.unwrap_or(0))
         .build()?;
     let (labelled, spent) =
-        pool.install(|| annotate_resumable(&a.output, &sols, &mc, |done| bar.set_position(done as u64)))?;
+        pool.install(|| annotate_resumable(&a.output, &sols, &*annotator, |done| bar.set_position(done as u64)))?;
     bar.finish_and_clear();
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
     let retried = match backend.retries() {

@@ -51,6 +51,9 @@ pub struct Report {
     /// Test-time search with every method and verifier (absent when the preset skips it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search: Option<super::search::SearchReport>,
+    /// Step labels from each source against the oracle, with their cost.
+    #[serde(default)]
+    pub labels: super::labels::Labels,
     /// RL against each reward source (absent when the preset skips it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rl: Option<super::rl::RlReport>,
@@ -294,6 +297,7 @@ pub fn evaluate(
         rollouts_per_step: rollouts as f64 / labelled_steps as f64,
         calibration: calib,
         plots: Vec::new(),
+        labels: Default::default(),
         search: None,
         rl: None,
     })

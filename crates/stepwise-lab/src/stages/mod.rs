@@ -3,6 +3,7 @@
 
 pub mod annotate;
 pub mod evaluate;
+pub mod labels;
 pub mod policy;
 pub mod rl;
 pub mod sample;

@@ -1,0 +1,97 @@
+//! Label sources side by side: per-step Monte Carlo (Math-Shepherd) and binary search for the
+//! first error (OmegaPRM) on the same samples, with the same rollout seeds, each against the
+//! oracle's labels and with what it cost.
+
+use serde::{Deserialize, Serialize};
+use stepwise_core::seams::Spent;
+use stepwise_core::Solution;
+use stepwise_eval::labels::label_quality;
+
+/// One label source against the oracle.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LabelSource {
+    /// `mc`, `binary_search` or `oracle`.
+    pub source: String,
+    /// Labelled steps compared.
+    pub steps: usize,
+    /// Steps whose hard label (good when any rollout succeeded) is the oracle's.
+    pub label_accuracy: f64,
+    /// Of the oracle's bad steps, the fraction labelled bad.
+    pub bad_recall: f64,
+    /// Of the steps labelled bad, the fraction the oracle calls bad.
+    pub bad_precision: f64,
+    /// Solutions whose first labelled error is the oracle's first error (or both have none).
+    pub first_error_agreement: f64,
+    /// Rollouts sampled.
+    pub rollouts: usize,
+    /// Tokens those rollouts generated.
+    pub generated_tokens: usize,
+}
+
+/// Every label source of a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Labels {
+    /// In the order mc, binary_search, oracle.
+    pub sources: Vec<LabelSource>,
+}
+
+/// `labelled` (one labelled copy of each oracle-labelled solution) against `oracle`.
+pub fn compare(source: &str, labelled: &[Solution], oracle: &[Solution], spent: Spent) -> LabelSource {
+    let mut pairs = Vec::new();
+    let mut agree = 0;
+    for (m, o) in labelled.iter().zip(oracle) {
+        for (a, b) in m.steps.iter().zip(&o.steps) {
+            if let (Some(x), Some(y)) = (&a.label, &b.label) {
+                pairs.push((x.prob(1.0), y.is_good()));
+            }
+        }
+        agree += usize::from(m.first_error() == o.first_error());
+    }
+    let q = label_quality(&pairs, 0.0);
+    LabelSource {
+        source: source.into(),
+        steps: q.steps,
+        label_accuracy: q.hard_accuracy,
+        bad_recall: q.bad_recall,
+        bad_precision: q.bad_precision,
+        first_error_agreement: agree as f64 / labelled.len().max(1) as f64,
+        rollouts: spent.rollouts,
+        generated_tokens: spent.tokens,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_core::{Provenance, Step, StepLabel};
+
+    fn labelled(good: &[bool]) -> Solution {
+        Solution {
+            steps: good
+                .iter()
+                .map(|&g| Step::labelled("x", StepLabel::from_bool(g, Provenance::BinarySearch)))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn compares_steps_and_first_errors_with_the_oracle() {
+        let oracle = [labelled(&[true, false, false]), labelled(&[true, true])];
+        let guess = [labelled(&[true, true, false]), labelled(&[true, true])];
+        let spent = Spent {
+            rollouts: 7,
+            tokens: 70,
+        };
+        let l = compare("binary_search", &guess, &oracle, spent);
+        assert_eq!(l.steps, 5);
+        assert!((l.label_accuracy - 0.8).abs() < 1e-9);
+        assert!((l.bad_recall - 0.5).abs() < 1e-9 && (l.bad_precision - 1.0).abs() < 1e-9);
+        assert!((l.first_error_agreement - 0.5).abs() < 1e-9);
+        assert_eq!((l.rollouts, l.generated_tokens), (7, 70));
+        assert_eq!(
+            compare("oracle", &oracle, &oracle, Spent::default()).label_accuracy,
+            1.0
+        );
+    }
+}
