@@ -3,41 +3,13 @@
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 mod common;
-
-fn stepwise(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "stepwise {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::{fixture, stepwise, write_jsonl};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stepwise-cmd-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn write_jsonl(p: &Path, rows: &[Value]) {
-    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-    std::fs::write(p, text).unwrap();
-}
-
-fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/hf-tiny")
-        .join(name)
-        .display()
-        .to_string()
+    common::tmp("cmd", name)
 }
 
 fn step(text: &str, score: f32, good: bool) -> Value {

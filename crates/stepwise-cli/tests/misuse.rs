@@ -7,21 +7,15 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+mod common;
+use common::write_jsonl;
+
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stepwise-misuse-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::tmp("misuse", name)
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/hf-tiny")
-        .join(name)
-}
-
-fn write_jsonl(p: &Path, rows: &[Value]) {
-    std::fs::write(p, rows.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
+    PathBuf::from(common::fixture(name))
 }
 
 /// A copy of fixture `name` in `dir` (weights and tokenizer linked) with `config` as its

@@ -13,23 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+use common::{fixture, stepwise, write_jsonl};
+
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stepwise-remote-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/hf-tiny")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-fn write_jsonl(p: &Path, rows: &[Value]) {
-    std::fs::write(p, rows.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
+    common::tmp("remote", name)
 }
 
 /// `stepwise serve` on a free port; killed when dropped.
@@ -70,19 +58,6 @@ fn serve(extra: &[&str]) -> Server {
     // Keep draining stderr so the server never blocks on it.
     std::thread::spawn(move || for _ in lines {});
     Server { child, url }
-}
-
-fn stepwise(args: &[&str]) -> std::process::Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "stepwise {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// Records without the fields that name where they came from or how long they took.

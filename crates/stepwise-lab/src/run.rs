@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use stepwise_core::seams::score_solutions;
 use stepwise_core::Solution;
+use stepwise_label::{BinarySearch, McOptions, MonteCarlo};
 use stepwise_model::Model;
 
 /// Options of [`run`].
@@ -129,24 +130,35 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     )?;
 
     // 3. Step labels: Monte Carlo rollouts, and the oracle for comparison.
-    let (mc, spent) = annotate::annotate_stage(
+    // The same rollout seeds for both, so a prefix both probe gets the same rollouts.
+    let options = McOptions {
+        rollouts: p.rollouts,
+        seed: o.seed ^ 4,
+    };
+    let mc_annotator = MonteCarlo {
+        policy: &lab_policy,
+        task: &task,
+        options: options.clone(),
+    };
+    let (mc, spent) = annotate::label_stage(
         &o.out.join("labels_mc.jsonl"),
         &label_sols,
-        &lab_policy,
-        &task,
-        p.rollouts,
-        o.seed ^ 4,
+        &mc_annotator,
+        "annotating (MC)",
     )?;
     let oracle: Vec<Solution> = label_sols.iter().map(oracle_labelled).collect();
     write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
-    // The same samples by binary search for the first error, with the same rollout seeds.
-    let (bs, bs_spent) = annotate::binary_search_stage(
+    // The same samples by binary search for the first error (OmegaPRM).
+    let bs_annotator = BinarySearch {
+        policy: &lab_policy,
+        task: &task,
+        options,
+    };
+    let (bs, bs_spent) = annotate::label_stage(
         &o.out.join("labels_binary_search.jsonl"),
         &label_sols,
-        &lab_policy,
-        &task,
-        p.rollouts,
-        o.seed ^ 4,
+        &bs_annotator,
+        "annotating (binary search)",
     )?;
 
     // 4. Verifiers, same code and budget: PRM on MC labels, PRM on oracle labels, ORM.

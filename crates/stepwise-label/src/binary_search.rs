@@ -91,27 +91,8 @@ mod tests {
     use super::*;
     use crate::McOptions;
     use stepwise_core::testing::{PlainTask, ScriptedPolicy};
-    use stepwise_core::Step;
 
-    /// Finishes correctly (every other rollout) only while the prefix has no "bad" step.
-    fn toy(_q: &str, prefix: &[&str], j: usize) -> Vec<String> {
-        let ok = !prefix.contains(&"bad");
-        vec![if ok && j.is_multiple_of(2) {
-            "answer 1"
-        } else {
-            "answer 2"
-        }
-        .into()]
-    }
-
-    fn solution(steps: &[&str]) -> Solution {
-        Solution {
-            id: "s".into(),
-            steps: steps.iter().map(|t| Step::new(*t)).collect(),
-            gold_answer: Some("1".into()),
-            ..Default::default()
-        }
-    }
+    use crate::test_support::{solution, toy};
 
     /// For every length and every position of the first error, bisection finds it with
     /// ⌊log₂ T⌋ to ⌈log₂ T⌉ batches of rollouts.
@@ -127,7 +108,7 @@ mod tests {
                 let mut steps: Vec<&str> = vec!["good"; t];
                 steps[first] = "bad";
                 steps[t - 1] = if first == t - 1 { "answer 2" } else { "bad" };
-                let (found, spent) = bs.first_error(&solution(&steps)).unwrap();
+                let (found, spent) = bs.first_error(&solution("s", &steps)).unwrap();
                 assert_eq!(found, Some(first), "T = {t}, first error {first}");
                 let (least, most) = ((t as f64).log2().floor() as usize, (t as f64).log2().ceil() as usize);
                 assert!(
@@ -137,10 +118,10 @@ mod tests {
                 );
             }
         }
-        let (labelled, spent) = bs.annotate(&solution(&["good", "good", "answer 1"])).unwrap();
+        let (labelled, spent) = bs.annotate(&solution("s", &["good", "good", "answer 1"])).unwrap();
         assert_eq!(spent.rollouts, 0, "a correct solution needs no rollout");
         assert!(labelled.steps.iter().all(|s| s.label.as_ref().unwrap().is_good()));
-        let (labelled, _) = bs.annotate(&solution(&["good", "bad", "x", "answer 2"])).unwrap();
+        let (labelled, _) = bs.annotate(&solution("s", &["good", "bad", "x", "answer 2"])).unwrap();
         let good: Vec<bool> = labelled
             .steps
             .iter()

@@ -11,3 +11,30 @@ pub mod resumable;
 pub use binary_search::BinarySearch;
 pub use montecarlo::{McOptions, MonteCarlo};
 pub use resumable::annotate_resumable;
+
+/// A scripted policy and solutions shared by the annotators' tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use stepwise_core::{Solution, Step};
+
+    /// Rollouts that finish correctly (every other one) only while the prefix has no "bad" step.
+    pub fn toy(_q: &str, prefix: &[&str], j: usize) -> Vec<String> {
+        let ok = !prefix.contains(&"bad");
+        vec![if ok && j.is_multiple_of(2) {
+            "answer 1"
+        } else {
+            "answer 2"
+        }
+        .into()]
+    }
+
+    /// A solution of `steps` whose gold answer is 1.
+    pub fn solution(id: &str, steps: &[&str]) -> Solution {
+        Solution {
+            id: id.into(),
+            steps: steps.iter().map(|t| Step::new(*t)).collect(),
+            gold_answer: Some("1".into()),
+            ..Default::default()
+        }
+    }
+}

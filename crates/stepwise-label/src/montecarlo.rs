@@ -100,27 +100,8 @@ mod tests {
     use super::*;
     use crate::annotate_resumable;
     use stepwise_core::testing::{PlainTask, ScriptedPolicy};
-    use stepwise_core::Step;
 
-    /// Finishes correctly (every other rollout) only while the prefix has no "bad" step.
-    fn toy(_q: &str, prefix: &[&str], j: usize) -> Vec<String> {
-        let ok = !prefix.contains(&"bad");
-        vec![if ok && j.is_multiple_of(2) {
-            "answer 1"
-        } else {
-            "answer 2"
-        }
-        .into()]
-    }
-
-    fn solution(id: &str, steps: &[&str]) -> Solution {
-        Solution {
-            id: id.into(),
-            steps: steps.iter().map(|t| Step::new(*t)).collect(),
-            gold_answer: Some("1".into()),
-            ..Default::default()
-        }
-    }
+    use crate::test_support::{solution, toy};
 
     #[test]
     fn labels_stop_at_the_first_unrescuable_step() {

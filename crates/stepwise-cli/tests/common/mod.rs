@@ -1,4 +1,45 @@
-//! Helpers shared by the CLI's integration tests.
+//! Helpers shared by the CLI's integration tests (each test file uses some of them).
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Run `stepwise` with `args` and insist that it succeeds.
+pub fn stepwise(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stepwise {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A fresh, empty scratch folder for test `name` of the test file `file`.
+pub fn tmp(file: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stepwise-{file}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The folder of the fixture checkpoint `name` (`../shared/fixtures/hf-tiny/NAME`).
+pub fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/hf-tiny")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Write `rows` as JSONL.
+pub fn write_jsonl(p: &Path, rows: &[Value]) {
+    std::fs::write(p, rows.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
+}
 
 /// Verifier `name`'s step scores (`scores.NAME`) of a stepwise JSONL file's solutions, in order.
 pub fn step_scores(jsonl: &str, name: &str) -> Vec<f64> {

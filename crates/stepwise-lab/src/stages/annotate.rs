@@ -1,52 +1,23 @@
 //! Stage 3, annotation: Monte Carlo step labels (Math-Shepherd) and binary search for the first
 //! error (OmegaPRM) through the annotator seam, and the hard estimate PRM-MC learns by default.
 
-use crate::oracle::LabTask;
 use crate::progress::bar;
 use anyhow::Result;
 use std::path::Path;
-use stepwise_core::seams::Spent;
-use stepwise_core::{Policy, Solution, StepLabel};
-use stepwise_label::{annotate_resumable, BinarySearch, McOptions, MonteCarlo};
+use stepwise_core::seams::{Annotator, Spent};
+use stepwise_core::{Solution, StepLabel};
+use stepwise_label::annotate_resumable;
 
-/// Monte Carlo annotation of `sols`, resumable; returns labelled solutions and rollouts spent.
-pub fn annotate_stage(
+/// Label `sols` with `annotator`, resumable (the journal at `path`), showing `what` on the
+/// progress bar; returns labelled solutions and rollouts spent.
+pub fn label_stage(
     path: &Path,
     sols: &[Solution],
-    policy: &dyn Policy,
-    task: &LabTask,
-    rollouts: usize,
-    seed: u64,
+    annotator: &dyn Annotator,
+    what: &str,
 ) -> Result<(Vec<Solution>, Spent)> {
-    let pb = bar(sols.len() as u64, "annotating (MC)");
-    let mc = MonteCarlo {
-        policy,
-        task,
-        options: McOptions { rollouts, seed },
-    };
-    let out = annotate_resumable(path, sols, &mc, |done| pb.set_position(done as u64))?;
-    pb.finish_and_clear();
-    Ok(out)
-}
-
-/// Binary search for the first error (OmegaPRM) on `sols`, resumable, with the rollout seeds of
-/// [`annotate_stage`] (a prefix both probe gets the same rollouts); returns labelled solutions
-/// and rollouts spent.
-pub fn binary_search_stage(
-    path: &Path,
-    sols: &[Solution],
-    policy: &dyn Policy,
-    task: &LabTask,
-    rollouts: usize,
-    seed: u64,
-) -> Result<(Vec<Solution>, Spent)> {
-    let pb = bar(sols.len() as u64, "annotating (binary search)");
-    let bs = BinarySearch {
-        policy,
-        task,
-        options: McOptions { rollouts, seed },
-    };
-    let out = annotate_resumable(path, sols, &bs, |done| pb.set_position(done as u64))?;
+    let pb = bar(sols.len() as u64, what);
+    let out = annotate_resumable(path, sols, annotator, |done| pb.set_position(done as u64))?;
     pb.finish_and_clear();
     Ok(out)
 }
