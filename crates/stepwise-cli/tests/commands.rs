@@ -87,6 +87,37 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
             "one probe of 3 rollouts for 2 steps: {r}"
         );
     }
+    // A judge is needed for judge and consensus; the fixture policy as a judge gives no
+    // readable verdict, so consensus keeps no labels and says so.
+    let judged_out = d.join("judge.jsonl");
+    let mut judged = args.to_vec();
+    judged[6] = judged_out.to_str().unwrap();
+    judged.extend(["--method", "judge"]);
+    let refused = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(&judged)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("needs --judge"));
+    let consensus = d.join("consensus.jsonl");
+    let mut both = args.to_vec();
+    both[6] = consensus.to_str().unwrap();
+    let judge = fixture("qwen2-policy");
+    both.extend(["--method", "consensus", "--judge", &judge, "--judge-samples", "2"]);
+    let out = stepwise(&both);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("% retained"));
+    let lines = std::fs::read_to_string(&consensus).unwrap();
+    assert_eq!(lines.lines().count(), 3);
+    for line in lines.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let kept = r["meta"]["consensus"].as_bool().unwrap();
+        let labelled = r["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|st| st.get("label").is_some());
+        assert_eq!(kept, labelled, "{r}");
+    }
 }
 
 #[test]

@@ -5,10 +5,14 @@
 #![warn(missing_docs)]
 
 pub mod binary_search;
+pub mod consensus;
+pub mod judge;
 pub mod montecarlo;
 pub mod resumable;
 
 pub use binary_search::BinarySearch;
+pub use consensus::Consensus;
+pub use judge::Judge;
 pub use montecarlo::{McOptions, MonteCarlo};
 pub use resumable::annotate_resumable;
 

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use stepwise_core::seams::Annotator;
 use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution};
-use stepwise_label::{annotate_resumable, BinarySearch, McOptions, MonteCarlo};
+use stepwise_label::{annotate_resumable, BinarySearch, Consensus, Judge, McOptions, MonteCarlo};
 use stepwise_model::Prompt;
 
 /// Label steps automatically by Monte Carlo rollouts (Math-Shepherd) or by binary search for the
@@ -22,10 +22,18 @@ the middle of the steps still in doubt; if any rollout reaches the gold answer t
 at or before it. It takes ceil(log2 T) rollout batches for T steps where mc takes up to T, and gives hard labels \
 (good before the first error, bad from it on); a solution with the right answer is all good and costs nothing.
 
+--method judge asks --judge (a checkpoint folder, cached model id or server URL; an instruct model, with --judge-chat) \
+ProcessBench's critique question --judge-samples times and takes the most frequent index of the earliest wrong \
+paragraph (\\boxed{k}, -1 for none); answers without a readable verdict do not vote, and a solution with no verdict \
+stays unlabelled. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
+put the first error on the same step (the Qwen2.5-Math-PRM recipe); the retained fraction is reported.
+
 Example:
   stepwise generate --model POLICY --input problems.jsonl -n 4 --output samples.jsonl
   stepwise annotate --policy POLICY --input samples.jsonl --rollouts 8 --output labeled.jsonl
-  stepwise annotate --policy POLICY --method binary-search --input samples.jsonl --rollouts 8 --output bs.jsonl"
+  stepwise annotate --policy POLICY --method binary-search --input samples.jsonl --rollouts 8 --output bs.jsonl
+  stepwise annotate --policy POLICY --method consensus --judge http://vllm:8000 --judge-chat --input samples.jsonl \\
+      --output consensus.jsonl"
 )]
 pub struct Args {
     /// Policy that completes the prefixes: checkpoint folder, cached Hugging Face model id, or
@@ -40,8 +48,18 @@ pub struct Args {
     pub output: PathBuf,
     /// How steps are labelled: `mc` (every step by rollouts; soft and hard labels) or
     /// `binary-search` (the first error by bisection; hard labels).
-    #[arg(long, default_value = "mc", value_parser = ["mc", "binary-search"])]
+    #[arg(long, default_value = "mc", value_parser = ["mc", "binary-search", "judge", "consensus"])]
     pub method: String,
+    /// The judge of --method judge and consensus: checkpoint folder, cached model id or server
+    /// URL(s).
+    #[arg(long, value_parser = super::backend::source)]
+    pub judge: Option<super::backend::Source>,
+    /// Answers sampled from the judge per solution (the most frequent verdict wins).
+    #[arg(long, default_value_t = 4)]
+    pub judge_samples: usize,
+    /// Ask the judge through its chat template (instruct models).
+    #[arg(long)]
+    pub judge_chat: bool,
     /// Rollouts per step prefix.
     #[arg(long, default_value_t = 8)]
     pub rollouts: usize,
@@ -81,7 +99,8 @@ pub fn run(a: Args) -> Result<()> {
     let _claim = stepwise_core::journal::claim(
         &a.output,
         &serde_json::json!({
-            "policy": a.policy, "method": a.method, "rollouts": a.rollouts, "temperature": a.sampling.temperature,
+            "policy": a.policy, "method": a.method, "judge": a.judge, "judge_samples": a.judge_samples,
+            "judge_chat": a.judge_chat, "rollouts": a.rollouts, "temperature": a.sampling.temperature,
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),
     )?;
@@ -100,12 +119,33 @@ pub fn run(a: Args) -> Result<()> {
         rollouts: a.rollouts,
         seed: a.seed,
     };
-    let annotator: Box<dyn Annotator + '_> = match a.method.as_str() {
-        "binary-search" => Box::new(BinarySearch {
+    let judge_backend = match (&a.judge, a.method.as_str()) {
+        (Some(j), _) => Some(super::backend::PolicyBackend::open(j, &a.remote)?),
+        (None, "judge" | "consensus") => bail!("--method {} needs --judge (a model to ask)", a.method),
+        (None, _) => None,
+    };
+    let judge_policy = judge_backend.as_ref().map(|b| {
+        let prompt = if a.judge_chat { Prompt::Chat } else { Prompt::Text };
+        b.policy(a.sampling.temperature, a.sampling.max_tokens, prompt, "\n", 1.0, &[])
+    });
+    let judge = judge_policy.as_ref().map(|p| Judge {
+        policy: &**p,
+        samples: a.judge_samples,
+        seed: a.seed,
+    });
+    let mc = MonteCarlo {
+        policy: &*policy,
+        task: &task,
+        options: options.clone(),
+    };
+    let annotator: Box<dyn Annotator + '_> = match (a.method.as_str(), &judge) {
+        ("binary-search", _) => Box::new(BinarySearch {
             policy: &*policy,
             task: &task,
             options,
         }),
+        ("judge", Some(j)) => Box::new(Judge { ..*j }),
+        ("consensus", Some(j)) => Box::new(Consensus { first: &mc, second: j }),
         _ => Box::new(MonteCarlo {
             policy: &*policy,
             task: &task,
@@ -124,6 +164,17 @@ pub fn run(a: Args) -> Result<()> {
         0 => String::new(),
         n => format!(" ({n} requests retried)"),
     };
+    if a.method == "consensus" {
+        let kept = labelled
+            .iter()
+            .filter(|s| s.meta.get("consensus") == Some(&true.into()))
+            .count();
+        eprintln!(
+            "consensus: the annotators agree on {kept} of {} solutions ({:.1}% retained)",
+            labelled.len(),
+            100.0 * kept as f64 / labelled.len().max(1) as f64
+        );
+    }
     eprintln!(
         "labelled {} solutions ({steps} steps) with {} rollouts ({} tokens){retried}; {}",
         labelled.len(),

@@ -1,0 +1,167 @@
+//! An LLM judge as an annotator: any [`Policy`] (a local checkpoint or a served model) is asked
+//! ProcessBench's critique question — the index of the earliest wrong paragraph, `\boxed{k}`,
+//! or `-1` when every paragraph is right — several times; the most frequent answer wins. Steps
+//! before the chosen index are labelled good, it and every later step bad. An answer that cannot
+//! be read (no `\boxed{}`, not an integer, out of range) is no verdict and does not vote; when
+//! no sample gives a verdict the solution is left unlabelled (and reported so in `meta`).
+
+use anyhow::Result;
+use std::collections::BTreeMap;
+use stepwise_core::seams::{Annotator, Policy, Spent, Until};
+use stepwise_core::{Provenance, Solution, StepLabel};
+
+/// ProcessBench's critique prompt (Zheng et al. 2024) for `question` and its `steps`.
+pub fn critique_prompt(question: &str, steps: &[String]) -> String {
+    let paragraphs: String = steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("<paragraph_{i}>\n{s}\n</paragraph_{i}>\n\n"))
+        .collect();
+    format!(
+        "The following is a math problem and a solution (split into paragraphs, enclosed with tags and indexed from 0):\n\n\
+[Math Problem]\n\n{question}\n\n[Solution]\n\n{paragraphs}\
+Your task is to review and critique the solution paragraph by paragraph. Once you identify an error in a paragraph, \
+return the index of the paragraph where the earliest error occurs. Otherwise, return the index of -1 (which typically \
+denotes \"not found\").\n\nPlease put your final answer (i.e., the index) in \\boxed{{}}."
+    )
+}
+
+/// The judge's verdict in `answer` for a solution of `steps` steps: `Some(None)` for "no error"
+/// (`\boxed{-1}`), `Some(Some(k))` for "the first error is paragraph k", `None` when the answer
+/// gives no readable verdict (the last `\boxed{}` decides).
+pub fn parse_verdict(answer: &str, steps: usize) -> Option<Option<usize>> {
+    let start = answer.rfind("\\boxed{")? + "\\boxed{".len();
+    let end = start + answer[start..].find('}')?;
+    let inner = answer[start..end].trim().trim_start_matches("paragraph_").trim();
+    match inner.parse::<i64>().ok()? {
+        -1 => Some(None),
+        k if k >= 0 && (k as usize) < steps => Some(Some(k as usize)),
+        _ => None,
+    }
+}
+
+/// The judge annotator.
+pub struct Judge<'a> {
+    /// The model asked; its continuation of the critique prompt is the answer.
+    pub policy: &'a dyn Policy,
+    /// Answers sampled per solution; the most frequent verdict wins (ties: the earliest error).
+    pub samples: usize,
+    /// Base seed (each solution derives its own).
+    pub seed: u64,
+}
+
+impl Judge<'_> {
+    /// The voted first error (`Some(None)`: no error; `None`: no sample gave a verdict), the
+    /// verdicts given, and the cost.
+    pub fn first_error(&self, sol: &Solution) -> Result<(Option<Option<usize>>, usize, Spent)> {
+        let steps = sol.step_strings();
+        let prompt = critique_prompt(&sol.question, &steps);
+        let answers = self.policy.continue_from(
+            &prompt,
+            &[],
+            self.samples.max(1),
+            Until::End,
+            crate::montecarlo::seed_for(self.seed, &sol.id, usize::MAX),
+        )?;
+        let spent = Spent {
+            rollouts: answers.len(),
+            tokens: answers.iter().map(|a| a.tokens).sum(),
+        };
+        let mut votes: BTreeMap<Option<usize>, usize> = BTreeMap::new();
+        for a in &answers {
+            if let Some(v) = parse_verdict(&a.text, steps.len()) {
+                *votes.entry(v).or_default() += 1;
+            }
+        }
+        let given = votes.values().sum();
+        // Most votes; among equals the earliest error first (`Some(k)` sorts after `None`, so
+        // compare "no error" as the latest).
+        let key = |v: &Option<usize>| v.map_or(usize::MAX, |k| k);
+        let best = votes
+            .iter()
+            .max_by(|(va, na), (vb, nb)| na.cmp(nb).then(key(vb).cmp(&key(va))))
+            .map(|(v, _)| *v);
+        Ok((best, given, spent))
+    }
+}
+
+impl Annotator for Judge<'_> {
+    fn name(&self) -> &str {
+        "judge"
+    }
+
+    fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
+        let (verdict, given, spent) = self.first_error(sol)?;
+        let mut out = sol.clone();
+        out.meta.insert("judge_verdicts".into(), given.into());
+        if let Some(first) = verdict {
+            for (i, step) in out.steps.iter_mut().enumerate() {
+                let good = first.is_none_or(|f| i < f);
+                step.label = Some(StepLabel::from_bool(good, Provenance::Judge));
+            }
+        }
+        Ok((out, spent))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_core::testing::ScriptedPolicy;
+
+    #[test]
+    fn reads_processbench_style_answers_and_refuses_the_rest() {
+        let cases: [(&str, Option<Option<usize>>); 12] = [
+            ("The error is in paragraph 2. \\boxed{2}", Some(Some(2))),
+            ("All correct. \\boxed{-1}", Some(None)),
+            ("first \\boxed{0} then on reflection \\boxed{1}", Some(Some(1))),
+            ("\\boxed{ 3 }", Some(Some(3))),
+            ("\\boxed{paragraph_1}", Some(Some(1))),
+            ("no box at all: 2", None),
+            ("\\boxed{two}", None),
+            ("\\boxed{7}", None),
+            ("\\boxed{-2}", None),
+            ("\\boxed{1", None),
+            ("", None),
+            ("\\boxed{99999999999999999999999}", None),
+        ];
+        for (answer, want) in cases {
+            assert_eq!(parse_verdict(answer, 4), want, "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn the_vote_labels_steps_and_no_verdict_leaves_them_unlabelled() {
+        let sol = Solution {
+            id: "s".into(),
+            question: "q".into(),
+            steps: ["a", "b", "c"].iter().map(|t| stepwise_core::Step::new(*t)).collect(),
+            ..Default::default()
+        };
+        // Samples 0, 1, 2 say 1, 1, -1 (with garbage between): paragraph 1 wins.
+        fn answers(_q: &str, _p: &[&str], j: usize) -> Vec<String> {
+            vec![["\\boxed{1}", "hmm \\boxed{1}", "\\boxed{-1}", "\\boxed{x}"][j % 4].to_string()]
+        }
+        let judge = Judge {
+            policy: &ScriptedPolicy(answers),
+            samples: 4,
+            seed: 0,
+        };
+        let (l, spent) = judge.annotate(&sol).unwrap();
+        let good: Vec<bool> = l.steps.iter().map(|s| s.label.as_ref().unwrap().is_good()).collect();
+        assert_eq!(good, [true, false, false]);
+        assert_eq!(spent.rollouts, 4);
+        assert_eq!(l.meta["judge_verdicts"], 3);
+        fn mute(_q: &str, _p: &[&str], _j: usize) -> Vec<String> {
+            vec!["I cannot tell.".to_string()]
+        }
+        let silent = Judge {
+            policy: &ScriptedPolicy(mute),
+            samples: 2,
+            seed: 0,
+        };
+        let (l, _) = silent.annotate(&sol).unwrap();
+        assert!(l.steps.iter().all(|s| s.label.is_none()), "no verdict, no labels");
+        assert_eq!(l.meta["judge_verdicts"], 0);
+    }
+}
