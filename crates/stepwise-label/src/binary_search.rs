@@ -11,7 +11,7 @@
 
 use anyhow::{Context, Result};
 use stepwise_core::seams::{Annotator, Policy, Spent, Task, Until};
-use stepwise_core::{Provenance, Solution, StepLabel};
+use stepwise_core::{Provenance, Solution};
 
 /// The binary-search annotator.
 pub struct BinarySearch<'a> {
@@ -78,10 +78,7 @@ impl Annotator for BinarySearch<'_> {
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
         let (first, spent) = self.first_error(sol)?;
         let mut out = sol.clone();
-        for (i, step) in out.steps.iter_mut().enumerate() {
-            let good = first.is_none_or(|f| i < f);
-            step.label = Some(StepLabel::from_bool(good, Provenance::BinarySearch));
-        }
+        crate::label_by_first_error(&mut out, first, Provenance::BinarySearch);
         Ok((out, spent))
     }
 }

@@ -60,10 +60,7 @@ mod tests {
         }
         fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
             let mut out = sol.clone();
-            let first = (self.0)(&sol.id);
-            for (i, st) in out.steps.iter_mut().enumerate() {
-                st.label = Some(StepLabel::from_bool(first.is_none_or(|f| i < f), Provenance::Human));
-            }
+            crate::label_by_first_error(&mut out, (self.0)(&sol.id), Provenance::Human);
             Ok((out, Spent { rollouts: 1, tokens: 2 }))
         }
     }

@@ -8,7 +8,7 @@
 use anyhow::Result;
 use std::collections::BTreeMap;
 use stepwise_core::seams::{Annotator, Policy, Spent, Until};
-use stepwise_core::{Provenance, Solution, StepLabel};
+use stepwise_core::{Provenance, Solution};
 
 /// ProcessBench's critique prompt (Zheng et al. 2024) for `question` and its `steps`.
 pub fn critique_prompt(question: &str, steps: &[String]) -> String {
@@ -95,10 +95,7 @@ impl Annotator for Judge<'_> {
         let mut out = sol.clone();
         out.meta.insert("judge_verdicts".into(), given.into());
         if let Some(first) = verdict {
-            for (i, step) in out.steps.iter_mut().enumerate() {
-                let good = first.is_none_or(|f| i < f);
-                step.label = Some(StepLabel::from_bool(good, Provenance::Judge));
-            }
+            crate::label_by_first_error(&mut out, first, Provenance::Judge);
         }
         Ok((out, spent))
     }

@@ -16,6 +16,19 @@ pub use judge::Judge;
 pub use montecarlo::{McOptions, MonteCarlo};
 pub use resumable::annotate_resumable;
 
+/// Label `sol`'s steps hard from where its first error is: good before `first`, bad from it on
+/// (all good when `first` is `None`), each label's source `source`.
+pub fn label_by_first_error(
+    sol: &mut stepwise_core::Solution,
+    first: Option<usize>,
+    source: stepwise_core::Provenance,
+) {
+    for (i, step) in sol.steps.iter_mut().enumerate() {
+        let good = first.is_none_or(|f| i < f);
+        step.label = Some(stepwise_core::StepLabel::from_bool(good, source.clone()));
+    }
+}
+
 /// A scripted policy and solutions shared by the annotators' tests.
 #[cfg(test)]
 pub(crate) mod test_support {
