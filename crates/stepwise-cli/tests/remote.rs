@@ -496,3 +496,58 @@ fn the_openai_python_client_works_against_serve() {
     assert!(said.contains("checks passed"), "{said}");
     println!("{said}");
 }
+
+/// GET `path` from `url`: the status line and the body.
+fn get(url: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let status = reply.lines().next().unwrap_or_default().to_string();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// `/health` answers, `/metrics` counts what was served in Prometheus' text format, and SIGTERM
+/// stops the server cleanly.
+#[test]
+fn health_metrics_and_a_clean_stop() {
+    let mut server = serve(&[]);
+    assert!(get(&server.url, "/health").0.contains("200"));
+    post(
+        &server.url,
+        "/v1/score_steps",
+        &json!({"inputs": [{"question": "q", "steps": ["a", "b"]}]}),
+    );
+    post(
+        &server.url,
+        "/v1/completions",
+        &json!({"prompt": "What is 2 + 3?", "max_tokens": 3}),
+    );
+    post(&server.url, "/v1/completions", &json!({"model": "nope", "prompt": "x"}));
+    let (status, metrics) = get(&server.url, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    for want in [
+        "stepwise_requests_total{endpoint=\"/v1/score_steps\",status=\"200\"} 1",
+        "stepwise_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1",
+        "stepwise_requests_total{endpoint=\"/v1/completions\",status=\"404\"} 1",
+        "stepwise_request_seconds_count 4",
+        "# TYPE stepwise_request_seconds histogram",
+    ] {
+        assert!(metrics.contains(want), "missing `{want}` in\n{metrics}");
+    }
+    let generated: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("stepwise_generation_tokens_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!((1..=3).contains(&generated), "{metrics}");
+    // SIGTERM: stops accepting, finishes, exits 0.
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
