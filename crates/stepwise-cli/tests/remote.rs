@@ -283,6 +283,58 @@ fn concurrent_score_requests_get_their_own_scores() {
     }
 }
 
+/// Concurrent completion requests of different prompt lengths, `n` and `max_tokens` are decoded
+/// together in one running batch, and each gets what it gets when sent alone.
+#[test]
+fn concurrent_completions_get_what_they_get_alone() {
+    let server = serve(&[]);
+    let requests: Vec<Value> = (0..12)
+        .map(|i| {
+            json!({"model": "qwen2-policy", "prompt": format!("What is {} + {i}?", "9".repeat(1 + i % 5)),
+                   "n": 1 + i % 3, "max_tokens": 4 + 3 * (i % 4), "temperature": 0.0, "ignore_eos": true})
+        })
+        .collect();
+    let alone: Vec<Value> = requests
+        .iter()
+        .map(|r| post(&server.url, "/v1/completions", r))
+        .collect();
+    let url = server.url.clone();
+    let together: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                let url = url.clone();
+                scope.spawn(move || post(&url, "/v1/completions", r))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        let texts = |v: &Value| -> Vec<String> {
+            v["choices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["text"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(texts(a).len(), 1 + i % 3, "request {i}: {a}");
+        assert_eq!(texts(a), texts(b), "request {i}");
+        assert_eq!(a["usage"]["completion_tokens"], json!((1 + i % 3) * (4 + 3 * (i % 4))));
+        assert_eq!(a["usage"], b["usage"], "request {i}");
+    }
+    // Every generated token after a continuation's first came from a decoding step.
+    let (_, metrics) = get(&server.url, "/metrics");
+    let counter = |name: &str| -> u64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let tokens = counter("stepwise_generation_tokens_total");
+    let continuations: u64 = (0..12).map(|i| 2 * (1 + i % 3) as u64).sum();
+    assert_eq!(counter("stepwise_decode_rows_total"), tokens - continuations);
+    assert!(counter("stepwise_decode_steps_total") <= counter("stepwise_decode_rows_total"));
+}
+
 /// A proxy in front of `upstream` that answers request k (1-based, counting every attempt)
 /// with a failure when `fail(k)` says so, and forwards the rest.
 fn flaky_proxy(upstream: String, fail: fn(usize) -> Option<&'static str>) -> (String, Arc<AtomicUsize>) {

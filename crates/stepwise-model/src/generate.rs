@@ -104,51 +104,163 @@ pub fn generate(
     n: usize,
     p: &SamplingParams,
 ) -> Result<Vec<Vec<u32>>> {
-    if prompt.is_empty() || n == 0 {
-        bail!("generation needs a non-empty prompt and n > 0");
+    let mut batch = Decoding::new(model, tok);
+    batch.add(prompt, n, p.clone())?;
+    loop {
+        if let Some((_, outs)) = batch.step()?.pop() {
+            return Ok(outs);
+        }
     }
-    let dev = &model.device;
-    let mut prefix_cache = KvCache::default();
-    let ids = Tensor::new(prompt, dev)?.unsqueeze(0)?;
-    let h = model.hidden(&ids, None, Some(&mut prefix_cache))?;
-    let first: Vec<f32> = last_logits(model, &h)?.squeeze(0)?.to_vec1()?;
-    let mut rngs: Vec<ChaCha8Rng> = (0..n as u64)
-        .map(|i| ChaCha8Rng::seed_from_u64(p.seed.wrapping_mul(1_000_003).wrapping_add(i)))
-        .collect();
-    let mut outs: Vec<Vec<u32>> = vec![Vec::new(); n];
-    let mut live: Vec<usize> = (0..n).collect();
-    let mut cache = prefix_cache.repeat_batch(n)?;
-    let mut next: Vec<u32> = rngs.iter_mut().map(|r| sample_token(&first, p, r)).collect();
-    for step in 0..p.max_new_tokens {
-        let mut still = Vec::with_capacity(live.len());
-        for (k, &row) in live.iter().enumerate() {
-            outs[row].push(next[k]);
-            let stopped = p.stop_token_ids.contains(&next[k])
+}
+
+/// Continuations of several prompts decoded together (continuous batching): a request joins at
+/// any step (its prompt encoded once, its cache joined to the batch's with left padding, see
+/// [`KvCache`]) and leaves when all its continuations have stopped; every decoding step is one
+/// forward pass over every live row. A request alone decodes exactly as [`generate`] (which is
+/// this); beside others, its rows compute the same values within float rounding.
+pub struct Decoding<'a> {
+    model: &'a Model,
+    tok: Option<&'a Tokenizer>,
+    cache: KvCache,
+    /// Live rows, in the cache's batch order.
+    rows: Vec<Row>,
+    /// Each live row's next token (sampled, not yet appended).
+    next: Vec<u32>,
+    /// Requests by id (`None` once returned).
+    requests: Vec<Option<Request>>,
+}
+
+/// One continuation being decoded.
+struct Row {
+    request: usize,
+    index: usize,
+    rng: ChaCha8Rng,
+}
+
+/// A request's settings and continuations so far.
+struct Request {
+    params: SamplingParams,
+    outs: Vec<Vec<u32>>,
+    live: usize,
+}
+
+impl<'a> Decoding<'a> {
+    /// An empty batch for `model` (`tok` decodes text for stop strings).
+    pub fn new(model: &'a Model, tok: Option<&'a Tokenizer>) -> Self {
+        Decoding {
+            model,
+            tok,
+            cache: KvCache::default(),
+            rows: Vec::new(),
+            next: Vec::new(),
+            requests: Vec::new(),
+        }
+    }
+
+    /// Continuations being decoded.
+    pub fn live_rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether no request is waiting for [`Decoding::step`].
+    pub fn is_idle(&self) -> bool {
+        self.requests.iter().all(Option::is_none)
+    }
+
+    /// Add a request for `n` continuations of `prompt`: encodes the prompt and samples each
+    /// continuation's first token. Returns the request's id, as [`Decoding::step`] reports it.
+    pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
+        if prompt.is_empty() || n == 0 {
+            bail!("generation needs a non-empty prompt and n > 0");
+        }
+        let id = self.requests.len();
+        let live = if params.max_new_tokens == 0 { 0 } else { n };
+        if live > 0 {
+            let mut prefix_cache = KvCache::default();
+            let ids = Tensor::new(prompt, &self.model.device)?.unsqueeze(0)?;
+            let h = self.model.hidden(&ids, None, Some(&mut prefix_cache))?;
+            let first: Vec<f32> = last_logits(self.model, &h)?.squeeze(0)?.to_vec1()?;
+            let joining = prefix_cache.repeat_batch(n)?;
+            self.cache = if self.rows.is_empty() {
+                joining
+            } else {
+                self.cache.concat_batch(&joining)?
+            };
+            for index in 0..n {
+                let seed = params.seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                self.next.push(sample_token(&first, &params, &mut rng));
+                self.rows.push(Row {
+                    request: id,
+                    index,
+                    rng,
+                });
+            }
+        }
+        self.requests.push(Some(Request {
+            params,
+            outs: vec![Vec::new(); n],
+            live,
+        }));
+        Ok(id)
+    }
+
+    /// Append each live row's next token; rows that stop (a stop token or string, or their
+    /// token budget) leave the batch; the rest run one decoding step. Returns the requests whose
+    /// continuations have all stopped, with those continuations (stop token included).
+    pub fn step(&mut self) -> Result<Vec<(usize, Vec<Vec<u32>>)>> {
+        let mut still = Vec::with_capacity(self.rows.len());
+        for (k, row) in self.rows.iter().enumerate() {
+            let req = self.requests[row.request].as_mut().expect("a live row's request");
+            let out = &mut req.outs[row.index];
+            out.push(self.next[k]);
+            let p = &req.params;
+            let stopped = p.stop_token_ids.contains(&self.next[k])
+                || out.len() >= p.max_new_tokens
                 || (!p.stop_strings.is_empty()
-                    && tok
-                        .and_then(|t| t.decode(&outs[row]).ok())
+                    && self
+                        .tok
+                        .and_then(|t| t.decode(out).ok())
                         .is_some_and(|text| p.stop_strings.iter().any(|s| text.ends_with(s.as_str()))));
-            if !stopped {
+            if stopped {
+                req.live -= 1;
+            } else {
                 still.push(k);
             }
         }
-        if still.is_empty() || step + 1 == p.max_new_tokens {
-            break;
-        }
-        if still.len() < live.len() {
-            let keep = Tensor::new(still.iter().map(|&k| k as u32).collect::<Vec<_>>(), dev)?;
-            cache = cache.select(&keep)?;
-            next = still.iter().map(|&k| next[k]).collect();
-            live = still.iter().map(|&k| live[k]).collect();
-        }
-        let ids = Tensor::new(next.as_slice(), dev)?.unsqueeze(1)?;
-        let h = model.hidden(&ids, None, Some(&mut cache))?;
-        let logits = last_logits(model, &h)?.to_vec2::<f32>()?;
-        next = live
-            .iter()
-            .zip(&logits)
-            .map(|(&row, l)| sample_token(l, p, &mut rngs[row]))
+        let done = self
+            .requests
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, r)| r.as_ref().is_some_and(|r| r.live == 0))
+            .map(|(id, r)| (id, r.take().expect("filtered").outs))
             .collect();
+        if still.len() < self.rows.len() {
+            if still.is_empty() {
+                self.cache = KvCache::default();
+            } else {
+                let keep = Tensor::new(still.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
+                self.cache = self.cache.select(&keep)?;
+            }
+            let mut rows = std::mem::take(&mut self.rows).into_iter().map(Some).collect::<Vec<_>>();
+            self.rows = still.iter().map(|&k| rows[k].take().expect("each kept once")).collect();
+            self.next = still.iter().map(|&k| self.next[k]).collect();
+        }
+        if !self.rows.is_empty() {
+            let ids = Tensor::new(self.next.as_slice(), &self.model.device)?.unsqueeze(1)?;
+            let h = self.model.hidden(&ids, None, Some(&mut self.cache))?;
+            let logits = last_logits(self.model, &h)?.to_vec2::<f32>()?;
+            for ((next, row), l) in self.next.iter_mut().zip(&mut self.rows).zip(&logits) {
+                let p = &self.requests[row.request]
+                    .as_ref()
+                    .expect("a live row's request")
+                    .params;
+                *next = sample_token(l, p, &mut row.rng);
+            }
+        }
+        if self.is_idle() {
+            self.requests.clear();
+        }
+        Ok(done)
     }
-    Ok(outs)
 }

@@ -18,7 +18,7 @@ pub mod train;
 pub mod transformer;
 
 pub use config::{Family, HeadKind, ModelConfig};
-pub use generate::{generate, SamplingParams};
+pub use generate::{generate, Decoding, SamplingParams};
 pub use incremental::IncrementalScorer;
 pub use layout::PrmLayout;
 pub use model::Model;

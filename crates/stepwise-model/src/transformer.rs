@@ -14,10 +14,16 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 
 /// Per-layer key/value cache of a batch of sequences.
+///
+/// Sequences of different lengths share one cache by left padding: row `r`'s first `pads[r]`
+/// positions are padding that attention never reads, and its token at cache position `i` has
+/// rotary position `i - pads[r]`, so a row computes what it would alone (within float rounding).
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
     /// `(k, v)` per layer, each `[batch, kv_heads, seq, head_dim]`.
     pub layers: Vec<Option<(Tensor, Tensor)>>,
+    /// Left padding per batch row (empty: none).
+    pads: Vec<usize>,
 }
 
 impl KvCache {
@@ -34,35 +40,36 @@ impl KvCache {
         self.len() == 0
     }
 
-    /// The same cache repeated `n` times along the batch (continuations of one prefix).
-    pub fn repeat_batch(&self, n: usize) -> Result<KvCache> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                l.as_ref()
-                    .map(|(k, v)| -> Result<_> { Ok((k.repeat((n, 1, 1, 1))?, v.repeat((n, 1, 1, 1))?)) })
-                    .transpose()
-            })
-            .collect::<Result<_>>()?;
-        Ok(KvCache { layers })
+    /// Left padding of each batch row, when any row has some.
+    pub fn pads(&self) -> Option<&[usize]> {
+        self.pads.iter().any(|&p| p > 0).then_some(self.pads.as_slice())
     }
 
-    /// Batch row `row`'s first `len` positions, copied out as a one-row cache: the cache of a
-    /// prefix of that sequence (with causal attention, its keys and values do not depend on what
-    /// follows).
-    pub fn row_prefix(&self, row: usize, len: usize) -> Result<KvCache> {
-        let cut = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, row, 1)?.narrow(2, 0, len)?.contiguous()?) };
-        let layers = self
-            .layers
+    /// Apply `f` to every layer's keys and values.
+    fn map(&self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Vec<Option<(Tensor, Tensor)>>> {
+        self.layers
             .iter()
-            .map(|l| {
-                l.as_ref()
-                    .map(|(k, v)| -> Result<_> { Ok((cut(k)?, cut(v)?)) })
-                    .transpose()
-            })
-            .collect::<Result<_>>()?;
-        Ok(KvCache { layers })
+            .map(|l| l.as_ref().map(|(k, v)| -> Result<_> { Ok((f(k)?, f(v)?)) }).transpose())
+            .collect()
+    }
+
+    /// The same cache repeated `n` times along the batch (continuations of one prefix).
+    pub fn repeat_batch(&self, n: usize) -> Result<KvCache> {
+        Ok(KvCache {
+            layers: self.map(|t| Ok(t.repeat((n, 1, 1, 1))?))?,
+            pads: (0..n).flat_map(|_| self.pads.iter().copied()).collect(),
+        })
+    }
+
+    /// Batch row `row`'s first `len` positions (after its padding), copied out as a one-row
+    /// cache: the cache of a prefix of that sequence (with causal attention, its keys and values
+    /// do not depend on what follows).
+    pub fn row_prefix(&self, row: usize, len: usize) -> Result<KvCache> {
+        let pad = self.pads.get(row).copied().unwrap_or(0);
+        Ok(KvCache {
+            layers: self.map(|t| Ok(t.narrow(0, row, 1)?.narrow(2, pad, len)?.contiguous()?))?,
+            pads: Vec::new(),
+        })
     }
 
     /// Bytes held by the cached keys and values.
@@ -74,18 +81,80 @@ impl KvCache {
             .sum()
     }
 
-    /// Keep only the batch rows in `rows`.
+    /// Keep only the batch rows in `rows` (padding every row still has is dropped).
     pub fn select(&self, rows: &Tensor) -> Result<KvCache> {
+        let picked = KvCache {
+            layers: self.map(|t| Ok(t.index_select(rows, 0)?))?,
+            pads: match self.pads() {
+                Some(pads) => {
+                    let rows: Vec<u32> = rows.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
+                    rows.iter().map(|&r| pads[r as usize]).collect()
+                }
+                None => Vec::new(),
+            },
+        };
+        picked.trimmed()
+    }
+
+    /// Without the padding positions that every row has.
+    fn trimmed(self) -> Result<KvCache> {
+        let common = self.pads.iter().copied().min().unwrap_or(0);
+        if common == 0 {
+            return Ok(self);
+        }
+        let len = self.len() - common;
+        Ok(KvCache {
+            layers: self.map(|t| Ok(t.narrow(2, common, len)?.contiguous()?))?,
+            pads: self.pads.iter().map(|p| p - common).collect(),
+        })
+    }
+
+    /// This batch's rows followed by `other`'s, the shorter cache left-padded to the longer.
+    pub fn concat_batch(&self, other: &KvCache) -> Result<KvCache> {
+        if self.layers.iter().all(Option::is_none) {
+            return Ok(other.clone());
+        }
+        anyhow::ensure!(
+            self.layers.len() == other.layers.len(),
+            "caches of {} and {} layers",
+            self.layers.len(),
+            other.layers.len()
+        );
+        let len = self.len().max(other.len());
+        let rows =
+            |c: &KvCache| -> Result<usize> { Ok(c.layers.iter().flatten().next().map_or(Ok(0), |(k, _)| k.dim(0))?) };
+        let padded_pads = |c: &KvCache, rows: usize| -> Vec<usize> {
+            let extra = len - c.len();
+            (0..rows).map(|r| c.pads.get(r).copied().unwrap_or(0) + extra).collect()
+        };
+        let mut pads = padded_pads(self, rows(self)?);
+        pads.extend(padded_pads(other, rows(other)?));
+        let left_pad = |t: &Tensor| -> Result<Tensor> {
+            let extra = len - t.dim(2)?;
+            if extra == 0 {
+                return Ok(t.clone());
+            }
+            let (b, h, _, d) = t.dims4()?;
+            Ok(Tensor::cat(
+                &[&Tensor::zeros((b, h, extra, d), t.dtype(), t.device())?, t],
+                2,
+            )?)
+        };
         let layers = self
             .layers
             .iter()
-            .map(|l| {
-                l.as_ref()
-                    .map(|(k, v)| -> Result<_> { Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?)) })
-                    .transpose()
+            .zip(&other.layers)
+            .map(|(a, b)| -> Result<_> {
+                match (a, b) {
+                    (Some((ka, va)), Some((kb, vb))) => Ok(Some((
+                        Tensor::cat(&[&left_pad(ka)?, &left_pad(kb)?], 0)?,
+                        Tensor::cat(&[&left_pad(va)?, &left_pad(vb)?], 0)?,
+                    ))),
+                    _ => anyhow::bail!("joining caches with a layer missing"),
+                }
             })
             .collect::<Result<_>>()?;
-        Ok(KvCache { layers })
+        Ok(KvCache { layers, pads })
     }
 }
 
@@ -116,6 +185,8 @@ struct Pass<'a> {
     mask: KeyMask,
     rope: &'a RopeTables,
     offset: usize,
+    /// Per batch row, how far its rotary positions lag its cache positions (its left padding).
+    shifts: Option<std::sync::Arc<Vec<usize>>>,
     eps: f64,
     diff: bool,
 }
@@ -147,12 +218,12 @@ impl Attention {
     }
 
     fn forward(&self, x: &Tensor, pass: &Pass, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
-        let (rope, offset) = (pass.rope, pass.offset);
         let (b, t, _) = x.dims3()?;
         let split =
             |y: Tensor, n: usize| -> Result<Tensor> { Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?) };
-        let q = kernels::rope(&split(self.q.forward(x, pass.diff)?, self.heads)?, rope, offset)?;
-        let mut k = kernels::rope(&split(self.k.forward(x, pass.diff)?, self.kv_heads)?, rope, offset)?;
+        let rope = |y: Tensor| kernels::rope_shifted(&y, pass.rope, pass.offset, pass.shifts.as_ref());
+        let q = rope(split(self.q.forward(x, pass.diff)?, self.heads)?)?;
+        let mut k = rope(split(self.k.forward(x, pass.diff)?, self.kv_heads)?)?;
         let mut v = split(self.v.forward(x, pass.diff)?, self.kv_heads)?.contiguous()?;
         if let Some((pk, pv)) = cache.as_ref() {
             k = Tensor::cat(&[pk, &k], 2)?;
@@ -297,10 +368,16 @@ impl Transformer {
         }
         let offset = cache.len();
         self.count_and_check(b, offset, t)?;
+        let shifts = cache.pads().map(|p| std::sync::Arc::new(p.to_vec()));
+        let mut mask = KeyMask::new(offset, pad_mask)?;
+        if let Some(pads) = &shifts {
+            mask = mask.pad_left(pads, offset + t);
+        }
         let pass = Pass {
-            mask: KeyMask::new(offset, pad_mask)?,
+            mask,
             rope: &self.rope,
             offset,
+            shifts,
             eps: self.eps,
             diff: self.differentiable,
         };
@@ -328,6 +405,7 @@ impl Transformer {
             && offset + t <= self.max_positions
             && ids.device().is_cpu()
             && cache.layers.len() == self.blocks.len()
+            && cache.pads().is_none()
         {
             let mask = KeyMask::new(offset, pad_mask)?;
             if let Some(x) = self.forward_cpu(ids, &mask, Some(cache), None, true)? {

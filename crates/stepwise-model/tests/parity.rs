@@ -5,7 +5,7 @@
 use candle_core::Device;
 use serde_json::Value;
 use std::path::PathBuf;
-use stepwise_model::{generate, Model, PrmLayout, PrmScorer, SamplingParams, Tokenizer};
+use stepwise_model::{generate, Decoding, Model, PrmLayout, PrmScorer, SamplingParams, Tokenizer};
 
 mod common;
 use common::fixtures;
@@ -22,7 +22,7 @@ fn load(name: &str) -> (Model, Tokenizer) {
     )
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+fn ids_of(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
         .iter()
@@ -52,7 +52,7 @@ fn prm_fixtures_reproduce_transformers() {
         for it in items {
             let steps = strs(&it["steps"]);
             let e = scorer.encode(it["problem"].as_str().unwrap(), &steps).unwrap();
-            assert_eq!(e.ids, ids(&it["input_ids"]), "{case}: token ids");
+            assert_eq!(e.ids, ids_of(&it["input_ids"]), "{case}: token ids");
             let pos: Vec<usize> = it["step_positions"]
                 .as_array()
                 .unwrap()
@@ -93,9 +93,9 @@ fn policy_greedy_matches_and_prefix_is_encoded_once() {
         ..Default::default()
     };
     for it in exp["cases"]["qwen2-policy"]["items"].as_array().unwrap() {
-        let prompt = ids(&it["prompt_ids"]);
+        let prompt = ids_of(&it["prompt_ids"]);
         assert_eq!(tok.encode(it["prompt"].as_str().unwrap(), true).unwrap(), prompt);
-        let want = ids(&it["greedy_new_ids"]);
+        let want = ids_of(&it["greedy_new_ids"]);
         let before = model.encoded_tokens();
         let outs = generate(&model, Some(&tok), &prompt, 4, &p).unwrap();
         let encoded = model.encoded_tokens() - before;
@@ -109,6 +109,119 @@ fn policy_greedy_matches_and_prefix_is_encoded_once() {
             assert_eq!(o, &want, "greedy continuation");
         }
     }
+}
+
+/// Continuous batching: prompts of different lengths join one decoding batch at different steps
+/// (left-padded caches, per-row rotary positions) and each still gets transformers' greedy
+/// continuation; a request with `n` rows encodes its prompt once.
+#[test]
+fn requests_joining_a_running_batch_decode_as_alone() {
+    let exp = expected();
+    let (model, tok) = load("qwen2-policy");
+    let p = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: 16,
+        ..Default::default()
+    };
+    let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
+    let mut batch = Decoding::new(&model, Some(&tok));
+    let mut done = std::collections::HashMap::new();
+    let mut ids = Vec::new();
+    // Join in reverse so a shorter prompt meets a longer running one and the other way round.
+    for (k, it) in items.iter().enumerate().rev() {
+        let short = SamplingParams {
+            max_new_tokens: 5 + 3 * k,
+            ..p.clone()
+        };
+        ids.push((batch.add(&ids_of(&it["prompt_ids"]), 1 + k, short).unwrap(), k));
+        for _ in 0..3 {
+            done.extend(batch.step().unwrap());
+        }
+    }
+    while !batch.is_idle() {
+        done.extend(batch.step().unwrap());
+    }
+    assert_eq!(batch.live_rows(), 0);
+    for (id, k) in ids {
+        let want = ids_of(&items[k]["greedy_new_ids"]);
+        let outs = &done[&id];
+        assert_eq!(outs.len(), 1 + k);
+        for o in outs {
+            assert_eq!(o[..], want[..5 + 3 * k], "item {k}");
+        }
+    }
+}
+
+/// Caches of different lengths joined into one batch (the shorter left-padded) continue each
+/// sequence as it would continue alone: same hidden states within float rounding, for several
+/// steps and after a row leaves.
+#[test]
+fn joined_caches_continue_each_sequence_as_alone() {
+    use candle_core::Tensor;
+    use stepwise_model::transformer::KvCache;
+    let exp = expected();
+    let (model, _) = load("qwen2-policy");
+    let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
+    let prompts: Vec<Vec<u32>> = items.iter().map(|it| ids_of(&it["prompt_ids"])).collect();
+    let (long, short) = (&prompts[0], &prompts[1]);
+    assert!(long.len() > short.len());
+    let encode = |p: &[u32]| {
+        let mut c = KvCache::default();
+        model
+            .hidden(
+                &Tensor::new(p, &Device::Cpu).unwrap().unsqueeze(0).unwrap(),
+                None,
+                Some(&mut c),
+            )
+            .unwrap();
+        c
+    };
+    let (mut alone_a, mut alone_b) = (encode(short), encode(long));
+    // The short sequence first, so its rows carry the padding.
+    let mut joined = alone_a.concat_batch(&alone_b).unwrap();
+    assert_eq!(joined.pads().unwrap(), &[long.len() - short.len(), 0]);
+    let step = |c: &mut KvCache, toks: &[u32]| {
+        let ids = Tensor::new(toks, &Device::Cpu).unwrap().unsqueeze(1).unwrap();
+        model.hidden(&ids, None, Some(c)).unwrap().squeeze(1).unwrap()
+    };
+    for (i, t) in [5u32, 9, 2].into_iter().enumerate() {
+        let both = step(&mut joined, &[t, t + 1]);
+        let (a, b) = (step(&mut alone_a, &[t]), step(&mut alone_b, &[t + 1]));
+        let diff = |x: &Tensor, y: &Tensor| {
+            (x - y)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        assert!(
+            diff(&both.get(0).unwrap(), &a.get(0).unwrap()) < 1e-5,
+            "padded row, step {i}"
+        );
+        assert!(
+            diff(&both.get(1).unwrap(), &b.get(0).unwrap()) < 1e-5,
+            "unpadded row, step {i}"
+        );
+    }
+    // The long row leaves: the padding every remaining row has is dropped.
+    let mut rest = joined.select(&Tensor::new(&[0u32], &Device::Cpu).unwrap()).unwrap();
+    assert!(rest.pads().is_none());
+    assert_eq!(rest.len(), alone_a.len());
+    let (x, y) = (step(&mut rest, &[7]), step(&mut alone_a, &[7]));
+    assert!(
+        (x - y)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+            < 1e-5
+    );
 }
 
 /// A scalar value head (`Qwen2ForSequenceClassification`, one label): the sigmoid of the value at
@@ -131,7 +244,7 @@ fn value_head_reproduces_transformers() {
     for it in exp["items"].as_array().unwrap() {
         let steps = strs(&it["steps"]);
         let e = scorer.encode(it["problem"].as_str().unwrap(), &steps).unwrap();
-        assert_eq!(e.ids, ids(&it["input_ids"]), "token ids");
+        assert_eq!(e.ids, ids_of(&it["input_ids"]), "token ids");
         let got = scorer.score_batch(std::slice::from_ref(&e)).unwrap().remove(0);
         for (g, w) in got.iter().zip(it["step_values"].as_array().unwrap()) {
             assert!((*g as f64 - w.as_f64().unwrap()).abs() < 1e-4, "{got:?} vs {w}");

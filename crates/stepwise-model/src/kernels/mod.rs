@@ -53,6 +53,18 @@ impl KeyMask {
         Ok(KeyMask { offset, valid })
     }
 
+    /// Also hide the first `pads[b]` keys of each sequence `b` (left padding of a cache shared by
+    /// sequences of different lengths), for `s` keys in all.
+    pub fn pad_left(self, pads: &[usize], s: usize) -> Self {
+        let valid = (0..pads.len() * s)
+            .map(|i| i % s >= pads[i / s] && self.valid.as_ref().is_none_or(|v| v[i]))
+            .collect();
+        KeyMask {
+            offset: self.offset,
+            valid: Some(Arc::new(valid)),
+        }
+    }
+
     /// As an additive mask `[b, 1, t, s]` (0 allowed, −∞ causal, −1e9 padding), for devices
     /// without the fused kernel.
     fn additive(&self, b: usize, t: usize, s: usize, dev: &candle_core::Device) -> candle_core::Result<Tensor> {
@@ -287,6 +299,8 @@ struct Rope {
     cos: Arc<Vec<f32>>,
     sin: Arc<Vec<f32>>,
     offset: usize,
+    /// Per batch row, how many positions its rotation lags `offset` (its left padding).
+    shifts: Option<Arc<Vec<usize>>>,
     /// Rotate the other way (the backward pass).
     inverse: bool,
 }
@@ -298,15 +312,16 @@ impl CustomOp1 for Rope {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32_slice(storage, layout, "rope")?;
-        let (_, _, t, d) = layout.shape().dims4()?;
+        let (_, h, t, d) = layout.shape().dims4()?;
         let half = d / 2;
         let sign = if self.inverse { -1.0 } else { 1.0 };
+        let shift = |row: usize| self.shifts.as_ref().map_or(0, |s| s[row / (h * t)]);
         let mut out = vec![0f32; x.len()];
         out.par_chunks_mut(d)
             .zip(x.par_chunks(d))
             .enumerate()
             .for_each(|(row, (y, xr))| {
-                let p = self.offset + row % t;
+                let p = self.offset + row % t - shift(row);
                 let (cos, sin) = (&self.cos[p * half..(p + 1) * half], &self.sin[p * half..(p + 1) * half]);
                 for j in 0..half {
                     let (a, b, s) = (xr[j], xr[j + half], sign * sin[j]);
@@ -323,6 +338,7 @@ impl CustomOp1 for Rope {
             cos: self.cos.clone(),
             sin: self.sin.clone(),
             offset: self.offset,
+            shifts: self.shifts.clone(),
             inverse: !self.inverse,
         })?))
     }
@@ -356,17 +372,40 @@ impl RopeTables {
 
 /// Rotate `x` `[b, h, t, d]` for positions `offset..offset + t`. Differentiable; fused on CPU.
 pub fn rope(x: &Tensor, tables: &RopeTables, offset: usize) -> candle_core::Result<Tensor> {
+    rope_shifted(x, tables, offset, None)
+}
+
+/// [`rope`] with batch row `b` at positions `offset - shifts[b]..` (`shifts`: the left padding
+/// of each row of a shared cache; each at most `offset`).
+pub fn rope_shifted(
+    x: &Tensor,
+    tables: &RopeTables,
+    offset: usize,
+    shifts: Option<&Arc<Vec<usize>>>,
+) -> candle_core::Result<Tensor> {
     if fused_here(x) {
         return x.contiguous()?.apply_op1(Rope {
             cos: tables.cos_host.clone(),
             sin: tables.sin_host.clone(),
             offset,
+            shifts: shifts.cloned(),
             inverse: false,
         });
     }
     let t = x.dim(2)?;
-    let (cos, sin) = (tables.cos.narrow(0, offset, t)?, tables.sin.narrow(0, offset, t)?);
-    candle_nn::rotary_emb::rope_slow(&x.contiguous()?, &cos, &sin)
+    let rotate = |x: &Tensor, start: usize| {
+        let (cos, sin) = (tables.cos.narrow(0, start, t)?, tables.sin.narrow(0, start, t)?);
+        candle_nn::rotary_emb::rope_slow(&x.contiguous()?, &cos, &sin)
+    };
+    match shifts {
+        None => rotate(x, offset),
+        Some(shifts) => {
+            let rows = (0..x.dim(0)?)
+                .map(|b| rotate(&x.narrow(0, b, 1)?, offset - shifts[b]))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::cat(&rows, 0)
+        }
+    }
 }
 
 #[cfg(test)]

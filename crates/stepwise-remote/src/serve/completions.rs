@@ -2,6 +2,7 @@
 //! shapes of OpenAI's API (and vLLM's extensions: `stop_reason`, `continue_final_message`,
 //! token-id prompts), streaming as server-sent events when asked.
 
+use super::batcher::GenerateJob;
 use super::{unix_now, ApiError, Shared};
 use anyhow::Result;
 use axum::body::Bytes;
@@ -13,7 +14,7 @@ use candle_core::{Tensor, D};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use stepwise_model::tokenizer::Message;
-use stepwise_model::{generate, SamplingParams};
+use stepwise_model::SamplingParams;
 
 /// Sampling settings read from a request.
 struct Sampling {
@@ -201,16 +202,30 @@ fn check_length(s: &Shared, prompt: usize, max_tokens: usize) -> Result<(), ApiE
     Ok(())
 }
 
-/// Sample the continuations (on a blocking thread: the model computes on this machine's cores).
+/// Sample the continuations: the generation worker decodes them in its running batch
+/// ([`super::batcher`]); the replies are built on a blocking thread.
 async fn run(s: &Shared, ids: Vec<u32>, mut sampling: Sampling) -> Result<(Vec<Choice>, usize), ApiError> {
+    let (_, p) = s.policy.as_ref().expect("checked");
+    if !sampling.ignore_eos {
+        sampling.params.stop_token_ids = p.stop_token_ids.clone();
+    }
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let stopped = || ApiError::internal(anyhow::anyhow!("the generation worker stopped"));
+    s.generate_queue
+        .lock()
+        .map_err(|_| stopped())?
+        .send(GenerateJob {
+            prompt: ids.clone(),
+            n: sampling.n,
+            params: sampling.params.clone(),
+            reply,
+        })
+        .map_err(|_| stopped())?;
+    let outs = answer.await.map_err(|_| stopped())?.map_err(ApiError::internal)?;
     let state = s.clone();
     let prompt_len = ids.len();
     let choices = tokio::task::spawn_blocking(move || -> Result<Vec<Choice>> {
         let (_, p) = state.policy.as_ref().expect("checked");
-        if !sampling.ignore_eos {
-            sampling.params.stop_token_ids = p.stop_token_ids.clone();
-        }
-        let outs = generate(&p.model, Some(&p.tokenizer), &ids, sampling.n, &sampling.params)?;
         outs.into_iter().map(|out| choice(p, &ids, out, &sampling)).collect()
     })
     .await

@@ -1,5 +1,6 @@
 //! Prometheus metrics of `stepwise serve`: requests by endpoint and status, prompt and generated
-//! tokens, and a latency histogram (`GET /metrics`, text exposition format).
+//! tokens, decoding steps and the continuations they carried (their ratio is the mean batch of
+//! continuous batching), and a latency histogram (`GET /metrics`, text exposition format).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -13,6 +14,8 @@ struct Counts {
     requests: BTreeMap<(String, u16), u64>,
     prompt_tokens: u64,
     generation_tokens: u64,
+    decode_steps: u64,
+    decode_rows: u64,
     latency_buckets: [u64; BUCKETS.len()],
     latency_count: u64,
     latency_sum: f64,
@@ -45,6 +48,13 @@ impl Metrics {
         c.generation_tokens += generated as u64;
     }
 
+    /// Count one decoding step of the generation worker over `rows` continuations.
+    pub fn decode_step(&self, rows: usize) {
+        let mut c = self.counts.lock().unwrap();
+        c.decode_steps += 1;
+        c.decode_rows += rows as u64;
+    }
+
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         let c = self.counts.lock().unwrap();
@@ -66,6 +76,16 @@ impl Metrics {
                 "stepwise_generation_tokens_total",
                 "Tokens generated.",
                 c.generation_tokens,
+            ),
+            (
+                "stepwise_decode_steps_total",
+                "Decoding steps (forward passes) of the generation worker.",
+                c.decode_steps,
+            ),
+            (
+                "stepwise_decode_rows_total",
+                "Continuations decoded, summed over decoding steps (divided by the steps: the mean batch).",
+                c.decode_rows,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");

@@ -15,6 +15,7 @@
 //! with an API key every `/v1` and `/pooling` request needs `Authorization: Bearer KEY`. SIGTERM
 //! or Ctrl-C stops accepting requests and lets those in flight finish.
 
+mod batcher;
 mod completions;
 mod metrics;
 mod steps;
@@ -69,6 +70,8 @@ pub(crate) struct AppState {
     pub started: u64,
     /// Where `/v1/score_steps` requests queue for the scoring worker ([`steps::score_worker`]).
     pub score_queue: std::sync::Mutex<std::sync::mpsc::Sender<steps::ScoreJob>>,
+    /// Where completion requests queue for the generation worker ([`batcher::generate_worker`]).
+    pub generate_queue: std::sync::Mutex<std::sync::mpsc::Sender<batcher::GenerateJob>>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -155,6 +158,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         "nothing to serve: pass --model and/or --prm"
     );
     let (queue, jobs) = std::sync::mpsc::channel();
+    let (generate_queue, generate_jobs) = std::sync::mpsc::channel();
     let state: Shared = Arc::new(AppState {
         policy,
         prm,
@@ -164,12 +168,18 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         metrics: Metrics::default(),
         started: unix_now(),
         score_queue: std::sync::Mutex::new(queue),
+        generate_queue: std::sync::Mutex::new(generate_queue),
     });
     let worker_state = state.clone();
     std::thread::Builder::new()
         .name("stepwise-score".into())
         .spawn(move || steps::score_worker(worker_state, jobs))
         .context("starting the scoring worker")?;
+    let worker_state = state.clone();
+    std::thread::Builder::new()
+        .name("stepwise-generate".into())
+        .spawn(move || batcher::generate_worker(worker_state, generate_jobs))
+        .context("starting the generation worker")?;
     let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions::completions))

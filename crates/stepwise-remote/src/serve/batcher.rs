@@ -1,0 +1,89 @@
+//! The generation worker: continuous batching of `/v1/completions` and `/v1/chat/completions`.
+//!
+//! Every request joins the running batch at the next decoding step (its prompt encoded on its
+//! own, its cache joined to the batch's; see [`stepwise_model::Decoding`]), every step is one
+//! forward pass over the continuations of every request in flight, and a request is answered
+//! as soon as its own continuations stop. One request alone is decoded exactly as the local
+//! engine decodes it.
+
+use super::Shared;
+use anyhow::Result;
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use stepwise_model::{Decoding, SamplingParams};
+use tokio::sync::oneshot;
+
+/// One generation request waiting for the worker.
+pub(crate) struct GenerateJob {
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// Continuations wanted.
+    pub n: usize,
+    /// How to sample them.
+    pub params: SamplingParams,
+    /// Where the continuations (generated ids, stop token included) go.
+    pub reply: oneshot::Sender<Result<Vec<Vec<u32>>>>,
+}
+
+/// Most continuations decoded together; a request that would pass it waits for rows to finish
+/// (one larger than this alone still runs, alone).
+pub(crate) const MAX_ROWS: usize = 256;
+
+/// Run until every sender of `jobs` is gone.
+pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
+    let Some((_, policy)) = state.policy.as_ref() else {
+        return;
+    };
+    let mut batch = Decoding::new(&policy.model, Some(&policy.tokenizer));
+    let mut waiting: HashMap<usize, oneshot::Sender<Result<Vec<Vec<u32>>>>> = HashMap::new();
+    // A request that did not fit the batch yet.
+    let mut held: Option<GenerateJob> = None;
+    loop {
+        if batch.is_idle() && held.is_none() {
+            match jobs.recv() {
+                Ok(job) => held = Some(job),
+                Err(_) => return,
+            }
+        }
+        loop {
+            let job = match held.take().map(Ok).unwrap_or_else(|| jobs.try_recv()) {
+                Ok(job) => job,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) if batch.is_idle() => return,
+                Err(TryRecvError::Disconnected) => break,
+            };
+            if !batch.is_idle() && batch.live_rows() + job.n > MAX_ROWS {
+                held = Some(job);
+                break;
+            }
+            match batch.add(&job.prompt, job.n, job.params) {
+                Ok(id) => {
+                    waiting.insert(id, job.reply);
+                }
+                Err(e) => {
+                    let _ = job.reply.send(Err(e));
+                }
+            }
+        }
+        match batch.step() {
+            Ok(done) => {
+                // The rows still live ran this step's forward pass.
+                if batch.live_rows() > 0 {
+                    state.metrics.decode_step(batch.live_rows());
+                }
+                for (id, outs) in done {
+                    if let Some(reply) = waiting.remove(&id) {
+                        let _ = reply.send(Ok(outs));
+                    }
+                }
+            }
+            Err(e) => {
+                // A step fails for every row in it: answer them all and start a fresh batch.
+                for (_, reply) in waiting.drain() {
+                    let _ = reply.send(Err(anyhow::anyhow!("{e:#}")));
+                }
+                batch = Decoding::new(&policy.model, Some(&policy.tokenizer));
+            }
+        }
+    }
+}
