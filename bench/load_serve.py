@@ -54,6 +54,15 @@ async def main():
     )
     for e in sorted(set(out["errors"]))[:5]:
         print("  error:", e)
+    # stepwise serve counts its decoding steps and the continuations they carried.
+    try:
+        import urllib.request
+        text = urllib.request.urlopen(f"{a.url}/metrics", timeout=10).read().decode()
+        got = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l.startswith("stepwise_decode_")}
+        if got.get("stepwise_decode_steps_total"):
+            print(f"  mean decoding batch: {got['stepwise_decode_rows_total'] / got['stepwise_decode_steps_total']:.1f} continuations")
+    except Exception:
+        pass
 
 
 asyncio.run(main())
