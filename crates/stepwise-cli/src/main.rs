@@ -48,6 +48,12 @@ Run `stepwise <command> --help` for the details of each."
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How models loaded for inference hold their weight matrices: `auto` as the checkpoint
+    /// stores them (a bf16 checkpoint stays bf16: half the memory of f32, the same results),
+    /// `f32` widened at load, `bf16` rounding f32 checkpoints to bf16 (half the memory; results
+    /// move by bf16's rounding). Arithmetic is f32 in every case; training keeps f32 weights.
+    #[arg(long, global = true, default_value = "auto", value_parser = ["auto", "f32", "bf16"])]
+    dtype: String,
 }
 
 #[derive(Subcommand)]
@@ -95,6 +101,7 @@ fn main() {
             _ => std::process::exit(e.exit_code()),
         },
     };
+    stepwise_model::set_weight_dtype(cli.dtype.parse().expect("clap checked the value"));
     let result = match cli.command {
         Command::Lab(a) => cmd::lab::run_lab(a),
         Command::Convert(a) => cmd::convert::run(a),

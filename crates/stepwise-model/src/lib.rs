@@ -21,7 +21,7 @@ pub use config::{Family, HeadKind, ModelConfig};
 pub use generate::{generate, Decoding, SamplingParams};
 pub use incremental::IncrementalScorer;
 pub use layout::PrmLayout;
-pub use model::Model;
+pub use model::{set_weight_dtype, weight_dtype, Model, WeightDtype};
 pub use policy::{EnginePolicy, LoadedPolicy, Prompt};
 pub use scoring::PrmScorer;
 pub use tokenizer::Tokenizer;

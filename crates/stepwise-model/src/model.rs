@@ -65,18 +65,28 @@ impl Model {
     }
 
     /// Load `config.json` and the safetensors weights of a checkpoint folder (single file or
-    /// sharded with `model.safetensors.index.json`; f32, bf16 or f16, computed in f32).
+    /// sharded with `model.safetensors.index.json`; f32, bf16 or f16), for inference: weight
+    /// matrices are held as [`weight_dtype`] says (by default as stored), arithmetic is f32.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         Self::load_with_config(dir, config, device)
     }
 
-    /// Load weights with a given config (e.g. to override the head).
+    /// [`Model::load`] holding the weight matrices as `hold` says (whatever [`weight_dtype`] is).
+    pub fn load_as(dir: &Path, device: &Device, hold: WeightDtype) -> Result<Self> {
+        Self::load_held(dir, ModelConfig::from_dir(dir)?, device, hold)
+    }
+
+    /// Load weights with a given config (e.g. to override the head), for inference.
     pub fn load_with_config(dir: &Path, config: ModelConfig, device: &Device) -> Result<Self> {
+        Self::load_held(dir, config, device, weight_dtype())
+    }
+
+    fn load_held(dir: &Path, config: ModelConfig, device: &Device, hold: WeightDtype) -> Result<Self> {
         let files = weight_files(dir)?;
-        let tensors = load_tensors(&files, device)?;
+        let tensors = load_tensors(&files, device, hold)?;
         check_tensors(&config, &tensors, &files)?;
-        let vb = VarBuilder::from_tensors(tensors, DType::F32, device);
+        let vb = VarBuilder::from_backend(Box::new(HeldTensors(tensors)), DType::F32, device.clone());
         Self::new(config, vb).with_context(|| format!("building the model from {}", dir.display()))
     }
 
@@ -91,7 +101,8 @@ impl Model {
         seed: u64,
     ) -> Result<Self> {
         let files = weight_files(dir)?;
-        let mut tensors = load_tensors(&files, device)?;
+        // Training updates f32 master weights, whatever the checkpoint stores.
+        let mut tensors = load_tensors(&files, device, WeightDtype::F32)?;
         // Only what this model uses becomes a variable: another head's weights (a PRM's own
         // head under a new one, a causal LM's output layer under a classifier) are left out of
         // training and of the checkpoint, and the new head starts fresh.
@@ -249,18 +260,125 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     )
 }
 
-fn load_tensors(files: &[PathBuf], device: &Device) -> Result<HashMap<String, Tensor>> {
+fn load_tensors(files: &[PathBuf], device: &Device, hold: WeightDtype) -> Result<HashMap<String, Tensor>> {
     let mut all = HashMap::new();
     for f in files {
-        let t = candle_core::safetensors::load(f, device).with_context(|| format!("reading {}", f.display()))?;
-        for (k, v) in t {
+        // Memory-mapped, one file (shard) at a time: each tensor is copied out once, in the
+        // precision it is held in, and the mapping is gone before the next shard.
+        // SAFETY: the mapping is read-only and lives only for this loop; as with every
+        // memory-mapped loader (candle's, safetensors'), a checkpoint rewritten on disk while it
+        // loads is not supported.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(f) }
+            .with_context(|| format!("reading {}", f.display()))?;
+        for (k, _) in st.tensors() {
+            let v = st
+                .load(&k, device)
+                .with_context(|| format!("{}: tensor `{k}`", f.display()))?;
+            let held = match (hold, v.dtype(), v.rank()) {
+                // Only CPU kernels widen bf16/f16 weights as they go.
+                _ if !device.is_cpu() => DType::F32,
+                (WeightDtype::Auto | WeightDtype::Bf16, DType::BF16 | DType::F16, 2) => v.dtype(),
+                (WeightDtype::Bf16, DType::F32, 2) => DType::BF16,
+                // Norm weights and biases (a few KiB) are f32 for the kernels that read them.
+                _ => DType::F32,
+            };
             let v = v
-                .to_dtype(DType::F32)
-                .with_context(|| format!("{}: tensor `{k}`: cannot convert to f32", f.display()))?;
+                .to_dtype(held)
+                .with_context(|| format!("{}: tensor `{k}`: cannot convert to {held:?}", f.display()))?;
             all.insert(k, v);
         }
     }
     Ok(all)
+}
+
+/// How weight matrices are held in memory by [`Model::load`]; arithmetic is f32 in every case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WeightDtype {
+    /// As the checkpoint stores them: bf16 and f16 stay two bytes a value (the default).
+    #[default]
+    Auto,
+    /// Everything widened to f32 at load (twice the memory of a bf16 checkpoint, the same
+    /// results: widening is exact).
+    F32,
+    /// f32 matrices rounded to bf16 at load (half their memory; results move by bf16's
+    /// rounding), bf16 and f16 kept as stored.
+    Bf16,
+}
+
+impl std::str::FromStr for WeightDtype {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => WeightDtype::Auto,
+            "f32" | "float32" => WeightDtype::F32,
+            "bf16" | "bfloat16" => WeightDtype::Bf16,
+            _ => bail!("unknown dtype `{s}`: expected auto, f32 or bf16"),
+        })
+    }
+}
+
+static WEIGHT_DTYPE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// How [`Model::load`] holds weights from now on, in this process (the CLI's `--dtype`).
+pub fn set_weight_dtype(d: WeightDtype) {
+    WEIGHT_DTYPE.store(d as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How [`Model::load`] holds weights (see [`set_weight_dtype`]).
+pub fn weight_dtype() -> WeightDtype {
+    match WEIGHT_DTYPE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => WeightDtype::F32,
+        2 => WeightDtype::Bf16,
+        _ => WeightDtype::Auto,
+    }
+}
+
+/// Loaded tensors handed to the model as they are held: bf16/f16 matrices are not widened
+/// (candle's own map would convert every tensor to the builder's dtype).
+struct HeldTensors(HashMap<String, Tensor>);
+
+impl HeldTensors {
+    fn held(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let t = self
+            .0
+            .get(name)
+            .ok_or_else(|| candle_core::Error::CannotFindTensor { path: name.to_string() }.bt())?
+            .to_device(dev)?;
+        match t.dtype() {
+            DType::BF16 | DType::F16 => Ok(t),
+            _ => t.to_dtype(dtype),
+        }
+    }
+}
+
+impl candle_nn::var_builder::SimpleBackend for HeldTensors {
+    fn get(
+        &self,
+        s: candle_core::Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let t = self.held(name, dtype, dev)?;
+        if t.shape() != &s {
+            return Err(candle_core::Error::UnexpectedShape {
+                msg: format!("shape mismatch for {name}"),
+                expected: s,
+                got: t.shape().clone(),
+            }
+            .bt());
+        }
+        Ok(t)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        self.held(name, dtype, dev)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
 }
 
 /// Every tensor a model of `cfg` reads, with its shape.

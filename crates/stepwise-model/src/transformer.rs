@@ -386,7 +386,8 @@ impl Transformer {
                 return Ok(x);
             }
         }
-        let mut x = self.embed.forward(ids)?;
+        // Embeddings held in bf16/f16 are widened for the rows looked up.
+        let mut x = self.embed.forward(ids)?.to_dtype(DType::F32)?;
         for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward(&x, &pass, c)?;
         }

@@ -17,6 +17,7 @@ pub(crate) mod sgemm;
 pub(crate) mod simd;
 mod swiglu;
 pub(crate) mod tiles;
+pub(crate) mod weights;
 
 pub use attention::attention;
 pub use linear::{Linear, MAX_STREAMED_ROWS, MIN_STREAMED_DEPTH};

@@ -23,6 +23,7 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
+use crate::kernels::weights::WeightSlice;
 use crate::kernels::{simd, KeyMask, Linear};
 use attention::{attention, HeadScratch};
 use candle_core::{CpuStorage, Layout, Storage, Tensor};
@@ -72,6 +73,20 @@ impl<'t> Locked<'t> {
         ok.then_some(Locked(guard, layout))
     }
 
+    /// A weight matrix: `None` unless contiguous f32, bf16 or f16 on the CPU.
+    fn weight(t: &'t Tensor) -> Option<Self> {
+        let (guard, layout) = t.storage_and_layout();
+        let ok = matches!(&*guard, Storage::Cpu(s) if WeightSlice::from_storage(s, layout).is_some());
+        ok.then_some(Locked(guard, layout))
+    }
+
+    fn weights(&self) -> WeightSlice<'_> {
+        let Storage::Cpu(s) = &*self.0 else {
+            unreachable!("checked in Locked::weight")
+        };
+        WeightSlice::from_storage(s, self.1).expect("checked in Locked::weight")
+    }
+
     fn slice(&self) -> &[f32] {
         let Storage::Cpu(CpuStorage::F32(data)) = &*self.0 else {
             unreachable!("checked in Locked::new")
@@ -85,18 +100,18 @@ impl<'t> Locked<'t> {
 struct LayerWeights<'a> {
     ln1: &'a [f32],
     /// q, k and v: weight and optional bias.
-    qkv: [(&'a [f32], Option<&'a [f32]>); 3],
-    o: &'a [f32],
+    qkv: [(WeightSlice<'a>, Option<&'a [f32]>); 3],
+    o: WeightSlice<'a>,
     ln2: &'a [f32],
-    gate: &'a [f32],
-    up: &'a [f32],
-    down: &'a [f32],
+    gate: WeightSlice<'a>,
+    up: WeightSlice<'a>,
+    down: WeightSlice<'a>,
 }
 
 /// Everything a forward pass reads.
 struct Weights<'a> {
     dims: Dims,
-    embed: &'a [f32],
+    embed: WeightSlice<'a>,
     layers: Vec<LayerWeights<'a>>,
     norm: &'a [f32],
     /// Rotary tables `[max_positions, head_dim / 2]`.
@@ -145,27 +160,31 @@ pub(crate) fn forward(
     if decoder.layers.iter().any(other_bias) {
         return None;
     }
-    let mut locked = vec![Locked::new(decoder.embed)?, Locked::new(decoder.norm)?];
+    // Norms and biases (f32 at load) in order, then the weight matrices (f32, bf16 or f16).
+    let mut vectors = vec![Locked::new(decoder.norm)?];
+    let mut matrices = vec![Locked::weight(decoder.embed)?];
     for l in &decoder.layers {
         for t in [l.ln1, l.ln2] {
-            locked.push(Locked::new(t)?);
+            vectors.push(Locked::new(t)?);
         }
         for lin in [l.q, l.k, l.v, l.o, l.gate, l.up, l.down] {
-            locked.push(Locked::new(lin.weight())?);
+            matrices.push(Locked::weight(lin.weight())?);
             if let Some(bias) = lin.bias() {
-                locked.push(Locked::new(bias)?);
+                vectors.push(Locked::new(bias)?);
             }
         }
     }
-    let mut slices = locked.iter().map(Locked::slice);
-    let mut next = || slices.next().expect("one slice per locked tensor");
-    let (embed, norm) = (next(), next());
+    let mut vectors = vectors.iter().map(Locked::slice);
+    let mut vector = || vectors.next().expect("one slice per locked vector");
+    let mut matrices = matrices.iter().map(Locked::weights);
+    let mut matrix = || matrices.next().expect("one slice per locked matrix");
+    let (embed, norm) = (matrix(), vector());
     let layers = decoder
         .layers
         .iter()
         .map(|l| {
-            let (ln1, ln2) = (next(), next());
-            let mut linear = |lin: &Linear| (next(), lin.bias().map(|_| next()));
+            let (ln1, ln2) = (vector(), vector());
+            let mut linear = |lin: &Linear| (matrix(), lin.bias().map(|_| vector()));
             let (q, k, v) = (linear(l.q), linear(l.k), linear(l.v));
             let (o, gate, up, down) = (linear(l.o).0, linear(l.gate).0, linear(l.up).0, linear(l.down).0);
             LayerWeights {
@@ -356,7 +375,7 @@ fn sequence(
         None => (out, None),
     };
     for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
-        row.copy_from_slice(&w.embed[id as usize * h..][..h]);
+        w.embed.slice(id as usize * h..(id as usize + 1) * h).widen_into(row);
     }
     let parallelism = if shared {
         gemm::Parallelism::Rayon(rayon::current_num_threads())
