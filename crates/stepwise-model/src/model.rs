@@ -263,17 +263,32 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 fn load_tensors(files: &[PathBuf], device: &Device, hold: WeightDtype) -> Result<HashMap<String, Tensor>> {
     let mut all = HashMap::new();
     for f in files {
-        // Memory-mapped, one file (shard) at a time: each tensor is copied out once, in the
-        // precision it is held in, and the mapping is gone before the next shard.
-        // SAFETY: the mapping is read-only and lives only for this loop; as with every
+        let file = std::fs::File::open(f).with_context(|| format!("reading {}", f.display()))?;
+        // Memory-mapped, one file (shard) at a time, each tensor copied out once in the
+        // precision it is held in; the file pages it came from then leave this process's
+        // resident memory (they stay in the page cache), so loading never holds the model twice.
+        // SAFETY: a read-only mapping that lives only for this loop; as with every
         // memory-mapped loader (candle's, safetensors'), a checkpoint rewritten on disk while it
         // loads is not supported.
-        let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(f) }
-            .with_context(|| format!("reading {}", f.display()))?;
-        for (k, _) in st.tensors() {
-            let v = st
-                .load(&k, device)
+        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", f.display()))?;
+        let st = safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", f.display()))?;
+        for (k, view) in st.tensors() {
+            let stored = match view.dtype() {
+                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::BF16 => DType::BF16,
+                safetensors::Dtype::F16 => DType::F16,
+                safetensors::Dtype::F64 => DType::F64,
+                other => bail!(
+                    "{}: tensor `{k}`: dtype {other:?} (stepwise reads f32, bf16, f16 and f64 weights)",
+                    f.display()
+                ),
+            };
+            let v = Tensor::from_raw_buffer(view.data(), stored, view.shape(), device)
                 .with_context(|| format!("{}: tensor `{k}`", f.display()))?;
+            let at = view.data().as_ptr() as usize - map.as_ptr() as usize;
+            // SAFETY: the range lies inside the mapping, which is read-only and file-backed:
+            // dropping its pages only makes a later read fetch them from the file again.
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, view.data().len()) };
             let held = match (hold, v.dtype(), v.rank()) {
                 // Only CPU kernels widen bf16/f16 weights as they go.
                 _ if !device.is_cpu() => DType::F32,

@@ -271,6 +271,18 @@ mod tests {
             let want = x.matmul(&w.t().unwrap()).unwrap().broadcast_add(&b).unwrap();
             let diff = crate::kernels::tests::close(&got, &want);
             assert!(diff < 1e-4, "m {m} k {k} n {n}: {diff}");
+            // Held in bf16 or f16: the same products as the widened weight.
+            for dtype in [DType::BF16, DType::F16] {
+                let narrow = w.to_dtype(dtype).unwrap();
+                let widened = narrow.to_dtype(DType::F32).unwrap();
+                let run = |w: &Tensor| {
+                    Linear::new(w.clone(), Some(b.clone()))
+                        .forward(&x.unsqueeze(0).unwrap(), false)
+                        .unwrap()
+                };
+                let diff = crate::kernels::tests::close(&run(&narrow), &run(&widened));
+                assert!(diff == 0.0, "m {m} k {k} n {n} {dtype:?}: {diff}");
+            }
         }
     }
 

@@ -11,6 +11,7 @@
 //! Every output sums its `k` products in order with one fused multiply-add chain (then block by
 //! block into `dst`), so a row's result does not depend on which tile or thread computed it.
 
+use super::weights::WeightSlice;
 use std::cell::RefCell;
 
 /// Rows of `a` in a tile: two AVX-512 vectors.
@@ -25,6 +26,8 @@ const CHUNK: usize = 16 * COLS;
 thread_local! {
     /// This thread's packed block of `a`.
     static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// This thread's chunk of bf16/f16 weight rows widened to f32 (`CHUNK × DEPTH`, 768 KiB).
+    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The shortest `k` the tiles are used for. Below it the tile's fixed costs (packing, the
@@ -44,7 +47,9 @@ pub(crate) fn suits(k: usize) -> bool {
 }
 
 /// `dst[i][j] = Σ_k a[i][k] · w[j][k]` (or `+=` when `accumulate`) for `m` rows of `a`
-/// (`a_stride` apart) and of `dst` (`dst_stride` apart, `n` wide), `w` `[n, k]`.
+/// (`a_stride` apart) and of `dst` (`dst_stride` apart, `n` wide), `w` `[n, k]`. A bf16/f16
+/// weight is widened to f32 a chunk of rows by a block of `k` at a time, once for all the
+/// panels that read it (the same arithmetic as the weight widened whole, without its copy).
 ///
 /// # Panics
 /// When the CPU lacks AVX-512F (check [`available`]) or a slice is too short for the sizes.
@@ -53,7 +58,7 @@ pub(crate) fn matmul_t(
     dst_stride: usize,
     a: &[f32],
     a_stride: usize,
-    w: &[f32],
+    w: WeightSlice,
     (m, n, k): (usize, usize, usize),
     accumulate: bool,
 ) {
@@ -78,7 +83,7 @@ pub(crate) fn matmul_t(
     }
     let panels = m.div_ceil(PANEL);
     let dst_ptr = dst.as_mut_ptr();
-    let with_packed = |packed: &mut Vec<f32>| {
+    let with_packed = |packed: &mut Vec<f32>, widened: &mut Vec<f32>| {
         for k0 in (0..k).step_by(DEPTH) {
             let depth = DEPTH.min(k - k0);
             pack(a, a_stride, m, k0, depth, packed);
@@ -87,14 +92,28 @@ pub(crate) fn matmul_t(
             // chunk's tiles fill it; the chunk's weights stay in L2 across the panels.
             for c0 in (0..n).step_by(CHUNK) {
                 let chunk_end = n.min(c0 + CHUNK);
+                // The chunk's weight rows as f32: where they lie, or widened into `widened`
+                // (rows `depth` apart from column `k0`).
+                let (rows_of, stride, start): (&[f32], usize, usize) = match w {
+                    WeightSlice::F32(w) => (w, k, c0 * k + k0),
+                    narrow => {
+                        widened.resize((chunk_end - c0) * depth, 0.0);
+                        for (r, row) in widened.chunks_exact_mut(depth).enumerate() {
+                            let at = (c0 + r) * k + k0;
+                            narrow.slice(at..at + depth).widen_into(row);
+                        }
+                        (widened, depth, 0)
+                    }
+                };
                 for p in 0..panels {
                     let panel = &packed[p * PANEL * depth..][..PANEL * depth];
                     let rows = PANEL.min(m - p * PANEL);
                     for j0 in (c0..chunk_end).step_by(COLS) {
                         let cols = COLS.min(n - j0);
                         // Past the last weight row the tile repeats it; those columns are dropped.
-                        let w_rows: [&[f32]; COLS] =
-                            std::array::from_fn(|c| &w[(j0 + c.min(cols - 1)) * k + k0..][..depth]);
+                        let w_rows: [&[f32]; COLS] = std::array::from_fn(|c| {
+                            &rows_of[start + (j0 - c0 + c.min(cols - 1)) * stride..][..depth]
+                        });
                         let out = Out {
                             // SAFETY: row `p · PANEL` < m and column `j0` < n lie inside `dst`.
                             at: unsafe { dst_ptr.add(p * PANEL * dst_stride + j0) },
@@ -112,9 +131,11 @@ pub(crate) fn matmul_t(
             }
         }
     };
-    PACKED.with(|p| match p.try_borrow_mut() {
-        Ok(mut mine) => with_packed(&mut mine),
-        Err(_) => with_packed(&mut Vec::new()),
+    PACKED.with(|p| {
+        WIDENED.with(|w| match (p.try_borrow_mut(), w.try_borrow_mut()) {
+            (Ok(mut packed), Ok(mut widened)) => with_packed(&mut packed, &mut widened),
+            _ => with_packed(&mut Vec::new(), &mut Vec::new()),
+        })
     });
 }
 
@@ -329,6 +350,7 @@ mod tests {
             (40, 7, 16),
             (70, 25, 1030),
             (5, 40, 2100),
+            (40, 2 * CHUNK + 5, 600),
             (64, 24, 0),
         ] {
             for accumulate in [false, true] {
@@ -337,7 +359,7 @@ mod tests {
                 let w: Vec<f32> = (0..n * k).map(|i| value(i + 17)).collect();
                 let start: Vec<f32> = (0..m * ds).map(|i| value(i + 5)).collect();
                 let (mut got, mut want) = (start.clone(), start.clone());
-                matmul_t(&mut got, ds, &a, as_, &w, (m, n, k), accumulate);
+                matmul_t(&mut got, ds, &a, as_, WeightSlice::F32(&w), (m, n, k), accumulate);
                 reference(&mut want, ds, &a, as_, &w, (m, n, k), accumulate);
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     assert!(
@@ -345,6 +367,13 @@ mod tests {
                         "{m}x{n}x{k} acc={accumulate} at {i}: {g} vs {e}"
                     );
                 }
+                // Held in bf16: exactly the tiles' result on the same values widened.
+                let held: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                let widened: Vec<f32> = held.iter().map(|v| v.to_f32()).collect();
+                let (mut narrow, mut wide) = (start.clone(), start.clone());
+                matmul_t(&mut narrow, ds, &a, as_, WeightSlice::Bf16(&held), (m, n, k), accumulate);
+                matmul_t(&mut wide, ds, &a, as_, WeightSlice::F32(&widened), (m, n, k), accumulate);
+                assert_eq!(narrow, wide, "{m}x{n}x{k} acc={accumulate}: bf16-held");
             }
         }
     }

@@ -61,6 +61,9 @@ pub(super) fn matmul_t(
         }
     }
     let stride = dst.stride;
+    if matches!(parallelism, gemm::Parallelism::None) && sgemm::suits(k) {
+        return sgemm::matmul_t(dst.data, stride, a, a_stride, w, (m, n, k), accumulate);
+    }
     w.for_each_f32_block(n, WIDENED_ROWS, |first, w| {
         let cols = w.len() / k;
         matmul_t_f32(
@@ -76,7 +79,8 @@ pub(super) fn matmul_t(
     });
 }
 
-/// [`matmul_t`] for an f32 weight `[n, k]` into `m` rows of `dst` (`stride` apart, `n` wide).
+/// [`matmul_t`] by gemm for an f32 weight `[n, k]` into `m` rows of `dst` (`stride` apart, `n`
+/// wide).
 #[allow(clippy::too_many_arguments)]
 fn matmul_t_f32(
     dst: &mut [f32],
@@ -89,9 +93,6 @@ fn matmul_t_f32(
     parallelism: gemm::Parallelism,
 ) {
     assert!(dst.len() >= (m - 1) * stride + n && w.len() >= n * k);
-    if matches!(parallelism, gemm::Parallelism::None) && sgemm::suits(k) {
-        return sgemm::matmul_t(dst, stride, a, a_stride, w, (m, n, k), accumulate);
-    }
     // SAFETY: the asserted bounds keep every access inside `dst`, `a` and `w`; `dst` is borrowed
     // mutably, so it overlaps neither input.
     unsafe {

@@ -1,0 +1,98 @@
+"""A Qwen2.5-Math-PRM-layout checkpoint (Qwen2ForProcessRewardModel: score MLP, rewards at
+`<extra_0>`) with random bf16 weights at a real model's shape, written in shards with a
+`model.safetensors.index.json` as released checkpoints are, and the fixture PRM's tokenizer. For
+`bench/bf16_engine.sh`. Needs torch and safetensors (not transformers); memory stays about one
+shard.
+
+    python bench/make_random_prm.py {0.5b|7b} OUT_DIR [--dtype bfloat16|float32]
+"""
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+FIX = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "hf-tiny" / "qwen2-prm"
+# Qwen2.5-Math-PRM-7B's config.json, and the same layout at Qwen2.5-0.5B's shape.
+SHAPES = {
+    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=4096, rope_theta=10000.0),
+    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=1000000.0),
+}
+SHARD_BYTES = 4 << 30
+
+p = argparse.ArgumentParser()
+p.add_argument("shape", choices=SHAPES)
+p.add_argument("out")
+p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+a = p.parse_args()
+dtype = getattr(torch, a.dtype)
+c = SHAPES[a.shape]
+h, i, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+d = h // c["num_attention_heads"]
+kv = c["num_key_value_heads"] * d
+out = Path(a.out)
+out.mkdir(parents=True, exist_ok=True)
+torch.manual_seed(0)
+
+
+def shapes():
+    yield "model.embed_tokens.weight", (c["vocab_size"], h)
+    for l in range(L):
+        p = f"model.layers.{l}"
+        yield f"{p}.input_layernorm.weight", (h,)
+        yield f"{p}.post_attention_layernorm.weight", (h,)
+        for n, s in [("q", h), ("k", kv), ("v", kv)]:
+            yield f"{p}.self_attn.{n}_proj.weight", (s, h)
+            yield f"{p}.self_attn.{n}_proj.bias", (s,)
+        yield f"{p}.self_attn.o_proj.weight", (h, h)
+        yield f"{p}.mlp.gate_proj.weight", (i, h)
+        yield f"{p}.mlp.up_proj.weight", (i, h)
+        yield f"{p}.mlp.down_proj.weight", (h, i)
+    yield "model.norm.weight", (h,)
+    yield "score.0.weight", (h, h)
+    yield "score.0.bias", (h,)
+    yield "score.2.weight", (2, h)
+    yield "score.2.bias", (2,)
+
+
+def make(name, shape):
+    if name.endswith("layernorm.weight") or name == "model.norm.weight":
+        return torch.ones(shape, dtype=dtype)
+    if name.endswith("bias"):
+        return torch.zeros(shape, dtype=dtype)
+    return (torch.randn(shape) * 0.02).to(dtype)
+
+
+shards, current, size = [], {}, 0
+for name, shape in shapes():
+    t = make(name, shape)
+    current[name] = t
+    size += t.numel() * t.element_size()
+    if size >= SHARD_BYTES:
+        shards.append(current)
+        current, size = {}, 0
+        save_file(shards[-1], str(out / f"part-{len(shards)}.tmp"), metadata={"format": "pt"})
+        shards[-1] = list(shards[-1].keys())
+if current:
+    shards.append(current)
+    save_file(current, str(out / f"part-{len(shards)}.tmp"), metadata={"format": "pt"})
+    shards[-1] = list(current.keys())
+weight_map, total = {}, 0
+for k, names in enumerate(shards, 1):
+    final = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+    (out / f"part-{k}.tmp").rename(out / final)
+    total += (out / final).stat().st_size
+    weight_map.update({n: final for n in names})
+(out / "model.safetensors.index.json").write_text(
+    json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+config = json.loads((FIX / "config.json").read_text())
+config.update(c)
+config.update(torch_dtype=a.dtype, layer_types=["full_attention"] * L, max_window_layers=L)
+(out / "config.json").write_text(json.dumps(config, indent=1))
+for f in ["tokenizer.json", "tokenizer_config.json"]:
+    shutil.copy(FIX / f, out / f)
+print(f"{out}: {a.shape} shape, {a.dtype}, {len(shards)} shard(s), {total / 1e9:.2f} GB")
