@@ -1,10 +1,11 @@
 """A Qwen2.5-Math-PRM-layout checkpoint (Qwen2ForProcessRewardModel: score MLP, rewards at
-`<extra_0>`) with random bf16 weights at a real model's shape, written in shards with a
+`<extra_0>`), or with `--policy` a causal LM (Qwen2ForCausalLM), with random bf16 weights at a
+real model's shape, written in shards with a
 `model.safetensors.index.json` as released checkpoints are, and the fixture PRM's tokenizer. For
 `bench/bf16_engine.sh`. Needs torch and safetensors (not transformers); memory stays about one
 shard.
 
-    python bench/make_random_prm.py {0.5b|7b} OUT_DIR [--dtype bfloat16|float32]
+    python bench/make_random_prm.py {0.5b|7b} OUT_DIR [--dtype bfloat16|float32] [--policy]
 """
 import argparse
 import json
@@ -28,6 +29,7 @@ p = argparse.ArgumentParser()
 p.add_argument("shape", choices=SHAPES)
 p.add_argument("out")
 p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+p.add_argument("--policy", action="store_true", help="a causal LM (lm_head) instead of the PRM head")
 a = p.parse_args()
 dtype = getattr(torch, a.dtype)
 c = SHAPES[a.shape]
@@ -53,6 +55,9 @@ def shapes():
         yield f"{p}.mlp.up_proj.weight", (i, h)
         yield f"{p}.mlp.down_proj.weight", (h, i)
     yield "model.norm.weight", (h,)
+    if a.policy:
+        yield "lm_head.weight", (c["vocab_size"], h)
+        return
     yield "score.0.weight", (h, h)
     yield "score.0.bias", (h,)
     yield "score.2.weight", (2, h)
@@ -92,6 +97,10 @@ for k, names in enumerate(shards, 1):
 config = json.loads((FIX / "config.json").read_text())
 config.update(c)
 config.update(torch_dtype=a.dtype, layer_types=["full_attention"] * L, max_window_layers=L)
+if a.policy:
+    config.update(architectures=["Qwen2ForCausalLM"], eos_token_id=2, pad_token_id=0)
+    for k in ["id2label", "label2id"]:
+        config.pop(k, None)
 (out / "config.json").write_text(json.dumps(config, indent=1))
 for f in ["tokenizer.json", "tokenizer_config.json"]:
     shutil.copy(FIX / f, out / f)

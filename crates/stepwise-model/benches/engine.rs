@@ -1,6 +1,8 @@
-//! `cargo bench -p stepwise-model [-- --big]`: scoring and generation throughput (tokens/s) on
-//! the fixture checkpoints, incremental against whole scoring of a growing beam (`search`), and, with `--big`, on a randomly initialised model of Qwen2.5-0.5B's
-//! shape (with its GFLOP/s). `bench/reference_transformers.py` runs the same workloads with
+//! `cargo bench -p stepwise-model [-- --big] [-- --7b]`: scoring and generation throughput
+//! (tokens/s) on the fixture checkpoints, incremental against whole scoring of a growing beam
+//! (`search`); with `--big` on a randomly initialised model of Qwen2.5-0.5B's shape (with its
+//! GFLOP/s), its weights held in f32 and then in bf16; with `--7b` on Qwen2.5-Math-PRM-7B's
+//! shape with random weights held in bf16 (15 GB; the process's peak resident memory printed). `bench/reference_transformers.py` runs the same workloads with
 //! PyTorch + transformers for the ratio.
 
 use candle_core::{Device, Tensor};
@@ -10,6 +12,7 @@ use std::time::Instant;
 use stepwise_core::seams::{ScoreInput, StepScorer};
 use stepwise_model::{
     generate, HeadKind, IncrementalScorer, Model, ModelConfig, PrmLayout, PrmScorer, SamplingParams, Tokenizer,
+    WeightDtype,
 };
 
 /// The allocator the `stepwise` binary uses (big activations are reused, not page-faulted in).
@@ -178,6 +181,88 @@ fn params(c: &ModelConfig) -> f64 {
     l * (2.0 * h * h + 2.0 * h * kv + 3.0 * h * i)
 }
 
+/// Qwen2.5-Math-PRM-7B's shape, random weights made and held in bf16 (never an f32 copy of the
+/// model: 30 GB would not fit this machine): one scoring pass of 512 tokens, generation-shaped
+/// decoding through the same decoder, and the process's peak resident memory.
+fn seven_b(dev: &Device) -> anyhow::Result<()> {
+    let mut cfg = ModelConfig::tiny(152064, 3584, 28, 28, 4, HeadKind::ProcessRewardMlp);
+    cfg.intermediate_size = 18944;
+    cfg.head_dim = 128;
+    cfg.num_labels = 2;
+    cfg.max_position_embeddings = 4096;
+    let t = Instant::now();
+    let m = Model::new(
+        cfg.clone(),
+        candle_nn::VarBuilder::from_backend(Box::new(RandomBf16), candle_core::DType::F32, dev.clone()),
+    )?;
+    println!(
+        "qwen2.5-math-prm-7b shape (random, bf16-held): built in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+    let ids: Vec<u32> = (0..512).map(|i| (i * 7 % 500) as u32 + 10).collect();
+    let ids = Tensor::from_vec(ids, (1, 512), dev)?;
+    let rows = vec![(1..=STEPS).map(|k| k * 512 / STEPS - 1).collect::<Vec<_>>()];
+    let t = Instant::now();
+    let _ = m.head_logits(&m.hidden_rows(&ids, None, &rows)?)?;
+    let tps = 512.0 / t.elapsed().as_secs_f64();
+    println!(
+        "qwen2.5-math-prm-7b shape (random, bf16-held): scoring {tps:.1} tokens/s (1 × 512), {:.1} GFLOP/s in the decoder",
+        2.0 * params(&cfg) * tps / 1e9
+    );
+    println!(
+        "qwen2.5-math-prm-7b shape (random, bf16-held): peak resident memory {:.2} GB",
+        peak_rss_gb()
+    );
+    Ok(())
+}
+
+/// This process's peak resident memory (`VmHWM`), in GB.
+fn peak_rss_gb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+        .map_or(f64::NAN, |kb| kb * 1024.0 / 1e9)
+}
+
+/// Weights made on request: normal with std 0.02 in bf16 for matrices, ones for norms, zeros for
+/// biases (f32), as the loader holds a bf16 checkpoint.
+struct RandomBf16;
+
+impl candle_nn::var_builder::SimpleBackend for RandomBf16 {
+    fn get(
+        &self,
+        s: candle_core::Shape,
+        name: &str,
+        _: candle_nn::Init,
+        _: candle_core::DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        if name.ends_with("bias") {
+            return Tensor::zeros(s, candle_core::DType::F32, dev);
+        }
+        if s.rank() == 1 {
+            return Tensor::ones(s, candle_core::DType::F32, dev);
+        }
+        // Row blocks, so the f32 draw never holds more than 256 MB.
+        let (rows, cols) = s.dims2()?;
+        let block = (1 << 26) / cols.max(1);
+        let parts = (0..rows)
+            .step_by(block.max(1))
+            .map(|r| Tensor::randn(0f32, 0.02, (block.min(rows - r), cols), dev)?.to_dtype(candle_core::DType::BF16))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::cat(&parts, 0)
+    }
+
+    fn get_unchecked(&self, name: &str, _: candle_core::DType, _: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("{name}: the random backend needs a shape")
+    }
+
+    fn contains_tensor(&self, _: &str) -> bool {
+        true
+    }
+}
+
 /// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|training|search] [--big]`
 /// (no section name: all of them).
 fn wanted(section: &str) -> bool {
@@ -256,6 +341,31 @@ fn main() -> anyhow::Result<()> {
                 generation(&m)?
             );
         }
+        // The same weights rounded to bf16 and held so (half the bytes each product reads).
+        let dir = std::env::temp_dir().join(format!("stepwise-bench-bf16-{}", std::process::id()));
+        let mut bf16 = cfg.clone();
+        bf16.dtype = candle_core::DType::BF16;
+        stepwise_model::model::save_checkpoint(&dir, &bf16, &varmap)?;
+        drop(m);
+        let held = Model::load_as(&dir, &dev, WeightDtype::Auto)?;
+        std::fs::remove_dir_all(&dir)?;
+        if wanted("scoring") {
+            print_scoring(
+                "qwen2.5-0.5b shape (random, bf16-held)",
+                &held,
+                2,
+                Some(2.0 * params(&cfg)),
+            )?;
+        }
+        if wanted("generation") {
+            println!(
+                "qwen2.5-0.5b shape (random, bf16-held): generation {:.1} new tokens/s",
+                generation(&held)?
+            );
+        }
+    }
+    if std::env::args().any(|a| a == "--7b") {
+        seven_b(&dev)?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 use super::simd::{self, Kernel, LANES};
 use super::weights::WeightSlice;
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
+use half::bf16;
 use rayon::prelude::*;
 
 /// Inputs with at most this many rows take the weight-streaming kernel...
@@ -87,14 +88,15 @@ impl Linear {
 /// `x [m, k] · w [n, k]ᵀ → [m, n]`, streaming `w` once.
 struct StreamedMatmul;
 
-/// Weight rows of a bf16/f16 weight widened to f32 at a time by the streaming kernel (they stay
-/// in L2 while every input row is dotted with them).
+/// Weight rows of an f16 weight widened to f32 at a time by the streaming kernel (they stay in L2
+/// while every input row is dotted with them).
 const WIDENED_ROWS: usize = 16;
 
-/// Dot products of a block of weight rows with every input row, written as `[rows of w, m]`.
+/// Dot products of a block of weight rows (f32 or bf16) with every input row, written as
+/// `[rows of w, m]`.
 struct Dots<'a> {
     x: &'a [f32],
-    w: &'a [f32],
+    w: WeightSlice<'a>,
     k: usize,
     out: &'a mut [f32],
 }
@@ -166,6 +168,149 @@ unsafe fn dot_2x4_avx2(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     finish(w, x, full, lanes)
 }
 
+/// [`dot_2x4_avx2`] on bf16 weight rows, widened in registers (eight values per 16-byte load):
+/// half the bytes read, the same products and sums in the same order, so the same results as
+/// the rows widened first.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_2x4_bf16_avx2(w: [&[bf16]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    use std::arch::x86_64::*;
+    let k = w[0].len();
+    assert!(w[1].len() == k && x.iter().all(|r| r.len() == k));
+    let full = k / LANES * LANES;
+    // SAFETY (for the closure's callers): `p` points at LANES readable bf16 values.
+    let widen = |p: *const half::bf16| unsafe {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+            p.cast(),
+        ))))
+    };
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut c = 0;
+    while c < full {
+        // SAFETY: every row has k ≥ c + LANES elements.
+        unsafe {
+            let w0 = widen(w[0].as_ptr().add(c));
+            let w1 = widen(w[1].as_ptr().add(c));
+            for i in 0..4 {
+                let xv = _mm256_loadu_ps(x[i].as_ptr().add(c));
+                acc[i] = _mm256_fmadd_ps(w0, xv, acc[i]);
+                acc[4 + i] = _mm256_fmadd_ps(w1, xv, acc[4 + i]);
+            }
+        }
+        c += LANES;
+    }
+    let mut lanes = [[[0f32; LANES]; 4]; 2];
+    for (n, a) in acc.iter().enumerate() {
+        // SAFETY: the destination holds exactly LANES f32.
+        unsafe { _mm256_storeu_ps(lanes[n / 4][n % 4].as_mut_ptr(), *a) };
+    }
+    let tails: [Vec<f32>; 2] = w.map(|r| r[full..].iter().map(|v| v.to_f32()).collect());
+    let mut out = [[0f32; 4]; 2];
+    for (j, tail_w) in tails.iter().enumerate() {
+        for (i, xr) in x.iter().enumerate() {
+            let tail: f32 = tail_w.iter().zip(&xr[full..]).map(|(a, b)| a * b).sum();
+            out[j][i] = simd::sum(&lanes[j][i]) + tail;
+        }
+    }
+    out
+}
+
+/// A weight value the AVX-512 streaming kernel reads sixteen at a time as f32.
+#[cfg(target_arch = "x86_64")]
+trait Lanes16: Copy {
+    /// Sixteen values from `p`, as f32.
+    ///
+    /// # Safety
+    /// AVX-512F; `p` points at sixteen readable values.
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// One value as f32.
+    fn widen(self) -> f32;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes16 for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: forwarded to the caller.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes16 for bf16 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const bf16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: forwarded to the caller; sixteen bf16 are 32 bytes. bf16 is an f32's top half.
+        unsafe {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                p.cast(),
+            ))))
+        }
+    }
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// Two weight rows (f32, or bf16 widened in registers: half the bytes read) against four input
+/// rows in sixteen lanes: the kernel of CPUs with AVX-512, where the AVX2 one is bound by its
+/// eight-lane multiply-adds. An f32 weight and the same values held in bf16 give the same bits.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_2x4_avx512<W: Lanes16>(w: [&[W]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    use std::arch::x86_64::*;
+    let k = w[0].len();
+    assert!(w[1].len() == k && x.iter().all(|r| r.len() == k));
+    let full = k / 16 * 16;
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let mut c = 0;
+    while c < full {
+        // SAFETY: every row has k ≥ c + 16 elements.
+        unsafe {
+            let w0 = W::load16(w[0].as_ptr().add(c));
+            let w1 = W::load16(w[1].as_ptr().add(c));
+            for i in 0..4 {
+                let xv = _mm512_loadu_ps(x[i].as_ptr().add(c));
+                acc[i] = _mm512_fmadd_ps(w0, xv, acc[i]);
+                acc[4 + i] = _mm512_fmadd_ps(w1, xv, acc[4 + i]);
+            }
+        }
+        c += 16;
+    }
+    let mut out = [[0f32; 4]; 2];
+    for (j, wr) in w.iter().enumerate() {
+        for (i, xr) in x.iter().enumerate() {
+            let tail: f32 = wr[full..].iter().zip(&xr[full..]).map(|(a, b)| a.widen() * b).sum();
+            out[j][i] = _mm512_reduce_add_ps(acc[4 * j + i]) + tail;
+        }
+    }
+    out
+}
+
+/// [`dot_2x4`] on bf16 weight rows.
+#[inline(always)]
+fn dot_2x4_bf16<const FMA: bool>(w: [&[bf16]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: `FMA` builds run only where `simd::dispatch` found AVX2 and FMA.
+        return unsafe { dot_2x4_bf16_avx2(w, x) };
+    }
+    let wide: [Vec<f32>; 2] = w.map(|r| r.iter().map(|v| v.to_f32()).collect());
+    dot_2x4_portable([&wide[0], &wide[1]], x)
+}
+
 #[inline(always)]
 fn dot_2x4<const FMA: bool>(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     #[cfg(target_arch = "x86_64")]
@@ -176,22 +321,43 @@ fn dot_2x4<const FMA: bool>(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     dot_2x4_portable(w, x)
 }
 
-impl Kernel for Dots<'_> {
+impl Dots<'_> {
+    /// Every pair of weight rows of `w` against every four input rows, by `dot`.
     #[inline(always)]
-    fn run<const FMA: bool>(self) {
+    fn each<T>(self, w: &[T], dot: impl Fn([&[T]; 2], [&[f32]; 4]) -> [[f32; 4]; 2]) {
         let (k, m) = (self.k, self.x.len() / self.k);
         let xrow = |i: usize| &self.x[i.min(m - 1) * k..][..k];
-        let n = self.w.len() / k;
-        let wrow = |j: usize| &self.w[j.min(n - 1) * k..][..k];
+        let n = w.len() / k;
+        let wrow = |j: usize| &w[j.min(n - 1) * k..][..k];
         for j in (0..n).step_by(2) {
             for i in (0..m).step_by(4) {
-                let d = dot_2x4::<FMA>([wrow(j), wrow(j + 1)], [xrow(i), xrow(i + 1), xrow(i + 2), xrow(i + 3)]);
+                let d = dot([wrow(j), wrow(j + 1)], [xrow(i), xrow(i + 1), xrow(i + 2), xrow(i + 3)]);
                 for (jj, dj) in d.iter().enumerate().take(n - j) {
                     for (ii, v) in dj.iter().enumerate().take(m - i) {
                         self.out[(j + jj) * m + i + ii] = *v;
                     }
                 }
             }
+        }
+    }
+}
+
+impl Kernel for Dots<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        #[cfg(target_arch = "x86_64")]
+        if FMA && simd::has_avx512() {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return match self.w {
+                WeightSlice::F32(w) => self.each(w, |w, x| unsafe { dot_2x4_avx512(w, x) }),
+                WeightSlice::Bf16(w) => self.each(w, |w, x| unsafe { dot_2x4_avx512(w, x) }),
+                WeightSlice::F16(_) => unreachable!("f16 rows are widened before they reach Dots"),
+            };
+        }
+        match self.w {
+            WeightSlice::F32(w) => self.each(w, dot_2x4::<FMA>),
+            WeightSlice::Bf16(w) => self.each(w, dot_2x4_bf16::<FMA>),
+            WeightSlice::F16(_) => unreachable!("f16 rows are widened before they reach Dots"),
         }
     }
 }
@@ -219,18 +385,19 @@ impl CustomOp2 for StreamedMatmul {
         }
         // `[n, m]` first (each task owns whole weight rows), then transposed to `[m, n]`.
         let mut yt = vec![0f32; n * m];
-        // A block of weight rows against every input row; bf16/f16 rows are widened
-        // WIDENED_ROWS at a time (reading half the bytes of f32 is what makes them faster).
-        let dots = |out: &mut [f32], w: WeightSlice| {
-            w.for_each_f32_block(w.len() / k, WIDENED_ROWS, |first, w| {
+        // A block of weight rows against every input row: bf16 rows widened in registers, f16
+        // rows WIDENED_ROWS at a time (reading half the bytes of f32 is what makes them faster).
+        let dots = |out: &mut [f32], w: WeightSlice| match w {
+            WeightSlice::F32(_) | WeightSlice::Bf16(_) => simd::dispatch(Dots { x, w, k, out }),
+            WeightSlice::F16(_) => w.for_each_f32_block(w.len() / k, WIDENED_ROWS, |first, w| {
                 let rows = w.len() / k;
                 simd::dispatch(Dots {
                     x,
-                    w,
+                    w: WeightSlice::F32(w),
                     k,
                     out: &mut out[first * m..(first + rows) * m],
                 })
-            })
+            }),
         };
         if m * n * k < super::PARALLEL_MIN_WORK {
             dots(&mut yt, w);

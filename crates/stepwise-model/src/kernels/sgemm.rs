@@ -111,9 +111,8 @@ pub(crate) fn matmul_t(
                     for j0 in (c0..chunk_end).step_by(COLS) {
                         let cols = COLS.min(n - j0);
                         // Past the last weight row the tile repeats it; those columns are dropped.
-                        let w_rows: [&[f32]; COLS] = std::array::from_fn(|c| {
-                            &rows_of[start + (j0 - c0 + c.min(cols - 1)) * stride..][..depth]
-                        });
+                        let w_rows: [&[f32]; COLS] =
+                            std::array::from_fn(|c| &rows_of[start + (j0 - c0 + c.min(cols - 1)) * stride..][..depth]);
                         let out = Out {
                             // SAFETY: row `p · PANEL` < m and column `j0` < n lie inside `dst`.
                             at: unsafe { dst_ptr.add(p * PANEL * dst_stride + j0) },
@@ -371,8 +370,24 @@ mod tests {
                 let held: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
                 let widened: Vec<f32> = held.iter().map(|v| v.to_f32()).collect();
                 let (mut narrow, mut wide) = (start.clone(), start.clone());
-                matmul_t(&mut narrow, ds, &a, as_, WeightSlice::Bf16(&held), (m, n, k), accumulate);
-                matmul_t(&mut wide, ds, &a, as_, WeightSlice::F32(&widened), (m, n, k), accumulate);
+                matmul_t(
+                    &mut narrow,
+                    ds,
+                    &a,
+                    as_,
+                    WeightSlice::Bf16(&held),
+                    (m, n, k),
+                    accumulate,
+                );
+                matmul_t(
+                    &mut wide,
+                    ds,
+                    &a,
+                    as_,
+                    WeightSlice::F32(&widened),
+                    (m, n, k),
+                    accumulate,
+                );
                 assert_eq!(narrow, wide, "{m}x{n}x{k} acc={accumulate}: bf16-held");
             }
         }

@@ -56,8 +56,9 @@ impl<'a> WeightSlice<'a> {
             WeightSlice::F32(w) => dst.copy_from_slice(w),
             // A shift the compiler vectorises: bf16 is the upper 16 bits of an f32.
             WeightSlice::Bf16(w) => {
-                for (d, s) in dst.iter_mut().zip(w.iter()) {
-                    *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+                use half::slice::HalfFloatSliceExt;
+                for (d, &bits) in dst.iter_mut().zip(w.reinterpret_cast()) {
+                    *d = f32::from_bits(u32::from(bits) << 16);
                 }
             }
             WeightSlice::F16(w) => {
