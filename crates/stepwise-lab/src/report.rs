@@ -154,16 +154,19 @@ fn body(r: &Report) -> String {
             s,
             "\n## Label sources against the oracle\n\nThe same samples labelled by per-step Monte Carlo \
 (Math-Shepherd) and by binary search for the first error (OmegaPRM), with the same rollouts wherever both probe a \
-prefix.\n"
+prefix. A PRM is trained on each source with the same code and budget; its ProcessBench F1 and \
+best-of-N accuracy (min aggregation) are on the held-out samples.\n"
         );
+        let n = r.eval_samples.to_string();
         let _ = writeln!(
             s,
-            "| source | steps | label accuracy | bad-step recall | bad-step precision | first error right | rollouts | generated tokens |\n|---|---|---|---|---|---|---|---|"
+            "| source | steps | label accuracy | bad-step recall | bad-step precision | first error right | rollouts | generated tokens | PRM ProcessBench F1 | PRM best-of-{n} |\n|---|---|---|---|---|---|---|---|---|---|"
         );
+        let opt = |x: Option<f64>| x.map_or("—".to_string(), |v| format!("{v:.3}"));
         for l in &r.labels.sources {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} |",
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} |",
                 l.source,
                 l.steps,
                 l.label_accuracy,
@@ -171,7 +174,9 @@ prefix.\n"
                 l.bad_precision,
                 l.first_error_agreement,
                 l.rollouts,
-                l.generated_tokens
+                l.generated_tokens,
+                opt(l.processbench_f1),
+                opt(l.bon.get(&n).copied()),
             );
         }
     }

@@ -175,15 +175,17 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     };
     // The three train at once: one training keeps about one core busy (its small ops run one
     // after another), and each is seeded on its own, so the weights are those of one at a time.
-    let (prm_mc, prm_or, orm) = std::thread::scope(|scope| {
+    let (prm_mc, prm_or, orm, prm_bs) = std::thread::scope(|scope| {
         let mc = scope.spawn(|| verifiers.train("prm_mc", "training PRM (MC labels)", &mc_train, false));
         let or = scope.spawn(|| verifiers.train("prm_oracle", "training PRM (oracle)", &oracle, false));
+        let bs =
+            scope.spawn(|| verifiers.train("prm_binary_search", "training PRM (binary-search labels)", &bs, false));
         let orm = verifiers.train("orm", "training ORM", &label_sols, true);
         let join = |h: std::thread::ScopedJoinHandle<'_, Result<Model>>| {
             h.join()
                 .map_err(|_| anyhow::anyhow!("a verifier's training thread panicked"))?
         };
-        anyhow::Ok((join(mc)?, join(or)?, orm?))
+        anyhow::Ok((join(mc)?, join(or)?, orm?, join(bs)?))
     })?;
 
     // 5. Score the evaluation samples (oracle-labelled) with every verifier, and the policy's
@@ -198,6 +200,13 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         "scoring (PRM-oracle)",
     )?;
     verifiers.score(&orm, true, &mut scored, verifier::ORM, "scoring (ORM)")?;
+    verifiers.score(
+        &prm_bs,
+        false,
+        &mut scored,
+        verifier::PRM_BINARY_SEARCH,
+        "scoring (PRM-binary-search)",
+    )?;
     let confidence = crate::confidence::PolicyConfidence {
         model: &policy_model,
         tok: &tok,
@@ -211,10 +220,22 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     {
         use crate::stages::labels::compare;
         let mc_hard: Vec<Solution> = mc.iter().map(annotate::hard_mc).collect();
+        // Each source's PRM at the largest N of the report's curves (32 in the standard preset).
+        let n = p.eval_samples;
         report.labels.sources = vec![
-            compare("mc", &mc_hard, &oracle, spent),
-            compare("binary_search", &bs, &oracle, bs_spent),
-            compare("oracle", &oracle, &oracle, Default::default()),
+            compare("mc", &mc_hard, &oracle, spent).with_prm(&scored, verifier::PRM_MC, n, o.seed)?,
+            compare("binary_search", &bs, &oracle, bs_spent).with_prm(
+                &scored,
+                verifier::PRM_BINARY_SEARCH,
+                n,
+                o.seed,
+            )?,
+            compare("oracle", &oracle, &oracle, Default::default()).with_prm(
+                &scored,
+                verifier::PRM_ORACLE,
+                n,
+                o.seed,
+            )?,
         ];
     }
 

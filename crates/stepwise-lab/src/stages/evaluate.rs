@@ -115,6 +115,8 @@ pub mod verifier {
     pub const PRM_MC: &str = "prm_mc";
     /// The PRM trained on oracle labels.
     pub const PRM_ORACLE: &str = "prm_oracle";
+    /// The PRM trained on binary-search (OmegaPRM) labels.
+    pub const PRM_BINARY_SEARCH: &str = "prm_binary_search";
     /// The ORM (its last step's score is the solution's).
     pub const ORM: &str = "orm";
     /// The policy's confidence in each written result (a diagnostic baseline).

@@ -26,6 +26,15 @@ pub struct LabelSource {
     pub rollouts: usize,
     /// Tokens those rollouts generated.
     pub generated_tokens: usize,
+    /// Fraction of the labelled solutions kept for training (1 unless filtered by consensus).
+    #[serde(default)]
+    pub retained_fraction: Option<f64>,
+    /// ProcessBench F1 on the held-out samples of the PRM trained on these labels.
+    #[serde(default)]
+    pub processbench_f1: Option<f64>,
+    /// Best-of-N accuracy (min aggregation) of that PRM, by N (`{"32": accuracy}`).
+    #[serde(default)]
+    pub bon: std::collections::BTreeMap<String, f64>,
 }
 
 /// Every label source of a run.
@@ -57,6 +66,34 @@ pub fn compare(source: &str, labelled: &[Solution], oracle: &[Solution], spent: 
         first_error_agreement: agree as f64 / labelled.len().max(1) as f64,
         rollouts: spent.rollouts,
         generated_tokens: spent.tokens,
+        ..Default::default()
+    }
+}
+
+impl LabelSource {
+    /// Add what the PRM trained on these labels does on the held-out samples `scored` (its step
+    /// scores under `verifier`): ProcessBench F1 and best-of-`n` accuracy with min aggregation,
+    /// ranked among the candidates of each problem exactly as the report's curves are.
+    pub fn with_prm(mut self, scored: &[Solution], verifier: &str, n: usize, seed: u64) -> anyhow::Result<Self> {
+        use stepwise_eval::processbench::{predict_first_error, score};
+        use stepwise_search::{group_candidates, Aggregation, Selector};
+        let pairs: Vec<_> = scored
+            .iter()
+            .map(|s| {
+                (
+                    predict_first_error(&s.scores_of(verifier).unwrap_or_default(), 0.5),
+                    s.first_error(),
+                )
+            })
+            .collect();
+        self.processbench_f1 = Some(score(&pairs).f1);
+        let groups = group_candidates(scored, Some(verifier), None)?;
+        let curve = stepwise_eval::bon::curve(verifier, &groups, Some(Selector::Prm(Aggregation::Min)), &[n], 32, seed);
+        if let Some(point) = curve.points.first() {
+            self.bon.insert(n.to_string(), point.accuracy);
+        }
+        self.retained_fraction = Some(1.0);
+        Ok(self)
     }
 }
 
