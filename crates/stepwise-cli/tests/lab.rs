@@ -111,6 +111,20 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .find(|d| d[0] == "policy confidence (diagnostic)")
         .expect("the policy-confidence diagnostic is reported");
     assert!((0.0..=1.0).contains(&confidence[1]["step_auroc"].as_f64().unwrap()));
+    // Every label source, with its PRM's ProcessBench F1 and best-of-8; consensus keeps a
+    // fraction of the solutions and pays for both annotators' rollouts.
+    let sources = m["labels"]["sources"].as_array().unwrap();
+    let names: Vec<&str> = sources.iter().map(|x| x["source"].as_str().unwrap()).collect();
+    assert_eq!(names, ["mc", "binary_search", "consensus", "oracle"]);
+    for x in sources {
+        for key in ["label_accuracy", "processbench_f1", "retained_fraction"] {
+            assert!((0.0..=1.0).contains(&x[key].as_f64().unwrap()), "{key}: {x}");
+        }
+        assert!((0.0..=1.0).contains(&x["bon"]["8"].as_f64().unwrap()), "{x}");
+    }
+    let rollouts = |i: usize| sources[i]["rollouts"].as_u64().unwrap();
+    assert_eq!(rollouts(2), rollouts(0) + rollouts(1));
+    assert!(read(a.join("report.md")).contains("| consensus |"));
 
     // The verifiers are folders `stepwise score` reads on its own (reward.json gives the
     // likelihood head's constant reference): it reproduces the PRM-MC scores the lab wrote.

@@ -154,20 +154,21 @@ fn body(r: &Report) -> String {
             s,
             "\n## Label sources against the oracle\n\nThe same samples labelled by per-step Monte Carlo \
 (Math-Shepherd) and by binary search for the first error (OmegaPRM), with the same rollouts wherever both probe a \
-prefix. A PRM is trained on each source with the same code and budget; its ProcessBench F1 and \
+prefix; consensus keeps the MC labels of the solutions where both put the first error on the same step. A PRM is trained on each source with the same code and budget; its ProcessBench F1 and \
 best-of-N accuracy (min aggregation) are on the held-out samples.\n"
         );
         let n = r.eval_samples.to_string();
         let _ = writeln!(
             s,
-            "| source | steps | label accuracy | bad-step recall | bad-step precision | first error right | rollouts | generated tokens | PRM ProcessBench F1 | PRM best-of-{n} |\n|---|---|---|---|---|---|---|---|---|---|"
+            "| source | solutions kept | steps | label accuracy | bad-step recall | bad-step precision | first error right | rollouts | generated tokens | PRM ProcessBench F1 | PRM best-of-{n} |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         let opt = |x: Option<f64>| x.map_or("—".to_string(), |v| format!("{v:.3}"));
         for l in &r.labels.sources {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} |",
                 l.source,
+                opt(l.retained_fraction),
                 l.steps,
                 l.label_accuracy,
                 l.bad_recall,

@@ -166,6 +166,14 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         McLabels::Hard => mc.iter().map(annotate::hard_mc).collect(),
         McLabels::Soft => mc.clone(),
     };
+    // Consensus filtering (the Qwen2.5-Math-PRM recipe, with binary search as the second
+    // annotator): MC labels kept only on solutions where both put the first error on one step.
+    let consensus: Vec<Solution> = mc_train
+        .iter()
+        .cloned()
+        .zip(&bs)
+        .map(|(a, b)| stepwise_label::consensus::keep_if_agreeing(a, b))
+        .collect();
     let verifiers = Verifiers {
         preset: p,
         out: &o.out,
@@ -175,17 +183,19 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     };
     // The three train at once: one training keeps about one core busy (its small ops run one
     // after another), and each is seeded on its own, so the weights are those of one at a time.
-    let (prm_mc, prm_or, orm, prm_bs) = std::thread::scope(|scope| {
+    let (prm_mc, prm_or, orm, prm_bs, prm_consensus) = std::thread::scope(|scope| {
         let mc = scope.spawn(|| verifiers.train("prm_mc", "training PRM (MC labels)", &mc_train, false));
         let or = scope.spawn(|| verifiers.train("prm_oracle", "training PRM (oracle)", &oracle, false));
         let bs =
             scope.spawn(|| verifiers.train("prm_binary_search", "training PRM (binary-search labels)", &bs, false));
+        let agreed =
+            scope.spawn(|| verifiers.train("prm_consensus", "training PRM (consensus labels)", &consensus, false));
         let orm = verifiers.train("orm", "training ORM", &label_sols, true);
         let join = |h: std::thread::ScopedJoinHandle<'_, Result<Model>>| {
             h.join()
                 .map_err(|_| anyhow::anyhow!("a verifier's training thread panicked"))?
         };
-        anyhow::Ok((join(mc)?, join(or)?, orm?, join(bs)?))
+        anyhow::Ok((join(mc)?, join(or)?, orm?, join(bs)?, join(agreed)?))
     })?;
 
     // 5. Score the evaluation samples (oracle-labelled) with every verifier, and the policy's
@@ -206,6 +216,13 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         &mut scored,
         verifier::PRM_BINARY_SEARCH,
         "scoring (PRM-binary-search)",
+    )?;
+    verifiers.score(
+        &prm_consensus,
+        false,
+        &mut scored,
+        verifier::PRM_CONSENSUS,
+        "scoring (PRM-consensus)",
     )?;
     let confidence = crate::confidence::PolicyConfidence {
         model: &policy_model,
@@ -230,6 +247,23 @@ pub fn run(o: &LabOptions) -> Result<Report> {
                 n,
                 o.seed,
             )?,
+            {
+                // Compared on the solutions it kept; it paid for both annotations.
+                let kept = consensus
+                    .iter()
+                    .filter(|s| s.meta.get("consensus") == Some(&true.into()));
+                let retained = kept.count() as f64 / consensus.len().max(1) as f64;
+                let mut both = spent;
+                both += bs_spent;
+                let mut c = compare("consensus", &consensus, &oracle, both).with_prm(
+                    &scored,
+                    verifier::PRM_CONSENSUS,
+                    n,
+                    o.seed,
+                )?;
+                c.retained_fraction = Some(retained);
+                c
+            },
             compare("oracle", &oracle, &oracle, Default::default()).with_prm(
                 &scored,
                 verifier::PRM_ORACLE,

@@ -28,22 +28,29 @@ impl Annotator for Consensus<'_> {
     }
 
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
-        let (mut a, mut spent) = self.first.annotate(sol)?;
+        let (a, mut spent) = self.first.annotate(sol)?;
         let (b, spent_b) = self.second.annotate(sol)?;
         spent += spent_b;
-        let agree = matches!((verdict(&a), verdict(&b)), (Some(x), Some(y)) if x == y);
-        for st in &mut a.steps {
-            st.label = match (&st.label, agree) {
-                (Some(l), true) => Some(StepLabel {
-                    source: Provenance::Consensus,
-                    ..l.clone()
-                }),
-                _ => None,
-            };
-        }
-        a.meta.insert("consensus".into(), agree.into());
-        Ok((a, spent))
+        Ok((keep_if_agreeing(a, &b), spent))
     }
+}
+
+/// `first`'s labels, kept (their source marked `consensus`) when `second` puts the first error
+/// on the same step (or both find none), else dropped; `meta.consensus` says which. For two
+/// annotations already made (the lab filters its Monte Carlo labels by binary search's).
+pub fn keep_if_agreeing(mut first: Solution, second: &Solution) -> Solution {
+    let agree = matches!((verdict(&first), verdict(second)), (Some(x), Some(y)) if x == y);
+    for st in &mut first.steps {
+        st.label = match (&st.label, agree) {
+            (Some(l), true) => Some(StepLabel {
+                source: Provenance::Consensus,
+                ..l.clone()
+            }),
+            _ => None,
+        };
+    }
+    first.meta.insert("consensus".into(), agree.into());
+    first
 }
 
 #[cfg(test)]

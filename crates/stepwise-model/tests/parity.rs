@@ -83,15 +83,20 @@ fn prm_fixtures_reproduce_transformers() {
     }
 }
 
+/// Greedy decoding of at most `max` new tokens.
+fn greedy(max: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: max,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn policy_greedy_matches_and_prefix_is_encoded_once() {
     let exp = expected();
     let (model, tok) = load("qwen2-policy");
-    let p = SamplingParams {
-        temperature: 0.0,
-        max_new_tokens: 16,
-        ..Default::default()
-    };
+    let p = greedy(16);
     for it in exp["cases"]["qwen2-policy"]["items"].as_array().unwrap() {
         let prompt = ids_of(&it["prompt_ids"]);
         assert_eq!(tok.encode(it["prompt"].as_str().unwrap(), true).unwrap(), prompt);
@@ -118,22 +123,16 @@ fn policy_greedy_matches_and_prefix_is_encoded_once() {
 fn requests_joining_a_running_batch_decode_as_alone() {
     let exp = expected();
     let (model, tok) = load("qwen2-policy");
-    let p = SamplingParams {
-        temperature: 0.0,
-        max_new_tokens: 16,
-        ..Default::default()
-    };
     let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
     let mut batch = Decoding::new(&model, Some(&tok));
     let mut done = std::collections::HashMap::new();
     let mut ids = Vec::new();
     // Join in reverse so a shorter prompt meets a longer running one and the other way round.
     for (k, it) in items.iter().enumerate().rev() {
-        let short = SamplingParams {
-            max_new_tokens: 5 + 3 * k,
-            ..p.clone()
-        };
-        ids.push((batch.add(&ids_of(&it["prompt_ids"]), 1 + k, short).unwrap(), k));
+        ids.push((
+            batch.add(&ids_of(&it["prompt_ids"]), 1 + k, greedy(5 + 3 * k)).unwrap(),
+            k,
+        ));
         for _ in 0..3 {
             done.extend(batch.step().unwrap());
         }

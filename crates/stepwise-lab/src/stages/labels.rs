@@ -10,7 +10,7 @@ use stepwise_eval::labels::label_quality;
 /// One label source against the oracle.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LabelSource {
-    /// `mc`, `binary_search` or `oracle`.
+    /// `mc`, `binary_search`, `consensus` or `oracle`.
     pub source: String,
     /// Labelled steps compared.
     pub steps: usize,
@@ -40,15 +40,21 @@ pub struct LabelSource {
 /// Every label source of a run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Labels {
-    /// In the order mc, binary_search, oracle.
+    /// In the order mc, binary_search, consensus, oracle.
     pub sources: Vec<LabelSource>,
 }
 
-/// `labelled` (one labelled copy of each oracle-labelled solution) against `oracle`.
+/// `labelled` (one labelled copy of each oracle-labelled solution) against `oracle`, on the
+/// solutions that have labels.
 pub fn compare(source: &str, labelled: &[Solution], oracle: &[Solution], spent: Spent) -> LabelSource {
     let mut pairs = Vec::new();
-    let mut agree = 0;
+    let (mut agree, mut kept) = (0, 0);
     for (m, o) in labelled.iter().zip(oracle) {
+        // A solution left without labels (consensus filtering dropped it) is not compared.
+        if m.steps.iter().all(|st| st.label.is_none()) {
+            continue;
+        }
+        kept += 1;
         for (a, b) in m.steps.iter().zip(&o.steps) {
             if let (Some(x), Some(y)) = (&a.label, &b.label) {
                 pairs.push((x.prob(1.0), y.is_good()));
@@ -63,7 +69,7 @@ pub fn compare(source: &str, labelled: &[Solution], oracle: &[Solution], spent: 
         label_accuracy: q.hard_accuracy,
         bad_recall: q.bad_recall,
         bad_precision: q.bad_precision,
-        first_error_agreement: agree as f64 / labelled.len().max(1) as f64,
+        first_error_agreement: agree as f64 / kept.max(1) as f64,
         rollouts: spent.rollouts,
         generated_tokens: spent.tokens,
         ..Default::default()

@@ -104,7 +104,7 @@ struct Dots<'a> {
 /// Two weight rows against four input rows: eight accumulators, six loads per eight
 /// multiply-adds. Portable build (the compiler's own vectorisation).
 #[inline(always)]
-fn dot_2x4_portable(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+fn dot_2x4_portable<W: Weight>(w: [&[W]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     let k = w[0].len();
     let full = k / LANES * LANES;
     let mut acc = [[[0f32; LANES]; 4]; 2];
@@ -112,7 +112,7 @@ fn dot_2x4_portable(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
         for (a, wr) in acc.iter_mut().zip(&w) {
             for (ar, xr) in a.iter_mut().zip(&x) {
                 for l in 0..LANES {
-                    ar[l] += wr[c + l] * xr[c + l];
+                    ar[l] += wr[c + l].widen() * xr[c + l];
                 }
             }
         }
@@ -122,11 +122,11 @@ fn dot_2x4_portable(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
 
 /// Sums the lane accumulators and adds the products past the last whole lane.
 #[inline(always)]
-fn finish(w: [&[f32]; 2], x: [&[f32]; 4], full: usize, acc: [[[f32; LANES]; 4]; 2]) -> [[f32; 4]; 2] {
+fn finish<W: Weight>(w: [&[W]; 2], x: [&[f32]; 4], full: usize, acc: [[[f32; LANES]; 4]; 2]) -> [[f32; 4]; 2] {
     let mut out = [[0f32; 4]; 2];
     for (j, wr) in w.iter().enumerate() {
         for (i, xr) in x.iter().enumerate() {
-            let tail: f32 = (full..wr.len()).map(|c| wr[c] * xr[c]).sum();
+            let tail: f32 = (full..wr.len()).map(|c| wr[c].widen() * xr[c]).sum();
             out[j][i] = simd::sum(&acc[j][i]) + tail;
         }
     }
@@ -134,13 +134,14 @@ fn finish(w: [&[f32]; 2], x: [&[f32]; 4], full: usize, acc: [[[f32; LANES]; 4]; 
 }
 
 /// [`dot_2x4_portable`] with AVX2 + FMA intrinsics (the compiler does not keep eight vector
-/// accumulators in registers on its own).
+/// accumulators in registers on its own); bf16 rows are widened in registers, eight values per
+/// 16-byte load (half the bytes read, the same sums in the same order as the rows widened first).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_2x4_avx2(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+unsafe fn dot_2x4_avx2<W: Weight>(w: [&[W]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     use std::arch::x86_64::*;
     let k = w[0].len();
     assert!(w[1].len() == k && x.iter().all(|r| r.len() == k));
@@ -150,8 +151,8 @@ unsafe fn dot_2x4_avx2(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     while c < full {
         // SAFETY: every row has k ≥ c + LANES elements.
         unsafe {
-            let w0 = _mm256_loadu_ps(w[0].as_ptr().add(c));
-            let w1 = _mm256_loadu_ps(w[1].as_ptr().add(c));
+            let w0 = W::load8(w[0].as_ptr().add(c));
+            let w1 = W::load8(w[1].as_ptr().add(c));
             for i in 0..4 {
                 let xv = _mm256_loadu_ps(x[i].as_ptr().add(c));
                 acc[i] = _mm256_fmadd_ps(w0, xv, acc[i]);
@@ -168,96 +169,74 @@ unsafe fn dot_2x4_avx2(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     finish(w, x, full, lanes)
 }
 
-/// [`dot_2x4_avx2`] on bf16 weight rows, widened in registers (eight values per 16-byte load):
-/// half the bytes read, the same products and sums in the same order, so the same results as
-/// the rows widened first.
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_2x4_bf16_avx2(w: [&[bf16]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    use std::arch::x86_64::*;
-    let k = w[0].len();
-    assert!(w[1].len() == k && x.iter().all(|r| r.len() == k));
-    let full = k / LANES * LANES;
-    // SAFETY (for the closure's callers): `p` points at LANES readable bf16 values.
-    let widen = |p: *const half::bf16| unsafe {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-            p.cast(),
-        ))))
-    };
-    let mut acc = [_mm256_setzero_ps(); 8];
-    let mut c = 0;
-    while c < full {
-        // SAFETY: every row has k ≥ c + LANES elements.
-        unsafe {
-            let w0 = widen(w[0].as_ptr().add(c));
-            let w1 = widen(w[1].as_ptr().add(c));
-            for i in 0..4 {
-                let xv = _mm256_loadu_ps(x[i].as_ptr().add(c));
-                acc[i] = _mm256_fmadd_ps(w0, xv, acc[i]);
-                acc[4 + i] = _mm256_fmadd_ps(w1, xv, acc[4 + i]);
-            }
-        }
-        c += LANES;
-    }
-    let mut lanes = [[[0f32; LANES]; 4]; 2];
-    for (n, a) in acc.iter().enumerate() {
-        // SAFETY: the destination holds exactly LANES f32.
-        unsafe { _mm256_storeu_ps(lanes[n / 4][n % 4].as_mut_ptr(), *a) };
-    }
-    let tails: [Vec<f32>; 2] = w.map(|r| r[full..].iter().map(|v| v.to_f32()).collect());
-    let mut out = [[0f32; 4]; 2];
-    for (j, tail_w) in tails.iter().enumerate() {
-        for (i, xr) in x.iter().enumerate() {
-            let tail: f32 = tail_w.iter().zip(&xr[full..]).map(|(a, b)| a * b).sum();
-            out[j][i] = simd::sum(&lanes[j][i]) + tail;
-        }
-    }
-    out
-}
-
-/// A weight value the AVX-512 streaming kernel reads sixteen at a time as f32.
-#[cfg(target_arch = "x86_64")]
-trait Lanes16: Copy {
+/// A weight value the streaming kernels read as f32: f32 itself, or bf16 (an f32's top half,
+/// widened in registers).
+trait Weight: Copy {
+    /// One value as f32.
+    fn widen(self) -> f32;
+    /// Eight values from `p`, as f32.
+    ///
+    /// # Safety
+    /// AVX2; `p` points at eight readable values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
     /// Sixteen values from `p`, as f32.
     ///
     /// # Safety
     /// AVX-512F; `p` points at sixteen readable values.
+    #[cfg(target_arch = "x86_64")]
     unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
-    /// One value as f32.
-    fn widen(self) -> f32;
 }
 
-#[cfg(target_arch = "x86_64")]
-impl Lanes16 for f32 {
+impl Weight for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: forwarded to the caller.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
         // SAFETY: forwarded to the caller.
         unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
-    fn widen(self) -> f32 {
-        self
-    }
 }
 
-#[cfg(target_arch = "x86_64")]
-impl Lanes16 for bf16 {
+impl Weight for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const bf16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: forwarded to the caller; eight bf16 are 16 bytes.
+        unsafe {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                p.cast(),
+            ))))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load16(p: *const bf16) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
-        // SAFETY: forwarded to the caller; sixteen bf16 are 32 bytes. bf16 is an f32's top half.
+        // SAFETY: forwarded to the caller; sixteen bf16 are 32 bytes.
         unsafe {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
                 p.cast(),
             ))))
         }
-    }
-    fn widen(self) -> f32 {
-        self.to_f32()
     }
 }
 
@@ -269,7 +248,7 @@ impl Lanes16 for bf16 {
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn dot_2x4_avx512<W: Lanes16>(w: [&[W]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+unsafe fn dot_2x4_avx512<W: Weight>(w: [&[W]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     use std::arch::x86_64::*;
     let k = w[0].len();
     assert!(w[1].len() == k && x.iter().all(|r| r.len() == k));
@@ -299,20 +278,8 @@ unsafe fn dot_2x4_avx512<W: Lanes16>(w: [&[W]; 2], x: [&[f32]; 4]) -> [[f32; 4];
     out
 }
 
-/// [`dot_2x4`] on bf16 weight rows.
 #[inline(always)]
-fn dot_2x4_bf16<const FMA: bool>(w: [&[bf16]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    #[cfg(target_arch = "x86_64")]
-    if FMA {
-        // SAFETY: `FMA` builds run only where `simd::dispatch` found AVX2 and FMA.
-        return unsafe { dot_2x4_bf16_avx2(w, x) };
-    }
-    let wide: [Vec<f32>; 2] = w.map(|r| r.iter().map(|v| v.to_f32()).collect());
-    dot_2x4_portable([&wide[0], &wide[1]], x)
-}
-
-#[inline(always)]
-fn dot_2x4<const FMA: bool>(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+fn dot_2x4<const FMA: bool, W: Weight>(w: [&[W]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     #[cfg(target_arch = "x86_64")]
     if FMA {
         // SAFETY: `FMA` builds run only where `simd::dispatch` found AVX2 and FMA.
@@ -355,8 +322,8 @@ impl Kernel for Dots<'_> {
             };
         }
         match self.w {
-            WeightSlice::F32(w) => self.each(w, dot_2x4::<FMA>),
-            WeightSlice::Bf16(w) => self.each(w, dot_2x4_bf16::<FMA>),
+            WeightSlice::F32(w) => self.each(w, dot_2x4::<FMA, f32>),
+            WeightSlice::Bf16(w) => self.each(w, dot_2x4::<FMA, bf16>),
             WeightSlice::F16(_) => unreachable!("f16 rows are widened before they reach Dots"),
         }
     }
@@ -475,7 +442,7 @@ mod tests {
     struct Probe<'a>(&'a mut Option<[[f32; 4]; 2]>, [&'a [f32]; 2], [&'a [f32]; 4]);
     impl Kernel for Probe<'_> {
         fn run<const FMA: bool>(self) {
-            *self.0 = Some(dot_2x4::<FMA>(self.1, self.2));
+            *self.0 = Some(dot_2x4::<FMA, f32>(self.1, self.2));
         }
     }
 

@@ -13,6 +13,18 @@ pub fn fixtures() -> PathBuf {
         .join("fixtures/hf-tiny")
 }
 
+/// The largest absolute difference of two tensors.
+pub fn max_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
 /// Two scorers give the same step scores (within 1e-6) on the first ten solutions.
 pub fn assert_same_scores(a: &PrmScorer, b: &PrmScorer, sols: &[Solution]) {
     for s in sols.iter().take(10) {
