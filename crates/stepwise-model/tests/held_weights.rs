@@ -11,18 +11,7 @@ use stepwise_model::{
 };
 
 mod common;
-use common::fixtures;
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
+use common::{fixtures, max_diff};
 
 /// Each fixture item's step rewards from `model` and transformers' (`expected.json`).
 fn rewards(case: &str, model: &Model) -> Vec<(f32, f32)> {

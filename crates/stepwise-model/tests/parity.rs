@@ -186,16 +186,7 @@ fn joined_caches_continue_each_sequence_as_alone() {
     for (i, t) in [5u32, 9, 2].into_iter().enumerate() {
         let both = step(&mut joined, &[t, t + 1]);
         let (a, b) = (step(&mut alone_a, &[t]), step(&mut alone_b, &[t + 1]));
-        let diff = |x: &Tensor, y: &Tensor| {
-            (x - y)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        };
+        let diff = common::max_diff;
         assert!(
             diff(&both.get(0).unwrap(), &a.get(0).unwrap()) < 1e-5,
             "padded row, step {i}"
@@ -210,17 +201,7 @@ fn joined_caches_continue_each_sequence_as_alone() {
     assert!(rest.pads().is_none());
     assert_eq!(rest.len(), alone_a.len());
     let (x, y) = (step(&mut rest, &[7]), step(&mut alone_a, &[7]));
-    assert!(
-        (x - y)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-            < 1e-5
-    );
+    assert!(common::max_diff(&x, &y) < 1e-5);
 }
 
 /// A scalar value head (`Qwen2ForSequenceClassification`, one label): the sigmoid of the value at
