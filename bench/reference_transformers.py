@@ -3,7 +3,8 @@
 Same workloads: forward passes over 8 x 256 tokens, the decoder only (the Rust side reads the
 head at one position per sequence, which costs nothing), and
 greedy decoding of 64 new tokens for 8 continuations of a 32-token prompt (generation), on the
-fixture checkpoints and (with --big) a randomly initialised Qwen2.5-0.5B-shaped model.
+fixture checkpoints and (with --big) a randomly initialised Qwen2.5-0.5B-shaped model, in f32 and
+then in bf16 (what a user of a bf16 checkpoint would run; compare with the bench's bf16-held lines).
 Optional: `pip install torch transformers`; never needed by the tests or CI.
 Run with the same thread count as the Rust bench: `OMP_NUM_THREADS=2 python bench/reference_transformers.py`.
 """
@@ -50,6 +51,9 @@ def main():
         big = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
         print(f"qwen2.5-0.5b shape: scoring {scoring(big.model, 2):.0f} tokens/s")
         print(f"qwen2.5-0.5b shape: generation {generation(big):.1f} new tokens/s")
+        big = big.to(torch.bfloat16)
+        print(f"qwen2.5-0.5b shape (bf16): scoring {scoring(big.model, 2):.0f} tokens/s")
+        print(f"qwen2.5-0.5b shape (bf16): generation {generation(big):.1f} new tokens/s")
 
 
 if __name__ == "__main__":
