@@ -20,6 +20,7 @@ pub mod transformer;
 pub use config::{Family, HeadKind, ModelConfig};
 pub use generate::{generate, Decoding, SamplingParams};
 pub use incremental::IncrementalScorer;
+pub use kernels::{bf16_products, set_bf16_products};
 pub use layout::PrmLayout;
 pub use model::{set_weight_dtype, weight_dtype, Model, WeightDtype};
 pub use policy::{EnginePolicy, LoadedPolicy, Prompt};

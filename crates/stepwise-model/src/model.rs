@@ -306,14 +306,15 @@ fn load_tensors(files: &[PathBuf], device: &Device, hold: WeightDtype) -> Result
     Ok(all)
 }
 
-/// How weight matrices are held in memory by [`Model::load`]; arithmetic is f32 in every case.
+/// How weight matrices are held in memory by [`Model::load`]. Products with bf16 weights run in
+/// bf16 where [`crate::bf16_products`] holds, else in f32 on the weights widened in the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WeightDtype {
     /// As the checkpoint stores them: bf16 and f16 stay two bytes a value (the default).
     #[default]
     Auto,
-    /// Everything widened to f32 at load (twice the memory of a bf16 checkpoint, the same
-    /// results: widening is exact).
+    /// Everything widened to f32 at load (twice the memory of a bf16 checkpoint; f32
+    /// arithmetic throughout).
     F32,
     /// f32 matrices rounded to bf16 at load (half their memory; results move by bf16's
     /// rounding), bf16 and f16 kept as stored.

@@ -10,9 +10,18 @@
 //!
 //! Every output sums its `k` products in order with one fused multiply-add chain (then block by
 //! block into `dst`), so a row's result does not depend on which tile or thread computed it.
+//!
+//! A bf16 weight on a CPU with AVX512_BF16 multiplies in bf16 instead ([`bf16_products`]): the
+//! activations are rounded to bf16 as they are packed (pairs of neighbouring steps of `k` side
+//! by side), each weight row's pairs are broadcast straight from where the weight lies, and one
+//! `vdpbf16ps` adds two steps' exact products to f32 sums, twice the multiply-adds of an f32 fused
+//! multiply-add per instruction. What it costs is bf16's rounding of the activations (a relative
+//! 2⁻⁹ per value), the arithmetic of PyTorch's and vLLM's bf16 inference.
 
 use super::weights::WeightSlice;
+use half::bf16;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Rows of `a` in a tile: two AVX-512 vectors.
 const PANEL: usize = 32;
@@ -28,6 +37,36 @@ thread_local! {
     static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// This thread's chunk of bf16/f16 weight rows widened to f32 (`CHUNK × DEPTH`, 768 KiB).
     static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// This thread's packed block of `a` in bf16 pairs (for [`bf16_products`]).
+    static PACKED_PAIRS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether bf16 weights may multiply in bf16 (see [`set_bf16_products`]).
+static BF16_PRODUCTS: AtomicBool = AtomicBool::new(true);
+
+/// Whether products with a bf16 weight run in bf16 on CPUs that have AVX512_BF16 (`true`, the
+/// default: bf16 inference as PyTorch and vLLM compute it, up to twice as fast) or widen the
+/// weight to f32 and multiply in f32 everywhere (`false`: the same numbers as the checkpoint
+/// converted to f32, at bf16's memory).
+pub fn set_bf16_products(on: bool) {
+    BF16_PRODUCTS.store(on, Ordering::Relaxed);
+}
+
+/// Whether products with a bf16 weight run in bf16 here: allowed by [`set_bf16_products`] and the
+/// CPU has AVX-512 with AVX512_BF16.
+pub fn bf16_products() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let has = *HAS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            available() && std::arch::is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    });
+    has && BF16_PRODUCTS.load(Ordering::Relaxed)
 }
 
 /// The shortest `k` the tiles are used for. Below it the tile's fixed costs (packing, the
@@ -40,16 +79,22 @@ pub(crate) fn available() -> bool {
     super::simd::has_avx512()
 }
 
-/// Whether [`matmul_t`] is the one to use for products over `k` steps: it can run here and `k`
-/// reaches [`MIN_DEPTH`].
-pub(crate) fn suits(k: usize) -> bool {
-    k >= MIN_DEPTH && available()
+/// Whether [`matmul_t`] is the one to use for products with `w` over `k` steps: it can run here
+/// and `k` reaches [`MIN_DEPTH`], or `w` is bf16 and multiplies in bf16 (which only it does).
+pub(crate) fn suits(k: usize, w: &WeightSlice) -> bool {
+    available() && (k >= MIN_DEPTH || multiplies_in_bf16(w))
+}
+
+/// Whether products with `w` run in bf16 (it is bf16 and [`bf16_products`] holds).
+pub(crate) fn multiplies_in_bf16(w: &WeightSlice) -> bool {
+    matches!(w, WeightSlice::Bf16(_)) && bf16_products()
 }
 
 /// `dst[i][j] = Σ_k a[i][k] · w[j][k]` (or `+=` when `accumulate`) for `m` rows of `a`
 /// (`a_stride` apart) and of `dst` (`dst_stride` apart, `n` wide), `w` `[n, k]`. A bf16/f16
 /// weight is widened to f32 a chunk of rows by a block of `k` at a time, once for all the
-/// panels that read it (the same arithmetic as the weight widened whole, without its copy).
+/// panels that read it (the same arithmetic as the weight widened whole, without its copy),
+/// unless it multiplies in bf16 ([`bf16_products`]).
 ///
 /// # Panics
 /// When the CPU lacks AVX-512F (check [`available`]) or a slice is too short for the sizes.
@@ -81,6 +126,24 @@ pub(crate) fn matmul_t(
         }
         return;
     }
+    match w {
+        WeightSlice::Bf16(w) if bf16_products() => {
+            matmul_t_bf16(dst, dst_stride, a, a_stride, w, (m, n, k), accumulate)
+        }
+        w => matmul_t_widened(dst, dst_stride, a, a_stride, w, (m, n, k), accumulate),
+    }
+}
+
+/// [`matmul_t`] in f32 products, a bf16/f16 weight widened a chunk at a time.
+fn matmul_t_widened(
+    dst: &mut [f32],
+    dst_stride: usize,
+    a: &[f32],
+    a_stride: usize,
+    w: WeightSlice,
+    (m, n, k): (usize, usize, usize),
+    accumulate: bool,
+) {
     let panels = m.div_ceil(PANEL);
     let dst_ptr = dst.as_mut_ptr();
     let with_packed = |packed: &mut Vec<f32>, widened: &mut Vec<f32>| {
@@ -135,6 +198,57 @@ pub(crate) fn matmul_t(
             (Ok(mut packed), Ok(mut widened)) => with_packed(&mut packed, &mut widened),
             _ => with_packed(&mut Vec::new(), &mut Vec::new()),
         })
+    });
+}
+
+/// [`matmul_t`] in bf16 products: `a` packed in bf16 pairs a block of `k` at a time, the weight
+/// read where it lies (a broadcast takes one row's pair of neighbouring values).
+fn matmul_t_bf16(
+    dst: &mut [f32],
+    dst_stride: usize,
+    a: &[f32],
+    a_stride: usize,
+    w: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    accumulate: bool,
+) {
+    let panels = m.div_ceil(PANEL);
+    let dst_ptr = dst.as_mut_ptr();
+    let with_packed = |packed: &mut Vec<u32>| {
+        for k0 in (0..k).step_by(DEPTH) {
+            let depth = DEPTH.min(k - k0);
+            let pairs = depth.div_ceil(2);
+            pack_pairs(a, a_stride, m, k0, depth, packed);
+            let add = accumulate || k0 > 0;
+            for c0 in (0..n).step_by(CHUNK) {
+                let chunk_end = n.min(c0 + CHUNK);
+                for p in 0..panels {
+                    let panel = &packed[p * PANEL * pairs..][..PANEL * pairs];
+                    let rows = PANEL.min(m - p * PANEL);
+                    for j0 in (c0..chunk_end).step_by(COLS) {
+                        let cols = COLS.min(n - j0);
+                        let w_rows: [&[bf16]; COLS] =
+                            std::array::from_fn(|c| &w[(j0 + c.min(cols - 1)) * k + k0..][..depth]);
+                        let out = Out {
+                            // SAFETY: as in `matmul_t`.
+                            at: unsafe { dst_ptr.add(p * PANEL * dst_stride + j0) },
+                            stride: dst_stride,
+                            rows,
+                            cols,
+                            add,
+                        };
+                        // SAFETY: `bf16_products()` held (AVX-512F and AVX512_BF16); the panel
+                        // holds `pairs` steps and every weight row `depth` values; `out` as in
+                        // `matmul_t`.
+                        unsafe { tile_bf16(depth, panel, &w_rows, out) };
+                    }
+                }
+            }
+        }
+    };
+    PACKED_PAIRS.with(|p| match p.try_borrow_mut() {
+        Ok(mut packed) => with_packed(&mut packed),
+        Err(_) => with_packed(&mut Vec::new()),
     });
 }
 
@@ -205,6 +319,76 @@ unsafe fn pack_half(src: &[&[f32]; 16], live: usize, whole: usize, dst: &mut [f3
     }
 }
 
+/// [`pack`] in bf16: columns `k0..k0 + depth` of the `m` rows of `a` rounded to bf16 (to nearest,
+/// ties to even), each panel step holding a pair of neighbouring columns (the earlier in the low
+/// half) for each of the panel's [`PANEL`] rows; an odd last column is paired with zero, and rows
+/// past `m` are zero.
+fn pack_pairs(a: &[f32], a_stride: usize, m: usize, k0: usize, depth: usize, packed: &mut Vec<u32>) {
+    let panels = m.div_ceil(PANEL);
+    let pairs = depth.div_ceil(2);
+    packed.resize(panels * PANEL * pairs, 0);
+    for (p, panel) in packed[..panels * PANEL * pairs]
+        .chunks_exact_mut(PANEL * pairs)
+        .enumerate()
+    {
+        let rows = PANEL.min(m - p * PANEL);
+        let row = |r: usize| &a[(p * PANEL + r.min(rows - 1)) * a_stride + k0..][..depth];
+        // Sixteen pairs (32 columns) at a time through the registers, the rest one by one.
+        let whole = depth / 32 * 16;
+        for half in 0..PANEL / 16 {
+            let live = rows.saturating_sub(half * 16).min(16);
+            let src: [&[f32]; 16] = std::array::from_fn(|r| row(half * 16 + r));
+            // SAFETY: `bf16_products()` held (checked by `matmul_t`); every source row holds
+            // `depth ≥ 2 · whole` values and the panel `pairs · PANEL`.
+            unsafe { pack_pairs_half(&src, live, whole, &mut panel[half * 16..]) };
+        }
+        let to_bits = |v: f32| u32::from(bf16::from_f32(v).to_bits());
+        for step in whole..pairs {
+            for r in 0..PANEL {
+                panel[step * PANEL + r] = if r < rows {
+                    let x = row(r);
+                    let high = x.get(2 * step + 1).map_or(0, |&v| to_bits(v));
+                    to_bits(x[2 * step]) | high << 16
+                } else {
+                    0
+                };
+            }
+        }
+    }
+}
+
+/// Pairs `0..whole` (a multiple of 16) of sixteen rows into `dst[step · PANEL..][..16]`: each
+/// row's 32 columns rounded to bf16 in one instruction, then sixteen rows' pairs transposed.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX512_BF16; every row of `src` holds `2 · whole` values and
+/// `dst` `(whole − 1) · PANEL + 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn pack_pairs_half(src: &[&[f32]; 16], live: usize, whole: usize, dst: &mut [u32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(whole == 0 || dst.len() >= (whole - 1) * PANEL + 16);
+    for s0 in (0..whole).step_by(16) {
+        // SAFETY: columns `2 · s0 .. 2 · s0 + 32` lie within every source row, and steps
+        // `s0 .. s0 + 16` within `dst` (see above).
+        unsafe {
+            let mut v: [__m512; 16] = std::array::from_fn(|r| {
+                if r < live {
+                    let at = src[r].as_ptr().add(2 * s0);
+                    let pairs = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(at.add(16)), _mm512_loadu_ps(at));
+                    std::mem::transmute::<__m512bh, __m512>(pairs)
+                } else {
+                    _mm512_setzero_ps()
+                }
+            });
+            transpose16(&mut v);
+            for (s, v) in v.iter().enumerate() {
+                _mm512_storeu_ps(dst.as_mut_ptr().add((s0 + s) * PANEL).cast(), *v);
+            }
+        }
+    }
+}
+
 /// One tile: `Σ_s panel[s][r] · w[c][s]` over `depth` steps for the panel's rows `r` and the
 /// twelve weight rows `c`, into `out`.
 ///
@@ -231,11 +415,24 @@ unsafe fn tile(depth: usize, panel: &[f32], w: &[&[f32]; COLS], out: Out) {
             }
         }
     }
+    // SAFETY: as this function's.
+    unsafe { store(&acc, out) }
+}
+
+/// Writes a tile's accumulators (`acc[c][h]`: column `c` of rows `16h..16h + 16`) into `out`.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `out.rows` rows of `out.cols` values from `out.at`
+/// (`out.stride` apart) are writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store(acc: &[[std::arch::x86_64::__m512; 2]; COLS], out: Out) {
+    use std::arch::x86_64::*;
     // Each half's accumulators hold a column per vector; transposed, a row per vector.
     let lanes: __mmask16 = (1u16 << out.cols) - 1;
     for half in 0..2 {
         let mut v = [_mm512_setzero_ps(); 16];
-        for (v, a) in v.iter_mut().zip(&acc) {
+        for (v, a) in v.iter_mut().zip(acc) {
             *v = a[half];
         }
         transpose16(&mut v);
@@ -252,6 +449,56 @@ unsafe fn tile(depth: usize, panel: &[f32], w: &[&[f32]; COLS], out: Out) {
             }
         }
     }
+}
+
+/// [`tile`] in bf16 products: `Σ_s panel[s][r] · (w[c][2s], w[c][2s + 1])` over `depth` steps
+/// (`depth / 2` pairs, an odd last step paired with zero), two steps per `vdpbf16ps`.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX512_BF16; `panel` holds `⌈depth / 2⌉ · PANEL` pairs and every
+/// `w[c]` `depth` values; `out` as for [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn tile_bf16(depth: usize, panel: &[u32], w: &[&[bf16]; COLS], out: Out) {
+    use std::arch::x86_64::*;
+    let pairs = depth.div_ceil(2);
+    debug_assert!(panel.len() >= pairs * PANEL && w.iter().all(|r| r.len() >= depth));
+    let p = panel.as_ptr();
+    let wp: [*const half::bf16; COLS] = std::array::from_fn(|c| w[c].as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); 2]; COLS];
+    let bh = |v: __m512i| -> __m512bh {
+        // SAFETY: both are 64 bytes of plain bits.
+        unsafe { std::mem::transmute(v) }
+    };
+    for s in 0..depth / 2 {
+        // SAFETY: `s < pairs`, within `panel`; values `2s, 2s + 1` lie within every weight row
+        // (read unaligned: a row of odd length starts mid-word).
+        unsafe {
+            let x0 = bh(_mm512_loadu_si512(p.add(s * PANEL).cast()));
+            let x1 = bh(_mm512_loadu_si512(p.add(s * PANEL + 16).cast()));
+            for c in 0..COLS {
+                let pair = wp[c].add(2 * s).cast::<i32>().read_unaligned();
+                let b = bh(_mm512_set1_epi32(pair));
+                acc[c][0] = _mm512_dpbf16_ps(acc[c][0], x0, b);
+                acc[c][1] = _mm512_dpbf16_ps(acc[c][1], x1, b);
+            }
+        }
+    }
+    if depth % 2 == 1 {
+        let s = depth / 2;
+        // SAFETY: the last pair step is within `panel`, the last value within every row.
+        unsafe {
+            let x0 = bh(_mm512_loadu_si512(p.add(s * PANEL).cast()));
+            let x1 = bh(_mm512_loadu_si512(p.add(s * PANEL + 16).cast()));
+            for c in 0..COLS {
+                let b = bh(_mm512_set1_epi32(i32::from((*wp[c].add(2 * s)).to_bits())));
+                acc[c][0] = _mm512_dpbf16_ps(acc[c][0], x0, b);
+                acc[c][1] = _mm512_dpbf16_ps(acc[c][1], x1, b);
+            }
+        }
+    }
+    // SAFETY: as this function's.
+    unsafe { store(&acc, out) }
 }
 
 /// Transposes the 16 × 16 matrix whose rows are `v`'s vectors.
@@ -304,6 +551,18 @@ unsafe fn tile(_: usize, _: &[f32], _: &[&[f32]; COLS], _: Out) {
     unreachable!("sgemm::available() is false off x86-64")
 }
 
+/// Never called: [`bf16_products`] is false off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn tile_bf16(_: usize, _: &[u32], _: &[&[bf16]; COLS], _: Out) {
+    unreachable!("sgemm::bf16_products() is false off x86-64")
+}
+
+/// Never called: [`bf16_products`] is false off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pack_pairs_half(_: &[&[f32]; 16], _: usize, _: usize, _: &mut [u32]) {
+    unreachable!("sgemm::bf16_products() is false off x86-64")
+}
+
 /// Never called: [`available`] is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn pack_half(_: &[&[f32]; 16], _: usize, _: usize, _: &mut [f32]) {
@@ -351,6 +610,8 @@ mod tests {
             (5, 40, 2100),
             (40, 2 * CHUNK + 5, 600),
             (64, 24, 0),
+            (37, 14, 67),
+            (3, 5, 1),
         ] {
             for accumulate in [false, true] {
                 let (as_, ds) = (k + 3, n + 5);
@@ -370,15 +631,10 @@ mod tests {
                 let held: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
                 let widened: Vec<f32> = held.iter().map(|v| v.to_f32()).collect();
                 let (mut narrow, mut wide) = (start.clone(), start.clone());
-                matmul_t(
-                    &mut narrow,
-                    ds,
-                    &a,
-                    as_,
-                    WeightSlice::Bf16(&held),
-                    (m, n, k),
-                    accumulate,
-                );
+                let held_w = WeightSlice::Bf16(&held);
+                // (`matmul_t` itself answers `k = 0`.)
+                let widened_tiles = if k == 0 { matmul_t } else { matmul_t_widened };
+                widened_tiles(&mut narrow, ds, &a, as_, held_w, (m, n, k), accumulate);
                 matmul_t(
                     &mut wide,
                     ds,
@@ -389,6 +645,20 @@ mod tests {
                     accumulate,
                 );
                 assert_eq!(narrow, wide, "{m}x{n}x{k} acc={accumulate}: bf16-held");
+                // In bf16 products: the exact sums of the activations rounded to bf16 times the
+                // weight, to f32's rounding of the sums.
+                if bf16_products() {
+                    let rounded: Vec<f32> = a.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+                    let (mut got, mut want) = (start.clone(), start.clone());
+                    matmul_t(&mut got, ds, &a, as_, held_w, (m, n, k), accumulate);
+                    reference(&mut want, ds, &rounded, as_, &widened, (m, n, k), accumulate);
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                            "{m}x{n}x{k} acc={accumulate} at {i} in bf16: {g} vs {e}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -1,9 +1,11 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)] // each test file uses its own subset
 
-use std::path::PathBuf;
+use candle_core::{DType, Device};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 use stepwise_core::Solution;
-use stepwise_model::PrmScorer;
+use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, PrmScorer, Tokenizer};
 
 /// The Hugging Face fixture folders (`../shared/fixtures/hf-tiny`, or `$STEPWISE_SHARED`).
 pub fn fixtures() -> PathBuf {
@@ -38,4 +40,45 @@ pub fn assert_same_scores(a: &PrmScorer, b: &PrmScorer, sols: &[Solution]) {
             assert!((u - v).abs() < 1e-6, "{u} vs {v}");
         }
     }
+}
+
+/// Each fixture item's step rewards from `model` and transformers' (`expected.json`).
+pub fn rewards(case: &str, model: &Model) -> Vec<(f32, f32)> {
+    let dir = fixtures().join(case);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let scorer = PrmScorer {
+        model,
+        tokenizer: &tok,
+        layout: PrmLayout::detect(model, &tok).unwrap(),
+        reference: None,
+    };
+    let exp: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for it in exp["cases"][case]["items"].as_array().unwrap() {
+        let steps: Vec<&str> = it["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        let got = scorer.score(it["problem"].as_str().unwrap(), &steps).unwrap();
+        let want = it["step_rewards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32);
+        out.extend(got.into_iter().zip(want));
+    }
+    out
+}
+
+/// A random bf16 checkpoint 512 wide (the AVX-512 tiles' depth), saved and loaded both ways.
+pub fn wide_checkpoint(dir: &Path) {
+    let mut cfg = ModelConfig::tiny(1000, 512, 2, 8, 2, HeadKind::CausalLm);
+    cfg.intermediate_size = 1024;
+    cfg.head_dim = 64;
+    cfg.dtype = DType::BF16;
+    let varmap = candle_nn::VarMap::new();
+    Model::fresh(cfg.clone(), &varmap, &Device::Cpu, 3).unwrap();
+    stepwise_model::model::save_checkpoint(dir, &cfg, &varmap).unwrap();
 }

@@ -27,7 +27,8 @@ const WIDENED_ROWS: usize = 128;
 /// `dst = a · wᵀ` (or `dst += a · wᵀ` when `accumulate`) for `a` rows of `k` values `a_stride`
 /// apart and `w` `[dst.width, k]`: one row of `dst` per row of `a`. A thread's share runs in
 /// [`sgemm`]'s tiles where they suit `k`, else in gemm's kernels; a bf16 or f16 weight is
-/// widened to f32 [`WIDENED_ROWS`] rows at a time.
+/// widened to f32 [`WIDENED_ROWS`] rows at a time, unless it multiplies in bf16
+/// ([`sgemm::bf16_products`]), which always runs in the tiles.
 pub(super) fn matmul_t(
     dst: Rows,
     a: &[f32],
@@ -61,7 +62,8 @@ pub(super) fn matmul_t(
         }
     }
     let stride = dst.stride;
-    if matches!(parallelism, gemm::Parallelism::None) && sgemm::suits(k) {
+    // Products in bf16 are only in the tiles (one thread for a product too small to split).
+    if sgemm::multiplies_in_bf16(&w) || (matches!(parallelism, gemm::Parallelism::None) && sgemm::suits(k, &w)) {
         return sgemm::matmul_t(dst.data, stride, a, a_stride, w, (m, n, k), accumulate);
     }
     w.for_each_f32_block(n, WIDENED_ROWS, |first, w| {
