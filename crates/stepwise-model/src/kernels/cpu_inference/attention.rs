@@ -1,4 +1,9 @@
 //! Causal attention of one sequence, four query positions at a time, from its rotated q|k|v rows.
+//!
+//! A model multiplied in bf16 (see [`crate::kernels::sgemm::bf16_products`]) takes its attention
+//! products in bf16 too where the head size is a multiple of 32: queries, keys, values and the
+//! softmax weights rounded to bf16, every sum in f32 (PyTorch's bf16 attention); the softmax
+//! itself stays f32.
 
 use super::Dims;
 use crate::kernels::{simd, tiles};
@@ -11,11 +16,24 @@ pub(super) struct HeadScratch {
     queries: Vec<f32>,
     scores: Vec<f32>,
     out: Vec<f32>,
+    /// In bf16: one tile's queries and softmax weights as pairs.
+    query_pairs: Vec<u32>,
+    weight_pairs: Vec<u32>,
+}
+
+/// A sequence's keys and values as bf16 pairs, per kv head: keys `[d / 2, t_pad]` (pairs of
+/// components), values `[t_pad / 2, d]` (pairs of positions), zero past `t`.
+#[derive(Default)]
+pub(super) struct Bf16Keys {
+    keys: Vec<u32>,
+    values: Vec<u32>,
 }
 
 /// Causal attention of one sequence from its q|k|v rows (`[t, qkv_width]`, rotated), for the
 /// query positions `queries`, into `out` (`[queries.len(), heads · d]`). `keys_t` and `head` are
 /// scratch; `shared`: heads run in parallel.
+/// `bf16`: the products in bf16 (the caller checked [`crate::kernels::sgemm::bf16_products`]);
+/// taken where the head size is a multiple of 32, else f32.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention(
     qkv: &[f32],
@@ -23,10 +41,11 @@ pub(super) fn attention(
     queries: &[usize],
     dims: Dims,
     valid: Option<&[bool]>,
-    keys_t: &mut Vec<f32>,
+    (keys_t, pairs): (&mut Vec<f32>, &mut Bf16Keys),
     head: &mut HeadScratch,
     out: &mut Vec<f32>,
     shared: bool,
+    bf16: bool,
 ) {
     let Dims {
         heads,
@@ -35,26 +54,35 @@ pub(super) fn attention(
         ..
     } = dims;
     let stride = dims.qkv_width();
-    // Keys transposed per kv head, `[d, t_pad]`, zero past t.
+    let bf16 = bf16 && d.is_multiple_of(tiles::BF16_VALUE_WIDTH);
+    // Keys transposed per kv head, `[d, t_pad]` (or in pairs), zero past t.
     let t_pad = t.div_ceil(tiles::TILE_WIDTH) * tiles::TILE_WIDTH;
-    keys_t.clear();
-    keys_t.resize(kv_heads * d * t_pad, 0.0);
-    for (g, kt) in keys_t.chunks_exact_mut(d * t_pad).enumerate() {
-        for (i, row) in qkv.chunks_exact(stride).enumerate() {
-            for (c, &k) in row[(heads + g) * d..][..d].iter().enumerate() {
-                kt[c * t_pad + i] = k;
+    if bf16 {
+        pair_keys_and_values(qkv, t, dims, t_pad, pairs);
+    } else {
+        keys_t.clear();
+        keys_t.resize(kv_heads * d * t_pad, 0.0);
+        for (g, kt) in keys_t.chunks_exact_mut(d * t_pad).enumerate() {
+            for (i, row) in qkv.chunks_exact(stride).enumerate() {
+                for (c, &k) in row[(heads + g) * d..][..d].iter().enumerate() {
+                    kt[c * t_pad + i] = k;
+                }
             }
         }
     }
-    let keys_t = &*keys_t;
+    let (keys_t, pairs) = (&*keys_t, &*pairs);
     let one = |hq: usize, scratch: &mut HeadScratch| {
         let g = hq / (heads / kv_heads);
-        simd::dispatch(HeadAttention {
+        let head = HeadAttention {
             qkv,
             stride,
             q_col: hq * d,
             v_col: (heads + kv_heads + g) * d,
-            keys_t: &keys_t[g * d * t_pad..][..d * t_pad],
+            keys_t: if bf16 {
+                &[]
+            } else {
+                &keys_t[g * d * t_pad..][..d * t_pad]
+            },
             t_pad,
             t,
             queries,
@@ -62,7 +90,16 @@ pub(super) fn attention(
             scale: 1.0 / (d as f32).sqrt(),
             valid,
             scratch,
-        });
+        };
+        if bf16 {
+            let keys = &pairs.keys[g * d / 2 * t_pad..][..d / 2 * t_pad];
+            let values = &pairs.values[g * t_pad / 2 * d..][..t_pad / 2 * d];
+            // SAFETY: `bf16` was asked for only where `bf16_products()` holds (AVX-512F and
+            // AVX512_BF16), and `d` is a multiple of 32.
+            unsafe { head.run_bf16(keys, values) }
+        } else {
+            simd::dispatch(head);
+        }
     };
     out.resize(queries.len() * heads * d, 0.0);
     let scatter = |hq: usize, y: &[f32], out: &mut [f32]| {
@@ -86,6 +123,35 @@ pub(super) fn attention(
         for hq in 0..heads {
             one(hq, head);
             scatter(hq, &head.out, out);
+        }
+    }
+}
+
+/// Fills `pairs` with the sequence's keys and values as bf16 pairs (see [`Bf16Keys`]).
+fn pair_keys_and_values(qkv: &[f32], t: usize, dims: Dims, t_pad: usize, pairs: &mut Bf16Keys) {
+    let (heads, kv_heads, d) = (dims.heads, dims.kv_heads, dims.head_dim);
+    let stride = dims.qkv_width();
+    pairs.keys.clear();
+    pairs.keys.resize(kv_heads * d / 2 * t_pad, 0);
+    pairs.values.clear();
+    pairs.values.resize(kv_heads * t_pad / 2 * d, 0);
+    let mut key = vec![0u32; d / 2];
+    let row = |i: usize, col: usize| &qkv[i * stride + col..][..d];
+    for g in 0..kv_heads {
+        let keys = &mut pairs.keys[g * d / 2 * t_pad..][..d / 2 * t_pad];
+        let (k_col, v_col) = ((heads + g) * d, (heads + kv_heads + g) * d);
+        for i in 0..t {
+            // SAFETY: `bf16_products()` holds (see `attention`); `key` holds d / 2 pairs.
+            unsafe { tiles::to_bf16_pairs(row(i, k_col), &mut key) };
+            for (c, &pair) in key.iter().enumerate() {
+                keys[c * t_pad + i] = pair;
+            }
+        }
+        let values = &mut pairs.values[g * t_pad / 2 * d..][..t_pad / 2 * d];
+        for (i, dst) in values.chunks_exact_mut(d).take(t.div_ceil(2)).enumerate() {
+            let next = if 2 * i + 1 < t { row(2 * i + 1, v_col) } else { &[] };
+            // SAFETY: as above; both rows and `dst` hold d values.
+            unsafe { tiles::interleave_bf16(row(2 * i, v_col), next, dst) };
         }
     }
 }
@@ -116,6 +182,7 @@ impl simd::Kernel for HeadAttention<'_> {
             queries: q,
             scores,
             out,
+            ..
         } = self.scratch;
         let m = self.queries.len();
         out.clear();
@@ -155,6 +222,80 @@ impl simd::Kernel for HeadAttention<'_> {
             }
         }
         out.truncate(m * d);
+    }
+}
+
+impl HeadAttention<'_> {
+    /// [`simd::Kernel::run`] in bf16 products, from the kv head's `keys` (`[d / 2, t_pad]`
+    /// pairs) and `values` (`[t_pad / 2, d]` pairs).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX512_BF16, and `d` be a multiple of 32.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn run_bf16(self, keys: &[u32], values: &[u32]) {
+        use tiles::{TILE_ROWS, TILE_WIDTH};
+        let (t, d, stride) = (self.t, self.d, self.stride);
+        let HeadScratch {
+            queries: q,
+            scores,
+            out,
+            query_pairs,
+            weight_pairs,
+        } = self.scratch;
+        let m = self.queries.len();
+        out.clear();
+        out.resize(m.div_ceil(TILE_ROWS) * TILE_ROWS * d, 0.0);
+        q.resize(d, 0.0);
+        query_pairs.resize(TILE_ROWS * d / 2, 0);
+        for (tile, positions) in self.queries.chunks(TILE_ROWS).enumerate() {
+            let at = |r: usize| positions[r.min(positions.len() - 1)];
+            for (r, qp) in query_pairs.chunks_exact_mut(d / 2).enumerate() {
+                for (dst, &src) in q.iter_mut().zip(&self.qkv[at(r) * stride + self.q_col..][..d]) {
+                    *dst = src * self.scale;
+                }
+                // SAFETY: this function's features; `qp` holds d / 2 pairs.
+                unsafe { tiles::to_bf16_pairs(q, qp) };
+            }
+            let seen = (0..TILE_ROWS).map(|r| at(r) + 1).max().unwrap_or(1).min(t);
+            let n = seen.div_ceil(TILE_WIDTH) * TILE_WIDTH;
+            scores.resize(TILE_ROWS * n, 0.0);
+            let rows = std::array::from_fn(|r| &query_pairs[r * d / 2..][..d / 2]);
+            // SAFETY: `keys` holds d / 2 rows of `t_pad ≥ n` pairs; `scores` TILE_ROWS · n.
+            unsafe { tiles::scores_bf16(rows, keys, self.t_pad, n, scores) };
+            let mut inv = [0f32; TILE_ROWS];
+            let pairs = seen.div_ceil(2);
+            weight_pairs.resize(TILE_ROWS * pairs, 0);
+            for (r, (row, wp)) in scores
+                .chunks_exact_mut(n)
+                .zip(weight_pairs.chunks_exact_mut(pairs))
+                .enumerate()
+            {
+                let window = (at(r) + 1).min(t);
+                let valid = self.valid.map(|v| &v[..window]);
+                inv[r] = 1.0 / crate::kernels::exp_window::<true>(&mut row[..window], valid, true);
+                row[window..].fill(0.0);
+                // SAFETY: `wp` holds ⌈seen / 2⌉ pairs of the row's first `seen ≤ n` weights.
+                unsafe { tiles::to_bf16_pairs(&row[..seen], wp) };
+            }
+            let first = tile * TILE_ROWS;
+            let y = split4(&mut out[first * d..][..TILE_ROWS * d], d);
+            let w = std::array::from_fn(|r| &weight_pairs[r * pairs..][..pairs]);
+            // SAFETY: `values` holds `t_pad / 2 ≥ pairs` rows of d pairs; d is a multiple of 32.
+            unsafe { tiles::weighted_values_bf16(w, values, pairs, y) };
+            for (y, inv) in out[first * d..][..TILE_ROWS * d].chunks_exact_mut(d).zip(inv) {
+                for y in y {
+                    *y *= inv;
+                }
+            }
+        }
+        out.truncate(m * d);
+    }
+
+    /// Never called: bf16 products are never asked for off x86-64.
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn run_bf16(self, _: &[u32], _: &[u32]) {
+        unreachable!("bf16 attention off x86-64")
     }
 }
 

@@ -24,7 +24,7 @@ mod rows;
 mod tests;
 
 use crate::kernels::weights::WeightSlice;
-use crate::kernels::{simd, KeyMask, Linear};
+use crate::kernels::{sgemm, simd, KeyMask, Linear};
 use attention::{attention, HeadScratch};
 use candle_core::{CpuStorage, Layout, Storage, Tensor};
 use rayon::prelude::*;
@@ -221,6 +221,7 @@ struct Scratch {
     attn: Vec<f32>,
     mlp: Vec<f32>,
     keys_t: Vec<f32>,
+    key_pairs: attention::Bf16Keys,
     head: HeadScratch,
 }
 
@@ -432,9 +433,12 @@ fn sequence(
                 }
             }
         }
+        // Products in bf16 for a model multiplied in bf16 (its weights bf16, the CPU able).
+        let bf16 = sgemm::multiplies_in_bf16(&l.qkv[0].0);
         let attend = |queries: &[usize], s: &mut Scratch| {
-            let (keys_t, head, attn) = (&mut s.keys_t, &mut s.head, &mut s.attn);
-            attention(&s.qkv, total, queries, dims, valid, keys_t, head, attn, shared);
+            let keys = (&mut s.keys_t, &mut s.key_pairs);
+            let (head, attn) = (&mut s.head, &mut s.attn);
+            attention(&s.qkv, total, queries, dims, valid, keys, head, attn, shared, bf16);
         };
         match (read, selected.as_deref_mut()) {
             (Some(rows), Some(sel)) if li == last => {
