@@ -297,6 +297,7 @@ pub unsafe fn interleave_bf16(a: &[f32], b: &[f32], dst: &mut [u32]) {
 /// `(d / 2 − 1) · stride + n` values and `scores` `TILE_ROWS · n`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::needless_range_loop)] // pair c of four query rows at once
 pub unsafe fn scores_bf16(q: [&[u32]; TILE_ROWS], kp: &[u32], stride: usize, n: usize, scores: &mut [f32]) {
     use std::arch::x86_64::*;
     let pairs = q[0].len();
