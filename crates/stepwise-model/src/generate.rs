@@ -306,13 +306,18 @@ impl<'a> Decoding<'a> {
             let ids = Tensor::new(self.next.as_slice(), &self.model.device)?.unsqueeze(1)?;
             let h = self.model.hidden(&ids, None, Some(&mut self.cache))?;
             let logits = last_logits(self.model, &h)?.to_vec2::<f32>()?;
-            for ((next, row), l) in self.next.iter_mut().zip(&mut self.rows).zip(&logits) {
-                let p = &self.requests[row.request]
-                    .as_ref()
-                    .expect("a live row's request")
-                    .params;
-                *next = sample_token(l, p, &mut row.rng);
-            }
+            // Each row draws from its own generator, so the rows sample in parallel (a large
+            // vocabulary's sort and softmax are a real share of a decoding step).
+            use rayon::prelude::*;
+            let requests = &self.requests;
+            self.next
+                .par_iter_mut()
+                .zip(self.rows.par_iter_mut())
+                .zip(logits.par_iter())
+                .for_each(|((next, row), l)| {
+                    let p = &requests[row.request].as_ref().expect("a live row's request").params;
+                    *next = sample_token(l, p, &mut row.rng);
+                });
         }
         if self.is_idle() {
             self.requests.clear();

@@ -428,52 +428,58 @@ impl CustomOp2 for StreamedMatmul {
         if k != k2 {
             candle_core::bail!("streamed-matmul: inner sizes differ ({k} vs {k2})");
         }
-        // `[n, m]` first (each task owns whole weight rows), then transposed to `[m, n]`.
-        let mut yt = vec![0f32; n * m];
-        // A block of weight rows against every input row: bf16 rows widened in registers, f16
-        // rows WIDENED_ROWS at a time (reading half the bytes of f32 is what makes them faster).
-        // In bf16 products (see `sgemm::bf16_products`): the input rows as bf16 pairs, once.
-        let pairs: Option<Vec<u32>> = matches!(w, WeightSlice::Bf16(_) if super::sgemm::bf16_products()).then(|| {
-            let mut pairs = vec![0u32; m * k.div_ceil(2)];
-            for (row, dst) in x.chunks_exact(k).zip(pairs.chunks_exact_mut(k.div_ceil(2))) {
-                // SAFETY: bf16_products() holds (AVX-512F and AVX512_BF16); `dst` holds ⌈k / 2⌉.
-                unsafe { super::tiles::to_bf16_pairs(row, dst) };
-            }
-            pairs
-        });
-        let dots = |out: &mut [f32], w: WeightSlice| match (w, &pairs) {
-            #[cfg(target_arch = "x86_64")]
-            (WeightSlice::Bf16(w), Some(pairs)) => {
-                // SAFETY: `pairs` exist only where bf16_products() holds; rows of ⌈k / 2⌉ pairs.
-                each_pair(w, k, pairs, k.div_ceil(2), out, |w, x| unsafe { dot_2x4_bf16(w, x) })
-            }
-            (WeightSlice::F32(_) | WeightSlice::Bf16(_), _) => simd::dispatch(Dots { x, w, k, out }),
-            (WeightSlice::F16(_), _) => w.for_each_f32_block(w.len() / k, WIDENED_ROWS, |first, w| {
-                let rows = w.len() / k;
-                simd::dispatch(Dots {
-                    x,
-                    w: WeightSlice::F32(w),
-                    k,
-                    out: &mut out[first * m..(first + rows) * m],
-                })
-            }),
-        };
-        if m * n * k < super::PARALLEL_MIN_WORK {
-            dots(&mut yt, w);
-        } else {
-            let block = 64.max(n.div_ceil(8 * rayon::current_num_threads()).next_multiple_of(2));
-            yt.par_chunks_mut(block * m)
-                .enumerate()
-                .for_each(|(i, out)| dots(out, w.slice(i * block * k..((i + 1) * block).min(n) * k)));
-        }
-        let mut y = vec![0f32; m * n];
-        for (j, col) in yt.chunks_exact(m).enumerate() {
-            for (i, &v) in col.iter().enumerate() {
-                y[i * n + j] = v;
-            }
-        }
-        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+        Ok((CpuStorage::F32(streamed_matmul(x, (m, n, k), w)), Shape::from((m, n))))
     }
+}
+
+/// `x [m, k] · w [n, k]ᵀ` as `[m, n]` by the weight-streaming kernels: each weight row read once
+/// and dotted with every row of `x` (few rows: decoding, short prompts).
+pub(crate) fn streamed_matmul(x: &[f32], (m, n, k): (usize, usize, usize), w: WeightSlice) -> Vec<f32> {
+    // `[n, m]` first (each task owns whole weight rows), then transposed to `[m, n]`.
+    let mut yt = vec![0f32; n * m];
+    // A block of weight rows against every input row: bf16 rows widened in registers, f16
+    // rows WIDENED_ROWS at a time (reading half the bytes of f32 is what makes them faster).
+    // In bf16 products (see `sgemm::bf16_products`): the input rows as bf16 pairs, once.
+    let pairs: Option<Vec<u32>> = matches!(w, WeightSlice::Bf16(_) if super::sgemm::bf16_products()).then(|| {
+        let mut pairs = vec![0u32; m * k.div_ceil(2)];
+        for (row, dst) in x.chunks_exact(k).zip(pairs.chunks_exact_mut(k.div_ceil(2))) {
+            // SAFETY: bf16_products() holds (AVX-512F and AVX512_BF16); `dst` holds ⌈k / 2⌉.
+            unsafe { super::tiles::to_bf16_pairs(row, dst) };
+        }
+        pairs
+    });
+    let dots = |out: &mut [f32], w: WeightSlice| match (w, &pairs) {
+        #[cfg(target_arch = "x86_64")]
+        (WeightSlice::Bf16(w), Some(pairs)) => {
+            // SAFETY: `pairs` exist only where bf16_products() holds; rows of ⌈k / 2⌉ pairs.
+            each_pair(w, k, pairs, k.div_ceil(2), out, |w, x| unsafe { dot_2x4_bf16(w, x) })
+        }
+        (WeightSlice::F32(_) | WeightSlice::Bf16(_), _) => simd::dispatch(Dots { x, w, k, out }),
+        (WeightSlice::F16(_), _) => w.for_each_f32_block(w.len() / k, WIDENED_ROWS, |first, w| {
+            let rows = w.len() / k;
+            simd::dispatch(Dots {
+                x,
+                w: WeightSlice::F32(w),
+                k,
+                out: &mut out[first * m..(first + rows) * m],
+            })
+        }),
+    };
+    if m * n * k < super::PARALLEL_MIN_WORK {
+        dots(&mut yt, w);
+    } else {
+        let block = 64.max(n.div_ceil(8 * rayon::current_num_threads()).next_multiple_of(2));
+        yt.par_chunks_mut(block * m)
+            .enumerate()
+            .for_each(|(i, out)| dots(out, w.slice(i * block * k..((i + 1) * block).min(n) * k)));
+    }
+    let mut y = vec![0f32; m * n];
+    for (j, col) in yt.chunks_exact(m).enumerate() {
+        for (i, &v) in col.iter().enumerate() {
+            y[i * n + j] = v;
+        }
+    }
+    y
 }
 
 /// `x [m, k] · w [n, k]ᵀ → [m, n]` in [`super::sgemm`]'s tiles (AVX-512), a block of weight
