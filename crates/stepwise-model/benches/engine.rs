@@ -85,6 +85,27 @@ fn generation(model: &Model) -> anyhow::Result<f64> {
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
+/// `sample_token` at temperature 0.8 on a row of Qwen2.5's 151,936 logits: `peaked` like a
+/// trained model's (a bulk within ±3, one token in a thousand 28 above it), else the bulk alone
+/// (a random model's): milliseconds a row.
+fn sampling(peaked: bool) -> f64 {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let logits: Vec<f32> = (0..151_936)
+        .map(|i| (rng.random::<f32>() - 0.5) * 6.0 + if peaked && i % 1000 == 0 { 28.0 } else { 0.0 })
+        .collect();
+    let p = SamplingParams {
+        temperature: 0.8,
+        ..Default::default()
+    };
+    let rows = 200;
+    let t = Instant::now();
+    for _ in 0..rows {
+        std::hint::black_box(stepwise_model::generate::sample_token(&logits, &p, &mut rng));
+    }
+    t.elapsed().as_secs_f64() * 1e3 / rows as f64
+}
+
 /// Optimiser steps of the LM objective on a lab-sized model (`hidden`, `layers`, vocabulary 100,
 /// 60-token sequences): trained tokens/s at each batch size.
 fn training(hidden: usize, layers: usize, batch: usize) -> anyhow::Result<f64> {
@@ -263,7 +284,7 @@ impl candle_nn::var_builder::SimpleBackend for RandomBf16 {
     }
 }
 
-/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|training|search] [--big]`
+/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|training|search|sampling] [--big]`
 /// (no section name: all of them).
 fn wanted(section: &str) -> bool {
     let names: Vec<String> = std::env::args()
@@ -308,6 +329,19 @@ fn main() -> anyhow::Result<()> {
                     training(h, l, b)?
                 );
             }
+        }
+    }
+    if wanted("sampling") {
+        for peaked in [true, false] {
+            println!(
+                "sampling 151,936 logits ({}): {:.3} ms a row",
+                if peaked {
+                    "peaked, as a trained model's"
+                } else {
+                    "flat, as a random model's"
+                },
+                sampling(peaked)
+            );
         }
     }
     if std::env::args().any(|a| a == "--big") {

@@ -42,22 +42,74 @@ impl Default for SamplingParams {
     }
 }
 
-/// Pick a token from one row of logits.
+/// Pick a token from one row of logits: greedy at temperature 0, else a draw from the softmax at
+/// the temperature (within the `top_k` most likely and the smallest set holding `top_p` of the
+/// mass, when set), walking the tokens from the most likely down.
 pub fn sample_token(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
-    let argmax = || {
-        logits
+    if p.temperature <= 0.0 {
+        return logits
             .iter()
             .enumerate()
             .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
-            .0 as u32
-    };
-    if p.temperature <= 0.0 {
-        return argmax();
+            .0 as u32;
     }
-    let mut idx = descending_order(logits, p.top_k);
+    let r: f32 = rng.random();
+    draw_among_likely(logits, p, r)
+        .or_else(|| draw(logits, p, r, &descending_order(logits, 0..logits.len(), p.top_k), None))
+        .expect("a draw over the whole order always picks a token")
+}
+
+/// Logits this far below the largest, times the temperature, weigh less than `exp(-20)`, under
+/// half a unit in the last place of a softmax normaliser (which is at least 1).
+const NEGLIGIBLE: f32 = 20.0;
+
+/// [`sample_token`]'s draw `r` from the tokens whose logits lie within [`NEGLIGIBLE`] ×
+/// temperature of the largest, sorted alone: what the whole order gives, bit for bit, or `None`
+/// where that cannot be shown (few tokens left out, non-finite logits, or a draw reaching past
+/// them). A trained model puts most of a 151,936-token vocabulary far below its top tokens.
+fn draw_among_likely(logits: &[f32], p: &SamplingParams, r: f32) -> Option<u32> {
+    if logits.iter().any(|x| !x.is_finite()) {
+        return None;
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let floor = max - NEGLIGIBLE * p.temperature;
+    let likely: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] >= floor).collect();
+    if likely.len() * 4 > logits.len() {
+        return None;
+    }
+    let rest = logits
+        .iter()
+        .copied()
+        .filter(|&x| x < floor)
+        .fold(f32::NEG_INFINITY, f32::max);
+    draw(
+        logits,
+        p,
+        r,
+        &descending_order(logits, likely.into_iter(), 0),
+        Some(rest),
+    )
+}
+
+/// The draw `r` among the ids `idx`, in descending logit order: all of them, or (`rest`: the
+/// largest logit after them) the leading part of the whole order, in which case `None` when the
+/// part does not decide the draw as the whole order would.
+fn draw(logits: &[f32], p: &SamplingParams, mut r: f32, idx: &[usize], rest: Option<f32>) -> Option<u32> {
+    let (mut idx, rest) = match p.top_k {
+        k if k > 0 && k <= idx.len() => (&idx[..k], None),
+        _ => (idx, rest),
+    };
     let max = logits[idx[0]];
-    let mut probs: Vec<f32> = idx.iter().map(|&i| ((logits[i] - max) / p.temperature).exp()).collect();
+    let weight = |logit: f32| ((logit - max) / p.temperature).exp();
+    let mut probs: Vec<f32> = idx.iter().map(|&i| weight(logits[i])).collect();
     let total: f32 = probs.iter().sum();
+    // The whole order adds the later weights to `total` one by one, largest first: when the
+    // largest changes nothing, no later one does (rounding is monotonic), and `total` is exact.
+    // (Below `NEGLIGIBLE` this holds by construction, as `total` ≥ 1; checked all the same.)
+    if rest.is_some_and(|next| total + weight(next) != total) {
+        return None;
+    }
+    let mut complete = rest.is_none();
     probs.iter_mut().for_each(|x| *x /= total);
     if p.top_p < 1.0 {
         let mut acc = 0.0;
@@ -65,33 +117,35 @@ pub fn sample_token(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) ->
             acc += x;
             acc >= p.top_p
         });
-        let keep = keep.map_or(probs.len(), |k| k + 1);
+        let keep = match keep {
+            Some(k) => k + 1,
+            None if complete => probs.len(),
+            None => return None,
+        };
         probs.truncate(keep);
-        idx.truncate(keep);
+        idx = &idx[..keep];
+        complete = true;
         let total: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= total);
     }
-    let mut r: f32 = rng.random();
     for (k, &pr) in probs.iter().enumerate() {
         if r < pr {
-            return idx[k] as u32;
+            return Some(idx[k] as u32);
         }
         r -= pr;
     }
-    idx[probs.len() - 1] as u32
+    complete.then(|| idx[probs.len() - 1] as u32)
 }
 
-/// The token ids by descending logit (in `f32::total_cmp`'s order, equal logits by ascending
-/// id), the first `top_k` only when it is not 0. Each id is sorted as one 64-bit key (the logit's
+/// The token ids `ids` by descending logit (in `f32::total_cmp`'s order, equal logits by
+/// ascending id), the first `top_k` only when it is not 0. Each id is sorted as one 64-bit key (the logit's
 /// order-preserving bits above the id): a radix sort for a real vocabulary (a comparison sort of
 /// 151,936 ids through their logits took milliseconds a row, most of a decoding step's time),
 /// a selection first when only the top k are wanted.
-fn descending_order(logits: &[f32], top_k: usize) -> Vec<usize> {
-    let mut keys: Vec<u64> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| {
-            let bits = x.to_bits();
+fn descending_order(logits: &[f32], ids: impl Iterator<Item = usize>, top_k: usize) -> Vec<usize> {
+    let mut keys: Vec<u64> = ids
+        .map(|i| {
+            let bits = logits[i].to_bits();
             // Ascending in total_cmp's order as unsigned integers; inverted for descending.
             let ascending = if bits >> 31 == 1 { !bits } else { bits | 1 << 31 };
             u64::from(!ascending) << 32 | i as u64
@@ -355,11 +409,86 @@ mod tests {
             }
             for top_k in [0, 1, 50, n] {
                 assert_eq!(
-                    descending_order(&logits, top_k),
+                    descending_order(&logits, 0..n, top_k),
                     by_comparison(&logits, top_k),
                     "{n} ids, top {top_k}"
                 );
             }
         }
+    }
+
+    /// The draw as it was written before any shortcut: the whole vocabulary sorted by
+    /// comparison, the softmax over it, the walk from the top.
+    fn reference_draw(logits: &[f32], p: &SamplingParams, mut r: f32) -> u32 {
+        let mut idx = by_comparison(logits, p.top_k);
+        let max = logits[idx[0]];
+        let mut probs: Vec<f32> = idx.iter().map(|&i| ((logits[i] - max) / p.temperature).exp()).collect();
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= total);
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let keep = probs.iter().position(|&x| {
+                acc += x;
+                acc >= p.top_p
+            });
+            let keep = keep.map_or(probs.len(), |k| k + 1);
+            probs.truncate(keep);
+            idx.truncate(keep);
+            let total: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|x| *x /= total);
+        }
+        for (k, &pr) in probs.iter().enumerate() {
+            if r < pr {
+                return idx[k] as u32;
+            }
+            r -= pr;
+        }
+        idx[probs.len() - 1] as u32
+    }
+
+    /// Sampling draws exactly the token of the whole-vocabulary reference, for peaked logits
+    /// (where only the likely tokens are sorted) and flat ones, every temperature, top-k and
+    /// top-p, including draws at the very top of the unit interval.
+    #[test]
+    fn sampling_draws_what_the_whole_order_draws() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut shortcut = 0;
+        for case in 0..30 {
+            let n = [50, 5000, 151_936][case % 3];
+            let peaked = case % 2 == 0;
+            let logits: Vec<f32> = (0..n)
+                .map(|i| {
+                    let bulk = (rng.random::<f32>() - 0.5) * 6.0;
+                    if peaked && i % 997 == 0 {
+                        bulk + 28.0
+                    } else {
+                        bulk
+                    }
+                })
+                .collect();
+            for (temperature, top_k, top_p) in [
+                (0.8, 0, 1.0),
+                (0.3, 0, 0.9),
+                (1.5, 20, 1.0),
+                (1.0, 3, 0.5),
+                (0.7, n, 1.0),
+            ] {
+                let p = SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    ..Default::default()
+                };
+                for r in [0.0, rng.random::<f32>(), rng.random::<f32>(), 0.999_999_9] {
+                    let want = reference_draw(&logits, &p, r);
+                    shortcut += usize::from(draw_among_likely(&logits, &p, r).is_some());
+                    let got = draw_among_likely(&logits, &p, r)
+                        .or_else(|| draw(&logits, &p, r, &descending_order(&logits, 0..n, top_k), None))
+                        .unwrap();
+                    assert_eq!(got, want, "{n} logits, peaked {peaked}, {p:?}, r {r}");
+                }
+            }
+        }
+        assert!(shortcut > 50, "the shortcut decided only {shortcut} draws");
     }
 }
