@@ -419,17 +419,29 @@ impl CustomOp2 for StreamedMatmul {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = super::f32_slice(xs, xl, "streamed-matmul")?;
-        let w = WeightSlice::from_storage(ws, wl).ok_or_else(|| {
-            candle_core::Error::Msg("streamed-matmul: the weight must be contiguous f32, bf16 or f16".into())
-        })?;
-        let (m, k) = xl.shape().dims2()?;
-        let (n, k2) = wl.shape().dims2()?;
-        if k != k2 {
-            candle_core::bail!("streamed-matmul: inner sizes differ ({k} vs {k2})");
-        }
+        let (x, w, (m, n, k)) = operands(self.name(), (xs, xl), (ws, wl))?;
         Ok((CpuStorage::F32(streamed_matmul(x, (m, n, k), w)), Shape::from((m, n))))
     }
+}
+
+/// A product op's operands: `x` `[m, k]` in f32, a contiguous weight `[n, k]`, and `(m, n, k)`.
+type Operands<'a> = (&'a [f32], WeightSlice<'a>, (usize, usize, usize));
+
+/// The operands of a product op; errors name the op (`name`).
+fn operands<'a>(
+    name: &str,
+    (xs, xl): (&'a CpuStorage, &Layout),
+    (ws, wl): (&'a CpuStorage, &Layout),
+) -> candle_core::Result<Operands<'a>> {
+    let x = super::f32_slice(xs, xl, name)?;
+    let w = WeightSlice::from_storage(ws, wl)
+        .ok_or_else(|| candle_core::Error::Msg(format!("{name}: the weight must be contiguous f32, bf16 or f16")))?;
+    let (m, k) = xl.shape().dims2()?;
+    let (n, k2) = wl.shape().dims2()?;
+    if k != k2 {
+        candle_core::bail!("{name}: inner sizes differ ({k} vs {k2})");
+    }
+    Ok((x, w, (m, n, k)))
 }
 
 /// `x [m, k] · w [n, k]ᵀ` as `[m, n]` by the weight-streaming kernels: each weight row read once
@@ -498,34 +510,10 @@ impl CustomOp2 for TiledMatmul {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = super::f32_slice(xs, xl, "tiled-matmul")?;
-        let w = WeightSlice::from_storage(ws, wl).ok_or_else(|| {
-            candle_core::Error::Msg("tiled-matmul: the weight must be contiguous f32, bf16 or f16".into())
-        })?;
-        let (m, k) = xl.shape().dims2()?;
-        let (n, k2) = wl.shape().dims2()?;
-        if k != k2 {
-            candle_core::bail!("tiled-matmul: inner sizes differ ({k} vs {k2})");
-        }
-        // Each task's block of output columns as `[m, block]`, then placed into `[m, n]`.
-        let block = 64.max(n.div_ceil(4 * rayon::current_num_threads()));
-        let blocks: Vec<Vec<f32>> = (0..n.div_ceil(block))
-            .into_par_iter()
-            .map(|b| {
-                let cols = block.min(n - b * block);
-                let mut out = vec![0f32; m * cols];
-                let w = w.slice(b * block * k..(b * block + cols) * k);
-                super::sgemm::matmul_t(&mut out, cols, x, k, w, (m, cols, k), false);
-                out
-            })
-            .collect();
+        let (x, w, (m, n, k)) = operands(self.name(), (xs, xl), (ws, wl))?;
         let mut y = vec![0f32; m * n];
-        for (b, out) in blocks.iter().enumerate() {
-            let cols = out.len() / m.max(1);
-            for (dst, src) in y.chunks_exact_mut(n).zip(out.chunks_exact(cols.max(1))) {
-                dst[b * block..][..cols].copy_from_slice(src);
-            }
-        }
+        let tasks = 4 * rayon::current_num_threads();
+        super::sgemm::matmul_t_by_columns(&mut y, n, x, k, w, (m, n, k), false, tasks);
         Ok((CpuStorage::F32(y), Shape::from((m, n))))
     }
 }

@@ -134,6 +134,51 @@ pub(crate) fn matmul_t(
     }
 }
 
+/// [`matmul_t`] as `tasks` parallel tasks, each taking a block of the weight's rows (output
+/// columns) in a buffer of its own (a copy of its block of `dst` when `accumulate`), then placed
+/// into `dst`: every value is what one thread's tiles compute. For products with too few rows
+/// to split by rows (short prompts, decoding batches past the streaming kernel's 16 rows).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_t_by_columns(
+    dst: &mut [f32],
+    dst_stride: usize,
+    a: &[f32],
+    a_stride: usize,
+    w: WeightSlice,
+    (m, n, k): (usize, usize, usize),
+    accumulate: bool,
+    tasks: usize,
+) {
+    use rayon::prelude::*;
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Whole tiles per block.
+    let block = n.div_ceil(tasks.max(1)).next_multiple_of(COLS);
+    let data = &*dst;
+    let blocks: Vec<Vec<f32>> = (0..n.div_ceil(block))
+        .into_par_iter()
+        .map(|b| {
+            let cols = block.min(n - b * block);
+            let mut out = vec![0f32; m * cols];
+            if accumulate {
+                for (o, row) in out.chunks_exact_mut(cols).zip(data.chunks(dst_stride)) {
+                    o.copy_from_slice(&row[b * block..][..cols]);
+                }
+            }
+            let w = w.slice(b * block * k..(b * block + cols) * k);
+            matmul_t(&mut out, cols, a, a_stride, w, (m, cols, k), accumulate);
+            out
+        })
+        .collect();
+    for (b, out) in blocks.iter().enumerate() {
+        let cols = out.len() / m;
+        for (row, src) in dst.chunks_mut(dst_stride).zip(out.chunks_exact(cols)) {
+            row[b * block..][..cols].copy_from_slice(src);
+        }
+    }
+}
+
 /// [`matmul_t`] in f32 products, a bf16/f16 weight widened a chunk at a time.
 fn matmul_t_widened(
     dst: &mut [f32],

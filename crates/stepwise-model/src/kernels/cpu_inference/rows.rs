@@ -69,7 +69,8 @@ pub(super) fn matmul_t(
         let per_thread = m.div_ceil(threads.max(1));
         if threads > 1 && per_thread < MIN_ROWS_PER_THREAD && sgemm::suits(k, &w) {
             // Too few rows to split (a short prompt): a block of the weight's rows each.
-            return by_column_blocks(dst, a, a_stride, w, accumulate, threads);
+            let (stride, n) = (dst.stride, dst.width);
+            return sgemm::matmul_t_by_columns(dst.data, stride, a, a_stride, w, (m, n, k), accumulate, threads);
         }
         if threads > 1 && per_thread >= MIN_ROWS_PER_THREAD {
             use rayon::prelude::*;
@@ -102,40 +103,6 @@ pub(super) fn matmul_t(
             parallelism,
         )
     });
-}
-
-/// [`matmul_t`] in [`sgemm`]'s tiles with `threads` tasks, each taking a block of the weight's
-/// rows (output columns) in a buffer of its own (a copy of its block of `dst` when
-/// `accumulate`), then placed into `dst`: every value is what one thread's tiles compute.
-fn by_column_blocks(dst: Rows, a: &[f32], a_stride: usize, w: WeightSlice, accumulate: bool, threads: usize) {
-    use rayon::prelude::*;
-    let n = dst.width;
-    let k = w.len() / n;
-    let m = dst.data.len().checked_sub(n).map_or(0, |rest| rest / dst.stride + 1);
-    // Whole tiles of twelve columns per block.
-    let block = n.div_ceil(threads).next_multiple_of(12);
-    let data = &*dst.data;
-    let blocks: Vec<Vec<f32>> = (0..n.div_ceil(block))
-        .into_par_iter()
-        .map(|b| {
-            let cols = block.min(n - b * block);
-            let mut out = vec![0f32; m * cols];
-            if accumulate {
-                for (o, row) in out.chunks_exact_mut(cols).zip(data.chunks(dst.stride)) {
-                    o.copy_from_slice(&row[b * block..][..cols]);
-                }
-            }
-            let w = w.slice(b * block * k..(b * block + cols) * k);
-            sgemm::matmul_t(&mut out, cols, a, a_stride, w, (m, cols, k), accumulate);
-            out
-        })
-        .collect();
-    for (b, out) in blocks.iter().enumerate() {
-        let cols = out.len() / m;
-        for (row, src) in dst.data.chunks_mut(dst.stride).zip(out.chunks_exact(cols)) {
-            row[b * block..][..cols].copy_from_slice(src);
-        }
-    }
 }
 
 /// [`matmul_t`] by gemm for an f32 weight `[n, k]` into `m` rows of `dst` (`stride` apart, `n`
