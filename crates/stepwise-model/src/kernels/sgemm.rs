@@ -189,7 +189,6 @@ fn matmul_t_widened(
     (m, n, k): (usize, usize, usize),
     accumulate: bool,
 ) {
-    let panels = m.div_ceil(PANEL);
     let dst_ptr = dst.as_mut_ptr();
     let with_packed = |packed: &mut Vec<f32>, widened: &mut Vec<f32>| {
         for k0 in (0..k).step_by(DEPTH) {
@@ -213,28 +212,15 @@ fn matmul_t_widened(
                         (widened, depth, 0)
                     }
                 };
-                for p in 0..panels {
+                for_each_tile((m, n), c0..chunk_end, (dst_ptr, dst_stride, add), |p, j0, out| {
                     let panel = &packed[p * PANEL * depth..][..PANEL * depth];
-                    let rows = PANEL.min(m - p * PANEL);
-                    for j0 in (c0..chunk_end).step_by(COLS) {
-                        let cols = COLS.min(n - j0);
-                        // Past the last weight row the tile repeats it; those columns are dropped.
-                        let w_rows: [&[f32]; COLS] =
-                            std::array::from_fn(|c| &rows_of[start + (j0 - c0 + c.min(cols - 1)) * stride..][..depth]);
-                        let out = Out {
-                            // SAFETY: row `p · PANEL` < m and column `j0` < n lie inside `dst`.
-                            at: unsafe { dst_ptr.add(p * PANEL * dst_stride + j0) },
-                            stride: dst_stride,
-                            rows,
-                            cols,
-                            add,
-                        };
-                        // SAFETY: `available()` was asserted; the panel and every weight row
-                        // hold `depth` steps; `out` covers rows < m and columns < n of `dst`,
-                        // whose length was asserted.
-                        unsafe { tile(depth, panel, &w_rows, out) };
-                    }
-                }
+                    // Past the last weight row the tile repeats it; those columns are dropped.
+                    let w_rows: [&[f32]; COLS] =
+                        std::array::from_fn(|c| &rows_of[start + (j0 - c0 + c.min(out.cols - 1)) * stride..][..depth]);
+                    // SAFETY: `available()` was asserted; the panel and every weight row hold
+                    // `depth` steps; `out` covers rows < m and columns < n of `dst`.
+                    unsafe { tile(depth, panel, &w_rows, out) };
+                });
             }
         }
     };
@@ -257,7 +243,6 @@ fn matmul_t_bf16(
     (m, n, k): (usize, usize, usize),
     accumulate: bool,
 ) {
-    let panels = m.div_ceil(PANEL);
     let dst_ptr = dst.as_mut_ptr();
     let with_packed = |packed: &mut Vec<u32>| {
         for k0 in (0..k).step_by(DEPTH) {
@@ -267,27 +252,15 @@ fn matmul_t_bf16(
             let add = accumulate || k0 > 0;
             for c0 in (0..n).step_by(CHUNK) {
                 let chunk_end = n.min(c0 + CHUNK);
-                for p in 0..panels {
+                for_each_tile((m, n), c0..chunk_end, (dst_ptr, dst_stride, add), |p, j0, out| {
                     let panel = &packed[p * PANEL * pairs..][..PANEL * pairs];
-                    let rows = PANEL.min(m - p * PANEL);
-                    for j0 in (c0..chunk_end).step_by(COLS) {
-                        let cols = COLS.min(n - j0);
-                        let w_rows: [&[bf16]; COLS] =
-                            std::array::from_fn(|c| &w[(j0 + c.min(cols - 1)) * k + k0..][..depth]);
-                        let out = Out {
-                            // SAFETY: as in `matmul_t`.
-                            at: unsafe { dst_ptr.add(p * PANEL * dst_stride + j0) },
-                            stride: dst_stride,
-                            rows,
-                            cols,
-                            add,
-                        };
-                        // SAFETY: `bf16_products()` held (AVX-512F and AVX512_BF16); the panel
-                        // holds `pairs` steps and every weight row `depth` values; `out` as in
-                        // `matmul_t`.
-                        unsafe { tile_bf16(depth, panel, &w_rows, out) };
-                    }
-                }
+                    let w_rows: [&[bf16]; COLS] =
+                        std::array::from_fn(|c| &w[(j0 + c.min(out.cols - 1)) * k + k0..][..depth]);
+                    // SAFETY: `bf16_products()` held (AVX-512F and AVX512_BF16); the panel holds
+                    // `pairs` steps and every weight row `depth` values; `out` covers rows < m and
+                    // columns < n of `dst`.
+                    unsafe { tile_bf16(depth, panel, &w_rows, out) };
+                });
             }
         }
     };
@@ -295,6 +268,31 @@ fn matmul_t_bf16(
         Ok(mut packed) => with_packed(&mut packed),
         Err(_) => with_packed(&mut Vec::new()),
     });
+}
+
+/// `tile(p, j0, out)` for every panel `p` of [`PANEL`] rows of the `m` and every tile of
+/// [`COLS`] columns from `j0` in the chunk `cols` (of `n`): `out` is the tile's window of the
+/// output at `dst` (rows `stride` apart), written over or (`add`) added to.
+fn for_each_tile(
+    (m, n): (usize, usize),
+    cols: std::ops::Range<usize>,
+    (dst, stride, add): (*mut f32, usize, bool),
+    mut tile: impl FnMut(usize, usize, Out),
+) {
+    for p in 0..m.div_ceil(PANEL) {
+        for j0 in cols.clone().step_by(COLS) {
+            let out = Out {
+                // SAFETY: row `p · PANEL` < m and column `j0` < n lie inside the output, whose
+                // length `matmul_t` asserted.
+                at: unsafe { dst.add(p * PANEL * stride + j0) },
+                stride,
+                rows: PANEL.min(m - p * PANEL),
+                cols: COLS.min(n - j0),
+                add,
+            };
+            tile(p, j0, out);
+        }
+    }
 }
 
 /// Where a tile's results go: `rows` × `cols` values from `at`, rows `stride` apart, written
