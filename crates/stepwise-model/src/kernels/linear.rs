@@ -477,22 +477,38 @@ pub(crate) fn streamed_matmul(x: &[f32], (m, n, k): (usize, usize, usize), w: We
             })
         }),
     };
+    let mut y = vec![0f32; m * n];
+    // Each task transposes its own block of columns into `y` (a pass over the whole output on
+    // one thread was a sequential share of every decoding step).
+    let place = |first: usize, block: &[f32], y: Output| {
+        for (j, col) in block.chunks_exact(m).enumerate() {
+            for (i, &v) in col.iter().enumerate() {
+                // SAFETY: `i < m` and `first + j < n` lie in `y`; tasks own disjoint columns.
+                unsafe { *y.0.add(i * n + first + j) = v };
+            }
+        }
+    };
+    let out = Output(y.as_mut_ptr());
     if m * n * k < super::PARALLEL_MIN_WORK {
         dots(&mut yt, w);
+        place(0, &yt, out);
     } else {
         let block = 64.max(n.div_ceil(8 * rayon::current_num_threads()).next_multiple_of(2));
-        yt.par_chunks_mut(block * m)
-            .enumerate()
-            .for_each(|(i, out)| dots(out, w.slice(i * block * k..((i + 1) * block).min(n) * k)));
-    }
-    let mut y = vec![0f32; m * n];
-    for (j, col) in yt.chunks_exact(m).enumerate() {
-        for (i, &v) in col.iter().enumerate() {
-            y[i * n + j] = v;
-        }
+        yt.par_chunks_mut(block * m).enumerate().for_each(|(i, part)| {
+            dots(part, w.slice(i * block * k..((i + 1) * block).min(n) * k));
+            place(i * block, part, out);
+        });
     }
     y
 }
+
+/// The output of [`streamed_matmul`], written by its tasks at disjoint positions.
+#[derive(Clone, Copy)]
+struct Output(*mut f32);
+// SAFETY: the tasks write disjoint elements (their own columns) of one live allocation, which
+// outlives them (`for_each` returns only after every task).
+unsafe impl Send for Output {}
+unsafe impl Sync for Output {}
 
 /// `x [m, k] · w [n, k]ᵀ → [m, n]` in [`super::sgemm`]'s tiles (AVX-512), a block of weight
 /// rows per task: for a narrow (bf16/f16) weight and more rows than [`StreamedMatmul`] takes.
