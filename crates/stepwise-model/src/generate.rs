@@ -68,20 +68,23 @@ const NEGLIGIBLE: f32 = 20.0;
 /// where that cannot be shown (few tokens left out, non-finite logits, or a draw reaching past
 /// them). A trained model puts most of a 151,936-token vocabulary far below its top tokens.
 fn draw_among_likely(logits: &[f32], p: &SamplingParams, r: f32) -> Option<u32> {
-    if logits.iter().any(|x| !x.is_finite()) {
-        return None;
-    }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = logits
+        .iter()
+        .try_fold(f32::NEG_INFINITY, |m, &x| x.is_finite().then(|| m.max(x)))?;
     let floor = max - NEGLIGIBLE * p.temperature;
-    let likely: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] >= floor).collect();
+    // The likely ids, and the largest logit of the rest.
+    let mut likely = Vec::new();
+    let mut rest = f32::NEG_INFINITY;
+    for (i, &x) in logits.iter().enumerate() {
+        if x >= floor {
+            likely.push(i);
+        } else {
+            rest = rest.max(x);
+        }
+    }
     if likely.len() * 4 > logits.len() {
         return None;
     }
-    let rest = logits
-        .iter()
-        .copied()
-        .filter(|&x| x < floor)
-        .fold(f32::NEG_INFINITY, f32::max);
     draw(
         logits,
         p,

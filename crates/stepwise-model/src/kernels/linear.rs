@@ -60,22 +60,18 @@ impl Linear {
         let (out, inp) = self.weight.dims2()?;
         let lead = &x.dims()[..x.rank() - 1];
         let rows: usize = lead.iter().product();
-        let streamed = !differentiable
+        // Inference on f32 rows on the CPU: the product ops below apply.
+        let ops = !differentiable && x.device().is_cpu() && x.dtype() == DType::F32;
+        let narrow = matches!(self.weight.dtype(), DType::BF16 | DType::F16);
+        let streamed = ops
             && rows <= MAX_STREAMED_ROWS
             && inp >= MIN_STREAMED_DEPTH
-            && x.device().is_cpu()
-            && x.dtype() == DType::F32
-            && matches!(self.weight.dtype(), DType::F32 | DType::BF16 | DType::F16);
+            && (narrow || self.weight.dtype() == DType::F32);
         let y2 = if streamed {
             x.reshape((rows, inp))?
                 .contiguous()?
                 .apply_op2_no_bwd(&self.weight.contiguous()?, &StreamedMatmul)?
-        } else if !differentiable
-            && x.device().is_cpu()
-            && x.dtype() == DType::F32
-            && matches!(self.weight.dtype(), DType::BF16 | DType::F16)
-            && super::sgemm::available()
-        {
+        } else if ops && narrow && super::sgemm::available() {
             // More rows than the streaming kernel takes, with a bf16/f16 weight: the AVX-512
             // tiles, which read it as it is held (never a widened copy of the whole matrix).
             x.reshape((rows, inp))?

@@ -215,11 +215,7 @@ impl simd::Kernel for HeadAttention<'_> {
             let y = split4(&mut out[first * d..][..TILE_ROWS * d], d);
             let v = &self.qkv[self.v_col..];
             tiles::weighted_values::<FMA>(scores, n, v, stride, seen, y);
-            for (y, inv) in out[first * d..][..TILE_ROWS * d].chunks_exact_mut(d).zip(inv) {
-                for y in y {
-                    *y *= inv;
-                }
-            }
+            scale_rows(&mut out[first * d..][..TILE_ROWS * d], inv);
         }
         out.truncate(m * d);
     }
@@ -283,11 +279,7 @@ impl HeadAttention<'_> {
             let w = std::array::from_fn(|r| &weight_pairs[r * pairs..][..pairs]);
             // SAFETY: `values` holds `t_pad / 2 ≥ pairs` rows of d pairs; d is a multiple of 32.
             unsafe { tiles::weighted_values_bf16(w, values, pairs, y) };
-            for (y, inv) in out[first * d..][..TILE_ROWS * d].chunks_exact_mut(d).zip(inv) {
-                for y in y {
-                    *y *= inv;
-                }
-            }
+            scale_rows(&mut out[first * d..][..TILE_ROWS * d], inv);
         }
         out.truncate(m * d);
     }
@@ -296,6 +288,14 @@ impl HeadAttention<'_> {
     #[cfg(not(target_arch = "x86_64"))]
     unsafe fn run_bf16(self, _: &[u32], _: &[u32]) {
         unreachable!("bf16 attention off x86-64")
+    }
+}
+
+/// Each of the four rows of `rows` times its `inv` (the softmax's division, applied to the
+/// outputs rather than to the weights).
+fn scale_rows(rows: &mut [f32], inv: [f32; 4]) {
+    for (y, inv) in rows.chunks_exact_mut(rows.len() / 4).zip(inv) {
+        y.iter_mut().for_each(|y| *y *= inv);
     }
 }
 

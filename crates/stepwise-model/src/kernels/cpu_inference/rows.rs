@@ -86,7 +86,7 @@ pub(super) fn matmul_t(
         }
     }
     let stride = dst.stride;
-    // Products in bf16 are only in the tiles (one thread for a product too small to split).
+    // Products in bf16 are only in the tiles (here, when one thread runs the product).
     if sgemm::multiplies_in_bf16(&w) || (matches!(parallelism, gemm::Parallelism::None) && sgemm::suits(k, &w)) {
         return sgemm::matmul_t(dst.data, stride, a, a_stride, w, (m, n, k), accumulate);
     }
