@@ -111,11 +111,12 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .find(|d| d[0] == "policy confidence (diagnostic)")
         .expect("the policy-confidence diagnostic is reported");
     assert!((0.0..=1.0).contains(&confidence[1]["step_auroc"].as_f64().unwrap()));
-    // Every label source, with its PRM's ProcessBench F1 and best-of-8; consensus keeps a
-    // fraction of the solutions and pays for both annotators' rollouts.
+    // Every label source, with its PRM's ProcessBench F1 and best-of-8; consensus (MC × judge)
+    // keeps a fraction of the solutions and pays for both annotators' rollouts; the judge was
+    // trained on the quick preset's 16 oracle-labelled solutions.
     let sources = m["labels"]["sources"].as_array().unwrap();
     let names: Vec<&str> = sources.iter().map(|x| x["source"].as_str().unwrap()).collect();
-    assert_eq!(names, ["mc", "binary_search", "consensus", "oracle"]);
+    assert_eq!(names, ["mc", "binary_search", "judge", "consensus", "oracle"]);
     for x in sources {
         for key in ["label_accuracy", "processbench_f1", "retained_fraction"] {
             assert!((0.0..=1.0).contains(&x[key].as_f64().unwrap()), "{key}: {x}");
@@ -123,8 +124,68 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         assert!((0.0..=1.0).contains(&x["bon"]["8"].as_f64().unwrap()), "{x}");
     }
     let rollouts = |i: usize| sources[i]["rollouts"].as_u64().unwrap();
-    assert_eq!(rollouts(2), rollouts(0) + rollouts(1));
-    assert!(read(a.join("report.md")).contains("| consensus |"));
+    assert_eq!(rollouts(3), rollouts(0) + rollouts(2));
+    let label_set = lines(&a.join("labels_oracle.jsonl")) as u64;
+    assert_eq!(rollouts(2), 3 * label_set, "three judge answers per solution");
+    let human = |i: usize| sources[i]["human_labels"].as_u64().unwrap();
+    assert_eq!((human(0), human(2), human(3), human(4)), (0, 16, 16, label_set));
+    let report = read(a.join("report.md"));
+    assert!(report.contains("| judge |") && report.contains("| consensus |"));
+
+    // The lab's judge is a checkpoint `stepwise annotate --method judge --judge-format index`
+    // asks as it is: with the lab's seed for it (seed ^ 6), the same verdicts on every sample
+    // (the oracle-labelled copies: the judge's labels replace the oracle's).
+    let judged = root.join("judged.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "annotate",
+            "--method",
+            "judge",
+            "--judge-format",
+            "index",
+            "--judge-samples",
+            "3",
+        ])
+        .args([
+            "--separator",
+            " | ",
+            "--temperature",
+            "1",
+            "--max-tokens",
+            "4",
+            "--seed",
+            "1",
+        ])
+        .arg("--policy")
+        .arg(a.join("policy"))
+        .arg("--judge")
+        .arg(a.join("judge"))
+        .arg("--input")
+        .arg(a.join("labels_oracle.jsonl"))
+        .arg("--output")
+        .arg(&judged)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first_errors = |text: String| -> Vec<serde_json::Value> {
+        text.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let labels: Vec<serde_json::Value> = v["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s["label"].clone())
+                    .collect();
+                serde_json::json!([v["id"], labels, v["meta"]["judge_verdicts"]])
+            })
+            .collect()
+    };
+    assert_eq!(
+        first_errors(read(judged)),
+        first_errors(read(a.join("labels_judge.jsonl"))),
+        "the command line's judge labels differ from the lab's"
+    );
 
     // The verifiers are folders `stepwise score` reads on its own (reward.json gives the
     // likelihood head's constant reference): it reproduces the PRM-MC scores the lab wrote.

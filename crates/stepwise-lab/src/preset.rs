@@ -52,6 +52,19 @@ pub struct Preset {
     pub verifier_lr: f64,
     /// Sampling temperature.
     pub temperature: f32,
+    /// The judge (a generative verifier): oracle-labelled samples it is fine-tuned on, the
+    /// lab's small "human" budget (0 skips the judge and the consensus filter).
+    #[serde(default)]
+    pub judge_solutions: usize,
+    /// Judge fine-tuning steps (batches of 32).
+    #[serde(default)]
+    pub judge_steps: usize,
+    /// Judge peak learning rate.
+    #[serde(default)]
+    pub judge_lr: f64,
+    /// Answers sampled from the judge per solution (the most frequent verdict wins).
+    #[serde(default)]
+    pub judge_samples: usize,
     /// RL (the `rl` stage): policy updates per reward source (0 skips the stage).
     pub rl_updates: usize,
     /// RL: prompts per update.
@@ -136,6 +149,10 @@ impl Preset {
             verifier_steps: 20,
             verifier_lr: 1e-3,
             temperature: 1.0,
+            judge_solutions: 16,
+            judge_steps: 20,
+            judge_lr: 1e-3,
+            judge_samples: 3,
             rl_updates: 4,
             rl_prompts: 4,
             rl_group: 4,
@@ -172,6 +189,10 @@ impl Preset {
             verifier_steps: 1200,
             verifier_lr: 3e-4,
             temperature: 1.0,
+            judge_solutions: 200,
+            judge_steps: 300,
+            judge_lr: 1e-3,
+            judge_samples: 5,
             rl_updates: 150,
             rl_prompts: 16,
             rl_group: 8,

@@ -153,20 +153,23 @@ fn body(r: &Report) -> String {
         let _ = writeln!(
             s,
             "\n## Label sources against the oracle\n\nThe same samples labelled by per-step Monte Carlo \
-(Math-Shepherd) and by binary search for the first error (OmegaPRM), with the same rollouts wherever both probe a \
-prefix; consensus keeps the MC labels of the solutions where both put the first error on the same step. A PRM is trained on each source with the same code and budget; its ProcessBench F1 and \
-best-of-N accuracy (min aggregation) are on the held-out samples.\n"
+(Math-Shepherd), by binary search for the first error (OmegaPRM), with the same rollouts wherever both probe a \
+prefix, and by the judge: the policy fine-tuned to write the index of the first wrong step on the oracle's verdicts \
+for a few solutions (*human labels*), sampled several times per solution and voted. Consensus keeps the MC labels of \
+the solutions where the judge puts the first error on the same step (the Qwen2.5-Math-PRM recipe). A PRM is \
+trained on each source with the same code and budget; its ProcessBench F1 and best-of-N accuracy (min aggregation) \
+are on the held-out samples. The judge's rollouts are its sampled answers.\n"
         );
         let n = r.eval_samples.to_string();
         let _ = writeln!(
             s,
-            "| source | solutions kept | steps | label accuracy | bad-step recall | bad-step precision | first error right | rollouts | generated tokens | PRM ProcessBench F1 | PRM best-of-{n} |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "| source | solutions kept | steps | label accuracy | bad-step recall | bad-step precision | first error right | rollouts | generated tokens | human labels | PRM ProcessBench F1 | PRM best-of-{n} |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         let opt = |x: Option<f64>| x.map_or("—".to_string(), |v| format!("{v:.3}"));
         for l in &r.labels.sources {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
                 l.source,
                 opt(l.retained_fraction),
                 l.steps,
@@ -176,6 +179,7 @@ best-of-N accuracy (min aggregation) are on the held-out samples.\n"
                 l.first_error_agreement,
                 l.rollouts,
                 l.generated_tokens,
+                l.human_labels,
                 opt(l.processbench_f1),
                 opt(l.bon.get(&n).copied()),
             );

@@ -12,7 +12,8 @@ use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use stepwise_core::seams::score_solutions;
 use stepwise_core::Solution;
-use stepwise_label::{BinarySearch, McOptions, MonteCarlo};
+use stepwise_label::judge::IndexAnswer;
+use stepwise_label::{BinarySearch, Judge, McOptions, MonteCarlo};
 use stepwise_model::Model;
 
 /// Options of [`run`].
@@ -161,19 +162,42 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         "annotating (binary search)",
     )?;
 
-    // 4. Verifiers, same code and budget: PRM on MC labels, PRM on oracle labels, ORM.
+    // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
+    //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
+    //     Qwen2.5-Math-PRM recipe).
     let mc_train: Vec<Solution> = match p.mc_labels {
         McLabels::Hard => mc.iter().map(annotate::hard_mc).collect(),
         McLabels::Soft => mc.clone(),
     };
-    // Consensus filtering (the Qwen2.5-Math-PRM recipe, with binary search as the second
-    // annotator): MC labels kept only on solutions where both put the first error on one step.
-    let consensus: Vec<Solution> = mc_train
-        .iter()
-        .cloned()
-        .zip(&bs)
-        .map(|(a, b)| stepwise_label::consensus::keep_if_agreeing(a, b))
-        .collect();
+    let judged = if p.judge_solutions > 0 {
+        let human = crate::stages::judge::human_budget(&oracle, p.judge_solutions);
+        let judge_model =
+            crate::stages::judge::train_judge(&o.out.join("judge"), &o.out.join("policy"), p, o.seed, &human, &tok)?;
+        let judge_policy = crate::stages::judge::judge_policy(&judge_model, &tok, p.temperature);
+        let judge = Judge {
+            policy: &judge_policy,
+            samples: p.judge_samples,
+            seed: o.seed ^ 6,
+            format: &IndexAnswer,
+        };
+        let (labels, spent) = annotate::label_stage(
+            &o.out.join("labels_judge.jsonl"),
+            &label_sols,
+            &judge,
+            "annotating (judge)",
+        )?;
+        let consensus: Vec<Solution> = mc_train
+            .iter()
+            .cloned()
+            .zip(&labels)
+            .map(|(a, b)| stepwise_label::consensus::keep_if_agreeing(a, b))
+            .collect();
+        Some((labels, spent, consensus, human.len()))
+    } else {
+        None
+    };
+
+    // 4. Verifiers, same code and budget: a PRM on each label source, and an ORM.
     let verifiers = Verifiers {
         preset: p,
         out: &o.out,
@@ -181,49 +205,47 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         tok: &tok,
         seed: o.seed,
     };
-    // The three train at once: one training keeps about one core busy (its small ops run one
-    // after another), and each is seeded on its own, so the weights are those of one at a time.
-    let (prm_mc, prm_or, orm, prm_bs, prm_consensus) = std::thread::scope(|scope| {
-        let mc = scope.spawn(|| verifiers.train("prm_mc", "training PRM (MC labels)", &mc_train, false));
-        let or = scope.spawn(|| verifiers.train("prm_oracle", "training PRM (oracle)", &oracle, false));
-        let bs =
-            scope.spawn(|| verifiers.train("prm_binary_search", "training PRM (binary-search labels)", &bs, false));
-        let agreed =
-            scope.spawn(|| verifiers.train("prm_consensus", "training PRM (consensus labels)", &consensus, false));
-        let orm = verifiers.train("orm", "training ORM", &label_sols, true);
-        let join = |h: std::thread::ScopedJoinHandle<'_, Result<Model>>| {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("a verifier's training thread panicked"))?
-        };
-        anyhow::Ok((join(mc)?, join(or)?, orm?, join(bs)?, join(agreed)?))
+    let mut jobs: Vec<(&str, &str, &[Solution], bool)> = vec![
+        (verifier::PRM_MC, "PRM-MC", &mc_train, false),
+        (verifier::PRM_ORACLE, "PRM-oracle", &oracle, false),
+        (verifier::PRM_BINARY_SEARCH, "PRM-binary-search", &bs, false),
+        (verifier::ORM, "ORM", &label_sols, true),
+    ];
+    if let Some((judge_labels, _, consensus, _)) = &judged {
+        jobs.push((verifier::PRM_JUDGE, "PRM-judge", judge_labels, false));
+        jobs.push((verifier::PRM_CONSENSUS, "PRM-consensus", consensus, false));
+    }
+    // They train at once: one training keeps about one core busy (its small ops run one after
+    // another), and each is seeded on its own, so the weights are those of one at a time.
+    let models: Vec<Model> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|&(dir, what, sols, outcome)| {
+                let verifiers = &verifiers;
+                scope.spawn(move || verifiers.train(dir, &format!("training {what}"), sols, outcome))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a verifier's training thread panicked"))?
+            })
+            .collect::<Result<_>>()
     })?;
+    let model_of = |name: &str| &models[jobs.iter().position(|j| j.0 == name).expect("a trained verifier")];
+    let (prm_mc, prm_or, orm) = (
+        model_of(verifier::PRM_MC),
+        model_of(verifier::PRM_ORACLE),
+        model_of(verifier::ORM),
+    );
 
     // 5. Score the evaluation samples (oracle-labelled) with every verifier, and the policy's
     //    own confidence as a baseline.
     let mut scored: Vec<Solution> = eval_sols.iter().map(oracle_labelled).collect();
-    verifiers.score(&prm_mc, false, &mut scored, verifier::PRM_MC, "scoring (PRM-MC)")?;
-    verifiers.score(
-        &prm_or,
-        false,
-        &mut scored,
-        verifier::PRM_ORACLE,
-        "scoring (PRM-oracle)",
-    )?;
-    verifiers.score(&orm, true, &mut scored, verifier::ORM, "scoring (ORM)")?;
-    verifiers.score(
-        &prm_bs,
-        false,
-        &mut scored,
-        verifier::PRM_BINARY_SEARCH,
-        "scoring (PRM-binary-search)",
-    )?;
-    verifiers.score(
-        &prm_consensus,
-        false,
-        &mut scored,
-        verifier::PRM_CONSENSUS,
-        "scoring (PRM-consensus)",
-    )?;
+    for (&(name, what, _, outcome), model) in jobs.iter().zip(&models) {
+        verifiers.score(model, outcome, &mut scored, name, &format!("scoring ({what})"))?;
+    }
     let confidence = crate::confidence::PolicyConfidence {
         model: &policy_model,
         tok: &tok,
@@ -239,7 +261,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         let mc_hard: Vec<Solution> = mc.iter().map(annotate::hard_mc).collect();
         // Each source's PRM at the largest N of the report's curves (32 in the standard preset).
         let n = p.eval_samples;
-        report.labels.sources = vec![
+        let mut sources = vec![
             compare("mc", &mc_hard, &oracle, spent).with_prm(&scored, verifier::PRM_MC, n, o.seed)?,
             compare("binary_search", &bs, &oracle, bs_spent).with_prm(
                 &scored,
@@ -247,30 +269,37 @@ pub fn run(o: &LabOptions) -> Result<Report> {
                 n,
                 o.seed,
             )?,
-            {
-                // Compared on the solutions it kept; it paid for both annotations.
-                let kept = consensus
-                    .iter()
-                    .filter(|s| s.meta.get("consensus") == Some(&true.into()));
-                let retained = kept.count() as f64 / consensus.len().max(1) as f64;
-                let mut both = spent;
-                both += bs_spent;
-                let mut c = compare("consensus", &consensus, &oracle, both).with_prm(
-                    &scored,
-                    verifier::PRM_CONSENSUS,
-                    n,
-                    o.seed,
-                )?;
-                c.retained_fraction = Some(retained);
-                c
-            },
-            compare("oracle", &oracle, &oracle, Default::default()).with_prm(
+        ];
+        if let Some((judge_labels, judge_spent, consensus, human)) = &judged {
+            let mut judge = compare("judge", judge_labels, &oracle, *judge_spent).with_prm(
                 &scored,
-                verifier::PRM_ORACLE,
+                verifier::PRM_JUDGE,
                 n,
                 o.seed,
-            )?,
-        ];
+            )?;
+            judge.human_labels = *human;
+            // Compared on the solutions it kept; it paid for both annotations.
+            let kept = consensus
+                .iter()
+                .filter(|s| s.meta.get("consensus") == Some(&true.into()));
+            let retained = kept.count() as f64 / consensus.len().max(1) as f64;
+            let mut both = spent;
+            both += *judge_spent;
+            let mut c =
+                compare("consensus", consensus, &oracle, both).with_prm(&scored, verifier::PRM_CONSENSUS, n, o.seed)?;
+            c.retained_fraction = Some(retained);
+            c.human_labels = *human;
+            sources.extend([judge, c]);
+        }
+        let mut oracle_source = compare("oracle", &oracle, &oracle, Default::default()).with_prm(
+            &scored,
+            verifier::PRM_ORACLE,
+            n,
+            o.seed,
+        )?;
+        oracle_source.human_labels = oracle.len();
+        sources.push(oracle_source);
+        report.labels.sources = sources;
     }
 
     // 7. Test-time search guided by each PRM and the oracle, at matched budgets.
@@ -286,8 +315,8 @@ pub fn run(o: &LabOptions) -> Result<Report> {
                 problems: &sp.search,
                 calibration: &scored,
                 prms: [
-                    (verifier::PRM_MC, verifiers.scorer(&prm_mc, false), &dirs.0),
-                    (verifier::PRM_ORACLE, verifiers.scorer(&prm_or, false), &dirs.1),
+                    (verifier::PRM_MC, verifiers.scorer(prm_mc, false), &dirs.0),
+                    (verifier::PRM_ORACLE, verifiers.scorer(prm_or, false), &dirs.1),
                 ],
             },
         )?);
@@ -296,9 +325,9 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     // 8. RL against each reward source, from the same policy with the same budget.
     if p.rl_updates > 0 {
         let (orm, prm_mc, prm_oracle) = (
-            verifiers.scorer(&orm, true),
-            verifiers.scorer(&prm_mc, false),
-            verifiers.scorer(&prm_or, false),
+            verifiers.scorer(orm, true),
+            verifiers.scorer(prm_mc, false),
+            verifiers.scorer(prm_or, false),
         );
         report.rl = Some(rl::rl_stage(&rl::RlInputs {
             preset: p,

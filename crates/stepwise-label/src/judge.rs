@@ -1,9 +1,14 @@
 //! An LLM judge as an annotator: any [`Policy`] (a local checkpoint or a served model) is asked
-//! ProcessBench's critique question — the index of the earliest wrong paragraph, `\boxed{k}`,
-//! or `-1` when every paragraph is right — several times; the most frequent answer wins. Steps
-//! before the chosen index are labelled good, it and every later step bad. An answer that cannot
-//! be read (no `\boxed{}`, not an integer, out of range) is no verdict and does not vote; when
-//! no sample gives a verdict the solution is left unlabelled (and reported so in `meta`).
+//! for the index of the earliest wrong step of a solution — `-1` when every step is right —
+//! several times; the most frequent answer wins. Steps before the chosen index are labelled good,
+//! it and every later step bad. An answer that cannot be read (not an integer, out of range) is
+//! no verdict and does not vote; when no sample gives a verdict the solution is left unlabelled
+//! (and reported so in `meta`).
+//!
+//! How the question is put and the answer read is a [`JudgeFormat`]: [`ProcessBenchCritique`]
+//! (ProcessBench's critique prompt, the answer in `\boxed{k}`) for instruct models, and
+//! [`IndexAnswer`] (the solution as the policy's own steps, the answer a bare index) for a judge
+//! fine-tuned to write the index after a solution, as the lab's generative verifier is.
 
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -33,7 +38,61 @@ pub fn parse_verdict(answer: &str, steps: usize) -> Option<Option<usize>> {
     let start = answer.rfind("\\boxed{")? + "\\boxed{".len();
     let end = start + answer[start..].find('}')?;
     let inner = answer[start..end].trim().trim_start_matches("paragraph_").trim();
-    match inner.parse::<i64>().ok()? {
+    index_verdict(inner, steps)
+}
+
+/// How a judge is asked about a solution and how its answer is read.
+pub trait JudgeFormat: Sync {
+    /// The prompt and the pieces after it ([`Policy::continue_from`]'s first two arguments) that
+    /// ask about `steps` of a solution to `question`.
+    fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>);
+    /// The verdict in `answer` for a solution of `steps` steps: `Some(None)` for "no error",
+    /// `Some(Some(k))` for "the first error is step k", `None` when it gives no readable verdict.
+    fn read(&self, answer: &str, steps: usize) -> Option<Option<usize>>;
+}
+
+/// ProcessBench's critique prompt ([`critique_prompt`]) as one prompt; the answer's last
+/// `\boxed{}` holds the index ([`parse_verdict`]). For instruct models (local or served).
+pub struct ProcessBenchCritique;
+
+impl JudgeFormat for ProcessBenchCritique {
+    fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>) {
+        (critique_prompt(question, steps), Vec::new())
+    }
+
+    fn read(&self, answer: &str, steps: usize) -> Option<Option<usize>> {
+        parse_verdict(answer, steps)
+    }
+}
+
+/// The question and the steps as the policy's own prompt and pieces (the layout the policy was
+/// trained on), the answer a bare index: `k` for "the first error is step k", `-1` for none
+/// (whitespace inside is ignored, so a word-level vocabulary may write `- 1`). For a judge
+/// fine-tuned to write that index right after a solution, like the lab's generative verifier.
+pub struct IndexAnswer;
+
+impl IndexAnswer {
+    /// The answer a judge of this format should write for a solution whose first error is
+    /// `first` (its training target), with tokens separated by spaces.
+    pub fn answer(first: Option<usize>) -> String {
+        first.map_or_else(|| "- 1".to_string(), |k| k.to_string())
+    }
+}
+
+impl JudgeFormat for IndexAnswer {
+    fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>) {
+        (question.to_string(), steps.to_vec())
+    }
+
+    fn read(&self, answer: &str, steps: usize) -> Option<Option<usize>> {
+        let compact: String = answer.split_whitespace().collect();
+        index_verdict(&compact, steps)
+    }
+}
+
+/// `-1` → no error, `0 ≤ k < steps` → step k, anything else → no verdict.
+fn index_verdict(text: &str, steps: usize) -> Option<Option<usize>> {
+    match text.parse::<i64>().ok()? {
         -1 => Some(None),
         k if k >= 0 && (k as usize) < steps => Some(Some(k as usize)),
         _ => None,
@@ -48,6 +107,8 @@ pub struct Judge<'a> {
     pub samples: usize,
     /// Base seed (each solution derives its own).
     pub seed: u64,
+    /// How the question is put and the answer read.
+    pub format: &'a dyn JudgeFormat,
 }
 
 impl Judge<'_> {
@@ -55,10 +116,11 @@ impl Judge<'_> {
     /// verdicts given, and the cost.
     pub fn first_error(&self, sol: &Solution) -> Result<(Option<Option<usize>>, usize, Spent)> {
         let steps = sol.step_strings();
-        let prompt = critique_prompt(&sol.question, &steps);
+        let (prompt, pieces) = self.format.ask(&sol.question, &steps);
+        let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
         let answers = self.policy.continue_from(
             &prompt,
-            &[],
+            &pieces,
             self.samples.max(1),
             Until::End,
             crate::montecarlo::seed_for(self.seed, &sol.id, usize::MAX),
@@ -69,7 +131,7 @@ impl Judge<'_> {
         };
         let mut votes: BTreeMap<Option<usize>, usize> = BTreeMap::new();
         for a in &answers {
-            if let Some(v) = parse_verdict(&a.text, steps.len()) {
+            if let Some(v) = self.format.read(&a.text, steps.len()) {
                 *votes.entry(v).or_default() += 1;
             }
         }
@@ -94,8 +156,10 @@ impl Annotator for Judge<'_> {
         let (verdict, given, spent) = self.first_error(sol)?;
         let mut out = sol.clone();
         out.meta.insert("judge_verdicts".into(), given.into());
-        if let Some(first) = verdict {
-            crate::label_by_first_error(&mut out, first, Provenance::Judge);
+        match verdict {
+            Some(first) => crate::label_by_first_error(&mut out, first, Provenance::Judge),
+            // Labels the input came with are not the judge's.
+            None => out.steps.iter_mut().for_each(|st| st.label = None),
         }
         Ok((out, spent))
     }
@@ -128,6 +192,46 @@ mod tests {
     }
 
     #[test]
+    fn the_index_format_asks_with_the_steps_and_reads_a_bare_index() {
+        let steps = ["1 + 1 = 2".to_string(), "2 * 3 = 7".to_string()];
+        let (prompt, pieces) = IndexAnswer.ask("q", &steps);
+        assert_eq!((prompt.as_str(), pieces.as_slice()), ("q", &steps[..]));
+        for (answer, want) in [
+            ("1", Some(Some(1))),
+            (" 0 ", Some(Some(0))),
+            ("- 1", Some(None)),
+            ("-1", Some(None)),
+            ("2", None),
+            ("- 2", None),
+            ("yes", None),
+            ("", None),
+            ("\\boxed{1}", None),
+        ] {
+            assert_eq!(IndexAnswer.read(answer, 2), want, "{answer:?}");
+        }
+        for first in [None, Some(0), Some(1)] {
+            assert_eq!(IndexAnswer.read(&IndexAnswer::answer(first), 2), Some(first));
+        }
+        // The judge sees the policy's layout: the question as the prompt, the steps as pieces.
+        fn echo(q: &str, p: &[&str], _j: usize) -> Vec<String> {
+            vec![if q == "q" && p.len() == 2 { "1" } else { "- 1" }.to_string()]
+        }
+        let sol = Solution {
+            id: "s".into(),
+            question: "q".into(),
+            steps: steps.iter().map(|t| stepwise_core::Step::new(t.as_str())).collect(),
+            ..Default::default()
+        };
+        let judge = Judge {
+            policy: &ScriptedPolicy(echo),
+            samples: 3,
+            seed: 0,
+            format: &IndexAnswer,
+        };
+        assert_eq!(judge.first_error(&sol).unwrap().0, Some(Some(1)));
+    }
+
+    #[test]
     fn the_vote_labels_steps_and_no_verdict_leaves_them_unlabelled() {
         let sol = Solution {
             id: "s".into(),
@@ -143,6 +247,7 @@ mod tests {
             policy: &ScriptedPolicy(answers),
             samples: 4,
             seed: 0,
+            format: &ProcessBenchCritique,
         };
         let (l, spent) = judge.annotate(&sol).unwrap();
         let good: Vec<bool> = l.steps.iter().map(|s| s.label.as_ref().unwrap().is_good()).collect();
@@ -156,8 +261,11 @@ mod tests {
             policy: &ScriptedPolicy(mute),
             samples: 2,
             seed: 0,
+            format: &ProcessBenchCritique,
         };
-        let (l, _) = silent.annotate(&sol).unwrap();
+        let mut labelled = sol.clone();
+        labelled.steps[0].label = Some(stepwise_core::StepLabel::from_bool(true, Provenance::Human));
+        let (l, _) = silent.annotate(&labelled).unwrap();
         assert!(l.steps.iter().all(|s| s.label.is_none()), "no verdict, no labels");
         assert_eq!(l.meta["judge_verdicts"], 0);
     }

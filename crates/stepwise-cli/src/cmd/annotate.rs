@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use stepwise_core::seams::Annotator;
 use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution};
+use stepwise_label::judge::{IndexAnswer, JudgeFormat, ProcessBenchCritique};
 use stepwise_label::{annotate_resumable, BinarySearch, Consensus, Judge, McOptions, MonteCarlo};
 use stepwise_model::Prompt;
 
@@ -25,7 +26,9 @@ at or before it. It takes ceil(log2 T) rollout batches for T steps where mc take
 --method judge asks --judge (a checkpoint folder, cached model id or server URL; an instruct model, with --judge-chat) \
 ProcessBench's critique question --judge-samples times and takes the most frequent index of the earliest wrong \
 paragraph (\\boxed{k}, -1 for none); answers without a readable verdict do not vote, and a solution with no verdict \
-stays unlabelled. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
+stays unlabelled. --judge-format index asks a judge fine-tuned to write that index right after a solution (the \
+lab's generative verifier: `stepwise lab` leaves it in RUN/judge) with the question and steps laid out as for \
+the policy, and reads a bare index. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
 put the first error on the same step (the Qwen2.5-Math-PRM recipe); the retained fraction is reported.
 
 Example:
@@ -60,6 +63,11 @@ pub struct Args {
     /// Ask the judge through its chat template (instruct models).
     #[arg(long)]
     pub judge_chat: bool,
+    /// How the judge is asked: `critique` (ProcessBench's critique prompt, answer in
+    /// \boxed{k}) or `index` (the question and steps as the policy's prompt and pieces, split
+    /// by --separator; the answer a bare index, -1 for none).
+    #[arg(long, default_value = "critique", value_parser = ["critique", "index"])]
+    pub judge_format: String,
     /// Rollouts per step prefix.
     #[arg(long, default_value_t = 8)]
     pub rollouts: usize,
@@ -100,7 +108,7 @@ pub fn run(a: Args) -> Result<()> {
         &a.output,
         &serde_json::json!({
             "policy": a.policy, "method": a.method, "judge": a.judge, "judge_samples": a.judge_samples,
-            "judge_chat": a.judge_chat, "rollouts": a.rollouts, "temperature": a.sampling.temperature,
+            "judge_chat": a.judge_chat, "judge_format": a.judge_format, "rollouts": a.rollouts, "temperature": a.sampling.temperature,
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),
     )?;
@@ -124,14 +132,26 @@ pub fn run(a: Args) -> Result<()> {
         (None, "judge" | "consensus") => bail!("--method {} needs --judge (a model to ask)", a.method),
         (None, _) => None,
     };
+    let (format, separator): (&dyn JudgeFormat, &str) = match a.judge_format.as_str() {
+        "index" => (&IndexAnswer, &a.sampling.separator),
+        _ => (&ProcessBenchCritique, "\n"),
+    };
     let judge_policy = judge_backend.as_ref().map(|b| {
         let prompt = if a.judge_chat { Prompt::Chat } else { Prompt::Text };
-        b.policy(a.sampling.temperature, a.sampling.max_tokens, prompt, "\n", 1.0, &[])
+        b.policy(
+            a.sampling.temperature,
+            a.sampling.max_tokens,
+            prompt,
+            separator,
+            1.0,
+            &[],
+        )
     });
     let judge = judge_policy.as_ref().map(|p| Judge {
         policy: &**p,
         samples: a.judge_samples,
         seed: a.seed,
+        format,
     });
     let mc = MonteCarlo {
         policy: &*policy,

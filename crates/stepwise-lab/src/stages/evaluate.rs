@@ -117,8 +117,10 @@ pub mod verifier {
     pub const PRM_ORACLE: &str = "prm_oracle";
     /// The PRM trained on binary-search (OmegaPRM) labels.
     pub const PRM_BINARY_SEARCH: &str = "prm_binary_search";
-    /// The PRM trained on consensus-filtered labels (MC kept where binary search agrees).
-    pub const PRM_CONSENSUS: &str = "prm_consensus";
+    /// The PRM trained on the judge's labels.
+    pub const PRM_JUDGE: &str = "prm_judge";
+    /// The PRM trained on consensus-filtered labels (MC kept where the judge agrees).
+    pub const PRM_CONSENSUS: &str = "prm_consensus_judge";
     /// The ORM (its last step's score is the solution's).
     pub const ORM: &str = "orm";
     /// The policy's confidence in each written result (a diagnostic baseline).

@@ -10,7 +10,7 @@ use stepwise_eval::labels::label_quality;
 /// One label source against the oracle.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LabelSource {
-    /// `mc`, `binary_search`, `consensus` or `oracle`.
+    /// `mc`, `binary_search`, `judge`, `consensus` or `oracle`.
     pub source: String,
     /// Labelled steps compared.
     pub steps: usize,
@@ -26,6 +26,10 @@ pub struct LabelSource {
     pub rollouts: usize,
     /// Tokens those rollouts generated.
     pub generated_tokens: usize,
+    /// Solutions labelled by hand (in the lab, by the oracle) that this source needed: the
+    /// judge's training set, or every solution for `oracle`.
+    #[serde(default)]
+    pub human_labels: usize,
     /// Fraction of the labelled solutions kept for training (1 unless filtered by consensus).
     #[serde(default)]
     pub retained_fraction: Option<f64>,
@@ -40,7 +44,7 @@ pub struct LabelSource {
 /// Every label source of a run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Labels {
-    /// In the order mc, binary_search, consensus, oracle.
+    /// In the order mc, binary_search, judge, consensus, oracle.
     pub sources: Vec<LabelSource>,
 }
 

@@ -3,6 +3,7 @@
 
 pub mod annotate;
 pub mod evaluate;
+pub mod judge;
 pub mod labels;
 pub mod policy;
 pub mod rl;

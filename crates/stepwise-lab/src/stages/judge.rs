@@ -1,0 +1,127 @@
+//! The lab's LLM judge: a generative verifier. The policy is fine-tuned (next-token loss) to
+//! write, right after a solution laid out as it was trained on (`question | step | … |`), the
+//! index of the first wrong step or `- 1` for none ([`IndexAnswer`]). Its training budget is a
+//! small "human" one: the oracle's first errors on `judge_solutions` of the samples drawn for
+//! labelling (the lab's PRM800K), spread evenly over them. It then labels every sample through
+//! the same [`stepwise_label::Judge`] annotator that asks a served model ProcessBench's critique
+//! question, so the lab measures what a judge adds to Monte Carlo labels (consensus filtering).
+
+use super::policy::lab_policy;
+use super::train_stage;
+use crate::preset::Preset;
+use crate::vocab::{EOS, SEP};
+use anyhow::Result;
+use std::path::Path;
+use stepwise_core::Solution;
+use stepwise_label::judge::IndexAnswer;
+use stepwise_model::layout::encode_steps;
+use stepwise_model::train::{Example, Objective, TrainConfig};
+use stepwise_model::{EnginePolicy, Model, ModelConfig, Tokenizer};
+
+/// At most `n` of `sols`, evenly spaced (so they come from as many problems as possible).
+pub fn human_budget(sols: &[Solution], n: usize) -> Vec<&Solution> {
+    if n == 0 || sols.is_empty() {
+        return Vec::new();
+    }
+    let n = n.min(sols.len());
+    (0..n).map(|i| &sols[i * sols.len() / n]).collect()
+}
+
+/// The judge's training example for an oracle-labelled solution: the solution in the policy's
+/// layout, then the index of its first wrong step (`- 1` for none) and `<eos>`; the loss covers
+/// the answer only.
+pub fn judge_example(tok: &Tokenizer, sol: &Solution) -> Result<Example> {
+    let steps = sol.step_strings();
+    let refs: Vec<&str> = steps.iter().map(String::as_str).collect();
+    let mut ids = encode_steps(tok, &sol.question, &refs, SEP, true)?.ids;
+    let lm_from = ids.len();
+    ids.extend(tok.encode(&IndexAnswer::answer(sol.first_error()), false)?);
+    ids.extend(tok.encode(EOS, false)?);
+    Ok(Example {
+        ids,
+        lm_from,
+        ..Default::default()
+    })
+}
+
+/// Train (or reuse) the judge in `dir` from the policy in `policy_dir`, on the oracle's verdicts
+/// for `human` (oracle-labelled solutions).
+pub fn train_judge(
+    dir: &Path,
+    policy_dir: &Path,
+    p: &Preset,
+    seed: u64,
+    human: &[&Solution],
+    tok: &Tokenizer,
+) -> Result<Model> {
+    let examples = human
+        .iter()
+        .map(|s| judge_example(tok, s))
+        .collect::<Result<Vec<_>>>()?;
+    let tc = TrainConfig {
+        lr: p.judge_lr,
+        warmup: p.judge_steps / 20,
+        steps: p.judge_steps,
+        batch_size: 32,
+        eval_every: 0,
+        seed: seed ^ 7,
+        ..Default::default()
+    };
+    let train_seed = tc.seed;
+    train_stage(
+        dir,
+        "training judge",
+        |varmap, dev| {
+            let config = ModelConfig::from_dir(policy_dir)?;
+            Model::load_trainable(policy_dir, config, varmap, dev, train_seed)
+        },
+        &examples,
+        &[],
+        Objective::Lm,
+        tc,
+    )
+}
+
+/// The trained judge as a [`stepwise_core::Policy`]: the lab policy's layout and temperature,
+/// a few tokens at most (an index and `<eos>`).
+pub fn judge_policy<'a>(model: &'a Model, tok: &'a Tokenizer, temperature: f32) -> EnginePolicy<'a> {
+    let mut policy = lab_policy(model, tok, temperature);
+    policy.params.max_new_tokens = 4;
+    policy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_core::{Provenance, Step, StepLabel};
+
+    #[test]
+    fn the_budget_spreads_over_the_samples_and_the_example_ends_with_the_index() {
+        let sols: Vec<Solution> = (0..10)
+            .map(|i| Solution {
+                id: i.to_string(),
+                ..Default::default()
+            })
+            .collect();
+        let ids: Vec<&str> = human_budget(&sols, 4).iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["0", "2", "5", "7"]);
+        assert_eq!(human_budget(&sols, 50).len(), 10);
+        assert!(human_budget(&sols, 0).is_empty());
+
+        let tok = crate::vocab::tokenizer().unwrap();
+        let step = |t: &str, good| Step::labelled(t, StepLabel::from_bool(good, Provenance::Oracle));
+        let sol = Solution {
+            question: "Ann has 2 boxes of 3 apples . How many apples does Ann have now ?".into(),
+            steps: vec![step("2 * 3 = 6", true), step("6 + 1 = 8", false)],
+            ..Default::default()
+        };
+        let e = judge_example(&tok, &sol).unwrap();
+        assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "1 <eos>");
+        assert_eq!(tok.decode(&e.ids[e.lm_from - 1..e.lm_from]).unwrap(), SEP);
+        let mut right = sol.clone();
+        right.steps[1] = step("6 + 1 = 7", true);
+        let e = judge_example(&tok, &right).unwrap();
+        assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "- 1 <eos>");
+        assert!(!e.ids.contains(&tok.token_id(crate::vocab::UNK).unwrap()));
+    }
+}
