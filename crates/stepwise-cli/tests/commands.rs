@@ -87,6 +87,55 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
             "one probe of 3 rollouts for 2 steps: {r}"
         );
     }
+    // OmegaPRM: the same bisection over one tree per problem; the rollouts are kept as new
+    // labelled solutions, and the trees convert to OpenR's omegaprm-tree format.
+    let tree_in = d.join("tree_in.jsonl");
+    write_jsonl(
+        &tree_in,
+        &[
+            rows[0].clone(),
+            json!({"id": "wrong", "problem_id": "p", "question": "What is 3 * 4?",
+                   "steps": [{"text": "3 * 4 = 13"}, {"text": "The answer is 13"}], "gold_answer": "12"}),
+        ],
+    );
+    let tree = d.join("tree.jsonl");
+    let mut tree_args = args.to_vec();
+    tree_args[4] = tree_in.to_str().unwrap();
+    tree_args[6] = tree.to_str().unwrap();
+    tree_args.extend(["--method", "omegaprm", "--search-limit", "2"]);
+    let out = stepwise(&tree_args);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("new solutions from the trees' rollouts"));
+    let recs: Vec<Value> = std::fs::read_to_string(&tree)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (given, new): (Vec<&Value>, Vec<&Value>) = recs.iter().partition(|r| r["meta"]["omegaprm_rollout"].is_null());
+    assert_eq!(given.len(), 2);
+    assert_eq!(given[0]["meta"]["rollouts"], 0, "a right solution costs nothing");
+    // The random fixture policy never reaches 12: the first step of the wrong one is dead, found
+    // by one probe of 3 rollouts, which become new solutions.
+    assert_eq!(given[1]["meta"]["rollouts"], 3);
+    let probed = &given[1]["steps"][0]["label"];
+    assert_eq!(
+        (probed["p"].as_f64(), &probed["source"]["hits"]),
+        (Some(0.0), &json!(0)),
+        "{}",
+        given[1]
+    );
+    assert_eq!(given[1]["steps"][1]["label"]["rating"], "bad", "{}", given[1]);
+    assert!(!new.is_empty() && new.len() <= 3, "{} new solutions", new.len());
+    let converted = d.join("trees.jsonl");
+    stepwise(&[
+        "convert",
+        tree.to_str().unwrap(),
+        converted.to_str().unwrap(),
+        "--to",
+        "omegaprm-tree",
+    ]);
+    let trees = std::fs::read_to_string(&converted).unwrap();
+    assert_eq!(trees.lines().count(), 1, "one tree for the one problem");
+    assert!(trees.contains("\"children\""));
     // A judge is needed for judge and consensus; the fixture policy as a judge gives no
     // readable verdict, so consensus keeps no labels and says so.
     let judged_out = d.join("judge.jsonl");

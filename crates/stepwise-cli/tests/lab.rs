@@ -116,19 +116,31 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     // trained on the quick preset's 16 oracle-labelled solutions.
     let sources = m["labels"]["sources"].as_array().unwrap();
     let names: Vec<&str> = sources.iter().map(|x| x["source"].as_str().unwrap()).collect();
-    assert_eq!(names, ["mc", "binary_search", "judge", "consensus", "oracle"]);
+    assert_eq!(
+        names,
+        ["mc", "binary_search", "omegaprm", "judge", "consensus", "oracle"]
+    );
     for x in sources {
-        for key in ["label_accuracy", "processbench_f1", "retained_fraction"] {
+        assert!((0.0..=1.0).contains(&x["label_accuracy"].as_f64().unwrap()), "{x}");
+        if x["source"] == "omegaprm" {
+            // Its labels are compared; no PRM is trained on them.
+            assert!(x["processbench_f1"].is_null(), "{x}");
+            continue;
+        }
+        for key in ["processbench_f1", "retained_fraction"] {
             assert!((0.0..=1.0).contains(&x[key].as_f64().unwrap()), "{key}: {x}");
         }
         assert!((0.0..=1.0).contains(&x["bon"]["8"].as_f64().unwrap()), "{x}");
     }
     let rollouts = |i: usize| sources[i]["rollouts"].as_u64().unwrap();
-    assert_eq!(rollouts(3), rollouts(0) + rollouts(2));
+    assert_eq!(rollouts(4), rollouts(0) + rollouts(3));
     let label_set = lines(&a.join("labels_oracle.jsonl")) as u64;
-    assert_eq!(rollouts(2), 3 * label_set, "three judge answers per solution");
+    assert_eq!(rollouts(3), 3 * label_set, "three judge answers per solution");
     let human = |i: usize| sources[i]["human_labels"].as_u64().unwrap();
-    assert_eq!((human(0), human(2), human(3), human(4)), (0, 16, 16, label_set));
+    assert_eq!((human(0), human(3), human(4), human(5)), (0, 16, 16, label_set));
+    // The tree's completed rollouts are kept beside the samples it labelled.
+    let kept = lines(&a.join("labels_omegaprm.jsonl")) as u64;
+    assert_eq!(sources[2]["new_solutions"].as_u64().unwrap(), kept - label_set);
     let report = read(a.join("report.md"));
     assert!(report.contains("| judge |") && report.contains("| consensus |"));
 

@@ -52,6 +52,9 @@ pub struct Preset {
     pub verifier_lr: f64,
     /// Sampling temperature.
     pub temperature: f32,
+    /// OmegaPRM: searches over each problem's tree of new rollouts after its samples'.
+    #[serde(default)]
+    pub omegaprm_search_limit: usize,
     /// The judge (a generative verifier): oracle-labelled samples it is fine-tuned on, the
     /// lab's small "human" budget (0 skips the judge and the consensus filter).
     #[serde(default)]
@@ -149,6 +152,7 @@ impl Preset {
             verifier_steps: 20,
             verifier_lr: 1e-3,
             temperature: 1.0,
+            omegaprm_search_limit: 0,
             judge_solutions: 16,
             judge_steps: 20,
             judge_lr: 1e-3,
@@ -189,6 +193,7 @@ impl Preset {
             verifier_steps: 1200,
             verifier_lr: 3e-4,
             temperature: 1.0,
+            omegaprm_search_limit: 0,
             judge_solutions: 200,
             judge_steps: 300,
             judge_lr: 1e-3,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use stepwise_core::seams::score_solutions;
 use stepwise_core::Solution;
 use stepwise_label::judge::IndexAnswer;
-use stepwise_label::{BinarySearch, Judge, McOptions, MonteCarlo};
+use stepwise_label::{BinarySearch, Judge, McOptions, MonteCarlo, OmegaOptions, OmegaPrm};
 use stepwise_model::Model;
 
 /// Options of [`run`].
@@ -153,7 +153,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let bs_annotator = BinarySearch {
         policy: &lab_policy,
         task: &task,
-        options,
+        options: options.clone(),
     };
     let (bs, bs_spent) = annotate::label_stage(
         &o.out.join("labels_binary_search.jsonl"),
@@ -161,6 +161,21 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         &bs_annotator,
         "annotating (binary search)",
     )?;
+    // And by OmegaPRM: the same bisection over one rollout tree per problem, its 8 samples the
+    // root's first rollouts (labels compared on the samples; the tree's rollouts counted).
+    let omega_annotator = OmegaPrm {
+        policy: &lab_policy,
+        task: &task,
+        options: OmegaOptions {
+            rollouts: options.rollouts,
+            search_limit: p.omegaprm_search_limit,
+            seed: options.seed,
+            ..Default::default()
+        },
+    };
+    let omega_path = o.out.join("labels_omegaprm.jsonl");
+    let (omega, omega_spent) =
+        annotate::label_stage(&omega_path, &label_sols, &omega_annotator, "annotating (OmegaPRM tree)")?;
 
     // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
     //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
@@ -270,6 +285,12 @@ pub fn run(o: &LabOptions) -> Result<Report> {
                 o.seed,
             )?,
         ];
+        {
+            let mut tree = compare("omegaprm", &omega, &oracle, omega_spent);
+            let written = std::fs::read_to_string(&omega_path)?.lines().count();
+            tree.new_solutions = written.saturating_sub(omega.len());
+            sources.push(tree);
+        }
         if let Some((judge_labels, judge_spent, consensus, human)) = &judged {
             let mut judge = compare("judge", judge_labels, &oracle, *judge_spent).with_prm(
                 &scored,

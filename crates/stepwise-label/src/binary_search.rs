@@ -6,8 +6,8 @@
 //! before it. That takes ⌈log₂ T⌉ rollout batches for T steps where per-step Monte Carlo takes up
 //! to T. Steps before the first error are labelled good, it and every later step bad.
 //!
-//! Not yet here: OmegaPRM's tree (successful rollouts kept as new solutions and searched in
-//! turn) and its MCTS selection over that tree.
+//! This bisects each solution on its own; [`crate::OmegaPrm`] runs the same bisection over a
+//! tree of rollouts shared by a problem's solutions, with MCTS choosing what to search.
 
 use anyhow::{Context, Result};
 use stepwise_core::seams::{Annotator, Policy, Spent, Task, Until};

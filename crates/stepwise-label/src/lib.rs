@@ -8,12 +8,14 @@ pub mod binary_search;
 pub mod consensus;
 pub mod judge;
 pub mod montecarlo;
+pub mod omegaprm;
 pub mod resumable;
 
 pub use binary_search::BinarySearch;
 pub use consensus::Consensus;
 pub use judge::Judge;
 pub use montecarlo::{McOptions, MonteCarlo};
+pub use omegaprm::{OmegaOptions, OmegaPrm};
 pub use resumable::annotate_resumable;
 
 /// Label `sol`'s steps hard from where its first error is: good before `first`, bad from it on

@@ -9,13 +9,15 @@ use stepwise_core::journal::{sort_like, Journal};
 use stepwise_core::seams::{Annotator, Spent};
 use stepwise_core::Solution;
 
-/// Label every solution of `sols` with `annotator`, appending each labelled solution to the
-/// JSONL journal at `path` as soon as it is done (what it cost in `meta.rollouts` and
+/// Label every solution of `sols` with `annotator`, appending each labelled solution (and any new
+/// solution the annotation produced, such as OmegaPRM's completed rollouts) to the JSONL journal
+/// at `path` as soon as it is done (what it cost in `meta.rollouts` and
 /// `meta.generated_tokens`). Solutions are labelled a few at a time in parallel (one per thread of
 /// rayon's pool, twice over) and written in input order. Started again after an interruption, it
 /// keeps what was written, drops a torn last line and labels only the rest; annotators seed per
 /// solution, so the records equal an uninterrupted run's. `progress(done)` reports solutions
-/// finished. Returns all labelled solutions, in input order, and what they cost in total.
+/// finished. Returns the labelled solutions of `sols`, in input order, and what the whole
+/// annotation cost.
 pub fn annotate_resumable(
     path: &Path,
     sols: &[Solution],
@@ -23,19 +25,49 @@ pub fn annotate_resumable(
     mut progress: impl FnMut(usize),
 ) -> Result<(Vec<Solution>, Spent)> {
     let (mut journal, mut kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
-    progress(kept.len());
-    let todo: Vec<&Solution> = sols.iter().filter(|s| !journal.contains(&s.id)).collect();
+    let given: std::collections::HashSet<&str> = sols.iter().map(|s| s.id.as_str()).collect();
+    let count = |kept: &[Solution]| kept.iter().filter(|s| given.contains(s.id.as_str())).count();
+    progress(count(&kept));
+    // The units labelled together: one solution, or all of a problem's for an annotator that
+    // shares work across them. A unit with any solution missing is labelled again whole (its
+    // records are deterministic), and only what the journal lacks is appended.
+    let units: Vec<Vec<&Solution>> = if annotator.by_problem() {
+        let mut order: Vec<&str> = Vec::new();
+        let mut groups: std::collections::HashMap<&str, Vec<&Solution>> = Default::default();
+        for s in sols {
+            groups
+                .entry(s.problem_id.as_str())
+                .or_insert_with(|| {
+                    order.push(&s.problem_id);
+                    Vec::new()
+                })
+                .push(s);
+        }
+        order.iter().map(|p| groups.remove(p).unwrap_or_default()).collect()
+    } else {
+        sols.iter().map(|s| vec![s]).collect()
+    };
+    let todo: Vec<Vec<Solution>> = units
+        .into_iter()
+        .filter(|u| u.iter().any(|s| !journal.contains(&s.id)))
+        .map(|u| u.into_iter().cloned().collect())
+        .collect();
     for batch in todo.chunks(2 * rayon::current_num_threads()) {
-        let done: Vec<(Solution, Spent)> = batch.par_iter().map(|s| annotator.annotate(s)).collect::<Result<_>>()?;
-        for (mut l, spent) in done {
+        let done: Vec<Vec<(Solution, Spent)>> = batch
+            .par_iter()
+            .map(|unit| annotator.annotate_problem(unit))
+            .collect::<Result<_>>()?;
+        for (mut l, spent) in done.into_iter().flatten() {
+            if journal.contains(&l.id) {
+                continue;
+            }
             l.meta.insert("rollouts".into(), spent.rollouts.into());
             l.meta.insert("generated_tokens".into(), spent.tokens.into());
             journal.append(l.id.clone(), &l)?;
             kept.push(l);
         }
-        progress(kept.len());
+        progress(count(&kept));
     }
-    sort_like(&mut kept, sols.iter().map(|s| s.id.as_str()), |s| s.id.as_str());
     let read = |s: &Solution, key: &str| s.meta.get(key).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
     let mut spent = Spent::default();
     for s in &kept {
@@ -44,5 +76,66 @@ pub fn annotate_resumable(
             tokens: read(s, "generated_tokens"),
         };
     }
+    // The given solutions, in input order (new solutions an annotation produced stay in the
+    // journal only).
+    kept.retain(|s| given.contains(s.id.as_str()));
+    sort_like(&mut kept, sols.iter().map(|s| s.id.as_str()), |s| s.id.as_str());
     Ok((kept, spent))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{solution, toy};
+    use crate::{OmegaOptions, OmegaPrm};
+    use stepwise_core::testing::{PlainTask, ScriptedPolicy};
+
+    /// An annotator that labels a problem's solutions together is run per problem; a problem cut
+    /// off after some of its records is labelled again whole, and the journal ends up with the
+    /// same records as an uninterrupted run's, the new solutions included.
+    #[test]
+    fn a_problem_cut_off_midway_resumes_to_the_same_records() {
+        let task = PlainTask::default();
+        let policy = ScriptedPolicy(toy);
+        let omega = OmegaPrm {
+            policy: &policy,
+            task: &task,
+            options: OmegaOptions {
+                rollouts: 2,
+                ..Default::default()
+            },
+        };
+        let mut sols = Vec::new();
+        for (p, first) in [("p1", 1), ("p2", 2), ("p1", 0)] {
+            let mut steps = vec!["good"; 4];
+            steps[first] = "bad";
+            steps[3] = "answer 2";
+            let mut s = solution(&format!("{p}-{first}"), &steps);
+            s.problem_id = p.into();
+            sols.push(s);
+        }
+        let dir = std::env::temp_dir().join(format!("stepwise-resume-tree-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (whole, cut) = (dir.join("whole.jsonl"), dir.join("cut.jsonl"));
+        let (labelled, spent) = annotate_resumable(&whole, &sols, &omega, |_| {}).unwrap();
+        let ids: Vec<&str> = labelled.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["p1-1", "p2-2", "p1-0"], "the given solutions, in input order");
+        let text = std::fs::read_to_string(&whole).unwrap();
+        assert!(
+            text.contains("p1-omegaprm-0") && text.contains("p2-omegaprm-0"),
+            "new solutions kept"
+        );
+        assert!(spent.rollouts > 0);
+        // Cut off after the first record of p1 (p1's other solution and its tree missing).
+        let first_line = text.lines().next().unwrap();
+        std::fs::write(&cut, format!("{first_line}\n")).unwrap();
+        let (again, spent_again) = annotate_resumable(&cut, &sols, &omega, |_| {}).unwrap();
+        assert_eq!(std::fs::read_to_string(&cut).unwrap(), text);
+        assert_eq!(spent_again, spent);
+        assert_eq!(
+            serde_json::to_string(&again).unwrap(),
+            serde_json::to_string(&labelled).unwrap()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

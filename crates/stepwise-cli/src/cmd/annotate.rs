@@ -4,7 +4,9 @@ use stepwise_core::seams::Annotator;
 use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution};
 use stepwise_label::judge::{IndexAnswer, JudgeFormat, ProcessBenchCritique};
-use stepwise_label::{annotate_resumable, BinarySearch, Consensus, Judge, McOptions, MonteCarlo};
+use stepwise_label::{
+    annotate_resumable, BinarySearch, Consensus, Judge, McOptions, MonteCarlo, OmegaOptions, OmegaPrm,
+};
 use stepwise_model::Prompt;
 
 /// Label steps automatically by Monte Carlo rollouts (Math-Shepherd) or by binary search for the
@@ -22,6 +24,14 @@ same records an uninterrupted run writes. Train on the result with `stepwise tra
 the middle of the steps still in doubt; if any rollout reaches the gold answer the first error lies after it, else \
 at or before it. It takes ceil(log2 T) rollout batches for T steps where mc takes up to T, and gives hard labels \
 (good before the first error, bad from it on); a solution with the right answer is all good and costs nothing.
+
+--method omegaprm runs that bisection over one rollout tree per problem (OmegaPRM with its MCTS): a problem's \
+solutions and every rollout share one tree of step prefixes, so a prefix probed for one solution (or lying on a \
+rollout that reached the gold answer) is not rolled out again for another. The given wrong solutions are searched \
+in the order MCTS prefers (Q + U: alpha 0.5, beta 0.9, L 500, c_puct 0.125, the paper's constants), then \
+--search-limit more searches over the tree's own wrong rollouts. Every completed rollout is written to --output as \
+a new labelled solution (`meta.omegaprm_rollout`); `stepwise convert --to omegaprm-tree` writes the trees. Steps \
+whose prefix has rollouts of its own carry their Monte Carlo value.
 
 --method judge asks --judge (a checkpoint folder, cached model id or server URL; an instruct model, with --judge-chat) \
 ProcessBench's critique question --judge-samples times and takes the most frequent index of the earliest wrong \
@@ -51,8 +61,12 @@ pub struct Args {
     pub output: PathBuf,
     /// How steps are labelled: `mc` (every step by rollouts; soft and hard labels) or
     /// `binary-search` (the first error by bisection; hard labels).
-    #[arg(long, default_value = "mc", value_parser = ["mc", "binary-search", "judge", "consensus"])]
+    #[arg(long, default_value = "mc", value_parser = ["mc", "binary-search", "omegaprm", "judge", "consensus"])]
     pub method: String,
+    /// --method omegaprm: searches over each problem's tree of new rollouts after its given
+    /// solutions' (0: label only the given solutions; the probes' rollouts are still kept).
+    #[arg(long, default_value_t = 0)]
+    pub search_limit: usize,
     /// The judge of --method judge and consensus: checkpoint folder, cached model id or server
     /// URL(s).
     #[arg(long, value_parser = super::backend::source)]
@@ -108,7 +122,7 @@ pub fn run(a: Args) -> Result<()> {
         &a.output,
         &serde_json::json!({
             "policy": a.policy, "method": a.method, "judge": a.judge, "judge_samples": a.judge_samples,
-            "judge_chat": a.judge_chat, "judge_format": a.judge_format, "rollouts": a.rollouts, "temperature": a.sampling.temperature,
+            "judge_chat": a.judge_chat, "judge_format": a.judge_format, "rollouts": a.rollouts, "search_limit": a.search_limit, "temperature": a.sampling.temperature,
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),
     )?;
@@ -164,6 +178,16 @@ pub fn run(a: Args) -> Result<()> {
             task: &task,
             options,
         }),
+        ("omegaprm", _) => Box::new(OmegaPrm {
+            policy: &*policy,
+            task: &task,
+            options: OmegaOptions {
+                rollouts: a.rollouts,
+                search_limit: a.search_limit,
+                seed: a.seed,
+                ..Default::default()
+            },
+        }),
         ("judge", Some(j)) => Box::new(Judge { ..*j }),
         ("consensus", Some(j)) => Box::new(Consensus { first: &mc, second: j }),
         _ => Box::new(MonteCarlo {
@@ -180,6 +204,14 @@ pub fn run(a: Args) -> Result<()> {
         pool.install(|| annotate_resumable(&a.output, &sols, &*annotator, |done| bar.set_position(done as u64)))?;
     bar.finish_and_clear();
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
+    if a.method == "omegaprm" {
+        let all = std::fs::read_to_string(&a.output)?.lines().count();
+        eprintln!(
+            "omegaprm: {} new solutions from the trees' rollouts written beside the {} given",
+            all.saturating_sub(labelled.len()),
+            labelled.len()
+        );
+    }
     let retried = match backend.retries() {
         0 => String::new(),
         n => format!(" ({n} requests retried)"),

@@ -26,4 +26,18 @@ pub trait Annotator: Sync {
 
     /// The solution with its steps labelled, and what labelling it cost.
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)>;
+
+    /// Label the solutions of one problem together: each labelled with what it cost, in the
+    /// order given, then any new solutions the annotation produced (OmegaPRM's completed
+    /// rollouts, marked in `meta`). An annotator that shares work across a problem's solutions
+    /// (a rollout tree) overrides it; the default labels each on its own.
+    fn annotate_problem(&self, sols: &[Solution]) -> Result<Vec<(Solution, Spent)>> {
+        sols.iter().map(|s| self.annotate(s)).collect()
+    }
+
+    /// Whether [`Annotator::annotate_problem`] must see all of a problem's solutions at once
+    /// (runners then group them by `problem_id`); `false` lets them label one at a time.
+    fn by_problem(&self) -> bool {
+        false
+    }
 }

@@ -10,7 +10,7 @@ use stepwise_eval::labels::label_quality;
 /// One label source against the oracle.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LabelSource {
-    /// `mc`, `binary_search`, `judge`, `consensus` or `oracle`.
+    /// `mc`, `binary_search`, `omegaprm`, `judge`, `consensus` or `oracle`.
     pub source: String,
     /// Labelled steps compared.
     pub steps: usize,
@@ -30,6 +30,10 @@ pub struct LabelSource {
     /// judge's training set, or every solution for `oracle`.
     #[serde(default)]
     pub human_labels: usize,
+    /// New labelled solutions the annotation produced beside the samples (OmegaPRM's kept
+    /// rollouts).
+    #[serde(default)]
+    pub new_solutions: usize,
     /// Fraction of the labelled solutions kept for training (1 unless filtered by consensus).
     #[serde(default)]
     pub retained_fraction: Option<f64>,
@@ -44,7 +48,7 @@ pub struct LabelSource {
 /// Every label source of a run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Labels {
-    /// In the order mc, binary_search, judge, consensus, oracle.
+    /// In the order mc, binary_search, omegaprm, judge, consensus, oracle.
     pub sources: Vec<LabelSource>,
 }
 

@@ -1,0 +1,671 @@
+//! OmegaPRM (Luo et al. 2024): binary search for the first error over a tree of rollouts that
+//! every search of a problem shares, with MCTS choosing what to search next.
+//!
+//! - **The tree.** A node is a step prefix of the problem's solutions; equal prefixes are one
+//!   node. A problem's given solutions are the root's first rollouts. A node is *alive* once any
+//!   complete solution through it reaches the gold answer, and *dead* once `k` rollouts from it
+//!   all failed (and none through it succeeded). Every rollout is kept: its steps become a path
+//!   in the tree, so a later search that probes a prefix on it already knows the answer when the
+//!   rollout succeeded, or reuses the prefix's own rollouts.
+//! - **A search** takes a wrong solution `r` that left an alive node `s` and bisects the steps of
+//!   `r` after `s` for the first dead prefix, exactly as [`crate::BinarySearch`] does, probing
+//!   prefixes with `k` rollouts only where the tree does not know yet. The wrong rollouts from
+//!   an alive probed prefix join the pool of searches.
+//! - **Selection** (the paper's MCTS): the next search is the pool's `(s, r)` maximising
+//!   `Q(s, r) + U(s)`, with `Q = α^(1 − MC(s)) · β^(len(r)/L)` (solutions from likely-right
+//!   prefixes that are short: the "supposed to be right" ones) and `U = c_puct · √(Σ N) /
+//!   (1 + N(s))`, where `MC(s)` is the fraction of `s`'s rollouts that succeeded and `N` counts
+//!   searches started from a node. The paper's constants are the defaults.
+//! - **Budget.** Every given wrong solution is searched (in selection order); then up to
+//!   `search_limit` more searches over the new rollouts, which become labelled solutions too.
+//!
+//! Labels: a step whose prefix has rollouts of its own gets the soft Monte Carlo value of those
+//! (when it agrees with what the tree knows), else good when alive, bad from the first dead
+//! prefix on, none where the tree does not know. Every rollout is counted in what a problem cost:
+//! a search's rollouts to the given solution searched, the extra searches' to the problem's first
+//! solution.
+
+use anyhow::{Context, Result};
+use stepwise_core::seams::{Annotator, Policy, Spent, Task, Until};
+use stepwise_core::{Provenance, Solution, Step, StepLabel};
+
+/// OmegaPRM's settings (the paper's constants by default).
+#[derive(Debug, Clone)]
+pub struct OmegaOptions {
+    /// Rollouts `k` per probed prefix.
+    pub rollouts: usize,
+    /// Searches over the tree's new rollouts after the given solutions' (0: only the given).
+    pub search_limit: usize,
+    /// `α` of `Q`: how strongly likely-right prefixes are preferred.
+    pub alpha: f64,
+    /// `β` of `Q`: how strongly short solutions are preferred.
+    pub beta: f64,
+    /// `L` of `Q`: the length scale in tokens.
+    pub length_scale: f64,
+    /// `c_puct` of `U`: exploration.
+    pub c_puct: f64,
+    /// Base seed; each prefix's rollouts derive their seed from it and the prefix's text.
+    pub seed: u64,
+}
+
+impl Default for OmegaOptions {
+    fn default() -> Self {
+        OmegaOptions {
+            rollouts: 8,
+            search_limit: 0,
+            alpha: 0.5,
+            beta: 0.9,
+            length_scale: 500.0,
+            c_puct: 0.125,
+            seed: 0,
+        }
+    }
+}
+
+/// The OmegaPRM annotator.
+pub struct OmegaPrm<'a> {
+    /// Completes the prefixes.
+    pub policy: &'a dyn Policy,
+    /// Grades a completed solution against its gold answer.
+    pub task: &'a dyn Task,
+    /// Settings.
+    pub options: OmegaOptions,
+}
+
+/// One step prefix of the problem's solutions.
+#[derive(Debug, Default)]
+struct Node {
+    step: String,
+    parent: Option<usize>,
+    children: Vec<usize>,
+    /// Rollouts from this prefix, and how many reached the gold answer.
+    rollouts: usize,
+    hits: usize,
+    /// Searches started from this prefix (`N`).
+    visits: usize,
+    /// Some complete solution through this prefix reaches the gold answer.
+    alive: bool,
+    /// Rollouts from it all failed and none through it succeeded.
+    dead: bool,
+    /// A complete solution ends here: whether it is right, and its length (tokens, or words for
+    /// a given solution).
+    ended: Option<(bool, usize)>,
+}
+
+/// A search to run: the wrong solution ending at `leaf`, rolled out from the alive `from`.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    from: usize,
+    leaf: usize,
+    /// The given solution it is, if any (its cost is booked to it).
+    given: Option<usize>,
+}
+
+/// A problem's rollout tree (node 0 is the question).
+struct Tree {
+    nodes: Vec<Node>,
+}
+
+impl Tree {
+    fn new() -> Self {
+        Tree {
+            nodes: vec![Node {
+                // The question has an answer: the root is alive by assumption.
+                alive: true,
+                ..Default::default()
+            }],
+        }
+    }
+
+    /// The node for `steps` after `from`, made where missing.
+    fn insert(&mut self, from: usize, steps: &[String]) -> usize {
+        let mut at = from;
+        for s in steps {
+            let found = self.nodes[at]
+                .children
+                .iter()
+                .copied()
+                .find(|&c| self.nodes[c].step == *s);
+            at = found.unwrap_or_else(|| {
+                self.nodes.push(Node {
+                    step: s.clone(),
+                    parent: Some(at),
+                    ..Default::default()
+                });
+                let id = self.nodes.len() - 1;
+                self.nodes[at].children.push(id);
+                id
+            });
+        }
+        at
+    }
+
+    /// The nodes from the root (excluded) down to `node` (included).
+    fn path(&self, node: usize) -> Vec<usize> {
+        let mut p = Vec::new();
+        let mut at = node;
+        while let Some(parent) = self.nodes[at].parent {
+            p.push(at);
+            at = parent;
+        }
+        p.reverse();
+        p
+    }
+
+    fn steps(&self, node: usize) -> Vec<String> {
+        self.path(node).iter().map(|&n| self.nodes[n].step.clone()).collect()
+    }
+
+    /// A complete solution ends at `leaf`; a right one makes every prefix on its path alive.
+    fn end(&mut self, leaf: usize, right: bool, length: usize) {
+        self.nodes[leaf].ended = Some((right, length));
+        if right {
+            let mut at = Some(leaf);
+            while let Some(n) = at {
+                self.nodes[n].alive = true;
+                self.nodes[n].dead = false;
+                at = self.nodes[n].parent;
+            }
+        } else if !self.nodes[leaf].alive {
+            // A wrong finished solution cannot be continued to the right answer.
+            self.nodes[leaf].dead = true;
+        }
+    }
+
+    /// `MC(s)`: the fraction of `s`'s rollouts that succeeded.
+    fn mc(&self, s: usize) -> f64 {
+        let n = &self.nodes[s];
+        if n.rollouts == 0 {
+            f64::from(u8::from(n.alive))
+        } else {
+            n.hits as f64 / n.rollouts as f64
+        }
+    }
+
+    /// The label of the node `n`'s last step, given whether an earlier prefix on the path is
+    /// dead.
+    fn label(&self, n: usize, after_dead: bool) -> Option<StepLabel> {
+        let node = &self.nodes[n];
+        let bad = after_dead || node.dead;
+        if node.rollouts > 0 && node.alive == (node.hits > 0) && (node.hits > 0 || bad) {
+            let source = Provenance::MonteCarlo {
+                rollouts: node.rollouts as u32,
+                hits: node.hits as u32,
+            };
+            return Some(StepLabel::soft(node.hits as f32 / node.rollouts as f32, source));
+        }
+        if node.alive {
+            Some(StepLabel::from_bool(true, Provenance::BinarySearch))
+        } else if bad {
+            Some(StepLabel::from_bool(false, Provenance::BinarySearch))
+        } else {
+            None
+        }
+    }
+
+    /// The steps of the solution ending at `leaf`, labelled from what the tree knows.
+    fn labelled_steps(&self, leaf: usize) -> Vec<Step> {
+        let mut after_dead = false;
+        self.path(leaf)
+            .into_iter()
+            .map(|n| {
+                let label = self.label(n, after_dead);
+                after_dead |= self.nodes[n].dead && !self.nodes[n].alive;
+                Step {
+                    text: self.nodes[n].step.clone(),
+                    label,
+                    score: None,
+                }
+            })
+            .collect()
+    }
+}
+
+/// One problem's search in progress.
+struct Search<'s> {
+    annotator: &'s OmegaPrm<'s>,
+    question: &'s str,
+    gold: &'s str,
+    problem: &'s str,
+    tree: Tree,
+    /// Searches still to run over the tree's new rollouts.
+    pool: Vec<Candidate>,
+}
+
+impl Search<'_> {
+    /// Whether the prefix `node` is alive: known from the tree, else by `k` rollouts from it
+    /// (kept in the tree; their cost added to `spent`).
+    fn probe(&mut self, node: usize, spent: &mut Spent) -> Result<bool> {
+        let n = &self.tree.nodes[node];
+        if n.alive || n.dead {
+            return Ok(n.alive);
+        }
+        let o = &self.annotator.options;
+        let prefix = self.tree.steps(node);
+        let refs: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        let key = format!("{}\u{1f}{}", self.problem, prefix.join("\u{1f}"));
+        let outs = self.annotator.policy.continue_from(
+            self.question,
+            &refs,
+            o.rollouts,
+            Until::End,
+            crate::montecarlo::seed_for(o.seed, &key, 0),
+        )?;
+        spent.rollouts += outs.len();
+        spent.tokens += outs.iter().map(|c| c.tokens).sum::<usize>();
+        let mut wrong = Vec::new();
+        let mut hits = 0;
+        for c in &outs {
+            let mut full = prefix.clone();
+            full.extend(c.steps.iter().cloned());
+            let right = self.annotator.task.is_correct(self.gold, &full);
+            let leaf = self.tree.insert(node, &c.steps);
+            self.tree.end(leaf, right, c.tokens);
+            hits += usize::from(right);
+            if !right && leaf != node {
+                wrong.push(leaf);
+            }
+        }
+        let n = &mut self.tree.nodes[node];
+        n.rollouts += outs.len();
+        n.hits += hits;
+        if !n.alive {
+            n.dead = true;
+        }
+        let alive = n.alive;
+        if alive {
+            // The wrong rollouts of a prefix that can still be right hold an error to find.
+            self.pool.extend(wrong.into_iter().map(|leaf| Candidate {
+                from: node,
+                leaf,
+                given: None,
+            }));
+        }
+        Ok(alive)
+    }
+
+    /// Bisect the steps of the candidate's solution after its alive start for the first dead
+    /// prefix; returns the cost.
+    fn search(&mut self, c: Candidate) -> Result<Spent> {
+        let mut spent = Spent::default();
+        self.tree.nodes[c.from].visits += 1;
+        let path = self.tree.path(c.leaf);
+        let start = path.iter().position(|&n| n == c.from).map_or(0, |i| i + 1);
+        let path = &path[start..];
+        if path.is_empty() || self.tree.nodes[c.leaf].alive {
+            return Ok(spent);
+        }
+        // Invariant: the prefix before `lo + 1` is alive, the one ending at `hi` is dead.
+        let (mut lo, mut hi): (isize, usize) = (-1, path.len() - 1);
+        while hi as isize - lo > 1 {
+            let mid = ((lo + hi as isize) / 2) as usize;
+            if self.probe(path[mid], &mut spent)? {
+                lo = mid as isize;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(spent)
+    }
+
+    /// The index of the pool's candidate with the largest `Q + U` (the first among equals).
+    fn select(&self, pool: &[Candidate]) -> Option<usize> {
+        let o = &self.annotator.options;
+        let total: usize = self.tree.nodes.iter().map(|n| n.visits).sum();
+        let value = |c: &Candidate| {
+            let length = self.tree.nodes[c.leaf].ended.map_or(0, |e| e.1) as f64;
+            let q = o.alpha.powf(1.0 - self.tree.mc(c.from)) * o.beta.powf(length / o.length_scale);
+            let u = o.c_puct * (total as f64).sqrt() / (1.0 + self.tree.nodes[c.from].visits as f64);
+            q + u
+        };
+        (0..pool.len()).fold(None, |best: Option<usize>, i| match best {
+            Some(b) if value(&pool[b]) >= value(&pool[i]) => Some(b),
+            _ => Some(i),
+        })
+    }
+}
+
+impl OmegaPrm<'_> {
+    /// Search the tree of one problem's solutions (all with the same question and gold
+    /// answer); returns the given solutions labelled, each with what its searches cost, then the
+    /// new complete rollouts as labelled solutions (`meta.omegaprm_rollout`).
+    pub fn annotate_tree(&self, sols: &[Solution]) -> Result<Vec<(Solution, Spent)>> {
+        let Some(first) = sols.first() else {
+            return Ok(Vec::new());
+        };
+        let gold = first
+            .gold_answer
+            .as_deref()
+            .with_context(|| format!("solution {}: field `gold_answer`: missing", first.id))?;
+        let mut search = Search {
+            annotator: self,
+            question: &first.question,
+            gold,
+            problem: &first.problem_id,
+            tree: Tree::new(),
+            pool: Vec::new(),
+        };
+        // The given solutions are the root's first rollouts.
+        let mut leaves = Vec::with_capacity(sols.len());
+        let mut given = Vec::new();
+        for (i, s) in sols.iter().enumerate() {
+            let steps = s.step_strings();
+            let leaf = search.tree.insert(0, &steps);
+            leaves.push(leaf);
+            if steps.is_empty() {
+                continue;
+            }
+            let right = self.task.is_correct(gold, &steps);
+            let words = steps.iter().map(|t| t.split_whitespace().count()).sum();
+            search.tree.end(leaf, right, words);
+            search.tree.nodes[0].rollouts += 1;
+            search.tree.nodes[0].hits += usize::from(right);
+            if !right {
+                given.push(Candidate {
+                    from: 0,
+                    leaf,
+                    given: Some(i),
+                });
+            }
+        }
+        let mut spent = vec![Spent::default(); sols.len()];
+        // Every given wrong solution, in the order MCTS prefers them.
+        while let Some(i) = search.select(&given) {
+            let c = given.swap_remove(i);
+            spent[c.given.unwrap_or(0)] += search.search(c)?;
+        }
+        // Then the tree's own wrong rollouts, up to the search limit.
+        for _ in 0..self.options.search_limit {
+            let Some(i) = search.select(&search.pool) else { break };
+            let c = search.pool.swap_remove(i);
+            spent[0] += search.search(c)?;
+        }
+        let tree = &search.tree;
+        let mut out: Vec<(Solution, Spent)> = sols
+            .iter()
+            .zip(&leaves)
+            .zip(spent)
+            .map(|((s, &leaf), cost)| {
+                let mut l = s.clone();
+                if !s.steps.is_empty() {
+                    for (st, new) in l.steps.iter_mut().zip(tree.labelled_steps(leaf)) {
+                        st.label = new.label;
+                    }
+                }
+                (l, cost)
+            })
+            .collect();
+        let given_leaves: std::collections::HashSet<usize> = leaves.iter().copied().collect();
+        let mut extra = 0;
+        for (n, node) in tree.nodes.iter().enumerate() {
+            let Some((right, _)) = node.ended else { continue };
+            if given_leaves.contains(&n) {
+                continue;
+            }
+            let mut s = Solution {
+                id: format!("{}-omegaprm-{extra}", first.problem_id),
+                problem_id: first.problem_id.clone(),
+                question: first.question.clone(),
+                steps: tree.labelled_steps(n),
+                gold_answer: first.gold_answer.clone(),
+                correct: Some(right),
+                generator: first.generator.clone(),
+                ..Default::default()
+            };
+            s.final_answer = self.task.answer(&s.step_strings());
+            s.meta.insert("omegaprm_rollout".into(), true.into());
+            out.push((s, Spent::default()));
+            extra += 1;
+        }
+        Ok(out)
+    }
+}
+
+impl Annotator for OmegaPrm<'_> {
+    fn name(&self) -> &str {
+        "omegaprm"
+    }
+
+    fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
+        let mut out = self.annotate_tree(std::slice::from_ref(sol))?;
+        Ok(out.swap_remove(0))
+    }
+
+    fn annotate_problem(&self, sols: &[Solution]) -> Result<Vec<(Solution, Spent)>> {
+        self.annotate_tree(sols)
+    }
+
+    fn by_problem(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{solution, toy};
+    use crate::{BinarySearch, McOptions};
+    use std::sync::Mutex;
+    use stepwise_core::seams::Continuation;
+    use stepwise_core::testing::{PlainTask, ScriptedPolicy};
+
+    /// A policy that records the prefixes it is asked to continue and the rollouts it returns.
+    struct Recording<P> {
+        inner: P,
+        asked: Mutex<Vec<Vec<String>>>,
+        returned: Mutex<usize>,
+    }
+
+    impl<P: Policy> Recording<P> {
+        fn new(inner: P) -> Self {
+            Recording {
+                inner,
+                asked: Mutex::new(Vec::new()),
+                returned: Mutex::new(0),
+            }
+        }
+    }
+
+    impl<P: Policy> Policy for Recording<P> {
+        fn continue_from(
+            &self,
+            question: &str,
+            prefix: &[&str],
+            n: usize,
+            until: Until,
+            seed: u64,
+        ) -> Result<Vec<Continuation>> {
+            self.asked
+                .lock()
+                .unwrap()
+                .push(prefix.iter().map(|s| s.to_string()).collect());
+            let out = self.inner.continue_from(question, prefix, n, until, seed)?;
+            *self.returned.lock().unwrap() += out.len();
+            Ok(out)
+        }
+    }
+
+    fn omega<'a>(policy: &'a dyn Policy, task: &'a PlainTask, search_limit: usize) -> OmegaPrm<'a> {
+        OmegaPrm {
+            policy,
+            task,
+            options: OmegaOptions {
+                rollouts: 4,
+                search_limit,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Alone, a solution is bisected exactly as binary search does it: the known first error in
+    /// ⌊log₂ T⌋ to ⌈log₂ T⌉ batches of rollouts.
+    #[test]
+    fn finds_the_known_first_error_in_log_many_batches() {
+        let task = PlainTask::default();
+        let policy = ScriptedPolicy(toy);
+        let o = omega(&policy, &task, 0);
+        for t in 1..=17usize {
+            for first in 0..t {
+                let mut steps: Vec<&str> = vec!["good"; t];
+                steps[first] = "bad";
+                steps[t - 1] = if first == t - 1 { "answer 2" } else { "bad" };
+                let (l, spent) = o.annotate(&solution("s", &steps)).unwrap();
+                assert_eq!(l.first_error(), Some(first), "T = {t}, first error {first}");
+                assert!(
+                    l.steps.iter().all(|s| s.label.is_some()),
+                    "T = {t}: every step labelled"
+                );
+                let (least, most) = ((t as f64).log2().floor() as usize, (t as f64).log2().ceil() as usize);
+                assert!(
+                    (4 * least..=4 * most).contains(&spent.rollouts),
+                    "T = {t}: {}",
+                    spent.rollouts
+                );
+            }
+        }
+    }
+
+    /// A problem's solutions share the tree: a prefix probed for one is not rolled out again for
+    /// another, a right solution costs nothing, the labels are binary search's, and every rollout
+    /// is counted.
+    #[test]
+    fn solutions_of_a_problem_reuse_each_others_rollouts() {
+        let task = PlainTask::default();
+        let sols = [
+            solution("a", &["good", "good", "good", "bad", "bad", "answer 2"]),
+            solution("b", &["good", "good", "good", "bad", "x", "answer 2"]),
+            solution("c", &["good", "good", "good", "good", "bad", "answer 2"]),
+            solution("d", &["good", "answer 1"]),
+        ];
+        let policy = Recording::new(ScriptedPolicy(toy));
+        let out = omega(&policy, &task, 0).annotate_problem(&sols).unwrap();
+        // The given solutions first, then the probes' completed rollouts, kept as solutions.
+        assert!(out[4..]
+            .iter()
+            .all(|(s, spent)| s.meta["omegaprm_rollout"] == true && spent.rollouts == 0));
+        assert!(out.len() > sols.len());
+        let bs = BinarySearch {
+            policy: &ScriptedPolicy(toy),
+            task: &task,
+            options: McOptions { rollouts: 4, seed: 0 },
+        };
+        let mut alone = 0;
+        for ((l, _), s) in out.iter().zip(&sols) {
+            assert_eq!(l.id, s.id);
+            let (b, spent) = bs.annotate(s).unwrap();
+            alone += spent.rollouts;
+            let good =
+                |x: &Solution| -> Vec<bool> { x.steps.iter().map(|s| s.label.as_ref().unwrap().is_good()).collect() };
+            assert_eq!(good(l), good(&b), "{}", s.id);
+        }
+        let tree: usize = out.iter().map(|(_, s)| s.rollouts).sum();
+        assert_eq!(tree, *policy.returned.lock().unwrap(), "every rollout counted");
+        assert!(
+            tree < alone,
+            "the tree spent {tree} rollouts, one search per solution {alone}"
+        );
+        let asked = policy.asked.lock().unwrap();
+        let mut distinct = asked.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), asked.len(), "a prefix rolled out twice: {asked:?}");
+        assert_eq!(out[3].1.rollouts, 0, "a right solution costs nothing");
+    }
+
+    /// Searches over the tree's own wrong rollouts label them as new solutions, consistent with
+    /// what the task's checker says of every step.
+    #[test]
+    fn extra_searches_label_new_rollouts() {
+        fn slips(_q: &str, prefix: &[&str], j: usize) -> Vec<String> {
+            let ok = !prefix.contains(&"bad");
+            let rest: &[&str] = match (ok, j % 2) {
+                (true, 0) => &["good", "answer 1"],
+                _ => &["good", "bad", "good", "answer 2"],
+            };
+            rest.iter().map(|s| s.to_string()).collect()
+        }
+        let task = PlainTask::default();
+        let sols = [solution("a", &["good", "good", "bad", "good", "answer 2"])];
+        let policy = Recording::new(ScriptedPolicy(slips));
+        let out = omega(&policy, &task, 3).annotate_problem(&sols).unwrap();
+        let extra: Vec<&Solution> = out[1..].iter().map(|(s, _)| s).collect();
+        assert!(!extra.is_empty());
+        assert!(extra
+            .iter()
+            .all(|s| s.meta["omegaprm_rollout"] == true && s.id.contains("-omegaprm-")));
+        let total: usize = out.iter().map(|(_, s)| s.rollouts).sum();
+        assert_eq!(total, *policy.returned.lock().unwrap(), "every rollout counted");
+        let mut searched = 0;
+        for s in out.iter().map(|(s, _)| s) {
+            let mut prefix_ok = true;
+            for st in &s.steps {
+                prefix_ok &= !st.text.contains("bad");
+                if let Some(l) = &st.label {
+                    assert_eq!(l.is_good(), prefix_ok, "{}: {:?}", s.id, s.step_strings());
+                }
+            }
+            searched += usize::from(s.correct == Some(false) && s.steps.iter().all(|st| st.label.is_some()));
+        }
+        assert!(
+            searched >= 2,
+            "the given solution and at least one new rollout fully labelled"
+        );
+    }
+
+    /// Among equals, MCTS searches the shorter wrong solution first (`β^(len/L)`), and a state
+    /// already searched from weighs less (`U`).
+    #[test]
+    fn selection_prefers_short_solutions_from_unvisited_likely_right_prefixes() {
+        let task = PlainTask::default();
+        let sols = [
+            solution("long", &["good", "good", "good", "good", "bad", "answer 2"]),
+            solution("short", &["good", "bad", "answer 2"]),
+        ];
+        let policy = Recording::new(ScriptedPolicy(toy));
+        omega(&policy, &task, 0).annotate_problem(&sols).unwrap();
+        let asked = policy.asked.lock().unwrap();
+        assert_eq!(asked[0], ["good"], "the short solution's midpoint first: {asked:?}");
+
+        let o = omega(&policy, &task, 0);
+        let mut search = Search {
+            annotator: &o,
+            question: "q",
+            gold: "1",
+            problem: "p",
+            tree: Tree::new(),
+            pool: Vec::new(),
+        };
+        let (likely, unlikely) = (
+            search.tree.insert(0, &["x".into()]),
+            search.tree.insert(0, &["y".into()]),
+        );
+        let (l1, l2) = (
+            search.tree.insert(likely, &["z".into()]),
+            search.tree.insert(unlikely, &["z".into()]),
+        );
+        for (n, hits) in [(likely, 3), (unlikely, 1)] {
+            search.tree.nodes[n].rollouts = 4;
+            search.tree.nodes[n].hits = hits;
+        }
+        let pool = [
+            Candidate {
+                from: unlikely,
+                leaf: l2,
+                given: None,
+            },
+            Candidate {
+                from: likely,
+                leaf: l1,
+                given: None,
+            },
+        ];
+        assert_eq!(search.select(&pool), Some(1), "the likelier prefix first");
+        search.tree.nodes[likely].visits = 20;
+        search.tree.nodes[unlikely].visits = 0;
+        assert_eq!(
+            search.select(&pool),
+            Some(0),
+            "exploration turns to the unvisited prefix"
+        );
+    }
+}
