@@ -185,6 +185,15 @@ are on the held-out samples. The judge's rollouts are its sampled answers.\n"
                 opt(l.bon.get(&n).copied()),
             );
         }
+        for l in r.labels.sources.iter().filter(|l| l.new_solutions > 0) {
+            let _ = writeln!(
+                s,
+                "\n{} also kept {} completed rollouts as new labelled solutions (label accuracy {} against the oracle).",
+                l.source,
+                l.new_solutions,
+                opt(l.new_solutions_label_accuracy)
+            );
+        }
     }
     let _ = writeln!(s, "\n## Calibration\n\n![calibration](calibration.png)\n");
     if let Some(search) = &r.search {

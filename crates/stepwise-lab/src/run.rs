@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use stepwise_core::seams::score_solutions;
 use stepwise_core::Solution;
+use stepwise_core::Task;
 use stepwise_label::judge::IndexAnswer;
 use stepwise_label::{BinarySearch, Judge, McOptions, MonteCarlo, OmegaOptions, OmegaPrm};
 use stepwise_model::Model;
@@ -287,8 +288,30 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         ];
         {
             let mut tree = compare("omegaprm", &omega, &oracle, omega_spent);
-            let written = std::fs::read_to_string(&omega_path)?.lines().count();
-            tree.new_solutions = written.saturating_sub(omega.len());
+            // The tree's completed rollouts, labelled beside the samples: their labels against
+            // the oracle's verdicts on their steps.
+            let new: Vec<Solution> =
+                stepwise_core::io::read_solutions(&omega_path, Some(stepwise_core::Format::Stepwise))?
+                    .into_iter()
+                    .filter(|s| s.meta.contains_key("omegaprm_rollout"))
+                    .collect();
+            let new_oracle: Vec<Solution> = new
+                .iter()
+                .map(|s| {
+                    let mut o = s.clone();
+                    let verdicts = task.check_steps(&s.problem_id, &s.step_strings()).unwrap_or_default();
+                    for (st, ok) in o.steps.iter_mut().zip(verdicts) {
+                        st.label = Some(stepwise_core::StepLabel::from_bool(
+                            ok,
+                            stepwise_core::Provenance::Oracle,
+                        ));
+                    }
+                    o
+                })
+                .collect();
+            tree.new_solutions = new.len();
+            tree.new_solutions_label_accuracy =
+                (!new.is_empty()).then(|| compare("omegaprm", &new, &new_oracle, Default::default()).label_accuracy);
             sources.push(tree);
         }
         if let Some((judge_labels, judge_spent, consensus, human)) = &judged {

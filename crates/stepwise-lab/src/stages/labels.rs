@@ -34,6 +34,9 @@ pub struct LabelSource {
     /// rollouts).
     #[serde(default)]
     pub new_solutions: usize,
+    /// Their step labels' accuracy against the oracle.
+    #[serde(default)]
+    pub new_solutions_label_accuracy: Option<f64>,
     /// Fraction of the labelled solutions kept for training (1 unless filtered by consensus).
     #[serde(default)]
     pub retained_fraction: Option<f64>,
