@@ -4,7 +4,7 @@
 use crate::task::{self, LabProblem};
 use std::collections::HashMap;
 use stepwise_core::seams::Task;
-use stepwise_core::Problem;
+use stepwise_core::{Problem, Provenance, Solution, StepLabel};
 
 /// The lab's problems as a [`Task`]: a solution's answer is what it states (`The answer is X`),
 /// graded by equality; every step has an exact verdict ([`task::check_steps`]).
@@ -25,6 +25,18 @@ impl LabTask {
     /// A problem by id.
     pub fn problem(&self, id: &str) -> Option<&LabProblem> {
         self.by_id.get(id)
+    }
+
+    /// `s` with every step labelled by the exact checker (for solutions made after sampling,
+    /// such as OmegaPRM's rollouts, which carry no `meta.oracle`; steps of an unknown problem
+    /// stay unlabelled).
+    pub fn oracle_labelled(&self, s: &Solution) -> Solution {
+        let mut out = s.clone();
+        let verdicts = self.check_steps(&s.problem_id, &s.step_strings()).unwrap_or_default();
+        for (st, ok) in out.steps.iter_mut().zip(verdicts) {
+            st.label = Some(StepLabel::from_bool(ok, Provenance::Oracle));
+        }
+        out
     }
 }
 

@@ -55,6 +55,11 @@ pub struct Preset {
     /// OmegaPRM: searches over each problem's tree of new rollouts after its samples'.
     #[serde(default)]
     pub omegaprm_search_limit: usize,
+    /// Whether the PRM on OmegaPRM's labels also trains on the tree's new solutions (else on
+    /// the samples' labels only, the default: the new solutions' labels are less accurate and
+    /// made that PRM worse on every seed; see the README).
+    #[serde(default)]
+    pub omegaprm_train_on_new: bool,
     /// The judge (a generative verifier): oracle-labelled samples it is fine-tuned on, the
     /// lab's small "human" budget (0 skips the judge and the consensus filter).
     #[serde(default)]
@@ -153,6 +158,7 @@ impl Preset {
             verifier_lr: 1e-3,
             temperature: 1.0,
             omegaprm_search_limit: 0,
+            omegaprm_train_on_new: false,
             judge_solutions: 16,
             judge_steps: 20,
             judge_lr: 1e-3,
@@ -194,6 +200,7 @@ impl Preset {
             verifier_lr: 3e-4,
             temperature: 1.0,
             omegaprm_search_limit: 0,
+            omegaprm_train_on_new: false,
             judge_solutions: 200,
             judge_steps: 300,
             judge_lr: 1e-3,

@@ -12,9 +12,7 @@ use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use stepwise_core::seams::score_solutions;
 use stepwise_core::Solution;
-use stepwise_core::Task;
-use stepwise_label::judge::IndexAnswer;
-use stepwise_label::{BinarySearch, Judge, McOptions, MonteCarlo, OmegaOptions, OmegaPrm};
+use stepwise_label::{BinarySearch, McOptions, MonteCarlo, OmegaOptions, OmegaPrm};
 use stepwise_model::Model;
 
 /// Options of [`run`].
@@ -177,6 +175,12 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let omega_path = o.out.join("labels_omegaprm.jsonl");
     let (omega, omega_spent) =
         annotate::label_stage(&omega_path, &label_sols, &omega_annotator, "annotating (OmegaPRM tree)")?;
+    // The tree's completed rollouts, labelled beside the samples.
+    let omega_new: Vec<Solution> =
+        stepwise_core::io::read_solutions(&omega_path, Some(stepwise_core::Format::Stepwise))?
+            .into_iter()
+            .filter(|s| s.meta.contains_key("omegaprm_rollout"))
+            .collect();
 
     // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
     //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
@@ -185,33 +189,13 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         McLabels::Hard => mc.iter().map(annotate::hard_mc).collect(),
         McLabels::Soft => mc.clone(),
     };
-    let judged = if p.judge_solutions > 0 {
-        let human = crate::stages::judge::human_budget(&oracle, p.judge_solutions);
-        let judge_model =
-            crate::stages::judge::train_judge(&o.out.join("judge"), &o.out.join("policy"), p, o.seed, &human, &tok)?;
-        let judge_policy = crate::stages::judge::judge_policy(&judge_model, &tok, p.temperature);
-        let judge = Judge {
-            policy: &judge_policy,
-            samples: p.judge_samples,
-            seed: o.seed ^ 6,
-            format: &IndexAnswer,
-        };
-        let (labels, spent) = annotate::label_stage(
-            &o.out.join("labels_judge.jsonl"),
-            &label_sols,
-            &judge,
-            "annotating (judge)",
-        )?;
-        let consensus: Vec<Solution> = mc_train
-            .iter()
-            .cloned()
-            .zip(&labels)
-            .map(|(a, b)| stepwise_label::consensus::keep_if_agreeing(a, b))
-            .collect();
-        Some((labels, spent, consensus, human.len()))
-    } else {
-        None
-    };
+    let judged = (p.judge_solutions > 0)
+        .then(|| crate::stages::judge::judge_stage(&o.out, p, o.seed, &tok, &label_sols, &oracle, &mc_train))
+        .transpose()?;
+
+    // The tree's labels on the samples (and on its new solutions), hard as PRM-MC's are.
+    let new_in_training = if p.omegaprm_train_on_new { &omega_new[..] } else { &[] };
+    let omega_train: Vec<Solution> = omega.iter().chain(new_in_training).map(annotate::hard_mc).collect();
 
     // 4. Verifiers, same code and budget: a PRM on each label source, and an ORM.
     let verifiers = Verifiers {
@@ -225,11 +209,12 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         (verifier::PRM_MC, "PRM-MC", &mc_train, false),
         (verifier::PRM_ORACLE, "PRM-oracle", &oracle, false),
         (verifier::PRM_BINARY_SEARCH, "PRM-binary-search", &bs, false),
+        (verifier::PRM_OMEGAPRM, "PRM-omegaprm", &omega_train, false),
         (verifier::ORM, "ORM", &label_sols, true),
     ];
-    if let Some((judge_labels, _, consensus, _)) = &judged {
-        jobs.push((verifier::PRM_JUDGE, "PRM-judge", judge_labels, false));
-        jobs.push((verifier::PRM_CONSENSUS, "PRM-consensus", consensus, false));
+    if let Some(j) = &judged {
+        jobs.push((verifier::PRM_JUDGE, "PRM-judge", &j.labels, false));
+        jobs.push((verifier::PRM_CONSENSUS, "PRM-consensus", &j.consensus, false));
     }
     // They train at once: one training keeps about one core busy (its small ops run one after
     // another), and each is seeded on its own, so the weights are those of one at a time.
@@ -287,52 +272,40 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             )?,
         ];
         {
-            let mut tree = compare("omegaprm", &omega, &oracle, omega_spent);
-            // The tree's completed rollouts, labelled beside the samples: their labels against
-            // the oracle's verdicts on their steps.
-            let new: Vec<Solution> =
-                stepwise_core::io::read_solutions(&omega_path, Some(stepwise_core::Format::Stepwise))?
-                    .into_iter()
-                    .filter(|s| s.meta.contains_key("omegaprm_rollout"))
-                    .collect();
-            let new_oracle: Vec<Solution> = new
-                .iter()
-                .map(|s| {
-                    let mut o = s.clone();
-                    let verdicts = task.check_steps(&s.problem_id, &s.step_strings()).unwrap_or_default();
-                    for (st, ok) in o.steps.iter_mut().zip(verdicts) {
-                        st.label = Some(stepwise_core::StepLabel::from_bool(
-                            ok,
-                            stepwise_core::Provenance::Oracle,
-                        ));
-                    }
-                    o
-                })
-                .collect();
-            tree.new_solutions = new.len();
-            tree.new_solutions_label_accuracy =
-                (!new.is_empty()).then(|| compare("omegaprm", &new, &new_oracle, Default::default()).label_accuracy);
-            sources.push(tree);
-        }
-        if let Some((judge_labels, judge_spent, consensus, human)) = &judged {
-            let mut judge = compare("judge", judge_labels, &oracle, *judge_spent).with_prm(
+            let mut tree = compare("omegaprm", &omega, &oracle, omega_spent).with_prm(
                 &scored,
-                verifier::PRM_JUDGE,
+                verifier::PRM_OMEGAPRM,
                 n,
                 o.seed,
             )?;
-            judge.human_labels = *human;
+            // The tree's new solutions' labels against the oracle's verdicts on their steps.
+            let new = &omega_new;
+            let new_oracle: Vec<Solution> = new.iter().map(|s| task.oracle_labelled(s)).collect();
+            tree.new_solutions = new.len();
+            tree.new_solutions_label_accuracy =
+                (!new.is_empty()).then(|| compare("omegaprm", new, &new_oracle, Default::default()).label_accuracy);
+            sources.push(tree);
+        }
+        if let Some(j) = &judged {
+            let mut judge =
+                compare("judge", &j.labels, &oracle, j.spent).with_prm(&scored, verifier::PRM_JUDGE, n, o.seed)?;
+            judge.human_labels = j.human;
             // Compared on the solutions it kept; it paid for both annotations.
-            let kept = consensus
+            let kept = j
+                .consensus
                 .iter()
                 .filter(|s| s.meta.get("consensus") == Some(&true.into()));
-            let retained = kept.count() as f64 / consensus.len().max(1) as f64;
+            let retained = kept.count() as f64 / j.consensus.len().max(1) as f64;
             let mut both = spent;
-            both += *judge_spent;
-            let mut c =
-                compare("consensus", consensus, &oracle, both).with_prm(&scored, verifier::PRM_CONSENSUS, n, o.seed)?;
+            both += j.spent;
+            let mut c = compare("consensus", &j.consensus, &oracle, both).with_prm(
+                &scored,
+                verifier::PRM_CONSENSUS,
+                n,
+                o.seed,
+            )?;
             c.retained_fraction = Some(retained);
-            c.human_labels = *human;
+            c.human_labels = j.human;
             sources.extend([judge, c]);
         }
         let mut oracle_source = compare("oracle", &oracle, &oracle, Default::default()).with_prm(

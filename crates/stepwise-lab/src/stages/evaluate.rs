@@ -117,6 +117,8 @@ pub mod verifier {
     pub const PRM_ORACLE: &str = "prm_oracle";
     /// The PRM trained on binary-search (OmegaPRM) labels.
     pub const PRM_BINARY_SEARCH: &str = "prm_binary_search";
+    /// The PRM trained on OmegaPRM's labels (the samples and the tree's new solutions).
+    pub const PRM_OMEGAPRM: &str = "prm_omegaprm";
     /// The PRM trained on the judge's labels.
     pub const PRM_JUDGE: &str = "prm_judge";
     /// The PRM trained on consensus-filtered labels (MC kept where the judge agrees).

@@ -6,16 +6,20 @@
 //! the same [`stepwise_label::Judge`] annotator that asks a served model ProcessBench's critique
 //! question, so the lab measures what a judge adds to Monte Carlo labels (consensus filtering).
 
+use super::annotate::label_stage;
 use super::policy::lab_policy;
 use super::train_stage;
 use crate::preset::Preset;
 use crate::vocab::{EOS, SEP};
 use anyhow::Result;
 use std::path::Path;
+use stepwise_core::seams::Spent;
 use stepwise_core::Solution;
+use stepwise_label::consensus::keep_if_agreeing;
 use stepwise_label::judge::IndexAnswer;
+use stepwise_label::Judge;
 use stepwise_model::layout::encode_steps;
-use stepwise_model::train::{Example, Objective, TrainConfig};
+use stepwise_model::train::{Example, Objective};
 use stepwise_model::{EnginePolicy, Model, ModelConfig, Tokenizer};
 
 /// At most `n` of `sols`, evenly spaced (so they come from as many problems as possible).
@@ -58,15 +62,7 @@ pub fn train_judge(
         .iter()
         .map(|s| judge_example(tok, s))
         .collect::<Result<Vec<_>>>()?;
-    let tc = TrainConfig {
-        lr: p.judge_lr,
-        warmup: p.judge_steps / 20,
-        steps: p.judge_steps,
-        batch_size: 32,
-        eval_every: 0,
-        seed: seed ^ 7,
-        ..Default::default()
-    };
+    let tc = super::fine_tuning(p.judge_lr, p.judge_steps, seed ^ 7);
     let train_seed = tc.seed;
     train_stage(
         dir,
@@ -80,6 +76,60 @@ pub fn train_judge(
         Objective::Lm,
         tc,
     )
+}
+
+/// What the judge stage gives.
+pub struct Judged {
+    /// Its labels of the samples (a sample it gave no verdict on stays unlabelled).
+    pub labels: Vec<Solution>,
+    /// Its answers sampled and their tokens.
+    pub spent: Spent,
+    /// The MC labels kept where the judge puts the first error on the same step.
+    pub consensus: Vec<Solution>,
+    /// Oracle-labelled samples it was trained on.
+    pub human: usize,
+}
+
+/// Train (or reuse) the judge in `out/judge` on `p.judge_solutions` of the oracle-labelled
+/// samples, label the samples `label_sols` with it (resumable, `out/labels_judge.jsonl`), and
+/// filter the MC labels `mc` (one per sample) by agreement with it (the Qwen2.5-Math-PRM
+/// recipe).
+pub fn judge_stage(
+    out: &Path,
+    p: &Preset,
+    seed: u64,
+    tok: &Tokenizer,
+    label_sols: &[Solution],
+    oracle: &[Solution],
+    mc: &[Solution],
+) -> Result<Judged> {
+    let human = human_budget(oracle, p.judge_solutions);
+    let model = train_judge(&out.join("judge"), &out.join("policy"), p, seed, &human, tok)?;
+    let policy = judge_policy(&model, tok, p.temperature);
+    let judge = Judge {
+        policy: &policy,
+        samples: p.judge_samples,
+        seed: seed ^ 6,
+        format: &IndexAnswer,
+    };
+    let (labels, spent) = label_stage(
+        &out.join("labels_judge.jsonl"),
+        label_sols,
+        &judge,
+        "annotating (judge)",
+    )?;
+    let consensus = mc
+        .iter()
+        .cloned()
+        .zip(&labels)
+        .map(|(a, b)| keep_if_agreeing(a, b))
+        .collect();
+    Ok(Judged {
+        labels,
+        spent,
+        consensus,
+        human: human.len(),
+    })
 }
 
 /// The trained judge as a [`stepwise_core::Policy`]: the lab policy's layout and temperature,

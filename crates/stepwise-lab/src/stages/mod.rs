@@ -75,6 +75,20 @@ pub(crate) fn train_stage(
     Ok(model)
 }
 
+/// The lab's fine-tuning schedule: `steps` batches of 32 at peak learning rate `lr` after a
+/// warm-up of a twentieth of them, no evaluation on the way.
+pub(crate) fn fine_tuning(lr: f64, steps: usize, seed: u64) -> TrainConfig {
+    TrainConfig {
+        lr,
+        warmup: steps / 20,
+        steps,
+        batch_size: 32,
+        eval_every: 0,
+        seed,
+        ..Default::default()
+    }
+}
+
 /// Write `items` as JSONL through a temporary file, so a complete file is never half-written.
 pub(crate) fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
     let tmp = path.with_extension("tmp");

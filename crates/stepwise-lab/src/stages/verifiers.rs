@@ -14,7 +14,6 @@ use stepwise_model::layout::RewardSpec;
 use stepwise_model::log_ratio::LogRatio;
 use stepwise_model::train::examples::LabelOptions;
 use stepwise_model::train::verifier::{self, Start, VerifierSpec};
-use stepwise_model::train::TrainConfig;
 use stepwise_model::{HeadKind, Model, PrmScorer, Tokenizer};
 
 /// The lab's verifiers: trained with the same code, budget and head, scored the same way.
@@ -89,15 +88,7 @@ impl Verifiers<'_> {
         } else {
             spec.examples(self.tok, sols, Some(self.policy))?
         };
-        let tc = TrainConfig {
-            lr: p.verifier_lr,
-            warmup: p.verifier_steps / 20,
-            steps: p.verifier_steps,
-            batch_size: 32,
-            eval_every: 0,
-            seed: self.seed ^ 5,
-            ..Default::default()
-        };
+        let tc = super::fine_tuning(p.verifier_lr, p.verifier_steps, self.seed ^ 5);
         let seed = tc.seed;
         let model = train_stage(
             &self.out.join(dir),
