@@ -284,6 +284,26 @@ impl Search<'_> {
         Ok(alive)
     }
 
+    /// Whether the tree already knows where the candidate's solution first goes wrong: it
+    /// reached the gold answer after all, or an alive prefix (or its start) is followed on it by
+    /// a dead one.
+    fn resolved(&self, c: Candidate) -> bool {
+        if self.tree.nodes[c.leaf].alive {
+            return true;
+        }
+        let path = self.tree.path(c.leaf);
+        let start = path.iter().position(|&n| n == c.from).map_or(0, |i| i + 1);
+        let mut before_alive = true;
+        for &n in &path[start..] {
+            let node = &self.tree.nodes[n];
+            if node.dead && !node.alive {
+                return before_alive;
+            }
+            before_alive = node.alive;
+        }
+        false
+    }
+
     /// Bisect the steps of the candidate's solution after its alive start for the first dead
     /// prefix; returns the cost.
     fn search(&mut self, c: Candidate) -> Result<Spent> {
@@ -375,10 +395,16 @@ impl OmegaPrm<'_> {
             spent[c.given.unwrap_or(0)] += search.search(c)?;
         }
         // Then the tree's own wrong rollouts, up to the search limit.
-        for _ in 0..self.options.search_limit {
+        // (A candidate the tree has meanwhile resolved is dropped without counting.)
+        let mut searched = 0;
+        while searched < self.options.search_limit {
             let Some(i) = search.select(&search.pool) else { break };
             let c = search.pool.swap_remove(i);
+            if search.resolved(c) {
+                continue;
+            }
             spent[0] += search.search(c)?;
+            searched += 1;
         }
         let tree = &search.tree;
         let mut out: Vec<(Solution, Spent)> = sols
@@ -610,6 +636,18 @@ mod tests {
             searched >= 2,
             "the given solution and at least one new rollout fully labelled"
         );
+        // Every extra search bisects a rollout the tree did not know about yet: with a larger
+        // limit, more steps are labelled, and a limit past what is left changes nothing.
+        let labelled = |limit: usize| -> usize {
+            let out = omega(&ScriptedPolicy(slips), &task, limit)
+                .annotate_problem(&sols)
+                .unwrap();
+            out.iter()
+                .map(|(s, _)| s.steps.iter().filter(|st| st.label.is_some()).count())
+                .sum()
+        };
+        assert!(labelled(3) > labelled(0));
+        assert_eq!(labelled(1000), labelled(2000));
     }
 
     /// Among equals, MCTS searches the shorter wrong solution first (`β^(len/L)`), and a state
