@@ -284,6 +284,14 @@ impl Search<'_> {
         Ok(alive)
     }
 
+    /// The nodes of the candidate's solution after its start `from`, down to its leaf.
+    fn steps_searched(&self, c: Candidate) -> Vec<usize> {
+        let mut path = self.tree.path(c.leaf);
+        let start = path.iter().position(|&n| n == c.from).map_or(0, |i| i + 1);
+        path.drain(..start);
+        path
+    }
+
     /// Whether the tree already knows where the candidate's solution first goes wrong: it
     /// reached the gold answer after all, or an alive prefix (or its start) is followed on it by
     /// a dead one.
@@ -291,10 +299,8 @@ impl Search<'_> {
         if self.tree.nodes[c.leaf].alive {
             return true;
         }
-        let path = self.tree.path(c.leaf);
-        let start = path.iter().position(|&n| n == c.from).map_or(0, |i| i + 1);
         let mut before_alive = true;
-        for &n in &path[start..] {
+        for n in self.steps_searched(c) {
             let node = &self.tree.nodes[n];
             if node.dead && !node.alive {
                 return before_alive;
@@ -309,9 +315,7 @@ impl Search<'_> {
     fn search(&mut self, c: Candidate) -> Result<Spent> {
         let mut spent = Spent::default();
         self.tree.nodes[c.from].visits += 1;
-        let path = self.tree.path(c.leaf);
-        let start = path.iter().position(|&n| n == c.from).map_or(0, |i| i + 1);
-        let path = &path[start..];
+        let path = self.steps_searched(c);
         if path.is_empty() || self.tree.nodes[c.leaf].alive {
             return Ok(spent);
         }
@@ -338,10 +342,9 @@ impl Search<'_> {
             let u = o.c_puct * (total as f64).sqrt() / (1.0 + self.tree.nodes[c.from].visits as f64);
             q + u
         };
-        (0..pool.len()).fold(None, |best: Option<usize>, i| match best {
-            Some(b) if value(&pool[b]) >= value(&pool[i]) => Some(b),
-            _ => Some(i),
-        })
+        let values: Vec<f64> = pool.iter().map(value).collect();
+        // The first of the largest (`max_by` would return the last).
+        (0..values.len()).reduce(|b, i| if values[i] > values[b] { i } else { b })
     }
 }
 
