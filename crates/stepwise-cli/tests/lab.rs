@@ -111,6 +111,33 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .find(|d| d[0] == "policy confidence (diagnostic)")
         .expect("the policy-confidence diagnostic is reported");
     assert!((0.0..=1.0).contains(&confidence[1]["step_auroc"].as_f64().unwrap()));
+    // The verifiers and the judge start from their own base LM (48 wide; the policy is 64), not
+    // the policy; what it knows
+    // before any label is reported beside the policy's confidence.
+    assert!(a.join("verifier_base/DONE").exists());
+    assert!(
+        m["verifiers"].as_str().unwrap().contains("their own 48×2 LM"),
+        "{}",
+        m["verifiers"]
+    );
+    let weights = |dir: &str| std::fs::read(a.join(dir).join("model.safetensors")).unwrap();
+    for started in ["prm_mc", "orm", "judge"] {
+        assert_eq!(
+            read(a.join(started).join("config.json")),
+            read(a.join("verifier_base/config.json"))
+        );
+        assert_ne!(
+            weights(started),
+            weights("verifier_base"),
+            "{started} was not fine-tuned"
+        );
+    }
+    assert_ne!(weights("verifier_base"), weights("policy"));
+    assert!(m["discrimination"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d[0] == "verifiers' base confidence (diagnostic)"));
     // Every label source, with its PRM's ProcessBench F1 and best-of-8; consensus (MC × judge)
     // keeps a fraction of the solutions and pays for both annotators' rollouts; the judge was
     // trained on the quick preset's 16 oracle-labelled solutions.

@@ -30,10 +30,19 @@ pub struct Preset {
     pub eval_problems: usize,
     /// Samples per evaluation problem (the largest N of best-of-N).
     pub eval_samples: usize,
-    /// Start every verifier from the policy, as real PRMs and ORMs are fine-tuned from a language
-    /// model (they need its arithmetic to judge a step); `false` trains classifier-head verifiers
-    /// from scratch with `verifier_shape`.
+    /// Start every verifier from a language model — the policy, or the verifiers' own base when
+    /// `verifier_base_steps` > 0 — as real PRMs and ORMs are fine-tuned from one (they need its
+    /// arithmetic to judge a step); `false` trains classifier-head verifiers from scratch with
+    /// `verifier_shape`.
     pub verifiers_from_policy: bool,
+    /// Training steps of the verifiers' own base LM (`verifier_base_shape`, trained like the
+    /// policy but on the reference solutions without slips); every verifier and the judge start
+    /// from it instead of the policy. 0: they start from the policy.
+    #[serde(default)]
+    pub verifier_base_steps: usize,
+    /// The verifiers' base LM's shape: hidden size, layers.
+    #[serde(default = "policy_shape_default")]
+    pub verifier_base_shape: (usize, usize),
     /// Fresh decoder layers stacked on the policy's for the classifier head (the log-ratio head
     /// is the policy's own LM and takes none). One or two did not help (see the README).
     pub verifier_extra_layers: usize,
@@ -100,6 +109,11 @@ pub struct Preset {
     pub search_resamples: usize,
 }
 
+/// The lab policy's shape, the verifiers' base's when a run folder predates it.
+fn policy_shape_default() -> (usize, usize) {
+    (64, 2)
+}
+
 /// Math-Shepherd's two estimates of a step's label from its rollouts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -149,6 +163,8 @@ impl Preset {
             eval_problems: 10,
             eval_samples: 8,
             verifiers_from_policy: true,
+            verifier_base_steps: 400,
+            verifier_base_shape: (48, 2),
             verifier_extra_layers: 0,
             verifier_shape: (32, 1),
             verifier_head: VerifierHead::Likelihood,
@@ -191,6 +207,8 @@ impl Preset {
             eval_problems: 150,
             eval_samples: 32,
             verifiers_from_policy: true,
+            verifier_base_steps: 3000,
+            verifier_base_shape: (64, 2),
             verifier_extra_layers: 0,
             verifier_shape: (32, 1),
             verifier_head: VerifierHead::Likelihood,
@@ -236,17 +254,25 @@ impl Preset {
 
     /// How the verifiers are built and trained, in words (for the report).
     pub fn verifier_summary(&self) -> String {
+        let start = if self.verifier_base_steps > 0 {
+            format!(
+                "their own {}×{} LM (trained {} steps on the reference solutions without slips)",
+                self.verifier_base_shape.0, self.verifier_base_shape.1, self.verifier_base_steps
+            )
+        } else {
+            "the policy".to_string()
+        };
         let head = match (self.verifier_head, self.verifiers_from_policy) {
             (VerifierHead::LogRatio, _) => format!(
-                "the policy fine-tuned, each step scored by its log-likelihood ratio against the policy (β = {})",
+                "{start} fine-tuned, each step scored by its log-likelihood ratio against {start} (β = {})",
                 self.verifier_beta
             ),
             (VerifierHead::Likelihood, _) => format!(
-                "the policy fine-tuned, each step scored by its own log-likelihood against a constant {} per token (β = {})",
+                "{start} fine-tuned, each step scored by its own log-likelihood against a constant {} per token (β = {})",
                 self.verifier_reference_logprob, self.verifier_beta
             ),
             (VerifierHead::Classifier, true) => {
-                "the policy's decoder with a fresh classifier head (a value head for the ORM)".to_string()
+                format!("{start}'s decoder with a fresh classifier head (a value head for the ORM)")
             }
             (VerifierHead::Classifier, false) => format!(
                 "a {}×{} decoder trained from scratch with a classifier head (a value head for the ORM)",
@@ -257,6 +283,16 @@ impl Preset {
             "{head}; {} steps of 32 solutions, peak learning rate {}",
             self.verifier_steps, self.verifier_lr
         )
+    }
+
+    /// The run-folder entry of the model every verifier and the judge start from: the
+    /// verifiers' own base LM when it is trained (`verifier_base_steps` > 0), else the policy.
+    pub fn verifier_start_dir(&self) -> &'static str {
+        if self.verifier_base_steps > 0 {
+            "verifier_base"
+        } else {
+            "policy"
+        }
     }
 
     /// By name.

@@ -61,16 +61,28 @@ fn claim_run_folder(out: &Path, p: &Preset, seed: u64) -> Result<()> {
     Ok(())
 }
 
-/// Copy into the preset of `theirs` (`[preset, seed]`) the fields of `ours` it lacks; returns
-/// their names.
+/// Settings added after run folders existed that change what earlier stages made (the
+/// verifiers' starting model): a folder that lacks them made its stages with their serde
+/// defaults, so it keeps those instead of taking on the current ones.
+const CHANGE_EARLIER_STAGES: &[&str] = &["verifier_base_steps", "verifier_base_shape"];
+
+/// Copy into the preset of `theirs` (`[preset, seed]`) the fields of `ours` it lacks (those in
+/// [`CHANGE_EARLIER_STAGES`] with their serde defaults instead); returns their names.
 fn add_missing_fields(theirs: &mut serde_json::Value, ours: &serde_json::Value) -> Vec<String> {
+    let as_made = serde_json::from_value::<Preset>(theirs[0].clone())
+        .ok()
+        .and_then(|p| serde_json::to_value(p).ok());
     let (Some(t), Some(o)) = (theirs.get_mut(0).and_then(|v| v.as_object_mut()), ours[0].as_object()) else {
         return Vec::new();
     };
     let mut added = Vec::new();
     for (k, v) in o {
         if !t.contains_key(k) {
-            t.insert(k.clone(), v.clone());
+            let v = match &as_made {
+                Some(made) if CHANGE_EARLIER_STAGES.contains(&k.as_str()) => made[k].clone(),
+                _ => v.clone(),
+            };
+            t.insert(k.clone(), v);
             added.push(k.clone());
         }
     }
@@ -107,7 +119,13 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     )?;
     let task = LabTask::new(sp.label.iter().chain(&sp.eval).chain(&sp.search));
 
-    // 1. Policy: next-token LM on reference solutions, some with a slip.
+    // 1. Policy: next-token LM on reference solutions, some with a slip. Beside it, the
+    //    verifiers' own base LM when they have one: a training keeps about one core busy, and
+    //    nothing needs the base before the judge.
+    let base_training = (p.verifier_base_steps > 0).then(|| {
+        let (dir, p, seed, problems) = (o.out.join(p.verifier_start_dir()), p.clone(), o.seed, sp.policy.clone());
+        std::thread::spawn(move || policy::train_verifier_base(&dir, &p, seed, &problems, &vocab::tokenizer()?))
+    });
     let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
     let lab_policy = policy::lab_policy(&policy_model, &tok, p.temperature);
 
@@ -182,6 +200,16 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             .filter(|s| s.meta.contains_key("omegaprm_rollout"))
             .collect();
 
+    // 3a. The model the verifiers and the judge start from: the policy, or their own base LM.
+    let base_model = base_training
+        .map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("the verifiers' base training thread panicked"))?
+        })
+        .transpose()?;
+    let base = base_model.as_ref().unwrap_or(&policy_model);
+    let base_dir = p.verifier_start_dir();
+
     // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
     //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
     //     Qwen2.5-Math-PRM recipe).
@@ -201,7 +229,8 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let verifiers = Verifiers {
         preset: p,
         out: &o.out,
-        policy: &policy_model,
+        base,
+        base_dir,
         tok: &tok,
         seed: o.seed,
     };
@@ -252,6 +281,10 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         tok: &tok,
     };
     score_solutions(&confidence, verifier::POLICY_CONFIDENCE, &mut scored, 64, |_| {})?;
+    if let Some(model) = &base_model {
+        let confidence = crate::confidence::PolicyConfidence { model, tok: &tok };
+        score_solutions(&confidence, verifier::BASE_CONFIDENCE, &mut scored, 64, |_| {})?;
+    }
     write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
 
     // 6. Evaluate.
@@ -389,6 +422,19 @@ mod tests {
         std::fs::write(&path, old.to_string()).unwrap();
         claim_run_folder(&dir, &p, 1).expect("an older folder resumes");
         assert!(std::fs::read_to_string(&path).unwrap().contains("search_budgets"));
+        // But one whose verifiers started from the policy does not take on their own base.
+        let mut old: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        old[0].as_object_mut().unwrap().remove("verifier_base_steps");
+        std::fs::write(&path, old.to_string()).unwrap();
+        let based = Preset::quick()
+            .with_overrides(&["verifier_base_steps=50".into()])
+            .unwrap();
+        let err = format!("{:#}", claim_run_folder(&dir, &based, 1).unwrap_err());
+        assert!(err.contains("verifier_base_steps differs"), "{err}");
+        let from_policy = Preset::quick()
+            .with_overrides(&["verifier_base_steps=0".into()])
+            .unwrap();
+        claim_run_folder(&dir, &from_policy, 1).expect("the folder's own setting resumes");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

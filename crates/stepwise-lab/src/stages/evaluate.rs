@@ -127,6 +127,8 @@ pub mod verifier {
     pub const ORM: &str = "orm";
     /// The policy's confidence in each written result (a diagnostic baseline).
     pub const POLICY_CONFIDENCE: &str = "policy_confidence";
+    /// The verifiers' own base LM's confidence, the same way (when they have one).
+    pub const BASE_CONFIDENCE: &str = "base_confidence";
 }
 
 /// Each solution's step scores by `name` (checked present by [`group_candidates`]).
@@ -150,6 +152,13 @@ pub fn evaluate(
     let groups = group_candidates(scored, Some(PRM_MC), Some(ORM))?;
     let groups_or = group_candidates(scored, Some(PRM_ORACLE), Some(ORM))?;
     let groups_pol = group_candidates(scored, Some(POLICY_CONFIDENCE), Some(ORM))?;
+    // What the verifiers' base knows before any label, when they have one.
+    let has_base = scored.first().is_some_and(|s| s.scores_of(BASE_CONFIDENCE).is_some());
+    let groups_base = if has_base {
+        group_candidates(scored, Some(BASE_CONFIDENCE), Some(ORM))?
+    } else {
+        Vec::new()
+    };
     let mut families: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for s in scored {
@@ -202,6 +211,15 @@ pub fn evaluate(
             &groups_pol[..],
             Some(Selector::Prm(Aggregation::Min)),
         ),
+    ]);
+    if has_base {
+        methods.push((
+            "verifiers' base confidence (min)".to_string(),
+            &groups_base[..],
+            Some(Selector::Prm(Aggregation::Min)),
+        ));
+    }
+    methods.extend([
         ("majority vote".to_string(), &groups[..], Some(Selector::Majority)),
         ("pass@N".to_string(), &groups[..], None),
     ]);
@@ -268,7 +286,7 @@ pub fn evaluate(
             .collect()
     };
     let by_min = |c: &Candidate| aggregate(&c.step_scores, Aggregation::Min);
-    let discrimination = vec![
+    let mut discrimination = vec![
         (
             "PRM-MC".to_string(),
             discrimination(Some((s_mc, &labels)), &ranked(&groups, &by_min)),
@@ -286,6 +304,11 @@ pub fn evaluate(
             discrimination(Some((s_policy, &labels)), &ranked(&groups_pol, &by_min)),
         ),
     ];
+    if has_base {
+        let s_base = scores_by(scored, BASE_CONFIDENCE);
+        let base = stepwise_eval::ranking::discrimination(Some((&s_base, &labels)), &ranked(&groups_base, &by_min));
+        discrimination.push(("verifiers' base confidence (diagnostic)".to_string(), base));
+    }
 
     let correct: Vec<&Solution> = scored.iter().filter(|s| s.correct == Some(true)).collect();
     let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();

@@ -48,11 +48,11 @@ pub fn judge_example(tok: &Tokenizer, sol: &Solution) -> Result<Example> {
     })
 }
 
-/// Train (or reuse) the judge in `dir` from the policy in `policy_dir`, on the oracle's verdicts
-/// for `human` (oracle-labelled solutions).
+/// Train (or reuse) the judge in `dir` from the LM in `base_dir` (the policy, or the verifiers'
+/// base), on the oracle's verdicts for `human` (oracle-labelled solutions).
 pub fn train_judge(
     dir: &Path,
-    policy_dir: &Path,
+    base_dir: &Path,
     p: &Preset,
     seed: u64,
     human: &[&Solution],
@@ -68,8 +68,8 @@ pub fn train_judge(
         dir,
         "training judge",
         |varmap, dev| {
-            let config = ModelConfig::from_dir(policy_dir)?;
-            Model::load_trainable(policy_dir, config, varmap, dev, train_seed)
+            let config = ModelConfig::from_dir(base_dir)?;
+            Model::load_trainable(base_dir, config, varmap, dev, train_seed)
         },
         &examples,
         &[],
@@ -90,8 +90,8 @@ pub struct Judged {
     pub human: usize,
 }
 
-/// Train (or reuse) the judge in `out/judge` on `p.judge_solutions` of the oracle-labelled
-/// samples, label the samples `label_sols` with it (resumable, `out/labels_judge.jsonl`), and
+/// Train (or reuse) the judge in `out/judge` from the verifiers' starting model
+/// ([`Preset::verifier_start_dir`]) on `p.judge_solutions` of the oracle-labelled samples, label the samples `label_sols` with it (resumable, `out/labels_judge.jsonl`), and
 /// filter the MC labels `mc` (one per sample) by agreement with it (the Qwen2.5-Math-PRM
 /// recipe).
 pub fn judge_stage(
@@ -104,7 +104,14 @@ pub fn judge_stage(
     mc: &[Solution],
 ) -> Result<Judged> {
     let human = human_budget(oracle, p.judge_solutions);
-    let model = train_judge(&out.join("judge"), &out.join("policy"), p, seed, &human, tok)?;
+    let model = train_judge(
+        &out.join("judge"),
+        &out.join(p.verifier_start_dir()),
+        p,
+        seed,
+        &human,
+        tok,
+    )?;
     let policy = judge_policy(&model, tok, p.temperature);
     let judge = Judge {
         policy: &policy,

@@ -36,31 +36,72 @@ pub fn lm_example(tok: &Tokenizer, question: &str, steps: &[String]) -> Result<E
 
 /// Train (or reuse) the policy in `dir` on the policy split.
 pub fn train_policy(dir: &Path, p: &Preset, seed: u64, problems: &[LabProblem], tok: &Tokenizer) -> Result<Model> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 1);
-    let lm: Vec<_> = problems
-        .iter()
-        .map(|q| lm_example(tok, &q.question, &task::noisy_reference(q, &mut rng, p.slip)))
-        .collect::<Result<_>>()?;
-    let (lm_valid, lm_train) = lm.split_at(lm.len() / 20);
-    let tc = TrainConfig {
-        lr: 3e-3,
-        warmup: p.policy_steps / 20,
+    let lm = LanguageModel {
+        what: "training policy",
+        shape: p.policy_shape,
         steps: p.policy_steps,
-        batch_size: 32,
-        eval_every: p.policy_steps / 4,
-        seed,
-        ..Default::default()
+        slip: p.slip,
     };
-    let cfg = shape(tok.vocab_size(), p.policy_shape, HeadKind::CausalLm);
-    train_stage(
-        dir,
-        "training policy",
-        |varmap, dev| Model::fresh(cfg, varmap, dev, seed),
-        lm_train,
-        lm_valid,
-        Objective::Lm,
-        tc,
-    )
+    lm.train(dir, seed, problems, tok)
+}
+
+/// Train (or reuse) the verifiers' base LM in `dir`: the policy's recipe on the same problems,
+/// with `p.verifier_base_shape` and `p.verifier_base_steps`, and reference solutions without
+/// slips (a verifier's base should not learn that a wrong result is sometimes written).
+pub fn train_verifier_base(
+    dir: &Path,
+    p: &Preset,
+    seed: u64,
+    problems: &[LabProblem],
+    tok: &Tokenizer,
+) -> Result<Model> {
+    let lm = LanguageModel {
+        what: "training the verifiers' base",
+        shape: p.verifier_base_shape,
+        steps: p.verifier_base_steps,
+        slip: 0.0,
+    };
+    lm.train(dir, seed ^ 8, problems, tok)
+}
+
+/// A lab language model's recipe: next-token loss on reference solutions (one in `slip` with
+/// an arithmetic slip), a twentieth held out for validation, batches of 32 at peak learning
+/// rate 3e-3.
+struct LanguageModel<'a> {
+    what: &'a str,
+    shape: (usize, usize),
+    steps: usize,
+    slip: f64,
+}
+
+impl LanguageModel<'_> {
+    fn train(&self, dir: &Path, seed: u64, problems: &[LabProblem], tok: &Tokenizer) -> Result<Model> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 1);
+        let lm: Vec<_> = problems
+            .iter()
+            .map(|q| lm_example(tok, &q.question, &task::noisy_reference(q, &mut rng, self.slip)))
+            .collect::<Result<_>>()?;
+        let (lm_valid, lm_train) = lm.split_at(lm.len() / 20);
+        let tc = TrainConfig {
+            lr: 3e-3,
+            warmup: self.steps / 20,
+            steps: self.steps,
+            batch_size: 32,
+            eval_every: self.steps / 4,
+            seed,
+            ..Default::default()
+        };
+        let cfg = shape(tok.vocab_size(), self.shape, HeadKind::CausalLm);
+        train_stage(
+            dir,
+            self.what,
+            |varmap, dev| Model::fresh(cfg, varmap, dev, seed),
+            lm_train,
+            lm_valid,
+            Objective::Lm,
+            tc,
+        )
+    }
 }
 
 /// The trained policy as a [`stepwise_core::Policy`]: the lab's own prompt layout, sampling at

@@ -20,10 +20,13 @@ use stepwise_model::{HeadKind, Model, PrmScorer, Tokenizer};
 pub struct Verifiers<'a> {
     /// Sizes and budgets.
     pub preset: &'a Preset,
-    /// The run folder (the policy lives in `policy/`).
+    /// The run folder.
     pub out: &'a Path,
-    /// The trained policy (a log-ratio verifier's reference).
-    pub policy: &'a Model,
+    /// The model every verifier starts from (the policy, or the verifiers' own base LM; a
+    /// log-ratio verifier's reference) ...
+    pub base: &'a Model,
+    /// ... and its folder's name in the run folder.
+    pub base_dir: &'a str,
     /// The lab tokenizer.
     pub tok: &'a Tokenizer,
     /// The run's seed.
@@ -51,7 +54,7 @@ impl Verifiers<'_> {
             VerifierHead::Classifier => verifier::VerifierHead::Classifier,
         };
         let start = if p.verifiers_from_policy {
-            Start::Checkpoint(self.out.join("policy"))
+            Start::Checkpoint(self.out.join(self.base_dir))
         } else {
             Start::Fresh(super::policy::shape(
                 self.tok.vocab_size(),
@@ -71,10 +74,11 @@ impl Verifiers<'_> {
         }
     }
 
-    /// The verifier's `reward.json`: for a log-ratio or likelihood verifier, the policy (one
+    /// The verifier's `reward.json`: for a log-ratio or likelihood verifier, the base (one
     /// folder up) or a constant is its reference.
     fn reward_spec(&self, outcome: bool) -> RewardSpec {
-        self.spec(outcome).reward_spec(Some(&PathBuf::from("../policy")))
+        self.spec(outcome)
+            .reward_spec(Some(&PathBuf::from("..").join(self.base_dir)))
     }
 
     /// Train (or reuse) the verifier in `dir` on step labels, or on outcomes when `outcome`.
@@ -86,7 +90,7 @@ impl Verifiers<'_> {
         let examples = if cached {
             Vec::new()
         } else {
-            spec.examples(self.tok, sols, Some(self.policy))?
+            spec.examples(self.tok, sols, Some(self.base))?
         };
         let tc = super::fine_tuning(p.verifier_lr, p.verifier_steps, self.seed ^ 5);
         let seed = tc.seed;
@@ -110,7 +114,7 @@ impl Verifiers<'_> {
             model,
             tokenizer: self.tok,
             layout: spec.layout(),
-            reference: spec.reference.is_some().then_some(self.policy),
+            reference: spec.reference.is_some().then_some(self.base),
         }
     }
 
