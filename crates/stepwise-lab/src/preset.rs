@@ -26,6 +26,11 @@ pub struct Preset {
     /// Which Math-Shepherd estimate of the rollouts PRM-MC learns.
     #[serde(default)]
     pub mc_labels: McLabels,
+    /// The model whose rollouts estimate a step's label (Monte Carlo, binary search and the
+    /// OmegaPRM tree alike): Math-Shepherd's *completer*. A rollout's success rate is the value
+    /// of a prefix *for the completer*, so a weak completer calls correct prefixes bad.
+    #[serde(default)]
+    pub completer: Completer,
     /// Held-out evaluation problems.
     pub eval_problems: usize,
     /// Samples per evaluation problem (the largest N of best-of-N).
@@ -125,6 +130,29 @@ pub enum McLabels {
     Soft,
 }
 
+/// Which model completes the rollouts that label steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Completer {
+    /// The policy whose samples are labelled (on-policy labels; the setting before the
+    /// verifiers' base existed).
+    #[default]
+    Policy,
+    /// The verifiers' base LM (needs `verifier_base_steps` > 0): a stronger completer, as
+    /// Math-Shepherd and OmegaPRM roll out with a model stronger than the one they label.
+    VerifierBase,
+}
+
+impl Completer {
+    /// As the preset spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Completer::Policy => "policy",
+            Completer::VerifierBase => "verifier_base",
+        }
+    }
+}
+
 /// How a lab verifier scores a step (the same for PRMs and the ORM).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -160,6 +188,7 @@ impl Preset {
             label_samples: 4,
             rollouts: 2,
             mc_labels: McLabels::Hard,
+            completer: Completer::VerifierBase,
             eval_problems: 10,
             eval_samples: 8,
             verifiers_from_policy: true,
@@ -204,6 +233,7 @@ impl Preset {
             label_samples: 8,
             rollouts: 8,
             mc_labels: McLabels::Hard,
+            completer: Completer::VerifierBase,
             eval_problems: 150,
             eval_samples: 32,
             verifiers_from_policy: true,
@@ -214,7 +244,7 @@ impl Preset {
             verifier_head: VerifierHead::Likelihood,
             verifier_beta: 1.0,
             verifier_reference_logprob: -0.5,
-            verifier_steps: 1200,
+            verifier_steps: 600,
             verifier_lr: 3e-4,
             temperature: 1.0,
             omegaprm_search_limit: 0,

@@ -150,16 +150,22 @@ fn body(r: &Report) -> String {
         q.steps, q.hard_accuracy, q.bad_recall, q.bad_precision, q.soft_brier
     );
     if !r.labels.sources.is_empty() {
+        let model = |name: &str| match name {
+            "verifier_base" => "the verifiers' base",
+            _ => "the policy",
+        };
         let _ = writeln!(
             s,
             "\n## Label sources against the oracle\n\nThe same samples labelled by per-step Monte Carlo \
 (Math-Shepherd), by binary search for the first error, with the same rollouts wherever both probe a \
 prefix, by OmegaPRM (that bisection over one rollout tree per problem, its samples the root's first rollouts; its \
-completed rollouts are kept as new labelled solutions, not compared here), and by the judge: the policy fine-tuned to write the index of the first wrong step on the oracle's verdicts \
-for a few solutions (*human labels*), sampled several times per solution and voted. Consensus keeps the MC labels of \
+completed rollouts are kept as new labelled solutions, not compared here), and by the judge: {} fine-tuned to write the index of the first wrong step on the oracle's verdicts \
+for a few solutions (*human labels*), sampled several times per solution and voted. The rollouts are {}'s (the *completer*). Consensus keeps the MC labels of \
 the solutions where the judge puts the first error on the same step (the Qwen2.5-Math-PRM recipe). A PRM is \
 trained on each source with the same code and budget; its ProcessBench F1 and best-of-N accuracy (min aggregation) \
-are on the held-out samples. The judge's rollouts are its sampled answers.\n"
+are on the held-out samples. The judge's rollouts are its sampled answers.\n",
+            model(&r.labels.judge_start),
+            model(&r.labels.completer),
         );
         let n = r.eval_samples.to_string();
         let _ = writeln!(

@@ -1,7 +1,7 @@
 //! The whole loop, stage by stage ([`run`]), in a run folder that remembers its settings.
 
 use crate::oracle::LabTask;
-use crate::preset::{McLabels, Preset};
+use crate::preset::{Completer, McLabels, Preset};
 use crate::report::write_report;
 use crate::splits::splits;
 use crate::stages::evaluate::{verifier, Report};
@@ -61,10 +61,20 @@ fn claim_run_folder(out: &Path, p: &Preset, seed: u64) -> Result<()> {
     Ok(())
 }
 
+/// Wait for the verifiers' base LM's training thread, if there is one.
+fn join_base(training: Option<std::thread::JoinHandle<Result<Model>>>) -> Result<Option<Model>> {
+    training
+        .map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("the verifiers' base training thread panicked"))?
+        })
+        .transpose()
+}
+
 /// Settings added after run folders existed that change what earlier stages made (the
 /// verifiers' starting model): a folder that lacks them made its stages with their serde
 /// defaults, so it keeps those instead of taking on the current ones.
-const CHANGE_EARLIER_STAGES: &[&str] = &["verifier_base_steps", "verifier_base_shape"];
+const CHANGE_EARLIER_STAGES: &[&str] = &["verifier_base_steps", "verifier_base_shape", "completer"];
 
 /// Copy into the preset of `theirs` (`[preset, seed]`) the fields of `ours` it lacks (those in
 /// [`CHANGE_EARLIER_STAGES`] with their serde defaults instead); returns their names.
@@ -103,6 +113,10 @@ fn differing_field(a: &serde_json::Value, b: &serde_json::Value) -> String {
 /// Run the whole loop; returns the report (also written to the run folder).
 pub fn run(o: &LabOptions) -> Result<Report> {
     let p = &o.preset;
+    anyhow::ensure!(
+        p.completer == Completer::Policy || p.verifier_base_steps > 0,
+        "completer=verifier_base needs the verifiers' base: set verifier_base_steps above 0, or completer=policy"
+    );
     std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
     // One process per run folder.
     let _lock = stepwise_core::journal::lock(&o.out.join("run"))?;
@@ -124,7 +138,9 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     //    nothing needs the base before the judge.
     let base_training = (p.verifier_base_steps > 0).then(|| {
         let (dir, p, seed, problems) = (o.out.join(p.verifier_start_dir()), p.clone(), o.seed, sp.policy.clone());
-        std::thread::spawn(move || policy::train_verifier_base(&dir, &p, seed, &problems, &vocab::tokenizer()?))
+        std::thread::spawn(move || {
+            crate::stages::on_own_thread(|| policy::train_verifier_base(&dir, &p, seed, &problems, &vocab::tokenizer()?))
+        })
     });
     let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
     let lab_policy = policy::lab_policy(&policy_model, &tok, p.temperature);
@@ -147,6 +163,16 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         o.seed ^ 3,
     )?;
 
+    // The verifiers' base is needed now when it completes the rollouts, else by the judge.
+    let (early_base, base_training) = match p.completer {
+        Completer::VerifierBase => (join_base(base_training)?, None),
+        Completer::Policy => (None, base_training),
+    };
+    let completer_policy = match &early_base {
+        Some(base) => policy::lab_policy(base, &tok, p.temperature),
+        None => policy::lab_policy(&policy_model, &tok, p.temperature),
+    };
+
     // 3. Step labels: Monte Carlo rollouts, and the oracle for comparison.
     // The same rollout seeds for both, so a prefix both probe gets the same rollouts.
     let options = McOptions {
@@ -154,7 +180,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         seed: o.seed ^ 4,
     };
     let mc_annotator = MonteCarlo {
-        policy: &lab_policy,
+        policy: &completer_policy,
         task: &task,
         options: options.clone(),
     };
@@ -168,7 +194,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
     // The same samples by binary search for the first error (OmegaPRM).
     let bs_annotator = BinarySearch {
-        policy: &lab_policy,
+        policy: &completer_policy,
         task: &task,
         options: options.clone(),
     };
@@ -181,7 +207,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     // And by OmegaPRM: the same bisection over one rollout tree per problem, its 8 samples the
     // root's first rollouts (labels compared on the samples; the tree's rollouts counted).
     let omega_annotator = OmegaPrm {
-        policy: &lab_policy,
+        policy: &completer_policy,
         task: &task,
         options: OmegaOptions {
             rollouts: options.rollouts,
@@ -201,12 +227,10 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             .collect();
 
     // 3a. The model the verifiers and the judge start from: the policy, or their own base LM.
-    let base_model = base_training
-        .map(|h| {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("the verifiers' base training thread panicked"))?
-        })
-        .transpose()?;
+    let base_model = match early_base {
+        Some(base) => Some(base),
+        None => join_base(base_training)?,
+    };
     let base = base_model.as_ref().unwrap_or(&policy_model);
     let base_dir = p.verifier_start_dir();
 
@@ -252,7 +276,9 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             .iter()
             .map(|&(dir, what, sols, outcome)| {
                 let verifiers = &verifiers;
-                scope.spawn(move || verifiers.train(dir, &format!("training {what}"), sols, outcome))
+                scope.spawn(move || {
+                    crate::stages::on_own_thread(|| verifiers.train(dir, &format!("training {what}"), sols, outcome))
+                })
             })
             .collect();
         handles
@@ -349,7 +375,11 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         )?;
         oracle_source.human_labels = oracle.len();
         sources.push(oracle_source);
-        report.labels.sources = sources;
+        report.labels = crate::stages::labels::Labels {
+            completer: p.completer.name().into(),
+            judge_start: p.verifier_start_dir().into(),
+            sources,
+        };
     }
 
     // 7. Test-time search guided by each PRM and the oracle, at matched budgets.

@@ -51,6 +51,12 @@ pub struct LabelSource {
 /// Every label source of a run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Labels {
+    /// The model whose rollouts labelled the steps: `policy` or `verifier_base`.
+    #[serde(default)]
+    pub completer: String,
+    /// The model the judge was fine-tuned from: `policy` or `verifier_base`.
+    #[serde(default)]
+    pub judge_start: String,
     /// In the order mc, binary_search, omegaprm, judge, consensus, oracle.
     pub sources: Vec<LabelSource>,
 }

@@ -204,7 +204,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
             .iter()
             .map(|&(name, reward)| {
                 let (cfg, prompts, before) = (&cfg, &prompts, &before);
-                scope.spawn(move || -> Result<RlVariant> {
+                scope.spawn(move || super::on_own_thread(|| -> Result<RlVariant> {
                     let dir = i.out.join(format!("rl_{name}"));
                     let policy_dir = i.out.join("policy");
                     let varmap = VarMap::new();
@@ -264,7 +264,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
                         oracle_first_last: first_last(&log, oracle_of),
                         log,
                     })
-                })
+                }))
             })
             .collect();
         handles
