@@ -221,6 +221,46 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         "the command line's judge labels differ from the lab's"
     );
 
+    // The rollouts that labelled the samples are the verifiers' base's (the completer), and
+    // `stepwise annotate --method mc --policy verifier_base` with the lab's seed for them
+    // (seed ^ 4) gives exactly the lab's Monte Carlo labels.
+    assert_eq!(m["labels"]["completer"], "verifier_base");
+    let mc_cli = root.join("mc.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(["annotate", "--method", "mc", "--rollouts", "2", "--seed", "3"])
+        .args(["--separator", " | ", "--temperature", "1", "--max-tokens", "64"])
+        .arg("--policy")
+        .arg(a.join("verifier_base"))
+        .arg("--input")
+        .arg(a.join("samples_label.jsonl"))
+        .arg("--output")
+        .arg(&mc_cli)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let step_labels = |text: String| -> Vec<serde_json::Value> {
+        let mut v: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let labels: Vec<serde_json::Value> = v["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s["label"].clone())
+                    .collect();
+                serde_json::json!([v["id"], labels])
+            })
+            .collect();
+        v.sort_by_key(|x| x[0].to_string());
+        v
+    };
+    assert_eq!(
+        step_labels(read(mc_cli)),
+        step_labels(read(a.join("labels_mc.jsonl"))),
+        "the command line's MC labels with the verifiers' base differ from the lab's"
+    );
+
     // The verifiers are folders `stepwise score` reads on its own (reward.json gives the
     // likelihood head's constant reference): it reproduces the PRM-MC scores the lab wrote.
     let spec: serde_json::Value = serde_json::from_str(&read(a.join("prm_mc/reward.json"))).unwrap();

@@ -139,7 +139,9 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let base_training = (p.verifier_base_steps > 0).then(|| {
         let (dir, p, seed, problems) = (o.out.join(p.verifier_start_dir()), p.clone(), o.seed, sp.policy.clone());
         std::thread::spawn(move || {
-            crate::stages::on_own_thread(|| policy::train_verifier_base(&dir, &p, seed, &problems, &vocab::tokenizer()?))
+            crate::stages::on_own_thread(|| {
+                policy::train_verifier_base(&dir, &p, seed, &problems, &vocab::tokenizer()?)
+            })
         })
     });
     let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
@@ -465,6 +467,14 @@ mod tests {
             .with_overrides(&["verifier_base_steps=0".into()])
             .unwrap();
         claim_run_folder(&dir, &from_policy, 1).expect("the folder's own setting resumes");
+        // Nor does one whose rollouts were the policy's take on another completer.
+        let mut old: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        old[0].as_object_mut().unwrap().remove("completer");
+        std::fs::write(&path, old.to_string()).unwrap();
+        let err = format!("{:#}", claim_run_folder(&dir, &from_policy, 1).unwrap_err());
+        assert!(err.contains("completer differs"), "{err}");
+        let policy_rollouts = from_policy.with_overrides(&["completer=policy".into()]).unwrap();
+        claim_run_folder(&dir, &policy_rollouts, 1).expect("the folder's own completer resumes");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
