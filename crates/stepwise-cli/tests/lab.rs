@@ -223,7 +223,8 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
 
     // The rollouts that labelled the samples are the verifiers' base's (the completer), and
     // `stepwise annotate --method mc --policy verifier_base` with the lab's seed for them
-    // (seed ^ 4) gives exactly the lab's Monte Carlo labels.
+    // (seed ^ 4) gives exactly the lab's Monte Carlo labels (on the oracle-labelled copies of the
+    // samples: every step's label is replaced).
     assert_eq!(m["labels"]["completer"], "verifier_base");
     let mc_cli = root.join("mc.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
@@ -232,7 +233,7 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .arg("--policy")
         .arg(a.join("verifier_base"))
         .arg("--input")
-        .arg(a.join("samples_label.jsonl"))
+        .arg(a.join("labels_oracle.jsonl"))
         .arg("--output")
         .arg(&mc_cli)
         .output()

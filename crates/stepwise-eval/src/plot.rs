@@ -59,7 +59,8 @@ where
     DB::ErrorType: 'static,
 {
     let width = area.dim_in_pixel().0 as i32;
-    let (area, legend) = area.split_horizontally(width - 210);
+    // The legend column fits the longest method name, "verifiers' base confidence (min)".
+    let (area, legend) = area.split_horizontally(width - 250);
     let area = &area;
     let xs = || curves.iter().flat_map(|c| c.points.iter().map(|p| p.n));
     let max_n = xs().max().unwrap_or(1).max(2);

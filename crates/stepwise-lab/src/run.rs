@@ -135,7 +135,8 @@ pub fn run(o: &LabOptions) -> Result<Report> {
 
     // 1. Policy: next-token LM on reference solutions, some with a slip. Beside it, the
     //    verifiers' own base LM when they have one: a training keeps about one core busy, and
-    //    nothing needs the base before the judge.
+    //    nothing needs the base before the annotation (when it completes the rollouts) or the
+    //    judge.
     let base_training = (p.verifier_base_steps > 0).then(|| {
         let (dir, p, seed, problems) = (o.out.join(p.verifier_start_dir()), p.clone(), o.seed, sp.policy.clone());
         std::thread::spawn(move || {
@@ -170,10 +171,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         Completer::VerifierBase => (join_base(base_training)?, None),
         Completer::Policy => (None, base_training),
     };
-    let completer_policy = match &early_base {
-        Some(base) => policy::lab_policy(base, &tok, p.temperature),
-        None => policy::lab_policy(&policy_model, &tok, p.temperature),
-    };
+    let completer_policy = policy::lab_policy(early_base.as_ref().unwrap_or(&policy_model), &tok, p.temperature);
 
     // 3. Step labels: Monte Carlo rollouts, and the oracle for comparison.
     // The same rollout seeds for both, so a prefix both probe gets the same rollouts.

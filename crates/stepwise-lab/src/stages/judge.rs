@@ -1,6 +1,7 @@
-//! The lab's LLM judge: a generative verifier. The policy is fine-tuned (next-token loss) to
-//! write, right after a solution laid out as it was trained on (`question | step | … |`), the
-//! index of the first wrong step or `- 1` for none ([`IndexAnswer`]). Its training budget is a
+//! The lab's LLM judge: a generative verifier. The verifiers' starting model (their own base
+//! LM, or the policy when there is none) is fine-tuned (next-token loss) to write, right after a
+//! solution laid out as it was trained on (`question | step | … |`), the index of the first wrong
+//! step or `- 1` for none ([`IndexAnswer`]). Its training budget is a
 //! small "human" one: the oracle's first errors on `judge_solutions` of the samples drawn for
 //! labelling (the lab's PRM800K), spread evenly over them. It then labels every sample through
 //! the same [`stepwise_label::Judge`] annotator that asks a served model ProcessBench's critique
