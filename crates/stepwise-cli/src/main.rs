@@ -35,8 +35,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// Keep freed memory for reuse instead of returning it to the system after 10 ms (mimalloc's
 /// default). Training and sampling free and reallocate the same buffers thousands of times a
 /// second, and each return made the next allocation page-fault its memory back in: millions of
-/// faults and a fifth of the lab's CPU time in the kernel (README, "Timing"). Resident memory
-/// stays at its high-water mark, which is the peak anyway.
+/// faults and a fifth of the lab's CPU time in the kernel (README, "The built-in lab"). Resident
+/// memory stays at its high-water mark, which is the peak anyway.
 fn keep_freed_memory() {
     // SAFETY: sets one of mimalloc's options, which it reads atomically at its next purge.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
