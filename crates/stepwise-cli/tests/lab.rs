@@ -22,6 +22,21 @@ fn lines(p: &Path) -> usize {
     std::fs::read_to_string(p).map_or(0, |s| s.lines().count())
 }
 
+/// Each record of a JSONL file of solutions as `[id, its steps' labels, meta[meta_key]]`, by id.
+fn labels_by_id(text: &str, meta_key: Option<&str>) -> Vec<serde_json::Value> {
+    let mut records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let labels: Vec<&serde_json::Value> = v["steps"].as_array().unwrap().iter().map(|s| &s["label"]).collect();
+            let meta = meta_key.map_or(serde_json::Value::Null, |k| v["meta"][k].clone());
+            serde_json::json!([v["id"], labels, meta])
+        })
+        .collect();
+    records.sort_by_key(|r| r[0].to_string());
+    records
+}
+
 #[test]
 fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     let root = std::env::temp_dir().join(format!("stepwise-lab-cli-{}", std::process::id()));
@@ -201,23 +216,9 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let first_errors = |text: String| -> Vec<serde_json::Value> {
-        text.lines()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                let labels: Vec<serde_json::Value> = v["steps"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|s| s["label"].clone())
-                    .collect();
-                serde_json::json!([v["id"], labels, v["meta"]["judge_verdicts"]])
-            })
-            .collect()
-    };
     assert_eq!(
-        first_errors(read(judged)),
-        first_errors(read(a.join("labels_judge.jsonl"))),
+        labels_by_id(&read(judged), Some("judge_verdicts")),
+        labels_by_id(&read(a.join("labels_judge.jsonl")), Some("judge_verdicts")),
         "the command line's judge labels differ from the lab's"
     );
 
@@ -239,26 +240,9 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let step_labels = |text: String| -> Vec<serde_json::Value> {
-        let mut v: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                let labels: Vec<serde_json::Value> = v["steps"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|s| s["label"].clone())
-                    .collect();
-                serde_json::json!([v["id"], labels])
-            })
-            .collect();
-        v.sort_by_key(|x| x[0].to_string());
-        v
-    };
     assert_eq!(
-        step_labels(read(mc_cli)),
-        step_labels(read(a.join("labels_mc.jsonl"))),
+        labels_by_id(&read(mc_cli), None),
+        labels_by_id(&read(a.join("labels_mc.jsonl")), None),
         "the command line's MC labels with the verifiers' base differ from the lab's"
     );
 
