@@ -271,24 +271,10 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     }
     // They train at once: one training keeps about one core busy (its small ops run one after
     // another), and each is seeded on its own, so the weights are those of one at a time.
-    let models: Vec<Model> = std::thread::scope(|scope| {
-        let handles: Vec<_> = jobs
-            .iter()
-            .map(|&(dir, what, sols, outcome)| {
-                let verifiers = &verifiers;
-                scope.spawn(move || {
-                    crate::stages::on_own_thread(|| verifiers.train(dir, &format!("training {what}"), sols, outcome))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("a verifier's training thread panicked"))?
-            })
-            .collect::<Result<_>>()
-    })?;
+    let models: Vec<Model> =
+        crate::stages::all_at_once(&jobs, "training the verifiers", |&(dir, what, sols, outcome)| {
+            verifiers.train(dir, &format!("training {what}"), sols, outcome)
+        })?;
     let model_of = |name: &str| &models[jobs.iter().position(|j| j.0 == name).expect("a trained verifier")];
     let (prm_mc, prm_or, orm) = (
         model_of(verifier::PRM_MC),

@@ -87,6 +87,27 @@ pub(crate) fn on_own_thread<T: Send>(job: impl FnOnce() -> T + Send) -> T {
     }
 }
 
+/// Run `job` on every item at once, one thread each, each thread on a one-thread pool of its own
+/// ([`on_own_thread`]): the lab's concurrent trainings (the verifiers, the RL runs). The results
+/// come in the items' order; a job that panics is an error naming `what`.
+pub(crate) fn all_at_once<I: Sync, T: Send>(
+    items: &[I],
+    what: &str,
+    job: impl Fn(&I) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    std::thread::scope(|scope| {
+        let job = &job;
+        let handles: Vec<_> = items
+            .iter()
+            .map(|item| scope.spawn(move || on_own_thread(|| job(item))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("{what}: a thread panicked"))?)
+            .collect()
+    })
+}
+
 /// The lab's fine-tuning schedule: `steps` batches of 32 at peak learning rate `lr` after a
 /// warm-up of a twentieth of them, no evaluation on the way.
 pub(crate) fn fine_tuning(lr: f64, steps: usize, seed: u64) -> TrainConfig {

@@ -199,85 +199,72 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         eval_seed,
     )?;
     let before = measure(&before_sols, eval_seed)?;
-    let runs: Vec<Result<RlVariant>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = sources
-            .iter()
-            .map(|&(name, reward)| {
-                let (cfg, prompts, before) = (&cfg, &prompts, &before);
-                scope.spawn(move || {
-                    super::on_own_thread(|| -> Result<RlVariant> {
-                        let dir = i.out.join(format!("rl_{name}"));
-                        let policy_dir = i.out.join("policy");
-                        let varmap = VarMap::new();
-                        let config = ModelConfig::from_dir(&policy_dir)?;
-                        let mut model = Model::load_trainable(&policy_dir, config, &varmap, &Device::Cpu, cfg.seed)?;
-                        std::fs::create_dir_all(&dir)?;
-                        crate::vocab::save(&dir)?;
-                        let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
-                        let log: Vec<UpdateLog> = train_rl(
-                            RlRun {
-                                policy: &mut model,
-                                varmap: &varmap,
-                                reference: i.policy,
-                                tokenizer: i.tok,
-                                prompt: Prompt::Pieces,
-                                separator: SEP.into(),
-                                stop_token_ids: i.tok.token_id(EOS).into_iter().collect(),
-                                problems: prompts,
-                                task: i.task,
-                                reward,
-                                watch: vec![watch],
-                                out_dir: Some(dir.clone()),
-                                heldout: None,
-                            },
-                            cfg,
-                            |l| {
-                                pb.set_position(l.update as u64);
-                                pb.set_prefix(format!("reward {:.2} acc {:.2} kl {:.3}", l.reward, l.accuracy, l.kl));
-                            },
-                        )?;
-                        pb.finish_and_clear();
-                        let after_policy = super::policy::lab_policy(&model, i.tok, p.temperature);
-                        let after_sols = sample_stage(
-                            &dir.join("eval_samples.jsonl"),
-                            &format!("sampling (after RL, {name})"),
-                            i.eval,
-                            p.rl_eval_samples,
-                            &after_policy,
-                            eval_seed,
-                        )?;
-                        let after = measure(&after_sols, eval_seed)?;
-                        let last = log.last().cloned().unwrap_or_default();
-                        let oracle_of = |l: &UpdateLog| l.watched.get("oracle").copied().unwrap_or(0.0);
-                        Ok(RlVariant {
-                            reward: name.into(),
-                            accuracy_before: before.accuracy,
-                            accuracy_after: after.accuracy,
-                            ci95: after.ci95,
-                            lucky_correct_before: before.lucky_correct,
-                            lucky_correct_after: after.lucky_correct,
-                            majority_before: before.majority,
-                            majority_after: after.majority,
-                            sampled_tokens: last.sampled_tokens,
-                            updates: log.len(),
-                            kl: first_last(&log, |l| l.kl).1,
-                            reward_first_last: first_last(&log, |l| l.reward),
-                            oracle_first_last: first_last(&log, oracle_of),
-                            log,
-                        })
-                    })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("an RL thread panicked"))?)
-            .collect()
-    });
+    let variants = super::all_at_once(&sources, "RL", |&(name, reward)| -> Result<RlVariant> {
+        let (cfg, prompts, before) = (&cfg, &prompts, &before);
+        let dir = i.out.join(format!("rl_{name}"));
+        let policy_dir = i.out.join("policy");
+        let varmap = VarMap::new();
+        let config = ModelConfig::from_dir(&policy_dir)?;
+        let mut model = Model::load_trainable(&policy_dir, config, &varmap, &Device::Cpu, cfg.seed)?;
+        std::fs::create_dir_all(&dir)?;
+        crate::vocab::save(&dir)?;
+        let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
+        let log: Vec<UpdateLog> = train_rl(
+            RlRun {
+                policy: &mut model,
+                varmap: &varmap,
+                reference: i.policy,
+                tokenizer: i.tok,
+                prompt: Prompt::Pieces,
+                separator: SEP.into(),
+                stop_token_ids: i.tok.token_id(EOS).into_iter().collect(),
+                problems: prompts,
+                task: i.task,
+                reward,
+                watch: vec![watch],
+                out_dir: Some(dir.clone()),
+                heldout: None,
+            },
+            cfg,
+            |l| {
+                pb.set_position(l.update as u64);
+                pb.set_prefix(format!("reward {:.2} acc {:.2} kl {:.3}", l.reward, l.accuracy, l.kl));
+            },
+        )?;
+        pb.finish_and_clear();
+        let after_policy = super::policy::lab_policy(&model, i.tok, p.temperature);
+        let after_sols = sample_stage(
+            &dir.join("eval_samples.jsonl"),
+            &format!("sampling (after RL, {name})"),
+            i.eval,
+            p.rl_eval_samples,
+            &after_policy,
+            eval_seed,
+        )?;
+        let after = measure(&after_sols, eval_seed)?;
+        let last = log.last().cloned().unwrap_or_default();
+        let oracle_of = |l: &UpdateLog| l.watched.get("oracle").copied().unwrap_or(0.0);
+        Ok(RlVariant {
+            reward: name.into(),
+            accuracy_before: before.accuracy,
+            accuracy_after: after.accuracy,
+            ci95: after.ci95,
+            lucky_correct_before: before.lucky_correct,
+            lucky_correct_after: after.lucky_correct,
+            majority_before: before.majority,
+            majority_after: after.majority,
+            sampled_tokens: last.sampled_tokens,
+            updates: log.len(),
+            kl: first_last(&log, |l| l.kl).1,
+            reward_first_last: first_last(&log, |l| l.reward),
+            oracle_first_last: first_last(&log, oracle_of),
+            log,
+        })
+    })?;
     Ok(RlReport {
         eval_samples: p.rl_eval_samples,
         budget: (p.rl_updates, p.rl_prompts, p.rl_group),
-        variants: runs.into_iter().collect::<Result<_>>()?,
+        variants,
     })
 }
 
