@@ -289,7 +289,7 @@ impl candle_nn::var_builder::SimpleBackend for RandomBf16 {
 fn wanted(section: &str) -> bool {
     let names: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|a| ["scoring", "generation", "training", "search"].contains(&a.as_str()))
+        .filter(|a| ["scoring", "generation", "training", "search", "sampling"].contains(&a.as_str()))
         .collect();
     names.is_empty() || names.iter().any(|n| n == section)
 }

@@ -68,36 +68,53 @@ const NEGLIGIBLE: f32 = 20.0;
 /// where that cannot be shown (few tokens left out, non-finite logits, or a draw reaching past
 /// them). A trained model puts most of a 151,936-token vocabulary far below its top tokens.
 fn draw_among_likely(logits: &[f32], p: &SamplingParams, r: f32) -> Option<u32> {
-    let max = logits
-        .iter()
-        .try_fold(f32::NEG_INFINITY, |m, &x| x.is_finite().then(|| m.max(x)))?;
+    let max = finite_max(logits)?;
     let floor = max - NEGLIGIBLE * p.temperature;
-    // The likely ids, and the largest logit of the rest.
-    let mut likely = Vec::new();
-    let mut rest = f32::NEG_INFINITY;
-    for (i, &x) in logits.iter().enumerate() {
-        if x >= floor {
-            likely.push(i);
-        } else {
-            rest = rest.max(x);
-        }
-    }
-    if likely.len() * 4 > logits.len() {
+    // Counted before anything is collected: a flat row (a random model's) gives up here.
+    if logits.iter().filter(|&&x| x >= floor).count() * 4 > logits.len() {
         return None;
     }
-    draw(
-        logits,
-        p,
-        r,
-        &descending_order(logits, likely.into_iter(), 0),
-        Some(rest),
-    )
+    let likely = logits.iter().enumerate().filter(|(_, &x)| x >= floor).map(|(i, _)| i);
+    let order = descending_order(logits, likely, 0);
+    // The largest logit below the floor (all are finite here).
+    let rest = lane_max(logits, |x| if x < floor { x } else { f32::NEG_INFINITY });
+    draw(logits, p, r, &order, Some(rest))
+}
+
+/// Lanes of the running maxima: independent chains the compiler turns into vector `max`es (one
+/// chain of a 151,936-logit row was most of a trained model's draw).
+const MAX_LANES: usize = 16;
+
+/// The largest of `keep(x)` over `xs` (`-∞` when empty), none of them NaN.
+fn lane_max(xs: &[f32], keep: impl Fn(f32) -> f32) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; MAX_LANES];
+    let chunks = xs.chunks_exact(MAX_LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            let x = keep(x);
+            *lane = if x > *lane { x } else { *lane };
+        }
+    }
+    tail.iter()
+        .map(|&x| keep(x))
+        .chain(lanes)
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The largest logit, or `None` when any is infinite or NaN.
+fn finite_max(logits: &[f32]) -> Option<f32> {
+    // Exponent bits all set: an infinity or a NaN.
+    let non_finite = logits.iter().fold(0u32, |any, &x| {
+        any | u32::from(x.to_bits() & 0x7f80_0000 == 0x7f80_0000)
+    });
+    (non_finite == 0).then(|| lane_max(logits, |x| x))
 }
 
 /// The draw `r` among the ids `idx`, in descending logit order: all of them, or (`rest`: the
 /// largest logit after them) the leading part of the whole order, in which case `None` when the
 /// part does not decide the draw as the whole order would.
-fn draw(logits: &[f32], p: &SamplingParams, mut r: f32, idx: &[usize], rest: Option<f32>) -> Option<u32> {
+fn draw(logits: &[f32], p: &SamplingParams, r: f32, idx: &[usize], rest: Option<f32>) -> Option<u32> {
     let (mut idx, rest) = match p.top_k {
         k if k > 0 && k <= idx.len() => (&idx[..k], None),
         _ => (idx, rest),
@@ -112,32 +129,38 @@ fn draw(logits: &[f32], p: &SamplingParams, mut r: f32, idx: &[usize], rest: Opt
     if rest.is_some_and(|next| total + weight(next) != total) {
         return None;
     }
-    let mut complete = rest.is_none();
-    probs.iter_mut().for_each(|x| *x /= total);
-    if p.top_p < 1.0 {
-        let mut acc = 0.0;
-        let keep = probs.iter().position(|&x| {
-            acc += x;
-            acc >= p.top_p
-        });
-        let keep = match keep {
-            Some(k) => k + 1,
-            None if complete => probs.len(),
-            None => return None,
-        };
-        probs.truncate(keep);
-        idx = &idx[..keep];
-        complete = true;
-        let total: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= total);
+    if p.top_p >= 1.0 {
+        return walk(&probs, total, r, idx, rest.is_none());
     }
-    for (k, &pr) in probs.iter().enumerate() {
+    probs.iter_mut().for_each(|x| *x /= total);
+    let mut acc = 0.0;
+    let keep = probs.iter().position(|&x| {
+        acc += x;
+        acc >= p.top_p
+    });
+    let keep = match keep {
+        Some(k) => k + 1,
+        None if rest.is_none() => probs.len(),
+        None => return None,
+    };
+    probs.truncate(keep);
+    idx = &idx[..keep];
+    let total: f32 = probs.iter().sum();
+    walk(&probs, total, r, idx, true)
+}
+
+/// The draw `r` walking `weights` (of the ids `idx`, most likely first) divided by `total`, each
+/// quotient taken only when the walk reaches it; past the end, the last id when the ids are
+/// `complete`, else `None`.
+fn walk(weights: &[f32], total: f32, mut r: f32, idx: &[usize], complete: bool) -> Option<u32> {
+    for (&w, &id) in weights.iter().zip(idx) {
+        let pr = w / total;
         if r < pr {
-            return Some(idx[k] as u32);
+            return Some(id as u32);
         }
         r -= pr;
     }
-    complete.then(|| idx[probs.len() - 1] as u32)
+    complete.then(|| idx[weights.len() - 1] as u32)
 }
 
 /// The token ids `ids` by descending logit (in `f32::total_cmp`'s order, equal logits by
@@ -159,20 +182,23 @@ fn descending_order(logits: &[f32], ids: impl Iterator<Item = usize>, top_k: usi
         keys.truncate(top_k);
     }
     if keys.len() > 4096 {
-        radix_sort(&mut keys);
+        // Keys built from ascending ids are already in order in their low half (the id): a
+        // stable sort of the high half (the logit) alone then finishes the job.
+        let ids_ascending = keys.windows(2).all(|w| (w[0] as u32) < (w[1] as u32));
+        radix_sort(&mut keys, if ids_ascending { 32 } else { 0 });
     } else {
         keys.sort_unstable();
     }
     keys.into_iter().map(|k| (k & u64::from(u32::MAX)) as usize).collect()
 }
 
-/// Sorts `keys` ascending: least significant digit first, 11 bits a pass, skipping the digits
-/// every key shares.
-fn radix_sort(keys: &mut Vec<u64>) {
+/// Sorts `keys` ascending by their bits from `low_bit` up, stably (keys equal there keep their
+/// order): least significant digit first, 11 bits a pass, skipping the digits every key shares.
+fn radix_sort(keys: &mut Vec<u64>, low_bit: u32) {
     const BITS: u32 = 11;
-    const PASSES: usize = 64usize.div_ceil(BITS as usize);
-    let digit = |k: u64, pass: usize| ((k >> (pass as u32 * BITS)) & ((1 << BITS) - 1)) as usize;
-    let mut counts = vec![[0usize; 1 << BITS]; PASSES];
+    let passes = (64 - low_bit).div_ceil(BITS) as usize;
+    let digit = |k: u64, pass: usize| ((k >> (low_bit + pass as u32 * BITS)) & ((1 << BITS) - 1)) as usize;
+    let mut counts = vec![[0usize; 1 << BITS]; passes];
     for &k in keys.iter() {
         for (pass, c) in counts.iter_mut().enumerate() {
             c[digit(k, pass)] += 1;
