@@ -253,27 +253,51 @@ pub fn generate(
 }
 
 /// Continuations of several prompts decoded together (continuous batching): a request joins at
-/// any step (its prompt encoded once, its cache joined to the batch's with left padding, see
-/// [`KvCache`]) and leaves when all its continuations have stopped; every decoding step is one
-/// forward pass over every live row. A request alone decodes exactly as [`generate`] (which is
-/// this); beside others, its rows compute the same values within float rounding.
+/// any step and leaves when all its continuations have stopped; every decoding step is one
+/// forward pass over every live row. A request joins in one of two ways:
+/// - [`Decoding::add`]: its prompt is encoded at once, in a pass of its own, and its cache joined
+///   to the batch's with left padding (see [`KvCache`]);
+/// - [`Decoding::join`]: its prompt is fed through the batch's own decoding steps, one token a
+///   step in a row of its own (chunked prefill one token wide), so a short prompt costs no pass
+///   over the weights of its own; at its last token the row becomes its `n` continuations.
+///
+/// A request alone decodes exactly as [`generate`] (which is [`Decoding::add`]); beside others,
+/// or joined, its rows compute the same values within float rounding.
 pub struct Decoding<'a> {
     model: &'a Model,
     tok: Option<&'a Tokenizer>,
     cache: KvCache,
     /// Live rows, in the cache's batch order.
     rows: Vec<Row>,
-    /// Each live row's next token (sampled, not yet appended).
+    /// Each live row's next input token (sampled, or the next prompt token).
     next: Vec<u32>,
     /// Requests by id (`None` once returned).
     requests: Vec<Option<Request>>,
+    /// The last decoding step's rows: continuations, and prompts being fed.
+    last_step: StepRows,
 }
 
-/// One continuation being decoded.
+/// The rows of one decoding step's forward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepRows {
+    /// Rows continuing a sampled token.
+    pub continuations: usize,
+    /// Rows feeding a prompt token ([`Decoding::join`]).
+    pub prompts: usize,
+}
+
+/// One row of the batch.
 struct Row {
     request: usize,
-    index: usize,
-    rng: ChaCha8Rng,
+    kind: RowKind,
+}
+
+enum RowKind {
+    /// One continuation being decoded.
+    Continuation { index: usize, rng: ChaCha8Rng },
+    /// A joining request's prompt, fed one token a step; `fed` tokens are in the cache or in
+    /// this step's input.
+    Prompt { tokens: Vec<u32>, fed: usize },
 }
 
 /// A request's settings and continuations so far.
@@ -281,6 +305,21 @@ struct Request {
     params: SamplingParams,
     outs: Vec<Vec<u32>>,
     live: usize,
+}
+
+/// Continuation `index`'s generator: the same for [`Decoding::add`] and [`Decoding::join`].
+fn continuation_rng(params: &SamplingParams, index: usize) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(params.seed.wrapping_mul(1_000_003).wrapping_add(index as u64))
+}
+
+/// What a row's logits of one step give.
+enum Drawn {
+    /// A continuation's next token.
+    Token(u32),
+    /// A prompt's next token to feed.
+    Feed(u32),
+    /// A prompt fed whole: its continuations, each with its generator and first token.
+    Continuations(Vec<(ChaCha8Rng, u32)>),
 }
 
 impl<'a> Decoding<'a> {
@@ -293,17 +332,33 @@ impl<'a> Decoding<'a> {
             rows: Vec::new(),
             next: Vec::new(),
             requests: Vec::new(),
+            last_step: StepRows::default(),
         }
     }
 
-    /// Continuations being decoded.
+    /// Rows being decoded: continuations, and prompts being fed.
     pub fn live_rows(&self) -> usize {
         self.rows.len()
+    }
+
+    /// The rows the last [`Decoding::step`] ran its forward pass on.
+    pub fn last_step(&self) -> StepRows {
+        self.last_step
     }
 
     /// Whether no request is waiting for [`Decoding::step`].
     pub fn is_idle(&self) -> bool {
         self.requests.iter().all(Option::is_none)
+    }
+
+    /// Registers a request; `live` continuations will be decoded.
+    fn register(&mut self, params: SamplingParams, n: usize, live: usize) -> usize {
+        self.requests.push(Some(Request {
+            params,
+            outs: vec![Vec::new(); n],
+            live,
+        }));
+        self.requests.len() - 1
     }
 
     /// Add a request for `n` continuations of `prompt`: encodes the prompt and samples each
@@ -312,7 +367,6 @@ impl<'a> Decoding<'a> {
         if prompt.is_empty() || n == 0 {
             bail!("generation needs a non-empty prompt and n > 0");
         }
-        let id = self.requests.len();
         let live = if params.max_new_tokens == 0 { 0 } else { n };
         if live > 0 {
             let mut prefix_cache = KvCache::default();
@@ -325,33 +379,62 @@ impl<'a> Decoding<'a> {
             } else {
                 self.cache.concat_batch(&joining)?
             };
+            let id = self.requests.len();
             for index in 0..n {
-                let seed = params.seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
-                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let mut rng = continuation_rng(&params, index);
                 self.next.push(sample_token(&first, &params, &mut rng));
                 self.rows.push(Row {
                     request: id,
-                    index,
-                    rng,
+                    kind: RowKind::Continuation { index, rng },
                 });
             }
         }
-        self.requests.push(Some(Request {
-            params,
-            outs: vec![Vec::new(); n],
-            live,
-        }));
+        Ok(self.register(params, n, live))
+    }
+
+    /// Add a request for `n` continuations of `prompt` whose prompt is fed through the coming
+    /// decoding steps, one token a step, in one row beside the others (no forward pass of its
+    /// own); after its last prompt token the row becomes `n` continuations, each drawing its
+    /// first token as [`Decoding::add`] would. Into an empty batch it is [`Decoding::add`].
+    /// Worth it for short prompts joining a running batch: a decoding step of a few rows is
+    /// bound by reading the weights, so a row more costs little, where a pass of its own reads
+    /// every weight again.
+    pub fn join(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
+        if self.rows.is_empty() {
+            return self.add(prompt, n, params);
+        }
+        if prompt.is_empty() || n == 0 {
+            bail!("generation needs a non-empty prompt and n > 0");
+        }
+        let live = if params.max_new_tokens == 0 { 0 } else { n };
+        let id = self.register(params, n, live);
+        if live > 0 {
+            self.cache = self.cache.with_empty_row()?;
+            self.next.push(prompt[0]);
+            self.rows.push(Row {
+                request: id,
+                kind: RowKind::Prompt {
+                    tokens: prompt.to_vec(),
+                    fed: 1,
+                },
+            });
+        }
         Ok(id)
     }
 
-    /// Append each live row's next token; rows that stop (a stop token or string, or their
-    /// token budget) leave the batch; the rest run one decoding step. Returns the requests whose
-    /// continuations have all stopped, with those continuations (stop token included).
+    /// Append each continuation's next token; continuations that stop (a stop token or string,
+    /// or their token budget) leave the batch; every live row runs one decoding step. Returns
+    /// the requests whose continuations have all stopped, with those continuations (stop token
+    /// included).
     pub fn step(&mut self) -> Result<Vec<(usize, Vec<Vec<u32>>)>> {
         let mut still = Vec::with_capacity(self.rows.len());
         for (k, row) in self.rows.iter().enumerate() {
+            let RowKind::Continuation { index, .. } = row.kind else {
+                still.push(k);
+                continue;
+            };
             let req = self.requests[row.request].as_mut().expect("a live row's request");
-            let out = &mut req.outs[row.index];
+            let out = &mut req.outs[index];
             out.push(self.next[k]);
             let p = &req.params;
             let stopped = p.stop_token_ids.contains(&self.next[k])
@@ -375,16 +458,20 @@ impl<'a> Decoding<'a> {
             .map(|(id, r)| (id, r.take().expect("filtered").outs))
             .collect();
         if still.len() < self.rows.len() {
-            if still.is_empty() {
-                self.cache = KvCache::default();
-            } else {
-                let keep = Tensor::new(still.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
-                self.cache = self.cache.select(&keep)?;
-            }
-            let mut rows = std::mem::take(&mut self.rows).into_iter().map(Some).collect::<Vec<_>>();
-            self.rows = still.iter().map(|&k| rows[k].take().expect("each kept once")).collect();
-            self.next = still.iter().map(|&k| self.next[k]).collect();
+            self.keep_rows(&still)?;
         }
+        self.last_step = StepRows {
+            prompts: self
+                .rows
+                .iter()
+                .filter(|r| matches!(r.kind, RowKind::Prompt { .. }))
+                .count(),
+            continuations: self
+                .rows
+                .iter()
+                .filter(|r| matches!(r.kind, RowKind::Continuation { .. }))
+                .count(),
+        };
         if !self.rows.is_empty() {
             let ids = Tensor::new(self.next.as_slice(), &self.model.device)?.unsqueeze(1)?;
             let h = self.model.hidden(&ids, None, Some(&mut self.cache))?;
@@ -393,19 +480,94 @@ impl<'a> Decoding<'a> {
             // vocabulary's sort and softmax are a real share of a decoding step).
             use rayon::prelude::*;
             let requests = &self.requests;
-            self.next
+            let drawn: Vec<Drawn> = self
+                .rows
                 .par_iter_mut()
-                .zip(self.rows.par_iter_mut())
                 .zip(logits.par_iter())
-                .for_each(|((next, row), l)| {
-                    let p = &requests[row.request].as_ref().expect("a live row's request").params;
-                    *next = sample_token(l, p, &mut row.rng);
-                });
+                .map(|(row, l)| {
+                    let req = requests[row.request].as_ref().expect("a live row's request");
+                    let p = &req.params;
+                    match &mut row.kind {
+                        RowKind::Continuation { rng, .. } => Drawn::Token(sample_token(l, p, rng)),
+                        RowKind::Prompt { tokens, fed } if *fed < tokens.len() => {
+                            *fed += 1;
+                            Drawn::Feed(tokens[*fed - 1])
+                        }
+                        RowKind::Prompt { .. } => Drawn::Continuations(
+                            (0..req.outs.len())
+                                .into_par_iter()
+                                .map(|index| {
+                                    let mut rng = continuation_rng(p, index);
+                                    let first = sample_token(l, p, &mut rng);
+                                    (rng, first)
+                                })
+                                .collect(),
+                        ),
+                    }
+                })
+                .collect();
+            self.apply(drawn)?;
         }
         if self.is_idle() {
             self.requests.clear();
         }
         Ok(done)
+    }
+
+    /// Keeps only the rows `keep` (indices into the rows, ascending), with their caches.
+    fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
+        if keep.is_empty() {
+            self.cache = KvCache::default();
+        } else {
+            let index = Tensor::new(keep.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
+            self.cache = self.cache.select(&index)?;
+        }
+        let mut rows = std::mem::take(&mut self.rows).into_iter().map(Some).collect::<Vec<_>>();
+        self.rows = keep.iter().map(|&k| rows[k].take().expect("each kept once")).collect();
+        self.next = keep.iter().map(|&k| self.next[k]).collect();
+        Ok(())
+    }
+
+    /// Sets each row's next token from what its logits gave, turning prompts fed whole into
+    /// their continuations (the prompt row's cache repeated for each).
+    fn apply(&mut self, drawn: Vec<Drawn>) -> Result<()> {
+        let mut fanned = false;
+        for (k, d) in drawn.iter().enumerate() {
+            match d {
+                Drawn::Token(t) | Drawn::Feed(t) => self.next[k] = *t,
+                Drawn::Continuations(_) => fanned = true,
+            }
+        }
+        if !fanned {
+            return Ok(());
+        }
+        let mut order = Vec::with_capacity(self.rows.len());
+        let mut rows = Vec::with_capacity(self.rows.len());
+        let mut next = Vec::with_capacity(self.rows.len());
+        for (k, (row, d)) in std::mem::take(&mut self.rows).into_iter().zip(drawn).enumerate() {
+            match d {
+                Drawn::Continuations(firsts) => {
+                    for (index, (rng, first)) in firsts.into_iter().enumerate() {
+                        order.push(k);
+                        next.push(first);
+                        rows.push(Row {
+                            request: row.request,
+                            kind: RowKind::Continuation { index, rng },
+                        });
+                    }
+                }
+                _ => {
+                    order.push(k);
+                    next.push(self.next[k]);
+                    rows.push(row);
+                }
+            }
+        }
+        let index = Tensor::new(order.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
+        self.cache = self.cache.select(&index)?;
+        self.rows = rows;
+        self.next = next;
+        Ok(())
     }
 }
 

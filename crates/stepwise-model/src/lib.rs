@@ -18,7 +18,7 @@ pub mod train;
 pub mod transformer;
 
 pub use config::{Family, HeadKind, ModelConfig};
-pub use generate::{generate, Decoding, SamplingParams};
+pub use generate::{generate, Decoding, SamplingParams, StepRows};
 pub use incremental::IncrementalScorer;
 pub use kernels::{bf16_products, set_bf16_products};
 pub use layout::PrmLayout;

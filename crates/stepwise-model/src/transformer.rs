@@ -109,6 +109,29 @@ impl KvCache {
         })
     }
 
+    /// This batch with one row more that holds nothing yet (every position of it padding): a
+    /// sequence about to start, whose first token the next forward pass appends.
+    pub fn with_empty_row(&self) -> Result<KvCache> {
+        let (rows, len) = match self.layers.iter().flatten().next() {
+            Some((k, _)) => (k.dim(0)?, k.dim(2)?),
+            None => anyhow::bail!("adding a row to an empty cache"),
+        };
+        let layers = self.map(|t| {
+            let (_, h, _, d) = t.dims4()?;
+            Ok(Tensor::cat(
+                &[t, &Tensor::zeros((1, h, len, d), t.dtype(), t.device())?],
+                0,
+            )?)
+        })?;
+        let mut pads = if self.pads.is_empty() {
+            vec![0; rows]
+        } else {
+            self.pads.clone()
+        };
+        pads.push(len);
+        Ok(KvCache { layers, pads })
+    }
+
     /// This batch's rows followed by `other`'s, the shorter cache left-padded to the longer.
     pub fn concat_batch(&self, other: &KvCache) -> Result<KvCache> {
         if self.layers.iter().all(Option::is_none) {

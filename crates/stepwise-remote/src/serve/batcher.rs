@@ -1,10 +1,11 @@
 //! The generation worker: continuous batching of `/v1/completions` and `/v1/chat/completions`.
 //!
-//! Every request joins the running batch at the next decoding step (its prompt encoded on its
-//! own, its cache joined to the batch's; see [`stepwise_model::Decoding`]), every step is one
-//! forward pass over the continuations of every request in flight, and a request is answered
-//! as soon as its own continuations stop. One request alone is decoded exactly as the local
-//! engine decodes it.
+//! Every request joins the running batch at the next decoding step, every step is one forward
+//! pass over the rows of every request in flight, and a request is answered as soon as its own
+//! continuations stop. A request's prompt is encoded on its own and its cache joined to the
+//! batch's, or, when it is short and others are being decoded, fed through the running steps one
+//! token a step (see [`stepwise_model::Decoding`]). One request alone is decoded exactly as the
+//! local engine decodes it.
 
 use super::Shared;
 use anyhow::Result;
@@ -56,7 +57,12 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                 held = Some(job);
                 break;
             }
-            match batch.add(&job.prompt, job.n, job.params) {
+            let added = if job.prompt.len() <= state.join_prompt_tokens {
+                batch.join(&job.prompt, job.n, job.params)
+            } else {
+                batch.add(&job.prompt, job.n, job.params)
+            };
+            match added {
                 Ok(id) => {
                     waiting.insert(id, job.reply);
                 }
@@ -67,9 +73,9 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
         }
         match batch.step() {
             Ok(done) => {
-                // The rows still live ran this step's forward pass.
-                if batch.live_rows() > 0 {
-                    state.metrics.decode_step(batch.live_rows());
+                let rows = batch.last_step();
+                if rows.continuations + rows.prompts > 0 {
+                    state.metrics.decode_step(rows.continuations, rows.prompts);
                 }
                 for (id, outs) in done {
                     if let Some(reply) = waiting.remove(&id) {

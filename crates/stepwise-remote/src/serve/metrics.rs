@@ -16,6 +16,7 @@ struct Counts {
     generation_tokens: u64,
     decode_steps: u64,
     decode_rows: u64,
+    decode_prompt_rows: u64,
     latency_buckets: [u64; BUCKETS.len()],
     latency_count: u64,
     latency_sum: f64,
@@ -48,11 +49,13 @@ impl Metrics {
         c.generation_tokens += generated as u64;
     }
 
-    /// Count one decoding step of the generation worker over `rows` continuations.
-    pub fn decode_step(&self, rows: usize) {
+    /// Count one decoding step of the generation worker over `rows` continuations and
+    /// `prompt_rows` rows feeding a joining prompt.
+    pub fn decode_step(&self, rows: usize, prompt_rows: usize) {
         let mut c = self.counts.lock().unwrap();
         c.decode_steps += 1;
         c.decode_rows += rows as u64;
+        c.decode_prompt_rows += prompt_rows as u64;
     }
 
     /// The text exposition of every metric.
@@ -86,6 +89,11 @@ impl Metrics {
                 "stepwise_decode_rows_total",
                 "Continuations decoded, summed over decoding steps (divided by the steps: the mean batch).",
                 c.decode_rows,
+            ),
+            (
+                "stepwise_decode_prompt_rows_total",
+                "Prompt tokens fed through decoding steps (chunked prefill), summed over steps.",
+                c.decode_prompt_rows,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");

@@ -55,6 +55,9 @@ pub struct ServeConfig {
     pub max_n: usize,
     /// Most new tokens per continuation.
     pub max_tokens: usize,
+    /// Prompts of at most this many tokens that arrive while others are decoded are fed
+    /// through the running decoding steps ([`stepwise_model::Decoding::join`]); 0: none are.
+    pub join_prompt_tokens: usize,
     /// PRM layout (`auto` or a name, as `stepwise score --layout`).
     pub layout: String,
 }
@@ -66,6 +69,7 @@ pub(crate) struct AppState {
     pub api_key: Option<String>,
     pub max_n: usize,
     pub max_tokens: usize,
+    pub join_prompt_tokens: usize,
     pub metrics: Metrics,
     pub started: u64,
     /// Where `/v1/score_steps` requests queue for the scoring worker ([`steps::score_worker`]).
@@ -165,6 +169,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         api_key: cfg.api_key.clone(),
         max_n: cfg.max_n,
         max_tokens: cfg.max_tokens,
+        join_prompt_tokens: cfg.join_prompt_tokens,
         metrics: Metrics::default(),
         started: unix_now(),
         score_queue: std::sync::Mutex::new(queue),
