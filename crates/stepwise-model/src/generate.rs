@@ -294,7 +294,7 @@ struct Row {
 
 enum RowKind {
     /// One continuation being decoded.
-    Continuation { index: usize, rng: ChaCha8Rng },
+    Continuation { index: usize, rng: Box<ChaCha8Rng> },
     /// A joining request's prompt, fed one token a step; `fed` tokens are in the cache or in
     /// this step's input.
     Prompt { tokens: Vec<u32>, fed: usize },
@@ -319,7 +319,7 @@ enum Drawn {
     /// A prompt's next token to feed.
     Feed(u32),
     /// A prompt fed whole: its continuations, each with its generator and first token.
-    Continuations(Vec<(ChaCha8Rng, u32)>),
+    Continuations(Vec<(Box<ChaCha8Rng>, u32)>),
 }
 
 impl<'a> Decoding<'a> {
@@ -381,7 +381,7 @@ impl<'a> Decoding<'a> {
             };
             let id = self.requests.len();
             for index in 0..n {
-                let mut rng = continuation_rng(&params, index);
+                let mut rng = Box::new(continuation_rng(&params, index));
                 self.next.push(sample_token(&first, &params, &mut rng));
                 self.rows.push(Row {
                     request: id,
@@ -509,7 +509,7 @@ impl<'a> Decoding<'a> {
                             (0..req.outs.len())
                                 .into_par_iter()
                                 .map(|index| {
-                                    let mut rng = continuation_rng(p, index);
+                                    let mut rng = Box::new(continuation_rng(p, index));
                                     let first = sample_token(l, p, &mut rng);
                                     (rng, first)
                                 })

@@ -152,6 +152,62 @@ fn requests_joining_a_running_batch_decode_as_alone() {
     }
 }
 
+/// Chunked prefill: prompts fed through a running batch's decoding steps one token a step
+/// (`Decoding::join`), each fanning out into its `n` continuations at its last prompt token,
+/// get transformers' greedy continuations; every step's rows are counted as continuations or
+/// prompt rows, and a one-token prompt and an empty token budget work.
+#[test]
+fn prompts_fed_through_decoding_steps_decode_as_alone() {
+    let exp = expected();
+    let (model, tok) = load("qwen2-policy");
+    let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
+    let mut batch = Decoding::new(&model, Some(&tok));
+    let mut done = std::collections::HashMap::new();
+    let mut ids = Vec::new();
+    let (mut prompt_rows, mut steps) = (0, 0);
+    let mut step = |batch: &mut Decoding, done: &mut std::collections::HashMap<_, _>| {
+        done.extend(batch.step().unwrap());
+        prompt_rows += batch.last_step().prompts;
+        steps += 1;
+    };
+    for (k, it) in items.iter().enumerate() {
+        let prompt = ids_of(&it["prompt_ids"]);
+        // The first request finds the batch empty and is encoded at once; the others join it.
+        ids.push((batch.join(&prompt, 1 + k, greedy(5 + 3 * k)).unwrap(), k));
+        step(&mut batch, &mut done);
+    }
+    let empty_budget = batch.join(&ids_of(&items[0]["prompt_ids"]), 2, greedy(0)).unwrap();
+    while !batch.is_idle() {
+        step(&mut batch, &mut done);
+    }
+    assert_eq!(batch.live_rows(), 0);
+    assert_eq!(done[&empty_budget], vec![Vec::<u32>::new(); 2]);
+    for (id, k) in ids {
+        let want = ids_of(&items[k]["greedy_new_ids"]);
+        let outs = &done[&id];
+        assert_eq!(outs.len(), 1 + k);
+        for o in outs {
+            assert_eq!(o[..], want[..5 + 3 * k], "item {k}");
+        }
+    }
+    // Every prompt token of the joining requests went through a step, once.
+    let fed: usize = items[1..].iter().map(|it| ids_of(&it["prompt_ids"]).len()).sum();
+    assert_eq!(prompt_rows, fed, "prompt rows over {steps} steps");
+
+    // A one-token prompt joining a running batch: its first step fans out at once.
+    let mut batch = Decoding::new(&model, Some(&tok));
+    let long = ids_of(&items[0]["prompt_ids"]);
+    let a = batch.add(&long, 1, greedy(6)).unwrap();
+    let b = batch.join(&long[..1], 3, greedy(4)).unwrap();
+    let alone = generate(&model, Some(&tok), &long[..1], 1, &greedy(4)).unwrap();
+    let mut done = std::collections::HashMap::new();
+    while !batch.is_idle() {
+        done.extend(batch.step().unwrap());
+    }
+    assert_eq!(done[&a][0][..], ids_of(&items[0]["greedy_new_ids"])[..6]);
+    assert_eq!(done[&b], vec![alone[0].clone(); 3]);
+}
+
 /// Caches of different lengths joined into one batch (the shorter left-padded) continue each
 /// sequence as it would continue alone: same hidden states within float rounding, for several
 /// steps and after a row leaves.
