@@ -117,6 +117,19 @@ fn policy_greedy_matches_and_prefix_is_encoded_once() {
     }
 }
 
+/// Request `id` of each `(id, k)` asked for `1 + k` greedy continuations of item `k`'s prompt,
+/// `5 + 3k` tokens each: every one is transformers' greedy continuation.
+fn check_greedy(items: &[Value], done: &std::collections::HashMap<usize, Vec<Vec<u32>>>, ids: &[(usize, usize)]) {
+    for &(id, k) in ids {
+        let want = ids_of(&items[k]["greedy_new_ids"]);
+        let outs = &done[&id];
+        assert_eq!(outs.len(), 1 + k);
+        for o in outs {
+            assert_eq!(o[..], want[..5 + 3 * k], "item {k}");
+        }
+    }
+}
+
 /// Continuous batching: prompts of different lengths join one decoding batch at different steps
 /// (left-padded caches, per-row rotary positions) and each still gets transformers' greedy
 /// continuation; a request with `n` rows encodes its prompt once.
@@ -142,14 +155,7 @@ fn requests_joining_a_running_batch_decode_as_alone() {
         done.extend(batch.step().unwrap());
     }
     assert_eq!(batch.live_rows(), 0);
-    for (id, k) in ids {
-        let want = ids_of(&items[k]["greedy_new_ids"]);
-        let outs = &done[&id];
-        assert_eq!(outs.len(), 1 + k);
-        for o in outs {
-            assert_eq!(o[..], want[..5 + 3 * k], "item {k}");
-        }
-    }
+    check_greedy(items, &done, &ids);
 }
 
 /// Chunked prefill: prompts fed through a running batch's decoding steps one token a step
@@ -182,14 +188,7 @@ fn prompts_fed_through_decoding_steps_decode_as_alone() {
     }
     assert_eq!(batch.live_rows(), 0);
     assert_eq!(done[&empty_budget], vec![Vec::<u32>::new(); 2]);
-    for (id, k) in ids {
-        let want = ids_of(&items[k]["greedy_new_ids"]);
-        let outs = &done[&id];
-        assert_eq!(outs.len(), 1 + k);
-        for o in outs {
-            assert_eq!(o[..], want[..5 + 3 * k], "item {k}");
-        }
-    }
+    check_greedy(items, &done, &ids);
     // Every prompt token of the joining requests went through a step, once.
     let fed: usize = items[1..].iter().map(|it| ids_of(&it["prompt_ids"]).len()).sum();
     assert_eq!(prompt_rows, fed, "prompt rows over {steps} steps");
