@@ -351,6 +351,15 @@ impl<'a> Decoding<'a> {
         self.requests.iter().all(Option::is_none)
     }
 
+    /// The continuations a request for `n` of `prompt` will decode (none with no token budget),
+    /// or why it cannot be decoded.
+    fn live_continuations(prompt: &[u32], n: usize, params: &SamplingParams) -> Result<usize> {
+        if prompt.is_empty() || n == 0 {
+            bail!("generation needs a non-empty prompt and n > 0");
+        }
+        Ok(if params.max_new_tokens == 0 { 0 } else { n })
+    }
+
     /// Registers a request; `live` continuations will be decoded.
     fn register(&mut self, params: SamplingParams, n: usize, live: usize) -> usize {
         self.requests.push(Some(Request {
@@ -364,10 +373,7 @@ impl<'a> Decoding<'a> {
     /// Add a request for `n` continuations of `prompt`: encodes the prompt and samples each
     /// continuation's first token. Returns the request's id, as [`Decoding::step`] reports it.
     pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
-        if prompt.is_empty() || n == 0 {
-            bail!("generation needs a non-empty prompt and n > 0");
-        }
-        let live = if params.max_new_tokens == 0 { 0 } else { n };
+        let live = Self::live_continuations(prompt, n, &params)?;
         if live > 0 {
             let mut prefix_cache = KvCache::default();
             let ids = Tensor::new(prompt, &self.model.device)?.unsqueeze(0)?;
@@ -403,10 +409,7 @@ impl<'a> Decoding<'a> {
         if self.rows.is_empty() {
             return self.add(prompt, n, params);
         }
-        if prompt.is_empty() || n == 0 {
-            bail!("generation needs a non-empty prompt and n > 0");
-        }
-        let live = if params.max_new_tokens == 0 { 0 } else { n };
+        let live = Self::live_continuations(prompt, n, &params)?;
         let id = self.register(params, n, live);
         if live > 0 {
             self.cache = self.cache.with_empty_row()?;
@@ -472,17 +475,14 @@ impl<'a> Decoding<'a> {
         if still.len() < self.rows.len() {
             self.keep_rows(&still)?;
         }
+        let prompts = self
+            .rows
+            .iter()
+            .filter(|r| matches!(r.kind, RowKind::Prompt { .. }))
+            .count();
         self.last_step = StepRows {
-            prompts: self
-                .rows
-                .iter()
-                .filter(|r| matches!(r.kind, RowKind::Prompt { .. }))
-                .count(),
-            continuations: self
-                .rows
-                .iter()
-                .filter(|r| matches!(r.kind, RowKind::Continuation { .. }))
-                .count(),
+            prompts,
+            continuations: self.rows.len() - prompts,
         };
         if !self.rows.is_empty() {
             let ids = Tensor::new(self.next.as_slice(), &self.model.device)?.unsqueeze(1)?;
@@ -528,15 +528,22 @@ impl<'a> Decoding<'a> {
 
     /// Keeps only the rows `keep` (indices into the rows, ascending), with their caches.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
-        if keep.is_empty() {
-            self.cache = KvCache::default();
-        } else {
-            let index = Tensor::new(keep.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
-            self.cache = self.cache.select(&index)?;
-        }
+        self.select_cache(keep)?;
         let mut rows = std::mem::take(&mut self.rows).into_iter().map(Some).collect::<Vec<_>>();
         self.rows = keep.iter().map(|&k| rows[k].take().expect("each kept once")).collect();
         self.next = keep.iter().map(|&k| self.next[k]).collect();
+        Ok(())
+    }
+
+    /// The cache of the rows `order` (indices into the rows, a row repeated to copy its cache),
+    /// or an empty one for none.
+    fn select_cache(&mut self, order: &[usize]) -> Result<()> {
+        self.cache = if order.is_empty() {
+            KvCache::default()
+        } else {
+            let index = Tensor::new(order.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
+            self.cache.select(&index)?
+        };
         Ok(())
     }
 
@@ -575,8 +582,7 @@ impl<'a> Decoding<'a> {
                 }
             }
         }
-        let index = Tensor::new(order.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
-        self.cache = self.cache.select(&index)?;
+        self.select_cache(&order)?;
         self.rows = rows;
         self.next = next;
         Ok(())

@@ -310,24 +310,24 @@ impl Dots<'_> {
     }
 }
 
-/// Every pair of the rows of `w` (`k` values each) against every `N` rows of `x` (`kx` values
+/// Every pair of the rows of `w` (`k` values each) against every four rows of `x` (`kx` values
 /// each), by `dot`, into `out` as `[rows of w, rows of x]`.
 #[inline(always)]
-fn each_pair<T, X, const N: usize>(
+fn each_pair<T, X>(
     w: &[T],
     k: usize,
     x: &[X],
     kx: usize,
     out: &mut [f32],
-    dot: impl Fn([&[T]; 2], [&[X]; N]) -> [[f32; N]; 2],
+    dot: impl Fn([&[T]; 2], [&[X]; 4]) -> [[f32; 4]; 2],
 ) {
     let m = x.len() / kx;
     let xrow = |i: usize| &x[i.min(m - 1) * kx..][..kx];
     let n = w.len() / k;
     let wrow = |j: usize| &w[j.min(n - 1) * k..][..k];
     for j in (0..n).step_by(2) {
-        for i in (0..m).step_by(N) {
-            let d = dot([wrow(j), wrow(j + 1)], std::array::from_fn(|r| xrow(i + r)));
+        for i in (0..m).step_by(4) {
+            let d = dot([wrow(j), wrow(j + 1)], [xrow(i), xrow(i + 1), xrow(i + 2), xrow(i + 3)]);
             for (jj, dj) in d.iter().enumerate().take(n - j) {
                 for (ii, v) in dj.iter().enumerate().take(m - i) {
                     out[(j + jj) * m + i + ii] = *v;
@@ -337,17 +337,19 @@ fn each_pair<T, X, const N: usize>(
     }
 }
 
-/// Two bf16 weight rows against `N` input rows rounded to bf16 (as pairs of neighbouring
+/// Two bf16 weight rows against four input rows rounded to bf16 (as pairs of neighbouring
 /// values, see [`super::tiles::to_bf16_pairs`]): one `vdpbf16ps` per 32 values of a weight row
-/// and an input row, f32 sums; the weight rows are read as they lie, never widened, and once
-/// for all `N` input rows (`N` = 8: sixteen accumulators).
+/// and an input row, f32 sums; the weight rows are read as they lie, never widened. (Eight
+/// input rows a pass, each weight row loaded once for a decoding step's eight rows, was slower:
+/// the 0.5B shape's products took 32-33 ms a step instead of 27, `cargo bench -p
+/// stepwise-model -- decode`.)
 ///
 /// # Safety
 /// The CPU must support AVX-512F and AVX512_BF16; every `x[i]` holds `⌈k / 2⌉` pairs for rows
 /// of `k` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn dot_2xn_bf16<const N: usize>(w: [&[half::bf16]; 2], x: [&[u32]; N]) -> [[f32; N]; 2] {
+unsafe fn dot_2x4_bf16(w: [&[half::bf16]; 2], x: [&[u32]; 4]) -> [[f32; 4]; 2] {
     use std::arch::x86_64::*;
     let k = w[0].len();
     assert!(w[1].len() == k && x.iter().all(|r| r.len() == k.div_ceil(2)));
@@ -356,7 +358,7 @@ unsafe fn dot_2xn_bf16<const N: usize>(w: [&[half::bf16]; 2], x: [&[u32]; N]) ->
         unsafe { std::mem::transmute(v) }
     };
     let full = k / 32 * 32;
-    let mut acc = [[_mm512_setzero_ps(); N]; 2];
+    let mut acc = [[_mm512_setzero_ps(); 4]; 2];
     let mut c = 0;
     while c < full {
         // The rows two pairs on, as in `dot_2x4_avx512`.
@@ -366,7 +368,7 @@ unsafe fn dot_2xn_bf16<const N: usize>(w: [&[half::bf16]; 2], x: [&[u32]; N]) ->
         unsafe {
             let w0 = bh(_mm512_loadu_si512(w[0].as_ptr().add(c).cast()));
             let w1 = bh(_mm512_loadu_si512(w[1].as_ptr().add(c).cast()));
-            for i in 0..N {
+            for i in 0..4 {
                 let xv = bh(_mm512_loadu_si512(x[i].as_ptr().add(c / 2).cast()));
                 acc[0][i] = _mm512_dpbf16_ps(acc[0][i], w0, xv);
                 acc[1][i] = _mm512_dpbf16_ps(acc[1][i], w1, xv);
@@ -375,7 +377,7 @@ unsafe fn dot_2xn_bf16<const N: usize>(w: [&[half::bf16]; 2], x: [&[u32]; N]) ->
         c += 32;
     }
     let value = |pairs: &[u32], c: usize| half::bf16::from_bits((pairs[c / 2] >> (16 * (c % 2))) as u16).to_f32();
-    let mut out = [[0f32; N]; 2];
+    let mut out = [[0f32; 4]; 2];
     for (j, wr) in w.iter().enumerate() {
         for (i, xr) in x.iter().enumerate() {
             let tail: f32 = (full..k).map(|c| wr[c].to_f32() * value(xr, c)).sum();
@@ -462,12 +464,7 @@ pub(crate) fn streamed_matmul(x: &[f32], (m, n, k): (usize, usize, usize), w: We
         #[cfg(target_arch = "x86_64")]
         (WeightSlice::Bf16(w), Some(pairs)) => {
             // SAFETY: `pairs` exist only where bf16_products() holds; rows of ⌈k / 2⌉ pairs.
-            // Four input rows a pass: with eight (sixteen accumulators, each weight row loaded
-            // once for a decoding step's eight rows) the 0.5B shape's products took 32-33 ms
-            // a step instead of 27 (`cargo bench -p stepwise-model -- decode`).
-            each_pair(w, k, pairs, k.div_ceil(2), out, |w, x| unsafe {
-                dot_2xn_bf16::<4>(w, x)
-            })
+            each_pair(w, k, pairs, k.div_ceil(2), out, |w, x| unsafe { dot_2x4_bf16(w, x) })
         }
         (WeightSlice::F32(_) | WeightSlice::Bf16(_), _) => simd::dispatch(Dots { x, w, k, out }),
         (WeightSlice::F16(_), _) => w.for_each_f32_block(w.len() / k, WIDENED_ROWS, |first, w| {
