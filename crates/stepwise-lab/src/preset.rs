@@ -60,6 +60,15 @@ pub struct Preset {
     /// The likelihood head's constant reference: the log-probability per token at which a
     /// step is neither good nor bad.
     pub verifier_reference_logprob: f32,
+    /// The likelihood and log-ratio heads of the PRMs score only each step's last this many
+    /// tokens, its separator counted (2: the step's result and the separator); 0 scores every
+    /// token. The ORM's span is always the whole solution.
+    #[serde(default)]
+    pub verifier_last_tokens: usize,
+    /// The PRMs train on each solution's steps up to its first bad one only (PRM800K's
+    /// convention), not on the steps after it.
+    #[serde(default)]
+    pub verifier_stop_at_first_bad: bool,
     /// Verifier training steps.
     pub verifier_steps: usize,
     /// Verifier peak learning rate.
@@ -199,6 +208,8 @@ impl Preset {
             verifier_head: VerifierHead::Likelihood,
             verifier_beta: 1.0,
             verifier_reference_logprob: -0.5,
+            verifier_last_tokens: 0,
+            verifier_stop_at_first_bad: false,
             verifier_steps: 20,
             verifier_lr: 1e-3,
             temperature: 1.0,
@@ -244,6 +255,8 @@ impl Preset {
             verifier_head: VerifierHead::Likelihood,
             verifier_beta: 1.0,
             verifier_reference_logprob: -0.5,
+            verifier_last_tokens: 0,
+            verifier_stop_at_first_bad: false,
             verifier_steps: 600,
             verifier_lr: 3e-4,
             temperature: 1.0,
@@ -309,8 +322,12 @@ impl Preset {
                 self.verifier_shape.0, self.verifier_shape.1
             ),
         };
+        let span = match (self.verifier_head, self.verifier_last_tokens) {
+            (VerifierHead::Classifier, _) | (_, 0) => String::new(),
+            (_, n) => format!(" (PRMs: each step's last {n} tokens only, its separator counted)"),
+        };
         format!(
-            "{head}; {} steps of 32 solutions, peak learning rate {}",
+            "{head}{span}; {} steps of 32 solutions, peak learning rate {}",
             self.verifier_steps, self.verifier_lr
         )
     }

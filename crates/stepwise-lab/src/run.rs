@@ -74,7 +74,13 @@ fn join_base(training: Option<std::thread::JoinHandle<Result<Model>>>) -> Result
 /// Settings added after run folders existed that change what earlier stages made (the
 /// verifiers' starting model): a folder that lacks them made its stages with their serde
 /// defaults, so it keeps those instead of taking on the current ones.
-const CHANGE_EARLIER_STAGES: &[&str] = &["verifier_base_steps", "verifier_base_shape", "completer"];
+const CHANGE_EARLIER_STAGES: &[&str] = &[
+    "verifier_base_steps",
+    "verifier_base_shape",
+    "completer",
+    "verifier_last_tokens",
+    "verifier_stop_at_first_bad",
+];
 
 /// Copy into the preset of `theirs` (`[preset, seed]`) the fields of `ours` it lacks (those in
 /// [`CHANGE_EARLIER_STAGES`] with their serde defaults instead); returns their names.

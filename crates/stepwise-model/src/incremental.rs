@@ -16,7 +16,6 @@
 //! [`IncrementalScorer::with_capacity`] bytes of cache.
 
 use crate::layout::{Encoded, PrmLayout};
-use crate::log_ratio::spans;
 use crate::model::{pad_batch, Model};
 use crate::scoring::PrmScorer;
 use crate::transformer::KvCache;
@@ -275,7 +274,7 @@ impl<'a> IncrementalScorer<'a> {
     /// Step scores from the values read at every position.
     fn scores(&self, e: &Encoded, values: &[f32]) -> Result<Vec<f32>> {
         let scores: Vec<f32> = match &self.scorer.layout {
-            PrmLayout::LogRatio { log_ratio, .. } => spans(e.steps_from.max(1), &e.positions, log_ratio.cumulative)
+            PrmLayout::LogRatio { log_ratio, .. } => log_ratio.step_spans(e.steps_from.max(1), &e.positions)
                 .into_iter()
                 .map(|(s, end)| {
                     let sum: f32 = values[s..=end].iter().sum();

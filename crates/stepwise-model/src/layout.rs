@@ -181,7 +181,7 @@ impl RewardSpec {
                     }
                     _ => {}
                 }
-                lr.check_reference().with_context(|| at.to_string())?;
+                lr.check().with_context(|| at.to_string())?;
             }
             other => bail!(
                 "{at}: field `kind`: unknown reward kind `{other}` (use {} or {})",

@@ -37,17 +37,44 @@ pub struct LogRatio {
     /// reference model gives each token's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_logprob: Option<f32>,
+    /// Score only each step's last `n` tokens, its separator counted (`Some(2)`: the token that
+    /// ends the step, usually its written result, and the separator). `None`: every token of
+    /// the span. A step's first tokens choose what to compute next (which number, which
+    /// operation); its last say what came out, which is what a step label judges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_tokens: Option<usize>,
 }
 
 impl LogRatio {
     /// Checks that a constant reference is a log-probability (finite, at most 0).
-    pub fn check_reference(&self) -> Result<()> {
+    fn check_reference(&self) -> Result<()> {
         match self.reference_logprob {
             Some(c) if !(c.is_finite() && c <= 0.0) => {
                 bail!("field `reference_logprob`: {c} is not a log-probability (finite, at most 0)")
             }
             _ => Ok(()),
         }
+    }
+
+    /// The token span scored for each step ([`spans`], cut to the last
+    /// [`LogRatio::last_tokens`] tokens when set).
+    pub fn step_spans(&self, first: usize, ends: &[usize]) -> Vec<(usize, usize)> {
+        let mut all = spans(first, ends, self.cumulative);
+        if let Some(n) = self.last_tokens {
+            for (start, end) in &mut all {
+                *start = (*start).max((*end + 1).saturating_sub(n.max(1)));
+            }
+        }
+        all
+    }
+
+    /// Checks that a constant reference is a log-probability and that a tail is not empty.
+    pub fn check(&self) -> Result<()> {
+        self.check_reference()?;
+        if self.last_tokens == Some(0) {
+            bail!("field `last_tokens`: 0 (a step needs at least one scored token)");
+        }
+        Ok(())
     }
 
     /// The reference's log-probability summed over positions `start..=end`, from a constant
@@ -108,4 +135,38 @@ pub fn span_sums(values: &Tensor, t: usize, spans: &[(usize, usize, usize)]) -> 
     }
     let select = Tensor::from_vec(select, (spans.len(), n), values.device())?;
     Ok(select.matmul(&values.unsqueeze(1)?)?.squeeze(1)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_keeps_each_steps_last_tokens_and_never_reaches_into_the_step_before() {
+        let whole = LogRatio {
+            beta: 1.0,
+            cumulative: false,
+            reference_logprob: Some(-0.5),
+            last_tokens: None,
+        };
+        let ends = [5, 9, 10];
+        assert_eq!(whole.step_spans(2, &ends), [(2, 5), (6, 9), (10, 10)]);
+        let tail = LogRatio {
+            last_tokens: Some(2),
+            ..whole
+        };
+        assert_eq!(tail.step_spans(2, &ends), [(4, 5), (8, 9), (10, 10)]);
+        let cumulative = LogRatio {
+            cumulative: true,
+            ..tail
+        };
+        assert_eq!(cumulative.step_spans(2, &ends), [(4, 5), (8, 9), (9, 10)]);
+        assert!(LogRatio {
+            last_tokens: Some(0),
+            ..whole
+        }
+        .check()
+        .is_err());
+        assert!(tail.check().is_ok());
+    }
 }

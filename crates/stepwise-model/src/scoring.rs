@@ -3,7 +3,7 @@
 
 use crate::config::HeadKind;
 use crate::layout::{Encoded, PrmLayout};
-use crate::log_ratio::{span_sums, spans, token_logprobs, LogRatio};
+use crate::log_ratio::{span_sums, token_logprobs, LogRatio};
 use crate::model::{pad_batch, Model};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
@@ -92,7 +92,7 @@ impl PrmScorer<'_> {
             .iter()
             .enumerate()
             .flat_map(|(b, e)| {
-                spans(e.steps_from.max(1), &e.positions, lr.cumulative)
+                lr.step_spans(e.steps_from.max(1), &e.positions)
                     .into_iter()
                     .map(move |(s, end)| (b, s, end))
             })

@@ -105,7 +105,7 @@ fn a_growing_beam_scores_as_the_whole_text_for_every_layout() {
     let varmap = VarMap::new();
     let other = Model::fresh(policy.config.clone(), &varmap, &dev, 7).unwrap();
     for (reference, constant) in [(None, Some(-2.0)), (Some(&other), None)] {
-        for cumulative in [false, true] {
+        for (cumulative, last_tokens) in [(false, None), (true, None), (false, Some(2))] {
             let scorer = PrmScorer {
                 model: &policy,
                 tokenizer: &tok,
@@ -115,6 +115,7 @@ fn a_growing_beam_scores_as_the_whole_text_for_every_layout() {
                         beta: 0.5,
                         cumulative,
                         reference_logprob: constant,
+                        last_tokens,
                     },
                 },
                 reference,

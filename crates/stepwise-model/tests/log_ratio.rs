@@ -33,11 +33,17 @@ const LR: LogRatio = LogRatio {
     beta: 1.0,
     cumulative: false,
     reference_logprob: None,
+    last_tokens: None,
 };
 /// The likelihood head: a constant reference.
 const LIKELIHOOD: LogRatio = LogRatio {
     reference_logprob: Some(-0.5),
     ..LR
+};
+/// The likelihood head over each step's last token and its separator only.
+const LIKELIHOOD_OF_RESULTS: LogRatio = LogRatio {
+    last_tokens: Some(2),
+    ..LIKELIHOOD
 };
 
 /// Counting problems: each step must be the previous number + 1; a bad step is off by 2..8 and
@@ -166,7 +172,7 @@ fn every_weight_receives_a_gradient() {
     let varmap = VarMap::new();
     let mut model = lm(&tok, &varmap, 3);
     model.set_training(true);
-    for (outcome, lr) in [(false, LR), (true, LR), (false, LIKELIHOOD)] {
+    for (outcome, lr) in [(false, LR), (true, LR), (false, LIKELIHOOD), (false, LIKELIHOOD_OF_RESULTS)] {
         let mut ex = label_examples(&tok, &solutions(8, 1, 0.6), &opts(outcome)).unwrap();
         if lr.reference_logprob.is_none() {
             attach_reference(&reference, &mut ex, 4).unwrap();
@@ -227,7 +233,7 @@ fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
 
     // The PRM: the policy itself, fine-tuned on step labels against a frozen copy of it, or
     // against a constant reference (its own likelihood).
-    for lr in [LR, LIKELIHOOD] {
+    for lr in [LR, LIKELIHOOD, LIKELIHOOD_OF_RESULTS] {
         fine_tune_and_round_trip(&tok, &policy_dir, &dir.join("prm"), lr, &tc);
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -281,3 +281,45 @@ fn a_checkpoint_keeps_its_own_head_and_drops_another() {
         "{names:?}"
     );
 }
+
+#[test]
+fn targets_can_stop_at_the_first_bad_step() {
+    let tok = tokenizer();
+    let labelled = |labels: &[StepLabel]| Solution {
+        question: "count from 1".into(),
+        steps: labels
+            .iter()
+            .enumerate()
+            .map(|(k, l)| Step::labelled(format!("{}", k + 2), l.clone()))
+            .collect(),
+        correct: Some(false),
+        ..Default::default()
+    };
+    let hard = |good| StepLabel::from_bool(good, Provenance::Oracle);
+    let soft = |p| StepLabel::soft(p, Provenance::Oracle);
+    let sols = [
+        labelled(&[hard(true), hard(false), hard(false), hard(true)]),
+        labelled(&[soft(1.0), soft(0.6), soft(0.25), soft(0.0)]),
+        labelled(&[hard(true), hard(true)]),
+    ];
+    let targets = |o: &LabelOptions| -> Vec<Vec<f32>> {
+        label_examples(&tok, &sols, o)
+            .unwrap()
+            .iter()
+            .map(|e| e.targets.iter().map(|t| t.1).collect())
+            .collect()
+    };
+    let every = LabelOptions::default();
+    assert_eq!(
+        targets(&every),
+        [vec![1.0, 0.0, 0.0, 1.0], vec![1.0, 0.6, 0.25, 0.0], vec![1.0, 1.0]]
+    );
+    let stop = LabelOptions {
+        stop_at_first_bad: true,
+        ..Default::default()
+    };
+    assert_eq!(targets(&stop), [vec![1.0, 0.0], vec![1.0, 0.6, 0.25], vec![1.0, 1.0]]);
+    // An outcome label is one target, whatever the steps say.
+    let outcome = LabelOptions { outcome: true, ..stop };
+    assert_eq!(targets(&outcome), [vec![0.0], vec![0.0], vec![0.0]]);
+}

@@ -63,6 +63,11 @@ pub struct Args {
     /// --base model (the step's score is then the verifier's own log-likelihood).
     #[arg(long, allow_negative_numbers = true)]
     pub reference_logprob: Option<f32>,
+    /// Log-ratio head: score only each step's last N tokens, its separator counted (2: the
+    /// step's last token, usually its written result, and the separator) instead of all of
+    /// them. Not with --outcome.
+    #[arg(long, value_name = "N")]
+    pub last_tokens: Option<usize>,
     /// Separator after each step (and, for the log-ratio head, after the problem).
     #[arg(long, default_value = "\n")]
     pub separator: String,
@@ -72,6 +77,10 @@ pub struct Args {
     /// Only the last labelled step carries a label (TRL's train_on_last_step_only).
     #[arg(long)]
     pub last_step_only: bool,
+    /// Step targets stop at each solution's first bad step (label below 0.5), as PRM800K's
+    /// raters stop at the first error; later steps are then not trained on.
+    #[arg(long)]
+    pub stop_at_first_bad: bool,
     /// Optimiser steps.
     #[arg(long, default_value_t = 500)]
     pub steps: usize,
@@ -136,14 +145,18 @@ pub fn run(a: Args) -> Result<()> {
     if a.reference_logprob.is_some() && a.head.as_deref() != Some("log-ratio") {
         bail!("--reference-logprob is for --head log-ratio");
     }
+    if a.last_tokens.is_some() && (a.head.as_deref() != Some("log-ratio") || a.outcome) {
+        bail!("--last-tokens is for --head log-ratio on step labels (not --outcome)");
+    }
     let head = match a.head.as_deref() {
         Some("log-ratio") => {
             let lr = LogRatio {
                 beta: a.beta,
                 cumulative: a.outcome,
                 reference_logprob: a.reference_logprob,
+                last_tokens: a.last_tokens,
             };
-            lr.check_reference().context("--reference-logprob")?;
+            lr.check().context("--reference-logprob, --last-tokens")?;
             VerifierHead::LogRatio(lr)
         }
         Some("value") => VerifierHead::Value,
@@ -166,6 +179,7 @@ pub fn run(a: Args) -> Result<()> {
         labels: LabelOptions {
             neutral,
             last_step_only: a.last_step_only,
+            stop_at_first_bad: a.stop_at_first_bad,
             outcome: a.outcome,
             separator: a.separator.clone(),
             max_len,

@@ -43,6 +43,7 @@ impl Verifiers<'_> {
                 // An ORM's score is the whole solution's: its last step's span starts at the first.
                 cumulative: outcome,
                 reference_logprob,
+                last_tokens: (p.verifier_last_tokens > 0 && !outcome).then_some(p.verifier_last_tokens),
             })
         };
         let head = match p.verifier_head {
@@ -69,6 +70,7 @@ impl Verifiers<'_> {
             labels: LabelOptions {
                 separator: SEP.into(),
                 outcome,
+                stop_at_first_bad: p.verifier_stop_at_first_bad,
                 ..Default::default()
             },
         }

@@ -30,6 +30,10 @@ pub struct LabelOptions {
     pub neutral: Neutral,
     /// Only the last labelled step carries a target (TRL's `train_on_last_step_only`).
     pub last_step_only: bool,
+    /// Step targets stop at the first bad one (a label below 0.5), as PRM800K's raters stop at
+    /// the first error: later steps are bad only because an earlier one was, and training on
+    /// them teaches where errors tend to be (late in long solutions) instead of what they are.
+    pub stop_at_first_bad: bool,
     /// Outcome supervision: one target on the last step, from `Solution::correct`.
     pub outcome: bool,
     /// Separator after each step.
@@ -76,6 +80,11 @@ pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> R
                 })
                 .collect()
         };
+        if o.stop_at_first_bad && !o.outcome {
+            if let Some(k) = targets.iter().position(|&(_, y)| y < 0.5) {
+                targets.truncate(k + 1);
+            }
+        }
         if o.last_step_only {
             targets = targets.last().copied().into_iter().collect();
         }

@@ -2,7 +2,7 @@
 //! One loop for all of them, readable in one sitting: batches → loss → backward → clip → AdamW
 //! with warm-up + cosine → periodic validation → early stop → checkpoints that resume exactly.
 
-use crate::log_ratio::{span_sums, spans, token_logprobs, LogRatio};
+use crate::log_ratio::{span_sums, token_logprobs, LogRatio};
 use crate::model::{pad_batch, Model};
 use optim::{accumulate, schedule, AdamW};
 
@@ -202,7 +202,7 @@ fn log_ratio_loss(
             bail!("the log-ratio objective needs the reference log-probabilities of every example");
         }
         let ends: Vec<usize> = e.targets.iter().map(|&(p, _)| p).collect();
-        for ((start, end), &(_, y)) in spans(e.lm_from.max(1), &ends, lr.cumulative)
+        for ((start, end), &(_, y)) in lr.step_spans(e.lm_from.max(1), &ends)
             .into_iter()
             .zip(&e.targets)
         {

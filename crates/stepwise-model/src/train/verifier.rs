@@ -61,7 +61,7 @@ impl VerifierSpec {
         };
         match self.head {
             VerifierHead::LogRatio(lr) => {
-                lr.check_reference()?;
+                lr.check()?;
                 if !matches!(self.start, Start::Checkpoint(_)) {
                     bail!("the log-ratio head fine-tunes a causal LM: start from a checkpoint");
                 }
