@@ -209,7 +209,7 @@ impl Preset {
             verifier_beta: 1.0,
             verifier_reference_logprob: -0.5,
             verifier_last_tokens: 0,
-            verifier_stop_at_first_bad: false,
+            verifier_stop_at_first_bad: true,
             verifier_steps: 20,
             verifier_lr: 1e-3,
             temperature: 1.0,
@@ -256,7 +256,7 @@ impl Preset {
             verifier_beta: 1.0,
             verifier_reference_logprob: -0.5,
             verifier_last_tokens: 0,
-            verifier_stop_at_first_bad: false,
+            verifier_stop_at_first_bad: true,
             verifier_steps: 600,
             verifier_lr: 3e-4,
             temperature: 1.0,
@@ -326,8 +326,13 @@ impl Preset {
             (VerifierHead::Classifier, _) | (_, 0) => String::new(),
             (_, n) => format!(" (PRMs: each step's last {n} tokens only, its separator counted)"),
         };
+        let stop = if self.verifier_stop_at_first_bad {
+            "; PRMs trained on each solution's steps up to its first bad one"
+        } else {
+            ""
+        };
         format!(
-            "{head}{span}; {} steps of 32 solutions, peak learning rate {}",
+            "{head}{span}{stop}; {} steps of 32 solutions, peak learning rate {}",
             self.verifier_steps, self.verifier_lr
         )
     }

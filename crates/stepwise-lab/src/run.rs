@@ -465,6 +465,17 @@ mod tests {
         assert!(err.contains("completer differs"), "{err}");
         let policy_rollouts = from_policy.with_overrides(&["completer=policy".into()]).unwrap();
         claim_run_folder(&dir, &policy_rollouts, 1).expect("the folder's own completer resumes");
+        // Nor does one whose PRMs trained on every step take on stopping at the first bad one.
+        let mut old: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        old[0].as_object_mut().unwrap().remove("verifier_stop_at_first_bad");
+        std::fs::write(&path, old.to_string()).unwrap();
+        assert!(policy_rollouts.verifier_stop_at_first_bad);
+        let err = format!("{:#}", claim_run_folder(&dir, &policy_rollouts, 1).unwrap_err());
+        assert!(err.contains("verifier_stop_at_first_bad differs"), "{err}");
+        let every_step = policy_rollouts
+            .with_overrides(&["verifier_stop_at_first_bad=false".into()])
+            .unwrap();
+        claim_run_folder(&dir, &every_step, 1).expect("the folder's own verifier labels resume");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -274,7 +274,8 @@ impl<'a> IncrementalScorer<'a> {
     /// Step scores from the values read at every position.
     fn scores(&self, e: &Encoded, values: &[f32]) -> Result<Vec<f32>> {
         let scores: Vec<f32> = match &self.scorer.layout {
-            PrmLayout::LogRatio { log_ratio, .. } => log_ratio.step_spans(e.steps_from.max(1), &e.positions)
+            PrmLayout::LogRatio { log_ratio, .. } => log_ratio
+                .step_spans(e.steps_from.max(1), &e.positions)
                 .into_iter()
                 .map(|(s, end)| {
                     let sum: f32 = values[s..=end].iter().sum();

@@ -172,7 +172,12 @@ fn every_weight_receives_a_gradient() {
     let varmap = VarMap::new();
     let mut model = lm(&tok, &varmap, 3);
     model.set_training(true);
-    for (outcome, lr) in [(false, LR), (true, LR), (false, LIKELIHOOD), (false, LIKELIHOOD_OF_RESULTS)] {
+    for (outcome, lr) in [
+        (false, LR),
+        (true, LR),
+        (false, LIKELIHOOD),
+        (false, LIKELIHOOD_OF_RESULTS),
+    ] {
         let mut ex = label_examples(&tok, &solutions(8, 1, 0.6), &opts(outcome)).unwrap();
         if lr.reference_logprob.is_none() {
             attach_reference(&reference, &mut ex, 4).unwrap();

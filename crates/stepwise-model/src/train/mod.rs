@@ -202,10 +202,7 @@ fn log_ratio_loss(
             bail!("the log-ratio objective needs the reference log-probabilities of every example");
         }
         let ends: Vec<usize> = e.targets.iter().map(|&(p, _)| p).collect();
-        for ((start, end), &(_, y)) in lr.step_spans(e.lm_from.max(1), &ends)
-            .into_iter()
-            .zip(&e.targets)
-        {
+        for ((start, end), &(_, y)) in lr.step_spans(e.lm_from.max(1), &ends).into_iter().zip(&e.targets) {
             if start > end || end >= e.ids.len() {
                 bail!(
                     "a target at position {end} has no tokens of its own in a sequence of {}",
