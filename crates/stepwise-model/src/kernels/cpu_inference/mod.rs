@@ -27,7 +27,6 @@ use crate::kernels::weights::WeightSlice;
 use crate::kernels::{sgemm, simd, KeyMask, Linear};
 use attention::{attention, HeadScratch};
 use candle_core::{CpuStorage, Layout, Storage, Tensor};
-use rayon::prelude::*;
 use rows::{matmul_t, rms_norm_rows, rotate, Rows, SwiGluRows};
 use std::sync::RwLockReadGuard;
 
@@ -284,10 +283,27 @@ fn run(
             share.push(kv);
         }
     }
+    let valid_of = |bi: usize| mask.valid.as_deref().map(|v| &v[bi * total..][..total]);
+    // The new positions a sequence runs: a pass that keeps no cache skips its trailing padding
+    // (a batch of mixed lengths, right-padded): those positions are masked out of every real
+    // one, and their output rows stay zero.
+    let real_len = |bi: usize| match valid_of(bi) {
+        Some(v) if !want_cache => {
+            let real = t - v[p..].iter().rev().take_while(|&&real| !real).count();
+            let reads_padding = read.is_some_and(|r| r[bi].iter().any(|&i| i >= real));
+            if reads_padding {
+                t
+            } else {
+                real
+            }
+        }
+        _ => t,
+    };
     let job = |bi: usize, out: &mut [f32], share, shared: bool| {
-        let valid = mask.valid.as_deref().map(|v| &v[bi * total..][..total]);
-        let ids = &ids[bi * t..][..t];
         let read = read.map(|r| r[bi].as_slice());
+        let real = real_len(bi);
+        let (ids, valid) = (&ids[bi * t..][..real], valid_of(bi).map(|v| &v[..p + real]));
+        let out = if read.is_none() { &mut out[..real * hidden] } else { out };
         let before: Vec<(&[f32], &[f32])> = prefix.map_or(Vec::new(), |x| {
             x.layers
                 .iter()
@@ -307,10 +323,21 @@ fn run(
     // a pool thread (its siblings are busy with passes of their own); else the threads share
     // each sequence.
     if b >= rayon::current_num_threads() || rayon::current_thread_index().is_some() {
-        outs.into_par_iter()
-            .zip(shares)
-            .enumerate()
-            .for_each(|(bi, (out, share))| job(bi, out, share, false));
+        // Longest first, each taken by the next free thread, so the pass ends on a short one
+        // (a static split of mixed lengths left a thread idle for most of a long sequence).
+        let mut work: Vec<_> = outs.into_iter().zip(shares).enumerate().collect();
+        work.sort_by_key(|&(bi, _)| std::cmp::Reverse(real_len(bi)));
+        let queue = std::sync::Mutex::new(work.into_iter());
+        let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+        rayon::scope(|scope| {
+            for _ in 0..rayon::current_num_threads().min(b) {
+                scope.spawn(|_| {
+                    while let Some((bi, (out, share))) = next() {
+                        job(bi, out, share, false);
+                    }
+                });
+            }
+        });
     } else {
         for (bi, (out, share)) in outs.into_iter().zip(shares).enumerate() {
             job(bi, out, share, true);
