@@ -96,6 +96,11 @@ pub struct Preset {
     /// Answers sampled from the judge per solution (the most frequent verdict wins).
     #[serde(default)]
     pub judge_samples: usize,
+    /// The judge also trains on every prefix of its oracle-labelled solutions, each with the
+    /// first error the labels imply for it (none before the error, the same index from it on):
+    /// more examples from the same human budget.
+    #[serde(default)]
+    pub judge_prefixes: bool,
     /// RL (the `rl` stage): policy updates per reward source (0 skips the stage).
     pub rl_updates: usize,
     /// RL: prompts per update.
@@ -219,6 +224,7 @@ impl Preset {
             judge_steps: 20,
             judge_lr: 1e-3,
             judge_samples: 3,
+            judge_prefixes: false,
             rl_updates: 4,
             rl_prompts: 4,
             rl_group: 4,
@@ -266,6 +272,7 @@ impl Preset {
             judge_steps: 300,
             judge_lr: 1e-3,
             judge_samples: 5,
+            judge_prefixes: false,
             rl_updates: 150,
             rl_prompts: 16,
             rl_group: 8,

@@ -49,6 +49,19 @@ pub fn judge_example(tok: &Tokenizer, sol: &Solution) -> Result<Example> {
     })
 }
 
+/// A labelled solution and each of its shorter prefixes (one step or more), labels kept: a
+/// prefix that stops before the first error has none, one that reaches it has it at the same
+/// step.
+pub fn prefixes(sol: &Solution) -> Vec<Solution> {
+    (1..=sol.steps.len())
+        .rev()
+        .map(|n| Solution {
+            steps: sol.steps[..n].to_vec(),
+            ..sol.clone()
+        })
+        .collect()
+}
+
 /// Train (or reuse) the judge in `dir` from the LM in `base_dir` (the policy, or the verifiers'
 /// base), on the oracle's verdicts for `human` (oracle-labelled solutions).
 pub fn train_judge(
@@ -59,6 +72,13 @@ pub fn train_judge(
     human: &[&Solution],
     tok: &Tokenizer,
 ) -> Result<Model> {
+    let with_prefixes: Vec<Solution>;
+    let human: Vec<&Solution> = if p.judge_prefixes {
+        with_prefixes = human.iter().flat_map(|s| prefixes(s)).collect();
+        with_prefixes.iter().collect()
+    } else {
+        human.to_vec()
+    };
     let examples = human
         .iter()
         .map(|s| judge_example(tok, s))
@@ -181,5 +201,20 @@ mod tests {
         let e = judge_example(&tok, &right).unwrap();
         assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "- 1 <eos>");
         assert!(!e.ids.contains(&tok.token_id(crate::vocab::UNK).unwrap()));
+
+        // Its prefixes: the first error where the labels put it, none before it.
+        let three = Solution {
+            steps: vec![
+                step("2 * 3 = 6", true),
+                step("6 + 1 = 8", false),
+                step("The answer is 8", false),
+            ],
+            ..sol.clone()
+        };
+        let firsts: Vec<(usize, Option<usize>)> = prefixes(&three)
+            .iter()
+            .map(|s| (s.steps.len(), s.first_error()))
+            .collect();
+        assert_eq!(firsts, [(3, Some(1)), (2, Some(1)), (1, None)]);
     }
 }
