@@ -54,8 +54,37 @@ fn scoring(model: &Model, reps: usize, all_positions: bool, batch: usize) -> any
     Ok((reps * batch * SEQ) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Scoring a batch of `BATCH` sequences of mixed lengths (`SEQ / 8` to `SEQ` tokens, right-padded
+/// with a mask, as `stepwise score` batches solutions), each read at its own step ends: real
+/// tokens/s. Padded positions cost nothing in a pass that keeps no cache.
+fn scoring_mixed(model: &Model, reps: usize) -> anyhow::Result<f64> {
+    let lens: Vec<usize> = (1..=BATCH).map(|k| k * SEQ / BATCH).collect();
+    let seqs: Vec<Vec<u32>> = lens
+        .iter()
+        .map(|&n| (0..n).map(|i| (i * 7 % 500) as u32 + 10).collect())
+        .collect();
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let (ids, mask, _) = stepwise_model::model::pad_batch(&refs, &model.device)?;
+    let rows: Vec<Vec<usize>> = lens
+        .iter()
+        .map(|&n| (1..=STEPS).map(|k| (k * n / STEPS).max(1) - 1).collect())
+        .collect();
+    let pass = || model.head_logits(&model.hidden_rows(&ids, mask.as_ref(), &rows)?);
+    let _ = pass()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        let _ = pass()?;
+    }
+    Ok((reps * lens.iter().sum::<usize>()) as f64 / t.elapsed().as_secs_f64())
+}
+
 /// Both scoring workloads of `model`, printed.
 fn print_scoring(name: &str, model: &Model, reps: usize, flops_per_token: Option<f64>) -> anyhow::Result<()> {
+    let gflops = |tps: f64| {
+        flops_per_token.map_or(String::new(), |f| {
+            format!(", {:.1} GFLOP/s in the decoder", f * tps / 1e9)
+        })
+    };
     // The last: one sequence at a time, which the threads share.
     for (all, what, batch) in [
         (true, "forward, all positions", BATCH),
@@ -63,11 +92,17 @@ fn print_scoring(name: &str, model: &Model, reps: usize, flops_per_token: Option
         (true, "forward, all positions", 1),
     ] {
         let tps = scoring(model, reps * BATCH / batch, all, batch)?;
-        let gflops = flops_per_token.map_or(String::new(), |f| {
-            format!(", {:.1} GFLOP/s in the decoder", f * tps / 1e9)
-        });
-        println!("{name}: {what}: {tps:.0} tokens/s (batch {batch} × {SEQ}){gflops}");
+        println!(
+            "{name}: {what}: {tps:.0} tokens/s (batch {batch} × {SEQ}){}",
+            gflops(tps)
+        );
     }
+    let tps = scoring_mixed(model, reps)?;
+    println!(
+        "{name}: scoring mixed lengths, 8 step ends read: {tps:.0} real tokens/s (batch {BATCH} of {}–{SEQ}, right-padded){}",
+        SEQ / BATCH,
+        gflops(tps)
+    );
     Ok(())
 }
 
