@@ -101,6 +101,10 @@ pub struct Preset {
     /// more examples from the same human budget.
     #[serde(default)]
     pub judge_prefixes: bool,
+    /// What the judge writes after a solution: the index of its first wrong step (`index`) or
+    /// that step copied out (`quote`); `- 1` for none either way.
+    #[serde(default)]
+    pub judge_answer: JudgeAnswer,
     /// RL (the `rl` stage): policy updates per reward source (0 skips the stage).
     pub rl_updates: usize,
     /// RL: prompts per update.
@@ -142,6 +146,35 @@ pub enum McLabels {
     Hard,
     /// The fraction of rollouts that reached it (soft estimation), learned with BCE.
     Soft,
+}
+
+/// What the lab's judge writes after a solution.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeAnswer {
+    /// The index of the first wrong step ([`stepwise_label::judge::IndexAnswer`]).
+    #[default]
+    Index,
+    /// The first wrong step itself, copied out ([`stepwise_label::judge::QuoteAnswer`]).
+    Quote,
+}
+
+impl JudgeAnswer {
+    /// The format that asks and reads it.
+    pub fn format(self) -> &'static dyn stepwise_label::judge::JudgeFormat {
+        match self {
+            JudgeAnswer::Index => &stepwise_label::judge::IndexAnswer,
+            JudgeAnswer::Quote => &stepwise_label::judge::QuoteAnswer,
+        }
+    }
+
+    /// The training target for a solution with these `steps` whose first error is `first`.
+    pub fn answer(self, steps: &[String], first: Option<usize>) -> String {
+        match self {
+            JudgeAnswer::Index => stepwise_label::judge::IndexAnswer::answer(first),
+            JudgeAnswer::Quote => stepwise_label::judge::QuoteAnswer::answer(steps, first),
+        }
+    }
 }
 
 /// Which model completes the rollouts that label steps.
@@ -225,6 +258,7 @@ impl Preset {
             judge_lr: 1e-3,
             judge_samples: 3,
             judge_prefixes: false,
+            judge_answer: JudgeAnswer::Index,
             rl_updates: 4,
             rl_prompts: 4,
             rl_group: 4,
@@ -273,6 +307,7 @@ impl Preset {
             judge_lr: 1e-3,
             judge_samples: 5,
             judge_prefixes: false,
+            judge_answer: JudgeAnswer::Index,
             rl_updates: 150,
             rl_prompts: 16,
             rl_group: 8,

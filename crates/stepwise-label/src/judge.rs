@@ -7,8 +7,9 @@
 //!
 //! How the question is put and the answer read is a [`JudgeFormat`]: [`ProcessBenchCritique`]
 //! (ProcessBench's critique prompt, the answer in `\boxed{k}`) for instruct models, and
-//! [`IndexAnswer`] (the solution as the policy's own steps, the answer a bare index) for a judge
-//! fine-tuned to write the index after a solution, as the lab's generative verifier is.
+//! [`IndexAnswer`] (the solution as the policy's own steps, the answer a bare index) or
+//! [`QuoteAnswer`] (the same, the answer the first wrong step copied out) for a judge fine-tuned
+//! to answer right after a solution, as the lab's generative verifier is.
 
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -46,9 +47,9 @@ pub trait JudgeFormat: Sync {
     /// The prompt and the pieces after it ([`Policy::continue_from`]'s first two arguments) that
     /// ask about `steps` of a solution to `question`.
     fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>);
-    /// The verdict in `answer` for a solution of `steps` steps: `Some(None)` for "no error",
+    /// The verdict in `answer` on a solution with these `steps`: `Some(None)` for "no error",
     /// `Some(Some(k))` for "the first error is step k", `None` when it gives no readable verdict.
-    fn read(&self, answer: &str, steps: usize) -> Option<Option<usize>>;
+    fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>>;
 }
 
 /// ProcessBench's critique prompt ([`critique_prompt`]) as one prompt; the answer's last
@@ -60,8 +61,8 @@ impl JudgeFormat for ProcessBenchCritique {
         (critique_prompt(question, steps), Vec::new())
     }
 
-    fn read(&self, answer: &str, steps: usize) -> Option<Option<usize>> {
-        parse_verdict(answer, steps)
+    fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>> {
+        parse_verdict(answer, steps.len())
     }
 }
 
@@ -84,9 +85,41 @@ impl JudgeFormat for IndexAnswer {
         (question.to_string(), steps.to_vec())
     }
 
-    fn read(&self, answer: &str, steps: usize) -> Option<Option<usize>> {
+    fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>> {
         let compact: String = answer.split_whitespace().collect();
-        index_verdict(&compact, steps)
+        index_verdict(&compact, steps.len())
+    }
+}
+
+/// Like [`IndexAnswer`], but the answer quotes the first wrong step itself (its text, compared
+/// with whitespace ignored; the first step with that text is meant) instead of counting to its
+/// index, or is `-1` for none. Copying a step is what a small language model does well; counting
+/// steps is not (the lab's judge; see the README).
+pub struct QuoteAnswer;
+
+impl QuoteAnswer {
+    /// The answer a judge of this format should write for a solution with these `steps` whose
+    /// first error is `first` (its training target).
+    pub fn answer(steps: &[String], first: Option<usize>) -> String {
+        first.map_or_else(|| IndexAnswer::answer(None), |k| steps[k].clone())
+    }
+}
+
+impl JudgeFormat for QuoteAnswer {
+    fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>) {
+        IndexAnswer.ask(question, steps)
+    }
+
+    fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>> {
+        let compact = |t: &str| t.split_whitespace().collect::<String>();
+        let said = compact(answer);
+        if said == "-1" {
+            return Some(None);
+        }
+        steps
+            .iter()
+            .position(|s| compact(s) == said && !said.is_empty())
+            .map(Some)
     }
 }
 
@@ -131,7 +164,7 @@ impl Judge<'_> {
         };
         let mut votes: BTreeMap<Option<usize>, usize> = BTreeMap::new();
         for a in &answers {
-            if let Some(v) = self.format.read(&a.text, steps.len()) {
+            if let Some(v) = self.format.read(&a.text, &steps) {
                 *votes.entry(v).or_default() += 1;
             }
         }
@@ -207,10 +240,10 @@ mod tests {
             ("", None),
             ("\\boxed{1}", None),
         ] {
-            assert_eq!(IndexAnswer.read(answer, 2), want, "{answer:?}");
+            assert_eq!(IndexAnswer.read(answer, &steps), want, "{answer:?}");
         }
         for first in [None, Some(0), Some(1)] {
-            assert_eq!(IndexAnswer.read(&IndexAnswer::answer(first), 2), Some(first));
+            assert_eq!(IndexAnswer.read(&IndexAnswer::answer(first), &steps), Some(first));
         }
         // The judge sees the policy's layout: the question as the prompt, the steps as pieces.
         fn echo(q: &str, p: &[&str], _j: usize) -> Vec<String> {
@@ -229,6 +262,34 @@ mod tests {
             format: &IndexAnswer,
         };
         assert_eq!(judge.first_error(&sol).unwrap().0, Some(Some(1)));
+    }
+
+    #[test]
+    fn the_quote_format_reads_a_copied_step_and_refuses_the_rest() {
+        let steps = [
+            "1 + 1 = 2".to_string(),
+            "2 * 3 = 7".to_string(),
+            "2 * 3 = 7".to_string(),
+        ];
+        assert_eq!(QuoteAnswer.ask("q", &steps), IndexAnswer.ask("q", &steps));
+        for (answer, want) in [
+            ("2 * 3 = 7", Some(Some(1))),
+            (" 2  *  3 = 7 ", Some(Some(1))),
+            ("1 + 1 = 2", Some(Some(0))),
+            ("- 1", Some(None)),
+            ("-1", Some(None)),
+            ("2 * 3 = 6", None),
+            ("1", None),
+            ("", None),
+        ] {
+            assert_eq!(QuoteAnswer.read(answer, &steps), want, "{answer:?}");
+        }
+        for first in [None, Some(0), Some(1)] {
+            assert_eq!(
+                QuoteAnswer.read(&QuoteAnswer::answer(&steps, first), &steps),
+                Some(first)
+            );
+        }
     }
 
     #[test]

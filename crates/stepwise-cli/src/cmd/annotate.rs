@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use stepwise_core::seams::Annotator;
 use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution};
-use stepwise_label::judge::{IndexAnswer, JudgeFormat, ProcessBenchCritique};
+use stepwise_label::judge::{IndexAnswer, JudgeFormat, ProcessBenchCritique, QuoteAnswer};
 use stepwise_label::{
     annotate_resumable, BinarySearch, Consensus, Judge, McOptions, MonteCarlo, OmegaOptions, OmegaPrm,
 };
@@ -38,7 +38,7 @@ ProcessBench's critique question --judge-samples times and takes the most freque
 paragraph (\\boxed{k}, -1 for none); answers without a readable verdict do not vote, and a solution with no verdict \
 stays unlabelled. --judge-format index asks a judge fine-tuned to write that index right after a solution (the \
 lab's generative verifier: `stepwise lab` leaves it in RUN/judge) with the question and steps laid out as for \
-the policy, and reads a bare index. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
+the policy, and reads a bare index; --judge-format quote reads the first wrong step copied out instead. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
 put the first error on the same step (the Qwen2.5-Math-PRM recipe); the retained fraction is reported.
 
 Example:
@@ -78,9 +78,10 @@ pub struct Args {
     #[arg(long)]
     pub judge_chat: bool,
     /// How the judge is asked: `critique` (ProcessBench's critique prompt, answer in
-    /// \boxed{k}) or `index` (the question and steps as the policy's prompt and pieces, split
-    /// by --separator; the answer a bare index, -1 for none).
-    #[arg(long, default_value = "critique", value_parser = ["critique", "index"])]
+    /// \boxed{k}), `index` (the question and steps as the policy's prompt and pieces, split
+    /// by --separator; the answer a bare index, -1 for none) or `quote` (asked as `index`; the
+    /// answer the first wrong step copied out, -1 for none).
+    #[arg(long, default_value = "critique", value_parser = ["critique", "index", "quote"])]
     pub judge_format: String,
     /// Rollouts per step prefix.
     #[arg(long, default_value_t = 8)]
@@ -148,6 +149,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let (format, separator): (&dyn JudgeFormat, &str) = match a.judge_format.as_str() {
         "index" => (&IndexAnswer, &a.sampling.separator),
+        "quote" => (&QuoteAnswer, &a.sampling.separator),
         _ => (&ProcessBenchCritique, "\n"),
     };
     let judge_policy = judge_backend.as_ref().map(|b| {

@@ -10,14 +10,13 @@
 use super::annotate::label_stage;
 use super::policy::lab_policy;
 use super::train_stage;
-use crate::preset::Preset;
+use crate::preset::{JudgeAnswer, Preset};
 use crate::vocab::{EOS, SEP};
 use anyhow::Result;
 use std::path::Path;
 use stepwise_core::seams::Spent;
 use stepwise_core::Solution;
 use stepwise_label::consensus::keep_if_agreeing;
-use stepwise_label::judge::IndexAnswer;
 use stepwise_label::Judge;
 use stepwise_model::layout::encode_steps;
 use stepwise_model::train::{Example, Objective};
@@ -35,12 +34,12 @@ pub fn human_budget(sols: &[Solution], n: usize) -> Vec<&Solution> {
 /// The judge's training example for an oracle-labelled solution: the solution in the policy's
 /// layout, then the index of its first wrong step (`- 1` for none) and `<eos>`; the loss covers
 /// the answer only.
-pub fn judge_example(tok: &Tokenizer, sol: &Solution) -> Result<Example> {
+pub fn judge_example(tok: &Tokenizer, sol: &Solution, answer: JudgeAnswer) -> Result<Example> {
     let steps = sol.step_strings();
     let refs: Vec<&str> = steps.iter().map(String::as_str).collect();
     let mut ids = encode_steps(tok, &sol.question, &refs, SEP, true)?.ids;
     let lm_from = ids.len();
-    ids.extend(tok.encode(&IndexAnswer::answer(sol.first_error()), false)?);
+    ids.extend(tok.encode(&answer.answer(&steps, sol.first_error()), false)?);
     ids.extend(tok.encode(EOS, false)?);
     Ok(Example {
         ids,
@@ -81,7 +80,7 @@ pub fn train_judge(
     };
     let examples = human
         .iter()
-        .map(|s| judge_example(tok, s))
+        .map(|s| judge_example(tok, s, p.judge_answer))
         .collect::<Result<Vec<_>>>()?;
     let tc = super::fine_tuning(p.judge_lr, p.judge_steps, seed ^ 7);
     let train_seed = tc.seed;
@@ -133,12 +132,12 @@ pub fn judge_stage(
         &human,
         tok,
     )?;
-    let policy = judge_policy(&model, tok, p.temperature);
+    let policy = judge_policy(&model, tok, p.temperature, p.judge_answer);
     let judge = Judge {
         policy: &policy,
         samples: p.judge_samples,
         seed: seed ^ 6,
-        format: &IndexAnswer,
+        format: p.judge_answer.format(),
     };
     let (labels, spent) = label_stage(
         &out.join("labels_judge.jsonl"),
@@ -161,10 +160,18 @@ pub fn judge_stage(
 }
 
 /// The trained judge as a [`stepwise_core::Policy`]: the lab policy's layout and temperature,
-/// a few tokens at most (an index and `<eos>`).
-pub fn judge_policy<'a>(model: &'a Model, tok: &'a Tokenizer, temperature: f32) -> EnginePolicy<'a> {
+/// a few tokens at most (an index and `<eos>`, or a step copied out and `<eos>`).
+pub fn judge_policy<'a>(
+    model: &'a Model,
+    tok: &'a Tokenizer,
+    temperature: f32,
+    answer: JudgeAnswer,
+) -> EnginePolicy<'a> {
     let mut policy = lab_policy(model, tok, temperature);
-    policy.params.max_new_tokens = 4;
+    policy.params.max_new_tokens = match answer {
+        JudgeAnswer::Index => 4,
+        JudgeAnswer::Quote => 12,
+    };
     policy
 }
 
@@ -193,12 +200,14 @@ mod tests {
             steps: vec![step("2 * 3 = 6", true), step("6 + 1 = 8", false)],
             ..Default::default()
         };
-        let e = judge_example(&tok, &sol).unwrap();
+        let e = judge_example(&tok, &sol, JudgeAnswer::Index).unwrap();
         assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "1 <eos>");
+        let quoted = judge_example(&tok, &sol, JudgeAnswer::Quote).unwrap();
+        assert_eq!(tok.decode(&quoted.ids[quoted.lm_from..]).unwrap(), "6 + 1 = 8 <eos>");
         assert_eq!(tok.decode(&e.ids[e.lm_from - 1..e.lm_from]).unwrap(), SEP);
         let mut right = sol.clone();
         right.steps[1] = step("6 + 1 = 7", true);
-        let e = judge_example(&tok, &right).unwrap();
+        let e = judge_example(&tok, &right, JudgeAnswer::Index).unwrap();
         assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "- 1 <eos>");
         assert!(!e.ids.contains(&tok.token_id(crate::vocab::UNK).unwrap()));
 
