@@ -113,13 +113,11 @@ impl JudgeFormat for QuoteAnswer {
     fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>> {
         let compact = |t: &str| t.split_whitespace().collect::<String>();
         let said = compact(answer);
-        if said == "-1" {
-            return Some(None);
+        match said.as_str() {
+            "-1" => Some(None),
+            "" => None,
+            _ => steps.iter().position(|s| compact(s) == said).map(Some),
         }
-        steps
-            .iter()
-            .position(|s| compact(s) == said && !said.is_empty())
-            .map(Some)
     }
 }
 

@@ -287,21 +287,23 @@ fn run(
     // The new positions a sequence runs: a pass that keeps no cache skips its trailing padding
     // (a batch of mixed lengths, right-padded): those positions are masked out of every real
     // one, and their output rows stay zero.
-    let real_len = |bi: usize| match valid_of(bi) {
-        Some(v) if !want_cache => {
-            let real = t - v[p..].iter().rev().take_while(|&&real| !real).count();
-            let reads_padding = read.is_some_and(|r| r[bi].iter().any(|&i| i >= real));
-            if reads_padding {
-                t
-            } else {
-                real
+    let real_len: Vec<usize> = (0..b)
+        .map(|bi| match valid_of(bi) {
+            Some(v) if !want_cache => {
+                let real = t - v[p..].iter().rev().take_while(|&&real| !real).count();
+                let reads_padding = read.is_some_and(|r| r[bi].iter().any(|&i| i >= real));
+                if reads_padding {
+                    t
+                } else {
+                    real
+                }
             }
-        }
-        _ => t,
-    };
+            _ => t,
+        })
+        .collect();
     let job = |bi: usize, out: &mut [f32], share, shared: bool| {
         let read = read.map(|r| r[bi].as_slice());
-        let real = real_len(bi);
+        let real = real_len[bi];
         let (ids, valid) = (&ids[bi * t..][..real], valid_of(bi).map(|v| &v[..p + real]));
         let out = if read.is_none() { &mut out[..real * hidden] } else { out };
         let before: Vec<(&[f32], &[f32])> = prefix.map_or(Vec::new(), |x| {
@@ -326,7 +328,7 @@ fn run(
         // Longest first, each taken by the next free thread, so the pass ends on a short one
         // (a static split of mixed lengths left a thread idle for most of a long sequence).
         let mut work: Vec<_> = outs.into_iter().zip(shares).enumerate().collect();
-        work.sort_by_key(|&(bi, _)| std::cmp::Reverse(real_len(bi)));
+        work.sort_by_key(|&(bi, _)| std::cmp::Reverse(real_len[bi]));
         let queue = std::sync::Mutex::new(work.into_iter());
         let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
         rayon::scope(|scope| {
