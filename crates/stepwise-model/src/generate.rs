@@ -44,7 +44,12 @@ impl Default for SamplingParams {
 
 /// Pick a token from one row of logits: greedy at temperature 0, else a draw from the softmax at
 /// the temperature (within the `top_k` most likely and the smallest set holding `top_p` of the
-/// mass, when set), walking the tokens from the most likely down.
+/// mass, when set), walking the tokens from the most likely down (equal logits by ascending id).
+///
+/// The walk needs the logits in descending order, and their sum in that order, but never the ids
+/// until it stops: equal logits give equal weights, so the sorted values alone decide the
+/// position drawn, and the id at that position is found afterwards ([`id_at`]). Sorting 32-bit
+/// keys instead of (logit, id) pairs halves the bytes a real vocabulary's sort moves.
 pub fn sample_token(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
     if p.temperature <= 0.0 {
         return logits
@@ -53,10 +58,16 @@ pub fn sample_token(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) ->
             .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
             .0 as u32;
     }
-    let r: f32 = rng.random();
-    draw_among_likely(logits, p, r)
-        .or_else(|| draw(logits, p, r, &descending_order(logits, 0..logits.len(), p.top_k), None))
-        .expect("a draw over the whole order always picks a token")
+    draw_token(logits, p, rng.random())
+}
+
+/// [`sample_token`] at temperature > 0 for the uniform draw `r` in [0, 1).
+fn draw_token(logits: &[f32], p: &SamplingParams, r: f32) -> u32 {
+    draw_among_likely(logits, p, r).unwrap_or_else(|| {
+        let keys = descending_keys(logits.iter().map(|&x| key(x)), p.top_k);
+        let at = draw(&keys, p, r, None).expect("a draw over the whole order always picks a position");
+        id_at(logits, &keys, at)
+    })
 }
 
 /// Logits this far below the largest, times the temperature, weigh less than `exp(-20)`, under
@@ -74,11 +85,10 @@ fn draw_among_likely(logits: &[f32], p: &SamplingParams, r: f32) -> Option<u32> 
     if logits.iter().filter(|&&x| x >= floor).count() * 4 > logits.len() {
         return None;
     }
-    let likely = logits.iter().enumerate().filter(|(_, &x)| x >= floor).map(|(i, _)| i);
-    let order = descending_order(logits, likely, 0);
+    let keys = descending_keys(logits.iter().filter(|&&x| x >= floor).map(|&x| key(x)), 0);
     // The largest logit below the floor (all are finite here).
     let rest = lane_max(logits, |x| if x < floor { x } else { f32::NEG_INFINITY });
-    draw(logits, p, r, &order, Some(rest))
+    draw(&keys, p, r, Some(rest)).map(|at| id_at(logits, &keys, at))
 }
 
 /// Lanes of the running maxima: independent chains the compiler turns into vector `max`es (one
@@ -111,17 +121,34 @@ fn finite_max(logits: &[f32]) -> Option<f32> {
     (non_finite == 0).then(|| lane_max(logits, |x| x))
 }
 
-/// The draw `r` among the ids `idx`, in descending logit order: all of them, or (`rest`: the
-/// largest logit after them) the leading part of the whole order, in which case `None` when the
-/// part does not decide the draw as the whole order would.
-fn draw(logits: &[f32], p: &SamplingParams, r: f32, idx: &[usize], rest: Option<f32>) -> Option<u32> {
-    let (mut idx, rest) = match p.top_k {
-        k if k > 0 && k <= idx.len() => (&idx[..k], None),
-        _ => (idx, rest),
+/// A logit's sort key: ascending keys are descending logits in `f32::total_cmp`'s order.
+fn key(x: f32) -> u32 {
+    let bits = x.to_bits();
+    // Ascending in total_cmp's order as unsigned integers; inverted for descending.
+    !(if bits >> 31 == 1 { !bits } else { bits | 1 << 31 })
+}
+
+/// The logit a key stands for.
+fn logit(key: u32) -> f32 {
+    let ascending = !key;
+    f32::from_bits(if ascending >> 31 == 1 {
+        ascending & !(1 << 31)
+    } else {
+        !ascending
+    })
+}
+
+/// The draw `r` at the sorted logit keys `keys` (descending logits): all of them, or (`rest`:
+/// the largest logit after them) the leading part of the whole order, in which case `None` when
+/// the part does not decide the draw as the whole order would. Returns the position drawn.
+fn draw(keys: &[u32], p: &SamplingParams, r: f32, rest: Option<f32>) -> Option<usize> {
+    let (keys, rest) = match p.top_k {
+        k if k > 0 && k <= keys.len() => (&keys[..k], None),
+        _ => (keys, rest),
     };
-    let max = logits[idx[0]];
+    let max = logit(keys[0]);
     let weight = |logit: f32| ((logit - max) / p.temperature).exp();
-    let mut probs: Vec<f32> = idx.iter().map(|&i| weight(logits[i])).collect();
+    let mut probs: Vec<f32> = keys.iter().map(|&k| weight(logit(k))).collect();
     let total: f32 = probs.iter().sum();
     // The whole order adds the later weights to `total` one by one, largest first: when the
     // largest changes nothing, no later one does (rounding is monotonic), and `total` is exact.
@@ -130,7 +157,7 @@ fn draw(logits: &[f32], p: &SamplingParams, r: f32, idx: &[usize], rest: Option<
         return None;
     }
     if p.top_p >= 1.0 {
-        return walk(&probs, total, r, idx, rest.is_none());
+        return walk(&probs, total, r, rest.is_none());
     }
     probs.iter_mut().for_each(|x| *x /= total);
     let mut acc = 0.0;
@@ -144,67 +171,68 @@ fn draw(logits: &[f32], p: &SamplingParams, r: f32, idx: &[usize], rest: Option<
         None => return None,
     };
     probs.truncate(keep);
-    idx = &idx[..keep];
     let total: f32 = probs.iter().sum();
-    walk(&probs, total, r, idx, true)
+    walk(&probs, total, r, true)
 }
 
-/// The draw `r` walking `weights` (of the ids `idx`, most likely first) divided by `total`, each
-/// quotient taken only when the walk reaches it; past the end, the last id when the ids are
-/// `complete`, else `None`.
-fn walk(weights: &[f32], total: f32, mut r: f32, idx: &[usize], complete: bool) -> Option<u32> {
-    for (&w, &id) in weights.iter().zip(idx) {
+/// The draw `r` walking `weights` (most likely first) divided by `total`, each quotient taken
+/// only when the walk reaches it: the position reached; past the end, the last position when
+/// the weights are `complete`, else `None`.
+fn walk(weights: &[f32], total: f32, mut r: f32, complete: bool) -> Option<usize> {
+    for (at, &w) in weights.iter().enumerate() {
         let pr = w / total;
         if r < pr {
-            return Some(id as u32);
+            return Some(at);
         }
         r -= pr;
     }
-    complete.then(|| idx[weights.len() - 1] as u32)
+    complete.then(|| weights.len() - 1)
 }
 
-/// The token ids `ids` by descending logit (in `f32::total_cmp`'s order, equal logits by
-/// ascending id), the first `top_k` only when it is not 0. Each id is sorted as one 64-bit key (the logit's
-/// order-preserving bits above the id): a radix sort for a real vocabulary (a comparison sort of
-/// 151,936 ids through their logits took milliseconds a row, most of a decoding step's time),
-/// a selection first when only the top k are wanted.
-fn descending_order(logits: &[f32], ids: impl Iterator<Item = usize>, top_k: usize) -> Vec<usize> {
-    let mut keys: Vec<u64> = ids
-        .map(|i| {
-            let bits = logits[i].to_bits();
-            // Ascending in total_cmp's order as unsigned integers; inverted for descending.
-            let ascending = if bits >> 31 == 1 { !bits } else { bits | 1 << 31 };
-            u64::from(!ascending) << 32 | i as u64
-        })
-        .collect();
+/// The token at position `at` of the descending order whose keys are `keys`: among the tokens
+/// with that logit, by ascending id, the one as many places on as equal keys precede `at`.
+fn id_at(logits: &[f32], keys: &[u32], at: usize) -> u32 {
+    let k = keys[at];
+    let before = keys[..at].iter().rev().take_while(|&&x| x == k).count();
+    logits
+        .iter()
+        .enumerate()
+        .filter(|(_, &x)| key(x) == k)
+        .nth(before)
+        .expect("every key comes from a logit")
+        .0 as u32
+}
+
+/// The keys `keys` sorted ascending (descending logits), the first `top_k` only when it is not 0:
+/// a radix sort for a real vocabulary (a comparison sort of 151,936 logits took milliseconds a
+/// row, most of a decoding step's time), a selection first when only the top k are wanted.
+fn descending_keys(keys: impl Iterator<Item = u32>, top_k: usize) -> Vec<u32> {
+    let mut keys: Vec<u32> = keys.collect();
     if top_k > 0 && top_k < keys.len() {
         keys.select_nth_unstable(top_k - 1);
         keys.truncate(top_k);
     }
     if keys.len() > 4096 {
-        // Keys built from ascending ids are already in order in their low half (the id): a
-        // stable sort of the high half (the logit) alone then finishes the job.
-        let ids_ascending = keys.windows(2).all(|w| (w[0] as u32) < (w[1] as u32));
-        radix_sort(&mut keys, if ids_ascending { 32 } else { 0 });
+        radix_sort(&mut keys);
     } else {
         keys.sort_unstable();
     }
-    keys.into_iter().map(|k| (k & u64::from(u32::MAX)) as usize).collect()
+    keys
 }
 
-/// Sorts `keys` ascending by their bits from `low_bit` up, stably (keys equal there keep their
-/// order): least significant digit first, 11 bits a pass, skipping the digits every key shares.
-fn radix_sort(keys: &mut Vec<u64>, low_bit: u32) {
+/// Sorts `keys` ascending: least significant digit first, 11 bits a pass, skipping the digits
+/// every key shares.
+fn radix_sort(keys: &mut Vec<u32>) {
     const BITS: u32 = 11;
-    let passes = (64 - low_bit).div_ceil(BITS) as usize;
-    let digit = |k: u64, pass: usize| ((k >> (low_bit + pass as u32 * BITS)) & ((1 << BITS) - 1)) as usize;
-    let mut counts = vec![[0usize; 1 << BITS]; passes];
+    const PASSES: usize = 32usize.div_ceil(BITS as usize);
+    let digit = |k: u32, pass: usize| ((k >> (pass as u32 * BITS)) & ((1 << BITS) - 1)) as usize;
+    let mut counts = [[0usize; 1 << BITS]; PASSES];
     for &k in keys.iter() {
         for (pass, c) in counts.iter_mut().enumerate() {
             c[digit(k, pass)] += 1;
         }
     }
-    let mut other = vec![0u64; keys.len()];
+    let mut other = vec![0u32; keys.len()];
     for (pass, c) in counts.iter().enumerate() {
         if c.contains(&keys.len()) {
             continue;
@@ -257,9 +285,10 @@ pub fn generate(
 /// forward pass over every live row. A request joins in one of two ways:
 /// - [`Decoding::add`]: its prompt is encoded at once, in a pass of its own, and its cache joined
 ///   to the batch's with left padding (see [`KvCache`]);
-/// - [`Decoding::join`]: its prompt is fed through the batch's own decoding steps, one token a
-///   step in a row of its own (chunked prefill one token wide), so a short prompt costs no pass
-///   over the weights of its own; at its last token the row becomes its `n` continuations.
+/// - [`Decoding::join`]: its prompt is fed through the batch's own decoding steps, whole or (past
+///   [`Decoding::prefill_chunk`] tokens a step) in chunks, as a batch of its own in the same pass
+///   (chunked prefill, as vLLM's): the weights are read once for the step's rows and the
+///   prompt's. After its last chunk it becomes its `n` continuations.
 ///
 /// A request alone decodes exactly as [`generate`] (which is [`Decoding::add`]); beside others,
 /// or joined, its rows compute the same values within float rounding.
@@ -269,11 +298,15 @@ pub struct Decoding<'a> {
     cache: KvCache,
     /// Live rows, in the cache's batch order.
     rows: Vec<Row>,
-    /// Each live row's next input token (sampled, or the next prompt token).
+    /// Each live row's next input token.
     next: Vec<u32>,
+    /// Prompts being fed through the decoding steps, first come first fed.
+    prefills: Vec<Prefill>,
+    /// Most prompt tokens fed in one step.
+    prefill_chunk: usize,
     /// Requests by id (`None` once returned).
     requests: Vec<Option<Request>>,
-    /// The last decoding step's rows: continuations, and prompts being fed.
+    /// The last decoding step's rows: continuations, and prompt tokens fed.
     last_step: StepRows,
 }
 
@@ -282,22 +315,23 @@ pub struct Decoding<'a> {
 pub struct StepRows {
     /// Rows continuing a sampled token.
     pub continuations: usize,
-    /// Rows feeding a prompt token ([`Decoding::join`]).
+    /// Prompt tokens fed ([`Decoding::join`]).
     pub prompts: usize,
 }
 
-/// One row of the batch.
+/// One continuation being decoded.
 struct Row {
     request: usize,
-    kind: RowKind,
+    index: usize,
+    rng: Box<ChaCha8Rng>,
 }
 
-enum RowKind {
-    /// One continuation being decoded.
-    Continuation { index: usize, rng: Box<ChaCha8Rng> },
-    /// A joining request's prompt, fed one token a step; `fed` tokens are in the cache or in
-    /// this step's input.
-    Prompt { tokens: Vec<u32>, fed: usize },
+/// A joining request's prompt: `fed` tokens of it are in `cache`.
+struct Prefill {
+    request: usize,
+    tokens: Vec<u32>,
+    fed: usize,
+    cache: KvCache,
 }
 
 /// A request's settings and continuations so far.
@@ -312,15 +346,9 @@ fn continuation_rng(params: &SamplingParams, index: usize) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(params.seed.wrapping_mul(1_000_003).wrapping_add(index as u64))
 }
 
-/// What a row's logits of one step give.
-enum Drawn {
-    /// A continuation's next token.
-    Token(u32),
-    /// A prompt's next token to feed.
-    Feed(u32),
-    /// A prompt fed whole: its continuations, each with its generator and first token.
-    Continuations(Vec<(Box<ChaCha8Rng>, u32)>),
-}
+/// Prompt tokens a decoding step feeds by default ([`Decoding::prefill_chunk`]): a few hundred
+/// keep a step that carries them within a few times a plain step's time on a CPU.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 
 impl<'a> Decoding<'a> {
     /// An empty batch for `model` (`tok` decodes text for stop strings).
@@ -331,14 +359,28 @@ impl<'a> Decoding<'a> {
             cache: KvCache::default(),
             rows: Vec::new(),
             next: Vec::new(),
+            prefills: Vec::new(),
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
             requests: Vec::new(),
             last_step: StepRows::default(),
         }
     }
 
-    /// Rows being decoded: continuations, and prompts being fed.
+    /// At most `tokens` (at least 1) of the joining prompts are fed in one decoding step; a
+    /// longer prompt is fed over several, its chunks continuing its own cache.
+    pub fn prefill_chunk(mut self, tokens: usize) -> Self {
+        self.prefill_chunk = tokens.max(1);
+        self
+    }
+
+    /// Continuations being decoded, and those the prompts being fed will start.
     pub fn live_rows(&self) -> usize {
-        self.rows.len()
+        let starting: usize = self
+            .prefills
+            .iter()
+            .map(|p| self.requests[p.request].as_ref().map_or(0, |r| r.live))
+            .sum();
+        self.rows.len() + starting
     }
 
     /// The rows the last [`Decoding::step`] ran its forward pass on.
@@ -374,61 +416,77 @@ impl<'a> Decoding<'a> {
     /// continuation's first token. Returns the request's id, as [`Decoding::step`] reports it.
     pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
         let live = Self::live_continuations(prompt, n, &params)?;
-        if live > 0 {
-            let mut prefix_cache = KvCache::default();
-            let ids = Tensor::new(prompt, &self.model.device)?.unsqueeze(0)?;
-            let h = self.model.hidden(&ids, None, Some(&mut prefix_cache))?;
-            let first: Vec<f32> = last_logits(self.model, &h)?.squeeze(0)?.to_vec1()?;
-            let joining = prefix_cache.repeat_batch(n)?;
-            self.cache = if self.rows.is_empty() {
-                joining
-            } else {
-                self.cache.concat_batch(&joining)?
-            };
-            let id = self.requests.len();
-            for index in 0..n {
-                let mut rng = Box::new(continuation_rng(&params, index));
-                self.next.push(sample_token(&first, &params, &mut rng));
-                self.rows.push(Row {
-                    request: id,
-                    kind: RowKind::Continuation { index, rng },
-                });
-            }
+        if live == 0 {
+            return Ok(self.register(params, n, live));
         }
-        Ok(self.register(params, n, live))
+        let mut prefix_cache = KvCache::default();
+        let ids = Tensor::new(prompt, &self.model.device)?.unsqueeze(0)?;
+        let h = self.model.hidden(&ids, None, Some(&mut prefix_cache))?;
+        let first: Vec<f32> = last_logits(self.model, &h)?.squeeze(0)?.to_vec1()?;
+        let id = self.register(params, n, live);
+        self.start_continuations(id, &prefix_cache, &first)?;
+        Ok(id)
     }
 
     /// Add a request for `n` continuations of `prompt` whose prompt is fed through the coming
-    /// decoding steps, one token a step, in one row beside the others (no forward pass of its
-    /// own); after its last prompt token the row becomes `n` continuations, each drawing its
-    /// first token as [`Decoding::add`] would. Into an empty batch it is [`Decoding::add`].
-    /// Worth it for short prompts joining a running batch: a decoding step of a few rows is
-    /// bound by reading the weights, so a row more costs little, where a pass of its own reads
-    /// every weight again.
+    /// decoding steps (no forward pass of its own: its tokens join the step's rows in every
+    /// product), at most [`Decoding::prefill_chunk`] prompt tokens a step; after its last one
+    /// it becomes `n` continuations, each drawing its first token as [`Decoding::add`] would.
+    /// Into an empty batch it is [`Decoding::add`]. Worth it while others are being decoded: a
+    /// decoding step of a few rows is bound by reading the weights, so rows more cost little,
+    /// where a pass of its own reads every weight again.
     pub fn join(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
-        if self.rows.is_empty() {
+        if self.rows.is_empty() && self.prefills.is_empty() {
             return self.add(prompt, n, params);
         }
         let live = Self::live_continuations(prompt, n, &params)?;
         let id = self.register(params, n, live);
         if live > 0 {
-            self.cache = self.cache.with_empty_row()?;
-            self.next.push(prompt[0]);
-            self.rows.push(Row {
+            self.prefills.push(Prefill {
                 request: id,
-                kind: RowKind::Prompt {
-                    tokens: prompt.to_vec(),
-                    fed: 1,
-                },
+                tokens: prompt.to_vec(),
+                fed: 0,
+                cache: KvCache::default(),
             });
         }
         Ok(id)
     }
 
+    /// Request `id`'s continuations join the batch: each draws its first token from `logits`
+    /// (the prompt's last), and shares the prompt's cache `prefix`.
+    fn start_continuations(&mut self, id: usize, prefix: &KvCache, logits: &[f32]) -> Result<()> {
+        let p = &self.requests[id].as_ref().expect("a request being started").params;
+        let n = self.requests[id].as_ref().map_or(0, |r| r.outs.len());
+        use rayon::prelude::*;
+        let firsts: Vec<(Box<ChaCha8Rng>, u32)> = (0..n)
+            .into_par_iter()
+            .map(|index| {
+                let mut rng = Box::new(continuation_rng(p, index));
+                let first = sample_token(logits, p, &mut rng);
+                (rng, first)
+            })
+            .collect();
+        let joining = prefix.repeat_batch(n)?;
+        self.cache = if self.rows.is_empty() {
+            joining
+        } else {
+            self.cache.concat_batch(&joining)?
+        };
+        for (index, (rng, first)) in firsts.into_iter().enumerate() {
+            self.next.push(first);
+            self.rows.push(Row {
+                request: id,
+                index,
+                rng,
+            });
+        }
+        Ok(())
+    }
+
     /// Append each continuation's next token; continuations that stop (a stop token or string,
-    /// or their token budget) leave the batch; every live row runs one decoding step. Returns
-    /// the requests whose continuations have all stopped, with those continuations (stop token
-    /// included).
+    /// or their token budget) leave the batch; every live row runs one decoding step, with the
+    /// next chunk of the prompts being fed. Returns the requests whose continuations have all
+    /// stopped, with those continuations (stop token included).
     pub fn step(&mut self) -> Result<Vec<(usize, Vec<Vec<u32>>)>> {
         if rayon::current_thread_index().is_none() {
             // A step runs ~170 parallel products; called from outside the thread pool, each
@@ -444,12 +502,8 @@ impl<'a> Decoding<'a> {
     fn step_on_pool(&mut self) -> Result<Vec<(usize, Vec<Vec<u32>>)>> {
         let mut still = Vec::with_capacity(self.rows.len());
         for (k, row) in self.rows.iter().enumerate() {
-            let RowKind::Continuation { index, .. } = row.kind else {
-                still.push(k);
-                continue;
-            };
             let req = self.requests[row.request].as_mut().expect("a live row's request");
-            let out = &mut req.outs[index];
+            let out = &mut req.outs[row.index];
             out.push(self.next[k]);
             let p = &req.params;
             let stopped = p.stop_token_ids.contains(&self.next[k])
@@ -475,50 +529,24 @@ impl<'a> Decoding<'a> {
         if still.len() < self.rows.len() {
             self.keep_rows(&still)?;
         }
-        let prompts = self
-            .rows
+        // This step's chunk of each prompt being fed, first come first fed.
+        let mut budget = self.prefill_chunk;
+        let chunks: Vec<(usize, usize)> = self
+            .prefills
             .iter()
-            .filter(|r| matches!(r.kind, RowKind::Prompt { .. }))
-            .count();
+            .enumerate()
+            .map_while(|(k, p)| {
+                let take = (p.tokens.len() - p.fed).min(budget);
+                budget -= take;
+                (take > 0).then_some((k, take))
+            })
+            .collect();
         self.last_step = StepRows {
-            prompts,
-            continuations: self.rows.len() - prompts,
+            continuations: self.rows.len(),
+            prompts: chunks.iter().map(|&(_, take)| take).sum(),
         };
-        if !self.rows.is_empty() {
-            let ids = Tensor::new(self.next.as_slice(), &self.model.device)?.unsqueeze(1)?;
-            let h = self.model.hidden(&ids, None, Some(&mut self.cache))?;
-            let logits = last_logits(self.model, &h)?.to_vec2::<f32>()?;
-            // Each row draws from its own generator, so the rows sample in parallel (a large
-            // vocabulary's sort and softmax are a real share of a decoding step).
-            use rayon::prelude::*;
-            let requests = &self.requests;
-            let drawn: Vec<Drawn> = self
-                .rows
-                .par_iter_mut()
-                .zip(logits.par_iter())
-                .map(|(row, l)| {
-                    let req = requests[row.request].as_ref().expect("a live row's request");
-                    let p = &req.params;
-                    match &mut row.kind {
-                        RowKind::Continuation { rng, .. } => Drawn::Token(sample_token(l, p, rng)),
-                        RowKind::Prompt { tokens, fed } if *fed < tokens.len() => {
-                            *fed += 1;
-                            Drawn::Feed(tokens[*fed - 1])
-                        }
-                        RowKind::Prompt { .. } => Drawn::Continuations(
-                            (0..req.outs.len())
-                                .into_par_iter()
-                                .map(|index| {
-                                    let mut rng = Box::new(continuation_rng(p, index));
-                                    let first = sample_token(l, p, &mut rng);
-                                    (rng, first)
-                                })
-                                .collect(),
-                        ),
-                    }
-                })
-                .collect();
-            self.apply(drawn)?;
+        if !self.rows.is_empty() || !chunks.is_empty() {
+            self.run_step(&chunks)?;
         }
         if self.is_idle() {
             self.requests.clear();
@@ -526,67 +554,106 @@ impl<'a> Decoding<'a> {
         Ok(done)
     }
 
+    /// One forward pass over every live row and the prompt chunks `chunks` (of the first
+    /// prefills, in order: index, tokens to feed); samples each row's next token and starts the continuations
+    /// of the prompts fed whole.
+    fn run_step(&mut self, chunks: &[(usize, usize)]) -> Result<()> {
+        let dev = &self.model.device;
+        let decoding = (!self.rows.is_empty())
+            .then(|| Tensor::new(self.next.as_slice(), dev)?.unsqueeze(1))
+            .transpose()?;
+        let mut inputs = Vec::with_capacity(chunks.len());
+        for &(k, take) in chunks {
+            let p = &self.prefills[k];
+            inputs.push(Tensor::new(&p.tokens[p.fed..p.fed + take], dev)?.unsqueeze(0)?);
+        }
+        // The chunks are of the first prefills, in order.
+        let mut prefill_caches: Vec<&mut KvCache> = self
+            .prefills
+            .iter_mut()
+            .take(chunks.len())
+            .map(|p| &mut p.cache)
+            .collect();
+        let mut batches: Vec<(&Tensor, &mut KvCache)> = Vec::with_capacity(chunks.len() + 1);
+        if let Some(ids) = &decoding {
+            batches.push((ids, &mut self.cache));
+        }
+        for (ids, cache) in inputs.iter().zip(prefill_caches.iter_mut()) {
+            batches.push((ids, &mut **cache));
+        }
+        let hidden = self.model.hidden_batches(&mut batches)?;
+        drop(batches);
+        drop(prefill_caches);
+        let mut hidden = hidden.into_iter();
+        for &(k, take) in chunks {
+            self.prefills[k].fed += take;
+        }
+        // The rows that need logits: every continuation's, and each finished prompt's last.
+        let finished: Vec<usize> = chunks
+            .iter()
+            .map(|&(k, _)| k)
+            .filter(|&k| self.prefills[k].fed == self.prefills[k].tokens.len())
+            .collect();
+        let mut last = Vec::with_capacity(1 + chunks.len());
+        if decoding.is_some() {
+            last.push(last_hidden(
+                &hidden.next().expect("the decoding batch's hidden states"),
+            )?);
+        }
+        for (&(k, _), h) in chunks.iter().zip(hidden) {
+            if finished.contains(&k) {
+                last.push(last_hidden(&h)?);
+            }
+        }
+        if last.is_empty() {
+            // Only a prompt's middle chunk ran: nothing to sample yet.
+            return Ok(());
+        }
+        let logits = last_logits(self.model, &Tensor::cat(&last, 0)?.unsqueeze(1)?)?.to_vec2::<f32>()?;
+        let (row_logits, prompt_logits) = logits.split_at(self.rows.len());
+        // Each row draws from its own generator, so the rows sample in parallel (a large
+        // vocabulary's sort and softmax are a real share of a decoding step).
+        use rayon::prelude::*;
+        let requests = &self.requests;
+        self.next = self
+            .rows
+            .par_iter_mut()
+            .zip(row_logits.par_iter())
+            .map(|(row, l)| {
+                let req = requests[row.request].as_ref().expect("a live row's request");
+                sample_token(l, &req.params, &mut row.rng)
+            })
+            .collect();
+        let mut fed_whole = Vec::with_capacity(finished.len());
+        for &k in finished.iter().rev() {
+            // From the last, so the indices of those before stay put.
+            fed_whole.push(self.prefills.remove(k));
+        }
+        for (p, logits) in fed_whole.iter().rev().zip(prompt_logits) {
+            self.start_continuations(p.request, &p.cache, logits)?;
+        }
+        Ok(())
+    }
+
     /// Keeps only the rows `keep` (indices into the rows, ascending), with their caches.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
-        self.select_cache(keep)?;
+        self.cache = if keep.is_empty() {
+            KvCache::default()
+        } else {
+            let index = Tensor::new(keep.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
+            self.cache.select(&index)?
+        };
         let mut rows = std::mem::take(&mut self.rows).into_iter().map(Some).collect::<Vec<_>>();
         self.rows = keep.iter().map(|&k| rows[k].take().expect("each kept once")).collect();
         self.next = keep.iter().map(|&k| self.next[k]).collect();
         Ok(())
     }
+}
 
-    /// The cache of the rows `order` (indices into the rows, a row repeated to copy its cache),
-    /// or an empty one for none.
-    fn select_cache(&mut self, order: &[usize]) -> Result<()> {
-        self.cache = if order.is_empty() {
-            KvCache::default()
-        } else {
-            let index = Tensor::new(order.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
-            self.cache.select(&index)?
-        };
-        Ok(())
-    }
-
-    /// Sets each row's next token from what its logits gave, turning prompts fed whole into
-    /// their continuations (the prompt row's cache repeated for each).
-    fn apply(&mut self, drawn: Vec<Drawn>) -> Result<()> {
-        let mut fanned = false;
-        for (k, d) in drawn.iter().enumerate() {
-            match d {
-                Drawn::Token(t) | Drawn::Feed(t) => self.next[k] = *t,
-                Drawn::Continuations(_) => fanned = true,
-            }
-        }
-        if !fanned {
-            return Ok(());
-        }
-        let mut order = Vec::with_capacity(self.rows.len());
-        let mut rows = Vec::with_capacity(self.rows.len());
-        let mut next = Vec::with_capacity(self.rows.len());
-        for (k, (row, d)) in std::mem::take(&mut self.rows).into_iter().zip(drawn).enumerate() {
-            match d {
-                Drawn::Continuations(firsts) => {
-                    for (index, (rng, first)) in firsts.into_iter().enumerate() {
-                        order.push(k);
-                        next.push(first);
-                        rows.push(Row {
-                            request: row.request,
-                            kind: RowKind::Continuation { index, rng },
-                        });
-                    }
-                }
-                _ => {
-                    order.push(k);
-                    next.push(self.next[k]);
-                    rows.push(row);
-                }
-            }
-        }
-        self.select_cache(&order)?;
-        self.rows = rows;
-        self.next = next;
-        Ok(())
-    }
+/// The hidden state of each sequence's last position, `[b, hidden]`.
+fn last_hidden(hidden: &Tensor) -> Result<Tensor> {
+    let t = hidden.dim(1)?;
+    Ok(hidden.i((.., t - 1, ..))?)
 }
 
 #[cfg(test)]
@@ -603,8 +670,10 @@ mod tests {
         idx
     }
 
+    /// The sorted keys, each position mapped back to its id, are the comparison sort: keys
+    /// and logits round-trip, ties go by ascending id, top-k keeps the first k.
     #[test]
-    fn descending_order_is_the_comparison_sort() {
+    fn sorted_keys_give_the_comparison_order() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         for n in [1, 7, 100, 5000, 151_936] {
             // Ties (values on a coarse grid), negative values, zeros of both signs, infinities.
@@ -616,12 +685,21 @@ mod tests {
                 logits[5] = f32::NEG_INFINITY;
                 logits[8] = f32::INFINITY;
             }
+            for &x in &logits {
+                assert_eq!(logit(key(x)).to_bits(), x.to_bits());
+            }
             for top_k in [0, 1, 50, n] {
-                assert_eq!(
-                    descending_order(&logits, 0..n, top_k),
-                    by_comparison(&logits, top_k),
-                    "{n} ids, top {top_k}"
-                );
+                let want = by_comparison(&logits, top_k);
+                let keys = descending_keys(logits.iter().map(|&x| key(x)), top_k);
+                assert_eq!(keys.len(), want.len(), "{n} ids, top {top_k}");
+                // Every position of the small cases, a spread of the largest's.
+                for at in (0..keys.len()).filter(|at| n <= 5000 || at % 613 == 0 || *at < 64) {
+                    assert_eq!(
+                        id_at(&logits, &keys, at) as usize,
+                        want[at],
+                        "{n} ids, top {top_k}, at {at}"
+                    );
+                }
             }
         }
     }
@@ -665,14 +743,12 @@ mod tests {
         for case in 0..30 {
             let n = [50, 5000, 151_936][case % 3];
             let peaked = case % 2 == 0;
+            // Every fifth case on a coarse grid: many equal logits, drawn by ascending id.
+            let grid = |x: f32| if case % 5 == 4 { (x * 4.0).round() / 4.0 } else { x };
             let logits: Vec<f32> = (0..n)
                 .map(|i| {
                     let bulk = (rng.random::<f32>() - 0.5) * 6.0;
-                    if peaked && i % 997 == 0 {
-                        bulk + 28.0
-                    } else {
-                        bulk
-                    }
+                    grid(if peaked && i % 997 == 0 { bulk + 28.0 } else { bulk })
                 })
                 .collect();
             for (temperature, top_k, top_p) in [
@@ -691,9 +767,7 @@ mod tests {
                 for r in [0.0, rng.random::<f32>(), rng.random::<f32>(), 0.999_999_9] {
                     let want = reference_draw(&logits, &p, r);
                     shortcut += usize::from(draw_among_likely(&logits, &p, r).is_some());
-                    let got = draw_among_likely(&logits, &p, r)
-                        .or_else(|| draw(&logits, &p, r, &descending_order(&logits, 0..n, top_k), None))
-                        .unwrap();
+                    let got = draw_token(&logits, &p, r);
                     assert_eq!(got, want, "{n} logits, peaked {peaked}, {p:?}, r {r}");
                 }
             }

@@ -141,6 +141,12 @@ impl Model {
         self.decoder.forward_cached(ids, pad_mask, cache)
     }
 
+    /// Hidden states `[b, t, hidden]` of several batches run in one pass, each continuing its
+    /// own cache (see [`Transformer::forward_batches`]).
+    pub fn hidden_batches(&self, batches: &mut [(&Tensor, &mut KvCache)]) -> Result<Vec<Tensor>> {
+        self.decoder.forward_batches(batches)
+    }
+
     /// Hidden states at positions `rows[i]` of each sequence `i`, stacked `[Σ rows, hidden]`
     /// (see [`Transformer::forward_rows`]: cheaper than [`Model::hidden`] when few are read).
     pub fn hidden_rows(&self, ids: &Tensor, pad_mask: Option<&Tensor>, rows: &[Vec<usize>]) -> Result<Tensor> {

@@ -205,13 +205,41 @@ fn rope_tables(cfg: &ModelConfig, dev: &Device) -> Result<RopeTables> {
 
 /// What every layer needs to know about the current forward pass.
 struct Pass<'a> {
-    mask: KeyMask,
     rope: &'a RopeTables,
+    eps: f64,
+    diff: bool,
+}
+
+/// One batch of a forward pass: `b` sequences of `t` new tokens each, continuing a cache of
+/// `offset` positions. A pass runs one batch, or several ([`Transformer::forward_batches`]):
+/// their rows go through every product together, and each batch attends to its own cache.
+struct Batch {
+    b: usize,
+    t: usize,
+    mask: KeyMask,
     offset: usize,
     /// Per batch row, how far its rotary positions lag its cache positions (its left padding).
     shifts: Option<std::sync::Arc<Vec<usize>>>,
-    eps: f64,
-    diff: bool,
+}
+
+impl Batch {
+    /// The batch of token ids `[b, t]` continuing `cache` (padding mask `[b, t_total]`).
+    fn new(ids: &Tensor, pad_mask: Option<&Tensor>, cache: &KvCache) -> Result<Self> {
+        let (b, t) = ids.dims2()?;
+        let offset = cache.len();
+        let shifts = cache.pads().map(|p| std::sync::Arc::new(p.to_vec()));
+        let mut mask = KeyMask::new(offset, pad_mask)?;
+        if let Some(pads) = &shifts {
+            mask = mask.pad_left(pads, offset + t);
+        }
+        Ok(Batch {
+            b,
+            t,
+            mask,
+            offset,
+            shifts,
+        })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -240,37 +268,74 @@ impl Attention {
         })
     }
 
-    fn forward(&self, x: &Tensor, pass: &Pass, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
+    /// Attention over the rows `x` `[Σ b·t, hidden]` of every batch: the projections take all
+    /// rows at once, each batch attends to its own `caches` entry (extended here).
+    fn forward(
+        &self,
+        x: &Tensor,
+        pass: &Pass,
+        batches: &[Batch],
+        caches: &mut [&mut Option<(Tensor, Tensor)>],
+    ) -> Result<Tensor> {
+        let (q, k, v) = (
+            self.q.forward(x, pass.diff)?,
+            self.k.forward(x, pass.diff)?,
+            self.v.forward(x, pass.diff)?,
+        );
+        if let ([batch], [cache]) = (batches, &mut *caches) {
+            let y = self.attend(q, k, v, pass, batch, cache)?;
+            return Ok(self.o.forward(&y, pass.diff)?);
+        }
+        let mut ys = Vec::with_capacity(batches.len());
+        let mut start = 0;
+        for (batch, cache) in batches.iter().zip(caches.iter_mut()) {
+            let rows = batch.b * batch.t;
+            let pick = |y: &Tensor| y.narrow(0, start, rows);
+            ys.push(self.attend(pick(&q)?, pick(&k)?, pick(&v)?, pass, batch, cache)?);
+            start += rows;
+        }
+        Ok(self.o.forward(&Tensor::cat(&ys, 0)?, pass.diff)?)
+    }
+
+    /// One batch's attention, from its projected rows `[b·t, heads·head_dim]` (queries) and
+    /// `[b·t, kv_heads·head_dim]` (keys, values) to `[b·t, heads·head_dim]`; `cache` gains the
+    /// new keys and values.
+    fn attend(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        pass: &Pass,
+        batch: &Batch,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let (b, t) = (batch.b, batch.t);
         let split =
             |y: Tensor, n: usize| -> Result<Tensor> { Ok(y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?) };
-        let rope = |y: Tensor| kernels::rope_shifted(&y, pass.rope, pass.offset, pass.shifts.as_ref());
-        let q = rope(split(self.q.forward(x, pass.diff)?, self.heads)?)?;
-        let mut k = rope(split(self.k.forward(x, pass.diff)?, self.kv_heads)?)?;
-        let mut v = split(self.v.forward(x, pass.diff)?, self.kv_heads)?.contiguous()?;
+        let rope = |y: Tensor| kernels::rope_shifted(&y, pass.rope, batch.offset, batch.shifts.as_ref());
+        let q = rope(split(q, self.heads)?)?;
+        let mut k = rope(split(k, self.kv_heads)?)?;
+        let mut v = split(v, self.kv_heads)?.contiguous()?;
         if let Some((pk, pv)) = cache.as_ref() {
             k = Tensor::cat(&[pk, &k], 2)?;
             v = Tensor::cat(&[pv, &v], 2)?;
         }
         *cache = Some((k.clone(), v.clone()));
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        if !pass.diff && x.device().is_cpu() {
-            return Ok(self
-                .o
-                .forward(&kernels::attention(&q, &k, &v, scale, &pass.mask)?, false)?);
+        let rows = (b * t, self.heads * self.head_dim);
+        if !pass.diff && q.device().is_cpu() {
+            return Ok(kernels::attention(&q, &k, &v, scale, &batch.mask)?.reshape(rows)?);
         }
         // Grouped-query attention: each kv head serves `heads / kv_heads` query heads.
         let group = self.heads / self.kv_heads;
         let s = k.dim(2)?;
         let q = q.reshape((b, self.kv_heads, group * t, self.head_dim))?;
         let att = q.matmul(&k.t()?)?.reshape((b, self.heads, t, s))?;
-        let att = masked_softmax(&att, scale, &pass.mask)?;
+        let att = masked_softmax(&att, scale, &batch.mask)?;
         let y = att.reshape((b, self.kv_heads, group * t, s))?.matmul(&v)?;
-        let y = y
-            .reshape((b, self.heads, t, self.head_dim))?
+        Ok(y.reshape((b, self.heads, t, self.head_dim))?
             .transpose(1, 2)?
-            .reshape((b, t, self.heads * self.head_dim))?;
-        Ok(self.o.forward(&y, pass.diff)?)
+            .reshape(rows)?)
     }
 }
 
@@ -305,10 +370,17 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Tensor, pass: &Pass, cache: &mut Option<(Tensor, Tensor)>) -> Result<Tensor> {
+    /// The block over the rows `x` `[Σ b·t, hidden]` of every batch, each with its layer cache.
+    fn forward(
+        &self,
+        x: &Tensor,
+        pass: &Pass,
+        batches: &[Batch],
+        caches: &mut [&mut Option<(Tensor, Tensor)>],
+    ) -> Result<Tensor> {
         let h = self
             .attn
-            .forward(&rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, cache)?;
+            .forward(&rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, batches, caches)?;
         let x = (x + h)?;
         let h = self
             .mlp
@@ -386,33 +458,72 @@ impl Transformer {
         let keep_cache = cache.is_some();
         let mut local = KvCache::default();
         let cache = cache.unwrap_or(&mut local);
-        if cache.layers.len() != self.blocks.len() {
-            cache.layers = vec![None; self.blocks.len()];
-        }
-        let offset = cache.len();
-        self.count_and_check(b, offset, t)?;
-        let shifts = cache.pads().map(|p| std::sync::Arc::new(p.to_vec()));
-        let mut mask = KeyMask::new(offset, pad_mask)?;
-        if let Some(pads) = &shifts {
-            mask = mask.pad_left(pads, offset + t);
-        }
-        let pass = Pass {
-            mask,
-            rope: &self.rope,
-            offset,
-            shifts,
-            eps: self.eps,
-            diff: self.differentiable,
-        };
-        if !self.differentiable && offset == 0 && t > 0 && ids.device().is_cpu() {
-            if let Some(x) = self.forward_cpu(ids, &pass.mask, keep_cache.then_some(cache), None, false)? {
+        let batch = self.batch(ids, pad_mask, cache)?;
+        if !self.differentiable && batch.offset == 0 && t > 0 && ids.device().is_cpu() {
+            if let Some(x) = self.forward_cpu(ids, &batch.mask, keep_cache.then_some(cache), None, false)? {
                 return Ok(x);
             }
         }
+        let x = self.run(&[ids], &[batch], &mut [cache])?;
+        Ok(x.reshape((b, t, x.dim(1)?))?)
+    }
+
+    /// Several batches in one pass, each token ids `[b, t]` continuing its own cache (extended
+    /// here): their rows go through every product together, so the weights are read once for
+    /// all of them, and each batch attends to its own cache only. Returns each batch's hidden
+    /// states `[b, t, hidden]`, the values [`Transformer::forward`] gives it alone within float
+    /// rounding. A decoding step and the prompts joining it run this way (chunked prefill).
+    pub fn forward_batches(&self, batches: &mut [(&Tensor, &mut KvCache)]) -> Result<Vec<Tensor>> {
+        let parts = batches
+            .iter_mut()
+            .map(|(ids, cache)| self.batch(ids, None, cache))
+            .collect::<Result<Vec<_>>>()?;
+        let ids: Vec<&Tensor> = batches.iter().map(|(ids, _)| *ids).collect();
+        let mut caches: Vec<&mut KvCache> = batches.iter_mut().map(|(_, c)| &mut **c).collect();
+        let x = self.run(&ids, &parts, &mut caches)?;
+        let mut start = 0;
+        parts
+            .iter()
+            .map(|p| {
+                let rows = x.narrow(0, start, p.b * p.t)?;
+                start += p.b * p.t;
+                Ok(rows.reshape((p.b, p.t, x.dim(1)?))?)
+            })
+            .collect()
+    }
+
+    /// The batch of `ids` continuing `cache` (given a layer entry each here), its positions
+    /// counted and checked against the model's.
+    fn batch(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Batch> {
+        if cache.layers.len() != self.blocks.len() {
+            cache.layers = vec![None; self.blocks.len()];
+        }
+        let batch = Batch::new(ids, pad_mask, cache)?;
+        self.count_and_check(batch.b, batch.offset, batch.t)?;
+        Ok(batch)
+    }
+
+    /// The decoder over `batches` (token ids `ids`, caches `caches`, one each) on the candle
+    /// path: hidden states after the final norm, every batch's rows `[Σ b·t, hidden]` in order.
+    fn run(&self, ids: &[&Tensor], batches: &[Batch], caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        let pass = Pass {
+            rope: &self.rope,
+            eps: self.eps,
+            diff: self.differentiable,
+        };
+        let flat = ids
+            .iter()
+            .map(|i| i.flatten_all())
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let ids = match flat.as_slice() {
+            [one] => one.clone(),
+            _ => Tensor::cat(&flat, 0)?,
+        };
         // Embeddings held in bf16/f16 are widened for the rows looked up.
-        let mut x = self.embed.forward(ids)?.to_dtype(DType::F32)?;
-        for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward(&x, &pass, c)?;
+        let mut x = self.embed.forward(&ids)?.to_dtype(DType::F32)?;
+        for (l, block) in self.blocks.iter().enumerate() {
+            let mut layer: Vec<_> = caches.iter_mut().map(|c| &mut c.layers[l]).collect();
+            x = block.forward(&x, &pass, batches, &mut layer)?;
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
     }

@@ -158,40 +158,45 @@ fn requests_joining_a_running_batch_decode_as_alone() {
     check_greedy(items, &done, &ids);
 }
 
-/// Chunked prefill: prompts fed through a running batch's decoding steps one token a step
-/// (`Decoding::join`), each fanning out into its `n` continuations at its last prompt token,
-/// get transformers' greedy continuations; every step's rows are counted as continuations or
-/// prompt rows, and a one-token prompt and an empty token budget work.
+/// Chunked prefill: prompts fed through a running batch's decoding steps (`Decoding::join`),
+/// whole or in chunks of a few tokens a step continuing their own caches, each fanning out into
+/// its `n` continuations after its last prompt token, get transformers' greedy continuations;
+/// every step's rows are counted as continuations or prompt tokens, no step feeds more prompt
+/// tokens than the chunk, and an empty token budget works.
 #[test]
 fn prompts_fed_through_decoding_steps_decode_as_alone() {
     let exp = expected();
     let (model, tok) = load("qwen2-policy");
     let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
-    let mut batch = Decoding::new(&model, Some(&tok));
-    let mut done = std::collections::HashMap::new();
-    let mut ids = Vec::new();
-    let (mut prompt_rows, mut steps) = (0, 0);
-    let mut step = |batch: &mut Decoding, done: &mut std::collections::HashMap<_, _>| {
-        done.extend(batch.step().unwrap());
-        prompt_rows += batch.last_step().prompts;
-        steps += 1;
-    };
-    for (k, it) in items.iter().enumerate() {
-        let prompt = ids_of(&it["prompt_ids"]);
-        // The first request finds the batch empty and is encoded at once; the others join it.
-        ids.push((batch.join(&prompt, 1 + k, greedy(5 + 3 * k)).unwrap(), k));
-        step(&mut batch, &mut done);
+    for chunk in [usize::MAX, 3, 1] {
+        let mut batch = Decoding::new(&model, Some(&tok)).prefill_chunk(chunk);
+        let mut done = std::collections::HashMap::new();
+        let mut ids = Vec::new();
+        let (mut prompt_rows, mut steps) = (0, 0);
+        let mut step = |batch: &mut Decoding, done: &mut std::collections::HashMap<_, _>| {
+            done.extend(batch.step().unwrap());
+            let fed = batch.last_step().prompts;
+            assert!(fed <= chunk, "{fed} prompt tokens in a step, chunk {chunk}");
+            prompt_rows += fed;
+            steps += 1;
+        };
+        for (k, it) in items.iter().enumerate() {
+            let prompt = ids_of(&it["prompt_ids"]);
+            // The first request finds the batch empty and is encoded at once; the others join it.
+            ids.push((batch.join(&prompt, 1 + k, greedy(5 + 3 * k)).unwrap(), k));
+            step(&mut batch, &mut done);
+        }
+        let empty_budget = batch.join(&ids_of(&items[0]["prompt_ids"]), 2, greedy(0)).unwrap();
+        while !batch.is_idle() {
+            step(&mut batch, &mut done);
+        }
+        assert_eq!(batch.live_rows(), 0);
+        assert_eq!(done[&empty_budget], vec![Vec::<u32>::new(); 2]);
+        check_greedy(items, &done, &ids);
+        // Every prompt token of the joining requests went through a step, once.
+        let fed: usize = items[1..].iter().map(|it| ids_of(&it["prompt_ids"]).len()).sum();
+        assert_eq!(prompt_rows, fed, "prompt rows over {steps} steps, chunk {chunk}");
     }
-    let empty_budget = batch.join(&ids_of(&items[0]["prompt_ids"]), 2, greedy(0)).unwrap();
-    while !batch.is_idle() {
-        step(&mut batch, &mut done);
-    }
-    assert_eq!(batch.live_rows(), 0);
-    assert_eq!(done[&empty_budget], vec![Vec::<u32>::new(); 2]);
-    check_greedy(items, &done, &ids);
-    // Every prompt token of the joining requests went through a step, once.
-    let fed: usize = items[1..].iter().map(|it| ids_of(&it["prompt_ids"]).len()).sum();
-    assert_eq!(prompt_rows, fed, "prompt rows over {steps} steps");
 
     // A one-token prompt joining a running batch: its first step fans out at once.
     let mut batch = Decoding::new(&model, Some(&tok));

@@ -55,12 +55,13 @@ pub struct Args {
     /// Most new tokens per continuation (`max_tokens`).
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: usize,
-    /// A prompt of at most this many tokens that arrives while others are being decoded is
-    /// fed through the running decoding steps, one token a step (chunked prefill), instead of
-    /// a forward pass of its own that reads every weight again; 0 encodes every prompt on its
-    /// own. Raises throughput under load at the cost of a later first token.
-    #[arg(long, default_value_t = 16)]
-    pub join_prompt_tokens: usize,
+    /// Chunked prefill: a prompt that arrives while others are being decoded is fed through
+    /// the running decoding steps, at most this many prompt tokens a step, its tokens joining
+    /// the step's rows in every product, instead of a forward pass of its own that reads every
+    /// weight again (and holds the others back meanwhile). Smaller chunks keep the others'
+    /// tokens flowing during a long prompt; 0 encodes every prompt in a pass of its own.
+    #[arg(long, default_value_t = stepwise_model::generate::DEFAULT_PREFILL_CHUNK, alias = "join-prompt-tokens")]
+    pub prefill_chunk_tokens: usize,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -75,7 +76,7 @@ pub fn run(a: Args) -> Result<()> {
             .or_else(|| std::env::var("STEPWISE_API_KEY").ok().filter(|k| !k.is_empty())),
         max_n: a.max_n.max(1),
         max_tokens: a.max_tokens.max(1),
-        join_prompt_tokens: a.join_prompt_tokens,
+        prefill_chunk_tokens: a.prefill_chunk_tokens,
         layout: a.layout,
     };
     serve(&cfg, |addr| eprintln!("stepwise serve: listening on http://{addr}"))?;

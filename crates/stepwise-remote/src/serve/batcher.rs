@@ -3,9 +3,9 @@
 //! Every request joins the running batch at the next decoding step, every step is one forward
 //! pass over the rows of every request in flight, and a request is answered as soon as its own
 //! continuations stop. A request's prompt is encoded on its own and its cache joined to the
-//! batch's, or, when it is short and others are being decoded, fed through the running steps one
-//! token a step (see [`stepwise_model::Decoding`]). One request alone is decoded exactly as the
-//! local engine decodes it.
+//! batch's, or, when others are being decoded, fed through the running steps in chunks of at most
+//! `prefill_chunk_tokens` tokens a step (chunked prefill, see [`stepwise_model::Decoding`]). One
+//! request alone is decoded exactly as the local engine decodes it.
 
 use super::Shared;
 use anyhow::Result;
@@ -35,7 +35,8 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
     let Some((_, policy)) = state.policy.as_ref() else {
         return;
     };
-    let mut batch = Decoding::new(&policy.model, Some(&policy.tokenizer));
+    let new_batch = || Decoding::new(&policy.model, Some(&policy.tokenizer)).prefill_chunk(state.prefill_chunk_tokens);
+    let mut batch = new_batch();
     let mut waiting: HashMap<usize, oneshot::Sender<Result<Vec<Vec<u32>>>>> = HashMap::new();
     // A request that did not fit the batch yet.
     let mut held: Option<GenerateJob> = None;
@@ -57,7 +58,7 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                 held = Some(job);
                 break;
             }
-            let added = if job.prompt.len() <= state.join_prompt_tokens {
+            let added = if state.prefill_chunk_tokens > 0 {
                 batch.join(&job.prompt, job.n, job.params)
             } else {
                 batch.add(&job.prompt, job.n, job.params)
@@ -88,7 +89,7 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                 for (_, reply) in waiting.drain() {
                     let _ = reply.send(Err(anyhow::anyhow!("{e:#}")));
                 }
-                batch = Decoding::new(&policy.model, Some(&policy.tokenizer));
+                batch = new_batch();
             }
         }
     }

@@ -55,9 +55,10 @@ pub struct ServeConfig {
     pub max_n: usize,
     /// Most new tokens per continuation.
     pub max_tokens: usize,
-    /// Prompts of at most this many tokens that arrive while others are decoded are fed
-    /// through the running decoding steps ([`stepwise_model::Decoding::join`]); 0: none are.
-    pub join_prompt_tokens: usize,
+    /// Prompt tokens fed through a decoding step (chunked prefill,
+    /// [`stepwise_model::Decoding::join`]) for prompts that arrive while others are decoded;
+    /// 0: each such prompt is encoded in a pass of its own.
+    pub prefill_chunk_tokens: usize,
     /// PRM layout (`auto` or a name, as `stepwise score --layout`).
     pub layout: String,
 }
@@ -69,7 +70,7 @@ pub(crate) struct AppState {
     pub api_key: Option<String>,
     pub max_n: usize,
     pub max_tokens: usize,
-    pub join_prompt_tokens: usize,
+    pub prefill_chunk_tokens: usize,
     pub metrics: Metrics,
     pub started: u64,
     /// Where `/v1/score_steps` requests queue for the scoring worker ([`steps::score_worker`]).
@@ -169,7 +170,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         api_key: cfg.api_key.clone(),
         max_n: cfg.max_n,
         max_tokens: cfg.max_tokens,
-        join_prompt_tokens: cfg.join_prompt_tokens,
+        prefill_chunk_tokens: cfg.prefill_chunk_tokens,
         metrics: Metrics::default(),
         started: unix_now(),
         score_queue: std::sync::Mutex::new(queue),
