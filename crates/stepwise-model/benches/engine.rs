@@ -120,6 +120,44 @@ fn generation(model: &Model) -> anyhow::Result<f64> {
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Serving-shaped decoding, as `stepwise serve` runs `bench/load_serve.py`'s load without the
+/// HTTP: `clients` requests in flight, each an 8-token prompt and 32 new tokens at temperature
+/// 0.8, a finished one replaced at once by a new one joining the running batch (chunked
+/// prefill). New tokens/s over 120 decoding steps, after 40 to fill the batch.
+fn serving(model: &Model, clients: usize) -> anyhow::Result<f64> {
+    let mut batch = stepwise_model::Decoding::new(model, None);
+    let mut next = 0u32;
+    let mut join = |batch: &mut stepwise_model::Decoding| -> anyhow::Result<()> {
+        let prompt: Vec<u32> = (0..8).map(|j| (next * 31 + j * 7) % 1000 + 10).collect();
+        let p = SamplingParams {
+            temperature: 0.8,
+            max_new_tokens: 32,
+            seed: u64::from(next),
+            ..Default::default()
+        };
+        next += 1;
+        batch.join(&prompt, 1, p).map(|_| ())
+    };
+    for _ in 0..clients {
+        join(&mut batch)?;
+    }
+    let mut step = |batch: &mut stepwise_model::Decoding| -> anyhow::Result<usize> {
+        for _ in batch.step()? {
+            join(batch)?;
+        }
+        Ok(batch.last_step().continuations)
+    };
+    for _ in 0..40 {
+        step(&mut batch)?;
+    }
+    let t = Instant::now();
+    let mut tokens = 0;
+    for _ in 0..120 {
+        tokens += step(&mut batch)?;
+    }
+    Ok(tokens as f64 / t.elapsed().as_secs_f64())
+}
+
 /// `sample_token` at temperature 0.8 on a row of Qwen2.5's 151,936 logits: `peaked` like a
 /// trained model's (a bulk within ±3, one token in a thousand 28 above it), else the bulk alone
 /// (a random model's): milliseconds a row.
@@ -498,6 +536,12 @@ fn main() -> anyhow::Result<()> {
                 "qwen2.5-0.5b shape (random, bf16-held): generation {:.1} new tokens/s",
                 generation(&held)?
             );
+            for clients in [8, 64] {
+                println!(
+                    "qwen2.5-0.5b shape (random, bf16-held): serving-shaped decoding, {clients} requests in flight: {:.1} new tokens/s",
+                    serving(&held, clients)?
+                );
+            }
         }
     }
     if std::env::args().any(|a| a == "--7b") {

@@ -647,29 +647,35 @@ impl<'a> Decoding<'a> {
             // Only a prompt's middle chunk ran: nothing to sample yet.
             return Ok(());
         }
-        let logits = last_logits(self.model, &Tensor::cat(&last, 0)?.unsqueeze(1)?)?.to_vec2::<f32>()?;
-        let (row_logits, prompt_logits) = logits.split_at(self.rows.len());
-        // Each row draws from its own generator, so the rows sample in parallel (a large
-        // vocabulary's sort and softmax are a real share of a decoding step).
-        use rayon::prelude::*;
-        let requests = &self.requests;
-        self.next = self
-            .rows
-            .par_iter_mut()
-            .zip(row_logits.par_iter())
-            .map(|(row, l)| {
-                let req = requests[row.request].as_ref().expect("a live row's request");
-                sample_token(l, &req.params, &mut row.rng)
-            })
-            .collect();
-        let mut fed_whole = Vec::with_capacity(finished.len());
-        for &k in finished.iter().rev() {
-            // From the last, so the indices of those before stay put.
-            fed_whole.push(self.prefills.remove(k));
-        }
-        for (p, logits) in fed_whole.iter().rev().zip(prompt_logits) {
-            self.start_continuations(p.request, &p.cache, logits)?;
-        }
+        let logits = last_logits(self.model, &Tensor::cat(&last, 0)?.unsqueeze(1)?)?;
+        let vocab = logits.dim(1)?;
+        let next = with_host_f32(&logits, |all| -> Result<Vec<u32>> {
+            let (row_logits, prompt_logits) = all.split_at(self.rows.len() * vocab);
+            // Each row draws from its own generator, so the rows sample in parallel (a large
+            // vocabulary's softmax is a real share of a decoding step).
+            use rayon::prelude::*;
+            let requests = &self.requests;
+            let next = self
+                .rows
+                .par_iter_mut()
+                .zip(row_logits.par_chunks_exact(vocab))
+                .map(|(row, l)| {
+                    let req = requests[row.request].as_ref().expect("a live row's request");
+                    sample_token(l, &req.params, &mut row.rng)
+                })
+                .collect();
+            let mut fed_whole = Vec::with_capacity(finished.len());
+            for &k in finished.iter().rev() {
+                // From the last, so the indices of those before stay put.
+                fed_whole.push(self.prefills.remove(k));
+            }
+            for (p, logits) in fed_whole.iter().rev().zip(prompt_logits.chunks_exact(vocab)) {
+                self.start_continuations(p.request, &p.cache, logits)?;
+            }
+            Ok(next)
+        })??;
+        // The rows started above come after the ones sampled here, with their first tokens.
+        self.next.splice(..next.len(), next);
         Ok(())
     }
 
@@ -686,6 +692,21 @@ impl<'a> Decoding<'a> {
         self.next = keep.iter().map(|&k| self.next[k]).collect();
         Ok(())
     }
+}
+
+/// `f` over the values of an f32 tensor, read where they lie when it is contiguous on the CPU
+/// (a decoding step's logits are tens of megabytes: copying them out was a visible share of
+/// serving), else copied out first.
+fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((start, end))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(f(&v[start..end]));
+        }
+    }
+    Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
 }
 
 /// The hidden state of each sequence's last position, `[b, hidden]`.

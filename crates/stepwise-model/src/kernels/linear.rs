@@ -527,9 +527,8 @@ impl CustomOp2 for TiledMatmul {
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, w, (m, n, k)) = operands(self.name(), (xs, xl), (ws, wl))?;
-        let mut y = vec![0f32; m * n];
         let tasks = 4 * rayon::current_num_threads();
-        super::sgemm::matmul_t_by_columns(&mut y, n, x, k, w, (m, n, k), false, tasks);
+        let y = super::sgemm::matmul_t_by_columns_new(x, k, w, (m, n, k), tasks);
         Ok((CpuStorage::F32(y), Shape::from((m, n))))
     }
 }

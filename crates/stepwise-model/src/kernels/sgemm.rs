@@ -149,34 +149,72 @@ pub(crate) fn matmul_t_by_columns(
     accumulate: bool,
     tasks: usize,
 ) {
-    use rayon::prelude::*;
     if m == 0 || n == 0 {
         return;
     }
-    // Whole tiles per block.
-    let block = n.div_ceil(tasks.max(1)).next_multiple_of(COLS);
-    let data = &*dst;
-    let blocks: Vec<Vec<f32>> = (0..n.div_ceil(block))
-        .into_par_iter()
-        .map(|b| {
-            let cols = block.min(n - b * block);
-            let mut out = vec![0f32; m * cols];
-            if accumulate {
-                for (o, row) in out.chunks_exact_mut(cols).zip(data.chunks(dst_stride)) {
-                    o.copy_from_slice(&row[b * block..][..cols]);
-                }
-            }
-            let w = w.slice(b * block * k..(b * block + cols) * k);
-            matmul_t(&mut out, cols, a, a_stride, w, (m, cols, k), accumulate);
-            out
-        })
-        .collect();
+    let onto = accumulate.then_some((&*dst, dst_stride));
+    let (block, blocks) = column_blocks(a, a_stride, w, (m, n, k), tasks, onto);
     for (b, out) in blocks.iter().enumerate() {
         let cols = out.len() / m;
         for (row, src) in dst.chunks_mut(dst_stride).zip(out.chunks_exact(cols)) {
             row[b * block..][..cols].copy_from_slice(src);
         }
     }
+}
+
+/// `a [m, k] · wᵀ` as a new `[m, n]`, as [`matmul_t_by_columns`] computes it (into nothing
+/// zeroed first: every value is written once, from its block).
+pub(crate) fn matmul_t_by_columns_new(
+    a: &[f32],
+    a_stride: usize,
+    w: WeightSlice,
+    (m, n, k): (usize, usize, usize),
+    tasks: usize,
+) -> Vec<f32> {
+    if m == 0 || n == 0 {
+        return vec![0.0; m * n];
+    }
+    let (_, blocks) = column_blocks(a, a_stride, w, (m, n, k), tasks, None);
+    let mut y = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for out in &blocks {
+            let cols = out.len() / m;
+            y.extend_from_slice(&out[i * cols..][..cols]);
+        }
+    }
+    y
+}
+
+/// The blocks of columns of `a · wᵀ` (whole tiles each, `tasks` of them at most) and their
+/// width, each computed by one task in a `[m, cols]` buffer of its own, added onto its block of
+/// `onto` (values, row stride) when given.
+fn column_blocks(
+    a: &[f32],
+    a_stride: usize,
+    w: WeightSlice,
+    (m, n, k): (usize, usize, usize),
+    tasks: usize,
+    onto: Option<(&[f32], usize)>,
+) -> (usize, Vec<Vec<f32>>) {
+    use rayon::prelude::*;
+    // Whole tiles per block.
+    let block = n.div_ceil(tasks.max(1)).next_multiple_of(COLS);
+    let blocks = (0..n.div_ceil(block))
+        .into_par_iter()
+        .map(|b| {
+            let cols = block.min(n - b * block);
+            let mut out = vec![0f32; m * cols];
+            if let Some((data, stride)) = onto {
+                for (o, row) in out.chunks_exact_mut(cols).zip(data.chunks(stride)) {
+                    o.copy_from_slice(&row[b * block..][..cols]);
+                }
+            }
+            let w = w.slice(b * block * k..(b * block + cols) * k);
+            matmul_t(&mut out, cols, a, a_stride, w, (m, cols, k), onto.is_some());
+            out
+        })
+        .collect();
+    (block, blocks)
 }
 
 /// [`matmul_t`] in f32 products, a bf16/f16 weight widened a chunk at a time.
