@@ -1,6 +1,7 @@
 //! Sampling with a KV cache. `n` continuations of one prefix encode the prefix ONCE and share its
 //! cache (Monte Carlo rollouts and beams depend on this); rows that stop leave the batch.
 
+use crate::kernels::simd;
 use crate::model::{Head, Model};
 use crate::tokenizer::Tokenizer;
 use crate::transformer::KvCache;
@@ -92,18 +93,70 @@ fn draw_in_id_order(logits: &[f32], p: &SamplingParams, r: f32) -> Option<u32> {
         return None;
     }
     let max = finite_max(logits)?;
-    let weights: Vec<f32> = logits.iter().map(|&x| ((x - max) / p.temperature).exp()).collect();
-    let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
-    // Below `total`, which the walk's own sum reaches exactly (the same additions in order).
+    let mut weights = vec![0f32; logits.len()];
+    let mut block_sums = Vec::with_capacity(logits.len().div_ceil(WEIGHT_BLOCK));
+    simd::dispatch(SoftmaxWeights {
+        logits,
+        max,
+        temperature: p.temperature,
+        weights: &mut weights,
+        block_sums: &mut block_sums,
+    });
+    let total: f64 = block_sums.iter().map(|&s| f64::from(s)).sum();
+    // Below `total`, which the walk over the block sums reaches exactly (the same additions).
     let target = f64::from(r) * total;
     let mut acc = 0.0;
-    for (id, &w) in weights.iter().enumerate() {
-        acc += f64::from(w);
-        if acc > target {
-            return Some(id as u32);
+    for (b, &sum) in block_sums.iter().enumerate() {
+        if acc + f64::from(sum) <= target {
+            acc += f64::from(sum);
+            continue;
         }
+        let block = &weights[b * WEIGHT_BLOCK..logits.len().min((b + 1) * WEIGHT_BLOCK)];
+        for (j, &w) in block.iter().enumerate() {
+            acc += f64::from(w);
+            if acc > target {
+                return Some((b * WEIGHT_BLOCK + j) as u32);
+            }
+        }
+        // The block's sum crossed the target and its own walk, summed in another order, fell
+        // short by a rounding: its last token with any weight.
+        return block
+            .iter()
+            .rposition(|&w| w > 0.0)
+            .map(|j| (b * WEIGHT_BLOCK + j) as u32);
     }
     None
+}
+
+/// Tokens a block of [`SoftmaxWeights`]: the walk in id order skips whole blocks by their sums.
+const WEIGHT_BLOCK: usize = 1024;
+
+/// The softmax weights `e^((x − max) / temperature)` of `logits` into `weights`, and the sum of
+/// each block of [`WEIGHT_BLOCK`] of them pushed onto `block_sums`: vectorised ([`simd::exp`],
+/// about 2 ulp).
+struct SoftmaxWeights<'a> {
+    logits: &'a [f32],
+    max: f32,
+    temperature: f32,
+    weights: &'a mut [f32],
+    block_sums: &'a mut Vec<f32>,
+}
+
+impl simd::Kernel for SoftmaxWeights<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        let scale = 1.0 / self.temperature;
+        for (xs, ws) in self
+            .logits
+            .chunks(WEIGHT_BLOCK)
+            .zip(self.weights.chunks_mut(WEIGHT_BLOCK))
+        {
+            for (w, &x) in ws.iter_mut().zip(xs) {
+                *w = simd::exp::<FMA>((x - self.max) * scale);
+            }
+            self.block_sums.push(simd::sum(ws));
+        }
+    }
 }
 
 /// Logits this far below the largest, times the temperature, weigh less than `exp(-20)`, under
@@ -827,14 +880,14 @@ mod tests {
                 for r in [0.0, rng.random::<f32>(), rng.random::<f32>(), 0.999_999_9] {
                     let floor = likely_floor(&logits, &p);
                     let id_order = floor.is_none() && n > SORTED_VOCAB && top_k == 0 && top_p >= 1.0;
-                    let want = if id_order {
-                        id_order_reference(&logits, &p, r)
-                    } else {
-                        reference_draw(&logits, &p, r)
-                    };
-                    shortcut += usize::from(floor.is_some_and(|f| draw_among_likely(&logits, &p, r, f).is_some()));
-                    walked_in_id_order += usize::from(id_order);
                     let got = draw_token(&logits, &p, r);
+                    if id_order {
+                        assert!(is_id_order_draw(&logits, &p, r, got), "{n} logits, {p:?}, r {r}: {got}");
+                        walked_in_id_order += 1;
+                        continue;
+                    }
+                    let want = reference_draw(&logits, &p, r);
+                    shortcut += usize::from(floor.is_some_and(|f| draw_among_likely(&logits, &p, r, f).is_some()));
                     assert_eq!(got, want, "{n} logits, peaked {peaked}, {p:?}, r {r}");
                 }
             }
@@ -843,23 +896,19 @@ mod tests {
         assert!(walked_in_id_order > 10, "{walked_in_id_order} draws in id order");
     }
 
-    /// The draw in id order as plainly as it can be written: f64 probabilities, the walk from
-    /// id 0.
-    fn id_order_reference(logits: &[f32], p: &SamplingParams, r: f32) -> u32 {
+    /// Whether `id` is the draw `r` of the inverse cumulative distribution in id order, as
+    /// plainly as it can be written (f64 weights from the standard `exp`), within a rounding
+    /// margin of 1e-5 of the total at either end of its interval.
+    fn is_id_order_draw(logits: &[f32], p: &SamplingParams, r: f32, id: u32) -> bool {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let weights: Vec<f64> = logits
             .iter()
-            .map(|&x| f64::from(((x - max) / p.temperature).exp()))
+            .map(|&x| ((f64::from(x) - f64::from(max)) / f64::from(p.temperature)).exp())
             .collect();
         let total: f64 = weights.iter().sum();
-        let mut acc = 0.0;
-        for (id, w) in weights.iter().enumerate() {
-            acc += w;
-            if acc > f64::from(r) * total {
-                return id as u32;
-            }
-        }
-        unreachable!("the walk passes r · total")
+        let before: f64 = weights[..id as usize].iter().sum();
+        let target = f64::from(r) * total;
+        before - 1e-5 * total <= target && target < before + weights[id as usize] + 1e-5 * total
     }
 
     /// Both walks sample the softmax: on a flat row of 6,000 tokens on three logit levels
