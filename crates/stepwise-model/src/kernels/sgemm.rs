@@ -296,8 +296,14 @@ fn matmul_t_bf16(
                         std::array::from_fn(|c| &w[(j0 + c.min(out.cols - 1)) * k + k0..][..depth]);
                     // SAFETY: `bf16_products()` held (AVX-512F and AVX512_BF16); the panel holds
                     // `pairs` steps and every weight row `depth` values; `out` covers rows < m and
-                    // columns < n of `dst`.
-                    unsafe { tile_bf16(depth, panel, &w_rows, out) };
+                    // columns < n of `dst`. A last panel of 16 rows or fewer computes only them.
+                    unsafe {
+                        if out.rows <= HALF_PANEL {
+                            tile_bf16::<1>(depth, panel, &w_rows, out)
+                        } else {
+                            tile_bf16::<2>(depth, panel, &w_rows, out)
+                        }
+                    };
                 });
             }
         }
@@ -511,7 +517,7 @@ unsafe fn store(acc: &[[std::arch::x86_64::__m512; 2]; COLS], out: Out) {
     use std::arch::x86_64::*;
     // Each half's accumulators hold a column per vector; transposed, a row per vector.
     let lanes: __mmask16 = (1u16 << out.cols) - 1;
-    for half in 0..2 {
+    for half in 0..out.rows.div_ceil(16).min(2) {
         let mut v = [_mm512_setzero_ps(); 16];
         for (v, a) in v.iter_mut().zip(acc) {
             *v = a[half];
@@ -532,15 +538,20 @@ unsafe fn store(acc: &[[std::arch::x86_64::__m512; 2]; COLS], out: Out) {
     }
 }
 
+/// Rows of a panel in one vector of f32: a tile of `VECS = 1` computes only them.
+const HALF_PANEL: usize = PANEL / 2;
+
 /// [`tile`] in bf16 products: `Σ_s panel[s][r] · (w[c][2s], w[c][2s + 1])` over `depth` steps
 /// (`depth / 2` pairs, an odd last step paired with zero), two steps per `vdpbf16ps`.
 ///
 /// # Safety
 /// The CPU must have AVX-512F and AVX512_BF16; `panel` holds `⌈depth / 2⌉ · PANEL` pairs and every
-/// `w[c]` `depth` values; `out` as for [`tile`].
+/// `w[c]` `depth` values; `out` as for [`tile`], with at most [`HALF_PANEL`] rows when `VECS`
+/// is 1 (the panel's first vector of rows, all a decoding batch's last panel may hold: a whole
+/// panel's products for them were up to half wasted).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn tile_bf16(depth: usize, panel: &[u32], w: &[&[bf16]; COLS], out: Out) {
+unsafe fn tile_bf16<const VECS: usize>(depth: usize, panel: &[u32], w: &[&[bf16]; COLS], out: Out) {
     use std::arch::x86_64::*;
     let pairs = depth.div_ceil(2);
     debug_assert!(panel.len() >= pairs * PANEL && w.iter().all(|r| r.len() >= depth));
@@ -556,12 +567,14 @@ unsafe fn tile_bf16(depth: usize, panel: &[u32], w: &[&[bf16]; COLS], out: Out) 
         // (read unaligned: a row of odd length starts mid-word).
         unsafe {
             let x0 = bh(_mm512_loadu_si512(p.add(s * PANEL).cast()));
-            let x1 = bh(_mm512_loadu_si512(p.add(s * PANEL + 16).cast()));
+            let x1 = bh(_mm512_loadu_si512(p.add(s * PANEL + HALF_PANEL).cast()));
             for c in 0..COLS {
                 let pair = wp[c].add(2 * s).cast::<i32>().read_unaligned();
                 let b = bh(_mm512_set1_epi32(pair));
                 acc[c][0] = _mm512_dpbf16_ps(acc[c][0], x0, b);
-                acc[c][1] = _mm512_dpbf16_ps(acc[c][1], x1, b);
+                if VECS == 2 {
+                    acc[c][1] = _mm512_dpbf16_ps(acc[c][1], x1, b);
+                }
             }
         }
     }
@@ -570,11 +583,13 @@ unsafe fn tile_bf16(depth: usize, panel: &[u32], w: &[&[bf16]; COLS], out: Out) 
         // SAFETY: the last pair step is within `panel`, the last value within every row.
         unsafe {
             let x0 = bh(_mm512_loadu_si512(p.add(s * PANEL).cast()));
-            let x1 = bh(_mm512_loadu_si512(p.add(s * PANEL + 16).cast()));
+            let x1 = bh(_mm512_loadu_si512(p.add(s * PANEL + HALF_PANEL).cast()));
             for c in 0..COLS {
                 let b = bh(_mm512_set1_epi32(i32::from((*wp[c].add(2 * s)).to_bits())));
                 acc[c][0] = _mm512_dpbf16_ps(acc[c][0], x0, b);
-                acc[c][1] = _mm512_dpbf16_ps(acc[c][1], x1, b);
+                if VECS == 2 {
+                    acc[c][1] = _mm512_dpbf16_ps(acc[c][1], x1, b);
+                }
             }
         }
     }
@@ -634,7 +649,7 @@ unsafe fn tile(_: usize, _: &[f32], _: &[&[f32]; COLS], _: Out) {
 
 /// Never called: [`bf16_products`] is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn tile_bf16(_: usize, _: &[u32], _: &[&[bf16]; COLS], _: Out) {
+unsafe fn tile_bf16<const VECS: usize>(_: usize, _: &[u32], _: &[&[bf16]; COLS], _: Out) {
     unreachable!("sgemm::bf16_products() is false off x86-64")
 }
 
@@ -692,6 +707,7 @@ mod tests {
             (40, 2 * CHUNK + 5, 600),
             (64, 24, 0),
             (37, 14, 67),
+            (49, 26, 130),
             (3, 5, 1),
         ] {
             for accumulate in [false, true] {
