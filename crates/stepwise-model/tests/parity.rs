@@ -265,6 +265,69 @@ fn joined_caches_continue_each_sequence_as_alone() {
     assert!(common::max_diff(&x, &y) < 1e-5);
 }
 
+/// Several batches in one pass (`Model::hidden_batches`, chunked prefill's forward): a decoding
+/// batch of two left-padded rows, a prompt from an empty cache and a prompt's second chunk
+/// continuing its own cache each get the hidden states, and leave the caches, that they get
+/// alone, within float rounding.
+#[test]
+fn batches_in_one_pass_match_each_alone() {
+    use candle_core::Tensor;
+    use stepwise_model::transformer::KvCache;
+    let exp = expected();
+    let (model, _) = load("qwen2-policy");
+    let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
+    let prompts: Vec<Vec<u32>> = items.iter().map(|it| ids_of(&it["prompt_ids"])).collect();
+    let ids = |toks: &[u32]| Tensor::new(toks, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let encode = |p: &[u32]| {
+        let mut c = KvCache::default();
+        model.hidden(&ids(p), None, Some(&mut c)).unwrap();
+        c
+    };
+    // The decoding batch: two sequences of different lengths, one token each.
+    let decoding = encode(&prompts[1]).concat_batch(&encode(&prompts[0])).unwrap();
+    let step = Tensor::new(&[[5u32], [9]], &Device::Cpu).unwrap();
+    // A prompt's first chunk, and another prompt's second chunk after its first.
+    let (fresh, (first, second)) = (&prompts[2][..], prompts[0].split_at(6));
+    let chunked = encode(first);
+
+    let (mut dec_alone, mut fresh_alone, mut chunk_alone) = (decoding.clone(), KvCache::default(), chunked.clone());
+    let alone = [
+        model.hidden(&step, None, Some(&mut dec_alone)).unwrap(),
+        model.hidden(&ids(fresh), None, Some(&mut fresh_alone)).unwrap(),
+        model.hidden(&ids(second), None, Some(&mut chunk_alone)).unwrap(),
+    ];
+    let (mut dec, mut fresh_cache, mut chunk_cache) = (decoding.clone(), KvCache::default(), chunked.clone());
+    let (fresh_ids, second_ids) = (ids(fresh), ids(second));
+    let together = model
+        .hidden_batches(&mut [
+            (&step, &mut dec),
+            (&fresh_ids, &mut fresh_cache),
+            (&second_ids, &mut chunk_cache),
+        ])
+        .unwrap();
+    for (k, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a.dims(), b.dims(), "batch {k}");
+        assert!(common::max_diff(a, b) < 1e-4, "batch {k}: {}", common::max_diff(a, b));
+    }
+    for (k, (a, b)) in [
+        (&dec_alone, &dec),
+        (&fresh_alone, &fresh_cache),
+        (&chunk_alone, &chunk_cache),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!((a.len(), a.pads()), (b.len(), b.pads()), "cache {k}");
+        for (la, lb) in a.layers.iter().zip(&b.layers) {
+            let ((ka, va), (kb, vb)) = (la.as_ref().unwrap(), lb.as_ref().unwrap());
+            assert!(
+                common::max_diff(ka, kb) < 1e-4 && common::max_diff(va, vb) < 1e-4,
+                "cache {k}"
+            );
+        }
+    }
+}
+
 /// A scalar value head (`Qwen2ForSequenceClassification`, one label): the sigmoid of the value at
 /// each step's end matches transformers, and on a right-padded batch the last step's value is
 /// transformers' own sequence-classification output (the outcome score).
