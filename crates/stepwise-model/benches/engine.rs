@@ -121,17 +121,17 @@ fn generation(model: &Model) -> anyhow::Result<f64> {
 }
 
 /// Serving-shaped decoding, as `stepwise serve` runs `bench/load_serve.py`'s load without the
-/// HTTP: `clients` requests in flight, each an 8-token prompt and 32 new tokens at temperature
-/// 0.8, a finished one replaced at once by a new one joining the running batch (chunked
-/// prefill). New tokens/s over 120 decoding steps, after 40 to fill the batch.
-fn serving(model: &Model, clients: usize) -> anyhow::Result<f64> {
+/// HTTP: `clients` requests in flight, each an 8-token prompt and `new` new tokens at
+/// temperature 0.8, a finished one replaced at once by a new one joining the running batch
+/// (chunked prefill). New tokens/s over 120 decoding steps, after `new + 8` to fill the batch.
+fn serving(model: &Model, clients: usize, new: usize) -> anyhow::Result<f64> {
     let mut batch = stepwise_model::Decoding::new(model, None);
     let mut next = 0u32;
     let mut join = |batch: &mut stepwise_model::Decoding| -> anyhow::Result<()> {
         let prompt: Vec<u32> = (0..8).map(|j| (next * 31 + j * 7) % 1000 + 10).collect();
         let p = SamplingParams {
             temperature: 0.8,
-            max_new_tokens: 32,
+            max_new_tokens: new,
             seed: u64::from(next),
             ..Default::default()
         };
@@ -147,7 +147,7 @@ fn serving(model: &Model, clients: usize) -> anyhow::Result<f64> {
         }
         Ok(batch.last_step().continuations)
     };
-    for _ in 0..40 {
+    for _ in 0..new + 8 {
         step(&mut batch)?;
     }
     let t = Instant::now();
@@ -410,12 +410,23 @@ impl candle_nn::var_builder::SimpleBackend for RandomBf16 {
     }
 }
 
-/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|training|search|sampling|decode] [--big]`
+/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|serving|training|search|sampling|decode] [--big]`
 /// (no section name: all of them).
 fn wanted(section: &str) -> bool {
     let names: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|a| ["scoring", "generation", "training", "search", "sampling", "decode"].contains(&a.as_str()))
+        .filter(|a| {
+            [
+                "scoring",
+                "generation",
+                "serving",
+                "training",
+                "search",
+                "sampling",
+                "decode",
+            ]
+            .contains(&a.as_str())
+        })
         .collect();
     names.is_empty() || names.iter().any(|n| n == section)
 }
@@ -536,10 +547,12 @@ fn main() -> anyhow::Result<()> {
                 "qwen2.5-0.5b shape (random, bf16-held): generation {:.1} new tokens/s",
                 generation(&held)?
             );
-            for clients in [8, 64] {
+        }
+        if wanted("generation") || wanted("serving") {
+            for (clients, new) in [(8, 32), (64, 32), (8, 512)] {
                 println!(
-                    "qwen2.5-0.5b shape (random, bf16-held): serving-shaped decoding, {clients} requests in flight: {:.1} new tokens/s",
-                    serving(&held, clients)?
+                    "qwen2.5-0.5b shape (random, bf16-held): serving-shaped decoding, {clients} requests of {new} new tokens in flight: {:.1} new tokens/s",
+                    serving(&held, clients, new)?
                 );
             }
         }
