@@ -199,6 +199,11 @@ fn column_blocks(
     use rayon::prelude::*;
     // Whole tiles per block.
     let block = n.div_ceil(tasks.max(1)).next_multiple_of(COLS);
+    // In bf16 products every task reads the same panels: packed here, once.
+    let packed = match w {
+        WeightSlice::Bf16(_) if bf16_products() => Some(pack_all_pairs(a, a_stride, m, k)),
+        _ => None,
+    };
     let blocks = (0..n.div_ceil(block))
         .into_par_iter()
         .map(|b| {
@@ -210,7 +215,15 @@ fn column_blocks(
                 }
             }
             let w = w.slice(b * block * k..(b * block + cols) * k);
-            matmul_t(&mut out, cols, a, a_stride, w, (m, cols, k), onto.is_some());
+            match (&packed, w) {
+                (Some(packed), WeightSlice::Bf16(w)) => {
+                    for (chunk, panels) in packed.iter().enumerate() {
+                        let k0 = chunk * DEPTH;
+                        tiles_bf16(&mut out, cols, panels, w, (m, cols, k), k0, onto.is_some() || k0 > 0);
+                    }
+                }
+                _ => matmul_t(&mut out, cols, a, a_stride, w, (m, cols, k), onto.is_some()),
+            }
             out
         })
         .collect();
@@ -281,37 +294,62 @@ fn matmul_t_bf16(
     (m, n, k): (usize, usize, usize),
     accumulate: bool,
 ) {
-    let dst_ptr = dst.as_mut_ptr();
-    let with_packed = |packed: &mut Vec<u32>| {
+    let mut with_packed = |packed: &mut Vec<u32>| {
         for k0 in (0..k).step_by(DEPTH) {
-            let depth = DEPTH.min(k - k0);
-            let pairs = depth.div_ceil(2);
-            pack_pairs(a, a_stride, m, k0, depth, packed);
-            let add = accumulate || k0 > 0;
-            for c0 in (0..n).step_by(CHUNK) {
-                let chunk_end = n.min(c0 + CHUNK);
-                for_each_tile((m, n), c0..chunk_end, (dst_ptr, dst_stride, add), |p, j0, out| {
-                    let panel = &packed[p * PANEL * pairs..][..PANEL * pairs];
-                    let w_rows: [&[bf16]; COLS] =
-                        std::array::from_fn(|c| &w[(j0 + c.min(out.cols - 1)) * k + k0..][..depth]);
-                    // SAFETY: `bf16_products()` held (AVX-512F and AVX512_BF16); the panel holds
-                    // `pairs` steps and every weight row `depth` values; `out` covers rows < m and
-                    // columns < n of `dst`. A last panel of 16 rows or fewer computes only them.
-                    unsafe {
-                        if out.rows <= HALF_PANEL {
-                            tile_bf16::<1>(depth, panel, &w_rows, out)
-                        } else {
-                            tile_bf16::<2>(depth, panel, &w_rows, out)
-                        }
-                    };
-                });
-            }
+            pack_pairs(a, a_stride, m, k0, DEPTH.min(k - k0), packed);
+            tiles_bf16(dst, dst_stride, packed, w, (m, n, k), k0, accumulate || k0 > 0);
         }
     };
     PACKED_PAIRS.with(|p| match p.try_borrow_mut() {
         Ok(mut packed) => with_packed(&mut packed),
         Err(_) => with_packed(&mut Vec::new()),
     });
+}
+
+/// `a`'s `m` rows packed as bf16 pairs ([`pack_pairs`]), one buffer per depth chunk of
+/// [`DEPTH`]: packed once for every task of a product split by columns.
+fn pack_all_pairs(a: &[f32], a_stride: usize, m: usize, k: usize) -> Vec<Vec<u32>> {
+    (0..k)
+        .step_by(DEPTH)
+        .map(|k0| {
+            let mut packed = Vec::new();
+            pack_pairs(a, a_stride, m, k0, DEPTH.min(k - k0), &mut packed);
+            packed
+        })
+        .collect()
+}
+
+/// The tiles of [`matmul_t_bf16`] for the depth chunk from `k0`, over its packed panels
+/// `packed`: written over `dst` or (`add`) added to it.
+fn tiles_bf16(
+    dst: &mut [f32],
+    dst_stride: usize,
+    packed: &[u32],
+    w: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    k0: usize,
+    add: bool,
+) {
+    let dst_ptr = dst.as_mut_ptr();
+    let depth = DEPTH.min(k - k0);
+    let pairs = depth.div_ceil(2);
+    for c0 in (0..n).step_by(CHUNK) {
+        let chunk_end = n.min(c0 + CHUNK);
+        for_each_tile((m, n), c0..chunk_end, (dst_ptr, dst_stride, add), |p, j0, out| {
+            let panel = &packed[p * PANEL * pairs..][..PANEL * pairs];
+            let w_rows: [&[bf16]; COLS] = std::array::from_fn(|c| &w[(j0 + c.min(out.cols - 1)) * k + k0..][..depth]);
+            // SAFETY: `bf16_products()` held (AVX-512F and AVX512_BF16); the panel holds
+            // `pairs` steps and every weight row `depth` values; `out` covers rows < m and
+            // columns < n of `dst`. A last panel of 16 rows or fewer computes only them.
+            unsafe {
+                if out.rows <= HALF_PANEL {
+                    tile_bf16::<1>(depth, panel, &w_rows, out)
+                } else {
+                    tile_bf16::<2>(depth, panel, &w_rows, out)
+                }
+            };
+        });
+    }
 }
 
 /// `tile(p, j0, out)` for every panel `p` of [`PANEL`] rows of the `m` and every tile of
