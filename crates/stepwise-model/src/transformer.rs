@@ -208,7 +208,12 @@ struct Pass<'a> {
     rope: &'a RopeTables,
     eps: f64,
     diff: bool,
+    /// The batches whose rows the pass runs, in order.
+    batches: &'a [Batch],
 }
+
+/// One layer's keys and values of one batch, `[b, kv_heads, s, head_dim]` each.
+type LayerCache = Option<(Tensor, Tensor)>;
 
 /// One batch of a forward pass: `b` sequences of `t` new tokens each, continuing a cache of
 /// `offset` positions. A pass runs one batch, or several ([`Transformer::forward_batches`]):
@@ -268,15 +273,11 @@ impl Attention {
         })
     }
 
-    /// Attention over the rows `x` `[Σ b·t, hidden]` of every batch: the projections take all
-    /// rows at once, each batch attends to its own `caches` entry (extended here).
-    fn forward(
-        &self,
-        x: &Tensor,
-        pass: &Pass,
-        batches: &[Batch],
-        caches: &mut [&mut Option<(Tensor, Tensor)>],
-    ) -> Result<Tensor> {
+    /// Attention over the rows `x` `[Σ b·t, hidden]` of every batch of the pass: the
+    /// projections take all rows at once, each batch attends to its own `caches` entry
+    /// (extended here).
+    fn forward(&self, x: &Tensor, pass: &Pass, caches: &mut [&mut LayerCache]) -> Result<Tensor> {
+        let batches = pass.batches;
         let (q, k, v) = (
             self.q.forward(x, pass.diff)?,
             self.k.forward(x, pass.diff)?,
@@ -307,7 +308,7 @@ impl Attention {
         v: Tensor,
         pass: &Pass,
         batch: &Batch,
-        cache: &mut Option<(Tensor, Tensor)>,
+        cache: &mut LayerCache,
     ) -> Result<Tensor> {
         let (b, t) = (batch.b, batch.t);
         let split =
@@ -370,17 +371,12 @@ struct Block {
 }
 
 impl Block {
-    /// The block over the rows `x` `[Σ b·t, hidden]` of every batch, each with its layer cache.
-    fn forward(
-        &self,
-        x: &Tensor,
-        pass: &Pass,
-        batches: &[Batch],
-        caches: &mut [&mut Option<(Tensor, Tensor)>],
-    ) -> Result<Tensor> {
+    /// The block over the rows `x` `[Σ b·t, hidden]` of every batch of the pass, each with its
+    /// layer cache.
+    fn forward(&self, x: &Tensor, pass: &Pass, caches: &mut [&mut LayerCache]) -> Result<Tensor> {
         let h = self
             .attn
-            .forward(&rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, batches, caches)?;
+            .forward(&rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, caches)?;
         let x = (x + h)?;
         let h = self
             .mlp
@@ -510,6 +506,7 @@ impl Transformer {
             rope: &self.rope,
             eps: self.eps,
             diff: self.differentiable,
+            batches,
         };
         let flat = ids
             .iter()
@@ -523,7 +520,7 @@ impl Transformer {
         let mut x = self.embed.forward(&ids)?.to_dtype(DType::F32)?;
         for (l, block) in self.blocks.iter().enumerate() {
             let mut layer: Vec<_> = caches.iter_mut().map(|c| &mut c.layers[l]).collect();
-            x = block.forward(&x, &pass, batches, &mut layer)?;
+            x = block.forward(&x, &pass, &mut layer)?;
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
     }
