@@ -620,24 +620,24 @@ impl<'a> Decoding<'a> {
         if still.len() < self.rows.len() {
             self.keep_rows(&still)?;
         }
-        // This step's chunk of each prompt being fed, first come first fed.
+        // This step's chunk of each prompt being fed, first come first fed: tokens from each of
+        // the first prompts, all of them fed to their end but perhaps the last.
         let mut budget = self.prefill_chunk;
-        let chunks: Vec<(usize, usize)> = self
+        let takes: Vec<usize> = self
             .prefills
             .iter()
-            .enumerate()
-            .map_while(|(k, p)| {
+            .map_while(|p| {
                 let take = (p.tokens.len() - p.fed).min(budget);
                 budget -= take;
-                (take > 0).then_some((k, take))
+                (take > 0).then_some(take)
             })
             .collect();
         self.last_step = StepRows {
             continuations: self.rows.len(),
-            prompts: chunks.iter().map(|&(_, take)| take).sum(),
+            prompts: takes.iter().sum(),
         };
-        if !self.rows.is_empty() || !chunks.is_empty() {
-            self.run_step(&chunks)?;
+        if !self.rows.is_empty() || !takes.is_empty() {
+            self.run_step(&takes)?;
         }
         if self.is_idle() {
             self.requests.clear();
@@ -645,56 +645,44 @@ impl<'a> Decoding<'a> {
         Ok(done)
     }
 
-    /// One forward pass over every live row and the prompt chunks `chunks` (of the first
-    /// prefills, in order: index, tokens to feed); samples each row's next token and starts the continuations
-    /// of the prompts fed whole.
-    fn run_step(&mut self, chunks: &[(usize, usize)]) -> Result<()> {
+    /// One forward pass over every live row and the chunks of the first prompts being fed
+    /// (`takes[i]` tokens of prompt `i`); samples each row's next token and starts the
+    /// continuations of the prompts fed to their end.
+    fn run_step(&mut self, takes: &[usize]) -> Result<()> {
         let dev = &self.model.device;
         let decoding = (!self.rows.is_empty())
             .then(|| Tensor::new(self.next.as_slice(), dev)?.unsqueeze(1))
             .transpose()?;
-        let mut inputs = Vec::with_capacity(chunks.len());
-        for &(k, take) in chunks {
-            let p = &self.prefills[k];
-            inputs.push(Tensor::new(&p.tokens[p.fed..p.fed + take], dev)?.unsqueeze(0)?);
-        }
-        // The chunks are of the first prefills, in order.
-        let mut prefill_caches: Vec<&mut KvCache> = self
+        let chunks = self
             .prefills
-            .iter_mut()
-            .take(chunks.len())
-            .map(|p| &mut p.cache)
-            .collect();
-        let mut batches: Vec<(&Tensor, &mut KvCache)> = Vec::with_capacity(chunks.len() + 1);
+            .iter()
+            .zip(takes)
+            .map(|(p, &take)| Tensor::new(&p.tokens[p.fed..p.fed + take], dev)?.unsqueeze(0))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let mut batches: Vec<(&Tensor, &mut KvCache)> = Vec::with_capacity(takes.len() + 1);
         if let Some(ids) = &decoding {
             batches.push((ids, &mut self.cache));
         }
-        for (ids, cache) in inputs.iter().zip(prefill_caches.iter_mut()) {
-            batches.push((ids, &mut **cache));
+        for (ids, p) in chunks.iter().zip(self.prefills.iter_mut()) {
+            batches.push((ids, &mut p.cache));
         }
-        let hidden = self.model.hidden_batches(&mut batches)?;
-        drop(batches);
-        drop(prefill_caches);
-        let mut hidden = hidden.into_iter();
-        for &(k, take) in chunks {
-            self.prefills[k].fed += take;
+        let mut hidden = self.model.hidden_batches(&mut batches)?.into_iter();
+        for (p, &take) in self.prefills.iter_mut().zip(takes) {
+            p.fed += take;
         }
-        // The rows that need logits: every continuation's, and each finished prompt's last.
-        let finished: Vec<usize> = chunks
+        let finished = self.prefills[..takes.len()]
             .iter()
-            .map(|&(k, _)| k)
-            .filter(|&k| self.prefills[k].fed == self.prefills[k].tokens.len())
-            .collect();
-        let mut last = Vec::with_capacity(1 + chunks.len());
+            .take_while(|p| p.fed == p.tokens.len())
+            .count();
+        // The rows that need logits: every continuation's, and each finished prompt's last.
+        let mut last = Vec::with_capacity(1 + finished);
         if decoding.is_some() {
             last.push(last_hidden(
                 &hidden.next().expect("the decoding batch's hidden states"),
             )?);
         }
-        for (&(k, _), h) in chunks.iter().zip(hidden) {
-            if finished.contains(&k) {
-                last.push(last_hidden(&h)?);
-            }
+        for h in hidden.take(finished) {
+            last.push(last_hidden(&h)?);
         }
         if last.is_empty() {
             // Only a prompt's middle chunk ran: nothing to sample yet.
@@ -717,12 +705,8 @@ impl<'a> Decoding<'a> {
                     sample_token(l, &req.params, &mut row.rng)
                 })
                 .collect();
-            let mut fed_whole = Vec::with_capacity(finished.len());
-            for &k in finished.iter().rev() {
-                // From the last, so the indices of those before stay put.
-                fed_whole.push(self.prefills.remove(k));
-            }
-            for (p, logits) in fed_whole.iter().rev().zip(prompt_logits.chunks_exact(vocab)) {
+            let fed_whole: Vec<Prefill> = self.prefills.drain(..finished).collect();
+            for (p, logits) in fed_whole.iter().zip(prompt_logits.chunks_exact(vocab)) {
                 self.start_continuations(p.request, &p.cache, logits)?;
             }
             Ok(next)
