@@ -70,10 +70,11 @@ pub fn sample_token(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) ->
 
 /// [`sample_token`] at temperature > 0 for the uniform draw `r` in [0, 1).
 fn draw_token(logits: &[f32], p: &SamplingParams, r: f32) -> u32 {
-    let shortcut = match likely_floor(logits, p) {
+    // Both shortcuts need finite logits and their largest, found once here.
+    let shortcut = finite_max(logits).and_then(|max| match likely_floor(logits, p, max) {
         Some(floor) => draw_among_likely(logits, p, r, floor),
-        None => draw_in_id_order(logits, p, r),
-    };
+        None => draw_in_id_order(logits, p, r, max),
+    });
     shortcut.unwrap_or_else(|| {
         let keys = descending_keys(logits.iter().map(|&x| key(x)), p.top_k);
         let at = draw(&keys, p, r, None).expect("a draw over the whole order always picks a position");
@@ -86,13 +87,12 @@ fn draw_token(logits: &[f32], p: &SamplingParams, r: f32) -> u32 {
 const SORTED_VOCAB: usize = 4096;
 
 /// [`sample_token`]'s draw `r` walking the tokens in id order, for a flat row ([`likely_floor`]
-/// found none) of a vocabulary past [`SORTED_VOCAB`] with neither `top_k` nor `top_p` set and
-/// finite logits; else `None`.
-fn draw_in_id_order(logits: &[f32], p: &SamplingParams, r: f32) -> Option<u32> {
+/// found none) of a vocabulary past [`SORTED_VOCAB`] with neither `top_k` nor `top_p` set, its
+/// logits finite and `max` the largest; else `None`.
+fn draw_in_id_order(logits: &[f32], p: &SamplingParams, r: f32, max: f32) -> Option<u32> {
     if logits.len() <= SORTED_VOCAB || p.top_k > 0 || p.top_p < 1.0 {
         return None;
     }
-    let max = finite_max(logits)?;
     let mut weights = vec![0f32; logits.len()];
     let mut block_sums = Vec::with_capacity(logits.len().div_ceil(WEIGHT_BLOCK));
     simd::dispatch(SoftmaxWeights {
@@ -163,10 +163,10 @@ impl simd::Kernel for SoftmaxWeights<'_> {
 /// half a unit in the last place of a softmax normaliser (which is at least 1).
 const NEGLIGIBLE: f32 = 20.0;
 
-/// Where a row's likely tokens start: [`NEGLIGIBLE`] × temperature below its largest logit,
-/// when its logits are finite and under a quarter of them lie above that (a peaked row).
-fn likely_floor(logits: &[f32], p: &SamplingParams) -> Option<f32> {
-    let floor = finite_max(logits)? - NEGLIGIBLE * p.temperature;
+/// Where a row's likely tokens start: [`NEGLIGIBLE`] × temperature below its largest logit
+/// `max` (the logits all finite), when under a quarter of them lie above that (a peaked row).
+fn likely_floor(logits: &[f32], p: &SamplingParams, max: f32) -> Option<f32> {
+    let floor = max - NEGLIGIBLE * p.temperature;
     // Counted before anything is collected: a flat row (a random model's) gives up here.
     (logits.iter().filter(|&&x| x >= floor).count() * 4 <= logits.len()).then_some(floor)
 }
@@ -546,8 +546,8 @@ impl<'a> Decoding<'a> {
     /// Request `id`'s continuations join the batch: each draws its first token from `logits`
     /// (the prompt's last), and shares the prompt's cache `prefix`.
     fn start_continuations(&mut self, id: usize, prefix: &KvCache, logits: &[f32]) -> Result<()> {
-        let p = &self.requests[id].as_ref().expect("a request being started").params;
-        let n = self.requests[id].as_ref().map_or(0, |r| r.outs.len());
+        let req = self.requests[id].as_ref().expect("a request being started");
+        let (p, n) = (&req.params, req.outs.len());
         use rayon::prelude::*;
         let firsts: Vec<(Box<ChaCha8Rng>, u32)> = (0..n)
             .into_par_iter()
@@ -862,7 +862,7 @@ mod tests {
                     ..Default::default()
                 };
                 for r in [0.0, rng.random::<f32>(), rng.random::<f32>(), 0.999_999_9] {
-                    let floor = likely_floor(&logits, &p);
+                    let floor = finite_max(&logits).and_then(|max| likely_floor(&logits, &p, max));
                     let id_order = floor.is_none() && n > SORTED_VOCAB && top_k == 0 && top_p >= 1.0;
                     let got = draw_token(&logits, &p, r);
                     if id_order {
