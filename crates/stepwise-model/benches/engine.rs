@@ -179,11 +179,12 @@ fn sampling(peaked: bool) -> f64 {
     t.elapsed().as_secs_f64() * 1e3 / rows as f64
 }
 
-/// The products of one decoding step of 8 rows at Qwen2.5-0.5B's shape, weights held in bf16
-/// (24 layers of q, k, v, o, gate, up and down, and the 151,936-row output layer: 0.99 GB, far
-/// past any cache): milliseconds a step and the weights' bytes read per second. The floor of a
-/// decoding step, which reads every weight once.
-fn decode_products() -> anyhow::Result<(f64, f64)> {
+/// The products of one decoding step of `rows` rows at Qwen2.5-0.5B's shape, weights held in
+/// bf16 (24 layers of q, k, v, o, gate, up and down, and the 151,936-row output layer: 0.99 GB,
+/// far past any cache): milliseconds a step and the weights' bytes read per second. The floor of
+/// a decoding step, which reads every weight once: bound by memory at 8 rows (8 clients), by
+/// the tiles' arithmetic at 73 (64 clients: ~58 continuations and a prompt chunk).
+fn decode_products(rows: usize) -> anyhow::Result<(f64, f64)> {
     use candle_core::{DType, Tensor};
     use stepwise_model::kernels::Linear;
     let dev = Device::Cpu;
@@ -206,8 +207,8 @@ fn decode_products() -> anyhow::Result<(f64, f64)> {
         .chain([&head])
         .map(|l| l.weight().elem_count() * 2)
         .sum();
-    let xh = Tensor::randn(0f32, 1.0, (8, h), &dev)?;
-    let xi = Tensor::randn(0f32, 1.0, (8, i), &dev)?;
+    let xh = Tensor::randn(0f32, 1.0, (rows, h), &dev)?;
+    let xi = Tensor::randn(0f32, 1.0, (rows, i), &dev)?;
     let step_here = || -> anyhow::Result<()> {
         for layer in &layers {
             for (l, &(_, inp)) in layer.iter().zip(&shapes) {
@@ -469,11 +470,15 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if wanted("decode") {
-        let (ms, gbs) = decode_products()?;
-        println!(
-            "decoding products, qwen2.5-0.5b shape in bf16 (8 rows, every matrix of a step): \
-             {ms:.1} ms a step, {gbs:.1} GB/s of weights"
-        );
+        for rows in [8, 73] {
+            let (ms, gbs) = decode_products(rows)?;
+            // Two bytes a weight, two FLOPs a weight a row.
+            let gflops = gbs * rows as f64;
+            println!(
+                "decoding products, qwen2.5-0.5b shape in bf16 ({rows} rows, every matrix of a step): \
+                 {ms:.1} ms a step, {gbs:.1} GB/s of weights, {gflops:.0} GFLOP/s"
+            );
+        }
     }
     if wanted("sampling") {
         for peaked in [true, false] {

@@ -126,18 +126,60 @@ pub(crate) fn matmul_t(
         }
         return;
     }
-    match w {
-        WeightSlice::Bf16(w) if bf16_products() => {
-            matmul_t_bf16(dst, dst_stride, a, a_stride, w, (m, n, k), accumulate)
+    let dst = Dst {
+        at: dst.as_mut_ptr(),
+        stride: dst_stride,
+    };
+    // SAFETY: the sizes were checked above.
+    unsafe { matmul_t_into(dst, a, a_stride, w, (m, n, k), accumulate) }
+}
+
+/// Where a product's output goes: rows `stride` values apart from `at`. Tasks given windows
+/// of one output write disjoint blocks of its columns.
+#[derive(Clone, Copy)]
+struct Dst {
+    at: *mut f32,
+    stride: usize,
+}
+
+// SAFETY: a `Dst` is only shared between tasks writing disjoint blocks of columns.
+unsafe impl Send for Dst {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Dst {}
+
+impl Dst {
+    /// The window of this output whose first column is its column `j`.
+    fn past_columns(self, j: usize) -> Dst {
+        Dst {
+            at: self.at.wrapping_add(j),
+            ..self
         }
-        w => matmul_t_widened(dst, dst_stride, a, a_stride, w, (m, n, k), accumulate),
+    }
+}
+
+/// [`matmul_t`] into `dst`, past its checks (with `m, n, k > 0`).
+///
+/// # Safety
+/// `available()` holds; `m` rows of `n` values from `dst.at` are writable (and readable when
+/// `accumulate`); `a` and `w` hold what [`matmul_t`] asserts.
+unsafe fn matmul_t_into(
+    dst: Dst,
+    a: &[f32],
+    a_stride: usize,
+    w: WeightSlice,
+    (m, n, k): (usize, usize, usize),
+    accumulate: bool,
+) {
+    match w {
+        WeightSlice::Bf16(w) if bf16_products() => matmul_t_bf16(dst, a, a_stride, w, (m, n, k), accumulate),
+        w => matmul_t_widened(dst, a, a_stride, w, (m, n, k), accumulate),
     }
 }
 
 /// [`matmul_t`] as `tasks` parallel tasks, each taking a block of the weight's rows (output
-/// columns) in a buffer of its own (a copy of its block of `dst` when `accumulate`), then placed
-/// into `dst`: every value is what one thread's tiles compute. For products with too few rows
-/// to split by rows (short prompts, decoding batches past the streaming kernel's 16 rows).
+/// columns) and writing its block of `dst`: every value is what one thread's tiles compute. For
+/// products with too few rows to split by rows (short prompts, decoding batches past the
+/// streaming kernel's 16 rows).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_t_by_columns(
     dst: &mut [f32],
@@ -149,21 +191,30 @@ pub(crate) fn matmul_t_by_columns(
     accumulate: bool,
     tasks: usize,
 ) {
-    if m == 0 || n == 0 {
-        return;
+    if m == 0 || n == 0 || k == 0 {
+        // No step to split: `matmul_t` writes the zeros or leaves `dst` as it is.
+        return matmul_t(dst, dst_stride, a, a_stride, w, (m, n, k), accumulate);
     }
-    let onto = accumulate.then_some((&*dst, dst_stride));
-    let (block, blocks) = column_blocks(a, a_stride, w, (m, n, k), tasks, onto);
-    for (b, out) in blocks.iter().enumerate() {
-        let cols = out.len() / m;
-        for (row, src) in dst.chunks_mut(dst_stride).zip(out.chunks_exact(cols)) {
-            row[b * block..][..cols].copy_from_slice(src);
-        }
-    }
+    assert!(available(), "sgemm::matmul_t needs AVX-512F");
+    assert!(w.len() >= n * k, "weight of {} values for [{n}, {k}]", w.len());
+    assert!(
+        a.len() >= (m - 1) * a_stride + k && a_stride >= k,
+        "activations too short"
+    );
+    assert!(
+        dst.len() >= (m - 1) * dst_stride + n && dst_stride >= n,
+        "output too short"
+    );
+    let dst = Dst {
+        at: dst.as_mut_ptr(),
+        stride: dst_stride,
+    };
+    // SAFETY: the sizes were checked above.
+    unsafe { by_columns(dst, a, a_stride, w, (m, n, k), accumulate, tasks) }
 }
 
 /// `a [m, k] · wᵀ` as a new `[m, n]`, as [`matmul_t_by_columns`] computes it (into nothing
-/// zeroed first: every value is written once, from its block).
+/// zeroed first: every value is written once, by its block's tiles).
 pub(crate) fn matmul_t_by_columns_new(
     a: &[f32],
     a_stride: usize,
@@ -171,31 +222,43 @@ pub(crate) fn matmul_t_by_columns_new(
     (m, n, k): (usize, usize, usize),
     tasks: usize,
 ) -> Vec<f32> {
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || k == 0 {
         return vec![0.0; m * n];
     }
-    let (_, blocks) = column_blocks(a, a_stride, w, (m, n, k), tasks, None);
-    let mut y = Vec::with_capacity(m * n);
-    for i in 0..m {
-        for out in &blocks {
-            let cols = out.len() / m;
-            y.extend_from_slice(&out[i * cols..][..cols]);
-        }
+    assert!(available(), "sgemm::matmul_t needs AVX-512F");
+    assert!(w.len() >= n * k, "weight of {} values for [{n}, {k}]", w.len());
+    assert!(
+        a.len() >= (m - 1) * a_stride + k && a_stride >= k,
+        "activations too short"
+    );
+    let mut y: Vec<f32> = Vec::with_capacity(m * n);
+    let dst = Dst {
+        at: y.as_mut_ptr(),
+        stride: n,
+    };
+    // SAFETY: the sizes were checked above; `y` has room for `m × n` values, and written over
+    // (not accumulated), the tiles write every one of them before any is read.
+    unsafe {
+        by_columns(dst, a, a_stride, w, (m, n, k), false, tasks);
+        y.set_len(m * n);
     }
     y
 }
 
-/// The blocks of columns of `a · wᵀ` (whole tiles each, `tasks` of them at most) and their
-/// width, each computed by one task in a `[m, cols]` buffer of its own, added onto its block of
-/// `onto` (values, row stride) when given.
-fn column_blocks(
+/// The blocks of columns of `a · wᵀ` (whole tiles each, `tasks` of them at most), each computed
+/// by one task into its block of `dst`, written over or (`accumulate`) added to it.
+///
+/// # Safety
+/// As for [`matmul_t_into`].
+unsafe fn by_columns(
+    dst: Dst,
     a: &[f32],
     a_stride: usize,
     w: WeightSlice,
     (m, n, k): (usize, usize, usize),
+    accumulate: bool,
     tasks: usize,
-    onto: Option<(&[f32], usize)>,
-) -> (usize, Vec<Vec<f32>>) {
+) {
     use rayon::prelude::*;
     // Whole tiles per block.
     let block = n.div_ceil(tasks.max(1)).next_multiple_of(COLS);
@@ -204,43 +267,36 @@ fn column_blocks(
         WeightSlice::Bf16(_) if bf16_products() => Some(pack_all_pairs(a, a_stride, m, k)),
         _ => None,
     };
-    let blocks = (0..n.div_ceil(block))
-        .into_par_iter()
-        .map(|b| {
-            let cols = block.min(n - b * block);
-            let mut out = vec![0f32; m * cols];
-            if let Some((data, stride)) = onto {
-                for (o, row) in out.chunks_exact_mut(cols).zip(data.chunks(stride)) {
-                    o.copy_from_slice(&row[b * block..][..cols]);
+    (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
+        let cols = block.min(n - b * block);
+        let dst = dst.past_columns(b * block);
+        let w = w.slice(b * block * k..(b * block + cols) * k);
+        match (&packed, w) {
+            (Some(packed), WeightSlice::Bf16(w)) => {
+                for (chunk, panels) in packed.iter().enumerate() {
+                    let k0 = chunk * DEPTH;
+                    // SAFETY: as this function's; the block's columns are this task's alone.
+                    unsafe { tiles_bf16(dst, panels, w, (m, cols, k), k0, accumulate || k0 > 0) };
                 }
             }
-            let w = w.slice(b * block * k..(b * block + cols) * k);
-            match (&packed, w) {
-                (Some(packed), WeightSlice::Bf16(w)) => {
-                    for (chunk, panels) in packed.iter().enumerate() {
-                        let k0 = chunk * DEPTH;
-                        tiles_bf16(&mut out, cols, panels, w, (m, cols, k), k0, onto.is_some() || k0 > 0);
-                    }
-                }
-                _ => matmul_t(&mut out, cols, a, a_stride, w, (m, cols, k), onto.is_some()),
-            }
-            out
-        })
-        .collect();
-    (block, blocks)
+            // SAFETY: as above.
+            _ => unsafe { matmul_t_into(dst, a, a_stride, w, (m, cols, k), accumulate) },
+        }
+    });
 }
 
 /// [`matmul_t`] in f32 products, a bf16/f16 weight widened a chunk at a time.
-fn matmul_t_widened(
-    dst: &mut [f32],
-    dst_stride: usize,
+///
+/// # Safety
+/// As for [`matmul_t_into`].
+unsafe fn matmul_t_widened(
+    dst: Dst,
     a: &[f32],
     a_stride: usize,
     w: WeightSlice,
     (m, n, k): (usize, usize, usize),
     accumulate: bool,
 ) {
-    let dst_ptr = dst.as_mut_ptr();
     let with_packed = |packed: &mut Vec<f32>, widened: &mut Vec<f32>| {
         for k0 in (0..k).step_by(DEPTH) {
             let depth = DEPTH.min(k - k0);
@@ -263,7 +319,7 @@ fn matmul_t_widened(
                         (widened, depth, 0)
                     }
                 };
-                for_each_tile((m, n), c0..chunk_end, (dst_ptr, dst_stride, add), |p, j0, out| {
+                for_each_tile((m, n), c0..chunk_end, (dst, add), |p, j0, out| {
                     let panel = &packed[p * PANEL * depth..][..PANEL * depth];
                     // Past the last weight row the tile repeats it; those columns are dropped.
                     let w_rows: [&[f32]; COLS] =
@@ -285,19 +341,22 @@ fn matmul_t_widened(
 
 /// [`matmul_t`] in bf16 products: `a` packed in bf16 pairs a block of `k` at a time, the weight
 /// read where it lies (a broadcast takes one row's pair of neighbouring values).
-fn matmul_t_bf16(
-    dst: &mut [f32],
-    dst_stride: usize,
+///
+/// # Safety
+/// As for [`matmul_t_into`], with [`bf16_products`] holding.
+unsafe fn matmul_t_bf16(
+    dst: Dst,
     a: &[f32],
     a_stride: usize,
     w: &[bf16],
     (m, n, k): (usize, usize, usize),
     accumulate: bool,
 ) {
-    let mut with_packed = |packed: &mut Vec<u32>| {
+    let with_packed = |packed: &mut Vec<u32>| {
         for k0 in (0..k).step_by(DEPTH) {
             pack_pairs(a, a_stride, m, k0, DEPTH.min(k - k0), packed);
-            tiles_bf16(dst, dst_stride, packed, w, (m, n, k), k0, accumulate || k0 > 0);
+            // SAFETY: as this function's.
+            unsafe { tiles_bf16(dst, packed, w, (m, n, k), k0, accumulate || k0 > 0) };
         }
     };
     PACKED_PAIRS.with(|p| match p.try_borrow_mut() {
@@ -321,31 +380,28 @@ fn pack_all_pairs(a: &[f32], a_stride: usize, m: usize, k: usize) -> Vec<Vec<u32
 
 /// The tiles of [`matmul_t_bf16`] for the depth chunk from `k0`, over its packed panels
 /// `packed`: written over `dst` or (`add`) added to it.
-fn tiles_bf16(
-    dst: &mut [f32],
-    dst_stride: usize,
-    packed: &[u32],
-    w: &[bf16],
-    (m, n, k): (usize, usize, usize),
-    k0: usize,
-    add: bool,
-) {
-    let dst_ptr = dst.as_mut_ptr();
+///
+/// # Safety
+/// As for [`matmul_t_bf16`]; `packed` holds the chunk's panels of `a`'s `m` rows.
+unsafe fn tiles_bf16(dst: Dst, packed: &[u32], w: &[bf16], (m, n, k): (usize, usize, usize), k0: usize, add: bool) {
     let depth = DEPTH.min(k - k0);
     let pairs = depth.div_ceil(2);
     for c0 in (0..n).step_by(CHUNK) {
         let chunk_end = n.min(c0 + CHUNK);
-        for_each_tile((m, n), c0..chunk_end, (dst_ptr, dst_stride, add), |p, j0, out| {
+        for_each_tile((m, n), c0..chunk_end, (dst, add), |p, j0, out| {
             let panel = &packed[p * PANEL * pairs..][..PANEL * pairs];
             let w_rows: [&[bf16]; COLS] = std::array::from_fn(|c| &w[(j0 + c.min(out.cols - 1)) * k + k0..][..depth]);
             // SAFETY: `bf16_products()` held (AVX-512F and AVX512_BF16); the panel holds
             // `pairs` steps and every weight row `depth` values; `out` covers rows < m and
             // columns < n of `dst`. A last panel of 16 rows or fewer computes only them.
+            // The first panel's tiles read the weights from memory; each asks for the next
+            // tile's rows as it runs. Later panels find them in cache.
+            let ahead = if p == 0 { COLS * k } else { 0 };
             unsafe {
                 if out.rows <= HALF_PANEL {
-                    tile_bf16::<1>(depth, panel, &w_rows, out)
+                    tile_bf16::<1>(depth, panel, &w_rows, ahead, out)
                 } else {
-                    tile_bf16::<2>(depth, panel, &w_rows, out)
+                    tile_bf16::<2>(depth, panel, &w_rows, ahead, out)
                 }
             };
         });
@@ -354,20 +410,20 @@ fn tiles_bf16(
 
 /// `tile(p, j0, out)` for every panel `p` of [`PANEL`] rows of the `m` and every tile of
 /// [`COLS`] columns from `j0` in the chunk `cols` (of `n`): `out` is the tile's window of the
-/// output at `dst` (rows `stride` apart), written over or (`add`) added to.
+/// output `dst`, written over or (`add`) added to.
 fn for_each_tile(
     (m, n): (usize, usize),
     cols: std::ops::Range<usize>,
-    (dst, stride, add): (*mut f32, usize, bool),
+    (dst, add): (Dst, bool),
     mut tile: impl FnMut(usize, usize, Out),
 ) {
     for p in 0..m.div_ceil(PANEL) {
         for j0 in cols.clone().step_by(COLS) {
             let out = Out {
                 // SAFETY: row `p · PANEL` < m and column `j0` < n lie inside the output, whose
-                // length `matmul_t` asserted.
-                at: unsafe { dst.add(p * PANEL * stride + j0) },
-                stride,
+                // size the product's callers asserted.
+                at: unsafe { dst.at.add(p * PANEL * dst.stride + j0) },
+                stride: dst.stride,
                 rows: PANEL.min(m - p * PANEL),
                 cols: COLS.min(n - j0),
                 add,
@@ -579,6 +635,9 @@ unsafe fn store(acc: &[[std::arch::x86_64::__m512; 2]; COLS], out: Out) {
 /// Rows of a panel in one vector of f32: a tile of `VECS = 1` computes only them.
 const HALF_PANEL: usize = PANEL / 2;
 
+/// Pairs of bf16 values in a 64-byte cache line.
+const PAIRS_PER_LINE: usize = 16;
+
 /// [`tile`] in bf16 products: `Σ_s panel[s][r] · (w[c][2s], w[c][2s + 1])` over `depth` steps
 /// (`depth / 2` pairs, an odd last step paired with zero), two steps per `vdpbf16ps`.
 ///
@@ -589,7 +648,7 @@ const HALF_PANEL: usize = PANEL / 2;
 /// panel's products for them were up to half wasted).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn tile_bf16<const VECS: usize>(depth: usize, panel: &[u32], w: &[&[bf16]; COLS], out: Out) {
+unsafe fn tile_bf16<const VECS: usize>(depth: usize, panel: &[u32], w: &[&[bf16]; COLS], ahead: usize, out: Out) {
     use std::arch::x86_64::*;
     let pairs = depth.div_ceil(2);
     debug_assert!(panel.len() >= pairs * PANEL && w.iter().all(|r| r.len() >= depth));
@@ -601,6 +660,13 @@ unsafe fn tile_bf16<const VECS: usize>(depth: usize, panel: &[u32], w: &[&[bf16]
         unsafe { std::mem::transmute(v) }
     };
     for s in 0..depth / 2 {
+        if ahead > 0 && s % PAIRS_PER_LINE == 0 {
+            // The next tile's weights, `ahead` values on in memory, asked for a line at a time
+            // while this one computes (a prefetch never faults, past the end included).
+            for row in wp {
+                _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(ahead + 2 * s).cast());
+            }
+        }
         // SAFETY: `s < pairs`, within `panel`; values `2s, 2s + 1` lie within every weight row
         // (read unaligned: a row of odd length starts mid-word).
         unsafe {
@@ -687,7 +753,7 @@ unsafe fn tile(_: usize, _: &[f32], _: &[&[f32]; COLS], _: Out) {
 
 /// Never called: [`bf16_products`] is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn tile_bf16<const VECS: usize>(_: usize, _: &[u32], _: &[&[bf16]; COLS], _: Out) {
+unsafe fn tile_bf16<const VECS: usize>(_: usize, _: &[u32], _: &[&[bf16]; COLS], _: usize, _: Out) {
     unreachable!("sgemm::bf16_products() is false off x86-64")
 }
 
@@ -768,8 +834,16 @@ mod tests {
                 let (mut narrow, mut wide) = (start.clone(), start.clone());
                 let held_w = WeightSlice::Bf16(&held);
                 // (`matmul_t` itself answers `k = 0`.)
-                let widened_tiles = if k == 0 { matmul_t } else { matmul_t_widened };
-                widened_tiles(&mut narrow, ds, &a, as_, held_w, (m, n, k), accumulate);
+                if k == 0 {
+                    matmul_t(&mut narrow, ds, &a, as_, held_w, (m, n, k), accumulate);
+                } else {
+                    let dst = Dst {
+                        at: narrow.as_mut_ptr(),
+                        stride: ds,
+                    };
+                    // SAFETY: AVX-512F is here (checked above); the sizes are `matmul_t`'s.
+                    unsafe { matmul_t_widened(dst, &a, as_, held_w, (m, n, k), accumulate) };
+                }
                 matmul_t(
                     &mut wide,
                     ds,
@@ -792,6 +866,22 @@ mod tests {
                             (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
                             "{m}x{n}x{k} acc={accumulate} at {i} in bf16: {g} vs {e}"
                         );
+                    }
+                }
+                // Split by columns among tasks, each writing its block in place (or into a new
+                // output): the same values as one pass, bit for bit, in every weight type.
+                for weight in [WeightSlice::F32(&w), held_w] {
+                    let mut whole = start.clone();
+                    matmul_t(&mut whole, ds, &a, as_, weight, (m, n, k), accumulate);
+                    for tasks in [1, 2, 3] {
+                        let mut split = start.clone();
+                        matmul_t_by_columns(&mut split, ds, &a, as_, weight, (m, n, k), accumulate, tasks);
+                        assert_eq!(split, whole, "{m}x{n}x{k} acc={accumulate}, {tasks} tasks");
+                        if !accumulate {
+                            let new = matmul_t_by_columns_new(&a, as_, weight, (m, n, k), tasks);
+                            let rows: Vec<f32> = whole.chunks(ds).take(m).flat_map(|r| r[..n].to_vec()).collect();
+                            assert_eq!(new, rows, "{m}x{n}x{k}, {tasks} tasks, new");
+                        }
                     }
                 }
             }
