@@ -554,7 +554,7 @@ fn main() -> anyhow::Result<()> {
             );
         }
         if wanted("generation") || wanted("serving") {
-            for (clients, new) in [(8, 32), (64, 32), (8, 512)] {
+            for (clients, new) in [(8, 32), (64, 32), (8, 512), (64, 256)] {
                 println!(
                     "qwen2.5-0.5b shape (random, bf16-held): serving-shaped decoding, {clients} requests of {new} new tokens in flight: {:.1} new tokens/s",
                     serving(&held, clients, new)?

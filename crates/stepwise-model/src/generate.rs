@@ -2,9 +2,10 @@
 //! cache (Monte Carlo rollouts and beams depend on this); rows that stop leave the batch.
 
 use crate::kernels::simd;
+use crate::kv_rows::RowsCache;
 use crate::model::{Head, Model};
 use crate::tokenizer::Tokenizer;
-use crate::transformer::KvCache;
+use crate::transformer::{BatchCache, KvCache};
 use anyhow::{bail, Result};
 use candle_core::{IndexOp, Tensor};
 use rand::{Rng, SeedableRng};
@@ -374,8 +375,8 @@ pub fn generate(
 /// Continuations of several prompts decoded together (continuous batching): a request joins at
 /// any step and leaves when all its continuations have stopped; every decoding step is one
 /// forward pass over every live row. A request joins in one of two ways:
-/// - [`Decoding::add`]: its prompt is encoded at once, in a pass of its own, and its cache joined
-///   to the batch's with left padding (see [`KvCache`]);
+/// - [`Decoding::add`]: its prompt is encoded at once, in a pass of its own, and its cache copied
+///   for each continuation;
 /// - [`Decoding::join`]: its prompt is fed through the batch's own decoding steps, whole or (past
 ///   [`Decoding::prefill_chunk`] tokens a step) in chunks, as a batch of its own in the same pass
 ///   (chunked prefill, as vLLM's): the weights are read once for the step's rows and the
@@ -383,10 +384,15 @@ pub fn generate(
 ///
 /// A request alone decodes exactly as [`generate`] (which is [`Decoding::add`]); beside others,
 /// or joined, its rows compute the same values within float rounding.
+///
+/// On the CPU in inference each row keeps a cache of its own ([`RowsCache`]): a step writes one
+/// position a row and a row leaving copies nothing, where one cache for the batch (left-padded to
+/// its longest row, see [`KvCache`]; the path elsewhere) is copied whole by both. The values are
+/// the same bit for bit.
 pub struct Decoding<'a> {
     model: &'a Model,
     tok: Option<&'a Tokenizer>,
-    cache: KvCache,
+    cache: RowCaches,
     /// Live rows, in the cache's batch order.
     rows: Vec<Row>,
     /// Each live row's next input token.
@@ -399,6 +405,27 @@ pub struct Decoding<'a> {
     requests: Vec<Option<Request>>,
     /// The last decoding step's rows: continuations, and prompt tokens fed.
     last_step: StepRows,
+}
+
+/// The decoding rows' keys and values.
+enum RowCaches {
+    /// A cache a row, where the CPU inference kernels run: a step writes one position a row,
+    /// and a row leaving or joining copies no other row's.
+    Own(RowsCache),
+    /// One cache for all rows, left-padded (the candle path: another device, or a model being
+    /// trained).
+    Shared(KvCache),
+}
+
+impl RowCaches {
+    /// An empty cache of the kind `model` reads.
+    fn for_model(model: &Model) -> Self {
+        if model.device.is_cpu() && !model.decoder.differentiable {
+            RowCaches::Own(RowsCache::default())
+        } else {
+            RowCaches::Shared(KvCache::default())
+        }
+    }
 }
 
 /// The rows of one decoding step's forward pass.
@@ -447,7 +474,7 @@ impl<'a> Decoding<'a> {
         Decoding {
             model,
             tok,
-            cache: KvCache::default(),
+            cache: RowCaches::for_model(model),
             rows: Vec::new(),
             next: Vec::new(),
             prefills: Vec::new(),
@@ -557,12 +584,17 @@ impl<'a> Decoding<'a> {
                 (rng, first)
             })
             .collect();
-        let joining = prefix.repeat_batch(n)?;
-        self.cache = if self.rows.is_empty() {
-            joining
-        } else {
-            self.cache.concat_batch(&joining)?
-        };
+        match &mut self.cache {
+            RowCaches::Own(cache) => cache.push_copies(prefix, n)?,
+            RowCaches::Shared(cache) => {
+                let joining = prefix.repeat_batch(n)?;
+                *cache = if self.rows.is_empty() {
+                    joining
+                } else {
+                    cache.concat_batch(&joining)?
+                };
+            }
+        }
         for (index, (rng, first)) in firsts.into_iter().enumerate() {
             self.next.push(first);
             self.rows.push(Row {
@@ -659,12 +691,16 @@ impl<'a> Decoding<'a> {
             .zip(takes)
             .map(|(p, &take)| Tensor::new(&p.tokens[p.fed..p.fed + take], dev)?.unsqueeze(0))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let mut batches: Vec<(&Tensor, &mut KvCache)> = Vec::with_capacity(takes.len() + 1);
+        let mut batches: Vec<(&Tensor, BatchCache)> = Vec::with_capacity(takes.len() + 1);
         if let Some(ids) = &decoding {
-            batches.push((ids, &mut self.cache));
+            let cache = match &mut self.cache {
+                RowCaches::Own(cache) => BatchCache::Rows(cache),
+                RowCaches::Shared(cache) => BatchCache::Padded(cache),
+            };
+            batches.push((ids, cache));
         }
         for (ids, p) in chunks.iter().zip(self.prefills.iter_mut()) {
-            batches.push((ids, &mut p.cache));
+            batches.push((ids, BatchCache::Padded(&mut p.cache)));
         }
         let mut hidden = self.model.hidden_batches(&mut batches)?.into_iter();
         for (p, &take) in self.prefills.iter_mut().zip(takes) {
@@ -718,12 +754,17 @@ impl<'a> Decoding<'a> {
 
     /// Keeps only the rows `keep` (indices into the rows, ascending), with their caches.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
-        self.cache = if keep.is_empty() {
-            KvCache::default()
-        } else {
-            let index = Tensor::new(keep.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
-            self.cache.select(&index)?
-        };
+        match &mut self.cache {
+            RowCaches::Own(cache) => cache.keep(keep),
+            RowCaches::Shared(cache) => {
+                *cache = if keep.is_empty() {
+                    KvCache::default()
+                } else {
+                    let index = Tensor::new(keep.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
+                    cache.select(&index)?
+                };
+            }
+        }
         let mut rows = std::mem::take(&mut self.rows).into_iter().map(Some).collect::<Vec<_>>();
         self.rows = keep.iter().map(|&k| rows[k].take().expect("each kept once")).collect();
         self.next = keep.iter().map(|&k| self.next[k]).collect();

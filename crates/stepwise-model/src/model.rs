@@ -2,7 +2,7 @@
 
 use crate::config::{HeadKind, ModelConfig};
 use crate::kernels::Linear;
-use crate::transformer::{KvCache, Transformer};
+use crate::transformer::{BatchCache, KvCache, Transformer};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
@@ -143,7 +143,7 @@ impl Model {
 
     /// Hidden states `[b, t, hidden]` of several batches run in one pass, each continuing its
     /// own cache (see [`Transformer::forward_batches`]).
-    pub fn hidden_batches(&self, batches: &mut [(&Tensor, &mut KvCache)]) -> Result<Vec<Tensor>> {
+    pub fn hidden_batches(&self, batches: &mut [(&Tensor, BatchCache)]) -> Result<Vec<Tensor>> {
         self.decoder.forward_batches(batches)
     }
 

@@ -9,6 +9,7 @@
 use crate::config::ModelConfig;
 use crate::kernels::cpu_inference;
 use crate::kernels::{self, masked_softmax, KeyMask, Linear, RopeTables};
+use crate::kv_rows::{RowsCache, RowsLayer};
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
@@ -215,6 +216,31 @@ struct Pass<'a> {
 /// One layer's keys and values of one batch, `[b, kv_heads, s, head_dim]` each.
 type LayerCache = Option<(Tensor, Tensor)>;
 
+/// A batch's cache in a forward pass ([`Transformer::forward_batches`]).
+pub enum BatchCache<'c> {
+    /// One cache for the batch's sequences, left-padded to the longest.
+    Padded(&'c mut KvCache),
+    /// A cache a sequence, each continued by one new token (a decoding step's rows on the CPU,
+    /// in inference: see [`RowsCache`]).
+    Rows(&'c mut RowsCache),
+}
+
+impl BatchCache<'_> {
+    /// Each layer's part of the cache, in order.
+    fn layer_views(&mut self) -> Vec<LayerView<'_>> {
+        match self {
+            BatchCache::Padded(c) => c.layers.iter_mut().map(LayerView::Padded).collect(),
+            BatchCache::Rows(c) => c.layer_views().into_iter().map(LayerView::Rows).collect(),
+        }
+    }
+}
+
+/// One layer's part of a batch's cache during a forward pass.
+enum LayerView<'c> {
+    Padded(&'c mut LayerCache),
+    Rows(RowsLayer<'c>),
+}
+
 /// One batch of a forward pass: `b` sequences of `t` new tokens each, continuing a cache of
 /// `offset` positions. A pass runs one batch, or several ([`Transformer::forward_batches`]):
 /// their rows go through every product together, and each batch attends to its own cache.
@@ -276,7 +302,7 @@ impl Attention {
     /// Attention over the rows `x` `[Σ b·t, hidden]` of every batch of the pass: the
     /// projections take all rows at once, each batch attends to its own `caches` entry
     /// (extended here).
-    fn forward(&self, x: &Tensor, pass: &Pass, caches: &mut [&mut LayerCache]) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, pass: &Pass, caches: &mut [LayerView]) -> Result<Tensor> {
         let batches = pass.batches;
         let (q, k, v) = (
             self.q.forward(x, pass.diff)?,
@@ -308,7 +334,7 @@ impl Attention {
         v: Tensor,
         pass: &Pass,
         batch: &Batch,
-        cache: &mut LayerCache,
+        cache: &mut LayerView,
     ) -> Result<Tensor> {
         let (b, t) = (batch.b, batch.t);
         let split =
@@ -317,13 +343,24 @@ impl Attention {
         let q = rope(split(q, self.heads)?)?;
         let mut k = rope(split(k, self.kv_heads)?)?;
         let mut v = split(v, self.kv_heads)?.contiguous()?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let rows = (b * t, self.heads * self.head_dim);
+        let cache = match cache {
+            LayerView::Padded(cache) => cache,
+            LayerView::Rows(cache) => {
+                // One new position a sequence (checked by `Transformer::batch`), on the CPU.
+                let host = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1()?) };
+                let keys = cache.append(&host(&k)?, &host(&v)?, self.head_dim);
+                let dims = (self.heads, self.kv_heads, self.head_dim);
+                let y = kernels::attention::attention_rows(&host(&q)?, &keys, dims, batch.offset + 1, scale as f32);
+                return Ok(Tensor::from_vec(y, rows, q.device())?);
+            }
+        };
         if let Some((pk, pv)) = cache.as_ref() {
             k = Tensor::cat(&[pk, &k], 2)?;
             v = Tensor::cat(&[pv, &v], 2)?;
         }
-        *cache = Some((k.clone(), v.clone()));
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let rows = (b * t, self.heads * self.head_dim);
+        **cache = Some((k.clone(), v.clone()));
         if !pass.diff && q.device().is_cpu() {
             return Ok(kernels::attention(&q, &k, &v, scale, &batch.mask)?.reshape(rows)?);
         }
@@ -373,7 +410,7 @@ struct Block {
 impl Block {
     /// The block over the rows `x` `[Σ b·t, hidden]` of every batch of the pass, each with its
     /// layer cache.
-    fn forward(&self, x: &Tensor, pass: &Pass, caches: &mut [&mut LayerCache]) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, pass: &Pass, caches: &mut [LayerView]) -> Result<Tensor> {
         let h = self
             .attn
             .forward(&rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, caches)?;
@@ -454,13 +491,13 @@ impl Transformer {
         let keep_cache = cache.is_some();
         let mut local = KvCache::default();
         let cache = cache.unwrap_or(&mut local);
-        let batch = self.batch(ids, pad_mask, cache)?;
+        let batch = self.batch(ids, pad_mask, &mut BatchCache::Padded(cache))?;
         if !self.differentiable && batch.offset == 0 && t > 0 && ids.device().is_cpu() {
             if let Some(x) = self.forward_cpu(ids, &batch.mask, keep_cache.then_some(cache), None, false)? {
                 return Ok(x);
             }
         }
-        let x = self.run(&[ids], &[batch], &mut [cache])?;
+        let x = self.run(&[ids], &[batch], &mut [BatchCache::Padded(cache)])?;
         Ok(x.reshape((b, t, x.dim(1)?))?)
     }
 
@@ -469,13 +506,22 @@ impl Transformer {
     /// all of them, and each batch attends to its own cache only. Returns each batch's hidden
     /// states `[b, t, hidden]`, the values [`Transformer::forward`] gives it alone within float
     /// rounding. A decoding step and the prompts joining it run this way (chunked prefill).
-    pub fn forward_batches(&self, batches: &mut [(&Tensor, &mut KvCache)]) -> Result<Vec<Tensor>> {
+    ///
+    /// A batch with a [`BatchCache::Rows`] cache is one new token a sequence, in inference on
+    /// the CPU: the same values its sequences get in one left-padded cache, bit for bit.
+    pub fn forward_batches(&self, batches: &mut [(&Tensor, BatchCache)]) -> Result<Vec<Tensor>> {
         let parts = batches
             .iter_mut()
             .map(|(ids, cache)| self.batch(ids, None, cache))
             .collect::<Result<Vec<_>>>()?;
         let ids: Vec<&Tensor> = batches.iter().map(|(ids, _)| *ids).collect();
-        let mut caches: Vec<&mut KvCache> = batches.iter_mut().map(|(_, c)| &mut **c).collect();
+        let mut caches: Vec<BatchCache> = batches
+            .iter_mut()
+            .map(|(_, c)| match c {
+                BatchCache::Padded(c) => BatchCache::Padded(c),
+                BatchCache::Rows(c) => BatchCache::Rows(c),
+            })
+            .collect();
         let x = self.run(&ids, &parts, &mut caches)?;
         let mut start = 0;
         parts
@@ -490,18 +536,43 @@ impl Transformer {
 
     /// The batch of `ids` continuing `cache` (given a layer entry each here), its positions
     /// counted and checked against the model's.
-    fn batch(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Batch> {
-        if cache.layers.len() != self.blocks.len() {
-            cache.layers = vec![None; self.blocks.len()];
-        }
-        let batch = Batch::new(ids, pad_mask, cache)?;
+    fn batch(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: &mut BatchCache) -> Result<Batch> {
+        let batch = match cache {
+            BatchCache::Padded(cache) => {
+                if cache.layers.len() != self.blocks.len() {
+                    cache.layers = vec![None; self.blocks.len()];
+                }
+                Batch::new(ids, pad_mask, cache)?
+            }
+            BatchCache::Rows(cache) => {
+                let (b, t) = ids.dims2()?;
+                anyhow::ensure!(
+                    t == 1 && b == cache.rows() && cache.layers() == self.blocks.len() && pad_mask.is_none(),
+                    "a cache a sequence continues each of its {} sequences by one token, not [{b}, {t}]",
+                    cache.rows()
+                );
+                anyhow::ensure!(
+                    !self.differentiable && ids.device().is_cpu(),
+                    "a cache a sequence is read by the CPU inference kernels only"
+                );
+                let offset = cache.len();
+                let pads = cache.pads();
+                Batch {
+                    b,
+                    t,
+                    mask: KeyMask::new(offset, None)?,
+                    offset,
+                    shifts: pads.iter().any(|&p| p > 0).then(|| std::sync::Arc::new(pads)),
+                }
+            }
+        };
         self.count_and_check(batch.b, batch.offset, batch.t)?;
         Ok(batch)
     }
 
     /// The decoder over `batches` (token ids `ids`, caches `caches`, one each) on the candle
     /// path: hidden states after the final norm, every batch's rows `[Σ b·t, hidden]` in order.
-    fn run(&self, ids: &[&Tensor], batches: &[Batch], caches: &mut [&mut KvCache]) -> Result<Tensor> {
+    fn run(&self, ids: &[&Tensor], batches: &[Batch], caches: &mut [BatchCache]) -> Result<Tensor> {
         let pass = Pass {
             rope: &self.rope,
             eps: self.eps,
@@ -518,9 +589,19 @@ impl Transformer {
         };
         // Embeddings held in bf16/f16 are widened for the rows looked up.
         let mut x = self.embed.forward(&ids)?.to_dtype(DType::F32)?;
-        for (l, block) in self.blocks.iter().enumerate() {
-            let mut layer: Vec<_> = caches.iter_mut().map(|c| &mut c.layers[l]).collect();
+        let mut views: Vec<_> = caches.iter_mut().map(|c| c.layer_views().into_iter()).collect();
+        for block in &self.blocks {
+            let mut layer: Vec<_> = views
+                .iter_mut()
+                .map(|v| v.next().expect("a cache entry a layer"))
+                .collect();
             x = block.forward(&x, &pass, &mut layer)?;
+        }
+        drop(views);
+        for cache in caches {
+            if let BatchCache::Rows(cache) = cache {
+                cache.advance();
+            }
         }
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
     }

@@ -272,7 +272,7 @@ fn joined_caches_continue_each_sequence_as_alone() {
 #[test]
 fn batches_in_one_pass_match_each_alone() {
     use candle_core::Tensor;
-    use stepwise_model::transformer::KvCache;
+    use stepwise_model::transformer::{BatchCache, KvCache};
     let exp = expected();
     let (model, _) = load("qwen2-policy");
     let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
@@ -300,9 +300,9 @@ fn batches_in_one_pass_match_each_alone() {
     let (fresh_ids, second_ids) = (ids(fresh), ids(second));
     let together = model
         .hidden_batches(&mut [
-            (&step, &mut dec),
-            (&fresh_ids, &mut fresh_cache),
-            (&second_ids, &mut chunk_cache),
+            (&step, BatchCache::Padded(&mut dec)),
+            (&fresh_ids, BatchCache::Padded(&mut fresh_cache)),
+            (&second_ids, BatchCache::Padded(&mut chunk_cache)),
         ])
         .unwrap();
     for (k, (a, b)) in alone.iter().zip(&together).enumerate() {
@@ -325,6 +325,67 @@ fn batches_in_one_pass_match_each_alone() {
                 "cache {k}"
             );
         }
+    }
+}
+
+/// A decoding batch that keeps a cache a sequence (`RowsCache`, as `Decoding` does on the CPU)
+/// gets bit for bit the hidden states its sequences get in one left-padded cache (paddings of
+/// 0, 6 and 3 positions, odd and even), step after step, past each sequence's first room, and
+/// after a sequence leaves.
+#[test]
+fn caches_a_sequence_decode_bit_for_bit_as_one_padded_cache() {
+    use candle_core::Tensor;
+    use stepwise_model::transformer::{BatchCache, KvCache};
+    use stepwise_model::RowsCache;
+    let exp = expected();
+    let (model, _) = load("qwen2-policy");
+    let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
+    let prompts: Vec<Vec<u32>> = items.iter().map(|it| ids_of(&it["prompt_ids"])).collect();
+    let encode = |p: &[u32]| {
+        let mut c = KvCache::default();
+        let ids = Tensor::new(p, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        model.hidden(&ids, None, Some(&mut c)).unwrap();
+        c
+    };
+    let caches = [&prompts[0][..], &prompts[1][..], &prompts[0][..13]].map(encode);
+    let mut padded = caches[0]
+        .concat_batch(&caches[1])
+        .unwrap()
+        .concat_batch(&caches[2])
+        .unwrap();
+    assert_eq!(padded.pads(), Some(&[0, 6, 3][..]));
+    let mut own = RowsCache::default();
+    for c in &caches {
+        own.push_copies(c, 1).unwrap();
+    }
+    let mut rows = 3;
+    for step in 0..80u32 {
+        if step == 50 {
+            padded = padded.select(&Tensor::new(&[1u32, 2], &Device::Cpu).unwrap()).unwrap();
+            own.keep(&[1, 2]);
+            rows = 2;
+        }
+        let toks: Vec<u32> = (0..rows).map(|r| (step * 7 + r * 3) % 50 + 3).collect();
+        let ids = Tensor::new(toks.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(1)
+            .unwrap();
+        let hidden = |cache: BatchCache| -> Vec<f32> {
+            let h = model.hidden_batches(&mut [(&ids, cache)]).unwrap();
+            h[0].flatten_all().unwrap().to_vec1().unwrap()
+        };
+        let (a, b) = (
+            hidden(BatchCache::Padded(&mut padded)),
+            hidden(BatchCache::Rows(&mut own)),
+        );
+        assert_eq!(a, b, "step {step}");
+        assert_eq!(
+            (own.len(), own.pads()),
+            (
+                padded.len(),
+                padded.pads().map_or(vec![0; rows as usize], <[usize]>::to_vec)
+            )
+        );
     }
 }
 

@@ -43,25 +43,32 @@ impl Inputs<'_> {
         let q = &self.q[((bi * h + hi) * t + i) * d..][..d];
         let kt = &self.kt[kv * d * self.s_pad..][..d * self.s_pad];
         let causal = (self.mask.offset + i + 1).min(s);
-        // Scores for eight keys at a time, four query components per pass over the row.
         scores.clear();
         scores.resize(causal.div_ceil(LANES) * LANES, 0.0);
-        let n = scores.len();
-        let key_rows = |k: usize| &kt[k * self.s_pad..][..n];
-        let mut k = 0;
-        while k + 4 <= d {
-            let qk = [q[k], q[k + 1], q[k + 2], q[k + 3]].map(|x| x * self.scale);
-            let rows = [key_rows(k), key_rows(k + 1), key_rows(k + 2), key_rows(k + 3)];
-            simd::axpy4::<FMA>(qk, rows, scores);
-            k += 4;
-        }
-        for (k, &qk) in q.iter().enumerate().skip(k) {
-            simd::axpy::<FMA>(qk * self.scale, key_rows(k), scores);
-        }
+        key_scores::<FMA>(q, self.scale, kt, self.s_pad, scores);
         scores.truncate(causal);
         let valid = self.mask.valid.as_deref().map(|v| &v[bi * s..][..causal]);
         super::softmax_window::<FMA>(scores, valid);
         simd::weighted_sum::<FMA>(scores, &self.v[kv * s * d..][..causal * d], y);
+    }
+}
+
+/// Adds `scale · q · keyⱼ` to `scores[j]` for the first `scores.len()` keys of `kt`, which holds
+/// component `c` of key `j` at `kt[c · stride + j]`: eight keys at a time, four query components
+/// per pass over the scores.
+#[inline(always)]
+fn key_scores<const FMA: bool>(q: &[f32], scale: f32, kt: &[f32], stride: usize, scores: &mut [f32]) {
+    let n = scores.len();
+    let key_rows = |k: usize| &kt[k * stride..][..n];
+    let mut k = 0;
+    while k + 4 <= q.len() {
+        let qk = [q[k], q[k + 1], q[k + 2], q[k + 3]].map(|x| x * scale);
+        let rows = [key_rows(k), key_rows(k + 1), key_rows(k + 2), key_rows(k + 3)];
+        simd::axpy4::<FMA>(qk, rows, scores);
+        k += 4;
+    }
+    for (k, &qk) in q.iter().enumerate().skip(k) {
+        simd::axpy::<FMA>(qk * scale, key_rows(k), scores);
     }
 }
 
@@ -174,4 +181,106 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: &KeyMask)
             mask: mask.clone(),
         },
     )
+}
+
+/// One sequence's cached keys and values, as [`attention_rows`] reads them
+/// ([`crate::kv_rows::RowsCache`] keeps them so).
+pub(crate) struct RowKeys<'a> {
+    /// `[kv_heads, d, stride]`: component `c` of head `h`'s key at position `j` is at
+    /// `(h · d + c) · stride + j`.
+    pub kt: &'a [f32],
+    /// `[kv_heads, stride, d]`: each head's values by position.
+    pub v: &'a [f32],
+    /// Positions a key row has room for.
+    pub stride: usize,
+    /// Positions cached, the step's new one included.
+    pub len: usize,
+}
+
+/// Inference attention of a decoding step whose sequences keep caches of their own: `q`
+/// `[b, heads, d]` (one new token a sequence, rotary applied), sequence `r` attending to
+/// `rows[r]`. Returns `[b, heads · d]`: bit for bit what [`attention`] gives the same rows in one
+/// cache of `s` positions shared with left padding (row `r`'s first `s − rows[r].len` positions
+/// padding). The scores are laid out as the padded row's (the padding masked first), so the
+/// softmax sums in the same order. The weighted sum skips the padding, whose weights and values
+/// are zero: its two running sums (even and odd positions) swap roles when the padding is odd,
+/// and their total is the same.
+pub(crate) fn attention_rows(
+    q: &[f32],
+    rows: &[RowKeys],
+    (heads, kv_heads, d): (usize, usize, usize),
+    s: usize,
+    scale: f32,
+) -> Vec<f32> {
+    /// One sequence's heads, written into `out` (`[heads, d]`).
+    struct Sequence<'a, 'b> {
+        q: &'a [f32],
+        keys: &'a RowKeys<'a>,
+        kv_heads: usize,
+        s: usize,
+        scale: f32,
+        out: &'b mut [f32],
+        scores: &'b mut Vec<f32>,
+    }
+    impl Kernel for Sequence<'_, '_> {
+        #[inline(always)]
+        fn run<const FMA: bool>(self) {
+            let Sequence {
+                q,
+                keys,
+                kv_heads,
+                s,
+                scale,
+                out,
+                scores,
+            } = self;
+            let d = keys.kt.len() / (kv_heads * keys.stride);
+            let heads = q.len() / d;
+            let pad = s - keys.len;
+            for (hi, (q, y)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+                let kv = hi / (heads / kv_heads);
+                // Whole vectors of keys (past the cached ones a key row is zero), as the padded
+                // row's are computed.
+                let whole = keys.len.next_multiple_of(LANES).min(keys.stride);
+                scores.clear();
+                scores.resize(pad + whole, 0.0);
+                key_scores::<FMA>(
+                    q,
+                    scale,
+                    &keys.kt[kv * d * keys.stride..],
+                    keys.stride,
+                    &mut scores[pad..],
+                );
+                scores.truncate(s);
+                scores[..pad].fill(f32::NEG_INFINITY);
+                super::softmax_window::<FMA>(scores, None);
+                let v = &keys.v[kv * keys.stride * d..][..keys.len * d];
+                simd::weighted_sum::<FMA>(&scores[pad..], v, y);
+            }
+        }
+    }
+    let b = rows.len();
+    let mut out = vec![0f32; b * heads * d];
+    let run = |r: usize, out: &mut [f32], scores: &mut Vec<f32>| {
+        simd::dispatch(Sequence {
+            q: &q[r * heads * d..][..heads * d],
+            keys: &rows[r],
+            kv_heads,
+            s,
+            scale,
+            out,
+            scores,
+        })
+    };
+    if b * heads * s * d < super::PARALLEL_MIN_WORK {
+        let mut scores = Vec::with_capacity(s);
+        for (r, out) in out.chunks_mut(heads * d).enumerate() {
+            run(r, out, &mut scores);
+        }
+    } else {
+        out.par_chunks_mut(heads * d)
+            .enumerate()
+            .for_each_init(|| Vec::with_capacity(s), |scores, (r, out)| run(r, out, scores));
+    }
+    out
 }

@@ -10,7 +10,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
 use rayon::prelude::*;
 use std::sync::Arc;
 
-mod attention;
+pub(crate) mod attention;
 pub(crate) mod cpu_inference;
 mod linear;
 pub(crate) mod sgemm;

@@ -130,18 +130,37 @@ pub fn axpy<const FMA: bool>(a: f32, x: &[f32], y: &mut [f32]) {
 }
 
 /// `y += a₀·x₀ + a₁·x₁ + a₂·x₂ + a₃·x₃` (one load and store of `y` for four products).
+///
+/// Sixteen values at a time, then eight, in loops of fixed width that the compiler keeps in
+/// vector registers however short `y` is (one loop over all of `y` was vectorised for long rows
+/// only, and ran a value at a time on a decoding step's few dozen keys); the same arithmetic per
+/// value whichever loop computes it.
 #[inline(always)]
 pub fn axpy4<const FMA: bool>(a: [f32; 4], x: [&[f32]; 4], y: &mut [f32]) {
     let n = y.len();
-    let [x0, x1, x2, x3] = x.map(|r| &r[..n]);
-    for i in 0..n {
-        let mut acc = y[i];
-        acc = madd::<FMA>(a[0], x0[i], acc);
-        acc = madd::<FMA>(a[1], x1[i], acc);
-        acc = madd::<FMA>(a[2], x2[i], acc);
-        acc = madd::<FMA>(a[3], x3[i], acc);
-        y[i] = acc;
+    let x = x.map(|r| &r[..n]);
+    let sixteens = axpy4_fixed::<FMA, 16>(a, x, y, 0);
+    let eights = axpy4_fixed::<FMA, 8>(a, x, y, sixteens);
+    axpy4_fixed::<FMA, 1>(a, x, y, eights);
+}
+
+/// [`axpy4`] over whole chunks of `W` values from `from`; returns where they end.
+#[inline(always)]
+fn axpy4_fixed<const FMA: bool, const W: usize>(a: [f32; 4], x: [&[f32]; 4], y: &mut [f32], from: usize) -> usize {
+    let end = from + (y.len() - from) / W * W;
+    for (i, ys) in (from..end).step_by(W).zip(y[from..end].chunks_exact_mut(W)) {
+        let ys: &mut [f32; W] = ys.try_into().expect("W values");
+        let xs: [[f32; W]; 4] = x.map(|r| *<&[f32; W]>::try_from(&r[i..i + W]).expect("W values"));
+        // In registers: no store to `y` between the loads of `x`.
+        let mut acc = *ys;
+        for (x, a) in xs.iter().zip(a) {
+            for l in 0..W {
+                acc[l] = madd::<FMA>(a, x[l], acc[l]);
+            }
+        }
+        *ys = acc;
     }
+    end
 }
 
 /// `y = Σⱼ pⱼ · rowⱼ(v)` for rows of `D` values (`y` is overwritten). Two independent sets of
