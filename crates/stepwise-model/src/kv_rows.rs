@@ -6,7 +6,10 @@
 //! were a tenth of a step. Here each sequence owns its keys and values, with room for more
 //! positions: a step writes one position a sequence, a sequence leaves by being dropped, one
 //! joins by copying its prompt's cache once. Keys are kept transposed, as the attention kernel
-//! reads them ([`crate::kernels::attention`] transposes a padded cache's keys every call).
+//! reads them ([`crate::kernels::attention`] transposes a padded cache's keys every call). The
+//! buffers of sequences that leave are kept for those that join: a server's steady stream of
+//! requests reuses them instead of asking the system for fresh, zeroed pages (which, with
+//! every sequence growing its own, were 7% of a step serving 64 requests of 256 tokens).
 //!
 //! Attention over these caches gives bit for bit what the padded cache gives
 //! ([`crate::kernels::attention`]'s `attention_rows`), so a decoding batch computes the same
@@ -27,13 +30,17 @@ pub struct RowsCache {
     layers: Vec<Vec<RowLayer>>,
     /// Positions cached per sequence.
     lens: Vec<usize>,
+    /// Per layer, buffers of sequences that have left, for those that join.
+    spare: Vec<Vec<RowLayer>>,
+    /// The most sequences held at once (the spare buffers a layer never outnumber it).
+    peak: usize,
 }
 
 /// One sequence's keys and values in one layer.
 #[derive(Clone, Debug)]
 pub(crate) struct RowLayer {
     /// `[kv_heads, head_dim, room]`: component `c` of head `h`'s key at position `j` is at
-    /// `(h · head_dim + c) · room + j`; zero past the cached positions.
+    /// `(h · head_dim + c) · room + j`; past the cached positions, anything.
     kt: Vec<f32>,
     /// `[kv_heads, room, head_dim]`: each head's values by position.
     v: Vec<f32>,
@@ -115,6 +122,7 @@ impl RowsCache {
         ensure!(prefix.pads().is_none(), "a padded cache cannot start sequences");
         if self.layers.is_empty() {
             self.layers = vec![Vec::new(); prefix.layers.len()];
+            self.spare = vec![Vec::new(); prefix.layers.len()];
         }
         ensure!(
             self.layers.len() == prefix.layers.len(),
@@ -123,7 +131,7 @@ impl RowsCache {
             prefix.layers.len()
         );
         let len = prefix.len();
-        for (rows, layer) in self.layers.iter_mut().zip(&prefix.layers) {
+        for ((rows, spare), layer) in self.layers.iter_mut().zip(&mut self.spare).zip(&prefix.layers) {
             let Some((k, v)) = layer else {
                 anyhow::bail!("a prompt's cache with a layer missing");
             };
@@ -131,29 +139,45 @@ impl RowsCache {
             ensure!(one == 1 && s == len, "a prompt's cache holds one sequence");
             let host = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?) };
             let (k, v) = (host(k)?, host(v)?);
-            let mut row = RowLayer::with_room(kv_heads, d, (len + 1).next_power_of_two().max(MIN_ROOM));
-            for h in 0..kv_heads {
-                for j in 0..len {
-                    let key = &k[(h * len + j) * d..][..d];
-                    for (c, &x) in key.iter().enumerate() {
-                        row.kt[(h * d + c) * row.room + j] = x;
+            for _ in 0..n {
+                // A spare buffer of this shape with room for the prompt and a token, else a new one.
+                let reusable = spare
+                    .iter()
+                    .rposition(|r| r.room > len && r.kt.len() == kv_heads * d * r.room);
+                let mut row = match reusable {
+                    Some(i) => spare.swap_remove(i),
+                    None => RowLayer::with_room(kv_heads, d, (len + 1).next_power_of_two().max(MIN_ROOM)),
+                };
+                for h in 0..kv_heads {
+                    for j in 0..len {
+                        let key = &k[(h * len + j) * d..][..d];
+                        for (c, &x) in key.iter().enumerate() {
+                            row.kt[(h * d + c) * row.room + j] = x;
+                        }
                     }
+                    row.v[h * row.room * d..][..len * d].copy_from_slice(&v[h * len * d..][..len * d]);
                 }
-                row.v[h * row.room * d..][..len * d].copy_from_slice(&v[h * len * d..][..len * d]);
+                rows.push(row);
             }
-            rows.extend(std::iter::repeat_n(row, n));
         }
         self.lens.extend(std::iter::repeat_n(len, n));
+        self.peak = self.peak.max(self.lens.len());
         Ok(())
     }
 
-    /// Keeps only the sequences `keep` (indices, ascending).
+    /// Keeps only the sequences `keep` (indices, ascending); the others' buffers are kept for
+    /// sequences that join (at most as many a layer as the most sequences held at once).
     pub fn keep(&mut self, keep: &[usize]) {
-        let pick = |all: &mut Vec<RowLayer>| {
+        for (all, spare) in self.layers.iter_mut().zip(&mut self.spare) {
             let mut old = std::mem::take(all).into_iter().map(Some).collect::<Vec<_>>();
             *all = keep.iter().map(|&k| old[k].take().expect("each kept once")).collect();
-        };
-        self.layers.iter_mut().for_each(pick);
+            spare.extend(old.into_iter().flatten());
+            if spare.len() > self.peak {
+                // The roomiest are the ones worth keeping.
+                spare.sort_by_key(|r| std::cmp::Reverse(r.room));
+                spare.truncate(self.peak);
+            }
+        }
         self.lens = keep.iter().map(|&k| self.lens[k]).collect();
     }
 

@@ -330,8 +330,8 @@ fn batches_in_one_pass_match_each_alone() {
 
 /// A decoding batch that keeps a cache a sequence (`RowsCache`, as `Decoding` does on the CPU)
 /// gets bit for bit the hidden states its sequences get in one left-padded cache (paddings of
-/// 0, 6 and 3 positions, odd and even), step after step, past each sequence's first room, and
-/// after a sequence leaves.
+/// 0, 6 and 3 positions, odd and even), step after step, past each sequence's first room, after
+/// a sequence leaves, and after another joins into the buffers it left.
 #[test]
 fn caches_a_sequence_decode_bit_for_bit_as_one_padded_cache() {
     use candle_core::Tensor;
@@ -364,6 +364,12 @@ fn caches_a_sequence_decode_bit_for_bit_as_one_padded_cache() {
             padded = padded.select(&Tensor::new(&[1u32, 2], &Device::Cpu).unwrap()).unwrap();
             own.keep(&[1, 2]);
             rows = 2;
+        }
+        if step == 60 {
+            // A sequence joins: into the buffer the one that left wrote (stale past its prompt).
+            padded = padded.concat_batch(&caches[1]).unwrap();
+            own.push_copies(&caches[1], 1).unwrap();
+            rows = 3;
         }
         let toks: Vec<u32> = (0..rows).map(|r| (step * 7 + r * 3) % 50 + 3).collect();
         let ids = Tensor::new(toks.as_slice(), &Device::Cpu)

@@ -187,7 +187,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: &KeyMask)
 /// ([`crate::kv_rows::RowsCache`] keeps them so).
 pub(crate) struct RowKeys<'a> {
     /// `[kv_heads, d, stride]`: component `c` of head `h`'s key at position `j` is at
-    /// `(h · d + c) · stride + j`.
+    /// `(h · d + c) · stride + j` (only the first `len` positions are read).
     pub kt: &'a [f32],
     /// `[kv_heads, stride, d]`: each head's values by position.
     pub v: &'a [f32],
@@ -239,19 +239,10 @@ pub(crate) fn attention_rows(
             let pad = s - keys.len;
             for (hi, (q, y)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
                 let kv = hi / (heads / kv_heads);
-                // Whole vectors of keys (past the cached ones a key row is zero), as the padded
-                // row's are computed.
-                let whole = keys.len.next_multiple_of(LANES).min(keys.stride);
                 scores.clear();
-                scores.resize(pad + whole, 0.0);
-                key_scores::<FMA>(
-                    q,
-                    scale,
-                    &keys.kt[kv * d * keys.stride..],
-                    keys.stride,
-                    &mut scores[pad..],
-                );
-                scores.truncate(s);
+                scores.resize(s, 0.0);
+                let kt = &keys.kt[kv * d * keys.stride..];
+                key_scores::<FMA>(q, scale, kt, keys.stride, &mut scores[pad..]);
                 scores[..pad].fill(f32::NEG_INFINITY);
                 super::softmax_window::<FMA>(scores, None);
                 let v = &keys.v[kv * keys.stride * d..][..keys.len * d];
