@@ -111,15 +111,7 @@ pub(crate) fn matmul_t(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(w.len() >= n * k, "weight of {} values for [{n}, {k}]", w.len());
-    assert!(
-        a.len() >= (m - 1) * a_stride + k && a_stride >= k,
-        "activations too short"
-    );
-    assert!(
-        dst.len() >= (m - 1) * dst_stride + n && dst_stride >= n,
-        "output too short"
-    );
+    assert_fits(a, a_stride, &w, Some((dst.len(), dst_stride)), (m, n, k));
     if k == 0 {
         if !accumulate {
             dst.chunks_mut(dst_stride).take(m).for_each(|row| row[..n].fill(0.0));
@@ -132,6 +124,27 @@ pub(crate) fn matmul_t(
     };
     // SAFETY: the sizes were checked above.
     unsafe { matmul_t_into(dst, a, a_stride, w, (m, n, k), accumulate) }
+}
+
+/// Asserts that a product of `m` rows of `a` (`a_stride` apart) by a weight `[n, k]` can run
+/// here and that its slices hold it, the output's too when given (its length and row stride);
+/// `m, n > 0`.
+fn assert_fits(
+    a: &[f32],
+    a_stride: usize,
+    w: &WeightSlice,
+    dst: Option<(usize, usize)>,
+    (m, n, k): (usize, usize, usize),
+) {
+    assert!(available(), "sgemm::matmul_t needs AVX-512F");
+    assert!(w.len() >= n * k, "weight of {} values for [{n}, {k}]", w.len());
+    assert!(
+        a.len() >= (m - 1) * a_stride + k && a_stride >= k,
+        "activations too short"
+    );
+    if let Some((len, stride)) = dst {
+        assert!(len >= (m - 1) * stride + n && stride >= n, "output too short");
+    }
 }
 
 /// Where a product's output goes: rows `stride` values apart from `at`. Tasks given windows
@@ -195,16 +208,7 @@ pub(crate) fn matmul_t_by_columns(
         // No step to split: `matmul_t` writes the zeros or leaves `dst` as it is.
         return matmul_t(dst, dst_stride, a, a_stride, w, (m, n, k), accumulate);
     }
-    assert!(available(), "sgemm::matmul_t needs AVX-512F");
-    assert!(w.len() >= n * k, "weight of {} values for [{n}, {k}]", w.len());
-    assert!(
-        a.len() >= (m - 1) * a_stride + k && a_stride >= k,
-        "activations too short"
-    );
-    assert!(
-        dst.len() >= (m - 1) * dst_stride + n && dst_stride >= n,
-        "output too short"
-    );
+    assert_fits(a, a_stride, &w, Some((dst.len(), dst_stride)), (m, n, k));
     let dst = Dst {
         at: dst.as_mut_ptr(),
         stride: dst_stride,
@@ -225,12 +229,7 @@ pub(crate) fn matmul_t_by_columns_new(
     if m == 0 || n == 0 || k == 0 {
         return vec![0.0; m * n];
     }
-    assert!(available(), "sgemm::matmul_t needs AVX-512F");
-    assert!(w.len() >= n * k, "weight of {} values for [{n}, {k}]", w.len());
-    assert!(
-        a.len() >= (m - 1) * a_stride + k && a_stride >= k,
-        "activations too short"
-    );
+    assert_fits(a, a_stride, &w, None, (m, n, k));
     let mut y: Vec<f32> = Vec::with_capacity(m * n);
     let dst = Dst {
         at: y.as_mut_ptr(),
