@@ -15,7 +15,7 @@
 //! ([`crate::kernels::attention`]'s `attention_rows`), so a decoding batch computes the same
 //! values whichever it keeps.
 
-use crate::kernels::attention::RowKeys;
+use crate::kernels::attention::{transpose_key_rows, RowKeys};
 use crate::transformer::KvCache;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
@@ -149,12 +149,8 @@ impl RowsCache {
                     None => RowLayer::with_room(kv_heads, d, (len + 1).next_power_of_two().max(MIN_ROOM)),
                 };
                 for h in 0..kv_heads {
-                    for j in 0..len {
-                        let key = &k[(h * len + j) * d..][..d];
-                        for (c, &x) in key.iter().enumerate() {
-                            row.kt[(h * d + c) * row.room + j] = x;
-                        }
-                    }
+                    let keys = &k[h * len * d..][..len * d];
+                    transpose_key_rows(keys, d, &mut row.kt[h * d * row.room..], row.room);
                     row.v[h * row.room * d..][..len * d].copy_from_slice(&v[h * len * d..][..len * d]);
                 }
                 rows.push(row);
@@ -226,15 +222,15 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
-    /// A one-sequence cache of `len` positions whose values name their layer, head, position and
-    /// component.
+    /// A one-sequence cache of `len` positions, the same in every layer, whose values name their
+    /// head, position and component.
     fn prompt_cache(layers: usize, kv_heads: usize, len: usize, d: usize) -> KvCache {
-        let value = |l: usize, h: usize, j: usize, c: usize| (l * 1000 + h * 100 + j * 10 + c) as f32;
+        let value = |h: usize, j: usize, c: usize| (h * 100 + j * 10 + c) as f32;
         let tensor = |sign: f32| {
             let data: Vec<f32> = (0..kv_heads * len * d)
                 .map(|i| {
                     let (h, j, c) = (i / (len * d), i / d % len, i % d);
-                    sign * value(0, h, j, c)
+                    sign * value(h, j, c)
                 })
                 .collect();
             Tensor::from_vec(data, (1, kv_heads, len, d), &Device::Cpu).unwrap()

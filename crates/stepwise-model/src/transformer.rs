@@ -226,6 +226,14 @@ pub enum BatchCache<'c> {
 }
 
 impl BatchCache<'_> {
+    /// The same cache, borrowed for a shorter while.
+    fn reborrow(&mut self) -> BatchCache<'_> {
+        match self {
+            BatchCache::Padded(c) => BatchCache::Padded(c),
+            BatchCache::Rows(c) => BatchCache::Rows(c),
+        }
+    }
+
     /// Each layer's part of the cache, in order.
     fn layer_views(&mut self) -> Vec<LayerView<'_>> {
         match self {
@@ -515,13 +523,7 @@ impl Transformer {
             .map(|(ids, cache)| self.batch(ids, None, cache))
             .collect::<Result<Vec<_>>>()?;
         let ids: Vec<&Tensor> = batches.iter().map(|(ids, _)| *ids).collect();
-        let mut caches: Vec<BatchCache> = batches
-            .iter_mut()
-            .map(|(_, c)| match c {
-                BatchCache::Padded(c) => BatchCache::Padded(c),
-                BatchCache::Rows(c) => BatchCache::Rows(c),
-            })
-            .collect();
+        let mut caches: Vec<BatchCache> = batches.iter_mut().map(|(_, c)| c.reborrow()).collect();
         let x = self.run(&ids, &parts, &mut caches)?;
         let mut start = 0;
         parts

@@ -94,14 +94,18 @@ fn transpose_keys(k: &[f32], s: usize, d: usize, s_pad: usize) -> Vec<f32> {
     let mut kt = vec![0f32; k.len() / s * s_pad];
     kt.par_chunks_mut(d * s_pad)
         .zip(k.par_chunks(s * d))
-        .for_each(|(dst, src)| {
-            for (j, key) in src.chunks_exact(d).enumerate() {
-                for (c, &x) in key.iter().enumerate() {
-                    dst[c * s_pad + j] = x;
-                }
-            }
-        });
+        .for_each(|(dst, src)| transpose_key_rows(src, d, dst, s_pad));
     kt
+}
+
+/// One head's keys `[n, d]` into the layout the kernels read: component `c` of key `j` at
+/// `dst[c · stride + j]`.
+pub(crate) fn transpose_key_rows(keys: &[f32], d: usize, dst: &mut [f32], stride: usize) {
+    for (j, key) in keys.chunks_exact(d).enumerate() {
+        for (c, &x) in key.iter().enumerate() {
+            dst[c * stride + j] = x;
+        }
+    }
 }
 
 impl CustomOp3 for Attention {
@@ -212,11 +216,12 @@ pub(crate) fn attention_rows(
     s: usize,
     scale: f32,
 ) -> Vec<f32> {
-    /// One sequence's heads, written into `out` (`[heads, d]`).
+    /// One sequence's heads, written into `out` (`[heads, d]`); `group` query heads a key head.
     struct Sequence<'a, 'b> {
         q: &'a [f32],
         keys: &'a RowKeys<'a>,
-        kv_heads: usize,
+        d: usize,
+        group: usize,
         s: usize,
         scale: f32,
         out: &'b mut [f32],
@@ -228,17 +233,16 @@ pub(crate) fn attention_rows(
             let Sequence {
                 q,
                 keys,
-                kv_heads,
+                d,
+                group,
                 s,
                 scale,
                 out,
                 scores,
             } = self;
-            let d = keys.kt.len() / (kv_heads * keys.stride);
-            let heads = q.len() / d;
             let pad = s - keys.len;
             for (hi, (q, y)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
-                let kv = hi / (heads / kv_heads);
+                let kv = hi / group;
                 scores.clear();
                 scores.resize(s, 0.0);
                 let kt = &keys.kt[kv * d * keys.stride..];
@@ -256,7 +260,8 @@ pub(crate) fn attention_rows(
         simd::dispatch(Sequence {
             q: &q[r * heads * d..][..heads * d],
             keys: &rows[r],
-            kv_heads,
+            d,
+            group: heads / kv_heads,
             s,
             scale,
             out,
