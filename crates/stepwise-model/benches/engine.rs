@@ -264,12 +264,7 @@ fn training(hidden: usize, layers: usize, batch: usize) -> anyhow::Result<f64> {
 /// the beam): scored incrementally and whole. Returns (tokens, seconds) for each.
 fn incremental_beam(model: &Model, tok: &Tokenizer, layout: PrmLayout) -> anyhow::Result<[(usize, f64); 2]> {
     let question = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?";
-    let scorer = PrmScorer {
-        model,
-        tokenizer: tok,
-        layout,
-        reference: None,
-    };
+    let scorer = PrmScorer::new(model, tok, layout);
     let mut out = [(0, 0.0); 2];
     // Each way runs twice, the second timed: the first pays for warming the buffers and pool.
     for (k, round) in [0, 0, 1, 1].into_iter().enumerate() {

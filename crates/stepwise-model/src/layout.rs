@@ -273,6 +273,18 @@ impl PrmLayout {
         }
     }
 
+    /// The vocabulary columns an LM head's rewards are read from, `[bad, good]` (Math-Shepherd's
+    /// `-` and `+`), or `None` where the rewards read every class of a classifier head.
+    pub fn head_columns(&self, tok: &Tokenizer) -> Result<Option<[u32; 2]>> {
+        Ok(match self {
+            PrmLayout::StepTag { good, bad, .. } => Some([
+                tok.token_id(bad).with_context(|| format!("no `{bad}` token"))?,
+                tok.token_id(good).with_context(|| format!("no `{good}` token"))?,
+            ]),
+            _ => None,
+        })
+    }
+
     /// Step rewards from head outputs `[t, classes or vocab]` of one sequence at `positions`.
     pub(crate) fn rewards(&self, tok: &Tokenizer, out: &Tensor, positions: &[usize]) -> Result<Vec<f32>> {
         if positions.is_empty() {
@@ -280,17 +292,12 @@ impl PrmLayout {
         }
         let idx = Tensor::new(positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), out.device())?;
         let at = out.index_select(&idx, 0)?;
-        let pair = match self {
-            PrmLayout::StepTag { good, bad, .. } => {
-                let g = tok.token_id(good).with_context(|| format!("no `{good}` token"))?;
-                let b = tok.token_id(bad).with_context(|| format!("no `{bad}` token"))?;
-                // P(good) = softmax over [good, bad] → class 0 of that pair; reorder as [bad, good].
-                let gi = Tensor::new(&[b, g], out.device())?;
-                at.index_select(&gi, 1)?
-            }
-            _ => at,
+        let read = match self.head_columns(tok)? {
+            // P(good) = softmax over [bad, good], class 1.
+            Some(columns) => at.index_select(&Tensor::new(&columns, out.device())?, 1)?,
+            None => at,
         };
-        Ok(crate::model::good_prob(&pair)?.to_vec1::<f32>()?)
+        Ok(crate::model::good_prob(&read)?.to_vec1::<f32>()?)
     }
 }
 

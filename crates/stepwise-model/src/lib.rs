@@ -4,6 +4,8 @@
 #![warn(missing_docs)]
 
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod generate;
 pub mod hub;
 pub mod incremental;
@@ -12,6 +14,8 @@ pub mod kv_rows;
 pub mod layout;
 pub mod log_ratio;
 pub mod model;
+pub mod packed;
+pub mod placement;
 pub mod policy;
 pub mod scoring;
 pub mod tokenizer;
@@ -25,15 +29,14 @@ pub use kernels::{bf16_products, set_bf16_products};
 pub use kv_rows::RowsCache;
 pub use layout::PrmLayout;
 pub use model::{set_weight_dtype, weight_dtype, Model, WeightDtype};
+pub use packed::{token_batches, Packed};
+pub use placement::Placement;
 pub use policy::{EnginePolicy, LoadedPolicy, Prompt};
 pub use scoring::PrmScorer;
 pub use tokenizer::Tokenizer;
 
-/// The device to run on: CUDA when built with the `cuda` feature and a GPU is present, else CPU.
+/// The device candle's tensors live on: the CPU. (The GPU is the CUDA engine's, chosen by
+/// [`Placement`]: it scores packed batches with its own kernels.)
 pub fn default_device() -> candle_core::Device {
-    #[cfg(feature = "cuda")]
-    if let Ok(d) = candle_core::Device::new_cuda(0) {
-        return d;
-    }
     candle_core::Device::Cpu
 }

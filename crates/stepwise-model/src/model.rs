@@ -31,8 +31,12 @@ pub struct Model {
     pub decoder: Transformer,
     /// The head.
     pub head: Head,
-    /// The device it runs on.
+    /// The device candle's tensors live on.
     pub device: Device,
+    /// The weights on a GPU, where the model was loaded onto one ([`Model::load_on`]): step
+    /// scoring then runs there, and the CPU decoder holds no weights.
+    #[cfg(feature = "cuda")]
+    pub gpu: Option<std::sync::Arc<crate::cuda::GpuModel>>,
 }
 
 impl Model {
@@ -61,7 +65,72 @@ impl Model {
             config,
             decoder,
             head,
+            #[cfg(feature = "cuda")]
+            gpu: None,
         })
+    }
+
+    /// Load the checkpoint folder `dir` where `placement` says: [`Model::load`] on the CPU, or
+    /// onto a CUDA GPU (weights bf16 on the device; step scoring runs there).
+    pub fn load_on(dir: &Path, placement: crate::Placement) -> Result<Self> {
+        match placement.resolve()? {
+            crate::Placement::Cuda(ordinal) => Self::load_cuda(dir, ordinal),
+            _ => Self::load(dir, &Device::Cpu),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn load_cuda(dir: &Path, ordinal: usize) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let gpu = crate::cuda::open(ordinal)?;
+        let on_gpu = crate::cuda::GpuModel::load(dir, config.clone(), gpu)
+            .with_context(|| format!("loading {} onto cuda:{ordinal}", dir.display()))?;
+        let h = config.hidden_size;
+        let empty = Tensor::zeros((0, h), DType::F32, &Device::Cpu)?;
+        Ok(Model {
+            decoder: Transformer::without_weights(&config)?,
+            head: Head::Classifier(Linear::new(empty, None)),
+            device: Device::Cpu,
+            config,
+            gpu: Some(std::sync::Arc::new(on_gpu)),
+        })
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn load_cuda(_: &Path, _: usize) -> Result<Self> {
+        unreachable!("Placement::resolve refuses CUDA in a build without it")
+    }
+
+    /// Whether its weights are on a GPU ([`Model::load_on`]).
+    pub fn is_on_gpu(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if self.gpu.is_some() {
+            return true;
+        }
+        false
+    }
+
+    /// Where its weights are: `cpu`, or the GPU's name.
+    pub fn placement_name(&self) -> String {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.gpu().name().to_string();
+        }
+        "cpu".into()
+    }
+
+    /// An error unless the CPU decoder holds the weights (a model loaded onto a GPU runs there
+    /// through step scoring only).
+    fn on_cpu(&self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            bail!(
+                "this model's weights are on {}: the CUDA engine scores steps (`stepwise score`, a PRM's \
+                 scorer); generation, training and log-ratio verifiers run on the CPU (--device cpu)",
+                g.gpu().name()
+            );
+        }
+        Ok(())
     }
 
     /// Load `config.json` and the safetensors weights of a checkpoint folder (single file or
@@ -132,29 +201,41 @@ impl Model {
 
     /// Hidden states `[b, t, hidden]`.
     pub fn hidden(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        self.on_cpu()?;
         self.decoder.forward(ids, pad_mask, cache)
     }
 
     /// Hidden states `[b, t, hidden]` of new tokens continuing `cache` (which grows by them), on
     /// the CPU inference kernels where they apply ([`Transformer::forward_cached`]).
     pub fn hidden_cached(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
+        self.on_cpu()?;
         self.decoder.forward_cached(ids, pad_mask, cache)
     }
 
     /// Hidden states `[b, t, hidden]` of several batches run in one pass, each continuing its
     /// own cache (see [`Transformer::forward_batches`]).
     pub fn hidden_batches(&self, batches: &mut [(&Tensor, BatchCache)]) -> Result<Vec<Tensor>> {
+        self.on_cpu()?;
         self.decoder.forward_batches(batches)
     }
 
     /// Hidden states at positions `rows[i]` of each sequence `i`, stacked `[Σ rows, hidden]`
     /// (see [`Transformer::forward_rows`]: cheaper than [`Model::hidden`] when few are read).
     pub fn hidden_rows(&self, ids: &Tensor, pad_mask: Option<&Tensor>, rows: &[Vec<usize>]) -> Result<Tensor> {
+        self.on_cpu()?;
         self.decoder.forward_rows(ids, pad_mask, rows)
+    }
+
+    /// Hidden states at positions `read[i]` of each sequence `i` of a packed batch, stacked
+    /// `[Σ read, hidden]` (see [`Transformer::forward_packed_rows`]).
+    pub fn hidden_packed_rows(&self, batch: &crate::packed::Packed, read: &[Vec<usize>]) -> Result<Tensor> {
+        self.on_cpu()?;
+        self.decoder.forward_packed_rows(batch, read)
     }
 
     /// Head outputs for hidden states `[.., hidden]`: vocabulary logits or class logits.
     pub fn head_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.on_cpu()?;
         let diff = self.decoder.differentiable;
         Ok(match &self.head {
             Head::Lm(l) | Head::Classifier(l) => l.forward(hidden, diff)?,
@@ -174,6 +255,10 @@ impl Model {
 
     /// Number of positions encoded so far.
     pub fn encoded_tokens(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.encoded_tokens.load(std::sync::atomic::Ordering::Relaxed);
+        }
         self.decoder.encoded_tokens.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
@@ -404,7 +489,7 @@ impl candle_nn::var_builder::SimpleBackend for HeldTensors {
 }
 
 /// Every tensor a model of `cfg` reads, with its shape.
-fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+pub(crate) fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
     let mut want: Vec<(String, Vec<usize>)> = vec![
         ("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h]),

@@ -5,9 +5,13 @@ use crate::config::HeadKind;
 use crate::layout::{Encoded, PrmLayout};
 use crate::log_ratio::{span_sums, token_logprobs, LogRatio};
 use crate::model::{pad_batch, Model};
+use crate::packed::token_batches;
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use stepwise_core::seams::{ScoreInput, Scored, StepScorer};
+
+/// Tokens one forward pass of scoring takes by default ([`PrmScorer::max_batch_tokens`]).
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16384;
 
 /// A local checkpoint that scores steps: a PRM of any layout, an ORM, a log-ratio verifier.
 #[derive(Clone)]
@@ -21,9 +25,35 @@ pub struct PrmScorer<'a> {
     /// The reference model of a [`PrmLayout::LogRatio`] verifier (`None` for the others, and
     /// for a constant reference).
     pub reference: Option<&'a Model>,
+    /// Most tokens in one forward pass: a batch is scored in passes of solutions packed up to
+    /// this budget (a longer solution alone), which bounds the memory a pass takes.
+    pub max_batch_tokens: usize,
 }
 
-impl PrmScorer<'_> {
+impl<'a> PrmScorer<'a> {
+    /// `model` read through `layout`, with no reference model and the default token budget.
+    pub fn new(model: &'a Model, tokenizer: &'a Tokenizer, layout: PrmLayout) -> Self {
+        PrmScorer {
+            model,
+            tokenizer,
+            layout,
+            reference: None,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+        }
+    }
+
+    /// With the reference model of a log-ratio verifier.
+    pub fn with_reference(mut self, reference: Option<&'a Model>) -> Self {
+        self.reference = reference;
+        self
+    }
+
+    /// With at most `tokens` tokens a forward pass.
+    pub fn with_max_batch_tokens(mut self, tokens: usize) -> Self {
+        self.max_batch_tokens = tokens.max(1);
+        self
+    }
+
     /// Encode a problem and its steps.
     pub fn encode(&self, problem: &str, steps: &[&str]) -> Result<Encoded> {
         // A text far longer than the model reads is refused before tokenizing it (a 50 MB line
@@ -47,21 +77,38 @@ impl PrmScorer<'_> {
         Ok(e)
     }
 
-    /// Step rewards for a batch of encoded solutions, in ONE forward pass: right-padded to the
-    /// longest, with a padding mask so that every solution scores as it would alone.
+    /// Step rewards for a batch of encoded solutions, in forward passes of at most
+    /// [`PrmScorer::max_batch_tokens`] tokens (every solution scores as it would alone).
     pub fn score_batch(&self, batch: &[Encoded]) -> Result<Vec<Vec<f32>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        let lengths: Vec<usize> = batch.iter().map(|e| e.ids.len()).collect();
+        let mut out = vec![Vec::new(); batch.len()];
+        for group in token_batches(&lengths, self.max_batch_tokens) {
+            let part: Vec<&Encoded> = group.iter().map(|&i| &batch[i]).collect();
+            for (i, rewards) in group.into_iter().zip(self.score_pass(&part)?) {
+                out[i] = rewards;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Step rewards of the solutions of one forward pass.
+    fn score_pass(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
         if let PrmLayout::LogRatio { log_ratio, .. } = &self.layout {
             return self.score_log_ratio(batch, *log_ratio);
         }
-        let dev = &self.model.device;
+        #[cfg(feature = "cuda")]
+        if let Some(gpu) = &self.model.gpu {
+            return self.score_on_gpu(gpu, batch);
+        }
         let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
-        let (ids, mask, _) = pad_batch(&seqs, dev)?;
         // The decoder's last layer runs only where rewards are read, and so does the head.
         let rows: Vec<Vec<usize>> = batch.iter().map(|e| e.positions.clone()).collect();
-        let hidden = self.model.hidden_rows(&ids, mask.as_ref(), &rows)?;
+        let hidden = self
+            .model
+            .hidden_packed_rows(&crate::packed::Packed::new(&seqs), &rows)?;
         let mut out = Vec::with_capacity(batch.len());
         let mut first = 0;
         for e in batch {
@@ -74,8 +121,35 @@ impl PrmScorer<'_> {
         Ok(out)
     }
 
+    /// [`PrmScorer::score_pass`] on the CUDA engine: the solutions packed end to end, the head
+    /// read at their reward positions only.
+    #[cfg(feature = "cuda")]
+    fn score_on_gpu(&self, gpu: &crate::cuda::GpuModel, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
+        let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+        let packed = crate::packed::Packed::new(&seqs);
+        let read: Vec<usize> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(i, e)| e.positions.iter().map(move |&p| (i, p)))
+            .map(|(i, p)| packed.row(i, p))
+            .collect();
+        let columns = self.layout.head_columns(self.tokenizer)?;
+        let (values, width) = gpu.head_at(&packed, &read, columns.as_ref().map(|c| c.as_slice()))?;
+        let logits = candle_core::Tensor::from_vec(values, (read.len(), width), &candle_core::Device::Cpu)?;
+        let probs: Vec<f32> = crate::model::good_prob(&logits)?.to_vec1()?;
+        let mut rest = probs.as_slice();
+        Ok(batch
+            .iter()
+            .map(|e| {
+                let (mine, tail) = rest.split_at(e.positions.len());
+                rest = tail;
+                mine.to_vec()
+            })
+            .collect())
+    }
+
     /// Step rewards of a log-ratio verifier: both models read the batch once.
-    fn score_log_ratio(&self, batch: &[Encoded], lr: LogRatio) -> Result<Vec<Vec<f32>>> {
+    fn score_log_ratio(&self, batch: &[&Encoded], lr: LogRatio) -> Result<Vec<Vec<f32>>> {
         let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
         let (ids, mask, t) = pad_batch(&seqs, &self.model.device)?;
         let own = token_logprobs(self.model, &ids, mask.as_ref())?;
@@ -146,11 +220,19 @@ pub struct LoadedVerifier {
 }
 
 impl LoadedVerifier {
-    /// Load the verifier in `dir`. `layout` is `auto` (from `reward.json`, else from the head and
-    /// tokenizer), `qwen-prm`, `step-tag`, `token-cls` or `log-ratio`.
+    /// Load the verifier in `dir` on the CPU. `layout` is `auto` (from `reward.json`, else from
+    /// the head and tokenizer), `qwen-prm`, `step-tag`, `token-cls` or `log-ratio`.
     pub fn load(dir: &std::path::Path, layout: &str, device: &candle_core::Device) -> Result<Self> {
+        Self::load_model(dir, layout, Model::load(dir, device)?)
+    }
+
+    /// [`LoadedVerifier::load`] where `placement` says (the CPU, or a CUDA GPU).
+    pub fn load_on(dir: &std::path::Path, layout: &str, placement: crate::Placement) -> Result<Self> {
+        Self::load_model(dir, layout, Model::load_on(dir, placement)?)
+    }
+
+    fn load_model(dir: &std::path::Path, layout: &str, model: Model) -> Result<Self> {
         use crate::layout::{RewardSpec, REWARD_FILE};
-        let model = Model::load(dir, device)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
         // The folder's reward.json says how it was trained to read steps (layout, separator).
         let spec = RewardSpec::load(dir)?;
@@ -179,7 +261,8 @@ impl LoadedVerifier {
         // it is scored against it.
         let reference = match spec.as_ref().and_then(|s| s.reference_dir(dir)) {
             Some(r) if matches!(layout, PrmLayout::LogRatio { .. }) => Some(
-                Model::load(&r, device).with_context(|| format!("loading the reference model named in {}", file()))?,
+                Model::load(&r, &model.device)
+                    .with_context(|| format!("loading the reference model named in {}", file()))?,
             ),
             _ => None,
         };
@@ -193,11 +276,6 @@ impl LoadedVerifier {
 
     /// It, as a step scorer.
     pub fn scorer(&self) -> PrmScorer<'_> {
-        PrmScorer {
-            model: &self.model,
-            tokenizer: &self.tokenizer,
-            layout: self.layout.clone(),
-            reference: self.reference.as_ref(),
-        }
+        PrmScorer::new(&self.model, &self.tokenizer, self.layout.clone()).with_reference(self.reference.as_ref())
     }
 }

@@ -10,6 +10,7 @@ use crate::config::ModelConfig;
 use crate::kernels::cpu_inference;
 use crate::kernels::{self, masked_softmax, KeyMask, Linear, RopeTables};
 use crate::kv_rows::{RowsCache, RowsLayer};
+use crate::packed::Packed;
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
@@ -484,6 +485,22 @@ impl Transformer {
         })
     }
 
+    /// A decoder of `cfg`'s shape holding no weights: the CPU side of a model whose weights live
+    /// on a GPU (every forward pass on it is refused by its [`crate::Model`]).
+    pub fn without_weights(cfg: &ModelConfig) -> Result<Self> {
+        let dev = Device::Cpu;
+        Ok(Transformer {
+            embed: Embedding::new(Tensor::zeros((0, cfg.hidden_size), DType::F32, &dev)?, cfg.hidden_size),
+            blocks: Vec::new(),
+            norm: Tensor::ones(cfg.hidden_size, DType::F32, &dev)?,
+            rope: rope_tables(cfg, &dev)?,
+            eps: cfg.rms_norm_eps,
+            max_positions: cfg.max_position_embeddings.min(32768),
+            differentiable: false,
+            encoded_tokens: Default::default(),
+        })
+    }
+
     /// The token embedding matrix (for tied LM heads).
     pub fn embeddings(&self) -> &Tensor {
         self.embed.embeddings()
@@ -677,6 +694,81 @@ impl Transformer {
         Ok(Tensor::cat(&picked, 0)?)
     }
 
+    /// The decoder's tensors as [`cpu_inference`] borrows them (`None` without layers).
+    fn cpu_decoder(&self) -> Result<Option<cpu_inference::Decoder<'_>>> {
+        let Some(first) = self.blocks.first() else {
+            return Ok(None);
+        };
+        let (cos, sin) = self.rope.host();
+        Ok(Some(cpu_inference::Decoder {
+            dims: cpu_inference::Dims {
+                hidden: self.embed.embeddings().dim(1)?,
+                heads: first.attn.heads,
+                kv_heads: first.attn.kv_heads,
+                head_dim: first.attn.head_dim,
+                intermediate: first.mlp.gate.weight().dim(0)?,
+                eps: self.eps as f32,
+            },
+            embed: self.embed.embeddings(),
+            layers: self
+                .blocks
+                .iter()
+                .map(|bl| cpu_inference::LayerTensors {
+                    ln1: &bl.ln1,
+                    q: &bl.attn.q,
+                    k: &bl.attn.k,
+                    v: &bl.attn.v,
+                    o: &bl.attn.o,
+                    ln2: &bl.ln2,
+                    gate: &bl.mlp.gate,
+                    up: &bl.mlp.up,
+                    down: &bl.mlp.down,
+                })
+                .collect(),
+            norm: &self.norm,
+            cos,
+            sin,
+        }))
+    }
+
+    /// The hidden states (after the final norm) at positions `read[i]` of each sequence `i` of
+    /// the packed `batch`, stacked `[Σ read, hidden]`: what a reward model reads. On the CPU
+    /// inference kernels each sequence runs alone on its own tokens (no padding); elsewhere (a
+    /// model being trained) the sequences are padded for the candle path. The same values as
+    /// [`Transformer::forward_rows`].
+    pub fn forward_packed_rows(&self, batch: &Packed, read: &[Vec<usize>]) -> Result<Tensor> {
+        anyhow::ensure!(
+            read.len() == batch.len(),
+            "{} lists of rows for a batch of {}",
+            read.len(),
+            batch.len()
+        );
+        for (i, rows) in read.iter().enumerate() {
+            let len = batch.sequence(i).len();
+            if let Some(p) = rows.iter().find(|&&p| p >= len) {
+                anyhow::bail!("row {p} is past the end of a sequence of {len} tokens");
+            }
+        }
+        let vocab = self.embed.embeddings().dim(0)?;
+        if let Some(bad) = batch.ids().iter().find(|&&id| id as usize >= vocab) {
+            anyhow::bail!("token id {bad} is outside the model's vocabulary of {vocab}");
+        }
+        if !self.differentiable && batch.longest() <= self.max_positions {
+            if let Some(decoder) = self.cpu_decoder()? {
+                if let Some(x) = cpu_inference::forward_packed(&decoder, batch, read) {
+                    for seq in batch.sequences() {
+                        self.count_and_check(1, 0, seq.len())?;
+                    }
+                    let rows = read.iter().map(Vec::len).sum::<usize>();
+                    return Ok(Tensor::from_vec(x, (rows, decoder.dims.hidden), &Device::Cpu)?);
+                }
+            }
+        }
+        let seqs: Vec<&[u32]> = batch.sequences().collect();
+        let (ids, mask, _) = crate::model::pad_batch(&seqs, self.embed.embeddings().device())?;
+        self.forward_rows(&ids, mask.as_ref(), read)
+    }
+
     /// [`Transformer::forward`] by [`cpu_inference`], filling `cache` when given (continuing
     /// the positions it holds when `continues`), at the positions `read` only when given (as
     /// [`Transformer::forward_rows`]); `None` when the weights are not f32 on the CPU.
@@ -716,38 +808,8 @@ impl Transformer {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
             anyhow::bail!("token id {bad} is outside the model's vocabulary of {vocab}");
         }
-        let Some(first) = self.blocks.first() else {
+        let Some(decoder) = self.cpu_decoder()? else {
             return Ok(None);
-        };
-        let (cos, sin) = self.rope.host();
-        let decoder = cpu_inference::Decoder {
-            dims: cpu_inference::Dims {
-                hidden,
-                heads: first.attn.heads,
-                kv_heads: first.attn.kv_heads,
-                head_dim: first.attn.head_dim,
-                intermediate: first.mlp.gate.weight().dim(0)?,
-                eps: self.eps as f32,
-            },
-            embed: self.embed.embeddings(),
-            layers: self
-                .blocks
-                .iter()
-                .map(|bl| cpu_inference::LayerTensors {
-                    ln1: &bl.ln1,
-                    q: &bl.attn.q,
-                    k: &bl.attn.k,
-                    v: &bl.attn.v,
-                    o: &bl.attn.o,
-                    ln2: &bl.ln2,
-                    gate: &bl.mlp.gate,
-                    up: &bl.mlp.up,
-                    down: &bl.mlp.down,
-                })
-                .collect(),
-            norm: &self.norm,
-            cos,
-            sin,
         };
         let Some((x, kv)) = cpu_inference::forward(&decoder, &ids, b, mask, cache.is_some(), read, prefix.as_ref())
         else {

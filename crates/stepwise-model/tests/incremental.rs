@@ -78,12 +78,7 @@ fn grow(full: &PrmScorer, name: &str) -> (usize, usize) {
 }
 
 fn clone<'a>(s: &PrmScorer<'a>) -> PrmScorer<'a> {
-    PrmScorer {
-        model: s.model,
-        tokenizer: s.tokenizer,
-        layout: s.layout.clone(),
-        reference: s.reference,
-    }
+    PrmScorer::new(s.model, s.tokenizer, s.layout.clone()).with_reference(s.reference)
 }
 
 #[test]
@@ -106,10 +101,10 @@ fn a_growing_beam_scores_as_the_whole_text_for_every_layout() {
     let other = Model::fresh(policy.config.clone(), &varmap, &dev, 7).unwrap();
     for (reference, constant) in [(None, Some(-2.0)), (Some(&other), None)] {
         for (cumulative, last_tokens) in [(false, None), (true, None), (false, Some(2))] {
-            let scorer = PrmScorer {
-                model: &policy,
-                tokenizer: &tok,
-                layout: PrmLayout::LogRatio {
+            let scorer = PrmScorer::new(
+                &policy,
+                &tok,
+                PrmLayout::LogRatio {
                     separator: "\n".into(),
                     log_ratio: LogRatio {
                         beta: 0.5,
@@ -118,8 +113,8 @@ fn a_growing_beam_scores_as_the_whole_text_for_every_layout() {
                         last_tokens,
                     },
                 },
-                reference,
-            };
+            )
+            .with_reference(reference);
             let (encoded, whole) = grow(&scorer, "log-ratio");
             assert!(encoded * 5 < whole, "log-ratio: {encoded} vs {whole}");
         }

@@ -129,24 +129,14 @@ fn a_verifier_equal_to_its_reference_is_undecided_and_batching_changes_nothing()
     let tok = tokenizer();
     let reference = lm(&tok, &VarMap::new(), 1);
     let sols = solutions(6, 4, 0.5);
-    let same = PrmScorer {
-        model: &reference,
-        tokenizer: &tok,
-        layout: layout(LR),
-        reference: Some(&reference),
-    };
+    let same = PrmScorer::new(&reference, &tok, layout(LR)).with_reference(Some(&reference));
     for s in &sols {
         for x in same.score(&s.question, &s.step_texts()).unwrap() {
             assert!((x - 0.5).abs() < 1e-6, "{x}");
         }
     }
     let other = lm(&tok, &VarMap::new(), 2);
-    let scorer = PrmScorer {
-        model: &other,
-        tokenizer: &tok,
-        layout: layout(LR),
-        reference: Some(&reference),
-    };
+    let scorer = PrmScorer::new(&other, &tok, layout(LR)).with_reference(Some(&reference));
     let enc: Vec<_> = sols
         .iter()
         .map(|s| scorer.encode(&s.question, &s.step_texts()).unwrap())
@@ -294,18 +284,8 @@ fn fine_tune_and_round_trip(
         .reference_dir(prm_dir)
         .map(|d| Model::load(&d, &Device::Cpu).unwrap());
     assert_eq!(loaded_ref.is_some(), lr.reference_logprob.is_none());
-    let a = PrmScorer {
-        model: &prm,
-        tokenizer: tok,
-        layout: layout(lr),
-        reference: Some(&reference),
-    };
-    let b = PrmScorer {
-        model: &loaded,
-        tokenizer: tok,
-        layout: spec.layout(),
-        reference: loaded_ref.as_ref(),
-    };
+    let a = PrmScorer::new(&prm, tok, layout(lr)).with_reference(Some(&reference));
+    let b = PrmScorer::new(&loaded, tok, spec.layout()).with_reference(loaded_ref.as_ref());
     common::assert_same_scores(&a, &b, &held_out);
 }
 

@@ -41,12 +41,7 @@ fn prm_fixtures_reproduce_transformers() {
     for case in ["qwen2-prm", "llama-shepherd", "qwen2-tokcls"] {
         let (model, tok) = load(case);
         let layout = PrmLayout::detect(&model, &tok).unwrap();
-        let scorer = PrmScorer {
-            model: &model,
-            tokenizer: &tok,
-            layout,
-            reference: None,
-        };
+        let scorer = PrmScorer::new(&model, &tok, layout);
         let items = exp["cases"][case]["items"].as_array().unwrap();
         let mut encoded = Vec::new();
         let mut want = Vec::new();
@@ -405,12 +400,7 @@ fn value_head_reproduces_transformers() {
     let model = Model::load(&dir, &Device::Cpu).unwrap();
     assert_eq!(model.config.head, stepwise_model::HeadKind::SequenceClassification);
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    let scorer = PrmScorer {
-        model: &model,
-        tokenizer: &tok,
-        layout: PrmLayout::detect(&model, &tok).unwrap(),
-        reference: None,
-    };
+    let scorer = PrmScorer::new(&model, &tok, PrmLayout::detect(&model, &tok).unwrap());
     let mut encoded = Vec::new();
     for it in exp["items"].as_array().unwrap() {
         let steps = strs(&it["steps"]);

@@ -100,14 +100,9 @@ fn value_head_checkpoint_round_trips() {
     let layout = PrmLayout::detect(&loaded, &tok).unwrap();
     let s = &solutions(1, 9)[0];
     let score = |m: &Model| {
-        PrmScorer {
-            model: m,
-            tokenizer: &tok,
-            layout: layout.clone(),
-            reference: None,
-        }
-        .score(&s.question, &s.step_texts())
-        .unwrap()
+        PrmScorer::new(m, &tok, layout.clone())
+            .score(&s.question, &s.step_texts())
+            .unwrap()
     };
     assert_eq!(score(&model), score(&loaded));
     // The file carries the metadata transformers writes (and some versions require).
@@ -159,18 +154,8 @@ fn tiny_prm_learns_detectable_errors_and_round_trips_through_a_checkpoint() {
     std::fs::copy(tokenizer_dir().join("tokenizer.json"), out.join("tokenizer.json")).unwrap();
     let loaded = Model::load(&out, &Device::Cpu).unwrap();
     let layout = PrmLayout::TokenClassifier { separator: "\n".into() };
-    let a = PrmScorer {
-        model: &model,
-        tokenizer: &tok,
-        layout: layout.clone(),
-        reference: None,
-    };
-    let b = PrmScorer {
-        model: &loaded,
-        tokenizer: &tok,
-        layout,
-        reference: None,
-    };
+    let a = PrmScorer::new(&model, &tok, layout.clone());
+    let b = PrmScorer::new(&loaded, &tok, layout);
     common::assert_same_scores(&a, &b, &held_out);
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -191,10 +191,33 @@ impl PolicyBackend {
     }
 }
 
+/// Where a local checkpoint scores, and how much one forward pass takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Where a local PRM runs: `auto` (a CUDA GPU when this build has CUDA and the driver reports
+    /// one, else the CPU), `cpu`, `cuda` or `cuda:N`. On a GPU, steps are scored by the CUDA engine
+    /// (packed batches, bf16 weights on the device).
+    #[arg(long, default_value = "auto")]
+    pub device: stepwise_model::Placement,
+    /// Most tokens in one forward pass of a local PRM: solutions are packed up to this budget (a
+    /// longer one runs alone), which bounds the memory a pass takes whatever the input.
+    #[arg(long, default_value_t = stepwise_model::scoring::DEFAULT_MAX_BATCH_TOKENS)]
+    pub max_batch_tokens: usize,
+}
+
+impl Default for DeviceArgs {
+    fn default() -> Self {
+        DeviceArgs {
+            device: stepwise_model::Placement::Cpu,
+            max_batch_tokens: stepwise_model::scoring::DEFAULT_MAX_BATCH_TOKENS,
+        }
+    }
+}
+
 /// A PRM to score with, local or remote.
 pub enum ScorerBackend {
-    /// A verifier loaded here.
-    Local(Box<LoadedVerifier>),
+    /// A verifier loaded here, and the tokens one forward pass takes.
+    Local(Box<LoadedVerifier>, usize),
     /// Servers.
     Remote(Box<RemotePrm>),
 }
@@ -207,14 +230,15 @@ pub struct RemotePrm {
 }
 
 impl ScorerBackend {
-    /// Load the verifier (`layout` as `stepwise score --layout`), or connect to the servers.
-    pub fn open(source: &Source, layout: &str, remote: &RemoteArgs) -> Result<Self> {
+    /// Load the verifier where `device` says (`layout` as `stepwise score --layout`), or connect
+    /// to the servers.
+    pub fn open(source: &Source, layout: &str, remote: &RemoteArgs, device: &DeviceArgs) -> Result<Self> {
         Ok(match source {
-            Source::Dir(d) => ScorerBackend::Local(Box::new(LoadedVerifier::load(
-                d,
-                layout,
-                &stepwise_model::default_device(),
-            )?)),
+            Source::Dir(d) => {
+                let v = LoadedVerifier::load_on(d, layout, device.device)?;
+                eprintln!("{}: {}", d.display(), v.model.placement_name());
+                ScorerBackend::Local(Box::new(v), device.max_batch_tokens)
+            }
             Source::Urls(urls) => {
                 let client = remote.client(urls, "prm")?;
                 let pooling = match remote.protocol.as_str() {
@@ -237,7 +261,7 @@ impl ScorerBackend {
     /// It as a [`StepScorer`].
     pub fn scorer(&self) -> Box<dyn StepScorer + '_> {
         match self {
-            ScorerBackend::Local(v) => Box::new(v.scorer()),
+            ScorerBackend::Local(v, tokens) => Box::new(v.scorer().with_max_batch_tokens(*tokens)),
             ScorerBackend::Remote(remote) => Box::new(RemoteScorer {
                 client: &remote.client,
                 protocol: match &remote.pooling {

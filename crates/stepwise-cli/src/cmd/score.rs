@@ -41,9 +41,13 @@ pub struct Args {
     /// PRM layout: auto, qwen-prm, step-tag, token-cls or log-ratio.
     #[arg(long, default_value = "auto")]
     pub layout: String,
-    /// Solutions per forward pass.
-    #[arg(long, default_value_t = 8)]
+    /// Solutions handed to the scorer at once (a local PRM packs them into forward passes of at
+    /// most --max-batch-tokens tokens; a server gets them as one request).
+    #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
+    /// Where a local PRM runs, and the tokens of one forward pass.
+    #[command(flatten)]
+    pub device: super::backend::DeviceArgs,
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
@@ -54,7 +58,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let backend = super::backend::ScorerBackend::open(&a.model, &a.layout, &a.remote)?;
+    let backend = super::backend::ScorerBackend::open(&a.model, &a.layout, &a.remote, &a.device)?;
     let scorer = backend.scorer();
     let mut sols: Vec<_> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");

@@ -91,6 +91,9 @@ pub struct Args {
     /// Score every candidate from scratch instead of incrementally (for comparison).
     #[arg(long)]
     pub whole: bool,
+    /// Where a local PRM runs, and the tokens of one forward pass.
+    #[command(flatten)]
+    pub device: super::backend::DeviceArgs,
     /// How to reach a policy or PRM given by URL.
     #[command(flatten)]
     pub remote: super::backend::RemoteArgs,
@@ -155,11 +158,14 @@ pub fn run(a: Args) -> Result<()> {
         1.0,
         &[],
     );
-    let scorer_backend = super::backend::ScorerBackend::open(&a.prm, &a.layout, &a.remote)?;
+    let scorer_backend = super::backend::ScorerBackend::open(&a.prm, &a.layout, &a.remote, &a.device)?;
     let whole = scorer_backend.scorer();
-    // A local PRM scores each new step incrementally, on the KV cache of its beam.
+    // A local PRM on the CPU scores each new step incrementally, on the KV cache of its beam; on a
+    // GPU, a beam's whole text is scored again in packed passes.
     let incremental = match &scorer_backend {
-        super::backend::ScorerBackend::Local(v) if !a.whole => Some(IncrementalScorer::new(v.scorer())),
+        super::backend::ScorerBackend::Local(v, tokens) if !a.whole && !v.model.is_on_gpu() => {
+            Some(IncrementalScorer::new(v.scorer().with_max_batch_tokens(*tokens)))
+        }
         _ => None,
     };
     let scorer: &dyn StepScorer = match &incremental {

@@ -40,6 +40,10 @@ pub struct Args {
     /// PRM layout: auto, qwen-prm, step-tag, token-cls or log-ratio.
     #[arg(long, default_value = "auto")]
     pub layout: String,
+    /// Where the PRM runs: auto (a CUDA GPU when this build has CUDA and one answers), cpu, cuda
+    /// or cuda:N. The policy runs on the CPU.
+    #[arg(long, default_value = "auto")]
+    pub prm_device: stepwise_model::Placement,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -78,6 +82,7 @@ pub fn run(a: Args) -> Result<()> {
         max_tokens: a.max_tokens.max(1),
         prefill_chunk_tokens: a.prefill_chunk_tokens,
         layout: a.layout,
+        prm_device: a.prm_device,
     };
     serve(&cfg, |addr| eprintln!("stepwise serve: listening on http://{addr}"))?;
     eprintln!("stepwise serve: stopped");

@@ -112,12 +112,7 @@ impl Verifiers<'_> {
     /// A verifier trained on step labels (or outcomes when `outcome`) as a step scorer.
     pub fn scorer<'m>(&'m self, model: &'m Model, outcome: bool) -> PrmScorer<'m> {
         let spec = self.reward_spec(outcome);
-        PrmScorer {
-            model,
-            tokenizer: self.tok,
-            layout: spec.layout(),
-            reference: spec.reference.is_some().then_some(self.base),
-        }
+        PrmScorer::new(model, self.tok, spec.layout()).with_reference(spec.reference.is_some().then_some(self.base))
     }
 
     /// Score `sols` with a verifier trained on step labels (or outcomes when `outcome`), recording

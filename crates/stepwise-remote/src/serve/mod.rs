@@ -61,6 +61,8 @@ pub struct ServeConfig {
     pub prefill_chunk_tokens: usize,
     /// PRM layout (`auto` or a name, as `stepwise score --layout`).
     pub layout: String,
+    /// Where the PRM runs (the CPU, or a CUDA GPU).
+    pub prm_device: stepwise_model::Placement,
 }
 
 /// Everything a handler needs.
@@ -153,7 +155,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
     let prm = match &cfg.prm {
         Some(dir) => Some((
             cfg.prm_name.clone().unwrap_or_else(|| folder_name(dir)),
-            LoadedVerifier::load(dir, &cfg.layout, &device)
+            LoadedVerifier::load_on(dir, &cfg.layout, cfg.prm_device)
                 .with_context(|| format!("loading the PRM {}", dir.display()))?,
         )),
         None => None,

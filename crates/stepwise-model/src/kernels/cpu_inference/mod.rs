@@ -25,6 +25,7 @@ mod tests;
 
 use crate::kernels::weights::WeightSlice;
 use crate::kernels::{sgemm, simd, KeyMask, Linear};
+use crate::packed::Packed;
 use attention::{attention, HeadScratch};
 use candle_core::{CpuStorage, Layout, Storage, Tensor};
 use rows::{matmul_t, rms_norm_rows, rotate, Rows, SwiGluRows};
@@ -154,6 +155,42 @@ pub(crate) fn forward(
     read: Option<&[Vec<usize>]>,
     prefix: Option<&Prefix>,
 ) -> Option<(Vec<f32>, KvRows)> {
+    with_weights(decoder, |weights| run(weights, ids, b, mask, want_cache, read, prefix))
+}
+
+/// The hidden states (after the final norm) at positions `read[i]` of each sequence `i` of a
+/// packed batch, stacked `[Σ read, hidden]`: each sequence runs alone on its own tokens, with no
+/// padding to skip. `None` when a weight is not contiguous on the CPU.
+pub(crate) fn forward_packed(decoder: &Decoder, batch: &Packed, read: &[Vec<usize>]) -> Option<Vec<f32>> {
+    with_weights(decoder, |w| {
+        let hidden = w.dims.hidden;
+        let mut out = vec![0f32; read.iter().map(Vec::len).sum::<usize>() * hidden];
+        let mut rest = out.as_mut_slice();
+        let work = batch
+            .sequences()
+            .zip(read)
+            .map(|(ids, r)| {
+                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * hidden);
+                rest = tail;
+                Work {
+                    ids,
+                    valid: None,
+                    read: Some(r.as_slice()),
+                    before: Vec::new(),
+                    out: mine,
+                    cache: Vec::new(),
+                }
+            })
+            .collect();
+        run_sequences(w, 0, work);
+        out
+    })
+}
+
+/// `f` over the decoder's weights, each locked and borrowed as a slice; `None` (without calling
+/// `f`) when one is not contiguous f32 (or, for matrices, bf16 or f16) on the CPU, or a product
+/// other than q, k and v has a bias.
+fn with_weights<R>(decoder: &Decoder, f: impl FnOnce(&Weights) -> R) -> Option<R> {
     // Only q, k and v may have a bias (Qwen2); anything else takes the candle path.
     let other_bias = |l: &LayerTensors| [l.o, l.gate, l.up, l.down].iter().any(|lin| lin.bias().is_some());
     if decoder.layers.iter().any(other_bias) {
@@ -205,7 +242,7 @@ pub(crate) fn forward(
         cos: decoder.cos,
         sin: decoder.sin,
     };
-    Some(run(&weights, ids, b, mask, want_cache, read, prefix))
+    Some(f(&weights))
 }
 
 /// Buffers one thread reuses across layers and sequences.
@@ -301,17 +338,60 @@ fn run(
             _ => t,
         })
         .collect();
-    let job = |bi: usize, out: &mut [f32], share, shared: bool| {
-        let read = read.map(|r| r[bi].as_slice());
-        let real = real_len[bi];
-        let (ids, valid) = (&ids[bi * t..][..real], valid_of(bi).map(|v| &v[..p + real]));
-        let out = if read.is_none() { &mut out[..real * hidden] } else { out };
-        let before: Vec<(&[f32], &[f32])> = prefix.map_or(Vec::new(), |x| {
-            x.layers
-                .iter()
-                .map(|(k, v)| (&k[bi * prefix_len..][..prefix_len], &v[bi * prefix_len..][..prefix_len]))
-                .collect()
-        });
+    let work = outs
+        .into_iter()
+        .zip(shares)
+        .enumerate()
+        .map(|(bi, (out, cache))| {
+            let real = real_len[bi];
+            Work {
+                ids: &ids[bi * t..][..real],
+                valid: valid_of(bi).map(|v| &v[..p + real]),
+                read: read.map(|r| r[bi].as_slice()),
+                before: prefix.map_or(Vec::new(), |x| {
+                    x.layers
+                        .iter()
+                        .map(|(k, v)| (&k[bi * prefix_len..][..prefix_len], &v[bi * prefix_len..][..prefix_len]))
+                        .collect()
+                }),
+                out: if read.is_none() { &mut out[..real * hidden] } else { out },
+                cache,
+            }
+        })
+        .collect();
+    run_sequences(w, p, work);
+    (out, cache)
+}
+
+/// One sequence's share of a forward pass.
+struct Work<'a> {
+    /// Its new tokens.
+    ids: &'a [u32],
+    /// Which of its positions (cached, then new) are real tokens (`None`: all are).
+    valid: Option<&'a [bool]>,
+    /// The new positions whose hidden states are wanted (`None`: all).
+    read: Option<&'a [usize]>,
+    /// Per layer, the keys and values of its cached positions.
+    before: Vec<(&'a [f32], &'a [f32])>,
+    /// Its output rows.
+    out: &'a mut [f32],
+    /// Per layer, where its keys and values go (empty: nowhere).
+    cache: Vec<(&'a mut [f32], &'a mut [f32])>,
+}
+
+/// Runs every sequence of a pass (each after `p` cached positions) through [`sequence`]: one
+/// sequence per thread when there are enough of them, or when this pass already runs on a pool
+/// thread (its siblings are busy with passes of their own); else the threads share each sequence.
+fn run_sequences(w: &Weights, p: usize, work: Vec<Work>) {
+    let job = |item: Work, shared: bool| {
+        let Work {
+            ids,
+            valid,
+            read,
+            before,
+            out,
+            cache,
+        } = item;
         let seq = Sequence {
             ids,
             prefix: p,
@@ -319,33 +399,30 @@ fn run(
             valid,
             read,
         };
-        with_scratch(|scratch| sequence(w, &seq, out, share, scratch, shared))
+        with_scratch(|scratch| sequence(w, &seq, out, cache, scratch, shared))
     };
-    // One sequence per thread when there are enough of them, or when this pass already runs on
-    // a pool thread (its siblings are busy with passes of their own); else the threads share
-    // each sequence.
+    let b = work.len();
     if b >= rayon::current_num_threads() || rayon::current_thread_index().is_some() {
         // Longest first, each taken by the next free thread, so the pass ends on a short one
         // (a static split of mixed lengths left a thread idle for most of a long sequence).
-        let mut work: Vec<_> = outs.into_iter().zip(shares).enumerate().collect();
-        work.sort_by_key(|&(bi, _)| std::cmp::Reverse(real_len[bi]));
+        let mut work = work;
+        work.sort_by_key(|item| std::cmp::Reverse(item.ids.len()));
         let queue = std::sync::Mutex::new(work.into_iter());
         let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
         rayon::scope(|scope| {
             for _ in 0..rayon::current_num_threads().min(b) {
                 scope.spawn(|_| {
-                    while let Some((bi, (out, share))) = next() {
-                        job(bi, out, share, false);
+                    while let Some(item) = next() {
+                        job(item, false);
                     }
                 });
             }
         });
     } else {
-        for (bi, (out, share)) in outs.into_iter().zip(shares).enumerate() {
-            job(bi, out, share, true);
+        for item in work {
+            job(item, true);
         }
     }
-    (out, cache)
 }
 
 /// One sequence's input to [`sequence`].

@@ -1,0 +1,137 @@
+//! A packed batch: sequences laid end to end with their offsets, no padding. It is the input of
+//! step scoring on every device (the CPU kernels run each sequence alone; the CUDA engine runs
+//! every product over all rows at once and attention within each sequence), and batches are made
+//! by a token budget ([`token_batches`]), never by a count, so memory is bounded for any input.
+
+/// Sequences of token ids laid end to end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Packed {
+    ids: Vec<u32>,
+    /// Where each sequence starts, and where the last ends (`len() + 1` entries).
+    offsets: Vec<usize>,
+}
+
+impl Packed {
+    /// The sequences `seqs`, in order.
+    pub fn new(seqs: &[&[u32]]) -> Self {
+        let mut ids = Vec::with_capacity(seqs.iter().map(|s| s.len()).sum());
+        let mut offsets = Vec::with_capacity(seqs.len() + 1);
+        offsets.push(0);
+        for s in seqs {
+            ids.extend_from_slice(s);
+            offsets.push(ids.len());
+        }
+        Packed { ids, offsets }
+    }
+
+    /// Every token id, sequence after sequence.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Where each sequence starts, then where the last ends (`len() + 1` entries).
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+
+    /// The number of sequences.
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Whether it holds no sequence.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The number of tokens of all sequences.
+    pub fn tokens(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Sequence `i`'s token ids.
+    pub fn sequence(&self, i: usize) -> &[u32] {
+        &self.ids[self.offsets[i]..self.offsets[i + 1]]
+    }
+
+    /// Every sequence, in order.
+    pub fn sequences(&self) -> impl Iterator<Item = &[u32]> {
+        (0..self.len()).map(|i| self.sequence(i))
+    }
+
+    /// The longest sequence's length (0 when empty).
+    pub fn longest(&self) -> usize {
+        self.offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
+    }
+
+    /// Each token's position within its sequence (its rotary position).
+    pub fn positions(&self) -> Vec<u32> {
+        self.offsets.windows(2).flat_map(|w| 0..(w[1] - w[0]) as u32).collect()
+    }
+
+    /// The row of the whole batch that is position `at` of sequence `i`.
+    pub fn row(&self, i: usize, at: usize) -> usize {
+        debug_assert!(self.offsets[i] + at < self.offsets[i + 1]);
+        self.offsets[i] + at
+    }
+}
+
+/// The indices of sequences of `lengths` grouped into batches of at most `max_tokens` tokens
+/// each, first fit by decreasing length (each sequence, longest first, joins the first batch it
+/// fits in); a sequence longer than the budget is a batch of its own. Every index appears once,
+/// and each batch lists its indices in ascending order (all of them, in order, when they fit in
+/// one).
+pub fn token_batches(lengths: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
+    let mut batches: Vec<(usize, Vec<usize>)> = Vec::new();
+    for i in order {
+        match batches.iter_mut().find(|(used, _)| used + lengths[i] <= max_tokens) {
+            Some((used, batch)) => {
+                *used += lengths[i];
+                batch.push(i);
+            }
+            None => batches.push((lengths[i], vec![i])),
+        }
+    }
+    batches
+        .into_iter()
+        .map(|(_, mut b)| {
+            b.sort_unstable();
+            b
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packs_sequences_end_to_end() {
+        let p = Packed::new(&[&[5, 6, 7], &[], &[8, 9]]);
+        assert_eq!(p.ids(), &[5, 6, 7, 8, 9]);
+        assert_eq!(p.offsets(), &[0, 3, 3, 5]);
+        assert_eq!((p.len(), p.tokens(), p.longest()), (3, 5, 3));
+        assert_eq!(p.sequence(2), &[8, 9]);
+        assert_eq!(p.positions(), vec![0, 1, 2, 0, 1]);
+        assert_eq!(p.row(2, 1), 4);
+    }
+
+    #[test]
+    fn token_batches_keep_to_the_budget_and_take_everything_once() {
+        let lengths = [30, 5, 100, 40, 60, 1, 0];
+        let batches = token_batches(&lengths, 64);
+        let mut seen: Vec<usize> = batches.iter().flatten().copied().collect();
+        seen.sort();
+        assert_eq!(seen, (0..lengths.len()).collect::<Vec<_>>());
+        for b in &batches {
+            let total: usize = b.iter().map(|&i| lengths[i]).sum();
+            assert!(total <= 64 || b.len() == 1, "{b:?}: {total} tokens");
+        }
+        // The 100-token sequence is alone; the longest come first.
+        assert_eq!(batches[0], vec![2]);
+        assert_eq!(batches[1], vec![4, 5, 6]);
+        assert!(token_batches(&[], 10).is_empty());
+    }
+}

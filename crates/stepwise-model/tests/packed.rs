@@ -1,0 +1,112 @@
+//! The packed batch is the scoring input: sequences end to end, no padding, passes made by a
+//! token budget. Every solution must score as it does alone, whatever the budget and whatever it
+//! is packed with.
+
+mod common;
+
+use common::fixtures;
+use stepwise_model::scoring::LoadedVerifier;
+use stepwise_model::{Packed, Tokenizer};
+
+/// Forty ProcessBench solutions of mixed lengths (the public data the project ships), cut to
+/// their first steps and characters so that they fit the fixtures' 512 positions.
+fn solutions() -> Vec<stepwise_core::Solution> {
+    let data = fixtures().join("../../data/processbench/gsm8k.json");
+    let mut sols = stepwise_core::io::read_solution_set(&data, None).unwrap();
+    sols.truncate(40);
+    let cut = |t: &str, n: usize| t.chars().take(n).collect::<String>();
+    for (i, s) in sols.iter_mut().enumerate() {
+        s.question = cut(&s.question, 40 + 7 * i);
+        s.steps.truncate(1 + i % 4);
+        for step in &mut s.steps {
+            step.text = cut(&step.text, 60);
+        }
+    }
+    sols
+}
+
+#[test]
+fn every_solution_scores_as_alone_whatever_the_token_budget() {
+    let sols = solutions();
+    for name in ["qwen2-prm", "qwen2-tokcls", "llama-shepherd"] {
+        let v = LoadedVerifier::load(&fixtures().join(name), "auto", &candle_core::Device::Cpu).unwrap();
+        let scorer = v.scorer();
+        let encoded: Vec<_> = sols
+            .iter()
+            .map(|s| scorer.encode(&s.question, &s.step_texts()).unwrap())
+            .collect();
+        let alone: Vec<Vec<f32>> = encoded
+            .iter()
+            .map(|e| scorer.score_batch(std::slice::from_ref(e)).unwrap().remove(0))
+            .collect();
+        let longest = encoded.iter().map(|e| e.ids.len()).max().unwrap();
+        // One solution a pass, a few, and all at once.
+        for budget in [1, longest, 3 * longest, usize::MAX] {
+            let got = scorer
+                .clone()
+                .with_max_batch_tokens(budget)
+                .score_batch(&encoded)
+                .unwrap();
+            assert_eq!(got.len(), alone.len());
+            for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+                assert_eq!(g.len(), a.len(), "{name}, budget {budget}, solution {i}");
+                for (x, y) in g.iter().zip(a) {
+                    assert!(
+                        (x - y).abs() < 1e-6,
+                        "{name}, budget {budget}, solution {i}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_rows_equal_each_sequence_run_alone() {
+    let dir = fixtures().join("qwen2-prm");
+    let v = LoadedVerifier::load(&dir, "auto", &candle_core::Device::Cpu).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let seqs: Vec<Vec<u32>> = solutions()
+        .iter()
+        .take(9)
+        .map(|s| {
+            tok.encode(&format!("{} {}", s.question, s.step_texts().join("\n")), true)
+                .unwrap()
+        })
+        .collect();
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let packed = Packed::new(&refs);
+    // Every tenth position, and the last, of each sequence.
+    let read: Vec<Vec<usize>> = seqs
+        .iter()
+        .map(|s| (0..s.len()).filter(|p| p % 10 == 0 || *p == s.len() - 1).collect())
+        .collect();
+    let all = v.model.hidden_packed_rows(&packed, &read).unwrap();
+    let mut first = 0;
+    for (s, r) in seqs.iter().zip(&read) {
+        let alone = v
+            .model
+            .hidden_packed_rows(&Packed::new(&[s.as_slice()]), std::slice::from_ref(r))
+            .unwrap();
+        let mine = all.narrow(0, first, r.len()).unwrap();
+        first += r.len();
+        assert!(
+            common::max_diff(&mine, &alone) < 1e-5,
+            "{}",
+            common::max_diff(&mine, &alone)
+        );
+        // And what the padded path gives the same sequence.
+        let ids = candle_core::Tensor::new(s.as_slice(), &candle_core::Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let padded = v.model.hidden_rows(&ids, None, std::slice::from_ref(r)).unwrap();
+        assert!(common::max_diff(&padded, &alone) < 1e-5);
+    }
+    // Reading past a sequence's end is an error naming it, not a panic.
+    let err = v
+        .model
+        .hidden_packed_rows(&Packed::new(&[&[1, 2]]), &[vec![5]])
+        .unwrap_err();
+    assert!(err.to_string().contains("past the end"), "{err}");
+}
