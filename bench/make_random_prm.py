@@ -6,6 +6,10 @@ real model's shape, written in shards with a
 shard.
 
     python bench/make_random_prm.py {0.5b|7b} OUT_DIR [--dtype bfloat16|float32] [--policy]
+        [--tokenizer DIR] [--device cuda]
+
+`--tokenizer` names the folder whose tokenizer files are copied (default: the fixture PRM's, in
+../shared); `--device cuda` draws the weights on a GPU (a 7B checkpoint in seconds, not minutes).
 """
 import argparse
 import json
@@ -30,7 +34,10 @@ p.add_argument("shape", choices=SHAPES)
 p.add_argument("out")
 p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
 p.add_argument("--policy", action="store_true", help="a causal LM (lm_head) instead of the PRM head")
+p.add_argument("--tokenizer", default=str(FIX), help="folder with tokenizer.json and tokenizer_config.json")
+p.add_argument("--device", default="cpu", help="where the random weights are drawn (cpu or cuda)")
 a = p.parse_args()
+FIX = Path(a.tokenizer)
 dtype = getattr(torch, a.dtype)
 c = SHAPES[a.shape]
 h, i, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
@@ -69,7 +76,7 @@ def make(name, shape):
         return torch.ones(shape, dtype=dtype)
     if name.endswith("bias"):
         return torch.zeros(shape, dtype=dtype)
-    return (torch.randn(shape) * 0.02).to(dtype)
+    return (torch.randn(shape, device=a.device) * 0.02).to(dtype).cpu()
 
 
 shards, current, size = [], {}, 0

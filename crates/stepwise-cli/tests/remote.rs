@@ -283,6 +283,59 @@ fn concurrent_score_requests_get_their_own_scores() {
     }
 }
 
+/// OpenRLHF's remote reward model protocol: a response's reward is its steps' scores (as
+/// /v1/score_steps gives them) aggregated by their minimum, plus 1 when its answer grades equal
+/// to its label; the question is the templated prompt's user turn.
+#[test]
+fn get_reward_answers_openrlhf() {
+    let server = serve(&["--reward-separator", "\n"]);
+    let prompt = "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n";
+    let responses = ["2 + 3 = 5.\nThe answer is \\boxed{5}.", "The answer is 6."];
+    let queries: Vec<String> = responses.iter().map(|r| format!("{prompt}{r}<|im_end|>")).collect();
+    let got = post(
+        &server.url,
+        "/get_reward",
+        &json!({"query": queries, "prompts": [prompt, prompt], "labels": ["5", "5"]}),
+    );
+    let rewards: Vec<f64> = got["rewards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let steps = [
+        vec!["2 + 3 = 5.", "The answer is \\boxed{5}."],
+        vec!["The answer is 6."],
+    ];
+    let inputs: Vec<Value> = steps
+        .iter()
+        .map(|s| json!({"question": "What is 2+3?", "steps": s}))
+        .collect();
+    let scores = post(&server.url, "/v1/score_steps", &json!({"inputs": inputs}))["scores"].clone();
+    let min = |k: usize| {
+        scores[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::INFINITY, f64::min)
+    };
+    assert!((rewards[0] - (min(0) + 1.0)).abs() < 1e-5, "{got}");
+    assert!((rewards[1] - min(1)).abs() < 1e-5, "{got}");
+    assert_eq!(got["extra_logs"]["acc"], json!([1.0, 0.0]));
+    assert_eq!(got["step_scores"], scores);
+    // The legacy shape (queries only: each the response, with no question) is answered too,
+    // without outcomes.
+    let legacy = post(&server.url, "/get_reward", &json!({"query": [responses[1]]}));
+    let alone = post(
+        &server.url,
+        "/v1/score_steps",
+        &json!({"inputs": [{"question": "", "steps": [responses[1]]}]}),
+    );
+    assert_eq!(legacy["rewards"][0], alone["scores"][0][0], "{legacy}");
+    assert_eq!(legacy["extra_logs"]["acc"], json!([0.0]));
+}
+
 /// Concurrent completion requests of different prompt lengths, `n` and `max_tokens` are decoded
 /// together in one running batch, and each gets what it gets when sent alone.
 #[test]

@@ -17,8 +17,10 @@ pub fn is_parquet(path: &Path) -> bool {
     path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
 }
 
-/// Write JSON object records to a Parquet file (snappy-compressed, schema inferred from all rows).
-pub fn write_parquet(path: &Path, records: &[Value]) -> Result<(), String> {
+/// JSON object records as Arrow record batches (schema inferred from all rows: nested lists and
+/// structs included; strings as `utf8`, arrays as `list`, booleans as `bool`), at most 8192 rows a
+/// batch.
+pub fn records_to_batches(records: &[Value]) -> Result<(Arc<arrow_schema::Schema>, Vec<RecordBatch>), String> {
     let schema =
         infer_json_schema_from_iterator(records.iter().map(Ok)).map_err(|e| format!("inferring a schema: {e}"))?;
     let schema = Arc::new(schema);
@@ -26,16 +28,26 @@ pub fn write_parquet(path: &Path, records: &[Value]) -> Result<(), String> {
         .with_batch_size(8192)
         .build_decoder()
         .map_err(|e| e.to_string())?;
-    let file = File::create(path).map_err(|e| e.to_string())?;
-    let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
-    let mut writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| e.to_string())?;
+    let mut batches = Vec::new();
     for chunk in records.chunks(8192) {
         decoder
             .serialize(chunk)
             .map_err(|e| format!("converting records to columns: {e}"))?;
         if let Some(batch) = decoder.flush().map_err(|e| e.to_string())? {
-            writer.write(&batch).map_err(|e| e.to_string())?;
+            batches.push(batch);
         }
+    }
+    Ok((schema, batches))
+}
+
+/// Write JSON object records to a Parquet file (snappy-compressed, schema inferred from all rows).
+pub fn write_parquet(path: &Path, records: &[Value]) -> Result<(), String> {
+    let (schema, batches) = records_to_batches(records)?;
+    let file = File::create(path).map_err(|e| e.to_string())?;
+    let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+    let mut writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| e.to_string())?;
+    for batch in &batches {
+        writer.write(batch).map_err(|e| e.to_string())?;
     }
     writer.close().map_err(|e| e.to_string())?;
     Ok(())
@@ -50,7 +62,8 @@ pub fn read_parquet(path: &Path) -> Result<impl Iterator<Item = Result<Vec<Value
     Ok(reader.map(|batch| batch.map_err(|e| e.to_string()).and_then(|b| batch_to_json(&b))))
 }
 
-fn batch_to_json(batch: &RecordBatch) -> Result<Vec<Value>, String> {
+/// An Arrow record batch as JSON object records (nulls written out).
+pub fn batch_to_json(batch: &RecordBatch) -> Result<Vec<Value>, String> {
     let mut buf = Vec::new();
     let mut w = WriterBuilder::new()
         .with_explicit_nulls(true)

@@ -29,6 +29,36 @@ pub struct Problem {
     pub meta: Meta,
 }
 
+impl Problem {
+    /// A problem from a JSON record: `question` (or `problem`), an optional `id` (else one
+    /// derived from the question) and a gold answer in `gold_answer` or `answer` (GSM8K's
+    /// `#### N` is understood). An error names the field.
+    pub fn from_record(v: &serde_json::Value) -> Result<Problem, crate::FieldError> {
+        use serde_json::Value;
+        let question = v
+            .get("question")
+            .or_else(|| v.get("problem"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| crate::FieldError::new("question", "missing (or `problem`: the problem's text)"))?
+            .to_string();
+        let gold_answer = ["gold_answer", "answer"]
+            .iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_str))
+            .map(|g| crate::answer::extract_gsm8k_gold(g).unwrap_or_else(|| g.to_string()));
+        let id = v
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| crate::formats::problem_id_for(&question));
+        Ok(Problem {
+            id,
+            question,
+            gold_answer,
+            ..Default::default()
+        })
+    }
+}
+
 /// A step-by-step solution to a problem, with optional per-step labels and scores.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Solution {

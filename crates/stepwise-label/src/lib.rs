@@ -7,6 +7,7 @@
 pub mod binary_search;
 pub mod consensus;
 pub mod judge;
+pub mod methods;
 pub mod montecarlo;
 pub mod omegaprm;
 pub mod resumable;
@@ -14,6 +15,7 @@ pub mod resumable;
 pub use binary_search::BinarySearch;
 pub use consensus::Consensus;
 pub use judge::Judge;
+pub use methods::{Annotators, Method};
 pub use montecarlo::{McOptions, MonteCarlo};
 pub use omegaprm::{OmegaOptions, OmegaPrm};
 pub use resumable::annotate_resumable;

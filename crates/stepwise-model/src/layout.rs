@@ -206,6 +206,16 @@ impl RewardSpec {
 pub const QWEN_PRM_SYSTEM: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
 
 impl PrmLayout {
+    /// Its name, as `--layout` takes it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PrmLayout::QwenPrm { .. } => "qwen-prm",
+            PrmLayout::StepTag { .. } => "step-tag",
+            PrmLayout::TokenClassifier { .. } => "token-cls",
+            PrmLayout::LogRatio { .. } => "log-ratio",
+        }
+    }
+
     /// A fixed layout by name: `qwen-prm`, `step-tag` (Math-Shepherd's `ки` with `+`/`-`) or
     /// `token-cls` (TRL's token classifier, steps ending in `"\n"`).
     pub fn by_name(name: &str) -> Result<Self> {

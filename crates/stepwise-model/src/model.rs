@@ -70,12 +70,13 @@ impl Model {
         })
     }
 
-    /// Load the checkpoint folder `dir` where `placement` says: [`Model::load`] on the CPU, or
-    /// onto a CUDA GPU (weights bf16 on the device; step scoring runs there).
-    pub fn load_on(dir: &Path, placement: crate::Placement) -> Result<Self> {
+    /// Load the checkpoint folder `dir` where `placement` says: on the CPU with its weight
+    /// matrices held as `hold` says ([`Model::load_as`]), or onto a CUDA GPU (weights bf16 on
+    /// the device; step scoring runs there).
+    pub fn load_on(dir: &Path, placement: crate::Placement, hold: WeightDtype) -> Result<Self> {
         match placement.resolve()? {
             crate::Placement::Cuda(ordinal) => Self::load_cuda(dir, ordinal),
-            _ => Self::load(dir, &Device::Cpu),
+            _ => Self::load_as(dir, &Device::Cpu, hold),
         }
     }
 

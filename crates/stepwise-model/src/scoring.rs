@@ -67,6 +67,13 @@ impl<'a> PrmScorer<'a> {
             );
         }
         let e = self.layout.encode(self.tokenizer, problem, steps)?;
+        let positions = self.model.config.max_position_embeddings;
+        if e.ids.len() > positions {
+            bail!(
+                "{} tokens: longer than the model's max_position_embeddings ({positions})",
+                e.ids.len()
+            );
+        }
         if e.positions.len() != steps.len() {
             bail!(
                 "{} steps but {} reward positions in the encoded input (a step contains the step token?)",
@@ -226,9 +233,15 @@ impl LoadedVerifier {
         Self::load_model(dir, layout, Model::load(dir, device)?)
     }
 
-    /// [`LoadedVerifier::load`] where `placement` says (the CPU, or a CUDA GPU).
-    pub fn load_on(dir: &std::path::Path, layout: &str, placement: crate::Placement) -> Result<Self> {
-        Self::load_model(dir, layout, Model::load_on(dir, placement)?)
+    /// [`LoadedVerifier::load`] where `placement` says (the CPU, its weights held as `hold`
+    /// says, or a CUDA GPU).
+    pub fn load_on(
+        dir: &std::path::Path,
+        layout: &str,
+        placement: crate::Placement,
+        hold: crate::WeightDtype,
+    ) -> Result<Self> {
+        Self::load_model(dir, layout, Model::load_on(dir, placement, hold)?)
     }
 
     fn load_model(dir: &std::path::Path, layout: &str, model: Model) -> Result<Self> {

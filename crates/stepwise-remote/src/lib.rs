@@ -4,6 +4,7 @@
 //! per run ([`client`]); and `stepwise serve`, a local policy and PRM behind that API ([`serve`]).
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod client;
 pub mod policy;
 pub mod scorer;

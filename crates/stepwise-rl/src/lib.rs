@@ -3,6 +3,7 @@
 //!
 //! - [`advantage`]: GRPO's group-normalised advantages and per-step credit (DeepSeekMath's
 //!   return-to-go of normalised step rewards, or the min-so-far of step rewards);
+//! - [`dense`]: step scores as per-token rewards for RL engines that take them (verl, OpenRLHF);
 //! - [`loss`]: the PPO-clip policy-gradient loss with GRPO's k3 KL penalty to a frozen reference,
 //!   on the engine's differentiable path;
 //! - [`rollout`]: sampled solutions as training sequences, each token carrying its step's advantage;
@@ -10,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod advantage;
+pub mod dense;
 pub mod loss;
 pub mod rollout;
 pub mod trainer;

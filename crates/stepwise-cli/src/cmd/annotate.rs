@@ -1,12 +1,9 @@
 use anyhow::{bail, Result};
 use std::path::PathBuf;
-use stepwise_core::seams::Annotator;
 use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution};
-use stepwise_label::judge::{IndexAnswer, JudgeFormat, ProcessBenchCritique, QuoteAnswer};
-use stepwise_label::{
-    annotate_resumable, BinarySearch, Consensus, Judge, McOptions, MonteCarlo, OmegaOptions, OmegaPrm,
-};
+use stepwise_label::methods::{judge_format, Settings};
+use stepwise_label::{annotate_resumable, Annotators, Method};
 use stepwise_model::Prompt;
 
 /// Label steps automatically by Monte Carlo rollouts (Math-Shepherd) or by binary search for the
@@ -59,9 +56,11 @@ pub struct Args {
     /// Labelled solutions (stepwise JSONL, appended and resumed).
     #[arg(long)]
     pub output: PathBuf,
-    /// How steps are labelled: `mc` (every step by rollouts; soft and hard labels) or
-    /// `binary-search` (the first error by bisection; hard labels).
-    #[arg(long, default_value = "mc", value_parser = ["mc", "binary-search", "omegaprm", "judge", "consensus"])]
+    /// How steps are labelled: `mc` (rollouts from every step prefix: soft and hard labels),
+    /// `binary-search` (the first error by bisection: hard labels), `omegaprm` (OmegaPRM's
+    /// rollout tree per problem, searched by MCTS), `judge` (a model asked for the first wrong
+    /// step) or `consensus` (mc labels kept where the judge agrees on the first error).
+    #[arg(long, default_value = "mc", value_parser = Method::NAMES)]
     pub method: String,
     /// --method omegaprm: searches over each problem's tree of new rollouts after its given
     /// solutions' (0: label only the given solutions; the probes' rollouts are still kept).
@@ -127,7 +126,7 @@ pub fn run(a: Args) -> Result<()> {
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),
     )?;
-    let backend = super::backend::PolicyBackend::open(&a.policy, &a.remote)?;
+    let backend = super::backend::PolicyBackend::open(&a.policy, &a.remote.options())?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy = backend.policy(
         a.sampling.temperature,
@@ -138,19 +137,17 @@ pub fn run(a: Args) -> Result<()> {
         &[],
     );
     let task = MathTask::default();
-    let options = McOptions {
-        rollouts: a.rollouts,
-        seed: a.seed,
+    let method = Method::by_name(&a.method)?;
+    let judge_backend = match (&a.judge, method.needs_judge()) {
+        (Some(j), _) => Some(super::backend::PolicyBackend::open(j, &a.remote.options())?),
+        (None, true) => bail!("--method {} needs --judge (a model to ask)", a.method),
+        (None, false) => None,
     };
-    let judge_backend = match (&a.judge, a.method.as_str()) {
-        (Some(j), _) => Some(super::backend::PolicyBackend::open(j, &a.remote)?),
-        (None, "judge" | "consensus") => bail!("--method {} needs --judge (a model to ask)", a.method),
-        (None, _) => None,
-    };
-    let (format, separator): (&dyn JudgeFormat, &str) = match a.judge_format.as_str() {
-        "index" => (&IndexAnswer, &a.sampling.separator),
-        "quote" => (&QuoteAnswer, &a.sampling.separator),
-        _ => (&ProcessBenchCritique, "\n"),
+    let (format, own_separator) = judge_format(&a.judge_format)?;
+    let separator = if own_separator {
+        a.sampling.separator.as_str()
+    } else {
+        "\n"
     };
     let judge_policy = judge_backend.as_ref().map(|b| {
         let prompt = if a.judge_chat { Prompt::Chat } else { Prompt::Text };
@@ -163,41 +160,20 @@ pub fn run(a: Args) -> Result<()> {
             &[],
         )
     });
-    let judge = judge_policy.as_ref().map(|p| Judge {
-        policy: &**p,
-        samples: a.judge_samples,
+    let settings = Settings {
+        rollouts: a.rollouts,
         seed: a.seed,
-        format,
-    });
-    let mc = MonteCarlo {
-        policy: &*policy,
-        task: &task,
-        options: options.clone(),
+        search_limit: a.search_limit,
+        judge_samples: a.judge_samples,
     };
-    let annotator: Box<dyn Annotator + '_> = match (a.method.as_str(), &judge) {
-        ("binary-search", _) => Box::new(BinarySearch {
-            policy: &*policy,
-            task: &task,
-            options,
-        }),
-        ("omegaprm", _) => Box::new(OmegaPrm {
-            policy: &*policy,
-            task: &task,
-            options: OmegaOptions {
-                rollouts: a.rollouts,
-                search_limit: a.search_limit,
-                seed: a.seed,
-                ..Default::default()
-            },
-        }),
-        ("judge", Some(j)) => Box::new(Judge { ..*j }),
-        ("consensus", Some(j)) => Box::new(Consensus { first: &mc, second: j }),
-        _ => Box::new(MonteCarlo {
-            policy: &*policy,
-            task: &task,
-            options,
-        }),
-    };
+    let annotators = Annotators::new(
+        method,
+        &*policy,
+        &task,
+        &settings,
+        judge_policy.as_ref().map(|p| (&**p, format)),
+    )?;
+    let annotator = annotators.get();
     let bar = crate::progress::bar(Some(sols.len() as u64), "annotating");
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.unwrap_or(0))

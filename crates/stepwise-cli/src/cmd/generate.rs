@@ -66,7 +66,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let backend = super::backend::PolicyBackend::open(&a.model, &a.remote)?;
+    let backend = super::backend::PolicyBackend::open(&a.model, &a.remote.options())?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy: Box<dyn Policy + '_> = match &backend {
         super::backend::PolicyBackend::Local(loaded) => {

@@ -68,40 +68,20 @@ pub fn step_scores(
 /// Problems from JSONL records with `question` (or `problem`), an optional `id` and a gold answer
 /// in `gold_answer` or `answer` (GSM8K's `#### N` is understood); errors name file and line.
 pub fn read_problems(path: &std::path::Path) -> anyhow::Result<Vec<stepwise_core::Problem>> {
-    use anyhow::Context;
-    use serde_json::Value;
     let mut out = Vec::new();
     let mut lines: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (line, rec) in stepwise_core::io::raw_records(path)? {
         let at = || format!("{}:{line}", path.display());
         let v = rec.map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
-        let question = v
-            .get("question")
-            .or_else(|| v.get("problem"))
-            .and_then(Value::as_str)
-            .with_context(|| format!("{}: field `question`: missing", at()))?
-            .to_string();
-        let gold_answer = ["gold_answer", "answer"]
-            .iter()
-            .find_map(|k| v.get(*k).and_then(Value::as_str))
-            .map(|g| stepwise_core::answer::extract_gsm8k_gold(g).unwrap_or_else(|| g.to_string()));
-        let id = v
-            .get("id")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| stepwise_core::formats::problem_id_for(&question));
-        if let Some(first) = lines.insert(id.clone(), line) {
+        let problem = stepwise_core::Problem::from_record(&v).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+        if let Some(first) = lines.insert(problem.id.clone(), line) {
             anyhow::bail!(
-                "{}: field `id`: `{id}` is the id of line {first} too (problem ids must be unique; a question repeated without ids gets the same id)",
-                at()
+                "{}: field `id`: `{}` is the id of line {first} too (problem ids must be unique; a question repeated without ids gets the same id)",
+                at(),
+                problem.id
             );
         }
-        out.push(stepwise_core::Problem {
-            id,
-            question,
-            gold_answer,
-            ..Default::default()
-        });
+        out.push(problem);
     }
     Ok(out)
 }

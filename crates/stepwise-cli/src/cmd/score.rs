@@ -58,7 +58,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let backend = super::backend::ScorerBackend::open(&a.model, &a.layout, &a.remote, &a.device)?;
+    let backend = a.device.open_scorer(&a.model, &a.layout, &a.remote)?;
     let scorer = backend.scorer();
     let mut sols: Vec<_> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");

@@ -1,7 +1,7 @@
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use stepwise_core::seams::{MathTask, StepScorer};
-use stepwise_model::{IncrementalScorer, Prompt};
+use stepwise_model::Prompt;
 use stepwise_search::{compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold, METHODS};
 
 /// Search for solutions step by step, guided by a PRM.
@@ -149,7 +149,7 @@ pub fn run(a: Args) -> Result<()> {
         }),
     )?;
     let problems = super::read_problems(&a.input)?;
-    let policy_backend = super::backend::PolicyBackend::open(&a.policy, &a.remote)?;
+    let policy_backend = super::backend::PolicyBackend::open(&a.policy, &a.remote.options())?;
     let policy = policy_backend.policy(
         a.sampling.temperature,
         a.sampling.max_tokens,
@@ -158,20 +158,13 @@ pub fn run(a: Args) -> Result<()> {
         1.0,
         &[],
     );
-    let scorer_backend = super::backend::ScorerBackend::open(&a.prm, &a.layout, &a.remote, &a.device)?;
-    let whole = scorer_backend.scorer();
-    // A local PRM on the CPU scores each new step incrementally, on the KV cache of its beam; on a
-    // GPU, a beam's whole text is scored again in packed passes.
-    let incremental = match &scorer_backend {
-        super::backend::ScorerBackend::Local(v, tokens) if !a.whole && !v.model.is_on_gpu() => {
-            Some(IncrementalScorer::new(v.scorer().with_max_batch_tokens(*tokens)))
-        }
-        _ => None,
+    let scorer_backend = a.device.open_scorer(&a.prm, &a.layout, &a.remote)?;
+    let scorer = if a.whole {
+        scorer_backend.scorer()
+    } else {
+        scorer_backend.search_scorer()
     };
-    let scorer: &dyn StepScorer = match &incremental {
-        Some(i) => i,
-        None => &*whole,
-    };
+    let scorer: &dyn StepScorer = &*scorer;
     let jobs: Vec<Job<'_>> = problems
         .iter()
         .map(|p| Job {

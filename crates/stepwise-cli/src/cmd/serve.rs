@@ -14,6 +14,10 @@ use stepwise_remote::serve::{serve, ServeConfig};
   POST /v1/score_steps         {\"inputs\": [{\"question\", \"steps\": [...]}]} -> one score per step, laid
                                out as the PRM was trained (every layout stepwise scores)
   POST /pooling                vLLM's STEP pooling shape: [p_bad, p_good] at each step tag
+  POST /get_reward             OpenRLHF's remote reward model (--remote_rm_url http://HOST:PORT/get_reward):
+                               {\"query\", \"prompts\", \"labels\"} -> {\"rewards\", \"scores\", \"extra_logs\"};
+                               a response's steps (split at --reward-separator) scored by the PRM and
+                               aggregated, plus the graded outcome when labels are sent
   GET  /metrics                Prometheus text: requests, tokens, latency histogram
 
 Errors are OpenAI-shaped JSON with 4xx codes (unknown model 404, bad key 401, prompt too long
@@ -44,6 +48,16 @@ pub struct Args {
     /// or cuda:N. The policy runs on the CPU.
     #[arg(long, default_value = "auto")]
     pub prm_device: stepwise_model::Placement,
+    /// `/get_reward` (OpenRLHF's --remote_rm_url): the text between a response's steps.
+    #[arg(long, default_value = "\n\n")]
+    pub reward_separator: String,
+    /// `/get_reward`: how a response's step scores become its reward (min, product, last, mean).
+    #[arg(long, default_value = "min", value_parser = ["min", "product", "last", "mean"])]
+    pub reward_aggregate: String,
+    /// `/get_reward`: weight of the graded outcome (1 when the answer equals the label) added to
+    /// the aggregated step scores (0: process reward only).
+    #[arg(long, default_value_t = 1.0)]
+    pub reward_outcome_weight: f32,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -83,6 +97,12 @@ pub fn run(a: Args) -> Result<()> {
         prefill_chunk_tokens: a.prefill_chunk_tokens,
         layout: a.layout,
         prm_device: a.prm_device,
+        reward_rule: stepwise_remote::serve::openrlhf::RewardRule {
+            separator: a.reward_separator,
+            aggregation: stepwise_search::Aggregation::by_name(&a.reward_aggregate)?,
+            outcome_weight: a.reward_outcome_weight,
+            mode: stepwise_core::grader::GradeMode::Lenient,
+        },
     };
     serve(&cfg, |addr| eprintln!("stepwise serve: listening on http://{addr}"))?;
     eprintln!("stepwise serve: stopped");

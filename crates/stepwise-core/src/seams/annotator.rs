@@ -41,3 +41,22 @@ pub trait Annotator: Sync {
         false
     }
 }
+
+/// An annotator behind a reference is one too.
+impl<A: Annotator + ?Sized> Annotator for &A {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
+        (**self).annotate(sol)
+    }
+
+    fn annotate_problem(&self, sols: &[Solution]) -> Result<Vec<(Solution, Spent)>> {
+        (**self).annotate_problem(sols)
+    }
+
+    fn by_problem(&self) -> bool {
+        (**self).by_problem()
+    }
+}

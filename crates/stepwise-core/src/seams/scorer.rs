@@ -88,10 +88,18 @@ pub fn score_solutions(
     let mut done = 0;
     for chunk in sols.chunks_mut(batch_size.max(1)) {
         let inputs: Vec<ScoreInput<'_>> = chunk.iter().map(ScoreInput::of).collect();
-        let scored = scorer.score(&inputs).with_context(|| {
-            let ids: Vec<&str> = chunk.iter().map(|s| s.id.as_str()).collect();
-            format!("scoring solutions {}", ids.join(", "))
-        })?;
+        let scored = match scorer.score(&inputs) {
+            Ok(scored) => scored,
+            // Name the solution that fails, not the batch: each is scored alone until one does.
+            Err(batch_error) => {
+                for (k, s) in chunk.iter().enumerate() {
+                    scorer
+                        .score(&[ScoreInput::of(s)])
+                        .with_context(|| format!("scoring solution `{}` (record {})", s.id, done + k + 1))?;
+                }
+                return Err(batch_error.context(format!("scoring records {}-{}", done + 1, done + chunk.len())));
+            }
+        };
         anyhow::ensure!(
             scored.scores.len() == chunk.len(),
             "the scorer returned {} results for {} solutions",

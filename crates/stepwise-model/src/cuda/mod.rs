@@ -312,6 +312,9 @@ impl Gpu {
         if rows == 0 || n == 0 {
             return Ok(());
         }
+        // cuBLAS runs in the calling thread's current context (a server's worker thread may not
+        // have it yet).
+        self.ctx.bind_to_thread()?;
         let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
         let out_type = if out_f32 {
             cudaDataType::CUDA_R_32F

@@ -348,7 +348,9 @@ impl GpuModel {
             .collect();
         let cos = gpu.upload(&angles.iter().map(|a| a.cos()).collect::<Vec<_>>())?;
         let sin = gpu.upload(&angles.iter().map(|a| a.sin()).collect::<Vec<_>>())?;
-        Ok(GpuModel {
+        // The flash kernel for this head size is compiled now, not inside the first timed pass.
+        gpu.flash(d)?;
+        let model = GpuModel {
             embed: plan.take_matrix(embed),
             norm: plan.take_vector(norm),
             layers,
@@ -360,7 +362,11 @@ impl GpuModel {
             encoded_tokens: AtomicUsize::new(0),
             config,
             gpu,
-        })
+        };
+        // One token through everything: cuBLAS picks its kernels and the scratch buffers exist.
+        model.head_at(&Packed::new(&[&[0]]), &[0], Some(&[0]))?;
+        model.encoded_tokens.store(0, Ordering::Relaxed);
+        Ok(model)
     }
 
     /// The GPU it runs on.

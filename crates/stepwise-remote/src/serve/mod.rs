@@ -18,6 +18,7 @@
 mod batcher;
 mod completions;
 mod metrics;
+pub mod openrlhf;
 mod steps;
 
 use anyhow::{Context, Result};
@@ -63,6 +64,8 @@ pub struct ServeConfig {
     pub layout: String,
     /// Where the PRM runs (the CPU, or a CUDA GPU).
     pub prm_device: stepwise_model::Placement,
+    /// How `/get_reward` (OpenRLHF's remote reward model) turns step scores into one reward.
+    pub reward_rule: openrlhf::RewardRule,
 }
 
 /// Everything a handler needs.
@@ -73,6 +76,7 @@ pub(crate) struct AppState {
     pub max_n: usize,
     pub max_tokens: usize,
     pub prefill_chunk_tokens: usize,
+    pub reward_rule: openrlhf::RewardRule,
     pub metrics: Metrics,
     pub started: u64,
     /// Where `/v1/score_steps` requests queue for the scoring worker ([`steps::score_worker`]).
@@ -155,7 +159,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
     let prm = match &cfg.prm {
         Some(dir) => Some((
             cfg.prm_name.clone().unwrap_or_else(|| folder_name(dir)),
-            LoadedVerifier::load_on(dir, &cfg.layout, cfg.prm_device)
+            LoadedVerifier::load_on(dir, &cfg.layout, cfg.prm_device, stepwise_model::weight_dtype())
                 .with_context(|| format!("loading the PRM {}", dir.display()))?,
         )),
         None => None,
@@ -173,6 +177,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         max_n: cfg.max_n,
         max_tokens: cfg.max_tokens,
         prefill_chunk_tokens: cfg.prefill_chunk_tokens,
+        reward_rule: cfg.reward_rule.clone(),
         metrics: Metrics::default(),
         started: unix_now(),
         score_queue: std::sync::Mutex::new(queue),
@@ -194,6 +199,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/score_steps", post(steps::score_steps))
         .route("/pooling", post(steps::pooling))
+        .route("/get_reward", post(openrlhf::get_reward))
         .layer(axum::middleware::from_fn_with_state(state.clone(), authorize));
     Ok(Router::new()
         .route("/health", get(|| async { StatusCode::OK }))

@@ -55,22 +55,28 @@ pub(crate) async fn score_steps(State(s): State<Shared>, body: Bytes) -> Result<
             }
         }
     }
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    s.score_queue
-        .lock()
-        .unwrap()
-        .send(ScoreJob { inputs: owned, reply })
-        .map_err(|_| ApiError::internal(anyhow::anyhow!("the scoring worker stopped")))?;
-    let scored = answer
-        .await
-        .map_err(|_| ApiError::internal(anyhow::anyhow!("the scoring worker stopped")))?
-        // A solution the verifier cannot read (too long, a step holding the step tag) is the
-        // request's fault.
-        .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("inputs")))?;
+    let scored = score_queued(&s, owned).await?;
     s.metrics.tokens(scored.tokens, 0);
     Ok(Json(
         json!({"object": "list", "scores": scored.scores, "usage": {"prompt_tokens": scored.tokens}}),
     ))
+}
+
+/// Scores `inputs` (question, steps, partial) on the scoring worker, batched with the requests
+/// that arrive meanwhile.
+pub(crate) async fn score_queued(s: &Shared, inputs: Vec<(String, Vec<String>, bool)>) -> Result<Scored, ApiError> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    s.score_queue
+        .lock()
+        .unwrap()
+        .send(ScoreJob { inputs, reply })
+        .map_err(|_| ApiError::internal(anyhow::anyhow!("the scoring worker stopped")))?;
+    answer
+        .await
+        .map_err(|_| ApiError::internal(anyhow::anyhow!("the scoring worker stopped")))?
+        // A solution the verifier cannot read (too long, a step holding the step tag) is the
+        // request's fault.
+        .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("inputs")))
 }
 
 /// `POST /pooling` in vLLM's shape: `input` is a text, a list of token ids, or a list of either;

@@ -1,0 +1,47 @@
+//! `stepwise._stepwise`: the native module of the `stepwise` Python package (built by maturin
+//! from `python/`). Each function is a thin front end over the same stage functions the command
+//! line calls; `python/stepwise/__init__.py` re-exports them with the pure-Python helpers
+//! (`to_hf`/`from_hf`, the RL integrations, the lab).
+//!
+//! At the boundary every function releases the GIL while Rust works, turns errors into
+//! `stepwise.StepwiseError` carrying the Rust message (bad arguments into `ValueError`), and
+//! catches panics, so none crosses into Python.
+
+use pyo3::prelude::*;
+
+mod convert;
+mod policy;
+mod records;
+mod rewards;
+mod stages;
+mod verifier;
+
+pyo3::create_exception!(
+    _stepwise,
+    StepwiseError,
+    pyo3::exceptions::PyException,
+    "An error from stepwise (a file, a record, a model or a server), with the message that names what is wrong."
+);
+
+#[pymodule]
+fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("StepwiseError", m.py().get_type::<StepwiseError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("cuda_available", cfg!(feature = "cuda"))?;
+    m.add_function(wrap_pyfunction!(records::read, m)?)?;
+    m.add_function(wrap_pyfunction!(records::write, m)?)?;
+    m.add_function(wrap_pyfunction!(records::convert, m)?)?;
+    m.add_function(wrap_pyfunction!(records::to_arrow_ipc, m)?)?;
+    m.add_function(wrap_pyfunction!(records::from_arrow_ipc, m)?)?;
+    m.add_function(wrap_pyfunction!(records::grade, m)?)?;
+    m.add_function(wrap_pyfunction!(records::extract_answer, m)?)?;
+    m.add_function(wrap_pyfunction!(records::split_steps, m)?)?;
+    m.add_function(wrap_pyfunction!(rewards::step_rewards, m)?)?;
+    m.add_function(wrap_pyfunction!(rewards::openrlhf_rewards, m)?)?;
+    m.add_class::<verifier::Prm>()?;
+    m.add_class::<policy::Policy>()?;
+    m.add_function(wrap_pyfunction!(stages::annotate, m)?)?;
+    m.add_function(wrap_pyfunction!(stages::search, m)?)?;
+    m.add_function(wrap_pyfunction!(stages::lab_run, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! `stepwise.Policy` (a local checkpoint or servers) and Python objects that continue solutions
+//! (a vLLM `LLM` wrapped in a class with a `continue_from` method) as the [`Policy`] seam.
+
+use crate::convert::{from_py, value_error, without_gil};
+use anyhow::{bail, Context, Result};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde_json::Value;
+use stepwise_core::seams::{split_steps_at, Continuation, Policy as PolicySeam, Until};
+use stepwise_model::Prompt;
+use stepwise_remote::backend::{PolicyBackend, RemoteOptions, Source};
+
+/// A policy that writes solutions step by step: a checkpoint folder, a Hugging Face model id
+/// found in the local cache, or server URL(s) (vLLM, SGLang, `stepwise serve`). It samples at
+/// `temperature` (top-p `top_p`), at most `max_tokens` a continuation; steps are separated by
+/// `separator`; `prompt` lays the question out as `text` (question, separator, steps) or `chat`
+/// (the tokenizer's chat template).
+///
+/// >>> policy = stepwise.Policy("Qwen/Qwen2.5-Math-1.5B-Instruct", temperature=0.7)
+/// >>> policy.continue_from("What is 2 + 3?", [], n=2, until="end")
+#[pyclass(module = "stepwise", name = "Policy", frozen)]
+pub struct Policy {
+    backend: PolicyBackend,
+    temperature: f32,
+    top_p: f32,
+    max_tokens: usize,
+    separator: String,
+    prompt: Prompt,
+    source: String,
+}
+
+impl Policy {
+    /// It as the seam the stages take.
+    pub fn seam(&self) -> Box<dyn PolicySeam + '_> {
+        self.backend.policy(
+            self.temperature,
+            self.max_tokens,
+            self.prompt,
+            &self.separator,
+            self.top_p,
+            &[],
+        )
+    }
+}
+
+/// A continuation as a dict.
+fn continuation_dict<'py>(py: Python<'py>, c: &Continuation) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("text", &c.text)?;
+    d.set_item("steps", &c.steps)?;
+    d.set_item("finished", c.finished)?;
+    d.set_item("tokens", c.tokens)?;
+    d.set_item("token_ids", &c.token_ids)?;
+    Ok(d)
+}
+
+/// `"step"` or `"end"`.
+pub fn until_of(name: &str) -> PyResult<Until> {
+    match name {
+        "step" => Ok(Until::Step),
+        "end" => Ok(Until::End),
+        other => Err(value_error(format!("until={other:?}: use \"step\" or \"end\""))),
+    }
+}
+
+#[pymethods]
+impl Policy {
+    #[new]
+    #[pyo3(signature = (source, temperature=0.7, top_p=1.0, max_tokens=512, separator="\n", prompt="text", api_key=None, served_model=None, server_tokenizer=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: &str,
+        temperature: f32,
+        top_p: f32,
+        max_tokens: usize,
+        separator: &str,
+        prompt: &str,
+        api_key: Option<String>,
+        served_model: Option<String>,
+        server_tokenizer: Option<std::path::PathBuf>,
+    ) -> PyResult<Self> {
+        let prompt = match prompt {
+            "text" => Prompt::Text,
+            "chat" => Prompt::Chat,
+            "pieces" => Prompt::Pieces,
+            other => {
+                return Err(value_error(format!(
+                    "prompt={other:?}: use \"text\", \"chat\" or \"pieces\""
+                )))
+            }
+        };
+        if separator.is_empty() {
+            return Err(value_error(
+                "separator must not be empty (steps could not be told apart)",
+            ));
+        }
+        let options = RemoteOptions {
+            api_key: api_key.or_else(|| std::env::var("OPENAI_API_KEY").ok()),
+            served_model,
+            server_tokenizer,
+            ..Default::default()
+        };
+        let src = source.to_string();
+        let backend = without_gil(py, move || PolicyBackend::open(&Source::parse(&src)?, &options))?;
+        Ok(Policy {
+            backend,
+            temperature,
+            top_p,
+            max_tokens,
+            separator: separator.to_string(),
+            prompt,
+            source: source.to_string(),
+        })
+    }
+
+    /// `n` continuations of `question` after the steps `prefix`, by one step (`until="step"`,
+    /// stopped at the separator) or to the end (`"end"`); `seed` makes the draw reproducible.
+    /// Each is a dict: `text`, `steps`, `finished`, `tokens`, `token_ids`.
+    #[pyo3(signature = (question, prefix=Vec::new(), n=1, until="end", seed=0))]
+    fn continue_from<'py>(
+        &self,
+        py: Python<'py>,
+        question: &str,
+        prefix: Vec<String>,
+        n: usize,
+        until: &str,
+        seed: u64,
+    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let until = until_of(until)?;
+        let conts = without_gil(py, || {
+            let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+            self.seam().continue_from(question, &prefix, n, until, seed)
+        })?;
+        conts.iter().map(|c| continuation_dict(py, c)).collect()
+    }
+
+    /// `n` whole solutions of `question`, each as its list of steps.
+    #[pyo3(signature = (question, n=1, seed=0))]
+    fn generate(&self, py: Python<'_>, question: &str, n: usize, seed: u64) -> PyResult<Vec<Vec<String>>> {
+        without_gil(py, || self.seam().complete(question, &[], n, seed))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("stepwise.Policy({:?}, temperature={})", self.source, self.temperature)
+    }
+}
+
+/// A Python object with a `continue_from(question, prefix, n, until, seed)` method as a policy.
+/// The method returns `n` items, each the generated text (`str`) or a dict with `text` and
+/// optionally `finished` (whether the solution ended, rather than stopping at the separator
+/// after one step), `tokens` and `token_ids`. Steps are split from the text at `separator`.
+pub struct PythonPolicy {
+    object: Py<PyAny>,
+    separator: String,
+}
+
+impl PythonPolicy {
+    /// `object`, whose continuations are split at `separator`.
+    pub fn new(object: Py<PyAny>, separator: &str) -> Self {
+        PythonPolicy {
+            object,
+            separator: separator.to_string(),
+        }
+    }
+
+    fn continuation(&self, v: Value, until: Until) -> Result<Continuation> {
+        let (text, finished, tokens, token_ids) = match v {
+            Value::String(t) => (t, None, None, Vec::new()),
+            Value::Object(o) => {
+                let text = o
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .context("a continuation dict needs `text`")?
+                    .to_string();
+                let ids: Vec<u32> = o
+                    .get("token_ids")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect())
+                    .unwrap_or_default();
+                (
+                    text,
+                    o.get("finished").and_then(Value::as_bool),
+                    o.get("tokens").and_then(Value::as_u64).map(|t| t as usize),
+                    ids,
+                )
+            }
+            other => bail!("a continuation must be a str or a dict with `text`, not {other}"),
+        };
+        let mut steps = split_steps_at(&text, &self.separator);
+        if until == Until::Step {
+            steps.truncate(1);
+        }
+        Ok(Continuation {
+            finished: finished.unwrap_or(until == Until::End || steps.is_empty()),
+            tokens: tokens.unwrap_or(token_ids.len()),
+            steps,
+            text,
+            token_ids,
+        })
+    }
+}
+
+impl PolicySeam for PythonPolicy {
+    fn continue_from(
+        &self,
+        question: &str,
+        prefix: &[&str],
+        n: usize,
+        until: Until,
+        seed: u64,
+    ) -> Result<Vec<Continuation>> {
+        let got: Value = Python::attach(|py| -> Result<Value> {
+            let until_name = if until == Until::Step { "step" } else { "end" };
+            let out = self
+                .object
+                .call_method1(py, "continue_from", (question, prefix.to_vec(), n, until_name, seed))
+                .map_err(|e| anyhow::anyhow!("the Python policy's continue_from failed: {e}"))?;
+            from_py(out.bind(py)).map_err(|e| anyhow::anyhow!("the Python policy's continue_from returned {e}"))
+        })?;
+        let Value::Array(items) = got else {
+            bail!("the Python policy's continue_from must return a list of {n} continuations");
+        };
+        if items.len() != n {
+            bail!(
+                "the Python policy's continue_from returned {} continuations for n = {n}",
+                items.len()
+            );
+        }
+        items.into_iter().map(|v| self.continuation(v, until)).collect()
+    }
+}
+
+/// A policy argument: a `stepwise.Policy`, or any object with a `continue_from` method.
+pub enum PolicyArg {
+    /// A `stepwise.Policy`.
+    Native(Py<Policy>),
+    /// A Python object.
+    Python(PythonPolicy),
+}
+
+impl PolicyArg {
+    /// From a Python argument; `separator` splits a Python object's text into steps.
+    pub fn of(obj: &Bound<'_, PyAny>, separator: &str) -> PyResult<Self> {
+        if let Ok(p) = obj.cast::<Policy>() {
+            return Ok(PolicyArg::Native(p.clone().unbind()));
+        }
+        if obj.hasattr("continue_from")? {
+            return Ok(PolicyArg::Python(PythonPolicy::new(obj.clone().unbind(), separator)));
+        }
+        Err(value_error(
+            "policy: expected a stepwise.Policy or an object with a continue_from(question, prefix, n, until, seed) method",
+        ))
+    }
+
+    /// It as the seam.
+    pub fn seam(&self) -> Box<dyn PolicySeam + '_> {
+        match self {
+            PolicyArg::Native(p) => p.get().seam(),
+            PolicyArg::Python(p) => Box::new(PythonPolicyRef(p)),
+        }
+    }
+}
+
+/// A borrowed [`PythonPolicy`] as the seam.
+struct PythonPolicyRef<'a>(&'a PythonPolicy);
+
+impl PolicySeam for PythonPolicyRef<'_> {
+    fn continue_from(
+        &self,
+        question: &str,
+        prefix: &[&str],
+        n: usize,
+        until: Until,
+        seed: u64,
+    ) -> Result<Vec<Continuation>> {
+        self.0.continue_from(question, prefix, n, until, seed)
+    }
+}

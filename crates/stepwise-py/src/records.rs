@@ -1,0 +1,199 @@
+//! Records, grading and dense step rewards.
+
+use crate::convert::{
+    format_named, from_py, in_format, records_arg, records_of, solutions_of, to_py, value_error, without_gil,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString};
+use serde_json::Value;
+use std::path::PathBuf;
+use stepwise_core::grader::GradeMode;
+use stepwise_core::SolutionWriter;
+
+/// The path in a `str` or `os.PathLike` argument, if it is one.
+fn path_of(obj: &Bound<'_, PyAny>) -> Option<PathBuf> {
+    if obj.is_instance_of::<PyString>() {
+        return obj.extract::<String>().ok().map(PathBuf::from);
+    }
+    obj.extract::<PathBuf>().ok()
+}
+
+/// Read step-labelled records from a file (JSONL, JSON or Parquet, in any format stepwise reads,
+/// detected from the first record unless `format` is given) or from records already in memory
+/// (dicts in any of those formats). Returns stepwise's own records as dicts: `id`, `question`,
+/// `steps` (each `{"text", "label"?, "score"?}`), `gold_answer`, `correct`, `scores`, `meta`...
+///
+/// >>> recs = stepwise.read("processbench/gsm8k.json")
+/// >>> recs[0]["steps"][0]["text"]
+#[pyfunction]
+#[pyo3(signature = (source, format=None))]
+pub fn read<'py>(py: Python<'py>, source: &Bound<'py, PyAny>, format: Option<&str>) -> PyResult<Bound<'py, PyAny>> {
+    let format = format.map(format_named).transpose()?;
+    let records = match path_of(source) {
+        Some(path) => without_gil(py, || {
+            let sols = stepwise_core::io::read_solution_set(&path, format)?;
+            records_of(&sols)
+        })?,
+        None => {
+            let given = records_arg(source)?;
+            without_gil(py, || records_of(&solutions_of(&given, format)?))?
+        }
+    };
+    to_py(py, &Value::Array(records))
+}
+
+/// Convert records (dicts in any format stepwise reads) to `format`'s records, in memory.
+///
+/// >>> stepwise.convert(recs, "trl")[0].keys()   # prompt, completions, labels
+#[pyfunction]
+#[pyo3(signature = (records, format))]
+pub fn convert<'py>(py: Python<'py>, records: &Bound<'py, PyAny>, format: &str) -> PyResult<Bound<'py, PyAny>> {
+    let to = format_named(format)?;
+    let given = records_arg(records)?;
+    let out = without_gil(py, || in_format(&solutions_of(&given, None)?, to))?;
+    to_py(py, &Value::Array(out))
+}
+
+/// Write records (dicts in any format stepwise reads) to `path` as `format` (default: stepwise's
+/// own): JSONL, a JSON array (`.json`) or Parquet (`.parquet`), by the name's extension.
+/// Returns the number of records written.
+#[pyfunction]
+#[pyo3(signature = (records, path, format="stepwise"))]
+pub fn write(py: Python<'_>, records: &Bound<'_, PyAny>, path: PathBuf, format: &str) -> PyResult<usize> {
+    let to = format_named(format)?;
+    let given = records_arg(records)?;
+    without_gil(py, || {
+        let sols = solutions_of(&given, None)?;
+        let mut w = SolutionWriter::create(&path, to)?;
+        for s in &sols {
+            w.write(s)?;
+        }
+        w.finish()?;
+        Ok(sols.len())
+    })
+}
+
+/// Records as an Arrow IPC stream (the bytes `pyarrow.ipc.open_stream` reads) in `format`'s
+/// columns, the schema inferred from every record: what `stepwise.to_hf` builds a
+/// `datasets.Dataset` from (TRL's layout: `prompt` string, `completions` list of strings,
+/// `labels` list of booleans).
+#[pyfunction]
+#[pyo3(signature = (records, format="trl"))]
+pub fn to_arrow_ipc<'py>(py: Python<'py>, records: &Bound<'py, PyAny>, format: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let to = format_named(format)?;
+    let given = records_arg(records)?;
+    let bytes = without_gil(py, || {
+        let rows = in_format(&solutions_of(&given, None)?, to)?;
+        anyhow::ensure!(!rows.is_empty(), "no records to convert");
+        let (schema, batches) = stepwise_core::parquet_io::records_to_batches(&rows).map_err(anyhow::Error::msg)?;
+        let mut out = Vec::new();
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(&mut out, &schema)?;
+        for b in &batches {
+            w.write(b)?;
+        }
+        w.finish()?;
+        drop(w);
+        Ok(out)
+    })?;
+    Ok(PyBytes::new(py, &bytes))
+}
+
+/// The records of an Arrow IPC stream (`pyarrow` table bytes, as `stepwise.from_hf` sends a
+/// `datasets.Dataset`), read in their detected format (or `format`), as stepwise's records.
+#[pyfunction]
+#[pyo3(signature = (data, format=None))]
+pub fn from_arrow_ipc<'py>(py: Python<'py>, data: &[u8], format: Option<&str>) -> PyResult<Bound<'py, PyAny>> {
+    let format = format.map(format_named).transpose()?;
+    let data = data.to_vec();
+    let records = without_gil(py, || {
+        let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(data), None)?;
+        let mut rows = Vec::new();
+        for batch in reader {
+            rows.extend(stepwise_core::parquet_io::batch_to_json(&batch?).map_err(anyhow::Error::msg)?);
+        }
+        records_of(&solutions_of(&rows, format)?)
+    })?;
+    to_py(py, &Value::Array(records))
+}
+
+/// Whether `given` is the same answer as `gold`. Both scalars (`str`, numbers) or lists of equal
+/// length (one gold for many answers too); lists are graded in parallel. `mode="lenient"`
+/// (default) is mathematically right (fractions, decimals, LaTeX, units); `"prm800k"` is
+/// OpenAI's PRM800K grader exactly.
+///
+/// >>> stepwise.grade("\\frac{1}{2}", "0.5")
+/// True
+/// >>> stepwise.grade(["4", "5"], "4")
+/// [True, False]
+#[pyfunction]
+#[pyo3(signature = (given, gold, mode="lenient"))]
+pub fn grade<'py>(
+    py: Python<'py>,
+    given: &Bound<'py, PyAny>,
+    gold: &Bound<'py, PyAny>,
+    mode: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mode: GradeMode = mode.parse().map_err(value_error)?;
+    let text = |v: Value| -> PyResult<String> {
+        Ok(match v {
+            Value::String(s) => s,
+            Value::Number(n) => n.to_string(),
+            Value::Null => String::new(),
+            other => {
+                return Err(value_error(format!(
+                    "an answer must be a string or a number, not {other}"
+                )))
+            }
+        })
+    };
+    let list = |v: Value| -> PyResult<Result<Vec<String>, String>> {
+        Ok(match v {
+            Value::Array(items) => Ok(items.into_iter().map(text).collect::<PyResult<_>>()?),
+            one => Err(text(one)?),
+        })
+    };
+    let (given, gold) = (list(from_py(given)?)?, list(from_py(gold)?)?);
+    match (given, gold) {
+        (Err(g), Err(t)) => Ok(pyo3::types::PyBool::new(py, stepwise_core::grader::grade(&g, &t, mode))
+            .to_owned()
+            .into_any()),
+        (Ok(gs), gold) => {
+            let golds: Vec<String> = match gold {
+                Ok(ts) if ts.len() == gs.len() => ts,
+                Ok(ts) => {
+                    return Err(value_error(format!(
+                        "{} answers but {} gold answers",
+                        gs.len(),
+                        ts.len()
+                    )))
+                }
+                Err(t) => vec![t; gs.len()],
+            };
+            let verdicts = without_gil(py, || {
+                use rayon::prelude::*;
+                Ok(gs
+                    .par_iter()
+                    .zip(&golds)
+                    .map(|(g, t)| stepwise_core::grader::grade(g, t, mode))
+                    .collect::<Vec<bool>>())
+            })?;
+            Ok(PyList::new(py, verdicts)?.into_any())
+        }
+        (Err(_), Ok(_)) => Err(value_error(
+            "one answer against a list of gold answers: pass a list of answers",
+        )),
+    }
+}
+
+/// The final answer in a solution's text (`\boxed{}`, "The answer is", GSM8K's `####`), or None.
+#[pyfunction]
+pub fn extract_answer(text: &str) -> Option<String> {
+    stepwise_core::answer::extract_answer(text)
+}
+
+/// A solution's text split into steps at `separator` (each trimmed, empty ones dropped).
+#[pyfunction]
+#[pyo3(signature = (text, separator="\n"))]
+pub fn split_steps(text: &str, separator: &str) -> Vec<String> {
+    stepwise_core::seams::split_steps_at(text, separator)
+}

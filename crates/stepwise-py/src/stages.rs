@@ -1,0 +1,242 @@
+//! The stages as Python functions: annotation, step-level search and the lab, each resumable to
+//! an output file as the command line's are.
+
+use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
+use crate::policy::PolicyArg;
+use crate::verifier::Prm;
+use anyhow::Result;
+use pyo3::prelude::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use stepwise_core::seams::MathTask;
+use stepwise_core::{Problem, Solution};
+use stepwise_label::methods::Settings;
+use stepwise_label::{annotate_resumable, Annotators, Method};
+use stepwise_search::{method as search_method, Aggregation, Job, SearchConfig, Searcher};
+
+/// Runs `f` on a journal at `output` (claimed for these `settings`, as the command line claims
+/// its outputs), or on a throw-away one when there is no output.
+fn with_journal<T>(output: Option<&Path>, settings: &Value, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    match output {
+        Some(path) => {
+            if path.extension().is_some_and(|e| e != "jsonl") {
+                anyhow::bail!(
+                    "{}: the output must be a .jsonl file (it is appended to and resumed)",
+                    path.display()
+                );
+            }
+            let _claim = stepwise_core::journal::claim(path, settings)?;
+            f(path)
+        }
+        None => {
+            let dir = std::env::temp_dir().join(format!(
+                "stepwise-py-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            ));
+            std::fs::create_dir_all(&dir)?;
+            let out = f(&dir.join("out.jsonl"));
+            let _ = std::fs::remove_dir_all(&dir);
+            out
+        }
+    }
+}
+
+/// Label the steps of `records` (any format stepwise reads; each needs a gold answer) with
+/// `policy` (a `stepwise.Policy`, or any object with a `continue_from` method) by `method`:
+/// `mc` (Monte Carlo rollouts from every step, Math-Shepherd), `binary_search` (the first error
+/// by bisection, OmegaPRM), `omegaprm` (the rollout tree with MCTS), `judge` (a model asked
+/// for the first wrong step: `judge=`), or `consensus` (mc labels kept where the judge agrees).
+/// With `output` (a `.jsonl` path) each labelled solution is appended as soon as it is done,
+/// and a call with the same arguments after an interruption labels only the rest. Returns the
+/// labelled records.
+///
+/// >>> labelled = stepwise.annotate(recs, policy, method="mc", rollouts=8, output="mc.jsonl")
+#[pyfunction]
+#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", search_limit=0, separator="\n"))]
+#[allow(clippy::too_many_arguments)]
+pub fn annotate<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyAny>,
+    policy: &Bound<'py, PyAny>,
+    method: &str,
+    rollouts: usize,
+    seed: u64,
+    output: Option<PathBuf>,
+    judge: Option<&Bound<'py, PyAny>>,
+    judge_samples: usize,
+    judge_format: &str,
+    search_limit: usize,
+    separator: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let method = Method::by_name(method).map_err(|e| value_error(e.to_string()))?;
+    let (format, _) = stepwise_label::methods::judge_format(judge_format).map_err(|e| value_error(e.to_string()))?;
+    if method.needs_judge() && judge.is_none() {
+        return Err(value_error(format!("method {method:?} asks a judge: pass judge=")));
+    }
+    let policy = PolicyArg::of(policy, separator)?;
+    let judge = judge.map(|j| PolicyArg::of(j, separator)).transpose()?;
+    let given = records_arg(records)?;
+    let settings = Settings {
+        rollouts,
+        seed,
+        search_limit,
+        judge_samples,
+    };
+    let claim = json!({
+        "method": format!("{method:?}"), "rollouts": rollouts, "seed": seed, "search_limit": search_limit,
+        "judge_samples": judge_samples, "judge_format": judge_format, "separator": separator,
+    });
+    let labelled = without_gil(py, || {
+        let sols = solutions_of(&given, None)?;
+        if let Some((i, s)) = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none()) {
+            anyhow::bail!("record {} (`{}`): field `gold_answer`: missing", i + 1, s.id);
+        }
+        let task = MathTask::default();
+        let seam = policy.seam();
+        let judge_seam = judge.as_ref().map(|j| j.seam());
+        let annotators = Annotators::new(
+            method,
+            &*seam,
+            &task,
+            &settings,
+            judge_seam.as_deref().map(|j| (j, format)),
+        )?;
+        let annotator = annotators.get();
+        let (labelled, _) = with_journal(output.as_deref(), &claim, |path| {
+            annotate_resumable(path, &sols, &*annotator, |_| {})
+        })?;
+        records_of(&labelled)
+    })?;
+    to_py(py, &Value::Array(labelled))
+}
+
+/// A problem from Python: a question string, or a dict with `question` (or `problem`), an
+/// optional gold `answer` (or `gold_answer`) and `id`.
+fn problems_of(values: &[Value]) -> Result<Vec<Problem>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            match v {
+                Value::String(q) => Problem::from_record(&json!({ "question": q })),
+                _ => Problem::from_record(v),
+            }
+            .map_err(|e| anyhow::anyhow!("problem {}: {e}", i + 1))
+        })
+        .collect()
+}
+
+/// Search for solutions to `problems` step by step with `policy`, guided by `prm` (a
+/// `stepwise.PRM`): `method` is `bon` (best of `n` whole solutions), `beam` (keep `n/width`
+/// beams, extend each `width` ways), `dvts`, `lookahead` or `resample` (verify → resample below
+/// `threshold`). Problems are question strings or dicts with `question` and an optional gold
+/// `answer` (the chosen solution is then graded). With `output` (`.jsonl`) each problem's result
+/// is appended as soon as it is done and a repeated call resumes. Returns one record a problem:
+/// its steps, `scores[name]`, `correct`, and `meta.search` / `meta.compute`.
+///
+/// >>> out = stepwise.search(["What is 2 + 3?"], policy, prm, method="beam", n=8, width=4)
+#[pyfunction]
+#[pyo3(signature = (problems, policy, prm, method="beam", n=8, width=4, aggregation="min", max_steps=40, lookahead=1, threshold=0.5, max_resamples=4, resample_budget=16, seed=0, name="prm", output=None, threads=2, separator="\n"))]
+#[allow(clippy::too_many_arguments)]
+pub fn search<'py>(
+    py: Python<'py>,
+    problems: &Bound<'py, PyAny>,
+    policy: &Bound<'py, PyAny>,
+    prm: &Bound<'py, Prm>,
+    method: &str,
+    n: usize,
+    width: usize,
+    aggregation: &str,
+    max_steps: usize,
+    lookahead: usize,
+    threshold: f32,
+    max_resamples: usize,
+    resample_budget: usize,
+    seed: u64,
+    name: &str,
+    output: Option<PathBuf>,
+    threads: usize,
+    separator: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let search = search_method(method).map_err(|e| value_error(e.to_string()))?;
+    let config = SearchConfig {
+        n,
+        width,
+        max_steps,
+        aggregation: Aggregation::by_name(aggregation).map_err(|e| value_error(e.to_string()))?,
+        lookahead,
+        threshold,
+        max_resamples,
+        resample_budget,
+        seed,
+    };
+    let values = match from_py(problems)? {
+        Value::Array(v) => v,
+        one => vec![one],
+    };
+    let policy = PolicyArg::of(policy, separator)?;
+    let prm: Py<Prm> = prm.clone().unbind();
+    let claim = json!({"method": method, "config": config, "name": name, "separator": separator});
+    let records = without_gil(py, || {
+        let problems = problems_of(&values)?;
+        let jobs: Vec<Job<'_>> = problems
+            .iter()
+            .map(|p| Job {
+                id: format!("{}-{method}", p.id),
+                problem_id: &p.id,
+                question: &p.question,
+                gold_answer: p.gold_answer.as_deref(),
+            })
+            .collect();
+        let seam = policy.seam();
+        let scorer = prm.get().search_scorer();
+        let task = MathTask::default();
+        let searcher = Searcher {
+            method: &*search,
+            config: &config,
+            policy: &*seam,
+            scorer: &*scorer,
+            verifier: name,
+            task: &task,
+            threads: threads.max(1),
+        };
+        let sols: Vec<Solution> =
+            with_journal(output.as_deref(), &claim, |path| searcher.run_all(path, &jobs, &|_| {}))?;
+        records_of(&sols)
+    })?;
+    to_py(py, &Value::Array(records))
+}
+
+/// Run the built-in lab (`stepwise lab`): the whole process-supervision loop on its synthetic
+/// domain, cached and resumable in `out` (default `runs/PRESET-seedSEED`), with preset fields
+/// overridden by `sets` (`["eval_samples=64"]`). Returns `metrics.json` as a dict.
+///
+/// >>> metrics = stepwise.lab.run(preset="quick", seed=1)
+#[pyfunction]
+#[pyo3(signature = (preset="quick", seed=1, out=None, sets=Vec::new()))]
+pub fn lab_run<'py>(
+    py: Python<'py>,
+    preset: &str,
+    seed: u64,
+    out: Option<PathBuf>,
+    sets: Vec<String>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let preset = stepwise_lab::Preset::by_name(preset)
+        .and_then(|p| p.with_overrides(&sets))
+        .map_err(|e| value_error(format!("{e:#}")))?;
+    let out = out.unwrap_or_else(|| PathBuf::from(format!("runs/{}-seed{seed}", preset.name)));
+    let metrics = without_gil(py, || {
+        stepwise_lab::run(&stepwise_lab::LabOptions {
+            preset,
+            seed,
+            out: out.clone(),
+        })?;
+        let path = out.join("metrics.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        Ok(serde_json::from_str::<Value>(&text)?)
+    })?;
+    to_py(py, &metrics)
+}

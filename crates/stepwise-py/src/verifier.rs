@@ -1,0 +1,206 @@
+//! `stepwise.PRM`: a verifier (PRM of any layout, ORM, log-ratio or likelihood verifier), local
+//! or behind servers, scoring every step.
+
+use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
+use pyo3::prelude::*;
+use serde_json::Value;
+use stepwise_core::seams::{score_solutions, ScoreInput, StepScorer};
+use stepwise_remote::backend::{LocalOptions, RemoteOptions, ScorerBackend, Source};
+
+/// A process reward model (or ORM, or log-ratio verifier) that scores every step.
+///
+/// `source` is a checkpoint folder, a Hugging Face model id found in the local cache, or server
+/// URL(s) (`stepwise serve --prm`, or vLLM's `/pooling` with `protocol="pooling"`). `layout` is
+/// `auto` (from `reward.json`, else the head and tokenizer), `qwen-prm`, `step-tag`,
+/// `token-cls` or `log-ratio`. `device` is `auto` (a CUDA GPU when this build has CUDA and one
+/// answers, else the CPU), `cpu`, `cuda` or `cuda:N`; `max_batch_tokens` bounds one forward pass.
+/// `dtype` is how a CPU model holds its weight matrices: `auto` (as stored: bf16 stays bf16 and
+/// multiplies in bf16 where the CPU can), `f32` (widened: f32 arithmetic throughout) or `bf16`.
+///
+/// >>> prm = stepwise.PRM("Qwen/Qwen2.5-Math-PRM-7B")
+/// >>> prm.score("What is 2 + 3?", ["2 + 3 = 5.", "The answer is 5."])
+/// [0.98, 0.97]
+#[pyclass(module = "stepwise", name = "PRM", frozen)]
+pub struct Prm {
+    backend: ScorerBackend,
+    source: String,
+}
+
+/// A scoring item from Python: a dict with `question` (or `problem`/`prompt`) and `steps` (or
+/// `completions`), or a `(question, steps)` pair.
+fn item_of(v: &Value, i: usize) -> PyResult<(String, Vec<String>)> {
+    let bad = |what: &str| value_error(format!("item {i}: {what}"));
+    match v {
+        Value::Array(pair) if pair.len() == 2 => {
+            let q = pair[0].as_str().ok_or_else(|| bad("the question must be a string"))?;
+            Ok((
+                q.to_string(),
+                steps_of(&pair[1]).ok_or_else(|| bad("steps must be a list of strings"))?,
+            ))
+        }
+        Value::Object(o) => {
+            let q = ["question", "problem", "prompt"]
+                .iter()
+                .find_map(|k| o.get(*k).and_then(Value::as_str))
+                .ok_or_else(|| bad("no `question` (or `problem`, `prompt`)"))?;
+            let steps = ["steps", "completions"]
+                .iter()
+                .find_map(|k| o.get(*k))
+                .ok_or_else(|| bad("no `steps` (or `completions`)"))?;
+            Ok((
+                q.to_string(),
+                steps_of(steps).ok_or_else(|| bad("`steps` must be a list of strings (or of {\"text\"} dicts)"))?,
+            ))
+        }
+        _ => Err(bad(
+            "expected a dict with `question` and `steps`, or a (question, steps) pair",
+        )),
+    }
+}
+
+/// Step texts: strings, or stepwise's `{"text": ...}` steps.
+fn steps_of(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|s| s.as_str().or_else(|| s.get("text")?.as_str()).map(str::to_string))
+        .collect()
+}
+
+impl Prm {
+    fn scorer(&self) -> Box<dyn StepScorer + '_> {
+        self.backend.scorer()
+    }
+
+    /// Every step's score of each input.
+    pub fn score_inputs(&self, inputs: &[ScoreInput]) -> anyhow::Result<Vec<Vec<f32>>> {
+        Ok(self.scorer().score(inputs)?.scores)
+    }
+
+    /// It as step-level search scores with it (incrementally on a local CPU checkpoint).
+    pub fn search_scorer(&self) -> Box<dyn StepScorer + '_> {
+        self.backend.search_scorer()
+    }
+}
+
+#[pymethods]
+impl Prm {
+    #[new]
+    #[pyo3(signature = (source, layout="auto", device="auto", max_batch_tokens=16384, dtype="auto", api_key=None, served_model=None, protocol="stepwise", server_tokenizer=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: &str,
+        layout: &str,
+        device: &str,
+        max_batch_tokens: usize,
+        dtype: &str,
+        api_key: Option<String>,
+        served_model: Option<String>,
+        protocol: &str,
+        server_tokenizer: Option<std::path::PathBuf>,
+    ) -> PyResult<Self> {
+        let local = LocalOptions {
+            placement: device.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
+            dtype: dtype.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
+            max_batch_tokens: max_batch_tokens.max(1),
+        };
+        let options = RemoteOptions {
+            api_key: api_key.or_else(|| std::env::var("OPENAI_API_KEY").ok()),
+            served_model,
+            protocol: protocol.to_string(),
+            server_tokenizer,
+            ..Default::default()
+        };
+        let (layout, src) = (layout.to_string(), source.to_string());
+        let backend = without_gil(py, move || {
+            let source = Source::parse(&src)?;
+            ScorerBackend::open(&source, &layout, &options, &local)
+        })?;
+        Ok(Prm {
+            backend,
+            source: source.to_string(),
+        })
+    }
+
+    /// Every step's score (probability the step is good) of one solution.
+    fn score(&self, py: Python<'_>, question: &str, steps: Vec<String>) -> PyResult<Vec<f32>> {
+        without_gil(py, || {
+            let input = ScoreInput {
+                problem_id: "",
+                question,
+                steps: steps.iter().map(String::as_str).collect(),
+                partial: false,
+            };
+            Ok(self.scorer().score(&[input])?.scores.remove(0))
+        })
+    }
+
+    /// Every step's score of each item: dicts with `question` and `steps` (stepwise's, TRL's
+    /// `prompt`/`completions` and ProcessBench's `problem` are read too) or `(question, steps)`
+    /// pairs. Items are packed into forward passes of at most `max_batch_tokens` tokens.
+    fn score_batch(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<f32>>> {
+        let values = match from_py(items)? {
+            Value::Array(v) => v,
+            _ => return Err(value_error("items must be a list")),
+        };
+        let items: Vec<(String, Vec<String>)> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| item_of(v, i))
+            .collect::<PyResult<_>>()?;
+        without_gil(py, || {
+            let inputs: Vec<ScoreInput> = items
+                .iter()
+                .map(|(q, steps)| ScoreInput {
+                    problem_id: "",
+                    question: q,
+                    steps: steps.iter().map(String::as_str).collect(),
+                    partial: false,
+                })
+                .collect();
+            Ok(self.scorer().score(&inputs)?.scores)
+        })
+    }
+
+    /// Records (any format stepwise reads) with every step scored under `scores[name]`, as
+    /// `stepwise score` writes them. Solutions are handed to the scorer `batch_size` at a time.
+    #[pyo3(signature = (records, name="prm", batch_size=64))]
+    fn score_records<'py>(
+        &self,
+        py: Python<'py>,
+        records: &Bound<'py, PyAny>,
+        name: &str,
+        batch_size: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let given = records_arg(records)?;
+        let out = without_gil(py, || {
+            let mut sols = solutions_of(&given, None)?;
+            score_solutions(&*self.scorer(), name, &mut sols, batch_size, |_| {})?;
+            records_of(&sols)
+        })?;
+        to_py(py, &Value::Array(out))
+    }
+
+    /// Where it runs: `cpu`, the GPU's name, or the server URL(s).
+    #[getter]
+    fn device(&self) -> String {
+        match &self.backend {
+            ScorerBackend::Local(v, _) => v.model.placement_name(),
+            ScorerBackend::Remote(_) => self.source.clone(),
+        }
+    }
+
+    /// How solutions are laid out for it (`qwen-prm`, `step-tag`, `token-cls`, `log-ratio`), or
+    /// `remote`.
+    #[getter]
+    fn layout(&self) -> String {
+        match &self.backend {
+            ScorerBackend::Local(v, _) => v.layout.name().to_string(),
+            ScorerBackend::Remote(_) => "remote".into(),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("stepwise.PRM({:?}, device={:?})", self.source, self.device())
+    }
+}

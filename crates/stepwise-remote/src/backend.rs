@@ -1,0 +1,300 @@
+//! Where a policy or PRM runs: a local checkpoint folder (or cached model id), or one or more
+//! OpenAI-compatible servers given by URL (`http://gpu1:8000,http://gpu2:8000`). The command line
+//! and the Python package open their models here.
+
+use crate::{is_url, Client, Protocol, RemotePolicy, RemoteScorer, ServerConfig};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+use stepwise_core::seams::{Policy, StepScorer};
+use stepwise_model::scoring::LoadedVerifier;
+use stepwise_model::{LoadedPolicy, Prompt, Tokenizer};
+
+/// A checkpoint argument that may also be a server: folder, cached model id, or URL(s).
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A checkpoint folder.
+    Dir(PathBuf),
+    /// Base URLs of servers serving the same model.
+    Urls(Vec<String>),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Dir(d) => write!(f, "{}", d.display()),
+            Source::Urls(u) => write!(f, "{}", u.join(",")),
+        }
+    }
+}
+
+impl serde::Serialize for Source {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl Source {
+    /// Server URL(s) (comma-separated `http(s)://`), else a checkpoint folder or a Hugging Face
+    /// model id found in the local cache.
+    pub fn parse(arg: &str) -> Result<Source> {
+        Self::parse_str(arg).map_err(|e| anyhow::anyhow!(e))
+    }
+
+    fn parse_str(arg: &str) -> std::result::Result<Source, String> {
+        if is_url(arg) {
+            let urls: Vec<String> = arg
+                .split(',')
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())
+                .collect();
+            if let Some(bad) = urls.iter().find(|u| !is_url(u)) {
+                return Err(format!("`{bad}` is not an http:// or https:// URL"));
+            }
+            return Ok(Source::Urls(urls));
+        }
+        stepwise_model::hub::resolve(arg)
+            .map(Source::Dir)
+            .map_err(|e| format!("{e:#}"))
+    }
+}
+
+/// How to reach servers given by URL.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// The model's name on the server(s) (`None`: the servers' only model, from /v1/models).
+    pub served_model: Option<String>,
+    /// The served model's tokenizer folder: prompts and PRM inputs are then sent as token ids,
+    /// laid out exactly as the local engine lays them out.
+    pub server_tokenizer: Option<PathBuf>,
+    /// Bearer token for the servers.
+    pub api_key: Option<String>,
+    /// Seconds allowed for one request before it is retried.
+    pub request_timeout: f64,
+    /// Retries of a failing request (429, 5xx, timeouts, resets) before giving up.
+    pub retries: usize,
+    /// Requests in flight at once, over all servers.
+    pub max_in_flight: usize,
+    /// How a PRM server is asked: `stepwise` or `pooling` (vLLM's /pooling).
+    pub protocol: String,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            served_model: None,
+            server_tokenizer: None,
+            api_key: None,
+            request_timeout: 600.0,
+            retries: 8,
+            max_in_flight: 64,
+            protocol: "stepwise".into(),
+        }
+    }
+}
+
+impl RemoteOptions {
+    /// A client for `urls`, for the model playing `role` (`policy` or `prm`) there.
+    pub fn client(&self, urls: &[String], role: &str) -> Result<Client> {
+        let mut cfg = ServerConfig::new(urls.to_vec(), self.served_model.as_deref().unwrap_or(""));
+        if let Some(k) = &self.api_key {
+            cfg.api_key = Some(k.clone());
+        }
+        if !(self.request_timeout.is_finite() && self.request_timeout > 0.0) {
+            bail!("the request timeout must be a positive number of seconds");
+        }
+        cfg.timeout = Duration::from_secs_f64(self.request_timeout);
+        cfg.max_retries = self.retries;
+        cfg.max_in_flight = self.max_in_flight.max(1);
+        let client = Client::new(cfg)?;
+        if self.served_model.is_none() {
+            // The servers' only model, as the OpenAI client's users would look it up.
+            let models = client
+                .get("/models")
+                .context("asking the server for its models (or name the served model)")?;
+            let listed: Vec<(String, Option<String>)> = models
+                .get("data")
+                .and_then(|d| d.as_array())
+                .map(|d| {
+                    d.iter()
+                        .filter_map(|m| {
+                            let id = m.get("id")?.as_str()?.to_string();
+                            Some((id, m.get("stepwise_role").and_then(|r| r.as_str()).map(str::to_string)))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            // The only model, or the only one in this role (`stepwise serve` names roles).
+            let in_role: Vec<&String> = listed
+                .iter()
+                .filter(|(_, r)| r.as_deref() == Some(role))
+                .map(|(n, _)| n)
+                .collect();
+            match (listed.as_slice(), in_role.as_slice()) {
+                ([(one, _)], _) => return client.with_model(one),
+                (_, [one]) => return client.with_model(one),
+                _ => bail!(
+                    "{} serves {:?}: name the {role} (--served-model)",
+                    urls[0],
+                    listed.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                ),
+            }
+        }
+        Ok(client)
+    }
+
+    /// The served model's tokenizer, when given.
+    pub fn tokenizer(&self) -> Result<Option<Tokenizer>> {
+        self.server_tokenizer.as_deref().map(Tokenizer::from_dir).transpose()
+    }
+}
+
+/// A policy to sample from, local or remote.
+pub enum PolicyBackend {
+    /// A checkpoint loaded here.
+    Local(LoadedPolicy),
+    /// Servers, and the model's tokenizer when given.
+    Remote(Client, Option<Tokenizer>),
+}
+
+impl PolicyBackend {
+    /// Load the checkpoint, or connect to the servers.
+    pub fn open(source: &Source, remote: &RemoteOptions) -> Result<Self> {
+        Ok(match source {
+            Source::Dir(d) => PolicyBackend::Local(LoadedPolicy::load(d, &stepwise_model::default_device())?),
+            Source::Urls(urls) => PolicyBackend::Remote(remote.client(urls, "policy")?, remote.tokenizer()?),
+        })
+    }
+
+    /// It as a [`Policy`]: `top_p` and extra `stop` strings as given.
+    pub fn policy(
+        &self,
+        temperature: f32,
+        max_tokens: usize,
+        prompt: Prompt,
+        separator: &str,
+        top_p: f32,
+        stop: &[String],
+    ) -> Box<dyn Policy + '_> {
+        match self {
+            PolicyBackend::Local(p) => {
+                let mut policy = p.policy(temperature, max_tokens, prompt, separator);
+                policy.params.top_p = top_p;
+                policy.params.stop_strings = stop.to_vec();
+                Box::new(policy)
+            }
+            PolicyBackend::Remote(client, tokenizer) => Box::new(RemotePolicy {
+                client,
+                tokenizer: tokenizer.as_ref(),
+                prompt,
+                separator: separator.to_string(),
+                temperature,
+                top_p,
+                max_tokens,
+                stop: stop.to_vec(),
+            }),
+        }
+    }
+
+    /// Retries the servers needed so far (0 for a local policy).
+    pub fn retries(&self) -> usize {
+        match self {
+            PolicyBackend::Local(_) => 0,
+            PolicyBackend::Remote(c, _) => c.retries.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+/// How a local checkpoint is loaded and run.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalOptions {
+    /// Where it runs.
+    pub placement: stepwise_model::Placement,
+    /// How its weight matrices are held on the CPU.
+    pub dtype: stepwise_model::WeightDtype,
+    /// Most tokens in one forward pass of scoring.
+    pub max_batch_tokens: usize,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            placement: stepwise_model::Placement::Auto,
+            dtype: stepwise_model::WeightDtype::Auto,
+            max_batch_tokens: stepwise_model::scoring::DEFAULT_MAX_BATCH_TOKENS,
+        }
+    }
+}
+
+/// A PRM to score with, local or remote.
+pub enum ScorerBackend {
+    /// A verifier loaded here, and the tokens one forward pass takes.
+    Local(Box<LoadedVerifier>, usize),
+    /// Servers.
+    Remote(Box<RemotePrm>),
+}
+
+/// A PRM behind servers.
+pub struct RemotePrm {
+    client: Client,
+    /// With the pooling protocol: the PRM's tokenizer and layout, to lay inputs out here.
+    pooling: Option<(Tokenizer, stepwise_model::PrmLayout)>,
+}
+
+impl ScorerBackend {
+    /// Load the verifier where `device` says (`layout` as `stepwise score --layout`), or connect
+    /// to the servers.
+    pub fn open(source: &Source, layout: &str, remote: &RemoteOptions, local: &LocalOptions) -> Result<Self> {
+        Ok(match source {
+            Source::Dir(d) => {
+                let v = LoadedVerifier::load_on(d, layout, local.placement, local.dtype)?;
+                ScorerBackend::Local(Box::new(v), local.max_batch_tokens)
+            }
+            Source::Urls(urls) => {
+                let client = remote.client(urls, "prm")?;
+                let pooling = match remote.protocol.as_str() {
+                    "pooling" => {
+                        let tok = remote
+                            .tokenizer()?
+                            .context("--protocol pooling lays inputs out here: pass --server-tokenizer")?;
+                        if !matches!(layout, "qwen-prm" | "step-tag") {
+                            bail!("--protocol pooling reads rewards at step tags: pass --layout qwen-prm or step-tag");
+                        }
+                        Some((tok, stepwise_model::PrmLayout::by_name(layout)?))
+                    }
+                    _ => None,
+                };
+                ScorerBackend::Remote(Box::new(RemotePrm { client, pooling }))
+            }
+        })
+    }
+
+    /// It as a [`StepScorer`] for step-level search: a local PRM on the CPU scores each new step
+    /// incrementally, on the KV cache of its beam ([`stepwise_model::IncrementalScorer`]); a PRM
+    /// on a GPU or behind servers scores each beam's whole text (in packed passes on a GPU).
+    pub fn search_scorer(&self) -> Box<dyn StepScorer + '_> {
+        match self {
+            ScorerBackend::Local(v, tokens) if !v.model.is_on_gpu() => Box::new(
+                stepwise_model::IncrementalScorer::new(v.scorer().with_max_batch_tokens(*tokens)),
+            ),
+            _ => self.scorer(),
+        }
+    }
+
+    /// It as a [`StepScorer`].
+    pub fn scorer(&self) -> Box<dyn StepScorer + '_> {
+        match self {
+            ScorerBackend::Local(v, tokens) => Box::new(v.scorer().with_max_batch_tokens(*tokens)),
+            ScorerBackend::Remote(remote) => Box::new(RemoteScorer {
+                client: &remote.client,
+                protocol: match &remote.pooling {
+                    Some((tokenizer, layout)) => Protocol::Pooling {
+                        tokenizer,
+                        layout: layout.clone(),
+                    },
+                    None => Protocol::Stepwise,
+                },
+            }),
+        }
+    }
+}

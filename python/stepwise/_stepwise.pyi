@@ -1,0 +1,150 @@
+"""Type stubs of stepwise's native module (see the docstrings for examples)."""
+
+from os import PathLike
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, overload
+
+Record = Dict[str, Any]
+"""A record: stepwise's own (`id`, `question`, `steps`, `gold_answer`, `scores`, ...) or any
+format stepwise reads (TRL, Math-Shepherd, PRM800K, ProcessBench, OmegaPRM, RLHFlow)."""
+
+__version__: str
+cuda_available: bool
+
+class StepwiseError(Exception):
+    """An error from stepwise, with the message that names the file, record or field at fault."""
+
+def read(source: Union[str, "PathLike[str]", Iterable[Record], Record], format: Optional[str] = None) -> List[Record]:
+    """Records from a file (JSONL, JSON, Parquet; any format, detected) or from records in
+    memory, as stepwise's own records."""
+
+def write(records: Iterable[Record], path: Union[str, "PathLike[str]"], format: str = "stepwise") -> int:
+    """Write records as `format` (JSONL, `.json` or `.parquet` by the name). Returns the count."""
+
+def convert(records: Iterable[Record], format: str) -> List[Record]:
+    """Records converted to `format`'s records, in memory."""
+
+def to_arrow_ipc(records: Iterable[Record], format: str = "trl") -> bytes:
+    """Records as an Arrow IPC stream in `format`'s columns (what `to_hf` builds on)."""
+
+def from_arrow_ipc(data: bytes, format: Optional[str] = None) -> List[Record]:
+    """The records of an Arrow IPC stream, as stepwise's records."""
+
+@overload
+def grade(given: Union[str, float], gold: Union[str, float], mode: str = "lenient") -> bool: ...
+@overload
+def grade(given: Sequence[Union[str, float]], gold: Union[str, float, Sequence[Union[str, float]]], mode: str = "lenient") -> List[bool]: ...
+def extract_answer(text: str) -> Optional[str]:
+    """The final answer in a solution's text (`\\boxed{}`, "The answer is", `####`), or None."""
+
+def split_steps(text: str, separator: str = "\n") -> List[str]:
+    """A solution's text split into steps at `separator` (trimmed, empty ones dropped)."""
+
+def step_rewards(
+    response: Union[Sequence[int], int],
+    step_scores: Sequence[float],
+    step_ends: Sequence[int],
+    credit: str = "return_to_go",
+    outcome: Optional[float] = None,
+) -> List[float]:
+    """Per-token rewards: each step's reward at the token ending it (`credit`: `return_to_go` or
+    `min`), the outcome at the last token, zero elsewhere."""
+
+def openrlhf_rewards(
+    queries: Sequence[str],
+    prompts: Optional[Sequence[str]] = None,
+    labels: Optional[Sequence[Optional[str]]] = None,
+    prm: Optional["PRM"] = None,
+    separator: str = "\n\n",
+    aggregate: str = "min",
+    outcome_weight: float = 1.0,
+    mode: str = "lenient",
+) -> Dict[str, Any]:
+    """OpenRLHF's rewards for prompt + response queries, as `stepwise serve`'s /get_reward."""
+
+class PRM:
+    """A process reward model (or ORM, or log-ratio verifier), local or behind servers."""
+
+    def __init__(
+        self,
+        source: str,
+        layout: str = "auto",
+        device: str = "auto",
+        max_batch_tokens: int = 16384,
+        dtype: str = "auto",
+        api_key: Optional[str] = None,
+        served_model: Optional[str] = None,
+        protocol: str = "stepwise",
+        server_tokenizer: Optional[Union[str, "PathLike[str]"]] = None,
+    ) -> None: ...
+    def score(self, question: str, steps: Sequence[str]) -> List[float]:
+        """Every step's score (probability the step is good) of one solution."""
+    def score_batch(self, items: Sequence[Union[Dict[str, Any], Tuple[str, Sequence[str]]]]) -> List[List[float]]:
+        """Every step's score of each `{"question", "steps"}` dict or `(question, steps)` pair."""
+    def score_records(self, records: Iterable[Record], name: str = "prm", batch_size: int = 64) -> List[Record]:
+        """Records with every step scored under `scores[name]`."""
+    @property
+    def device(self) -> str: ...
+    @property
+    def layout(self) -> str: ...
+
+class Policy:
+    """A policy that writes solutions step by step: local, or behind servers."""
+
+    def __init__(
+        self,
+        source: str,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        max_tokens: int = 512,
+        separator: str = "\n",
+        prompt: str = "text",
+        api_key: Optional[str] = None,
+        served_model: Optional[str] = None,
+        server_tokenizer: Optional[Union[str, "PathLike[str]"]] = None,
+    ) -> None: ...
+    def continue_from(
+        self, question: str, prefix: Sequence[str] = ..., n: int = 1, until: str = "end", seed: int = 0
+    ) -> List[Dict[str, Any]]:
+        """`n` continuations (`text`, `steps`, `finished`, `tokens`, `token_ids`)."""
+    def generate(self, question: str, n: int = 1, seed: int = 0) -> List[List[str]]:
+        """`n` whole solutions, each as its list of steps."""
+
+def annotate(
+    records: Iterable[Record],
+    policy: Any,
+    method: str = "mc",
+    rollouts: int = 8,
+    seed: int = 0,
+    output: Optional[Union[str, "PathLike[str]"]] = None,
+    judge: Any = None,
+    judge_samples: int = 4,
+    judge_format: str = "critique",
+    search_limit: int = 0,
+    separator: str = "\n",
+) -> List[Record]:
+    """Label every step: `mc`, `binary_search`, `omegaprm`, `judge` or `consensus`; resumable to
+    `output`."""
+
+def search(
+    problems: Union[Sequence[Union[str, Dict[str, Any]]], str, Dict[str, Any]],
+    policy: Any,
+    prm: PRM,
+    method: str = "beam",
+    n: int = 8,
+    width: int = 4,
+    aggregation: str = "min",
+    max_steps: int = 40,
+    lookahead: int = 1,
+    threshold: float = 0.5,
+    max_resamples: int = 4,
+    resample_budget: int = 16,
+    seed: int = 0,
+    name: str = "prm",
+    output: Optional[Union[str, "PathLike[str]"]] = None,
+    threads: int = 2,
+    separator: str = "\n",
+) -> List[Record]:
+    """Step-level search guided by `prm`: `bon`, `beam`, `dvts`, `lookahead`, `resample`."""
+
+def lab_run(preset: str = "quick", seed: int = 1, out: Optional[str] = None, sets: Sequence[str] = ...) -> Dict[str, Any]:
+    """Run the built-in lab; returns metrics.json as a dict."""

@@ -1,0 +1,36 @@
+"""Where the tests find the public data and the transformers-made fixtures: ``../shared`` beside
+the repository (or ``$STEPWISE_SHARED``)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(os.environ.get("STEPWISE_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
+
+
+@pytest.fixture(scope="session")
+def shared() -> Path:
+    assert (SHARED / "fixtures" / "hf-tiny").is_dir(), f"no fixtures in {SHARED} (set STEPWISE_SHARED)"
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def fixtures(shared) -> Path:
+    return shared / "fixtures" / "hf-tiny"
+
+
+@pytest.fixture(scope="session")
+def processbench(shared) -> Path:
+    return shared / "data" / "processbench" / "gsm8k.json"
+
+
+def short(records, n=12):
+    """The first records cut to fit the fixtures' 512 positions."""
+    out = []
+    for i, r in enumerate(records[:n]):
+        r = dict(r)
+        r["question"] = r["question"][: 40 + 5 * i]
+        r["steps"] = [dict(s, text=s["text"][:60]) for s in r["steps"][: 1 + i % 3]]
+        out.append(r)
+    return out

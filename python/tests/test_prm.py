@@ -1,0 +1,70 @@
+import json
+
+import pytest
+
+import stepwise
+from conftest import short
+
+
+def expected(fixtures):
+    return json.loads((fixtures / "expected.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", ["qwen2-prm", "qwen2-tokcls", "llama-shepherd"])
+def test_scores_match_transformers(fixtures, case):
+    # f32 arithmetic, as transformers made the fixture's numbers.
+    prm = stepwise.PRM(str(fixtures / case), device="cpu", dtype="f32")
+    assert prm.device == "cpu"
+    for item in expected(fixtures)[case]["items"]:
+        got = prm.score(item["problem"], item["steps"])
+        want = item["step_rewards"]
+        assert len(got) == len(want)
+        assert max(abs(a - b) for a, b in zip(got, want)) < 2e-4
+
+
+def test_score_batch_takes_dicts_pairs_and_records_and_equals_score(fixtures, processbench):
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"), max_batch_tokens=600)
+    recs = short(stepwise.read(processbench))
+    texts = [[s["text"] for s in r["steps"]] for r in recs]
+    one_by_one = [prm.score(r["question"], t) for r, t in zip(recs, texts)]
+    as_pairs = prm.score_batch([(r["question"], t) for r, t in zip(recs, texts)])
+    as_dicts = prm.score_batch([{"question": r["question"], "steps": r["steps"]} for r in recs])
+    for a, b, c in zip(one_by_one, as_pairs, as_dicts):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-6
+        assert max(abs(x - y) for x, y in zip(a, c)) < 1e-6
+    scored = prm.score_records(recs, name="mine")
+    for r, want in zip(scored, one_by_one):
+        assert r["scores"]["mine"] == pytest.approx(want, abs=1e-6)
+
+
+def test_scores_are_the_command_lines(fixtures, processbench, tmp_path):
+    """`stepwise score` and `PRM.score_records` write the same numbers for the same records."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    binary = shutil.which("stepwise") or str(Path(__file__).resolve().parents[2] / "target" / "debug" / "stepwise")
+    if not Path(binary).exists():
+        pytest.fail(f"no stepwise binary at {binary}: build it (cargo build -p stepwise-cli)")
+    recs = short(stepwise.read(processbench))
+    stepwise.write(recs, tmp_path / "in.jsonl")
+    subprocess.run([binary, "score", "--model", str(fixtures / "qwen2-prm"), "--input", str(tmp_path / "in.jsonl"),
+                    "--output", str(tmp_path / "out.jsonl"), "--device", "cpu"], check=True, capture_output=True)
+    cli = [r["scores"]["prm"] for r in stepwise.read(tmp_path / "out.jsonl")]
+    py = [r["scores"]["prm"] for r in stepwise.PRM(str(fixtures / "qwen2-prm"), device="cpu").score_records(recs)]
+    assert py == cli
+
+
+def test_errors_carry_the_rust_message(fixtures, tmp_path):
+    with pytest.raises(stepwise.StepwiseError, match="config.json"):
+        stepwise.PRM(str(tmp_path))
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    with pytest.raises(stepwise.StepwiseError, match="max_position_embeddings"):
+        prm.score("q " * 2000, ["a"])
+    with pytest.raises(ValueError, match="item 0"):
+        prm.score_batch([{"steps": ["a"]}])
+    with pytest.raises(ValueError, match="device"):
+        stepwise.PRM(str(fixtures / "qwen2-prm"), device="tpu")
+    if not stepwise.cuda_available:
+        with pytest.raises(stepwise.StepwiseError, match="without CUDA"):
+            stepwise.PRM(str(fixtures / "qwen2-prm"), device="cuda")

@@ -1,0 +1,105 @@
+import pytest
+
+import stepwise
+
+
+class Scripted:
+    """A policy written in Python: rollouts reach the gold answer (7) only from prefixes without a
+    step saying "wrong"; one step at a time it writes "step".""" 
+
+    def __init__(self):
+        self.calls = 0
+
+    def continue_from(self, question, prefix, n, until, seed):
+        self.calls += 1
+        if until == "step":
+            done = len(prefix) >= 2
+            return [{"text": "The answer is 7." if done else f"step {len(prefix)}", "finished": done}
+                    for _ in range(n)]
+        ok = not any("wrong" in p for p in prefix)
+        return ["more\nThe answer is 7." if ok and k % 2 == 0 else "The answer is 8." for k in range(n)]
+
+
+def records():
+    return [{"id": "a", "question": "q1", "gold_answer": "7",
+             "steps": [{"text": "fine"}, {"text": "wrong turn"}, {"text": "more"}]},
+            {"id": "b", "question": "q2", "gold_answer": "7", "steps": [{"text": "fine"}, {"text": "The answer is 7."}]}]
+
+
+def good(label):
+    """A hard label's rating, or a soft (Monte Carlo) label's "any rollout reached the answer"."""
+    if "rating" in label:
+        return label["rating"] == "good"
+    return label["p"] > 0
+
+
+@pytest.mark.parametrize("method", ["mc", "binary_search", "omegaprm"])
+def test_annotate_with_a_python_policy(method):
+    policy = Scripted()
+    out = stepwise.annotate(records(), policy, method=method, rollouts=4)
+    by_id = {r["id"]: r for r in out}
+    # The first error is the step that says "wrong"; the other solution is right throughout.
+    assert [good(s["label"]) for s in by_id["a"]["steps"]] == [True, False, False]
+    assert all(good(s["label"]) for s in by_id["b"]["steps"])
+    if method == "mc":
+        assert by_id["a"]["steps"][0]["label"]["p"] == 0.5  # 2 of 4 rollouts reach 7
+    assert policy.calls > 0
+
+
+def test_annotate_resumes_from_its_output(tmp_path):
+    path = tmp_path / "labelled.jsonl"
+    first = stepwise.annotate(records(), Scripted(), method="mc", rollouts=4, output=path)
+    policy = Scripted()
+    again = stepwise.annotate(records(), policy, method="mc", rollouts=4, output=path)
+    assert again == first
+    assert policy.calls == 0  # everything was in the output already
+    with pytest.raises(stepwise.StepwiseError, match="other settings"):
+        stepwise.annotate(records(), Scripted(), method="mc", rollouts=8, output=path)
+
+
+def test_annotate_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="judge"):
+        stepwise.annotate(records(), Scripted(), method="consensus")
+    with pytest.raises(ValueError, match="continue_from"):
+        stepwise.annotate(records(), object())
+    with pytest.raises(stepwise.StepwiseError, match="gold_answer"):
+        stepwise.annotate([{"question": "q", "steps": [{"text": "a"}]}], Scripted())
+
+    class Broken:
+        def continue_from(self, *args):
+            raise RuntimeError("the GPU caught fire")
+
+    with pytest.raises(stepwise.StepwiseError, match="caught fire"):
+        stepwise.annotate(records(), Broken())
+
+
+def test_local_policy_continues_a_solution(fixtures):
+    policy = stepwise.Policy(str(fixtures / "qwen2-policy"), temperature=0.0, max_tokens=8)
+    a = policy.continue_from("What is 2+3?", [], n=2, until="end", seed=1)
+    assert len(a) == 2 and a[0]["text"] == a[1]["text"]
+    assert a[0]["tokens"] == len(a[0]["token_ids"]) > 0
+    assert len(policy.generate("What is 2+3?", n=3)) == 3
+
+
+@pytest.mark.parametrize("method", ["bon", "beam", "dvts", "lookahead", "resample"])
+def test_search_every_method(fixtures, method):
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    out = stepwise.search([{"question": "q", "answer": "7"}, "another question"], Scripted(), prm,
+                          method=method, n=4, width=2, max_steps=5)
+    assert len(out) == 2
+    first = out[0]
+    assert first["steps"] and len(first["scores"]["prm"]) == len(first["steps"])
+    # Graded against its gold answer (the step methods end on the scripted right answer).
+    assert first["correct"] is True or (method == "bon" and first["correct"] is False)
+    assert "correct" not in out[1] or out[1]["correct"] is None
+    assert first["meta"]["compute"]["generated_tokens"] >= 0
+
+
+def test_search_resumes(fixtures, tmp_path):
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    path = tmp_path / "beam.jsonl"
+    one = stepwise.search(["q1", "q2"], Scripted(), prm, n=4, width=2, output=path)
+    policy = Scripted()
+    two = stepwise.search(["q1", "q2"], policy, prm, n=4, width=2, output=path)
+    assert [r["steps"] for r in one] == [r["steps"] for r in two]
+    assert policy.calls == 0
