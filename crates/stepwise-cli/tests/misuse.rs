@@ -327,3 +327,46 @@ fn a_full_disk_ends_every_printing_command_with_a_message() {
     assert!(err.contains("bad.jsonl:1"), "{err}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Outputs that are not regular files are written as a user expects: a device is written through
+/// and stays a device (`/dev/null`, and `/dev/full` with a message naming it), a link stays a
+/// link and the file it points to is updated, a name at the file system's limit is written.
+#[test]
+fn special_outputs_are_written_through_and_links_followed() {
+    let d = tmp("special");
+    std::fs::create_dir_all(&d).unwrap();
+    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/processbench/gsm8k.json");
+    let pb = pb.display().to_string();
+    let convert = |out: &str| {
+        run(
+            &["convert".into(), pb.clone(), out.into(), "--to".into(), "trl".into()],
+            Stdio::null(),
+        )
+    };
+    let out = convert("/dev/null");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    let out = convert("/dev/full");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/dev/full") && err.contains("No space left"), "{err}");
+    assert!(std::fs::metadata("/dev/full").unwrap().file_type().is_char_device());
+    let target = d.join("real.jsonl");
+    std::fs::write(&target, "old").unwrap();
+    let link = d.join("link.jsonl");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    assert_eq!(convert(&link.display().to_string()).status.code(), Some(0));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read_to_string(&target).unwrap().lines().count(), 400);
+    let long = d.join(format!("{}.jsonl", "x".repeat(248)));
+    assert_eq!(convert(&long.display().to_string()).status.code(), Some(0));
+    // Nothing partial is left beside them.
+    let left: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, RecordError, Result};
 use crate::formats::Format;
+use crate::output::Output;
 use crate::parquet_io::{is_parquet, read_parquet, write_parquet};
 use crate::record::Solution;
 use serde_json::Value;
@@ -224,25 +225,18 @@ enum Sink {
     Parquet(PathBuf, Vec<Value>),
 }
 
-/// Writes solutions in a format to JSONL (default), a JSON array (`.json`) or Parquet. A file is
-/// written under a temporary name beside it and renamed into place by [`SolutionWriter::finish`]:
-/// a run that fails leaves an existing file as it was, and a partial output never looks complete.
+/// Writes solutions in a format to JSONL (default), a JSON array (`.json`) or Parquet. A regular
+/// file is written under a temporary name beside it and renamed into place by
+/// [`SolutionWriter::finish`] (a run that fails leaves an existing file as it was, and a partial
+/// output never looks complete); a link updates the file it points to; a device or FIFO is
+/// written through ([`crate::output`]).
 pub struct SolutionWriter {
     path: PathBuf,
     format: Format,
     sink: Sink,
     group: Vec<Solution>,
-    /// The temporary file being written (`None` for standard output).
-    tmp: Option<PathBuf>,
-}
-
-/// The temporary name `path` is written under until it is complete.
-fn temporary_name(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.partial", std::process::id()))
+    /// Where it is written.
+    output: Option<Output>,
 }
 
 /// Refuse to write `output` when it is `input` (the same file, by whatever path): reading and
@@ -273,36 +267,10 @@ pub fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
     }
 }
 
-impl Drop for SolutionWriter {
-    fn drop(&mut self) {
-        // Not finished: the partial file goes, the old output (if any) stays.
-        if let Some(tmp) = self.tmp.take() {
-            let _ = std::fs::remove_file(tmp);
-        }
-    }
-}
-
 impl SolutionWriter {
     /// Create `path` (`-` for standard output).
     pub fn create(path: impl AsRef<Path>, format: Format) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let open = |p: &Path| -> Result<Box<dyn Write>> {
-            if p == Path::new("-") {
-                Ok(Box::new(BufWriter::new(io::stdout())))
-            } else {
-                if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-                        file: dir.to_path_buf(),
-                        source,
-                    })?;
-                }
-                let f = File::create(p).map_err(|source| Error::Io {
-                    file: p.to_path_buf(),
-                    source,
-                })?;
-                Ok(Box::new(BufWriter::with_capacity(1 << 16, f)))
-            }
-        };
         // JSONL unless the name says JSON or Parquet; a name that promises another format is
         // refused rather than filled with JSONL.
         match path
@@ -320,27 +288,20 @@ impl SolutionWriter {
                 })
             }
         }
-        let tmp = (path != Path::new("-")).then(|| temporary_name(&path));
-        let target = tmp.clone().unwrap_or_else(|| path.clone());
+        let output = Output::prepare(&path)?;
         let sink = if is_parquet(&path) {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-                    file: dir.to_path_buf(),
-                    source,
-                })?;
-            }
-            Sink::Parquet(target, Vec::new())
+            Sink::Parquet(output.writing().to_path_buf(), Vec::new())
         } else if path.extension().is_some_and(|e| e == "json") {
-            Sink::Array(open(&target)?, true)
+            Sink::Array(Box::new(BufWriter::with_capacity(1 << 16, output.open()?)), true)
         } else {
-            Sink::Lines(open(&target)?)
+            Sink::Lines(Box::new(BufWriter::with_capacity(1 << 16, output.open()?)))
         };
         Ok(SolutionWriter {
             path,
             format,
             sink,
             group: Vec::new(),
-            tmp,
+            output: Some(output),
         })
     }
 
@@ -394,23 +355,30 @@ impl SolutionWriter {
             source,
         };
         let sink = std::mem::replace(&mut self.sink, Sink::Parquet(PathBuf::new(), Vec::new()));
-        match sink {
-            Sink::Lines(mut w) => w.flush().map_err(io_err)?,
+        let sink_closed = match sink {
+            Sink::Lines(mut w) => {
+                w.flush().map_err(io_err)?;
+                Some(w)
+            }
             Sink::Array(mut w, first) => {
                 w.write_all(if first { b"[]\n" } else { b"\n]\n" }).map_err(io_err)?;
-                w.flush().map_err(io_err)?
+                w.flush().map_err(io_err)?;
+                Some(w)
             }
-            Sink::Parquet(path, rows) => {
-                write_parquet(&path, &rows).map_err(|message| Error::Other { file: path, message })?
+            Sink::Parquet(at, rows) => {
+                write_parquet(&at, &rows).map_err(|message| Error::Other {
+                    file: self.path.clone(),
+                    message,
+                })?;
+                None
             }
+        };
+        // The sink is closed before the file is renamed into place.
+        drop(sink_closed);
+        match self.output.take() {
+            Some(output) => output.commit(),
+            None => Ok(()),
         }
-        if let Some(tmp) = self.tmp.take() {
-            std::fs::rename(&tmp, &self.path).map_err(|source| Error::Io {
-                file: self.path.clone(),
-                source,
-            })?;
-        }
-        Ok(())
     }
 }
 
@@ -460,10 +428,13 @@ pub fn write_jsonl<T: serde::Serialize>(path: impl AsRef<Path>, items: &[T]) -> 
         file: path.to_path_buf(),
         source,
     };
-    let mut w = BufWriter::new(File::create(path).map_err(io_err)?);
+    let output = Output::prepare(path)?;
+    let mut w = BufWriter::new(output.open()?);
     for it in items {
         serde_json::to_writer(&mut w, it).map_err(|e| io_err(e.into()))?;
         w.write_all(b"\n").map_err(io_err)?;
     }
-    w.flush().map_err(io_err)
+    w.flush().map_err(io_err)?;
+    drop(w);
+    output.commit()
 }

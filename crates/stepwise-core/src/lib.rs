@@ -10,6 +10,7 @@ pub mod grader;
 pub mod io;
 pub mod journal;
 pub mod json;
+pub mod output;
 pub mod parquet_io;
 pub mod record;
 pub mod seams;
