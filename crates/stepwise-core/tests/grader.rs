@@ -214,3 +214,31 @@ fn adversarial_inputs_finish() {
         }
     }
 }
+
+/// The lenient grader compares numbers by value whatever their notation, exactly (or to 12
+/// significant digits for irrational values), small or large: PRM800K's grader, faithful to the
+/// reference, rounds anything within 1e-7 of an integer to it.
+#[test]
+fn lenient_numbers_are_equal_by_value_whatever_the_notation() {
+    use stepwise_core::grader::{grade, GradeMode::*};
+    for (a, b, equal) in [
+        ("3e-10", "5e-10", false),
+        ("6.626e-34", "1.38e-23", false),
+        ("1e-400", "2e-400", false),
+        ("1e-400", "1e-400", true),
+        ("10^{-10}", "5\\cdot10^{-10}", false),
+        ("5\\cdot10^{-10}", "5e-10", true),
+        ("3 \\times 10^{-10}", "3e-10", true),
+        ("0.0000000003", "3e-10", true),
+        ("1.5e3", "1500", true),
+        ("\\frac{1}{3}", "0.3333333333", false),
+        ("2, 3e-9", "3e-9, 2", true),
+        ("50\\%", "0.5", true),
+        ("0.0001", "0", false),
+    ] {
+        assert_eq!(grade(a, b, Lenient), equal, "lenient: {a} vs {b}");
+        assert_eq!(grade(b, a, Lenient), equal, "lenient: {b} vs {a}");
+    }
+    // PRM800K mode keeps the reference's verdicts.
+    assert!(grade("3e-10", "5e-10", Prm800k));
+}

@@ -426,7 +426,12 @@ fn number(s: &str) -> Result<Expr, ParseError> {
     let digits = digits.trim_start_matches('0');
     // value = digits · 10^scale
     let scale = exp.saturating_sub(frac.len() as i64);
-    let float = || -> Result<Expr, ParseError> { Ok(Expr::Float(s.parse().map_err(|_| bad())?)) };
+    let float = || -> Result<Expr, ParseError> {
+        let x: f64 = s.parse().map_err(|_| bad())?;
+        // A nonzero literal past f64's range (`1e-400`, `1e400`) has no value to compare: NaN
+        // is never equal to anything (identical texts are still equal as texts).
+        Ok(Expr::Float(if x == 0.0 || x.is_infinite() { f64::NAN } else { x }))
+    };
     if digits.is_empty() {
         return Ok(Expr::Num(Rat::int(0)));
     }
@@ -587,15 +592,16 @@ fn binom(n: Val, k: Val) -> Option<Val> {
     }
 }
 
-/// Whether two values are equal: exactly for rationals, to 12 significant digits for reals;
-/// never when either lost its exact value (cannot decide: not equal).
+/// Whether two values are equal: exactly for rationals, to 12 significant digits (relative, at
+/// any magnitude: `6.626e-34` ≠ `1.38e-23`) for reals; never when either lost its exact value
+/// (cannot decide: not equal).
 fn close(a: Val, b: Val) -> bool {
     match (a, b) {
         (Val::Q(x), Val::Q(y)) => x == y,
         (Val::Lost(_), _) | (_, Val::Lost(_)) => false,
         (x, y) => {
             let (x, y) = (x.f(), y.f());
-            x.is_finite() && y.is_finite() && (x - y).abs() <= 1e-12 * x.abs().max(y.abs()).max(1.0)
+            x.is_finite() && y.is_finite() && (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
         }
     }
 }

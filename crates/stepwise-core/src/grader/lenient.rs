@@ -53,14 +53,35 @@ const UNIT_WORDS: &[&str] = &[
 ];
 
 /// Lenient equality of a given answer and the ground truth.
+///
+/// Two numbers (or lists of numbers) are equal exactly when their values are (to 12 significant
+/// digits when a value is irrational), whatever their notation: `3e-10` = `3\times10^{-10}` ≠
+/// `5e-10`. PRM800K's grader, which the rest defers to, rounds any number within 1e-7 of an
+/// integer to it, so it calls `3e-10` and `5e-10` both 0.
 pub fn grade(given: &str, ground_truth: &str) -> bool {
+    let (a, b) = (answer_set(given), answer_set(ground_truth));
+    if let (Some(a), Some(b)) = (&a, &b) {
+        if numeric(a) && numeric(b) {
+            return same_answers(a, b);
+        }
+    }
     if prm800k::grade(given, ground_truth) {
         return true;
     }
-    match (answer_set(given), answer_set(ground_truth)) {
+    match (a, b) {
         (Some(a), Some(b)) => same_answers(&a, &b),
         _ => false,
     }
+}
+
+/// Whether every element of an answer is a number (no symbols; a percentage counts).
+fn numeric(a: &Answer) -> bool {
+    !a.elems.is_empty()
+        && a.elems.iter().all(|e| {
+            let e = e.replace(' ', "");
+            let e = e.strip_suffix('%').unwrap_or(&e);
+            expr::parse(e).is_ok_and(|x| x.symbols().is_empty())
+        })
 }
 
 /// An answer as a list of alternatives to compare: (bracket kind, elements).
