@@ -59,6 +59,15 @@ pub fn f64_field(obj: &Map<String, Value>, name: &str) -> Result<f64, FieldError
         .ok_or_else(|| FieldError::new(name, format!("expected a number, found {}", kind(v))))
 }
 
+/// A required probability: a number in [0, 1].
+pub fn probability_field(obj: &Map<String, Value>, name: &str) -> Result<f64, FieldError> {
+    let p = f64_field(obj, name)?;
+    if !(0.0..=1.0).contains(&p) {
+        return Err(FieldError::new(name, format!("must lie in [0, 1], found {p}")));
+    }
+    Ok(p)
+}
+
 /// A required integer field.
 pub fn i64_field(obj: &Map<String, Value>, name: &str) -> Result<i64, FieldError> {
     let v = field(obj, name)?;

@@ -232,3 +232,17 @@ fn bad_input_names_file_line_and_field() {
     let e = read_solutions(&p, None).unwrap_err().to_string();
     assert!(e.contains(":1:") && e.contains("labels[1]"), "{e}");
 }
+
+/// Every format's labels are checked for their domain: OmegaPRM's `mc_value` is a Monte Carlo
+/// estimate, so a value outside [0, 1] is an error naming the entry, in the flat and tree forms.
+#[test]
+fn omegaprm_values_outside_zero_one_are_refused() {
+    let flat = serde_json::json!({"question": "q", "final_answer": "1",
+        "reasoning_steps": [{"solution_prefix": "q a", "mc_value": 0.5}, {"solution_prefix": "q a b", "mc_value": 1.7}]});
+    let e = Format::OmegaPrm.read(&flat, 0).unwrap_err().to_string();
+    assert!(e.contains("reasoning_steps[1]") && e.contains("[0, 1]") && e.contains("1.7"), "{e}");
+    let tree = serde_json::json!({"question": "q", "final_answer": "1",
+        "reasoning_steps": {"text": "q", "mc_value": -0.1, "children": []}});
+    let e = Format::OmegaPrmTree.read(&tree, 0).unwrap_err().to_string();
+    assert!(e.contains("mc_value") && e.contains("-0.1"), "{e}");
+}

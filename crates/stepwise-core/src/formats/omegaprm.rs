@@ -23,7 +23,7 @@ const KNOWN: &[&str] = &["question", "final_answer", "reasoning_steps"];
 fn opt_mc(o: &Map<String, Value>, at: &str) -> Result<Option<f64>, FieldError> {
     match o.get("mc_value") {
         None | Some(Value::Null) => Ok(None),
-        Some(_) => json::f64_field(o, "mc_value").map(Some).map_err(|e| e.within(at)),
+        Some(_) => json::probability_field(o, "mc_value").map(Some).map_err(|e| e.within(at)),
     }
 }
 
@@ -64,7 +64,7 @@ pub(super) fn read_flat(v: &Value, index: usize) -> Result<Vec<Solution>, FieldE
         let at = format!("reasoning_steps[{j}]");
         let e = object(e, &at)?;
         let prefix = json::str_field(e, "solution_prefix").map_err(|x| x.within(&at))?;
-        let mc = json::f64_field(e, "mc_value").map_err(|x| x.within(&at))?;
+        let mc = json::probability_field(e, "mc_value").map_err(|x| x.within(&at))?;
         if !prefix.starts_with(question) {
             return Err(FieldError::new(
                 format!("{at}.solution_prefix"),
