@@ -249,13 +249,20 @@ impl PrmLayout {
     }
 
     /// Token ids for a problem and its steps, the positions where the step rewards are read, and
-    /// where the first step starts (for the step layouts; 0 for the others).
+    /// where the first step starts (for the step layouts; 0 for the others). A step token or tag
+    /// written inside the problem or a step is taken out: it would add a reward position.
     pub fn encode(&self, tok: &Tokenizer, problem: &str, steps: &[&str]) -> Result<Encoded> {
         match self {
             PrmLayout::QwenPrm { system, step_token } => {
+                // The step token written inside the text (a policy may write it) would add reward
+                // positions: it is taken out, so every step has exactly one.
+                let problem = problem.replace(step_token.as_str(), "");
                 let head =
-                    tok.apply_chat_template(&[Message::new("system", system), Message::new("user", problem)], true)?;
-                let body: String = steps.iter().map(|s| format!("{s}{step_token}")).collect();
+                    tok.apply_chat_template(&[Message::new("system", system), Message::new("user", &problem)], true)?;
+                let body: String = steps
+                    .iter()
+                    .map(|s| format!("{}{step_token}", s.replace(step_token.as_str(), "")))
+                    .collect();
                 let text = format!("{head}{body}<|im_end|><|endoftext|>");
                 let ids = tok.encode(&text, true)?;
                 let id = tok
@@ -264,8 +271,12 @@ impl PrmLayout {
                 Ok(positions_of(ids, id))
             }
             PrmLayout::StepTag { tag, .. } => {
-                let body: String = steps.iter().map(|s| format!("{s} {tag}\n")).collect();
-                let ids = tok.encode(&format!("{problem} {body}"), true)?;
+                // As for the step token above: a tag inside the text is taken out.
+                let body: String = steps
+                    .iter()
+                    .map(|s| format!("{} {tag}\n", s.replace(tag.as_str(), "")))
+                    .collect();
+                let ids = tok.encode(&format!("{} {body}", problem.replace(tag.as_str(), "")), true)?;
                 let id = tok
                     .token_id(tag)
                     .with_context(|| format!("the tokenizer has no `{tag}` token"))?;

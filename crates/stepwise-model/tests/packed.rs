@@ -110,3 +110,19 @@ fn packed_rows_equal_each_sequence_run_alone() {
         .unwrap_err();
     assert!(err.to_string().contains("past the end"), "{err}");
 }
+
+/// A policy may write the PRM's step token or tag inside a step: it is taken out, so the step
+/// scores as it would without it, and the solution keeps one reward per step.
+#[test]
+fn step_tags_inside_the_text_do_not_add_rewards() {
+    for (name, tag) in [("qwen2-prm", "<extra_0>"), ("llama-shepherd", "ки")] {
+        let v = LoadedVerifier::load(&fixtures().join(name), "auto", &candle_core::Device::Cpu).unwrap();
+        let scorer = v.scorer();
+        let clean = scorer.score("What is 2+3?", &["2 + 3 = 5.", "So 5."]).unwrap();
+        let tagged = scorer
+            .score(&format!("What is {tag}2+3?"), &[&format!("2 + 3 {tag}= 5."), &format!("So 5.{tag}")])
+            .unwrap();
+        assert_eq!(tagged.len(), 2, "{name}");
+        assert_eq!(clean, tagged, "{name}");
+    }
+}
