@@ -2,8 +2,8 @@
 `<extra_0>`), or with `--policy` a causal LM (Qwen2ForCausalLM), with random bf16 weights at a
 real model's shape, written in shards with a
 `model.safetensors.index.json` as released checkpoints are, and the fixture PRM's tokenizer. For
-`bench/bf16_engine.sh`. Needs torch and safetensors (not transformers); memory stays about one
-shard.
+`bench/bf16_engine.sh`. Needs safetensors, and torch (or, without torch, numpy and ml_dtypes:
+the same layout from numpy's generator, other random values); memory stays about one shard.
 
     python bench/make_random_prm.py {0.5b|7b} OUT_DIR [--dtype bfloat16|float32] [--policy]
         [--tokenizer DIR] [--device cuda]
@@ -16,8 +16,14 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
+try:
+    import torch
+    from safetensors.torch import save_file
+except ImportError:  # numpy + ml_dtypes stand in (bf16 as ml_dtypes.bfloat16)
+    torch = None
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
 
 FIX = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "hf-tiny" / "qwen2-prm"
 # Qwen2.5-Math-PRM-7B's config.json, and the same layout at Qwen2.5-0.5B's shape.
@@ -38,14 +44,17 @@ p.add_argument("--tokenizer", default=str(FIX), help="folder with tokenizer.json
 p.add_argument("--device", default="cpu", help="where the random weights are drawn (cpu or cuda)")
 a = p.parse_args()
 FIX = Path(a.tokenizer)
-dtype = getattr(torch, a.dtype)
+dtype = getattr(torch, a.dtype) if torch else (ml_dtypes.bfloat16 if a.dtype == "bfloat16" else np.float32)
 c = SHAPES[a.shape]
 h, i, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
 d = h // c["num_attention_heads"]
 kv = c["num_key_value_heads"] * d
 out = Path(a.out)
 out.mkdir(parents=True, exist_ok=True)
-torch.manual_seed(0)
+if torch:
+    torch.manual_seed(0)
+else:
+    rng = np.random.default_rng(0)
 
 
 def shapes():
@@ -72,6 +81,12 @@ def shapes():
 
 
 def make(name, shape):
+    if torch is None:
+        if name.endswith("layernorm.weight") or name == "model.norm.weight":
+            return np.ones(shape, dtype=dtype)
+        if name.endswith("bias"):
+            return np.zeros(shape, dtype=dtype)
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
     if name.endswith("layernorm.weight") or name == "model.norm.weight":
         return torch.ones(shape, dtype=dtype)
     if name.endswith("bias"):
@@ -83,7 +98,7 @@ shards, current, size = [], {}, 0
 for name, shape in shapes():
     t = make(name, shape)
     current[name] = t
-    size += t.numel() * t.element_size()
+    size += t.nbytes if torch is None else t.numel() * t.element_size()
     if size >= SHARD_BYTES:
         shards.append(current)
         current, size = {}, 0

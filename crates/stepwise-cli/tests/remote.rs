@@ -656,3 +656,28 @@ fn health_metrics_and_a_clean_stop() {
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// A chat request without `max_tokens` on a short-context model gets what the context leaves
+/// (vLLM's default), not a refusal; an explicit value past the context, or a fractional one, is a
+/// clear 400.
+#[test]
+fn max_tokens_defaults_to_what_the_context_leaves() {
+    let server = serve(&["--max-tokens", "100000"]);
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "What is 2+3?"}], "temperature": 0.0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        post(&server.url, "/v1/chat/completions", &body)
+    };
+    let ok = chat(json!({}));
+    assert!(ok["choices"][0]["message"]["content"].is_string(), "{ok}");
+    let too_long = chat(json!({"max_tokens": 5000}));
+    assert!(
+        too_long["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length"),
+        "{too_long}"
+    );
+    let fractional = chat(json!({"max_tokens": 2.9}));
+    assert_eq!(fractional["error"]["param"], "max_tokens", "{fractional}");
+}

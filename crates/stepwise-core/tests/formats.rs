@@ -240,7 +240,10 @@ fn omegaprm_values_outside_zero_one_are_refused() {
     let flat = serde_json::json!({"question": "q", "final_answer": "1",
         "reasoning_steps": [{"solution_prefix": "q a", "mc_value": 0.5}, {"solution_prefix": "q a b", "mc_value": 1.7}]});
     let e = Format::OmegaPrm.read(&flat, 0).unwrap_err().to_string();
-    assert!(e.contains("reasoning_steps[1]") && e.contains("[0, 1]") && e.contains("1.7"), "{e}");
+    assert!(
+        e.contains("reasoning_steps[1]") && e.contains("[0, 1]") && e.contains("1.7"),
+        "{e}"
+    );
     let tree = serde_json::json!({"question": "q", "final_answer": "1",
         "reasoning_steps": {"text": "q", "mc_value": -0.1, "children": []}});
     let e = Format::OmegaPrmTree.read(&tree, 0).unwrap_err().to_string();

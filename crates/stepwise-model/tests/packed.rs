@@ -120,7 +120,10 @@ fn step_tags_inside_the_text_do_not_add_rewards() {
         let scorer = v.scorer();
         let clean = scorer.score("What is 2+3?", &["2 + 3 = 5.", "So 5."]).unwrap();
         let tagged = scorer
-            .score(&format!("What is {tag}2+3?"), &[&format!("2 + 3 {tag}= 5."), &format!("So 5.{tag}")])
+            .score(
+                &format!("What is {tag}2+3?"),
+                &[&format!("2 + 3 {tag}= 5."), &format!("So 5.{tag}")],
+            )
             .unwrap();
         assert_eq!(tagged.len(), 2, "{name}");
         assert_eq!(clean, tagged, "{name}");

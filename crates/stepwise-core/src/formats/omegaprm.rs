@@ -23,7 +23,9 @@ const KNOWN: &[&str] = &["question", "final_answer", "reasoning_steps"];
 fn opt_mc(o: &Map<String, Value>, at: &str) -> Result<Option<f64>, FieldError> {
     match o.get("mc_value") {
         None | Some(Value::Null) => Ok(None),
-        Some(_) => json::probability_field(o, "mc_value").map(Some).map_err(|e| e.within(at)),
+        Some(_) => json::probability_field(o, "mc_value")
+            .map(Some)
+            .map_err(|e| e.within(at)),
     }
 }
 

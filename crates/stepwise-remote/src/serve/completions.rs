@@ -20,6 +20,8 @@ use stepwise_model::SamplingParams;
 struct Sampling {
     n: usize,
     max_tokens: usize,
+    /// Whether the request set `max_tokens`: a default is cut to what the context has left.
+    max_tokens_given: bool,
     params: SamplingParams,
     stop: Vec<String>,
     /// Log-probabilities of the sampled tokens, and of this many alternatives.
@@ -93,6 +95,13 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
     };
     let default_max = if chat { s.max_tokens as f64 } else { 16.0 };
     let max_tokens = number(v, max_key, default_max, 1.0, s.max_tokens as f64)?;
+    if max_tokens.fract() != 0.0 {
+        return Err(ApiError::invalid(
+            format!("`{max_key}` must be a whole number"),
+            Some(max_key),
+        ));
+    }
+    let max_tokens_given = v.get(max_key).is_some_and(|x| !x.is_null());
     let temperature = number(v, "temperature", 1.0, 0.0, 2.0)?;
     let top_p = number(v, "top_p", 1.0, 1e-6, 1.0)?;
     let seed = match v.get("seed") {
@@ -135,6 +144,7 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
     Ok(Sampling {
         n: n as usize,
         max_tokens: max_tokens as usize,
+        max_tokens_given,
         params: SamplingParams {
             temperature: temperature as f32,
             top_p: top_p as f32,
@@ -183,13 +193,20 @@ fn prompt_ids(s: &Shared, v: &Value) -> Result<Vec<u32>, ApiError> {
     }
 }
 
-/// Refuse a prompt that cannot fit with its continuation.
-fn check_length(s: &Shared, prompt: usize, max_tokens: usize) -> Result<(), ApiError> {
+/// Fit the continuation to the context: a default `max_tokens` is cut to what the prompt leaves
+/// (as vLLM's is); a prompt that leaves nothing, or an explicit `max_tokens` past the context, is
+/// refused.
+fn fit_length(s: &Shared, prompt: usize, sampling: &mut Sampling) -> Result<(), ApiError> {
     let (_, p) = s.policy.as_ref().expect("checked");
     let limit = p.model.config.max_position_embeddings;
     if prompt == 0 {
         return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
     }
+    if !sampling.max_tokens_given && prompt < limit {
+        sampling.max_tokens = sampling.max_tokens.min(limit - prompt);
+        sampling.params.max_new_tokens = sampling.max_tokens;
+    }
+    let max_tokens = sampling.max_tokens;
     if prompt + max_tokens > limit {
         return Err(ApiError::invalid(
             format!(
@@ -347,9 +364,9 @@ fn request_id(prefix: &str) -> String {
 pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
     let v = parse_body(&body)?;
     check_model(&s, &v)?;
-    let sampling = sampling(&s, &v, false)?;
+    let mut sampling = sampling(&s, &v, false)?;
     let ids = prompt_ids(&s, &v)?;
-    check_length(&s, ids.len(), sampling.max_tokens)?;
+    fit_length(&s, ids.len(), &mut sampling)?;
     let (stream, logprobs) = (sampling.stream, sampling.logprobs);
     let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
     let (choices, prompt_len) = run(&s, ids, sampling).await?;
@@ -422,7 +439,7 @@ fn content_text(m: &Value) -> Result<String, ApiError> {
 pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
     let v = parse_body(&body)?;
     check_model(&s, &v)?;
-    let sampling = sampling(&s, &v, true)?;
+    let mut sampling = sampling(&s, &v, true)?;
     let messages = v
         .get("messages")
         .and_then(Value::as_array)
@@ -462,7 +479,7 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
             .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages")))?
     };
     let ids = p.tokenizer.encode(&text, false).map_err(ApiError::internal)?;
-    check_length(&s, ids.len(), sampling.max_tokens)?;
+    fit_length(&s, ids.len(), &mut sampling)?;
     let (stream, logprobs) = (sampling.stream, sampling.logprobs);
     let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
     let (choices, prompt_len) = run(&s, ids, sampling).await?;
