@@ -8,8 +8,9 @@ The pairs come from the public data in ../shared/data (nothing is made up by han
   gold `#### N` answer;
 - MATH-500: every gold answer against itself, against the next problem's answer, and in the forms
   solutions write it (\\boxed{}, $...$, \\dfrac for \\frac, spacing, a trailing period).
-math-verify parses both sides (`parse`, then `verify(gold, answer)`); stepwise grades them in its
-lenient mode, a list at a time (the GIL released, every core), and one pair per call.
+math-verify parses both sides as its documentation shows (LaTeX inside `$...$` unless already
+boxed or delimited; then `verify(gold, answer)`); stepwise grades the bare strings in its lenient
+mode, a list at a time (the GIL released, every core), and one pair per call.
 """
 import json
 import sys
@@ -29,7 +30,7 @@ def pairs(n):
         gsm_gold[r["question"]] = r["answer"].split("####")[-1].strip()
     for line in (SHARED / "gsm8k" / "example_model_solutions.first300.jsonl").read_text().splitlines():
         r = json.loads(line)
-        gold = str(r.get("ground_truth", "")).split("####")[-1].strip()
+        gold = gsm_gold[r["question"]]
         for key in ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification"):
             sol = r.get(key, {}).get("solution", "")
             answer = sol.rsplit("A:", 1)[-1].strip() if "A:" in sol else sol.strip().split("\n")[-1]
@@ -42,6 +43,7 @@ def pairs(n):
         ("dfrac", lambda a: a.replace("\\frac", "\\dfrac")),
         ("spaced", lambda a: a.replace(",", ", ").replace("+", " + ")),
         ("period", lambda a: a + "."),
+        ("x =", lambda a: f"x = {a}"),
     ]
     for i, a in enumerate(math):
         for name, f in forms:
@@ -59,11 +61,14 @@ def main():
 
     from math_verify import parse, verify
 
+    def latex(x):
+        return x if "$" in x or "\\boxed" in x else f"${x}$"
+
     start = time.perf_counter()
     mv = []
     for g, t in zip(given, gold):
         try:
-            mv.append(bool(verify(parse(t), parse(g))))
+            mv.append(bool(verify(parse(latex(t)), parse(latex(g)))))
         except Exception:
             mv.append(False)
     mv_secs = time.perf_counter() - start

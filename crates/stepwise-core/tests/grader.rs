@@ -235,6 +235,11 @@ fn lenient_numbers_are_equal_by_value_whatever_the_notation() {
         ("2, 3e-9", "3e-9, 2", true),
         ("50\\%", "0.5", true),
         ("0.0001", "0", false),
+        ("\\frac{14}{3}.", "\\frac{14}{3}", true),
+        ("3\\sqrt{13}.", "3\\sqrt{13}", true),
+        ("5.", "5", true),
+        ("1\\dfrac{4}{5}", "1\\frac{4}{5}", true),
+        ("1\\dfrac{4}{5}", "\\frac{9}{5}", true),
     ] {
         assert_eq!(grade(a, b, Lenient), equal, "lenient: {a} vs {b}");
         assert_eq!(grade(b, a, Lenient), equal, "lenient: {b} vs {a}");

@@ -92,7 +92,8 @@ struct Answer {
 }
 
 fn clean(s: &str) -> String {
-    let mut s = s.trim().to_string();
+    // A sentence's full stop after the answer (`\frac{14}{3}.`) is not part of it.
+    let mut s = s.trim().trim_end_matches('.').trim_end().to_string();
     if let Some(b) = last_boxed(&s) {
         s = b;
     }
@@ -106,6 +107,7 @@ fn clean(s: &str) -> String {
         .replace("\\left", "")
         .replace("\\right", "");
     s = s.replace("^\\circ", "").replace("^{\\circ}", "").replace("\\%", "%");
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac");
     // Mixed numbers: `3\frac12` is 3 + 1/2.
     let b = s.as_bytes();
     if let Some(i) = s.find("\\frac") {
