@@ -103,3 +103,36 @@ def test_search_resumes(fixtures, tmp_path):
     two = stepwise.search(["q1", "q2"], policy, prm, n=4, width=2, output=path)
     assert [r["steps"] for r in one] == [r["steps"] for r in two]
     assert policy.calls == 0
+
+
+def test_a_vllm_llm_serves_as_a_policy():
+    """VllmPolicy against an object shaped as vLLM's `LLM.generate` answers (vLLM itself needs a
+    GPU build or its CPU build, not installed in CI): prompts laid out as stepwise lays them, one
+    step stopped at the separator, the answer read by annotation."""
+    from types import SimpleNamespace
+
+    from stepwise.integrations.vllm import VllmPolicy
+
+    class FakeLLM:
+        def __init__(self):
+            self.prompts = []
+
+        def generate(self, prompts, params, use_tqdm=False):
+            self.prompts.extend(prompts)
+            wrong = "wrong" in prompts[0]
+            outs = [SimpleNamespace(text="The answer is 8." if wrong or k % 2 else "The answer is 7.",
+                                    finish_reason="stop", stop_reason=None, token_ids=[1, 2, 3])
+                    for k in range(params["n"])]
+            return [SimpleNamespace(outputs=outs)]
+
+    class Policy(VllmPolicy):
+        def sampling_params(self, n, until, seed):
+            return {"n": n, "until": until, "seed": seed}
+
+    llm = FakeLLM()
+    out = stepwise.annotate(records(), Policy(llm), method="mc", rollouts=4)
+    by_id = {r["id"]: r for r in out}
+    assert [good(s["label"]) for s in by_id["a"]["steps"]] == [True, False, False]
+    assert "q1\nfine\n" in llm.prompts
+    one = Policy(llm).continue_from("q", ["a"], 2, "step", 0)
+    assert [c["finished"] for c in one] == [True, True]  # the end of sequence, not the separator
