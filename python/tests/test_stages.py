@@ -136,3 +136,22 @@ def test_a_vllm_llm_serves_as_a_policy():
     assert "q1\nfine\n" in llm.prompts
     one = Policy(llm).continue_from("q", ["a"], 2, "step", 0)
     assert [c["finished"] for c in one] == [True, True]  # the end of sequence, not the separator
+
+
+class Judge:
+    """A judge written in Python: it always puts the first error at paragraph 1."""
+
+    def continue_from(self, question, prefix, n, until, seed):
+        return ["The earliest error is in paragraph \\boxed{1}."] * n
+
+
+def test_annotate_by_a_judge_and_by_consensus():
+    out = {r["id"]: r for r in stepwise.annotate(records(), Scripted(), method="judge", judge=Judge())}
+    assert [good(s["label"]) for s in out["a"]["steps"]] == [True, False, False]
+    assert [good(s["label"]) for s in out["b"]["steps"]] == [True, False]
+    both = {r["id"]: r for r in stepwise.annotate(records(), Scripted(), method="consensus", judge=Judge(), rollouts=4)}
+    # Monte Carlo and the judge agree on "a" (first error at 1), not on "b" (MC finds none).
+    assert both["a"]["meta"]["consensus"] is True
+    assert [good(s["label"]) for s in both["a"]["steps"]] == [True, False, False]
+    assert both["b"]["meta"]["consensus"] is False
+    assert all("label" not in s for s in both["b"]["steps"])

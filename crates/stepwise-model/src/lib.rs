@@ -15,6 +15,7 @@ pub mod layout;
 pub mod log_ratio;
 pub mod model;
 pub mod packed;
+pub mod packed_engine;
 pub mod placement;
 pub mod policy;
 pub mod scoring;

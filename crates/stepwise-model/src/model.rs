@@ -115,7 +115,7 @@ impl Model {
     pub fn placement_name(&self) -> String {
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
-            return g.gpu().name().to_string();
+            return crate::packed_engine::Backend::name(&**g.backend());
         }
         "cpu".into()
     }
@@ -128,7 +128,7 @@ impl Model {
             bail!(
                 "this model's weights are on {}: the CUDA engine scores steps (`stepwise score`, a PRM's \
                  scorer); generation, training and log-ratio verifiers run on the CPU (--device cpu)",
-                g.gpu().name()
+                crate::packed_engine::Backend::name(&**g.backend())
             );
         }
         Ok(())

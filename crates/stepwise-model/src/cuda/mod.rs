@@ -6,17 +6,19 @@
 //! - **Kernels compiled at run time.** The engine's own kernels (`kernels.cu`) are compiled by
 //!   NVRTC for the GPU in use when it is opened; matrix products are cuBLAS's, bf16 on the tensor
 //!   cores with f32 accumulation.
-//! - **One packed forward** ([`GpuModel`]): every product runs over all the tokens of a batch at
-//!   once (sequences end to end, no padding), attention runs within each sequence in a fused,
-//!   flash-style kernel that never writes the scores out, and weights stay bf16 on the device.
+//! - **One packed forward** ([`GpuModel`], the [`crate::packed_engine`] on this backend): every
+//!   product runs over all the tokens of a batch at once (sequences end to end, no padding),
+//!   attention runs within each sequence in a fused, flash-style kernel that never writes the
+//!   scores out, and weights stay bf16 on the device.
 //!
 //! Compute capability 8.0 or newer (Ampere, Ada, Hopper, Blackwell): the kernels use bf16
 //! tensor-core instructions.
 
+mod backend;
 mod libraries;
-mod model;
 
-pub use model::GpuModel;
+/// A checkpoint's decoder and head on a GPU: the packed engine on [`Gpu`].
+pub type GpuModel = crate::packed_engine::PackedDecoder<Gpu>;
 
 use anyhow::{bail, Context, Result};
 use cudarc::cublas::CudaBlas;

@@ -1,0 +1,703 @@
+//! The packed engine: a decoder and its head run over packed batches (sequences end to end, no
+//! padding) on a [`Backend`] that owns the buffers and the kernels. The CUDA engine is this
+//! engine on the GPU ([`crate::cuda::Gpu`]); [`Reference`] is the same engine in plain Rust on the
+//! CPU, the executable specification of every kernel, with which the tests check the engine's
+//! design (buffers, offsets, the load plan, the head) without a GPU.
+//!
+//! One layer, for the `T` tokens of a batch (activations row by row, the residual stream `x` in
+//! f32, what feeds a product in bf16):
+//! 1. `normed = rms_norm(x)`;
+//! 2. `y = normed · [q|k|v]ᵀ` (one product: the three projections' weights are stacked at load);
+//! 3. `qkv = rope(y + bias)` at each token's position in its own sequence;
+//! 4. `attn = attention(qkv)`, causal within each sequence;
+//! 5. `x += attn · oᵀ` (the product accumulates into the residual);
+//! 6. `normed = rms_norm(x)`; `gu = normed · [gate|up]ᵀ`; `act = silu(gate) · up`;
+//! 7. `x += act · downᵀ`.
+//!
+//! After the last layer only the rows read are normed and go through the head.
+
+mod reference;
+
+pub use reference::Reference;
+
+use crate::config::{HeadKind, ModelConfig};
+use crate::packed::Packed;
+use anyhow::{bail, Context, Result};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Queries a block of the attention kernel takes (the tiles of a sequence start every this many).
+pub const QUERY_TILE: usize = 64;
+
+/// Where a product's output goes.
+pub enum Out<'a, B: Backend + ?Sized> {
+    /// An f32 buffer (written, or added to).
+    F32(&'a mut B::F32),
+    /// A bf16 buffer (written).
+    Bf16(&'a mut B::Bf16),
+}
+
+/// A batch's integers on the device.
+pub struct BatchInts<B: Backend + ?Sized> {
+    /// Each token's position in its sequence.
+    pub positions: B::I32,
+    /// Each token's sequence.
+    pub seq_of_row: B::I32,
+    /// Where each sequence starts, then where the last ends.
+    pub offsets: B::I32,
+    /// The attention tiles: each one's sequence and first query (most keys first).
+    pub tile_seq: B::I32,
+    /// See `tile_seq`.
+    pub tile_start: B::I32,
+    /// How many tiles.
+    pub tiles: usize,
+    /// The rows read after the last layer.
+    pub read: B::I32,
+}
+
+/// Buffers and kernels of a device. Each kernel is specified by [`Reference`]'s plain Rust.
+/// Matrices are bf16 (as `u16` bits), row-major; products accumulate in f32.
+#[allow(clippy::too_many_arguments)]
+pub trait Backend: Send + Sync {
+    /// A buffer of f32 values.
+    type F32: Send + Sync;
+    /// A buffer of bf16 values.
+    type Bf16: Send + Sync;
+    /// A buffer of i32 values.
+    type I32: Send + Sync;
+
+    /// Its name, for reports.
+    fn name(&self) -> String;
+    /// `n` zeros.
+    fn zeros_f32(&self, n: usize) -> Result<Self::F32>;
+    /// `n` zeros.
+    fn zeros_bf16(&self, n: usize) -> Result<Self::Bf16>;
+    /// A copy of `host`.
+    fn upload_f32(&self, host: &[f32]) -> Result<Self::F32>;
+    /// A copy of `host`.
+    fn upload_i32(&self, host: &[i32]) -> Result<Self::I32>;
+    /// `host` written into `buf` from value `at` on.
+    fn write_f32(&self, buf: &mut Self::F32, at: usize, host: &[f32]) -> Result<()>;
+    /// `host` written into `buf` from value `at` on.
+    fn write_bf16(&self, buf: &mut Self::Bf16, at: usize, host: &[u16]) -> Result<()>;
+    /// The values of `buf` (its first `n`), once everything queued is done.
+    fn read_f32(&self, buf: &Self::F32, n: usize) -> Result<Vec<f32>>;
+    /// How many values `buf` holds.
+    fn len_f32(&self, buf: &Self::F32) -> usize;
+    /// How many values `buf` holds.
+    fn len_bf16(&self, buf: &Self::Bf16) -> usize;
+
+    /// `x[r] = table[ids[r]]` widened, for `rows` rows of `hidden`.
+    fn embed(&self, table: &Self::Bf16, ids: &Self::I32, x: &mut Self::F32, rows: usize, hidden: usize) -> Result<()>;
+    /// `out[i] = bf16(x[r] / rms(x[r]) · w)` for `r = rows[i]` (or `i`), `n` rows.
+    fn rms_norm(
+        &self,
+        x: &Self::F32,
+        rows: Option<&Self::I32>,
+        w: &Self::F32,
+        out: &mut Self::Bf16,
+        n: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// `y[rows, n] = x[rows, k] · w[n, k]ᵀ` (or `+=` with `accumulate`, f32 output only).
+    fn gemm(
+        &self,
+        x: &Self::Bf16,
+        w: &Self::Bf16,
+        y: Out<'_, Self>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// The q|k|v rows `y` plus `bias`, q and k rotated to each row's position, into `qkv`.
+    fn bias_rope(
+        &self,
+        y: &Self::F32,
+        bias: Option<&Self::F32>,
+        cos: &Self::F32,
+        sin: &Self::F32,
+        positions: &Self::I32,
+        qkv: &mut Self::Bf16,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
+    /// Causal attention of every row over the rows of its own sequence, into `out`
+    /// (`[rows, heads · head_dim]`).
+    fn attention(
+        &self,
+        qkv: &Self::Bf16,
+        out: &mut Self::Bf16,
+        batch: &BatchInts<Self>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
+    /// `act[r, j] = silu(gu[r, j]) · gu[r, inter + j]`.
+    fn swiglu(&self, gate_up: &Self::Bf16, act: &mut Self::Bf16, rows: usize, inter: usize) -> Result<()>;
+    /// `out = bf16(relu(y + bias))` per column.
+    fn bias_relu(&self, y: &Self::F32, bias: &Self::F32, out: &mut Self::Bf16, rows: usize, width: usize)
+        -> Result<()>;
+    /// `y += bias` per column.
+    fn add_bias(&self, y: &mut Self::F32, bias: &Self::F32, rows: usize, width: usize) -> Result<()>;
+    /// `dst[i] = src[idx[i]]`, `n` rows of `width`.
+    fn gather_rows(
+        &self,
+        src: &Self::Bf16,
+        idx: &Self::I32,
+        dst: &mut Self::Bf16,
+        n: usize,
+        width: usize,
+    ) -> Result<()>;
+}
+
+/// One decoder layer's weights (matrices bf16 `[out, in]`, vectors f32).
+struct Layer<B: Backend> {
+    ln1: B::F32,
+    ln2: B::F32,
+    /// q, k and v stacked: `[(heads + 2·kv_heads)·head_dim, hidden]`.
+    qkv: B::Bf16,
+    /// Their biases stacked (Qwen2), or none (Llama).
+    qkv_bias: Option<B::F32>,
+    o: B::Bf16,
+    /// gate and up stacked: `[2·intermediate, hidden]`.
+    gate_up: B::Bf16,
+    down: B::Bf16,
+}
+
+/// The head's weights.
+enum Head<B: Backend> {
+    /// Vocabulary logits: `lm_head`, or the embeddings when tied (`None`).
+    Lm(Option<B::Bf16>),
+    /// Qwen2.5-Math-PRM's Linear → ReLU → Linear.
+    Mlp {
+        w1: B::Bf16,
+        b1: B::F32,
+        w2: B::Bf16,
+        b2: B::F32,
+    },
+    /// A linear classifier (with a bias for token classifiers).
+    Classifier { w: B::Bf16, b: Option<B::F32> },
+}
+
+/// Buffers a forward pass reuses, grown to the largest batch seen (the token budget bounds them).
+struct Scratch<B: Backend> {
+    x: Option<B::F32>,
+    normed: Option<B::Bf16>,
+    y: Option<B::F32>,
+    qkv: Option<B::Bf16>,
+    attn: Option<B::Bf16>,
+    gate_up: Option<B::Bf16>,
+    act: Option<B::Bf16>,
+    head_in: Option<B::Bf16>,
+    head_mid: Option<B::F32>,
+    head_out: Option<B::F32>,
+    columns: Option<B::Bf16>,
+}
+
+impl<B: Backend> Default for Scratch<B> {
+    fn default() -> Self {
+        Scratch {
+            x: None,
+            normed: None,
+            y: None,
+            qkv: None,
+            attn: None,
+            gate_up: None,
+            act: None,
+            head_in: None,
+            head_mid: None,
+            head_out: None,
+            columns: None,
+        }
+    }
+}
+
+/// An f32 buffer of at least `n` values in `slot` (reallocated when smaller).
+fn grow_f32<'s, B: Backend>(b: &B, slot: &'s mut Option<B::F32>, n: usize) -> Result<&'s mut B::F32> {
+    if slot.as_ref().is_none_or(|x| b.len_f32(x) < n) {
+        *slot = None;
+        *slot = Some(b.zeros_f32(n.max(1))?);
+    }
+    Ok(slot.as_mut().expect("just set"))
+}
+
+/// A bf16 buffer of at least `n` values in `slot` (reallocated when smaller).
+fn grow_bf16<'s, B: Backend>(b: &B, slot: &'s mut Option<B::Bf16>, n: usize) -> Result<&'s mut B::Bf16> {
+    if slot.as_ref().is_none_or(|x| b.len_bf16(x) < n) {
+        *slot = None;
+        *slot = Some(b.zeros_bf16(n.max(1))?);
+    }
+    Ok(slot.as_mut().expect("just set"))
+}
+
+/// A checkpoint's decoder and head on a [`Backend`], for scoring packed batches.
+pub struct PackedDecoder<B: Backend> {
+    backend: Arc<B>,
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    embed: B::Bf16,
+    layers: Vec<Layer<B>>,
+    norm: B::F32,
+    head: Head<B>,
+    /// Rotary tables `[max_positions, head_dim / 2]`.
+    cos: B::F32,
+    sin: B::F32,
+    max_positions: usize,
+    scratch: Mutex<Scratch<B>>,
+    /// Tokens run through the decoder so far.
+    pub encoded_tokens: AtomicUsize,
+}
+
+impl<B: Backend> std::fmt::Debug for PackedDecoder<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PackedDecoder({}, {} layers)",
+            self.backend.name(),
+            self.layers.len()
+        )
+    }
+}
+
+/// Where each checkpoint tensor goes while loading.
+struct Plan<B: Backend> {
+    matrices: Vec<Option<B::Bf16>>,
+    vectors: Vec<Option<B::F32>>,
+    /// name → (matrix?, slot, offset in values, shape).
+    at: HashMap<String, (bool, usize, usize, Vec<usize>)>,
+}
+
+impl<B: Backend> Plan<B> {
+    /// A matrix buffer holding `parts` one after another.
+    fn matrix(&mut self, b: &B, parts: &[(String, Vec<usize>)]) -> Result<usize> {
+        self.matrices.push(Some(b.zeros_bf16(Self::place(
+            &mut self.at,
+            parts,
+            true,
+            self.matrices.len(),
+        ))?));
+        Ok(self.matrices.len() - 1)
+    }
+
+    /// A vector buffer holding `parts` one after another.
+    fn vector(&mut self, b: &B, parts: &[(String, Vec<usize>)]) -> Result<usize> {
+        self.vectors.push(Some(b.zeros_f32(Self::place(
+            &mut self.at,
+            parts,
+            false,
+            self.vectors.len(),
+        ))?));
+        Ok(self.vectors.len() - 1)
+    }
+
+    /// Records where each part goes in slot `slot`; returns the slot's size.
+    fn place(
+        at: &mut HashMap<String, (bool, usize, usize, Vec<usize>)>,
+        parts: &[(String, Vec<usize>)],
+        matrix: bool,
+        slot: usize,
+    ) -> usize {
+        let mut offset = 0;
+        for (name, shape) in parts {
+            at.insert(name.clone(), (matrix, slot, offset, shape.clone()));
+            offset += shape.iter().product::<usize>();
+        }
+        offset
+    }
+
+    fn take_matrix(&mut self, slot: usize) -> B::Bf16 {
+        self.matrices[slot].take().expect("each slot taken once")
+    }
+
+    fn take_vector(&mut self, slot: usize) -> B::F32 {
+        self.vectors[slot].take().expect("each slot taken once")
+    }
+}
+
+/// A tensor's values as bf16 bits (matrices: bf16 as stored, others rounded to nearest).
+fn to_bf16_bits(view: &safetensors::tensor::TensorView) -> Result<Vec<u16>> {
+    let b = view.data();
+    Ok(match view.dtype() {
+        safetensors::Dtype::BF16 => b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect(),
+        _ => to_f32(view)?
+            .into_iter()
+            .map(|x| half::bf16::from_f32(x).to_bits())
+            .collect(),
+    })
+}
+
+/// A tensor's values as f32.
+fn to_f32(view: &safetensors::tensor::TensorView) -> Result<Vec<f32>> {
+    let b = view.data();
+    Ok(match view.dtype() {
+        safetensors::Dtype::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        safetensors::Dtype::BF16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        safetensors::Dtype::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        safetensors::Dtype::F64 => b
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+            .collect(),
+        other => bail!("dtype {other:?} (stepwise reads f32, bf16, f16 and f64 weights)"),
+    })
+}
+
+/// The integers of a packed batch for the backend (and how many attention tiles it has).
+fn batch_ints<B: Backend>(b: &B, batch: &Packed, read: &[usize]) -> Result<BatchInts<B>> {
+    let offsets = batch.offsets();
+    let mut seq_of_row = Vec::with_capacity(batch.tokens());
+    let mut tiles: Vec<(i32, i32)> = Vec::new();
+    for (i, w) in offsets.windows(2).enumerate() {
+        seq_of_row.extend(std::iter::repeat_n(i as i32, w[1] - w[0]));
+        tiles.extend((0..w[1] - w[0]).step_by(QUERY_TILE).map(|q0| (i as i32, q0 as i32)));
+    }
+    // Tiles with the most keys first, so the grid does not end on a long one.
+    tiles.sort_by_key(|&(_, q0)| std::cmp::Reverse(q0));
+    let ints = |v: Vec<i32>| b.upload_i32(&v);
+    Ok(BatchInts {
+        positions: ints(batch.positions().into_iter().map(|p| p as i32).collect())?,
+        seq_of_row: ints(seq_of_row)?,
+        offsets: ints(offsets.iter().map(|&o| o as i32).collect())?,
+        tile_seq: ints(tiles.iter().map(|t| t.0).collect())?,
+        tile_start: ints(tiles.iter().map(|t| t.1).collect())?,
+        tiles: tiles.len(),
+        read: ints(read.iter().map(|&r| r as i32).collect())?,
+    })
+}
+
+impl<B: Backend> PackedDecoder<B> {
+    /// Loads the checkpoint folder `dir` (whose config is `config`) onto `backend`: matrices as
+    /// bf16 (bf16 checkpoints as stored; f32 and f16 rounded to bf16), norms and biases as f32.
+    /// Tensors are read from the memory-mapped files and copied one at a time into stacked
+    /// buffers; a missing or mis-shaped tensor is an error naming it.
+    pub fn load(dir: &Path, config: ModelConfig, backend: Arc<B>) -> Result<Self> {
+        let b = &*backend;
+        let cfg = &config;
+        let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) || !d.is_multiple_of(2) {
+            bail!("{}: {heads} attention heads over {kv} key/value heads of size {d}: the packed engine needs a whole number of query heads per key/value head and an even head size", dir.display());
+        }
+        let mut plan = Plan::<B> {
+            matrices: Vec::new(),
+            vectors: Vec::new(),
+            at: HashMap::new(),
+        };
+        let named = |n: &str, s: Vec<usize>| (n.to_string(), s);
+        let embed = plan.matrix(b, &[named("model.embed_tokens.weight", vec![cfg.vocab_size, h])])?;
+        let norm = plan.vector(b, &[named("model.norm.weight", vec![h])])?;
+        let mut layer_slots = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let w = |n: &str, s: Vec<usize>| (format!("{p}.{n}"), s);
+            let proj = |x: &str| format!("self_attn.{x}_proj.weight");
+            let bias = |x: &str| format!("self_attn.{x}_proj.bias");
+            let qkv_bias = if cfg.attention_bias {
+                Some(plan.vector(
+                    b,
+                    &[
+                        w(&bias("q"), vec![heads * d]),
+                        w(&bias("k"), vec![kv * d]),
+                        w(&bias("v"), vec![kv * d]),
+                    ],
+                )?)
+            } else {
+                None
+            };
+            layer_slots.push((
+                plan.vector(b, &[w("input_layernorm.weight", vec![h])])?,
+                plan.vector(b, &[w("post_attention_layernorm.weight", vec![h])])?,
+                plan.matrix(
+                    b,
+                    &[
+                        w(&proj("q"), vec![heads * d, h]),
+                        w(&proj("k"), vec![kv * d, h]),
+                        w(&proj("v"), vec![kv * d, h]),
+                    ],
+                )?,
+                qkv_bias,
+                plan.matrix(b, &[w(&proj("o"), vec![h, heads * d])])?,
+                plan.matrix(
+                    b,
+                    &[
+                        w("mlp.gate_proj.weight", vec![inter, h]),
+                        w("mlp.up_proj.weight", vec![inter, h]),
+                    ],
+                )?,
+                plan.matrix(b, &[w("mlp.down_proj.weight", vec![h, inter])])?,
+            ));
+        }
+        let c = cfg.num_labels;
+        enum HeadSlots {
+            Lm(Option<usize>),
+            Mlp(usize, usize, usize, usize),
+            Classifier(usize, Option<usize>),
+        }
+        let head_slots = match cfg.head {
+            HeadKind::CausalLm if cfg.tie_word_embeddings => HeadSlots::Lm(None),
+            HeadKind::CausalLm => HeadSlots::Lm(Some(
+                plan.matrix(b, &[named("lm_head.weight", vec![cfg.vocab_size, h])])?,
+            )),
+            HeadKind::ProcessRewardMlp => HeadSlots::Mlp(
+                plan.matrix(b, &[named("score.0.weight", vec![h, h])])?,
+                plan.vector(b, &[named("score.0.bias", vec![h])])?,
+                plan.matrix(b, &[named("score.2.weight", vec![c, h])])?,
+                plan.vector(b, &[named("score.2.bias", vec![c])])?,
+            ),
+            HeadKind::TokenClassification => HeadSlots::Classifier(
+                plan.matrix(b, &[named("score.weight", vec![c, h])])?,
+                Some(plan.vector(b, &[named("score.bias", vec![c])])?),
+            ),
+            HeadKind::SequenceClassification => {
+                HeadSlots::Classifier(plan.matrix(b, &[named("score.weight", vec![c, h])])?, None)
+            }
+        };
+        let mut missing: std::collections::HashSet<String> = plan.at.keys().cloned().collect();
+        for file in crate::model::weight_files(dir)? {
+            let handle = std::fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
+            // SAFETY: a read-only mapping that lives only for this loop (as in model.rs's loader).
+            let map = unsafe { memmap2::Mmap::map(&handle) }.with_context(|| format!("mapping {}", file.display()))?;
+            let st =
+                safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", file.display()))?;
+            for (name, view) in st.tensors() {
+                let Some((matrix, slot, offset, shape)) = plan.at.get(&name).cloned() else {
+                    continue;
+                };
+                let at = || format!("{}: tensor `{name}`", file.display());
+                if view.shape() != shape.as_slice() {
+                    bail!("{}: shape {:?}, config.json implies {shape:?}", at(), view.shape());
+                }
+                if matrix {
+                    let host = to_bf16_bits(&view).with_context(at)?;
+                    let buf = plan.matrices[slot].as_mut().expect("slots are taken after loading");
+                    b.write_bf16(buf, offset, &host)?;
+                } else {
+                    let host = to_f32(&view).with_context(at)?;
+                    let buf = plan.vectors[slot].as_mut().expect("slots are taken after loading");
+                    b.write_f32(buf, offset, &host)?;
+                }
+                missing.remove(&name);
+            }
+        }
+        if let Some(name) = missing.iter().min() {
+            bail!(
+                "{}: tensor `{name}` is missing (architecture {})",
+                dir.display(),
+                cfg.architecture
+            );
+        }
+        let layers = layer_slots
+            .into_iter()
+            .map(|(ln1, ln2, qkv, qkv_bias, o, gate_up, down)| Layer {
+                ln1: plan.take_vector(ln1),
+                ln2: plan.take_vector(ln2),
+                qkv: plan.take_matrix(qkv),
+                qkv_bias: qkv_bias.map(|s| plan.take_vector(s)),
+                o: plan.take_matrix(o),
+                gate_up: plan.take_matrix(gate_up),
+                down: plan.take_matrix(down),
+            })
+            .collect();
+        let head = match head_slots {
+            HeadSlots::Lm(w) => Head::Lm(w.map(|s| plan.take_matrix(s))),
+            HeadSlots::Mlp(w1, b1, w2, b2) => Head::Mlp {
+                w1: plan.take_matrix(w1),
+                b1: plan.take_vector(b1),
+                w2: plan.take_matrix(w2),
+                b2: plan.take_vector(b2),
+            },
+            HeadSlots::Classifier(w, bias) => Head::Classifier {
+                w: plan.take_matrix(w),
+                b: bias.map(|s| plan.take_vector(s)),
+            },
+        };
+        // Rotary tables as the CPU path computes them (f32 inverse frequencies, then cos/sin).
+        let max_positions = cfg.max_position_embeddings.min(32768);
+        let half = d / 2;
+        let inv: Vec<f32> = (0..half)
+            .map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32))
+            .collect();
+        let angles: Vec<f32> = (0..max_positions)
+            .flat_map(|p| inv.iter().map(move |f| p as f32 * f))
+            .collect();
+        let cos = b.upload_f32(&angles.iter().map(|a| a.cos()).collect::<Vec<_>>())?;
+        let sin = b.upload_f32(&angles.iter().map(|a| a.sin()).collect::<Vec<_>>())?;
+        let model = PackedDecoder {
+            embed: plan.take_matrix(embed),
+            norm: plan.take_vector(norm),
+            layers,
+            head,
+            cos,
+            sin,
+            max_positions,
+            scratch: Mutex::new(Scratch::default()),
+            encoded_tokens: AtomicUsize::new(0),
+            config,
+            backend,
+        };
+        // One token through everything: the backend's kernels and buffers are ready before the
+        // first timed pass.
+        model.head_at(&Packed::new(&[&[0]]), &[0], Some(&[0]))?;
+        model.encoded_tokens.store(0, Ordering::Relaxed);
+        Ok(model)
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    /// Head outputs at rows `read` of the packed `batch` (indices into all its tokens), row after
+    /// row: every class of a classifier head, or the vocabulary logits of `columns` (all of the
+    /// vocabulary when `None`) of an LM head. Returns the values and the number of columns.
+    pub fn head_at(&self, batch: &Packed, read: &[usize], columns: Option<&[u32]>) -> Result<(Vec<f32>, usize)> {
+        let cfg = &self.config;
+        let t = batch.tokens();
+        if let Some(&bad) = batch.ids().iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            bail!("token id {bad} is outside the model's vocabulary of {}", cfg.vocab_size);
+        }
+        if batch.longest() > self.max_positions {
+            bail!(
+                "a sequence of {} tokens exceeds the model's max_position_embeddings ({})",
+                batch.longest(),
+                self.max_positions
+            );
+        }
+        if let Some(&r) = read.iter().find(|&&r| r >= t) {
+            bail!("row {r} is past the end of a batch of {t} tokens");
+        }
+        if let Some(&c) = columns.into_iter().flatten().find(|&&c| c as usize >= cfg.vocab_size) {
+            bail!("column {c} is outside the vocabulary of {}", cfg.vocab_size);
+        }
+        if t == 0 || read.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        self.encoded_tokens.fetch_add(t, Ordering::Relaxed);
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut *guard;
+        self.decoder(batch, read, s)?;
+        self.head(read.len(), columns, s)
+    }
+
+    /// Every layer over the batch; leaves the rows `read`, normed, in `s.head_in` (bf16).
+    fn decoder(&self, batch: &Packed, read: &[usize], s: &mut Scratch<B>) -> Result<()> {
+        let b = &*self.backend;
+        let cfg = &self.config;
+        let (t, h, d) = (batch.tokens(), cfg.hidden_size, cfg.head_dim);
+        let (heads, kv, inter) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size);
+        let width = (heads + 2 * kv) * d;
+        let eps = cfg.rms_norm_eps as f32;
+        let ints = batch_ints(b, batch, read)?;
+        let ids = b.upload_i32(&batch.ids().iter().map(|&i| i as i32).collect::<Vec<_>>())?;
+        grow_f32(b, &mut s.x, t * h)?;
+        grow_bf16(b, &mut s.normed, t * h)?;
+        grow_f32(b, &mut s.y, t * width)?;
+        grow_bf16(b, &mut s.qkv, t * width)?;
+        grow_bf16(b, &mut s.attn, t * heads * d)?;
+        grow_bf16(b, &mut s.gate_up, t * 2 * inter)?;
+        grow_bf16(b, &mut s.act, t * inter)?;
+        grow_bf16(b, &mut s.head_in, read.len() * h)?;
+        let (Some(x), Some(normed), Some(y), Some(qkv), Some(attn), Some(gate_up), Some(act), Some(head_in)) = (
+            s.x.as_mut(),
+            s.normed.as_mut(),
+            s.y.as_mut(),
+            s.qkv.as_mut(),
+            s.attn.as_mut(),
+            s.gate_up.as_mut(),
+            s.act.as_mut(),
+            s.head_in.as_mut(),
+        ) else {
+            unreachable!("every buffer was grown above")
+        };
+        b.embed(&self.embed, &ids, x, t, h)?;
+        for l in &self.layers {
+            b.rms_norm(x, None, &l.ln1, normed, t, h, eps)?;
+            b.gemm(normed, &l.qkv, Out::F32(y), t, width, h, false)?;
+            b.bias_rope(
+                y,
+                l.qkv_bias.as_ref(),
+                &self.cos,
+                &self.sin,
+                &ints.positions,
+                qkv,
+                t,
+                heads,
+                kv,
+                d,
+            )?;
+            b.attention(qkv, attn, &ints, t, heads, kv, d)?;
+            b.gemm(attn, &l.o, Out::F32(x), t, h, heads * d, true)?;
+            b.rms_norm(x, None, &l.ln2, normed, t, h, eps)?;
+            b.gemm(normed, &l.gate_up, Out::Bf16(gate_up), t, 2 * inter, h, false)?;
+            b.swiglu(gate_up, act, t, inter)?;
+            b.gemm(act, &l.down, Out::F32(x), t, h, inter, true)?;
+        }
+        b.rms_norm(x, Some(&ints.read), &self.norm, head_in, read.len(), h, eps)
+    }
+
+    /// The head over the `r` normed rows in `s.head_in`, read back.
+    fn head(&self, r: usize, columns: Option<&[u32]>, s: &mut Scratch<B>) -> Result<(Vec<f32>, usize)> {
+        let b = &*self.backend;
+        let cfg = &self.config;
+        let h = cfg.hidden_size;
+        let width = match (&self.head, columns) {
+            (Head::Lm(_), Some(cols)) => cols.len(),
+            (Head::Lm(_), None) => cfg.vocab_size,
+            _ => cfg.num_labels,
+        };
+        grow_f32(b, &mut s.head_out, r * width)?;
+        grow_f32(b, &mut s.head_mid, r * h)?;
+        if let Some(cols) = columns {
+            grow_bf16(b, &mut s.columns, cols.len() * h)?;
+        }
+        let head_in = s.head_in.as_ref().expect("filled by the decoder");
+        let out = s.head_out.as_mut().expect("grown above");
+        match &self.head {
+            Head::Mlp { w1, b1, w2, b2 } => {
+                let mid = s.head_mid.as_mut().expect("grown above");
+                b.gemm(head_in, w1, Out::F32(mid), r, h, h, false)?;
+                // The ReLU's output feeds the second product in bf16: into `normed`'s buffer,
+                // free after the decoder.
+                let relu = s.normed.as_mut().expect("filled by the decoder");
+                b.bias_relu(mid, b1, relu, r, h)?;
+                b.gemm(relu, w2, Out::F32(out), r, width, h, false)?;
+                b.add_bias(out, b2, r, width)?;
+            }
+            Head::Classifier { w, b: bias } => {
+                b.gemm(head_in, w, Out::F32(out), r, width, h, false)?;
+                if let Some(bias) = bias {
+                    b.add_bias(out, bias, r, width)?;
+                }
+            }
+            Head::Lm(w) => {
+                let matrix = w.as_ref().unwrap_or(&self.embed);
+                match columns {
+                    None => b.gemm(head_in, matrix, Out::F32(out), r, width, h, false)?,
+                    Some(cols) => {
+                        // The LM head's rows for these tokens, gathered, then one product.
+                        let idx = b.upload_i32(&cols.iter().map(|&c| c as i32).collect::<Vec<_>>())?;
+                        let gathered = s.columns.as_mut().expect("grown above");
+                        b.gather_rows(matrix, &idx, gathered, cols.len(), h)?;
+                        b.gemm(head_in, gathered, Out::F32(out), r, width, h, false)?;
+                    }
+                }
+            }
+        }
+        Ok((b.read_f32(out, r * width)?, width))
+    }
+}
