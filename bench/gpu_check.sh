@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU comparison as one command: stepwise's CUDA engine against transformers (bf16,
 # sdpa, batched by length) on the same GPU, scoring ProcessBench GSM8K and MATH with random
-# Qwen2.5-Math-PRM-layout checkpoints of the 0.5B and 7B shapes.
+# Qwen2.5-Math-PRM-layout checkpoints of the 0.5B and 7B shapes; and generation (64 concurrent
+# requests of 256 tokens, a 0.5B-shaped policy) against transformers' batched generate.
 #
 # Two steps, because the GPU machine has no Rust toolchain and no network:
 #   1. here:            bash bench/gpu_check.sh prepare
@@ -90,6 +91,26 @@ run() {
         python3 bench/gpu_compare.py "$W/gpu24.jsonl" "$W/cpu24.jsonl" "CUDA vs CPU engine, 0.5b, 24 records" \
             | tee "$W/cmp-cpu.txt" | head -1
     fi
+    # Generation: 64 concurrent requests of 256 sampled tokens each, a 0.5B-shaped policy:
+    # transformers' batched generate against `stepwise serve --device cuda` with 64 clients.
+    P="$W/policy-0.5b"
+    [ -f "$P/config.json" ] || timeout 300 python3 bench/make_random_prm.py 0.5b "$P" --policy \
+        --tokenizer "$G/qwen2-prm" --device cuda 2>&1 | tail -1
+    echo "== generation"
+    peak "$W/gen-hf.log" timeout 300 python3 bench/gpu_generation.py hf "$P" --out "$W/gen-hf.json" \
+        >> "$W/gen-hf.log" 2>&1
+    tail -1 "$W/gen-hf.log"
+    "$BIN" serve --model "$P" --device cuda --port 8123 > "$W/gen-serve.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 1 120); do
+        python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8123/health')" 2>/dev/null && break
+        sleep 1
+    done
+    peak "$W/gen-sw.log" timeout 300 python3 bench/gpu_generation.py serve http://127.0.0.1:8123 policy-0.5b \
+        --out "$W/gen-sw.json" >> "$W/gen-sw.log" 2>&1
+    tail -1 "$W/gen-sw.log"
+    kill $SERVER 2>/dev/null
+    wait $SERVER 2>/dev/null
     # The summary.
     python3 - "$W" "$OUT/gpu_check.json" <<'EOF'
 import json, re, sys
@@ -125,12 +146,26 @@ for tag in tags:
 for f in sorted(w.glob("cmp-simple-*.txt")):
     summary[f.stem] = cmp(f.name)
 summary["cuda_vs_cpu"] = cmp("cmp-cpu.txt")
+gen = {}
+for who in ("hf", "sw"):
+    f = w / f"gen-{who}.json"
+    gen[who] = json.loads(f.read_text()) if f.exists() else {"error": "no result (see logs.tgz)"}
+    pk = re.search(r"peak_mib (\d+)", (w / f"gen-{who}.log").read_text()) if (w / f"gen-{who}.log").exists() else None
+    if pk:
+        gen[who]["peak_gpu_mib_nvidia_smi"] = int(pk[1])
+if "tokens_per_s" in gen["hf"] and "tokens_per_s" in gen["sw"]:
+    gen["ratio"] = gen["sw"]["tokens_per_s"] / gen["hf"]["tokens_per_s"]
+summary["generation_64x256"] = gen
 out.write_text(json.dumps(summary, indent=1))
 print(f"{'run':<14} {'transformers tok/s':>19} {'stepwise tok/s':>15} {'ratio':>6} {'max|diff|':>9} {'same 1st err':>12}")
 for tag, r in summary["runs"].items():
     sw, a = r.get("stepwise", {}), r.get("agreement") or {}
     print(f"{tag:<14} {r['transformers'].get('tokens_per_s', 0):>19.0f} {sw.get('tokens_per_s', 0):>15} "
           f"{r.get('ratio', 0):>6.2f} {a.get('max_abs_diff', float('nan')):>9.4f} {100 * a.get('same_first_error', 0):>11.1f}%")
+g = summary["generation_64x256"]
+print(f"generation 64 x 256: transformers {g['hf'].get('tokens_per_s', 0):.0f} tok/s, "
+      f"stepwise {g['sw'].get('tokens_per_s', 0):.0f} tok/s, ratio {g.get('ratio', 0):.2f}, "
+      f"failed requests {g['sw'].get('failed', '?')}")
 print(f"written: {out}")
 EOF
     tar czf "$OUT/logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt 2>/dev/null)

@@ -98,6 +98,8 @@ class Policy:
         max_tokens: int = 512,
         separator: str = "\n",
         prompt: str = "text",
+        device: str = "auto",
+        dtype: str = "auto",
         api_key: Optional[str] = None,
         served_model: Optional[str] = None,
         server_tokenizer: Optional[Union[str, "PathLike[str]"]] = None,

@@ -389,9 +389,18 @@ pub fn generate(
 /// position a row and a row leaving copies nothing, where one cache for the batch (left-padded to
 /// its longest row, see [`KvCache`]; the path elsewhere) is copied whole by both. The values are
 /// the same bit for bit.
+///
+/// A model loaded onto a GPU decodes on the packed engine instead
+/// ([`crate::packed_engine::PagedDecoding`]: a paged KV cache on the device, bounded by the KV
+/// budget, where requests wait for room), behind the same methods.
 pub struct Decoding<'a> {
     model: &'a Model,
     tok: Option<&'a Tokenizer>,
+    /// The GPU's running batch, made on the first request (a model on a GPU).
+    #[cfg(feature = "cuda")]
+    gpu: Option<crate::packed_engine::PagedDecoding<'a, crate::cuda::Gpu>>,
+    /// The KV budget of a GPU's batch, in bytes (`None`: half the GPU's free memory).
+    kv_budget: Option<usize>,
     cache: RowCaches,
     /// Live rows, in the cache's batch order.
     rows: Vec<Row>,
@@ -459,8 +468,20 @@ struct Request {
     live: usize,
 }
 
-/// Continuation `index`'s generator: the same for [`Decoding::add`] and [`Decoding::join`].
-fn continuation_rng(params: &SamplingParams, index: usize) -> ChaCha8Rng {
+/// Whether a continuation whose tokens are `out` (its last just sampled) stops: a stop token,
+/// its token budget, or a stop string its text ends with.
+pub(crate) fn stops(out: &[u32], p: &SamplingParams, tok: Option<&Tokenizer>) -> bool {
+    out.last().is_some_and(|t| p.stop_token_ids.contains(t))
+        || out.len() >= p.max_new_tokens
+        || (!p.stop_strings.is_empty()
+            && tok
+                .and_then(|t| t.decode(out).ok())
+                .is_some_and(|text| p.stop_strings.iter().any(|s| text.ends_with(s.as_str()))))
+}
+
+/// Continuation `index`'s generator: the same for [`Decoding::add`] and [`Decoding::join`] (and
+/// the GPU's [`crate::packed_engine::PagedDecoding`]).
+pub(crate) fn continuation_rng(params: &SamplingParams, index: usize) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(params.seed.wrapping_mul(1_000_003).wrapping_add(index as u64))
 }
 
@@ -474,6 +495,9 @@ impl<'a> Decoding<'a> {
         Decoding {
             model,
             tok,
+            #[cfg(feature = "cuda")]
+            gpu: None,
+            kv_budget: None,
             cache: RowCaches::for_model(model),
             rows: Vec::new(),
             next: Vec::new(),
@@ -482,6 +506,33 @@ impl<'a> Decoding<'a> {
             requests: Vec::new(),
             last_step: StepRows::default(),
         }
+    }
+
+    /// A model on a GPU keeps at most `bytes` of keys and values (its KV budget; default half the
+    /// GPU's free memory when the first request comes): requests wait for room.
+    pub fn kv_budget(mut self, bytes: Option<usize>) -> Self {
+        self.kv_budget = bytes;
+        self
+    }
+
+    /// The GPU's running batch, made now if the model is on a GPU; `None` on the CPU.
+    #[cfg(feature = "cuda")]
+    fn on_gpu(&mut self) -> Result<Option<&mut crate::packed_engine::PagedDecoding<'a, crate::cuda::Gpu>>> {
+        let model: &'a Model = self.model;
+        let Some(engine) = model.gpu.as_deref() else {
+            return Ok(None);
+        };
+        if self.gpu.is_none() {
+            let bytes = match self.kv_budget {
+                Some(b) => b,
+                None => engine.backend().memory()?.0 / 2,
+            };
+            let blocks = crate::packed_engine::PagedCache::blocks_in(engine, bytes);
+            let batch =
+                crate::packed_engine::PagedDecoding::new(engine, self.tok, blocks)?.prefill_chunk(self.prefill_chunk);
+            self.gpu = Some(batch);
+        }
+        Ok(self.gpu.as_mut())
     }
 
     /// At most `tokens` (at least 1) of the joining prompts are fed in one decoding step; a
@@ -493,6 +544,10 @@ impl<'a> Decoding<'a> {
 
     /// Continuations being decoded, and those the prompts being fed will start.
     pub fn live_rows(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.live_rows();
+        }
         let starting: usize = self
             .prefills
             .iter()
@@ -503,11 +558,19 @@ impl<'a> Decoding<'a> {
 
     /// The rows the last [`Decoding::step`] ran its forward pass on.
     pub fn last_step(&self) -> StepRows {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.last_step();
+        }
         self.last_step
     }
 
     /// Whether no request is waiting for [`Decoding::step`].
     pub fn is_idle(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.is_idle();
+        }
         self.requests.iter().all(Option::is_none)
     }
 
@@ -533,6 +596,10 @@ impl<'a> Decoding<'a> {
     /// Add a request for `n` continuations of `prompt`: encodes the prompt and samples each
     /// continuation's first token. Returns the request's id, as [`Decoding::step`] reports it.
     pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = self.on_gpu()? {
+            return g.add(prompt, n, params);
+        }
         let live = Self::live_continuations(prompt, n, &params)?;
         if live == 0 {
             return Ok(self.register(params, n, live));
@@ -554,6 +621,10 @@ impl<'a> Decoding<'a> {
     /// decoding step of a few rows is bound by reading the weights, so rows more cost little,
     /// where a pass of its own reads every weight again.
     pub fn join(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = self.on_gpu()? {
+            return g.join(prompt, n, params);
+        }
         if self.rows.is_empty() && self.prefills.is_empty() {
             return self.add(prompt, n, params);
         }
@@ -611,6 +682,10 @@ impl<'a> Decoding<'a> {
     /// next chunk of the prompts being fed. Returns the requests whose continuations have all
     /// stopped, with those continuations (stop token included).
     pub fn step(&mut self) -> Result<Vec<(usize, Vec<Vec<u32>>)>> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &mut self.gpu {
+            return g.step();
+        }
         if rayon::current_thread_index().is_none() {
             // A step runs ~170 parallel products; called from outside the thread pool, each
             // would hand its work to the pool and put this thread to sleep until it is done
@@ -628,15 +703,7 @@ impl<'a> Decoding<'a> {
             let req = self.requests[row.request].as_mut().expect("a live row's request");
             let out = &mut req.outs[row.index];
             out.push(self.next[k]);
-            let p = &req.params;
-            let stopped = p.stop_token_ids.contains(&self.next[k])
-                || out.len() >= p.max_new_tokens
-                || (!p.stop_strings.is_empty()
-                    && self
-                        .tok
-                        .and_then(|t| t.decode(out).ok())
-                        .is_some_and(|text| p.stop_strings.iter().any(|s| text.ends_with(s.as_str()))));
-            if stopped {
+            if stops(out, &req.params, self.tok) {
                 req.live -= 1;
             } else {
                 still.push(k);

@@ -234,6 +234,20 @@ impl Model {
         self.decoder.forward_packed_rows(batch, read)
     }
 
+    /// Vocabulary logits `[rows.len(), vocab]` at positions `rows` of the sequence `ids` (one
+    /// pass over it, on the CPU or the GPU).
+    pub fn vocab_logits(&self, ids: &[u32], rows: &[usize]) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            let (values, width) = g.head_at(&crate::packed::Packed::new(&[ids]), rows, None)?;
+            return Ok(Tensor::from_vec(values, (rows.len(), width), &Device::Cpu)?);
+        }
+        let t = Tensor::new(ids, &self.device)?.unsqueeze(0)?;
+        let hidden = self.hidden(&t, None, None)?.squeeze(0)?;
+        let idx = Tensor::new(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), &self.device)?;
+        self.head_logits(&hidden.index_select(&idx, 0)?)
+    }
+
     /// Head outputs for hidden states `[.., hidden]`: vocabulary logits or class logits.
     pub fn head_logits(&self, hidden: &Tensor) -> Result<Tensor> {
         self.on_cpu()?;

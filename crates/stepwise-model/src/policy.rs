@@ -142,9 +142,18 @@ pub struct LoadedPolicy {
 }
 
 impl LoadedPolicy {
-    /// Load the checkpoint in `dir`.
+    /// Load the checkpoint in `dir` on the CPU.
     pub fn load(dir: &std::path::Path, device: &candle_core::Device) -> Result<Self> {
-        let model = Model::load(dir, device)?;
+        Self::with_model(dir, Model::load(dir, device)?)
+    }
+
+    /// Load the checkpoint in `dir` where `placement` says (on a GPU it samples on the packed
+    /// engine, its KV cache on the device).
+    pub fn load_on(dir: &std::path::Path, placement: crate::Placement, hold: crate::WeightDtype) -> Result<Self> {
+        Self::with_model(dir, Model::load_on(dir, placement, hold)?)
+    }
+
+    fn with_model(dir: &std::path::Path, model: Model) -> Result<Self> {
         let tokenizer = Tokenizer::from_dir(dir)?;
         let mut stop_token_ids = model.config.eos_token_ids.clone();
         stop_token_ids.extend(tokenizer.eos_id());

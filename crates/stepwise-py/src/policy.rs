@@ -8,13 +8,14 @@ use pyo3::types::PyDict;
 use serde_json::Value;
 use stepwise_core::seams::{split_steps_at, Continuation, Policy as PolicySeam, Until};
 use stepwise_model::Prompt;
-use stepwise_remote::backend::{PolicyBackend, RemoteOptions, Source};
+use stepwise_remote::backend::{LocalOptions, PolicyBackend, RemoteOptions, Source};
 
 /// A policy that writes solutions step by step: a checkpoint folder, a Hugging Face model id
 /// found in the local cache, or server URL(s) (vLLM, SGLang, `stepwise serve`). It samples at
 /// `temperature` (top-p `top_p`), at most `max_tokens` a continuation; steps are separated by
 /// `separator`; `prompt` lays the question out as `text` (question, separator, steps) or `chat`
-/// (the tokenizer's chat template).
+/// (the tokenizer's chat template). `device` is `auto`, `cpu`, `cuda` or `cuda:N` (on a GPU the
+/// KV cache lives on the device); `dtype` how a CPU model holds its weights (`auto`, `f32`, `bf16`).
 ///
 /// >>> policy = stepwise.Policy("Qwen/Qwen2.5-Math-1.5B-Instruct", temperature=0.7)
 /// >>> policy.continue_from("What is 2 + 3?", [], n=2, until="end")
@@ -66,7 +67,7 @@ pub fn until_of(name: &str) -> PyResult<Until> {
 #[pymethods]
 impl Policy {
     #[new]
-    #[pyo3(signature = (source, temperature=0.7, top_p=1.0, max_tokens=512, separator="\n", prompt="text", api_key=None, served_model=None, server_tokenizer=None))]
+    #[pyo3(signature = (source, temperature=0.7, top_p=1.0, max_tokens=512, separator="\n", prompt="text", device="auto", dtype="auto", api_key=None, served_model=None, server_tokenizer=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -76,6 +77,8 @@ impl Policy {
         max_tokens: usize,
         separator: &str,
         prompt: &str,
+        device: &str,
+        dtype: &str,
         api_key: Option<String>,
         served_model: Option<String>,
         server_tokenizer: Option<std::path::PathBuf>,
@@ -101,8 +104,13 @@ impl Policy {
             server_tokenizer,
             ..Default::default()
         };
+        let local = LocalOptions {
+            placement: device.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
+            dtype: dtype.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
+            ..Default::default()
+        };
         let src = source.to_string();
-        let backend = without_gil(py, move || PolicyBackend::open(&Source::parse(&src)?, &options))?;
+        let backend = without_gil(py, move || PolicyBackend::open(&Source::parse(&src)?, &options, &local))?;
         Ok(Policy {
             backend,
             temperature,

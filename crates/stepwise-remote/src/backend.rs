@@ -159,9 +159,9 @@ pub enum PolicyBackend {
 
 impl PolicyBackend {
     /// Load the checkpoint, or connect to the servers.
-    pub fn open(source: &Source, remote: &RemoteOptions) -> Result<Self> {
+    pub fn open(source: &Source, remote: &RemoteOptions, local: &LocalOptions) -> Result<Self> {
         Ok(match source {
-            Source::Dir(d) => PolicyBackend::Local(LoadedPolicy::load(d, &stepwise_model::default_device())?),
+            Source::Dir(d) => PolicyBackend::Local(LoadedPolicy::load_on(d, local.placement, local.dtype)?),
             Source::Urls(urls) => PolicyBackend::Remote(remote.client(urls, "policy")?, remote.tokenizer()?),
         })
     }

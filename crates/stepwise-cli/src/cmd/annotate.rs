@@ -101,6 +101,9 @@ pub struct Args {
     /// whose requests then run in parallel).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where local models run, and the tokens of one forward pass.
+    #[command(flatten)]
+    pub device: super::backend::DeviceArgs,
     /// How to reach a policy given by URL.
     #[command(flatten)]
     pub remote: super::backend::RemoteArgs,
@@ -126,7 +129,7 @@ pub fn run(a: Args) -> Result<()> {
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),
     )?;
-    let backend = super::backend::PolicyBackend::open(&a.policy, &a.remote.options())?;
+    let backend = a.device.open_policy(&a.policy, &a.remote)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy = backend.policy(
         a.sampling.temperature,
@@ -139,7 +142,7 @@ pub fn run(a: Args) -> Result<()> {
     let task = MathTask::default();
     let method = Method::by_name(&a.method)?;
     let judge_backend = match (&a.judge, method.needs_judge()) {
-        (Some(j), _) => Some(super::backend::PolicyBackend::open(j, &a.remote.options())?),
+        (Some(j), _) => Some(a.device.open_policy(j, &a.remote)?),
         (None, true) => bail!("--method {} needs --judge (a model to ask)", a.method),
         (None, false) => None,
     };

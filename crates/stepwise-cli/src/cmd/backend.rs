@@ -58,9 +58,10 @@ impl RemoteArgs {
 /// Where a local checkpoint scores, and how much one forward pass takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {
-    /// Where a local PRM runs: `auto` (a CUDA GPU when this build has CUDA and the driver reports
-    /// one, else the CPU), `cpu`, `cuda` or `cuda:N`. On a GPU, steps are scored by the CUDA engine
-    /// (packed batches, bf16 weights on the device).
+    /// Where local models run: `auto` (a CUDA GPU when this build has CUDA and the driver reports
+    /// one, else the CPU), `cpu`, `cuda` or `cuda:N`. On a GPU, steps are scored and solutions
+    /// sampled by the CUDA engine (packed batches, bf16 weights and a paged KV cache on the
+    /// device).
     #[arg(long, default_value = "auto")]
     pub device: stepwise_model::Placement,
     /// Most tokens in one forward pass of a local PRM: solutions are packed up to this budget (a
@@ -79,14 +80,23 @@ impl Default for DeviceArgs {
 }
 
 impl DeviceArgs {
-    /// Opens the PRM `source` where these arguments say (reporting where a local one runs).
-    pub fn open_scorer(&self, source: &Source, layout: &str, remote: &RemoteArgs) -> anyhow::Result<ScorerBackend> {
-        let local = LocalOptions {
+    /// As the backends take them.
+    pub fn local(&self) -> LocalOptions {
+        LocalOptions {
             placement: self.device,
             dtype: stepwise_model::weight_dtype(),
             max_batch_tokens: self.max_batch_tokens,
-        };
-        let backend = ScorerBackend::open(source, layout, &remote.options(), &local)?;
+        }
+    }
+
+    /// Opens the policy `source` where these arguments say.
+    pub fn open_policy(&self, source: &Source, remote: &RemoteArgs) -> anyhow::Result<PolicyBackend> {
+        PolicyBackend::open(source, &remote.options(), &self.local())
+    }
+
+    /// Opens the PRM `source` where these arguments say (reporting where a local one runs).
+    pub fn open_scorer(&self, source: &Source, layout: &str, remote: &RemoteArgs) -> anyhow::Result<ScorerBackend> {
+        let backend = ScorerBackend::open(source, layout, &remote.options(), &self.local())?;
         if let (ScorerBackend::Local(v, _), Source::Dir(d)) = (&backend, source) {
             eprintln!("{}: {}", d.display(), v.model.placement_name());
         }

@@ -59,6 +59,9 @@ pub struct Args {
     /// Wrap the question in the tokenizer's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// Where local models run, and the tokens of one forward pass.
+    #[command(flatten)]
+    pub device: super::backend::DeviceArgs,
     /// How to reach a policy given by URL.
     #[command(flatten)]
     pub remote: super::backend::RemoteArgs,
@@ -66,7 +69,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let backend = super::backend::PolicyBackend::open(&a.model, &a.remote.options())?;
+    let backend = a.device.open_policy(&a.model, &a.remote)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy: Box<dyn Policy + '_> = match &backend {
         super::backend::PolicyBackend::Local(loaded) => {

@@ -149,7 +149,7 @@ pub fn run(a: Args) -> Result<()> {
         }),
     )?;
     let problems = super::read_problems(&a.input)?;
-    let policy_backend = super::backend::PolicyBackend::open(&a.policy, &a.remote.options())?;
+    let policy_backend = a.device.open_policy(&a.policy, &a.remote)?;
     let policy = policy_backend.policy(
         a.sampling.temperature,
         a.sampling.max_tokens,

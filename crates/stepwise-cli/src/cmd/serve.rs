@@ -44,10 +44,17 @@ pub struct Args {
     /// PRM layout: auto, qwen-prm, step-tag, token-cls or log-ratio.
     #[arg(long, default_value = "auto")]
     pub layout: String,
-    /// Where the PRM runs: auto (a CUDA GPU when this build has CUDA and one answers), cpu, cuda
-    /// or cuda:N. The policy runs on the CPU.
+    /// Where the policy runs: auto (a CUDA GPU when this build has CUDA and one answers), cpu,
+    /// cuda or cuda:N. On a GPU its KV cache lives on the device, in blocks, within --kv-budget-gb.
+    #[arg(long, default_value = "auto")]
+    pub device: stepwise_model::Placement,
+    /// Where the PRM runs (as --device).
     #[arg(long, default_value = "auto")]
     pub prm_device: stepwise_model::Placement,
+    /// A GPU policy's KV cache, in GiB (default: half the GPU's free memory when the first
+    /// request comes). Requests wait when it is full; none fails for it.
+    #[arg(long)]
+    pub kv_budget_gb: Option<f64>,
     /// `/get_reward` (OpenRLHF's --remote_rm_url): the text between a response's steps.
     #[arg(long, default_value = "\n\n")]
     pub reward_separator: String,
@@ -97,6 +104,8 @@ pub fn run(a: Args) -> Result<()> {
         prefill_chunk_tokens: a.prefill_chunk_tokens,
         layout: a.layout,
         prm_device: a.prm_device,
+        device: a.device,
+        kv_budget: a.kv_budget_gb.map(|g| (g * (1u64 << 30) as f64) as usize),
         reward_rule: stepwise_remote::serve::openrlhf::RewardRule {
             separator: a.reward_separator,
             aggregation: stepwise_search::Aggregation::by_name(&a.reward_aggregate)?,

@@ -2,7 +2,7 @@
 //! the kernel of the same name in `kernels.cu` (or a cuBLAS product), on the GPU's one stream.
 
 use super::{Arg, Gpu};
-use crate::packed_engine::{Backend, BatchInts, Out};
+use crate::packed_engine::{Backend, BatchInts, Out, PagedInts};
 use anyhow::{Context, Result};
 use cudarc::driver::CudaSlice;
 
@@ -19,6 +19,10 @@ impl Backend for Gpu {
 
     fn name(&self) -> String {
         Gpu::name(self).to_string()
+    }
+
+    fn memory(&self) -> Result<(usize, usize)> {
+        Gpu::memory(self)
     }
 
     fn zeros_f32(&self, n: usize) -> Result<CudaSlice<f32>> {
@@ -283,5 +287,77 @@ impl Backend for Gpu {
         )?;
         // `idx` may be dropped by the caller right after.
         self.synchronize()
+    }
+
+    fn cache_write(
+        &self,
+        qkv: &CudaSlice<u16>,
+        k: &mut CudaSlice<u16>,
+        v: &mut CudaSlice<u16>,
+        slots: &CudaSlice<i32>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        use Arg::{Ptr, I32};
+        self.launch(
+            "cache_write",
+            rows as u32,
+            128,
+            &[
+                Ptr(self.addr(qkv)),
+                Ptr(self.addr(k)),
+                Ptr(self.addr(v)),
+                Ptr(self.addr(slots)),
+                I32(heads as i32),
+                I32(kv_heads as i32),
+                I32(head_dim as i32),
+            ],
+        )
+    }
+
+    fn paged_attention(
+        &self,
+        qkv: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        out: &mut CudaSlice<u16>,
+        meta: &PagedInts<Self>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        use Arg::{Ptr, F32, I32};
+        self.launch(
+            "paged_attention",
+            (rows * heads).div_ceil(4) as u32,
+            128,
+            &[
+                Ptr(self.addr(qkv)),
+                Ptr(self.addr(k)),
+                Ptr(self.addr(v)),
+                Ptr(self.addr(out)),
+                Ptr(self.addr(&meta.seq_of_row)),
+                Ptr(self.addr(&meta.positions)),
+                Ptr(self.addr(&meta.block_table)),
+                I32(meta.max_blocks as i32),
+                I32(rows as i32),
+                I32(heads as i32),
+                I32(kv_heads as i32),
+                I32(head_dim as i32),
+                F32(1.0 / (head_dim as f32).sqrt()),
+            ],
+        )
+    }
+
+    fn copy_block(&self, buf: &mut CudaSlice<u16>, src: usize, dst: usize, block_values: usize) -> Result<()> {
+        let bytes = block_values * std::mem::size_of::<u16>();
+        let (from, to) = (self.ptr(buf, src * block_values), self.ptr(buf, dst * block_values));
+        // SAFETY: two distinct blocks of one buffer (the caller's), on this stream.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, bytes, self.stream.cu_stream()) }
+            .context("copying a KV cache block")?;
+        Ok(())
     }
 }

@@ -176,6 +176,72 @@ extern "C" __global__ void attention_simple(const bf16_t* __restrict__ qkv, bf16
     }
 }
 
+// The k and v parts of each q|k|v row into the paged cache at the row's slot (rows of
+// kv_heads · d values). One block a row.
+extern "C" __global__ void cache_write(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ k_cache,
+                                       bf16_t* __restrict__ v_cache, const int* __restrict__ slots,
+                                       int heads, int kv_heads, int d) {
+    int width = (heads + 2 * kv_heads) * d, kvw = kv_heads * d;
+    const bf16_t* row = qkv + (size_t)blockIdx.x * width;
+    size_t at = (size_t)slots[blockIdx.x] * kvw;
+    for (int i = threadIdx.x; i < kvw; i += blockDim.x) {
+        k_cache[at + i] = row[heads * d + i];
+        v_cache[at + i] = row[(heads + kv_heads) * d + i];
+    }
+}
+
+// Causal attention of each row's query over its sequence's cached keys and values (positions
+// 0..=its own), found through the block table (blocks of 64 positions), one warp a (row, head),
+// online softmax in f32: decoding steps and prompt chunks alike (d <= 256).
+extern "C" __global__ void paged_attention(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ k_cache,
+                                           const bf16_t* __restrict__ v_cache, bf16_t* __restrict__ out,
+                                           const int* __restrict__ seq_of_row, const int* __restrict__ positions,
+                                           const int* __restrict__ block_table, int max_blocks, int rows,
+                                           int heads, int kv_heads, int d, float scale) {
+    int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (item >= rows * heads) return;
+    int row = item / heads, h = item % heads;
+    int g = h / (heads / kv_heads);
+    int width = (heads + 2 * kv_heads) * d, kvw = kv_heads * d;
+    const int* blocks = block_table + (size_t)seq_of_row[row] * max_blocks;
+    int pos = positions[row];
+    float q[8], acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int j = lane + 32 * i;
+        q[i] = j < d ? bf16_to_f32(qkv[(size_t)row * width + h * d + j]) * scale : 0.f;
+        acc[i] = 0.f;
+    }
+    float m = NEG_INF, l = 0.f;
+    for (int key = 0; key <= pos; ++key) {
+        size_t slot = (size_t)blocks[key >> 6] * 64 + (key & 63);
+        const bf16_t* k = k_cache + slot * kvw + g * d;
+        const bf16_t* v = v_cache + slot * kvw + g * d;
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int j = lane + 32 * i;
+            if (j < d) dot += q[i] * bf16_to_f32(k[j]);
+        }
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        float m_new = fmaxf(m, dot);
+        float corr = __expf(m - m_new), p = __expf(dot - m_new);
+        l = l * corr + p;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int j = lane + 32 * i;
+            if (j < d) acc[i] = acc[i] * corr + p * bf16_to_f32(v[j]);
+        }
+        m = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int j = lane + 32 * i;
+        if (j < d) out[(size_t)row * heads * d + h * d + j] = f32_to_bf16(acc[i] / l);
+    }
+}
+
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif

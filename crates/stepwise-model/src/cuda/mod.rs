@@ -40,6 +40,8 @@ const GENERAL: &[&str] = &[
     "add_bias",
     "attention_simple",
     "gather_rows_bf16",
+    "cache_write",
+    "paged_attention",
 ];
 
 /// An opened GPU: its context, the stream every call runs on, cuBLAS, and the compiled kernels.

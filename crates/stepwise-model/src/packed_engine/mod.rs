@@ -16,8 +16,12 @@
 //!
 //! After the last layer only the rows read are normed and go through the head.
 
+mod decoding;
+mod paged;
 mod reference;
 
+pub use decoding::PagedDecoding;
+pub use paged::{PagedCache, PagedSeq, BLOCK};
 pub use reference::Reference;
 
 use crate::config::{HeadKind, ModelConfig};
@@ -30,6 +34,18 @@ use std::sync::{Arc, Mutex};
 
 /// Queries a block of the attention kernel takes (the tiles of a sequence start every this many).
 pub const QUERY_TILE: usize = 64;
+
+/// How a forward pass attends.
+enum Attend<'a, B: Backend> {
+    /// Within each sequence of a packed batch (scoring: no cache).
+    Packed(&'a BatchInts<B>),
+    /// Over each sequence's cached keys and values (generation: the new tokens' keys and values
+    /// are written into the cache first).
+    Paged {
+        meta: &'a PagedInts<B>,
+        cache: &'a mut PagedCache<B>,
+    },
+}
 
 /// Where a product's output goes.
 pub enum Out<'a, B: Backend + ?Sized> {
@@ -57,6 +73,23 @@ pub struct BatchInts<B: Backend + ?Sized> {
     pub read: B::I32,
 }
 
+/// A paged batch's integers on the device: each new token's position, sequence and cache slot,
+/// and every sequence's block table.
+pub struct PagedInts<B: Backend + ?Sized> {
+    /// Each new token's position in its sequence.
+    pub positions: B::I32,
+    /// Each new token's sequence.
+    pub seq_of_row: B::I32,
+    /// Each new token's slot in the cache (`block · BLOCK + position % BLOCK`).
+    pub slots: B::I32,
+    /// Every sequence's blocks, `max_blocks` a sequence (unused entries -1).
+    pub block_table: B::I32,
+    /// Entries a sequence in `block_table`.
+    pub max_blocks: usize,
+    /// The rows read after the last layer.
+    pub read: B::I32,
+}
+
 /// Buffers and kernels of a device. Each kernel is specified by [`Reference`]'s plain Rust.
 /// Matrices are bf16 (as `u16` bits), row-major; products accumulate in f32.
 #[allow(clippy::too_many_arguments)]
@@ -70,6 +103,8 @@ pub trait Backend: Send + Sync {
 
     /// Its name, for reports.
     fn name(&self) -> String;
+    /// Bytes of its memory free and in all.
+    fn memory(&self) -> Result<(usize, usize)>;
     /// `n` zeros.
     fn zeros_f32(&self, n: usize) -> Result<Self::F32>;
     /// `n` zeros.
@@ -155,6 +190,35 @@ pub trait Backend: Send + Sync {
         n: usize,
         width: usize,
     ) -> Result<()>;
+    /// Each row's keys and values (the k and v parts of its q|k|v row) into the cache at its
+    /// slot: `k[slots[r]] = k(qkv[r])`, `v[slots[r]] = v(qkv[r])`, rows of `kv_heads · head_dim`.
+    fn cache_write(
+        &self,
+        qkv: &Self::Bf16,
+        k: &mut Self::Bf16,
+        v: &mut Self::Bf16,
+        slots: &Self::I32,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
+    /// Causal attention of every row's query over its sequence's cached keys and values, the
+    /// row's own position included (found through the block table), into `out`.
+    fn paged_attention(
+        &self,
+        qkv: &Self::Bf16,
+        k: &Self::Bf16,
+        v: &Self::Bf16,
+        out: &mut Self::Bf16,
+        meta: &PagedInts<Self>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
+    /// Block `src`'s values copied over block `dst`'s in `buf` (`block_values` a block).
+    fn copy_block(&self, buf: &mut Self::Bf16, src: usize, dst: usize, block_values: usize) -> Result<()>;
 }
 
 /// One decoder layer's weights (matrices bf16 `[out, in]`, vectors f32).
@@ -597,13 +661,35 @@ impl<B: Backend> PackedDecoder<B> {
     /// Every layer over the batch; leaves the rows `read`, normed, in `s.head_in` (bf16).
     fn decoder(&self, batch: &Packed, read: &[usize], s: &mut Scratch<B>) -> Result<()> {
         let b = &*self.backend;
+        let ints = batch_ints(b, batch, read)?;
+        self.layers_over(
+            batch.ids(),
+            &ints.positions,
+            &ints.read,
+            read.len(),
+            &mut Attend::Packed(&ints),
+            s,
+        )
+    }
+
+    /// Every layer over the `tokens` (at `positions`), attending as `attend` says; then the rows
+    /// `read` (`n_read` of them) normed into `s.head_in` (bf16).
+    fn layers_over(
+        &self,
+        tokens: &[u32],
+        positions: &B::I32,
+        read: &B::I32,
+        n_read: usize,
+        attend: &mut Attend<'_, B>,
+        s: &mut Scratch<B>,
+    ) -> Result<()> {
+        let b = &*self.backend;
         let cfg = &self.config;
-        let (t, h, d) = (batch.tokens(), cfg.hidden_size, cfg.head_dim);
+        let (t, h, d) = (tokens.len(), cfg.hidden_size, cfg.head_dim);
         let (heads, kv, inter) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size);
         let width = (heads + 2 * kv) * d;
         let eps = cfg.rms_norm_eps as f32;
-        let ints = batch_ints(b, batch, read)?;
-        let ids = b.upload_i32(&batch.ids().iter().map(|&i| i as i32).collect::<Vec<_>>())?;
+        let ids = b.upload_i32(&tokens.iter().map(|&i| i as i32).collect::<Vec<_>>())?;
         grow_f32(b, &mut s.x, t * h)?;
         grow_bf16(b, &mut s.normed, t * h)?;
         grow_f32(b, &mut s.y, t * width)?;
@@ -611,7 +697,7 @@ impl<B: Backend> PackedDecoder<B> {
         grow_bf16(b, &mut s.attn, t * heads * d)?;
         grow_bf16(b, &mut s.gate_up, t * 2 * inter)?;
         grow_bf16(b, &mut s.act, t * inter)?;
-        grow_bf16(b, &mut s.head_in, read.len() * h)?;
+        grow_bf16(b, &mut s.head_in, n_read * h)?;
         let (Some(x), Some(normed), Some(y), Some(qkv), Some(attn), Some(gate_up), Some(act), Some(head_in)) = (
             s.x.as_mut(),
             s.normed.as_mut(),
@@ -625,7 +711,7 @@ impl<B: Backend> PackedDecoder<B> {
             unreachable!("every buffer was grown above")
         };
         b.embed(&self.embed, &ids, x, t, h)?;
-        for l in &self.layers {
+        for (li, l) in self.layers.iter().enumerate() {
             b.rms_norm(x, None, &l.ln1, normed, t, h, eps)?;
             b.gemm(normed, &l.qkv, Out::F32(y), t, width, h, false)?;
             b.bias_rope(
@@ -633,21 +719,28 @@ impl<B: Backend> PackedDecoder<B> {
                 l.qkv_bias.as_ref(),
                 &self.cos,
                 &self.sin,
-                &ints.positions,
+                positions,
                 qkv,
                 t,
                 heads,
                 kv,
                 d,
             )?;
-            b.attention(qkv, attn, &ints, t, heads, kv, d)?;
+            match attend {
+                Attend::Packed(ints) => b.attention(qkv, attn, ints, t, heads, kv, d)?,
+                Attend::Paged { meta, cache } => {
+                    let (k, v) = (&mut cache.k[li], &mut cache.v[li]);
+                    b.cache_write(qkv, k, v, &meta.slots, t, heads, kv, d)?;
+                    b.paged_attention(qkv, k, v, attn, meta, t, heads, kv, d)?;
+                }
+            }
             b.gemm(attn, &l.o, Out::F32(x), t, h, heads * d, true)?;
             b.rms_norm(x, None, &l.ln2, normed, t, h, eps)?;
             b.gemm(normed, &l.gate_up, Out::Bf16(gate_up), t, 2 * inter, h, false)?;
             b.swiglu(gate_up, act, t, inter)?;
             b.gemm(act, &l.down, Out::F32(x), t, h, inter, true)?;
         }
-        b.rms_norm(x, Some(&ints.read), &self.norm, head_in, read.len(), h, eps)
+        b.rms_norm(x, Some(read), &self.norm, head_in, n_read, h, eps)
     }
 
     /// The head over the `r` normed rows in `s.head_in`, read back.

@@ -3,7 +3,7 @@
 //! rounding: bf16 values are rounded to nearest even where the GPU rounds them, arithmetic is
 //! f32. The tests run the whole packed engine on it against the CPU engine.
 
-use super::{Backend, BatchInts, Out};
+use super::{Backend, BatchInts, Out, PagedInts, BLOCK};
 use anyhow::{ensure, Result};
 
 /// The packed engine's reference backend (see the module's documentation).
@@ -30,6 +30,11 @@ impl Backend for Reference {
 
     fn name(&self) -> String {
         "reference (cpu)".into()
+    }
+
+    /// A nominal 1 GiB: the reference backend's buffers are host vectors.
+    fn memory(&self) -> Result<(usize, usize)> {
+        Ok((1 << 30, 1 << 30))
     }
 
     fn zeros_f32(&self, n: usize) -> Result<Vec<f32>> {
@@ -246,6 +251,75 @@ impl Backend for Reference {
         for i in 0..n {
             dst[i * width..][..width].copy_from_slice(&src[int(idx[i]) * width..][..width]);
         }
+        Ok(())
+    }
+
+    fn cache_write(
+        &self,
+        qkv: &Vec<u16>,
+        k: &mut Vec<u16>,
+        v: &mut Vec<u16>,
+        slots: &Vec<i32>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+    ) -> Result<()> {
+        let (width, kvw) = ((heads + 2 * kv_heads) * d, kv_heads * d);
+        for r in 0..rows {
+            let row = &qkv[r * width..][..width];
+            let at = int(slots[r]) * kvw;
+            k[at..at + kvw].copy_from_slice(&row[heads * d..][..kvw]);
+            v[at..at + kvw].copy_from_slice(&row[(heads + kv_heads) * d..][..kvw]);
+        }
+        Ok(())
+    }
+
+    fn paged_attention(
+        &self,
+        qkv: &Vec<u16>,
+        k: &Vec<u16>,
+        v: &Vec<u16>,
+        out: &mut Vec<u16>,
+        meta: &PagedInts<Self>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+    ) -> Result<()> {
+        let (width, kvw) = ((heads + 2 * kv_heads) * d, kv_heads * d);
+        let scale = 1.0 / (d as f32).sqrt();
+        for row in 0..rows {
+            let (seq, pos) = (int(meta.seq_of_row[row]), int(meta.positions[row]));
+            let slot = |key: usize| int(meta.block_table[seq * meta.max_blocks + key / BLOCK]) * BLOCK + key % BLOCK;
+            for h in 0..heads {
+                let g = h / (heads / kv_heads);
+                let q = |j: usize| widen(qkv[row * width + h * d + j]);
+                let scores: Vec<f32> = (0..=pos)
+                    .map(|key| {
+                        (0..d)
+                            .map(|j| q(j) * widen(k[slot(key) * kvw + g * d + j]))
+                            .sum::<f32>()
+                            * scale
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f32 = weights.iter().sum();
+                for j in 0..d {
+                    let val: f32 = (0..=pos)
+                        .zip(&weights)
+                        .map(|(key, w)| w * widen(v[slot(key) * kvw + g * d + j]))
+                        .sum();
+                    out[row * heads * d + h * d + j] = round(val / total);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_block(&self, buf: &mut Vec<u16>, src: usize, dst: usize, block_values: usize) -> Result<()> {
+        buf.copy_within(src * block_values..(src + 1) * block_values, dst * block_values);
         Ok(())
     }
 }

@@ -35,7 +35,11 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
     let Some((_, policy)) = state.policy.as_ref() else {
         return;
     };
-    let new_batch = || Decoding::new(&policy.model, Some(&policy.tokenizer)).prefill_chunk(state.prefill_chunk_tokens);
+    let new_batch = || {
+        Decoding::new(&policy.model, Some(&policy.tokenizer))
+            .prefill_chunk(state.prefill_chunk_tokens)
+            .kv_budget(state.kv_budget)
+    };
     let mut batch = new_batch();
     let mut waiting: HashMap<usize, oneshot::Sender<Result<Vec<Vec<u32>>>>> = HashMap::new();
     // A request that did not fit the batch yet.

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use candle_core::{Tensor, D};
+use candle_core::D;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use stepwise_model::tokenizer::Message;
@@ -331,10 +331,8 @@ fn token_logprobs(
         return Ok(Vec::new());
     }
     let all: Vec<u32> = prompt.iter().chain(generated).copied().collect();
-    let ids = Tensor::new(all.as_slice(), &p.model.device)?.unsqueeze(0)?;
-    let hidden = p.model.hidden(&ids, None, None)?.squeeze(0)?;
-    let rows = hidden.narrow(0, prompt.len() - 1, generated.len())?;
-    let logp = candle_nn::ops::log_softmax(&p.model.head_logits(&rows)?, D::Minus1)?.to_vec2::<f32>()?;
+    let rows: Vec<usize> = (prompt.len() - 1..prompt.len() - 1 + generated.len()).collect();
+    let logp = candle_nn::ops::log_softmax(&p.model.vocab_logits(&all, &rows)?, D::Minus1)?.to_vec2::<f32>()?;
     generated
         .iter()
         .zip(logp)

@@ -64,6 +64,10 @@ pub struct ServeConfig {
     pub layout: String,
     /// Where the PRM runs (the CPU, or a CUDA GPU).
     pub prm_device: stepwise_model::Placement,
+    /// Where the policy runs (the CPU, or a CUDA GPU: a paged KV cache on the device).
+    pub device: stepwise_model::Placement,
+    /// A GPU policy's KV budget in bytes (`None`: half the GPU's free memory).
+    pub kv_budget: Option<usize>,
     /// How `/get_reward` (OpenRLHF's remote reward model) turns step scores into one reward.
     pub reward_rule: openrlhf::RewardRule,
 }
@@ -76,6 +80,7 @@ pub(crate) struct AppState {
     pub max_n: usize,
     pub max_tokens: usize,
     pub prefill_chunk_tokens: usize,
+    pub kv_budget: Option<usize>,
     pub reward_rule: openrlhf::RewardRule,
     pub metrics: Metrics,
     pub started: u64,
@@ -148,11 +153,11 @@ fn folder_name(dir: &std::path::Path) -> String {
 
 /// Load the models and build the router.
 pub fn app(cfg: &ServeConfig) -> Result<Router> {
-    let device = stepwise_model::default_device();
     let policy = match &cfg.model {
         Some(dir) => Some((
             cfg.model_name.clone().unwrap_or_else(|| folder_name(dir)),
-            LoadedPolicy::load(dir, &device).with_context(|| format!("loading the policy {}", dir.display()))?,
+            LoadedPolicy::load_on(dir, cfg.device, stepwise_model::weight_dtype())
+                .with_context(|| format!("loading the policy {}", dir.display()))?,
         )),
         None => None,
     };
@@ -177,6 +182,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         max_n: cfg.max_n,
         max_tokens: cfg.max_tokens,
         prefill_chunk_tokens: cfg.prefill_chunk_tokens,
+        kv_budget: cfg.kv_budget,
         reward_rule: cfg.reward_rule.clone(),
         metrics: Metrics::default(),
         started: unix_now(),

@@ -1,0 +1,78 @@
+"""Generation throughput for bench/gpu_check.sh: 64 concurrent requests of 256 new tokens each
+(sampled at temperature 0.8, every one run to its full length), in one of two ways:
+
+    python bench/gpu_generation.py hf MODEL_DIR [--requests 64] [--tokens 256]
+        transformers' batched `generate` in bf16 with sdpa, all prompts in one batch (left-padded);
+    python bench/gpu_generation.py serve URL MODEL_NAME [--requests 64] [--tokens 256]
+        `stepwise serve` (or any OpenAI-compatible server) with that many clients at once,
+        standard library only (urllib and threads).
+
+Prints and writes (--out) generated tokens, seconds and tokens/s as JSON.
+"""
+import argparse
+import json
+import threading
+import time
+import urllib.request
+
+PROMPTS = [f"What is {a} + {b}?\n" for a in range(3, 60, 3) for b in range(2, 40, 5)]
+
+p = argparse.ArgumentParser()
+p.add_argument("mode", choices=["hf", "serve"])
+p.add_argument("target")
+p.add_argument("model", nargs="?")
+p.add_argument("--requests", type=int, default=64)
+p.add_argument("--tokens", type=int, default=256)
+p.add_argument("--out")
+a = p.parse_args()
+prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.requests)]
+
+if a.mode == "hf":
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(a.target)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or "<|endoftext|>"
+    model = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    batch = tok(prompts, return_tensors="pt", padding=True).to("cuda")
+    kw = dict(max_new_tokens=a.tokens, min_new_tokens=a.tokens, do_sample=True, temperature=0.8, pad_token_id=tok.pad_token_id)
+    with torch.inference_mode():
+        model.generate(**{k: v[:2] for k, v in batch.items()}, **dict(kw, max_new_tokens=4, min_new_tokens=4))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        out = model.generate(**batch, **kw)
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - start
+    tokens = (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
+    result = {"engine": "transformers", "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
+              "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+else:
+    url = a.target.rstrip("/") + "/v1/completions"
+    counts, errors = [0] * a.requests, []
+
+    def one(i):
+        body = json.dumps({"model": a.model, "prompt": prompts[i], "max_tokens": a.tokens, "temperature": 0.8,
+                           "seed": i, "ignore_eos": True}).encode()
+        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=600) as r:
+                counts[i] = json.load(r)["usage"]["completion_tokens"]
+        except Exception as e:  # counted, never hidden
+            errors.append(f"{type(e).__name__}: {e}"[:300])
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(a.requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    secs = time.perf_counter() - start
+    result = {"engine": "stepwise serve", "tokens": sum(counts), "seconds": secs,
+              "tokens_per_s": sum(counts) / secs, "errors": errors[:5], "failed": len(errors)}
+
+print(json.dumps(result))
+if a.out:
+    open(a.out, "w").write(json.dumps(result))

@@ -1,0 +1,165 @@
+//! Generation on the packed engine (what the CUDA engine runs) checked on the CPU through its
+//! reference backend: the paged KV cache gives every step the logits a cache-free pass over the
+//! whole sequence gives, bit for bit (so greedy decoding picks their argmax), continuations of one
+//! prompt share its blocks and decode alike, transformers' greedy continuations are reproduced,
+//! and a KV budget smaller than the requests makes them wait, never fail.
+
+mod common;
+
+use common::fixtures;
+use serde_json::Value;
+use std::sync::Arc;
+use stepwise_model::packed_engine::{PackedDecoder, PagedDecoding, Reference};
+use stepwise_model::{ModelConfig, Packed, SamplingParams};
+
+fn policy() -> PackedDecoder<Reference> {
+    let dir = fixtures().join("qwen2-policy");
+    PackedDecoder::load(&dir, ModelConfig::from_dir(&dir).unwrap(), Arc::new(Reference)).unwrap()
+}
+
+fn greedy(max: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: max,
+        ..Default::default()
+    }
+}
+
+/// Runs the batch until every request is done; returns each request's continuations by id.
+fn run(batch: &mut PagedDecoding<Reference>) -> Vec<(usize, Vec<Vec<u32>>)> {
+    let mut done = Vec::new();
+    while !batch.is_idle() {
+        done.extend(batch.step().unwrap());
+    }
+    done.sort_by_key(|(id, _)| *id);
+    done
+}
+
+/// The argmax of the logits a cache-free pass gives at the last position of `seq`.
+fn argmax_without_cache(engine: &PackedDecoder<Reference>, seq: &[u32]) -> u32 {
+    let (logits, _) = engine.head_at(&Packed::new(&[seq]), &[seq.len() - 1], None).unwrap();
+    logits
+        .iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        .0 as u32
+}
+
+#[test]
+fn cached_steps_pick_what_a_whole_pass_picks_and_reproduce_transformers() {
+    let engine = policy();
+    let exp: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap()).unwrap();
+    for it in exp["cases"]["qwen2-policy"]["items"].as_array().unwrap() {
+        let prompt: Vec<u32> = it["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let want: Vec<u32> = it["greedy_new_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        // Prompt chunks of 5 tokens: the prompt crosses chunks and the cache its first block.
+        let mut batch = PagedDecoding::new(&engine, None, 64).unwrap().prefill_chunk(5);
+        batch.join(&prompt, 3, greedy(want.len())).unwrap();
+        let outs = run(&mut batch).remove(0).1;
+        for out in &outs {
+            assert_eq!(out, &outs[0], "continuations of one prompt decode alike");
+        }
+        let mut seq = prompt.clone();
+        for &t in &outs[0] {
+            assert_eq!(
+                t,
+                argmax_without_cache(&engine, &seq),
+                "a cached step against a whole pass"
+            );
+            seq.push(t);
+        }
+        // bf16 activations: transformers' (f32) greedy tokens, where its margin is not tiny.
+        let margin = it["greedy_margin_min"].as_f64().unwrap();
+        if margin > 0.05 {
+            assert_eq!(outs[0], want, "transformers' greedy continuation (margin {margin})");
+        }
+        assert_eq!(batch.cache_blocks().0, 64, "every block is given back");
+    }
+}
+
+#[test]
+fn sampled_continuations_are_reproducible_and_share_the_prompts_blocks() {
+    let engine = policy();
+    // 70 tokens: one full block (shared by the continuations) and a partial one (copied).
+    let prompt: Vec<u32> = (0..70).map(|i| (i * 7 % 500 + 10) as u32).collect();
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 24,
+        seed: 5,
+        ..Default::default()
+    };
+    let sample = |chunk: usize| {
+        let mut batch = PagedDecoding::new(&engine, None, 32).unwrap().prefill_chunk(chunk);
+        batch.join(&prompt, 4, params.clone()).unwrap();
+        run(&mut batch).remove(0).1
+    };
+    let a = sample(256);
+    assert_eq!(a, sample(33), "the same samples whatever the prefill chunk");
+    assert!(
+        a.iter().any(|o| o != &a[0]),
+        "temperature 1 draws different continuations"
+    );
+    // Once the prompt is fed, its full block is held once for all four continuations, and each
+    // has its own copy of the partly filled one: 1 + 4 blocks, not 4 × 2.
+    let mut batch = PagedDecoding::new(&engine, None, 32).unwrap();
+    batch.join(&prompt, 4, params.clone()).unwrap();
+    batch.step().unwrap();
+    batch.step().unwrap();
+    let (free, total) = batch.cache_blocks();
+    assert_eq!(total - free, 1 + 4, "one shared block and one of their own each");
+    // And the continuations sample as the CPU engine's Decoding would for these logits: the
+    // same draws as a batch of one continuation each.
+    let one = |index: u64| {
+        let mut batch = PagedDecoding::new(&engine, None, 32).unwrap();
+        let p = SamplingParams {
+            seed: params.seed,
+            ..params.clone()
+        };
+        batch.join(&prompt, (index + 1) as usize, p).unwrap();
+        run(&mut batch).remove(0).1.pop().unwrap()
+    };
+    assert_eq!(one(2), a[2], "continuation 2 draws from its own generator");
+}
+
+#[test]
+fn a_small_kv_budget_makes_requests_wait_and_a_hopeless_one_is_refused() {
+    let engine = policy();
+    // Each request: a 20-token prompt, 2 continuations of up to 50 tokens: 1 + 2 × 2 = 5 blocks
+    // at worst; the cache holds 6, so one request runs at a time.
+    let mut batch = PagedDecoding::new(&engine, None, 6).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|k| (0..20).map(|i| (i * 3 + k * 11 + 5) as u32).collect())
+        .collect();
+    for p in &prompts {
+        batch.join(p, 2, greedy(50)).unwrap();
+    }
+    let mut most = 0;
+    let mut done = Vec::new();
+    while !batch.is_idle() {
+        done.extend(batch.step().unwrap());
+        let (free, total) = batch.cache_blocks();
+        most = most.max(total - free);
+    }
+    assert_eq!(done.len(), 4);
+    assert!(most <= 6);
+    // Each alone gives the same.
+    for (id, outs) in done {
+        let mut alone = PagedDecoding::new(&engine, None, 64).unwrap();
+        alone.join(&prompts[id], 2, greedy(50)).unwrap();
+        assert_eq!(run(&mut alone).remove(0).1, outs);
+    }
+    let err = batch.join(&prompts[0], 8, greedy(400)).unwrap_err().to_string();
+    assert!(err.contains("KV cache blocks"), "{err}");
+    let err = batch.join(&prompts[0], 1, greedy(600)).unwrap_err().to_string();
+    assert!(err.contains("max_position_embeddings"), "{err}");
+}
