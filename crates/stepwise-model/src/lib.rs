@@ -18,6 +18,7 @@ pub mod packed;
 pub mod packed_engine;
 pub mod placement;
 pub mod policy;
+pub mod sampling;
 pub mod scoring;
 pub mod tokenizer;
 pub mod train;
