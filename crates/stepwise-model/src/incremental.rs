@@ -15,10 +15,10 @@
 //! Memory is bounded: the least recently used sequences are forgotten past
 //! [`IncrementalScorer::with_capacity`] bytes of cache.
 
+use crate::kv_cache::KvCache;
 use crate::layout::{Encoded, PrmLayout};
 use crate::model::{pad_batch, Model};
 use crate::scoring::PrmScorer;
-use crate::transformer::KvCache;
 use anyhow::{ensure, Context, Result};
 use candle_core::{Tensor, D};
 use std::collections::BTreeMap;

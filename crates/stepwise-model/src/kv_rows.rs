@@ -16,7 +16,7 @@
 //! values whichever it keeps.
 
 use crate::kernels::attention::{transpose_key_rows, RowKeys};
-use crate::transformer::KvCache;
+use crate::kv_cache::KvCache;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 

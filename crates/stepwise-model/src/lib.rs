@@ -10,6 +10,7 @@ pub mod generate;
 pub mod hub;
 pub mod incremental;
 pub mod kernels;
+pub mod kv_cache;
 pub mod kv_rows;
 pub mod layout;
 pub mod log_ratio;

@@ -1,7 +1,7 @@
 //! The CPU inference path against the candle path.
 
 use crate::config::{HeadKind, ModelConfig};
-use crate::transformer::KvCache;
+use crate::kv_cache::KvCache;
 use crate::Model;
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
