@@ -56,6 +56,24 @@ check("chat: logprobs with alternatives", len(chat.choices[0].logprobs.content[0
 stream = client.chat.completions.create(model=model, messages=messages, max_tokens=8, seed=3, stream=True)
 text = "".join(ch.choices[0].delta.content or "" for ch in stream)
 check("chat: streaming gives the same text", text == msg.content, (text, msg.content))
+chunks = list(
+    client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, seed=3, stream=True, stream_options={"include_usage": True}
+    )
+)
+usage = chunks[-1].usage
+check(
+    "chat: include_usage ends the stream with the usage",
+    usage is not None and not chunks[-1].choices and usage.completion_tokens >= 1,
+    chunks[-1],
+)
+try:
+    client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, response_format={"type": "json_object"}
+    )
+    check("errors: response_format", False, "accepted")
+except openai.BadRequestError as e:
+    check("errors: an unsupported response_format is a 400 naming it", "response_format" in str(e), e)
 
 try:
     client.completions.create(model="no-such-model", prompt="x", max_tokens=2)

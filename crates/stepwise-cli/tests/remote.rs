@@ -5,59 +5,20 @@
 //! every record is written once, none lost.
 
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
+use common::server::{get, post, read_http, serve};
 use common::{fixture, stepwise, write_jsonl};
 
 fn tmp(name: &str) -> PathBuf {
     common::tmp("remote", name)
-}
-
-/// `stepwise serve` on a free port; killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args([
-            "serve",
-            "--model",
-            &fixture("qwen2-policy"),
-            "--prm",
-            &fixture("qwen2-prm"),
-            "--port",
-            "0",
-        ])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("serve exited").unwrap();
-        if let Some(addr) = line.strip_prefix("stepwise serve: listening on ") {
-            break addr.to_string();
-        }
-    };
-    // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    Server { child, url }
 }
 
 /// Records without the fields that name where they came from or how long they took.
@@ -233,21 +194,6 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
             "{sa:?} vs {other:?}"
         );
     }
-}
-
-/// POST a JSON body to `url` + `path` and return the reply's JSON.
-fn post(url: &str, path: &str, body: &Value) -> Value {
-    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
-    let text = body.to_string();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-        text.len()
-    )
-    .unwrap();
-    let reply = read_http(&mut s).unwrap();
-    let end = reply.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    serde_json::from_slice(&reply[end + 4..]).unwrap()
 }
 
 /// Requests that arrive together are scored together, and each gets its own solutions' scores:
@@ -428,35 +374,6 @@ fn flaky_proxy(upstream: String, fail: fn(usize) -> Option<&'static str>) -> (St
     (url, count)
 }
 
-/// One HTTP message (head and a body of `content-length` bytes) from a stream.
-fn read_http(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            while buf.len() < end + 4 + len {
-                let n = s.read(&mut chunk).ok()?;
-                if n == 0 {
-                    return None;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            return Some(buf);
-        }
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
 #[test]
 fn annotate_through_a_failing_server_writes_every_record_once() {
     let d = tmp("faults");
@@ -600,20 +517,6 @@ fn the_openai_python_client_works_against_serve() {
     assert!(out.status.success(), "{said}");
     assert!(said.contains("checks passed"), "{said}");
     println!("{said}");
-}
-
-/// GET `path` from `url`: the status line and the body.
-fn get(url: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    let status = reply.lines().next().unwrap_or_default().to_string();
-    let body = reply
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// `/health` answers, `/metrics` counts what was served in Prometheus' text format, and SIGTERM

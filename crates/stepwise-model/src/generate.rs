@@ -344,6 +344,28 @@ impl<'a> Decoding<'a> {
         Ok(())
     }
 
+    /// Drop request `id` (its client went away): its continuations leave the batch, its prompt
+    /// stops being fed, and no step reports it. Nothing happens for an id that is not running.
+    pub fn cancel(&mut self, id: usize) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &mut self.gpu {
+            g.cancel(id);
+            return Ok(());
+        }
+        if self.requests.get_mut(id).and_then(Option::take).is_none() {
+            return Ok(());
+        }
+        self.prefills.retain(|p| p.request != id);
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|&k| self.rows[k].request != id).collect();
+        if keep.len() < self.rows.len() {
+            self.keep_rows(&keep)?;
+        }
+        if self.is_idle() {
+            self.requests.clear();
+        }
+        Ok(())
+    }
+
     /// Append each continuation's next token; continuations that stop (a stop token or string,
     /// or their token budget) leave the batch; every live row runs one decoding step, with the
     /// next chunk of the prompts being fed. Returns the requests whose continuations have all

@@ -5,6 +5,12 @@ use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 use std::path::Path;
 
+/// Steps of work (minijinja's fuel) a chat template may spend, plus
+/// [`TEMPLATE_FUEL_PER_MESSAGE`] a message.
+pub const TEMPLATE_FUEL_BASE: u64 = 1_000_000;
+/// Steps of work a chat template may spend per message.
+pub const TEMPLATE_FUEL_PER_MESSAGE: u64 = 100_000;
+
 /// A tokenizer with its chat template and special tokens.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -151,7 +157,7 @@ impl Tokenizer {
         self.eos_token.as_deref().and_then(|t| self.token_id(t))
     }
 
-    /// Render messages with the chat template.
+    /// Render messages with the chat template (its work bounded: see [`TEMPLATE_FUEL_BASE`]).
     pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let tpl = self
             .chat_template
@@ -159,6 +165,10 @@ impl Tokenizer {
             .context("tokenizer_config.json has no chat_template")?;
         let mut env = minijinja::Environment::new();
         env.set_trim_blocks(false);
+        // A template's work is bounded: one that loops without end (or nests `range(100000)`)
+        // fails instead of holding the caller. Real templates spend a few hundred steps a message.
+        let fuel = TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_MESSAGE * messages.len() as u64;
+        env.set_fuel(Some(fuel));
         env.add_template("chat", tpl).context("parsing the chat template")?;
         env.get_template("chat")?
             .render(minijinja::context! {
@@ -167,6 +177,31 @@ impl Tokenizer {
                 eos_token => self.eos_token.clone().unwrap_or_default(),
                 bos_token => "",
             })
-            .context("rendering the chat template")
+            .map_err(|e| match e.kind() {
+                minijinja::ErrorKind::OutOfFuel => {
+                    anyhow!(
+                        "the chat template did more than {fuel} steps of work for {} messages: it loops too much",
+                        messages.len()
+                    )
+                }
+                _ => anyhow::Error::new(e).context("rendering the chat template"),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chat_template_that_loops_too_much_fails_instead_of_hanging() {
+        let mut tok = Tokenizer::word_level(&["a".into(), "<unk>".into()], "<unk>", None).unwrap();
+        let messages = [Message::new("user", "hi")];
+        tok.chat_template = Some("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}".into());
+        assert_eq!(tok.apply_chat_template(&messages, false).unwrap(), "<user>hi");
+        tok.chat_template =
+            Some("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}".into());
+        let err = tok.apply_chat_template(&messages, false).unwrap_err().to_string();
+        assert!(err.contains("loops too much"), "{err}");
     }
 }

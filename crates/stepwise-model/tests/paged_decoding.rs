@@ -163,3 +163,34 @@ fn a_small_kv_budget_makes_requests_wait_and_a_hopeless_one_is_refused() {
     let err = batch.join(&prompts[0], 1, greedy(600)).unwrap_err().to_string();
     assert!(err.contains("max_position_embeddings"), "{err}");
 }
+
+#[test]
+fn a_cancelled_request_gives_its_blocks_back_and_leaves_the_others_as_they_were() {
+    let engine = policy();
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|k| (0..20).map(|i| (i * 7 + k * 13 + 3) as u32).collect())
+        .collect();
+    // A budget for two requests at a time: the third waits, and is cancelled while waiting;
+    // the first is cancelled mid-decoding.
+    let mut batch = PagedDecoding::new(&engine, None, 10).unwrap().prefill_chunk(8);
+    let ids: Vec<usize> = prompts.iter().map(|p| batch.join(p, 2, greedy(40)).unwrap()).collect();
+    let mut done = Vec::new();
+    for _ in 0..6 {
+        done.extend(batch.step().unwrap());
+    }
+    batch.cancel(ids[0]);
+    batch.cancel(ids[2]);
+    batch.cancel(ids[2]);
+    batch.cancel(99);
+    done.extend(run(&mut batch));
+    assert_eq!(done.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![ids[1]]);
+    let (free, total) = batch.cache_blocks();
+    assert_eq!(free, total, "every block is back");
+    let mut alone = PagedDecoding::new(&engine, None, 64).unwrap();
+    alone.join(&prompts[1], 2, greedy(40)).unwrap();
+    assert_eq!(run(&mut alone).remove(0).1, done[0].1);
+    // The batch takes new requests afterwards, with the whole budget.
+    batch.join(&prompts[0], 2, greedy(40)).unwrap();
+    batch.join(&prompts[2], 2, greedy(40)).unwrap();
+    assert_eq!(run(&mut batch).len(), 2);
+}

@@ -207,6 +207,42 @@ fn prompts_fed_through_decoding_steps_decode_as_alone() {
     assert_eq!(done[&b], vec![alone[0].clone(); 3]);
 }
 
+/// A cancelled request (its client went away) leaves the batch, decoding or still being fed, and
+/// is never reported; the others get transformers' greedy continuations as before.
+#[test]
+fn cancelled_requests_leave_the_batch_and_the_others_decode_as_alone() {
+    let exp = expected();
+    let (model, tok) = load("qwen2-policy");
+    let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
+    let mut batch = Decoding::new(&model, Some(&tok)).prefill_chunk(2);
+    let mut done = std::collections::HashMap::new();
+    // The first request, into an empty batch, is encoded at once and decodes; the last joins
+    // behind the others and is still being fed (two tokens a step) when cancelled.
+    let decoding = batch.join(&ids_of(&items[0]["prompt_ids"]), 3, greedy(40)).unwrap();
+    let mut ids = Vec::new();
+    for (k, it) in items.iter().enumerate() {
+        ids.push((
+            batch
+                .join(&ids_of(&it["prompt_ids"]), 1 + k, greedy(5 + 3 * k))
+                .unwrap(),
+            k,
+        ));
+    }
+    let feeding = batch.join(&ids_of(&items[1]["prompt_ids"]), 2, greedy(40)).unwrap();
+    done.extend(batch.step().unwrap());
+    done.extend(batch.step().unwrap());
+    let rows = batch.live_rows();
+    batch.cancel(decoding).unwrap();
+    batch.cancel(feeding).unwrap();
+    batch.cancel(decoding).unwrap();
+    assert_eq!(batch.live_rows(), rows - 5);
+    while !batch.is_idle() {
+        done.extend(batch.step().unwrap());
+    }
+    assert!(!done.contains_key(&decoding) && !done.contains_key(&feeding));
+    check_greedy(items, &done, &ids);
+}
+
 /// Caches of different lengths joined into one batch (the shorter left-padded) continue each
 /// sequence as it would continue alone: same hidden states within float rounding, for several
 /// steps and after a row leaves.

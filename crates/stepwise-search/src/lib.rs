@@ -5,6 +5,7 @@
 //! never on a model.
 #![warn(missing_docs)]
 
+pub mod aggregation;
 pub mod batch;
 pub mod beam;
 pub mod bon;
@@ -15,9 +16,10 @@ pub mod lookahead;
 pub mod method;
 pub mod resample;
 
+pub use aggregation::{aggregate, Aggregation};
 pub use batch::{compute_of, Job, Searcher};
 pub use beam::BeamSearch;
-pub use bon::{aggregate, select, Aggregation, BestOfN, Candidate, Selector};
+pub use bon::{select, BestOfN, Candidate, Selector};
 pub use calibrate::{calibrate, Threshold};
 pub use candidates::group_candidates;
 pub use dvts::Dvts;

@@ -3,7 +3,7 @@
 //! generated and encoded tokens and wall time), and the [`SearchMethod`] trait each method file
 //! implements. [`search`] runs one method on one problem and picks the answer.
 
-use crate::bon::{aggregate, Aggregation};
+use crate::aggregation::{aggregate, Aggregation};
 use anyhow::{ensure, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;

@@ -1,14 +1,16 @@
 use anyhow::Result;
 use std::path::PathBuf;
-use stepwise_remote::serve::{serve, ServeConfig};
+use std::time::Duration;
+use stepwise_remote::serve::{serve, Limits, ServeConfig};
 
 /// Serve a policy and/or a PRM over an OpenAI-compatible HTTP API.
 #[derive(clap::Args)]
 #[command(after_help = "Endpoints:
   GET  /health                 200 when ready
   GET  /v1/models              the served models
-  POST /v1/completions         prompt as text or token ids; n, temperature, top_p, seed, max_tokens,
-                               stop, logprobs, stream (server-sent events)
+  POST /v1/completions         prompt as text or token ids; n, temperature, top_p, top_k, seed,
+                               max_tokens (default: what the context leaves), stop, logprobs, echo,
+                               stream (server-sent events) with stream_options.include_usage
   POST /v1/chat/completions    the tokenizer's chat template; logprobs/top_logprobs, stream,
                                continue_final_message (vLLM's)
   POST /v1/score_steps         {\"inputs\": [{\"question\", \"steps\": [...]}]} -> one score per step, laid
@@ -20,8 +22,13 @@ use stepwise_remote::serve::{serve, ServeConfig};
                                aggregated, plus the graded outcome when labels are sent
   GET  /metrics                Prometheus text: requests, tokens, latency histogram
 
-Errors are OpenAI-shaped JSON with 4xx codes (unknown model 404, bad key 401, prompt too long
-400). SIGTERM or Ctrl-C lets requests in flight finish, then stops.
+Errors are OpenAI-shaped JSON with 4xx codes (unknown model or path 404, bad key 401, prompt
+too long or a field of the wrong type 400, body too large 413, too slow 408); features it does
+not have (tools, response_format, penalties) are refused by name, never ignored. With --api-key
+every route but /health needs it. A request whose client disconnects stops being generated.
+Connections are bounded: --idle-timeout, --body-timeout, --max-body-mb, --max-inputs,
+--max-connections. SIGTERM or Ctrl-C lets requests in flight finish (--shutdown-timeout), then
+stops.
 
 Examples:
   stepwise serve --model ../shared/fixtures/hf-tiny/qwen2-policy --port 8000
@@ -71,7 +78,8 @@ pub struct Args {
     /// Port (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on the API (default: $STEPWISE_API_KEY, else open).
+    /// Require `Authorization: Bearer KEY` on every request but /health (default:
+    /// $STEPWISE_API_KEY, else open to whoever reaches the address).
     #[arg(long)]
     pub api_key: Option<String>,
     /// Most continuations per request (`n`).
@@ -87,6 +95,59 @@ pub struct Args {
     /// tokens flowing during a long prompt; 0 encodes every prompt in a pass of its own.
     #[arg(long, default_value_t = stepwise_model::generate::DEFAULT_PREFILL_CHUNK, alias = "join-prompt-tokens")]
     pub prefill_chunk_tokens: usize,
+    /// Largest request body, in MiB (413 past it).
+    #[arg(long, default_value_t = 32.0)]
+    pub max_body_mb: f64,
+    /// Most texts or solutions in one /pooling, /v1/score_steps or /get_reward request.
+    #[arg(long, default_value_t = 4096)]
+    pub max_inputs: usize,
+    /// Seconds a connection may take to send a request's headers, or stay silent between
+    /// requests, before it is closed.
+    #[arg(long, default_value_t = 30.0)]
+    pub idle_timeout: f64,
+    /// Seconds a request's body may take to arrive (408 past it).
+    #[arg(long, default_value_t = 30.0)]
+    pub body_timeout: f64,
+    /// Most connections open at once (more wait to be accepted).
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Seconds the requests in flight get to finish after SIGTERM or Ctrl-C.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_timeout: f64,
+}
+
+/// The API key: `--api-key`, else a non-empty $STEPWISE_API_KEY. An empty key is refused (it
+/// would lock every client out), and an empty variable is said to leave the server open.
+fn api_key(given: Option<String>) -> Result<Option<String>> {
+    if let Some(k) = given {
+        anyhow::ensure!(
+            !k.trim().is_empty(),
+            "--api-key is empty: give a key, or leave the option out to serve without one"
+        );
+        return Ok(Some(k));
+    }
+    match std::env::var("STEPWISE_API_KEY") {
+        Ok(k) if !k.trim().is_empty() => Ok(Some(k)),
+        Ok(_) => {
+            eprintln!("stepwise serve: STEPWISE_API_KEY is set but empty: serving without an API key");
+            Ok(None)
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// Whether `host` is reachable only from this machine.
+fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Seconds as a duration, refusing what is not a positive number.
+fn seconds(flag: &str, s: f64) -> Result<Duration> {
+    anyhow::ensure!(
+        s.is_finite() && s > 0.0,
+        "--{flag} must be a positive number of seconds, not {s}"
+    );
+    Ok(Duration::from_secs_f64(s))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -96,9 +157,7 @@ pub fn run(a: Args) -> Result<()> {
         model_name: a.served_model_name,
         prm_name: a.served_prm_name,
         address: format!("{}:{}", a.host, a.port),
-        api_key: a
-            .api_key
-            .or_else(|| std::env::var("STEPWISE_API_KEY").ok().filter(|k| !k.is_empty())),
+        api_key: api_key(a.api_key)?,
         max_n: a.max_n.max(1),
         max_tokens: a.max_tokens.max(1),
         prefill_chunk_tokens: a.prefill_chunk_tokens,
@@ -112,7 +171,27 @@ pub fn run(a: Args) -> Result<()> {
             outcome_weight: a.reward_outcome_weight,
             mode: stepwise_core::grader::GradeMode::Lenient,
         },
+        limits: Limits {
+            max_body_bytes: {
+                anyhow::ensure!(
+                    a.max_body_mb.is_finite() && a.max_body_mb > 0.0,
+                    "--max-body-mb must be positive"
+                );
+                (a.max_body_mb * (1u64 << 20) as f64) as usize
+            },
+            max_inputs: a.max_inputs.max(1),
+            idle_timeout: seconds("idle-timeout", a.idle_timeout)?,
+            body_timeout: seconds("body-timeout", a.body_timeout)?,
+            max_connections: a.max_connections.max(1),
+            shutdown_timeout: seconds("shutdown-timeout", a.shutdown_timeout)?,
+        },
     };
+    if cfg.api_key.is_none() && !is_loopback(&a.host) {
+        eprintln!(
+            "stepwise serve: no API key, listening on {}: anyone who reaches it can use the models (--api-key)",
+            a.host
+        );
+    }
     serve(&cfg, |addr| eprintln!("stepwise serve: listening on http://{addr}"))?;
     eprintln!("stepwise serve: stopped");
     Ok(())

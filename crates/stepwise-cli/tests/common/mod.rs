@@ -1,6 +1,8 @@
 //! Helpers shared by the CLI's integration tests (each test file uses some of them).
 #![allow(dead_code)]
 
+pub mod server;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

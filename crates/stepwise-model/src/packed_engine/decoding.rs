@@ -154,6 +154,35 @@ impl<'a, B: Backend> PagedDecoding<'a, B> {
         self.join(prompt, n, params)
     }
 
+    /// Drop request `id` (its client went away): its continuations leave the batch and give their
+    /// blocks back, its prompt stops being fed (or waiting), and no step reports it. Nothing
+    /// happens for an id that is not running.
+    pub fn cancel(&mut self, id: usize) {
+        let Some(request) = self.requests.get_mut(id).and_then(Option::take) else {
+            return;
+        };
+        let waited = self.waiting.len();
+        self.waiting.retain(|(w, _)| *w != id);
+        if self.waiting.len() == waited {
+            // Admitted: its worst case was committed.
+            self.committed -= request.reserved;
+        }
+        for p in self.prefills.iter_mut().filter(|p| p.request == id) {
+            self.cache.release(&mut p.seq);
+        }
+        self.prefills.retain(|p| p.request != id);
+        for mut row in std::mem::take(&mut self.rows) {
+            if row.request == id {
+                self.cache.release(&mut row.seq);
+            } else {
+                self.rows.push(row);
+            }
+        }
+        if self.is_idle() {
+            self.requests.clear();
+        }
+    }
+
     /// Append each continuation's sampled token; continuations that stop leave the batch and give
     /// their blocks back; waiting requests that now fit are admitted; then one forward pass over
     /// every live row and the next chunks of the prompts being fed, and each row samples its next

@@ -5,7 +5,8 @@
 //! continuations stop. A request's prompt is encoded on its own and its cache joined to the
 //! batch's, or, when others are being decoded, fed through the running steps in chunks of at most
 //! `prefill_chunk_tokens` tokens a step (chunked prefill, see [`stepwise_model::Decoding`]). One
-//! request alone is decoded exactly as the local engine decodes it.
+//! request alone is decoded exactly as the local engine decodes it. A request whose client goes away
+//! leaves the batch at the next step.
 
 use super::Shared;
 use anyhow::Result;
@@ -53,6 +54,10 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
         }
         loop {
             let job = match held.take().map(Ok).unwrap_or_else(|| jobs.try_recv()) {
+                Ok(job) if job.reply.is_closed() => {
+                    state.metrics.cancelled();
+                    continue;
+                }
                 Ok(job) => job,
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) if batch.is_idle() => return,
@@ -74,6 +79,24 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                 Err(e) => {
                     let _ = job.reply.send(Err(e));
                 }
+            }
+        }
+        // A request whose client went away (its handler, dropped, closed the reply) stops
+        // being decoded: its rows leave the batch and its cache is freed.
+        let gone: Vec<usize> = waiting
+            .iter()
+            .filter(|(_, reply)| reply.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            waiting.remove(&id);
+            state.metrics.cancelled();
+            if let Err(e) = batch.cancel(id) {
+                for (_, reply) in waiting.drain() {
+                    let _ = reply.send(Err(anyhow::anyhow!("{e:#}")));
+                }
+                batch = new_batch();
+                break;
             }
         }
         match batch.step() {

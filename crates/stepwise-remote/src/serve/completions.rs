@@ -3,7 +3,8 @@
 //! token-id prompts), streaming as server-sent events when asked.
 
 use super::batcher::GenerateJob;
-use super::{unix_now, ApiError, Shared};
+use super::request::{flag, model_field, number, refuse_unsupported, whole};
+use super::{off_async, unix_now, ApiError, Shared};
 use anyhow::Result;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -27,6 +28,10 @@ struct Sampling {
     /// Log-probabilities of the sampled tokens, and of this many alternatives.
     logprobs: Option<usize>,
     stream: bool,
+    /// A streamed reply ends with a chunk holding the usage (`stream_options.include_usage`).
+    include_usage: bool,
+    /// The prompt's text leads each completion's text (`echo`).
+    echo: bool,
     /// vLLM's `ignore_eos`: generate `max_tokens` whatever the model says (benchmarks).
     ignore_eos: bool,
 }
@@ -46,15 +51,6 @@ struct Choice {
     pieces: Vec<String>,
 }
 
-fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}"), None))?;
-    if !v.is_object() {
-        return Err(ApiError::invalid("the body must be a JSON object", None));
-    }
-    Ok(v)
-}
-
 /// The request's model is the served policy.
 fn check_model(s: &Shared, v: &Value) -> Result<(), ApiError> {
     let served: Vec<&str> = s.policy.iter().map(|(n, _)| n.as_str()).collect();
@@ -64,46 +60,38 @@ fn check_model(s: &Shared, v: &Value) -> Result<(), ApiError> {
             Some("model"),
         ));
     }
-    match v.get("model").and_then(Value::as_str) {
+    match model_field(v)? {
         Some(m) if !served.contains(&m) => Err(ApiError::no_model(m, &served)),
         _ => Ok(()),
     }
 }
 
-fn number(v: &Value, key: &'static str, default: f64, lo: f64, hi: f64) -> Result<f64, ApiError> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(x) => match x.as_f64() {
-            Some(f) if f.is_finite() && (lo..=hi).contains(&f) => Ok(f),
-            _ => Err(ApiError::invalid(
-                format!("`{key}` must be a number in [{lo}, {hi}], not {x}"),
-                Some(key),
-            )),
-        },
-    }
-}
-
 fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
-    let n = number(v, "n", 1.0, 1.0, s.max_n as f64)?;
-    if n.fract() != 0.0 {
-        return Err(ApiError::invalid("`n` must be a whole number", Some("n")));
+    refuse_unsupported(v)?;
+    let n = whole(v, "n", 1, 1, s.max_n)?;
+    if v.get("best_of")
+        .is_some_and(|b| !b.is_null() && b.as_f64() != Some(n as f64))
+    {
+        return Err(ApiError::invalid(
+            "`best_of` other than `n` is not supported: ask for `n` and pick with a verifier",
+            Some("best_of"),
+        ));
     }
     let max_key = if chat && v.get("max_completion_tokens").is_some() {
         "max_completion_tokens"
     } else {
         "max_tokens"
     };
-    let default_max = if chat { s.max_tokens as f64 } else { 16.0 };
-    let max_tokens = number(v, max_key, default_max, 1.0, s.max_tokens as f64)?;
-    if max_tokens.fract() != 0.0 {
-        return Err(ApiError::invalid(
-            format!("`{max_key}` must be a whole number"),
-            Some(max_key),
-        ));
-    }
+    let default_max = if chat { s.max_tokens } else { 16 };
+    let max_tokens = whole(v, max_key, default_max, 1, s.max_tokens)?;
     let max_tokens_given = v.get(max_key).is_some_and(|x| !x.is_null());
     let temperature = number(v, "temperature", 1.0, 0.0, 2.0)?;
     let top_p = number(v, "top_p", 1.0, 1e-6, 1.0)?;
+    // vLLM's `top_k`: -1 (or 0) keeps every token.
+    let top_k = match v.get("top_k") {
+        Some(x) if x.as_i64() == Some(-1) => 0,
+        _ => whole(v, "top_k", 0, 0, u32::MAX as usize)?,
+    };
     let seed = match v.get("seed") {
         None | Some(Value::Null) => rand::random::<u64>(),
         Some(x) => x
@@ -131,55 +119,93 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
         return Err(ApiError::invalid("`stop` strings must not be empty", Some("stop")));
     }
     let logprobs = if chat {
-        match v.get("logprobs").and_then(Value::as_bool) {
-            Some(true) => Some(number(v, "top_logprobs", 0.0, 0.0, 20.0)? as usize),
-            _ => None,
-        }
+        flag(v, "logprobs", false)?
+            .then(|| whole(v, "top_logprobs", 0, 0, 20))
+            .transpose()?
     } else {
         match v.get("logprobs") {
             None | Some(Value::Null) => None,
-            Some(_) => Some(number(v, "logprobs", 0.0, 0.0, 20.0)? as usize),
+            Some(_) => Some(whole(v, "logprobs", 0, 0, 20)?),
         }
     };
+    let stream = flag(v, "stream", false)?;
+    let include_usage = match v.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) if stream => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "`stream_options.include_usage` must be true or false",
+                    Some("stream_options"),
+                ))
+            }
+        },
+        Some(Value::Object(_)) => {
+            return Err(ApiError::invalid(
+                "`stream_options` is only allowed when `stream` is true",
+                Some("stream_options"),
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "`stream_options` must be an object",
+                Some("stream_options"),
+            ))
+        }
+    };
+    let echo = !chat && flag(v, "echo", false)?;
+    if echo && logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "`echo` with `logprobs` (the prompt's log-probabilities) is not supported",
+            Some("echo"),
+        ));
+    }
     Ok(Sampling {
-        n: n as usize,
-        max_tokens: max_tokens as usize,
+        n,
+        max_tokens,
         max_tokens_given,
         params: SamplingParams {
             temperature: temperature as f32,
             top_p: top_p as f32,
-            top_k: 0,
-            max_new_tokens: max_tokens as usize,
+            top_k,
+            max_new_tokens: max_tokens,
             seed,
             stop_token_ids: Vec::new(),
             stop_strings: stop.clone(),
         },
         stop,
         logprobs,
-        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
-        ignore_eos: v.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false),
+        stream,
+        include_usage,
+        echo,
+        ignore_eos: flag(v, "ignore_eos", false)?,
     })
 }
 
-/// The prompt's token ids: a string (tokenized with the tokenizer's special tokens, as vLLM
-/// does), a list of token ids, or a list holding one of those.
-fn prompt_ids(s: &Shared, v: &Value) -> Result<Vec<u32>, ApiError> {
+/// The prompt's token ids and, when it was text, the text: a string (tokenized with the
+/// tokenizer's special tokens, as vLLM does; one too long for the context is refused before
+/// tokenizing), a list of token ids, or a list holding one of those. Tokenizes, so runs off the
+/// async threads.
+fn prompt_ids(s: &Shared, prompt: Option<Value>) -> Result<(Vec<u32>, Option<String>), ApiError> {
     let (_, p) = s.policy.as_ref().expect("checked");
     let vocab = p.model.config.vocab_size as u64;
-    let prompt = match v.get("prompt") {
-        Some(Value::Array(a)) if a.len() == 1 && !a[0].is_number() => &a[0],
+    let prompt = match prompt {
+        Some(Value::Array(mut a)) if a.len() == 1 && !a[0].is_number() => a.remove(0),
         Some(x) => x,
         None => return Err(ApiError::invalid("`prompt` is missing", Some("prompt"))),
     };
     match prompt {
-        Value::String(text) => p
-            .tokenizer
-            .encode(text, true)
-            .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("prompt"))),
+        Value::String(text) => {
+            let limit = p.model.config.max_position_embeddings;
+            let ids = super::encode_within(&p.tokenizer, &text, true, limit, "prompt")?;
+            Ok((ids, Some(text)))
+        }
         Value::Array(ids) => ids
             .iter()
             .map(|x| x.as_u64().filter(|&i| i < vocab).map(|i| i as u32))
             .collect::<Option<Vec<u32>>>()
+            .map(|ids| (ids, None))
             .ok_or_else(|| {
                 ApiError::invalid(
                     format!("`prompt` token ids must be integers below {vocab}"),
@@ -360,14 +386,31 @@ fn request_id(prefix: &str) -> String {
 
 /// `POST /v1/completions`.
 pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let v = parse_body(&body)?;
+    let mut v = super::request::parse_body(&body)?;
+    drop(body);
     check_model(&s, &v)?;
     let mut sampling = sampling(&s, &v, false)?;
-    let ids = prompt_ids(&s, &v)?;
+    let prompt = v.get_mut("prompt").map(Value::take);
+    let state = s.clone();
+    let (ids, text) = off_async(move || prompt_ids(&state, prompt)).await?;
     fit_length(&s, ids.len(), &mut sampling)?;
-    let (stream, logprobs) = (sampling.stream, sampling.logprobs);
+    let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
+    let echoed = match (sampling.echo, text) {
+        (false, _) => String::new(),
+        (true, Some(text)) => text,
+        (true, None) => {
+            let (_, p) = s.policy.as_ref().expect("checked");
+            p.tokenizer.decode(&ids).map_err(ApiError::internal)?
+        }
+    };
     let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
-    let (choices, prompt_len) = run(&s, ids, sampling).await?;
+    let (mut choices, prompt_len) = run(&s, ids, sampling).await?;
+    if !echoed.is_empty() {
+        for c in &mut choices {
+            c.text.insert_str(0, &echoed);
+            c.pieces.insert(0, echoed.clone());
+        }
+    }
     let (id, created) = (request_id("cmpl"), unix_now());
     let logprobs_of = |c: &Choice| {
         logprobs.map(|_| {
@@ -403,6 +446,12 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
             events.push(json!({"id": id, "object": "text_completion", "created": created, "model": model,
                 "choices": [{"index": i, "text": "", "logprobs": null, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}));
         }
+        if include_usage {
+            events.push(
+                json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [], "usage": usage(prompt_len, &choices)}),
+            );
+        }
         return Ok(sse(events));
     }
     let body = json!({
@@ -435,7 +484,7 @@ fn content_text(m: &Value) -> Result<String, ApiError> {
 
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let v = parse_body(&body)?;
+    let v = super::request::parse_body(&body)?;
     check_model(&s, &v)?;
     let mut sampling = sampling(&s, &v, true)?;
     let messages = v
@@ -451,34 +500,41 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
             .ok_or_else(|| ApiError::invalid("every message needs a `role`", Some("messages")))?;
         msgs.push(Message::new(role, &content_text(m)?));
     }
-    let (_, p) = s.policy.as_ref().expect("checked");
     // vLLM's `continue_final_message`: the last (assistant) message is continued in place.
-    let continue_last = v
-        .get("continue_final_message")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let text = if continue_last {
-        let last = msgs.pop().expect("non-empty");
-        if last.role != "assistant" {
-            return Err(ApiError::invalid(
-                "`continue_final_message` needs an assistant message last",
-                Some("messages"),
-            ));
-        }
-        let head = p
-            .tokenizer
-            .apply_chat_template(&msgs, true)
-            .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages")))?;
-        format!("{head}{}", last.content)
-    } else {
-        let add = v.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
-        p.tokenizer
-            .apply_chat_template(&msgs, add)
-            .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages")))?
-    };
-    let ids = p.tokenizer.encode(&text, false).map_err(ApiError::internal)?;
+    let continue_last = flag(&v, "continue_final_message", false)?;
+    let add_generation_prompt = flag(&v, "add_generation_prompt", true)?;
+    if continue_last && msgs.last().is_some_and(|m| m.role != "assistant") {
+        return Err(ApiError::invalid(
+            "`continue_final_message` needs an assistant message last",
+            Some("messages"),
+        ));
+    }
+    // The template and the tokenizer run off the async threads.
+    let state = s.clone();
+    let ids = off_async(move || {
+        let (_, p) = state.policy.as_ref().expect("checked");
+        let template = |msgs: &[Message], add: bool| {
+            p.tokenizer
+                .apply_chat_template(msgs, add)
+                .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages")))
+        };
+        let text = if continue_last {
+            let last = msgs.pop().expect("non-empty");
+            format!("{}{}", template(&msgs, true)?, last.content)
+        } else {
+            template(&msgs, add_generation_prompt)?
+        };
+        super::encode_within(
+            &p.tokenizer,
+            &text,
+            false,
+            p.model.config.max_position_embeddings,
+            "messages",
+        )
+    })
+    .await?;
     fit_length(&s, ids.len(), &mut sampling)?;
-    let (stream, logprobs) = (sampling.stream, sampling.logprobs);
+    let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
     let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
     let (choices, prompt_len) = run(&s, ids, sampling).await?;
     let (id, created) = (request_id("chatcmpl"), unix_now());
@@ -495,6 +551,12 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
             }
             events.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": i, "delta": {}, "logprobs": null, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}));
+        }
+        if include_usage {
+            events.push(
+                json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [], "usage": usage(prompt_len, &choices)}),
+            );
         }
         return Ok(sse(events));
     }

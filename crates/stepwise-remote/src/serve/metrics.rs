@@ -1,4 +1,4 @@
-//! Prometheus metrics of `stepwise serve`: requests by endpoint and status, prompt and generated
+//! Prometheus metrics of `stepwise serve`: requests by route and status, prompt and generated
 //! tokens, decoding steps and the continuations they carried (their ratio is the mean batch of
 //! continuous batching), and a latency histogram (`GET /metrics`, text exposition format).
 
@@ -17,6 +17,7 @@ struct Counts {
     decode_steps: u64,
     decode_rows: u64,
     decode_prompt_rows: u64,
+    cancelled: u64,
     latency_buckets: [u64; BUCKETS.len()],
     latency_count: u64,
     latency_sum: f64,
@@ -58,13 +59,18 @@ impl Metrics {
         c.decode_prompt_rows += prompt_rows as u64;
     }
 
+    /// Count a generation request dropped because its client went away.
+    pub fn cancelled(&self) {
+        self.counts.lock().unwrap().cancelled += 1;
+    }
+
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         let c = self.counts.lock().unwrap();
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "# HELP stepwise_requests_total Requests answered, by endpoint and HTTP status."
+            "# HELP stepwise_requests_total Requests answered, by route and HTTP status."
         );
         let _ = writeln!(out, "# TYPE stepwise_requests_total counter");
         for ((endpoint, status), n) in &c.requests {
@@ -94,6 +100,11 @@ impl Metrics {
                 "stepwise_decode_prompt_rows_total",
                 "Prompt tokens fed through decoding steps (chunked prefill), summed over steps.",
                 c.decode_prompt_rows,
+            ),
+            (
+                "stepwise_requests_cancelled_total",
+                "Generation requests stopped because their client went away.",
+                c.cancelled,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");

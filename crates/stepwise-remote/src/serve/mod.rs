@@ -11,14 +11,18 @@
 //! | `POST /pooling` | vLLM's STEP pooling shape: per step-tag position `[p_bad, p_good]` |
 //! | `GET /metrics` | Prometheus text: requests, tokens, latency histogram |
 //!
-//! Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with 4xx codes;
-//! with an API key every `/v1` and `/pooling` request needs `Authorization: Bearer KEY`. SIGTERM
-//! or Ctrl-C stops accepting requests and lets those in flight finish.
+//! Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with 4xx codes,
+//! unknown paths and methods included; with an API key every request but `/health` needs
+//! `Authorization: Bearer KEY`. Every connection is bounded in time and size ([`Limits`]); a
+//! request whose client goes away stops being generated. SIGTERM or Ctrl-C stops accepting
+//! requests and lets those in flight finish, within [`Limits::shutdown_timeout`].
 
 mod batcher;
 mod completions;
+mod connections;
 mod metrics;
 pub mod openrlhf;
+mod request;
 mod steps;
 
 use anyhow::{Context, Result};
@@ -35,6 +39,7 @@ use std::time::Instant;
 use stepwise_model::scoring::LoadedVerifier;
 use stepwise_model::LoadedPolicy;
 
+pub use connections::Limits;
 pub use metrics::Metrics;
 
 /// What to serve and how.
@@ -70,6 +75,8 @@ pub struct ServeConfig {
     pub kv_budget: Option<usize>,
     /// How `/get_reward` (OpenRLHF's remote reward model) turns step scores into one reward.
     pub reward_rule: openrlhf::RewardRule,
+    /// Sizes and timeouts that bound what one client can take.
+    pub limits: Limits,
 }
 
 /// Everything a handler needs.
@@ -82,6 +89,7 @@ pub(crate) struct AppState {
     pub prefill_chunk_tokens: usize,
     pub kv_budget: Option<usize>,
     pub reward_rule: openrlhf::RewardRule,
+    pub limits: Limits,
     pub metrics: Metrics,
     pub started: u64,
     /// Where `/v1/score_steps` requests queue for the scoring worker ([`steps::score_worker`]).
@@ -143,6 +151,43 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Run `f` (tokenizing, templating: work in proportion to a request's size) on a blocking
+/// thread, so a large request never holds the async threads that answer everyone else.
+pub(crate) async fn off_async<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(anyhow::anyhow!("{e}")))?
+}
+
+/// `text`'s token ids, when they fit `limit` tokens: a text longer than `limit` times the
+/// vocabulary's longest token is refused without tokenizing it (its tokens could not fit).
+pub(crate) fn encode_within(
+    tok: &stepwise_model::Tokenizer,
+    text: &str,
+    special: bool,
+    limit: usize,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let too_long = |tokens: String| {
+        ApiError::invalid(
+            format!("This model's maximum context length is {limit} tokens; the {param} has {tokens} tokens."),
+            Some(param),
+        )
+    };
+    if text.len() > limit.saturating_mul(tok.longest_token_bytes()) {
+        return Err(too_long(format!("more than {limit}")));
+    }
+    let ids = tok
+        .encode(text, special)
+        .map_err(|e| ApiError::invalid(format!("{e:#}"), Some(param)))?;
+    if ids.len() > limit {
+        return Err(too_long(ids.len().to_string()));
+    }
+    Ok(ids)
+}
+
 /// The folder's name as a model name.
 fn folder_name(dir: &std::path::Path) -> String {
     std::fs::canonicalize(dir)
@@ -184,6 +229,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         prefill_chunk_tokens: cfg.prefill_chunk_tokens,
         kv_budget: cfg.kv_budget,
         reward_rule: cfg.reward_rule.clone(),
+        limits: cfg.limits.clone(),
         metrics: Metrics::default(),
         started: unix_now(),
         score_queue: std::sync::Mutex::new(queue),
@@ -206,16 +252,43 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         .route("/v1/score_steps", post(steps::score_steps))
         .route("/pooling", post(steps::pooling))
         .route("/get_reward", post(openrlhf::get_reward))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), authorize));
-    Ok(Router::new()
-        .route("/health", get(|| async { StatusCode::OK }))
         .route(
             "/metrics",
             get(|State(s): State<Shared>| async move { s.metrics.render() }),
         )
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            connections::bounded_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), authorize));
+    Ok(Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
         .merge(api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::extract::DefaultBodyLimit::max(cfg.limits.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(state.clone(), count))
         .with_state(state))
+}
+
+/// Any path this server does not serve: an OpenAI-shaped 404.
+async fn not_found(req: Request) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("Not found: {} {}", req.method(), req.uri().path()),
+        kind: "NotFoundError",
+        param: None,
+    }
+}
+
+/// A served path asked with the wrong method: an OpenAI-shaped 405.
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("Method not allowed: {} {}", req.method(), req.uri().path()),
+        kind: "invalid_request_error",
+        param: None,
+    }
 }
 
 /// Serve until SIGTERM or Ctrl-C; `ready(address)` is called once listening.
@@ -225,16 +298,18 @@ pub fn serve(cfg: &ServeConfig, ready: impl FnOnce(std::net::SocketAddr)) -> Res
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&cfg.address)
             .await
             .with_context(|| format!("listening on {}", cfg.address))?;
         ready(listener.local_addr()?);
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown_signal())
+        connections::serve_connections(listener, router, &cfg.limits, shutdown_signal())
             .await
             .context("serving")
-    })
+    });
+    // Work still running on blocking threads (a request past the shutdown deadline) is left.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served
 }
 
 async fn shutdown_signal() {
@@ -255,15 +330,18 @@ async fn shutdown_signal() {
     }
 }
 
-/// Refuse API requests without the key, when one is set.
+/// Refuse API requests (and `/metrics`) without the key, when one is set: `Authorization:
+/// Bearer KEY`, the scheme in any case, the key compared in constant time.
 async fn authorize(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
         let given = req
             .headers()
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, k)| k.trim());
+        if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
             return ApiError {
                 status: StatusCode::UNAUTHORIZED,
                 message: "Incorrect API key provided.".into(),
@@ -276,14 +354,24 @@ async fn authorize(State(s): State<Shared>, req: Request, next: Next) -> Respons
     next.run(req).await
 }
 
-/// Count every request and its latency.
+/// Whether two keys are equal, in time that depends only on their lengths.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// Count every request and its latency, by route (the path pattern served, so the labels are
+/// bounded whatever paths clients send; `unmatched` for paths not served).
 async fn count(State(s): State<Shared>, req: Request, next: Next) -> Response {
-    let endpoint = req.uri().path().to_string();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_string();
     let start = Instant::now();
     let resp = next.run(req).await;
-    if endpoint != "/metrics" {
+    if route != "/metrics" {
         s.metrics
-            .request(&endpoint, resp.status().as_u16(), start.elapsed().as_secs_f64());
+            .request(&route, resp.status().as_u16(), start.elapsed().as_secs_f64());
     }
     resp
 }

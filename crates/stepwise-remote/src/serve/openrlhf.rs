@@ -90,8 +90,7 @@ pub fn parts(rule: &RewardRule, query: &str, prompt: &str) -> (String, Vec<Strin
 
 /// `POST /get_reward`.
 pub(crate) async fn get_reward(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let v: Value =
-        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}"), None))?;
+    let v = super::request::parse_body(&body)?;
     if s.prm.is_none() {
         return Err(ApiError::invalid("this server has no PRM (start it with --prm)", None));
     }
@@ -104,6 +103,7 @@ pub(crate) async fn get_reward(State(s): State<Shared>, body: Bytes) -> Result<J
     };
     let queries = texts("query", true)?.unwrap_or_default();
     let n = queries.len();
+    super::steps::check_count(&s, n, "query")?;
     let prompts = texts("prompts", false)?.unwrap_or_else(|| vec![None; n]);
     let labels = texts("labels", false)?.unwrap_or_else(|| vec![None; n]);
     if prompts.len() != n || labels.len() != n {

@@ -12,18 +12,29 @@ use stepwise_model::layout::Encoded;
 use stepwise_model::PrmLayout;
 
 fn parse(s: &Shared, body: &Bytes) -> Result<Value, ApiError> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}"), None))?;
+    let v = super::request::parse_body(body)?;
     let Some((name, _)) = &s.prm else {
         return Err(ApiError::invalid(
             "this server has no PRM (start it with --prm)",
             Some("model"),
         ));
     };
-    match v.get("model").and_then(Value::as_str) {
+    match super::request::model_field(&v)? {
         Some(m) if m != name => Err(ApiError::no_model(m, &[name.as_str()])),
         _ => Ok(v),
     }
+}
+
+/// Refuse more than [`super::Limits::max_inputs`] items in one request.
+pub(crate) fn check_count(s: &Shared, n: usize, param: &'static str) -> Result<(), ApiError> {
+    let most = s.limits.max_inputs;
+    if n > most {
+        return Err(ApiError::invalid(
+            format!("{n} items in `{param}`; this server takes at most {most} a request (--max-inputs)"),
+            Some(param),
+        ));
+    }
+    Ok(())
 }
 
 /// `POST /v1/score_steps`: `{"inputs": [{"question": …, "steps": [...], "partial": false}]}` →
@@ -34,6 +45,7 @@ pub(crate) async fn score_steps(State(s): State<Shared>, body: Bytes) -> Result<
         .get("inputs")
         .and_then(Value::as_array)
         .ok_or_else(|| ApiError::invalid("`inputs` must be a list of {question, steps}", Some("inputs")))?;
+    check_count(&s, inputs.len(), "inputs")?;
     let mut owned = Vec::with_capacity(inputs.len());
     for (k, i) in inputs.iter().enumerate() {
         let question = i.get("question").and_then(Value::as_str);
@@ -45,7 +57,8 @@ pub(crate) async fn score_steps(State(s): State<Shared>, body: Bytes) -> Result<
             (Some(q), Some(st)) => owned.push((
                 q.to_string(),
                 st,
-                i.get("partial").and_then(Value::as_bool).unwrap_or(false),
+                super::request::flag(i, "partial", false)
+                    .map_err(|e| ApiError::invalid(format!("inputs[{k}]: {}", e.message), Some("inputs")))?,
             )),
             _ => {
                 return Err(ApiError::invalid(
@@ -83,6 +96,7 @@ pub(crate) async fn score_queued(s: &Shared, inputs: Vec<(String, Vec<String>, b
 /// the result of each is one `[p_bad, p_good]` per step tag in it.
 pub(crate) async fn pooling(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let v = parse(&s, &body)?;
+    drop(body);
     let (_, verifier) = s.prm.as_ref().expect("checked");
     let tag = match &verifier.layout {
         PrmLayout::QwenPrm { step_token, .. } => step_token.clone(),
@@ -98,17 +112,19 @@ pub(crate) async fn pooling(State(s): State<Shared>, body: Bytes) -> Result<Json
         .tokenizer
         .token_id(&tag)
         .ok_or_else(|| ApiError::internal(anyhow::anyhow!("the tokenizer has no `{tag}` token")))?;
+    let mut v = v;
     let input = v
-        .get("input")
+        .get_mut("input")
+        .map(Value::take)
         .ok_or_else(|| ApiError::invalid("`input` is missing", Some("input")))?;
     let single = input.is_string()
         || input
             .as_array()
             .is_some_and(|a| a.first().is_some_and(Value::is_number));
-    let items: Vec<&Value> = if single {
-        vec![input]
-    } else {
-        input.as_array().map(|a| a.iter().collect()).unwrap_or_default()
+    let items: Vec<Value> = match input {
+        one if single => vec![one],
+        Value::Array(many) => many,
+        _ => Vec::new(),
     };
     if items.is_empty() {
         return Err(ApiError::invalid(
@@ -116,47 +132,57 @@ pub(crate) async fn pooling(State(s): State<Shared>, body: Bytes) -> Result<Json
             Some("input"),
         ));
     }
-    let vocab = verifier.model.config.vocab_size as u64;
-    let limit = verifier.model.config.max_position_embeddings;
-    let mut batch = Vec::with_capacity(items.len());
-    for (k, item) in items.into_iter().enumerate() {
-        let ids: Vec<u32> = match item {
-            Value::String(t) => verifier.tokenizer.encode(t, true).map_err(ApiError::internal)?,
-            Value::Array(a) => a
-                .iter()
-                .map(|x| x.as_u64().filter(|&i| i < vocab).map(|i| i as u32))
-                .collect::<Option<_>>()
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("input[{k}]: token ids must be integers below {vocab}"),
+    check_count(&s, items.len(), "input")?;
+    let model = v.get("model").cloned().unwrap_or(Value::Null);
+    drop(v);
+    let state = s.clone();
+    let batch = super::off_async(move || {
+        let (_, verifier) = state.prm.as_ref().expect("checked");
+        let vocab = verifier.model.config.vocab_size as u64;
+        let limit = verifier.model.config.max_position_embeddings;
+        let mut batch = Vec::with_capacity(items.len());
+        for (k, item) in items.into_iter().enumerate() {
+            let ids: Vec<u32> = match item {
+                Value::String(t) => super::encode_within(&verifier.tokenizer, &t, true, limit, "input")
+                    .map_err(|e| ApiError::invalid(format!("input[{k}]: {}", e.message), Some("input")))?,
+                Value::Array(a) => a
+                    .iter()
+                    .map(|x| x.as_u64().filter(|&i| i < vocab).map(|i| i as u32))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            format!("input[{k}]: token ids must be integers below {vocab}"),
+                            Some("input"),
+                        )
+                    })?,
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("input[{k}]: a text or a list of token ids"),
                         Some("input"),
-                    )
-                })?,
-            _ => {
+                    ))
+                }
+            };
+            if ids.is_empty() || ids.len() > limit {
                 return Err(ApiError::invalid(
-                    format!("input[{k}]: a text or a list of token ids"),
+                    format!("input[{k}]: {} tokens; this model reads 1 to {limit}", ids.len()),
                     Some("input"),
-                ))
+                ));
             }
-        };
-        if ids.is_empty() || ids.len() > limit {
-            return Err(ApiError::invalid(
-                format!("input[{k}]: {} tokens; this model reads 1 to {limit}", ids.len()),
-                Some("input"),
-            ));
+            let positions = ids
+                .iter()
+                .enumerate()
+                .filter(|(_, &t)| t == tag_id)
+                .map(|(i, _)| i)
+                .collect();
+            batch.push(Encoded {
+                ids,
+                positions,
+                steps_from: 0,
+            });
         }
-        let positions = ids
-            .iter()
-            .enumerate()
-            .filter(|(_, &t)| t == tag_id)
-            .map(|(i, _)| i)
-            .collect();
-        batch.push(Encoded {
-            ids,
-            positions,
-            steps_from: 0,
-        });
-    }
+        Ok(batch)
+    })
+    .await?;
     let tokens: usize = batch.iter().map(|e| e.ids.len()).sum();
     let state = s.clone();
     let rewards = tokio::task::spawn_blocking(move || {
@@ -174,7 +200,7 @@ pub(crate) async fn pooling(State(s): State<Shared>, body: Bytes) -> Result<Json
         .collect();
     Ok(Json(json!({
         "id": format!("pool-{:016x}", rand::random::<u64>()), "object": "list",
-        "created": super::unix_now(), "model": v.get("model").cloned().unwrap_or(Value::Null),
+        "created": super::unix_now(), "model": model,
         "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })))
 }

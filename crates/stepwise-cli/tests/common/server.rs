@@ -1,0 +1,132 @@
+//! `stepwise serve` for the tests: started on the fixture policy and PRM on a free port, and
+//! spoken to in raw HTTP/1.1 (so the tests see exactly what a client would).
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+
+use super::fixture;
+
+/// `stepwise serve` on a free port; killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn serve(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "serve",
+            "--model",
+            &fixture("qwen2-policy"),
+            "--prm",
+            &fixture("qwen2-prm"),
+            "--port",
+            "0",
+        ])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("serve exited").unwrap();
+        if let Some(addr) = line.strip_prefix("stepwise serve: listening on ") {
+            break addr.to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, url }
+}
+
+/// POST a JSON body to `url` + `path` and return the reply's JSON.
+pub fn post(url: &str, path: &str, body: &Value) -> Value {
+    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    let text = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+        text.len()
+    )
+    .unwrap();
+    let reply = read_http(&mut s).unwrap();
+    let end = reply.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    serde_json::from_slice(&reply[end + 4..]).unwrap()
+}
+
+/// One HTTP message (head and a body of `content-length` bytes) from a stream.
+pub fn read_http(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let n = s.read(&mut chunk).ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            return Some(buf);
+        }
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// GET `path` from `url`: the status line and the body.
+pub fn get(url: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let status = reply.lines().next().unwrap_or_default().to_string();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Send `request` (raw bytes) to `url` and read until the server closes: the status line and
+/// the body (chunked bodies left as sent).
+pub fn exchange(url: &str, request: &[u8]) -> (String, String) {
+    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    s.write_all(request).unwrap();
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let status = reply.lines().next().unwrap_or_default().to_string();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A POST of `body` with `connection: close` and extra header lines (each ending in `\r\n`).
+pub fn post_request(path: &str, headers: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{headers}\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
