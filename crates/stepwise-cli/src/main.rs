@@ -62,15 +62,9 @@ Run `stepwise <command> --help` for the details of each."
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// What models loaded for inference compute in. `auto`: as the checkpoint stores its weights
-    /// (a bf16 checkpoint is held in bf16, half the memory of f32, and multiplied in bf16 with
-    /// f32 sums on CPUs with AVX512_BF16, as PyTorch and vLLM do; elsewhere its weights are
-    /// widened inside the kernels). `f32`: weights widened at load, f32 arithmetic (within 1e-4 of
-    /// transformers in f32). `bf16`: f32 checkpoints rounded to bf16 at load too.
-    /// `bf16-weights`: weights held in bf16 but multiplied in f32 (a bf16 checkpoint then gives
-    /// exactly the `f32` results at half the memory, at f32 speed). Training keeps f32 weights.
-    #[arg(long, global = true, default_value = "auto", value_parser = ["auto", "f32", "bf16", "bf16-weights"])]
-    dtype: String,
+    /// Before the command, as earlier versions took it: the command's own `--dtype`.
+    #[arg(long, hide = true, value_parser = cmd::backend::DTYPES)]
+    dtype: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -119,12 +113,9 @@ fn main() {
             _ => std::process::exit(e.exit_code()),
         },
     };
-    let (weights, bf16_products) = match cli.dtype.as_str() {
-        "bf16-weights" => (stepwise_model::WeightDtype::Bf16, false),
-        d => (d.parse().expect("clap checked the value"), true),
-    };
-    stepwise_model::set_weight_dtype(weights);
-    stepwise_model::set_bf16_products(bf16_products);
+    if let Some(d) = &cli.dtype {
+        cmd::backend::apply_dtype(d);
+    }
     let result = match cli.command {
         Command::Lab(a) => cmd::lab::run_lab(a),
         Command::Convert(a) => cmd::convert::run(a),

@@ -2,7 +2,8 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// A bar over `len` items (a spinner when `len` is unknown), hidden when stderr is not a terminal.
+/// A bar over `len` items (a spinner when `len` is unknown); where stderr is not a terminal, a
+/// plain line every few seconds instead ([`stepwise_lab::progress::in_logs`]).
 pub fn bar(len: Option<u64>, what: &str) -> ProgressBar {
     let pb = match len {
         Some(n) => ProgressBar::new(n),
@@ -14,5 +15,6 @@ pub fn bar(len: Option<u64>, what: &str) -> ProgressBar {
     };
     pb.set_style(ProgressStyle::with_template(template).unwrap().progress_chars("=> "));
     pb.set_message(what.to_string());
+    stepwise_lab::progress::in_logs(&pb);
     pb
 }

@@ -66,6 +66,48 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
     assert!(err.contains("`rollouts`: 3 then, 4 now"), "{err}");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
     assert!(!d.join("labeled.jsonl.lock").exists(), "the lock went with the run");
+    // The same checkpoint by another spelling resumes (nothing left to do).
+    let slashed = format!("{}/", fixture("qwen2-policy"));
+    let mut respelled = args.to_vec();
+    respelled[2] = &slashed;
+    stepwise(&respelled);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
+    // An edited input, or another checkpoint behind the same path: refused, naming which.
+    let refused_for = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let mut edited = rows.clone();
+    edited[1]["question"] = "What is 3 * 5?".into();
+    let edited_input = d.join("edited.jsonl");
+    write_jsonl(&edited_input, &edited);
+    let mut on_edited = args.to_vec();
+    on_edited[4] = edited_input.to_str().unwrap();
+    let err = refused_for(&on_edited);
+    assert!(err.contains("`input`"), "{err}");
+    let copy = d.join("policy-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in std::fs::read_dir(fixture("qwen2-policy")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
+    }
+    let copied_out = d.join("copied.jsonl");
+    let mut on_copy = args.to_vec();
+    on_copy[2] = copy.to_str().unwrap();
+    on_copy[6] = copied_out.to_str().unwrap();
+    stepwise(&on_copy);
+    // Retrained in place: same shapes, one weight changed.
+    let weights = copy.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let at = bytes.len() - 1000;
+    bytes[at] ^= 0x40;
+    std::fs::write(&weights, bytes).unwrap();
+    let err = refused_for(&on_copy);
+    assert!(err.contains("`policy`"), "{err}");
     // Binary search for the first error: hard labels, fewer rollouts than a step-by-step run.
     let bs = d.join("bs.jsonl");
     let mut bs_args = args.to_vec();
@@ -318,6 +360,71 @@ fn train_prm_folders_are_scored_by_score() {
             assert_ne!(newline, scores, "the separator in reward.json was not used");
         }
     }
+}
+
+/// `train-prm` on a file sorted by outcome (as ProcessBench is): validation is drawn from whole
+/// problems at random, so it holds both outcomes (the first lines held only correct ones, and
+/// the ORM's validation AUROC was undefined); a run that fails before its first checkpoint
+/// leaves no folder behind.
+#[test]
+fn train_prm_validates_on_random_problems_and_leaves_nothing_when_it_fails() {
+    let d = tmp("train-split");
+    let data = d.join("sorted.jsonl");
+    let rows: Vec<Value> = (0..40)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "problem_id": format!("p{}", i / 2), "question": format!("count from {i}"),
+                   "correct": i < 20, "steps": [step(&format!("{}", i + 1), 0.0, true), step(&format!("{}", i + 2), 0.0, i < 20)]})
+        })
+        .collect();
+    write_jsonl(&data, &rows);
+    let out = d.join("orm");
+    let data_arg = data.to_str().unwrap().to_string();
+    let out_arg = out.to_str().unwrap().to_string();
+    let base = fixture("qwen2-policy");
+    let args = [
+        "train-prm",
+        "--data",
+        &data_arg,
+        "--base",
+        &base,
+        "--outcome",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--valid-fraction",
+        "0.25",
+        "--out",
+        &out_arg,
+    ];
+    stepwise(&args);
+    let metrics: Value = serde_json::from_str(&std::fs::read_to_string(out.join("metrics.json")).unwrap()).unwrap();
+    assert!(
+        metrics["auroc"].is_number(),
+        "validation holds one outcome only: {metrics}"
+    );
+    // Nothing to learn from: refused, and the folder it would have written is not left behind.
+    let unlabelled = d.join("unlabelled.jsonl");
+    write_jsonl(
+        &unlabelled,
+        &[json!({"id": "u", "question": "q", "steps": [{"text": "1"}]})],
+    );
+    let failed_out = d.join("failed");
+    let failed = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "train-prm",
+            "--data",
+            unlabelled.to_str().unwrap(),
+            "--base",
+            &base,
+            "--steps",
+            "3",
+        ])
+        .args(["--out", failed_out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    assert!(!failed_out.exists(), "a failed run left {}", failed_out.display());
 }
 
 /// The tensors of a safetensors file: name → dtype, and its metadata.
@@ -874,7 +981,7 @@ fn dtype_states_what_is_computed() {
     let prm = fixture("qwen2-prm");
     let scores = |dtype: &str| {
         let out = d.join(format!("{dtype}.jsonl"));
-        let args = ["--dtype", dtype, "score", "--model", &prm, "--input"];
+        let args = ["score", "--dtype", dtype, "--model", &prm, "--input"];
         stepwise(&[&args[..], &[data.to_str().unwrap(), "--output", out.to_str().unwrap()]].concat());
         common::step_scores(&std::fs::read_to_string(&out).unwrap(), "prm")
     };
@@ -900,4 +1007,72 @@ fn dtype_states_what_is_computed() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("bf16-weights"));
+}
+
+/// In a log (stderr not a terminal), long commands print their progress as plain lines.
+#[test]
+fn progress_shows_in_logs() {
+    let d = tmp("progress");
+    let input = d.join("many.jsonl");
+    let rows: Vec<Value> = (0..400)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "problem": format!("What is {i} + 1?"),
+                   "steps": [format!("{i} + 1 = {}.", i + 1), format!("The answer is {}.", i + 1)],
+                   "label": -1, "final_answer_correct": true})
+        })
+        .collect();
+    write_jsonl(&input, &rows);
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(["score", "--model", &fixture("qwen2-prm"), "--batch-size", "2"])
+        .args([
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            d.join("out.jsonl").to_str().unwrap(),
+        ])
+        .env("STEPWISE_PROGRESS_EVERY", "0.01")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.lines().any(|l| l.starts_with("scoring: ") && l.contains("/400")),
+        "no progress line in\n{log}"
+    );
+}
+
+/// `eval prmbench` on PRMBench records scored by `score`: every error type present reported,
+/// with every step counted and the error steps as the file marks them.
+#[test]
+fn eval_prmbench_reports_prm_score_by_error_type() {
+    let d = tmp("prmbench");
+    let sample = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../stepwise-core/tests/data/prmbench_sample.jsonl");
+    let scored = d.join("scored.jsonl");
+    stepwise(&[
+        "score",
+        "--model",
+        &fixture("qwen2-prm"),
+        "--input",
+        sample.to_str().unwrap(),
+        "--output",
+        scored.to_str().unwrap(),
+    ]);
+    let out = stepwise(&["eval", "prmbench", "--input", scored.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in [
+        "Non-Circular Logic (NCL)",
+        "Non-Redundancy (NR)",
+        "Empirical Soundness (ES)",
+        "Step Consistency (SC)",
+        "overall",
+    ] {
+        assert!(text.contains(name), "{name} missing in\n{text}");
+    }
+    let json: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(json["overall"]["steps"], 5 + 3 + 3 + 2);
+    assert_eq!(json["overall"]["error_steps"], 2 + 1 + 2 + 1);
+    assert_eq!(json["by_type"]["circular"]["error_steps"], 2);
+    let p = json["overall"]["prm_score"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&p), "{json}");
+    assert!(json["by_group"]["simplicity"].is_number(), "{json}");
 }

@@ -91,6 +91,19 @@ pub fn sort_like<'a, T>(kept: &mut [T], keys: impl Iterator<Item = &'a str>, key
     kept.sort_by_key(|r| order.get(key(r)).copied().unwrap_or(usize::MAX));
 }
 
+/// A fingerprint of `items` (each as its JSON): equal for the same records, different when any
+/// record's content, or their order or number, changes. Recorded with a resumable output's
+/// settings, so a resume on an edited input is refused instead of keeping stale records.
+pub fn fingerprint<T: Serialize>(items: &[T]) -> Result<String> {
+    use std::hash::Hasher;
+    let mut h = twox_hash::XxHash64::with_seed(0);
+    for item in items {
+        h.write(serde_json::to_string(item)?.as_bytes());
+        h.write_u8(b'\n');
+    }
+    Ok(format!("{:016x}", h.finish()))
+}
+
 /// A claim on an output that a run appends to and resumes (a journal, a run folder's marker):
 /// no other process writes it while the claim lives, and a run with other settings than the
 /// output was started with is refused.

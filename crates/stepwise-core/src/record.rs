@@ -269,10 +269,24 @@ impl StepLabel {
     }
 }
 
+/// Most steps one solution may have. Real chains have tens to hundreds (ProcessBench's longest
+/// has under 100); a record past this is refused rather than held, so a file's memory stays in
+/// proportion to a sane record, whatever a broken or hostile file holds.
+pub const MAX_STEPS: usize = 100_000;
+
 impl Solution {
-    /// Values outside their domain, with the field's path: a soft label that is not a
-    /// probability in [0, 1], a step score that is not a finite number.
+    /// Values outside their domain, with the field's path: more than [`MAX_STEPS`] steps, a soft
+    /// label that is not a probability in [0, 1], a step score that is not a finite number.
     pub fn check_values(&self) -> Result<(), crate::FieldError> {
+        if self.steps.len() > MAX_STEPS {
+            return Err(crate::FieldError::new(
+                "steps",
+                format!(
+                    "{} steps; a solution may have at most {MAX_STEPS} (is this one step per character or per token?)",
+                    self.steps.len()
+                ),
+            ));
+        }
         for (i, step) in self.steps.iter().enumerate() {
             if let Some(LabelValue::Soft { p }) = step.label.as_ref().map(|l| l.value) {
                 if !(0.0..=1.0).contains(&p) {

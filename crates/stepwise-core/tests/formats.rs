@@ -126,6 +126,12 @@ fn processbench_real_files_round_trip_and_convert_everywhere() {
                     a.id
                 );
             }
+            // Through TRL's layout, whole records come back: ids, generators and outcomes too.
+            if f == Format::Trl {
+                let again = dir.join("trl-back.json");
+                write_solutions(&again, Format::ProcessBench, &back).unwrap();
+                assert_eq!(raw(&again), original, "{file} via trl");
+            }
         }
     }
 }
@@ -135,7 +141,7 @@ fn hand_written_records_of_each_format_round_trip() {
     let records: Vec<(Format, Value)> = vec![
         (
             Format::Trl,
-            json!({"prompt": "What is 2+3?", "completions": ["2+3=5.", "So 5."], "labels": [true, true]}),
+            json!({"prompt": "What is 2+3?", "completions": ["2+3=5.", "So 5."], "labels": [true, true], "id": "0"}),
         ),
         (
             Format::Rlhflow,
@@ -248,4 +254,40 @@ fn omegaprm_values_outside_zero_one_are_refused() {
         "reasoning_steps": {"text": "q", "mc_value": -0.1, "children": []}});
     let e = Format::OmegaPrmTree.read(&tree, 0).unwrap_err().to_string();
     assert!(e.contains("mc_value") && e.contains("-0.1"), "{e}");
+}
+
+/// PRMBench records (a few in its shape): each modified process read with its error steps bad
+/// and every other step good, the rest kept, and written back as it was.
+#[test]
+fn prmbench_records_round_trip_with_their_error_steps() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/prmbench_sample.jsonl");
+    let sols = assert_lossless(&path, Format::PrmBench);
+    assert_eq!(sols.len(), 4);
+    let circular = &sols[0];
+    assert_eq!(circular.id, "circular_prm_test_p1_0");
+    let good: Vec<bool> = circular
+        .steps
+        .iter()
+        .map(|s| s.label.as_ref().unwrap().is_good())
+        .collect();
+    assert_eq!(
+        good,
+        vec![true, true, false, false, true],
+        "error steps 3 and 4 (1-based)"
+    );
+    assert_eq!(circular.meta["classification"], "circular");
+    assert_eq!(circular.first_error(), Some(2));
+    // Detected from the first record.
+    let detected = read_solutions(&path, None).unwrap();
+    assert_eq!(detected.len(), 4);
+    // A step number outside the process names the field.
+    let dir = scratch("prmbench-bad");
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        r#"{"idx": "x", "modified_question": "q", "modified_process": ["a", "b"], "error_steps": [3], "classification": "circular"}"#,
+    )
+    .unwrap();
+    let err = read_solutions(&bad, None).unwrap_err().to_string();
+    assert!(err.contains("error_steps[0]") && err.contains(":1"), "{err}");
 }

@@ -125,6 +125,46 @@ fn soft_labels_outside_zero_one_are_errors_with_their_field() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A solution with more steps than any real chain is refused naming the file, the line and
+/// `steps`, in every format, instead of being held in memory.
+#[test]
+fn absurd_step_counts_are_refused_with_their_line() {
+    let dir = std::env::temp_dir().join(format!("stepwise-many-steps-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let many: Vec<String> = (0..=stepwise_core::record::MAX_STEPS)
+        .map(|i| format!("s{i}"))
+        .collect();
+    let under: Vec<String> = many[..100].to_vec();
+    for (name, record) in [
+        (
+            "processbench.jsonl",
+            serde_json::json!({"id": "b", "problem": "q", "steps": many, "label": -1, "final_answer_correct": true}),
+        ),
+        (
+            "stepwise.jsonl",
+            serde_json::json!({"id": "b", "problem_id": "p", "question": "q",
+                               "steps": many.iter().map(|t| serde_json::json!({"text": t})).collect::<Vec<_>>()}),
+        ),
+    ] {
+        let path = dir.join(name);
+        let mut fine = record.clone();
+        fine["id"] = "a".into();
+        fine["steps"] = match &record["steps"][0] {
+            serde_json::Value::String(_) => serde_json::json!(under),
+            _ => serde_json::json!(under.iter().map(|t| serde_json::json!({"text": t})).collect::<Vec<_>>()),
+        };
+        std::fs::write(&path, format!("{fine}\n{record}\n")).unwrap();
+        let err = stepwise_core::io::read_solution_set(&path, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(":2") && err.contains("`steps`") && err.contains("at most"),
+            "{name}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Numbers survive a read and a write exactly: step scores (f32) and fields stepwise does not
 /// know, kept verbatim (f64), on random bit patterns, including the ones a parser that is only
 /// "within one ulp" gets wrong (serde_json's `float_roundtrip`).

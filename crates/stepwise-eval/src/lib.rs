@@ -4,5 +4,6 @@
 pub mod bon;
 pub mod labels;
 pub mod plot;
+pub mod prmbench;
 pub mod processbench;
 pub mod ranking;

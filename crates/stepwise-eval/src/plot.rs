@@ -123,7 +123,9 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    for (area, (title, curves)) in root.split_evenly((1, panels.len().max(1))).iter().zip(panels) {
+    // Panels stacked (one 900×600 chart each): side by side they were 2,700 pixels wide and
+    // squeezed unreadable into a report's column.
+    for (area, (title, curves)) in root.split_evenly((panels.len().max(1), 1)).iter().zip(panels) {
         draw_curves(area, title, x_desc, curves)?;
     }
     root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -136,18 +138,19 @@ pub fn bon_plot(stem: &Path, title: &str, curves: &[Curve]) -> Result<()> {
 }
 
 /// Accuracy against a budget on a log scale (each point's `n`: samples, tokens), one panel per
-/// `(title, curves)` side by side, to `stem.png` and `stem.svg`.
+/// `(title, curves)`, stacked, to `stem.png` and `stem.svg`.
 pub fn scaling_plot(stem: &Path, x_desc: &str, panels: &[(String, Vec<Curve>)]) -> Result<()> {
     ensure_font()?;
-    let w = 900 * panels.len().max(1) as u32;
+    let h = 600 * panels.len().max(1) as u32;
     let png = stem.with_extension("png");
-    draw_panels(BitMapBackend::new(&png, (w, 600)).into_drawing_area(), x_desc, panels)?;
+    draw_panels(BitMapBackend::new(&png, (900, h)).into_drawing_area(), x_desc, panels)?;
     let svg = stem.with_extension("svg");
-    draw_panels(SVGBackend::new(&svg, (w, 600)).into_drawing_area(), x_desc, panels)?;
+    draw_panels(SVGBackend::new(&svg, (900, h)).into_drawing_area(), x_desc, panels)?;
     Ok(())
 }
 
-/// Reliability diagrams, one series per scorer: `(label, bins of (mean p, frequency, count))`.
+/// Reliability diagrams, one series per scorer: `(label, bins of (mean p, frequency, count))`,
+/// each bin's count written beside its point.
 pub fn calibration_plot(stem: &Path, series: &[CalibrationSeries]) -> Result<()> {
     ensure_font()?;
     fn draw<DB: DrawingBackend>(
@@ -185,6 +188,17 @@ pub fn calibration_plot(stem: &Path, series: &[CalibrationSeries]) -> Result<()>
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
             chart
                 .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(e)?;
+            // Each bin's count beside its point: a bin of 3 steps says little.
+            chart
+                .draw_series(bins.iter().map(|b| {
+                    EmptyElement::at((b.0, b.1))
+                        + Text::new(
+                            format!("n={}", b.2),
+                            (6, -16),
+                            ("sans-serif", 12).into_font().color(&color),
+                        )
+                }))
                 .map_err(e)?;
         }
         chart
@@ -230,11 +244,15 @@ pub fn panels_plot(stem: &Path, title: &str, x_desc: &str, panels: &[Panel]) -> 
         for (area, (y_desc, series)) in root.split_evenly((panels.len().max(1), 1)).into_iter().zip(panels) {
             let pts = series.iter().flat_map(|(_, p)| p.iter());
             let (mut x1, mut y0, mut y1) = (1f64, f64::INFINITY, f64::NEG_INFINITY);
+            let mut whole_x = true;
             for &(x, y) in pts {
                 x1 = x1.max(x);
                 y0 = y0.min(y);
                 y1 = y1.max(y);
+                whole_x &= x.fract() == 0.0;
             }
+            // Counts on the x axis (updates) get whole-number ticks only: at most one per unit.
+            let x_ticks = if whole_x { (x1 as usize + 1).min(10) } else { 10 };
             if !y0.is_finite() {
                 (y0, y1) = (0.0, 1.0);
             }
@@ -248,6 +266,14 @@ pub fn panels_plot(stem: &Path, title: &str, x_desc: &str, panels: &[Panel]) -> 
             chart
                 .configure_mesh()
                 .light_line_style(WHITE)
+                .x_labels(x_ticks)
+                .x_label_formatter(&|x| {
+                    if whole_x {
+                        format!("{}", x.round())
+                    } else {
+                        format!("{x}")
+                    }
+                })
                 .x_desc(x_desc)
                 .y_desc(y_desc.as_str())
                 .draw()

@@ -8,7 +8,7 @@ pub mod confidence;
 mod html;
 pub mod oracle;
 pub mod preset;
-mod progress;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod splits;

@@ -31,7 +31,7 @@ pub use incremental::IncrementalScorer;
 pub use kernels::{bf16_products, set_bf16_products};
 pub use kv_rows::RowsCache;
 pub use layout::PrmLayout;
-pub use model::{set_weight_dtype, weight_dtype, Model, WeightDtype};
+pub use model::{checkpoint_fingerprint, set_weight_dtype, weight_dtype, Model, WeightDtype};
 pub use packed::{token_batches, Packed};
 pub use placement::Placement;
 pub use policy::{EnginePolicy, LoadedPolicy, Prompt};

@@ -154,6 +154,7 @@ impl Model {
 
     fn load_held(dir: &Path, config: ModelConfig, device: &Device, hold: WeightDtype) -> Result<Self> {
         let files = weight_files(dir)?;
+        check_layer_count(&config, &files)?;
         let tensors = load_tensors(&files, device, hold)?;
         check_tensors(&config, &tensors, &files)?;
         let vb = VarBuilder::from_backend(Box::new(HeldTensors(tensors)), DType::F32, device.clone());
@@ -341,6 +342,83 @@ pub fn good_logit(logits: &Tensor) -> Result<Tensor> {
     })
 }
 
+/// Refuses a `config.json` whose `num_hidden_layers` asks for more layers than the checkpoint
+/// holds, reading only the files' headers: before anything is sized by the layer count (a
+/// `num_hidden_layers` of 1e9 allocated gigabytes before this).
+pub(crate) fn check_layer_count(cfg: &ModelConfig, files: &[PathBuf]) -> Result<()> {
+    let mut layers = 0;
+    for f in files {
+        let file = std::fs::File::open(f).with_context(|| format!("opening {}", f.display()))?;
+        // SAFETY: the map is read-only and dropped before returning; a file changed meanwhile
+        // at worst gives a wrong header, which is an error.
+        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", f.display()))?;
+        let (_, meta) =
+            safetensors::SafeTensors::read_metadata(&map).with_context(|| format!("reading {}", f.display()))?;
+        for name in meta.tensors().keys() {
+            if let Some(i) = name
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok())
+            {
+                layers = layers.max(i + 1);
+            }
+        }
+    }
+    if cfg.num_hidden_layers > layers {
+        let names = files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        bail!(
+            "{names}: config.json's num_hidden_layers is {}, but the checkpoint holds {layers} layers: tensor `model.layers.{}.self_attn.q_proj.weight` is missing",
+            cfg.num_hidden_layers,
+            cfg.num_hidden_layers - 1
+        );
+    }
+    Ok(())
+}
+
+/// What identifies a checkpoint's contents, cheaply: its `config.json`, and every weight file's
+/// size, safetensors header (names, dtypes, shapes, offsets) and 16 blocks of 64 KiB sampled
+/// across its data, hashed (xxHash64). The same files at another path give the same
+/// fingerprint; a checkpoint retrained in place, even to the same shapes, another (every block
+/// of its weights differs). Recorded with resumable outputs, so a resume with another model
+/// behind the same path is refused.
+pub fn checkpoint_fingerprint(dir: &Path) -> Result<String> {
+    use std::hash::Hasher;
+    use std::io::{Read, Seek, SeekFrom};
+    const BLOCKS: u64 = 16;
+    const BLOCK: u64 = 64 << 10;
+    let mut h = twox_hash::XxHash64::with_seed(0);
+    let config = dir.join("config.json");
+    h.write(&std::fs::read(&config).with_context(|| format!("reading {}", config.display()))?);
+    let mut block = vec![0u8; BLOCK as usize];
+    for f in weight_files(dir)? {
+        let mut file = std::fs::File::open(&f).with_context(|| format!("opening {}", f.display()))?;
+        let size = file.metadata()?.len();
+        h.write_u64(size);
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len)
+            .with_context(|| format!("reading {}", f.display()))?;
+        let header = u64::from_le_bytes(len).min(size.saturating_sub(8));
+        let mut head = vec![0u8; header as usize];
+        file.read_exact(&mut head)
+            .with_context(|| format!("reading {}", f.display()))?;
+        h.write(&head);
+        let data = size - 8 - header;
+        for k in 0..BLOCKS {
+            let at = 8 + header + data.saturating_sub(BLOCK) * k / (BLOCKS - 1);
+            let n = BLOCK.min(size - at) as usize;
+            file.seek(SeekFrom::Start(at))?;
+            file.read_exact(&mut block[..n])
+                .with_context(|| format!("reading {}", f.display()))?;
+            h.write(&block[..n]);
+        }
+    }
+    Ok(format!("{:016x}", h.finish()))
+}
+
 /// The safetensors files of a checkpoint folder.
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
@@ -355,7 +433,24 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
             .get("weight_map")
             .and_then(|m| m.as_object())
             .with_context(|| format!("{}: field `weight_map` missing", index.display()))?;
-        let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
+        let mut files = Vec::with_capacity(map.len());
+        for (tensor, f) in map {
+            let f = f
+                .as_str()
+                .with_context(|| format!("{}: weight_map[{tensor:?}] is not a file name", index.display()))?;
+            // A shard is a file inside the folder: never `../x` or `/etc/hostname`.
+            let inside = !f.is_empty()
+                && Path::new(f)
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !inside {
+                bail!(
+                    "{}: weight_map[{tensor:?}] names `{f}`, outside the model folder (shards are files inside it)",
+                    index.display()
+                );
+            }
+            files.push(dir.join(f));
+        }
         files.sort();
         files.dedup();
         return Ok(files);
@@ -624,18 +719,31 @@ pub fn save_training_checkpoint(dir: &Path, config: &ModelConfig, varmap: &VarMa
     write_safetensors_atomically(&varmap_tensors(config, varmap, DType::F32)?, &exact)
 }
 
-/// Set `varmap` from the checkpoint in `dir` that [`save_training_checkpoint`] wrote: its
-/// exact f32 weights when it has them, else `model.safetensors`.
+/// The last training step's exact weights, kept beside a checkpoint that holds the best
+/// validation's instead (see `TrainConfig::keep_best`).
+pub const LAST_WEIGHTS: &str = "last_weights.safetensors";
+
+/// Set `varmap` from the checkpoint in `dir` that [`save_training_checkpoint`] wrote, to resume
+/// training: the last step's weights ([`LAST_WEIGHTS`]) when the checkpoint holds the best ones,
+/// else its exact f32 weights when it has them, else `model.safetensors`.
 pub fn load_training_checkpoint(varmap: &VarMap, dir: &Path) -> Result<()> {
+    let last = dir.join(LAST_WEIGHTS);
     let exact = dir.join(TRAINING_WEIGHTS);
     load_into(
         varmap,
-        &if exact.exists() {
+        &if last.exists() {
+            last
+        } else if exact.exists() {
             exact
         } else {
             dir.join("model.safetensors")
         },
     )
+}
+
+/// `varmap`'s weights, exactly (f32), into one safetensors file at `path`.
+pub fn save_exact_weights(config: &ModelConfig, varmap: &VarMap, path: &Path) -> Result<()> {
+    write_safetensors_atomically(&varmap_tensors(config, varmap, DType::F32)?, path)
 }
 
 /// The checkpoint's tensors from `varmap` in `dtype` (a tied output layer left out).

@@ -1,6 +1,7 @@
 //! A fuzzer over `config.json`: every field of every fixture checkpoint set to values that are
 //! wrong, odd or extreme. Loading and scoring either work or fail with an error naming what is
-//! wrong; nothing panics.
+//! wrong; nothing panics, and nothing is sized by a value before it is checked (sizes such as
+//! 1e9, which pass as numbers, once allocated gigabytes and aborted).
 
 use candle_core::{Device, Tensor};
 use serde_json::{json, Value};
@@ -17,6 +18,8 @@ fn mutations() -> Vec<Value> {
         json!(2),
         json!(3),
         json!(-1),
+        json!(100_000),
+        json!(1_000_000_000),
         json!(1e12),
         json!(0.5),
         json!(f64::MAX),
@@ -125,4 +128,21 @@ fn an_enormous_solution_is_refused_before_tokenizing() {
     let huge = "7 + 8 = 15. ".repeat(1 << 20);
     let err = v.scorer().score("q", &[huge.as_str()]).unwrap_err().to_string();
     assert!(err.contains("more than the model's"), "{err}");
+}
+
+/// A sharded checkpoint's index names files inside its folder only: `../x` or an absolute path
+/// is refused naming the entry, never read.
+#[test]
+fn a_sharded_index_cannot_reach_outside_its_folder() {
+    let root = std::env::temp_dir().join(format!("stepwise-shard-index-{}", std::process::id()));
+    for (k, shard) in ["../model.safetensors", "/etc/hostname", ""].into_iter().enumerate() {
+        let dir = root.join(format!("m{k}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(fixtures().join("qwen2-prm/config.json"), dir.join("config.json")).unwrap();
+        let index = json!({"metadata": {}, "weight_map": {"model.embed_tokens.weight": shard}});
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+        let err = format!("{:#}", Model::load(&dir, &Device::Cpu).unwrap_err());
+        assert!(err.contains("outside the model folder"), "{shard}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
 }

@@ -103,5 +103,10 @@ fn bad_batches_are_errors_not_panics() {
     std::fs::copy(dir.join("model.safetensors"), d.join("model.safetensors")).unwrap();
     let err = PackedDecoder::load(&d, ModelConfig::from_dir(&d).unwrap(), Arc::new(Reference)).unwrap_err();
     assert!(err.to_string().contains("model.layers.2"), "{err}");
+    // So is one whose layer count would size buffers far past the checkpoint, before any is made.
+    config["num_hidden_layers"] = 1_000_000_000.into();
+    std::fs::write(d.join("config.json"), config.to_string()).unwrap();
+    let err = PackedDecoder::load(&d, ModelConfig::from_dir(&d).unwrap(), Arc::new(Reference)).unwrap_err();
+    assert!(err.to_string().contains("holds 2 layers"), "{err}");
     let _ = std::fs::remove_dir_all(&d);
 }

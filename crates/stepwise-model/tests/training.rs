@@ -223,6 +223,71 @@ fn interrupted_training_resumes_to_the_same_weights() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// With `keep_best`, a run ends with its best validation's weights, in memory and in its folder,
+/// however far the later steps wander (here a learning rate that overshoots), and a resumed run
+/// continues from its last step's weights, not the best ones.
+#[test]
+fn keep_best_ends_with_the_best_validation_and_resumes_from_the_last_step() {
+    let tok = tokenizer();
+    let ex = label_examples(&tok, &solutions(64, 5), &LabelOptions::default()).unwrap();
+    let (train_set, valid) = ex.split_at(48);
+    let dir = std::env::temp_dir().join(format!("stepwise-keep-best-{}", std::process::id()));
+    for out_dir in [None, Some(dir.clone())] {
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = TrainConfig {
+            lr: 0.3,
+            warmup: 1,
+            steps: 12,
+            batch_size: 8,
+            eval_every: 1,
+            out_dir: out_dir.clone(),
+            keep_best: true,
+            ..Default::default()
+        };
+        let varmap = VarMap::new();
+        let mut m = tiny_prm(&tok, &varmap);
+        let state = train(&mut m, &varmap, train_set, valid, Objective::Classify, &cfg, |_, _| {}).unwrap();
+        let best = state.best_valid_loss.unwrap();
+        let best_step = state.best_step.unwrap();
+        assert!(
+            best_step < state.step,
+            "the overshooting run was best at its end: no test"
+        );
+        let now = evaluate(&m, valid, Objective::Classify, 64).unwrap().loss;
+        assert!((now - best).abs() < 1e-6, "ends at loss {now}, best was {best}");
+        if out_dir.is_some() {
+            std::fs::copy(tokenizer_dir().join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+            let loaded = Model::load(&dir, &Device::Cpu).unwrap();
+            let stored = evaluate(&loaded, valid, Objective::Classify, 64).unwrap().loss;
+            assert!(
+                (stored - best).abs() < 1e-4,
+                "the folder holds loss {stored}, best was {best}"
+            );
+            // Resumed for more steps: from the last step's weights, which differ from the best.
+            let more = TrainConfig {
+                steps: 13,
+                ..cfg.clone()
+            };
+            let varmap2 = VarMap::new();
+            let mut m2 = tiny_prm(&tok, &varmap2);
+            stepwise_model::model::load_training_checkpoint(&varmap2, &dir).unwrap();
+            let last = evaluate(&m2, valid, Objective::Classify, 64).unwrap().loss;
+            assert!((last - best).abs() > 1e-6, "resuming would start from the best weights");
+            train(
+                &mut m2,
+                &varmap2,
+                train_set,
+                valid,
+                Objective::Classify,
+                &more,
+                |_, _| {},
+            )
+            .unwrap();
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A verifier started from a checkpoint with the same head keeps that head (weights and biases);
 /// one with another head starts its head fresh and drops the old one.
 #[test]

@@ -105,6 +105,8 @@ pub fn annotate<'py>(
             judge_seam.as_deref().map(|j| (j, format)),
         )?;
         let annotator = annotators.get();
+        let mut claim = claim;
+        claim["input"] = stepwise_core::journal::fingerprint(&sols)?.into();
         let (labelled, _) = with_journal(output.as_deref(), &claim, |path| {
             annotate_resumable(path, &sols, &*annotator, |_| {})
         })?;
@@ -182,6 +184,8 @@ pub fn search<'py>(
     let claim = json!({"method": method, "config": config, "name": name, "separator": separator});
     let records = without_gil(py, || {
         let problems = problems_of(&values)?;
+        let mut claim = claim;
+        claim["input"] = stepwise_core::journal::fingerprint(&problems)?.into();
         let jobs: Vec<Job<'_>> = problems
             .iter()
             .map(|p| Job {

@@ -35,6 +35,17 @@ impl serde::Serialize for Source {
 }
 
 impl Source {
+    /// What a resumed output records of this model, to refuse a resume with another: a
+    /// checkpoint folder's contents ([`stepwise_model::checkpoint_fingerprint`]: the same
+    /// checkpoint by any path matches, another behind the same path does not), or the servers'
+    /// URLs (without trailing slashes).
+    pub fn identity(&self) -> Result<serde_json::Value> {
+        Ok(match self {
+            Source::Dir(d) => serde_json::json!({ "checkpoint": stepwise_model::checkpoint_fingerprint(d)? }),
+            Source::Urls(u) => serde_json::json!(u.iter().map(|u| u.trim_end_matches('/')).collect::<Vec<_>>()),
+        })
+    }
+
     /// Server URL(s) (comma-separated `http(s)://`), else a checkpoint folder or a Hugging Face
     /// model id found in the local cache.
     pub fn parse(arg: &str) -> Result<Source> {

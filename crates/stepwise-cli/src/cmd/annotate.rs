@@ -107,9 +107,13 @@ pub struct Args {
     /// How to reach a policy given by URL.
     #[command(flatten)]
     pub remote: super::backend::RemoteArgs,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     if let Some((i, s)) = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none()) {
@@ -124,7 +128,9 @@ pub fn run(a: Args) -> Result<()> {
     let _claim = stepwise_core::journal::claim(
         &a.output,
         &serde_json::json!({
-            "policy": a.policy, "method": a.method, "judge": a.judge, "judge_samples": a.judge_samples,
+            "input": stepwise_core::journal::fingerprint(&sols)?,
+            "policy": a.policy.identity()?, "method": a.method,
+            "judge": a.judge.as_ref().map(|j| j.identity()).transpose()?, "judge_samples": a.judge_samples,
             "judge_chat": a.judge_chat, "judge_format": a.judge_format, "rollouts": a.rollouts, "search_limit": a.search_limit, "temperature": a.sampling.temperature,
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
         }),

@@ -55,6 +55,45 @@ impl RemoteArgs {
     }
 }
 
+/// `--dtype`: what models loaded for inference compute in, on the commands that load them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DtypeArg {
+    /// What loaded models compute in: auto (as the checkpoint stores them), f32, bf16 or
+    /// bf16-weights.
+    ///
+    /// `auto`: as the checkpoint stores its weights (a bf16 checkpoint is held in bf16, half the
+    /// memory of f32, and multiplied in bf16 with f32 sums on CPUs with AVX512_BF16, as PyTorch
+    /// and vLLM do; elsewhere its weights are widened inside the kernels). `f32`: weights widened
+    /// at load, f32 arithmetic (within 1e-4 of transformers in f32). `bf16`: f32 checkpoints
+    /// rounded to bf16 at load too. `bf16-weights`: weights held in bf16 but multiplied in f32 (a
+    /// bf16 checkpoint then gives exactly the `f32` results at half the memory, at f32 speed).
+    /// Training keeps f32 weights. [default: auto]
+    #[arg(long, value_parser = DTYPES)]
+    pub dtype: Option<String>,
+}
+
+/// The values of `--dtype`.
+pub const DTYPES: [&str; 4] = ["auto", "f32", "bf16", "bf16-weights"];
+
+impl DtypeArg {
+    /// Make it, when given, the dtype of the models this process loads.
+    pub fn apply(&self) {
+        if let Some(d) = &self.dtype {
+            apply_dtype(d);
+        }
+    }
+}
+
+/// Make `dtype` (one of [`DTYPES`]) the dtype of the models this process loads.
+pub fn apply_dtype(dtype: &str) {
+    let (weights, bf16_products) = match dtype {
+        "bf16-weights" => (stepwise_model::WeightDtype::Bf16, false),
+        d => (d.parse().expect("clap checked the value"), true),
+    };
+    stepwise_model::set_weight_dtype(weights);
+    stepwise_model::set_bf16_products(bf16_products);
+}
+
 /// Where a local checkpoint scores, and how much one forward pass takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {

@@ -38,9 +38,13 @@ pub struct Args {
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.dtype.apply();
     if !(0.0..=1.0).contains(&a.precision) {
         bail!("--precision {}: a precision is between 0 and 1", a.precision);
     }

@@ -31,6 +31,7 @@ const FORMATS_HELP: &str = "Formats:
   omegaprm       OpenR OmegaPRM, flat ({question, final_answer, reasoning_steps: [{solution_prefix, mc_value}]})
   omegaprm-tree  OpenR OmegaPRM, tree ({reasoning_steps: {text, mc_value, children}})
   rlhflow        RLHFlow chat ({conversations: user step / assistant +/-})
+  prmbench       PRMBench ({idx, modified_question, modified_process, error_steps: [1-based], classification})
 
 Example:
   stepwise convert ../shared/data/processbench/gsm8k.json pb.trl.parquet --to trl";

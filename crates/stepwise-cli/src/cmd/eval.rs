@@ -16,12 +16,24 @@ Example:
   stepwise score --model PRM --input ../shared/data/processbench/gsm8k.json --output scored.jsonl
   stepwise eval processbench --input scored.jsonl"
     )]
-    Processbench(ProcessBenchArgs),
+    Processbench(ScoredArgs),
+    /// PRMBench's PRMScore: every step's verdict (correct or erroneous), by error type.
+    #[command(
+        after_help = "Input: PRMBench records (`{idx, modified_question, modified_process, error_steps, \
+classification}`) scored by `stepwise score`. A step is predicted correct when its score reaches --threshold. \
+For each error type, and over every step: the F1 of the correct steps, the F1 of the erroneous ones, and their mean, \
+PRMScore; each group (simplicity, soundness, sensitivity) is the mean PRMScore of its types.
+
+Example:
+  stepwise score --model PRM --input prmbench_preview.jsonl --output scored.jsonl
+  stepwise eval prmbench --input scored.jsonl"
+    )]
+    Prmbench(ScoredArgs),
 }
 
-/// Arguments of `eval processbench`.
+/// Arguments of `eval processbench` and `eval prmbench`.
 #[derive(clap::Args)]
-pub struct ProcessBenchArgs {
+pub struct ScoredArgs {
     /// Scored, labelled solutions.
     #[arg(long)]
     pub input: PathBuf,
@@ -40,10 +52,11 @@ pub struct ProcessBenchArgs {
 pub fn run(c: Command) -> Result<()> {
     match c {
         Command::Processbench(a) => processbench(a),
+        Command::Prmbench(a) => prmbench(a),
     }
 }
 
-fn processbench(a: ProcessBenchArgs) -> Result<()> {
+fn processbench(a: ScoredArgs) -> Result<()> {
     let mut pairs = Vec::new();
     for (i, s) in stepwise_core::io::read_solution_set(&a.input, a.from)?
         .into_iter()
@@ -74,5 +87,70 @@ fn processbench(a: ProcessBenchArgs) -> Result<()> {
         m.f1
     )?;
     outln!("{}", serde_json::to_string(&m)?)?;
+    Ok(())
+}
+
+fn prmbench(a: ScoredArgs) -> Result<()> {
+    use stepwise_eval::prmbench::{display_name, predict, score, Judged};
+    let sols = stepwise_core::io::read_solution_set(&a.input, a.from)?;
+    let mut judged = Vec::with_capacity(sols.len());
+    for (i, s) in sols.iter().enumerate() {
+        let scores = super::step_scores(s, &a.verifier, &a.input, i)?;
+        let error_type = s.meta.get("classification").and_then(|c| c.as_str()).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: record {} (`{}`): field `classification`: missing (PRMBench's error type)",
+                a.input.display(),
+                i + 1,
+                s.id
+            )
+        })?;
+        let truth: Option<Vec<bool>> = s
+            .steps
+            .iter()
+            .map(|st| st.label.as_ref().map(|l| l.is_good()))
+            .collect();
+        let truth =
+            truth.ok_or_else(|| anyhow::anyhow!("{}: record {}: a step without a label", a.input.display(), i + 1))?;
+        judged.push(Judged {
+            error_type,
+            steps: predict(&scores, a.threshold).into_iter().zip(truth).collect(),
+        });
+    }
+    let r = score(&judged);
+    let cell = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", 100.0 * v));
+    outln!(
+        "{:<34} {:>9} {:>7} {:>7} {:>7} {:>9}",
+        "error type",
+        "solutions",
+        "F1",
+        "F1 neg",
+        "PRMScore",
+        "accuracy"
+    )?;
+    for (t, m) in &r.by_type {
+        outln!(
+            "{:<34} {:>9} {:>7} {:>7} {:>7} {:>9}",
+            display_name(t),
+            m.solutions,
+            cell(m.f1),
+            cell(m.negative_f1),
+            cell(m.prm_score),
+            cell(m.accuracy)
+        )?;
+    }
+    let o = &r.overall;
+    outln!(
+        "{:<34} {:>9} {:>7} {:>7} {:>7} {:>9}",
+        "overall",
+        o.solutions,
+        cell(o.f1),
+        cell(o.negative_f1),
+        cell(o.prm_score),
+        cell(o.accuracy)
+    )?;
+    for (g, v) in &r.by_group {
+        outln!("{g}: PRMScore {:.1}", 100.0 * v)?;
+    }
+    outln!("{}", serde_json::to_string(&r)?)?;
     Ok(())
 }

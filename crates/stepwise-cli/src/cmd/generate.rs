@@ -65,9 +65,13 @@ pub struct Args {
     /// How to reach a policy given by URL.
     #[command(flatten)]
     pub remote: super::backend::RemoteArgs,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     let backend = a.device.open_policy(&a.model, &a.remote)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };

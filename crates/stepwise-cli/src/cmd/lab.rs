@@ -6,13 +6,17 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
 #[derive(clap::Args)]
 #[command(
     after_help = "Stages (each cached in the run folder and resumed after an interruption):
-  1. train a policy from scratch on arithmetic word problems (reference solutions, some with slips)
+  1. train a policy from scratch on arithmetic word problems (reference solutions, some with slips),
+     and the verifiers' own base LM (on the reference solutions without slips)
   2. sample N solutions per problem (shared-prefix KV cache)
-  3. annotate steps by Monte Carlo rollouts (Math-Shepherd); oracle labels from the exact checker
-  4. train a PRM on MC labels, a PRM on oracle labels and an ORM, same code and budget: each is the
-     policy fine-tuned and scores a step by its own log-likelihood of the step's tokens against a
-     constant reference (the likelihood head, the default; `--set verifier_head=log_ratio` scores
-     against the frozen policy, `--set verifier_head=classifier` trains a fresh classifier head)
+  3. label the steps five ways, rollouts completed by the verifiers' base: Monte Carlo
+     (Math-Shepherd), binary search for the first error and OmegaPRM's tree (OmegaPRM), a judge
+     fine-tuned on a small budget of oracle labels, and consensus (MC kept where the judge
+     agrees); oracle labels from the exact checker
+  4. train a PRM on each label source (MC, binary search, OmegaPRM, judge, consensus, oracle) and
+     an ORM, same code and budget, each the verifiers' base fine-tuned and scoring a step by its
+     log-likelihood against a constant reference (`--set verifier_head=log_ratio`: against the
+     base; `--set verifier_head=classifier`: a fresh classifier head)
   5. evaluate on held-out problems: best-of-N curves, ProcessBench metric, label quality
   6. test-time search on problems of its own: best-of-N, beam search, DVTS, lookahead and
      verify → resample (τ calibrated on the evaluation samples), guided by PRM-MC, PRM-oracle
@@ -44,9 +48,13 @@ pub struct Args {
     /// the fields are in the run folder's preset.json).
     #[arg(long = "set", value_name = "FIELD=VALUE")]
     pub sets: Vec<String>,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 pub fn run_lab(a: Args) -> Result<()> {
+    a.dtype.apply();
     let preset = Preset::by_name(&a.preset)?.with_overrides(&a.sets)?;
     let out = a
         .out

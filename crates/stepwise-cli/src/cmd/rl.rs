@@ -103,9 +103,13 @@ pub struct Args {
     /// Seed of prompt choice, sampling and minibatch order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.dtype.apply();
     let dev = default_device();
     let credit = match a.credit.as_str() {
         "return-to-go" => Credit::ReturnToGo,

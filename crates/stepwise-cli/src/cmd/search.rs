@@ -97,6 +97,9 @@ pub struct Args {
     /// How to reach a policy or PRM given by URL.
     #[command(flatten)]
     pub remote: super::backend::RemoteArgs,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 fn prompt_layout(name: &str) -> Result<Prompt> {
@@ -109,6 +112,7 @@ fn prompt_layout(name: &str) -> Result<Prompt> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
     let search = method(&a.method)?;
     let threshold = match (a.threshold, a.method.as_str()) {
@@ -139,16 +143,17 @@ pub fn run(a: Args) -> Result<()> {
         resample_budget: a.resample_budget,
         seed: a.seed,
     };
-    // One process per output, and only the settings it was started with.
+    let problems = super::read_problems(&a.input)?;
+    // One process per output, and only the settings (and input, and models) it was started with.
     let _claim = stepwise_core::journal::claim(
         &a.output,
         &serde_json::json!({
-            "policy": a.policy, "prm": a.prm, "layout": a.layout, "name": a.name,
+            "input": stepwise_core::journal::fingerprint(&problems)?,
+            "policy": a.policy.identity()?, "prm": a.prm.identity()?, "layout": a.layout, "name": a.name,
             "config": config, "temperature": a.sampling.temperature, "max_tokens": a.sampling.max_tokens,
             "separator": a.sampling.separator, "prompt": a.prompt, "whole": a.whole,
         }),
     )?;
-    let problems = super::read_problems(&a.input)?;
     let policy_backend = a.device.open_policy(&a.policy, &a.remote)?;
     let policy = policy_backend.policy(
         a.sampling.temperature,

@@ -114,6 +114,9 @@ pub struct Args {
     /// Seconds the requests in flight get to finish after SIGTERM or Ctrl-C.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 /// The API key: `--api-key`, else a non-empty $STEPWISE_API_KEY. An empty key is refused (it
@@ -151,6 +154,7 @@ fn seconds(flag: &str, s: f64) -> Result<Duration> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.dtype.apply();
     let cfg = ServeConfig {
         model: a.model,
         prm: a.prm,

@@ -1,6 +1,6 @@
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
-use stepwise_core::{Format, SolutionReader};
+use stepwise_core::{Format, Solution, SolutionReader};
 use stepwise_model::log_ratio::LogRatio;
 use stepwise_model::train::examples::{LabelOptions, Neutral};
 use stepwise_model::train::verifier::{Start, VerifierHead, VerifierSpec};
@@ -108,6 +108,9 @@ pub struct Args {
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 /// A built-in from-scratch shape.
@@ -121,6 +124,26 @@ pub fn shape(name: &str, vocab: usize, head: HeadKind) -> Result<ModelConfig> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.dtype.apply();
+    let out = a.out.clone();
+    let fresh = !out.exists();
+    let trained = train_into(a);
+    let resumable = out.join("trainer_state.json").exists();
+    match trained {
+        Err(e) if fresh && !resumable => {
+            // Nothing worth keeping: no half-written folder is left to be mistaken for a model.
+            let _ = std::fs::remove_dir_all(&out);
+            Err(e.context(format!("{} was not written", out.display())))
+        }
+        Err(e) if resumable => Err(e.context(format!(
+            "the last checkpoint in {} is kept: run the same command to resume from it",
+            out.display()
+        ))),
+        other => other,
+    }
+}
+
+fn train_into(a: Args) -> Result<()> {
     let dev = default_device();
     let tok_dir = a
         .tokenizer
@@ -196,8 +219,8 @@ pub fn run(a: Args) -> Result<()> {
         }) => Some(Model::load(a.base.as_ref().unwrap(), &dev)?),
         _ => None,
     };
-    let n_valid = ((sols.len() as f64) * a.valid_fraction).round() as usize;
-    let (valid_sols, train_sols) = sols.split_at(n_valid.min(sols.len()));
+    let (valid_sols, train_sols) = validation_split(sols, a.valid_fraction, a.seed);
+    let (valid_sols, train_sols) = (&valid_sols[..], &train_sols[..]);
     let train_set = spec.examples(&tok, train_sols, reference.as_ref())?;
     let valid_set = spec.examples(&tok, valid_sols, reference.as_ref())?;
     eprintln!("{} training sequences, {} validation", train_set.len(), valid_set.len());
@@ -205,7 +228,7 @@ pub fn run(a: Args) -> Result<()> {
     if dropped > 0 {
         eprintln!(
             "{dropped} of {} solutions left out: nothing to learn from them ({})",
-            sols.len(),
+            train_sols.len() + valid_sols.len(),
             if a.outcome {
                 "no `correct` field, or no steps"
             } else {
@@ -237,6 +260,7 @@ pub fn run(a: Args) -> Result<()> {
         patience: a.patience,
         seed: a.seed,
         out_dir: Some(a.out.clone()),
+        keep_best: true,
         ..Default::default()
     };
     let bar = crate::progress::bar(Some(a.steps as u64), "training");
@@ -269,13 +293,55 @@ pub fn run(a: Args) -> Result<()> {
         );
         std::fs::write(a.out.join("metrics.json"), serde_json::to_string_pretty(&m)?)?;
     }
+    let kept = match state.best_step {
+        Some(best) if best != state.step && !valid_set.is_empty() => {
+            format!(", the best validation's (step {best}) kept")
+        }
+        _ => String::new(),
+    };
     eprintln!(
-        "trained {} steps{}; checkpoint in {}",
+        "trained {} steps{}{kept}; checkpoint in {}",
         state.step,
         if state.stopped_early { " (early stop)" } else { "" },
         a.out.display()
     );
     Ok(())
+}
+
+/// Solutions held out for validation, about `fraction` of them, by whole problems (the
+/// solutions of one problem all on one side, so validation measures problems not seen in
+/// training) drawn at random with `seed`: never the first lines of a file, which in sorted
+/// datasets (ProcessBench) are all of one kind. Returns (validation, training), each in file
+/// order.
+fn validation_split(sols: Vec<Solution>, fraction: f64, seed: u64) -> (Vec<Solution>, Vec<Solution>) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let key = |s: &Solution| {
+        if s.problem_id.is_empty() {
+            s.id.clone()
+        } else {
+            s.problem_id.clone()
+        }
+    };
+    let mut problems: Vec<String> = sols.iter().map(key).collect();
+    problems.sort();
+    problems.dedup();
+    problems.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+    let want = ((sols.len() as f64) * fraction.clamp(0.0, 1.0)).round() as usize;
+    let mut per_problem: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for s in &sols {
+        *per_problem.entry(key(s)).or_default() += 1;
+    }
+    let mut held = std::collections::HashSet::new();
+    let mut taken = 0;
+    for p in problems {
+        if taken >= want {
+            break;
+        }
+        taken += per_problem[&p];
+        held.insert(p);
+    }
+    sols.into_iter().partition(|s| held.contains(&key(s)))
 }
 
 /// The path of `to` relative to the folder `from` (both absolute): `../policy` for siblings.

@@ -7,6 +7,7 @@
 mod math_shepherd;
 mod omegaprm;
 mod prm800k;
+mod prmbench;
 mod processbench;
 mod rlhflow;
 mod trl;
@@ -38,10 +39,12 @@ pub enum Format {
     OmegaPrmTree,
     /// RLHFlow chat: user turns are steps, assistant turns are `+`/`-`.
     Rlhflow,
+    /// PRMBench: `{idx, modified_question, modified_process, error_steps, classification}`.
+    PrmBench,
 }
 
 /// Every format, in the order `--help` lists them.
-pub const ALL_FORMATS: [Format; 9] = [
+pub const ALL_FORMATS: [Format; 10] = [
     Format::Stepwise,
     Format::Prm800k,
     Format::MathShepherd,
@@ -51,6 +54,7 @@ pub const ALL_FORMATS: [Format; 9] = [
     Format::OmegaPrm,
     Format::OmegaPrmTree,
     Format::Rlhflow,
+    Format::PrmBench,
 ];
 
 impl Format {
@@ -66,6 +70,7 @@ impl Format {
             Format::OmegaPrm => "omegaprm",
             Format::OmegaPrmTree => "omegaprm-tree",
             Format::Rlhflow => "rlhflow",
+            Format::PrmBench => "prmbench",
         }
     }
 
@@ -77,7 +82,9 @@ impl Format {
             .get("steps")
             .and_then(|s| s.as_array())
             .is_some_and(|a| a.iter().all(Value::is_object));
-        Some(if has("steps") && steps_are_objects && !has("problem") {
+        Some(if has("modified_process") && has("error_steps") {
+            Format::PrmBench
+        } else if has("steps") && steps_are_objects && !has("problem") {
             Format::Stepwise
         } else if has("label") && o.get("label")?.get("steps").is_some() {
             Format::Prm800k
@@ -119,6 +126,7 @@ impl Format {
             Format::OmegaPrm => omegaprm::read_flat(v, index),
             Format::OmegaPrmTree => omegaprm::read_tree(v, index),
             Format::Rlhflow => rlhflow::read(v, index).map(|s| vec![s]),
+            Format::PrmBench => prmbench::read(v, index).map(|s| vec![s]),
         }
     }
 
@@ -141,6 +149,7 @@ impl Format {
             Format::Trl => trl::write(s),
             Format::ProcessBench => processbench::write(s),
             Format::Rlhflow => rlhflow::write(s),
+            Format::PrmBench => prmbench::write(s),
             Format::OmegaPrm | Format::OmegaPrmTree => {
                 unreachable!("grouped formats are written by Format::write")
             }
@@ -157,10 +166,15 @@ impl Format {
                  unlabelled steps are written good before the first bad step and bad after it"
             }
             Format::ProcessBench => {
-                "every label after the first bad step, soft values (good when p > 0), provenance and step scores"
+                "every label after the first bad step, soft values (good when p > 0), provenance and step scores; \
+                 an unknown outcome is written final_answer_correct = (no step is bad)"
             }
             Format::OmegaPrm | Format::OmegaPrmTree => {
                 "hard ratings (written as mc_value 1 or 0; neutral as 1), provenance and step scores"
+            }
+            Format::PrmBench => {
+                "neutral ratings and unlabelled steps (written as not erroneous), soft values (erroneous when p = 0), \
+                 provenance and step scores"
             }
         }
     }

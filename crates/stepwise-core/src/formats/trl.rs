@@ -1,4 +1,7 @@
-//! TRL's stepwise supervision layout (`PRMTrainer`): `{prompt, completions: [str], labels: [bool]}`.
+//! TRL's stepwise supervision layout (`PRMTrainer`): `{prompt, completions: [str], labels: [bool]}`,
+//! with `id` and, when known, `generator` and the outcome `correct` as extra columns (TRL
+//! ignores columns it does not use), so a ProcessBench record survives a round trip. A record
+//! read without `id` is written with its index as its `id`.
 
 use super::{binary_labels, extend_with_meta, problem_id_for};
 use crate::error::FieldError;
@@ -6,7 +9,7 @@ use crate::json::{self, object};
 use crate::record::{Provenance, Solution, Step, StepLabel};
 use serde_json::{json, Value};
 
-const KNOWN: &[&str] = &["prompt", "completions", "labels"];
+const KNOWN: &[&str] = &["prompt", "completions", "labels", "id", "generator", "correct"];
 
 pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
     let o = object(v, "")?;
@@ -38,11 +41,23 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
             Ok(Step::labelled(text, StepLabel::from_bool(good, Provenance::Unknown)))
         })
         .collect::<Result<_, _>>()?;
+    let correct = match o.get("correct") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => {
+            return Err(FieldError::new(
+                "correct",
+                format!("expected a boolean, found {}", json::kind(other)),
+            ))
+        }
+    };
     Ok(Solution {
         id: json::opt_str(o, "id")?.unwrap_or_else(|| index.to_string()),
         problem_id: problem_id_for(&question),
         question,
         steps,
+        correct,
+        generator: json::opt_str(o, "generator")?,
         meta: json::rest(o, KNOWN),
         ..Default::default()
     })
@@ -53,7 +68,15 @@ pub(super) fn write(s: &Solution) -> Value {
         "prompt": s.question,
         "completions": s.step_texts(),
         "labels": binary_labels(s),
+        "id": s.id,
     });
-    extend_with_meta(v.as_object_mut().unwrap(), s);
+    let o = v.as_object_mut().unwrap();
+    if let Some(g) = &s.generator {
+        o.insert("generator".into(), json!(g));
+    }
+    if let Some(c) = s.correct {
+        o.insert("correct".into(), json!(c));
+    }
+    extend_with_meta(o, s);
     v
 }

@@ -452,6 +452,7 @@ impl<B: Backend> PackedDecoder<B> {
     pub fn load(dir: &Path, config: ModelConfig, backend: Arc<B>) -> Result<Self> {
         let b = &*backend;
         let cfg = &config;
+        crate::model::check_layer_count(cfg, &crate::model::weight_files(dir)?)?;
         let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) || !d.is_multiple_of(2) {

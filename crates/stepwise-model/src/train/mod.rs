@@ -9,7 +9,7 @@ use optim::{accumulate, schedule, AdamW};
 pub mod examples;
 pub mod optim;
 pub mod verifier;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{Tensor, D};
 pub use candle_nn::VarMap;
 use rand::seq::SliceRandom;
@@ -78,6 +78,10 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Where to write checkpoints (and resume from); `None` keeps everything in memory.
     pub out_dir: Option<PathBuf>,
+    /// End with the weights of the best validation (lowest loss) instead of the last step's, as
+    /// transformers' `load_best_model_at_end` does: in `out_dir` the checkpoint becomes the best
+    /// one, and the last step's weights are kept beside it for a resume.
+    pub keep_best: bool,
 }
 
 impl Default for TrainConfig {
@@ -94,6 +98,7 @@ impl Default for TrainConfig {
             patience: 0,
             seed: 0,
             out_dir: None,
+            keep_best: false,
         }
     }
 }
@@ -124,6 +129,9 @@ pub struct TrainState {
     pub history: Vec<(usize, Metrics)>,
     /// Whether the run stopped early.
     pub stopped_early: bool,
+    /// The step of the best validation.
+    #[serde(default)]
+    pub best_step: Option<usize>,
 }
 
 /// Stable BCE with logits: `max(z, 0) - z·y + log(1 + exp(-|z|))`, averaged.
@@ -250,6 +258,8 @@ pub fn evaluate(model: &Model, data: &[Example], objective: Objective, batch_siz
 /// Files a run keeps in `out_dir`.
 const STATE: &str = "trainer_state.json";
 const OPTIM: &str = "optimizer.safetensors";
+/// The best validation's exact weights ([`TrainConfig::keep_best`]).
+const BEST: &str = "best.safetensors";
 
 /// Train `model` (whose weights live in `varmap`). `on_step(step, loss)` reports progress.
 /// With `out_dir`, a checkpoint (HF folder + optimiser + state) is written at every validation
@@ -271,6 +281,7 @@ pub fn train(
     let mut opt = AdamW::new(named, cfg.lr, cfg.weight_decay)?;
     let mut state = TrainState::default();
     if let Some(dir) = &cfg.out_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         if dir.join(STATE).exists() && dir.join(OPTIM).exists() {
             state = serde_json::from_str(&std::fs::read_to_string(dir.join(STATE))?)?;
             crate::model::load_training_checkpoint(varmap, dir)?;
@@ -278,6 +289,7 @@ pub fn train(
         }
     }
     model.set_training(true);
+    let mut best_in_memory: Option<Vec<(candle_core::Var, Tensor)>> = None;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut order: Vec<usize> = (0..train_set.len()).collect();
     // Replay the shuffles of the steps already done, so a resumed run sees the same batches.
@@ -331,7 +343,14 @@ pub fn train(
             let better = state.best_valid_loss.is_none_or(|b| m.loss < b);
             if better {
                 state.best_valid_loss = Some(m.loss);
+                state.best_step = Some(state.step);
                 state.since_best = 0;
+                if cfg.keep_best {
+                    match &cfg.out_dir {
+                        Some(dir) => crate::model::save_exact_weights(&model.config, varmap, &dir.join(BEST))?,
+                        None => best_in_memory = Some(snapshot(varmap)?),
+                    }
+                }
             } else {
                 state.since_best += 1;
             }
@@ -343,6 +362,8 @@ pub fn train(
         if validate {
             if let Some(dir) = &cfg.out_dir {
                 crate::model::save_training_checkpoint(dir, &model.config, varmap)?;
+                // The folder's checkpoint is the last step's again.
+                let _ = std::fs::remove_file(dir.join(crate::model::LAST_WEIGHTS));
                 opt.save(&dir.join(OPTIM))?;
                 std::fs::write(dir.join(STATE), serde_json::to_string_pretty(&state)?)?;
             }
@@ -352,5 +373,27 @@ pub fn train(
         }
     }
     model.set_training(false);
+    if cfg.keep_best && state.best_step.is_some_and(|b| b != state.step) {
+        match (&cfg.out_dir, best_in_memory) {
+            (Some(dir), _) => {
+                // The last step's weights stay beside the best for a resume.
+                crate::model::save_exact_weights(&model.config, varmap, &dir.join(crate::model::LAST_WEIGHTS))?;
+                crate::model::load_into(varmap, &dir.join(BEST))?;
+                crate::model::save_checkpoint(dir, &model.config, varmap)?;
+            }
+            (None, Some(best)) => {
+                for (var, value) in best {
+                    var.set(&value)?;
+                }
+            }
+            (None, None) => {}
+        }
+    }
     Ok(state)
+}
+
+/// A copy of every variable's value.
+fn snapshot(varmap: &VarMap) -> Result<Vec<(candle_core::Var, Tensor)>> {
+    let data = varmap.data().lock().unwrap();
+    data.values().map(|v| Ok((v.clone(), v.as_tensor().copy()?))).collect()
 }
