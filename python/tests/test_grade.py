@@ -29,7 +29,9 @@ def test_bad_arguments_are_value_errors():
 def test_answers_and_steps_are_read_from_text():
     assert stepwise.extract_answer("so x = \\boxed{\\frac{3}{4}}.") == "\\frac{3}{4}"
     assert stepwise.extract_answer("no answer here") is None
-    assert stepwise.split_steps("a\n\n b \n\nc", "\n\n") == ["a", "b", "c"]
+    # after a line break, leading spaces are indentation and stay; trailing ones go
+    assert stepwise.split_steps("a\n\n b \n\nc", "\n\n") == ["a", " b", "c"]
+    assert stepwise.split_steps("a| b |c", "|") == ["a", "b", "c"]
 
 
 def test_grading_a_long_list_releases_the_gil():

@@ -75,7 +75,7 @@ enum Command {
     Convert(cmd::convert::Args),
     /// Summarise a step-labelled dataset: counts, steps per solution, label balance, first errors.
     Stats(cmd::stats::Args),
-    /// Grade final answers: reads {given, ground_truth} JSONL, writes each record with `correct`.
+    /// Grade final answers ({given, ground_truth} JSONL: each record with `correct`), or programs by their tests (--task code: pass@k).
     Grade(cmd::grade::Args),
     /// Score every step of every solution with a PRM, one forward pass per solution.
     Score(cmd::score::Args),

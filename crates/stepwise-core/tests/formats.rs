@@ -95,7 +95,8 @@ fn processbench_real_files_round_trip_and_convert_everywhere() {
         assert_eq!(raw(&out), original);
         // Every other format and back: what ProcessBench holds survives (problem, steps,
         // first-error label).
-        for f in ALL_FORMATS {
+        // HumanEval holds code and tests, no labels: not a place for ProcessBench's records.
+        for f in ALL_FORMATS.into_iter().filter(|f| *f != Format::HumanEval) {
             let p = dir.join(format!("{f}.jsonl"));
             write_solutions(&p, f, &sols).unwrap();
             let back = read_solutions(&p, Some(f)).unwrap();
@@ -290,4 +291,20 @@ fn prmbench_records_round_trip_with_their_error_steps() {
     .unwrap();
     let err = read_solutions(&bad, None).unwrap_err().to_string();
     assert!(err.contains("error_steps[0]") && err.contains(":1"), "{err}");
+}
+
+/// HumanEval's 164 problems: read with the prompt as question, the canonical solution's lines
+/// as steps and the task id as gold answer; written back exactly.
+#[test]
+fn humaneval_problems_round_trip_with_lines_as_steps() {
+    let path = data("humaneval/HumanEval.jsonl");
+    let sols = assert_lossless(&path, Format::HumanEval);
+    assert_eq!(sols.len(), 164);
+    let first = &sols[0];
+    assert_eq!(first.id, "HumanEval/0");
+    assert_eq!(first.gold_answer.as_deref(), Some("HumanEval/0"));
+    assert!(first.question.contains("def has_close_elements"));
+    assert_eq!(first.steps[0].text, "    for idx, elem in enumerate(numbers):");
+    assert_eq!(first.steps.len(), 7, "blank lines are not steps");
+    assert_eq!(read_solutions(&path, None).unwrap().len(), 164, "detected");
 }

@@ -1,7 +1,9 @@
 //! Monte Carlo step labels (Math-Shepherd): from the prefix ending at step i, sample K
 //! completions with the policy; the soft label is the fraction that reach the gold answer, the
-//! hard label is "any did". Annotation stops at the first step no rollout can rescue: every
-//! later step is labelled bad without spending rollouts (an error cannot be undone).
+//! hard label is "any did". Annotation of a wrong solution stops at the first step no rollout can
+//! rescue: every later step is labelled bad without spending rollouts (an error cannot be
+//! undone). A correct solution is its own proof that every prefix can be completed, so all of its
+//! prefixes are rolled out, however few rollouts succeed.
 
 use anyhow::{Context, Result};
 use stepwise_core::seams::{Annotator, Continuation, Policy, Spent, Task, Until};
@@ -52,6 +54,7 @@ impl Annotator for MonteCarlo<'_> {
         let texts = sol.step_strings();
         let mut spent = Spent::default();
         let mut dead = false;
+        let reaches_gold = self.task.is_correct(gold, &texts);
         for i in 0..texts.len() {
             if dead {
                 out.steps[i].label = Some(StepLabel::soft(0.0, Provenance::MonteCarlo { rollouts: 0, hits: 0 }));
@@ -60,7 +63,7 @@ impl Annotator for MonteCarlo<'_> {
             let prefix: Vec<&str> = texts[..=i].iter().map(String::as_str).collect();
             // The last step: the solution itself is its only completion (one "rollout", no cost).
             let (n, hits) = if i + 1 == texts.len() {
-                (1, usize::from(self.task.is_correct(gold, &texts)))
+                (1, usize::from(reaches_gold))
             } else {
                 let outs: Vec<Continuation> = self.policy.continue_from(
                     &sol.question,
@@ -89,7 +92,7 @@ impl Annotator for MonteCarlo<'_> {
                     hits: hits as u32,
                 },
             ));
-            dead = hits == 0;
+            dead = hits == 0 && !reaches_gold;
         }
         Ok((out, spent))
     }
@@ -117,6 +120,22 @@ mod tests {
         assert_eq!(spent.rollouts, 8, "no rollouts after the first dead step");
         assert_eq!(spent.tokens, 16, "two words per scripted rollout");
         assert_eq!(l.first_error(), Some(1));
+    }
+
+    #[test]
+    fn a_correct_solution_is_rolled_out_at_every_prefix_and_ends_good() {
+        // "bad" makes every rollout fail, but the solution still reaches the gold answer: its
+        // prefixes are not dead, and its last step is good.
+        let sol = solution("s", &["good", "bad", "after", "answer 1"]);
+        let mc = MonteCarlo {
+            policy: &ScriptedPolicy(toy),
+            task: &PlainTask::default(),
+            options: McOptions { rollouts: 4, seed: 0 },
+        };
+        let (l, spent) = mc.annotate(&sol).unwrap();
+        let p: Vec<f32> = l.steps.iter().map(|s| s.label.as_ref().unwrap().prob(1.0)).collect();
+        assert_eq!(p, vec![0.5, 0.0, 0.0, 1.0]);
+        assert_eq!(spent.rollouts, 12, "every prefix but the whole solution is rolled out");
     }
 
     #[test]

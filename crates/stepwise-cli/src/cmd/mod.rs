@@ -7,12 +7,14 @@ pub mod convert;
 pub mod eval;
 pub mod generate;
 pub mod grade;
+pub mod grade_code;
 pub mod lab;
 pub mod rl;
 pub mod score;
 pub mod search;
 pub mod serve;
 pub mod stats;
+pub mod task;
 pub mod train_prm;
 
 /// How a policy samples: shared by the commands that continue solutions step by step.

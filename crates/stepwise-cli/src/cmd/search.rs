@@ -1,6 +1,6 @@
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
-use stepwise_core::seams::{MathTask, StepScorer};
+use stepwise_core::seams::StepScorer;
 use stepwise_model::Prompt;
 use stepwise_search::{compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold, METHODS};
 
@@ -85,6 +85,10 @@ pub struct Args {
     /// Seed of the policy's draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Which task grades the results (math answers, or code run against tests: the input is
+    /// then HumanEval's or MBPP's JSONL).
+    #[command(flatten)]
+    pub task: super::task::TaskArgs,
     /// Problems searched at once.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -143,7 +147,8 @@ pub fn run(a: Args) -> Result<()> {
         resample_budget: a.resample_budget,
         seed: a.seed,
     };
-    let problems = super::read_problems(&a.input)?;
+    let task = a.task.open(Some(&a.input))?;
+    let problems = a.task.problems(&*task, &a.input)?;
     // One process per output, and only the settings (and input, and models) it was started with.
     let _claim = stepwise_core::journal::claim(
         &a.output,
@@ -152,6 +157,7 @@ pub fn run(a: Args) -> Result<()> {
             "policy": a.policy.identity()?, "prm": a.prm.identity()?, "layout": a.layout, "name": a.name,
             "config": config, "temperature": a.sampling.temperature, "max_tokens": a.sampling.max_tokens,
             "separator": a.sampling.separator, "prompt": a.prompt, "whole": a.whole,
+            "task": a.task.identity(Some(&a.input))?,
         }),
     )?;
     let policy_backend = a.device.open_policy(&a.policy, &a.remote)?;
@@ -161,7 +167,7 @@ pub fn run(a: Args) -> Result<()> {
         prompt_layout(&a.prompt)?,
         &a.sampling.separator,
         1.0,
-        &[],
+        &a.task.stops(),
     );
     let scorer_backend = a.device.open_scorer(&a.prm, &a.layout, &a.remote)?;
     let scorer = if a.whole {
@@ -179,7 +185,6 @@ pub fn run(a: Args) -> Result<()> {
             gold_answer: p.gold_answer.as_deref(),
         })
         .collect();
-    let task = MathTask::default();
     let bar = crate::progress::bar(Some(jobs.len() as u64), &format!("searching ({})", a.method));
     let sols = Searcher {
         method: &*search,
@@ -187,7 +192,7 @@ pub fn run(a: Args) -> Result<()> {
         policy: &*policy,
         scorer,
         verifier: &a.name,
-        task: &task,
+        task: &*task,
         threads: a.threads,
     }
     .run_all(&a.output, &jobs, &|done| bar.set_position(done as u64))?;

@@ -4,6 +4,7 @@
 //! [`Solution`] has no slot for are kept in `meta`, so converting a file to stepwise's own format
 //! and back reproduces it. [`Format::drops`] says what converting *into* a format loses.
 
+mod humaneval;
 mod math_shepherd;
 mod omegaprm;
 mod prm800k;
@@ -41,10 +42,12 @@ pub enum Format {
     Rlhflow,
     /// PRMBench: `{idx, modified_question, modified_process, error_steps, classification}`.
     PrmBench,
+    /// HumanEval: `{task_id, prompt, entry_point, canonical_solution, test}`; steps are lines.
+    HumanEval,
 }
 
 /// Every format, in the order `--help` lists them.
-pub const ALL_FORMATS: [Format; 10] = [
+pub const ALL_FORMATS: [Format; 11] = [
     Format::Stepwise,
     Format::Prm800k,
     Format::MathShepherd,
@@ -55,6 +58,7 @@ pub const ALL_FORMATS: [Format; 10] = [
     Format::OmegaPrmTree,
     Format::Rlhflow,
     Format::PrmBench,
+    Format::HumanEval,
 ];
 
 impl Format {
@@ -71,6 +75,7 @@ impl Format {
             Format::OmegaPrmTree => "omegaprm-tree",
             Format::Rlhflow => "rlhflow",
             Format::PrmBench => "prmbench",
+            Format::HumanEval => "humaneval",
         }
     }
 
@@ -84,6 +89,8 @@ impl Format {
             .is_some_and(|a| a.iter().all(Value::is_object));
         Some(if has("modified_process") && has("error_steps") {
             Format::PrmBench
+        } else if has("task_id") && has("canonical_solution") && has("entry_point") {
+            Format::HumanEval
         } else if has("steps") && steps_are_objects && !has("problem") {
             Format::Stepwise
         } else if has("label") && o.get("label")?.get("steps").is_some() {
@@ -127,6 +134,7 @@ impl Format {
             Format::OmegaPrmTree => omegaprm::read_tree(v, index),
             Format::Rlhflow => rlhflow::read(v, index).map(|s| vec![s]),
             Format::PrmBench => prmbench::read(v, index).map(|s| vec![s]),
+            Format::HumanEval => humaneval::read(v, index).map(|s| vec![s]),
         }
     }
 
@@ -150,6 +158,7 @@ impl Format {
             Format::ProcessBench => processbench::write(s),
             Format::Rlhflow => rlhflow::write(s),
             Format::PrmBench => prmbench::write(s),
+            Format::HumanEval => humaneval::write(s),
             Format::OmegaPrm | Format::OmegaPrmTree => {
                 unreachable!("grouped formats are written by Format::write")
             }
@@ -172,6 +181,7 @@ impl Format {
             Format::OmegaPrm | Format::OmegaPrmTree => {
                 "hard ratings (written as mc_value 1 or 0; neutral as 1), provenance and step scores"
             }
+            Format::HumanEval => "every label and score (HumanEval has none): code and tests only",
             Format::PrmBench => {
                 "neutral ratings and unlabelled steps (written as not erroneous), soft values (erroneous when p = 0), \
                  provenance and step scores"

@@ -59,11 +59,41 @@ pub trait Policy: Sync {
     }
 }
 
-/// Split generated text into steps at `separator`, trimming each and dropping empty ones.
+/// Split generated text into steps at `separator`, dropping blank ones and trailing whitespace.
+/// After a separator that ends a line (`"\n"`, `"\n\n"`) a step keeps its leading spaces and
+/// tabs, which are indentation (a line of code needs it) and make the steps joined by the
+/// separator give back the text; after an inline separator (the lab's `"|"`) they are spacing,
+/// and dropped.
 pub fn split_steps_at(text: &str, separator: &str) -> Vec<String> {
+    let lines = separator.ends_with('\n');
     text.split(separator)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+        .map(|s| {
+            if lines {
+                s.trim_end().trim_start_matches(['\n', '\r'])
+            } else {
+                s.trim()
+            }
+        })
+        .filter(|s| !s.trim().is_empty())
         .map(str::to_string)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_steps_at;
+
+    #[test]
+    fn lines_keep_their_indentation_and_inline_steps_are_trimmed() {
+        let code = "    for x in xs:\n        total += x\n\n    return total\n";
+        assert_eq!(
+            split_steps_at(code, "\n"),
+            ["    for x in xs:", "        total += x", "    return total"]
+        );
+        assert_eq!(split_steps_at("a\n\n b \n\n\nc", "\n\n"), ["a", " b", "c"]);
+        assert_eq!(
+            split_steps_at("5 * 3 = 15| 15 - 2 = 13 |", "|"),
+            ["5 * 3 = 15", "15 - 2 = 13"]
+        );
+    }
 }
