@@ -32,6 +32,7 @@ const FORMATS_HELP: &str = "Formats:
   omegaprm-tree  OpenR OmegaPRM, tree ({reasoning_steps: {text, mc_value, children}})
   rlhflow        RLHFlow chat ({conversations: user step / assistant +/-})
   prmbench       PRMBench ({idx, modified_question, modified_process, error_steps: [1-based], classification})
+  humaneval      HumanEval problems ({task_id, prompt, canonical_solution, test, entry_point}): the solution's lines
 
 Example:
   stepwise convert ../shared/data/processbench/gsm8k.json pb.trl.parquet --to trl";
