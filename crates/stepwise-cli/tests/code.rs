@@ -1,6 +1,7 @@
 //! The code domain from the command line: `grade --task code` runs HumanEval's programs in the
 //! sandbox (the reference solutions pass, broken ones fail, pass@k is the unbiased estimate),
-//! and `generate`/`annotate --task code` sample and label programs line by line by execution.
+//! and `generate`/`search`/`annotate --task code` sample, search and label programs line by line
+//! by execution.
 //! Needs `python3` on PATH (as the Python package's build does).
 
 use serde_json::{json, Value};
@@ -159,6 +160,38 @@ fn generate_and_annotate_label_program_lines_by_execution() {
         );
         assert_eq!(s["question"], p["prompt"]);
         assert_eq!(s["correct"], false, "random weights write no passing program: {s}");
+    }
+
+    // Step-level search over lines, its results graded by the tests.
+    let searched = dir.join("beam.jsonl");
+    stepwise(&[
+        "search",
+        "--policy",
+        &policy,
+        "--prm",
+        &fixture("qwen2-prm"),
+        "--task",
+        "code",
+        "--method",
+        "beam",
+        "-n",
+        "2",
+        "--width",
+        "2",
+        "--max-steps",
+        "3",
+        "--max-tokens",
+        "6",
+        "--input",
+        he.to_str().unwrap(),
+        "--output",
+        searched.to_str().unwrap(),
+    ]);
+    let found = jsonl(&std::fs::read(&searched).unwrap());
+    assert_eq!(found.len(), 3);
+    for (s, p) in found.iter().zip(&problems) {
+        assert_eq!(s["gold_answer"], p["task_id"]);
+        assert_eq!(s["correct"], false, "{s}");
     }
 
     // Labels of the reference solutions, read straight from HumanEval's file: every step is

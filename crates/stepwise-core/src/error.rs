@@ -81,6 +81,9 @@ pub enum RecordError {
     /// The line is not valid JSON.
     #[error("invalid JSON: {0}")]
     Json(String),
+    /// A Parquet row group cannot be read (corrupt data, a failed page checksum).
+    #[error("unreadable Parquet data (the row group from here on): {0}")]
+    Parquet(String),
     /// A field is missing or has the wrong type or value.
     #[error("{0}")]
     Field(FieldError),

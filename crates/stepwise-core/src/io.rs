@@ -37,7 +37,7 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
                         (n, Ok(v))
                     })
                     .collect(),
-                Err(e) => vec![(n + 1, Err(RecordError::Json(e)))],
+                Err(e) => vec![(n + 1, Err(RecordError::Parquet(e)))],
             };
             rows
         })));
@@ -48,6 +48,11 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
         Box::new(BufReader::with_capacity(1 << 16, File::open(path).map_err(io_err)?))
     };
     let mut reader = reader;
+    // A UTF-8 byte-order mark (Windows editors, Excel's "UTF-8" CSV-to-JSON exports) is skipped,
+    // as Python's `utf-8-sig` does.
+    if reader.fill_buf().map_err(io_err)?.starts_with(b"\xEF\xBB\xBF") {
+        reader.consume(3);
+    }
     // Peek at the first non-blank byte: `[` means one JSON array.
     let first = loop {
         let buf = reader.fill_buf().map_err(io_err)?;

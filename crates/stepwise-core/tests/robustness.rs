@@ -236,3 +236,54 @@ fn floats_survive_a_round_trip_exactly() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_byte_order_mark_is_skipped_in_jsonl_json_and_arrays() {
+    let dir = std::env::temp_dir().join(format!("stepwise-bom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = r#"{"id": "a", "question": "q", "steps": ["s"], "gold_answer": "1"}"#;
+    for (name, body) in [
+        ("lines.jsonl", format!("{record}\n{record}\n")),
+        ("one.json", record.to_string()),
+        ("array.json", format!("[{record}, {record}]")),
+    ] {
+        let path = dir.join(name);
+        let mut bytes = b"\xEF\xBB\xBF".to_vec();
+        bytes.extend_from_slice(body.as_bytes());
+        std::fs::write(&path, bytes).unwrap();
+        let read: Vec<_> = stepwise_core::io::raw_records(&path).unwrap().collect();
+        assert!(!read.is_empty(), "{name}");
+        for (_, r) in read {
+            assert_eq!(r.unwrap()["id"], "a", "{name}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_parquet_page_whose_checksum_fails_is_an_error_not_other_data() {
+    // Written by pyarrow with `write_page_checksum=True`, uncompressed: one flipped byte in a
+    // step's text must not read back as a different step.
+    let good = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/trl_checksummed.parquet");
+    let bytes = std::fs::read(&good).unwrap();
+    let read = |path: &std::path::Path| -> Result<Vec<serde_json::Value>, String> {
+        let records = stepwise_core::io::raw_records(path).map_err(|e| e.to_string())?;
+        records.map(|(_, r)| r.map_err(|e| e.to_string())).collect()
+    };
+    let rows = read(&good).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["completions"][0], "4 * 2 = 9");
+    let at = bytes.windows(9).position(|w| w == b"4 * 2 = 9").unwrap() + 8;
+    let mut flipped = bytes.clone();
+    flipped[at] = b'8';
+    let dir = std::env::temp_dir().join(format!("stepwise-crc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("flipped.parquet");
+    std::fs::write(&bad, &flipped).unwrap();
+    let e = read(&bad).expect_err("a corrupted page reads as an error");
+    assert!(
+        e.to_lowercase().contains("crc") || e.to_lowercase().contains("checksum"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
