@@ -5,6 +5,12 @@
 //! and MBPP; [`task::CodeTask`] is the [`stepwise_core::seams::Task`] that grades a solution by
 //! running its problem's tests, so annotators label code steps by execution as they label math
 //! steps by answers.
+//!
+//! # Example
+//!
+//! `examples/grade_humaneval.rs` (run it with `cargo run -p stepwise-code --example grade_humaneval`; it is also a doc-test):
+//!
+#![doc = concat!("```\n", include_str!("../examples/grade_humaneval.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod problems;

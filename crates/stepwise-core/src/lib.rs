@@ -1,5 +1,11 @@
 //! stepwise-core: the records of process supervision and the formats, step splitting, answer
 //! extraction and grading every other stepwise stage builds on.
+//!
+//! # Example
+//!
+//! `examples/records.rs` (run it with `cargo run -p stepwise-core --example records`; it is also a doc-test):
+//!
+#![doc = concat!("```\n", include_str!("../examples/records.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod answer;

@@ -1,4 +1,10 @@
 //! stepwise-eval: metrics and plots.
+//!
+//! # Example
+//!
+//! `examples/processbench.rs` (run it with `cargo run -p stepwise-eval --example processbench`; it is also a doc-test):
+//!
+#![doc = concat!("```\n", include_str!("../examples/processbench.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod bon;

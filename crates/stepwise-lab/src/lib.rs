@@ -2,6 +2,12 @@
 //! [`stepwise_core::Task`] seam as [`oracle::LabTask`]) and the whole process-supervision loop on
 //! it ([`run`]), one file per stage ([`stages`]): train a policy from scratch, sample, annotate
 //! steps by Monte Carlo rollouts, train PRMs and an ORM, evaluate, report.
+//!
+//! # Example
+//!
+//! `examples/quick_lab.rs` (run it with `cargo run -p stepwise-lab --example quick_lab`; it is also a doc-test):
+//!
+#![doc = concat!("```no_run\n", include_str!("../examples/quick_lab.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod confidence;

@@ -2,6 +2,12 @@
 //! [`stepwise_core::Annotator`] over the [`stepwise_core::Policy`] and [`stepwise_core::Task`]
 //! seams, so it runs the same on a local checkpoint, a remote server or a scripted test double;
 //! [`annotate_resumable`] runs any of them over a file with a journal that survives `kill -9`.
+//!
+//! # Example
+//!
+//! `examples/implement_a_policy.rs` (run it with `cargo run -p stepwise-label --example implement_a_policy`; it is also a doc-test):
+//!
+#![doc = concat!("```\n", include_str!("../examples/implement_a_policy.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod binary_search;

@@ -1,6 +1,12 @@
 //! stepwise-model: the neural engine. Qwen2/Qwen2.5 and Llama/Mistral decoders on candle, read
 //! from Hugging Face checkpoint folders; the PRM heads in use; scoring every step in one forward
 //! pass; shared-prefix generation; training of policies, PRMs and ORMs.
+//!
+//! # Example
+//!
+//! `examples/score.rs` (run it with `cargo run -p stepwise-model --example score`; it is also a doc-test):
+//!
+#![doc = concat!("```\n", include_str!("../examples/score.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod config;

@@ -2,6 +2,12 @@
 //! (vLLM, SGLang, llama.cpp, `stepwise serve`) as the same [`stepwise_core::seams::Policy`] and
 //! [`stepwise_core::seams::StepScorer`] a local checkpoint is, with retries and several servers
 //! per run ([`client`]); and `stepwise serve`, a local policy and PRM behind that API ([`serve`]).
+//!
+//! # Example
+//!
+//! `examples/remote_prm.rs` (run it with `cargo run -p stepwise-remote --example remote_prm`; it is also a doc-test):
+//!
+#![doc = concat!("```\n", include_str!("../examples/remote_prm.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod backend;

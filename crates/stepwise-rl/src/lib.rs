@@ -8,6 +8,12 @@
 //!   on the engine's differentiable path;
 //! - [`rollout`]: sampled solutions as training sequences, each token carrying its step's advantage;
 //! - [`trainer`]: the on-policy loop, resumable from its checkpoints.
+//!
+//! # Example
+//!
+//! `examples/dense_rewards.rs` (run it with `cargo run -p stepwise-rl --example dense_rewards`; it is also a doc-test):
+//!
+#![doc = concat!("```\n", include_str!("../examples/dense_rewards.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod advantage;

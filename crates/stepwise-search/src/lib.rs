@@ -3,6 +3,12 @@
 //! verify → resample with a calibrated threshold — each in its own file behind
 //! [`SearchMethod`], with compute accounting. Methods depend on the seams of `stepwise-core`,
 //! never on a model.
+//!
+//! # Example
+//!
+//! `examples/beam.rs` (run it with `cargo run -p stepwise-search --example beam`; it is also a doc-test):
+//!
+#![doc = concat!("```\n", include_str!("../examples/beam.rs"), "```")]
 #![warn(missing_docs)]
 
 pub mod aggregation;
