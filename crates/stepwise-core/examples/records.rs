@@ -34,7 +34,10 @@ fn main() -> anyhow::Result<()> {
 
     let answer = stepwise_core::answer::extract_answer(&back[0].steps[1].text).unwrap_or_default();
     let correct = grade(&answer, "12.0", GradeMode::Lenient);
-    println!("read back {} steps; final answer {answer}: correct = {correct}", back[0].steps.len());
+    println!(
+        "read back {} steps; final answer {answer}: correct = {correct}",
+        back[0].steps.len()
+    );
     assert!(correct);
     Ok(())
 }

@@ -9,8 +9,19 @@ use stepwise_lab::{run, LabOptions, Preset};
 
 fn main() -> anyhow::Result<()> {
     let out = std::env::temp_dir().join(format!("stepwise-quick-lab-{}", std::process::id()));
-    let report = run(&LabOptions { preset: Preset::quick(), seed: 1, out: out.clone() })?;
+    let report = run(&LabOptions {
+        preset: Preset::quick(),
+        seed: 1,
+        out: out.clone(),
+    })?;
     println!("report: {}", out.join("report.md").display());
-    println!("{}", serde_json::to_string_pretty(&report.bon)?.lines().take(12).collect::<Vec<_>>().join("\n"));
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report.bon)?
+            .lines()
+            .take(12)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     Ok(())
 }

@@ -24,7 +24,7 @@ impl Policy for RulePolicy {
         let derailed = prefix.iter().any(|s| s.contains("13"));
         Ok((0..n as u64)
             .map(|j| {
-                let right = !derailed && (seed + j) % 2 == 0;
+                let right = !derailed && (seed + j).is_multiple_of(2);
                 let mut steps = vec![format!("The answer is \\boxed{{{}}}.", if right { 12 } else { 13 })];
                 if until == Until::Step {
                     steps.truncate(1);
@@ -46,7 +46,9 @@ fn main() -> anyhow::Result<()> {
         id: "s1".into(),
         problem_id: "p1".into(),
         question: "Ann has 3 bags of 4 apples. How many apples does she have?".into(),
-        steps: ["3 * 4 = 12", "12 + 1 = 13", "The answer is \\boxed{13}."].map(Step::new).to_vec(),
+        steps: ["3 * 4 = 12", "12 + 1 = 13", "The answer is \\boxed{13}."]
+            .map(Step::new)
+            .to_vec(),
         gold_answer: Some("12".into()),
         ..Default::default()
     };
@@ -60,7 +62,15 @@ fn main() -> anyhow::Result<()> {
         let p = step.label.as_ref().map_or(f32::NAN, |l| l.prob(1.0));
         println!("{p:.2}  {}", step.text);
     }
-    println!("first error: step {:?}; {} rollouts", labelled.first_error(), spent.rollouts);
-    assert_eq!(labelled.first_error(), Some(1), "the step that makes 13 is the first error");
+    println!(
+        "first error: step {:?}; {} rollouts",
+        labelled.first_error(),
+        spent.rollouts
+    );
+    assert_eq!(
+        labelled.first_error(),
+        Some(1),
+        "the step that makes 13 is the first error"
+    );
     Ok(())
 }

@@ -18,7 +18,10 @@ fn main() -> anyhow::Result<()> {
     // Several comma-separated servers share the load; failed requests are retried on another.
     let urls = url.split(',').map(str::to_string).collect();
     let client = Client::new(ServerConfig::new(urls, name))?;
-    let scorer = RemoteScorer { client: &client, protocol: Protocol::Stepwise };
+    let scorer = RemoteScorer {
+        client: &client,
+        protocol: Protocol::Stepwise,
+    };
     let input = ScoreInput {
         problem_id: "p1",
         question: "Ann has 3 bags of 4 apples. How many apples does she have?",

@@ -18,6 +18,9 @@ fn main() -> anyhow::Result<()> {
     }
     let min = token_rewards(12, &scores, &ends, TokenCredit::Min, None)?;
     let from_start: f32 = min.iter().sum();
-    assert!((from_start - 0.2).abs() < 1e-6, "min-form: the return from the start is the worst step");
+    assert!(
+        (from_start - 0.2).abs() < 1e-6,
+        "min-form: the return from the start is the worst step"
+    );
     Ok(())
 }
