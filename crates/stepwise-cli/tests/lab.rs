@@ -104,6 +104,35 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         }
     }
     assert!(search["incremental"]["ratio"].as_f64().unwrap() > 1.0);
+    // Paired differences on the same problems: best-of-N, search and RL, each inside its interval.
+    let paired: Vec<&serde_json::Value> = m["paired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(search["paired"].as_array().unwrap())
+        .chain(m["rl"]["paired"].as_array().unwrap())
+        .collect();
+    for (a_name, b_name) in [
+        ("PRM-MC (min)", "ORM"),
+        ("PRM-consensus (min)", "PRM-MC (min)"),
+        ("dvts", "bon"),
+        ("prm_oracle", "outcome"),
+    ] {
+        assert!(
+            paired.iter().any(|d| d["a"] == a_name && d["b"] == b_name),
+            "{a_name} vs {b_name} missing"
+        );
+    }
+    for d in &paired {
+        let (x, lo, hi) = (
+            d["difference"].as_f64().unwrap(),
+            d["ci95"][0].as_f64().unwrap(),
+            d["ci95"][1].as_f64().unwrap(),
+        );
+        assert!(lo <= x + 1e-9 && x <= hi + 1e-9 && (-1.0..=1.0).contains(&x), "{d}");
+        assert!(d["problems"].as_u64().unwrap() > 0, "{d}");
+    }
+    assert!(read(a.join("report.md")).contains("## Paired differences"));
     for v in ["prm_mc", "prm_oracle"] {
         assert!(a.join(v).join("threshold.json").exists(), "{v}: no calibrated τ");
     }

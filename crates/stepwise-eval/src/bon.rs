@@ -52,6 +52,17 @@ fn per_problem(cands: &[Candidate], n: usize, how: Method, draws: usize, rng: &m
     hits as f64 / draws as f64
 }
 
+/// Each problem's expected correctness when `how` picks from `n` of its candidates (`draws`
+/// random subsets; one when `n` covers them all): the per-problem results behind a curve's point,
+/// for paired comparisons.
+pub fn per_problem_accuracy(problems: &[Vec<Candidate>], how: Method, n: usize, draws: usize, seed: u64) -> Vec<f64> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    problems
+        .iter()
+        .map(|c| per_problem(c, n, how, draws, &mut rng))
+        .collect()
+}
+
 /// The curve of `how` over `ns`, for candidates grouped by problem.
 pub fn curve(label: &str, problems: &[Vec<Candidate>], how: Method, ns: &[usize], draws: usize, seed: u64) -> Curve {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

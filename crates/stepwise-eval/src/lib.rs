@@ -9,6 +9,7 @@
 
 pub mod bon;
 pub mod labels;
+pub mod paired;
 pub mod plot;
 pub mod prmbench;
 pub mod processbench;

@@ -208,10 +208,51 @@ are on the held-out samples. The judge's rollouts are its sampled answers.\n",
     if let Some(rl) = &r.rl {
         rl_section(&mut s, rl);
     }
+    paired_section(&mut s, r);
     if !r.plots.is_empty() {
         let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
     }
     s
+}
+
+/// Paired differences: best-of-N, search and RL comparisons on the same problems.
+fn paired_section(s: &mut String, r: &Report) {
+    let all: Vec<&stepwise_eval::paired::PairedDifference> = r
+        .paired
+        .iter()
+        .chain(r.search.iter().flat_map(|x| &x.paired))
+        .chain(r.rl.iter().flat_map(|x| &x.paired))
+        .collect();
+    if all.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## Paired differences
+"
+    );
+    let _ = writeln!(
+        s,
+        "Two methods on the same problems, compared problem by problem: the mean of the per-problem differences (A − B) with a 95% bootstrap interval over problems (pairs kept). Where the interval excludes 0 the two are told apart at this size; where it does not, they are not, whatever the point estimates say.
+"
+    );
+    let _ = writeln!(
+        s,
+        "| measure | A | B | A − B | 95% CI | problems | told apart |\n|---|---|---|---|---|---|---|"
+    );
+    for d in all {
+        let verdict = match d.separates() {
+            Some(true) => "A better",
+            Some(false) => "B better",
+            None => "no",
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:+.3} | [{:+.3}, {:+.3}] | {} | {verdict} |",
+            d.measure, d.a, d.b, d.difference, d.ci95.0, d.ci95.1, d.problems
+        );
+    }
+    let _ = writeln!(s);
 }
 
 /// The search section: every method and verifier against the tokens it generated.

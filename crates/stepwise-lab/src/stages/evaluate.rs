@@ -6,8 +6,9 @@ use crate::preset::Preset;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use stepwise_core::Solution;
-use stepwise_eval::bon::{curve, Curve, Method};
+use stepwise_eval::bon::{curve, per_problem_accuracy, Curve, Method};
 use stepwise_eval::labels::{calibration, label_quality, LabelQuality};
+use stepwise_eval::paired::{paired_difference, PairedDifference};
 use stepwise_eval::processbench::{predict_first_error, score, ProcessBenchScore};
 use stepwise_eval::ranking::{discrimination, Discrimination};
 use stepwise_search::{aggregate, group_candidates, Aggregation, Candidate, Selector};
@@ -57,6 +58,10 @@ pub struct Report {
     /// RL against each reward source (absent when the preset skips it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rl: Option<super::rl::RlReport>,
+    /// Best-of-N at the largest N, method against method on the same problems: the mean
+    /// per-problem difference with a paired bootstrap interval.
+    #[serde(default)]
+    pub paired: Vec<PairedDifference>,
 }
 
 /// Best-of-N accuracy on one problem family, by method.
@@ -310,6 +315,8 @@ pub fn evaluate(
         discrimination.push(("verifiers' base confidence (diagnostic)".to_string(), base));
     }
 
+    let paired = paired_bon(p, seed, scored, &methods)?;
+
     let correct: Vec<&Solution> = scored.iter().filter(|s| s.correct == Some(true)).collect();
     let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
     Ok(Report {
@@ -331,5 +338,68 @@ pub fn evaluate(
         labels: Default::default(),
         search: None,
         rl: None,
+        paired,
     })
+}
+
+/// Best-of-`eval_samples` comparisons on the same problems: the PRM against the ORM and the
+/// majority vote, the oracle-label PRM against the MC one, and each other label source's PRM
+/// (consensus, judge, binary search, OmegaPRM) against PRM-MC, where the samples carry its scores.
+fn paired_bon(
+    p: &Preset,
+    seed: u64,
+    scored: &[Solution],
+    methods: &[(String, &[Vec<Candidate>], Method)],
+) -> Result<Vec<PairedDifference>> {
+    use verifier::*;
+    let n = p.eval_samples;
+    let measure = format!("best-of-{n} accuracy");
+    let draws = 32;
+    let of = |name: &str| {
+        methods
+            .iter()
+            .find(|(m, _, _)| m == name)
+            .map(|(_, g, how)| per_problem_accuracy(g, *how, n, draws, seed))
+    };
+    let by_min = |verifier: &str| -> Result<Option<Vec<f64>>> {
+        if scored.first().and_then(|s| s.scores_of(verifier)).is_none() {
+            return Ok(None);
+        }
+        let groups = group_candidates(scored, Some(verifier), None)?;
+        Ok(Some(per_problem_accuracy(
+            &groups,
+            Some(Selector::Prm(Aggregation::Min)),
+            n,
+            draws,
+            seed,
+        )))
+    };
+    let mut out = Vec::new();
+    let mc = of("PRM-MC (min)").unwrap_or_default();
+    for other in ["ORM", "majority vote"] {
+        if let Some(ys) = of(other) {
+            out.push(paired_difference(&measure, "PRM-MC (min)", &mc, other, &ys, seed ^ 11));
+        }
+    }
+    if let Some(xs) = of("PRM-oracle (min)") {
+        out.push(paired_difference(
+            &measure,
+            "PRM-oracle (min)",
+            &xs,
+            "PRM-MC (min)",
+            &mc,
+            seed ^ 12,
+        ));
+    }
+    for (verifier, name) in [
+        (PRM_CONSENSUS, "PRM-consensus (min)"),
+        (PRM_JUDGE, "PRM-judge (min)"),
+        (PRM_BINARY_SEARCH, "PRM-binary-search (min)"),
+        (PRM_OMEGAPRM, "PRM-OmegaPRM (min)"),
+    ] {
+        if let Some(xs) = by_min(verifier)? {
+            out.push(paired_difference(&measure, name, &xs, "PRM-MC (min)", &mc, seed ^ 13));
+        }
+    }
+    Ok(out)
 }

@@ -15,10 +15,12 @@ use candle_core::Device;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 use stepwise_core::seams::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
 use stepwise_core::{Problem, Solution, StepScorer};
 use stepwise_eval::bon::bootstrap;
+use stepwise_eval::paired::{paired_by_id, PairedDifference};
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, ModelConfig, Prompt, Tokenizer};
 use stepwise_rl::trainer::RlRun;
@@ -37,6 +39,9 @@ pub struct PolicyMeasure {
     /// Of the correct samples, the fraction the oracle says reached their answer through a wrong
     /// step.
     pub lucky_correct: f64,
+    /// Each problem's fraction of correct samples, by problem id (for paired comparisons).
+    #[serde(skip)]
+    pub per_problem: BTreeMap<String, f64>,
 }
 
 /// One reward source's RL run and its result.
@@ -73,6 +78,9 @@ pub struct RlVariant {
     /// Every update's log (`rl_<reward>/rl_state.json` keeps it too).
     #[serde(skip)]
     pub log: Vec<UpdateLog>,
+    /// Each held-out problem's accuracy after RL, by problem id.
+    #[serde(skip)]
+    pub per_problem: BTreeMap<String, f64>,
 }
 
 /// The mean of `f` over the first and the last tenth of `log`.
@@ -91,6 +99,10 @@ pub struct RlReport {
     pub budget: (usize, usize, usize),
     /// One entry per reward source.
     pub variants: Vec<RlVariant>,
+    /// Each reward source against outcome-reward RL on the same held-out problems: accuracy
+    /// after RL, mean per-problem difference with a paired bootstrap interval.
+    #[serde(default)]
+    pub paired: Vec<PairedDifference>,
 }
 
 /// Measure `sols` (graded, oracle verdicts in meta), several per problem.
@@ -114,8 +126,15 @@ pub fn measure(sols: &[Solution], seed: u64) -> Result<PolicyMeasure> {
         .map(oracle_labelled)
         .collect();
     let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
+    let mut tally: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for s in sols {
+        let t = tally.entry(s.problem_id.clone()).or_default();
+        t.0 += usize::from(s.correct == Some(true));
+        t.1 += 1;
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     Ok(PolicyMeasure {
+        per_problem: tally.into_iter().map(|(k, (c, n))| (k, c as f64 / n as f64)).collect(),
         accuracy: correct.len() as f64 / sols.len().max(1) as f64,
         ci95: bootstrap(&per_problem, 1000, &mut rng),
         majority,
@@ -259,12 +278,32 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
             reward_first_last: first_last(&log, |l| l.reward),
             oracle_first_last: first_last(&log, oracle_of),
             log,
+            per_problem: after.per_problem,
         })
     })?;
+    let measure = format!("accuracy after RL ({} samples a problem)", p.rl_eval_samples);
+    let paired = match variants.iter().find(|v| v.reward == "outcome") {
+        Some(outcome) => variants
+            .iter()
+            .filter(|v| v.reward != "outcome")
+            .map(|v| {
+                paired_by_id(
+                    &measure,
+                    &v.reward,
+                    &v.per_problem,
+                    "outcome",
+                    &outcome.per_problem,
+                    i.seed ^ 8,
+                )
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     Ok(RlReport {
         eval_samples: p.rl_eval_samples,
         budget: (p.rl_updates, p.rl_prompts, p.rl_group),
         variants,
+        paired,
     })
 }
 

@@ -18,6 +18,7 @@ use std::time::Instant;
 use stepwise_core::seams::{CheckerScorer, Policy, StepScorer};
 use stepwise_core::Solution;
 use stepwise_eval::bon::bootstrap;
+use stepwise_eval::paired::{paired_by_id, PairedDifference};
 use stepwise_model::{IncrementalScorer, PrmScorer};
 use stepwise_search::calibrate::scored_steps;
 use stepwise_search::{calibrate, compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold};
@@ -88,6 +89,10 @@ pub struct SearchReport {
     pub methods: Vec<SearchPoint>,
     /// Incremental against whole scoring.
     pub incremental: Option<IncrementalMeasure>,
+    /// At the largest budget, for each verifier, DVTS and beam search against best-of-N on the
+    /// same problems: mean per-problem difference in accuracy with a paired bootstrap interval.
+    #[serde(default)]
+    pub paired: Vec<PairedDifference>,
 }
 
 /// What the search stage needs from the rest of the run.
@@ -233,6 +238,8 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
 
     // One sample: the unit of the budgets (no verifier chooses anything).
     let mut methods = Vec::new();
+    let mut largest: std::collections::BTreeMap<(&str, &str), std::collections::BTreeMap<String, f64>> =
+        Default::default();
     let single = run("bon", ORACLE, &base)?;
     let mut one = point("sample", "-", &base, &single)?;
     let sample_tokens = one.generated_tokens;
@@ -252,6 +259,13 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
             for name in names {
                 let sols = run(name, verifier, &config)?;
                 methods.push(point(name, verifier, &config, &sols)?);
+                if Some(&n) == p.search_budgets.iter().max() {
+                    let right = sols
+                        .iter()
+                        .map(|s| (s.problem_id.clone(), f64::from(u8::from(s.correct == Some(true)))))
+                        .collect();
+                    largest.insert((name, verifier), right);
+                }
             }
         }
         let tau = thresholds
@@ -268,6 +282,17 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
     for m in &mut methods {
         m.budget_tokens = m.n as f64 * sample_tokens;
     }
+    let mut paired = Vec::new();
+    if let Some(n) = p.search_budgets.iter().max() {
+        for verifier in [i.prms[0].0, i.prms[1].0, ORACLE] {
+            for name in ["dvts", "beam"] {
+                if let (Some(xs), Some(ys)) = (largest.get(&(name, verifier)), largest.get(&("bon", verifier))) {
+                    let measure = format!("search accuracy at N = {n} ({verifier})");
+                    paired.push(paired_by_id(&measure, name, xs, "bon", ys, i.seed ^ 10));
+                }
+            }
+        }
+    }
     let incremental = measure_incremental(i, &base, &jobs)?;
     let calibration_problems = calib
         .iter()
@@ -282,6 +307,7 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
         thresholds,
         methods,
         incremental,
+        paired,
     })
 }
 
