@@ -285,7 +285,7 @@ impl Preset {
             rollouts: 8,
             mc_labels: McLabels::Hard,
             completer: Completer::VerifierBase,
-            eval_problems: 150,
+            eval_problems: 600,
             eval_samples: 32,
             verifiers_from_policy: true,
             verifier_base_steps: 3000,
