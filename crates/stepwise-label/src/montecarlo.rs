@@ -106,16 +106,22 @@ mod tests {
 
     use crate::test_support::{solution, toy};
 
-    #[test]
-    fn labels_stop_at_the_first_unrescuable_step() {
-        let sol = solution("s", &["good", "bad", "after", "answer 2"]);
+    /// The toy policy's Monte Carlo labels (4 rollouts a prefix) of a solution of `steps`:
+    /// the labelled solution, each step's label, and what it cost.
+    fn labels_of(steps: &[&str]) -> (Solution, Vec<f32>, Spent) {
         let mc = MonteCarlo {
             policy: &ScriptedPolicy(toy),
             task: &PlainTask::default(),
             options: McOptions { rollouts: 4, seed: 0 },
         };
-        let (l, spent) = mc.annotate(&sol).unwrap();
-        let p: Vec<f32> = l.steps.iter().map(|s| s.label.as_ref().unwrap().prob(1.0)).collect();
+        let (l, spent) = mc.annotate(&solution("s", steps)).unwrap();
+        let p = l.steps.iter().map(|s| s.label.as_ref().unwrap().prob(1.0)).collect();
+        (l, p, spent)
+    }
+
+    #[test]
+    fn labels_stop_at_the_first_unrescuable_step() {
+        let (l, p, spent) = labels_of(&["good", "bad", "after", "answer 2"]);
         assert_eq!(p, vec![0.5, 0.0, 0.0, 0.0]);
         assert_eq!(spent.rollouts, 8, "no rollouts after the first dead step");
         assert_eq!(spent.tokens, 16, "two words per scripted rollout");
@@ -126,14 +132,7 @@ mod tests {
     fn a_correct_solution_is_rolled_out_at_every_prefix_and_ends_good() {
         // "bad" makes every rollout fail, but the solution still reaches the gold answer: its
         // prefixes are not dead, and its last step is good.
-        let sol = solution("s", &["good", "bad", "after", "answer 1"]);
-        let mc = MonteCarlo {
-            policy: &ScriptedPolicy(toy),
-            task: &PlainTask::default(),
-            options: McOptions { rollouts: 4, seed: 0 },
-        };
-        let (l, spent) = mc.annotate(&sol).unwrap();
-        let p: Vec<f32> = l.steps.iter().map(|s| s.label.as_ref().unwrap().prob(1.0)).collect();
+        let (_, p, spent) = labels_of(&["good", "bad", "after", "answer 1"]);
         assert_eq!(p, vec![0.5, 0.0, 0.0, 1.0]);
         assert_eq!(spent.rollouts, 12, "every prefix but the whole solution is rolled out");
     }
