@@ -33,14 +33,14 @@ pub struct Policy {
 impl Policy {
     /// It as the seam the stages take.
     pub fn seam(&self) -> Box<dyn PolicySeam + '_> {
-        self.backend.policy(
-            self.temperature,
-            self.max_tokens,
-            self.prompt,
-            &self.separator,
-            self.top_p,
-            &[],
-        )
+        self.backend.policy(&stepwise_remote::backend::PolicySettings {
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            prompt: self.prompt,
+            separator: self.separator.clone(),
+            top_p: self.top_p,
+            stop: Vec::new(),
+        })
     }
 }
 

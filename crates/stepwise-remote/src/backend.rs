@@ -160,6 +160,38 @@ impl RemoteOptions {
     }
 }
 
+/// How a [`PolicyBackend`]'s policy samples and lays out its prompts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySettings {
+    /// Sampling temperature (0: greedy).
+    pub temperature: f32,
+    /// Most new tokens per continuation.
+    pub max_tokens: usize,
+    /// How the question and the steps so far become the prompt.
+    pub prompt: Prompt,
+    /// Text between steps: continuations are split at it, one step stops at it.
+    pub separator: String,
+    /// Nucleus mass.
+    pub top_p: f32,
+    /// Strings that end a continuation besides the end of sequence.
+    pub stop: Vec<String>,
+}
+
+impl Default for PolicySettings {
+    /// Temperature 0.7, 512 new tokens, the question as plain text, steps one a line, no
+    /// nucleus cut, no stop strings.
+    fn default() -> Self {
+        PolicySettings {
+            temperature: 0.7,
+            max_tokens: 512,
+            prompt: Prompt::Text,
+            separator: "\n".into(),
+            top_p: 1.0,
+            stop: Vec::new(),
+        }
+    }
+}
+
 /// A policy to sample from, local or remote.
 pub enum PolicyBackend {
     /// A checkpoint loaded here.
@@ -177,32 +209,24 @@ impl PolicyBackend {
         })
     }
 
-    /// It as a [`Policy`]: `top_p` and extra `stop` strings as given.
-    pub fn policy(
-        &self,
-        temperature: f32,
-        max_tokens: usize,
-        prompt: Prompt,
-        separator: &str,
-        top_p: f32,
-        stop: &[String],
-    ) -> Box<dyn Policy + '_> {
+    /// It as a [`Policy`] that samples and lays out its prompts as `s` says.
+    pub fn policy(&self, s: &PolicySettings) -> Box<dyn Policy + '_> {
         match self {
             PolicyBackend::Local(p) => {
-                let mut policy = p.policy(temperature, max_tokens, prompt, separator);
-                policy.params.top_p = top_p;
-                policy.params.stop_strings = stop.to_vec();
+                let mut policy = p.policy(s.temperature, s.max_tokens, s.prompt, &s.separator);
+                policy.params.top_p = s.top_p;
+                policy.params.stop_strings = s.stop.clone();
                 Box::new(policy)
             }
             PolicyBackend::Remote(client, tokenizer) => Box::new(RemotePolicy {
                 client,
                 tokenizer: tokenizer.as_ref(),
-                prompt,
-                separator: separator.to_string(),
-                temperature,
-                top_p,
-                max_tokens,
-                stop: stop.to_vec(),
+                prompt: s.prompt,
+                separator: s.separator.clone(),
+                temperature: s.temperature,
+                top_p: s.top_p,
+                max_tokens: s.max_tokens,
+                stop: s.stop.clone(),
             }),
         }
     }

@@ -4,6 +4,7 @@ use stepwise_core::{Format, Solution};
 use stepwise_label::methods::{judge_format, Settings};
 use stepwise_label::{annotate_resumable, Annotators, Method};
 use stepwise_model::Prompt;
+use stepwise_remote::backend::PolicySettings;
 
 /// Label steps automatically by Monte Carlo rollouts (Math-Shepherd) or by binary search for the
 /// first error (OmegaPRM).
@@ -146,14 +147,10 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     let backend = a.device.open_policy(&a.policy, &a.remote)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
-    let policy = backend.policy(
-        a.sampling.temperature,
-        a.sampling.max_tokens,
-        prompt,
-        &a.sampling.separator,
-        1.0,
-        &a.task.stops(),
-    );
+    let policy = backend.policy(&PolicySettings {
+        stop: a.task.stops(),
+        ..a.sampling.settings(prompt)
+    });
     let task = a.task.open(Some(&a.input))?;
     let method = Method::by_name(&a.method)?;
     let judge_backend = match (&a.judge, method.needs_judge()) {
@@ -169,14 +166,10 @@ pub fn run(a: Args) -> Result<()> {
     };
     let judge_policy = judge_backend.as_ref().map(|b| {
         let prompt = if a.judge_chat { Prompt::Chat } else { Prompt::Text };
-        b.policy(
-            a.sampling.temperature,
-            a.sampling.max_tokens,
-            prompt,
-            separator,
-            1.0,
-            &[],
-        )
+        b.policy(&PolicySettings {
+            separator: separator.into(),
+            ..a.sampling.settings(prompt)
+        })
     });
     let settings = Settings {
         rollouts: a.rollouts,

@@ -103,7 +103,14 @@ pub fn run(a: Args) -> Result<()> {
             if a.top_k > 0 {
                 anyhow::bail!("--top-k is for local policies (OpenAI's API has no top-k)");
             }
-            remote.policy(a.temperature, a.max_tokens, prompt, "\n", a.top_p, &stop)
+            remote.policy(&stepwise_remote::backend::PolicySettings {
+                temperature: a.temperature,
+                max_tokens: a.max_tokens,
+                prompt,
+                top_p: a.top_p,
+                stop: stop.clone(),
+                ..Default::default()
+            })
         }
     };
     let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;

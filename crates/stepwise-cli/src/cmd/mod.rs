@@ -31,6 +31,20 @@ pub struct SamplingArgs {
     pub separator: String,
 }
 
+impl SamplingArgs {
+    /// These settings for a policy laying out its prompts as `prompt` (no nucleus cut, no stop
+    /// strings).
+    pub fn settings(&self, prompt: stepwise_model::Prompt) -> stepwise_remote::backend::PolicySettings {
+        stepwise_remote::backend::PolicySettings {
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            prompt,
+            separator: self.separator.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 /// A checkpoint argument: a folder, or a Hugging Face model id found in the local cache
 /// ([`stepwise_model::hub`]).
 pub fn model_dir(arg: &str) -> Result<std::path::PathBuf, String> {

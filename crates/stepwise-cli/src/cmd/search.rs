@@ -161,14 +161,10 @@ pub fn run(a: Args) -> Result<()> {
         }),
     )?;
     let policy_backend = a.device.open_policy(&a.policy, &a.remote)?;
-    let policy = policy_backend.policy(
-        a.sampling.temperature,
-        a.sampling.max_tokens,
-        prompt_layout(&a.prompt)?,
-        &a.sampling.separator,
-        1.0,
-        &a.task.stops(),
-    );
+    let policy = policy_backend.policy(&stepwise_remote::backend::PolicySettings {
+        stop: a.task.stops(),
+        ..a.sampling.settings(prompt_layout(&a.prompt)?)
+    });
     let scorer_backend = a.device.open_scorer(&a.prm, &a.layout, &a.remote)?;
     let scorer = if a.whole {
         scorer_backend.scorer()

@@ -1,4 +1,4 @@
-//! Stage 5, evaluation on held-out problems: best-of-N curves (overall and by problem family),
+//! Stage 6, evaluation on held-out problems: best-of-N curves (overall and by problem family),
 //! first-error localisation with ProcessBench's metric, ranking quality, Monte Carlo label
 //! quality and calibration. Writing them out is [`crate::report`]'s job.
 

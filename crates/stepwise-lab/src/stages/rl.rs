@@ -1,4 +1,4 @@
-//! Stage 6, RL: the lab's policy optimised against each reward source in turn — the outcome
+//! Stage 8, RL: the lab's policy optimised against each reward source in turn — the outcome
 //! (the grader), the ORM, PRM-MC, PRM-oracle and the oracle itself (the ceiling) — with the same
 //! budget (updates × prompts × group), prompts and seeds, then measured on held-out problems
 //! before and after: single-sample accuracy, majority vote, and how many correct answers were
