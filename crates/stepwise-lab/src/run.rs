@@ -308,71 +308,18 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     // 6. Evaluate.
     let mut report =
         crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, &mc, &oracle, spent.rollouts)?;
-    {
-        use crate::stages::labels::compare;
-        let mc_hard: Vec<Solution> = mc.iter().map(annotate::hard_mc).collect();
-        // Each source's PRM at the largest N of the report's curves (32 in the standard preset).
-        let n = p.eval_samples;
-        let mut sources = vec![
-            compare("mc", &mc_hard, &oracle, spent).with_prm(&scored, verifier::PRM_MC, n, o.seed)?,
-            compare("binary_search", &bs, &oracle, bs_spent).with_prm(
-                &scored,
-                verifier::PRM_BINARY_SEARCH,
-                n,
-                o.seed,
-            )?,
-        ];
-        {
-            let mut tree = compare("omegaprm", &omega, &oracle, omega_spent).with_prm(
-                &scored,
-                verifier::PRM_OMEGAPRM,
-                n,
-                o.seed,
-            )?;
-            // The tree's new solutions' labels against the oracle's verdicts on their steps.
-            let new = &omega_new;
-            let new_oracle: Vec<Solution> = new.iter().map(|s| task.oracle_labelled(s)).collect();
-            tree.new_solutions = new.len();
-            tree.new_solutions_label_accuracy =
-                (!new.is_empty()).then(|| compare("omegaprm", new, &new_oracle, Default::default()).label_accuracy);
-            sources.push(tree);
-        }
-        if let Some(j) = &judged {
-            let mut judge =
-                compare("judge", &j.labels, &oracle, j.spent).with_prm(&scored, verifier::PRM_JUDGE, n, o.seed)?;
-            judge.human_labels = j.human;
-            // Compared on the solutions it kept; it paid for both annotations.
-            let kept = j
-                .consensus
-                .iter()
-                .filter(|s| s.meta.get("consensus") == Some(&true.into()));
-            let retained = kept.count() as f64 / j.consensus.len().max(1) as f64;
-            let mut both = spent;
-            both += j.spent;
-            let mut c = compare("consensus", &j.consensus, &oracle, both).with_prm(
-                &scored,
-                verifier::PRM_CONSENSUS,
-                n,
-                o.seed,
-            )?;
-            c.retained_fraction = Some(retained);
-            c.human_labels = j.human;
-            sources.extend([judge, c]);
-        }
-        let mut oracle_source = compare("oracle", &oracle, &oracle, Default::default()).with_prm(
-            &scored,
-            verifier::PRM_ORACLE,
-            n,
-            o.seed,
-        )?;
-        oracle_source.human_labels = oracle.len();
-        sources.push(oracle_source);
-        report.labels = crate::stages::labels::Labels {
-            completer: p.completer.name().into(),
-            judge_start: p.verifier_start_dir().into(),
-            sources,
-        };
-    }
+    report.labels = crate::stages::labels::label_sources(&crate::stages::labels::SourceInputs {
+        preset: p,
+        seed: o.seed,
+        scored: &scored,
+        oracle: &oracle,
+        task: &task,
+        mc: (&mc, spent),
+        binary_search: (&bs, bs_spent),
+        omegaprm: (&omega, omega_spent),
+        omegaprm_new: &omega_new,
+        judged: judged.as_ref(),
+    })?;
 
     // 7. Test-time search guided by each PRM and the oracle, at matched budgets.
     if p.search_problems > 0 {

@@ -120,6 +120,85 @@ impl LabelSource {
     }
 }
 
+/// What [`label_sources`] compares: every label source of the run on the same samples, the
+/// oracle's verdicts on them, and the evaluation samples each source's PRM scored.
+pub struct SourceInputs<'a> {
+    /// Sizes and budgets.
+    pub preset: &'a crate::preset::Preset,
+    /// The run's seed.
+    pub seed: u64,
+    /// The evaluation samples, scored by every verifier.
+    pub scored: &'a [Solution],
+    /// The oracle's labels of the annotated samples.
+    pub oracle: &'a [Solution],
+    /// The lab's task (the oracle of the tree's new solutions).
+    pub task: &'a crate::oracle::LabTask,
+    /// Monte Carlo labels, and what they cost.
+    pub mc: (&'a [Solution], Spent),
+    /// Binary-search labels, and what they cost.
+    pub binary_search: (&'a [Solution], Spent),
+    /// OmegaPRM's labels of the samples, and what its tree cost.
+    pub omegaprm: (&'a [Solution], Spent),
+    /// The tree's completed rollouts, labelled.
+    pub omegaprm_new: &'a [Solution],
+    /// The judge's and consensus labels, where the run has a judge.
+    pub judged: Option<&'a crate::stages::judge::Judged>,
+}
+
+/// Every label source against the oracle, each with its PRM's ProcessBench F1 and best-of-N at
+/// the largest N, and what it cost.
+pub fn label_sources(i: &SourceInputs<'_>) -> anyhow::Result<Labels> {
+    use crate::stages::evaluate::verifier;
+    let (p, seed, scored, oracle) = (i.preset, i.seed, i.scored, i.oracle);
+    let mc_hard: Vec<Solution> = i.mc.0.iter().map(crate::stages::annotate::hard_mc).collect();
+    // Each source's PRM at the largest N of the report's curves (32 in the standard preset).
+    let n = p.eval_samples;
+    let mut sources = vec![
+        compare("mc", &mc_hard, oracle, i.mc.1).with_prm(scored, verifier::PRM_MC, n, seed)?,
+        compare("binary_search", i.binary_search.0, oracle, i.binary_search.1).with_prm(
+            scored,
+            verifier::PRM_BINARY_SEARCH,
+            n,
+            seed,
+        )?,
+    ];
+    let mut tree =
+        compare("omegaprm", i.omegaprm.0, oracle, i.omegaprm.1).with_prm(scored, verifier::PRM_OMEGAPRM, n, seed)?;
+    // The tree's new solutions' labels against the oracle's verdicts on their steps.
+    let new = i.omegaprm_new;
+    let new_oracle: Vec<Solution> = new.iter().map(|s| i.task.oracle_labelled(s)).collect();
+    tree.new_solutions = new.len();
+    tree.new_solutions_label_accuracy =
+        (!new.is_empty()).then(|| compare("omegaprm", new, &new_oracle, Default::default()).label_accuracy);
+    sources.push(tree);
+    if let Some(j) = i.judged {
+        let mut judge = compare("judge", &j.labels, oracle, j.spent).with_prm(scored, verifier::PRM_JUDGE, n, seed)?;
+        judge.human_labels = j.human;
+        // Compared on the solutions it kept; it paid for both annotations.
+        let kept = j
+            .consensus
+            .iter()
+            .filter(|s| s.meta.get("consensus") == Some(&true.into()));
+        let retained = kept.count() as f64 / j.consensus.len().max(1) as f64;
+        let mut both = i.mc.1;
+        both += j.spent;
+        let mut c =
+            compare("consensus", &j.consensus, oracle, both).with_prm(scored, verifier::PRM_CONSENSUS, n, seed)?;
+        c.retained_fraction = Some(retained);
+        c.human_labels = j.human;
+        sources.extend([judge, c]);
+    }
+    let mut oracle_source =
+        compare("oracle", oracle, oracle, Default::default()).with_prm(scored, verifier::PRM_ORACLE, n, seed)?;
+    oracle_source.human_labels = oracle.len();
+    sources.push(oracle_source);
+    Ok(Labels {
+        completer: p.completer.name().into(),
+        judge_start: p.verifier_start_dir().into(),
+        sources,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
