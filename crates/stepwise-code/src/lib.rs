@@ -13,10 +13,11 @@
 #![doc = concat!("```\n", include_str!("../examples/grade_humaneval.rs"), "```")]
 #![warn(missing_docs)]
 
+pub mod grading;
 pub mod problems;
 pub mod sandbox;
 pub mod task;
 
 pub use problems::CodeProblem;
 pub use sandbox::{Job, Outcome, Sandbox, Status, Tests};
-pub use task::CodeTask;
+pub use task::{CodeTask, CODE_STOPS};

@@ -13,6 +13,10 @@ use std::path::Path;
 use stepwise_core::seams::Task;
 use stepwise_core::Problem;
 
+/// The stop strings of completions from a function's prompt (the Codex paper's): a completion
+/// ends where top-level code starts again.
+pub const CODE_STOPS: [&str; 5] = ["\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#"];
+
 /// Programming problems graded by running their tests (see the module's documentation).
 pub struct CodeTask {
     problems: Vec<Problem>,

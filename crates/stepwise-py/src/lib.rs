@@ -9,6 +9,7 @@
 
 use pyo3::prelude::*;
 
+mod code;
 mod convert;
 mod policy;
 mod records;
@@ -43,5 +44,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stages::annotate, m)?)?;
     m.add_function(wrap_pyfunction!(stages::search, m)?)?;
     m.add_function(wrap_pyfunction!(stages::lab_run, m)?)?;
+    m.add_function(wrap_pyfunction!(code::run_tests, m)?)?;
+    m.add_function(wrap_pyfunction!(code::pass_at_k, m)?)?;
     Ok(())
 }

@@ -33,13 +33,18 @@ pub struct Policy {
 impl Policy {
     /// It as the seam the stages take.
     pub fn seam(&self) -> Box<dyn PolicySeam + '_> {
+        self.seam_stopping_at(&[])
+    }
+
+    /// It as the seam, continuations also ending at `stop` (code's top-level boundaries).
+    pub fn seam_stopping_at(&self, stop: &[String]) -> Box<dyn PolicySeam + '_> {
         self.backend.policy(&stepwise_remote::backend::PolicySettings {
             temperature: self.temperature,
             max_tokens: self.max_tokens,
             prompt: self.prompt,
             separator: self.separator.clone(),
             top_p: self.top_p,
-            stop: Vec::new(),
+            stop: stop.to_vec(),
         })
     }
 }
@@ -261,10 +266,11 @@ impl PolicyArg {
         ))
     }
 
-    /// It as the seam.
-    pub fn seam(&self) -> Box<dyn PolicySeam + '_> {
+    /// It as the seam; a `stepwise.Policy` also stops at `stop` (a Python object stops as it
+    /// likes).
+    pub fn seam(&self, stop: &[String]) -> Box<dyn PolicySeam + '_> {
         match self {
-            PolicyArg::Native(p) => p.get().seam(),
+            PolicyArg::Native(p) => p.get().seam_stopping_at(stop),
             PolicyArg::Python(p) => Box::new(PythonPolicyRef(p)),
         }
     }

@@ -8,7 +8,7 @@ use anyhow::Result;
 use pyo3::prelude::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use stepwise_core::seams::MathTask;
+use stepwise_core::seams::{MathTask, Task};
 use stepwise_core::{Problem, Solution};
 use stepwise_label::methods::Settings;
 use stepwise_label::{annotate_resumable, Annotators, Method};
@@ -50,12 +50,15 @@ fn with_journal<T>(output: Option<&Path>, settings: &Value, f: impl FnOnce(&Path
 /// by bisection, OmegaPRM), `omegaprm` (the rollout tree with MCTS), `judge` (a model asked
 /// for the first wrong step: `judge=`), or `consensus` (mc labels kept where the judge agrees).
 /// With `output` (a `.jsonl` path) each labelled solution is appended as soon as it is done,
-/// and a call with the same arguments after an interruption labels only the rest. Returns the
-/// labelled records.
+/// and a call with the same arguments after an interruption labels only the rest. With
+/// `code_problems` (HumanEval's or MBPP's JSONL) the steps are lines of programs and a rollout
+/// is right when the problem's tests pass in the sandbox (each record's `gold_answer` is its
+/// problem's id; HumanEval's own file labels its reference solutions). Returns the labelled
+/// records.
 ///
 /// >>> labelled = stepwise.annotate(recs, policy, method="mc", rollouts=8, output="mc.jsonl")
 #[pyfunction]
-#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", search_limit=0, separator="\n"))]
+#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", search_limit=0, separator="\n", code_problems=None, code_timeout=10.0))]
 #[allow(clippy::too_many_arguments)]
 pub fn annotate<'py>(
     py: Python<'py>,
@@ -70,6 +73,8 @@ pub fn annotate<'py>(
     judge_format: &str,
     search_limit: usize,
     separator: &str,
+    code_problems: Option<PathBuf>,
+    code_timeout: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
     let method = Method::by_name(method).map_err(|e| value_error(e.to_string()))?;
     let (format, _) = stepwise_label::methods::judge_format(judge_format).map_err(|e| value_error(e.to_string()))?;
@@ -88,19 +93,20 @@ pub fn annotate<'py>(
     let claim = json!({
         "method": format!("{method:?}"), "rollouts": rollouts, "seed": seed, "search_limit": search_limit,
         "judge_samples": judge_samples, "judge_format": judge_format, "separator": separator,
+        "task": code_identity(code_problems.as_deref(), code_timeout)?,
     });
     let labelled = without_gil(py, || {
         let sols = solutions_of(&given, None)?;
         if let Some((i, s)) = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none()) {
             anyhow::bail!("record {} (`{}`): field `gold_answer`: missing", i + 1, s.id);
         }
-        let task = MathTask::default();
-        let seam = policy.seam();
-        let judge_seam = judge.as_ref().map(|j| j.seam());
+        let (task, stop) = task_of(code_problems.as_deref(), code_timeout)?;
+        let seam = policy.seam(&stop);
+        let judge_seam = judge.as_ref().map(|j| j.seam(&[]));
         let annotators = Annotators::new(
             method,
             &*seam,
-            &task,
+            &*task,
             &settings,
             judge_seam.as_deref().map(|j| (j, format)),
         )?;
@@ -113,6 +119,29 @@ pub fn annotate<'py>(
         records_of(&labelled)
     })?;
     to_py(py, &Value::Array(labelled))
+}
+
+/// The task that grades: math, or the code problems of `code_problems` (with the stop strings
+/// its completions end at).
+fn task_of(code_problems: Option<&Path>, timeout: f64) -> Result<(Box<dyn Task>, Vec<String>)> {
+    Ok(match code_problems {
+        None => (Box::new(MathTask::default()), Vec::new()),
+        Some(path) => (
+            Box::new(crate::code::code_task(path, timeout)?),
+            stepwise_code::CODE_STOPS.iter().map(|s| s.to_string()).collect(),
+        ),
+    })
+}
+
+/// What a resumed call must share with the call it resumes: the domain, and the code problems'
+/// content.
+fn code_identity(code_problems: Option<&Path>, timeout: f64) -> PyResult<Value> {
+    let Some(path) = code_problems else {
+        return Ok(json!("math"));
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| value_error(format!("{}: {e}", path.display())))?;
+    let fingerprint = stepwise_core::journal::fingerprint(&[text]).map_err(|e| value_error(e.to_string()))?;
+    Ok(json!({"task": "code", "problems": fingerprint, "timeout": timeout}))
 }
 
 /// A problem from Python: a question string, or a dict with `question` (or `problem`), an
@@ -136,12 +165,14 @@ fn problems_of(values: &[Value]) -> Result<Vec<Problem>> {
 /// beams, extend each `width` ways), `dvts`, `lookahead` or `resample` (verify → resample below
 /// `threshold`). Problems are question strings or dicts with `question` and an optional gold
 /// `answer` (the chosen solution is then graded). With `output` (`.jsonl`) each problem's result
-/// is appended as soon as it is done and a repeated call resumes. Returns one record a problem:
-/// its steps, `scores[name]`, `correct`, and `meta.search` / `meta.compute`.
+/// is appended as soon as it is done and a repeated call resumes. With `code_problems`
+/// (HumanEval's or MBPP's JSONL) `problems` are task ids, the steps lines of code, and `correct`
+/// says whether the problem's tests pass. Returns one record a problem: its steps,
+/// `scores[name]`, `correct`, and `meta.search` / `meta.compute`.
 ///
 /// >>> out = stepwise.search(["What is 2 + 3?"], policy, prm, method="beam", n=8, width=4)
 #[pyfunction]
-#[pyo3(signature = (problems, policy, prm, method="beam", n=8, width=4, aggregation="min", max_steps=40, lookahead=1, threshold=0.5, max_resamples=4, resample_budget=16, seed=0, name="prm", output=None, threads=2, separator="\n"))]
+#[pyo3(signature = (problems, policy, prm, method="beam", n=8, width=4, aggregation="min", max_steps=40, lookahead=1, threshold=0.5, max_resamples=4, resample_budget=16, seed=0, name="prm", output=None, threads=2, separator="\n", code_problems=None, code_timeout=10.0))]
 #[allow(clippy::too_many_arguments)]
 pub fn search<'py>(
     py: Python<'py>,
@@ -162,6 +193,8 @@ pub fn search<'py>(
     output: Option<PathBuf>,
     threads: usize,
     separator: &str,
+    code_problems: Option<PathBuf>,
+    code_timeout: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
     let search = search_method(method).map_err(|e| value_error(e.to_string()))?;
     let config = SearchConfig {
@@ -175,15 +208,28 @@ pub fn search<'py>(
         resample_budget,
         seed,
     };
+    let code = code_problems
+        .as_deref()
+        .map(|path| py.detach(|| crate::code::code_task(path, code_timeout)))
+        .transpose()
+        .map_err(|e| value_error(format!("{e:#}")))?;
+    let code_given = code
+        .as_ref()
+        .map(|t| crate::code::code_search_problems(t, problems))
+        .transpose()?;
     let values = match from_py(problems)? {
         Value::Array(v) => v,
         one => vec![one],
     };
     let policy = PolicyArg::of(policy, separator)?;
     let prm: Py<Prm> = prm.clone().unbind();
-    let claim = json!({"method": method, "config": config, "name": name, "separator": separator});
+    let claim = json!({"method": method, "config": config, "name": name, "separator": separator,
+        "task": code_identity(code_problems.as_deref(), code_timeout)?});
     let records = without_gil(py, || {
-        let problems = problems_of(&values)?;
+        let problems = match code_given {
+            Some(p) => p,
+            None => problems_of(&values)?,
+        };
         let mut claim = claim;
         claim["input"] = stepwise_core::journal::fingerprint(&problems)?.into();
         let jobs: Vec<Job<'_>> = problems
@@ -195,16 +241,20 @@ pub fn search<'py>(
                 gold_answer: p.gold_answer.as_deref(),
             })
             .collect();
-        let seam = policy.seam();
+        let math = MathTask::default();
+        let (task, stop): (&dyn Task, Vec<String>) = match &code {
+            Some(t) => (t, stepwise_code::CODE_STOPS.iter().map(|s| s.to_string()).collect()),
+            None => (&math, Vec::new()),
+        };
+        let seam = policy.seam(&stop);
         let scorer = prm.get().search_scorer();
-        let task = MathTask::default();
         let searcher = Searcher {
             method: &*search,
             config: &config,
             policy: &*seam,
             scorer: &*scorer,
             verifier: name,
-            task: &task,
+            task,
             threads: threads.max(1),
         };
         let sols: Vec<Solution> =

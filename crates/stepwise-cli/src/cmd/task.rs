@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use stepwise_code::{CodeTask, Sandbox};
+use stepwise_code::{CodeTask, Sandbox, CODE_STOPS};
 use stepwise_core::seams::{MathTask, Task};
 use stepwise_core::steps::{split_steps, SplitStrategy};
 use stepwise_core::Problem;
@@ -17,10 +17,6 @@ pub enum Domain {
     /// Programs run against their problem's tests (HumanEval, MBPP) in a sandbox.
     Code,
 }
-
-/// The stop strings of code completions from a function's prompt (the Codex paper's): a
-/// completion ends where top-level code starts again.
-pub const CODE_STOPS: [&str; 5] = ["\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#"];
 
 /// Which task grades solutions.
 #[derive(clap::Args, Debug)]
