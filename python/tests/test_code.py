@@ -96,3 +96,17 @@ def test_search_over_lines_is_graded_by_the_tests(humaneval, problems, fixtures)
     assert out[0]["correct"] is True, out[0]
     with pytest.raises(ValueError, match="HumanEval/9999"):
         stepwise.search(["HumanEval/9999"], RestOfReference(problems), prm, code_problems=humaneval)
+
+
+def test_verl_reward_function_for_code(humaneval, problems, monkeypatch):
+    from stepwise.integrations import verl
+
+    p = problems[0]
+    score = verl.make_code_compute_score(humaneval, timeout=5.0)
+    right = score("openai_humaneval", p["canonical_solution"], p["task_id"])
+    assert right == {"score": 1.0, "acc": 1.0, "test_pass_rate": 1.0}
+    wrong = score("openai_humaneval", p["canonical_solution"].replace("<", ">"), p["task_id"])
+    assert wrong["score"] == 0.0 and 0.0 <= wrong["test_pass_rate"] < 1.0
+    # The module's compute_score, configured from the environment as verl runs it.
+    monkeypatch.setenv("STEPWISE_CODE_PROBLEMS", str(humaneval))
+    assert verl.compute_score("openai_humaneval", p["canonical_solution"], p["task_id"])["score"] == 1.0

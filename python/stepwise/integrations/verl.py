@@ -12,6 +12,11 @@ Two ways in, both configured from verl's YAML:
          path: <site-packages>/stepwise/integrations/verl.py
          name: compute_score
 
+   For code (``STEPWISE_CODE_PROBLEMS``: HumanEval's or MBPP's JSONL, or
+   :func:`make_code_compute_score`) the response is the program's completion, ``ground_truth``
+   the problem's ``task_id``, and ``score`` whether its tests pass in stepwise's sandbox, with
+   ``test_pass_rate`` (the share of its assertions that hold) beside it.
+
 2. **A reward manager** (:class:`StepwiseRewardManager`, registered as ``"stepwise"`` when
    verl is installed: ``reward_model.reward_manager=stepwise``) that writes *dense* rewards: each
    step's PRM score at the token that ends the step (``credit``: ``return_to_go`` or PURE's
@@ -24,9 +29,10 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import PRM, extract_answer, grade, split_steps, step_rewards
+from .. import PRM, extract_answer, grade, run_tests, split_steps, step_rewards
 
-__all__ = ["compute_score", "make_compute_score", "step_token_ends", "StepwiseRewardManager"]
+__all__ = ["compute_score", "make_compute_score", "make_code_compute_score", "step_token_ends",
+           "StepwiseRewardManager"]
 
 _DEFAULT_PRM: Dict[str, Any] = {}
 
@@ -78,10 +84,35 @@ def make_compute_score(prm: Optional[PRM] = None, separator: str = "\n\n", mode:
     return compute_score
 
 
+def make_code_compute_score(problems: Any, timeout: float = 10.0):
+    """A verl ``compute_score`` for code: ``solution_str`` is the completion of problem
+    ``ground_truth`` (a ``task_id`` of ``problems``, HumanEval's or MBPP's JSONL), run against its
+    tests in stepwise's sandbox (a fresh python3 with time, memory, file, process and network
+    limits; ``timeout`` seconds)."""
+
+    def compute_score(data_source: str, solution_str: str, ground_truth: Any,
+                      extra_info: Optional[dict] = None, **kwargs: Any) -> Dict[str, float]:
+        task_id = str(ground_truth)
+        if isinstance(extra_info, dict) and isinstance(extra_info.get("task_id"), str):
+            task_id = extra_info["task_id"]
+        out = run_tests(problems, [{"task_id": task_id, "completion": solution_str}], timeout=timeout)[0]
+        passed = 1.0 if out["passed"] else 0.0
+        rate = out["tests_passed"] / out["tests_run"] if out["tests_run"] else 0.0
+        return {"score": passed, "acc": passed, "test_pass_rate": float(rate)}
+
+    return compute_score
+
+
 def compute_score(data_source: str, solution_str: str, ground_truth: Any,
                   extra_info: Optional[dict] = None, **kwargs: Any) -> Dict[str, float]:
     """verl's reward function: the graded outcome as ``score``, plus per-step PRM summaries when
-    ``STEPWISE_PRM`` names a PRM (steps split at ``STEPWISE_SEPARATOR``, default a blank line)."""
+    ``STEPWISE_PRM`` names a PRM (steps split at ``STEPWISE_SEPARATOR``, default a blank line); for
+    code when ``STEPWISE_CODE_PROBLEMS`` names the problems (see :func:`make_code_compute_score`)."""
+    code_problems = os.environ.get("STEPWISE_CODE_PROBLEMS")
+    if code_problems:
+        timeout = float(os.environ.get("STEPWISE_CODE_TIMEOUT", "10"))
+        return make_code_compute_score(code_problems, timeout)(data_source, solution_str, ground_truth,
+                                                                extra_info, **kwargs)
     fn = make_compute_score(_env_prm(), os.environ.get("STEPWISE_SEPARATOR", "\n\n"),
                             os.environ.get("STEPWISE_GRADER", "lenient"))
     return fn(data_source, solution_str, ground_truth, extra_info, **kwargs)
