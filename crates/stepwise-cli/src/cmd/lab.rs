@@ -26,10 +26,11 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
      budget (rl_updates × rl_prompts × rl_group), measured on held-out problems before and after
      (`--set rl_updates=0` skips it)
   8. write metrics.json, report.md, report.html and plots (bon, calibration, search, rl: .png
-     and .svg)
+     and .svg); comparisons on the same problems as paired differences with 95% intervals
+     (metrics keys paired, search.paired, rl.paired)
 
 Examples:
-  stepwise lab                          # standard preset, about 15 minutes on 2 cores
+  stepwise lab                          # standard preset (600 held-out problems), about 8-9 minutes on 2 cores
   stepwise lab --preset quick --seed 2  # every stage, small, about a minute
   stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed"
 )]
