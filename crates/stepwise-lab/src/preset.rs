@@ -9,18 +9,56 @@ use serde::{Deserialize, Serialize};
 pub struct Preset {
     /// Name.
     pub name: String,
+    /// The policy: its shape, training and sampling.
+    #[serde(flatten)]
+    pub policy: PolicyPreset,
+    /// Step labels: the annotated samples and how they are labelled.
+    #[serde(flatten)]
+    pub annotation: AnnotationPreset,
+    /// Held-out evaluation.
+    #[serde(flatten)]
+    pub evaluation: EvaluationPreset,
+    /// The verifiers (PRMs and the ORM): where they start, their head, their training.
+    #[serde(flatten)]
+    pub verifiers: VerifierPreset,
+    /// The judge (a generative verifier) and the consensus filter.
+    #[serde(flatten)]
+    pub judge: JudgePreset,
+    /// RL against each reward source.
+    #[serde(flatten)]
+    pub rl: RlPreset,
+    /// Test-time search.
+    #[serde(flatten)]
+    pub search: SearchPreset,
+}
+
+/// The policy: its shape, training and sampling. (Its fields keep the preset's flat keys: `--set policy_shape=...`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PolicyPreset {
     /// Policy shape: hidden size, layers.
-    pub policy_shape: (usize, usize),
+    #[serde(rename = "policy_shape")]
+    pub shape: (usize, usize),
     /// Policy training steps and batch size.
-    pub policy_steps: usize,
+    #[serde(rename = "policy_steps")]
+    pub steps: usize,
     /// Problems the policy is trained on (reference solutions with slips).
-    pub policy_problems: usize,
+    #[serde(rename = "policy_problems")]
+    pub problems: usize,
     /// Probability that a training solution carries one arithmetic slip.
     pub slip: f64,
+    /// Sampling temperature.
+    pub temperature: f32,
+}
+
+/// Step labels: the annotated samples and how they are labelled. (Its fields keep the preset's flat keys: `--set label_problems=...`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AnnotationPreset {
     /// Problems whose samples are annotated to train the verifiers.
-    pub label_problems: usize,
+    #[serde(rename = "label_problems")]
+    pub problems: usize,
     /// Samples per annotation problem.
-    pub label_samples: usize,
+    #[serde(rename = "label_samples")]
+    pub samples: usize,
     /// Monte Carlo rollouts per step prefix.
     pub rollouts: usize,
     /// Which Math-Shepherd estimate of the rollouts PRM-MC learns.
@@ -31,50 +69,6 @@ pub struct Preset {
     /// of a prefix *for the completer*, so a weak completer calls correct prefixes bad.
     #[serde(default)]
     pub completer: Completer,
-    /// Held-out evaluation problems.
-    pub eval_problems: usize,
-    /// Samples per evaluation problem (the largest N of best-of-N).
-    pub eval_samples: usize,
-    /// Start every verifier from a language model — the policy, or the verifiers' own base when
-    /// `verifier_base_steps` > 0 — as real PRMs and ORMs are fine-tuned from one (they need its
-    /// arithmetic to judge a step); `false` trains classifier-head verifiers from scratch with
-    /// `verifier_shape`.
-    pub verifiers_from_policy: bool,
-    /// Training steps of the verifiers' own base LM (`verifier_base_shape`, trained like the
-    /// policy but on the reference solutions without slips); every verifier and the judge start
-    /// from it instead of the policy. 0: they start from the policy.
-    #[serde(default)]
-    pub verifier_base_steps: usize,
-    /// The verifiers' base LM's shape: hidden size, layers.
-    #[serde(default = "policy_shape_default")]
-    pub verifier_base_shape: (usize, usize),
-    /// Fresh decoder layers stacked on the policy's for the classifier head (the log-ratio head
-    /// is the policy's own LM and takes none). One or two did not help (see the README).
-    pub verifier_extra_layers: usize,
-    /// Verifier shape when trained from scratch (the same for PRMs and the ORM).
-    pub verifier_shape: (usize, usize),
-    /// How every verifier turns the decoder's output into a step score.
-    pub verifier_head: VerifierHead,
-    /// `β` of the log-ratio and likelihood heads.
-    pub verifier_beta: f32,
-    /// The likelihood head's constant reference: the log-probability per token at which a
-    /// step is neither good nor bad.
-    pub verifier_reference_logprob: f32,
-    /// The likelihood and log-ratio heads of the PRMs score only each step's last this many
-    /// tokens, its separator counted (2: the step's result and the separator); 0 scores every
-    /// token. The ORM's span is always the whole solution.
-    #[serde(default)]
-    pub verifier_last_tokens: usize,
-    /// The PRMs train on each solution's steps up to its first bad one only (PRM800K's
-    /// convention), not on the steps after it.
-    #[serde(default)]
-    pub verifier_stop_at_first_bad: bool,
-    /// Verifier training steps.
-    pub verifier_steps: usize,
-    /// Verifier peak learning rate.
-    pub verifier_lr: f64,
-    /// Sampling temperature.
-    pub temperature: f32,
     /// OmegaPRM: searches over each problem's tree of new rollouts after its samples'.
     #[serde(default)]
     pub omegaprm_search_limit: usize,
@@ -83,53 +77,150 @@ pub struct Preset {
     /// made that PRM worse on every seed; see the README).
     #[serde(default)]
     pub omegaprm_train_on_new: bool,
+}
+
+/// Held-out evaluation. (Its fields keep the preset's flat keys: `--set eval_problems=...`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvaluationPreset {
+    /// Held-out evaluation problems.
+    #[serde(rename = "eval_problems")]
+    pub problems: usize,
+    /// Samples per evaluation problem (the largest N of best-of-N).
+    #[serde(rename = "eval_samples")]
+    pub samples: usize,
+}
+
+/// The verifiers (PRMs and the ORM): where they start, their head, their training. (Its fields keep the preset's flat keys: `--set verifiers_from_policy=...`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VerifierPreset {
+    /// Start every verifier from a language model — the policy, or the verifiers' own base when
+    /// `verifier_base_steps` > 0 — as real PRMs and ORMs are fine-tuned from one (they need its
+    /// arithmetic to judge a step); `false` trains classifier-head verifiers from scratch with
+    /// `verifier_shape`.
+    #[serde(rename = "verifiers_from_policy")]
+    pub from_policy: bool,
+    /// Training steps of the verifiers' own base LM (`verifier_base_shape`, trained like the
+    /// policy but on the reference solutions without slips); every verifier and the judge start
+    /// from it instead of the policy. 0: they start from the policy.
+    #[serde(default)]
+    #[serde(rename = "verifier_base_steps")]
+    pub base_steps: usize,
+    /// The verifiers' base LM's shape: hidden size, layers.
+    #[serde(default = "policy_shape_default")]
+    #[serde(rename = "verifier_base_shape")]
+    pub base_shape: (usize, usize),
+    /// Fresh decoder layers stacked on the policy's for the classifier head (the log-ratio head
+    /// is the policy's own LM and takes none). One or two did not help (see the README).
+    #[serde(rename = "verifier_extra_layers")]
+    pub extra_layers: usize,
+    /// Verifier shape when trained from scratch (the same for PRMs and the ORM).
+    #[serde(rename = "verifier_shape")]
+    pub shape: (usize, usize),
+    /// How every verifier turns the decoder's output into a step score.
+    #[serde(rename = "verifier_head")]
+    pub head: VerifierHead,
+    /// `β` of the log-ratio and likelihood heads.
+    #[serde(rename = "verifier_beta")]
+    pub beta: f32,
+    /// The likelihood head's constant reference: the log-probability per token at which a
+    /// step is neither good nor bad.
+    #[serde(rename = "verifier_reference_logprob")]
+    pub reference_logprob: f32,
+    /// The likelihood and log-ratio heads of the PRMs score only each step's last this many
+    /// tokens, its separator counted (2: the step's result and the separator); 0 scores every
+    /// token. The ORM's span is always the whole solution.
+    #[serde(default)]
+    #[serde(rename = "verifier_last_tokens")]
+    pub last_tokens: usize,
+    /// The PRMs train on each solution's steps up to its first bad one only (PRM800K's
+    /// convention), not on the steps after it.
+    #[serde(default)]
+    #[serde(rename = "verifier_stop_at_first_bad")]
+    pub stop_at_first_bad: bool,
+    /// Verifier training steps.
+    #[serde(rename = "verifier_steps")]
+    pub steps: usize,
+    /// Verifier peak learning rate.
+    #[serde(rename = "verifier_lr")]
+    pub lr: f64,
+}
+
+/// The judge (a generative verifier) and the consensus filter. (Its fields keep the preset's flat keys: `--set judge_solutions=...`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JudgePreset {
     /// The judge (a generative verifier): oracle-labelled samples it is fine-tuned on, the
     /// lab's small "human" budget (0 skips the judge and the consensus filter).
     #[serde(default)]
-    pub judge_solutions: usize,
+    #[serde(rename = "judge_solutions")]
+    pub solutions: usize,
     /// Judge fine-tuning steps (batches of 32).
     #[serde(default)]
-    pub judge_steps: usize,
+    #[serde(rename = "judge_steps")]
+    pub steps: usize,
     /// Judge peak learning rate.
     #[serde(default)]
-    pub judge_lr: f64,
+    #[serde(rename = "judge_lr")]
+    pub lr: f64,
     /// Answers sampled from the judge per solution (the most frequent verdict wins).
     #[serde(default)]
-    pub judge_samples: usize,
+    #[serde(rename = "judge_samples")]
+    pub samples: usize,
     /// The judge also trains on every prefix of its oracle-labelled solutions, each with the
     /// first error the labels imply for it (none before the error, the same index from it on):
     /// more examples from the same human budget.
     #[serde(default)]
-    pub judge_prefixes: bool,
+    #[serde(rename = "judge_prefixes")]
+    pub prefixes: bool,
     /// What the judge writes after a solution: the index of its first wrong step (`index`) or
     /// that step copied out (`quote`); `- 1` for none either way.
     #[serde(default)]
-    pub judge_answer: JudgeAnswer,
+    #[serde(rename = "judge_answer")]
+    pub answer: JudgeAnswer,
+}
+
+/// RL against each reward source. (Its fields keep the preset's flat keys: `--set rl_updates=...`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RlPreset {
     /// RL (the `rl` stage): policy updates per reward source (0 skips the stage).
-    pub rl_updates: usize,
+    #[serde(rename = "rl_updates")]
+    pub updates: usize,
     /// RL: prompts per update.
-    pub rl_prompts: usize,
+    #[serde(rename = "rl_prompts")]
+    pub prompts: usize,
     /// RL: solutions sampled per prompt (the group).
-    pub rl_group: usize,
+    #[serde(rename = "rl_group")]
+    pub group: usize,
     /// RL: peak learning rate.
-    pub rl_lr: f64,
+    #[serde(rename = "rl_lr")]
+    pub lr: f64,
     /// RL: weight of the KL penalty to the starting policy.
-    pub rl_kl: f32,
+    #[serde(rename = "rl_kl")]
+    pub kl: f32,
     /// RL: samples per held-out problem to measure each policy before and after.
-    pub rl_eval_samples: usize,
+    #[serde(rename = "rl_eval_samples")]
+    pub eval_samples: usize,
+}
+
+/// Test-time search. (Its fields keep the preset's flat keys: `--set search_problems=...`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SearchPreset {
     /// Test-time search (the `search` stage): held-out problems searched by every method (0
     /// skips the stage); the samples of the other held-out problems calibrate `τ`.
     #[serde(default)]
-    pub search_problems: usize,
+    #[serde(rename = "search_problems")]
+    pub problems: usize,
     /// Search budgets `N` (samples per step); each method runs at each, with width `√N`.
     #[serde(default)]
-    pub search_budgets: Vec<usize>,
+    #[serde(rename = "search_budgets")]
+    pub budgets: Vec<usize>,
     /// Verify → resample: the precision of "bad step" calls `τ` is calibrated to.
     #[serde(default)]
-    pub search_precision: f64,
+    #[serde(rename = "search_precision")]
+    pub precision: f64,
     /// Verify → resample: most resamples of one step (four times as many per problem).
     #[serde(default)]
-    pub search_resamples: usize,
+    #[serde(rename = "search_resamples")]
+    pub resamples: usize,
 }
 
 /// The lab policy's shape, the verifiers' base's when a run folder predates it.
@@ -227,48 +318,62 @@ impl Preset {
     pub fn quick() -> Self {
         Preset {
             name: "quick".into(),
-            policy_shape: (64, 2),
-            policy_steps: 800,
-            policy_problems: 4000,
-            slip: 0.25,
-            label_problems: 12,
-            label_samples: 4,
-            rollouts: 2,
-            mc_labels: McLabels::Hard,
-            completer: Completer::VerifierBase,
-            eval_problems: 10,
-            eval_samples: 8,
-            verifiers_from_policy: true,
-            verifier_base_steps: 400,
-            verifier_base_shape: (48, 2),
-            verifier_extra_layers: 0,
-            verifier_shape: (32, 1),
-            verifier_head: VerifierHead::Likelihood,
-            verifier_beta: 1.0,
-            verifier_reference_logprob: -0.5,
-            verifier_last_tokens: 0,
-            verifier_stop_at_first_bad: true,
-            verifier_steps: 20,
-            verifier_lr: 1e-3,
-            temperature: 1.0,
-            omegaprm_search_limit: 0,
-            omegaprm_train_on_new: false,
-            judge_solutions: 16,
-            judge_steps: 20,
-            judge_lr: 1e-3,
-            judge_samples: 3,
-            judge_prefixes: false,
-            judge_answer: JudgeAnswer::Index,
-            rl_updates: 4,
-            rl_prompts: 4,
-            rl_group: 4,
-            rl_lr: 3e-4,
-            rl_kl: 0.04,
-            rl_eval_samples: 4,
-            search_problems: 4,
-            search_budgets: vec![2, 4],
-            search_precision: 0.8,
-            search_resamples: 2,
+            policy: PolicyPreset {
+                shape: (64, 2),
+                steps: 800,
+                problems: 4000,
+                slip: 0.25,
+                temperature: 1.0,
+            },
+            annotation: AnnotationPreset {
+                problems: 12,
+                samples: 4,
+                rollouts: 2,
+                mc_labels: McLabels::Hard,
+                completer: Completer::VerifierBase,
+                omegaprm_search_limit: 0,
+                omegaprm_train_on_new: false,
+            },
+            evaluation: EvaluationPreset {
+                problems: 10,
+                samples: 8,
+            },
+            verifiers: VerifierPreset {
+                from_policy: true,
+                base_steps: 400,
+                base_shape: (48, 2),
+                extra_layers: 0,
+                shape: (32, 1),
+                head: VerifierHead::Likelihood,
+                beta: 1.0,
+                reference_logprob: -0.5,
+                last_tokens: 0,
+                stop_at_first_bad: true,
+                steps: 20,
+                lr: 1e-3,
+            },
+            judge: JudgePreset {
+                solutions: 16,
+                steps: 20,
+                lr: 1e-3,
+                samples: 3,
+                prefixes: false,
+                answer: JudgeAnswer::Index,
+            },
+            rl: RlPreset {
+                updates: 4,
+                prompts: 4,
+                group: 4,
+                lr: 3e-4,
+                kl: 0.04,
+                eval_samples: 4,
+            },
+            search: SearchPreset {
+                problems: 4,
+                budgets: vec![2, 4],
+                precision: 0.8,
+                resamples: 2,
+            },
         }
     }
 
@@ -276,48 +381,62 @@ impl Preset {
     pub fn standard() -> Self {
         Preset {
             name: "standard".into(),
-            policy_shape: (64, 2),
-            policy_steps: 1400,
-            policy_problems: 8000,
-            slip: 0.25,
-            label_problems: 800,
-            label_samples: 8,
-            rollouts: 8,
-            mc_labels: McLabels::Hard,
-            completer: Completer::VerifierBase,
-            eval_problems: 600,
-            eval_samples: 32,
-            verifiers_from_policy: true,
-            verifier_base_steps: 3000,
-            verifier_base_shape: (64, 2),
-            verifier_extra_layers: 0,
-            verifier_shape: (32, 1),
-            verifier_head: VerifierHead::Likelihood,
-            verifier_beta: 1.0,
-            verifier_reference_logprob: -0.5,
-            verifier_last_tokens: 0,
-            verifier_stop_at_first_bad: true,
-            verifier_steps: 600,
-            verifier_lr: 3e-4,
-            temperature: 1.0,
-            omegaprm_search_limit: 0,
-            omegaprm_train_on_new: false,
-            judge_solutions: 200,
-            judge_steps: 300,
-            judge_lr: 1e-3,
-            judge_samples: 5,
-            judge_prefixes: false,
-            judge_answer: JudgeAnswer::Index,
-            rl_updates: 150,
-            rl_prompts: 16,
-            rl_group: 8,
-            rl_lr: 1e-3,
-            rl_kl: 0.04,
-            rl_eval_samples: 8,
-            search_problems: 200,
-            search_budgets: vec![4, 16, 64],
-            search_precision: 0.8,
-            search_resamples: 4,
+            policy: PolicyPreset {
+                shape: (64, 2),
+                steps: 1400,
+                problems: 8000,
+                slip: 0.25,
+                temperature: 1.0,
+            },
+            annotation: AnnotationPreset {
+                problems: 800,
+                samples: 8,
+                rollouts: 8,
+                mc_labels: McLabels::Hard,
+                completer: Completer::VerifierBase,
+                omegaprm_search_limit: 0,
+                omegaprm_train_on_new: false,
+            },
+            evaluation: EvaluationPreset {
+                problems: 600,
+                samples: 32,
+            },
+            verifiers: VerifierPreset {
+                from_policy: true,
+                base_steps: 3000,
+                base_shape: (64, 2),
+                extra_layers: 0,
+                shape: (32, 1),
+                head: VerifierHead::Likelihood,
+                beta: 1.0,
+                reference_logprob: -0.5,
+                last_tokens: 0,
+                stop_at_first_bad: true,
+                steps: 600,
+                lr: 3e-4,
+            },
+            judge: JudgePreset {
+                solutions: 200,
+                steps: 300,
+                lr: 1e-3,
+                samples: 5,
+                prefixes: false,
+                answer: JudgeAnswer::Index,
+            },
+            rl: RlPreset {
+                updates: 150,
+                prompts: 16,
+                group: 8,
+                lr: 1e-3,
+                kl: 0.04,
+                eval_samples: 8,
+            },
+            search: SearchPreset {
+                problems: 200,
+                budgets: vec![4, 16, 64],
+                precision: 0.8,
+                resamples: 4,
+            },
         }
     }
 
@@ -339,50 +458,50 @@ impl Preset {
 
     /// How the verifiers are built and trained, in words (for the report).
     pub fn verifier_summary(&self) -> String {
-        let start = if self.verifier_base_steps > 0 {
+        let start = if self.verifiers.base_steps > 0 {
             format!(
                 "their own {}×{} LM (trained {} steps on the reference solutions without slips)",
-                self.verifier_base_shape.0, self.verifier_base_shape.1, self.verifier_base_steps
+                self.verifiers.base_shape.0, self.verifiers.base_shape.1, self.verifiers.base_steps
             )
         } else {
             "the policy".to_string()
         };
-        let head = match (self.verifier_head, self.verifiers_from_policy) {
+        let head = match (self.verifiers.head, self.verifiers.from_policy) {
             (VerifierHead::LogRatio, _) => format!(
                 "{start} fine-tuned, each step scored by its log-likelihood ratio against {start} (β = {})",
-                self.verifier_beta
+                self.verifiers.beta
             ),
             (VerifierHead::Likelihood, _) => format!(
                 "{start} fine-tuned, each step scored by its own log-likelihood against a constant {} per token (β = {})",
-                self.verifier_reference_logprob, self.verifier_beta
+                self.verifiers.reference_logprob, self.verifiers.beta
             ),
             (VerifierHead::Classifier, true) => {
                 format!("{start}'s decoder with a fresh classifier head (a value head for the ORM)")
             }
             (VerifierHead::Classifier, false) => format!(
                 "a {}×{} decoder trained from scratch with a classifier head (a value head for the ORM)",
-                self.verifier_shape.0, self.verifier_shape.1
+                self.verifiers.shape.0, self.verifiers.shape.1
             ),
         };
-        let span = match (self.verifier_head, self.verifier_last_tokens) {
+        let span = match (self.verifiers.head, self.verifiers.last_tokens) {
             (VerifierHead::Classifier, _) | (_, 0) => String::new(),
             (_, n) => format!(" (PRMs: each step's last {n} tokens only, its separator counted)"),
         };
-        let stop = if self.verifier_stop_at_first_bad {
+        let stop = if self.verifiers.stop_at_first_bad {
             "; PRMs trained on each solution's steps up to its first bad one"
         } else {
             ""
         };
         format!(
             "{head}{span}{stop}; {} steps of 32 solutions, peak learning rate {}",
-            self.verifier_steps, self.verifier_lr
+            self.verifiers.steps, self.verifiers.lr
         )
     }
 
     /// The run-folder entry of the model every verifier and the judge start from: the
     /// verifiers' own base LM when it is trained (`verifier_base_steps` > 0), else the policy.
     pub fn verifier_start_dir(&self) -> &'static str {
-        if self.verifier_base_steps > 0 {
+        if self.verifiers.base_steps > 0 {
             "verifier_base"
         } else {
             "policy"
@@ -412,9 +531,9 @@ mod tests {
             "policy_shape=[32,1]",
         ];
         let p = Preset::standard().with_overrides(&sets.map(String::from)).unwrap();
-        assert_eq!(p.mc_labels, McLabels::Soft);
-        assert_eq!(p.verifier_head, VerifierHead::LogRatio);
-        assert_eq!((p.verifier_lr, p.policy_shape), (0.001, (32, 1)));
+        assert_eq!(p.annotation.mc_labels, McLabels::Soft);
+        assert_eq!(p.verifiers.head, VerifierHead::LogRatio);
+        assert_eq!((p.verifiers.lr, p.policy.shape), (0.001, (32, 1)));
         let err = format!(
             "{:#}",
             Preset::quick().with_overrides(&["rollout=3".into()]).unwrap_err()

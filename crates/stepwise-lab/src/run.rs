@@ -120,7 +120,7 @@ fn differing_field(a: &serde_json::Value, b: &serde_json::Value) -> String {
 pub fn run(o: &LabOptions) -> Result<Report> {
     let p = &o.preset;
     anyhow::ensure!(
-        p.completer == Completer::Policy || p.verifier_base_steps > 0,
+        p.annotation.completer == Completer::Policy || p.verifiers.base_steps > 0,
         "completer=verifier_base needs the verifiers' base: set verifier_base_steps above 0, or completer=policy"
     );
     std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
@@ -143,7 +143,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     //    verifiers' own base LM when they have one: a training keeps about one core busy, and
     //    nothing needs the base before the annotation (when it completes the rollouts) or the
     //    judge.
-    let base_training = (p.verifier_base_steps > 0).then(|| {
+    let base_training = (p.verifiers.base_steps > 0).then(|| {
         let (dir, p, seed, problems) = (o.out.join(p.verifier_start_dir()), p.clone(), o.seed, sp.policy.clone());
         std::thread::spawn(move || {
             crate::stages::on_own_thread(|| {
@@ -152,14 +152,14 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         })
     });
     let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
-    let lab_policy = policy::lab_policy(&policy_model, &tok, p.temperature);
+    let lab_policy = policy::lab_policy(&policy_model, &tok, p.policy.temperature);
 
     // 2. Samples for annotation and for evaluation (shared-prefix KV cache).
     let label_sols = sample::sample_stage(
         &o.out.join("samples_label.jsonl"),
         "sampling (label set)",
         &sp.label,
-        p.label_samples,
+        p.annotation.samples,
         &lab_policy,
         o.seed ^ 2,
     )?;
@@ -167,22 +167,22 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         &o.out.join("samples_eval.jsonl"),
         "sampling (eval set)",
         &sp.eval,
-        p.eval_samples,
+        p.evaluation.samples,
         &lab_policy,
         o.seed ^ 3,
     )?;
 
     // The verifiers' base is needed now when it completes the rollouts, else by the judge.
-    let (early_base, base_training) = match p.completer {
+    let (early_base, base_training) = match p.annotation.completer {
         Completer::VerifierBase => (join_base(base_training)?, None),
         Completer::Policy => (None, base_training),
     };
-    let completer_policy = policy::lab_policy(early_base.as_ref().unwrap_or(&policy_model), &tok, p.temperature);
+    let completer_policy = policy::lab_policy(early_base.as_ref().unwrap_or(&policy_model), &tok, p.policy.temperature);
 
     // 3. Step labels: Monte Carlo rollouts, and the oracle for comparison.
     // The same rollout seeds for both, so a prefix both probe gets the same rollouts.
     let options = McOptions {
-        rollouts: p.rollouts,
+        rollouts: p.annotation.rollouts,
         seed: o.seed ^ 4,
     };
     let mc_annotator = MonteCarlo {
@@ -217,7 +217,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         task: &task,
         options: OmegaOptions {
             rollouts: options.rollouts,
-            search_limit: p.omegaprm_search_limit,
+            search_limit: p.annotation.omegaprm_search_limit,
             seed: options.seed,
             ..Default::default()
         },
@@ -243,16 +243,20 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
     //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
     //     Qwen2.5-Math-PRM recipe).
-    let mc_train: Vec<Solution> = match p.mc_labels {
+    let mc_train: Vec<Solution> = match p.annotation.mc_labels {
         McLabels::Hard => mc.iter().map(annotate::hard_mc).collect(),
         McLabels::Soft => mc.clone(),
     };
-    let judged = (p.judge_solutions > 0)
+    let judged = (p.judge.solutions > 0)
         .then(|| crate::stages::judge::judge_stage(&o.out, p, o.seed, &tok, &label_sols, &oracle, &mc_train))
         .transpose()?;
 
     // The tree's labels on the samples (and on its new solutions), hard as PRM-MC's are.
-    let new_in_training = if p.omegaprm_train_on_new { &omega_new[..] } else { &[] };
+    let new_in_training = if p.annotation.omegaprm_train_on_new {
+        &omega_new[..]
+    } else {
+        &[]
+    };
     let omega_train: Vec<Solution> = omega.iter().chain(new_in_training).map(annotate::hard_mc).collect();
 
     // 4. Verifiers, same code and budget: a PRM on each label source, and an ORM.
@@ -322,7 +326,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     })?;
 
     // 7. Test-time search guided by each PRM and the oracle, at matched budgets.
-    if p.search_problems > 0 {
+    if p.search.problems > 0 {
         let dirs = (o.out.join("prm_mc"), o.out.join("prm_oracle"));
         report.search = Some(crate::stages::search::search_stage(
             &crate::stages::search::SearchInputs {
@@ -342,7 +346,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     }
 
     // 8. RL against each reward source, from the same policy with the same budget.
-    if p.rl_updates > 0 {
+    if p.rl.updates > 0 {
         let (orm, prm_mc, prm_oracle) = (
             verifiers.scorer(orm, true),
             verifiers.scorer(prm_mc, false),
@@ -416,7 +420,7 @@ mod tests {
         let mut old: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         old[0].as_object_mut().unwrap().remove("verifier_stop_at_first_bad");
         std::fs::write(&path, old.to_string()).unwrap();
-        assert!(policy_rollouts.verifier_stop_at_first_bad);
+        assert!(policy_rollouts.verifiers.stop_at_first_bad);
         let err = format!("{:#}", claim_run_folder(&dir, &policy_rollouts, 1).unwrap_err());
         assert!(err.contains("verifier_stop_at_first_bad differs"), "{err}");
         let every_step = policy_rollouts

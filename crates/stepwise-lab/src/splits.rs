@@ -25,17 +25,17 @@ pub struct Splits {
 /// Search problems come from a third stream, screened against both.
 pub fn splits(p: &Preset, seed: u64) -> Splits {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut policy: Vec<LabProblem> = (0..p.policy_problems + p.label_problems)
+    let mut policy: Vec<LabProblem> = (0..p.policy.problems + p.annotation.problems)
         .map(|i| task::generate(&mut rng, i))
         .collect();
-    let label = policy.split_off(p.policy_problems);
+    let label = policy.split_off(p.policy.problems);
     let seen: HashSet<&str> = policy.iter().chain(&label).map(|q| q.question.as_str()).collect();
-    let eval = held_out(seed, 1, &seen, p.eval_problems, "e");
+    let eval = held_out(seed, 1, &seen, p.evaluation.problems, "e");
     let seen: HashSet<&str> = seen
         .into_iter()
         .chain(eval.iter().map(|q| q.question.as_str()))
         .collect();
-    let search = held_out(seed, 2, &seen, p.search_problems, "t");
+    let search = held_out(seed, 2, &seen, p.search.problems, "t");
     Splits {
         policy,
         label,
@@ -78,7 +78,7 @@ mod tests {
             questions(&b),
             "the held-out set must not move with the budgets"
         );
-        assert_eq!(b.eval.len(), big.eval_problems);
+        assert_eq!(b.eval.len(), big.evaluation.problems);
         let seen: HashSet<&str> = b.policy.iter().chain(&b.label).map(|q| q.question.as_str()).collect();
         assert!(b.eval.iter().all(|q| !seen.contains(q.question.as_str())));
         assert_eq!(b.eval[3].id, "e00003");
@@ -89,7 +89,7 @@ mod tests {
             .copied()
             .chain(b.eval.iter().map(|q| q.question.as_str()))
             .collect();
-        assert_eq!(b.search.len(), big.search_problems);
+        assert_eq!(b.search.len(), big.search.problems);
         assert!(b.search.iter().all(|q| !asked.contains(q.question.as_str())));
     }
 }

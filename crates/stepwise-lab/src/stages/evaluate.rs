@@ -184,7 +184,7 @@ pub fn evaluate(
     );
     let (s_mc, s_or, s_policy) = (&s_mc[..], &s_or[..], &s_policy[..]);
     let mut ns = vec![1];
-    while ns.last().unwrap() * 2 <= p.eval_samples {
+    while ns.last().unwrap() * 2 <= p.evaluation.samples {
         ns.push(ns.last().unwrap() * 2);
     }
     // Every best-of-N method: its name, the candidates it ranks (scored by which verifier) and
@@ -233,7 +233,7 @@ pub fn evaluate(
         .iter()
         .map(|(name, g, how)| curve(name, g, *how, &ns, draws, seed))
         .collect();
-    let by_family = by_family(&families, &methods, p.eval_samples, draws, seed);
+    let by_family = by_family(&families, &methods, p.evaluation.samples, draws, seed);
 
     let truth: Vec<Option<usize>> = scored.iter().map(|s| s.first_error()).collect();
     let pb = |scores: &[Vec<f32>]| {
@@ -324,7 +324,7 @@ pub fn evaluate(
         seed,
         verifiers: p.verifier_summary(),
         eval_problems,
-        eval_samples: p.eval_samples,
+        eval_samples: p.evaluation.samples,
         policy_accuracy: correct.len() as f64 / scored.len().max(1) as f64,
         lucky_correct_rate: lucky as f64 / correct.len().max(1) as f64,
         bon,
@@ -352,7 +352,7 @@ fn paired_bon(
     methods: &[(String, &[Vec<Candidate>], Method)],
 ) -> Result<Vec<PairedDifference>> {
     use verifier::*;
-    let n = p.eval_samples;
+    let n = p.evaluation.samples;
     let measure = format!("best-of-{n} accuracy");
     let draws = 32;
     let of = |name: &str| {

@@ -72,7 +72,7 @@ pub fn train_judge(
     tok: &Tokenizer,
 ) -> Result<Model> {
     let with_prefixes: Vec<Solution>;
-    let human: Vec<&Solution> = if p.judge_prefixes {
+    let human: Vec<&Solution> = if p.judge.prefixes {
         with_prefixes = human.iter().flat_map(|s| prefixes(s)).collect();
         with_prefixes.iter().collect()
     } else {
@@ -80,9 +80,9 @@ pub fn train_judge(
     };
     let examples = human
         .iter()
-        .map(|s| judge_example(tok, s, p.judge_answer))
+        .map(|s| judge_example(tok, s, p.judge.answer))
         .collect::<Result<Vec<_>>>()?;
-    let tc = super::fine_tuning(p.judge_lr, p.judge_steps, seed ^ 7);
+    let tc = super::fine_tuning(p.judge.lr, p.judge.steps, seed ^ 7);
     let train_seed = tc.seed;
     train_stage(
         dir,
@@ -111,7 +111,7 @@ pub struct Judged {
 }
 
 /// Train (or reuse) the judge in `out/judge` from the verifiers' starting model
-/// ([`Preset::verifier_start_dir`]) on `p.judge_solutions` of the oracle-labelled samples, label the samples `label_sols` with it (resumable, `out/labels_judge.jsonl`), and
+/// ([`Preset::verifier_start_dir`]) on `p.judge.solutions` of the oracle-labelled samples, label the samples `label_sols` with it (resumable, `out/labels_judge.jsonl`), and
 /// filter the MC labels `mc` (one per sample) by agreement with it (the Qwen2.5-Math-PRM
 /// recipe).
 pub fn judge_stage(
@@ -123,7 +123,7 @@ pub fn judge_stage(
     oracle: &[Solution],
     mc: &[Solution],
 ) -> Result<Judged> {
-    let human = human_budget(oracle, p.judge_solutions);
+    let human = human_budget(oracle, p.judge.solutions);
     let model = train_judge(
         &out.join("judge"),
         &out.join(p.verifier_start_dir()),
@@ -132,12 +132,12 @@ pub fn judge_stage(
         &human,
         tok,
     )?;
-    let policy = judge_policy(&model, tok, p.temperature, p.judge_answer);
+    let policy = judge_policy(&model, tok, p.policy.temperature, p.judge.answer);
     let judge = Judge {
         policy: &policy,
-        samples: p.judge_samples,
+        samples: p.judge.samples,
         seed: seed ^ 6,
-        format: p.judge_answer.format(),
+        format: p.judge.answer.format(),
     };
     let (labels, spent) = label_stage(
         &out.join("labels_judge.jsonl"),

@@ -152,7 +152,7 @@ pub fn label_sources(i: &SourceInputs<'_>) -> anyhow::Result<Labels> {
     let (p, seed, scored, oracle) = (i.preset, i.seed, i.scored, i.oracle);
     let mc_hard: Vec<Solution> = i.mc.0.iter().map(crate::stages::annotate::hard_mc).collect();
     // Each source's PRM at the largest N of the report's curves (32 in the standard preset).
-    let n = p.eval_samples;
+    let n = p.evaluation.samples;
     let mut sources = vec![
         compare("mc", &mc_hard, oracle, i.mc.1).with_prm(scored, verifier::PRM_MC, n, seed)?,
         compare("binary_search", i.binary_search.0, oracle, i.binary_search.1).with_prm(
@@ -193,7 +193,7 @@ pub fn label_sources(i: &SourceInputs<'_>) -> anyhow::Result<Labels> {
     oracle_source.human_labels = oracle.len();
     sources.push(oracle_source);
     Ok(Labels {
-        completer: p.completer.name().into(),
+        completer: p.annotation.completer.name().into(),
         judge_start: p.verifier_start_dir().into(),
         sources,
     })

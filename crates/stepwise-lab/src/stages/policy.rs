@@ -38,15 +38,15 @@ pub fn lm_example(tok: &Tokenizer, question: &str, steps: &[String]) -> Result<E
 pub fn train_policy(dir: &Path, p: &Preset, seed: u64, problems: &[LabProblem], tok: &Tokenizer) -> Result<Model> {
     let lm = LanguageModel {
         what: "training policy",
-        shape: p.policy_shape,
-        steps: p.policy_steps,
-        slip: p.slip,
+        shape: p.policy.shape,
+        steps: p.policy.steps,
+        slip: p.policy.slip,
     };
     lm.train(dir, seed, problems, tok)
 }
 
 /// Train (or reuse) the verifiers' base LM in `dir`: the policy's recipe on the same problems,
-/// with `p.verifier_base_shape` and `p.verifier_base_steps`, and reference solutions without
+/// with `p.verifiers.base_shape` and `p.verifiers.base_steps`, and reference solutions without
 /// slips (a verifier's base should not learn that a wrong result is sometimes written).
 pub fn train_verifier_base(
     dir: &Path,
@@ -57,8 +57,8 @@ pub fn train_verifier_base(
 ) -> Result<Model> {
     let lm = LanguageModel {
         what: "training the verifiers' base",
-        shape: p.verifier_base_shape,
-        steps: p.verifier_base_steps,
+        shape: p.verifiers.base_shape,
+        steps: p.verifiers.base_steps,
         slip: 0.0,
     };
     lm.train(dir, seed ^ 8, problems, tok)

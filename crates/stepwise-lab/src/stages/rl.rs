@@ -190,16 +190,16 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         ("oracle", &oracle),
     ];
     let cfg = RlConfig {
-        updates: p.rl_updates,
-        prompts_per_update: p.rl_prompts,
-        group_size: p.rl_group,
+        updates: p.rl.updates,
+        prompts_per_update: p.rl.prompts,
+        group_size: p.rl.group,
         epochs: 1,
-        minibatch_size: p.rl_prompts * p.rl_group,
-        lr: p.rl_lr,
-        warmup: p.rl_updates / 10,
-        kl_coef: p.rl_kl,
+        minibatch_size: p.rl.prompts * p.rl.group,
+        lr: p.rl.lr,
+        warmup: p.rl.updates / 10,
+        kl_coef: p.rl.kl,
         credit: Credit::ReturnToGo,
-        temperature: p.temperature,
+        temperature: p.policy.temperature,
         max_new_tokens: 64,
         seed: i.seed ^ 6,
         checkpoint_every: 10,
@@ -208,12 +208,12 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
     let prompts: Vec<Problem> = i.train.iter().map(LabProblem::problem).collect();
     let eval_seed = i.seed ^ 7;
     let watch: &dyn Reward = &oracle;
-    let start = super::policy::lab_policy(i.policy, i.tok, p.temperature);
+    let start = super::policy::lab_policy(i.policy, i.tok, p.policy.temperature);
     let before_sols = sample_stage(
         &i.out.join("rl_before_samples.jsonl"),
         "sampling (before RL)",
         i.eval,
-        p.rl_eval_samples,
+        p.rl.eval_samples,
         &start,
         eval_seed,
     )?;
@@ -251,12 +251,12 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
             },
         )?;
         pb.finish_and_clear();
-        let after_policy = super::policy::lab_policy(&model, i.tok, p.temperature);
+        let after_policy = super::policy::lab_policy(&model, i.tok, p.policy.temperature);
         let after_sols = sample_stage(
             &dir.join("eval_samples.jsonl"),
             &format!("sampling (after RL, {name})"),
             i.eval,
-            p.rl_eval_samples,
+            p.rl.eval_samples,
             &after_policy,
             eval_seed,
         )?;
@@ -281,7 +281,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
             per_problem: after.per_problem,
         })
     })?;
-    let measure = format!("accuracy after RL ({} samples a problem)", p.rl_eval_samples);
+    let measure = format!("accuracy after RL ({} samples a problem)", p.rl.eval_samples);
     let paired = match variants.iter().find(|v| v.reward == "outcome") {
         Some(outcome) => variants
             .iter()
@@ -300,8 +300,8 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         None => Vec::new(),
     };
     Ok(RlReport {
-        eval_samples: p.rl_eval_samples,
-        budget: (p.rl_updates, p.rl_prompts, p.rl_group),
+        eval_samples: p.rl.eval_samples,
+        budget: (p.rl.updates, p.rl.prompts, p.rl.group),
         variants,
         paired,
     })

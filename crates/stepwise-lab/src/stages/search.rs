@@ -152,11 +152,11 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
     }
     let mut thresholds = Vec::new();
     for (name, _, dir) in &i.prms {
-        let t = threshold(&calib, name, p.search_precision)?;
+        let t = threshold(&calib, name, p.search.precision)?;
         t.save(dir)?;
         thresholds.push(t);
     }
-    thresholds.push(threshold(&calib, ORACLE, p.search_precision)?);
+    thresholds.push(threshold(&calib, ORACLE, p.search.precision)?);
 
     let oracle = CheckerScorer { task: i.task };
     let jobs: Vec<Job<'_>> = searched
@@ -175,8 +175,8 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
         aggregation: Aggregation::Min,
         lookahead: 1,
         threshold: 0.5,
-        max_resamples: p.search_resamples,
-        resample_budget: 4 * p.search_resamples,
+        max_resamples: p.search.resamples,
+        resample_budget: 4 * p.search.resamples,
         seed: i.seed ^ 8,
     };
     let dir = i.out.join("search");
@@ -246,7 +246,7 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
     one.budget_tokens = sample_tokens;
     methods.push(one);
     for verifier in [i.prms[0].0, i.prms[1].0, ORACLE] {
-        for &n in &p.search_budgets {
+        for &n in &p.search.budgets {
             let config = SearchConfig {
                 n,
                 width: width(n),
@@ -259,7 +259,7 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
             for name in names {
                 let sols = run(name, verifier, &config)?;
                 methods.push(point(name, verifier, &config, &sols)?);
-                if Some(&n) == p.search_budgets.iter().max() {
+                if Some(&n) == p.search.budgets.iter().max() {
                     let right = sols
                         .iter()
                         .map(|s| (s.problem_id.clone(), f64::from(u8::from(s.correct == Some(true)))))
@@ -283,7 +283,7 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
         m.budget_tokens = m.n as f64 * sample_tokens;
     }
     let mut paired = Vec::new();
-    if let Some(n) = p.search_budgets.iter().max() {
+    if let Some(n) = p.search.budgets.iter().max() {
         for verifier in [i.prms[0].0, i.prms[1].0, ORACLE] {
             for name in ["dvts", "beam"] {
                 if let (Some(xs), Some(ys)) = (largest.get(&(name, verifier)), largest.get(&("bon", verifier))) {
@@ -303,7 +303,7 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
         problems: searched.len(),
         calibration_problems,
         sample_tokens,
-        max_resamples: p.search_resamples,
+        max_resamples: p.search.resamples,
         thresholds,
         methods,
         incremental,
@@ -318,7 +318,7 @@ fn measure_incremental(
     base: &SearchConfig,
     jobs: &[Job<'_>],
 ) -> Result<Option<IncrementalMeasure>> {
-    let Some(&n) = i.preset.search_budgets.iter().max() else {
+    let Some(&n) = i.preset.search.budgets.iter().max() else {
         return Ok(None);
     };
     let config = SearchConfig {

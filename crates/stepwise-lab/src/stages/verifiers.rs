@@ -39,38 +39,38 @@ impl Verifiers<'_> {
         let p = self.preset;
         let log_ratio = |reference_logprob| {
             verifier::VerifierHead::LogRatio(LogRatio {
-                beta: p.verifier_beta,
+                beta: p.verifiers.beta,
                 // An ORM's score is the whole solution's: its last step's span starts at the first.
                 cumulative: outcome,
                 reference_logprob,
-                last_tokens: (p.verifier_last_tokens > 0 && !outcome).then_some(p.verifier_last_tokens),
+                last_tokens: (p.verifiers.last_tokens > 0 && !outcome).then_some(p.verifiers.last_tokens),
             })
         };
-        let head = match p.verifier_head {
+        let head = match p.verifiers.head {
             VerifierHead::LogRatio => log_ratio(None),
-            VerifierHead::Likelihood => log_ratio(Some(p.verifier_reference_logprob)),
+            VerifierHead::Likelihood => log_ratio(Some(p.verifiers.reference_logprob)),
             // PRMs are 2-class token classifiers (TRL's layout); the ORM is the usual scalar
             // value head read at the last token.
             VerifierHead::Classifier if outcome => verifier::VerifierHead::Value,
             VerifierHead::Classifier => verifier::VerifierHead::Classifier,
         };
-        let start = if p.verifiers_from_policy {
+        let start = if p.verifiers.from_policy {
             Start::Checkpoint(self.out.join(self.base_dir))
         } else {
             Start::Fresh(super::policy::shape(
                 self.tok.vocab_size(),
-                p.verifier_shape,
+                p.verifiers.shape,
                 HeadKind::TokenClassification,
             ))
         };
         VerifierSpec {
             head,
             start,
-            extra_layers: p.verifier_extra_layers,
+            extra_layers: p.verifiers.extra_layers,
             labels: LabelOptions {
                 separator: SEP.into(),
                 outcome,
-                stop_at_first_bad: p.verifier_stop_at_first_bad,
+                stop_at_first_bad: p.verifiers.stop_at_first_bad,
                 ..Default::default()
             },
         }
@@ -94,7 +94,7 @@ impl Verifiers<'_> {
         } else {
             spec.examples(self.tok, sols, Some(self.base))?
         };
-        let tc = super::fine_tuning(p.verifier_lr, p.verifier_steps, self.seed ^ 5);
+        let tc = super::fine_tuning(p.verifiers.lr, p.verifiers.steps, self.seed ^ 5);
         let seed = tc.seed;
         let model = train_stage(
             &self.out.join(dir),
