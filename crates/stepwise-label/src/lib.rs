@@ -12,6 +12,7 @@
 
 pub mod binary_search;
 pub mod consensus;
+pub mod generative;
 pub mod judge;
 pub mod methods;
 pub mod montecarlo;
@@ -20,6 +21,7 @@ pub mod resumable;
 
 pub use binary_search::BinarySearch;
 pub use consensus::Consensus;
+pub use generative::GenerativeVerifier;
 pub use judge::Judge;
 pub use methods::{Annotators, Method};
 pub use montecarlo::{McOptions, MonteCarlo};

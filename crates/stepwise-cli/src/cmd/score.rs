@@ -4,7 +4,7 @@ use std::time::Instant;
 use stepwise_core::seams::score_solutions;
 use stepwise_core::{Format, SolutionWriter};
 
-/// Score every step of every solution with a PRM.
+/// Score every step of every solution with a PRM, or with a generative verifier.
 #[derive(clap::Args)]
 #[command(
     after_help = "Layouts (detected from config.json and the tokenizer when --layout is auto):
@@ -20,7 +20,15 @@ Examples:
   stepwise score --model orm/ --name orm --input scored.jsonl --output scored2.jsonl
   stepwise score --model http://gpu1:8000 --input steps.jsonl --output scored.jsonl        # stepwise serve --prm
   stepwise score --model http://gpu1:8000 --protocol pooling --layout qwen-prm --server-tokenizer PRM_DIR \\
-      --input steps.jsonl --output scored.jsonl                                             # vLLM /pooling"
+      --input steps.jsonl --output scored.jsonl                                             # vLLM /pooling
+  stepwise score --verifier generative --model http://vllm:8000 --chat --samples 8 --name thinkprm \\
+      --input steps.jsonl --output scored.jsonl                              # ThinkPRM-style chains
+
+--verifier generative: the model (any policy: a checkpoint or a server) is asked to verify the solution one step at \
+a time, each step ending in \\boxed{correct} or \\boxed{incorrect}, and to stop at the first incorrect one; --samples \
+chains are drawn per solution and a step's score is the share of chains that call it correct (in a chain, every step \
+from its first incorrect one on counts as incorrect; a step no chain reaches scores 0.5). The scores land under \
+--name like a PRM's, so bon, search and eval take them."
 )]
 pub struct Args {
     /// Checkpoint folder (config.json, model.safetensors, tokenizer.json), a Hugging Face model
@@ -57,17 +65,67 @@ pub struct Args {
     /// What loaded models compute in.
     #[command(flatten)]
     pub dtype: super::backend::DtypeArg,
+    /// prm: --model is a PRM or ORM (any layout). generative: --model writes a verification
+    /// chain per solution with a verdict per step (see below).
+    #[arg(long, value_enum, default_value = "prm")]
+    pub verifier: VerifierKind,
+    /// --verifier generative: chains sampled per solution.
+    #[arg(long, default_value_t = 4)]
+    pub samples: usize,
+    /// --verifier generative: ask through the tokenizer's chat template (instruct models).
+    #[arg(long)]
+    pub chat: bool,
+    /// --verifier generative: sampling temperature of the chains.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// --verifier generative: most tokens per chain.
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: usize,
+}
+
+/// What kind of verifier `--model` is.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifierKind {
+    /// A PRM or ORM of any layout (a score head, or a log-ratio verifier).
+    Prm,
+    /// A model that writes a verification chain with a verdict per step (ThinkPRM, GenPRM).
+    Generative,
 }
 
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let backend = a.device.open_scorer(&a.model, &a.layout, &a.remote)?;
-    let scorer = backend.scorer();
+    let (scorer_backend, policy_backend, prm_scorer, chains, generative);
+    let scorer: &dyn stepwise_core::StepScorer = match a.verifier {
+        VerifierKind::Prm => {
+            scorer_backend = a.device.open_scorer(&a.model, &a.layout, &a.remote)?;
+            prm_scorer = scorer_backend.scorer();
+            &*prm_scorer
+        }
+        VerifierKind::Generative => {
+            policy_backend = a.device.open_policy(&a.model, &a.remote)?;
+            chains = policy_backend.policy(&stepwise_remote::backend::PolicySettings {
+                temperature: a.temperature,
+                max_tokens: a.max_tokens,
+                prompt: if a.chat {
+                    stepwise_model::Prompt::Chat
+                } else {
+                    stepwise_model::Prompt::Text
+                },
+                ..Default::default()
+            });
+            generative = stepwise_label::GenerativeVerifier {
+                policy: &*chains,
+                samples: a.samples,
+                seed: 0,
+            };
+            &generative
+        }
+    };
     let mut sols: Vec<_> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");
     let start = Instant::now();
-    let tokens = score_solutions(&*scorer, &a.name, &mut sols, a.batch_size, |done| {
+    let tokens = score_solutions(scorer, &a.name, &mut sols, a.batch_size, |done| {
         bar.set_position(done as u64)
     })?;
     bar.finish_and_clear();
