@@ -338,19 +338,13 @@ impl Preset {
                 problems: 10,
                 samples: 8,
             },
+            // The standard verifiers, smaller and trained for fewer steps.
             verifiers: VerifierPreset {
-                from_policy: true,
                 base_steps: 400,
                 base_shape: (48, 2),
-                extra_layers: 0,
-                shape: (32, 1),
-                head: VerifierHead::Likelihood,
-                beta: 1.0,
-                reference_logprob: -0.5,
-                last_tokens: 0,
-                stop_at_first_bad: true,
                 steps: 20,
                 lr: 1e-3,
+                ..Self::standard().verifiers
             },
             judge: JudgePreset {
                 solutions: 16,
