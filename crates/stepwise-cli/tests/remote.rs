@@ -584,3 +584,44 @@ fn max_tokens_defaults_to_what_the_context_leaves() {
     let fractional = chat(json!({"max_tokens": 2.9}));
     assert_eq!(fractional["error"]["param"], "max_tokens", "{fractional}");
 }
+
+#[test]
+fn without_max_tokens_a_continuation_may_fill_what_the_context_leaves() {
+    let d = tmp("context");
+    let server = serve(&[]);
+    // A server asked for `max_tokens: null` (vLLM's reading) gives what the context leaves; left
+    // out, OpenAI's completions default of 16.
+    let ask = |max_tokens: Option<Value>| {
+        let mut body = json!({"model": "qwen2-policy", "prompt": "What is 2 + 3?", "ignore_eos": true});
+        if let Some(m) = max_tokens {
+            body["max_tokens"] = m;
+        }
+        post(&server.url, "/v1/completions", &body)
+    };
+    let filled = ask(Some(Value::Null));
+    let (prompt, completion) = (
+        filled["usage"]["prompt_tokens"].as_u64().unwrap(),
+        filled["usage"]["completion_tokens"].as_u64().unwrap(),
+    );
+    assert_eq!(prompt + completion, 512, "{filled}");
+    assert_eq!(ask(None)["usage"]["completion_tokens"], 16);
+    // `generate` without --max-tokens, against the server and locally, on the 512-token model
+    // (it asked for 512 new tokens and was refused).
+    let probs = problems(&d);
+    for model in [server.url.clone(), fixture("qwen2-policy")] {
+        let out = d.join("out.jsonl");
+        let _ = std::fs::remove_file(&out);
+        stepwise(&[
+            "generate",
+            "--model",
+            &model,
+            "-n",
+            "1",
+            "--input",
+            probs.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 2, "{model}");
+    }
+}

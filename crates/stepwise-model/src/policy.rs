@@ -88,8 +88,17 @@ impl Policy for EnginePolicy<'_> {
         seed: u64,
     ) -> Result<Vec<Continuation>> {
         let ids = self.prompt_ids(question, prefix)?;
+        // At most what the context leaves after the prompt (a budget past it is cut to it).
+        let context = self.model.config.max_position_embeddings;
+        if ids.len() >= context {
+            anyhow::bail!(
+                "the prompt has {} tokens: the model's context ({context}) leaves none to continue it",
+                ids.len()
+            );
+        }
         let mut params = SamplingParams {
             seed,
+            max_new_tokens: self.params.max_new_tokens.min(context - ids.len()),
             ..self.params.clone()
         };
         let end = self.params.stop_token_ids.clone();

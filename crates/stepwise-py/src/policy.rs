@@ -40,7 +40,7 @@ impl Policy {
     pub fn seam_stopping_at(&self, stop: &[String]) -> Box<dyn PolicySeam + '_> {
         self.backend.policy(&stepwise_remote::backend::PolicySettings {
             temperature: self.temperature,
-            max_tokens: self.max_tokens,
+            max_tokens: Some(self.max_tokens),
             prompt: self.prompt,
             separator: self.separator.clone(),
             top_p: self.top_p,

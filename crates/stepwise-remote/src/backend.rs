@@ -165,8 +165,9 @@ impl RemoteOptions {
 pub struct PolicySettings {
     /// Sampling temperature (0: greedy).
     pub temperature: f32,
-    /// Most new tokens per continuation.
-    pub max_tokens: usize,
+    /// Most new tokens per continuation; `None`: what the model's context leaves after the
+    /// prompt (vLLM's default).
+    pub max_tokens: Option<usize>,
     /// How the question and the steps so far become the prompt.
     pub prompt: Prompt,
     /// Text between steps: continuations are split at it, one step stops at it.
@@ -183,7 +184,7 @@ impl Default for PolicySettings {
     fn default() -> Self {
         PolicySettings {
             temperature: 0.7,
-            max_tokens: 512,
+            max_tokens: Some(512),
             prompt: Prompt::Text,
             separator: "\n".into(),
             top_p: 1.0,
@@ -213,7 +214,12 @@ impl PolicyBackend {
     pub fn policy(&self, s: &PolicySettings) -> Box<dyn Policy + '_> {
         match self {
             PolicyBackend::Local(p) => {
-                let mut policy = p.policy(s.temperature, s.max_tokens, s.prompt, &s.separator);
+                let mut policy = p.policy(
+                    s.temperature,
+                    s.max_tokens.unwrap_or(usize::MAX),
+                    s.prompt,
+                    &s.separator,
+                );
                 policy.params.top_p = s.top_p;
                 policy.params.stop_strings = s.stop.clone();
                 Box::new(policy)

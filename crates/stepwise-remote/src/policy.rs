@@ -28,7 +28,8 @@ pub struct RemotePolicy<'a> {
     /// Nucleus sampling mass.
     pub top_p: f32,
     /// Most new tokens per continuation.
-    pub max_tokens: usize,
+    /// (`None`: sent as `null`, which vLLM and `stepwise serve` read as what the context leaves.)
+    pub max_tokens: Option<usize>,
     /// Strings that end a continuation besides the end of sequence (and, for one step, the
     /// separator).
     pub stop: Vec<String>,

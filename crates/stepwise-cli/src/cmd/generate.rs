@@ -50,9 +50,10 @@ pub struct Args {
     /// Top-k (0 = off; local policies only).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
-    /// Most new tokens per sample.
-    #[arg(long, default_value_t = 512)]
-    pub max_tokens: usize,
+    /// Most new tokens per sample (default: what the model's context leaves after the prompt,
+    /// as vLLM's default; a server is asked with `max_tokens: null`).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -93,7 +94,7 @@ pub fn run(a: Args) -> Result<()> {
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy: Box<dyn Policy + '_> = match &backend {
         super::backend::PolicyBackend::Local(loaded) => {
-            let mut policy = loaded.policy(a.temperature, a.max_tokens, prompt, "\n");
+            let mut policy = loaded.policy(a.temperature, a.max_tokens.unwrap_or(usize::MAX), prompt, "\n");
             policy.params.top_p = a.top_p;
             policy.params.top_k = a.top_k;
             policy.params.stop_strings = stop.clone();

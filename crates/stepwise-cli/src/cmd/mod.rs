@@ -37,7 +37,7 @@ impl SamplingArgs {
     pub fn settings(&self, prompt: stepwise_model::Prompt) -> stepwise_remote::backend::PolicySettings {
         stepwise_remote::backend::PolicySettings {
             temperature: self.temperature,
-            max_tokens: self.max_tokens,
+            max_tokens: Some(self.max_tokens),
             prompt,
             separator: self.separator.clone(),
             ..Default::default()

@@ -106,7 +106,7 @@ pub fn run(a: Args) -> Result<()> {
             policy_backend = a.device.open_policy(&a.model, &a.remote)?;
             chains = policy_backend.policy(&stepwise_remote::backend::PolicySettings {
                 temperature: a.temperature,
-                max_tokens: a.max_tokens,
+                max_tokens: Some(a.max_tokens),
                 prompt: if a.chat {
                     stepwise_model::Prompt::Chat
                 } else {

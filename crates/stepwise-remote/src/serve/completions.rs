@@ -82,7 +82,13 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
     } else {
         "max_tokens"
     };
-    let default_max = if chat { s.max_tokens } else { 16 };
+    // OpenAI's completions default to 16 tokens; chat, or an explicit `null` (vLLM's reading),
+    // to what the context leaves.
+    let default_max = if chat || v.get(max_key).is_some_and(Value::is_null) {
+        s.max_tokens
+    } else {
+        16
+    };
     let max_tokens = whole(v, max_key, default_max, 1, s.max_tokens)?;
     let max_tokens_given = v.get(max_key).is_some_and(|x| !x.is_null());
     let temperature = number(v, "temperature", 1.0, 0.0, 2.0)?;
