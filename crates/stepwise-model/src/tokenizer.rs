@@ -55,6 +55,12 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        if inner.get_vocab_size(true) == 0 {
+            anyhow::bail!(
+                "{}: field `model.vocab`: the vocabulary is empty, so no text can be encoded",
+                path.display()
+            );
+        }
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.exists() {
             serde_json::from_str(&std::fs::read_to_string(&cfg_path)?)
@@ -203,5 +209,25 @@ mod tests {
             Some("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}".into());
         let err = tok.apply_chat_template(&messages, false).unwrap_err().to_string();
         assert!(err.contains("loops too much"), "{err}");
+    }
+
+    #[test]
+    fn a_tokenizer_with_an_empty_vocabulary_is_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("stepwise-empty-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "vocab": {}, "merges": []}}"#;
+        std::fs::write(dir.join("tokenizer.json"), empty).unwrap();
+        let err = format!(
+            "{:#}",
+            Tokenizer::from_dir(&dir).err().expect("an empty vocabulary is refused")
+        );
+        assert!(
+            err.contains("tokenizer.json") && err.contains("model.vocab") && err.contains("empty"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
