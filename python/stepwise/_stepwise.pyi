@@ -164,6 +164,15 @@ def run_tests(
     `problems` (HumanEval/MBPP JSONL) in the sandbox; each comes back with `passed`, `result`,
     `tests_passed` and `tests_run`."""
 
+def generative_scores(
+    policy: Any,
+    items: Sequence[Union[Dict[str, Any], Tuple[str, Sequence[str]]]],
+    samples: int = 4,
+    seed: int = 0,
+) -> List[List[float]]:
+    """Each step's share of `samples` verification chains (a `\\boxed{correct|incorrect}` verdict per
+    step, ThinkPRM's format) written by `policy` that call it correct; 0.5 where none judges it."""
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of a problem with `n` samples, `c` of them passing."""
 

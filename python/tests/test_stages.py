@@ -155,3 +155,21 @@ def test_annotate_by_a_judge_and_by_consensus():
     assert [good(s["label"]) for s in both["a"]["steps"]] == [True, False, False]
     assert both["b"]["meta"]["consensus"] is False
     assert all("label" not in s for s in both["b"]["steps"])
+
+
+class Verifier:
+    """A generative verifier in Python: two of three chains call step 2 incorrect."""
+
+    def continue_from(self, question, prefix, n, until, seed):
+        assert "Step 2: 12 + 1 = 13" in question
+        bad = "Step 1: fine \\boxed{correct}\nStep 2: it adds 1, the problem adds 2 \\boxed{incorrect}"
+        good = "Step 1: \\boxed{correct}\nStep 2: \\boxed{correct}\nStep 3: \\boxed{correct}"
+        return [bad, bad, good][:n]
+
+
+def test_generative_scores_are_each_steps_share_of_correct_verdicts():
+    items = [("Ann has 3 bags of 4 apples and finds 2 more.", ["3 * 4 = 12", "12 + 1 = 13", "The answer is 13."])]
+    scores = stepwise.generative_scores(Verifier(), items, samples=3)
+    assert scores[0] == pytest.approx([1.0, 1 / 3, 1 / 3])
+    with pytest.raises(ValueError):
+        stepwise.generative_scores(Verifier(), items, samples=0)

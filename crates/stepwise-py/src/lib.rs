@@ -46,5 +46,6 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stages::lab_run, m)?)?;
     m.add_function(wrap_pyfunction!(code::run_tests, m)?)?;
     m.add_function(wrap_pyfunction!(code::pass_at_k, m)?)?;
+    m.add_function(wrap_pyfunction!(verifier::generative_scores, m)?)?;
     Ok(())
 }

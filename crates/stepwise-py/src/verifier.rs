@@ -204,3 +204,53 @@ impl Prm {
         format!("stepwise.PRM({:?}, device={:?})", self.source, self.device())
     }
 }
+
+/// Every step's score of each item by a generative verifier: `policy` (a `stepwise.Policy`, or
+/// any object with a `continue_from` method, such as `integrations.vllm.VllmPolicy`) writes
+/// `samples` verification chains per item, a `\boxed{correct}` or `\boxed{incorrect}` verdict
+/// per step (ThinkPRM's format); a step's score is the share of chains calling it correct, every
+/// step from a chain's first incorrect one on counting as incorrect, 0.5 where no chain judges
+/// it. Items as for `PRM.score_batch`.
+///
+/// >>> stepwise.generative_scores(policy, [("What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."])], samples=8)
+#[pyfunction]
+#[pyo3(signature = (policy, items, samples=4, seed=0))]
+pub fn generative_scores(
+    py: Python<'_>,
+    policy: &Bound<'_, PyAny>,
+    items: &Bound<'_, PyAny>,
+    samples: usize,
+    seed: u64,
+) -> PyResult<Vec<Vec<f32>>> {
+    if samples == 0 {
+        return Err(value_error("samples must be at least 1"));
+    }
+    let values = match from_py(items)? {
+        Value::Array(v) => v,
+        _ => return Err(value_error("items must be a list")),
+    };
+    let items: Vec<(String, Vec<String>)> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| item_of(v, i))
+        .collect::<PyResult<_>>()?;
+    let policy = crate::policy::PolicyArg::of(policy, "\n")?;
+    without_gil(py, || {
+        let seam = policy.seam(&[]);
+        let verifier = stepwise_label::GenerativeVerifier {
+            policy: &*seam,
+            samples,
+            seed,
+        };
+        let inputs: Vec<ScoreInput> = items
+            .iter()
+            .map(|(q, steps)| ScoreInput {
+                problem_id: "",
+                question: q,
+                steps: steps.iter().map(String::as_str).collect(),
+                partial: false,
+            })
+            .collect();
+        Ok(verifier.score(&inputs)?.scores)
+    })
+}
