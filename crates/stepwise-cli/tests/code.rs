@@ -135,21 +135,22 @@ fn generate_and_annotate_label_program_lines_by_execution() {
 
     // Samples: HumanEval's prompts continued, graded by the tests (a random tiny policy fails).
     let samples = dir.join("samples.jsonl");
-    stepwise(&[
-        "generate",
-        "--model",
-        &policy,
-        "--task",
-        "code",
-        "--input",
-        he.to_str().unwrap(),
-        "-n",
-        "2",
-        "--max-tokens",
-        "12",
-        "--output",
-        samples.to_str().unwrap(),
-    ]);
+    // A command on the code task over these problems, writing `out`.
+    let on_code = |command: &str, model_flag: &str, extra: &[&str], out: &std::path::Path| {
+        let mut args = vec![
+            command,
+            model_flag,
+            policy.as_str(),
+            "--task",
+            "code",
+            "--input",
+            he.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        args.extend(["--output", out.to_str().unwrap()]);
+        stepwise(&args)
+    };
+    on_code("generate", "--model", &["-n", "2", "--max-tokens", "12"], &samples);
     let generated = jsonl(&std::fs::read(&samples).unwrap());
     assert_eq!(generated.len(), 6);
     for (s, p) in generated.iter().zip(problems.iter().flat_map(|p| [p, p])) {
@@ -164,29 +165,26 @@ fn generate_and_annotate_label_program_lines_by_execution() {
 
     // Step-level search over lines, its results graded by the tests.
     let searched = dir.join("beam.jsonl");
-    stepwise(&[
+    let prm = fixture("qwen2-prm");
+    on_code(
         "search",
         "--policy",
-        &policy,
-        "--prm",
-        &fixture("qwen2-prm"),
-        "--task",
-        "code",
-        "--method",
-        "beam",
-        "-n",
-        "2",
-        "--width",
-        "2",
-        "--max-steps",
-        "3",
-        "--max-tokens",
-        "6",
-        "--input",
-        he.to_str().unwrap(),
-        "--output",
-        searched.to_str().unwrap(),
-    ]);
+        &[
+            "--prm",
+            &prm,
+            "--method",
+            "beam",
+            "-n",
+            "2",
+            "--width",
+            "2",
+            "--max-steps",
+            "3",
+            "--max-tokens",
+            "6",
+        ],
+        &searched,
+    );
     let found = jsonl(&std::fs::read(&searched).unwrap());
     assert_eq!(found.len(), 3);
     for (s, p) in found.iter().zip(&problems) {
@@ -197,21 +195,12 @@ fn generate_and_annotate_label_program_lines_by_execution() {
     // Labels of the reference solutions, read straight from HumanEval's file: every step is
     // labelled, and the last is good because the whole program passes its tests.
     let labelled = dir.join("labelled.jsonl");
-    let out = stepwise(&[
+    let out = on_code(
         "annotate",
         "--policy",
-        &policy,
-        "--task",
-        "code",
-        "--input",
-        he.to_str().unwrap(),
-        "--rollouts",
-        "2",
-        "--max-tokens",
-        "8",
-        "--output",
-        labelled.to_str().unwrap(),
-    ]);
+        &["--rollouts", "2", "--max-tokens", "8"],
+        &labelled,
+    );
     let rows = jsonl(&std::fs::read(&labelled).unwrap());
     assert_eq!(rows.len(), 3, "{}", String::from_utf8_lossy(&out.stderr));
     for (row, p) in rows.iter().zip(&problems) {

@@ -26,6 +26,27 @@ pub struct Prm {
     source: String,
 }
 
+/// A Python list of items (see [`item_of`]) as `(question, steps)` pairs.
+fn items_arg(items: &Bound<'_, PyAny>) -> PyResult<Vec<(String, Vec<String>)>> {
+    match from_py(items)? {
+        Value::Array(values) => values.iter().enumerate().map(|(i, v)| item_of(v, i)).collect(),
+        _ => Err(value_error("items must be a list")),
+    }
+}
+
+/// `(question, steps)` pairs as scorer inputs.
+fn inputs_of(items: &[(String, Vec<String>)]) -> Vec<ScoreInput<'_>> {
+    items
+        .iter()
+        .map(|(q, steps)| ScoreInput {
+            problem_id: "",
+            question: q,
+            steps: steps.iter().map(String::as_str).collect(),
+            partial: false,
+        })
+        .collect()
+}
+
 /// A scoring item from Python: a dict with `question` (or `problem`/`prompt`) and `steps` (or
 /// `completions`), or a `(question, steps)` pair.
 fn item_of(v: &Value, i: usize) -> PyResult<(String, Vec<String>)> {
@@ -139,27 +160,8 @@ impl Prm {
     /// `prompt`/`completions` and ProcessBench's `problem` are read too) or `(question, steps)`
     /// pairs. Items are packed into forward passes of at most `max_batch_tokens` tokens.
     fn score_batch(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<f32>>> {
-        let values = match from_py(items)? {
-            Value::Array(v) => v,
-            _ => return Err(value_error("items must be a list")),
-        };
-        let items: Vec<(String, Vec<String>)> = values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| item_of(v, i))
-            .collect::<PyResult<_>>()?;
-        without_gil(py, || {
-            let inputs: Vec<ScoreInput> = items
-                .iter()
-                .map(|(q, steps)| ScoreInput {
-                    problem_id: "",
-                    question: q,
-                    steps: steps.iter().map(String::as_str).collect(),
-                    partial: false,
-                })
-                .collect();
-            Ok(self.scorer().score(&inputs)?.scores)
-        })
+        let items = items_arg(items)?;
+        without_gil(py, || Ok(self.scorer().score(&inputs_of(&items))?.scores))
     }
 
     /// Records (any format stepwise reads) with every step scored under `scores[name]`, as
@@ -225,15 +227,7 @@ pub fn generative_scores(
     if samples == 0 {
         return Err(value_error("samples must be at least 1"));
     }
-    let values = match from_py(items)? {
-        Value::Array(v) => v,
-        _ => return Err(value_error("items must be a list")),
-    };
-    let items: Vec<(String, Vec<String>)> = values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| item_of(v, i))
-        .collect::<PyResult<_>>()?;
+    let items = items_arg(items)?;
     let policy = crate::policy::PolicyArg::of(policy, "\n")?;
     without_gil(py, || {
         let seam = policy.seam(&[]);
@@ -242,15 +236,6 @@ pub fn generative_scores(
             samples,
             seed,
         };
-        let inputs: Vec<ScoreInput> = items
-            .iter()
-            .map(|(q, steps)| ScoreInput {
-                problem_id: "",
-                question: q,
-                steps: steps.iter().map(String::as_str).collect(),
-                partial: false,
-            })
-            .collect();
-        Ok(verifier.score(&inputs)?.scores)
+        Ok(verifier.score(&inputs_of(&items))?.scores)
     })
 }
