@@ -17,6 +17,17 @@ use stepwise_core::Problem;
 /// ends where top-level code starts again.
 pub const CODE_STOPS: [&str; 5] = ["\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#"];
 
+/// What a resumed run over the code problems of `path` must share with the run it resumes: the
+/// problems' content (a fingerprint of the file) and the time a program may run.
+pub fn resume_identity(path: &Path, timeout_seconds: f64) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(serde_json::json!({
+        "task": "code",
+        "problems": stepwise_core::journal::fingerprint(&[text])?,
+        "timeout": timeout_seconds,
+    }))
+}
+
 /// Programming problems graded by running their tests (see the module's documentation).
 pub struct CodeTask {
     problems: Vec<Problem>,

@@ -139,9 +139,7 @@ fn code_identity(code_problems: Option<&Path>, timeout: f64) -> PyResult<Value> 
     let Some(path) = code_problems else {
         return Ok(json!("math"));
     };
-    let text = std::fs::read_to_string(path).map_err(|e| value_error(format!("{}: {e}", path.display())))?;
-    let fingerprint = stepwise_core::journal::fingerprint(&[text]).map_err(|e| value_error(e.to_string()))?;
-    Ok(json!({"task": "code", "problems": fingerprint, "timeout": timeout}))
+    stepwise_code::task::resume_identity(path, timeout).map_err(|e| value_error(format!("{e:#}")))
 }
 
 /// A problem from Python: a question string, or a dict with `question` (or `problem`), an

@@ -30,14 +30,14 @@ pub fn run(input: &std::path::Path, task: &CodeTask, threads: Option<usize>, ski
             Err(e) => bail!("{}:{line}: {e}", input.display()),
         }
     }
-    let programs: Vec<Program> = records.iter().map(|(_, p)| p.clone()).collect();
+    let (objects, programs): (Vec<_>, Vec<Program>) = records.into_iter().unzip();
     let bar = crate::progress::bar(Some(programs.len() as u64), "running tests");
     let outcomes = task.run_programs(&programs, threads.unwrap_or(0), &|done| bar.set_position(done as u64))?;
     bar.finish_and_clear();
     let out = std::io::stdout();
     let mut out = BufWriter::new(out.lock());
     let mut per_problem: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for ((mut obj, p), o) in records.into_iter().zip(&outcomes) {
+    for ((mut obj, p), o) in objects.into_iter().zip(programs).zip(&outcomes) {
         let entry = per_problem.entry(p.problem).or_default();
         entry.0 += 1;
         entry.1 += usize::from(o.passed());

@@ -101,15 +101,7 @@ impl TaskArgs {
     pub fn identity(&self, input: Option<&Path>) -> Result<serde_json::Value> {
         Ok(match self.domain {
             Domain::Math => serde_json::json!("math"),
-            Domain::Code => {
-                let file = self.problems_file(input)?;
-                let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-                serde_json::json!({
-                    "task": "code",
-                    "problems": stepwise_core::journal::fingerprint(&[text])?,
-                    "timeout": self.code_timeout,
-                })
-            }
+            Domain::Code => stepwise_code::task::resume_identity(self.problems_file(input)?, self.code_timeout)?,
         })
     }
 }

@@ -94,16 +94,10 @@ pub fn read_http(s: &mut TcpStream) -> Option<Vec<u8>> {
 
 /// GET `path` from `url`: the status line and the body.
 pub fn get(url: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    let status = reply.lines().next().unwrap_or_default().to_string();
-    let body = reply
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    exchange(
+        url,
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
 }
 
 /// Send `request` (raw bytes) to `url` and read until the server closes: the status line and
