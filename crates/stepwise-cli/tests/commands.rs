@@ -574,9 +574,10 @@ fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
     }
 }
 
-/// `stepwise rl` on the fixture policy: outcome and PRM rewards, a per-update log, and a
+/// `stepwise rl` on the fixture policy: outcome, PRM and PRIME rewards, a per-update log, and a
 /// checkpoint folder that loads back as the same architecture with changed weights; a second
-/// run on the folder resumes (it has nothing left to do) instead of starting over.
+/// run on the folder resumes (it has nothing left to do) instead of starting over. PRIME's
+/// implicit PRM moved too, and `stepwise score` reads its folder as a verifier.
 #[test]
 fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
     let d = tmp("rl");
@@ -592,11 +593,16 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
     for (name, reward) in [
         ("outcome", "outcome".to_string()),
         ("prm", format!("prm:{}", fixture("qwen2-prm"))),
+        ("prime", "prime".to_string()),
     ] {
         let out = d.join(name);
         let args = |out: &Path| {
+            // The random policy is always wrong: PRIME learns from every group here.
+            let filter = if name == "prime" { "0,1" } else { "0.2,0.8" };
             vec![
                 "rl".to_string(),
+                "--prime-filter".into(),
+                filter.into(),
                 "--policy".into(),
                 policy.clone(),
                 "--reward".into(),
@@ -641,6 +647,29 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
         let before = std::fs::read(Path::new(&policy).join("model.safetensors")).unwrap();
         let after = std::fs::read(out.join("model.safetensors")).unwrap();
         assert_ne!(before, after, "{name}: the weights did not move");
+        if name == "prime" {
+            let prm = out.join("implicit_prm");
+            assert!(log[1]["implicit_prm"]["loss"].as_f64().unwrap().is_finite());
+            assert_ne!(std::fs::read(prm.join("model.safetensors")).unwrap(), before);
+            let (steps, scored) = (d.join("steps.jsonl"), d.join("implicit_prm_scores.jsonl"));
+            write_jsonl(
+                &steps,
+                &[
+                    json!({"id": "s", "problem_id": "p", "question": "What is 2 + 3?", "steps": [{"text": "2 + 3 = 5"}, {"text": "The answer is 5"}]}),
+                ],
+            );
+            stepwise(&[
+                "score",
+                "--model",
+                &prm.display().to_string(),
+                "--input",
+                &steps.display().to_string(),
+                "--output",
+                &scored.display().to_string(),
+            ]);
+            let scores = common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm");
+            assert!(scores.len() == 2 && scores.iter().all(|s| s.is_finite()), "{scores:?}");
+        }
         // Run again on the same folder: it resumes (nothing left to do); then sample from the result.
         let again = stepwise(&a.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(String::from_utf8_lossy(&again.stderr).contains("2 updates"), "{name}");

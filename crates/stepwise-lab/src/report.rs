@@ -378,6 +378,22 @@ fn rl_section(s: &mut String, rl: &RlReport) {
             v.sampled_tokens
         );
     }
+    let prime = stepwise_rl::PrimeConfig::default();
+    for v in &rl.variants {
+        if let (Some((first, last)), Some(kept)) = (v.implicit_prm_accuracy, v.kept_groups) {
+            let _ = writeln!(
+                s,
+                "\n*{}*: the implicit PRM (started from the policy, learning online from the outcomes of the samples, β = {}) predicted the outcome of fresh samples {:.1}% → {:.1}% of the time (first → last tenth); its prompt filter kept {:.0}% of the groups ({:.0}–{:.0}% correct).",
+                v.reward,
+                prime.beta,
+                100.0 * first,
+                100.0 * last,
+                100.0 * kept,
+                100.0 * prime.accuracy_bounds.0,
+                100.0 * prime.accuracy_bounds.1
+            );
+        }
+    }
     let _ = writeln!(s, "\n![RL](rl.png)\n");
 }
 

@@ -80,6 +80,7 @@ fn main() -> Result<()> {
             watch: Vec::new(),
             out_dir: None,
             heldout: None,
+            implicit_prm: None,
         },
         &rl,
         |_| {},

@@ -6,6 +6,7 @@
 //! - [`dense`]: step scores as per-token rewards for RL engines that take them (verl, OpenRLHF);
 //! - [`loss`]: the PPO-clip policy-gradient loss with GRPO's k3 KL penalty to a frozen reference,
 //!   on the engine's differentiable path;
+//! - [`prime`]: PRIME's implicit PRM, learning online from outcome labels, and its advantages;
 //! - [`rollout`]: sampled solutions as training sequences, each token carrying its step's advantage;
 //! - [`trainer`]: the on-policy loop, resumable from its checkpoints.
 //!
@@ -19,9 +20,11 @@
 pub mod advantage;
 pub mod dense;
 pub mod loss;
+pub mod prime;
 pub mod rollout;
 pub mod trainer;
 
 pub use advantage::{step_advantages, Credit};
 pub use loss::{rl_loss, LossStats};
+pub use prime::{ImplicitPrm, PrimeConfig, PrimeLog};
 pub use trainer::{train_rl, RlConfig, UpdateLog};

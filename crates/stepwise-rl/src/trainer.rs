@@ -7,15 +7,17 @@
 
 use crate::advantage::{step_advantages, Credit};
 use crate::loss::rl_loss;
+use crate::prime::{prime_advantages, ImplicitPrm, OnlinePrm, PrimeConfig, PrimeLog};
 use crate::rollout::{sequence_logprobs, token_advantages, Sequence};
 use anyhow::{bail, Context, Result};
 use rand::seq::{index::sample, SliceRandom};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
-use stepwise_core::seams::{Policy, Reward, Task, Until};
+use stepwise_core::seams::{Policy, Reward, RewardKind, Task, Until};
 use stepwise_core::{Problem, Solution, Step};
 use stepwise_model::model::{load_training_checkpoint, save_training_checkpoint};
 use stepwise_model::train::optim::{accumulate, named_vars, schedule, AdamW};
@@ -60,6 +62,10 @@ pub struct RlConfig {
     pub seed: u64,
     /// Checkpoint every this many updates (0: only at the end).
     pub checkpoint_every: usize,
+    /// PRIME: an implicit PRM ([`RlRun::implicit_prm`]) learns online from the outcome reward
+    /// and its token rewards join the outcome's in the advantages ([`crate::prime`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prime: Option<PrimeConfig>,
 }
 
 fn one() -> usize {
@@ -86,6 +92,7 @@ impl Default for RlConfig {
             max_new_tokens: 256,
             seed: 0,
             checkpoint_every: 10,
+            prime: None,
         }
     }
 }
@@ -123,6 +130,9 @@ pub struct UpdateLog {
     /// where it was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heldout_accuracy: Option<f64>,
+    /// PRIME's implicit PRM on the update's samples, before it learned from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub implicit_prm: Option<PrimeLog>,
 }
 
 /// Held-out problems the policy is measured on during training.
@@ -164,6 +174,10 @@ pub struct RlRun<'a> {
     pub out_dir: Option<PathBuf>,
     /// Measure held-out accuracy during training (logged in [`UpdateLog::heldout_accuracy`]).
     pub heldout: Option<Heldout<'a>>,
+    /// PRIME's implicit PRM, trained online; given exactly when [`RlConfig::prime`] is set, with
+    /// an outcome `reward` (the verifier whose labels it learns from). It is checkpointed in the
+    /// run folder's `implicit_prm/`.
+    pub implicit_prm: Option<ImplicitPrm<'a>>,
 }
 
 const STATE: &str = "rl_state.json";
@@ -192,10 +206,21 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         watch,
         out_dir,
         heldout,
+        implicit_prm,
     } = run;
     if problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
         bail!("RL needs problems, a group of at least 2 samples per prompt and at least one prompt per update");
     }
+    let mut prime = match (cfg.prime, implicit_prm) {
+        (Some(c), Some(prm)) if reward.kind() == RewardKind::Outcome => Some(OnlinePrm::new(prm, c)?),
+        (Some(_), Some(_)) => bail!(
+            "PRIME learns from an outcome reward (the verifier's labels); `{}` is a process reward",
+            reward.name()
+        ),
+        (None, None) => None,
+        (Some(_), None) => bail!("PRIME is configured but no implicit PRM was given"),
+        (None, Some(_)) => bail!("an implicit PRM was given but PRIME is not configured"),
+    };
     // A token ends a step when its text holds the separator (`"|"`, `"\n"`, `".\n\n"`, …).
     let mut separators = std::collections::HashMap::new();
     let mut is_separator = |t: u32| -> Result<bool> {
@@ -222,12 +247,18 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         }
         load_training_checkpoint(varmap, dir)?;
         opt.load(&dir.join(OPTIM))?;
+        if let Some(p) = prime.as_mut() {
+            p.load(dir)?;
+        }
         log = state.log;
     }
-    let save = |policy: &Model, opt: &AdamW, log: &[UpdateLog]| -> Result<()> {
+    let save = |policy: &Model, opt: &AdamW, prime: Option<&OnlinePrm<'_>>, log: &[UpdateLog]| -> Result<()> {
         if let Some(dir) = &out_dir {
             save_training_checkpoint(dir, &policy.config, varmap)?;
             opt.save(&dir.join(OPTIM))?;
+            if let Some(p) = prime {
+                p.save(dir)?;
+            }
             let state = State {
                 config: cfg.clone(),
                 log: log.to_vec(),
@@ -259,6 +290,9 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         policy.set_training(false);
         let engine = sampling_policy(policy, tokenizer, &params, prompt, &separator);
         let mut seqs: Vec<Sequence> = Vec::new();
+        // Each sequence's last reward (the outcome, for an outcome reward) and each prompt's
+        // sequences, for PRIME.
+        let (mut outcomes, mut groups) = (Vec::new(), Vec::new());
         let (mut reward_sum, mut correct) = (0.0, 0usize);
         let mut watched = std::collections::BTreeMap::new();
         for (k, p) in chosen.iter().enumerate() {
@@ -286,6 +320,8 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             for w in &watch {
                 *watched.entry(w.name().to_string()).or_insert(0.0) += mean_rewards(&w.rewards(&sols)?);
             }
+            outcomes.extend(rewards.iter().map(|r| r.last().copied().unwrap_or(0.0)));
+            groups.push(seqs.len()..seqs.len() + sols.len());
             let steps: Vec<usize> = sols.iter().map(|s| s.steps.len()).collect();
             let advantages = step_advantages(&rewards, &steps, reward.kind(), cfg.credit);
             for (c, a) in conts.iter().zip(advantages) {
@@ -304,6 +340,23 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             }
         }
         drop(engine);
+        let samples = seqs.len().max(1) as f64;
+        let sampled_groups = groups.len().max(1) as f64;
+        if let Some(p) = &prime {
+            // PRIME's prompt filter: only groups with mixed outcomes are learned from.
+            let kept: Vec<Range<usize>> = groups
+                .iter()
+                .filter(|g| p.cfg.keeps(&outcomes[(*g).clone()]))
+                .cloned()
+                .collect();
+            let (mut s, mut o, mut g) = (Vec::new(), Vec::new(), Vec::new());
+            for r in kept {
+                g.push(s.len()..s.len() + r.len());
+                s.extend(seqs[r.clone()].iter().cloned());
+                o.extend(&outcomes[r]);
+            }
+            (seqs, outcomes, groups) = (s, o, g);
+        }
         let sampling_seconds = start.elapsed().as_secs_f64();
         let all: Vec<&[u32]> = seqs.iter().map(|s| s.ids.as_slice()).collect();
         let old = sequence_logprobs(policy, &all, cfg.minibatch_size)?;
@@ -312,6 +365,23 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             s.old_logprobs = o;
             s.ref_logprobs = r;
         }
+        // PRIME: the implicit PRM scores the samples, learns from their outcomes, and its token
+        // rewards with the outcomes make the advantages.
+        let implicit_prm = match prime.as_mut() {
+            Some(p) => {
+                let (token_rewards, stats) =
+                    p.score_and_learn(&seqs, &outcomes, cfg.minibatch_size, cfg.max_grad_norm)?;
+                let advantages = prime_advantages(&seqs, &token_rewards, &outcomes, &groups, &p.cfg);
+                for (s, a) in seqs.iter_mut().zip(advantages) {
+                    s.advantages = a;
+                }
+                Some(PrimeLog {
+                    kept_groups: groups.len() as f64 / sampled_groups,
+                    ..stats
+                })
+            }
+            None => None,
+        };
 
         // PPO-clip steps over the samples.
         policy.set_training(true);
@@ -358,7 +428,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             }
             _ => None,
         };
-        let n = seqs.len().max(1) as f64;
+        let n = samples;
         watched.values_mut().for_each(|v| *v /= n);
         let entry = UpdateLog {
             update: u + 1,
@@ -373,11 +443,12 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             sampling_seconds,
             watched,
             heldout_accuracy,
+            implicit_prm,
         };
         on_update(&entry);
         log.push(entry);
         if last || (cfg.checkpoint_every > 0 && (u + 1) % cfg.checkpoint_every == 0) {
-            save(policy, &opt, &log)?;
+            save(policy, &opt, prime.as_ref(), &log)?;
         }
     }
     Ok(log)

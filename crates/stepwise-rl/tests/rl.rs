@@ -1,18 +1,21 @@
 //! RL on a tiny policy over a seven-word vocabulary: every weight gets a gradient from the loss,
 //! a process reward (steps rewarded for alternating `a`, `b`) is earned more as training goes on,
-//! and a run killed after a checkpoint resumes to the weights of an uninterrupted run.
+//! and a run killed after a checkpoint resumes to the weights of an uninterrupted run; PRIME's
+//! implicit PRM learns outcomes online, every one of its weights learning, and PRIME raises an
+//! outcome reward.
 
 use anyhow::Result;
 use candle_core::Device;
 use std::path::PathBuf;
-use stepwise_core::seams::{Reward, RewardKind};
+use stepwise_core::seams::{OutcomeReward, Reward, RewardKind, Task};
 use stepwise_core::testing::PlainTask;
 use stepwise_core::{Problem, Solution};
 use stepwise_model::train::VarMap;
 use stepwise_model::{HeadKind, Model, ModelConfig, Prompt, Tokenizer};
+use stepwise_rl::prime::OnlinePrm;
 use stepwise_rl::rollout::{sequence_logprobs, Sequence};
 use stepwise_rl::trainer::RlRun;
-use stepwise_rl::{rl_loss, train_rl, Credit, RlConfig};
+use stepwise_rl::{rl_loss, train_rl, Credit, ImplicitPrm, PrimeConfig, RlConfig};
 
 const WORDS: [&str; 7] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b"];
 
@@ -61,6 +64,33 @@ fn problems() -> Vec<Problem> {
     }]
 }
 
+/// A solution is correct when its first step is the gold answer (`a`).
+struct LastStepAnswers;
+
+impl Task for LastStepAnswers {
+    fn problems(&self) -> &[Problem] {
+        &[]
+    }
+    fn answer(&self, steps: &[String]) -> Option<String> {
+        steps.first().cloned()
+    }
+    fn grade(&self, answer: &str, gold: &str) -> bool {
+        answer == gold
+    }
+}
+
+fn prime_config(updates: usize) -> RlConfig {
+    RlConfig {
+        prime: Some(PrimeConfig {
+            beta: 0.5,
+            lr: 3e-3,
+            accuracy_bounds: (0.0, 1.0),
+            ..Default::default()
+        }),
+        ..config(updates)
+    }
+}
+
 fn config(updates: usize) -> RlConfig {
     RlConfig {
         updates,
@@ -85,7 +115,7 @@ fn run<'a>(
     reference: &'a Model,
     tok: &'a Tokenizer,
     problems: &'a [Problem],
-    task: &'a PlainTask,
+    task: &'a dyn Task,
     out: Option<PathBuf>,
 ) -> RlRun<'a> {
     RlRun {
@@ -102,6 +132,7 @@ fn run<'a>(
         watch: Vec::new(),
         out_dir: out,
         heldout: None,
+        implicit_prm: None,
     }
 }
 
@@ -160,53 +191,185 @@ fn a_process_reward_moves_each_step_toward_what_it_rewards() {
 
 #[test]
 fn a_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
+    assert_resumes("plain", &config(4), false);
+}
+
+#[test]
+fn a_prime_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
+    assert_resumes("prime", &prime_config(4), true);
+}
+
+/// Train 4 updates whole, and again killed in update 3 then resumed: the policy's weights (and
+/// the implicit PRM's, with `prime`) and the logs are the same.
+fn assert_resumes(name: &str, cfg: &RlConfig, prime: bool) {
     let tok = tokenizer();
-    let (problems, task) = (problems(), PlainTask::default());
+    let (problems, task) = (problems(), LastStepAnswers);
+    let outcome = OutcomeReward { task: &task };
     let (reference, _) = fresh(5);
-    let root = std::env::temp_dir().join(format!("stepwise-rl-resume-{}", std::process::id()));
+    let root = std::env::temp_dir().join(format!("stepwise-rl-resume-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let cfg = config(4);
-    let weights = |dir: &PathBuf| std::fs::read(dir.join("model.safetensors")).unwrap();
-
+    let weights = |dir: &PathBuf| {
+        let mut w = vec![std::fs::read(dir.join("model.safetensors")).unwrap()];
+        if prime {
+            w.push(std::fs::read(OnlinePrm::dir(dir).join("model.safetensors")).unwrap());
+        }
+        w
+    };
+    // One run into `dir`, from fresh weights; `on_update` may kill it.
+    let train = |dir: &PathBuf, on_update: &dyn Fn(usize)| {
+        let (mut m, v) = fresh(5);
+        let (mut prm, prm_vars) = fresh(5);
+        let mut run = run(&mut m, &v, &reference, &tok, &problems, &task, Some(dir.clone()));
+        if prime {
+            run.reward = &outcome;
+            run.implicit_prm = Some(ImplicitPrm {
+                model: &mut prm,
+                varmap: &prm_vars,
+            });
+        }
+        train_rl(run, cfg, |l| on_update(l.update)).unwrap()
+    };
     let whole = root.join("whole");
-    let (mut m, v) = fresh(5);
-    let full_log = train_rl(
-        run(&mut m, &v, &reference, &tok, &problems, &task, Some(whole.clone())),
-        &cfg,
-        |_| {},
-    )
-    .unwrap();
-
+    let full_log = train(&whole, &|_| {});
     let cut = root.join("cut");
-    let (mut m, v) = fresh(5);
     let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train_rl(
-            run(&mut m, &v, &reference, &tok, &problems, &task, Some(cut.clone())),
-            &cfg,
-            |l| {
-                assert!(l.update < 3, "killed during update 3");
-            },
-        )
+        train(&cut, &|update| assert!(update < 3, "killed during update 3"))
     }));
     assert!(crashed.is_err(), "the run was to die in update 3");
-    let (mut m, v) = fresh(5);
-    let resumed = train_rl(
-        run(&mut m, &v, &reference, &tok, &problems, &task, Some(cut.clone())),
+    let resumed = train(&cut, &|_| {});
+    assert!(
+        weights(&whole) == weights(&cut),
+        "resumed weights differ from the uninterrupted run's"
+    );
+    let summary = |log: &[stepwise_rl::UpdateLog]| {
+        log.iter()
+            .map(|l| (l.reward, l.sampled_tokens, l.implicit_prm.map(|p| p.loss)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(summary(&full_log), summary(&resumed));
+    assert_eq!(resumed.iter().all(|l| l.implicit_prm.is_some()), prime);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// `q | a | <eos>` (correct) and `q | b | <eos>` (wrong), as PRIME's samples.
+fn labelled_samples(reference: &Model) -> (Vec<Sequence>, Vec<f32>) {
+    let seqs: Vec<Sequence> = [[4u32, 3, 5, 3, 2], [4, 3, 6, 3, 2]]
+        .iter()
+        .map(|ids| Sequence {
+            ids: ids.to_vec(),
+            learn_from: 2,
+            ref_logprobs: sequence_logprobs(reference, &[ids.as_slice()], 1).unwrap().remove(0),
+            ..Default::default()
+        })
+        .collect();
+    (seqs, vec![1.0, 0.0])
+}
+
+#[test]
+fn every_weight_of_the_implicit_prm_learns_from_outcomes() {
+    let (reference, _) = fresh(2);
+    let (mut prm, varmap) = fresh(2);
+    let before: Vec<(String, Vec<f32>)> = stepwise_model::train::optim::named_vars(&varmap)
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()))
+        .collect();
+    let (seqs, outcomes) = labelled_samples(&reference);
+    let cfg = PrimeConfig {
+        beta: 0.5,
+        lr: 1e-2,
+        ..Default::default()
+    };
+    let mut online = OnlinePrm::new(
+        ImplicitPrm {
+            model: &mut prm,
+            varmap: &varmap,
+        },
+        cfg,
+    )
+    .unwrap();
+    // Started from the reference: every token's implicit reward is 0, and half the outcomes
+    // (the sum 0 is not above 0) are right.
+    let (rewards, first) = online.score_and_learn(&seqs, &outcomes, 1, 1.0).unwrap();
+    assert!(rewards.iter().flatten().all(|r| r.abs() < 1e-6), "{rewards:?}");
+    assert!((first.loss - std::f64::consts::LN_2).abs() < 1e-4, "{first:?}");
+    for (name, var) in stepwise_model::train::optim::named_vars(&varmap) {
+        let now: Vec<f32> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let was = &before.iter().find(|(n, _)| *n == name).unwrap().1;
+        assert!(now != *was, "{name}: no gradient from the implicit PRM's loss");
+    }
+    let mut last = first;
+    for _ in 0..30 {
+        last = online.score_and_learn(&seqs, &outcomes, 2, 1.0).unwrap().1;
+    }
+    assert!(last.loss < 0.2 && last.accuracy == 1.0, "{last:?}");
+    let (rewards, _) = online.score_and_learn(&seqs, &outcomes, 2, 1.0).unwrap();
+    // The correct completion's tokens are rewarded above the wrong one's, on the token where
+    // they differ.
+    assert!(rewards[0][2] > 0.0 && rewards[1][2] < 0.0, "{rewards:?}");
+    assert_eq!(&rewards[0][..2], &[0.0, 0.0], "the prompt gets no reward");
+}
+
+#[test]
+fn prime_raises_the_outcome_reward() {
+    let tok = tokenizer();
+    let (mut model, varmap) = fresh(7);
+    let (reference, _) = fresh(7);
+    let (mut prm, prm_vars) = fresh(7);
+    let (problems, task) = (problems(), LastStepAnswers);
+    let outcome = OutcomeReward { task: &task };
+    // PRIME's β; groups kept from 10% to 90% correct (this policy starts near 4%).
+    let cfg = RlConfig {
+        lr: 1e-3,
+        kl_coef: 0.0,
+        prime: Some(PrimeConfig {
+            beta: 0.05,
+            lr: 1e-3,
+            accuracy_bounds: (0.1, 0.9),
+            ..Default::default()
+        }),
+        ..config(40)
+    };
+    let log = train_rl(
+        RlRun {
+            reward: &outcome,
+            implicit_prm: Some(ImplicitPrm {
+                model: &mut prm,
+                varmap: &prm_vars,
+            }),
+            ..run(&mut model, &varmap, &reference, &tok, &problems, &task, None)
+        },
         &cfg,
         |_| {},
     )
     .unwrap();
-    assert_eq!(
-        weights(&whole),
-        weights(&cut),
-        "resumed weights differ from the uninterrupted run's"
-    );
-    assert_eq!(
-        full_log
-            .iter()
-            .map(|l| (l.reward, l.sampled_tokens))
-            .collect::<Vec<_>>(),
-        resumed.iter().map(|l| (l.reward, l.sampled_tokens)).collect::<Vec<_>>()
-    );
-    std::fs::remove_dir_all(&root).unwrap();
+    assert!(log.iter().all(|l| l.implicit_prm.is_some_and(|p| p.loss.is_finite())));
+    let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
+}
+
+#[test]
+fn prime_refuses_a_process_reward_and_a_missing_implicit_prm() {
+    let tok = tokenizer();
+    let (mut model, varmap) = fresh(7);
+    let (reference, _) = fresh(7);
+    let (mut prm, prm_vars) = fresh(7);
+    let (problems, task) = (problems(), LastStepAnswers);
+    let cfg = prime_config(1);
+    let process = RlRun {
+        implicit_prm: Some(ImplicitPrm {
+            model: &mut prm,
+            varmap: &prm_vars,
+        }),
+        ..run(&mut model, &varmap, &reference, &tok, &problems, &task, None)
+    };
+    let err = train_rl(process, &cfg, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("outcome reward"), "{err}");
+    let outcome = OutcomeReward { task: &task };
+    let missing = RlRun {
+        reward: &outcome,
+        ..run(&mut model, &varmap, &reference, &tok, &problems, &task, None)
+    };
+    let err = train_rl(missing, &cfg, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("no implicit PRM"), "{err}");
 }

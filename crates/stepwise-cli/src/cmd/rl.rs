@@ -1,11 +1,14 @@
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use stepwise_core::seams::{MathTask, OutcomeReward, Reward, RewardKind, ScorerReward};
+use stepwise_model::layout::RewardSpec;
+use stepwise_model::log_ratio::LogRatio;
 use stepwise_model::scoring::LoadedVerifier;
 use stepwise_model::train::VarMap;
 use stepwise_model::{default_device, Model, ModelConfig, Prompt, Tokenizer};
+use stepwise_rl::prime::OnlinePrm;
 use stepwise_rl::trainer::{Heldout, RlRun};
-use stepwise_rl::{train_rl, Credit, RlConfig};
+use stepwise_rl::{train_rl, Credit, ImplicitPrm, PrimeConfig, RlConfig};
 
 /// Optimise a policy by RL against a reward.
 #[derive(clap::Args)]
@@ -18,6 +21,11 @@ use stepwise_rl::{train_rl, Credit, RlConfig};
   prm:DIR     a PRM's score of every step: each step's tokens get that step's advantage (--credit:
               return-to-go = DeepSeekMath's sum of the normalised rewards of the step and every later
               one; min-so-far = the weakest step so far)
+  prime       PRIME: the outcome, plus dense token rewards β·log π_φ/π_ref from an implicit PRM that
+              starts as the policy and learns online from the samples' outcomes (no step labels;
+              --prime-beta, --prime-lr, --prime-filter). Advantages: RLOO on both streams, returns,
+              whitened. The implicit PRM is kept in OUT/implicit_prm, a verifier `stepwise score
+              --prm` reads
 Steps are what the policy writes between --separator texts. Problems: JSONL with `question` (or `problem`) and a \\
 gold answer in `gold_answer` or `answer`. Writes the policy to --out in Hugging Face layout every \\
 --checkpoint-every updates and at the end (with the optimiser and log), rl_log.jsonl (one line per update) and \\
@@ -33,7 +41,7 @@ pub struct Args {
     /// reference).
     #[arg(long, value_parser = super::model_dir)]
     pub policy: PathBuf,
-    /// `outcome`, `orm:DIR` or `prm:DIR`.
+    /// `outcome`, `orm:DIR`, `prm:DIR` or `prime`.
     #[arg(long, default_value = "outcome")]
     pub reward: String,
     /// Problems (JSONL).
@@ -84,6 +92,15 @@ pub struct Args {
     /// Wrap the question in the tokenizer's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// PRIME: β of the implicit PRM's token rewards.
+    #[arg(long, default_value_t = 0.05)]
+    pub prime_beta: f32,
+    /// PRIME: the implicit PRM's learning rate (default: --lr).
+    #[arg(long)]
+    pub prime_lr: Option<f64>,
+    /// PRIME: learn only from groups whose share of correct samples lies in LOW,HIGH.
+    #[arg(long, default_value = "0.2,0.8", value_parser = accuracy_bounds)]
+    pub prime_filter: (f32, f32),
     /// Layout of a PRM or ORM reward's verifier (as `stepwise score --layout`).
     #[arg(long, default_value = "auto")]
     pub layout: String,
@@ -135,8 +152,8 @@ pub fn run(a: Args) -> Result<()> {
             &a.layout,
             &dev,
         )?),
-        None if a.reward == "outcome" => None,
-        _ => bail!("--reward `{}`: use outcome, orm:DIR or prm:DIR", a.reward),
+        None if a.reward == "outcome" || a.reward == "prime" => None,
+        _ => bail!("--reward `{}`: use outcome, orm:DIR, prm:DIR or prime", a.reward),
     };
     let scorer = verifier.as_ref().map(LoadedVerifier::scorer);
     let outcome = OutcomeReward { task: &task };
@@ -160,11 +177,34 @@ pub fn run(a: Args) -> Result<()> {
     let mut stop = reference.config.eos_token_ids.clone();
     stop.extend(tok.eos_id());
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        if a.policy.join(f).exists() {
-            std::fs::copy(a.policy.join(f), a.out.join(f))?;
+    copy_tokenizer(&a.policy, &a.out)?;
+    let prime = (a.reward == "prime").then(|| PrimeConfig {
+        beta: a.prime_beta,
+        lr: a.prime_lr.unwrap_or(a.lr),
+        accuracy_bounds: a.prime_filter,
+        ..Default::default()
+    });
+    // PRIME's implicit PRM starts as the policy; its folder is a log-ratio verifier against the
+    // starting policy, readable by `stepwise score` once the run has saved its weights.
+    let prm_varmap = VarMap::new();
+    let mut prm = match prime {
+        Some(p) => {
+            let dir = OnlinePrm::dir(&a.out);
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            copy_tokenizer(&a.policy, &dir)?;
+            let reference = std::fs::canonicalize(&a.policy)?;
+            let log_ratio = LogRatio {
+                beta: p.beta,
+                cumulative: false,
+                reference_logprob: None,
+                last_tokens: None,
+            };
+            RewardSpec::log_ratio(Some(reference), &a.separator, log_ratio).save(&dir)?;
+            let config = ModelConfig::from_dir(&a.policy)?;
+            Some(Model::load_trainable(&a.policy, config, &prm_varmap, &dev, a.seed)?)
         }
-    }
+        None => None,
+    };
     let cfg = RlConfig {
         updates: a.updates,
         prompts_per_update: a.prompts,
@@ -181,6 +221,7 @@ pub fn run(a: Args) -> Result<()> {
         max_new_tokens: a.max_tokens,
         seed: a.seed,
         checkpoint_every: a.checkpoint_every,
+        prime,
         ..Default::default()
     };
     let bar = crate::progress::bar(Some(a.updates as u64), "RL");
@@ -203,11 +244,22 @@ pub fn run(a: Args) -> Result<()> {
                 every: a.eval_every,
                 samples: a.eval_samples,
             }),
+            implicit_prm: prm.as_mut().map(|model| ImplicitPrm {
+                model,
+                varmap: &prm_varmap,
+            }),
         },
         &cfg,
         |l| {
             bar.set_position(l.update as u64);
-            bar.set_message(format!("reward {:.3} acc {:.2} kl {:.4}", l.reward, l.accuracy, l.kl));
+            let prm = l
+                .implicit_prm
+                .map(|p| format!(" implicit PRM acc {:.2}", p.accuracy))
+                .unwrap_or_default();
+            bar.set_message(format!(
+                "reward {:.3} acc {:.2} kl {:.4}{prm}",
+                l.reward, l.accuracy, l.kl
+            ));
         },
     )?;
     bar.finish_and_clear();
@@ -249,4 +301,25 @@ pub fn run(a: Args) -> Result<()> {
         a.out.display()
     );
     Ok(())
+}
+
+/// Copy the tokenizer files of `from` (those it has) into `to`.
+fn copy_tokenizer(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if from.join(f).exists() {
+            std::fs::copy(from.join(f), to.join(f)).with_context(|| format!("copying {f} into {}", to.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// `LOW,HIGH`: bounds on a group's share of correct samples, 0 ≤ LOW ≤ HIGH ≤ 1.
+fn accuracy_bounds(s: &str) -> Result<(f32, f32), String> {
+    let parse = |x: &str| x.trim().parse::<f32>().map_err(|e| format!("`{x}`: {e}"));
+    let (low, high) = s.split_once(',').ok_or("expected LOW,HIGH, e.g. 0.2,0.8")?;
+    let (low, high) = (parse(low)?, parse(high)?);
+    if !(0.0..=1.0).contains(&low) || !(low..=1.0).contains(&high) {
+        return Err(format!("{low},{high}: need 0 <= LOW <= HIGH <= 1"));
+    }
+    Ok((low, high))
 }

@@ -1,5 +1,6 @@
 //! Stage 8, RL: the lab's policy optimised against each reward source in turn — the outcome
-//! (the grader), the ORM, PRM-MC, PRM-oracle and the oracle itself (the ceiling) — with the same
+//! (the grader), the ORM, PRM-MC, PRM-oracle, PRIME (the outcome with an implicit PRM learning
+//! online from it, no step labels) and the oracle itself (the ceiling) — with the same
 //! budget (updates × prompts × group), prompts and seeds, then measured on held-out problems
 //! before and after: single-sample accuracy, majority vote, and how many correct answers were
 //! reached through a wrong step (the reward hacking outcome rewards invite).
@@ -24,8 +25,11 @@ use stepwise_eval::paired::{paired_by_id, PairedDifference};
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, ModelConfig, Prompt, Tokenizer};
 use stepwise_rl::trainer::RlRun;
-use stepwise_rl::{train_rl, Credit, RlConfig, UpdateLog};
+use stepwise_rl::{train_rl, Credit, ImplicitPrm, PrimeConfig, RlConfig, UpdateLog};
 use stepwise_search::{group_candidates, select, Selector};
+
+/// The name of the PRIME variant.
+const PRIME: &str = "prime";
 
 /// How a policy does on the held-out problems.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -47,7 +51,7 @@ pub struct PolicyMeasure {
 /// One reward source's RL run and its result.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RlVariant {
-    /// The reward source: `outcome`, `orm`, `prm_mc`, `prm_oracle` or `oracle`.
+    /// The reward source: `outcome`, `orm`, `prm_mc`, `prm_oracle`, `prime` or `oracle`.
     pub reward: String,
     /// Single-sample accuracy of the starting policy on held-out problems.
     pub accuracy_before: f64,
@@ -75,6 +79,14 @@ pub struct RlVariant {
     /// The oracle's mean step verdict on the same samples, first and last tenth: a verifier the
     /// policy learns to please rises while this does not.
     pub oracle_first_last: (f64, f64),
+    /// PRIME only: how often its implicit PRM predicted the outcome of the update's samples
+    /// before learning from them, over the first and the last tenth of the updates (the share
+    /// of groups its prompt filter kept is in `kept_groups`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub implicit_prm_accuracy: Option<(f64, f64)>,
+    /// PRIME only: the share of sampled groups its prompt filter kept (mixed outcomes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_groups: Option<f64>,
     /// Every update's log (`rl_<reward>/rl_state.json` keeps it too).
     #[serde(skip)]
     pub log: Vec<UpdateLog>,
@@ -182,11 +194,13 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
     let orm = scorer("orm", i.orm, RewardKind::Outcome);
     let prm_mc = scorer("prm_mc", i.prm_mc, RewardKind::Process);
     let prm_oracle = scorer("prm_oracle", i.prm_oracle, RewardKind::Process);
-    let sources: [(&str, &dyn Reward); 5] = [
+    let sources: [(&str, &dyn Reward); 6] = [
         ("outcome", &outcome),
         ("orm", &orm),
         ("prm_mc", &prm_mc),
         ("prm_oracle", &prm_oracle),
+        // PRIME optimises the outcome, with its implicit PRM's token rewards beside it.
+        (PRIME, &outcome),
         ("oracle", &oracle),
     ];
     let cfg = RlConfig {
@@ -219,12 +233,33 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
     )?;
     let before = measure(&before_sols, eval_seed)?;
     let variants = super::all_at_once(&sources, "RL", |&(name, reward)| -> Result<RlVariant> {
-        let (cfg, prompts, before) = (&cfg, &prompts, &before);
+        let (prompts, before) = (&prompts, &before);
         let dir = i.out.join(format!("rl_{name}"));
         let policy_dir = i.out.join("policy");
+        let load = |varmap: &VarMap| -> Result<Model> {
+            let config = ModelConfig::from_dir(&policy_dir)?;
+            Model::load_trainable(&policy_dir, config, varmap, &Device::Cpu, cfg.seed)
+        };
         let varmap = VarMap::new();
-        let config = ModelConfig::from_dir(&policy_dir)?;
-        let mut model = Model::load_trainable(&policy_dir, config, &varmap, &Device::Cpu, cfg.seed)?;
+        let mut model = load(&varmap)?;
+        // PRIME's implicit PRM starts from the policy, as the policy does.
+        let prm_varmap = VarMap::new();
+        let (mut prm, cfg) = if name == PRIME {
+            let prime = PrimeConfig {
+                lr: p.rl.lr,
+                ..Default::default()
+            };
+            (
+                Some(load(&prm_varmap)?),
+                RlConfig {
+                    prime: Some(prime),
+                    ..cfg.clone()
+                },
+            )
+        } else {
+            (None, cfg.clone())
+        };
+        let cfg = &cfg;
         std::fs::create_dir_all(&dir)?;
         crate::vocab::save(&dir)?;
         let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
@@ -243,6 +278,10 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
                 watch: vec![watch],
                 out_dir: Some(dir.clone()),
                 heldout: None,
+                implicit_prm: prm.as_mut().map(|model| ImplicitPrm {
+                    model,
+                    varmap: &prm_varmap,
+                }),
             },
             cfg,
             |l| {
@@ -277,6 +316,15 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
             kl: first_last(&log, |l| l.kl).1,
             reward_first_last: first_last(&log, |l| l.reward),
             oracle_first_last: first_last(&log, oracle_of),
+            implicit_prm_accuracy: cfg
+                .prime
+                .map(|_| first_last(&log, |l| l.implicit_prm.map_or(0.0, |p| p.accuracy))),
+            kept_groups: cfg.prime.map(|_| {
+                log.iter()
+                    .map(|l| l.implicit_prm.map_or(0.0, |p| p.kept_groups))
+                    .sum::<f64>()
+                    / log.len().max(1) as f64
+            }),
             log,
             per_problem: after.per_problem,
         })

@@ -1,0 +1,345 @@
+//! PRIME (Cui et al. 2025, "Process Reinforcement through Implicit Rewards"): dense rewards
+//! from an implicit PRM that learns online, from outcome labels only, on the very samples RL
+//! draws.
+//!
+//! The implicit PRM `π_φ` is a causal LM started from the policy; its reference is the RL
+//! reference (the starting policy). Each completion token `y_t` is rewarded
+//! `β · (log π_φ(y_t | y<t) − log π_ref(y_t | y<t))`, and the sum over a completion is read as the
+//! log-odds that it is correct. Every update:
+//!
+//! 1. the sampled completions are scored by the implicit PRM as it stands
+//!    ([`OnlinePrm::score_and_learn`]);
+//! 2. the implicit PRM takes one optimiser step on the cross-entropy of each completion's summed
+//!    reward against its graded outcome (the verifier's 0/1), so it tracks the policy as it moves
+//!    and needs no step labels;
+//! 3. the policy's advantages combine both streams ([`prime_advantages`]): each stream gets a
+//!    leave-one-out baseline over its group (RLOO), the outcome sits on the last token, every
+//!    token's advantage is the sum of the rewards from it to the end (its return), and the
+//!    returns are whitened over the update's tokens — PRIME's recipe as its verl
+//!    implementation computes it.
+//!
+//! Scores come from the forward pass that also gives the gradient, so the implicit PRM costs
+//! one forward and one backward pass of its model per update.
+
+use crate::rollout::Sequence;
+use anyhow::{bail, Result};
+use candle_core::{Tensor, Var};
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+use std::path::Path;
+use stepwise_model::log_ratio::{span_sums, token_logprobs};
+use stepwise_model::model::{load_training_checkpoint, pad_batch, save_training_checkpoint};
+use stepwise_model::train::bce_with_logits;
+use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
+use stepwise_model::train::VarMap;
+use stepwise_model::Model;
+
+/// PRIME's settings (names as in its verl recipe where they exist).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PrimeConfig {
+    /// `β` of the implicit reward `β · log π_φ / π_ref` (PRIME: 0.05).
+    pub beta: f32,
+    /// The implicit PRM's learning rate (AdamW, constant).
+    pub lr: f64,
+    /// Weight of the implicit process rewards in the advantage (`reward_dpo_coef`).
+    pub process_coef: f32,
+    /// Weight of the outcome reward (`reward_gt_coef`).
+    pub outcome_coef: f32,
+    /// Groups whose fraction of correct samples lies outside these bounds are left out of the
+    /// update, policy and implicit PRM alike (PRIME's online prompt filter, 0.2–0.8: the implicit
+    /// PRM learns from balanced labels, and a group that is all right or all wrong says little).
+    pub accuracy_bounds: (f32, f32),
+}
+
+impl Default for PrimeConfig {
+    fn default() -> Self {
+        PrimeConfig {
+            beta: 0.05,
+            lr: 1e-5,
+            process_coef: 1.0,
+            outcome_coef: 1.0,
+            accuracy_bounds: (0.2, 0.8),
+        }
+    }
+}
+
+/// The implicit PRM an RL run trains beside the policy: a causal LM with the policy's
+/// vocabulary (PRIME starts it from the policy itself), its weights in `varmap`.
+pub struct ImplicitPrm<'a> {
+    /// The model (trainable: loaded with [`Model::load_trainable`]).
+    pub model: &'a mut Model,
+    /// Its variables.
+    pub varmap: &'a VarMap,
+}
+
+/// What the implicit PRM saw in one update, measured before it learned from the update's
+/// samples (so on completions it had not seen).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PrimeLog {
+    /// Mean cross-entropy of its outcome predictions.
+    pub loss: f64,
+    /// Fraction of completions whose outcome it predicted (summed reward above 0 exactly when
+    /// graded correct).
+    pub accuracy: f64,
+    /// Mean implicit reward per completion token.
+    pub token_reward: f64,
+    /// Share of the update's groups the prompt filter kept ([`PrimeConfig::accuracy_bounds`]).
+    #[serde(default)]
+    pub kept_groups: f64,
+}
+
+const WEIGHTS_DIR: &str = "implicit_prm";
+const OPTIM: &str = "optimizer.safetensors";
+
+/// An implicit PRM with its optimiser, as the trainer drives it.
+pub struct OnlinePrm<'a> {
+    model: &'a mut Model,
+    varmap: &'a VarMap,
+    vars: Vec<Var>,
+    opt: AdamW,
+    /// Its settings.
+    pub cfg: PrimeConfig,
+}
+
+impl<'a> OnlinePrm<'a> {
+    /// Ready `prm` for online training.
+    pub fn new(prm: ImplicitPrm<'a>, cfg: PrimeConfig) -> Result<Self> {
+        let named = named_vars(prm.varmap);
+        let vars = named.iter().map(|(_, v)| v.clone()).collect();
+        let opt = AdamW::new(named, cfg.lr, 0.0)?;
+        Ok(OnlinePrm {
+            model: prm.model,
+            varmap: prm.varmap,
+            vars,
+            opt,
+            cfg,
+        })
+    }
+
+    /// Where a run folder keeps the implicit PRM (Hugging Face layout, with its optimiser).
+    pub fn dir(run_dir: &Path) -> std::path::PathBuf {
+        run_dir.join(WEIGHTS_DIR)
+    }
+
+    /// Write the weights and optimiser state into `run_dir`'s implicit PRM folder.
+    pub fn save(&self, run_dir: &Path) -> Result<()> {
+        let dir = Self::dir(run_dir);
+        std::fs::create_dir_all(&dir)?;
+        save_training_checkpoint(&dir, &self.model.config, self.varmap)?;
+        self.opt.save(&dir.join(OPTIM))
+    }
+
+    /// Restore what [`OnlinePrm::save`] wrote.
+    pub fn load(&mut self, run_dir: &Path) -> Result<()> {
+        let dir = Self::dir(run_dir);
+        load_training_checkpoint(self.varmap, &dir)?;
+        self.opt.load(&dir.join(OPTIM))
+    }
+
+    /// Score every completion token of `seqs` (`β · (log π_φ − log π_ref)`, 0 on the prompt;
+    /// the reference's log-probabilities are the sequences' own) and take one optimiser step on
+    /// the cross-entropy of each completion's summed reward against `outcomes` (1 correct, 0
+    /// wrong). The scores are those before the step. `minibatch` sequences go through the
+    /// model at a time; their gradients add up to one step, clipped to `max_grad_norm` (0: off).
+    pub fn score_and_learn(
+        &mut self,
+        seqs: &[Sequence],
+        outcomes: &[f32],
+        minibatch: usize,
+        max_grad_norm: f64,
+    ) -> Result<(Vec<Vec<f32>>, PrimeLog)> {
+        if seqs.len() != outcomes.len() {
+            bail!("{} sequences but {} outcomes", seqs.len(), outcomes.len());
+        }
+        let beta = self.cfg.beta;
+        let dev = self.model.device.clone();
+        let mut rewards: Vec<Vec<f32>> = seqs.iter().map(|s| vec![0.0; s.ids.len()]).collect();
+        // Completions with at least one token: the ones the cross-entropy covers.
+        let learned: Vec<usize> = (0..seqs.len())
+            .filter(|&i| seqs[i].ids.len() > seqs[i].learn_from)
+            .collect();
+        let (mut loss_sum, mut right, mut tokens, mut reward_sum) = (0.0, 0usize, 0usize, 0.0);
+        let mut grads = None;
+        self.model.set_training(true);
+        for chunk in learned.chunks(minibatch.max(1)) {
+            let ids: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i].ids.as_slice()).collect();
+            let (padded, mask, t) = pad_batch(&ids, &dev)?;
+            let logp = token_logprobs(self.model, &padded, mask.as_ref())?;
+            let values: Vec<f32> = logp.to_vec1()?;
+            let (mut spans, mut ref_sums, mut ys) = (Vec::new(), Vec::new(), Vec::new());
+            for (b, &i) in chunk.iter().enumerate() {
+                let s = &seqs[i];
+                if s.ref_logprobs.len() != s.ids.len() {
+                    bail!("the implicit PRM needs the reference log-probabilities of every token");
+                }
+                let mut sum = 0.0;
+                for p in s.learn_from..s.ids.len() {
+                    let r = beta * (values[b * t + p] - s.ref_logprobs[p]);
+                    rewards[i][p] = r;
+                    sum += r;
+                }
+                tokens += s.ids.len() - s.learn_from;
+                reward_sum += sum as f64;
+                right += usize::from((sum > 0.0) == (outcomes[i] > 0.5));
+                spans.push((b, s.learn_from, s.ids.len() - 1));
+                ref_sums.push(s.ref_logprobs[s.learn_from..].iter().sum::<f32>());
+                ys.push(outcomes[i]);
+            }
+            let own = span_sums(&logp, t, &spans)?;
+            let z = ((own - Tensor::new(ref_sums.as_slice(), &dev)?)? * beta as f64)?;
+            let loss = bce_with_logits(&z, &Tensor::new(ys.as_slice(), &dev)?)?;
+            // The chunk's share of the mean over all completions.
+            let share = chunk.len() as f64 / learned.len() as f64;
+            loss_sum += loss.to_scalar::<f32>()? as f64 * share;
+            let g = (loss * share)?.backward()?;
+            match grads.as_mut() {
+                None => grads = Some(g),
+                Some(acc) => accumulate(acc, g, &self.vars)?,
+            }
+        }
+        self.model.set_training(false);
+        if let Some(grads) = grads {
+            let mut scale = 1.0;
+            if max_grad_norm > 0.0 {
+                let norm = self.opt.grad_norm(&grads)?;
+                if norm > max_grad_norm {
+                    scale = max_grad_norm / norm;
+                }
+            }
+            self.opt.step(&grads, scale)?;
+        }
+        let n = learned.len().max(1) as f64;
+        Ok((
+            rewards,
+            PrimeLog {
+                loss: loss_sum,
+                accuracy: right as f64 / n,
+                token_reward: reward_sum / tokens.max(1) as f64,
+                // The prompt filter runs before: the trainer fills this in.
+                kept_groups: 1.0,
+            },
+        ))
+    }
+}
+
+impl PrimeConfig {
+    /// Whether a group with these outcomes (1 correct, 0 wrong) passes the accuracy filter.
+    pub fn keeps(&self, outcomes: &[f32]) -> bool {
+        let accuracy = outcomes.iter().filter(|&&o| o > 0.5).count() as f32 / outcomes.len().max(1) as f32;
+        let (low, high) = self.accuracy_bounds;
+        !outcomes.is_empty() && low <= accuracy && accuracy <= high
+    }
+}
+
+/// PRIME's per-token advantages for `seqs` (groups of completions of one prompt each in
+/// `groups`), from each token's implicit reward (`token_rewards`, aligned with the sequences'
+/// tokens) and each completion's outcome reward:
+///
+/// - process stream: each token's reward `r` becomes `(n·r − Σ m)/(n−1)`, where `m` is each of the
+///   group's `n` completions' mean token reward (verl's RLOO at token level: over a completion
+///   of `L` tokens it sums to `L` times its mean minus the other completions' mean);
+/// - outcome stream: on the last token, the outcome minus the other completions' mean outcome;
+/// - the streams weighted by [`PrimeConfig::process_coef`] and [`PrimeConfig::outcome_coef`] and
+///   added; a token's advantage is the sum from it to the end of its completion (γ = 1);
+/// - whitened (mean 0, standard deviation 1) over every completion token of the update.
+///
+/// Prompt tokens get 0. A group of one completion has no baseline and gets 0.
+pub fn prime_advantages(
+    seqs: &[Sequence],
+    token_rewards: &[Vec<f32>],
+    outcomes: &[f32],
+    groups: &[Range<usize>],
+    cfg: &PrimeConfig,
+) -> Vec<Vec<f32>> {
+    let completion = |i: usize| seqs[i].learn_from..seqs[i].ids.len();
+    let mut out: Vec<Vec<f32>> = seqs.iter().map(|s| vec![0.0; s.ids.len()]).collect();
+    for g in groups.iter().filter(|g| g.len() >= 2) {
+        let n = g.len() as f32;
+        let mean_reward = |i: usize| {
+            let r = &token_rewards[i][completion(i)];
+            r.iter().sum::<f32>() / r.len().max(1) as f32
+        };
+        let process_sum: f32 = g.clone().map(mean_reward).sum();
+        let outcome_sum: f32 = outcomes[g.clone()].iter().sum();
+        for i in g.clone() {
+            let span = completion(i);
+            for p in span.clone() {
+                out[i][p] = cfg.process_coef * (token_rewards[i][p] * n - process_sum) / (n - 1.0);
+            }
+            if let Some(last) = span.clone().last() {
+                out[i][last] += cfg.outcome_coef * (outcomes[i] * n - outcome_sum) / (n - 1.0);
+            }
+            // The return: each token's reward plus every later one's.
+            let mut acc = 0.0;
+            for p in span.rev() {
+                acc += out[i][p];
+                out[i][p] = acc;
+            }
+        }
+    }
+    // Whiten over the completion tokens.
+    let all: Vec<f32> = (0..seqs.len()).flat_map(|i| out[i][completion(i)].to_vec()).collect();
+    if all.is_empty() {
+        return out;
+    }
+    let mean = all.iter().sum::<f32>() / all.len() as f32;
+    let var = all.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / all.len() as f32;
+    let scale = 1.0 / (var + 1e-8).sqrt();
+    for (i, a) in out.iter_mut().enumerate() {
+        for p in completion(i) {
+            a[p] = (a[p] - mean) * scale;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(prompt: usize, completion: usize) -> Sequence {
+        Sequence {
+            ids: vec![1; prompt + completion],
+            learn_from: prompt,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn advantages_follow_prime_rloo_returns_and_whitening() {
+        // One group of two: the first correct, the second wrong; no process rewards.
+        let seqs = [seq(2, 3), seq(2, 2)];
+        let zero: Vec<Vec<f32>> = seqs.iter().map(|s| vec![0.0; s.ids.len()]).collect();
+        let cfg = PrimeConfig::default();
+        let a = prime_advantages(&seqs, &zero, &[1.0, 0.0], &[0..2], &cfg);
+        // Before whitening: RLOO outcome +1 and −1 on each last token, returned to every token.
+        // Raw: [1, 1, 1] and [−1, −1]; mean 0.2, std sqrt(0.96).
+        let std = 0.96f32.sqrt();
+        for (p, want) in [(2, 0.8 / std), (3, 0.8 / std), (4, 0.8 / std)] {
+            assert!((a[0][p] - want).abs() < 1e-5, "{:?}", a[0]);
+        }
+        assert!((a[1][2] + 1.2 / std).abs() < 1e-5);
+        assert_eq!(&a[0][..2], &[0.0, 0.0], "the prompt gets nothing");
+
+        // Process rewards only (outcomes equal): (2·r − Σ means) per token, returned.
+        let rewards = vec![vec![0.0, 0.0, 1.0, 0.0], vec![0.0, 0.0, 0.0, 0.0]];
+        let seqs = [seq(2, 2), seq(2, 2)];
+        let cfg = PrimeConfig {
+            outcome_coef: 0.0,
+            ..cfg
+        };
+        let a = prime_advantages(&seqs, &rewards, &[1.0, 1.0], &[0..2], &cfg);
+        // Means 0.5 and 0 (sum 0.5): RLOO rewards [1.5, −0.5] and [−0.5, −0.5]; returns
+        // [1, −0.5] and [−1, −0.5]; whitened over four tokens.
+        let raw = [1.0f32, -0.5, -1.0, -0.5];
+        let m = raw.iter().sum::<f32>() / 4.0;
+        let s = (raw.iter().map(|x| (x - m).powi(2)).sum::<f32>() / 4.0).sqrt();
+        let got = [a[0][2], a[0][3], a[1][2], a[1][3]];
+        for (g, r) in got.iter().zip(raw) {
+            assert!((g - (r - m) / s).abs() < 1e-5, "{got:?}");
+        }
+        // A lone completion has no baseline.
+        let a = prime_advantages(&[seq(1, 2)], &[vec![0.0, 3.0, 3.0]], &[1.0], &[0..1], &cfg);
+        assert_eq!(a[0], vec![0.0; 3]);
+    }
+}
