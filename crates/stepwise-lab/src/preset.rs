@@ -199,6 +199,21 @@ pub struct RlPreset {
     /// RL: samples per held-out problem to measure each policy before and after.
     #[serde(rename = "rl_eval_samples")]
     pub eval_samples: usize,
+    /// RL, PRIME: `β` of the implicit PRM's token rewards `β · log π_φ/π_ref`.
+    #[serde(rename = "rl_prime_beta", default = "prime_beta")]
+    pub prime_beta: f32,
+    /// RL, PRIME: the implicit PRM's learning rate (the lab's: 3e-5, a thirtieth of the
+    /// policy's; at 3e-4 its rewards chased its own noise and the policy collapsed, docs/lab.md).
+    #[serde(rename = "rl_prime_lr", default = "prime_lr")]
+    pub prime_lr: f64,
+}
+
+fn prime_beta() -> f32 {
+    stepwise_rl::PrimeConfig::default().beta
+}
+
+fn prime_lr() -> f64 {
+    stepwise_rl::PrimeConfig::default().lr
 }
 
 /// Test-time search. (Its fields keep the preset's flat keys: `--set search_problems=...`.)
@@ -361,6 +376,8 @@ impl Preset {
                 lr: 3e-4,
                 kl: 0.04,
                 eval_samples: 4,
+                prime_beta: 0.05,
+                prime_lr: 3e-5,
             },
             search: SearchPreset {
                 problems: 4,
@@ -424,6 +441,8 @@ impl Preset {
                 lr: 1e-3,
                 kl: 0.04,
                 eval_samples: 8,
+                prime_beta: 0.05,
+                prime_lr: 3e-5,
             },
             search: SearchPreset {
                 problems: 200,

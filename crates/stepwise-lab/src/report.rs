@@ -378,7 +378,7 @@ fn rl_section(s: &mut String, rl: &RlReport) {
             v.sampled_tokens
         );
     }
-    let prime = stepwise_rl::PrimeConfig::default();
+    let prime = rl.prime.unwrap_or_default();
     for v in &rl.variants {
         if let (Some((first, last)), Some(kept)) = (v.implicit_prm_accuracy, v.kept_groups) {
             let _ = writeln!(

@@ -11,7 +11,8 @@
 //!    ([`OnlinePrm::score_and_learn`]);
 //! 2. the implicit PRM takes one optimiser step on the cross-entropy of each completion's summed
 //!    reward against its graded outcome (the verifier's 0/1), so it tracks the policy as it moves
-//!    and needs no step labels;
+//!    and needs no step labels; it learns only from groups with mixed outcomes
+//!    ([`PrimeConfig::accuracy_bounds`]);
 //! 3. the policy's advantages combine both streams ([`prime_advantages`]): each stream gets a
 //!    leave-one-out baseline over its group (RLOO), the outcome sits on the last token, every
 //!    token's advantage is the sum of the rewards from it to the end (its return), and the
@@ -45,9 +46,12 @@ pub struct PrimeConfig {
     pub process_coef: f32,
     /// Weight of the outcome reward (`reward_gt_coef`).
     pub outcome_coef: f32,
-    /// Groups whose fraction of correct samples lies outside these bounds are left out of the
-    /// update, policy and implicit PRM alike (PRIME's online prompt filter, 0.2–0.8: the implicit
-    /// PRM learns from balanced labels, and a group that is all right or all wrong says little).
+    /// The implicit PRM learns only from groups whose fraction of correct samples lies within
+    /// these bounds (PRIME's online prompt filter, 0.2–0.8: balanced labels). PRIME also leaves
+    /// the other groups out of the policy's update; here the policy learns from every group
+    /// (their outcome advantage is 0, their process advantage is not), because at an equal
+    /// sampling budget dropping them left the lab's policy too few samples per update and it
+    /// collapsed (docs/lab.md).
     pub accuracy_bounds: (f32, f32),
 }
 
@@ -138,30 +142,39 @@ impl<'a> OnlinePrm<'a> {
 
     /// Score every completion token of `seqs` (`β · (log π_φ − log π_ref)`, 0 on the prompt;
     /// the reference's log-probabilities are the sequences' own) and take one optimiser step on
-    /// the cross-entropy of each completion's summed reward against `outcomes` (1 correct, 0
-    /// wrong). The scores are those before the step. `minibatch` sequences go through the
-    /// model at a time; their gradients add up to one step, clipped to `max_grad_norm` (0: off).
+    /// the cross-entropy of the summed reward of each completion marked in `learn` against its
+    /// outcome (`outcomes`: 1 correct, 0 wrong). The scores are those before the step.
+    /// `minibatch` sequences go through the model at a time; their gradients add up to one
+    /// step, clipped to `max_grad_norm` (0: off). The log's loss and accuracy are over the
+    /// completions learned from.
     pub fn score_and_learn(
         &mut self,
         seqs: &[Sequence],
         outcomes: &[f32],
+        learn: &[bool],
         minibatch: usize,
         max_grad_norm: f64,
     ) -> Result<(Vec<Vec<f32>>, PrimeLog)> {
-        if seqs.len() != outcomes.len() {
-            bail!("{} sequences but {} outcomes", seqs.len(), outcomes.len());
+        if seqs.len() != outcomes.len() || seqs.len() != learn.len() {
+            bail!(
+                "{} sequences but {} outcomes and {} learn flags",
+                seqs.len(),
+                outcomes.len(),
+                learn.len()
+            );
         }
         let beta = self.cfg.beta;
         let dev = self.model.device.clone();
         let mut rewards: Vec<Vec<f32>> = seqs.iter().map(|s| vec![0.0; s.ids.len()]).collect();
-        // Completions with at least one token: the ones the cross-entropy covers.
-        let learned: Vec<usize> = (0..seqs.len())
+        // Completions with at least one token: the ones scored.
+        let scored: Vec<usize> = (0..seqs.len())
             .filter(|&i| seqs[i].ids.len() > seqs[i].learn_from)
             .collect();
+        let learned = scored.iter().filter(|&&i| learn[i]).count();
         let (mut loss_sum, mut right, mut tokens, mut reward_sum) = (0.0, 0usize, 0usize, 0.0);
         let mut grads = None;
-        self.model.set_training(true);
-        for chunk in learned.chunks(minibatch.max(1)) {
+        self.model.set_training(learned > 0);
+        for chunk in scored.chunks(minibatch.max(1)) {
             let ids: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i].ids.as_slice()).collect();
             let (padded, mask, t) = pad_batch(&ids, &dev)?;
             let logp = token_logprobs(self.model, &padded, mask.as_ref())?;
@@ -180,16 +193,21 @@ impl<'a> OnlinePrm<'a> {
                 }
                 tokens += s.ids.len() - s.learn_from;
                 reward_sum += sum as f64;
-                right += usize::from((sum > 0.0) == (outcomes[i] > 0.5));
-                spans.push((b, s.learn_from, s.ids.len() - 1));
-                ref_sums.push(s.ref_logprobs[s.learn_from..].iter().sum::<f32>());
-                ys.push(outcomes[i]);
+                if learn[i] {
+                    right += usize::from((sum > 0.0) == (outcomes[i] > 0.5));
+                    spans.push((b, s.learn_from, s.ids.len() - 1));
+                    ref_sums.push(s.ref_logprobs[s.learn_from..].iter().sum::<f32>());
+                    ys.push(outcomes[i]);
+                }
+            }
+            if ys.is_empty() {
+                continue;
             }
             let own = span_sums(&logp, t, &spans)?;
             let z = ((own - Tensor::new(ref_sums.as_slice(), &dev)?)? * beta as f64)?;
             let loss = bce_with_logits(&z, &Tensor::new(ys.as_slice(), &dev)?)?;
-            // The chunk's share of the mean over all completions.
-            let share = chunk.len() as f64 / learned.len() as f64;
+            // The chunk's share of the mean over the completions learned from.
+            let share = ys.len() as f64 / learned as f64;
             loss_sum += loss.to_scalar::<f32>()? as f64 * share;
             let g = (loss * share)?.backward()?;
             match grads.as_mut() {
@@ -208,14 +226,13 @@ impl<'a> OnlinePrm<'a> {
             }
             self.opt.step(&grads, scale)?;
         }
-        let n = learned.len().max(1) as f64;
         Ok((
             rewards,
             PrimeLog {
                 loss: loss_sum,
-                accuracy: right as f64 / n,
+                accuracy: right as f64 / learned.max(1) as f64,
                 token_reward: reward_sum / tokens.max(1) as f64,
-                // The prompt filter runs before: the trainer fills this in.
+                // The trainer knows the groups: it fills this in.
                 kept_groups: 1.0,
             },
         ))
@@ -306,6 +323,8 @@ mod tests {
     }
 
     #[test]
+    // One group, given as the one range it is.
+    #[allow(clippy::single_range_in_vec_init)]
     fn advantages_follow_prime_rloo_returns_and_whitening() {
         // One group of two: the first correct, the second wrong; no process rewards.
         let seqs = [seq(2, 3), seq(2, 2)];

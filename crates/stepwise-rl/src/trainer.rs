@@ -14,7 +14,6 @@ use rand::seq::{index::sample, SliceRandom};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::{Policy, Reward, RewardKind, Task, Until};
@@ -340,23 +339,6 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             }
         }
         drop(engine);
-        let samples = seqs.len().max(1) as f64;
-        let sampled_groups = groups.len().max(1) as f64;
-        if let Some(p) = &prime {
-            // PRIME's prompt filter: only groups with mixed outcomes are learned from.
-            let kept: Vec<Range<usize>> = groups
-                .iter()
-                .filter(|g| p.cfg.keeps(&outcomes[(*g).clone()]))
-                .cloned()
-                .collect();
-            let (mut s, mut o, mut g) = (Vec::new(), Vec::new(), Vec::new());
-            for r in kept {
-                g.push(s.len()..s.len() + r.len());
-                s.extend(seqs[r.clone()].iter().cloned());
-                o.extend(&outcomes[r]);
-            }
-            (seqs, outcomes, groups) = (s, o, g);
-        }
         let sampling_seconds = start.elapsed().as_secs_f64();
         let all: Vec<&[u32]> = seqs.iter().map(|s| s.ids.as_slice()).collect();
         let old = sequence_logprobs(policy, &all, cfg.minibatch_size)?;
@@ -369,14 +351,21 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         // rewards with the outcomes make the advantages.
         let implicit_prm = match prime.as_mut() {
             Some(p) => {
+                // PRIME's prompt filter: the implicit PRM learns from groups with mixed outcomes.
+                let mut learn = vec![false; seqs.len()];
+                let mut kept = 0;
+                for g in groups.iter().filter(|g| p.cfg.keeps(&outcomes[(*g).clone()])) {
+                    learn[g.clone()].fill(true);
+                    kept += 1;
+                }
                 let (token_rewards, stats) =
-                    p.score_and_learn(&seqs, &outcomes, cfg.minibatch_size, cfg.max_grad_norm)?;
+                    p.score_and_learn(&seqs, &outcomes, &learn, cfg.minibatch_size, cfg.max_grad_norm)?;
                 let advantages = prime_advantages(&seqs, &token_rewards, &outcomes, &groups, &p.cfg);
                 for (s, a) in seqs.iter_mut().zip(advantages) {
                     s.advantages = a;
                 }
                 Some(PrimeLog {
-                    kept_groups: groups.len() as f64 / sampled_groups,
+                    kept_groups: kept as f64 / groups.len().max(1) as f64,
                     ..stats
                 })
             }
@@ -428,7 +417,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             }
             _ => None,
         };
-        let n = samples;
+        let n = seqs.len().max(1) as f64;
         watched.values_mut().for_each(|v| *v /= n);
         let entry = UpdateLog {
             update: u + 1,

@@ -115,6 +115,9 @@ pub struct RlReport {
     /// after RL, mean per-problem difference with a paired bootstrap interval.
     #[serde(default)]
     pub paired: Vec<PairedDifference>,
+    /// The PRIME variant's settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prime: Option<PrimeConfig>,
 }
 
 /// Measure `sols` (graded, oracle verdicts in meta), several per problem.
@@ -232,6 +235,11 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         eval_seed,
     )?;
     let before = measure(&before_sols, eval_seed)?;
+    let prime = PrimeConfig {
+        beta: p.rl.prime_beta,
+        lr: p.rl.prime_lr,
+        ..Default::default()
+    };
     let variants = super::all_at_once(&sources, "RL", |&(name, reward)| -> Result<RlVariant> {
         let (prompts, before) = (&prompts, &before);
         let dir = i.out.join(format!("rl_{name}"));
@@ -245,10 +253,6 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         // PRIME's implicit PRM starts from the policy, as the policy does.
         let prm_varmap = VarMap::new();
         let (mut prm, cfg) = if name == PRIME {
-            let prime = PrimeConfig {
-                lr: p.rl.lr,
-                ..Default::default()
-            };
             (
                 Some(load(&prm_varmap)?),
                 RlConfig {
@@ -352,6 +356,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         budget: (p.rl.updates, p.rl.prompts, p.rl.group),
         variants,
         paired,
+        prime: Some(prime),
     })
 }
 
