@@ -169,9 +169,12 @@ def generative_scores(
     items: Sequence[Union[Dict[str, Any], Tuple[str, Sequence[str]]]],
     samples: int = 4,
     seed: int = 0,
+    likelihood: bool = True,
 ) -> List[List[float]]:
-    """Each step's share of `samples` verification chains (a `\\boxed{correct|incorrect}` verdict per
-    step, ThinkPRM's format) written by `policy` that call it correct; 0.5 where none judges it."""
+    """Each step's mean verdict over `samples` verification chains (a `\\boxed{correct|incorrect}`
+    verdict per step, ThinkPRM's format) written by `policy`: the verdict word's probability
+    P(correct) / (P(correct) + P(incorrect)) with `likelihood` where the policy gives
+    log-probabilities (a local `stepwise.Policy`), else 1 or 0; 0.5 where no chain judges it."""
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of a problem with `n` samples, `c` of them passing."""

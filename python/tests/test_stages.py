@@ -171,5 +171,7 @@ def test_generative_scores_are_each_steps_share_of_correct_verdicts():
     items = [("Ann has 3 bags of 4 apples and finds 2 more.", ["3 * 4 = 12", "12 + 1 = 13", "The answer is 13."])]
     scores = stepwise.generative_scores(Verifier(), items, samples=3)
     assert scores[0] == pytest.approx([1.0, 1 / 3, 1 / 3])
+    # A Python policy gives no log-probabilities: its verdicts vote 1 or 0 either way.
+    assert stepwise.generative_scores(Verifier(), items, samples=3, likelihood=False) == scores
     with pytest.raises(ValueError):
         stepwise.generative_scores(Verifier(), items, samples=0)

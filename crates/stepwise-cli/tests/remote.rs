@@ -625,3 +625,74 @@ fn without_max_tokens_a_continuation_may_fill_what_the_context_leaves() {
         assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 2, "{model}");
     }
 }
+
+/// A served policy's next-token log-probabilities (`logprobs`) give the local engine's
+/// likelihood of each option that starts with one of the 20 likeliest tokens: what a generative
+/// verifier reads a verdict's probability with (`P(correct)` against `P(incorrect)`).
+#[test]
+fn a_served_policy_gives_the_local_engines_next_token_likelihoods() {
+    use stepwise_core::seams::Policy;
+    let server = serve(&[]);
+    let dir = PathBuf::from(fixture("qwen2-policy"));
+    let tok = stepwise_model::Tokenizer::from_dir(&dir).unwrap();
+    let model = stepwise_model::Model::load(&dir, &stepwise_model::default_device()).unwrap();
+    let local = stepwise_model::EnginePolicy {
+        model: &model,
+        tokenizer: &tok,
+        params: Default::default(),
+        prompt: stepwise_model::Prompt::Text,
+        separator: "\n".into(),
+    };
+    let client = stepwise_remote::client::Client::new(stepwise_remote::client::ServerConfig::new(
+        vec![server.url.clone()],
+        "qwen2-policy",
+    ))
+    .unwrap();
+    let remote = stepwise_remote::policy::RemotePolicy {
+        client: &client,
+        tokenizer: Some(&tok),
+        prompt: stepwise_model::Prompt::Text,
+        separator: "\n".into(),
+        temperature: 0.0,
+        top_p: 1.0,
+        max_tokens: None,
+        stop: Vec::new(),
+    };
+    let (question, written) = ("What is 2 + 3?", "Step 1: 2 + 3 = 5 \\boxed{");
+    // The server's likeliest next tokens whose text is one token again: the options.
+    let mut ids = tok.encode(&format!("{question}\n"), false).unwrap();
+    ids.extend(tok.encode(written, false).unwrap());
+    let reply = post(
+        &server.url,
+        "/v1/completions",
+        &json!({"model": "qwen2-policy", "prompt": ids, "max_tokens": 1, "temperature": 0.0, "logprobs": 20}),
+    );
+    let top = reply["choices"][0]["logprobs"]["top_logprobs"][0]
+        .as_object()
+        .unwrap()
+        .clone();
+    let options: Vec<String> = top
+        .keys()
+        .filter(|t| !t.trim().is_empty() && tok.encode(t, false).unwrap().len() == 1)
+        .take(4)
+        .cloned()
+        .collect();
+    assert!(options.len() >= 2, "{reply}");
+    let options: Vec<&str> = options.iter().map(String::as_str).collect();
+    let served = remote
+        .continuation_logprobs(question, written, &options)
+        .unwrap()
+        .unwrap();
+    let here = local
+        .continuation_logprobs(question, written, &options)
+        .unwrap()
+        .unwrap();
+    for ((o, a), b) in options.iter().zip(&served).zip(&here) {
+        assert_eq!(
+            Some(*a),
+            top[*o].as_f64(),
+            "{o:?}: its own alternative's log-probability"
+        );
+        assert!((a - b).abs() < 0.02, "{o:?}: served {a}, local {b}");
+    }
+}

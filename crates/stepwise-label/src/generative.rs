@@ -12,6 +12,12 @@
 //! one step, is ignored. Voting ([`step_votes`]): within a chain every step from its first
 //! incorrect one on counts as incorrect (a solution is wrong from its first error, PRM800K's
 //! convention); a step no chain reaches has no vote and scores 0.5.
+//!
+//! Likelihood ([`GenerativeVerifier::likelihood`]): where the verifier gives log-probabilities
+//! ([`Policy::continuation_logprobs`]: a local engine), a chain's verdict on a step is not 1 or 0
+//! but `P(correct) / (P(correct) + P(incorrect))` read at its `\boxed{`, what ThinkPRM scores
+//! with; the score is the mean over the chains of that probability, so one chain already
+//! gives a graded score.
 
 use anyhow::Result;
 use regex::Regex;
@@ -44,6 +50,15 @@ fn verdict_pattern() -> &'static Regex {
 /// Each of `steps` steps' verdict in one verification chain: `Some(true)` correct, `Some(false)`
 /// incorrect, `None` not judged (see the module's documentation).
 pub fn parse_step_verdicts(chain: &str, steps: usize) -> Vec<Option<bool>> {
+    verdict_sites(chain, steps)
+        .into_iter()
+        .map(|v| v.map(|(correct, _)| correct))
+        .collect()
+}
+
+/// As [`parse_step_verdicts`], with where each verdict's word starts in `chain` (the text
+/// before it ends with `\boxed{`).
+pub fn verdict_sites(chain: &str, steps: usize) -> Vec<Option<(bool, usize)>> {
     let mut verdicts = vec![None; steps];
     let (mut named, mut next) = (None::<usize>, 0usize);
     for cap in verdict_pattern().captures_iter(chain) {
@@ -51,10 +66,11 @@ pub fn parse_step_verdicts(chain: &str, steps: usize) -> Vec<Option<bool>> {
             named = k.as_str().parse::<usize>().ok().and_then(|k| k.checked_sub(1));
             continue;
         }
-        let correct = cap.get(2).is_some_and(|v| v.as_str().eq_ignore_ascii_case("correct"));
+        let Some(word) = cap.get(2) else { continue };
+        let correct = word.as_str().eq_ignore_ascii_case("correct");
         let at = named.take().unwrap_or(next);
         if at < steps && verdicts[at].is_none() {
-            verdicts[at] = Some(correct);
+            verdicts[at] = Some((correct, word.start()));
         }
         next = at + 1;
     }
@@ -66,19 +82,36 @@ pub fn parse_step_verdicts(chain: &str, steps: usize) -> Vec<Option<bool>> {
 pub fn step_votes(chains: &[Vec<Option<bool>>], steps: usize) -> Vec<(usize, usize)> {
     let mut votes = vec![(0usize, 0usize); steps];
     for chain in chains {
-        let first_bad = chain.iter().position(|v| *v == Some(false));
-        for (k, vote) in votes.iter_mut().enumerate() {
-            let verdict = match first_bad {
-                Some(b) if k >= b => Some(false),
-                _ => chain.get(k).copied().flatten(),
-            };
-            if let Some(ok) = verdict {
-                vote.0 += usize::from(ok);
+        let values = chain_values(chain, &[], steps);
+        for (vote, value) in votes.iter_mut().zip(values) {
+            if let Some(v) = value {
+                vote.0 += usize::from(v > 0.5);
                 vote.1 += 1;
             }
         }
     }
     votes
+}
+
+/// One chain's value for each of `steps` steps: the probability of `correct` its verdict was
+/// given (`likelihood[k]`, where there is one) or the verdict as 1 or 0; 0 from the chain's
+/// first incorrect verdict on (that step keeps its own probability); `None` where the chain
+/// does not reach the step.
+pub fn chain_values(verdicts: &[Option<bool>], likelihood: &[Option<f32>], steps: usize) -> Vec<Option<f32>> {
+    let first_bad = verdicts.iter().position(|v| *v == Some(false));
+    (0..steps)
+        .map(|k| {
+            let own = verdicts
+                .get(k)
+                .copied()
+                .flatten()
+                .map(|ok| likelihood.get(k).copied().flatten().unwrap_or(f32::from(u8::from(ok))));
+            match first_bad {
+                Some(b) if k > b => Some(0.0),
+                _ => own,
+            }
+        })
+        .collect()
 }
 
 /// A policy that writes verification chains, as a step scorer.
@@ -89,7 +122,13 @@ pub struct GenerativeVerifier<'a> {
     pub samples: usize,
     /// Seed of the draws (each solution's chains are drawn with it).
     pub seed: u64,
+    /// Read each verdict's probability from the verifier's likelihood where it gives
+    /// log-probabilities (else, and when off, each chain votes 1 or 0).
+    pub likelihood: bool,
 }
+
+/// The verdict words whose likelihoods are compared.
+const VERDICTS: [&str; 2] = ["correct", "incorrect"];
 
 impl StepScorer for GenerativeVerifier<'_> {
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
@@ -101,18 +140,43 @@ impl StepScorer for GenerativeVerifier<'_> {
                 .policy
                 .continue_from(&prompt, &[], self.samples.max(1), Until::End, self.seed)?;
             tokens += chains.iter().map(|c| c.tokens).sum::<usize>();
-            let verdicts: Vec<Vec<Option<bool>>> = chains
-                .iter()
-                .map(|c| parse_step_verdicts(&c.text, input.steps.len()))
-                .collect();
+            let n = input.steps.len();
+            let mut sums = vec![(0f32, 0usize); n];
+            for c in &chains {
+                let sites = verdict_sites(&c.text, n);
+                let verdicts: Vec<Option<bool>> = sites.iter().map(|v| v.map(|(ok, _)| ok)).collect();
+                let mut likelihood = vec![None; n];
+                if self.likelihood {
+                    for (k, site) in sites.iter().enumerate() {
+                        let Some((_, at)) = site else { continue };
+                        match self.policy.continuation_logprobs(&prompt, &c.text[..*at], &VERDICTS)? {
+                            Some(lp) => likelihood[k] = Some(probability_of_first(&lp)),
+                            None => break,
+                        }
+                    }
+                }
+                for (sum, value) in sums.iter_mut().zip(chain_values(&verdicts, &likelihood, n)) {
+                    if let Some(v) = value {
+                        sum.0 += v;
+                        sum.1 += 1;
+                    }
+                }
+            }
             scores.push(
-                step_votes(&verdicts, input.steps.len())
-                    .into_iter()
-                    .map(|(yes, n)| if n == 0 { 0.5 } else { yes as f32 / n as f32 })
+                sums.into_iter()
+                    .map(|(sum, n)| if n == 0 { 0.5 } else { sum / n as f32 })
                     .collect(),
             );
         }
         Ok(Scored { scores, tokens })
+    }
+}
+
+/// `P(first) / (P(first) + P(second))` from two log-probabilities.
+fn probability_of_first(logprobs: &[f64]) -> f32 {
+    match logprobs {
+        [a, b] => (1.0 / (1.0 + (b - a).exp())) as f32,
+        _ => 0.5,
     }
 }
 
@@ -161,6 +225,7 @@ mod tests {
             policy: &policy,
             samples: 3,
             seed: 0,
+            likelihood: true,
         };
         let input = ScoreInput {
             problem_id: "p",
@@ -173,5 +238,66 @@ mod tests {
         for (got, want) in scored.scores[0].iter().zip([1.0, third, third]) {
             assert!((got - want).abs() < 1e-6, "{:?}", scored.scores[0]);
         }
+    }
+
+    /// A verifier that writes the same chain every time and knows its verdicts' likelihoods.
+    struct Confident;
+
+    impl Policy for Confident {
+        fn continue_from(
+            &self,
+            _: &str,
+            _: &[&str],
+            n: usize,
+            _: Until,
+            _: u64,
+        ) -> Result<Vec<stepwise_core::seams::Continuation>> {
+            let text = "Step 1: \\boxed{correct} Step 2: \\boxed{incorrect}".to_string();
+            Ok(vec![
+                stepwise_core::seams::Continuation {
+                    text,
+                    ..Default::default()
+                };
+                n
+            ])
+        }
+        fn continuation_logprobs(&self, _: &str, written: &str, options: &[&str]) -> Result<Option<Vec<f64>>> {
+            assert_eq!(options, VERDICTS);
+            assert!(written.ends_with("\\boxed{"), "{written}");
+            // Step 1: P(correct) = 0.8; step 2: 0.3.
+            let p: f64 = if written.contains("Step 2") { 0.3 } else { 0.8 };
+            Ok(Some(vec![p.ln(), (1.0 - p).ln()]))
+        }
+    }
+
+    #[test]
+    fn likelihood_scores_each_verdict_by_its_probability() {
+        let input = ScoreInput {
+            problem_id: "p",
+            question: "q",
+            steps: vec!["a", "b", "c"],
+            partial: false,
+        };
+        let score = |likelihood| {
+            GenerativeVerifier {
+                policy: &Confident,
+                samples: 2,
+                seed: 0,
+                likelihood,
+            }
+            .score(std::slice::from_ref(&input))
+            .unwrap()
+            .scores
+            .remove(0)
+        };
+        // Step 3 comes after the chain's first incorrect verdict: 0 in every chain.
+        for (got, want) in score(true).iter().zip([0.8, 0.3, 0.0]) {
+            assert!((got - want).abs() < 1e-5, "{got} against {want}");
+        }
+        assert_eq!(score(false), [1.0, 0.0, 0.0], "votes: 1 or 0");
+        assert_eq!(
+            chain_values(&[Some(true), None], &[Some(0.7)], 3),
+            [Some(0.7), None, None]
+        );
     }
 }

@@ -65,6 +65,37 @@ impl EnginePolicy<'_> {
 }
 
 impl Policy for EnginePolicy<'_> {
+    fn continuation_logprobs(&self, question: &str, written: &str, options: &[&str]) -> Result<Option<Vec<f64>>> {
+        let mut context = self.prompt_ids(question, &[])?;
+        context.extend(self.tokenizer.encode(written, false)?);
+        let seqs: Vec<Vec<u32>> = options
+            .iter()
+            .map(|o| {
+                let option = self.tokenizer.encode(o, false)?;
+                if option.is_empty() {
+                    anyhow::bail!("option `{o}` has no tokens");
+                }
+                Ok(context.iter().chain(&option).copied().collect())
+            })
+            .collect::<Result<_>>()?;
+        let context_len = self.model.config.max_position_embeddings;
+        if let Some(long) = seqs.iter().find(|s| s.len() > context_len) {
+            anyhow::bail!(
+                "the prompt, the text written and an option make {} tokens: more than the model's context ({context_len})",
+                long.len()
+            );
+        }
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let (ids, mask, t) = crate::model::pad_batch(&refs, &self.model.device)?;
+        let logprobs: Vec<f32> = crate::log_ratio::token_logprobs(self.model, &ids, mask.as_ref())?.to_vec1()?;
+        Ok(Some(
+            seqs.iter()
+                .enumerate()
+                .map(|(b, s)| (context.len()..s.len()).map(|i| logprobs[b * t + i] as f64).sum())
+                .collect(),
+        ))
+    }
+
     fn continue_greedy(&self, question: &str, prefix: &[&str], until: Until) -> Result<Continuation> {
         let greedy = EnginePolicy {
             params: SamplingParams {

@@ -112,6 +112,64 @@ fn policy_greedy_matches_and_prefix_is_encoded_once() {
     }
 }
 
+/// `continuation_logprobs` (what a generative verifier reads a verdict's likelihood with) agrees
+/// with transformers' greedy choices: at every step the greedy token is likelier than any other
+/// single swap, and log-probabilities chain (`log p(ab) = log p(a) + log p(b | a)`).
+#[test]
+fn continuation_logprobs_rank_transformers_greedy_tokens_first() {
+    use stepwise_core::seams::Policy;
+    let exp = expected();
+    let (model, tok) = load("qwen2-policy");
+    let item = &exp["cases"]["qwen2-policy"]["items"][0];
+    let policy = stepwise_model::EnginePolicy {
+        model: &model,
+        tokenizer: &tok,
+        params: greedy(1),
+        prompt: stepwise_model::Prompt::Text,
+        separator: String::new(),
+    };
+    let question = item["prompt"].as_str().unwrap();
+    let want = ids_of(&item["greedy_new_ids"]);
+    let text = |ids: &[u32]| tok.decode(ids).unwrap();
+    let roundtrips = |ids: &[u32]| tok.encode(&text(ids), false).unwrap() == ids;
+    let lp = |written: &str, options: &[&str]| {
+        policy
+            .continuation_logprobs(question, written, options)
+            .unwrap()
+            .unwrap()
+    };
+    let k = (2..=want.len())
+        .rev()
+        .find(|&k| roundtrips(&want[..k]) && roundtrips(&want[..k - 1]) && roundtrips(&want[k - 1..k]))
+        .unwrap();
+    assert!(k >= 3, "the greedy text re-encodes to its tokens");
+    let greedy_text = text(&want[..k]);
+    // The last greedy token swapped for each other token whose text re-encodes to it.
+    let swaps: Vec<String> = (0..tok.vocab_size() as u32)
+        .filter(|&t| t != want[k - 1])
+        .map(|t| [&want[..k - 1], &[t][..]].concat())
+        .filter(|ids| roundtrips(ids))
+        .map(|ids| text(&ids))
+        .take(40)
+        .collect();
+    assert!(swaps.len() >= 10);
+    let mut options = vec![greedy_text.as_str()];
+    options.extend(swaps.iter().map(String::as_str));
+    let all = lp("", &options);
+    for (swap, l) in swaps.iter().zip(&all[1..]) {
+        assert!(
+            all[0] > *l,
+            "greedy {:?} ({}) is less likely than {swap:?} ({l})",
+            greedy_text,
+            all[0]
+        );
+    }
+    let head = text(&want[..k - 1]);
+    let tail = text(&want[k - 1..k]);
+    let chained = lp("", &[head.as_str()])[0] + lp(&head, &[tail.as_str()])[0];
+    assert!((chained - all[0]).abs() < 1e-3, "{chained} against {}", all[0]);
+}
+
 /// Request `id` of each `(id, k)` asked for `1 + k` greedy continuations of item `k`'s prompt,
 /// `5 + 3k` tokens each: every one is transformers' greedy continuation.
 fn check_greedy(items: &[Value], done: &std::collections::HashMap<usize, Vec<Vec<u32>>>, ids: &[(usize, usize)]) {

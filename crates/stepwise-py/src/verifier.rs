@@ -210,19 +210,22 @@ impl Prm {
 /// Every step's score of each item by a generative verifier: `policy` (a `stepwise.Policy`, or
 /// any object with a `continue_from` method, such as `integrations.vllm.VllmPolicy`) writes
 /// `samples` verification chains per item, a `\boxed{correct}` or `\boxed{incorrect}` verdict
-/// per step (ThinkPRM's format); a step's score is the share of chains calling it correct, every
-/// step from a chain's first incorrect one on counting as incorrect, 0.5 where no chain judges
-/// it. Items as for `PRM.score_batch`.
+/// per step (ThinkPRM's format); a step's score is the mean over the chains of its verdict —
+/// with `likelihood` and a policy that gives log-probabilities (a local `stepwise.Policy`), the
+/// verdict word's probability P(correct) / (P(correct) + P(incorrect)), else 1 or 0 as sampled —
+/// every step after a chain's first incorrect one counting as incorrect, 0.5 where no chain
+/// judges it. Items as for `PRM.score_batch`.
 ///
 /// >>> stepwise.generative_scores(policy, [("What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."])], samples=8)
 #[pyfunction]
-#[pyo3(signature = (policy, items, samples=4, seed=0))]
+#[pyo3(signature = (policy, items, samples=4, seed=0, likelihood=true))]
 pub fn generative_scores(
     py: Python<'_>,
     policy: &Bound<'_, PyAny>,
     items: &Bound<'_, PyAny>,
     samples: usize,
     seed: u64,
+    likelihood: bool,
 ) -> PyResult<Vec<Vec<f32>>> {
     if samples == 0 {
         return Err(value_error("samples must be at least 1"));
@@ -235,6 +238,7 @@ pub fn generative_scores(
             policy: &*seam,
             samples,
             seed,
+            likelihood,
         };
         Ok(verifier.score(&inputs_of(&items))?.scores)
     })

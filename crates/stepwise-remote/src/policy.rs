@@ -153,6 +153,28 @@ impl RemotePolicy<'_> {
             .collect()
     }
 
+    /// The request for the next token's 20 likeliest log-probabilities after `question` laid out
+    /// as a prompt and then `written`.
+    fn next_token_request(&self, question: &str, written: &str) -> Result<(String, Value)> {
+        let (path, mut body) = self.request(question, &[], 1, Until::End, 0, 0.0)?;
+        body["max_tokens"] = json!(1);
+        body.as_object_mut().unwrap().remove("stop");
+        if let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) {
+            messages.push(json!({"role": "assistant", "content": written}));
+            body["continue_final_message"] = json!(true);
+            body["add_generation_prompt"] = json!(false);
+            body["top_logprobs"] = json!(NEXT_TOKEN_CANDIDATES);
+        } else {
+            match (&mut body["prompt"], self.tokenizer) {
+                (Value::Array(ids), Some(tok)) => ids.extend(tok.encode(written, false)?.into_iter().map(|t| json!(t))),
+                (Value::String(text), _) => text.push_str(written),
+                _ => bail!("cannot extend this prompt"),
+            }
+            body["logprobs"] = json!(NEXT_TOKEN_CANDIDATES);
+        }
+        Ok((path, body))
+    }
+
     fn call(
         &self,
         question: &str,
@@ -168,7 +190,59 @@ impl RemotePolicy<'_> {
     }
 }
 
+/// How many of the next token's likeliest alternatives are asked for (OpenAI's and vLLM's
+/// default limit).
+const NEXT_TOKEN_CANDIDATES: usize = 20;
+
+/// The next token's alternatives in a reply, `(text, log-probability)`: `/completions`'
+/// `top_logprobs[0]` (an object) or `/chat/completions`' `content[0].top_logprobs` (a list).
+fn next_token_alternatives(reply: &Value) -> Result<Vec<(String, f64)>> {
+    let choice = reply.pointer("/choices/0").context("the reply has no choice")?;
+    if let Some(top) = choice.pointer("/logprobs/top_logprobs/0").and_then(Value::as_object) {
+        return Ok(top
+            .iter()
+            .filter_map(|(t, lp)| Some((t.clone(), lp.as_f64()?)))
+            .collect());
+    }
+    if let Some(top) = choice
+        .pointer("/logprobs/content/0/top_logprobs")
+        .and_then(Value::as_array)
+    {
+        return Ok(top
+            .iter()
+            .filter_map(|e| Some((e.get("token")?.as_str()?.to_string(), e.get("logprob")?.as_f64()?)))
+            .collect());
+    }
+    bail!("the reply has no log-probabilities of the next token: the server does not give them")
+}
+
+/// Each option's log-probability from the next token's alternatives: that of the longest
+/// alternative its text starts with (leading spaces ignored), or, where none matches, the
+/// smallest listed (an upper bound: it was not among the likeliest).
+fn option_logprobs(alternatives: &[(String, f64)], options: &[&str]) -> Vec<f64> {
+    let floor = alternatives.iter().map(|a| a.1).fold(f64::INFINITY, f64::min);
+    options
+        .iter()
+        .map(|o| {
+            let o = o.trim_start();
+            alternatives
+                .iter()
+                .filter(|(t, _)| !t.trim_start().is_empty() && o.starts_with(t.trim_start()))
+                .max_by_key(|(t, _)| t.trim_start().len())
+                .map_or(floor, |a| a.1)
+        })
+        .collect()
+}
+
 impl Policy for RemotePolicy<'_> {
+    /// Read from the next token's 20 likeliest alternatives (`logprobs`): only an option's first
+    /// token counts, so options should differ in it (`correct` / `incorrect` do).
+    fn continuation_logprobs(&self, question: &str, written: &str, options: &[&str]) -> Result<Option<Vec<f64>>> {
+        let (path, body) = self.next_token_request(question, written)?;
+        let reply = self.client.post(&path, &body)?;
+        Ok(Some(option_logprobs(&next_token_alternatives(&reply)?, options)))
+    }
+
     fn continue_from(
         &self,
         question: &str,
@@ -186,5 +260,25 @@ impl Policy for RemotePolicy<'_> {
     fn continue_greedy(&self, question: &str, prefix: &[&str], until: Until) -> Result<Continuation> {
         let mut one = self.call(question, prefix, 1, until, 0, 0.0)?;
         one.pop().context("the server returned no continuation")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_take_the_longest_alternative_they_start_with() {
+        let completions = json!({"choices": [{"logprobs": {"top_logprobs": [{"correct": -0.2, "in": -1.5, "incorrect": -1.9, " c": -3.0}]}}]});
+        let alts = next_token_alternatives(&completions).unwrap();
+        assert_eq!(
+            option_logprobs(&alts, &["correct", "incorrect", "wrong"]),
+            [-0.2, -1.9, -3.0]
+        );
+        let chat = json!({"choices": [{"logprobs": {"content": [{"token": "x", "logprob": -9.0,
+            "top_logprobs": [{"token": "inc", "logprob": -0.1}, {"token": "cor", "logprob": -2.3}]}]}}]});
+        let alts = next_token_alternatives(&chat).unwrap();
+        assert_eq!(option_logprobs(&alts, &["correct", "incorrect"]), [-2.3, -0.1]);
+        assert!(next_token_alternatives(&json!({"choices": [{"text": "a"}]})).is_err());
     }
 }

@@ -26,9 +26,11 @@ Examples:
 
 --verifier generative: the model (any policy: a checkpoint or a server) is asked to verify the solution one step at \
 a time, each step ending in \\boxed{correct} or \\boxed{incorrect}, and to stop at the first incorrect one; --samples \
-chains are drawn per solution and a step's score is the share of chains that call it correct (in a chain, every step \
-from its first incorrect one on counts as incorrect; a step no chain reaches scores 0.5). The scores land under \
---name like a PRM's, so bon, search and eval take them."
+chains are drawn per solution and a step's score is the mean over the chains of its verdict: with a local \
+checkpoint, the probability P(correct) / (P(correct) + P(incorrect)) the verifier gives the verdict word after \
+\\boxed{ (--verdict likelihood); from a server, or with --verdict votes, 1 or 0 as the chain wrote it (the share of \
+chains that call it correct). In a chain every step after its first incorrect one counts as incorrect; a step no \
+chain reaches scores 0.5. The scores land under --name like a PRM's, so bon, search and eval take them."
 )]
 pub struct Args {
     /// Checkpoint folder (config.json, model.safetensors, tokenizer.json), a Hugging Face model
@@ -81,6 +83,20 @@ pub struct Args {
     /// --verifier generative: most tokens per chain.
     #[arg(long, default_value_t = 1024)]
     pub max_tokens: usize,
+    /// --verifier generative: how a chain's verdict counts (likelihood: its probability, where
+    /// the model gives log-probabilities; votes: 1 or 0).
+    #[arg(long, value_enum, default_value = "likelihood")]
+    pub verdict: Verdict,
+}
+
+/// How a generative verifier's verdict on a step counts.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The verdict word's probability, P(correct) / (P(correct) + P(incorrect)), where the model
+    /// gives log-probabilities (a local checkpoint); else as `votes`.
+    Likelihood,
+    /// 1 for `\boxed{correct}`, 0 for `\boxed{incorrect}`, as the chain was sampled.
+    Votes,
 }
 
 /// What kind of verifier `--model` is.
@@ -118,6 +134,7 @@ pub fn run(a: Args) -> Result<()> {
                 policy: &*chains,
                 samples: a.samples,
                 seed: 0,
+                likelihood: a.verdict == Verdict::Likelihood,
             };
             &generative
         }

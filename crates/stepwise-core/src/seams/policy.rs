@@ -49,6 +49,16 @@ pub trait Policy: Sync {
         one.pop().context("the policy returned no continuation")
     }
 
+    /// The log-probability of each of `options` being the text that comes next, after
+    /// `question` laid out as a prompt (as [`Policy::continue_from`] lays it out, no steps) and
+    /// then `written` as the model's own text; `None` where the policy cannot tell (the
+    /// default). A local engine can: generative verifiers read a verdict's likelihood with it
+    /// (`P(correct)` against `P(incorrect)` after `\boxed{`) instead of counting sampled votes.
+    fn continuation_logprobs(&self, question: &str, written: &str, options: &[&str]) -> Result<Option<Vec<f64>>> {
+        let _ = (question, written, options);
+        Ok(None)
+    }
+
     /// `n` completions to the end, each as the list of its remaining steps.
     fn complete(&self, question: &str, prefix: &[&str], n: usize, seed: u64) -> Result<Vec<Vec<String>>> {
         Ok(self
