@@ -38,6 +38,17 @@ impl Method {
         })
     }
 
+    /// Its name, as [`Method::NAMES`] spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Mc => "mc",
+            Method::BinarySearch => "binary-search",
+            Method::OmegaPrm => "omegaprm",
+            Method::Judge => "judge",
+            Method::Consensus => "consensus",
+        }
+    }
+
     /// Whether it asks a judge.
     pub fn needs_judge(self) -> bool {
         matches!(self, Method::Judge | Method::Consensus)

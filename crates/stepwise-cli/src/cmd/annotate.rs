@@ -66,8 +66,8 @@ pub struct Args {
     /// `binary-search` (the first error by bisection: hard labels), `omegaprm` (OmegaPRM's
     /// rollout tree per problem, searched by MCTS), `judge` (a model asked for the first wrong
     /// step) or `consensus` (mc labels kept where the judge agrees on the first error).
-    #[arg(long, default_value = "mc", value_parser = Method::NAMES)]
-    pub method: String,
+    #[arg(long, default_value = "mc", value_parser = method_arg())]
+    pub method: Method,
     /// --method omegaprm: searches over each problem's tree of new rollouts after its given
     /// solutions' (0: label only the given solutions; the probes' rollouts are still kept).
     #[arg(long, default_value_t = 0)]
@@ -138,7 +138,7 @@ pub fn run(a: Args) -> Result<()> {
         &a.output,
         &serde_json::json!({
             "input": stepwise_core::journal::fingerprint(&sols)?,
-            "policy": a.policy.identity()?, "method": a.method,
+            "policy": a.policy.identity()?, "method": a.method.name(),
             "judge": a.judge.as_ref().map(|j| j.identity()).transpose()?, "judge_samples": a.judge_samples,
             "judge_chat": a.judge_chat, "judge_format": a.judge_format, "rollouts": a.rollouts, "search_limit": a.search_limit, "temperature": a.sampling.temperature,
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
@@ -152,10 +152,10 @@ pub fn run(a: Args) -> Result<()> {
         ..a.sampling.settings(prompt)
     });
     let task = a.task.open(Some(&a.input))?;
-    let method = Method::by_name(&a.method)?;
+    let method = a.method;
     let judge_backend = match (&a.judge, method.needs_judge()) {
         (Some(j), _) => Some(a.device.open_policy(j, &a.remote)?),
-        (None, true) => bail!("--method {} needs --judge (a model to ask)", a.method),
+        (None, true) => bail!("--method {} needs --judge (a model to ask)", method.name()),
         (None, false) => None,
     };
     let (format, own_separator) = judge_format(&a.judge_format)?;
@@ -193,7 +193,7 @@ pub fn run(a: Args) -> Result<()> {
         pool.install(|| annotate_resumable(&a.output, &sols, &*annotator, |done| bar.set_position(done as u64)))?;
     bar.finish_and_clear();
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
-    if a.method == "omegaprm" {
+    if method == Method::OmegaPrm {
         let all = std::fs::read_to_string(&a.output)?.lines().count();
         eprintln!(
             "omegaprm: {} new solutions from the trees' rollouts written beside the {} given",
@@ -205,7 +205,7 @@ pub fn run(a: Args) -> Result<()> {
         0 => String::new(),
         n => format!(" ({n} requests retried)"),
     };
-    if a.method == "consensus" {
+    if method == Method::Consensus {
         let kept = labelled
             .iter()
             .filter(|s| s.meta.get("consensus") == Some(&true.into()))
@@ -224,4 +224,11 @@ pub fn run(a: Args) -> Result<()> {
         a.output.display()
     );
     Ok(())
+}
+
+/// `--method`: one of [`Method::NAMES`], parsed into the method (its names listed in `--help`).
+fn method_arg() -> impl clap::builder::TypedValueParser<Value = Method> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Method::NAMES)
+        .try_map(|name: String| Method::by_name(&name).map_err(|e| e.to_string()))
 }
