@@ -119,6 +119,13 @@ fn body(r: &Report) -> String {
             m.error_accuracy, m.correct_accuracy, m.f1, m.counts.0, m.counts.1
         );
     }
+    if let Some(g) = &r.generative {
+        let _ = writeln!(
+            s,
+            "\n*Generative against discriminative at equal labels*: the judge (fine-tuned to write the index of the first wrong step) verifies by sampling {} verdicts a solution, {:.1} tokens a verified solution; the PRM beside it is trained on the same {} oracle-labelled solutions and writes none (one forward pass). Both appear in the best-of-N table, here and in the paired differences.",
+            g.samples, g.tokens_per_solution, g.labelled_solutions
+        );
+    }
     let _ = writeln!(s, "\n## Ranking quality\n");
     let _ = writeln!(
         s,

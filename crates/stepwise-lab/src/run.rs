@@ -278,6 +278,13 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     if let Some(j) = &judged {
         jobs.push((verifier::PRM_JUDGE, "PRM-judge", &j.labels, false));
         jobs.push((verifier::PRM_CONSENSUS, "PRM-consensus", &j.consensus, false));
+        // A PRM on exactly the judge's oracle labels: the two kinds of verifier at equal labels.
+        jobs.push((
+            verifier::PRM_JUDGE_BUDGET,
+            "PRM-oracle (judge's budget)",
+            &j.human,
+            false,
+        ));
     }
     // They train at once: one training keeps about one core busy (its small ops run one after
     // another), and each is seeded on its own, so the weights are those of one at a time.
@@ -303,6 +310,11 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         tok: &tok,
     };
     score_solutions(&confidence, verifier::POLICY_CONFIDENCE, &mut scored, 64, |_| {})?;
+    // The judge itself as a verifier (generative: it samples its verdicts).
+    let judge_tokens = judged
+        .as_ref()
+        .map(|j| crate::stages::judge::score_with_judge(j, p, o.seed, &tok, &mut scored, verifier::JUDGE))
+        .transpose()?;
     if let Some(model) = &base_model {
         let confidence = crate::confidence::PolicyConfidence { model, tok: &tok };
         score_solutions(&confidence, verifier::BASE_CONFIDENCE, &mut scored, 64, |_| {})?;
@@ -312,6 +324,13 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     // 6. Evaluate.
     let mut report =
         crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, &mc, &oracle, spent.rollouts)?;
+    if let (Some(j), Some(tokens)) = (&judged, judge_tokens) {
+        report.generative = Some(crate::stages::evaluate::Generative {
+            labelled_solutions: j.human.len(),
+            samples: p.judge.samples,
+            tokens_per_solution: tokens as f64 / scored.len().max(1) as f64,
+        });
+    }
     report.labels = crate::stages::labels::label_sources(&crate::stages::labels::SourceInputs {
         preset: p,
         seed: o.seed,

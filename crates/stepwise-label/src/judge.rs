@@ -13,7 +13,7 @@
 
 use anyhow::Result;
 use std::collections::BTreeMap;
-use stepwise_core::seams::{Annotator, Policy, Spent, Until};
+use stepwise_core::seams::{Annotator, Policy, ScoreInput, Scored, Spent, StepScorer, Until};
 use stepwise_core::{Provenance, Solution};
 
 /// ProcessBench's critique prompt (Zheng et al. 2024) for `question` and its `steps`.
@@ -143,28 +143,36 @@ pub struct Judge<'a> {
 }
 
 impl Judge<'_> {
-    /// The voted first error (`Some(None)`: no error; `None`: no sample gave a verdict), the
-    /// verdicts given, and the cost.
-    pub fn first_error(&self, sol: &Solution) -> Result<(Option<Option<usize>>, usize, Spent)> {
-        let steps = sol.step_strings();
-        let (prompt, pieces) = self.format.ask(&sol.question, &steps);
+    /// Every readable verdict of the sampled answers on `steps` (`None`: no error; `Some(k)`:
+    /// the first error at step `k`), and the cost; `key` names the solution in its seed.
+    pub fn verdicts(&self, question: &str, steps: &[String], key: &str) -> Result<(Vec<Option<usize>>, Spent)> {
+        let (prompt, pieces) = self.format.ask(question, steps);
         let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
         let answers = self.policy.continue_from(
             &prompt,
             &pieces,
             self.samples.max(1),
             Until::End,
-            crate::montecarlo::seed_for(self.seed, &sol.id, usize::MAX),
+            crate::montecarlo::seed_for(self.seed, key, usize::MAX),
         )?;
         let spent = Spent {
             rollouts: answers.len(),
             tokens: answers.iter().map(|a| a.tokens).sum(),
         };
+        let verdicts = answers
+            .iter()
+            .filter_map(|a| self.format.read(&a.text, steps))
+            .collect();
+        Ok((verdicts, spent))
+    }
+
+    /// The voted first error (`Some(None)`: no error; `None`: no sample gave a verdict), the
+    /// verdicts given, and the cost.
+    pub fn first_error(&self, sol: &Solution) -> Result<(Option<Option<usize>>, usize, Spent)> {
+        let (verdicts, spent) = self.verdicts(&sol.question, &sol.step_strings(), &sol.id)?;
         let mut votes: BTreeMap<Option<usize>, usize> = BTreeMap::new();
-        for a in &answers {
-            if let Some(v) = self.format.read(&a.text, &steps) {
-                *votes.entry(v).or_default() += 1;
-            }
+        for v in verdicts {
+            *votes.entry(v).or_default() += 1;
         }
         let given = votes.values().sum();
         // Most votes; among equals the earliest error first (`Some(k)` sorts after `None`, so
@@ -175,6 +183,31 @@ impl Judge<'_> {
             .max_by(|(va, na), (vb, nb)| na.cmp(nb).then(key(vb).cmp(&key(va))))
             .map(|(v, _)| *v);
         Ok((best, given, spent))
+    }
+}
+
+/// The judge as a verifier (a generative one: it writes its verdict): a step's score is the
+/// share of its readable verdicts that put the first error after the step (or find none); 0.5
+/// where no sample gives a verdict. What it costs is the tokens its answers take.
+impl StepScorer for Judge<'_> {
+    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let mut scores = Vec::with_capacity(batch.len());
+        let mut tokens = 0;
+        for input in batch {
+            let steps: Vec<String> = input.steps.iter().map(|s| s.to_string()).collect();
+            let key = format!("{}\u{1f}{}", input.problem_id, steps.join("\u{1f}"));
+            let (verdicts, spent) = self.verdicts(input.question, &steps, &key)?;
+            tokens += spent.tokens;
+            scores.push(
+                (0..steps.len())
+                    .map(|k| match verdicts.len() {
+                        0 => 0.5,
+                        n => verdicts.iter().filter(|v| v.is_none_or(|e| e > k)).count() as f32 / n as f32,
+                    })
+                    .collect(),
+            );
+        }
+        Ok(Scored { scores, tokens })
     }
 }
 
@@ -327,5 +360,15 @@ mod tests {
         let (l, _) = silent.annotate(&labelled).unwrap();
         assert!(l.steps.iter().all(|s| s.label.is_none()), "no verdict, no labels");
         assert_eq!(l.meta["judge_verdicts"], 0);
+
+        // As a verifier: each step's share of the readable verdicts that find it before the
+        // first error (1, 1 and -1 read; `x` is none).
+        let input = ScoreInput::of(&sol);
+        let scored = judge.score(std::slice::from_ref(&input)).unwrap();
+        let third = 1.0 / 3.0;
+        for (got, want) in scored.scores[0].iter().zip([1.0, third, third]) {
+            assert!((got - want).abs() < 1e-6, "{:?}", scored.scores[0]);
+        }
+        assert_eq!(silent.score(&[input]).unwrap().scores[0], [0.5, 0.5, 0.5]);
     }
 }

@@ -58,10 +58,27 @@ pub struct Report {
     /// RL against each reward source (absent when the preset skips it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rl: Option<super::rl::RlReport>,
+    /// The judge as a generative verifier against a PRM trained on the same oracle labels
+    /// (absent without a judge); their curves, ProcessBench rows and paired differences are
+    /// with the others'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generative: Option<Generative>,
     /// Best-of-N at the largest N, method against method on the same problems: the mean
     /// per-problem difference with a paired bootstrap interval.
     #[serde(default)]
     pub paired: Vec<PairedDifference>,
+}
+
+/// The judge as a generative verifier, at equal labels with a PRM.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Generative {
+    /// Oracle-labelled solutions both were trained on.
+    pub labelled_solutions: usize,
+    /// Verdicts the judge samples per solution.
+    pub samples: usize,
+    /// Tokens the judge wrote per verified solution (a PRM writes none: one forward pass over
+    /// the solution).
+    pub tokens_per_solution: f64,
 }
 
 /// Best-of-N accuracy on one problem family, by method.
@@ -128,6 +145,10 @@ pub mod verifier {
     pub const PRM_JUDGE: &str = "prm_judge";
     /// The PRM trained on consensus-filtered labels (MC kept where the judge agrees).
     pub const PRM_CONSENSUS: &str = "prm_consensus_judge";
+    /// The PRM trained on exactly the oracle labels the judge was trained on (equal labels).
+    pub const PRM_JUDGE_BUDGET: &str = "prm_oracle_judge_budget";
+    /// The judge itself, a generative verifier (the share of its sampled verdicts).
+    pub const JUDGE: &str = "judge";
     /// The ORM (its last step's score is the solution's).
     pub const ORM: &str = "orm";
     /// The policy's confidence in each written result (a diagnostic baseline).
@@ -157,6 +178,16 @@ pub fn evaluate(
     let groups = group_candidates(scored, Some(PRM_MC), Some(ORM))?;
     let groups_or = group_candidates(scored, Some(PRM_ORACLE), Some(ORM))?;
     let groups_pol = group_candidates(scored, Some(POLICY_CONFIDENCE), Some(ORM))?;
+    // The judge as a generative verifier, and the PRM on its oracle labels, when there is one.
+    let has_judge = scored.first().is_some_and(|s| s.scores_of(JUDGE).is_some());
+    let (groups_judge, groups_budget) = if has_judge {
+        (
+            group_candidates(scored, Some(JUDGE), Some(ORM))?,
+            group_candidates(scored, Some(PRM_JUDGE_BUDGET), Some(ORM))?,
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
     // What the verifiers' base knows before any label, when they have one.
     let has_base = scored.first().is_some_and(|s| s.scores_of(BASE_CONFIDENCE).is_some());
     let groups_base = if has_base {
@@ -224,6 +255,20 @@ pub fn evaluate(
             Some(Selector::Prm(Aggregation::Min)),
         ));
     }
+    if has_judge {
+        methods.extend([
+            (
+                JUDGE_METHOD.to_string(),
+                &groups_judge[..],
+                Some(Selector::Prm(Aggregation::Min)),
+            ),
+            (
+                BUDGET_METHOD.to_string(),
+                &groups_budget[..],
+                Some(Selector::Prm(Aggregation::Min)),
+            ),
+        ]);
+    }
     methods.extend([
         ("majority vote".to_string(), &groups[..], Some(Selector::Majority)),
         ("pass@N".to_string(), &groups[..], None),
@@ -245,7 +290,11 @@ pub fn evaluate(
                 .collect::<Vec<_>>(),
         )
     };
-    let processbench = vec![("PRM-MC".to_string(), pb(s_mc)), ("PRM-oracle".to_string(), pb(s_or))];
+    let mut processbench = vec![("PRM-MC".to_string(), pb(s_mc)), ("PRM-oracle".to_string(), pb(s_or))];
+    if has_judge {
+        processbench.push((JUDGE_METHOD.into(), pb(&scores_by(scored, JUDGE))));
+        processbench.push((BUDGET_METHOD.into(), pb(&scores_by(scored, PRM_JUDGE_BUDGET))));
+    }
 
     let mut pairs = Vec::new();
     for (m, o) in mc.iter().zip(oracle) {
@@ -339,8 +388,14 @@ pub fn evaluate(
         search: None,
         rl: None,
         paired,
+        generative: None,
     })
 }
+
+/// The judge's best-of-N method and ProcessBench row.
+const JUDGE_METHOD: &str = "judge, generative (min)";
+/// The PRM on the judge's oracle labels.
+const BUDGET_METHOD: &str = "PRM-oracle, judge's labels (min)";
 
 /// Best-of-`eval_samples` comparisons on the same problems: the PRM against the ORM and the
 /// majority vote, the oracle-label PRM against the MC one, and each other label source's PRM
@@ -380,6 +435,24 @@ fn paired_bon(
         if let Some(ys) = of(other) {
             out.push(paired_difference(&measure, "PRM-MC (min)", &mc, other, &ys, seed ^ 11));
         }
+    }
+    if let (Some(judge), Some(budget)) = (of(JUDGE_METHOD), of(BUDGET_METHOD)) {
+        out.push(paired_difference(
+            &measure,
+            JUDGE_METHOD,
+            &judge,
+            BUDGET_METHOD,
+            &budget,
+            seed ^ 14,
+        ));
+        out.push(paired_difference(
+            &measure,
+            JUDGE_METHOD,
+            &judge,
+            "PRM-MC (min)",
+            &mc,
+            seed ^ 15,
+        ));
     }
     if let Some(xs) = of("PRM-oracle (min)") {
         out.push(paired_difference(

@@ -106,8 +106,10 @@ pub struct Judged {
     pub spent: Spent,
     /// The MC labels kept where the judge puts the first error on the same step.
     pub consensus: Vec<Solution>,
-    /// Oracle-labelled samples it was trained on.
-    pub human: usize,
+    /// The oracle-labelled samples it was trained on (its "human" budget).
+    pub human: Vec<Solution>,
+    /// The trained judge.
+    pub model: Model,
 }
 
 /// Train (or reuse) the judge in `out/judge` from the verifiers' starting model
@@ -155,8 +157,33 @@ pub fn judge_stage(
         labels,
         spent,
         consensus,
-        human: human.len(),
+        human: human.into_iter().cloned().collect(),
+        model,
     })
+}
+
+/// Score `sols` with the judge itself, a generative verifier (each step: the share of its
+/// sampled verdicts that put the first error later), under `name`; returns the tokens its
+/// answers took.
+pub fn score_with_judge(
+    j: &Judged,
+    p: &Preset,
+    seed: u64,
+    tok: &Tokenizer,
+    sols: &mut [Solution],
+    name: &str,
+) -> Result<usize> {
+    let policy = judge_policy(&j.model, tok, p.policy.temperature, p.judge.answer);
+    let judge = Judge {
+        policy: &policy,
+        samples: p.judge.samples,
+        seed: seed ^ 9,
+        format: p.judge.answer.format(),
+    };
+    let pb = crate::progress::bar(sols.len() as u64, "scoring (the judge, generative)");
+    let tokens = stepwise_core::seams::score_solutions(&judge, name, sols, 64, |done| pb.set_position(done as u64))?;
+    pb.finish_and_clear();
+    Ok(tokens)
 }
 
 /// The trained judge as a [`stepwise_core::Policy`]: the lab policy's layout and temperature,

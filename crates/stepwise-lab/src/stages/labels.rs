@@ -173,7 +173,7 @@ pub fn label_sources(i: &SourceInputs<'_>) -> anyhow::Result<Labels> {
     sources.push(tree);
     if let Some(j) = i.judged {
         let mut judge = compare("judge", &j.labels, oracle, j.spent).with_prm(scored, verifier::PRM_JUDGE, n, seed)?;
-        judge.human_labels = j.human;
+        judge.human_labels = j.human.len();
         // Compared on the solutions it kept; it paid for both annotations.
         let kept = j
             .consensus
@@ -185,7 +185,7 @@ pub fn label_sources(i: &SourceInputs<'_>) -> anyhow::Result<Labels> {
         let mut c =
             compare("consensus", &j.consensus, oracle, both).with_prm(scored, verifier::PRM_CONSENSUS, n, seed)?;
         c.retained_fraction = Some(retained);
-        c.human_labels = j.human;
+        c.human_labels = j.human.len();
         sources.extend([judge, c]);
     }
     let mut oracle_source =
