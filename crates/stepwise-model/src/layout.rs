@@ -2,11 +2,14 @@
 //! ([`encode_steps`]: problem, separator, then each step and separator, every piece encoded on
 //! its own) and the four PRM layouts in use ([`PrmLayout`]), with where step rewards are read.
 
+#[cfg(feature = "engine")]
 use crate::config::HeadKind;
 use crate::log_ratio::LogRatio;
+#[cfg(feature = "engine")]
 use crate::model::Model;
 use crate::tokenizer::{Message, Tokenizer};
 use anyhow::{bail, Context, Result};
+#[cfg(feature = "engine")]
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -235,6 +238,7 @@ impl PrmLayout {
     }
 
     /// The layout a checkpoint was built for, from its head and tokenizer.
+    #[cfg(feature = "engine")]
     pub fn detect(model: &Model, tok: &Tokenizer) -> Result<Self> {
         match model.config.head {
             HeadKind::ProcessRewardMlp => Self::by_name("qwen-prm"),
@@ -307,6 +311,7 @@ impl PrmLayout {
     }
 
     /// Step rewards from head outputs `[t, classes or vocab]` of one sequence at `positions`.
+    #[cfg(feature = "engine")]
     pub(crate) fn rewards(&self, tok: &Tokenizer, out: &Tensor, positions: &[usize]) -> Result<Vec<f32>> {
         if positions.is_empty() {
             return Ok(Vec::new());

@@ -20,8 +20,10 @@
 //! A folder holding such a verifier carries a `reward.json` ([`crate::layout::RewardSpec`])
 //! naming its reference and `β`.
 
+#[cfg(feature = "engine")]
 use crate::model::Model;
 use anyhow::{bail, Result};
+#[cfg(feature = "engine")]
 use candle_core::{DType, Tensor, D};
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +109,7 @@ pub fn spans(first: usize, ends: &[usize], cumulative: bool) -> Vec<(usize, usiz
 
 /// `log p(ids[b, i] | ids[b, <i])` at every position of a padded batch `[b, t]`, as `[b·t]`
 /// with 0 at position 0 (differentiable when the model is in training mode).
+#[cfg(feature = "engine")]
 pub fn token_logprobs(model: &Model, ids: &Tensor, pad_mask: Option<&Tensor>) -> Result<Tensor> {
     let (b, t) = ids.dims2()?;
     let hidden = model.hidden(ids, pad_mask, None)?;
@@ -125,6 +128,7 @@ pub fn token_logprobs(model: &Model, ids: &Tensor, pad_mask: Option<&Tensor>) ->
 }
 
 /// Sum `values[b·t]` over each span of each sequence: `spans[k] = (sequence, start, end)`.
+#[cfg(feature = "engine")]
 pub fn span_sums(values: &Tensor, t: usize, spans: &[(usize, usize, usize)]) -> Result<Tensor> {
     let n = values.dim(0)?;
     let mut select = vec![0f32; spans.len() * n];

@@ -4,24 +4,11 @@
 //! stops each at the separator.
 
 use crate::generate::{generate, SamplingParams};
-use crate::layout::encode_steps;
 use crate::model::Model;
-use crate::tokenizer::{Message, Tokenizer};
+use crate::prompt::Prompt;
+use crate::tokenizer::Tokenizer;
 use anyhow::Result;
 use stepwise_core::seams::{split_steps_at, Continuation, Policy, Until};
-
-/// How the question and the steps so far become the prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Prompt {
-    /// Question, separator, then each step and separator, every piece encoded on its own without
-    /// special tokens: the layout the lab's policies and log-ratio verifiers are trained on
-    /// ([`encode_steps`]).
-    Pieces,
-    /// The text `question + separator + step + separator + …`, encoded as one string.
-    Text,
-    /// The question in the tokenizer's chat template, then each step and separator.
-    Chat,
-}
 
 /// A local model as a policy.
 pub struct EnginePolicy<'a> {
@@ -35,26 +22,6 @@ pub struct EnginePolicy<'a> {
     pub prompt: Prompt,
     /// Text between steps, e.g. `"\n"`, `"\n\n"` or the lab's `"|"`.
     pub separator: String,
-}
-
-impl Prompt {
-    /// The prompt's token ids for a question and the steps so far, with `separator` between
-    /// steps: what a local policy encodes, and what a remote one sends as token ids so that the
-    /// server sees exactly the same input.
-    pub fn ids(self, tok: &Tokenizer, separator: &str, question: &str, prefix: &[&str]) -> Result<Vec<u32>> {
-        if self == Prompt::Pieces {
-            return Ok(encode_steps(tok, question, prefix, separator, true)?.ids);
-        }
-        let mut text = match self {
-            Prompt::Chat => tok.apply_chat_template(&[Message::new("user", question)], true)?,
-            _ => format!("{question}{separator}"),
-        };
-        for s in prefix {
-            text.push_str(s);
-            text.push_str(separator);
-        }
-        tok.encode(&text, true)
-    }
 }
 
 impl EnginePolicy<'_> {

@@ -1,7 +1,11 @@
 //! stepwise-remote: models behind HTTP. A policy or a PRM served by any OpenAI-compatible server
 //! (vLLM, SGLang, llama.cpp, `stepwise serve`) as the same [`stepwise_core::seams::Policy`] and
 //! [`stepwise_core::seams::StepScorer`] a local checkpoint is, with retries and several servers
-//! per run ([`client`]); and `stepwise serve`, a local policy and PRM behind that API ([`serve`]).
+//! per run ([`client`]); and `stepwise serve`, a local policy and PRM behind that API (`serve`).
+//!
+//! The client alone (`default-features = false`) builds without the engine: no candle, no tokio
+//! or axum; the default `engine` feature adds `serve` and `backend` (a model argument as a local
+//! checkpoint or a server).
 //!
 //! # Example
 //!
@@ -10,10 +14,12 @@
 #![doc = concat!("```\n", include_str!("../examples/remote_prm.rs"), "```")]
 #![warn(missing_docs)]
 
+#[cfg(feature = "engine")]
 pub mod backend;
 pub mod client;
 pub mod policy;
 pub mod scorer;
+#[cfg(feature = "engine")]
 pub mod serve;
 
 pub use client::{is_url, Client, ServerConfig};
