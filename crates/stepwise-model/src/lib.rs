@@ -14,66 +14,49 @@
 #![doc = concat!("```\n", include_str!("../examples/score.rs"), "```")]
 #![warn(missing_docs)]
 
-#[cfg(feature = "engine")]
-pub mod config;
+/// Items of the engine (candle), there only with the `engine` feature.
+macro_rules! engine {
+    ($($item:item)*) => { $( #[cfg(feature = "engine")] $item )* };
+}
+
+engine! {
+    pub mod config;
+    pub mod generate;
+    pub mod incremental;
+    pub mod kernels;
+    pub mod kv_cache;
+    pub mod kv_rows;
+    pub mod model;
+    pub mod packed;
+    pub mod packed_engine;
+    pub mod placement;
+    pub mod policy;
+    pub mod sampling;
+    pub mod scoring;
+    pub mod train;
+    pub mod transformer;
+
+    pub use config::{Family, HeadKind, ModelConfig};
+    pub use generate::{generate, Decoding, SamplingParams, StepRows};
+    pub use incremental::IncrementalScorer;
+    pub use kernels::{bf16_products, set_bf16_products};
+    pub use kv_rows::RowsCache;
+    pub use model::{checkpoint_fingerprint, set_weight_dtype, weight_dtype, Model, WeightDtype};
+    pub use packed::{token_batches, Packed};
+    pub use placement::Placement;
+    pub use policy::{EnginePolicy, LoadedPolicy};
+    pub use scoring::PrmScorer;
+}
 #[cfg(feature = "cuda")]
 pub mod cuda;
-#[cfg(feature = "engine")]
-pub mod generate;
 pub mod hub;
-#[cfg(feature = "engine")]
-pub mod incremental;
-#[cfg(feature = "engine")]
-pub mod kernels;
-#[cfg(feature = "engine")]
-pub mod kv_cache;
-#[cfg(feature = "engine")]
-pub mod kv_rows;
 pub mod layout;
 pub mod log_ratio;
-#[cfg(feature = "engine")]
-pub mod model;
-#[cfg(feature = "engine")]
-pub mod packed;
-#[cfg(feature = "engine")]
-pub mod packed_engine;
-#[cfg(feature = "engine")]
-pub mod placement;
-#[cfg(feature = "engine")]
-pub mod policy;
 pub mod prompt;
-#[cfg(feature = "engine")]
-pub mod sampling;
-#[cfg(feature = "engine")]
-pub mod scoring;
 pub mod tokenizer;
-#[cfg(feature = "engine")]
-pub mod train;
-#[cfg(feature = "engine")]
-pub mod transformer;
 
-#[cfg(feature = "engine")]
-pub use config::{Family, HeadKind, ModelConfig};
-#[cfg(feature = "engine")]
-pub use generate::{generate, Decoding, SamplingParams, StepRows};
-#[cfg(feature = "engine")]
-pub use incremental::IncrementalScorer;
-#[cfg(feature = "engine")]
-pub use kernels::{bf16_products, set_bf16_products};
-#[cfg(feature = "engine")]
-pub use kv_rows::RowsCache;
 pub use layout::PrmLayout;
-#[cfg(feature = "engine")]
-pub use model::{checkpoint_fingerprint, set_weight_dtype, weight_dtype, Model, WeightDtype};
-#[cfg(feature = "engine")]
-pub use packed::{token_batches, Packed};
-#[cfg(feature = "engine")]
-pub use placement::Placement;
-#[cfg(feature = "engine")]
-pub use policy::{EnginePolicy, LoadedPolicy};
 pub use prompt::Prompt;
-#[cfg(feature = "engine")]
-pub use scoring::PrmScorer;
 pub use tokenizer::Tokenizer;
 
 /// The device candle's tensors live on: the CPU. (The GPU is the CUDA engine's, chosen by
