@@ -127,6 +127,21 @@ pub fn token_logprobs(model: &Model, ids: &Tensor, pad_mask: Option<&Tensor>) ->
     Ok(Tensor::cat(&[&zero, &predicted.narrow(1, 0, t - 1)?], 1)?.flatten_all()?)
 }
 
+/// `log p(token i | tokens < i)` of every token of every sequence under `model` (no gradient
+/// unless the model is training), `batch_size` sequences a forward pass; position 0 holds 0.
+#[cfg(feature = "engine")]
+pub fn sequence_logprobs(model: &Model, seqs: &[&[u32]], batch_size: usize) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(seqs.len());
+    for chunk in seqs.chunks(batch_size.max(1)) {
+        let (ids, mask, t) = crate::model::pad_batch(chunk, &model.device)?;
+        let lp: Vec<f32> = token_logprobs(model, &ids, mask.as_ref())?.to_vec1()?;
+        for (b, s) in chunk.iter().enumerate() {
+            out.push(lp[b * t..b * t + s.len()].to_vec());
+        }
+    }
+    Ok(out)
+}
+
 /// Sum `values[b·t]` over each span of each sequence: `spans[k] = (sequence, start, end)`.
 #[cfg(feature = "engine")]
 pub fn span_sums(values: &Tensor, t: usize, spans: &[(usize, usize, usize)]) -> Result<Tensor> {

@@ -53,12 +53,11 @@ impl Policy for EnginePolicy<'_> {
             );
         }
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let (ids, mask, t) = crate::model::pad_batch(&refs, &self.model.device)?;
-        let logprobs: Vec<f32> = crate::log_ratio::token_logprobs(self.model, &ids, mask.as_ref())?.to_vec1()?;
+        let logprobs = crate::log_ratio::sequence_logprobs(self.model, &refs, refs.len())?;
         Ok(Some(
-            seqs.iter()
-                .enumerate()
-                .map(|(b, s)| (context.len()..s.len()).map(|i| logprobs[b * t + i] as f64).sum())
+            logprobs
+                .iter()
+                .map(|lp| lp[context.len()..].iter().map(|&x| x as f64).sum())
                 .collect(),
         ))
     }

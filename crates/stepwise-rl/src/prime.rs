@@ -142,26 +142,34 @@ impl<'a> OnlinePrm<'a> {
 
     /// Score every completion token of `seqs` (`β · (log π_φ − log π_ref)`, 0 on the prompt;
     /// the reference's log-probabilities are the sequences' own) and take one optimiser step on
-    /// the cross-entropy of the summed reward of each completion marked in `learn` against its
-    /// outcome (`outcomes`: 1 correct, 0 wrong). The scores are those before the step.
-    /// `minibatch` sequences go through the model at a time; their gradients add up to one
-    /// step, clipped to `max_grad_norm` (0: off). The log's loss and accuracy are over the
-    /// completions learned from.
+    /// the cross-entropy of each completion's summed reward against its outcome (`outcomes`: 1
+    /// correct, 0 wrong), learning from the `groups` (each prompt's completions) that pass
+    /// [`PrimeConfig::keeps`]. The scores are those before the step. `minibatch` sequences go
+    /// through the model at a time; their gradients add up to one step, clipped to
+    /// `max_grad_norm` (0: off). The log's loss and accuracy are over the completions learned
+    /// from.
     pub fn score_and_learn(
         &mut self,
         seqs: &[Sequence],
         outcomes: &[f32],
-        learn: &[bool],
+        groups: &[Range<usize>],
         minibatch: usize,
         max_grad_norm: f64,
     ) -> Result<(Vec<Vec<f32>>, PrimeLog)> {
-        if seqs.len() != outcomes.len() || seqs.len() != learn.len() {
+        if seqs.len() != outcomes.len() || groups.iter().any(|g| g.end > seqs.len()) {
             bail!(
-                "{} sequences but {} outcomes and {} learn flags",
+                "{} sequences, {} outcomes and groups reaching past them",
                 seqs.len(),
-                outcomes.len(),
-                learn.len()
+                outcomes.len()
             );
+        }
+        // PRIME's prompt filter: it learns from groups with mixed outcomes.
+        let mut learn = vec![false; seqs.len()];
+        let kept = groups.iter().filter(|g| self.cfg.keeps(&outcomes[(*g).clone()]));
+        let mut kept_groups = 0;
+        for g in kept {
+            learn[g.clone()].fill(true);
+            kept_groups += 1;
         }
         let beta = self.cfg.beta;
         let dev = self.model.device.clone();
@@ -232,8 +240,7 @@ impl<'a> OnlinePrm<'a> {
                 loss: loss_sum,
                 accuracy: right as f64 / learned.max(1) as f64,
                 token_reward: reward_sum / tokens.max(1) as f64,
-                // The trainer knows the groups: it fills this in.
-                kept_groups: 1.0,
+                kept_groups: kept_groups as f64 / groups.len().max(1) as f64,
             },
         ))
     }

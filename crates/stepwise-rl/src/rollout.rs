@@ -1,10 +1,7 @@
 //! Sampled solutions as training sequences: the prompt and exactly the tokens the policy drew,
 //! each completion token carrying the advantage of the step it belongs to.
 
-use anyhow::Result;
-use stepwise_model::log_ratio::token_logprobs;
-use stepwise_model::model::pad_batch;
-use stepwise_model::Model;
+pub use stepwise_model::log_ratio::sequence_logprobs;
 
 /// One sampled solution as RL trains on it.
 #[derive(Debug, Clone, Default)]
@@ -41,20 +38,6 @@ pub fn token_advantages(is_separator: &[bool], step_advantages: &[f32]) -> Vec<f
             a
         })
         .collect()
-}
-
-/// `log p(token i | tokens < i)` of every token of every sequence under `model` (no gradient),
-/// in batches of `batch_size`.
-pub fn sequence_logprobs(model: &Model, seqs: &[&[u32]], batch_size: usize) -> Result<Vec<Vec<f32>>> {
-    let mut out = Vec::with_capacity(seqs.len());
-    for chunk in seqs.chunks(batch_size.max(1)) {
-        let (ids, mask, t) = pad_batch(chunk, &model.device)?;
-        let lp: Vec<f32> = token_logprobs(model, &ids, mask.as_ref())?.to_vec1()?;
-        for (b, s) in chunk.iter().enumerate() {
-            out.push(lp[b * t..b * t + s.len()].to_vec());
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

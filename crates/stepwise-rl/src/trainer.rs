@@ -351,23 +351,13 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         // rewards with the outcomes make the advantages.
         let implicit_prm = match prime.as_mut() {
             Some(p) => {
-                // PRIME's prompt filter: the implicit PRM learns from groups with mixed outcomes.
-                let mut learn = vec![false; seqs.len()];
-                let mut kept = 0;
-                for g in groups.iter().filter(|g| p.cfg.keeps(&outcomes[(*g).clone()])) {
-                    learn[g.clone()].fill(true);
-                    kept += 1;
-                }
                 let (token_rewards, stats) =
-                    p.score_and_learn(&seqs, &outcomes, &learn, cfg.minibatch_size, cfg.max_grad_norm)?;
+                    p.score_and_learn(&seqs, &outcomes, &groups, cfg.minibatch_size, cfg.max_grad_norm)?;
                 let advantages = prime_advantages(&seqs, &token_rewards, &outcomes, &groups, &p.cfg);
                 for (s, a) in seqs.iter_mut().zip(advantages) {
                     s.advantages = a;
                 }
-                Some(PrimeLog {
-                    kept_groups: kept as f64 / groups.len().max(1) as f64,
-                    ..stats
-                })
+                Some(stats)
             }
             None => None,
         };

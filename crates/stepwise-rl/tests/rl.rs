@@ -279,6 +279,7 @@ fn every_weight_of_the_implicit_prm_learns_from_outcomes() {
         lr: 1e-2,
         ..Default::default()
     };
+    let one_group = std::iter::once(0..seqs.len()).collect::<Vec<_>>();
     let mut online = OnlinePrm::new(
         ImplicitPrm {
             model: &mut prm,
@@ -289,7 +290,7 @@ fn every_weight_of_the_implicit_prm_learns_from_outcomes() {
     .unwrap();
     // Started from the reference: every token's implicit reward is 0, and half the outcomes
     // (the sum 0 is not above 0) are right.
-    let (rewards, first) = online.score_and_learn(&seqs, &outcomes, &[true, true], 1, 1.0).unwrap();
+    let (rewards, first) = online.score_and_learn(&seqs, &outcomes, &one_group, 1, 1.0).unwrap();
     assert!(rewards.iter().flatten().all(|r| r.abs() < 1e-6), "{rewards:?}");
     assert!((first.loss - std::f64::consts::LN_2).abs() < 1e-4, "{first:?}");
     for (name, var) in stepwise_model::train::optim::named_vars(&varmap) {
@@ -299,13 +300,10 @@ fn every_weight_of_the_implicit_prm_learns_from_outcomes() {
     }
     let mut last = first;
     for _ in 0..30 {
-        last = online
-            .score_and_learn(&seqs, &outcomes, &[true, true], 2, 1.0)
-            .unwrap()
-            .1;
+        last = online.score_and_learn(&seqs, &outcomes, &one_group, 2, 1.0).unwrap().1;
     }
     assert!(last.loss < 0.2 && last.accuracy == 1.0, "{last:?}");
-    let (rewards, _) = online.score_and_learn(&seqs, &outcomes, &[true, true], 2, 1.0).unwrap();
+    let (rewards, _) = online.score_and_learn(&seqs, &outcomes, &one_group, 2, 1.0).unwrap();
     // The correct completion's tokens are rewarded above the wrong one's, on the token where
     // they differ.
     assert!(rewards[0][2] > 0.0 && rewards[1][2] < 0.0, "{rewards:?}");

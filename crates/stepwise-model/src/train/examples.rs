@@ -4,8 +4,8 @@
 //! (one outcome label on the last step).
 
 use crate::layout::{encode_steps, EncodedSteps};
-use crate::log_ratio::token_logprobs;
-use crate::model::{pad_batch, Model};
+use crate::log_ratio::sequence_logprobs;
+use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 use crate::train::Example;
 use anyhow::Result;
@@ -107,13 +107,10 @@ pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> R
 /// Fill every example's `ref_logprobs` with the reference model's token log-probabilities, so
 /// training needs no second forward pass.
 pub fn attach_reference(reference: &Model, examples: &mut [Example], batch_size: usize) -> Result<()> {
-    for chunk in examples.chunks_mut(batch_size.max(1)) {
-        let seqs: Vec<&[u32]> = chunk.iter().map(|e| e.ids.as_slice()).collect();
-        let (ids, mask, t) = pad_batch(&seqs, &reference.device)?;
-        let lp: Vec<f32> = token_logprobs(reference, &ids, mask.as_ref())?.to_vec1()?;
-        for (b, e) in chunk.iter_mut().enumerate() {
-            e.ref_logprobs = lp[b * t..b * t + e.ids.len()].to_vec();
-        }
+    let seqs: Vec<&[u32]> = examples.iter().map(|e| e.ids.as_slice()).collect();
+    let logprobs = sequence_logprobs(reference, &seqs, batch_size)?;
+    for (e, lp) in examples.iter_mut().zip(logprobs) {
+        e.ref_logprobs = lp;
     }
     Ok(())
 }
