@@ -38,85 +38,139 @@ run() {
     SHAPES=${SHAPES:-"0.5b 7b"}
     DATASETS=${DATASETS:-"gsm8k math"}
     BUDGET=${MAX_BATCH_TOKENS:-16384}
+    DEVICE=${DEVICE:-cuda}          # cpu: a dry run of this script (with LIMIT) on a machine without a GPU
+    LIMIT=${LIMIT:-}                # score only the first LIMIT records of each dataset
+    TIME_BUDGET=${TIME_BUDGET:-450} # seconds: a stage that would not fit in what is left is skipped
+    GEN_REQUESTS=${GEN_REQUESTS:-64}
+    GEN_TOKENS=${GEN_TOKENS:-256}
     BIN="$G/stepwise"
     mkdir -p "$OUT" "$W"
     export PYTHONUNBUFFERED=1
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$W/gpu.txt"
+    if [ "$DEVICE" = cuda ]; then
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$W/gpu.txt"
+    else
+        echo "none (dry run on $DEVICE)" > "$W/gpu.txt"
+    fi
     lscpu | grep -m1 'Model name' | tee "$W/cpu.txt"
+    git log -1 --format=%h 2>/dev/null > "$W/commit.txt" || true
+    # Whether a stage limited to $1 seconds (expected to take half of that) fits in what is left
+    # of TIME_BUDGET.
+    fits() {
+        if [ $((SECONDS + $1 / 2)) -gt "$TIME_BUDGET" ]; then
+            echo "-- skipped ($2): about $(($1 / 2))s would not fit in the ${TIME_BUDGET}s budget (at ${SECONDS}s)" \
+                | tee -a "$W/skipped.txt"
+            return 1
+        fi
+    }
+    # A stage's time limit: $1 seconds, or what is left of TIME_BUDGET if less.
+    limit() {
+        local left=$((TIME_BUDGET - SECONDS))
+        echo $(( left < $1 ? (left > 5 ? left : 5) : $1 ))
+    }
     # Peak GPU memory of a command: nvidia-smi sampled every 100 ms while it runs.
     peak() {
         local log=$1; shift
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$log.mem" &
-        local sampler=$!
+        local sampler=
+        if [ "$DEVICE" = cuda ]; then
+            nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$log.mem" &
+            sampler=$!
+        fi
+        local t0=$SECONDS
         "$@"
         local rc=$?
-        kill $sampler 2>/dev/null
-        wait $sampler 2>/dev/null
-        echo "peak_mib $(sort -n "$log.mem" | tail -1)" >> "$log"
+        [ -n "$sampler" ] && { kill $sampler 2>/dev/null; wait $sampler 2>/dev/null; }
+        [ -s "$log.mem" ] && echo "peak_mib $(sort -n "$log.mem" | tail -1)" >> "$log"
+        echo "exit $rc after $((SECONDS - t0))s" >> "$log"
         return $rc
     }
-    for shape in $SHAPES; do
-        M="$W/prm-$shape"
-        [ -f "$M/config.json" ] || timeout 300 python3 bench/make_random_prm.py "$shape" "$M" \
-            --tokenizer "$G/qwen2-prm" --device cuda 2>&1 | tail -2
-        for ds in $DATASETS; do
-            tag="$shape-$ds"
-            echo "== $tag"
-            peak "$W/hf-$tag.log" timeout 400 python3 bench/gpu_transformers.py "$M" "$G/data/$ds.json" \
-                "$W/hf-$tag.json" --max-batch-tokens "$BUDGET" >> "$W/hf-$tag.log" 2>&1
-            grep -E "^transformers|Error" "$W/hf-$tag.log" | tail -2
-            peak "$W/sw-$tag.log" timeout 400 "$BIN" score --model "$M" --input "$G/data/$ds.json" \
-                --output "$W/sw-$tag.jsonl" --device cuda --max-batch-tokens "$BUDGET" \
-                >> "$W/sw-$tag.log" 2>&1
-            tail -2 "$W/sw-$tag.log"
-            python3 bench/gpu_compare.py "$W/sw-$tag.jsonl" "$W/hf-$tag.json" "stepwise vs transformers, $tag" \
-                | tee "$W/cmp-$tag.txt" | head -1
-        done
-        # The flash kernel against the plain one (every head size falls back to it), on GSM8K.
-        ds=$(echo $DATASETS | cut -d' ' -f1)
-        STEPWISE_CUDA_SIMPLE_ATTENTION=1 timeout 400 "$BIN" score --model "$M" --input "$G/data/$ds.json" \
-            --output "$W/simple-$shape.jsonl" --device cuda > "$W/simple-$shape.log" 2>&1
-        tail -1 "$W/simple-$shape.log"
-        python3 bench/gpu_compare.py "$W/sw-$shape-$ds.jsonl" "$W/simple-$shape.jsonl" \
-            "flash vs plain attention kernel, $shape" | tee "$W/cmp-simple-$shape.txt" | head -1
+    for ds in $DATASETS; do
+        python3 -c "import json,sys; n=sys.argv[3]; r=json.load(open(sys.argv[1])); json.dump(r[:int(n)] if n else r, open(sys.argv[2],'w'))" \
+            "$G/data/$ds.json" "$W/$ds.json" "$LIMIT"
     done
-    # The CUDA engine against the CPU engine (f32 arithmetic) on the first 24 GSM8K records, 0.5B.
-    python3 -c "import json,sys; json.dump(json.load(open(sys.argv[1]))[:24], open(sys.argv[2],'w'))" \
-        "$G/data/gsm8k.json" "$W/gsm8k24.json"
-    if [ -d "$W/prm-0.5b" ]; then
-        timeout 300 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" --output "$W/cpu24.jsonl" \
-            --device cpu > "$W/cpu24.log" 2>&1
-        timeout 300 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" --output "$W/gpu24.jsonl" \
-            --device cuda > "$W/gpu24.log" 2>&1
-        python3 bench/gpu_compare.py "$W/gpu24.jsonl" "$W/cpu24.jsonl" "CUDA vs CPU engine, 0.5b, 24 records" \
-            | tee "$W/cmp-cpu.txt" | head -1
+    # The peer and stepwise on one dataset and shape; $3, $4: each engine's time limit.
+    compare_scoring() {
+        local shape=$1 ds=$2 tag="$1-$2" M="$W/prm-$1"
+        echo "== $tag"
+        fits "$3" "transformers $tag" && peak "$W/hf-$tag.log" timeout "$(limit "$3")" python3 bench/gpu_transformers.py "$M" \
+            "$W/$ds.json" "$W/hf-$tag.json" --max-batch-tokens "$BUDGET" --device "$DEVICE" >> "$W/hf-$tag.log" 2>&1
+        grep -E "^transformers|Error" "$W/hf-$tag.log" | tail -2
+        fits "$4" "stepwise $tag" && peak "$W/sw-$tag.log" timeout "$(limit "$4")" "$BIN" score --model "$M" --input "$W/$ds.json" \
+            --output "$W/sw-$tag.jsonl" --device "$DEVICE" --max-batch-tokens "$BUDGET" >> "$W/sw-$tag.log" 2>&1
+        grep -vE '^(peak_mib|exit)' "$W/sw-$tag.log" | tail -2
+        [ -f "$W/sw-$tag.jsonl" ] && [ -f "$W/hf-$tag.json" ] && python3 bench/gpu_compare.py "$W/sw-$tag.jsonl" \
+            "$W/hf-$tag.json" "stepwise vs transformers, $tag" | tee "$W/cmp-$tag.txt" | head -1
+    }
+    make_checkpoint() { # shape, folder, time limit, extra flags
+        [ -f "$2/config.json" ] && return 0
+        fits "$3" "checkpoint $2" || return 1
+        timeout "$(limit "$3")" python3 bench/make_random_prm.py "$1" "$2" --tokenizer "$G/qwen2-prm" --device "$DEVICE" \
+            ${4:-} > "$W/make-$(basename "$2").log" 2>&1
+        local rc=$?
+        tail -1 "$W/make-$(basename "$2").log"
+        return $rc
+    }
+    first=$(echo $DATASETS | cut -d' ' -f1)
+    # 1. The 0.5B shape: both engines on each dataset; the CUDA engine against the CPU engine and
+    #    the flash kernel against the plain one on 24 records.
+    if [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120; then
+        for ds in $DATASETS; do compare_scoring 0.5b "$ds" 120 150; done
+        python3 -c "import json,sys; json.dump(json.load(open(sys.argv[1]))[:24], open(sys.argv[2],'w'))" \
+            "$G/data/gsm8k.json" "$W/gsm8k24.json"
+        if [ "$DEVICE" = cuda ] && fits 90 "CUDA vs CPU engine"; then
+            timeout 60 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" --output "$W/cpu24.jsonl" \
+                --device cpu > "$W/cpu24.log" 2>&1
+            timeout 30 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" --output "$W/gpu24.jsonl" \
+                --device cuda > "$W/gpu24.log" 2>&1
+            [ -f "$W/cpu24.jsonl" ] && [ -f "$W/gpu24.jsonl" ] && python3 bench/gpu_compare.py "$W/gpu24.jsonl" \
+                "$W/cpu24.jsonl" "CUDA vs CPU engine, 0.5b, 24 records" | tee "$W/cmp-cpu.txt" | head -1
+            STEPWISE_CUDA_SIMPLE_ATTENTION=1 timeout 30 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" \
+                --output "$W/simple24.jsonl" --device cuda > "$W/simple24.log" 2>&1
+            [ -f "$W/simple24.jsonl" ] && [ -f "$W/gpu24.jsonl" ] && python3 bench/gpu_compare.py "$W/gpu24.jsonl" \
+                "$W/simple24.jsonl" "flash vs plain attention kernel, 0.5b, 24 records" | tee "$W/cmp-simple-0.5b.txt" | head -1
+        fi
     fi
-    # Generation: 64 concurrent requests of 256 sampled tokens each, a 0.5B-shaped policy:
-    # transformers' batched generate against `stepwise serve --device cuda` with 64 clients.
+    # 2. Generation: GEN_REQUESTS concurrent requests of GEN_TOKENS sampled tokens, a 0.5B-shaped
+    #    policy: transformers' batched generate against `stepwise serve` with that many clients.
     P="$W/policy-0.5b"
-    [ -f "$P/config.json" ] || timeout 300 python3 bench/make_random_prm.py 0.5b "$P" --policy \
-        --tokenizer "$G/qwen2-prm" --device cuda 2>&1 | tail -1
-    echo "== generation"
-    peak "$W/gen-hf.log" timeout 300 python3 bench/gpu_generation.py hf "$P" --out "$W/gen-hf.json" \
-        >> "$W/gen-hf.log" 2>&1
-    tail -1 "$W/gen-hf.log"
-    "$BIN" serve --model "$P" --device cuda --port 8123 > "$W/gen-serve.log" 2>&1 &
-    SERVER=$!
-    for _ in $(seq 1 120); do
-        python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8123/health')" 2>/dev/null && break
-        sleep 1
-    done
-    peak "$W/gen-sw.log" timeout 300 python3 bench/gpu_generation.py serve http://127.0.0.1:8123 policy-0.5b \
-        --out "$W/gen-sw.json" >> "$W/gen-sw.log" 2>&1
-    tail -1 "$W/gen-sw.log"
-    kill $SERVER 2>/dev/null
-    wait $SERVER 2>/dev/null
+    if make_checkpoint 0.5b "$P" 120 --policy && fits 150 "generation"; then
+        echo "== generation"
+        peak "$W/gen-hf.log" timeout "$(limit 90)" python3 bench/gpu_generation.py hf "$P" --out "$W/gen-hf.json" \
+            --requests "$GEN_REQUESTS" --tokens "$GEN_TOKENS" --device "$DEVICE" >> "$W/gen-hf.log" 2>&1
+        grep -v '^peak_mib' "$W/gen-hf.log" | tail -2
+        "$BIN" serve --model "$P" --device "$DEVICE" --port 8123 > "$W/gen-serve.log" 2>&1 &
+        SERVER=$!
+        for _ in $(seq 1 60); do
+            python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8123/health')" 2>/dev/null && break
+            sleep 1
+        done
+        peak "$W/gen-sw.log" timeout "$(limit 90)" python3 bench/gpu_generation.py serve http://127.0.0.1:8123 policy-0.5b \
+            --out "$W/gen-sw.json" --requests "$GEN_REQUESTS" --tokens "$GEN_TOKENS" >> "$W/gen-sw.log" 2>&1
+        grep -v '^peak_mib' "$W/gen-sw.log" | tail -2
+        kill $SERVER 2>/dev/null
+        wait $SERVER 2>/dev/null
+        tail -3 "$W/gen-serve.log"
+    fi
+    # 3. The 7B shape (Qwen2.5-Math-PRM-7B's config).
+    if [[ " $SHAPES " == *" 7b "* ]] && make_checkpoint 7b "$W/prm-7b" 150; then
+        for ds in $DATASETS; do compare_scoring 7b "$ds" 150 180; done
+    fi
+    summary
+}
+
+summary() {
+    OUT=${OUT:-/tmp/gpu_check}
+    W=${WORK:-/tmp/gpu_check_work}
+    mkdir -p "$OUT"
     # The summary.
     python3 - "$W" "$OUT/gpu_check.json" <<'EOF'
 import json, re, sys
 from pathlib import Path
 w, out = Path(sys.argv[1]), Path(sys.argv[2])
-summary = {"gpu": (w / "gpu.txt").read_text().strip(), "cpu": (w / "cpu.txt").read_text().strip(), "runs": {}}
+def text(name):
+    f = w / name
+    return f.read_text().strip() if f.exists() else None
+summary = {"gpu": text("gpu.txt"), "cpu": text("cpu.txt"), "commit": text("commit.txt"),
+           "skipped": (text("skipped.txt") or "").splitlines(), "runs": {}}
 def cmp(name):
     f = w / name
     return json.loads(f.read_text().splitlines()[-1]) if f.exists() and f.read_text().strip() else None
@@ -168,11 +222,12 @@ print(f"generation 64 x 256: transformers {g['hf'].get('tokens_per_s', 0):.0f} t
       f"failed requests {g['sw'].get('failed', '?')}")
 print(f"written: {out}")
 EOF
-    tar czf "$OUT/logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt 2>/dev/null)
+    tar czf "$OUT/logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt *.mem 2>/dev/null)
 }
 
 case "${1:-}" in
     prepare) prepare ;;
     run) run ;;
-    *) echo "usage: bash bench/gpu_check.sh prepare|run"; exit 2 ;;
+    summary) summary ;;
+    *) echo "usage: bash bench/gpu_check.sh prepare|run|summary"; exit 2 ;;
 esac

@@ -24,6 +24,7 @@ p.add_argument("model", nargs="?")
 p.add_argument("--requests", type=int, default=64)
 p.add_argument("--tokens", type=int, default=256)
 p.add_argument("--out")
+p.add_argument("--device", default="cuda", help="hf: cuda (the comparison) or cpu (a dry run of the script)")
 a = p.parse_args()
 prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.requests)]
 
@@ -35,20 +36,23 @@ if a.mode == "hf":
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or "<|endoftext|>"
-    model = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
-    batch = tok(prompts, return_tensors="pt", padding=True).to("cuda")
+    model = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16, attn_implementation="sdpa").to(a.device).eval()
+    batch = tok(prompts, return_tensors="pt", padding=True).to(a.device)
+    gpu = a.device.startswith("cuda")
     kw = dict(max_new_tokens=a.tokens, min_new_tokens=a.tokens, do_sample=True, temperature=0.8, pad_token_id=tok.pad_token_id)
     with torch.inference_mode():
         model.generate(**{k: v[:2] for k, v in batch.items()}, **dict(kw, max_new_tokens=4, min_new_tokens=4))
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        if gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         out = model.generate(**batch, **kw)
-        torch.cuda.synchronize()
+        if gpu:
+            torch.cuda.synchronize()
         secs = time.perf_counter() - start
     tokens = (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
     result = {"engine": "transformers", "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
-              "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+              "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0}
 else:
     url = a.target.rstrip("/") + "/v1/completions"
     counts, errors = [0] * a.requests, []

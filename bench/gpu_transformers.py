@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from tokenizers import Tokenizer
 from transformers import AutoModel, AutoTokenizer
 
 SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -25,21 +26,30 @@ p.add_argument("model")
 p.add_argument("data")
 p.add_argument("out")
 p.add_argument("--max-batch-tokens", type=int, default=16384)
+p.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a dry run of the script)")
+p.add_argument("--limit", type=int, help="score only the first N records (a dry run)")
 a = p.parse_args()
+dev = torch.device(a.device)
+gpu = dev.type == "cuda"
 model_dir = Path(a.model)
 
 tok = AutoTokenizer.from_pretrained(model_dir)
-step_id = tok.convert_tokens_to_ids("<extra_0>")
-records = json.loads(Path(a.data).read_text())
+# Token ids from the checkpoint's tokenizer.json, as transformers 4, vLLM and stepwise read it:
+# transformers 5 rebuilds some tokenizers (Qwen2's among them) from the vocabulary and merges
+# with its own pre-tokenizer, which splits some numbers differently (" 18" as "Ġ", "18" where the
+# file says "Ġ18"): the two engines would then score different inputs.
+fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+step_id = fast.token_to_id("<extra_0>")
+records = json.loads(Path(a.data).read_text())[: a.limit]
 encoded = []
 for r in records:
     head = tok.apply_chat_template(
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["problem"]}],
         tokenize=False, add_generation_prompt=True)
     text = head + "".join(s + "<extra_0>" for s in r["steps"]) + "<|im_end|><|endoftext|>"
-    encoded.append((r["id"], tok(text)["input_ids"]))
+    encoded.append((r["id"], fast.encode(text).ids))
 
-body = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+body = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").to(dev).eval()
 h = body.config.hidden_size
 files = sorted(model_dir.glob("*.safetensors"))
 head_weights = {}
@@ -50,7 +60,7 @@ for f in files:
                 head_weights[k[len("score."):]] = st.get_tensor(k)
 score = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 2))
 score.load_state_dict(head_weights)
-score = score.to(torch.bfloat16).cuda().eval()
+score = score.to(torch.bfloat16).to(dev).eval()
 
 # Batches by length: longest first, each padded to its longest, at most the token budget.
 order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][1]))
@@ -64,7 +74,7 @@ for i in order:
 if cur:
     batches.append(cur)
 
-pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+pad = fast.token_to_id("<|endoftext|>") or 0
 
 
 def run(batch):
@@ -75,7 +85,7 @@ def run(batch):
     for k, s in enumerate(seqs):
         ids[k, :len(s)] = torch.tensor(s)
         mask[k, :len(s)] = 1
-    ids, mask = ids.cuda(non_blocking=True), mask.cuda(non_blocking=True)
+    ids, mask = ids.to(dev, non_blocking=True), mask.to(dev, non_blocking=True)
     hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
     at = ids == step_id
     probs = torch.softmax(score(hidden[at]).float(), dim=-1)[:, 1]
@@ -86,11 +96,13 @@ def run(batch):
 scores = {}
 with torch.inference_mode():
     run(batches[-1][:1])  # warm-up (cuBLAS handles, kernels), not timed
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     outs = [(b, run(b)) for b in batches]
-    torch.cuda.synchronize()
+    if gpu:
+        torch.cuda.synchronize()
     secs = time.perf_counter() - start
     for b, probs in outs:
         for i, pr in zip(b, probs):
@@ -102,7 +114,7 @@ result = {
     "tokens": tokens,
     "seconds": secs,
     "tokens_per_s": tokens / secs,
-    "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+    "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0,
     "batches": len(batches),
     "scores": scores,
 }

@@ -84,6 +84,8 @@ impl Model {
     fn load_cuda(dir: &Path, ordinal: usize) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         let gpu = crate::cuda::open(ordinal)?;
+        // The attention kernel for this head size is compiled now, not inside the first batch.
+        gpu.flash(config.head_dim)?;
         let on_gpu = crate::cuda::GpuModel::load(dir, config.clone(), gpu)
             .with_context(|| format!("loading {} onto cuda:{ordinal}", dir.display()))?;
         let h = config.hidden_size;
