@@ -41,6 +41,8 @@ run() {
     DEVICE=${DEVICE:-cuda}          # cpu: a dry run of this script (with LIMIT) on a machine without a GPU
     LIMIT=${LIMIT:-}                # score only the first LIMIT records of each dataset
     TIME_BUDGET=${TIME_BUDGET:-450} # seconds: a stage that would not fit in what is left is skipped
+    GENERATION=${GENERATION:-1}     # 0: skip the generation stage
+    F32_REFERENCE=${F32_REFERENCE:-0} # N > 0: transformers in float32 on the first N GSM8K records, per shape
     GEN_REQUESTS=${GEN_REQUESTS:-64}
     GEN_TOKENS=${GEN_TOKENS:-256}
     BIN="$G/stepwise"
@@ -110,10 +112,25 @@ run() {
         return $rc
     }
     first=$(echo $DATASETS | cut -d' ' -f1)
+    # Both bf16 engines against transformers in float32 on the first F32_REFERENCE records of the
+    # first dataset: which of the two is nearer the exact function.
+    reference_f32() {
+        local shape=$1 tag="$1-$first"
+        [ "$F32_REFERENCE" -gt 0 ] && fits "$2" "float32 reference $shape" || return 0
+        peak "$W/f32-$tag.log" timeout "$(limit "$2")" python3 bench/gpu_transformers.py "$W/prm-$shape" "$W/$first.json" \
+            "$W/f32-$tag.json" --dtype float32 --limit "$F32_REFERENCE" --device "$DEVICE" >> "$W/f32-$tag.log" 2>&1
+        grep -E "^transformers|Error" "$W/f32-$tag.log" | tail -2
+        [ -f "$W/f32-$tag.json" ] || return 0
+        [ -f "$W/sw-$tag.jsonl" ] && python3 bench/gpu_compare.py "$W/sw-$tag.jsonl" "$W/f32-$tag.json" \
+            "stepwise bf16 vs transformers float32, $tag" | tee "$W/cmp-f32-sw-$tag.txt" | head -1
+        [ -f "$W/hf-$tag.json" ] && python3 bench/gpu_compare.py "$W/hf-$tag.json" "$W/f32-$tag.json" \
+            "transformers bf16 vs transformers float32, $tag" | tee "$W/cmp-f32-hf-$tag.txt" | head -1
+    }
     # 1. The 0.5B shape: both engines on each dataset; the CUDA engine against the CPU engine and
     #    the flash kernel against the plain one on 24 records.
     if [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120; then
         for ds in $DATASETS; do compare_scoring 0.5b "$ds" 120 150; done
+        reference_f32 0.5b 90
         python3 -c "import json,sys; json.dump(json.load(open(sys.argv[1]))[:24], open(sys.argv[2],'w'))" \
             "$G/data/gsm8k.json" "$W/gsm8k24.json"
         if [ "$DEVICE" = cuda ] && fits 90 "CUDA vs CPU engine"; then
@@ -132,7 +149,7 @@ run() {
     # 2. Generation: GEN_REQUESTS concurrent requests of GEN_TOKENS sampled tokens, a 0.5B-shaped
     #    policy: transformers' batched generate against `stepwise serve` with that many clients.
     P="$W/policy-0.5b"
-    if make_checkpoint 0.5b "$P" 120 --policy && fits 150 "generation"; then
+    if [ "$GENERATION" = 1 ] && make_checkpoint 0.5b "$P" 120 --policy && fits 150 "generation"; then
         echo "== generation"
         peak "$W/gen-hf.log" timeout "$(limit 90)" python3 bench/gpu_generation.py hf "$P" --out "$W/gen-hf.json" \
             --requests "$GEN_REQUESTS" --tokens "$GEN_TOKENS" --device "$DEVICE" >> "$W/gen-hf.log" 2>&1
@@ -153,6 +170,7 @@ run() {
     # 3. The 7B shape (Qwen2.5-Math-PRM-7B's config).
     if [[ " $SHAPES " == *" 7b "* ]] && make_checkpoint 7b "$W/prm-7b" 150; then
         for ds in $DATASETS; do compare_scoring 7b "$ds" 150 180; done
+        reference_f32 7b 150
     fi
     summary
 }
@@ -197,7 +215,7 @@ for tag in tags:
             run["ratio"] = int(m[4]) / ref["tokens_per_s"]
     run["agreement"] = cmp(f"cmp-{tag}.txt")
     summary["runs"][tag] = run
-for f in sorted(w.glob("cmp-simple-*.txt")):
+for f in sorted(w.glob("cmp-simple-*.txt")) + sorted(w.glob("cmp-f32-*.txt")):
     summary[f.stem] = cmp(f.name)
 summary["cuda_vs_cpu"] = cmp("cmp-cpu.txt")
 gen = {}

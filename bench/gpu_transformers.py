@@ -27,7 +27,9 @@ p.add_argument("data")
 p.add_argument("out")
 p.add_argument("--max-batch-tokens", type=int, default=16384)
 p.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a dry run of the script)")
-p.add_argument("--limit", type=int, help="score only the first N records (a dry run)")
+p.add_argument("--limit", type=int, help="score only the first N records (a dry run, or a float32 reference)")
+p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+               help="float32: a reference for both bf16 engines (true float32 products, no TF32)")
 a = p.parse_args()
 dev = torch.device(a.device)
 gpu = dev.type == "cuda"
@@ -49,7 +51,10 @@ for r in records:
     text = head + "".join(s + "<extra_0>" for s in r["steps"]) + "<|im_end|><|endoftext|>"
     encoded.append((r["id"], fast.encode(text).ids))
 
-body = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").to(dev).eval()
+dtype = getattr(torch, a.dtype)
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+body = AutoModel.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(dev).eval()
 h = body.config.hidden_size
 files = sorted(model_dir.glob("*.safetensors"))
 head_weights = {}
@@ -60,7 +65,7 @@ for f in files:
                 head_weights[k[len("score."):]] = st.get_tensor(k)
 score = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 2))
 score.load_state_dict(head_weights)
-score = score.to(torch.bfloat16).to(dev).eval()
+score = score.to(dtype).to(dev).eval()
 
 # Batches by length: longest first, each padded to its longest, at most the token budget.
 order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][1]))
@@ -109,7 +114,7 @@ with torch.inference_mode():
             scores[encoded[i][0]] = pr.tolist()
 tokens = sum(len(s) for _, s in encoded)
 result = {
-    "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__,
+    "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__ + ", " + a.dtype,
     "records": len(encoded),
     "tokens": tokens,
     "seconds": secs,

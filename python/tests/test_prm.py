@@ -60,7 +60,7 @@ def test_errors_carry_the_rust_message(fixtures, tmp_path):
         stepwise.PRM(str(tmp_path))
     prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
     with pytest.raises(stepwise.StepwiseError, match="max_position_embeddings"):
-        prm.score("q " * 2000, ["a"])
+        prm.score("q " * 5000, ["a"])
     with pytest.raises(ValueError, match="item 0"):
         prm.score_batch([{"steps": ["a"]}])
     with pytest.raises(ValueError, match="device"):

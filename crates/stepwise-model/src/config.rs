@@ -96,6 +96,19 @@ fn get_usize(v: &Value, k: &str) -> Result<usize> {
 }
 
 impl ModelConfig {
+    /// The longest sequence a verifier scores: four times the trained context
+    /// (`max_position_embeddings`), at most 32768 positions (at least the trained context).
+    /// Past the trained context the rotary positions are extrapolated, as transformers computes
+    /// them: ProcessBench's MATH split has solutions of 4,461 tokens for a PRM trained on 4,096
+    /// (Qwen2.5-Math-PRM-7B), scored by transformers and reported by its authors. Generation
+    /// stays within the trained context.
+    pub fn scoring_positions(&self) -> usize {
+        self.max_position_embeddings
+            .saturating_mul(4)
+            .min(32768)
+            .max(self.max_position_embeddings.min(32768))
+    }
+
     /// Read `config.json` from a checkpoint folder.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");

@@ -58,21 +58,32 @@ impl<'a> PrmScorer<'a> {
     pub fn encode(&self, problem: &str, steps: &[&str]) -> Result<Encoded> {
         // A text far longer than the model reads is refused before tokenizing it (a 50 MB line
         // took seconds and gigabytes to tokenize only to be refused after).
+        let cfg = &self.model.config;
+        let positions = cfg.scoring_positions();
         let bytes = problem.len() + steps.iter().map(|s| s.len()).sum::<usize>();
-        let limit = self.model.config.max_position_embeddings * self.tokenizer.longest_token_bytes() + 4096;
+        let limit = positions * self.tokenizer.longest_token_bytes() + 4096;
         if bytes > limit {
-            bail!(
-                "a solution of {bytes} bytes is more than the model's {} positions can hold, whatever its tokens",
-                self.model.config.max_position_embeddings
-            );
+            bail!("a solution of {bytes} bytes is more than the model's {positions} positions can hold, whatever its tokens");
         }
         let e = self.layout.encode(self.tokenizer, problem, steps)?;
-        let positions = self.model.config.max_position_embeddings;
         if e.ids.len() > positions {
             bail!(
-                "{} tokens: longer than the model's max_position_embeddings ({positions})",
-                e.ids.len()
+                "{} tokens: longer than the {positions} positions a verifier reads (four times its max_position_embeddings of {}, at most 32768)",
+                e.ids.len(),
+                cfg.max_position_embeddings
             );
+        }
+        if e.ids.len() > cfg.max_position_embeddings {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: a solution of {} tokens is longer than the model's max_position_embeddings ({}): \
+                     solutions past the trained context are scored with extrapolated positions, as \
+                     transformers scores them (up to {positions} tokens)",
+                    e.ids.len(),
+                    cfg.max_position_embeddings
+                )
+            });
         }
         if e.positions.len() != steps.len() {
             bail!(

@@ -24,10 +24,11 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, diff: bool) -> Result<Tensor> {
     Ok(kernels::rms_norm(x, w, eps)?)
 }
 
-/// Rotary embedding tables for every position up to the maximum.
+/// Rotary embedding tables for every position a sequence may take
+/// ([`ModelConfig::scoring_positions`]).
 fn rope_tables(cfg: &ModelConfig, dev: &Device) -> Result<RopeTables> {
     let d = cfg.head_dim;
-    let max = cfg.max_position_embeddings.min(32768);
+    let max = cfg.scoring_positions();
     let inv: Vec<f32> = (0..d / 2)
         .map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32))
         .collect();
@@ -313,7 +314,7 @@ impl Transformer {
             blocks,
             norm,
             eps: cfg.rms_norm_eps,
-            max_positions: cfg.max_position_embeddings.min(32768),
+            max_positions: cfg.scoring_positions(),
             differentiable: false,
             encoded_tokens: Default::default(),
         })
@@ -329,7 +330,7 @@ impl Transformer {
             norm: Tensor::ones(cfg.hidden_size, DType::F32, &dev)?,
             rope: rope_tables(cfg, &dev)?,
             eps: cfg.rms_norm_eps,
-            max_positions: cfg.max_position_embeddings.min(32768),
+            max_positions: cfg.scoring_positions(),
             differentiable: false,
             encoded_tokens: Default::default(),
         })
@@ -488,7 +489,7 @@ impl Transformer {
             .fetch_add(b * t, std::sync::atomic::Ordering::Relaxed);
         if offset + t > self.max_positions {
             anyhow::bail!(
-                "a sequence of {} tokens exceeds the model's max_position_embeddings ({})",
+                "a sequence of {} tokens exceeds the {} positions this model reads (four times its max_position_embeddings, at most 32768)",
                 offset + t,
                 self.max_positions
             );

@@ -92,7 +92,8 @@ fn bad_batches_are_errors_not_panics() {
     let e = |r: anyhow::Result<(Vec<f32>, usize)>| r.unwrap_err().to_string();
     assert!(e(engine.head_at(&Packed::new(&[&[1, 2]]), &[2], None)).contains("past the end"));
     assert!(e(engine.head_at(&Packed::new(&[&[1, 99_999]]), &[0], None)).contains("vocabulary"));
-    let long = vec![1u32; 600];
+    // A verifier reads up to four times its trained context (512 here).
+    let long = vec![1u32; 2049];
     assert!(e(engine.head_at(&Packed::new(&[&long]), &[0], None)).contains("max_position_embeddings"));
     // A checkpoint with a tensor missing is refused naming it.
     let d = std::env::temp_dir().join(format!("stepwise-packed-missing-{}", std::process::id()));
@@ -109,4 +110,34 @@ fn bad_batches_are_errors_not_panics() {
     let err = PackedDecoder::load(&d, ModelConfig::from_dir(&d).unwrap(), Arc::new(Reference)).unwrap_err();
     assert!(err.to_string().contains("holds 2 layers"), "{err}");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A solution longer than the trained context (512 positions here) is scored past it, as
+/// transformers scores it (ProcessBench's MATH split has such solutions for Qwen2.5-Math-PRM-7B):
+/// the packed engine and the CPU engine give it the same rewards, and one past four times the
+/// context is refused naming the limit.
+#[test]
+fn a_solution_past_the_trained_context_scores_the_same_on_both_engines() {
+    let dir = fixtures().join("qwen2-prm");
+    let config = ModelConfig::from_dir(&dir).unwrap();
+    assert_eq!(config.max_position_embeddings, 512);
+    let engine = PackedDecoder::load(&dir, config, Arc::new(Reference)).unwrap();
+    let verifier =
+        stepwise_model::scoring::LoadedVerifier::load(&dir, "auto", &candle_core::Device::Cpu).unwrap();
+    let scorer = verifier.scorer();
+    let problem = "Add the numbers one after another. ".repeat(40);
+    let steps: Vec<String> = (0..30).map(|i| format!("{i} + {i} = {}, so we go on.", 2 * i)).collect();
+    let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+    let e = scorer.encode(&problem, &steps).unwrap();
+    assert!(e.ids.len() > 700 && e.ids.len() < 2048, "{} tokens", e.ids.len());
+    let cpu = scorer.score(&problem, &steps).unwrap();
+    let (values, width) = engine.head_at(&Packed::new(&[e.ids.as_slice()]), &e.positions, None).unwrap();
+    let packed = good(&values, width);
+    assert_eq!(packed.len(), steps.len());
+    for (p, c) in packed.iter().zip(&cpu) {
+        assert!((p - c).abs() < 0.02, "packed {p} vs CPU {c}");
+    }
+    let too_long = "q ".repeat(5000);
+    let err = scorer.score(&too_long, &["a"]).unwrap_err().to_string();
+    assert!(err.contains("2048 positions") && err.contains("max_position_embeddings of 512"), "{err}");
 }

@@ -592,7 +592,7 @@ impl<B: Backend> PackedDecoder<B> {
             },
         };
         // Rotary tables as the CPU path computes them (f32 inverse frequencies, then cos/sin).
-        let max_positions = cfg.max_position_embeddings.min(32768);
+        let max_positions = cfg.scoring_positions();
         let half = d / 2;
         let inv: Vec<f32> = (0..half)
             .map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32))
@@ -638,9 +638,10 @@ impl<B: Backend> PackedDecoder<B> {
         }
         if batch.longest() > self.max_positions {
             bail!(
-                "a sequence of {} tokens exceeds the model's max_position_embeddings ({})",
+                "a sequence of {} tokens exceeds the {} positions read for a model of max_position_embeddings {} (four times it, at most 32768)",
                 batch.longest(),
-                self.max_positions
+                self.max_positions,
+                cfg.max_position_embeddings
             );
         }
         if let Some(&r) = read.iter().find(|&&r| r >= t) {

@@ -151,10 +151,10 @@ impl<B: Backend> PackedDecoder<B> {
         let mut block_table = vec![-1i32; seqs.len() * max_blocks.max(1)];
         for (i, (seq, new)) in seqs.iter().enumerate() {
             let end = seq.len + new.len();
-            if end > self.max_positions {
+            if end > self.config.max_position_embeddings {
                 bail!(
                     "a sequence of {end} tokens exceeds the model's max_position_embeddings ({})",
-                    self.max_positions
+                    self.config.max_position_embeddings
                 );
             }
             ensure!(
