@@ -26,6 +26,8 @@ prepare() {
     cargo build --release -p stepwise-cli --features cuda
     mkdir -p "$G/data" "$G/qwen2-prm"
     strip -o "$G/stepwise" target/release/stepwise
+    # The commit the binary was built from (+ "-dirty" with uncommitted changes).
+    echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates Cargo.toml Cargo.lock || echo -dirty)" > "$G/commit.txt"
     cp ../shared/data/processbench/gsm8k.json ../shared/data/processbench/math.json "$G/data/"
     cp ../shared/fixtures/hf-tiny/qwen2-prm/{config.json,tokenizer.json,tokenizer_config.json} "$G/qwen2-prm/"
     du -sh "$G"
@@ -54,7 +56,7 @@ run() {
         echo "none (dry run on $DEVICE)" > "$W/gpu.txt"
     fi
     lscpu | grep -m1 'Model name' | tee "$W/cpu.txt"
-    git log -1 --format=%h 2>/dev/null > "$W/commit.txt" || true
+    cp "$G/commit.txt" "$W/commit.txt" 2>/dev/null || true
     # Whether a stage limited to $1 seconds (expected to take half of that) fits in what is left
     # of TIME_BUDGET.
     fits() {
