@@ -213,8 +213,11 @@ impl<'a> PrmScorer<'a> {
 
 impl StepScorer for PrmScorer<'_> {
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        // Tokenized on every core: an H100 scores ProcessBench's GSM8K at the 0.5B shape in
+        // 1.3 s, and tokenizing it one solution after another takes 0.13 s of one core.
+        use rayon::prelude::*;
         let enc = batch
-            .iter()
+            .par_iter()
             .map(|s| self.encode(s.question, &s.steps))
             .collect::<Result<Vec<_>>>()?;
         Ok(Scored {
