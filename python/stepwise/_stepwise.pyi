@@ -170,11 +170,14 @@ def generative_scores(
     samples: int = 4,
     seed: int = 0,
     likelihood: bool = True,
+    tools: Optional[str] = None,
 ) -> List[List[float]]:
     """Each step's mean verdict over `samples` verification chains (a `\\boxed{correct|incorrect}`
     verdict per step, ThinkPRM's format) written by `policy`: the verdict word's probability
     P(correct) / (P(correct) + P(incorrect)) with `likelihood` where the policy gives
-    log-probabilities (a local `stepwise.Policy`), else 1 or 0; 0.5 where no chain judges it."""
+    log-probabilities (a local `stepwise.Policy`), else 1 or 0; 0.5 where no chain judges it.
+    `tools="python"`: a chain may check a step in a ```python block, run in the sandbox, its
+    output shown to it before it goes on (GenPRM's code verification)."""
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of a problem with `n` samples, `c` of them passing."""

@@ -175,3 +175,16 @@ def test_generative_scores_are_each_steps_share_of_correct_verdicts():
     assert stepwise.generative_scores(Verifier(), items, samples=3, likelihood=False) == scores
     with pytest.raises(ValueError):
         stepwise.generative_scores(Verifier(), items, samples=0)
+
+
+def test_generative_scores_with_python_tools(fixtures):
+    items = [("What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."])]
+    local = stepwise.Policy(str(fixtures / "qwen2-policy"), temperature=0.0, max_tokens=8)
+    # Random weights write neither code nor verdicts: every step unjudged, but the chain was
+    # written through the tool loop (a local policy continues its own text).
+    assert stepwise.generative_scores(local, items, samples=1, tools="python") == [[0.5, 0.5]]
+    with pytest.raises(ValueError, match="tools"):
+        stepwise.generative_scores(local, items, tools="bash")
+    # A Python policy cannot continue its own text, which the tool loop needs.
+    with pytest.raises(stepwise.StepwiseError, match="continue its own text"):
+        stepwise.generative_scores(Verifier(), items, samples=1, tools="python")

@@ -695,4 +695,35 @@ fn a_served_policy_gives_the_local_engines_next_token_likelihoods() {
         );
         assert!((a - b).abs() < 0.02, "{o:?}: served {a}, local {b}");
     }
+    // Continuing its own text up to a stop string (a verifier with tools): the served policy
+    // writes what the local engine writes, the stop string kept at the end of both.
+    let local = stepwise_model::EnginePolicy {
+        params: stepwise_model::SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 12,
+            ..Default::default()
+        },
+        ..local
+    };
+    let remote = stepwise_remote::policy::RemotePolicy {
+        max_tokens: Some(12),
+        ..remote
+    };
+    let whole = local.continue_written(question, written, &[], 0).unwrap().unwrap();
+    let chars: Vec<char> = whole.text.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let here = local
+        .continue_written(question, written, &[stop.as_str()], 0)
+        .unwrap()
+        .unwrap();
+    let served = remote
+        .continue_written(question, written, &[stop.as_str()], 0)
+        .unwrap()
+        .unwrap();
+    assert!(here.text.ends_with(&stop) && !here.finished, "{here:?}");
+    assert_eq!(served.text, here.text);
+    assert!(!served.finished);
+    let served_whole = remote.continue_written(question, written, &[], 0).unwrap().unwrap();
+    assert_eq!(served_whole.text, whole.text);
+    assert!(served_whole.finished);
 }

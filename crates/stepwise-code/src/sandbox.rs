@@ -388,3 +388,47 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
 }
+
+/// The sandbox runs a verification chain's code blocks ([`stepwise_core::seams::CodeRunner`]):
+/// the earlier blocks first, each on its own with its output and errors discarded, then the new
+/// block, whose printed output is the answer; an error adds its message, as GenPRM's executor
+/// reports one (`Code execute Error: …`).
+impl stepwise_core::seams::CodeRunner for Sandbox {
+    fn execute(&self, earlier: &[String], code: &str) -> String {
+        let mut program = String::from("import contextlib as _c, io as _io\n");
+        for block in earlier {
+            // A JSON string is a Python string literal.
+            let literal = serde_json::to_string(block).unwrap_or_else(|_| "''".into());
+            program.push_str(&format!(
+                "with _c.redirect_stdout(_io.StringIO()), _c.redirect_stderr(_io.StringIO()):\n    try:\n        exec({literal})\n    except BaseException:\n        pass\n"
+            ));
+        }
+        program.push_str(code);
+        program.push('\n');
+        let job = Job {
+            program: &program,
+            tests: None,
+            trace_function: None,
+        };
+        match Sandbox::run(self, &job) {
+            Ok(out) if out.status == Status::Passed => out.stdout.trim_end().to_string(),
+            Ok(out) => {
+                let why = out
+                    .refused
+                    .or(out.message)
+                    .unwrap_or_else(|| format!("{:?}", out.status));
+                format!("{}Code execute Error: {why}", with_newline(out.stdout.trim_end()))
+            }
+            Err(e) => format!("Code execute Error: {e:#}"),
+        }
+    }
+}
+
+/// `text` and a newline, or nothing for an empty text.
+fn with_newline(text: &str) -> String {
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("{text}\n")
+    }
+}

@@ -201,3 +201,32 @@ fn a_missing_interpreter_is_a_clear_error() {
     let err = Sandbox::with_python("/nonexistent/python3").unwrap_err().to_string();
     assert!(err.contains("/nonexistent/python3") && err.contains("python3"), "{err}");
 }
+
+/// As a verifier's tool (GenPRM's code verification): a block sees what the chain's earlier
+/// blocks defined, their output is not repeated, a block that raises or loops is reported as
+/// text, and what the sandbox refuses stays refused.
+#[test]
+fn the_sandbox_runs_a_verification_chains_code_blocks_in_one_namespace() {
+    use stepwise_core::seams::CodeRunner;
+    let s = sandbox();
+    let earlier = vec![
+        "x = 12 + 1\nprint('first', x)".to_string(),
+        "raise ValueError('an earlier block that fails')".to_string(),
+        "def twice(v):\n    return 2 * v".to_string(),
+    ];
+    assert_eq!(s.execute(&earlier, "print(twice(x))"), "26");
+    assert_eq!(s.execute(&[], "print(1 + 1)\nprint('two')"), "2\ntwo");
+    let err = s.execute(&earlier, "print(x)\nprint(1 / 0)");
+    assert!(err.starts_with("13\nCode execute Error: ZeroDivisionError"), "{err}");
+    let syntax = s.execute(&[], "print(");
+    assert!(syntax.contains("Code execute Error: SyntaxError"), "{syntax}");
+    let refused = s.execute(&[], "import subprocess");
+    assert!(
+        refused.contains("Code execute Error") && refused.contains("subprocess"),
+        "{refused}"
+    );
+    let mut quick = sandbox();
+    quick.timeout = Duration::from_secs(1);
+    let looped = quick.execute(&[], "while True:\n    pass");
+    assert!(looped.contains("Code execute Error"), "{looped}");
+}

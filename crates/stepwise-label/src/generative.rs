@@ -18,15 +18,37 @@
 //! but `P(correct) / (P(correct) + P(incorrect))` read at its `\boxed{`, what ThinkPRM scores
 //! with; the score is the mean over the chains of that probability, so one chain already
 //! gives a graded score.
+//!
+//! Tools ([`GenerativeVerifier::tools`]): as GenPRM verifies, a chain may check a step by
+//! writing Python in a ` ```python ` block. Each chain is written with
+//! [`Policy::continue_written`], stopping after a code block closes (`"\n```\n"`); the block
+//! runs (after the chain's earlier blocks, one namespace, [`CodeRunner`]) and what it prints is
+//! put in the chain as GenPRM's executor puts it (`[Code Output]` and the output in a fence),
+//! then the chain goes on, at most [`MAX_TOOL_CALLS`] times. Verdicts may also be GenPRM's
+//! `\boxed{Yes}` / `\boxed{No}` and name a `Paragraph k` instead of a `Step k`.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use regex::Regex;
 use std::sync::OnceLock;
-use stepwise_core::seams::{Policy, ScoreInput, Scored, StepScorer, Until};
+use stepwise_core::seams::{CodeRunner, Continuation, Policy, ScoreInput, Scored, StepScorer, Until};
 
 /// The verification prompt for `question` and its `steps` (numbered from 1), asking for a
 /// verdict per step in `\boxed{}` and to stop at the first incorrect step.
 pub fn verification_prompt(question: &str, steps: &[&str]) -> String {
+    prompt_with(question, steps, "")
+}
+
+/// [`verification_prompt`] for a verifier with tools: it may check a step with Python, whose
+/// output it is shown.
+pub fn verification_prompt_with_code(question: &str, steps: &[&str]) -> String {
+    prompt_with(
+        question,
+        steps,
+        "To check a calculation, write Python in a ```python block that prints the result; its output is shown to you after the block. ",
+    )
+}
+
+fn prompt_with(question: &str, steps: &[&str], tools: &str) -> String {
     let numbered: String = steps
         .iter()
         .enumerate()
@@ -35,14 +57,63 @@ pub fn verification_prompt(question: &str, steps: &[&str]) -> String {
     format!(
         "You are given a problem and a step-by-step solution. Verify the solution one step at a time. \
 For each step, write \"Step k:\", check it carefully, and end with \\boxed{{correct}} or \\boxed{{incorrect}}. \
-Stop after the first incorrect step.\n\n[Problem]\n{question}\n\n[Solution]\n{numbered}\n[Verification]\n"
+{tools}Stop after the first incorrect step.\n\n[Problem]\n{question}\n\n[Solution]\n{numbered}\n[Verification]\n"
     )
+}
+
+/// Most code blocks one chain may have run ([`GenerativeVerifier::tools`]).
+pub const MAX_TOOL_CALLS: usize = 8;
+
+/// Where a chain stops to have its code run: a fence closing a block.
+const CODE_BLOCK_END: &str = "\n```\n";
+
+fn python_block() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| Regex::new(r"(?s)```python[ \t]*\n(.*?)\n```").expect("a valid pattern"))
+}
+
+/// The ` ```python ` blocks of `chain`, in order.
+pub fn python_blocks(chain: &str) -> Vec<String> {
+    python_block().captures_iter(chain).map(|c| c[1].to_string()).collect()
+}
+
+/// One chain for `prompt` written with `tools`: generation stops after each code block, whose
+/// output is put in the chain before it goes on. The whole chain and the tokens the verifier
+/// wrote.
+pub fn chain_with_tools(policy: &dyn Policy, tools: &dyn CodeRunner, prompt: &str, seed: u64) -> Result<Continuation> {
+    let (mut text, mut tokens, mut ran) = (String::new(), 0usize, 0usize);
+    loop {
+        let stop: &[&str] = if ran < MAX_TOOL_CALLS { &[CODE_BLOCK_END] } else { &[] };
+        let part = policy
+            .continue_written(prompt, &text, stop, seed.wrapping_add(ran as u64))?
+            .context("this verifier cannot continue its own text, which a verifier with tools needs (a local checkpoint or a completions server can)")?;
+        text.push_str(&part.text);
+        tokens += part.tokens;
+        if part.finished {
+            break;
+        }
+        let blocks = python_blocks(&text);
+        // A fence that closed something else than a new Python block: nothing to run.
+        if blocks.len() > ran {
+            let output = tools.execute(&blocks[..ran], &blocks[ran]);
+            text.push_str(&format!("[Code Output]\n\n```\n{}\n```\n", output.trim_end()));
+            ran = blocks.len();
+        } else if part.text.is_empty() {
+            break;
+        }
+    }
+    Ok(Continuation {
+        text,
+        tokens,
+        finished: true,
+        ..Default::default()
+    })
 }
 
 fn verdict_pattern() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
     RE.get_or_init(|| {
-        Regex::new(r"(?i)step\s*(\d+)|\\boxed\{\s*(?:\\text\{\s*)?(correct|incorrect)\s*\}?\s*\}")
+        Regex::new(r"(?i)(?:step|paragraph)\s*(\d+)|\\boxed\{\s*(?:\\text\{\s*)?(correct|incorrect|yes|no)\s*\}?\s*\}")
             .expect("a valid pattern")
     })
 }
@@ -67,7 +138,7 @@ pub fn verdict_sites(chain: &str, steps: usize) -> Vec<Option<(bool, usize)>> {
             continue;
         }
         let Some(word) = cap.get(2) else { continue };
-        let correct = word.as_str().eq_ignore_ascii_case("correct");
+        let correct = ["correct", "yes"].iter().any(|w| word.as_str().eq_ignore_ascii_case(w));
         let at = named.take().unwrap_or(next);
         if at < steps && verdicts[at].is_none() {
             verdicts[at] = Some((correct, word.start()));
@@ -125,20 +196,43 @@ pub struct GenerativeVerifier<'a> {
     /// Read each verdict's probability from the verifier's likelihood where it gives
     /// log-probabilities (else, and when off, each chain votes 1 or 0).
     pub likelihood: bool,
+    /// Runs the code the chains write (see the module's documentation); `None`: no tools.
+    pub tools: Option<&'a dyn CodeRunner>,
 }
 
-/// The verdict words whose likelihoods are compared.
-const VERDICTS: [&str; 2] = ["correct", "incorrect"];
+/// The verdict words whose likelihoods are compared, for the verdict written at the start of
+/// `at`: `correct` / `incorrect`, or GenPRM's `Yes` / `No` (in the case written).
+fn verdict_words(at: &str) -> &'static [&'static str] {
+    let first = at.chars().next().unwrap_or('c');
+    match first {
+        'Y' | 'N' => &["Yes", "No"],
+        'y' | 'n' => &["yes", "no"],
+        _ => &["correct", "incorrect"],
+    }
+}
 
 impl StepScorer for GenerativeVerifier<'_> {
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
         let mut scores = Vec::with_capacity(batch.len());
         let mut tokens = 0usize;
         for input in batch {
-            let prompt = verification_prompt(input.question, &input.steps);
-            let chains = self
-                .policy
-                .continue_from(&prompt, &[], self.samples.max(1), Until::End, self.seed)?;
+            let chains = match self.tools {
+                None => {
+                    let prompt = verification_prompt(input.question, &input.steps);
+                    let chains = self
+                        .policy
+                        .continue_from(&prompt, &[], self.samples.max(1), Until::End, self.seed)?;
+                    (prompt, chains)
+                }
+                Some(tools) => {
+                    let prompt = verification_prompt_with_code(input.question, &input.steps);
+                    let chains = (0..self.samples.max(1) as u64)
+                        .map(|j| chain_with_tools(self.policy, tools, &prompt, self.seed.wrapping_add(j << 32)))
+                        .collect::<Result<Vec<_>>>()?;
+                    (prompt, chains)
+                }
+            };
+            let (prompt, chains) = chains;
             tokens += chains.iter().map(|c| c.tokens).sum::<usize>();
             let n = input.steps.len();
             let mut sums = vec![(0f32, 0usize); n];
@@ -149,7 +243,11 @@ impl StepScorer for GenerativeVerifier<'_> {
                 if self.likelihood {
                     for (k, site) in sites.iter().enumerate() {
                         let Some((_, at)) = site else { continue };
-                        match self.policy.continuation_logprobs(&prompt, &c.text[..*at], &VERDICTS)? {
+                        match self.policy.continuation_logprobs(
+                            &prompt,
+                            &c.text[..*at],
+                            verdict_words(&c.text[*at..]),
+                        )? {
                             Some(lp) => likelihood[k] = Some(probability_of_first(&lp)),
                             None => break,
                         }
@@ -226,6 +324,7 @@ mod tests {
             samples: 3,
             seed: 0,
             likelihood: true,
+            tools: None,
         };
         let input = ScoreInput {
             problem_id: "p",
@@ -262,7 +361,7 @@ mod tests {
             ])
         }
         fn continuation_logprobs(&self, _: &str, written: &str, options: &[&str]) -> Result<Option<Vec<f64>>> {
-            assert_eq!(options, VERDICTS);
+            assert_eq!(options, ["correct", "incorrect"]);
             assert!(written.ends_with("\\boxed{"), "{written}");
             // Step 1: P(correct) = 0.8; step 2: 0.3.
             let p: f64 = if written.contains("Step 2") { 0.3 } else { 0.8 };
@@ -284,6 +383,7 @@ mod tests {
                 samples: 2,
                 seed: 0,
                 likelihood,
+                tools: None,
             }
             .score(std::slice::from_ref(&input))
             .unwrap()
@@ -299,5 +399,76 @@ mod tests {
             chain_values(&[Some(true), None], &[Some(0.7)], 3),
             [Some(0.7), None, None]
         );
+    }
+
+    /// A verifier that checks step 2 with code, as GenPRM does: its verdict follows what the
+    /// code printed, and a second block uses a name the first defined.
+    struct Coder;
+
+    impl Policy for Coder {
+        fn continue_from(&self, _: &str, _: &[&str], _: usize, _: Until, _: u64) -> Result<Vec<Continuation>> {
+            unreachable!("a verifier with tools continues its own text")
+        }
+        fn continue_written(&self, prompt: &str, written: &str, stop: &[&str], _: u64) -> Result<Option<Continuation>> {
+            assert!(prompt.contains("```python"), "the prompt offers the tool: {prompt}");
+            assert_eq!(stop, [CODE_BLOCK_END]);
+            let part = if written.is_empty() {
+                "Step 1: \\boxed{Yes}\nParagraph 2: let us compute.\n```python\nx = 12 + 1\nprint(x)\n```\n"
+            } else if !written.contains("print(x * 2)") {
+                "And twice it:\n```python\nprint(x * 2)\n```\n"
+            } else if written.ends_with("[Code Output]\n\n```\n26\n```\n") {
+                // The code says 12 + 1 = 13: the step claiming 14 is wrong.
+                "So step 2 is \\boxed{No}"
+            } else {
+                "\\boxed{Yes}"
+            };
+            Ok(Some(Continuation {
+                text: part.to_string(),
+                finished: !part.ends_with(CODE_BLOCK_END),
+                tokens: 5,
+                ..Default::default()
+            }))
+        }
+    }
+
+    /// Runs the two blocks `Coder` writes, the second only after the first.
+    struct Calculator;
+
+    impl CodeRunner for Calculator {
+        fn execute(&self, earlier: &[String], code: &str) -> String {
+            match (earlier, code) {
+                ([], "x = 12 + 1\nprint(x)") => "13".into(),
+                ([first], "print(x * 2)") if first == "x = 12 + 1\nprint(x)" => "26".into(),
+                _ => panic!("unexpected run: {earlier:?} then {code:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_verifier_with_tools_reads_its_codes_output_before_its_verdict() {
+        let chain = chain_with_tools(&Coder, &Calculator, &verification_prompt_with_code("q", &["a"]), 0).unwrap();
+        assert!(chain.text.contains("[Code Output]\n\n```\n13\n```\n"), "{}", chain.text);
+        assert!(chain.text.ends_with("So step 2 is \\boxed{No}"), "{}", chain.text);
+        assert_eq!(chain.tokens, 15);
+        let verifier = GenerativeVerifier {
+            policy: &Coder,
+            samples: 2,
+            seed: 0,
+            likelihood: false,
+            tools: Some(&Calculator),
+        };
+        let input = ScoreInput {
+            problem_id: "p",
+            question: "Ann has 12 apples and gets 1 more.",
+            steps: vec!["She has 12.", "12 + 1 = 14", "The answer is 14."],
+            partial: false,
+        };
+        let scored = verifier.score(&[input]).unwrap();
+        assert_eq!(scored.scores[0], [1.0, 0.0, 0.0]);
+        assert_eq!(scored.tokens, 30);
+        // Without a way to continue its own text, a verifier with tools is a clear error.
+        let plain = ScriptedPolicy(|_: &str, _: &[&str], _: usize| vec!["x".to_string()]);
+        let err = chain_with_tools(&plain, &Calculator, "q", 0).unwrap_err().to_string();
+        assert!(err.contains("cannot continue its own text"), "{err}");
     }
 }

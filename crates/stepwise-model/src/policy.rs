@@ -7,7 +7,7 @@ use crate::generate::{generate, SamplingParams};
 use crate::model::Model;
 use crate::prompt::Prompt;
 use crate::tokenizer::Tokenizer;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use stepwise_core::seams::{split_steps_at, Continuation, Policy, Until};
 
 /// A local model as a policy.
@@ -60,6 +60,38 @@ impl Policy for EnginePolicy<'_> {
                 .map(|lp| lp[context.len()..].iter().map(|&x| x as f64).sum())
                 .collect(),
         ))
+    }
+
+    fn continue_written(&self, question: &str, written: &str, stop: &[&str], seed: u64) -> Result<Option<Continuation>> {
+        let mut ids = self.prompt_ids(question, &[])?;
+        ids.extend(self.tokenizer.encode(written, false)?);
+        let context = self.model.config.max_position_embeddings;
+        if ids.len() >= context {
+            anyhow::bail!(
+                "the prompt and the text written make {} tokens: the model's context ({context}) leaves none to continue them",
+                ids.len()
+            );
+        }
+        let params = SamplingParams {
+            seed,
+            max_new_tokens: self.params.max_new_tokens.min(context - ids.len()),
+            stop_strings: self.params.stop_strings.iter().cloned().chain(stop.iter().map(|s| s.to_string())).collect(),
+            ..self.params.clone()
+        };
+        let out = generate(self.model, Some(self.tokenizer), &ids, 1, &params)?
+            .pop()
+            .context("the engine returned no continuation")?;
+        let end = &self.params.stop_token_ids;
+        let body: Vec<u32> = out.iter().copied().filter(|t| !end.contains(t)).collect();
+        let text = self.tokenizer.decode(&body)?;
+        let at_stop = stop.iter().any(|s| text.ends_with(s));
+        Ok(Some(Continuation {
+            steps: Vec::new(),
+            finished: !at_stop,
+            tokens: out.len(),
+            token_ids: out,
+            text,
+        }))
     }
 
     fn continue_greedy(&self, question: &str, prefix: &[&str], until: Until) -> Result<Continuation> {

@@ -122,16 +122,19 @@ fn a_solution_past_the_trained_context_scores_the_same_on_both_engines() {
     let config = ModelConfig::from_dir(&dir).unwrap();
     assert_eq!(config.max_position_embeddings, 512);
     let engine = PackedDecoder::load(&dir, config, Arc::new(Reference)).unwrap();
-    let verifier =
-        stepwise_model::scoring::LoadedVerifier::load(&dir, "auto", &candle_core::Device::Cpu).unwrap();
+    let verifier = stepwise_model::scoring::LoadedVerifier::load(&dir, "auto", &candle_core::Device::Cpu).unwrap();
     let scorer = verifier.scorer();
     let problem = "Add the numbers one after another. ".repeat(40);
-    let steps: Vec<String> = (0..30).map(|i| format!("{i} + {i} = {}, so we go on.", 2 * i)).collect();
+    let steps: Vec<String> = (0..30)
+        .map(|i| format!("{i} + {i} = {}, so we go on.", 2 * i))
+        .collect();
     let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
     let e = scorer.encode(&problem, &steps).unwrap();
     assert!(e.ids.len() > 700 && e.ids.len() < 2048, "{} tokens", e.ids.len());
     let cpu = scorer.score(&problem, &steps).unwrap();
-    let (values, width) = engine.head_at(&Packed::new(&[e.ids.as_slice()]), &e.positions, None).unwrap();
+    let (values, width) = engine
+        .head_at(&Packed::new(&[e.ids.as_slice()]), &e.positions, None)
+        .unwrap();
     let packed = good(&values, width);
     assert_eq!(packed.len(), steps.len());
     for (p, c) in packed.iter().zip(&cpu) {
@@ -139,5 +142,8 @@ fn a_solution_past_the_trained_context_scores_the_same_on_both_engines() {
     }
     let too_long = "q ".repeat(5000);
     let err = scorer.score(&too_long, &["a"]).unwrap_err().to_string();
-    assert!(err.contains("2048 positions") && err.contains("max_position_embeddings of 512"), "{err}");
+    assert!(
+        err.contains("2048 positions") && err.contains("max_position_embeddings of 512"),
+        "{err}"
+    );
 }

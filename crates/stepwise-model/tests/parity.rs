@@ -170,6 +170,51 @@ fn continuation_logprobs_rank_transformers_greedy_tokens_first() {
     assert!((chained - all[0]).abs() < 1e-3, "{chained} against {}", all[0]);
 }
 
+/// `continue_written` (what a verifier with tools writes its chain with) continues text the
+/// model wrote as transformers' greedy decoding does, and stops at the first stop string, kept
+/// at the end: the greedy continuation cut at a stop string taken from its middle, then the rest
+/// after the text written so far.
+#[test]
+fn continue_written_follows_transformers_greedy_text_and_stops_at_a_stop_string() {
+    use stepwise_core::seams::Policy;
+    let exp = expected();
+    let (model, tok) = load("qwen2-policy");
+    let item = &exp["cases"]["qwen2-policy"]["items"][0];
+    let policy = stepwise_model::EnginePolicy {
+        model: &model,
+        tokenizer: &tok,
+        params: greedy(16),
+        prompt: stepwise_model::Prompt::Text,
+        separator: String::new(),
+    };
+    let question = item["prompt"].as_str().unwrap();
+    let want = tok.decode(&ids_of(&item["greedy_new_ids"])).unwrap();
+    let whole = policy.continue_written(question, "", &[], 0).unwrap().unwrap();
+    assert_eq!(whole.text, want, "no stop: transformers' greedy text");
+    assert!(whole.finished);
+    // A stop string from the middle of the text: the text up to its first occurrence.
+    let chars: Vec<char> = want.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let cut = &want[..want.find(&stop).unwrap() + stop.len()];
+    let part = policy
+        .continue_written(question, "", &[stop.as_str()], 0)
+        .unwrap()
+        .unwrap();
+    assert_eq!(part.text, cut);
+    assert!(!part.finished, "stopped at a stop string");
+    // Continued from where it stopped: the rest of the greedy text (16 more tokens reach past
+    // its end). The cut falls on a token boundary here: the text written re-encodes to the
+    // greedy tokens it came from.
+    let cut_ids = tok.encode(cut, false).unwrap();
+    assert_eq!(cut_ids, ids_of(&item["greedy_new_ids"])[..cut_ids.len()]);
+    let rest = policy.continue_written(question, cut, &[], 0).unwrap().unwrap();
+    assert!(
+        format!("{cut}{}", rest.text).starts_with(&want),
+        "{cut:?} + {:?} against {want:?}",
+        rest.text
+    );
+}
+
 /// Request `id` of each `(id, k)` asked for `1 + k` greedy continuations of item `k`'s prompt,
 /// `5 + 3k` tokens each: every one is transformers' greedy continuation.
 fn check_greedy(items: &[Value], done: &std::collections::HashMap<usize, Vec<Vec<u32>>>, ids: &[(usize, usize)]) {

@@ -214,11 +214,14 @@ impl Prm {
 /// with `likelihood` and a policy that gives log-probabilities (a local `stepwise.Policy`), the
 /// verdict word's probability P(correct) / (P(correct) + P(incorrect)), else 1 or 0 as sampled —
 /// every step after a chain's first incorrect one counting as incorrect, 0.5 where no chain
-/// judges it. Items as for `PRM.score_batch`.
+/// judges it. Items as for `PRM.score_batch`. With `tools="python"` (a local `stepwise.Policy`
+/// or a served one) a chain may check a step by writing a ```python block: it runs in the
+/// sandbox of the code task and its output is put in the chain before it goes on, as GenPRM
+/// verifies; verdicts may then also be GenPRM's `\boxed{Yes}` / `\boxed{No}`.
 ///
 /// >>> stepwise.generative_scores(policy, [("What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."])], samples=8)
 #[pyfunction]
-#[pyo3(signature = (policy, items, samples=4, seed=0, likelihood=true))]
+#[pyo3(signature = (policy, items, samples=4, seed=0, likelihood=true, tools=None))]
 pub fn generative_scores(
     py: Python<'_>,
     policy: &Bound<'_, PyAny>,
@@ -226,10 +229,16 @@ pub fn generative_scores(
     samples: usize,
     seed: u64,
     likelihood: bool,
+    tools: Option<&str>,
 ) -> PyResult<Vec<Vec<f32>>> {
     if samples == 0 {
         return Err(value_error("samples must be at least 1"));
     }
+    let sandbox = match tools {
+        None => None,
+        Some("python") => Some(stepwise_code::Sandbox::new().map_err(crate::convert::error)?),
+        Some(other) => return Err(value_error(format!("tools: `{other}`; expected None or \"python\""))),
+    };
     let items = items_arg(items)?;
     let policy = crate::policy::PolicyArg::of(policy, "\n")?;
     without_gil(py, || {
@@ -239,6 +248,7 @@ pub fn generative_scores(
             samples,
             seed,
             likelihood,
+            tools: sandbox.as_ref().map(|s| s as &dyn stepwise_core::seams::CodeRunner),
         };
         Ok(verifier.score(&inputs_of(&items))?.scores)
     })

@@ -159,20 +159,27 @@ impl RemotePolicy<'_> {
         let (path, mut body) = self.request(question, &[], 1, Until::End, 0, 0.0)?;
         body["max_tokens"] = json!(1);
         body.as_object_mut().unwrap().remove("stop");
+        let chat = self.extend_written(&mut body, written)?;
+        body[if chat { "top_logprobs" } else { "logprobs" }] = json!(NEXT_TOKEN_CANDIDATES);
+        Ok((path, body))
+    }
+
+    /// `body` (a request with no steps) continues `written` as the model's own text: appended
+    /// to the prompt, or as an assistant message continued in place. Whether it is a chat
+    /// request.
+    fn extend_written(&self, body: &mut Value, written: &str) -> Result<bool> {
         if let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) {
             messages.push(json!({"role": "assistant", "content": written}));
             body["continue_final_message"] = json!(true);
             body["add_generation_prompt"] = json!(false);
-            body["top_logprobs"] = json!(NEXT_TOKEN_CANDIDATES);
-        } else {
-            match (&mut body["prompt"], self.tokenizer) {
-                (Value::Array(ids), Some(tok)) => ids.extend(tok.encode(written, false)?.into_iter().map(|t| json!(t))),
-                (Value::String(text), _) => text.push_str(written),
-                _ => bail!("cannot extend this prompt"),
-            }
-            body["logprobs"] = json!(NEXT_TOKEN_CANDIDATES);
+            return Ok(true);
         }
-        Ok((path, body))
+        match (&mut body["prompt"], self.tokenizer) {
+            (Value::Array(ids), Some(tok)) => ids.extend(tok.encode(written, false)?.into_iter().map(|t| json!(t))),
+            (Value::String(text), _) => text.push_str(written),
+            _ => bail!("cannot extend this prompt"),
+        }
+        Ok(false)
     }
 
     fn call(
@@ -241,6 +248,46 @@ impl Policy for RemotePolicy<'_> {
         let (path, body) = self.next_token_request(question, written)?;
         let reply = self.client.post(&path, &body)?;
         Ok(Some(option_logprobs(&next_token_alternatives(&reply)?, options)))
+    }
+
+    /// The server's stop string is put back at the end of the text where the reply names it
+    /// (`stop_reason`, as vLLM and `stepwise serve` do; OpenAI's API leaves it out).
+    fn continue_written(
+        &self,
+        question: &str,
+        written: &str,
+        stop: &[&str],
+        seed: u64,
+    ) -> Result<Option<Continuation>> {
+        let (path, mut body) = self.request(question, &[], 1, Until::End, seed, self.temperature)?;
+        self.extend_written(&mut body, written)?;
+        let stops: Vec<String> = self
+            .stop
+            .iter()
+            .cloned()
+            .chain(stop.iter().map(|s| s.to_string()))
+            .collect();
+        if !stops.is_empty() {
+            body["stop"] = json!(stops);
+        }
+        let reply = self.client.post(&path, &body)?;
+        let mut one = self
+            .continuations(&reply, 1, Until::End)?
+            .pop()
+            .context("the server returned no continuation")?;
+        let choice = reply.pointer("/choices/0").unwrap_or(&Value::Null);
+        if let Some(s) = choice
+            .get("stop_reason")
+            .and_then(Value::as_str)
+            .filter(|s| stop.contains(s))
+        {
+            if !one.text.ends_with(s) {
+                one.text.push_str(s);
+            }
+        }
+        one.finished = !stop.iter().any(|s| one.text.ends_with(s));
+        one.steps.clear();
+        Ok(Some(one))
     }
 
     fn continue_from(

@@ -87,6 +87,22 @@ pub struct Args {
     /// the model gives log-probabilities; votes: 1 or 0).
     #[arg(long, value_enum, default_value = "likelihood")]
     pub verdict: Verdict,
+    /// --verifier generative: tools the chains may call. `python`: a chain may check a step by
+    /// writing a ```python block; generation stops after it, the code runs in the sandbox of
+    /// `--task code` (after the chain's earlier blocks), its output is put in the chain as
+    /// GenPRM's executor puts it (`[Code Output]`), and the chain goes on (at most 8 blocks).
+    /// Needs a local checkpoint or a completions server, and python3 (or STEPWISE_PYTHON).
+    #[arg(long, value_enum, default_value = "none")]
+    pub tools: Tools,
+}
+
+/// Tools a generative verifier's chains may call.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tools {
+    /// None: each chain is written in one go.
+    None,
+    /// Python code blocks, run in the sandbox (GenPRM's code verification).
+    Python,
 }
 
 /// How a generative verifier's verdict on a step counts.
@@ -111,7 +127,7 @@ pub enum VerifierKind {
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let (scorer_backend, policy_backend, prm_scorer, chains, generative);
+    let (scorer_backend, policy_backend, prm_scorer, chains, generative, sandbox);
     let scorer: &dyn stepwise_core::StepScorer = match a.verifier {
         VerifierKind::Prm => {
             scorer_backend = a.device.open_scorer(&a.model, &a.layout, &a.remote)?;
@@ -130,11 +146,16 @@ pub fn run(a: Args) -> Result<()> {
                 },
                 ..Default::default()
             });
+            sandbox = match a.tools {
+                Tools::None => None,
+                Tools::Python => Some(stepwise_code::Sandbox::new()?),
+            };
             generative = stepwise_label::GenerativeVerifier {
                 policy: &*chains,
                 samples: a.samples,
                 seed: 0,
                 likelihood: a.verdict == Verdict::Likelihood,
+                tools: sandbox.as_ref().map(|s| s as &dyn stepwise_core::seams::CodeRunner),
             };
             &generative
         }

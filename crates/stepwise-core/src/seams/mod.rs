@@ -8,6 +8,7 @@
 //! - [`Task`]: problems, gold answers and grading, and optionally an exact step checker.
 //! - [`Annotator`]: labels the steps of a solution and says what it spent.
 //! - [`Reward`]: per-step (process) or per-solution (outcome) rewards for RL.
+//! - [`CodeRunner`]: runs the code a verifier writes inside its chain.
 //!
 //! The stage functions that only need the traits live beside them ([`score_solutions`]).
 
@@ -16,9 +17,11 @@ mod policy;
 mod reward;
 mod scorer;
 mod task;
+mod tool;
 
 pub use annotator::{Annotator, Spent};
 pub use policy::{split_steps_at, Continuation, Policy, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
 pub use scorer::{score_solutions, CheckerScorer, ScoreInput, Scored, StepScorer};
 pub use task::{MathTask, Task};
+pub use tool::CodeRunner;

@@ -59,6 +59,23 @@ pub trait Policy: Sync {
         Ok(None)
     }
 
+    /// One continuation of `written`, the model's own text after `question` laid out as a
+    /// prompt (as [`Policy::continuation_logprobs`] lays it out), to the end of the sequence,
+    /// the token budget, or the first of `stop` it writes (kept at the end of its text, and then
+    /// `finished` is false); `None` where the policy cannot continue its own text (the default).
+    /// A verifier with tools writes its chain with it: it stops after a code block, runs the
+    /// code, and continues after the code's output (GenPRM's code verification).
+    fn continue_written(
+        &self,
+        question: &str,
+        written: &str,
+        stop: &[&str],
+        seed: u64,
+    ) -> Result<Option<Continuation>> {
+        let _ = (question, written, stop, seed);
+        Ok(None)
+    }
+
     /// `n` completions to the end, each as the list of its remaining steps.
     fn complete(&self, question: &str, prefix: &[&str], n: usize, seed: u64) -> Result<Vec<Vec<String>>> {
         Ok(self
