@@ -176,6 +176,13 @@ pub struct JudgePreset {
     #[serde(default)]
     #[serde(rename = "judge_answer")]
     pub answer: JudgeAnswer,
+    /// A second judge with a tool: the same training, but every equation step it reads shows a
+    /// calculator's value of its left side after it (`36 - 13 = 24 = 23`), as a verifier that
+    /// ran the step's arithmetic sees it (GenPRM's code execution, in the lab's arithmetic). It
+    /// scores the held-out samples beside the judge (verifier `judge_calculator`).
+    #[serde(default)]
+    #[serde(rename = "judge_calculator")]
+    pub calculator: bool,
 }
 
 /// RL against each reward source. (Its fields keep the preset's flat keys: `--set rl_updates=...`.)
@@ -368,6 +375,7 @@ impl Preset {
                 samples: 3,
                 prefixes: false,
                 answer: JudgeAnswer::Index,
+                calculator: true,
             },
             rl: RlPreset {
                 updates: 4,
@@ -433,6 +441,7 @@ impl Preset {
                 samples: 5,
                 prefixes: false,
                 answer: JudgeAnswer::Index,
+                calculator: true,
             },
             rl: RlPreset {
                 updates: 150,

@@ -125,6 +125,13 @@ fn body(r: &Report) -> String {
             "\n*Generative against discriminative at equal labels*: the judge (fine-tuned to write the index of the first wrong step) verifies by sampling {} verdicts a solution, {:.1} tokens a verified solution; the PRM beside it is trained on the same {} oracle-labelled solutions and writes none (one forward pass). Both appear in the best-of-N table, here and in the paired differences.",
             g.samples, g.tokens_per_solution, g.labelled_solutions
         );
+        if let Some(c) = &g.calculator {
+            let _ = writeln!(
+                s,
+                "\n*A judge with a tool*: the judge with a calculator is trained alike (same labels, seed and steps), but every equation step it reads shows the calculator's value of its left side after it (`36 - 13 = 24 = 23`), as a verifier that ran the step's arithmetic (GenPRM's code execution) sees it: {:.1} calculator calls and {:.1} tokens written a verified solution. A calculator finds arithmetic slips, not a wrong quantity or operation: the oracle's other errors stay the judge's to find.",
+                c.calls_per_solution, c.tokens_per_solution
+            );
+        }
     }
     let _ = writeln!(s, "\n## Ranking quality\n");
     let _ = writeln!(

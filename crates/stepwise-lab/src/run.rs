@@ -310,11 +310,36 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         tok: &tok,
     };
     score_solutions(&confidence, verifier::POLICY_CONFIDENCE, &mut scored, 64, |_| {})?;
-    // The judge itself as a verifier (generative: it samples its verdicts).
+    // The judge itself as a verifier (generative: it samples its verdicts), and the judge with a
+    // calculator (trained alike on the same oracle labels, reading each equation step's value).
     let judge_tokens = judged
         .as_ref()
-        .map(|j| crate::stages::judge::score_with_judge(j, p, o.seed, &tok, &mut scored, verifier::JUDGE))
+        .map(|j| crate::stages::judge::score_with_judge(&j.model, false, p, o.seed, &tok, &mut scored, verifier::JUDGE))
         .transpose()?;
+    let calculator_tokens = match &judged {
+        Some(j) if p.judge.calculator => {
+            let human: Vec<&Solution> = j.human.iter().collect();
+            let model = crate::stages::judge::train_judge(
+                &o.out.join("judge_calculator"),
+                &o.out.join(base_dir),
+                p,
+                o.seed,
+                &human,
+                &tok,
+                true,
+            )?;
+            Some(crate::stages::judge::score_with_judge(
+                &model,
+                true,
+                p,
+                o.seed,
+                &tok,
+                &mut scored,
+                verifier::JUDGE_CALCULATOR,
+            )?)
+        }
+        _ => None,
+    };
     if let Some(model) = &base_model {
         let confidence = crate::confidence::PolicyConfidence { model, tok: &tok };
         score_solutions(&confidence, verifier::BASE_CONFIDENCE, &mut scored, 64, |_| {})?;
@@ -329,6 +354,14 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             labelled_solutions: j.human.len(),
             samples: p.judge.samples,
             tokens_per_solution: tokens as f64 / scored.len().max(1) as f64,
+            calculator: calculator_tokens.map(|tokens| crate::stages::evaluate::CalculatorJudge {
+                tokens_per_solution: tokens as f64 / scored.len().max(1) as f64,
+                calls_per_solution: scored
+                    .iter()
+                    .map(|s| crate::stages::judge::calculator_calls(&s.step_strings()))
+                    .sum::<usize>() as f64
+                    / scored.len().max(1) as f64,
+            }),
         });
     }
     report.labels = crate::stages::labels::label_sources(&crate::stages::labels::SourceInputs {

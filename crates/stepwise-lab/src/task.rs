@@ -162,6 +162,15 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
 }
 
 /// What a step says.
+/// What a calculator gives for an equation step's left side (`a op b` of `a op b = c`), the
+/// lab judge's tool; `None` for any other step.
+pub fn calculator(step: &str) -> Option<i64> {
+    match parse_step(step)? {
+        Parsed::Equation(a, op, b, _) => op_text(op, a, b),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum Parsed {
     Equation(i64, char, i64, i64),

@@ -82,14 +82,16 @@ pub fn python_blocks(chain: &str) -> Vec<String> {
 /// wrote.
 pub fn chain_with_tools(policy: &dyn Policy, tools: &dyn CodeRunner, prompt: &str, seed: u64) -> Result<Continuation> {
     let (mut text, mut tokens, mut ran) = (String::new(), 0usize, 0usize);
-    loop {
-        let stop: &[&str] = if ran < MAX_TOOL_CALLS { &[CODE_BLOCK_END] } else { &[] };
+    // Stops at fences that close no Python block count too, so the chain ends whatever it writes.
+    for round in 0.. {
+        let more = ran < MAX_TOOL_CALLS && round < 2 * MAX_TOOL_CALLS;
+        let stop: &[&str] = if more { &[CODE_BLOCK_END] } else { &[] };
         let part = policy
-            .continue_written(prompt, &text, stop, seed.wrapping_add(ran as u64))?
+            .continue_written(prompt, &text, stop, seed.wrapping_add(round as u64))?
             .context("this verifier cannot continue its own text, which a verifier with tools needs (a local checkpoint or a completions server can)")?;
         text.push_str(&part.text);
         tokens += part.tokens;
-        if part.finished {
+        if part.finished || !more {
             break;
         }
         let blocks = python_blocks(&text);
@@ -470,5 +472,25 @@ mod tests {
         let plain = ScriptedPolicy(|_: &str, _: &[&str], _: usize| vec!["x".to_string()]);
         let err = chain_with_tools(&plain, &Calculator, "q", 0).unwrap_err().to_string();
         assert!(err.contains("cannot continue its own text"), "{err}");
+        // A verifier that keeps closing fences with no code in them still ends: 16 stops, then
+        // one continuation to the end.
+        let chain = chain_with_tools(&Fencer, &Calculator, "q", 0).unwrap();
+        assert_eq!(chain.tokens, 17);
+    }
+
+    /// Writes a fence with no Python in it, every time.
+    struct Fencer;
+
+    impl Policy for Fencer {
+        fn continue_from(&self, _: &str, _: &[&str], _: usize, _: Until, _: u64) -> Result<Vec<Continuation>> {
+            unreachable!()
+        }
+        fn continue_written(&self, _: &str, _: &str, _: &[&str], _: u64) -> Result<Option<Continuation>> {
+            Ok(Some(Continuation {
+                text: "```\nnothing\n```\n".into(),
+                tokens: 1,
+                ..Default::default()
+            }))
+        }
     }
 }

@@ -79,6 +79,18 @@ pub struct Generative {
     /// Tokens the judge wrote per verified solution (a PRM writes none: one forward pass over
     /// the solution).
     pub tokens_per_solution: f64,
+    /// The judge with a calculator, when the preset trains one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calculator: Option<CalculatorJudge>,
+}
+
+/// The judge with a calculator (a tool called once per equation step it reads).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CalculatorJudge {
+    /// Tokens it wrote per verified solution.
+    pub tokens_per_solution: f64,
+    /// Calculator calls per verified solution (its equation steps).
+    pub calls_per_solution: f64,
 }
 
 /// Best-of-N accuracy on one problem family, by method.
@@ -149,6 +161,8 @@ pub mod verifier {
     pub const PRM_JUDGE_BUDGET: &str = "prm_oracle_judge_budget";
     /// The judge itself, a generative verifier (the share of its sampled verdicts).
     pub const JUDGE: &str = "judge";
+    /// The judge with a calculator (each equation step's value shown), trained alike.
+    pub const JUDGE_CALCULATOR: &str = "judge_calculator";
     /// The ORM (its last step's score is the solution's).
     pub const ORM: &str = "orm";
     /// The policy's confidence in each written result (a diagnostic baseline).
@@ -187,6 +201,12 @@ pub fn evaluate(
         )
     } else {
         (Vec::new(), Vec::new())
+    };
+    let has_calculator = scored.first().is_some_and(|s| s.scores_of(JUDGE_CALCULATOR).is_some());
+    let groups_calculator = if has_calculator {
+        group_candidates(scored, Some(JUDGE_CALCULATOR), Some(ORM))?
+    } else {
+        Vec::new()
     };
     // What the verifiers' base knows before any label, when they have one.
     let has_base = scored.first().is_some_and(|s| s.scores_of(BASE_CONFIDENCE).is_some());
@@ -269,6 +289,13 @@ pub fn evaluate(
             ),
         ]);
     }
+    if has_calculator {
+        methods.push((
+            CALCULATOR_METHOD.to_string(),
+            &groups_calculator[..],
+            Some(Selector::Prm(Aggregation::Min)),
+        ));
+    }
     methods.extend([
         ("majority vote".to_string(), &groups[..], Some(Selector::Majority)),
         ("pass@N".to_string(), &groups[..], None),
@@ -294,6 +321,9 @@ pub fn evaluate(
     if has_judge {
         processbench.push((JUDGE_METHOD.into(), pb(&scores_by(scored, JUDGE))));
         processbench.push((BUDGET_METHOD.into(), pb(&scores_by(scored, PRM_JUDGE_BUDGET))));
+    }
+    if has_calculator {
+        processbench.push((CALCULATOR_METHOD.into(), pb(&scores_by(scored, JUDGE_CALCULATOR))));
     }
 
     let mut pairs = Vec::new();
@@ -396,6 +426,8 @@ pub fn evaluate(
 const JUDGE_METHOD: &str = "judge, generative (min)";
 /// The PRM on the judge's oracle labels.
 const BUDGET_METHOD: &str = "PRM-oracle, judge's labels (min)";
+/// The judge with a calculator's best-of-N method and ProcessBench row.
+const CALCULATOR_METHOD: &str = "judge + calculator, generative (min)";
 
 /// Best-of-`eval_samples` comparisons on the same problems: the PRM against the ORM and the
 /// majority vote, the oracle-label PRM against the MC one, and each other label source's PRM
@@ -453,6 +485,24 @@ fn paired_bon(
             &mc,
             seed ^ 15,
         ));
+        if let Some(calculator) = of(CALCULATOR_METHOD) {
+            out.push(paired_difference(
+                &measure,
+                CALCULATOR_METHOD,
+                &calculator,
+                JUDGE_METHOD,
+                &judge,
+                seed ^ 16,
+            ));
+            out.push(paired_difference(
+                &measure,
+                CALCULATOR_METHOD,
+                &calculator,
+                BUDGET_METHOD,
+                &budget,
+                seed ^ 17,
+            ));
+        }
     }
     if let Some(xs) = of("PRM-oracle (min)") {
         out.push(paired_difference(

@@ -17,6 +17,7 @@ use std::path::Path;
 use stepwise_core::seams::Spent;
 use stepwise_core::Solution;
 use stepwise_label::consensus::keep_if_agreeing;
+use stepwise_label::judge::JudgeFormat;
 use stepwise_label::Judge;
 use stepwise_model::layout::encode_steps;
 use stepwise_model::train::{Example, Objective};
@@ -31,15 +32,74 @@ pub fn human_budget(sols: &[Solution], n: usize) -> Vec<&Solution> {
     (0..n).map(|i| &sols[i * sols.len() / n]).collect()
 }
 
+/// `step` as a judge with a calculator reads it: an equation step with the calculator's value of
+/// its left side written after it (`36 - 13 = 24 = 23`); any other step, or a value the lab's
+/// vocabulary has no word for (below 0 or above [`crate::vocab::MAX_NUMBER`]), as it is.
+pub fn with_calculator(step: &str) -> String {
+    match crate::task::calculator(step) {
+        Some(v) if (0..=crate::vocab::MAX_NUMBER as i64).contains(&v) => format!("{} = {v}", step.trim_end()),
+        _ => step.to_string(),
+    }
+}
+
+/// Calls of the calculator in `steps` (its equation steps).
+pub fn calculator_calls(steps: &[String]) -> usize {
+    steps.iter().filter(|s| crate::task::calculator(s).is_some()).count()
+}
+
+/// A judge format whose solutions show the calculator's value after each equation step
+/// ([`with_calculator`]); asked and read as the format it wraps.
+pub struct WithCalculator(pub &'static dyn JudgeFormat);
+
+impl JudgeFormat for WithCalculator {
+    fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>) {
+        let shown: Vec<String> = steps.iter().map(|s| with_calculator(s)).collect();
+        self.0.ask(question, &shown)
+    }
+
+    fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>> {
+        let shown: Vec<String> = steps.iter().map(|s| with_calculator(s)).collect();
+        self.0.read(answer, &shown)
+    }
+}
+
+/// How a judge (with or without the calculator) is asked and read.
+pub fn judge_format(answer: JudgeAnswer, calculator: bool) -> Box<dyn JudgeFormat> {
+    if calculator {
+        Box::new(WithCalculator(answer.format()))
+    } else {
+        Box::new(Plain(answer.format()))
+    }
+}
+
+/// A format as it is (so that both kinds of judge are one type).
+struct Plain(&'static dyn JudgeFormat);
+
+impl JudgeFormat for Plain {
+    fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>) {
+        self.0.ask(question, steps)
+    }
+
+    fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>> {
+        self.0.read(answer, steps)
+    }
+}
+
 /// The judge's training example for an oracle-labelled solution: the solution in the policy's
-/// layout, then the index of its first wrong step (`- 1` for none) and `<eos>`; the loss covers
-/// the answer only.
-pub fn judge_example(tok: &Tokenizer, sol: &Solution, answer: JudgeAnswer) -> Result<Example> {
+/// layout (each equation step with the calculator's value after it, for a judge with the
+/// calculator), then the index of its first wrong step (`- 1` for none) and `<eos>`; the loss
+/// covers the answer only.
+pub fn judge_example(tok: &Tokenizer, sol: &Solution, answer: JudgeAnswer, calculator: bool) -> Result<Example> {
     let steps = sol.step_strings();
-    let refs: Vec<&str> = steps.iter().map(String::as_str).collect();
+    let shown: Vec<String> = if calculator {
+        steps.iter().map(|s| with_calculator(s)).collect()
+    } else {
+        steps.clone()
+    };
+    let refs: Vec<&str> = shown.iter().map(String::as_str).collect();
     let mut ids = encode_steps(tok, &sol.question, &refs, SEP, true)?.ids;
     let lm_from = ids.len();
-    ids.extend(tok.encode(&answer.answer(&steps, sol.first_error()), false)?);
+    ids.extend(tok.encode(&answer.answer(&shown, sol.first_error()), false)?);
     ids.extend(tok.encode(EOS, false)?);
     Ok(Example {
         ids,
@@ -62,7 +122,9 @@ pub fn prefixes(sol: &Solution) -> Vec<Solution> {
 }
 
 /// Train (or reuse) the judge in `dir` from the LM in `base_dir` (the policy, or the verifiers'
-/// base), on the oracle's verdicts for `human` (oracle-labelled solutions).
+/// base), on the oracle's verdicts for `human` (oracle-labelled solutions); with `calculator`,
+/// the judge that reads the calculator's values ([`with_calculator`]), trained alike (same
+/// seed, same examples otherwise).
 pub fn train_judge(
     dir: &Path,
     base_dir: &Path,
@@ -70,6 +132,7 @@ pub fn train_judge(
     seed: u64,
     human: &[&Solution],
     tok: &Tokenizer,
+    calculator: bool,
 ) -> Result<Model> {
     let with_prefixes: Vec<Solution>;
     let human: Vec<&Solution> = if p.judge.prefixes {
@@ -80,13 +143,17 @@ pub fn train_judge(
     };
     let examples = human
         .iter()
-        .map(|s| judge_example(tok, s, p.judge.answer))
+        .map(|s| judge_example(tok, s, p.judge.answer, calculator))
         .collect::<Result<Vec<_>>>()?;
     let tc = super::fine_tuning(p.judge.lr, p.judge.steps, seed ^ 7);
     let train_seed = tc.seed;
     train_stage(
         dir,
-        "training judge",
+        if calculator {
+            "training judge (calculator)"
+        } else {
+            "training judge"
+        },
         |varmap, dev| {
             let config = ModelConfig::from_dir(base_dir)?;
             Model::load_trainable(base_dir, config, varmap, dev, train_seed)
@@ -133,6 +200,7 @@ pub fn judge_stage(
         seed,
         &human,
         tok,
+        false,
     )?;
     let policy = judge_policy(&model, tok, p.policy.temperature, p.judge.answer);
     let judge = Judge {
@@ -162,25 +230,32 @@ pub fn judge_stage(
     })
 }
 
-/// Score `sols` with the judge itself, a generative verifier (each step: the share of its
-/// sampled verdicts that put the first error later), under `name`; returns the tokens its
-/// answers took.
+/// Score `sols` with a judge `model` itself, a generative verifier (each step: the share of its
+/// sampled verdicts that put the first error later), under `name`; `calculator` for the judge
+/// that reads the calculator's values. Returns the tokens its answers took.
 pub fn score_with_judge(
-    j: &Judged,
+    model: &Model,
+    calculator: bool,
     p: &Preset,
     seed: u64,
     tok: &Tokenizer,
     sols: &mut [Solution],
     name: &str,
 ) -> Result<usize> {
-    let policy = judge_policy(&j.model, tok, p.policy.temperature, p.judge.answer);
+    let policy = judge_policy(model, tok, p.policy.temperature, p.judge.answer);
+    let format = judge_format(p.judge.answer, calculator);
     let judge = Judge {
         policy: &policy,
         samples: p.judge.samples,
         seed: seed ^ 9,
-        format: p.judge.answer.format(),
+        format: &*format,
     };
-    let pb = crate::progress::bar(sols.len() as u64, "scoring (the judge, generative)");
+    let what = if calculator {
+        "scoring (the judge with a calculator, generative)"
+    } else {
+        "scoring (the judge, generative)"
+    };
+    let pb = crate::progress::bar(sols.len() as u64, what);
     let tokens = stepwise_core::seams::score_solutions(&judge, name, sols, 64, |done| pb.set_position(done as u64))?;
     pb.finish_and_clear();
     Ok(tokens)
@@ -227,14 +302,14 @@ mod tests {
             steps: vec![step("2 * 3 = 6", true), step("6 + 1 = 8", false)],
             ..Default::default()
         };
-        let e = judge_example(&tok, &sol, JudgeAnswer::Index).unwrap();
+        let e = judge_example(&tok, &sol, JudgeAnswer::Index, false).unwrap();
         assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "1 <eos>");
-        let quoted = judge_example(&tok, &sol, JudgeAnswer::Quote).unwrap();
+        let quoted = judge_example(&tok, &sol, JudgeAnswer::Quote, false).unwrap();
         assert_eq!(tok.decode(&quoted.ids[quoted.lm_from..]).unwrap(), "6 + 1 = 8 <eos>");
         assert_eq!(tok.decode(&e.ids[e.lm_from - 1..e.lm_from]).unwrap(), SEP);
         let mut right = sol.clone();
         right.steps[1] = step("6 + 1 = 7", true);
-        let e = judge_example(&tok, &right, JudgeAnswer::Index).unwrap();
+        let e = judge_example(&tok, &right, JudgeAnswer::Index, false).unwrap();
         assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "- 1 <eos>");
         assert!(!e.ids.contains(&tok.token_id(crate::vocab::UNK).unwrap()));
 
@@ -252,5 +327,21 @@ mod tests {
             .map(|s| (s.steps.len(), s.first_error()))
             .collect();
         assert_eq!(firsts, [(3, Some(1)), (2, Some(1)), (1, None)]);
+
+        // The judge with a calculator reads each equation step's value after it, and its
+        // example is the same answer after those steps, every word in the lab's vocabulary.
+        assert_eq!(with_calculator("6 + 1 = 8"), "6 + 1 = 8 = 7");
+        assert_eq!(with_calculator("13 - 20 = 7"), "13 - 20 = 7", "no word for -7");
+        assert_eq!(with_calculator("The answer is 8"), "The answer is 8");
+        assert_eq!(with_calculator("12 > 7"), "12 > 7");
+        assert_eq!(calculator_calls(&three.step_strings()), 2);
+        let e = judge_example(&tok, &sol, JudgeAnswer::Index, true).unwrap();
+        assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "1 <eos>");
+        assert!(tok.decode(&e.ids[..e.lm_from]).unwrap().contains("6 + 1 = 8 = 7"));
+        assert!(!e.ids.contains(&tok.token_id(crate::vocab::UNK).unwrap()));
+        let format = judge_format(JudgeAnswer::Index, true);
+        let (_, pieces) = format.ask(&sol.question, &sol.step_strings());
+        assert!(pieces.iter().any(|p| p.contains("= 7")), "{pieces:?}");
+        assert_eq!(format.read("1", &sol.step_strings()), Some(Some(1)));
     }
 }
