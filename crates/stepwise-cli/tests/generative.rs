@@ -105,6 +105,24 @@ fn scripted_verifier() -> String {
     url
 }
 
+/// `stepwise score --verifier generative --verdict votes` with the served verifier at `url`,
+/// scores named `gen`, and `extra` arguments.
+fn score(url: &str, extra: &[&str], input: &std::path::Path, out: &std::path::Path) -> std::process::Output {
+    let mut args = vec![
+        "score",
+        "--verifier",
+        "generative",
+        "--verdict",
+        "votes",
+        "--model",
+        url,
+    ];
+    args.extend(["--served-model", "genprm", "--name", "gen"]);
+    args.extend(extra);
+    args.extend(["--input", input.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    stepwise(&args)
+}
+
 #[test]
 fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
     let dir = tmp("tools");
@@ -118,50 +136,12 @@ fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
     );
     let out = dir.join("scored.jsonl");
     let url = scripted_verifier();
-    let run = stepwise(&[
-        "score",
-        "--verifier",
-        "generative",
-        "--tools",
-        "python",
-        "--verdict",
-        "votes",
-        "--model",
-        &url,
-        "--served-model",
-        "genprm",
-        "--samples",
-        "2",
-        "--name",
-        "gen",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    let run = score(&url, &["--tools", "python", "--samples", "2"], &input, &out);
     let scores = step_scores(&std::fs::read_to_string(&out).unwrap(), "gen");
     assert_eq!(scores, [1.0, 0.0, 0.0], "{}", String::from_utf8_lossy(&run.stderr));
     // Without tools the same server's chains stop at the code block: no verdict on step 2.
     let plain = dir.join("plain.jsonl");
-    stepwise(&[
-        "score",
-        "--verifier",
-        "generative",
-        "--verdict",
-        "votes",
-        "--model",
-        &url,
-        "--served-model",
-        "genprm",
-        "--samples",
-        "1",
-        "--name",
-        "gen",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        plain.to_str().unwrap(),
-    ]);
+    score(&url, &["--samples", "1"], &input, &plain);
     let scores = step_scores(&std::fs::read_to_string(&plain).unwrap(), "gen");
     assert_eq!(scores, [1.0, 0.5, 0.5]);
 }

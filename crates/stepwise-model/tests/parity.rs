@@ -88,6 +88,18 @@ fn greedy(max: usize) -> SamplingParams {
     }
 }
 
+/// The fixture policy decoding greedily (at most `max` new tokens), its prompt the question as
+/// text.
+fn greedy_policy<'a>(model: &'a Model, tok: &'a Tokenizer, max: usize) -> stepwise_model::EnginePolicy<'a> {
+    stepwise_model::EnginePolicy {
+        model,
+        tokenizer: tok,
+        params: greedy(max),
+        prompt: stepwise_model::Prompt::Text,
+        separator: String::new(),
+    }
+}
+
 #[test]
 fn policy_greedy_matches_and_prefix_is_encoded_once() {
     let exp = expected();
@@ -121,13 +133,7 @@ fn continuation_logprobs_rank_transformers_greedy_tokens_first() {
     let exp = expected();
     let (model, tok) = load("qwen2-policy");
     let item = &exp["cases"]["qwen2-policy"]["items"][0];
-    let policy = stepwise_model::EnginePolicy {
-        model: &model,
-        tokenizer: &tok,
-        params: greedy(1),
-        prompt: stepwise_model::Prompt::Text,
-        separator: String::new(),
-    };
+    let policy = greedy_policy(&model, &tok, 1);
     let question = item["prompt"].as_str().unwrap();
     let want = ids_of(&item["greedy_new_ids"]);
     let text = |ids: &[u32]| tok.decode(ids).unwrap();
@@ -180,13 +186,7 @@ fn continue_written_follows_transformers_greedy_text_and_stops_at_a_stop_string(
     let exp = expected();
     let (model, tok) = load("qwen2-policy");
     let item = &exp["cases"]["qwen2-policy"]["items"][0];
-    let policy = stepwise_model::EnginePolicy {
-        model: &model,
-        tokenizer: &tok,
-        params: greedy(16),
-        prompt: stepwise_model::Prompt::Text,
-        separator: String::new(),
-    };
+    let policy = greedy_policy(&model, &tok, 16);
     let question = item["prompt"].as_str().unwrap();
     let want = tok.decode(&ids_of(&item["greedy_new_ids"])).unwrap();
     let whole = policy.continue_written(question, "", &[], 0).unwrap().unwrap();
