@@ -15,7 +15,12 @@
 #      stage leaves the others' numbers.
 #
 # Environment: SHAPES (default "0.5b 7b"), DATASETS (default "gsm8k math"), MAX_BATCH_TOKENS
-# (default 16384), OUT (default /tmp/gpu_check).
+# (default 16384), OUT (default /tmp/gpu_check), TIME_BUDGET (seconds, default 450: a stage that
+# would not fit is skipped and named), GENERATION=0 (skip generation), F32_REFERENCE=N
+# (transformers in float32 on N GSM8K records: the reference both bf16 engines are measured
+# against), DEVICE=cpu LIMIT=4 (a dry run of the whole script without a GPU). After a cut-off,
+# `bash bench/gpu_check.sh summary` writes the JSON from what finished. On one H100 the default
+# run takes about 6 minutes (docs/benchmarks.md, "The GPU").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=.gpu
