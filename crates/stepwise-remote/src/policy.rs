@@ -251,7 +251,7 @@ impl Policy for RemotePolicy<'_> {
     }
 
     /// The server's stop string is put back at the end of the text where the reply names it
-    /// (`stop_reason`, as vLLM, SGLang and `stepwise serve` do). A server that does not say
+    /// (`stop_reason`, as vLLM and `stepwise serve` do). A server that does not say
     /// which stop ended the text (OpenAI's API) gives it without the stop string, as finished: a
     /// verifier with tools then reads its chain without running the code.
     fn continue_written(
