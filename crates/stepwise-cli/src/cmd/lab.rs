@@ -17,12 +17,15 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
      an ORM, same code and budget, each the verifiers' base fine-tuned and scoring a step by its
      log-likelihood against a constant reference (`--set verifier_head=log_ratio`: against the
      base; `--set verifier_head=classifier`: a fresh classifier head)
-  5. evaluate on held-out problems: best-of-N curves, ProcessBench metric, label quality
+  5. evaluate on held-out problems: best-of-N curves, ProcessBench metric, label quality; the
+     judge and a judge with a calculator (each equation step's value shown; `--set
+     judge_calculator=false` skips it) verify too, against a PRM on the same oracle labels
   6. test-time search on problems of its own: best-of-N, beam search, DVTS, lookahead and
      verify → resample (τ calibrated on the evaluation samples), guided by PRM-MC, PRM-oracle
      and the oracle, at N in search_budgets; accuracy against tokens generated
      (`--set search_problems=0` skips it)
-  7. RL from the policy against each reward source (outcome, ORM, PRM-MC, PRM-oracle, oracle), same
+  7. RL from the policy against each reward source (outcome, ORM, PRM-MC, PRM-oracle, oracle, and
+     PRIME's implicit PRM learned online from outcomes), same
      budget (rl_updates × rl_prompts × rl_group), measured on held-out problems before and after
      (`--set rl_updates=0` skips it)
   8. write metrics.json, report.md, report.html and plots (bon, calibration, search, rl: .png
@@ -30,7 +33,7 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
      (metrics keys paired, search.paired, rl.paired)
 
 Examples:
-  stepwise lab                          # standard preset (600 held-out problems), about 8-9 minutes on 2 cores
+  stepwise lab                          # standard preset (600 held-out problems), about 10 minutes on 2 cores
   stepwise lab --preset quick --seed 2  # every stage, small, about a minute
   stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed"
 )]
