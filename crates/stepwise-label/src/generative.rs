@@ -218,7 +218,7 @@ impl StepScorer for GenerativeVerifier<'_> {
         let mut scores = Vec::with_capacity(batch.len());
         let mut tokens = 0usize;
         for input in batch {
-            let chains = match self.tools {
+            let (prompt, chains) = match self.tools {
                 None => {
                     let prompt = verification_prompt(input.question, &input.steps);
                     let chains = self
@@ -234,7 +234,6 @@ impl StepScorer for GenerativeVerifier<'_> {
                     (prompt, chains)
                 }
             };
-            let (prompt, chains) = chains;
             tokens += chains.iter().map(|c| c.tokens).sum::<usize>();
             let n = input.steps.len();
             let mut sums = vec![(0f32, 0usize); n];

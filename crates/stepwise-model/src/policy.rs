@@ -29,6 +29,28 @@ impl EnginePolicy<'_> {
     pub fn prompt_ids(&self, question: &str, prefix: &[&str]) -> Result<Vec<u32>> {
         self.prompt.ids(self.tokenizer, &self.separator, question, prefix)
     }
+
+    /// Its sampling settings with `seed` for a prompt of `prompt_len` tokens: at most what the
+    /// context leaves after the prompt (a budget past it is cut to it); a prompt that fills the
+    /// context is an error.
+    fn params_after(&self, prompt_len: usize, seed: u64) -> Result<SamplingParams> {
+        let context = self.model.config.max_position_embeddings;
+        if prompt_len >= context {
+            anyhow::bail!("the prompt has {prompt_len} tokens: the model's context ({context}) leaves none to continue it");
+        }
+        Ok(SamplingParams {
+            seed,
+            max_new_tokens: self.params.max_new_tokens.min(context - prompt_len),
+            ..self.params.clone()
+        })
+    }
+
+    /// The text of generated tokens `out`, its end tokens left out.
+    fn text_of(&self, out: &[u32]) -> Result<String> {
+        let end = &self.params.stop_token_ids;
+        let body: Vec<u32> = out.iter().copied().filter(|t| !end.contains(t)).collect();
+        self.tokenizer.decode(&body)
+    }
 }
 
 impl Policy for EnginePolicy<'_> {
@@ -63,27 +85,15 @@ impl Policy for EnginePolicy<'_> {
     }
 
     fn continue_written(&self, question: &str, written: &str, stop: &[&str], seed: u64) -> Result<Option<Continuation>> {
+        // The text written is part of the prompt.
         let mut ids = self.prompt_ids(question, &[])?;
         ids.extend(self.tokenizer.encode(written, false)?);
-        let context = self.model.config.max_position_embeddings;
-        if ids.len() >= context {
-            anyhow::bail!(
-                "the prompt and the text written make {} tokens: the model's context ({context}) leaves none to continue them",
-                ids.len()
-            );
-        }
-        let params = SamplingParams {
-            seed,
-            max_new_tokens: self.params.max_new_tokens.min(context - ids.len()),
-            stop_strings: self.params.stop_strings.iter().cloned().chain(stop.iter().map(|s| s.to_string())).collect(),
-            ..self.params.clone()
-        };
+        let mut params = self.params_after(ids.len(), seed)?;
+        params.stop_strings.extend(stop.iter().map(|s| s.to_string()));
         let out = generate(self.model, Some(self.tokenizer), &ids, 1, &params)?
             .pop()
             .context("the engine returned no continuation")?;
-        let end = &self.params.stop_token_ids;
-        let body: Vec<u32> = out.iter().copied().filter(|t| !end.contains(t)).collect();
-        let text = self.tokenizer.decode(&body)?;
+        let text = self.text_of(&out)?;
         let at_stop = stop.iter().any(|s| text.ends_with(s));
         Ok(Some(Continuation {
             steps: Vec::new(),
@@ -117,20 +127,7 @@ impl Policy for EnginePolicy<'_> {
         seed: u64,
     ) -> Result<Vec<Continuation>> {
         let ids = self.prompt_ids(question, prefix)?;
-        // At most what the context leaves after the prompt (a budget past it is cut to it).
-        let context = self.model.config.max_position_embeddings;
-        if ids.len() >= context {
-            anyhow::bail!(
-                "the prompt has {} tokens: the model's context ({context}) leaves none to continue it",
-                ids.len()
-            );
-        }
-        let mut params = SamplingParams {
-            seed,
-            max_new_tokens: self.params.max_new_tokens.min(context - ids.len()),
-            ..self.params.clone()
-        };
-        let end = self.params.stop_token_ids.clone();
+        let mut params = self.params_after(ids.len(), seed)?;
         let sep_id = self.tokenizer.token_id(&self.separator);
         if until == Until::Step {
             // One step: stop at the separator, as a token where it is one, else as text.
@@ -147,8 +144,7 @@ impl Policy for EnginePolicy<'_> {
                     Some(id) => out.last() == Some(&id),
                     None => false,
                 };
-                let body: Vec<u32> = out.iter().copied().filter(|t| !end.contains(t)).collect();
-                let text = self.tokenizer.decode(&body)?;
+                let text = self.text_of(&out)?;
                 let mut steps = split_steps_at(&text, &self.separator);
                 // Until::Step: a step followed by the separator can be continued; one that ended
                 // the sequence (or the token budget) cannot.

@@ -63,28 +63,6 @@ impl JudgeFormat for WithCalculator {
     }
 }
 
-/// How a judge (with or without the calculator) is asked and read.
-pub fn judge_format(answer: JudgeAnswer, calculator: bool) -> Box<dyn JudgeFormat> {
-    if calculator {
-        Box::new(WithCalculator(answer.format()))
-    } else {
-        Box::new(Plain(answer.format()))
-    }
-}
-
-/// A format as it is (so that both kinds of judge are one type).
-struct Plain(&'static dyn JudgeFormat);
-
-impl JudgeFormat for Plain {
-    fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>) {
-        self.0.ask(question, steps)
-    }
-
-    fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>> {
-        self.0.read(answer, steps)
-    }
-}
-
 /// The judge's training example for an oracle-labelled solution: the solution in the policy's
 /// layout (each equation step with the calculator's value after it, for a judge with the
 /// calculator), then the index of its first wrong step (`- 1` for none) and `<eos>`; the loss
@@ -94,7 +72,7 @@ pub fn judge_example(tok: &Tokenizer, sol: &Solution, answer: JudgeAnswer, calcu
     let shown: Vec<String> = if calculator {
         steps.iter().map(|s| with_calculator(s)).collect()
     } else {
-        steps.clone()
+        steps
     };
     let refs: Vec<&str> = shown.iter().map(String::as_str).collect();
     let mut ids = encode_steps(tok, &sol.question, &refs, SEP, true)?.ids;
@@ -243,12 +221,16 @@ pub fn score_with_judge(
     name: &str,
 ) -> Result<usize> {
     let policy = judge_policy(model, tok, p.policy.temperature, p.judge.answer);
-    let format = judge_format(p.judge.answer, calculator);
+    let with_calculator = WithCalculator(p.judge.answer.format());
     let judge = Judge {
         policy: &policy,
         samples: p.judge.samples,
         seed: seed ^ 9,
-        format: &*format,
+        format: if calculator {
+            &with_calculator
+        } else {
+            p.judge.answer.format()
+        },
     };
     let what = if calculator {
         "scoring (the judge with a calculator, generative)"
@@ -339,7 +321,7 @@ mod tests {
         assert_eq!(tok.decode(&e.ids[e.lm_from..]).unwrap(), "1 <eos>");
         assert!(tok.decode(&e.ids[..e.lm_from]).unwrap().contains("6 + 1 = 8 = 7"));
         assert!(!e.ids.contains(&tok.token_id(crate::vocab::UNK).unwrap()));
-        let format = judge_format(JudgeAnswer::Index, true);
+        let format = WithCalculator(JudgeAnswer::Index.format());
         let (_, pieces) = format.ask(&sol.question, &sol.step_strings());
         assert!(pieces.iter().any(|p| p.contains("= 7")), "{pieces:?}");
         assert_eq!(format.read("1", &sol.step_strings()), Some(Some(1)));
