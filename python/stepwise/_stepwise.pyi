@@ -182,5 +182,5 @@ def generative_scores(
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of a problem with `n` samples, `c` of them passing."""
 
-def lab_run(preset: str = "quick", seed: int = 1, out: Optional[str] = None, sets: Sequence[str] = ...) -> Dict[str, Any]:
+def lab_run(preset: str = "quick", seed: int = 1, out: Optional[str] = None, sets: Sequence[str] = ..., domain: Optional[str] = None) -> Dict[str, Any]:
     """Run the built-in lab; returns metrics.json as a dict."""

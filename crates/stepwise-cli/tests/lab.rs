@@ -69,6 +69,7 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         assert!(a.join(f).exists(), "{f} missing");
     }
     let m: serde_json::Value = serde_json::from_str(&read(a.join("metrics.json"))).unwrap();
+    assert_eq!(m["domain"], "arithmetic", "the default domain");
     let bon = m["bon"].as_array().unwrap();
     assert!(bon.iter().any(|c| c["method"] == "ORM") && bon.iter().any(|c| c["method"] == "majority vote"));
     for c in bon {
@@ -335,4 +336,64 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     let mb: serde_json::Value = serde_json::from_str(&read(b.join("metrics.json"))).unwrap();
     assert_eq!(m["bon"], mb["bon"], "resumed run's curves differ");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `stepwise lab --domain code`: the same loop and report on straight-line programs, every
+/// sample's lines checked by executing them; its folder refuses the arithmetic domain.
+#[test]
+fn quick_code_lab_runs_the_loop_on_programs() {
+    let out = std::env::temp_dir().join(format!("stepwise-lab-code-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = |domain: &str| {
+        Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(["lab", "--preset", "quick", "--domain", domain, "--seed", "3"])
+            .args(["--set", "search_problems=2", "--set", "rl_updates=2", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let done = run("code");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let m: serde_json::Value = serde_json::from_str(&read(out.join("metrics.json"))).unwrap();
+    assert_eq!(m["domain"], "code");
+    assert!(read(out.join("report.md")).contains("domain `code`"));
+    // The same sections and keys as arithmetic.
+    for key in [
+        "bon",
+        "by_family",
+        "processbench",
+        "mc_label_quality",
+        "labels",
+        "search",
+        "rl",
+    ] {
+        assert!(!m[key].is_null(), "metrics.json lacks {key}");
+    }
+    let hard = m["mc_label_quality"]["hard_accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&hard));
+    // No calculator for programs: its judge reads lines, not equations.
+    assert!(m["generative"]["calculator"].is_null());
+    // Samples are programs: their answer is what they return on the five calls, graded against
+    // the reference's, and the oracle judged every line.
+    let samples = read(out.join("labels_oracle.jsonl"));
+    let mut programs = 0;
+    for line in samples.lines() {
+        let s: serde_json::Value = serde_json::from_str(line).unwrap();
+        let steps = s["steps"].as_array().unwrap();
+        assert!(steps.iter().all(|st| st["label"]["source"] == "oracle"), "{s}");
+        if let Some(answer) = s["final_answer"].as_str() {
+            assert_eq!(answer.split(' ').count(), 5, "{s}");
+            assert_eq!(s["correct"], s["final_answer"] == s["gold_answer"], "{s}");
+            programs += 1;
+        }
+        assert_eq!(s["gold_answer"].as_str().unwrap().split(' ').count(), 5, "{s}");
+    }
+    assert!(programs > 0);
+    let problems = read(out.join("problems.jsonl"));
+    assert!(problems.lines().all(|l| l.contains(r#""domain":"code""#)), "{problems}");
+    // A code folder is not resumed as arithmetic.
+    let other = run("arithmetic");
+    assert!(!other.status.success());
+    assert!(String::from_utf8_lossy(&other.stderr).contains("domain differs"));
+    std::fs::remove_dir_all(&out).unwrap();
 }

@@ -63,7 +63,7 @@ mod tests {
 
     #[test]
     fn step_end_probabilities_read_the_token_that_ends_each_step() {
-        let tok = crate::vocab::tokenizer().unwrap();
+        let tok = crate::vocab::tokenizer(crate::task::Domain::Arithmetic).unwrap();
         let cfg = ModelConfig::tiny(tok.vocab_size(), 32, 1, 4, 2, HeadKind::CausalLm);
         let model = Model::fresh(cfg, &candle_nn::VarMap::new(), &Device::Cpu, 3).unwrap();
         let (q, steps) = ("Ann has 3 bags of 4 coins .", ["3 * 4 = 12", "The answer is 12"]);

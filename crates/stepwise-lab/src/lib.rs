@@ -10,6 +10,7 @@
 #![doc = concat!("```no_run\n", include_str!("../examples/quick_lab.rs"), "```")]
 #![warn(missing_docs)]
 
+pub mod code;
 pub mod confidence;
 mod html;
 pub mod oracle;

@@ -1,25 +1,36 @@
 //! The lab domain behind the seams: [`LabTask`], grading and the exact step checker (as a step
 //! scorer, `stepwise_core::seams::CheckerScorer` over it: the ceiling any PRM is measured against).
 
-use crate::task::{self, LabProblem};
+use crate::task::{self, Domain, LabProblem};
 use std::collections::HashMap;
 use stepwise_core::seams::Task;
 use stepwise_core::{Problem, Provenance, Solution, StepLabel};
 
 /// The lab's problems as a [`Task`]: a solution's answer is what it states (`The answer is X`),
-/// graded by equality; every step has an exact verdict ([`task::check_steps`]).
+/// or what its program returns in the code domain, graded by equality; every step has an exact
+/// verdict ([`task::check_steps`]).
 pub struct LabTask {
     problems: Vec<Problem>,
     by_id: HashMap<String, LabProblem>,
+    domain: Domain,
 }
 
 impl LabTask {
-    /// A task over these problems.
+    /// A task over these problems (all of one domain: the first one's).
     pub fn new<'a>(problems: impl IntoIterator<Item = &'a LabProblem>) -> Self {
         let by_id: HashMap<String, LabProblem> = problems.into_iter().map(|p| (p.id.clone(), p.clone())).collect();
         let mut problems: Vec<Problem> = by_id.values().map(LabProblem::problem).collect();
         problems.sort_by(|a, b| a.id.cmp(&b.id));
-        LabTask { problems, by_id }
+        let domain = by_id.values().next().map_or(Domain::Arithmetic, |p| p.domain);
+        assert!(
+            by_id.values().all(|p| p.domain == domain),
+            "a lab task's problems are of one domain"
+        );
+        LabTask {
+            problems,
+            by_id,
+            domain,
+        }
     }
 
     /// A problem by id.
@@ -45,7 +56,7 @@ impl Task for LabTask {
         &self.problems
     }
     fn answer(&self, steps: &[String]) -> Option<String> {
-        task::stated_answer(steps)
+        self.domain.answer(steps)
     }
     fn grade(&self, answer: &str, gold: &str) -> bool {
         answer == gold

@@ -1,6 +1,7 @@
 //! The lab's sizes and budgets ([`Preset`]): the measured `standard` setting, the `quick` one,
 //! and `--set FIELD=VALUE` overrides.
 
+use crate::task::Domain;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
@@ -9,6 +10,10 @@ use serde::{Deserialize, Serialize};
 pub struct Preset {
     /// Name.
     pub name: String,
+    /// The reasoning domain: arithmetic word problems (the default) or straight-line programs
+    /// checked by execution (`code`).
+    #[serde(default)]
+    pub domain: Domain,
     /// The policy: its shape, training and sampling.
     #[serde(flatten)]
     pub policy: PolicyPreset,
@@ -340,6 +345,7 @@ impl Preset {
     pub fn quick() -> Self {
         Preset {
             name: "quick".into(),
+            domain: Domain::Arithmetic,
             policy: PolicyPreset {
                 shape: (64, 2),
                 steps: 800,
@@ -400,6 +406,7 @@ impl Preset {
     pub fn standard() -> Self {
         Preset {
             name: "standard".into(),
+            domain: Domain::Arithmetic,
             policy: PolicyPreset {
                 shape: (64, 2),
                 steps: 1400,

@@ -51,8 +51,8 @@ fn body(r: &Report) -> String {
     let _ = writeln!(s, "# stepwise lab report\n");
     let _ = writeln!(
         s,
-        "Preset `{}`, seed {}: {} held-out problems, {} samples each.\n",
-        r.preset, r.seed, r.eval_problems, r.eval_samples
+        "Preset `{}`, domain `{}`, seed {}: {} held-out problems, {} samples each.\n",
+        r.preset, r.domain, r.seed, r.eval_problems, r.eval_samples
     );
     let _ = writeln!(s, "- Verifiers (PRM-MC, PRM-oracle, ORM): {}", r.verifiers);
     let _ = writeln!(s, "- Policy single-sample accuracy: **{:.3}**", r.policy_accuracy);

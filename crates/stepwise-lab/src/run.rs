@@ -6,7 +6,7 @@ use crate::report::write_report;
 use crate::splits::splits;
 use crate::stages::evaluate::{verifier, Report};
 use crate::stages::{annotate, policy, rl, sample, verifiers::Verifiers, write_jsonl};
-use crate::task::{oracle_labelled, LabProblem};
+use crate::task::{oracle_labelled, Domain, LabProblem};
 use crate::vocab;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
@@ -24,6 +24,15 @@ pub struct LabOptions {
     pub seed: u64,
     /// Run folder.
     pub out: PathBuf,
+}
+
+/// The run folder a run gets when none is named: `runs/PRESET-seedN`, or
+/// `runs/PRESET-DOMAIN-seedN` outside the arithmetic domain.
+pub fn default_run_folder(p: &Preset, seed: u64) -> PathBuf {
+    PathBuf::from(match p.domain {
+        Domain::Arithmetic => format!("runs/{}-seed{seed}", p.name),
+        domain => format!("runs/{}-{}-seed{seed}", p.name, domain.name()),
+    })
 }
 
 /// Record the preset and seed in `out/preset.json`, or check that they are those the folder was
@@ -75,6 +84,7 @@ fn join_base(training: Option<std::thread::JoinHandle<Result<Model>>>) -> Result
 /// verifiers' starting model): a folder that lacks them made its stages with their serde
 /// defaults, so it keeps those instead of taking on the current ones.
 const CHANGE_EARLIER_STAGES: &[&str] = &[
+    "domain",
     "verifier_base_steps",
     "verifier_base_shape",
     "completer",
@@ -127,7 +137,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     // One process per run folder.
     let _lock = stepwise_core::journal::lock(&o.out.join("run"))?;
     claim_run_folder(&o.out, p, o.seed)?;
-    let tok = vocab::tokenizer()?;
+    let tok = vocab::tokenizer(p.domain)?;
     let sp = splits(p, o.seed);
     write_jsonl(
         &o.out.join("problems.jsonl"),
@@ -147,7 +157,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         let (dir, p, seed, problems) = (o.out.join(p.verifier_start_dir()), p.clone(), o.seed, sp.policy.clone());
         std::thread::spawn(move || {
             crate::stages::on_own_thread(|| {
-                policy::train_verifier_base(&dir, &p, seed, &problems, &vocab::tokenizer()?)
+                policy::train_verifier_base(&dir, &p, seed, &problems, &vocab::tokenizer(p.domain)?)
             })
         })
     });
@@ -316,8 +326,9 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         .as_ref()
         .map(|j| crate::stages::judge::score_with_judge(&j.model, false, p, o.seed, &tok, &mut scored, verifier::JUDGE))
         .transpose()?;
+    // The calculator reads equations: the code domain has none (its judge reads programs).
     let calculator_tokens = match &judged {
-        Some(j) if p.judge.calculator => {
+        Some(j) if p.judge.calculator && p.domain == Domain::Arithmetic => {
             let human: Vec<&Solution> = j.human.iter().collect();
             let model = crate::stages::judge::train_judge(
                 &o.out.join("judge_calculator"),

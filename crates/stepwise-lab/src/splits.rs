@@ -1,7 +1,7 @@
 //! The problems of a run: policy-training, annotation and held-out evaluation splits.
 
 use crate::preset::Preset;
-use crate::task::{self, LabProblem};
+use crate::task::{Domain, LabProblem};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashSet;
@@ -26,16 +26,16 @@ pub struct Splits {
 pub fn splits(p: &Preset, seed: u64) -> Splits {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut policy: Vec<LabProblem> = (0..p.policy.problems + p.annotation.problems)
-        .map(|i| task::generate(&mut rng, i))
+        .map(|i| p.domain.generate(&mut rng, i))
         .collect();
     let label = policy.split_off(p.policy.problems);
     let seen: HashSet<&str> = policy.iter().chain(&label).map(|q| q.question.as_str()).collect();
-    let eval = held_out(seed, 1, &seen, p.evaluation.problems, "e");
+    let eval = held_out(p.domain, seed, 1, &seen, p.evaluation.problems, "e");
     let seen: HashSet<&str> = seen
         .into_iter()
         .chain(eval.iter().map(|q| q.question.as_str()))
         .collect();
-    let search = held_out(seed, 2, &seen, p.search.problems, "t");
+    let search = held_out(p.domain, seed, 2, &seen, p.search.problems, "t");
     Splits {
         policy,
         label,
@@ -46,11 +46,11 @@ pub fn splits(p: &Preset, seed: u64) -> Splits {
 
 /// `n` problems from the seed's random stream `stream`, none with a question in `seen`, with ids
 /// `{prefix}00000`, `{prefix}00001`, ….
-fn held_out(seed: u64, stream: u64, seen: &HashSet<&str>, n: usize, prefix: &str) -> Vec<LabProblem> {
+fn held_out(domain: Domain, seed: u64, stream: u64, seen: &HashSet<&str>, n: usize, prefix: &str) -> Vec<LabProblem> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream(stream);
     (0..)
-        .map(|i| task::generate(&mut rng, i))
+        .map(|i| domain.generate(&mut rng, i))
         .filter(|q| !seen.contains(q.question.as_str()))
         .take(n)
         .enumerate()

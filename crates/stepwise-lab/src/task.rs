@@ -8,6 +8,61 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use stepwise_core::{Problem, Provenance, Solution, Step, StepLabel};
 
+/// The lab's reasoning domains: what a problem is, what a step is and how steps are checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Domain {
+    /// Arithmetic word problems solved one equation a step (this module).
+    #[default]
+    Arithmetic,
+    /// The same stories with symbols, solved by a straight-line Python function one statement a
+    /// step, checked by executing it ([`crate::code`]).
+    Code,
+}
+
+impl Domain {
+    /// As the preset and `metrics.json` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Domain::Arithmetic => "arithmetic",
+            Domain::Code => "code",
+        }
+    }
+
+    /// Whether this is the default domain (left out of serialized problems).
+    pub fn is_arithmetic(&self) -> bool {
+        *self == Domain::Arithmetic
+    }
+
+    /// Problem `index` of a run of this domain, drawn from `rng`.
+    pub fn generate(self, rng: &mut impl Rng, index: usize) -> LabProblem {
+        match self {
+            Domain::Arithmetic => generate(rng, index),
+            Domain::Code => crate::code::generate(rng, index),
+        }
+    }
+
+    /// The final answer a solution of this domain gives: the `The answer is X` it states, or what
+    /// its program returns.
+    pub fn answer(self, steps: &[String]) -> Option<String> {
+        match self {
+            Domain::Arithmetic => stated_answer(steps),
+            Domain::Code => crate::code::answer(steps),
+        }
+    }
+}
+
+impl std::str::FromStr for Domain {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Domain> {
+        match s {
+            "arithmetic" => Ok(Domain::Arithmetic),
+            "code" => Ok(Domain::Code),
+            o => anyhow::bail!("unknown domain `{o}`: use arithmetic or code"),
+        }
+    }
+}
+
 /// One generated problem with its reference solution.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LabProblem {
@@ -26,6 +81,9 @@ pub struct LabProblem {
     pub names: Vec<String>,
     /// A correct step-by-step solution.
     pub steps: Vec<String>,
+    /// The domain it belongs to.
+    #[serde(default, skip_serializing_if = "Domain::is_arithmetic")]
+    pub domain: Domain,
 }
 
 impl LabProblem {
@@ -33,6 +91,9 @@ impl LabProblem {
     pub fn problem(&self) -> Problem {
         let mut meta = stepwise_core::Meta::new();
         meta.insert("family".into(), self.family.clone().into());
+        if !self.domain.is_arithmetic() {
+            meta.insert("domain".into(), self.domain.name().into());
+        }
         Problem {
             id: self.id.clone(),
             question: self.question.clone(),
@@ -57,7 +118,7 @@ fn op_text(op: char, a: i64, b: i64) -> Option<i64> {
     }
 }
 
-/// Generate problem `index` of a run from `rng`.
+/// Generate arithmetic problem `index` of a run from `rng` ([`Domain::generate`] for any domain).
 pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
     let family = *["chain", "chain", "long", "compare", "remainder", "choice"]
         .choose(rng)
@@ -158,6 +219,7 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
         quantities,
         names,
         steps,
+        domain: Domain::Arithmetic,
     }
 }
 
@@ -260,10 +322,11 @@ fn is_pair(x: i64, y: i64, (a, b): (i64, i64)) -> bool {
 /// carried forward: after a wrong result, a step that builds on it correctly is correct (the
 /// first error is what process supervision locates). Valid reorderings of a chain's additions and
 /// subtractions are correct. A solution that never states an answer has its last step marked
-/// wrong. With every step correct, the stated answer is the gold one.
+/// wrong. With every step correct, the stated answer is the gold one. (A code problem's lines
+/// are checked by execution instead: [`crate::code`].)
 pub fn check_steps(p: &LabProblem, steps: &[String]) -> Vec<bool> {
     let mut verdicts = check_prefix(p, steps);
-    if stated_answer(steps).is_none() {
+    if p.domain.answer(steps).is_none() {
         if let Some(last) = verdicts.last_mut() {
             *last = false;
         }
@@ -274,6 +337,9 @@ pub fn check_steps(p: &LabProblem, steps: &[String]) -> Vec<bool> {
 /// [`check_steps`] for a solution still being written: not having stated an answer yet is no
 /// error.
 pub fn check_prefix(p: &LabProblem, steps: &[String]) -> Vec<bool> {
+    if p.domain == Domain::Code {
+        return crate::code::check_prefix(p, steps);
+    }
     match Plan::of(p) {
         Plan::Running { start, ops, ordered } => check_running(steps, start, ops, ordered),
         Plan::Compare { sides } => check_compare(steps, sides, &p.names),
@@ -338,7 +404,7 @@ fn check_compare(steps: &[String], sides: [(i64, i64); 2], names: &[String]) -> 
 /// A solution record for `steps` with oracle labels and the outcome graded against the gold.
 pub fn solution(p: &LabProblem, id: String, steps: Vec<String>, generator: &str) -> Solution {
     let verdicts = check_steps(p, &steps);
-    let answer = stated_answer(&steps);
+    let answer = p.domain.answer(&steps);
     let correct = answer.as_deref() == Some(p.gold.as_str());
     let mut meta = stepwise_core::Meta::new();
     meta.insert("family".into(), p.family.clone().into());
@@ -374,6 +440,9 @@ pub fn oracle_labelled(s: &Solution) -> Solution {
 /// A reference solution with, at probability `slip`, one arithmetic slip carried forward
 /// consistently (the kind of mistake the policy should learn to make sometimes).
 pub fn noisy_reference(p: &LabProblem, rng: &mut impl Rng, slip: f64) -> Vec<String> {
+    if p.domain == Domain::Code {
+        return crate::code::noisy_reference(p, rng, slip);
+    }
     let n_eq = p
         .steps
         .iter()

@@ -8,7 +8,7 @@
 //! model of its size could check, so no verifier could do better than chance on them. Real
 //! policies mostly fail on steps they could verify (see the README's lab section).
 
-use crate::task::generate;
+use crate::task::{generate, Domain};
 use anyhow::{anyhow, Context, Result};
 use rand::SeedableRng;
 use std::collections::BTreeSet;
@@ -26,21 +26,28 @@ pub const UNK: &str = "<unk>";
 /// problem, reference or slip comes near it).
 pub const MAX_NUMBER: usize = 299;
 
-/// The `tokenizer.json` text of the lab tokenizer.
-pub fn tokenizer_json() -> String {
+/// The `tokenizer.json` text of the lab tokenizer of `domain`: the same special tokens and
+/// numbers, and the domain's words (the code domain's are its stories', its symbols and Python's
+/// `return`).
+pub fn tokenizer_json(domain: Domain) -> String {
     let mut words: BTreeSet<String> = BTreeSet::new();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    for i in 0..3000 {
-        let p = generate(&mut rng, i);
-        for w in p
-            .question
-            .split_whitespace()
-            .chain(p.steps.iter().flat_map(|s| s.split_whitespace()))
-        {
-            if !w.chars().all(|c| c.is_ascii_digit()) {
-                words.insert(w.to_string());
+    match domain {
+        Domain::Arithmetic => {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+            for i in 0..3000 {
+                let p = generate(&mut rng, i);
+                for w in p
+                    .question
+                    .split_whitespace()
+                    .chain(p.steps.iter().flat_map(|s| s.split_whitespace()))
+                {
+                    if !w.chars().all(|c| c.is_ascii_digit()) {
+                        words.insert(w.to_string());
+                    }
+                }
             }
         }
+        Domain::Code => words.extend(crate::code::words()),
     }
     let mut vocab = vec![PAD.to_string(), UNK.into(), EOS.into(), SEP.into()];
     vocab.extend((0..=MAX_NUMBER).map(|d| d.to_string()));
@@ -74,11 +81,11 @@ pub fn tokenizer_config_json() -> String {
     .expect("a JSON value serializes")
 }
 
-/// Write the lab tokenizer into a checkpoint folder, so the folder loads in stepwise and in
-/// transformers with the lab's ids and special tokens.
-pub fn save(dir: &std::path::Path) -> Result<()> {
+/// Write the lab tokenizer of `domain` into a checkpoint folder, so the folder loads in
+/// stepwise and in transformers with the lab's ids and special tokens.
+pub fn save(dir: &std::path::Path, domain: Domain) -> Result<()> {
     for (name, text) in [
-        ("tokenizer.json", tokenizer_json()),
+        ("tokenizer.json", tokenizer_json(domain)),
         ("tokenizer_config.json", tokenizer_config_json()),
     ] {
         std::fs::write(dir.join(name), text).with_context(|| format!("writing {}", dir.join(name).display()))?;
@@ -86,9 +93,11 @@ pub fn save(dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// The lab tokenizer.
-pub fn tokenizer() -> Result<Tokenizer> {
-    let inner: tokenizers::Tokenizer = tokenizer_json().parse().map_err(|e| anyhow!("lab tokenizer: {e}"))?;
+/// The lab tokenizer of `domain`.
+pub fn tokenizer(domain: Domain) -> Result<Tokenizer> {
+    let inner: tokenizers::Tokenizer = tokenizer_json(domain)
+        .parse()
+        .map_err(|e| anyhow!("lab tokenizer: {e}"))?;
     Ok(Tokenizer::from_inner(inner, Some(EOS.into())))
 }
 
@@ -97,11 +106,21 @@ mod tests {
     use super::*;
     #[test]
     fn round_trip() {
-        let t = tokenizer().unwrap();
+        let t = tokenizer(Domain::Arithmetic).unwrap();
         let ids = t.encode("Ann has 12 boxes | 12 * 3 = 36", false).unwrap();
         assert!(!ids.contains(&1), "no unknown tokens");
         assert_eq!(ids.len(), 10, "one token per number");
         assert_eq!(t.decode(&ids).unwrap(), "Ann has 12 boxes | 12 * 3 = 36");
+    }
+
+    #[test]
+    fn code_programs_are_one_token_a_word() {
+        let t = tokenizer(Domain::Code).unwrap();
+        let text = "Ann has a boxes of 6 apples . Ann gets c more apples . | x = a * 6 | y = x + c | z = y % 4 | w = z > x | return w";
+        let ids = t.encode(text, false).unwrap();
+        assert!(!ids.contains(&t.token_id(UNK).unwrap()), "no unknown tokens");
+        assert_eq!(ids.len(), text.split_whitespace().count());
+        assert_eq!(t.decode(&ids).unwrap(), text);
     }
 
     /// A saved folder reads back with the same ids and the lab's end-of-sequence token.
@@ -109,8 +128,11 @@ mod tests {
     fn a_saved_folder_reads_back_the_same() {
         let dir = std::env::temp_dir().join(format!("stepwise-lab-vocab-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        save(&dir).unwrap();
-        let (saved, built) = (Tokenizer::from_dir(&dir).unwrap(), tokenizer().unwrap());
+        save(&dir, Domain::Arithmetic).unwrap();
+        let (saved, built) = (
+            Tokenizer::from_dir(&dir).unwrap(),
+            tokenizer(Domain::Arithmetic).unwrap(),
+        );
         let text = "Ann has 12 boxes | 12 * 3 = 36 | unknownword <eos>";
         assert_eq!(saved.encode(text, true).unwrap(), built.encode(text, true).unwrap());
         assert_eq!(saved.eos_id(), built.eos_id());

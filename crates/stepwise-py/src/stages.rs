@@ -268,18 +268,22 @@ pub fn search<'py>(
 ///
 /// >>> metrics = stepwise.lab.run(preset="quick", seed=1)
 #[pyfunction]
-#[pyo3(signature = (preset="quick", seed=1, out=None, sets=Vec::new()))]
+#[pyo3(signature = (preset="quick", seed=1, out=None, sets=Vec::new(), domain=None))]
 pub fn lab_run<'py>(
     py: Python<'py>,
     preset: &str,
     seed: u64,
     out: Option<PathBuf>,
     sets: Vec<String>,
+    domain: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let preset = stepwise_lab::Preset::by_name(preset)
+    let mut preset = stepwise_lab::Preset::by_name(preset)
         .and_then(|p| p.with_overrides(&sets))
         .map_err(|e| value_error(format!("{e:#}")))?;
-    let out = out.unwrap_or_else(|| PathBuf::from(format!("runs/{}-seed{seed}", preset.name)));
+    if let Some(domain) = domain {
+        preset.domain = domain.parse().map_err(|e| value_error(format!("{e:#}")))?;
+    }
+    let out = out.unwrap_or_else(|| stepwise_lab::run::default_run_folder(&preset, seed));
     let metrics = without_gil(py, || {
         stepwise_lab::run(&stepwise_lab::LabOptions {
             preset,

@@ -1,6 +1,8 @@
 use anyhow::Result;
+use clap::builder::TypedValueParser as _;
 use std::path::PathBuf;
-use stepwise_lab::{report::headline, run, LabOptions, Preset};
+use stepwise_lab::run::default_run_folder;
+use stepwise_lab::{report::headline, run, task::Domain, LabOptions, Preset};
 
 /// Run the built-in lab: the whole process-supervision loop on a verifiable synthetic task.
 #[derive(clap::Args)]
@@ -35,12 +37,19 @@ use stepwise_lab::{report::headline, run, LabOptions, Preset};
 Examples:
   stepwise lab                          # standard preset (600 held-out problems), about 10 minutes on 2 cores
   stepwise lab --preset quick --seed 2  # every stage, small, about a minute
-  stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed"
+  stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed
+  stepwise lab --domain code            # the loop on programs checked by execution (runs/standard-code-seed1)"
 )]
 pub struct Args {
     /// quick (minutes, noisy) or standard (the measured setting).
     #[arg(long, default_value = "standard")]
     pub preset: String,
+    /// The reasoning domain: arithmetic word problems (default), or `code`: the same stories
+    /// with symbols, solved by straight-line Python functions one statement a step, every line
+    /// checked by executing it.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["arithmetic", "code"])
+        .map(|s| s.parse::<Domain>().expect("a listed domain")))]
+    pub domain: Option<Domain>,
     /// Seed of everything (problems, models, sampling).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -59,10 +68,11 @@ pub struct Args {
 
 pub fn run_lab(a: Args) -> Result<()> {
     a.dtype.apply();
-    let preset = Preset::by_name(&a.preset)?.with_overrides(&a.sets)?;
-    let out = a
-        .out
-        .unwrap_or_else(|| PathBuf::from(format!("runs/{}-seed{}", preset.name, a.seed)));
+    let mut preset = Preset::by_name(&a.preset)?.with_overrides(&a.sets)?;
+    if let Some(domain) = a.domain {
+        preset.domain = domain;
+    }
+    let out = a.out.unwrap_or_else(|| default_run_folder(&preset, a.seed));
     let start = std::time::Instant::now();
     let report = run(&LabOptions {
         preset,

@@ -13,11 +13,18 @@ use stepwise_eval::processbench::{predict_first_error, score, ProcessBenchScore}
 use stepwise_eval::ranking::{discrimination, Discrimination};
 use stepwise_search::{aggregate, group_candidates, Aggregation, Candidate, Selector};
 
+fn arithmetic() -> String {
+    "arithmetic".into()
+}
+
 /// Everything the lab measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     /// Preset name.
     pub preset: String,
+    /// The reasoning domain (`arithmetic` or `code`).
+    #[serde(default = "arithmetic")]
+    pub domain: String,
     /// Seed.
     pub seed: u64,
     /// Held-out problems and samples per problem.
@@ -400,6 +407,7 @@ pub fn evaluate(
     let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
     Ok(Report {
         preset: p.name.clone(),
+        domain: p.domain.name().to_string(),
         seed,
         verifiers: p.verifier_summary(),
         eval_problems,

@@ -127,6 +127,7 @@ pub fn train_judge(
     let train_seed = tc.seed;
     train_stage(
         dir,
+        p.domain,
         if calculator {
             "training judge (calculator)"
         } else {
@@ -277,7 +278,7 @@ mod tests {
         assert_eq!(human_budget(&sols, 50).len(), 10);
         assert!(human_budget(&sols, 0).is_empty());
 
-        let tok = crate::vocab::tokenizer().unwrap();
+        let tok = crate::vocab::tokenizer(crate::task::Domain::Arithmetic).unwrap();
         let step = |t: &str, good| Step::labelled(t, StepLabel::from_bool(good, Provenance::Oracle));
         let sol = Solution {
             question: "Ann has 2 boxes of 3 apples . How many apples does Ann have now ?".into(),

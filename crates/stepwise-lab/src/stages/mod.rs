@@ -12,6 +12,7 @@ pub mod search;
 pub mod verifiers;
 
 use crate::progress::{bar, say};
+use crate::task::Domain;
 use crate::vocab;
 use anyhow::Result;
 use candle_core::Device;
@@ -26,10 +27,12 @@ pub(crate) fn done_marker(dir: &Path) -> PathBuf {
     dir.join("DONE")
 }
 
-/// Train (or resume, or reuse) a model in `dir`; `build` makes the trainable model in a varmap
-/// (fresh, or from another checkpoint's weights).
+/// Train (or resume, or reuse) a model in `dir` (with the tokenizer of `domain` beside it);
+/// `build` makes the trainable model in a varmap (fresh, or from another checkpoint's weights).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn train_stage(
     dir: &Path,
+    domain: Domain,
     what: &str,
     build: impl FnOnce(&VarMap, &Device) -> Result<Model>,
     train_set: &[Example],
@@ -43,9 +46,19 @@ pub(crate) fn train_stage(
         return Model::load(dir, &dev);
     }
     std::fs::create_dir_all(dir)?;
-    vocab::save(dir)?;
+    vocab::save(dir, domain)?;
     let varmap = VarMap::new();
     let mut model = build(&varmap, &dev)?;
+    if train_set.is_empty() {
+        // A label source that labelled no step (a consensus of two annotators that never
+        // agreed, on a small preset): its verifier is its starting model, said so.
+        stepwise_model::model::save_checkpoint(dir, &model.config, &varmap)?;
+        std::fs::write(done_marker(dir), "")?;
+        say(&format!(
+            "{what}: no labelled step to train on; it keeps its starting weights"
+        ));
+        return Ok(model);
+    }
     let pb = bar(tc.steps as u64, what);
     let tc = TrainConfig {
         out_dir: Some(dir.to_path_buf()),

@@ -37,6 +37,7 @@ pub fn lm_example(tok: &Tokenizer, question: &str, steps: &[String]) -> Result<E
 /// Train (or reuse) the policy in `dir` on the policy split.
 pub fn train_policy(dir: &Path, p: &Preset, seed: u64, problems: &[LabProblem], tok: &Tokenizer) -> Result<Model> {
     let lm = LanguageModel {
+        domain: p.domain,
         what: "training policy",
         shape: p.policy.shape,
         steps: p.policy.steps,
@@ -56,6 +57,7 @@ pub fn train_verifier_base(
     tok: &Tokenizer,
 ) -> Result<Model> {
     let lm = LanguageModel {
+        domain: p.domain,
         what: "training the verifiers' base",
         shape: p.verifiers.base_shape,
         steps: p.verifiers.base_steps,
@@ -68,6 +70,7 @@ pub fn train_verifier_base(
 /// an arithmetic slip), a twentieth held out for validation, batches of 32 at peak learning
 /// rate 3e-3.
 struct LanguageModel<'a> {
+    domain: crate::task::Domain,
     what: &'a str,
     shape: (usize, usize),
     steps: usize,
@@ -94,6 +97,7 @@ impl LanguageModel<'_> {
         let cfg = shape(tok.vocab_size(), self.shape, HeadKind::CausalLm);
         train_stage(
             dir,
+            self.domain,
             self.what,
             |varmap, dev| Model::fresh(cfg, varmap, dev, seed),
             lm_train,

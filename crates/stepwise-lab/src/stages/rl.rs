@@ -265,7 +265,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         };
         let cfg = &cfg;
         std::fs::create_dir_all(&dir)?;
-        crate::vocab::save(&dir)?;
+        crate::vocab::save(&dir, i.preset.domain)?;
         let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
         let log: Vec<UpdateLog> = train_rl(
             RlRun {

@@ -98,6 +98,7 @@ impl Verifiers<'_> {
         let seed = tc.seed;
         let model = train_stage(
             &self.out.join(dir),
+            p.domain,
             what,
             |varmap, dev| spec.build(varmap, dev, seed),
             &examples,
