@@ -380,7 +380,7 @@ fn quick_code_lab_runs_the_loop_on_programs() {
     for line in samples.lines() {
         let s: serde_json::Value = serde_json::from_str(line).unwrap();
         let steps = s["steps"].as_array().unwrap();
-        assert!(steps.iter().all(|st| st["label"]["source"] == "oracle"), "{s}");
+        assert!(steps.iter().all(|st| st["label"]["source"]["kind"] == "oracle"), "{s}");
         if let Some(answer) = s["final_answer"].as_str() {
             assert_eq!(answer.split(' ').count(), 5, "{s}");
             assert_eq!(s["correct"], s["final_answer"] == s["gold_answer"], "{s}");

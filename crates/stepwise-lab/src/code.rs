@@ -505,10 +505,10 @@ pub fn noisy_reference(p: &LabProblem, rng: &mut impl Rng, slip: f64) -> Vec<Str
                 _ => None,
             })
             .collect();
-        let slot = if right.is_some() && rng.random_bool(0.5) {
-            right.as_mut().expect("a right operand")
-        } else {
-            &mut left
+        let pick_right = rng.random_bool(0.5);
+        let slot = match right.as_mut() {
+            Some(r) if pick_right => r,
+            _ => &mut left,
         };
         match rng.random_range(0..3) {
             0 => {

@@ -9,7 +9,8 @@ use stepwise_lab::{report::headline, run, task::Domain, LabOptions, Preset};
 #[command(
     after_help = "Stages (each cached in the run folder and resumed after an interruption):
   1. train a policy from scratch on arithmetic word problems (reference solutions, some with slips),
-     and the verifiers' own base LM (on the reference solutions without slips)
+     or with `--domain code` on the same stories as straight-line Python programs (every line
+     checked by executing it), and the verifiers' own base LM (on the references without slips)
   2. sample N solutions per problem (shared-prefix KV cache)
   3. label the steps five ways, rollouts completed by the verifiers' base: Monte Carlo
      (Math-Shepherd), binary search for the first error and OmegaPRM's tree (OmegaPRM), a judge
