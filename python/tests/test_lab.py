@@ -11,3 +11,15 @@ def test_lab_run_returns_the_metrics(tmp_path):
     again = stepwise.lab.run(preset="quick", seed=1, out=tmp_path / "run",
                              sets=["search_problems=0", "rl_updates=0"])
     assert again["policy_accuracy"] == metrics["policy_accuracy"]
+
+
+def test_lab_domains(tmp_path):
+    import pytest
+    with pytest.raises(ValueError, match="arithmetic or code"):
+        stepwise.lab.run(preset="quick", out=tmp_path / "chess", domain="chess")
+    # The code domain on a tiny budget: its metrics name it.
+    tiny = ["policy_steps=40", "policy_problems=400", "verifier_base_steps=40", "verifier_steps=4",
+            "judge_steps=4", "search_problems=0", "rl_updates=0"]
+    metrics = stepwise.lab.run(preset="quick", seed=2, out=tmp_path / "code", sets=tiny, domain="code")
+    assert metrics["domain"] == "code"
+    assert 0.0 <= metrics["mc_label_quality"]["hard_accuracy"] <= 1.0
