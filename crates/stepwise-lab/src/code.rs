@@ -11,8 +11,10 @@
 //! behave alike give the same answer (a majority vote is one by behaviour, as code-generation
 //! work votes by execution). Programs run by [`run`], an exact interpreter of this subset with
 //! Python's semantics (floor `%`, comparisons giving `True`/`False`, a syntax error anywhere
-//! failing the whole function), checked against `python3` itself in the tests: the lab labels
-//! millions of lines, a process start per program would not fit its budget.
+//! failing the whole function), checked against `python3` itself in the tests: a standard lab
+//! seed grades over 400,000 programs, and a sandboxed `python3` per program would take hours.
+//! A story names its symbols in an order of its own, and half the running totals mention what
+//! someone else gets or gives away: a quantity the program must leave out.
 //!
 //! The oracle executes too: a line is correct when the value it stores is one a correct program
 //! holds at some point, on every call — the reference's intermediate values, in any order the
@@ -28,8 +30,8 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::Rng;
 use std::collections::HashMap;
 
-/// The function's parameters, in the order a story introduces its symbols (no `f`: the
-/// function's own name).
+/// The function's parameters (no `f`: the function's own name); a story uses them in an order
+/// of its own.
 pub const PARAMS: [&str; 7] = ["a", "b", "c", "d", "e", "g", "h"];
 /// Names of the intermediate results, in the order a reference program assigns them.
 const RESULTS: [&str; 7] = ["x", "y", "z", "w", "v", "u", "t"];
