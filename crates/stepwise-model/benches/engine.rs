@@ -525,14 +525,18 @@ fn main() -> anyhow::Result<()> {
         bf16.dtype = candle_core::DType::BF16;
         stepwise_model::model::save_checkpoint(&dir, &bf16, &varmap)?;
         drop(m);
-        let held = Model::load_as(&dir, &dev, WeightDtype::Auto)?;
+        let mut held = Model::load_as(&dir, &dev, WeightDtype::Auto)?;
         std::fs::remove_dir_all(&dir)?;
         if wanted("scoring") {
             // In bf16 products where the CPU has AVX512_BF16 (the default), then in f32 products
             // on the widened weights (the f32 run's numbers at half its memory).
             for bf16_products in [true, false] {
-                stepwise_model::set_bf16_products(bf16_products);
-                let products = if stepwise_model::bf16_products() { "bf16" } else { "f32" };
+                held.set_bf16_products(bf16_products);
+                let products = if bf16_products && stepwise_model::bf16_products_available() {
+                    "bf16"
+                } else {
+                    "f32"
+                };
                 print_scoring(
                     &format!("qwen2.5-0.5b shape (random, bf16-held, {products} products)"),
                     &held,
@@ -540,7 +544,7 @@ fn main() -> anyhow::Result<()> {
                     Some(2.0 * params(&cfg)),
                 )?;
             }
-            stepwise_model::set_bf16_products(true);
+            held.set_bf16_products(true);
         }
         if wanted("generation") {
             println!(

@@ -39,9 +39,11 @@ engine! {
     pub use config::{Family, HeadKind, ModelConfig};
     pub use generate::{generate, Decoding, SamplingParams, StepRows};
     pub use incremental::IncrementalScorer;
-    pub use kernels::{bf16_products, set_bf16_products};
+    pub use kernels::bf16_products_available;
     pub use kv_rows::RowsCache;
-    pub use model::{checkpoint_fingerprint, set_weight_dtype, weight_dtype, Model, WeightDtype};
+    pub use model::{
+        checkpoint_fingerprint, default_precision, set_default_precision, Model, Precision, WeightDtype, PRECISIONS,
+    };
     pub use packed::{token_batches, Packed};
     pub use placement::Placement;
     pub use policy::{EnginePolicy, LoadedPolicy};

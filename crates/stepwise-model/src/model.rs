@@ -33,6 +33,8 @@ pub struct Model {
     pub head: Head,
     /// The device candle's tensors live on.
     pub device: Device,
+    /// What it computes in (set at load; [`Model::set_bf16_products`] changes its products).
+    precision: Precision,
     /// The weights on a GPU, where the model was loaded onto one ([`Model::load_on`]): step
     /// scoring then runs there, and the CPU decoder holds no weights.
     #[cfg(feature = "cuda")]
@@ -65,18 +67,38 @@ impl Model {
             config,
             decoder,
             head,
+            precision: Precision::default(),
             #[cfg(feature = "cuda")]
             gpu: None,
         })
     }
 
-    /// Load the checkpoint folder `dir` where `placement` says: on the CPU with its weight
-    /// matrices held as `hold` says ([`Model::load_as`]), or onto a CUDA GPU (weights bf16 on
-    /// the device; step scoring runs there).
-    pub fn load_on(dir: &Path, placement: crate::Placement, hold: WeightDtype) -> Result<Self> {
+    /// What it computes in: how its weights are held and whether bf16 ones multiply in bf16.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Whether its bf16 weights multiply in bf16 where the CPU can ([`Precision::bf16_products`]),
+    /// for every layer, the head included.
+    pub fn set_bf16_products(&mut self, on: bool) {
+        self.precision.bf16_products = on;
+        self.decoder.set_bf16_products(on);
+        match &mut self.head {
+            Head::Lm(l) | Head::Classifier(l) => l.set_bf16_products(on),
+            Head::Mlp(a, b) => {
+                a.set_bf16_products(on);
+                b.set_bf16_products(on);
+            }
+        }
+    }
+
+    /// Load the checkpoint folder `dir` where `placement` says: on the CPU in `precision`
+    /// ([`Model::load_as`]), or onto a CUDA GPU (weights bf16 on the device, bf16 tensor-core
+    /// products; step scoring runs there).
+    pub fn load_on(dir: &Path, placement: crate::Placement, precision: impl Into<Precision>) -> Result<Self> {
         match placement.resolve()? {
             crate::Placement::Cuda(ordinal) => Self::load_cuda(dir, ordinal),
-            _ => Self::load_as(dir, &Device::Cpu, hold),
+            _ => Self::load_as(dir, &Device::Cpu, precision),
         }
     }
 
@@ -95,6 +117,7 @@ impl Model {
             head: Head::Classifier(Linear::new(empty, None)),
             device: Device::Cpu,
             config,
+            precision: WeightDtype::Bf16.into(),
             gpu: Some(std::sync::Arc::new(on_gpu)),
         })
     }
@@ -137,30 +160,36 @@ impl Model {
     }
 
     /// Load `config.json` and the safetensors weights of a checkpoint folder (single file or
-    /// sharded with `model.safetensors.index.json`; f32, bf16 or f16), for inference: weight
-    /// matrices are held as [`weight_dtype`] says (by default as stored), arithmetic is f32.
+    /// sharded with `model.safetensors.index.json`; f32, bf16 or f16), for inference, in the
+    /// [`default_precision`] (by default: weights as stored, bf16 ones multiplied in bf16 where
+    /// the CPU can; everything else f32).
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         Self::load_with_config(dir, config, device)
     }
 
-    /// [`Model::load`] holding the weight matrices as `hold` says (whatever [`weight_dtype`] is).
-    pub fn load_as(dir: &Path, device: &Device, hold: WeightDtype) -> Result<Self> {
-        Self::load_held(dir, ModelConfig::from_dir(dir)?, device, hold)
+    /// [`Model::load`] in `precision` (a [`Precision`], or a [`WeightDtype`] with bf16 products).
+    pub fn load_as(dir: &Path, device: &Device, precision: impl Into<Precision>) -> Result<Self> {
+        Self::load_held(dir, ModelConfig::from_dir(dir)?, device, precision.into())
     }
 
-    /// Load weights with a given config (e.g. to override the head), for inference.
+    /// Load weights with a given config (e.g. to override the head), for inference, in the
+    /// [`default_precision`].
     pub fn load_with_config(dir: &Path, config: ModelConfig, device: &Device) -> Result<Self> {
-        Self::load_held(dir, config, device, weight_dtype())
+        Self::load_held(dir, config, device, default_precision())
     }
 
-    fn load_held(dir: &Path, config: ModelConfig, device: &Device, hold: WeightDtype) -> Result<Self> {
+    fn load_held(dir: &Path, config: ModelConfig, device: &Device, precision: Precision) -> Result<Self> {
         let files = weight_files(dir)?;
         check_layer_count(&config, &files)?;
-        let tensors = load_tensors(&files, device, hold)?;
+        let tensors = load_tensors(&files, device, precision.weights)?;
         check_tensors(&config, &tensors, &files)?;
         let vb = VarBuilder::from_backend(Box::new(HeldTensors(tensors)), DType::F32, device.clone());
-        Self::new(config, vb).with_context(|| format!("building the model from {}", dir.display()))
+        let mut model =
+            Self::new(config, vb).with_context(|| format!("building the model from {}", dir.display()))?;
+        model.precision.weights = precision.weights;
+        model.set_bf16_products(precision.bf16_products);
+        Ok(model)
     }
 
     /// Load trainable: every weight becomes a variable in `varmap`; weights the folder lacks
@@ -509,8 +538,7 @@ fn load_tensors(files: &[PathBuf], device: &Device, hold: WeightDtype) -> Result
     Ok(all)
 }
 
-/// How weight matrices are held in memory by [`Model::load`]. Products with bf16 weights run in
-/// bf16 where [`crate::bf16_products`] holds, else in f32 on the weights widened in the kernels.
+/// How weight matrices are held in memory ([`Precision::weights`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WeightDtype {
     /// As the checkpoint stores them: bf16 and f16 stay two bytes a value (the default).
@@ -536,19 +564,80 @@ impl std::str::FromStr for WeightDtype {
     }
 }
 
-static WEIGHT_DTYPE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// How [`Model::load`] holds weights from now on, in this process (the CLI's `--dtype`).
-pub fn set_weight_dtype(d: WeightDtype) {
-    WEIGHT_DTYPE.store(d as u8, std::sync::atomic::Ordering::Relaxed);
+/// What a loaded model computes in: how its weight matrices are held, and whether bf16 ones
+/// multiply in bf16. A property of the model ([`Model::precision`]), given at load
+/// ([`Model::load_as`], [`Model::load_on`]; [`Model::load`] takes [`default_precision`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Precision {
+    /// How weight matrices are held.
+    pub weights: WeightDtype,
+    /// Whether bf16 weights multiply in bf16 with f32 sums on CPUs with AVX512_BF16 (`true`:
+    /// bf16 inference as PyTorch and vLLM compute it, up to twice as fast), or are widened to
+    /// f32 for every product (`false`: the numbers of the checkpoint converted to f32, at bf16's
+    /// memory). CPUs without the instruction always widen.
+    pub bf16_products: bool,
 }
 
-/// How [`Model::load`] holds weights (see [`set_weight_dtype`]).
-pub fn weight_dtype() -> WeightDtype {
-    match WEIGHT_DTYPE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => WeightDtype::F32,
-        2 => WeightDtype::Bf16,
-        _ => WeightDtype::Auto,
+impl Default for Precision {
+    fn default() -> Self {
+        Precision {
+            weights: WeightDtype::Auto,
+            bf16_products: true,
+        }
+    }
+}
+
+impl From<WeightDtype> for Precision {
+    fn from(weights: WeightDtype) -> Self {
+        Precision {
+            weights,
+            ..Precision::default()
+        }
+    }
+}
+
+/// The names [`Precision`] parses (the CLI's `--dtype`, Python's `dtype=`).
+pub const PRECISIONS: [&str; 4] = ["auto", "f32", "bf16", "bf16-weights"];
+
+impl std::str::FromStr for Precision {
+    type Err = anyhow::Error;
+    /// `auto`, `f32`, `bf16` ([`WeightDtype`]'s, bf16 products on) or `bf16-weights` (held in
+    /// bf16, multiplied in f32).
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "bf16-weights" => Precision {
+                weights: WeightDtype::Bf16,
+                bf16_products: false,
+            },
+            _ => s
+                .parse::<WeightDtype>()
+                .map_err(|_| anyhow::anyhow!("unknown dtype `{s}`: expected one of {}", PRECISIONS.join(", ")))?
+                .into(),
+        })
+    }
+}
+
+/// [`default_precision`]'s value: its weight dtype in the low two bits, bf16 products above.
+static DEFAULT_PRECISION: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0b100);
+
+/// The precision [`Model::load`] gives the models loaded after this call in this process (the
+/// CLI's `--dtype` for commands that load several models, as `torch.set_default_dtype`). A model
+/// already loaded keeps its own ([`Model::precision`]).
+pub fn set_default_precision(p: Precision) {
+    let bits = p.weights as u8 | u8::from(p.bf16_products) << 2;
+    DEFAULT_PRECISION.store(bits, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The precision [`Model::load`] gives a model (see [`set_default_precision`]).
+pub fn default_precision() -> Precision {
+    let bits = DEFAULT_PRECISION.load(std::sync::atomic::Ordering::Relaxed);
+    Precision {
+        weights: match bits & 0b11 {
+            1 => WeightDtype::F32,
+            2 => WeightDtype::Bf16,
+            _ => WeightDtype::Auto,
+        },
+        bf16_products: bits & 0b100 != 0,
     }
 }
 

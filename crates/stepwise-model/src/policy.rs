@@ -183,8 +183,8 @@ impl LoadedPolicy {
 
     /// Load the checkpoint in `dir` where `placement` says (on a GPU it samples on the packed
     /// engine, its KV cache on the device).
-    pub fn load_on(dir: &std::path::Path, placement: crate::Placement, hold: crate::WeightDtype) -> Result<Self> {
-        Self::with_model(dir, Model::load_on(dir, placement, hold)?)
+    pub fn load_on(dir: &std::path::Path, placement: crate::Placement, precision: crate::Precision) -> Result<Self> {
+        Self::with_model(dir, Model::load_on(dir, placement, precision)?)
     }
 
     fn with_model(dir: &std::path::Path, model: Model) -> Result<Self> {

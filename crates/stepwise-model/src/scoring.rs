@@ -247,15 +247,14 @@ impl LoadedVerifier {
         Self::load_model(dir, layout, Model::load(dir, device)?)
     }
 
-    /// [`LoadedVerifier::load`] where `placement` says (the CPU, its weights held as `hold`
-    /// says, or a CUDA GPU).
+    /// [`LoadedVerifier::load`] where `placement` says (the CPU in `precision`, or a CUDA GPU).
     pub fn load_on(
         dir: &std::path::Path,
         layout: &str,
         placement: crate::Placement,
-        hold: crate::WeightDtype,
+        precision: crate::Precision,
     ) -> Result<Self> {
-        Self::load_model(dir, layout, Model::load_on(dir, placement, hold)?)
+        Self::load_model(dir, layout, Model::load_on(dir, placement, precision)?)
     }
 
     fn load_model(dir: &std::path::Path, layout: &str, model: Model) -> Result<Self> {

@@ -341,6 +341,24 @@ impl Transformer {
         self.embed.embeddings()
     }
 
+    /// Whether every projection's bf16 weight multiplies in bf16 where the CPU can
+    /// ([`crate::Precision::bf16_products`]).
+    pub fn set_bf16_products(&mut self, on: bool) {
+        for b in &mut self.blocks {
+            for l in [
+                &mut b.attn.q,
+                &mut b.attn.k,
+                &mut b.attn.v,
+                &mut b.attn.o,
+                &mut b.mlp.gate,
+                &mut b.mlp.up,
+                &mut b.mlp.down,
+            ] {
+                l.set_bf16_products(on);
+            }
+        }
+    }
+
     /// Hidden states `[b, t, hidden]` for token ids `[b, t]`.
     ///
     /// `pad_mask` `[b, t_total]` (1 = real token, 0 = padding) covers the cached positions and

@@ -111,7 +111,7 @@ impl Policy {
         };
         let local = LocalOptions {
             placement: device.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
-            dtype: dtype.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
+            precision: dtype.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
             ..Default::default()
         };
         let src = source.to_string();

@@ -122,7 +122,7 @@ impl Prm {
     ) -> PyResult<Self> {
         let local = LocalOptions {
             placement: device.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
-            dtype: dtype.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
+            precision: dtype.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
             max_batch_tokens: max_batch_tokens.max(1),
         };
         let options = RemoteOptions {

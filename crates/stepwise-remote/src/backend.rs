@@ -205,7 +205,7 @@ impl PolicyBackend {
     /// Load the checkpoint, or connect to the servers.
     pub fn open(source: &Source, remote: &RemoteOptions, local: &LocalOptions) -> Result<Self> {
         Ok(match source {
-            Source::Dir(d) => PolicyBackend::Local(LoadedPolicy::load_on(d, local.placement, local.dtype)?),
+            Source::Dir(d) => PolicyBackend::Local(LoadedPolicy::load_on(d, local.placement, local.precision)?),
             Source::Urls(urls) => PolicyBackend::Remote(remote.client(urls, "policy")?, remote.tokenizer()?),
         })
     }
@@ -251,8 +251,9 @@ impl PolicyBackend {
 pub struct LocalOptions {
     /// Where it runs.
     pub placement: stepwise_model::Placement,
-    /// How its weight matrices are held on the CPU.
-    pub dtype: stepwise_model::WeightDtype,
+    /// What it computes in on the CPU: how its weight matrices are held, whether bf16 ones
+    /// multiply in bf16.
+    pub precision: stepwise_model::Precision,
     /// Most tokens in one forward pass of scoring.
     pub max_batch_tokens: usize,
 }
@@ -261,7 +262,7 @@ impl Default for LocalOptions {
     fn default() -> Self {
         LocalOptions {
             placement: stepwise_model::Placement::Auto,
-            dtype: stepwise_model::WeightDtype::Auto,
+            precision: stepwise_model::Precision::default(),
             max_batch_tokens: stepwise_model::scoring::DEFAULT_MAX_BATCH_TOKENS,
         }
     }
@@ -288,7 +289,7 @@ impl ScorerBackend {
     pub fn open(source: &Source, layout: &str, remote: &RemoteOptions, local: &LocalOptions) -> Result<Self> {
         Ok(match source {
             Source::Dir(d) => {
-                let v = LoadedVerifier::load_on(d, layout, local.placement, local.dtype)?;
+                let v = LoadedVerifier::load_on(d, layout, local.placement, local.precision)?;
                 ScorerBackend::Local(Box::new(v), local.max_batch_tokens)
             }
             Source::Urls(urls) => {

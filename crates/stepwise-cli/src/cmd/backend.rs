@@ -73,7 +73,7 @@ pub struct DtypeArg {
 }
 
 /// The values of `--dtype`.
-pub const DTYPES: [&str; 4] = ["auto", "f32", "bf16", "bf16-weights"];
+pub const DTYPES: [&str; 4] = stepwise_model::PRECISIONS;
 
 impl DtypeArg {
     /// Make it, when given, the dtype of the models this process loads.
@@ -84,14 +84,10 @@ impl DtypeArg {
     }
 }
 
-/// Make `dtype` (one of [`DTYPES`]) the dtype of the models this process loads.
+/// Make `dtype` (one of [`DTYPES`]) the precision of the models this process loads from now on
+/// (each loaded model keeps its own: [`stepwise_model::Model::precision`]).
 pub fn apply_dtype(dtype: &str) {
-    let (weights, bf16_products) = match dtype {
-        "bf16-weights" => (stepwise_model::WeightDtype::Bf16, false),
-        d => (d.parse().expect("clap checked the value"), true),
-    };
-    stepwise_model::set_weight_dtype(weights);
-    stepwise_model::set_bf16_products(bf16_products);
+    stepwise_model::set_default_precision(dtype.parse().expect("clap checked the value"));
 }
 
 /// Where a local checkpoint scores, and how much one forward pass takes.
@@ -123,7 +119,7 @@ impl DeviceArgs {
     pub fn local(&self) -> LocalOptions {
         LocalOptions {
             placement: self.device,
-            dtype: stepwise_model::weight_dtype(),
+            precision: stepwise_model::default_precision(),
             max_batch_tokens: self.max_batch_tokens,
         }
     }

@@ -25,12 +25,31 @@ pub const MIN_STREAMED_DEPTH: usize = 256;
 pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+    bf16_products: bool,
 }
 
 impl Linear {
-    /// From a weight `[out, in]` and an optional bias `[out]`.
+    /// From a weight `[out, in]` and an optional bias `[out]`; a bf16 weight multiplies in bf16
+    /// where the CPU can ([`Linear::set_bf16_products`]).
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Linear { weight, bias }
+        Linear {
+            weight,
+            bias,
+            bf16_products: true,
+        }
+    }
+
+    /// Whether a bf16 weight multiplies in bf16 (with f32 sums) on CPUs with AVX512_BF16
+    /// (`true`, as built), or is widened to f32 for its products (`false`: the numbers of the
+    /// weight converted to f32, at bf16's memory). Part of the loaded model's
+    /// [`crate::Precision`].
+    pub fn set_bf16_products(&mut self, on: bool) {
+        self.bf16_products = on;
+    }
+
+    /// See [`Linear::set_bf16_products`].
+    pub fn bf16_products(&self) -> bool {
+        self.bf16_products
     }
 
     /// The weight `[out, in]`.
@@ -70,13 +89,23 @@ impl Linear {
         let y2 = if streamed {
             x.reshape((rows, inp))?
                 .contiguous()?
-                .apply_op2_no_bwd(&self.weight.contiguous()?, &StreamedMatmul)?
+                .apply_op2_no_bwd(
+                    &self.weight.contiguous()?,
+                    &StreamedMatmul {
+                        bf16_products: self.bf16_products,
+                    },
+                )?
         } else if ops && narrow && super::sgemm::available() {
             // More rows than the streaming kernel takes, with a bf16/f16 weight: the AVX-512
             // tiles, which read it as it is held (never a widened copy of the whole matrix).
             x.reshape((rows, inp))?
                 .contiguous()?
-                .apply_op2_no_bwd(&self.weight.contiguous()?, &TiledMatmul)?
+                .apply_op2_no_bwd(
+                    &self.weight.contiguous()?,
+                    &TiledMatmul {
+                        bf16_products: self.bf16_products,
+                    },
+                )?
         } else {
             // A weight held in bf16/f16 is widened for this product only.
             let w = self.weight.to_dtype(x.dtype())?;
@@ -92,8 +121,11 @@ impl Linear {
     }
 }
 
-/// `x [m, k] · w [n, k]ᵀ → [m, n]`, streaming `w` once.
-struct StreamedMatmul;
+/// `x [m, k] · w [n, k]ᵀ → [m, n]`, streaming `w` once (a bf16 `w` in bf16 products when
+/// `bf16_products` and the CPU can).
+struct StreamedMatmul {
+    bf16_products: bool,
+}
 
 /// Weight rows of an f16 weight widened to f32 at a time by the streaming kernel (they stay in L2
 /// while every input row is dotted with them).
@@ -395,13 +427,15 @@ impl Kernel for Dots<'_> {
             // SAFETY: the CPU has AVX-512F (checked just above).
             return match self.w {
                 WeightSlice::F32(w) => self.each(w, |w, x| unsafe { dot_2x4_avx512(w, x) }),
-                WeightSlice::Bf16(w) => self.each(w, |w, x| unsafe { dot_2x4_avx512(w, x) }),
+                WeightSlice::Bf16(w) | WeightSlice::Bf16Products(w) => {
+                    self.each(w, |w, x| unsafe { dot_2x4_avx512(w, x) })
+                }
                 WeightSlice::F16(_) => unreachable!("f16 rows are widened before they reach Dots"),
             };
         }
         match self.w {
             WeightSlice::F32(w) => self.each(w, dot_2x4::<FMA, f32>),
-            WeightSlice::Bf16(w) => self.each(w, dot_2x4::<FMA, bf16>),
+            WeightSlice::Bf16(w) | WeightSlice::Bf16Products(w) => self.each(w, dot_2x4::<FMA, bf16>),
             WeightSlice::F16(_) => unreachable!("f16 rows are widened before they reach Dots"),
         }
     }
@@ -419,7 +453,7 @@ impl CustomOp2 for StreamedMatmul {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, w, (m, n, k)) = operands(self.name(), (xs, xl), (ws, wl))?;
+        let (x, w, (m, n, k)) = operands(self.name(), (xs, xl), (ws, wl), self.bf16_products)?;
         Ok((CpuStorage::F32(streamed_matmul(x, (m, n, k), w)), Shape::from((m, n))))
     }
 }
@@ -427,14 +461,16 @@ impl CustomOp2 for StreamedMatmul {
 /// A product op's operands: `x` `[m, k]` in f32, a contiguous weight `[n, k]`, and `(m, n, k)`.
 type Operands<'a> = (&'a [f32], WeightSlice<'a>, (usize, usize, usize));
 
-/// The operands of a product op; errors name the op (`name`).
+/// The operands of a product op (a bf16 weight in bf16 products when `bf16_products` and the
+/// CPU can); errors name the op (`name`).
 fn operands<'a>(
     name: &str,
     (xs, xl): (&'a CpuStorage, &Layout),
     (ws, wl): (&'a CpuStorage, &Layout),
+    bf16_products: bool,
 ) -> candle_core::Result<Operands<'a>> {
     let x = super::f32_slice(xs, xl, name)?;
-    let w = WeightSlice::from_storage(ws, wl)
+    let w = WeightSlice::from_storage(ws, wl, bf16_products)
         .ok_or_else(|| candle_core::Error::Msg(format!("{name}: the weight must be contiguous f32, bf16 or f16")))?;
     let (m, k) = xl.shape().dims2()?;
     let (n, k2) = wl.shape().dims2()?;
@@ -451,22 +487,26 @@ pub(crate) fn streamed_matmul(x: &[f32], (m, n, k): (usize, usize, usize), w: We
     let mut yt = vec![0f32; n * m];
     // A block of weight rows against every input row: bf16 rows widened in registers, f16
     // rows WIDENED_ROWS at a time (reading half the bytes of f32 is what makes them faster).
-    // In bf16 products (see `sgemm::bf16_products`): the input rows as bf16 pairs, once.
-    let pairs: Option<Vec<u32>> = matches!(w, WeightSlice::Bf16(_) if super::sgemm::bf16_products()).then(|| {
+    // In bf16 products (a `Bf16Products` weight): the input rows as bf16 pairs, once.
+    let pairs: Option<Vec<u32>> = matches!(w, WeightSlice::Bf16Products(_)).then(|| {
         let mut pairs = vec![0u32; m * k.div_ceil(2)];
         for (row, dst) in x.chunks_exact(k).zip(pairs.chunks_exact_mut(k.div_ceil(2))) {
-            // SAFETY: bf16_products() holds (AVX-512F and AVX512_BF16); `dst` holds ⌈k / 2⌉.
+            // SAFETY: a `Bf16Products` weight exists only with AVX-512F and AVX512_BF16; `dst`
+            // holds ⌈k / 2⌉.
             unsafe { super::tiles::to_bf16_pairs(row, dst) };
         }
         pairs
     });
     let dots = |out: &mut [f32], w: WeightSlice| match (w, &pairs) {
         #[cfg(target_arch = "x86_64")]
-        (WeightSlice::Bf16(w), Some(pairs)) => {
-            // SAFETY: `pairs` exist only where bf16_products() holds; rows of ⌈k / 2⌉ pairs.
+        (WeightSlice::Bf16Products(w), Some(pairs)) => {
+            // SAFETY: `pairs` exist only for a `Bf16Products` weight (AVX512_BF16); rows of
+            // ⌈k / 2⌉ pairs.
             each_pair(w, k, pairs, k.div_ceil(2), out, |w, x| unsafe { dot_2x4_bf16(w, x) })
         }
-        (WeightSlice::F32(_) | WeightSlice::Bf16(_), _) => simd::dispatch(Dots { x, w, k, out }),
+        (WeightSlice::F32(_) | WeightSlice::Bf16(_) | WeightSlice::Bf16Products(_), _) => {
+            simd::dispatch(Dots { x, w, k, out })
+        }
         (WeightSlice::F16(_), _) => w.for_each_f32_block(w.len() / k, WIDENED_ROWS, |first, w| {
             let rows = w.len() / k;
             simd::dispatch(Dots {
@@ -511,8 +551,11 @@ unsafe impl Send for Output {}
 unsafe impl Sync for Output {}
 
 /// `x [m, k] · w [n, k]ᵀ → [m, n]` in [`super::sgemm`]'s tiles (AVX-512), a block of weight
-/// rows per task: for a narrow (bf16/f16) weight and more rows than [`StreamedMatmul`] takes.
-struct TiledMatmul;
+/// rows per task: for a narrow (bf16/f16) weight and more rows than [`StreamedMatmul`] takes (a
+/// bf16 weight in bf16 products when `bf16_products` and the CPU can).
+struct TiledMatmul {
+    bf16_products: bool,
+}
 
 impl CustomOp2 for TiledMatmul {
     fn name(&self) -> &'static str {
@@ -526,7 +569,7 @@ impl CustomOp2 for TiledMatmul {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, w, (m, n, k)) = operands(self.name(), (xs, xl), (ws, wl))?;
+        let (x, w, (m, n, k)) = operands(self.name(), (xs, xl), (ws, wl), self.bf16_products)?;
         let tasks = 4 * rayon::current_num_threads();
         let y = super::sgemm::matmul_t_by_columns_new(x, k, w, (m, n, k), tasks);
         Ok((CpuStorage::F32(y), Shape::from((m, n))))
@@ -574,7 +617,7 @@ mod tests {
                 };
                 let streamed = k >= MIN_STREAMED_DEPTH && m <= MAX_STREAMED_ROWS;
                 let tiled = m > MAX_STREAMED_ROWS || k < MIN_STREAMED_DEPTH;
-                if dtype == DType::BF16 && crate::kernels::sgemm::bf16_products() && (streamed || tiled) {
+                if dtype == DType::BF16 && crate::kernels::sgemm::bf16_products_available() && (streamed || tiled) {
                     // Multiplied in bf16: the inputs rounded to bf16 against the same weights.
                     let rounded = x.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap();
                     let want = rounded

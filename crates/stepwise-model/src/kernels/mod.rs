@@ -21,7 +21,7 @@ pub(crate) mod weights;
 
 pub use attention::attention;
 pub use linear::{Linear, MAX_STREAMED_ROWS, MIN_STREAMED_DEPTH};
-pub use sgemm::{bf16_products, set_bf16_products};
+pub use sgemm::bf16_products_available;
 pub use swiglu::swiglu;
 pub(crate) use swiglu::swiglu_into;
 

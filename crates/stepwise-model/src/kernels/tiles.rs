@@ -462,7 +462,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn bf16_tiles_match_sums_of_rounded_values() {
-        if !crate::kernels::sgemm::bf16_products() {
+        if !crate::kernels::sgemm::bf16_products_available() {
             eprintln!("no AVX512_BF16 here: bf16 tiles untested");
             return;
         }
@@ -471,7 +471,7 @@ mod tests {
         let bits = |v: f32| u32::from(half::bf16::from_f32(v).to_bits());
         let (a, b) = (data(37, 1), data(37, 2));
         let (mut pairs, mut rows) = (vec![0u32; 19], vec![0u32; 37]);
-        // SAFETY: bf16_products() holds.
+        // SAFETY: bf16_products_available() holds.
         unsafe {
             to_bf16_pairs(&a, &mut pairs);
             interleave_bf16(&a, &b, &mut rows);
@@ -494,7 +494,7 @@ mod tests {
             let mut qp = vec![vec![0u32; d / 2]; TILE_ROWS];
             let mut kp = vec![0u32; d / 2 * stride];
             let mut pair = [0u32; 1];
-            // SAFETY (all calls below): bf16_products() holds.
+            // SAFETY (all calls below): bf16_products_available() holds.
             unsafe {
                 for (q, qp) in qs.iter().zip(&mut qp) {
                     to_bf16_pairs(q, qp);

@@ -13,30 +13,44 @@ use std::cell::RefCell;
 pub(crate) enum WeightSlice<'a> {
     /// Four bytes a value.
     F32(&'a [f32]),
-    /// bfloat16: the top half of an f32.
+    /// bfloat16 (the top half of an f32), widened to f32 for its products.
     Bf16(&'a [bf16]),
+    /// bfloat16 multiplied in bf16 with f32 sums (`vdpbf16ps`): made only where the CPU has
+    /// AVX-512F and AVX512_BF16 and the model asked for it ([`WeightSlice::from_storage`]).
+    Bf16Products(&'a [bf16]),
     /// IEEE half precision.
     F16(&'a [f16]),
 }
 
 impl<'a> WeightSlice<'a> {
     /// The contiguous view of a CPU storage in f32, bf16 or f16 (`None` for other dtypes or a
-    /// strided layout).
-    pub(crate) fn from_storage(storage: &'a CpuStorage, layout: &Layout) -> Option<Self> {
+    /// strided layout); a bf16 one multiplies in bf16 when `bf16_products` and the CPU can
+    /// ([`WeightSlice::bf16`]).
+    pub(crate) fn from_storage(storage: &'a CpuStorage, layout: &Layout, bf16_products: bool) -> Option<Self> {
         let (start, end) = layout.contiguous_offsets()?;
         Some(match storage {
             CpuStorage::F32(d) => WeightSlice::F32(&d[start..end]),
-            CpuStorage::BF16(d) => WeightSlice::Bf16(&d[start..end]),
+            CpuStorage::BF16(d) => WeightSlice::bf16(&d[start..end], bf16_products),
             CpuStorage::F16(d) => WeightSlice::F16(&d[start..end]),
             _ => return None,
         })
+    }
+
+    /// bf16 values, multiplied in bf16 when `products` asks for it and the CPU has AVX-512F
+    /// with AVX512_BF16 ([`crate::kernels::sgemm::bf16_products_available`]), else widened.
+    pub(crate) fn bf16(values: &'a [bf16], products: bool) -> Self {
+        if products && super::sgemm::bf16_products_available() {
+            WeightSlice::Bf16Products(values)
+        } else {
+            WeightSlice::Bf16(values)
+        }
     }
 
     /// Number of values.
     pub(crate) fn len(&self) -> usize {
         match self {
             WeightSlice::F32(w) => w.len(),
-            WeightSlice::Bf16(w) => w.len(),
+            WeightSlice::Bf16(w) | WeightSlice::Bf16Products(w) => w.len(),
             WeightSlice::F16(w) => w.len(),
         }
     }
@@ -46,6 +60,7 @@ impl<'a> WeightSlice<'a> {
         match self {
             WeightSlice::F32(w) => WeightSlice::F32(&w[range]),
             WeightSlice::Bf16(w) => WeightSlice::Bf16(&w[range]),
+            WeightSlice::Bf16Products(w) => WeightSlice::Bf16Products(&w[range]),
             WeightSlice::F16(w) => WeightSlice::F16(&w[range]),
         }
     }
@@ -55,7 +70,7 @@ impl<'a> WeightSlice<'a> {
         match self {
             WeightSlice::F32(w) => dst.copy_from_slice(w),
             // A shift the compiler vectorises: bf16 is the upper 16 bits of an f32.
-            WeightSlice::Bf16(w) => {
+            WeightSlice::Bf16(w) | WeightSlice::Bf16Products(w) => {
                 use half::slice::HalfFloatSliceExt;
                 for (d, &bits) in dst.iter_mut().zip(w.reinterpret_cast()) {
                     *d = f32::from_bits(u32::from(bits) << 16);

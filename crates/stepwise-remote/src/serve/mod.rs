@@ -201,7 +201,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
     let policy = match &cfg.model {
         Some(dir) => Some((
             cfg.model_name.clone().unwrap_or_else(|| folder_name(dir)),
-            LoadedPolicy::load_on(dir, cfg.device, stepwise_model::weight_dtype())
+            LoadedPolicy::load_on(dir, cfg.device, stepwise_model::default_precision())
                 .with_context(|| format!("loading the policy {}", dir.display()))?,
         )),
         None => None,
@@ -209,7 +209,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
     let prm = match &cfg.prm {
         Some(dir) => Some((
             cfg.prm_name.clone().unwrap_or_else(|| folder_name(dir)),
-            LoadedVerifier::load_on(dir, &cfg.layout, cfg.prm_device, stepwise_model::weight_dtype())
+            LoadedVerifier::load_on(dir, &cfg.layout, cfg.prm_device, stepwise_model::default_precision())
                 .with_context(|| format!("loading the PRM {}", dir.display()))?,
         )),
         None => None,

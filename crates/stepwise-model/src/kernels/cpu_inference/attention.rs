@@ -1,6 +1,6 @@
 //! Causal attention of one sequence, four query positions at a time, from its rotated q|k|v rows.
 //!
-//! A model multiplied in bf16 (see [`crate::kernels::sgemm::bf16_products`]) takes its attention
+//! A model multiplied in bf16 (see [`crate::kernels::sgemm::bf16_products_available`]) takes its attention
 //! products in bf16 too where the head size is a multiple of 32: queries, keys, values and the
 //! softmax weights rounded to bf16, every sum in f32 (PyTorch's bf16 attention); the softmax
 //! itself stays f32.
@@ -32,7 +32,7 @@ pub(super) struct Bf16Keys {
 /// Causal attention of one sequence from its q|k|v rows (`[t, qkv_width]`, rotated), for the
 /// query positions `queries`, into `out` (`[queries.len(), heads · d]`). `keys_t` and `head` are
 /// scratch; `shared`: heads run in parallel.
-/// `bf16`: the products in bf16 (the caller checked [`crate::kernels::sgemm::bf16_products`]);
+/// `bf16`: the products in bf16 (the caller checked [`crate::kernels::sgemm::bf16_products_available`]);
 /// taken where the head size is a multiple of 32, else f32.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention(
@@ -94,7 +94,7 @@ pub(super) fn attention(
         if bf16 {
             let keys = &pairs.keys[g * d / 2 * t_pad..][..d / 2 * t_pad];
             let values = &pairs.values[g * t_pad / 2 * d..][..t_pad / 2 * d];
-            // SAFETY: `bf16` was asked for only where `bf16_products()` holds (AVX-512F and
+            // SAFETY: `bf16` was asked for only where `bf16_products_available()` holds (AVX-512F and
             // AVX512_BF16), and `d` is a multiple of 32.
             unsafe { head.run_bf16(keys, values) }
         } else {
@@ -141,7 +141,7 @@ fn pair_keys_and_values(qkv: &[f32], t: usize, dims: Dims, t_pad: usize, pairs: 
         let keys = &mut pairs.keys[g * d / 2 * t_pad..][..d / 2 * t_pad];
         let (k_col, v_col) = ((heads + g) * d, (heads + kv_heads + g) * d);
         for i in 0..t {
-            // SAFETY: `bf16_products()` holds (see `attention`); `key` holds d / 2 pairs.
+            // SAFETY: `bf16_products_available()` holds (see `attention`); `key` holds d / 2 pairs.
             unsafe { tiles::to_bf16_pairs(row(i, k_col), &mut key) };
             for (c, &pair) in key.iter().enumerate() {
                 keys[c * t_pad + i] = pair;

@@ -62,29 +62,30 @@ pub(crate) struct LayerTensors<'t> {
     pub down: &'t Linear,
 }
 
-/// A read lock on a tensor's storage.
-struct Locked<'t>(RwLockReadGuard<'t, Storage>, &'t Layout);
+/// A read lock on a tensor's storage (and, for a weight, whether a bf16 one multiplies in bf16).
+struct Locked<'t>(RwLockReadGuard<'t, Storage>, &'t Layout, bool);
 
 impl<'t> Locked<'t> {
     /// `None` unless the tensor is contiguous f32 on the CPU.
     fn new(t: &'t Tensor) -> Option<Self> {
         let (guard, layout) = t.storage_and_layout();
         let ok = matches!(&*guard, Storage::Cpu(CpuStorage::F32(_))) && layout.contiguous_offsets().is_some();
-        ok.then_some(Locked(guard, layout))
+        ok.then_some(Locked(guard, layout, false))
     }
 
-    /// A weight matrix: `None` unless contiguous f32, bf16 or f16 on the CPU.
-    fn weight(t: &'t Tensor) -> Option<Self> {
+    /// A weight matrix: `None` unless contiguous f32, bf16 or f16 on the CPU; a bf16 one
+    /// multiplies in bf16 when `bf16_products` and the CPU can.
+    fn weight(t: &'t Tensor, bf16_products: bool) -> Option<Self> {
         let (guard, layout) = t.storage_and_layout();
-        let ok = matches!(&*guard, Storage::Cpu(s) if WeightSlice::from_storage(s, layout).is_some());
-        ok.then_some(Locked(guard, layout))
+        let ok = matches!(&*guard, Storage::Cpu(s) if WeightSlice::from_storage(s, layout, bf16_products).is_some());
+        ok.then_some(Locked(guard, layout, bf16_products))
     }
 
     fn weights(&self) -> WeightSlice<'_> {
         let Storage::Cpu(s) = &*self.0 else {
             unreachable!("checked in Locked::weight")
         };
-        WeightSlice::from_storage(s, self.1).expect("checked in Locked::weight")
+        WeightSlice::from_storage(s, self.1, self.2).expect("checked in Locked::weight")
     }
 
     fn slice(&self) -> &[f32] {
@@ -198,13 +199,14 @@ fn with_weights<R>(decoder: &Decoder, f: impl FnOnce(&Weights) -> R) -> Option<R
     }
     // Norms and biases (f32 at load) in order, then the weight matrices (f32, bf16 or f16).
     let mut vectors = vec![Locked::new(decoder.norm)?];
-    let mut matrices = vec![Locked::weight(decoder.embed)?];
+    // The embedding's rows are only read (widened), never multiplied.
+    let mut matrices = vec![Locked::weight(decoder.embed, false)?];
     for l in &decoder.layers {
         for t in [l.ln1, l.ln2] {
             vectors.push(Locked::new(t)?);
         }
         for lin in [l.q, l.k, l.v, l.o, l.gate, l.up, l.down] {
-            matrices.push(Locked::weight(lin.weight())?);
+            matrices.push(Locked::weight(lin.weight(), lin.bf16_products())?);
             if let Some(bias) = lin.bias() {
                 vectors.push(Locked::new(bias)?);
             }

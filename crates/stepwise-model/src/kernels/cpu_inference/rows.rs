@@ -29,7 +29,7 @@ const WIDENED_ROWS: usize = 128;
 /// apart and `w` `[dst.width, k]`: one row of `dst` per row of `a`. A thread's share runs in
 /// [`sgemm`]'s tiles where they suit `k`, else in gemm's kernels; a bf16 or f16 weight is
 /// widened to f32 [`WIDENED_ROWS`] rows at a time, unless it multiplies in bf16
-/// ([`sgemm::bf16_products`]), which always runs in the tiles.
+/// ([`sgemm::bf16_products_available`]), which always runs in the tiles.
 pub(super) fn matmul_t(
     dst: Rows,
     a: &[f32],

@@ -11,7 +11,7 @@
 //! Every output sums its `k` products in order with one fused multiply-add chain (then block by
 //! block into `dst`), so a row's result does not depend on which tile or thread computed it.
 //!
-//! A bf16 weight on a CPU with AVX512_BF16 multiplies in bf16 instead ([`bf16_products`]): the
+//! A bf16 weight on a CPU with AVX512_BF16 multiplies in bf16 instead ([`bf16_products_available`]): the
 //! activations are rounded to bf16 as they are packed (pairs of neighbouring steps of `k` side
 //! by side), each weight row's pairs are broadcast straight from where the weight lies, and one
 //! `vdpbf16ps` adds two steps' exact products to f32 sums, twice the multiply-adds of an f32 fused
@@ -21,7 +21,7 @@
 use super::weights::WeightSlice;
 use half::bf16;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 
 /// Rows of `a` in a tile: two AVX-512 vectors.
 const PANEL: usize = 32;
@@ -37,26 +37,17 @@ thread_local! {
     static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// This thread's chunk of bf16/f16 weight rows widened to f32 (`CHUNK × DEPTH`, 768 KiB).
     static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// This thread's packed block of `a` in bf16 pairs (for [`bf16_products`]).
+    /// This thread's packed block of `a` in bf16 pairs (for [`bf16_products_available`]).
     static PACKED_PAIRS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Whether bf16 weights may multiply in bf16 (see [`set_bf16_products`]).
-static BF16_PRODUCTS: AtomicBool = AtomicBool::new(true);
-
-/// Whether products with a bf16 weight run in bf16 on CPUs that have AVX512_BF16 (`true`, the
-/// default: bf16 inference as PyTorch and vLLM compute it, up to twice as fast) or widen the
-/// weight to f32 and multiply in f32 everywhere (`false`: the same numbers as the checkpoint
-/// converted to f32, at bf16's memory).
-pub fn set_bf16_products(on: bool) {
-    BF16_PRODUCTS.store(on, Ordering::Relaxed);
-}
-
-/// Whether products with a bf16 weight run in bf16 here: allowed by [`set_bf16_products`] and the
-/// CPU has AVX-512 with AVX512_BF16.
-pub fn bf16_products() -> bool {
+/// Whether this CPU multiplies bf16 weights in bf16 (AVX-512F with AVX512_BF16): where a model
+/// asks for it ([`crate::Precision::bf16_products`]), its bf16 weights then multiply in bf16
+/// with f32 sums, as PyTorch and vLLM compute bf16 inference (up to twice as fast); elsewhere,
+/// or when it does not ask, they are widened to f32 inside the kernels.
+pub fn bf16_products_available() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let has = *HAS.get_or_init(|| {
+    *HAS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
             available() && std::arch::is_x86_feature_detected!("avx512bf16")
@@ -65,8 +56,7 @@ pub fn bf16_products() -> bool {
         {
             false
         }
-    });
-    has && BF16_PRODUCTS.load(Ordering::Relaxed)
+    })
 }
 
 /// The shortest `k` the tiles are used for. Below it the tile's fixed costs (packing, the
@@ -85,16 +75,17 @@ pub(crate) fn suits(k: usize, w: &WeightSlice) -> bool {
     available() && (k >= MIN_DEPTH || multiplies_in_bf16(w))
 }
 
-/// Whether products with `w` run in bf16 (it is bf16 and [`bf16_products`] holds).
+/// Whether products with `w` run in bf16 (a bf16 weight of a model multiplied in bf16, on a CPU
+/// that can: [`WeightSlice::Bf16Products`]).
 pub(crate) fn multiplies_in_bf16(w: &WeightSlice) -> bool {
-    matches!(w, WeightSlice::Bf16(_)) && bf16_products()
+    matches!(w, WeightSlice::Bf16Products(_))
 }
 
 /// `dst[i][j] = Σ_k a[i][k] · w[j][k]` (or `+=` when `accumulate`) for `m` rows of `a`
 /// (`a_stride` apart) and of `dst` (`dst_stride` apart, `n` wide), `w` `[n, k]`. A bf16/f16
 /// weight is widened to f32 a chunk of rows by a block of `k` at a time, once for all the
 /// panels that read it (the same arithmetic as the weight widened whole, without its copy),
-/// unless it multiplies in bf16 ([`bf16_products`]).
+/// unless it multiplies in bf16 ([`bf16_products_available`]).
 ///
 /// # Panics
 /// When the CPU lacks AVX-512F (check [`available`]) or a slice is too short for the sizes.
@@ -184,7 +175,7 @@ unsafe fn matmul_t_into(
     accumulate: bool,
 ) {
     match w {
-        WeightSlice::Bf16(w) if bf16_products() => matmul_t_bf16(dst, a, a_stride, w, (m, n, k), accumulate),
+        WeightSlice::Bf16Products(w) => matmul_t_bf16(dst, a, a_stride, w, (m, n, k), accumulate),
         w => matmul_t_widened(dst, a, a_stride, w, (m, n, k), accumulate),
     }
 }
@@ -263,7 +254,7 @@ unsafe fn by_columns(
     let block = n.div_ceil(tasks.max(1)).next_multiple_of(COLS);
     // In bf16 products every task reads the same panels: packed here, once.
     let packed = match w {
-        WeightSlice::Bf16(_) if bf16_products() => Some(pack_all_pairs(a, a_stride, m, k)),
+        WeightSlice::Bf16Products(_) => Some(pack_all_pairs(a, a_stride, m, k)),
         _ => None,
     };
     (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
@@ -271,7 +262,7 @@ unsafe fn by_columns(
         let dst = dst.past_columns(b * block);
         let w = w.slice(b * block * k..(b * block + cols) * k);
         match (&packed, w) {
-            (Some(packed), WeightSlice::Bf16(w)) => {
+            (Some(packed), WeightSlice::Bf16Products(w)) => {
                 for (chunk, panels) in packed.iter().enumerate() {
                     let k0 = chunk * DEPTH;
                     // SAFETY: as this function's; the block's columns are this task's alone.
@@ -342,7 +333,7 @@ unsafe fn matmul_t_widened(
 /// read where it lies (a broadcast takes one row's pair of neighbouring values).
 ///
 /// # Safety
-/// As for [`matmul_t_into`], with [`bf16_products`] holding.
+/// As for [`matmul_t_into`], with [`bf16_products_available`] holding.
 unsafe fn matmul_t_bf16(
     dst: Dst,
     a: &[f32],
@@ -390,7 +381,7 @@ unsafe fn tiles_bf16(dst: Dst, packed: &[u32], w: &[bf16], (m, n, k): (usize, us
         for_each_tile((m, n), c0..chunk_end, (dst, add), |p, j0, out| {
             let panel = &packed[p * PANEL * pairs..][..PANEL * pairs];
             let w_rows: [&[bf16]; COLS] = std::array::from_fn(|c| &w[(j0 + c.min(out.cols - 1)) * k + k0..][..depth]);
-            // SAFETY: `bf16_products()` held (AVX-512F and AVX512_BF16); the panel holds
+            // SAFETY: a `Bf16Products` weight exists only where `bf16_products_available()` holds (AVX-512F and AVX512_BF16); the panel holds
             // `pairs` steps and every weight row `depth` values; `out` covers rows < m and
             // columns < n of `dst`. A last panel of 16 rows or fewer computes only them.
             // The first panel's tiles read the weights from memory; each asks for the next
@@ -518,7 +509,7 @@ fn pack_pairs(a: &[f32], a_stride: usize, m: usize, k0: usize, depth: usize, pac
         for half in 0..PANEL / 16 {
             let live = rows.saturating_sub(half * 16).min(16);
             let src: [&[f32]; 16] = std::array::from_fn(|r| row(half * 16 + r));
-            // SAFETY: `bf16_products()` held (checked by `matmul_t`); every source row holds
+            // SAFETY: the weight is `Bf16Products` (checked by `matmul_t`), made only where AVX512_BF16 is; every source row holds
             // `depth ≥ 2 · whole` values and the panel `pairs · PANEL`.
             unsafe { pack_pairs_half(&src, live, whole, &mut panel[half * 16..]) };
         }
@@ -750,16 +741,16 @@ unsafe fn tile(_: usize, _: &[f32], _: &[&[f32]; COLS], _: Out) {
     unreachable!("sgemm::available() is false off x86-64")
 }
 
-/// Never called: [`bf16_products`] is false off x86-64.
+/// Never called: [`bf16_products_available`] is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn tile_bf16<const VECS: usize>(_: usize, _: &[u32], _: &[&[bf16]; COLS], _: usize, _: Out) {
-    unreachable!("sgemm::bf16_products() is false off x86-64")
+    unreachable!("no `Bf16Products` weight exists off x86-64")
 }
 
-/// Never called: [`bf16_products`] is false off x86-64.
+/// Never called: [`bf16_products_available`] is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn pack_pairs_half(_: &[&[f32]; 16], _: usize, _: usize, _: &mut [u32]) {
-    unreachable!("sgemm::bf16_products() is false off x86-64")
+    unreachable!("no `Bf16Products` weight exists off x86-64")
 }
 
 /// Never called: [`available`] is false off x86-64.

@@ -86,9 +86,10 @@ fn tiles_equal_plain_sums_for_ragged_shapes() {
             assert_eq!(narrow, wide, "{m}x{n}x{k} acc={accumulate}: bf16-held");
             // In bf16 products: the exact sums of the activations rounded to bf16 times the
             // weight, to f32's rounding of the sums.
-            if bf16_products() {
+            if bf16_products_available() {
                 let rounded: Vec<f32> = a.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
                 let (mut got, mut want) = (start.clone(), start.clone());
+                let held_w = WeightSlice::bf16(&held, true);
                 matmul_t(&mut got, ds, &a, as_, held_w, (m, n, k), accumulate);
                 reference(&mut want, ds, &rounded, as_, &widened, (m, n, k), accumulate);
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
