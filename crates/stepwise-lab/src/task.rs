@@ -21,6 +21,9 @@ pub enum Domain {
 }
 
 impl Domain {
+    /// Every domain.
+    pub const ALL: [Domain; 2] = [Domain::Arithmetic, Domain::Code];
+
     /// As the preset and `metrics.json` spell it.
     pub fn name(self) -> &'static str {
         match self {
@@ -55,11 +58,10 @@ impl Domain {
 impl std::str::FromStr for Domain {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> anyhow::Result<Domain> {
-        match s {
-            "arithmetic" => Ok(Domain::Arithmetic),
-            "code" => Ok(Domain::Code),
-            o => anyhow::bail!("unknown domain `{o}`: use arithmetic or code"),
-        }
+        Domain::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| anyhow::anyhow!("unknown domain `{s}`: use arithmetic or code"))
     }
 }
 

@@ -617,28 +617,22 @@ impl std::str::FromStr for Precision {
     }
 }
 
-/// [`default_precision`]'s value: its weight dtype in the low two bits, bf16 products above.
-static DEFAULT_PRECISION: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0b100);
+/// [`default_precision`]'s value.
+static DEFAULT_PRECISION: std::sync::RwLock<Precision> = std::sync::RwLock::new(Precision {
+    weights: WeightDtype::Auto,
+    bf16_products: true,
+});
 
 /// The precision [`Model::load`] gives the models loaded after this call in this process (the
 /// CLI's `--dtype` for commands that load several models, as `torch.set_default_dtype`). A model
 /// already loaded keeps its own ([`Model::precision`]).
 pub fn set_default_precision(p: Precision) {
-    let bits = p.weights as u8 | u8::from(p.bf16_products) << 2;
-    DEFAULT_PRECISION.store(bits, std::sync::atomic::Ordering::Relaxed);
+    *DEFAULT_PRECISION.write().unwrap_or_else(|e| e.into_inner()) = p;
 }
 
 /// The precision [`Model::load`] gives a model (see [`set_default_precision`]).
 pub fn default_precision() -> Precision {
-    let bits = DEFAULT_PRECISION.load(std::sync::atomic::Ordering::Relaxed);
-    Precision {
-        weights: match bits & 0b11 {
-            1 => WeightDtype::F32,
-            2 => WeightDtype::Bf16,
-            _ => WeightDtype::Auto,
-        },
-        bf16_products: bits & 0b100 != 0,
-    }
+    *DEFAULT_PRECISION.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Loaded tensors handed to the model as they are held: bf16/f16 matrices are not widened

@@ -48,7 +48,7 @@ pub struct Args {
     /// The reasoning domain: arithmetic word problems (default), or `code`: the same stories
     /// with symbols, solved by straight-line Python functions one statement a step, every line
     /// checked by executing it.
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["arithmetic", "code"])
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(Domain::ALL.map(Domain::name))
         .map(|s| s.parse::<Domain>().expect("a listed domain")))]
     pub domain: Option<Domain>,
     /// Seed of everything (problems, models, sampling).
