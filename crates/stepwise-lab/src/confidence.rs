@@ -32,7 +32,9 @@ impl PolicyConfidence<'_> {
         let ends: Vec<usize> = e.ends.iter().map(|&p| p - sep_len).collect();
         let model = self.model;
         let input = candle_core::Tensor::new(e.ids.as_slice(), &model.device)?.unsqueeze(0)?;
-        let logits = model.head_logits(&model.hidden(&input, None, None)?)?.squeeze(0)?;
+        let logits = model
+            .head_logits(&model.hidden(stepwise_model::Input::padded(&input, None))?)?
+            .squeeze(0)?;
         let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
         // The token at position p was predicted at position p - 1 (a question is never empty).
         Ok((
@@ -79,7 +81,7 @@ mod tests {
             let words = tok.encode(step, false).unwrap();
             ids.extend(&words[..words.len() - 1]);
             let input = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-            let h = model.hidden(&input, None, None).unwrap();
+            let h = model.hidden(stepwise_model::Input::padded(&input, None)).unwrap();
             let last = model.head_logits(&h.narrow(1, ids.len() - 1, 1).unwrap()).unwrap();
             let p = candle_nn::ops::softmax_last_dim(&last.flatten_all().unwrap()).unwrap();
             let want = p.to_vec1::<f32>().unwrap()[*words.last().unwrap() as usize];

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::{ScoreInput, StepScorer};
 use stepwise_model::{
-    generate, HeadKind, IncrementalScorer, Model, ModelConfig, PrmLayout, PrmScorer, SamplingParams, Tokenizer,
+    generate, HeadKind, IncrementalScorer, Input, Model, ModelConfig, PrmLayout, PrmScorer, SamplingParams, Tokenizer,
     WeightDtype,
 };
 
@@ -33,7 +33,7 @@ const STEPS: usize = 8;
 /// Forward passes over `BATCH × SEQ` tokens: tokens/s. `all_positions`: the decoder's hidden
 /// states at every position (what transformers' `model(ids)` computes, the reference's workload);
 /// else a PRM's scoring pass, which reads `STEPS` step ends per sequence and applies the head
-/// there (`Model::hidden_rows`: the last layer runs only for the rows read).
+/// there (an `Input` that reads rows: the last layer runs only for the rows read).
 fn scoring(model: &Model, reps: usize, all_positions: bool, batch: usize) -> anyhow::Result<f64> {
     let ids: Vec<u32> = (0..batch * SEQ).map(|i| (i * 7 % 500) as u32 + 10).collect();
     let ids = Tensor::from_vec(ids, (batch, SEQ), &model.device)?;
@@ -41,9 +41,9 @@ fn scoring(model: &Model, reps: usize, all_positions: bool, batch: usize) -> any
     let rows = vec![step_ends; batch];
     let pass = || -> anyhow::Result<Tensor> {
         if all_positions {
-            Ok(model.hidden(&ids, None, None)?)
+            Ok(model.hidden(Input::padded(&ids, None))?)
         } else {
-            model.head_logits(&model.hidden_rows(&ids, None, &rows)?)
+            model.head_logits(&model.hidden(Input::padded(&ids, None).read(&rows))?)
         }
     };
     let _ = pass()?;
@@ -69,7 +69,7 @@ fn scoring_mixed(model: &Model, reps: usize) -> anyhow::Result<f64> {
         .iter()
         .map(|&n| (1..=STEPS).map(|k| (k * n / STEPS).max(1) - 1).collect())
         .collect();
-    let pass = || model.head_logits(&model.hidden_rows(&ids, mask.as_ref(), &rows)?);
+    let pass = || model.head_logits(&model.hidden(Input::padded(&ids, mask.as_ref()).read(&rows))?);
     let _ = pass()?;
     let t = Instant::now();
     for _ in 0..reps {
@@ -346,7 +346,7 @@ fn seven_b(dev: &Device) -> anyhow::Result<()> {
     let ids = Tensor::from_vec(ids, (1, 512), dev)?;
     let rows = vec![(1..=STEPS).map(|k| k * 512 / STEPS - 1).collect::<Vec<_>>()];
     let t = Instant::now();
-    let _ = m.head_logits(&m.hidden_rows(&ids, None, &rows)?)?;
+    let _ = m.head_logits(&m.hidden(Input::padded(&ids, None).read(&rows))?)?;
     let tps = 512.0 / t.elapsed().as_secs_f64();
     println!(
         "qwen2.5-math-prm-7b shape (random, bf16-held): scoring {tps:.1} tokens/s (1 × 512), {:.1} GFLOP/s in the decoder",

@@ -5,7 +5,8 @@ use crate::kv_rows::RowsCache;
 use crate::model::{Head, Model};
 pub use crate::sampling::{sample_token, SamplingParams};
 use crate::tokenizer::Tokenizer;
-use crate::transformer::{BatchCache, KvCache};
+use crate::input::{BatchCache, Input};
+use crate::transformer::KvCache;
 use anyhow::{bail, Result};
 use candle_core::{IndexOp, Tensor};
 use rand::SeedableRng;
@@ -273,7 +274,7 @@ impl<'a> Decoding<'a> {
         }
         let mut prefix_cache = KvCache::default();
         let ids = Tensor::new(prompt, &self.model.device)?.unsqueeze(0)?;
-        let h = self.model.hidden(&ids, None, Some(&mut prefix_cache))?;
+        let h = self.model.hidden(Input::padded(&ids, None).cache(&mut prefix_cache))?;
         let first: Vec<f32> = last_logits(self.model, &h)?.squeeze(0)?.to_vec1()?;
         let id = self.register(params, n, live);
         self.start_continuations(id, &prefix_cache, &first)?;
@@ -408,18 +409,7 @@ impl<'a> Decoding<'a> {
         if still.len() < self.rows.len() {
             self.keep_rows(&still)?;
         }
-        // This step's chunk of each prompt being fed, first come first fed: tokens from each of
-        // the first prompts, all of them fed to their end but perhaps the last.
-        let mut budget = self.prefill_chunk;
-        let takes: Vec<usize> = self
-            .prefills
-            .iter()
-            .map_while(|p| {
-                let take = (p.tokens.len() - p.fed).min(budget);
-                budget -= take;
-                (take > 0).then_some(take)
-            })
-            .collect();
+        let takes = prefill_takes(self.prefills.iter().map(|p| p.tokens.len() - p.fed), self.prefill_chunk);
         self.last_step = StepRows {
             continuations: self.rows.len(),
             prompts: takes.iter().sum(),
@@ -447,18 +437,19 @@ impl<'a> Decoding<'a> {
             .zip(takes)
             .map(|(p, &take)| Tensor::new(&p.tokens[p.fed..p.fed + take], dev)?.unsqueeze(0))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let mut batches: Vec<(&Tensor, BatchCache)> = Vec::with_capacity(takes.len() + 1);
+        let mut parts = Vec::with_capacity(takes.len() + 1);
         if let Some(ids) = &decoding {
             let cache = match &mut self.cache {
                 RowCaches::Own(cache) => BatchCache::Rows(cache),
                 RowCaches::Shared(cache) => BatchCache::Padded(cache),
             };
-            batches.push((ids, cache));
+            parts.push(Input::padded(ids, None).cache(cache));
         }
         for (ids, p) in chunks.iter().zip(self.prefills.iter_mut()) {
-            batches.push((ids, BatchCache::Padded(&mut p.cache)));
+            parts.push(Input::padded(ids, None).cache(&mut p.cache));
         }
-        let mut hidden = self.model.hidden_batches(&mut batches)?.into_iter();
+        let input = parts.into_iter().reduce(Input::and).expect("a step of at least one part");
+        let mut hidden = self.model.hidden_parts(input)?.into_iter();
         for (p, &take) in self.prefills.iter_mut().zip(takes) {
             p.fed += take;
         }
@@ -544,6 +535,18 @@ fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 }
 
 /// The hidden state of each sequence's last position, `[b, hidden]`.
+/// A step's chunk of each prompt being fed (`left`: the tokens each has still to feed), first
+/// come first fed within `budget` tokens: tokens from each of the first prompts, all of them fed
+/// to their end but perhaps the last.
+pub(crate) fn prefill_takes(left: impl Iterator<Item = usize>, mut budget: usize) -> Vec<usize> {
+    left.map_while(|left| {
+        let take = left.min(budget);
+        budget -= take;
+        (take > 0).then_some(take)
+    })
+    .collect()
+}
+
 fn last_hidden(hidden: &Tensor) -> Result<Tensor> {
     let t = hidden.dim(1)?;
     Ok(hidden.i((.., t - 1, ..))?)

@@ -202,7 +202,7 @@ impl<'a> IncrementalScorer<'a> {
                 Some(c) => c.repeat_batch(members.len())?,
                 None => KvCache::default(),
             };
-            hidden.push(model.hidden_cached(&ids, mask.as_ref(), &mut cache)?);
+            hidden.push(model.hidden(crate::Input::padded(&ids, mask.as_ref()).cache(&mut cache))?);
             caches.push(cache);
         }
         match &self.scorer.layout {

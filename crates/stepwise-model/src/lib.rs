@@ -23,6 +23,7 @@ engine! {
     pub mod config;
     pub mod generate;
     pub mod incremental;
+    pub mod input;
     pub mod kernels;
     pub mod kv_cache;
     pub mod kv_rows;
@@ -31,6 +32,7 @@ engine! {
     pub mod packed_engine;
     pub mod placement;
     pub mod policy;
+    pub mod precision;
     pub mod sampling;
     pub mod scoring;
     pub mod train;
@@ -39,11 +41,11 @@ engine! {
     pub use config::{Family, HeadKind, ModelConfig};
     pub use generate::{generate, Decoding, SamplingParams, StepRows};
     pub use incremental::IncrementalScorer;
+    pub use input::{BatchCache, Input};
     pub use kernels::bf16_products_available;
     pub use kv_rows::RowsCache;
-    pub use model::{
-        checkpoint_fingerprint, default_precision, set_default_precision, Model, Precision, WeightDtype, PRECISIONS,
-    };
+    pub use model::{checkpoint_fingerprint, Model};
+    pub use precision::{default_precision, set_default_precision, Precision, WeightDtype, PRECISIONS};
     pub use packed::{token_batches, Packed};
     pub use placement::Placement;
     pub use policy::{EnginePolicy, LoadedPolicy};

@@ -112,7 +112,7 @@ pub fn spans(first: usize, ends: &[usize], cumulative: bool) -> Vec<(usize, usiz
 #[cfg(feature = "engine")]
 pub fn token_logprobs(model: &Model, ids: &Tensor, pad_mask: Option<&Tensor>) -> Result<Tensor> {
     let (b, t) = ids.dims2()?;
-    let hidden = model.hidden(ids, pad_mask, None)?;
+    let hidden = model.hidden(crate::Input::padded(ids, pad_mask))?;
     let flat = hidden.reshape((b * t, hidden.dim(2)?))?;
     let logp = candle_nn::ops::log_softmax(&model.head_logits(&flat)?, D::Minus1)?;
     // Row (b, i) predicts token (b, i + 1); the last row of a sequence predicts nothing.

@@ -2,7 +2,9 @@
 
 use crate::config::{HeadKind, ModelConfig};
 use crate::kernels::Linear;
-use crate::transformer::{BatchCache, KvCache, Transformer};
+use crate::input::Input;
+use crate::transformer::Transformer;
+use crate::precision::{default_precision, Precision, WeightDtype};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
@@ -232,38 +234,19 @@ impl Model {
         Ok(model)
     }
 
-    /// Hidden states `[b, t, hidden]`.
-    pub fn hidden(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
-        self.on_cpu()?;
-        self.decoder.forward(ids, pad_mask, cache)
+    /// The hidden states (after the final norm) of a forward pass over `input`, an input of
+    /// one part: `[b, t, hidden]` for padded ids, `[Σ read, hidden]` for the rows it reads (see
+    /// [`Input`] and [`Transformer::forward`], which says which kernels run).
+    pub fn hidden(&self, input: Input) -> Result<Tensor> {
+        anyhow::ensure!(input.parts.len() == 1, "Model::hidden takes an input of one part");
+        Ok(self.hidden_parts(input)?.remove(0))
     }
 
-    /// Hidden states `[b, t, hidden]` of new tokens continuing `cache` (which grows by them), on
-    /// the CPU inference kernels where they apply ([`Transformer::forward_cached`]).
-    pub fn hidden_cached(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
+    /// The hidden states of each part of `input`, in order (several batches in one pass, each
+    /// continuing its own cache: a decoding step with chunked prefill).
+    pub fn hidden_parts(&self, input: Input) -> Result<Vec<Tensor>> {
         self.on_cpu()?;
-        self.decoder.forward_cached(ids, pad_mask, cache)
-    }
-
-    /// Hidden states `[b, t, hidden]` of several batches run in one pass, each continuing its
-    /// own cache (see [`Transformer::forward_batches`]).
-    pub fn hidden_batches(&self, batches: &mut [(&Tensor, BatchCache)]) -> Result<Vec<Tensor>> {
-        self.on_cpu()?;
-        self.decoder.forward_batches(batches)
-    }
-
-    /// Hidden states at positions `rows[i]` of each sequence `i`, stacked `[Σ rows, hidden]`
-    /// (see [`Transformer::forward_rows`]: cheaper than [`Model::hidden`] when few are read).
-    pub fn hidden_rows(&self, ids: &Tensor, pad_mask: Option<&Tensor>, rows: &[Vec<usize>]) -> Result<Tensor> {
-        self.on_cpu()?;
-        self.decoder.forward_rows(ids, pad_mask, rows)
-    }
-
-    /// Hidden states at positions `read[i]` of each sequence `i` of a packed batch, stacked
-    /// `[Σ read, hidden]` (see [`Transformer::forward_packed_rows`]).
-    pub fn hidden_packed_rows(&self, batch: &crate::packed::Packed, read: &[Vec<usize>]) -> Result<Tensor> {
-        self.on_cpu()?;
-        self.decoder.forward_packed_rows(batch, read)
+        self.decoder.forward(input)
     }
 
     /// Vocabulary logits `[rows.len(), vocab]` at positions `rows` of the sequence `ids` (one
@@ -275,7 +258,7 @@ impl Model {
             return Ok(Tensor::from_vec(values, (rows.len(), width), &Device::Cpu)?);
         }
         let t = Tensor::new(ids, &self.device)?.unsqueeze(0)?;
-        let hidden = self.hidden(&t, None, None)?.squeeze(0)?;
+        let hidden = self.hidden(Input::padded(&t, None))?.squeeze(0)?;
         let idx = Tensor::new(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), &self.device)?;
         self.head_logits(&hidden.index_select(&idx, 0)?)
     }
@@ -292,7 +275,7 @@ impl Model {
 
     /// Head outputs at every position `[b, t, classes or vocab]`.
     pub fn forward(&self, ids: &Tensor, pad_mask: Option<&Tensor>) -> Result<Tensor> {
-        self.head_logits(&self.hidden(ids, pad_mask, None)?)
+        self.head_logits(&self.hidden(Input::padded(ids, pad_mask))?)
     }
 
     /// Switch between the inference kernels and the differentiable training path.
@@ -536,103 +519,6 @@ fn load_tensors(files: &[PathBuf], device: &Device, hold: WeightDtype) -> Result
         }
     }
     Ok(all)
-}
-
-/// How weight matrices are held in memory ([`Precision::weights`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum WeightDtype {
-    /// As the checkpoint stores them: bf16 and f16 stay two bytes a value (the default).
-    #[default]
-    Auto,
-    /// Everything widened to f32 at load (twice the memory of a bf16 checkpoint; f32
-    /// arithmetic throughout).
-    F32,
-    /// f32 matrices rounded to bf16 at load (half their memory; results move by bf16's
-    /// rounding), bf16 and f16 kept as stored.
-    Bf16,
-}
-
-impl std::str::FromStr for WeightDtype {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "auto" => WeightDtype::Auto,
-            "f32" | "float32" => WeightDtype::F32,
-            "bf16" | "bfloat16" => WeightDtype::Bf16,
-            _ => bail!("unknown dtype `{s}`: expected auto, f32 or bf16"),
-        })
-    }
-}
-
-/// What a loaded model computes in: how its weight matrices are held, and whether bf16 ones
-/// multiply in bf16. A property of the model ([`Model::precision`]), given at load
-/// ([`Model::load_as`], [`Model::load_on`]; [`Model::load`] takes [`default_precision`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Precision {
-    /// How weight matrices are held.
-    pub weights: WeightDtype,
-    /// Whether bf16 weights multiply in bf16 with f32 sums on CPUs with AVX512_BF16 (`true`:
-    /// bf16 inference as PyTorch and vLLM compute it, up to twice as fast), or are widened to
-    /// f32 for every product (`false`: the numbers of the checkpoint converted to f32, at bf16's
-    /// memory). CPUs without the instruction always widen.
-    pub bf16_products: bool,
-}
-
-impl Default for Precision {
-    fn default() -> Self {
-        Precision {
-            weights: WeightDtype::Auto,
-            bf16_products: true,
-        }
-    }
-}
-
-impl From<WeightDtype> for Precision {
-    fn from(weights: WeightDtype) -> Self {
-        Precision {
-            weights,
-            ..Precision::default()
-        }
-    }
-}
-
-/// The names [`Precision`] parses (the CLI's `--dtype`, Python's `dtype=`).
-pub const PRECISIONS: [&str; 4] = ["auto", "f32", "bf16", "bf16-weights"];
-
-impl std::str::FromStr for Precision {
-    type Err = anyhow::Error;
-    /// `auto`, `f32`, `bf16` ([`WeightDtype`]'s, bf16 products on) or `bf16-weights` (held in
-    /// bf16, multiplied in f32).
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "bf16-weights" => Precision {
-                weights: WeightDtype::Bf16,
-                bf16_products: false,
-            },
-            _ => s
-                .parse::<WeightDtype>()
-                .map_err(|_| anyhow::anyhow!("unknown dtype `{s}`: expected one of {}", PRECISIONS.join(", ")))?
-                .into(),
-        })
-    }
-}
-
-/// [`default_precision`]'s value.
-static DEFAULT_PRECISION: std::sync::RwLock<Precision> = std::sync::RwLock::new(Precision {
-    weights: WeightDtype::Auto,
-    bf16_products: true,
-});
-
-/// The precision [`Model::load`] gives the models loaded after this call in this process (the
-/// CLI's `--dtype` for commands that load several models, as `torch.set_default_dtype`). A model
-/// already loaded keeps its own ([`Model::precision`]).
-pub fn set_default_precision(p: Precision) {
-    *DEFAULT_PRECISION.write().unwrap_or_else(|e| e.into_inner()) = p;
-}
-
-/// The precision [`Model::load`] gives a model (see [`set_default_precision`]).
-pub fn default_precision() -> Precision {
-    *DEFAULT_PRECISION.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Loaded tensors handed to the model as they are held: bf16/f16 matrices are not widened

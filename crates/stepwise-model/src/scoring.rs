@@ -126,7 +126,7 @@ impl<'a> PrmScorer<'a> {
         let rows: Vec<Vec<usize>> = batch.iter().map(|e| e.positions.clone()).collect();
         let hidden = self
             .model
-            .hidden_packed_rows(&crate::packed::Packed::new(&seqs), &rows)?;
+            .hidden(crate::Input::packed(&crate::packed::Packed::new(&seqs)).read(&rows))?;
         let mut out = Vec::with_capacity(batch.len());
         let mut first = 0;
         for e in batch {

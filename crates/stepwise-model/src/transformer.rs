@@ -2,15 +2,15 @@
 //! grouped-query attention and rotary positions, SwiGLU MLPs, a final RMSNorm. Read top to
 //! bottom: [`Transformer::forward`] → [`Block::forward`] → [`Attention::forward`].
 //!
-//! Two numerically equivalent paths: the fused candle kernels for inference, and plain tensor
-//! ops that record a backward pass for training (candle's fused `rms_norm`, `softmax_last_dim`
-//! and `rope` have no gradient).
+//! One forward ([`Transformer::forward`], taking an [`Input`]) over two numerically equivalent
+//! paths chosen from the input: the fused CPU inference kernels (`kernels/cpu_inference/`), and
+//! candle's ops around the engine's kernels, differentiable for training (candle's fused
+//! `rms_norm`, `softmax_last_dim` and `rope` have no gradient, so training uses the engine's own).
 
 use crate::config::ModelConfig;
 use crate::kernels::cpu_inference;
 use crate::kernels::{self, masked_softmax, KeyMask, Linear, RopeTables};
-use crate::kv_rows::{RowsCache, RowsLayer};
-use crate::packed::Packed;
+use crate::input::{BatchCache, Input, LayerView, Tokens};
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
@@ -49,44 +49,8 @@ struct Pass<'a> {
     batches: &'a [Batch],
 }
 
-/// One layer's keys and values of one batch, `[b, kv_heads, s, head_dim]` each.
-type LayerCache = Option<(Tensor, Tensor)>;
-
-/// A batch's cache in a forward pass ([`Transformer::forward_batches`]).
-pub enum BatchCache<'c> {
-    /// One cache for the batch's sequences, left-padded to the longest.
-    Padded(&'c mut KvCache),
-    /// A cache a sequence, each continued by one new token (a decoding step's rows on the CPU,
-    /// in inference: see [`RowsCache`]).
-    Rows(&'c mut RowsCache),
-}
-
-impl BatchCache<'_> {
-    /// The same cache, borrowed for a shorter while.
-    fn reborrow(&mut self) -> BatchCache<'_> {
-        match self {
-            BatchCache::Padded(c) => BatchCache::Padded(c),
-            BatchCache::Rows(c) => BatchCache::Rows(c),
-        }
-    }
-
-    /// Each layer's part of the cache, in order.
-    fn layer_views(&mut self) -> Vec<LayerView<'_>> {
-        match self {
-            BatchCache::Padded(c) => c.layers.iter_mut().map(LayerView::Padded).collect(),
-            BatchCache::Rows(c) => c.layer_views().into_iter().map(LayerView::Rows).collect(),
-        }
-    }
-}
-
-/// One layer's part of a batch's cache during a forward pass.
-enum LayerView<'c> {
-    Padded(&'c mut LayerCache),
-    Rows(RowsLayer<'c>),
-}
-
 /// One batch of a forward pass: `b` sequences of `t` new tokens each, continuing a cache of
-/// `offset` positions. A pass runs one batch, or several ([`Transformer::forward_batches`]):
+/// `offset` positions. A pass runs one batch, or several (an [`Input`] of several parts):
 /// their rows go through every product together, and each batch attends to its own cache.
 struct Batch {
     b: usize,
@@ -359,49 +323,218 @@ impl Transformer {
         }
     }
 
-    /// Hidden states `[b, t, hidden]` for token ids `[b, t]`.
+    /// The decoder's one forward pass: the hidden states (after the final norm) of each part of
+    /// `input`, in order, `[b, t, hidden]` for a part of padded ids and `[Σ read, hidden]` for
+    /// the rows `input.read` names (a packed part is read at every position when no rows are
+    /// named). Caches the parts continue grow by their tokens.
     ///
-    /// `pad_mask` `[b, t_total]` (1 = real token, 0 = padding) covers the cached positions and
-    /// the new ones; attention is causal and never looks at padding. With a `cache`, the new
-    /// tokens continue the cached sequence and the cache is extended.
-    pub fn forward(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: Option<&mut KvCache>) -> Result<Tensor> {
-        let (b, t) = ids.dims2()?;
-        let keep_cache = cache.is_some();
-        let mut local = KvCache::default();
-        let cache = cache.unwrap_or(&mut local);
-        let batch = self.batch(ids, pad_mask, &mut BatchCache::Padded(cache))?;
-        if !self.differentiable && batch.offset == 0 && t > 0 && ids.device().is_cpu() {
-            if let Some(x) = self.forward_cpu(ids, &batch.mask, keep_cache.then_some(cache), None, false)? {
-                return Ok(x);
+    /// Which kernels run follows from the input alone:
+    ///
+    /// | input | runs on |
+    /// |---|---|
+    /// | a model being trained ([`Transformer::differentiable`]) | candle's ops, which record the backward pass |
+    /// | several parts; a part continuing a [`BatchCache::Rows`] cache; a part continuing a cache by one token a sequence; rows read from a part that keeps a cache | candle's ops around the engine's product kernels (`kernels/linear.rs` streams each weight row once for a decoding step's few rows) and attention kernels (`attention_rows` for a cache a sequence) |
+    /// | anything else: a packed batch; padded ids, filling a cache or not; a cache without left padding continued by several tokens a sequence | the fused CPU inference kernels (`kernels/cpu_inference/`), where the weights are held for them; else candle's ops |
+    ///
+    /// The paths give the same values within float rounding (tested on the fixtures). A
+    /// decoding step stays on candle's ops because the fused kernels would copy its whole
+    /// cache to read it; generation's decoding steps, and the lab's recorded samples, run there.
+    pub fn forward(&self, mut input: Input) -> Result<Vec<Tensor>> {
+        self.check(&input)?;
+        if self.takes_fused(&input) {
+            if let Some(x) = self.forward_fused(&mut input)? {
+                return Ok(vec![x]);
             }
         }
-        let x = self.run(&[ids], &[batch], &mut [BatchCache::Padded(cache)])?;
-        Ok(x.reshape((b, t, x.dim(1)?))?)
+        self.forward_candle(input)
     }
 
-    /// Several batches in one pass, each token ids `[b, t]` continuing its own cache (extended
-    /// here): their rows go through every product together, so the weights are read once for
-    /// all of them, and each batch attends to its own cache only. Returns each batch's hidden
-    /// states `[b, t, hidden]`, the values [`Transformer::forward`] gives it alone within float
-    /// rounding. A decoding step and the prompts joining it run this way (chunked prefill).
-    ///
-    /// A batch with a [`BatchCache::Rows`] cache is one new token a sequence, in inference on
-    /// the CPU: the same values its sequences get in one left-padded cache, bit for bit.
-    pub fn forward_batches(&self, batches: &mut [(&Tensor, BatchCache)]) -> Result<Vec<Tensor>> {
-        let parts = batches
-            .iter_mut()
-            .map(|(ids, cache)| self.batch(ids, None, cache))
-            .collect::<Result<Vec<_>>>()?;
-        let ids: Vec<&Tensor> = batches.iter().map(|(ids, _)| *ids).collect();
-        let mut caches: Vec<BatchCache> = batches.iter_mut().map(|(_, c)| c.reborrow()).collect();
-        let x = self.run(&ids, &parts, &mut caches)?;
-        let mut start = 0;
-        parts
+    /// Checks `input` against the model (rows in range, ids in the vocabulary, positions that
+    /// fit) and counts its positions.
+    fn check(&self, input: &Input) -> Result<()> {
+        anyhow::ensure!(!input.parts.is_empty(), "a forward pass of no parts");
+        let vocab = self.embed.embeddings().dim(0)?;
+        let in_vocab = |ids: &[u32]| -> Result<()> {
+            if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+                anyhow::bail!("token id {bad} is outside the model's vocabulary of {vocab}");
+            }
+            Ok(())
+        };
+        let mut lengths = Vec::new();
+        for part in &input.parts {
+            lengths.clear();
+            match part.tokens {
+                Tokens::Padded { ids, .. } => {
+                    let (b, t) = ids.dims2()?;
+                    let offset = match &part.cache {
+                        None => 0,
+                        Some(BatchCache::Padded(c)) => c.len(),
+                        Some(BatchCache::Rows(c)) => c.len(),
+                    };
+                    let host: Vec<u32> = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
+                    in_vocab(&host)?;
+                    self.count_and_check(b, offset, t)?;
+                    lengths.resize(b, t);
+                }
+                Tokens::Packed(batch) => {
+                    anyhow::ensure!(part.cache.is_none(), "a packed batch continues no cache");
+                    in_vocab(batch.ids())?;
+                    for seq in batch.sequences() {
+                        self.count_and_check(1, 0, seq.len())?;
+                        lengths.push(seq.len());
+                    }
+                }
+            }
+        }
+        if let Some(read) = input.read {
+            anyhow::ensure!(input.parts.len() == 1, "rows are read from an input of one part");
+            anyhow::ensure!(
+                read.len() == lengths.len(),
+                "{} lists of rows for a batch of {}",
+                read.len(),
+                lengths.len()
+            );
+            for (rows, &len) in read.iter().zip(&lengths) {
+                if let Some(p) = rows.iter().find(|&&p| p >= len) {
+                    anyhow::bail!("row {p} is past the end of a sequence of {len} tokens");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `input` goes to the fused CPU inference kernels ([`Transformer::forward`]'s table).
+    fn takes_fused(&self, input: &Input) -> bool {
+        let [part] = input.parts.as_slice() else {
+            return false;
+        };
+        if self.differentiable {
+            return false;
+        }
+        match (part.tokens, &part.cache) {
+            (Tokens::Packed(_), _) => true,
+            (Tokens::Padded { ids, .. }, cache) => {
+                let t = ids.dim(1).unwrap_or(0);
+                ids.device().is_cpu()
+                    && t > 0
+                    && match cache {
+                        None => true,
+                        Some(BatchCache::Rows(_)) => false,
+                        Some(BatchCache::Padded(c)) => {
+                            input.read.is_none()
+                                && (c.is_empty()
+                                    || (t > 1 && c.pads().is_none() && c.layers.len() == self.blocks.len()))
+                        }
+                    }
+            }
+        }
+    }
+
+    /// [`Transformer::forward`] of an input of one part on [`cpu_inference`]; `None` when the
+    /// weights are not held for it.
+    fn forward_fused(&self, input: &mut Input) -> Result<Option<Tensor>> {
+        let read = input.read;
+        let part = &mut input.parts[0];
+        match part.tokens {
+            Tokens::Packed(batch) => {
+                let Some(decoder) = self.cpu_decoder()? else {
+                    return Ok(None);
+                };
+                let every: Vec<Vec<usize>>;
+                let read = match read {
+                    Some(r) => r,
+                    None => {
+                        every = batch.sequences().map(|s| (0..s.len()).collect()).collect();
+                        &every
+                    }
+                };
+                let Some(x) = cpu_inference::forward_packed(&decoder, batch, read) else {
+                    return Ok(None);
+                };
+                let rows = read.iter().map(Vec::len).sum::<usize>();
+                Ok(Some(Tensor::from_vec(x, (rows, decoder.dims.hidden), &Device::Cpu)?))
+            }
+            Tokens::Padded { ids, pad_mask } => {
+                let cache = match &mut part.cache {
+                    Some(BatchCache::Padded(c)) => Some(&mut **c),
+                    _ => None,
+                };
+                let offset = cache.as_ref().map_or(0, |c| c.len());
+                self.forward_cpu(ids, &KeyMask::new(offset, pad_mask)?, cache, read)
+            }
+        }
+    }
+
+    /// [`Transformer::forward`] on candle's ops: the parts' rows go through every product
+    /// together and each part attends to its own cache (a packed part is padded first).
+    fn forward_candle(&self, mut input: Input) -> Result<Vec<Tensor>> {
+        let dev = self.embed.embeddings().device();
+        let padded = input
+            .parts
             .iter()
-            .map(|p| {
+            .map(|p| match p.tokens {
+                Tokens::Packed(batch) => {
+                    let seqs: Vec<&[u32]> = batch.sequences().collect();
+                    let (ids, mask, _) = crate::model::pad_batch(&seqs, dev)?;
+                    Ok(Some((ids, mask)))
+                }
+                Tokens::Padded { .. } => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let tokens: Vec<(&Tensor, Option<&Tensor>)> = input
+            .parts
+            .iter()
+            .zip(&padded)
+            .map(|(p, own)| match (p.tokens, own) {
+                (_, Some((ids, mask))) => (ids, mask.as_ref()),
+                (Tokens::Padded { ids, pad_mask }, None) => (ids, pad_mask),
+                (Tokens::Packed(_), None) => unreachable!("a packed part is padded above"),
+            })
+            .collect();
+        // A part that keeps no cache gets one for the pass.
+        let mut scratch: Vec<KvCache> = input.parts.iter().map(|_| KvCache::default()).collect();
+        let mut caches: Vec<BatchCache> = input
+            .parts
+            .iter_mut()
+            .zip(scratch.iter_mut())
+            .map(|(p, own)| match &mut p.cache {
+                Some(c) => c.reborrow(),
+                None => BatchCache::Padded(own),
+            })
+            .collect();
+        let batches = tokens
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|((ids, mask), cache)| self.batch(ids, *mask, cache))
+            .collect::<Result<Vec<_>>>()?;
+        let ids: Vec<&Tensor> = tokens.iter().map(|(ids, _)| *ids).collect();
+        let x = self.run(&ids, &batches, &mut caches)?;
+        if let Some(read) = input.read {
+            let t = batches[0].t;
+            let rows: Vec<u32> = read
+                .iter()
+                .enumerate()
+                .flat_map(|(i, r)| r.iter().map(move |&p| (i * t + p) as u32))
+                .collect();
+            return Ok(vec![x.index_select(&Tensor::new(rows, dev)?, 0)?]);
+        }
+        let mut start = 0;
+        batches
+            .iter()
+            .zip(&input.parts)
+            .map(|(p, part)| {
                 let rows = x.narrow(0, start, p.b * p.t)?;
                 start += p.b * p.t;
-                Ok(rows.reshape((p.b, p.t, x.dim(1)?))?)
+                Ok(match part.tokens {
+                    // A packed part comes back as its tokens, without the padding.
+                    Tokens::Packed(batch) => {
+                        let real: Vec<u32> = (0..batch.len())
+                            .flat_map(|i| (0..batch.sequence(i).len()).map(move |j| (i * p.t + j) as u32))
+                            .collect();
+                        rows.index_select(&Tensor::new(real, dev)?, 0)?
+                    }
+                    Tokens::Padded { .. } => rows.reshape((p.b, p.t, x.dim(1)?))?,
+                })
             })
             .collect()
     }
@@ -438,7 +571,6 @@ impl Transformer {
                 }
             }
         };
-        self.count_and_check(batch.b, batch.offset, batch.t)?;
         Ok(batch)
     }
 
@@ -478,29 +610,6 @@ impl Transformer {
         rms_norm(&x, &self.norm, self.eps, self.differentiable)
     }
 
-    /// [`Transformer::forward`] continuing `cache`, on the CPU inference kernels even when
-    /// positions are cached (where the weights allow; else the candle path). The same values
-    /// within float rounding; incremental scoring uses it. Generation keeps the candle path for
-    /// its decoding steps, whose numerics the lab's recorded samples were drawn with.
-    pub fn forward_cached(&self, ids: &Tensor, pad_mask: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
-        let (b, t) = ids.dims2()?;
-        let offset = cache.len();
-        if !self.differentiable
-            && t > 0
-            && offset + t <= self.max_positions
-            && ids.device().is_cpu()
-            && cache.layers.len() == self.blocks.len()
-            && cache.pads().is_none()
-        {
-            let mask = KeyMask::new(offset, pad_mask)?;
-            if let Some(x) = self.forward_cpu(ids, &mask, Some(cache), None, true)? {
-                self.count_and_check(b, offset, t)?;
-                return Ok(x);
-            }
-        }
-        self.forward(ids, pad_mask, Some(cache))
-    }
-
     /// Counts `b × t` new positions after `offset` cached ones, and checks they fit the model.
     fn count_and_check(&self, b: usize, offset: usize, t: usize) -> Result<()> {
         self.encoded_tokens
@@ -513,38 +622,6 @@ impl Transformer {
             );
         }
         Ok(())
-    }
-
-    /// The hidden states (after the final norm) at positions `rows[i]` of each sequence `i`,
-    /// stacked `[Σ rows, hidden]`: what a reward model reads. Same values as [`forward`] at
-    /// those positions; on the CPU inference path the last layer runs its queries, MLP and norm
-    /// for these rows only.
-    ///
-    /// [`forward`]: Transformer::forward
-    pub fn forward_rows(&self, ids: &Tensor, pad_mask: Option<&Tensor>, rows: &[Vec<usize>]) -> Result<Tensor> {
-        let (b, t) = ids.dims2()?;
-        if rows.len() != b {
-            anyhow::bail!("{} lists of rows for a batch of {b}", rows.len());
-        }
-        if let Some(p) = rows.iter().flatten().find(|&&p| p >= t) {
-            anyhow::bail!("row {p} is past the end of a batch of {t} positions");
-        }
-        if !self.differentiable && t > 0 && t <= self.max_positions && ids.device().is_cpu() {
-            if let Some(x) = self.forward_cpu(ids, &KeyMask::new(0, pad_mask)?, None, Some(rows), false)? {
-                self.count_and_check(b, 0, t)?;
-                return Ok(x);
-            }
-        }
-        let hidden = self.forward(ids, pad_mask, None)?;
-        let picked = rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| -> Result<Tensor> {
-                let idx = Tensor::new(r.iter().map(|&p| p as u32).collect::<Vec<_>>(), ids.device())?;
-                Ok(hidden.get(i)?.index_select(&idx, 0)?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Tensor::cat(&picked, 0)?)
     }
 
     /// The decoder's tensors as [`cpu_inference`] borrows them (`None` without layers).
@@ -584,59 +661,20 @@ impl Transformer {
         }))
     }
 
-    /// The hidden states (after the final norm) at positions `read[i]` of each sequence `i` of
-    /// the packed `batch`, stacked `[Σ read, hidden]`: what a reward model reads. On the CPU
-    /// inference kernels each sequence runs alone on its own tokens (no padding); elsewhere (a
-    /// model being trained) the sequences are padded for the candle path. The same values as
-    /// [`Transformer::forward_rows`].
-    pub fn forward_packed_rows(&self, batch: &Packed, read: &[Vec<usize>]) -> Result<Tensor> {
-        anyhow::ensure!(
-            read.len() == batch.len(),
-            "{} lists of rows for a batch of {}",
-            read.len(),
-            batch.len()
-        );
-        for (i, rows) in read.iter().enumerate() {
-            let len = batch.sequence(i).len();
-            if let Some(p) = rows.iter().find(|&&p| p >= len) {
-                anyhow::bail!("row {p} is past the end of a sequence of {len} tokens");
-            }
-        }
-        let vocab = self.embed.embeddings().dim(0)?;
-        if let Some(bad) = batch.ids().iter().find(|&&id| id as usize >= vocab) {
-            anyhow::bail!("token id {bad} is outside the model's vocabulary of {vocab}");
-        }
-        if !self.differentiable && batch.longest() <= self.max_positions {
-            if let Some(decoder) = self.cpu_decoder()? {
-                if let Some(x) = cpu_inference::forward_packed(&decoder, batch, read) {
-                    for seq in batch.sequences() {
-                        self.count_and_check(1, 0, seq.len())?;
-                    }
-                    let rows = read.iter().map(Vec::len).sum::<usize>();
-                    return Ok(Tensor::from_vec(x, (rows, decoder.dims.hidden), &Device::Cpu)?);
-                }
-            }
-        }
-        let seqs: Vec<&[u32]> = batch.sequences().collect();
-        let (ids, mask, _) = crate::model::pad_batch(&seqs, self.embed.embeddings().device())?;
-        self.forward_rows(&ids, mask.as_ref(), read)
-    }
-
-    /// [`Transformer::forward`] by [`cpu_inference`], filling `cache` when given (continuing
-    /// the positions it holds when `continues`), at the positions `read` only when given (as
-    /// [`Transformer::forward_rows`]); `None` when the weights are not f32 on the CPU.
+    /// [`Transformer::forward`] of padded ids by [`cpu_inference`], filling `cache` when given
+    /// (continuing the positions it holds), at the positions `read` only when given; `None`
+    /// when the weights are not held for it.
     fn forward_cpu(
         &self,
         ids: &Tensor,
         mask: &KeyMask,
         cache: Option<&mut KvCache>,
         read: Option<&[Vec<usize>]>,
-        continues: bool,
     ) -> Result<Option<Tensor>> {
         let (b, t) = ids.dims2()?;
         // The cached keys and values the new tokens continue, as host rows.
-        let prefix = match (&cache, continues) {
-            (Some(c), true) if !c.is_empty() => {
+        let prefix = match &cache {
+            Some(c) if !c.is_empty() => {
                 let layers = c
                     .layers
                     .iter()
@@ -657,10 +695,7 @@ impl Transformer {
         };
         let offset = prefix.as_ref().map_or(0, |p| p.len);
         let ids: Vec<u32> = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
-        let (vocab, hidden) = self.embed.embeddings().dims2()?;
-        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-            anyhow::bail!("token id {bad} is outside the model's vocabulary of {vocab}");
-        }
+        let hidden = self.embed.embeddings().dim(1)?;
         let Some(decoder) = self.cpu_decoder()? else {
             return Ok(None);
         };

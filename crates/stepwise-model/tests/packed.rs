@@ -6,7 +6,7 @@ mod common;
 
 use common::fixtures;
 use stepwise_model::scoring::LoadedVerifier;
-use stepwise_model::{Packed, Tokenizer};
+use stepwise_model::{Input, Packed, Tokenizer};
 
 /// Forty ProcessBench solutions of mixed lengths (the public data the project ships), cut to
 /// their first steps and characters so that they fit the fixtures' 512 positions.
@@ -81,12 +81,12 @@ fn packed_rows_equal_each_sequence_run_alone() {
         .iter()
         .map(|s| (0..s.len()).filter(|p| p % 10 == 0 || *p == s.len() - 1).collect())
         .collect();
-    let all = v.model.hidden_packed_rows(&packed, &read).unwrap();
+    let all = v.model.hidden(Input::packed(&packed).read(&read)).unwrap();
     let mut first = 0;
     for (s, r) in seqs.iter().zip(&read) {
         let alone = v
             .model
-            .hidden_packed_rows(&Packed::new(&[s.as_slice()]), std::slice::from_ref(r))
+            .hidden(Input::packed(&Packed::new(&[s.as_slice()])).read(std::slice::from_ref(r)))
             .unwrap();
         let mine = all.narrow(0, first, r.len()).unwrap();
         first += r.len();
@@ -100,13 +100,16 @@ fn packed_rows_equal_each_sequence_run_alone() {
             .unwrap()
             .unsqueeze(0)
             .unwrap();
-        let padded = v.model.hidden_rows(&ids, None, std::slice::from_ref(r)).unwrap();
+        let padded = v
+            .model
+            .hidden(Input::padded(&ids, None).read(std::slice::from_ref(r)))
+            .unwrap();
         assert!(common::max_diff(&padded, &alone) < 1e-5);
     }
     // Reading past a sequence's end is an error naming it, not a panic.
     let err = v
         .model
-        .hidden_packed_rows(&Packed::new(&[&[1, 2]]), &[vec![5]])
+        .hidden(Input::packed(&Packed::new(&[&[1, 2]])).read(&[vec![5]]))
         .unwrap_err();
     assert!(err.to_string().contains("past the end"), "{err}");
 }

@@ -5,7 +5,7 @@
 use candle_core::Device;
 use serde_json::Value;
 use std::path::PathBuf;
-use stepwise_model::{generate, Decoding, Model, PrmLayout, PrmScorer, SamplingParams, Tokenizer};
+use stepwise_model::{generate, Decoding, Input, Model, PrmLayout, PrmScorer, SamplingParams, Tokenizer};
 
 mod common;
 use common::fixtures;
@@ -361,13 +361,8 @@ fn joined_caches_continue_each_sequence_as_alone() {
     assert!(long.len() > short.len());
     let encode = |p: &[u32]| {
         let mut c = KvCache::default();
-        model
-            .hidden(
-                &Tensor::new(p, &Device::Cpu).unwrap().unsqueeze(0).unwrap(),
-                None,
-                Some(&mut c),
-            )
-            .unwrap();
+        let ids = Tensor::new(p, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        model.hidden(Input::padded(&ids, None).cache(&mut c)).unwrap();
         c
     };
     let (mut alone_a, mut alone_b) = (encode(short), encode(long));
@@ -376,7 +371,11 @@ fn joined_caches_continue_each_sequence_as_alone() {
     assert_eq!(joined.pads().unwrap(), &[long.len() - short.len(), 0]);
     let step = |c: &mut KvCache, toks: &[u32]| {
         let ids = Tensor::new(toks, &Device::Cpu).unwrap().unsqueeze(1).unwrap();
-        model.hidden(&ids, None, Some(c)).unwrap().squeeze(1).unwrap()
+        model
+            .hidden(Input::padded(&ids, None).cache(c))
+            .unwrap()
+            .squeeze(1)
+            .unwrap()
     };
     for (i, t) in [5u32, 9, 2].into_iter().enumerate() {
         let both = step(&mut joined, &[t, t + 1]);
@@ -399,14 +398,14 @@ fn joined_caches_continue_each_sequence_as_alone() {
     assert!(common::max_diff(&x, &y) < 1e-5);
 }
 
-/// Several batches in one pass (`Model::hidden_batches`, chunked prefill's forward): a decoding
+/// Several batches in one pass (an `Input` of several parts, chunked prefill's forward): a decoding
 /// batch of two left-padded rows, a prompt from an empty cache and a prompt's second chunk
 /// continuing its own cache each get the hidden states, and leave the caches, that they get
 /// alone, within float rounding.
 #[test]
 fn batches_in_one_pass_match_each_alone() {
     use candle_core::Tensor;
-    use stepwise_model::transformer::{BatchCache, KvCache};
+    use stepwise_model::transformer::KvCache;
     let exp = expected();
     let (model, _) = load("qwen2-policy");
     let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
@@ -414,7 +413,7 @@ fn batches_in_one_pass_match_each_alone() {
     let ids = |toks: &[u32]| Tensor::new(toks, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
     let encode = |p: &[u32]| {
         let mut c = KvCache::default();
-        model.hidden(&ids(p), None, Some(&mut c)).unwrap();
+        model.hidden(Input::padded(&ids(p), None).cache(&mut c)).unwrap();
         c
     };
     // The decoding batch: two sequences of different lengths, one token each.
@@ -426,18 +425,23 @@ fn batches_in_one_pass_match_each_alone() {
 
     let (mut dec_alone, mut fresh_alone, mut chunk_alone) = (decoding.clone(), KvCache::default(), chunked.clone());
     let alone = [
-        model.hidden(&step, None, Some(&mut dec_alone)).unwrap(),
-        model.hidden(&ids(fresh), None, Some(&mut fresh_alone)).unwrap(),
-        model.hidden(&ids(second), None, Some(&mut chunk_alone)).unwrap(),
+        model.hidden(Input::padded(&step, None).cache(&mut dec_alone)).unwrap(),
+        model
+            .hidden(Input::padded(&ids(fresh), None).cache(&mut fresh_alone))
+            .unwrap(),
+        model
+            .hidden(Input::padded(&ids(second), None).cache(&mut chunk_alone))
+            .unwrap(),
     ];
     let (mut dec, mut fresh_cache, mut chunk_cache) = (decoding.clone(), KvCache::default(), chunked.clone());
     let (fresh_ids, second_ids) = (ids(fresh), ids(second));
     let together = model
-        .hidden_batches(&mut [
-            (&step, BatchCache::Padded(&mut dec)),
-            (&fresh_ids, BatchCache::Padded(&mut fresh_cache)),
-            (&second_ids, BatchCache::Padded(&mut chunk_cache)),
-        ])
+        .hidden_parts(
+            Input::padded(&step, None)
+                .cache(&mut dec)
+                .and(Input::padded(&fresh_ids, None).cache(&mut fresh_cache))
+                .and(Input::padded(&second_ids, None).cache(&mut chunk_cache)),
+        )
         .unwrap();
     for (k, (a, b)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a.dims(), b.dims(), "batch {k}");
@@ -469,7 +473,8 @@ fn batches_in_one_pass_match_each_alone() {
 #[test]
 fn caches_a_sequence_decode_bit_for_bit_as_one_padded_cache() {
     use candle_core::Tensor;
-    use stepwise_model::transformer::{BatchCache, KvCache};
+    use stepwise_model::transformer::KvCache;
+    use stepwise_model::BatchCache;
     use stepwise_model::RowsCache;
     let exp = expected();
     let (model, _) = load("qwen2-policy");
@@ -478,7 +483,7 @@ fn caches_a_sequence_decode_bit_for_bit_as_one_padded_cache() {
     let encode = |p: &[u32]| {
         let mut c = KvCache::default();
         let ids = Tensor::new(p, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-        model.hidden(&ids, None, Some(&mut c)).unwrap();
+        model.hidden(Input::padded(&ids, None).cache(&mut c)).unwrap();
         c
     };
     let caches = [&prompts[0][..], &prompts[1][..], &prompts[0][..13]].map(encode);
@@ -511,8 +516,8 @@ fn caches_a_sequence_decode_bit_for_bit_as_one_padded_cache() {
             .unsqueeze(1)
             .unwrap();
         let hidden = |cache: BatchCache| -> Vec<f32> {
-            let h = model.hidden_batches(&mut [(&ids, cache)]).unwrap();
-            h[0].flatten_all().unwrap().to_vec1().unwrap()
+            let h = model.hidden(Input::padded(&ids, None).cache(cache)).unwrap();
+            h.flatten_all().unwrap().to_vec1().unwrap()
         };
         let (a, b) = (
             hidden(BatchCache::Padded(&mut padded)),

@@ -45,6 +45,15 @@ impl SamplingArgs {
     }
 }
 
+/// `--aggregation`-like options: one of [`stepwise_search::Aggregation`]'s names, parsed into it
+/// (the names listed in `--help`).
+pub fn aggregation_arg() -> impl clap::builder::TypedValueParser<Value = stepwise_search::Aggregation> {
+    use clap::builder::TypedValueParser;
+    use stepwise_search::Aggregation;
+    clap::builder::PossibleValuesParser::new(Aggregation::ALL.map(Aggregation::name))
+        .try_map(|name: String| Aggregation::by_name(&name).map_err(|e| e.to_string()))
+}
+
 /// A checkpoint argument: a folder, or a Hugging Face model id found in the local cache
 /// ([`stepwise_model::hub`]).
 pub fn model_dir(arg: &str) -> Result<std::path::PathBuf, String> {

@@ -52,8 +52,8 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub width: usize,
     /// How step scores rank candidates.
-    #[arg(long, default_value = "min", value_parser = ["min", "product", "last", "mean"])]
-    pub aggregation: String,
+    #[arg(long, default_value = "min", value_parser = super::aggregation_arg())]
+    pub aggregation: Aggregation,
     /// Most steps per solution.
     #[arg(long, default_value_t = 40)]
     pub max_steps: usize,
@@ -140,7 +140,7 @@ pub fn run(a: Args) -> Result<()> {
         n: a.n,
         width: a.width,
         max_steps: a.max_steps,
-        aggregation: Aggregation::by_name(&a.aggregation)?,
+        aggregation: a.aggregation,
         lookahead: a.lookahead,
         threshold,
         max_resamples: a.max_resamples,

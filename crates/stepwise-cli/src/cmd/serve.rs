@@ -66,8 +66,8 @@ pub struct Args {
     #[arg(long, default_value = "\n\n")]
     pub reward_separator: String,
     /// `/get_reward`: how a response's step scores become its reward (min, product, last, mean).
-    #[arg(long, default_value = "min", value_parser = ["min", "product", "last", "mean"])]
-    pub reward_aggregate: String,
+    #[arg(long, default_value = "min", value_parser = super::aggregation_arg())]
+    pub reward_aggregate: stepwise_search::Aggregation,
     /// `/get_reward`: weight of the graded outcome (1 when the answer equals the label) added to
     /// the aggregated step scores (0: process reward only).
     #[arg(long, default_value_t = 1.0)]
@@ -171,7 +171,7 @@ pub fn run(a: Args) -> Result<()> {
         kv_budget: a.kv_budget_gb.map(|g| (g * (1u64 << 30) as f64) as usize),
         reward_rule: stepwise_remote::serve::openrlhf::RewardRule {
             separator: a.reward_separator,
-            aggregation: stepwise_search::Aggregation::by_name(&a.reward_aggregate)?,
+            aggregation: a.reward_aggregate,
             outcome_weight: a.reward_outcome_weight,
             mode: stepwise_core::grader::GradeMode::Lenient,
         },

@@ -224,16 +224,10 @@ impl<'a, B: Backend> PagedDecoding<'a, B> {
                 seq: PagedSeq::default(),
             });
         }
-        let mut budget = self.prefill_chunk;
-        let takes: Vec<usize> = self
-            .prefills
-            .iter()
-            .map_while(|p| {
-                let take = (p.tokens.len() - p.fed).min(budget);
-                budget -= take;
-                (take > 0).then_some(take)
-            })
-            .collect();
+        let takes = crate::generate::prefill_takes(
+            self.prefills.iter().map(|p| p.tokens.len() - p.fed),
+            self.prefill_chunk,
+        );
         self.last_step = StepRows {
             continuations: self.rows.len(),
             prompts: takes.iter().sum(),

@@ -148,7 +148,7 @@ pub fn batch_loss(model: &Model, batch: &[&Example], objective: Objective) -> Re
     if let Objective::LogRatio(lr) = objective {
         return log_ratio_loss(model, batch, &ids, mask.as_ref(), t, lr);
     }
-    let hidden = model.hidden(&ids, mask.as_ref(), None)?;
+    let hidden = model.hidden(crate::Input::padded(&ids, mask.as_ref()))?;
     let h = hidden.dim(2)?;
     let flat = hidden.reshape((batch.len() * t, h))?;
     match objective {

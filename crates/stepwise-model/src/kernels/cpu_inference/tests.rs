@@ -50,7 +50,7 @@ fn the_cpu_path_matches_the_candle_path() {
             let mut run = |training: bool| {
                 m.set_training(training);
                 let mut cache = KvCache::default();
-                let h = m.hidden(&ids, Some(&pad), Some(&mut cache)).unwrap();
+                let h = m.hidden(crate::Input::padded(&ids, Some(&pad)).cache(&mut cache)).unwrap();
                 (h, cache)
             };
             let (fast, fast_cache) = run(false);
@@ -69,7 +69,7 @@ fn the_cpu_path_matches_the_candle_path() {
                 })
                 .collect();
             m.set_training(false);
-            let read = m.hidden_rows(&ids, Some(&pad), &rows).unwrap();
+            let read = m.hidden(crate::Input::padded(&ids, Some(&pad)).read(&rows)).unwrap();
             let picked: Vec<Tensor> = rows
                 .iter()
                 .enumerate()
