@@ -155,15 +155,7 @@ impl<'a> PrmScorer<'a> {
         let (values, width) = gpu.head_at(&packed, &read, columns.as_ref().map(|c| c.as_slice()))?;
         let logits = candle_core::Tensor::from_vec(values, (read.len(), width), &candle_core::Device::Cpu)?;
         let probs: Vec<f32> = crate::model::good_prob(&logits)?.to_vec1()?;
-        let mut rest = probs.as_slice();
-        Ok(batch
-            .iter()
-            .map(|e| {
-                let (mine, tail) = rest.split_at(e.positions.len());
-                rest = tail;
-                mine.to_vec()
-            })
-            .collect())
+        Ok(per_solution(&probs, batch))
     }
 
     /// Step rewards of a log-ratio verifier: both models read the batch once.
@@ -193,15 +185,7 @@ impl<'a> PrmScorer<'a> {
             return Ok(batch.iter().map(|_| Vec::new()).collect());
         }
         let p: Vec<f32> = candle_nn::ops::sigmoid(&(span_sums(&ratio, t, &all)? * lr.beta as f64)?)?.to_vec1()?;
-        let mut rest = p.as_slice();
-        Ok(batch
-            .iter()
-            .map(|e| {
-                let (mine, tail) = rest.split_at(e.positions.len());
-                rest = tail;
-                mine.to_vec()
-            })
-            .collect())
+        Ok(per_solution(&p, batch))
     }
 
     /// Step rewards of one solution.
@@ -304,4 +288,18 @@ impl LoadedVerifier {
     pub fn scorer(&self) -> PrmScorer<'_> {
         PrmScorer::new(&self.model, &self.tokenizer, self.layout.clone()).with_reference(self.reference.as_ref())
     }
+}
+
+/// `values`, one per reward position of every solution of `batch` in order, split into each
+/// solution's.
+fn per_solution(values: &[f32], batch: &[&Encoded]) -> Vec<Vec<f32>> {
+    let mut rest = values;
+    batch
+        .iter()
+        .map(|e| {
+            let (mine, tail) = rest.split_at(e.positions.len());
+            rest = tail;
+            mine.to_vec()
+        })
+        .collect()
 }

@@ -72,24 +72,27 @@ pub fn step_advantages(rewards: &[Vec<f32>], steps: &[usize], kind: RewardKind, 
                     let mine: Vec<f32> = normed.by_ref().take(v.len()).collect();
                     match credit {
                         Credit::MinSoFar => mine,
-                        Credit::ReturnToGo => {
-                            let mut acc = 0.0;
-                            let mut out: Vec<f32> = mine
-                                .iter()
-                                .rev()
-                                .map(|x| {
-                                    acc += x;
-                                    acc
-                                })
-                                .collect();
-                            out.reverse();
-                            out
-                        }
+                        Credit::ReturnToGo => returns_to_go(&mine),
                     }
                 })
                 .collect()
         }
     }
+}
+
+/// The return from each position: the sum of the rewards from it on (undiscounted).
+pub fn returns_to_go(rewards: &[f32]) -> Vec<f32> {
+    let mut acc = 0.0;
+    let mut out: Vec<f32> = rewards
+        .iter()
+        .rev()
+        .map(|x| {
+            acc += x;
+            acc
+        })
+        .collect();
+    out.reverse();
+    out
 }
 
 #[cfg(test)]

@@ -88,21 +88,6 @@ pub fn token_rewards(
 mod tests {
     use super::*;
 
-    /// The return from each token: the sum of the rewards from it on.
-    fn returns(r: &[f32]) -> Vec<f32> {
-        let mut acc = 0.0;
-        let mut out: Vec<f32> = r
-            .iter()
-            .rev()
-            .map(|x| {
-                acc += x;
-                acc
-            })
-            .collect();
-        out.reverse();
-        out
-    }
-
     #[test]
     fn return_to_go_places_each_score_at_its_step_end() {
         let r = token_rewards(8, &[0.9, 0.2, 0.7], &[1, 4, 7], TokenCredit::ReturnToGo, None).unwrap();
@@ -117,7 +102,7 @@ mod tests {
         let scores = [0.9, 0.2, 0.7, 0.5];
         let ends = [2, 3, 6, 9];
         let r = token_rewards(10, &scores, &ends, TokenCredit::Min, None).unwrap();
-        let g = returns(&r);
+        let g = crate::advantage::returns_to_go(&r);
         for (j, &end) in ends.iter().enumerate() {
             let want = scores[j..].iter().copied().fold(f32::INFINITY, f32::min);
             assert!((g[end] - want).abs() < 1e-6, "step {j}: {} vs {want}", g[end]);
