@@ -17,12 +17,18 @@
 //! After the last layer only the rows read are normed and go through the head.
 
 mod decoding;
+mod layer;
 mod paged;
 mod reference;
+mod reference_train;
+mod train;
+mod train_backend;
 
 pub use decoding::PagedDecoding;
 pub use paged::{PagedCache, PagedSeq, BLOCK};
 pub use reference::Reference;
+pub use train::{PackedTrainer, TrainStep};
+pub use train_backend::{AdamW, TrainBackend};
 
 use crate::config::{HeadKind, ModelConfig};
 use crate::packed::Packed;
@@ -672,77 +678,6 @@ impl<B: Backend> PackedDecoder<B> {
             &mut Attend::Packed(&ints),
             s,
         )
-    }
-
-    /// Every layer over the `tokens` (at `positions`), attending as `attend` says; then the rows
-    /// `read` (`n_read` of them) normed into `s.head_in` (bf16).
-    fn layers_over(
-        &self,
-        tokens: &[u32],
-        positions: &B::I32,
-        read: &B::I32,
-        n_read: usize,
-        attend: &mut Attend<'_, B>,
-        s: &mut Scratch<B>,
-    ) -> Result<()> {
-        let b = &*self.backend;
-        let cfg = &self.config;
-        let (t, h, d) = (tokens.len(), cfg.hidden_size, cfg.head_dim);
-        let (heads, kv, inter) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size);
-        let width = (heads + 2 * kv) * d;
-        let eps = cfg.rms_norm_eps as f32;
-        let ids = b.upload_i32(&tokens.iter().map(|&i| i as i32).collect::<Vec<_>>())?;
-        grow_f32(b, &mut s.x, t * h)?;
-        grow_bf16(b, &mut s.normed, t * h)?;
-        grow_f32(b, &mut s.y, t * width)?;
-        grow_bf16(b, &mut s.qkv, t * width)?;
-        grow_bf16(b, &mut s.attn, t * heads * d)?;
-        grow_bf16(b, &mut s.gate_up, t * 2 * inter)?;
-        grow_bf16(b, &mut s.act, t * inter)?;
-        grow_bf16(b, &mut s.head_in, n_read * h)?;
-        let (Some(x), Some(normed), Some(y), Some(qkv), Some(attn), Some(gate_up), Some(act), Some(head_in)) = (
-            s.x.as_mut(),
-            s.normed.as_mut(),
-            s.y.as_mut(),
-            s.qkv.as_mut(),
-            s.attn.as_mut(),
-            s.gate_up.as_mut(),
-            s.act.as_mut(),
-            s.head_in.as_mut(),
-        ) else {
-            unreachable!("every buffer was grown above")
-        };
-        b.embed(&self.embed, &ids, x, t, h)?;
-        for (li, l) in self.layers.iter().enumerate() {
-            b.rms_norm(x, None, &l.ln1, normed, t, h, eps)?;
-            b.gemm(normed, &l.qkv, Out::F32(y), t, width, h, false)?;
-            b.bias_rope(
-                y,
-                l.qkv_bias.as_ref(),
-                &self.cos,
-                &self.sin,
-                positions,
-                qkv,
-                t,
-                heads,
-                kv,
-                d,
-            )?;
-            match attend {
-                Attend::Packed(ints) => b.attention(qkv, attn, ints, t, heads, kv, d)?,
-                Attend::Paged { meta, cache } => {
-                    let (k, v) = (&mut cache.k[li], &mut cache.v[li]);
-                    b.cache_write(qkv, k, v, &meta.slots, t, heads, kv, d)?;
-                    b.paged_attention(qkv, k, v, attn, meta, t, heads, kv, d)?;
-                }
-            }
-            b.gemm(attn, &l.o, Out::F32(x), t, h, heads * d, true)?;
-            b.rms_norm(x, None, &l.ln2, normed, t, h, eps)?;
-            b.gemm(normed, &l.gate_up, Out::Bf16(gate_up), t, 2 * inter, h, false)?;
-            b.swiglu(gate_up, act, t, inter)?;
-            b.gemm(act, &l.down, Out::F32(x), t, h, inter, true)?;
-        }
-        b.rms_norm(x, Some(read), &self.norm, head_in, n_read, h, eps)
     }
 
     /// The head over the `r` normed rows in `s.head_in`, read back.

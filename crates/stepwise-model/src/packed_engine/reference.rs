@@ -10,15 +10,15 @@ use anyhow::{ensure, Result};
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Reference;
 
-fn widen(b: u16) -> f32 {
+pub(super) fn widen(b: u16) -> f32 {
     half::bf16::from_bits(b).to_f32()
 }
 
-fn round(x: f32) -> u16 {
+pub(super) fn round(x: f32) -> u16 {
     half::bf16::from_f32(x).to_bits()
 }
 
-fn int(x: i32) -> usize {
+pub(super) fn int(x: i32) -> usize {
     x as usize
 }
 
