@@ -9,15 +9,8 @@ fn kernels_compile_with_nvrtc_for_every_target() {
         for head_dim in [16, 32, 64, 96, 128] {
             let ptx = stepwise_model::cuda::compile_only(arch, head_dim)
                 .unwrap_or_else(|e| panic!("{arch}, head size {head_dim}: {e:#}"));
-            for kernel in [
-                "flash_attention",
-                "attention_simple",
-                "paged_attention",
-                "cache_write",
-                "rms_norm",
-                "bias_rope",
-                "swiglu",
-            ] {
+            // Every kernel a GPU loads when opened (inference and training), and the flash one.
+            for &kernel in stepwise_model::cuda::GENERAL.iter().chain(&["flash_attention"]) {
                 assert!(
                     ptx.contains(&format!(".entry {kernel}")),
                     "{arch}: no `{kernel}` in the PTX"

@@ -16,6 +16,7 @@
 
 mod backend;
 mod libraries;
+mod train;
 
 /// A checkpoint's decoder and head on a GPU: the packed engine on [`Gpu`].
 pub type GpuModel = crate::packed_engine::PackedDecoder<Gpu>;
@@ -28,10 +29,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The kernels' source, compiled by NVRTC when a GPU is opened.
-const KERNELS: &str = include_str!("kernels.cu");
+const KERNELS: &str = concat!(include_str!("kernels.cu"), include_str!("train_kernels.cu"));
 
-/// The general kernels of [`KERNELS`] (everything but the flash kernel, built per head size).
-const GENERAL: &[&str] = &[
+/// The general kernels of the engine's CUDA source (everything but the flash kernel, built per
+/// head size), loaded when a GPU is opened.
+pub const GENERAL: &[&str] = &[
     "embed_rows",
     "rms_norm",
     "bias_rope",
@@ -42,6 +44,18 @@ const GENERAL: &[&str] = &[
     "gather_rows_bf16",
     "cache_write",
     "paged_attention",
+    "copy_f32",
+    "round_bf16",
+    "zero_f32",
+    "column_sums",
+    "rms_norm_backward",
+    "swiglu_backward",
+    "relu_backward",
+    "rope_backward",
+    "attention_backward",
+    "embed_backward",
+    "sum_squares",
+    "adamw",
 ];
 
 /// An opened GPU: its context, the stream every call runs on, cuBLAS, and the compiled kernels.
@@ -312,8 +326,35 @@ impl Gpu {
         out_f32: bool,
         accumulate: bool,
     ) -> Result<()> {
+        // Row-major y = x·wᵀ is column-major yᵀ = w·xᵀ: w is k×n column-major, taken transposed.
+        let what = || format!("cuBLAS product [{rows}, {k}] × [{n}, {k}]ᵀ");
+        self.blas_gemm(
+            (true, w, k),
+            (false, x, k),
+            (y, n),
+            (n, rows, k),
+            out_f32,
+            accumulate,
+            what,
+        )
+    }
+
+    /// Column-major `c[m, n] (+)= op(a) · op(b)` with bf16 operands (`a`, `b`: whether taken
+    /// transposed, the address, the leading dimension; `c`: the address and leading dimension),
+    /// f32 accumulation, `c` f32 (`out_f32`) or bf16. `what` names the product in errors.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn blas_gemm(
+        &self,
+        a: (bool, u64, usize),
+        b: (bool, u64, usize),
+        c: (u64, usize),
+        (m, n, k): (usize, usize, usize),
+        out_f32: bool,
+        accumulate: bool,
+        what: impl Fn() -> String,
+    ) -> Result<()> {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-        if rows == 0 || n == 0 {
+        if m == 0 || n == 0 {
             return Ok(());
         }
         // cuBLAS runs in the calling thread's current context (a server's worker thread may not
@@ -325,33 +366,39 @@ impl Gpu {
         } else {
             cudaDataType::CUDA_R_16BF
         };
-        // Row-major y = x·wᵀ is column-major yᵀ = w·xᵀ: w is k×n column-major, taken transposed.
-        // SAFETY: the pointers address buffers of at least rows·k, n·k and rows·n values, sized
-        // by the caller (model.rs), on this handle's stream.
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        // SAFETY: the pointers address buffers of the sizes the shapes and leading dimensions
+        // imply, sized by the caller (the packed engine), on this handle's stream.
         unsafe {
             cudarc::cublas::result::gemm_ex(
                 *self.blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
+                op(a.0),
+                op(b.0),
+                m as i32,
                 n as i32,
-                rows as i32,
                 k as i32,
                 &alpha as *const f32 as *const _,
-                w as *const _,
+                a.1 as *const _,
                 cudaDataType::CUDA_R_16BF,
-                k as i32,
-                x as *const _,
+                a.2 as i32,
+                b.1 as *const _,
                 cudaDataType::CUDA_R_16BF,
-                k as i32,
+                b.2 as i32,
                 &beta as *const f32 as *const _,
-                y as *mut _,
+                c.0 as *mut _,
                 out_type,
-                n as i32,
+                c.1 as i32,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .with_context(|| format!("cuBLAS product [{rows}, {k}] × [{n}, {k}]ᵀ"))?;
+        .with_context(what)?;
         Ok(())
     }
 }

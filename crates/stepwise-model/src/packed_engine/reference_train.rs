@@ -21,13 +21,6 @@ impl TrainBackend for Reference {
         Ok(())
     }
 
-    fn widen_bf16(&self, src: &Vec<u16>, at: usize, dst: &mut Vec<f32>, n: usize) -> Result<()> {
-        for (d, &s) in dst[..n].iter_mut().zip(&src[at..at + n]) {
-            *d = widen(s);
-        }
-        Ok(())
-    }
-
     fn zero_f32(&self, buf: &mut Vec<f32>, n: usize) -> Result<()> {
         buf[..n].fill(0.0);
         Ok(())

@@ -35,8 +35,6 @@ pub trait TrainBackend: Backend {
     fn copy_f32(&self, src: &Self::F32, dst: &mut Self::F32, n: usize) -> Result<()>;
     /// `dst[at + i] = bf16(src[i])`, `n` values.
     fn round_bf16(&self, src: &Self::F32, dst: &mut Self::Bf16, at: usize, n: usize) -> Result<()>;
-    /// `dst[i] = src[at + i]` widened, `n` values.
-    fn widen_bf16(&self, src: &Self::Bf16, at: usize, dst: &mut Self::F32, n: usize) -> Result<()>;
     /// `n` zeros written over `buf`'s first values.
     fn zero_f32(&self, buf: &mut Self::F32, n: usize) -> Result<()>;
     /// `dx[rows, k] (+)= dy[rows, n] · w[n, k]`: an input's gradient through `y = x · wᵀ`.

@@ -1,0 +1,233 @@
+
+// ---- Training (TrainBackend): compiled with the kernels above, whose helpers they use. Each
+// computes what packed_engine/reference_train.rs specifies. Gradients shared by many rows (a
+// weight vector's, a key's, an embedding's) are summed with atomicAdd.
+
+// dst[i] = src[i].
+extern "C" __global__ void copy_f32(const float* __restrict__ src, float* __restrict__ dst, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
+
+// dst[i] = bf16(src[i]).
+extern "C" __global__ void round_bf16(const float* __restrict__ src, bf16_t* __restrict__ dst, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = f32_to_bf16(src[i]);
+}
+
+// buf[i] = 0.
+extern "C" __global__ void zero_f32(float* __restrict__ buf, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) buf[i] = 0.f;
+}
+
+// db[c] += sum over rows of dy[r, c]. One block a column.
+extern "C" __global__ void column_sums(const float* __restrict__ dy, float* __restrict__ db, int rows, int width) {
+    __shared__ float partial[32];
+    int c = blockIdx.x;
+    float s = 0.f;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) s += dy[(size_t)r * width + c];
+    s = block_sum(s, partial);
+    if (threadIdx.x == 0) db[c] += s;
+}
+
+// Through out[i] = x[r] / rms(x[r]) * w (r = rows[i], or i): dx[r] += d/dx, dw += d/dw, for the
+// gradient dy[i] of out[i]. One block a row.
+extern "C" __global__ void rms_norm_backward(const float* __restrict__ x, const int* __restrict__ rows,
+                                             const float* __restrict__ w, const float* __restrict__ dy,
+                                             float* __restrict__ dx, float* __restrict__ dw, int hidden,
+                                             float eps) {
+    __shared__ float partial[32];
+    int r = rows ? rows[blockIdx.x] : blockIdx.x;
+    const float* row = x + (size_t)r * hidden;
+    const float* g = dy + (size_t)blockIdx.x * hidden;
+    float ss = 0.f, shared = 0.f;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss += row[j] * row[j];
+    ss = block_sum(ss, partial);
+    __syncthreads();
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) shared += g[j] * w[j] * row[j];
+    shared = block_sum(shared, partial);
+    float inv = rsqrtf(ss / (float)hidden + eps);
+    float k = inv * inv * inv * shared / (float)hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+        atomicAdd(dw + j, g[j] * row[j] * inv);
+        dx[(size_t)r * hidden + j] += inv * g[j] * w[j] - row[j] * k;
+    }
+}
+
+// Through act = silu(gate) * up: d_gu = bf16([d/dgate | d/dup]) (n = rows * inter).
+extern "C" __global__ void swiglu_backward(const bf16_t* __restrict__ gu, const float* __restrict__ d_act,
+                                           bf16_t* __restrict__ d_gu, int inter, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long long r = i / inter;
+    int j = (int)(i % inter);
+    size_t gi = r * 2 * inter + j, ui = gi + inter;
+    float g = bf16_to_f32(gu[gi]), u = bf16_to_f32(gu[ui]), d = d_act[i];
+    float sig = 1.f / (1.f + __expf(-g));
+    d_gu[gi] = f32_to_bf16(d * u * sig * (1.f + g * (1.f - sig)));
+    d_gu[ui] = f32_to_bf16(d * g * sig);
+}
+
+// Through out = bf16(relu(y + b)): d[i] = 0 where out[i] <= 0.
+extern "C" __global__ void relu_backward(const bf16_t* __restrict__ out, float* __restrict__ d, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && bf16_to_f32(out[i]) <= 0.f) d[i] = 0.f;
+}
+
+// Through bias_rope: dy = bf16(rope^-1(d_qkv)) (q and k turned back, v as it is); d_bias (may
+// be null) += it before rounding. One block a row.
+extern "C" __global__ void rope_backward(const float* __restrict__ d_qkv, const float* __restrict__ cos_t,
+                                         const float* __restrict__ sin_t, const int* __restrict__ pos,
+                                         bf16_t* __restrict__ dy, float* __restrict__ d_bias, int heads,
+                                         int kv_heads, int d) {
+    int half = d >> 1;
+    int width = (heads + 2 * kv_heads) * d;
+    size_t base = (size_t)blockIdx.x * width;
+    const float* c = cos_t + (size_t)pos[blockIdx.x] * half;
+    const float* s = sin_t + (size_t)pos[blockIdx.x] * half;
+    int pairs = (heads + kv_heads) * half;
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        int a = (i / half) * d + i % half, b = a + half, j = i % half;
+        float ga = d_qkv[base + a], gb = d_qkv[base + b];
+        float xa = ga * c[j] + gb * s[j], xb = gb * c[j] - ga * s[j];
+        dy[base + a] = f32_to_bf16(xa);
+        dy[base + b] = f32_to_bf16(xb);
+        if (d_bias) {
+            atomicAdd(d_bias + a, xa);
+            atomicAdd(d_bias + b, xb);
+        }
+    }
+    for (int i = (heads + kv_heads) * d + threadIdx.x; i < width; i += blockDim.x) {
+        float v = d_qkv[base + i];
+        dy[base + i] = f32_to_bf16(v);
+        if (d_bias) atomicAdd(d_bias + i, v);
+    }
+}
+
+// Through attention_simple: dq (written), dk and dv (added: d_qkv is zeroed first) for the
+// gradient d_out of the output, the softmax recomputed. One warp a (row, head), d <= 256.
+extern "C" __global__ void attention_backward(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ d_out,
+                                              float* __restrict__ d_qkv, const int* __restrict__ seq_of_row,
+                                              const int* __restrict__ cu_seqlens, int rows, int heads,
+                                              int kv_heads, int d, float scale) {
+    int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (item >= rows * heads) return;
+    int row = item / heads, h = item % heads;
+    int g = h / (heads / kv_heads);
+    int width = (heads + 2 * kv_heads) * d;
+    int start = cu_seqlens[seq_of_row[row]];
+    float q[8], o[8], dq[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int j = lane + 32 * i;
+        q[i] = j < d ? bf16_to_f32(qkv[(size_t)row * width + h * d + j]) : 0.f;
+        o[i] = j < d ? bf16_to_f32(d_out[(size_t)row * heads * d + h * d + j]) : 0.f;
+        dq[i] = 0.f;
+    }
+    // Pass 1: the softmax's max and sum.
+    float m = NEG_INF, l = 0.f;
+    for (int key = start; key <= row; ++key) {
+        const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int j = lane + 32 * i;
+            if (j < d) dot += q[i] * bf16_to_f32(k[j]);
+        }
+        for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+        dot *= scale;
+        float m_new = fmaxf(m, dot);
+        l = l * __expf(m - m_new) + __expf(dot - m_new);
+        m = m_new;
+    }
+    // Pass 2: D = sum_j p_j (dO . v_j).
+    float big_d = 0.f;
+    for (int key = start; key <= row; ++key) {
+        const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
+        const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
+        float dot = 0.f, dp = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int j = lane + 32 * i;
+            if (j < d) {
+                dot += q[i] * bf16_to_f32(k[j]);
+                dp += o[i] * bf16_to_f32(v[j]);
+            }
+        }
+        for (int s = 16; s > 0; s >>= 1) {
+            dot += __shfl_xor_sync(0xffffffffu, dot, s);
+            dp += __shfl_xor_sync(0xffffffffu, dp, s);
+        }
+        big_d += __expf(dot * scale - m) / l * dp;
+    }
+    // Pass 3: dS_j = p_j (dp_j - D) scale; dq += dS_j k_j, dk_j += dS_j q, dv_j += p_j dO.
+    for (int key = start; key <= row; ++key) {
+        const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
+        const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
+        float dot = 0.f, dp = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int j = lane + 32 * i;
+            if (j < d) {
+                dot += q[i] * bf16_to_f32(k[j]);
+                dp += o[i] * bf16_to_f32(v[j]);
+            }
+        }
+        for (int s = 16; s > 0; s >>= 1) {
+            dot += __shfl_xor_sync(0xffffffffu, dot, s);
+            dp += __shfl_xor_sync(0xffffffffu, dp, s);
+        }
+        float p = __expf(dot * scale - m) / l;
+        float ds = p * (dp - big_d) * scale;
+        float* dk = d_qkv + (size_t)key * width + (heads + g) * d;
+        float* dv = d_qkv + (size_t)key * width + (heads + kv_heads + g) * d;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int j = lane + 32 * i;
+            if (j < d) {
+                dq[i] += ds * bf16_to_f32(k[j]);
+                atomicAdd(dk + j, ds * q[i]);
+                atomicAdd(dv + j, p * o[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int j = lane + 32 * i;
+        if (j < d) d_qkv[(size_t)row * width + h * d + j] = dq[i];
+    }
+}
+
+// Through embed_rows: d_table[ids[r]] += dx[r]. One block a row.
+extern "C" __global__ void embed_backward(const int* __restrict__ ids, const float* __restrict__ dx,
+                                          float* __restrict__ d_table, int hidden) {
+    float* dst = d_table + (size_t)ids[blockIdx.x] * hidden;
+    const float* src = dx + (size_t)blockIdx.x * hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) atomicAdd(dst + j, src[j]);
+}
+
+// partial[block] = the block's share of sum g^2 (grid-strided over n).
+extern "C" __global__ void sum_squares(const float* __restrict__ g, float* __restrict__ partial_out, long long n) {
+    __shared__ float partial[32];
+    float s = 0.f;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        s += g[i] * g[i];
+    s = block_sum(s, partial);
+    if (threadIdx.x == 0) partial_out[blockIdx.x] = s;
+}
+
+// One AdamW update (decoupled weight decay; c1, c2: the bias corrections 1 - beta^step).
+extern "C" __global__ void adamw(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
+                                 float* __restrict__ v, long long n, float lr, float beta1, float beta2, float eps,
+                                 float weight_decay, float c1, float c2, float grad_scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gi = g[i] * grad_scale;
+    float mi = beta1 * m[i] + (1.f - beta1) * gi;
+    float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = w[i] * (1.f - lr * weight_decay) - lr * (mi / c1) / (sqrtf(vi / c2) + eps);
+}
