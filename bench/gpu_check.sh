@@ -18,7 +18,9 @@
 # (default 16384), OUT (default /tmp/gpu_check), TIME_BUDGET (seconds, default 450: a stage that
 # would not fit is skipped and named), GENERATION=0 (skip generation), F32_REFERENCE=N
 # (transformers in float32 on N GSM8K records: the reference both bf16 engines are measured
-# against), DEVICE=cpu LIMIT=4 (a dry run of the whole script without a GPU). After a cut-off,
+# against), TRAINING=0 (skip training), TRAIN_STEPS (default 200), DEVICE=cpu LIMIT=4
+# TRAIN_STEPS=2 (a dry run of the whole script without a GPU). Only the training comparison:
+# SHAPES=0.5b DATASETS=gsm8k GENERATION=0 (it runs after the 0.5B scoring). After a cut-off,
 # `bash bench/gpu_check.sh summary` writes the JSON from what finished. On one H100 the default
 # run takes about 6 minutes (docs/benchmarks.md, "The GPU").
 set -uo pipefail
@@ -50,6 +52,8 @@ run() {
     TIME_BUDGET=${TIME_BUDGET:-450} # seconds: a stage that would not fit in what is left is skipped
     GENERATION=${GENERATION:-1}     # 0: skip the generation stage
     F32_REFERENCE=${F32_REFERENCE:-0} # N > 0: transformers in float32 on the first N GSM8K records, per shape
+    TRAINING=${TRAINING:-1}         # 0: skip the training stage
+    TRAIN_STEPS=${TRAIN_STEPS:-200} # optimiser steps of each engine in the training stage
     GEN_REQUESTS=${GEN_REQUESTS:-64}
     GEN_TOKENS=${GEN_TOKENS:-256}
     BIN="$G/stepwise"
@@ -153,6 +157,20 @@ run() {
                 "$W/simple24.jsonl" "flash vs plain attention kernel, 0.5b, 24 records" | tee "$W/cmp-simple-0.5b.txt" | head -1
         fi
     fi
+    # 1b. Training: the 0.5B-shaped PRM trained TRAIN_STEPS steps on the first dataset's ProcessBench
+    #     labels (steps up to the first error) by `stepwise train-prm --device cuda` and by PyTorch
+    #     (bench/gpu_train.py: f32 masters, bf16 autocast, AdamW), the same batches' rules.
+    if [ "$TRAINING" = 1 ] && [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120; then
+        echo "== training"
+        train_flags=(--steps "$TRAIN_STEPS" --lr 1e-5 --batch-size 16 --max-batch-tokens "$BUDGET" --max-len 2048)
+        fits 150 "transformers training" && peak "$W/train-hf.log" timeout "$(limit 150)" python3 bench/gpu_train.py \
+            "$W/prm-0.5b" "$W/$first.json" "$W/train-hf.json" "${train_flags[@]}" --device "$DEVICE" >> "$W/train-hf.log" 2>&1
+        grep -E "^transformers|Error" "$W/train-hf.log" | tail -2
+        fits 150 "stepwise training" && peak "$W/train-sw.log" timeout "$(limit 150)" "$BIN" train-prm --data "$W/$first.json" \
+            --base "$W/prm-0.5b" --out "$W/trained-0.5b" --device "$DEVICE" "${train_flags[@]}" --valid-fraction 0 \
+            --stop-at-first-bad >> "$W/train-sw.log" 2>&1
+        grep -vE '^(peak_mib|exit)' "$W/train-sw.log" | tail -2
+    fi
     # 2. Generation: GEN_REQUESTS concurrent requests of GEN_TOKENS sampled tokens, a 0.5B-shaped
     #    policy: transformers' batched generate against `stepwise serve` with that many clients.
     P="$W/policy-0.5b"
@@ -235,6 +253,22 @@ for who in ("hf", "sw"):
 if "tokens_per_s" in gen["hf"] and "tokens_per_s" in gen["sw"]:
     gen["ratio"] = gen["sw"]["tokens_per_s"] / gen["hf"]["tokens_per_s"]
 summary["generation_64x256"] = gen
+train = {}
+f = w / "train-hf.json"
+train["transformers"] = json.loads(f.read_text()) if f.exists() else {"error": "no result (see logs.tgz)"}
+log = w / "train-sw.log"
+if log.exists():
+    t = log.read_text()
+    m = re.search(r"trained (\d+) steps on \S+ in ([\d.]+)s \(([\d.]+)s in steps: (\d+) tokens, (\d+) tokens/s\), loss ([\d.]+)", t)
+    train["stepwise"] = {"steps": int(m[1]), "seconds_total": float(m[2]), "seconds": float(m[3]), "tokens": int(m[4]),
+                         "tokens_per_s": int(m[5]), "last_loss": float(m[6])} if m else {"error": t[-2000:]}
+for who, name in (("transformers", "train-hf.log"), ("stepwise", "train-sw.log")):
+    pk = re.search(r"peak_mib (\d+)", (w / name).read_text()) if (w / name).exists() else None
+    if pk and who in train:
+        train[who]["peak_gpu_mib_nvidia_smi"] = int(pk[1])
+if "tokens_per_s" in train["transformers"] and "tokens_per_s" in train.get("stepwise", {}):
+    train["ratio"] = train["stepwise"]["tokens_per_s"] / train["transformers"]["tokens_per_s"]
+summary["training_0.5b"] = train
 out.write_text(json.dumps(summary, indent=1))
 print(f"{'run':<14} {'transformers tok/s':>19} {'stepwise tok/s':>15} {'ratio':>6} {'max|diff|':>9} {'same 1st err':>12}")
 for tag, r in summary["runs"].items():
@@ -245,6 +279,9 @@ g = summary["generation_64x256"]
 print(f"generation 64 x 256: transformers {g['hf'].get('tokens_per_s', 0):.0f} tok/s, "
       f"stepwise {g['sw'].get('tokens_per_s', 0):.0f} tok/s, ratio {g.get('ratio', 0):.2f}, "
       f"failed requests {g['sw'].get('failed', '?')}")
+t = summary["training_0.5b"]
+print(f"training 0.5b: transformers {t['transformers'].get('tokens_per_s', 0):.0f} tok/s, "
+      f"stepwise {t.get('stepwise', {}).get('tokens_per_s', 0):.0f} tok/s, ratio {t.get('ratio', 0):.2f}")
 print(f"written: {out}")
 EOF
     tar czf "$OUT/logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt *.mem 2>/dev/null)

@@ -147,3 +147,76 @@ fn packed_training_lowers_the_loss() {
     assert!(losses[19] < 0.7 * losses[0], "loss {losses:?}");
     assert!(after < 0.8 * before, "mean |P(good) − label| {before} → {after}");
 }
+
+/// The packed training loop (what `train-prm --device cuda` runs) with the CPU trainer's
+/// settings: the validation loss falls, the checkpoint it writes scores in the CPU engine as the
+/// trained model scored, and a run started again on its folder continues from its step.
+#[test]
+fn the_packed_training_loop_checkpoints_and_resumes() {
+    use stepwise_model::train::packed::{evaluate_packed, train_packed};
+    use stepwise_model::train::TrainConfig;
+    let case = "qwen2-prm";
+    let dir = fixtures().join(case);
+    let ex = examples(case);
+    let (valid, train) = ex.split_at(2);
+    let out = std::env::temp_dir().join(format!("stepwise-packed-train-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let cfg = TrainConfig {
+        lr: 3e-3,
+        warmup: 2,
+        steps: 12,
+        batch_size: 4,
+        eval_every: 6,
+        out_dir: Some(out.clone()),
+        ..Default::default()
+    };
+    let load = |from: &std::path::Path| {
+        PackedTrainer::load(from, ModelConfig::from_dir(from).unwrap(), Arc::new(Reference)).unwrap()
+    };
+    let mut trainer = load(&dir);
+    let before = evaluate_packed(&trainer, valid, 256).unwrap();
+    let mut losses = Vec::new();
+    let state = train_packed(&mut trainer, train, valid, &cfg, 256, |_, l| losses.push(l)).unwrap();
+    assert_eq!((state.step, losses.len(), state.history.len()), (12, 12, 2));
+    let after = &state.history.last().unwrap().1;
+    assert!(
+        after.loss < before.loss,
+        "validation loss {} → {}",
+        before.loss,
+        after.loss
+    );
+
+    // The checkpoint in the CPU engine: the same step rewards as the trained model's forward.
+    let (batch, targets) = packed(valid);
+    let rows: Vec<usize> = targets.iter().map(|&(r, _)| r).collect();
+    let (values, width) = trainer.decoder.head_at(&batch, &rows, None).unwrap();
+    let model = Model::load(&out, &candle_core::Device::Cpu).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let layout = PrmLayout::detect(&model, &tok).unwrap();
+    let scorer = stepwise_model::PrmScorer::new(&model, &tok, layout);
+    let encoded: Vec<stepwise_model::layout::Encoded> = valid
+        .iter()
+        .map(|e| stepwise_model::layout::Encoded {
+            ids: e.ids.clone(),
+            positions: e.targets.iter().map(|&(p, _)| p).collect(),
+            steps_from: 0,
+        })
+        .collect();
+    let mut k = 0;
+    for got in scorer.score_batch(&encoded).unwrap() {
+        for g in got {
+            let v = &values[k * width..][..width];
+            let want = 1.0 / (1.0 + (v[0] - v[1]).exp());
+            assert!((g - want).abs() < 0.02, "step {k}: {g} vs {want}");
+            k += 1;
+        }
+    }
+
+    // Started again with more steps on the same folder, it continues from step 12.
+    let mut resumed = load(&out);
+    let more = TrainConfig { steps: 15, ..cfg };
+    let state = train_packed(&mut resumed, train, valid, &more, 256, |_, _| {}).unwrap();
+    assert_eq!((state.step, state.history.len()), (15, 3));
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -4,7 +4,7 @@ use stepwise_core::{Format, Solution, SolutionReader};
 use stepwise_model::log_ratio::LogRatio;
 use stepwise_model::train::examples::{LabelOptions, Neutral};
 use stepwise_model::train::verifier::{Start, VerifierHead, VerifierSpec};
-use stepwise_model::train::{evaluate, train, TrainConfig, VarMap};
+use stepwise_model::train::{evaluate, train, TrainConfig, TrainState, VarMap};
 use stepwise_model::{default_device, HeadKind, Model, ModelConfig, Tokenizer};
 
 /// Train a process reward model (or, with --outcome, an outcome reward model).
@@ -111,6 +111,9 @@ pub struct Args {
     /// What loaded models compute in.
     #[command(flatten)]
     pub dtype: super::backend::DtypeArg,
+    /// Where it trains, and the most tokens in one batch.
+    #[command(flatten)]
+    pub device: super::backend::DeviceArgs,
 }
 
 /// A built-in from-scratch shape.
@@ -145,6 +148,7 @@ pub fn run(a: Args) -> Result<()> {
 
 fn train_into(a: Args) -> Result<()> {
     let dev = default_device();
+    let placement = a.device.device.resolve()?;
     let tok_dir = a
         .tokenizer
         .clone()
@@ -237,8 +241,6 @@ fn train_into(a: Args) -> Result<()> {
         );
     }
     let objective = spec.objective();
-    let varmap = VarMap::new();
-    let mut model = spec.build(&varmap, &dev, a.seed)?;
     // The reference is named relative to the verifier's folder, so the two can move together.
     std::fs::create_dir_all(&a.out)?;
     let relative_base = match (&reference, &a.base) {
@@ -250,23 +252,17 @@ fn train_into(a: Args) -> Result<()> {
         _ => None,
     };
     spec.reward_spec(relative_base.as_deref()).save(&a.out)?;
-    let cfg = TrainConfig {
-        lr: a.lr,
-        warmup: (a.steps / 20).max(1),
-        steps: a.steps,
-        batch_size: a.batch_size,
-        grad_accum: a.grad_accum,
-        eval_every: (a.steps / 5).max(1),
-        patience: a.patience,
-        seed: a.seed,
-        out_dir: Some(a.out.clone()),
-        keep_best: true,
-        ..Default::default()
-    };
+    if let stepwise_model::Placement::Cuda(ordinal) = placement {
+        return train_on_gpu(&a, ordinal, &spec, &tok_dir, &train_set, &valid_set);
+    }
+    let varmap = VarMap::new();
+    let mut model = spec.build(&varmap, &dev, a.seed)?;
+    let cfg = train_config(&a, true);
     let bar = crate::progress::bar(Some(a.steps as u64), "training");
     bar.set_style(indicatif::ProgressStyle::with_template(
         "{msg:>12} [{bar:30}] {pos}/{len} {prefix} ({per_sec}, eta {eta})",
     )?);
+    let started = std::time::Instant::now();
     let state = train(
         &mut model,
         &varmap,
@@ -280,11 +276,7 @@ fn train_into(a: Args) -> Result<()> {
         },
     )?;
     bar.finish_and_clear();
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        if tok_dir.join(f).exists() {
-            std::fs::copy(tok_dir.join(f), a.out.join(f))?;
-        }
-    }
+    copy_tokenizer(&tok_dir, &a.out)?;
     if !valid_set.is_empty() {
         let m = evaluate(&model, &valid_set, objective, a.batch_size * 2)?;
         eprintln!(
@@ -299,12 +291,109 @@ fn train_into(a: Args) -> Result<()> {
         }
         _ => String::new(),
     };
+    report(&state, "cpu", started, &kept, &a.out);
+    Ok(())
+}
+
+/// The run's last line: steps, time, tokens/s (in training steps), the last loss, the folder.
+fn report(state: &TrainState, device: &str, started: std::time::Instant, kept: &str, out: &std::path::Path) {
     eprintln!(
-        "trained {} steps{}{kept}; checkpoint in {}",
+        "trained {} steps on {device} in {:.1}s ({:.1}s in steps: {} tokens, {:.0} tokens/s), loss {:.4}{}{kept}; checkpoint in {}",
         state.step,
+        started.elapsed().as_secs_f64(),
+        state.seconds,
+        state.tokens,
+        state.tokens as f64 / state.seconds.max(1e-9),
+        state.last_loss,
         if state.stopped_early { " (early stop)" } else { "" },
-        a.out.display()
+        out.display()
     );
+}
+
+/// The run's settings as the trainers take them.
+fn train_config(a: &Args, keep_best: bool) -> TrainConfig {
+    TrainConfig {
+        lr: a.lr,
+        warmup: (a.steps / 20).max(1),
+        steps: a.steps,
+        batch_size: a.batch_size,
+        grad_accum: a.grad_accum,
+        eval_every: (a.steps / 5).max(1),
+        patience: a.patience,
+        seed: a.seed,
+        out_dir: Some(a.out.clone()),
+        keep_best,
+        ..Default::default()
+    }
+}
+
+/// `train-prm` on CUDA GPU `ordinal`: the packed engine's trainer (bf16 products with f32
+/// sums, f32 master weights, AdamW), batches bounded by `--max-batch-tokens` as well as
+/// `--batch-size`. It starts from `--base` when that already has the verifier's head, else from
+/// the verifier built here and written to `--out` first (a fresh `--config`, a new head); a
+/// folder with a run's state continues it.
+fn train_on_gpu(
+    a: &Args,
+    ordinal: usize,
+    spec: &VerifierSpec,
+    tok_dir: &std::path::Path,
+    train_set: &[stepwise_model::train::Example],
+    valid_set: &[stepwise_model::train::Example],
+) -> Result<()> {
+    if matches!(spec.head, VerifierHead::LogRatio(_)) {
+        bail!("--head log-ratio trains on the CPU (--device cpu): the GPU trains classifier and value heads");
+    }
+    let wanted = spec.config()?;
+    let base_fits = a.base.as_ref().is_some_and(|b| {
+        ModelConfig::from_dir(b).is_ok_and(|c| c.head == wanted.head && c.num_labels == wanted.num_labels)
+    });
+    let start = if a.out.join("trainer_state.json").exists() {
+        a.out.clone()
+    } else if base_fits {
+        a.base.clone().expect("checked above")
+    } else {
+        let varmap = VarMap::new();
+        let model = spec.build(&varmap, &default_device(), a.seed)?;
+        stepwise_model::model::save_training_checkpoint(&a.out, &model.config, &varmap)?;
+        a.out.clone()
+    };
+    let bar = crate::progress::bar(Some(a.steps as u64), "training");
+    bar.set_style(indicatif::ProgressStyle::with_template(
+        "{msg:>12} [{bar:30}] {pos}/{len} {prefix} ({per_sec}, eta {eta})",
+    )?);
+    let started = std::time::Instant::now();
+    let state = stepwise_model::train::packed::train_on_gpu(
+        &start,
+        ordinal,
+        train_set,
+        valid_set,
+        &train_config(a, false),
+        a.device.max_batch_tokens,
+        |step, loss| {
+            bar.set_position(step as u64);
+            bar.set_prefix(format!("loss {loss:.4}"));
+        },
+    )?;
+    bar.finish_and_clear();
+    copy_tokenizer(tok_dir, &a.out)?;
+    if let Some((_, m)) = state.history.last() {
+        eprintln!(
+            "validation: loss {:.4}, step accuracy {:.3}, AUROC {:.3}",
+            m.loss, m.accuracy, m.auroc
+        );
+        std::fs::write(a.out.join("metrics.json"), serde_json::to_string_pretty(m)?)?;
+    }
+    report(&state, &format!("cuda:{ordinal}"), started, "", &a.out);
+    Ok(())
+}
+
+/// The tokenizer's files beside the checkpoint.
+fn copy_tokenizer(tok_dir: &std::path::Path, out: &std::path::Path) -> Result<()> {
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if tok_dir.join(f).exists() {
+            std::fs::copy(tok_dir.join(f), out.join(f))?;
+        }
+    }
     Ok(())
 }
 

@@ -282,7 +282,14 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
         {
             let mut bufs = master.all_mut();
-            for file in crate::model::weight_files(dir)? {
+            // The exact f32 weights a checkpoint of a narrower dtype keeps beside it (what a
+            // resumed run continues from) are read last, over the rounded ones.
+            let mut files = crate::model::weight_files(dir)?;
+            let exact = dir.join(crate::model::TRAINING_WEIGHTS);
+            if exact.exists() {
+                files.push(exact);
+            }
+            for file in files {
                 let handle = std::fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
                 // SAFETY: a read-only mapping that lives only for this loop (as in the loader).
                 let map = unsafe { memmap2::Mmap::map(&handle) }
@@ -326,7 +333,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
         clip: Option<f32>,
     ) -> Result<TrainStep> {
         let loss = self.backward(batch, targets)?;
-        let grad_norm = self.update(lr, weight_decay, clip)?;
+        let grad_norm = self.update(lr, weight_decay, clip, 1)?;
         Ok(TrainStep { loss, grad_norm })
     }
 
@@ -339,6 +346,26 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// The f32 master weights by checkpoint tensor name.
     pub fn weights(&self) -> Result<Vec<(String, Vec<f32>)>> {
         self.named(&self.master)
+    }
+
+    /// The f32 master weights as candle variables by checkpoint name and shape (what
+    /// [`crate::model::save_training_checkpoint`] writes).
+    pub fn varmap(&self) -> Result<candle_nn::VarMap> {
+        let varmap = candle_nn::VarMap::new();
+        let shapes: HashMap<&str, &Vec<usize>> = self
+            .specs
+            .all()
+            .into_iter()
+            .flat_map(|s| s.parts.iter().map(|(n, shape)| (n.as_str(), shape)))
+            .collect();
+        {
+            let mut data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+            for (name, values) in self.weights()? {
+                let t = candle_core::Tensor::from_vec(values, shapes[name.as_str()].as_slice(), &candle_core::Device::Cpu)?;
+                data.insert(name, candle_core::Var::from_tensor(&t)?);
+            }
+        }
+        Ok(varmap)
     }
 
     fn named(&self, values: &Params<B::F32>) -> Result<Vec<(String, Vec<f32>)>> {
@@ -492,16 +519,18 @@ impl<B: TrainBackend> PackedTrainer<B> {
         Ok(loss)
     }
 
-    /// AdamW on the masters with the gradients gathered since the last update (clipped to global
-    /// norm `clip`), the decoder's copies refreshed and the gradients zeroed. Returns the
-    /// gradients' norm before clipping.
-    pub fn update(&mut self, lr: f32, weight_decay: f32, clip: Option<f32>) -> Result<f32> {
+    /// AdamW on the masters with the mean of the gradients of the `micro_batches`
+    /// [`PackedTrainer::backward`] calls since the last update (clipped to global norm `clip`),
+    /// the decoder's copies refreshed and the gradients zeroed. Returns the mean gradient's norm
+    /// before clipping.
+    pub fn update(&mut self, lr: f32, weight_decay: f32, clip: Option<f32>, micro_batches: usize) -> Result<f32> {
         let b = Arc::clone(&self.decoder.backend);
         let mut squares = 0.0;
         for (s, g) in self.specs.all().into_iter().zip(self.grad.all()) {
             squares += b.sum_squares(g, s.len())?;
         }
-        let norm = squares.sqrt() as f32;
+        let mean = 1.0 / micro_batches.max(1) as f32;
+        let norm = squares.sqrt() as f32 * mean;
         ensure!(norm.is_finite(), "the gradients are not finite (norm {norm})");
         self.updates += 1;
         let opt = AdamW {
@@ -511,7 +540,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
             eps: 1e-8,
             weight_decay,
             step: self.updates,
-            grad_scale: clip.map_or(1.0, |c| if norm > c { c / norm } else { 1.0 }),
+            grad_scale: mean * clip.map_or(1.0, |c| if norm > c { c / norm } else { 1.0 }),
         };
         let specs = self.specs.all();
         let (masters, grads) = (self.master.all_mut(), self.grad.all_mut());

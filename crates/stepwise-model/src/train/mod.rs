@@ -8,6 +8,7 @@ use optim::{accumulate, schedule, AdamW};
 
 pub mod examples;
 pub mod optim;
+pub mod packed;
 pub mod verifier;
 use anyhow::{bail, Context, Result};
 use candle_core::{Tensor, D};
@@ -132,6 +133,13 @@ pub struct TrainState {
     /// The step of the best validation.
     #[serde(default)]
     pub best_step: Option<usize>,
+    /// Tokens of the training sequences run so far (each as often as it was batched).
+    #[serde(default)]
+    pub tokens: usize,
+    /// Seconds spent in training steps (forward, backward, update; not validation or
+    /// checkpoints).
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 /// Stable BCE with logits: `max(z, 0) - z·y + log(1 + exp(-|z|))`, averaged.
@@ -311,11 +319,13 @@ pub fn train(
         next_batch(&mut rng);
     }
     while state.step < cfg.steps {
+        let started = std::time::Instant::now();
         opt.lr = schedule(state.step, cfg.lr, cfg.warmup, cfg.steps);
         let mut grads = None;
         let mut loss_sum = 0.0;
         for _ in 0..cfg.grad_accum {
             let batch: Vec<&Example> = next_batch(&mut rng).into_iter().map(|i| &train_set[i]).collect();
+            state.tokens += batch.iter().map(|e| e.ids.len()).sum::<usize>();
             let (loss, _) = batch_loss(model, &batch, objective)?;
             loss_sum += loss.to_scalar::<f32>()? as f64;
             let g = loss.backward()?;
@@ -333,6 +343,7 @@ pub fn train(
             }
         }
         opt.step(&grads, scale)?;
+        state.seconds += started.elapsed().as_secs_f64();
         state.step += 1;
         state.last_loss = loss_sum / cfg.grad_accum as f64;
         on_step(state.step, state.last_loss);

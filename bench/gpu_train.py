@@ -1,0 +1,161 @@
+"""The peer of `stepwise train-prm --device cuda` in bench/gpu_check.sh: the same verifier (the
+decoder of a Qwen2.5-Math-PRM-layout checkpoint from bench/make_random_prm.py under a new 2-class
+token-classification head, as `train-prm` makes it) trained with PyTorch and transformers on the
+same GPU, as stepwise trains it: f32 master weights with bf16 autocast,
+AdamW (betas 0.9 / 0.999, eps 1e-8, weight decay 0.01), warm-up then cosine, global-norm
+clipping at 1.0, BCE with logits on logit(good) - logit(bad) at each labelled step's separator.
+
+Inputs are encoded in stepwise's TRL layout (the problem's ids, then each step's ids followed by
+the separator's, each encoded alone without special tokens; the label read at the separator's
+last token). ProcessBench's `label` (the first wrong step, -1 for none) labels the steps before
+it good and that step bad, and nothing after it (`--stop-at-first-bad`). Batches: at most
+--batch-size solutions and --max-batch-tokens real tokens, padded to their longest.
+
+    python bench/gpu_train.py MODEL_DIR PROCESSBENCH.json OUT.json --steps 200
+
+Writes the steps, tokens, seconds in steps, tokens/s, peak GPU memory and the loss curve to
+OUT.json. Needs torch, transformers and safetensors (the GPU machine has them); never in tests.
+"""
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModel
+
+p = argparse.ArgumentParser()
+p.add_argument("model")
+p.add_argument("data")
+p.add_argument("out")
+p.add_argument("--steps", type=int, default=200)
+p.add_argument("--lr", type=float, default=1e-5)
+p.add_argument("--batch-size", type=int, default=16)
+p.add_argument("--max-batch-tokens", type=int, default=16384)
+p.add_argument("--max-len", type=int, default=2048)
+p.add_argument("--separator", default="\n")
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a dry run of the script)")
+a = p.parse_args()
+dev = torch.device(a.device)
+gpu = dev.type == "cuda"
+model_dir = Path(a.model)
+fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+
+def enc(text):
+    return fast.encode(text, add_special_tokens=False).ids
+
+
+sep = enc(a.separator)
+examples = []
+for r in json.loads(Path(a.data).read_text()):
+    ids, targets = enc(r["problem"]), []
+    first_bad = r["label"] if r["label"] >= 0 else len(r["steps"])
+    for k, step in enumerate(r["steps"][: first_bad + 1]):
+        ids += enc(step) + sep
+        if len(ids) <= a.max_len:
+            targets.append((len(ids) - 1, 1.0 if k < first_bad else 0.0))
+    ids = ids[: a.max_len]
+    if targets:
+        examples.append((ids, targets))
+
+torch.backends.cuda.matmul.allow_tf32 = False
+body = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(dev)
+h = body.config.hidden_size
+# A new 2-class token-classification head, as `train-prm` puts on a checkpoint (normal with std
+# 0.02, bias 0; the PRM's own `score` MLP is left out).
+torch.manual_seed(a.seed)
+score = torch.nn.Linear(h, 2)
+torch.nn.init.normal_(score.weight, std=0.02)
+torch.nn.init.zeros_(score.bias)
+score = score.to(dev)
+params = list(body.parameters()) + list(score.parameters())
+opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+body.train()
+score.train()
+pad = fast.token_to_id("<|endoftext|>") or 0
+
+
+def batches(rng):
+    while True:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        cur, tokens = [], 0
+        for i in order:
+            n = len(examples[i][0])
+            if cur and (len(cur) == a.batch_size or tokens + n > a.max_batch_tokens):
+                yield cur
+                cur, tokens = [], 0
+            cur.append(i)
+            tokens += n
+        if cur:
+            yield cur
+
+
+def schedule(step):
+    warmup = max(a.steps // 20, 1)
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(a.steps - warmup, 1)))
+
+
+def loss_of(batch):
+    seqs = [examples[i] for i in batch]
+    t = max(len(s[0]) for s in seqs)
+    ids = torch.full((len(seqs), t), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    rows, labels = [], []
+    for k, (s, targets) in enumerate(seqs):
+        ids[k, : len(s)] = torch.tensor(s)
+        mask[k, : len(s)] = 1
+        for pos, y in targets:
+            rows.append(k * t + pos)
+            labels.append(y)
+    ids, mask = ids.to(dev), mask.to(dev)
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
+        at = hidden.reshape(-1, h)[torch.tensor(rows, device=dev)]
+        logits = score(at).float()
+    z = logits[:, 1] - logits[:, 0]
+    y = torch.tensor(labels, device=dev)
+    return torch.nn.functional.binary_cross_entropy_with_logits(z, y), sum(len(s[0]) for s in seqs)
+
+
+rng = random.Random(a.seed)
+stream = batches(rng)
+losses, tokens = [], 0
+if gpu:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+start = time.perf_counter()
+for step in range(a.steps):
+    for g in opt.param_groups:
+        g["lr"] = a.lr * schedule(step)
+    loss, n = loss_of(next(stream))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    tokens += n
+    losses.append(loss.item())
+if gpu:
+    torch.cuda.synchronize()
+secs = time.perf_counter() - start
+result = {
+    "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__
+    + ", f32 master weights, bf16 autocast",
+    "steps": a.steps,
+    "tokens": tokens,
+    "seconds": secs,
+    "tokens_per_s": tokens / secs,
+    "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0,
+    "loss_first_10": sum(losses[:10]) / max(len(losses[:10]), 1),
+    "loss_last_10": sum(losses[-10:]) / max(len(losses[-10:]), 1),
+}
+Path(a.out).write_text(json.dumps(result))
+print(f"transformers training: {a.steps} steps, {tokens} tokens in {secs:.2f}s: {tokens / secs:.0f} tokens/s, "
+      f"loss {result['loss_first_10']:.4f} -> {result['loss_last_10']:.4f}, peak {result['peak_gib']:.1f} GiB")
