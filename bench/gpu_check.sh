@@ -260,8 +260,17 @@ log = w / "train-sw.log"
 if log.exists():
     t = log.read_text()
     m = re.search(r"trained (\d+) steps on \S+ in ([\d.]+)s \(([\d.]+)s in steps: (\d+) tokens, (\d+) tokens/s\), loss ([\d.]+)", t)
-    train["stepwise"] = {"steps": int(m[1]), "seconds_total": float(m[2]), "seconds": float(m[3]), "tokens": int(m[4]),
-                         "tokens_per_s": int(m[5]), "last_loss": float(m[6])} if m else {"error": t[-2000:]}
+    state = w / "trained-0.5b" / "trainer_state.json"
+    if m:
+        train["stepwise"] = {"steps": int(m[1]), "seconds_total": float(m[2]), "seconds": float(m[3]),
+                             "tokens": int(m[4]), "tokens_per_s": int(m[5]), "last_loss": float(m[6])}
+    elif state.exists():  # cut off: the run's state at its last checkpoint
+        st = json.loads(state.read_text())
+        train["stepwise"] = {"partial": True, "steps": st["step"], "seconds": st["seconds"], "tokens": st["tokens"],
+                             "tokens_per_s": int(st["tokens"] / max(st["seconds"], 1e-9)), "last_loss": st["last_loss"],
+                             "log": t[-1000:]}
+    else:
+        train["stepwise"] = {"error": t[-2000:]}
 for who, name in (("transformers", "train-hf.log"), ("stepwise", "train-sw.log")):
     pk = re.search(r"peak_mib (\d+)", (w / name).read_text()) if (w / name).exists() else None
     if pk and who in train:

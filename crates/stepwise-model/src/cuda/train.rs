@@ -1,6 +1,7 @@
 //! Training's kernels on the GPU: [`TrainBackend`] for [`Gpu`], each method one launch of the
-//! kernel of the same name in `train_kernels.cu` (or a cuBLAS product), specified by the
-//! reference backend's plain Rust (`packed_engine/reference_train.rs`).
+//! kernel of the same name in `train_kernels.cu` (attention's backward: two, the queries' and the
+//! keys'; products: cuBLAS), specified by the reference backend's plain Rust
+//! (`packed_engine/reference_train.rs`).
 
 use super::{Arg, Gpu};
 use crate::packed_engine::{AdamW, BatchInts, Out, TrainBackend};
@@ -190,21 +191,30 @@ impl TrainBackend for Gpu {
             head_dim <= 256,
             "the attention backward takes heads of at most 256, not {head_dim}"
         );
-        self.zero_f32(d_qkv, rows * (heads + 2 * kv_heads) * head_dim)?;
+        let stats = self.zeros::<f32>(rows * heads * 3)?;
+        let (seq_of_row, offsets) = (self.addr(&batch.seq_of_row), self.addr(&batch.offsets));
         let args = [
             Ptr(self.addr(qkv)),
             Ptr(self.addr(d_out)),
             Ptr(self.addr(d_qkv)),
-            Ptr(self.addr(&batch.seq_of_row)),
-            Ptr(self.addr(&batch.offsets)),
+            Ptr(self.addr(&stats)),
+            Ptr(seq_of_row),
+            Ptr(offsets),
             I32(rows as i32),
             I32(heads as i32),
             I32(kv_heads as i32),
             I32(head_dim as i32),
             F32(1.0 / (head_dim as f32).sqrt()),
         ];
-        // Four warps a block, one a (row, head).
-        self.launch("attention_backward", (rows * heads).div_ceil(4) as u32, 128, &args)
+        // Four warps a block: one a (row, head) for the queries, one a (row, kv head) for the
+        // keys, which reads the queries' softmax statistics.
+        self.launch("attention_backward_dq", (rows * heads).div_ceil(4) as u32, 128, &args)?;
+        self.launch(
+            "attention_backward_dkv",
+            (rows * kv_heads).div_ceil(4) as u32,
+            128,
+            &args,
+        )
     }
 
     fn embed_backward(

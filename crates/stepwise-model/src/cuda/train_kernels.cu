@@ -1,7 +1,8 @@
 
 // ---- Training (TrainBackend): compiled with the kernels above, whose helpers they use. Each
 // computes what packed_engine/reference_train.rs specifies. Gradients shared by many rows (a
-// weight vector's, a key's, an embedding's) are summed with atomicAdd.
+// norm's or bias's weights, an embedding's row) are summed with atomicAdd; attention's are not
+// (its keys' gradients have a kernel of their own).
 
 // dst[i] = src[i].
 extern "C" __global__ void copy_f32(const float* __restrict__ src, float* __restrict__ dst, long long n) {
@@ -105,12 +106,15 @@ extern "C" __global__ void rope_backward(const float* __restrict__ d_qkv, const 
     }
 }
 
-// Through attention_simple: dq (written), dk and dv (added: d_qkv is zeroed first) for the
-// gradient d_out of the output, the softmax recomputed. One warp a (row, head), d <= 256.
-extern "C" __global__ void attention_backward(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ d_out,
-                                              float* __restrict__ d_qkv, const int* __restrict__ seq_of_row,
-                                              const int* __restrict__ cu_seqlens, int rows, int heads,
-                                              int kv_heads, int d, float scale) {
+// Through attention_simple, in two kernels with no atomics. This one, one warp a (row, head):
+// the softmax recomputed (its max m and sum l), D = sum_j p_j (dO . v_j), and
+// dq = scale sum_j p_j (dO . v_j - D) k_j written into d_qkv's q part; (m, l, D) kept in `stats`
+// ([rows * heads][3]) for the keys' kernel. d <= 256.
+extern "C" __global__ void attention_backward_dq(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ d_out,
+                                                 float* __restrict__ d_qkv, float* __restrict__ stats,
+                                                 const int* __restrict__ seq_of_row,
+                                                 const int* __restrict__ cu_seqlens, int rows, int heads,
+                                                 int kv_heads, int d, float scale) {
     int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (item >= rows * heads) return;
@@ -142,54 +146,35 @@ extern "C" __global__ void attention_backward(const bf16_t* __restrict__ qkv, co
         l = l * __expf(m - m_new) + __expf(dot - m_new);
         m = m_new;
     }
-    // Pass 2: D = sum_j p_j (dO . v_j).
+    // Pass 2: D; pass 3: dq.
     float big_d = 0.f;
-    for (int key = start; key <= row; ++key) {
-        const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
-        const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
-        float dot = 0.f, dp = 0.f;
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int key = start; key <= row; ++key) {
+            const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
+            const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
+            float dot = 0.f, dp = 0.f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            int j = lane + 32 * i;
-            if (j < d) {
-                dot += q[i] * bf16_to_f32(k[j]);
-                dp += o[i] * bf16_to_f32(v[j]);
+            for (int i = 0; i < 8; ++i) {
+                int j = lane + 32 * i;
+                if (j < d) {
+                    dot += q[i] * bf16_to_f32(k[j]);
+                    dp += o[i] * bf16_to_f32(v[j]);
+                }
             }
-        }
-        for (int s = 16; s > 0; s >>= 1) {
-            dot += __shfl_xor_sync(0xffffffffu, dot, s);
-            dp += __shfl_xor_sync(0xffffffffu, dp, s);
-        }
-        big_d += __expf(dot * scale - m) / l * dp;
-    }
-    // Pass 3: dS_j = p_j (dp_j - D) scale; dq += dS_j k_j, dk_j += dS_j q, dv_j += p_j dO.
-    for (int key = start; key <= row; ++key) {
-        const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
-        const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
-        float dot = 0.f, dp = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            int j = lane + 32 * i;
-            if (j < d) {
-                dot += q[i] * bf16_to_f32(k[j]);
-                dp += o[i] * bf16_to_f32(v[j]);
+            for (int s = 16; s > 0; s >>= 1) {
+                dot += __shfl_xor_sync(0xffffffffu, dot, s);
+                dp += __shfl_xor_sync(0xffffffffu, dp, s);
             }
-        }
-        for (int s = 16; s > 0; s >>= 1) {
-            dot += __shfl_xor_sync(0xffffffffu, dot, s);
-            dp += __shfl_xor_sync(0xffffffffu, dp, s);
-        }
-        float p = __expf(dot * scale - m) / l;
-        float ds = p * (dp - big_d) * scale;
-        float* dk = d_qkv + (size_t)key * width + (heads + g) * d;
-        float* dv = d_qkv + (size_t)key * width + (heads + kv_heads + g) * d;
+            float p = __expf(dot * scale - m) / l;
+            if (pass == 0) {
+                big_d += p * dp;
+                continue;
+            }
+            float ds = p * (dp - big_d) * scale;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            int j = lane + 32 * i;
-            if (j < d) {
-                dq[i] += ds * bf16_to_f32(k[j]);
-                atomicAdd(dk + j, ds * q[i]);
-                atomicAdd(dv + j, p * o[i]);
+            for (int i = 0; i < 8; ++i) {
+                int j = lane + 32 * i;
+                if (j < d) dq[i] += ds * bf16_to_f32(k[j]);
             }
         }
     }
@@ -197,6 +182,75 @@ extern "C" __global__ void attention_backward(const bf16_t* __restrict__ qkv, co
     for (int i = 0; i < 8; ++i) {
         int j = lane + 32 * i;
         if (j < d) d_qkv[(size_t)row * width + h * d + j] = dq[i];
+    }
+    if (lane == 0) {
+        stats[(size_t)item * 3] = m;
+        stats[(size_t)item * 3 + 1] = l;
+        stats[(size_t)item * 3 + 2] = big_d;
+    }
+}
+
+// The keys' part, one warp a (key row, kv head): over the queries of its sequence at or after it
+// and the query heads it serves, dk = scale sum p (dO . v - D) q and dv = sum p dO (p from the
+// queries' `stats`), written into d_qkv's k and v parts. d <= 256.
+extern "C" __global__ void attention_backward_dkv(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ d_out,
+                                                  float* __restrict__ d_qkv, const float* __restrict__ stats,
+                                                  const int* __restrict__ seq_of_row,
+                                                  const int* __restrict__ cu_seqlens, int rows, int heads,
+                                                  int kv_heads, int d, float scale) {
+    int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (item >= rows * kv_heads) return;
+    int key = item / kv_heads, g = item % kv_heads;
+    int group = heads / kv_heads;
+    int width = (heads + 2 * kv_heads) * d;
+    int end = cu_seqlens[seq_of_row[key] + 1];
+    float k[8], v[8], dk[8], dv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int j = lane + 32 * i;
+        k[i] = j < d ? bf16_to_f32(qkv[(size_t)key * width + (heads + g) * d + j]) : 0.f;
+        v[i] = j < d ? bf16_to_f32(qkv[(size_t)key * width + (heads + kv_heads + g) * d + j]) : 0.f;
+        dk[i] = 0.f;
+        dv[i] = 0.f;
+    }
+    for (int row = key; row < end; ++row) {
+        for (int h = g * group; h < (g + 1) * group; ++h) {
+            const bf16_t* q = qkv + (size_t)row * width + h * d;
+            const bf16_t* o = d_out + (size_t)row * heads * d + h * d;
+            float dot = 0.f, dp = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                int j = lane + 32 * i;
+                if (j < d) {
+                    dot += bf16_to_f32(q[j]) * k[i];
+                    dp += bf16_to_f32(o[j]) * v[i];
+                }
+            }
+            for (int s = 16; s > 0; s >>= 1) {
+                dot += __shfl_xor_sync(0xffffffffu, dot, s);
+                dp += __shfl_xor_sync(0xffffffffu, dp, s);
+            }
+            const float* st = stats + ((size_t)row * heads + h) * 3;
+            float p = __expf(dot * scale - st[0]) / st[1];
+            float ds = p * (dp - st[2]) * scale;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                int j = lane + 32 * i;
+                if (j < d) {
+                    dk[i] += ds * bf16_to_f32(q[j]);
+                    dv[i] += p * bf16_to_f32(o[j]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int j = lane + 32 * i;
+        if (j < d) {
+            d_qkv[(size_t)key * width + (heads + g) * d + j] = dk[i];
+            d_qkv[(size_t)key * width + (heads + kv_heads + g) * d + j] = dv[i];
+        }
     }
 }
 
