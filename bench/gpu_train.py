@@ -51,15 +51,17 @@ def enc(text):
 
 
 sep = enc(a.separator)
+# As train-prm: labels past the model's context or --max-len are left out.
+max_len = min(a.max_len, json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", a.max_len))
 examples = []
 for r in json.loads(Path(a.data).read_text()):
     ids, targets = enc(r["problem"]), []
     first_bad = r["label"] if r["label"] >= 0 else len(r["steps"])
     for k, step in enumerate(r["steps"][: first_bad + 1]):
         ids += enc(step) + sep
-        if len(ids) <= a.max_len:
+        if len(ids) <= max_len:
             targets.append((len(ids) - 1, 1.0 if k < first_bad else 0.0))
-    ids = ids[: a.max_len]
+    ids = ids[:max_len]
     if targets:
         examples.append((ids, targets))
 
