@@ -51,17 +51,10 @@ fn examples(case: &str) -> Vec<Example> {
         .collect()
 }
 
-/// The examples as one packed batch and its targets (rows over all its tokens).
+/// The examples as one packed batch and its targets.
 fn packed(examples: &[Example]) -> (Packed, Vec<(usize, f32)>) {
-    let seqs: Vec<&[u32]> = examples.iter().map(|e| e.ids.as_slice()).collect();
-    let packed = Packed::new(&seqs);
-    let targets = examples
-        .iter()
-        .enumerate()
-        .flat_map(|(i, e)| e.targets.iter().map(move |&(p, y)| (i, p, y)))
-        .map(|(i, p, y)| (packed.row(i, p), y))
-        .collect();
-    (packed, targets)
+    let refs: Vec<&Example> = examples.iter().collect();
+    stepwise_model::train::packed::packed(&refs)
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {

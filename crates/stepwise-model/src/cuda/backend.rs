@@ -11,6 +11,16 @@ fn blocks(n: usize) -> u32 {
     n.div_ceil(256) as u32
 }
 
+impl Gpu {
+    /// A product's output: its address, and whether it is f32 (else bf16).
+    pub(crate) fn out(&self, y: Out<'_, Self>) -> (u64, bool) {
+        match y {
+            Out::F32(y) => (self.addr(y), true),
+            Out::Bf16(y) => (self.addr(y), false),
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 impl Backend for Gpu {
     type F32 = CudaSlice<f32>;
@@ -126,10 +136,7 @@ impl Backend for Gpu {
         k: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let (out, out_f32) = match y {
-            Out::F32(y) => (self.addr(y), true),
-            Out::Bf16(y) => (self.addr(y), false),
-        };
+        let (out, out_f32) = self.out(y);
         Gpu::gemm(self, self.addr(x), self.addr(w), out, rows, n, k, out_f32, accumulate)
     }
 

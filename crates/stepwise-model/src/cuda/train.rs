@@ -54,10 +54,7 @@ impl TrainBackend for Gpu {
         k: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let (out, out_f32) = match dx {
-            Out::F32(y) => (self.addr(y), true),
-            Out::Bf16(y) => (self.addr(y), false),
-        };
+        let (out, out_f32) = self.out(dx);
         // Row-major dx = dy·w is column-major dxᵀ = wᵀ·dyᵀ: w is k×n column-major, dy n×rows.
         let what = || format!("cuBLAS product [{rows}, {n}] × [{n}, {k}]");
         let (w, dy) = (self.addr(w), self.addr(dy));

@@ -22,6 +22,36 @@ pub(super) fn int(x: i32) -> usize {
     x as usize
 }
 
+/// `y[r, c] = value(r, c)` over `rows × cols` (or `+=` with `accumulate`, f32 only; bf16
+/// rounded): where a product's output goes.
+pub(super) fn write_product(
+    y: Out<'_, Reference>,
+    rows: usize,
+    cols: usize,
+    accumulate: bool,
+    value: impl Fn(usize, usize) -> f32,
+) -> Result<()> {
+    match y {
+        Out::F32(y) => {
+            for r in 0..rows {
+                for c in 0..cols {
+                    let v = value(r, c);
+                    y[r * cols + c] = if accumulate { y[r * cols + c] + v } else { v };
+                }
+            }
+        }
+        Out::Bf16(y) => {
+            ensure!(!accumulate, "a bf16 product is written, never added to");
+            for r in 0..rows {
+                for c in 0..cols {
+                    y[r * cols + c] = round(value(r, c));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 impl Backend for Reference {
     type F32 = Vec<f32>;
@@ -125,25 +155,7 @@ impl Backend for Reference {
                 .map(|(&a, &b)| widen(a) * widen(b))
                 .sum()
         };
-        match y {
-            Out::F32(y) => {
-                for r in 0..rows {
-                    for c in 0..n {
-                        let v = dot(r, c);
-                        y[r * n + c] = if accumulate { y[r * n + c] + v } else { v };
-                    }
-                }
-            }
-            Out::Bf16(y) => {
-                ensure!(!accumulate, "a bf16 product is written, never added to");
-                for r in 0..rows {
-                    for c in 0..n {
-                        y[r * n + c] = round(dot(r, c));
-                    }
-                }
-            }
-        }
-        Ok(())
+        write_product(y, rows, n, accumulate, dot)
     }
 
     fn bias_rope(

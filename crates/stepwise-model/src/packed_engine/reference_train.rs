@@ -1,7 +1,7 @@
 //! [`TrainBackend`] for [`Reference`]: the training kernels in plain Rust, the specification a
 //! device's kernels follow (bf16 rounded to nearest even where a device rounds, f32 arithmetic).
 
-use super::reference::{int, round, widen};
+use super::reference::{int, round, widen, write_product};
 use super::train_backend::{AdamW, TrainBackend};
 use super::{BatchInts, Out, Reference};
 use anyhow::{ensure, Result};
@@ -37,25 +37,7 @@ impl TrainBackend for Reference {
         accumulate: bool,
     ) -> Result<()> {
         let dot = |r: usize, col: usize| -> f32 { (0..n).map(|c| widen(dy[r * n + c]) * widen(w[c * k + col])).sum() };
-        match dx {
-            Out::F32(dx) => {
-                for r in 0..rows {
-                    for col in 0..k {
-                        let v = dot(r, col);
-                        dx[r * k + col] = if accumulate { dx[r * k + col] + v } else { v };
-                    }
-                }
-            }
-            Out::Bf16(dx) => {
-                ensure!(!accumulate, "a bf16 product is written, never added to");
-                for r in 0..rows {
-                    for col in 0..k {
-                        dx[r * k + col] = round(dot(r, col));
-                    }
-                }
-            }
-        }
-        Ok(())
+        write_product(dx, rows, k, accumulate, dot)
     }
 
     fn gemm_weight_grad(

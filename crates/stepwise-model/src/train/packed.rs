@@ -11,8 +11,9 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-/// The examples as one packed batch and their targets (rows over all its tokens).
-fn packed(batch: &[&Example]) -> (Packed, Vec<(usize, f32)>) {
+/// The examples as one packed batch and their targets (rows over all its tokens), as
+/// [`PackedTrainer::backward`] takes them.
+pub fn packed(batch: &[&Example]) -> (Packed, Vec<(usize, f32)>) {
     let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
     let packed = Packed::new(&seqs);
     let targets = batch
