@@ -35,6 +35,7 @@ from ._stepwise import (
     split_steps,
     step_rewards,
     to_arrow_ipc,
+    train_prm,
     write,
 )
 
@@ -58,6 +59,7 @@ __all__ = [
     "split_steps",
     "step_rewards",
     "to_hf",
+    "train_prm",
     "write",
 ]
 

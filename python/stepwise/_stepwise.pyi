@@ -130,6 +130,37 @@ def annotate(
     `output`. With `code_problems` (HumanEval/MBPP JSONL) steps are lines of code, labelled by
     running the problem's tests."""
 
+def train_prm(
+    records: Union[Iterable[Record], str, "PathLike[str]"],
+    out: Union[str, "PathLike[str]"],
+    base: Optional[Union[str, "PathLike[str]"]] = None,
+    config: Optional[str] = None,
+    tokenizer: Optional[Union[str, "PathLike[str]"]] = None,
+    outcome: bool = False,
+    head: Optional[str] = None,
+    steps: int = 500,
+    lr: float = 1e-3,
+    batch_size: int = 16,
+    grad_accum: int = 1,
+    valid_fraction: float = 0.1,
+    patience: int = 0,
+    seed: int = 0,
+    max_len: int = 512,
+    separator: str = "\n",
+    neutral: str = "good",
+    last_step_only: bool = False,
+    stop_at_first_bad: bool = False,
+    beta: float = 1.0,
+    reference_logprob: Optional[float] = None,
+    last_tokens: Optional[int] = None,
+    device: str = "auto",
+    max_batch_tokens: int = 16384,
+) -> Dict[str, Any]:
+    """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
+    Hugging Face folder `out`, as `stepwise train-prm`; a folder with a run's state continues it.
+    `device="cuda"` trains classifier and value heads on a GPU. Returns steps, loss, tokens,
+    tokens/s, the device and the final validation's metrics."""
+
 def search(
     problems: Union[Sequence[Union[str, Dict[str, Any]]], str, Dict[str, Any]],
     policy: Any,

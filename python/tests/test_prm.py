@@ -68,3 +68,31 @@ def test_errors_carry_the_rust_message(fixtures, tmp_path):
     if not stepwise.cuda_available:
         with pytest.raises(stepwise.StepwiseError, match="without CUDA"):
             stepwise.PRM(str(fixtures / "qwen2-prm"), device="cuda")
+
+
+def test_train_prm_writes_a_prm_that_scores_and_resumes(fixtures, processbench, tmp_path):
+    records = short(stepwise.read(str(processbench)), n=12)
+    out = tmp_path / "prm"
+    run = stepwise.train_prm(records, out, base=fixtures / "qwen2-prm", steps=6, lr=1e-3, batch_size=4,
+                             valid_fraction=0.25, device="cpu")
+    assert (run["steps"], run["device"]) == (6, "cpu")
+    assert run["tokens"] > 0 and run["tokens_per_s"] > 0
+    assert run["train_sequences"] + run["valid_sequences"] == 12 and run["valid_sequences"] > 0
+    assert set(run["metrics"]) == {"loss", "accuracy", "auroc"}
+    prm = stepwise.PRM(str(out), device="cpu")
+    scores = prm.score(records[0]["question"], [s["text"] for s in records[0]["steps"]])
+    assert len(scores) == len(records[0]["steps"]) and all(0 <= s <= 1 for s in scores)
+    # More steps on the same folder continue the run; a path to a file is read as records.
+    path = tmp_path / "records.jsonl"
+    stepwise.write(records, str(path))
+    again = stepwise.train_prm(str(path), out, base=fixtures / "qwen2-prm", steps=8, lr=1e-3, batch_size=4,
+                               valid_fraction=0.25, device="cpu")
+    assert again["steps"] == 8
+
+
+def test_train_prm_refuses_bad_arguments(fixtures, tmp_path):
+    with pytest.raises(ValueError, match="unknown device"):
+        stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", device="tpu")
+    with pytest.raises(stepwise.StepwiseError, match="unknown --head"):
+        stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", head="tree", device="cpu")
+    assert not (tmp_path / "x").exists()

@@ -15,6 +15,7 @@ mod policy;
 mod records;
 mod rewards;
 mod stages;
+mod train;
 mod verifier;
 
 pyo3::create_exception!(
@@ -44,6 +45,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stages::annotate, m)?)?;
     m.add_function(wrap_pyfunction!(stages::search, m)?)?;
     m.add_function(wrap_pyfunction!(stages::lab_run, m)?)?;
+    m.add_function(wrap_pyfunction!(train::train_prm, m)?)?;
     m.add_function(wrap_pyfunction!(code::run_tests, m)?)?;
     m.add_function(wrap_pyfunction!(code::pass_at_k, m)?)?;
     m.add_function(wrap_pyfunction!(verifier::generative_scores, m)?)?;

@@ -9,6 +9,7 @@ use optim::{accumulate, schedule, AdamW};
 pub mod examples;
 pub mod optim;
 pub mod packed;
+pub mod run;
 pub mod verifier;
 use anyhow::{bail, Context, Result};
 use candle_core::{Tensor, D};

@@ -1,0 +1,421 @@
+//! `train-prm` as a library call ([`train_prm`]): a verifier (a PRM, an ORM, a log-ratio
+//! verifier) trained from step-labelled solutions into a Hugging Face folder, on the CPU or a GPU.
+//! The CLI's `stepwise train-prm` and Python's `stepwise.train_prm` both run it.
+
+use super::examples::{LabelOptions, Neutral};
+use super::packed::train_on_gpu;
+use super::verifier::{Start, VerifierHead, VerifierSpec};
+use super::{evaluate, train, Example, Metrics, TrainConfig, TrainState, VarMap};
+use crate::log_ratio::LogRatio;
+use crate::{HeadKind, Model, ModelConfig, Placement, Tokenizer};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use stepwise_core::Solution;
+
+/// What to train, and how (the CLI's `train-prm` options; [`Default`] gives its defaults).
+#[derive(Clone, Debug)]
+pub struct TrainPrm {
+    /// Start from this checkpoint folder (its head is replaced by `head`).
+    pub base: Option<PathBuf>,
+    /// Or train from scratch with a built-in shape: `tiny` (2×64), `small` (4×128), `base` (8×256).
+    pub config: Option<String>,
+    /// Tokenizer folder (required with `config`; defaults to `base`).
+    pub tokenizer: Option<PathBuf>,
+    /// Output folder (checkpoints, metrics; a run's folder resumes).
+    pub out: PathBuf,
+    /// Outcome reward model: one label per solution, from `correct`.
+    pub outcome: bool,
+    /// `classifier`, `value` or `log-ratio` (default: classifier for PRMs, value for outcomes).
+    pub head: Option<String>,
+    /// β of the log-ratio head.
+    pub beta: f32,
+    /// Log-ratio head: a constant reference log-probability instead of `base`.
+    pub reference_logprob: Option<f32>,
+    /// Log-ratio head: only each step's last N tokens.
+    pub last_tokens: Option<usize>,
+    /// Separator after each step.
+    pub separator: String,
+    /// Neutral ratings: `good`, `bad` or `skip`.
+    pub neutral: String,
+    /// Only the last labelled step carries a label.
+    pub last_step_only: bool,
+    /// Step targets stop at each solution's first bad step.
+    pub stop_at_first_bad: bool,
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Sequences per batch.
+    pub batch_size: usize,
+    /// Micro-batches per step.
+    pub grad_accum: usize,
+    /// Fraction of solutions held out for validation (by whole problems).
+    pub valid_fraction: f64,
+    /// Stop after this many validations without improvement (0 = never).
+    pub patience: usize,
+    /// Seed (initialisation, shuffling, the validation split).
+    pub seed: u64,
+    /// Longest training sequence in tokens.
+    pub max_len: usize,
+    /// Where it trains: the CPU, or a CUDA GPU (classifier and value heads).
+    pub placement: Placement,
+    /// On a GPU, the most tokens in one batch.
+    pub max_batch_tokens: usize,
+}
+
+impl Default for TrainPrm {
+    fn default() -> Self {
+        TrainPrm {
+            base: None,
+            config: None,
+            tokenizer: None,
+            out: PathBuf::new(),
+            outcome: false,
+            head: None,
+            beta: 1.0,
+            reference_logprob: None,
+            last_tokens: None,
+            separator: "\n".into(),
+            neutral: "good".into(),
+            last_step_only: false,
+            stop_at_first_bad: false,
+            steps: 500,
+            lr: 1e-3,
+            batch_size: 16,
+            grad_accum: 1,
+            valid_fraction: 0.1,
+            patience: 0,
+            seed: 0,
+            max_len: 512,
+            placement: Placement::Cpu,
+            max_batch_tokens: crate::scoring::DEFAULT_MAX_BATCH_TOKENS,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    /// The run's state (steps, last loss, tokens and seconds in steps, validations).
+    pub state: TrainState,
+    /// The final validation (also in `metrics.json`), when solutions were held out.
+    pub metrics: Option<Metrics>,
+    /// Where it trained (`cpu`, `cuda:0`).
+    pub device: String,
+    /// Training sequences and validation sequences.
+    pub sequences: (usize, usize),
+    /// Wall-clock seconds of the whole run.
+    pub seconds: f64,
+}
+
+impl TrainReport {
+    /// The run's last line: steps, time, tokens/s in training steps, the last loss, the folder.
+    pub fn summary(&self, out: &Path) -> String {
+        let s = &self.state;
+        let kept = match s.best_step {
+            Some(best) if best != s.step && self.sequences.1 > 0 && self.device == "cpu" => {
+                format!(", the best validation's (step {best}) kept")
+            }
+            _ => String::new(),
+        };
+        format!(
+            "trained {} steps on {} in {:.1}s ({:.1}s in steps: {} tokens, {:.0} tokens/s), loss {:.4}{}{kept}; checkpoint in {}",
+            s.step,
+            self.device,
+            self.seconds,
+            s.seconds,
+            s.tokens,
+            s.tokens as f64 / s.seconds.max(1e-9),
+            s.last_loss,
+            if s.stopped_early { " (early stop)" } else { "" },
+            out.display()
+        )
+    }
+}
+
+/// A built-in from-scratch shape.
+pub fn shape(name: &str, vocab: usize, head: HeadKind) -> Result<ModelConfig> {
+    Ok(match name {
+        "tiny" => ModelConfig::tiny(vocab, 64, 2, 4, 2, head),
+        "small" => ModelConfig::tiny(vocab, 128, 4, 4, 2, head),
+        "base" => ModelConfig::tiny(vocab, 256, 8, 8, 4, head),
+        other => bail!("unknown --config `{other}`: use tiny, small or base"),
+    })
+}
+
+/// Trains the verifier `run` describes on `solutions` into `run.out`: the validation split, the
+/// examples, the trainer of the device (the CPU trainer, or the packed engine's on a GPU), the
+/// checkpoint with its `reward.json`, tokenizer and `metrics.json`. `on_step(step, loss)` reports
+/// progress and `log` what the run says. A run that fails leaves its last checkpoint to resume
+/// from, or no folder when it wrote none.
+pub fn train_prm(
+    run: &TrainPrm,
+    solutions: Vec<Solution>,
+    mut on_step: impl FnMut(usize, f64),
+    mut log: impl FnMut(&str),
+) -> Result<TrainReport> {
+    let out = &run.out;
+    let fresh = !out.exists();
+    let trained = train_into(run, solutions, &mut on_step, &mut log);
+    let resumable = out.join(super::STATE).exists();
+    match trained {
+        Err(e) if fresh && !resumable => {
+            // Nothing worth keeping: no half-written folder is left to be mistaken for a model.
+            let _ = std::fs::remove_dir_all(out);
+            Err(e.context(format!("{} was not written", out.display())))
+        }
+        Err(e) if resumable => Err(e.context(format!(
+            "the last checkpoint in {} is kept: run the same command to resume from it",
+            out.display()
+        ))),
+        other => other,
+    }
+}
+
+fn train_into(
+    a: &TrainPrm,
+    sols: Vec<Solution>,
+    on_step: &mut dyn FnMut(usize, f64),
+    log: &mut dyn FnMut(&str),
+) -> Result<TrainReport> {
+    let started = std::time::Instant::now();
+    let dev = crate::default_device();
+    let placement = a.placement.resolve()?;
+    let tok_dir = a
+        .tokenizer
+        .clone()
+        .or(a.base.clone())
+        .context("pass --base DIR, or --config with --tokenizer DIR")?;
+    let tok = Tokenizer::from_dir(&tok_dir)?;
+    let neutral = match a.neutral.as_str() {
+        "good" => Neutral::Good,
+        "bad" => Neutral::Bad,
+        "skip" => Neutral::Skip,
+        o => bail!("unknown --neutral `{o}`: use good, bad or skip"),
+    };
+    let max_len = match &a.base {
+        Some(base) => ModelConfig::from_dir(base)?.max_position_embeddings.min(a.max_len),
+        None => a.max_len,
+    };
+    if a.separator.is_empty() {
+        bail!("--separator: empty (steps could not be told apart when the verifier is scored)");
+    }
+    if a.reference_logprob.is_some() && a.head.as_deref() != Some("log-ratio") {
+        bail!("--reference-logprob is for --head log-ratio");
+    }
+    if a.last_tokens.is_some() && (a.head.as_deref() != Some("log-ratio") || a.outcome) {
+        bail!("--last-tokens is for --head log-ratio on step labels (not --outcome)");
+    }
+    let head = match a.head.as_deref() {
+        Some("log-ratio") => {
+            let lr = LogRatio {
+                beta: a.beta,
+                cumulative: a.outcome,
+                reference_logprob: a.reference_logprob,
+                last_tokens: a.last_tokens,
+            };
+            lr.check().context("--reference-logprob, --last-tokens")?;
+            VerifierHead::LogRatio(lr)
+        }
+        Some("value") => VerifierHead::Value,
+        Some("classifier") => VerifierHead::Classifier,
+        Some(other) => bail!("unknown --head `{other}`: use classifier, value or log-ratio"),
+        None if a.outcome => VerifierHead::Value,
+        None => VerifierHead::Classifier,
+    };
+    let start = match (&a.base, &a.config) {
+        (Some(base), _) => Start::Checkpoint(base.clone()),
+        (None, Some(name)) => Start::Fresh(shape(name, tok.vocab_size(), HeadKind::TokenClassification)?),
+        (None, None) => bail!("pass --base DIR or --config tiny|small|base"),
+    };
+    if matches!(head, VerifierHead::LogRatio(_)) && a.base.is_none() {
+        bail!("--head log-ratio needs --base (the LM to fine-tune; also the reference unless --reference-logprob)");
+    }
+    if matches!(head, VerifierHead::LogRatio(_)) && placement.is_cuda() {
+        bail!("--head log-ratio trains on the CPU (--device cpu): the GPU trains classifier and value heads");
+    }
+    let spec = VerifierSpec {
+        head,
+        start,
+        extra_layers: 0,
+        labels: LabelOptions {
+            neutral,
+            last_step_only: a.last_step_only,
+            stop_at_first_bad: a.stop_at_first_bad,
+            outcome: a.outcome,
+            separator: a.separator.clone(),
+            max_len,
+            separator_after_problem: false,
+        },
+    };
+    // Refuse a head that cannot start from --base before any work is done.
+    spec.config()?;
+    // A log-ratio verifier against its --base: the base's log-probabilities are attached once.
+    let reference = match head {
+        VerifierHead::LogRatio(LogRatio {
+            reference_logprob: None,
+            ..
+        }) => Some(Model::load(a.base.as_ref().expect("checked above"), &dev)?),
+        _ => None,
+    };
+    let (valid_sols, train_sols) = validation_split(sols, a.valid_fraction, a.seed);
+    let train_set = spec.examples(&tok, &train_sols, reference.as_ref())?;
+    let valid_set = spec.examples(&tok, &valid_sols, reference.as_ref())?;
+    log(&format!("{} training sequences, {} validation", train_set.len(), valid_set.len()));
+    let dropped = train_sols.len() + valid_sols.len() - train_set.len() - valid_set.len();
+    if dropped > 0 {
+        log(&format!(
+            "{dropped} of {} solutions left out: nothing to learn from them ({})",
+            train_sols.len() + valid_sols.len(),
+            if a.outcome {
+                "no `correct` field, or no steps"
+            } else {
+                "no labelled step, only neutral steps with --neutral skip, or every label past --max-len"
+            }
+        ));
+    }
+    // The reference is named relative to the verifier's folder, so the two can move together.
+    std::fs::create_dir_all(&a.out)?;
+    let relative_base = match (&reference, &a.base) {
+        (Some(_), Some(base)) => {
+            let base = std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?;
+            let out = std::fs::canonicalize(&a.out).with_context(|| format!("{}", a.out.display()))?;
+            Some(relative_path(&out, &base))
+        }
+        _ => None,
+    };
+    spec.reward_spec(relative_base.as_deref()).save(&a.out)?;
+    let (state, metrics, device) = match placement {
+        Placement::Cuda(ordinal) => {
+            let (state, metrics) = on_gpu(a, ordinal, &spec, &train_set, &valid_set, on_step)?;
+            (state, metrics, format!("cuda:{ordinal}"))
+        }
+        _ => {
+            let varmap = VarMap::new();
+            let mut model = spec.build(&varmap, &dev, a.seed)?;
+            let objective = spec.objective();
+            let cfg = train_config(a, true);
+            let state = train(&mut model, &varmap, &train_set, &valid_set, objective, &cfg, on_step)?;
+            let metrics = (!valid_set.is_empty())
+                .then(|| evaluate(&model, &valid_set, objective, a.batch_size * 2))
+                .transpose()?;
+            (state, metrics, "cpu".to_string())
+        }
+    };
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if tok_dir.join(f).exists() {
+            std::fs::copy(tok_dir.join(f), a.out.join(f))?;
+        }
+    }
+    if let Some(m) = &metrics {
+        log(&format!(
+            "validation: loss {:.4}, step accuracy {:.3}, AUROC {:.3}",
+            m.loss, m.accuracy, m.auroc
+        ));
+        std::fs::write(a.out.join("metrics.json"), serde_json::to_string_pretty(m)?)?;
+    }
+    Ok(TrainReport {
+        state,
+        metrics,
+        device,
+        sequences: (train_set.len(), valid_set.len()),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The run's settings as the trainers take them.
+fn train_config(a: &TrainPrm, keep_best: bool) -> TrainConfig {
+    TrainConfig {
+        lr: a.lr,
+        warmup: (a.steps / 20).max(1),
+        steps: a.steps,
+        batch_size: a.batch_size,
+        grad_accum: a.grad_accum,
+        eval_every: (a.steps / 5).max(1),
+        patience: a.patience,
+        seed: a.seed,
+        out_dir: Some(a.out.clone()),
+        keep_best,
+        ..Default::default()
+    }
+}
+
+/// Training on CUDA GPU `ordinal` with the packed engine's trainer: from `base` when that
+/// already has the verifier's head, else from the verifier built here and written to `out`
+/// first (a fresh shape, a new head); a folder with a run's state continues it. Returns the
+/// state and the last validation.
+fn on_gpu(
+    a: &TrainPrm,
+    ordinal: usize,
+    spec: &VerifierSpec,
+    train_set: &[Example],
+    valid_set: &[Example],
+    on_step: &mut dyn FnMut(usize, f64),
+) -> Result<(TrainState, Option<Metrics>)> {
+    let wanted = spec.config()?;
+    let base_fits = a.base.as_ref().is_some_and(|b| {
+        ModelConfig::from_dir(b).is_ok_and(|c| c.head == wanted.head && c.num_labels == wanted.num_labels)
+    });
+    let start = if a.out.join(super::STATE).exists() {
+        a.out.clone()
+    } else if base_fits {
+        a.base.clone().expect("checked above")
+    } else {
+        let varmap = VarMap::new();
+        let model = spec.build(&varmap, &crate::default_device(), a.seed)?;
+        crate::model::save_training_checkpoint(&a.out, &model.config, &varmap)?;
+        a.out.clone()
+    };
+    let cfg = train_config(a, false);
+    let state = train_on_gpu(&start, ordinal, train_set, valid_set, &cfg, a.max_batch_tokens, on_step)?;
+    let metrics = state.history.last().map(|(_, m)| m.clone());
+    Ok((state, metrics))
+}
+
+/// Solutions held out for validation, about `fraction` of them, by whole problems (the
+/// solutions of one problem all on one side, so validation measures problems not seen in
+/// training) drawn at random with `seed`: never the first lines of a file, which in sorted
+/// datasets (ProcessBench) are all of one kind. Returns (validation, training), each in file
+/// order.
+fn validation_split(sols: Vec<Solution>, fraction: f64, seed: u64) -> (Vec<Solution>, Vec<Solution>) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let key = |s: &Solution| {
+        if s.problem_id.is_empty() {
+            s.id.clone()
+        } else {
+            s.problem_id.clone()
+        }
+    };
+    let mut problems: Vec<String> = sols.iter().map(key).collect();
+    problems.sort();
+    problems.dedup();
+    problems.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+    let want = ((sols.len() as f64) * fraction.clamp(0.0, 1.0)).round() as usize;
+    let mut per_problem: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for s in &sols {
+        *per_problem.entry(key(s)).or_default() += 1;
+    }
+    let mut held = std::collections::HashSet::new();
+    let mut taken = 0;
+    for p in problems {
+        if taken >= want {
+            break;
+        }
+        taken += per_problem[&p];
+        held.insert(p);
+    }
+    sols.into_iter().partition(|s| held.contains(&key(s)))
+}
+
+/// The path of `to` relative to the folder `from` (both absolute): `../policy` for siblings.
+fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let (f, t): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let shared = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut rel: PathBuf = std::iter::repeat_n(std::path::Component::ParentDir, f.len() - shared).collect();
+    rel.extend(&t[shared..]);
+    if rel.as_os_str().is_empty() {
+        rel.push(".");
+    }
+    rel
+}

@@ -1,0 +1,110 @@
+//! `stepwise.train_prm`: a verifier trained from step-labelled records, as `stepwise train-prm`.
+
+use crate::convert::{records_arg, solutions_of, to_py, value_error, without_gil};
+use pyo3::prelude::*;
+use serde_json::json;
+use std::path::PathBuf;
+use stepwise_model::train::run::{train_prm as train, TrainPrm};
+
+/// Trains a process (or, with `outcome=True`, outcome) reward model on `records` (step-labelled
+/// records in any format `stepwise.read` reads, or a path to a file of them) into the Hugging
+/// Face folder `out`, which `stepwise.PRM(out)` and `stepwise score` read back; a folder with a
+/// run's state continues it. `base` is the checkpoint to start from (its head replaced by
+/// `head`: `classifier`, `value` or `log-ratio`), or `config` a built-in shape (`tiny`, `small`,
+/// `base`) with `tokenizer`. `device` is `auto`, `cpu` or `cuda[:N]`: on a GPU the packed
+/// engine trains classifier and value heads (bf16 products with f32 sums, f32 master weights),
+/// batches of at most `max_batch_tokens` tokens. Progress and the run's last line go to stderr.
+/// Returns the run: steps, last loss, tokens and tokens/s in training steps, the device, and the
+/// final validation's loss, accuracy and AUROC (`None` without held-out solutions).
+///
+/// >>> run = stepwise.train_prm(stepwise.read("labelled.jsonl"), "prm/", base="policy/", steps=300)
+/// >>> stepwise.PRM("prm/").score(question, steps)
+#[pyfunction]
+#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device="auto", max_batch_tokens=16384))]
+#[allow(clippy::too_many_arguments)]
+pub fn train_prm<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyAny>,
+    out: PathBuf,
+    base: Option<PathBuf>,
+    config: Option<String>,
+    tokenizer: Option<PathBuf>,
+    outcome: bool,
+    head: Option<String>,
+    steps: usize,
+    lr: f64,
+    batch_size: usize,
+    grad_accum: usize,
+    valid_fraction: f64,
+    patience: usize,
+    seed: u64,
+    max_len: usize,
+    separator: &str,
+    neutral: &str,
+    last_step_only: bool,
+    stop_at_first_bad: bool,
+    beta: f32,
+    reference_logprob: Option<f32>,
+    last_tokens: Option<usize>,
+    device: &str,
+    max_batch_tokens: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let placement = device.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?;
+    // A path is read here; anything else is records.
+    let path: Option<PathBuf> = records.extract().ok();
+    let given = match &path {
+        Some(_) => Vec::new(),
+        None => records_arg(records)?,
+    };
+    let run = TrainPrm {
+        base,
+        config,
+        tokenizer,
+        out,
+        outcome,
+        head,
+        beta,
+        reference_logprob,
+        last_tokens,
+        separator: separator.to_string(),
+        neutral: neutral.to_string(),
+        last_step_only,
+        stop_at_first_bad,
+        steps,
+        lr,
+        batch_size,
+        grad_accum,
+        valid_fraction,
+        patience,
+        seed,
+        max_len,
+        placement,
+        max_batch_tokens,
+    };
+    let report = without_gil(py, || {
+        let solutions = match &path {
+            Some(p) => stepwise_core::SolutionReader::open(p, None)?.collect::<Result<Vec<_>, _>>()?,
+            None => solutions_of(&given, None)?,
+        };
+        let report = train(&run, solutions, |_, _| {}, |line| eprintln!("{line}"))?;
+        eprintln!("{}", report.summary(&run.out));
+        Ok(report)
+    })?;
+    let s = &report.state;
+    to_py(
+        py,
+        &json!({
+            "out": run.out,
+            "device": report.device,
+            "steps": s.step,
+            "loss": s.last_loss,
+            "tokens": s.tokens,
+            "seconds": s.seconds,
+            "tokens_per_s": s.tokens as f64 / s.seconds.max(1e-9),
+            "stopped_early": s.stopped_early,
+            "train_sequences": report.sequences.0,
+            "valid_sequences": report.sequences.1,
+            "metrics": report.metrics,
+        }),
+    )
+}
