@@ -52,7 +52,10 @@ extern "C" __global__ void rms_norm_backward(const float* __restrict__ x, const 
     float k = inv * inv * inv * shared / (float)hidden;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
         atomicAdd(dw + j, g[j] * row[j] * inv);
-        dx[(size_t)r * hidden + j] += inv * g[j] * w[j] - row[j] * k;
+        float v = inv * g[j] * w[j] - row[j] * k;
+        // Rows read twice (two targets at one position) are added to by two blocks.
+        if (rows) atomicAdd(dx + (size_t)r * hidden + j, v);
+        else dx[(size_t)r * hidden + j] += v;
     }
 }
 
