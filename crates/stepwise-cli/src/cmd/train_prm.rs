@@ -19,12 +19,17 @@ then each step and separator. The folder gets a reward.json naming --base as the
 With --reference-logprob L the reference is a constant instead (every token at log-probability L): each step scores \
 β·(Σ log π − n·L) over its n tokens, the verifier's own log-likelihood, and no reference model is kept.
 
+--device cuda (a build with --features cuda) trains classifier and value heads on the GPU with the packed engine: \
+bf16 products with f32 sums, f32 master weights, AdamW, batches of at most --max-batch-tokens tokens (and \
+--batch-size solutions). The last line gives tokens/s in training steps on either device.
+
 Examples:
   stepwise train-prm --data labeled.jsonl --base ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer TOK --outcome --out orm/
   stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --separator '|' --out prm/
-  stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --reference-logprob -0.5 --separator '|' --out prm/"
+  stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --reference-logprob -0.5 --separator '|' --out prm/
+  stepwise train-prm --data processbench/gsm8k.json --base Qwen/Qwen2.5-Math-PRM-7B --stop-at-first-bad --device cuda --out prm/"
 )]
 pub struct Args {
     /// Step-labelled solutions in any format stepwise reads.
