@@ -133,52 +133,55 @@ extern "C" __global__ void attention_backward_dq(const bf16_t* __restrict__ qkv,
         o[i] = j < d ? bf16_to_f32(d_out[(size_t)row * heads * d + h * d + j]) : 0.f;
         dq[i] = 0.f;
     }
-    // Pass 1: the softmax's max and sum.
-    float m = NEG_INF, l = 0.f;
+    // Pass 1: the softmax's max m and sum l, and D = sum_j p_j (dO . v_j), online (rescaled as
+    // the max grows).
+    float m = NEG_INF, l = 0.f, acc = 0.f;
     for (int key = start; key <= row; ++key) {
         const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
-        float dot = 0.f;
+        const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
+        float dot = 0.f, dp = 0.f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             int j = lane + 32 * i;
-            if (j < d) dot += q[i] * bf16_to_f32(k[j]);
+            if (j < d) {
+                dot += q[i] * bf16_to_f32(k[j]);
+                dp += o[i] * bf16_to_f32(v[j]);
+            }
         }
-        for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+        for (int s = 16; s > 0; s >>= 1) {
+            dot += __shfl_xor_sync(0xffffffffu, dot, s);
+            dp += __shfl_xor_sync(0xffffffffu, dp, s);
+        }
         dot *= scale;
         float m_new = fmaxf(m, dot);
-        l = l * __expf(m - m_new) + __expf(dot - m_new);
+        float corr = __expf(m - m_new), e = __expf(dot - m_new);
+        l = l * corr + e;
+        acc = acc * corr + e * dp;
         m = m_new;
     }
-    // Pass 2: D; pass 3: dq.
-    float big_d = 0.f;
-    for (int pass = 0; pass < 2; ++pass) {
-        for (int key = start; key <= row; ++key) {
-            const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
-            const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
-            float dot = 0.f, dp = 0.f;
+    float big_d = acc / l;
+    // Pass 2: dq = scale sum_j p_j (dO . v_j - D) k_j.
+    for (int key = start; key <= row; ++key) {
+        const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
+        const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
+        float dot = 0.f, dp = 0.f;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                int j = lane + 32 * i;
-                if (j < d) {
-                    dot += q[i] * bf16_to_f32(k[j]);
-                    dp += o[i] * bf16_to_f32(v[j]);
-                }
+        for (int i = 0; i < 8; ++i) {
+            int j = lane + 32 * i;
+            if (j < d) {
+                dot += q[i] * bf16_to_f32(k[j]);
+                dp += o[i] * bf16_to_f32(v[j]);
             }
-            for (int s = 16; s > 0; s >>= 1) {
-                dot += __shfl_xor_sync(0xffffffffu, dot, s);
-                dp += __shfl_xor_sync(0xffffffffu, dp, s);
-            }
-            float p = __expf(dot * scale - m) / l;
-            if (pass == 0) {
-                big_d += p * dp;
-                continue;
-            }
-            float ds = p * (dp - big_d) * scale;
+        }
+        for (int s = 16; s > 0; s >>= 1) {
+            dot += __shfl_xor_sync(0xffffffffu, dot, s);
+            dp += __shfl_xor_sync(0xffffffffu, dp, s);
+        }
+        float ds = __expf(dot * scale - m) / l * (dp - big_d) * scale;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                int j = lane + 32 * i;
-                if (j < d) dq[i] += ds * bf16_to_f32(k[j]);
-            }
+        for (int i = 0; i < 8; ++i) {
+            int j = lane + 32 * i;
+            if (j < d) dq[i] += ds * bf16_to_f32(k[j]);
         }
     }
 #pragma unroll
