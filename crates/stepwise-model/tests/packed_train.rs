@@ -15,15 +15,18 @@ use stepwise_model::{Model, ModelConfig, Packed, PrmLayout, Tokenizer};
 
 /// The fixture's solutions encoded for its layout, each step end labelled good or bad in turn.
 fn examples(case: &str) -> Vec<Example> {
-    let dir = fixtures().join(case);
     let exp: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap()).unwrap();
-    let tok = Tokenizer::from_dir(&dir).unwrap();
-    let model = Model::load(&dir, &candle_core::Device::Cpu).unwrap();
+    examples_in(&fixtures().join(case), exp["cases"][case]["items"].as_array().unwrap())
+}
+
+/// `items` (problems and steps) encoded for the layout of the checkpoint in `dir`, each step end
+/// labelled good, bad or 0.8 in turn.
+fn examples_in(dir: &std::path::Path, items: &[Value]) -> Vec<Example> {
+    let tok = Tokenizer::from_dir(dir).unwrap();
+    let model = Model::load(dir, &candle_core::Device::Cpu).unwrap();
     let layout = PrmLayout::detect(&model, &tok).unwrap();
     let mut k = 0;
-    exp["cases"][case]["items"]
-        .as_array()
-        .unwrap()
+    items
         .iter()
         .map(|it| {
             let steps: Vec<&str> = it["steps"]
@@ -65,13 +68,28 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 
 /// Every trainable tensor's gradient from the packed trainer (bf16 operands, f32 sums) points
 /// where candle's autograd of the CPU trainer's f32 loss points, with the same size, for the
-/// Qwen2.5-Math-PRM head (bf16 checkpoint) and a token classifier with attention biases (f32).
+/// Qwen2.5-Math-PRM head (bf16 checkpoint), a token classifier with attention biases (f32) and
+/// a scalar value head (a sequence classifier with one label, no bias: the ORM's).
 #[test]
 fn packed_gradients_match_candle_autograd() {
-    for case in ["qwen2-prm", "qwen2-tokcls"] {
-        let dir = fixtures().join(case);
+    let value_dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen2-value");
+    let value: Value =
+        serde_json::from_str(&std::fs::read_to_string(value_dir.join("expected.json")).unwrap()).unwrap();
+    let cases = [
+        ("qwen2-prm", fixtures().join("qwen2-prm"), examples("qwen2-prm")),
+        (
+            "qwen2-tokcls",
+            fixtures().join("qwen2-tokcls"),
+            examples("qwen2-tokcls"),
+        ),
+        (
+            "qwen2-value",
+            value_dir.clone(),
+            examples_in(&value_dir, value["items"].as_array().unwrap()),
+        ),
+    ];
+    for (case, dir, ex) in cases {
         let config = ModelConfig::from_dir(&dir).unwrap();
-        let ex = examples(case);
         let (batch, targets) = packed(&ex);
 
         let mut trainer = PackedTrainer::load(&dir, config.clone(), Arc::new(Reference)).unwrap();
