@@ -114,6 +114,38 @@ fn packed_rows_equal_each_sequence_run_alone() {
     assert!(err.to_string().contains("past the end"), "{err}");
 }
 
+/// The one forward refuses what it cannot run with an error saying why, on every path (the
+/// fused kernels', candle's, a training model's), never a panic.
+#[test]
+fn the_forward_refuses_inputs_it_cannot_run() {
+    use candle_core::{Device, Tensor};
+    use stepwise_model::transformer::KvCache;
+    let mut v = LoadedVerifier::load(&fixtures().join("qwen2-prm"), "auto", &Device::Cpu).unwrap();
+    let vocab = v.model.config.vocab_size as u32;
+    let ids = Tensor::new(&[[1u32, 2, 3]], &Device::Cpu).unwrap();
+    let outside = Tensor::new(&[[1u32, vocab]], &Device::Cpu).unwrap();
+    let packed = Packed::new(&[&[1, 2], &[3]]);
+    for training in [false, true] {
+        v.model.set_training(training);
+        let m = &v.model;
+        let err = |r: anyhow::Result<Tensor>| r.unwrap_err().to_string();
+        assert!(err(m.hidden(Input::padded(&outside, None))).contains("outside the model's vocabulary"));
+        let bad_packed = Packed::new(&[&[vocab + 7]]);
+        assert!(err(m.hidden(Input::packed(&bad_packed))).contains("outside the model's vocabulary"));
+        assert!(err(m.hidden(Input::padded(&ids, None).read(&[vec![3]]))).contains("past the end"));
+        assert!(err(m.hidden(Input::padded(&ids, None).read(&[vec![0], vec![1]]))).contains("2 lists of rows"));
+        let mut cache = KvCache::default();
+        assert!(err(m.hidden(Input::packed(&packed).cache(&mut cache))).contains("continues no cache"));
+        let two = Input::padded(&ids, None).and(Input::padded(&ids, None));
+        assert!(err(m.hidden(two)).contains("one part"));
+        let reads = [vec![0]];
+        let two = Input::padded(&ids, None).and(Input::padded(&ids, None)).read(&reads);
+        assert!(err(m.hidden_parts(two).map(|mut v| v.remove(0))).contains("input of one part"));
+        let long: Vec<u32> = vec![1; v.model.config.scoring_positions() + 1];
+        assert!(err(m.hidden(Input::packed(&Packed::new(&[&long])))).contains("exceeds"));
+    }
+}
+
 /// A policy may write the PRM's step token or tag inside a step: it is taken out, so the step
 /// scores as it would without it, and the solution keeps one reward per step.
 #[test]
