@@ -21,8 +21,10 @@
 # against), TRAINING=0 (skip training), TRAIN_STEPS (default 200), DEVICE=cpu LIMIT=4
 # TRAIN_STEPS=2 (a dry run of the whole script without a GPU). Only the training comparison:
 # SHAPES=0.5b DATASETS=gsm8k GENERATION=0 (it runs after the 0.5B scoring). After a cut-off,
-# `bash bench/gpu_check.sh summary` writes the JSON from what finished. On one H100 the default
-# run takes about 6 minutes (docs/benchmarks.md, "The GPU").
+# `bash bench/gpu_check.sh summary` writes the JSON from what finished. On one H100 the run
+# without training took about 6 minutes (docs/benchmarks.md, "The GPU"); the training stage adds
+# up to 5, so within one 10-minute call measure either the scoring and generation (TRAINING=0)
+# or the training (SHAPES=0.5b DATASETS=gsm8k GENERATION=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=.gpu
