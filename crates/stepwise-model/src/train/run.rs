@@ -180,7 +180,6 @@ fn train_into(
 ) -> Result<TrainReport> {
     let started = std::time::Instant::now();
     let dev = crate::default_device();
-    let placement = a.placement.resolve()?;
     let tok_dir = a
         .tokenizer
         .clone()
@@ -231,6 +230,11 @@ fn train_into(
     if matches!(head, VerifierHead::LogRatio(_)) && a.base.is_none() {
         bail!("--head log-ratio needs --base (the LM to fine-tune; also the reference unless --reference-logprob)");
     }
+    // The GPU trains classifier and value heads: `auto` keeps a log-ratio verifier on the CPU.
+    let placement = match (a.placement, &head) {
+        (Placement::Auto, VerifierHead::LogRatio(_)) => Placement::Cpu,
+        (p, _) => p.resolve()?,
+    };
     if matches!(head, VerifierHead::LogRatio(_)) && placement.is_cuda() {
         bail!("--head log-ratio trains on the CPU (--device cpu): the GPU trains classifier and value heads");
     }
