@@ -109,6 +109,27 @@ extern "C" __global__ void rope_backward(const float* __restrict__ d_qkv, const 
     }
 }
 
+// Two dot products over a warp, each lane holding components lane + 32 i (i < 8, below d) of `a`
+// and `b` in registers: *dot = a . x and *dp = b . y (x, y bf16 in memory), on every lane.
+__device__ __forceinline__ void warp_dots(const float* a, const bf16_t* __restrict__ x, const float* b,
+                                          const bf16_t* __restrict__ y, int lane, int d, float* dot, float* dp) {
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int j = lane + 32 * i;
+        if (j < d) {
+            s1 += a[i] * bf16_to_f32(x[j]);
+            s2 += b[i] * bf16_to_f32(y[j]);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+    }
+    *dot = s1;
+    *dp = s2;
+}
+
 // Through attention_simple, in two kernels with no atomics. This one, one warp a (row, head):
 // the softmax recomputed (its max m and sum l), D = sum_j p_j (dO . v_j), and
 // dq = scale sum_j p_j (dO . v_j - D) k_j written into d_qkv's q part; (m, l, D) kept in `stats`
@@ -139,19 +160,8 @@ extern "C" __global__ void attention_backward_dq(const bf16_t* __restrict__ qkv,
     for (int key = start; key <= row; ++key) {
         const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
         const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
-        float dot = 0.f, dp = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            int j = lane + 32 * i;
-            if (j < d) {
-                dot += q[i] * bf16_to_f32(k[j]);
-                dp += o[i] * bf16_to_f32(v[j]);
-            }
-        }
-        for (int s = 16; s > 0; s >>= 1) {
-            dot += __shfl_xor_sync(0xffffffffu, dot, s);
-            dp += __shfl_xor_sync(0xffffffffu, dp, s);
-        }
+        float dot, dp;
+        warp_dots(q, k, o, v, lane, d, &dot, &dp);
         dot *= scale;
         float m_new = fmaxf(m, dot);
         float corr = __expf(m - m_new), e = __expf(dot - m_new);
@@ -164,19 +174,8 @@ extern "C" __global__ void attention_backward_dq(const bf16_t* __restrict__ qkv,
     for (int key = start; key <= row; ++key) {
         const bf16_t* k = qkv + (size_t)key * width + (heads + g) * d;
         const bf16_t* v = qkv + (size_t)key * width + (heads + kv_heads + g) * d;
-        float dot = 0.f, dp = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            int j = lane + 32 * i;
-            if (j < d) {
-                dot += q[i] * bf16_to_f32(k[j]);
-                dp += o[i] * bf16_to_f32(v[j]);
-            }
-        }
-        for (int s = 16; s > 0; s >>= 1) {
-            dot += __shfl_xor_sync(0xffffffffu, dot, s);
-            dp += __shfl_xor_sync(0xffffffffu, dp, s);
-        }
+        float dot, dp;
+        warp_dots(q, k, o, v, lane, d, &dot, &dp);
         float ds = __expf(dot * scale - m) / l * (dp - big_d) * scale;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -224,19 +223,8 @@ extern "C" __global__ void attention_backward_dkv(const bf16_t* __restrict__ qkv
         for (int h = g * group; h < (g + 1) * group; ++h) {
             const bf16_t* q = qkv + (size_t)row * width + h * d;
             const bf16_t* o = d_out + (size_t)row * heads * d + h * d;
-            float dot = 0.f, dp = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                int j = lane + 32 * i;
-                if (j < d) {
-                    dot += bf16_to_f32(q[j]) * k[i];
-                    dp += bf16_to_f32(o[j]) * v[i];
-                }
-            }
-            for (int s = 16; s > 0; s >>= 1) {
-                dot += __shfl_xor_sync(0xffffffffu, dot, s);
-                dp += __shfl_xor_sync(0xffffffffu, dp, s);
-            }
+            float dot, dp;
+            warp_dots(k, q, v, o, lane, d, &dot, &dp);
             const float* st = stats + ((size_t)row * heads + h) * 3;
             float p = __expf(dot * scale - st[0]) / st[1];
             float ds = p * (dp - st[2]) * scale;

@@ -21,7 +21,7 @@ mod layer;
 mod paged;
 mod reference;
 mod reference_train;
-mod train;
+pub(crate) mod train;
 mod train_backend;
 
 pub use decoding::PagedDecoding;

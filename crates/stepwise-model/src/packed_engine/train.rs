@@ -559,17 +559,28 @@ impl<B: TrainBackend> PackedTrainer<B> {
     }
 }
 
-/// Mean BCE with logits of P(good) against each target's label, and its gradient with respect
-/// to the head's outputs (`values`: `width` a row): P(good) is the sigmoid of the one output, or
-/// of output 1 minus output 0.
+/// The logit of P(good) in a head's output row: the one output, or output 1 minus output 0.
+pub(crate) fn good_logit(row: &[f32]) -> f32 {
+    match row {
+        [z] => *z,
+        _ => row[1] - row[0],
+    }
+}
+
+/// Stable BCE with logits of `z` against label `y`.
+pub(crate) fn bce(z: f32, y: f32) -> f32 {
+    z.max(0.0) - z * y + (-z.abs()).exp().ln_1p()
+}
+
+/// Mean BCE with logits of P(good) ([`good_logit`]) against each target's label, and its
+/// gradient with respect to the head's outputs (`values`: `width` a row).
 fn good_logit_bce(values: &[f32], width: usize, targets: &[(usize, f32)]) -> (f32, Vec<f32>) {
     let n = targets.len() as f32;
     let mut grad = vec![0f32; values.len()];
     let mut loss = 0.0;
     for (i, &(_, y)) in targets.iter().enumerate() {
-        let row = &values[i * width..][..width];
-        let z = if width == 1 { row[0] } else { row[1] - row[0] };
-        loss += z.max(0.0) - z * y + (-z.abs()).exp().ln_1p();
+        let z = good_logit(&values[i * width..][..width]);
+        loss += bce(z, y);
         let dz = (1.0 / (1.0 + (-z).exp()) - y) / n;
         if width == 1 {
             grad[i] = dz;

@@ -255,13 +255,19 @@ pub fn evaluate(model: &Model, data: &[Example], objective: Objective, batch_siz
         n += chunk.len();
         pairs.extend(p);
     }
+    Ok(metrics(loss / n.max(1) as f64, &pairs))
+}
+
+/// The metrics of a validation: its mean `loss`, and the accuracy at 0.5 and AUROC of the
+/// `(P(good), target)` pairs against hard targets (≥ 0.5 good).
+fn metrics(loss: f64, pairs: &[(f32, f32)]) -> Metrics {
     let hard: Vec<(f32, bool)> = pairs.iter().map(|&(p, y)| (p, y >= 0.5)).collect();
     let acc = hard.iter().filter(|(p, y)| (*p >= 0.5) == *y).count() as f64 / hard.len().max(1) as f64;
-    Ok(Metrics {
-        loss: loss / n.max(1) as f64,
+    Metrics {
+        loss,
         accuracy: acc,
         auroc: stepwise_core::stats::auroc(&hard),
-    })
+    }
 }
 
 /// Files a run keeps in `out_dir`.

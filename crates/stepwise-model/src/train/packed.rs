@@ -5,6 +5,7 @@
 
 use super::{optim, Example, Metrics, TrainConfig, TrainState};
 use crate::packed::Packed;
+use crate::packed_engine::train::{bce, good_logit};
 use crate::packed_engine::{PackedTrainer, TrainBackend};
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
@@ -62,18 +63,12 @@ pub fn evaluate_packed<B: TrainBackend>(
         let rows: Vec<usize> = targets.iter().map(|&(r, _)| r).collect();
         let (values, width) = trainer.decoder.head_at(&packed, &rows, None)?;
         for (v, &(_, y)) in values.chunks(width).zip(&targets) {
-            let z = if width == 1 { v[0] } else { v[1] - v[0] };
-            loss += (z.max(0.0) - z * y + (-z.abs()).exp().ln_1p()) as f64;
+            let z = good_logit(v);
+            loss += bce(z, y) as f64;
             pairs.push((1.0 / (1.0 + (-z).exp()), y));
         }
     }
-    let hard: Vec<(f32, bool)> = pairs.iter().map(|&(p, y)| (p, y >= 0.5)).collect();
-    let acc = hard.iter().filter(|(p, y)| (*p >= 0.5) == *y).count() as f64 / hard.len().max(1) as f64;
-    Ok(Metrics {
-        loss: loss / pairs.len().max(1) as f64,
-        accuracy: acc,
-        auroc: stepwise_core::stats::auroc(&hard),
-    })
+    Ok(super::metrics(loss / pairs.len().max(1) as f64, &pairs))
 }
 
 /// Trains `trainer`'s reward model on `train_set`'s targets (the `Classify` objective) as
