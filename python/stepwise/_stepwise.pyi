@@ -158,7 +158,7 @@ def train_prm(
 ) -> Dict[str, Any]:
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
     Hugging Face folder `out`, as `stepwise train-prm`; a folder with a run's state continues it.
-    `device="cuda"` trains classifier and value heads on a GPU. Returns steps, loss, tokens,
+    `device="cuda"` trains on a GPU (every head). Returns steps, loss, tokens,
     tokens/s, the device and the final validation's metrics."""
 
 def search(

@@ -128,9 +128,16 @@ pub fn token_logprobs(model: &Model, ids: &Tensor, pad_mask: Option<&Tensor>) ->
 }
 
 /// `log p(token i | tokens < i)` of every token of every sequence under `model` (no gradient
-/// unless the model is training), `batch_size` sequences a forward pass; position 0 holds 0.
+/// unless the model is training), `batch_size` sequences a forward pass (on a GPU: packed
+/// batches of the default token budget); position 0 holds 0.
 #[cfg(feature = "engine")]
 pub fn sequence_logprobs(model: &Model, seqs: &[&[u32]], batch_size: usize) -> Result<Vec<Vec<f32>>> {
+    #[cfg(feature = "cuda")]
+    if let Some(gpu) = &model.gpu {
+        // On the GPU: packed batches bounded by tokens, not a count of sequences.
+        let budget = crate::scoring::DEFAULT_MAX_BATCH_TOKENS;
+        return crate::train::packed::sequence_logprobs(gpu, seqs, budget);
+    }
     let mut out = Vec::with_capacity(seqs.len());
     for chunk in seqs.chunks(batch_size.max(1)) {
         let (ids, mask, t) = crate::model::pad_batch(chunk, &model.device)?;

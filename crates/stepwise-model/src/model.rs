@@ -153,8 +153,9 @@ impl Model {
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
             bail!(
-                "this model's weights are on {}: the CUDA engine scores steps (`stepwise score`, a PRM's \
-                 scorer); generation, training and log-ratio verifiers run on the CPU (--device cpu)",
+                "this model's weights are on {}, where the packed engine scores steps, generates, gives \
+                 token log-probabilities and trains (`train-prm`/`rl --device cuda`); this call needs \
+                 the CPU engine (--device cpu)",
                 crate::packed_engine::Backend::name(&**g.backend())
             );
         }

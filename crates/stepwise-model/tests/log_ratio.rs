@@ -6,10 +6,8 @@
 
 use candle_core::{Device, IndexOp, Tensor, D};
 use candle_nn::VarMap;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use std::path::PathBuf;
-use stepwise_core::{Provenance, Solution, Step, StepLabel};
+use stepwise_core::Solution;
 use stepwise_model::layout::RewardSpec;
 use stepwise_model::log_ratio::{token_logprobs, LogRatio};
 use stepwise_model::model::pad_batch;
@@ -45,38 +43,6 @@ const LIKELIHOOD_OF_RESULTS: LogRatio = LogRatio {
     last_tokens: Some(2),
     ..LIKELIHOOD
 };
-
-/// Counting problems: each step must be the previous number + 1; a bad step is off by 2..8 and
-/// the rest of the solution counts on from it.
-fn solutions(n: usize, seed: u64, p_bad: f64) -> Vec<Solution> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|i| {
-            let start: u32 = rng.random_range(0..10);
-            let len = rng.random_range(3..6);
-            let bad_at = rng.random_bool(p_bad).then(|| rng.random_range(0..len));
-            let mut cur = start;
-            let steps = (0..len)
-                .map(|k| {
-                    let good = bad_at != Some(k);
-                    cur = if good {
-                        (cur + 1) % 10
-                    } else {
-                        (cur + rng.random_range(2..9)) % 10
-                    };
-                    Step::labelled(format!("{cur}"), StepLabel::from_bool(good, Provenance::Oracle))
-                })
-                .collect();
-            Solution {
-                id: i.to_string(),
-                question: format!("count from {start}"),
-                steps,
-                correct: Some(bad_at.is_none()),
-                ..Default::default()
-            }
-        })
-        .collect()
-}
 
 fn lm(tok: &Tokenizer, varmap: &VarMap, seed: u64) -> Model {
     let cfg = ModelConfig::tiny(tok.vocab_size(), 64, 2, 4, 2, HeadKind::CausalLm);
@@ -128,7 +94,7 @@ fn token_logprobs_are_the_lms_next_token_log_probabilities() {
 fn a_verifier_equal_to_its_reference_is_undecided_and_batching_changes_nothing() {
     let tok = tokenizer();
     let reference = lm(&tok, &VarMap::new(), 1);
-    let sols = solutions(6, 4, 0.5);
+    let sols = common::counting_solutions(6, 4, 0.5);
     let same = PrmScorer::new(&reference, &tok, layout(LR)).with_reference(Some(&reference));
     for s in &sols {
         for x in same.score(&s.question, &s.step_texts()).unwrap() {
@@ -168,7 +134,7 @@ fn every_weight_receives_a_gradient() {
         (false, LIKELIHOOD),
         (false, LIKELIHOOD_OF_RESULTS),
     ] {
-        let mut ex = label_examples(&tok, &solutions(8, 1, 0.6), &opts(outcome)).unwrap();
+        let mut ex = label_examples(&tok, &common::counting_solutions(8, 1, 0.6), &opts(outcome)).unwrap();
         if lr.reference_logprob.is_none() {
             attach_reference(&reference, &mut ex, 4).unwrap();
         }
@@ -197,7 +163,7 @@ fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
     // learns from imperfect data).
     let varmap = VarMap::new();
     let mut policy = lm(&tok, &varmap, 5);
-    let mut lm_set = label_examples(&tok, &solutions(600, 6, 0.3), &opts(false)).unwrap();
+    let mut lm_set = label_examples(&tok, &common::counting_solutions(600, 6, 0.3), &opts(false)).unwrap();
     for e in &mut lm_set {
         e.targets.clear();
     }
@@ -247,8 +213,8 @@ fn fine_tune_and_round_trip(
     let reference = Model::load(policy_dir, &Device::Cpu).unwrap();
     let varmap = VarMap::new();
     let mut prm = Model::load_trainable(policy_dir, reference.config.clone(), &varmap, &Device::Cpu, 0).unwrap();
-    let mut train_set = label_examples(tok, &solutions(600, 7, 0.6), &opts(false)).unwrap();
-    let held_out = solutions(150, 8, 0.6);
+    let mut train_set = label_examples(tok, &common::counting_solutions(600, 7, 0.6), &opts(false)).unwrap();
+    let held_out = common::counting_solutions(150, 8, 0.6);
     let mut valid = label_examples(tok, &held_out, &opts(false)).unwrap();
     if lr.reference_logprob.is_none() {
         attach_reference(&reference, &mut train_set, 64).unwrap();

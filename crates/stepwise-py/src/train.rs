@@ -12,7 +12,7 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// run's state continues it. `base` is the checkpoint to start from (its head replaced by
 /// `head`: `classifier`, `value` or `log-ratio`), or `config` a built-in shape (`tiny`, `small`,
 /// `base`) with `tokenizer`. `device` is `auto`, `cpu` or `cuda[:N]`: on a GPU the packed
-/// engine trains classifier and value heads (bf16 products with f32 sums, f32 master weights),
+/// engine trains every head (bf16 products with f32 sums, f32 master weights),
 /// batches of at most `max_batch_tokens` tokens. Progress and the run's last line go to stderr.
 /// Returns the run: steps, last loss, tokens and tokens/s in training steps, the device, and the
 /// final validation's loss, accuracy and AUROC (`None` without held-out solutions).

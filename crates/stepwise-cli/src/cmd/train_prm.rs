@@ -19,9 +19,10 @@ then each step and separator. The folder gets a reward.json naming --base as the
 With --reference-logprob L the reference is a constant instead (every token at log-probability L): each step scores \
 β·(Σ log π − n·L) over its n tokens, the verifier's own log-likelihood, and no reference model is kept.
 
---device cuda (a build with --features cuda) trains classifier and value heads on the GPU with the packed engine: \
-bf16 products with f32 sums, f32 master weights, AdamW, batches of at most --max-batch-tokens tokens (and \
---batch-size solutions). The last line gives tokens/s in training steps on either device.
+--device cuda (a build with --features cuda) trains on the GPU with the packed engine, every head (a log-ratio \
+verifier's reference log-probabilities computed there too): bf16 products with f32 sums, f32 master weights, \
+AdamW, batches of at most --max-batch-tokens tokens (and --batch-size solutions), the LM head's vocabulary \
+logits a chunk of rows at a time. The last line gives tokens/s in training steps on either device.
 
 Examples:
   stepwise train-prm --data labeled.jsonl --base ../shared/fixtures/hf-tiny/qwen2-policy --out prm/

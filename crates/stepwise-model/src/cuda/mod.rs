@@ -57,6 +57,8 @@ pub const GENERAL: &[&str] = &[
     "embed_backward",
     "sum_squares",
     "adamw",
+    "token_logprobs",
+    "token_logprobs_backward",
 ];
 
 /// An opened GPU: its context, the stream every call runs on, cuBLAS, and the compiled kernels.

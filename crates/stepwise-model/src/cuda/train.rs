@@ -232,6 +232,48 @@ impl TrainBackend for Gpu {
         self.launch("embed_backward", rows as u32, 256, &args)
     }
 
+    fn token_logprobs(
+        &self,
+        logits: &CudaSlice<f32>,
+        targets: &CudaSlice<i32>,
+        logp: &mut CudaSlice<f32>,
+        lse: &mut CudaSlice<f32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        use Arg::{Ptr, I32};
+        let args = [
+            Ptr(self.addr(logits)),
+            Ptr(self.addr(targets)),
+            Ptr(self.addr(logp)),
+            Ptr(self.addr(lse)),
+            I32(vocab as i32),
+        ];
+        self.launch("token_logprobs", rows as u32, 1024, &args)
+    }
+
+    fn token_logprobs_backward(
+        &self,
+        logits: &CudaSlice<f32>,
+        targets: &CudaSlice<i32>,
+        lse: &CudaSlice<f32>,
+        coef: &CudaSlice<f32>,
+        d: &mut CudaSlice<u16>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        use Arg::{Ptr, I32};
+        let args = [
+            Ptr(self.addr(logits)),
+            Ptr(self.addr(targets)),
+            Ptr(self.addr(lse)),
+            Ptr(self.addr(coef)),
+            Ptr(self.addr(d)),
+            I32(vocab as i32),
+        ];
+        self.launch("token_logprobs_backward", rows as u32, 1024, &args)
+    }
+
     fn sum_squares(&self, g: &CudaSlice<f32>, n: usize) -> Result<f64> {
         let grid = blocks(n).clamp(1, SUM_BLOCKS as u32) as usize;
         let partial = self.zeros::<f32>(grid)?;

@@ -256,6 +256,50 @@ extern "C" __global__ void embed_backward(const int* __restrict__ ids, const flo
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) atomicAdd(dst + j, src[j]);
 }
 
+// The largest v over the block (every thread gets it), as block_sum.
+__device__ float block_max(float v, float* partial) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    int warps = (blockDim.x + 31) >> 5;
+    v = lane < warps ? partial[lane] : NEG_INF;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Per row r of logits [rows, vocab]: lse[r] = log sum_j exp(logits[r, j]) and logp[r] =
+// logits[r, targets[r]] - lse[r]. One block a row.
+extern "C" __global__ void token_logprobs(const float* __restrict__ logits, const int* __restrict__ targets,
+                                          float* __restrict__ logp, float* __restrict__ lse, int vocab) {
+    __shared__ float partial[32];
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, row[j]);
+    m = block_max(m, partial);
+    __syncthreads();
+    float s = 0.f;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(row[j] - m);
+    s = block_sum(s, partial);
+    if (threadIdx.x == 0) {
+        float l = m + logf(s);
+        lse[blockIdx.x] = l;
+        logp[blockIdx.x] = row[targets[blockIdx.x]] - l;
+    }
+}
+
+// Through token_logprobs for d loss / d logp[r] = coef[r]: d[r, j] = bf16(coef[r] * ([j ==
+// targets[r]] - exp(logits[r, j] - lse[r]))). One block a row.
+extern "C" __global__ void token_logprobs_backward(const float* __restrict__ logits, const int* __restrict__ targets,
+                                                   const float* __restrict__ lse, const float* __restrict__ coef,
+                                                   bf16_t* __restrict__ d, int vocab) {
+    size_t base = (size_t)blockIdx.x * vocab;
+    float l = lse[blockIdx.x], c = coef[blockIdx.x];
+    int target = targets[blockIdx.x];
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x)
+        d[base + j] = f32_to_bf16(c * ((j == target ? 1.f : 0.f) - expf(logits[base + j] - l)));
+}
+
 // partial[block] = the block's share of sum g^2 (grid-strided over n).
 extern "C" __global__ void sum_squares(const float* __restrict__ g, float* __restrict__ partial_out, long long n) {
     __shared__ float partial[32];

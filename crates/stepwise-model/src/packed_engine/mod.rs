@@ -16,8 +16,10 @@
 //!
 //! After the last layer only the rows read are normed and go through the head.
 
+mod backward;
 mod decoding;
 mod layer;
+mod lm_head;
 mod paged;
 mod reference;
 mod reference_train;
@@ -27,7 +29,8 @@ mod train_backend;
 pub use decoding::PagedDecoding;
 pub use paged::{PagedCache, PagedSeq, BLOCK};
 pub use reference::Reference;
-pub use train::{PackedTrainer, TrainStep};
+pub use lm_head::{TokenLoss, LOGITS_BYTES};
+pub use train::{PackedTrainer, Targets, TrainStep};
 pub use train_backend::{AdamW, TrainBackend};
 
 use crate::config::{HeadKind, ModelConfig};
@@ -320,6 +323,9 @@ pub struct PackedDecoder<B: Backend> {
     cos: B::F32,
     sin: B::F32,
     max_positions: usize,
+    /// Most bytes of one chunk of the LM head's logits in training and log-probabilities
+    /// ([`LOGITS_BYTES`] unless set).
+    logits_bytes: usize,
     scratch: Mutex<Scratch<B>>,
     /// Tokens run through the decoder so far.
     pub encoded_tokens: AtomicUsize,
@@ -616,6 +622,7 @@ impl<B: Backend> PackedDecoder<B> {
             cos,
             sin,
             max_positions,
+            logits_bytes: LOGITS_BYTES,
             scratch: Mutex::new(Scratch::default()),
             encoded_tokens: AtomicUsize::new(0),
             config,

@@ -224,6 +224,46 @@ impl TrainBackend for Reference {
         Ok(())
     }
 
+    fn token_logprobs(
+        &self,
+        logits: &Vec<f32>,
+        targets: &Vec<i32>,
+        logp: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        for r in 0..rows {
+            let row = &logits[r * vocab..][..vocab];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let l = max + row.iter().map(|&z| (z - max).exp()).sum::<f32>().ln();
+            lse[r] = l;
+            logp[r] = row[int(targets[r])] - l;
+        }
+        Ok(())
+    }
+
+    fn token_logprobs_backward(
+        &self,
+        logits: &Vec<f32>,
+        targets: &Vec<i32>,
+        lse: &Vec<f32>,
+        coef: &Vec<f32>,
+        d: &mut Vec<u16>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        for r in 0..rows {
+            let target = int(targets[r]);
+            let row = &logits[r * vocab..][..vocab];
+            for (j, (o, &z)) in d[r * vocab..][..vocab].iter_mut().zip(row).enumerate() {
+                let onehot = if j == target { 1.0 } else { 0.0 };
+                *o = round(coef[r] * (onehot - (z - lse[r]).exp()));
+            }
+        }
+        Ok(())
+    }
+
     fn sum_squares(&self, g: &Vec<f32>, n: usize) -> Result<f64> {
         Ok(g[..n].iter().map(|&v| v as f64 * v as f64).sum())
     }

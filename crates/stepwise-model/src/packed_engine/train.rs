@@ -1,19 +1,21 @@
-//! [`PackedTrainer`]: a reward model (Qwen2.5-Math-PRM's head or a classifier) trained over
-//! packed batches on a [`TrainBackend`], the way the packed engine scores: every product over all
-//! the batch's tokens, attention within each sequence, bf16 operands with f32 sums (PyTorch's
-//! bf16 autocast), f32 master weights and AdamW.
+//! [`PackedTrainer`]: a model (a reward model with Qwen2.5-Math-PRM's head or a classifier, or a
+//! causal LM) trained over packed batches on a [`TrainBackend`], the way the packed engine
+//! scores: every product over all the batch's tokens, attention within each sequence, bf16
+//! operands with f32 sums (PyTorch's bf16 autocast), f32 master weights and AdamW.
 //!
 //! A step: the forward keeps each layer's input (f32, `tokens × hidden` a layer) and nothing
-//! else; the head is read at the target rows and the loss (BCE with logits on P(good), as the
-//! CPU trainer's `Classify` objective) taken on the host; the backward recomputes each layer's
-//! activations from its kept input, then runs the layer's backward kernels (activation
-//! checkpointing: memory grows with the token budget, not with the layers' activations). The
-//! update is AdamW on the f32 masters, gradients clipped by their global norm, and each matrix is
+//! else; the head is read at the target rows and the loss taken on the host ([`Targets`]: BCE
+//! with logits on P(good), as the CPU trainer's `Classify` objective, or any loss of target
+//! tokens' log-probabilities); the backward recomputes each layer's activations from its kept
+//! input, then runs the layer's backward kernels (activation checkpointing: memory grows with
+//! the token budget, not with the layers' activations; `backward.rs`, `lm_head.rs`). The update
+//! is AdamW on the f32 masters, gradients clipped by their global norm, and each matrix is
 //! rounded back to the bf16 copy the forward reads.
 
-use super::layer::{AttentionBuffers, MlpBuffers};
+use super::backward::{layers_backward, reward_head_backward};
+use super::lm_head::{lm_head_backward, TokenLoss};
 use super::train_backend::{AdamW, TrainBackend};
-use super::{batch_ints, to_f32, Attend, Backend, Head, Out, PackedDecoder};
+use super::{to_f32, Backend, Head, PackedDecoder};
 use crate::config::{HeadKind, ModelConfig};
 use crate::packed::Packed;
 use anyhow::{bail, ensure, Context, Result};
@@ -23,23 +25,24 @@ use std::sync::Arc;
 
 /// One value per trainable tensor of a model, in the packed engine's layout (stacked q|k|v and
 /// gate|up, as the decoder holds them).
-struct Params<T> {
-    embed: T,
-    norm: T,
-    layers: Vec<LayerParams<T>>,
+pub(super) struct Params<T> {
+    pub embed: T,
+    pub norm: T,
+    pub layers: Vec<LayerParams<T>>,
     /// Qwen2.5-Math-PRM's `score.0.weight, score.0.bias, score.2.weight, score.2.bias`, or a
     /// classifier's `score.weight` (and `score.bias`).
-    head: Vec<T>,
+    pub head: Vec<T>,
 }
 
-struct LayerParams<T> {
-    ln1: T,
-    ln2: T,
-    qkv: T,
-    qkv_bias: Option<T>,
-    o: T,
-    gate_up: T,
-    down: T,
+/// One layer's values.
+pub(super) struct LayerParams<T> {
+    pub ln1: T,
+    pub ln2: T,
+    pub qkv: T,
+    pub qkv_bias: Option<T>,
+    pub o: T,
+    pub gate_up: T,
+    pub down: T,
 }
 
 impl<T> Params<T> {
@@ -103,7 +106,7 @@ impl Spec {
     }
 }
 
-/// The trainable tensors of a reward model of `cfg`.
+/// The trainable tensors of a model of `cfg`.
 fn specs(cfg: &ModelConfig) -> Result<Params<Spec>> {
     let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let (heads, kv, c) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_labels);
@@ -154,10 +157,9 @@ fn specs(cfg: &ModelConfig) -> Result<Params<Spec>> {
             one("score.bias", vec![c]),
         ],
         HeadKind::SequenceClassification => vec![one("score.weight", vec![c, h])],
-        HeadKind::CausalLm => bail!(
-            "the packed trainer trains reward models (a classifier or Qwen2.5-Math-PRM's head); {} is a causal LM",
-            cfg.architecture
-        ),
+        // Tied embeddings are the head: their gradient is the embedding table's.
+        HeadKind::CausalLm if cfg.tie_word_embeddings => vec![],
+        HeadKind::CausalLm => vec![one("lm_head.weight", vec![cfg.vocab_size, h])],
     };
     Ok(Params {
         embed: one("model.embed_tokens.weight", vec![cfg.vocab_size, h]),
@@ -189,55 +191,24 @@ fn held<B: Backend>(dec: &mut PackedDecoder<B>) -> Vec<Held<'_, B>> {
             v.push(Held::Matrix(w));
             v.extend(b.as_mut().map(Held::Vector));
         }
-        Head::Lm(_) => {}
+        Head::Lm(w) => v.extend(w.as_mut().map(Held::Matrix)),
     }
     v
 }
 
-/// One layer's activations that its backward reads, `tokens` rows each.
-struct Activations<B: Backend> {
-    normed1: B::Bf16,
-    y: B::F32,
-    qkv: B::Bf16,
-    attn: B::Bf16,
-    normed2: B::Bf16,
-    gate_up: B::Bf16,
-    act: B::Bf16,
-}
-
-impl<B: TrainBackend> Activations<B> {
-    /// Layer `li` of `dec` over the `t` rows of `x` (its input, replaced by its output), these
-    /// activations filled and the attention block's output (the MLP's input) copied to `h1`.
-    fn layer(
-        &mut self,
-        dec: &PackedDecoder<B>,
-        li: usize,
-        x: &mut B::F32,
-        h1: Option<&mut B::F32>,
-        attend: &mut Attend<'_, B>,
-        t: usize,
-    ) -> Result<()> {
-        let bufs = AttentionBuffers {
-            normed: &mut self.normed1,
-            y: &mut self.y,
-            qkv: &mut self.qkv,
-            attn: &mut self.attn,
-        };
-        let positions = match attend {
-            Attend::Packed(ints) => &ints.positions,
-            Attend::Paged { .. } => bail!("training attends within packed sequences"),
-        };
-        dec.attention_block(li, x, bufs, positions, attend, t)?;
-        if let Some(h1) = h1 {
-            dec.backend.copy_f32(x, h1, t * dec.config.hidden_size)?;
-        }
-        let bufs = MlpBuffers {
-            normed: &mut self.normed2,
-            gate_up: &mut self.gate_up,
-            act: &mut self.act,
-        };
-        dec.mlp_block(li, x, bufs, t)
-    }
+/// What a training step learns from its packed batch (rows counted over all its tokens).
+pub enum Targets<'a> {
+    /// A reward head's: `(row, label)`, the probability that the row's step is good, learned by
+    /// BCE with logits on P(good) (the CPU trainer's `Classify`).
+    Labels(&'a [(usize, f32)]),
+    /// A causal LM's: `(row, token)`, the token each row predicts, and the loss of their
+    /// log-probabilities (with its derivative by each; see [`super::lm_head`]).
+    Tokens {
+        /// The rows and the tokens they predict.
+        pairs: &'a [(usize, u32)],
+        /// The loss.
+        loss: TokenLoss<'a>,
+    },
 }
 
 /// What one training step did.
@@ -253,7 +224,7 @@ pub struct TrainStep {
 pub struct PackedTrainer<B: TrainBackend> {
     /// The model being trained: its forward ([`PackedDecoder::head_at`]) scores with the weights
     /// of the last update.
-    pub decoder: PackedDecoder<B>,
+    pub decoder: Arc<PackedDecoder<B>>,
     specs: Params<Spec>,
     master: Params<B::F32>,
     grad: Params<B::F32>,
@@ -317,17 +288,16 @@ impl<B: TrainBackend> PackedTrainer<B> {
             m,
             v,
             updates: 0,
-            decoder,
+            decoder: Arc::new(decoder),
         })
     }
 
-    /// One step: the gradients of `targets` (`(row, label)`: a row of the packed `batch`, counted
-    /// over all its tokens, and the probability it is good) and an AdamW update at learning rate
-    /// `lr`, gradients clipped to global norm `clip` when given.
+    /// One step: the gradients of `targets` on the packed `batch` and an AdamW update at
+    /// learning rate `lr`, gradients clipped to global norm `clip` when given.
     pub fn step(
         &mut self,
         batch: &Packed,
-        targets: &[(usize, f32)],
+        targets: Targets<'_>,
         lr: f32,
         weight_decay: f32,
         clip: Option<f32>,
@@ -335,6 +305,14 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let loss = self.backward(batch, targets)?;
         let grad_norm = self.update(lr, weight_decay, clip, 1)?;
         Ok(TrainStep { loss, grad_norm })
+    }
+
+    /// Bounds a chunk of the LM head's logits ([`PackedDecoder::set_logits_budget`]).
+    pub fn set_logits_budget(&mut self, bytes: usize) -> Result<()> {
+        Arc::get_mut(&mut self.decoder)
+            .context("the trainer's model is lent (to a sampler)")?
+            .set_logits_budget(bytes);
+        Ok(())
     }
 
     /// The gradients by checkpoint tensor name (f32, the checkpoint's shapes flattened) after
@@ -383,139 +361,31 @@ impl<B: TrainBackend> PackedTrainer<B> {
         Ok(out)
     }
 
-    /// The loss of `targets` on `batch` (mean BCE with logits on P(good)), its gradients added to
-    /// the trainer's (zeroed by each update).
-    pub fn backward(&mut self, batch: &Packed, targets: &[(usize, f32)]) -> Result<f32> {
-        let dec = &self.decoder;
-        let (b, cfg) = (&*dec.backend, &dec.config);
-        let t = batch.tokens();
-        ensure!(!targets.is_empty(), "a training batch without targets");
-        if let Some(&bad) = batch.ids().iter().find(|&&id| id as usize >= cfg.vocab_size) {
-            bail!("token id {bad} is outside the model's vocabulary of {}", cfg.vocab_size);
-        }
-        ensure!(
-            batch.longest() <= dec.max_positions,
-            "a sequence of {} tokens exceeds the model's {} positions",
-            batch.longest(),
-            dec.max_positions
-        );
-        if let Some((row, y)) = targets.iter().find(|(r, y)| *r >= t || !(0.0..=1.0).contains(y)) {
-            bail!("target ({row}, {y}): rows are below {t} tokens and labels within [0, 1]");
-        }
-        let (h, d, inter, eps) = (
-            cfg.hidden_size,
-            cfg.head_dim,
-            cfg.intermediate_size,
-            cfg.rms_norm_eps as f32,
-        );
-        let (heads, kv, c) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_labels);
-        let width = (heads + 2 * kv) * d;
-        let read: Vec<usize> = targets.iter().map(|&(r, _)| r).collect();
-        let r = read.len();
-        let ints = batch_ints(b, batch, &read)?;
-        let ids = b.upload_i32(&batch.ids().iter().map(|&i| i as i32).collect::<Vec<_>>())?;
-        let (f, h16) = (|n: usize| b.zeros_f32(n), |n: usize| b.zeros_bf16(n));
-
-        // The forward, keeping each layer's input.
-        let mut x = f(t * h)?;
-        b.embed(&dec.embed, &ids, &mut x, t, h)?;
-        let mut acts = Activations::<B> {
-            normed1: h16(t * h)?,
-            y: f(t * width)?,
-            qkv: h16(t * width)?,
-            attn: h16(t * heads * d)?,
-            normed2: h16(t * h)?,
-            gate_up: h16(t * 2 * inter)?,
-            act: h16(t * inter)?,
+    /// The loss of `targets` on `batch`, its gradients added to the trainer's (zeroed by each
+    /// update).
+    pub fn backward(&mut self, batch: &Packed, targets: Targets<'_>) -> Result<f32> {
+        let dec = &*self.decoder;
+        let read: Vec<usize> = match &targets {
+            Targets::Labels(labels) => {
+                ensure!(!labels.is_empty(), "a training batch without targets");
+                if let Some((row, y)) = labels.iter().find(|(_, y)| !(0.0..=1.0).contains(y)) {
+                    bail!("target ({row}, {y}): labels are probabilities, within [0, 1]");
+                }
+                labels.iter().map(|&(r, _)| r).collect()
+            }
+            Targets::Tokens { pairs, .. } => {
+                ensure!(!pairs.is_empty(), "a training batch without target tokens");
+                dec.check_tokens(pairs)?;
+                pairs.iter().map(|&(r, _)| r).collect()
+            }
         };
-        let mut attend = Attend::Packed(&ints);
-        let mut kept = Vec::with_capacity(dec.layers.len());
-        for li in 0..dec.layers.len() {
-            let mut input = f(t * h)?;
-            b.copy_f32(&x, &mut input, t * h)?;
-            kept.push(input);
-            acts.layer(dec, li, &mut x, None, &mut attend, t)?;
-        }
-
-        // The head at the target rows, and the loss on the host.
-        let mut head_in = h16(r * h)?;
-        b.rms_norm(&x, Some(&ints.read), &dec.norm, &mut head_in, r, h, eps)?;
-        let (mut out, mut mid, mut relu) = (f(r * c)?, f(r * h)?, h16(r * h)?);
-        match &dec.head {
-            Head::Mlp { w1, b1, w2, b2 } => {
-                b.gemm(&head_in, w1, Out::F32(&mut mid), r, h, h, false)?;
-                b.bias_relu(&mid, b1, &mut relu, r, h)?;
-                b.gemm(&relu, w2, Out::F32(&mut out), r, c, h, false)?;
-                b.add_bias(&mut out, b2, r, c)?;
-            }
-            Head::Classifier { w, b: bias } => {
-                b.gemm(&head_in, w, Out::F32(&mut out), r, c, h, false)?;
-                if let Some(bias) = bias {
-                    b.add_bias(&mut out, bias, r, c)?;
-                }
-            }
-            Head::Lm(_) => bail!("the packed trainer trains reward heads"),
-        }
-        let (loss, d_logits) = good_logit_bce(&b.read_f32(&out, r * c)?, c, targets);
-        let d_out = b.upload_f32(&d_logits)?;
-        let mut d_out16 = h16(r * c)?;
-        b.round_bf16(&d_out, &mut d_out16, 0, r * c)?;
-
-        // The head's backward.
+        let mut pass = dec.forward(batch, &read, true)?;
         let g = &mut self.grad;
-        let mut d_head_in = f(r * h)?;
-        match &dec.head {
-            Head::Mlp { w1, w2, .. } => {
-                b.gemm_weight_grad(&d_out16, &relu, &mut g.head[2], r, c, h)?;
-                b.column_sums(&d_out, &mut g.head[3], r, c)?;
-                b.gemm_nn(&d_out16, w2, Out::F32(&mut mid), r, c, h, false)?;
-                b.relu_backward(&relu, &mut mid, r * h)?;
-                b.column_sums(&mid, &mut g.head[1], r, h)?;
-                b.round_bf16(&mid, &mut relu, 0, r * h)?;
-                b.gemm_weight_grad(&relu, &head_in, &mut g.head[0], r, h, h)?;
-                b.gemm_nn(&relu, w1, Out::F32(&mut d_head_in), r, h, h, false)?;
-            }
-            Head::Classifier { w, b: bias } => {
-                b.gemm_weight_grad(&d_out16, &head_in, &mut g.head[0], r, c, h)?;
-                if bias.is_some() {
-                    b.column_sums(&d_out, &mut g.head[1], r, c)?;
-                }
-                b.gemm_nn(&d_out16, w, Out::F32(&mut d_head_in), r, c, h, false)?;
-            }
-            Head::Lm(_) => unreachable!("refused above"),
-        }
-        let mut dx = f(t * h)?;
-        b.rms_norm_backward(&x, Some(&ints.read), &dec.norm, &d_head_in, &mut dx, &mut g.norm, r, h, eps)?;
-
-        // Each layer's backward, its activations recomputed from its input.
-        let (mut dx16, mut h1, mut d_normed) = (h16(t * h)?, f(t * h)?, f(t * h)?);
-        let (mut d_act, mut d_gate_up) = (f(t * inter)?, h16(t * 2 * inter)?);
-        let (mut d_attn, mut d_qkv, mut d_y) = (h16(t * heads * d)?, f(t * width)?, h16(t * width)?);
-        for li in (0..dec.layers.len()).rev() {
-            b.copy_f32(&kept[li], &mut x, t * h)?;
-            acts.layer(dec, li, &mut x, Some(&mut h1), &mut attend, t)?;
-            let a = &acts;
-            let (l, lg) = (&dec.layers[li], &mut g.layers[li]);
-            // x = h1 + swiglu(norm(h1) · [gate|up]ᵀ) · downᵀ
-            b.round_bf16(&dx, &mut dx16, 0, t * h)?;
-            b.gemm_weight_grad(&dx16, &a.act, &mut lg.down, t, h, inter)?;
-            b.gemm_nn(&dx16, &l.down, Out::F32(&mut d_act), t, h, inter, false)?;
-            b.swiglu_backward(&a.gate_up, &d_act, &mut d_gate_up, t, inter)?;
-            b.gemm_weight_grad(&d_gate_up, &a.normed2, &mut lg.gate_up, t, 2 * inter, h)?;
-            b.gemm_nn(&d_gate_up, &l.gate_up, Out::F32(&mut d_normed), t, 2 * inter, h, false)?;
-            b.rms_norm_backward(&h1, None, &l.ln2, &d_normed, &mut dx, &mut lg.ln2, t, h, eps)?;
-            // h1 = input + attention(rope(norm(input) · [q|k|v]ᵀ + bias)) · oᵀ
-            b.round_bf16(&dx, &mut dx16, 0, t * h)?;
-            b.gemm_weight_grad(&dx16, &a.attn, &mut lg.o, t, h, heads * d)?;
-            b.gemm_nn(&dx16, &l.o, Out::Bf16(&mut d_attn), t, h, heads * d, false)?;
-            b.attention_backward(&a.qkv, &d_attn, &mut d_qkv, &ints, t, heads, kv, d)?;
-            let bias = lg.qkv_bias.as_mut();
-            b.rope_backward(&d_qkv, &dec.cos, &dec.sin, &ints.positions, &mut d_y, bias, t, heads, kv, d)?;
-            b.gemm_weight_grad(&d_y, &a.normed1, &mut lg.qkv, t, width, h)?;
-            b.gemm_nn(&d_y, &l.qkv, Out::F32(&mut d_normed), t, width, h, false)?;
-            b.rms_norm_backward(&kept[li], None, &l.ln1, &d_normed, &mut dx, &mut lg.ln1, t, h, eps)?;
-        }
-        b.embed_backward(&ids, &dx, &mut g.embed, t, h)?;
+        let (loss, dx) = match targets {
+            Targets::Labels(labels) => reward_head_backward(dec, g, &pass, labels)?,
+            Targets::Tokens { pairs, loss } => lm_head_backward(dec, g, &pass, pairs, loss)?,
+        };
+        layers_backward(dec, g, &mut pass, dx)?;
         Ok(loss)
     }
 
@@ -545,7 +415,9 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let specs = self.specs.all();
         let (masters, grads) = (self.master.all_mut(), self.grad.all_mut());
         let (ms, vs) = (self.m.all_mut(), self.v.all_mut());
-        let held = held(&mut self.decoder);
+        let decoder = Arc::get_mut(&mut self.decoder)
+            .context("the trainer's model is still lent (to a sampler) while it is updated")?;
+        let held = held(decoder);
         for (((((s, w), g), m), v), copy) in specs.into_iter().zip(masters).zip(grads).zip(ms).zip(vs).zip(held) {
             let n = s.len();
             b.adamw(w, g, m, v, n, opt)?;
@@ -572,22 +444,3 @@ pub(crate) fn bce(z: f32, y: f32) -> f32 {
     z.max(0.0) - z * y + (-z.abs()).exp().ln_1p()
 }
 
-/// Mean BCE with logits of P(good) ([`good_logit`]) against each target's label, and its
-/// gradient with respect to the head's outputs (`values`: `width` a row).
-fn good_logit_bce(values: &[f32], width: usize, targets: &[(usize, f32)]) -> (f32, Vec<f32>) {
-    let n = targets.len() as f32;
-    let mut grad = vec![0f32; values.len()];
-    let mut loss = 0.0;
-    for (i, &(_, y)) in targets.iter().enumerate() {
-        let z = good_logit(&values[i * width..][..width]);
-        loss += bce(z, y);
-        let dz = (1.0 / (1.0 + (-z).exp()) - y) / n;
-        if width == 1 {
-            grad[i] = dz;
-        } else {
-            grad[i * width + 1] = dz;
-            grad[i * width] = -dz;
-        }
-    }
-    (loss / n, grad)
-}

@@ -123,6 +123,29 @@ pub trait TrainBackend: Backend {
         rows: usize,
         hidden: usize,
     ) -> Result<()>;
+    /// Per row `r` of `logits` (`[rows, vocab]`, f32): `lse[r] = log Σⱼ exp(logits[r, j])` and
+    /// `logp[r] = logits[r, targets[r]] − lse[r]`, the log-probability of the row's target token.
+    fn token_logprobs(
+        &self,
+        logits: &Self::F32,
+        targets: &Self::I32,
+        logp: &mut Self::F32,
+        lse: &mut Self::F32,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()>;
+    /// Through [`TrainBackend::token_logprobs`] for `∂loss/∂logp[r] = coef[r]`: the logits'
+    /// gradient `d[r, j] = bf16(coef[r] · ([j = targets[r]] − exp(logits[r, j] − lse[r])))`.
+    fn token_logprobs_backward(
+        &self,
+        logits: &Self::F32,
+        targets: &Self::I32,
+        lse: &Self::F32,
+        coef: &Self::F32,
+        d: &mut Self::Bf16,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()>;
     /// `Σ g²` over `n` values.
     fn sum_squares(&self, g: &Self::F32, n: usize) -> Result<f64>;
     /// One AdamW update of `w` by the gradient `g` (times `opt.grad_scale`), its moments `m`

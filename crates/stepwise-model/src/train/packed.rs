@@ -1,19 +1,21 @@
-//! Training a reward model on the packed engine ([`PackedTrainer`]: a GPU, or the reference
-//! backend in tests) with the CPU trainer's [`TrainConfig`]: warm-up and cosine schedule, clipping,
-//! weight decay, accumulation, validation with early stopping, and checkpoints it resumes from.
-//! Batches are bounded by a token budget as well as a count, so memory follows the budget.
+//! Training on the packed engine ([`PackedTrainer`]: a GPU, or the reference backend in tests)
+//! with the CPU trainer's [`TrainConfig`] and objectives: a reward head's labels, next-token
+//! prediction, and a log-ratio verifier's spans; warm-up and cosine schedule, clipping, weight
+//! decay, accumulation, validation with early stopping, and checkpoints it resumes from. Batches
+//! are bounded by a token budget as well as a count, so memory follows the budget.
 
-use super::{optim, Example, Metrics, TrainConfig, TrainState};
+use super::{optim, Example, Metrics, Objective, TrainConfig, TrainState};
 use crate::packed::Packed;
 use crate::packed_engine::train::{bce, good_logit};
-use crate::packed_engine::{PackedTrainer, TrainBackend};
-use anyhow::{bail, Context, Result};
+use crate::packed_engine::{PackedDecoder, PackedTrainer, Targets, TrainBackend};
+use anyhow::{bail, ensure, Context, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use std::ops::Range;
 
 /// The examples as one packed batch and their targets (rows over all its tokens), as
-/// [`PackedTrainer::backward`] takes them.
+/// [`Targets::Labels`] takes them.
 pub fn packed(batch: &[&Example]) -> (Packed, Vec<(usize, f32)>) {
     let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
     let packed = Packed::new(&seqs);
@@ -26,36 +28,189 @@ pub fn packed(batch: &[&Example]) -> (Packed, Vec<(usize, f32)>) {
     (packed, targets)
 }
 
-/// Consecutive runs of `order`'s examples, each at most `count` of them and `max_tokens` tokens
-/// (an example longer than the budget alone).
-fn batches<'e>(examples: &'e [Example], order: &[usize], count: usize, max_tokens: usize) -> Vec<Vec<&'e Example>> {
-    let mut out: Vec<Vec<&Example>> = Vec::new();
+/// A log-ratio verifier's span: its tokens (indices into [`TokenBatch::pairs`]), the reference's
+/// log-probability summed over them, and its label.
+struct Span {
+    tokens: Range<usize>,
+    reference: f32,
+    label: f32,
+}
+
+/// Examples as one packed batch for an LM objective: each learned token as a `(row, token)` pair
+/// (the row before it predicts it), and a log-ratio verifier's spans over them.
+pub struct TokenBatch {
+    /// The packed sequences.
+    pub packed: Packed,
+    /// The tokens learned: each one's predicting row and id.
+    pub pairs: Vec<(usize, u32)>,
+    spans: Vec<Span>,
+}
+
+impl TokenBatch {
+    /// `batch` for `objective` (next-token prediction or a log-ratio): the tokens from each
+    /// example's `lm_from` (at least its second token) to its end.
+    pub fn new(batch: &[&Example], objective: Objective) -> Result<Self> {
+        let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+        let packed = Packed::new(&seqs);
+        let (mut pairs, mut spans) = (Vec::new(), Vec::new());
+        for (i, e) in batch.iter().enumerate() {
+            let (first, base) = (e.lm_from.max(1), pairs.len());
+            pairs.extend((first..e.ids.len()).map(|p| (packed.row(i, p - 1), e.ids[p])));
+            if let Objective::LogRatio(lr) = objective {
+                if lr.reference_logprob.is_none() && e.ref_logprobs.len() != e.ids.len() {
+                    bail!("the log-ratio objective needs the reference log-probabilities of every example");
+                }
+                let ends: Vec<usize> = e.targets.iter().map(|&(p, _)| p).collect();
+                for ((start, end), &(_, label)) in lr.step_spans(first, &ends).into_iter().zip(&e.targets) {
+                    if start > end || end >= e.ids.len() {
+                        bail!(
+                            "a target at position {end} has no tokens of its own in a sequence of {}",
+                            e.ids.len()
+                        );
+                    }
+                    spans.push(Span {
+                        tokens: base + start - first..base + end + 1 - first,
+                        reference: lr.reference_sum(&e.ref_logprobs, start, end)?,
+                        label,
+                    });
+                }
+            }
+        }
+        Ok(TokenBatch { packed, pairs, spans })
+    }
+
+    /// The loss of the tokens' log-probabilities `logp` under `objective`, its derivative by
+    /// each, and the (P(good), label) pair of each log-ratio span: the mean negative
+    /// log-likelihood, or the mean BCE with logits on each span's `β · Σ (log π − log π_ref)`
+    /// (what the CPU trainer's `Lm` and `LogRatio` objectives compute).
+    pub fn loss(&self, objective: Objective, logp: &[f32]) -> Result<(f32, Vec<f32>, Vec<(f32, f32)>)> {
+        ensure!(logp.len() == self.pairs.len(), "one log-probability a learned token");
+        match objective {
+            Objective::Lm => {
+                ensure!(!logp.is_empty(), "a batch without LM targets");
+                let n = logp.len() as f32;
+                Ok((-logp.iter().sum::<f32>() / n, vec![-1.0 / n; logp.len()], Vec::new()))
+            }
+            Objective::LogRatio(lr) => {
+                ensure!(!self.spans.is_empty(), "a batch without targets");
+                let n = self.spans.len() as f32;
+                let (mut loss, mut coef, mut pairs) = (0.0, vec![0f32; logp.len()], Vec::new());
+                for s in &self.spans {
+                    let z = lr.beta * (logp[s.tokens.clone()].iter().sum::<f32>() - s.reference);
+                    let p = 1.0 / (1.0 + (-z).exp());
+                    loss += bce(z, s.label);
+                    coef[s.tokens.clone()].iter_mut().for_each(|c| *c += lr.beta * (p - s.label) / n);
+                    pairs.push((p, s.label));
+                }
+                Ok((loss / n, coef, pairs))
+            }
+            Objective::Classify => bail!("a classifier learns from labels, not tokens"),
+        }
+    }
+}
+
+/// The gradients of `batch` under `objective` added to `trainer`'s; returns the loss.
+fn backward<B: TrainBackend>(trainer: &mut PackedTrainer<B>, batch: &[&Example], objective: Objective) -> Result<f32> {
+    if objective == Objective::Classify {
+        let (packed, labels) = packed(batch);
+        return trainer.backward(&packed, Targets::Labels(&labels));
+    }
+    let tokens = TokenBatch::new(batch, objective)?;
+    let mut loss = |logp: &[f32]| tokens.loss(objective, logp).map(|(l, c, _)| (l, c));
+    trainer.backward(
+        &tokens.packed,
+        Targets::Tokens {
+            pairs: &tokens.pairs,
+            loss: &mut loss,
+        },
+    )
+}
+
+/// Each sequence's token log-probabilities under `decoder` (position 0 holds 0, as
+/// [`crate::log_ratio::sequence_logprobs`]), in packed batches of at most `max_tokens` tokens.
+pub fn sequence_logprobs<B: TrainBackend>(
+    decoder: &PackedDecoder<B>,
+    seqs: &[&[u32]],
+    max_tokens: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(seqs.len());
+    let order: Vec<usize> = (0..seqs.len()).collect();
+    let lens: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+    for part in batches(&lens, &order, usize::MAX, max_tokens) {
+        let batch: Vec<&[u32]> = part.iter().map(|&i| seqs[i]).collect();
+        let packed = Packed::new(&batch);
+        let pairs: Vec<(usize, u32)> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| (1..s.len()).map(move |p| (i, p, s[p])))
+            .map(|(i, p, t)| (packed.row(i, p - 1), t))
+            .collect();
+        let logp = decoder.token_logprobs(&packed, &pairs)?;
+        let mut at = 0;
+        for s in batch {
+            let mut v = vec![0f32; s.len()];
+            let n = s.len().saturating_sub(1);
+            v[1.min(s.len())..].copy_from_slice(&logp[at..at + n]);
+            at += n;
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+/// Consecutive runs of `order`'s indices into `lens` (sequence lengths), each at most `count`
+/// of them and `max_tokens` tokens (a sequence longer than the budget alone).
+fn batches(lens: &[usize], order: &[usize], count: usize, max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
     let mut tokens = 0;
     for &i in order {
-        let e = &examples[i];
         match out.last_mut() {
-            Some(b) if b.len() < count.max(1) && tokens + e.ids.len() <= max_tokens => {
-                tokens += e.ids.len();
-                b.push(e);
+            Some(b) if b.len() < count.max(1) && tokens + lens[i] <= max_tokens => {
+                tokens += lens[i];
+                b.push(i);
             }
             _ => {
-                tokens = e.ids.len();
-                out.push(vec![e]);
+                tokens = lens[i];
+                out.push(vec![i]);
             }
         }
     }
     out
 }
 
-/// Loss, accuracy and AUROC of `trainer`'s model on `data` (forward passes only).
+/// The examples' lengths.
+fn lengths(examples: &[Example]) -> Vec<usize> {
+    examples.iter().map(|e| e.ids.len()).collect()
+}
+
+/// Loss, accuracy and AUROC of `trainer`'s model on `data` under `objective` (forward passes
+/// only; next-token prediction has a loss only).
 pub fn evaluate_packed<B: TrainBackend>(
     trainer: &PackedTrainer<B>,
     data: &[Example],
+    objective: Objective,
     max_tokens: usize,
 ) -> Result<Metrics> {
     let order: Vec<usize> = (0..data.len()).collect();
-    let (mut loss, mut pairs) = (0.0, Vec::new());
-    for batch in batches(data, &order, usize::MAX, max_tokens) {
+    let (mut loss, mut count, mut pairs) = (0.0, 0usize, Vec::new());
+    for part in batches(&lengths(data), &order, usize::MAX, max_tokens) {
+        let batch: Vec<&Example> = part.iter().map(|&i| &data[i]).collect();
+        if objective != Objective::Classify {
+            let tokens = TokenBatch::new(&batch, objective)?;
+            let n = match objective {
+                Objective::Lm => tokens.pairs.len(),
+                _ => tokens.spans.len(),
+            };
+            if n == 0 {
+                continue;
+            }
+            let logp = trainer.decoder.token_logprobs(&tokens.packed, &tokens.pairs)?;
+            let (l, _, p) = tokens.loss(objective, &logp)?;
+            loss += l as f64 * n as f64;
+            count += n;
+            pairs.extend(p);
+            continue;
+        }
         let (packed, targets) = packed(&batch);
         if targets.is_empty() {
             continue;
@@ -65,14 +220,15 @@ pub fn evaluate_packed<B: TrainBackend>(
         for (v, &(_, y)) in values.chunks(width).zip(&targets) {
             let z = good_logit(v);
             loss += bce(z, y) as f64;
+            count += 1;
             pairs.push((1.0 / (1.0 + (-z).exp()), y));
         }
     }
-    Ok(super::metrics(loss / pairs.len().max(1) as f64, &pairs))
+    Ok(super::metrics(loss / count.max(1) as f64, &pairs))
 }
 
-/// Trains `trainer`'s reward model on `train_set`'s targets (the `Classify` objective) as
-/// [`super::train`] trains on the CPU, batches of at most `cfg.batch_size` examples and
+/// Trains `trainer`'s model on `train_set` under `objective` as [`super::train`] trains on the
+/// CPU, batches of at most `cfg.batch_size` examples and
 /// `max_tokens` tokens. With `cfg.out_dir`, a checkpoint (HF folder with the exact f32 weights
 /// beside it, and the run's state) is written at every validation and at the end, and a run
 /// started again on it continues from its step (AdamW's moments start again).
@@ -81,12 +237,17 @@ pub fn train_packed<B: TrainBackend>(
     trainer: &mut PackedTrainer<B>,
     train_set: &[Example],
     valid_set: &[Example],
+    objective: Objective,
     cfg: &TrainConfig,
     max_tokens: usize,
     mut on_step: impl FnMut(usize, f64),
 ) -> Result<TrainState> {
-    if !train_set.iter().any(|e| !e.targets.is_empty()) {
-        bail!("no training examples with labelled steps");
+    let learns = |e: &Example| match objective {
+        Objective::Lm => e.ids.len() > e.lm_from.max(1),
+        _ => !e.targets.is_empty(),
+    };
+    if !train_set.iter().any(learns) {
+        bail!("no training examples with labelled steps (or, for next-token prediction, tokens to predict)");
     }
     let mut state = TrainState::default();
     if let Some(dir) = &cfg.out_dir {
@@ -96,25 +257,27 @@ pub fn train_packed<B: TrainBackend>(
                 .with_context(|| format!("reading {}", saved.display()))?;
         }
     }
-    let usable: Vec<usize> = (0..train_set.len()).filter(|&i| !train_set[i].targets.is_empty()).collect();
+    let usable: Vec<usize> = (0..train_set.len()).filter(|&i| learns(&train_set[i])).collect();
+    let lens = lengths(train_set);
     let mut epoch = 0u64;
-    let mut queue: Vec<Vec<&Example>> = Vec::new();
+    let mut queue: Vec<Vec<usize>> = Vec::new();
     let mut next = || -> Vec<&Example> {
         if queue.is_empty() {
             // A new shuffle each epoch, seeded by the run's seed and the epoch.
             let mut order = usable.clone();
             order.shuffle(&mut ChaCha8Rng::seed_from_u64(cfg.seed ^ epoch.wrapping_mul(0x9e37_79b9)));
             epoch += 1;
-            queue = batches(train_set, &order, cfg.batch_size, max_tokens);
+            queue = batches(&lens, &order, cfg.batch_size, max_tokens);
             queue.reverse();
         }
-        queue.pop().expect("refilled above")
+        let part = queue.pop().expect("refilled above");
+        part.into_iter().map(|i| &train_set[i]).collect()
     };
     let validate = |trainer: &PackedTrainer<B>, state: &mut TrainState| -> Result<bool> {
         if valid_set.is_empty() {
             return Ok(false);
         }
-        let m = evaluate_packed(trainer, valid_set, max_tokens)?;
+        let m = evaluate_packed(trainer, valid_set, objective, max_tokens)?;
         let better = state.best_valid_loss.is_none_or(|b| m.loss < b);
         if better {
             state.best_valid_loss = Some(m.loss);
@@ -141,8 +304,7 @@ pub fn train_packed<B: TrainBackend>(
         for _ in 0..micro {
             let batch = next();
             state.tokens += batch.iter().map(|e| e.ids.len()).sum::<usize>();
-            let (packed, targets) = packed(&batch);
-            loss += trainer.backward(&packed, &targets)? as f64 / micro as f64;
+            loss += backward(trainer, &batch, objective)? as f64 / micro as f64;
         }
         let clip = (cfg.clip > 0.0).then_some(cfg.clip as f32);
         trainer.update(lr, cfg.weight_decay as f32, clip, micro)?;
@@ -166,14 +328,15 @@ pub fn train_packed<B: TrainBackend>(
     Ok(state)
 }
 
-/// [`train_packed`] on CUDA GPU `ordinal`, the reward model read from the checkpoint folder
-/// `dir` (bf16 copies on the device, f32 masters). A build without the `cuda` feature refuses.
+/// [`train_packed`] on CUDA GPU `ordinal`, the model read from the checkpoint folder `dir`
+/// (bf16 copies on the device, f32 masters). A build without the `cuda` feature refuses.
 #[allow(clippy::too_many_arguments)]
 pub fn train_on_gpu(
     dir: &std::path::Path,
     ordinal: usize,
     train_set: &[Example],
     valid_set: &[Example],
+    objective: Objective,
     cfg: &TrainConfig,
     max_tokens: usize,
     on_step: impl FnMut(usize, f64),
@@ -184,11 +347,11 @@ pub fn train_on_gpu(
         let config = crate::ModelConfig::from_dir(dir)?;
         let mut trainer = PackedTrainer::load(dir, config, gpu)
             .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
-        train_packed(&mut trainer, train_set, valid_set, cfg, max_tokens, on_step)
+        train_packed(&mut trainer, train_set, valid_set, objective, cfg, max_tokens, on_step)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (dir, train_set, valid_set, cfg, max_tokens, on_step);
+        let _ = (dir, train_set, valid_set, objective, cfg, max_tokens, on_step);
         bail!("cuda:{ordinal}: this stepwise was built without CUDA")
     }
 }

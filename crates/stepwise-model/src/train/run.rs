@@ -57,7 +57,7 @@ pub struct TrainPrm {
     pub seed: u64,
     /// Longest training sequence in tokens.
     pub max_len: usize,
-    /// Where it trains: the CPU, or a CUDA GPU (classifier and value heads).
+    /// Where it trains: the CPU, or a CUDA GPU.
     pub placement: Placement,
     /// On a GPU, the most tokens in one batch.
     pub max_batch_tokens: usize,
@@ -230,14 +230,7 @@ fn train_into(
     if matches!(head, VerifierHead::LogRatio(_)) && a.base.is_none() {
         bail!("--head log-ratio needs --base (the LM to fine-tune; also the reference unless --reference-logprob)");
     }
-    // The GPU trains classifier and value heads: `auto` keeps a log-ratio verifier on the CPU.
-    let placement = match (a.placement, &head) {
-        (Placement::Auto, VerifierHead::LogRatio(_)) => Placement::Cpu,
-        (p, _) => p.resolve()?,
-    };
-    if matches!(head, VerifierHead::LogRatio(_)) && placement.is_cuda() {
-        bail!("--head log-ratio trains on the CPU (--device cpu): the GPU trains classifier and value heads");
-    }
+    let placement = a.placement.resolve()?;
     let spec = VerifierSpec {
         head,
         start,
@@ -254,17 +247,26 @@ fn train_into(
     };
     // Refuse a head that cannot start from --base before any work is done.
     spec.config()?;
-    // A log-ratio verifier against its --base: the base's log-probabilities are attached once.
+    // A log-ratio verifier against its --base: the base's log-probabilities are attached once,
+    // where the verifier trains.
     let reference = match head {
         VerifierHead::LogRatio(LogRatio {
             reference_logprob: None,
             ..
-        }) => Some(Model::load(a.base.as_ref().expect("checked above"), &dev)?),
+        }) => {
+            let base = a.base.as_ref().expect("checked above");
+            Some(match placement {
+                Placement::Cuda(_) => Model::load_on(base, placement, crate::WeightDtype::Bf16)?,
+                _ => Model::load(base, &dev)?,
+            })
+        }
         _ => None,
     };
     let (valid_sols, train_sols) = validation_split(sols, a.valid_fraction, a.seed);
     let train_set = spec.examples(&tok, &train_sols, reference.as_ref())?;
     let valid_set = spec.examples(&tok, &valid_sols, reference.as_ref())?;
+    let against_base = reference.is_some();
+    drop(reference);
     log(&format!("{} training sequences, {} validation", train_set.len(), valid_set.len()));
     let dropped = train_sols.len() + valid_sols.len() - train_set.len() - valid_set.len();
     if dropped > 0 {
@@ -280,8 +282,8 @@ fn train_into(
     }
     // The reference is named relative to the verifier's folder, so the two can move together.
     std::fs::create_dir_all(&a.out)?;
-    let relative_base = match (&reference, &a.base) {
-        (Some(_), Some(base)) => {
+    let relative_base = match (against_base, &a.base) {
+        (true, Some(base)) => {
             let base = std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?;
             let out = std::fs::canonicalize(&a.out).with_context(|| format!("{}", a.out.display()))?;
             Some(relative_path(&out, &base))
@@ -371,7 +373,17 @@ fn on_gpu(
         a.out.clone()
     };
     let cfg = train_config(a, false);
-    let state = train_on_gpu(&start, ordinal, train_set, valid_set, &cfg, a.max_batch_tokens, on_step)?;
+    let objective = spec.objective();
+    let state = train_on_gpu(
+        &start,
+        ordinal,
+        train_set,
+        valid_set,
+        objective,
+        &cfg,
+        a.max_batch_tokens,
+        on_step,
+    )?;
     let metrics = state.history.last().map(|(_, m)| m.clone());
     Ok((state, metrics))
 }

@@ -4,7 +4,9 @@
 use candle_core::{DType, Device};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use stepwise_core::Solution;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use stepwise_core::{Provenance, Solution, Step, StepLabel};
 use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, PrmScorer, Tokenizer};
 
 /// The Hugging Face fixture folders (`../shared/fixtures/hf-tiny`, or `$STEPWISE_SHARED`).
@@ -77,3 +79,36 @@ pub fn wide_checkpoint(dir: &Path) {
     Model::fresh(cfg.clone(), &varmap, &Device::Cpu, 3).unwrap();
     stepwise_model::model::save_checkpoint(dir, &cfg, &varmap).unwrap();
 }
+
+/// Counting problems: each step must be the previous number + 1; a bad step is off by 2..8 and
+/// the rest of the solution counts on from it.
+pub fn counting_solutions(n: usize, seed: u64, p_bad: f64) -> Vec<Solution> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let start: u32 = rng.random_range(0..10);
+            let len = rng.random_range(3..6);
+            let bad_at = rng.random_bool(p_bad).then(|| rng.random_range(0..len));
+            let mut cur = start;
+            let steps = (0..len)
+                .map(|k| {
+                    let good = bad_at != Some(k);
+                    cur = if good {
+                        (cur + 1) % 10
+                    } else {
+                        (cur + rng.random_range(2..9)) % 10
+                    };
+                    Step::labelled(format!("{cur}"), StepLabel::from_bool(good, Provenance::Oracle))
+                })
+                .collect();
+            Solution {
+                id: i.to_string(),
+                question: format!("count from {start}"),
+                steps,
+                correct: Some(bad_at.is_none()),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
