@@ -110,17 +110,24 @@ impl Model {
         let gpu = crate::cuda::open(ordinal)?;
         // The attention kernel for this head size is compiled now, not inside the first batch.
         gpu.flash(config.head_dim)?;
-        let on_gpu = crate::cuda::GpuModel::load(dir, config.clone(), gpu)
+        let on_gpu = crate::cuda::GpuModel::load(dir, config, gpu)
             .with_context(|| format!("loading {} onto cuda:{ordinal}", dir.display()))?;
-        let h = config.hidden_size;
-        let empty = Tensor::zeros((0, h), DType::F32, &Device::Cpu)?;
+        Self::on_gpu(std::sync::Arc::new(on_gpu))
+    }
+
+    /// The model whose weights are `engine`'s on a GPU (the packed engine runs everything it
+    /// does; a trainer's model shares its weights this way with the sampler).
+    #[cfg(feature = "cuda")]
+    pub fn on_gpu(engine: std::sync::Arc<crate::cuda::GpuModel>) -> Result<Self> {
+        let config = engine.config.clone();
+        let empty = Tensor::zeros((0, config.hidden_size), DType::F32, &Device::Cpu)?;
         Ok(Model {
             decoder: Transformer::without_weights(&config)?,
             head: Head::Classifier(Linear::new(empty, None)),
             device: Device::Cpu,
             config,
             precision: WeightDtype::Bf16.into(),
-            gpu: Some(std::sync::Arc::new(on_gpu)),
+            gpu: Some(engine),
         })
     }
 

@@ -7,7 +7,6 @@
 use candle_core::{Device, IndexOp, Tensor, D};
 use candle_nn::VarMap;
 use std::path::PathBuf;
-use stepwise_core::Solution;
 use stepwise_model::layout::RewardSpec;
 use stepwise_model::log_ratio::{token_logprobs, LogRatio};
 use stepwise_model::model::pad_batch;

@@ -269,7 +269,7 @@ fn packed_token_gradients(
     use stepwise_model::train::packed::TokenBatch;
     let refs: Vec<&Example> = examples.iter().collect();
     let tokens = TokenBatch::new(&refs, objective).unwrap();
-    let mut loss = |logp: &[f32]| tokens.loss(objective, logp).map(|(l, c, _)| (l, c));
+    let mut loss = |logp: &[f32]| tokens.loss(objective, logp).map(|l| (l.value, l.derivative));
     let targets = Targets::Tokens {
         pairs: &tokens.pairs,
         loss: &mut loss,

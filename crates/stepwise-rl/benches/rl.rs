@@ -10,7 +10,7 @@ use stepwise_core::{Problem, Solution};
 use stepwise_model::train::VarMap;
 use stepwise_model::{HeadKind, Model, ModelConfig, Prompt, Tokenizer};
 use stepwise_rl::trainer::RlRun;
-use stepwise_rl::{train_rl, RlConfig};
+use stepwise_rl::{train_rl, CandleLearner, RlConfig};
 
 /// Every step earns its share of `w1` tokens: a dense reward with spread.
 struct CountW1;
@@ -67,8 +67,7 @@ fn main() -> Result<()> {
     let task = PlainTask::default();
     let log = train_rl(
         RlRun {
-            policy: &mut policy,
-            varmap: &varmap,
+            learner: &mut CandleLearner::new(&mut policy, &varmap)?,
             reference: &reference,
             tokenizer: &tok,
             prompt: Prompt::Pieces,

@@ -4,6 +4,8 @@
 //! - [`advantage`]: GRPO's group-normalised advantages and per-step credit (DeepSeekMath's
 //!   return-to-go of normalised step rewards, or the min-so-far of step rewards);
 //! - [`dense`]: step scores as per-token rewards for RL engines that take them (verl, OpenRLHF);
+//! - [`learner`]: where the policy trains (candle's autograd on the CPU, the packed engine's
+//!   trainer on a GPU);
 //! - [`loss`]: the PPO-clip policy-gradient loss with GRPO's k3 KL penalty to a frozen reference,
 //!   on the engine's differentiable path;
 //! - [`prime`]: PRIME's implicit PRM, learning online from outcome labels, and its advantages;
@@ -19,12 +21,14 @@
 
 pub mod advantage;
 pub mod dense;
+pub mod learner;
 pub mod loss;
 pub mod prime;
 pub mod rollout;
 pub mod trainer;
 
 pub use advantage::{step_advantages, Credit};
-pub use loss::{rl_loss, LossStats};
+pub use learner::{CandleLearner, Learner, PackedLearner};
+pub use loss::{policy_loss, rl_loss, LossStats};
 pub use prime::{ImplicitPrm, PrimeConfig, PrimeLog};
 pub use trainer::{train_rl, RlConfig, UpdateLog};

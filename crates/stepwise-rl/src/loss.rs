@@ -5,7 +5,7 @@
 //! gets a gradient.
 
 use crate::rollout::Sequence;
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
 use stepwise_model::log_ratio::token_logprobs;
 use stepwise_model::model::pad_batch;
@@ -29,6 +29,19 @@ pub fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> R
     let seqs: Vec<&[u32]> = batch.iter().map(|s| s.ids.as_slice()).collect();
     let (ids, mask, t) = pad_batch(&seqs, &model.device)?;
     let logp = token_logprobs(model, &ids, mask.as_ref())?;
+    loss_of_logprobs(&logp, batch, t, clip, kl_coef)
+}
+
+/// [`rl_loss`] of the token log-probabilities `logp` of `batch` padded to `t` positions
+/// (`[batch · t]`, differentiable).
+pub fn loss_of_logprobs(
+    logp: &Tensor,
+    batch: &[&Sequence],
+    t: usize,
+    clip: f32,
+    kl_coef: f32,
+) -> Result<(Tensor, LossStats)> {
+    let dev = logp.device();
     // Per position of the padded batch: learned or not, advantage, old and reference log-probs.
     // Positions not learned take the current log-probabilities (ratio 1, KL 0), so a padding
     // token's tiny probability cannot overflow the exponentials there.
@@ -50,9 +63,8 @@ pub fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> R
             reference[k] = s.ref_logprobs[i];
         }
     }
-    let dev = &model.device;
     let tensor = |v: &[f32]| Tensor::new(v, dev);
-    let ratio = (&logp - tensor(&old)?)?.exp()?;
+    let ratio = (logp - tensor(&old)?)?.exp()?;
     // min(ratio·A, clip(ratio)·A): where the clipped term is smaller it is a constant (no
     // gradient); elsewhere the unclipped term is the loss.
     let ratio_v: Vec<f32> = ratio.to_vec1()?;
@@ -75,7 +87,7 @@ pub fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> R
     let pg = ((ratio * tensor(&adv)?)? * tensor(&unclipped_wins)?)?;
     let pg = (pg + tensor(&clipped_value)?)?.neg()?;
     // k3 = exp(ref − logp) − (ref − logp) − 1 ≥ 0, an unbiased estimate of KL(π‖π_ref).
-    let d = (tensor(&reference)? - &logp)?;
+    let d = (tensor(&reference)? - logp)?;
     let k3 = ((d.exp()? - &d)? - 1.0)?;
     let per_token = (pg + (k3.clone() * kl_coef as f64)?)?;
     let learn_t = tensor(&learn)?;
@@ -86,6 +98,56 @@ pub fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> R
         loss,
         LossStats {
             kl,
+            clip_fraction: clipped as f64 / tokens as f64,
+            tokens,
+        },
+    ))
+}
+
+/// [`rl_loss`] computed on the host from the learned tokens' log-probabilities `logp` (each
+/// sequence's positions `learn_from..`, one after another), for a trainer that takes a loss's
+/// derivative by each token's log-probability (the packed engine's): the loss, that derivative,
+/// and what the loss saw.
+pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f32, Vec<f32>, LossStats)> {
+    let tokens = logp.len();
+    ensure!(tokens > 0, "a minibatch without learned tokens");
+    let n = tokens as f32;
+    let (mut loss, mut kl, mut clipped) = (0.0f64, 0.0f64, 0usize);
+    let mut coef = Vec::with_capacity(tokens);
+    let mut now = logp.iter();
+    for s in batch {
+        ensure!(
+            s.learn_from >= 1
+                && s.advantages.len() == s.ids.len()
+                && s.old_logprobs.len() == s.ids.len()
+                && s.ref_logprobs.len() == s.ids.len(),
+            "a sequence's advantages and log-probabilities must cover its tokens, after a prompt"
+        );
+        for i in s.learn_from..s.ids.len() {
+            let l = *now.next().context("fewer log-probabilities than learned tokens")?;
+            let (a, ratio) = (s.advantages[i], (l - s.old_logprobs[i]).exp());
+            let c = ratio.clamp(1.0 - clip, 1.0 + clip);
+            // min(ratio·A, clip(ratio)·A): the clipped term is a constant where it is smaller.
+            let (pg, d_pg) = if ratio * a <= c * a {
+                (-ratio * a, -ratio * a)
+            } else {
+                (-c * a, 0.0)
+            };
+            clipped += usize::from(c != ratio);
+            // k3 = exp(ref − logp) − (ref − logp) − 1, and d k3 / d logp = 1 − exp(ref − logp).
+            let d = s.ref_logprobs[i] - l;
+            let k3 = d.exp() - d - 1.0;
+            loss += (pg + kl_coef * k3) as f64;
+            kl += k3 as f64;
+            coef.push((d_pg + kl_coef * (1.0 - d.exp())) / n);
+        }
+    }
+    ensure!(now.next().is_none(), "more log-probabilities than learned tokens");
+    Ok((
+        (loss / tokens as f64) as f32,
+        coef,
+        LossStats {
+            kl: kl / tokens as f64,
             clip_fraction: clipped as f64 / tokens as f64,
             tokens,
         },

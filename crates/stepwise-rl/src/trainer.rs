@@ -6,7 +6,7 @@
 //! uninterrupted run reaches.
 
 use crate::advantage::{step_advantages, Credit};
-use crate::loss::rl_loss;
+use crate::learner::Learner;
 use crate::prime::{prime_advantages, ImplicitPrm, OnlinePrm, PrimeConfig, PrimeLog};
 use crate::rollout::{sequence_logprobs, token_advantages, Sequence};
 use anyhow::{bail, Context, Result};
@@ -18,9 +18,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::{Policy, Reward, RewardKind, Task, Until};
 use stepwise_core::{Problem, Solution, Step};
-use stepwise_model::model::{load_training_checkpoint, save_training_checkpoint};
-use stepwise_model::train::optim::{accumulate, named_vars, schedule, AdamW};
-use stepwise_model::train::VarMap;
+use stepwise_model::train::optim::schedule;
 use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 
 /// Hyper-parameters of an RL run (names as in TRL's GRPO trainer where they exist).
@@ -146,10 +144,9 @@ pub struct Heldout<'a> {
 
 /// Everything an RL run works on.
 pub struct RlRun<'a> {
-    /// The policy being trained; its weights live in `varmap`.
-    pub policy: &'a mut Model,
-    /// The policy's variables.
-    pub varmap: &'a VarMap,
+    /// The policy being trained, where it trains (the CPU's [`crate::CandleLearner`], a GPU's
+    /// [`crate::PackedLearner`]).
+    pub learner: &'a mut dyn Learner,
     /// The frozen starting policy (the KL penalty's reference).
     pub reference: &'a Model,
     /// The tokenizer.
@@ -180,7 +177,6 @@ pub struct RlRun<'a> {
 }
 
 const STATE: &str = "rl_state.json";
-const OPTIM: &str = "optimizer.safetensors";
 
 #[derive(Serialize, Deserialize)]
 struct State {
@@ -192,8 +188,7 @@ struct State {
 /// resumed run's earlier part included).
 pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
     let RlRun {
-        policy,
-        varmap,
+        learner,
         reference,
         tokenizer,
         prompt,
@@ -230,9 +225,6 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         separators.insert(t, b);
         Ok(b)
     };
-    let named = named_vars(varmap);
-    let vars: Vec<candle_core::Var> = named.iter().map(|(_, v)| v.clone()).collect();
-    let mut opt = AdamW::new(named, cfg.lr, cfg.weight_decay)?;
     let mut log: Vec<UpdateLog> = Vec::new();
     if let Some(dir) = out_dir.as_ref().filter(|d| d.join(STATE).exists()) {
         let text = std::fs::read_to_string(dir.join(STATE))?;
@@ -244,17 +236,15 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
                 dir.display()
             );
         }
-        load_training_checkpoint(varmap, dir)?;
-        opt.load(&dir.join(OPTIM))?;
+        learner.load(dir)?;
         if let Some(p) = prime.as_mut() {
             p.load(dir)?;
         }
         log = state.log;
     }
-    let save = |policy: &Model, opt: &AdamW, prime: Option<&OnlinePrm<'_>>, log: &[UpdateLog]| -> Result<()> {
+    let save = |learner: &dyn Learner, prime: Option<&OnlinePrm<'_>>, log: &[UpdateLog]| -> Result<()> {
         if let Some(dir) = &out_dir {
-            save_training_checkpoint(dir, &policy.config, varmap)?;
-            opt.save(&dir.join(OPTIM))?;
+            learner.save(dir)?;
             if let Some(p) = prime {
                 p.save(dir)?;
             }
@@ -286,8 +276,8 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             .collect();
 
         // Sample a group per prompt with the current policy.
-        policy.set_training(false);
-        let engine = sampling_policy(policy, tokenizer, &params, prompt, &separator);
+        let sampler = learner.sampler()?;
+        let engine = sampling_policy(&sampler, tokenizer, &params, prompt, &separator);
         let mut seqs: Vec<Sequence> = Vec::new();
         // Each sequence's last reward (the outcome, for an outcome reward) and each prompt's
         // sequences, for PRIME.
@@ -339,9 +329,10 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             }
         }
         drop(engine);
+        drop(sampler);
         let sampling_seconds = start.elapsed().as_secs_f64();
         let all: Vec<&[u32]> = seqs.iter().map(|s| s.ids.as_slice()).collect();
-        let old = sequence_logprobs(policy, &all, cfg.minibatch_size)?;
+        let old = learner.logprobs(&all, cfg.minibatch_size)?;
         let refs = sequence_logprobs(reference, &all, cfg.minibatch_size)?;
         for ((s, o), r) in seqs.iter_mut().zip(old).zip(refs) {
             s.old_logprobs = o;
@@ -363,8 +354,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         };
 
         // PPO-clip steps over the samples.
-        policy.set_training(true);
-        opt.lr = schedule(u, cfg.lr, cfg.warmup, cfg.updates);
+        let lr = schedule(u, cfg.lr, cfg.warmup, cfg.updates);
         let (mut loss_sum, mut kl_sum, mut clip_sum, mut steps) = (0.0, 0.0, 0.0, 0usize);
         let mut order: Vec<usize> = (0..seqs.len()).collect();
         for _ in 0..cfg.epochs.max(1) {
@@ -372,37 +362,23 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
             // Micro-batches of `minibatch_size`; gradients of `grad_accum` of them make one step.
             let micro: Vec<&[usize]> = order.chunks(cfg.minibatch_size.max(1)).collect();
             for group in micro.chunks(cfg.grad_accum.max(1)) {
-                let mut grads = None;
                 for mb in group {
                     let batch: Vec<&Sequence> = mb.iter().map(|&i| &seqs[i]).collect();
-                    let (loss, stats) = rl_loss(policy, &batch, cfg.clip, cfg.kl_coef)?;
-                    loss_sum += loss.to_scalar::<f32>()? as f64;
-                    let g = loss.backward()?;
-                    match grads.as_mut() {
-                        None => grads = Some(g),
-                        Some(acc) => accumulate(acc, g, &vars)?,
-                    }
+                    let (loss, stats) = learner.backward(&batch, cfg.clip, cfg.kl_coef)?;
+                    loss_sum += loss;
                     kl_sum += stats.kl;
                     clip_sum += stats.clip_fraction;
                     updated += stats.tokens;
                     steps += 1;
                 }
-                let grads = grads.expect("a group holds at least one micro-batch");
-                let mut scale = 1.0 / group.len() as f64;
-                if cfg.max_grad_norm > 0.0 {
-                    let norm = opt.grad_norm(&grads)? * scale;
-                    if norm > cfg.max_grad_norm {
-                        scale *= cfg.max_grad_norm / norm;
-                    }
-                }
-                opt.step(&grads, scale)?;
+                learner.step(lr, cfg.weight_decay, cfg.max_grad_norm, group.len())?;
             }
         }
-        policy.set_training(false);
         let last = u + 1 == cfg.updates;
         let heldout_accuracy = match &heldout {
             Some(h) if last || (h.every > 0 && (u + 1) % h.every == 0) => {
-                let engine = sampling_policy(policy, tokenizer, &params, prompt, &separator);
+                let sampler = learner.sampler()?;
+                let engine = sampling_policy(&sampler, tokenizer, &params, prompt, &separator);
                 Some(heldout_accuracy(&engine, task, h, cfg.seed)?)
             }
             _ => None,
@@ -427,7 +403,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         on_update(&entry);
         log.push(entry);
         if last || (cfg.checkpoint_every > 0 && (u + 1) % cfg.checkpoint_every == 0) {
-            save(policy, &opt, prime.as_ref(), &log)?;
+            save(&*learner, prime.as_ref(), &log)?;
         }
     }
     Ok(log)

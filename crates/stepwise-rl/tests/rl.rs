@@ -15,7 +15,12 @@ use stepwise_model::{HeadKind, Model, ModelConfig, Prompt, Tokenizer};
 use stepwise_rl::prime::OnlinePrm;
 use stepwise_rl::rollout::{sequence_logprobs, Sequence};
 use stepwise_rl::trainer::RlRun;
-use stepwise_rl::{rl_loss, train_rl, Credit, ImplicitPrm, PrimeConfig, RlConfig};
+use std::sync::Arc;
+use stepwise_model::packed_engine::{PackedTrainer, Reference};
+use stepwise_rl::learner::SampleWith;
+use stepwise_rl::{
+    policy_loss, rl_loss, train_rl, CandleLearner, Credit, ImplicitPrm, Learner, PackedLearner, PrimeConfig, RlConfig,
+};
 
 const WORDS: [&str; 7] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b"];
 
@@ -110,8 +115,7 @@ fn config(updates: usize) -> RlConfig {
 }
 
 fn run<'a>(
-    policy: &'a mut Model,
-    varmap: &'a VarMap,
+    learner: &'a mut dyn Learner,
     reference: &'a Model,
     tok: &'a Tokenizer,
     problems: &'a [Problem],
@@ -119,8 +123,7 @@ fn run<'a>(
     out: Option<PathBuf>,
 ) -> RlRun<'a> {
     RlRun {
-        policy,
-        varmap,
+        learner,
         reference,
         tokenizer: tok,
         prompt: Prompt::Pieces,
@@ -175,8 +178,9 @@ fn a_process_reward_moves_each_step_toward_what_it_rewards() {
         kl_coef: 0.0,
         ..config(40)
     };
+    let mut learner = CandleLearner::new(&mut model, &varmap).unwrap();
     let log = train_rl(
-        run(&mut model, &varmap, &reference, &tok, &problems, &task, None),
+        run(&mut learner, &reference, &tok, &problems, &task, None),
         &cfg,
         |_| {},
     )
@@ -195,6 +199,113 @@ fn a_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
 }
 
 #[test]
+fn a_packed_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
+    let tok = tokenizer();
+    let (problems, task) = (problems(), LastStepAnswers);
+    let (reference, _) = fresh(5);
+    let start = policy_folder(5, "resume");
+    let train = |dir: &PathBuf, on_update: &dyn Fn(usize)| {
+        let mut learner = packed_learner(&start, &dir.join("sampler"));
+        train_rl(
+            run(&mut learner, &reference, &tok, &problems, &task, Some(dir.clone())),
+            &config(4),
+            |l| on_update(l.update),
+        )
+        .unwrap()
+    };
+    assert_killed_run_resumes("packed", false, &train);
+    std::fs::remove_dir_all(&start).unwrap();
+}
+
+/// The policy `fresh(seed)` written to a folder of its own (what the packed trainer loads).
+fn policy_folder(seed: u64, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stepwise-rl-policy-{name}-{}", std::process::id()));
+    let (model, varmap) = fresh(seed);
+    stepwise_model::model::save_checkpoint(&dir, &model.config, &varmap).unwrap();
+    dir
+}
+
+/// The policy in `start` on the packed engine's trainer (reference backend: the GPU's
+/// specification), sampled by the CPU engine from its weights written to `scratch`.
+fn packed_learner(start: &std::path::Path, scratch: &std::path::Path) -> PackedLearner<Reference> {
+    let trainer = PackedTrainer::load(start, ModelConfig::from_dir(start).unwrap(), Arc::new(Reference)).unwrap();
+    let scratch = scratch.to_path_buf();
+    let sample_with: SampleWith<Reference> = Box::new(move |t| {
+        stepwise_model::model::save_checkpoint(&scratch, &t.decoder.config, &t.varmap()?)?;
+        Model::load(&scratch, &Device::Cpu)
+    });
+    PackedLearner::new(trainer, 4096, sample_with)
+}
+
+/// The packed trainer's update (its loss's derivative by each token's log-probability taken on
+/// the host, the backward on the engine's kernels) raises a process reward as candle's does.
+#[test]
+fn the_packed_learner_raises_a_process_reward() {
+    let tok = tokenizer();
+    let (reference, _) = fresh(7);
+    let start = policy_folder(7, "raise");
+    let mut learner = packed_learner(&start, &start.join("sampler"));
+    let (problems, task) = (problems(), PlainTask::default());
+    let cfg = RlConfig {
+        credit: Credit::ReturnToGo,
+        lr: 1e-3,
+        kl_coef: 0.0,
+        ..config(40)
+    };
+    let log = train_rl(run(&mut learner, &reference, &tok, &problems, &task, None), &cfg, |_| {}).unwrap();
+    assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
+    let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
+    std::fs::remove_dir_all(&start).unwrap();
+}
+
+/// The host's policy loss (what the packed trainer takes) is candle's `rl_loss` of the same
+/// log-probabilities, and its derivative is candle's gradient, clipped tokens included.
+#[test]
+fn the_host_policy_loss_is_the_rl_loss_and_its_gradient() {
+    let seqs: Vec<Sequence> = [(6usize, 2usize, 0.0f32), (5, 3, 0.7)]
+        .iter()
+        .map(|&(len, learn_from, shift)| Sequence {
+            ids: (0..len as u32).map(|i| 3 + i % 4).collect(),
+            learn_from,
+            advantages: (0..len).map(|i| [1.0, -0.5, 2.0, -1.5][i % 4]).collect(),
+            // Ratios from e^-0.6 to e^0.6: some inside PPO's range, some clipped either side.
+            old_logprobs: (0..len).map(|i| -1.0 - 0.3 * i as f32 + shift).collect(),
+            ref_logprobs: (0..len).map(|i| -1.2 - 0.1 * i as f32).collect(),
+        })
+        .collect();
+    let batch: Vec<&Sequence> = seqs.iter().collect();
+    let t = 6;
+    let values: Vec<f32> = (0..2 * t).map(|k| -1.0 - 0.3 * (k % t) as f32 + 0.6 * ((k * 7 % 5) as f32 / 4.0 - 0.5)).collect();
+    let logp = candle_core::Var::from_vec(values.clone(), 2 * t, &Device::Cpu).unwrap();
+    let (loss, stats) = stepwise_rl::loss::loss_of_logprobs(logp.as_tensor(), &batch, t, 0.2, 0.1).unwrap();
+    let grad: Vec<f32> = loss.backward().unwrap().get(logp.as_tensor()).unwrap().to_vec1().unwrap();
+    let learned: Vec<f32> = seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(b, s)| (s.learn_from..s.ids.len()).map(move |i| b * t + i))
+        .map(|k| values[k])
+        .collect();
+    let (value, derivative, host) = policy_loss(&learned, &batch, 0.2, 0.1).unwrap();
+    assert!((value - loss.to_scalar::<f32>().unwrap()).abs() < 1e-5);
+    assert_eq!((host.tokens, host.clip_fraction), (stats.tokens, stats.clip_fraction));
+    assert!(host.clip_fraction > 0.0 && host.clip_fraction < 1.0, "{host:?}");
+    assert!((host.kl - stats.kl).abs() < 1e-6);
+    let mut k = 0;
+    for (b, s) in seqs.iter().enumerate() {
+        for (i, &g) in grad[b * t..(b + 1) * t].iter().enumerate() {
+            if (s.learn_from..s.ids.len()).contains(&i) {
+                assert!((derivative[k] - g).abs() < 1e-6, "token {b}/{i}: {} vs {g}", derivative[k]);
+                k += 1;
+            } else {
+                assert_eq!(g, 0.0, "token {b}/{i} is not learned");
+            }
+        }
+    }
+}
+
+#[test]
 fn a_prime_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
     assert_resumes("prime", &prime_config(4), true);
 }
@@ -206,20 +317,12 @@ fn assert_resumes(name: &str, cfg: &RlConfig, prime: bool) {
     let (problems, task) = (problems(), LastStepAnswers);
     let outcome = OutcomeReward { task: &task };
     let (reference, _) = fresh(5);
-    let root = std::env::temp_dir().join(format!("stepwise-rl-resume-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let weights = |dir: &PathBuf| {
-        let mut w = vec![std::fs::read(dir.join("model.safetensors")).unwrap()];
-        if prime {
-            w.push(std::fs::read(OnlinePrm::dir(dir).join("model.safetensors")).unwrap());
-        }
-        w
-    };
     // One run into `dir`, from fresh weights; `on_update` may kill it.
     let train = |dir: &PathBuf, on_update: &dyn Fn(usize)| {
         let (mut m, v) = fresh(5);
         let (mut prm, prm_vars) = fresh(5);
-        let mut run = run(&mut m, &v, &reference, &tok, &problems, &task, Some(dir.clone()));
+        let mut learner = CandleLearner::new(&mut m, &v).unwrap();
+        let mut run = run(&mut learner, &reference, &tok, &problems, &task, Some(dir.clone()));
         if prime {
             run.reward = &outcome;
             run.implicit_prm = Some(ImplicitPrm {
@@ -228,6 +331,26 @@ fn assert_resumes(name: &str, cfg: &RlConfig, prime: bool) {
             });
         }
         train_rl(run, cfg, |l| on_update(l.update)).unwrap()
+    };
+    assert_killed_run_resumes(name, prime, &train);
+}
+
+/// `train` (one run into a folder, `on_update` seeing each update) whole, and again killed in
+/// update 3 then resumed: the policy's weights (and the implicit PRM's, with `prime`) and the
+/// logs are the same.
+fn assert_killed_run_resumes(
+    name: &str,
+    prime: bool,
+    train: &dyn Fn(&PathBuf, &dyn Fn(usize)) -> Vec<stepwise_rl::UpdateLog>,
+) {
+    let root = std::env::temp_dir().join(format!("stepwise-rl-resume-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let weights = |dir: &PathBuf| {
+        let mut w = vec![std::fs::read(dir.join("model.safetensors")).unwrap()];
+        if prime {
+            w.push(std::fs::read(OnlinePrm::dir(dir).join("model.safetensors")).unwrap());
+        }
+        w
     };
     let whole = root.join("whole");
     let full_log = train(&whole, &|_| {});
@@ -330,6 +453,7 @@ fn prime_raises_the_outcome_reward() {
         }),
         ..config(40)
     };
+    let mut learner = CandleLearner::new(&mut model, &varmap).unwrap();
     let log = train_rl(
         RlRun {
             reward: &outcome,
@@ -337,7 +461,7 @@ fn prime_raises_the_outcome_reward() {
                 model: &mut prm,
                 varmap: &prm_vars,
             }),
-            ..run(&mut model, &varmap, &reference, &tok, &problems, &task, None)
+            ..run(&mut learner, &reference, &tok, &problems, &task, None)
         },
         &cfg,
         |_| {},
@@ -357,19 +481,20 @@ fn prime_refuses_a_process_reward_and_a_missing_implicit_prm() {
     let (mut prm, prm_vars) = fresh(7);
     let (problems, task) = (problems(), LastStepAnswers);
     let cfg = prime_config(1);
+    let mut learner = CandleLearner::new(&mut model, &varmap).unwrap();
     let process = RlRun {
         implicit_prm: Some(ImplicitPrm {
             model: &mut prm,
             varmap: &prm_vars,
         }),
-        ..run(&mut model, &varmap, &reference, &tok, &problems, &task, None)
+        ..run(&mut learner, &reference, &tok, &problems, &task, None)
     };
     let err = train_rl(process, &cfg, |_| {}).unwrap_err().to_string();
     assert!(err.contains("outcome reward"), "{err}");
     let outcome = OutcomeReward { task: &task };
     let missing = RlRun {
         reward: &outcome,
-        ..run(&mut model, &varmap, &reference, &tok, &problems, &task, None)
+        ..run(&mut learner, &reference, &tok, &problems, &task, None)
     };
     let err = train_rl(missing, &cfg, |_| {}).unwrap_err().to_string();
     assert!(err.contains("no implicit PRM"), "{err}");

@@ -5,10 +5,10 @@ use stepwise_model::layout::RewardSpec;
 use stepwise_model::log_ratio::LogRatio;
 use stepwise_model::scoring::LoadedVerifier;
 use stepwise_model::train::VarMap;
-use stepwise_model::{default_device, Model, ModelConfig, Prompt, Tokenizer};
+use stepwise_model::{default_device, default_precision, Model, ModelConfig, Placement, Prompt, Tokenizer};
 use stepwise_rl::prime::OnlinePrm;
 use stepwise_rl::trainer::{Heldout, RlRun};
-use stepwise_rl::{train_rl, Credit, ImplicitPrm, PrimeConfig, RlConfig};
+use stepwise_rl::{train_rl, CandleLearner, Credit, ImplicitPrm, Learner, PrimeConfig, RlConfig};
 
 /// Optimise a policy by RL against a reward.
 #[derive(clap::Args)]
@@ -31,6 +31,12 @@ gold answer in `gold_answer` or `answer`. Writes the policy to --out in Hugging 
 --checkpoint-every updates and at the end (with the optimiser and log), rl_log.jsonl (one line per update) and \\
 rl.png/rl.svg (reward, sample accuracy, held-out accuracy with --eval-problems, KL against update); the same command \
 on the same --out resumes after an interruption.
+
+--device cuda (a build with --features cuda) trains on the GPU: the packed engine samples from the trainer's own \
+bf16 weights (paged KV cache), the reference and a PRM or ORM reward run there too, and the update is the packed \
+trainer's (f32 masters, AdamW, the PPO loss's derivative by each token's log-probability taken on the host). \
+Log-probabilities run in packed batches of at most --max-batch-tokens tokens; a minibatch is one packed pass. \
+--reward prime trains its implicit PRM on the CPU (`auto` picks the CPU for it).
 
 Example:
   stepwise rl --policy ../shared/fixtures/hf-tiny/qwen2-policy --reward outcome \\
@@ -123,6 +129,9 @@ pub struct Args {
     /// What loaded models compute in.
     #[command(flatten)]
     pub dtype: super::backend::DtypeArg,
+    /// Where the policy trains and samples, and the reward model and reference run.
+    #[command(flatten)]
+    pub device: super::backend::DeviceArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -146,11 +155,19 @@ pub fn run(a: Args) -> Result<()> {
         Some(path) => super::read_problems(path)?,
         None => Vec::new(),
     };
+    let placement = match (a.device.device, a.reward == "prime") {
+        (Placement::Auto, true) => Placement::Cpu,
+        (p, _) => p.resolve()?,
+    };
+    if placement.is_cuda() && a.reward == "prime" {
+        bail!("--reward prime trains its implicit PRM on the CPU: use --device cpu");
+    }
     let verifier = match a.reward.split_once(':') {
-        Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load(
+        Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load_on(
             &stepwise_model::hub::resolve(dir).with_context(|| format!("--reward {}", a.reward))?,
             &a.layout,
-            &dev,
+            placement,
+            default_precision(),
         )?),
         None if a.reward == "outcome" || a.reward == "prime" => None,
         _ => bail!("--reward `{}`: use outcome, orm:DIR, prm:DIR or prime", a.reward),
@@ -171,9 +188,22 @@ pub fn run(a: Args) -> Result<()> {
         None => &outcome,
     };
     let tok = Tokenizer::from_dir(&a.policy)?;
-    let reference = Model::load(&a.policy, &dev)?;
+    let reference = Model::load_on(&a.policy, placement, default_precision())?;
     let varmap = VarMap::new();
-    let mut policy = Model::load_trainable(&a.policy, ModelConfig::from_dir(&a.policy)?, &varmap, &dev, a.seed)?;
+    let mut policy;
+    let mut on_cpu;
+    let mut on_gpu;
+    let learner: &mut dyn Learner = match placement {
+        Placement::Cuda(ordinal) => {
+            on_gpu = stepwise_rl::learner::on_gpu(&a.policy, ordinal, a.device.max_batch_tokens)?;
+            &mut *on_gpu
+        }
+        _ => {
+            policy = Model::load_trainable(&a.policy, ModelConfig::from_dir(&a.policy)?, &varmap, &dev, a.seed)?;
+            on_cpu = CandleLearner::new(&mut policy, &varmap)?;
+            &mut on_cpu
+        }
+    };
     let mut stop = reference.config.eos_token_ids.clone();
     stop.extend(tok.eos_id());
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -227,8 +257,7 @@ pub fn run(a: Args) -> Result<()> {
     let bar = crate::progress::bar(Some(a.updates as u64), "RL");
     let log = train_rl(
         RlRun {
-            policy: &mut policy,
-            varmap: &varmap,
+            learner,
             reference: &reference,
             tokenizer: &tok,
             prompt: if a.chat { Prompt::Chat } else { Prompt::Text },

@@ -25,7 +25,7 @@ use stepwise_eval::paired::{paired_by_id, PairedDifference};
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, ModelConfig, Prompt, Tokenizer};
 use stepwise_rl::trainer::RlRun;
-use stepwise_rl::{train_rl, Credit, ImplicitPrm, PrimeConfig, RlConfig, UpdateLog};
+use stepwise_rl::{train_rl, CandleLearner, Credit, ImplicitPrm, PrimeConfig, RlConfig, UpdateLog};
 use stepwise_search::{group_candidates, select, Selector};
 
 /// The name of the PRIME variant.
@@ -269,8 +269,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
         let log: Vec<UpdateLog> = train_rl(
             RlRun {
-                policy: &mut model,
-                varmap: &varmap,
+                learner: &mut CandleLearner::new(&mut model, &varmap)?,
                 reference: i.policy,
                 tokenizer: i.tok,
                 prompt: Prompt::Pieces,

@@ -20,7 +20,7 @@ use anyhow::{bail, ensure, Result};
 pub const LOGITS_BYTES: usize = 1 << 30;
 
 /// A loss of token log-probabilities: the loss and its derivative by each.
-pub type TokenLoss<'a> = &'a mut dyn FnMut(&[f32]) -> Result<(f32, Vec<f32>)>;
+pub type TokenLossFn<'a> = &'a mut dyn FnMut(&[f32]) -> Result<(f32, Vec<f32>)>;
 
 /// The LM head's buffers over a chunk of rows.
 struct LmChunk<B: TrainBackend> {
@@ -122,7 +122,7 @@ pub(super) fn lm_head_backward<B: TrainBackend>(
     g: &mut Params<B::F32>,
     pass: &Pass<B>,
     pairs: &[(usize, u32)],
-    loss: TokenLoss<'_>,
+    loss: TokenLossFn<'_>,
 ) -> Result<(f32, B::F32)> {
     let (b, cfg) = (&*dec.backend, &dec.config);
     let (h, v, eps) = (cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps as f32);

@@ -29,7 +29,7 @@ mod train_backend;
 pub use decoding::PagedDecoding;
 pub use paged::{PagedCache, PagedSeq, BLOCK};
 pub use reference::Reference;
-pub use lm_head::{TokenLoss, LOGITS_BYTES};
+pub use lm_head::{TokenLossFn, LOGITS_BYTES};
 pub use train::{PackedTrainer, Targets, TrainStep};
 pub use train_backend::{AdamW, TrainBackend};
 

@@ -13,7 +13,7 @@
 //! rounded back to the bf16 copy the forward reads.
 
 use super::backward::{layers_backward, reward_head_backward};
-use super::lm_head::{lm_head_backward, TokenLoss};
+use super::lm_head::{lm_head_backward, TokenLossFn};
 use super::train_backend::{AdamW, TrainBackend};
 use super::{to_f32, Backend, Head, PackedDecoder};
 use crate::config::{HeadKind, ModelConfig};
@@ -196,6 +196,58 @@ fn held<B: Backend>(dec: &mut PackedDecoder<B>) -> Vec<Held<'_, B>> {
     v
 }
 
+/// The decoder's copy of a trainable value refreshed from its master `w` (`n` values): rounded
+/// to bf16 for a matrix, copied for a vector.
+fn refresh<B: TrainBackend>(b: &B, w: &B::F32, copy: Held<'_, B>, n: usize) -> Result<()> {
+    match copy {
+        Held::Matrix(dst) => b.round_bf16(w, dst, 0, n),
+        Held::Vector(dst) => b.copy_f32(w, dst, n),
+    }
+}
+
+/// The f32 masters `master` (laid out as `specs`) read from the checkpoint folder `dir` as
+/// stored; the exact f32 weights a checkpoint of a narrower dtype keeps beside it (what a
+/// resumed run continues from) are read last, over the rounded ones.
+fn read_masters<B: Backend>(b: &B, specs: &Params<Spec>, master: &mut Params<B::F32>, dir: &Path) -> Result<()> {
+    let mut at: HashMap<&str, (usize, usize, &[usize])> = HashMap::new();
+    for (i, s) in specs.all().into_iter().enumerate() {
+        let mut offset = 0;
+        for (name, shape) in &s.parts {
+            at.insert(name, (i, offset, shape));
+            offset += shape.iter().product::<usize>();
+        }
+    }
+    let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
+    let mut bufs = master.all_mut();
+    let mut files = crate::model::weight_files(dir)?;
+    let exact = dir.join(crate::model::TRAINING_WEIGHTS);
+    if exact.exists() {
+        files.push(exact);
+    }
+    for file in files {
+        let handle = std::fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
+        // SAFETY: a read-only mapping that lives only for this loop (as in the loader).
+        let map = unsafe { memmap2::Mmap::map(&handle) }.with_context(|| format!("mapping {}", file.display()))?;
+        let st =
+            safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", file.display()))?;
+        for (name, view) in st.tensors() {
+            if let Some(&(i, offset, shape)) = at.get(name.as_str()) {
+                let what = || format!("{}: tensor `{name}`", file.display());
+                if view.shape() != shape {
+                    bail!("{}: shape {:?}, the model's is {shape:?}", what(), view.shape());
+                }
+                let host = to_f32(&view).with_context(what)?;
+                b.write_f32(bufs[i], offset, &host)?;
+                missing.remove(name.as_str());
+            }
+        }
+    }
+    if let Some(name) = missing.iter().min() {
+        bail!("{}: tensor `{name}` is missing", dir.display());
+    }
+    Ok(())
+}
+
 /// What a training step learns from its packed batch (rows counted over all its tokens).
 pub enum Targets<'a> {
     /// A reward head's: `(row, label)`, the probability that the row's step is good, learned by
@@ -207,7 +259,7 @@ pub enum Targets<'a> {
         /// The rows and the tokens they predict.
         pairs: &'a [(usize, u32)],
         /// The loss.
-        loss: TokenLoss<'a>,
+        loss: TokenLossFn<'a>,
     },
 }
 
@@ -242,43 +294,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let decoder = PackedDecoder::load(dir, config, backend)?;
         let b = &*decoder.backend;
         let mut master = specs.map(|s| b.zeros_f32(s.len()))?;
-        let mut at: HashMap<&str, (usize, usize)> = HashMap::new();
-        for (i, s) in specs.all().into_iter().enumerate() {
-            let mut offset = 0;
-            for (name, shape) in &s.parts {
-                at.insert(name, (i, offset));
-                offset += shape.iter().product::<usize>();
-            }
-        }
-        let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
-        {
-            let mut bufs = master.all_mut();
-            // The exact f32 weights a checkpoint of a narrower dtype keeps beside it (what a
-            // resumed run continues from) are read last, over the rounded ones.
-            let mut files = crate::model::weight_files(dir)?;
-            let exact = dir.join(crate::model::TRAINING_WEIGHTS);
-            if exact.exists() {
-                files.push(exact);
-            }
-            for file in files {
-                let handle = std::fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
-                // SAFETY: a read-only mapping that lives only for this loop (as in the loader).
-                let map = unsafe { memmap2::Mmap::map(&handle) }
-                    .with_context(|| format!("mapping {}", file.display()))?;
-                let st = safetensors::SafeTensors::deserialize(&map)
-                    .with_context(|| format!("reading {}", file.display()))?;
-                for (name, view) in st.tensors() {
-                    if let Some(&(i, offset)) = at.get(name.as_str()) {
-                        let host = to_f32(&view).with_context(|| format!("{}: tensor `{name}`", file.display()))?;
-                        b.write_f32(bufs[i], offset, &host)?;
-                        missing.remove(name.as_str());
-                    }
-                }
-            }
-        }
-        if let Some(name) = missing.iter().min() {
-            bail!("{}: tensor `{name}` is missing", dir.display());
-        }
+        read_masters(b, &specs, &mut master, dir)?;
         let zeros = |s: &Spec| b.zeros_f32(s.len());
         let (grad, m, v) = (specs.map(zeros)?, specs.map(zeros)?, specs.map(zeros)?);
         Ok(PackedTrainer {
@@ -290,6 +306,18 @@ impl<B: TrainBackend> PackedTrainer<B> {
             updates: 0,
             decoder: Arc::new(decoder),
         })
+    }
+
+    /// The weights of the checkpoint folder `dir` (a model of the same shape: a run's own
+    /// checkpoint) read over the masters, and the decoder's copies refreshed from them.
+    pub fn load_weights(&mut self, dir: &Path) -> Result<()> {
+        let b = Arc::clone(&self.decoder.backend);
+        read_masters(&*b, &self.specs, &mut self.master, dir)?;
+        let decoder = Arc::get_mut(&mut self.decoder).context("the trainer's model is lent (to a sampler)")?;
+        for ((s, w), copy) in self.specs.all().into_iter().zip(self.master.all()).zip(held(decoder)) {
+            refresh(&*b, w, copy, s.len())?;
+        }
+        Ok(())
     }
 
     /// One step: the gradients of `targets` on the packed `batch` and an AdamW update at
@@ -330,12 +358,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// [`crate::model::save_training_checkpoint`] writes).
     pub fn varmap(&self) -> Result<candle_nn::VarMap> {
         let varmap = candle_nn::VarMap::new();
-        let shapes: HashMap<&str, &Vec<usize>> = self
-            .specs
-            .all()
-            .into_iter()
-            .flat_map(|s| s.parts.iter().map(|(n, shape)| (n.as_str(), shape)))
-            .collect();
+        let shapes = self.shapes();
         {
             let mut data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
             for (name, values) in self.weights()? {
@@ -344,6 +367,66 @@ impl<B: TrainBackend> PackedTrainer<B> {
             }
         }
         Ok(varmap)
+    }
+
+    /// Writes AdamW's moments and step count to `path` in the CPU trainer's layout (`m.NAME`,
+    /// `v.NAME` by checkpoint name and shape, `step`), so that either trainer continues a run
+    /// the other checkpointed.
+    pub fn save_optimizer(&self, path: &Path) -> Result<()> {
+        use candle_core::{Device, Tensor};
+        let shapes = self.shapes();
+        let mut map: HashMap<String, Tensor> = HashMap::new();
+        for (prefix, values) in [("m", &self.m), ("v", &self.v)] {
+            for (name, host) in self.named(values)? {
+                let t = Tensor::from_vec(host, shapes[name.as_str()].as_slice(), &Device::Cpu)?;
+                map.insert(format!("{prefix}.{name}"), t);
+            }
+        }
+        map.insert("step".into(), Tensor::new(&[self.updates], &Device::Cpu)?);
+        let tmp = path.with_extension("tmp");
+        candle_core::safetensors::save(&map, &tmp)?;
+        std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+        Ok(())
+    }
+
+    /// Restores what [`PackedTrainer::save_optimizer`] (or the CPU trainer) wrote; a tensor it
+    /// does not hold keeps zero moments.
+    pub fn load_optimizer(&mut self, path: &Path) -> Result<()> {
+        let map = candle_core::safetensors::load(path, &candle_core::Device::Cpu)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let b = Arc::clone(&self.decoder.backend);
+        for (prefix, values) in [("m", &mut self.m), ("v", &mut self.v)] {
+            for (s, buf) in self.specs.all().into_iter().zip(values.all_mut()) {
+                let mut offset = 0;
+                for (name, shape) in &s.parts {
+                    if let Some(t) = map.get(&format!("{prefix}.{name}")) {
+                        let host: Vec<f32> = t.flatten_all()?.to_vec1()?;
+                        ensure!(
+                            host.len() == shape.iter().product::<usize>(),
+                            "{}: `{prefix}.{name}` has {} values, the model's tensor {}",
+                            path.display(),
+                            host.len(),
+                            shape.iter().product::<usize>()
+                        );
+                        b.write_f32(buf, offset, &host)?;
+                    }
+                    offset += shape.iter().product::<usize>();
+                }
+            }
+        }
+        if let Some(step) = map.get("step") {
+            self.updates = step.to_vec1::<u32>()?[0];
+        }
+        Ok(())
+    }
+
+    /// Each checkpoint tensor's shape by name.
+    fn shapes(&self) -> HashMap<&str, &Vec<usize>> {
+        self.specs
+            .all()
+            .into_iter()
+            .flat_map(|s| s.parts.iter().map(|(n, shape)| (n.as_str(), shape)))
+            .collect()
     }
 
     fn named(&self, values: &Params<B::F32>) -> Result<Vec<(String, Vec<f32>)>> {
@@ -421,10 +504,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
         for (((((s, w), g), m), v), copy) in specs.into_iter().zip(masters).zip(grads).zip(ms).zip(vs).zip(held) {
             let n = s.len();
             b.adamw(w, g, m, v, n, opt)?;
-            match copy {
-                Held::Matrix(dst) => b.round_bf16(w, dst, 0, n)?,
-                Held::Vector(dst) => b.copy_f32(w, dst, n)?,
-            }
+            refresh(&*b, w, copy, n)?;
             b.zero_f32(g, n)?;
         }
         Ok(norm)

@@ -19,7 +19,8 @@ pub struct AdamW {
     beta1: f64,
     beta2: f64,
     eps: f64,
-    weight_decay: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
 }
 
 impl AdamW {

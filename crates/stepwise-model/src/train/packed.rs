@@ -36,6 +36,16 @@ struct Span {
     label: f32,
 }
 
+/// A loss of a batch's token log-probabilities ([`TokenBatch::loss`]).
+pub struct TokenLoss {
+    /// The loss.
+    pub value: f32,
+    /// Its derivative by each token's log-probability.
+    pub derivative: Vec<f32>,
+    /// (P(good), label) of each log-ratio span.
+    pub scores: Vec<(f32, f32)>,
+}
+
 /// Examples as one packed batch for an LM objective: each learned token as a `(row, token)` pair
 /// (the row before it predicts it), and a log-ratio verifier's spans over them.
 pub struct TokenBatch {
@@ -83,13 +93,17 @@ impl TokenBatch {
     /// each, and the (P(good), label) pair of each log-ratio span: the mean negative
     /// log-likelihood, or the mean BCE with logits on each span's `β · Σ (log π − log π_ref)`
     /// (what the CPU trainer's `Lm` and `LogRatio` objectives compute).
-    pub fn loss(&self, objective: Objective, logp: &[f32]) -> Result<(f32, Vec<f32>, Vec<(f32, f32)>)> {
+    pub fn loss(&self, objective: Objective, logp: &[f32]) -> Result<TokenLoss> {
         ensure!(logp.len() == self.pairs.len(), "one log-probability a learned token");
         match objective {
             Objective::Lm => {
                 ensure!(!logp.is_empty(), "a batch without LM targets");
                 let n = logp.len() as f32;
-                Ok((-logp.iter().sum::<f32>() / n, vec![-1.0 / n; logp.len()], Vec::new()))
+                Ok(TokenLoss {
+                    value: -logp.iter().sum::<f32>() / n,
+                    derivative: vec![-1.0 / n; logp.len()],
+                    scores: Vec::new(),
+                })
             }
             Objective::LogRatio(lr) => {
                 ensure!(!self.spans.is_empty(), "a batch without targets");
@@ -102,7 +116,11 @@ impl TokenBatch {
                     coef[s.tokens.clone()].iter_mut().for_each(|c| *c += lr.beta * (p - s.label) / n);
                     pairs.push((p, s.label));
                 }
-                Ok((loss / n, coef, pairs))
+                Ok(TokenLoss {
+                    value: loss / n,
+                    derivative: coef,
+                    scores: pairs,
+                })
             }
             Objective::Classify => bail!("a classifier learns from labels, not tokens"),
         }
@@ -116,7 +134,7 @@ fn backward<B: TrainBackend>(trainer: &mut PackedTrainer<B>, batch: &[&Example],
         return trainer.backward(&packed, Targets::Labels(&labels));
     }
     let tokens = TokenBatch::new(batch, objective)?;
-    let mut loss = |logp: &[f32]| tokens.loss(objective, logp).map(|(l, c, _)| (l, c));
+    let mut loss = |logp: &[f32]| tokens.loss(objective, logp).map(|l| (l.value, l.derivative));
     trainer.backward(
         &tokens.packed,
         Targets::Tokens {
@@ -205,10 +223,10 @@ pub fn evaluate_packed<B: TrainBackend>(
                 continue;
             }
             let logp = trainer.decoder.token_logprobs(&tokens.packed, &tokens.pairs)?;
-            let (l, _, p) = tokens.loss(objective, &logp)?;
-            loss += l as f64 * n as f64;
+            let l = tokens.loss(objective, &logp)?;
+            loss += l.value as f64 * n as f64;
             count += n;
-            pairs.extend(p);
+            pairs.extend(l.scores);
             continue;
         }
         let (packed, targets) = packed(&batch);
@@ -230,8 +248,8 @@ pub fn evaluate_packed<B: TrainBackend>(
 /// Trains `trainer`'s model on `train_set` under `objective` as [`super::train`] trains on the
 /// CPU, batches of at most `cfg.batch_size` examples and
 /// `max_tokens` tokens. With `cfg.out_dir`, a checkpoint (HF folder with the exact f32 weights
-/// beside it, and the run's state) is written at every validation and at the end, and a run
-/// started again on it continues from its step (AdamW's moments start again).
+/// beside it, AdamW's state in the CPU trainer's layout, and the run's state) is written at every
+/// validation and at the end, and a run started again on it continues from its step.
 /// `on_step(step, loss)` reports progress.
 pub fn train_packed<B: TrainBackend>(
     trainer: &mut PackedTrainer<B>,
@@ -255,6 +273,9 @@ pub fn train_packed<B: TrainBackend>(
         if saved.exists() {
             state = serde_json::from_str(&std::fs::read_to_string(&saved)?)
                 .with_context(|| format!("reading {}", saved.display()))?;
+            if dir.join(super::OPTIM).exists() {
+                trainer.load_optimizer(&dir.join(super::OPTIM))?;
+            }
         }
     }
     let usable: Vec<usize> = (0..train_set.len()).filter(|&i| learns(&train_set[i])).collect();
@@ -293,6 +314,7 @@ pub fn train_packed<B: TrainBackend>(
         if let Some(dir) = &cfg.out_dir {
             let varmap = trainer.varmap()?;
             crate::model::save_training_checkpoint(dir, &trainer.decoder.config, &varmap)?;
+            trainer.save_optimizer(&dir.join(super::OPTIM))?;
             std::fs::write(dir.join(super::STATE), serde_json::to_string_pretty(state)?)?;
         }
         Ok(())

@@ -1,0 +1,224 @@
+//! Where the policy being trained lives ([`Learner`]): candle's autograd on the CPU
+//! ([`CandleLearner`]: the CPU trainer's model and AdamW) or the packed engine's trainer
+//! ([`PackedLearner`]: a GPU's, or the reference backend's in tests). The RL loop
+//! ([`crate::train_rl`]) samples from it, asks it for log-probabilities, hands it minibatches and
+//! steps it; rewards, advantages and the run's log are the same for both.
+
+use crate::loss::{policy_loss, rl_loss, LossStats};
+use crate::rollout::{sequence_logprobs, Sequence};
+use anyhow::{Context, Result};
+use candle_core::backprop::GradStore;
+use candle_core::Var;
+use std::borrow::Cow;
+use std::path::Path;
+use stepwise_model::model::{load_training_checkpoint, save_training_checkpoint};
+use stepwise_model::packed_engine::{PackedTrainer, Targets, TrainBackend};
+use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
+use stepwise_model::train::VarMap;
+use stepwise_model::{Model, Packed};
+
+/// The optimiser's state in a checkpoint folder (the CPU trainer's layout, read by both).
+pub const OPTIM: &str = "optimizer.safetensors";
+
+/// The policy being trained, wherever it lives.
+pub trait Learner {
+    /// The policy as it samples now, in inference mode (dropped before the next
+    /// [`Learner::backward`]).
+    fn sampler(&mut self) -> Result<Cow<'_, Model>>;
+    /// Each sequence's token log-probabilities under the policy now (position 0 holds 0),
+    /// `minibatch` sequences a pass where passes are counted in sequences.
+    fn logprobs(&mut self, seqs: &[&[u32]], minibatch: usize) -> Result<Vec<Vec<f32>>>;
+    /// The gradients of `batch`'s policy loss ([`crate::rl_loss`]: PPO-clip `clip` with the k3
+    /// KL penalty `kl_coef`) added to the learner's; returns the loss and what it saw.
+    fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)>;
+    /// One AdamW step at learning rate `lr` (decoupled `weight_decay`) with the mean gradient of
+    /// the `micro_batches` [`Learner::backward`] calls since the last step, clipped to global
+    /// norm `max_grad_norm` (0: not clipped).
+    fn step(&mut self, lr: f64, weight_decay: f64, max_grad_norm: f64, micro_batches: usize) -> Result<()>;
+    /// Writes the policy (Hugging Face layout, with its exact f32 weights) and the optimiser's
+    /// state into `dir`.
+    fn save(&self, dir: &Path) -> Result<()>;
+    /// Continues from what [`Learner::save`] wrote in `dir`.
+    fn load(&mut self, dir: &Path) -> Result<()>;
+}
+
+/// The policy as candle variables on the CPU, trained through candle's autograd.
+pub struct CandleLearner<'a> {
+    policy: &'a mut Model,
+    varmap: &'a VarMap,
+    vars: Vec<Var>,
+    opt: AdamW,
+    grads: Option<GradStore>,
+}
+
+impl<'a> CandleLearner<'a> {
+    /// `policy`, whose weights are `varmap`'s.
+    pub fn new(policy: &'a mut Model, varmap: &'a VarMap) -> Result<Self> {
+        let named = named_vars(varmap);
+        let vars = named.iter().map(|(_, v)| v.clone()).collect();
+        // The learning rate and weight decay are set at each step.
+        let opt = AdamW::new(named, 0.0, 0.0)?;
+        Ok(CandleLearner {
+            policy,
+            varmap,
+            vars,
+            opt,
+            grads: None,
+        })
+    }
+}
+
+impl Drop for CandleLearner<'_> {
+    /// The policy is handed back in inference mode, as it samples.
+    fn drop(&mut self) {
+        self.policy.set_training(false);
+    }
+}
+
+impl Learner for CandleLearner<'_> {
+    fn sampler(&mut self) -> Result<Cow<'_, Model>> {
+        self.policy.set_training(false);
+        Ok(Cow::Borrowed(&*self.policy))
+    }
+
+    fn logprobs(&mut self, seqs: &[&[u32]], minibatch: usize) -> Result<Vec<Vec<f32>>> {
+        self.policy.set_training(false);
+        sequence_logprobs(self.policy, seqs, minibatch)
+    }
+
+    fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)> {
+        self.policy.set_training(true);
+        let (loss, stats) = rl_loss(self.policy, batch, clip, kl_coef)?;
+        let value = loss.to_scalar::<f32>()? as f64;
+        let g = loss.backward()?;
+        match self.grads.as_mut() {
+            None => self.grads = Some(g),
+            Some(acc) => accumulate(acc, g, &self.vars)?,
+        }
+        Ok((value, stats))
+    }
+
+    fn step(&mut self, lr: f64, weight_decay: f64, max_grad_norm: f64, micro_batches: usize) -> Result<()> {
+        let grads = self.grads.take().context("an optimiser step without gradients")?;
+        let mut scale = 1.0 / micro_batches.max(1) as f64;
+        if max_grad_norm > 0.0 {
+            let norm = self.opt.grad_norm(&grads)? * scale;
+            if norm > max_grad_norm {
+                scale *= max_grad_norm / norm;
+            }
+        }
+        (self.opt.lr, self.opt.weight_decay) = (lr, weight_decay);
+        self.opt.step(&grads, scale)
+    }
+
+    fn save(&self, dir: &Path) -> Result<()> {
+        save_training_checkpoint(dir, &self.policy.config, self.varmap)?;
+        self.opt.save(&dir.join(OPTIM))
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<()> {
+        load_training_checkpoint(self.varmap, dir)?;
+        self.opt.load(&dir.join(OPTIM))
+    }
+}
+
+/// How a packed learner's policy samples: the model over the trainer's weights (on a GPU,
+/// [`Model::on_gpu`] of the trainer's decoder, sharing its weights).
+pub type SampleWith<B> = Box<dyn Fn(&PackedTrainer<B>) -> Result<Model>>;
+
+/// The policy on the packed engine's trainer (bf16 copies, f32 masters, AdamW on the device),
+/// its loss taken on the host from the learned tokens' log-probabilities ([`policy_loss`]).
+pub struct PackedLearner<B: TrainBackend> {
+    trainer: PackedTrainer<B>,
+    sample_with: SampleWith<B>,
+    max_tokens: usize,
+}
+
+impl<B: TrainBackend> PackedLearner<B> {
+    /// `trainer`'s policy, sampled through `sample_with`; log-probabilities in packed batches
+    /// of at most `max_tokens` tokens (a minibatch is one packed batch whatever its tokens).
+    pub fn new(trainer: PackedTrainer<B>, max_tokens: usize, sample_with: SampleWith<B>) -> Self {
+        PackedLearner {
+            trainer,
+            sample_with,
+            max_tokens,
+        }
+    }
+
+    /// The trainer.
+    pub fn trainer(&self) -> &PackedTrainer<B> {
+        &self.trainer
+    }
+}
+
+impl<B: TrainBackend> Learner for PackedLearner<B> {
+    fn sampler(&mut self) -> Result<Cow<'_, Model>> {
+        Ok(Cow::Owned((self.sample_with)(&self.trainer)?))
+    }
+
+    fn logprobs(&mut self, seqs: &[&[u32]], _minibatch: usize) -> Result<Vec<Vec<f32>>> {
+        stepwise_model::train::packed::sequence_logprobs(&self.trainer.decoder, seqs, self.max_tokens)
+    }
+
+    fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)> {
+        let seqs: Vec<&[u32]> = batch.iter().map(|s| s.ids.as_slice()).collect();
+        let packed = Packed::new(&seqs);
+        // Each learned token, predicted by the row before it.
+        let pairs: Vec<(usize, u32)> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| (s.learn_from.max(1)..s.ids.len()).map(move |p| (i, p, s.ids[p])))
+            .map(|(i, p, token)| (packed.row(i, p - 1), token))
+            .collect();
+        let mut stats = LossStats::default();
+        let mut loss = |logp: &[f32]| {
+            let (value, coef, seen) = policy_loss(logp, batch, clip, kl_coef)?;
+            stats = seen;
+            Ok((value, coef))
+        };
+        let targets = Targets::Tokens {
+            pairs: &pairs,
+            loss: &mut loss,
+        };
+        let value = self.trainer.backward(&packed, targets)?;
+        Ok((value as f64, stats))
+    }
+
+    fn step(&mut self, lr: f64, weight_decay: f64, max_grad_norm: f64, micro_batches: usize) -> Result<()> {
+        let clip = (max_grad_norm > 0.0).then_some(max_grad_norm as f32);
+        self.trainer.update(lr as f32, weight_decay as f32, clip, micro_batches)?;
+        Ok(())
+    }
+
+    fn save(&self, dir: &Path) -> Result<()> {
+        save_training_checkpoint(dir, &self.trainer.decoder.config, &self.trainer.varmap()?)?;
+        self.trainer.save_optimizer(&dir.join(OPTIM))
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<()> {
+        self.trainer.load_weights(dir)?;
+        self.trainer.load_optimizer(&dir.join(OPTIM))
+    }
+}
+
+/// The policy in the checkpoint folder `dir` trained on CUDA GPU `ordinal` by the packed
+/// engine's trainer (bf16 copies and f32 masters on the device), sampled by the packed engine
+/// from the trainer's own weights; log-probabilities in packed batches of at most `max_tokens`
+/// tokens. A build without the `cuda` feature refuses.
+pub fn on_gpu(dir: &Path, ordinal: usize, max_tokens: usize) -> Result<Box<dyn Learner>> {
+    #[cfg(feature = "cuda")]
+    {
+        let gpu = stepwise_model::cuda::open(ordinal)?;
+        let config = stepwise_model::ModelConfig::from_dir(dir)?;
+        let trainer = PackedTrainer::load(dir, config, gpu)
+            .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
+        let sample_with: SampleWith<stepwise_model::cuda::Gpu> =
+            Box::new(|t| Model::on_gpu(std::sync::Arc::clone(&t.decoder)));
+        Ok(Box::new(PackedLearner::new(trainer, max_tokens, sample_with)))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (dir, max_tokens);
+        anyhow::bail!("cuda:{ordinal}: this stepwise was built without CUDA")
+    }
+}
