@@ -18,13 +18,16 @@
 # (default 16384), OUT (default /tmp/gpu_check), TIME_BUDGET (seconds, default 450: a stage that
 # would not fit is skipped and named), GENERATION=0 (skip generation), F32_REFERENCE=N
 # (transformers in float32 on N GSM8K records: the reference both bf16 engines are measured
-# against), TRAINING=0 (skip training), TRAIN_STEPS (default 200), DEVICE=cpu LIMIT=4
-# TRAIN_STEPS=2 (a dry run of the whole script without a GPU). Only the training comparison:
-# SHAPES=0.5b DATASETS=gsm8k GENERATION=0 (it runs after the 0.5B scoring). After a cut-off,
+# against), TRAINING=0 (skip training), TRAIN_STEPS (default 200), TRAIN_OBJECTIVES (default
+# "prm log-ratio"), RL_UPDATES (default 3; 0 skips RL), RL_SHAPE (default "8 8 128": prompts,
+# samples each, most tokens), SCORING=0 (skip the scoring comparisons),
+# DEVICE=cpu LIMIT=4 TRAIN_STEPS=2 (a dry run of the whole script without a GPU). Only training
+# and RL: SHAPES=0.5b DATASETS=gsm8k SCORING=0 GENERATION=0. After a cut-off,
 # `bash bench/gpu_check.sh summary` writes the JSON from what finished. On one H100 the run
-# without training took about 6 minutes (docs/benchmarks.md, "The GPU"); the training stage adds
-# up to 5, so within one 10-minute call measure either the scoring and generation (TRAINING=0)
-# or the training (SHAPES=0.5b DATASETS=gsm8k GENERATION=0).
+# without training took about 6 minutes (docs/benchmarks.md, "The GPU"); training adds up to 5
+# minutes an objective and RL up to 2, so within one 10-minute call measure either the scoring
+# and generation (TRAINING=0 RL_UPDATES=0) or training and RL (SHAPES=0.5b DATASETS=gsm8k
+# SCORING=0 GENERATION=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=.gpu
@@ -38,6 +41,7 @@ prepare() {
     # The commit the binary was built from (+ "-dirty" with uncommitted changes).
     echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates Cargo.toml Cargo.lock || echo -dirty)" > "$G/commit.txt"
     cp ../shared/data/processbench/gsm8k.json ../shared/data/processbench/math.json "$G/data/"
+    head -256 ../shared/data/gsm8k/test.jsonl > "$G/data/gsm8k-test.jsonl"
     cp ../shared/fixtures/hf-tiny/qwen2-prm/{config.json,tokenizer.json,tokenizer_config.json} "$G/qwen2-prm/"
     du -sh "$G"
     echo "carry .gpu, then run: bash bench/gpu_check.sh run"
@@ -56,6 +60,10 @@ run() {
     F32_REFERENCE=${F32_REFERENCE:-0} # N > 0: transformers in float32 on the first N GSM8K records, per shape
     TRAINING=${TRAINING:-1}         # 0: skip the training stage
     TRAIN_STEPS=${TRAIN_STEPS:-200} # optimiser steps of each engine in the training stage
+    TRAIN_OBJECTIVES=${TRAIN_OBJECTIVES:-"prm log-ratio"} # which verifiers the training stage trains
+    RL_UPDATES=${RL_UPDATES:-3}     # updates of the RL stage (0: skip it)
+    RL_SHAPE=${RL_SHAPE:-"8 8 128"} # RL's prompts per update, samples per prompt, most tokens per sample
+    SCORING=${SCORING:-1}           # 0: skip the scoring comparisons (only training, RL, generation)
     GEN_REQUESTS=${GEN_REQUESTS:-64}
     GEN_TOKENS=${GEN_TOKENS:-256}
     BIN="$G/stepwise"
@@ -141,7 +149,7 @@ run() {
     }
     # 1. The 0.5B shape: both engines on each dataset; the CUDA engine against the CPU engine and
     #    the flash kernel against the plain one on 24 records.
-    if [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120; then
+    if [ "$SCORING" = 1 ] && [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120; then
         for ds in $DATASETS; do compare_scoring 0.5b "$ds" 120 150; done
         reference_f32 0.5b 90
         python3 -c "import json,sys; json.dump(json.load(open(sys.argv[1]))[:24], open(sys.argv[2],'w'))" \
@@ -159,23 +167,52 @@ run() {
                 "$W/simple24.jsonl" "flash vs plain attention kernel, 0.5b, 24 records" | tee "$W/cmp-simple-0.5b.txt" | head -1
         fi
     fi
-    # 1b. Training: the 0.5B-shaped PRM trained TRAIN_STEPS steps on the first dataset's ProcessBench
-    #     labels (steps up to the first error) by `stepwise train-prm --device cuda` and by PyTorch
-    #     (bench/gpu_train.py: f32 masters, bf16 autocast, AdamW), the same batches' rules.
-    if [ "$TRAINING" = 1 ] && [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120; then
-        echo "== training"
-        train_flags=(--steps "$TRAIN_STEPS" --lr 1e-5 --batch-size 16 --max-batch-tokens "$BUDGET" --max-len 2048)
-        fits 150 "transformers training" && peak "$W/train-hf.log" timeout "$(limit 150)" python3 bench/gpu_train.py \
-            "$W/prm-0.5b" "$W/$first.json" "$W/train-hf.json" "${train_flags[@]}" --device "$DEVICE" >> "$W/train-hf.log" 2>&1
-        grep -E "^transformers|Error" "$W/train-hf.log" | tail -2
-        fits 150 "stepwise training" && peak "$W/train-sw.log" timeout "$(limit 150)" "$BIN" train-prm --data "$W/$first.json" \
-            --base "$W/prm-0.5b" --out "$W/trained-0.5b" --device "$DEVICE" "${train_flags[@]}" --valid-fraction 0 \
-            --stop-at-first-bad >> "$W/train-sw.log" 2>&1
-        grep -vE '^(peak_mib|exit)' "$W/train-sw.log" | tail -2
+    # 1b. Training: a 0.5B-shaped verifier trained TRAIN_STEPS steps on the first dataset's
+    #     ProcessBench labels (steps up to the first error) by `stepwise train-prm --device cuda`
+    #     and by PyTorch (bench/gpu_train.py: f32 masters, bf16 autocast, AdamW), the same
+    #     batches' rules: `prm` (the PRM checkpoint's decoder under a new classifier head) and
+    #     `log-ratio` (a causal LM scoring each step by its tokens' log-likelihood against a
+    #     constant reference: the LM head's vocabulary logits at every learned token; the
+    #     constant is log(1/151936), what a random model gives each token, so the loss starts
+    #     near log 2).
+    compare_training() { # name, checkpoint, the peer's objective flags, train-prm's head flags
+        local name=$1 M=$2
+        echo "== training ($name)"
+        local flags=(--steps "$TRAIN_STEPS" --lr 1e-5 --batch-size 16 --max-batch-tokens "$BUDGET" --max-len 2048)
+        fits 150 "transformers training ($name)" && peak "$W/train-hf-$name.log" timeout "$(limit 150)" python3 \
+            bench/gpu_train.py "$M" "$W/$first.json" "$W/train-hf-$name.json" "${flags[@]}" $3 --device "$DEVICE" \
+            >> "$W/train-hf-$name.log" 2>&1
+        grep -E "^transformers|Error" "$W/train-hf-$name.log" | tail -2
+        fits 150 "stepwise training ($name)" && peak "$W/train-sw-$name.log" timeout "$(limit 150)" "$BIN" train-prm \
+            --data "$W/$first.json" --base "$M" --out "$W/trained-$name" --device "$DEVICE" "${flags[@]}" $4 \
+            --valid-fraction 0 --stop-at-first-bad >> "$W/train-sw-$name.log" 2>&1
+        grep -vE '^(peak_mib|exit)' "$W/train-sw-$name.log" | tail -2
+    }
+    P="$W/policy-0.5b"
+    if [ "$TRAINING" = 1 ] && [[ " $SHAPES " == *" 0.5b "* ]]; then
+        [[ " $TRAIN_OBJECTIVES " == *" prm "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120 \
+            && compare_training prm "$W/prm-0.5b" "" ""
+        [[ " $TRAIN_OBJECTIVES " == *" log-ratio "* ]] && make_checkpoint 0.5b "$P" 120 --policy \
+            && compare_training log-ratio "$P" "--objective log-ratio --reference-logprob -11.93" \
+                "--head log-ratio --reference-logprob -11.93"
+    fi
+    # 1c. RL on the GPU: `stepwise rl --device cuda` (sampling from the trainer's own weights, the
+    #     PPO-clip update on the packed trainer) for RL_UPDATES updates of RL_SHAPE (8 GSM8K
+    #     prompts x 8 samples of at most 128 tokens), the outcome reward; no peer, its seconds per
+    #     update.
+    if [ "$RL_UPDATES" -gt 0 ] && [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$P" 120 --policy \
+        && fits 150 "rl"; then
+        echo "== rl"
+        head -64 "$G/data/gsm8k-test.jsonl" > "$W/gsm8k-problems.jsonl"
+        read -r rl_prompts rl_group rl_tokens <<< "$RL_SHAPE"
+        peak "$W/rl-sw.log" timeout "$(limit 150)" "$BIN" rl --policy "$P" --problems "$W/gsm8k-problems.jsonl" \
+            --out "$W/rl-0.5b" --device "$DEVICE" --updates "$RL_UPDATES" --prompts "$rl_prompts" \
+            --group-size "$rl_group" --max-tokens "$rl_tokens" \
+            --minibatch-size 16 --lr 1e-6 --checkpoint-every 0 --max-batch-tokens "$BUDGET" >> "$W/rl-sw.log" 2>&1
+        grep -vE '^(peak_mib|exit)' "$W/rl-sw.log" | tail -2
     fi
     # 2. Generation: GEN_REQUESTS concurrent requests of GEN_TOKENS sampled tokens, a 0.5B-shaped
     #    policy: transformers' batched generate against `stepwise serve` with that many clients.
-    P="$W/policy-0.5b"
     if [ "$GENERATION" = 1 ] && make_checkpoint 0.5b "$P" 120 --policy && fits 150 "generation"; then
         echo "== generation"
         peak "$W/gen-hf.log" timeout "$(limit 90)" python3 bench/gpu_generation.py hf "$P" --out "$W/gen-hf.json" \
@@ -195,7 +232,7 @@ run() {
         tail -3 "$W/gen-serve.log"
     fi
     # 3. The 7B shape (Qwen2.5-Math-PRM-7B's config).
-    if [[ " $SHAPES " == *" 7b "* ]] && make_checkpoint 7b "$W/prm-7b" 150; then
+    if [ "$SCORING" = 1 ] && [[ " $SHAPES " == *" 7b "* ]] && make_checkpoint 7b "$W/prm-7b" 150; then
         for ds in $DATASETS; do compare_scoring 7b "$ds" 150 180; done
         reference_f32 7b 150
     fi
@@ -255,31 +292,40 @@ for who in ("hf", "sw"):
 if "tokens_per_s" in gen["hf"] and "tokens_per_s" in gen["sw"]:
     gen["ratio"] = gen["sw"]["tokens_per_s"] / gen["hf"]["tokens_per_s"]
 summary["generation_64x256"] = gen
-train = {}
-f = w / "train-hf.json"
-train["transformers"] = json.loads(f.read_text()) if f.exists() else {"error": "no result (see logs.tgz)"}
-log = w / "train-sw.log"
-if log.exists():
-    t = log.read_text()
-    m = re.search(r"trained (\d+) steps on \S+ in ([\d.]+)s \(([\d.]+)s in steps: (\d+) tokens, (\d+) tokens/s\), loss ([\d.]+)", t)
-    state = w / "trained-0.5b" / "trainer_state.json"
-    if m:
-        train["stepwise"] = {"steps": int(m[1]), "seconds_total": float(m[2]), "seconds": float(m[3]),
-                             "tokens": int(m[4]), "tokens_per_s": int(m[5]), "last_loss": float(m[6])}
-    elif state.exists():  # cut off: the run's state at its last checkpoint
-        st = json.loads(state.read_text())
-        train["stepwise"] = {"partial": True, "steps": st["step"], "seconds": st["seconds"], "tokens": st["tokens"],
-                             "tokens_per_s": int(st["tokens"] / max(st["seconds"], 1e-9)), "last_loss": st["last_loss"],
-                             "log": t[-1000:]}
-    else:
-        train["stepwise"] = {"error": t[-2000:]}
-for who, name in (("transformers", "train-hf.log"), ("stepwise", "train-sw.log")):
-    pk = re.search(r"peak_mib (\d+)", (w / name).read_text()) if (w / name).exists() else None
-    if pk and who in train:
-        train[who]["peak_gpu_mib_nvidia_smi"] = int(pk[1])
-if "tokens_per_s" in train["transformers"] and "tokens_per_s" in train.get("stepwise", {}):
-    train["ratio"] = train["stepwise"]["tokens_per_s"] / train["transformers"]["tokens_per_s"]
-summary["training_0.5b"] = train
+def training(name):
+    train = {}
+    f = w / f"train-hf-{name}.json"
+    train["transformers"] = json.loads(f.read_text()) if f.exists() else {"error": "no result (see logs.tgz)"}
+    log = w / f"train-sw-{name}.log"
+    if log.exists():
+        t = log.read_text()
+        m = re.search(r"trained (\d+) steps on \S+ in ([\d.]+)s \(([\d.]+)s in steps: (\d+) tokens, (\d+) tokens/s\), loss ([\d.]+)", t)
+        state = w / f"trained-{name}" / "trainer_state.json"
+        if m:
+            train["stepwise"] = {"steps": int(m[1]), "seconds_total": float(m[2]), "seconds": float(m[3]),
+                                 "tokens": int(m[4]), "tokens_per_s": int(m[5]), "last_loss": float(m[6])}
+        elif state.exists():  # cut off: the run's state at its last checkpoint
+            st = json.loads(state.read_text())
+            train["stepwise"] = {"partial": True, "steps": st["step"], "seconds": st["seconds"], "tokens": st["tokens"],
+                                 "tokens_per_s": int(st["tokens"] / max(st["seconds"], 1e-9)),
+                                 "last_loss": st["last_loss"], "log": t[-1000:]}
+        else:
+            train["stepwise"] = {"error": t[-2000:]}
+    for who, log in (("transformers", f"train-hf-{name}.log"), ("stepwise", f"train-sw-{name}.log")):
+        pk = re.search(r"peak_mib (\d+)", (w / log).read_text()) if (w / log).exists() else None
+        if pk and who in train:
+            train[who]["peak_gpu_mib_nvidia_smi"] = int(pk[1])
+    if "tokens_per_s" in train["transformers"] and "tokens_per_s" in train.get("stepwise", {}):
+        train["ratio"] = train["stepwise"]["tokens_per_s"] / train["transformers"]["tokens_per_s"]
+    return train
+summary["training_0.5b"] = training("prm")
+summary["training_log_ratio_0.5b"] = training("log-ratio")
+rl_log, rl_text = w / "rl-0.5b" / "rl_log.jsonl", text("rl-sw.log")
+if rl_log.exists():
+    updates = [json.loads(line) for line in rl_log.read_text().splitlines() if line.strip()]
+    summary["rl_0.5b"] = {"updates": updates, "log": (rl_text or "")[-600:]}
+elif rl_text:
+    summary["rl_0.5b"] = {"error": rl_text[-2000:]}
 out.write_text(json.dumps(summary, indent=1))
 print(f"{'run':<14} {'transformers tok/s':>19} {'stepwise tok/s':>15} {'ratio':>6} {'max|diff|':>9} {'same 1st err':>12}")
 for tag, r in summary["runs"].items():
@@ -290,9 +336,13 @@ g = summary["generation_64x256"]
 print(f"generation 64 x 256: transformers {g['hf'].get('tokens_per_s', 0):.0f} tok/s, "
       f"stepwise {g['sw'].get('tokens_per_s', 0):.0f} tok/s, ratio {g.get('ratio', 0):.2f}, "
       f"failed requests {g['sw'].get('failed', '?')}")
-t = summary["training_0.5b"]
-print(f"training 0.5b: transformers {t['transformers'].get('tokens_per_s', 0):.0f} tok/s, "
-      f"stepwise {t.get('stepwise', {}).get('tokens_per_s', 0):.0f} tok/s, ratio {t.get('ratio', 0):.2f}")
+for key in ("training_0.5b", "training_log_ratio_0.5b"):
+    t = summary[key]
+    print(f"{key}: transformers {t['transformers'].get('tokens_per_s', 0):.0f} tok/s, "
+          f"stepwise {t.get('stepwise', {}).get('tokens_per_s', 0):.0f} tok/s, ratio {t.get('ratio', 0):.2f}")
+for u in summary.get("rl_0.5b", {}).get("updates", []):
+    print(f"rl update {u['update']}: {u['seconds']:.1f}s ({u['sampling_seconds']:.1f}s sampling), "
+          f"{u['sampled_tokens']} tokens sampled, {u['updated_tokens']} learned, loss {u['loss']:.4f}, kl {u['kl']:.5f}")
 print(f"written: {out}")
 EOF
     tar czf "$OUT/logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt *.mem 2>/dev/null)

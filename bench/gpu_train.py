@@ -1,13 +1,19 @@
-"""The peer of `stepwise train-prm --device cuda` in bench/gpu_check.sh: the same verifier (the
-decoder of a Qwen2.5-Math-PRM-layout checkpoint from bench/make_random_prm.py under a new 2-class
-token-classification head, as `train-prm` makes it) trained with PyTorch and transformers on the
-same GPU, as stepwise trains it: f32 master weights with bf16 autocast,
-AdamW (betas 0.9 / 0.999, eps 1e-8, weight decay 0.01), warm-up then cosine, global-norm
-clipping at 1.0, BCE with logits on logit(good) - logit(bad) at each labelled step's separator.
+"""The peer of `stepwise train-prm --device cuda` in bench/gpu_check.sh: the same verifier trained
+with PyTorch and transformers on the same GPU, as stepwise trains it: f32 master weights with bf16
+autocast, AdamW (betas 0.9 / 0.999, eps 1e-8, weight decay 0.01), warm-up then cosine,
+global-norm clipping at 1.0. Two objectives:
+
+- `--objective classify` (default): the decoder of a Qwen2.5-Math-PRM-layout checkpoint from
+  bench/make_random_prm.py under a new 2-class token-classification head (as `train-prm` makes
+  it), BCE with logits on logit(good) - logit(bad) at each labelled step's separator;
+- `--objective log-ratio`: a causal LM (`make_random_prm.py --policy`) trained as `train-prm
+  --head log-ratio --reference-logprob C` trains it: each step's tokens (its text and separator)
+  scored by beta * (sum of their log-probabilities - n * C), BCE with logits against the step's
+  label; the vocabulary logits at every learned token (the solution's, after the problem).
 
 Inputs are encoded in stepwise's TRL layout (the problem's ids, then each step's ids followed by
 the separator's, each encoded alone without special tokens; the label read at the separator's
-last token). ProcessBench's `label` (the first wrong step, -1 for none) labels the steps before
+last token); for the log-ratio objective, in the policy's (the separator after the problem too). ProcessBench's `label` (the first wrong step, -1 for none) labels the steps before
 it good and that step bad, and nothing after it (`--stop-at-first-bad`). Batches: at most
 --batch-size solutions and --max-batch-tokens real tokens, padded to their longest.
 
@@ -25,7 +31,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoModel
+from transformers import AutoModel, AutoModelForCausalLM
 
 p = argparse.ArgumentParser()
 p.add_argument("model")
@@ -39,6 +45,9 @@ p.add_argument("--max-len", type=int, default=2048)
 p.add_argument("--separator", default="\n")
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a dry run of the script)")
+p.add_argument("--objective", default="classify", choices=["classify", "log-ratio"])
+p.add_argument("--beta", type=float, default=1.0)
+p.add_argument("--reference-logprob", type=float, default=-0.5)
 a = p.parse_args()
 dev = torch.device(a.device)
 gpu = dev.type == "cuda"
@@ -53,29 +62,39 @@ def enc(text):
 sep = enc(a.separator)
 # As train-prm: labels past the model's context or --max-len are left out.
 max_len = min(a.max_len, json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", a.max_len))
+log_ratio = a.objective == "log-ratio"
+# Each example: its ids, where its learned tokens start, and its targets: (position, label) at
+# each step's separator, or (first, last position, label) of each step's tokens.
 examples = []
 for r in json.loads(Path(a.data).read_text()):
-    ids, targets = enc(r["problem"]), []
+    ids, targets = enc(r["problem"]) + (sep if log_ratio else []), []
+    learn_from = len(ids)
     first_bad = r["label"] if r["label"] >= 0 else len(r["steps"])
     for k, step in enumerate(r["steps"][: first_bad + 1]):
+        start = len(ids)
         ids += enc(step) + sep
         if len(ids) <= max_len:
-            targets.append((len(ids) - 1, 1.0 if k < first_bad else 0.0))
+            label = 1.0 if k < first_bad else 0.0
+            targets.append((start, len(ids) - 1, label) if log_ratio else (len(ids) - 1, label))
     ids = ids[:max_len]
     if targets:
-        examples.append((ids, targets))
+        examples.append((ids, learn_from, targets))
 
 torch.backends.cuda.matmul.allow_tf32 = False
-body = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(dev)
+if log_ratio:
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(dev)
+    body, score = lm.model, lm.lm_head
+else:
+    body = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(dev)
+    # A new 2-class token-classification head, as `train-prm` puts on a checkpoint (normal with
+    # std 0.02, bias 0; the PRM's own `score` MLP is left out).
+    torch.manual_seed(a.seed)
+    score = torch.nn.Linear(body.config.hidden_size, 2)
+    torch.nn.init.normal_(score.weight, std=0.02)
+    torch.nn.init.zeros_(score.bias)
+    score = score.to(dev)
 h = body.config.hidden_size
-# A new 2-class token-classification head, as `train-prm` puts on a checkpoint (normal with std
-# 0.02, bias 0; the PRM's own `score` MLP is left out).
-torch.manual_seed(a.seed)
-score = torch.nn.Linear(h, 2)
-torch.nn.init.normal_(score.weight, std=0.02)
-torch.nn.init.zeros_(score.bias)
-score = score.to(dev)
-params = list(body.parameters()) + list(score.parameters())
+params = list({id(q): q for q in list(body.parameters()) + list(score.parameters())}.values())
 opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 body.train()
 score.train()
@@ -110,20 +129,36 @@ def loss_of(batch):
     t = max(len(s[0]) for s in seqs)
     ids = torch.full((len(seqs), t), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), t), dtype=torch.long)
-    rows, labels = [], []
-    for k, (s, targets) in enumerate(seqs):
+    # Rows read: a classifier's at each target; a log-ratio verifier's at every learned token
+    # (the row before it), with the token and, per step, which of those rows it sums.
+    rows, labels, tokens, spans = [], [], [], []
+    for k, (s, learn_from, targets) in enumerate(seqs):
         ids[k, : len(s)] = torch.tensor(s)
         mask[k, : len(s)] = 1
-        for pos, y in targets:
-            rows.append(k * t + pos)
-            labels.append(y)
+        if log_ratio:
+            first = len(rows)
+            rows += [k * t + q - 1 for q in range(learn_from, len(s))]
+            tokens += s[learn_from:]
+            for start, end, y in targets:
+                spans.append((first + start - learn_from, first + end + 1 - learn_from))
+                labels.append(y)
+        else:
+            for pos, y in targets:
+                rows.append(k * t + pos)
+                labels.append(y)
     ids, mask = ids.to(dev), mask.to(dev)
     with torch.autocast(dev.type, dtype=torch.bfloat16):
         hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
         at = hidden.reshape(-1, h)[torch.tensor(rows, device=dev)]
         logits = score(at).float()
-    z = logits[:, 1] - logits[:, 0]
     y = torch.tensor(labels, device=dev)
+    if log_ratio:
+        target = torch.tensor(tokens, device=dev)
+        logp = -torch.nn.functional.cross_entropy(logits, target, reduction="none")
+        sums = torch.stack([logp[i:j].sum() - (j - i) * a.reference_logprob for i, j in spans])
+        z = a.beta * sums
+    else:
+        z = logits[:, 1] - logits[:, 0]
     return torch.nn.functional.binary_cross_entropy_with_logits(z, y), sum(len(s[0]) for s in seqs)
 
 
@@ -150,6 +185,7 @@ secs = time.perf_counter() - start
 result = {
     "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__
     + ", f32 master weights, bf16 autocast",
+    "objective": a.objective,
     "steps": a.steps,
     "tokens": tokens,
     "seconds": secs,
