@@ -289,7 +289,10 @@ fn packed_lm_gradients_match_candle_autograd() {
     use stepwise_model::train::examples::attach_reference;
     let dir = fixtures().join("qwen2-policy");
     let config = ModelConfig::from_dir(&dir).unwrap();
-    assert!(config.tie_word_embeddings, "the fixture ties its LM head to the embeddings");
+    assert!(
+        config.tie_word_embeddings,
+        "the fixture ties its LM head to the embeddings"
+    );
     // Against the policy itself, each engine takes the reference's log-probabilities from its
     // own forward (as `train-prm` does where it trains), so each starts at log-ratio 0.
     let mut examples = lm_examples(6, 3);

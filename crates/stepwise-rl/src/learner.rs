@@ -11,8 +11,10 @@ use candle_core::backprop::GradStore;
 use candle_core::Var;
 use std::borrow::Cow;
 use std::path::Path;
+use stepwise_model::log_ratio::token_logprobs;
+use stepwise_model::model::pad_batch;
 use stepwise_model::model::{load_training_checkpoint, save_training_checkpoint};
-use stepwise_model::packed_engine::{PackedTrainer, Targets, TrainBackend};
+use stepwise_model::packed_engine::{PackedTrainer, Targets, TokenLossFn, TrainBackend};
 use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, Packed};
@@ -31,6 +33,11 @@ pub trait Learner {
     /// The gradients of `batch`'s policy loss ([`crate::rl_loss`]: PPO-clip `clip` with the k3
     /// KL penalty `kl_coef`) added to the learner's; returns the loss and what it saw.
     fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)>;
+    /// The gradients of any loss of the learned tokens' log-probabilities added to the
+    /// learner's: `seqs` are token ids and where learning starts (at least 1), and `loss` takes
+    /// the log-probabilities of each sequence's tokens from there on, one sequence after
+    /// another, and returns the loss and its derivative by each. Returns the loss.
+    fn backward_tokens(&mut self, seqs: &[(&[u32], usize)], loss: TokenLossFn<'_>) -> Result<f32>;
     /// One AdamW step at learning rate `lr` (decoupled `weight_decay`) with the mean gradient of
     /// the `micro_batches` [`Learner::backward`] calls since the last step, clipped to global
     /// norm `max_grad_norm` (0: not clipped).
@@ -98,6 +105,29 @@ impl Learner for CandleLearner<'_> {
         Ok((value, stats))
     }
 
+    fn backward_tokens(&mut self, seqs: &[(&[u32], usize)], loss: TokenLossFn<'_>) -> Result<f32> {
+        self.policy.set_training(true);
+        let ids: Vec<&[u32]> = seqs.iter().map(|&(s, _)| s).collect();
+        let (padded, mask, t) = pad_batch(&ids, &self.policy.device)?;
+        let logp = token_logprobs(self.policy, &padded, mask.as_ref())?;
+        let all: Vec<f32> = logp.to_vec1()?;
+        let rows: Vec<usize> = learned_positions(seqs).map(|(b, p)| b * t + p).collect();
+        let (value, derivative) = loss(&rows.iter().map(|&r| all[r]).collect::<Vec<_>>())?;
+        anyhow::ensure!(derivative.len() == rows.len(), "one derivative a learned token");
+        // Σ c·log p with the derivatives c held constant: its gradient is the loss's.
+        let mut coef = vec![0f32; all.len()];
+        for (&r, c) in rows.iter().zip(derivative) {
+            coef[r] = c;
+        }
+        let surrogate = (logp * candle_core::Tensor::new(coef.as_slice(), &self.policy.device)?)?.sum_all()?;
+        let g = surrogate.backward()?;
+        match self.grads.as_mut() {
+            None => self.grads = Some(g),
+            Some(acc) => accumulate(acc, g, &self.vars)?,
+        }
+        Ok(value)
+    }
+
     fn step(&mut self, lr: f64, weight_decay: f64, max_grad_norm: f64, micro_batches: usize) -> Result<()> {
         let grads = self.grads.take().context("an optimiser step without gradients")?;
         let mut scale = 1.0 / micro_batches.max(1) as f64;
@@ -120,6 +150,14 @@ impl Learner for CandleLearner<'_> {
         load_training_checkpoint(self.varmap, dir)?;
         self.opt.load(&dir.join(OPTIM))
     }
+}
+
+/// Each sequence's learned positions, `(sequence, position)`, in order: from where learning
+/// starts (at least the second token) to the end.
+fn learned_positions<'s>(seqs: &'s [(&[u32], usize)]) -> impl Iterator<Item = (usize, usize)> + 's {
+    seqs.iter()
+        .enumerate()
+        .flat_map(|(i, &(s, from))| (from.max(1)..s.len()).map(move |p| (i, p)))
 }
 
 /// How a packed learner's policy samples: the model over the trainer's weights (on a GPU,
@@ -161,32 +199,31 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
     }
 
     fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)> {
-        let seqs: Vec<&[u32]> = batch.iter().map(|s| s.ids.as_slice()).collect();
-        let packed = Packed::new(&seqs);
-        // Each learned token, predicted by the row before it.
-        let pairs: Vec<(usize, u32)> = batch
-            .iter()
-            .enumerate()
-            .flat_map(|(i, s)| (s.learn_from.max(1)..s.ids.len()).map(move |p| (i, p, s.ids[p])))
-            .map(|(i, p, token)| (packed.row(i, p - 1), token))
-            .collect();
+        let seqs: Vec<(&[u32], usize)> = batch.iter().map(|s| (s.ids.as_slice(), s.learn_from)).collect();
         let mut stats = LossStats::default();
         let mut loss = |logp: &[f32]| {
             let (value, coef, seen) = policy_loss(logp, batch, clip, kl_coef)?;
             stats = seen;
             Ok((value, coef))
         };
-        let targets = Targets::Tokens {
-            pairs: &pairs,
-            loss: &mut loss,
-        };
-        let value = self.trainer.backward(&packed, targets)?;
+        let value = self.backward_tokens(&seqs, &mut loss)?;
         Ok((value as f64, stats))
+    }
+
+    fn backward_tokens(&mut self, seqs: &[(&[u32], usize)], loss: TokenLossFn<'_>) -> Result<f32> {
+        let ids: Vec<&[u32]> = seqs.iter().map(|&(s, _)| s).collect();
+        let packed = Packed::new(&ids);
+        // Each learned token, predicted by the row before it.
+        let pairs: Vec<(usize, u32)> = learned_positions(seqs)
+            .map(|(i, p)| (packed.row(i, p - 1), ids[i][p]))
+            .collect();
+        self.trainer.backward(&packed, Targets::Tokens { pairs: &pairs, loss })
     }
 
     fn step(&mut self, lr: f64, weight_decay: f64, max_grad_norm: f64, micro_batches: usize) -> Result<()> {
         let clip = (max_grad_norm > 0.0).then_some(max_grad_norm as f32);
-        self.trainer.update(lr as f32, weight_decay as f32, clip, micro_batches)?;
+        self.trainer
+            .update(lr as f32, weight_decay as f32, clip, micro_batches)?;
         Ok(())
     }
 

@@ -22,6 +22,7 @@
 //! Scores come from the forward pass that also gives the gradient, so the implicit PRM costs
 //! one forward and one backward pass of its model per update.
 
+use crate::learner::Learner;
 use crate::rollout::Sequence;
 use anyhow::{bail, Result};
 use candle_core::{Tensor, Var};
@@ -68,12 +69,18 @@ impl Default for PrimeConfig {
 }
 
 /// The implicit PRM an RL run trains beside the policy: a causal LM with the policy's
-/// vocabulary (PRIME starts it from the policy itself), its weights in `varmap`.
-pub struct ImplicitPrm<'a> {
-    /// The model (trainable: loaded with [`Model::load_trainable`]).
-    pub model: &'a mut Model,
-    /// Its variables.
-    pub varmap: &'a VarMap,
+/// vocabulary (PRIME starts it from the policy itself).
+pub enum ImplicitPrm<'a> {
+    /// On the CPU, through candle's autograd.
+    Candle {
+        /// The model (trainable: loaded with [`Model::load_trainable`]).
+        model: &'a mut Model,
+        /// Its variables.
+        varmap: &'a VarMap,
+    },
+    /// Wherever a [`Learner`] trains it (a GPU's packed trainer), its loss taken on the host
+    /// from its tokens' log-probabilities.
+    Learner(&'a mut dyn Learner),
 }
 
 /// What the implicit PRM saw in one update, measured before it learned from the update's
@@ -97,27 +104,40 @@ const OPTIM: &str = "optimizer.safetensors";
 
 /// An implicit PRM with its optimiser, as the trainer drives it.
 pub struct OnlinePrm<'a> {
-    model: &'a mut Model,
-    varmap: &'a VarMap,
-    vars: Vec<Var>,
-    opt: AdamW,
+    trainer: Trainer<'a>,
     /// Its settings.
     pub cfg: PrimeConfig,
+}
+
+/// Where the implicit PRM trains.
+enum Trainer<'a> {
+    Candle {
+        model: &'a mut Model,
+        varmap: &'a VarMap,
+        vars: Vec<Var>,
+        opt: AdamW,
+    },
+    Learner(&'a mut dyn Learner),
 }
 
 impl<'a> OnlinePrm<'a> {
     /// Ready `prm` for online training.
     pub fn new(prm: ImplicitPrm<'a>, cfg: PrimeConfig) -> Result<Self> {
-        let named = named_vars(prm.varmap);
-        let vars = named.iter().map(|(_, v)| v.clone()).collect();
-        let opt = AdamW::new(named, cfg.lr, 0.0)?;
-        Ok(OnlinePrm {
-            model: prm.model,
-            varmap: prm.varmap,
-            vars,
-            opt,
-            cfg,
-        })
+        let trainer = match prm {
+            ImplicitPrm::Candle { model, varmap } => {
+                let named = named_vars(varmap);
+                let vars = named.iter().map(|(_, v)| v.clone()).collect();
+                let opt = AdamW::new(named, cfg.lr, 0.0)?;
+                Trainer::Candle {
+                    model,
+                    varmap,
+                    vars,
+                    opt,
+                }
+            }
+            ImplicitPrm::Learner(learner) => Trainer::Learner(learner),
+        };
+        Ok(OnlinePrm { trainer, cfg })
     }
 
     /// Where a run folder keeps the implicit PRM (Hugging Face layout, with its optimiser).
@@ -129,15 +149,25 @@ impl<'a> OnlinePrm<'a> {
     pub fn save(&self, run_dir: &Path) -> Result<()> {
         let dir = Self::dir(run_dir);
         std::fs::create_dir_all(&dir)?;
-        save_training_checkpoint(&dir, &self.model.config, self.varmap)?;
-        self.opt.save(&dir.join(OPTIM))
+        match &self.trainer {
+            Trainer::Candle { model, varmap, opt, .. } => {
+                save_training_checkpoint(&dir, &model.config, varmap)?;
+                opt.save(&dir.join(OPTIM))
+            }
+            Trainer::Learner(learner) => learner.save(&dir),
+        }
     }
 
     /// Restore what [`OnlinePrm::save`] wrote.
     pub fn load(&mut self, run_dir: &Path) -> Result<()> {
         let dir = Self::dir(run_dir);
-        load_training_checkpoint(self.varmap, &dir)?;
-        self.opt.load(&dir.join(OPTIM))
+        match &mut self.trainer {
+            Trainer::Candle { varmap, opt, .. } => {
+                load_training_checkpoint(varmap, &dir)?;
+                opt.load(&dir.join(OPTIM))
+            }
+            Trainer::Learner(learner) => learner.load(&dir),
+        }
     }
 
     /// Score every completion token of `seqs` (`β · (log π_φ − log π_ref)`, 0 on the prompt;
@@ -171,79 +201,232 @@ impl<'a> OnlinePrm<'a> {
             learn[g.clone()].fill(true);
             kept_groups += 1;
         }
-        let beta = self.cfg.beta;
-        let dev = self.model.device.clone();
         let mut rewards: Vec<Vec<f32>> = seqs.iter().map(|s| vec![0.0; s.ids.len()]).collect();
         // Completions with at least one token: the ones scored.
         let scored: Vec<usize> = (0..seqs.len())
             .filter(|&i| seqs[i].ids.len() > seqs[i].learn_from)
             .collect();
-        let learned = scored.iter().filter(|&&i| learn[i]).count();
-        let (mut loss_sum, mut right, mut tokens, mut reward_sum) = (0.0, 0usize, 0usize, 0.0);
-        let mut grads = None;
-        self.model.set_training(learned > 0);
-        for chunk in scored.chunks(minibatch.max(1)) {
-            let ids: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i].ids.as_slice()).collect();
-            let (padded, mask, t) = pad_batch(&ids, &dev)?;
-            let logp = token_logprobs(self.model, &padded, mask.as_ref())?;
-            let values: Vec<f32> = logp.to_vec1()?;
-            let (mut spans, mut ref_sums, mut ys) = (Vec::new(), Vec::new(), Vec::new());
-            for (b, &i) in chunk.iter().enumerate() {
-                let s = &seqs[i];
-                if s.ref_logprobs.len() != s.ids.len() {
-                    bail!("the implicit PRM needs the reference log-probabilities of every token");
-                }
-                let mut sum = 0.0;
-                for p in s.learn_from..s.ids.len() {
-                    let r = beta * (values[b * t + p] - s.ref_logprobs[p]);
-                    rewards[i][p] = r;
-                    sum += r;
-                }
-                tokens += s.ids.len() - s.learn_from;
-                reward_sum += sum as f64;
-                if learn[i] {
-                    right += usize::from((sum > 0.0) == (outcomes[i] > 0.5));
-                    spans.push((b, s.learn_from, s.ids.len() - 1));
-                    ref_sums.push(s.ref_logprobs[s.learn_from..].iter().sum::<f32>());
-                    ys.push(outcomes[i]);
-                }
-            }
-            if ys.is_empty() {
-                continue;
-            }
-            let own = span_sums(&logp, t, &spans)?;
-            let z = ((own - Tensor::new(ref_sums.as_slice(), &dev)?)? * beta as f64)?;
-            let loss = bce_with_logits(&z, &Tensor::new(ys.as_slice(), &dev)?)?;
-            // The chunk's share of the mean over the completions learned from.
-            let share = ys.len() as f64 / learned as f64;
-            loss_sum += loss.to_scalar::<f32>()? as f64 * share;
-            let g = (loss * share)?.backward()?;
-            match grads.as_mut() {
-                None => grads = Some(g),
-                Some(acc) => accumulate(acc, g, &self.vars)?,
-            }
+        if let Some(i) = scored
+            .iter()
+            .find(|&&i| seqs[i].ref_logprobs.len() != seqs[i].ids.len())
+        {
+            bail!("the implicit PRM needs the reference log-probabilities of every token (sequence {i})");
         }
-        self.model.set_training(false);
-        if let Some(grads) = grads {
-            let mut scale = 1.0;
-            if max_grad_norm > 0.0 {
-                let norm = self.opt.grad_norm(&grads)?;
-                if norm > max_grad_norm {
-                    scale = max_grad_norm / norm;
+        let learned = scored.iter().filter(|&&i| learn[i]).count();
+        let (beta, cfg) = (self.cfg.beta, self.cfg);
+        let mut seen = Seen::default();
+        match &mut self.trainer {
+            Trainer::Candle { model, vars, opt, .. } => {
+                let (model, vars) = (&mut **model, &*vars);
+                let grads = candle_score_and_learn(
+                    model,
+                    vars,
+                    seqs,
+                    outcomes,
+                    &learn,
+                    &scored,
+                    learned,
+                    beta,
+                    minibatch,
+                    &mut rewards,
+                    &mut seen,
+                )?;
+                if let Some(grads) = grads {
+                    let mut scale = 1.0;
+                    if max_grad_norm > 0.0 {
+                        let norm = opt.grad_norm(&grads)?;
+                        if norm > max_grad_norm {
+                            scale = max_grad_norm / norm;
+                        }
+                    }
+                    opt.step(&grads, scale)?;
                 }
             }
-            self.opt.step(&grads, scale)?;
+            Trainer::Learner(learner) => {
+                let learner = &mut **learner;
+                learner_score_and_learn(
+                    learner,
+                    seqs,
+                    outcomes,
+                    &learn,
+                    &scored,
+                    learned,
+                    beta,
+                    minibatch,
+                    &mut rewards,
+                    &mut seen,
+                )?;
+                if learned > 0 {
+                    learner.step(cfg.lr, 0.0, max_grad_norm, 1)?;
+                }
+            }
         }
         Ok((
             rewards,
             PrimeLog {
-                loss: loss_sum,
-                accuracy: right as f64 / learned.max(1) as f64,
-                token_reward: reward_sum / tokens.max(1) as f64,
+                loss: seen.loss,
+                accuracy: seen.right as f64 / learned.max(1) as f64,
+                token_reward: seen.reward / seen.tokens.max(1) as f64,
                 kept_groups: kept_groups as f64 / groups.len().max(1) as f64,
             },
         ))
     }
+}
+
+/// What scoring saw: the loss over the completions learned from, how many of them were predicted
+/// right, the tokens scored and their summed reward.
+#[derive(Default)]
+struct Seen {
+    loss: f64,
+    right: usize,
+    tokens: usize,
+    reward: f64,
+}
+
+/// The candle path of [`OnlinePrm::score_and_learn`]: each minibatch's forward gives the scores
+/// and, for the completions learned from, the BCE's gradient (returned, summed).
+#[allow(clippy::too_many_arguments)]
+fn candle_score_and_learn(
+    model: &mut Model,
+    vars: &[Var],
+    seqs: &[Sequence],
+    outcomes: &[f32],
+    learn: &[bool],
+    scored: &[usize],
+    learned: usize,
+    beta: f32,
+    minibatch: usize,
+    rewards: &mut [Vec<f32>],
+    seen: &mut Seen,
+) -> Result<Option<candle_core::backprop::GradStore>> {
+    let dev = model.device.clone();
+    let mut grads = None;
+    model.set_training(learned > 0);
+    for chunk in scored.chunks(minibatch.max(1)) {
+        let ids: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i].ids.as_slice()).collect();
+        let (padded, mask, t) = pad_batch(&ids, &dev)?;
+        let logp = token_logprobs(model, &padded, mask.as_ref())?;
+        let values: Vec<f32> = logp.to_vec1()?;
+        let (mut spans, mut ref_sums, mut ys) = (Vec::new(), Vec::new(), Vec::new());
+        for (b, &i) in chunk.iter().enumerate() {
+            let s = &seqs[i];
+            reward_tokens(
+                s,
+                beta,
+                |p| values[b * t + p],
+                &mut rewards[i],
+                learn[i],
+                outcomes[i],
+                seen,
+            );
+            if learn[i] {
+                spans.push((b, s.learn_from, s.ids.len() - 1));
+                ref_sums.push(s.ref_logprobs[s.learn_from..].iter().sum::<f32>());
+                ys.push(outcomes[i]);
+            }
+        }
+        if ys.is_empty() {
+            continue;
+        }
+        let own = span_sums(&logp, t, &spans)?;
+        let z = ((own - Tensor::new(ref_sums.as_slice(), &dev)?)? * beta as f64)?;
+        let loss = bce_with_logits(&z, &Tensor::new(ys.as_slice(), &dev)?)?;
+        // The chunk's share of the mean over the completions learned from.
+        let share = ys.len() as f64 / learned as f64;
+        seen.loss += loss.to_scalar::<f32>()? as f64 * share;
+        let g = (loss * share)?.backward()?;
+        match grads.as_mut() {
+            None => grads = Some(g),
+            Some(acc) => accumulate(acc, g, vars)?,
+        }
+    }
+    model.set_training(false);
+    Ok(grads)
+}
+
+/// The [`Learner`] path of [`OnlinePrm::score_and_learn`]: each minibatch's log-probabilities
+/// (from the backward's own forward where it learns) give the scores and the BCE's derivative by
+/// each token's log-probability, taken here.
+#[allow(clippy::too_many_arguments)]
+fn learner_score_and_learn(
+    learner: &mut dyn Learner,
+    seqs: &[Sequence],
+    outcomes: &[f32],
+    learn: &[bool],
+    scored: &[usize],
+    learned: usize,
+    beta: f32,
+    minibatch: usize,
+    rewards: &mut [Vec<f32>],
+    seen: &mut Seen,
+) -> Result<()> {
+    for chunk in scored.chunks(minibatch.max(1)) {
+        if !chunk.iter().any(|&i| learn[i]) {
+            let ids: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i].ids.as_slice()).collect();
+            for (&i, logp) in chunk.iter().zip(learner.logprobs(&ids, minibatch)?) {
+                reward_tokens(&seqs[i], beta, |p| logp[p], &mut rewards[i], false, outcomes[i], seen);
+            }
+            continue;
+        }
+        let batch: Vec<(&[u32], usize)> = chunk
+            .iter()
+            .map(|&i| (seqs[i].ids.as_slice(), seqs[i].learn_from))
+            .collect();
+        // The BCE of each learned completion's summed reward, over all completions learned from.
+        let mut loss = |logp: &[f32]| -> Result<(f32, Vec<f32>)> {
+            let (mut at, mut value, mut derivative) = (0, 0.0, vec![0f32; logp.len()]);
+            for &i in chunk {
+                let s = &seqs[i];
+                let span = at..at + s.ids.len() - s.learn_from;
+                let sum = reward_tokens(
+                    s,
+                    beta,
+                    |p| logp[span.start + p - s.learn_from],
+                    &mut rewards[i],
+                    learn[i],
+                    outcomes[i],
+                    seen,
+                );
+                if learn[i] {
+                    let z = sum;
+                    value += (z.max(0.0) - z * outcomes[i] + (-z.abs()).exp().ln_1p()) / learned as f32;
+                    let d = beta * (1.0 / (1.0 + (-z).exp()) - outcomes[i]) / learned as f32;
+                    derivative[span.clone()].iter_mut().for_each(|c| *c = d);
+                }
+                at = span.end;
+            }
+            Ok((value, derivative))
+        };
+        seen.loss += learner.backward_tokens(&batch, &mut loss)? as f64;
+    }
+    Ok(())
+}
+
+/// The implicit rewards of `s`'s completion tokens, `β · (log π_φ − log π_ref)` from each
+/// position's log-probability `logp(p)`, written into `rewards` and counted in `seen` (with
+/// whether their sum predicts `outcome`, for a completion `learned` from); returns their sum,
+/// the completion's log-odds of being correct.
+fn reward_tokens(
+    s: &Sequence,
+    beta: f32,
+    logp: impl Fn(usize) -> f32,
+    rewards: &mut [f32],
+    learned: bool,
+    outcome: f32,
+    seen: &mut Seen,
+) -> f32 {
+    let mut sum = 0.0;
+    for p in s.learn_from..s.ids.len() {
+        let r = beta * (logp(p) - s.ref_logprobs[p]);
+        rewards[p] = r;
+        sum += r;
+    }
+    seen.tokens += s.ids.len() - s.learn_from;
+    seen.reward += sum as f64;
+    if learned {
+        seen.right += usize::from((sum > 0.0) == (outcome > 0.5));
+    }
+    sum
 }
 
 impl PrimeConfig {

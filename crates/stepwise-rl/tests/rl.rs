@@ -7,17 +7,17 @@
 use anyhow::Result;
 use candle_core::Device;
 use std::path::PathBuf;
+use std::sync::Arc;
 use stepwise_core::seams::{OutcomeReward, Reward, RewardKind, Task};
 use stepwise_core::testing::PlainTask;
 use stepwise_core::{Problem, Solution};
+use stepwise_model::packed_engine::{PackedTrainer, Reference};
 use stepwise_model::train::VarMap;
 use stepwise_model::{HeadKind, Model, ModelConfig, Prompt, Tokenizer};
+use stepwise_rl::learner::SampleWith;
 use stepwise_rl::prime::OnlinePrm;
 use stepwise_rl::rollout::{sequence_logprobs, Sequence};
 use stepwise_rl::trainer::RlRun;
-use std::sync::Arc;
-use stepwise_model::packed_engine::{PackedTrainer, Reference};
-use stepwise_rl::learner::SampleWith;
 use stepwise_rl::{
     policy_loss, rl_loss, train_rl, CandleLearner, Credit, ImplicitPrm, Learner, PackedLearner, PrimeConfig, RlConfig,
 };
@@ -252,7 +252,12 @@ fn the_packed_learner_raises_a_process_reward() {
         kl_coef: 0.0,
         ..config(40)
     };
-    let log = train_rl(run(&mut learner, &reference, &tok, &problems, &task, None), &cfg, |_| {}).unwrap();
+    let log = train_rl(
+        run(&mut learner, &reference, &tok, &problems, &task, None),
+        &cfg,
+        |_| {},
+    )
+    .unwrap();
     assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
     let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
@@ -277,10 +282,18 @@ fn the_host_policy_loss_is_the_rl_loss_and_its_gradient() {
         .collect();
     let batch: Vec<&Sequence> = seqs.iter().collect();
     let t = 6;
-    let values: Vec<f32> = (0..2 * t).map(|k| -1.0 - 0.3 * (k % t) as f32 + 0.6 * ((k * 7 % 5) as f32 / 4.0 - 0.5)).collect();
+    let values: Vec<f32> = (0..2 * t)
+        .map(|k| -1.0 - 0.3 * (k % t) as f32 + 0.6 * ((k * 7 % 5) as f32 / 4.0 - 0.5))
+        .collect();
     let logp = candle_core::Var::from_vec(values.clone(), 2 * t, &Device::Cpu).unwrap();
     let (loss, stats) = stepwise_rl::loss::loss_of_logprobs(logp.as_tensor(), &batch, t, 0.2, 0.1).unwrap();
-    let grad: Vec<f32> = loss.backward().unwrap().get(logp.as_tensor()).unwrap().to_vec1().unwrap();
+    let grad: Vec<f32> = loss
+        .backward()
+        .unwrap()
+        .get(logp.as_tensor())
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     let learned: Vec<f32> = seqs
         .iter()
         .enumerate()
@@ -296,7 +309,11 @@ fn the_host_policy_loss_is_the_rl_loss_and_its_gradient() {
     for (b, s) in seqs.iter().enumerate() {
         for (i, &g) in grad[b * t..(b + 1) * t].iter().enumerate() {
             if (s.learn_from..s.ids.len()).contains(&i) {
-                assert!((derivative[k] - g).abs() < 1e-6, "token {b}/{i}: {} vs {g}", derivative[k]);
+                assert!(
+                    (derivative[k] - g).abs() < 1e-6,
+                    "token {b}/{i}: {} vs {g}",
+                    derivative[k]
+                );
                 k += 1;
             } else {
                 assert_eq!(g, 0.0, "token {b}/{i} is not learned");
@@ -325,7 +342,7 @@ fn assert_resumes(name: &str, cfg: &RlConfig, prime: bool) {
         let mut run = run(&mut learner, &reference, &tok, &problems, &task, Some(dir.clone()));
         if prime {
             run.reward = &outcome;
-            run.implicit_prm = Some(ImplicitPrm {
+            run.implicit_prm = Some(ImplicitPrm::Candle {
                 model: &mut prm,
                 varmap: &prm_vars,
             });
@@ -404,7 +421,7 @@ fn every_weight_of_the_implicit_prm_learns_from_outcomes() {
     };
     let one_group = std::iter::once(0..seqs.len()).collect::<Vec<_>>();
     let mut online = OnlinePrm::new(
-        ImplicitPrm {
+        ImplicitPrm::Candle {
             model: &mut prm,
             varmap: &varmap,
         },
@@ -457,7 +474,7 @@ fn prime_raises_the_outcome_reward() {
     let log = train_rl(
         RlRun {
             reward: &outcome,
-            implicit_prm: Some(ImplicitPrm {
+            implicit_prm: Some(ImplicitPrm::Candle {
                 model: &mut prm,
                 varmap: &prm_vars,
             }),
@@ -473,6 +490,51 @@ fn prime_raises_the_outcome_reward() {
     assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
 }
 
+/// PRIME with the policy and its implicit PRM both on the packed engine's trainer (reference
+/// backend): the implicit PRM learns outcomes from its tokens' log-probabilities through the
+/// host's BCE, and the outcome reward rises as on the CPU; a run killed after a checkpoint
+/// resumes both to the same weights.
+#[test]
+fn prime_on_the_packed_trainer_raises_the_outcome_reward_and_resumes() {
+    let tok = tokenizer();
+    let (reference, _) = fresh(7);
+    let start = policy_folder(7, "prime");
+    let (problems, task) = (problems(), LastStepAnswers);
+    let outcome = OutcomeReward { task: &task };
+    let cfg = RlConfig {
+        lr: 1e-3,
+        kl_coef: 0.0,
+        prime: Some(PrimeConfig {
+            beta: 0.05,
+            lr: 1e-3,
+            accuracy_bounds: (0.1, 0.9),
+            ..Default::default()
+        }),
+        ..config(40)
+    };
+    let train = |dir: Option<PathBuf>, cfg: &RlConfig, on_update: &dyn Fn(usize)| {
+        let scratch = dir.clone().unwrap_or_else(|| start.clone());
+        let mut learner = packed_learner(&start, &scratch.join("sampler"));
+        let mut prm = packed_learner(&start, &scratch.join("prm-sampler"));
+        let run = RlRun {
+            reward: &outcome,
+            implicit_prm: Some(ImplicitPrm::Learner(&mut prm)),
+            ..run(&mut learner, &reference, &tok, &problems, &task, dir)
+        };
+        train_rl(run, cfg, |l| on_update(l.update)).unwrap()
+    };
+    let log = train(None, &cfg, &|_| {});
+    assert!(log.iter().all(|l| l.implicit_prm.is_some_and(|p| p.loss.is_finite())));
+    let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
+    let short = prime_config(4);
+    assert_killed_run_resumes("packed-prime", true, &|dir, on_update| {
+        train(Some(dir.clone()), &short, on_update)
+    });
+    std::fs::remove_dir_all(&start).unwrap();
+}
+
 #[test]
 fn prime_refuses_a_process_reward_and_a_missing_implicit_prm() {
     let tok = tokenizer();
@@ -483,7 +545,7 @@ fn prime_refuses_a_process_reward_and_a_missing_implicit_prm() {
     let cfg = prime_config(1);
     let mut learner = CandleLearner::new(&mut model, &varmap).unwrap();
     let process = RlRun {
-        implicit_prm: Some(ImplicitPrm {
+        implicit_prm: Some(ImplicitPrm::Candle {
             model: &mut prm,
             varmap: &prm_vars,
         }),

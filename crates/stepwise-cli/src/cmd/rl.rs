@@ -36,7 +36,7 @@ on the same --out resumes after an interruption.
 bf16 weights (paged KV cache), the reference and a PRM or ORM reward run there too, and the update is the packed \
 trainer's (f32 masters, AdamW, the PPO loss's derivative by each token's log-probability taken on the host). \
 Log-probabilities run in packed batches of at most --max-batch-tokens tokens; a minibatch is one packed pass. \
---reward prime trains its implicit PRM on the CPU (`auto` picks the CPU for it).
+With --reward prime the implicit PRM trains on the GPU too (a second packed trainer).
 
 Example:
   stepwise rl --policy ../shared/fixtures/hf-tiny/qwen2-policy --reward outcome \\
@@ -155,13 +155,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(path) => super::read_problems(path)?,
         None => Vec::new(),
     };
-    let placement = match (a.device.device, a.reward == "prime") {
-        (Placement::Auto, true) => Placement::Cpu,
-        (p, _) => p.resolve()?,
-    };
-    if placement.is_cuda() && a.reward == "prime" {
-        bail!("--reward prime trains its implicit PRM on the CPU: use --device cpu");
-    }
+    let placement = a.device.device.resolve()?;
     let verifier = match a.reward.split_once(':') {
         Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load_on(
             &stepwise_model::hub::resolve(dir).with_context(|| format!("--reward {}", a.reward))?,
@@ -230,10 +224,19 @@ pub fn run(a: Args) -> Result<()> {
                 last_tokens: None,
             };
             RewardSpec::log_ratio(Some(reference), &a.separator, log_ratio).save(&dir)?;
-            let config = ModelConfig::from_dir(&a.policy)?;
-            Some(Model::load_trainable(&a.policy, config, &prm_varmap, &dev, a.seed)?)
+            match placement {
+                Placement::Cuda(ordinal) => PrimeModel::Gpu(stepwise_rl::learner::on_gpu(
+                    &a.policy,
+                    ordinal,
+                    a.device.max_batch_tokens,
+                )?),
+                _ => {
+                    let config = ModelConfig::from_dir(&a.policy)?;
+                    PrimeModel::Cpu(Model::load_trainable(&a.policy, config, &prm_varmap, &dev, a.seed)?)
+                }
+            }
         }
-        None => None,
+        None => PrimeModel::None,
     };
     let cfg = RlConfig {
         updates: a.updates,
@@ -273,10 +276,14 @@ pub fn run(a: Args) -> Result<()> {
                 every: a.eval_every,
                 samples: a.eval_samples,
             }),
-            implicit_prm: prm.as_mut().map(|model| ImplicitPrm {
-                model,
-                varmap: &prm_varmap,
-            }),
+            implicit_prm: match &mut prm {
+                PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle {
+                    model,
+                    varmap: &prm_varmap,
+                }),
+                PrimeModel::Gpu(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
+                PrimeModel::None => None,
+            },
         },
         &cfg,
         |l| {
@@ -330,6 +337,13 @@ pub fn run(a: Args) -> Result<()> {
         a.out.display()
     );
     Ok(())
+}
+
+/// PRIME's implicit PRM as loaded: a candle model on the CPU, or a learner on a GPU.
+enum PrimeModel {
+    None,
+    Cpu(Model),
+    Gpu(Box<dyn Learner>),
 }
 
 /// Copy the tokenizer files of `from` (those it has) into `to`.

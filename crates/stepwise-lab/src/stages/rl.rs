@@ -281,7 +281,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
                 watch: vec![watch],
                 out_dir: Some(dir.clone()),
                 heldout: None,
-                implicit_prm: prm.as_mut().map(|model| ImplicitPrm {
+                implicit_prm: prm.as_mut().map(|model| ImplicitPrm::Candle {
                     model,
                     varmap: &prm_varmap,
                 }),

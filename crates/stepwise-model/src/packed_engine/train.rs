@@ -29,8 +29,9 @@ pub(super) struct Params<T> {
     pub embed: T,
     pub norm: T,
     pub layers: Vec<LayerParams<T>>,
-    /// Qwen2.5-Math-PRM's `score.0.weight, score.0.bias, score.2.weight, score.2.bias`, or a
-    /// classifier's `score.weight` (and `score.bias`).
+    /// Qwen2.5-Math-PRM's `score.0.weight, score.0.bias, score.2.weight, score.2.bias`, a
+    /// classifier's `score.weight` (and `score.bias`), or a causal LM's `lm_head.weight` (none
+    /// when tied to the embeddings).
     pub head: Vec<T>,
 }
 

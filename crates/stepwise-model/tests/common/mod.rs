@@ -2,10 +2,10 @@
 #![allow(dead_code)] // each test file uses its own subset
 
 use candle_core::{DType, Device};
-use serde_json::Value;
-use std::path::{Path, PathBuf};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
 use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, PrmScorer, Tokenizer};
 
@@ -111,4 +111,3 @@ pub fn counting_solutions(n: usize, seed: u64, p_bad: f64) -> Vec<Solution> {
         })
         .collect()
 }
-
