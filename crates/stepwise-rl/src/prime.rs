@@ -213,24 +213,19 @@ impl<'a> OnlinePrm<'a> {
             bail!("the implicit PRM needs the reference log-probabilities of every token (sequence {i})");
         }
         let learned = scored.iter().filter(|&&i| learn[i]).count();
-        let (beta, cfg) = (self.cfg.beta, self.cfg);
+        let batch = Completions {
+            seqs,
+            outcomes,
+            learn,
+            scored,
+            learned,
+            beta: self.cfg.beta,
+            minibatch: minibatch.max(1),
+        };
         let mut seen = Seen::default();
         match &mut self.trainer {
             Trainer::Candle { model, vars, opt, .. } => {
-                let (model, vars) = (&mut **model, &*vars);
-                let grads = candle_score_and_learn(
-                    model,
-                    vars,
-                    seqs,
-                    outcomes,
-                    &learn,
-                    &scored,
-                    learned,
-                    beta,
-                    minibatch,
-                    &mut rewards,
-                    &mut seen,
-                )?;
+                let grads = candle_score_and_learn(model, vars, &batch, &mut rewards, &mut seen)?;
                 if let Some(grads) = grads {
                     let mut scale = 1.0;
                     if max_grad_norm > 0.0 {
@@ -243,21 +238,9 @@ impl<'a> OnlinePrm<'a> {
                 }
             }
             Trainer::Learner(learner) => {
-                let learner = &mut **learner;
-                learner_score_and_learn(
-                    learner,
-                    seqs,
-                    outcomes,
-                    &learn,
-                    &scored,
-                    learned,
-                    beta,
-                    minibatch,
-                    &mut rewards,
-                    &mut seen,
-                )?;
+                learner_score_and_learn(&mut **learner, &batch, &mut rewards, &mut seen)?;
                 if learned > 0 {
-                    learner.step(cfg.lr, 0.0, max_grad_norm, 1)?;
+                    learner.step(self.cfg.lr, 0.0, max_grad_norm, 1)?;
                 }
             }
         }
@@ -273,6 +256,22 @@ impl<'a> OnlinePrm<'a> {
     }
 }
 
+/// One update's completions as the implicit PRM scores them and learns from them.
+struct Completions<'s> {
+    seqs: &'s [Sequence],
+    /// Each sequence's outcome (1 correct, 0 wrong).
+    outcomes: &'s [f32],
+    /// Whether each sequence is learned from (its group passed the filter).
+    learn: Vec<bool>,
+    /// The sequences with at least one completion token, in order.
+    scored: Vec<usize>,
+    /// How many of those are learned from.
+    learned: usize,
+    beta: f32,
+    /// Sequences a pass.
+    minibatch: usize,
+}
+
 /// What scoring saw: the loss over the completions learned from, how many of them were predicted
 /// right, the tokens scored and their summed reward.
 #[derive(Default)]
@@ -285,24 +284,18 @@ struct Seen {
 
 /// The candle path of [`OnlinePrm::score_and_learn`]: each minibatch's forward gives the scores
 /// and, for the completions learned from, the BCE's gradient (returned, summed).
-#[allow(clippy::too_many_arguments)]
 fn candle_score_and_learn(
     model: &mut Model,
     vars: &[Var],
-    seqs: &[Sequence],
-    outcomes: &[f32],
-    learn: &[bool],
-    scored: &[usize],
-    learned: usize,
-    beta: f32,
-    minibatch: usize,
+    c: &Completions<'_>,
     rewards: &mut [Vec<f32>],
     seen: &mut Seen,
 ) -> Result<Option<candle_core::backprop::GradStore>> {
+    let (seqs, outcomes, learn, beta) = (c.seqs, c.outcomes, &c.learn, c.beta);
     let dev = model.device.clone();
     let mut grads = None;
-    model.set_training(learned > 0);
-    for chunk in scored.chunks(minibatch.max(1)) {
+    model.set_training(c.learned > 0);
+    for chunk in c.scored.chunks(c.minibatch) {
         let ids: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i].ids.as_slice()).collect();
         let (padded, mask, t) = pad_batch(&ids, &dev)?;
         let logp = token_logprobs(model, &padded, mask.as_ref())?;
@@ -332,7 +325,7 @@ fn candle_score_and_learn(
         let z = ((own - Tensor::new(ref_sums.as_slice(), &dev)?)? * beta as f64)?;
         let loss = bce_with_logits(&z, &Tensor::new(ys.as_slice(), &dev)?)?;
         // The chunk's share of the mean over the completions learned from.
-        let share = ys.len() as f64 / learned as f64;
+        let share = ys.len() as f64 / c.learned as f64;
         seen.loss += loss.to_scalar::<f32>()? as f64 * share;
         let g = (loss * share)?.backward()?;
         match grads.as_mut() {
@@ -347,23 +340,17 @@ fn candle_score_and_learn(
 /// The [`Learner`] path of [`OnlinePrm::score_and_learn`]: each minibatch's log-probabilities
 /// (from the backward's own forward where it learns) give the scores and the BCE's derivative by
 /// each token's log-probability, taken here.
-#[allow(clippy::too_many_arguments)]
 fn learner_score_and_learn(
     learner: &mut dyn Learner,
-    seqs: &[Sequence],
-    outcomes: &[f32],
-    learn: &[bool],
-    scored: &[usize],
-    learned: usize,
-    beta: f32,
-    minibatch: usize,
+    c: &Completions<'_>,
     rewards: &mut [Vec<f32>],
     seen: &mut Seen,
 ) -> Result<()> {
-    for chunk in scored.chunks(minibatch.max(1)) {
+    let (seqs, outcomes, learn, beta, learned) = (c.seqs, c.outcomes, &c.learn, c.beta, c.learned);
+    for chunk in c.scored.chunks(c.minibatch) {
         if !chunk.iter().any(|&i| learn[i]) {
             let ids: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i].ids.as_slice()).collect();
-            for (&i, logp) in chunk.iter().zip(learner.logprobs(&ids, minibatch)?) {
+            for (&i, logp) in chunk.iter().zip(learner.logprobs(&ids, c.minibatch)?) {
                 reward_tokens(&seqs[i], beta, |p| logp[p], &mut rewards[i], false, outcomes[i], seen);
             }
             continue;
