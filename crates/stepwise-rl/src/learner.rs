@@ -16,6 +16,7 @@ use stepwise_model::model::pad_batch;
 use stepwise_model::model::{load_training_checkpoint, save_training_checkpoint};
 use stepwise_model::packed_engine::{PackedTrainer, Targets, TokenLossFn, TrainBackend};
 use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
+use stepwise_model::train::packed::batches;
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, Packed};
 
@@ -173,8 +174,8 @@ pub struct PackedLearner<B: TrainBackend> {
 }
 
 impl<B: TrainBackend> PackedLearner<B> {
-    /// `trainer`'s policy, sampled through `sample_with`; log-probabilities in packed batches
-    /// of at most `max_tokens` tokens (a minibatch is one packed batch whatever its tokens).
+    /// `trainer`'s policy, sampled through `sample_with`; log-probabilities and gradients in
+    /// packed passes of at most `max_tokens` tokens (a longer sequence alone).
     pub fn new(trainer: PackedTrainer<B>, max_tokens: usize, sample_with: SampleWith<B>) -> Self {
         PackedLearner {
             trainer,
@@ -210,14 +211,43 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
         Ok((value as f64, stats))
     }
 
+    /// Sequences within the token budget run as one packed pass. More are split into passes
+    /// of at most the budget: every pass's log-probabilities first (forward only), the loss on
+    /// the host over all of them, then each pass's backward with its share of the derivative
+    /// (one more forward a pass), so memory follows the budget whatever the minibatch.
     fn backward_tokens(&mut self, seqs: &[(&[u32], usize)], loss: TokenLossFn<'_>) -> Result<f32> {
-        let ids: Vec<&[u32]> = seqs.iter().map(|&(s, _)| s).collect();
-        let packed = Packed::new(&ids);
-        // Each learned token, predicted by the row before it.
-        let pairs: Vec<(usize, u32)> = learned_positions(seqs)
-            .map(|(i, p)| (packed.row(i, p - 1), ids[i][p]))
+        let lens: Vec<usize> = seqs.iter().map(|(s, _)| s.len()).collect();
+        let order: Vec<usize> = (0..seqs.len()).collect();
+        let parts: Vec<(Packed, Vec<(usize, u32)>)> = batches(&lens, &order, usize::MAX, self.max_tokens)
+            .into_iter()
+            .map(|part| {
+                let part: Vec<(&[u32], usize)> = part.iter().map(|&i| seqs[i]).collect();
+                let ids: Vec<&[u32]> = part.iter().map(|&(s, _)| s).collect();
+                let packed = Packed::new(&ids);
+                // Each learned token, predicted by the row before it.
+                let pairs = learned_positions(&part)
+                    .map(|(i, p)| (packed.row(i, p - 1), ids[i][p]))
+                    .collect();
+                (packed, pairs)
+            })
             .collect();
-        self.trainer.backward(&packed, Targets::Tokens { pairs: &pairs, loss })
+        if let [(packed, pairs)] = parts.as_slice() {
+            return self.trainer.backward(packed, Targets::Tokens { pairs, loss });
+        }
+        let mut logp = Vec::new();
+        for (packed, pairs) in &parts {
+            logp.extend(self.trainer.decoder.token_logprobs(packed, pairs)?);
+        }
+        let (value, derivative) = loss(&logp)?;
+        anyhow::ensure!(derivative.len() == logp.len(), "one derivative a learned token");
+        let mut at = 0;
+        for (packed, pairs) in &parts {
+            let share = derivative[at..at + pairs.len()].to_vec();
+            at += pairs.len();
+            let mut part_loss = |_: &[f32]| Ok((value, share.clone()));
+            self.trainer.backward(packed, Targets::Tokens { pairs, loss: &mut part_loss })?;
+        }
+        Ok(value)
     }
 
     fn step(&mut self, lr: f64, weight_decay: f64, max_grad_norm: f64, micro_batches: usize) -> Result<()> {

@@ -265,6 +265,51 @@ fn the_packed_learner_raises_a_process_reward() {
     std::fs::remove_dir_all(&start).unwrap();
 }
 
+/// A minibatch past the packed learner's token budget trains in passes of at most the budget
+/// (every pass's log-probabilities, the loss over all of them, each pass's backward with its
+/// share): the same loss, statistics and gradients as one pass.
+#[test]
+fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() {
+    let (reference, _) = fresh(3);
+    let start = policy_folder(3, "split");
+    let ids: Vec<Vec<u32>> = vec![vec![4, 3, 5, 3, 6, 3, 2], vec![4, 3, 6, 3, 2], vec![4, 3, 5, 3, 5, 3, 6, 3, 2]];
+    let seqs: Vec<Sequence> = ids
+        .iter()
+        .enumerate()
+        .map(|(k, ids)| {
+            let refs = sequence_logprobs(&reference, &[ids.as_slice()], 1).unwrap().remove(0);
+            Sequence {
+                learn_from: 2,
+                advantages: (0..ids.len()).map(|i| [0.5, -1.0, 1.5][(i + k) % 3]).collect(),
+                old_logprobs: refs.iter().enumerate().map(|(i, x)| x + 0.2 * ((i + k) % 3) as f32 - 0.2).collect(),
+                ref_logprobs: refs,
+                ids: ids.clone(),
+            }
+        })
+        .collect();
+    let batch: Vec<&Sequence> = seqs.iter().collect();
+    let run = |max_tokens: usize| {
+        let trainer = PackedTrainer::load(&start, ModelConfig::from_dir(&start).unwrap(), Arc::new(Reference)).unwrap();
+        let no_sampling: SampleWith<Reference> = Box::new(|_| anyhow::bail!("not sampled from"));
+        let mut learner = PackedLearner::new(trainer, max_tokens, no_sampling);
+        let (loss, stats) = learner.backward(&batch, 0.2, 0.1).unwrap();
+        (loss, stats, learner.trainer().gradients().unwrap())
+    };
+    let (one_loss, one_stats, one) = run(4096);
+    // 8 tokens: each sequence its own pass.
+    let (split_loss, split_stats, split) = run(8);
+    assert!((one_loss - split_loss).abs() < 1e-6, "{one_loss} vs {split_loss}");
+    assert_eq!((one_stats.tokens, one_stats.clip_fraction), (split_stats.tokens, split_stats.clip_fraction));
+    assert!(one_stats.clip_fraction > 0.0, "{one_stats:?}");
+    for ((name, a), (_, b)) in one.iter().zip(&split) {
+        let scale = a.iter().map(|x| x.abs()).fold(1e-6, f32::max);
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+        assert!(worst <= 1e-4 * scale, "{name}: {worst} (largest |gradient| {scale})");
+        assert!(a.iter().any(|&x| x != 0.0), "{name}: no gradient");
+    }
+    std::fs::remove_dir_all(&start).unwrap();
+}
+
 /// The host's policy loss (what the packed trainer takes) is candle's `rl_loss` of the same
 /// log-probabilities, and its derivative is candle's gradient, clipped tokens included.
 #[test]

@@ -35,7 +35,8 @@ on the same --out resumes after an interruption.
 --device cuda (a build with --features cuda) trains on the GPU: the packed engine samples from the trainer's own \
 bf16 weights (paged KV cache), the reference and a PRM or ORM reward run there too, and the update is the packed \
 trainer's (f32 masters, AdamW, the PPO loss's derivative by each token's log-probability taken on the host). \
-Log-probabilities run in packed batches of at most --max-batch-tokens tokens; a minibatch is one packed pass. \
+Log-probabilities and gradients run in packed passes of at most --max-batch-tokens tokens (a larger minibatch in \
+several: its loss over all of them, then each pass's backward), so GPU memory follows the budget. \
 With --reward prime the implicit PRM trains on the GPU too (a second packed trainer).
 
 Example:

@@ -178,7 +178,7 @@ pub fn sequence_logprobs<B: TrainBackend>(
 
 /// Consecutive runs of `order`'s indices into `lens` (sequence lengths), each at most `count`
 /// of them and `max_tokens` tokens (a sequence longer than the budget alone).
-fn batches(lens: &[usize], order: &[usize], count: usize, max_tokens: usize) -> Vec<Vec<usize>> {
+pub fn batches(lens: &[usize], order: &[usize], count: usize, max_tokens: usize) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut tokens = 0;
     for &i in order {
