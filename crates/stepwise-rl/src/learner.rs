@@ -245,7 +245,13 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
             let share = derivative[at..at + pairs.len()].to_vec();
             at += pairs.len();
             let mut part_loss = |_: &[f32]| Ok((value, share.clone()));
-            self.trainer.backward(packed, Targets::Tokens { pairs, loss: &mut part_loss })?;
+            self.trainer.backward(
+                packed,
+                Targets::Tokens {
+                    pairs,
+                    loss: &mut part_loss,
+                },
+            )?;
         }
         Ok(value)
     }

@@ -403,10 +403,14 @@ fn reward_tokens(
     seen: &mut Seen,
 ) -> f32 {
     let mut sum = 0.0;
-    for p in s.learn_from..s.ids.len() {
-        let r = beta * (logp(p) - s.ref_logprobs[p]);
-        rewards[p] = r;
-        sum += r;
+    let completion = s.learn_from..s.ids.len();
+    for ((p, reward), reference) in completion
+        .clone()
+        .zip(&mut rewards[completion.clone()])
+        .zip(&s.ref_logprobs[completion])
+    {
+        *reward = beta * (logp(p) - reference);
+        sum += *reward;
     }
     seen.tokens += s.ids.len() - s.learn_from;
     seen.reward += sum as f64;

@@ -272,7 +272,11 @@ fn the_packed_learner_raises_a_process_reward() {
 fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() {
     let (reference, _) = fresh(3);
     let start = policy_folder(3, "split");
-    let ids: Vec<Vec<u32>> = vec![vec![4, 3, 5, 3, 6, 3, 2], vec![4, 3, 6, 3, 2], vec![4, 3, 5, 3, 5, 3, 6, 3, 2]];
+    let ids: Vec<Vec<u32>> = vec![
+        vec![4, 3, 5, 3, 6, 3, 2],
+        vec![4, 3, 6, 3, 2],
+        vec![4, 3, 5, 3, 5, 3, 6, 3, 2],
+    ];
     let seqs: Vec<Sequence> = ids
         .iter()
         .enumerate()
@@ -281,7 +285,11 @@ fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() 
             Sequence {
                 learn_from: 2,
                 advantages: (0..ids.len()).map(|i| [0.5, -1.0, 1.5][(i + k) % 3]).collect(),
-                old_logprobs: refs.iter().enumerate().map(|(i, x)| x + 0.2 * ((i + k) % 3) as f32 - 0.2).collect(),
+                old_logprobs: refs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| x + 0.2 * ((i + k) % 3) as f32 - 0.2)
+                    .collect(),
                 ref_logprobs: refs,
                 ids: ids.clone(),
             }
@@ -299,7 +307,10 @@ fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() 
     // 8 tokens: each sequence its own pass.
     let (split_loss, split_stats, split) = run(8);
     assert!((one_loss - split_loss).abs() < 1e-6, "{one_loss} vs {split_loss}");
-    assert_eq!((one_stats.tokens, one_stats.clip_fraction), (split_stats.tokens, split_stats.clip_fraction));
+    assert_eq!(
+        (one_stats.tokens, one_stats.clip_fraction),
+        (split_stats.tokens, split_stats.clip_fraction)
+    );
     assert!(one_stats.clip_fraction > 0.0, "{one_stats:?}");
     for ((name, a), (_, b)) in one.iter().zip(&split) {
         let scale = a.iter().map(|x| x.abs()).fold(1e-6, f32::max);
@@ -397,14 +408,13 @@ fn assert_resumes(name: &str, cfg: &RlConfig, prime: bool) {
     assert_killed_run_resumes(name, prime, &train);
 }
 
+/// One RL run into a folder, its second argument seeing each update.
+type TrainInto<'a> = dyn Fn(&PathBuf, &dyn Fn(usize)) -> Vec<stepwise_rl::UpdateLog> + 'a;
+
 /// `train` (one run into a folder, `on_update` seeing each update) whole, and again killed in
 /// update 3 then resumed: the policy's weights (and the implicit PRM's, with `prime`) and the
 /// logs are the same.
-fn assert_killed_run_resumes(
-    name: &str,
-    prime: bool,
-    train: &dyn Fn(&PathBuf, &dyn Fn(usize)) -> Vec<stepwise_rl::UpdateLog>,
-) {
+fn assert_killed_run_resumes(name: &str, prime: bool, train: &TrainInto) {
     let root = std::env::temp_dir().join(format!("stepwise-rl-resume-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let weights = |dir: &PathBuf| {

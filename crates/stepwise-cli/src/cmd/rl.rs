@@ -233,7 +233,13 @@ pub fn run(a: Args) -> Result<()> {
                 )?),
                 _ => {
                     let config = ModelConfig::from_dir(&a.policy)?;
-                    PrimeModel::Cpu(Model::load_trainable(&a.policy, config, &prm_varmap, &dev, a.seed)?)
+                    PrimeModel::Cpu(Box::new(Model::load_trainable(
+                        &a.policy,
+                        config,
+                        &prm_varmap,
+                        &dev,
+                        a.seed,
+                    )?))
                 }
             }
         }
@@ -343,7 +349,7 @@ pub fn run(a: Args) -> Result<()> {
 /// PRIME's implicit PRM as loaded: a candle model on the CPU, or a learner on a GPU.
 enum PrimeModel {
     None,
-    Cpu(Model),
+    Cpu(Box<Model>),
     Gpu(Box<dyn Learner>),
 }
 
