@@ -89,27 +89,38 @@ fn packed_gradients_match_candle_autograd() {
         ),
     ];
     for (case, dir, ex) in cases {
-        let config = ModelConfig::from_dir(&dir).unwrap();
         let (batch, targets) = packed(&ex);
 
-        let mut trainer = PackedTrainer::load(&dir, config.clone(), Arc::new(Reference)).unwrap();
+        let mut trainer = reference_trainer(&dir);
         let loss = trainer.backward(&batch, Targets::Labels(&targets)).unwrap();
         let ours: HashMap<String, Vec<f32>> = trainer.gradients().unwrap().into_iter().collect();
-
-        let varmap = VarMap::new();
-        let mut model = Model::load_trainable(&dir, config, &varmap, &candle_core::Device::Cpu, 0).unwrap();
-        model.set_training(true);
-        let refs: Vec<&Example> = ex.iter().collect();
-        let (candle_loss, _) = batch_loss(&model, &refs, Objective::Classify).unwrap();
-        let grads = candle_loss.backward().unwrap();
-        let candle_loss = candle_loss.to_scalar::<f32>().unwrap();
-        assert!(
-            (loss - candle_loss).abs() < 0.01 * candle_loss.abs().max(0.1),
-            "{case}: loss {loss} vs {candle_loss}"
-        );
-
-        assert_gradients_match(case, &ours, &varmap, &grads);
+        assert_matches_candle(case, &dir, &ex, Objective::Classify, loss, &ours);
     }
+}
+
+/// The packed trainer's loss and gradients (`loss`, `ours`) on `examples` against candle's
+/// autograd of the CPU trainer's f32 loss under `objective`, the model read from `dir`.
+fn assert_matches_candle(
+    case: &str,
+    dir: &std::path::Path,
+    examples: &[Example],
+    objective: Objective,
+    loss: f32,
+    ours: &HashMap<String, Vec<f32>>,
+) {
+    let varmap = VarMap::new();
+    let config = ModelConfig::from_dir(dir).unwrap();
+    let mut model = Model::load_trainable(dir, config, &varmap, &candle_core::Device::Cpu, 0).unwrap();
+    model.set_training(true);
+    let refs: Vec<&Example> = examples.iter().collect();
+    let (candle_loss, _) = batch_loss(&model, &refs, objective).unwrap();
+    let grads = candle_loss.backward().unwrap();
+    let candle_loss = candle_loss.to_scalar::<f32>().unwrap();
+    assert!(
+        (loss - candle_loss).abs() < 0.01 * candle_loss.abs().max(0.1),
+        "{case}: loss {loss} vs {candle_loss}"
+    );
+    assert_gradients_match(case, ours, &varmap, &grads);
 }
 
 /// Each of candle's variables' gradient (`grads`, autograd of the f32 loss) against the packed
@@ -147,9 +158,8 @@ fn assert_gradients_match(
 fn packed_training_lowers_the_loss() {
     let case = "qwen2-prm";
     let dir = fixtures().join(case);
-    let config = ModelConfig::from_dir(&dir).unwrap();
     let (batch, targets) = packed(&examples(case));
-    let mut trainer = PackedTrainer::load(&dir, config, Arc::new(Reference)).unwrap();
+    let mut trainer = reference_trainer(&dir);
     let error = |trainer: &PackedTrainer<Reference>| -> f32 {
         let rows: Vec<usize> = targets.iter().map(|&(r, _)| r).collect();
         let (values, width) = trainer.decoder.head_at(&batch, &rows, None).unwrap();
@@ -182,22 +192,9 @@ fn the_packed_training_loop_checkpoints_and_resumes() {
     let dir = fixtures().join(case);
     let ex = examples(case);
     let (valid, train) = ex.split_at(2);
-    let out = std::env::temp_dir().join(format!("stepwise-packed-train-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    let cfg = TrainConfig {
-        lr: 3e-3,
-        warmup: 2,
-        steps: 12,
-        batch_size: 4,
-        eval_every: 6,
-        out_dir: Some(out.clone()),
-        ..Default::default()
-    };
-    let load = |from: &std::path::Path| {
-        PackedTrainer::load(from, ModelConfig::from_dir(from).unwrap(), Arc::new(Reference)).unwrap()
-    };
-    let mut trainer = load(&dir);
+    let out = run_folder("train");
+    let cfg = loop_config(&out, 12, 4, 6);
+    let mut trainer = reference_trainer(&dir);
     let before = evaluate_packed(&trainer, valid, Objective::Classify, 256).unwrap();
     let mut losses = Vec::new();
     let state = train_packed(&mut trainer, train, valid, Objective::Classify, &cfg, 256, |_, l| {
@@ -240,7 +237,7 @@ fn the_packed_training_loop_checkpoints_and_resumes() {
     }
 
     // Started again with more steps on the same folder, it continues from step 12.
-    let mut resumed = load(&out);
+    let mut resumed = reference_trainer(&out);
     let more = TrainConfig { steps: 15, ..cfg };
     let state = train_packed(&mut resumed, train, valid, Objective::Classify, &more, 256, |_, _| {}).unwrap();
     assert_eq!((state.step, state.history.len()), (15, 3));
@@ -299,7 +296,7 @@ fn packed_lm_gradients_match_candle_autograd() {
     let mut packed_examples = examples.clone();
     let reference = Model::load(&dir, &candle_core::Device::Cpu).unwrap();
     attach_reference(&reference, &mut examples, 8).unwrap();
-    let start = PackedTrainer::load(&dir, config.clone(), Arc::new(Reference)).unwrap();
+    let start = reference_trainer(&dir);
     let seqs: Vec<&[u32]> = examples.iter().map(|e| e.ids.as_slice()).collect();
     let own = stepwise_model::train::packed::sequence_logprobs(&start.decoder, &seqs, 512).unwrap();
     for (e, lp) in packed_examples.iter_mut().zip(own) {
@@ -327,24 +324,12 @@ fn packed_lm_gradients_match_candle_autograd() {
         ),
     ];
     for (case, objective, budget) in cases {
-        let mut trainer = PackedTrainer::load(&dir, config.clone(), Arc::new(Reference)).unwrap();
+        let mut trainer = reference_trainer(&dir);
         if let Some(bytes) = budget {
             trainer.set_logits_budget(bytes).unwrap();
         }
         let (loss, ours) = packed_token_gradients(&mut trainer, &packed_examples, objective);
-
-        let varmap = VarMap::new();
-        let mut model = Model::load_trainable(&dir, config.clone(), &varmap, &candle_core::Device::Cpu, 0).unwrap();
-        model.set_training(true);
-        let refs: Vec<&Example> = examples.iter().collect();
-        let (candle_loss, _) = batch_loss(&model, &refs, objective).unwrap();
-        let grads = candle_loss.backward().unwrap();
-        let candle_loss = candle_loss.to_scalar::<f32>().unwrap();
-        assert!(
-            (loss - candle_loss).abs() < 0.01 * candle_loss.abs().max(0.1),
-            "{case}: loss {loss} vs {candle_loss}"
-        );
-        assert_gradients_match(case, &ours, &varmap, &grads);
+        assert_matches_candle(case, &dir, &examples, objective, loss, &ours);
     }
 }
 
@@ -355,7 +340,7 @@ fn packed_token_logprobs_match_the_cpu_engine() {
     let dir = fixtures().join("qwen2-policy");
     let examples = lm_examples(5, 9);
     let seqs: Vec<&[u32]> = examples.iter().map(|e| e.ids.as_slice()).collect();
-    let trainer = PackedTrainer::load(&dir, ModelConfig::from_dir(&dir).unwrap(), Arc::new(Reference)).unwrap();
+    let trainer = reference_trainer(&dir);
     // A budget smaller than the batch: several packed passes.
     let ours = stepwise_model::train::packed::sequence_logprobs(&trainer.decoder, &seqs, 64).unwrap();
     let model = Model::load(&dir, &candle_core::Device::Cpu).unwrap();
@@ -383,23 +368,12 @@ fn assert_close_logprobs(ours: &[f32], want: &[f32]) {
 #[test]
 fn packed_lm_training_lowers_the_loss_and_checkpoints() {
     use stepwise_model::train::packed::{evaluate_packed, sequence_logprobs, train_packed};
-    use stepwise_model::train::TrainConfig;
     let dir = fixtures().join("qwen2-policy");
     let examples = lm_examples(24, 5);
     let (valid, train) = examples.split_at(4);
-    let out = std::env::temp_dir().join(format!("stepwise-packed-lm-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    let cfg = TrainConfig {
-        lr: 3e-3,
-        warmup: 2,
-        steps: 10,
-        batch_size: 8,
-        eval_every: 5,
-        out_dir: Some(out.clone()),
-        ..Default::default()
-    };
-    let mut trainer = PackedTrainer::load(&dir, ModelConfig::from_dir(&dir).unwrap(), Arc::new(Reference)).unwrap();
+    let out = run_folder("lm");
+    let cfg = loop_config(&out, 10, 8, 5);
+    let mut trainer = reference_trainer(&dir);
     let before = evaluate_packed(&trainer, valid, Objective::Lm, 512).unwrap();
     let state = train_packed(&mut trainer, train, valid, Objective::Lm, &cfg, 512, |_, _| {}).unwrap();
     let after = &state.history.last().unwrap().1;
@@ -417,4 +391,36 @@ fn packed_lm_training_lowers_the_loss_and_checkpoints() {
         assert_close_logprobs(a, b);
     }
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The checkpoint folder `dir`'s model on the packed trainer, on the reference backend.
+fn reference_trainer(dir: &std::path::Path) -> PackedTrainer<Reference> {
+    PackedTrainer::load(dir, ModelConfig::from_dir(dir).unwrap(), Arc::new(Reference)).unwrap()
+}
+
+/// An empty folder for a training run named `name`.
+fn run_folder(name: &str) -> std::path::PathBuf {
+    let out = std::env::temp_dir().join(format!("stepwise-packed-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    out
+}
+
+/// The training loop's settings for the tests: `steps` steps of `batch_size` examples,
+/// validating every `eval_every`, checkpoints in `out`.
+fn loop_config(
+    out: &std::path::Path,
+    steps: usize,
+    batch_size: usize,
+    eval_every: usize,
+) -> stepwise_model::train::TrainConfig {
+    stepwise_model::train::TrainConfig {
+        lr: 3e-3,
+        warmup: 2,
+        steps,
+        batch_size,
+        eval_every,
+        out_dir: Some(out.to_path_buf()),
+        ..Default::default()
+    }
 }

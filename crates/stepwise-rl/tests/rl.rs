@@ -96,6 +96,39 @@ fn prime_config(updates: usize) -> RlConfig {
     }
 }
 
+/// Settings under which the process reward rises in 40 updates.
+fn process_reward_config() -> RlConfig {
+    RlConfig {
+        credit: Credit::ReturnToGo,
+        lr: 1e-3,
+        kl_coef: 0.0,
+        ..config(40)
+    }
+}
+
+/// PRIME's settings under which the outcome reward rises in 40 updates: its β, groups kept
+/// from 10% to 90% correct (the policy starts near 4%).
+fn rising_prime_config() -> RlConfig {
+    RlConfig {
+        lr: 1e-3,
+        kl_coef: 0.0,
+        prime: Some(PrimeConfig {
+            beta: 0.05,
+            lr: 1e-3,
+            accuracy_bounds: (0.1, 0.9),
+            ..Default::default()
+        }),
+        ..config(40)
+    }
+}
+
+/// The last 10 updates' mean reward beats the first 10's by 0.05.
+fn assert_rewards_rise(log: &[stepwise_rl::UpdateLog]) {
+    let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
+}
+
 fn config(updates: usize) -> RlConfig {
     RlConfig {
         updates,
@@ -172,12 +205,7 @@ fn a_process_reward_moves_each_step_toward_what_it_rewards() {
     let (mut model, varmap) = fresh(7);
     let (reference, _) = fresh(7);
     let (problems, task) = (problems(), PlainTask::default());
-    let cfg = RlConfig {
-        credit: Credit::ReturnToGo,
-        lr: 1e-3,
-        kl_coef: 0.0,
-        ..config(40)
-    };
+    let cfg = process_reward_config();
     let mut learner = CandleLearner::new(&mut model, &varmap).unwrap();
     let log = train_rl(
         run(&mut learner, &reference, &tok, &problems, &task, None),
@@ -187,10 +215,8 @@ fn a_process_reward_moves_each_step_toward_what_it_rewards() {
     .unwrap();
     assert_eq!(log.len(), 40);
     assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
-    let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
-    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
     // The samples earn more as training goes on; with the advantage's sign flipped they earn less.
-    assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
+    assert_rewards_rise(&log);
 }
 
 #[test]
@@ -246,12 +272,7 @@ fn the_packed_learner_raises_a_process_reward() {
     let start = policy_folder(7, "raise");
     let mut learner = packed_learner(&start, &start.join("sampler"));
     let (problems, task) = (problems(), PlainTask::default());
-    let cfg = RlConfig {
-        credit: Credit::ReturnToGo,
-        lr: 1e-3,
-        kl_coef: 0.0,
-        ..config(40)
-    };
+    let cfg = process_reward_config();
     let log = train_rl(
         run(&mut learner, &reference, &tok, &problems, &task, None),
         &cfg,
@@ -259,9 +280,7 @@ fn the_packed_learner_raises_a_process_reward() {
     )
     .unwrap();
     assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
-    let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
-    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
-    assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
+    assert_rewards_rise(&log);
     std::fs::remove_dir_all(&start).unwrap();
 }
 
@@ -513,18 +532,7 @@ fn prime_raises_the_outcome_reward() {
     let (mut prm, prm_vars) = fresh(7);
     let (problems, task) = (problems(), LastStepAnswers);
     let outcome = OutcomeReward { task: &task };
-    // PRIME's β; groups kept from 10% to 90% correct (this policy starts near 4%).
-    let cfg = RlConfig {
-        lr: 1e-3,
-        kl_coef: 0.0,
-        prime: Some(PrimeConfig {
-            beta: 0.05,
-            lr: 1e-3,
-            accuracy_bounds: (0.1, 0.9),
-            ..Default::default()
-        }),
-        ..config(40)
-    };
+    let cfg = rising_prime_config();
     let mut learner = CandleLearner::new(&mut model, &varmap).unwrap();
     let log = train_rl(
         RlRun {
@@ -540,9 +548,7 @@ fn prime_raises_the_outcome_reward() {
     )
     .unwrap();
     assert!(log.iter().all(|l| l.implicit_prm.is_some_and(|p| p.loss.is_finite())));
-    let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
-    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
-    assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
+    assert_rewards_rise(&log);
 }
 
 /// PRIME with the policy and its implicit PRM both on the packed engine's trainer (reference
@@ -556,17 +562,7 @@ fn prime_on_the_packed_trainer_raises_the_outcome_reward_and_resumes() {
     let start = policy_folder(7, "prime");
     let (problems, task) = (problems(), LastStepAnswers);
     let outcome = OutcomeReward { task: &task };
-    let cfg = RlConfig {
-        lr: 1e-3,
-        kl_coef: 0.0,
-        prime: Some(PrimeConfig {
-            beta: 0.05,
-            lr: 1e-3,
-            accuracy_bounds: (0.1, 0.9),
-            ..Default::default()
-        }),
-        ..config(40)
-    };
+    let cfg = rising_prime_config();
     let train = |dir: Option<PathBuf>, cfg: &RlConfig, on_update: &dyn Fn(usize)| {
         let scratch = dir.clone().unwrap_or_else(|| start.clone());
         let mut learner = packed_learner(&start, &scratch.join("sampler"));
@@ -580,9 +576,7 @@ fn prime_on_the_packed_trainer_raises_the_outcome_reward_and_resumes() {
     };
     let log = train(None, &cfg, &|_| {});
     assert!(log.iter().all(|l| l.implicit_prm.is_some_and(|p| p.loss.is_finite())));
-    let rewards: Vec<f64> = log.iter().map(|l| l.reward).collect();
-    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
-    assert!(mean(&rewards[30..]) > mean(&rewards[..10]) + 0.05, "{rewards:?}");
+    assert_rewards_rise(&log);
     let short = prime_config(4);
     assert_killed_run_resumes("packed-prime", true, &|dir, on_update| {
         train(Some(dir.clone()), &short, on_update)
