@@ -243,6 +243,46 @@ fn a_packed_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
     std::fs::remove_dir_all(&start).unwrap();
 }
 
+/// A run checkpointed by the CPU's trainer continues on the packed trainer (the GPU's): the
+/// same checkpoint and optimiser layout, read by either.
+#[test]
+fn a_run_checkpointed_on_the_cpu_continues_on_the_packed_trainer() {
+    let tok = tokenizer();
+    let (problems, task) = (problems(), LastStepAnswers);
+    let (reference, _) = fresh(5);
+    let start = policy_folder(5, "switch");
+    let dir = start.join("run");
+    let cfg = config(4);
+    let cut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (mut m, v) = fresh(5);
+        let mut learner = CandleLearner::new(&mut m, &v).unwrap();
+        let run = run(&mut learner, &reference, &tok, &problems, &task, Some(dir.clone()));
+        train_rl(run, &cfg, |l| assert!(l.update < 3, "killed during update 3")).unwrap()
+    }));
+    assert!(cut.is_err(), "the CPU run was to die in update 3");
+    // The packed trainer reads the CPU's checkpoint exactly (its f32 weights, not the start's).
+    let mut learner = packed_learner(&start, &start.join("sampler"));
+    learner.load(&dir).unwrap();
+    let saved = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let initial = candle_core::safetensors::load(start.join("model.safetensors"), &Device::Cpu).unwrap();
+    let mut moved = false;
+    for (name, values) in learner.trainer().weights().unwrap() {
+        let want: Vec<f32> = saved[&name].flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(values, want, "{name}");
+        moved |= values != initial[&name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    }
+    assert!(moved, "two updates moved no weight");
+    let log = train_rl(
+        run(&mut learner, &reference, &tok, &problems, &task, Some(dir)),
+        &cfg,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(log.len(), 4);
+    assert!(log.iter().all(|l| l.loss.is_finite() && l.kl.is_finite()));
+    std::fs::remove_dir_all(&start).unwrap();
+}
+
 /// The policy `fresh(seed)` written to a folder of its own (what the packed trainer loads).
 fn policy_folder(seed: u64, name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("stepwise-rl-policy-{name}-{}", std::process::id()));
