@@ -12,8 +12,7 @@ use candle_core::Var;
 use std::borrow::Cow;
 use std::path::Path;
 use stepwise_model::log_ratio::token_logprobs;
-use stepwise_model::model::pad_batch;
-use stepwise_model::model::{load_training_checkpoint, save_training_checkpoint};
+use stepwise_model::model::{load_training_checkpoint, pad_batch, save_training_checkpoint};
 use stepwise_model::packed_engine::{PackedTrainer, Targets, TokenLossFn, TrainBackend};
 use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
 use stepwise_model::train::packed::batches;
@@ -40,8 +39,8 @@ pub trait Learner {
     /// another, and returns the loss and its derivative by each. Returns the loss.
     fn backward_tokens(&mut self, seqs: &[(&[u32], usize)], loss: TokenLossFn<'_>) -> Result<f32>;
     /// One AdamW step at learning rate `lr` (decoupled `weight_decay`) with the mean gradient of
-    /// the `micro_batches` [`Learner::backward`] calls since the last step, clipped to global
-    /// norm `max_grad_norm` (0: not clipped).
+    /// the `micro_batches` backward calls since the last step, clipped to global norm
+    /// `max_grad_norm` (0: not clipped).
     fn step(&mut self, lr: f64, weight_decay: f64, max_grad_norm: f64, micro_batches: usize) -> Result<()>;
     /// Writes the policy (Hugging Face layout, with its exact f32 weights) and the optimiser's
     /// state into `dir`.

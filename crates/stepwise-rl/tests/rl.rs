@@ -324,23 +324,18 @@ fn the_packed_learner_raises_a_process_reward() {
     std::fs::remove_dir_all(&start).unwrap();
 }
 
-/// A minibatch past the packed learner's token budget trains in passes of at most the budget
-/// (every pass's log-probabilities, the loss over all of them, each pass's backward with its
-/// share): the same loss, statistics and gradients as one pass.
-#[test]
-fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() {
-    let (reference, _) = fresh(3);
-    let start = policy_folder(3, "split");
+/// Three samples of 5 to 9 tokens after a 2-token prompt, with advantages of both signs and a
+/// sampling policy 0.2 away from the reference in places (ratios clipped either side).
+fn sampled_sequences(reference: &Model) -> Vec<Sequence> {
     let ids: Vec<Vec<u32>> = vec![
         vec![4, 3, 5, 3, 6, 3, 2],
         vec![4, 3, 6, 3, 2],
         vec![4, 3, 5, 3, 5, 3, 6, 3, 2],
     ];
-    let seqs: Vec<Sequence> = ids
-        .iter()
+    ids.iter()
         .enumerate()
         .map(|(k, ids)| {
-            let refs = sequence_logprobs(&reference, &[ids.as_slice()], 1).unwrap().remove(0);
+            let refs = sequence_logprobs(reference, &[ids.as_slice()], 1).unwrap().remove(0);
             Sequence {
                 learn_from: 2,
                 advantages: (0..ids.len()).map(|i| [0.5, -1.0, 1.5][(i + k) % 3]).collect(),
@@ -353,7 +348,54 @@ fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() 
                 ids: ids.clone(),
             }
         })
-        .collect();
+        .collect()
+}
+
+/// The CPU learner trains a loss given on the host (its derivative by each token's
+/// log-probability) as its own autograd of the same loss does: the policy loss both ways, one
+/// AdamW step each, the same weights.
+#[test]
+fn the_cpu_learner_trains_a_host_loss_as_its_autograd_does() {
+    let (reference, _) = fresh(3);
+    let seqs = sampled_sequences(&reference);
+    let batch: Vec<&Sequence> = seqs.iter().collect();
+    let step = |host: bool| {
+        let (mut model, varmap) = fresh(3);
+        {
+            let mut learner = CandleLearner::new(&mut model, &varmap).unwrap();
+            if host {
+                let pairs: Vec<(&[u32], usize)> = seqs.iter().map(|s| (s.ids.as_slice(), s.learn_from)).collect();
+                let mut loss = |logp: &[f32]| policy_loss(logp, &batch, 0.2, 0.1).map(|(l, c, _)| (l, c));
+                learner.backward_tokens(&pairs, &mut loss).unwrap();
+            } else {
+                learner.backward(&batch, 0.2, 0.1).unwrap();
+            }
+            learner.step(1e-2, 0.0, 0.0, 1).unwrap();
+        }
+        stepwise_model::train::optim::named_vars(&varmap)
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let (autograd, host) = (step(false), step(true));
+    for (name, a) in &autograd {
+        let worst = a
+            .iter()
+            .zip(&host[name])
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 1e-5, "{name}: {worst}");
+    }
+}
+
+/// A minibatch past the packed learner's token budget trains in passes of at most the budget
+/// (every pass's log-probabilities, the loss over all of them, each pass's backward with its
+/// share): the same loss, statistics and gradients as one pass.
+#[test]
+fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() {
+    let (reference, _) = fresh(3);
+    let start = policy_folder(3, "split");
+    let seqs = sampled_sequences(&reference);
     let batch: Vec<&Sequence> = seqs.iter().collect();
     let run = |max_tokens: usize| {
         let trainer = PackedTrainer::load(&start, ModelConfig::from_dir(&start).unwrap(), Arc::new(Reference)).unwrap();
