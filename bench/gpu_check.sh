@@ -26,8 +26,9 @@
 # `bash bench/gpu_check.sh summary` writes the JSON from what finished. On one H100 the run
 # without training took about 6 minutes (docs/benchmarks.md, "The GPU"); training adds up to 5
 # minutes an objective and RL up to 2, so within one 10-minute call measure either the scoring
-# and generation (TRAINING=0 RL_UPDATES=0) or training and RL (SHAPES=0.5b DATASETS=gsm8k
-# SCORING=0 GENERATION=0).
+# and generation (TRAINING=0 RL_UPDATES=0) or one objective's training (SHAPES=0.5b
+# DATASETS=gsm8k SCORING=0 GENERATION=0 TRAIN_OBJECTIVES=prm RL_UPDATES=0, then
+# TRAIN_OBJECTIVES=log-ratio with RL on the warm machine, whose work folder keeps the first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=.gpu
