@@ -74,6 +74,18 @@ impl Packed {
         debug_assert!(self.offsets[i] + at < self.offsets[i + 1]);
         self.offsets[i] + at
     }
+
+    /// Each sequence's tokens from position `from(i)` on (at least its second) as `(row,
+    /// token)`: the row before the token, which predicts it, and the token; sequence after
+    /// sequence, what an LM objective learns from.
+    pub fn next_tokens(&self, from: impl Fn(usize) -> usize) -> Vec<(usize, u32)> {
+        (0..self.len())
+            .flat_map(|i| {
+                let start = self.offsets[i];
+                (from(i).max(1)..self.offsets[i + 1] - start).map(move |p| (start + p - 1, self.ids[start + p]))
+            })
+            .collect()
+    }
 }
 
 /// The indices of sequences of `lengths` grouped into batches of at most `max_tokens` tokens
@@ -116,6 +128,14 @@ mod tests {
         assert_eq!(p.sequence(2), &[8, 9]);
         assert_eq!(p.positions(), vec![0, 1, 2, 0, 1]);
         assert_eq!(p.row(2, 1), 4);
+    }
+
+    #[test]
+    fn next_tokens_pair_each_learned_token_with_the_row_before_it() {
+        let p = Packed::new(&[&[5, 6, 7], &[8], &[9, 10, 11, 12]]);
+        // From position 0 (taken as 1), 5 (past the end: nothing) and 2.
+        let from = [0, 5, 2];
+        assert_eq!(p.next_tokens(|i| from[i]), vec![(0, 6), (1, 7), (5, 11), (6, 12)]);
     }
 
     #[test]

@@ -220,13 +220,9 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
         let parts: Vec<(Packed, Vec<(usize, u32)>)> = batches(&lens, &order, usize::MAX, self.max_tokens)
             .into_iter()
             .map(|part| {
-                let part: Vec<(&[u32], usize)> = part.iter().map(|&i| seqs[i]).collect();
-                let ids: Vec<&[u32]> = part.iter().map(|&(s, _)| s).collect();
+                let ids: Vec<&[u32]> = part.iter().map(|&i| seqs[i].0).collect();
                 let packed = Packed::new(&ids);
-                // Each learned token, predicted by the row before it.
-                let pairs = learned_positions(&part)
-                    .map(|(i, p)| (packed.row(i, p - 1), ids[i][p]))
-                    .collect();
+                let pairs = packed.next_tokens(|k| seqs[part[k]].1);
                 (packed, pairs)
             })
             .collect();

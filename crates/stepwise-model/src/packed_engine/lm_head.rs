@@ -129,9 +129,10 @@ pub(super) fn lm_head_backward<B: TrainBackend>(
     let chunk = dec.lm_chunk_rows().min(pairs.len());
     let mut c = LmChunk::new(b, chunk, h, v)?;
     let mut logp = Vec::with_capacity(pairs.len());
-    let mut last = None;
+    // The rows and tokens on the device of the chunk whose logits `c` holds.
+    let mut held = None;
     for part in pairs.chunks(chunk) {
-        last = Some(dec.lm_chunk(&pass.x, part, &mut c)?);
+        held = Some(dec.lm_chunk(&pass.x, part, &mut c)?);
         logp.extend(b.read_f32(&c.logp, part.len())?);
     }
     let (value, coef) = loss(&logp)?;
@@ -147,19 +148,22 @@ pub(super) fn lm_head_backward<B: TrainBackend>(
     );
     let (mut d_logits, mut d_head_in) = (b.zeros_bf16(chunk * v)?, b.zeros_f32(chunk * h)?);
     let mut dx = b.zeros_f32(pass.tokens * h)?;
-    let tied = matches!(dec.head, Head::Lm(None));
-    let single = pairs.len() <= chunk;
+    let (tied, w) = (matches!(dec.head, Head::Lm(None)), dec.lm_matrix()?);
+    // One chunk: its logits are still in `c`; several: each is made again.
+    if pairs.len() > chunk {
+        held = None;
+    }
     for (k, part) in pairs.chunks(chunk).enumerate() {
         let r = part.len();
-        let (rows, tokens) = match last.take() {
-            Some(kept) if single => kept,
-            _ => dec.lm_chunk(&pass.x, part, &mut c)?,
+        let (rows, tokens) = match held.take() {
+            Some(kept) => kept,
+            None => dec.lm_chunk(&pass.x, part, &mut c)?,
         };
         let coef = b.upload_f32(&coef[k * chunk..][..r])?;
         b.token_logprobs_backward(&c.logits, &tokens, &c.lse, &coef, &mut d_logits, r, v)?;
         let d_w = if tied { &mut g.embed } else { &mut g.head[0] };
         b.gemm_weight_grad(&d_logits, &c.head_in, d_w, r, v, h)?;
-        b.gemm_nn(&d_logits, dec.lm_matrix()?, Out::F32(&mut d_head_in), r, v, h, false)?;
+        b.gemm_nn(&d_logits, w, Out::F32(&mut d_head_in), r, v, h, false)?;
         b.rms_norm_backward(&pass.x, Some(&rows), &dec.norm, &d_head_in, &mut dx, &mut g.norm, r, h, eps)?;
     }
     Ok((value, dx))

@@ -62,10 +62,10 @@ impl TokenBatch {
     pub fn new(batch: &[&Example], objective: Objective) -> Result<Self> {
         let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
         let packed = Packed::new(&seqs);
-        let (mut pairs, mut spans) = (Vec::new(), Vec::new());
-        for (i, e) in batch.iter().enumerate() {
-            let (first, base) = (e.lm_from.max(1), pairs.len());
-            pairs.extend((first..e.ids.len()).map(|p| (packed.row(i, p - 1), e.ids[p])));
+        let pairs = packed.next_tokens(|i| batch[i].lm_from);
+        let (mut spans, mut base) = (Vec::new(), 0);
+        for e in batch {
+            let first = e.lm_from.max(1);
             if let Objective::LogRatio(lr) = objective {
                 if lr.reference_logprob.is_none() && e.ref_logprobs.len() != e.ids.len() {
                     bail!("the log-ratio objective needs the reference log-probabilities of every example");
@@ -85,6 +85,8 @@ impl TokenBatch {
                     });
                 }
             }
+            // This example's learned tokens in `pairs`.
+            base += e.ids.len().saturating_sub(first);
         }
         Ok(TokenBatch { packed, pairs, spans })
     }
@@ -157,12 +159,7 @@ pub fn sequence_logprobs<B: TrainBackend>(
     for part in batches(&lens, &order, usize::MAX, max_tokens) {
         let batch: Vec<&[u32]> = part.iter().map(|&i| seqs[i]).collect();
         let packed = Packed::new(&batch);
-        let pairs: Vec<(usize, u32)> = batch
-            .iter()
-            .enumerate()
-            .flat_map(|(i, s)| (1..s.len()).map(move |p| (i, p, s[p])))
-            .map(|(i, p, t)| (packed.row(i, p - 1), t))
-            .collect();
+        let pairs = packed.next_tokens(|_| 1);
         let logp = decoder.token_logprobs(&packed, &pairs)?;
         let mut at = 0;
         for s in batch {
