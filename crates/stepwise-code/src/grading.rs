@@ -84,6 +84,7 @@ impl CodeTask {
             program: &text,
             tests: Some(&problem.tests),
             trace_function: None,
+            header: Some(&problem.header),
         })
     }
 

@@ -80,6 +80,7 @@ impl CodeTask {
             program: &program,
             tests: Some(&p.tests),
             trace_function,
+            header: Some(&p.header),
         })
     }
 }

@@ -1,8 +1,7 @@
 //! The sandbox against HumanEval's 164 problems and against programs that misbehave on purpose:
 //! every canonical solution passes; a solution with its `return` line removed, or a comparison
-//! flipped, fails; a program that loops, forks, allocates without bound, writes or reads outside
-//! its directory, reads the environment, opens a socket or starts a process is stopped or
-//! refused, and nothing it does reaches the caller's files.
+//! flipped, fails; a program that loops, forks, allocates without bound, opens a socket or starts
+//! a process is stopped or refused. (tests/hostile.rs: programs written to escape or to forge.)
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -143,42 +142,27 @@ fn runaway_programs_are_stopped() {
 
 #[test]
 fn processes_network_and_files_outside_are_refused() {
-    let outside = std::env::temp_dir().join(format!("stepwise-sandbox-outside-{}", std::process::id()));
-    let _ = std::fs::remove_file(&outside);
-    std::fs::write(outside.with_extension("keep"), "the caller's file").unwrap();
-    let keep = outside.with_extension("keep");
-    for (program, what) in [
-        ("import os\nos.fork()\n".to_string(), "os.fork"),
-        ("import os\nos.system('true')\n".to_string(), "os.system"),
-        ("import subprocess\n".to_string(), "import subprocess"),
-        ("import socket\n".to_string(), "import socket"),
-        ("import ctypes\n".to_string(), "import ctypes"),
-        ("import posix\nposix.fork()\n".to_string(), "os.fork"),
-        (
-            format!("open({:?}, 'w').write('x')\n", outside.display().to_string()),
-            "open(",
-        ),
-        (
-            format!("print(open({:?}).read())\n", keep.display().to_string()),
-            "open(",
-        ),
-        (
-            format!("import os\nos.remove({:?})\n", keep.display().to_string()),
-            "os.remove",
-        ),
-        ("open('/etc/passwd').read()\n".to_string(), "open("),
-        ("import os\nos.kill(1, 9)\n".to_string(), "os.kill"),
+    // What the kernel refuses is a PermissionError in the program: its status is `refused`,
+    // with the call's line. (tests/hostile.rs tries many more ways out.)
+    for program in [
+        "import os\nos.fork()\n",
+        "import subprocess\nsubprocess.run(['true'])\n",
+        "import socket\nsocket.create_connection(('127.0.0.1', 9))\n",
+        "import posix\nposix.fork()\n",
+        "import os\nos.setsid()\n",
     ] {
-        let outcome = run(&program);
+        let outcome = run(program);
         assert_eq!(outcome.status, Status::Refused, "{program}: {outcome:?}");
+        let refused = outcome.refused.as_deref().unwrap_or("");
         assert!(
-            outcome.refused.as_deref().unwrap_or("").starts_with(what),
+            refused.starts_with("PermissionError") && refused.contains("(line 2)"),
             "{program}: {outcome:?}"
         );
     }
-    assert!(!outside.exists(), "a file outside the run's directory was written");
-    assert_eq!(std::fs::read_to_string(&keep).unwrap(), "the caller's file");
-    let _ = std::fs::remove_file(&keep);
+    // Files outside are not there at all: the program's root holds the interpreter only.
+    let outcome = run("open('/etc/passwd').read()\n");
+    assert_eq!(outcome.status, Status::Error, "{outcome:?}");
+    assert!(outcome.message.unwrap().starts_with("FileNotFoundError"));
     // Inside its own directory a program may write and read back.
     let local = run("open('scratch.txt', 'w').write('hi')\nassert open('scratch.txt').read() == 'hi'\n");
     assert_eq!(local.status, Status::Passed, "{local:?}");
@@ -220,9 +204,9 @@ fn the_sandbox_runs_a_verification_chains_code_blocks_in_one_namespace() {
     assert!(err.starts_with("13\nCode execute Error: ZeroDivisionError"), "{err}");
     let syntax = s.execute(&[], "print(");
     assert!(syntax.contains("Code execute Error: SyntaxError"), "{syntax}");
-    let refused = s.execute(&[], "import subprocess");
+    let refused = s.execute(&[], "import subprocess\nsubprocess.run(['true'])");
     assert!(
-        refused.contains("Code execute Error") && refused.contains("subprocess"),
+        refused.contains("Code execute Error") && refused.contains("PermissionError"),
         "{refused}"
     );
     let mut quick = sandbox();

@@ -1,0 +1,153 @@
+# The candidate's side of the sandbox (stepwise-code), after codec.py: the untrusted program runs
+# here, inside the kernel's walls, and answers calls. Nothing here decides a verdict: the tests
+# run in another process (checker.py) and see only the plain data this side sends back, so a
+# program that rewrites builtins, frames, modules or this file changes only its own answers.
+#
+# Protocol, one JSON line a message; fd 3 from stepwise, fd 4 to it, fds 1 and 2 the program's
+# output (kept by stepwise, bounded):
+#   in:  {"program", "trace_function", "max_trace_events"}
+#   out: {"ready": [top-level callables]}, or {"ended": {...}, "trace": [...]} when it did not run
+#   in:  {"call": name, "args": [...], "kwargs": [[k, v], ...]}
+#   out: {"value": v, "after": [mutable arguments after the call, or null]} or {"raised": [type, message]}
+#   in:  {"end": true}       out: {"ended": {"status": "ok"}, "trace": [...]}
+import sys
+
+requests = Lines(3)
+trace = []
+
+
+def plain(v):
+    """Trace events (str keys, str and int values) as JSON."""
+    if type(v) is dict:
+        return "{" + ",".join(["%s:%s" % (_esc(k), plain(x)) for k, x in v.items()]) + "}"
+    if type(v) is str:
+        return _esc(v)
+    return int.__repr__(v)
+
+
+def finish(status, message=None):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    ended = {"status": status}
+    if message is not None:
+        ended["message"] = message[:500]
+    send(4, '{"ended":%s,"trace":[%s]}' % (plain(ended), ",".join([plain(e) for e in trace])))
+    import posix
+    posix._exit(0)
+
+
+def described(e):
+    try:
+        return "%s: %s" % (type(e).__name__, e)
+    except BaseException:
+        return type(e).__name__
+
+
+def where(e):
+    """The program's line an exception came from, as text."""
+    line, tb = None, e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<candidate>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return "" if line is None else " (line %d)" % line
+
+
+def status_of(e):
+    if isinstance(e, MemoryError):
+        return "memory"
+    if isinstance(e, PermissionError):
+        return "refused"
+    return "error"
+
+
+def tracer_for(name, limit):
+    calls = [0]
+
+    def shown(v):
+        try:
+            r = repr(v)
+        except BaseException:
+            r = "<unrepresentable>"
+        return r if len(r) <= 200 else r[:197] + "..."
+
+    def snapshot(frame):
+        return {k: shown(v) for k, v in frame.f_locals.items() if not k.startswith("__")}
+
+    def tracer(frame, event, arg):
+        if event != "call" or frame.f_code.co_filename != "<candidate>" or frame.f_code.co_name != name:
+            return None
+        calls[0] += 1
+        call = calls[0]
+        last = [None]
+
+        def local(frame, event, arg):
+            if len(trace) >= limit:
+                return None
+            if event == "line":
+                if last[0] is not None:
+                    trace.append({"call": call, "line": last[0], "locals": snapshot(frame)})
+                last[0] = frame.f_lineno
+            elif event == "return":
+                if last[0] is not None:
+                    trace.append({"call": call, "line": last[0], "locals": snapshot(frame),
+                                  "returned": shown(arg)})
+            elif event == "exception":
+                trace.append({"call": call, "line": frame.f_lineno, "locals": snapshot(frame),
+                              "raised": shown(arg[1])})
+            return local
+        return local
+    return tracer
+
+
+def answer(namespace, request):
+    f = namespace.get(request["call"])
+    if f is None:
+        raise NameError("the program defines no `%s`" % request["call"])
+    args = request["args"]
+    value = f(*args, **dict(request.get("kwargs") or ()))
+    after = [encode(a) if type(a) in (list, dict, set, bytearray) else "null" for a in args]
+    return '{"value":%s,"after":[%s]}' % (encode(value), ",".join(after))
+
+
+def serve(namespace):
+    names = [k for k, v in list(namespace.items()) if type(k) is str and not k.startswith("__") and callable(v)]
+    send(4, '{"ready":[%s]}' % ",".join([_esc(n) for n in names]))
+    while True:
+        line = requests.readline()
+        if line is None:
+            finish("error", "stepwise closed the channel")
+        request = decode(line)
+        if request.get("end"):
+            sys.settrace(None)
+            finish("ok")
+        try:
+            text = answer(namespace, request)
+        except BaseException as e:
+            text = '{"raised":[%s,%s]}' % (_esc(type(e).__name__), _esc(described(e)[len(type(e).__name__) + 2:][:500]))
+        send(4, text)
+
+
+def main():
+    job = decode(requests.readline() or "null")
+    try:
+        program = compile(job["program"], "<candidate>", "exec")
+    except SyntaxError as e:
+        finish("error", "SyntaxError: %s (line %s)" % (e.msg, e.lineno))
+    except (ValueError, MemoryError) as e:
+        finish(status_of(e), described(e))
+    namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+    if job.get("trace_function"):
+        sys.settrace(tracer_for(job["trace_function"], job["max_trace_events"]))
+    try:
+        exec(program, namespace)
+    except BaseException as e:
+        sys.settrace(None)
+        finish(status_of(e), described(e) + where(e))
+    serve(namespace)
+
+
+main()
