@@ -105,9 +105,9 @@ fn build() -> Result<[BpfProgram; 2]> {
         SeccompCondition::new(index, SeccompCmpArgLen::Qword, op, value).map_err(|e| anyhow!("{e}"))
     };
     let rule = |conditions| SeccompRule::new(conditions).map_err(|e| anyhow!("{e}"));
-    let mut denied: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&s| (i64::from(s), Vec::new())).collect();
+    let mut denied: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&s| (s, Vec::new())).collect();
     denied.insert(
-        i64::from(libc::SYS_clone),
+        libc::SYS_clone,
         vec![rule(vec![arg(
             0,
             SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
@@ -115,21 +115,13 @@ fn build() -> Result<[BpfProgram; 2]> {
         )?])?],
     );
     denied.insert(
-        i64::from(libc::SYS_ioctl),
+        libc::SYS_ioctl,
         vec![
-            rule(vec![arg(
-                1,
-                SeccompCmpOp::MaskedEq(0xffff_ffff),
-                u64::from(libc::TIOCSTI),
-            )?])?,
-            rule(vec![arg(
-                1,
-                SeccompCmpOp::MaskedEq(0xffff_ffff),
-                u64::from(libc::TIOCLINUX),
-            )?])?,
+            rule(vec![arg(1, SeccompCmpOp::MaskedEq(0xffff_ffff), libc::TIOCSTI)?])?,
+            rule(vec![arg(1, SeccompCmpOp::MaskedEq(0xffff_ffff), libc::TIOCLINUX)?])?,
         ],
     );
-    let clone3: BTreeMap<i64, Vec<SeccompRule>> = [(i64::from(libc::SYS_clone3), Vec::new())].into();
+    let clone3: BTreeMap<i64, Vec<SeccompRule>> = [(libc::SYS_clone3, Vec::new())].into();
     Ok([
         compile(denied, SeccompAction::Errno(libc::EPERM as u32))?,
         compile(clone3, SeccompAction::Errno(libc::ENOSYS as u32))?,
