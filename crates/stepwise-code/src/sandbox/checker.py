@@ -87,9 +87,24 @@ class Asserts(ast.NodeTransformer):
         return ast.copy_location(ast.Expr(value=call), node)
 
 
-def compile_tests(source, name):
-    tree = Asserts().visit(ast.parse(source, name))
-    return compile(ast.fix_missing_locations(tree), name, "exec")
+_compiled = {}
+
+
+def compiled(source, name, asserts=True):
+    """`source` compiled (its assertions recorded one by one when `asserts`), kept for the next
+    job of the same problem."""
+    key = (source, name, asserts)
+    code = _compiled.get(key)
+    if code is None:
+        if asserts:
+            tree = Asserts().visit(ast.parse(source, name))
+            code = compile(ast.fix_missing_locations(tree), name, "exec")
+        else:
+            code = compile(source, name, "exec")
+        if len(_compiled) >= 4096:
+            _compiled.clear()
+        _compiled[key] = code
+    return code
 
 
 def run_tests(job, result):
@@ -112,7 +127,7 @@ def run_tests(job, result):
 
     namespace = {"__name__": "__checker__", "__builtins__": builtins, "__stepwise_assert__": record}
     if job.get("header"):
-        exec(compile(job["header"], "<header>", "exec"), namespace)
+        exec(compiled(job["header"], "<header>", False), namespace)
     trusted = set(namespace)
     entry = job.get("entry_point") or ""
     for name in job["functions"]:
@@ -122,9 +137,9 @@ def run_tests(job, result):
                 name == entry or (name not in trusted and not hasattr(builtins, name))):
             namespace[name] = proxy(name)
     if job.get("setup"):
-        exec(compile(job["setup"], "<setup>", "exec"), namespace)
+        exec(compiled(job["setup"], "<setup>", False), namespace)
     if job.get("check"):
-        exec(compile_tests(job["check"], "<tests>"), namespace)
+        exec(compiled(job["check"], "<tests>"), namespace)
         check = namespace.get("check")
         if check is None:
             raise NameError("the tests define no `check(candidate)`")
@@ -132,7 +147,7 @@ def run_tests(job, result):
             raise NameError("the program defines no `%s`" % entry)
         check(namespace[entry])
     for i, line in enumerate(job.get("asserts") or []):
-        exec(compile_tests(line, "<test %d>" % i), namespace)
+        exec(compiled(line, "<test %d>" % i), namespace)
 
 
 def judge(job):

@@ -199,6 +199,7 @@ pub fn timeout_from_secs(seconds: f64) -> Result<Duration> {
 #[derive(Clone)]
 pub struct Sandbox {
     python: PathBuf,
+    compiled: Arc<run::Compiled>,
     walls: Arc<jail::Isolation>,
     checkers: Arc<Mutex<Vec<run::Checker>>>,
     /// Wall-clock time a run may take.
@@ -272,13 +273,23 @@ impl Sandbox {
     /// address space, files of 16 MiB, a `/tmp` of 64 MiB), isolated as
     /// [`Isolation::from_env`] says.
     pub fn new() -> Result<Self> {
+        Self::new_with(Isolation::from_env())
+    }
+
+    /// As [`Sandbox::new`], isolated as `isolation` says (or insecurely when the environment
+    /// asks for it).
+    pub fn new_with(isolation: Isolation) -> Result<Self> {
+        let isolation = match Isolation::from_env() {
+            Isolation::Insecure => Isolation::Insecure,
+            Isolation::Kernel => isolation,
+        };
         let python = match std::env::var_os("STEPWISE_PYTHON") {
             Some(p) => PathBuf::from(p),
             None => find_on_path("python3").context(
                 "the code task runs programs with python3, which is not on PATH (install it, or set STEPWISE_PYTHON to a Python 3 interpreter)",
             )?,
         };
-        Self::with_isolation(python, Isolation::from_env())
+        Self::with_isolation(python, isolation)
     }
 
     /// The interpreter at `python` (a launcher such as pyenv's shim, or a virtual environment's
@@ -296,6 +307,7 @@ impl Sandbox {
             Isolation::Kernel => run::kernel_walls(&interpreter.executable, &interpreter.dirs)?,
         };
         Ok(Sandbox {
+            compiled: Arc::new(run::compile_harnesses(&interpreter.executable)?),
             python: interpreter.executable,
             walls,
             checkers: Arc::default(),
