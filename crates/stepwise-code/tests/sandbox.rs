@@ -214,3 +214,38 @@ fn the_sandbox_runs_a_verification_chains_code_blocks_in_one_namespace() {
     let looped = quick.execute(&[], "while True:\n    pass");
     assert!(looped.contains("Code execute Error"), "{looped}");
 }
+
+/// A whole script (SandboxFusion's `run_code`): its input on fd 0, its output and errors apart,
+/// its exit status; a traceback and status 1 when it raises; its time bounded.
+#[test]
+fn a_script_reads_its_input_and_reports_its_exit() {
+    let s = sandbox();
+    let o = s
+        .run_script(
+            "import sys\nn = int(input())\nprint(sum(range(n)))\nprint('note', file=sys.stderr)\nif __name__ == '__main__':\n    sys.exit(3)\n",
+            b"10\n",
+        )
+        .unwrap();
+    assert_eq!(o.status, stepwise_code::ScriptStatus::Finished, "{o:?}");
+    assert_eq!(
+        (o.return_code, o.stdout.as_str(), o.stderr.as_str()),
+        (Some(3), "45\n", "note\n")
+    );
+    let o = s
+        .run_script("data = open(0).read()\nprint(len(data))\n1 / 0\n", &[b'x'; 100_000])
+        .unwrap();
+    assert_eq!((o.return_code, o.stdout.as_str()), (Some(1), "100000\n"), "{o:?}");
+    assert!(o.stderr.contains("ZeroDivisionError"), "{o:?}");
+    let mut quick = sandbox();
+    quick.timeout = Duration::from_secs(1);
+    let o = quick.run_script("while True:\n    pass\n", b"").unwrap();
+    assert_eq!(
+        (o.status, o.return_code),
+        (stepwise_code::ScriptStatus::TimeLimitExceeded, None)
+    );
+    let o = s.run_script("import os\nos.fork()\n", b"").unwrap();
+    assert!(
+        o.return_code == Some(1) && o.stderr.contains("PermissionError"),
+        "{o:?}"
+    );
+}

@@ -10,6 +10,8 @@
 #   in:  {"call": name, "args": [...], "kwargs": [[k, v], ...]}
 #   out: {"value": v, "after": [mutable arguments after the call, or null]} or {"raised": [type, message]}
 #   in:  {"end": true}       out: {"ended": {"status": "ok"}, "trace": [...]}
+# or, for a whole script:
+#   in:  {"program", "script": true}   out: {"ended": {"status": "ok", "code": exit status}}
 import sys
 
 requests = Lines(3)
@@ -25,7 +27,7 @@ def plain(v):
     return int.__repr__(v)
 
 
-def finish(status, message=None):
+def finish(status, message=None, code=None):
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
@@ -34,6 +36,8 @@ def finish(status, message=None):
     ended = {"status": status}
     if message is not None:
         ended["message"] = message[:500]
+    if code is not None:
+        ended["code"] = code
     send(4, '{"ended":%s,"trace":[%s]}' % (plain(ended), ",".join([plain(e) for e in trace])))
     import posix
     posix._exit(0)
@@ -131,8 +135,38 @@ def serve(namespace):
         send(4, text)
 
 
+def run_script(source):
+    """A whole script, as `python3 script.py` runs it (SandboxFusion's run_code): __main__, its
+    input on fd 0, a traceback on stderr and exit status 1 when it raises, sys.exit's status."""
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    code = 0
+    try:
+        exec(compile(source, "<main>", "exec"), namespace)
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif type(e.code) is int:
+            code = e.code % 256
+        else:
+            try:
+                print(e.code, file=sys.stderr)
+            except BaseException:
+                pass
+            code = 1
+    except BaseException:
+        try:
+            import traceback
+            traceback.print_exc()
+        except BaseException:
+            pass
+        code = 1
+    finish("ok", code=code)
+
+
 def main():
     job = decode(requests.readline() or "null")
+    if job.get("script"):
+        run_script(job["program"])
     try:
         program = compile(job["program"], "<candidate>", "exec")
     except SyntaxError as e:

@@ -14,11 +14,16 @@ pub(crate) struct Reader {
     limit: usize,
 }
 
-/// What the program printed: the first `limit` bytes kept, the rest counted.
+/// What the program printed, one buffer a stream (its output and errors, or both merged): the
+/// first `limit` bytes of each kept, the rest read and dropped.
 pub(crate) struct Output {
-    fd: Option<OwnedFd>,
-    pub kept: Vec<u8>,
+    streams: Vec<Stream>,
     limit: usize,
+}
+
+struct Stream {
+    fd: Option<OwnedFd>,
+    kept: Vec<u8>,
 }
 
 /// How waiting for a line ended.
@@ -84,45 +89,58 @@ impl Reader {
 }
 
 impl Output {
-    pub fn new(fd: Option<OwnedFd>, limit: usize) -> Self {
+    pub fn new(fds: Vec<OwnedFd>, limit: usize) -> Self {
         Output {
-            fd,
-            kept: Vec::new(),
+            streams: fds
+                .into_iter()
+                .map(|fd| Stream {
+                    fd: Some(fd),
+                    kept: Vec::new(),
+                })
+                .collect(),
             limit,
         }
     }
 
+    /// What stream `i` kept.
+    pub fn kept(&self, i: usize) -> &[u8] {
+        self.streams.get(i).map(|s| s.kept.as_slice()).unwrap_or_default()
+    }
+
     /// Read what is available, keeping what fits.
     fn drain(&mut self) {
-        let Some(fd) = &self.fd else { return };
         let mut chunk = [0u8; 64 << 10];
-        loop {
-            match read_some(fd, &mut chunk) {
-                Ok(0) => {
-                    self.fd = None;
-                    return;
-                }
-                Ok(n) => {
-                    let room = self.limit.saturating_sub(self.kept.len());
-                    self.kept.extend_from_slice(&chunk[..n.min(room)]);
-                }
-                Err(Errno::EAGAIN) => return,
-                Err(_) => {
-                    self.fd = None;
-                    return;
+        for stream in &mut self.streams {
+            while let Some(fd) = &stream.fd {
+                match read_some(fd, &mut chunk) {
+                    Ok(0) => stream.fd = None,
+                    Ok(n) => {
+                        let room = self.limit.saturating_sub(stream.kept.len());
+                        stream.kept.extend_from_slice(&chunk[..n.min(room)]);
+                    }
+                    Err(Errno::EAGAIN) => break,
+                    Err(_) => stream.fd = None,
                 }
             }
         }
     }
 
+    fn open(&self) -> impl Iterator<Item = &OwnedFd> {
+        self.streams.iter().filter_map(|s| s.fd.as_ref())
+    }
+
     /// Drain until the writers are gone or `deadline` passes.
     pub fn finish(&mut self, deadline: Instant) {
-        while let Some(fd) = &self.fd {
+        while self.open().next().is_some() {
             let Some(wait) = remaining(deadline) else { return };
-            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            let mut fds: Vec<PollFd> = self
+                .open()
+                .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+                .collect();
             if poll(&mut fds, wait).is_err() {
                 return;
             }
+            drop(fds);
             self.drain();
         }
     }
@@ -160,13 +178,13 @@ pub(crate) fn exchange(
             return Event::TimedOut;
         };
         let mut fds = vec![PollFd::new(from.fd.as_fd(), PollFlags::POLLIN)];
-        if let Some(fd) = &output.fd {
-            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-        }
+        fds.extend(output.open().map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN)));
         if let Some((fd, _)) = to {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLOUT));
         }
-        match poll(&mut fds, wait) {
+        let polled = poll(&mut fds, wait);
+        drop(fds);
+        match polled {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(_) => return Event::Closed,
         }

@@ -59,8 +59,8 @@ pub(crate) struct Jailed {
     pub input: OwnedFd,
     /// Its fd 4: what the harness writes (taken by the reader).
     replies: Option<OwnedFd>,
-    /// Its fds 1 and 2: what the program prints, when kept (taken by the reader).
-    output: Option<OwnedFd>,
+    /// Its fds 1 and 2 (one pipe, or one each), when kept (taken by the reader).
+    output: Vec<OwnedFd>,
     /// The host directory it runs in, in the insecure mode (removed when it ends).
     scratch: Option<std::path::PathBuf>,
 }
@@ -81,9 +81,9 @@ impl Jailed {
         self.replies.take().expect("the replies are taken once")
     }
 
-    /// The read end of its output (`None` when it is discarded).
-    pub fn take_output(&mut self) -> Option<OwnedFd> {
-        self.output.take()
+    /// The read ends of its output (none when it is discarded; two when kept apart).
+    pub fn take_output(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.output)
     }
 
     /// How the keeper ended (the jailed process's exit code, or 128 + its signal), if it has.
@@ -459,26 +459,49 @@ impl Init {
     }
 }
 
+/// What becomes of a harness's standard streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Streams {
+    /// Output and errors to /dev/null (the checker's).
+    Discard,
+    /// Output and errors through one pipe, in the order written.
+    Merged,
+    /// Output and errors through a pipe each, and an input on fd 0 (a script's run).
+    Apart,
+}
+
 /// The pipes between this process and a harness: (the child's end, the parent's end) of each.
 pub(crate) struct Pipes {
     pub input: (OwnedFd, OwnedFd),
     pub replies: (OwnedFd, OwnedFd),
-    pub output: (OwnedFd, OwnedFd),
+    pub output: Vec<(OwnedFd, OwnedFd)>,
+    pub stdin: Option<(OwnedFd, OwnedFd)>,
+}
+
+/// A pipe as (the child's end, the parent's non-blocking end): the child reads it when
+/// `child_reads`, else writes it.
+fn pipe(child_reads: bool) -> Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let ends = if child_reads { (r, w) } else { (w, r) };
+    nix::fcntl::fcntl(&ends.1, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    Ok(ends)
 }
 
 impl Pipes {
-    pub fn new() -> Result<Pipes> {
-        let pipe = || -> Result<(OwnedFd, OwnedFd)> { Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?) };
-        let (input_r, input_w) = pipe()?;
-        let (replies_r, replies_w) = pipe()?;
-        let (output_r, output_w) = pipe()?;
-        for fd in [&input_w, &replies_r, &output_r] {
-            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
-        }
+    fn new(streams: Streams) -> Result<Pipes> {
         Ok(Pipes {
-            input: (input_r, input_w),
-            replies: (replies_w, replies_r),
-            output: (output_w, output_r),
+            input: pipe(true)?,
+            replies: pipe(false)?,
+            output: match streams {
+                Streams::Discard => Vec::new(),
+                Streams::Merged => vec![pipe(false)?],
+                Streams::Apart => vec![pipe(false)?, pipe(false)?],
+            },
+            stdin: if streams == Streams::Apart {
+                Some(pipe(true)?)
+            } else {
+                None
+            },
         })
     }
 }
@@ -503,33 +526,37 @@ pub(crate) fn parent_tag() -> String {
 }
 
 /// The command line of a harness: the interpreter in isolated mode running `script`.
-fn command(python: &Path, script: &str, pipes: &Pipes, keep_output: bool) -> Result<Command> {
+fn command(python: &Path, script: &str, pipes: &Pipes) -> Result<Command> {
     let mut cmd = Command::new(python);
     cmd.args(["-I", "-S", "-B", "-c", script, &parent_tag()])
         .env_clear()
         .env("LC_ALL", "C.UTF-8")
-        .stdin(Stdio::null())
         .process_group(0);
-    if keep_output {
-        cmd.stdout(Stdio::from(pipes.output.0.try_clone()?))
-            .stderr(Stdio::from(pipes.output.0.try_clone()?));
-    } else {
-        cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    }
+    let end = |i: usize| -> Result<Stdio> {
+        Ok(match pipes.output.get(i).or(pipes.output.first()) {
+            Some((child, _)) => Stdio::from(child.try_clone()?),
+            None => Stdio::null(),
+        })
+    };
+    cmd.stdout(end(0)?).stderr(end(1)?);
+    match &pipes.stdin {
+        Some((child, _)) => cmd.stdin(Stdio::from(child.try_clone()?)),
+        None => cmd.stdin(Stdio::null()),
+    };
     Ok(cmd)
 }
 
-/// Start `python` running `script` in the jail, limited by `limits`; what it prints is kept
-/// for reading when `keep_output`, else discarded.
+/// Start `python` running `script` in the jail, limited by `limits`, its streams as `streams`
+/// says (with [`Streams::Apart`], the returned writer feeds its standard input).
 pub(crate) fn spawn(
     python: &Path,
     script: &str,
     isolation: &Isolation,
     limits: &Limits,
-    keep_output: bool,
-) -> Result<Jailed> {
-    let pipes = Pipes::new()?;
-    let mut cmd = command(python, script, &pipes, keep_output)?;
+    streams: Streams,
+) -> Result<(Jailed, Option<OwnedFd>)> {
+    let pipes = Pipes::new(streams)?;
+    let mut cmd = command(python, script, &pipes)?;
     let fds = (pipes.input.0.as_raw_fd(), pipes.replies.0.as_raw_fd());
     let mut scratch = None;
     match isolation {
@@ -553,14 +580,20 @@ pub(crate) fn spawn(
             return Err(e).context("starting the sandbox");
         }
     };
-    let Pipes { input, replies, output } = pipes;
-    Ok(Jailed {
+    let Pipes {
+        input,
+        replies,
+        output,
+        stdin,
+    } = pipes;
+    let jailed = Jailed {
         child,
         input: input.1,
         replies: Some(replies.1),
-        output: keep_output.then_some(output.1),
+        output: output.into_iter().map(|(_, parent)| parent).collect(),
         scratch,
-    })
+    };
+    Ok((jailed, stdin.map(|(_, parent)| parent)))
 }
 
 fn keeper(view: Arc<View>, python: &Path, script: &str, limits: &Limits, fds: (RawFd, RawFd)) -> Result<Keeper> {

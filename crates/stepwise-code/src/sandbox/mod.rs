@@ -25,6 +25,7 @@ mod channel;
 mod filter;
 mod jail;
 mod run;
+mod script;
 mod spawner;
 mod view;
 
@@ -34,6 +35,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+pub use script::{ScriptOutcome, ScriptStatus};
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

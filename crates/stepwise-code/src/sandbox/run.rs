@@ -3,7 +3,7 @@
 //! within the run's deadline.
 
 use super::channel::{exchange, Event, Output, Reader};
-use super::jail::{self, Jailed, Limits};
+use super::jail::{self, Jailed, Limits, Streams};
 use super::view::View;
 use super::{Job, Outcome, Sandbox, Status, Tests, TraceEvent};
 use anyhow::{anyhow, bail, Context, Result};
@@ -18,18 +18,18 @@ const CANDIDATE: &str = include_str!("candidate.py");
 const CHECKER: &str = include_str!("checker.py");
 
 /// The longest message either harness may send (a value, the tests' result, the trace).
-const MESSAGE_LIMIT: usize = 32 << 20;
+pub(crate) const MESSAGE_LIMIT: usize = 32 << 20;
 /// Idle checkers kept for later runs.
 const IDLE_CHECKERS: usize = 64;
 
 /// What the interpreter is started with: read the harness's compiled code from fd 3 (its length
 /// on a line, then `marshal`'s bytes) and run it. Compiling the harness costs an interpreter
 /// 2.8 ms a run; unmarshalling it a tenth of that.
-const BOOT: &str = "import marshal, posix\nb = b''\nwhile not b.endswith(b'\\n'):\n    b += posix.read(3, 1) or 1 / 0\nn, d = int(b), b''\nwhile len(d) < n:\n    d += posix.read(3, n - len(d)) or 1 / 0\nexec(marshal.loads(d))\n";
+pub(crate) const BOOT: &str = "import marshal, posix\nb = b''\nwhile not b.endswith(b'\\n'):\n    b += posix.read(3, 1) or 1 / 0\nn, d = int(b), b''\nwhile len(d) < n:\n    d += posix.read(3, n - len(d)) or 1 / 0\nexec(marshal.loads(d))\n";
 
 /// Both harnesses compiled by the interpreter that runs them, each as [`BOOT`] reads it.
 pub(crate) struct Compiled {
-    candidate: Vec<u8>,
+    pub(crate) candidate: Vec<u8>,
     checker: Vec<u8>,
 }
 
@@ -178,7 +178,7 @@ fn probe(python: &Path, dirs: &[PathBuf]) -> Result<Arc<jail::Isolation>> {
 }
 
 impl Sandbox {
-    fn limits(&self, checker: bool) -> Limits {
+    pub(crate) fn limits(&self, checker: bool) -> Limits {
         if checker {
             Limits {
                 memory_bytes: self.memory_bytes.max(4 << 30),
@@ -202,7 +202,7 @@ impl Sandbox {
         if let Some(c) = self.checkers.lock().ok().and_then(|mut p| p.pop()) {
             return Ok(c);
         }
-        let mut jailed = jail::spawn(&self.python, BOOT, &self.walls, &self.limits(true), false)?;
+        let (mut jailed, _) = jail::spawn(&self.python, BOOT, &self.walls, &self.limits(true), Streams::Discard)?;
         let replies = Reader::new(jailed.take_replies(), MESSAGE_LIMIT);
         Ok(Checker {
             jailed,
@@ -224,7 +224,7 @@ impl Sandbox {
     pub fn run(&self, job: &Job<'_>) -> Result<Outcome> {
         let started = Instant::now();
         let deadline = started + self.timeout;
-        let mut cand = jail::spawn(&self.python, BOOT, &self.walls, &self.limits(false), true)?;
+        let (mut cand, _) = jail::spawn(&self.python, BOOT, &self.walls, &self.limits(false), Streams::Merged)?;
         let mut replies = Reader::new(cand.take_replies(), MESSAGE_LIMIT);
         let mut output = Output::new(cand.take_output(), self.max_output_chars);
         let request = json!({
@@ -252,14 +252,14 @@ impl Sandbox {
         });
         cand.kill();
         output.finish(Instant::now() + Duration::from_millis(100));
-        outcome.stdout = printed(&output.kept, self.max_output_chars);
+        outcome.stdout = printed(output.kept(0), self.max_output_chars);
         outcome.seconds = started.elapsed().as_secs_f64();
         Ok(outcome)
     }
 }
 
 /// What the program printed, as text (cut at a character boundary).
-fn printed(bytes: &[u8], limit: usize) -> String {
+pub(crate) fn printed(bytes: &[u8], limit: usize) -> String {
     let mut text = String::from_utf8_lossy(&bytes[..bytes.len().min(limit)]).into_owned();
     while text.len() > limit {
         text.pop();
@@ -429,7 +429,7 @@ impl Run<'_> {
         } else {
             Status::Error
         };
-        let tail = String::from_utf8_lossy(&self.output.kept).into_owned();
+        let tail = String::from_utf8_lossy(self.output.kept(0)).into_owned();
         let tail = tail.trim();
         let tail = match tail.rfind("stepwise-sandbox: ") {
             Some(at) => &tail[at..],
