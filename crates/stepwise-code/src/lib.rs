@@ -19,5 +19,5 @@ pub mod sandbox;
 pub mod task;
 
 pub use problems::CodeProblem;
-pub use sandbox::{Isolation, Job, Outcome, Sandbox, ScriptOutcome, ScriptStatus, Status, Tests};
+pub use sandbox::{Isolation, Job, Outcome, Sandbox, Script, ScriptOutcome, ScriptStatus, Status, Tests};
 pub use task::{CodeTask, CODE_STOPS};

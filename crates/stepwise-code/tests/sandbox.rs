@@ -219,33 +219,51 @@ fn the_sandbox_runs_a_verification_chains_code_blocks_in_one_namespace() {
 /// its exit status; a traceback and status 1 when it raises; its time bounded.
 #[test]
 fn a_script_reads_its_input_and_reports_its_exit() {
+    use stepwise_code::{Script, ScriptStatus};
     let s = sandbox();
+    let script = |program: &'static str, stdin: &'static [u8]| Script {
+        program,
+        stdin,
+        ..Default::default()
+    };
     let o = s
-        .run_script(
+        .run_script(&script(
             "import sys\nn = int(input())\nprint(sum(range(n)))\nprint('note', file=sys.stderr)\nif __name__ == '__main__':\n    sys.exit(3)\n",
             b"10\n",
-        )
+        ))
         .unwrap();
-    assert_eq!(o.status, stepwise_code::ScriptStatus::Finished, "{o:?}");
+    assert_eq!(o.status, ScriptStatus::Finished, "{o:?}");
     assert_eq!(
         (o.return_code, o.stdout.as_str(), o.stderr.as_str()),
         (Some(3), "45\n", "note\n")
     );
     let o = s
-        .run_script("data = open(0).read()\nprint(len(data))\n1 / 0\n", &[b'x'; 100_000])
+        .run_script(&script(
+            "data = open(0).read()\nprint(len(data))\n1 / 0\n",
+            &[b'x'; 100_000],
+        ))
         .unwrap();
     assert_eq!((o.return_code, o.stdout.as_str()), (Some(1), "100000\n"), "{o:?}");
     assert!(o.stderr.contains("ZeroDivisionError"), "{o:?}");
     let mut quick = sandbox();
     quick.timeout = Duration::from_secs(1);
-    let o = quick.run_script("while True:\n    pass\n", b"").unwrap();
-    assert_eq!(
-        (o.status, o.return_code),
-        (stepwise_code::ScriptStatus::TimeLimitExceeded, None)
-    );
-    let o = s.run_script("import os\nos.fork()\n", b"").unwrap();
+    let o = quick.run_script(&script("while True:\n    pass\n", b"")).unwrap();
+    assert_eq!((o.status, o.return_code), (ScriptStatus::TimeLimitExceeded, None));
+    let o = s.run_script(&script("import os\nos.fork()\n", b"")).unwrap();
     assert!(
         o.return_code == Some(1) && o.stderr.contains("PermissionError"),
         "{o:?}"
     );
+    // Files in (base64), files back.
+    let o = s
+        .run_script(&Script {
+            program: "data = open('in.txt').read()\nopen('out.txt', 'w').write(data.upper())\n",
+            files: [("in.txt".to_string(), "aGVsbG8=".to_string())].into(),
+            fetch_files: vec!["out.txt".into(), "missing.txt".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(o.return_code, Some(0), "{o:?}");
+    assert_eq!(o.files.get("out.txt").map(String::as_str), Some("SEVMTE8="));
+    assert!(!o.files.contains_key("missing.txt"));
 }

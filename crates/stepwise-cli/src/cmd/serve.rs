@@ -1,4 +1,4 @@
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 use stepwise_remote::serve::{serve, Limits, ServeConfig};
@@ -20,6 +20,10 @@ use stepwise_remote::serve::{serve, Limits, ServeConfig};
                                {\"query\", \"prompts\", \"labels\"} -> {\"rewards\", \"scores\", \"extra_logs\"};
                                a response's steps (split at --reward-separator) scored by the PRM and
                                aggregated, plus the graded outcome when labels are sent
+  POST /run_code               --sandbox: SandboxFusion's API (verl's sandbox_fusion_url): {\"code\", \"stdin\",
+                               \"run_timeout\", \"memory_limit_MB\", \"files\", \"fetch_files\"} -> {\"status\",
+                               \"run_result\": {\"status\", \"return_code\", \"stdout\", \"stderr\", ...}}; Python
+                               scripts in the kernel's jail, --sandbox-workers at once
   GET  /metrics                Prometheus text: requests, tokens, latency histogram
 
 Errors are OpenAI-shaped JSON with 4xx codes (unknown model or path 404, bad key 401, prompt
@@ -33,6 +37,7 @@ stops.
 Examples:
   stepwise serve --model ../shared/fixtures/hf-tiny/qwen2-policy --port 8000
   stepwise serve --model POLICY --prm PRM --api-key secret --host 0.0.0.0
+  stepwise serve --sandbox --port 8080   # verl: reward_model.sandbox_fusion.url=http://HOST:8080/run_code
   # then, from Python:  openai.OpenAI(base_url=\"http://localhost:8000/v1\", api_key=\"secret\")
   #  and from stepwise: stepwise search --policy http://host:8000 --prm http://host:8000 ...")]
 pub struct Args {
@@ -117,6 +122,24 @@ pub struct Args {
     /// What loaded models compute in.
     #[command(flatten)]
     pub dtype: super::backend::DtypeArg,
+    /// Serve POST /run_code (SandboxFusion's API, what verl's code reward calls): Python
+    /// scripts run in the kernel's jail (namespaces, Landlock, seccomp, limits).
+    #[arg(long)]
+    pub sandbox: bool,
+    /// /run_code: the longest a script may run, in seconds (a request's run_timeout can only
+    /// shorten it).
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub sandbox_timeout: f64,
+    /// /run_code: the most memory a script may use, in MiB (a request's memory_limit_MB can
+    /// only lower it).
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    pub sandbox_memory_mb: u64,
+    /// /run_code: scripts run at once (default: one per core); more requests wait their turn.
+    #[arg(long)]
+    pub sandbox_workers: Option<usize>,
+    /// /run_code without the kernel's isolation, limits only (as `grade --insecure-sandbox`).
+    #[arg(long)]
+    pub insecure_sandbox: bool,
 }
 
 /// The API key: `--api-key`, else a non-empty $STEPWISE_API_KEY. An empty key is refused (it
@@ -153,8 +176,28 @@ fn seconds(flag: &str, s: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(s))
 }
 
+/// The sandbox /run_code uses, when --sandbox asks for one.
+fn code_service(a: &Args) -> Result<Option<(stepwise_code::Sandbox, usize)>> {
+    if !a.sandbox {
+        anyhow::ensure!(!a.insecure_sandbox, "--insecure-sandbox goes with --sandbox");
+        return Ok(None);
+    }
+    let isolation = if a.insecure_sandbox {
+        stepwise_code::Isolation::Insecure
+    } else {
+        stepwise_code::Isolation::Kernel
+    };
+    let mut sandbox = stepwise_code::Sandbox::new_with(isolation).context("--sandbox runs scripts with python3")?;
+    sandbox.timeout = stepwise_code::sandbox::timeout_from_secs(a.sandbox_timeout).context("--sandbox-timeout")?;
+    anyhow::ensure!(a.sandbox_memory_mb >= 64, "--sandbox-memory-mb must be at least 64");
+    sandbox.memory_bytes = a.sandbox_memory_mb << 20;
+    let workers = stepwise_code::grading::check_threads(a.sandbox_workers.unwrap_or(0)).context("--sandbox-workers")?;
+    Ok(Some((sandbox, workers)))
+}
+
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
+    let code = code_service(&a)?;
     let cfg = ServeConfig {
         model: a.model,
         prm: a.prm,
@@ -189,6 +232,7 @@ pub fn run(a: Args) -> Result<()> {
             max_connections: a.max_connections.max(1),
             shutdown_timeout: seconds("shutdown-timeout", a.shutdown_timeout)?,
         },
+        code,
     };
     if cfg.api_key.is_none() && !is_loopback(&a.host) {
         eprintln!(

@@ -11,7 +11,8 @@
 #   out: {"value": v, "after": [mutable arguments after the call, or null]} or {"raised": [type, message]}
 #   in:  {"end": true}       out: {"ended": {"status": "ok"}, "trace": [...]}
 # or, for a whole script:
-#   in:  {"program", "script": true}   out: {"ended": {"status": "ok", "code": exit status}}
+#   in:  {"program", "script": true, "files", "fetch_files"}
+#   out: {"ended": {"status": "ok", "code": exit status, "files": {name: base64}}}
 import sys
 
 requests = Lines(3)
@@ -27,7 +28,7 @@ def plain(v):
     return int.__repr__(v)
 
 
-def finish(status, message=None, code=None):
+def finish(status, message=None, code=None, files=None):
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
@@ -38,6 +39,8 @@ def finish(status, message=None, code=None):
         ended["message"] = message[:500]
     if code is not None:
         ended["code"] = code
+    if files:
+        ended["files"] = files
     send(4, '{"ended":%s,"trace":[%s]}' % (plain(ended), ",".join([plain(e) for e in trace])))
     import posix
     posix._exit(0)
@@ -135,13 +138,20 @@ def serve(namespace):
         send(4, text)
 
 
-def run_script(source):
+def run_script(job):
     """A whole script, as `python3 script.py` runs it (SandboxFusion's run_code): __main__, its
-    input on fd 0, a traceback on stderr and exit status 1 when it raises, sys.exit's status."""
+    input on fd 0, a traceback on stderr and exit status 1 when it raises, sys.exit's status;
+    `files` (name: base64) written to its folder first, `fetch_files` read back after."""
+    import binascii
+    import posix
+    home = posix.getcwd()
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     code = 0
     try:
-        exec(compile(source, "<main>", "exec"), namespace)
+        for name, data in (job.get("files") or {}).items():
+            with open(name, "wb") as f:
+                f.write(binascii.a2b_base64(data))
+        exec(compile(job["program"], "<main>", "exec"), namespace)
     except SystemExit as e:
         if e.code is None:
             code = 0
@@ -160,13 +170,20 @@ def run_script(source):
         except BaseException:
             pass
         code = 1
-    finish("ok", code=code)
+    fetched = {}
+    for name in job.get("fetch_files") or ():
+        try:
+            with open(name if name.startswith("/") else home + "/" + name, "rb") as f:
+                fetched[name] = binascii.b2a_base64(f.read(), newline=False).decode("ascii")
+        except BaseException:
+            pass
+    finish("ok", code=code, files=fetched)
 
 
 def main():
     job = decode(requests.readline() or "null")
     if job.get("script"):
-        run_script(job["program"])
+        run_script(job)
     try:
         program = compile(job["program"], "<candidate>", "exec")
     except SyntaxError as e:

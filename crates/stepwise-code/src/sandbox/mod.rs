@@ -36,7 +36,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use script::{ScriptOutcome, ScriptStatus};
+pub use script::{Script, ScriptOutcome, ScriptStatus};
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,6 +10,7 @@ use super::Sandbox;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -38,6 +39,22 @@ pub struct ScriptOutcome {
     pub stderr: String,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// The files asked back, base64-encoded, by name (those that existed).
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+}
+
+/// A script and what it is given.
+#[derive(Debug, Clone, Default)]
+pub struct Script<'a> {
+    /// The program.
+    pub program: &'a str,
+    /// Its standard input.
+    pub stdin: &'a [u8],
+    /// Files written to its folder before it runs: name → base64 content.
+    pub files: BTreeMap<String, String>,
+    /// Files of its folder read back after it ran.
+    pub fetch_files: Vec<String>,
 }
 
 /// Feed `input` to the script's fd 0 on a thread of its own (a script that never reads it
@@ -51,21 +68,27 @@ fn feed(writer: Option<OwnedFd>, input: Vec<u8>) {
 }
 
 impl Sandbox {
-    /// Run `program` as a script with `stdin` as its input.
-    pub fn run_script(&self, program: &str, stdin: &[u8]) -> Result<ScriptOutcome> {
+    /// Run `script`.
+    pub fn run_script(&self, script: &Script<'_>) -> Result<ScriptOutcome> {
         let started = Instant::now();
         let deadline = started + self.timeout;
         let limits = self.limits(false);
         let (mut cand, writer) = jail::spawn(&self.python, BOOT, &self.walls, &limits, Streams::Apart)?;
-        feed(writer, stdin.to_vec());
+        feed(writer, script.stdin.to_vec());
         let mut replies = Reader::new(cand.take_replies(), MESSAGE_LIMIT);
         let mut output = Output::new(cand.take_output(), self.max_output_chars);
         let mut first = self.compiled.candidate.clone();
-        first.extend_from_slice(format!("{}\n", json!({"program": program, "script": true})).as_bytes());
+        let job = json!({"program": script.program, "script": true, "files": script.files, "fetch_files": script.fetch_files});
+        first.extend_from_slice(format!("{job}\n").as_bytes());
         let event = exchange(Some((&cand.input, &first)), &mut replies, &mut output, deadline);
-        let ended = |line: &[u8]| -> Option<i32> {
+        let mut files = BTreeMap::new();
+        let mut ended = |line: &[u8]| -> Option<i32> {
             let v: Value = serde_json::from_slice(line).ok()?;
-            v.get("ended")?.get("code")?.as_i64().map(|c| c as i32)
+            let ended = v.get("ended")?;
+            if let Some(f) = ended.get("files").and_then(|f| serde_json::from_value(f.clone()).ok()) {
+                files = f;
+            }
+            ended.get("code")?.as_i64().map(|c| c as i32)
         };
         let (status, return_code) = match event {
             Event::Line(line) => match ended(&line) {
@@ -92,6 +115,7 @@ impl Sandbox {
             stdout: text(0),
             stderr: text(1),
             seconds: started.elapsed().as_secs_f64(),
+            files,
         })
     }
 }

@@ -9,6 +9,7 @@
 //! | `POST /v1/chat/completions` | the tokenizer's chat template; `continue_final_message` as in vLLM |
 //! | `POST /v1/score_steps` | stepwise's step scoring: `{inputs: [{question, steps}]}` → one score per step, any PRM layout; concurrent requests are scored together in one forward pass |
 //! | `POST /pooling` | vLLM's STEP pooling shape: per step-tag position `[p_bad, p_good]` |
+//! | `POST /run_code` | SandboxFusion's API (`--sandbox`): a Python script run in the kernel's jail, its stdout, stderr and exit status |
 //! | `GET /metrics` | Prometheus text: requests, tokens, latency histogram |
 //!
 //! Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with 4xx codes,
@@ -23,6 +24,7 @@ mod connections;
 mod metrics;
 pub mod openrlhf;
 mod request;
+pub mod sandbox;
 mod steps;
 
 use anyhow::{Context, Result};
@@ -77,6 +79,8 @@ pub struct ServeConfig {
     pub reward_rule: openrlhf::RewardRule,
     /// Sizes and timeouts that bound what one client can take.
     pub limits: Limits,
+    /// The sandbox `/run_code` runs programs in (`--sandbox`), and runs at once.
+    pub code: Option<(stepwise_code::Sandbox, usize)>,
 }
 
 /// Everything a handler needs.
@@ -90,6 +94,7 @@ pub(crate) struct AppState {
     pub kv_budget: Option<usize>,
     pub reward_rule: openrlhf::RewardRule,
     pub limits: Limits,
+    pub code: Option<sandbox::CodeService>,
     pub metrics: Metrics,
     pub started: u64,
     /// Where `/v1/score_steps` requests queue for the scoring worker ([`steps::score_worker`]).
@@ -215,8 +220,8 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         None => None,
     };
     anyhow::ensure!(
-        policy.is_some() || prm.is_some(),
-        "nothing to serve: pass --model and/or --prm"
+        policy.is_some() || prm.is_some() || cfg.code.is_some(),
+        "nothing to serve: pass --model, --prm and/or --sandbox"
     );
     let (queue, jobs) = std::sync::mpsc::channel();
     let (generate_queue, generate_jobs) = std::sync::mpsc::channel();
@@ -230,6 +235,10 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         kv_budget: cfg.kv_budget,
         reward_rule: cfg.reward_rule.clone(),
         limits: cfg.limits.clone(),
+        code: cfg
+            .code
+            .clone()
+            .map(|(s, workers)| sandbox::CodeService::new(s, workers)),
         metrics: Metrics::default(),
         started: unix_now(),
         score_queue: std::sync::Mutex::new(queue),
@@ -252,6 +261,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         .route("/v1/score_steps", post(steps::score_steps))
         .route("/pooling", post(steps::pooling))
         .route("/get_reward", post(openrlhf::get_reward))
+        .route("/run_code", post(sandbox::run_code))
         .route(
             "/metrics",
             get(|State(s): State<Shared>| async move { s.metrics.render() }),
