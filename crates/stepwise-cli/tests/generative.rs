@@ -145,3 +145,34 @@ fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
     let scores = step_scores(&std::fs::read_to_string(&plain).unwrap(), "gen");
     assert_eq!(scores, [1.0, 0.5, 0.5]);
 }
+
+/// The same chains with their code run on remote sandboxes (`serve --sandbox`): two URLs, one of
+/// them dead, so every block that went there is retried on the live one.
+#[test]
+fn python_tools_run_on_remote_sandboxes() {
+    let dir = tmp("remote_tools");
+    let input = dir.join("steps.jsonl");
+    write_jsonl(
+        &input,
+        &[
+            json!({"id": "s0", "problem_id": "p", "question": "What is 2 + 3?", "gold_answer": "5",
+                  "steps": [{"text": "We add 2 and 3."}, {"text": "2 + 3 = 6"}, {"text": "The answer is 6."}]}),
+        ],
+    );
+    let sandbox = common::server::serve(&["--sandbox"]);
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let urls = format!("{dead},{}/run_code", sandbox.url.trim_end_matches('/'));
+    let out = dir.join("scored.jsonl");
+    let url = scripted_verifier();
+    let run = score(
+        &url,
+        &["--tools", "python", "--samples", "2", "--sandbox-url", &urls],
+        &input,
+        &out,
+    );
+    let scores = step_scores(&std::fs::read_to_string(&out).unwrap(), "gen");
+    assert_eq!(scores, [1.0, 0.0, 0.0], "{}", String::from_utf8_lossy(&run.stderr));
+}

@@ -1,15 +1,18 @@
 //! An HTTP client for OpenAI-compatible servers that survives their failures: requests spread
 //! over several servers (least outstanding requests first), a cap on requests in flight, a
 //! timeout per request, and retries with exponential back-off and jitter on 429, 5xx, timeouts,
-//! reset connections and unreadable replies, honouring `Retry-After`. A request is only ever
-//! answered once to its caller, so a retried request never yields a duplicated record.
+//! reset connections and unreadable replies, honouring `Retry-After`. A server that failed is
+//! set aside for its back-off: the retry goes at once to another server when one is up, and new
+//! requests avoid it until then, so one dead server in a fleet costs one failed try, not a
+//! back-off per request. A request is only ever answered once to its caller, so a retried
+//! request never yields a duplicated record.
 
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where and how to reach the servers.
 #[derive(Debug, Clone)]
@@ -51,6 +54,8 @@ pub struct Client {
     http: reqwest::blocking::Client,
     /// Requests in flight to each server.
     outstanding: Vec<AtomicUsize>,
+    /// When each server that failed is worth trying again.
+    down_until: Mutex<Vec<Option<Instant>>>,
     in_flight: Mutex<usize>,
     slot_freed: Condvar,
     /// Retries made (for the run's summary).
@@ -96,6 +101,7 @@ impl Client {
             .context("building the HTTP client")?;
         Ok(Client {
             outstanding: config.urls.iter().map(|_| AtomicUsize::new(0)).collect(),
+            down_until: Mutex::new(vec![None; config.urls.len()]),
             config,
             http,
             in_flight: Mutex::new(0),
@@ -127,7 +133,10 @@ impl Client {
             let result = self.try_post(server, path, body);
             self.outstanding[server].fetch_sub(1, Ordering::SeqCst);
             match result {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    self.down_until.lock().unwrap()[server] = None;
+                    return Ok(v);
+                }
                 Err(Failure::Fatal(e)) => return Err(e),
                 Err(Failure::Retry { why, after }) => {
                     if attempt >= self.config.max_retries {
@@ -138,7 +147,10 @@ impl Client {
                     }
                     attempt += 1;
                     self.retries.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(after.unwrap_or_else(|| self.backoff(attempt)));
+                    let wait = after.unwrap_or_else(|| self.backoff(attempt));
+                    if !self.set_aside(server, wait) {
+                        std::thread::sleep(wait);
+                    }
                 }
             }
         }
@@ -220,11 +232,26 @@ impl Client {
         })
     }
 
-    /// The server with the fewest requests in flight (the first of those tied).
+    /// The server with the fewest requests in flight among those up (the first of those tied);
+    /// when all are set aside, the one back soonest.
     fn pick(&self) -> usize {
+        let now = Instant::now();
+        let down = self.down_until.lock().unwrap();
         (0..self.outstanding.len())
-            .min_by_key(|&i| self.outstanding[i].load(Ordering::SeqCst))
+            .min_by_key(|&i| {
+                let back = down[i].filter(|t| *t > now);
+                (back.is_some(), back, self.outstanding[i].load(Ordering::SeqCst))
+            })
             .unwrap_or(0)
+    }
+
+    /// Set `server` aside for `wait` after a failure; whether another server is up to retry on
+    /// at once.
+    fn set_aside(&self, server: usize, wait: Duration) -> bool {
+        let now = Instant::now();
+        let mut down = self.down_until.lock().unwrap();
+        down[server] = Some(now + wait);
+        down.iter().any(|t| t.is_none_or(|t| t <= now))
     }
 
     /// Exponential back-off with full jitter: uniform in [b/2, b] for b = backoff · 2^(attempt−1).

@@ -18,10 +18,12 @@
 pub mod backend;
 pub mod client;
 pub mod policy;
+pub mod sandbox;
 pub mod scorer;
 #[cfg(feature = "engine")]
 pub mod serve;
 
 pub use client::{is_url, Client, ServerConfig};
 pub use policy::RemotePolicy;
+pub use sandbox::RemoteSandbox;
 pub use scorer::{Protocol, RemoteScorer};

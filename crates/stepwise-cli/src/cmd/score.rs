@@ -94,6 +94,11 @@ pub struct Args {
     /// Needs a local checkpoint or a completions server, and python3 (or STEPWISE_PYTHON).
     #[arg(long, value_enum, default_value = "none")]
     pub tools: Tools,
+    /// --tools python: run the chains' code on these sandbox servers instead of here
+    /// (`stepwise serve --sandbox`, or SandboxFusion; comma-separated, least busy first, failed
+    /// requests retried on the others).
+    #[arg(long, value_delimiter = ',', value_name = "URL")]
+    pub sandbox_url: Vec<String>,
 }
 
 /// Tools a generative verifier's chains may call.
@@ -147,15 +152,18 @@ pub fn run(a: Args) -> Result<()> {
                 ..Default::default()
             });
             sandbox = match a.tools {
-                Tools::None => None,
-                Tools::Python => Some(stepwise_code::Sandbox::new()?),
+                Tools::None => None::<Box<dyn stepwise_core::seams::CodeRunner>>,
+                Tools::Python if !a.sandbox_url.is_empty() => {
+                    Some(Box::new(stepwise_remote::RemoteSandbox::new(&a.sandbox_url, 10.0)?) as Box<_>)
+                }
+                Tools::Python => Some(Box::new(stepwise_code::Sandbox::new()?) as Box<_>),
             };
             generative = stepwise_label::GenerativeVerifier {
                 policy: &*chains,
                 samples: a.samples,
                 seed: 0,
                 likelihood: a.verdict == Verdict::Likelihood,
-                tools: sandbox.as_ref().map(|s| s as &dyn stepwise_core::seams::CodeRunner),
+                tools: sandbox.as_deref(),
             };
             &generative
         }

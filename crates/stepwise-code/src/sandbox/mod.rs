@@ -351,16 +351,7 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
 /// reports one (`Code execute Error: …`).
 impl stepwise_core::seams::CodeRunner for Sandbox {
     fn execute(&self, earlier: &[String], code: &str) -> String {
-        let mut program = String::from("import contextlib as _c, io as _io\n");
-        for block in earlier {
-            // A JSON string is a Python string literal.
-            let literal = serde_json::to_string(block).unwrap_or_else(|_| "''".into());
-            program.push_str(&format!(
-                "with _c.redirect_stdout(_io.StringIO()), _c.redirect_stderr(_io.StringIO()):\n    try:\n        exec({literal})\n    except BaseException:\n        pass\n"
-            ));
-        }
-        program.push_str(code);
-        program.push('\n');
+        let program = stepwise_core::seams::chain_program(earlier, code);
         let job = Job {
             program: &program,
             ..Default::default()

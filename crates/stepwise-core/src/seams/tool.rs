@@ -9,3 +9,20 @@ pub trait CodeRunner: Sync {
     /// chain reads it and goes on), never as a failure of the scoring.
     fn execute(&self, earlier: &[String], code: &str) -> String;
 }
+
+/// The Python program that runs a chain's block after its `earlier` ones: each earlier block on
+/// its own, its output and errors discarded, then `code`, whose printed output is the answer.
+/// Local and remote sandboxes run the same text.
+pub fn chain_program(earlier: &[String], code: &str) -> String {
+    let mut program = String::from("import contextlib as _c, io as _io\n");
+    for block in earlier {
+        // A JSON string is a Python string literal.
+        let literal = serde_json::to_string(block).unwrap_or_else(|_| "''".into());
+        program.push_str(&format!(
+            "with _c.redirect_stdout(_io.StringIO()), _c.redirect_stderr(_io.StringIO()):\n    try:\n        exec({literal})\n    except BaseException:\n        pass\n"
+        ));
+    }
+    program.push_str(code);
+    program.push('\n');
+    program
+}
