@@ -69,6 +69,19 @@ impl Program {
 }
 
 impl CodeTask {
+    /// That every program names one of the task's problems (the first that does not, by its
+    /// place, counted from 1): a samples file for another problem set fails before anything runs.
+    pub fn check_programs(&self, programs: &[Program]) -> Result<()> {
+        match programs.iter().position(|p| self.problem(&p.problem).is_none()) {
+            Some(i) => bail!(
+                "sample {}: no problem `{}` among the code problems",
+                i + 1,
+                programs[i].problem
+            ),
+            None => Ok(()),
+        }
+    }
+
     /// Run `program` against its problem's tests; `Err` when the task has no such problem or the
     /// sandbox cannot start.
     pub fn run_program(&self, program: &Program) -> Result<Outcome> {
@@ -97,6 +110,7 @@ impl CodeTask {
         threads: usize,
         progress: &(dyn Fn(usize) + Sync),
     ) -> Result<Vec<Outcome>> {
+        self.check_programs(programs)?;
         let threads = check_threads(threads)?;
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
         let done = std::sync::atomic::AtomicUsize::new(0);

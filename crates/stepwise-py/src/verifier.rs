@@ -1,7 +1,7 @@
 //! `stepwise.PRM`: a verifier (PRM of any layout, ORM, log-ratio or likelihood verifier), local
 //! or behind servers, scoring every step.
 
-use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
+use crate::convert::{from_py, in_batches, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
 use pyo3::prelude::*;
 use serde_json::Value;
 use stepwise_core::seams::{score_solutions, ScoreInput, StepScorer};
@@ -174,12 +174,17 @@ impl Prm {
         name: &str,
         batch_size: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if batch_size == 0 {
+            return Err(value_error("batch_size must be at least 1"));
+        }
         let given = records_arg(records)?;
-        let out = without_gil(py, || {
-            let mut sols = solutions_of(&given, None)?;
-            score_solutions(&*self.scorer(), name, &mut sols, batch_size, |_| {})?;
-            records_of(&sols)
+        let mut sols = without_gil(py, || solutions_of(&given, None))?;
+        // A few scorer batches between checks for Ctrl-C.
+        in_batches(py, &mut sols, 4 * batch_size, |chunk| {
+            score_solutions(&*self.scorer(), name, chunk, batch_size, |_| {})?;
+            Ok(Vec::<()>::new())
         })?;
+        let out = without_gil(py, || records_of(&sols))?;
         to_py(py, &Value::Array(out))
     }
 

@@ -29,6 +29,10 @@ impl TokenCredit {
     }
 }
 
+/// The longest response [`token_rewards`] places rewards over: 2^24 tokens (64 MiB of rewards),
+/// far past any model's context; a larger count is a mistake to report, not memory to take.
+pub const MAX_RESPONSE_TOKENS: usize = 1 << 24;
+
 /// The reward of every one of `tokens` response tokens: each step's reward at the token
 /// `step_ends[j]` that ends step `j` (ascending, each below `tokens`), as `credit` says, plus
 /// `outcome` (when given) at the last token; zero elsewhere.
@@ -39,6 +43,15 @@ pub fn token_rewards(
     credit: TokenCredit,
     outcome: Option<f32>,
 ) -> Result<Vec<f32>> {
+    if tokens > MAX_RESPONSE_TOKENS {
+        bail!("a response of {tokens} tokens: at most {MAX_RESPONSE_TOKENS} (2^24) are placed");
+    }
+    if outcome.is_some_and(|o| !o.is_finite()) {
+        bail!(
+            "the outcome reward is {}, not a finite number",
+            outcome.unwrap_or_default()
+        );
+    }
     if step_scores.len() != step_ends.len() {
         bail!(
             "{} step scores but {} step ends (one each)",

@@ -59,6 +59,10 @@ const UNIT_WORDS: &[&str] = &[
 /// `5e-10`. PRM800K's grader, which the rest defers to, rounds any number within 1e-7 of an
 /// integer to it, so it calls `3e-10` and `5e-10` both 0.
 pub fn grade(given: &str, ground_truth: &str) -> bool {
+    // No answer is never right, not even against no gold answer.
+    if given.trim().is_empty() || ground_truth.trim().is_empty() {
+        return false;
+    }
     let (a, b) = (answer_set(given), answer_set(ground_truth));
     if let (Some(a), Some(b)) = (&a, &b) {
         if numeric(a) && numeric(b) {
@@ -232,10 +236,24 @@ fn same_answers(a: &Answer, b: &Answer) -> bool {
     })
 }
 
+/// The sign of an infinity however it is written (`inf`, `-\\infty`, `+∞`, `oo`), or None for
+/// anything else: infinities are equal by sign, not by a value that cannot be held.
+fn infinity(s: &str) -> Option<bool> {
+    let s = s.replace(' ', "").to_lowercase();
+    let (negative, rest) = match s.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, s.strip_prefix('+').unwrap_or(&s)),
+    };
+    matches!(rest, "inf" | "infinity" | "∞" | "oo" | "\\infty" | "\\inf").then_some(negative)
+}
+
 fn same_value(a: &str, b: &str) -> bool {
     let norm = |s: &str| s.replace(' ', "").to_lowercase();
     if norm(a) == norm(b) {
         return true;
+    }
+    if let (Some(x), Some(y)) = (infinity(a), infinity(b)) {
+        return x == y;
     }
     let variants = |s: &str| -> Vec<expr::Expr> {
         let s = s.replace(' ', "");
