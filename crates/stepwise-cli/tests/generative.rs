@@ -123,9 +123,8 @@ fn score(url: &str, extra: &[&str], input: &std::path::Path, out: &std::path::Pa
     stepwise(&args)
 }
 
-#[test]
-fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
-    let dir = tmp("tools");
+/// One solution whose second step gets 2 + 3 wrong, in `dir`.
+fn wrong_sum(dir: &std::path::Path) -> std::path::PathBuf {
     let input = dir.join("steps.jsonl");
     write_jsonl(
         &input,
@@ -134,6 +133,13 @@ fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
                   "steps": [{"text": "We add 2 and 3."}, {"text": "2 + 3 = 6"}, {"text": "The answer is 6."}]}),
         ],
     );
+    input
+}
+
+#[test]
+fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
+    let dir = tmp("tools");
+    let input = wrong_sum(&dir);
     let out = dir.join("scored.jsonl");
     let url = scripted_verifier();
     let run = score(&url, &["--tools", "python", "--samples", "2"], &input, &out);
@@ -151,14 +157,7 @@ fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
 #[test]
 fn python_tools_run_on_remote_sandboxes() {
     let dir = tmp("remote_tools");
-    let input = dir.join("steps.jsonl");
-    write_jsonl(
-        &input,
-        &[
-            json!({"id": "s0", "problem_id": "p", "question": "What is 2 + 3?", "gold_answer": "5",
-                  "steps": [{"text": "We add 2 and 3."}, {"text": "2 + 3 = 6"}, {"text": "The answer is 6."}]}),
-        ],
-    );
+    let input = wrong_sum(&dir);
     let sandbox = common::server::serve(&["--sandbox"]);
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

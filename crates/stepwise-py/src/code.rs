@@ -15,11 +15,10 @@ use stepwise_code::{CodeTask, Isolation, Sandbox};
 /// The code task of a HumanEval- or MBPP-shaped file, each program run at most `timeout` seconds
 /// in the kernel's jail (or, with `insecure`, under limits only).
 pub fn code_task(path: &Path, timeout: f64) -> anyhow::Result<CodeTask> {
-    code_task_with(path, timeout, Isolation::from_env())
+    code_task_with(path, timeout_from_secs(timeout)?, Isolation::from_env())
 }
 
-fn code_task_with(path: &Path, timeout: f64, isolation: Isolation) -> anyhow::Result<CodeTask> {
-    let timeout = timeout_from_secs(timeout)?;
+fn code_task_with(path: &Path, timeout: std::time::Duration, isolation: Isolation) -> anyhow::Result<CodeTask> {
     let problems = read_problems(path)?;
     let mut sandbox = Sandbox::new_with(isolation).context("the code domain runs programs in python3")?;
     sandbox.timeout = timeout;
@@ -52,7 +51,7 @@ pub fn run_tests<'py>(
     let samples = records_arg(samples)?;
     let threads =
         stepwise_code::grading::check_threads(threads.unwrap_or(0)).map_err(|e| value_error(e.to_string()))?;
-    timeout_from_secs(timeout).map_err(|e| value_error(e.to_string()))?;
+    let timeout = timeout_from_secs(timeout).map_err(|e| value_error(e.to_string()))?;
     let isolation = if insecure_sandbox {
         Isolation::Insecure
     } else {

@@ -7,7 +7,7 @@ use crate::client::{Client, ServerConfig};
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use std::time::Duration;
-use stepwise_core::seams::{chain_program, CodeRunner};
+use stepwise_core::seams::{chain_program, chain_reply, CodeRunner};
 
 /// Sandboxes at `urls`, each script given `run_timeout` seconds.
 pub struct RemoteSandbox {
@@ -71,17 +71,15 @@ impl RemoteSandbox {
 impl CodeRunner for RemoteSandbox {
     fn execute(&self, earlier: &[String], code: &str) -> String {
         match self.run(&chain_program(earlier, code), "") {
-            Ok(r) if r.status == "Finished" && r.return_code == Some(0) => r.stdout.trim_end().to_string(),
+            Ok(r) if r.status == "Finished" && r.return_code == Some(0) => chain_reply(&r.stdout, None),
             Ok(r) => {
                 let why = match r.status.as_str() {
                     "TimeLimitExceeded" => format!("ran past its {} s", self.run_timeout),
                     _ => r.stderr.trim().lines().last().unwrap_or("it failed").to_string(),
                 };
-                let out = r.stdout.trim_end();
-                let sep = if out.is_empty() { "" } else { "\n" };
-                format!("{out}{sep}Code execute Error: {why}")
+                chain_reply(&r.stdout, Some(&why))
             }
-            Err(e) => format!("Code execute Error: {e:#}"),
+            Err(e) => chain_reply("", Some(&format!("{e:#}"))),
         }
     }
 }

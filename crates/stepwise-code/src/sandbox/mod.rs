@@ -356,25 +356,17 @@ impl stepwise_core::seams::CodeRunner for Sandbox {
             program: &program,
             ..Default::default()
         };
+        use stepwise_core::seams::chain_reply;
         match Sandbox::run(self, &job) {
-            Ok(out) if out.status == Status::Passed => out.stdout.trim_end().to_string(),
+            Ok(out) if out.status == Status::Passed => chain_reply(&out.stdout, None),
             Ok(out) => {
                 let why = out
                     .refused
                     .or(out.message)
                     .unwrap_or_else(|| format!("{:?}", out.status));
-                format!("{}Code execute Error: {why}", with_newline(out.stdout.trim_end()))
+                chain_reply(&out.stdout, Some(&why))
             }
-            Err(e) => format!("Code execute Error: {e:#}"),
+            Err(e) => chain_reply("", Some(&format!("{e:#}"))),
         }
-    }
-}
-
-/// `text` and a newline, or nothing for an empty text.
-fn with_newline(text: &str) -> String {
-    if text.is_empty() {
-        String::new()
-    } else {
-        format!("{text}\n")
     }
 }

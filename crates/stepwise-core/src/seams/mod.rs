@@ -24,4 +24,4 @@ pub use policy::{split_steps_at, Continuation, Policy, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
 pub use scorer::{score_solutions, CheckerScorer, ScoreInput, Scored, StepScorer};
 pub use task::{MathTask, Task};
-pub use tool::{chain_program, CodeRunner};
+pub use tool::{chain_program, chain_reply, CodeRunner};

@@ -26,3 +26,14 @@ pub fn chain_program(earlier: &[String], code: &str) -> String {
     program.push('\n');
     program
 }
+
+/// What a chain reads back from a block: its printed output, and when it failed, GenPRM's
+/// executor's `Code execute Error: <why>` after it.
+pub fn chain_reply(stdout: &str, error: Option<&str>) -> String {
+    let out = stdout.trim_end();
+    match error {
+        None => out.to_string(),
+        Some(why) if out.is_empty() => format!("Code execute Error: {why}"),
+        Some(why) => format!("{out}\nCode execute Error: {why}"),
+    }
+}
