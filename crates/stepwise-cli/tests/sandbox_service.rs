@@ -172,3 +172,39 @@ mod libc_signal {
         pub fn kill(pid: i32, sig: i32) -> i32;
     }
 }
+
+/// `grade --task code` refuses a timeout or a thread count it cannot honour, with a message that
+/// names the flag's bound, before running anything.
+#[test]
+fn grade_refuses_unbounded_timeouts_and_threads() {
+    let dir = common::tmp("sandbox_service", "bounds");
+    let problems = dir.join("problems.jsonl");
+    write_jsonl(
+        &problems,
+        &[
+            json!({"task_id": "T/0", "prompt": "def f():\n", "entry_point": "f", "canonical_solution": "    return 1\n",
+                 "test": "def check(candidate):\n    assert candidate() == 1\n"}),
+        ],
+    );
+    let samples = dir.join("samples.jsonl");
+    write_jsonl(&samples, &[json!({"task_id": "T/0", "completion": "    return 1\n"})]);
+    for (flag, value, says) in [
+        ("--code-timeout", "1e300", "at most 86400"),
+        ("--code-timeout", "0", "above 0"),
+        ("--code-timeout", "NaN", "above 0"),
+        ("--threads", "100000", "four per core"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(["grade", "--task", "code", flag, value, "--problems"])
+            .arg(&problems)
+            .arg(&samples)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            matches!(out.status.code(), Some(1 | 2)) && err.contains(says),
+            "{flag} {value}: {:?} {err}",
+            out.status
+        );
+    }
+}
