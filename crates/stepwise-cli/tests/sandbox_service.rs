@@ -113,9 +113,8 @@ fn sandboxes_of(pid: u32) -> usize {
 
 /// `grade` stopped by SIGTERM or SIGINT while programs run: every process of every sandbox
 /// goes with it.
-#[test]
-fn a_stopped_grade_leaves_no_sandbox_behind() {
-    let dir = common::tmp("sandbox_service", "stopped");
+/// A problems file with one problem, `T/0`: `f()` returns 1.
+fn one_problem(dir: &std::path::Path) -> std::path::PathBuf {
     let problems = dir.join("problems.jsonl");
     write_jsonl(
         &problems,
@@ -124,6 +123,13 @@ fn a_stopped_grade_leaves_no_sandbox_behind() {
                  "test": "def check(candidate):\n    assert candidate() == 1\n"}),
         ],
     );
+    problems
+}
+
+#[test]
+fn a_stopped_grade_leaves_no_sandbox_behind() {
+    let dir = common::tmp("sandbox_service", "stopped");
+    let problems = one_problem(&dir);
     let samples = dir.join("samples.jsonl");
     let sleeper = "    import threading, time\n    threading.Thread(target=time.sleep, args=(600,)).start()\n    time.sleep(600)\n";
     write_jsonl(&samples, &vec![json!({"task_id": "T/0", "completion": sleeper}); 8]);
@@ -178,14 +184,7 @@ mod libc_signal {
 #[test]
 fn grade_refuses_unbounded_timeouts_and_threads() {
     let dir = common::tmp("sandbox_service", "bounds");
-    let problems = dir.join("problems.jsonl");
-    write_jsonl(
-        &problems,
-        &[
-            json!({"task_id": "T/0", "prompt": "def f():\n", "entry_point": "f", "canonical_solution": "    return 1\n",
-                 "test": "def check(candidate):\n    assert candidate() == 1\n"}),
-        ],
-    );
+    let problems = one_problem(&dir);
     let samples = dir.join("samples.jsonl");
     write_jsonl(&samples, &[json!({"task_id": "T/0", "completion": "    return 1\n"})]);
     for (flag, value, says) in [
