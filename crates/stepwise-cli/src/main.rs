@@ -98,6 +98,8 @@ enum Command {
     /// Evaluate scored solutions (ProcessBench's first-error metric).
     #[command(subcommand)]
     Eval(cmd::eval::Command),
+    /// The labelling studio: people rate steps in the browser, with a PRM's suggestions and active learning.
+    Studio(cmd::studio::Args),
 }
 
 fn main() {
@@ -131,6 +133,7 @@ fn main() {
         Command::Search(a) => cmd::search::run(a),
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Studio(a) => cmd::studio::run(a),
     };
     if let Err(e) = result {
         // A reader that stopped reading (`stepwise convert ... - | head`) is not an error.

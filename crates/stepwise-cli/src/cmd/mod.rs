@@ -14,6 +14,7 @@ pub mod score;
 pub mod search;
 pub mod serve;
 pub mod stats;
+pub mod studio;
 pub mod task;
 pub mod train_prm;
 

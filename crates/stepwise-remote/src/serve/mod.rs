@@ -303,17 +303,28 @@ async fn method_not_allowed(req: Request) -> ApiError {
 
 /// Serve until SIGTERM or Ctrl-C; `ready(address)` is called once listening.
 pub fn serve(cfg: &ServeConfig, ready: impl FnOnce(std::net::SocketAddr)) -> Result<()> {
-    let router = app(cfg)?;
+    serve_router(app(cfg)?, &cfg.address, &cfg.limits, ready)
+}
+
+/// Serve any `router` on `address` with this server's hardened connections (header and idle
+/// timeouts, a connection limit, a graceful stop on SIGTERM or Ctrl-C); `ready(address)` is
+/// called once listening. `stepwise studio` serves its pages this way.
+pub fn serve_router(
+    router: Router,
+    address: &str,
+    limits: &Limits,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     let served = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&cfg.address)
+        let listener = tokio::net::TcpListener::bind(address)
             .await
-            .with_context(|| format!("listening on {}", cfg.address))?;
+            .with_context(|| format!("listening on {address}"))?;
         ready(listener.local_addr()?);
-        connections::serve_connections(listener, router, &cfg.limits, shutdown_signal())
+        connections::serve_connections(listener, router, limits, shutdown_signal())
             .await
             .context("serving")
     });

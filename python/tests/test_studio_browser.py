@@ -1,0 +1,181 @@
+"""The labelling studio in a real browser (Chromium, headless, driven by Playwright): a whole
+session by keyboard, hostile model-written steps shown as text, nothing loaded from elsewhere,
+ratings that survive a reload, the dashboard and an export. Needs `stepwise` on PATH and Debian's
+chromium (``.ci/run`` installs it; set STEPWISE_REQUIRE_BROWSER=1 to fail rather than skip
+without it). STEPWISE_SCREENSHOTS=DIR saves the pages the docs show."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("STEPWISE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+if not CHROMIUM or not shutil.which("stepwise"):
+    if os.environ.get("STEPWISE_REQUIRE_BROWSER"):
+        raise RuntimeError("the studio's browser test needs chromium and stepwise on PATH")
+    pytest.skip("no chromium (apt-get install chromium) or no stepwise on PATH", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+HOSTILE = [
+    "Let $x = 2$, so $x^2 = 4$.",
+    "<script>window.__pwned = 1</script>",
+    '<img src=x onerror="window.__pwned = 2">',
+    r"See $\href{javascript:window.__pwned=3}{here}$, $\url{http://198.51.100.7/x}$ "
+    r"and $\includegraphics{http://198.51.100.7/a.png}$.",
+    "So the answer is $4$.",
+]
+
+RECORDS = [
+    {"id": "hostile", "question": "What is $x^2$ when <b>x</b> = 2?", "gold_answer": "4", "final_answer": "4",
+     "steps": [{"text": t} for t in HOSTILE], "scores": {"prm": [0.9, 0.5, 0.7, 0.8, 0.95]}},
+    {"id": "quadratic", "question": r"Find the sum of the roots of $x^2 - 5x + 6 = 0$.", "gold_answer": "5",
+     "final_answer": "6",
+     "steps": [{"text": r"The roots of $x^2 - 5x + 6 = 0$ satisfy $(x-2)(x-3) = 0$."},
+               {"text": r"So the roots are $x = 2$ and $x = 3$."},
+               {"text": r"Their sum is $2 \cdot 3 = 6$."},
+               {"text": r"The answer is $\boxed{6}$."}],
+     "scores": {"prm": [0.93, 0.88, 0.41, 0.37]}},
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def studio(tmp_path):
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    db = tmp_path / "labels.sqlite"
+    for name, role in [("alice", "labeller"), ("root", "admin")]:
+        subprocess.run(["stepwise", "studio", "user", "add", name, "--role", role, "--db", str(db)],
+                       input=f"{name}-password\n", text=True, check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen(["stepwise", "studio", "--db", str(db), "--input", str(records), "--policy",
+                             "uncertainty", "--qc-every", "0", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(base + "/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield base
+    proc.terminate()
+    proc.wait(10)
+
+
+def shot(page, name):
+    out = os.environ.get("STEPWISE_SCREENSHOTS")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(out) / name), full_page=True)
+
+
+def sign_in(page, base, name):
+    page.goto(base + "/")
+    page.wait_for_selector("#name")
+    page.keyboard.type(name)
+    page.keyboard.press("Tab")
+    page.keyboard.type(f"{name}-password")
+    page.keyboard.press("Enter")
+
+
+def test_a_whole_labelling_session_by_keyboard(studio):
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        requests = []
+        page.on("request", lambda r: requests.append(r.url))
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+
+        # A wrong password is refused without saying which part was wrong.
+        page.goto(studio + "/")
+        page.fill("#name", "alice")
+        page.fill("#password", "not-the-password")
+        page.keyboard.press("Enter")
+        assert page.wait_for_selector("[role=alert]:not(:empty)").inner_text() == "wrong user name or password"
+
+        sign_in(page, studio, "alice")
+        page.wait_for_selector("#step-4")
+        # The hostile record first (its 0.5 score is the least certain step).
+        texts = [page.inner_text(f"#step-{i} .text") for i in range(5)]
+        assert texts[1] == HOSTILE[1] and texts[2] == HOSTILE[2]
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("main script, main img, main a, main iframe").count() == 0
+        assert page.locator("#step-0 .katex").count() == 2  # real LaTeX is typeset
+        assert "<b>" in page.inner_text("section.card h1 + .text")  # the question's markup is text
+        # The macros that would link or load a URL are refused by KaTeX (`trust: false`): their
+        # names show in red, nothing is linked or fetched.
+        shown = page.inner_text("#step-3 .text")
+        assert "\\href" in shown and "\\url" in shown and "\\includegraphics" in shown, shown
+
+        # Rate by keyboard: +1, −1 (the step is wrong), then reload: the ratings are back.
+        page.keyboard.press("3")
+        page.wait_for_selector("#save-0.saved")
+        page.keyboard.press("1")
+        page.wait_for_selector("#save-1.saved")
+        page.keyboard.press("k")  # back to step 2, and re-rate it 0
+        page.keyboard.press("2")
+        page.wait_for_selector("#save-1.saved")
+        page.reload()
+        page.wait_for_selector("#step-4")
+        assert page.get_attribute("#step-0 button.r1", "aria-pressed") == "true"
+        assert page.get_attribute("#step-1 button.r0", "aria-pressed") == "true"
+        assert page.evaluate("document.activeElement.id") == "step-2"
+        for key in ["1", "3", "3"]:
+            page.keyboard.press(key)
+        page.wait_for_selector("dialog#finish")
+        page.keyboard.press("Enter")  # found_error, as suggested
+
+        # The next record: LaTeX, the PRM's suggestions, the wrong final answer.
+        page.wait_for_selector("#step-3")
+        assert page.inner_text("#grade") == "(wrong)"
+        assert page.locator("meter").count() == 4
+        page.keyboard.press("3")
+        page.wait_for_selector("#save-0.saved")
+        page.keyboard.press("3")
+        page.wait_for_selector("#save-1.saved")
+        page.keyboard.press("c")
+        page.keyboard.type("2 · 3 is the product, not the sum")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#step-2 .note")
+        shot(page, "studio-label.png")
+        page.keyboard.press("1")
+        page.wait_for_selector("#save-2.saved")
+        page.keyboard.press("1")
+        page.wait_for_selector("dialog#finish")
+        page.keyboard.press("1")  # found_error
+        page.wait_for_selector("text=All done")
+
+        # Only the server was asked for anything.
+        assert requests and all(u.startswith(studio + "/") for u in requests), requests
+        assert errors == []
+
+        # The admin's dashboard and export.
+        admin = browser.new_page(viewport={"width": 1100, "height": 700})
+        sign_in(admin, studio, "root")
+        admin.wait_for_selector("#nav >> text=Dashboard")
+        admin.goto(studio + "/#/dashboard")
+        admin.wait_for_selector("table tbody tr")
+        row = admin.inner_text("table tbody tr")
+        assert row.startswith("alice\t2\t9"), row
+        shot(admin, "studio-dashboard.png")
+        lines = admin.evaluate(
+            "fetch('/api/projects/default/export?to=prm800k').then(r => r.text())").strip().split("\n")
+        exported = [json.loads(l) for l in lines]
+        assert [e["labeler"] for e in exported] == ["alice", "alice"]
+        hostile = next(e for e in exported if e["question"]["problem"].startswith("What is"))
+        assert [s["completions"][0]["rating"] for s in hostile["label"]["steps"]] == [1, 0, -1, 1, 1]
+        assert hostile["label"]["finish_reason"] == "found_error"
+        browser.close()
