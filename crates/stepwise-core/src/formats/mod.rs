@@ -279,6 +279,34 @@ pub(crate) fn needs_question_field(s: &Solution) -> bool {
 
 /// A stepwise record. Top-level fields stepwise does not know are kept in `meta` (a field
 /// already there wins), so reading and writing a file loses nothing.
+/// The field of a stepwise record that keeps it from reading (`steps[2]` for a bad step): the
+/// first whose neutral stand-in makes the rest read. Empty when no one field is to blame.
+fn failing_field(v: &Value, known: &[&str]) -> String {
+    let Some(o) = v.as_object() else {
+        return String::new();
+    };
+    for (k, x) in o.iter().filter(|(k, _)| known.contains(&k.as_str())) {
+        let mut rest = o.clone();
+        match k.as_str() {
+            "steps" => rest.insert(k.clone(), Value::Array(Vec::new())),
+            "id" | "problem_id" | "question" => rest.insert(k.clone(), Value::String(String::new())),
+            _ => rest.remove(k),
+        };
+        if serde_json::from_value::<Solution>(Value::Object(rest)).is_ok() {
+            let bad_step = x.as_array().and_then(|steps| {
+                steps
+                    .iter()
+                    .position(|st| serde_json::from_value::<crate::record::Step>(st.clone()).is_err())
+            });
+            return match (k.as_str(), bad_step) {
+                ("steps", Some(i)) => format!("steps[{i}]"),
+                _ => k.clone(),
+            };
+        }
+    }
+    String::new()
+}
+
 fn read_stepwise(v: &Value) -> Result<Solution, FieldError> {
     const KNOWN: [&str; 10] = [
         "id",
@@ -292,7 +320,8 @@ fn read_stepwise(v: &Value) -> Result<Solution, FieldError> {
         "scores",
         "meta",
     ];
-    let mut s: Solution = serde_json::from_value(v.clone()).map_err(|e| FieldError::new("", e.to_string()))?;
+    let mut s: Solution =
+        serde_json::from_value(v.clone()).map_err(|e| FieldError::new(failing_field(v, &KNOWN), e.to_string()))?;
     if let Some(fields) = v.as_object() {
         for (k, x) in fields.iter().filter(|(k, _)| !KNOWN.contains(&k.as_str())) {
             s.meta.entry(k.clone()).or_insert_with(|| x.clone());

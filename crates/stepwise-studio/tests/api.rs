@@ -1,0 +1,444 @@
+//! The studio's HTTP API as a page or a script calls it: sessions and roles on every route,
+//! labellers kept apart, quality-control records, agreement, export.
+
+use reqwest::blocking::{Client, Response};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use stepwise_core::record::{Provenance, Rating, Solution, Step, StepLabel};
+use stepwise_studio::{NewRecord, Policy, Role, Settings, Store};
+
+struct Studio {
+    base: String,
+    _dir: PathBuf,
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stepwise-studio-api-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn record(id: &str, steps: usize, gold: Option<&[Rating]>) -> Solution {
+    Solution {
+        id: id.into(),
+        question: format!("question {id}"),
+        gold_answer: Some("4".into()),
+        final_answer: Some("4".into()),
+        steps: (0..steps)
+            .map(|i| match gold {
+                Some(g) => Step::labelled(format!("step {i} of {id}"), StepLabel::hard(g[i], Provenance::Human)),
+                None => Step::new(format!("step {i} of {id}")),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+impl Studio {
+    /// A studio on a fresh database with `records` (and `gold` ones) under `settings`, and the
+    /// users alice, bob (labellers), rita (reviewer) and root (admin).
+    fn start(name: &str, settings: Settings, records: Vec<Solution>, gold: Vec<Solution>) -> Studio {
+        let dir = scratch(name);
+        let mut store = Store::open(&dir.join("labels.sqlite")).unwrap();
+        let project = store.project_or_create("p", &settings, 7).unwrap();
+        let new = records
+            .into_iter()
+            .map(|solution| NewRecord { solution, gold: false })
+            .chain(gold.into_iter().map(|solution| NewRecord { solution, gold: true }))
+            .collect();
+        store.add_records(&project, new).unwrap();
+        for (user, role) in [
+            ("alice", Role::Labeller),
+            ("bob", Role::Labeller),
+            ("rita", Role::Reviewer),
+            ("root", Role::Admin),
+        ] {
+            store.set_user(user, role, &format!("{user}-password")).unwrap();
+        }
+        let app = stepwise_studio::server::app(store, false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        Studio {
+            base: format!("http://{}", rx.recv().unwrap()),
+            _dir: dir,
+        }
+    }
+
+    fn anonymous(&self) -> Client {
+        Client::builder().cookie_store(true).build().unwrap()
+    }
+
+    fn signed_in(&self, user: &str) -> Client {
+        let c = self.anonymous();
+        let r = c
+            .post(format!("{}/api/login", self.base))
+            .json(&json!({"name": user, "password": format!("{user}-password")}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        c
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn next(&self, c: &Client) -> Option<i64> {
+        let r: Value = c.post(self.url("/api/projects/p/next")).send().unwrap().json().unwrap();
+        r["record"].as_i64()
+    }
+
+    fn rate(&self, c: &Client, record: i64, step: usize, rating: i64) -> Response {
+        c.put(self.url(&format!("/api/records/{record}/steps/{step}")))
+            .json(&json!({ "rating": rating }))
+            .send()
+            .unwrap()
+    }
+
+    fn finish(&self, c: &Client, record: i64, reason: &str) -> Response {
+        c.post(self.url(&format!("/api/records/{record}/finish")))
+            .json(&json!({ "finish_reason": reason }))
+            .send()
+            .unwrap()
+    }
+}
+
+fn settings(overlap: u32, qc_every: u32) -> Settings {
+    Settings {
+        overlap,
+        qc_every,
+        policy: Policy::Uniform,
+        ..Default::default()
+    }
+}
+
+/// Every route but login answers 401 without a session, whatever is asked.
+#[test]
+fn every_route_needs_a_session() {
+    let s = Studio::start("session", settings(1, 0), vec![record("a", 2, None)], vec![]);
+    let c = s.anonymous();
+    let body = json!({"rating": 1});
+    let routes: Vec<(&str, &str, Option<Value>)> = vec![
+        ("GET", "/api/me", None),
+        ("POST", "/api/projects/p/next", None),
+        ("GET", "/api/projects/p/dashboard", None),
+        ("GET", "/api/projects/p/export?to=prm800k", None),
+        ("GET", "/api/records/1", None),
+        ("PUT", "/api/records/1/steps/0", Some(body.clone())),
+        (
+            "POST",
+            "/api/records/1/finish",
+            Some(json!({"finish_reason": "solution"})),
+        ),
+        ("GET", "/api/records/1/review", None),
+        ("PUT", "/api/records/1/steps/0/adjudication", Some(body)),
+    ];
+    for (method, path, body) in &routes {
+        let mut req = c.request(method.parse().unwrap(), s.url(path));
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let r = req.try_clone().unwrap().send().unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{method} {path}");
+        // A made-up token is no better than none.
+        let r = req.bearer_auth("ab".repeat(32)).send().unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::UNAUTHORIZED,
+            "{method} {path} with a forged token"
+        );
+    }
+    // A signed-out session is closed.
+    let alice = s.signed_in("alice");
+    assert_eq!(alice.get(s.url("/api/me")).send().unwrap().status(), StatusCode::OK);
+    alice.post(s.url("/api/logout")).send().unwrap();
+    assert_eq!(
+        alice.get(s.url("/api/me")).send().unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+/// A labeller reaches their own assignments only; reviewing is for reviewers, export for admins.
+#[test]
+fn a_labeller_reaches_only_their_own_assignments() {
+    let s = Studio::start(
+        "roles",
+        settings(1, 0),
+        vec![record("a", 2, None), record("b", 2, None)],
+        vec![],
+    );
+    let (alice, bob, rita, root) = (
+        s.signed_in("alice"),
+        s.signed_in("bob"),
+        s.signed_in("rita"),
+        s.signed_in("root"),
+    );
+    let mine = s.next(&alice).unwrap();
+    assert_eq!(s.rate(&alice, mine, 0, 1).status(), StatusCode::OK);
+    // Bob gets the other record, and nothing of Alice's.
+    let his = s.next(&bob).unwrap();
+    assert_ne!(his, mine);
+    assert_eq!(
+        bob.get(s.url(&format!("/api/records/{mine}"))).send().unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(s.rate(&bob, mine, 0, -1).status(), StatusCode::NOT_FOUND);
+    assert_eq!(s.finish(&bob, mine, "give_up").status(), StatusCode::NOT_FOUND);
+    // Reviewing and export are refused to labellers; export to reviewers.
+    for c in [&alice, &bob] {
+        assert_eq!(
+            c.get(s.url("/api/projects/p/dashboard")).send().unwrap().status(),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            c.get(s.url(&format!("/api/records/{mine}/review")))
+                .send()
+                .unwrap()
+                .status(),
+            StatusCode::FORBIDDEN
+        );
+        let adj = c
+            .put(s.url(&format!("/api/records/{mine}/steps/0/adjudication")))
+            .json(&json!({"rating": -1}))
+            .send()
+            .unwrap();
+        assert_eq!(adj.status(), StatusCode::FORBIDDEN);
+    }
+    for c in [&alice, &bob, &rita] {
+        assert_eq!(
+            c.get(s.url("/api/projects/p/export")).send().unwrap().status(),
+            StatusCode::FORBIDDEN
+        );
+    }
+    let review: Value = rita
+        .get(s.url(&format!("/api/records/{mine}/review")))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(review["labellings"][0]["user"], "alice");
+    assert_eq!(
+        root.get(s.url("/api/projects/p/export")).send().unwrap().status(),
+        StatusCode::OK
+    );
+    // Alice's record still holds only her rating.
+    let view: Value = alice
+        .get(s.url(&format!("/api/records/{mine}")))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(view["steps"][0]["rating"], 1);
+}
+
+/// With an overlap of 2, two labellers rate the same record at once; each keeps their own
+/// ratings, the dashboard measures their agreement, export keeps both.
+#[test]
+fn two_labellers_on_one_record_never_overwrite_each_other() {
+    let s = Studio::start("overlap", settings(2, 0), vec![record("a", 3, None)], vec![]);
+    let (alice, bob) = (s.signed_in("alice"), s.signed_in("bob"));
+    let (ra, rb) = (s.next(&alice).unwrap(), s.next(&bob).unwrap());
+    assert_eq!(ra, rb);
+    std::thread::scope(|scope| {
+        for (c, ratings) in [(&alice, [1, 1, -1]), (&bob, [1, -1, -1])] {
+            let s = &s;
+            scope.spawn(move || {
+                for (i, r) in ratings.iter().enumerate() {
+                    assert_eq!(s.rate(c, ra, i, *r).status(), StatusCode::OK);
+                }
+                assert_eq!(s.finish(c, ra, "found_error").status(), StatusCode::OK);
+            });
+        }
+    });
+    let mine = |c: &Client| -> Vec<i64> {
+        let v: Value = c
+            .get(s.url(&format!("/api/records/{ra}")))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["rating"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(mine(&alice), [1, 1, -1]);
+    assert_eq!(mine(&bob), [1, -1, -1]);
+    // The record has had its two labellers: a third gets nothing.
+    assert_eq!(s.next(&s.signed_in("rita")), None);
+    let d: Value = s
+        .signed_in("rita")
+        .get(s.url("/api/projects/p/dashboard"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(d["first_error_agreement"], json!([0.0, 1]));
+    assert_eq!(d["to_review"][0][1], "a");
+    // Fleiss: items [+1,+1], [+1,-1], [-1,-1]: P̄ = 2/3, p = (1/2, 1/2), κ = 1/3.
+    assert!((d["fleiss_kappa"][0].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9, "{d}");
+    // A reviewer settles step 1; export takes the adjudication and keeps both labellers.
+    let root = s.signed_in("root");
+    let adj = root
+        .put(s.url(&format!("/api/records/{ra}/steps/1/adjudication")))
+        .json(&json!({"rating": 0}))
+        .send()
+        .unwrap();
+    assert_eq!(adj.status(), StatusCode::OK);
+    let text = root
+        .get(s.url("/api/projects/p/export?to=stepwise"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let v: Value = serde_json::from_str(text.trim()).unwrap();
+    let labels: Vec<&str> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["label"]["rating"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["good", "neutral", "bad"]);
+    assert_eq!(v["meta"]["studio"]["labellings"].as_array().unwrap().len(), 2);
+    let prm800k = root
+        .get(s.url("/api/projects/p/export?to=prm800k"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert_eq!(prm800k.lines().count(), 2);
+}
+
+/// Gold records come once in every `qc_every`, and each labeller's agreement with them shows.
+#[test]
+fn gold_records_measure_each_labeller() {
+    use Rating::{Bad, Good};
+    let gold = record("g", 3, Some(&[Good, Bad, Bad]));
+    let s = Studio::start(
+        "gold",
+        settings(1, 2),
+        vec![record("a", 2, None), record("b", 2, None)],
+        vec![gold],
+    );
+    let alice = s.signed_in("alice");
+    let first = s.next(&alice).unwrap();
+    for i in 0..2 {
+        s.rate(&alice, first, i, 1);
+    }
+    assert_eq!(s.finish(&alice, first, "solution").status(), StatusCode::OK);
+    let second = s.next(&alice).unwrap();
+    let view: Value = alice
+        .get(s.url(&format!("/api/records/{second}")))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(view["ext_id"], "g", "the second record is the gold one");
+    assert!(
+        view.get("gold").is_none(),
+        "a labeller is not told which records are gold"
+    );
+    for (i, r) in [1, 1, -1].into_iter().enumerate() {
+        s.rate(&alice, second, i, r);
+    }
+    s.finish(&alice, second, "found_error");
+    let d: Value = s
+        .signed_in("root")
+        .get(s.url("/api/projects/p/dashboard"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let me = &d["labellers"][0];
+    assert_eq!(me["user"], "alice");
+    assert!(
+        (me["gold_step_agreement"][0].as_f64().unwrap() - 2.0 / 3.0).abs() < 1e-9,
+        "{d}"
+    );
+    assert_eq!(me["gold_first_error_agreement"], json!([0.0, 1]));
+}
+
+/// Input the page or a script gets wrong is a 4xx naming the rule, and nothing is saved.
+#[test]
+fn bad_input_is_refused_and_saves_nothing() {
+    let s = Studio::start("bad", settings(1, 0), vec![record("a", 2, None)], vec![]);
+    let alice = s.signed_in("alice");
+    let r = s.next(&alice).unwrap();
+    for (step, body) in [
+        (0, json!({"rating": 5})),
+        (9, json!({"rating": 1})),
+        (0, json!({"rating": 1, "extra": true})),
+        (0, json!({"rating": 1, "comment": "x".repeat(5000)})),
+    ] {
+        let res = alice
+            .put(s.url(&format!("/api/records/{r}/steps/{step}")))
+            .json(&body)
+            .send()
+            .unwrap();
+        assert!(res.status().is_client_error(), "{body}: {}", res.status());
+    }
+    let res = s.finish(&alice, r, "solution");
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert!(res.text().unwrap().contains("every step rated"));
+    assert_eq!(s.finish(&alice, r, "found_error").status(), StatusCode::BAD_REQUEST);
+    assert_eq!(s.finish(&alice, r, "bored").status(), StatusCode::BAD_REQUEST);
+    let view: Value = alice
+        .get(s.url(&format!("/api/records/{r}")))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(view["steps"].as_array().unwrap().iter().all(|x| x["rating"].is_null()));
+    // A write from another site is refused even with a session; an oversized body too.
+    let cross = alice
+        .put(s.url(&format!("/api/records/{r}/steps/0")))
+        .header("Origin", "http://evil.example")
+        .json(&json!({"rating": 1}))
+        .send()
+        .unwrap();
+    assert_eq!(cross.status(), StatusCode::FORBIDDEN);
+    let huge = alice
+        .put(s.url(&format!("/api/records/{r}/steps/0")))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 1 << 20])
+        .send()
+        .unwrap();
+    assert_eq!(huge.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+/// A wrong password and an unknown user get the same answer, and repeated failures wait.
+#[test]
+fn logins_are_refused_alike_and_slowed() {
+    let s = Studio::start("login", settings(1, 0), vec![record("a", 1, None)], vec![]);
+    let c = s.anonymous();
+    let try_login = |name: &str, pw: &str| {
+        let t = std::time::Instant::now();
+        let r = c
+            .post(s.url("/api/login"))
+            .json(&json!({"name": name, "password": pw}))
+            .send()
+            .unwrap();
+        (r.status(), r.text().unwrap(), t.elapsed())
+    };
+    let wrong_pw = try_login("alice", "nope-nope");
+    let no_user = try_login("mallory", "nope-nope");
+    assert_eq!(wrong_pw.0, StatusCode::UNAUTHORIZED);
+    assert_eq!((wrong_pw.0, &wrong_pw.1), (no_user.0, &no_user.1));
+    try_login("alice", "nope-nope");
+    try_login("alice", "nope-nope");
+    // The fourth failure in a row waits at least half a second before it is answered.
+    let slowed = try_login("alice", "alice-password");
+    assert!(slowed.2 >= std::time::Duration::from_millis(500), "{:?}", slowed.2);
+    assert_eq!(slowed.0, StatusCode::OK, "the right password still works");
+}
