@@ -35,6 +35,9 @@ pub struct Preset {
     /// Test-time search.
     #[serde(flatten)]
     pub search: SearchPreset,
+    /// Human step labels in the studio, from simulated labellers, and active learning.
+    #[serde(flatten)]
+    pub studio: StudioPreset,
 }
 
 /// The policy: its shape, training and sampling. (Its fields keep the preset's flat keys: `--set policy_shape=...`.)
@@ -250,6 +253,30 @@ pub struct SearchPreset {
     pub resamples: usize,
 }
 
+/// The `studio` stage: simulated labellers rate steps through the labelling studio's HTTP API
+/// (PRM800K phase 2: each labelling stops at its first −1), generation after generation, the
+/// queue ordered by each selection policy; a PRM is trained on each policy's labels at equal
+/// numbers of labelled steps. (Its fields keep the preset's flat keys: `--set studio_steps=...`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StudioPreset {
+    /// Generations, the first a uniform sample shared by every policy (0 skips the stage).
+    #[serde(default)]
+    #[serde(rename = "studio_generations")]
+    pub generations: usize,
+    /// Steps labelled per generation and policy.
+    #[serde(default)]
+    #[serde(rename = "studio_steps")]
+    pub steps: usize,
+    /// Simulated labellers working at once.
+    #[serde(default)]
+    #[serde(rename = "studio_labellers")]
+    pub labellers: usize,
+    /// The chance a simulated labeller rates a step against the oracle.
+    #[serde(default)]
+    #[serde(rename = "studio_error_rate")]
+    pub error_rate: f64,
+}
+
 /// The lab policy's shape, the verifiers' base's when a run folder predates it.
 fn policy_shape_default() -> (usize, usize) {
     (64, 2)
@@ -399,6 +426,12 @@ impl Preset {
                 precision: 0.8,
                 resamples: 2,
             },
+            studio: StudioPreset {
+                generations: 2,
+                steps: 20,
+                labellers: 2,
+                error_rate: 0.1,
+            },
         }
     }
 
@@ -465,6 +498,12 @@ impl Preset {
                 budgets: vec![4, 16, 64],
                 precision: 0.8,
                 resamples: 4,
+            },
+            studio: StudioPreset {
+                generations: 3,
+                steps: 1500,
+                labellers: 4,
+                error_rate: 0.1,
             },
         }
     }

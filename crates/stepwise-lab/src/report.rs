@@ -222,6 +222,9 @@ are on the held-out samples. The judge's rollouts are its sampled answers.\n",
     if let Some(rl) = &r.rl {
         rl_section(&mut s, rl);
     }
+    if let Some(studio) = &r.studio {
+        studio_section(&mut s, studio, r.eval_samples);
+    }
     paired_section(&mut s, r);
     if !r.plots.is_empty() {
         let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
@@ -236,6 +239,7 @@ fn paired_section(s: &mut String, r: &Report) {
         .iter()
         .chain(r.search.iter().flat_map(|x| &x.paired))
         .chain(r.rl.iter().flat_map(|x| &x.paired))
+        .chain(r.studio.iter().flat_map(|x| &x.paired))
         .collect();
     if all.is_empty() {
         return;
@@ -265,6 +269,64 @@ fn paired_section(s: &mut String, r: &Report) {
             "| {} | {} | {} | {:+.3} | [{:+.3}, {:+.3}] | {} | {verdict} |",
             d.measure, d.a, d.b, d.difference, d.ci95.0, d.ci95.1, d.problems
         );
+    }
+    let _ = writeln!(s);
+}
+
+/// The studio section: human labels (simulated labellers) by selection policy.
+fn studio_section(s: &mut String, r: &crate::stages::studio::StudioReport, n: usize) {
+    let _ = writeln!(
+        s,
+        "## Human labels in the studio, by selection policy
+"
+    );
+    let _ = writeln!(
+        s,
+        "{} simulated labellers rated steps through the labelling studio's HTTP API, PRM800K phase 2's way \
+         (each labelling stops at its first −1), each rating against the oracle with probability {}. \
+         Generation 0 ({} steps) is a uniform sample shared by every policy; in each later generation a policy \
+         ranks what is left with the PRM trained on its own labels so far and {} more steps are labelled \
+         ({} generations in all). Each policy's PRM is trained on all its labels, with the code and budget of \
+         the other verifiers. Labelling time is modelled: 20 s a solution, 4 s + 50 ms a character a step.\n",
+        r.labellers, r.error_rate, r.steps_per_generation, r.steps_per_generation, r.generations
+    );
+    let _ = writeln!(
+        s,
+        "| policy | steps | solutions | labeller hours | ProcessBench F1 | best-of-{n} (min) |\n|---|---|---|---|---|---|"
+    );
+    for a in &r.arms {
+        let hours: f64 = a.generations.iter().map(|g| g.labeller_minutes).sum::<f64>() / 60.0;
+        let bon = a.bon.get(&n.to_string()).map_or("-".to_string(), |x| format!("{x:.3}"));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {hours:.1} | {:.3} | {bon} |",
+            a.policy, a.labelled_steps, a.labelled_solutions, a.processbench_f1
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nWhat each generation labelled: the share of wrong final answers, of labellings that found an error, \
+         of rated steps the oracle calls bad, and of ratings the oracle agrees with.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| policy | generation | solutions | steps | wrong answers | errors found | bad steps | label accuracy |\n|---|---|---|---|---|---|---|---|"
+    );
+    for a in &r.arms {
+        for g in &a.generations {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                a.policy,
+                g.generation,
+                g.solutions,
+                g.steps,
+                g.wrong_answer_fraction,
+                g.error_found_fraction,
+                g.oracle_bad_fraction,
+                g.label_accuracy
+            );
+        }
     }
     let _ = writeln!(s);
 }

@@ -355,6 +355,21 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         let confidence = crate::confidence::PolicyConfidence { model, tok: &tok };
         score_solutions(&confidence, verifier::BASE_CONFIDENCE, &mut scored, 64, |_| {})?;
     }
+    // 5b. Human labels in the studio (simulated labellers through its HTTP API), by selection
+    //     policy, each policy's PRM scoring the evaluation samples too.
+    let studio = (p.studio.generations > 0)
+        .then(|| {
+            let inputs = crate::stages::studio::StudioInputs {
+                preset: p,
+                seed: o.seed,
+                out: &o.out,
+                verifiers: &verifiers,
+                pool: &label_sols,
+                oracle: &oracle,
+            };
+            crate::stages::studio::studio_stage(&inputs, &mut scored)
+        })
+        .transpose()?;
     write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
 
     // 6. Evaluate.
@@ -375,6 +390,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
             }),
         });
     }
+    report.studio = studio;
     report.labels = crate::stages::labels::label_sources(&crate::stages::labels::SourceInputs {
         preset: p,
         seed: o.seed,

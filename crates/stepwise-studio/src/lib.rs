@@ -10,6 +10,7 @@
 //! - [`export`]: labels as records of any format.
 
 pub mod agreement;
+pub mod client;
 pub mod export;
 pub mod select;
 pub mod server;

@@ -74,6 +74,10 @@ pub struct Report {
     /// per-problem difference with a paired bootstrap interval.
     #[serde(default)]
     pub paired: Vec<PairedDifference>,
+    /// Human labels from simulated labellers in the studio, by selection policy (absent when
+    /// the preset skips the stage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub studio: Option<super::studio::StudioReport>,
 }
 
 /// The judge as a generative verifier, at equal labels with a PRM.
@@ -427,6 +431,7 @@ pub fn evaluate(
         rl: None,
         paired,
         generative: None,
+        studio: None,
     })
 }
 

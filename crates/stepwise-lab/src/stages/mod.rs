@@ -9,6 +9,7 @@ pub mod policy;
 pub mod rl;
 pub mod sample;
 pub mod search;
+pub mod studio;
 pub mod verifiers;
 
 use crate::progress::{bar, say};

@@ -219,3 +219,59 @@ pub fn app(store: Store, secure_cookie: bool) -> Router {
         .layer(axum::middleware::from_fn(guard))
         .with_state(state)
 }
+
+/// A studio served on a thread of its own (for the lab's simulated labellers, Python and
+/// tests); stopped and joined when dropped. `stepwise studio` serves through `stepwise serve`'s
+/// hardened connection loop instead.
+pub struct Running {
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Its base URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serve `store` on `address` (`127.0.0.1:0` for a free port) on a thread of its own.
+pub fn spawn(store: Store, address: &str) -> anyhow::Result<Running> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let listener = runtime.block_on(tokio::net::TcpListener::bind(address))?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let router = app(store, false);
+    let thread = std::thread::Builder::new()
+        .name("stepwise-studio".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let _ = axum::serve(listener, router)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+        })?;
+    Ok(Running {
+        addr,
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}

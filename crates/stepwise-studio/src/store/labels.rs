@@ -13,7 +13,7 @@ use serde_json::Value;
 use stepwise_core::record::Solution;
 
 /// A step as the page shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepView {
     /// The step's text (model-written: the page shows it as text, never as markup).
     pub text: String,
@@ -28,7 +28,7 @@ pub struct StepView {
 }
 
 /// A record as the labelling page shows it to one user.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RecordView {
     /// The record's row id (the API's `{id}`).
     pub id: i64,
