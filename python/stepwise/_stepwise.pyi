@@ -87,6 +87,47 @@ class PRM:
     @property
     def layout(self) -> str: ...
 
+class Studio:
+    """A labelling studio: a project in a SQLite database, served in the background for people
+    to label in the browser (docs/studio.md)."""
+
+    def __init__(
+        self,
+        db: Union[str, "PathLike[str]"],
+        records: Optional[Union[Iterable[Record], str, "PathLike[str]"]] = None,
+        *,
+        project: str = "default",
+        policy: str = "uniform",
+        overlap: int = 1,
+        stop_at_first_bad: bool = False,
+        blind: bool = False,
+        qc_every: int = 10,
+        code: bool = False,
+        seed: int = 0,
+        serve: bool = True,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None: ...
+    @property
+    def url(self) -> Optional[str]:
+        """Where it is served (``http://127.0.0.1:PORT``), or None when not serving."""
+    def add_records(self, records: Union[Iterable[Record], str, "PathLike[str]"], gold: bool = False) -> int:
+        """Add records (any format stepwise reads, or a file), all or none; how many were new."""
+    def add_user(self, name: str, role: str, password: str) -> None:
+        """Create an account (or set its role and password): labeller, reviewer or admin."""
+    def ratings(self, format: str = "stepwise", include_unlabelled: bool = False) -> List[Record]:
+        """The labels as records of ``format`` (PRM800K: one per labeller and record)."""
+    def dashboard(self) -> Dict[str, Any]:
+        """Progress and agreement: Fleiss' κ, first-error agreement, per-labeller figures."""
+    def unassigned(self) -> List[Record]:
+        """The records nobody has been given yet."""
+    def next_generation(self, records: Iterable[Record]) -> int:
+        """Rank ``unassigned()`` again, scored by a new PRM; returns the new generation."""
+    def close(self) -> None:
+        """Stop serving; saved ratings stay in the database."""
+    def __enter__(self) -> "Studio": ...
+    def __exit__(self, *args: Any) -> bool: ...
+
 class Policy:
     """A policy that writes solutions step by step: local, or behind servers."""
 

@@ -32,7 +32,7 @@ HOSTILE = [
 ]
 
 RECORDS = [
-    {"id": "hostile", "question": "What is $x^2$ when <b>x</b> = 2?", "gold_answer": "4", "final_answer": "4",
+    {"id": "hostile", "question": "What is $x^2$ when <b>x</b> = 2? (Tickets cost $1000 / $20 a head.)", "gold_answer": "4", "final_answer": "4",
      "steps": [{"text": t} for t in HOSTILE], "scores": {"prm": [0.9, 0.5, 0.7, 0.8, 0.95]}},
     {"id": "quadratic", "question": r"Find the sum of the roots of $x^2 - 5x + 6 = 0$.", "gold_answer": "5",
      "final_answer": "6",
@@ -55,12 +55,12 @@ def studio(tmp_path):
     records = tmp_path / "records.jsonl"
     records.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
     db = tmp_path / "labels.sqlite"
-    for name, role in [("alice", "labeller"), ("root", "admin")]:
+    for name, role in [("alice", "labeller"), ("bob", "labeller"), ("root", "admin")]:
         subprocess.run(["stepwise", "studio", "user", "add", name, "--role", role, "--db", str(db)],
                        input=f"{name}-password\n", text=True, check=True, capture_output=True)
     port = free_port()
     proc = subprocess.Popen(["stepwise", "studio", "--db", str(db), "--input", str(records), "--policy",
-                             "uncertainty", "--qc-every", "0", "--port", str(port)],
+                             "uncertainty", "--qc-every", "0", "--overlap", "2", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     for _ in range(200):
@@ -72,6 +72,27 @@ def studio(tmp_path):
     yield base
     proc.terminate()
     proc.wait(10)
+
+
+def call(base, method, path, token=None, body=None):
+    req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode())
+    req.add_header("content-type", "application/json")
+    if token:
+        req.add_header("authorization", "Bearer " + token)
+    with urllib.request.urlopen(req) as r:
+        return json.loads(r.read())
+
+
+def label_by_script(base, name, ratings):
+    """A second labeller, through the documented HTTP API: `ratings` by record id."""
+    token = call(base, "POST", "/api/login", body={"name": name, "password": f"{name}-password"})["token"]
+    while (record := call(base, "POST", "/api/projects/default/next", token)["record"]) is not None:
+        view = call(base, "GET", f"/api/records/{record}", token)
+        mine = ratings[view["ext_id"]]
+        for i, r in enumerate(mine):
+            call(base, "PUT", f"/api/records/{record}/steps/{i}", token, {"rating": r})
+        reason = "found_error" if -1 in mine else "solution"
+        call(base, "POST", f"/api/records/{record}/finish", token, {"finish_reason": reason})
 
 
 def shot(page, name):
@@ -114,7 +135,9 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         assert page.evaluate("window.__pwned") is None
         assert page.locator("main script, main img, main a, main iframe").count() == 0
         assert page.locator("#step-0 .katex").count() == 2  # real LaTeX is typeset
-        assert "<b>" in page.inner_text("section.card h1 + .text")  # the question's markup is text
+        question = page.inner_text("section.card h1 + .text")
+        assert "<b>" in question  # the question's markup is text
+        assert "$1000 / $20" in question  # dollars in prose are not math
         # The macros that would link or load a URL are refused by KaTeX (`trust: false`): their
         # names show in red, nothing is linked or fetched.
         shown = page.inner_text("#step-3 .text")
@@ -162,6 +185,9 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         assert requests and all(u.startswith(studio + "/") for u in requests), requests
         assert errors == []
 
+        # A second labeller on the same records, by script; they disagree with Alice on one step.
+        label_by_script(studio, "bob", {"hostile": [1, 1, -1, 1, 1], "quadratic": [1, 1, -1, -1]})
+
         # The admin's dashboard and export.
         admin = browser.new_page(viewport={"width": 1100, "height": 700})
         sign_in(admin, studio, "root")
@@ -174,8 +200,10 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         lines = admin.evaluate(
             "fetch('/api/projects/default/export?to=prm800k').then(r => r.text())").strip().split("\n")
         exported = [json.loads(l) for l in lines]
-        assert [e["labeler"] for e in exported] == ["alice", "alice"]
-        hostile = next(e for e in exported if e["question"]["problem"].startswith("What is"))
+        assert sorted(e["labeler"] for e in exported) == ["alice", "alice", "bob", "bob"]
+        assert "Fleiss' κ 0.7" in admin.inner_text("main")  # 9 steps, one disagreement
+        assert admin.locator("a[href^='#/review/']").count() == 1
+        hostile = next(e for e in exported if e["question"]["problem"].startswith("What is") and e["labeler"] == "alice")
         assert [s["completions"][0]["rating"] for s in hostile["label"]["steps"]] == [1, 0, -1, 1, 1]
         assert hostile["label"]["finish_reason"] == "found_error"
         browser.close()

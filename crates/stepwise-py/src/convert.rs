@@ -227,20 +227,7 @@ pub fn records_of(sols: &[Solution]) -> anyhow::Result<Vec<Value>> {
 /// Solutions as records of `format` (a format that groups a problem's solutions writes one
 /// record a group).
 pub fn in_format(sols: &[Solution], format: Format) -> anyhow::Result<Vec<Value>> {
-    let groups: Vec<&[Solution]> = if format.groups_by_problem() {
-        sols.chunk_by(|a, b| a.problem_id == b.problem_id).collect()
-    } else {
-        sols.chunks(1).collect()
-    };
-    let mut out = Vec::with_capacity(sols.len());
-    for g in groups {
-        out.extend(
-            format
-                .write(g)
-                .map_err(|e| anyhow::anyhow!("solution `{}` as {}: {e}", g[0].id, format.name()))?,
-        );
-    }
-    Ok(out)
+    format.write_all(sols).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// A format by name.

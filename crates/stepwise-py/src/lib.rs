@@ -15,6 +15,7 @@ mod policy;
 mod records;
 mod rewards;
 mod stages;
+mod studio;
 mod train;
 mod verifier;
 
@@ -42,6 +43,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rewards::openrlhf_rewards, m)?)?;
     m.add_class::<verifier::Prm>()?;
     m.add_class::<policy::Policy>()?;
+    m.add_class::<studio::Studio>()?;
     m.add_function(wrap_pyfunction!(stages::annotate, m)?)?;
     m.add_function(wrap_pyfunction!(stages::search, m)?)?;
     m.add_function(wrap_pyfunction!(stages::lab_run, m)?)?;

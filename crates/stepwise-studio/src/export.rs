@@ -151,16 +151,12 @@ fn agreed(s: Solution, done: &[&Labelling], adjudicated: Option<&BTreeMap<usize,
 /// `records` as JSON lines of `format` (grouped formats take each problem's records together).
 pub fn to_jsonl(records: &[Solution], format: stepwise_core::formats::Format) -> Result<String> {
     let mut out = String::new();
-    let groups: Vec<&[Solution]> = if format.groups_by_problem() {
-        records.chunk_by(|a, b| a.problem_id == b.problem_id).collect()
-    } else {
-        records.chunks(1).collect()
-    };
-    for g in groups {
-        for v in format.write(g).map_err(|e| anyhow::anyhow!("writing {format}: {e}"))? {
-            out.push_str(&serde_json::to_string(&v)?);
-            out.push('\n');
-        }
+    for v in format
+        .write_all(records)
+        .map_err(|e| anyhow::anyhow!("writing {format}: {e}"))?
+    {
+        out.push_str(&serde_json::to_string(&v)?);
+        out.push('\n');
     }
     Ok(out)
 }

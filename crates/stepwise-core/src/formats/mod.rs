@@ -148,6 +148,24 @@ impl Format {
         }
     }
 
+    /// Write every solution of `sols` (in order; a format that groups a problem's solutions
+    /// writes one record per run of solutions to the same problem).
+    pub fn write_all(self, sols: &[Solution]) -> Result<Vec<Value>, FieldError> {
+        let groups: Vec<&[Solution]> = if self.groups_by_problem() {
+            sols.chunk_by(|a, b| a.problem_id == b.problem_id).collect()
+        } else {
+            sols.chunks(1).collect()
+        };
+        let mut out = Vec::with_capacity(sols.len());
+        for g in groups {
+            out.extend(
+                self.write(g)
+                    .map_err(|e| FieldError::new("", format!("solution `{}` as {}: {e}", g[0].id, self.name())))?,
+            );
+        }
+        Ok(out)
+    }
+
     fn write_one(self, s: &Solution) -> Result<Value, FieldError> {
         Ok(match self {
             Format::Stepwise => serde_json::to_value(s).map_err(|e| FieldError::new("", e.to_string()))?,
