@@ -1,7 +1,9 @@
 """Where the tests find the public data and the transformers-made fixtures: ``../shared`` beside
 the repository (or ``$STEPWISE_SHARED``)."""
 
+import json
 import os
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,13 @@ def short(records, n=12):
         r["steps"] = [dict(s, text=s["text"][:60]) for s in r["steps"][: 1 + i % 3]]
         out.append(r)
     return out
+
+
+def studio_call(base, method, path, token=None, body=None):
+    """One call of the labelling studio's HTTP API (JSON in, JSON out; Bearer token)."""
+    req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode())
+    req.add_header("content-type", "application/json")
+    if token:
+        req.add_header("authorization", "Bearer " + token)
+    with urllib.request.urlopen(req) as r:
+        return json.loads(r.read())

@@ -1,22 +1,12 @@
 """stepwise.Studio: a labelling studio started from Python, labelled through its HTTP API (as
-the page and scripts do), its labels read back as records that train_prm reads."""
+the page and scripts do), its labels read back as records in stepwise's and PRM800K's shapes."""
 
-import json
 import urllib.error
-import urllib.request
 
 import pytest
+from conftest import studio_call as call
 
 import stepwise
-
-
-def call(base, method, path, token=None, body=None):
-    req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode())
-    req.add_header("content-type", "application/json")
-    if token:
-        req.add_header("authorization", "Bearer " + token)
-    with urllib.request.urlopen(req) as r:
-        return json.loads(r.read())
 
 
 def records(n):

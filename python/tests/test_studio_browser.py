@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import studio_call as call
 
 CHROMIUM = os.environ.get("STEPWISE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 if not CHROMIUM or not shutil.which("stepwise"):
@@ -72,15 +73,6 @@ def studio(tmp_path):
     yield base
     proc.terminate()
     proc.wait(10)
-
-
-def call(base, method, path, token=None, body=None):
-    req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode())
-    req.add_header("content-type", "application/json")
-    if token:
-        req.add_header("authorization", "Bearer " + token)
-    with urllib.request.urlopen(req) as r:
-        return json.loads(r.read())
 
 
 def label_by_script(base, name, ratings):

@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::server::exchange;
+use common::server::{exchange, spawn_until};
 use common::{fixture, stepwise, tmp, write_jsonl};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -32,20 +32,11 @@ fn add_user(db: &Path, name: &str, role: &str) {
 
 /// `stepwise studio` on a free port: the child and its URL.
 fn start(db: &Path, extra: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(["studio", "--db", db.to_str().unwrap(), "--port", "0", "--qc-every", "0"])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("studio exited").unwrap();
-        if let Some(rest) = line.strip_prefix("stepwise studio: ") {
-            break rest.split('/').nth(2).unwrap().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    cmd.args(["studio", "--db", db.to_str().unwrap(), "--port", "0", "--qc-every", "0"])
+        .args(extra);
+    let (child, line) = spawn_until(cmd, "stepwise studio: ");
+    let url = line.split('/').nth(2).unwrap().to_string();
     (child, format!("http://{url}"))
 }
 

@@ -275,6 +275,11 @@ pub struct StudioPreset {
     #[serde(default)]
     #[serde(rename = "studio_error_rate")]
     pub error_rate: f64,
+    /// Training batches of each studio PRM (0: the other verifiers' `verifier_steps`); they see
+    /// a few thousand labelled steps, not the whole label set.
+    #[serde(default)]
+    #[serde(rename = "studio_verifier_steps")]
+    pub verifier_steps: usize,
 }
 
 /// The lab policy's shape, the verifiers' base's when a run folder predates it.
@@ -431,6 +436,7 @@ impl Preset {
                 steps: 20,
                 labellers: 2,
                 error_rate: 0.1,
+                verifier_steps: 0,
             },
         }
     }
@@ -504,6 +510,7 @@ impl Preset {
                 steps: 1500,
                 labellers: 4,
                 error_rate: 0.1,
+                verifier_steps: 300,
             },
         }
     }

@@ -8,6 +8,13 @@
 //! - [`select`]: queue priorities (uniform, convincing wrong answers, uncertainty).
 //! - [`agreement`]: Cohen's and Fleiss' κ, first-error agreement.
 //! - [`export`]: labels as records of any format.
+//! - [`client`]: the HTTP API from Rust, for scripts that label.
+//!
+//! # Example
+//!
+//! `examples/label_by_script.rs` (run it with `cargo run -p stepwise-studio --example label_by_script`; it is also a doc-test):
+//!
+#![doc = concat!("```no_run\n", include_str!("../examples/label_by_script.rs"), "```")]
 
 pub mod agreement;
 pub mod client;

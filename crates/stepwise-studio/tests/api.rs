@@ -442,3 +442,29 @@ fn logins_are_refused_alike_and_slowed() {
     assert!(slowed.2 >= std::time::Duration::from_millis(500), "{:?}", slowed.2);
     assert_eq!(slowed.0, StatusCode::OK, "the right password still works");
 }
+
+/// A database another process holds locked: the rating is refused with a 503 that says so,
+/// nothing is half-written, and the same rating saves once the lock is gone.
+#[test]
+fn a_locked_database_is_an_error_on_the_page() {
+    let s = Studio::start("locked", settings(1, 0), vec![record("a", 2, None)], vec![]);
+    let alice = s.signed_in("alice");
+    let r = s.next(&alice).unwrap();
+    let other = rusqlite::Connection::open(s._dir.join("labels.sqlite")).unwrap();
+    other.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let res = s.rate(&alice, r, 0, 1);
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res
+        .text()
+        .unwrap()
+        .contains("locked by another process; nothing was saved"));
+    other.execute_batch("ROLLBACK").unwrap();
+    let view: Value = alice
+        .get(s.url(&format!("/api/records/{r}")))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(view["steps"][0]["rating"].is_null());
+    assert_eq!(s.rate(&alice, r, 0, 1).status(), StatusCode::OK);
+}

@@ -22,30 +22,34 @@ impl Drop for Server {
 }
 
 pub fn serve(extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args([
-            "serve",
-            "--model",
-            &fixture("qwen2-policy"),
-            "--prm",
-            &fixture("qwen2-prm"),
-            "--port",
-            "0",
-        ])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    cmd.args([
+        "serve",
+        "--model",
+        &fixture("qwen2-policy"),
+        "--prm",
+        &fixture("qwen2-prm"),
+        "--port",
+        "0",
+    ])
+    .args(extra);
+    let (child, url) = spawn_until(cmd, "stepwise serve: listening on ");
+    Server { child, url }
+}
+
+/// Start `cmd` and wait for the stderr line that starts with `prefix`: the child and the rest of
+/// that line. Its stderr is drained from then on, so it never blocks on it.
+pub fn spawn_until(mut cmd: Command, prefix: &str) -> (Child, String) {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("serve exited").unwrap();
-        if let Some(addr) = line.strip_prefix("stepwise serve: listening on ") {
-            break addr.to_string();
+    let rest = loop {
+        let line = lines.next().expect("the server exited").unwrap();
+        if let Some(rest) = line.strip_prefix(prefix) {
+            break rest.to_string();
         }
     };
-    // Keep draining stderr so the server never blocks on it.
     std::thread::spawn(move || for _ in lines {});
-    Server { child, url }
+    (child, rest)
 }
 
 /// POST a JSON body to `url` + `path` and return the reply's JSON.

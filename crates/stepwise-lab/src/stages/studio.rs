@@ -281,12 +281,8 @@ impl Stage<'_> {
             generations.push(self.stats(g, &new));
             labelled.extend(new);
             let dir = format!("studio_{}_gen{g}", name.replace('-', "_"));
-            model = Some(v.train(
-                &dir,
-                &format!("training PRM-studio ({name}, generation {g})"),
-                &labelled,
-                false,
-            )?);
+            let what = format!("training PRM-studio ({name}, generation {g})");
+            model = Some(v.train_for(&dir, &what, &labelled, false, self.verifier_steps())?);
         }
         let model = model.context("studio_generations must be 2 or more: one shared, one selected")?;
         let arm = PolicyArm {
@@ -297,6 +293,15 @@ impl Stage<'_> {
             ..Default::default()
         };
         Ok((arm, model))
+    }
+
+    /// Training batches of a studio PRM.
+    fn verifier_steps(&self) -> usize {
+        let p = self.i.preset;
+        match p.studio.verifier_steps {
+            0 => p.verifiers.steps,
+            n => n,
+        }
     }
 
     /// The pool as the studio gets it: no oracle verdicts, no scores.
@@ -342,13 +347,19 @@ pub fn studio_stage(i: &StudioInputs<'_>, scored: &mut [Solution]) -> Result<Stu
         })
         .collect();
     let stage = Stage { i, dir, truth };
+    let started = std::time::Instant::now();
     say("studio: generation 0 (uniform, shared by every policy)");
     let db = stage.create("gen0", Policy::Uniform, stage.pool())?;
     // The shared generation is labelled under the project's generation 0.
     let shared = stage.label(&db, "gen0", 0)?;
-    let prm0 = i
-        .verifiers
-        .train("studio_gen0", "training PRM-studio (generation 0)", &shared, false)?;
+    let steps = stage.verifier_steps();
+    let prm0 = i.verifiers.train_for(
+        "studio_gen0",
+        "training PRM-studio (generation 0)",
+        &shared,
+        false,
+        steps,
+    )?;
     let arms = super::all_at_once(&POLICIES, "the studio's selection policies", |&policy| {
         stage.arm(policy, &shared, &prm0)
     })?;
@@ -381,6 +392,7 @@ pub fn studio_stage(i: &StudioInputs<'_>, scored: &mut [Solution]) -> Result<Stu
             &groups, selector, n, 32, i.seed,
         ));
     }
+    say(&format!("studio: {:.0} s", started.elapsed().as_secs_f64()));
     let measure = format!("best-of-{n} accuracy");
     for k in 1..report.arms.len() {
         let (a, b) = (&report.arms[k].policy, &report.arms[0].policy);

@@ -85,6 +85,11 @@ impl Verifiers<'_> {
 
     /// Train (or reuse) the verifier in `dir` on step labels, or on outcomes when `outcome`.
     pub fn train(&self, dir: &str, what: &str, sols: &[Solution], outcome: bool) -> Result<Model> {
+        self.train_for(dir, what, sols, outcome, self.preset.verifiers.steps)
+    }
+
+    /// [`Verifiers::train`] for `steps` batches instead of the preset's verifier budget.
+    pub fn train_for(&self, dir: &str, what: &str, sols: &[Solution], outcome: bool, steps: usize) -> Result<Model> {
         let p = self.preset;
         let spec = self.spec(outcome);
         let cached = done_marker(&self.out.join(dir)).exists();
@@ -94,7 +99,7 @@ impl Verifiers<'_> {
         } else {
             spec.examples(self.tok, sols, Some(self.base))?
         };
-        let tc = super::fine_tuning(p.verifiers.lr, p.verifiers.steps, self.seed ^ 5);
+        let tc = super::fine_tuning(p.verifiers.lr, steps, self.seed ^ 5);
         let seed = tc.seed;
         let model = train_stage(
             &self.out.join(dir),
