@@ -92,6 +92,16 @@ impl Studio {
         format!("{}{path}", self.base)
     }
 
+    /// GET `path` as `c`: the answer's JSON.
+    fn json(&self, c: &Client, path: &str) -> Value {
+        c.get(self.url(path)).send().unwrap().json().unwrap()
+    }
+
+    /// GET `path` as `c`: the status.
+    fn status(&self, c: &Client, path: &str) -> StatusCode {
+        c.get(self.url(path)).send().unwrap().status()
+    }
+
     fn next(&self, c: &Client) -> Option<i64> {
         let r: Value = c.post(self.url("/api/projects/p/next")).send().unwrap().json().unwrap();
         r["record"].as_i64()
@@ -159,12 +169,9 @@ fn every_route_needs_a_session() {
     }
     // A signed-out session is closed.
     let alice = s.signed_in("alice");
-    assert_eq!(alice.get(s.url("/api/me")).send().unwrap().status(), StatusCode::OK);
+    assert_eq!(s.status(&alice, "/api/me"), StatusCode::OK);
     alice.post(s.url("/api/logout")).send().unwrap();
-    assert_eq!(
-        alice.get(s.url("/api/me")).send().unwrap().status(),
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(s.status(&alice, "/api/me"), StatusCode::UNAUTHORIZED);
 }
 
 /// A labeller reaches their own assignments only; reviewing is for reviewers, export for admins.
@@ -187,23 +194,14 @@ fn a_labeller_reaches_only_their_own_assignments() {
     // Bob gets the other record, and nothing of Alice's.
     let his = s.next(&bob).unwrap();
     assert_ne!(his, mine);
-    assert_eq!(
-        bob.get(s.url(&format!("/api/records/{mine}"))).send().unwrap().status(),
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(s.status(&bob, &format!("/api/records/{mine}")), StatusCode::NOT_FOUND);
     assert_eq!(s.rate(&bob, mine, 0, -1).status(), StatusCode::NOT_FOUND);
     assert_eq!(s.finish(&bob, mine, "give_up").status(), StatusCode::NOT_FOUND);
     // Reviewing and export are refused to labellers; export to reviewers.
     for c in [&alice, &bob] {
+        assert_eq!(s.status(&c, "/api/projects/p/dashboard"), StatusCode::FORBIDDEN);
         assert_eq!(
-            c.get(s.url("/api/projects/p/dashboard")).send().unwrap().status(),
-            StatusCode::FORBIDDEN
-        );
-        assert_eq!(
-            c.get(s.url(&format!("/api/records/{mine}/review")))
-                .send()
-                .unwrap()
-                .status(),
+            s.status(&c, &format!("/api/records/{mine}/review")),
             StatusCode::FORBIDDEN
         );
         let adj = c
@@ -214,29 +212,13 @@ fn a_labeller_reaches_only_their_own_assignments() {
         assert_eq!(adj.status(), StatusCode::FORBIDDEN);
     }
     for c in [&alice, &bob, &rita] {
-        assert_eq!(
-            c.get(s.url("/api/projects/p/export")).send().unwrap().status(),
-            StatusCode::FORBIDDEN
-        );
+        assert_eq!(s.status(&c, "/api/projects/p/export"), StatusCode::FORBIDDEN);
     }
-    let review: Value = rita
-        .get(s.url(&format!("/api/records/{mine}/review")))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let review: Value = s.json(&rita, &format!("/api/records/{mine}/review"));
     assert_eq!(review["labellings"][0]["user"], "alice");
-    assert_eq!(
-        root.get(s.url("/api/projects/p/export")).send().unwrap().status(),
-        StatusCode::OK
-    );
+    assert_eq!(s.status(&root, "/api/projects/p/export"), StatusCode::OK);
     // Alice's record still holds only her rating.
-    let view: Value = alice
-        .get(s.url(&format!("/api/records/{mine}")))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let view: Value = s.json(&alice, &format!("/api/records/{mine}"));
     assert_eq!(view["steps"][0]["rating"], 1);
 }
 
@@ -260,12 +242,7 @@ fn two_labellers_on_one_record_never_overwrite_each_other() {
         }
     });
     let mine = |c: &Client| -> Vec<i64> {
-        let v: Value = c
-            .get(s.url(&format!("/api/records/{ra}")))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
+        let v: Value = s.json(&c, &format!("/api/records/{ra}"));
         v["steps"]
             .as_array()
             .unwrap()
@@ -338,12 +315,7 @@ fn gold_records_measure_each_labeller() {
     }
     assert_eq!(s.finish(&alice, first, "solution").status(), StatusCode::OK);
     let second = s.next(&alice).unwrap();
-    let view: Value = alice
-        .get(s.url(&format!("/api/records/{second}")))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let view: Value = s.json(&alice, &format!("/api/records/{second}"));
     assert_eq!(view["ext_id"], "g", "the second record is the gold one");
     assert!(
         view.get("gold").is_none(),
@@ -393,12 +365,7 @@ fn bad_input_is_refused_and_saves_nothing() {
     assert!(res.text().unwrap().contains("every step rated"));
     assert_eq!(s.finish(&alice, r, "found_error").status(), StatusCode::BAD_REQUEST);
     assert_eq!(s.finish(&alice, r, "bored").status(), StatusCode::BAD_REQUEST);
-    let view: Value = alice
-        .get(s.url(&format!("/api/records/{r}")))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let view: Value = s.json(&alice, &format!("/api/records/{r}"));
     assert!(view["steps"].as_array().unwrap().iter().all(|x| x["rating"].is_null()));
     // A write from another site is refused even with a session; an oversized body too.
     let cross = alice
@@ -459,12 +426,7 @@ fn a_locked_database_is_an_error_on_the_page() {
         .unwrap()
         .contains("locked by another process; nothing was saved"));
     other.execute_batch("ROLLBACK").unwrap();
-    let view: Value = alice
-        .get(s.url(&format!("/api/records/{r}")))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let view: Value = s.json(&alice, &format!("/api/records/{r}"));
     assert!(view["steps"][0]["rating"].is_null());
     assert_eq!(s.rate(&alice, r, 0, 1).status(), StatusCode::OK);
 }
