@@ -199,9 +199,9 @@ fn a_labeller_reaches_only_their_own_assignments() {
     assert_eq!(s.finish(&bob, mine, "give_up").status(), StatusCode::NOT_FOUND);
     // Reviewing and export are refused to labellers; export to reviewers.
     for c in [&alice, &bob] {
-        assert_eq!(s.status(&c, "/api/projects/p/dashboard"), StatusCode::FORBIDDEN);
+        assert_eq!(s.status(c, "/api/projects/p/dashboard"), StatusCode::FORBIDDEN);
         assert_eq!(
-            s.status(&c, &format!("/api/records/{mine}/review")),
+            s.status(c, &format!("/api/records/{mine}/review")),
             StatusCode::FORBIDDEN
         );
         let adj = c
@@ -212,7 +212,7 @@ fn a_labeller_reaches_only_their_own_assignments() {
         assert_eq!(adj.status(), StatusCode::FORBIDDEN);
     }
     for c in [&alice, &bob, &rita] {
-        assert_eq!(s.status(&c, "/api/projects/p/export"), StatusCode::FORBIDDEN);
+        assert_eq!(s.status(c, "/api/projects/p/export"), StatusCode::FORBIDDEN);
     }
     let review: Value = s.json(&rita, &format!("/api/records/{mine}/review"));
     assert_eq!(review["labellings"][0]["user"], "alice");
@@ -242,7 +242,7 @@ fn two_labellers_on_one_record_never_overwrite_each_other() {
         }
     });
     let mine = |c: &Client| -> Vec<i64> {
-        let v: Value = s.json(&c, &format!("/api/records/{ra}"));
+        let v: Value = s.json(c, &format!("/api/records/{ra}"));
         v["steps"]
             .as_array()
             .unwrap()
