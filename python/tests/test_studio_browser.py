@@ -153,7 +153,9 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         page.wait_for_selector("dialog#finish")
         page.keyboard.press("Enter")  # found_error, as suggested
 
-        # The next record: LaTeX, the PRM's suggestions, the wrong final answer.
+        # The next record (four steps: wait until the five-step one is gone): LaTeX, the PRM's
+        # suggestions, the wrong final answer.
+        page.wait_for_selector("#step-4", state="detached")
         page.wait_for_selector("#step-3")
         assert page.inner_text("#grade") == "(wrong)"
         assert page.locator("meter").count() == 4
