@@ -119,10 +119,7 @@ impl Studio {
         without_gil(py, || {
             let mut store = open(&self.db)?;
             let project = self.project(&store)?;
-            store.add_records(
-                &project,
-                sols.into_iter().map(|solution| NewRecord { solution, gold }).collect(),
-            )
+            store.add_records(&project, NewRecord::each(sols, gold))
         })
     }
 

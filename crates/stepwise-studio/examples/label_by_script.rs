@@ -26,13 +26,7 @@ fn main() -> anyhow::Result<()> {
         solution("right", &["3 * 4 = 12", "2 + 12 = 14"]),
         solution("wrong", &["2 + 3 = 5", "5 * 4 = 20"]),
     ];
-    store.add_records(
-        &project,
-        records
-            .into_iter()
-            .map(|solution| NewRecord { solution, gold: false })
-            .collect(),
-    )?;
+    store.add_records(&project, NewRecord::each(records, false))?;
     store.set_user("script", Role::Labeller, "a long password")?;
 
     // Serve it, and label as a person would: the first step that is wrong gets −1.

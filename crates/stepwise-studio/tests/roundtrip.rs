@@ -31,10 +31,7 @@ fn a_prm800k_file_imported_and_exported_is_the_same_data() {
     let sols = stepwise_core::io::read_solution_set(&path, Some(Format::Prm800k)).unwrap();
     let mut st = store("import");
     let p = st.project_or_create("p", &Settings::default(), 0).unwrap();
-    let records = sols
-        .into_iter()
-        .map(|solution| NewRecord { solution, gold: false })
-        .collect();
+    let records = NewRecord::each(sols, false);
     st.add_records(&p, records).unwrap();
     let back = export(&st, &p, Shape::PerRecord, true).unwrap();
     let lines = to_jsonl(&back, Format::Prm800k).unwrap();
@@ -54,10 +51,7 @@ fn a_labelling_exported_as_prm800k_reads_back() {
         ..Default::default()
     };
     let p = st.project_or_create("p", &settings, 0).unwrap();
-    let records = sols
-        .into_iter()
-        .map(|solution| NewRecord { solution, gold: false })
-        .collect();
+    let records = NewRecord::each(sols, false);
     st.add_records(&p, records).unwrap();
     st.set_user("alice", Role::Labeller, "alice-password").unwrap();
     let alice = st.users().unwrap();

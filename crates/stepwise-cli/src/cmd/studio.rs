@@ -279,7 +279,7 @@ fn import(store: &mut Store, project: &Project, s: &Source) -> Result<()> {
                 );
             }
         }
-        records.extend(sols.into_iter().map(|solution| NewRecord { solution, gold }));
+        records.extend(NewRecord::each(sols, gold));
     }
     let n = records.len();
     let added = store.add_records(project, records)?;

@@ -147,13 +147,7 @@ impl Stage<'_> {
             store.set_user(&format!("sim-{k}"), Role::Labeller, PASSWORD)?;
         }
         let project = store.project_or_create(name, &settings(policy), self.i.seed)?;
-        store.add_records(
-            &project,
-            records
-                .into_iter()
-                .map(|solution| NewRecord { solution, gold: false })
-                .collect(),
-        )?;
+        store.add_records(&project, NewRecord::each(records, false))?;
         Ok(db)
     }
 

@@ -114,6 +114,16 @@ pub struct NewRecord {
     pub gold: bool,
 }
 
+impl NewRecord {
+    /// `solutions` to add, gold or not.
+    pub fn each(solutions: impl IntoIterator<Item = Solution>, gold: bool) -> Vec<NewRecord> {
+        solutions
+            .into_iter()
+            .map(|solution| NewRecord { solution, gold })
+            .collect()
+    }
+}
+
 /// The studio's database.
 pub struct Store {
     pub(crate) db: Connection,
