@@ -23,7 +23,7 @@ if ldd "$bin" | grep -Ei 'libcuda|cublas|nvrtc|curand|cudart'; then
 fi
 echo "ok: $bin needs no NVIDIA library to start"
 printf '[{"id":"a","problem":"1+1?","steps":["2"],"label":-1,"final_answer_correct":true}]' > "$work/one.json"
-if out=$("$bin" score --model ../shared/fixtures/hf-tiny/qwen2-prm --input "$work/one.json" \
+if out=$("$bin" score --model fixtures/hf-tiny/qwen2-prm --input "$work/one.json" \
         --output "$work/one.jsonl" --device cuda 2>&1); then
     echo "FAIL: --device cuda succeeded on a machine without a GPU?"; exit 1
 fi

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-HE=../shared/data/humaneval/HumanEval.jsonl
+HE=data/humaneval/HumanEval.jsonl
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 cargo build -q --release -p stepwise-cli

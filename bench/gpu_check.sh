@@ -7,7 +7,7 @@
 # Two steps, because the GPU machine has no Rust toolchain and no network:
 #   1. here:            bash bench/gpu_check.sh prepare
 #      builds the CUDA binary (no toolkit needed), strips it into .gpu/, and copies what the run
-#      needs from ../shared (ProcessBench, the fixture tokenizer) beside it;
+#      needs from data/ and fixtures/ (ProcessBench, the fixture tokenizer) beside it;
 #   2. on the GPU:      bash bench/gpu_check.sh run          (the device tool: carry [".gpu"])
 #      makes the checkpoints there with PyTorch, runs both engines on both datasets and shapes,
 #      checks the flash kernel against the plain one and the CPU engine, and writes
@@ -41,9 +41,9 @@ prepare() {
     strip -o "$G/stepwise" target/release/stepwise
     # The commit the binary was built from (+ "-dirty" with uncommitted changes).
     echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates Cargo.toml Cargo.lock || echo -dirty)" > "$G/commit.txt"
-    cp ../shared/data/processbench/gsm8k.json ../shared/data/processbench/math.json "$G/data/"
-    head -256 ../shared/data/gsm8k/test.jsonl > "$G/data/gsm8k-test.jsonl"
-    cp ../shared/fixtures/hf-tiny/qwen2-prm/{config.json,tokenizer.json,tokenizer_config.json} "$G/qwen2-prm/"
+    cp data/processbench/gsm8k.json data/processbench/math.json "$G/data/"
+    head -256 data/gsm8k/test.jsonl > "$G/data/gsm8k-test.jsonl"
+    cp fixtures/hf-tiny/qwen2-prm/{config.json,tokenizer.json,tokenizer_config.json} "$G/qwen2-prm/"
     du -sh "$G"
     echo "carry .gpu, then run: bash bench/gpu_check.sh run"
 }

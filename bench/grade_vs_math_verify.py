@@ -3,7 +3,7 @@ process on one machine: throughput of each, and how often they agree.
 
     pip install ./python math-verify && python bench/grade_vs_math_verify.py [N]
 
-The pairs come from the public data in ../shared/data (nothing is made up by hand):
+The pairs come from the public data in data/ (nothing is made up by hand):
 - GSM8K: the final answers of real model solutions (`example_model_solutions`, "A: N") against the
   gold `#### N` answer;
 - MATH-500: every gold answer against itself, against the next problem's answer, and in the forms
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import stepwise
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[1] / "data"
 
 
 def pairs(n):

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-FIX = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "hf-tiny"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hf-tiny"
 out = Path(sys.argv[1])
 torch.manual_seed(0)
 cfg = Qwen2Config(

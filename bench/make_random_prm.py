@@ -9,7 +9,7 @@ the same layout from numpy's generator, other random values); memory stays about
         [--tokenizer DIR] [--device cuda]
 
 `--tokenizer` names the folder whose tokenizer files are copied (default: the fixture PRM's, in
-../shared); `--device cuda` draws the weights on a GPU (a 7B checkpoint in seconds, not minutes).
+fixtures/); `--device cuda` draws the weights on a GPU (a 7B checkpoint in seconds, not minutes).
 """
 import argparse
 import json
@@ -25,7 +25,7 @@ except ImportError:  # numpy + ml_dtypes stand in (bf16 as ml_dtypes.bfloat16)
     import numpy as np
     from safetensors.numpy import save_file
 
-FIX = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "hf-tiny" / "qwen2-prm"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hf-tiny" / "qwen2-prm"
 # Qwen2.5-Math-PRM-7B's config.json, and the same layout at Qwen2.5-0.5B's shape.
 SHAPES = {
     "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModel
 
 BATCH, SEQ, NEW = 8, 256, 64
-FIX = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "hf-tiny"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hf-tiny"
 
 
 def scoring(model, reps):

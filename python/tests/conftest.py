@@ -1,30 +1,29 @@
-"""Where the tests find the public data and the transformers-made fixtures: ``../shared`` beside
-the repository (or ``$STEPWISE_SHARED``)."""
+"""Where the tests find the public data and the transformers-made fixtures: the repository's own
+``data/`` and ``fixtures/`` (the tests run from the source tree's ``python/tests``)."""
 
 import json
-import os
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(os.environ.get("STEPWISE_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def shared() -> Path:
-    assert (SHARED / "fixtures" / "hf-tiny").is_dir(), f"no fixtures in {SHARED} (set STEPWISE_SHARED)"
-    return SHARED
+def repo() -> Path:
+    assert (REPO / "fixtures" / "hf-tiny").is_dir(), f"no fixtures in {REPO / 'fixtures'}"
+    return REPO
 
 
 @pytest.fixture(scope="session")
-def fixtures(shared) -> Path:
-    return shared / "fixtures" / "hf-tiny"
+def fixtures(repo) -> Path:
+    return repo / "fixtures" / "hf-tiny"
 
 
 @pytest.fixture(scope="session")
-def processbench(shared) -> Path:
-    return shared / "data" / "processbench" / "gsm8k.json"
+def processbench(repo) -> Path:
+    return repo / "data" / "processbench" / "gsm8k.json"
 
 
 def short(records, n=12):

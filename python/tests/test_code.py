@@ -9,8 +9,8 @@ import stepwise
 
 
 @pytest.fixture(scope="module")
-def humaneval(shared):
-    return shared / "data" / "humaneval" / "HumanEval.jsonl"
+def humaneval(repo):
+    return repo / "data" / "humaneval" / "HumanEval.jsonl"
 
 
 @pytest.fixture(scope="module")

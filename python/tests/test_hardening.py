@@ -80,8 +80,8 @@ def test_generators_and_non_utf8_paths_are_read(tmp_path):
         stepwise.convert("records", "trl")
 
 
-def test_run_tests_validates_timeout_and_threads(shared):
-    he = shared / "data" / "humaneval" / "HumanEval.jsonl"
+def test_run_tests_validates_timeout_and_threads(repo):
+    he = repo / "data" / "humaneval" / "HumanEval.jsonl"
     for t in (1e300, math.nan, 0.0, -1.0, 86401.0):
         with pytest.raises(ValueError, match="timeout"):
             stepwise.run_tests(he, [], timeout=t)
@@ -95,8 +95,8 @@ def interrupt_after(seconds):
     return t
 
 
-def test_ctrl_c_stops_run_tests_between_batches(shared):
-    he = shared / "data" / "humaneval" / "HumanEval.jsonl"
+def test_ctrl_c_stops_run_tests_between_batches(repo):
+    he = repo / "data" / "humaneval" / "HumanEval.jsonl"
     slow = [{"task_id": "HumanEval/0", "completion": "    import time\n    time.sleep(3)\n"}] * 40
     start = time.monotonic()
     interrupt_after(0.5)

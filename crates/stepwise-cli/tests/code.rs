@@ -16,7 +16,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn humaneval_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/humaneval/HumanEval.jsonl")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/humaneval/HumanEval.jsonl")
 }
 
 fn humaneval() -> Vec<Value> {

@@ -966,7 +966,7 @@ fn a_closed_stdout_ends_every_command_quietly() {
             .map(|i| json!({"given": format!("{i}"), "ground_truth": "5"}))
             .collect::<Vec<_>>(),
     );
-    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/processbench/gsm8k.json");
+    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/processbench/gsm8k.json");
     let (s, g, p) = (scored.to_str().unwrap(), grades.to_str().unwrap(), pb.to_str().unwrap());
     for args in [
         vec!["stats", p],

@@ -288,7 +288,7 @@ fn a_full_disk_ends_every_printing_command_with_a_message() {
     );
     let grades = d.join("grades.jsonl");
     write_jsonl(&grades, &[json!({"given": "5", "ground_truth": "5"})]);
-    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/processbench/gsm8k.json");
+    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/processbench/gsm8k.json");
     let (s, g, p) = (
         scored.display().to_string(),
         grades.display().to_string(),
@@ -335,7 +335,7 @@ fn a_full_disk_ends_every_printing_command_with_a_message() {
 fn special_outputs_are_written_through_and_links_followed() {
     let d = tmp("special");
     std::fs::create_dir_all(&d).unwrap();
-    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/processbench/gsm8k.json");
+    let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/processbench/gsm8k.json");
     let pb = pb.display().to_string();
     let convert = |out: &str| {
         run(

@@ -9,10 +9,8 @@ use stepwise_code::problems::read_problems;
 use stepwise_code::{CodeTask, Isolation, Job, Sandbox};
 
 fn main() -> anyhow::Result<()> {
-    let shared = std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let problems = read_problems(&shared.join("data/humaneval/HumanEval.jsonl"))?;
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data");
+    let problems = read_problems(&data.join("humaneval/HumanEval.jsonl"))?;
     let runs = 60;
     for isolation in [Isolation::Insecure, Isolation::Kernel] {
         let sandbox = Sandbox::new_with(isolation)?;

@@ -10,10 +10,7 @@ use stepwise_code::problems::read_problems;
 use stepwise_code::{CodeTask, Isolation, Job, Outcome, Sandbox, Status};
 
 fn humaneval() -> PathBuf {
-    let shared = std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    shared.join("data/humaneval/HumanEval.jsonl")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/humaneval/HumanEval.jsonl")
 }
 
 fn sandbox(isolation: Isolation) -> Sandbox {

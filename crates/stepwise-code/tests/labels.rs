@@ -13,7 +13,7 @@ use stepwise_core::{Solution, Step};
 use stepwise_label::{BinarySearch, McOptions, MonteCarlo};
 
 fn humaneval() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/humaneval/HumanEval.jsonl")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/humaneval/HumanEval.jsonl")
 }
 
 /// `line` with its first comparison or arithmetic operator flipped, if it has one.

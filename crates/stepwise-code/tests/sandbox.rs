@@ -10,10 +10,7 @@ use stepwise_code::{CodeTask, Job, Sandbox, Status};
 use stepwise_core::seams::Task;
 
 fn humaneval() -> PathBuf {
-    let shared = std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    shared.join("data/humaneval/HumanEval.jsonl")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/humaneval/HumanEval.jsonl")
 }
 
 fn sandbox() -> Sandbox {

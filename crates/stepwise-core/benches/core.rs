@@ -1,5 +1,5 @@
 //! `cargo bench -p stepwise-core`: grader throughput (answers/s) in both modes, and reading
-//! throughput (MB/s) of JSONL solutions, on the shared public data.
+//! throughput (MB/s) of JSONL solutions, on the repository's public data.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -7,10 +7,9 @@ use stepwise_core::grader::{grade, GradeMode};
 use stepwise_core::io::raw_records;
 use stepwise_core::{write_solutions, Format, SolutionReader};
 
-fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data")
-        .join(rel)
+/// A file of the repository's public data (`data/`).
+fn data(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data").join(rel)
 }
 
 /// Run `f` repeatedly for about `budget`, return calls per second.
@@ -25,7 +24,7 @@ fn rate(budget: Duration, mut f: impl FnMut() -> usize) -> f64 {
 
 fn main() {
     let budget = Duration::from_secs(3);
-    let mut pairs: Vec<(String, String)> = raw_records(&shared("grader/prm800k_pairs.jsonl"))
+    let mut pairs: Vec<(String, String)> = raw_records(&data("grader/prm800k_pairs.jsonl"))
         .unwrap()
         .map(|(_, r)| {
             let v = r.unwrap();
@@ -35,7 +34,7 @@ fn main() {
             )
         })
         .collect();
-    for r in raw_records(&shared("math500/test.jsonl")).unwrap() {
+    for r in raw_records(&data("math500/test.jsonl")).unwrap() {
         let a = r.1.unwrap()["answer"].as_str().unwrap().to_string();
         pairs.push((a.clone(), a));
     }
@@ -55,7 +54,7 @@ fn main() {
     // JSONL read throughput: ProcessBench MATH written as stepwise JSONL, read back.
     let dir = std::env::temp_dir().join("stepwise-bench");
     std::fs::create_dir_all(&dir).unwrap();
-    let sols: Vec<_> = SolutionReader::open(shared("processbench/math.json"), None)
+    let sols: Vec<_> = SolutionReader::open(data("processbench/math.json"), None)
         .unwrap()
         .map(Result::unwrap)
         .collect();

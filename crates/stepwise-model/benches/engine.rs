@@ -24,7 +24,7 @@ const SEQ: usize = 256;
 const NEW: usize = 64;
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny")
 }
 
 /// Steps a scored solution has: the reward model reads one position per step.

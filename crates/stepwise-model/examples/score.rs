@@ -6,13 +6,9 @@
 use stepwise_core::seams::{ScoreInput, StepScorer};
 
 fn main() -> anyhow::Result<()> {
-    let dir = std::env::args().nth(1).unwrap_or_else(|| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/fixtures/hf-tiny/qwen2-prm"
-        )
-        .into()
-    });
+    let dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/hf-tiny/qwen2-prm").into());
     let prm = stepwise_model::scoring::LoadedVerifier::load(dir.as_ref(), "auto", &candle_core::Device::Cpu)?;
     println!("{dir}: layout {:?}", prm.layout);
     let input = ScoreInput {

@@ -7,10 +7,9 @@ use stepwise_core::formats::Format;
 use stepwise_studio::export::{export, to_jsonl, Shape};
 use stepwise_studio::{NewRecord, Role, Settings, Store};
 
-fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared")
-        .join(rel)
+/// A file of the repository (`data/...`).
+fn repo(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
 }
 
 fn store(name: &str) -> Store {
@@ -22,7 +21,7 @@ fn store(name: &str) -> Store {
 
 #[test]
 fn a_prm800k_file_imported_and_exported_is_the_same_data() {
-    let path = shared("data/prm800k/phase2_test_example_tongyx361.json");
+    let path = repo("data/prm800k/phase2_test_example_tongyx361.json");
     let original: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let originals: Vec<Value> = match original {
         Value::Array(v) => v,
@@ -41,7 +40,7 @@ fn a_prm800k_file_imported_and_exported_is_the_same_data() {
 
 #[test]
 fn a_labelling_exported_as_prm800k_reads_back() {
-    let path = shared("data/prm800k/phase2_test_example_tongyx361.json");
+    let path = repo("data/prm800k/phase2_test_example_tongyx361.json");
     let sols = stepwise_core::io::read_solution_set(&path, Some(Format::Prm800k)).unwrap();
     let n = sols[0].steps.len();
     let mut st = store("label");

@@ -17,7 +17,7 @@ including its first bad one. It is written to PRM/threshold.json with its precis
 first. Calibrate on data the PRM was not trained on.
 
 Example:
-  stepwise calibrate --prm PRM --input ../shared/data/processbench/gsm8k.json --precision 0.8"
+  stepwise calibrate --prm PRM --input data/processbench/gsm8k.json --precision 0.8"
 )]
 pub struct Args {
     /// PRM checkpoint folder or cached Hugging Face model id (threshold.json is written there).

@@ -35,7 +35,7 @@ const FORMATS_HELP: &str = "Formats:
   humaneval      HumanEval problems ({task_id, prompt, canonical_solution, test, entry_point}): the solution's lines
 
 Example:
-  stepwise convert ../shared/data/processbench/gsm8k.json pb.trl.parquet --to trl";
+  stepwise convert data/processbench/gsm8k.json pb.trl.parquet --to trl";
 
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;

@@ -13,7 +13,7 @@ PRM800K ratings, oracle labels, …) and scores (from `stepwise score`). The pre
 scoring below --threshold. Reports accuracy on erroneous solutions, on correct ones, and their harmonic mean (F1).
 
 Example:
-  stepwise score --model PRM --input ../shared/data/processbench/gsm8k.json --output scored.jsonl
+  stepwise score --model PRM --input data/processbench/gsm8k.json --output scored.jsonl
   stepwise eval processbench --input scored.jsonl"
     )]
     Processbench(ScoredArgs),

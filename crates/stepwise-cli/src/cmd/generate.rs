@@ -19,7 +19,7 @@ is encoded once and its KV cache shared by the n samples.
 serving the same model; the requests are spread over them and retried when a server fails.
 
 Examples:
-  stepwise generate --model ../shared/fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl
+  stepwise generate --model fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl
   stepwise generate --model http://gpu1:8000,http://gpu2:8000 --input problems.jsonl -n 8 --output samples.jsonl
   stepwise generate --model POLICY --task code --input HumanEval.jsonl -n 10 --output code-samples.jsonl
 

@@ -40,7 +40,7 @@ several: its loss over all of them, then each pass's backward), so GPU memory fo
 With --reward prime the implicit PRM trains on the GPU too (a second packed trainer).
 
 Example:
-  stepwise rl --policy ../shared/fixtures/hf-tiny/qwen2-policy --reward outcome \\
+  stepwise rl --policy fixtures/hf-tiny/qwen2-policy --reward outcome \\
       --problems problems.jsonl --updates 20 --out rl-run/"
 )]
 pub struct Args {

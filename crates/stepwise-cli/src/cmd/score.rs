@@ -15,8 +15,8 @@ use stepwise_core::{Format, SolutionWriter};
               sigmoid(β·Σ log π/π_ref) over each step's tokens, against the reference it names
 
 Examples:
-  stepwise score --model ../shared/fixtures/hf-tiny/qwen2-prm \\
-      --input ../shared/data/processbench/gsm8k.json --output scored.jsonl
+  stepwise score --model fixtures/hf-tiny/qwen2-prm \\
+      --input data/processbench/gsm8k.json --output scored.jsonl
   stepwise score --model orm/ --name orm --input scored.jsonl --output scored2.jsonl
   stepwise score --model http://gpu1:8000 --input steps.jsonl --output scored.jsonl        # stepwise serve --prm
   stepwise score --model http://gpu1:8000 --protocol pooling --layout qwen-prm --server-tokenizer PRM_DIR \\

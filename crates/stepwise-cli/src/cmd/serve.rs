@@ -35,7 +35,7 @@ Connections are bounded: --idle-timeout, --body-timeout, --max-body-mb, --max-in
 stops.
 
 Examples:
-  stepwise serve --model ../shared/fixtures/hf-tiny/qwen2-policy --port 8000
+  stepwise serve --model fixtures/hf-tiny/qwen2-policy --port 8000
   stepwise serve --model POLICY --prm PRM --api-key secret --host 0.0.0.0
   stepwise serve --sandbox --port 8080   # verl: reward_model.sandbox_fusion.url=http://HOST:8080/run_code
   # then, from Python:  openai.OpenAI(base_url=\"http://localhost:8000/v1\", api_key=\"secret\")

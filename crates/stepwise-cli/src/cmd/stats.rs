@@ -4,7 +4,7 @@ use stepwise_core::{stats::stats, Format, SolutionReader};
 
 /// Summarise a step-labelled dataset.
 #[derive(clap::Args)]
-#[command(after_help = "Example:\n  stepwise stats ../shared/data/processbench/math.json --json")]
+#[command(after_help = "Example:\n  stepwise stats data/processbench/math.json --json")]
 pub struct Args {
     /// Input file in any format stepwise reads.
     pub input: PathBuf,

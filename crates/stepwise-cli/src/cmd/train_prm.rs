@@ -25,8 +25,8 @@ AdamW, batches of at most --max-batch-tokens tokens (and --batch-size solutions)
 logits a chunk of rows at a time. The last line gives tokens/s in training steps on either device.
 
 Examples:
-  stepwise train-prm --data labeled.jsonl --base ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
-  stepwise train-prm --data labeled.jsonl --config tiny --tokenizer ../shared/fixtures/hf-tiny/qwen2-policy --out prm/
+  stepwise train-prm --data labeled.jsonl --base fixtures/hf-tiny/qwen2-policy --out prm/
+  stepwise train-prm --data labeled.jsonl --config tiny --tokenizer fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer TOK --outcome --out orm/
   stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --separator '|' --out prm/
   stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --reference-logprob -0.5 --separator '|' --out prm/

@@ -29,10 +29,10 @@ pub fn tmp(file: &str, name: &str) -> PathBuf {
     d
 }
 
-/// The folder of the fixture checkpoint `name` (`../shared/fixtures/hf-tiny/NAME`).
+/// The folder of the fixture checkpoint `name` (the repository's `fixtures/hf-tiny/NAME`).
 pub fn fixture(name: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/hf-tiny")
+        .join("../../fixtures/hf-tiny")
         .join(name)
         .display()
         .to_string()

@@ -3,12 +3,9 @@
 
 use std::path::PathBuf;
 
-/// `../shared/data` (or `$STEPWISE_SHARED/data`).
+/// The repository's public data (`data/`, where each file came from in `data/README.md`).
 pub fn data(rel: &str) -> PathBuf {
-    let base = std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    base.join("data").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data").join(rel)
 }
 
 /// A scratch directory unique to a test.

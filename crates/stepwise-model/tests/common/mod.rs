@@ -9,12 +9,9 @@ use std::path::{Path, PathBuf};
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
 use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, PrmScorer, Tokenizer};
 
-/// The Hugging Face fixture folders (`../shared/fixtures/hf-tiny`, or `$STEPWISE_SHARED`).
+/// The Hugging Face fixture folders (the repository's `fixtures/hf-tiny`).
 pub fn fixtures() -> PathBuf {
-    std::env::var_os("STEPWISE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("fixtures/hf-tiny")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny")
 }
 
 /// The largest absolute difference of two tensors.
