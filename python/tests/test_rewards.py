@@ -41,7 +41,7 @@ def test_verl_compute_score_grades_and_summarises_steps(fixtures):
 
 def test_verl_reward_manager_writes_step_rewards_at_step_ends(fixtures):
     prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
-    manager = verl.StepwiseRewardManager(CharTokenizer(), prm=prm, separator="\n\n", credit="return_to_go")
+    manager = verl.StepwiseRewardManager(tokenizer=CharTokenizer(), prm=prm, separator="\n\n", credit="return_to_go")
     text = "2+3 is 5.\n\nThe answer is \\boxed{5}."
     ids = [ord(c) for c in text]
     (rewards,), extra = manager.rewards([ids], ["5"], ["What is 2+3?"])

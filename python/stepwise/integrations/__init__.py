@@ -1,3 +1,3 @@
 """stepwise inside the RL engines people train with: :mod:`stepwise.integrations.verl` (a
 reward function and a dense-reward manager) and :mod:`stepwise.integrations.openrlhf` (a custom
-reward function; ``stepwise serve --prm`` also answers OpenRLHF's ``--remote_rm_url``)."""
+reward function; ``stepwise serve --prm`` also answers OpenRLHF's ``--reward.remote_url``)."""

@@ -1,13 +1,13 @@
 """stepwise in OpenRLHF.
 
-OpenRLHF takes rewards from a server (``--remote_rm_url http://host:port/get_reward``) or from a
-Python file defining ``reward_func(queries, prompts, labels)`` (``--remote_rm_url file.py``).
+OpenRLHF takes rewards from a server (``--reward.remote_url http://host:port/get_reward``) or from a
+Python file defining ``reward_func(queries, prompts, labels)`` (``--reward.remote_url file.py``).
 Both compute the same rewards, in the same Rust code:
 
 - ``stepwise serve --prm PRM`` answers ``POST /get_reward``: ``{"query", "prompts", "labels"}``
   in, ``{"rewards", "scores", "extra_logs", "step_scores"}`` out;
 - :func:`reward_func` runs in the trainer's process with the PRM named by ``STEPWISE_PRM`` (a
-  folder or a server URL): point ``--remote_rm_url`` at a file containing
+  folder or a server URL): point ``--reward.remote_url`` at a file containing
   ``from stepwise.integrations.openrlhf import reward_func``.
 
 A response's reward is its steps' PRM scores aggregated (``min`` by default), plus 1 when its
@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from .. import PRM
-from .._stepwise import openrlhf_rewards
+from stepwise import PRM  # absolute: OpenRLHF loads a reward file by its path
+from stepwise._stepwise import openrlhf_rewards
 
 __all__ = ["reward_func", "make_reward_func"]
 

@@ -16,7 +16,7 @@ use stepwise_remote::serve::{serve, Limits, ServeConfig};
   POST /v1/score_steps         {\"inputs\": [{\"question\", \"steps\": [...]}]} -> one score per step, laid
                                out as the PRM was trained (every layout stepwise scores)
   POST /pooling                vLLM's STEP pooling shape: [p_bad, p_good] at each step tag
-  POST /get_reward             OpenRLHF's remote reward model (--remote_rm_url http://HOST:PORT/get_reward):
+  POST /get_reward             OpenRLHF's remote reward model (--reward.remote_url http://HOST:PORT/get_reward):
                                {\"query\", \"prompts\", \"labels\"} -> {\"rewards\", \"scores\", \"extra_logs\"};
                                a response's steps (split at --reward-separator) scored by the PRM and
                                aggregated, plus the graded outcome when labels are sent
@@ -67,7 +67,7 @@ pub struct Args {
     /// request comes). Requests wait when it is full; none fails for it.
     #[arg(long)]
     pub kv_budget_gb: Option<f64>,
-    /// `/get_reward` (OpenRLHF's --remote_rm_url): the text between a response's steps.
+    /// `/get_reward` (OpenRLHF's --reward.remote_url): the text between a response's steps.
     #[arg(long, default_value = "\n\n")]
     pub reward_separator: String,
     /// `/get_reward`: how a response's step scores become its reward (min, product, last, mean).

@@ -1,4 +1,4 @@
-//! OpenRLHF's remote reward model protocol (`--remote_rm_url http://host:port/get_reward`):
+//! OpenRLHF's remote reward model protocol (`--reward.remote_url http://host:port/get_reward`):
 //! `{"query": [prompt + response, ...], "prompts": [...], "labels": [...]}` in,
 //! `{"rewards": [...], "scores": [...], "extra_logs": {...}}` out, one reward a response: its
 //! steps' PRM scores aggregated, plus the graded outcome when a label is given. The Python
