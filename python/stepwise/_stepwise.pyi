@@ -4,6 +4,13 @@ from os import PathLike
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, overload
 
 Record = Dict[str, Any]
+#: A device as PyTorch spells it: "auto", "cpu", "cuda", "cuda:1", a CUDA index or a torch.device.
+Device = Union[str, int, Any]
+#: A dtype as PyTorch spells it (torch.bfloat16, "bfloat16", "float32") or stepwise's ("auto",
+#: "f32", "bf16", "bf16-weights"); float16 is refused with the reason.
+Dtype = Union[str, Any]
+#: Records: a list or iterable of dicts, one dict, or a path to a file of them (any format).
+Records = Union[Iterable[Record], Record, str, "PathLike[str]"]
 """A record: stepwise's own (`id`, `question`, `steps`, `gold_answer`, `scores`, ...) or any
 format stepwise reads (TRL, Math-Shepherd, PRM800K, ProcessBench, OmegaPRM, RLHFlow)."""
 
@@ -17,13 +24,13 @@ def read(source: Union[str, "PathLike[str]", Iterable[Record], Record], format: 
     """Records from a file (JSONL, JSON, Parquet; any format, detected) or from records in
     memory, as stepwise's own records."""
 
-def write(records: Iterable[Record], path: Union[str, "PathLike[str]"], format: str = "stepwise") -> int:
+def write(records: Records, path: Union[str, "PathLike[str]"], format: str = "stepwise") -> int:
     """Write records as `format` (JSONL, `.json` or `.parquet` by the name). Returns the count."""
 
-def convert(records: Iterable[Record], format: str) -> List[Record]:
+def convert(records: Records, format: str) -> List[Record]:
     """Records converted to `format`'s records, in memory."""
 
-def to_arrow_ipc(records: Iterable[Record], format: str = "trl") -> bytes:
+def to_arrow_ipc(records: Records, format: str = "trl") -> bytes:
     """Records as an Arrow IPC stream in `format`'s columns (what `to_hf` builds on)."""
 
 def from_arrow_ipc(data: bytes, format: Optional[str] = None) -> List[Record]:
@@ -68,9 +75,9 @@ class PRM:
         self,
         source: str,
         layout: str = "auto",
-        device: str = "auto",
+        device: Optional[Device] = None,
         max_batch_tokens: int = 16384,
-        dtype: str = "auto",
+        dtype: Optional[Dtype] = None,
         api_key: Optional[str] = None,
         served_model: Optional[str] = None,
         protocol: str = "stepwise",
@@ -80,8 +87,13 @@ class PRM:
         """Every step's score (probability the step is good) of one solution."""
     def score_batch(self, items: Sequence[Union[Dict[str, Any], Tuple[str, Sequence[str]]]]) -> List[List[float]]:
         """Every step's score of each `{"question", "steps"}` dict or `(question, steps)` pair."""
-    def score_records(self, records: Iterable[Record], name: str = "prm", batch_size: int = 64) -> List[Record]:
-        """Records with every step scored under `scores[name]`."""
+    def score_records(
+        self, records: Records, name: str = "prm", batch_size: int = 64, on_error: str = "raise"
+    ) -> List[Record]:
+        """Records with every step scored under `scores[name]`. A record it cannot score:
+        `on_error="raise"` raises `StepwiseError` naming it, with the records scored before it on
+        the error's `records`; `"skip"` leaves it unscored (the reason in
+        `meta["score_errors"][name]`) and warns with the count."""
     @property
     def device(self) -> str: ...
     @property
@@ -121,7 +133,7 @@ class Studio:
         """Progress and agreement: Fleiss' κ, first-error agreement, per-labeller figures."""
     def unassigned(self) -> List[Record]:
         """The records nobody has been given yet."""
-    def next_generation(self, records: Iterable[Record]) -> int:
+    def next_generation(self, records: Records) -> int:
         """Rank ``unassigned()`` again, scored by a new PRM; returns the new generation."""
     def close(self) -> None:
         """Stop serving; saved ratings stay in the database."""
@@ -139,8 +151,8 @@ class Policy:
         max_tokens: int = 512,
         separator: str = "\n",
         prompt: str = "text",
-        device: str = "auto",
-        dtype: str = "auto",
+        device: Optional[Device] = None,
+        dtype: Optional[Dtype] = None,
         api_key: Optional[str] = None,
         served_model: Optional[str] = None,
         server_tokenizer: Optional[Union[str, "PathLike[str]"]] = None,
@@ -153,7 +165,7 @@ class Policy:
         """`n` whole solutions, each as its list of steps."""
 
 def annotate(
-    records: Iterable[Record],
+    records: Records,
     policy: Any,
     method: str = "mc",
     rollouts: int = 8,
@@ -194,7 +206,7 @@ def train_prm(
     beta: float = 1.0,
     reference_logprob: Optional[float] = None,
     last_tokens: Optional[int] = None,
-    device: str = "auto",
+    device: Optional[Device] = None,
     max_batch_tokens: int = 16384,
 ) -> Dict[str, Any]:
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
@@ -228,7 +240,7 @@ def search(
 
 def run_tests(
     problems: Union[str, "PathLike[str]"],
-    samples: Iterable[Record],
+    samples: Records,
     timeout: float = 10.0,
     threads: Optional[int] = None,
 ) -> List[Record]:

@@ -76,8 +76,12 @@ def test_generators_and_non_utf8_paths_are_read(tmp_path):
     name = os.fsdecode(bytes(tmp_path) + b"/caf\xe9.jsonl")
     stepwise.write([{"question": "q", "steps": [{"text": "a"}]}], name)
     assert stepwise.read(name)[0]["question"] == "q"
-    with pytest.raises(ValueError, match="not a string"):
+    # A string is a path to a file of records, wherever records are taken.
+    assert stepwise.convert(name, "trl")[0]["prompt"] == "q"
+    with pytest.raises(FileNotFoundError, match="no such file: records"):
         stepwise.convert("records", "trl")
+    with pytest.raises(ValueError, match="not bytes"):
+        stepwise.convert(b"records", "trl")
 
 
 def test_run_tests_validates_timeout_and_threads(repo):
@@ -123,3 +127,20 @@ def test_ctrl_c_stops_score_records(fixtures, processbench):
     with pytest.raises(KeyboardInterrupt):
         prm.score_records(recs, batch_size=1)
     assert time.monotonic() - start < 30
+
+
+def test_devices_and_dtypes_as_torch_spells_them(fixtures):
+    prm = str(fixtures / "qwen2-prm")
+    want = stepwise.PRM(prm, device="cpu", dtype="f32").score("q", ["a step"])
+    for dtype in ("float32", "torch.float32", "fp32"):
+        assert stepwise.PRM(prm, device="cpu", dtype=dtype).score("q", ["a step"]) == want
+    for dtype in ("bfloat16", "torch.bfloat16", "bf16", None):
+        assert stepwise.PRM(prm, device="cpu", dtype=dtype).device == "cpu"
+    for dtype in ("float16", "torch.float16", "fp16", "half"):
+        with pytest.raises(ValueError, match="float16 is not a compute type"):
+            stepwise.PRM(prm, dtype=dtype)
+    # A CUDA index is cuda:N, which this CPU build refuses saying so.
+    with pytest.raises((ValueError, stepwise.StepwiseError), match="cuda:1.*without CUDA|without CUDA"):
+        stepwise.PRM(prm, device=1)
+    with pytest.raises(ValueError, match="device=.tpu."):
+        stepwise.PRM(prm, device="tpu")

@@ -55,6 +55,26 @@ def test_scores_are_the_command_lines(fixtures, processbench, tmp_path):
     assert py == cli
 
 
+def test_a_record_too_long_for_the_prm_costs_only_itself(fixtures, processbench, tmp_path):
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    recs = short(stepwise.read(processbench), n=6)
+    recs[3] = dict(recs[3], id="too-long", steps=[{"text": "1 + 1 = 2. " * 1500}])  # > 2,048 positions
+    with pytest.raises(stepwise.StepwiseError, match=r"record 4 \(`too-long`\)") as raised:
+        prm.score_records(recs, batch_size=2)
+    kept = raised.value.records
+    assert [r["id"] for r in kept] == [r["id"] for r in recs[:3]]
+    assert all(len(r["scores"]["prm"]) == len(r["steps"]) for r in kept)
+    with pytest.warns(UserWarning, match="1 of 6 records could not be scored"):
+        out = prm.score_records(recs, batch_size=2, on_error="skip")
+    assert [("prm" in r.get("scores", {})) for r in out] == [True, True, True, False, True, True]
+    assert "positions" in out[3]["meta"]["score_errors"]["prm"]
+    # A path is records too, and the scores equal those of the records read from it.
+    stepwise.write(recs[:3], tmp_path / "three.jsonl")
+    assert prm.score_records(tmp_path / "three.jsonl") == prm.score_records(recs[:3])
+    with pytest.raises(ValueError, match="on_error"):
+        prm.score_records(recs, on_error="ignore")
+
+
 def test_errors_carry_the_rust_message(fixtures, tmp_path):
     with pytest.raises(stepwise.StepwiseError, match="config.json"):
         stepwise.PRM(str(tmp_path))

@@ -2,7 +2,7 @@
 //! (`stepwise.run_tests`, `stepwise.pass_at_k`), and the code task that `annotate` and
 //! `search` grade with when given `code_problems`.
 
-use crate::convert::{from_py, in_batches, records_arg, to_py, value_error, without_gil};
+use crate::convert::{from_py, in_batches, rows_arg, to_py, value_error, without_gil};
 use anyhow::Context;
 use pyo3::prelude::*;
 use serde_json::Value;
@@ -48,7 +48,7 @@ pub fn run_tests<'py>(
     threads: Option<usize>,
     insecure_sandbox: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let samples = records_arg(samples)?;
+    let samples = rows_arg(samples)?;
     let threads =
         stepwise_code::grading::check_threads(threads.unwrap_or(0)).map_err(|e| value_error(e.to_string()))?;
     let timeout = timeout_from_secs(timeout).map_err(|e| value_error(e.to_string()))?;

@@ -8,6 +8,15 @@ use serde_json::Value;
 use std::panic::AssertUnwindSafe;
 use stepwise_core::{Format, Solution};
 
+/// The path in a `str` or `os.PathLike` argument, if it is one (a `str` that is not UTF-8, as
+/// `os.fsdecode` gives for such a name, is a path too).
+pub fn path_of(obj: &Bound<'_, PyAny>) -> Option<std::path::PathBuf> {
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.hasattr("__fspath__").unwrap_or(false) {
+        return obj.extract::<std::path::PathBuf>().ok();
+    }
+    None
+}
+
 /// An error from Rust as `stepwise.StepwiseError`, with its whole chain of causes.
 pub fn error(e: anyhow::Error) -> PyErr {
     StepwiseError::new_err(format!("{e:#}"))
@@ -236,14 +245,52 @@ pub fn format_named(name: &str) -> PyResult<Format> {
 }
 
 /// The records of a Python argument: a list (or any iterable: a generator, a
-/// `datasets.Dataset`) of dicts, or one dict. A bad record is named by its position.
+/// `datasets.Dataset`) of dicts, one dict, or a path (`str` or `os.PathLike`) to a file of them in
+/// any format stepwise reads. A bad record is named by its position.
 pub fn records_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
+    match existing_path(obj)? {
+        // A file of records in any format stepwise reads, as `stepwise.read` gives them.
+        Some(path) => without_gil(obj.py(), || {
+            records_of(&stepwise_core::io::read_solution_set(&path, None)?)
+        }),
+        None => rows_in_memory(obj),
+    }
+}
+
+/// JSON rows of a Python argument as they are (no format read into them): a list or iterable of
+/// dicts, one dict, or a path to a JSONL, JSON array or Parquet file of them. A bad row is named
+/// by its file and line.
+pub fn rows_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
+    match existing_path(obj)? {
+        Some(path) => without_gil(obj.py(), || {
+            stepwise_core::io::raw_records(&path)?
+                .map(|(line, row)| row.map_err(|e| anyhow::anyhow!("{}:{line}: {e}", path.display())))
+                .collect()
+        }),
+        None => rows_in_memory(obj),
+    }
+}
+
+/// The path in `obj`, which must name a file that exists; None when `obj` is not a path.
+fn existing_path(obj: &Bound<'_, PyAny>) -> PyResult<Option<std::path::PathBuf>> {
+    let Some(path) = path_of(obj) else { return Ok(None) };
+    if !path.exists() {
+        return Err(pyo3::exceptions::PyFileNotFoundError::new_err(format!(
+            "no such file: {} (records are a list of dicts, or a path to a file of them)",
+            path.display()
+        )));
+    }
+    Ok(Some(path))
+}
+
+/// A list or iterable of dicts, or one dict.
+fn rows_in_memory(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
     use pyo3::types::PyDict;
     if obj.is_instance_of::<PyDict>() {
         return Ok(vec![from_py(obj)?]);
     }
-    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
-        return Err(value_error("expected records: a list of dicts, not a string"));
+    if obj.is_instance_of::<pyo3::types::PyBytes>() {
+        return Err(value_error("expected records: a list of dicts or a path, not bytes"));
     }
     let items = obj
         .try_iter()
@@ -252,4 +299,45 @@ pub fn records_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
         .enumerate()
         .map(|(i, item)| from_py(&item?).map_err(|e| value_error(format!("record {}: {}", i + 1, e.value(obj.py())))))
         .collect()
+}
+
+/// A `device=` argument as PyTorch spells it: `"auto"`, `"cpu"`, `"cuda"`, `"cuda:1"`, a CUDA
+/// index (`0`), or a `torch.device`.
+/// None is `"auto"`.
+pub fn placement_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<stepwise_model::Placement> {
+    let Some(obj) = obj else {
+        return Ok(stepwise_model::Placement::Auto);
+    };
+    if !obj.is_instance_of::<pyo3::types::PyBool>() {
+        if let Ok(n) = obj.extract::<usize>() {
+            return Ok(stepwise_model::Placement::Cuda(n));
+        }
+    }
+    let name = obj.str()?.to_string();
+    name.parse()
+        .map_err(|e: anyhow::Error| value_error(format!("device={name:?}: {e}, or a CUDA index")))
+}
+
+/// A `dtype=` argument as PyTorch spells it (`torch.bfloat16`, `"bfloat16"`, `"float32"`,
+/// `"fp32"`) or as stepwise does (`"auto"`, `"f32"`, `"bf16"`, `"bf16-weights"`).
+/// None is `"auto"`.
+pub fn precision_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<stepwise_model::Precision> {
+    let Some(obj) = obj else {
+        return "auto".parse().map_err(|e: anyhow::Error| value_error(e.to_string()));
+    };
+    let given = obj.str()?.to_string();
+    let name = given.strip_prefix("torch.").unwrap_or(&given);
+    let name = match name {
+        "float32" | "float" | "fp32" => "f32",
+        "bfloat16" => "bf16",
+        "float16" | "half" | "fp16" | "f16" => {
+            return Err(value_error(format!(
+                "dtype={given:?}: float16 is not a compute type here; bfloat16 (\"bf16\") holds weights in the \
+                 same memory with float32's range, float16 checkpoints are read into it"
+            )))
+        }
+        other => other,
+    };
+    name.parse()
+        .map_err(|e: anyhow::Error| value_error(format!("dtype={given:?}: {e}")))
 }

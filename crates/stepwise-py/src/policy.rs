@@ -112,7 +112,7 @@ pub fn until_of(name: &str) -> PyResult<Until> {
 #[pymethods]
 impl Policy {
     #[new]
-    #[pyo3(signature = (source, temperature=0.7, top_p=1.0, max_tokens=512, separator="\n", prompt="text", device="auto", dtype="auto", api_key=None, served_model=None, server_tokenizer=None))]
+    #[pyo3(signature = (source, temperature=0.7, top_p=1.0, max_tokens=512, separator="\n", prompt="text", device=None, dtype=None, api_key=None, served_model=None, server_tokenizer=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -122,8 +122,8 @@ impl Policy {
         max_tokens: usize,
         separator: &str,
         prompt: &str,
-        device: &str,
-        dtype: &str,
+        device: Option<&Bound<'_, PyAny>>,
+        dtype: Option<&Bound<'_, PyAny>>,
         api_key: Option<String>,
         served_model: Option<String>,
         server_tokenizer: Option<std::path::PathBuf>,
@@ -151,8 +151,8 @@ impl Policy {
             ..Default::default()
         };
         let local = LocalOptions {
-            placement: device.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
-            precision: dtype.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
+            placement: crate::convert::placement_arg(device)?,
+            precision: crate::convert::precision_arg(dtype)?,
             ..Default::default()
         };
         let src = source.to_string();

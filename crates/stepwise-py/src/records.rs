@@ -1,21 +1,14 @@
 //! Records, grading and dense step rewards.
 
-use crate::convert::{format_named, in_format, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
+use crate::convert::{
+    format_named, in_format, path_of, records_arg, records_of, solutions_of, to_py, value_error, without_gil,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 use serde_json::Value;
 use std::path::PathBuf;
 use stepwise_core::grader::GradeMode;
 use stepwise_core::SolutionWriter;
-
-/// The path in a `str` or `os.PathLike` argument, if it is one.
-/// (a `str` that is not UTF-8, as `os.fsdecode` gives for such a name, is a path too).
-fn path_of(obj: &Bound<'_, PyAny>) -> Option<PathBuf> {
-    if obj.is_instance_of::<PyString>() || obj.hasattr("__fspath__").unwrap_or(false) {
-        return obj.extract::<PathBuf>().ok();
-    }
-    None
-}
 
 /// Read step-labelled records from a file (JSONL, JSON or Parquet, in any format stepwise reads,
 /// detected from the first record unless `format` is given) or from records already in memory

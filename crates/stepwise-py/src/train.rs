@@ -1,6 +1,6 @@
 //! `stepwise.train_prm`: a verifier trained from step-labelled records, as `stepwise train-prm`.
 
-use crate::convert::{records_arg, solutions_of, to_py, value_error, without_gil};
+use crate::convert::{records_arg, solutions_of, to_py, without_gil};
 use pyo3::prelude::*;
 use serde_json::json;
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// >>> run = stepwise.train_prm(stepwise.read("labelled.jsonl"), "prm/", base="policy/", steps=300)
 /// >>> stepwise.PRM("prm/").score(question, steps)
 #[pyfunction]
-#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device="auto", max_batch_tokens=16384))]
+#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=16384))]
 #[allow(clippy::too_many_arguments)]
 pub fn train_prm<'py>(
     py: Python<'py>,
@@ -46,10 +46,10 @@ pub fn train_prm<'py>(
     beta: f32,
     reference_logprob: Option<f32>,
     last_tokens: Option<usize>,
-    device: &str,
+    device: Option<&Bound<'py, PyAny>>,
     max_batch_tokens: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let placement = device.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?;
+    let placement = crate::convert::placement_arg(device)?;
     // A path is read here; anything else is records.
     let path: Option<PathBuf> = records.extract().ok();
     let given = match &path {

@@ -1,10 +1,10 @@
 //! `stepwise.PRM`: a verifier (PRM of any layout, ORM, log-ratio or likelihood verifier), local
 //! or behind servers, scoring every step.
 
-use crate::convert::{from_py, in_batches, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
+use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
 use pyo3::prelude::*;
 use serde_json::Value;
-use stepwise_core::seams::{score_solutions, ScoreInput, StepScorer};
+use stepwise_core::seams::{score_solutions_with, OnError, ScoreFailure, ScoreInput, StepScorer};
 use stepwise_remote::backend::{LocalOptions, RemoteOptions, ScorerBackend, Source};
 
 /// A process reward model (or ORM, or log-ratio verifier) that scores every step.
@@ -106,23 +106,23 @@ impl Prm {
 #[pymethods]
 impl Prm {
     #[new]
-    #[pyo3(signature = (source, layout="auto", device="auto", max_batch_tokens=16384, dtype="auto", api_key=None, served_model=None, protocol="stepwise", server_tokenizer=None))]
+    #[pyo3(signature = (source, layout="auto", device=None, max_batch_tokens=16384, dtype=None, api_key=None, served_model=None, protocol="stepwise", server_tokenizer=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         source: &str,
         layout: &str,
-        device: &str,
+        device: Option<&Bound<'_, PyAny>>,
         max_batch_tokens: usize,
-        dtype: &str,
+        dtype: Option<&Bound<'_, PyAny>>,
         api_key: Option<String>,
         served_model: Option<String>,
         protocol: &str,
         server_tokenizer: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let local = LocalOptions {
-            placement: device.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
-            precision: dtype.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?,
+            placement: crate::convert::placement_arg(device)?,
+            precision: crate::convert::precision_arg(dtype)?,
             max_batch_tokens: max_batch_tokens.max(1),
         };
         let options = RemoteOptions {
@@ -164,26 +164,75 @@ impl Prm {
         without_gil(py, || Ok(self.scorer().score(&inputs_of(&items))?.scores))
     }
 
-    /// Records (any format stepwise reads) with every step scored under `scores[name]`, as
-    /// `stepwise score` writes them. Solutions are handed to the scorer `batch_size` at a time.
-    #[pyo3(signature = (records, name="prm", batch_size=64))]
+    /// Records (any format stepwise reads, or a path to a file of them) with every step scored
+    /// under `scores[name]`, as `stepwise score` writes them. Solutions are handed to the scorer
+    /// `batch_size` at a time. A record it cannot score (longer than the model reads, say):
+    /// `on_error="raise"` raises `StepwiseError` naming it, the records scored before it on the
+    /// error's `records`; `"skip"` leaves it unscored, the reason in its
+    /// `meta["score_errors"][name]`, and warns once with the count.
+    #[pyo3(signature = (records, name="prm", batch_size=64, on_error="raise"))]
     fn score_records<'py>(
         &self,
         py: Python<'py>,
         records: &Bound<'py, PyAny>,
         name: &str,
         batch_size: usize,
+        on_error: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         if batch_size == 0 {
             return Err(value_error("batch_size must be at least 1"));
         }
+        let on_error = match on_error {
+            "raise" => OnError::Raise,
+            "skip" => OnError::Skip,
+            other => {
+                return Err(value_error(format!(
+                    "on_error must be 'raise' or 'skip', not {other:?}"
+                )))
+            }
+        };
         let given = records_arg(records)?;
         let mut sols = without_gil(py, || solutions_of(&given, None))?;
+        let (mut done, mut skipped) = (0, 0);
         // A few scorer batches between checks for Ctrl-C.
-        in_batches(py, &mut sols, 4 * batch_size, |chunk| {
-            score_solutions(&*self.scorer(), name, chunk, batch_size, |_| {})?;
-            Ok(Vec::<()>::new())
-        })?;
+        for chunk in sols.chunks_mut(4 * batch_size) {
+            let run = without_gil(py, || {
+                match score_solutions_with(&*self.scorer(), name, chunk, batch_size, on_error, |_| {}) {
+                    Ok(run) => Ok(ChunkRun::Done {
+                        skipped: run.skipped.len(),
+                    }),
+                    Err(e) => {
+                        let Some(f) = e.downcast_ref::<ScoreFailure>() else {
+                            return Err(e);
+                        };
+                        let causes: Vec<String> = e.chain().skip(1).map(|c| c.to_string()).collect();
+                        let (index, id) = (f.index, f.id.clone());
+                        Ok(ChunkRun::Failed {
+                            index,
+                            id,
+                            cause: causes.join(": "),
+                        })
+                    }
+                }
+            })?;
+            match run {
+                ChunkRun::Done { skipped: n } => skipped += n,
+                ChunkRun::Failed { index, id, cause } => {
+                    return Err(partial_failure(py, &sols, done + index, &id, &cause));
+                }
+            }
+            done += chunk.len();
+            py.check_signals()?;
+        }
+        if skipped > 0 {
+            let message = format!(
+                "stepwise: {skipped} of {} records could not be scored and were left unscored \
+                 (the reason in each one's meta['score_errors'][{name:?}])",
+                sols.len()
+            );
+            let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
+            py.import("warnings")?.call_method1("warn", (message, category, 2))?;
+        }
         let out = without_gil(py, || records_of(&sols))?;
         to_py(py, &Value::Array(out))
     }
@@ -257,4 +306,28 @@ pub fn generative_scores(
         };
         Ok(verifier.score(&inputs_of(&items))?.scores)
     })
+}
+
+/// How one chunk of `score_records` went.
+enum ChunkRun {
+    Done { skipped: usize },
+    Failed { index: usize, id: String, cause: String },
+}
+
+/// The `StepwiseError` of a record `score_records` could not score (`on_error="raise"`): it names
+/// the record, and the records scored before it are on its `records`.
+fn partial_failure(py: Python<'_>, sols: &[stepwise_core::Solution], index: usize, id: &str, cause: &str) -> PyErr {
+    let err = crate::StepwiseError::new_err(format!(
+        "record {} (`{id}`) could not be scored: {cause}; the {index} records before it are scored, on this \
+         error's `records` (on_error=\"skip\" scores the rest)",
+        index + 1
+    ));
+    let records = without_gil(py, || records_of(&sols[..index])).and_then(|r| to_py(py, &Value::Array(r)));
+    match records {
+        Ok(records) => match err.value(py).setattr("records", records) {
+            Ok(()) => err,
+            Err(e) => e,
+        },
+        Err(e) => e,
+    }
 }

@@ -1,8 +1,8 @@
 use anyhow::Result;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
-use stepwise_core::seams::score_solutions;
-use stepwise_core::{Format, SolutionWriter};
+use stepwise_core::seams::{score_solutions_with, OnError, ScoreFailure};
+use stepwise_core::{Format, Solution, SolutionWriter};
 
 /// Score every step of every solution with a PRM, or with a generative verifier.
 #[derive(clap::Args)]
@@ -61,6 +61,11 @@ pub struct Args {
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
+    /// A solution the verifier cannot score (longer than the model reads, say): `raise` stops
+    /// with an error naming it, the solutions before it written to --output; `skip` leaves it
+    /// unscored, the reason in its `meta.score_errors.NAME`, and goes on.
+    #[arg(long, value_enum, default_value = "raise")]
+    pub on_error: OnErrorArg,
     /// How to reach a PRM given by URL.
     #[command(flatten)]
     pub remote: super::backend::RemoteArgs,
@@ -99,6 +104,24 @@ pub struct Args {
     /// requests retried on the others).
     #[arg(long, value_delimiter = ',', value_name = "URL")]
     pub sandbox_url: Vec<String>,
+}
+
+/// `--on-error`: what scoring does with a solution it cannot score.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnErrorArg {
+    /// Stop, naming the solution; those before it are written.
+    Raise,
+    /// Leave it unscored (the reason in its meta) and go on.
+    Skip,
+}
+
+impl From<OnErrorArg> for OnError {
+    fn from(a: OnErrorArg) -> Self {
+        match a {
+            OnErrorArg::Raise => OnError::Raise,
+            OnErrorArg::Skip => OnError::Skip,
+        }
+    }
 }
 
 /// Tools a generative verifier's chains may call.
@@ -171,21 +194,51 @@ pub fn run(a: Args) -> Result<()> {
     let mut sols: Vec<_> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");
     let start = Instant::now();
-    let tokens = score_solutions(scorer, &a.name, &mut sols, a.batch_size, |done| {
+    let scored = score_solutions_with(scorer, &a.name, &mut sols, a.batch_size, a.on_error.into(), |done| {
         bar.set_position(done as u64)
-    })?;
+    });
     bar.finish_and_clear();
-    let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;
-    for s in &sols {
-        writer.write(s)?;
-    }
-    writer.finish()?;
+    let run = match scored {
+        Ok(run) => run,
+        Err(e) => {
+            let Some(failure) = e.downcast_ref::<ScoreFailure>() else {
+                return Err(e);
+            };
+            write_solutions(&a.output, &sols[..failure.index])?;
+            let written = format!(
+                "the {} solutions before it are in {} (--on-error skip scores the rest)",
+                failure.index,
+                a.output.display()
+            );
+            return Err(e.context(written));
+        }
+    };
+    write_solutions(&a.output, &sols)?;
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
-        "scored {} solutions ({tokens} tokens) in {secs:.1}s: {:.0} tokens/s, {:.1} solutions/s",
-        sols.len(),
-        tokens as f64 / secs,
-        sols.len() as f64 / secs
+        "scored {} solutions ({} tokens) in {secs:.1}s: {:.0} tokens/s, {:.1} solutions/s",
+        run.scored,
+        run.tokens,
+        run.tokens as f64 / secs,
+        run.scored as f64 / secs
     );
+    if !run.skipped.is_empty() {
+        let first = &sols[run.skipped[0]];
+        eprintln!(
+            "skipped {} solutions it could not score (the reason in each one's meta.score_errors.{}), the first `{}` (record {})",
+            run.skipped.len(),
+            a.name,
+            first.id,
+            run.skipped[0] + 1
+        );
+    }
     Ok(())
+}
+
+fn write_solutions(path: &Path, sols: &[Solution]) -> Result<()> {
+    let mut writer = SolutionWriter::create(path, Format::Stepwise)?;
+    for s in sols {
+        writer.write(s)?;
+    }
+    Ok(writer.finish()?)
 }

@@ -22,6 +22,9 @@ mod tool;
 pub use annotator::{Annotator, Spent};
 pub use policy::{split_steps_at, Continuation, Policy, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
-pub use scorer::{score_solutions, CheckerScorer, ScoreInput, Scored, StepScorer};
+pub use scorer::{
+    score_solutions, score_solutions_with, CheckerScorer, OnError, ScoreFailure, ScoreInput, ScoreRun, Scored,
+    StepScorer, SCORE_ERRORS,
+};
 pub use task::{MathTask, Task};
 pub use tool::{chain_program, chain_reply, CodeRunner};

@@ -74,51 +74,160 @@ impl StepScorer for CheckerScorer<'_> {
     }
 }
 
+/// What a scoring run does with a solution its scorer cannot score (longer than the model
+/// reads, say).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnError {
+    /// Stop with an error naming the solution; those before it keep their scores.
+    #[default]
+    Raise,
+    /// Leave it unscored, with the reason under `meta.score_errors.<verifier>`, and go on.
+    Skip,
+}
+
+/// The meta key under which [`OnError::Skip`] records why a solution was not scored.
+pub const SCORE_ERRORS: &str = "score_errors";
+
+/// What a scoring run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScoreRun {
+    /// Tokens encoded.
+    pub tokens: usize,
+    /// Solutions scored.
+    pub scored: usize,
+    /// Indices of the solutions left unscored ([`OnError::Skip`]).
+    pub skipped: Vec<usize>,
+}
+
+/// An [`OnError::Raise`] run's error: the solution that failed and how many before it were
+/// scored (they keep their scores).
+#[derive(Debug)]
+pub struct ScoreFailure {
+    /// Index of the solution that could not be scored.
+    pub index: usize,
+    /// Its id.
+    pub id: String,
+    /// Solutions scored before it, `sols[..scored]`.
+    pub scored: usize,
+}
+
+impl std::fmt::Display for ScoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "scoring stopped at solution `{}` (record {}); the {} before it are scored",
+            self.id,
+            self.index + 1,
+            self.scored
+        )
+    }
+}
+
+impl std::error::Error for ScoreFailure {}
+
 /// The scoring stage: score `sols` in batches of `batch_size` and record the scores under
 /// `verifier` in each solution's [`Solution::scores`]. `progress(done)` reports solutions scored.
-/// Returns the tokens encoded.
+/// Returns the tokens encoded; a solution that cannot be scored stops it ([`OnError::Raise`]).
 pub fn score_solutions(
     scorer: &dyn StepScorer,
     verifier: &str,
     sols: &mut [Solution],
     batch_size: usize,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
 ) -> Result<usize> {
-    let mut tokens = 0;
+    score_solutions_with(scorer, verifier, sols, batch_size, OnError::Raise, progress).map(|run| run.tokens)
+}
+
+/// [`score_solutions`] with a policy for a solution the scorer cannot score. A batch that fails
+/// is scored again one solution at a time, so one bad solution never costs the others; with
+/// [`OnError::Raise`] the error names it (by id and record number) and carries a
+/// [`ScoreFailure`] saying how many before it were scored.
+pub fn score_solutions_with(
+    scorer: &dyn StepScorer,
+    verifier: &str,
+    sols: &mut [Solution],
+    batch_size: usize,
+    on_error: OnError,
+    mut progress: impl FnMut(usize),
+) -> Result<ScoreRun> {
+    let mut run = ScoreRun::default();
     let mut done = 0;
     for chunk in sols.chunks_mut(batch_size.max(1)) {
         let inputs: Vec<ScoreInput<'_>> = chunk.iter().map(ScoreInput::of).collect();
-        let scored = match scorer.score(&inputs) {
-            Ok(scored) => scored,
-            // Name the solution that fails, not the batch: each is scored alone until one does.
-            Err(batch_error) => {
-                for (k, s) in chunk.iter().enumerate() {
-                    scorer
-                        .score(&[ScoreInput::of(s)])
-                        .with_context(|| format!("scoring solution `{}` (record {})", s.id, done + k + 1))?;
+        match scorer.score(&inputs) {
+            Ok(scored) => {
+                anyhow::ensure!(
+                    scored.scores.len() == chunk.len(),
+                    "the scorer returned {} results for {} solutions",
+                    scored.scores.len(),
+                    chunk.len()
+                );
+                run.tokens += scored.tokens;
+                for (s, sc) in chunk.iter_mut().zip(scored.scores) {
+                    record_scores(s, verifier, sc)?;
+                    run.scored += 1;
                 }
-                return Err(batch_error.context(format!("scoring records {}-{}", done + 1, done + chunk.len())));
             }
-        };
-        anyhow::ensure!(
-            scored.scores.len() == chunk.len(),
-            "the scorer returned {} results for {} solutions",
-            scored.scores.len(),
-            chunk.len()
-        );
-        tokens += scored.tokens;
-        for (s, sc) in chunk.iter_mut().zip(scored.scores) {
-            anyhow::ensure!(
-                sc.len() == s.steps.len(),
-                "solution {}: {} steps but {} scores",
-                s.id,
-                s.steps.len(),
-                sc.len()
-            );
-            s.set_scores(verifier, sc);
+            // Name the solution that fails, not the batch: each is scored alone.
+            Err(_) => {
+                for (k, s) in chunk.iter_mut().enumerate() {
+                    match scorer.score(&[ScoreInput::of(s)]) {
+                        Ok(mut one) if one.scores.len() == 1 => {
+                            run.tokens += one.tokens;
+                            record_scores(s, verifier, one.scores.remove(0))?;
+                            run.scored += 1;
+                        }
+                        outcome => {
+                            let error = match outcome {
+                                Err(e) => e,
+                                Ok(one) => {
+                                    anyhow::anyhow!("the scorer returned {} results for 1 solution", one.scores.len())
+                                }
+                            };
+                            let index = done + k;
+                            if on_error == OnError::Raise {
+                                let failure = ScoreFailure {
+                                    index,
+                                    id: s.id.clone(),
+                                    scored: run.scored,
+                                };
+                                return Err(error.context(failure));
+                            }
+                            skip(s, verifier, &error);
+                            run.skipped.push(index);
+                        }
+                    }
+                }
+            }
         }
         done += chunk.len();
         progress(done);
     }
-    Ok(tokens)
+    Ok(run)
+}
+
+fn record_scores(s: &mut Solution, verifier: &str, scores: Vec<f32>) -> Result<()> {
+    anyhow::ensure!(
+        scores.len() == s.steps.len(),
+        "solution {}: {} steps but {} scores",
+        s.id,
+        s.steps.len(),
+        scores.len()
+    );
+    s.set_scores(verifier, scores);
+    Ok(())
+}
+
+/// Why `s` was not scored by `verifier`, in its meta.
+fn skip(s: &mut Solution, verifier: &str, error: &anyhow::Error) {
+    let errors = s
+        .meta
+        .entry(SCORE_ERRORS)
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if !errors.is_object() {
+        *errors = serde_json::Value::Object(Default::default());
+    }
+    if let Some(map) = errors.as_object_mut() {
+        map.insert(verifier.to_string(), serde_json::Value::String(format!("{error:#}")));
+    }
 }

@@ -1,0 +1,75 @@
+//! The scoring stage's policy for a solution its scorer cannot score: one bad solution never
+//! costs the others.
+
+use anyhow::{bail, Result};
+use stepwise_core::seams::{score_solutions_with, OnError, ScoreFailure, ScoreInput, Scored, StepScorer, SCORE_ERRORS};
+use stepwise_core::{Solution, Step};
+
+/// Scores every step 0.5, and refuses any batch holding a step longer than `limit` characters
+/// (as a model refuses a solution longer than it reads).
+struct Limited {
+    limit: usize,
+}
+
+impl StepScorer for Limited {
+    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        if let Some(long) = batch.iter().flat_map(|i| &i.steps).find(|s| s.len() > self.limit) {
+            bail!(
+                "{} characters: longer than the {} this scorer reads",
+                long.len(),
+                self.limit
+            );
+        }
+        let scores = batch.iter().map(|i| vec![0.5; i.steps.len()]).collect();
+        Ok(Scored {
+            scores,
+            tokens: batch.len(),
+        })
+    }
+}
+
+fn solutions() -> Vec<Solution> {
+    (0..7)
+        .map(|i| Solution {
+            id: format!("s{i}"),
+            question: "q".into(),
+            steps: vec![Step::new(if i == 4 { "x".repeat(100) } else { "short".into() })],
+            ..Default::default()
+        })
+        .collect()
+}
+
+#[test]
+fn raise_names_the_solution_and_keeps_the_ones_before_it() {
+    let mut sols = solutions();
+    let err = score_solutions_with(&Limited { limit: 10 }, "prm", &mut sols, 3, OnError::Raise, |_| {}).unwrap_err();
+    let failure = err.downcast_ref::<ScoreFailure>().expect("a ScoreFailure");
+    assert_eq!((failure.index, failure.id.as_str(), failure.scored), (4, "s4", 4));
+    let message = format!("{err:#}");
+    assert!(message.contains("solution `s4` (record 5)"), "{message}");
+    assert!(message.contains("100 characters"), "{message}");
+    // The batch holding it (s3, s4, s5) was scored one by one: s3 keeps its scores.
+    let scored: Vec<bool> = sols.iter().map(|s| s.scores.contains_key("prm")).collect();
+    assert_eq!(scored, [true, true, true, true, false, false, false]);
+}
+
+#[test]
+fn skip_records_why_and_scores_the_rest() {
+    let mut sols = solutions();
+    let mut seen = vec![];
+    let run = score_solutions_with(&Limited { limit: 10 }, "prm", &mut sols, 3, OnError::Skip, |d| {
+        seen.push(d)
+    })
+    .unwrap();
+    assert_eq!(run.skipped, [4]);
+    assert_eq!(run.scored, 6);
+    assert_eq!(seen, [3, 6, 7]);
+    for (i, s) in sols.iter().enumerate() {
+        assert_eq!(s.scores.contains_key("prm"), i != 4, "solution {i}");
+    }
+    let why = sols[4].meta[SCORE_ERRORS]["prm"].as_str().unwrap();
+    assert!(why.contains("longer than the 10"), "{why}");
+    // A second verifier's reason sits beside the first.
+    score_solutions_with(&Limited { limit: 20 }, "orm", &mut sols[4..5], 1, OnError::Skip, |_| {}).unwrap();
+    assert!(sols[4].meta[SCORE_ERRORS]["orm"].is_string() && sols[4].meta[SCORE_ERRORS]["prm"].is_string());
+}
