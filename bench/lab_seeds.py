@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """The lab's headline numbers over several run folders (one per seed), as the markdown tables in
 docs/lab.md: best-of-32 with 95% intervals, the paired differences the issues set targets on,
-RL (process against outcome rewards, lucky-correct before and after) and label quality.
+RL (process against outcome rewards, lucky-correct before and after), label quality, and the
+studio stage's selection policies (per seed, and pooled over the seeds: the paired best-of-32
+difference over every seed's problems, a bootstrap resampling problems within each seed).
 
     python3 bench/lab_seeds.py runs/standard-code-seed1 runs/standard-code-seed2 runs/standard-code-seed3
 """
 
 import json
+import random
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 BON = ["PRM-MC (min)", "PRM-oracle (min)", "ORM", "judge, generative (min)", "majority vote", "pass@N"]
@@ -73,6 +77,66 @@ def main(folders):
     ]
     for name, cell in rows:
         print(f"| {name} | {' | '.join(cell(m) for m in runs)} |")
+    studio_section(folders, runs)
+
+
+def best_of_n_correct(folder, verifier, n=32):
+    """Each problem's best-of-n pick by `verifier`'s lowest step score (an empty solution scores
+    0, as the lab's aggregation does): was it right? Tied picks count by their share of right
+    answers (the lab breaks ties by a random order; this is its expectation)."""
+    groups = defaultdict(list)
+    with open(Path(folder) / "scored_eval.jsonl") as f:
+        for line in f:
+            r = json.loads(line)
+            groups[r["problem_id"]].append(r)
+    out = {}
+    for pid, sols in groups.items():
+        values = [min(s["scores"][verifier]) if s["scores"][verifier] else 0.0 for s in sols[:n]]
+        top = [s for s, v in zip(sols, values) if v == max(values)]
+        out[pid] = sum(1.0 for s in top if s.get("correct")) / len(top)
+    return out
+
+
+def pooled_difference(folders, a, b, resamples=4000, seed=0):
+    """Mean paired difference a − b over all seeds' problems, with a 95% bootstrap interval
+    that resamples problems within each seed."""
+    per_seed = []
+    for folder in folders:
+        ca, cb = best_of_n_correct(folder, a), best_of_n_correct(folder, b)
+        per_seed.append([ca[p] - cb[p] for p in sorted(ca)])
+    total = sum(len(d) for d in per_seed)
+    mean = sum(sum(d) for d in per_seed) / total
+    rng = random.Random(seed)
+    means = []
+    for _ in range(resamples):
+        acc = 0.0
+        for d in per_seed:
+            acc += sum(d[rng.randrange(len(d))] for _ in range(len(d)))
+        means.append(acc / total)
+    means.sort()
+    return mean, means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1], total
+
+
+def studio_section(folders, runs):
+    if not all("studio" in m for m in runs):
+        return
+    seeds = " | ".join(f"seed {m['seed']}" for m in runs)
+    print(f"\n| studio: best-of-32 (min), ProcessBench F1 | {seeds} |\n|---|{'---|' * len(runs)}")
+    for k, arm in enumerate(runs[0]["studio"]["arms"]):
+        cells = [f"{m['studio']['arms'][k]['bon']['32']:.3f}, {m['studio']['arms'][k]['processbench_f1']:.3f}"
+                 for m in runs]
+        print(f"| {arm['policy']} | {' | '.join(cells)} |")
+    print(f"\n| studio, paired best-of-32 | {seeds} | pooled |\n|---|{'---|' * (len(runs) + 1)}")
+    for d0 in runs[0]["studio"]["paired"]:
+        cells = []
+        for m in runs:
+            d = next(d for d in m["studio"]["paired"] if d["a"] == d0["a"] and d["b"] == d0["b"])
+            cells.append(signed(d))
+        verifier = lambda name: "prm_studio_" + name.split("PRM-studio ")[1].split(" (")[0].replace("-", "_")
+        mean, lo, hi, n = pooled_difference(folders, verifier(d0["a"]), verifier(d0["b"]))
+        pooled = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (n={n})"
+        cells.append(f"**{pooled}**" if lo > 0 or hi < 0 else pooled)
+        print(f"| {d0['a']} − {d0['b']} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
