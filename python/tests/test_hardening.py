@@ -144,3 +144,14 @@ def test_devices_and_dtypes_as_torch_spells_them(fixtures):
         stepwise.PRM(prm, device=1)
     with pytest.raises(ValueError, match="device=.tpu."):
         stepwise.PRM(prm, device="tpu")
+
+
+def test_floats_come_back_as_written(fixtures):
+    # An f32 result comes back as the float that prints as it does, not its binary widening.
+    assert stepwise.step_rewards(3, [0.9], [1]) == [0.0, 0.9, 0.0]
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    scores = prm.score("q", ["a", "b"])
+    digits = [repr(s).split("e")[0].replace("-", "").replace(".", "").lstrip("0") for s in scores]
+    assert all(len(d) <= 9 for d in digits), scores  # an f32's shortest decimal, not 17 digits
+    rec = prm.score_records([{"question": "q", "steps": [{"text": "a"}, {"text": "b"}]}])[0]
+    assert rec["scores"]["prm"] == scores == prm.score_batch([("q", ["a", "b"])])[0]

@@ -341,3 +341,16 @@ pub fn precision_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<stepwise_model:
     name.parse()
         .map_err(|e: anyhow::Error| value_error(format!("dtype={given:?}: {e}")))
 }
+
+/// An `f32` as the Python float that prints as it does (`0.9`, not `0.8999999761581421`): the
+/// shortest decimal that reads back as the same `f32`, as the records' JSON writes it.
+pub fn as_written(x: f32) -> f64 {
+    format!("{x}").parse().unwrap_or(f64::from(x))
+}
+
+/// [`as_written`] over a list of lists.
+pub fn all_as_written(rows: Vec<Vec<f32>>) -> Vec<Vec<f64>> {
+    rows.into_iter()
+        .map(|r| r.into_iter().map(as_written).collect())
+        .collect()
+}

@@ -25,14 +25,15 @@ pub fn step_rewards(
     step_ends: Vec<usize>,
     credit: &str,
     outcome: Option<f32>,
-) -> PyResult<Vec<f32>> {
+) -> PyResult<Vec<f64>> {
     let tokens = match response.extract::<usize>() {
         Ok(n) => n,
         Err(_) => response.len()?,
     };
     let credit = stepwise_rl::dense::TokenCredit::by_name(credit).map_err(|e| value_error(e.to_string()))?;
-    stepwise_rl::dense::token_rewards(tokens, &step_scores, &step_ends, credit, outcome)
-        .map_err(|e| value_error(e.to_string()))
+    let rewards = stepwise_rl::dense::token_rewards(tokens, &step_scores, &step_ends, credit, outcome)
+        .map_err(|e| value_error(e.to_string()))?;
+    Ok(rewards.into_iter().map(crate::convert::as_written).collect())
 }
 
 /// OpenRLHF's rewards for `queries` (prompt + response, as OpenRLHF sends them), exactly as

@@ -144,8 +144,8 @@ impl Prm {
     }
 
     /// Every step's score (probability the step is good) of one solution.
-    fn score(&self, py: Python<'_>, question: &str, steps: Vec<String>) -> PyResult<Vec<f32>> {
-        without_gil(py, || {
+    fn score(&self, py: Python<'_>, question: &str, steps: Vec<String>) -> PyResult<Vec<f64>> {
+        let scores = without_gil(py, || {
             let input = ScoreInput {
                 problem_id: "",
                 question,
@@ -153,15 +153,17 @@ impl Prm {
                 partial: false,
             };
             Ok(self.scorer().score(&[input])?.scores.remove(0))
-        })
+        })?;
+        Ok(scores.into_iter().map(crate::convert::as_written).collect())
     }
 
     /// Every step's score of each item: dicts with `question` and `steps` (stepwise's, TRL's
     /// `prompt`/`completions` and ProcessBench's `problem` are read too) or `(question, steps)`
     /// pairs. Items are packed into forward passes of at most `max_batch_tokens` tokens.
-    fn score_batch(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<f32>>> {
+    fn score_batch(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<f64>>> {
         let items = items_arg(items)?;
-        without_gil(py, || Ok(self.scorer().score(&inputs_of(&items))?.scores))
+        let scores = without_gil(py, || Ok(self.scorer().score(&inputs_of(&items))?.scores))?;
+        Ok(crate::convert::all_as_written(scores))
     }
 
     /// Records (any format stepwise reads, or a path to a file of them) with every step scored
