@@ -2,9 +2,11 @@
 //! labellers working at once (issue #49's target: ≤ 20 ms). Each labeller is a thread with its
 //! own HTTP client: next record, read it, rate every step, finish, again. Reported: the
 //! latency of a rating as the client sees it (HTTP round trip and the fsync of the commit
-//! included), its percentiles, and ratings per second.
+//! included), its percentiles, and ratings per second. PAUSE_MS is each labeller's pause before
+//! a rating (a person reads the step first; 0: every labeller rates as fast as the server
+//! answers, a stress test of the store's one writer).
 //!
-//!     cargo bench -p stepwise-studio --bench rating [-- RECORDS LABELLERS SECONDS]
+//!     cargo bench -p stepwise-studio --bench rating [-- RECORDS LABELLERS SECONDS PAUSE_MS]
 
 use std::time::{Duration, Instant};
 use stepwise_core::record::{Solution, Step};
@@ -18,6 +20,7 @@ fn main() -> anyhow::Result<()> {
         *args.get(1).unwrap_or(&20),
         *args.get(2).unwrap_or(&20),
     );
+    let pause = Duration::from_millis(*args.get(3).unwrap_or(&0) as u64);
     let dir = std::env::temp_dir().join(format!("stepwise-studio-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let db = dir.join("labels.sqlite");
@@ -66,6 +69,7 @@ fn main() -> anyhow::Result<()> {
                         let Some(id) = c.next("bench")? else { break };
                         let view = c.record(id)?;
                         for step in 0..view.steps.len() {
+                            std::thread::sleep(pause);
                             let t = Instant::now();
                             c.rate(id, step, Some(if step == 5 { -1 } else { 1 }), None)?;
                             mine.push(t.elapsed());
@@ -86,7 +90,8 @@ fn main() -> anyhow::Result<()> {
     ms.sort_by(f64::total_cmp);
     let at = |q: f64| ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)];
     println!(
-        "{{\"records\": {records}, \"labellers\": {labellers}, \"ratings\": {}, \"ratings_per_s\": {:.0}, \"p50_ms\": {:.2}, \"p90_ms\": {:.2}, \"p99_ms\": {:.2}, \"max_ms\": {:.2}}}",
+        "{{\"records\": {records}, \"labellers\": {labellers}, \"pause_ms\": {}, \"ratings\": {}, \"ratings_per_s\": {:.0}, \"p50_ms\": {:.2}, \"p90_ms\": {:.2}, \"p99_ms\": {:.2}, \"max_ms\": {:.2}}}",
+        pause.as_millis(),
         ms.len(),
         ms.len() as f64 / seconds as f64,
         at(0.5),
