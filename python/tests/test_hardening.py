@@ -94,6 +94,9 @@ def test_run_tests_validates_timeout_and_threads(repo):
 
 
 def interrupt_after(seconds):
+    # A runner started in the background (a CI job launched with `&`) inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler: install it, as an interactive one has.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     t = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
     t.start()
     return t
