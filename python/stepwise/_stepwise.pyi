@@ -1,7 +1,7 @@
 """Type stubs of stepwise's native module (see the docstrings for examples)."""
 
 from os import PathLike
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union, overload
 
 Record = Dict[str, Any]
 #: A device as PyTorch spells it: "auto", "cpu", "cuda", "cuda:1", a CUDA index or a torch.device.
@@ -23,6 +23,10 @@ class StepwiseError(Exception):
 def read(source: Union[str, "PathLike[str]", Iterable[Record], Record], format: Optional[str] = None) -> List[Record]:
     """Records from a file (JSONL, JSON, Parquet; any format, detected) or from records in
     memory, as stepwise's own records."""
+
+def read_problems(path: Union[str, "PathLike[str]"]) -> List[Dict[str, Any]]:
+    """Problems from a file as `generate`/`search`/`rl` read them (GSM8K's, MATH-500's files as
+    they are): dicts with `id`, `question` and `answer` (None when absent)."""
 
 def write(records: Records, path: Union[str, "PathLike[str]"], format: str = "stepwise") -> int:
     """Write records as `format` (JSONL, `.json` or `.parquet` by the name). Returns the count."""
@@ -178,10 +182,12 @@ def annotate(
     separator: str = "\n",
     code_problems: Optional[Union[str, "PathLike[str]"]] = None,
     code_timeout: float = 10.0,
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Record]:
     """Label every step: `mc`, `binary_search`, `omegaprm`, `judge` or `consensus`; resumable to
     `output`. With `code_problems` (HumanEval/MBPP JSONL) steps are lines of code, labelled by
-    running the problem's tests."""
+    running the problem's tests. `progress`: a tqdm bar where tqdm is installed, else lines on the
+    `stepwise` logger (None/True), nothing (False), or a callable `f(done, total)`."""
 
 def train_prm(
     records: Union[Iterable[Record], str, "PathLike[str]"],
@@ -208,6 +214,7 @@ def train_prm(
     last_tokens: Optional[int] = None,
     device: Optional[Device] = None,
     max_batch_tokens: int = 16384,
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> Dict[str, Any]:
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
     Hugging Face folder `out`, as `stepwise train-prm`; a folder with a run's state continues it.
@@ -215,7 +222,7 @@ def train_prm(
     tokens/s, the device and the final validation's metrics."""
 
 def search(
-    problems: Union[Sequence[Union[str, Dict[str, Any]]], str, Dict[str, Any]],
+    problems: Union[Sequence[Union[str, Dict[str, Any]]], str, Dict[str, Any], "PathLike[str]"],
     policy: Any,
     prm: PRM,
     method: str = "beam",
@@ -234,6 +241,7 @@ def search(
     separator: str = "\n",
     code_problems: Optional[Union[str, "PathLike[str]"]] = None,
     code_timeout: float = 10.0,
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Record]:
     """Step-level search guided by `prm`: `bon`, `beam`, `dvts`, `lookahead`, `resample`. With
     `code_problems`, `problems` are task ids and `correct` comes from the tests."""

@@ -43,6 +43,29 @@ def test_bad_records_name_the_record_and_field():
         stepwise.read([], format="yaml")
 
 
+def test_problem_files_are_read_as_the_command_line_reads_them(repo, tmp_path):
+    gsm8k = repo / "data" / "gsm8k" / "test.jsonl"
+    problems = stepwise.read_problems(gsm8k)
+    assert len(problems) == len(gsm8k.read_text().splitlines())
+    first = problems[0]
+    assert first["question"].startswith("Janet")
+    assert first["answer"] == "18"  # GSM8K's `#### 18`
+    math500 = stepwise.read_problems(str(repo / "data" / "math500" / "test.jsonl"))
+    assert math500[0]["question"] and math500[0]["answer"]
+    # As solutions they are refused once, in Python's words, pointing at read_problems.
+    with pytest.raises(stepwise.StepwiseError) as e:
+        stepwise.read(gsm8k)
+    message = str(e.value)
+    assert "read_problems" in message and "--from" not in message
+    assert message.count("a problem, not a solution") == 1, message
+    with pytest.raises(FileNotFoundError):
+        stepwise.read_problems(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "2"}\n{"answer": "3"}\n')
+    with pytest.raises(stepwise.StepwiseError, match=r"bad.jsonl:2.*question"):
+        stepwise.read_problems(bad)
+
+
 def test_writes_and_reads_back_every_file_kind(tmp_path, processbench):
     recs = stepwise.read(processbench)[:20]
     for name, fmt in [("a.jsonl", "stepwise"), ("b.json", "trl"), ("c.parquet", "trl"),
@@ -73,3 +96,11 @@ def test_to_hf_keeps_trl_columns_and_types_and_reads_back(processbench):
     # A dataset made by hand in TRL's layout.
     own = datasets.Dataset.from_dict({"prompt": ["2+2?"], "completions": [["2+2=4"]], "labels": [[True]]})
     assert stepwise.from_hf(own)[0]["steps"][0]["label"]["rating"] == "good"
+    # TRL's conversational layout, both ways: the prompt stays messages.
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    conv = datasets.Dataset.from_dict({"prompt": [chat], "completions": [["2+2=4", "So 4."]],
+                                       "labels": [[True, True]]})
+    read_back = stepwise.from_hf(conv)
+    assert read_back[0]["question"] == "2+2?"
+    again = stepwise.to_hf(read_back, layout="trl")
+    assert again[0]["prompt"] == chat and again[0]["completions"] == ["2+2=4", "So 4."]

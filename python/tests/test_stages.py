@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 import stepwise
@@ -57,6 +59,26 @@ def test_annotate_resumes_from_its_output(tmp_path):
         stepwise.annotate(records(), Scripted(), method="mc", rollouts=8, output=path)
 
 
+def test_long_calls_report_progress(fixtures, tmp_path, monkeypatch, caplog):
+    """A callable hears every count up to the total; False is silent; without tqdm the `stepwise`
+    logger hears the totals (a tqdm bar is the default where tqdm is installed)."""
+    seen = []
+    stepwise.annotate(records(), Scripted(), rollouts=2, progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (2, 2) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    seen.clear()
+    stepwise.search(["q1", "q2", "q3"], Scripted(), prm, method="bon", n=2, max_steps=3,
+                    progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (3, 3)
+    with pytest.raises(TypeError, match="progress"):
+        stepwise.annotate(records(), Scripted(), progress="loud")
+    monkeypatch.setitem(__import__("sys").modules, "tqdm.auto", None)  # as if tqdm were not installed
+    with caplog.at_level("INFO", logger="stepwise"):
+        stepwise.annotate(records(), Scripted(), rollouts=2)
+        stepwise.annotate(records(), Scripted(), rollouts=2, progress=False)
+    assert [r.getMessage() for r in caplog.records if r.name == "stepwise"] == ["records: 2/2 done"]
+
+
 def test_annotate_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="judge"):
         stepwise.annotate(records(), Scripted(), method="consensus")
@@ -103,6 +125,26 @@ def test_search_resumes(fixtures, tmp_path):
     two = stepwise.search(["q1", "q2"], policy, prm, n=4, width=2, output=path)
     assert [r["steps"] for r in one] == [r["steps"] for r in two]
     assert policy.calls == 0
+
+
+def test_search_reads_a_problems_file_as_the_command_line_does(fixtures, repo, tmp_path):
+    """A path (str or PathLike) is a file of problems, GSM8K's as it is (its `answer` with the
+    `#### N` gold): never a question whose text is the file name."""
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    gsm8k = repo / "data" / "gsm8k" / "test.jsonl"
+    first_two = tmp_path / "gsm8k.jsonl"
+    first_two.write_text("".join(gsm8k.read_text().splitlines(keepends=True)[:2]))
+    for given in (first_two, str(first_two)):
+        out = stepwise.search(given, Scripted(), prm, method="bon", n=2, max_steps=3)
+        assert len(out) == 2
+        assert [r["question"] for r in out] == [
+            json.loads(line)["question"] for line in first_two.read_text().splitlines()]
+        assert all(r["gold_answer"] for r in out)
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        stepwise.search(str(tmp_path / "missing.jsonl"), Scripted(), prm, n=2)
+    # A string that names no file and no records file is a question.
+    out = stepwise.search("What is 2 + 5?", Scripted(), prm, method="bon", n=2, max_steps=3)
+    assert out[0]["question"] == "What is 2 + 5?"
 
 
 def test_a_vllm_llm_serves_as_a_policy():

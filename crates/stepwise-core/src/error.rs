@@ -87,6 +87,9 @@ pub enum RecordError {
     /// A field is missing or has the wrong type or value.
     #[error("{0}")]
     Field(FieldError),
+    /// The record is JSON, but of no format stepwise can tell from its fields.
+    #[error("{0}")]
+    Format(String),
 }
 
 impl From<FieldError> for RecordError {

@@ -163,13 +163,31 @@ impl SolutionReader {
                 let f = Format::detect(v).ok_or_else(|| Error::Record {
                     file: self.path.clone(),
                     line: *line,
-                    source: RecordError::Json("cannot tell the format from this record; pass --from FORMAT".into()),
+                    source: RecordError::Format(unknown_format(v)),
                 })?;
                 self.format = Some(f);
             }
         }
         Ok(self.format)
     }
+}
+
+/// Why a record's format cannot be told, and what to do.
+fn unknown_format(v: &Value) -> String {
+    let fields: Vec<&str> = v.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
+    let has = |k: &str| fields.contains(&k);
+    if (has("question") || has("problem")) && !has("steps") {
+        return format!(
+            "a problem, not a solution (fields: {}): files of problems are read by `generate`, `search` \
+and `rl` (in Python: stepwise.read_problems(path), or the path itself)",
+            fields.join(", ")
+        );
+    }
+    format!(
+        "cannot tell the format of this record (fields: {}); name it: `--from FORMAT` on the command \
+line, `format=` in Python",
+        if fields.is_empty() { "none: not an object".to_string() } else { fields.join(", ") }
+    )
 }
 
 impl Iterator for SolutionReader {
@@ -442,4 +460,33 @@ pub fn write_jsonl<T: serde::Serialize>(path: impl AsRef<Path>, items: &[T]) -> 
     w.flush().map_err(io_err)?;
     drop(w);
     output.commit()
+}
+
+/// Problems from the records of a JSONL, JSON or Parquet file (GSM8K's and MATH-500's files as
+/// they are), with `question` (or `problem`), an optional `id` and a gold answer
+/// in `gold_answer` or `answer` (GSM8K's `#### N` is understood); errors name file and line.
+pub fn read_problems(path: &Path) -> Result<Vec<crate::Problem>> {
+    let mut out = Vec::new();
+    let mut lines: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let at = |line: usize, source: RecordError| Error::Record {
+        file: path.to_path_buf(),
+        line,
+        source,
+    };
+    for (line, rec) in raw_records(path)? {
+        let v = rec.map_err(|e| at(line, e))?;
+        let problem = crate::Problem::from_record(&v).map_err(|e| at(line, e.into()))?;
+        if let Some(first) = lines.insert(problem.id.clone(), line) {
+            return Err(Error::Other {
+                file: path.to_path_buf(),
+                message: format!(
+                    "line {line}: field `id`: `{}` is the id of line {first} too (problem ids must be unique; a \
+question repeated without ids gets the same id)",
+                    problem.id
+                ),
+            });
+        }
+        out.push(problem);
+    }
+    Ok(out)
 }

@@ -180,8 +180,14 @@ pub enum Provenance {
         /// Number of those that reached a correct answer.
         hits: u32,
     },
-    /// Binary search for the first error (OmegaPRM).
+    /// Binary search for the first error (Luo et al.'s step-by-step search without a tree).
     BinarySearch,
+    /// OmegaPRM's search tree: a step the tree knows is right (a later prefix on its path
+    /// reached the answer) or wrong (after its first error), without rollouts of its own; steps
+    /// the tree did roll out from carry [`Provenance::MonteCarlo`]. Also the `mc_value` labels
+    /// of OmegaPRM's released data.
+    #[serde(rename = "omegaprm")]
+    OmegaPrm,
     /// An LLM judge.
     Judge,
     /// Agreement of several annotators (e.g. Monte Carlo and judge).

@@ -73,10 +73,46 @@ fn openr_prm_layout_round_trips() {
     assert_eq!(sols[0].first_error(), Some(3));
 }
 
+/// TRL's conversational layout: the prompt as messages (the question is the last user turn),
+/// completions as assistant messages; written back with the same prompt messages.
+#[test]
+fn trl_conversational_records_read_and_round_trip() {
+    let dir = scratch("trl-conversational");
+    let path = dir.join("in.jsonl");
+    let record = json!({
+        "prompt": [{"role": "system", "content": "Think step by step."},
+                   {"role": "user", "content": "What is 2 + 3?"}],
+        "completions": ["2 + 3 = 5.", "The answer is 5."],
+        "labels": [true, true],
+        "id": "c1",
+    });
+    std::fs::write(&path, format!("{record}\n")).unwrap();
+    assert_lossless(&path, Format::Trl);
+    let as_messages = json!({
+        "prompt": [{"role": "user", "content": [{"type": "text", "text": "What is 2 + 3?"}]}],
+        "completions": [[{"role": "assistant", "content": "2 + 3 = 6."}], {"role": "assistant", "content": "So 6."}],
+        "labels": [false, false],
+    });
+    std::fs::write(&path, format!("{as_messages}\n")).unwrap();
+    let sols = read_solutions(&path, None).unwrap();
+    assert_eq!(sols[0].question, "What is 2 + 3?");
+    assert_eq!(sols[0].step_texts(), ["2 + 3 = 6.", "So 6."]);
+    let no_user = json!({"prompt": [{"role": "system", "content": "x"}], "completions": ["a"], "labels": [true]});
+    std::fs::write(&path, format!("{no_user}\n")).unwrap();
+    let err = read_solutions(&path, None).unwrap_err().to_string();
+    assert!(err.contains("in.jsonl:1") && err.contains("prompt") && err.contains("user message"), "{err}");
+}
+
 #[test]
 fn omegaprm_flat_and_tree_round_trip() {
     let flat = assert_lossless(&data("openr/samples_math-aps_openr.jsonl"), Format::OmegaPrm);
     assert!(flat.iter().any(|s| s.steps.len() > 3));
+    // OmegaPRM's values come from its tree search, and say so.
+    let labels: Vec<_> = flat.iter().flat_map(|s| &s.steps).filter_map(|st| st.label.as_ref()).collect();
+    assert!(!labels.is_empty());
+    for l in labels {
+        assert_eq!(serde_json::to_value(&l.source).unwrap()["kind"], "omegaprm");
+    }
     let tree = assert_lossless(&data("openr/samples_math-aps-tree_openr.jsonl"), Format::OmegaPrmTree);
     assert!(tree.iter().all(|s| s.steps.iter().all(|st| st.label.is_some())));
 }

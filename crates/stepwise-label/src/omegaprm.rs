@@ -195,9 +195,9 @@ impl Tree {
             return Some(StepLabel::soft(node.hits as f32 / node.rollouts as f32, source));
         }
         if node.alive {
-            Some(StepLabel::from_bool(true, Provenance::BinarySearch))
+            Some(StepLabel::from_bool(true, Provenance::OmegaPrm))
         } else if bad {
-            Some(StepLabel::from_bool(false, Provenance::BinarySearch))
+            Some(StepLabel::from_bool(false, Provenance::OmegaPrm))
         } else {
             None
         }
@@ -544,6 +544,14 @@ mod tests {
                     l.steps.iter().all(|s| s.label.is_some()),
                     "T = {t}: every step labelled"
                 );
+                // A step the tree rolled out from says how; the others are the tree's own.
+                for s in &l.steps {
+                    let source = &s.label.as_ref().unwrap().source;
+                    assert!(
+                        matches!(source, Provenance::OmegaPrm | Provenance::MonteCarlo { .. }),
+                        "T = {t}: {source:?}"
+                    );
+                }
                 let (least, most) = ((t as f64).log2().floor() as usize, (t as f64).log2().ceil() as usize);
                 assert!(
                     (4 * least..=4 * most).contains(&spent.rollouts),

@@ -1,8 +1,11 @@
-//! Checkpoints named by Hugging Face model id (`Qwen/Qwen2.5-Math-PRM-7B`), found offline in the
-//! local Hugging Face cache that `huggingface-cli download` and transformers fill:
-//! `$HF_HUB_CACHE` (default `$HF_HOME/hub`, `HF_HOME` default `~/.cache/huggingface`) holds
-//! `models--ORG--NAME/` with `refs/REF` (a commit hash) and `snapshots/COMMIT/` (the files).
-//! stepwise never downloads.
+//! Checkpoints named by Hugging Face model id (`Qwen/Qwen2.5-Math-PRM-7B`), found in the local
+//! Hugging Face cache that `hf download` and transformers fill: `$HF_HUB_CACHE` (default
+//! `$HF_HOME/hub`, `HF_HOME` default `~/.cache/huggingface`) holds `models--ORG--NAME/` with
+//! `refs/REF` (a commit hash) and `snapshots/COMMIT/` (the files). An id that is not there is
+//! downloaded into that cache with the Hub's own client (hf-hub), from `HF_ENDPOINT` (default
+//! huggingface.co) with `HF_TOKEN` (or the token `hf auth login` saved), unless `HF_HUB_OFFLINE`
+//! is set; only what stepwise reads is fetched (safetensors weights, JSON configs, tokenizer
+//! files, chat templates).
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -29,7 +32,110 @@ pub fn resolve(arg: &str) -> Result<PathBuf> {
         bail!("{arg}: no such folder");
     }
     let cache = cache_dir().context("no Hugging Face cache: set HF_HUB_CACHE or HF_HOME")?;
-    resolve_in(arg, &cache)
+    match resolve_in(arg, &cache) {
+        // A download cut off between two files left a snapshot without all its weights.
+        #[cfg(feature = "engine")]
+        Ok(found) if !offline() && !complete(&found) => download(arg, &cache),
+        Ok(found) => Ok(found),
+        #[cfg(feature = "engine")]
+        Err(_) if !offline() => download(arg, &cache),
+        Err(missing) => Err(missing),
+    }
+}
+
+/// A snapshot with its config and every weight file: those its safetensors index names, or one.
+pub fn complete(snapshot: &Path) -> bool {
+    if !snapshot.join("config.json").is_file() {
+        return false;
+    }
+    let index = std::fs::read_to_string(snapshot.join("model.safetensors.index.json")).ok();
+    match index.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()) {
+        Some(index) => index["weight_map"].as_object().is_some_and(|map| {
+            map.values()
+                .filter_map(|f| f.as_str())
+                .all(|f| snapshot.join(f).is_file())
+        }),
+        None => std::fs::read_dir(snapshot).is_ok_and(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        }),
+    }
+}
+
+/// `HF_HUB_OFFLINE` set to anything but empty, 0, false or no (as huggingface_hub reads it).
+pub fn offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE")
+        .map(|v| {
+            !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "" | "0" | "false" | "no" | "off"
+            )
+        })
+        .unwrap_or(false)
+}
+
+/// The files of a model repository that stepwise reads: weights as safetensors, configs,
+/// tokenizer files and chat templates, at the top level (not PyTorch `.bin`, ONNX, GGUF).
+pub fn wanted(file: &str) -> bool {
+    !file.contains('/')
+        && [".safetensors", ".json", ".txt", ".model", ".jinja", ".tiktoken"]
+            .iter()
+            .any(|ext| file.ends_with(ext))
+}
+
+/// Download model `id` (`ORG/NAME[@REVISION]`) into the Hugging Face cache `cache` and return
+/// its snapshot folder. A file already in the cache is not fetched again; a file cut off half-way
+/// resumes.
+#[cfg(feature = "engine")]
+pub fn download(id: &str, cache: &Path) -> Result<PathBuf> {
+    use hf_hub::{api::sync::ApiBuilder, Cache, Repo, RepoType};
+    use std::io::IsTerminal;
+    let (name, revision) = id.split_once('@').unwrap_or((id, "main"));
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let endpoint = var("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".into());
+    let mut builder = ApiBuilder::from_cache(Cache::new(cache.to_path_buf()))
+        .with_endpoint(endpoint.clone())
+        .with_progress(std::io::stderr().is_terminal());
+    if let Some(token) = var("HF_TOKEN") {
+        builder = builder.with_token(Some(token));
+    }
+    let failed = |what: String| {
+        format!(
+            "{id}: not in the Hugging Face cache ({}), and {what} from {endpoint} failed (a gated or \
+private model needs HF_TOKEN; offline, fetch it where the network allows with `hf download {name}` \
+and point HF_HUB_CACHE or HF_HOME at that cache, or set HF_HUB_OFFLINE=1 to never download)",
+            cache.display()
+        )
+    };
+    let api = builder
+        .build()
+        .with_context(|| failed("starting the download".into()))?;
+    let repo = api.repo(Repo::with_revision(name.into(), RepoType::Model, revision.into()));
+    let info = repo.info().with_context(|| failed("listing its files".into()))?;
+    let files: Vec<&str> = info
+        .siblings
+        .iter()
+        .map(|s| s.rfilename.as_str())
+        .filter(|f| wanted(f))
+        .collect();
+    if !files.iter().any(|f| f.ends_with(".safetensors")) {
+        bail!(
+            "{id}: the repository at revision {} has no safetensors weights, which is all stepwise \
+loads (its files: {})",
+            info.sha,
+            info.siblings
+                .iter()
+                .map(|s| s.rfilename.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    eprintln!("{id}: downloading {} files into {}", files.len(), cache.display());
+    for file in files {
+        repo.get(file).with_context(|| failed(format!("downloading {file}")))?;
+    }
+    resolve_in(&format!("{name}@{}", info.sha), cache)
 }
 
 /// [`resolve`] for a model id, in the cache folder `cache`.
@@ -38,8 +144,9 @@ pub fn resolve_in(id: &str, cache: &Path) -> Result<PathBuf> {
     let repo = cache.join(format!("models--{}", name.replace('/', "--")));
     if !repo.is_dir() {
         bail!(
-            "{id}: neither a folder nor a model in the Hugging Face cache ({} is missing; stepwise works \
-offline: fetch it first with `huggingface-cli download {name}`, or set HF_HUB_CACHE / HF_HOME)",
+            "{id}: neither a folder nor a model in the Hugging Face cache ({} is missing; with \
+HF_HUB_OFFLINE set, or without the engine, stepwise does not download: fetch it with `hf download \
+{name}`, or point HF_HUB_CACHE / HF_HOME at the cache that has it)",
             repo.display()
         );
     }

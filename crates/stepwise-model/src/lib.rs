@@ -53,6 +53,7 @@ engine! {
 }
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod chat_turns;
 pub mod hub;
 pub mod layout;
 pub mod log_ratio;

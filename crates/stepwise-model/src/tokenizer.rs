@@ -113,6 +113,13 @@ impl Tokenizer {
         }
     }
 
+    /// The same tokenizer with `template` as its chat template (a Jinja text, as
+    /// `tokenizer_config.json`'s `chat_template`).
+    pub fn with_chat_template(mut self, template: impl Into<String>) -> Self {
+        self.chat_template = Some(template.into());
+        self
+    }
+
     /// The wrapped tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner

@@ -17,9 +17,24 @@ pub fn path_of(obj: &Bound<'_, PyAny>) -> Option<std::path::PathBuf> {
     None
 }
 
-/// An error from Rust as `stepwise.StepwiseError`, with its whole chain of causes.
+/// An error from Rust as `stepwise.StepwiseError`, with its whole chain of causes (a cause its
+/// outer message already says is not said twice).
 pub fn error(e: anyhow::Error) -> PyErr {
-    StepwiseError::new_err(format!("{e:#}"))
+    StepwiseError::new_err(chain_message(&e))
+}
+
+/// `e`'s causes joined by `: `, each left out when the text so far already ends with it.
+pub fn chain_message(e: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if message.is_empty() {
+            message = text;
+        } else if !message.ends_with(&text) {
+            message = format!("{message}: {text}");
+        }
+    }
+    message
 }
 
 /// A bad argument as `ValueError`.
@@ -269,6 +284,21 @@ pub fn rows_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
         }),
         None => rows_in_memory(obj),
     }
+}
+
+/// Problems from a Python argument: a path (`os.PathLike`, or a `str` naming a file or ending in
+/// `.jsonl`, `.json` or `.parquet`) to a file of them, read as the command line reads them
+/// (GSM8K's and MATH-500's files as they are); else None, and the argument is the problems
+/// themselves (question strings or dicts).
+pub fn problems_file(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<stepwise_core::Problem>>> {
+    let Some(path) = path_of(obj) else { return Ok(None) };
+    let named = [".jsonl", ".json", ".parquet"].iter().any(|ext| path.to_string_lossy().ends_with(ext));
+    let is_str = obj.is_instance_of::<pyo3::types::PyString>();
+    if is_str && !named && !path.is_file() {
+        return Ok(None); // a question
+    }
+    let path = existing_path(obj)?.expect("a path");
+    Ok(Some(without_gil(obj.py(), || Ok(stepwise_core::io::read_problems(&path)?))?))
 }
 
 /// The path in `obj`, which must name a file that exists; None when `obj` is not a path.

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 mod code;
 mod convert;
 mod policy;
+mod progress;
 mod records;
 mod rewards;
 mod stages;
@@ -32,6 +33,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("cuda_available", cfg!(feature = "cuda"))?;
     m.add_function(wrap_pyfunction!(records::read, m)?)?;
+    m.add_function(wrap_pyfunction!(records::read_problems, m)?)?;
     m.add_function(wrap_pyfunction!(records::write, m)?)?;
     m.add_function(wrap_pyfunction!(records::convert, m)?)?;
     m.add_function(wrap_pyfunction!(records::to_arrow_ipc, m)?)?;

@@ -34,6 +34,29 @@ pub fn read<'py>(py: Python<'py>, source: &Bound<'py, PyAny>, format: Option<&st
     to_py(py, &Value::Array(records))
 }
 
+/// Read problems from a file (JSONL, JSON or Parquet) as `stepwise generate`, `search` and `rl`
+/// read them: GSM8K's and MATH-500's files as they are. A record needs `question` (or `problem`);
+/// the gold answer is `gold_answer` or `answer` (GSM8K's `#### N` understood); `id` is kept or
+/// made from the question. Returns dicts with `id`, `question` and `answer` (None when absent).
+///
+/// >>> problems = stepwise.read_problems("gsm8k/test.jsonl")
+/// >>> problems[0]["answer"]   # '18'
+#[pyfunction]
+pub fn read_problems<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+    if !path.exists() {
+        return Err(pyo3::exceptions::PyFileNotFoundError::new_err(format!(
+            "no such file: {}",
+            path.display()
+        )));
+    }
+    let problems = without_gil(py, || Ok(stepwise_core::io::read_problems(&path)?))?;
+    let rows: Vec<Value> = problems
+        .iter()
+        .map(|p| serde_json::json!({"id": p.id, "question": p.question, "answer": p.gold_answer}))
+        .collect();
+    to_py(py, &Value::Array(rows))
+}
+
 /// Convert records (dicts in any format stepwise reads) to `format`'s records, in memory.
 ///
 /// >>> stepwise.convert(recs, "trl")[0].keys()   # prompt, completions, labels

@@ -71,6 +71,8 @@ pub fn openrlhf_rewards<'py>(
         aggregation: stepwise_search::Aggregation::by_name(aggregate).map_err(|e| value_error(e.to_string()))?,
         outcome_weight,
         mode: mode.parse::<GradeMode>().map_err(value_error)?,
+        // The queries' turns by the PRM's chat template when it is known here.
+        turns: prm.as_ref().and_then(|p| p.get().chat_turns()),
     };
     let (rewards, process, outcomes, step_scores) = without_gil(py, || {
         let split: Vec<(String, Vec<String>, String)> =

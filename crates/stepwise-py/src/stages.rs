@@ -3,6 +3,7 @@
 
 use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
 use crate::policy::PolicyArg;
+use crate::progress::Progress;
 use crate::verifier::Prm;
 use anyhow::Result;
 use pyo3::prelude::*;
@@ -58,7 +59,7 @@ fn with_journal<T>(output: Option<&Path>, settings: &Value, f: impl FnOnce(&Path
 ///
 /// >>> labelled = stepwise.annotate(recs, policy, method="mc", rollouts=8, output="mc.jsonl")
 #[pyfunction]
-#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", search_limit=0, separator="\n", code_problems=None, code_timeout=10.0))]
+#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", search_limit=0, separator="\n", code_problems=None, code_timeout=10.0, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn annotate<'py>(
     py: Python<'py>,
@@ -75,6 +76,7 @@ pub fn annotate<'py>(
     separator: &str,
     code_problems: Option<PathBuf>,
     code_timeout: f64,
+    progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let method = Method::by_name(method).map_err(|e| value_error(e.to_string()))?;
     let (format, _) = stepwise_label::methods::judge_format(judge_format).map_err(|e| value_error(e.to_string()))?;
@@ -84,6 +86,7 @@ pub fn annotate<'py>(
     let policy = PolicyArg::of(policy, separator)?;
     let judge = judge.map(|j| PolicyArg::of(j, separator)).transpose()?;
     let given = records_arg(records)?;
+    let progress = Progress::start(py, progress, "records", given.len())?;
     let settings = Settings {
         rollouts,
         seed,
@@ -114,10 +117,12 @@ pub fn annotate<'py>(
         let mut claim = claim;
         claim["input"] = stepwise_core::journal::fingerprint(&sols)?.into();
         let (labelled, _) = with_journal(output.as_deref(), &claim, |path| {
-            annotate_resumable(path, &sols, &*annotator, |_| {})
+            annotate_resumable(path, &sols, &*annotator, |done| progress.done(done))
         })?;
         records_of(&labelled)
-    })?;
+    });
+    progress.finish();
+    let labelled = labelled?;
     to_py(py, &Value::Array(labelled))
 }
 
@@ -162,7 +167,8 @@ fn problems_of(values: &[Value]) -> Result<Vec<Problem>> {
 /// `stepwise.PRM`): `method` is `bon` (best of `n` whole solutions), `beam` (keep `n/width`
 /// beams, extend each `width` ways), `dvts`, `lookahead` or `resample` (verify → resample below
 /// `threshold`). Problems are question strings or dicts with `question` and an optional gold
-/// `answer` (the chosen solution is then graded). With `output` (`.jsonl`) each problem's result
+/// `answer` (the chosen solution is then graded), or a path to a file of them (JSONL, JSON or
+/// Parquet; GSM8K's and MATH-500's files as they are). With `output` (`.jsonl`) each problem's result
 /// is appended as soon as it is done and a repeated call resumes. With `code_problems`
 /// (HumanEval's or MBPP's JSONL) `problems` are task ids, the steps lines of code, and `correct`
 /// says whether the problem's tests pass. Returns one record a problem: its steps,
@@ -170,7 +176,7 @@ fn problems_of(values: &[Value]) -> Result<Vec<Problem>> {
 ///
 /// >>> out = stepwise.search(["What is 2 + 3?"], policy, prm, method="beam", n=8, width=4)
 #[pyfunction]
-#[pyo3(signature = (problems, policy, prm, method="beam", n=8, width=4, aggregation="min", max_steps=40, lookahead=1, threshold=0.5, max_resamples=4, resample_budget=16, seed=0, name="prm", output=None, threads=2, separator="\n", code_problems=None, code_timeout=10.0))]
+#[pyo3(signature = (problems, policy, prm, method="beam", n=8, width=4, aggregation="min", max_steps=40, lookahead=1, threshold=0.5, max_resamples=4, resample_budget=16, seed=0, name="prm", output=None, threads=2, separator="\n", code_problems=None, code_timeout=10.0, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn search<'py>(
     py: Python<'py>,
@@ -193,6 +199,7 @@ pub fn search<'py>(
     separator: &str,
     code_problems: Option<PathBuf>,
     code_timeout: f64,
+    progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let search = search_method(method).map_err(|e| value_error(e.to_string()))?;
     let config = SearchConfig {
@@ -215,18 +222,28 @@ pub fn search<'py>(
         .as_ref()
         .map(|t| crate::code::code_search_problems(t, problems))
         .transpose()?;
-    let values = match from_py(problems)? {
-        Value::Array(v) => v,
-        one => vec![one],
+    let from_file = match code_given {
+        Some(_) => None,
+        None => crate::convert::problems_file(problems)?,
+    };
+    let values = match from_file {
+        Some(_) => Vec::new(),
+        None => match from_py(problems)? {
+            Value::Array(v) => v,
+            one => vec![one],
+        },
     };
     let policy = PolicyArg::of(policy, separator)?;
+    let count = from_file.as_ref().map_or(values.len(), Vec::len);
+    let count = code_given.as_ref().map_or(count, Vec::len);
+    let progress = Progress::start(py, progress, "problems", count)?;
     let prm: Py<Prm> = prm.clone().unbind();
     let claim = json!({"method": method, "config": config, "name": name, "separator": separator,
         "task": code_identity(code_problems.as_deref(), code_timeout)?});
     let records = without_gil(py, || {
-        let problems = match code_given {
-            Some(p) => p,
-            None => problems_of(&values)?,
+        let problems = match (code_given, from_file) {
+            (Some(p), _) | (None, Some(p)) => p,
+            (None, None) => problems_of(&values)?,
         };
         let mut claim = claim;
         claim["input"] = stepwise_core::journal::fingerprint(&problems)?.into();
@@ -256,9 +273,11 @@ pub fn search<'py>(
             threads: threads.max(1),
         };
         let sols: Vec<Solution> =
-            with_journal(output.as_deref(), &claim, |path| searcher.run_all(path, &jobs, &|_| {}))?;
+            with_journal(output.as_deref(), &claim, |path| searcher.run_all(path, &jobs, &|done| progress.done(done)))?;
         records_of(&sols)
-    })?;
+    });
+    progress.finish();
+    let records = records?;
     to_py(py, &Value::Array(records))
 }
 

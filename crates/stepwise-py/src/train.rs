@@ -1,6 +1,7 @@
 //! `stepwise.train_prm`: a verifier trained from step-labelled records, as `stepwise train-prm`.
 
 use crate::convert::{records_arg, solutions_of, to_py, without_gil};
+use crate::progress::Progress;
 use pyo3::prelude::*;
 use serde_json::json;
 use std::path::PathBuf;
@@ -20,7 +21,7 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// >>> run = stepwise.train_prm(stepwise.read("labelled.jsonl"), "prm/", base="policy/", steps=300)
 /// >>> stepwise.PRM("prm/").score(question, steps)
 #[pyfunction]
-#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=16384))]
+#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=16384, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn train_prm<'py>(
     py: Python<'py>,
@@ -48,6 +49,7 @@ pub fn train_prm<'py>(
     last_tokens: Option<usize>,
     device: Option<&Bound<'py, PyAny>>,
     max_batch_tokens: usize,
+    progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let placement = crate::convert::placement_arg(device)?;
     // A path is read here; anything else is records.
@@ -56,6 +58,10 @@ pub fn train_prm<'py>(
         Some(_) => Vec::new(),
         None => records_arg(records)?,
     };
+    // A model id (`org/name`) is found in, or downloaded into, the Hugging Face cache, as the
+    // command line's `--base` is.
+    let hub = |p: Option<PathBuf>| p.map(|p| stepwise_model::hub::resolve(&p.to_string_lossy())).transpose();
+    let (base, tokenizer) = without_gil(py, || Ok((hub(base)?, hub(tokenizer)?)))?;
     let run = TrainPrm {
         base,
         config,
@@ -81,15 +87,18 @@ pub fn train_prm<'py>(
         placement,
         max_batch_tokens,
     };
+    let progress = Progress::start(py, progress, "steps", steps)?;
     let report = without_gil(py, || {
         let solutions = match &path {
             Some(p) => stepwise_core::SolutionReader::open(p, None)?.collect::<Result<Vec<_>, _>>()?,
             None => solutions_of(&given, None)?,
         };
-        let report = train(&run, solutions, |_, _| {}, |line| eprintln!("{line}"))?;
-        eprintln!("{}", report.summary(&run.out));
+        let report = train(&run, solutions, |step, _| progress.done(step), |line| progress.say(line))?;
+        progress.say(&report.summary(&run.out));
         Ok(report)
-    })?;
+    });
+    progress.finish();
+    let report = report?;
     let s = &report.state;
     to_py(
         py,

@@ -92,6 +92,13 @@ impl Prm {
         self.backend.scorer()
     }
 
+    /// The turns of its tokenizer's chat template, when the tokenizer is known here.
+    pub fn chat_turns(&self) -> Option<stepwise_model::chat_turns::ChatTurns> {
+        self.backend
+            .tokenizer()
+            .and_then(|t| stepwise_model::chat_turns::ChatTurns::of(t).ok())
+    }
+
     /// Every step's score of each input.
     pub fn score_inputs(&self, inputs: &[ScoreInput]) -> anyhow::Result<Vec<Vec<f32>>> {
         Ok(self.scorer().score(inputs)?.scores)

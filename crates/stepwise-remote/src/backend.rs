@@ -276,6 +276,17 @@ pub enum ScorerBackend {
     Remote(Box<RemotePrm>),
 }
 
+impl ScorerBackend {
+    /// The tokenizer this PRM lays its inputs out with, when it is known here (a local verifier,
+    /// or a server read through the pooling protocol).
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        match self {
+            ScorerBackend::Local(v, _) => Some(&v.tokenizer),
+            ScorerBackend::Remote(r) => r.pooling.as_ref().map(|(t, _)| t),
+        }
+    }
+}
+
 /// A PRM behind servers.
 pub struct RemotePrm {
     client: Client,

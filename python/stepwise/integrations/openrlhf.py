@@ -12,7 +12,10 @@ Both compute the same rewards, in the same Rust code:
 
 A response's reward is its steps' PRM scores aggregated (``min`` by default), plus 1 when its
 answer (``\\boxed{}``, "The answer is") grades equal to its label. The response is the query after
-its prompt, end-of-turn marks removed; the question is the user turn of the chat-templated prompt.
+its prompt, end-of-turn marks removed; the question is the last user turn of the chat-templated
+prompt. Both are found by the chat template of the PRM's tokenizer (the server's: the policy's,
+else the PRM's), rendered to learn where its turns begin and end; without one, Qwen's and Llama
+3's marks are recognised.
 """
 
 from __future__ import annotations

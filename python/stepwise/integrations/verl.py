@@ -228,10 +228,11 @@ class StepwiseRewardManager(_Base):  # type: ignore[misc, valid-type]
                  **kwargs: Any) -> None:
         if tokenizer is None:
             raise TypeError("StepwiseRewardManager needs the policy's tokenizer (tokenizer=...)")
-        if _REWARD_LOOP:
+        if _REWARD_LOOP:  # verl 0.7+: the base keeps config, tokenizer and its event loop
             super().__init__(config, tokenizer, compute_score)
-        self.config = config
-        self.tokenizer = tokenizer
+        else:  # verl 0.5-0.6: AbstractRewardManager keeps nothing itself
+            self.config = config
+            self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.reward_fn_key = reward_fn_key
         self.prm = prm if prm is not None else _env_prm()

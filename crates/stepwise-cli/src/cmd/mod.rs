@@ -91,23 +91,3 @@ pub fn step_scores(
     }
 }
 
-/// Problems from JSONL records with `question` (or `problem`), an optional `id` and a gold answer
-/// in `gold_answer` or `answer` (GSM8K's `#### N` is understood); errors name file and line.
-pub fn read_problems(path: &std::path::Path) -> anyhow::Result<Vec<stepwise_core::Problem>> {
-    let mut out = Vec::new();
-    let mut lines: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for (line, rec) in stepwise_core::io::raw_records(path)? {
-        let at = || format!("{}:{line}", path.display());
-        let v = rec.map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
-        let problem = stepwise_core::Problem::from_record(&v).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
-        if let Some(first) = lines.insert(problem.id.clone(), line) {
-            anyhow::bail!(
-                "{}: field `id`: `{}` is the id of line {first} too (problem ids must be unique; a question repeated without ids gets the same id)",
-                at(),
-                problem.id
-            );
-        }
-        out.push(problem);
-    }
-    Ok(out)
-}

@@ -143,7 +143,7 @@ pub fn run(a: Args) -> Result<()> {
         "min-so-far" => Credit::MinSoFar,
         o => bail!("unknown --credit `{o}`: use return-to-go or min-so-far"),
     };
-    let problems = super::read_problems(&a.problems)?;
+    let problems = stepwise_core::io::read_problems(&a.problems)?;
     if let Some(p) = problems.iter().find(|p| p.gold_answer.is_none()) {
         bail!(
             "{}: problem `{}`: field `gold_answer`: missing",
@@ -153,7 +153,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let task = MathTask::default();
     let heldout_problems = match &a.eval_problems {
-        Some(path) => super::read_problems(path)?,
+        Some(path) => stepwise_core::io::read_problems(path)?,
         None => Vec::new(),
     };
     let placement = a.device.device.resolve()?;

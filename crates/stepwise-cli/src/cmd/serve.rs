@@ -19,7 +19,8 @@ use stepwise_remote::serve::{serve, Limits, ServeConfig};
   POST /get_reward             OpenRLHF's remote reward model (--reward.remote_url http://HOST:PORT/get_reward):
                                {\"query\", \"prompts\", \"labels\"} -> {\"rewards\", \"scores\", \"extra_logs\"};
                                a response's steps (split at --reward-separator) scored by the PRM and
-                               aggregated, plus the graded outcome when labels are sent
+                               aggregated, plus the graded outcome when labels are sent; the question and
+                               the response's end read by the policy's (else the PRM's) chat template
   POST /run_code               --sandbox: SandboxFusion's API (verl's sandbox_fusion_url): {\"code\", \"stdin\",
                                \"run_timeout\", \"memory_limit_MB\", \"files\", \"fetch_files\"} -> {\"status\",
                                \"run_result\": {\"status\", \"return_code\", \"stdout\", \"stderr\", ...}}; Python
@@ -217,6 +218,7 @@ pub fn run(a: Args) -> Result<()> {
             aggregation: a.reward_aggregate,
             outcome_weight: a.reward_outcome_weight,
             mode: stepwise_core::grader::GradeMode::Lenient,
+            turns: None,
         },
         limits: Limits {
             max_body_bytes: {

@@ -82,7 +82,7 @@ impl TaskArgs {
     /// task's own (prompt, id as the gold answer) for code.
     pub fn problems(&self, task: &dyn Task, input: &Path) -> Result<Vec<Problem>> {
         match self.domain {
-            Domain::Math => super::read_problems(input),
+            Domain::Math => Ok(stepwise_core::io::read_problems(input)?),
             Domain::Code => Ok(task.problems().to_vec()),
         }
     }

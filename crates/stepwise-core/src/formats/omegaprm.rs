@@ -30,7 +30,7 @@ fn opt_mc(o: &Map<String, Value>, at: &str) -> Result<Option<f64>, FieldError> {
 }
 
 fn mc_label(mc: f64) -> StepLabel {
-    StepLabel::soft(mc as f32, Provenance::BinarySearch)
+    StepLabel::soft(mc as f32, Provenance::OmegaPrm)
 }
 
 fn base(o: &Map<String, Value>, index: usize, question: &str) -> Result<Solution, FieldError> {

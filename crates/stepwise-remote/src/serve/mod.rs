@@ -223,6 +223,15 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         policy.is_some() || prm.is_some() || cfg.code.is_some(),
         "nothing to serve: pass --model, --prm and/or --sandbox"
     );
+    // `/get_reward` reads OpenRLHF's templated queries by the served policy's chat template (the
+    // one that wrote them), else the PRM's.
+    let mut reward_rule = cfg.reward_rule.clone();
+    if reward_rule.turns.is_none() {
+        let tokenizers = policy.iter().map(|(_, p)| &p.tokenizer).chain(prm.iter().map(|(_, v)| &v.tokenizer));
+        reward_rule.turns = tokenizers
+            .filter_map(|t| stepwise_model::chat_turns::ChatTurns::of(t).ok())
+            .next();
+    }
     let (queue, jobs) = std::sync::mpsc::channel();
     let (generate_queue, generate_jobs) = std::sync::mpsc::channel();
     let state: Shared = Arc::new(AppState {
@@ -233,7 +242,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         max_tokens: cfg.max_tokens,
         prefill_chunk_tokens: cfg.prefill_chunk_tokens,
         kv_budget: cfg.kv_budget,
-        reward_rule: cfg.reward_rule.clone(),
+        reward_rule,
         limits: cfg.limits.clone(),
         code: cfg
             .code

@@ -11,6 +11,7 @@ use axum::Json;
 use serde_json::{json, Value};
 use stepwise_core::grader::{grade, GradeMode};
 use stepwise_core::seams::split_steps_at;
+use stepwise_model::chat_turns::ChatTurns;
 use stepwise_search::{aggregate, Aggregation};
 
 /// How a response's reward is made.
@@ -24,6 +25,9 @@ pub struct RewardRule {
     pub outcome_weight: f32,
     /// The grader.
     pub mode: GradeMode,
+    /// The turns of the chat template the queries were written with (the served policy's, else
+    /// the PRM's); None: Qwen's and Llama 3's marks are recognised.
+    pub turns: Option<ChatTurns>,
 }
 
 impl Default for RewardRule {
@@ -33,28 +37,37 @@ impl Default for RewardRule {
             aggregation: Aggregation::Min,
             outcome_weight: 1.0,
             mode: GradeMode::Lenient,
+            turns: None,
         }
     }
 }
 
-/// End-of-turn marks a response may end with (removed before grading and splitting).
+/// End-of-turn marks a response may end with when no chat template is known (removed before
+/// grading and splitting).
 const END_MARKS: [&str; 5] = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<|end_of_text|>"];
 
-/// The response in `query` (OpenRLHF sends prompt + response), end-of-turn marks removed.
-pub fn response_of<'a>(query: &'a str, prompt: &str) -> &'a str {
+/// The response in `query` (OpenRLHF sends prompt + response), end-of-turn marks removed: those
+/// of `turns`, else the usual ones.
+pub fn response_of<'a>(query: &'a str, prompt: &str, turns: Option<&ChatTurns>) -> &'a str {
     let mut text = match query.strip_prefix(prompt) {
         Some(rest) if !prompt.is_empty() => rest,
         _ => query,
     };
+    if let Some(turns) = turns {
+        return turns.strip_end(text);
+    }
     while let Some(rest) = END_MARKS.iter().find_map(|m| text.trim_end().strip_suffix(m)) {
         text = rest;
     }
     text
 }
 
-/// The user's question inside a chat-templated prompt (Qwen's and Llama 3's templates), or the
-/// prompt itself.
-pub fn question_of(prompt: &str) -> &str {
+/// The user's question inside a chat-templated prompt: its last user turn by `turns`, else by
+/// Qwen's and Llama 3's marks, else the prompt itself.
+pub fn question_of<'a>(prompt: &'a str, turns: Option<&ChatTurns>) -> &'a str {
+    if let Some(question) = turns.and_then(|t| t.question(prompt)) {
+        return question;
+    }
     for (start, end) in [
         ("<|im_start|>user\n", "<|im_end|>"),
         ("<|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
@@ -80,9 +93,10 @@ pub fn reward_of(rule: &RewardRule, response: &str, step_scores: &[f32], label: 
 
 /// A response's question and steps (`prompt` empty when OpenRLHF sends none).
 pub fn parts(rule: &RewardRule, query: &str, prompt: &str) -> (String, Vec<String>, String) {
-    let response = response_of(query, prompt);
+    let turns = rule.turns.as_ref();
+    let response = response_of(query, prompt, turns);
     (
-        question_of(prompt).to_string(),
+        question_of(prompt, turns).to_string(),
         split_steps_at(response, &rule.separator),
         response.to_string(),
     )
@@ -159,7 +173,32 @@ mod tests {
         assert!((r - 1.6).abs() < 1e-6);
         assert_eq!(reward_of(&rule, &response, &[0.9, 0.6], Some("6")).2, 0.0);
         // No prompt given: the query is the response; a bare prompt is its own question.
-        assert_eq!(response_of("just text</s>", ""), "just text");
-        assert_eq!(question_of("plain question"), "plain question");
+        assert_eq!(response_of("just text</s>", "", None), "just text");
+        assert_eq!(question_of("plain question", None), "plain question");
+    }
+
+    /// With the marks read off the checkpoint's template (here Gemma's, which the fixed list
+    /// does not know), its turns are read the same way.
+    #[test]
+    fn a_template_s_own_turns_are_used_when_known() {
+        let turns = ChatTurns {
+            user_open: "<start_of_turn>user\n".into(),
+            after_user: "<end_of_turn>\n<start_of_turn>model\n".into(),
+            turn_end: "<end_of_turn>".into(),
+            eos: Some("<eos>".into()),
+        };
+        let prompt = "<bos><start_of_turn>user\nWhat is 2+3?<end_of_turn>\n<start_of_turn>model\n";
+        let query = format!("{prompt}2 + 3 = 5.\n\nThe answer is 5.<end_of_turn>\n<eos>");
+        let rule = RewardRule {
+            turns: Some(turns),
+            ..RewardRule::default()
+        };
+        let (question, steps, _) = parts(&rule, &query, prompt);
+        assert_eq!(question, "What is 2+3?");
+        assert_eq!(steps, vec!["2 + 3 = 5.", "The answer is 5."]);
+        // Without them, Gemma's marks stay in the question and the response.
+        let (question, steps, _) = parts(&RewardRule::default(), &query, prompt);
+        assert_ne!(question, "What is 2+3?");
+        assert!(steps[1].contains("<end_of_turn>"));
     }
 }

@@ -193,7 +193,10 @@ async fn guard(req: Request, next: Next) -> Response {
 }
 
 /// The studio's router over `store`.
-pub fn app(store: Store, secure_cookie: bool) -> Router {
+pub fn app(mut store: Store, secure_cookie: bool) -> Router {
+    if let Err(e) = store.checkpoint_in_background() {
+        eprintln!("stepwise studio: checkpoints stay on the committing request ({e:#})");
+    }
     let state: Shared = Arc::new(AppState {
         store: Mutex::new(store),
         failures: Mutex::new(HashMap::new()),

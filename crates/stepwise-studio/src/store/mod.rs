@@ -127,7 +127,12 @@ impl NewRecord {
 /// The studio's database.
 pub struct Store {
     pub(crate) db: Connection,
+    /// Held while a background thread checkpoints the write-ahead log (it stops when this goes).
+    checkpointer: Option<std::sync::Arc<()>>,
 }
+
+/// How often the background checkpointer moves the write-ahead log into the database.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Store {
     /// Opens (creating if needed) the store at `path`.
@@ -145,7 +150,30 @@ impl Store {
         db.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
         db.execute_batch(SCHEMA)
             .with_context(|| format!("creating the tables of {}", path.display()))?;
-        Ok(Store { db })
+        Ok(Store { db, checkpointer: None })
+    }
+
+    /// Move write-ahead-log checkpoints off the committing connection: SQLite otherwise copies
+    /// the log into the database (and syncs it) inside whichever commit crosses 1,000 pages,
+    /// the slowest ratings a labeller waits for. A thread with its own connection checkpoints
+    /// every 500 ms (PASSIVE: it never blocks a writer) until this store is dropped.
+    pub fn checkpoint_in_background(&mut self) -> Result<()> {
+        let path = self.db.path().filter(|p| !p.is_empty()).context("an in-memory database has no log")?;
+        let other = Connection::open(path)?;
+        other.busy_timeout(std::time::Duration::from_secs(5))?;
+        self.db.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
+        let alive = std::sync::Arc::new(());
+        let watch = std::sync::Arc::downgrade(&alive);
+        self.checkpointer = Some(alive);
+        std::thread::Builder::new().name("studio-checkpoint".into()).spawn(move || {
+            while watch.upgrade().is_some() {
+                std::thread::sleep(CHECKPOINT_EVERY);
+                if let Err(e) = other.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    eprintln!("stepwise studio: checkpointing the write-ahead log: {e}");
+                }
+            }
+        })?;
+        Ok(())
     }
 
     /// Creates a project, or returns the existing one of that name (its settings unchanged:

@@ -1,0 +1,234 @@
+//! Model ids (`ORG/NAME[@REVISION]`) wherever a checkpoint is named: found in the local Hugging
+//! Face cache, and downloaded into it when missing (from a Hub lookalike on the loopback, as
+//! `HF_ENDPOINT` points mirrors), only the files stepwise reads, resumed when cut off; offline,
+//! the error names the cache and `hf download`.
+
+use serde_json::json;
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+
+mod common;
+use common::{fixture, write_jsonl};
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// Score one record with `--model model`, the cache at `cache`, `env` added.
+fn score(d: &Path, model: &str, out: &str, env: &[(&str, &str)]) -> Output {
+    let input = d.join("in.jsonl");
+    write_jsonl(
+        &input,
+        &[json!({"id": "a", "question": "2 + 3", "steps": [{"text": "2 + 3 = 5"}, {"text": "The answer is 5"}]})],
+    );
+    let mut c = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    c.args(["score", "--model", model, "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(d.join(out))
+        .env("HF_HUB_CACHE", d.join("hub"))
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("HF_ENDPOINT")
+        .env_remove("HF_TOKEN");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
+    let d = common::tmp("hub", "cache");
+    let repo = d.join("hub/models--test-org--tiny-prm");
+    let snapshot = repo.join("snapshots").join(COMMIT);
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), COMMIT).unwrap();
+    let folder = PathBuf::from(fixture("qwen2-tokcls"));
+    for (i, entry) in std::fs::read_dir(&folder).unwrap().enumerate() {
+        let entry = entry.unwrap();
+        let blob = format!("blob{i}");
+        std::fs::copy(entry.path(), repo.join("blobs").join(&blob)).unwrap();
+        std::os::unix::fs::symlink(Path::new("../../blobs").join(&blob), snapshot.join(entry.file_name())).unwrap();
+    }
+    let offline = [("HF_HUB_OFFLINE", "1")];
+    let by_folder = score(&d, folder.to_str().unwrap(), "folder.jsonl", &offline);
+    assert!(by_folder.status.success());
+    let want = std::fs::read_to_string(d.join("folder.jsonl")).unwrap();
+    for id in [
+        "test-org/tiny-prm",
+        &format!("test-org/tiny-prm@{COMMIT}"),
+        "test-org/tiny-prm@main",
+    ] {
+        let out = score(&d, id, "id.jsonl", &offline);
+        assert!(out.status.success(), "{id}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read_to_string(d.join("id.jsonl")).unwrap(), want, "{id}");
+    }
+    for (id, says) in [
+        ("test-org/other", "models--test-org--other"),
+        ("test-org/other", "`hf download test-org/other`"),
+        ("test-org/tiny-prm@v9", "revision `v9`"),
+    ] {
+        let out = score(&d, id, "never.jsonl", &offline);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{id}: {err}");
+        assert!(err.contains(says), "{id}: {err}");
+        assert!(!d.join("never.jsonl").exists());
+    }
+}
+
+/// A Hub lookalike: the model API's file list and `resolve/` downloads with the headers the Hub
+/// sends (commit, etag, content range), for one repository holding `files`; every request path
+/// is logged.
+struct Hub {
+    url: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+fn hub(repo: &'static str, files: Vec<(String, Vec<u8>)>) -> Hub {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let seen = log.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(200) {
+            let Ok(stream) = stream else { continue };
+            answer(stream, repo, &files, &seen);
+        }
+    });
+    Hub { url, log }
+}
+
+fn answer(mut s: TcpStream, repo: &str, files: &[(String, Vec<u8>)], log: &Mutex<Vec<String>>) {
+    let Some(request) = common::server::read_http(&mut s) else {
+        return;
+    };
+    let head = String::from_utf8_lossy(&request).to_string();
+    let path = head.split(' ').nth(1).unwrap_or("").to_string();
+    log.lock().unwrap().push(path.clone());
+    let range = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("range: bytes=").map(str::to_string));
+    let info = format!("/api/models/{repo}/revision/main");
+    let (status, headers, body) = if path == info {
+        let siblings: Vec<_> = files
+            .iter()
+            .map(|(f, _)| json!({ "rfilename": f }))
+            .chain([
+                json!({"rfilename": "pytorch_model.bin"}),
+                json!({"rfilename": "onnx/model.onnx"}),
+            ])
+            .collect();
+        let body = json!({"sha": COMMIT, "siblings": siblings}).to_string().into_bytes();
+        ("200 OK", String::new(), body)
+    } else if let Some((name, bytes)) = files.iter().find(|(f, _)| path == format!("/{repo}/resolve/main/{f}")) {
+        let (from, to) = match range.as_deref().and_then(|r| r.split_once('-')) {
+            Some((a, b)) => (a.parse().unwrap_or(0), b.parse().unwrap_or(bytes.len() - 1)),
+            None => (0, bytes.len() - 1),
+        };
+        let etag = format!("{:016x}{}", fnv(bytes), name.len());
+        let headers = format!(
+            "etag: \"{etag}\"\r\nx-repo-commit: {COMMIT}\r\ncontent-range: bytes {from}-{to}/{}\r\n",
+            bytes.len()
+        );
+        ("206 Partial Content", headers, bytes[from..=to].to_vec())
+    } else {
+        (
+            "404 Not Found",
+            String::new(),
+            b"{\"error\":\"Repository not found\"}".to_vec(),
+        )
+    };
+    let _ = write!(
+        s,
+        "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = s.write_all(&body);
+    let _ = s.flush();
+}
+
+/// A content hash (FNV-1a) for the lookalike's etags.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+#[test]
+fn a_model_id_not_in_the_cache_is_downloaded_once_and_resumes() {
+    let d = common::tmp("hub", "download");
+    let folder = PathBuf::from(fixture("qwen2-tokcls"));
+    let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    let hub = hub("test-org/tiny-prm", files.clone());
+    let online = [("HF_ENDPOINT", hub.url.as_str())];
+    assert!(score(&d, folder.to_str().unwrap(), "folder.jsonl", &online)
+        .status
+        .success());
+    let want = std::fs::read_to_string(d.join("folder.jsonl")).unwrap();
+
+    // Not cached: downloaded (only what stepwise reads), then scored as the folder is.
+    let out = score(&d, "test-org/tiny-prm", "first.jsonl", &online);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(d.join("first.jsonl")).unwrap(), want);
+    let snapshot = d.join("hub/models--test-org--tiny-prm/snapshots").join(COMMIT);
+    for (name, bytes) in &files {
+        assert_eq!(&std::fs::read(snapshot.join(name)).unwrap(), bytes, "{name}");
+    }
+    let asked = hub.log.lock().unwrap().clone();
+    assert!(
+        asked.iter().all(|p| !p.ends_with(".bin") && !p.contains("onnx")),
+        "{asked:?}"
+    );
+
+    // Cached: nothing asked of the Hub, online or offline.
+    let before = hub.log.lock().unwrap().len();
+    for env in [&online[..], &[("HF_HUB_OFFLINE", "1")]] {
+        let out = score(&d, "test-org/tiny-prm", "again.jsonl", env);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read_to_string(d.join("again.jsonl")).unwrap(), want);
+    }
+    assert_eq!(
+        hub.log.lock().unwrap().len(),
+        before,
+        "a cached model was fetched again"
+    );
+
+    // Cut off before the weights: the next run fetches just them.
+    std::fs::remove_file(snapshot.join("model.safetensors")).unwrap();
+    let out = score(&d, "test-org/tiny-prm", "resumed.jsonl", &online);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(d.join("resumed.jsonl")).unwrap(), want);
+    let fetched: Vec<String> = hub.log.lock().unwrap()[before..]
+        .iter()
+        .filter(|p| p.contains("/resolve/"))
+        .cloned()
+        .collect();
+    assert!(fetched.iter().all(|p| p.ends_with("model.safetensors")), "{fetched:?}");
+
+    // A repository the Hub does not have: the error says what failed and what to do.
+    let out = score(&d, "test-org/missing", "never.jsonl", &online);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for says in [
+        "test-org/missing",
+        "listing its files",
+        &hub.url,
+        "HF_TOKEN",
+        "hf download",
+    ] {
+        assert!(err.contains(says), "{says}: {err}");
+    }
+    assert!(!d.join("never.jsonl").exists());
+}
