@@ -8,17 +8,17 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-/// The quick preset with shorter pre-training of the policy and of the verifiers' base (300 and
-/// 150 steps instead of 800 and 400): the same stages and files in half the time; what is
-/// checked here is the loop and its bookkeeping, not how well the small models learn.
-const SHORT: [&str; 4] = ["--set", "policy_steps=300", "--set", "verifier_base_steps=150"];
+/// The code lab's policy trained 300 steps instead of the quick preset's 800: the same stages and
+/// files in less time (what its test checks is the loop and its bookkeeping). The arithmetic lab
+/// keeps the preset as it is: its test compares the command line's Monte Carlo labels with the
+/// lab's, which a weaker policy's samples put one sampled rollout apart (2 hits of 2 against 1 of
+/// 2 on one step of 48 solutions), the batched and the one-by-one forward passes differing in the
+/// last bits of a near-tie.
+const SHORT: [&str; 2] = ["--set", "policy_steps=300"];
 
 fn lab(out: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_stepwise"));
-    c.args(["lab", "--preset", "quick", "--seed", "7"])
-        .args(SHORT)
-        .arg("--out")
-        .arg(out);
+    c.args(["lab", "--preset", "quick", "--seed", "7", "--out"]).arg(out);
     c
 }
 
@@ -56,9 +56,7 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     assert!(status.success());
     // Its folder refuses another seed instead of mixing two runs' stages.
     let other = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(["lab", "--preset", "quick", "--seed", "8"])
-        .args(SHORT)
-        .arg("--out")
+        .args(["lab", "--preset", "quick", "--seed", "8", "--out"])
         .arg(&a)
         .output()
         .unwrap();

@@ -174,7 +174,10 @@ impl SolutionReader {
 
 /// Why a record's format cannot be told, and what to do.
 fn unknown_format(v: &Value) -> String {
-    let fields: Vec<&str> = v.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
+    let fields: Vec<&str> = v
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
     let has = |k: &str| fields.contains(&k);
     if (has("question") || has("problem")) && !has("steps") {
         return format!(
@@ -186,7 +189,11 @@ and `rl` (in Python: stepwise.read_problems(path), or the path itself)",
     format!(
         "cannot tell the format of this record (fields: {}); name it: `--from FORMAT` on the command \
 line, `format=` in Python",
-        if fields.is_empty() { "none: not an object".to_string() } else { fields.join(", ") }
+        if fields.is_empty() {
+            "none: not an object".to_string()
+        } else {
+            fields.join(", ")
+        }
     )
 }
 

@@ -100,7 +100,10 @@ fn trl_conversational_records_read_and_round_trip() {
     let no_user = json!({"prompt": [{"role": "system", "content": "x"}], "completions": ["a"], "labels": [true]});
     std::fs::write(&path, format!("{no_user}\n")).unwrap();
     let err = read_solutions(&path, None).unwrap_err().to_string();
-    assert!(err.contains("in.jsonl:1") && err.contains("prompt") && err.contains("user message"), "{err}");
+    assert!(
+        err.contains("in.jsonl:1") && err.contains("prompt") && err.contains("user message"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -108,7 +111,11 @@ fn omegaprm_flat_and_tree_round_trip() {
     let flat = assert_lossless(&data("openr/samples_math-aps_openr.jsonl"), Format::OmegaPrm);
     assert!(flat.iter().any(|s| s.steps.len() > 3));
     // OmegaPRM's values come from its tree search, and say so.
-    let labels: Vec<_> = flat.iter().flat_map(|s| &s.steps).filter_map(|st| st.label.as_ref()).collect();
+    let labels: Vec<_> = flat
+        .iter()
+        .flat_map(|s| &s.steps)
+        .filter_map(|st| st.label.as_ref())
+        .collect();
     assert!(!labels.is_empty());
     for l in labels {
         assert_eq!(serde_json::to_value(&l.source).unwrap()["kind"], "omegaprm");

@@ -65,7 +65,10 @@ impl ChatTurns {
         let body = &prompt[at..];
         let end = body
             .find(&self.after_user)
-            .or_else(|| body.find(self.after_user.trim()).filter(|_| !self.after_user.trim().is_empty()))
+            .or_else(|| {
+                body.find(self.after_user.trim())
+                    .filter(|_| !self.after_user.trim().is_empty())
+            })
             .or_else(|| body.find(&self.turn_end))
             .unwrap_or(body.len());
         Some(&body[..end])
@@ -131,7 +134,11 @@ mod tests {
                 )
                 .unwrap();
             let response = &closed[closed.find(answer).unwrap()..];
-            assert_eq!(turns.strip_end(&format!("{response}{eos}")), answer, "{name}: {turns:?}");
+            assert_eq!(
+                turns.strip_end(&format!("{response}{eos}")),
+                answer,
+                "{name}: {turns:?}"
+            );
             assert_eq!(turns.question("no template here"), None);
         }
     }

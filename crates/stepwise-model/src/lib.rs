@@ -51,9 +51,9 @@ engine! {
     pub use policy::{EnginePolicy, LoadedPolicy};
     pub use scoring::PrmScorer;
 }
+pub mod chat_turns;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod chat_turns;
 pub mod hub;
 pub mod layout;
 pub mod log_ratio;

@@ -292,13 +292,17 @@ pub fn rows_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
 /// themselves (question strings or dicts).
 pub fn problems_file(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<stepwise_core::Problem>>> {
     let Some(path) = path_of(obj) else { return Ok(None) };
-    let named = [".jsonl", ".json", ".parquet"].iter().any(|ext| path.to_string_lossy().ends_with(ext));
+    let named = [".jsonl", ".json", ".parquet"]
+        .iter()
+        .any(|ext| path.to_string_lossy().ends_with(ext));
     let is_str = obj.is_instance_of::<pyo3::types::PyString>();
     if is_str && !named && !path.is_file() {
         return Ok(None); // a question
     }
     let path = existing_path(obj)?.expect("a path");
-    Ok(Some(without_gil(obj.py(), || Ok(stepwise_core::io::read_problems(&path)?))?))
+    Ok(Some(without_gil(obj.py(), || {
+        Ok(stepwise_core::io::read_problems(&path)?)
+    })?))
 }
 
 /// The path in `obj`, which must name a file that exists; None when `obj` is not a path.

@@ -112,7 +112,11 @@ fn tqdm(py: Python<'_>, what: &str, total: usize) -> Option<Py<PyAny>> {
         kwargs.set_item("total", total)?;
         kwargs.set_item("desc", format!("stepwise {what}"))?;
         kwargs.set_item("unit", what.trim_end_matches('s'))?;
-        Ok(py.import("tqdm.auto")?.getattr("tqdm")?.call((), Some(&kwargs))?.unbind())
+        Ok(py
+            .import("tqdm.auto")?
+            .getattr("tqdm")?
+            .call((), Some(&kwargs))?
+            .unbind())
     };
     make().ok()
 }
@@ -120,7 +124,9 @@ fn tqdm(py: Python<'_>, what: &str, total: usize) -> Option<Py<PyAny>> {
 /// `line` on the `stepwise` logger at INFO.
 pub fn log(line: &str) {
     Python::attach(|py| {
-        let logger = py.import("logging").and_then(|l| l.call_method1("getLogger", ("stepwise",)));
+        let logger = py
+            .import("logging")
+            .and_then(|l| l.call_method1("getLogger", ("stepwise",)));
         if let Ok(logger) = logger {
             let _ = logger.call_method1("info", (line,));
         }

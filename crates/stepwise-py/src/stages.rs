@@ -272,8 +272,9 @@ pub fn search<'py>(
             task,
             threads: threads.max(1),
         };
-        let sols: Vec<Solution> =
-            with_journal(output.as_deref(), &claim, |path| searcher.run_all(path, &jobs, &|done| progress.done(done)))?;
+        let sols: Vec<Solution> = with_journal(output.as_deref(), &claim, |path| {
+            searcher.run_all(path, &jobs, &|done| progress.done(done))
+        })?;
         records_of(&sols)
     });
     progress.finish();

@@ -60,7 +60,10 @@ pub fn train_prm<'py>(
     };
     // A model id (`org/name`) is found in, or downloaded into, the Hugging Face cache, as the
     // command line's `--base` is.
-    let hub = |p: Option<PathBuf>| p.map(|p| stepwise_model::hub::resolve(&p.to_string_lossy())).transpose();
+    let hub = |p: Option<PathBuf>| {
+        p.map(|p| stepwise_model::hub::resolve(&p.to_string_lossy()))
+            .transpose()
+    };
     let (base, tokenizer) = without_gil(py, || Ok((hub(base)?, hub(tokenizer)?)))?;
     let run = TrainPrm {
         base,
@@ -93,7 +96,12 @@ pub fn train_prm<'py>(
             Some(p) => stepwise_core::SolutionReader::open(p, None)?.collect::<Result<Vec<_>, _>>()?,
             None => solutions_of(&given, None)?,
         };
-        let report = train(&run, solutions, |step, _| progress.done(step), |line| progress.say(line))?;
+        let report = train(
+            &run,
+            solutions,
+            |step, _| progress.done(step),
+            |line| progress.say(line),
+        )?;
         progress.say(&report.summary(&run.out));
         Ok(report)
     });

@@ -90,4 +90,3 @@ pub fn step_scores(
         ),
     }
 }
-

@@ -82,7 +82,13 @@ const PROMPT_MESSAGES: &str = "prompt_messages";
 fn message_text(m: &Value) -> Option<String> {
     match m.get("content")? {
         Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => Some(parts.iter().filter_map(|p| p.get("text")?.as_str()).collect::<Vec<_>>().join("")),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text")?.as_str())
+                .collect::<Vec<_>>()
+                .join(""),
+        ),
         _ => None,
     }
 }
@@ -94,7 +100,12 @@ fn last_user_message(messages: &[Value]) -> Result<String, FieldError> {
         .rev()
         .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
         .and_then(message_text)
-        .ok_or_else(|| FieldError::new("prompt", "a conversational prompt needs a user message with text content"))
+        .ok_or_else(|| {
+            FieldError::new(
+                "prompt",
+                "a conversational prompt needs a user message with text content",
+            )
+        })
 }
 
 /// The step texts: strings, or (conversational) assistant messages, one or a list a step.
@@ -107,7 +118,11 @@ fn completions(o: &serde_json::Map<String, Value>) -> Result<Vec<String>, FieldE
             let text = match c {
                 Value::String(s) => Some(s.clone()),
                 Value::Object(_) => message_text(c),
-                Value::Array(messages) => messages.iter().map(message_text).collect::<Option<Vec<_>>>().map(|t| t.join("")),
+                Value::Array(messages) => messages
+                    .iter()
+                    .map(message_text)
+                    .collect::<Option<Vec<_>>>()
+                    .map(|t| t.join("")),
                 _ => None,
             };
             text.ok_or_else(|| {

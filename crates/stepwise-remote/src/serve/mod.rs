@@ -227,7 +227,10 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
     // one that wrote them), else the PRM's.
     let mut reward_rule = cfg.reward_rule.clone();
     if reward_rule.turns.is_none() {
-        let tokenizers = policy.iter().map(|(_, p)| &p.tokenizer).chain(prm.iter().map(|(_, v)| &v.tokenizer));
+        let tokenizers = policy
+            .iter()
+            .map(|(_, p)| &p.tokenizer)
+            .chain(prm.iter().map(|(_, v)| &v.tokenizer));
         reward_rule.turns = tokenizers
             .filter_map(|t| stepwise_model::chat_turns::ChatTurns::of(t).ok())
             .next();

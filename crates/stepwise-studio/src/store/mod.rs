@@ -158,21 +158,27 @@ impl Store {
     /// the slowest ratings a labeller waits for. A thread with its own connection checkpoints
     /// every 500 ms (PASSIVE: it never blocks a writer) until this store is dropped.
     pub fn checkpoint_in_background(&mut self) -> Result<()> {
-        let path = self.db.path().filter(|p| !p.is_empty()).context("an in-memory database has no log")?;
+        let path = self
+            .db
+            .path()
+            .filter(|p| !p.is_empty())
+            .context("an in-memory database has no log")?;
         let other = Connection::open(path)?;
         other.busy_timeout(std::time::Duration::from_secs(5))?;
         self.db.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
         let alive = std::sync::Arc::new(());
         let watch = std::sync::Arc::downgrade(&alive);
         self.checkpointer = Some(alive);
-        std::thread::Builder::new().name("studio-checkpoint".into()).spawn(move || {
-            while watch.upgrade().is_some() {
-                std::thread::sleep(CHECKPOINT_EVERY);
-                if let Err(e) = other.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                    eprintln!("stepwise studio: checkpointing the write-ahead log: {e}");
+        std::thread::Builder::new()
+            .name("studio-checkpoint".into())
+            .spawn(move || {
+                while watch.upgrade().is_some() {
+                    std::thread::sleep(CHECKPOINT_EVERY);
+                    if let Err(e) = other.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                        eprintln!("stepwise studio: checkpointing the write-ahead log: {e}");
+                    }
                 }
-            }
-        })?;
+            })?;
         Ok(())
     }
 
