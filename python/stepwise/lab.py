@@ -17,7 +17,7 @@ from ._stepwise import lab_run as _lab_run
 
 def run(preset: str = "quick", seed: int = 1, out: Optional["os.PathLike[str] | str"] = None,
         sets: Optional[Sequence[str]] = None, domain: Optional[str] = None) -> dict:
-    """Run (or resume) the lab with ``preset`` (``"quick"``: about a minute; ``"standard"``: the
+    """Run (or resume) the lab with ``preset`` (``"quick"``: a few minutes on two cores; ``"standard"``: the
     README's results, about 10 minutes a seed on two cores) and ``seed``, in ``out`` (default
     ``runs/PRESET-seedSEED``, ``runs/PRESET-code-seedSEED`` for code), with preset fields
     overridden by ``sets`` (``["eval_samples=64"]``), in ``domain`` (``"arithmetic"``, the

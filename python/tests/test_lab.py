@@ -1,15 +1,19 @@
 import stepwise
 
 
+# The quick preset on a tiny budget (the loop and its files, not how well the small models learn;
+# the command line's test runs the preset as it is).
+TINY = ["policy_steps=40", "policy_problems=400", "verifier_base_steps=40", "verifier_steps=4",
+        "judge_steps=4", "search_problems=0", "rl_updates=0"]
+
+
 def test_lab_run_returns_the_metrics(tmp_path):
-    metrics = stepwise.lab.run(preset="quick", seed=1, out=tmp_path / "run",
-                               sets=["search_problems=0", "rl_updates=0"])
+    metrics = stepwise.lab.run(preset="quick", seed=1, out=tmp_path / "run", sets=TINY)
     assert 0.0 <= metrics["policy_accuracy"] <= 1.0
     assert (tmp_path / "run" / "metrics.json").exists()
     assert (tmp_path / "run" / "report.md").exists()
     # Resumed from its folder: the same metrics, no stage run again.
-    again = stepwise.lab.run(preset="quick", seed=1, out=tmp_path / "run",
-                             sets=["search_problems=0", "rl_updates=0"])
+    again = stepwise.lab.run(preset="quick", seed=1, out=tmp_path / "run", sets=TINY)
     assert again["policy_accuracy"] == metrics["policy_accuracy"]
 
 
@@ -18,8 +22,6 @@ def test_lab_domains(tmp_path):
     with pytest.raises(ValueError, match="arithmetic or code"):
         stepwise.lab.run(preset="quick", out=tmp_path / "chess", domain="chess")
     # The code domain on a tiny budget: its metrics name it.
-    tiny = ["policy_steps=40", "policy_problems=400", "verifier_base_steps=40", "verifier_steps=4",
-            "judge_steps=4", "search_problems=0", "rl_updates=0"]
-    metrics = stepwise.lab.run(preset="quick", seed=2, out=tmp_path / "code", sets=tiny, domain="code")
+    metrics = stepwise.lab.run(preset="quick", seed=2, out=tmp_path / "code", sets=TINY, domain="code")
     assert metrics["domain"] == "code"
     assert 0.0 <= metrics["mc_label_quality"]["hard_accuracy"] <= 1.0

@@ -37,7 +37,7 @@ use stepwise_lab::{report::headline, run, task::Domain, LabOptions, Preset};
 
 Examples:
   stepwise lab                          # standard preset (600 held-out problems), about 10 minutes on 2 cores
-  stepwise lab --preset quick --seed 2  # every stage, small, about a minute
+  stepwise lab --preset quick --seed 2  # every stage, small, a few minutes
   stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed
   stepwise lab --domain code            # the loop on programs checked by execution (runs/standard-code-seed1)"
 )]
