@@ -2,7 +2,8 @@
 
 Records in every step-supervision format (PRM800K, Math-Shepherd, TRL, ProcessBench, OmegaPRM,
 RLHFlow), grading, process reward models (local on CPU or GPU, or behind servers), policies,
-step annotation, step-level search, dense step rewards for RL engines, and the built-in lab.
+step annotation, step-level search, dense step rewards for RL engines, agents' trajectories
+(play, label actions; TextWorld games through `stepwise.textworld`), and the built-in lab.
 
 >>> import stepwise
 >>> recs = stepwise.read("processbench/gsm8k.json")
@@ -29,9 +30,12 @@ from ._stepwise import (
     from_arrow_ipc,
     generative_scores,
     grade,
+    label_actions,
     pass_at_k,
+    play,
     read,
     read_problems,
+    rooms,
     run_tests,
     search,
     split_steps,
@@ -55,9 +59,12 @@ __all__ = [
     "generative_scores",
     "grade",
     "lab",
+    "label_actions",
     "pass_at_k",
+    "play",
     "read",
     "read_problems",
+    "rooms",
     "run_tests",
     "search",
     "split_steps",

@@ -189,6 +189,49 @@ def annotate(
     running the problem's tests. `progress`: a tqdm bar where tqdm is installed, else lines on the
     `stepwise` logger (None/True), nothing (False), or a callable `f(done, total)`."""
 
+def rooms(count: int, seed: int = 0) -> List[Record]:
+    """`count` rooms worlds (a text world with an exact oracle) as problems, the world in
+    `meta.world`: the agent domain's built-in environment."""
+
+def play(
+    problems: Union[Iterable[Union[str, Record]], str, "PathLike[str]"],
+    policy: Any,
+    env: Any = None,
+    n: int = 1,
+    max_actions: int = 30,
+    seed: int = 0,
+    output: Optional[Union[str, "PathLike[str]"]] = None,
+    separator: str = "\n",
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
+) -> List[Record]:
+    """Play each problem `n` times with `policy` in `env` (None or "rooms": the built-in world; else
+    a class whose objects have `reset(problem) -> str` and `step(action) -> (observation, done,
+    success)`, optionally `fork()` and `judge(action)`). Each step is an action with the
+    environment's answer in `observation`; `correct` is the outcome, `meta.end` how it ended. An
+    environment that raises ends that trajectory (`meta.error`), never the call. Resumable to
+    `output`."""
+
+def label_actions(
+    records: Records,
+    problems: Union[Iterable[Union[str, Record]], str, "PathLike[str]"],
+    method: str = "oracle",
+    env: Any = None,
+    policy: Any = None,
+    rollouts: int = 8,
+    values: str = "prm",
+    gamma: float = 1.0,
+    lam: float = 0.5,
+    max_actions: int = 30,
+    seed: int = 0,
+    output: Optional[Union[str, "PathLike[str]"]] = None,
+    separator: str = "\n",
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
+) -> List[Record]:
+    """Label each action of trajectories: `oracle` (the environment's verdicts), `mc` (`policy`
+    plays on `rollouts` times from the state after each action) or `td` (TD(lambda) returns from
+    `scores[values]`, no rollouts; the GAE progress in each label's `source.progress`).
+    Resumable to `output`."""
+
 def train_prm(
     records: Union[Iterable[Record], str, "PathLike[str]"],
     out: Union[str, "PathLike[str]"],

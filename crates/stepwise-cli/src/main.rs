@@ -98,6 +98,8 @@ enum Command {
     /// Evaluate scored solutions (ProcessBench's first-error metric).
     #[command(subcommand)]
     Eval(cmd::eval::Command),
+    /// Agents: rooms worlds to play, trajectories played by a policy, labels for their actions.
+    Agent(cmd::agent::Args),
     /// The labelling studio: people rate steps in the browser, with a PRM's suggestions and active learning.
     Studio(cmd::studio::Args),
 }
@@ -134,6 +136,7 @@ fn main() {
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Studio(a) => cmd::studio::run(a),
+        Command::Agent(a) => cmd::agent::run(a),
     };
     if let Err(e) = result {
         // A reader that stopped reading (`stepwise convert ... - | head`) is not an error.

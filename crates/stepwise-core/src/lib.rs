@@ -28,4 +28,4 @@ pub use error::{Error, FieldError, RecordError};
 pub use formats::Format;
 pub use io::{read_solutions, write_solutions, SolutionReader, SolutionWriter};
 pub use record::{LabelValue, Meta, Problem, Provenance, Rating, Solution, Step, StepLabel};
-pub use seams::{Annotator, Policy, Reward, StepScorer, Task};
+pub use seams::{Annotator, Environment, Episode, Policy, Reward, StepScorer, Task};

@@ -31,8 +31,9 @@ pub struct Problem {
 
 impl Problem {
     /// A problem from a JSON record: `question` (or `problem`), an optional `id` (else one
-    /// derived from the question) and a gold answer in `gold_answer` or `answer` (GSM8K's
-    /// `#### N` is understood). An error names the field.
+    /// derived from the question), a gold answer in `gold_answer` or `answer` (GSM8K's
+    /// `#### N` is understood), and `source` and `meta` as written (an agent's world lives in
+    /// `meta`). An error names the field.
     pub fn from_record(v: &serde_json::Value) -> Result<Problem, crate::FieldError> {
         use serde_json::Value;
         let question = v
@@ -50,11 +51,22 @@ impl Problem {
             .and_then(Value::as_str)
             .map(str::to_string)
             .unwrap_or_else(|| crate::formats::problem_id_for(&question));
+        let meta = match v.get("meta") {
+            None | Some(Value::Null) => Meta::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(other) => {
+                return Err(crate::FieldError::new(
+                    "meta",
+                    format!("expected an object, found {}", crate::json::kind(other)),
+                ))
+            }
+        };
         Ok(Problem {
             id,
             question,
             gold_answer,
-            ..Default::default()
+            source: v.get("source").and_then(Value::as_str).map(str::to_string),
+            meta,
         })
     }
 }
@@ -109,6 +121,16 @@ pub struct Step {
     /// A score given by a step scorer (PRM, oracle, …), in [0, 1] for probabilities.
     #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "short::option")]
     pub score: Option<f32>,
+    /// In an agent's trajectory, what the environment answered after this step's action (the
+    /// next state's observation): context the policy and scorers read, never scored itself.
+    /// `None` in single-turn solutions (math, code) and after an episode's last action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observation: Option<String>,
+    /// In a trajectory read from a chat layout with tool calls, the calls this step made, as
+    /// the source wrote them (OpenAI `tool_calls`), so writing it back loses nothing. The step's
+    /// `text` then ends with the calls rendered as `name(arguments)`, one per line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
 }
 
 impl Step {
@@ -116,8 +138,7 @@ impl Step {
     pub fn new(text: impl Into<String>) -> Self {
         Step {
             text: text.into(),
-            label: None,
-            score: None,
+            ..Default::default()
         }
     }
 
@@ -126,7 +147,16 @@ impl Step {
         Step {
             text: text.into(),
             label: Some(label),
-            score: None,
+            ..Default::default()
+        }
+    }
+
+    /// An agent's step: its action and the observation the environment answered with.
+    pub fn turn(action: impl Into<String>, observation: Option<String>) -> Self {
+        Step {
+            text: action.into(),
+            observation,
+            ..Default::default()
         }
     }
 }
@@ -194,6 +224,21 @@ pub enum Provenance {
     Consensus,
     /// An exact step checker.
     Oracle,
+    /// A temporal-difference estimate from a learned value (Xi et al.'s AgentPRM): the label is
+    /// the step's λ-return (its promise), bootstrapped from the value of later states instead
+    /// of rolled out; the step's progress (its GAE advantage) is kept beside it.
+    #[serde(rename = "td")]
+    TemporalDifference {
+        /// The discount γ.
+        #[serde(serialize_with = "short::one")]
+        gamma: f32,
+        /// The λ of TD(λ)/GAE: 0 bootstraps from the next state alone, 1 is the Monte Carlo return.
+        #[serde(serialize_with = "short::one")]
+        lambda: f32,
+        /// The step's progress: its GAE advantage, the promise gained over the state before it.
+        #[serde(serialize_with = "short::one")]
+        progress: f32,
+    },
 }
 
 /// The value of a label: a hard rating or a soft probability that the step is correct.
@@ -342,6 +387,20 @@ impl Solution {
         self.steps.iter().map(|s| s.text.as_str()).collect()
     }
 
+    /// Whether this is an agent's trajectory: some step carries the environment's observation.
+    pub fn is_trajectory(&self) -> bool {
+        self.steps.iter().any(|s| s.observation.is_some())
+    }
+
+    /// The steps as a policy or scorer reads them: each step's text, followed by what the
+    /// environment answered (see [`render_turn`]) in a trajectory; the step texts otherwise.
+    pub fn turn_strings(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .map(|s| render_turn(&s.text, s.observation.as_deref()))
+            .collect()
+    }
+
     /// The step texts, owned.
     pub fn step_strings(&self) -> Vec<String> {
         self.steps.iter().map(|s| s.text.clone()).collect()
@@ -361,6 +420,19 @@ impl Solution {
             None if self.scores.is_empty() && !self.steps.is_empty() => self.steps.iter().map(|s| s.score).collect(),
             None => None,
         }
+    }
+}
+
+/// What marks the environment's answer inside a rendered turn, as ReAct-style agents write it
+/// (AgentInstruct, AgentBank): `take key\nObservation: You take the key.`
+pub const OBSERVATION_MARK: &str = "\nObservation: ";
+
+/// One turn of a trajectory as text a policy continues and a scorer reads: the action, then the
+/// observation after [`OBSERVATION_MARK`]; the action alone when there is none.
+pub fn render_turn(action: &str, observation: Option<&str>) -> String {
+    match observation {
+        Some(o) => format!("{action}{OBSERVATION_MARK}{o}"),
+        None => action.to_string(),
     }
 }
 

@@ -139,7 +139,9 @@ fn processbench_real_files_round_trip_and_convert_everywhere() {
         // Every other format and back: what ProcessBench holds survives (problem, steps,
         // first-error label).
         // HumanEval holds code and tests, no labels: not a place for ProcessBench's records.
-        for f in ALL_FORMATS.into_iter().filter(|f| *f != Format::HumanEval) {
+        // Nor are the trajectory layouts, which need observations between the steps.
+        let chat = [Format::HumanEval, Format::Messages, Format::Conversations];
+        for f in ALL_FORMATS.into_iter().filter(|f| !chat.contains(f)) {
             let p = dir.join(format!("{f}.jsonl"));
             write_solutions(&p, f, &sols).unwrap();
             let back = read_solutions(&p, Some(f)).unwrap();
@@ -350,4 +352,102 @@ fn humaneval_problems_round_trip_with_lines_as_steps() {
     assert_eq!(first.steps[0].text, "    for idx, elem in enumerate(numbers):");
     assert_eq!(first.steps.len(), 7, "blank lines are not steps");
     assert_eq!(read_solutions(&path, None).unwrap().len(), 164, "detected");
+}
+
+/// An ALFWorld trajectory as AgentInstruct publishes it (ShareGPT turns with `loss`), and a
+/// tool-calling one in OpenAI's chat layout with step labels: both come back exactly.
+#[test]
+fn agent_trajectories_round_trip_in_both_chat_layouts() {
+    let alfworld = json!({
+        "conversations": [
+            {"from": "human", "loss": false, "value": "Interact with a household to solve a task. Reply with Thought: and Action:."},
+            {"from": "gpt", "loss": false, "value": "OK"},
+            {"from": "human", "loss": false, "value": "You are in the middle of a room. Looking quickly around you, you see a cabinet 1 and a toilet 1.\nYour task is to: put some spraybottle on toilet."},
+            {"from": "gpt", "loss": true, "value": "Thought: A spraybottle may be in a cabinet.\nAction: go to cabinet 1"},
+            {"from": "human", "loss": false, "value": "Observation: On the cabinet 1, you see a spraybottle 2."},
+            {"from": "gpt", "loss": true, "value": "Thought: Take it.\nAction: take spraybottle 2 from cabinet 1"},
+            {"from": "human", "loss": false, "value": "Observation: You pick up the spraybottle 2 from the cabinet 1."},
+            {"from": "gpt", "loss": true, "value": "Action: put spraybottle 2 in/on toilet 1"}
+        ],
+        "id": "alfworld_12"
+    });
+    let tools = json!({
+        "messages": [
+            {"role": "system", "content": "You are a web shopping agent."},
+            {"role": "user", "content": "Buy a red mug under $10."},
+            {"role": "assistant", "content": "Search first.", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"red mug\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "[1] Red mug $8 [2] Blue mug $5"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "click", "arguments": "{\"item\": 2}"}}]},
+            {"role": "tool", "tool_call_id": "c2", "content": "Blue mug, $5. [Buy]"},
+            {"role": "assistant", "content": "That one is blue; going back."}
+        ],
+        "labels": [true, false, null],
+        "correct": false,
+        "id": "webshop-3"
+    });
+    let dir = scratch("trajectories");
+    for (v, format) in [(alfworld, Format::Conversations), (tools, Format::Messages)] {
+        assert_eq!(Format::detect(&v), Some(format));
+        let path = dir.join(format!("{format}.jsonl"));
+        std::fs::write(&path, format!("{v}\n")).unwrap();
+        let sols = assert_lossless(&path, format);
+        assert!(sols[0].is_trajectory());
+        let turns = sols[0].turn_strings();
+        if format == Format::Messages {
+            assert_eq!(sols[0].question, "Buy a red mug under $10.");
+            assert_eq!(sols[0].steps.len(), 3);
+            assert_eq!(sols[0].steps[1].text, "click({\"item\": 2})");
+            assert_eq!(turns[1], "click({\"item\": 2})\nObservation: Blue mug, $5. [Buy]");
+            assert_eq!(sols[0].first_error(), Some(1));
+            assert_eq!(sols[0].steps[2].observation, None);
+            assert_eq!(sols[0].correct, Some(false));
+        } else {
+            assert_eq!(sols[0].steps.len(), 4);
+            assert_eq!(
+                sols[0].steps[1].text,
+                "Thought: A spraybottle may be in a cabinet.\nAction: go to cabinet 1"
+            );
+        }
+        // An RLHFlow record is still RLHFlow's.
+        let rlhflow = json!({"conversations": [{"role": "user", "content": "Q Step 1: x"}, {"role": "assistant", "content": "+"}]});
+        assert_eq!(Format::detect(&rlhflow), Some(Format::Rlhflow));
+    }
+}
+
+#[test]
+fn trajectories_whose_turns_do_not_alternate_are_refused_naming_the_turn() {
+    let dir = scratch("trajectories-bad");
+    let bad = [
+        (
+            json!({"messages": [{"role": "user", "content": "task"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}),
+            "messages[2]",
+        ),
+        (
+            json!({"conversations": [{"from": "human", "value": "task"}, {"from": "gpt", "value": "a"}, {"from": "human", "value": "o"}, {"from": "human", "value": "o2"}]}),
+            "conversations[3]",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "content": "a", "tool_calls": []}, {"role": "user", "content": "task"}]}),
+            "messages[0]",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "t"}, {"role": "robot", "content": "a"}]}),
+            "messages[1].role",
+        ),
+    ];
+    for (i, (v, field)) in bad.into_iter().enumerate() {
+        let path = dir.join(format!("bad{i}.jsonl"));
+        std::fs::write(&path, format!("{v}\n")).unwrap();
+        let e = format!("{:#}", read_solutions(&path, None).unwrap_err());
+        assert!(e.contains(".jsonl:1:") && e.contains(field), "{e}");
+    }
+    // A solution with no observations between its steps is not a trajectory to write.
+    let plain = Solution {
+        id: "s".into(),
+        question: "q".into(),
+        steps: vec![stepwise_core::Step::new("a"), stepwise_core::Step::new("b")],
+        ..Default::default()
+    };
+    let e = write_solutions(&dir.join("plain.jsonl"), Format::Messages, &[plain]).unwrap_err();
+    assert!(format!("{e:#}").contains("steps[0].observation"), "{e:#}");
 }

@@ -68,7 +68,14 @@ mod tests {
         fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
             let mut out = sol.clone();
             crate::label_by_first_error(&mut out, (self.0)(&sol.id), Provenance::Human);
-            Ok((out, Spent { rollouts: 1, tokens: 2 }))
+            Ok((
+                out,
+                Spent {
+                    rollouts: 1,
+                    tokens: 2,
+                    env_steps: 0,
+                },
+            ))
         }
     }
 
@@ -93,7 +100,14 @@ mod tests {
                 .steps
                 .iter()
                 .all(|s| s.label.is_none() || s.label.as_ref().unwrap().source == Provenance::Consensus));
-            assert_eq!(spent, Spent { rollouts: 2, tokens: 4 });
+            assert_eq!(
+                spent,
+                Spent {
+                    rollouts: 2,
+                    tokens: 4,
+                    env_steps: 0
+                }
+            );
         }
     }
 }

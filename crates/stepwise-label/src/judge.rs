@@ -158,6 +158,7 @@ impl Judge<'_> {
         let spent = Spent {
             rollouts: answers.len(),
             tokens: answers.iter().map(|a| a.tokens).sum(),
+            env_steps: 0,
         };
         let verdicts = answers
             .iter()

@@ -214,7 +214,7 @@ impl Tree {
                 Step {
                     text: self.nodes[n].step.clone(),
                     label,
-                    score: None,
+                    ..Default::default()
                 }
             })
             .collect()

@@ -63,6 +63,9 @@ pub fn annotate_resumable(
             }
             l.meta.insert("rollouts".into(), spent.rollouts.into());
             l.meta.insert("generated_tokens".into(), spent.tokens.into());
+            if spent.env_steps > 0 {
+                l.meta.insert("env_steps".into(), spent.env_steps.into());
+            }
             journal.append(l.id.clone(), &l)?;
             kept.push(l);
         }
@@ -74,6 +77,7 @@ pub fn annotate_resumable(
         spent += Spent {
             rollouts: read(s, "rollouts"),
             tokens: read(s, "generated_tokens"),
+            env_steps: read(s, "env_steps"),
         };
     }
     // The given solutions, in input order (new solutions an annotation produced stay in the

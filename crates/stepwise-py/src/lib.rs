@@ -9,6 +9,7 @@
 
 use pyo3::prelude::*;
 
+mod agent;
 mod code;
 mod convert;
 mod policy;
@@ -47,6 +48,9 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<policy::Policy>()?;
     m.add_class::<studio::Studio>()?;
     m.add_function(wrap_pyfunction!(stages::annotate, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::rooms, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::play, m)?)?;
+    m.add_function(wrap_pyfunction!(agent::label_actions, m)?)?;
     m.add_function(wrap_pyfunction!(stages::search, m)?)?;
     m.add_function(wrap_pyfunction!(stages::lab_run, m)?)?;
     m.add_function(wrap_pyfunction!(train::train_prm, m)?)?;

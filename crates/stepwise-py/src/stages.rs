@@ -17,7 +17,11 @@ use stepwise_search::{method as search_method, Aggregation, Job, SearchConfig, S
 
 /// Runs `f` on a journal at `output` (claimed for these `settings`, as the command line claims
 /// its outputs), or on a throw-away one when there is no output.
-fn with_journal<T>(output: Option<&Path>, settings: &Value, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+pub(crate) fn with_journal<T>(
+    output: Option<&Path>,
+    settings: &Value,
+    f: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
     match output {
         Some(path) => {
             if path.extension().is_some_and(|e| e != "jsonl") {

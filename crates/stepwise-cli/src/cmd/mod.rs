@@ -1,4 +1,5 @@
 //! One module per subcommand.
+pub mod agent;
 pub mod annotate;
 pub mod backend;
 pub mod bon;

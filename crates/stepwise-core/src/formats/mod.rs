@@ -11,6 +11,7 @@ mod prm800k;
 mod prmbench;
 mod processbench;
 mod rlhflow;
+mod trajectory;
 mod trl;
 
 use crate::error::FieldError;
@@ -44,10 +45,16 @@ pub enum Format {
     PrmBench,
     /// HumanEval: `{task_id, prompt, entry_point, canonical_solution, test}`; steps are lines.
     HumanEval,
+    /// An agent's trajectory as OpenAI chat `messages`: the task, then assistant turns (with
+    /// `tool_calls`) each answered by `tool` results or a `user` turn, the observation.
+    Messages,
+    /// An agent's trajectory as ShareGPT `conversations` (`from`/`value`), as AgentInstruct and
+    /// AgentBank publish ALFWorld and WebShop: `gpt` actions, `human` observations.
+    Conversations,
 }
 
 /// Every format, in the order `--help` lists them.
-pub const ALL_FORMATS: [Format; 11] = [
+pub const ALL_FORMATS: [Format; 13] = [
     Format::Stepwise,
     Format::Prm800k,
     Format::MathShepherd,
@@ -59,6 +66,8 @@ pub const ALL_FORMATS: [Format; 11] = [
     Format::Rlhflow,
     Format::PrmBench,
     Format::HumanEval,
+    Format::Messages,
+    Format::Conversations,
 ];
 
 impl Format {
@@ -76,6 +85,8 @@ impl Format {
             Format::Rlhflow => "rlhflow",
             Format::PrmBench => "prmbench",
             Format::HumanEval => "humaneval",
+            Format::Messages => "messages",
+            Format::Conversations => "conversations",
         }
     }
 
@@ -110,7 +121,13 @@ impl Format {
                 Format::OmegaPrmTree
             }
         } else if has("conversations") || has("messages") {
-            Format::Rlhflow
+            if !trajectory::is_trajectory(o) {
+                Format::Rlhflow
+            } else if has("conversations") && o["conversations"].get(0).is_some_and(|t| t.get("from").is_some()) {
+                Format::Conversations
+            } else {
+                Format::Messages
+            }
         } else {
             return None;
         })
@@ -135,6 +152,8 @@ impl Format {
             Format::Rlhflow => rlhflow::read(v, index).map(|s| vec![s]),
             Format::PrmBench => prmbench::read(v, index).map(|s| vec![s]),
             Format::HumanEval => humaneval::read(v, index).map(|s| vec![s]),
+            Format::Messages => trajectory::read(trajectory::Layout::Messages, v, index).map(|s| vec![s]),
+            Format::Conversations => trajectory::read(trajectory::Layout::Conversations, v, index).map(|s| vec![s]),
         }
     }
 
@@ -177,6 +196,8 @@ impl Format {
             Format::Rlhflow => rlhflow::write(s),
             Format::PrmBench => prmbench::write(s),
             Format::HumanEval => humaneval::write(s),
+            Format::Messages => trajectory::write(trajectory::Layout::Messages, s)?,
+            Format::Conversations => trajectory::write(trajectory::Layout::Conversations, s)?,
             Format::OmegaPrm | Format::OmegaPrmTree => {
                 unreachable!("grouped formats are written by Format::write")
             }
@@ -200,6 +221,11 @@ impl Format {
                 "hard ratings (written as mc_value 1 or 0; neutral as 1), provenance and step scores"
             }
             Format::HumanEval => "every label and score (HumanEval has none): code and tests only",
+            Format::Messages | Format::Conversations => {
+                "neutral ratings (written as good), soft values (good when p > 0), provenance and step scores; \
+                 several tool results after one turn are joined into one; a solution with no observations \
+                 between its steps is not a trajectory and is refused"
+            }
             Format::PrmBench => {
                 "neutral ratings and unlabelled steps (written as not erroneous), soft values (erroneous when p = 0), \
                  provenance and step scores"

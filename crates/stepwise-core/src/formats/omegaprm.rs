@@ -224,7 +224,7 @@ fn walk(
         path.push(Step {
             text: text.to_string(),
             label: mc.map(mc_label),
-            score: None,
+            ..Default::default()
         });
         positions.push(i);
         walk(c, &cat, base, path, positions, out, index)?;

@@ -104,7 +104,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
         steps.push(Step {
             text: text.to_string(),
             label: rating.map(|r| StepLabel::hard(r, Provenance::Human)),
-            score: None,
+            ..Default::default()
         });
     }
     let finish = json::opt_str(label, "finish_reason").map_err(|e| e.within("label"))?;

@@ -43,7 +43,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
             Step {
                 text,
                 label: label.map(|g| StepLabel::from_bool(g, Provenance::Human)),
-                score: None,
+                ..Default::default()
             }
         })
         .collect();

@@ -10,12 +10,15 @@ pub struct Spent {
     pub rollouts: usize,
     /// Tokens generated.
     pub tokens: usize,
+    /// Environment steps taken (agents: each action a rollout or a replay takes).
+    pub env_steps: usize,
 }
 
 impl std::ops::AddAssign for Spent {
     fn add_assign(&mut self, o: Spent) {
         self.rollouts += o.rollouts;
         self.tokens += o.tokens;
+        self.env_steps += o.env_steps;
     }
 }
 

@@ -9,10 +9,12 @@
 //! - [`Annotator`]: labels the steps of a solution and says what it spent.
 //! - [`Reward`]: per-step (process) or per-solution (outcome) rewards for RL.
 //! - [`CodeRunner`]: runs the code a verifier writes inside its chain.
+//! - [`Environment`]: where an agent's actions take effect; an [`Episode`] steps and forks.
 //!
 //! The stage functions that only need the traits live beside them ([`score_solutions`]).
 
 mod annotator;
+mod environment;
 mod policy;
 mod reward;
 mod scorer;
@@ -20,11 +22,12 @@ mod task;
 mod tool;
 
 pub use annotator::{Annotator, Spent};
+pub use environment::{replay, ActionKind, Environment, Episode, Observation};
 pub use policy::{split_steps_at, Continuation, Policy, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
 pub use scorer::{
-    score_solutions, score_solutions_with, CheckerScorer, OnError, ScoreFailure, ScoreInput, ScoreRun, Scored,
-    StepScorer, SCORE_ERRORS,
+    score_solutions, score_solutions_with, turns_of, CheckerScorer, OnError, ScoreFailure, ScoreInput, ScoreRun,
+    Scored, StepScorer, SCORE_ERRORS,
 };
 pub use task::{MathTask, Task};
 pub use tool::{chain_program, chain_reply, CodeRunner};

@@ -19,7 +19,8 @@ pub struct ScoreInput<'a> {
 }
 
 impl<'a> ScoreInput<'a> {
-    /// A solution record as scorer input.
+    /// A solution record as scorer input (its step texts; see [`ScoreInput::read`] for
+    /// trajectories).
     pub fn of(s: &'a Solution) -> Self {
         ScoreInput {
             problem_id: &s.problem_id,
@@ -28,6 +29,25 @@ impl<'a> ScoreInput<'a> {
             partial: false,
         }
     }
+
+    /// A solution as a scorer reads it: a trajectory's steps with the observations after them
+    /// (`turns` from [`turns_of`]), other solutions' step texts.
+    pub fn read(s: &'a Solution, turns: &'a Option<Vec<String>>) -> Self {
+        match turns {
+            Some(t) => ScoreInput {
+                steps: t.iter().map(String::as_str).collect(),
+                ..ScoreInput::of(s)
+            },
+            None => ScoreInput::of(s),
+        }
+    }
+}
+
+/// A trajectory's turns as text ([`Solution::turn_strings`]): what a PRM scores, each action
+/// read with the observation it led to (the value of the state after it); `None` for a
+/// solution without observations, whose step texts are read as they are.
+pub fn turns_of(s: &Solution) -> Option<Vec<String>> {
+    s.is_trajectory().then(|| s.turn_strings())
 }
 
 /// What a scorer returns for a batch.
@@ -153,7 +173,8 @@ pub fn score_solutions_with(
     let mut run = ScoreRun::default();
     let mut done = 0;
     for chunk in sols.chunks_mut(batch_size.max(1)) {
-        let inputs: Vec<ScoreInput<'_>> = chunk.iter().map(ScoreInput::of).collect();
+        let turns: Vec<Option<Vec<String>>> = chunk.iter().map(turns_of).collect();
+        let inputs: Vec<ScoreInput<'_>> = chunk.iter().zip(&turns).map(|(s, t)| ScoreInput::read(s, t)).collect();
         match scorer.score(&inputs) {
             Ok(scored) => {
                 anyhow::ensure!(
@@ -171,7 +192,8 @@ pub fn score_solutions_with(
             // Name the solution that fails, not the batch: each is scored alone.
             Err(_) => {
                 for (k, s) in chunk.iter_mut().enumerate() {
-                    match scorer.score(&[ScoreInput::of(s)]) {
+                    let turns = turns_of(s);
+                    match scorer.score(&[ScoreInput::read(s, &turns)]) {
                         Ok(mut one) if one.scores.len() == 1 => {
                             run.tokens += one.tokens;
                             record_scores(s, verifier, one.scores.remove(0))?;

@@ -221,6 +221,7 @@ mod tests {
         let spent = Spent {
             rollouts: 7,
             tokens: 70,
+            env_steps: 0,
         };
         let l = compare("binary_search", &guess, &oracle, spent);
         assert_eq!(l.steps, 5);

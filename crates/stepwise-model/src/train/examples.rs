@@ -54,7 +54,12 @@ pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> R
     };
     let mut out = Vec::with_capacity(sols.len());
     for s in sols {
-        let texts = s.step_texts();
+        // A trajectory's actions are learnt with the observations they led to.
+        let turns = stepwise_core::seams::turns_of(s);
+        let texts: Vec<&str> = match &turns {
+            Some(t) => t.iter().map(String::as_str).collect(),
+            None => s.step_texts(),
+        };
         let EncodedSteps {
             mut ids,
             ends: pos,

@@ -1,0 +1,308 @@
+//! Labels for an agent's actions, each an [`Annotator`] so the resumable runner (`stepwise agent
+//! label`) journals them as it does every annotation:
+//!
+//! - [`Oracle`]: the environment's own verdict, where it knows the distance to the goal.
+//! - [`MonteCarlo`] (AgentPRM, Choudhury 2025): from the state after each action the policy plays
+//!   on K times; the label is the fraction that reach the goal.
+//! - [`TemporalDifference`] (AgentPRM, Xi et al. 2026): the λ-return of each action from a
+//!   learned value of the states (a PRM's step scores), with no rollouts: a step's *promise*
+//!   as its soft label and its *progress* (GAE advantage) beside it.
+
+use crate::rollout::continue_episode;
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use stepwise_core::seams::{Annotator, Environment, Episode, Policy, Spent};
+use stepwise_core::{Problem, Provenance, Solution, StepLabel};
+
+/// The problems trajectories belong to, by id, to replay their episodes.
+pub struct Games<'a> {
+    /// The environment.
+    pub env: &'a dyn Environment,
+    problems: HashMap<String, Problem>,
+}
+
+impl<'a> Games<'a> {
+    /// The problems of `env`.
+    pub fn new(env: &'a dyn Environment, problems: impl IntoIterator<Item = Problem>) -> Self {
+        Games {
+            env,
+            problems: problems.into_iter().map(|p| (p.id.clone(), p)).collect(),
+        }
+    }
+
+    /// The problem of a trajectory, by its `problem_id`.
+    pub fn problem(&self, sol: &Solution) -> Result<&Problem> {
+        self.problems.get(&sol.problem_id).with_context(|| {
+            format!(
+                "trajectory `{}`: field `problem_id`: `{}` is not among the problems given",
+                sol.id, sol.problem_id
+            )
+        })
+    }
+
+    /// The episode after each of `sol`'s actions, replayed from the start: `states[i]` is the
+    /// state before step `i` (the last one, after every step, is left out).
+    fn states(&self, sol: &Solution) -> Result<Vec<Box<dyn Episode>>> {
+        let (mut ep, _) = self.env.reset(self.problem(sol)?)?;
+        let mut out = Vec::with_capacity(sol.steps.len());
+        for (i, st) in sol.steps.iter().enumerate() {
+            out.push(ep.fork()?);
+            ep.step(&st.text)
+                .with_context(|| format!("trajectory `{}`: replaying step {i}", sol.id))?;
+        }
+        Ok(out)
+    }
+}
+
+/// The environment's exact verdicts: each action judged from the state before it
+/// ([`stepwise_core::seams::ActionKind`]), a hard label (progress good, useless neutral, the rest
+/// bad) with the verdict's name in `meta.actions`.
+pub struct Oracle<'a>(pub &'a Games<'a>);
+
+impl Annotator for Oracle<'_> {
+    fn name(&self) -> &str {
+        "oracle"
+    }
+
+    fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
+        let states = self.0.states(sol)?;
+        let mut out = sol.clone();
+        let mut kinds = Vec::with_capacity(states.len());
+        for (st, ep) in out.steps.iter_mut().zip(&states) {
+            let Some(kind) = ep.judge(&st.text) else {
+                bail!("the environment has no oracle: it cannot judge actions (label with mc or td)");
+            };
+            st.label = Some(StepLabel::hard(kind.rating(), Provenance::Oracle));
+            kinds.push(kind.name());
+        }
+        out.meta.insert("actions".into(), serde_json::json!(kinds));
+        let spent = Spent {
+            env_steps: sol.steps.len(),
+            ..Default::default()
+        };
+        Ok((out, spent))
+    }
+}
+
+/// Monte Carlo from each state: the policy plays on `rollouts` times from the state after each
+/// action; the soft label is the mean discounted return of the rollouts, `gamma^n` for one that
+/// reaches the goal after `n` more actions and 0 for one that does not (with `gamma` 1: the
+/// fraction that reach the goal, AgentPRM's target). An action that ends the episode is labelled
+/// by its outcome, with one "rollout" that cost nothing.
+pub struct MonteCarlo<'a> {
+    /// The trajectories' problems.
+    pub games: &'a Games<'a>,
+    /// The policy that plays on.
+    pub policy: &'a dyn Policy,
+    /// Rollouts per state.
+    pub rollouts: usize,
+    /// Seed; each trajectory, step and rollout derives its own.
+    pub seed: u64,
+    /// The discount of later success (1: any success counts fully).
+    pub gamma: f32,
+}
+
+impl Annotator for MonteCarlo<'_> {
+    fn name(&self) -> &str {
+        "mc"
+    }
+
+    fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
+        let problem = self.games.problem(sol)?;
+        let (mut ep, first) = self.games.env.reset(problem)?;
+        let question = crate::rollout::prompt(&problem.question, &first);
+        let turns = sol.turn_strings();
+        let mut spent = Spent {
+            env_steps: sol.steps.len(),
+            ..Default::default()
+        };
+        let mut out = sol.clone();
+        let key = self.seed ^ crate::rollout::fnv(&sol.id);
+        for (i, st) in out.steps.iter_mut().enumerate() {
+            let obs = ep.step(&st.text)?;
+            if obs.done {
+                let hits = u32::from(obs.success);
+                st.label = Some(StepLabel::soft(
+                    hits as f32,
+                    Provenance::MonteCarlo { rollouts: 1, hits },
+                ));
+                break;
+            }
+            let budget = self.games.env.max_actions().saturating_sub(i + 1);
+            let forks: Vec<Box<dyn Episode>> = (0..self.rollouts).map(|_| ep.fork()).collect::<Result<_>>()?;
+            let played: Vec<_> = forks
+                .into_par_iter()
+                .enumerate()
+                .map(|(j, mut f)| {
+                    let seed = key ^ ((i as u64) << 32 | j as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                    continue_episode(self.policy, &question, &turns[..=i], f.as_mut(), budget, seed)
+                })
+                .collect();
+            let hits = played.iter().filter(|p| p.success()).count() as u32;
+            spent.rollouts += played.len();
+            spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
+            spent.env_steps += played.iter().map(|p| p.env_steps).sum::<usize>();
+            let n = played.len().max(1) as u32;
+            let value: f32 = played
+                .iter()
+                .filter(|p| p.success())
+                .map(|p| self.gamma.powi(p.env_steps as i32))
+                .sum();
+            st.label = Some(StepLabel::soft(
+                value / n as f32,
+                Provenance::MonteCarlo { rollouts: n, hits },
+            ));
+        }
+        Ok((out, spent))
+    }
+}
+
+/// TD(λ)/GAE labels from a learned value: `values[i]` is V of the state after step `i` (a PRM's
+/// score at step `i` is the chance of success from there), `v0` the value of the start. The
+/// episode's outcome is the only reward (1 for success, at its last step); a trajectory that
+/// ended without an outcome (it failed) bootstraps from its last value. Returns each step's
+/// promise Q (its λ-return) and progress A = Q - V(state before it).
+pub fn td_targets(values: &[f32], v0: f32, outcome: Option<bool>, gamma: f32, lambda: f32) -> Vec<(f32, f32)> {
+    let t = values.len();
+    let mut q = vec![0f32; t];
+    for i in (0..t).rev() {
+        q[i] = if i + 1 == t {
+            match outcome {
+                Some(success) => f32::from(u8::from(success)),
+                None => gamma * values[i],
+            }
+        } else {
+            gamma * ((1.0 - lambda) * values[i] + lambda * q[i + 1])
+        };
+    }
+    (0..t)
+        .map(|i| {
+            let before = if i == 0 { v0 } else { values[i - 1] };
+            (q[i].clamp(0.0, 1.0), q[i] - before)
+        })
+        .collect()
+}
+
+/// [`td_targets`] as an annotator: the values are the trajectory's `scores[values]` (score the
+/// trajectories with a PRM first), the start's value `v0` (the mean outcome is a fair choice).
+pub struct TemporalDifference {
+    /// Which of the trajectory's scores are the values.
+    pub values: String,
+    /// The value of an episode's first state.
+    pub v0: f32,
+    /// The discount.
+    pub gamma: f32,
+    /// TD(λ)'s λ: 0 bootstraps from the next state, 1 is the Monte Carlo return.
+    pub lambda: f32,
+}
+
+impl Annotator for TemporalDifference {
+    fn name(&self) -> &str {
+        "td"
+    }
+
+    fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
+        // λ = 1 reads no value but a truncated trajectory's last: each action's discounted
+        // return in its own trajectory (the targets a value model learns from).
+        let values = match sol.scores_of(&self.values) {
+            Some(v) => v,
+            None if self.lambda == 1.0 && sol.correct.is_some() => vec![0.0; sol.steps.len()],
+            None => bail!(
+                "trajectory `{}`: field `scores.{}`: missing (score the trajectories with `stepwise score` first; \
+                 with lambda 1 only trajectories with an outcome need none)",
+                sol.id,
+                self.values
+            ),
+        };
+        let mut out = sol.clone();
+        for (st, (promise, progress)) in
+            out.steps
+                .iter_mut()
+                .zip(td_targets(&values, self.v0, sol.correct, self.gamma, self.lambda))
+        {
+            let source = Provenance::TemporalDifference {
+                gamma: self.gamma,
+                lambda: self.lambda,
+                progress,
+            };
+            st.label = Some(StepLabel::soft(promise, source));
+        }
+        Ok((out, Spent::default()))
+    }
+}
+
+/// The settings of [`by_name`]'s methods.
+#[derive(Debug, Clone)]
+pub struct How {
+    /// `mc`: rollouts from each state.
+    pub rollouts: usize,
+    /// `td`: which scores are the values.
+    pub values: String,
+    /// `td` and `mc`: the discount.
+    pub gamma: f32,
+    /// `td`: λ.
+    pub lambda: f32,
+    /// `mc`: the seed.
+    pub seed: u64,
+}
+
+/// The annotator `method` names (`oracle`, `mc` with `policy`, `td`) over `games`; `td` takes
+/// the start's value to be the mean outcome of `sols`.
+pub fn by_name<'a>(
+    method: &str,
+    games: &'a Games<'a>,
+    policy: Option<&'a dyn Policy>,
+    sols: &[Solution],
+    how: &How,
+) -> Result<Box<dyn Annotator + 'a>> {
+    Ok(match (method, policy) {
+        ("oracle", _) => Box::new(Oracle(games)),
+        ("mc", Some(policy)) => Box::new(MonteCarlo {
+            games,
+            policy,
+            rollouts: how.rollouts,
+            seed: how.seed,
+            gamma: how.gamma,
+        }),
+        ("mc", None) => bail!("labelling by mc rolls out with a policy: give one"),
+        ("td", _) => {
+            let outcomes: Vec<f32> = sols
+                .iter()
+                .filter_map(|s| s.correct)
+                .map(|c| f32::from(u8::from(c)))
+                .collect();
+            Box::new(TemporalDifference {
+                values: how.values.clone(),
+                v0: outcomes.iter().sum::<f32>() / outcomes.len().max(1) as f32,
+                gamma: how.gamma,
+                lambda: how.lambda,
+            })
+        }
+        (m, _) => bail!("unknown labelling method `{m}` (oracle, mc or td)"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::td_targets;
+
+    #[test]
+    fn td_lambda_spans_one_step_bootstrap_to_the_monte_carlo_return() {
+        let v = [0.2, 0.6, 0.9];
+        // λ = 1: the discounted outcome, whatever the values say.
+        let mc = td_targets(&v, 0.5, Some(true), 0.9, 1.0);
+        let want = [0.81f32, 0.9, 1.0];
+        for ((q, _), w) in mc.iter().zip(want) {
+            assert!((q - w).abs() < 1e-6, "{q} vs {w}");
+        }
+        // λ = 0: one step, then the value of the next state.
+        let td0 = td_targets(&v, 0.5, Some(false), 1.0, 0.0);
+        assert_eq!(td0.iter().map(|x| x.0).collect::<Vec<_>>(), [0.2, 0.6, 0.0]);
+        // Progress is the promise gained over the state before.
+        assert!((td0[0].1 - (0.2 - 0.5)).abs() < 1e-6);
+        assert!((td0[2].1 - (0.0 - 0.6)).abs() < 1e-6);
+        // No outcome: the last step bootstraps from its own value.
+        assert!((td_targets(&v, 0.5, None, 1.0, 0.5)[2].0 - 0.9).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,283 @@
+//! The agent domain end to end on rooms worlds: the oracle against the expert, every kind of
+//! action, lucky successes, Monte Carlo labels from forked states, TD labels, and environments
+//! that fail.
+
+use anyhow::{bail, Result};
+use std::collections::HashMap;
+use stepwise_agent::rooms::{self, Rooms};
+use stepwise_agent::{play, Expert, Games, MonteCarlo, Oracle, TemporalDifference};
+use stepwise_core::seams::{ActionKind, Annotator, Environment, Episode, Observation};
+use stepwise_core::{LabelValue, Problem, Provenance, Rating, Solution};
+
+fn problems(n: usize) -> Vec<Problem> {
+    (0..n).map(|i| rooms::problem(11, i)).collect()
+}
+
+fn trajectories(ps: &[Problem], skill: f64, n: usize) -> Vec<Solution> {
+    let expert = Expert::new(ps, skill).unwrap();
+    let env = Rooms::default();
+    ps.iter()
+        .flat_map(|p| (0..n).map(move |j| (p, j)))
+        .map(|(p, j)| play(&expert, &env, p, format!("{}-{j}", p.id), j as u64 * 7 + 1))
+        .collect()
+}
+
+fn oracle_kinds(ps: &[Problem], sols: &[Solution]) -> Vec<Vec<String>> {
+    let env = Rooms::default();
+    let games = Games::new(&env, ps.to_vec());
+    sols.iter()
+        .map(|s| {
+            let (l, _) = Oracle(&games).annotate(s).unwrap();
+            let kinds = l.meta["actions"].as_array().unwrap();
+            kinds.iter().map(|k| k.as_str().unwrap().to_string()).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_perfect_expert_always_wins_by_progress_alone_in_the_fewest_actions() {
+    let ps = problems(60);
+    let sols = trajectories(&ps, 1.0, 1);
+    let env = Rooms::default();
+    for (s, kinds) in sols.iter().zip(oracle_kinds(&ps, &sols)) {
+        assert_eq!(s.correct, Some(true), "{}: {:?}", s.id, s.turn_strings());
+        assert!(kinds.iter().all(|k| k == "progress"), "{}: {kinds:?}", s.id);
+        // As many actions as the oracle's distance from the start.
+        let p = ps.iter().find(|p| p.id == s.problem_id).unwrap();
+        let (_, first) = env.reset(p).unwrap();
+        assert!(first.starts_with("You are in the"));
+        let w = rooms::world_of(p).unwrap();
+        let d = rooms::rules::distance(&w, &w.initial(), &mut HashMap::new());
+        assert_eq!(d, Some(s.steps.len() as u8), "{}", s.id);
+        assert!(s.steps.iter().all(|st| st.observation.is_some()));
+        assert!(s.question.starts_with("Put the ") && s.question.contains("\nObservation: You are in the"));
+    }
+    let lengths: Vec<usize> = sols.iter().map(|s| s.steps.len()).collect();
+    assert!(
+        lengths.iter().min() < lengths.iter().max(),
+        "worlds differ in length: {lengths:?}"
+    );
+    assert!(*lengths.iter().max().unwrap() >= 6, "{lengths:?}");
+}
+
+#[test]
+fn a_noisy_expert_shows_every_kind_of_action_and_lucky_successes() {
+    let ps = problems(40);
+    let sols = trajectories(&ps, 0.6, 3);
+    let kinds = oracle_kinds(&ps, &sols);
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for k in kinds.iter().flatten() {
+        *seen.entry(k.clone()).or_default() += 1;
+    }
+    for k in ["progress", "useless", "regress", "invalid", "ruin"] {
+        assert!(seen.get(k).copied().unwrap_or(0) > 0, "no {k} action in {seen:?}");
+    }
+    // Lucky: the goal reached after a bad action the outcome cannot see.
+    let lucky = sols
+        .iter()
+        .zip(&kinds)
+        .filter(|(s, k)| s.correct == Some(true) && k.iter().any(|k| k == "regress" || k == "invalid"))
+        .count();
+    let wins = sols.iter().filter(|s| s.correct == Some(true)).count();
+    assert!(lucky > 0 && lucky < wins, "{lucky} lucky of {wins} wins");
+    // A ruin ends the episode there, as lost.
+    for (s, k) in sols.iter().zip(&kinds) {
+        if let Some(i) = k.iter().position(|k| k == "ruin") {
+            assert_eq!(i + 1, s.steps.len(), "{}", s.id);
+            assert_eq!(s.correct, Some(false));
+            assert_eq!(s.meta["end"], "lost");
+        }
+    }
+}
+
+#[test]
+fn monte_carlo_labels_come_from_forked_states_and_agree_with_the_oracle() {
+    let ps = problems(12);
+    let sols = trajectories(&ps, 0.6, 2);
+    let env = Rooms::default();
+    let games = Games::new(&env, ps.clone());
+    let roller = Expert::new(&ps, 0.8).unwrap();
+    let mc = MonteCarlo {
+        games: &games,
+        policy: &roller,
+        rollouts: 6,
+        seed: 3,
+        gamma: 0.9,
+    };
+    let kinds = oracle_kinds(&ps, &sols);
+    let (mut labelled, mut spent_steps) = (Vec::new(), 0);
+    for (s, k) in sols.iter().zip(&kinds) {
+        let (l, spent) = mc.annotate(s).unwrap();
+        assert_eq!(mc.annotate(s).unwrap().0, l, "seeded: the same labels again");
+        spent_steps += spent.env_steps;
+        assert!(spent.rollouts > 0 || s.steps.len() == 1);
+        for (st, kind) in l.steps.iter().zip(k) {
+            let label = st.label.as_ref().expect("every action labelled");
+            let LabelValue::Soft { p } = label.value else {
+                panic!("soft labels")
+            };
+            assert!(matches!(label.source, Provenance::MonteCarlo { .. }));
+            if kind == "ruin" {
+                assert_eq!(p, 0.0, "{}: nothing wins after a ruin", s.id);
+            }
+        }
+        labelled.push(l);
+    }
+    assert!(spent_steps > sols.iter().map(|s| s.steps.len()).sum::<usize>());
+    // The progress the labels show separates the oracle's good actions from its bad ones (with
+    // a discount: an expert that nearly always wins in the end wins as often after a wasted
+    // action, only later).
+    let oracle: Vec<Solution> = {
+        let games = Games::new(&env, ps.clone());
+        sols.iter().map(|s| Oracle(&games).annotate(s).unwrap().0).collect()
+    };
+    let agreement = stepwise_agent::quality::agreement(&labelled, &oracle, 0.5, 0.9);
+    assert!(agreement.compared > 50 && agreement.auc > 0.6, "{agreement:?}");
+    let chance = stepwise_agent::quality::agreement(&oracle, &oracle, 0.5, 1.0);
+    assert_eq!(chance.compared, 0, "hard labels show no progress");
+}
+
+#[test]
+fn td_labels_read_the_values_and_the_outcome() {
+    let ps = problems(3);
+    let mut sols = trajectories(&ps, 0.9, 1);
+    for s in &mut sols {
+        let n = s.steps.len();
+        s.set_scores("prm", (0..n).map(|i| (i + 1) as f32 / n as f32).collect());
+    }
+    let td = TemporalDifference {
+        values: "prm".into(),
+        v0: 0.5,
+        gamma: 1.0,
+        lambda: 1.0,
+    };
+    for s in &sols {
+        let (l, spent) = td.annotate(s).unwrap();
+        assert_eq!(spent.env_steps, 0, "no rollouts, no environment");
+        let outcome = f32::from(u8::from(s.correct == Some(true)));
+        for st in &l.steps {
+            // λ = 1, γ = 1: the outcome itself.
+            assert_eq!(st.label.as_ref().unwrap().value, LabelValue::Soft { p: outcome });
+            assert!(matches!(
+                st.label.as_ref().unwrap().source,
+                Provenance::TemporalDifference { .. }
+            ));
+        }
+    }
+    let mut unscored = sols[0].clone();
+    unscored.scores.clear();
+    // λ = 1 needs no values where the outcome is known; other λ read them.
+    assert!(td.annotate(&unscored).is_ok());
+    let td = TemporalDifference { lambda: 0.5, ..td };
+    let e = td.annotate(&unscored).unwrap_err().to_string();
+    assert!(e.contains("scores.prm") && e.contains(&sols[0].id), "{e}");
+}
+
+/// An environment that fails as untrusted ones do: it raises at its third action, or answers
+/// with a NUL, or its problem is unknown.
+struct Failing {
+    how: &'static str,
+}
+
+struct FailingEpisode {
+    how: &'static str,
+    taken: usize,
+}
+
+impl Episode for FailingEpisode {
+    fn step(&mut self, _action: &str) -> Result<Observation> {
+        self.taken += 1;
+        match (self.how, self.taken) {
+            ("raises", 3) => bail!("TypeError: the simulator crashed"),
+            ("nul", 2) => Ok(Observation {
+                text: "bad\0text".into(),
+                ..Default::default()
+            }),
+            _ => Ok(Observation {
+                text: "fine".into(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn fork(&self) -> Result<Box<dyn Episode>> {
+        Ok(Box::new(FailingEpisode {
+            how: self.how,
+            taken: self.taken,
+        }))
+    }
+}
+
+impl Environment for Failing {
+    fn reset(&self, p: &Problem) -> Result<(Box<dyn Episode>, String)> {
+        if p.id == "missing" {
+            bail!("no such game");
+        }
+        Ok((
+            Box::new(FailingEpisode {
+                how: self.how,
+                taken: 0,
+            }),
+            "start".into(),
+        ))
+    }
+}
+
+#[test]
+fn a_failing_environment_ends_that_trajectory_with_a_named_error() {
+    let policy = stepwise_core::testing::ScriptedPolicy(|_: &str, _: &[&str], _| vec!["wait".to_string()]);
+    let p = Problem {
+        id: "g".into(),
+        question: "Wait.".into(),
+        ..Default::default()
+    };
+    let raised = play(&policy, &Failing { how: "raises" }, &p, "a".into(), 0);
+    assert_eq!(raised.meta["end"], "failed");
+    assert!(raised.meta["error"]
+        .as_str()
+        .unwrap()
+        .contains("environment: TypeError"));
+    assert_eq!(
+        raised.steps.len(),
+        3,
+        "the steps before it are kept, the failing action too"
+    );
+    assert_eq!(raised.correct, None);
+    let nul = play(&policy, &Failing { how: "nul" }, &p, "b".into(), 0);
+    assert!(
+        nul.meta["error"].as_str().unwrap().contains("malformed observation"),
+        "{:?}",
+        nul.meta
+    );
+    let missing = Problem {
+        id: "missing".into(),
+        ..p.clone()
+    };
+    let gone = play(&policy, &Failing { how: "fine" }, &missing, "c".into(), 0);
+    assert!(gone.meta["error"].as_str().unwrap().contains("no such game"));
+    // Out of actions: lost, not failed.
+    let long = play(&policy, &Failing { how: "fine" }, &p, "d".into(), 0);
+    assert_eq!(
+        (long.meta["end"].as_str(), long.correct),
+        (Some("out_of_actions"), Some(false))
+    );
+    assert_eq!(long.steps.len(), 30);
+}
+
+#[test]
+fn the_oracle_rates_progress_good_useless_neutral_and_the_rest_bad() {
+    assert_eq!(ActionKind::Progress.rating(), Rating::Good);
+    assert_eq!(ActionKind::Useless.rating(), Rating::Neutral);
+    for k in [ActionKind::Regress, ActionKind::Invalid, ActionKind::Ruin] {
+        assert_eq!(k.rating(), Rating::Bad);
+    }
+    // A hand-made walk through one world.
+    let p = rooms::problem(11, 0);
+    let world = rooms::world_of(&p).unwrap();
+    let (ep, _) = Rooms::default().reset(&p).unwrap();
+    assert_eq!(ep.judge("look"), Some(ActionKind::Useless));
+    assert_eq!(ep.judge("dance wildly"), Some(ActionKind::Invalid));
+    assert!(ep
+        .judge(&format!("take {}", world.items[world.goal_item].name))
+        .is_some());
+}

@@ -1,0 +1,200 @@
+//! `stepwise agent`: worlds, trajectories played by the expert and by a model, labels by the
+//! oracle, Monte Carlo and TD from a PRM's scores, resumed runs, and trajectories converted to
+//! chat layouts and back.
+
+use serde_json::Value;
+use std::path::Path;
+
+mod common;
+use common::{fixture, stepwise};
+
+fn lines(p: &Path) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn games_play_label_score_and_convert() {
+    let d = common::tmp("agent", "loop");
+    let s = |p: &str| d.join(p).display().to_string();
+    stepwise(&[
+        "agent",
+        "games",
+        "--count",
+        "8",
+        "--seed",
+        "5",
+        "--output",
+        &s("games.jsonl"),
+    ]);
+    assert_eq!(lines(&d.join("games.jsonl")).len(), 8);
+    let play = [
+        "agent",
+        "play",
+        "--problems",
+        &s("games.jsonl"),
+        "--expert",
+        "0.6",
+        "-n",
+        "2",
+        "--output",
+        &s("trajs.jsonl"),
+    ];
+    let out = stepwise(&play);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("16 trajectories") && said.contains("reached the goal"),
+        "{said}"
+    );
+    let trajs = lines(&d.join("trajs.jsonl"));
+    assert_eq!(trajs.len(), 16);
+    assert!(trajs.iter().all(|t| t["steps"][0]["observation"].is_string()));
+    // Cut the journal mid-line, as a kill would: the run goes on, the records are the same.
+    let text = std::fs::read_to_string(d.join("trajs.jsonl")).unwrap();
+    let cut = text.len() - text.lines().last().unwrap().len() / 2 - 1;
+    std::fs::write(d.join("trajs.jsonl"), &text[..cut]).unwrap();
+    stepwise(&play);
+    assert_eq!(std::fs::read_to_string(d.join("trajs.jsonl")).unwrap(), text);
+
+    let games = s("games.jsonl");
+    let label = |method: &str, input: &str, output: &str, extra: &[&str]| {
+        let mut args = vec![
+            "agent",
+            "label",
+            "--method",
+            method,
+            "--problems",
+            &games,
+            "--input",
+            input,
+            "--output",
+            output,
+        ];
+        args.extend_from_slice(extra);
+        let out = stepwise(&args);
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let (trajs_path, oracle_path, mc_path) = (s("trajs.jsonl"), s("oracle.jsonl"), s("mc.jsonl"));
+    label("oracle", &trajs_path, &oracle_path, &[]);
+    let oracle = lines(&d.join("oracle.jsonl"));
+    assert!(oracle.iter().all(|t| t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["label"]["source"]["kind"] == "oracle")));
+    let said = label("mc", &trajs_path, &mc_path, &["--expert", "0.8", "--rollouts", "3"]);
+    assert!(said.contains("environment steps"), "{said}");
+    let mc = lines(&d.join("mc.jsonl"));
+    assert!(mc.iter().all(|t| t["meta"]["env_steps"].as_u64().unwrap() > 0));
+
+    // A PRM's scores of the trajectories (observations read as context), then TD labels.
+    let scored = s("scored.jsonl");
+    stepwise(&[
+        "score",
+        "--model",
+        &fixture("qwen2-prm"),
+        "--input",
+        &trajs_path,
+        "--output",
+        &scored,
+    ]);
+    let td_path = s("td.jsonl");
+    label("td", &scored, &td_path, &["--lambda", "0.5"]);
+    for t in lines(&d.join("td.jsonl")) {
+        for st in t["steps"].as_array().unwrap() {
+            let src = &st["label"]["source"];
+            assert_eq!(src["kind"], "td");
+            assert!(src["progress"].is_number() && st["label"]["p"].as_f64().unwrap() <= 1.0);
+        }
+    }
+    // Without scores, TD names what is missing.
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "agent",
+            "label",
+            "--method",
+            "td",
+            "--problems",
+            &s("games.jsonl"),
+            "--input",
+            &trajs_path,
+        ])
+        .args(["--output", &s("td-bad.jsonl")])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("scores.prm"));
+
+    // Trajectories as OpenAI chat messages and as ShareGPT conversations, and back.
+    for to in ["messages", "conversations"] {
+        let conv = s(&format!("{to}.jsonl"));
+        stepwise(&["convert", &oracle_path, &conv, "--to", to]);
+        let back = s(&format!("{to}-back.jsonl"));
+        stepwise(&["convert", &conv, &back]);
+        let (a, b) = (oracle.clone(), lines(Path::new(&back)));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(
+                x["steps"].as_array().unwrap().len(),
+                y["steps"].as_array().unwrap().len()
+            );
+            assert_eq!(x["steps"][0]["observation"], y["steps"][0]["observation"]);
+            assert_eq!(x["correct"], y["correct"]);
+        }
+    }
+}
+
+#[test]
+fn a_model_plays_and_a_problem_without_a_world_is_refused() {
+    let d = common::tmp("agent", "model");
+    let s = |p: &str| d.join(p).display().to_string();
+    stepwise(&["agent", "games", "--count", "2", "--output", &s("games.jsonl")]);
+    stepwise(&[
+        "agent",
+        "play",
+        "--problems",
+        &s("games.jsonl"),
+        "--policy",
+        &fixture("qwen2-policy"),
+        "-n",
+        "1",
+        "--max-actions",
+        "3",
+        "--max-tokens",
+        "8",
+        "--output",
+        &s("trajs.jsonl"),
+    ]);
+    let trajs = lines(&d.join("trajs.jsonl"));
+    assert_eq!(trajs.len(), 2);
+    for t in &trajs {
+        assert!(t["steps"].as_array().unwrap().len() <= 3);
+        assert!(["stopped", "out_of_actions", "lost", "success"].contains(&t["meta"]["end"].as_str().unwrap()));
+    }
+    std::fs::write(
+        d.join("plain.jsonl"),
+        "{\"id\": \"p\", \"question\": \"What is 2 + 2?\"}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "agent",
+            "play",
+            "--problems",
+            &s("plain.jsonl"),
+            "--expert",
+            "0.5",
+            "--output",
+            &s("o.jsonl"),
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("record 1") && said.contains("meta.world"),
+        "{said}"
+    );
+}

@@ -1,0 +1,314 @@
+//! Agents in Python: rooms worlds, trajectories played by a policy in an environment (the
+//! built-in rooms, or a Python class such as a TextWorld game), and labels for their actions.
+
+use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
+use crate::policy::PolicyArg;
+use crate::progress::Progress;
+use anyhow::{anyhow, Result};
+use pyo3::prelude::*;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use stepwise_agent::{Games, Rooms};
+use stepwise_core::seams::{ActionKind, Environment, Episode, Observation};
+use stepwise_core::Problem;
+
+/// A Python class (or any callable returning a new environment object) as the environment
+/// seam. The object has `reset(problem: dict) -> str` (the first observation) and
+/// `step(action: str)` returning `(observation, done, success)` or a dict with those keys; a
+/// `fork()` that copies it in its state is used where it has one, else a fork replays the
+/// actions on a new object; a `judge(action) -> str` (`progress`, `useless`, `regress`,
+/// `invalid`, `ruin`) makes it an oracle.
+pub struct PythonEnvironment {
+    factory: Py<PyAny>,
+    max_actions: usize,
+}
+
+struct PythonEpisode {
+    factory: Py<PyAny>,
+    object: Py<PyAny>,
+    problem: Value,
+    actions: Vec<String>,
+}
+
+fn call_error(what: &str, e: PyErr) -> anyhow::Error {
+    anyhow!("the Python environment's {what} raised {e}")
+}
+
+impl PythonEnvironment {
+    fn start(&self, py: Python<'_>, problem: &Value) -> Result<(Py<PyAny>, String)> {
+        let object = self.factory.call0(py).map_err(|e| call_error("constructor", e))?;
+        let first = object
+            .call_method1(py, "reset", (to_py(py, problem)?,))
+            .map_err(|e| call_error("reset", e))?;
+        let first: String = first
+            .extract(py)
+            .map_err(|_| anyhow!("the Python environment's reset must return the first observation as a str"))?;
+        Ok((object, first))
+    }
+}
+
+impl Environment for PythonEnvironment {
+    fn reset(&self, problem: &Problem) -> Result<(Box<dyn Episode>, String)> {
+        let problem = serde_json::to_value(problem)?;
+        Python::attach(|py| {
+            let (object, first) = self.start(py, &problem)?;
+            let episode = PythonEpisode {
+                factory: self.factory.clone_ref(py),
+                object,
+                problem,
+                actions: Vec::new(),
+            };
+            Ok((Box::new(episode) as Box<dyn Episode>, first))
+        })
+    }
+
+    fn max_actions(&self) -> usize {
+        self.max_actions
+    }
+}
+
+/// What `step` returned, read as an observation.
+fn observation_of(v: Value) -> Result<Observation> {
+    let bad = |v: &Value| anyhow!("the Python environment's step returned {v}: expected (observation, done, success)");
+    let (text, done, success) = match &v {
+        Value::Array(t) if t.len() == 3 => (t[0].as_str(), t[1].as_bool(), t[2].as_bool()),
+        Value::Object(o) => (
+            o.get("observation").and_then(Value::as_str),
+            o.get("done").and_then(Value::as_bool),
+            Some(o.get("success").and_then(Value::as_bool).unwrap_or(false)),
+        ),
+        _ => return Err(bad(&v)),
+    };
+    match (text, done, success) {
+        (Some(t), Some(done), Some(success)) => Ok(Observation {
+            text: t.to_string(),
+            done,
+            success: done && success,
+        }),
+        _ => Err(bad(&v)),
+    }
+}
+
+impl Episode for PythonEpisode {
+    fn step(&mut self, action: &str) -> Result<Observation> {
+        let got = Python::attach(|py| -> Result<Value> {
+            let out = self
+                .object
+                .call_method1(py, "step", (action,))
+                .map_err(|e| call_error("step", e))?;
+            from_py(out.bind(py)).map_err(|e| anyhow!("the Python environment's step returned {e}"))
+        })?;
+        self.actions.push(action.to_string());
+        observation_of(got)
+    }
+
+    fn fork(&self) -> Result<Box<dyn Episode>> {
+        Python::attach(|py| {
+            let object = if self.object.bind(py).hasattr("fork")? {
+                self.object
+                    .call_method0(py, "fork")
+                    .map_err(|e| call_error("fork", e))?
+            } else {
+                let env = PythonEnvironment {
+                    factory: self.factory.clone_ref(py),
+                    max_actions: 0,
+                };
+                let (object, _) = env.start(py, &self.problem)?;
+                for a in &self.actions {
+                    object
+                        .call_method1(py, "step", (a.as_str(),))
+                        .map_err(|e| call_error("step (replaying to fork)", e))?;
+                }
+                object
+            };
+            Ok(Box::new(PythonEpisode {
+                factory: self.factory.clone_ref(py),
+                object,
+                problem: self.problem.clone(),
+                actions: self.actions.clone(),
+            }) as Box<dyn Episode>)
+        })
+    }
+
+    fn judge(&self, action: &str) -> Option<ActionKind> {
+        Python::attach(|py| {
+            let verdict = self.object.call_method1(py, "judge", (action,)).ok()?;
+            let name: String = verdict.extract(py).ok()?;
+            [
+                ActionKind::Progress,
+                ActionKind::Useless,
+                ActionKind::Regress,
+                ActionKind::Invalid,
+                ActionKind::Ruin,
+            ]
+            .into_iter()
+            .find(|k| k.name() == name)
+        })
+    }
+}
+
+/// The environment of an `env=` argument: `"rooms"` (or None) or a class / callable making
+/// environments.
+fn environment_of(env: Option<&Bound<'_, PyAny>>, max_actions: usize) -> PyResult<Box<dyn Environment>> {
+    let rooms = Rooms::new(max_actions);
+    let Some(env) = env else {
+        return Ok(Box::new(rooms));
+    };
+    if let Ok(name) = env.extract::<String>() {
+        return match name.as_str() {
+            "rooms" => Ok(Box::new(rooms)),
+            other => Err(value_error(format!(
+                "env={other:?}: the built-in environment is \"rooms\"; else pass a class whose objects have reset and step"
+            ))),
+        };
+    }
+    if !env.is_callable() {
+        return Err(value_error(
+            "env: expected \"rooms\" or a class (a callable) whose objects have reset(problem) and step(action)",
+        ));
+    }
+    Ok(Box::new(PythonEnvironment {
+        factory: env.clone().unbind(),
+        max_actions,
+    }))
+}
+
+/// Problems as agents play them: dicts with `id`, `question` and `meta` kept whole, or a path.
+fn agent_problems(problems: &Bound<'_, PyAny>) -> PyResult<Vec<Problem>> {
+    if let Some(ps) = crate::convert::problems_file(problems)? {
+        return Ok(ps);
+    }
+    let values = records_arg(problems)?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Problem::from_record(v).map_err(|e| value_error(format!("problem {}: {e}", i + 1))))
+        .collect()
+}
+
+/// `count` rooms worlds of stream `seed` as problems (the world in `meta.world`): the agent
+/// domain's environment, with an exact oracle.
+///
+/// >>> games = stepwise.rooms(100, seed=1)
+#[pyfunction]
+#[pyo3(signature = (count, seed=0))]
+pub fn rooms<'py>(py: Python<'py>, count: usize, seed: u64) -> PyResult<Bound<'py, PyAny>> {
+    if count > 1_000_000 {
+        return Err(value_error(format!("count={count}: at most 1,000,000 worlds a call")));
+    }
+    let ps: Vec<Value> = (0..count)
+        .map(|i| serde_json::to_value(stepwise_agent::rooms::problem(seed, i)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| value_error(e.to_string()))?;
+    to_py(py, &Value::Array(ps))
+}
+
+/// Play each of `problems` `n` times with `policy` (a `stepwise.Policy` or an object with
+/// `continue_from`) in `env` (`"rooms"`, or a class whose objects have `reset(problem)` and
+/// `step(action)`, such as `stepwise.textworld.Game`): one action a step, the environment's
+/// answer in the step's `observation`, the outcome in `correct`, how it ended in `meta.end`
+/// (`success`, `lost`, `stopped`, `out_of_actions`, or `failed` with `meta.error`: an
+/// environment that raises or answers nonsense ends that trajectory, never the call). With
+/// `output` (`.jsonl`) trajectories are appended as they finish and a repeated call resumes.
+///
+/// >>> trajs = stepwise.play(stepwise.rooms(10), policy, n=4)
+#[pyfunction]
+#[pyo3(signature = (problems, policy, env=None, n=1, max_actions=30, seed=0, output=None, separator="\n", progress=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn play<'py>(
+    py: Python<'py>,
+    problems: &Bound<'py, PyAny>,
+    policy: &Bound<'py, PyAny>,
+    env: Option<&Bound<'py, PyAny>>,
+    n: usize,
+    max_actions: usize,
+    seed: u64,
+    output: Option<PathBuf>,
+    separator: &str,
+    progress: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let problems = agent_problems(problems)?;
+    let policy = PolicyArg::of(policy, separator)?;
+    let env = environment_of(env, max_actions)?;
+    let progress = Progress::start(py, progress, "trajectories", problems.len() * n)?;
+    let claim = json!({"problems": stepwise_core::journal::fingerprint(&problems).map_err(|e| value_error(e.to_string()))?,
+        "n": n, "max_actions": max_actions, "seed": seed, "separator": separator});
+    let played = without_gil(py, || {
+        let seam = policy.seam(&["Observation:".to_string()]);
+        let sols = crate::stages::with_journal(output.as_deref(), &claim, |path| {
+            stepwise_agent::rollout::play_resumable(path, &problems, n, &*seam, &*env, seed, |d| progress.done(d))
+        })?;
+        records_of(&sols)
+    });
+    progress.finish();
+    to_py(py, &Value::Array(played?))
+}
+
+/// Label the actions of trajectories (records from `play`, or any file of them) by `method`:
+/// `oracle` (the environment's exact verdicts: rooms, or a Python environment with `judge`),
+/// `mc` (from the state after each action, `policy` plays on `rollouts` times: the fraction
+/// that reach the goal, AgentPRM) or `td` (the λ-return from the records' `scores[values]`,
+/// no rollouts: Xi et al.'s promise, with the progress beside it). `problems` are those the
+/// trajectories play. With `output` (`.jsonl`) the run is journalled and resumes.
+///
+/// >>> labelled = stepwise.label_actions(trajs, games, method="mc", policy=policy, rollouts=8)
+#[pyfunction]
+#[pyo3(signature = (records, problems, method="oracle", env=None, policy=None, rollouts=8, values="prm", gamma=1.0, lam=0.5, max_actions=30, seed=0, output=None, separator="\n", progress=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn label_actions<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyAny>,
+    problems: &Bound<'py, PyAny>,
+    method: &str,
+    env: Option<&Bound<'py, PyAny>>,
+    policy: Option<&Bound<'py, PyAny>>,
+    rollouts: usize,
+    values: &str,
+    gamma: f32,
+    lam: f32,
+    max_actions: usize,
+    seed: u64,
+    output: Option<PathBuf>,
+    separator: &str,
+    progress: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if !["oracle", "mc", "td"].contains(&method) {
+        return Err(value_error(format!(
+            "method={method:?}: use \"oracle\", \"mc\" or \"td\""
+        )));
+    }
+    if !(0.0..=1.0).contains(&gamma) || !(0.0..=1.0).contains(&lam) {
+        return Err(value_error(format!(
+            "gamma={gamma}, lam={lam}: both must lie in [0, 1]"
+        )));
+    }
+    let problems = agent_problems(problems)?;
+    let policy = policy.map(|p| PolicyArg::of(p, separator)).transpose()?;
+    if method == "mc" && policy.is_none() {
+        return Err(value_error("method=\"mc\" rolls out with a policy: pass policy="));
+    }
+    let env = environment_of(env, max_actions)?;
+    let given = records_arg(records)?;
+    let progress = Progress::start(py, progress, "trajectories", given.len())?;
+    let labelled = without_gil(py, || {
+        let sols = solutions_of(&given, None)?;
+        let claim = json!({"input": stepwise_core::journal::fingerprint(&sols)?, "method": method,
+            "rollouts": rollouts, "values": values, "gamma": gamma, "lam": lam, "max_actions": max_actions, "seed": seed});
+        let games = Games::new(&*env, problems.clone());
+        let seam = policy.as_ref().map(|p| p.seam(&["Observation:".to_string()]));
+        let how = stepwise_agent::labels::How {
+            rollouts,
+            values: values.to_string(),
+            gamma,
+            lambda: lam,
+            seed,
+        };
+        let annotator = stepwise_agent::labels::by_name(method, &games, seam.as_deref(), &sols, &how)?;
+        let (labelled, _) = crate::stages::with_journal(output.as_deref(), &claim, |path| {
+            stepwise_label::annotate_resumable(path, &sols, &*annotator, |d| progress.done(d))
+        })?;
+        records_of(&labelled)
+    });
+    progress.finish();
+    to_py(py, &Value::Array(labelled?))
+}

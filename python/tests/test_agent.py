@@ -1,0 +1,153 @@
+"""Agents from Python: rooms worlds, trajectories played by Python policies in Python
+environments (hostile ones too), labels for actions, and TextWorld games generated here."""
+
+import json
+import os
+import random
+
+import pytest
+import stepwise
+
+
+class Wanderer:
+    """A policy that picks one of a few actions at random (seeded by its arguments)."""
+
+    ACTIONS = ["look", "go north", "go south", "go east", "go west", "open drawer", "take key", "inc"]
+
+    def continue_from(self, question, prefix, n, until, seed):
+        rng = random.Random(f"{question}|{len(prefix)}|{seed}")
+        return [rng.choice(self.ACTIONS) for _ in range(n)]
+
+
+class Counter:
+    """A tiny environment: `inc` three times wins, `smash` loses, anything else does nothing."""
+
+    def reset(self, problem):
+        self.count = 0
+        return f"count 0 of {problem['meta']['target']}"
+
+    def step(self, action):
+        if action == "smash":
+            return "broken", True, False
+        if action == "inc":
+            self.count += 1
+        return f"count {self.count}", self.count >= 3, self.count >= 3
+
+    def judge(self, action):
+        return {"inc": "progress", "smash": "ruin"}.get(action, "useless")
+
+
+class Raising(Counter):
+    def step(self, action):
+        if self.count >= 1:
+            raise RuntimeError("the simulator fell over")
+        return super().step(action)
+
+
+class Nonsense(Counter):
+    def step(self, action):
+        return {"observation": 42}
+
+
+def counter_problems():
+    return [{"id": f"c{i}", "question": "Count to three.", "meta": {"target": 3}} for i in range(3)]
+
+
+def test_rooms_play_and_oracle_labels(tmp_path):
+    games = stepwise.rooms(6, seed=2)
+    assert len(games) == 6 and "world" in games[0]["meta"]
+    out = tmp_path / "trajs.jsonl"
+    trajs = stepwise.play(games, Wanderer(), n=2, max_actions=8, output=out)
+    assert len(trajs) == 12
+    t = trajs[0]
+    assert t["question"].startswith("Put the ") and "\nObservation: You are in the" in t["question"]
+    assert all("observation" in s for s in t["steps"])
+    assert t["meta"]["end"] in ("success", "lost", "out_of_actions")
+    # Resumed: nothing is played twice, the records are the same.
+    again = stepwise.play(games, Wanderer(), n=2, max_actions=8, output=out)
+    assert again == trajs
+    assert len(out.read_text().splitlines()) == 12
+    labelled = stepwise.label_actions(trajs, games, method="oracle")
+    kinds = {k for r in labelled for k in r["meta"]["actions"]}
+    assert "invalid" in kinds, kinds
+    for r in labelled:
+        for s, kind in zip(r["steps"], r["meta"]["actions"]):
+            assert s["label"]["source"]["kind"] == "oracle"
+            assert s["label"]["rating"] == {"progress": "good", "useless": "neutral"}.get(kind, "bad")
+    # Written as OpenAI chat messages and read back.
+    msgs = stepwise.convert(labelled[:2], to="messages")
+    assert msgs[0]["messages"][0]["role"] == "user" and msgs[0]["messages"][2]["role"] == "user"
+    assert stepwise.read(msgs)[0]["steps"][0]["text"] == labelled[0]["steps"][0]["text"]
+
+
+def test_a_python_environment_plays_forks_by_replay_and_labels():
+    probs = counter_problems()
+
+    class Incer:
+        def continue_from(self, question, prefix, n, until, seed):
+            return [random.Random(seed * 31 + j + len(prefix)).choice(["inc", "inc", "look", "smash"]) for j in range(n)]
+
+    trajs = stepwise.play(probs, Incer(), env=Counter, n=3, max_actions=12, seed=1)
+    assert {t["meta"]["end"] for t in trajs} <= {"success", "lost", "out_of_actions"}
+    assert any(t["correct"] for t in trajs)
+    mc = stepwise.label_actions(trajs, probs, method="mc", env=Counter, policy=Incer(), rollouts=4)
+    for r in mc:
+        for s in r["steps"]:
+            if s["text"] == "smash":
+                assert s["label"]["p"] == 0.0
+    oracle = stepwise.label_actions(trajs, probs, method="oracle", env=Counter)
+    assert {k for r in oracle for k in r["meta"]["actions"]} <= {"progress", "useless", "ruin"}
+    # TD from values: lambda 1 and gamma 1 give the outcome itself.
+    for r in trajs:
+        r["scores"] = {"prm": [0.5] * len(r["steps"])}
+    td = stepwise.label_actions(trajs, probs, method="td", gamma=1.0, lam=1.0)
+    for r in td:
+        want = 1.0 if r["correct"] else 0.0
+        assert all(s["label"]["p"] == want for s in r["steps"]), r
+        assert all(s["label"]["source"]["kind"] == "td" for s in r["steps"])
+
+
+def test_failing_environments_end_their_trajectory_never_the_call():
+    probs = counter_problems()[:1]
+    raised = stepwise.play(probs, Wanderer(), env=Raising, n=1, max_actions=10)[0]
+    assert raised["meta"]["end"] == "failed"
+    assert "simulator fell over" in raised["meta"]["error"]
+    bad = stepwise.play(probs, Wanderer(), env=Nonsense, n=1)[0]
+    assert "expected (observation, done, success)" in bad["meta"]["error"]
+    with pytest.raises(ValueError, match="rooms"):
+        stepwise.play(probs, Wanderer(), env="nethack")
+    with pytest.raises(ValueError, match="policy"):
+        stepwise.label_actions([], probs, method="mc", env=Counter)
+
+
+def test_textworld_games_generated_here_are_played_and_labelled(tmp_path):
+    if os.environ.get("STEPWISE_REQUIRE_TEXTWORLD"):
+        import textworld  # noqa: F401  (CI installs it: the test must run)
+    else:
+        pytest.importorskip("textworld")
+    import stepwise.textworld as tw
+
+    games = tw.make_games(2, seed=3, folder=str(tmp_path / "games"))
+    assert all(os.path.isfile(g["meta"]["game"]) for g in games)
+    walkthroughs = {g["question"]: g["meta"]["walkthrough_commands"] for g in games}
+
+    class Follower:
+        """The walkthrough, with a `look` slipped in at the second turn."""
+
+        def continue_from(self, question, prefix, n, until, seed):
+            task = question.split("\nObservation: ")[0]
+            done = [p.split("\nObservation: ")[0] for p in prefix if not p.startswith("look")]
+            if len(prefix) == 1 and len(done) == 1:
+                return ["look"] * n
+            steps = walkthroughs[task]
+            return [steps[len(done)] if len(done) < len(steps) else "look"] * n
+
+    trajs = stepwise.play(games, Follower(), env=tw.Game, n=1, max_actions=12)
+    assert all(t["correct"] for t in trajs), [t["meta"] for t in trajs]
+    oracle = stepwise.label_actions(trajs, games, method="oracle", env=tw.Game)
+    for r in oracle:
+        kinds = r["meta"]["actions"]
+        assert kinds[1] == "useless" and kinds.count("progress") == len(kinds) - 1, kinds
+    mc = stepwise.label_actions(trajs, games, method="mc", env=tw.Game, policy=Follower(), rollouts=2)
+    assert all(s["label"]["p"] == 1.0 for r in mc for s in r["steps"])
+    json.dumps(mc)
