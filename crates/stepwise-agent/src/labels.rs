@@ -207,7 +207,13 @@ impl Annotator for TemporalDifference {
         // return in its own trajectory (the targets a value model learns from).
         let values = match sol.scores_of(&self.values) {
             Some(v) => v,
-            None if self.lambda == 1.0 && sol.correct.is_some() => vec![0.0; sol.steps.len()],
+            None if self.lambda == 1.0 && sol.correct.is_some() => {
+                // The state after step i is worth the next step's return: the progress of any
+                // step past the first is then 0, which is all one trajectory can say.
+                let n = sol.steps.len();
+                let returns = td_targets(&vec![0.0; n], self.v0, sol.correct, self.gamma, 1.0);
+                (0..n).map(|i| returns.get(i + 1).map_or(0.0, |r| r.0)).collect()
+            }
             None => bail!(
                 "trajectory `{}`: field `scores.{}`: missing (score the trajectories with `stepwise score` first; \
                  with lambda 1 only trajectories with an outcome need none)",

@@ -448,6 +448,6 @@ fn trajectories_whose_turns_do_not_alternate_are_refused_naming_the_turn() {
         steps: vec![stepwise_core::Step::new("a"), stepwise_core::Step::new("b")],
         ..Default::default()
     };
-    let e = write_solutions(&dir.join("plain.jsonl"), Format::Messages, &[plain]).unwrap_err();
+    let e = write_solutions(dir.join("plain.jsonl"), Format::Messages, &[plain]).unwrap_err();
     assert!(format!("{e:#}").contains("steps[0].observation"), "{e:#}");
 }

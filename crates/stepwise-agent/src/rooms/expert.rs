@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// Distances to the goal found so far in one world.
-type Memo = Mutex<HashMap<State, Option<u8>>>;
+type Memo = Mutex<super::Distances>;
 use stepwise_core::record::OBSERVATION_MARK;
 use stepwise_core::seams::{Continuation, Policy, Until};
 use stepwise_core::Problem;

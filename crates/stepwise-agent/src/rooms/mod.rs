@@ -235,11 +235,14 @@ pub fn world_of(problem: &Problem) -> Result<World> {
     Ok(w)
 }
 
+/// The fewest actions to the goal found so far, by state, in one world.
+pub(crate) type Distances = HashMap<State, Option<u8>>;
+
 /// The rooms environment. Distances the oracle has computed are remembered per world and
 /// shared by every episode of it.
 #[derive(Default)]
 pub struct Rooms {
-    memo: Mutex<HashMap<String, Arc<Mutex<HashMap<State, Option<u8>>>>>>,
+    memo: Mutex<HashMap<String, Arc<Mutex<Distances>>>>,
     /// The most actions an episode may take (default 30).
     pub max_actions: Option<usize>,
 }
@@ -250,7 +253,7 @@ pub struct RoomsEpisode {
     world: Arc<World>,
     state: State,
     over: bool,
-    memo: Arc<Mutex<HashMap<State, Option<u8>>>>,
+    memo: Arc<Mutex<Distances>>,
 }
 
 impl RoomsEpisode {

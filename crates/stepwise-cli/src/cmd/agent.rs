@@ -105,7 +105,7 @@ struct Player {
 /// A player, opened: the expert, or a model's backend.
 enum Opened {
     Expert(Expert),
-    Model(stepwise_remote::backend::PolicyBackend, PolicySettings),
+    Model(Box<stepwise_remote::backend::PolicyBackend>, PolicySettings),
 }
 
 impl Opened {
@@ -145,7 +145,7 @@ impl Player {
                     stop: vec!["Observation:".into()],
                     ..self.sampling.settings(prompt)
                 };
-                Ok(Opened::Model(backend, settings))
+                Ok(Opened::Model(Box::new(backend), settings))
             }
             (None, None) => bail!("give --policy (a model or server) or --expert SKILL: who plays"),
         }
