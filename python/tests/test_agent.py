@@ -75,7 +75,7 @@ def test_rooms_play_and_oracle_labels(tmp_path):
             assert s["label"]["source"]["kind"] == "oracle"
             assert s["label"]["rating"] == {"progress": "good", "useless": "neutral"}.get(kind, "bad")
     # Written as OpenAI chat messages and read back.
-    msgs = stepwise.convert(labelled[:2], to="messages")
+    msgs = stepwise.convert(labelled[:2], "messages")
     assert msgs[0]["messages"][0]["role"] == "user" and msgs[0]["messages"][2]["role"] == "user"
     assert stepwise.read(msgs)[0]["steps"][0]["text"] == labelled[0]["steps"][0]["text"]
 

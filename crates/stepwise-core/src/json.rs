@@ -31,6 +31,15 @@ pub fn opt_str(obj: &Map<String, Value>, name: &str) -> Result<Option<String>, F
     }
 }
 
+/// An optional boolean field (missing or null gives `None`).
+pub fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, FieldError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(FieldError::new(name, format!("expected a boolean, found {}", kind(v)))),
+    }
+}
+
 /// A required array field.
 pub fn array_field<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<&'a [Value], FieldError> {
     let v = field(obj, name)?;

@@ -8,6 +8,7 @@ use anyhow::{anyhow, Result};
 use pyo3::prelude::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use stepwise_agent::{Games, Rooms};
 use stepwise_core::seams::{ActionKind, Environment, Episode, Observation};
 use stepwise_core::Problem;
@@ -21,9 +22,14 @@ use stepwise_core::Problem;
 pub struct PythonEnvironment {
     factory: Py<PyAny>,
     max_actions: usize,
+    /// Held around every call into the environment's objects: Python code of several threads
+    /// interleaves even under the GIL, and simulators (TextWorld's grammar parser among them)
+    /// keep state that is not safe to share. Taken before the GIL, never while holding it.
+    lock: Arc<Mutex<()>>,
 }
 
 struct PythonEpisode {
+    lock: Arc<Mutex<()>>,
     factory: Py<PyAny>,
     object: Py<PyAny>,
     problem: Value,
@@ -50,9 +56,11 @@ impl PythonEnvironment {
 impl Environment for PythonEnvironment {
     fn reset(&self, problem: &Problem) -> Result<(Box<dyn Episode>, String)> {
         let problem = serde_json::to_value(problem)?;
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         Python::attach(|py| {
             let (object, first) = self.start(py, &problem)?;
             let episode = PythonEpisode {
+                lock: self.lock.clone(),
                 factory: self.factory.clone_ref(py),
                 object,
                 problem,
@@ -91,6 +99,7 @@ fn observation_of(v: Value) -> Result<Observation> {
 
 impl Episode for PythonEpisode {
     fn step(&mut self, action: &str) -> Result<Observation> {
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let got = Python::attach(|py| -> Result<Value> {
             let out = self
                 .object
@@ -103,6 +112,7 @@ impl Episode for PythonEpisode {
     }
 
     fn fork(&self) -> Result<Box<dyn Episode>> {
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         Python::attach(|py| {
             let object = if self.object.bind(py).hasattr("fork")? {
                 self.object
@@ -112,6 +122,7 @@ impl Episode for PythonEpisode {
                 let env = PythonEnvironment {
                     factory: self.factory.clone_ref(py),
                     max_actions: 0,
+                    lock: self.lock.clone(),
                 };
                 let (object, _) = env.start(py, &self.problem)?;
                 for a in &self.actions {
@@ -122,6 +133,7 @@ impl Episode for PythonEpisode {
                 object
             };
             Ok(Box::new(PythonEpisode {
+                lock: self.lock.clone(),
                 factory: self.factory.clone_ref(py),
                 object,
                 problem: self.problem.clone(),
@@ -131,6 +143,7 @@ impl Episode for PythonEpisode {
     }
 
     fn judge(&self, action: &str) -> Option<ActionKind> {
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         Python::attach(|py| {
             let verdict = self.object.call_method1(py, "judge", (action,)).ok()?;
             let name: String = verdict.extract(py).ok()?;
@@ -170,6 +183,7 @@ fn environment_of(env: Option<&Bound<'_, PyAny>>, max_actions: usize) -> PyResul
     Ok(Box::new(PythonEnvironment {
         factory: env.clone().unbind(),
         max_actions,
+        lock: Arc::new(Mutex::new(())),
     }))
 }
 

@@ -111,7 +111,11 @@ fn tqdm(py: Python<'_>, what: &str, total: usize) -> Option<Py<PyAny>> {
         let kwargs = PyDict::new(py);
         kwargs.set_item("total", total)?;
         kwargs.set_item("desc", format!("stepwise {what}"))?;
-        kwargs.set_item("unit", what.trim_end_matches('s'))?;
+        let unit = match what.strip_suffix("ies") {
+            Some(stem) => format!("{stem}y"),
+            None => what.trim_end_matches('s').to_string(),
+        };
+        kwargs.set_item("unit", unit)?;
         Ok(py
             .import("tqdm.auto")?
             .getattr("tqdm")?

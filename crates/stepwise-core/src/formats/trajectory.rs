@@ -198,16 +198,7 @@ pub(super) fn read(layout: Layout, v: &Value, index: usize) -> Result<Solution, 
         1 => drop(meta.insert("system".into(), json!(system[0]))),
         _ => drop(meta.insert("system".into(), json!(system))),
     }
-    let correct = match o.get("correct") {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(b)) => Some(*b),
-        Some(v) => {
-            return Err(FieldError::new(
-                "correct",
-                format!("expected true or false, found {}", json::kind(v)),
-            ))
-        }
-    };
+    let correct = json::opt_bool(o, "correct")?;
     Ok(Solution {
         id: json::opt_str(o, "id")?.unwrap_or_else(|| index.to_string()),
         problem_id: problem_id_for(&question),

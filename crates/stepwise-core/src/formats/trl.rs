@@ -47,16 +47,7 @@ pub(super) fn read(v: &Value, index: usize) -> Result<Solution, FieldError> {
             Ok(Step::labelled(text, StepLabel::from_bool(good, Provenance::Unknown)))
         })
         .collect::<Result<_, _>>()?;
-    let correct = match o.get("correct") {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(b)) => Some(*b),
-        Some(other) => {
-            return Err(FieldError::new(
-                "correct",
-                format!("expected a boolean, found {}", json::kind(other)),
-            ))
-        }
-    };
+    let correct = json::opt_bool(o, "correct")?;
     Ok(Solution {
         id: json::opt_str(o, "id")?.unwrap_or_else(|| index.to_string()),
         problem_id: problem_id_for(&question),
