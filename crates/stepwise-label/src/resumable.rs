@@ -3,7 +3,6 @@
 //! only the rest.
 
 use anyhow::Result;
-use rayon::prelude::*;
 use std::path::Path;
 use stepwise_core::journal::{sort_like, Journal};
 use stepwise_core::seams::{Annotator, Spent};
@@ -12,8 +11,9 @@ use stepwise_core::Solution;
 /// Label every solution of `sols` with `annotator`, appending each labelled solution (and any new
 /// solution the annotation produced, such as OmegaPRM's completed rollouts) to the JSONL journal
 /// at `path` as soon as it is done (what it cost in `meta.rollouts` and
-/// `meta.generated_tokens`). Solutions are labelled a few at a time in parallel (one per thread of
-/// rayon's pool, twice over) and written in input order. Started again after an interruption, it
+/// `meta.generated_tokens`). Solutions are labelled in parallel, as many at once as rayon's pool
+/// has threads ([`annotate_resumable_with`] names the number), each started as soon as a thread
+/// is free, and written in input order. Started again after an interruption, it
 /// keeps what was written, drops a torn last line and labels only the rest; annotators seed per
 /// solution, so the records equal an uninterrupted run's. `progress(done)` reports solutions
 /// finished. Returns the labelled solutions of `sols`, in input order, and what the whole
@@ -22,6 +22,18 @@ pub fn annotate_resumable(
     path: &Path,
     sols: &[Solution],
     annotator: &dyn Annotator,
+    progress: impl FnMut(usize),
+) -> Result<(Vec<Solution>, Spent)> {
+    annotate_resumable_with(path, sols, annotator, rayon::current_num_threads(), progress)
+}
+
+/// [`annotate_resumable`] with `threads` solutions (or problems) labelled at once: for a policy
+/// on servers, as many as keep every server's batch full.
+pub fn annotate_resumable_with(
+    path: &Path,
+    sols: &[Solution],
+    annotator: &dyn Annotator,
+    threads: usize,
     mut progress: impl FnMut(usize),
 ) -> Result<(Vec<Solution>, Spent)> {
     let (mut journal, mut kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
@@ -52,25 +64,27 @@ pub fn annotate_resumable(
         .filter(|u| u.iter().any(|s| !journal.contains(&s.id)))
         .map(|u| u.into_iter().cloned().collect())
         .collect();
-    for batch in todo.chunks(2 * rayon::current_num_threads()) {
-        let done: Vec<Vec<(Solution, Spent)>> = batch
-            .par_iter()
-            .map(|unit| annotator.annotate_problem(unit))
-            .collect::<Result<_>>()?;
-        for (mut l, spent) in done.into_iter().flatten() {
-            if journal.contains(&l.id) {
-                continue;
+    stepwise_core::parallel::in_order(
+        &todo,
+        threads,
+        |unit| annotator.annotate_problem(unit),
+        |_, done| {
+            for (mut l, spent) in done? {
+                if journal.contains(&l.id) {
+                    continue;
+                }
+                l.meta.insert("rollouts".into(), spent.rollouts.into());
+                l.meta.insert("generated_tokens".into(), spent.tokens.into());
+                if spent.env_steps > 0 {
+                    l.meta.insert("env_steps".into(), spent.env_steps.into());
+                }
+                journal.append(l.id.clone(), &l)?;
+                kept.push(l);
             }
-            l.meta.insert("rollouts".into(), spent.rollouts.into());
-            l.meta.insert("generated_tokens".into(), spent.tokens.into());
-            if spent.env_steps > 0 {
-                l.meta.insert("env_steps".into(), spent.env_steps.into());
-            }
-            journal.append(l.id.clone(), &l)?;
-            kept.push(l);
-        }
-        progress(count(&kept));
-    }
+            progress(count(&kept));
+            Ok(())
+        },
+    )?;
     let read = |s: &Solution, key: &str| s.meta.get(key).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
     let mut spent = Spent::default();
     for s in &kept {

@@ -1,10 +1,11 @@
 //! Where a policy or PRM runs: a local checkpoint folder (or cached model id), or one or more
-//! OpenAI-compatible servers given by URL (`http://gpu1:8000,http://gpu2:8000`). The command line
-//! and the Python package open their models here.
+//! OpenAI-compatible servers given by URL (`http://gpu1:8000,http://gpu2:8000`) or in a file of
+//! URLs that may change during the run (a fleet). The command line and the Python package open
+//! their models here.
 
 use crate::{is_url, Client, Protocol, RemotePolicy, RemoteScorer, ServerConfig};
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use stepwise_core::seams::{Policy, StepScorer};
 use stepwise_model::scoring::LoadedVerifier;
@@ -17,6 +18,8 @@ pub enum Source {
     Dir(PathBuf),
     /// Base URLs of servers serving the same model.
     Urls(Vec<String>),
+    /// A file of such URLs, read again when it changes ([`crate::client::read_server_file`]).
+    ServerFile(PathBuf),
 }
 
 impl std::fmt::Display for Source {
@@ -24,6 +27,7 @@ impl std::fmt::Display for Source {
         match self {
             Source::Dir(d) => write!(f, "{}", d.display()),
             Source::Urls(u) => write!(f, "{}", u.join(",")),
+            Source::ServerFile(p) => write!(f, "{}", p.display()),
         }
     }
 }
@@ -43,11 +47,16 @@ impl Source {
         Ok(match self {
             Source::Dir(d) => serde_json::json!({ "checkpoint": stepwise_model::checkpoint_fingerprint(d)? }),
             Source::Urls(u) => serde_json::json!(u.iter().map(|u| u.trim_end_matches('/')).collect::<Vec<_>>()),
+            // Servers come and go in a fleet: the file names it.
+            Source::ServerFile(p) => {
+                serde_json::json!({ "servers": std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()) })
+            }
         })
     }
 
-    /// Server URL(s) (comma-separated `http(s)://`), else a checkpoint folder or a Hugging Face
-    /// model id found in the local cache.
+    /// Server URL(s) (comma-separated `http(s)://`), a file listing server URLs (one or more a
+    /// line, `#` comments), else a checkpoint folder or a Hugging Face model id found in the
+    /// local cache.
     pub fn parse(arg: &str) -> Result<Source> {
         Self::parse_str(arg).map_err(|e| anyhow::anyhow!(e))
     }
@@ -63,6 +72,16 @@ impl Source {
                 return Err(format!("`{bad}` is not an http:// or https:// URL"));
             }
             return Ok(Source::Urls(urls));
+        }
+        if Path::new(arg).is_file() {
+            return crate::client::read_server_file(Path::new(arg))
+                .and_then(|urls| match urls.is_empty() {
+                    true => anyhow::bail!("no server URL in it"),
+                    false => Ok(Source::ServerFile(arg.into())),
+                })
+                .map_err(|e| {
+                    format!("`{arg}` is a file, read as a list of server URLs (a checkpoint is a folder): {e:#}")
+                });
         }
         stepwise_model::hub::resolve(arg)
             .map(Source::Dir)
@@ -84,8 +103,11 @@ pub struct RemoteOptions {
     pub request_timeout: f64,
     /// Retries of a failing request (429, 5xx, timeouts, resets) before giving up.
     pub retries: usize,
-    /// Requests in flight at once, over all servers.
+    /// Requests in flight at once to each server.
     pub max_in_flight: usize,
+    /// Seconds between checks of a fleet (several servers, or a file of them); a server silent
+    /// that long is taken for dead or hung and its requests go to the others.
+    pub health_interval: f64,
     /// How a PRM server is asked: `stepwise` or `pooling` (vLLM's /pooling).
     pub protocol: String,
 }
@@ -99,15 +121,27 @@ impl Default for RemoteOptions {
             request_timeout: 600.0,
             retries: 8,
             max_in_flight: 64,
+            health_interval: 5.0,
             protocol: "stepwise".into(),
         }
     }
 }
 
 impl RemoteOptions {
-    /// A client for `urls`, for the model playing `role` (`policy` or `prm`) there.
-    pub fn client(&self, urls: &[String], role: &str) -> Result<Client> {
-        let mut cfg = ServerConfig::new(urls.to_vec(), self.served_model.as_deref().unwrap_or(""));
+    /// A client for the servers `source` names (URLs or a file of them), for the model playing
+    /// `role` (`policy` or `prm`) there.
+    pub fn client(&self, source: &Source, role: &str) -> Result<Client> {
+        let (urls, file) = match source {
+            Source::Urls(u) => (u.clone(), None),
+            Source::ServerFile(f) => (Vec::new(), Some(f.clone())),
+            Source::Dir(d) => bail!("{} is a checkpoint, not a server", d.display()),
+        };
+        let mut cfg = ServerConfig::new(urls, self.served_model.as_deref().unwrap_or(""));
+        cfg.servers_file = file;
+        if !(self.health_interval.is_finite() && self.health_interval > 0.0) {
+            bail!("the health check interval must be a positive number of seconds");
+        }
+        cfg.health_interval = Duration::from_secs_f64(self.health_interval);
         if let Some(k) = &self.api_key {
             cfg.api_key = Some(k.clone());
         }
@@ -145,8 +179,7 @@ impl RemoteOptions {
                 ([(one, _)], _) => return client.with_model(one),
                 (_, [one]) => return client.with_model(one),
                 _ => bail!(
-                    "{} serves {:?}: name the {role} (--served-model)",
-                    urls[0],
+                    "{source} serves {:?}: name the {role} (--served-model)",
                     listed.iter().map(|(n, _)| n).collect::<Vec<_>>()
                 ),
             }
@@ -206,7 +239,7 @@ impl PolicyBackend {
     pub fn open(source: &Source, remote: &RemoteOptions, local: &LocalOptions) -> Result<Self> {
         Ok(match source {
             Source::Dir(d) => PolicyBackend::Local(LoadedPolicy::load_on(d, local.placement, local.precision)?),
-            Source::Urls(urls) => PolicyBackend::Remote(remote.client(urls, "policy")?, remote.tokenizer()?),
+            servers => PolicyBackend::Remote(remote.client(servers, "policy")?, remote.tokenizer()?),
         })
     }
 
@@ -237,12 +270,42 @@ impl PolicyBackend {
         }
     }
 
-    /// Retries the servers needed so far (0 for a local policy).
-    pub fn retries(&self) -> usize {
+    /// The servers' client (`None` for a local policy).
+    pub fn client(&self) -> Option<&Client> {
         match self {
-            PolicyBackend::Local(_) => 0,
-            PolicyBackend::Remote(c, _) => c.retries.load(std::sync::atomic::Ordering::Relaxed),
+            PolicyBackend::Local(_) => None,
+            PolicyBackend::Remote(c, _) => Some(c),
         }
+    }
+}
+
+/// What servers did for a run, for its closing line: `" (3 requests retried; requests per
+/// server: http://a 120, http://b 118)"`, the second part with several servers, each model's
+/// part named when there are several (`("PRM", client)`); empty when there is nothing to say
+/// (local models).
+pub fn servers_summary(clients: &[(&str, Option<&Client>)]) -> String {
+    let named = clients.iter().filter(|(_, c)| c.is_some()).count() > 1;
+    let mut parts = Vec::new();
+    for (name, c) in clients {
+        let Some(c) = c else { continue };
+        let mut said = Vec::new();
+        let retried = c.retries.load(std::sync::atomic::Ordering::Relaxed);
+        if retried > 0 {
+            said.push(format!("{retried} requests retried"));
+        }
+        let served = c.served();
+        if served.len() > 1 {
+            let each: Vec<String> = served.iter().map(|(u, n)| format!("{u} {n}")).collect();
+            said.push(format!("requests per server: {}", each.join(", ")));
+        }
+        if !said.is_empty() {
+            let name = if named { format!("{name}: ") } else { String::new() };
+            parts.push(format!("{name}{}", said.join("; ")));
+        }
+    }
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!(" ({})", parts.join("; ")),
     }
 }
 
@@ -277,6 +340,14 @@ pub enum ScorerBackend {
 }
 
 impl ScorerBackend {
+    /// The servers' client (`None` for a local verifier).
+    pub fn client(&self) -> Option<&Client> {
+        match self {
+            ScorerBackend::Local(..) => None,
+            ScorerBackend::Remote(r) => Some(&r.client),
+        }
+    }
+
     /// The tokenizer this PRM lays its inputs out with, when it is known here (a local verifier,
     /// or a server read through the pooling protocol).
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
@@ -303,8 +374,8 @@ impl ScorerBackend {
                 let v = LoadedVerifier::load_on(d, layout, local.placement, local.precision)?;
                 ScorerBackend::Local(Box::new(v), local.max_batch_tokens)
             }
-            Source::Urls(urls) => {
-                let client = remote.client(urls, "prm")?;
+            servers => {
+                let client = remote.client(servers, "prm")?;
                 let pooling = match remote.protocol.as_str() {
                     "pooling" => {
                         let tok = remote

@@ -1,24 +1,33 @@
 //! An HTTP client for OpenAI-compatible servers that survives their failures: requests spread
-//! over several servers (least outstanding requests first), a cap on requests in flight, a
-//! timeout per request, and retries with exponential back-off and jitter on 429, 5xx, timeouts,
-//! reset connections and unreadable replies, honouring `Retry-After`. A server that failed is
-//! set aside for its back-off: the retry goes at once to another server when one is up, and new
-//! requests avoid it until then, so one dead server in a fleet costs one failed try, not a
-//! back-off per request. A request is only ever answered once to its caller, so a retried
-//! request never yields a duplicated record.
+//! over a fleet of servers ([`crate::fleet`]: least outstanding requests first; a file of URLs read
+//! again as it changes), a cap on requests in flight to each, a timeout per request, and retries
+//! with exponential back-off and jitter on 429, 5xx, timeouts, reset connections and unreadable
+//! replies, honouring `Retry-After`. A server that failed is set aside for its back-off: the retry
+//! goes at once to another server when one is up, and new requests avoid it until then, so one
+//! dead server in a fleet costs one failed try, not a back-off per request. A fleet is checked
+//! every few seconds; a server that stops answering (dead or hung) has its requests in flight sent
+//! to the others at once. A request is only ever answered once to its caller, and carries its own
+//! seed, so a retried or moved request never yields a lost, changed or duplicated record.
 
+use crate::fleet::{root, went_down, Fleet, Server};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use serde_json::Value;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use crate::fleet::{is_url, read_server_file};
 
 /// Where and how to reach the servers.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Base URLs, e.g. `http://gpu1:8000/v1` (a trailing `/v1` is optional).
     pub urls: Vec<String>,
+    /// A file of more URLs, one or more a line, read again whenever it changes: servers added
+    /// to it join the run, servers taken out of it get no new requests.
+    pub servers_file: Option<PathBuf>,
     /// The model name sent with each request (`--served-model-name` of the server).
     pub model: String,
     /// Bearer token (`--api-key`, else `OPENAI_API_KEY`).
@@ -27,54 +36,50 @@ pub struct ServerConfig {
     pub timeout: Duration,
     /// Retries of a failed request before the run stops with the error.
     pub max_retries: usize,
-    /// Requests in flight at once, over all servers.
+    /// Requests in flight at once to each server.
     pub max_in_flight: usize,
     /// Back-off before the first retry; doubled each time (with jitter), capped at 60 s.
     pub backoff: Duration,
+    /// How often a fleet (several servers, or a file) is checked and its file read again; a
+    /// server silent for this long is taken for dead or hung.
+    pub health_interval: Duration,
 }
 
 impl ServerConfig {
-    /// Defaults for `urls` serving `model`: 600 s timeout, 8 retries, 64 requests in flight.
+    /// Defaults for `urls` serving `model`: 600 s timeout, 8 retries, 64 requests in flight to
+    /// each server, a fleet checked every 5 s.
     pub fn new(urls: Vec<String>, model: &str) -> Self {
         ServerConfig {
             urls,
+            servers_file: None,
             model: model.to_string(),
             api_key: std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()),
             timeout: Duration::from_secs(600),
             max_retries: 8,
             max_in_flight: 64,
             backoff: Duration::from_millis(500),
+            health_interval: Duration::from_secs(5),
         }
     }
 }
 
-/// The client: one per run, shared by every thread.
+/// The client: one per run, shared by every thread. Callers block; the requests themselves run
+/// on the client's own two I/O threads, so thousands in flight cost no thread each.
 pub struct Client {
     config: ServerConfig,
-    http: reqwest::blocking::Client,
-    /// Requests in flight to each server.
-    outstanding: Vec<AtomicUsize>,
-    /// When each server that failed is worth trying again.
-    down_until: Mutex<Vec<Option<Instant>>>,
-    in_flight: Mutex<usize>,
-    slot_freed: Condvar,
+    http: reqwest::Client,
+    fleet: Arc<Fleet>,
+    /// Free request slots: `max_in_flight` for each server that has joined.
+    slots: Arc<tokio::sync::Semaphore>,
     /// Retries made (for the run's summary).
     pub retries: AtomicUsize,
-}
-
-/// Whether `s` is an HTTP(S) URL rather than a folder.
-pub fn is_url(s: &str) -> bool {
-    s.starts_with("http://") || s.starts_with("https://")
+    /// Last: dropping it stops the health check.
+    runtime: tokio::runtime::Runtime,
 }
 
 /// The base of an OpenAI-compatible API at `url`: with `/v1`, without a trailing slash.
 fn api_base(url: &str) -> String {
-    let u = url.trim_end_matches('/');
-    if u.ends_with("/v1") {
-        u.to_string()
-    } else {
-        format!("{u}/v1")
-    }
+    format!("{}/v1", root(url))
 }
 
 /// A failure worth another try, or not.
@@ -83,30 +88,60 @@ enum Failure {
     Fatal(anyhow::Error),
 }
 
+/// A server's requests in flight, counted down however the try ends.
+struct InFlight(Arc<Server>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Client {
-    /// A client for `config` (at least one URL).
+    /// A client for `config` (at least one URL, given or in the file). A fleet is checked once
+    /// before the first request: servers that do not answer are set aside (an error when none
+    /// does), and checked again every `health_interval`.
     pub fn new(config: ServerConfig) -> Result<Self> {
-        if config.urls.is_empty() {
-            bail!("no server URL given");
-        }
-        for u in &config.urls {
-            if !is_url(u) {
-                bail!("`{u}` is not an http:// or https:// URL");
-            }
-        }
-        let http = reqwest::blocking::Client::builder()
+        let fleet = Arc::new(Fleet::new(&config.urls, config.servers_file.as_deref())?);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("stepwise-http")
+            .enable_all()
+            .build()
+            .context("starting the HTTP client's threads")?;
+        let http = reqwest::Client::builder()
             .timeout(config.timeout)
+            .connect_timeout(config.timeout.min(Duration::from_secs(10)))
             .pool_max_idle_per_host(config.max_in_flight)
             .build()
             .context("building the HTTP client")?;
+        let per_server = config.max_in_flight.max(1);
+        let slots = Arc::new(tokio::sync::Semaphore::new(per_server * fleet.all().len()));
+        if fleet.is_fleet() {
+            let every = config.health_interval.max(Duration::from_millis(100));
+            let answers = runtime.block_on(fleet.check(&http, every.min(config.timeout)));
+            if answers.iter().all(|(_, a)| a.is_err()) {
+                let why: Vec<String> = answers
+                    .iter()
+                    .map(|(u, a)| format!("{u}: {}", a.as_ref().err().map_or("", |e| e.as_str())))
+                    .collect();
+                bail!("none of the {} servers answers: {}", answers.len(), why.join("; "));
+            }
+            for (url, answer) in &answers {
+                if let Err(e) = answer {
+                    eprintln!("stepwise: {url} does not answer ({e}); it joins when it does");
+                }
+            }
+            let (fleet, http, slots) = (fleet.clone(), http.clone(), slots.clone());
+            runtime.spawn(fleet.watch(http, every, move |joined| slots.add_permits(joined * per_server)));
+        }
         Ok(Client {
-            outstanding: config.urls.iter().map(|_| AtomicUsize::new(0)).collect(),
-            down_until: Mutex::new(vec![None; config.urls.len()]),
             config,
             http,
-            in_flight: Mutex::new(0),
-            slot_freed: Condvar::new(),
+            fleet,
+            slots,
             retries: AtomicUsize::new(0),
+            runtime,
         })
     }
 
@@ -121,68 +156,94 @@ impl Client {
         &self.config
     }
 
+    /// Each server's URL and the requests it answered, in the order they joined.
+    pub fn served(&self) -> Vec<(String, usize)> {
+        self.fleet
+            .all()
+            .iter()
+            .map(|s| (s.url.clone(), s.served.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     /// POST `body` to `path` under the API base (`/completions`, `/chat/completions`; a path
     /// starting with `..` is relative to the server root, e.g. `../pooling`) and return the
-    /// reply's JSON, retrying what can be retried.
+    /// reply's JSON, retrying what can be retried. Blocks the calling thread (which must not be
+    /// one of an async runtime's).
     pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        let _slot = self.acquire();
+        self.runtime.block_on(self.post_async(path, body))
+    }
+
+    async fn post_async(&self, path: &str, body: &Value) -> Result<Value> {
+        let _slot = self.slots.acquire().await.context("the client is closing")?;
         let mut attempt = 0;
         loop {
-            let server = self.pick();
-            self.outstanding[server].fetch_add(1, Ordering::SeqCst);
-            let result = self.try_post(server, path, body);
-            self.outstanding[server].fetch_sub(1, Ordering::SeqCst);
+            let (server, up) = self.fleet.pick();
+            server.outstanding.fetch_add(1, Ordering::SeqCst);
+            let in_flight = InFlight(server.clone());
+            let down = server.down.subscribe();
+            let result = tokio::select! {
+                r = self.try_post(&server, path, body) => r,
+                // A server found dead or hung: its requests go to the others at once.
+                _ = went_down(down), if up => Err(Failure::Retry {
+                    why: "the server stopped answering the health check".into(),
+                    after: Some(Duration::ZERO),
+                }),
+            };
+            drop(in_flight);
             match result {
                 Ok(v) => {
-                    self.down_until.lock().unwrap()[server] = None;
+                    server.set_aside(None);
+                    server.served.fetch_add(1, Ordering::Relaxed);
                     return Ok(v);
                 }
                 Err(Failure::Fatal(e)) => return Err(e),
                 Err(Failure::Retry { why, after }) => {
                     if attempt >= self.config.max_retries {
-                        bail!(
-                            "{}{path}: {why} (gave up after {attempt} retries)",
-                            self.config.urls[server]
-                        );
+                        bail!("{}{path}: {why} (gave up after {attempt} retries)", server.url);
                     }
                     attempt += 1;
                     self.retries.fetch_add(1, Ordering::Relaxed);
                     let wait = after.unwrap_or_else(|| self.backoff(attempt));
-                    if !self.set_aside(server, wait) {
-                        std::thread::sleep(wait);
+                    server.set_aside(Some(Instant::now() + wait));
+                    if !self.fleet.another_up(&server) {
+                        tokio::time::sleep(wait).await;
                     }
                 }
             }
         }
     }
 
-    /// GET `path` under the API base of the first server (e.g. `/models`).
+    /// GET `path` under the API base of the first server up (e.g. `/models`).
     pub fn get(&self, path: &str) -> Result<Value> {
-        let url = format!("{}{path}", api_base(&self.config.urls[0]));
-        let mut req = self.http.get(&url);
-        if let Some(k) = &self.config.api_key {
-            req = req.bearer_auth(k);
-        }
-        let resp = req.send().with_context(|| format!("GET {url}"))?;
-        let status = resp.status();
-        let text = resp.text().with_context(|| format!("GET {url}: reading the reply"))?;
-        if !status.is_success() {
-            bail!("GET {url}: {status}: {}", error_message(&text));
-        }
-        serde_json::from_str(&text).with_context(|| format!("GET {url}: not JSON"))
+        let url = format!("{}{path}", api_base(&self.fleet.first_up().url));
+        self.runtime.block_on(async {
+            let mut req = self.http.get(&url);
+            if let Some(k) = &self.config.api_key {
+                req = req.bearer_auth(k);
+            }
+            let resp = req.send().await.with_context(|| format!("GET {url}"))?;
+            let status = resp.status();
+            let text = resp
+                .text()
+                .await
+                .with_context(|| format!("GET {url}: reading the reply"))?;
+            if !status.is_success() {
+                bail!("GET {url}: {status}: {}", error_message(&text));
+            }
+            serde_json::from_str(&text).with_context(|| format!("GET {url}: not JSON"))
+        })
     }
 
-    fn try_post(&self, server: usize, path: &str, body: &Value) -> std::result::Result<Value, Failure> {
-        let base = api_base(&self.config.urls[server]);
+    async fn try_post(&self, server: &Server, path: &str, body: &Value) -> std::result::Result<Value, Failure> {
         let url = match path.strip_prefix("..") {
-            Some(rest) => format!("{}{rest}", base.trim_end_matches("/v1")),
-            None => format!("{base}{path}"),
+            Some(rest) => format!("{}{rest}", root(&server.url)),
+            None => format!("{}{path}", api_base(&server.url)),
         };
         let mut req = self.http.post(&url).json(body);
         if let Some(k) = &self.config.api_key {
             req = req.bearer_auth(k);
         }
-        let resp = match req.send() {
+        let resp = match req.send().await {
             Ok(r) => r,
             // Timeouts, refused and reset connections: the server may come back.
             Err(e) => {
@@ -200,7 +261,7 @@ impl Client {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(|s| Duration::from_secs_f64(s.min(600.0)));
-        let text = match resp.text() {
+        let text = match resp.text().await {
             Ok(t) => t,
             Err(e) => {
                 return Err(Failure::Retry {
@@ -232,54 +293,11 @@ impl Client {
         })
     }
 
-    /// The server with the fewest requests in flight among those up (the first of those tied);
-    /// when all are set aside, the one back soonest.
-    fn pick(&self) -> usize {
-        let now = Instant::now();
-        let down = self.down_until.lock().unwrap();
-        (0..self.outstanding.len())
-            .min_by_key(|&i| {
-                let back = down[i].filter(|t| *t > now);
-                (back.is_some(), back, self.outstanding[i].load(Ordering::SeqCst))
-            })
-            .unwrap_or(0)
-    }
-
-    /// Set `server` aside for `wait` after a failure; whether another server is up to retry on
-    /// at once.
-    fn set_aside(&self, server: usize, wait: Duration) -> bool {
-        let now = Instant::now();
-        let mut down = self.down_until.lock().unwrap();
-        down[server] = Some(now + wait);
-        down.iter().any(|t| t.is_none_or(|t| t <= now))
-    }
-
     /// Exponential back-off with full jitter: uniform in [b/2, b] for b = backoff · 2^(attempt−1).
     fn backoff(&self, attempt: usize) -> Duration {
         let b = self.config.backoff.as_secs_f64() * 2f64.powi(attempt.saturating_sub(1).min(16) as i32);
         let b = b.min(60.0);
         Duration::from_secs_f64(rand::rng().random_range(b / 2.0..=b.max(1e-3)))
-    }
-
-    /// Wait for a free request slot; the slot is freed when the guard drops.
-    fn acquire(&self) -> SlotGuard<'_> {
-        let mut n = self.in_flight.lock().unwrap();
-        while *n >= self.config.max_in_flight.max(1) {
-            n = self.slot_freed.wait(n).unwrap();
-        }
-        *n += 1;
-        SlotGuard { client: self }
-    }
-}
-
-struct SlotGuard<'a> {
-    client: &'a Client,
-}
-
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        *self.client.in_flight.lock().unwrap() -= 1;
-        self.client.slot_freed.notify_one();
     }
 }
 

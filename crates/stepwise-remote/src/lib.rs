@@ -3,8 +3,8 @@
 //! [`stepwise_core::seams::StepScorer`] a local checkpoint is, with retries and several servers
 //! per run ([`client`]); and `stepwise serve`, a local policy and PRM behind that API (`serve`).
 //!
-//! The client alone (`default-features = false`) builds without the engine: no candle, no tokio
-//! or axum; the default `engine` feature adds `serve` and `backend` (a model argument as a local
+//! The client alone (`default-features = false`) builds without the engine: no candle,
+//! no axum; the default `engine` feature adds `serve` and `backend` (a model argument as a local
 //! checkpoint or a server).
 //!
 //! # Example
@@ -17,6 +17,7 @@
 #[cfg(feature = "engine")]
 pub mod backend;
 pub mod client;
+pub mod fleet;
 pub mod policy;
 pub mod sandbox;
 pub mod scorer;

@@ -2,7 +2,7 @@ use anyhow::{bail, Result};
 use std::path::PathBuf;
 use stepwise_core::{Format, Solution};
 use stepwise_label::methods::{judge_format, Settings};
-use stepwise_label::{annotate_resumable, Annotators, Method};
+use stepwise_label::{annotate_resumable_with, Annotators, Method};
 use stepwise_model::Prompt;
 use stepwise_remote::backend::PolicySettings;
 
@@ -186,11 +186,12 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     let annotator = annotators.get();
     let bar = crate::progress::bar(Some(sols.len() as u64), "annotating");
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads.unwrap_or(0))
-        .build()?;
-    let (labelled, spent) =
-        pool.install(|| annotate_resumable(&a.output, &sols, &*annotator, |done| bar.set_position(done as u64)))?;
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let (labelled, spent) = annotate_resumable_with(&a.output, &sols, &*annotator, threads, |done| {
+        bar.set_position(done as u64)
+    })?;
     bar.finish_and_clear();
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
     if method == Method::OmegaPrm {
@@ -201,10 +202,7 @@ pub fn run(a: Args) -> Result<()> {
             labelled.len()
         );
     }
-    let retried = match backend.retries() {
-        0 => String::new(),
-        n => format!(" ({n} requests retried)"),
-    };
+    let retried = stepwise_remote::backend::servers_summary(&[("policy", backend.client())]);
     if method == Method::Consensus {
         let kept = labelled
             .iter()

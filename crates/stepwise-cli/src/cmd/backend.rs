@@ -30,9 +30,15 @@ pub struct RemoteArgs {
     /// interrupted run resumes from its output.
     #[arg(long, default_value_t = 8)]
     pub retries: usize,
-    /// Requests in flight at once, over all servers.
+    /// Requests in flight at once to each server (vLLM batches what it is sent: raise it, and
+    /// --threads, until each server's batch is full).
     #[arg(long, default_value_t = 64)]
     pub max_in_flight: usize,
+    /// Seconds between health checks of a fleet (several servers, or a file of them, read again
+    /// at each check so servers added to it join): a server silent that long is taken for dead
+    /// or hung, and its requests in flight go to the others.
+    #[arg(long, default_value_t = 5.0)]
+    pub health_interval: f64,
     /// How a PRM server is asked: `stepwise` (`stepwise serve --prm`, every layout) or `pooling`
     /// (vLLM's /pooling with STEP pooling; needs --server-tokenizer and --layout qwen-prm or
     /// step-tag).
@@ -50,6 +56,7 @@ impl RemoteArgs {
             request_timeout: self.request_timeout,
             retries: self.retries,
             max_in_flight: self.max_in_flight,
+            health_interval: self.health_interval,
             protocol: self.protocol.clone(),
         }
     }

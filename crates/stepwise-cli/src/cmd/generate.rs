@@ -15,12 +15,16 @@ steps, with `final_answer` extracted and `correct` graded when a gold answer is 
 the question and a newline (or the question in the chat template with --chat), as `stepwise annotate` continues it; it \
 is encoded once and its KV cache shared by the n samples.
 
---model may be a server instead (vLLM, SGLang, llama.cpp, `stepwise serve`): its URL, or several comma-separated \
-serving the same model; the requests are spread over them and retried when a server fails.
+--model may be a server instead (vLLM, SGLang, llama.cpp, `stepwise serve`): its URL, several comma-separated \
+serving the same model, or a file listing them (one a line; read again as it changes, so servers added join); the \
+requests are spread over them, retried when a server fails, and moved off a server that dies or hangs. Each request \
+carries the seed, so the samples do not depend on which server answered. Problems are asked --threads at a time \
+(default: one for a checkpoint, --max-in-flight for each server), and written in the input's order.
 
 Examples:
   stepwise generate --model fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl
   stepwise generate --model http://gpu1:8000,http://gpu2:8000 --input problems.jsonl -n 8 --output samples.jsonl
+  stepwise generate --model servers.txt --threads 1024 --input problems.jsonl -n 8 --output samples.jsonl
   stepwise generate --model POLICY --task code --input HumanEval.jsonl -n 10 --output code-samples.jsonl
 
 With --task code the input is HumanEval's or MBPP's JSONL: the prompt is the problem's (HumanEval: the function's \
@@ -79,6 +83,10 @@ pub struct Args {
     /// What loaded models compute in.
     #[command(flatten)]
     pub dtype: super::backend::DtypeArg,
+    /// Problems asked at once (default: one for a checkpoint, which samples the n of a problem
+    /// in one batch; --max-in-flight for each server).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -118,31 +126,41 @@ pub fn run(a: Args) -> Result<()> {
     let bar = crate::progress::bar(None, "generating");
     let start = Instant::now();
     let mut new_tokens = 0usize;
-    for p in problems {
-        let (id, question, gold) = (p.id, p.question, p.gold_answer);
-        let outs = policy.continue_from(&question, &[], a.n, Until::End, a.seed)?;
-        for (k, out) in outs.into_iter().enumerate() {
-            new_tokens += out.tokens;
-            let mut s = Solution {
-                id: format!("{id}-{k}"),
-                problem_id: id.clone(),
-                question: question.clone(),
-                steps: a.task.split(&out.text, &a.split).into_iter().map(Step::new).collect(),
-                gold_answer: gold.clone(),
-                generator: Some(a.model.to_string()),
-                ..Default::default()
-            };
-            task.grade_solution(&mut s);
-            writer.write(&s)?;
-            bar.inc(1);
-        }
-    }
+    let servers = backend.client().map_or(0, |c| c.served().len());
+    let threads = a.threads.unwrap_or(match servers {
+        0 => 1,
+        n => n * a.remote.max_in_flight,
+    });
+    stepwise_core::parallel::in_order(
+        &problems,
+        threads,
+        |p| policy.continue_from(&p.question, &[], a.n, Until::End, a.seed),
+        |p, outs| {
+            for (k, out) in outs?.into_iter().enumerate() {
+                new_tokens += out.tokens;
+                let mut s = Solution {
+                    id: format!("{}-{k}", p.id),
+                    problem_id: p.id.clone(),
+                    question: p.question.clone(),
+                    steps: a.task.split(&out.text, &a.split).into_iter().map(Step::new).collect(),
+                    gold_answer: p.gold_answer.clone(),
+                    generator: Some(a.model.to_string()),
+                    ..Default::default()
+                };
+                task.grade_solution(&mut s);
+                writer.write(&s)?;
+                bar.inc(1);
+            }
+            Ok(())
+        },
+    )?;
     writer.finish()?;
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
-        "generated {new_tokens} tokens in {secs:.1}s ({:.0} tokens/s)",
-        new_tokens as f64 / secs
+        "generated {new_tokens} tokens in {secs:.1}s ({:.0} tokens/s){}",
+        new_tokens as f64 / secs,
+        stepwise_remote::backend::servers_summary(&[("policy", backend.client())])
     );
     Ok(())
 }

@@ -209,7 +209,7 @@ pub fn run(a: Args) -> Result<()> {
         )
     };
     eprintln!(
-        "{} problems by {} (N = {}, M = {}): {accuracy}per problem {:.0} tokens generated, {:.0} encoded by the PRM, {:.2} steps rejected, {:.2}s; {}",
+        "{} problems by {} (N = {}, M = {}): {accuracy}per problem {:.0} tokens generated, {:.0} encoded by the PRM, {:.2} steps rejected, {:.2}s{}; {}",
         sols.len(),
         a.method,
         a.n,
@@ -218,6 +218,7 @@ pub fn run(a: Args) -> Result<()> {
         per(&|c| c.encoded_tokens as f64),
         per(&|c| c.rejected_steps as f64),
         per(&|c| c.seconds),
+        stepwise_remote::backend::servers_summary(&[("policy", policy_backend.client()), ("PRM", scorer_backend.client())]),
         a.output.display()
     );
     Ok(())

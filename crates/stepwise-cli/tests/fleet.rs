@@ -1,0 +1,279 @@
+//! Fleets of servers: `annotate --method mc` and `search --method beam` against three `stepwise
+//! serve` processes named in a file give the same records as against one server, also when, mid
+//! run, one server is killed and restarted and another hangs (SIGSTOP) and comes back; a server
+//! added to the file joins the run; a file with a bad entry is refused naming its line.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::server::spawn_until;
+use common::{fixture, stepwise, write_jsonl};
+
+fn tmp(name: &str) -> PathBuf {
+    common::tmp("fleet", name)
+}
+
+/// Records without the fields that say where they came from or how long they took.
+fn records(p: &Path) -> Vec<Value> {
+    let mut out: Vec<Value> = std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("generator");
+            if let Some(meta) = v.get_mut("meta").and_then(Value::as_object_mut) {
+                meta.remove("compute");
+            }
+            v
+        })
+        .collect();
+    out.sort_by_key(|v| v["id"].to_string());
+    out
+}
+
+/// `stepwise serve` on the fixture policy and PRM at `port` (0: any).
+fn serve_at(port: u16) -> (Child, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    cmd.args([
+        "serve",
+        "--model",
+        &fixture("qwen2-policy"),
+        "--prm",
+        &fixture("qwen2-prm"),
+    ])
+    .args(["--port", &port.to_string()])
+    .stdout(Stdio::null());
+    spawn_until(cmd, "stepwise serve: listening on ")
+}
+
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()
+}
+
+/// Lines in `p` so far.
+fn lines(p: &Path) -> usize {
+    std::fs::read_to_string(p).map(|t| t.lines().count()).unwrap_or(0)
+}
+
+/// Wait until `p` has at least `n` lines or `run` ends; whether it got there first.
+fn wait_for(p: &Path, n: usize, run: &mut Child) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(300) {
+        if lines(p) >= n {
+            return true;
+        }
+        if run.try_wait().unwrap().is_some() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{} did not reach {n} lines", p.display());
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+fn solutions(d: &Path, count: usize) -> PathBuf {
+    let p = d.join("solutions.jsonl");
+    let rows: Vec<Value> = (0..count)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "problem_id": format!("p{}", i % 5), "question": format!("What is {i} + 3?"),
+                   "gold_answer": (i + 3).to_string(),
+                   "steps": [{"text": format!("{i} + 3 = {}", i + 3)}, {"text": format!("The answer is {}", i + 3)}]})
+        })
+        .collect();
+    write_jsonl(&p, &rows);
+    p
+}
+
+fn problems(d: &Path, count: usize) -> PathBuf {
+    let p = d.join("problems.jsonl");
+    let rows: Vec<Value> = (0..count)
+        .map(|i| json!({"id": format!("p{i}"), "question": format!("What is {i} + 2?"), "answer": (i + 2).to_string()}))
+        .collect();
+    write_jsonl(&p, &rows);
+    p
+}
+
+/// The command's arguments for a policy (and PRM) at `servers`.
+fn command(kind: &str, servers: &str, input: &Path, output: &Path) -> Vec<String> {
+    let mut args: Vec<String> = match kind {
+        "annotate" => ["annotate", "--method", "mc", "--policy", servers, "--rollouts", "4"]
+            .map(String::from)
+            .to_vec(),
+        _ => [
+            "search",
+            "--method",
+            "beam",
+            "--policy",
+            servers,
+            "--prm",
+            servers,
+            "-n",
+            "4",
+            "--width",
+            "2",
+            "--max-steps",
+            "3",
+        ]
+        .map(String::from)
+        .to_vec(),
+    };
+    args.extend(
+        [
+            "--max-tokens",
+            "8",
+            "--threads",
+            "6",
+            "--health-interval",
+            "0.3",
+            "--request-timeout",
+            "20",
+            "--retries",
+            "30",
+        ]
+        .map(String::from),
+    );
+    args.extend([
+        "--input".into(),
+        input.display().to_string(),
+        "--output".into(),
+        output.display().to_string(),
+    ]);
+    if kind == "annotate" {
+        args.extend(["--served-model".into(), "qwen2-policy".into()]);
+    }
+    args
+}
+
+fn run_to_end(args: &[String]) -> String {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    String::from_utf8_lossy(&stepwise(&refs).stderr).into_owned()
+}
+
+#[test]
+fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
+    let mut fleet: Vec<(Child, String)> = (0..3).map(|_| serve_at(0)).collect();
+    for kind in ["annotate", "search"] {
+        let d = tmp(kind);
+        let (input, total) = match kind {
+            "annotate" => (solutions(&d, 240), 240),
+            _ => (problems(&d, 120), 120),
+        };
+        let one = d.join("one.jsonl");
+        run_to_end(&command(kind, &fleet[0].1, &input, &one));
+        let file = d.join("servers.txt");
+        let urls: Vec<&str> = fleet.iter().map(|(_, u)| u.as_str()).collect();
+        std::fs::write(&file, format!("# three servers\n{}\n", urls.join("\n"))).unwrap();
+        let out = d.join("fleet.jsonl");
+        let args = command(kind, file.to_str().unwrap(), &input, &out);
+        let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A quarter in: the second server dies; half-way: the third hangs; three quarters: the
+        // second is back on its port and the third wakes.
+        let mid_run = wait_for(&out, total / 4, &mut run);
+        fleet[1].0.kill().unwrap();
+        fleet[1].0.wait().unwrap();
+        wait_for(&out, total / 2, &mut run);
+        signal(&fleet[2].0, "-STOP");
+        wait_for(&out, 3 * total / 4, &mut run);
+        fleet[1] = serve_at(port_of(&fleet[1].1));
+        signal(&fleet[2].0, "-CONT");
+        let done = run.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&done.stderr);
+        assert!(done.status.success(), "{said}");
+        eprintln!("{kind} over the fleet: {said}");
+        assert!(mid_run, "{kind} ended before the first kill: make its input longer");
+        assert_eq!(records(&one).len(), total, "{kind}");
+        assert_eq!(
+            records(&one),
+            records(&out),
+            "{kind}: the fleet's faults changed, lost or doubled records"
+        );
+        assert!(
+            said.contains("requests retried") && said.contains("requests per server"),
+            "{said}"
+        );
+    }
+    for (mut child, _) in fleet {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+#[test]
+fn a_server_added_to_the_file_joins_and_a_bad_entry_is_refused_by_line() {
+    let d = tmp("join");
+    let (a, b) = (serve_at(0), serve_at(0));
+    let file = d.join("servers.txt");
+    std::fs::write(&file, format!("{}\n", a.1)).unwrap();
+    let input = solutions(&d, 400);
+    let out = d.join("out.jsonl");
+    let args = command("annotate", file.to_str().unwrap(), &input, &out);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(&out, 4, &mut run), "the run ended before a server could join");
+    std::fs::write(&file, format!("{}\n{}\n", a.1, b.1)).unwrap();
+    let done = run.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{said}");
+    let share = said
+        .split(&format!("{} ", b.1))
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no count for the added server: {said}"));
+    assert!(share > 0, "the added server got no requests: {said}");
+    for (mut child, _) in [a, b] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    std::fs::write(&file, "http://127.0.0.1:1\ngpu2:8000\n").unwrap();
+    let bad = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(command(
+            "annotate",
+            file.to_str().unwrap(),
+            &input,
+            &d.join("bad.jsonl"),
+        ))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(
+        said.contains("servers.txt:2: `gpu2:8000` is not an http:// or https:// URL"),
+        "{said}"
+    );
+    // A fleet none of whose servers answers is refused before any work, naming them.
+    std::fs::write(&file, "http://127.0.0.1:1\nhttp://127.0.0.1:2\n").unwrap();
+    let dead = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(command(
+            "annotate",
+            file.to_str().unwrap(),
+            &input,
+            &d.join("dead.jsonl"),
+        ))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&dead.stderr);
+    assert!(
+        said.contains("none of the 2 servers answers") && said.contains("127.0.0.1:2"),
+        "{said}"
+    );
+}

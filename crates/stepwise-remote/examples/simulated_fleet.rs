@@ -1,0 +1,240 @@
+//! A fleet of simulated OpenAI-compatible policy servers in one process, for measuring what one
+//! driver (`stepwise generate`, `annotate`, `search` against servers) costs and whether it keeps a
+//! fleet busy (`bench/fleet.py`), without GPUs.
+//!
+//! Each server models a vLLM-like H100 serving a 7B policy: up to `--capacity` sequences decode at
+//! once (vLLM's `max_num_seqs`), each at `--tokens-per-second` after `--first-token-ms`; sequences
+//! beyond the capacity wait for a slot. A continuation's text and length are a function of the
+//! prompt, the request's seed and the choice's index only, as a seeded server's are, so a run
+//! over any number of these servers gives the same records. The text is math-like steps ending in
+//! `\boxed{N}`, so rollouts grade right or wrong.
+//!
+//! Routes: `/health`, `/v1/models`, `/v1/completions`, `GET /stats` (each server's requests,
+//! sequences and busy time since the last `POST /stats/reset`: the time-average of
+//! min(running sequences, capacity) / capacity).
+//!
+//! ```text
+//! cargo run --release -p stepwise-remote --example simulated_fleet -- --servers 8 --list servers.txt
+//! ```
+
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+struct Args {
+    servers: usize,
+    capacity: usize,
+    tokens_per_second: f64,
+    first_token_ms: f64,
+    mean_tokens: usize,
+    list: Option<String>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        servers: 8,
+        capacity: 64,
+        tokens_per_second: 50.0,
+        first_token_ms: 40.0,
+        mean_tokens: 120,
+        list: None,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.chunks(2) {
+        let v = pair.get(1).map(String::as_str).unwrap_or("");
+        let num = || {
+            v.parse::<f64>()
+                .unwrap_or_else(|_| panic!("{} takes a number, not `{v}`", pair[0]))
+        };
+        match pair[0].as_str() {
+            "--servers" => a.servers = num() as usize,
+            "--capacity" => a.capacity = num() as usize,
+            "--tokens-per-second" => a.tokens_per_second = num(),
+            "--first-token-ms" => a.first_token_ms = num(),
+            "--mean-tokens" => a.mean_tokens = num() as usize,
+            "--list" => a.list = Some(v.to_string()),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+/// One server's accounting.
+struct Load {
+    since: Instant,
+    last: Instant,
+    running: usize,
+    /// ∫ min(running, capacity) dt, in seconds.
+    busy: f64,
+    requests: u64,
+    sequences: u64,
+    tokens: u64,
+}
+
+struct Server {
+    capacity: usize,
+    tokens_per_second: f64,
+    first_token: Duration,
+    mean_tokens: usize,
+    slots: Semaphore,
+    load: Mutex<Load>,
+}
+
+impl Server {
+    /// `delta` sequences start (+) or end (−) now.
+    fn account(&self, delta: isize) {
+        let mut l = self.load.lock().unwrap();
+        let now = Instant::now();
+        l.busy += (now - l.last).as_secs_f64() * l.running.min(self.capacity) as f64;
+        l.last = now;
+        l.running = l.running.saturating_add_signed(delta);
+    }
+}
+
+/// FNV-1a: the text's dependence on prompt, seed and index.
+fn hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in *p {
+            h = (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        h = (h ^ 0xff).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// A continuation of about `tokens` tokens (a token ≈ a word here), cut at the first stop string.
+fn continuation(h: u64, tokens: usize, stop: &[String]) -> (String, usize, Option<String>) {
+    let mut text = String::new();
+    let mut x = h;
+    let mut words = 0;
+    let mut step = 1;
+    while words + 12 < tokens {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let (a, b) = ((x >> 33) % 90 + 10, (x >> 45) % 90 + 10);
+        text.push_str(&format!("Step {step}: we add {a} and {b} to get {} so far.\n", a + b));
+        words += 11;
+        step += 1;
+    }
+    text.push_str(&format!("The answer is \\boxed{{{}}}", (h >> 20) % 4 + 5));
+    words += 4;
+    for s in stop {
+        if let Some(i) = text.find(s.as_str()) {
+            let cut = text[..i].to_string();
+            let n = cut.split_whitespace().count().max(1);
+            return (cut, n, Some(s.clone()));
+        }
+    }
+    (text, words, None)
+}
+
+async fn completions(State(s): State<Arc<Server>>, Json(body): Json<Value>) -> Json<Value> {
+    let n = body["n"].as_u64().unwrap_or(1).max(1) as usize;
+    let seed = body["seed"].as_u64().unwrap_or(0);
+    let prompt = body["prompt"].to_string();
+    let max_tokens = body["max_tokens"].as_u64().map_or(usize::MAX, |m| m as usize);
+    let stop: Vec<String> = match &body["stop"] {
+        Value::String(x) => vec![x.clone()],
+        Value::Array(a) => a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
+        _ => Vec::new(),
+    };
+    let mut choices = Vec::new();
+    let mut longest = 0;
+    let mut total = 0;
+    for i in 0..n {
+        let h = hash(&[prompt.as_bytes(), &seed.to_le_bytes(), &i.to_le_bytes()]);
+        let want = (s.mean_tokens / 2 + (h % s.mean_tokens as u64) as usize).min(max_tokens);
+        let (text, tokens, stopped) = continuation(h, want, &stop);
+        longest = longest.max(tokens);
+        total += tokens;
+        choices.push(json!({"index": i, "text": text, "finish_reason": "stop", "stop_reason": stopped}));
+    }
+    // The n sequences take n of the server's slots for the longest one's decoding.
+    let permits = s.slots.acquire_many(n.min(s.capacity) as u32).await.unwrap();
+    s.account(n as isize);
+    let secs = s.first_token.as_secs_f64() + longest as f64 / s.tokens_per_second;
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    s.account(-(n as isize));
+    drop(permits);
+    {
+        let mut l = s.load.lock().unwrap();
+        l.requests += 1;
+        l.sequences += n as u64;
+        l.tokens += total as u64;
+    }
+    Json(
+        json!({"object": "text_completion", "model": "sim-7b", "choices": choices,
+                "usage": {"completion_tokens": total, "prompt_tokens": 0, "total_tokens": total}}),
+    )
+}
+
+async fn stats(State(s): State<Arc<Server>>) -> Json<Value> {
+    s.account(0);
+    let l = s.load.lock().unwrap();
+    let secs = (l.last - l.since).as_secs_f64();
+    Json(
+        json!({"seconds": secs, "busy": l.busy / (secs * s.capacity as f64).max(1e-9),
+                "requests": l.requests, "sequences": l.sequences, "tokens": l.tokens, "running": l.running}),
+    )
+}
+
+async fn reset(State(s): State<Arc<Server>>) -> Json<Value> {
+    s.account(0);
+    let mut l = s.load.lock().unwrap();
+    let now = Instant::now();
+    (l.since, l.busy, l.requests, l.sequences, l.tokens) = (now, 0.0, 0, 0, 0);
+    Json(json!({"reset": true}))
+}
+
+fn main() {
+    let a = args();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let mut urls = Vec::new();
+        for _ in 0..a.servers {
+            let now = Instant::now();
+            let server = Arc::new(Server {
+                capacity: a.capacity,
+                tokens_per_second: a.tokens_per_second,
+                first_token: Duration::from_secs_f64(a.first_token_ms / 1e3),
+                mean_tokens: a.mean_tokens.max(16),
+                slots: Semaphore::new(a.capacity),
+                load: Mutex::new(Load {
+                    since: now,
+                    last: now,
+                    running: 0,
+                    busy: 0.0,
+                    requests: 0,
+                    sequences: 0,
+                    tokens: 0,
+                }),
+            });
+            let app = Router::new()
+                .route("/health", get(|| async { "ok" }))
+                .route(
+                    "/v1/models",
+                    get(|| async { Json(json!({"data": [{"id": "sim-7b"}]})) }),
+                )
+                .route("/v1/completions", post(completions))
+                .route("/stats", get(stats))
+                .route("/stats/reset", post(reset))
+                .with_state(server);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            urls.push(format!("http://{}", listener.local_addr().unwrap()));
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        }
+        if let Some(list) = &a.list {
+            std::fs::write(list, urls.join("\n") + "\n").unwrap();
+        }
+        eprintln!("simulated fleet: listening on {}", urls.join(","));
+        std::future::pending::<()>().await;
+    });
+}
