@@ -1,15 +1,22 @@
 //! Fleets of servers: `annotate --method mc` and `search --method beam` against three `stepwise
 //! serve` processes named in a file give the same records as against one server, also when, mid
 //! run, one server is killed and restarted and another hangs (SIGSTOP) and comes back; a server
-//! added to the file joins the run; a file with a bad entry is refused naming its line.
+//! added to the file joins the run; a file with a bad entry is refused naming its line; and one
+//! server behind a proxy that fails on purpose (429 with Retry-After, 500, a hang past the
+//! timeout, a reply that is not JSON, a dropped connection): every record is written once, none
+//! lost.
 
 use serde_json::{json, Value};
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::server::spawn_until;
+use common::server::{read_http, serve, spawn_until, Server};
 use common::{fixture, stepwise, write_jsonl};
 
 fn tmp(name: &str) -> PathBuf {
@@ -34,8 +41,9 @@ fn records(p: &Path) -> Vec<Value> {
     out
 }
 
-/// `stepwise serve` on the fixture policy and PRM at `port` (0: any).
-fn serve_at(port: u16) -> (Child, String) {
+/// `stepwise serve` on the fixture policy and PRM at `port` (0: any); killed when dropped, also
+/// when a test fails.
+fn serve_at(port: u16) -> Server {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
     cmd.args([
         "serve",
@@ -46,7 +54,8 @@ fn serve_at(port: u16) -> (Child, String) {
     ])
     .args(["--port", &port.to_string()])
     .stdout(Stdio::null());
-    spawn_until(cmd, "stepwise serve: listening on ")
+    let (child, url) = spawn_until(cmd, "stepwise serve: listening on ");
+    Server { child, url }
 }
 
 fn port_of(url: &str) -> u16 {
@@ -161,7 +170,7 @@ fn run_to_end(args: &[String]) -> String {
 
 #[test]
 fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
-    let mut fleet: Vec<(Child, String)> = (0..3).map(|_| serve_at(0)).collect();
+    let mut fleet: Vec<Server> = (0..3).map(|_| serve_at(0)).collect();
     for kind in ["annotate", "search"] {
         let d = tmp(kind);
         let (input, total) = match kind {
@@ -169,9 +178,9 @@ fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
             _ => (problems(&d, 120), 120),
         };
         let one = d.join("one.jsonl");
-        run_to_end(&command(kind, &fleet[0].1, &input, &one));
+        run_to_end(&command(kind, &fleet[0].url, &input, &one));
         let file = d.join("servers.txt");
-        let urls: Vec<&str> = fleet.iter().map(|(_, u)| u.as_str()).collect();
+        let urls: Vec<&str> = fleet.iter().map(|s| s.url.as_str()).collect();
         std::fs::write(&file, format!("# three servers\n{}\n", urls.join("\n"))).unwrap();
         let out = d.join("fleet.jsonl");
         let args = command(kind, file.to_str().unwrap(), &input, &out);
@@ -184,13 +193,13 @@ fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
         // A quarter in: the second server dies; half-way: the third hangs; three quarters: the
         // second is back on its port and the third wakes.
         let mid_run = wait_for(&out, total / 4, &mut run);
-        fleet[1].0.kill().unwrap();
-        fleet[1].0.wait().unwrap();
+        fleet[1].child.kill().unwrap();
+        fleet[1].child.wait().unwrap();
         wait_for(&out, total / 2, &mut run);
-        signal(&fleet[2].0, "-STOP");
+        signal(&fleet[2].child, "-STOP");
         wait_for(&out, 3 * total / 4, &mut run);
-        fleet[1] = serve_at(port_of(&fleet[1].1));
-        signal(&fleet[2].0, "-CONT");
+        fleet[1] = serve_at(port_of(&fleet[1].url));
+        signal(&fleet[2].child, "-CONT");
         let done = run.wait_with_output().unwrap();
         let said = String::from_utf8_lossy(&done.stderr);
         assert!(done.status.success(), "{said}");
@@ -207,10 +216,6 @@ fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
             "{said}"
         );
     }
-    for (mut child, _) in fleet {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
 }
 
 #[test]
@@ -218,7 +223,7 @@ fn a_server_added_to_the_file_joins_and_a_bad_entry_is_refused_by_line() {
     let d = tmp("join");
     let (a, b) = (serve_at(0), serve_at(0));
     let file = d.join("servers.txt");
-    std::fs::write(&file, format!("{}\n", a.1)).unwrap();
+    std::fs::write(&file, format!("{}\n", a.url)).unwrap();
     let input = solutions(&d, 400);
     let out = d.join("out.jsonl");
     let args = command("annotate", file.to_str().unwrap(), &input, &out);
@@ -229,21 +234,18 @@ fn a_server_added_to_the_file_joins_and_a_bad_entry_is_refused_by_line() {
         .spawn()
         .unwrap();
     assert!(wait_for(&out, 4, &mut run), "the run ended before a server could join");
-    std::fs::write(&file, format!("{}\n{}\n", a.1, b.1)).unwrap();
+    std::fs::write(&file, format!("{}\n{}\n", a.url, b.url)).unwrap();
     let done = run.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&done.stderr);
     assert!(done.status.success(), "{said}");
     let share = said
-        .split(&format!("{} ", b.1))
+        .split(&format!("{} ", b.url))
         .nth(1)
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or_else(|| panic!("no count for the added server: {said}"));
     assert!(share > 0, "the added server got no requests: {said}");
-    for (mut child, _) in [a, b] {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    drop((a, b));
     std::fs::write(&file, "http://127.0.0.1:1\ngpu2:8000\n").unwrap();
     let bad = Command::new(env!("CARGO_BIN_EXE_stepwise"))
         .args(command(
@@ -276,4 +278,98 @@ fn a_server_added_to_the_file_joins_and_a_bad_entry_is_refused_by_line() {
         said.contains("none of the 2 servers answers") && said.contains("127.0.0.1:2"),
         "{said}"
     );
+}
+
+/// A proxy in front of `upstream` that answers request k (1-based, counting every attempt)
+/// with a failure when `fail(k)` says so, and forwards the rest.
+fn flaky_proxy(upstream: String, fail: fn(usize) -> Option<&'static str>) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let upstream = upstream.trim_start_matches("http://").to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let k = seen.fetch_add(1, Ordering::SeqCst) + 1;
+            let upstream = upstream.clone();
+            std::thread::spawn(move || {
+                let Some(request) = read_http(&mut conn) else { return };
+                let reply: Vec<u8> = match fail(k) {
+                    Some("429") => b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 0.05\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}".to_vec(),
+                    Some("500") => b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec(),
+                    Some("hang") => {
+                        std::thread::sleep(Duration::from_secs(3));
+                        return;
+                    }
+                    Some("garbage") => b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 9\r\nconnection: close\r\n\r\n{not json".to_vec(),
+                    Some(_) => return, // drop the connection without a word
+                    None => {
+                        let mut up = TcpStream::connect(&upstream).unwrap();
+                        up.write_all(&request).unwrap();
+                        let Some(reply) = read_http(&mut up) else { return };
+                        // One request per connection.
+                        let text = String::from_utf8_lossy(&reply).replacen("\r\n", "\r\nconnection: close\r\n", 1);
+                        text.into_bytes()
+                    }
+                };
+                let _ = conn.write_all(&reply);
+            });
+        }
+    });
+    (url, count)
+}
+
+#[test]
+fn annotate_through_a_failing_server_writes_every_record_once() {
+    let d = tmp("faults");
+    let server = serve(&[]);
+    let (proxy, attempts) = flaky_proxy(server.url.clone(), |k| match k % 7 {
+        1 => Some("429"),
+        2 => Some("500"),
+        3 => Some("hang"),
+        4 => Some("garbage"),
+        5 => Some("reset"),
+        _ => None,
+    });
+    let input = d.join("samples.jsonl");
+    write_jsonl(
+        &input,
+        &(0..4)
+            .map(|i| {
+                json!({"id": format!("s{i}"), "problem_id": "p", "question": "What is 3 * 4?", "gold_answer": "12",
+                       "steps": [{"text": "3 * 4 = 12"}, {"text": "The answer is 12"}]})
+            })
+            .collect::<Vec<_>>(),
+    );
+    let run = |policy: &str, out: &Path| {
+        stepwise(&[
+            "annotate",
+            "--policy",
+            policy,
+            "--served-model",
+            "qwen2-policy",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--rollouts",
+            "2",
+            "--max-tokens",
+            "6",
+            "--request-timeout",
+            "1",
+            "--retries",
+            "12",
+        ])
+    };
+    let (local, remote) = (d.join("local.jsonl"), d.join("remote.jsonl"));
+    run(&fixture("qwen2-policy"), &local);
+    let out = run(&proxy, &remote);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("requests retried"), "{said}");
+    let (a, b) = (records(&local), records(&remote));
+    assert_eq!(a.len(), 4);
+    assert_eq!(a, b, "the flaky server changed, lost or duplicated records");
+    assert!(attempts.load(Ordering::SeqCst) > 7, "every kind of failure was met");
 }

@@ -1,20 +1,13 @@
 //! Remote backends end to end: `stepwise serve` on the fixture policy and PRM, and the commands
 //! that take a URL (`generate`, `score`, `search`, `annotate`) giving exactly what they give on
-//! the local folders; then the same through a proxy that fails on purpose (429 with
-//! Retry-After, 500, a hang past the timeout, a reply that is not JSON, a dropped connection):
-//! every record is written once, none lost.
+//! the local folders (servers that fail: `tests/fleet.rs`).
 
 use serde_json::{json, Value};
-use std::io::Write;
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
 mod common;
-use common::server::{get, post, read_http, serve};
+use common::server::{get, post, serve};
 use common::{fixture, stepwise, write_jsonl};
 
 fn tmp(name: &str) -> PathBuf {
@@ -332,100 +325,6 @@ fn concurrent_completions_get_what_they_get_alone() {
     let continuations: u64 = (0..12).map(|i| 2 * (1 + i % 3) as u64).sum();
     assert_eq!(counter("stepwise_decode_rows_total"), tokens - continuations);
     assert!(counter("stepwise_decode_steps_total") <= counter("stepwise_decode_rows_total"));
-}
-
-/// A proxy in front of `upstream` that answers request k (1-based, counting every attempt)
-/// with a failure when `fail(k)` says so, and forwards the rest.
-fn flaky_proxy(upstream: String, fail: fn(usize) -> Option<&'static str>) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let count = Arc::new(AtomicUsize::new(0));
-    let seen = count.clone();
-    let upstream = upstream.trim_start_matches("http://").to_string();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let k = seen.fetch_add(1, Ordering::SeqCst) + 1;
-            let upstream = upstream.clone();
-            std::thread::spawn(move || {
-                let Some(request) = read_http(&mut conn) else { return };
-                let reply: Vec<u8> = match fail(k) {
-                    Some("429") => b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 0.05\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}".to_vec(),
-                    Some("500") => b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec(),
-                    Some("hang") => {
-                        std::thread::sleep(Duration::from_secs(3));
-                        return;
-                    }
-                    Some("garbage") => b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 9\r\nconnection: close\r\n\r\n{not json".to_vec(),
-                    Some(_) => return, // drop the connection without a word
-                    None => {
-                        let mut up = TcpStream::connect(&upstream).unwrap();
-                        up.write_all(&request).unwrap();
-                        let Some(reply) = read_http(&mut up) else { return };
-                        // One request per connection.
-                        let text = String::from_utf8_lossy(&reply).replacen("\r\n", "\r\nconnection: close\r\n", 1);
-                        text.into_bytes()
-                    }
-                };
-                let _ = conn.write_all(&reply);
-            });
-        }
-    });
-    (url, count)
-}
-
-#[test]
-fn annotate_through_a_failing_server_writes_every_record_once() {
-    let d = tmp("faults");
-    let server = serve(&[]);
-    let (proxy, attempts) = flaky_proxy(server.url.clone(), |k| match k % 7 {
-        1 => Some("429"),
-        2 => Some("500"),
-        3 => Some("hang"),
-        4 => Some("garbage"),
-        5 => Some("reset"),
-        _ => None,
-    });
-    let input = d.join("samples.jsonl");
-    write_jsonl(
-        &input,
-        &(0..4)
-            .map(|i| {
-                json!({"id": format!("s{i}"), "problem_id": "p", "question": "What is 3 * 4?", "gold_answer": "12",
-                       "steps": [{"text": "3 * 4 = 12"}, {"text": "The answer is 12"}]})
-            })
-            .collect::<Vec<_>>(),
-    );
-    let run = |policy: &str, out: &Path| {
-        stepwise(&[
-            "annotate",
-            "--policy",
-            policy,
-            "--served-model",
-            "qwen2-policy",
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-            "--rollouts",
-            "2",
-            "--max-tokens",
-            "6",
-            "--request-timeout",
-            "1",
-            "--retries",
-            "12",
-        ])
-    };
-    let (local, remote) = (d.join("local.jsonl"), d.join("remote.jsonl"));
-    run(&fixture("qwen2-policy"), &local);
-    let out = run(&proxy, &remote);
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(said.contains("requests retried"), "{said}");
-    let (a, b) = (records(&local), records(&remote));
-    assert_eq!(a.len(), 4);
-    assert_eq!(a, b, "the flaky server changed, lost or duplicated records");
-    assert!(attempts.load(Ordering::SeqCst) > 7, "every kind of failure was met");
 }
 
 #[test]

@@ -1,0 +1,43 @@
+"""A fleet from Python: `stepwise.Policy` and `stepwise.PRM` given a file of server URLs (two
+`stepwise serve` processes) sample and score what the local checkpoints do, and a file with a bad
+entry is refused naming its line."""
+
+import shutil
+import subprocess
+
+import pytest
+
+import stepwise
+
+
+def serve(fixtures):
+    exe = shutil.which("stepwise")
+    assert exe, "the stepwise command line on the PATH (target/debug)"
+    proc = subprocess.Popen([exe, "serve", "--model", str(fixtures / "qwen2-policy"), "--prm",
+                             str(fixtures / "qwen2-prm"), "--port", "0", "--host", "127.0.0.1"],
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if "listening on " in line:
+            return proc, line.split("listening on ")[1].strip()
+    raise AssertionError("stepwise serve did not start")
+
+
+def test_a_server_file_serves_as_the_local_checkpoints_do(fixtures, tmp_path):
+    servers = [serve(fixtures) for _ in range(2)]
+    try:
+        listing = tmp_path / "servers.txt"
+        listing.write_text("# two servers\n" + "\n".join(url for _, url in servers) + "\n")
+        question, steps = "What is 2 + 3?", ["2 + 3 = 5", "The answer is 5"]
+        local_prm, fleet_prm = stepwise.PRM(str(fixtures / "qwen2-prm")), stepwise.PRM(str(listing))
+        assert fleet_prm.score(question, steps) == pytest.approx(local_prm.score(question, steps), abs=1e-6)
+        local = stepwise.Policy(str(fixtures / "qwen2-policy"), max_tokens=12)
+        fleet = stepwise.Policy(str(listing), max_tokens=12, served_model="qwen2-policy")
+        for seed in range(4):
+            assert fleet.generate(question, n=2, seed=seed) == local.generate(question, n=2, seed=seed)
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+            proc.wait(timeout=30)
+    listing.write_text("http://127.0.0.1:1\ngpu2:8000\n")
+    with pytest.raises(stepwise.StepwiseError, match=r"servers.txt:2: `gpu2:8000` is not an http"):
+        stepwise.Policy(str(listing))
