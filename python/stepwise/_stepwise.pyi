@@ -17,6 +17,10 @@ format stepwise reads (TRL, Math-Shepherd, PRM800K, ProcessBench, OmegaPRM, RLHF
 __version__: str
 cuda_available: bool
 
+def cli(argv: Sequence[str]) -> int:
+    """Run the `stepwise` command line on `argv` (the program's name first) in this process: its
+    exit status. The `stepwise` command that `pip install` puts on the PATH calls this."""
+
 class StepwiseError(Exception):
     """An error from stepwise, with the message that names the file, record or field at fault."""
 

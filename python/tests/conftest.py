@@ -2,12 +2,21 @@
 ``data/`` and ``fixtures/`` (the tests run from the source tree's ``python/tests``)."""
 
 import json
+import os
+import shutil
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+# The tests that start `stepwise serve` or the studio run the `stepwise` command: a dev build on
+# the PATH when there is one (target/debug in CI), else the one the package installed beside this
+# interpreter, so the tests pass in an environment that only ran `pip install ./python`.
+if shutil.which("stepwise") is None and (Path(sys.executable).parent / "stepwise").exists():
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import stepwise
 
 def serve(fixtures):
     exe = shutil.which("stepwise")
-    assert exe, "the stepwise command line on the PATH (target/debug)"
+    assert exe, "the stepwise command: pip install ./python (or a dev build on the PATH)"
     proc = subprocess.Popen([exe, "serve", "--model", str(fixtures / "qwen2-policy"), "--prm",
                              str(fixtures / "qwen2-prm"), "--port", "0", "--host", "127.0.0.1"],
                             stderr=subprocess.PIPE, text=True)

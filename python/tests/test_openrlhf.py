@@ -60,7 +60,7 @@ def tok(fixtures):
 
 def test_openrlhf_posts_to_stepwise_serve(fixtures, tok):
     exe = shutil.which("stepwise")
-    assert exe, "the stepwise command line on the PATH (target/debug)"
+    assert exe, "the stepwise command: pip install ./python (or a dev build on the PATH)"
     server = subprocess.Popen([exe, "serve", "--prm", str(fixtures / "qwen2-prm"), "--port", "0",
                                "--host", "127.0.0.1"], stderr=subprocess.PIPE, text=True)
     try:

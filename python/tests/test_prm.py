@@ -41,11 +41,10 @@ def test_scores_are_the_command_lines(fixtures, processbench, tmp_path):
     """`stepwise score` and `PRM.score_records` write the same numbers for the same records."""
     import shutil
     import subprocess
-    from pathlib import Path
 
-    binary = shutil.which("stepwise") or str(Path(__file__).resolve().parents[2] / "target" / "debug" / "stepwise")
-    if not Path(binary).exists():
-        pytest.fail(f"no stepwise binary at {binary}: build it (cargo build -p stepwise-cli)")
+    binary = shutil.which("stepwise")
+    if binary is None:
+        pytest.fail("no stepwise command: pip install ./python (or cargo build -p stepwise-cli)")
     recs = short(stepwise.read(processbench))
     stepwise.write(recs, tmp_path / "in.jsonl")
     subprocess.run([binary, "score", "--model", str(fixtures / "qwen2-prm"), "--input", str(tmp_path / "in.jsonl"),

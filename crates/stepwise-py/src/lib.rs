@@ -28,11 +28,19 @@ pyo3::create_exception!(
     "An error from stepwise (a file, a record, a model or a server), with the message that names what is wrong."
 );
 
+/// Run the `stepwise` command line on `argv` (the program's name first) in this process, without
+/// the GIL: its exit status. The `stepwise` command `pip install` puts on the PATH calls this.
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
+    convert::without_gil(py, move || Ok(stepwise_cli::main_with(argv)))
+}
+
 #[pymodule]
 fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StepwiseError", m.py().get_type::<StepwiseError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("cuda_available", cfg!(feature = "cuda"))?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(records::read, m)?)?;
     m.add_function(wrap_pyfunction!(records::read_problems, m)?)?;
     m.add_function(wrap_pyfunction!(records::write, m)?)?;

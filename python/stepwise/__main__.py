@@ -1,0 +1,5 @@
+"""`python -m stepwise ARGS`: the command line, as the `stepwise` command runs it."""
+
+from ._cli import main
+
+main()
