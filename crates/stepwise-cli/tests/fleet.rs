@@ -16,46 +16,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::server::{read_http, serve, spawn_until, Server};
+use common::server::{read_http, serve, Server};
 use common::{fixture, stepwise, write_jsonl};
 
 fn tmp(name: &str) -> PathBuf {
     common::tmp("fleet", name)
 }
 
-/// Records without the fields that say where they came from or how long they took.
+/// Records without timing fields, in the order of their ids (a fleet finishes them in any order).
 fn records(p: &Path) -> Vec<Value> {
-    let mut out: Vec<Value> = std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("generator");
-            if let Some(meta) = v.get_mut("meta").and_then(Value::as_object_mut) {
-                meta.remove("compute");
-            }
-            v
-        })
-        .collect();
+    let mut out = common::records_without_timing(p);
     out.sort_by_key(|v| v["id"].to_string());
     out
 }
 
-/// `stepwise serve` on the fixture policy and PRM at `port` (0: any); killed when dropped, also
-/// when a test fails.
 fn serve_at(port: u16) -> Server {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
-    cmd.args([
-        "serve",
-        "--model",
-        &fixture("qwen2-policy"),
-        "--prm",
-        &fixture("qwen2-prm"),
-    ])
-    .args(["--port", &port.to_string()])
-    .stdout(Stdio::null());
-    let (child, url) = spawn_until(cmd, "stepwise serve: listening on ");
-    Server { child, url }
+    common::server::serve_at(port, &[])
 }
 
 fn port_of(url: &str) -> u16 {
@@ -163,6 +139,16 @@ fn command(kind: &str, servers: &str, input: &Path, output: &Path) -> Vec<String
     args
 }
 
+/// `stepwise` with `args` started, its stderr kept for the end.
+fn spawn(args: &[String]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn run_to_end(args: &[String]) -> String {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     String::from_utf8_lossy(&stepwise(&refs).stderr).into_owned()
@@ -184,12 +170,7 @@ fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
         std::fs::write(&file, format!("# three servers\n{}\n", urls.join("\n"))).unwrap();
         let out = d.join("fleet.jsonl");
         let args = command(kind, file.to_str().unwrap(), &input, &out);
-        let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut run = spawn(&args);
         // A quarter in: the second server dies; half-way: the third hangs; three quarters: the
         // second is back on its port and the third wakes.
         let mid_run = wait_for(&out, total / 4, &mut run);
@@ -227,12 +208,7 @@ fn a_server_added_to_the_file_joins_and_a_bad_entry_is_refused_by_line() {
     let input = solutions(&d, 400);
     let out = d.join("out.jsonl");
     let args = command("annotate", file.to_str().unwrap(), &input, &out);
-    let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut run = spawn(&args);
     assert!(wait_for(&out, 4, &mut run), "the run ended before a server could join");
     std::fs::write(&file, format!("{}\n{}\n", a.url, b.url)).unwrap();
     let done = run.wait_with_output().unwrap();
@@ -246,34 +222,28 @@ fn a_server_added_to_the_file_joins_and_a_bad_entry_is_refused_by_line() {
         .unwrap_or_else(|| panic!("no count for the added server: {said}"));
     assert!(share > 0, "the added server got no requests: {said}");
     drop((a, b));
-    std::fs::write(&file, "http://127.0.0.1:1\ngpu2:8000\n").unwrap();
-    let bad = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(command(
-            "annotate",
-            file.to_str().unwrap(),
-            &input,
-            &d.join("bad.jsonl"),
-        ))
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success());
+    // What annotate says when it fails on the servers the file lists.
+    let refused = |listing: &str| {
+        std::fs::write(&file, listing).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(command(
+                "annotate",
+                file.to_str().unwrap(),
+                &input,
+                &d.join("bad.jsonl"),
+            ))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = refused("http://127.0.0.1:1\ngpu2:8000\n");
     assert!(
         said.contains("servers.txt:2: `gpu2:8000` is not an http:// or https:// URL"),
         "{said}"
     );
     // A fleet none of whose servers answers is refused before any work, naming them.
-    std::fs::write(&file, "http://127.0.0.1:1\nhttp://127.0.0.1:2\n").unwrap();
-    let dead = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(command(
-            "annotate",
-            file.to_str().unwrap(),
-            &input,
-            &d.join("dead.jsonl"),
-        ))
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&dead.stderr);
+    let said = refused("http://127.0.0.1:1\nhttp://127.0.0.1:2\n");
     assert!(
         said.contains("none of the 2 servers answers") && said.contains("127.0.0.1:2"),
         "{said}"

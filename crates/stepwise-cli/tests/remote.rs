@@ -14,20 +14,8 @@ fn tmp(name: &str) -> PathBuf {
     common::tmp("remote", name)
 }
 
-/// Records without the fields that name where they came from or how long they took.
 fn records(p: &Path) -> Vec<Value> {
-    std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("generator");
-            if let Some(meta) = v.get_mut("meta").and_then(Value::as_object_mut) {
-                meta.remove("compute");
-            }
-            v
-        })
-        .collect()
+    common::records_without_timing(p)
 }
 
 fn problems(d: &Path) -> PathBuf {

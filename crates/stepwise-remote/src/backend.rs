@@ -106,7 +106,7 @@ pub struct RemoteOptions {
     /// Requests in flight at once to each server.
     pub max_in_flight: usize,
     /// Seconds between checks of a fleet (several servers, or a file of them); a server silent
-    /// that long is taken for dead or hung and its requests go to the others.
+    /// that long (at least 2 s) is taken for dead or hung and its requests go to the others.
     pub health_interval: f64,
     /// How a PRM server is asked: `stepwise` or `pooling` (vLLM's /pooling).
     pub protocol: String,

@@ -41,7 +41,7 @@ pub struct ServerConfig {
     /// Back-off before the first retry; doubled each time (with jitter), capped at 60 s.
     pub backoff: Duration,
     /// How often a fleet (several servers, or a file) is checked and its file read again; a
-    /// server silent for this long is taken for dead or hung.
+    /// server silent for this long (at least 2 s) is taken for dead or hung.
     pub health_interval: Duration,
 }
 
@@ -84,7 +84,13 @@ fn api_base(url: &str) -> String {
 
 /// A failure worth another try, or not.
 enum Failure {
-    Retry { why: String, after: Option<Duration> },
+    Retry {
+        why: String,
+        after: Option<Duration>,
+    },
+    /// The health check found the server not answering: the request goes to another at once,
+    /// not counted against its retries (the request did nothing wrong).
+    Moved,
     Fatal(anyhow::Error),
 }
 
@@ -119,7 +125,10 @@ impl Client {
         let slots = Arc::new(tokio::sync::Semaphore::new(per_server * fleet.all().len()));
         if fleet.is_fleet() {
             let every = config.health_interval.max(Duration::from_millis(100));
-            let answers = runtime.block_on(fleet.check(&http, every.min(config.timeout)));
+            // A server busy with a full batch still answers /health within a second or two; one
+            // silent past this is taken for hung.
+            let patience = every.max(Duration::from_secs(2)).min(config.timeout);
+            let answers = runtime.block_on(fleet.check(&http, patience));
             if answers.iter().all(|(_, a)| a.is_err()) {
                 let why: Vec<String> = answers
                     .iter()
@@ -133,7 +142,9 @@ impl Client {
                 }
             }
             let (fleet, http, slots) = (fleet.clone(), http.clone(), slots.clone());
-            runtime.spawn(fleet.watch(http, every, move |joined| slots.add_permits(joined * per_server)));
+            runtime.spawn(fleet.watch(http, every, patience, move |joined| {
+                slots.add_permits(joined * per_server)
+            }));
         }
         Ok(Client {
             config,
@@ -184,10 +195,7 @@ impl Client {
             let result = tokio::select! {
                 r = self.try_post(&server, path, body) => r,
                 // A server found dead or hung: its requests go to the others at once.
-                _ = went_down(down), if up => Err(Failure::Retry {
-                    why: "the server stopped answering the health check".into(),
-                    after: Some(Duration::ZERO),
-                }),
+                _ = went_down(down), if up => Err(Failure::Moved),
             };
             drop(in_flight);
             match result {
@@ -197,6 +205,9 @@ impl Client {
                     return Ok(v);
                 }
                 Err(Failure::Fatal(e)) => return Err(e),
+                Err(Failure::Moved) => {
+                    self.retries.fetch_add(1, Ordering::Relaxed);
+                }
                 Err(Failure::Retry { why, after }) => {
                     if attempt >= self.config.max_retries {
                         bail!("{}{path}: {why} (gave up after {attempt} retries)", server.url);

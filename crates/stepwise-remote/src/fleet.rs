@@ -230,8 +230,15 @@ impl Fleet {
         out
     }
 
-    /// Check the fleet every `every` (and read its file again) until the client is dropped.
-    pub async fn watch(self: Arc<Self>, http: reqwest::Client, every: Duration, on_join: impl Fn(usize)) {
+    /// Check the fleet every `every` (and read its file again), each server given `patience` to
+    /// answer, until the client is dropped.
+    pub async fn watch(
+        self: Arc<Self>,
+        http: reqwest::Client,
+        every: Duration,
+        patience: Duration,
+        on_join: impl Fn(usize),
+    ) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -242,7 +249,7 @@ impl Fleet {
                     on_join(n);
                 }
             }
-            self.check(&http, every).await;
+            self.check(&http, patience).await;
         }
     }
 }

@@ -35,7 +35,7 @@ pub struct RemoteArgs {
     #[arg(long, default_value_t = 64)]
     pub max_in_flight: usize,
     /// Seconds between health checks of a fleet (several servers, or a file of them, read again
-    /// at each check so servers added to it join): a server silent that long is taken for dead
+    /// at each check so servers added to it join): a server silent that long (at least 2 s) is taken for dead
     /// or hung, and its requests in flight go to the others.
     #[arg(long, default_value_t = 5.0)]
     pub health_interval: f64,

@@ -58,3 +58,20 @@ pub fn step_scores(jsonl: &str, name: &str) -> Vec<f64> {
         })
         .collect()
 }
+
+/// A JSONL file's records without the fields that name where they came from or how long they
+/// took (`generator`, `meta.compute`), in the file's order.
+pub fn records_without_timing(p: &Path) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("generator");
+            if let Some(meta) = v.get_mut("meta").and_then(Value::as_object_mut) {
+                meta.remove("compute");
+            }
+            v
+        })
+        .collect()
+}

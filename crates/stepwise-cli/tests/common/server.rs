@@ -22,6 +22,11 @@ impl Drop for Server {
 }
 
 pub fn serve(extra: &[&str]) -> Server {
+    serve_at(0, extra)
+}
+
+/// `stepwise serve` at `port` (0: any free one), its output to /dev/null; killed when dropped.
+pub fn serve_at(port: u16, extra: &[&str]) -> Server {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
     cmd.args([
         "serve",
@@ -29,10 +34,10 @@ pub fn serve(extra: &[&str]) -> Server {
         &fixture("qwen2-policy"),
         "--prm",
         &fixture("qwen2-prm"),
-        "--port",
-        "0",
     ])
-    .args(extra);
+    .args(["--port", &port.to_string()])
+    .args(extra)
+    .stdout(Stdio::null());
     let (child, url) = spawn_until(cmd, "stepwise serve: listening on ");
     Server { child, url }
 }
