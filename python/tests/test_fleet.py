@@ -30,6 +30,10 @@ def test_a_server_file_serves_as_the_local_checkpoints_do(fixtures, tmp_path):
         question, steps = "What is 2 + 3?", ["2 + 3 = 5", "The answer is 5"]
         local_prm, fleet_prm = stepwise.PRM(str(fixtures / "qwen2-prm")), stepwise.PRM(str(listing))
         assert fleet_prm.score(question, steps) == pytest.approx(local_prm.score(question, steps), abs=1e-6)
+        # A batch is split over the servers, one request each, and comes back in order.
+        batch = [(f"What is {i} + 1?", [f"{i} + 1 = {i + 1}", f"The answer is {i + 1}"]) for i in range(7)]
+        for got, want in zip(fleet_prm.score_batch(batch), local_prm.score_batch(batch)):
+            assert got == pytest.approx(want, abs=1e-6)
         local = stepwise.Policy(str(fixtures / "qwen2-policy"), max_tokens=12)
         fleet = stepwise.Policy(str(listing), max_tokens=12, served_model="qwen2-policy")
         for seed in range(4):

@@ -37,7 +37,38 @@ pub struct RemoteScorer<'a> {
 }
 
 impl StepScorer for RemoteScorer<'_> {
+    /// One request; over several servers, the batch split into one request for each, sent at
+    /// once, so a fleet scores a batch together.
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let servers = self.client.served().len();
+        if servers < 2 || batch.len() < 2 {
+            return self.score_one(batch);
+        }
+        let parts: Vec<Result<Scored>> = std::thread::scope(|s| {
+            let started: Vec<_> = batch
+                .chunks(batch.len().div_ceil(servers))
+                .map(|part| s.spawn(move || self.score_one(part)))
+                .collect();
+            started
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a scoring request's thread panicked")))
+                })
+                .collect()
+        });
+        let mut all = Scored::default();
+        for part in parts {
+            let part = part?;
+            all.scores.extend(part.scores);
+            all.tokens += part.tokens;
+        }
+        Ok(all)
+    }
+}
+
+impl RemoteScorer<'_> {
+    fn score_one(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
         if batch.is_empty() {
             return Ok(Scored::default());
         }

@@ -156,14 +156,17 @@ pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     let (scorer_backend, policy_backend, prm_scorer, chains, generative, sandbox);
+    let servers;
     let scorer: &dyn stepwise_core::StepScorer = match a.verifier {
         VerifierKind::Prm => {
             scorer_backend = a.device.open_scorer(&a.model, &a.layout, &a.remote)?;
+            servers = scorer_backend.client();
             prm_scorer = scorer_backend.scorer();
             &*prm_scorer
         }
         VerifierKind::Generative => {
             policy_backend = a.device.open_policy(&a.model, &a.remote)?;
+            servers = policy_backend.client();
             chains = policy_backend.policy(&stepwise_remote::backend::PolicySettings {
                 temperature: a.temperature,
                 max_tokens: Some(a.max_tokens),
@@ -216,11 +219,12 @@ pub fn run(a: Args) -> Result<()> {
     write_solutions(&a.output, &sols)?;
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
-        "scored {} solutions ({} tokens) in {secs:.1}s: {:.0} tokens/s, {:.1} solutions/s",
+        "scored {} solutions ({} tokens) in {secs:.1}s: {:.0} tokens/s, {:.1} solutions/s{}",
         run.scored,
         run.tokens,
         run.tokens as f64 / secs,
-        run.scored as f64 / secs
+        run.scored as f64 / secs,
+        stepwise_remote::backend::servers_summary(&[("verifier", servers)])
     );
     if !run.skipped.is_empty() {
         let first = &sols[run.skipped[0]];
