@@ -343,3 +343,38 @@ fn annotate_through_a_failing_server_writes_every_record_once() {
     assert_eq!(a, b, "the flaky server changed, lost or duplicated records");
     assert!(attempts.load(Ordering::SeqCst) > 7, "every kind of failure was met");
 }
+
+#[test]
+fn score_splits_a_batch_over_the_servers_and_gives_one_servers_scores() {
+    let d = tmp("score");
+    let (a, b) = (serve_at(0), serve_at(0));
+    let input = solutions(&d, 30);
+    let score = |servers: &str, out: &Path| {
+        let said = stepwise(&[
+            "score",
+            "--model",
+            servers,
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ])
+        .stderr;
+        String::from_utf8_lossy(&said).into_owned()
+    };
+    let (one, two) = (d.join("one.jsonl"), d.join("two.jsonl"));
+    score(&a.url, &one);
+    let said = score(&format!("{},{}", a.url, b.url), &two);
+    assert_eq!(
+        common::step_scores(&std::fs::read_to_string(&one).unwrap(), "prm").len(),
+        60
+    );
+    assert_eq!(
+        common::step_scores(&std::fs::read_to_string(&one).unwrap(), "prm"),
+        common::step_scores(&std::fs::read_to_string(&two).unwrap(), "prm")
+    );
+    assert!(
+        said.contains(&format!("{} 1", b.url)),
+        "the second server scored nothing: {said}"
+    );
+}
