@@ -378,3 +378,49 @@ fn score_splits_a_batch_over_the_servers_and_gives_one_servers_scores() {
         "the second server scored nothing: {said}"
     );
 }
+
+#[test]
+fn generate_killed_mid_run_resumes_to_the_records_of_a_run_that_was_not() {
+    let d = tmp("generate");
+    let server = serve_at(0);
+    let input = problems(&d, 150);
+    let args = |out: &Path| -> Vec<String> {
+        [
+            "generate",
+            "--model",
+            &server.url,
+            "-n",
+            "2",
+            "--max-tokens",
+            "8",
+            "--threads",
+            "4",
+            "--seed",
+            "3",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([
+            "--input".into(),
+            input.display().to_string(),
+            "--output".into(),
+            out.display().to_string(),
+        ])
+        .collect()
+    };
+    let whole = d.join("whole.jsonl");
+    run_to_end(&args(&whole));
+    let cut = d.join("cut.jsonl");
+    let mut run = spawn(&args(&cut));
+    assert!(wait_for(&cut, 60, &mut run), "generate ended before it could be killed");
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert!(lines(&cut) < 300, "killed after the end");
+    let said = run_to_end(&args(&cut));
+    assert_eq!(records(&whole).len(), 300, "{said}");
+    assert_eq!(
+        records(&whole),
+        records(&cut),
+        "the resumed run lost, changed or doubled records"
+    );
+}

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::Until;
 use stepwise_core::steps::SplitStrategy;
-use stepwise_core::{Format, Policy, Solution, SolutionWriter, Step};
+use stepwise_core::{Format, Policy, Problem, Solution, SolutionWriter, Step};
 use stepwise_model::Prompt;
 
 /// Sample solutions from a policy.
@@ -19,7 +19,9 @@ is encoded once and its KV cache shared by the n samples.
 serving the same model, or a file listing them (one a line; read again as it changes, so servers added join); the \
 requests are spread over them, retried when a server fails, and moved off a server that dies or hangs. Each request \
 carries the seed, so the samples do not depend on which server answered. Problems are asked --threads at a time \
-(default: one for a checkpoint, --max-in-flight for each server), and written in the input's order.
+(default: one for a checkpoint, --max-in-flight for each server), and written in the input's order. A .jsonl \
+--output is a journal: a run cut off (even by kill -9) and started again samples only the problems it lacks, and \
+the records equal an uninterrupted run's.
 
 Examples:
   stepwise generate --model fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl
@@ -122,7 +124,7 @@ pub fn run(a: Args) -> Result<()> {
             })
         }
     };
-    let mut writer = SolutionWriter::create(&a.output, Format::Stepwise)?;
+    let (mut output, problems) = Output::open(&a, &stop, problems)?;
     let bar = crate::progress::bar(None, "generating");
     let start = Instant::now();
     let mut new_tokens = 0usize;
@@ -148,13 +150,13 @@ pub fn run(a: Args) -> Result<()> {
                     ..Default::default()
                 };
                 task.grade_solution(&mut s);
-                writer.write(&s)?;
+                output.write(&s)?;
                 bar.inc(1);
             }
             Ok(())
         },
     )?;
-    writer.finish()?;
+    output.finish()?;
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
@@ -163,4 +165,58 @@ pub fn run(a: Args) -> Result<()> {
         stepwise_remote::backend::servers_summary(&[("policy", backend.client())])
     );
     Ok(())
+}
+
+/// Where samples go: a `.jsonl` file is a journal (a run cut off, even by `kill -9`, resumes with
+/// the problems it lacks, and the records equal an uninterrupted run's, as each request carries
+/// the seed); stdout or another format is written in one go.
+enum Output {
+    Journal {
+        journal: stepwise_core::journal::Journal,
+        /// Held while the run writes (no other process writes the output meanwhile).
+        _claim: stepwise_core::journal::Claim,
+    },
+    Writer(SolutionWriter),
+}
+
+impl Output {
+    /// The output, and the problems still to sample.
+    fn open(a: &Args, stop: &[String], problems: Vec<Problem>) -> Result<(Self, Vec<Problem>)> {
+        if a.output.extension().is_none_or(|e| e != "jsonl") {
+            return Ok((
+                Output::Writer(SolutionWriter::create(&a.output, Format::Stepwise)?),
+                problems,
+            ));
+        }
+        let claim = stepwise_core::journal::claim(
+            &a.output,
+            &serde_json::json!({
+                "input": stepwise_core::journal::fingerprint(&problems)?, "model": a.model.identity()?,
+                "n": a.n, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
+                "max_tokens": a.max_tokens, "seed": a.seed, "stop": stop, "split": format!("{:?}", a.split),
+                "chat": a.chat, "task": a.task.identity(Some(&a.input))?,
+            }),
+        )?;
+        let (journal, _) = stepwise_core::journal::Journal::open::<Solution>(&a.output, |s| s.id.clone())?;
+        let todo: Vec<Problem> = problems
+            .into_iter()
+            .filter(|p| (0..a.n).any(|k| !journal.contains(&format!("{}-{k}", p.id))))
+            .collect();
+        Ok((Output::Journal { journal, _claim: claim }, todo))
+    }
+
+    fn write(&mut self, s: &Solution) -> Result<()> {
+        match self {
+            Output::Journal { journal, .. } if journal.contains(&s.id) => Ok(()),
+            Output::Journal { journal, .. } => journal.append(s.id.clone(), s),
+            Output::Writer(w) => Ok(w.write(s)?),
+        }
+    }
+
+    fn finish(self) -> Result<()> {
+        match self {
+            Output::Journal { .. } => Ok(()),
+            Output::Writer(w) => Ok(w.finish()?),
+        }
+    }
 }
