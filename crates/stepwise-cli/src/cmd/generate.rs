@@ -176,7 +176,7 @@ enum Output {
         /// Held while the run writes (no other process writes the output meanwhile).
         _claim: stepwise_core::journal::Claim,
     },
-    Writer(SolutionWriter),
+    Writer(Box<SolutionWriter>),
 }
 
 impl Output {
@@ -184,7 +184,7 @@ impl Output {
     fn open(a: &Args, stop: &[String], problems: Vec<Problem>) -> Result<(Self, Vec<Problem>)> {
         if a.output.extension().is_none_or(|e| e != "jsonl") {
             return Ok((
-                Output::Writer(SolutionWriter::create(&a.output, Format::Stepwise)?),
+                Output::Writer(Box::new(SolutionWriter::create(&a.output, Format::Stepwise)?)),
                 problems,
             ));
         }
