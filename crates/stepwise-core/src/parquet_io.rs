@@ -90,7 +90,10 @@ mod with {
         Ok(reader.map(|batch| batch.map_err(|e| e.to_string()).and_then(|b| batch_to_json(&b))))
     }
 
-    /// An Arrow record batch as JSON object records (nulls written out).
+    /// An Arrow record batch as JSON object records. A null field of a row is left out of its
+    /// object (at any depth; nulls in lists stay): Arrow holds a field that some records lack as
+    /// null in those, where the records had no such field (a table of records scored and
+    /// unscored has `scores.prm` null in the unscored ones).
     pub fn batch_to_json(batch: &RecordBatch) -> Result<Vec<Value>, String> {
         let mut buf = Vec::new();
         let mut w = WriterBuilder::new()
@@ -101,7 +104,24 @@ mod with {
         drop(w);
         buf.split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_slice(l).map_err(|e| e.to_string()))
+            .map(|l| {
+                serde_json::from_slice(l)
+                    .map(without_nulls)
+                    .map_err(|e| e.to_string())
+            })
             .collect()
+    }
+
+    fn without_nulls(v: Value) -> Value {
+        match v {
+            Value::Object(o) => Value::Object(
+                o.into_iter()
+                    .filter(|(_, x)| !x.is_null())
+                    .map(|(k, x)| (k, without_nulls(x)))
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.into_iter().map(without_nulls).collect()),
+            other => other,
+        }
     }
 }

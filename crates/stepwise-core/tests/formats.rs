@@ -248,6 +248,23 @@ fn parquet_round_trip_keeps_records() {
     }
 }
 
+/// Records that differ in which optional fields they have (one scored, one not; meta in one
+/// only, with different keys) come back from Parquet as they went in: the nulls Arrow gives the
+/// fields a record lacks read as absent.
+#[test]
+fn parquet_keeps_records_with_fields_some_lack() {
+    let mut sols = read_solutions(&data("processbench/gsm8k.json"), None).unwrap();
+    sols.truncate(4);
+    let n = sols[0].steps.len();
+    sols[0].scores.insert("prm".into(), vec![0.5; n]);
+    sols[1].meta.insert("score_errors".into(), json!({"prm": "too long"}));
+    sols[2].meta.insert("note".into(), json!({"by": "a labeller"}));
+    let p = scratch("parquet-sparse").join("sparse.parquet");
+    write_solutions(&p, Format::Stepwise, &sols).unwrap();
+    let back = read_solutions(&p, Some(Format::Stepwise)).unwrap();
+    assert_eq!(back, sols);
+}
+
 #[test]
 fn bad_input_names_file_line_and_field() {
     let dir = scratch("bad");

@@ -9,7 +9,12 @@
 //! over any number of these servers gives the same records. The text is math-like steps ending in
 //! `\boxed{N}`, so rollouts grade right or wrong.
 //!
-//! Routes: `/health`, `/v1/models`, `/v1/completions`, `GET /stats` (each server's requests,
+//! Each server also answers stepwise's scoring route `/score_steps` as a 7B PRM would: a request's
+//! inputs take one slot each for `--first-token-ms` plus their words at
+//! `--prefill-tokens-per-second` (a prefill, no decoding); a step's score is a function of the
+//! question and the steps up to it only.
+//!
+//! Routes: `/health`, `/v1/models`, `/v1/completions`, `/score_steps`, `GET /stats` (each server's requests,
 //! sequences and busy time since the last `POST /stats/reset`: the time-average of
 //! min(running sequences, capacity) / capacity).
 //!
@@ -31,6 +36,7 @@ struct Args {
     tokens_per_second: f64,
     first_token_ms: f64,
     mean_tokens: usize,
+    prefill_tokens_per_second: f64,
     list: Option<String>,
 }
 
@@ -41,6 +47,7 @@ fn args() -> Args {
         tokens_per_second: 50.0,
         first_token_ms: 40.0,
         mean_tokens: 120,
+        prefill_tokens_per_second: 8000.0,
         list: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -56,6 +63,7 @@ fn args() -> Args {
             "--tokens-per-second" => a.tokens_per_second = num(),
             "--first-token-ms" => a.first_token_ms = num(),
             "--mean-tokens" => a.mean_tokens = num() as usize,
+            "--prefill-tokens-per-second" => a.prefill_tokens_per_second = num(),
             "--list" => a.list = Some(v.to_string()),
             other => panic!("unknown argument {other}"),
         }
@@ -80,6 +88,7 @@ struct Server {
     tokens_per_second: f64,
     first_token: Duration,
     mean_tokens: usize,
+    prefill_tokens_per_second: f64,
     slots: Semaphore,
     load: Mutex<Load>,
 }
@@ -154,22 +163,50 @@ async fn completions(State(s): State<Arc<Server>>, Json(body): Json<Value>) -> J
         choices.push(json!({"index": i, "text": text, "finish_reason": "stop", "stop_reason": stopped}));
     }
     // The n sequences take n of the server's slots for the longest one's decoding.
-    let permits = s.slots.acquire_many(n.min(s.capacity) as u32).await.unwrap();
-    s.account(n as isize);
     let secs = s.first_token.as_secs_f64() + longest as f64 / s.tokens_per_second;
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    s.account(-(n as isize));
-    drop(permits);
-    {
-        let mut l = s.load.lock().unwrap();
-        l.requests += 1;
-        l.sequences += n as u64;
-        l.tokens += total as u64;
-    }
+    occupy(&s, n, secs, total).await;
     Json(
         json!({"object": "text_completion", "model": "sim-7b", "choices": choices,
                 "usage": {"completion_tokens": total, "prompt_tokens": 0, "total_tokens": total}}),
     )
+}
+
+/// Hold `n` of the server's slots for `secs`, accounted as busy, then count the request.
+async fn occupy(s: &Server, n: usize, secs: f64, tokens: usize) {
+    let permits = s.slots.acquire_many(n.clamp(1, s.capacity) as u32).await.unwrap();
+    s.account(n as isize);
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    s.account(-(n as isize));
+    drop(permits);
+    let mut l = s.load.lock().unwrap();
+    l.requests += 1;
+    l.sequences += n as u64;
+    l.tokens += tokens as u64;
+}
+
+/// stepwise's scoring protocol: `{"inputs": [{"question", "steps"}]}` → `{"scores": [[..]]}`.
+async fn score_steps(State(s): State<Arc<Server>>, Json(body): Json<Value>) -> Json<Value> {
+    let empty = Vec::new();
+    let inputs = body["inputs"].as_array().unwrap_or(&empty);
+    let mut scores = Vec::new();
+    let mut words = 0;
+    for input in inputs {
+        let question = input["question"].as_str().unwrap_or("");
+        words += question.split_whitespace().count();
+        let mut prefix = vec![question.as_bytes()];
+        let mut row = Vec::new();
+        for step in input["steps"].as_array().unwrap_or(&empty) {
+            let text = step.as_str().unwrap_or("");
+            words += text.split_whitespace().count();
+            prefix.push(text.as_bytes());
+            row.push((hash(&prefix) % 1000) as f64 / 1000.0);
+        }
+        scores.push(row);
+    }
+    let secs = s.first_token.as_secs_f64() + words as f64 / s.prefill_tokens_per_second;
+    occupy(&s, inputs.len(), secs, words).await;
+    Json(json!({"object": "list", "model": "sim-prm-7b", "scores": scores,
+                "usage": {"prompt_tokens": words, "total_tokens": words}}))
 }
 
 async fn stats(State(s): State<Arc<Server>>) -> Json<Value> {
@@ -206,6 +243,7 @@ fn main() {
                 tokens_per_second: a.tokens_per_second,
                 first_token: Duration::from_secs_f64(a.first_token_ms / 1e3),
                 mean_tokens: a.mean_tokens.max(16),
+                prefill_tokens_per_second: a.prefill_tokens_per_second,
                 slots: Semaphore::new(a.capacity),
                 load: Mutex::new(Load {
                     since: now,
@@ -224,6 +262,7 @@ fn main() {
                     get(|| async { Json(json!({"data": [{"id": "sim-7b"}]})) }),
                 )
                 .route("/v1/completions", post(completions))
+                .route("/score_steps", post(score_steps))
                 .route("/stats", get(stats))
                 .route("/stats/reset", post(reset))
                 .with_state(server);
