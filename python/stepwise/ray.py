@@ -475,6 +475,8 @@ def _run(stage: str, source: Source, output: Union[str, "os.PathLike[str]"], opt
         if cause is not None:
             raise StepwiseError(f"stepwise.ray {stage}: {cause}") from None
         raise
+    for tmp in glob.glob(os.path.join(output, ".part-*.tmp")):  # left by workers killed mid-write
+        os.remove(tmp)
     summary["seconds"] = time.perf_counter() - started
     summary["records_per_s"] = summary["written"] / max(summary["seconds"], 1e-9)
     summary["workers"] = len(pids)
