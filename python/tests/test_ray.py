@@ -80,7 +80,6 @@ def test_score_over_two_nodes_gives_one_process_scores_and_resumes(cluster, fixt
     out = tmp_path / "scored"
     summary = sray.score(data, out, prm=prm, shard_size=4, actors=2)
     assert (summary["shards"], summary["skipped"], summary["written"]) == (3 + 4, 0, 24)
-    assert summary["workers"] == 2
     want = stepwise.PRM(prm).score_records(recs)
     got = sray.read(out)
     assert [r["id"] for r in got] == [r["id"] for r in want]
@@ -146,6 +145,7 @@ def test_a_killed_worker_costs_a_retry_never_a_lost_or_doubled_record(cluster, t
     assert done == 24, f"{done} shards of 24"
     summary = json.loads([line for line in stdout.splitlines() if line.startswith("SUMMARY ")][-1][8:])
     assert summary["written"] == 96
+    assert summary["workers"] >= 2  # both actors (one on each node), the killed one's replacement too
     got = sray.read(out)
     assert [g["task_id"] for g in got] == [s["task_id"] for s in samples]
     want = stepwise.run_tests(str(HUMANEVAL), samples)

@@ -104,11 +104,7 @@ mod with {
         drop(w);
         buf.split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
-            .map(|l| {
-                serde_json::from_slice(l)
-                    .map(without_nulls)
-                    .map_err(|e| e.to_string())
-            })
+            .map(|l| serde_json::from_slice(l).map(without_nulls).map_err(|e| e.to_string()))
             .collect()
     }
 

@@ -253,7 +253,7 @@ fn parquet_round_trip_keeps_records() {
 /// fields a record lacks read as absent.
 #[test]
 fn parquet_keeps_records_with_fields_some_lack() {
-    let mut sols = read_solutions(&data("processbench/gsm8k.json"), None).unwrap();
+    let mut sols = read_solutions(data("processbench/gsm8k.json"), None).unwrap();
     sols.truncate(4);
     let n = sols[0].steps.len();
     sols[0].scores.insert("prm".into(), vec![0.5; n]);

@@ -9,12 +9,13 @@
 //! over any number of these servers gives the same records. The text is math-like steps ending in
 //! `\boxed{N}`, so rollouts grade right or wrong.
 //!
-//! Each server also answers stepwise's scoring route `/score_steps` as a 7B PRM would: a request's
-//! inputs take one slot each for `--first-token-ms` plus their words at
-//! `--prefill-tokens-per-second` (a prefill, no decoding); a step's score is a function of the
-//! question and the steps up to it only.
+//! Each server also answers stepwise's scoring route `/v1/score_steps` as a 7B PRM would: scoring is
+//! a prefill (no decoding), compute-bound, so a server runs one request's forward pass at a time,
+//! taking `--forward-ms` plus the request's words at `--prefill-tokens-per-second`, and requests
+//! queue for it; a step's score is a function of the question and the steps up to it only. Its
+//! busy fraction (`prefill_busy` in `/stats`) is the share of time a forward pass runs.
 //!
-//! Routes: `/health`, `/v1/models`, `/v1/completions`, `/score_steps`, `GET /stats` (each server's requests,
+//! Routes: `/health`, `/v1/models`, `/v1/completions`, `/v1/score_steps`, `GET /stats` (each server's requests,
 //! sequences and busy time since the last `POST /stats/reset`: the time-average of
 //! min(running sequences, capacity) / capacity).
 //!
@@ -37,6 +38,7 @@ struct Args {
     first_token_ms: f64,
     mean_tokens: usize,
     prefill_tokens_per_second: f64,
+    forward_ms: f64,
     list: Option<String>,
 }
 
@@ -47,7 +49,8 @@ fn args() -> Args {
         tokens_per_second: 50.0,
         first_token_ms: 40.0,
         mean_tokens: 120,
-        prefill_tokens_per_second: 8000.0,
+        prefill_tokens_per_second: 20000.0,
+        forward_ms: 5.0,
         list: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -64,6 +67,7 @@ fn args() -> Args {
             "--first-token-ms" => a.first_token_ms = num(),
             "--mean-tokens" => a.mean_tokens = num() as usize,
             "--prefill-tokens-per-second" => a.prefill_tokens_per_second = num(),
+            "--forward-ms" => a.forward_ms = num(),
             "--list" => a.list = Some(v.to_string()),
             other => panic!("unknown argument {other}"),
         }
@@ -78,6 +82,8 @@ struct Load {
     running: usize,
     /// ∫ min(running, capacity) dt, in seconds.
     busy: f64,
+    /// Seconds a scoring forward pass ran.
+    prefill_busy: f64,
     requests: u64,
     sequences: u64,
     tokens: u64,
@@ -89,6 +95,9 @@ struct Server {
     first_token: Duration,
     mean_tokens: usize,
     prefill_tokens_per_second: f64,
+    forward: Duration,
+    /// One scoring forward pass at a time.
+    prefill: tokio::sync::Mutex<()>,
     slots: Semaphore,
     load: Mutex<Load>,
 }
@@ -203,8 +212,16 @@ async fn score_steps(State(s): State<Arc<Server>>, Json(body): Json<Value>) -> J
         }
         scores.push(row);
     }
-    let secs = s.first_token.as_secs_f64() + words as f64 / s.prefill_tokens_per_second;
-    occupy(&s, inputs.len(), secs, words).await;
+    let secs = s.forward.as_secs_f64() + words as f64 / s.prefill_tokens_per_second;
+    {
+        let _pass = s.prefill.lock().await;
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        let mut l = s.load.lock().unwrap();
+        l.prefill_busy += secs;
+        l.requests += 1;
+        l.sequences += inputs.len() as u64;
+        l.tokens += words as u64;
+    }
     Json(json!({"object": "list", "model": "sim-prm-7b", "scores": scores,
                 "usage": {"prompt_tokens": words, "total_tokens": words}}))
 }
@@ -215,6 +232,7 @@ async fn stats(State(s): State<Arc<Server>>) -> Json<Value> {
     let secs = (l.last - l.since).as_secs_f64();
     Json(
         json!({"seconds": secs, "busy": l.busy / (secs * s.capacity as f64).max(1e-9),
+                "prefill_busy": l.prefill_busy / secs.max(1e-9),
                 "requests": l.requests, "sequences": l.sequences, "tokens": l.tokens, "running": l.running}),
     )
 }
@@ -223,7 +241,7 @@ async fn reset(State(s): State<Arc<Server>>) -> Json<Value> {
     s.account(0);
     let mut l = s.load.lock().unwrap();
     let now = Instant::now();
-    (l.since, l.busy, l.requests, l.sequences, l.tokens) = (now, 0.0, 0, 0, 0);
+    (l.since, l.busy, l.prefill_busy, l.requests, l.sequences, l.tokens) = (now, 0.0, 0.0, 0, 0, 0);
     Json(json!({"reset": true}))
 }
 
@@ -244,12 +262,15 @@ fn main() {
                 first_token: Duration::from_secs_f64(a.first_token_ms / 1e3),
                 mean_tokens: a.mean_tokens.max(16),
                 prefill_tokens_per_second: a.prefill_tokens_per_second,
+                forward: Duration::from_secs_f64(a.forward_ms / 1e3),
+                prefill: tokio::sync::Mutex::new(()),
                 slots: Semaphore::new(a.capacity),
                 load: Mutex::new(Load {
                     since: now,
                     last: now,
                     running: 0,
                     busy: 0.0,
+                    prefill_busy: 0.0,
                     requests: 0,
                     sequences: 0,
                     tokens: 0,
@@ -263,6 +284,7 @@ fn main() {
                 )
                 .route("/v1/completions", post(completions))
                 .route("/score_steps", post(score_steps))
+                .route("/v1/score_steps", post(score_steps))
                 .route("/stats", get(stats))
                 .route("/stats/reset", post(reset))
                 .with_state(server);

@@ -271,6 +271,27 @@ fn ask(given: &Path) -> Result<Interpreter> {
     Ok(Interpreter { executable, dirs })
 }
 
+/// What an interpreter says of itself and the harnesses it compiled, asked once a process for each
+/// interpreter path: a caller that makes a sandbox a call (`stepwise.run_tests` from Python, a
+/// Ray worker a shard) would otherwise start the interpreter twice a call (through a launcher
+/// such as pyenv's shim, ~0.1 s).
+fn prepared(given: &Path) -> Result<(Arc<Interpreter>, Arc<run::Compiled>)> {
+    type Cache = Mutex<std::collections::HashMap<PathBuf, (Arc<Interpreter>, Arc<run::Compiled>)>>;
+    static PREPARED: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    let cache = PREPARED.get_or_init(Cache::default);
+    if let Some(found) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(given) {
+        return Ok(found.clone());
+    }
+    let interpreter = Arc::new(ask(given)?);
+    let compiled = Arc::new(run::compile_harnesses(&interpreter.executable)?);
+    let found = (interpreter, compiled);
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(given.to_path_buf(), found.clone());
+    Ok(found)
+}
+
 impl Sandbox {
     /// The `python3` on `PATH` (or `$STEPWISE_PYTHON`) with the default limits (10 s, 1 GiB of
     /// address space, files of 16 MiB, a `/tmp` of 64 MiB), isolated as
@@ -304,14 +325,14 @@ impl Sandbox {
     /// The interpreter at `python`, isolated as `isolation` says. With [`Isolation::Kernel`], a
     /// machine that lacks a layer is an error naming it (checked once a process).
     pub fn with_isolation(python: impl Into<PathBuf>, isolation: Isolation) -> Result<Self> {
-        let interpreter = ask(&python.into())?;
+        let (interpreter, compiled) = prepared(&python.into())?;
         let walls = match isolation {
             Isolation::Insecure => Arc::new(jail::Isolation::Insecure),
             Isolation::Kernel => run::kernel_walls(&interpreter.executable, &interpreter.dirs)?,
         };
         Ok(Sandbox {
-            compiled: Arc::new(run::compile_harnesses(&interpreter.executable)?),
-            python: interpreter.executable,
+            compiled,
+            python: interpreter.executable.clone(),
             walls,
             checkers: Arc::default(),
             timeout: Duration::from_secs(10),
