@@ -174,3 +174,19 @@ def test_grade_over_shards(cluster, tmp_path):
     got = sray.read(tmp_path / "graded")
     assert [g["correct"] for g in got] == [True, False, True] * 5
     assert got[0]["extracted"] == "\\frac{1}{2}"
+
+
+def test_the_stage_classes_serve_as_map_batches_udfs(cluster, fixtures, processbench, tmp_path):
+    recs = records(processbench, 6)
+    stepwise.write(recs, tmp_path / "recs.parquet")
+    prm = str(fixtures / "qwen2-prm")
+    ds = ray.data.read_parquet(str(tmp_path / "recs.parquet")).map_batches(
+        sray.Scorer, fn_constructor_kwargs={"prm": prm}, compute=ray.data.ActorPoolStrategy(size=1),
+        batch_format="pyarrow", batch_size=4)
+    import pyarrow as pa
+    got = stepwise.from_hf(pa.Table.from_pylist(ds.take_all()))  # a table of records as records
+    want = stepwise.PRM(prm).score_records(recs)
+    assert sorted(r["id"] for r in got) == sorted(r["id"] for r in want)
+    by_id = {r["id"]: r["scores"]["prm"] for r in want}
+    for r in got:
+        assert r["scores"]["prm"] == pytest.approx(by_id[r["id"]], abs=1e-5)
