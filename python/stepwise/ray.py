@@ -257,7 +257,7 @@ def _files(source: Source) -> List[str]:
     """The input's files: a file, a folder's record files (sorted), a glob, or a list of these."""
     if isinstance(source, (list, tuple)) and all(isinstance(s, (str, os.PathLike)) for s in source) and source:
         return [f for s in source for f in _files(s)]
-    path = os.fspath(source)
+    path = os.fspath(source)  # type: ignore[arg-type]
     if os.path.isdir(path):
         found = sorted(str(p) for p in Path(path).iterdir() if p.suffix in _SUFFIXES and not p.name.startswith((".", "_")))
     elif os.path.isfile(path):
@@ -332,7 +332,7 @@ def _ids_from(records: List[Dict[str, Any]], have_ids: bool, start: int) -> List
 
 
 def _units(files: List[str], shard_size: int) -> List[Dict[str, Any]]:
-    units = []
+    units: List[Dict[str, Any]] = []
     for path in files:
         n = _rows_in(path)
         for start in range(0, n, shard_size):
@@ -385,7 +385,7 @@ class _ShardWorker:
         return table.num_rows
 
 
-_STAGES = {"score": Scorer, "annotate": Annotator, "search": Searcher, "grade": Grader, "run_tests": TestRunner}
+_STAGES: Dict[str, Any] = {"score": Scorer, "annotate": Annotator, "search": Searcher, "grade": Grader, "run_tests": TestRunner}
 
 
 def _claim(stage: str, options: Dict[str, Any], files: List[str], shard_size: int) -> Dict[str, Any]:
@@ -439,7 +439,7 @@ def _run(stage: str, source: Source, output: Union[str, "os.PathLike[str]"], opt
     is_paths = isinstance(source, (str, os.PathLike)) or (
         isinstance(source, (list, tuple)) and bool(source) and all(isinstance(s, (str, os.PathLike)) for s in source)
         and reads != "problems")
-    files = _files(source) if is_paths else _in_memory(list(source), output, reads)
+    files = _files(source) if is_paths else _in_memory(list(source), output, reads)  # type: ignore[arg-type]
     _check_claim(output, _claim(stage, options, files, shard_size))
     units = _units(files, shard_size)
     todo = [u for u in units if not os.path.exists(_part(output, u["shard"]))]
@@ -483,7 +483,7 @@ def _run(stage: str, source: Source, output: Union[str, "os.PathLike[str]"], opt
     return summary
 
 
-def _stepwise_cause(e: BaseException) -> Optional[str]:
+def _stepwise_cause(e: Optional[BaseException]) -> Optional[str]:
     """The message of the StepwiseError a worker raised, from the error Ray gives the driver (it
     carries the worker's exception as text only)."""
     seen = set()
@@ -574,7 +574,8 @@ def read(output: Union[str, "os.PathLike[str]"]) -> List[Dict[str, Any]]:
 
     output = os.fspath(output)
     parts = sorted(glob.glob(os.path.join(output, "part-*.parquet")))
-    stage = json.load(open(os.path.join(output, "_job.json"), encoding="utf-8"))["stage"]
+    with open(os.path.join(output, "_job.json"), encoding="utf-8") as f:
+        stage = json.load(f)["stage"]
     out: List[Dict[str, Any]] = []
     for p in parts:
         table = pq.read_table(p)

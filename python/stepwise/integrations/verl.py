@@ -258,7 +258,8 @@ class StepwiseRewardManager(_Base):  # type: ignore[misc, valid-type]
             scored = self.prm.score_batch([(q, s) for q, s in zip(questions, steps)])
         else:
             scored = [[] for _ in steps]
-        out, extra = [], {"acc": [], "prm_min": [], "num_steps": []}
+        out: List[Any] = []
+        extra: Dict[str, List[float]] = {"acc": [], "prm_min": [], "num_steps": []}
         for ids, text, st, sc, outcome in zip(responses, texts, steps, scored, outcomes):
             ends = step_token_ends(text, st, _offsets(self.tokenizer, list(ids), text)) if len(ids) else []
             sc = [self.step_weight * s for s in sc[: len(ends)]]
