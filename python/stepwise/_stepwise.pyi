@@ -190,11 +190,15 @@ def annotate(
     code_problems: Optional[Union[str, "PathLike[str]"]] = None,
     code_timeout: float = 10.0,
     progress: Union[bool, Callable[[int, int], Any], None] = None,
+    on_error: str = "raise",
 ) -> List[Record]:
     """Label every step: `mc`, `binary_search`, `omegaprm`, `judge` or `consensus`; resumable to
     `output`. With `code_problems` (HumanEval/MBPP JSONL) steps are lines of code, labelled by
     running the problem's tests. `progress`: a tqdm bar where tqdm is installed, else lines on the
-    `stepwise` logger (None/True), nothing (False), or a callable `f(done, total)`."""
+    `stepwise` logger (None/True), nothing (False), or a callable `f(done, total)`. A record whose
+    labelling fails (no gold answer, too long for the policy): `on_error="raise"` raises
+    `StepwiseError` naming it, the records labelled before it on the error's `records`; `"skip"`
+    returns it unlabelled, the reason in `meta["annotate_error"]`, and warns with the count."""
 
 def rooms(count: int, seed: int = 0) -> List[Record]:
     """`count` rooms worlds (a text world with an exact oracle) as problems, the world in
@@ -292,9 +296,12 @@ def search(
     code_problems: Optional[Union[str, "PathLike[str]"]] = None,
     code_timeout: float = 10.0,
     progress: Union[bool, Callable[[int, int], Any], None] = None,
+    on_error: str = "raise",
 ) -> List[Record]:
     """Step-level search guided by `prm`: `bon`, `beam`, `dvts`, `lookahead`, `resample`. With
-    `code_problems`, `problems` are task ids and `correct` comes from the tests."""
+    `code_problems`, `problems` are task ids and `correct` comes from the tests. A problem whose
+    search fails: `on_error="raise"` raises naming it (the records before it on the error's
+    `records`), `"skip"` returns a record without steps, the reason in `meta["search_error"]`."""
 
 def run_tests(
     problems: Union[str, "PathLike[str]"],
@@ -302,10 +309,13 @@ def run_tests(
     timeout: float = 10.0,
     threads: Optional[int] = None,
     insecure_sandbox: bool = False,
+    on_error: str = "raise",
 ) -> List[Record]:
     """Run human-eval samples (`task_id`, `completion`) or stepwise records against the tests of
     `problems` (HumanEval/MBPP JSONL) in the sandbox; each comes back with `passed`, `result`,
-    `tests_passed` and `tests_run`."""
+    `tests_passed` and `tests_run`. A sample that is not a program of the problems:
+    `on_error="raise"` names it and runs nothing, `"skip"` returns it with `passed` None and
+    `error`."""
 
 def generative_scores(
     policy: Any,

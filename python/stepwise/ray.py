@@ -180,11 +180,12 @@ class TestRunner(_Stage):
     records_out = False
     __test__ = False  # not a pytest class
 
-    def __init__(self, problems: str, timeout: float = 10.0, threads: int = 1):
-        self.problems, self.timeout, self.threads = str(problems), timeout, threads
+    def __init__(self, problems: str, timeout: float = 10.0, threads: int = 1, on_error: str = "raise"):
+        self.problems, self.timeout, self.threads, self.on_error = str(problems), timeout, threads, on_error
 
     def run(self, rows):
-        return stepwise.run_tests(self.problems, rows, timeout=self.timeout, threads=self.threads)
+        return stepwise.run_tests(self.problems, rows, timeout=self.timeout, threads=self.threads,
+                                  on_error=self.on_error)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,8 +559,9 @@ grade.__doc__ = "Grade final answers (``given``/``ground_truth`` rows or records
 
 
 def run_tests(problems: Union[str, "os.PathLike[str]"], samples: Source, output: Union[str, "os.PathLike[str]"], *,
-              timeout: float = 10.0, actors: Optional[int] = None, shard_size: int = 32) -> Dict[str, Any]:
-    options = {"problems": os.path.abspath(os.fspath(problems)), "timeout": timeout, "threads": 1}
+              timeout: float = 10.0, on_error: str = "raise", actors: Optional[int] = None,
+              shard_size: int = 32) -> Dict[str, Any]:
+    options = {"problems": os.path.abspath(os.fspath(problems)), "timeout": timeout, "threads": 1, "on_error": on_error}
     return _run("run_tests", samples, output, options, actors=actors, shard_size=shard_size, num_cpus=1, num_gpus=0)
 
 

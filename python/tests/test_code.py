@@ -110,3 +110,14 @@ def test_verl_reward_function_for_code(humaneval, problems, monkeypatch):
     # The module's compute_score, configured from the environment as verl runs it.
     monkeypatch.setenv("STEPWISE_CODE_PROBLEMS", str(humaneval))
     assert verl.compute_score("openai_humaneval", p["canonical_solution"], p["task_id"])["score"] == 1.0
+
+
+def test_run_tests_names_a_sample_it_cannot_run_or_skips_it(humaneval, problems):
+    samples = [{"task_id": problems[0]["task_id"], "completion": problems[0]["canonical_solution"]},
+               {"task_id": "HumanEval/99999", "completion": "    return 1\n"}]
+    with pytest.raises(stepwise.StepwiseError, match="sample 2: no problem `HumanEval/99999`"):
+        stepwise.run_tests(humaneval, samples)
+    with pytest.warns(UserWarning, match="1 of 2 samples could not be run"):
+        out = stepwise.run_tests(humaneval, samples, on_error="skip")
+    assert out[0]["passed"] is True
+    assert out[1]["passed"] is None and "no problem" in out[1]["error"]

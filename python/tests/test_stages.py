@@ -230,3 +230,47 @@ def test_generative_scores_with_python_tools(fixtures):
     # A Python policy cannot continue its own text, which the tool loop needs.
     with pytest.raises(stepwise.StepwiseError, match="continue its own text"):
         stepwise.generative_scores(Verifier(), items, samples=1, tools="python")
+
+
+class FailsOn(Scripted):
+    """The scripted policy, raising for one question (a record its model cannot take)."""
+
+    def __init__(self, question):
+        super().__init__()
+        self.question = question
+
+    def continue_from(self, question, prefix, n, until, seed):
+        if question == self.question:
+            raise RuntimeError(f"cannot take {question!r}")
+        return super().continue_from(question, prefix, n, until, seed)
+
+
+def test_annotate_and_search_keep_what_they_did_when_a_record_fails(fixtures, tmp_path):
+    recs = records() + [dict(records()[1], id="c", question="q3")]
+    # raise: the record named, the ones before it on the error (and in the output).
+    with pytest.raises(stepwise.StepwiseError, match=r"record 2 \(`b`\) could not be labelled: .*cannot take") as err:
+        stepwise.annotate(recs, FailsOn("q2"), method="mc", rollouts=2, output=tmp_path / "mc.jsonl")
+    assert [r["id"] for r in err.value.records] == ["a"]
+    # skip: every record back, the failed one unlabelled with the reason, a warning with the count.
+    with pytest.warns(UserWarning, match="1 of 3 records could not be labelled"):
+        out = stepwise.annotate(recs, FailsOn("q2"), method="mc", rollouts=2, on_error="skip")
+    assert [r["id"] for r in out] == ["a", "b", "c"]
+    assert "cannot take" in out[1]["meta"]["annotate_error"]
+    assert all("label" not in s for s in out[1]["steps"])
+    assert all("label" in s for s in out[2]["steps"])
+    # A record without a gold answer is one such record under skip.
+    missing = [dict(records()[0])] + [{"id": "nogold", "question": "q", "steps": [{"text": "a"}]}]
+    missing[0].pop("id")
+    with pytest.warns(UserWarning):
+        out = stepwise.annotate(missing, Scripted(), method="mc", rollouts=2, on_error="skip")
+    assert "gold_answer" in out[1]["meta"]["annotate_error"]
+    with pytest.raises(ValueError, match="on_error"):
+        stepwise.annotate(recs, Scripted(), on_error="ignore")
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    problems = [{"question": "q1", "answer": "7"}, {"question": "q2", "answer": "7"}]
+    with pytest.raises(stepwise.StepwiseError, match="cannot take"):
+        stepwise.search(problems, FailsOn("q2"), prm, method="bon", n=2, threads=1)
+    with pytest.warns(UserWarning, match="1 of 2 records could not be searched"):
+        out = stepwise.search(problems, FailsOn("q2"), prm, method="bon", n=2, on_error="skip")
+    assert out[0]["steps"] and not out[1]["steps"]
+    assert "cannot take" in out[1]["meta"]["search_error"]

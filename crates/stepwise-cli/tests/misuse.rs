@@ -370,3 +370,50 @@ fn special_outputs_are_written_through_and_links_followed() {
     assert!(left.is_empty(), "{left:?}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `--on-error`: a record without a gold answer stops `raise` naming it (nothing written), and
+/// under `skip` is written unlabelled with the reason while the others are labelled.
+#[test]
+fn annotate_on_error_names_or_skips_a_record_it_cannot_label() {
+    let d = common::tmp("misuse", "annotate-on-error");
+    let input = d.join("samples.jsonl");
+    let mut rows: Vec<Value> = (0..3)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "problem_id": "p", "question": "What is 3 * 4?",
+                   "steps": [{"text": "3 * 4 = 12"}, {"text": "The answer is 12"}], "gold_answer": "12"})
+        })
+        .collect();
+    rows[1].as_object_mut().unwrap().remove("gold_answer");
+    write_jsonl(&input, &rows);
+    let out = d.join("labeled.jsonl");
+    let (policy, input_s, out_s) = (
+        common::fixture("qwen2-policy"),
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let args = |on_error: &'static str| {
+        let mut a = vec!["annotate", "--policy", &policy, "--input", input_s, "--output", out_s];
+        a.extend(["--rollouts", "2", "--max-tokens", "8", "--on-error", on_error]);
+        a
+    };
+    let refused = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args("raise"))
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("record 2 (`s1`): field `gold_answer`: missing"), "{err}");
+    common::stepwise(&args("skip"));
+    let recs: Vec<Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 3);
+    assert!(recs[1]["meta"]["annotate_error"]
+        .as_str()
+        .unwrap()
+        .contains("gold_answer"));
+    assert!(recs[1]["steps"][0].get("label").is_none());
+    assert_eq!(recs[2]["steps"][0]["label"]["source"]["kind"], "monte_carlo");
+}

@@ -26,7 +26,7 @@ pub use judge::Judge;
 pub use methods::{Annotators, Method};
 pub use montecarlo::{McOptions, MonteCarlo};
 pub use omegaprm::{OmegaOptions, OmegaPrm};
-pub use resumable::{annotate_resumable, annotate_resumable_with};
+pub use resumable::{annotate_resumable, annotate_resumable_with, ANNOTATE_ERROR};
 
 /// Label `sol`'s steps hard from where its first error is: good before `first`, bad from it on
 /// (all good when `first` is `None`), each label's source `source`.

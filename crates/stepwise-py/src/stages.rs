@@ -9,11 +9,12 @@ use anyhow::Result;
 use pyo3::prelude::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use stepwise_core::seams::OnError;
 use stepwise_core::seams::{MathTask, Task};
 use stepwise_core::{Problem, Solution};
 use stepwise_label::methods::Settings;
-use stepwise_label::{annotate_resumable, Annotators, Method};
-use stepwise_search::{method as search_method, Aggregation, Job, SearchConfig, Searcher};
+use stepwise_label::{annotate_resumable_with, Annotators, Method, ANNOTATE_ERROR};
+use stepwise_search::{method as search_method, Aggregation, Job, SearchConfig, Searcher, SEARCH_ERROR};
 
 /// Runs `f` on a journal at `output` (claimed for these `settings`, as the command line claims
 /// its outputs), or on a throw-away one when there is no output.
@@ -58,12 +59,15 @@ pub(crate) fn with_journal<T>(
 /// and a call with the same arguments after an interruption labels only the rest. With
 /// `code_problems` (HumanEval's or MBPP's JSONL) the steps are lines of programs and a rollout
 /// is right when the problem's tests pass in the sandbox (each record's `gold_answer` is its
-/// problem's id; HumanEval's own file labels its reference solutions). Returns the labelled
-/// records.
+/// problem's id; HumanEval's own file labels its reference solutions). A record whose labelling
+/// fails (no gold answer, too long for the policy): `on_error="raise"` raises `StepwiseError`
+/// naming it, the records labelled before it on the error's `records`; `"skip"` returns it
+/// unlabelled with the reason in `meta["annotate_error"]` and warns with the count (a server that
+/// still fails after its retries raises either way). Returns the labelled records.
 ///
 /// >>> labelled = stepwise.annotate(recs, policy, method="mc", rollouts=8, output="mc.jsonl")
 #[pyfunction]
-#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", search_limit=0, separator="\n", code_problems=None, code_timeout=10.0, progress=None))]
+#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", search_limit=0, separator="\n", code_problems=None, code_timeout=10.0, progress=None, on_error="raise"))]
 #[allow(clippy::too_many_arguments)]
 pub fn annotate<'py>(
     py: Python<'py>,
@@ -81,8 +85,10 @@ pub fn annotate<'py>(
     code_problems: Option<PathBuf>,
     code_timeout: f64,
     progress: Option<&Bound<'py, PyAny>>,
+    on_error: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let method = Method::by_name(method).map_err(|e| value_error(e.to_string()))?;
+    let on_error = OnError::by_name(on_error).map_err(|e| value_error(e.to_string()))?;
     let (format, _) = stepwise_label::methods::judge_format(judge_format).map_err(|e| value_error(e.to_string()))?;
     if method.needs_judge() && judge.is_none() {
         return Err(value_error(format!("method {method:?} asks a judge: pass judge=")));
@@ -104,7 +110,8 @@ pub fn annotate<'py>(
     });
     let labelled = without_gil(py, || {
         let sols = solutions_of(&given, None)?;
-        if let Some((i, s)) = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none()) {
+        let missing = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none());
+        if let (Some((i, s)), OnError::Raise) = (missing, on_error) {
             anyhow::bail!("record {} (`{}`): field `gold_answer`: missing", i + 1, s.id);
         }
         let (task, stop) = task_of(code_problems.as_deref(), code_timeout)?;
@@ -120,14 +127,67 @@ pub fn annotate<'py>(
         let annotator = annotators.get();
         let mut claim = claim;
         claim["input"] = stepwise_core::journal::fingerprint(&sols)?.into();
-        let (labelled, _) = with_journal(output.as_deref(), &claim, |path| {
-            annotate_resumable(path, &sols, &*annotator, |done| progress.done(done))
-        })?;
-        records_of(&labelled)
+        let threads = rayon::current_num_threads();
+        with_journal(output.as_deref(), &claim, |path| {
+            let run = annotate_resumable_with(path, &sols, &*annotator, threads, on_error, |done| progress.done(done));
+            let ids: Vec<&str> = sols.iter().map(|s| s.id.as_str()).collect();
+            Ok(run
+                .map(|(labelled, _)| labelled)
+                .map_err(|e| (e, journal_so_far(path, &ids))))
+        })
     });
     progress.finish();
-    let labelled = labelled?;
-    to_py(py, &Value::Array(labelled))
+    let labelled = match labelled? {
+        Ok(labelled) => labelled,
+        Err((error, so_far)) => return Err(failure_with_records(py, &error, &so_far, "labelled")),
+    };
+    warn_skipped(py, &labelled, ANNOTATE_ERROR, "labelled", "left unlabelled")?;
+    to_py(py, &Value::Array(without_gil(py, || records_of(&labelled))?))
+}
+
+/// The records with these `ids` a journal holds (what a run that stopped had done), in their
+/// order.
+fn journal_so_far(path: &Path, ids: &[&str]) -> Vec<Solution> {
+    let Ok((_, mut kept)) = stepwise_core::journal::Journal::open::<Solution>(path, |s| s.id.clone()) else {
+        return Vec::new();
+    };
+    let given: std::collections::HashSet<&str> = ids.iter().copied().collect();
+    kept.retain(|s| given.contains(s.id.as_str()));
+    stepwise_core::journal::sort_like(&mut kept, ids.iter().copied(), |s| s.id.as_str());
+    kept
+}
+
+/// A `StepwiseError` for a batch call that stopped (`on_error="raise"`): its message names the
+/// record, and what was `done` before it is on the error's `records`.
+pub(crate) fn failure_with_records(py: Python<'_>, error: &anyhow::Error, so_far: &[Solution], done: &str) -> PyErr {
+    let err = crate::StepwiseError::new_err(format!(
+        "{error:#}; the {} records {done} before it are on this error's `records` (on_error=\"skip\" goes on past it)",
+        so_far.len()
+    ));
+    let records = without_gil(py, || records_of(so_far)).and_then(|r| to_py(py, &Value::Array(r)));
+    match records {
+        Ok(records) => match err.value(py).setattr("records", records) {
+            Ok(()) => err,
+            Err(e) => e,
+        },
+        Err(e) => e,
+    }
+}
+
+/// A `UserWarning` with the count of records a call skipped (`on_error="skip"`): those with the
+/// reason under `meta[key]`.
+pub(crate) fn warn_skipped(py: Python<'_>, sols: &[Solution], key: &str, what: &str, left: &str) -> PyResult<()> {
+    let skipped = sols.iter().filter(|s| s.meta.contains_key(key)).count();
+    if skipped > 0 {
+        let message = format!(
+            "stepwise: {skipped} of {} records could not be {what} and were {left} (the reason in each one's \
+             meta[{key:?}])",
+            sols.len()
+        );
+        let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
+        py.import("warnings")?.call_method1("warn", (message, category, 2))?;
+    }
+    Ok(())
 }
 
 /// The task that grades: math, or the code problems of `code_problems` (with the stop strings
@@ -176,11 +236,13 @@ fn problems_of(values: &[Value]) -> Result<Vec<Problem>> {
 /// is appended as soon as it is done and a repeated call resumes. With `code_problems`
 /// (HumanEval's or MBPP's JSONL) `problems` are task ids, the steps lines of code, and `correct`
 /// says whether the problem's tests pass. Returns one record a problem: its steps,
-/// `scores[name]`, `correct`, and `meta.search` / `meta.compute`.
+/// `scores[name]`, `correct`, and `meta.search` / `meta.compute`. A problem whose search fails:
+/// `on_error="raise"` raises naming it (the records before it on the error's `records`);
+/// `"skip"` returns a record without steps, the reason in `meta["search_error"]`.
 ///
 /// >>> out = stepwise.search(["What is 2 + 3?"], policy, prm, method="beam", n=8, width=4)
 #[pyfunction]
-#[pyo3(signature = (problems, policy, prm, method="beam", n=8, width=4, aggregation="min", max_steps=40, lookahead=1, threshold=0.5, max_resamples=4, resample_budget=16, seed=0, name="prm", output=None, threads=2, separator="\n", code_problems=None, code_timeout=10.0, progress=None))]
+#[pyo3(signature = (problems, policy, prm, method="beam", n=8, width=4, aggregation="min", max_steps=40, lookahead=1, threshold=0.5, max_resamples=4, resample_budget=16, seed=0, name="prm", output=None, threads=2, separator="\n", code_problems=None, code_timeout=10.0, progress=None, on_error="raise"))]
 #[allow(clippy::too_many_arguments)]
 pub fn search<'py>(
     py: Python<'py>,
@@ -204,8 +266,10 @@ pub fn search<'py>(
     code_problems: Option<PathBuf>,
     code_timeout: f64,
     progress: Option<&Bound<'py, PyAny>>,
+    on_error: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let search = search_method(method).map_err(|e| value_error(e.to_string()))?;
+    let on_error = OnError::by_name(on_error).map_err(|e| value_error(e.to_string()))?;
     let config = SearchConfig {
         n,
         width,
@@ -276,14 +340,19 @@ pub fn search<'py>(
             task,
             threads: threads.max(1),
         };
-        let sols: Vec<Solution> = with_journal(output.as_deref(), &claim, |path| {
-            searcher.run_all(path, &jobs, &|done| progress.done(done))
-        })?;
-        records_of(&sols)
+        with_journal(output.as_deref(), &claim, |path| {
+            let run = searcher.run_all_with(path, &jobs, on_error, &|done| progress.done(done));
+            let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+            Ok(run.map_err(|e| (e, journal_so_far(path, &ids))))
+        })
     });
     progress.finish();
-    let records = records?;
-    to_py(py, &Value::Array(records))
+    let sols = match records? {
+        Ok(sols) => sols,
+        Err((error, so_far)) => return Err(failure_with_records(py, &error, &so_far, "searched")),
+    };
+    warn_skipped(py, &sols, SEARCH_ERROR, "searched", "written without steps")?;
+    to_py(py, &Value::Array(without_gil(py, || records_of(&sols))?))
 }
 
 /// Run the built-in lab (`stepwise lab`): the whole process-supervision loop on its synthetic

@@ -191,15 +191,7 @@ impl Prm {
         if batch_size == 0 {
             return Err(value_error("batch_size must be at least 1"));
         }
-        let on_error = match on_error {
-            "raise" => OnError::Raise,
-            "skip" => OnError::Skip,
-            other => {
-                return Err(value_error(format!(
-                    "on_error must be 'raise' or 'skip', not {other:?}"
-                )))
-            }
-        };
+        let on_error = OnError::by_name(on_error).map_err(|e| value_error(e.to_string()))?;
         let given = records_arg(records)?;
         let mut sols = without_gil(py, || solutions_of(&given, None))?;
         let (mut done, mut skipped) = (0, 0);

@@ -210,7 +210,10 @@ impl Client {
                 }
                 Err(Failure::Retry { why, after }) => {
                     if attempt >= self.config.max_retries {
-                        bail!("{}{path}: {why} (gave up after {attempt} retries)", server.url);
+                        return Err(anyhow::Error::new(stepwise_core::seams::Unavailable(format!(
+                            "{}{path}: {why} (gave up after {attempt} retries)",
+                            server.url
+                        ))));
                     }
                     attempt += 1;
                     self.retries.fetch_add(1, Ordering::Relaxed);

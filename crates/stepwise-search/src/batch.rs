@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use stepwise_core::journal::{sort_like, Journal};
-use stepwise_core::seams::{Policy, StepScorer};
+use stepwise_core::seams::{OnError, Policy, StepScorer};
 use stepwise_core::{Solution, Step, Task};
 
 /// One problem to search.
@@ -43,6 +43,9 @@ pub struct Searcher<'a> {
     /// Problems searched at once.
     pub threads: usize,
 }
+
+/// The meta key under which [`OnError::Skip`] records why a problem's search failed.
+pub const SEARCH_ERROR: &str = "search_error";
 
 /// The compute a searched record spent (`meta.compute`).
 pub fn compute_of(s: &Solution) -> Option<Compute> {
@@ -94,6 +97,35 @@ impl Searcher<'_> {
     /// Search every job, resuming from the journal at `path` (jobs whose id it holds are not
     /// searched again); `progress(done)` counts finished jobs. Returns the records in job order.
     pub fn run_all(&self, path: &Path, jobs: &[Job<'_>], progress: &(dyn Fn(usize) + Sync)) -> Result<Vec<Solution>> {
+        self.run_all_with(path, jobs, OnError::Raise, progress)
+    }
+
+    /// A problem's record when its search failed: its question and gold answer, no steps, the
+    /// reason under `meta.search_error`.
+    fn failed(&self, job: &Job<'_>, error: &anyhow::Error) -> Solution {
+        let mut s = Solution {
+            id: job.id.clone(),
+            problem_id: job.problem_id.to_string(),
+            question: job.question.to_string(),
+            gold_answer: job.gold_answer.map(str::to_string),
+            generator: Some(self.method.name().to_string()),
+            ..Default::default()
+        };
+        s.meta.insert(SEARCH_ERROR.into(), format!("{error:#}").into());
+        s
+    }
+
+    /// [`Searcher::run_all`] with a policy for a problem whose search fails: [`OnError::Raise`]
+    /// stops with the error (the records before it stay in the journal), [`OnError::Skip`]
+    /// writes a record without steps, the reason under `meta.search_error`, and goes on (a server
+    /// that still fails after its retries stops the run either way).
+    pub fn run_all_with(
+        &self,
+        path: &Path,
+        jobs: &[Job<'_>],
+        on_error: OnError,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<Vec<Solution>> {
         let (journal, kept) = Journal::open::<Solution>(path, |s| s.id.clone())?;
         let todo: Vec<&Job<'_>> = jobs.iter().filter(|j| !journal.contains(&j.id)).collect();
         let done = AtomicUsize::new(jobs.len() - todo.len());
@@ -107,9 +139,14 @@ impl Searcher<'_> {
                 if k >= todo.len() || failed.load(Ordering::Relaxed) {
                     return Ok(());
                 }
-                let rec = self
-                    .record(todo[k])
-                    .inspect_err(|_| failed.store(true, Ordering::Relaxed))?;
+                let rec = match self.record(todo[k]) {
+                    Ok(rec) => rec,
+                    Err(e) if on_error.skips(&e) => self.failed(todo[k], &e),
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                };
                 let mut guard = out.lock().unwrap_or_else(|p| p.into_inner());
                 guard.0.append(rec.id.clone(), &rec)?;
                 guard.1.push(rec);

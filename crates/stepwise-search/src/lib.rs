@@ -23,7 +23,7 @@ pub mod method;
 pub mod resample;
 
 pub use aggregation::{aggregate, Aggregation};
-pub use batch::{compute_of, Job, Searcher};
+pub use batch::{compute_of, Job, Searcher, SEARCH_ERROR};
 pub use beam::BeamSearch;
 pub use bon::{select, BestOfN, Candidate, Selector};
 pub use calibrate::{calibrate, Threshold};

@@ -1,8 +1,9 @@
 use anyhow::{bail, Result};
 use std::path::PathBuf;
+use stepwise_core::seams::OnError;
 use stepwise_core::{Format, Solution};
 use stepwise_label::methods::{judge_format, Settings};
-use stepwise_label::{annotate_resumable_with, Annotators, Method};
+use stepwise_label::{annotate_resumable_with, Annotators, Method, ANNOTATE_ERROR};
 use stepwise_model::Prompt;
 use stepwise_remote::backend::PolicySettings;
 
@@ -110,6 +111,12 @@ pub struct Args {
     /// whose requests then run in parallel).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// A solution whose labelling fails (no gold answer, longer than the policy reads): `raise`
+    /// stops naming it, the solutions labelled before it kept in --output; `skip` writes it
+    /// unlabelled, the reason in its `meta.annotate_error`, and goes on. A server that still
+    /// fails after its retries stops the run either way.
+    #[arg(long, value_enum, default_value = "raise")]
+    pub on_error: super::score::OnErrorArg,
     /// Where local models run, and the tokens of one forward pass.
     #[command(flatten)]
     pub device: super::backend::DeviceArgs,
@@ -125,7 +132,9 @@ pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
-    if let Some((i, s)) = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none()) {
+    let on_error: OnError = a.on_error.into();
+    let missing = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none());
+    if let (Some((i, s)), OnError::Raise) = (missing, on_error) {
         bail!(
             "{}: record {} (`{}`): field `gold_answer`: missing",
             a.input.display(),
@@ -189,10 +198,16 @@ pub fn run(a: Args) -> Result<()> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let (labelled, spent) = annotate_resumable_with(&a.output, &sols, &*annotator, threads, |done| {
+    let (labelled, spent) = annotate_resumable_with(&a.output, &sols, &*annotator, threads, on_error, |done| {
         bar.set_position(done as u64)
     })?;
     bar.finish_and_clear();
+    let skipped = labelled.iter().filter(|s| s.meta.contains_key(ANNOTATE_ERROR)).count();
+    if skipped > 0 {
+        eprintln!(
+            "{skipped} solutions could not be labelled and were written unlabelled (the reason in meta.annotate_error)"
+        );
+    }
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
     if method == Method::OmegaPrm {
         let all = std::fs::read_to_string(&a.output)?.lines().count();

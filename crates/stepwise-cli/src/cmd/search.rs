@@ -2,7 +2,7 @@ use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use stepwise_core::seams::StepScorer;
 use stepwise_model::Prompt;
-use stepwise_search::{compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold, METHODS};
+use stepwise_search::{compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold, METHODS, SEARCH_ERROR};
 
 /// Search for solutions step by step, guided by a PRM.
 #[derive(clap::Args)]
@@ -92,6 +92,12 @@ pub struct Args {
     /// Problems searched at once.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// A problem whose search fails (a question longer than the policy reads, say): `raise` stops
+    /// naming it, the problems searched before it kept in --output; `skip` writes a record
+    /// without steps, the reason in its `meta.search_error`, and goes on. A server that still
+    /// fails after its retries stops the run either way.
+    #[arg(long, value_enum, default_value = "raise")]
+    pub on_error: super::score::OnErrorArg,
     /// Score every candidate from scratch instead of incrementally (for comparison).
     #[arg(long)]
     pub whole: bool,
@@ -191,8 +197,16 @@ pub fn run(a: Args) -> Result<()> {
         task: &*task,
         threads: a.threads,
     }
-    .run_all(&a.output, &jobs, &|done| bar.set_position(done as u64))?;
+    .run_all_with(&a.output, &jobs, a.on_error.into(), &|done| {
+        bar.set_position(done as u64)
+    })?;
     bar.finish_and_clear();
+    let skipped = sols.iter().filter(|s| s.meta.contains_key(SEARCH_ERROR)).count();
+    if skipped > 0 {
+        eprintln!(
+            "{skipped} problems could not be searched and were written without steps (the reason in meta.search_error)"
+        );
+    }
     let computes: Vec<_> = sols.iter().filter_map(compute_of).collect();
     let per = |f: &dyn Fn(&stepwise_search::Compute) -> f64| {
         computes.iter().map(f).sum::<f64>() / computes.len().max(1) as f64

@@ -27,7 +27,7 @@ pub use policy::{split_steps_at, Continuation, Policy, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
 pub use scorer::{
     score_solutions, score_solutions_with, turns_of, CheckerScorer, OnError, ScoreFailure, ScoreInput, ScoreRun,
-    Scored, StepScorer, SCORE_ERRORS,
+    Scored, StepScorer, Unavailable, SCORE_ERRORS,
 };
 pub use task::{MathTask, Task};
 pub use tool::{chain_program, chain_reply, CodeRunner};

@@ -105,6 +105,37 @@ pub enum OnError {
     Skip,
 }
 
+impl OnError {
+    /// `"raise"` or `"skip"`, as Python and the command line spell them.
+    pub fn by_name(name: &str) -> Result<Self> {
+        match name {
+            "raise" => Ok(OnError::Raise),
+            "skip" => Ok(OnError::Skip),
+            other => anyhow::bail!("on_error must be 'raise' or 'skip', not {other:?}"),
+        }
+    }
+
+    /// Whether a record whose work failed with `error` is skipped (the reason recorded on it)
+    /// rather than the run stopped: only under [`OnError::Skip`], and never for an
+    /// [`Unavailable`] server, so that an outage cannot turn a run's records into skipped ones.
+    pub fn skips(self, error: &anyhow::Error) -> bool {
+        self == OnError::Skip && !error.chain().any(|c| c.is::<Unavailable>())
+    }
+}
+
+/// A failure of what serves the work (a server that still failed after its retries), not of the
+/// record at hand: [`OnError::skips`] never skips it.
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
 /// The meta key under which [`OnError::Skip`] records why a solution was not scored.
 pub const SCORE_ERRORS: &str = "score_errors";
 
@@ -207,7 +238,7 @@ pub fn score_solutions_with(
                                 }
                             };
                             let index = done + k;
-                            if on_error == OnError::Raise {
+                            if !on_error.skips(&error) {
                                 let failure = ScoreFailure {
                                     index,
                                     id: s.id.clone(),
@@ -251,5 +282,24 @@ fn skip(s: &mut Solution, verifier: &str, error: &anyhow::Error) {
     }
     if let Some(map) = errors.as_object_mut() {
         map.insert(verifier.to_string(), serde_json::Value::String(format!("{error:#}")));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Skip skips what a record caused, never a server that stopped answering (wherever it sits
+    /// in the error's chain), and raise skips nothing.
+    #[test]
+    fn skip_never_skips_an_unavailable_server() {
+        let of_record = anyhow::anyhow!("2080 tokens: longer than the model reads");
+        let outage = anyhow::Error::new(Unavailable("http://gpu1:8000/v1/completions: 503".into()))
+            .context("record 3 (`x`) could not be labelled");
+        assert!(OnError::Skip.skips(&of_record));
+        assert!(!OnError::Skip.skips(&outage));
+        assert!(!OnError::Raise.skips(&of_record));
+        assert_eq!(OnError::by_name("skip").unwrap(), OnError::Skip);
+        assert!(OnError::by_name("ignore").is_err());
     }
 }
