@@ -26,9 +26,9 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import ray
@@ -36,15 +36,11 @@ import ray
 import stepwise
 import stepwise.ray as sray
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fleet import http  # noqa: E402  (the simulated fleet's HTTP helper)
+
 REPO = Path(__file__).resolve().parents[1]
 HUMANEVAL = REPO / "data" / "humaneval" / "HumanEval.jsonl"
-
-
-def http(url, body=None):
-    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
 
 
 def code(tmp):
