@@ -54,14 +54,38 @@ def _for_node(source: Model) -> str:
     other node): each node's actors can talk to the server on their own node."""
     if isinstance(source, str):
         return source
-    import ray
+    return _pick(source, _node_address())
 
-    ip = ray.util.get_node_ip_address()
-    if ip in source:
-        return source[ip]
+
+def _pick(source: Dict[str, str], address: str) -> str:
+    if address in source:
+        return source[address]
     if "*" in source:
         return source["*"]
-    raise StepwiseError(f"no server for node {ip}: the map names {sorted(source)} and no \"*\"")
+    raise StepwiseError(f"no server for node {address}: the map names {sorted(source)} and no \"*\"")
+
+
+def _node_address() -> str:
+    """This worker's node's address as the cluster knows it (`ray start --node-ip-address`)."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            return str(node["NodeManagerAddress"])
+    return str(ray.util.get_node_ip_address())
+
+
+def _check_node_maps(options: Dict[str, Any]) -> None:
+    """A `{node address: source}` map that misses a node of the cluster (and has no "*") is
+    refused before any actor starts (an actor that cannot start is retried by Ray)."""
+    import ray
+
+    nodes = sorted({str(n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")})
+    for key in ("prm", "policy", "judge"):
+        if isinstance(options.get(key), dict):
+            for address in nodes:
+                _pick(options[key], address)
 
 
 def _device(options: Dict[str, Any]) -> Dict[str, Any]:
@@ -452,6 +476,7 @@ def _run(stage: str, source: Source, output: Union[str, "os.PathLike[str]"], opt
         return summary
     if not ray.is_initialized():
         ray.init()
+    _check_node_maps(options)
     if actors is None:
         per = num_gpus if num_gpus > 0 else num_cpus
         have = ray.cluster_resources().get("GPU" if num_gpus > 0 else "CPU", 1.0)

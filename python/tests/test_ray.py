@@ -40,12 +40,12 @@ def free_port():
 def cluster():
     """The address of a two-node cluster (one CPU each), stopped at the end."""
     exe = str(Path(sys.executable).parent / "ray")
-    # A throw-away cluster on the loopback interface: without token authentication (a token file
-    # a local `ray.init()` once left in ~/.ray would be required of the second node otherwise).
+    # A throw-away cluster on this machine: without token authentication (a token file a local
+    # `ray.init()` once left in ~/.ray would be required of the second node otherwise).
     os.environ["RAY_AUTH_MODE"] = "disabled"
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     port = free_port()
-    common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
+    common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats"]
     subprocess.run([exe, "start", "--head", f"--port={port}", "--include-dashboard=false", *common], env=env,
                    check=True, capture_output=True)
     address = f"127.0.0.1:{port}"
@@ -91,6 +91,14 @@ def test_score_over_two_nodes_gives_one_process_scores_and_resumes(cluster, fixt
     again = sray.score(data, out, prm=prm, shard_size=4, actors=2)
     assert (again["skipped"], again["written"]) == (6, 4)
     assert [r["scores"] for r in sray.read(out)] == [r["scores"] for r in got]
+    # A model per node: the map's entry for each node's address (both nodes have this machine's);
+    # a map that misses a node is refused before any actor starts.
+    address = ray.nodes()[0]["NodeManagerAddress"]
+    per_node = sray.score(data, tmp_path / "per-node", prm={address: prm}, shard_size=12, actors=1)
+    assert per_node["written"] == 24
+    assert [r["scores"] for r in sray.read(tmp_path / "per-node")] == [r["scores"] for r in got]
+    with pytest.raises(stepwise.StepwiseError, match=f"no server for node {address}"):
+        sray.score(data, tmp_path / "no-node", prm={"10.9.9.9": prm}, shard_size=12, actors=1)
     # Other settings on the same output are refused, naming what differs.
     with pytest.raises(stepwise.StepwiseError, match="other options"):
         sray.score(data, out, prm=prm, name="other", shard_size=4)
