@@ -167,6 +167,12 @@ impl Client {
         &self.config
     }
 
+    /// How many servers it spreads requests over: those in its list or file (a server set aside
+    /// while it does not answer still counts; one taken out of the file does not).
+    pub fn server_count(&self) -> usize {
+        self.fleet.len()
+    }
+
     /// Each server's URL and the requests it answered, in the order they joined.
     pub fn served(&self) -> Vec<(String, usize)> {
         self.fleet

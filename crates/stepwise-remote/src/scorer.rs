@@ -40,7 +40,7 @@ impl StepScorer for RemoteScorer<'_> {
     /// One request; over several servers, the batch split into one request for each, sent at
     /// once, so a fleet scores a batch together.
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
-        let servers = self.client.served().len();
+        let servers = self.client.server_count();
         if servers < 2 || batch.len() < 2 {
             return self.score_one(batch);
         }
