@@ -132,7 +132,8 @@ impl Fleet {
 
     /// Servers not taken out.
     pub fn len(&self) -> usize {
-        self.all().iter().filter(|s| !s.removed.load(Ordering::SeqCst)).count()
+        let servers = self.servers.read().unwrap();
+        servers.iter().filter(|s| !s.removed.load(Ordering::SeqCst)).count()
     }
 
     /// Every server ever in the fleet, in the order they joined.
