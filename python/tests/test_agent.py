@@ -49,6 +49,17 @@ class Nonsense(Counter):
         return {"observation": 42}
 
 
+class Hanging(Counter):
+    """Its second step never answers (a simulator stuck in a loop)."""
+
+    def step(self, action):
+        if self.count >= 1:
+            while True:
+                pass
+        self.count += 1
+        return "count 1", False, False
+
+
 def counter_problems():
     return [{"id": f"c{i}", "question": "Count to three.", "meta": {"target": 3}} for i in range(3)]
 
@@ -116,6 +127,21 @@ def test_failing_environments_end_their_trajectory_never_the_call():
     assert "expected (observation, done, success)" in bad["meta"]["error"]
     with pytest.raises(ValueError, match="rooms"):
         stepwise.play(probs, Wanderer(), env="nethack")
+    with pytest.raises(ValueError, match="step_timeout"):
+        stepwise.play(probs, Wanderer(), env=Counter, step_timeout=0)
+
+
+def test_an_environment_that_hangs_ends_its_trajectory_at_the_step_timeout():
+    probs = counter_problems()[:2]
+    trajs = stepwise.play(probs, Wanderer(), env=Hanging, n=1, max_actions=10, step_timeout=0.5)
+    for t in trajs:
+        assert t["meta"]["end"] == "failed", t
+        assert "did not answer within 0.5 s (step_timeout)" in t["meta"]["error"], t
+        assert len(t["steps"]) == 2
+    # The interpreter is left as it was: nothing pending surfaces in later Python code.
+    total = sum(range(100000))
+    assert total == 4999950000
+    assert stepwise.play(probs, Wanderer(), env=Counter, n=1, max_actions=3, step_timeout=5)[0]["meta"]["end"] != "failed"
     with pytest.raises(ValueError, match="policy"):
         stepwise.label_actions([], probs, method="mc", env=Counter)
 

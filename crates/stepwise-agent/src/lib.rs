@@ -9,6 +9,7 @@
 //! - [`rooms`]: a text world of rooms, containers and items with an exact oracle, and
 //!   [`rooms::Expert`], a noisy expert policy for runs without a model.
 //! - [`rollout`]: a [`stepwise_core::Policy`] playing in an environment.
+//! - [`search`]: beam search over actions, the environment stepping every candidate.
 //! - [`labels`]: oracle, Monte Carlo and TD(λ)/GAE labels for actions; [`quality`]: how well
 //!   labels separate the oracle's good actions from its bad ones.
 
@@ -16,6 +17,7 @@ pub mod labels;
 pub mod quality;
 pub mod rollout;
 pub mod rooms;
+pub mod search;
 
 pub use labels::{td_targets, Games, MonteCarlo, Oracle, TemporalDifference};
 pub use rollout::{play, End, Played};

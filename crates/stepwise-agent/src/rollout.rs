@@ -51,12 +51,20 @@ pub struct Played {
     pub env_steps: usize,
     /// Tokens the policy generated.
     pub tokens: usize,
+    /// Where the policy stopped or ran out of actions: whether the goal held then
+    /// ([`Episode::outcome`]; `None` where the environment does not judge the final state).
+    pub outcome: Option<bool>,
 }
 
 impl Played {
-    /// Whether the goal was reached.
+    /// Whether the goal was reached: announced by the environment, or holding where the
+    /// episode ended.
     pub fn success(&self) -> bool {
-        self.end == End::Done { success: true }
+        match self.end {
+            End::Done { success } => success,
+            End::Stopped | End::OutOfActions => self.outcome == Some(true),
+            End::Failed(_) => false,
+        }
     }
 }
 
@@ -76,6 +84,7 @@ pub fn continue_episode(
         end: End::OutOfActions,
         env_steps: 0,
         tokens: 0,
+        outcome: None,
     };
     for t in 0..budget {
         let refs: Vec<&str> = turns.iter().map(String::as_str).collect();
@@ -89,6 +98,7 @@ pub fn continue_episode(
         let action = action_of(&c);
         if action.is_empty() {
             played.end = End::Stopped;
+            played.outcome = episode.outcome();
             return played;
         }
         let obs = match step_checked(episode, &action) {
@@ -106,6 +116,7 @@ pub fn continue_episode(
             return played;
         }
     }
+    played.outcome = episode.outcome();
     played
 }
 
@@ -161,9 +172,8 @@ pub fn trajectory(problem: &Problem, id: String, question: String, steps: Vec<St
 /// `sol` with `played`'s steps appended and its ending recorded.
 pub fn finish(mut sol: Solution, played: Played) -> Solution {
     sol.correct = match &played.end {
-        End::Done { success } => Some(*success),
-        End::Stopped | End::OutOfActions => Some(false),
         End::Failed(_) => None,
+        _ => Some(played.success()),
     };
     sol.final_answer = sol.correct.map(|c| if c { "success" } else { "failure" }.to_string());
     let end = match &played.end {
@@ -177,6 +187,7 @@ pub fn finish(mut sol: Solution, played: Played) -> Solution {
         }
     };
     sol.meta.insert("end".into(), json!(end));
+    sol.meta.insert("tokens".into(), json!(played.tokens));
     sol.steps.extend(played.steps);
     sol
 }
@@ -187,7 +198,7 @@ pub fn trajectory_id(problem: &Problem, j: usize) -> String {
 }
 
 /// FNV-1a of `s`: a seed per trajectory id.
-pub(crate) fn fnv(s: &str) -> u64 {
+pub fn fnv(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     })
@@ -205,6 +216,25 @@ pub fn play_resumable(
     policy: &dyn Policy,
     env: &dyn Environment,
     seed: u64,
+    progress: impl FnMut(usize),
+) -> Result<Vec<Solution>> {
+    each_resumable(
+        path,
+        problems,
+        n,
+        |p, id| play(policy, env, p, id.to_string(), seed ^ fnv(id)),
+        progress,
+    )
+}
+
+/// `job(problem, id)` for `n` ids of each problem ([`trajectory_id`]), journalled at `path` as
+/// [`play_resumable`] does: what the journal holds is not done again, and the records come back
+/// problem by problem. A job seeds itself by its id, so a resumed run equals an uninterrupted one.
+pub fn each_resumable(
+    path: &std::path::Path,
+    problems: &[Problem],
+    n: usize,
+    job: impl Fn(&Problem, &str) -> Solution + Sync,
     mut progress: impl FnMut(usize),
 ) -> Result<Vec<Solution>> {
     use rayon::prelude::*;
@@ -220,10 +250,7 @@ pub fn play_resumable(
         .collect();
     progress(order.len() - todo.len());
     for batch in todo.chunks(2 * rayon::current_num_threads()) {
-        let done: Vec<Solution> = batch
-            .par_iter()
-            .map(|(p, id)| play(policy, env, p, id.clone(), seed ^ fnv(id)))
-            .collect();
+        let done: Vec<Solution> = batch.par_iter().map(|(p, id)| job(p, id)).collect();
         for s in done {
             journal.append(s.id.clone(), &s)?;
             kept.push(s);

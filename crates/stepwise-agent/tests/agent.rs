@@ -281,3 +281,54 @@ fn the_oracle_rates_progress_good_useless_neutral_and_the_rest_bad() {
         .judge(&format!("take {}", world.items[world.goal_item].name))
         .is_some());
 }
+
+/// The silent world says nothing of the goal: reaching it ends nothing, the player stops when
+/// it judges the item in place, and the outcome is where the item lies then. A perfect expert
+/// wins every silent world and stops right after the goal; an agent that stops early, or
+/// keeps acting and takes the item out again, has failed.
+#[test]
+fn the_silent_world_judges_where_the_episode_ends() {
+    let ps = problems(40);
+    let env = Rooms::silent(30);
+    let expert = Expert::new(&ps, 1.0).unwrap();
+    for p in &ps {
+        let s = play(&expert, &env, p, format!("{}-0", p.id), 3);
+        assert_eq!(s.correct, Some(true), "{}: {:?}", s.id, s.turn_strings());
+        assert_eq!(s.meta["end"], "stopped", "{}", s.id);
+        let turns = s.turn_strings();
+        assert!(turns.iter().all(|t| !t.contains("You have done it")), "{turns:?}");
+        let w = rooms::world_of(p).unwrap();
+        let end = w.replay(s.steps.iter().map(|st| st.text.as_str()));
+        assert!(w.reached(&end));
+        assert_eq!(
+            w.goal_place(&end),
+            format!("in the {}", w.containers[w.goal_container].name)
+        );
+        // One action short of the goal, stopping there is a failure.
+        let (mut ep, _) = env.reset(p).unwrap();
+        for st in &s.steps[..s.steps.len() - 1] {
+            let o = ep.step(&st.text).unwrap();
+            assert!(!o.done, "the silent world ends nothing: {o:?}");
+        }
+        assert_eq!(ep.outcome(), Some(false));
+        let last = ep.step(&s.steps.last().unwrap().text).unwrap();
+        assert!(!last.done && !last.success, "{last:?}");
+        assert_eq!(ep.outcome(), Some(true));
+        // Taking the item out again loses it.
+        let item = &w.items[w.goal_item].name;
+        ep.step(&format!("take {item}")).unwrap();
+        assert_eq!(ep.outcome(), Some(false));
+    }
+    // A noisy expert on a short budget: some silent trajectories fail without the world ever
+    // saying so.
+    let noisy = Expert::new(&ps, 0.5).unwrap();
+    let short = Rooms::silent(12);
+    let outcomes: Vec<Option<bool>> = ps
+        .iter()
+        .map(|p| play(&noisy, &short, p, format!("{}-1", p.id), 5).correct)
+        .collect();
+    assert!(
+        outcomes.contains(&Some(true)) && outcomes.contains(&Some(false)),
+        "{outcomes:?}"
+    );
+}

@@ -12,6 +12,7 @@
 #![doc = concat!("```no_run\n", include_str!("../examples/quick_lab.rs"), "```")]
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod code;
 pub mod confidence;
 mod html;

@@ -38,6 +38,9 @@ pub struct Preset {
     /// Human step labels in the studio, from simulated labellers, and active learning.
     #[serde(flatten)]
     pub studio: StudioPreset,
+    /// The agent domain's sizes (`stepwise lab --domain agent`; other domains ignore them).
+    #[serde(flatten)]
+    pub agent: crate::agent::preset::AgentPreset,
 }
 
 /// The policy: its shape, training and sampling. (Its fields keep the preset's flat keys: `--set policy_shape=...`.)
@@ -438,6 +441,7 @@ impl Preset {
                 error_rate: 0.1,
                 verifier_steps: 0,
             },
+            agent: crate::agent::preset::AgentPreset::quick(),
         }
     }
 
@@ -512,6 +516,7 @@ impl Preset {
                 error_rate: 0.1,
                 verifier_steps: 300,
             },
+            agent: crate::agent::preset::AgentPreset::standard(),
         }
     }
 

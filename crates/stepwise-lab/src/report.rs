@@ -241,6 +241,11 @@ fn paired_section(s: &mut String, r: &Report) {
         .chain(r.rl.iter().flat_map(|x| &x.paired))
         .chain(r.studio.iter().flat_map(|x| &x.paired))
         .collect();
+    paired_table(s, &all);
+}
+
+/// The paired-differences section for `all` (nothing when empty).
+pub(crate) fn paired_table(s: &mut String, all: &[&stepwise_eval::paired::PairedDifference]) {
     if all.is_empty() {
         return;
     }

@@ -38,7 +38,7 @@ pub fn default_run_folder(p: &Preset, seed: u64) -> PathBuf {
 /// Record the preset and seed in `out/preset.json`, or check that they are those the folder was
 /// started with: its cached stages belong to that run, and reusing them under other settings
 /// would mix two runs without a word.
-fn claim_run_folder(out: &Path, p: &Preset, seed: u64) -> Result<()> {
+pub(crate) fn claim_run_folder(out: &Path, p: &Preset, seed: u64) -> Result<()> {
     let path = out.join("preset.json");
     let ours = serde_json::to_value((p, seed))?;
     if path.exists() {

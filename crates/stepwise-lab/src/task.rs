@@ -18,17 +18,22 @@ pub enum Domain {
     /// The same stories with symbols, solved by a straight-line Python function one statement a
     /// step, checked by executing it ([`crate::code`]).
     Code,
+    /// An agent in the silent rooms world ([`stepwise_agent::rooms`]): a step is an action
+    /// whose effect comes back from the environment; the lab runs its own loop for it
+    /// ([`crate::agent`]).
+    Agent,
 }
 
 impl Domain {
     /// Every domain.
-    pub const ALL: [Domain; 2] = [Domain::Arithmetic, Domain::Code];
+    pub const ALL: [Domain; 3] = [Domain::Arithmetic, Domain::Code, Domain::Agent];
 
     /// As the preset and `metrics.json` spell it.
     pub fn name(self) -> &'static str {
         match self {
             Domain::Arithmetic => "arithmetic",
             Domain::Code => "code",
+            Domain::Agent => "agent",
         }
     }
 
@@ -42,6 +47,7 @@ impl Domain {
         match self {
             Domain::Arithmetic => generate(rng, index),
             Domain::Code => crate::code::generate(rng, index),
+            Domain::Agent => crate::agent::games::lab_problem(rng.random(), index),
         }
     }
 
@@ -51,6 +57,8 @@ impl Domain {
         match self {
             Domain::Arithmetic => stated_answer(steps),
             Domain::Code => crate::code::answer(steps),
+            // A trajectory's outcome is the environment's, not something its text states.
+            Domain::Agent => None,
         }
     }
 }
@@ -61,7 +69,7 @@ impl std::str::FromStr for Domain {
         Domain::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| anyhow::anyhow!("unknown domain `{s}`: use arithmetic or code"))
+            .ok_or_else(|| anyhow::anyhow!("unknown domain `{s}`: use arithmetic, code or agent"))
     }
 }
 

@@ -48,6 +48,7 @@ pub fn tokenizer_json(domain: Domain) -> String {
             }
         }
         Domain::Code => words.extend(crate::code::words()),
+        Domain::Agent => words.extend(crate::agent::games::words()),
     }
     let mut vocab = vec![PAD.to_string(), UNK.into(), EOS.into(), SEP.into()];
     vocab.extend((0..=MAX_NUMBER).map(|d| d.to_string()));

@@ -48,7 +48,7 @@ fn examples_in(dir: &std::path::Path, items: &[Value]) -> Vec<Example> {
                 ids: e.ids,
                 targets,
                 lm_from: 0,
-                ref_logprobs: Vec::new(),
+                ..Default::default()
             }
         })
         .collect()

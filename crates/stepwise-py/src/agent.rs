@@ -1,6 +1,7 @@
 //! Agents in Python: rooms worlds, trajectories played by a policy in an environment (the
 //! built-in rooms, or a Python class such as a TextWorld game), and labels for their actions.
 
+use crate::bounded::{call_method_bounded, BoundedError};
 use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
 use crate::policy::PolicyArg;
 use crate::progress::Progress;
@@ -9,6 +10,7 @@ use pyo3::prelude::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use stepwise_agent::{Games, Rooms};
 use stepwise_core::seams::{ActionKind, Environment, Episode, Observation};
 use stepwise_core::Problem;
@@ -22,6 +24,8 @@ use stepwise_core::Problem;
 pub struct PythonEnvironment {
     factory: Py<PyAny>,
     max_actions: usize,
+    /// The longest a `reset`, `step` or `fork` may take (`step_timeout`).
+    timeout: Option<Duration>,
     /// Held around every call into the environment's objects: Python code of several threads
     /// interleaves even under the GIL, and simulators (TextWorld's grammar parser among them)
     /// keep state that is not safe to share. Taken before the GIL, never while holding it.
@@ -30,6 +34,7 @@ pub struct PythonEnvironment {
 
 struct PythonEpisode {
     lock: Arc<Mutex<()>>,
+    timeout: Option<Duration>,
     factory: Py<PyAny>,
     object: Py<PyAny>,
     problem: Value,
@@ -40,12 +45,28 @@ fn call_error(what: &str, e: PyErr) -> anyhow::Error {
     anyhow!("the Python environment's {what} raised {e}")
 }
 
+/// `object.method(*args)` within `timeout`, its failure named as the environment's `what`.
+fn call<'py>(
+    py: Python<'py>,
+    object: &Py<PyAny>,
+    method: &str,
+    args: impl pyo3::call::PyCallArgs<'py>,
+    timeout: Option<Duration>,
+    what: &str,
+) -> Result<Py<PyAny>> {
+    call_method_bounded(py, object, method, args, timeout).map_err(|e| match e {
+        BoundedError::Raised(e) => call_error(what, e),
+        BoundedError::TimedOut(t) => anyhow!(
+            "the Python environment's {what} did not answer within {} s (step_timeout)",
+            t.as_secs_f64()
+        ),
+    })
+}
+
 impl PythonEnvironment {
     fn start(&self, py: Python<'_>, problem: &Value) -> Result<(Py<PyAny>, String)> {
         let object = self.factory.call0(py).map_err(|e| call_error("constructor", e))?;
-        let first = object
-            .call_method1(py, "reset", (to_py(py, problem)?,))
-            .map_err(|e| call_error("reset", e))?;
+        let first = call(py, &object, "reset", (to_py(py, problem)?,), self.timeout, "reset")?;
         let first: String = first
             .extract(py)
             .map_err(|_| anyhow!("the Python environment's reset must return the first observation as a str"))?;
@@ -61,6 +82,7 @@ impl Environment for PythonEnvironment {
             let (object, first) = self.start(py, &problem)?;
             let episode = PythonEpisode {
                 lock: self.lock.clone(),
+                timeout: self.timeout,
                 factory: self.factory.clone_ref(py),
                 object,
                 problem,
@@ -101,10 +123,7 @@ impl Episode for PythonEpisode {
     fn step(&mut self, action: &str) -> Result<Observation> {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let got = Python::attach(|py| -> Result<Value> {
-            let out = self
-                .object
-                .call_method1(py, "step", (action,))
-                .map_err(|e| call_error("step", e))?;
+            let out = call(py, &self.object, "step", (action,), self.timeout, "step")?;
             from_py(out.bind(py)).map_err(|e| anyhow!("the Python environment's step returned {e}"))
         })?;
         self.actions.push(action.to_string());
@@ -115,25 +134,30 @@ impl Episode for PythonEpisode {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         Python::attach(|py| {
             let object = if self.object.bind(py).hasattr("fork")? {
-                self.object
-                    .call_method0(py, "fork")
-                    .map_err(|e| call_error("fork", e))?
+                call(py, &self.object, "fork", (), self.timeout, "fork")?
             } else {
                 let env = PythonEnvironment {
                     factory: self.factory.clone_ref(py),
                     max_actions: 0,
+                    timeout: self.timeout,
                     lock: self.lock.clone(),
                 };
                 let (object, _) = env.start(py, &self.problem)?;
                 for a in &self.actions {
-                    object
-                        .call_method1(py, "step", (a.as_str(),))
-                        .map_err(|e| call_error("step (replaying to fork)", e))?;
+                    call(
+                        py,
+                        &object,
+                        "step",
+                        (a.as_str(),),
+                        self.timeout,
+                        "step (replaying to fork)",
+                    )?;
                 }
                 object
             };
             Ok(Box::new(PythonEpisode {
                 lock: self.lock.clone(),
+                timeout: self.timeout,
                 factory: self.factory.clone_ref(py),
                 object,
                 problem: self.problem.clone(),
@@ -162,7 +186,20 @@ impl Episode for PythonEpisode {
 
 /// The environment of an `env=` argument: `"rooms"` (or None) or a class / callable making
 /// environments.
-fn environment_of(env: Option<&Bound<'_, PyAny>>, max_actions: usize) -> PyResult<Box<dyn Environment>> {
+fn environment_of(
+    env: Option<&Bound<'_, PyAny>>,
+    max_actions: usize,
+    step_timeout: Option<f64>,
+) -> PyResult<Box<dyn Environment>> {
+    let timeout = match step_timeout {
+        Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
+        Some(t) => {
+            return Err(value_error(format!(
+                "step_timeout={t}: a positive number of seconds, or None"
+            )))
+        }
+        None => None,
+    };
     let rooms = Rooms::new(max_actions);
     let Some(env) = env else {
         return Ok(Box::new(rooms));
@@ -183,6 +220,7 @@ fn environment_of(env: Option<&Bound<'_, PyAny>>, max_actions: usize) -> PyResul
     Ok(Box::new(PythonEnvironment {
         factory: env.clone().unbind(),
         max_actions,
+        timeout,
         lock: Arc::new(Mutex::new(())),
     }))
 }
@@ -222,12 +260,14 @@ pub fn rooms<'py>(py: Python<'py>, count: usize, seed: u64) -> PyResult<Bound<'p
 /// `step(action)`, such as `stepwise.textworld.Game`): one action a step, the environment's
 /// answer in the step's `observation`, the outcome in `correct`, how it ended in `meta.end`
 /// (`success`, `lost`, `stopped`, `out_of_actions`, or `failed` with `meta.error`: an
-/// environment that raises or answers nonsense ends that trajectory, never the call). With
-/// `output` (`.jsonl`) trajectories are appended as they finish and a repeated call resumes.
+/// environment that raises or answers nonsense ends that trajectory, never the call; so does a
+/// `reset`, `step` or `fork` that runs past `step_timeout` seconds, stopped by a `TimeoutError`
+/// raised in it, and `None` waits forever). With `output` (`.jsonl`) trajectories are appended
+/// as they finish and a repeated call resumes.
 ///
 /// >>> trajs = stepwise.play(stepwise.rooms(10), policy, n=4)
 #[pyfunction]
-#[pyo3(signature = (problems, policy, env=None, n=1, max_actions=30, seed=0, output=None, separator="\n", progress=None))]
+#[pyo3(signature = (problems, policy, env=None, n=1, max_actions=30, seed=0, output=None, separator="\n", progress=None, step_timeout=Some(60.0)))]
 #[allow(clippy::too_many_arguments)]
 pub fn play<'py>(
     py: Python<'py>,
@@ -240,10 +280,11 @@ pub fn play<'py>(
     output: Option<PathBuf>,
     separator: &str,
     progress: Option<&Bound<'py, PyAny>>,
+    step_timeout: Option<f64>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let problems = agent_problems(problems)?;
     let policy = PolicyArg::of(policy, separator)?;
-    let env = environment_of(env, max_actions)?;
+    let env = environment_of(env, max_actions, step_timeout)?;
     let progress = Progress::start(py, progress, "trajectories", problems.len() * n)?;
     let claim = json!({"problems": stepwise_core::journal::fingerprint(&problems).map_err(|e| value_error(e.to_string()))?,
         "n": n, "max_actions": max_actions, "seed": seed, "separator": separator});
@@ -267,7 +308,7 @@ pub fn play<'py>(
 ///
 /// >>> labelled = stepwise.label_actions(trajs, games, method="mc", policy=policy, rollouts=8)
 #[pyfunction]
-#[pyo3(signature = (records, problems, method="oracle", env=None, policy=None, rollouts=8, values="prm", gamma=1.0, lam=0.5, max_actions=30, seed=0, output=None, separator="\n", progress=None))]
+#[pyo3(signature = (records, problems, method="oracle", env=None, policy=None, rollouts=8, values="prm", gamma=1.0, lam=0.5, max_actions=30, seed=0, output=None, separator="\n", progress=None, step_timeout=Some(60.0)))]
 #[allow(clippy::too_many_arguments)]
 pub fn label_actions<'py>(
     py: Python<'py>,
@@ -285,6 +326,7 @@ pub fn label_actions<'py>(
     output: Option<PathBuf>,
     separator: &str,
     progress: Option<&Bound<'py, PyAny>>,
+    step_timeout: Option<f64>,
 ) -> PyResult<Bound<'py, PyAny>> {
     if !["oracle", "mc", "td"].contains(&method) {
         return Err(value_error(format!(
@@ -301,7 +343,7 @@ pub fn label_actions<'py>(
     if method == "mc" && policy.is_none() {
         return Err(value_error("method=\"mc\" rolls out with a policy: pass policy="));
     }
-    let env = environment_of(env, max_actions)?;
+    let env = environment_of(env, max_actions, step_timeout)?;
     let given = records_arg(records)?;
     let progress = Progress::start(py, progress, "trajectories", given.len())?;
     let labelled = without_gil(py, || {

@@ -10,6 +10,7 @@
 use pyo3::prelude::*;
 
 mod agent;
+mod bounded;
 mod code;
 mod convert;
 mod policy;

@@ -66,6 +66,10 @@ impl Expert {
 
     /// One action in `s`.
     fn act(&self, w: &World, memo: &Memo, s: &State, rng: &mut ChaCha8Rng) -> String {
+        // Only the silent world asks after the goal is reached: the best action is to stop.
+        if w.reached(s) && rng.random_bool(self.skill) {
+            return String::new();
+        }
         if rng.random_bool(self.skill) {
             let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
             let relevant = w.relevant_items();
@@ -110,9 +114,9 @@ impl Policy for Expert {
                 }
                 Ok(Continuation {
                     steps: vec![action.clone()],
-                    tokens: action.split_whitespace().count(),
+                    tokens: action.split_whitespace().count().max(1),
+                    finished: action.is_empty(),
                     text: action,
-                    finished: false,
                     token_ids: Vec::new(),
                 })
             })

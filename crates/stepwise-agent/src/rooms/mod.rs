@@ -165,6 +165,26 @@ impl World {
         s.items[self.goal_item] == Place::In(self.goal_container as u8)
     }
 
+    /// Where the goal's item lies in `s`, in words (`in the case`, `carried`, `in the hall`,
+    /// `gone`): the outcome a majority vote over trajectories counts.
+    pub fn goal_place(&self, s: &State) -> String {
+        match s.items[self.goal_item] {
+            Place::Room(r) => format!("in the {}", self.rooms[r as usize]),
+            Place::In(c) => format!("in the {}", self.containers[c as usize].name),
+            Place::Held => "carried".into(),
+            Place::Gone => "gone".into(),
+        }
+    }
+
+    /// The state after `actions` from the start (those that parse; invalid ones change
+    /// nothing, as in an episode).
+    pub fn replay<'a>(&self, actions: impl IntoIterator<Item = &'a str>) -> State {
+        actions.into_iter().fold(self.initial(), |s, a| match parse(self, a) {
+            Some(a) => apply(self, &s, a).state,
+            None => s,
+        })
+    }
+
     /// The items that can matter for the goal: its item and every key.
     pub fn relevant_items(&self) -> Vec<usize> {
         let mut r: Vec<usize> = std::iter::once(self.goal_item)
@@ -245,6 +265,8 @@ pub struct Rooms {
     memo: Mutex<HashMap<String, Arc<Mutex<Distances>>>>,
     /// The most actions an episode may take (default 30).
     pub max_actions: Option<usize>,
+    /// Whether the world keeps the goal to itself ([`Rooms::silent`]).
+    pub silent: bool,
 }
 
 /// An episode in a rooms world.
@@ -253,6 +275,7 @@ pub struct RoomsEpisode {
     world: Arc<World>,
     state: State,
     over: bool,
+    silent: bool,
     memo: Arc<Mutex<Distances>>,
 }
 
@@ -285,6 +308,19 @@ impl Rooms {
             ..Default::default()
         }
     }
+
+    /// The rooms world that keeps the goal to itself, as WebShop scores a purchase: reaching
+    /// the goal or losing it for good says nothing and ends nothing; the agent stops when it
+    /// judges the task done (an empty action: end of sequence), and the outcome is whether the
+    /// goal holds then ([`Episode::outcome`]). An agent that puts the item in and takes it out
+    /// again has failed; one that stops early has too. Best-of-N over trajectories is then a
+    /// real choice: no observation says which trajectory succeeded.
+    pub fn silent(max_actions: usize) -> Rooms {
+        Rooms {
+            silent: true,
+            ..Rooms::new(max_actions)
+        }
+    }
 }
 
 impl Environment for Rooms {
@@ -301,6 +337,7 @@ impl Environment for Rooms {
             state: world.initial(),
             world: Arc::new(world),
             over: false,
+            silent: self.silent,
             memo,
         };
         let first = describe(&ep.world, &ep.state);
@@ -333,6 +370,9 @@ impl Episode for RoomsEpisode {
             text: effect.message,
             ..Default::default()
         };
+        if self.silent {
+            return Ok(obs);
+        }
         if self.world.reached(&self.state) {
             obs.text.push_str(" You have done it.");
             (obs.done, obs.success) = (true, true);
@@ -346,6 +386,10 @@ impl Episode for RoomsEpisode {
 
     fn fork(&self) -> Result<Box<dyn Episode>> {
         Ok(Box::new(self.clone()))
+    }
+
+    fn outcome(&self) -> Option<bool> {
+        Some(self.world.reached(&self.state))
     }
 
     fn judge(&self, action: &str) -> Option<ActionKind> {
@@ -363,6 +407,8 @@ impl Episode for RoomsEpisode {
         let before = distance(&self.world, &self.state, &mut memo);
         let after = distance(&self.world, &effect.state, &mut memo);
         Some(match (before, after) {
+            // Past ruin (the silent world goes on): nothing more can be lost.
+            (None, None) => ActionKind::Useless,
             (_, None) => ActionKind::Ruin,
             (Some(b), Some(a)) if a < b => ActionKind::Progress,
             (Some(b), Some(a)) if a == b => ActionKind::Useless,

@@ -39,7 +39,15 @@ Examples:
   stepwise lab                          # standard preset (600 held-out problems), about 10 minutes on 2 cores
   stepwise lab --preset quick --seed 2  # every stage, small, a few minutes
   stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed
-  stepwise lab --domain code            # the loop on programs checked by execution (runs/standard-code-seed1)"
+  stepwise lab --domain code            # the loop on programs checked by execution (runs/standard-code-seed1)
+  stepwise lab --domain agent           # an agent in a text world: actions as steps (runs/standard-agent-seed1)
+
+With `--domain agent` the loop is the agent's (docs/agents.md): the noisy expert's
+demonstrations teach a policy; it plays the label worlds; actions are labelled by the oracle,
+Monte Carlo rollouts (agent_rollouts) and TD(λ) from a cross-fitted value (agent_lambda,
+agent_gamma); PRMs on MC and TD labels and an ORM on outcomes, trained from the policy; best-of-N
+over held-out trajectories against the majority of outcomes, with lucky successes counted. Its
+sizes are the preset's agent_* fields (`--set agent_eval_games=100`)."
 )]
 pub struct Args {
     /// quick (minutes, noisy) or standard (the measured setting).
@@ -47,7 +55,8 @@ pub struct Args {
     pub preset: String,
     /// The reasoning domain: arithmetic word problems (default), or `code`: the same stories
     /// with symbols, solved by straight-line Python functions one statement a step, every line
-    /// checked by executing it.
+    /// checked by executing it; or `agent`: an agent in a text world of rooms, containers and
+    /// items, its actions the steps.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(Domain::ALL.map(Domain::name))
         .map(|s| s.parse::<Domain>().expect("a listed domain")))]
     pub domain: Option<Domain>,
@@ -75,11 +84,22 @@ pub fn run_lab(a: Args) -> Result<()> {
     }
     let out = a.out.unwrap_or_else(|| default_run_folder(&preset, a.seed));
     let start = std::time::Instant::now();
-    let report = run(&LabOptions {
+    let options = LabOptions {
         preset,
         seed: a.seed,
         out: out.clone(),
-    })?;
+    };
+    if options.preset.domain == Domain::Agent {
+        let report = stepwise_lab::agent::run(&options)?;
+        outln!("\n{}", stepwise_lab::agent::report::headline(&report))?;
+        outln!(
+            "report: {} ({:.0}s)",
+            out.join("report.md").display(),
+            start.elapsed().as_secs_f64()
+        )?;
+        return Ok(());
+    }
+    let report = run(&options)?;
     outln!("\n{}", headline(&report))?;
     outln!(
         "policy accuracy {:.3}; lucky-correct {:.1}% of correct answers; MC hard-label accuracy {:.3}; PRM-MC ProcessBench F1 {:.3}",

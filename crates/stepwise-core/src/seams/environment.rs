@@ -73,6 +73,14 @@ pub trait Episode: Send {
         let _ = action;
         None
     }
+
+    /// Whether the goal holds in the current state, for environments that judge where an
+    /// episode ends rather than announce success (WebShop scores what was bought; the lab's
+    /// silent rooms world checks where the item lies when the agent stops). `None` (the
+    /// default): only an observation's `done` tells.
+    fn outcome(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// Anything an agent acts in: the lab's text world, a Python object wrapping TextWorld, a

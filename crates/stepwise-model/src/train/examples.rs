@@ -102,7 +102,7 @@ pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> R
                 lm_from: steps_from,
                 ids,
                 targets,
-                ref_logprobs: Vec::new(),
+                ..Default::default()
             });
         }
     }

@@ -32,10 +32,21 @@ pub struct Example {
     /// positions ≥ this; for labelled solutions, the first step's first token.
     #[serde(default)]
     pub lm_from: usize,
+    /// Spans `[start, end)` of positions after `lm_from` whose tokens are context, not learned:
+    /// a trajectory's observations, which the world writes and the policy only reads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lm_skip: Vec<(usize, usize)>,
     /// For the log-ratio objective: the reference model's log-probability of each token given
     /// the ones before (see [`crate::log_ratio::attach_reference`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ref_logprobs: Vec<f32>,
+}
+
+impl Example {
+    /// Whether the next-token loss covers the token at position `i` (at or past `lm_from`).
+    pub fn learns(&self, i: usize) -> bool {
+        !self.lm_skip.iter().any(|&(a, b)| (a..b).contains(&i))
+    }
 }
 
 /// What to learn.
@@ -184,7 +195,7 @@ pub fn batch_loss(model: &Model, batch: &[&Example], objective: Objective) -> Re
             // Predict token i+1 from position i, for i+1 ≥ lm_from.
             let (mut rows, mut tgt) = (Vec::new(), Vec::new());
             for (b, e) in batch.iter().enumerate() {
-                for i in e.lm_from.max(1)..e.ids.len() {
+                for i in (e.lm_from.max(1)..e.ids.len()).filter(|&i| e.learns(i)) {
                     rows.push((b * t + i - 1) as u32);
                     tgt.push(e.ids[i]);
                 }

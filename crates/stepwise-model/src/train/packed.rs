@@ -62,7 +62,19 @@ impl TokenBatch {
     pub fn new(batch: &[&Example], objective: Objective) -> Result<Self> {
         let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
         let packed = Packed::new(&seqs);
-        let pairs = packed.next_tokens(|i| batch[i].lm_from);
+        let mut pairs = packed.next_tokens(|i| batch[i].lm_from);
+        if batch.iter().any(|e| !e.lm_skip.is_empty()) {
+            // Positions left out of the loss (observations): the log-ratio's spans count every
+            // token from `lm_from`, so only next-token prediction takes them.
+            if let Objective::LogRatio(_) = objective {
+                bail!("examples with positions left out of the loss (lm_skip) train only by next-token prediction");
+            }
+            let learned: Vec<bool> = batch
+                .iter()
+                .flat_map(|e| (e.lm_from.max(1)..e.ids.len()).map(|i| e.learns(i)))
+                .collect();
+            pairs = pairs.into_iter().zip(learned).filter_map(|(x, keep)| keep.then_some(x)).collect();
+        }
         let (mut spans, mut base) = (Vec::new(), 0);
         for e in batch {
             let first = e.lm_from.max(1);

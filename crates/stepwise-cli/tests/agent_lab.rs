@@ -1,0 +1,175 @@
+//! `stepwise lab --domain agent` end to end through the binary, at a tiny size: every stage's
+//! file, the report's sections and metrics keys, and a run killed with SIGKILL in the middle of
+//! its Monte Carlo labels that, started again, writes the same labels and the same report.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The quick preset made smaller: what is checked is the loop and its bookkeeping.
+const TINY: [&str; 20] = [
+    "--set",
+    "agent_demo_games=60",
+    "--set",
+    "agent_policy_steps=30",
+    "--set",
+    "agent_label_games=4",
+    "--set",
+    "agent_eval_games=4",
+    "--set",
+    "agent_eval_samples=4",
+    "--set",
+    "agent_search_games=2",
+    "--set",
+    "agent_rollouts=2",
+    "--set",
+    "agent_verifier_steps=4",
+    "--set",
+    "agent_max_actions=8",
+    "--set",
+    "agent_beam=[2,2]",
+];
+
+fn lab(out: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    c.args(["lab", "--domain", "agent", "--preset", "quick", "--seed", "5"])
+        .args(TINY)
+        .arg("--out")
+        .arg(out);
+    c
+}
+
+fn read(p: PathBuf) -> String {
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn json(p: PathBuf) -> serde_json::Value {
+    serde_json::from_str(&read(p)).unwrap()
+}
+
+/// Each MC-labelled record's id and labels, sorted by id.
+fn mc_labels(dir: &Path) -> Vec<(String, serde_json::Value)> {
+    let mut v: Vec<(String, serde_json::Value)> = read(dir.join("mc.jsonl"))
+        .lines()
+        .map(|l| {
+            let r: serde_json::Value = serde_json::from_str(l).unwrap();
+            let labels = r["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["label"].clone())
+                .collect();
+            (r["id"].as_str().unwrap().to_string(), labels)
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+#[test]
+fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() {
+    let root = std::env::temp_dir().join(format!("stepwise-agent-lab-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (a, b) = (root.join("a"), root.join("b"));
+    let done = lab(&a).output().unwrap();
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert!(String::from_utf8_lossy(&done.stdout).contains("agent lab (quick preset, seed 5)"));
+    for f in [
+        "metrics.json",
+        "report.md",
+        "report.html",
+        "bon.png",
+        "games.jsonl",
+        "demonstrations.jsonl",
+        "trajectories_label.jsonl",
+        "trajectories_eval.jsonl",
+        "oracle_label.jsonl",
+        "mc.jsonl",
+        "trajectories_eval_scored.jsonl",
+        "search_beam.jsonl",
+        "policy/DONE",
+        "prm_mc/DONE",
+        "prm_td/DONE",
+        "orm/DONE",
+        "value-0/DONE",
+        "value-1/DONE",
+    ] {
+        assert!(a.join(f).exists(), "{f} missing");
+    }
+    let m = json(a.join("metrics.json"));
+    assert_eq!(m["domain"], "agent");
+    assert_eq!(m["policy"]["trajectories"], 16);
+    // Monte Carlo pays in environment steps; TD and the returns pay nothing beyond the trajectories.
+    assert!(m["labels"]["mc"]["env_steps"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(m["labels"]["td"]["env_steps"], 0);
+    for source in ["mc", "td", "return"] {
+        let auc = m["labels"][source]["agreement"]["auc"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&auc), "{source}: {auc}");
+    }
+    let curves = m["bon"]["curves"].as_array().unwrap();
+    for method in ["pass@N", "majority", "ORM", "PRM-MC-min", "PRM-TD-min"] {
+        let c = curves
+            .iter()
+            .find(|c| c["method"] == method)
+            .unwrap_or_else(|| panic!("{method} missing"));
+        assert_eq!(c["points"].as_array().unwrap().last().unwrap()["n"], 4);
+    }
+    assert!(m["bon"]["lucky"]["pool"].as_f64().is_some());
+    let paired = m["bon"]["paired"].as_array().unwrap();
+    assert!(paired.iter().any(|d| d["a"] == "PRM-MC-min" && d["b"] == "majority"));
+    assert_eq!(m["search"]["worlds"], 2);
+    assert!(m["search"]["success"]["beam"].as_f64().is_some());
+    let report = read(a.join("report.md"));
+    for section in [
+        "## The policy",
+        "## Labels for actions",
+        "## Best-of-N over trajectories",
+        "## Search over actions",
+        "## Paired differences",
+    ] {
+        assert!(report.contains(section), "{section} missing");
+    }
+    // Trajectories keep the world's answers apart from the actions, and the world never says
+    // whether the goal is reached.
+    for line in read(a.join("trajectories_eval.jsonl")).lines() {
+        let t: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(
+            t["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["observation"].is_string()),
+            "{t}"
+        );
+        assert!(!line.contains("You have done it"), "{line}");
+    }
+
+    // Killed with SIGKILL once Monte Carlo labels are being written, then run again: the same
+    // labels and the same report.
+    let mut child = lab(&b)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while read_lines(&b.join("mc.jsonl")) < 2 && Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap_or(());
+    child.wait().unwrap();
+    let again = lab(&b).output().unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(mc_labels(&a), mc_labels(&b));
+    let mb = json(b.join("metrics.json"));
+    for key in ["policy", "labels", "bon", "search"] {
+        assert_eq!(m[key], mb[key], "{key} differs after the resume");
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+fn read_lines(p: &Path) -> usize {
+    std::fs::read_to_string(p).map_or(0, |s| s.lines().count())
+}

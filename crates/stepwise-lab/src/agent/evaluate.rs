@@ -1,0 +1,159 @@
+//! Best-of-N over held-out trajectories: the majority of outcomes (where the goal's item ended
+//! up), the ORM, and PRMs on Monte Carlo and TD labels, as curves over N with paired
+//! differences at the largest N; and lucky successes (the goal reached after an invalid or
+//! regressing action), in the pool and among what each selector picks.
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use stepwise_agent::rooms::world_of;
+use stepwise_core::{Problem, Solution};
+use stepwise_eval::bon::{curve, per_problem_accuracy, Curve};
+use stepwise_eval::paired::{paired_difference, PairedDifference};
+use stepwise_search::{select, Aggregation, Candidate, Selector};
+
+/// Draws of N candidates per world at each point.
+const DRAWS: usize = 64;
+
+/// What best-of-N found.
+#[derive(Debug, Clone, Serialize)]
+pub struct BestOfN {
+    /// Curves: pass@N, each selector.
+    pub curves: Vec<Curve>,
+    /// Paired differences at the largest N.
+    pub paired: Vec<PairedDifference>,
+    /// Share of successes with an invalid or regressing action: in the pool (`pool`), and among
+    /// the successes each selector picks from all of a world's trajectories.
+    pub lucky: BTreeMap<String, f64>,
+}
+
+/// Whether a trajectory is a lucky success: it reached the goal after an action the oracle
+/// calls invalid or regress (`oracle` is the trajectory labelled by the oracle).
+pub fn lucky(oracle: &Solution) -> bool {
+    oracle.correct == Some(true)
+        && oracle.meta.get("actions").and_then(|a| a.as_array()).is_some_and(|a| {
+            a.iter()
+                .any(|k| matches!(k.as_str(), Some("invalid") | Some("regress")))
+        })
+}
+
+/// Where the goal's item lies at the end of `t`: the outcome the majority vote counts.
+fn end_place(problem: &Problem, t: &Solution) -> Result<String> {
+    let w = world_of(problem)?;
+    Ok(w.goal_place(&w.replay(t.steps.iter().map(|s| s.text.as_str()))))
+}
+
+/// A scorer's candidates, world by world: step scores from `scores[prm]`, the outcome score
+/// from `scores[orm]`'s last, the answer where the item ended up.
+fn candidates(groups: &[(Problem, Vec<Solution>)], prm: &str, orm: &str) -> Result<Vec<Vec<Candidate>>> {
+    groups
+        .iter()
+        .map(|(p, ts)| {
+            ts.iter()
+                .map(|t| {
+                    let scores = |name: &str| {
+                        t.scores_of(name)
+                            .with_context(|| format!("trajectory `{}`: no `{name}` scores", t.id))
+                    };
+                    Ok(Candidate {
+                        answer: Some(end_place(p, t)?),
+                        step_scores: scores(prm)?,
+                        outcome_score: scores(orm)?.last().copied().unwrap_or(0.0),
+                        correct: t.correct == Some(true),
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The selectors compared: (label, scorer whose step scores it reads, rule).
+fn selectors(prms: &[&str]) -> Vec<(String, String, Option<Selector>)> {
+    let mut out = vec![
+        ("pass@N".to_string(), prms[0].to_string(), None),
+        ("majority".into(), prms[0].into(), Some(Selector::Majority)),
+        ("ORM".into(), prms[0].into(), Some(Selector::Orm)),
+    ];
+    for prm in prms {
+        for agg in [Aggregation::Min, Aggregation::Mean, Aggregation::Last] {
+            let label = format!("{}-{}", prm.to_uppercase().replace('_', "-"), agg.name());
+            out.push((label, prm.to_string(), Some(Selector::Prm(agg))));
+        }
+    }
+    out
+}
+
+/// Best-of-N on `groups` (each held-out world with its scored trajectories; `oracle` the same
+/// trajectories labelled by the oracle) for the PRMs `prms` (score names; the first is the
+/// headline's) and the ORM `orm`, at N = 1, 2, 4, … up to every trajectory.
+pub fn best_of_n(
+    groups: &[(Problem, Vec<Solution>)],
+    oracle: &[Solution],
+    prms: &[&str],
+    orm: &str,
+    seed: u64,
+) -> Result<BestOfN> {
+    let most = groups.iter().map(|(_, ts)| ts.len()).min().unwrap_or(1).max(1);
+    let ns: Vec<usize> = std::iter::successors(Some(1usize), |n| Some(n * 2))
+        .take_while(|&n| n < most)
+        .chain([most])
+        .collect();
+    let by_prm: BTreeMap<String, Vec<Vec<Candidate>>> = prms
+        .iter()
+        .map(|p| Ok((p.to_string(), candidates(groups, p, orm)?)))
+        .collect::<Result<_>>()?;
+    let lucky_ids: std::collections::HashSet<&str> =
+        oracle.iter().filter(|o| lucky(o)).map(|o| o.id.as_str()).collect();
+    let (mut curves, mut at_most) = (Vec::new(), BTreeMap::new());
+    let mut lucky_rate = BTreeMap::new();
+    let successes = groups.iter().flat_map(|(_, ts)| ts).filter(|t| t.correct == Some(true));
+    let (wins, lucky_wins) = successes.fold((0, 0), |(w, l), t| {
+        (w + 1, l + usize::from(lucky_ids.contains(t.id.as_str())))
+    });
+    lucky_rate.insert("pool".to_string(), lucky_wins as f64 / f64::from(wins.max(1)));
+    for (label, prm, how) in selectors(prms) {
+        let cands = &by_prm[&prm];
+        curves.push(curve(&label, cands, how, &ns, DRAWS, seed));
+        at_most.insert(label.clone(), per_problem_accuracy(cands, how, most, DRAWS, seed));
+        if let Some(sel) = how {
+            lucky_rate.insert(label, picked_lucky_rate(groups, cands, sel, &lucky_ids));
+        }
+    }
+    let measure = format!("best-of-{most} success");
+    let headline = format!("{}-min", prms[0].to_uppercase().replace('_', "-"));
+    let mut paired = Vec::new();
+    for (a, b) in [(headline.as_str(), "majority"), (headline.as_str(), "ORM")]
+        .into_iter()
+        .chain(
+            prms.get(1)
+                .map(|p| format!("{}-min", p.to_uppercase().replace('_', "-")))
+                .iter()
+                .map(|td| (td.as_str(), "ORM")),
+        )
+    {
+        paired.push(paired_difference(&measure, a, &at_most[a], b, &at_most[b], seed ^ 9));
+    }
+    Ok(BestOfN {
+        curves,
+        paired,
+        lucky: lucky_rate,
+    })
+}
+
+/// Of the successes `sel` picks from all of each world's trajectories, the share that are lucky.
+fn picked_lucky_rate(
+    groups: &[(Problem, Vec<Solution>)],
+    cands: &[Vec<Candidate>],
+    sel: Selector,
+    lucky_ids: &std::collections::HashSet<&str>,
+) -> f64 {
+    let (mut wins, mut lucky_wins) = (0usize, 0usize);
+    for ((_, ts), cs) in groups.iter().zip(cands) {
+        let refs: Vec<&Candidate> = cs.iter().collect();
+        if let Some(k) = select(&refs, sel).filter(|&k| cs[k].correct) {
+            wins += 1;
+            lucky_wins += usize::from(lucky_ids.contains(ts[k].id.as_str()));
+        }
+    }
+    lucky_wins as f64 / wins.max(1) as f64
+}

@@ -1,0 +1,104 @@
+//! The agent lab's sizes and budgets: the `agent_*` fields of a [`crate::Preset`].
+
+use serde::{Deserialize, Serialize};
+
+/// Sizes and budgets of `stepwise lab --domain agent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentPreset {
+    /// Worlds the expert plays for the policy's demonstrations.
+    #[serde(rename = "agent_demo_games")]
+    pub demo_games: usize,
+    /// Demonstrations per world.
+    #[serde(rename = "agent_demos")]
+    pub demos: usize,
+    /// The expert's chance of the best action in a demonstration (otherwise any action).
+    #[serde(rename = "agent_demo_skill")]
+    pub demo_skill: f64,
+    /// Policy training steps (batches of 32 demonstrations).
+    #[serde(rename = "agent_policy_steps")]
+    pub policy_steps: usize,
+    /// Worlds the policy plays for labelled trajectories.
+    #[serde(rename = "agent_label_games")]
+    pub label_games: usize,
+    /// Trajectories per labelled world.
+    #[serde(rename = "agent_label_samples")]
+    pub label_samples: usize,
+    /// Monte Carlo rollouts from each state.
+    #[serde(rename = "agent_rollouts")]
+    pub rollouts: usize,
+    /// Held-out worlds for best-of-N.
+    #[serde(rename = "agent_eval_games")]
+    pub eval_games: usize,
+    /// Trajectories per held-out world.
+    #[serde(rename = "agent_eval_samples")]
+    pub eval_samples: usize,
+    /// Held-out worlds for step-level search.
+    #[serde(rename = "agent_search_games")]
+    pub search_games: usize,
+    /// Beams kept at each action, and actions sampled from each.
+    #[serde(rename = "agent_beam")]
+    pub beam: (usize, usize),
+    /// Discount of later success in labels.
+    #[serde(rename = "agent_gamma")]
+    pub gamma: f32,
+    /// TD(λ)'s λ.
+    #[serde(rename = "agent_lambda")]
+    pub lambda: f32,
+    /// The most actions an episode may take.
+    #[serde(rename = "agent_max_actions")]
+    pub max_actions: usize,
+    /// Training steps of each verifier and value model.
+    #[serde(rename = "agent_verifier_steps")]
+    pub verifier_steps: usize,
+}
+
+impl AgentPreset {
+    /// A minute or two on 2 cores: every stage, wide intervals.
+    pub fn quick() -> Self {
+        AgentPreset {
+            demo_games: 400,
+            demos: 2,
+            demo_skill: 0.7,
+            policy_steps: 300,
+            label_games: 16,
+            label_samples: 4,
+            rollouts: 2,
+            eval_games: 16,
+            eval_samples: 8,
+            search_games: 8,
+            beam: (2, 2),
+            gamma: 0.9,
+            lambda: 0.5,
+            max_actions: 16,
+            verifier_steps: 40,
+        }
+    }
+
+    /// The measured setting.
+    pub fn standard() -> Self {
+        AgentPreset {
+            demo_games: 3000,
+            demos: 2,
+            demo_skill: 0.7,
+            policy_steps: 1500,
+            label_games: 150,
+            label_samples: 4,
+            rollouts: 4,
+            eval_games: 200,
+            eval_samples: 32,
+            search_games: 100,
+            beam: (4, 4),
+            gamma: 0.9,
+            lambda: 0.5,
+            max_actions: 20,
+            verifier_steps: 400,
+        }
+    }
+}
+
+impl Default for AgentPreset {
+    fn default() -> Self {
+        Self::standard()
+    }
+}

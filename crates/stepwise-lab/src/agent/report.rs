@@ -1,0 +1,251 @@
+//! The agent lab's report: `metrics.json` (`"domain": "agent"`), `report.md`/`.html` and the
+//! best-of-N plot.
+
+use super::evaluate::{lucky, BestOfN};
+use super::labels::{LabelCost, Labels};
+use super::search::SearchReport;
+use crate::preset::Preset;
+use anyhow::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+use stepwise_core::Solution;
+
+/// What the policy does on the held-out worlds.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyStats {
+    /// Trajectories.
+    pub trajectories: usize,
+    /// Share that reached the goal.
+    pub success_rate: f64,
+    /// Share of successes that are lucky (an invalid or regressing action on the way).
+    pub lucky_rate: f64,
+    /// Share that stopped of the policy's own accord.
+    pub stop_rate: f64,
+    /// Mean actions per trajectory.
+    pub mean_actions: f64,
+    /// Share of actions by the oracle's verdict (`progress`, `useless`, `regress`, `invalid`, `ruin`).
+    pub actions: BTreeMap<String, f64>,
+}
+
+/// The agent lab's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentReport {
+    /// Always `agent`.
+    pub domain: String,
+    /// The preset's name.
+    pub preset: String,
+    /// The seed.
+    pub seed: u64,
+    /// The policy on the held-out worlds.
+    pub policy: PolicyStats,
+    /// Label sources on the label split: agreement with the oracle and cost (`mc`, `td`, `return`).
+    pub labels: BTreeMap<String, LabelCost>,
+    /// Environment steps of the labelled trajectories themselves.
+    pub label_trajectory_steps: u64,
+    /// Best-of-N over held-out trajectories.
+    pub bon: BestOfN,
+    /// Beam search over actions against best-of-N and one sample (`None`: no search worlds).
+    pub search: Option<SearchReport>,
+    /// Seconds the run took (stages cached by an earlier run cost nothing).
+    pub seconds: f64,
+    /// Plot files written beside the report.
+    pub plots: Vec<String>,
+}
+
+/// The policy's statistics on held-out trajectories (`oracle`: the same, labelled by the oracle).
+fn policy_stats(ts: &[Solution], oracle: &[Solution]) -> PolicyStats {
+    let n = ts.len().max(1) as f64;
+    let wins = ts.iter().filter(|t| t.correct == Some(true)).count();
+    let mut actions: BTreeMap<String, f64> = BTreeMap::new();
+    let mut total = 0usize;
+    for k in oracle
+        .iter()
+        .filter_map(|o| o.meta.get("actions").and_then(|a| a.as_array()))
+        .flatten()
+    {
+        *actions.entry(k.as_str().unwrap_or("?").to_string()).or_default() += 1.0;
+        total += 1;
+    }
+    actions.values_mut().for_each(|v| *v /= total.max(1) as f64);
+    PolicyStats {
+        trajectories: ts.len(),
+        success_rate: wins as f64 / n,
+        lucky_rate: oracle.iter().filter(|o| lucky(o)).count() as f64 / wins.max(1) as f64,
+        stop_rate: ts.iter().filter(|t| super::policy::stopped(t)).count() as f64 / n,
+        mean_actions: ts.iter().map(|t| t.steps.len()).sum::<usize>() as f64 / n,
+        actions,
+    }
+}
+
+/// What the stages after sampling found.
+pub struct Stages<'a> {
+    /// The label sources.
+    pub labels: &'a Labels,
+    /// Best-of-N.
+    pub bon: BestOfN,
+    /// Search.
+    pub search: Option<SearchReport>,
+}
+
+/// The report of a run.
+pub fn build(
+    p: &Preset,
+    seed: u64,
+    eval: &[Solution],
+    eval_oracle: &[Solution],
+    st: Stages<'_>,
+    seconds: f64,
+) -> AgentReport {
+    let Stages { labels, bon, search } = st;
+    AgentReport {
+        domain: "agent".into(),
+        preset: p.name.clone(),
+        seed,
+        policy: policy_stats(eval, eval_oracle),
+        labels: labels.costs.iter().cloned().collect(),
+        label_trajectory_steps: labels.trajectory_steps,
+        bon,
+        search,
+        seconds,
+        plots: Vec::new(),
+    }
+}
+
+/// The one-line summary.
+pub fn headline(r: &AgentReport) -> String {
+    let at = |label: &str| {
+        r.bon
+            .curves
+            .iter()
+            .find(|c| c.method == label)
+            .and_then(|c| c.points.last())
+            .map_or(f64::NAN, |pt| pt.accuracy)
+    };
+    let n = r.bon.curves.first().and_then(|c| c.points.last()).map_or(0, |pt| pt.n);
+    format!(
+        "agent lab ({} preset, seed {}): policy success {:.3}; best-of-{n} PRM-MC-min {:.3}, PRM-TD-min {:.3}, ORM {:.3}, majority {:.3}, pass@{n} {:.3}",
+        r.preset,
+        r.seed,
+        r.policy.success_rate,
+        at("PRM-MC-min"),
+        at("PRM-TD-min"),
+        at("ORM"),
+        at("majority"),
+        at("pass@N"),
+    )
+}
+
+fn body(r: &AgentReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Agent lab report ({} preset, seed {})\n\n{}\n",
+        r.preset,
+        r.seed,
+        headline(r)
+    );
+    let pol = &r.policy;
+    let _ = writeln!(
+        s,
+        "## The policy\n\nOn {} held-out trajectories it reaches the goal in {:.1}% ({:.1}% of those are lucky: an invalid or regressing action on the way), stops of its own accord in {:.1}%, and takes {:.1} actions on average. Its actions by the oracle's verdict: {}.\n",
+        pol.trajectories,
+        100.0 * pol.success_rate,
+        100.0 * pol.lucky_rate,
+        100.0 * pol.stop_rate,
+        pol.mean_actions,
+        pol.actions.iter().map(|(k, v)| format!("{k} {:.1}%", 100.0 * v)).collect::<Vec<_>>().join(", ")
+    );
+    let _ = writeln!(
+        s,
+        "## Labels for actions\n\nAgreement with the oracle: the AUC of each action's progress, the oracle's good actions against its bad ones (0.5 is chance). Environment steps are those spent labelling, beyond the {} steps of the trajectories themselves.\n\n| labels | AUC | actions compared | environment steps | policy tokens |\n|---|---|---|---|---|",
+        r.label_trajectory_steps
+    );
+    for (name, c) in &r.labels {
+        let _ = writeln!(
+            s,
+            "| {name} | {:.3} | {} | {} | {} |",
+            c.agreement.auc, c.agreement.compared, c.env_steps, c.tokens
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n## Best-of-N over trajectories\n\n| method | {} |\n|---|{}",
+        r.bon
+            .curves
+            .first()
+            .map(|c| c
+                .points
+                .iter()
+                .map(|p| format!("N={}", p.n))
+                .collect::<Vec<_>>()
+                .join(" | "))
+            .unwrap_or_default(),
+        r.bon
+            .curves
+            .first()
+            .map(|c| "---|".repeat(c.points.len()))
+            .unwrap_or_default()
+    );
+    for c in &r.bon.curves {
+        let cells: Vec<String> = c.points.iter().map(|p| format!("{:.3}", p.accuracy)).collect();
+        let _ = writeln!(s, "| {} | {} |", c.method, cells.join(" | "));
+    }
+    let _ = writeln!(
+        s,
+        "\nLucky successes among what each selector picks from all of a world's trajectories (the pool: every success): {}.\n",
+        r.bon.lucky.iter().map(|(k, v)| format!("{k} {:.1}%", 100.0 * v)).collect::<Vec<_>>().join(", ")
+    );
+    if let Some(x) = &r.search {
+        search_section(&mut s, x);
+    }
+    let paired: Vec<_> = r
+        .bon
+        .paired
+        .iter()
+        .chain(r.search.iter().flat_map(|x| &x.paired))
+        .collect();
+    crate::report::paired_table(&mut s, &paired);
+    if !r.plots.is_empty() {
+        let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
+    }
+    s
+}
+
+fn search_section(s: &mut String, x: &SearchReport) {
+    let row = |m: &std::collections::BTreeMap<String, f64>, k: &str, digits: usize| {
+        m.get(k).map_or("-".to_string(), |v| format!("{v:.digits$}"))
+    };
+    let _ = writeln!(
+        s,
+        "## Search over actions\n\nOn {} worlds of its own: beam search guided by PRM-MC ({} beams, {} actions sampled from each, the world stepping every candidate) against best-of-{} whole trajectories picked by PRM-MC-min, and one sampled trajectory.\n\n| method | success | lucky among successes | policy tokens per world | environment steps per world |\n|---|---|---|---|---|",
+        x.worlds, x.beam.0, x.beam.1, x.beam.0 * x.beam.1
+    );
+    for k in ["beam", "best-of-N", "sample"] {
+        let _ = writeln!(
+            s,
+            "| {k} | {} | {} | {} | {} |",
+            row(&x.success, k, 3),
+            row(&x.lucky, k, 3),
+            row(&x.tokens, k, 0),
+            row(&x.env_steps, k, 0)
+        );
+    }
+    let _ = writeln!(s);
+}
+
+/// Write `metrics.json`, `report.md`, `report.html` and the best-of-N plot into `dir`.
+pub fn write(dir: &Path, r: &AgentReport) -> Result<()> {
+    let mut r = r.clone();
+    let title = format!("Best-of-N over held-out trajectories ({} preset)", r.preset);
+    r.plots = match stepwise_eval::plot::bon_plot(&dir.join("bon"), &title, &r.bon.curves) {
+        Ok(()) => vec!["bon.png".into(), "bon.svg".into()],
+        Err(e) => vec![format!("bon: {e}")],
+    };
+    std::fs::write(dir.join("metrics.json"), serde_json::to_string_pretty(&r)?)?;
+    let md = body(&r);
+    std::fs::write(dir.join("report.md"), &md)?;
+    std::fs::write(dir.join("report.html"), crate::html::markdown_to_html(&md))?;
+    Ok(())
+}
