@@ -214,14 +214,14 @@ def play(
     output: Optional[Union[str, "PathLike[str]"]] = None,
     separator: str = "\n",
     progress: Union[bool, Callable[[int, int], Any], None] = None,
-    step_timeout: Optional[float] = 60.0,
+    step_timeout: float = 60.0,
 ) -> List[Record]:
     """Play each problem `n` times with `policy` in `env` (None or "rooms": the built-in world; else
     a class whose objects have `reset(problem) -> str` and `step(action) -> (observation, done,
     success)`, optionally `fork()` and `judge(action)`). Each step is an action with the
     environment's answer in `observation`; `correct` is the outcome, `meta.end` how it ended. An
     environment that raises, or whose `reset`/`step`/`fork` runs past `step_timeout` seconds
-    (stopped by a `TimeoutError` raised in it; None waits forever), ends that trajectory
+    (stopped by a `TimeoutError` raised in it; `float("inf")` waits forever), ends that trajectory
     (`meta.error`), never the call. Resumable to `output`."""
 
 def label_actions(
@@ -239,7 +239,7 @@ def label_actions(
     output: Optional[Union[str, "PathLike[str]"]] = None,
     separator: str = "\n",
     progress: Union[bool, Callable[[int, int], Any], None] = None,
-    step_timeout: Optional[float] = 60.0,
+    step_timeout: float = 60.0,
 ) -> List[Record]:
     """Label each action of trajectories: `oracle` (the environment's verdicts), `mc` (`policy`
     plays on `rollouts` times from the state after each action) or `td` (TD(lambda) returns from

@@ -19,9 +19,21 @@ def test_lab_run_returns_the_metrics(tmp_path):
 
 def test_lab_domains(tmp_path):
     import pytest
-    with pytest.raises(ValueError, match="arithmetic or code"):
+    with pytest.raises(ValueError, match="arithmetic, code or agent"):
         stepwise.lab.run(preset="quick", out=tmp_path / "chess", domain="chess")
     # The code domain on a tiny budget: its metrics name it.
     metrics = stepwise.lab.run(preset="quick", seed=2, out=tmp_path / "code", sets=TINY, domain="code")
     assert metrics["domain"] == "code"
     assert 0.0 <= metrics["mc_label_quality"]["hard_accuracy"] <= 1.0
+
+
+def test_lab_agent_domain(tmp_path):
+    # The agent's loop at a tiny size: its metrics name the domain and each of its sections.
+    tiny = ["agent_demo_games=40", "agent_policy_steps=10", "agent_label_games=3", "agent_eval_games=3",
+            "agent_eval_samples=2", "agent_search_games=0", "agent_verifier_steps=2", "agent_max_actions=6"]
+    metrics = stepwise.lab.run(preset="quick", seed=3, out=tmp_path / "agent", sets=tiny, domain="agent")
+    assert metrics["domain"] == "agent"
+    assert set(metrics["labels"]) == {"mc", "td", "return"}
+    assert metrics["search"] is None
+    assert 0.0 <= metrics["policy"]["success_rate"] <= 1.0
+    assert any(c["method"] == "PRM-MC-min" for c in metrics["bon"]["curves"])

@@ -12,7 +12,7 @@ use stepwise_core::{Problem, Solution, Step};
 /// environment's answer itself (the observation mark, or a new line), trimmed.
 pub fn action_of(c: &Continuation) -> String {
     let text = c.steps.first().map_or(c.text.as_str(), String::as_str);
-    let text = text.split(OBSERVATION_MARK.trim_start()).next().unwrap_or_default();
+    let text = text.split(OBSERVATION_MARK.trim()).next().unwrap_or_default();
     text.lines()
         .find(|l| !l.trim().is_empty())
         .unwrap_or_default()

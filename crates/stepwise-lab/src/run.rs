@@ -126,9 +126,23 @@ fn differing_field(a: &serde_json::Value, b: &serde_json::Value) -> String {
         .unwrap_or_else(|| "the preset".into())
 }
 
-/// Run the whole loop; returns the report (also written to the run folder).
+/// Run the loop of the preset's domain, its report written to the run folder: the agent
+/// domain's own ([`crate::agent::run`]) or the reasoning loop ([`run`]).
+pub fn run_domain(o: &LabOptions) -> Result<()> {
+    match o.preset.domain {
+        Domain::Agent => crate::agent::run(o).map(drop),
+        _ => run(o).map(drop),
+    }
+}
+
+/// Run the whole loop on a reasoning domain (arithmetic or code); returns the report (also
+/// written to the run folder).
 pub fn run(o: &LabOptions) -> Result<Report> {
     let p = &o.preset;
+    anyhow::ensure!(
+        p.domain != Domain::Agent,
+        "the agent domain runs a loop of its own: stepwise_lab::agent::run (or run_domain)"
+    );
     anyhow::ensure!(
         p.annotation.completer == Completer::Policy || p.verifiers.base_steps > 0,
         "completer=verifier_base needs the verifiers' base: set verifier_base_steps above 0, or completer=policy"

@@ -189,16 +189,16 @@ impl Episode for PythonEpisode {
 fn environment_of(
     env: Option<&Bound<'_, PyAny>>,
     max_actions: usize,
-    step_timeout: Option<f64>,
+    step_timeout: f64,
 ) -> PyResult<Box<dyn Environment>> {
     let timeout = match step_timeout {
-        Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
-        Some(t) => {
+        t if t == f64::INFINITY => None,
+        t if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
+        t => {
             return Err(value_error(format!(
-                "step_timeout={t}: a positive number of seconds, or None"
+                "step_timeout={t}: a positive number of seconds (float(\"inf\") waits forever)"
             )))
         }
-        None => None,
     };
     let rooms = Rooms::new(max_actions);
     let Some(env) = env else {
@@ -262,12 +262,12 @@ pub fn rooms<'py>(py: Python<'py>, count: usize, seed: u64) -> PyResult<Bound<'p
 /// (`success`, `lost`, `stopped`, `out_of_actions`, or `failed` with `meta.error`: an
 /// environment that raises or answers nonsense ends that trajectory, never the call; so does a
 /// `reset`, `step` or `fork` that runs past `step_timeout` seconds, stopped by a `TimeoutError`
-/// raised in it, and `None` waits forever). With `output` (`.jsonl`) trajectories are appended
+/// raised in it; `float("inf")` waits forever). With `output` (`.jsonl`) trajectories are appended
 /// as they finish and a repeated call resumes.
 ///
 /// >>> trajs = stepwise.play(stepwise.rooms(10), policy, n=4)
 #[pyfunction]
-#[pyo3(signature = (problems, policy, env=None, n=1, max_actions=30, seed=0, output=None, separator="\n", progress=None, step_timeout=Some(60.0)))]
+#[pyo3(signature = (problems, policy, env=None, n=1, max_actions=30, seed=0, output=None, separator="\n", progress=None, step_timeout=60.0))]
 #[allow(clippy::too_many_arguments)]
 pub fn play<'py>(
     py: Python<'py>,
@@ -280,7 +280,7 @@ pub fn play<'py>(
     output: Option<PathBuf>,
     separator: &str,
     progress: Option<&Bound<'py, PyAny>>,
-    step_timeout: Option<f64>,
+    step_timeout: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
     let problems = agent_problems(problems)?;
     let policy = PolicyArg::of(policy, separator)?;
@@ -308,7 +308,7 @@ pub fn play<'py>(
 ///
 /// >>> labelled = stepwise.label_actions(trajs, games, method="mc", policy=policy, rollouts=8)
 #[pyfunction]
-#[pyo3(signature = (records, problems, method="oracle", env=None, policy=None, rollouts=8, values="prm", gamma=1.0, lam=0.5, max_actions=30, seed=0, output=None, separator="\n", progress=None, step_timeout=Some(60.0)))]
+#[pyo3(signature = (records, problems, method="oracle", env=None, policy=None, rollouts=8, values="prm", gamma=1.0, lam=0.5, max_actions=30, seed=0, output=None, separator="\n", progress=None, step_timeout=60.0))]
 #[allow(clippy::too_many_arguments)]
 pub fn label_actions<'py>(
     py: Python<'py>,
@@ -326,7 +326,7 @@ pub fn label_actions<'py>(
     output: Option<PathBuf>,
     separator: &str,
     progress: Option<&Bound<'py, PyAny>>,
-    step_timeout: Option<f64>,
+    step_timeout: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
     if !["oracle", "mc", "td"].contains(&method) {
         return Err(value_error(format!(

@@ -355,8 +355,8 @@ pub fn search<'py>(
     to_py(py, &Value::Array(without_gil(py, || records_of(&sols))?))
 }
 
-/// Run the built-in lab (`stepwise lab`): the whole process-supervision loop on its synthetic
-/// domain, cached and resumable in `out` (default `runs/PRESET-seedSEED`), with preset fields
+/// Run the built-in lab (`stepwise lab`): the whole process-supervision loop on one of its
+/// synthetic domains (`arithmetic`, `code`, or `agent`: actions in a text world), cached and resumable in `out` (default `runs/PRESET-seedSEED`), with preset fields
 /// overridden by `sets` (`["eval_samples=64"]`). Returns `metrics.json` as a dict.
 ///
 /// >>> metrics = stepwise.lab.run(preset="quick", seed=1)
@@ -378,7 +378,7 @@ pub fn lab_run<'py>(
     }
     let out = out.unwrap_or_else(|| stepwise_lab::run::default_run_folder(&preset, seed));
     let metrics = without_gil(py, || {
-        stepwise_lab::run(&stepwise_lab::LabOptions {
+        stepwise_lab::run::run_domain(&stepwise_lab::LabOptions {
             preset,
             seed,
             out: out.clone(),

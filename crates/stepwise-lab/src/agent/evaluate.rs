@@ -20,6 +20,10 @@ const DRAWS: usize = 64;
 pub struct BestOfN {
     /// Curves: pass@N, each selector.
     pub curves: Vec<Curve>,
+    /// The same for clean success: the goal reached with no invalid or regressing action on the
+    /// way (a lucky success counts as a failure). The outcome cannot tell the two apart; a
+    /// verifier of actions can.
+    pub clean_curves: Vec<Curve>,
     /// Paired differences at the largest N.
     pub paired: Vec<PairedDifference>,
     /// Share of successes with an invalid or regressing action: in the pool (`pool`), and among
@@ -104,6 +108,22 @@ pub fn best_of_n(
         .collect::<Result<_>>()?;
     let lucky_ids: std::collections::HashSet<&str> =
         oracle.iter().filter(|o| lucky(o)).map(|o| o.id.as_str()).collect();
+    let clean = |cands: &[Vec<Candidate>]| -> Vec<Vec<Candidate>> {
+        cands
+            .iter()
+            .zip(groups)
+            .map(|(cs, (_, ts))| {
+                cs.iter()
+                    .zip(ts)
+                    .map(|(c, t)| Candidate {
+                        correct: c.correct && !lucky_ids.contains(t.id.as_str()),
+                        ..c.clone()
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let (mut clean_curves, mut clean_at_most) = (Vec::new(), BTreeMap::new());
     let (mut curves, mut at_most) = (Vec::new(), BTreeMap::new());
     let mut lucky_rate = BTreeMap::new();
     let successes = groups.iter().flat_map(|(_, ts)| ts).filter(|t| t.correct == Some(true));
@@ -115,6 +135,9 @@ pub fn best_of_n(
         let cands = &by_prm[&prm];
         curves.push(curve(&label, cands, how, &ns, DRAWS, seed));
         at_most.insert(label.clone(), per_problem_accuracy(cands, how, most, DRAWS, seed));
+        let cleaned = clean(cands);
+        clean_curves.push(curve(&label, &cleaned, how, &ns, DRAWS, seed));
+        clean_at_most.insert(label.clone(), per_problem_accuracy(&cleaned, how, most, DRAWS, seed));
         if let Some(sel) = how {
             lucky_rate.insert(label, picked_lucky_rate(groups, cands, sel, &lucky_ids));
         }
@@ -133,8 +156,21 @@ pub fn best_of_n(
     {
         paired.push(paired_difference(&measure, a, &at_most[a], b, &at_most[b], seed ^ 9));
     }
+    let clean_measure = format!("best-of-{most} clean success");
+    for b in ["majority", "ORM"] {
+        let a = headline.as_str();
+        paired.push(paired_difference(
+            &clean_measure,
+            a,
+            &clean_at_most[a],
+            b,
+            &clean_at_most[b],
+            seed ^ 12,
+        ));
+    }
     Ok(BestOfN {
         curves,
+        clean_curves,
         paired,
         lucky: lucky_rate,
     })

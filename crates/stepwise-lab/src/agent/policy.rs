@@ -125,3 +125,34 @@ pub fn endings(ts: &[Solution]) -> (usize, usize, usize, usize) {
         ts.iter().filter(|t| end(t, "failed")).count(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_core::Step;
+
+    /// The loss covers the player's words (each action, the mark that ends it, the end token),
+    /// never the world's answers.
+    #[test]
+    fn the_policy_learns_its_actions_not_the_worlds_answers() {
+        let tok = crate::vocab::tokenizer(Domain::Agent).unwrap();
+        let mut t = Solution {
+            question: "Put the gem in the case.\nObservation: You are in the hall.".into(),
+            steps: vec![
+                Step::turn("go north", Some("You are in the kitchen.".to_string())),
+                Step::turn("take gem", Some("You take the gem.".to_string())),
+            ],
+            ..Default::default()
+        };
+        t.meta.insert("end".to_string(), serde_json::json!("stopped"));
+        let e = trajectory_example(&tok, &t).unwrap();
+        let learned: Vec<u32> = (e.lm_from..e.ids.len())
+            .filter(|&i| e.learns(i))
+            .map(|i| e.ids[i])
+            .collect();
+        assert_eq!(
+            tok.decode(&learned).unwrap(),
+            "go north Observation: take gem Observation: <eos>"
+        );
+    }
+}

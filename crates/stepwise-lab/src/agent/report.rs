@@ -171,7 +171,7 @@ fn body(r: &AgentReport) -> String {
     }
     let _ = writeln!(
         s,
-        "\n## Best-of-N over trajectories\n\n| method | {} |\n|---|{}",
+        "\n## Best-of-N over trajectories\n\nSuccess, and in brackets clean success (no invalid or regressing action on the way: a lucky success counts as a failure), when each method picks one of N trajectories of a held-out world.\n\n| method | {} |\n|---|{}",
         r.bon
             .curves
             .first()
@@ -188,8 +188,13 @@ fn body(r: &AgentReport) -> String {
             .map(|c| "---|".repeat(c.points.len()))
             .unwrap_or_default()
     );
-    for c in &r.bon.curves {
-        let cells: Vec<String> = c.points.iter().map(|p| format!("{:.3}", p.accuracy)).collect();
+    for (c, k) in r.bon.curves.iter().zip(&r.bon.clean_curves) {
+        let cells: Vec<String> = c
+            .points
+            .iter()
+            .zip(&k.points)
+            .map(|(p, q)| format!("{:.3} ({:.3})", p.accuracy, q.accuracy))
+            .collect();
         let _ = writeln!(s, "| {} | {} |", c.method, cells.join(" | "));
     }
     let _ = writeln!(
@@ -239,7 +244,15 @@ fn search_section(s: &mut String, x: &SearchReport) {
 pub fn write(dir: &Path, r: &AgentReport) -> Result<()> {
     let mut r = r.clone();
     let title = format!("Best-of-N over held-out trajectories ({} preset)", r.preset);
-    r.plots = match stepwise_eval::plot::bon_plot(&dir.join("bon"), &title, &r.bon.curves) {
+    // The headline methods only: the other aggregations lie on top of these.
+    let shown: Vec<_> = r
+        .bon
+        .curves
+        .iter()
+        .filter(|c| ["pass@N", "majority", "ORM", "PRM-MC-min", "PRM-TD-min"].contains(&c.method.as_str()))
+        .cloned()
+        .collect();
+    r.plots = match stepwise_eval::plot::bon_plot(&dir.join("bon"), &title, &shown) {
         Ok(()) => vec!["bon.png".into(), "bon.svg".into()],
         Err(e) => vec![format!("bon: {e}")],
     };
