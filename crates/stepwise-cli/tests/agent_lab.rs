@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 /// The quick preset made smaller: what is checked is the loop and its bookkeeping.
 const TINY: [&str; 20] = [
     "--set",
-    "agent_demo_games=60",
+    "agent_demo_games=30",
     "--set",
-    "agent_policy_steps=30",
+    "agent_policy_steps=10",
     "--set",
-    "agent_label_games=4",
+    "agent_label_games=3",
     "--set",
     "agent_eval_games=4",
     "--set",
@@ -23,9 +23,9 @@ const TINY: [&str; 20] = [
     "--set",
     "agent_rollouts=2",
     "--set",
-    "agent_verifier_steps=4",
+    "agent_verifier_steps=2",
     "--set",
-    "agent_max_actions=8",
+    "agent_max_actions=6",
     "--set",
     "agent_beam=[2,2]",
 ];
