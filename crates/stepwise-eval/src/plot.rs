@@ -65,12 +65,20 @@ where
     let xs = || curves.iter().flat_map(|c| c.points.iter().map(|p| p.n));
     let max_n = xs().max().unwrap_or(1).max(2);
     let min_n = xs().min().unwrap_or(1).clamp(1, max_n - 1);
+    // A tick at every N measured (on a log axis plotters would pick a few of its own, one on a
+    // short range, none at the last point).
+    let mut ticks: Vec<f64> = xs().map(|n| n as f64).collect();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d((min_n as f64..max_n as f64).log_scale(), 0f64..1f64)
+        .build_cartesian_2d(
+            (min_n as f64..max_n as f64).log_scale().with_key_points(ticks),
+            0f64..1f64,
+        )
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     chart
         .configure_mesh()
