@@ -198,3 +198,57 @@ fn a_model_plays_and_a_problem_without_a_world_is_refused() {
         "{said}"
     );
 }
+
+/// `--silent`: the lab's world, which never says whether the goal is reached; the expert stops
+/// of its own accord and the outcome is where the item lies then. A journal started in one world
+/// is not resumed in the other.
+#[test]
+fn the_silent_world_from_the_command_line() {
+    let d = common::tmp("agent", "silent");
+    let s = |p: &str| d.join(p).display().to_string();
+    stepwise(&[
+        "agent",
+        "games",
+        "--count",
+        "6",
+        "--seed",
+        "2",
+        "--output",
+        &s("games.jsonl"),
+    ]);
+    let play = |silent: bool| {
+        let mut args = vec![
+            "agent",
+            "play",
+            "--problems",
+            "",
+            "--expert",
+            "1.0",
+            "-n",
+            "1",
+            "--output",
+            "",
+        ];
+        let (games, out) = (s("games.jsonl"), s("trajs.jsonl"));
+        args[3] = &games;
+        args[9] = &out;
+        if silent {
+            args.push("--silent");
+        }
+        std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    assert!(play(true).status.success());
+    let trajs = lines(&d.join("trajs.jsonl"));
+    assert_eq!(trajs.len(), 6);
+    for t in &trajs {
+        assert_eq!(t["correct"], true, "{t}");
+        assert_eq!(t["meta"]["end"], "stopped", "{t}");
+        assert!(!t.to_string().contains("You have done it"), "{t}");
+    }
+    let other = play(false);
+    assert!(!other.status.success());
+    assert!(String::from_utf8_lossy(&other.stderr).contains("`silent`"));
+}

@@ -173,6 +173,10 @@ struct PlayArgs {
     /// Most actions an episode may take.
     #[arg(long, default_value_t = 30)]
     max_actions: usize,
+    /// The world keeps the goal to itself (the lab's world): nothing says the goal is reached or
+    /// lost, the player stops when it judges it done, and the outcome is whether it holds then.
+    #[arg(long)]
+    silent: bool,
     /// Seed (each trajectory derives its own).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -215,6 +219,10 @@ struct LabelArgs {
     /// Most actions an episode may take (rollouts stop there).
     #[arg(long, default_value_t = 30)]
     max_actions: usize,
+    /// The world keeps the goal to itself (the lab's world): nothing says the goal is reached or
+    /// lost, the player stops when it judges it done, and the outcome is whether it holds then.
+    #[arg(long)]
+    silent: bool,
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -254,14 +262,13 @@ fn read_games(path: &Path) -> Result<Vec<Problem>> {
 fn play(a: PlayArgs) -> Result<()> {
     super::resumable_output(&a.problems, &a.output)?;
     let problems = read_games(&a.problems)?;
-    let _claim = stepwise_core::journal::claim(
-        &a.output,
-        &serde_json::json!({"problems": stepwise_core::journal::fingerprint(&problems)?, "n": a.n,
-            "player": a.player.identity()?, "max_actions": a.max_actions, "seed": a.seed}),
-    )?;
+    let mut settings = serde_json::json!({"problems": stepwise_core::journal::fingerprint(&problems)?, "n": a.n,
+        "player": a.player.identity()?, "max_actions": a.max_actions, "seed": a.seed});
+    with_silent(&mut settings, a.silent);
+    let _claim = stepwise_core::journal::claim(&a.output, &settings)?;
     let opened = a.player.open(&problems)?;
     let policy = opened.policy();
-    let env = Rooms::new(a.max_actions);
+    let env = rooms(a.max_actions, a.silent);
     let bar = crate::progress::bar(Some((problems.len() * a.n) as u64), "playing");
     let kept = stepwise_agent::rollout::play_resumable(&a.output, &problems, a.n, &*policy, &env, a.seed, |d| {
         bar.set_position(d as u64)
@@ -283,13 +290,12 @@ fn label(a: LabelArgs) -> Result<()> {
     super::resumable_output(&a.input, &a.output)?;
     let problems = read_games(&a.problems)?;
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, None)?;
-    let _claim = stepwise_core::journal::claim(
-        &a.output,
-        &serde_json::json!({"input": stepwise_core::journal::fingerprint(&sols)?, "method": a.method,
-            "rollouts": a.rollouts, "player": a.player.identity()?, "values": a.values, "gamma": a.gamma,
-            "lambda": a.lambda, "max_actions": a.max_actions, "seed": a.seed}),
-    )?;
-    let env = Rooms::new(a.max_actions);
+    let mut settings = serde_json::json!({"input": stepwise_core::journal::fingerprint(&sols)?, "method": a.method,
+        "rollouts": a.rollouts, "player": a.player.identity()?, "values": a.values, "gamma": a.gamma,
+        "lambda": a.lambda, "max_actions": a.max_actions, "seed": a.seed});
+    with_silent(&mut settings, a.silent);
+    let _claim = stepwise_core::journal::claim(&a.output, &settings)?;
+    let env = rooms(a.max_actions, a.silent);
     let games = Games::new(&env, problems.clone());
     let opened = match a.method.as_str() {
         "mc" => Some(a.player.open(&problems)?),
@@ -339,4 +345,21 @@ fn compare(a: CompareArgs) -> Result<()> {
     report["trajectories"] = labelled.len().into();
     println!("{report}");
     Ok(())
+}
+
+/// The rooms world: announcing (the default) or silent (`--silent`, the lab's).
+fn rooms(max_actions: usize, silent: bool) -> Rooms {
+    if silent {
+        Rooms::silent(max_actions)
+    } else {
+        Rooms::new(max_actions)
+    }
+}
+
+/// A journal's settings with `silent` only when set, so journals started before the flag
+/// existed resume as they were.
+fn with_silent(settings: &mut serde_json::Value, silent: bool) {
+    if silent {
+        settings["silent"] = true.into();
+    }
 }
