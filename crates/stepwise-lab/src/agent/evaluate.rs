@@ -41,6 +41,22 @@ pub fn lucky(oracle: &Solution) -> bool {
         })
 }
 
+/// The ids of the lucky successes among trajectories labelled by the oracle.
+pub fn lucky_ids(oracle: &[Solution]) -> std::collections::HashSet<&str> {
+    oracle.iter().filter(|o| lucky(o)).map(|o| o.id.as_str()).collect()
+}
+
+/// Of the successes among `ts`, the share whose id is in `lucky` ([`lucky_ids`]).
+pub fn lucky_share<'a>(ts: impl IntoIterator<Item = &'a Solution>, lucky: &std::collections::HashSet<&str>) -> f64 {
+    let (wins, lucky_wins) = ts
+        .into_iter()
+        .filter(|t| t.correct == Some(true))
+        .fold((0usize, 0usize), |(w, l), t| {
+            (w + 1, l + usize::from(lucky.contains(t.id.as_str())))
+        });
+    lucky_wins as f64 / wins.max(1) as f64
+}
+
 /// Where the goal's item lies at the end of `t`: the outcome the majority vote counts.
 fn end_place(problem: &Problem, t: &Solution) -> Result<String> {
     let w = world_of(problem)?;
@@ -106,8 +122,7 @@ pub fn best_of_n(
         .iter()
         .map(|p| Ok((p.to_string(), candidates(groups, p, orm)?)))
         .collect::<Result<_>>()?;
-    let lucky_ids: std::collections::HashSet<&str> =
-        oracle.iter().filter(|o| lucky(o)).map(|o| o.id.as_str()).collect();
+    let lucky_ids = lucky_ids(oracle);
     let clean = |cands: &[Vec<Candidate>]| -> Vec<Vec<Candidate>> {
         cands
             .iter()
@@ -126,11 +141,10 @@ pub fn best_of_n(
     let (mut clean_curves, mut clean_at_most) = (Vec::new(), BTreeMap::new());
     let (mut curves, mut at_most) = (Vec::new(), BTreeMap::new());
     let mut lucky_rate = BTreeMap::new();
-    let successes = groups.iter().flat_map(|(_, ts)| ts).filter(|t| t.correct == Some(true));
-    let (wins, lucky_wins) = successes.fold((0, 0), |(w, l), t| {
-        (w + 1, l + usize::from(lucky_ids.contains(t.id.as_str())))
-    });
-    lucky_rate.insert("pool".to_string(), lucky_wins as f64 / f64::from(wins.max(1)));
+    lucky_rate.insert(
+        "pool".to_string(),
+        lucky_share(groups.iter().flat_map(|(_, ts)| ts), &lucky_ids),
+    );
     for (label, prm, how) in selectors(prms) {
         let cands = &by_prm[&prm];
         curves.push(curve(&label, cands, how, &ns, DRAWS, seed));

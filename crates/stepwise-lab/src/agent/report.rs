@@ -1,7 +1,7 @@
 //! The agent lab's report: `metrics.json` (`"domain": "agent"`), `report.md`/`.html` and the
 //! best-of-N plot.
 
-use super::evaluate::{lucky, BestOfN};
+use super::evaluate::{lucky_ids, lucky_share, BestOfN};
 use super::labels::{LabelCost, Labels};
 use super::search::SearchReport;
 use crate::preset::Preset;
@@ -72,7 +72,7 @@ fn policy_stats(ts: &[Solution], oracle: &[Solution]) -> PolicyStats {
     PolicyStats {
         trajectories: ts.len(),
         success_rate: wins as f64 / n,
-        lucky_rate: oracle.iter().filter(|o| lucky(o)).count() as f64 / wins.max(1) as f64,
+        lucky_rate: lucky_share(ts, &lucky_ids(oracle)),
         stop_rate: ts.iter().filter(|t| super::policy::stopped(t)).count() as f64 / n,
         mean_actions: ts.iter().map(|t| t.steps.len()).sum::<usize>() as f64 / n,
         actions,

@@ -3,7 +3,7 @@
 //! many whole trajectories as the beam samples actions per depth (picked by PRM-MC-min) and
 //! against one sampled trajectory, paired world by world.
 
-use super::evaluate::lucky;
+use super::evaluate::{lucky_ids, lucky_share};
 use super::Ctx;
 use anyhow::Result;
 use serde::Serialize;
@@ -144,14 +144,7 @@ fn summarize(
             .push(mine.iter().map(|s| won(s)).sum::<f64>() / mine.len().max(1) as f64);
     }
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
-    let lucky_share = |ts: &[&Solution], oracle: &[Solution]| {
-        let wins: Vec<&&Solution> = ts.iter().filter(|t| t.correct == Some(true)).collect();
-        let lucky_wins = wins
-            .iter()
-            .filter(|t| oracle.iter().any(|o| o.id == t.id && lucky(o)))
-            .count();
-        lucky_wins as f64 / wins.len().max(1) as f64
-    };
+    let (beam_lucky, sampled_lucky) = (lucky_ids(beam_oracle), lucky_ids(sampled_oracle));
     let per_world =
         |ts: &[Solution], key: &str| ts.iter().map(|s| meta_u64(s, key)).sum::<f64>() / worlds.len().max(1) as f64;
     let measure = "search success";
@@ -160,15 +153,12 @@ fn summarize(
         beam,
         success: per.iter().map(|(k, v)| (k.to_string(), mean(v))).collect(),
         lucky: [
+            ("beam".to_string(), lucky_share(beams, &beam_lucky)),
             (
-                "beam".to_string(),
-                lucky_share(&beams.iter().collect::<Vec<_>>(), beam_oracle),
+                "best-of-N".to_string(),
+                lucky_share(picks.iter().copied(), &sampled_lucky),
             ),
-            ("best-of-N".to_string(), lucky_share(&picks, sampled_oracle)),
-            (
-                "sample".to_string(),
-                lucky_share(&sampled.iter().collect::<Vec<_>>(), sampled_oracle),
-            ),
+            ("sample".to_string(), lucky_share(sampled, &sampled_lucky)),
         ]
         .into(),
         tokens: [
