@@ -30,10 +30,11 @@ def test_lab_domains(tmp_path):
 def test_lab_agent_domain(tmp_path):
     # The agent's loop at a tiny size: its metrics name the domain and each of its sections.
     tiny = ["agent_demo_games=40", "agent_policy_steps=10", "agent_label_games=3", "agent_eval_games=3",
-            "agent_eval_samples=2", "agent_search_games=0", "agent_verifier_steps=2", "agent_max_actions=6"]
+            "agent_eval_samples=2", "agent_search_games=0", "agent_verifier_steps=2", "agent_max_actions=6",
+            "agent_rl_updates=0"]
     metrics = stepwise.lab.run(preset="quick", seed=3, out=tmp_path / "agent", sets=tiny, domain="agent")
     assert metrics["domain"] == "agent"
     assert set(metrics["labels"]) == {"mc", "td", "return"}
-    assert metrics["search"] is None
+    assert metrics["search"] is None and metrics["rl"] is None
     assert 0.0 <= metrics["policy"]["success_rate"] <= 1.0
     assert any(c["method"] == "PRM-MC-min" for c in metrics["bon"]["curves"])

@@ -12,13 +12,16 @@
 //! - [`search`]: beam search over actions, the environment stepping every candidate.
 //! - [`labels`]: oracle, Monte Carlo and TD(λ)/GAE labels for actions; [`quality`]: how well
 //!   labels separate the oracle's good actions from its bad ones.
+//! - [`reward`]: the goal, or any annotator's labels, as what RL optimises.
 
 pub mod labels;
 pub mod quality;
+pub mod reward;
 pub mod rollout;
 pub mod rooms;
 pub mod search;
 
 pub use labels::{td_targets, Games, MonteCarlo, Oracle, TemporalDifference};
+pub use reward::{GoalReward, LabelReward};
 pub use rollout::{play, End, Played};
 pub use rooms::{Expert, Rooms};

@@ -1,13 +1,14 @@
 //! `stepwise lab --domain agent` end to end through the binary, at a tiny size: every stage's
 //! file, the report's sections and metrics keys, and a run killed with SIGKILL in the middle of
-//! its Monte Carlo labels that, started again, writes the same labels and the same report.
+//! its Monte Carlo labels that, started again, writes the same labels and the same report (RL
+//! included).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The quick preset made smaller: what is checked is the loop and its bookkeeping.
-const TINY: [&str; 20] = [
+const TINY: [&str; 24] = [
     "--set",
     "agent_demo_games=30",
     "--set",
@@ -28,6 +29,10 @@ const TINY: [&str; 20] = [
     "agent_max_actions=6",
     "--set",
     "agent_beam=[2,2]",
+    "--set",
+    "agent_rl_updates=2",
+    "--set",
+    "agent_rl_eval_samples=2",
 ];
 
 fn lab(out: &Path) -> Command {
@@ -93,6 +98,9 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
         "orm/DONE",
         "value-0/DONE",
         "value-1/DONE",
+        "rl_outcome/rl_state.json",
+        "rl_prm_mc/eval.jsonl",
+        "rl_oracle/eval_oracle.jsonl",
     ] {
         assert!(a.join(f).exists(), "{f} missing");
     }
@@ -119,12 +127,27 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     assert!(paired.iter().any(|d| d["a"] == "PRM-MC-min" && d["b"] == "majority"));
     assert_eq!(m["search"]["worlds"], 2);
     assert!(m["search"]["success"]["beam"].as_f64().is_some());
+    // RL: every reward source on the same budget, measured on every held-out world, paired
+    // against outcome-only RL on success and clean success.
+    let variants = m["rl"]["variants"].as_array().unwrap();
+    let names: Vec<&str> = variants.iter().map(|v| v["reward"].as_str().unwrap()).collect();
+    assert_eq!(names, ["outcome", "prm_mc", "oracle"]);
+    for v in variants {
+        assert_eq!(v["updates"], 2, "{v}");
+        assert!(v["sampled_tokens"].as_u64().unwrap() > 0, "{v}");
+        assert!(
+            v["clean_success"].as_f64().unwrap() <= v["success"].as_f64().unwrap(),
+            "{v}"
+        );
+    }
+    assert_eq!(m["rl"]["paired"].as_array().unwrap().len(), 4);
     let report = read(a.join("report.md"));
     for section in [
         "## The policy",
         "## Labels for actions",
         "## Best-of-N over trajectories",
         "## Search over actions",
+        "## RL with per-action rewards",
         "## Paired differences",
     ] {
         assert!(report.contains(section), "{section} missing");
@@ -164,7 +187,7 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
     assert_eq!(mc_labels(&a), mc_labels(&b));
     let mb = json(b.join("metrics.json"));
-    for key in ["policy", "labels", "bon", "search"] {
+    for key in ["policy", "labels", "bon", "search", "rl"] {
         assert_eq!(m[key], mb[key], "{key} differs after the resume");
     }
     std::fs::remove_dir_all(&root).unwrap();

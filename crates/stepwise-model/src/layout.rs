@@ -13,6 +13,8 @@ use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use stepwise_core::record::OBSERVATION_MARK;
+use stepwise_core::Solution;
 
 /// A problem and its steps as token ids.
 pub struct EncodedSteps {
@@ -47,6 +49,53 @@ pub fn encode_steps(
         ends.push(ids.len() - 1);
     }
     Ok(EncodedSteps { ids, ends, steps_from })
+}
+
+/// An agent's trajectory as its policy reads and writes it ([`encode_steps`] of the question
+/// and the turns, each `action` + [`OBSERVATION_MARK`] + observation), with what the policy
+/// wrote told apart from what the world answered.
+pub struct EncodedTrajectory {
+    /// Token ids: the question, its separator, each turn and its separator, and the end token
+    /// where the policy stopped of its own accord.
+    pub ids: Vec<u32>,
+    /// The first turn's first token.
+    pub steps_from: usize,
+    /// Each turn's first token and its separator's position.
+    pub turns: Vec<(usize, usize)>,
+    /// Ranges `start..end` the policy read but did not write: each observation (after the
+    /// mark) with the separator after it.
+    pub read: Vec<(usize, usize)>,
+}
+
+/// `t`'s trajectory in the policy's layout with separator `sep`, `end` (the end token's text)
+/// appended where the policy stopped of its own accord.
+pub fn encode_trajectory(tok: &Tokenizer, t: &Solution, sep: &str, end: Option<&str>) -> Result<EncodedTrajectory> {
+    let turns = t.turn_strings();
+    let refs: Vec<&str> = turns.iter().map(String::as_str).collect();
+    let encoded = encode_steps(tok, &t.question, &refs, sep, true)?;
+    let mut read = Vec::with_capacity(t.steps.len());
+    let mut spans = Vec::with_capacity(t.steps.len());
+    let mut start = encoded.steps_from;
+    let mark = OBSERVATION_MARK.trim_end();
+    for (st, &last) in t.steps.iter().zip(&encoded.ends) {
+        if st.observation.is_some() {
+            // The action's tokens, then the mark: what follows up to the separator is the world's.
+            let written = tok.encode(&format!("{}{mark}", st.text), false)?.len();
+            read.push(((start + written).min(last + 1), last + 1));
+        }
+        spans.push((start, last));
+        start = last + 1;
+    }
+    let mut ids = encoded.ids;
+    if let Some(e) = end {
+        ids.extend(tok.encode(e, false)?);
+    }
+    Ok(EncodedTrajectory {
+        ids,
+        steps_from: encoded.steps_from,
+        turns: spans,
+        read,
+    })
 }
 
 /// How a PRM expects its input and yields step rewards.

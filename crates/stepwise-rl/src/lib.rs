@@ -1,6 +1,8 @@
 //! stepwise-rl: optimise a policy against rewards from the [`stepwise_core::Reward`] seam, dense
 //! per-step (a PRM, the lab's oracle) or per solution (the grader, an ORM).
 //!
+//! - [`agent`]: the same loop for an agent in an environment, trajectories as sequences whose
+//!   observations the loss leaves out;
 //! - [`advantage`]: GRPO's group-normalised advantages and per-step credit (DeepSeekMath's
 //!   return-to-go of normalised step rewards, or the min-so-far of step rewards);
 //! - [`dense`]: step scores as per-token rewards for RL engines that take them (verl, OpenRLHF);
@@ -10,7 +12,8 @@
 //!   on the engine's differentiable path;
 //! - [`prime`]: PRIME's implicit PRM, learning online from outcome labels, and its advantages;
 //! - [`rollout`]: sampled solutions as training sequences, each token carrying its step's advantage;
-//! - [`trainer`]: the on-policy loop, resumable from its checkpoints.
+//! - [`trainer`]: the on-policy loop, resumable from its checkpoints (`updates.rs` is the part
+//!   both loops share).
 //!
 //! # Example
 //!
@@ -20,14 +23,17 @@
 #![warn(missing_docs)]
 
 pub mod advantage;
+pub mod agent;
 pub mod dense;
 pub mod learner;
 pub mod loss;
 pub mod prime;
 pub mod rollout;
 pub mod trainer;
+mod updates;
 
 pub use advantage::{step_advantages, Credit};
+pub use agent::{train_agent_rl, AgentRlRun};
 pub use learner::{CandleLearner, Learner, PackedLearner};
 pub use loss::{policy_loss, rl_loss, LossStats};
 pub use prime::{ImplicitPrm, PrimeConfig, PrimeLog};

@@ -55,7 +55,7 @@ pub fn loss_of_logprobs(
                 && s.ref_logprobs.len() == s.ids.len(),
             "a sequence's advantages and log-probabilities must cover its tokens"
         );
-        for i in s.learn_from..s.ids.len() {
+        for i in (s.learn_from..s.ids.len()).filter(|&i| s.learns(i)) {
             let k = b * t + i;
             learn[k] = 1.0;
             adv[k] = s.advantages[i];
@@ -105,15 +105,19 @@ pub fn loss_of_logprobs(
 }
 
 /// [`rl_loss`] computed on the host from the learned tokens' log-probabilities `logp` (each
-/// sequence's positions `learn_from..`, one after another), for a trainer that takes a loss's
+/// sequence's positions `learn_from..`, one after another, its `skip` ranges included: they
+/// get no loss and a zero derivative), for a trainer that takes a loss's
 /// derivative by each token's log-probability (the packed engine's): the loss, that derivative,
 /// and what the loss saw.
 pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f32, Vec<f32>, LossStats)> {
-    let tokens = logp.len();
+    let tokens: usize = batch
+        .iter()
+        .map(|s| (s.learn_from..s.ids.len()).filter(|&i| s.learns(i)).count())
+        .sum();
     ensure!(tokens > 0, "a minibatch without learned tokens");
     let n = tokens as f32;
     let (mut loss, mut kl, mut clipped) = (0.0f64, 0.0f64, 0usize);
-    let mut coef = Vec::with_capacity(tokens);
+    let mut coef = Vec::with_capacity(logp.len());
     let mut now = logp.iter();
     for s in batch {
         ensure!(
@@ -125,6 +129,10 @@ pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -
         );
         for i in s.learn_from..s.ids.len() {
             let l = *now.next().context("fewer log-probabilities than learned tokens")?;
+            if !s.learns(i) {
+                coef.push(0.0);
+                continue;
+            }
             let (a, ratio) = (s.advantages[i], (l - s.old_logprobs[i]).exp());
             let c = ratio.clamp(1.0 - clip, 1.0 + clip);
             // min(ratio·A, clip(ratio)·A): the clipped term is a constant where it is smaller.

@@ -8,14 +8,24 @@ pub use stepwise_model::log_ratio::sequence_logprobs;
 pub struct Sequence {
     /// Prompt and completion token ids.
     pub ids: Vec<u32>,
-    /// The first completion token: the loss covers positions `learn_from..`.
+    /// The first completion token: the loss covers positions `learn_from..` (but `skip`).
     pub learn_from: usize,
+    /// Position ranges `start..end` past `learn_from` the loss leaves out: text the policy
+    /// read but did not write (an environment's observations in an agent's trajectory).
+    pub skip: Vec<(usize, usize)>,
     /// Each token's advantage (0 on the prompt).
     pub advantages: Vec<f32>,
     /// Each token's log-probability under the policy that sampled it.
     pub old_logprobs: Vec<f32>,
     /// Each token's log-probability under the frozen reference.
     pub ref_logprobs: Vec<f32>,
+}
+
+impl Sequence {
+    /// Whether the loss covers position `i`: a completion token outside every `skip` range.
+    pub fn learns(&self, i: usize) -> bool {
+        i >= self.learn_from && i < self.ids.len() && !self.skip.iter().any(|&(a, b)| (a..b).contains(&i))
+    }
 }
 
 /// Each completion token's advantage, given which tokens are separators (their text holds the

@@ -1,24 +1,22 @@
-//! The on-policy loop (GRPO with per-step credit): for each update, sample a group of solutions
-//! for each of a few prompts with the current policy, reward them, turn rewards into per-token
-//! advantages, then take PPO-clip steps with a KL penalty to the frozen starting policy. Every
+//! The on-policy loop (GRPO with per-step credit) for single-turn solutions: for each update,
+//! sample a group of solutions for each of a few prompts with the current policy, reward them,
+//! turn rewards into per-token advantages, then take PPO-clip steps with a KL penalty to the
+//! frozen starting policy (`updates.rs`, shared with the agent's loop). Every
 //! `checkpoint_every` updates the policy (Hugging Face layout), the optimiser and the log are
 //! written; a run started again on the same folder continues from there to the same weights an
 //! uninterrupted run reaches.
 
 use crate::advantage::{step_advantages, Credit};
 use crate::learner::Learner;
-use crate::prime::{prime_advantages, ImplicitPrm, OnlinePrm, PrimeConfig, PrimeLog};
-use crate::rollout::{sequence_logprobs, token_advantages, Sequence};
+use crate::prime::{ImplicitPrm, OnlinePrm, PrimeConfig, PrimeLog};
+use crate::rollout::{token_advantages, Sequence};
+use crate::updates::{mean_rewards, rng_seed, run_updates, Core, Sampler, Samples};
 use anyhow::{bail, Context, Result};
-use rand::seq::{index::sample, SliceRandom};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Instant;
-use stepwise_core::seams::{Policy, Reward, RewardKind, Task, Until};
+use stepwise_core::seams::{Continuation, Policy, Reward, RewardKind, Task, Until};
 use stepwise_core::{Problem, Solution, Step};
-use stepwise_model::train::optim::schedule;
 use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 
 /// Hyper-parameters of an RL run (names as in TRL's GRPO trainer where they exist).
@@ -142,6 +140,13 @@ pub struct Heldout<'a> {
     pub samples: usize,
 }
 
+impl Heldout<'_> {
+    /// Whether a measure is due after update `u` (0-based; `last`: the run's last update).
+    pub fn due(&self, u: usize, last: bool) -> bool {
+        last || (self.every > 0 && (u + 1).is_multiple_of(self.every))
+    }
+}
+
 /// Everything an RL run works on.
 pub struct RlRun<'a> {
     /// The policy being trained, where it trains (the CPU's [`crate::CandleLearner`], a GPU's
@@ -176,17 +181,9 @@ pub struct RlRun<'a> {
     pub implicit_prm: Option<ImplicitPrm<'a>>,
 }
 
-const STATE: &str = "rl_state.json";
-
-#[derive(Serialize, Deserialize)]
-struct State {
-    config: RlConfig,
-    log: Vec<UpdateLog>,
-}
-
 /// Run RL; `on_update` sees each update's log. Returns the log of every update (those of a
 /// resumed run's earlier part included).
-pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
+pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
     let RlRun {
         learner,
         reference,
@@ -205,7 +202,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
     if problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
         bail!("RL needs problems, a group of at least 2 samples per prompt and at least one prompt per update");
     }
-    let mut prime = match (cfg.prime, implicit_prm) {
+    let prime = match (cfg.prime, implicit_prm) {
         (Some(c), Some(prm)) if reward.kind() == RewardKind::Outcome => Some(OnlinePrm::new(prm, c)?),
         (Some(_), Some(_)) => bail!(
             "PRIME learns from an outcome reward (the verifier's labels); `{}` is a process reward",
@@ -215,112 +212,111 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
         (Some(_), None) => bail!("PRIME is configured but no implicit PRM was given"),
         (None, Some(_)) => bail!("an implicit PRM was given but PRIME is not configured"),
     };
-    // A token ends a step when its text holds the separator (`"|"`, `"\n"`, `".\n\n"`, …).
-    let mut separators = std::collections::HashMap::new();
-    let mut is_separator = |t: u32| -> Result<bool> {
-        if let Some(&b) = separators.get(&t) {
+    let mut sampler = SingleTurn {
+        tokenizer,
+        prompt,
+        separator,
+        params: SamplingParams {
+            temperature: cfg.temperature,
+            max_new_tokens: cfg.max_new_tokens,
+            stop_token_ids,
+            ..Default::default()
+        },
+        task,
+        reward,
+        watch,
+        heldout,
+        cfg,
+        separators: HashMap::new(),
+    };
+    let core = Core {
+        learner,
+        reference,
+        problems,
+        out_dir,
+        prime,
+    };
+    run_updates(core, cfg, &mut sampler, on_update)
+}
+
+/// Single-turn samples: a group of solutions to each prompt, graded by the task and rewarded.
+struct SingleTurn<'a> {
+    tokenizer: &'a Tokenizer,
+    prompt: Prompt,
+    separator: String,
+    params: SamplingParams,
+    task: &'a dyn Task,
+    reward: &'a dyn Reward,
+    watch: Vec<&'a dyn Reward>,
+    heldout: Option<Heldout<'a>>,
+    cfg: &'a RlConfig,
+    /// Whether a token ends a step (its text holds the separator: `"|"`, `"\n"`, `".\n\n"`, …).
+    separators: HashMap<u32, bool>,
+}
+
+impl SingleTurn<'_> {
+    fn is_separator(&mut self, t: u32) -> Result<bool> {
+        if let Some(&b) = self.separators.get(&t) {
             return Ok(b);
         }
-        let b = tokenizer.decode(&[t])?.contains(separator.as_str());
-        separators.insert(t, b);
+        let b = self.tokenizer.decode(&[t])?.contains(self.separator.as_str());
+        self.separators.insert(t, b);
         Ok(b)
-    };
-    let mut log: Vec<UpdateLog> = Vec::new();
-    if let Some(dir) = out_dir.as_ref().filter(|d| d.join(STATE).exists()) {
-        let text = std::fs::read_to_string(dir.join(STATE))?;
-        let state: State =
-            serde_json::from_str(&text).with_context(|| format!("{}: invalid", dir.join(STATE).display()))?;
-        if state.config != *cfg {
-            bail!(
-                "{} was started with other RL settings: use another folder, or delete it to start over",
-                dir.display()
-            );
-        }
-        learner.load(dir)?;
-        if let Some(p) = prime.as_mut() {
-            p.load(dir)?;
-        }
-        log = state.log;
     }
-    let save = |learner: &dyn Learner, prime: Option<&OnlinePrm<'_>>, log: &[UpdateLog]| -> Result<()> {
-        if let Some(dir) = &out_dir {
-            learner.save(dir)?;
-            if let Some(p) = prime {
-                p.save(dir)?;
-            }
-            let state = State {
-                config: cfg.clone(),
-                log: log.to_vec(),
-            };
-            // The state is written last: a checkpoint counts only once all of it is there.
-            let tmp = dir.join(format!("{STATE}.tmp"));
-            std::fs::write(&tmp, serde_json::to_string_pretty(&state)?)?;
-            std::fs::rename(tmp, dir.join(STATE))?;
-        }
-        Ok(())
-    };
-    // The policy as it samples: for the update's groups and for held-out measurements.
-    let params = SamplingParams {
-        temperature: cfg.temperature,
-        max_new_tokens: cfg.max_new_tokens,
-        stop_token_ids: stop_token_ids.clone(),
-        ..Default::default()
-    };
-    let (mut sampled, mut updated) = log.last().map_or((0, 0), |l| (l.sampled_tokens, l.updated_tokens));
-    for u in log.len()..cfg.updates {
-        let start = Instant::now();
-        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ (u as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let chosen: Vec<&Problem> = sample(&mut rng, problems.len(), cfg.prompts_per_update.min(problems.len()))
-            .into_iter()
-            .map(|i| &problems[i])
-            .collect();
 
-        // Sample a group per prompt with the current policy.
-        let sampler = learner.sampler()?;
-        let engine = sampling_policy(&sampler, tokenizer, &params, prompt, &separator);
-        let mut seqs: Vec<Sequence> = Vec::new();
-        // Each sequence's last reward (the outcome, for an outcome reward) and each prompt's
-        // sequences, for PRIME.
-        let (mut outcomes, mut groups) = (Vec::new(), Vec::new());
-        let (mut reward_sum, mut correct) = (0.0, 0usize);
-        let mut watched = std::collections::BTreeMap::new();
+    /// The graded solutions of the continuations `conts` of problem `p`.
+    fn solutions(&self, p: &Problem, conts: &[Continuation], u: usize) -> Vec<Solution> {
+        conts
+            .iter()
+            .enumerate()
+            .map(|(j, c)| {
+                let mut s = Solution {
+                    id: format!("{}-u{u}-{j}", p.id),
+                    problem_id: p.id.clone(),
+                    question: p.question.clone(),
+                    steps: c.steps.iter().map(Step::new).collect(),
+                    gold_answer: p.gold_answer.clone(),
+                    ..Default::default()
+                };
+                self.task.grade_solution(&mut s);
+                s
+            })
+            .collect()
+    }
+}
+
+impl Sampler for SingleTurn<'_> {
+    fn sample(&mut self, model: &Model, chosen: &[&Problem], u: usize) -> Result<Samples> {
+        let (cfg, reward) = (self.cfg, self.reward);
+        let engine = sampling_policy(model, self.tokenizer, &self.params, self.prompt, &self.separator);
+        let mut out = Samples::default();
         for (k, p) in chosen.iter().enumerate() {
             let prompt_ids = engine.prompt_ids(&p.question, &[])?;
             let conts = engine.continue_from(&p.question, &[], cfg.group_size, Until::End, rng_seed(cfg.seed, u, k))?;
-            let sols: Vec<Solution> = conts
-                .iter()
-                .enumerate()
-                .map(|(j, c)| {
-                    let mut s = Solution {
-                        id: format!("{}-u{u}-{j}", p.id),
-                        problem_id: p.id.clone(),
-                        question: p.question.clone(),
-                        steps: c.steps.iter().map(Step::new).collect(),
-                        gold_answer: p.gold_answer.clone(),
-                        ..Default::default()
-                    };
-                    task.grade_solution(&mut s);
-                    s
-                })
-                .collect();
-            correct += sols.iter().filter(|s| s.correct == Some(true)).count();
+            let sols = self.solutions(p, &conts, u);
+            out.correct += sols.iter().filter(|s| s.correct == Some(true)).count();
             let rewards = reward.rewards(&sols)?;
-            reward_sum += mean_rewards(&rewards);
-            for w in &watch {
-                *watched.entry(w.name().to_string()).or_insert(0.0) += mean_rewards(&w.rewards(&sols)?);
+            out.reward_sum += mean_rewards(&rewards);
+            for w in &self.watch {
+                *out.watched.entry(w.name().to_string()).or_insert(0.0) += mean_rewards(&w.rewards(&sols)?);
             }
-            outcomes.extend(rewards.iter().map(|r| r.last().copied().unwrap_or(0.0)));
-            groups.push(seqs.len()..seqs.len() + sols.len());
+            out.outcomes
+                .extend(rewards.iter().map(|r| r.last().copied().unwrap_or(0.0)));
+            out.groups.push(out.seqs.len()..out.seqs.len() + sols.len());
             let steps: Vec<usize> = sols.iter().map(|s| s.steps.len()).collect();
             let advantages = step_advantages(&rewards, &steps, reward.kind(), cfg.credit);
             for (c, a) in conts.iter().zip(advantages) {
-                sampled += c.token_ids.len();
+                out.tokens += c.token_ids.len();
                 let mut ids = prompt_ids.clone();
                 ids.extend(&c.token_ids);
                 let mut adv = vec![0.0; prompt_ids.len()];
-                let seps: Vec<bool> = c.token_ids.iter().map(|&t| is_separator(t)).collect::<Result<_>>()?;
+                let seps: Vec<bool> = c
+                    .token_ids
+                    .iter()
+                    .map(|&t| self.is_separator(t))
+                    .collect::<Result<_>>()?;
                 adv.extend(token_advantages(&seps, &a));
-                seqs.push(Sequence {
+                out.seqs.push(Sequence {
                     learn_from: prompt_ids.len(),
                     ids,
                     advantages: adv,
@@ -328,100 +324,20 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, mut on_update: impl FnMut(&Updat
                 });
             }
         }
-        drop(engine);
-        drop(sampler);
-        let sampling_seconds = start.elapsed().as_secs_f64();
-        let all: Vec<&[u32]> = seqs.iter().map(|s| s.ids.as_slice()).collect();
-        let old = learner.logprobs(&all, cfg.minibatch_size)?;
-        let refs = sequence_logprobs(reference, &all, cfg.minibatch_size)?;
-        for ((s, o), r) in seqs.iter_mut().zip(old).zip(refs) {
-            s.old_logprobs = o;
-            s.ref_logprobs = r;
-        }
-        // PRIME: the implicit PRM scores the samples, learns from their outcomes, and its token
-        // rewards with the outcomes make the advantages.
-        let implicit_prm = match prime.as_mut() {
-            Some(p) => {
-                let (token_rewards, stats) =
-                    p.score_and_learn(&seqs, &outcomes, &groups, cfg.minibatch_size, cfg.max_grad_norm)?;
-                let advantages = prime_advantages(&seqs, &token_rewards, &outcomes, &groups, &p.cfg);
-                for (s, a) in seqs.iter_mut().zip(advantages) {
-                    s.advantages = a;
-                }
-                Some(stats)
-            }
-            None => None,
-        };
+        Ok(out)
+    }
 
-        // PPO-clip steps over the samples.
-        let lr = schedule(u, cfg.lr, cfg.warmup, cfg.updates);
-        let (mut loss_sum, mut kl_sum, mut clip_sum, mut steps) = (0.0, 0.0, 0.0, 0usize);
-        let mut order: Vec<usize> = (0..seqs.len()).collect();
-        for _ in 0..cfg.epochs.max(1) {
-            order.shuffle(&mut rng);
-            // Micro-batches of `minibatch_size`; gradients of `grad_accum` of them make one step.
-            let micro: Vec<&[usize]> = order.chunks(cfg.minibatch_size.max(1)).collect();
-            for group in micro.chunks(cfg.grad_accum.max(1)) {
-                for mb in group {
-                    let batch: Vec<&Sequence> = mb.iter().map(|&i| &seqs[i]).collect();
-                    let (loss, stats) = learner.backward(&batch, cfg.clip, cfg.kl_coef)?;
-                    loss_sum += loss;
-                    kl_sum += stats.kl;
-                    clip_sum += stats.clip_fraction;
-                    updated += stats.tokens;
-                    steps += 1;
-                }
-                learner.step(lr, cfg.weight_decay, cfg.max_grad_norm, group.len())?;
-            }
-        }
-        let last = u + 1 == cfg.updates;
-        let heldout_accuracy = match &heldout {
-            Some(h) if last || (h.every > 0 && (u + 1) % h.every == 0) => {
-                let sampler = learner.sampler()?;
-                let engine = sampling_policy(&sampler, tokenizer, &params, prompt, &separator);
-                Some(heldout_accuracy(&engine, task, h, cfg.seed)?)
-            }
-            _ => None,
-        };
-        let n = seqs.len().max(1) as f64;
-        watched.values_mut().for_each(|v| *v /= n);
-        let entry = UpdateLog {
-            update: u + 1,
-            reward: reward_sum / n,
-            accuracy: correct as f64 / n,
-            kl: kl_sum / steps.max(1) as f64,
-            clip_fraction: clip_sum / steps.max(1) as f64,
-            loss: loss_sum / steps.max(1) as f64,
-            sampled_tokens: sampled,
-            updated_tokens: updated,
-            seconds: start.elapsed().as_secs_f64(),
-            sampling_seconds,
-            watched,
-            heldout_accuracy,
-            implicit_prm,
-        };
-        on_update(&entry);
-        log.push(entry);
-        if last || (cfg.checkpoint_every > 0 && (u + 1) % cfg.checkpoint_every == 0) {
-            save(&*learner, prime.as_ref(), &log)?;
+    fn heldout_due(&self, u: usize, last: bool) -> bool {
+        self.heldout.as_ref().is_some_and(|h| h.due(u, last))
+    }
+
+    fn heldout(&mut self, model: &Model) -> Result<f64> {
+        let engine = sampling_policy(model, self.tokenizer, &self.params, self.prompt, &self.separator);
+        match &self.heldout {
+            Some(h) => heldout_accuracy(&engine, self.task, h, self.cfg.seed),
+            None => Ok(0.0),
         }
     }
-    Ok(log)
-}
-
-/// The sampling seed of prompt `k` of update `u`.
-fn rng_seed(seed: u64, u: usize, k: usize) -> u64 {
-    seed.wrapping_mul(6_364_136_223_846_793_005)
-        .wrapping_add((u as u64) << 20)
-        .wrapping_add(k as u64)
-}
-
-/// The sum over solutions of each solution's mean reward (over its steps, for process rewards).
-fn mean_rewards(rewards: &[Vec<f32>]) -> f64 {
-    rewards
-        .iter()
-        .map(|r| r.iter().sum::<f32>() as f64 / r.len().max(1) as f64)
-        .sum()
 }
 
 /// Single-sample accuracy of `policy` on the held-out problems (the same seeds at every

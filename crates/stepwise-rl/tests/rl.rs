@@ -4,8 +4,11 @@
 //! implicit PRM learns outcomes online, every one of its weights learning, and PRIME raises an
 //! outcome reward.
 
+mod common;
+
 use anyhow::Result;
 use candle_core::Device;
+use common::assert_killed_run_resumes;
 use std::path::PathBuf;
 use std::sync::Arc;
 use stepwise_core::seams::{OutcomeReward, Reward, RewardKind, Task};
@@ -181,6 +184,7 @@ fn every_trainable_weight_receives_a_gradient_from_the_rl_loss() {
     let refs = sequence_logprobs(&reference, &[ids.as_slice()], 1).unwrap().remove(0);
     let seq = Sequence {
         learn_from: 2,
+        skip: Vec::new(),
         advantages: vec![0.0, 0.0, 1.0, 1.0, -0.5, -0.5],
         // An older policy than the current one: ratios differ from 1, some clipped.
         old_logprobs: refs.iter().map(|x| x - 0.1).collect(),
@@ -338,6 +342,7 @@ fn sampled_sequences(reference: &Model) -> Vec<Sequence> {
             let refs = sequence_logprobs(reference, &[ids.as_slice()], 1).unwrap().remove(0);
             Sequence {
                 learn_from: 2,
+                skip: Vec::new(),
                 advantages: (0..ids.len()).map(|i| [0.5, -1.0, 1.5][(i + k) % 3]).collect(),
                 old_logprobs: refs
                     .iter()
@@ -423,14 +428,17 @@ fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() 
 }
 
 /// The host's policy loss (what the packed trainer takes) is candle's `rl_loss` of the same
-/// log-probabilities, and its derivative is candle's gradient, clipped tokens included.
+/// log-probabilities, and its derivative is candle's gradient, clipped tokens included; a
+/// skipped range (an observation the policy read) gets neither loss nor gradient.
 #[test]
 fn the_host_policy_loss_is_the_rl_loss_and_its_gradient() {
-    let seqs: Vec<Sequence> = [(6usize, 2usize, 0.0f32), (5, 3, 0.7)]
+    let seqs: Vec<Sequence> = [(6usize, 2usize, 0.0f32, vec![(4, 5)]), (5, 3, 0.7, vec![])]
         .iter()
-        .map(|&(len, learn_from, shift)| Sequence {
+        .map(|(len, learn_from, shift, skip)| (*len, *learn_from, *shift, skip.clone()))
+        .map(|(len, learn_from, shift, skip)| Sequence {
             ids: (0..len as u32).map(|i| 3 + i % 4).collect(),
             learn_from,
+            skip,
             advantages: (0..len).map(|i| [1.0, -0.5, 2.0, -1.5][i % 4]).collect(),
             // Ratios from e^-0.6 to e^0.6: some inside PPO's range, some clipped either side.
             old_logprobs: (0..len).map(|i| -1.0 - 0.3 * i as f32 + shift).collect(),
@@ -462,6 +470,7 @@ fn the_host_policy_loss_is_the_rl_loss_and_its_gradient() {
     assert_eq!((host.tokens, host.clip_fraction), (stats.tokens, stats.clip_fraction));
     assert!(host.clip_fraction > 0.0 && host.clip_fraction < 1.0, "{host:?}");
     assert!((host.kl - stats.kl).abs() < 1e-6);
+    assert_eq!(host.tokens, 3 + 2, "the skipped range is not counted");
     let mut k = 0;
     for (b, s) in seqs.iter().enumerate() {
         for (i, &g) in grad[b * t..(b + 1) * t].iter().enumerate() {
@@ -472,7 +481,8 @@ fn the_host_policy_loss_is_the_rl_loss_and_its_gradient() {
                     derivative[k]
                 );
                 k += 1;
-            } else {
+            }
+            if !s.learns(i) {
                 assert_eq!(g, 0.0, "token {b}/{i} is not learned");
             }
         }
@@ -507,44 +517,6 @@ fn assert_resumes(name: &str, cfg: &RlConfig, prime: bool) {
         train_rl(run, cfg, |l| on_update(l.update)).unwrap()
     };
     assert_killed_run_resumes(name, prime, &train);
-}
-
-/// One RL run into a folder, its second argument seeing each update.
-type TrainInto<'a> = dyn Fn(&PathBuf, &dyn Fn(usize)) -> Vec<stepwise_rl::UpdateLog> + 'a;
-
-/// `train` (one run into a folder, `on_update` seeing each update) whole, and again killed in
-/// update 3 then resumed: the policy's weights (and the implicit PRM's, with `prime`) and the
-/// logs are the same.
-fn assert_killed_run_resumes(name: &str, prime: bool, train: &TrainInto) {
-    let root = std::env::temp_dir().join(format!("stepwise-rl-resume-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let weights = |dir: &PathBuf| {
-        let mut w = vec![std::fs::read(dir.join("model.safetensors")).unwrap()];
-        if prime {
-            w.push(std::fs::read(OnlinePrm::dir(dir).join("model.safetensors")).unwrap());
-        }
-        w
-    };
-    let whole = root.join("whole");
-    let full_log = train(&whole, &|_| {});
-    let cut = root.join("cut");
-    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train(&cut, &|update| assert!(update < 3, "killed during update 3"))
-    }));
-    assert!(crashed.is_err(), "the run was to die in update 3");
-    let resumed = train(&cut, &|_| {});
-    assert!(
-        weights(&whole) == weights(&cut),
-        "resumed weights differ from the uninterrupted run's"
-    );
-    let summary = |log: &[stepwise_rl::UpdateLog]| {
-        log.iter()
-            .map(|l| (l.reward, l.sampled_tokens, l.implicit_prm.map(|p| p.loss)))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(summary(&full_log), summary(&resumed));
-    assert_eq!(resumed.iter().all(|l| l.implicit_prm.is_some()), prime);
-    std::fs::remove_dir_all(&root).unwrap();
 }
 
 /// `q | a | <eos>` (correct) and `q | b | <eos>` (wrong), as PRIME's samples.

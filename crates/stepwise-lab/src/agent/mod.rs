@@ -3,7 +3,9 @@
 //! from scratch; it plays the label worlds, whose actions are labelled by the oracle, by Monte
 //! Carlo rollouts and by TD(λ) from a learned value; PRMs on the two soft labels and an ORM on
 //! outcomes are trained from the policy; best-of-N over held-out trajectories compares them
-//! with the majority of outcomes; the report says where each lucky success went.
+//! with the majority of outcomes; beam search over actions is guided by PRM-MC; RL in the
+//! demonstration worlds optimises PRM-MC's or the oracle's per-action rewards against the goal
+//! alone; the report says where each lucky success went.
 //!
 //! The world keeps the goal to itself ([`stepwise_agent::Rooms::silent`]): the policy stops when
 //! it judges the item in place, and no observation says whether it is, so choosing among
@@ -15,6 +17,7 @@ pub mod labels;
 pub mod policy;
 pub mod preset;
 pub mod report;
+pub mod rl;
 pub mod search;
 
 use crate::preset::{Preset, VerifierHead};
@@ -73,9 +76,22 @@ impl Ctx<'_> {
 
     /// `n` trajectories of the policy on each of `games`, journalled in `file`.
     fn play(&self, file: &str, games: &[Problem], n: usize, what: &str, seed: u64) -> Result<Vec<Solution>> {
+        self.play_with(self.policy, file, games, n, what, seed)
+    }
+
+    /// `n` trajectories of `policy` on each of `games`, journalled in `file`.
+    fn play_with(
+        &self,
+        policy: &dyn Policy,
+        file: &str,
+        games: &[Problem],
+        n: usize,
+        what: &str,
+        seed: u64,
+    ) -> Result<Vec<Solution>> {
         let env = Rooms::silent(self.preset.agent.max_actions);
         let pb = bar((games.len() * n) as u64, what);
-        let ts = play_resumable(&self.out.join(file), games, n, self.policy, &env, seed, |d| {
+        let ts = play_resumable(&self.out.join(file), games, n, policy, &env, seed, |d| {
             pb.set_position(d as u64)
         })?;
         pb.finish_and_clear();
@@ -190,10 +206,14 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
     // 6. Beam search over actions, guided by PRM-MC, on worlds of its own.
     let search = ctx.search(&g.search, &prm_mc)?;
 
+    // 7. RL in the demonstration worlds: per-action rewards against the goal alone.
+    let rl = ctx.rl(&g.demo, &g.eval, &prm_mc)?;
+
     let stages = report::Stages {
         labels: &labels,
         bon,
         search,
+        rl,
     };
     let report = report::build(
         p,

@@ -12,9 +12,8 @@ use std::path::Path;
 use stepwise_agent::rollout::play_resumable;
 use stepwise_agent::{Expert, Rooms};
 use stepwise_core::record::OBSERVATION_MARK;
-use stepwise_core::seams::turns_of;
 use stepwise_core::{Problem, Solution};
-use stepwise_model::layout::encode_steps;
+use stepwise_model::layout::encode_trajectory;
 use stepwise_model::train::{Example, Objective, TrainConfig};
 use stepwise_model::{EnginePolicy, HeadKind, Model, Prompt, SamplingParams, Tokenizer};
 
@@ -36,27 +35,11 @@ pub fn demonstrations(path: &Path, p: &Preset, seed: u64, games: &[Problem]) -> 
 /// and the observation mark that ends it, and the end token where it stopped of its own
 /// accord), not the world's answers, which it only reads.
 pub fn trajectory_example(tok: &Tokenizer, t: &Solution) -> Result<Example> {
-    let turns = turns_of(t).unwrap_or_default();
-    let refs: Vec<&str> = turns.iter().map(String::as_str).collect();
-    let encoded = encode_steps(tok, &t.question, &refs, SEP, true)?;
-    let mut ids = encoded.ids;
-    let mut lm_skip = Vec::with_capacity(t.steps.len());
-    let mut start = encoded.steps_from;
-    for (st, &end) in t.steps.iter().zip(&encoded.ends) {
-        if st.observation.is_some() {
-            // The action's tokens, then the mark: what follows up to the separator is the world's.
-            let written = tok.encode(&st.text, false)?.len() + 1;
-            lm_skip.push(((start + written).min(end + 1), end + 1));
-        }
-        start = end + 1;
-    }
-    if stopped(t) {
-        ids.extend(tok.encode(EOS, false)?);
-    }
+    let e = encode_trajectory(tok, t, SEP, stopped(t).then_some(EOS))?;
     Ok(Example {
-        ids,
-        lm_from: encoded.steps_from,
-        lm_skip,
+        ids: e.ids,
+        lm_from: e.steps_from,
+        lm_skip: e.read,
         ..Default::default()
     })
 }

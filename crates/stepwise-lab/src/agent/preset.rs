@@ -51,6 +51,24 @@ pub struct AgentPreset {
     /// Training steps of each verifier and value model.
     #[serde(rename = "agent_verifier_steps")]
     pub verifier_steps: usize,
+    /// RL: policy updates per reward source (0 skips the stage).
+    #[serde(rename = "agent_rl_updates")]
+    pub rl_updates: usize,
+    /// RL: worlds per update.
+    #[serde(rename = "agent_rl_worlds")]
+    pub rl_worlds: usize,
+    /// RL: trajectories per world (the group advantages are normalised over).
+    #[serde(rename = "agent_rl_group")]
+    pub rl_group: usize,
+    /// RL: peak learning rate.
+    #[serde(rename = "agent_rl_lr")]
+    pub rl_lr: f64,
+    /// RL: weight of the KL penalty to the starting policy.
+    #[serde(rename = "agent_rl_kl")]
+    pub rl_kl: f32,
+    /// RL: trajectories per held-out world to measure each policy after RL.
+    #[serde(rename = "agent_rl_eval_samples")]
+    pub rl_eval_samples: usize,
 }
 
 impl AgentPreset {
@@ -73,6 +91,12 @@ impl AgentPreset {
             lambda: 0.5,
             max_actions: 20,
             verifier_steps: 20,
+            rl_updates: 3,
+            rl_worlds: 2,
+            rl_group: 4,
+            rl_lr: 1e-3,
+            rl_kl: 0.04,
+            rl_eval_samples: 2,
         }
     }
 
@@ -95,6 +119,12 @@ impl AgentPreset {
             lambda: 0.5,
             max_actions: 20,
             verifier_steps: 40,
+            rl_updates: 16,
+            rl_worlds: 4,
+            rl_group: 8,
+            rl_lr: 1e-3,
+            rl_kl: 0.04,
+            rl_eval_samples: 4,
         }
     }
 }

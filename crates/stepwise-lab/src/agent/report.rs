@@ -3,6 +3,7 @@
 
 use super::evaluate::{lucky_ids, lucky_share, BestOfN};
 use super::labels::{LabelCost, Labels};
+use super::rl::AgentRlReport;
 use super::search::SearchReport;
 use crate::preset::Preset;
 use anyhow::Result;
@@ -48,6 +49,8 @@ pub struct AgentReport {
     pub bon: BestOfN,
     /// Beam search over actions against best-of-N and one sample (`None`: no search worlds).
     pub search: Option<SearchReport>,
+    /// RL with per-action rewards against outcome-only RL (`None`: no RL updates).
+    pub rl: Option<AgentRlReport>,
     /// Seconds the run took (stages cached by an earlier run cost nothing).
     pub seconds: f64,
     /// Plot files written beside the report.
@@ -87,6 +90,8 @@ pub struct Stages<'a> {
     pub bon: BestOfN,
     /// Search.
     pub search: Option<SearchReport>,
+    /// RL.
+    pub rl: Option<AgentRlReport>,
 }
 
 /// The report of a run.
@@ -98,7 +103,12 @@ pub fn build(
     st: Stages<'_>,
     seconds: f64,
 ) -> AgentReport {
-    let Stages { labels, bon, search } = st;
+    let Stages {
+        labels,
+        bon,
+        search,
+        rl,
+    } = st;
     AgentReport {
         domain: "agent".into(),
         preset: p.name.clone(),
@@ -108,6 +118,7 @@ pub fn build(
         label_trajectory_steps: labels.trajectory_steps,
         bon,
         search,
+        rl,
         seconds,
         plots: Vec::new(),
     }
@@ -205,11 +216,15 @@ fn body(r: &AgentReport) -> String {
     if let Some(x) = &r.search {
         search_section(&mut s, x);
     }
+    if let Some(x) = &r.rl {
+        rl_section(&mut s, x, &r.policy);
+    }
     let paired: Vec<_> = r
         .bon
         .paired
         .iter()
         .chain(r.search.iter().flat_map(|x| &x.paired))
+        .chain(r.rl.iter().flat_map(|x| &x.paired))
         .collect();
     crate::report::paired_table(&mut s, &paired);
     if !r.plots.is_empty() {
@@ -235,6 +250,36 @@ fn search_section(s: &mut String, x: &SearchReport) {
             row(&x.lucky, k, 3),
             row(&x.tokens, k, 0),
             row(&x.env_steps, k, 0)
+        );
+    }
+    let _ = writeln!(s);
+}
+
+fn rl_section(s: &mut String, x: &AgentRlReport, before: &PolicyStats) {
+    let (u, w, g) = x.budget;
+    let _ = writeln!(
+        s,
+        "## RL with per-action rewards\n\nGRPO over the policy's own trajectories in the demonstration worlds, {u} updates of {w} worlds × {g} trajectories for every reward source (the world's observations are read, not learned), then {} trajectories of each held-out world. Before RL the policy reached the goal in {:.1}% ({:.1}% of successes lucky). Clean success: the goal with no invalid or regressing action on the way.\n\n| reward | success (95% CI) | clean success | lucky among successes | stopped | actions | sampled tokens | KL | success during RL, first → last tenth |\n|---|---|---|---|---|---|---|---|---|",
+        x.eval_samples,
+        100.0 * before.success_rate,
+        100.0 * before.lucky_rate,
+    );
+    for v in &x.variants {
+        let _ = writeln!(
+            s,
+            "| {} | {:.3} [{:.3}, {:.3}] | {:.3} | {:.3} | {:.3} | {:.1} | {} | {:.3} | {:.3} → {:.3} |",
+            v.reward,
+            v.success,
+            v.ci95.0,
+            v.ci95.1,
+            v.clean_success,
+            v.lucky_rate,
+            v.stop_rate,
+            v.mean_actions,
+            v.sampled_tokens,
+            v.kl,
+            v.success_first_last.0,
+            v.success_first_last.1
         );
     }
     let _ = writeln!(s);

@@ -96,7 +96,7 @@ pub struct RlVariant {
 }
 
 /// The mean of `f` over the first and the last tenth of `log`.
-fn first_last(log: &[UpdateLog], f: impl Fn(&UpdateLog) -> f64) -> (f64, f64) {
+pub(crate) fn first_last(log: &[UpdateLog], f: impl Fn(&UpdateLog) -> f64) -> (f64, f64) {
     let k = (log.len() / 10).max(1).min(log.len());
     let mean = |xs: &[UpdateLog]| xs.iter().map(&f).sum::<f64>() / xs.len().max(1) as f64;
     (mean(&log[..k]), mean(&log[log.len() - k..]))

@@ -1,0 +1,287 @@
+//! RL with per-action rewards against outcome-only RL: the policy trained by GRPO over its own
+//! trajectories in the demonstration worlds ([`stepwise_rl::train_agent_rl`]) against each
+//! reward source in turn — the goal alone (`outcome`), PRM-MC's score of every action
+//! (`prm_mc`) and the oracle's verdict on every action (`oracle`, the ceiling), each of the
+//! two with the goal's advantage added and credited by the weakest reward so far — with the same
+//! budget (updates × worlds × group), worlds and seeds, then measured on the held-out worlds:
+//! success, clean success (no invalid or regressing action on the way) and lucky successes,
+//! paired world by world against outcome-only RL.
+
+use super::evaluate::{lucky_ids, lucky_share};
+use super::Ctx;
+use crate::progress::bar;
+use crate::stages::rl::first_last;
+use crate::task::Domain;
+use crate::vocab::{EOS, SEP};
+use anyhow::Result;
+use candle_core::Device;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use stepwise_agent::{Games, GoalReward, LabelReward, Oracle, Rooms};
+use stepwise_core::seams::{Reward, RewardKind, ScorerReward};
+use stepwise_core::{Problem, Solution};
+use stepwise_eval::bon::bootstrap;
+use stepwise_eval::paired::{paired_by_id, PairedDifference};
+use stepwise_model::train::VarMap;
+use stepwise_model::{Model, ModelConfig, Prompt};
+use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, RlConfig, UpdateLog};
+
+/// One reward source's RL run and what its policy does on the held-out worlds.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentRlVariant {
+    /// The reward source: `outcome`, `prm_mc` or `oracle`.
+    pub reward: String,
+    /// Share of held-out trajectories that reach the goal after RL.
+    pub success: f64,
+    /// Bootstrap 95% interval of `success` over worlds.
+    pub ci95: (f64, f64),
+    /// Share that reach it with no invalid or regressing action on the way.
+    pub clean_success: f64,
+    /// Share of the successes that are lucky.
+    pub lucky_rate: f64,
+    /// Share that stopped of the policy's own accord.
+    pub stop_rate: f64,
+    /// Mean actions per held-out trajectory.
+    pub mean_actions: f64,
+    /// Policy tokens sampled during RL.
+    pub sampled_tokens: usize,
+    /// Updates made.
+    pub updates: usize,
+    /// KL estimate to the starting policy, mean over the last tenth of the updates.
+    pub kl: f64,
+    /// The optimised reward's mean over the update's trajectories, first and last tenth.
+    pub reward_first_last: (f64, f64),
+    /// The goal's rate among the update's trajectories, first and last tenth.
+    pub success_first_last: (f64, f64),
+    /// The oracle's mean verdict on the update's actions, first and last tenth.
+    pub oracle_first_last: (f64, f64),
+    /// Each held-out world's success, by world id.
+    #[serde(skip)]
+    pub per_world: BTreeMap<String, f64>,
+    /// Each held-out world's clean success, by world id.
+    #[serde(skip)]
+    pub per_world_clean: BTreeMap<String, f64>,
+}
+
+/// The RL stage's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentRlReport {
+    /// Updates × worlds per update × trajectories per world, the same for every source.
+    pub budget: (usize, usize, usize),
+    /// Trajectories per held-out world behind each measure.
+    pub eval_samples: usize,
+    /// One entry per reward source.
+    pub variants: Vec<AgentRlVariant>,
+    /// Each source against outcome-only RL, world by world: success and clean success.
+    pub paired: Vec<PairedDifference>,
+}
+
+/// Each world's mean of `f` over its trajectories.
+fn per_world(ts: &[Solution], f: impl Fn(&Solution) -> bool) -> BTreeMap<String, f64> {
+    let mut tally: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for t in ts {
+        let e = tally.entry(t.problem_id.clone()).or_default();
+        e.0 += usize::from(f(t));
+        e.1 += 1;
+    }
+    tally
+        .into_iter()
+        .map(|(k, (a, n))| (k, a as f64 / n.max(1) as f64))
+        .collect()
+}
+
+impl Ctx<'_> {
+    /// RL against every reward source, the runs at once (one thread each), each in its folder
+    /// `rl_<reward>/` (checkpoints, held-out trajectories), resumable; then the held-out
+    /// measures. `train` are the worlds RL plays, `eval` the held-out ones; `prm_mc` scores
+    /// actions. `None` where the preset asks for no updates.
+    pub fn rl(&self, train: &[Problem], eval: &[Problem], prm_mc: &Model) -> Result<Option<AgentRlReport>> {
+        let a = &self.preset.agent;
+        if a.rl_updates == 0 || train.is_empty() {
+            return Ok(None);
+        }
+        let env = Rooms::silent(a.max_actions);
+        let (train_games, eval_games) = (
+            Games::new(&env, train.iter().cloned()),
+            Games::new(&env, eval.iter().cloned()),
+        );
+        let v = self.verifiers();
+        let scorer = v.scorer(prm_mc, false);
+        let prm = ScorerReward {
+            name: "prm_mc".into(),
+            scorer: &scorer,
+            kind: RewardKind::Process,
+        };
+        let oracle_annotator = Oracle(&train_games);
+        let oracle = LabelReward {
+            name: "oracle".into(),
+            annotator: &oracle_annotator,
+            neutral: 0.5,
+        };
+        let sources: [(&str, &dyn Reward); 3] = [("outcome", &GoalReward), ("prm_mc", &prm), ("oracle", &oracle)];
+        let cfg = self.rl_config();
+        let variants = crate::stages::all_at_once(&sources, "RL", |&(name, reward)| {
+            let (log, model) = self.rl_run(name, reward, &[&GoalReward, &oracle], &env, train, &cfg)?;
+            self.rl_measure(name, &log, &model, eval, &eval_games)
+        })?;
+        let outcome = variants.iter().find(|v| v.reward == "outcome");
+        let mut paired = Vec::new();
+        for v in variants.iter().filter(|v| v.reward != "outcome") {
+            let Some(o) = outcome else { break };
+            let measure = format!("success after RL ({} trajectories a world)", a.rl_eval_samples);
+            paired.push(paired_by_id(
+                &measure,
+                &v.reward,
+                &v.per_world,
+                "outcome",
+                &o.per_world,
+                self.seed ^ 10,
+            ));
+            let measure = format!("clean success after RL ({} trajectories a world)", a.rl_eval_samples);
+            paired.push(paired_by_id(
+                &measure,
+                &v.reward,
+                &v.per_world_clean,
+                "outcome",
+                &o.per_world_clean,
+                self.seed ^ 11,
+            ));
+        }
+        Ok(Some(AgentRlReport {
+            budget: (a.rl_updates, a.rl_worlds, a.rl_group),
+            eval_samples: a.rl_eval_samples,
+            variants,
+            paired,
+        }))
+    }
+
+    /// The RL settings every source shares: one optimiser step per update.
+    fn rl_config(&self) -> RlConfig {
+        let a = &self.preset.agent;
+        let batch = a.rl_worlds * a.rl_group;
+        let minibatch = batch.clamp(1, 32);
+        RlConfig {
+            updates: a.rl_updates,
+            prompts_per_update: a.rl_worlds,
+            group_size: a.rl_group,
+            epochs: 1,
+            minibatch_size: minibatch,
+            grad_accum: batch.div_ceil(minibatch),
+            lr: a.rl_lr,
+            warmup: a.rl_updates / 10,
+            kl_coef: a.rl_kl,
+            // Each action valued by the weakest reward up to it: a sum to go would favour long
+            // trajectories of harmless actions (measured: with it, the oracle's run never stopped).
+            credit: Credit::MinSoFar,
+            temperature: self.preset.policy.temperature,
+            max_new_tokens: 12,
+            seed: self.seed ^ 0x61,
+            checkpoint_every: 10,
+            ..Default::default()
+        }
+    }
+
+    /// One source's RL run from the policy, in `rl_<name>/`: its log and the policy after it.
+    fn rl_run(
+        &self,
+        name: &str,
+        reward: &dyn Reward,
+        watch: &[&dyn Reward],
+        env: &Rooms,
+        train: &[Problem],
+        cfg: &RlConfig,
+    ) -> Result<(Vec<UpdateLog>, Model)> {
+        let dir = self.out.join(format!("rl_{name}"));
+        std::fs::create_dir_all(&dir)?;
+        crate::vocab::save(&dir, Domain::Agent)?;
+        let policy_dir = self.out.join("policy");
+        let varmap = VarMap::new();
+        let config = ModelConfig::from_dir(&policy_dir)?;
+        let mut model = Model::load_trainable(&policy_dir, config, &varmap, &Device::Cpu, cfg.seed)?;
+        let params = super::policy::agent_policy(self.model, self.tok, 1.0).params;
+        let pb = bar(cfg.updates as u64, &format!("RL in the rooms ({name})"));
+        let log = train_agent_rl(
+            AgentRlRun {
+                learner: &mut CandleLearner::new(&mut model, &varmap)?,
+                reference: self.model,
+                tokenizer: self.tok,
+                prompt: Prompt::Pieces,
+                separator: SEP.into(),
+                params,
+                end: EOS.into(),
+                env,
+                problems: train,
+                reward,
+                goal_weight: 1.0,
+                watch: watch.to_vec(),
+                out_dir: Some(dir),
+                heldout: None,
+            },
+            cfg,
+            |l| {
+                pb.set_position(l.update as u64);
+                pb.set_prefix(format!(
+                    "reward {:.2} success {:.2} kl {:.3}",
+                    l.reward, l.accuracy, l.kl
+                ));
+            },
+        )?;
+        pb.finish_and_clear();
+        Ok((log, model))
+    }
+
+    /// The policy RL left (`model`) on the held-out worlds (the same seeds for every source),
+    /// labelled by the oracle for lucky successes.
+    fn rl_measure(
+        &self,
+        name: &str,
+        log: &[UpdateLog],
+        model: &Model,
+        eval: &[Problem],
+        games: &Games<'_>,
+    ) -> Result<AgentRlVariant> {
+        let a = &self.preset.agent;
+        let policy = super::policy::agent_policy(model, self.tok, self.preset.policy.temperature);
+        let ts = self.play_with(
+            &policy,
+            &format!("rl_{name}/eval.jsonl"),
+            eval,
+            a.rl_eval_samples,
+            &format!("held-out worlds after RL ({name})"),
+            self.seed ^ 9,
+        )?;
+        let oracle = self.label(
+            &format!("rl_{name}/eval_oracle.jsonl"),
+            &ts,
+            &Oracle(games),
+            &format!("oracle labels after RL ({name})"),
+        )?;
+        let lucky_set = lucky_ids(&oracle);
+        let won = |t: &Solution| t.correct == Some(true);
+        let clean = |t: &Solution| won(t) && !lucky_set.contains(t.id.as_str());
+        let worlds = per_world(&ts, won);
+        let scores: Vec<f64> = worlds.values().copied().collect();
+        let n = ts.len().max(1) as f64;
+        let last = log.last().cloned().unwrap_or_default();
+        let watched = |key: &'static str| move |l: &UpdateLog| l.watched.get(key).copied().unwrap_or(0.0);
+        Ok(AgentRlVariant {
+            reward: name.into(),
+            success: ts.iter().filter(|t| won(t)).count() as f64 / n,
+            ci95: bootstrap(&scores, 1000, &mut ChaCha8Rng::seed_from_u64(self.seed ^ 12)),
+            clean_success: ts.iter().filter(|t| clean(t)).count() as f64 / n,
+            lucky_rate: lucky_share(&ts, &lucky_set),
+            stop_rate: ts.iter().filter(|t| super::policy::stopped(t)).count() as f64 / n,
+            mean_actions: ts.iter().map(|t| t.steps.len()).sum::<usize>() as f64 / n,
+            sampled_tokens: last.sampled_tokens,
+            updates: log.len(),
+            kl: first_last(log, |l| l.kl).1,
+            reward_first_last: first_last(log, |l| l.reward),
+            success_first_last: first_last(log, |l| l.accuracy),
+            oracle_first_last: first_last(log, watched("oracle")),
+            per_world_clean: per_world(&ts, clean),
+            per_world: worlds,
+        })
+    }
+}

@@ -1,0 +1,147 @@
+//! RL for an agent in a toy world (two `a` actions reach the goal, `b` does nothing): the
+//! oracle's per-action reward is earned more as training goes on, and a run killed after a
+//! checkpoint resumes to the weights of an uninterrupted run.
+
+mod common;
+
+use anyhow::Result;
+use candle_core::Device;
+use common::assert_killed_run_resumes;
+use std::path::PathBuf;
+use stepwise_agent::{Games, GoalReward, LabelReward, Oracle};
+use stepwise_core::seams::{ActionKind, Environment, Episode, Observation, Reward};
+use stepwise_core::Problem;
+use stepwise_model::train::VarMap;
+use stepwise_model::{HeadKind, Model, ModelConfig, Prompt, SamplingParams, Tokenizer};
+use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, RlConfig, UpdateLog};
+
+const WORDS: [&str; 9] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b", "o", "Observation:"];
+
+fn tokenizer() -> Tokenizer {
+    let words: Vec<String> = WORDS.iter().map(|w| w.to_string()).collect();
+    Tokenizer::word_level(&words, "<unk>", Some("<eos>")).unwrap()
+}
+
+fn fresh(seed: u64) -> (Model, VarMap) {
+    let varmap = VarMap::new();
+    let cfg = ModelConfig::tiny(WORDS.len(), 32, 1, 4, 2, HeadKind::CausalLm);
+    let model = Model::fresh(cfg, &varmap, &Device::Cpu, seed).unwrap();
+    (model, varmap)
+}
+
+/// The goal: two `a` actions. `a` is progress, anything else is invalid (nothing changes).
+struct Twice;
+
+#[derive(Clone)]
+struct TwiceEpisode(usize);
+
+impl Environment for Twice {
+    fn reset(&self, _: &Problem) -> Result<(Box<dyn Episode>, String)> {
+        Ok((Box::new(TwiceEpisode(0)), "o".into()))
+    }
+    fn max_actions(&self) -> usize {
+        4
+    }
+}
+
+impl Episode for TwiceEpisode {
+    fn step(&mut self, action: &str) -> Result<Observation> {
+        self.0 += usize::from(action == "a");
+        Ok(Observation {
+            text: "o".into(),
+            done: self.0 == 2,
+            success: self.0 == 2,
+        })
+    }
+    fn fork(&self) -> Result<Box<dyn Episode>> {
+        Ok(Box::new(self.clone()))
+    }
+    fn judge(&self, action: &str) -> Option<ActionKind> {
+        Some(if action == "a" {
+            ActionKind::Progress
+        } else {
+            ActionKind::Invalid
+        })
+    }
+}
+
+fn worlds() -> Vec<Problem> {
+    (0..2)
+        .map(|k| Problem {
+            id: format!("w{k}"),
+            question: "q".into(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn config(updates: usize) -> RlConfig {
+    RlConfig {
+        updates,
+        prompts_per_update: 2,
+        group_size: 4,
+        minibatch_size: 8,
+        lr: 1e-2,
+        kl_coef: 0.0,
+        credit: Credit::ReturnToGo,
+        max_new_tokens: 3,
+        seed: 7,
+        checkpoint_every: 2,
+        ..Default::default()
+    }
+}
+
+/// Train from fresh weights against `reward` into `dir` (when given), `on_update` seeing
+/// each update.
+fn train(reward: &dyn Reward, cfg: &RlConfig, dir: Option<PathBuf>, on_update: &dyn Fn(usize)) -> Vec<UpdateLog> {
+    let tok = tokenizer();
+    let (reference, _) = fresh(3);
+    let (mut model, varmap) = fresh(3);
+    let problems = worlds();
+    let run = AgentRlRun {
+        learner: &mut CandleLearner::new(&mut model, &varmap).unwrap(),
+        reference: &reference,
+        tokenizer: &tok,
+        prompt: Prompt::Pieces,
+        separator: "|".into(),
+        // An action ends at the observation mark, the episode at the end token.
+        params: SamplingParams {
+            max_new_tokens: 3,
+            stop_token_ids: vec![2, 8],
+            ..Default::default()
+        },
+        end: "<eos>".into(),
+        env: &Twice,
+        problems: &problems,
+        reward,
+        goal_weight: 0.0,
+        watch: vec![&GoalReward],
+        out_dir: dir,
+        heldout: None,
+    };
+    train_agent_rl(run, cfg, |l| on_update(l.update)).unwrap()
+}
+
+#[test]
+fn the_oracles_per_action_reward_rises() {
+    let env = Twice;
+    let games = Games::new(&env, worlds());
+    let oracle = Oracle(&games);
+    let reward = LabelReward {
+        name: "oracle".into(),
+        annotator: &oracle,
+        neutral: 0.5,
+    };
+    let log = train(&reward, &config(30), None, &|_| {});
+    let mean = |xs: &[UpdateLog]| xs.iter().map(|l| l.reward).sum::<f64>() / xs.len() as f64;
+    let (first, last) = (mean(&log[..5]), mean(&log[25..]));
+    assert!(last > first + 0.2, "reward {first:.3} → {last:.3}");
+    assert!(log.iter().all(|l| l.watched.contains_key("outcome")));
+}
+
+#[test]
+fn an_agent_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
+    let cfg = config(4);
+    let run = |dir: &PathBuf, on_update: &dyn Fn(usize)| train(&GoalReward, &cfg, Some(dir.clone()), on_update);
+    assert_killed_run_resumes("agent", false, &run);
+}
