@@ -5,28 +5,23 @@
 mod common;
 
 use anyhow::Result;
-use candle_core::Device;
 use common::assert_killed_run_resumes;
 use std::path::PathBuf;
 use stepwise_agent::{Games, GoalReward, LabelReward, Oracle};
 use stepwise_core::seams::{ActionKind, Environment, Episode, Observation, Reward};
 use stepwise_core::Problem;
 use stepwise_model::train::VarMap;
-use stepwise_model::{HeadKind, Model, ModelConfig, Prompt, SamplingParams, Tokenizer};
+use stepwise_model::{Model, Prompt, SamplingParams, Tokenizer};
 use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, RlConfig, UpdateLog};
 
 const WORDS: [&str; 9] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b", "o", "Observation:"];
 
 fn tokenizer() -> Tokenizer {
-    let words: Vec<String> = WORDS.iter().map(|w| w.to_string()).collect();
-    Tokenizer::word_level(&words, "<unk>", Some("<eos>")).unwrap()
+    common::word_tokenizer(&WORDS)
 }
 
 fn fresh(seed: u64) -> (Model, VarMap) {
-    let varmap = VarMap::new();
-    let cfg = ModelConfig::tiny(WORDS.len(), 32, 1, 4, 2, HeadKind::CausalLm);
-    let model = Model::fresh(cfg, &varmap, &Device::Cpu, seed).unwrap();
-    (model, varmap)
+    common::tiny_policy(WORDS.len(), seed)
 }
 
 /// The goal: two `a` actions. `a` is progress, anything else is invalid (nothing changes).

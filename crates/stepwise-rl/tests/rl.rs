@@ -16,7 +16,7 @@ use stepwise_core::testing::PlainTask;
 use stepwise_core::{Problem, Solution};
 use stepwise_model::packed_engine::{PackedTrainer, Reference};
 use stepwise_model::train::VarMap;
-use stepwise_model::{HeadKind, Model, ModelConfig, Prompt, Tokenizer};
+use stepwise_model::{Model, ModelConfig, Prompt, Tokenizer};
 use stepwise_rl::learner::SampleWith;
 use stepwise_rl::prime::OnlinePrm;
 use stepwise_rl::rollout::{sequence_logprobs, Sequence};
@@ -28,15 +28,11 @@ use stepwise_rl::{
 const WORDS: [&str; 7] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b"];
 
 fn tokenizer() -> Tokenizer {
-    let words: Vec<String> = WORDS.iter().map(|w| w.to_string()).collect();
-    Tokenizer::word_level(&words, "<unk>", Some("<eos>")).unwrap()
+    common::word_tokenizer(&WORDS)
 }
 
 fn fresh(seed: u64) -> (Model, VarMap) {
-    let varmap = VarMap::new();
-    let cfg = ModelConfig::tiny(WORDS.len(), 32, 1, 4, 2, HeadKind::CausalLm);
-    let model = Model::fresh(cfg, &varmap, &Device::Cpu, seed).unwrap();
-    (model, varmap)
+    common::tiny_policy(WORDS.len(), seed)
 }
 
 /// Steps are rewarded for alternating `a`, `b`, `a`, …: step 0 for being `a`, step 1 for `b`.

@@ -1,8 +1,25 @@
-//! What the RL tests share: a run killed in its third update resumes to an uninterrupted run's
+//! What the RL tests share: a word-level tokenizer, a tiny policy, and a run killed in its third update resumes to an uninterrupted run's
 //! weights and log.
 
+use candle_core::Device;
 use std::path::PathBuf;
+use stepwise_model::train::VarMap;
+use stepwise_model::{HeadKind, Model, ModelConfig, Tokenizer};
 use stepwise_rl::prime::OnlinePrm;
+
+/// A word-level tokenizer over `words` (`<unk>` and `<eos>` among them).
+pub fn word_tokenizer(words: &[&str]) -> Tokenizer {
+    let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+    Tokenizer::word_level(&words, "<unk>", Some("<eos>")).unwrap()
+}
+
+/// A fresh tiny causal LM over `vocab` words.
+pub fn tiny_policy(vocab: usize, seed: u64) -> (Model, VarMap) {
+    let varmap = VarMap::new();
+    let cfg = ModelConfig::tiny(vocab, 32, 1, 4, 2, HeadKind::CausalLm);
+    let model = Model::fresh(cfg, &varmap, &Device::Cpu, seed).unwrap();
+    (model, varmap)
+}
 
 /// One RL run into a folder, its second argument seeing each update.
 pub type TrainInto<'a> = dyn Fn(&PathBuf, &dyn Fn(usize)) -> Vec<stepwise_rl::UpdateLog> + 'a;
