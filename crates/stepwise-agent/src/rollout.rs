@@ -192,6 +192,11 @@ pub fn finish(mut sol: Solution, played: Played) -> Solution {
     sol
 }
 
+/// Whether a trajectory ended with the player stopping of its own accord (`meta.end`).
+pub fn stopped(t: &Solution) -> bool {
+    t.meta.get("end").and_then(|e| e.as_str()) == Some("stopped")
+}
+
 /// The id of trajectory `j` of a problem.
 pub fn trajectory_id(problem: &Problem, j: usize) -> String {
     format!("{}-{j}", problem.id)

@@ -16,7 +16,7 @@ use crate::updates::{mean_rewards, rng_seed, run_updates, Core, Sampler, Samples
 use anyhow::{bail, Result};
 use rayon::prelude::*;
 use std::path::PathBuf;
-use stepwise_agent::rollout::{fnv, play};
+use stepwise_agent::rollout::{fnv, play, stopped};
 use stepwise_agent::GoalReward;
 use stepwise_core::seams::{Environment, Reward, RewardKind};
 use stepwise_core::{Problem, Solution};
@@ -139,8 +139,8 @@ impl Episodes<'_> {
 
     /// `t` as a training sequence whose actions carry `advantages` (one per action).
     fn sequence(&self, t: &Solution, advantages: &[f32]) -> Result<Sequence> {
-        let stopped = t.meta.get("end").and_then(|e| e.as_str()) == Some("stopped");
-        let e = encode_trajectory(self.tokenizer, t, &self.separator, stopped.then_some(self.end.as_str()))?;
+        let end = stopped(t).then_some(self.end.as_str());
+        let e = encode_trajectory(self.tokenizer, t, &self.separator, end)?;
         // The end token (the decision to stop) carries the last action's advantage.
         let last = advantages.last().copied().unwrap_or(0.0);
         let mut adv = vec![last; e.ids.len()];

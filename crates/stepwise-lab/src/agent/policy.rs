@@ -93,10 +93,7 @@ pub fn agent_policy<'a>(model: &'a Model, tok: &'a Tokenizer, temperature: f32) 
     }
 }
 
-/// Whether a trajectory ended with the player stopping of its own accord.
-pub fn stopped(t: &Solution) -> bool {
-    t.meta.get("end").and_then(|e| e.as_str()) == Some("stopped")
-}
+pub use stepwise_agent::rollout::stopped;
 
 /// How trajectories ended, for the log: `(succeeded, stopped, out of actions, failed)`.
 pub fn endings(ts: &[Solution]) -> (usize, usize, usize, usize) {
