@@ -18,6 +18,7 @@ from typing import Any, Iterable, Optional
 
 from . import lab
 from ._stepwise import (
+    DEFAULT_MAX_BATCH_TOKENS,
     PRM,
     Policy,
     StepwiseError,
@@ -46,6 +47,7 @@ from ._stepwise import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_BATCH_TOKENS",
     "PRM",
     "Policy",
     "StepwiseError",

@@ -16,6 +16,10 @@ format stepwise reads (TRL, Math-Shepherd, PRM800K, ProcessBench, OmegaPRM, RLHF
 
 __version__: str
 cuda_available: bool
+#: Tokens one forward pass of scoring (or of log-probabilities) takes unless `max_batch_tokens`
+#: says otherwise: the default of every `max_batch_tokens` argument, and of the command line's
+#: `--max-batch-tokens`.
+DEFAULT_MAX_BATCH_TOKENS: int
 
 def cli(argv: Sequence[str]) -> int:
     """Run the `stepwise` command line on `argv` (the program's name first) in this process: its
@@ -85,7 +89,7 @@ class PRM:
         source: str,
         layout: str = "auto",
         device: Optional[Device] = None,
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int = ...,
         dtype: Optional[Dtype] = None,
         api_key: Optional[str] = None,
         served_model: Optional[str] = None,
@@ -270,7 +274,7 @@ def train_prm(
     reference_logprob: Optional[float] = None,
     last_tokens: Optional[int] = None,
     device: Optional[Device] = None,
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int = ...,
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> Dict[str, Any]:
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the

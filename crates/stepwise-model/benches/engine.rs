@@ -523,7 +523,7 @@ fn main() -> anyhow::Result<()> {
         let dir = std::env::temp_dir().join(format!("stepwise-bench-bf16-{}", std::process::id()));
         let mut bf16 = cfg.clone();
         bf16.dtype = candle_core::DType::BF16;
-        stepwise_model::model::save_checkpoint(&dir, &bf16, &varmap)?;
+        stepwise_model::checkpoint::save_checkpoint(&dir, &bf16, &varmap)?;
         drop(m);
         let mut held = Model::load_as(&dir, &dev, WeightDtype::Auto)?;
         std::fs::remove_dir_all(&dir)?;

@@ -1,6 +1,7 @@
 //! Sampling with a KV cache. `n` continuations of one prefix encode the prefix ONCE and share its
 //! cache (Monte Carlo rollouts and beams depend on this); rows that stop leave the batch.
 
+use crate::engine::Batcher;
 use crate::kv_rows::RowsCache;
 use crate::model::{Head, Model};
 pub use crate::sampling::{sample_token, SamplingParams};
@@ -64,9 +65,8 @@ pub fn generate(
 pub struct Decoding<'a> {
     model: &'a Model,
     tok: Option<&'a Tokenizer>,
-    /// The GPU's running batch, made on the first request (a model on a GPU).
-    #[cfg(feature = "cuda")]
-    gpu: Option<crate::packed_engine::PagedDecoding<'a, crate::cuda::Gpu>>,
+    /// The packed engine's running batch, made on the first request (a model on a GPU).
+    packed: Option<Box<dyn Batcher + 'a>>,
     /// The KV budget of a GPU's batch, in bytes (`None`: half the GPU's free memory).
     kv_budget: Option<usize>,
     cache: RowCaches,
@@ -163,8 +163,7 @@ impl<'a> Decoding<'a> {
         Decoding {
             model,
             tok,
-            #[cfg(feature = "cuda")]
-            gpu: None,
+            packed: None,
             kv_budget: None,
             cache: RowCaches::for_model(model),
             rows: Vec::new(),
@@ -183,24 +182,16 @@ impl<'a> Decoding<'a> {
         self
     }
 
-    /// The GPU's running batch, made now if the model is on a GPU; `None` on the CPU.
-    #[cfg(feature = "cuda")]
-    fn on_gpu(&mut self) -> Result<Option<&mut crate::packed_engine::PagedDecoding<'a, crate::cuda::Gpu>>> {
+    /// The packed engine's running batch, made now if the model is on one; `None` on the CPU.
+    fn on_packed(&mut self) -> Result<Option<&mut (dyn Batcher + 'a)>> {
         let model: &'a Model = self.model;
-        let Some(engine) = model.gpu.as_deref() else {
+        let Some(engine) = model.packed() else {
             return Ok(None);
         };
-        if self.gpu.is_none() {
-            let bytes = match self.kv_budget {
-                Some(b) => b,
-                None => engine.backend().memory()?.0 / 2,
-            };
-            let blocks = crate::packed_engine::PagedCache::blocks_in(engine, bytes);
-            let batch =
-                crate::packed_engine::PagedDecoding::new(engine, self.tok, blocks)?.prefill_chunk(self.prefill_chunk);
-            self.gpu = Some(batch);
+        if self.packed.is_none() {
+            self.packed = Some(engine.batcher(self.tok, self.kv_budget, self.prefill_chunk)?);
         }
-        Ok(self.gpu.as_mut())
+        Ok(self.packed.as_deref_mut())
     }
 
     /// At most `tokens` (at least 1) of the joining prompts are fed in one decoding step; a
@@ -212,8 +203,7 @@ impl<'a> Decoding<'a> {
 
     /// Continuations being decoded, and those the prompts being fed will start.
     pub fn live_rows(&self) -> usize {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
+        if let Some(g) = &self.packed {
             return g.live_rows();
         }
         let starting: usize = self
@@ -226,8 +216,7 @@ impl<'a> Decoding<'a> {
 
     /// The rows the last [`Decoding::step`] ran its forward pass on.
     pub fn last_step(&self) -> StepRows {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
+        if let Some(g) = &self.packed {
             return g.last_step();
         }
         self.last_step
@@ -235,8 +224,7 @@ impl<'a> Decoding<'a> {
 
     /// Whether no request is waiting for [`Decoding::step`].
     pub fn is_idle(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
+        if let Some(g) = &self.packed {
             return g.is_idle();
         }
         self.requests.iter().all(Option::is_none)
@@ -264,8 +252,7 @@ impl<'a> Decoding<'a> {
     /// Add a request for `n` continuations of `prompt`: encodes the prompt and samples each
     /// continuation's first token. Returns the request's id, as [`Decoding::step`] reports it.
     pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = self.on_gpu()? {
+        if let Some(g) = self.on_packed()? {
             return g.add(prompt, n, params);
         }
         let live = Self::live_continuations(prompt, n, &params)?;
@@ -289,8 +276,7 @@ impl<'a> Decoding<'a> {
     /// decoding step of a few rows is bound by reading the weights, so rows more cost little,
     /// where a pass of its own reads every weight again.
     pub fn join(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = self.on_gpu()? {
+        if let Some(g) = self.on_packed()? {
             return g.join(prompt, n, params);
         }
         if self.rows.is_empty() && self.prefills.is_empty() {
@@ -348,8 +334,7 @@ impl<'a> Decoding<'a> {
     /// Drop request `id` (its client went away): its continuations leave the batch, its prompt
     /// stops being fed, and no step reports it. Nothing happens for an id that is not running.
     pub fn cancel(&mut self, id: usize) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &mut self.gpu {
+        if let Some(g) = &mut self.packed {
             g.cancel(id);
             return Ok(());
         }
@@ -372,8 +357,7 @@ impl<'a> Decoding<'a> {
     /// next chunk of the prompts being fed. Returns the requests whose continuations have all
     /// stopped, with those continuations (stop token included).
     pub fn step(&mut self) -> Result<Vec<(usize, Vec<Vec<u32>>)>> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &mut self.gpu {
+        if let Some(g) = &mut self.packed {
             return g.step();
         }
         if rayon::current_thread_index().is_none() {

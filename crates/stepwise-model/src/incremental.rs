@@ -250,9 +250,12 @@ impl<'a> IncrementalScorer<'a> {
                     }
                 }
                 if !rows.is_empty() {
-                    let logits = self.scorer.model.head_logits(&Tensor::stack(&rows, 0)?)?;
-                    let local: Vec<usize> = (0..rows.len()).collect();
-                    let rewards = layout.rewards(self.scorer.tokenizer, &logits, &local)?;
+                    let mut logits = self.scorer.model.head_logits(&Tensor::stack(&rows, 0)?)?;
+                    if let Some(c) = layout.head_columns(self.scorer.tokenizer)? {
+                        logits = logits.index_select(&Tensor::new(&c, logits.device())?, 1)?;
+                    }
+                    let width = logits.dim(1)?;
+                    let rewards = crate::pooler::good_probs(&logits.flatten_all()?.to_vec1()?, width)?;
                     for ((i, p), r) in at.into_iter().zip(rewards) {
                         plans[i].values[p] = r;
                     }

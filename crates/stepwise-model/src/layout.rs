@@ -9,8 +9,6 @@ use crate::log_ratio::LogRatio;
 use crate::model::Model;
 use crate::tokenizer::{Message, Tokenizer};
 use anyhow::{bail, Context, Result};
-#[cfg(feature = "engine")]
-use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use stepwise_core::record::OBSERVATION_MARK;
@@ -357,22 +355,6 @@ impl PrmLayout {
             ]),
             _ => None,
         })
-    }
-
-    /// Step rewards from head outputs `[t, classes or vocab]` of one sequence at `positions`.
-    #[cfg(feature = "engine")]
-    pub(crate) fn rewards(&self, tok: &Tokenizer, out: &Tensor, positions: &[usize]) -> Result<Vec<f32>> {
-        if positions.is_empty() {
-            return Ok(Vec::new());
-        }
-        let idx = Tensor::new(positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), out.device())?;
-        let at = out.index_select(&idx, 0)?;
-        let read = match self.head_columns(tok)? {
-            // P(good) = softmax over [bad, good], class 1.
-            Some(columns) => at.index_select(&Tensor::new(&columns, out.device())?, 1)?,
-            None => at,
-        };
-        Ok(crate::model::good_prob(&read)?.to_vec1::<f32>()?)
     }
 }
 

@@ -21,17 +21,20 @@ macro_rules! engine {
 
 engine! {
     pub mod config;
+    pub mod engine;
     pub mod generate;
     pub mod incremental;
     pub mod input;
     pub mod kernels;
     pub mod kv_cache;
     pub mod kv_rows;
+    pub mod checkpoint;
     pub mod model;
     pub mod packed;
     pub mod packed_engine;
     pub mod placement;
     pub mod policy;
+    pub mod pooler;
     pub mod precision;
     pub mod sampling;
     pub mod scoring;
@@ -44,12 +47,13 @@ engine! {
     pub use input::{BatchCache, Input};
     pub use kernels::bf16_products_available;
     pub use kv_rows::RowsCache;
-    pub use model::{checkpoint_fingerprint, Model};
+    pub use checkpoint::checkpoint_fingerprint;
+    pub use model::Model;
     pub use precision::{default_precision, set_default_precision, Precision, WeightDtype, PRECISIONS};
     pub use packed::{token_batches, Packed};
     pub use placement::Placement;
     pub use policy::{EnginePolicy, LoadedPolicy};
-    pub use scoring::PrmScorer;
+    pub use scoring::{PrmScorer, DEFAULT_MAX_BATCH_TOKENS};
 }
 pub mod chat_turns;
 #[cfg(feature = "cuda")]

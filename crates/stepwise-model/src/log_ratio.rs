@@ -128,15 +128,18 @@ pub fn token_logprobs(model: &Model, ids: &Tensor, pad_mask: Option<&Tensor>) ->
 }
 
 /// `log p(token i | tokens < i)` of every token of every sequence under `model` (no gradient
-/// unless the model is training), `batch_size` sequences a forward pass (on a GPU: packed
-/// batches of the default token budget); position 0 holds 0.
+/// unless the model is training); position 0 holds 0. On the CPU decoder `batch_size`
+/// sequences a padded forward pass; on a packed engine (a GPU) packed batches of at most
+/// `max_tokens` tokens.
 #[cfg(feature = "engine")]
-pub fn sequence_logprobs(model: &Model, seqs: &[&[u32]], batch_size: usize) -> Result<Vec<Vec<f32>>> {
-    #[cfg(feature = "cuda")]
-    if let Some(gpu) = &model.gpu {
-        // On the GPU: packed batches bounded by tokens, not a count of sequences.
-        let budget = crate::scoring::DEFAULT_MAX_BATCH_TOKENS;
-        return crate::train::packed::sequence_logprobs(gpu, seqs, budget);
+pub fn sequence_logprobs(
+    model: &Model,
+    seqs: &[&[u32]],
+    batch_size: usize,
+    max_tokens: usize,
+) -> Result<Vec<Vec<f32>>> {
+    if let Some(engine) = model.packed() {
+        return engine.sequence_logprobs(seqs, max_tokens.max(1));
     }
     let mut out = Vec::with_capacity(seqs.len());
     for chunk in seqs.chunks(batch_size.max(1)) {

@@ -75,7 +75,7 @@ impl Policy for EnginePolicy<'_> {
             );
         }
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let logprobs = crate::log_ratio::sequence_logprobs(self.model, &refs, refs.len())?;
+        let logprobs = crate::log_ratio::sequence_logprobs(self.model, &refs, refs.len(), crate::DEFAULT_MAX_BATCH_TOKENS)?;
         Ok(Some(
             logprobs
                 .iter()

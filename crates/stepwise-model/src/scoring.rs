@@ -3,8 +3,9 @@
 
 use crate::config::HeadKind;
 use crate::layout::{Encoded, PrmLayout};
-use crate::log_ratio::{span_sums, token_logprobs, LogRatio};
-use crate::model::{pad_batch, Model};
+use crate::log_ratio::sequence_logprobs;
+use crate::pooler;
+use crate::model::Model;
 use crate::packed::token_batches;
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
@@ -112,80 +113,25 @@ impl<'a> PrmScorer<'a> {
         Ok(out)
     }
 
-    /// Step rewards of the solutions of one forward pass.
+    /// Step rewards of the solutions of one forward pass: the engine gives what the layout
+    /// reads, the pooler turns it into rewards.
     fn score_pass(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
-        if let PrmLayout::LogRatio { log_ratio, .. } = &self.layout {
-            return self.score_log_ratio(batch, *log_ratio);
-        }
-        #[cfg(feature = "cuda")]
-        if let Some(gpu) = &self.model.gpu {
-            return self.score_on_gpu(gpu, batch);
-        }
         let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+        if let PrmLayout::LogRatio { log_ratio, .. } = &self.layout {
+            // Both models read the batch once, each where its weights are.
+            let logprobs = |model: &Model| sequence_logprobs(model, &seqs, seqs.len(), self.max_batch_tokens);
+            let own = logprobs(self.model)?;
+            let reference = match (log_ratio.reference_logprob, self.reference) {
+                (None, Some(r)) => Some(logprobs(r)?),
+                _ => None,
+            };
+            return pooler::log_ratio_rewards(batch, &own, reference.as_deref(), *log_ratio);
+        }
         // The decoder's last layer runs only where rewards are read, and so does the head.
         let rows: Vec<Vec<usize>> = batch.iter().map(|e| e.positions.clone()).collect();
-        let hidden = self
-            .model
-            .hidden(crate::Input::packed(&crate::packed::Packed::new(&seqs)).read(&rows))?;
-        let mut out = Vec::with_capacity(batch.len());
-        let mut first = 0;
-        for e in batch {
-            let at = hidden.narrow(0, first, e.positions.len())?;
-            first += e.positions.len();
-            let logits = self.model.head_logits(&at)?;
-            let local: Vec<usize> = (0..e.positions.len()).collect();
-            out.push(self.layout.rewards(self.tokenizer, &logits, &local)?);
-        }
-        Ok(out)
-    }
-
-    /// [`PrmScorer::score_pass`] on the CUDA engine: the solutions packed end to end, the head
-    /// read at their reward positions only.
-    #[cfg(feature = "cuda")]
-    fn score_on_gpu(&self, gpu: &crate::cuda::GpuModel, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
-        let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
-        let packed = crate::packed::Packed::new(&seqs);
-        let read: Vec<usize> = batch
-            .iter()
-            .enumerate()
-            .flat_map(|(i, e)| e.positions.iter().map(move |&p| (i, p)))
-            .map(|(i, p)| packed.row(i, p))
-            .collect();
         let columns = self.layout.head_columns(self.tokenizer)?;
-        let (values, width) = gpu.head_at(&packed, &read, columns.as_ref().map(|c| c.as_slice()))?;
-        let logits = candle_core::Tensor::from_vec(values, (read.len(), width), &candle_core::Device::Cpu)?;
-        let probs: Vec<f32> = crate::model::good_prob(&logits)?.to_vec1()?;
-        Ok(per_solution(&probs, batch))
-    }
-
-    /// Step rewards of a log-ratio verifier: both models read the batch once.
-    fn score_log_ratio(&self, batch: &[&Encoded], lr: LogRatio) -> Result<Vec<Vec<f32>>> {
-        let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
-        let (ids, mask, t) = pad_batch(&seqs, &self.model.device)?;
-        let own = token_logprobs(self.model, &ids, mask.as_ref())?;
-        let ratio = match lr.reference_logprob {
-            Some(c) => (own - c as f64)?,
-            None => {
-                let reference = self
-                    .reference
-                    .context("a log-ratio verifier scores against its reference model: none was given")?;
-                (own - token_logprobs(reference, &ids, mask.as_ref())?)?
-            }
-        };
-        let all: Vec<(usize, usize, usize)> = batch
-            .iter()
-            .enumerate()
-            .flat_map(|(b, e)| {
-                lr.step_spans(e.steps_from.max(1), &e.positions)
-                    .into_iter()
-                    .map(move |(s, end)| (b, s, end))
-            })
-            .collect();
-        if all.is_empty() {
-            return Ok(batch.iter().map(|_| Vec::new()).collect());
-        }
-        let p: Vec<f32> = candle_nn::ops::sigmoid(&(span_sums(&ratio, t, &all)? * lr.beta as f64)?)?.to_vec1()?;
-        Ok(per_solution(&p, batch))
+        let (values, width) = self.model.head_at(&seqs, &rows, columns.as_ref().map(|c| c.as_slice()))?;
+        Ok(pooler::per_solution(&pooler::good_probs(&values, width)?, batch))
     }
 
     /// Step rewards of one solution.
@@ -220,15 +166,19 @@ pub struct LoadedVerifier {
     pub tokenizer: Tokenizer,
     /// How it reads solutions.
     pub layout: PrmLayout,
-    /// The reference model named in its `reward.json`, if any.
+    /// The reference model named in its `reward.json`, if any (loaded where the verifier is).
     pub reference: Option<Model>,
+    /// Most tokens in one forward pass of every scorer it gives (log-ratio passes and the
+    /// reference model's included); [`DEFAULT_MAX_BATCH_TOKENS`] unless set.
+    pub max_batch_tokens: usize,
 }
 
 impl LoadedVerifier {
     /// Load the verifier in `dir` on the CPU. `layout` is `auto` (from `reward.json`, else from
     /// the head and tokenizer), `qwen-prm`, `step-tag`, `token-cls` or `log-ratio`.
     pub fn load(dir: &std::path::Path, layout: &str, device: &candle_core::Device) -> Result<Self> {
-        Self::load_model(dir, layout, Model::load(dir, device)?)
+        let model = Model::load(dir, device)?;
+        Self::load_model(dir, layout, model, |r| Model::load(r, device))
     }
 
     /// [`LoadedVerifier::load`] where `placement` says (the CPU in `precision`, or a CUDA GPU).
@@ -238,10 +188,22 @@ impl LoadedVerifier {
         placement: crate::Placement,
         precision: crate::Precision,
     ) -> Result<Self> {
-        Self::load_model(dir, layout, Model::load_on(dir, placement, precision)?)
+        let model = Model::load_on(dir, placement, precision)?;
+        Self::load_model(dir, layout, model, |r| Model::load_on(r, placement, precision))
     }
 
-    fn load_model(dir: &std::path::Path, layout: &str, model: Model) -> Result<Self> {
+    /// At most `tokens` (at least 1) tokens in one forward pass.
+    pub fn with_max_batch_tokens(mut self, tokens: usize) -> Self {
+        self.max_batch_tokens = tokens.max(1);
+        self
+    }
+
+    fn load_model(
+        dir: &std::path::Path,
+        layout: &str,
+        model: Model,
+        load_reference: impl Fn(&std::path::Path) -> Result<Model>,
+    ) -> Result<Self> {
         use crate::layout::{RewardSpec, REWARD_FILE};
         let tokenizer = Tokenizer::from_dir(dir)?;
         // The folder's reward.json says how it was trained to read steps (layout, separator).
@@ -271,7 +233,7 @@ impl LoadedVerifier {
         // it is scored against it.
         let reference = match spec.as_ref().and_then(|s| s.reference_dir(dir)) {
             Some(r) if matches!(layout, PrmLayout::LogRatio { .. }) => Some(
-                Model::load(&r, &model.device)
+                load_reference(&r)
                     .with_context(|| format!("loading the reference model named in {}", file()))?,
             ),
             _ => None,
@@ -281,25 +243,14 @@ impl LoadedVerifier {
             tokenizer,
             layout,
             reference,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
         })
     }
 
     /// It, as a step scorer.
     pub fn scorer(&self) -> PrmScorer<'_> {
-        PrmScorer::new(&self.model, &self.tokenizer, self.layout.clone()).with_reference(self.reference.as_ref())
+        PrmScorer::new(&self.model, &self.tokenizer, self.layout.clone())
+            .with_reference(self.reference.as_ref())
+            .with_max_batch_tokens(self.max_batch_tokens)
     }
-}
-
-/// `values`, one per reward position of every solution of `batch` in order, split into each
-/// solution's.
-fn per_solution(values: &[f32], batch: &[&Encoded]) -> Vec<Vec<f32>> {
-    let mut rest = values;
-    batch
-        .iter()
-        .map(|e| {
-            let (mine, tail) = rest.split_at(e.positions.len());
-            rest = tail;
-            mine.to_vec()
-        })
-        .collect()
 }

@@ -344,7 +344,7 @@ fn packed_token_logprobs_match_the_cpu_engine() {
     // A budget smaller than the batch: several packed passes.
     let ours = stepwise_model::train::packed::sequence_logprobs(&trainer.decoder, &seqs, 64).unwrap();
     let model = Model::load(&dir, &candle_core::Device::Cpu).unwrap();
-    let want = stepwise_model::log_ratio::sequence_logprobs(&model, &seqs, 8).unwrap();
+    let want = stepwise_model::log_ratio::sequence_logprobs(&model, &seqs, 8, 512).unwrap();
     for (a, b) in ours.iter().zip(&want) {
         assert_eq!(a.len(), b.len());
         assert_eq!(a[0], 0.0);
@@ -386,7 +386,7 @@ fn packed_lm_training_lowers_the_loss_and_checkpoints() {
     let seqs: Vec<&[u32]> = valid.iter().map(|e| e.ids.as_slice()).collect();
     let ours = sequence_logprobs(&trainer.decoder, &seqs, 512).unwrap();
     let model = Model::load(&out, &candle_core::Device::Cpu).unwrap();
-    let theirs = stepwise_model::log_ratio::sequence_logprobs(&model, &seqs, 8).unwrap();
+    let theirs = stepwise_model::log_ratio::sequence_logprobs(&model, &seqs, 8, 512).unwrap();
     for (a, b) in ours.iter().zip(&theirs) {
         assert_close_logprobs(a, b);
     }

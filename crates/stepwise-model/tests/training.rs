@@ -92,7 +92,7 @@ fn value_head_checkpoint_round_trips() {
     let varmap = VarMap::new();
     let model = Model::fresh(cfg.clone(), &varmap, &Device::Cpu, 7).unwrap();
     let out = std::env::temp_dir().join(format!("stepwise-value-{}", std::process::id()));
-    stepwise_model::model::save_checkpoint(&out, &cfg, &varmap).unwrap();
+    stepwise_model::checkpoint::save_checkpoint(&out, &cfg, &varmap).unwrap();
     std::fs::copy(tokenizer_dir().join("tokenizer.json"), out.join("tokenizer.json")).unwrap();
     let loaded = Model::load(&out, &Device::Cpu).unwrap();
     assert_eq!(loaded.config.head, HeadKind::SequenceClassification);
@@ -270,7 +270,7 @@ fn keep_best_ends_with_the_best_validation_and_resumes_from_the_last_step() {
             };
             let varmap2 = VarMap::new();
             let mut m2 = tiny_prm(&tok, &varmap2);
-            stepwise_model::model::load_training_checkpoint(&varmap2, &dir).unwrap();
+            stepwise_model::checkpoint::load_training_checkpoint(&varmap2, &dir).unwrap();
             let last = evaluate(&m2, valid, Objective::Classify, 64).unwrap().loss;
             assert!((last - best).abs() > 1e-6, "resuming would start from the best weights");
             train(

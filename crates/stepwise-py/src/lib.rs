@@ -41,6 +41,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StepwiseError", m.py().get_type::<StepwiseError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("cuda_available", cfg!(feature = "cuda"))?;
+    m.add("DEFAULT_MAX_BATCH_TOKENS", stepwise_model::DEFAULT_MAX_BATCH_TOKENS)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(records::read, m)?)?;
     m.add_function(wrap_pyfunction!(records::read_problems, m)?)?;

@@ -113,7 +113,7 @@ impl Prm {
 #[pymethods]
 impl Prm {
     #[new]
-    #[pyo3(signature = (source, layout="auto", device=None, max_batch_tokens=16384, dtype=None, api_key=None, served_model=None, protocol="stepwise", server_tokenizer=None))]
+    #[pyo3(signature = (source, layout="auto", device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, dtype=None, api_key=None, served_model=None, protocol="stepwise", server_tokenizer=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -242,7 +242,7 @@ impl Prm {
     #[getter]
     fn device(&self) -> String {
         match &self.backend {
-            ScorerBackend::Local(v, _) => v.model.placement_name(),
+            ScorerBackend::Local(v) => v.model.placement_name(),
             ScorerBackend::Remote(_) => self.source.clone(),
         }
     }
@@ -252,7 +252,7 @@ impl Prm {
     #[getter]
     fn layout(&self) -> String {
         match &self.backend {
-            ScorerBackend::Local(v, _) => v.layout.name().to_string(),
+            ScorerBackend::Local(v) => v.layout.name().to_string(),
             ScorerBackend::Remote(_) => "remote".into(),
         }
     }

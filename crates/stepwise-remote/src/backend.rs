@@ -333,8 +333,8 @@ impl Default for LocalOptions {
 
 /// A PRM to score with, local or remote.
 pub enum ScorerBackend {
-    /// A verifier loaded here, and the tokens one forward pass takes.
-    Local(Box<LoadedVerifier>, usize),
+    /// A verifier loaded here (with the tokens one forward pass takes).
+    Local(Box<LoadedVerifier>),
     /// Servers.
     Remote(Box<RemotePrm>),
 }
@@ -352,7 +352,7 @@ impl ScorerBackend {
     /// or a server read through the pooling protocol).
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         match self {
-            ScorerBackend::Local(v, _) => Some(&v.tokenizer),
+            ScorerBackend::Local(v) => Some(&v.tokenizer),
             ScorerBackend::Remote(r) => r.pooling.as_ref().map(|(t, _)| t),
         }
     }
@@ -372,7 +372,7 @@ impl ScorerBackend {
         Ok(match source {
             Source::Dir(d) => {
                 let v = LoadedVerifier::load_on(d, layout, local.placement, local.precision)?;
-                ScorerBackend::Local(Box::new(v), local.max_batch_tokens)
+                ScorerBackend::Local(Box::new(v.with_max_batch_tokens(local.max_batch_tokens)))
             }
             servers => {
                 let client = remote.client(servers, "prm")?;
@@ -398,9 +398,9 @@ impl ScorerBackend {
     /// on a GPU or behind servers scores each beam's whole text (in packed passes on a GPU).
     pub fn search_scorer(&self) -> Box<dyn StepScorer + '_> {
         match self {
-            ScorerBackend::Local(v, tokens) if !v.model.is_on_gpu() => Box::new(
-                stepwise_model::IncrementalScorer::new(v.scorer().with_max_batch_tokens(*tokens)),
-            ),
+            ScorerBackend::Local(v) if !v.model.is_on_gpu() => {
+                Box::new(stepwise_model::IncrementalScorer::new(v.scorer()))
+            }
             _ => self.scorer(),
         }
     }
@@ -408,7 +408,7 @@ impl ScorerBackend {
     /// It as a [`StepScorer`].
     pub fn scorer(&self) -> Box<dyn StepScorer + '_> {
         match self {
-            ScorerBackend::Local(v, tokens) => Box::new(v.scorer().with_max_batch_tokens(*tokens)),
+            ScorerBackend::Local(v) => Box::new(v.scorer()),
             ScorerBackend::Remote(remote) => Box::new(RemoteScorer {
                 client: &remote.client,
                 protocol: match &remote.pooling {

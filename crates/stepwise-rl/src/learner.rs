@@ -11,8 +11,9 @@ use candle_core::backprop::GradStore;
 use candle_core::Var;
 use std::borrow::Cow;
 use std::path::Path;
+use stepwise_model::checkpoint::{load_training_checkpoint, save_training_checkpoint};
 use stepwise_model::log_ratio::token_logprobs;
-use stepwise_model::model::{load_training_checkpoint, pad_batch, save_training_checkpoint};
+use stepwise_model::model::pad_batch;
 use stepwise_model::packed_engine::{PackedTrainer, Targets, TokenLossFn, TrainBackend};
 use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
 use stepwise_model::train::packed::batches;
@@ -90,7 +91,7 @@ impl Learner for CandleLearner<'_> {
 
     fn logprobs(&mut self, seqs: &[&[u32]], minibatch: usize) -> Result<Vec<Vec<f32>>> {
         self.policy.set_training(false);
-        sequence_logprobs(self.policy, seqs, minibatch)
+        sequence_logprobs(self.policy, seqs, minibatch, stepwise_model::DEFAULT_MAX_BATCH_TOKENS)
     }
 
     fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)> {
@@ -280,8 +281,11 @@ pub fn on_gpu(dir: &Path, ordinal: usize, max_tokens: usize) -> Result<Box<dyn L
         let config = stepwise_model::ModelConfig::from_dir(dir)?;
         let trainer = PackedTrainer::load(dir, config, gpu)
             .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
-        let sample_with: SampleWith<stepwise_model::cuda::Gpu> =
-            Box::new(|t| Model::on_gpu(std::sync::Arc::clone(&t.decoder)));
+        let sample_with: SampleWith<stepwise_model::cuda::Gpu> = Box::new(|t| {
+            Model::on_packed(
+                std::sync::Arc::clone(&t.decoder) as std::sync::Arc<dyn stepwise_model::engine::PackedEngine>
+            )
+        });
         Ok(Box::new(PackedLearner::new(trainer, max_tokens, sample_with)))
     }
     #[cfg(not(feature = "cuda"))]

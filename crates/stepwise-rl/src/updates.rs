@@ -118,7 +118,12 @@ impl Core<'_> {
     fn prepare(&mut self, s: &mut Samples, cfg: &RlConfig) -> Result<Option<PrimeLog>> {
         let all: Vec<&[u32]> = s.seqs.iter().map(|s| s.ids.as_slice()).collect();
         let old = self.learner.logprobs(&all, cfg.minibatch_size)?;
-        let refs = sequence_logprobs(self.reference, &all, cfg.minibatch_size)?;
+        let refs = sequence_logprobs(
+            self.reference,
+            &all,
+            cfg.minibatch_size,
+            stepwise_model::DEFAULT_MAX_BATCH_TOKENS,
+        )?;
         for ((q, o), r) in s.seqs.iter_mut().zip(old).zip(refs) {
             q.old_logprobs = o;
             q.ref_logprobs = r;

@@ -177,7 +177,14 @@ fn every_trainable_weight_receives_a_gradient_from_the_rl_loss() {
     let (reference, _) = fresh(2);
     model.set_training(true);
     let ids: Vec<u32> = vec![4, 3, 5, 3, 6, 2];
-    let refs = sequence_logprobs(&reference, &[ids.as_slice()], 1).unwrap().remove(0);
+    let refs = sequence_logprobs(
+        &reference,
+        &[ids.as_slice()],
+        1,
+        stepwise_model::DEFAULT_MAX_BATCH_TOKENS,
+    )
+    .unwrap()
+    .remove(0);
     let seq = Sequence {
         learn_from: 2,
         skip: Vec::new(),
@@ -287,7 +294,7 @@ fn a_run_checkpointed_on_the_cpu_continues_on_the_packed_trainer() {
 fn policy_folder(seed: u64, name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("stepwise-rl-policy-{name}-{}", std::process::id()));
     let (model, varmap) = fresh(seed);
-    stepwise_model::model::save_checkpoint(&dir, &model.config, &varmap).unwrap();
+    stepwise_model::checkpoint::save_checkpoint(&dir, &model.config, &varmap).unwrap();
     dir
 }
 
@@ -297,7 +304,7 @@ fn packed_learner(start: &std::path::Path, scratch: &std::path::Path) -> PackedL
     let trainer = PackedTrainer::load(start, ModelConfig::from_dir(start).unwrap(), Arc::new(Reference)).unwrap();
     let scratch = scratch.to_path_buf();
     let sample_with: SampleWith<Reference> = Box::new(move |t| {
-        stepwise_model::model::save_checkpoint(&scratch, &t.decoder.config, &t.varmap()?)?;
+        stepwise_model::checkpoint::save_checkpoint(&scratch, &t.decoder.config, &t.varmap()?)?;
         Model::load(&scratch, &Device::Cpu)
     });
     PackedLearner::new(trainer, 4096, sample_with)
@@ -335,7 +342,14 @@ fn sampled_sequences(reference: &Model) -> Vec<Sequence> {
     ids.iter()
         .enumerate()
         .map(|(k, ids)| {
-            let refs = sequence_logprobs(reference, &[ids.as_slice()], 1).unwrap().remove(0);
+            let refs = sequence_logprobs(
+                reference,
+                &[ids.as_slice()],
+                1,
+                stepwise_model::DEFAULT_MAX_BATCH_TOKENS,
+            )
+            .unwrap()
+            .remove(0);
             Sequence {
                 learn_from: 2,
                 skip: Vec::new(),
@@ -522,7 +536,14 @@ fn labelled_samples(reference: &Model) -> (Vec<Sequence>, Vec<f32>) {
         .map(|ids| Sequence {
             ids: ids.to_vec(),
             learn_from: 2,
-            ref_logprobs: sequence_logprobs(reference, &[ids.as_slice()], 1).unwrap().remove(0),
+            ref_logprobs: sequence_logprobs(
+                reference,
+                &[ids.as_slice()],
+                1,
+                stepwise_model::DEFAULT_MAX_BATCH_TOKENS,
+            )
+            .unwrap()
+            .remove(0),
             ..Default::default()
         })
         .collect();

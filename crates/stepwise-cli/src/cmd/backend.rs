@@ -139,7 +139,7 @@ impl DeviceArgs {
     /// Opens the PRM `source` where these arguments say (reporting where a local one runs).
     pub fn open_scorer(&self, source: &Source, layout: &str, remote: &RemoteArgs) -> anyhow::Result<ScorerBackend> {
         let backend = ScorerBackend::open(source, layout, &remote.options(), &self.local())?;
-        if let (ScorerBackend::Local(v, _), Source::Dir(d)) = (&backend, source) {
+        if let (ScorerBackend::Local(v), Source::Dir(d)) = (&backend, source) {
             eprintln!("{}: {}", d.display(), v.model.placement_name());
         }
         Ok(backend)

@@ -53,7 +53,7 @@ pub(crate) fn train_stage(
     if train_set.is_empty() {
         // A label source that labelled no step (a consensus of two annotators that never
         // agreed, on a small preset): its verifier is its starting model, said so.
-        stepwise_model::model::save_checkpoint(dir, &model.config, &varmap)?;
+        stepwise_model::checkpoint::save_checkpoint(dir, &model.config, &varmap)?;
         std::fs::write(done_marker(dir), "")?;
         say(&format!(
             "{what}: no labelled step to train on; it keeps its starting weights"

@@ -397,42 +397,6 @@ impl<B: Backend> Plan<B> {
     }
 }
 
-/// A tensor's values as bf16 bits (matrices: bf16 as stored, others rounded to nearest).
-fn to_bf16_bits(view: &safetensors::tensor::TensorView) -> Result<Vec<u16>> {
-    let b = view.data();
-    Ok(match view.dtype() {
-        safetensors::Dtype::BF16 => b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect(),
-        _ => to_f32(view)?
-            .into_iter()
-            .map(|x| half::bf16::from_f32(x).to_bits())
-            .collect(),
-    })
-}
-
-/// A tensor's values as f32.
-fn to_f32(view: &safetensors::tensor::TensorView) -> Result<Vec<f32>> {
-    let b = view.data();
-    Ok(match view.dtype() {
-        safetensors::Dtype::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        safetensors::Dtype::BF16 => b
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        safetensors::Dtype::F16 => b
-            .chunks_exact(2)
-            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        safetensors::Dtype::F64 => b
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-            .collect(),
-        other => bail!("dtype {other:?} (stepwise reads f32, bf16, f16 and f64 weights)"),
-    })
-}
-
 /// The integers of a packed batch for the backend (and how many attention tiles it has).
 fn batch_ints<B: Backend>(b: &B, batch: &Packed, read: &[usize]) -> Result<BatchInts<B>> {
     let offsets = batch.offsets();
@@ -464,7 +428,7 @@ impl<B: Backend> PackedDecoder<B> {
     pub fn load(dir: &Path, config: ModelConfig, backend: Arc<B>) -> Result<Self> {
         let b = &*backend;
         let cfg = &config;
-        crate::model::check_layer_count(cfg, &crate::model::weight_files(dir)?)?;
+        crate::checkpoint::check_layer_count(cfg, &crate::checkpoint::weight_files(dir)?)?;
         let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) || !d.is_multiple_of(2) {
@@ -545,7 +509,7 @@ impl<B: Backend> PackedDecoder<B> {
             }
         };
         let mut missing: std::collections::HashSet<String> = plan.at.keys().cloned().collect();
-        for file in crate::model::weight_files(dir)? {
+        for file in crate::checkpoint::weight_files(dir)? {
             let handle = std::fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
             // SAFETY: a read-only mapping that lives only for this loop (as in model.rs's loader).
             let map = unsafe { memmap2::Mmap::map(&handle) }.with_context(|| format!("mapping {}", file.display()))?;
@@ -560,11 +524,11 @@ impl<B: Backend> PackedDecoder<B> {
                     bail!("{}: shape {:?}, config.json implies {shape:?}", at(), view.shape());
                 }
                 if matrix {
-                    let host = to_bf16_bits(&view).with_context(at)?;
+                    let host = crate::checkpoint::to_bf16_bits(&view).with_context(at)?;
                     let buf = plan.matrices[slot].as_mut().expect("slots are taken after loading");
                     b.write_bf16(buf, offset, &host)?;
                 } else {
-                    let host = to_f32(&view).with_context(at)?;
+                    let host = crate::checkpoint::to_f32(&view).with_context(at)?;
                     let buf = plan.vectors[slot].as_mut().expect("slots are taken after loading");
                     b.write_f32(buf, offset, &host)?;
                 }

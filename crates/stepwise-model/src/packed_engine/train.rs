@@ -15,7 +15,8 @@
 use super::backward::{layers_backward, reward_head_backward};
 use super::lm_head::{lm_head_backward, TokenLossFn};
 use super::train_backend::{AdamW, TrainBackend};
-use super::{to_f32, Backend, Head, PackedDecoder};
+use super::{Backend, Head, PackedDecoder};
+use crate::checkpoint::to_f32;
 use crate::config::{HeadKind, ModelConfig};
 use crate::packed::Packed;
 use anyhow::{bail, ensure, Context, Result};
@@ -220,8 +221,8 @@ fn read_masters<B: Backend>(b: &B, specs: &Params<Spec>, master: &mut Params<B::
     }
     let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
     let mut bufs = master.all_mut();
-    let mut files = crate::model::weight_files(dir)?;
-    let exact = dir.join(crate::model::TRAINING_WEIGHTS);
+    let mut files = crate::checkpoint::weight_files(dir)?;
+    let exact = dir.join(crate::checkpoint::TRAINING_WEIGHTS);
     if exact.exists() {
         files.push(exact);
     }
@@ -356,7 +357,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
     }
 
     /// The f32 master weights as candle variables by checkpoint name and shape (what
-    /// [`crate::model::save_training_checkpoint`] writes).
+    /// [`crate::checkpoint::save_training_checkpoint`] writes).
     pub fn varmap(&self) -> Result<candle_nn::VarMap> {
         let varmap = candle_nn::VarMap::new();
         let shapes = self.shapes();

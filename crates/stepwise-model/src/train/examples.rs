@@ -113,7 +113,7 @@ pub fn label_examples(tok: &Tokenizer, sols: &[Solution], o: &LabelOptions) -> R
 /// training needs no second forward pass.
 pub fn attach_reference(reference: &Model, examples: &mut [Example], batch_size: usize) -> Result<()> {
     let seqs: Vec<&[u32]> = examples.iter().map(|e| e.ids.as_slice()).collect();
-    let logprobs = sequence_logprobs(reference, &seqs, batch_size)?;
+    let logprobs = sequence_logprobs(reference, &seqs, batch_size, crate::DEFAULT_MAX_BATCH_TOKENS)?;
     for (e, lp) in examples.iter_mut().zip(logprobs) {
         e.ref_logprobs = lp;
     }

@@ -310,7 +310,7 @@ pub fn train(
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         if dir.join(STATE).exists() && dir.join(OPTIM).exists() {
             state = serde_json::from_str(&std::fs::read_to_string(dir.join(STATE))?)?;
-            crate::model::load_training_checkpoint(varmap, dir)?;
+            crate::checkpoint::load_training_checkpoint(varmap, dir)?;
             opt.load(&dir.join(OPTIM))?;
         }
     }
@@ -376,7 +376,7 @@ pub fn train(
                 state.since_best = 0;
                 if cfg.keep_best {
                     match &cfg.out_dir {
-                        Some(dir) => crate::model::save_exact_weights(&model.config, varmap, &dir.join(BEST))?,
+                        Some(dir) => crate::checkpoint::save_exact_weights(&model.config, varmap, &dir.join(BEST))?,
                         None => best_in_memory = Some(snapshot(varmap)?),
                     }
                 }
@@ -390,9 +390,9 @@ pub fn train(
         }
         if validate {
             if let Some(dir) = &cfg.out_dir {
-                crate::model::save_training_checkpoint(dir, &model.config, varmap)?;
+                crate::checkpoint::save_training_checkpoint(dir, &model.config, varmap)?;
                 // The folder's checkpoint is the last step's again.
-                let _ = std::fs::remove_file(dir.join(crate::model::LAST_WEIGHTS));
+                let _ = std::fs::remove_file(dir.join(crate::checkpoint::LAST_WEIGHTS));
                 opt.save(&dir.join(OPTIM))?;
                 std::fs::write(dir.join(STATE), serde_json::to_string_pretty(&state)?)?;
             }
@@ -406,9 +406,9 @@ pub fn train(
         match (&cfg.out_dir, best_in_memory) {
             (Some(dir), _) => {
                 // The last step's weights stay beside the best for a resume.
-                crate::model::save_exact_weights(&model.config, varmap, &dir.join(crate::model::LAST_WEIGHTS))?;
-                crate::model::load_into(varmap, &dir.join(BEST))?;
-                crate::model::save_checkpoint(dir, &model.config, varmap)?;
+                crate::checkpoint::save_exact_weights(&model.config, varmap, &dir.join(crate::checkpoint::LAST_WEIGHTS))?;
+                crate::checkpoint::load_into(varmap, &dir.join(BEST))?;
+                crate::checkpoint::save_checkpoint(dir, &model.config, varmap)?;
             }
             (None, Some(best)) => {
                 for (var, value) in best {

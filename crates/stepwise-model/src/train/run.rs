@@ -369,7 +369,7 @@ fn on_gpu(
     } else {
         let varmap = VarMap::new();
         let model = spec.build(&varmap, &crate::default_device(), a.seed)?;
-        crate::model::save_training_checkpoint(&a.out, &model.config, &varmap)?;
+        crate::checkpoint::save_training_checkpoint(&a.out, &model.config, &varmap)?;
         a.out.clone()
     };
     let cfg = train_config(a, false);

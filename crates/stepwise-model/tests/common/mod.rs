@@ -74,7 +74,7 @@ pub fn wide_checkpoint(dir: &Path) {
     cfg.dtype = DType::BF16;
     let varmap = candle_nn::VarMap::new();
     Model::fresh(cfg.clone(), &varmap, &Device::Cpu, 3).unwrap();
-    stepwise_model::model::save_checkpoint(dir, &cfg, &varmap).unwrap();
+    stepwise_model::checkpoint::save_checkpoint(dir, &cfg, &varmap).unwrap();
 }
 
 /// Counting problems: each step must be the previous number + 1; a bad step is off by 2..8 and
