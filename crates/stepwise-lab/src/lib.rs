@@ -19,6 +19,7 @@ mod html;
 pub mod oracle;
 pub mod preset;
 pub mod progress;
+pub mod reasoning;
 pub mod report;
 pub mod run;
 pub mod splits;

@@ -157,16 +157,7 @@ pub fn run(a: Args) -> Result<()> {
         None => Vec::new(),
     };
     let placement = a.device.device.resolve()?;
-    let verifier = match a.reward.split_once(':') {
-        Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load_on(
-            &stepwise_model::hub::resolve(dir).with_context(|| format!("--reward {}", a.reward))?,
-            &a.layout,
-            placement,
-            default_precision(),
-        )?),
-        None if a.reward == "outcome" || a.reward == "prime" => None,
-        _ => bail!("--reward `{}`: use outcome, orm:DIR, prm:DIR or prime", a.reward),
-    };
+    let verifier = reward_verifier(&a, placement)?;
     let scorer = verifier.as_ref().map(LoadedVerifier::scorer);
     let outcome = OutcomeReward { task: &task };
     let scored = scorer.as_ref().map(|s| ScorerReward {
@@ -209,61 +200,12 @@ pub fn run(a: Args) -> Result<()> {
         accuracy_bounds: a.prime_filter,
         ..Default::default()
     });
-    // PRIME's implicit PRM starts as the policy; its folder is a log-ratio verifier against the
-    // starting policy, readable by `stepwise score` once the run has saved its weights.
     let prm_varmap = VarMap::new();
-    let mut prm = match prime {
-        Some(p) => {
-            let dir = OnlinePrm::dir(&a.out);
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            copy_tokenizer(&a.policy, &dir)?;
-            let reference = std::fs::canonicalize(&a.policy)?;
-            let log_ratio = LogRatio {
-                beta: p.beta,
-                cumulative: false,
-                reference_logprob: None,
-                last_tokens: None,
-            };
-            RewardSpec::log_ratio(Some(reference), &a.separator, log_ratio).save(&dir)?;
-            match placement {
-                Placement::Cuda(ordinal) => PrimeModel::Gpu(stepwise_rl::learner::on_gpu(
-                    &a.policy,
-                    ordinal,
-                    a.device.max_batch_tokens,
-                )?),
-                _ => {
-                    let config = ModelConfig::from_dir(&a.policy)?;
-                    PrimeModel::Cpu(Box::new(Model::load_trainable(
-                        &a.policy,
-                        config,
-                        &prm_varmap,
-                        &dev,
-                        a.seed,
-                    )?))
-                }
-            }
-        }
+    let mut prm = match &prime {
+        Some(p) => implicit_prm(&a, p, placement, &prm_varmap)?,
         None => PrimeModel::None,
     };
-    let cfg = RlConfig {
-        updates: a.updates,
-        prompts_per_update: a.prompts,
-        group_size: a.group_size,
-        epochs: a.epochs,
-        minibatch_size: a.minibatch_size,
-        grad_accum: a.grad_accum,
-        lr: a.lr,
-        warmup: a.updates / 10,
-        kl_coef: a.kl,
-        clip: a.clip,
-        credit,
-        temperature: a.temperature,
-        max_new_tokens: a.max_tokens,
-        seed: a.seed,
-        checkpoint_every: a.checkpoint_every,
-        prime,
-        ..Default::default()
-    };
+    let cfg = rl_config(&a, credit, prime);
     let bar = crate::progress::bar(Some(a.updates as u64), "RL");
     let log = train_rl(
         RlRun {
@@ -307,6 +249,83 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     bar.finish_and_clear();
     stepwise_core::io::write_jsonl(a.out.join("rl_log.jsonl"), &log)?;
+    report(&a, &log);
+    Ok(())
+}
+
+/// The verifier of a `prm:DIR` or `orm:DIR` reward, loaded where the policy runs (`None` for
+/// `outcome` and `prime`).
+fn reward_verifier(a: &Args, placement: Placement) -> Result<Option<LoadedVerifier>> {
+    Ok(match a.reward.split_once(':') {
+        Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load_on(
+            &stepwise_model::hub::resolve(dir).with_context(|| format!("--reward {}", a.reward))?,
+            &a.layout,
+            placement,
+            default_precision(),
+        )?),
+        None if a.reward == "outcome" || a.reward == "prime" => None,
+        _ => bail!("--reward `{}`: use outcome, orm:DIR, prm:DIR or prime", a.reward),
+    })
+}
+
+/// PRIME's implicit PRM: it starts as the policy, and its folder is a log-ratio verifier against
+/// the starting policy, readable by `stepwise score` once the run has saved its weights.
+fn implicit_prm(a: &Args, p: &PrimeConfig, placement: Placement, prm_varmap: &VarMap) -> Result<PrimeModel> {
+    let dir = OnlinePrm::dir(&a.out);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    copy_tokenizer(&a.policy, &dir)?;
+    let reference = std::fs::canonicalize(&a.policy)?;
+    let log_ratio = LogRatio {
+        beta: p.beta,
+        cumulative: false,
+        reference_logprob: None,
+        last_tokens: None,
+    };
+    RewardSpec::log_ratio(Some(reference), &a.separator, log_ratio).save(&dir)?;
+    Ok(match placement {
+        Placement::Cuda(ordinal) => PrimeModel::Gpu(stepwise_rl::learner::on_gpu(
+            &a.policy,
+            ordinal,
+            a.device.max_batch_tokens,
+        )?),
+        _ => {
+            let config = ModelConfig::from_dir(&a.policy)?;
+            PrimeModel::Cpu(Box::new(Model::load_trainable(
+                &a.policy,
+                config,
+                prm_varmap,
+                &default_device(),
+                a.seed,
+            )?))
+        }
+    })
+}
+
+/// The run's settings from the command line.
+fn rl_config(a: &Args, credit: Credit, prime: Option<PrimeConfig>) -> RlConfig {
+    RlConfig {
+        updates: a.updates,
+        prompts_per_update: a.prompts,
+        group_size: a.group_size,
+        epochs: a.epochs,
+        minibatch_size: a.minibatch_size,
+        grad_accum: a.grad_accum,
+        lr: a.lr,
+        warmup: a.updates / 10,
+        kl_coef: a.kl,
+        clip: a.clip,
+        credit,
+        temperature: a.temperature,
+        max_new_tokens: a.max_tokens,
+        seed: a.seed,
+        checkpoint_every: a.checkpoint_every,
+        prime,
+        ..Default::default()
+    }
+}
+
+/// The training curves plotted into OUT/rl.* and the last update's figures on stderr.
+fn report(a: &Args, log: &[stepwise_rl::UpdateLog]) {
     let series = |f: &dyn Fn(&stepwise_rl::UpdateLog) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
         vec![(a.reward.clone(), log.iter().map(|l| (l.update as f64, f(l))).collect())]
     };
@@ -343,7 +362,6 @@ pub fn run(a: Args) -> Result<()> {
         last.updated_tokens,
         a.out.display()
     );
-    Ok(())
 }
 
 /// PRIME's implicit PRM as loaded: a candle model on the CPU, or a learner on a GPU.

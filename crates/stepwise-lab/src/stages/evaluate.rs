@@ -199,33 +199,172 @@ pub fn evaluate(
     rollouts: usize,
 ) -> Result<Report> {
     use verifier::*;
-    // Candidates grouped by problem, each ranked by one verifier's step scores.
-    let groups = group_candidates(scored, Some(PRM_MC), Some(ORM))?;
-    let groups_or = group_candidates(scored, Some(PRM_ORACLE), Some(ORM))?;
-    let groups_pol = group_candidates(scored, Some(POLICY_CONFIDENCE), Some(ORM))?;
-    // The judge as a generative verifier, and the PRM on its oracle labels, when there is one.
-    let has_judge = scored.first().is_some_and(|s| s.scores_of(JUDGE).is_some());
-    let (groups_judge, groups_budget) = if has_judge {
-        (
-            group_candidates(scored, Some(JUDGE), Some(ORM))?,
-            group_candidates(scored, Some(PRM_JUDGE_BUDGET), Some(ORM))?,
-        )
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    let has_calculator = scored.first().is_some_and(|s| s.scores_of(JUDGE_CALCULATOR).is_some());
-    let groups_calculator = if has_calculator {
-        group_candidates(scored, Some(JUDGE_CALCULATOR), Some(ORM))?
-    } else {
-        Vec::new()
-    };
-    // What the verifiers' base knows before any label, when they have one.
-    let has_base = scored.first().is_some_and(|s| s.scores_of(BASE_CONFIDENCE).is_some());
-    let groups_base = if has_base {
-        group_candidates(scored, Some(BASE_CONFIDENCE), Some(ORM))?
-    } else {
-        Vec::new()
-    };
+    let groups = Groups::of(scored)?;
+    let mut ns = vec![1];
+    while ns.last().unwrap() * 2 <= p.evaluation.samples {
+        ns.push(ns.last().unwrap() * 2);
+    }
+    let methods = groups.methods();
+    let draws = 32;
+    let bon: Vec<Curve> = methods
+        .iter()
+        .map(|(name, g, how)| curve(name, g, *how, &ns, draws, seed))
+        .collect();
+    let by_family = by_family(&families(scored), &methods, p.evaluation.samples, draws, seed);
+    let (s_mc, s_or) = (scores_by(scored, PRM_MC), scores_by(scored, PRM_ORACLE));
+    let calib = vec![
+        ("PRM-MC".to_string(), calibration(&step_pairs(scored, &s_mc), 10)),
+        ("PRM-oracle".to_string(), calibration(&step_pairs(scored, &s_or), 10)),
+    ];
+    let paired = paired_bon(p, seed, scored, &methods)?;
+    let correct: Vec<&Solution> = scored.iter().filter(|s| s.correct == Some(true)).collect();
+    let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
+    let labelled_steps = mc.iter().map(|s| s.steps.len()).sum::<usize>().max(1);
+    Ok(Report {
+        preset: p.name.clone(),
+        domain: p.domain.name().to_string(),
+        seed,
+        verifiers: p.verifier_summary(),
+        eval_problems,
+        eval_samples: p.evaluation.samples,
+        policy_accuracy: correct.len() as f64 / scored.len().max(1) as f64,
+        lucky_correct_rate: lucky as f64 / correct.len().max(1) as f64,
+        bon,
+        by_family,
+        processbench: processbench_rows(scored, &groups),
+        discrimination: groups.discrimination(scored),
+        mc_label_quality: mc_label_quality(mc, oracle),
+        rollouts_per_step: rollouts as f64 / labelled_steps as f64,
+        calibration: calib,
+        plots: Vec::new(),
+        labels: Default::default(),
+        search: None,
+        rl: None,
+        paired,
+        generative: None,
+        studio: None,
+    })
+}
+
+/// The evaluation samples grouped by problem, each group ranked by one verifier: those every
+/// run has, and those present only where the preset made them.
+struct Groups {
+    mc: Ranked,
+    oracle: Ranked,
+    policy: Ranked,
+    /// The judge as a generative verifier, and the PRM on its oracle labels.
+    judge: Option<(Ranked, Ranked)>,
+    calculator: Option<Ranked>,
+    /// What the verifiers' base knows before any label, when they have one.
+    base: Option<Ranked>,
+}
+
+/// Candidates grouped by problem, scored by one verifier.
+type Ranked = Vec<Vec<Candidate>>;
+
+/// A best-of-N method: its name, the candidates it ranks (scored by which verifier) and how it
+/// selects.
+type BonMethod<'g> = (String, &'g [Vec<Candidate>], Method);
+
+impl Groups {
+    fn of(scored: &[Solution]) -> Result<Self> {
+        use verifier::*;
+        let by = |name: &str| group_candidates(scored, Some(name), Some(ORM));
+        let present = |name: &str| scored.first().is_some_and(|s| s.scores_of(name).is_some());
+        let if_present = |name: &str| present(name).then(|| by(name)).transpose();
+        Ok(Groups {
+            mc: by(PRM_MC)?,
+            oracle: by(PRM_ORACLE)?,
+            policy: by(POLICY_CONFIDENCE)?,
+            judge: match if_present(JUDGE)? {
+                Some(judge) => Some((judge, by(PRM_JUDGE_BUDGET)?)),
+                None => None,
+            },
+            calculator: if_present(JUDGE_CALCULATOR)?,
+            base: if_present(BASE_CONFIDENCE)?,
+        })
+    }
+
+    /// Every best-of-N method the run has.
+    fn methods(&self) -> Vec<BonMethod<'_>> {
+        let min = Some(Selector::Prm(Aggregation::Min));
+        let mut methods: Vec<BonMethod> = Aggregation::ALL
+            .iter()
+            .map(|a| (format!("PRM-MC ({})", a.name()), &self.mc[..], Some(Selector::Prm(*a))))
+            .collect();
+        let vote = Some(Selector::PrmVote(Aggregation::Min));
+        methods.extend([
+            ("PRM-MC weighted vote".to_string(), &self.mc[..], vote),
+            ("PRM-oracle (min)".to_string(), &self.oracle[..], min),
+            ("PRM-oracle weighted vote".to_string(), &self.oracle[..], vote),
+            ("ORM".to_string(), &self.mc[..], Some(Selector::Orm)),
+            // A baseline, not a verifier: the policy's confidence in each written result, min over steps.
+            ("policy confidence (min)".to_string(), &self.policy[..], min),
+        ]);
+        if let Some(base) = &self.base {
+            methods.push(("verifiers' base confidence (min)".to_string(), &base[..], min));
+        }
+        if let Some((judge, budget)) = &self.judge {
+            methods.push((JUDGE_METHOD.to_string(), &judge[..], min));
+            methods.push((BUDGET_METHOD.to_string(), &budget[..], min));
+        }
+        if let Some(calculator) = &self.calculator {
+            methods.push((CALCULATOR_METHOD.to_string(), &calculator[..], min));
+        }
+        methods.extend([
+            ("majority vote".to_string(), &self.mc[..], Some(Selector::Majority)),
+            ("pass@N".to_string(), &self.mc[..], None),
+        ]);
+        methods
+    }
+
+    /// Ranking quality by verifier (PRMs ranked by their min step score, and their step scores
+    /// against the oracle's step labels).
+    fn discrimination(&self, scored: &[Solution]) -> Vec<(String, Discrimination)> {
+        use verifier::*;
+        let labels: Vec<Vec<Option<bool>>> = scored
+            .iter()
+            .map(|s| {
+                s.steps
+                    .iter()
+                    .map(|st| st.label.as_ref().map(|l| l.is_good()))
+                    .collect()
+            })
+            .collect();
+        let ranked = |groups: &[Vec<Candidate>], by: &dyn Fn(&Candidate) -> f32| -> Vec<Vec<(f32, bool)>> {
+            groups
+                .iter()
+                .map(|g| g.iter().map(|c| (by(c), c.correct)).collect())
+                .collect()
+        };
+        let by_min = |c: &Candidate| aggregate(&c.step_scores, Aggregation::Min);
+        let steps = |name: &str, groups: &[Vec<Candidate>]| {
+            discrimination(Some((&scores_by(scored, name), &labels)), &ranked(groups, &by_min))
+        };
+        let mut rows = vec![
+            ("PRM-MC".to_string(), steps(PRM_MC, &self.mc)),
+            ("PRM-oracle".to_string(), steps(PRM_ORACLE, &self.oracle)),
+            (
+                "ORM".to_string(),
+                discrimination(None, &ranked(&self.mc, &|c| c.outcome_score)),
+            ),
+            (
+                "policy confidence (diagnostic)".to_string(),
+                steps(POLICY_CONFIDENCE, &self.policy),
+            ),
+        ];
+        if let Some(base) = &self.base {
+            rows.push((
+                "verifiers' base confidence (diagnostic)".to_string(),
+                steps(BASE_CONFIDENCE, base),
+            ));
+        }
+        rows
+    }
+}
+
+/// Each problem's family, in the order problems first appear.
+fn families(scored: &[Solution]) -> Vec<String> {
     let mut families: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for s in scored {
@@ -239,104 +378,38 @@ pub fn evaluate(
             );
         }
     }
-    let (s_mc, s_or, s_policy) = (
-        scores_by(scored, PRM_MC),
-        scores_by(scored, PRM_ORACLE),
-        scores_by(scored, POLICY_CONFIDENCE),
-    );
-    let (s_mc, s_or, s_policy) = (&s_mc[..], &s_or[..], &s_policy[..]);
-    let mut ns = vec![1];
-    while ns.last().unwrap() * 2 <= p.evaluation.samples {
-        ns.push(ns.last().unwrap() * 2);
-    }
-    // Every best-of-N method: its name, the candidates it ranks (scored by which verifier) and
-    // how it selects.
-    let mut methods: Vec<(String, &[Vec<Candidate>], Method)> = Aggregation::ALL
-        .iter()
-        .map(|a| (format!("PRM-MC ({})", a.name()), &groups[..], Some(Selector::Prm(*a))))
-        .collect();
-    methods.extend([
-        (
-            "PRM-MC weighted vote".to_string(),
-            &groups[..],
-            Some(Selector::PrmVote(Aggregation::Min)),
-        ),
-        (
-            "PRM-oracle (min)".to_string(),
-            &groups_or[..],
-            Some(Selector::Prm(Aggregation::Min)),
-        ),
-        (
-            "PRM-oracle weighted vote".to_string(),
-            &groups_or[..],
-            Some(Selector::PrmVote(Aggregation::Min)),
-        ),
-        ("ORM".to_string(), &groups[..], Some(Selector::Orm)),
-        // A baseline, not a verifier: the policy's confidence in each written result, min over steps.
-        (
-            "policy confidence (min)".to_string(),
-            &groups_pol[..],
-            Some(Selector::Prm(Aggregation::Min)),
-        ),
-    ]);
-    if has_base {
-        methods.push((
-            "verifiers' base confidence (min)".to_string(),
-            &groups_base[..],
-            Some(Selector::Prm(Aggregation::Min)),
-        ));
-    }
-    if has_judge {
-        methods.extend([
-            (
-                JUDGE_METHOD.to_string(),
-                &groups_judge[..],
-                Some(Selector::Prm(Aggregation::Min)),
-            ),
-            (
-                BUDGET_METHOD.to_string(),
-                &groups_budget[..],
-                Some(Selector::Prm(Aggregation::Min)),
-            ),
-        ]);
-    }
-    if has_calculator {
-        methods.push((
-            CALCULATOR_METHOD.to_string(),
-            &groups_calculator[..],
-            Some(Selector::Prm(Aggregation::Min)),
-        ));
-    }
-    methods.extend([
-        ("majority vote".to_string(), &groups[..], Some(Selector::Majority)),
-        ("pass@N".to_string(), &groups[..], None),
-    ]);
-    let draws = 32;
-    let bon: Vec<Curve> = methods
-        .iter()
-        .map(|(name, g, how)| curve(name, g, *how, &ns, draws, seed))
-        .collect();
-    let by_family = by_family(&families, &methods, p.evaluation.samples, draws, seed);
+    families
+}
 
+/// First-error localisation (ProcessBench's metric, threshold 0.5) by verifier.
+fn processbench_rows(scored: &[Solution], groups: &Groups) -> Vec<(String, ProcessBenchScore)> {
+    use verifier::*;
     let truth: Vec<Option<usize>> = scored.iter().map(|s| s.first_error()).collect();
-    let pb = |scores: &[Vec<f32>]| {
+    let pb = |name: &str| {
         score(
-            &scores
+            &scores_by(scored, name)
                 .iter()
                 .zip(&truth)
                 .map(|(s, t)| (predict_first_error(s, 0.5), *t))
                 .collect::<Vec<_>>(),
         )
     };
-    let mut processbench = vec![("PRM-MC".to_string(), pb(s_mc)), ("PRM-oracle".to_string(), pb(s_or))];
-    if has_judge {
-        processbench.push((JUDGE_METHOD.into(), pb(&scores_by(scored, JUDGE))));
-        processbench.push((BUDGET_METHOD.into(), pb(&scores_by(scored, PRM_JUDGE_BUDGET))));
+    let mut rows = vec![
+        ("PRM-MC".to_string(), pb(PRM_MC)),
+        ("PRM-oracle".to_string(), pb(PRM_ORACLE)),
+    ];
+    if groups.judge.is_some() {
+        rows.push((JUDGE_METHOD.into(), pb(JUDGE)));
+        rows.push((BUDGET_METHOD.into(), pb(PRM_JUDGE_BUDGET)));
     }
-    if has_calculator {
-        processbench.push((CALCULATOR_METHOD.into(), pb(&scores_by(scored, JUDGE_CALCULATOR))));
+    if groups.calculator.is_some() {
+        rows.push((CALCULATOR_METHOD.into(), pb(JUDGE_CALCULATOR)));
     }
+    rows
+}
 
+/// Monte Carlo labels of the annotation set against the oracle's, step by step.
+fn mc_label_quality(mc: &[Solution], oracle: &[Solution]) -> LabelQuality {
     let mut pairs = Vec::new();
     for (m, o) in mc.iter().zip(oracle) {
         for (a, b) in m.steps.iter().zip(&o.steps) {
@@ -345,94 +418,21 @@ pub fn evaluate(
             }
         }
     }
-    let mc_label_quality = label_quality(&pairs, 0.0);
-    let labelled_steps = mc.iter().map(|s| s.steps.len()).sum::<usize>().max(1);
+    label_quality(&pairs, 0.0)
+}
 
-    let step_pairs = |scores: &[Vec<f32>]| -> Vec<(f32, bool)> {
-        scored
-            .iter()
-            .zip(scores)
-            .flat_map(|(s, sc)| {
-                s.steps
-                    .iter()
-                    .zip(sc)
-                    .filter_map(|(st, &x)| st.label.as_ref().map(|l| (x, l.is_good())))
-            })
-            .collect()
-    };
-    let calib = vec![
-        ("PRM-MC".to_string(), calibration(&step_pairs(s_mc), 10)),
-        ("PRM-oracle".to_string(), calibration(&step_pairs(s_or), 10)),
-    ];
-
-    let labels: Vec<Vec<Option<bool>>> = scored
+/// `(score, oracle says good)` for every labelled step of the evaluation samples.
+fn step_pairs(scored: &[Solution], scores: &[Vec<f32>]) -> Vec<(f32, bool)> {
+    scored
         .iter()
-        .map(|s| {
+        .zip(scores)
+        .flat_map(|(s, sc)| {
             s.steps
                 .iter()
-                .map(|st| st.label.as_ref().map(|l| l.is_good()))
-                .collect()
+                .zip(sc)
+                .filter_map(|(st, &x)| st.label.as_ref().map(|l| (x, l.is_good())))
         })
-        .collect();
-    let ranked = |groups: &[Vec<Candidate>], by: &dyn Fn(&Candidate) -> f32| -> Vec<Vec<(f32, bool)>> {
-        groups
-            .iter()
-            .map(|g| g.iter().map(|c| (by(c), c.correct)).collect())
-            .collect()
-    };
-    let by_min = |c: &Candidate| aggregate(&c.step_scores, Aggregation::Min);
-    let mut discrimination = vec![
-        (
-            "PRM-MC".to_string(),
-            discrimination(Some((s_mc, &labels)), &ranked(&groups, &by_min)),
-        ),
-        (
-            "PRM-oracle".to_string(),
-            discrimination(Some((s_or, &labels)), &ranked(&groups_or, &by_min)),
-        ),
-        (
-            "ORM".to_string(),
-            discrimination(None, &ranked(&groups, &|c| c.outcome_score)),
-        ),
-        (
-            "policy confidence (diagnostic)".to_string(),
-            discrimination(Some((s_policy, &labels)), &ranked(&groups_pol, &by_min)),
-        ),
-    ];
-    if has_base {
-        let s_base = scores_by(scored, BASE_CONFIDENCE);
-        let base = stepwise_eval::ranking::discrimination(Some((&s_base, &labels)), &ranked(&groups_base, &by_min));
-        discrimination.push(("verifiers' base confidence (diagnostic)".to_string(), base));
-    }
-
-    let paired = paired_bon(p, seed, scored, &methods)?;
-
-    let correct: Vec<&Solution> = scored.iter().filter(|s| s.correct == Some(true)).collect();
-    let lucky = correct.iter().filter(|s| s.first_error().is_some()).count();
-    Ok(Report {
-        preset: p.name.clone(),
-        domain: p.domain.name().to_string(),
-        seed,
-        verifiers: p.verifier_summary(),
-        eval_problems,
-        eval_samples: p.evaluation.samples,
-        policy_accuracy: correct.len() as f64 / scored.len().max(1) as f64,
-        lucky_correct_rate: lucky as f64 / correct.len().max(1) as f64,
-        bon,
-        by_family,
-        processbench,
-        discrimination,
-        mc_label_quality,
-        rollouts_per_step: rollouts as f64 / labelled_steps as f64,
-        calibration: calib,
-        plots: Vec::new(),
-        labels: Default::default(),
-        search: None,
-        rl: None,
-        paired,
-        generative: None,
-        studio: None,
-    })
+        .collect()
 }
 
 /// The judge's best-of-N method and ProcessBench row.

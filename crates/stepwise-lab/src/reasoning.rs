@@ -1,0 +1,531 @@
+//! The reasoning loop (arithmetic or code), stage by stage ([`run`]): policy, samples, step
+//! labels by every annotator, verifiers, scoring, evaluation, search and RL, in a run folder
+//! that remembers its settings ([`crate::run`]).
+
+use crate::oracle::LabTask;
+use crate::preset::{Completer, McLabels, Preset};
+use crate::report::write_report;
+use crate::run::{claim_run_folder, join_base, LabOptions};
+use crate::splits::splits;
+use crate::stages::evaluate::{verifier, Report};
+use crate::stages::{annotate, policy, rl, sample, verifiers::Verifiers, write_jsonl};
+use crate::task::{oracle_labelled, Domain, LabProblem};
+use crate::vocab;
+use anyhow::{Context, Result};
+use stepwise_core::seams::{score_solutions, Spent};
+use stepwise_core::Solution;
+use stepwise_label::{BinarySearch, McOptions, MonteCarlo, OmegaOptions, OmegaPrm};
+use stepwise_model::{EnginePolicy, Model, Tokenizer};
+
+/// Run the whole loop on a reasoning domain (arithmetic or code); returns the report (also
+/// written to the run folder).
+pub fn run(o: &LabOptions) -> Result<Report> {
+    let p = &o.preset;
+    check_reasoning_preset(p)?;
+    // One process per run folder.
+    let _lock = open_run_folder(o)?;
+    let tok = vocab::tokenizer(p.domain)?;
+    let sp = splits(p, o.seed);
+    let held_out_first = sp.eval.iter().chain(&sp.label).map(LabProblem::problem);
+    write_jsonl(&o.out.join("problems.jsonl"), &held_out_first.collect::<Vec<_>>())?;
+    let task = LabTask::new(sp.label.iter().chain(&sp.eval).chain(&sp.search));
+
+    // 1. Policy: next-token LM on reference solutions, some with a slip. Beside it, the
+    //    verifiers' own base LM when they have one: a training keeps about one core busy, and
+    //    nothing needs the base before the annotation (when it completes the rollouts) or the
+    //    judge.
+    let base_training = spawn_base_training(o, &sp.policy);
+    let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
+    let lab_policy = policy::lab_policy(&policy_model, &tok, p.policy.temperature);
+
+    // 2. Samples for annotation and for evaluation (shared-prefix KV cache).
+    let (label_sols, eval_sols) = sample_sets(o, &sp, &lab_policy)?;
+
+    // The verifiers' base is needed now when it completes the rollouts, else by the judge.
+    let (early_base, base_training) = match p.annotation.completer {
+        Completer::VerifierBase => (join_base(base_training)?, None),
+        Completer::Policy => (None, base_training),
+    };
+    let completer_policy = policy::lab_policy(early_base.as_ref().unwrap_or(&policy_model), &tok, p.policy.temperature);
+
+    // 3. Step labels: Monte Carlo rollouts, binary search, OmegaPRM, and the oracle.
+    let labels = annotate_all(o, &completer_policy, &task, &label_sols)?;
+
+    // 3a. The model the verifiers and the judge start from: the policy, or their own base LM.
+    let base_model = match early_base {
+        Some(base) => Some(base),
+        None => join_base(base_training)?,
+    };
+    let base = base_model.as_ref().unwrap_or(&policy_model);
+
+    // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
+    //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
+    //     Qwen2.5-Math-PRM recipe).
+    let (mc_train, omega_train) = labels.training_sets(p);
+    let judged = (p.judge.solutions > 0)
+        .then(|| crate::stages::judge::judge_stage(&o.out, p, o.seed, &tok, &label_sols, &labels.oracle, &mc_train))
+        .transpose()?;
+
+    // 4. Verifiers, same code and budget: a PRM on each label source, and an ORM.
+    let verifiers = Verifiers {
+        preset: p,
+        out: &o.out,
+        base,
+        base_dir: p.verifier_start_dir(),
+        tok: &tok,
+        seed: o.seed,
+    };
+    let jobs = TrainingSets {
+        mc: &mc_train,
+        oracle: &labels.oracle,
+        binary_search: &labels.bs,
+        omegaprm: &omega_train,
+        outcomes: &label_sols,
+        judged: judged.as_ref(),
+    }
+    .jobs();
+    let models = train_verifiers(&verifiers, &jobs)?;
+
+    // 5. Score the evaluation samples (oracle-labelled) with every verifier, the policy's own
+    //    confidence as a baseline, the judges; 5b. human labels in the studio.
+    let mut scored: Vec<Solution> = eval_sols.iter().map(oracle_labelled).collect();
+    score_with_verifiers(&verifiers, &jobs, &models, &mut scored)?;
+    let more = MoreScorers {
+        policy: &policy_model,
+        base: base_model.as_ref(),
+        judged: judged.as_ref(),
+        verifiers: &verifiers,
+        label_sols: &label_sols,
+        oracle: &labels.oracle,
+    };
+    let (generative, studio) = more.score(o, &tok, &mut scored)?;
+    write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
+
+    // 6. Evaluate.
+    let (mc, oracle, rollouts) = (&labels.mc, &labels.oracle, labels.mc_spent.rollouts);
+    let mut report = crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, mc, oracle, rollouts)?;
+    report.generative = generative;
+    report.studio = studio;
+    report.labels = labels.compared(o, &scored, &task, judged.as_ref())?;
+
+    // 7. Test-time search and 8. RL, with the PRMs and the ORM.
+    let trained = Trained::of(&jobs, &models);
+    search_and_rl(o, &verifiers, &trained, &lab_policy, &task, &sp, &scored, &mut report)?;
+
+    // 9. Report.
+    write_report(&o.out, &report)?;
+    Ok(report)
+}
+
+/// Makes the run folder, takes its lock (one process a folder) and checks that it was started
+/// with these settings.
+fn open_run_folder(o: &LabOptions) -> Result<stepwise_core::journal::Claim> {
+    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
+    let lock = stepwise_core::journal::lock(&o.out.join("run"))?;
+    claim_run_folder(&o.out, &o.preset, o.seed)?;
+    Ok(lock)
+}
+
+/// Stage 2: the policy's samples for annotation and for evaluation (shared-prefix KV cache).
+fn sample_sets(
+    o: &LabOptions,
+    sp: &crate::splits::Splits,
+    policy: &EnginePolicy,
+) -> Result<(Vec<Solution>, Vec<Solution>)> {
+    let p = &o.preset;
+    let sample = |path: &str, what: &str, problems: &[LabProblem], n: usize, seed: u64| {
+        sample::sample_stage(&o.out.join(path), what, problems, n, policy, seed)
+    };
+    Ok((
+        sample(
+            "samples_label.jsonl",
+            "sampling (label set)",
+            &sp.label,
+            p.annotation.samples,
+            o.seed ^ 2,
+        )?,
+        sample(
+            "samples_eval.jsonl",
+            "sampling (eval set)",
+            &sp.eval,
+            p.evaluation.samples,
+            o.seed ^ 3,
+        )?,
+    ))
+}
+
+/// The verifiers' own base LM trained on a thread of its own, when the preset gives them one.
+fn spawn_base_training(o: &LabOptions, problems: &[LabProblem]) -> Option<std::thread::JoinHandle<Result<Model>>> {
+    let p = &o.preset;
+    (p.verifiers.base_steps > 0).then(|| {
+        let (dir, p, seed, problems) = (o.out.join(p.verifier_start_dir()), p.clone(), o.seed, problems.to_vec());
+        std::thread::spawn(move || {
+            crate::stages::on_own_thread(|| {
+                policy::train_verifier_base(&dir, &p, seed, &problems, &vocab::tokenizer(p.domain)?)
+            })
+        })
+    })
+}
+
+/// What scores the evaluation samples besides the trained verifiers.
+struct MoreScorers<'a> {
+    policy: &'a Model,
+    base: Option<&'a Model>,
+    judged: Option<&'a crate::stages::judge::Judged>,
+    verifiers: &'a Verifiers<'a>,
+    label_sols: &'a [Solution],
+    oracle: &'a [Solution],
+}
+
+impl MoreScorers<'_> {
+    /// The policy's confidence as a baseline, the judges, the verifiers' base's confidence, and
+    /// (5b) the PRMs of human labels in the studio (simulated labellers through its HTTP API,
+    /// by selection policy): each scores `scored`.
+    fn score(
+        &self,
+        o: &LabOptions,
+        tok: &Tokenizer,
+        scored: &mut [Solution],
+    ) -> Result<(
+        Option<crate::stages::evaluate::Generative>,
+        Option<crate::stages::studio::StudioReport>,
+    )> {
+        let p = &o.preset;
+        let confidence = |model, name, scored: &mut [Solution]| {
+            let confidence = crate::confidence::PolicyConfidence { model, tok };
+            score_solutions(&confidence, name, scored, 64, |_| {})
+        };
+        confidence(self.policy, verifier::POLICY_CONFIDENCE, scored)?;
+        let generative = self.judged.map(|j| score_with_judges(o, tok, j, scored)).transpose()?;
+        if let Some(model) = self.base {
+            confidence(model, verifier::BASE_CONFIDENCE, scored)?;
+        }
+        let studio = (p.studio.generations > 0)
+            .then(|| {
+                let inputs = crate::stages::studio::StudioInputs {
+                    preset: p,
+                    seed: o.seed,
+                    out: &o.out,
+                    verifiers: self.verifiers,
+                    pool: self.label_sols,
+                    oracle: self.oracle,
+                };
+                crate::stages::studio::studio_stage(&inputs, scored)
+            })
+            .transpose()?;
+        Ok((generative, studio))
+    }
+}
+
+/// Refuses a preset the reasoning loop cannot run.
+fn check_reasoning_preset(p: &Preset) -> Result<()> {
+    anyhow::ensure!(
+        p.domain != Domain::Agent,
+        "the agent domain runs a loop of its own: stepwise_lab::agent::run (or run_domain)"
+    );
+    anyhow::ensure!(
+        p.annotation.completer == Completer::Policy || p.verifiers.base_steps > 0,
+        "completer=verifier_base needs the verifiers' base: set verifier_base_steps above 0, or completer=policy"
+    );
+    Ok(())
+}
+
+/// The label samples' step labels by each annotator, with the rollouts each spent.
+struct Labels {
+    mc: Vec<Solution>,
+    mc_spent: Spent,
+    oracle: Vec<Solution>,
+    bs: Vec<Solution>,
+    bs_spent: Spent,
+    omega: Vec<Solution>,
+    omega_spent: Spent,
+    /// The OmegaPRM tree's completed rollouts, labelled beside the samples.
+    omega_new: Vec<Solution>,
+}
+
+impl Labels {
+    /// What PRM-MC and PRM-omegaprm train on: the MC labels (hard or soft, as the preset says),
+    /// and the tree's labels on the samples (and on its new solutions), hard as PRM-MC's are.
+    fn training_sets(&self, p: &Preset) -> (Vec<Solution>, Vec<Solution>) {
+        let mc = match p.annotation.mc_labels {
+            McLabels::Hard => self.mc.iter().map(annotate::hard_mc).collect(),
+            McLabels::Soft => self.mc.clone(),
+        };
+        let new_in_training = if p.annotation.omegaprm_train_on_new {
+            &self.omega_new[..]
+        } else {
+            &[]
+        };
+        let omega = self
+            .omega
+            .iter()
+            .chain(new_in_training)
+            .map(annotate::hard_mc)
+            .collect();
+        (mc, omega)
+    }
+
+    /// The label sources compared (the report's labels section).
+    fn compared(
+        &self,
+        o: &LabOptions,
+        scored: &[Solution],
+        task: &LabTask,
+        judged: Option<&crate::stages::judge::Judged>,
+    ) -> Result<crate::stages::labels::Labels> {
+        crate::stages::labels::label_sources(&crate::stages::labels::SourceInputs {
+            preset: &o.preset,
+            seed: o.seed,
+            scored,
+            oracle: &self.oracle,
+            task,
+            mc: (&self.mc, self.mc_spent),
+            binary_search: (&self.bs, self.bs_spent),
+            omegaprm: (&self.omega, self.omega_spent),
+            omegaprm_new: &self.omega_new,
+            judged,
+        })
+    }
+}
+
+/// Stage 3: Monte Carlo rollouts, binary search for the first error and OmegaPRM's tree label
+/// `label_sols` with `completer`'s rollouts (each resumable), and the oracle labels them too.
+fn annotate_all(o: &LabOptions, completer: &EnginePolicy, task: &LabTask, label_sols: &[Solution]) -> Result<Labels> {
+    let p = &o.preset;
+    // The same rollout seeds for every annotator, so a prefix two probe gets the same rollouts.
+    let options = McOptions {
+        rollouts: p.annotation.rollouts,
+        seed: o.seed ^ 4,
+    };
+    let mc_annotator = MonteCarlo {
+        policy: completer,
+        task,
+        options: options.clone(),
+    };
+    let (mc, mc_spent) = annotate::label_stage(
+        &o.out.join("labels_mc.jsonl"),
+        label_sols,
+        &mc_annotator,
+        "annotating (MC)",
+    )?;
+    let oracle: Vec<Solution> = label_sols.iter().map(oracle_labelled).collect();
+    write_jsonl(&o.out.join("labels_oracle.jsonl"), &oracle)?;
+    // The same samples by binary search for the first error (OmegaPRM).
+    let bs_annotator = BinarySearch {
+        policy: completer,
+        task,
+        options: options.clone(),
+    };
+    let (bs, bs_spent) = annotate::label_stage(
+        &o.out.join("labels_binary_search.jsonl"),
+        label_sols,
+        &bs_annotator,
+        "annotating (binary search)",
+    )?;
+    // And by OmegaPRM: the same bisection over one rollout tree per problem, its 8 samples the
+    // root's first rollouts (labels compared on the samples; the tree's rollouts counted).
+    let omega_annotator = OmegaPrm {
+        policy: completer,
+        task,
+        options: OmegaOptions {
+            rollouts: options.rollouts,
+            search_limit: p.annotation.omegaprm_search_limit,
+            seed: options.seed,
+            ..Default::default()
+        },
+    };
+    let omega_path = o.out.join("labels_omegaprm.jsonl");
+    let (omega, omega_spent) =
+        annotate::label_stage(&omega_path, label_sols, &omega_annotator, "annotating (OmegaPRM tree)")?;
+    let omega_new: Vec<Solution> =
+        stepwise_core::io::read_solutions(&omega_path, Some(stepwise_core::Format::Stepwise))?
+            .into_iter()
+            .filter(|s| s.meta.contains_key("omegaprm_rollout"))
+            .collect();
+    Ok(Labels {
+        mc,
+        mc_spent,
+        oracle,
+        bs,
+        bs_spent,
+        omega,
+        omega_spent,
+        omega_new,
+    })
+}
+
+/// What each verifier trains on.
+struct TrainingSets<'a> {
+    mc: &'a [Solution],
+    oracle: &'a [Solution],
+    binary_search: &'a [Solution],
+    omegaprm: &'a [Solution],
+    /// The label samples, for the ORM (their outcomes).
+    outcomes: &'a [Solution],
+    judged: Option<&'a crate::stages::judge::Judged>,
+}
+
+/// A verifier to train: its folder (and metrics name), what it is called in progress, its
+/// training set, and whether it is an ORM.
+type Job<'a> = (&'static str, &'static str, &'a [Solution], bool);
+
+impl<'a> TrainingSets<'a> {
+    /// Stage 4's verifiers: a PRM on each label source, and an ORM.
+    fn jobs(&self) -> Vec<Job<'a>> {
+        let mut jobs: Vec<Job<'a>> = vec![
+            (verifier::PRM_MC, "PRM-MC", self.mc, false),
+            (verifier::PRM_ORACLE, "PRM-oracle", self.oracle, false),
+            (
+                verifier::PRM_BINARY_SEARCH,
+                "PRM-binary-search",
+                self.binary_search,
+                false,
+            ),
+            (verifier::PRM_OMEGAPRM, "PRM-omegaprm", self.omegaprm, false),
+            (verifier::ORM, "ORM", self.outcomes, true),
+        ];
+        if let Some(j) = self.judged {
+            jobs.push((verifier::PRM_JUDGE, "PRM-judge", &j.labels, false));
+            jobs.push((verifier::PRM_CONSENSUS, "PRM-consensus", &j.consensus, false));
+            // A PRM on exactly the judge's oracle labels: the two kinds of verifier at equal labels.
+            jobs.push((
+                verifier::PRM_JUDGE_BUDGET,
+                "PRM-oracle (judge's budget)",
+                &j.human,
+                false,
+            ));
+        }
+        jobs
+    }
+}
+
+/// Stage 4: the verifiers trained at once (one training keeps about one core busy, its small ops
+/// running one after another; each is seeded on its own, so the weights are those of one at a
+/// time), one model a job.
+fn train_verifiers(verifiers: &Verifiers, jobs: &[Job]) -> Result<Vec<Model>> {
+    crate::stages::all_at_once(jobs, "training the verifiers", |&(dir, what, sols, outcome)| {
+        verifiers.train(dir, &format!("training {what}"), sols, outcome)
+    })
+}
+
+/// Stage 5: every trained verifier scores the evaluation samples.
+fn score_with_verifiers(verifiers: &Verifiers, jobs: &[Job], models: &[Model], scored: &mut [Solution]) -> Result<()> {
+    for (&(name, what, _, outcome), model) in jobs.iter().zip(models) {
+        verifiers.score(model, outcome, scored, name, &format!("scoring ({what})"))?;
+    }
+    Ok(())
+}
+
+/// The judge itself as a verifier (generative: it samples its verdicts), and the judge with a
+/// calculator (trained alike on the same oracle labels, reading each equation step's value)
+/// where the preset trains one: both score `scored`; what they wrote, per solution.
+fn score_with_judges(
+    o: &LabOptions,
+    tok: &Tokenizer,
+    j: &crate::stages::judge::Judged,
+    scored: &mut [Solution],
+) -> Result<crate::stages::evaluate::Generative> {
+    use crate::stages::judge::{calculator_calls, score_with_judge, train_judge};
+    let p = &o.preset;
+    let solutions = scored.len().max(1) as f64;
+    let tokens = score_with_judge(&j.model, false, p, o.seed, tok, scored, verifier::JUDGE)?;
+    // The calculator reads equations: the code domain has none (its judge reads programs).
+    let calculator = if p.judge.calculator && p.domain == Domain::Arithmetic {
+        let human: Vec<&Solution> = j.human.iter().collect();
+        let dir = o.out.join("judge_calculator");
+        let model = train_judge(&dir, &o.out.join(p.verifier_start_dir()), p, o.seed, &human, tok, true)?;
+        let tokens = score_with_judge(&model, true, p, o.seed, tok, scored, verifier::JUDGE_CALCULATOR)?;
+        let calls: usize = scored.iter().map(|s| calculator_calls(&s.step_strings())).sum();
+        Some(crate::stages::evaluate::CalculatorJudge {
+            tokens_per_solution: tokens as f64 / solutions,
+            calls_per_solution: calls as f64 / solutions,
+        })
+    } else {
+        None
+    };
+    Ok(crate::stages::evaluate::Generative {
+        labelled_solutions: j.human.len(),
+        samples: p.judge.samples,
+        tokens_per_solution: tokens as f64 / solutions,
+        calculator,
+    })
+}
+
+/// The verifiers search and RL use.
+struct Trained<'a> {
+    prm_mc: &'a Model,
+    prm_oracle: &'a Model,
+    orm: &'a Model,
+}
+
+impl<'a> Trained<'a> {
+    /// Picked from the verifiers trained (`models`, one a job).
+    fn of(jobs: &[Job], models: &'a [Model]) -> Self {
+        let model_of = |name: &str| &models[jobs.iter().position(|j| j.0 == name).expect("a trained verifier")];
+        Trained {
+            prm_mc: model_of(verifier::PRM_MC),
+            prm_oracle: model_of(verifier::PRM_ORACLE),
+            orm: model_of(verifier::ORM),
+        }
+    }
+}
+
+/// Stages 7 and 8, where the preset asks for them: test-time search guided by each PRM and the
+/// oracle at matched budgets, and RL against each reward source from the same policy with the
+/// same budget.
+#[allow(clippy::too_many_arguments)]
+fn search_and_rl(
+    o: &LabOptions,
+    verifiers: &Verifiers,
+    trained: &Trained,
+    lab_policy: &EnginePolicy,
+    task: &LabTask,
+    sp: &crate::splits::Splits,
+    scored: &[Solution],
+    report: &mut Report,
+) -> Result<()> {
+    let p = &o.preset;
+    if p.search.problems > 0 {
+        let dirs = (o.out.join("prm_mc"), o.out.join("prm_oracle"));
+        report.search = Some(crate::stages::search::search_stage(
+            &crate::stages::search::SearchInputs {
+                preset: p,
+                seed: o.seed,
+                out: &o.out,
+                policy: lab_policy,
+                task,
+                problems: &sp.search,
+                calibration: scored,
+                prms: [
+                    (verifier::PRM_MC, verifiers.scorer(trained.prm_mc, false), &dirs.0),
+                    (
+                        verifier::PRM_ORACLE,
+                        verifiers.scorer(trained.prm_oracle, false),
+                        &dirs.1,
+                    ),
+                ],
+            },
+        )?);
+    }
+    if p.rl.updates > 0 {
+        let (orm, prm_mc, prm_oracle) = (
+            verifiers.scorer(trained.orm, true),
+            verifiers.scorer(trained.prm_mc, false),
+            verifiers.scorer(trained.prm_oracle, false),
+        );
+        report.rl = Some(rl::rl_stage(&rl::RlInputs {
+            preset: p,
+            seed: o.seed,
+            out: &o.out,
+            policy: lab_policy.model,
+            tok: verifiers.tok,
+            task,
+            train: &sp.label,
+            eval: &sp.eval,
+            orm: &orm,
+            prm_mc: &prm_mc,
+            prm_oracle: &prm_oracle,
+        })?);
+    }
+    Ok(())
+}
