@@ -298,6 +298,13 @@ impl Model {
         Ok((values, width))
     }
 
+    /// Log-probabilities over the vocabulary `[rows.len()][vocab]` at positions `rows` of the
+    /// sequence `ids` ([`Model::vocab_logits`] through a log-softmax), on either engine.
+    pub fn vocab_logprobs(&self, ids: &[u32], rows: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let logits = self.vocab_logits(ids, rows)?;
+        Ok(candle_nn::ops::log_softmax(&logits, D::Minus1)?.to_vec2::<f32>()?)
+    }
+
     /// Head outputs for hidden states `[.., hidden]`: vocabulary logits or class logits.
     pub fn head_logits(&self, hidden: &Tensor) -> Result<Tensor> {
         self.on_cpu()?;

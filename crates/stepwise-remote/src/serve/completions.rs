@@ -11,7 +11,6 @@ use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use candle_core::D;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use stepwise_model::tokenizer::Message;
@@ -364,7 +363,7 @@ fn token_logprobs(
     }
     let all: Vec<u32> = prompt.iter().chain(generated).copied().collect();
     let rows: Vec<usize> = (prompt.len() - 1..prompt.len() - 1 + generated.len()).collect();
-    let logp = candle_nn::ops::log_softmax(&p.model.vocab_logits(&all, &rows)?, D::Minus1)?.to_vec2::<f32>()?;
+    let logp = p.model.vocab_logprobs(&all, &rows)?;
     generated
         .iter()
         .zip(logp)
