@@ -361,6 +361,57 @@ fn someone_else(rng: &mut impl Rng, name: &str) -> &'static str {
     others.choose(rng).expect("another person")
 }
 
+/// A chain story and its program: products, then additions and subtractions (`long`: three or
+/// four of them), half the time with a sentence about someone else the program must leave out.
+fn chain_story(
+    rng: &mut impl Rng,
+    long: bool,
+    (name, thing, cont): (&'static str, &'static str, &'static str),
+    quantity: &mut dyn FnMut(&mut dyn rand::RngCore) -> String,
+    next: &mut dyn FnMut() -> &'static str,
+) -> (String, Vec<String>) {
+    let (mut q, mut steps) = (String::new(), Vec::new());
+    let (a, b) = (quantity(rng), quantity(rng));
+    q.push_str(&format!("{name} has {a} {cont} of {b} {thing} ."));
+    let mut total = next();
+    steps.push(format!("{total} = {a} * {b}"));
+    let more = if long {
+        rng.random_range(3..5)
+    } else {
+        rng.random_range(1..3)
+    };
+    // Half the stories say what someone else gets or gives: a quantity the program must
+    // leave out (GSM-IC's irrelevant context).
+    let aside = rng.random_bool(0.5).then(|| rng.random_range(0..=more));
+    for i in 0..=more {
+        if aside == Some(i) {
+            let other = someone_else(rng, name);
+            let d = quantity(rng);
+            if rng.random_bool(0.5) {
+                q.push_str(&format!(" {other} gets {d} more {thing} ."));
+            } else {
+                q.push_str(&format!(" {other} gives away {d} {thing} ."));
+            }
+        }
+        if i == more {
+            break;
+        }
+        let c = quantity(rng);
+        let now = next();
+        if rng.random_bool(0.5) {
+            q.push_str(&format!(" {name} gets {c} more {thing} ."));
+            steps.push(format!("{now} = {total} + {c}"));
+        } else {
+            q.push_str(&format!(" {name} gives away {c} {thing} ."));
+            steps.push(format!("{now} = {total} - {c}"));
+        }
+        total = now;
+    }
+    q.push_str(&format!(" How many {thing} does {name} have now ?"));
+    steps.push(format!("return {total}"));
+    (q, steps)
+}
+
 /// A problem of the code domain: a story with symbols, its reference program and the values it
 /// returns (the gold answer).
 pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
@@ -387,76 +438,38 @@ pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
     };
     let mut results = RESULTS.iter();
     let mut next = || *results.next().expect("at most seven results");
-    let (mut q, mut steps) = (String::new(), Vec::new());
-    match family {
-        "chain" | "long" => {
-            let (a, b) = (quantity(rng), quantity(rng));
-            q.push_str(&format!("{name} has {a} {cont} of {b} {thing} ."));
-            let mut total = next();
-            steps.push(format!("{total} = {a} * {b}"));
-            let more = if family == "long" {
-                rng.random_range(3..5)
-            } else {
-                rng.random_range(1..3)
-            };
-            // Half the stories say what someone else gets or gives: a quantity the program must
-            // leave out (GSM-IC's irrelevant context).
-            let aside = rng.random_bool(0.5).then(|| rng.random_range(0..=more));
-            for i in 0..=more {
-                if aside == Some(i) {
-                    let other = someone_else(rng, name);
-                    let d = quantity(rng);
-                    if rng.random_bool(0.5) {
-                        q.push_str(&format!(" {other} gets {d} more {thing} ."));
-                    } else {
-                        q.push_str(&format!(" {other} gives away {d} {thing} ."));
-                    }
-                }
-                if i == more {
-                    break;
-                }
-                let c = quantity(rng);
-                let now = next();
-                if rng.random_bool(0.5) {
-                    q.push_str(&format!(" {name} gets {c} more {thing} ."));
-                    steps.push(format!("{now} = {total} + {c}"));
-                } else {
-                    q.push_str(&format!(" {name} gives away {c} {thing} ."));
-                    steps.push(format!("{now} = {total} - {c}"));
-                }
-                total = now;
-            }
-            q.push_str(&format!(" How many {thing} does {name} have now ?"));
-            steps.push(format!("return {total}"));
-        }
+    let (q, steps) = match family {
+        "chain" | "long" => chain_story(rng, family == "long", (name, thing, cont), &mut quantity, &mut next),
         "compare" => {
             let other = someone_else(rng, name);
             let (a, b, c, d) = (quantity(rng), quantity(rng), quantity(rng), quantity(rng));
-            q = format!(
+            let q = format!(
                 "{name} has {a} {cont} of {b} {thing} . {other} has {c} {cont} of {d} {thing} . Does {name} have more {thing} than {other} ?"
             );
             let (x, y, z) = (next(), next(), next());
-            steps.extend([
+            let steps = vec![
                 format!("{x} = {a} * {b}"),
                 format!("{y} = {c} * {d}"),
                 format!("{z} = {x} > {y}"),
                 format!("return {z}"),
-            ]);
+            ];
+            (q, steps)
         }
         _ => {
             let (a, b, extra) = (quantity(rng), quantity(rng), quantity(rng));
             let k = rng.random_range(3..8);
             constants.push(k);
-            q = format!("{name} has {a} {cont} of {b} {thing} and finds {extra} more . The {thing} are shared equally by {k} friends . How many {thing} are left over ?");
+            let q = format!("{name} has {a} {cont} of {b} {thing} and finds {extra} more . The {thing} are shared equally by {k} friends . How many {thing} are left over ?");
             let (x, y, z) = (next(), next(), next());
-            steps.extend([
+            let steps = vec![
                 format!("{x} = {a} * {b}"),
                 format!("{y} = {x} + {extra}"),
                 format!("{z} = {y} % {k}"),
                 format!("return {z}"),
-            ]);
+            ];
+            (q, steps)
         }
-    }
+    };
     let gold = answer(&steps).expect("a reference program runs");
     LabProblem {
         id: format!("p{index:05}"),

@@ -66,6 +66,30 @@ fn body(r: &Report) -> String {
         "- Monte Carlo rollouts per labelled step: {:.2}\n",
         r.rollouts_per_step
     );
+    bon_section(&mut s, r);
+    family_section(&mut s, r);
+    processbench_section(&mut s, r);
+    ranking_section(&mut s, r);
+    label_sources_section(&mut s, r);
+    let _ = writeln!(s, "\n## Calibration\n\n![calibration](calibration.png)\n");
+    if let Some(search) = &r.search {
+        search_section(&mut s, search);
+    }
+    if let Some(rl) = &r.rl {
+        rl_section(&mut s, rl);
+    }
+    if let Some(studio) = &r.studio {
+        studio_section(&mut s, studio, r.eval_samples);
+    }
+    paired_section(&mut s, r);
+    if !r.plots.is_empty() {
+        let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
+    }
+    s
+}
+
+/// Best-of-N accuracy: the headline table, the plot and every point with its interval.
+fn bon_section(s: &mut String, r: &Report) {
     let _ = writeln!(s, "## Best-of-N accuracy\n");
     let _ = writeln!(s, "Expected accuracy of the answer each method selects from N samples (32 random draws of N per problem); pass@N is the ceiling (any sample correct).\n");
     s.push_str(&headline(r));
@@ -81,6 +105,10 @@ fn body(r: &Report) -> String {
             );
         }
     }
+}
+
+/// Best-of-N at the largest N by problem family.
+fn family_section(s: &mut String, r: &Report) {
     if let Some(first) = r.by_family.first() {
         let _ = writeln!(s, "\n## Best-of-{} by problem family\n", first.n);
         let _ = writeln!(
@@ -103,6 +131,10 @@ fn body(r: &Report) -> String {
             let _ = writeln!(s, "| {method} | {} |", cells.join(" | "));
         }
     }
+}
+
+/// First-error localisation, and the generative judge against the PRM at equal labels.
+fn processbench_section(s: &mut String, r: &Report) {
     let _ = writeln!(s, "\n## First-error localisation (ProcessBench metric)\n");
     let _ = writeln!(
         s,
@@ -133,6 +165,10 @@ fn body(r: &Report) -> String {
             );
         }
     }
+}
+
+/// Ranking quality by verifier, and the Monte Carlo labels against the oracle.
+fn ranking_section(s: &mut String, r: &Report) {
     let _ = writeln!(s, "\n## Ranking quality\n");
     let _ = writeln!(
         s,
@@ -163,6 +199,10 @@ fn body(r: &Report) -> String {
         "| {} | {:.3} | {:.3} | {:.3} | {:.3} |",
         q.steps, q.hard_accuracy, q.bad_recall, q.bad_precision, q.soft_brier
     );
+}
+
+/// Every label source against the oracle, with the PRM each trains.
+fn label_sources_section(s: &mut String, r: &Report) {
     if !r.labels.sources.is_empty() {
         let model = |name: &str| match name {
             "verifier_base" => "the verifiers' base",
@@ -215,21 +255,6 @@ are on the held-out samples. The judge's rollouts are its sampled answers.\n",
             );
         }
     }
-    let _ = writeln!(s, "\n## Calibration\n\n![calibration](calibration.png)\n");
-    if let Some(search) = &r.search {
-        search_section(&mut s, search);
-    }
-    if let Some(rl) = &r.rl {
-        rl_section(&mut s, rl);
-    }
-    if let Some(studio) = &r.studio {
-        studio_section(&mut s, studio, r.eval_samples);
-    }
-    paired_section(&mut s, r);
-    if !r.plots.is_empty() {
-        let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
-    }
-    s
 }
 
 /// Paired differences: best-of-N, search and RL comparisons on the same problems.

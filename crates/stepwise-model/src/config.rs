@@ -79,6 +79,73 @@ pub struct ModelConfig {
     pub dtype: DType,
 }
 
+/// The decoder family (`model_type`) and the head (`architectures`' first entry).
+fn family_and_head(v: &Value, architecture: &str) -> Result<(Family, HeadKind)> {
+        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let family = match model_type {
+        "qwen2" => Family::Qwen2,
+        "llama" | "mistral" => Family::Llama,
+        other => {
+            bail!("field `model_type`: unsupported architecture `{other}` (stepwise reads qwen2, llama, mistral)")
+        }
+    };
+    let head = if architecture.ends_with("ForProcessRewardModel") {
+        HeadKind::ProcessRewardMlp
+    } else if architecture.ends_with("ForTokenClassification") {
+        HeadKind::TokenClassification
+    } else if architecture.ends_with("ForSequenceClassification") {
+        HeadKind::SequenceClassification
+    } else if architecture.ends_with("ForCausalLM") || architecture.is_empty() {
+        HeadKind::CausalLm
+    } else {
+        bail!("field `architectures`: unsupported head `{architecture}`");
+    };
+    Ok((family, head))
+}
+
+/// Refuses settings stepwise does not implement, rather than computing something else.
+fn refuse_unsupported(v: &Value) -> Result<()> {
+    if let Some(t) = v.pointer("/rope_parameters/rope_type").and_then(Value::as_str) {
+        if t != "default" {
+            bail!("field `rope_parameters.rope_type`: `{t}` scaling is not supported");
+        }
+    }
+    // Settings stepwise does not implement are refused, not silently computed otherwise.
+    if let Some(scaling) = v.get("rope_scaling").filter(|s| !s.is_null()) {
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(Value::as_str);
+        if kind != Some("default") {
+            bail!("field `rope_scaling`: {scaling} is not supported (stepwise implements plain rotary positions)");
+        }
+    }
+    if let Some(act) = v.get("hidden_act").filter(|a| !a.is_null()) {
+        if !matches!(act.as_str(), Some("silu" | "swish")) {
+            bail!("field `hidden_act`: {act} is not supported (Qwen2 and Llama decoders use silu)");
+        }
+    }
+    if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+        bail!("field `use_sliding_window`: true is not supported (stepwise attends to the whole sequence)");
+    }
+    Ok(())
+}
+
+/// The weights' dtype (`torch_dtype`, or transformers 5's `dtype`).
+fn weight_dtype(v: &Value) -> Result<DType> {
+    Ok(match v.get("torch_dtype").or_else(|| v.get("dtype")) {
+        None | Some(Value::Null) => DType::F32,
+        Some(Value::String(name)) => match name.as_str() {
+            "float32" | "auto" => DType::F32,
+            "bfloat16" => DType::BF16,
+            "float16" => DType::F16,
+            other => bail!("field `torch_dtype`: `{other}` (stepwise reads float32, bfloat16 and float16 weights)"),
+        },
+        Some(other) => bail!("field `torch_dtype`: {other} is not a dtype name such as \"bfloat16\""),
+    })
+}
+
+
 /// The name transformers gives a dtype in `config.json`.
 fn dtype_name(dtype: DType) -> &'static str {
     match dtype {
@@ -125,25 +192,7 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        let family = match model_type {
-            "qwen2" => Family::Qwen2,
-            "llama" | "mistral" => Family::Llama,
-            other => {
-                bail!("field `model_type`: unsupported architecture `{other}` (stepwise reads qwen2, llama, mistral)")
-            }
-        };
-        let head = if architecture.ends_with("ForProcessRewardModel") {
-            HeadKind::ProcessRewardMlp
-        } else if architecture.ends_with("ForTokenClassification") {
-            HeadKind::TokenClassification
-        } else if architecture.ends_with("ForSequenceClassification") {
-            HeadKind::SequenceClassification
-        } else if architecture.ends_with("ForCausalLM") || architecture.is_empty() {
-            HeadKind::CausalLm
-        } else {
-            bail!("field `architectures`: unsupported head `{architecture}`");
-        };
+        let (family, head) = family_and_head(v, &architecture)?;
         let hidden_size = get_usize(v, "hidden_size")?;
         let num_attention_heads = get_usize(v, "num_attention_heads")?;
         if num_attention_heads == 0 {
@@ -154,29 +203,7 @@ impl ModelConfig {
             .and_then(Value::as_f64)
             .or_else(|| v.pointer("/rope_parameters/rope_theta").and_then(Value::as_f64))
             .unwrap_or(10000.0);
-        if let Some(t) = v.pointer("/rope_parameters/rope_type").and_then(Value::as_str) {
-            if t != "default" {
-                bail!("field `rope_parameters.rope_type`: `{t}` scaling is not supported");
-            }
-        }
-        // Settings stepwise does not implement are refused, not silently computed otherwise.
-        if let Some(scaling) = v.get("rope_scaling").filter(|s| !s.is_null()) {
-            let kind = scaling
-                .get("rope_type")
-                .or_else(|| scaling.get("type"))
-                .and_then(Value::as_str);
-            if kind != Some("default") {
-                bail!("field `rope_scaling`: {scaling} is not supported (stepwise implements plain rotary positions)");
-            }
-        }
-        if let Some(act) = v.get("hidden_act").filter(|a| !a.is_null()) {
-            if !matches!(act.as_str(), Some("silu" | "swish")) {
-                bail!("field `hidden_act`: {act} is not supported (Qwen2 and Llama decoders use silu)");
-            }
-        }
-        if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
-            bail!("field `use_sliding_window`: true is not supported (stepwise attends to the whole sequence)");
-        }
+        refuse_unsupported(v)?;
         let num_labels = v
             .get("num_labels")
             .and_then(Value::as_u64)
@@ -188,16 +215,7 @@ impl ModelConfig {
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
             _ => Vec::new(),
         };
-        let dtype = match v.get("torch_dtype").or_else(|| v.get("dtype")) {
-            None | Some(Value::Null) => DType::F32,
-            Some(Value::String(name)) => match name.as_str() {
-                "float32" | "auto" => DType::F32,
-                "bfloat16" => DType::BF16,
-                "float16" => DType::F16,
-                other => bail!("field `torch_dtype`: `{other}` (stepwise reads float32, bfloat16 and float16 weights)"),
-            },
-            Some(other) => bail!("field `torch_dtype`: {other} is not a dtype name such as \"bfloat16\""),
-        };
+        let dtype = weight_dtype(v)?;
         let config = ModelConfig {
             dtype,
             family,

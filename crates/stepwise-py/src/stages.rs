@@ -286,21 +286,7 @@ pub fn search<'py>(
         .map(|path| py.detach(|| crate::code::code_task(path, code_timeout)))
         .transpose()
         .map_err(|e| value_error(format!("{e:#}")))?;
-    let code_given = code
-        .as_ref()
-        .map(|t| crate::code::code_search_problems(t, problems))
-        .transpose()?;
-    let from_file = match code_given {
-        Some(_) => None,
-        None => crate::convert::problems_file(problems)?,
-    };
-    let values = match from_file {
-        Some(_) => Vec::new(),
-        None => match from_py(problems)? {
-            Value::Array(v) => v,
-            one => vec![one],
-        },
-    };
+    let (code_given, from_file, values) = search_problems(problems, code.as_ref())?;
     let policy = PolicyArg::of(policy, separator)?;
     let count = from_file.as_ref().map_or(values.len(), Vec::len);
     let count = code_given.as_ref().map_or(count, Vec::len);
@@ -315,15 +301,7 @@ pub fn search<'py>(
         };
         let mut claim = claim;
         claim["input"] = stepwise_core::journal::fingerprint(&problems)?.into();
-        let jobs: Vec<Job<'_>> = problems
-            .iter()
-            .map(|p| Job {
-                id: format!("{}-{method}", p.id),
-                problem_id: &p.id,
-                question: &p.question,
-                gold_answer: p.gold_answer.as_deref(),
-            })
-            .collect();
+        let jobs: Vec<Job<'_>> = problems.iter().map(|p| Job::for_problem(p, method)).collect();
         let math = MathTask::default();
         let (task, stop): (&dyn Task, Vec<String>) = match &code {
             Some(t) => (t, stepwise_code::CODE_STOPS.iter().map(|s| s.to_string()).collect()),
@@ -353,6 +331,34 @@ pub fn search<'py>(
     };
     warn_skipped(py, &sols, SEARCH_ERROR, "searched", "written without steps")?;
     to_py(py, &Value::Array(without_gil(py, || records_of(&sols))?))
+}
+
+/// The problems `search` was given, each way they may come: a code task's ids (`code_given`), a
+/// file of problems (`from_file`), or Python values (read once the GIL is released).
+#[allow(clippy::type_complexity)]
+fn search_problems(
+    problems: &Bound<'_, PyAny>,
+    code: Option<&stepwise_code::CodeTask>,
+) -> PyResult<(
+    Option<Vec<stepwise_core::Problem>>,
+    Option<Vec<stepwise_core::Problem>>,
+    Vec<Value>,
+)> {
+    let code_given = code
+        .map(|t| crate::code::code_search_problems(t, problems))
+        .transpose()?;
+    let from_file = match code_given {
+        Some(_) => None,
+        None => crate::convert::problems_file(problems)?,
+    };
+    let values = match from_file {
+        Some(_) => Vec::new(),
+        None => match from_py(problems)? {
+            Value::Array(v) => v,
+            one => vec![one],
+        },
+    };
+    Ok((code_given, from_file, values))
 }
 
 /// Run the built-in lab (`stepwise lab`): the whole process-supervision loop on one of its

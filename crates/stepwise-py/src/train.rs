@@ -106,22 +106,23 @@ pub fn train_prm<'py>(
         Ok(report)
     });
     progress.finish();
-    let report = report?;
+    to_py(py, &summary(&run, &report?))
+}
+
+/// What `train_prm` returns: where the verifier is, its steps, loss, speed and metrics.
+fn summary(run: &TrainPrm, report: &stepwise_model::train::run::TrainReport) -> serde_json::Value {
     let s = &report.state;
-    to_py(
-        py,
-        &json!({
-            "out": run.out,
-            "device": report.device,
-            "steps": s.step,
-            "loss": s.last_loss,
-            "tokens": s.tokens,
-            "seconds": s.seconds,
-            "tokens_per_s": s.tokens as f64 / s.seconds.max(1e-9),
-            "stopped_early": s.stopped_early,
-            "train_sequences": report.sequences.0,
-            "valid_sequences": report.sequences.1,
-            "metrics": report.metrics,
-        }),
-    )
+    json!({
+        "out": run.out,
+        "device": report.device,
+        "steps": s.step,
+        "loss": s.last_loss,
+        "tokens": s.tokens,
+        "seconds": s.seconds,
+        "tokens_per_s": s.tokens as f64 / s.seconds.max(1e-9),
+        "stopped_early": s.stopped_early,
+        "train_sequences": report.sequences.0,
+        "valid_sequences": report.sequences.1,
+        "metrics": report.metrics,
+    })
 }

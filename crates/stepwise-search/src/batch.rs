@@ -26,6 +26,18 @@ pub struct Job<'a> {
     pub gold_answer: Option<&'a str>,
 }
 
+impl<'a> Job<'a> {
+    /// Problem `p` searched by `method`: its record's id is the problem's id and the method's.
+    pub fn for_problem(p: &'a stepwise_core::Problem, method: &str) -> Self {
+        Job {
+            id: format!("{}-{method}", p.id),
+            problem_id: &p.id,
+            question: &p.question,
+            gold_answer: p.gold_answer.as_deref(),
+        }
+    }
+}
+
 /// Everything a batch of searches shares.
 pub struct Searcher<'a> {
     /// The method.

@@ -202,6 +202,14 @@ pub fn run(a: Args) -> Result<()> {
         bar.set_position(done as u64)
     })?;
     bar.finish_and_clear();
+    let retried = stepwise_remote::backend::servers_summary(&[("policy", backend.client())]);
+    summarise(&a, &labelled, spent, &retried)?;
+    Ok(())
+}
+
+/// What the run did, on stderr: solutions labelled and skipped, the trees' new solutions,
+/// consensus kept, rollouts and tokens spent.
+fn summarise(a: &Args, labelled: &[Solution], spent: stepwise_core::seams::Spent, retried: &str) -> Result<()> {
     let skipped = labelled.iter().filter(|s| s.meta.contains_key(ANNOTATE_ERROR)).count();
     if skipped > 0 {
         eprintln!(
@@ -209,7 +217,7 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     let steps: usize = labelled.iter().map(|s| s.steps.len()).sum();
-    if method == Method::OmegaPrm {
+    if a.method == Method::OmegaPrm {
         let all = std::fs::read_to_string(&a.output)?.lines().count();
         eprintln!(
             "omegaprm: {} new solutions from the trees' rollouts written beside the {} given",
@@ -217,8 +225,7 @@ pub fn run(a: Args) -> Result<()> {
             labelled.len()
         );
     }
-    let retried = stepwise_remote::backend::servers_summary(&[("policy", backend.client())]);
-    if method == Method::Consensus {
+    if a.method == Method::Consensus {
         let kept = labelled
             .iter()
             .filter(|s| s.meta.get("consensus") == Some(&true.into()))

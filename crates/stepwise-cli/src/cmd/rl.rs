@@ -143,14 +143,7 @@ pub fn run(a: Args) -> Result<()> {
         "min-so-far" => Credit::MinSoFar,
         o => bail!("unknown --credit `{o}`: use return-to-go or min-so-far"),
     };
-    let problems = stepwise_core::io::read_problems(&a.problems)?;
-    if let Some(p) = problems.iter().find(|p| p.gold_answer.is_none()) {
-        bail!(
-            "{}: problem `{}`: field `gold_answer`: missing",
-            a.problems.display(),
-            p.id
-        );
-    }
+    let problems = read_problems(&a)?;
     let task = MathTask::default();
     let heldout_problems = match &a.eval_problems {
         Some(path) => stepwise_core::io::read_problems(path)?,
@@ -192,14 +185,8 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut stop = reference.config.eos_token_ids.clone();
     stop.extend(tok.eos_id());
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    copy_tokenizer(&a.policy, &a.out)?;
-    let prime = (a.reward == "prime").then(|| PrimeConfig {
-        beta: a.prime_beta,
-        lr: a.prime_lr.unwrap_or(a.lr),
-        accuracy_bounds: a.prime_filter,
-        ..Default::default()
-    });
+    create_out(&a)?;
+    let prime = prime_config(&a);
     let prm_varmap = VarMap::new();
     let mut prm = match &prime {
         Some(p) => implicit_prm(&a, p, placement, &prm_varmap)?,
@@ -225,14 +212,7 @@ pub fn run(a: Args) -> Result<()> {
                 every: a.eval_every,
                 samples: a.eval_samples,
             }),
-            implicit_prm: match &mut prm {
-                PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle {
-                    model,
-                    varmap: &prm_varmap,
-                }),
-                PrimeModel::Gpu(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
-                PrimeModel::None => None,
-            },
+            implicit_prm: prm.as_implicit(&prm_varmap),
         },
         &cfg,
         |l| {
@@ -299,6 +279,35 @@ fn implicit_prm(a: &Args, p: &PrimeConfig, placement: Placement, prm_varmap: &Va
             )?))
         }
     })
+}
+
+/// The training problems, each with its gold answer.
+fn read_problems(a: &Args) -> Result<Vec<stepwise_core::Problem>> {
+    let problems = stepwise_core::io::read_problems(&a.problems)?;
+    if let Some(p) = problems.iter().find(|p| p.gold_answer.is_none()) {
+        bail!(
+            "{}: problem `{}`: field `gold_answer`: missing",
+            a.problems.display(),
+            p.id
+        );
+    }
+    Ok(problems)
+}
+
+/// PRIME's settings, with `--reward prime`.
+fn prime_config(a: &Args) -> Option<PrimeConfig> {
+    (a.reward == "prime").then(|| PrimeConfig {
+        beta: a.prime_beta,
+        lr: a.prime_lr.unwrap_or(a.lr),
+        accuracy_bounds: a.prime_filter,
+        ..Default::default()
+    })
+}
+
+/// The output folder, with the policy's tokenizer (the checkpoints written there load alone).
+fn create_out(a: &Args) -> Result<()> {
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    copy_tokenizer(&a.policy, &a.out)
 }
 
 /// The run's settings from the command line.
@@ -369,6 +378,17 @@ enum PrimeModel {
     None,
     Cpu(Box<Model>),
     Gpu(Box<dyn Learner>),
+}
+
+impl PrimeModel {
+    /// It, as the trainer takes it (`varmap`: the CPU model's weights).
+    fn as_implicit<'a>(&'a mut self, varmap: &'a VarMap) -> Option<ImplicitPrm<'a>> {
+        match self {
+            PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle { model, varmap }),
+            PrimeModel::Gpu(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
+            PrimeModel::None => None,
+        }
+    }
 }
 
 /// Copy the tokenizer files of `from` (those it has) into `to`.

@@ -1,6 +1,7 @@
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use stepwise_core::seams::StepScorer;
+use stepwise_core::Solution;
 use stepwise_model::Prompt;
 use stepwise_search::{compute_of, method, Aggregation, Job, SearchConfig, Searcher, Threshold, METHODS, SEARCH_ERROR};
 
@@ -125,23 +126,7 @@ pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
     let search = method(&a.method)?;
-    let threshold = match (a.threshold, a.method.as_str()) {
-        (Some(t), _) => t,
-        (None, "resample") => {
-            let super::backend::Source::Dir(prm_dir) = &a.prm else {
-                bail!("--method resample with a remote PRM needs --threshold (τ from `stepwise calibrate` on the PRM's folder)");
-            };
-            Threshold::load(prm_dir)?
-                .with_context(|| {
-                    format!(
-                        "--method resample needs τ: run `stepwise calibrate --prm {}` on labelled data, or pass --threshold",
-                        prm_dir.display()
-                    )
-                })?
-                .tau
-        }
-        (None, _) => 0.5,
-    };
+    let threshold = threshold(&a)?;
     let config = SearchConfig {
         n: a.n,
         width: a.width,
@@ -178,15 +163,7 @@ pub fn run(a: Args) -> Result<()> {
         scorer_backend.search_scorer()
     };
     let scorer: &dyn StepScorer = &*scorer;
-    let jobs: Vec<Job<'_>> = problems
-        .iter()
-        .map(|p| Job {
-            id: format!("{}-{}", p.id, a.method),
-            problem_id: &p.id,
-            question: &p.question,
-            gold_answer: p.gold_answer.as_deref(),
-        })
-        .collect();
+    let jobs: Vec<Job<'_>> = problems.iter().map(|p| Job::for_problem(p, &a.method)).collect();
     let bar = crate::progress::bar(Some(jobs.len() as u64), &format!("searching ({})", a.method));
     let sols = Searcher {
         method: &*search,
@@ -201,6 +178,38 @@ pub fn run(a: Args) -> Result<()> {
         bar.set_position(done as u64)
     })?;
     bar.finish_and_clear();
+    let servers = stepwise_remote::backend::servers_summary(&[
+        ("policy", policy_backend.client()),
+        ("PRM", scorer_backend.client()),
+    ]);
+    summarise(&a, &sols, &servers);
+    Ok(())
+}
+
+/// `--threshold`, or for `--method resample` the τ `stepwise calibrate` saved in the PRM's
+/// folder; 0.5 for the others.
+fn threshold(a: &Args) -> Result<f32> {
+    Ok(match (a.threshold, a.method.as_str()) {
+        (Some(t), _) => t,
+        (None, "resample") => {
+            let super::backend::Source::Dir(prm_dir) = &a.prm else {
+                bail!("--method resample with a remote PRM needs --threshold (τ from `stepwise calibrate` on the PRM's folder)");
+            };
+            Threshold::load(prm_dir)?
+                .with_context(|| {
+                    format!(
+                        "--method resample needs τ: run `stepwise calibrate --prm {}` on labelled data, or pass --threshold",
+                        prm_dir.display()
+                    )
+                })?
+                .tau
+        }
+        (None, _) => 0.5,
+    })
+}
+
+/// What the run did, on stderr: problems skipped, accuracy where graded, compute per problem.
+fn summarise(a: &Args, sols: &[Solution], servers: &str) {
     let skipped = sols.iter().filter(|s| s.meta.contains_key(SEARCH_ERROR)).count();
     if skipped > 0 {
         eprintln!(
@@ -232,8 +241,7 @@ pub fn run(a: Args) -> Result<()> {
         per(&|c| c.encoded_tokens as f64),
         per(&|c| c.rejected_steps as f64),
         per(&|c| c.seconds),
-        stepwise_remote::backend::servers_summary(&[("policy", policy_backend.client()), ("PRM", scorer_backend.client())]),
+        servers,
         a.output.display()
     );
-    Ok(())
 }

@@ -194,9 +194,11 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         scorer,
         kind,
     };
-    let orm = scorer("orm", i.orm, RewardKind::Outcome);
-    let prm_mc = scorer("prm_mc", i.prm_mc, RewardKind::Process);
-    let prm_oracle = scorer("prm_oracle", i.prm_oracle, RewardKind::Process);
+    let (orm, prm_mc, prm_oracle) = (
+        scorer("orm", i.orm, RewardKind::Outcome),
+        scorer("prm_mc", i.prm_mc, RewardKind::Process),
+        scorer("prm_oracle", i.prm_oracle, RewardKind::Process),
+    );
     let sources: [(&str, &dyn Reward); 6] = [
         ("outcome", &outcome),
         ("orm", &orm),
@@ -206,35 +208,16 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         (PRIME, &outcome),
         ("oracle", &oracle),
     ];
-    let cfg = RlConfig {
-        updates: p.rl.updates,
-        prompts_per_update: p.rl.prompts,
-        group_size: p.rl.group,
-        epochs: 1,
-        minibatch_size: p.rl.prompts * p.rl.group,
-        lr: p.rl.lr,
-        warmup: p.rl.updates / 10,
-        kl_coef: p.rl.kl,
-        credit: Credit::ReturnToGo,
-        temperature: p.policy.temperature,
-        max_new_tokens: 64,
-        seed: i.seed ^ 6,
-        checkpoint_every: 10,
-        ..Default::default()
-    };
+    let cfg = rl_config(p, i.seed);
     let prompts: Vec<Problem> = i.train.iter().map(LabProblem::problem).collect();
-    let eval_seed = i.seed ^ 7;
     let watch: &dyn Reward = &oracle;
     let start = super::policy::lab_policy(i.policy, i.tok, p.policy.temperature);
-    let before_sols = sample_stage(
+    let before = sampled_measure(
+        i,
+        &start,
         &i.out.join("rl_before_samples.jsonl"),
         "sampling (before RL)",
-        i.eval,
-        p.rl.eval_samples,
-        &start,
-        eval_seed,
     )?;
-    let before = measure(&before_sols, eval_seed)?;
     let prime = PrimeConfig {
         beta: p.rl.prime_beta,
         lr: p.rl.prime_lr,
@@ -252,17 +235,11 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         let mut model = load(&varmap)?;
         // PRIME's implicit PRM starts from the policy, as the policy does.
         let prm_varmap = VarMap::new();
-        let (mut prm, cfg) = if name == PRIME {
-            (
-                Some(load(&prm_varmap)?),
-                RlConfig {
-                    prime: Some(prime),
-                    ..cfg.clone()
-                },
-            )
-        } else {
-            (None, cfg.clone())
+        let cfg = RlConfig {
+            prime: (name == PRIME).then_some(prime),
+            ..cfg.clone()
         };
+        let mut prm = cfg.prime.map(|_| load(&prm_varmap)).transpose()?;
         let cfg = &cfg;
         std::fs::create_dir_all(&dir)?;
         crate::vocab::save(&dir, i.preset.domain)?;
@@ -294,46 +271,89 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         )?;
         pb.finish_and_clear();
         let after_policy = super::policy::lab_policy(&model, i.tok, p.policy.temperature);
-        let after_sols = sample_stage(
-            &dir.join("eval_samples.jsonl"),
-            &format!("sampling (after RL, {name})"),
-            i.eval,
-            p.rl.eval_samples,
-            &after_policy,
-            eval_seed,
-        )?;
-        let after = measure(&after_sols, eval_seed)?;
-        let last = log.last().cloned().unwrap_or_default();
-        let oracle_of = |l: &UpdateLog| l.watched.get("oracle").copied().unwrap_or(0.0);
-        Ok(RlVariant {
-            reward: name.into(),
-            accuracy_before: before.accuracy,
-            accuracy_after: after.accuracy,
-            ci95: after.ci95,
-            lucky_correct_before: before.lucky_correct,
-            lucky_correct_after: after.lucky_correct,
-            majority_before: before.majority,
-            majority_after: after.majority,
-            sampled_tokens: last.sampled_tokens,
-            updates: log.len(),
-            kl: first_last(&log, |l| l.kl).1,
-            reward_first_last: first_last(&log, |l| l.reward),
-            oracle_first_last: first_last(&log, oracle_of),
-            implicit_prm_accuracy: cfg
-                .prime
-                .map(|_| first_last(&log, |l| l.implicit_prm.map_or(0.0, |p| p.accuracy))),
-            kept_groups: cfg.prime.map(|_| {
-                log.iter()
-                    .map(|l| l.implicit_prm.map_or(0.0, |p| p.kept_groups))
-                    .sum::<f64>()
-                    / log.len().max(1) as f64
-            }),
-            log,
-            per_problem: after.per_problem,
-        })
+        let what = format!("sampling (after RL, {name})");
+        let after = sampled_measure(i, &after_policy, &dir.join("eval_samples.jsonl"), &what)?;
+        Ok(variant(name, log, before, after, cfg))
     })?;
-    let measure = format!("accuracy after RL ({} samples a problem)", p.rl.eval_samples);
-    let paired = match variants.iter().find(|v| v.reward == "outcome") {
+    let paired = paired_with_outcome(&variants, p.rl.eval_samples, i.seed ^ 8);
+    Ok(RlReport {
+        eval_samples: p.rl.eval_samples,
+        budget: (p.rl.updates, p.rl.prompts, p.rl.group),
+        variants,
+        paired,
+        prime: Some(prime),
+    })
+}
+
+/// `policy` measured on the held-out problems from its samples (kept at `path`, resumable; the
+/// same seed for every policy).
+fn sampled_measure(
+    i: &RlInputs<'_>,
+    policy: &stepwise_model::EnginePolicy,
+    path: &Path,
+    what: &str,
+) -> Result<PolicyMeasure> {
+    let sols = sample_stage(path, what, i.eval, i.preset.rl.eval_samples, policy, i.seed ^ 7)?;
+    measure(&sols, i.seed ^ 7)
+}
+
+/// The lab's RL settings (every reward source alike).
+fn rl_config(p: &crate::preset::Preset, seed: u64) -> RlConfig {
+    RlConfig {
+        updates: p.rl.updates,
+        prompts_per_update: p.rl.prompts,
+        group_size: p.rl.group,
+        epochs: 1,
+        minibatch_size: p.rl.prompts * p.rl.group,
+        lr: p.rl.lr,
+        warmup: p.rl.updates / 10,
+        kl_coef: p.rl.kl,
+        credit: Credit::ReturnToGo,
+        temperature: p.policy.temperature,
+        max_new_tokens: 64,
+        seed: seed ^ 6,
+        checkpoint_every: 10,
+        ..Default::default()
+    }
+}
+
+/// One reward source's run summarised: the policy measured before and after, the log's first
+/// and last updates, PRIME's implicit PRM.
+fn variant(name: &str, log: Vec<UpdateLog>, before: &PolicyMeasure, after: PolicyMeasure, cfg: &RlConfig) -> RlVariant {
+    let last = log.last().cloned().unwrap_or_default();
+    let oracle_of = |l: &UpdateLog| l.watched.get("oracle").copied().unwrap_or(0.0);
+    RlVariant {
+        reward: name.into(),
+        accuracy_before: before.accuracy,
+        accuracy_after: after.accuracy,
+        ci95: after.ci95,
+        lucky_correct_before: before.lucky_correct,
+        lucky_correct_after: after.lucky_correct,
+        majority_before: before.majority,
+        majority_after: after.majority,
+        sampled_tokens: last.sampled_tokens,
+        updates: log.len(),
+        kl: first_last(&log, |l| l.kl).1,
+        reward_first_last: first_last(&log, |l| l.reward),
+        oracle_first_last: first_last(&log, oracle_of),
+        implicit_prm_accuracy: cfg
+            .prime
+            .map(|_| first_last(&log, |l| l.implicit_prm.map_or(0.0, |p| p.accuracy))),
+        kept_groups: cfg.prime.map(|_| {
+            log.iter()
+                .map(|l| l.implicit_prm.map_or(0.0, |p| p.kept_groups))
+                .sum::<f64>()
+                / log.len().max(1) as f64
+        }),
+        log,
+        per_problem: after.per_problem,
+    }
+}
+
+/// Each source's accuracy after RL paired with outcome-only RL's, problem by problem.
+fn paired_with_outcome(variants: &[RlVariant], samples: usize, seed: u64) -> Vec<PairedDifference> {
+    let measure = format!("accuracy after RL ({samples} samples a problem)");
+    match variants.iter().find(|v| v.reward == "outcome") {
         Some(outcome) => variants
             .iter()
             .filter(|v| v.reward != "outcome")
@@ -344,19 +364,12 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
                     &v.per_problem,
                     "outcome",
                     &outcome.per_problem,
-                    i.seed ^ 8,
+                    seed,
                 )
             })
             .collect(),
         None => Vec::new(),
-    };
-    Ok(RlReport {
-        eval_samples: p.rl.eval_samples,
-        budget: (p.rl.updates, p.rl.prompts, p.rl.group),
-        variants,
-        paired,
-        prime: Some(prime),
-    })
+    }
 }
 
 #[cfg(test)]

@@ -140,106 +140,28 @@ fn threshold(calib: &[Solution], name: &str, precision: f64) -> Result<Threshold
 pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
     let p = i.preset;
     let searched = i.problems;
-    let mut calib = i.calibration.to_vec();
-    // The oracle's verdicts as its scores: its τ is 0.5 at precision 1.
-    for s in &mut calib {
-        let verdicts: Vec<f32> = s
-            .steps
-            .iter()
-            .map(|st| st.label.as_ref().map_or(0.0, |l| f32::from(u8::from(l.is_good()))))
-            .collect();
-        s.set_scores(ORACLE, verdicts);
-    }
-    let mut thresholds = Vec::new();
-    for (name, _, dir) in &i.prms {
-        let t = threshold(&calib, name, p.search.precision)?;
-        t.save(dir)?;
-        thresholds.push(t);
-    }
-    thresholds.push(threshold(&calib, ORACLE, p.search.precision)?);
-
+    let (calib, thresholds) = calibrated_thresholds(i)?;
     let oracle = CheckerScorer { task: i.task };
-    let jobs: Vec<Job<'_>> = searched
-        .iter()
-        .map(|q| Job {
-            id: q.id.clone(),
-            problem_id: &q.id,
-            question: &q.question,
-            gold_answer: Some(&q.gold),
-        })
-        .collect();
-    let base = SearchConfig {
-        n: 1,
-        width: 1,
-        max_steps: 16,
-        aggregation: Aggregation::Min,
-        lookahead: 1,
-        threshold: 0.5,
-        max_resamples: p.search.resamples,
-        resample_budget: 4 * p.search.resamples,
-        seed: i.seed ^ 8,
-    };
+    let jobs: Vec<Job<'_>> = searched.iter().map(job).collect();
+    let base = base_config(p, i.seed);
     let dir = i.out.join("search");
     std::fs::create_dir_all(&dir)?;
-    // Each configuration scores with a fresh cache, so that its encoded tokens are its own.
-    let run = |name: &str, verifier: &str, config: &SearchConfig| -> Result<Vec<Solution>> {
-        let m = method(name)?;
-        let prm = i.prms.iter().find(|(n, _, _)| *n == verifier);
-        let incremental = prm.map(|(_, s, _)| IncrementalScorer::new(s.clone()));
-        let scorer: &dyn StepScorer = match &incremental {
-            Some(s) => s,
-            None => &oracle,
-        };
-        let label = format!("{name}-{verifier}-n{}", config.n);
-        let pb = bar(
-            jobs.len() as u64,
-            &format!("search ({name}, {verifier}, N = {})", config.n),
-        );
-        let out = Searcher {
-            method: &*m,
-            config,
-            policy: i.policy,
-            scorer,
-            verifier,
-            task: i.task,
-            threads: 2,
-        }
-        .run_all(&dir.join(format!("{label}.jsonl")), &jobs, &|d| {
-            pb.set_position(d as u64)
-        })?;
-        pb.finish_and_clear();
-        Ok(out)
+    let runner = Runner {
+        i,
+        jobs: &jobs,
+        dir: &dir,
+        oracle: &oracle,
     };
+    let run = |name: &str, verifier: &str, config: &SearchConfig| runner.run(name, verifier, config);
     let mut rng_seed = i.seed ^ 9;
     let mut point = |name: &str, verifier: &str, config: &SearchConfig, sols: &[Solution]| -> Result<SearchPoint> {
-        let computes: Vec<_> = sols.iter().filter_map(compute_of).collect();
-        let mean = |f: &dyn Fn(&stepwise_search::Compute) -> f64| {
-            computes.iter().map(f).sum::<f64>() / computes.len().max(1) as f64
-        };
-        let correct: Vec<f64> = sols
-            .iter()
-            .map(|s| f64::from(u8::from(s.correct == Some(true))))
-            .collect();
         rng_seed += 1;
-        Ok(SearchPoint {
-            method: name.into(),
-            verifier: verifier.into(),
-            n: config.n,
-            width: config.width,
-            budget_tokens: 0.0,
-            accuracy: correct.iter().sum::<f64>() / correct.len().max(1) as f64,
-            ci95: bootstrap(&correct, 1000, &mut ChaCha8Rng::seed_from_u64(rng_seed)),
-            generated_tokens: mean(&|c| c.generated_tokens as f64),
-            encoded_tokens: mean(&|c| c.encoded_tokens as f64),
-            rejected_steps: mean(&|c| c.rejected_steps as f64),
-            seconds: mean(&|c| c.seconds),
-        })
+        Ok(search_point(name, verifier, config, sols, rng_seed))
     };
 
     // One sample: the unit of the budgets (no verifier chooses anything).
     let mut methods = Vec::new();
-    let mut largest: std::collections::BTreeMap<(&str, &str), std::collections::BTreeMap<String, f64>> =
-        Default::default();
+    let mut largest: Largest = Default::default();
     let single = run("bon", ORACLE, &base)?;
     let mut one = point("sample", "-", &base, &single)?;
     let sample_tokens = one.generated_tokens;
@@ -282,6 +204,142 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
     for m in &mut methods {
         m.budget_tokens = m.n as f64 * sample_tokens;
     }
+    let paired = paired_at_largest(i, &largest);
+    let incremental = measure_incremental(i, &base, &jobs)?;
+    Ok(SearchReport {
+        problems: searched.len(),
+        calibration_problems: calib
+            .iter()
+            .map(|s| s.problem_id.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
+        sample_tokens,
+        max_resamples: p.search.resamples,
+        thresholds,
+        methods,
+        incremental,
+        paired,
+    })
+}
+
+/// Runs one search configuration over the problems, resumable in its own file.
+struct Runner<'a> {
+    i: &'a SearchInputs<'a>,
+    jobs: &'a [Job<'a>],
+    dir: &'a Path,
+    oracle: &'a CheckerScorer<'a>,
+}
+
+impl Runner<'_> {
+    /// Each configuration scores with a fresh cache, so that its encoded tokens are its own.
+    fn run(&self, name: &str, verifier: &str, config: &SearchConfig) -> Result<Vec<Solution>> {
+        let m = method(name)?;
+        let prm = self.i.prms.iter().find(|(n, _, _)| *n == verifier);
+        let incremental = prm.map(|(_, s, _)| IncrementalScorer::new(s.clone()));
+        let scorer: &dyn StepScorer = match &incremental {
+            Some(s) => s,
+            None => self.oracle,
+        };
+        let label = format!("{name}-{verifier}-n{}", config.n);
+        let pb = bar(
+            self.jobs.len() as u64,
+            &format!("search ({name}, {verifier}, N = {})", config.n),
+        );
+        let out = Searcher {
+            method: &*m,
+            config,
+            policy: self.i.policy,
+            scorer,
+            verifier,
+            task: self.i.task,
+            threads: 2,
+        }
+        .run_all(&self.dir.join(format!("{label}.jsonl")), self.jobs, &|d| {
+            pb.set_position(d as u64)
+        })?;
+        pb.finish_and_clear();
+        Ok(out)
+    }
+}
+
+/// The calibration samples (the oracle's verdicts as its scores: its τ is 0.5 at precision 1)
+/// and each verifier's threshold τ at the preset's precision, saved in each PRM's folder.
+fn calibrated_thresholds(i: &SearchInputs<'_>) -> Result<(Vec<Solution>, Vec<Threshold>)> {
+    let p = i.preset;
+    let mut calib = i.calibration.to_vec();
+    for s in &mut calib {
+        let verdicts: Vec<f32> = s
+            .steps
+            .iter()
+            .map(|st| st.label.as_ref().map_or(0.0, |l| f32::from(u8::from(l.is_good()))))
+            .collect();
+        s.set_scores(ORACLE, verdicts);
+    }
+    let mut thresholds = Vec::new();
+    for (name, _, dir) in &i.prms {
+        let t = threshold(&calib, name, p.search.precision)?;
+        t.save(dir)?;
+        thresholds.push(t);
+    }
+    thresholds.push(threshold(&calib, ORACLE, p.search.precision)?);
+
+    Ok((calib, thresholds))
+}
+
+/// A problem as a search job.
+fn job(q: &LabProblem) -> Job<'_> {
+    Job {
+        id: q.id.clone(),
+        problem_id: &q.id,
+        question: &q.question,
+        gold_answer: Some(&q.gold),
+    }
+}
+
+/// The search settings every configuration starts from (one sample, min aggregation).
+fn base_config(p: &Preset, seed: u64) -> SearchConfig {
+    SearchConfig {
+        n: 1,
+        width: 1,
+        max_steps: 16,
+        aggregation: Aggregation::Min,
+        lookahead: 1,
+        threshold: 0.5,
+        max_resamples: p.search.resamples,
+        resample_budget: 4 * p.search.resamples,
+        seed: seed ^ 8,
+    }
+}
+
+/// One configuration's accuracy (with its bootstrap interval, drawn from `seed`) and compute per
+/// problem.
+fn search_point(name: &str, verifier: &str, config: &SearchConfig, sols: &[Solution], seed: u64) -> SearchPoint {
+    let computes: Vec<_> = sols.iter().filter_map(compute_of).collect();
+    let mean = |f: &dyn Fn(&stepwise_search::Compute) -> f64| {
+        computes.iter().map(f).sum::<f64>() / computes.len().max(1) as f64
+    };
+    let correct: Vec<f64> = sols
+        .iter()
+        .map(|s| f64::from(u8::from(s.correct == Some(true))))
+        .collect();
+    SearchPoint {
+        method: name.into(),
+        verifier: verifier.into(),
+        n: config.n,
+        width: config.width,
+        budget_tokens: 0.0,
+        accuracy: correct.iter().sum::<f64>() / correct.len().max(1) as f64,
+        ci95: bootstrap(&correct, 1000, &mut ChaCha8Rng::seed_from_u64(seed)),
+        generated_tokens: mean(&|c| c.generated_tokens as f64),
+        encoded_tokens: mean(&|c| c.encoded_tokens as f64),
+        rejected_steps: mean(&|c| c.rejected_steps as f64),
+        seconds: mean(&|c| c.seconds),
+    }
+}
+
+/// Beam search and DVTS against best-of-N at the largest budget, problem by problem.
+fn paired_at_largest(i: &SearchInputs<'_>, largest: &Largest) -> Vec<PairedDifference> {
+    let p = i.preset;
     let mut paired = Vec::new();
     if let Some(n) = p.search.budgets.iter().max() {
         for verifier in [i.prms[0].0, i.prms[1].0, ORACLE] {
@@ -293,23 +351,11 @@ pub fn search_stage(i: &SearchInputs<'_>) -> Result<SearchReport> {
             }
         }
     }
-    let incremental = measure_incremental(i, &base, &jobs)?;
-    let calibration_problems = calib
-        .iter()
-        .map(|s| s.problem_id.as_str())
-        .collect::<std::collections::HashSet<_>>()
-        .len();
-    Ok(SearchReport {
-        problems: searched.len(),
-        calibration_problems,
-        sample_tokens,
-        max_resamples: p.search.resamples,
-        thresholds,
-        methods,
-        incremental,
-        paired,
-    })
+    paired
 }
+
+/// Each configuration's correctness per problem at the largest budget, by (method, verifier).
+type Largest<'a> = std::collections::BTreeMap<(&'a str, &'a str), std::collections::BTreeMap<String, f64>>;
 
 /// Beam search at the largest budget with PRM-oracle on up to ten problems, scored
 /// incrementally and from scratch: tokens encoded, time, and whether the choices agree.

@@ -20,6 +20,7 @@ mod backward;
 mod decoding;
 mod layer;
 mod lm_head;
+mod load;
 mod paged;
 mod reference;
 mod reference_train;
@@ -33,11 +34,9 @@ pub use lm_head::{TokenLossFn, LOGITS_BYTES};
 pub use train::{PackedTrainer, Targets, TrainStep};
 pub use train_backend::{AdamW, TrainBackend};
 
-use crate::config::{HeadKind, ModelConfig};
+use crate::config::ModelConfig;
 use crate::packed::Packed;
-use anyhow::{bail, Context, Result};
-use std::collections::HashMap;
-use std::path::Path;
+use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -342,60 +341,6 @@ impl<B: Backend> std::fmt::Debug for PackedDecoder<B> {
     }
 }
 
-/// Where each checkpoint tensor goes while loading.
-struct Plan<B: Backend> {
-    matrices: Vec<Option<B::Bf16>>,
-    vectors: Vec<Option<B::F32>>,
-    /// name → (matrix?, slot, offset in values, shape).
-    at: HashMap<String, (bool, usize, usize, Vec<usize>)>,
-}
-
-impl<B: Backend> Plan<B> {
-    /// A matrix buffer holding `parts` one after another.
-    fn matrix(&mut self, b: &B, parts: &[(String, Vec<usize>)]) -> Result<usize> {
-        self.matrices.push(Some(b.zeros_bf16(Self::place(
-            &mut self.at,
-            parts,
-            true,
-            self.matrices.len(),
-        ))?));
-        Ok(self.matrices.len() - 1)
-    }
-
-    /// A vector buffer holding `parts` one after another.
-    fn vector(&mut self, b: &B, parts: &[(String, Vec<usize>)]) -> Result<usize> {
-        self.vectors.push(Some(b.zeros_f32(Self::place(
-            &mut self.at,
-            parts,
-            false,
-            self.vectors.len(),
-        ))?));
-        Ok(self.vectors.len() - 1)
-    }
-
-    /// Records where each part goes in slot `slot`; returns the slot's size.
-    fn place(
-        at: &mut HashMap<String, (bool, usize, usize, Vec<usize>)>,
-        parts: &[(String, Vec<usize>)],
-        matrix: bool,
-        slot: usize,
-    ) -> usize {
-        let mut offset = 0;
-        for (name, shape) in parts {
-            at.insert(name.clone(), (matrix, slot, offset, shape.clone()));
-            offset += shape.iter().product::<usize>();
-        }
-        offset
-    }
-
-    fn take_matrix(&mut self, slot: usize) -> B::Bf16 {
-        self.matrices[slot].take().expect("each slot taken once")
-    }
-
-    fn take_vector(&mut self, slot: usize) -> B::F32 {
-        self.vectors[slot].take().expect("each slot taken once")
-    }
-}
 
 /// The integers of a packed batch for the backend (and how many attention tiles it has).
 fn batch_ints<B: Backend>(b: &B, batch: &Packed, read: &[usize]) -> Result<BatchInts<B>> {
@@ -421,183 +366,6 @@ fn batch_ints<B: Backend>(b: &B, batch: &Packed, read: &[usize]) -> Result<Batch
 }
 
 impl<B: Backend> PackedDecoder<B> {
-    /// Loads the checkpoint folder `dir` (whose config is `config`) onto `backend`: matrices as
-    /// bf16 (bf16 checkpoints as stored; f32 and f16 rounded to bf16), norms and biases as f32.
-    /// Tensors are read from the memory-mapped files and copied one at a time into stacked
-    /// buffers; a missing or mis-shaped tensor is an error naming it.
-    pub fn load(dir: &Path, config: ModelConfig, backend: Arc<B>) -> Result<Self> {
-        let b = &*backend;
-        let cfg = &config;
-        crate::checkpoint::check_layer_count(cfg, &crate::checkpoint::weight_files(dir)?)?;
-        let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-        let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        if heads == 0 || kv == 0 || !heads.is_multiple_of(kv) || !d.is_multiple_of(2) {
-            bail!("{}: {heads} attention heads over {kv} key/value heads of size {d}: the packed engine needs a whole number of query heads per key/value head and an even head size", dir.display());
-        }
-        let mut plan = Plan::<B> {
-            matrices: Vec::new(),
-            vectors: Vec::new(),
-            at: HashMap::new(),
-        };
-        let named = |n: &str, s: Vec<usize>| (n.to_string(), s);
-        let embed = plan.matrix(b, &[named("model.embed_tokens.weight", vec![cfg.vocab_size, h])])?;
-        let norm = plan.vector(b, &[named("model.norm.weight", vec![h])])?;
-        let mut layer_slots = Vec::with_capacity(cfg.num_hidden_layers);
-        for i in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let w = |n: &str, s: Vec<usize>| (format!("{p}.{n}"), s);
-            let proj = |x: &str| format!("self_attn.{x}_proj.weight");
-            let bias = |x: &str| format!("self_attn.{x}_proj.bias");
-            let qkv_bias = if cfg.attention_bias {
-                Some(plan.vector(
-                    b,
-                    &[
-                        w(&bias("q"), vec![heads * d]),
-                        w(&bias("k"), vec![kv * d]),
-                        w(&bias("v"), vec![kv * d]),
-                    ],
-                )?)
-            } else {
-                None
-            };
-            layer_slots.push((
-                plan.vector(b, &[w("input_layernorm.weight", vec![h])])?,
-                plan.vector(b, &[w("post_attention_layernorm.weight", vec![h])])?,
-                plan.matrix(
-                    b,
-                    &[
-                        w(&proj("q"), vec![heads * d, h]),
-                        w(&proj("k"), vec![kv * d, h]),
-                        w(&proj("v"), vec![kv * d, h]),
-                    ],
-                )?,
-                qkv_bias,
-                plan.matrix(b, &[w(&proj("o"), vec![h, heads * d])])?,
-                plan.matrix(
-                    b,
-                    &[
-                        w("mlp.gate_proj.weight", vec![inter, h]),
-                        w("mlp.up_proj.weight", vec![inter, h]),
-                    ],
-                )?,
-                plan.matrix(b, &[w("mlp.down_proj.weight", vec![h, inter])])?,
-            ));
-        }
-        let c = cfg.num_labels;
-        enum HeadSlots {
-            Lm(Option<usize>),
-            Mlp(usize, usize, usize, usize),
-            Classifier(usize, Option<usize>),
-        }
-        let head_slots = match cfg.head {
-            HeadKind::CausalLm if cfg.tie_word_embeddings => HeadSlots::Lm(None),
-            HeadKind::CausalLm => HeadSlots::Lm(Some(
-                plan.matrix(b, &[named("lm_head.weight", vec![cfg.vocab_size, h])])?,
-            )),
-            HeadKind::ProcessRewardMlp => HeadSlots::Mlp(
-                plan.matrix(b, &[named("score.0.weight", vec![h, h])])?,
-                plan.vector(b, &[named("score.0.bias", vec![h])])?,
-                plan.matrix(b, &[named("score.2.weight", vec![c, h])])?,
-                plan.vector(b, &[named("score.2.bias", vec![c])])?,
-            ),
-            HeadKind::TokenClassification => HeadSlots::Classifier(
-                plan.matrix(b, &[named("score.weight", vec![c, h])])?,
-                Some(plan.vector(b, &[named("score.bias", vec![c])])?),
-            ),
-            HeadKind::SequenceClassification => {
-                HeadSlots::Classifier(plan.matrix(b, &[named("score.weight", vec![c, h])])?, None)
-            }
-        };
-        let mut missing: std::collections::HashSet<String> = plan.at.keys().cloned().collect();
-        for file in crate::checkpoint::weight_files(dir)? {
-            let handle = std::fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
-            // SAFETY: a read-only mapping that lives only for this loop (as in model.rs's loader).
-            let map = unsafe { memmap2::Mmap::map(&handle) }.with_context(|| format!("mapping {}", file.display()))?;
-            let st =
-                safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", file.display()))?;
-            for (name, view) in st.tensors() {
-                let Some((matrix, slot, offset, shape)) = plan.at.get(&name).cloned() else {
-                    continue;
-                };
-                let at = || format!("{}: tensor `{name}`", file.display());
-                if view.shape() != shape.as_slice() {
-                    bail!("{}: shape {:?}, config.json implies {shape:?}", at(), view.shape());
-                }
-                if matrix {
-                    let host = crate::checkpoint::to_bf16_bits(&view).with_context(at)?;
-                    let buf = plan.matrices[slot].as_mut().expect("slots are taken after loading");
-                    b.write_bf16(buf, offset, &host)?;
-                } else {
-                    let host = crate::checkpoint::to_f32(&view).with_context(at)?;
-                    let buf = plan.vectors[slot].as_mut().expect("slots are taken after loading");
-                    b.write_f32(buf, offset, &host)?;
-                }
-                missing.remove(&name);
-            }
-        }
-        if let Some(name) = missing.iter().min() {
-            bail!(
-                "{}: tensor `{name}` is missing (architecture {})",
-                dir.display(),
-                cfg.architecture
-            );
-        }
-        let layers = layer_slots
-            .into_iter()
-            .map(|(ln1, ln2, qkv, qkv_bias, o, gate_up, down)| Layer {
-                ln1: plan.take_vector(ln1),
-                ln2: plan.take_vector(ln2),
-                qkv: plan.take_matrix(qkv),
-                qkv_bias: qkv_bias.map(|s| plan.take_vector(s)),
-                o: plan.take_matrix(o),
-                gate_up: plan.take_matrix(gate_up),
-                down: plan.take_matrix(down),
-            })
-            .collect();
-        let head = match head_slots {
-            HeadSlots::Lm(w) => Head::Lm(w.map(|s| plan.take_matrix(s))),
-            HeadSlots::Mlp(w1, b1, w2, b2) => Head::Mlp {
-                w1: plan.take_matrix(w1),
-                b1: plan.take_vector(b1),
-                w2: plan.take_matrix(w2),
-                b2: plan.take_vector(b2),
-            },
-            HeadSlots::Classifier(w, bias) => Head::Classifier {
-                w: plan.take_matrix(w),
-                b: bias.map(|s| plan.take_vector(s)),
-            },
-        };
-        // Rotary tables as the CPU path computes them (f32 inverse frequencies, then cos/sin).
-        let max_positions = cfg.scoring_positions();
-        let half = d / 2;
-        let inv: Vec<f32> = (0..half)
-            .map(|i| 1.0 / (cfg.rope_theta as f32).powf(2.0 * i as f32 / d as f32))
-            .collect();
-        let angles: Vec<f32> = (0..max_positions)
-            .flat_map(|p| inv.iter().map(move |f| p as f32 * f))
-            .collect();
-        let cos = b.upload_f32(&angles.iter().map(|a| a.cos()).collect::<Vec<_>>())?;
-        let sin = b.upload_f32(&angles.iter().map(|a| a.sin()).collect::<Vec<_>>())?;
-        let model = PackedDecoder {
-            embed: plan.take_matrix(embed),
-            norm: plan.take_vector(norm),
-            layers,
-            head,
-            cos,
-            sin,
-            max_positions,
-            logits_bytes: LOGITS_BYTES,
-            scratch: Mutex::new(Scratch::default()),
-            encoded_tokens: AtomicUsize::new(0),
-            config,
-            backend,
-        };
-        // One token through everything: the backend's kernels and buffers are ready before the
-        // first timed pass.
-        model.head_at(&Packed::new(&[&[0]]), &[0], Some(&[0]))?;
-        model.encoded_tokens.store(0, Ordering::Relaxed);
-        Ok(model)
-    }
 
     /// The backend it runs on.
     pub fn backend(&self) -> &Arc<B> {

@@ -97,32 +97,8 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
         Some(x) if x.as_i64() == Some(-1) => 0,
         _ => whole(v, "top_k", 0, 0, u32::MAX as usize)?,
     };
-    let seed = match v.get("seed") {
-        None | Some(Value::Null) => rand::random::<u64>(),
-        Some(x) => x
-            .as_i64()
-            .map(|i| i as u64)
-            .or_else(|| x.as_u64())
-            .ok_or_else(|| ApiError::invalid("`seed` must be an integer", Some("seed")))?,
-    };
-    let stop: Vec<String> = match v.get("stop") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| x.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| ApiError::invalid("`stop` must be a string or a list of strings", Some("stop")))?,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "`stop` must be a string or a list of strings",
-                Some("stop"),
-            ))
-        }
-    };
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("`stop` strings must not be empty", Some("stop")));
-    }
+    let seed = seed_field(v)?;
+    let stop = stop_field(v)?;
     let logprobs = if chat {
         flag(v, "logprobs", false)?
             .then(|| whole(v, "top_logprobs", 0, 0, 20))
@@ -134,31 +110,7 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
         }
     };
     let stream = flag(v, "stream", false)?;
-    let include_usage = match v.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) if stream => match o.get("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "`stream_options.include_usage` must be true or false",
-                    Some("stream_options"),
-                ))
-            }
-        },
-        Some(Value::Object(_)) => {
-            return Err(ApiError::invalid(
-                "`stream_options` is only allowed when `stream` is true",
-                Some("stream_options"),
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "`stream_options` must be an object",
-                Some("stream_options"),
-            ))
-        }
-    };
+    let include_usage = include_usage_field(v, stream)?;
     let echo = !chat && flag(v, "echo", false)?;
     if echo && logprobs.is_some() {
         return Err(ApiError::invalid(
@@ -185,6 +137,70 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
         include_usage,
         echo,
         ignore_eos: flag(v, "ignore_eos", false)?,
+    })
+}
+
+/// `seed`: an integer (negative ones as their two's complement), or a random one when absent.
+fn seed_field(v: &Value) -> Result<u64, ApiError> {
+    Ok(match v.get("seed") {
+        None | Some(Value::Null) => rand::random::<u64>(),
+        Some(x) => x
+            .as_i64()
+            .map(|i| i as u64)
+            .or_else(|| x.as_u64())
+            .ok_or_else(|| ApiError::invalid("`seed` must be an integer", Some("seed")))?,
+    })
+}
+
+/// `stop`: a string or a list of non-empty strings.
+fn stop_field(v: &Value) -> Result<Vec<String>, ApiError> {
+    let stop: Vec<String> = match v.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::invalid("`stop` must be a string or a list of strings", Some("stop")))?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "`stop` must be a string or a list of strings",
+                Some("stop"),
+            ))
+        }
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("`stop` strings must not be empty", Some("stop")));
+    }
+    Ok(stop)
+}
+
+/// `stream_options.include_usage`, allowed only when streaming.
+fn include_usage_field(v: &Value, stream: bool) -> Result<bool, ApiError> {
+    Ok(match v.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) if stream => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "`stream_options.include_usage` must be true or false",
+                    Some("stream_options"),
+                ))
+            }
+        },
+        Some(Value::Object(_)) => {
+            return Err(ApiError::invalid(
+                "`stream_options` is only allowed when `stream` is true",
+                Some("stream_options"),
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "`stream_options` must be an object",
+                Some("stream_options"),
+            ))
+        }
     })
 }
 

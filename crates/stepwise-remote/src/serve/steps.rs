@@ -140,47 +140,11 @@ pub(crate) async fn pooling(State(s): State<Shared>, body: Bytes) -> Result<Json
         let (_, verifier) = state.prm.as_ref().expect("checked");
         let vocab = verifier.model.config.vocab_size as u64;
         let limit = verifier.model.config.max_position_embeddings;
-        let mut batch = Vec::with_capacity(items.len());
-        for (k, item) in items.into_iter().enumerate() {
-            let ids: Vec<u32> = match item {
-                Value::String(t) => super::encode_within(&verifier.tokenizer, &t, true, limit, "input")
-                    .map_err(|e| ApiError::invalid(format!("input[{k}]: {}", e.message), Some("input")))?,
-                Value::Array(a) => a
-                    .iter()
-                    .map(|x| x.as_u64().filter(|&i| i < vocab).map(|i| i as u32))
-                    .collect::<Option<_>>()
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            format!("input[{k}]: token ids must be integers below {vocab}"),
-                            Some("input"),
-                        )
-                    })?,
-                _ => {
-                    return Err(ApiError::invalid(
-                        format!("input[{k}]: a text or a list of token ids"),
-                        Some("input"),
-                    ))
-                }
-            };
-            if ids.is_empty() || ids.len() > limit {
-                return Err(ApiError::invalid(
-                    format!("input[{k}]: {} tokens; this model reads 1 to {limit}", ids.len()),
-                    Some("input"),
-                ));
-            }
-            let positions = ids
-                .iter()
-                .enumerate()
-                .filter(|(_, &t)| t == tag_id)
-                .map(|(i, _)| i)
-                .collect();
-            batch.push(Encoded {
-                ids,
-                positions,
-                steps_from: 0,
-            });
-        }
-        Ok(batch)
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(k, item)| pooling_input(verifier, k, item, tag_id, vocab, limit))
+            .collect::<Result<Vec<_>, ApiError>>()
     })
     .await?;
     let tokens: usize = batch.iter().map(|e| e.ids.len()).sum();
@@ -203,6 +167,55 @@ pub(crate) async fn pooling(State(s): State<Shared>, body: Bytes) -> Result<Json
         "created": super::unix_now(), "model": model,
         "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })))
+}
+
+/// Input `k` of a `/pooling` request (a text, or token ids below `vocab`; 1 to `limit` tokens),
+/// read at every `tag_id`.
+fn pooling_input(
+    verifier: &stepwise_model::scoring::LoadedVerifier,
+    k: usize,
+    item: Value,
+    tag_id: u32,
+    vocab: u64,
+    limit: usize,
+) -> Result<Encoded, ApiError> {
+    let ids: Vec<u32> = match item {
+        Value::String(t) => super::encode_within(&verifier.tokenizer, &t, true, limit, "input")
+            .map_err(|e| ApiError::invalid(format!("input[{k}]: {}", e.message), Some("input")))?,
+        Value::Array(a) => a
+            .iter()
+            .map(|x| x.as_u64().filter(|&i| i < vocab).map(|i| i as u32))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("input[{k}]: token ids must be integers below {vocab}"),
+                    Some("input"),
+                )
+            })?,
+        _ => {
+            return Err(ApiError::invalid(
+                format!("input[{k}]: a text or a list of token ids"),
+                Some("input"),
+            ))
+        }
+    };
+    if ids.is_empty() || ids.len() > limit {
+        return Err(ApiError::invalid(
+            format!("input[{k}]: {} tokens; this model reads 1 to {limit}", ids.len()),
+            Some("input"),
+        ));
+    }
+    let positions = ids
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == tag_id)
+        .map(|(i, _)| i)
+        .collect();
+    Ok(Encoded {
+        ids,
+        positions,
+        steps_from: 0,
+    })
 }
 
 /// One `/v1/score_steps` request waiting for the scoring worker.
