@@ -25,8 +25,8 @@
 //! values. A comparison's `True`/`False` can come out right from wrong products, so lucky-correct
 //! programs exist here as in arithmetic.
 
-use crate::task::{Domain, LabProblem};
-use rand::seq::{IndexedRandom, SliceRandom};
+use crate::task::LabProblem;
+use rand::seq::IndexedRandom;
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -34,7 +34,7 @@ use std::collections::HashMap;
 /// of its own.
 pub const PARAMS: [&str; 7] = ["a", "b", "c", "d", "e", "g", "h"];
 /// Names of the intermediate results, in the order a reference program assigns them.
-const RESULTS: [&str; 7] = ["x", "y", "z", "w", "v", "u", "t"];
+pub(crate) const RESULTS: [&str; 7] = ["x", "y", "z", "w", "v", "u", "t"];
 /// Calls every program is run on: one value per parameter (the columns differ from each other
 /// and from every constant, so a wrong symbol always changes a value).
 pub const PROBES: [[i64; 7]; 5] = [
@@ -50,10 +50,6 @@ const KEYWORDS: &[&str] = &[
     "elif", "else", "except", "finally", "for", "from", "global", "if", "import", "in", "is", "lambda", "nonlocal",
     "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
 ];
-
-const PEOPLE: &[&str] = &["Ann", "Bob", "Cal", "Dee", "Eve", "Fay"];
-const THINGS: &[&str] = &["apples", "cards", "coins", "books", "shells", "stamps"];
-const CONTAINERS: &[&str] = &["boxes", "bags", "packs", "jars"];
 
 /// A value on every probe call: integers, or `True`/`False` (as 1/0) when `boolean`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -355,134 +351,6 @@ pub fn check_prefix(p: &LabProblem, steps: &[String]) -> Vec<bool> {
         .collect()
 }
 
-/// One of the people other than `name`.
-fn someone_else(rng: &mut impl Rng, name: &str) -> &'static str {
-    let others: Vec<&'static str> = PEOPLE.iter().copied().filter(|n| *n != name).collect();
-    others.choose(rng).expect("another person")
-}
-
-/// A chain story and its program: products, then additions and subtractions (`long`: three or
-/// four of them), half the time with a sentence about someone else the program must leave out.
-fn chain_story(
-    rng: &mut impl Rng,
-    long: bool,
-    (name, thing, cont): (&'static str, &'static str, &'static str),
-    quantity: &mut dyn FnMut(&mut dyn rand::RngCore) -> String,
-    next: &mut dyn FnMut() -> &'static str,
-) -> (String, Vec<String>) {
-    let (mut q, mut steps) = (String::new(), Vec::new());
-    let (a, b) = (quantity(rng), quantity(rng));
-    q.push_str(&format!("{name} has {a} {cont} of {b} {thing} ."));
-    let mut total = next();
-    steps.push(format!("{total} = {a} * {b}"));
-    let more = if long {
-        rng.random_range(3..5)
-    } else {
-        rng.random_range(1..3)
-    };
-    // Half the stories say what someone else gets or gives: a quantity the program must
-    // leave out (GSM-IC's irrelevant context).
-    let aside = rng.random_bool(0.5).then(|| rng.random_range(0..=more));
-    for i in 0..=more {
-        if aside == Some(i) {
-            let other = someone_else(rng, name);
-            let d = quantity(rng);
-            if rng.random_bool(0.5) {
-                q.push_str(&format!(" {other} gets {d} more {thing} ."));
-            } else {
-                q.push_str(&format!(" {other} gives away {d} {thing} ."));
-            }
-        }
-        if i == more {
-            break;
-        }
-        let c = quantity(rng);
-        let now = next();
-        if rng.random_bool(0.5) {
-            q.push_str(&format!(" {name} gets {c} more {thing} ."));
-            steps.push(format!("{now} = {total} + {c}"));
-        } else {
-            q.push_str(&format!(" {name} gives away {c} {thing} ."));
-            steps.push(format!("{now} = {total} - {c}"));
-        }
-        total = now;
-    }
-    q.push_str(&format!(" How many {thing} does {name} have now ?"));
-    steps.push(format!("return {total}"));
-    (q, steps)
-}
-
-/// A problem of the code domain: a story with symbols, its reference program and the values it
-/// returns (the gold answer).
-pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
-    let family = *["chain", "chain", "long", "compare", "compare", "remainder"]
-        .choose(rng)
-        .expect("families");
-    let name = *PEOPLE.choose(rng).expect("people");
-    let thing = *THINGS.choose(rng).expect("things");
-    let cont = *CONTAINERS.choose(rng).expect("containers");
-    // The symbols in an order of the problem's own: which one a sentence names has to be read.
-    let mut order = PARAMS;
-    order.shuffle(rng);
-    let mut symbols = order.into_iter();
-    let mut constants = Vec::new();
-    // A quantity: the next symbol, or (half the time) a number the story states.
-    let mut quantity = |rng: &mut dyn rand::RngCore| -> String {
-        if rng.random_bool(0.5) {
-            let k = rng.random_range(2..10);
-            constants.push(k);
-            k.to_string()
-        } else {
-            symbols.next().expect("at most seven symbols").to_string()
-        }
-    };
-    let mut results = RESULTS.iter();
-    let mut next = || *results.next().expect("at most seven results");
-    let (q, steps) = match family {
-        "chain" | "long" => chain_story(rng, family == "long", (name, thing, cont), &mut quantity, &mut next),
-        "compare" => {
-            let other = someone_else(rng, name);
-            let (a, b, c, d) = (quantity(rng), quantity(rng), quantity(rng), quantity(rng));
-            let q = format!(
-                "{name} has {a} {cont} of {b} {thing} . {other} has {c} {cont} of {d} {thing} . Does {name} have more {thing} than {other} ?"
-            );
-            let (x, y, z) = (next(), next(), next());
-            let steps = vec![
-                format!("{x} = {a} * {b}"),
-                format!("{y} = {c} * {d}"),
-                format!("{z} = {x} > {y}"),
-                format!("return {z}"),
-            ];
-            (q, steps)
-        }
-        _ => {
-            let (a, b, extra) = (quantity(rng), quantity(rng), quantity(rng));
-            let k = rng.random_range(3..8);
-            constants.push(k);
-            let q = format!("{name} has {a} {cont} of {b} {thing} and finds {extra} more . The {thing} are shared equally by {k} friends . How many {thing} are left over ?");
-            let (x, y, z) = (next(), next(), next());
-            let steps = vec![
-                format!("{x} = {a} * {b}"),
-                format!("{y} = {x} + {extra}"),
-                format!("{z} = {y} % {k}"),
-                format!("return {z}"),
-            ];
-            (q, steps)
-        }
-    };
-    let gold = answer(&steps).expect("a reference program runs");
-    LabProblem {
-        id: format!("p{index:05}"),
-        family: family.to_string(),
-        question: q,
-        gold,
-        quantities: constants,
-        names: Vec::new(),
-        steps,
-        domain: Domain::Code,
-    }
-}
-
 /// The reference program with, at probability `slip`, one slip a programmer makes: a wrong
 /// operator (`+` for `-`, `>` for `<`), a wrong name (another of the story's symbols or an
 /// earlier result), or a number off by one. Later lines keep reading the names they read, so the
@@ -570,10 +438,10 @@ pub fn noisy_reference(p: &LabProblem, rng: &mut impl Rng, slip: f64) -> Vec<Str
 
 /// Every word a code problem or program of the lab may use (the vocabulary's words).
 pub fn words() -> Vec<String> {
-    let mut w: Vec<String> = PEOPLE
+    let mut w: Vec<String> = crate::problems::NAMES
         .iter()
-        .chain(THINGS)
-        .chain(CONTAINERS)
+        .chain(crate::problems::THINGS)
+        .chain(crate::problems::CONTAINERS)
         .chain(&PARAMS)
         .chain(&RESULTS)
         .map(|s| s.to_string())
@@ -595,7 +463,7 @@ mod tests {
 
     fn problems(seed: u64, n: usize) -> Vec<LabProblem> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        (0..n).map(|i| generate(&mut rng, i)).collect()
+        (0..n).map(|i| crate::problems::code(&mut rng, i)).collect()
     }
 
     fn lines(s: &str) -> Vec<String> {

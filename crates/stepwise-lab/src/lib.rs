@@ -18,6 +18,7 @@ pub mod confidence;
 mod html;
 pub mod oracle;
 pub mod preset;
+pub mod problems;
 pub mod progress;
 pub mod reasoning;
 pub mod report;

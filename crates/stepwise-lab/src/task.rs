@@ -45,8 +45,8 @@ impl Domain {
     /// Problem `index` of a run of this domain, drawn from `rng`.
     pub fn generate(self, rng: &mut impl Rng, index: usize) -> LabProblem {
         match self {
-            Domain::Arithmetic => generate(rng, index),
-            Domain::Code => crate::code::generate(rng, index),
+            Domain::Arithmetic => crate::problems::arithmetic(rng, index),
+            Domain::Code => crate::problems::code(rng, index),
             Domain::Agent => crate::agent::games::lab_problem(rng.random(), index),
         }
     }
@@ -114,10 +114,6 @@ impl LabProblem {
     }
 }
 
-const NAMES: &[&str] = &["Ann", "Bob", "Cal", "Dee", "Eve", "Fay"];
-const THINGS: &[&str] = &["apples", "cards", "coins", "books", "shells", "stamps"];
-const CONTAINERS: &[&str] = &["boxes", "bags", "packs", "jars"];
-
 fn op_text(op: char, a: i64, b: i64) -> Option<i64> {
     match op {
         '+' => Some(a + b),
@@ -125,166 +121,6 @@ fn op_text(op: char, a: i64, b: i64) -> Option<i64> {
         '*' => Some(a * b),
         '%' if b > 0 => Some(a.rem_euclid(b)),
         _ => None,
-    }
-}
-
-/// Generate arithmetic problem `index` of a run from `rng` ([`Domain::generate`] for any domain).
-pub fn generate(rng: &mut impl Rng, index: usize) -> LabProblem {
-    let family = *["chain", "chain", "long", "compare", "remainder", "choice"]
-        .choose(rng)
-        .unwrap();
-    let who = Who {
-        name: NAMES.choose(rng).unwrap(),
-        thing: THINGS.choose(rng).unwrap(),
-        cont: CONTAINERS.choose(rng).unwrap(),
-    };
-    let mut parts = match family {
-        "chain" | "long" => chain(rng, family == "long", &who),
-        "compare" | "choice" => compare(rng, family == "compare", &who),
-        _ => remainder(rng, &who),
-    };
-    parts.steps.push(format!("The answer is {}", parts.gold));
-    LabProblem {
-        id: format!("p{index:05}"),
-        family: family.to_string(),
-        question: parts.q,
-        gold: parts.gold,
-        quantities: parts.quantities,
-        names: parts.names,
-        steps: parts.steps,
-        domain: Domain::Arithmetic,
-    }
-}
-
-/// Who a problem is about, what they count, and what holds it.
-struct Who {
-    name: &'static str,
-    thing: &'static str,
-    cont: &'static str,
-}
-
-/// A problem's text, its reference steps, the quantities it names, the names an answer may be
-/// (for a choice) and its gold answer.
-#[derive(Default)]
-struct Parts {
-    q: String,
-    steps: Vec<String>,
-    quantities: Vec<i64>,
-    names: Vec<String>,
-    gold: String,
-}
-
-/// Products, then additions and subtractions (`long`: three to five of them).
-fn chain(rng: &mut impl Rng, long: bool, who: &Who) -> Parts {
-    let Who { name, thing, cont } = *who;
-    let family = if long { "long" } else { "chain" };
-    let (mut q, mut steps, mut quantities) = (String::new(), Vec::new(), Vec::new());
-    let (a, b) = (rng.random_range(2..7), rng.random_range(2..7));
-    quantities.extend([a, b]);
-    q.push_str(&format!("{name} has {a} {cont} of {b} {thing} ."));
-    let mut total = a * b;
-    steps.push(format!("{a} * {b} = {total}"));
-    let n_more = if family == "long" {
-        rng.random_range(3..6)
-    } else {
-        rng.random_range(1..3)
-    };
-    for _ in 0..n_more {
-        let c = rng.random_range(2..7);
-        quantities.push(c);
-        if rng.random_bool(0.5) || total <= c {
-            q.push_str(&format!(" {name} gets {c} more {thing} ."));
-            steps.push(format!("{total} + {c} = {}", total + c));
-            total += c;
-        } else {
-            q.push_str(&format!(" {name} gives away {c} {thing} ."));
-            steps.push(format!("{total} - {c} = {}", total - c));
-            total -= c;
-        }
-    }
-    q.push_str(&format!(" How many {thing} does {name} have now ?"));
-    Parts {
-        q,
-        steps,
-        quantities,
-        names: Vec::new(),
-        gold: total.to_string(),
-    }
-}
-
-/// Two products compared: a yes/no question (`yes_no`) or a choice between two offers.
-fn compare(rng: &mut impl Rng, yes_no: bool, who: &Who) -> Parts {
-    let Who { name, thing, cont } = *who;
-    let family = if yes_no { "compare" } else { "choice" };
-    let (mut steps, mut quantities) = (Vec::new(), Vec::new());
-    let other = *NAMES
-        .iter()
-        .filter(|n| **n != name)
-        .collect::<Vec<_>>()
-        .choose(rng)
-        .unwrap();
-    let (a, b, c, d) = (
-        rng.random_range(2..10),
-        rng.random_range(2..10),
-        rng.random_range(2..10),
-        rng.random_range(2..10),
-    );
-    let (x, y) = (a * b, c * d);
-    let (y, d) = if x == y { (c * (d + 1), d + 1) } else { (y, d) };
-    // A yes/no question, not "who has more": a 64-wide two-layer policy did not learn to
-    // copy a name from the question (87% of its answers were wrong after correct
-    // comparisons, most naming someone absent), a failure no verifier built from it can
-    // check and no real language model has (see the README).
-    let (n0, n1) = if family == "compare" {
-        ("yes".to_string(), "no".to_string())
-    } else {
-        ("first".to_string(), "second".to_string())
-    };
-    let q = if family == "compare" {
-        format!(
-            "{name} has {a} {cont} of {b} {thing} . {other} has {c} {cont} of {d} {thing} . Does {name} have more {thing} than {other} ?"
-        )
-    } else {
-        format!("The first offer is {a} {cont} of {b} {thing} . The second offer is {c} {cont} of {d} {thing} . Which offer has more {thing} ?")
-    };
-    quantities.extend([a, b, c, d]);
-    steps.push(format!("{a} * {b} = {x}"));
-    steps.push(format!("{c} * {d} = {y}"));
-    steps.push(if x > y {
-        format!("{x} > {y}")
-    } else {
-        format!("{x} < {y}")
-    });
-    let gold = if x > y { n0.clone() } else { n1.clone() };
-    let names = vec![n0, n1];
-    Parts {
-        q,
-        steps,
-        quantities,
-        names,
-        gold,
-    }
-}
-
-/// A product plus a find, shared out: the remainder.
-fn remainder(rng: &mut impl Rng, who: &Who) -> Parts {
-    let Who { name, thing, cont } = *who;
-    let (mut steps, mut quantities) = (Vec::new(), Vec::new());
-    let (a, b, k) = (rng.random_range(2..7), rng.random_range(2..7), rng.random_range(3..8));
-    let extra = rng.random_range(2..7);
-    quantities.extend([a, b, extra, k]);
-    let q = format!("{name} has {a} {cont} of {b} {thing} and finds {extra} more . The {thing} are shared equally by {k} friends . How many {thing} are left over ?");
-    steps.push(format!("{a} * {b} = {}", a * b));
-    steps.push(format!("{} + {extra} = {}", a * b, a * b + extra));
-    let r = (a * b + extra) % k;
-    steps.push(format!("{} % {k} = {r}", a * b + extra));
-    let gold = r.to_string();
-    Parts {
-        q,
-        steps,
-        quantities,
-        names: Vec::new(),
-        gold,
     }
 }
 
@@ -575,7 +411,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let mut lucky = 0;
         for i in 0..500 {
-            let p = generate(&mut rng, i);
+            let p = crate::problems::arithmetic(&mut rng, i);
             assert!(check_steps(&p, &p.steps).iter().all(|&ok| ok), "{:?}", p);
             assert_eq!(stated_answer(&p.steps).as_deref(), Some(p.gold.as_str()));
             let noisy = noisy_reference(&p, &mut rng, 1.0);
@@ -616,7 +452,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         let (mut flipped, mut reordered, mut compared) = (0, 0, 0);
         for i in 0..400 {
-            let p = generate(&mut rng, i);
+            let p = crate::problems::arithmetic(&mut rng, i);
             if p.names.len() == 2 {
                 // Both products, the second side first: still correct.
                 let mut steps = p.steps.clone();
@@ -682,7 +518,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
         let mut all_correct = 0;
         for i in 0..300 {
-            let p = generate(&mut rng, i);
+            let p = crate::problems::arithmetic(&mut rng, i);
             for _ in 0..20 {
                 // Drop, repeat or swap steps, slip a result: the kinds of damage samples show.
                 let mut steps = noisy_reference(&p, &mut rng, 0.3);
@@ -708,7 +544,7 @@ mod tests {
     #[test]
     fn unknown_quantities_are_wrong() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
-        let p = generate(&mut rng, 0);
+        let p = crate::problems::arithmetic(&mut rng, 0);
         let mut steps = p.steps.clone();
         steps[0] = "97 + 1 = 98".into();
         assert!(!check_steps(&p, &steps)[0]);

@@ -8,7 +8,7 @@
 //! model of its size could check, so no verifier could do better than chance on them. Real
 //! policies mostly fail on steps they could verify (see the README's lab section).
 
-use crate::task::{generate, Domain};
+use crate::task::Domain;
 use anyhow::{anyhow, Context, Result};
 use rand::SeedableRng;
 use std::collections::BTreeSet;
@@ -35,7 +35,7 @@ pub fn tokenizer_json(domain: Domain) -> String {
         Domain::Arithmetic => {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
             for i in 0..3000 {
-                let p = generate(&mut rng, i);
+                let p = crate::problems::arithmetic(&mut rng, i);
                 for w in p
                     .question
                     .split_whitespace()

@@ -305,15 +305,7 @@ pub fn train(
     let named = optim::named_vars(varmap);
     let vars: Vec<candle_core::Var> = named.iter().map(|(_, v)| v.clone()).collect();
     let mut opt = AdamW::new(named, cfg.lr, cfg.weight_decay)?;
-    let mut state = TrainState::default();
-    if let Some(dir) = &cfg.out_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        if dir.join(STATE).exists() && dir.join(OPTIM).exists() {
-            state = serde_json::from_str(&std::fs::read_to_string(dir.join(STATE))?)?;
-            crate::checkpoint::load_training_checkpoint(varmap, dir)?;
-            opt.load(&dir.join(OPTIM))?;
-        }
-    }
+    let mut state = resume(cfg, varmap, &mut opt)?;
     model.set_training(true);
     let mut best_in_memory: Option<Vec<(candle_core::Var, Tensor)>> = None;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
@@ -366,36 +358,9 @@ pub fn train(
         state.last_loss = loss_sum / cfg.grad_accum as f64;
         on_step(state.step, state.last_loss);
         let validate = state.step == cfg.steps || (cfg.eval_every > 0 && state.step % cfg.eval_every == 0);
-        if validate && !valid_set.is_empty() {
-            let m = evaluate(model, valid_set, objective, cfg.batch_size * 2)?;
-            model.set_training(true);
-            let better = state.best_valid_loss.is_none_or(|b| m.loss < b);
-            if better {
-                state.best_valid_loss = Some(m.loss);
-                state.best_step = Some(state.step);
-                state.since_best = 0;
-                if cfg.keep_best {
-                    match &cfg.out_dir {
-                        Some(dir) => crate::checkpoint::save_exact_weights(&model.config, varmap, &dir.join(BEST))?,
-                        None => best_in_memory = Some(snapshot(varmap)?),
-                    }
-                }
-            } else {
-                state.since_best += 1;
-            }
-            state.history.push((state.step, m));
-            if cfg.patience > 0 && state.since_best >= cfg.patience {
-                state.stopped_early = true;
-            }
-        }
         if validate {
-            if let Some(dir) = &cfg.out_dir {
-                crate::checkpoint::save_training_checkpoint(dir, &model.config, varmap)?;
-                // The folder's checkpoint is the last step's again.
-                let _ = std::fs::remove_file(dir.join(crate::checkpoint::LAST_WEIGHTS));
-                opt.save(&dir.join(OPTIM))?;
-                std::fs::write(dir.join(STATE), serde_json::to_string_pretty(&state)?)?;
-            }
+            let run = Run { model: &mut *model, varmap, cfg };
+            run.validate(valid_set, objective, &mut state, &mut best_in_memory, &opt)?;
         }
         if state.stopped_early {
             break;
@@ -403,22 +368,101 @@ pub fn train(
     }
     model.set_training(false);
     if cfg.keep_best && state.best_step.is_some_and(|b| b != state.step) {
-        match (&cfg.out_dir, best_in_memory) {
-            (Some(dir), _) => {
-                // The last step's weights stay beside the best for a resume.
-                crate::checkpoint::save_exact_weights(&model.config, varmap, &dir.join(crate::checkpoint::LAST_WEIGHTS))?;
-                crate::checkpoint::load_into(varmap, &dir.join(BEST))?;
-                crate::checkpoint::save_checkpoint(dir, &model.config, varmap)?;
-            }
-            (None, Some(best)) => {
-                for (var, value) in best {
-                    var.set(&value)?;
-                }
-            }
-            (None, None) => {}
+        restore_best(model, varmap, cfg, best_in_memory)?;
+    }
+    Ok(state)
+}
+
+/// The state of a run to resume from `cfg.out_dir`'s last checkpoint (weights and optimiser
+/// loaded), or a fresh one.
+fn resume(cfg: &TrainConfig, varmap: &VarMap, opt: &mut AdamW) -> Result<TrainState> {
+    let mut state = TrainState::default();
+    if let Some(dir) = &cfg.out_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        if dir.join(STATE).exists() && dir.join(OPTIM).exists() {
+            state = serde_json::from_str(&std::fs::read_to_string(dir.join(STATE))?)?;
+            crate::checkpoint::load_training_checkpoint(varmap, dir)?;
+            opt.load(&dir.join(OPTIM))?;
         }
     }
     Ok(state)
+}
+
+/// What a validation needs of the run.
+struct Run<'a> {
+    model: &'a mut Model,
+    varmap: &'a VarMap,
+    cfg: &'a TrainConfig,
+}
+
+impl Run<'_> {
+    /// At a validation step: the validation loss, the best weights kept, early stopping decided,
+    /// and the checkpoint written (with the optimiser and the state) where the run has a folder.
+    fn validate(
+        self,
+        valid_set: &[Example],
+        objective: Objective,
+        state: &mut TrainState,
+        best_in_memory: &mut Option<Vec<(candle_core::Var, Tensor)>>,
+        opt: &AdamW,
+    ) -> Result<()> {
+    if !valid_set.is_empty() {
+        let m = evaluate(self.model, valid_set, objective, self.cfg.batch_size * 2)?;
+        self.model.set_training(true);
+        let better = state.best_valid_loss.is_none_or(|b| m.loss < b);
+        if better {
+            state.best_valid_loss = Some(m.loss);
+            state.best_step = Some(state.step);
+            state.since_best = 0;
+            if self.cfg.keep_best {
+                match &self.cfg.out_dir {
+                    Some(dir) => crate::checkpoint::save_exact_weights(&self.model.config, self.varmap, &dir.join(BEST))?,
+                    None => *best_in_memory = Some(snapshot(self.varmap)?),
+                }
+            }
+        } else {
+            state.since_best += 1;
+        }
+        state.history.push((state.step, m));
+        if self.cfg.patience > 0 && state.since_best >= self.cfg.patience {
+            state.stopped_early = true;
+        }
+    }
+    if let Some(dir) = &self.cfg.out_dir {
+        crate::checkpoint::save_training_checkpoint(dir, &self.model.config, self.varmap)?;
+        // The folder's checkpoint is the last step's again.
+        let _ = std::fs::remove_file(dir.join(crate::checkpoint::LAST_WEIGHTS));
+        opt.save(&dir.join(OPTIM))?;
+        std::fs::write(dir.join(STATE), serde_json::to_string_pretty(&state)?)?;
+    }
+        Ok(())
+    }
+}
+
+/// The best validation's weights back in `varmap` (the last step's kept beside them in the run's
+/// folder, for a resume).
+fn restore_best(
+    model: &Model,
+    varmap: &VarMap,
+    cfg: &TrainConfig,
+    best_in_memory: Option<Vec<(candle_core::Var, Tensor)>>,
+) -> Result<()> {
+    match (&cfg.out_dir, best_in_memory) {
+        (Some(dir), _) => {
+            // The last step's weights stay beside the best for a resume.
+            crate::checkpoint::save_exact_weights(&model.config, varmap, &dir.join(crate::checkpoint::LAST_WEIGHTS))?;
+            crate::checkpoint::load_into(varmap, &dir.join(BEST))?;
+            crate::checkpoint::save_checkpoint(dir, &model.config, varmap)?;
+        }
+        (None, Some(best)) => {
+            for (var, value) in best {
+                var.set(&value)?;
+            }
+        }
+        (None, None) => {}
+    }
+
+    Ok(())
 }
 
 /// A copy of every variable's value.

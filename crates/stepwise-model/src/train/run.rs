@@ -180,48 +180,14 @@ fn train_into(
 ) -> Result<TrainReport> {
     let started = std::time::Instant::now();
     let dev = crate::default_device();
-    let tok_dir = a
-        .tokenizer
-        .clone()
-        .or(a.base.clone())
-        .context("pass --base DIR, or --config with --tokenizer DIR")?;
-    let tok = Tokenizer::from_dir(&tok_dir)?;
-    let neutral = match a.neutral.as_str() {
-        "good" => Neutral::Good,
-        "bad" => Neutral::Bad,
-        "skip" => Neutral::Skip,
-        o => bail!("unknown --neutral `{o}`: use good, bad or skip"),
-    };
+    let tok_dir = a.tokenizer.as_ref().or(a.base.as_ref()).context("pass --base DIR, or --config with --tokenizer DIR")?;
+    let tok = Tokenizer::from_dir(tok_dir)?;
+    let neutral = neutral_of(a)?;
     let max_len = match &a.base {
         Some(base) => ModelConfig::from_dir(base)?.max_position_embeddings.min(a.max_len),
         None => a.max_len,
     };
-    if a.separator.is_empty() {
-        bail!("--separator: empty (steps could not be told apart when the verifier is scored)");
-    }
-    if a.reference_logprob.is_some() && a.head.as_deref() != Some("log-ratio") {
-        bail!("--reference-logprob is for --head log-ratio");
-    }
-    if a.last_tokens.is_some() && (a.head.as_deref() != Some("log-ratio") || a.outcome) {
-        bail!("--last-tokens is for --head log-ratio on step labels (not --outcome)");
-    }
-    let head = match a.head.as_deref() {
-        Some("log-ratio") => {
-            let lr = LogRatio {
-                beta: a.beta,
-                cumulative: a.outcome,
-                reference_logprob: a.reference_logprob,
-                last_tokens: a.last_tokens,
-            };
-            lr.check().context("--reference-logprob, --last-tokens")?;
-            VerifierHead::LogRatio(lr)
-        }
-        Some("value") => VerifierHead::Value,
-        Some("classifier") => VerifierHead::Classifier,
-        Some(other) => bail!("unknown --head `{other}`: use classifier, value or log-ratio"),
-        None if a.outcome => VerifierHead::Value,
-        None => VerifierHead::Classifier,
-    };
+    let head = verifier_head(a)?;
     let start = match (&a.base, &a.config) {
         (Some(base), _) => Start::Checkpoint(base.clone()),
         (None, Some(name)) => Start::Fresh(shape(name, tok.vocab_size(), HeadKind::TokenClassification)?),
@@ -270,26 +236,9 @@ fn train_into(
     log(&format!("{} training sequences, {} validation", train_set.len(), valid_set.len()));
     let dropped = train_sols.len() + valid_sols.len() - train_set.len() - valid_set.len();
     if dropped > 0 {
-        log(&format!(
-            "{dropped} of {} solutions left out: nothing to learn from them ({})",
-            train_sols.len() + valid_sols.len(),
-            if a.outcome {
-                "no `correct` field, or no steps"
-            } else {
-                "no labelled step, only neutral steps with --neutral skip, or every label past --max-len"
-            }
-        ));
+        log(&dropped_message(a, dropped, train_sols.len() + valid_sols.len()));
     }
-    // The reference is named relative to the verifier's folder, so the two can move together.
-    std::fs::create_dir_all(&a.out)?;
-    let relative_base = match (against_base, &a.base) {
-        (true, Some(base)) => {
-            let base = std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?;
-            let out = std::fs::canonicalize(&a.out).with_context(|| format!("{}", a.out.display()))?;
-            Some(relative_path(&out, &base))
-        }
-        _ => None,
-    };
+    let relative_base = reference_from_out(a, against_base)?;
     spec.reward_spec(relative_base.as_deref()).save(&a.out)?;
     let (state, metrics, device) = match placement {
         Placement::Cuda(ordinal) => {
@@ -297,20 +246,13 @@ fn train_into(
             (state, metrics, format!("cuda:{ordinal}"))
         }
         _ => {
-            let varmap = VarMap::new();
-            let mut model = spec.build(&varmap, &dev, a.seed)?;
-            let objective = spec.objective();
-            let cfg = train_config(a, true);
-            let state = train(&mut model, &varmap, &train_set, &valid_set, objective, &cfg, on_step)?;
-            let metrics = (!valid_set.is_empty())
-                .then(|| evaluate(&model, &valid_set, objective, a.batch_size * 2))
-                .transpose()?;
+            let (state, metrics) = on_cpu(a, &spec, &train_set, &valid_set, on_step)?;
             (state, metrics, "cpu".to_string())
         }
     };
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        if tok_dir.join(f).exists() {
-            std::fs::copy(tok_dir.join(f), a.out.join(f))?;
+    for f in ["tokenizer.json", "tokenizer_config.json"].map(|f| tok_dir.join(f)) {
+        if f.exists() {
+            std::fs::copy(&f, a.out.join(f.file_name().expect("a file")))?;
         }
     }
     if let Some(m) = &metrics {
@@ -327,6 +269,90 @@ fn train_into(
         sequences: (train_set.len(), valid_set.len()),
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// `--neutral`: what a neutral step's label becomes.
+fn neutral_of(a: &TrainPrm) -> Result<Neutral> {
+    Ok(match a.neutral.as_str() {
+        "good" => Neutral::Good,
+        "bad" => Neutral::Bad,
+        "skip" => Neutral::Skip,
+        o => bail!("unknown --neutral `{o}`: use good, bad or skip"),
+    })
+}
+
+/// The verifier's head from `--head` (and `--outcome`), its options checked.
+fn verifier_head(a: &TrainPrm) -> Result<VerifierHead> {
+    if a.separator.is_empty() {
+        bail!("--separator: empty (steps could not be told apart when the verifier is scored)");
+    }
+    if a.reference_logprob.is_some() && a.head.as_deref() != Some("log-ratio") {
+        bail!("--reference-logprob is for --head log-ratio");
+    }
+    if a.last_tokens.is_some() && (a.head.as_deref() != Some("log-ratio") || a.outcome) {
+        bail!("--last-tokens is for --head log-ratio on step labels (not --outcome)");
+    }
+    Ok(match a.head.as_deref() {
+        Some("log-ratio") => {
+            let lr = LogRatio {
+                beta: a.beta,
+                cumulative: a.outcome,
+                reference_logprob: a.reference_logprob,
+                last_tokens: a.last_tokens,
+            };
+            lr.check().context("--reference-logprob, --last-tokens")?;
+            VerifierHead::LogRatio(lr)
+        }
+        Some("value") => VerifierHead::Value,
+        Some("classifier") => VerifierHead::Classifier,
+        Some(other) => bail!("unknown --head `{other}`: use classifier, value or log-ratio"),
+        None if a.outcome => VerifierHead::Value,
+        None => VerifierHead::Classifier,
+    })
+}
+
+/// Why solutions were left out of training.
+fn dropped_message(a: &TrainPrm, dropped: usize, all: usize) -> String {
+    format!(
+        "{dropped} of {all} solutions left out: nothing to learn from them ({})",
+        if a.outcome {
+            "no `correct` field, or no steps"
+        } else {
+            "no labelled step, only neutral steps with --neutral skip, or every label past --max-len"
+        }
+    )
+}
+
+/// Makes the output folder; a verifier scored against its base names the base relative to it,
+/// so the two can move together.
+fn reference_from_out(a: &TrainPrm, against_base: bool) -> Result<Option<PathBuf>> {
+    std::fs::create_dir_all(&a.out)?;
+    Ok(match (against_base, &a.base) {
+        (true, Some(base)) => {
+            let base = std::fs::canonicalize(base).with_context(|| format!("{}", base.display()))?;
+            let out = std::fs::canonicalize(&a.out).with_context(|| format!("{}", a.out.display()))?;
+            Some(relative_path(&out, &base))
+        }
+        _ => None,
+    })
+}
+
+/// Trains on the CPU (candle's autograd): the run's state and the validation metrics.
+fn on_cpu(
+    a: &TrainPrm,
+    spec: &VerifierSpec,
+    train_set: &[Example],
+    valid_set: &[Example],
+    on_step: &mut dyn FnMut(usize, f64),
+) -> Result<(TrainState, Option<Metrics>)> {
+    let varmap = VarMap::new();
+    let mut model = spec.build(&varmap, &crate::default_device(), a.seed)?;
+    let objective = spec.objective();
+    let state = train(&mut model, &varmap, train_set, valid_set, objective, &train_config(a, true), on_step)?;
+    let metrics = (!valid_set.is_empty())
+        .then(|| evaluate(&model, valid_set, objective, a.batch_size * 2))
+        .transpose()?;
+    Ok((state, metrics))
 }
 
 /// The run's settings as the trainers take them.
