@@ -255,7 +255,7 @@ impl<'a> IncrementalScorer<'a> {
                         logits = logits.index_select(&Tensor::new(&c, logits.device())?, 1)?;
                     }
                     let width = logits.dim(1)?;
-                    let rewards = crate::pooler::good_probs(&logits.flatten_all()?.to_vec1()?, width)?;
+                    let rewards = crate::pooler::good_probs(logits.flatten_all()?.to_vec1()?, width)?;
                     for ((i, p), r) in at.into_iter().zip(rewards) {
                         plans[i].values[p] = r;
                     }

@@ -12,11 +12,12 @@ use candle_core::{Device, Tensor};
 
 /// P(good) of each row of head outputs `values` (`width` a row): softmax class 1 of a
 /// classifier's classes (or of an LM head's `[bad, good]` columns), the sigmoid of a value head.
-pub fn good_probs(values: &[f32], width: usize) -> Result<Vec<f32>> {
+pub fn good_probs(values: Vec<f32>, width: usize) -> Result<Vec<f32>> {
     if values.is_empty() {
         return Ok(Vec::new());
     }
-    let logits = Tensor::from_vec(values.to_vec(), (values.len() / width.max(1), width), &Device::Cpu)?;
+    let rows = values.len() / width.max(1);
+    let logits = Tensor::from_vec(values, (rows, width), &Device::Cpu)?;
     Ok(crate::model::good_prob(&logits)?.to_vec1()?)
 }
 

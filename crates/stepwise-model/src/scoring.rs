@@ -131,7 +131,7 @@ impl<'a> PrmScorer<'a> {
         let rows: Vec<Vec<usize>> = batch.iter().map(|e| e.positions.clone()).collect();
         let columns = self.layout.head_columns(self.tokenizer)?;
         let (values, width) = self.model.head_at(&seqs, &rows, columns.as_ref().map(|c| c.as_slice()))?;
-        Ok(pooler::per_solution(&pooler::good_probs(&values, width)?, batch))
+        Ok(pooler::per_solution(&pooler::good_probs(values, width)?, batch))
     }
 
     /// Step rewards of one solution.
