@@ -8,6 +8,7 @@ use anyhow::Result;
 use std::fmt::Write as _;
 use std::path::Path;
 use stepwise_eval::bon::Curve;
+use stepwise_eval::plot::Intervals;
 
 fn at(c: &Curve, n: usize) -> String {
     c.points
@@ -447,7 +448,7 @@ fn search_plot(stem: &Path, r: &SearchReport) -> Result<()> {
         }
         panels.push((format!("guided by {verifier}"), curves));
     }
-    stepwise_eval::plot::scaling_plot(stem, "tokens generated per problem", &panels)
+    stepwise_eval::plot::scaling_plot(stem, "tokens generated per problem", &panels, Intervals::Caps)
 }
 
 /// The RL section: each reward source's policy before and after, on held-out problems.
@@ -536,15 +537,32 @@ fn rl_plot(stem: &Path, rl: &RlReport) -> Result<()> {
     )
 }
 
+/// Best-of-N in two panels, so that no panel holds more than about ten curves: the verifiers
+/// against one another (each at its min aggregation), and how PRM-MC's step scores are combined
+/// (every aggregation and the weighted votes); majority vote and pass@N are in both, as the floor
+/// and the ceiling.
+fn bon_plot(stem: &Path, r: &Report) -> Result<()> {
+    let aggregation = |m: &str| m.ends_with("weighted vote") || (m.starts_with("PRM-MC (") && m != "PRM-MC (min)");
+    let reference = |m: &str| m == "majority vote" || m == "pass@N";
+    let pick = |keep: &dyn Fn(&str) -> bool| -> Vec<_> { r.bon.iter().filter(|c| keep(&c.method)).cloned().collect() };
+    let panels = [
+        (
+            format!("Best-of-N by verifier, held-out lab problems ({} preset)", r.preset),
+            pick(&|m| !aggregation(m)),
+        ),
+        (
+            "Best-of-N: PRM-MC's step scores combined".to_string(),
+            pick(&|m| aggregation(m) || m == "PRM-MC (min)" || reference(m)),
+        ),
+    ];
+    stepwise_eval::plot::scaling_plot(stem, "N (samples per problem)", &panels, Intervals::Caps)
+}
+
 /// Write `metrics.json`, `report.md`, `report.html` and the plots into `dir`.
 pub fn write_report(dir: &Path, r: &Report) -> Result<()> {
     let mut r = r.clone();
     let mut plots = Vec::new();
-    match stepwise_eval::plot::bon_plot(
-        &dir.join("bon"),
-        &format!("Best-of-N on held-out lab problems ({} preset)", r.preset),
-        &r.bon,
-    ) {
+    match bon_plot(&dir.join("bon"), &r) {
         Ok(()) => plots.extend(["bon.png".to_string(), "bon.svg".to_string()]),
         Err(e) => plots.push(format!("bon: {e}")),
     }

@@ -54,8 +54,9 @@ impl Placement {
             Placement::Cuda(n) => {
                 if !cfg!(feature = "cuda") {
                     bail!(
-                        "--device cuda:{n}: this stepwise was built without CUDA \
-                         (build it with `cargo build --release -p stepwise-cli --features cuda`)"
+                        "device cuda:{n}: this stepwise was built without CUDA (the command line: \
+                         `cargo build --release -p stepwise-cli --features cuda`; the Python \
+                         package: `MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python`)"
                     );
                 }
                 Ok(Placement::Cuda(n))
@@ -104,7 +105,7 @@ mod tests {
         {
             assert_eq!(Placement::Auto.resolve().unwrap(), Placement::Cpu);
             let err = Placement::Cuda(0).resolve().unwrap_err().to_string();
-            assert!(err.contains("--features cuda"), "{err}");
+            assert!(err.contains("--features cuda") && err.contains("pip install"), "{err}");
         }
     }
 }

@@ -104,8 +104,7 @@ pub fn run_tests<'py>(
             "stepwise: {skipped} of {} samples could not be run (the reason in each one's `error`, `passed` None)",
             samples.len()
         );
-        let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
-        py.import("warnings")?.call_method1("warn", (message, category, 2))?;
+        crate::convert::user_warning(py, message)?;
     }
     to_py(py, &Value::Array(graded))
 }

@@ -388,3 +388,11 @@ pub fn all_as_written(rows: Vec<Vec<f32>>) -> Vec<Vec<f64>> {
         .map(|r| r.into_iter().map(as_written).collect())
         .collect()
 }
+
+/// A `UserWarning` through Python's `warnings` (filterable, shown once per place by default),
+/// pointing at the caller's line.
+pub(crate) fn user_warning(py: Python<'_>, message: String) -> PyResult<()> {
+    let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
+    py.import("warnings")?.call_method1("warn", (message, category, 2))?;
+    Ok(())
+}

@@ -160,10 +160,17 @@ fn journal_so_far(path: &Path, ids: &[&str]) -> Vec<Solution> {
 /// A `StepwiseError` for a batch call that stopped (`on_error="raise"`): its message names the
 /// record, and what was `done` before it is on the error's `records`.
 pub(crate) fn failure_with_records(py: Python<'_>, error: &anyhow::Error, so_far: &[Solution], done: &str) -> PyErr {
-    let err = crate::StepwiseError::new_err(format!(
+    let message = format!(
         "{error:#}; the {} records {done} before it are on this error's `records` (on_error=\"skip\" goes on past it)",
         so_far.len()
-    ));
+    );
+    error_with_records(py, message, so_far)
+}
+
+/// A `StepwiseError` saying `message`, with the records done before the failure as Python
+/// records on its `records` attribute (nothing done is lost with the error).
+pub(crate) fn error_with_records(py: Python<'_>, message: String, so_far: &[Solution]) -> PyErr {
+    let err = crate::StepwiseError::new_err(message);
     let records = without_gil(py, || records_of(so_far)).and_then(|r| to_py(py, &Value::Array(r)));
     match records {
         Ok(records) => match err.value(py).setattr("records", records) {
@@ -184,8 +191,7 @@ pub(crate) fn warn_skipped(py: Python<'_>, sols: &[Solution], key: &str, what: &
              meta[{key:?}])",
             sols.len()
         );
-        let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
-        py.import("warnings")?.call_method1("warn", (message, category, 2))?;
+        crate::convert::user_warning(py, message)?;
     }
     Ok(())
 }

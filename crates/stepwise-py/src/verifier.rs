@@ -231,8 +231,7 @@ impl Prm {
                  (the reason in each one's meta['score_errors'][{name:?}])",
                 sols.len()
             );
-            let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
-            py.import("warnings")?.call_method1("warn", (message, category, 2))?;
+            crate::convert::user_warning(py, message)?;
         }
         let out = without_gil(py, || records_of(&sols))?;
         to_py(py, &Value::Array(out))
@@ -318,17 +317,10 @@ enum ChunkRun {
 /// The `StepwiseError` of a record `score_records` could not score (`on_error="raise"`): it names
 /// the record, and the records scored before it are on its `records`.
 fn partial_failure(py: Python<'_>, sols: &[stepwise_core::Solution], index: usize, id: &str, cause: &str) -> PyErr {
-    let err = crate::StepwiseError::new_err(format!(
+    let message = format!(
         "record {} (`{id}`) could not be scored: {cause}; the {index} records before it are scored, on this \
          error's `records` (on_error=\"skip\" scores the rest)",
         index + 1
-    ));
-    let records = without_gil(py, || records_of(&sols[..index])).and_then(|r| to_py(py, &Value::Array(r)));
-    match records {
-        Ok(records) => match err.value(py).setattr("records", records) {
-            Ok(()) => err,
-            Err(e) => e,
-        },
-        Err(e) => e,
-    }
+    );
+    crate::stages::error_with_records(py, message, &sols[..index])
 }

@@ -21,6 +21,11 @@ pub fn stepwise(args: &[&str]) -> Output {
     out
 }
 
+/// A scored step with its label, as the readers take it.
+pub fn step(text: &str, score: f32, good: bool) -> Value {
+    serde_json::json!({"text": text, "score": score, "label": {"rating": if good {"good"} else {"bad"}}})
+}
+
 /// A fresh, empty scratch folder for test `name` of the test file `file`.
 pub fn tmp(file: &str, name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("stepwise-{file}-{}-{name}", std::process::id()));

@@ -1,0 +1,388 @@
+//! `train-prm` folders read back by `score` (validation, bf16 checkpoints) and `rl` on the
+//! fixture policy.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+mod common;
+use common::{fixture, step, stepwise, write_jsonl};
+
+fn tmp(name: &str) -> PathBuf {
+    common::tmp("train", name)
+}
+
+/// `train-prm` writes a folder `score` reads back, for the classifier head and for the
+/// log-ratio head (whose reward.json names --base as the reference).
+#[test]
+fn train_prm_folders_are_scored_by_score() {
+    let d = tmp("train-prm");
+    let data = d.join("labeled.jsonl");
+    let rows: Vec<Value> = (0..12)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "question": format!("count from {i}"), "correct": i % 3 != 0,
+                   "steps": [step(&format!("{}", i + 1), 0.0, true), step(&format!("{}", i + 2 + i % 3), 0.0, i % 3 != 0)]})
+        })
+        .collect();
+    write_jsonl(&data, &rows);
+    // The likelihood head is the log-ratio head against a constant reference: no model is kept.
+    let likelihood = ["--reference-logprob", "-0.5"];
+    // A classifier trained with its own separator is scored with it (read from reward.json).
+    let tagged = ["--separator", " ки"];
+    for (head, extra) in [
+        ("classifier", &tagged[..]),
+        ("log-ratio", &[][..]),
+        ("log-ratio", &likelihood[..]),
+    ] {
+        let name = if head == "log-ratio" && !extra.is_empty() {
+            "likelihood"
+        } else {
+            head
+        };
+        let out = d.join(name);
+        let args = [
+            "train-prm",
+            "--data",
+            data.to_str().unwrap(),
+            "--base",
+            &fixture("qwen2-policy"),
+        ];
+        let rest = [
+            "--head",
+            head,
+            "--steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        stepwise(&[&args[..], &rest[..], extra].concat());
+        let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("reward.json")).unwrap()).unwrap();
+        if head == "classifier" {
+            assert_eq!(spec, json!({"kind": "step_classifier", "separator": " ки"}));
+        } else {
+            if name == "likelihood" {
+                assert_eq!(spec["reference_logprob"], json!(-0.5));
+                assert!(spec.get("reference").is_none(), "{spec}");
+            } else {
+                // Named relative to the verifier's folder, so the two can move together.
+                let reference = spec["reference"].as_str().unwrap();
+                assert!(reference.starts_with(".."), "{spec}");
+                assert!(out.join(reference).join("config.json").exists(), "{spec}");
+            }
+        }
+        let scored = d.join(format!("{name}.jsonl"));
+        stepwise(&[
+            "score",
+            "--model",
+            out.to_str().unwrap(),
+            "--input",
+            data.to_str().unwrap(),
+            "--output",
+            scored.to_str().unwrap(),
+        ]);
+        let text = std::fs::read_to_string(&scored).unwrap();
+        assert_eq!(text.lines().count(), rows.len());
+        let scores = common::step_scores(&text, "prm");
+        assert_eq!(scores.len(), 2 * rows.len());
+        assert!(scores.iter().all(|x| (0.0..=1.0).contains(x)), "{name}: {scores:?}");
+        assert!(
+            scores.iter().any(|x| (x - 0.5).abs() > 1e-3),
+            "{name}: training moved nothing"
+        );
+        if head == "classifier" {
+            // The same folder told to read steps ending in "\n" scores differently: the
+            // separator it was trained with is the one used.
+            std::fs::write(
+                out.join("reward.json"),
+                json!({"kind": "step_classifier", "separator": "\n"}).to_string(),
+            )
+            .unwrap();
+            let other = d.join("newline.jsonl");
+            stepwise(&[
+                "score",
+                "--model",
+                out.to_str().unwrap(),
+                "--input",
+                data.to_str().unwrap(),
+                "--output",
+                other.to_str().unwrap(),
+            ]);
+            let newline = common::step_scores(&std::fs::read_to_string(&other).unwrap(), "prm");
+            assert_ne!(newline, scores, "the separator in reward.json was not used");
+        }
+    }
+}
+
+/// `train-prm` on a file sorted by outcome (as ProcessBench is): validation is drawn from whole
+/// problems at random, so it holds both outcomes (the first lines held only correct ones, and
+/// the ORM's validation AUROC was undefined); a run that fails before its first checkpoint
+/// leaves no folder behind.
+#[test]
+fn train_prm_validates_on_random_problems_and_leaves_nothing_when_it_fails() {
+    let d = tmp("train-split");
+    let data = d.join("sorted.jsonl");
+    let rows: Vec<Value> = (0..40)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "problem_id": format!("p{}", i / 2), "question": format!("count from {i}"),
+                   "correct": i < 20, "steps": [step(&format!("{}", i + 1), 0.0, true), step(&format!("{}", i + 2), 0.0, i < 20)]})
+        })
+        .collect();
+    write_jsonl(&data, &rows);
+    let out = d.join("orm");
+    let data_arg = data.to_str().unwrap().to_string();
+    let out_arg = out.to_str().unwrap().to_string();
+    let base = fixture("qwen2-policy");
+    let args = [
+        "train-prm",
+        "--data",
+        &data_arg,
+        "--base",
+        &base,
+        "--outcome",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--valid-fraction",
+        "0.25",
+        "--out",
+        &out_arg,
+    ];
+    stepwise(&args);
+    let metrics: Value = serde_json::from_str(&std::fs::read_to_string(out.join("metrics.json")).unwrap()).unwrap();
+    assert!(
+        metrics["auroc"].is_number(),
+        "validation holds one outcome only: {metrics}"
+    );
+    // Nothing to learn from: refused, and the folder it would have written is not left behind.
+    let unlabelled = d.join("unlabelled.jsonl");
+    write_jsonl(
+        &unlabelled,
+        &[json!({"id": "u", "question": "q", "steps": [{"text": "1"}]})],
+    );
+    let failed_out = d.join("failed");
+    let failed = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "train-prm",
+            "--data",
+            unlabelled.to_str().unwrap(),
+            "--base",
+            &base,
+            "--steps",
+            "3",
+        ])
+        .args(["--out", failed_out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    assert!(!failed_out.exists(), "a failed run left {}", failed_out.display());
+}
+
+/// The tensors of a safetensors file: name → dtype, and its metadata.
+fn safetensors_header(path: &Path) -> (std::collections::BTreeMap<String, String>, Value) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut tensors = std::collections::BTreeMap::new();
+    for (name, t) in header.as_object().unwrap() {
+        if name != "__metadata__" {
+            tensors.insert(name.clone(), t["dtype"].as_str().unwrap().to_string());
+        }
+    }
+    (tensors, header["__metadata__"].clone())
+}
+
+/// A verifier fine-tuned from Qwen2.5-Math-PRM's layout (a bf16 checkpoint with its own
+/// two-layer head): the old head's tensors are gone, the new head is there, every tensor is
+/// bf16 like the base, and `score` reads the folder back.
+#[test]
+fn train_prm_from_a_bf16_prm_drops_its_head_and_stays_bf16() {
+    let d = tmp("from-prm");
+    let data = d.join("labeled.jsonl");
+    let rows: Vec<Value> = (0..8)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "question": format!("q{i}"), "correct": i % 2 == 0,
+                        "steps": [step("a", 0.0, true), step("b", 0.0, i % 2 == 0)]})
+        })
+        .collect();
+    write_jsonl(&data, &rows);
+    let base = fixture("qwen2-prm");
+    let (base_tensors, _) = safetensors_header(&Path::new(&base).join("model.safetensors"));
+    assert!(base_tensors.contains_key("score.0.weight"));
+    for (head, new_head) in [("classifier", "score.weight"), ("value", "score.weight")] {
+        let out = d.join(head);
+        stepwise(&[
+            "train-prm",
+            "--data",
+            data.to_str().unwrap(),
+            "--base",
+            &base,
+            "--head",
+            head,
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let (tensors, metadata) = safetensors_header(&out.join("model.safetensors"));
+        assert_eq!(metadata, json!({"format": "pt"}));
+        assert!(tensors.contains_key(new_head), "{head}: {tensors:?}");
+        assert!(
+            !tensors
+                .keys()
+                .any(|k| k.starts_with("score.0") || k.starts_with("score.2") || k == "lm_head.weight"),
+            "{head}: the old head was kept: {tensors:?}"
+        );
+        let decoder: Vec<_> = base_tensors.keys().filter(|k| k.starts_with("model.")).collect();
+        assert!(
+            decoder.iter().all(|k| tensors.contains_key(*k)),
+            "{head}: decoder tensors lost"
+        );
+        assert!(tensors.values().all(|t| t == "BF16"), "{head}: {tensors:?}");
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["torch_dtype"], json!("bfloat16"));
+        let scored = d.join(format!("{head}.jsonl"));
+        stepwise(&[
+            "score",
+            "--model",
+            out.to_str().unwrap(),
+            "--input",
+            data.to_str().unwrap(),
+            "--output",
+            scored.to_str().unwrap(),
+        ]);
+        assert_eq!(
+            common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm").len(),
+            16
+        );
+    }
+}
+
+/// `--model ORG/NAME` is found offline in a Hugging Face cache laid out as the hub client
+/// writes it (blobs, snapshots of symlinks, refs), by branch or by commit, and scores exactly as
+/// the folder does; a missing model or revision is a clear usage error.
+/// `stepwise rl` on the fixture policy: outcome, PRM and PRIME rewards, a per-update log, and a
+/// checkpoint folder that loads back as the same architecture with changed weights; a second
+/// run on the folder resumes (it has nothing left to do) instead of starting over. PRIME's
+/// implicit PRM moved too, and `stepwise score` reads its folder as a verifier.
+#[test]
+fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
+    let d = tmp("rl");
+    let problems = d.join("problems.jsonl");
+    write_jsonl(
+        &problems,
+        &[
+            json!({"question": "What is 2 + 3?", "answer": "5"}),
+            json!({"question": "What is 4 * 2?", "answer": "#### 8"}),
+        ],
+    );
+    let policy = fixture("qwen2-policy");
+    for (name, reward) in [
+        ("outcome", "outcome".to_string()),
+        ("prm", format!("prm:{}", fixture("qwen2-prm"))),
+        ("prime", "prime".to_string()),
+    ] {
+        let out = d.join(name);
+        let args = |out: &Path| {
+            // The random policy is always wrong: PRIME learns from every group here.
+            let filter = if name == "prime" { "0,1" } else { "0.2,0.8" };
+            vec![
+                "rl".to_string(),
+                "--prime-filter".into(),
+                filter.into(),
+                "--policy".into(),
+                policy.clone(),
+                "--reward".into(),
+                reward.clone(),
+                "--problems".into(),
+                problems.display().to_string(),
+                "--out".into(),
+                out.display().to_string(),
+                "--updates".into(),
+                "2".into(),
+                "--prompts".into(),
+                "2".into(),
+                "--group-size".into(),
+                "3".into(),
+                "--max-tokens".into(),
+                "12".into(),
+                "--lr".into(),
+                "1e-3".into(),
+                "--eval-problems".into(),
+                problems.display().to_string(),
+                "--eval-every".into(),
+                "1".into(),
+                "--eval-samples".into(),
+                "2".into(),
+            ]
+        };
+        let a = args(&out);
+        stepwise(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let log: Vec<Value> = std::fs::read_to_string(out.join("rl_log.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(log.len(), 2, "{name}");
+        assert!(log[1]["sampled_tokens"].as_u64().unwrap() > 0 && log[1]["kl"].as_f64().unwrap().is_finite());
+        let heldout = log[1]["heldout_accuracy"]
+            .as_f64()
+            .expect("held-out accuracy is measured");
+        assert!((0.0..=1.0).contains(&heldout));
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["architectures"][0], "Qwen2ForCausalLM", "{name}");
+        let before = std::fs::read(Path::new(&policy).join("model.safetensors")).unwrap();
+        let after = std::fs::read(out.join("model.safetensors")).unwrap();
+        assert_ne!(before, after, "{name}: the weights did not move");
+        if name == "prime" {
+            let prm = out.join("implicit_prm");
+            assert!(log[1]["implicit_prm"]["loss"].as_f64().unwrap().is_finite());
+            assert_ne!(std::fs::read(prm.join("model.safetensors")).unwrap(), before);
+            let (steps, scored) = (d.join("steps.jsonl"), d.join("implicit_prm_scores.jsonl"));
+            write_jsonl(
+                &steps,
+                &[
+                    json!({"id": "s", "problem_id": "p", "question": "What is 2 + 3?", "steps": [{"text": "2 + 3 = 5"}, {"text": "The answer is 5"}]}),
+                ],
+            );
+            stepwise(&[
+                "score",
+                "--model",
+                &prm.display().to_string(),
+                "--input",
+                &steps.display().to_string(),
+                "--output",
+                &scored.display().to_string(),
+            ]);
+            let scores = common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm");
+            assert!(scores.len() == 2 && scores.iter().all(|s| s.is_finite()), "{scores:?}");
+        }
+        // Run again on the same folder: it resumes (nothing left to do); then sample from the result.
+        let again = stepwise(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(String::from_utf8_lossy(&again.stderr).contains("2 updates"), "{name}");
+        assert_eq!(
+            std::fs::read(out.join("model.safetensors")).unwrap(),
+            after,
+            "{name}: resumed, not retrained"
+        );
+        let generated = d.join(format!("{name}-samples.jsonl"));
+        stepwise(&[
+            "generate",
+            "--model",
+            &out.display().to_string(),
+            "--input",
+            &problems.display().to_string(),
+            "-n",
+            "2",
+            "--max-tokens",
+            "8",
+            "--output",
+            &generated.display().to_string(),
+        ]);
+        assert_eq!(std::fs::read_to_string(&generated).unwrap().lines().count(), 4);
+    }
+}
