@@ -43,7 +43,8 @@ echo "ok: the CUDA kernels compile with NVRTC ($nvrtc)"
 
 "$work/venv/bin/pip" install -q 'maturin>=1.7,<2'
 rm -rf "$work/wheels"
-"$work/venv/bin/maturin" build --quiet --release --features cuda -m python/pyproject.toml -o "$work/wheels"
+# From python/, as pip runs it: maturin reads pyproject.toml's settings there and adds --features.
+(cd python && "$work/venv/bin/maturin" build --quiet --release --features cuda -o "$work/wheels")
 "$work/venv/bin/pip" install -q --force-reinstall --no-deps "$work"/wheels/stepwise-*.whl
 module=$("$work/venv/bin/python" -c 'import stepwise._stepwise as m; print(m.__file__)')
 if ldd "$module" | grep -Ei 'libcuda|cublas|nvrtc|curand|cudart'; then
