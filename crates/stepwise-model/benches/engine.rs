@@ -450,7 +450,7 @@ fn main() -> anyhow::Result<()> {
             let dir = fixtures().join(name);
             let m = Model::load(&dir, &dev)?;
             let tok = Tokenizer::from_dir(&dir)?;
-            let layout = PrmLayout::detect(&m, &tok)?;
+            let layout = stepwise_model::layout::detect(&m, &tok)?;
             print_incremental(name, &m, &tok, layout)?;
         }
     }

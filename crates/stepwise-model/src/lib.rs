@@ -2,10 +2,11 @@
 //! from Hugging Face checkpoint folders; the PRM heads in use; scoring every step in one forward
 //! pass; shared-prefix generation; training of policies, PRMs and ORMs.
 //!
-//! Without its default `engine` feature it is only what a client needs to send a server the
-//! token ids a local model would see: the tokenizer ([`Tokenizer`], chat templates), the
-//! prompt layouts ([`Prompt`]) and the PRM input layouts ([`PrmLayout`], `reward.json`), with
-//! no candle (`stepwise-remote` without its `engine` feature is such a client).
+//! The text side — the tokenizer ([`Tokenizer`], chat templates), the prompt layouts
+//! ([`Prompt`]) and the PRM input layouts ([`PrmLayout`], `reward.json`) — is the
+//! `stepwise-text` crate, re-exported here under its old paths; a client of served models
+//! (`stepwise-remote` without its `engine` feature) depends on that alone. Without its default
+//! `engine` feature this crate is only that re-export.
 //!
 //! # Example
 //!
@@ -55,14 +56,16 @@ engine! {
     pub use policy::{EnginePolicy, LoadedPolicy};
     pub use scoring::{PrmScorer, DEFAULT_MAX_BATCH_TOKENS};
 }
-pub mod chat_turns;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod hub;
 pub mod layout;
-pub mod log_ratio;
-pub mod prompt;
-pub mod tokenizer;
+engine! {
+    pub mod log_ratio;
+}
+/// The text side (`stepwise-text`), under the paths it has always had here.
+pub use stepwise_text::{chat_turns, hub, prompt, tokenizer};
+#[cfg(not(feature = "engine"))]
+pub use stepwise_text::log_ratio;
 
 pub use layout::PrmLayout;
 pub use prompt::Prompt;

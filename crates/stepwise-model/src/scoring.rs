@@ -222,7 +222,7 @@ impl LoadedVerifier {
         }
         let layout = match (layout, &spec) {
             ("auto", Some(s)) => s.layout(),
-            ("auto", None) => PrmLayout::detect(&model, &tokenizer)?,
+            ("auto", None) => crate::layout::detect(&model, &tokenizer)?,
             ("log-ratio", Some(s)) if s.log_ratio.is_some() => s.layout(),
             ("log-ratio", _) => bail!("layout log-ratio: {} has no {REWARD_FILE} of that kind", dir.display()),
             // A classifier's own separator, not the layout's default.

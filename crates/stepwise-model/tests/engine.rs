@@ -41,7 +41,7 @@ fn every_classifier_layout_scores_through_the_same_scorer_on_a_packed_model() {
         let cpu = on_cpu(&dir);
         let packed = on_reference(&dir);
         assert!(packed.is_on_gpu() && packed.placement_name().contains("reference"));
-        let layout = PrmLayout::detect(&cpu, &tok).unwrap();
+        let layout = stepwise_model::layout::detect(&cpu, &tok).unwrap();
         let want = PrmScorer::new(&cpu, &tok, layout.clone())
             .score(PROBLEM, &STEPS)
             .unwrap();

@@ -35,7 +35,7 @@ fn the_packed_engine_gives_transformers_rewards_packed_or_alone() {
         let engine = PackedDecoder::load(&dir, config, Arc::new(Reference)).unwrap();
         let tok = Tokenizer::from_dir(&dir).unwrap();
         let model = stepwise_model::Model::load(&dir, &candle_core::Device::Cpu).unwrap();
-        let layout = PrmLayout::detect(&model, &tok).unwrap();
+        let layout = stepwise_model::layout::detect(&model, &tok).unwrap();
         let columns = layout.head_columns(&tok).unwrap();
         let columns = columns.as_ref().map(|c| c.as_slice());
         let items = exp["cases"][case]["items"].as_array().unwrap();

@@ -24,7 +24,7 @@ fn examples(case: &str) -> Vec<Example> {
 fn examples_in(dir: &std::path::Path, items: &[Value]) -> Vec<Example> {
     let tok = Tokenizer::from_dir(dir).unwrap();
     let model = Model::load(dir, &candle_core::Device::Cpu).unwrap();
-    let layout = PrmLayout::detect(&model, &tok).unwrap();
+    let layout = stepwise_model::layout::detect(&model, &tok).unwrap();
     let mut k = 0;
     items
         .iter()
@@ -216,7 +216,7 @@ fn the_packed_training_loop_checkpoints_and_resumes() {
     let (values, width) = trainer.decoder.head_at(&batch, &rows, None).unwrap();
     let model = Model::load(&out, &candle_core::Device::Cpu).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    let layout = PrmLayout::detect(&model, &tok).unwrap();
+    let layout = stepwise_model::layout::detect(&model, &tok).unwrap();
     let scorer = stepwise_model::PrmScorer::new(&model, &tok, layout);
     let encoded: Vec<stepwise_model::layout::Encoded> = valid
         .iter()

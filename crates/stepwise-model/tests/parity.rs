@@ -40,7 +40,7 @@ fn prm_fixtures_reproduce_transformers() {
     let exp = expected();
     for case in ["qwen2-prm", "llama-shepherd", "qwen2-tokcls"] {
         let (model, tok) = load(case);
-        let layout = PrmLayout::detect(&model, &tok).unwrap();
+        let layout = stepwise_model::layout::detect(&model, &tok).unwrap();
         let scorer = PrmScorer::new(&model, &tok, layout);
         let items = exp["cases"][case]["items"].as_array().unwrap();
         let mut encoded = Vec::new();
@@ -544,7 +544,7 @@ fn value_head_reproduces_transformers() {
     let model = Model::load(&dir, &Device::Cpu).unwrap();
     assert_eq!(model.config.head, stepwise_model::HeadKind::SequenceClassification);
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    let scorer = PrmScorer::new(&model, &tok, PrmLayout::detect(&model, &tok).unwrap());
+    let scorer = PrmScorer::new(&model, &tok, stepwise_model::layout::detect(&model, &tok).unwrap());
     let mut encoded = Vec::new();
     for it in exp["items"].as_array().unwrap() {
         let steps = strs(&it["steps"]);

@@ -97,7 +97,7 @@ fn value_head_checkpoint_round_trips() {
     let loaded = Model::load(&out, &Device::Cpu).unwrap();
     assert_eq!(loaded.config.head, HeadKind::SequenceClassification);
     assert_eq!(loaded.config.num_labels, 1);
-    let layout = PrmLayout::detect(&loaded, &tok).unwrap();
+    let layout = stepwise_model::layout::detect(&loaded, &tok).unwrap();
     let s = &solutions(1, 9)[0];
     let score = |m: &Model| {
         PrmScorer::new(m, &tok, layout.clone())

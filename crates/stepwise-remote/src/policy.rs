@@ -11,7 +11,7 @@ use crate::client::Client;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use stepwise_core::seams::{split_steps_at, Continuation, Policy, Until};
-use stepwise_model::{Prompt, Tokenizer};
+use stepwise_text::{Prompt, Tokenizer};
 
 /// A remote policy.
 pub struct RemotePolicy<'a> {

@@ -13,7 +13,7 @@ use crate::client::Client;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use stepwise_core::seams::{ScoreInput, Scored, StepScorer};
-use stepwise_model::{PrmLayout, Tokenizer};
+use stepwise_text::{PrmLayout, Tokenizer};
 
 /// How the scorer talks to its server.
 pub enum Protocol<'a> {

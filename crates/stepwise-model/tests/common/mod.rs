@@ -45,7 +45,7 @@ pub fn assert_same_scores(a: &PrmScorer, b: &PrmScorer, sols: &[Solution]) {
 pub fn rewards(case: &str, model: &Model) -> Vec<(f32, f32)> {
     let dir = fixtures().join(case);
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    let scorer = PrmScorer::new(model, &tok, PrmLayout::detect(model, &tok).unwrap());
+    let scorer = PrmScorer::new(model, &tok, stepwise_model::layout::detect(model, &tok).unwrap());
     let exp: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap()).unwrap();
     let mut out = Vec::new();
     for it in exp["cases"][case]["items"].as_array().unwrap() {

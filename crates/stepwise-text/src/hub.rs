@@ -34,10 +34,10 @@ pub fn resolve(arg: &str) -> Result<PathBuf> {
     let cache = cache_dir().context("no Hugging Face cache: set HF_HUB_CACHE or HF_HOME")?;
     match resolve_in(arg, &cache) {
         // A download cut off between two files left a snapshot without all its weights.
-        #[cfg(feature = "engine")]
+        #[cfg(feature = "download")]
         Ok(found) if !offline() && !complete(&found) => download(arg, &cache),
         Ok(found) => Ok(found),
-        #[cfg(feature = "engine")]
+        #[cfg(feature = "download")]
         Err(_) if !offline() => download(arg, &cache),
         Err(missing) => Err(missing),
     }
@@ -87,7 +87,7 @@ pub fn wanted(file: &str) -> bool {
 /// Download model `id` (`ORG/NAME[@REVISION]`) into the Hugging Face cache `cache` and return
 /// its snapshot folder. A file already in the cache is not fetched again; a file cut off half-way
 /// resumes.
-#[cfg(feature = "engine")]
+#[cfg(feature = "download")]
 pub fn download(id: &str, cache: &Path) -> Result<PathBuf> {
     use hf_hub::{api::sync::ApiBuilder, Cache, Repo, RepoType};
     use std::io::IsTerminal;
