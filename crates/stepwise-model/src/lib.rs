@@ -62,10 +62,10 @@ pub mod layout;
 engine! {
     pub mod log_ratio;
 }
-/// The text side (`stepwise-text`), under the paths it has always had here.
-pub use stepwise_text::{chat_turns, hub, prompt, tokenizer};
 #[cfg(not(feature = "engine"))]
 pub use stepwise_text::log_ratio;
+/// The text side (`stepwise-text`), under the paths it has always had here.
+pub use stepwise_text::{chat_turns, hub, prompt, tokenizer};
 
 pub use layout::PrmLayout;
 pub use prompt::Prompt;

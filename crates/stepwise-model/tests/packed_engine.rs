@@ -9,7 +9,7 @@ use common::fixtures;
 use serde_json::Value;
 use std::sync::Arc;
 use stepwise_model::packed_engine::{PackedDecoder, Reference};
-use stepwise_model::{ModelConfig, Packed, PrmLayout, Tokenizer};
+use stepwise_model::{ModelConfig, Packed, Tokenizer};
 
 fn expected() -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap()).unwrap()

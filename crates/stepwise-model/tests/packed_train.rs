@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use stepwise_model::packed_engine::{PackedTrainer, Reference, Targets};
 use stepwise_model::train::{batch_loss, Example, Objective, VarMap};
-use stepwise_model::{Model, ModelConfig, Packed, PrmLayout, Tokenizer};
+use stepwise_model::{Model, ModelConfig, Packed, Tokenizer};
 
 /// The fixture's solutions encoded for its layout, each step end labelled good or bad in turn.
 fn examples(case: &str) -> Vec<Example> {

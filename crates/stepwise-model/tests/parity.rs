@@ -5,7 +5,7 @@
 use candle_core::Device;
 use serde_json::Value;
 use std::path::PathBuf;
-use stepwise_model::{generate, Decoding, Input, Model, PrmLayout, PrmScorer, SamplingParams, Tokenizer};
+use stepwise_model::{generate, Decoding, Input, Model, PrmScorer, SamplingParams, Tokenizer};
 
 mod common;
 use common::fixtures;

@@ -280,7 +280,6 @@ impl PrmLayout {
         })
     }
 
-
     /// Token ids for a problem and its steps, the positions where the step rewards are read, and
     /// where the first step starts (for the step layouts; 0 for the others). A step token or tag
     /// written inside the problem or a step is taken out: it would add a reward position.

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
-use stepwise_model::{HeadKind, Model, ModelConfig, PrmLayout, PrmScorer, Tokenizer};
+use stepwise_model::{HeadKind, Model, ModelConfig, PrmScorer, Tokenizer};
 
 /// The Hugging Face fixture folders (the repository's `fixtures/hf-tiny`).
 pub fn fixtures() -> PathBuf {
