@@ -3,9 +3,10 @@
 //! [`stepwise_core::seams::StepScorer`] a local checkpoint is, with retries and several servers
 //! per run ([`client`]); and `stepwise serve`, a local policy and PRM behind that API (`serve`).
 //!
-//! The client alone (`default-features = false`) builds without the engine: no candle,
-//! no axum; the default `engine` feature adds `serve` and `backend` (a model argument as a local
-//! checkpoint or a server).
+//! The client alone (`default-features = false`) builds without the engine: it encodes with
+//! `stepwise-text` (tokenizer, chat templates, prompt and PRM layouts), with no stepwise-model,
+//! candle or axum; the default `engine` feature adds `serve` and `backend` (a model argument as a
+//! local checkpoint or a server).
 //!
 //! # Example
 //!
