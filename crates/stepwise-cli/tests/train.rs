@@ -12,6 +12,13 @@ fn tmp(name: &str) -> PathBuf {
     common::tmp("train", name)
 }
 
+/// `stepwise score --model model --input input --output output`.
+fn score(model: &Path, input: &Path, output: &Path) {
+    let arg = |p: &Path| p.to_str().unwrap().to_string();
+    let (model, input, output) = (arg(model), arg(input), arg(output));
+    stepwise(&["score", "--model", &model, "--input", &input, "--output", &output]);
+}
+
 /// `train-prm` writes a folder `score` reads back, for the classifier head and for the
 /// log-ratio head (whose reward.json names --base as the reference).
 #[test]
@@ -73,15 +80,7 @@ fn train_prm_folders_are_scored_by_score() {
             }
         }
         let scored = d.join(format!("{name}.jsonl"));
-        stepwise(&[
-            "score",
-            "--model",
-            out.to_str().unwrap(),
-            "--input",
-            data.to_str().unwrap(),
-            "--output",
-            scored.to_str().unwrap(),
-        ]);
+        score(&out, &data, &scored);
         let text = std::fs::read_to_string(&scored).unwrap();
         assert_eq!(text.lines().count(), rows.len());
         let scores = common::step_scores(&text, "prm");
@@ -246,15 +245,7 @@ fn train_prm_from_a_bf16_prm_drops_its_head_and_stays_bf16() {
         let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
         assert_eq!(config["torch_dtype"], json!("bfloat16"));
         let scored = d.join(format!("{head}.jsonl"));
-        stepwise(&[
-            "score",
-            "--model",
-            out.to_str().unwrap(),
-            "--input",
-            data.to_str().unwrap(),
-            "--output",
-            scored.to_str().unwrap(),
-        ]);
+        score(&out, &data, &scored);
         assert_eq!(
             common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm").len(),
             16
