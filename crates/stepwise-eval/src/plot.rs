@@ -66,6 +66,11 @@ pub enum Intervals {
     Caps,
 }
 
+/// Whether series `index` (its palette index) is drawn dashed: those past the palette's first ten.
+fn dashed(index: usize) -> bool {
+    index % COLORS.len() >= 10
+}
+
 fn plot_err(e: impl std::fmt::Debug) -> anyhow::Error {
     anyhow::anyhow!("{e:?}")
 }
@@ -80,7 +85,7 @@ where
     DB::ErrorType: 'static,
 {
     let style = COLORS[index % COLORS.len()].stroke_width(2);
-    if index % COLORS.len() < 10 {
+    if !dashed(index) {
         chart.draw_series(LineSeries::new(pts, style)).map_err(plot_err)?;
     } else {
         chart
@@ -251,11 +256,7 @@ where
     for (i, (name, &ci)) in names.iter().zip(colors).enumerate() {
         let y = top + 22 * i as i32;
         let style = COLORS[ci % COLORS.len()].stroke_width(2);
-        let dashes: &[(i32, i32)] = if ci % COLORS.len() < 10 {
-            &[(6, 30)]
-        } else {
-            &[(6, 14), (18, 26)]
-        };
+        let dashes: &[(i32, i32)] = if !dashed(ci) { &[(6, 30)] } else { &[(6, 14), (18, 26)] };
         for &(x0, x1) in dashes {
             legend
                 .draw(&PathElement::new(vec![(x0, y), (x1, y)], style))
@@ -451,9 +452,8 @@ pub fn panels_plot(stem: &Path, title: &str, x_desc: &str, panels: &[Panel]) -> 
     where
         DB::ErrorType: 'static,
     {
-        let err = |e: &dyn std::fmt::Debug| anyhow::anyhow!("{e:?}");
-        root.fill(&WHITE).map_err(|e| err(&e))?;
-        let root = root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?;
+        root.fill(&WHITE).map_err(plot_err)?;
+        let root = root.titled(title, ("sans-serif", 22)).map_err(plot_err)?;
         for (area, (y_desc, series)) in root.split_evenly((panels.len().max(1), 1)).into_iter().zip(panels) {
             let pts = series.iter().flat_map(|(_, p)| p.iter());
             let (mut x0, mut x1, mut y0, mut y1) = (f64::INFINITY, 1f64, f64::INFINITY, f64::NEG_INFINITY);
@@ -480,7 +480,7 @@ pub fn panels_plot(stem: &Path, title: &str, x_desc: &str, panels: &[Panel]) -> 
                 .x_label_area_size(35)
                 .y_label_area_size(55)
                 .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
-                .map_err(|e| err(&e))?;
+                .map_err(plot_err)?;
             chart
                 .configure_mesh()
                 .light_line_style(WHITE)
@@ -495,12 +495,12 @@ pub fn panels_plot(stem: &Path, title: &str, x_desc: &str, panels: &[Panel]) -> 
                 .x_desc(x_desc)
                 .y_desc(y_desc.as_str())
                 .draw()
-                .map_err(|e| err(&e))?;
+                .map_err(plot_err)?;
             for (i, (_, p)) in series.iter().enumerate() {
                 draw_line(&mut chart, p.clone(), i)?;
             }
         }
-        root.present().map_err(|e| err(&e))?;
+        root.present().map_err(plot_err)?;
         Ok(())
     }
     let h = 300 * panels.len().max(1) as u32 + 40;
