@@ -86,7 +86,7 @@ class PRM:
 
     def __new__(
         cls,
-        source: str,
+        source: Union[str, "PathLike[str]"],
         layout: str = "auto",
         device: Optional[Device] = None,
         max_batch_tokens: int = ...,
@@ -160,7 +160,7 @@ class Policy:
 
     def __new__(
         cls,
-        source: str,
+        source: Union[str, "PathLike[str]"],
         temperature: float = 0.7,
         top_p: float = 1.0,
         max_tokens: int = 512,
@@ -249,6 +249,42 @@ def label_actions(
     plays on `rollouts` times from the state after each action) or `td` (TD(lambda) returns from
     `scores[values]`, no rollouts; the GAE progress in each label's `source.progress`).
     Resumable to `output`."""
+
+def agent_rl(
+    policy: Union[str, "PathLike[str]"],
+    problems: Union[Iterable[Union[str, Record]], str, "PathLike[str]"],
+    out: Union[str, "PathLike[str]"],
+    reward: str = "goal",
+    env: Any = None,
+    goal_weight: float = 1.0,
+    updates: int = 16,
+    worlds: int = 4,
+    group_size: int = 8,
+    epochs: int = 1,
+    minibatch_size: int = 32,
+    lr: float = 1e-5,
+    kl: float = 0.04,
+    clip: float = 0.2,
+    credit: str = "min_so_far",
+    temperature: float = 1.0,
+    max_tokens: int = 24,
+    max_actions: int = 30,
+    silent: bool = False,
+    separator: str = "\n",
+    layout: str = "auto",
+    eval_problems: Optional[Union[Iterable[Union[str, Record]], str, "PathLike[str]"]] = None,
+    eval_every: int = 10,
+    eval_samples: int = 4,
+    checkpoint_every: int = 10,
+    seed: int = 0,
+    step_timeout: float = 60.0,
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
+) -> List[Dict[str, Any]]:
+    """RL for an agent (GRPO over its own trajectories in `env`, the loss on its actions only):
+    `reward` is `"goal"` (outcome-only), `"oracle"` (the environment's verdict on every action)
+    or `"prm:DIR"` (a PRM's score of every action), a process reward with the goal's advantage
+    added at `goal_weight`. The policy, optimiser and `rl_log.jsonl` go to `out`; a call on the
+    same `out` resumes. Trains on the CPU. Returns each update's log."""
 
 def train_prm(
     records: Union[Iterable[Record], str, "PathLike[str]"],

@@ -177,3 +177,49 @@ def test_textworld_games_generated_here_are_played_and_labelled(tmp_path):
     mc = stepwise.label_actions(trajs, games, method="mc", env=tw.Game, policy=Follower(), rollouts=2)
     assert all(s["label"]["p"] == 1.0 for r in mc for s in r["steps"])
     json.dumps(mc)
+
+
+def test_agent_rl_trains_in_a_python_environment_and_resumes(tmp_path, fixtures):
+    """RL for an agent from Python: the fixture policy plays a Python environment with an
+    oracle, learns from its verdicts, checkpoints, and a second call on the same folder resumes
+    (here: finds every update done) instead of starting over."""
+    out = tmp_path / "rl"
+    seen = []
+    settings = dict(env=Counter, updates=2, worlds=2, group_size=2, max_tokens=4, max_actions=3, lr=1e-4,
+                    checkpoint_every=1, seed=3)
+    log = stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), out, reward="oracle",
+                            progress=lambda done, total: seen.append((done, total)), **settings)
+    assert [entry["update"] for entry in log] == [1, 2]
+    assert all(0.0 <= entry["reward"] <= 1.0 and entry["sampled_tokens"] > 0 for entry in log)
+    assert log[-1]["updated_tokens"] > 0
+    assert seen[-1] == (2, 2)
+    assert [json.loads(line)["update"] for line in (out / "rl_log.jsonl").read_text().splitlines()] == [1, 2]
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    # The folder holds a checkpoint a policy loads from.
+    assert stepwise.Policy(out).generate("Count to three.", n=1, seed=1)
+    again = stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), out, reward="oracle", **settings)
+    assert [(e["update"], e["reward"], e["kl"]) for e in again] == [(e["update"], e["reward"], e["kl"]) for e in log]
+    # Outcome-only RL watches the oracle beside its reward.
+    goal = stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), tmp_path / "goal", reward="goal", **settings)
+    assert all("oracle" in entry["watched"] for entry in goal)
+
+
+def test_agent_rl_refuses_what_it_cannot_do(tmp_path, fixtures):
+    policy = fixtures / "qwen2-policy"
+    with pytest.raises(ValueError, match="goal, oracle or prm:DIR"):
+        stepwise.agent_rl(policy, counter_problems(), tmp_path / "a", reward="orm:x", env=Counter)
+    with pytest.raises(ValueError, match="silent=True"):
+        stepwise.agent_rl(policy, counter_problems(), tmp_path / "b", env=Counter, silent=True)
+    with pytest.raises(ValueError, match="credit"):
+        stepwise.agent_rl(policy, counter_problems(), tmp_path / "c", env=Counter, credit="sum")
+    # A Python environment without judge has no oracle to reward with: the first update says so.
+    class Unjudged:
+        def reset(self, problem):
+            return "a room"
+
+        def step(self, action):
+            return "a room", False, False
+
+    with pytest.raises(stepwise.StepwiseError, match="no oracle"):
+        stepwise.agent_rl(policy, counter_problems(), tmp_path / "d", env=Unjudged, reward="oracle", updates=1,
+                          worlds=1, group_size=2, max_tokens=4, max_actions=2)

@@ -252,3 +252,129 @@ fn the_silent_world_from_the_command_line() {
     assert!(!other.status.success());
     assert!(String::from_utf8_lossy(&other.stderr).contains("`silent`"));
 }
+
+/// The figures of an RL log that a resumed run must reproduce (timings aside).
+fn rl_figures(p: &Path) -> Vec<Value> {
+    lines(p)
+        .iter()
+        .map(|l| serde_json::json!([l["update"], l["reward"], l["accuracy"], l["kl"], l["watched"]]))
+        .collect()
+}
+
+#[test]
+fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
+    let d = common::tmp("agent", "rl");
+    let s = |p: &str| d.join(p).display().to_string();
+    stepwise(&[
+        "agent",
+        "games",
+        "--count",
+        "6",
+        "--seed",
+        "2",
+        "--output",
+        &s("games.jsonl"),
+    ]);
+    let policy = fixture("qwen2-policy");
+    let prm = format!("prm:{}", fixture("qwen2-prm"));
+    let rl = |reward: &str, out: &str| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"));
+        c.args([
+            "agent",
+            "rl",
+            "--policy",
+            &policy,
+            "--problems",
+            &s("games.jsonl"),
+            "--reward",
+            reward,
+        ])
+        .args([
+            "--updates",
+            "6",
+            "--worlds",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+        ])
+        .args([
+            "--max-actions",
+            "3",
+            "--lr",
+            "1e-4",
+            "--checkpoint-every",
+            "1",
+            "--seed",
+            "5",
+        ])
+        .args(["--out", out]);
+        c
+    };
+    // A PRM's score of every action, the oracle's mean verdict logged beside it.
+    let whole = rl(&prm, &s("a")).output().unwrap();
+    assert!(whole.status.success(), "{}", String::from_utf8_lossy(&whole.stderr));
+    let said = String::from_utf8_lossy(&whole.stderr);
+    assert!(said.contains("6 updates") && said.contains("sample success"), "{said}");
+    let a = rl_figures(&d.join("a/rl_log.jsonl"));
+    assert_eq!(a.len(), 6);
+    assert!(a.iter().all(|l| l[4]["oracle"].is_number()), "{a:?}");
+    for f in ["model.safetensors", "tokenizer.json", "rl.png", "rl_state.json"] {
+        assert!(d.join("a").join(f).exists(), "{f} missing");
+    }
+
+    // The same run killed once its first checkpoint is written, then started again.
+    let mut child = rl(&prm, &s("b")).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let state = d.join("b/rl_state.json");
+    let t0 = std::time::Instant::now();
+    while !state.exists() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "no checkpoint written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run finished before it could be killed"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let kept: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    let kept = kept["log"].as_array().unwrap().clone();
+    assert!(!kept.is_empty() && kept.len() < 6, "{} updates kept", kept.len());
+    let resumed = rl(&prm, &s("b")).output().unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(rl_figures(&d.join("b/rl_log.jsonl")), a);
+    // It went on from the checkpoint: the updates before the kill are the ones the killed run logged.
+    let b = lines(&d.join("b/rl_log.jsonl"));
+    for (x, y) in kept.iter().zip(&b) {
+        assert_eq!(x["seconds"], y["seconds"], "update {} was run again", x["update"]);
+    }
+
+    // The trained policy plays; a reward it does not know is named.
+    stepwise(&[
+        "agent",
+        "play",
+        "--problems",
+        &s("games.jsonl"),
+        "--policy",
+        &s("a"),
+        "-n",
+        "1",
+        "--max-actions",
+        "2",
+        "--max-tokens",
+        "4",
+        "--output",
+        &s("played.jsonl"),
+    ]);
+    assert_eq!(lines(&d.join("played.jsonl")).len(), 6);
+    let bad = rl("orm:x", &s("c")).output().unwrap();
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && said.contains("--reward") && said.contains("goal, oracle or prm:DIR"),
+        "{said}"
+    );
+}

@@ -186,7 +186,7 @@ impl Episode for PythonEpisode {
 
 /// The environment of an `env=` argument: `"rooms"` (or None) or a class / callable making
 /// environments.
-fn environment_of(
+pub(crate) fn environment_of(
     env: Option<&Bound<'_, PyAny>>,
     max_actions: usize,
     step_timeout: f64,
@@ -226,7 +226,7 @@ fn environment_of(
 }
 
 /// Problems as agents play them: dicts with `id`, `question` and `meta` kept whole, or a path.
-fn agent_problems(problems: &Bound<'_, PyAny>) -> PyResult<Vec<Problem>> {
+pub(crate) fn agent_problems(problems: &Bound<'_, PyAny>) -> PyResult<Vec<Problem>> {
     if let Some(ps) = crate::convert::problems_file(problems)? {
         return Ok(ps);
     }

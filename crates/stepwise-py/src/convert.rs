@@ -335,6 +335,20 @@ fn rows_in_memory(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Value>> {
         .collect()
 }
 
+/// A model's `source=`: a checkpoint folder (a `str` or any `os.PathLike`), a cached Hugging
+/// Face model id, or server URLs, as text.
+pub fn source_arg(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(s) = obj.extract::<String>() {
+        return Ok(s);
+    }
+    match obj.extract::<std::path::PathBuf>() {
+        Ok(p) => Ok(p.to_string_lossy().into_owned()),
+        Err(_) => Err(value_error(
+            "source: a checkpoint folder (str or path), a Hugging Face model id or server URLs",
+        )),
+    }
+}
+
 /// A `device=` argument as PyTorch spells it: `"auto"`, `"cpu"`, `"cuda"`, `"cuda:1"`, a CUDA
 /// index (`0`), or a `torch.device`.
 /// None is `"auto"`.

@@ -10,6 +10,7 @@
 use pyo3::prelude::*;
 
 mod agent;
+mod agent_rl;
 mod bounded;
 mod code;
 mod convert;
@@ -61,6 +62,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(agent::rooms, m)?)?;
     m.add_function(wrap_pyfunction!(agent::play, m)?)?;
     m.add_function(wrap_pyfunction!(agent::label_actions, m)?)?;
+    m.add_function(wrap_pyfunction!(agent_rl::agent_rl, m)?)?;
     m.add_function(wrap_pyfunction!(stages::search, m)?)?;
     m.add_function(wrap_pyfunction!(stages::lab_run, m)?)?;
     m.add_function(wrap_pyfunction!(train::train_prm, m)?)?;

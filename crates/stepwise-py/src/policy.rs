@@ -116,7 +116,7 @@ impl Policy {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        source: &str,
+        source: &Bound<'_, PyAny>,
         temperature: f32,
         top_p: f32,
         max_tokens: usize,
@@ -128,6 +128,7 @@ impl Policy {
         served_model: Option<String>,
         server_tokenizer: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
+        let source = crate::convert::source_arg(source)?;
         check_sampling(temperature, top_p, max_tokens)?;
         let prompt = match prompt {
             "text" => Prompt::Text,
@@ -164,7 +165,7 @@ impl Policy {
             max_tokens,
             separator: separator.to_string(),
             prompt,
-            source: source.to_string(),
+            source,
         })
     }
 

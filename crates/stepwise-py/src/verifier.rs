@@ -117,7 +117,7 @@ impl Prm {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        source: &str,
+        source: &Bound<'_, PyAny>,
         layout: &str,
         device: Option<&Bound<'_, PyAny>>,
         max_batch_tokens: usize,
@@ -127,6 +127,7 @@ impl Prm {
         protocol: &str,
         server_tokenizer: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
+        let source = crate::convert::source_arg(source)?;
         let local = LocalOptions {
             placement: crate::convert::placement_arg(device)?,
             precision: crate::convert::precision_arg(dtype)?,
@@ -144,10 +145,7 @@ impl Prm {
             let source = Source::parse(&src)?;
             ScorerBackend::open(&source, &layout, &options, &local)
         })?;
-        Ok(Prm {
-            backend,
-            source: source.to_string(),
-        })
+        Ok(Prm { backend, source })
     }
 
     /// Every step's score (probability the step is good) of one solution.

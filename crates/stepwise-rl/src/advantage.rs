@@ -19,6 +19,19 @@ pub enum Credit {
     MinSoFar,
 }
 
+impl std::str::FromStr for Credit {
+    type Err = anyhow::Error;
+
+    /// `return-to-go` or `min-so-far` (`_` for `-` too, as Python spells them).
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s.replace('_', "-").as_str() {
+            "return-to-go" => Ok(Credit::ReturnToGo),
+            "min-so-far" => Ok(Credit::MinSoFar),
+            _ => anyhow::bail!("unknown credit `{s}`: use return-to-go or min-so-far"),
+        }
+    }
+}
+
 const EPS: f32 = 1e-6;
 
 /// `(x - mean) / std` over `xs` (population std); all zeros when the values are equal, where the

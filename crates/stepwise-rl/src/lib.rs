@@ -2,7 +2,8 @@
 //! per-step (a PRM, the lab's oracle) or per solution (the grader, an ORM).
 //!
 //! - [`agent`]: the same loop for an agent in an environment, trajectories as sequences whose
-//!   observations the loss leaves out;
+//!   observations the loss leaves out, and [`agent_job`] the run from a checkpoint folder as the
+//!   command line and Python start it;
 //! - [`advantage`]: GRPO's group-normalised advantages and per-step credit (DeepSeekMath's
 //!   return-to-go of normalised step rewards, or the min-so-far of step rewards);
 //! - [`dense`]: step scores as per-token rewards for RL engines that take them (verl, OpenRLHF);
@@ -24,6 +25,7 @@
 
 pub mod advantage;
 pub mod agent;
+pub mod agent_job;
 pub mod dense;
 pub mod learner;
 pub mod loss;
@@ -34,6 +36,7 @@ mod updates;
 
 pub use advantage::{step_advantages, Credit};
 pub use agent::{train_agent_rl, AgentRlRun};
+pub use agent_job::{run_agent_rl, AgentReward, AgentRlJob};
 pub use learner::{CandleLearner, Learner, PackedLearner};
 pub use loss::{policy_loss, rl_loss, LossStats};
 pub use prime::{ImplicitPrm, PrimeConfig, PrimeLog};

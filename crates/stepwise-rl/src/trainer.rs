@@ -67,6 +67,17 @@ fn one() -> usize {
     1
 }
 
+impl RlConfig {
+    /// The same settings with each update's samples making one optimiser step: micro-batches of
+    /// at most `minibatch_size` sequences, their gradients accumulated over the update.
+    pub fn one_step_per_update(mut self) -> Self {
+        let batch = (self.prompts_per_update * self.group_size).max(1);
+        self.minibatch_size = self.minibatch_size.clamp(1, batch);
+        self.grad_accum = batch.div_ceil(self.minibatch_size);
+        self
+    }
+}
+
 impl Default for RlConfig {
     fn default() -> Self {
         RlConfig {

@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use stepwise_core::Problem;
 use stepwise_model::train::optim::schedule;
@@ -66,6 +66,41 @@ pub(crate) struct Core<'a> {
 }
 
 const STATE: &str = "rl_state.json";
+/// A checkpoint being written.
+const STAGING: &str = ".rl_checkpoint";
+/// A checkpoint written whole, being moved into the run folder.
+const STAGED: &str = ".rl_checkpoint.done";
+
+/// Finish what [`Core::save`] started in `dir`: a checkpoint marked whole is moved in, file by
+/// file (each rename replaces the file before it, so running this again after a kill finishes
+/// the move); a checkpoint not marked whole is discarded.
+fn commit(dir: &Path) -> Result<()> {
+    let staging = dir.join(STAGING);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+    }
+    let staged = dir.join(STAGED);
+    if staged.exists() {
+        move_into(&staged, dir).with_context(|| format!("moving the checkpoint in {} into place", staged.display()))?;
+        std::fs::remove_dir_all(&staged)?;
+    }
+    Ok(())
+}
+
+/// Every file under `from` renamed to the same place under `to`.
+fn move_into(from: &Path, to: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            std::fs::create_dir_all(&target)?;
+            move_into(&entry.path(), &target)?;
+        } else {
+            std::fs::rename(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
 
 #[derive(Serialize, Deserialize)]
 struct State {
@@ -76,6 +111,9 @@ struct State {
 impl Core<'_> {
     /// The log of a checkpoint in the run folder, its weights loaded (empty where none).
     fn resume(&mut self, cfg: &RlConfig) -> Result<Vec<UpdateLog>> {
+        if let Some(dir) = &self.out_dir {
+            commit(dir)?;
+        }
         let Some(dir) = self.out_dir.as_ref().filter(|d| d.join(STATE).exists()) else {
             return Ok(Vec::new());
         };
@@ -95,22 +133,28 @@ impl Core<'_> {
         Ok(state.log)
     }
 
-    /// A checkpoint: the weights, PRIME's, then the state (a checkpoint counts only once all of
-    /// it is there).
+    /// A checkpoint: the weights, PRIME's and the state written into a staging folder, which a
+    /// rename marks whole before its files are moved into the run folder ([`commit`]). A run
+    /// killed at any point leaves the folder's weights and state from one update, never a mix:
+    /// a staging folder not marked whole is discarded, one marked whole is moved in on resuming.
     fn save(&self, cfg: &RlConfig, log: &[UpdateLog]) -> Result<()> {
         let Some(dir) = &self.out_dir else { return Ok(()) };
-        self.learner.save(dir)?;
+        let staging = dir.join(STAGING);
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+        }
+        std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+        self.learner.save(&staging)?;
         if let Some(p) = &self.prime {
-            p.save(dir)?;
+            p.save(&staging)?;
         }
         let state = State {
             config: cfg.clone(),
             log: log.to_vec(),
         };
-        let tmp = dir.join(format!("{STATE}.tmp"));
-        std::fs::write(&tmp, serde_json::to_string_pretty(&state)?)?;
-        std::fs::rename(tmp, dir.join(STATE))?;
-        Ok(())
+        std::fs::write(staging.join(STATE), serde_json::to_string_pretty(&state)?)?;
+        std::fs::rename(&staging, dir.join(STAGED))?;
+        commit(dir)
     }
 
     /// Old and reference log-probabilities of the samples, and PRIME's advantages in place of
@@ -244,4 +288,46 @@ pub(crate) fn mean_rewards(rewards: &[Vec<f32>]) -> f64 {
         .iter()
         .map(|r| r.iter().sum::<f32>() as f64 / r.len().max(1) as f64)
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kill while a checkpoint is written keeps the one before; a kill while a whole one is
+    /// moved in is finished by the next start.
+    #[test]
+    fn a_checkpoint_is_in_place_whole_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("stepwise-commit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join(STAGING)).unwrap();
+        std::fs::write(dir.join(STATE), "update 1").unwrap();
+        std::fs::write(dir.join("model.safetensors"), "weights 1").unwrap();
+        // Killed while writing update 2: half of it staged, not marked whole.
+        std::fs::write(dir.join(STAGING).join("model.safetensors"), "weights 2").unwrap();
+        commit(&dir).unwrap();
+        assert!(!dir.join(STAGING).exists());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("model.safetensors")).unwrap(),
+            "weights 1"
+        );
+        // Killed while moving update 2 in: its weights moved, its state and PRIME's not yet.
+        let staged = dir.join(STAGED);
+        std::fs::create_dir_all(staged.join("implicit_prm")).unwrap();
+        std::fs::write(staged.join(STATE), "update 2").unwrap();
+        std::fs::write(staged.join("implicit_prm").join("model.safetensors"), "prm 2").unwrap();
+        std::fs::write(dir.join("model.safetensors"), "weights 2").unwrap();
+        commit(&dir).unwrap();
+        assert!(!staged.exists());
+        assert_eq!(std::fs::read_to_string(dir.join(STATE)).unwrap(), "update 2");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("model.safetensors")).unwrap(),
+            "weights 2"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("implicit_prm").join("model.safetensors")).unwrap(),
+            "prm 2"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -202,6 +202,17 @@ impl Tokenizer {
     }
 }
 
+/// Copy the tokenizer files of checkpoint folder `from` (`tokenizer.json`,
+/// `tokenizer_config.json`: those it has) into `to`, so that weights written there load alone.
+pub fn copy_files(from: &Path, to: &Path) -> Result<()> {
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if from.join(f).exists() {
+            std::fs::copy(from.join(f), to.join(f)).with_context(|| format!("copying {f} into {}", to.display()))?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

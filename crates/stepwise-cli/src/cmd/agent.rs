@@ -27,6 +27,7 @@ some ruin the goal.
       --input trajectories.jsonl --output mc.jsonl
   stepwise score --prm PRM --input trajectories.jsonl --output scored.jsonl
   stepwise agent label --method td --values prm --problems games.jsonl --input scored.jsonl --output td.jsonl
+  stepwise agent rl --policy POLICY --problems games.jsonl --reward prm:PRM --updates 16 --out agent-rl/
 
 Trajectories are stepwise records (steps with `observation`); `stepwise convert --to messages` or \
 `--to conversations` writes them in OpenAI's chat layout or ShareGPT's (AgentInstruct, AgentBank), and both are \
@@ -48,6 +49,9 @@ enum Action {
     /// How well labels separate the oracle's good actions from its bad ones: the AUC of each
     /// action's progress (the promise it gained), good against bad.
     Compare(CompareArgs),
+    /// RL in the rooms worlds: GRPO over the policy's own trajectories, a reward per action
+    /// (the oracle's, a PRM's) or per trajectory (the goal).
+    Rl(super::agent_rl::Args),
 }
 
 #[derive(clap::Args)]
@@ -234,6 +238,7 @@ pub fn run(a: Args) -> Result<()> {
         Action::Play(p) => play(p),
         Action::Label(l) => label(l),
         Action::Compare(c) => compare(c),
+        Action::Rl(r) => super::agent_rl::run(r),
     }
 }
 
@@ -251,7 +256,7 @@ fn games(a: GamesArgs) -> Result<()> {
     Ok(())
 }
 
-fn read_games(path: &Path) -> Result<Vec<Problem>> {
+pub(crate) fn read_games(path: &Path) -> Result<Vec<Problem>> {
     let problems = stepwise_core::io::read_problems(path)?;
     for (i, p) in problems.iter().enumerate() {
         stepwise_agent::rooms::world_of(p).with_context(|| format!("{}: record {}", path.display(), i + 1))?;
@@ -348,7 +353,7 @@ fn compare(a: CompareArgs) -> Result<()> {
 }
 
 /// The rooms world: announcing (the default) or silent (`--silent`, the lab's).
-fn rooms(max_actions: usize, silent: bool) -> Rooms {
+pub(crate) fn rooms(max_actions: usize, silent: bool) -> Rooms {
     if silent {
         Rooms::silent(max_actions)
     } else {

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 pub mod agent;
+pub mod agent_rl;
 pub mod annotate;
 pub mod backend;
 pub mod bon;

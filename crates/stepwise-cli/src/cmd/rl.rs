@@ -138,11 +138,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     let dev = default_device();
-    let credit = match a.credit.as_str() {
-        "return-to-go" => Credit::ReturnToGo,
-        "min-so-far" => Credit::MinSoFar,
-        o => bail!("unknown --credit `{o}`: use return-to-go or min-so-far"),
-    };
+    let credit: Credit = a.credit.parse().context("--credit")?;
     let problems = read_problems(&a)?;
     let task = MathTask::default();
     let heldout_problems = match &a.eval_problems {
@@ -229,7 +225,7 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     bar.finish_and_clear();
     stepwise_core::io::write_jsonl(a.out.join("rl_log.jsonl"), &log)?;
-    report(&a, &log);
+    report(&a.out, &a.reward, "accuracy", &log);
     Ok(())
 }
 
@@ -253,7 +249,7 @@ fn reward_verifier(a: &Args, placement: Placement) -> Result<Option<LoadedVerifi
 fn implicit_prm(a: &Args, p: &PrimeConfig, placement: Placement, prm_varmap: &VarMap) -> Result<PrimeModel> {
     let dir = OnlinePrm::dir(&a.out);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    copy_tokenizer(&a.policy, &dir)?;
+    stepwise_model::tokenizer::copy_files(&a.policy, &dir)?;
     let reference = std::fs::canonicalize(&a.policy)?;
     let log_ratio = LogRatio {
         beta: p.beta,
@@ -307,7 +303,7 @@ fn prime_config(a: &Args) -> Option<PrimeConfig> {
 /// The output folder, with the policy's tokenizer (the checkpoints written there load alone).
 fn create_out(a: &Args) -> Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    copy_tokenizer(&a.policy, &a.out)
+    stepwise_model::tokenizer::copy_files(&a.policy, &a.out)
 }
 
 /// The run's settings from the command line.
@@ -333,22 +329,26 @@ fn rl_config(a: &Args, credit: Credit, prime: Option<PrimeConfig>) -> RlConfig {
     }
 }
 
-/// The training curves plotted into OUT/rl.* and the last update's figures on stderr.
-fn report(a: &Args, log: &[stepwise_rl::UpdateLog]) {
+/// The training curves plotted into `out/rl.*` (`reward` names the series) and the last
+/// update's figures on stderr; `accuracy` names what the log's accuracy is the share of.
+pub(crate) fn report(out: &std::path::Path, reward: &str, accuracy: &str, log: &[stepwise_rl::UpdateLog]) {
     let series = |f: &dyn Fn(&stepwise_rl::UpdateLog) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
-        vec![(a.reward.clone(), log.iter().map(|l| (l.update as f64, f(l))).collect())]
+        vec![(
+            reward.to_string(),
+            log.iter().map(|l| (l.update as f64, f(l))).collect(),
+        )]
     };
     let plotted = stepwise_eval::plot::panels_plot(
-        &a.out.join("rl"),
+        &out.join("rl"),
         "RL",
         "update",
         &[
             ("reward".into(), series(&|l| l.reward)),
-            ("sample accuracy".into(), series(&|l| l.accuracy)),
+            (format!("sample {accuracy}"), series(&|l| l.accuracy)),
             (
-                "held-out accuracy".into(),
+                format!("held-out {accuracy}"),
                 vec![(
-                    a.reward.clone(),
+                    reward.to_string(),
                     log.iter()
                         .filter_map(|l| Some((l.update as f64, l.heldout_accuracy?)))
                         .collect(),
@@ -362,14 +362,14 @@ fn report(a: &Args, log: &[stepwise_rl::UpdateLog]) {
     }
     let last = log.last().cloned().unwrap_or_default();
     eprintln!(
-        "{} updates: reward {:.3}, sample accuracy {:.3}, KL {:.4}; {} tokens sampled, {} learned; policy in {}",
+        "{} updates: reward {:.3}, sample {accuracy} {:.3}, KL {:.4}; {} tokens sampled, {} learned; policy in {}",
         log.len(),
         last.reward,
         last.accuracy,
         last.kl,
         last.sampled_tokens,
         last.updated_tokens,
-        a.out.display()
+        out.display()
     );
 }
 
@@ -389,16 +389,6 @@ impl PrimeModel {
             PrimeModel::None => None,
         }
     }
-}
-
-/// Copy the tokenizer files of `from` (those it has) into `to`.
-fn copy_tokenizer(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        if from.join(f).exists() {
-            std::fs::copy(from.join(f), to.join(f)).with_context(|| format!("copying {f} into {}", to.display()))?;
-        }
-    }
-    Ok(())
 }
 
 /// `LOW,HIGH`: bounds on a group's share of correct samples, 0 ≤ LOW ≤ HIGH ≤ 1.

@@ -160,15 +160,12 @@ impl Ctx<'_> {
     /// The RL settings every source shares: one optimiser step per update.
     fn rl_config(&self) -> RlConfig {
         let a = &self.preset.agent;
-        let batch = a.rl_worlds * a.rl_group;
-        let minibatch = batch.clamp(1, 32);
         RlConfig {
             updates: a.rl_updates,
             prompts_per_update: a.rl_worlds,
             group_size: a.rl_group,
             epochs: 1,
-            minibatch_size: minibatch,
-            grad_accum: batch.div_ceil(minibatch),
+            minibatch_size: 32,
             lr: a.rl_lr,
             warmup: a.rl_updates / 10,
             kl_coef: a.rl_kl,
@@ -181,6 +178,7 @@ impl Ctx<'_> {
             checkpoint_every: 10,
             ..Default::default()
         }
+        .one_step_per_update()
     }
 
     /// One source's RL run from the policy, in `rl_<name>/`: its log and the policy after it.

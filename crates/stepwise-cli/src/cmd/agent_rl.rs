@@ -1,0 +1,189 @@
+//! `stepwise agent rl`: GRPO over the policy's own trajectories in the rooms worlds, with a
+//! reward per action (the oracle's, a PRM's) or per trajectory (the goal). Parsing and wiring:
+//! the run is [`stepwise_rl::run_agent_rl`], which Python's `stepwise.agent_rl` calls too.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use stepwise_rl::trainer::Heldout;
+use stepwise_rl::{run_agent_rl, AgentReward, AgentRlJob, Credit, RlConfig};
+
+/// RL in an environment: the policy plays, each action is rewarded, the policy learns.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Each update, the policy plays --group-size episodes in each of --worlds worlds (one action a \
+turn, the world's answer after it), the reward speaks per action or per episode, advantages are normalised over \
+each world's group (GRPO) and PPO-clip steps (--clip) with a KL penalty (--kl) to the starting policy follow. \
+The loss reads the observations but learns only what the policy wrote: its actions, and the end token where it \
+stopped. Rewards:
+  goal        1 when the episode reaches the goal, else 0 (outcome-only RL)
+  oracle      the world's verdict on every action (progress 1, useless 0.5, regress/invalid/ruin 0): the
+              ceiling a PRM can reach
+  prm:DIR     a PRM's score of every action (any verifier folder `stepwise score` reads)
+A process reward (oracle, prm) has the goal's advantage added to every action at --goal-weight (0: the process \
+reward alone); --credit min-so-far values an action by the weakest reward up to it (return-to-go sums the rest). \
+The update's log keeps the oracle's mean verdict beside the reward (is the policy pleasing the PRM or making \
+progress?). Trajectories are laid out as the policy is trained on them: the task and first observation, then each \
+`action` + `Observation: ...`, joined by --separator, every piece tokenised on its own.
+
+Writes the policy (Hugging Face layout) with its optimiser every --checkpoint-every updates and at the end, \
+rl_log.jsonl and rl.png/rl.svg (reward, success, held-out success with --eval-problems, KL). The same command on \
+the same --out resumes after an interruption. The policy trains on the CPU.
+
+Example:
+  stepwise agent games --count 64 --seed 1 --output games.jsonl
+  stepwise agent rl --policy POLICY --problems games.jsonl --reward prm:PRM --silent \\
+      --updates 16 --worlds 4 --group-size 8 --lr 1e-4 --out agent-rl/"
+)]
+pub struct Args {
+    /// Policy checkpoint folder or cached Hugging Face model id to start from (also the KL
+    /// reference).
+    #[arg(long, value_parser = super::model_dir)]
+    policy: PathBuf,
+    /// `goal`, `oracle` or `prm:DIR`.
+    #[arg(long, default_value = "goal")]
+    reward: String,
+    /// Weight of the goal's advantage added to a process reward's (oracle, prm).
+    #[arg(long, default_value_t = 1.0)]
+    goal_weight: f32,
+    /// The worlds to train in (from `stepwise agent games`).
+    #[arg(long)]
+    problems: PathBuf,
+    /// Output folder (checkpoints, log, plot; resumed when present).
+    #[arg(long)]
+    out: PathBuf,
+    /// Policy updates.
+    #[arg(long, default_value_t = 16)]
+    updates: usize,
+    /// Worlds per update.
+    #[arg(long, default_value_t = 4)]
+    worlds: usize,
+    /// Episodes per world (the group).
+    #[arg(long, default_value_t = 8)]
+    group_size: usize,
+    /// PPO epochs over each update's episodes.
+    #[arg(long, default_value_t = 1)]
+    epochs: usize,
+    /// Trajectories per micro-batch (one forward and backward pass); an update's micro-batches
+    /// make one optimiser step.
+    #[arg(long, default_value_t = 32)]
+    minibatch_size: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-5)]
+    lr: f64,
+    /// KL penalty weight β.
+    #[arg(long, default_value_t = 0.04)]
+    kl: f32,
+    /// PPO clip range ε.
+    #[arg(long, default_value_t = 0.2)]
+    clip: f32,
+    /// Per-action credit of process rewards: min-so-far or return-to-go.
+    #[arg(long, default_value = "min-so-far")]
+    credit: String,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Most new tokens per action.
+    #[arg(long, default_value_t = 24)]
+    max_tokens: usize,
+    /// Most actions an episode may take.
+    #[arg(long, default_value_t = 30)]
+    max_actions: usize,
+    /// The world keeps the goal to itself (the lab's world): nothing says the goal is reached or
+    /// lost, the player stops when it judges it done, and the outcome is whether it holds then.
+    #[arg(long)]
+    silent: bool,
+    /// Text between turns.
+    #[arg(long, default_value = "\n")]
+    separator: String,
+    /// Layout of a prm:DIR reward's verifier (as `stepwise score --layout`).
+    #[arg(long, default_value = "auto")]
+    layout: String,
+    /// Held-out worlds whose success is logged and plotted during training.
+    #[arg(long)]
+    eval_problems: Option<PathBuf>,
+    /// Measure the held-out worlds every this many updates (and after the last).
+    #[arg(long, default_value_t = 10)]
+    eval_every: usize,
+    /// Episodes per held-out world.
+    #[arg(long, default_value_t = 4)]
+    eval_samples: usize,
+    /// Checkpoint every this many updates.
+    #[arg(long, default_value_t = 10)]
+    checkpoint_every: usize,
+    /// Seed of world choice, sampling and minibatch order.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// What the reference and a PRM compute in.
+    #[command(flatten)]
+    dtype: super::backend::DtypeArg,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    a.dtype.apply();
+    let reward = AgentReward::parse(&a.reward).context("--reward")?;
+    let credit: Credit = a.credit.parse().context("--credit")?;
+    let problems = super::agent::read_games(&a.problems)?;
+    let heldout = match &a.eval_problems {
+        Some(p) => super::agent::read_games(p)?,
+        None => Vec::new(),
+    };
+    let env = super::agent::rooms(a.max_actions, a.silent);
+    let cfg = config(&a, credit);
+    let bar = crate::progress::bar(Some(a.updates as u64), "RL in the rooms");
+    let log = run_agent_rl(
+        AgentRlJob {
+            policy: &a.policy,
+            problems: &problems,
+            env: &env,
+            reward,
+            layout: a.layout.clone(),
+            goal_weight: a.goal_weight,
+            judged: true,
+            separator: a.separator.clone(),
+            out: &a.out,
+            heldout: a.eval_problems.is_some().then_some(Heldout {
+                problems: &heldout,
+                every: a.eval_every,
+                samples: a.eval_samples,
+            }),
+        },
+        &cfg,
+        |l| {
+            bar.set_position(l.update as u64);
+            let oracle = l
+                .watched
+                .get("oracle")
+                .map(|o| format!(" oracle {o:.2}"))
+                .unwrap_or_default();
+            bar.set_message(format!(
+                "reward {:.3} success {:.2}{oracle} kl {:.4}",
+                l.reward, l.accuracy, l.kl
+            ));
+        },
+    )?;
+    bar.finish_and_clear();
+    super::rl::report(&a.out, &a.reward, "success", &log);
+    Ok(())
+}
+
+/// The run's settings: an update's trajectories make one optimiser step.
+fn config(a: &Args, credit: Credit) -> RlConfig {
+    RlConfig {
+        updates: a.updates,
+        prompts_per_update: a.worlds,
+        group_size: a.group_size,
+        epochs: a.epochs,
+        minibatch_size: a.minibatch_size,
+        lr: a.lr,
+        warmup: a.updates / 10,
+        kl_coef: a.kl,
+        clip: a.clip,
+        credit,
+        temperature: a.temperature,
+        max_new_tokens: a.max_tokens,
+        seed: a.seed,
+        checkpoint_every: a.checkpoint_every,
+        ..Default::default()
+    }
+    .one_step_per_update()
+}
