@@ -250,6 +250,42 @@ def label_actions(
     `scores[values]`, no rollouts; the GAE progress in each label's `source.progress`).
     Resumable to `output`."""
 
+def rl(
+    policy: Union[str, "PathLike[str]"],
+    problems: Union[Iterable[Record], str, "PathLike[str]"],
+    out: Union[str, "PathLike[str]"],
+    reward: str = "outcome",
+    updates: int = 100,
+    prompts: int = 8,
+    group_size: int = 8,
+    epochs: int = 1,
+    minibatch_size: int = 32,
+    grad_accum: int = 1,
+    lr: float = 1e-5,
+    kl: float = 0.04,
+    clip: float = 0.2,
+    credit: str = "return_to_go",
+    temperature: float = 1.0,
+    max_tokens: int = 256,
+    separator: str = "\n",
+    chat: bool = False,
+    layout: str = "auto",
+    prime_beta: float = 0.05,
+    prime_lr: Optional[float] = None,
+    prime_filter: Tuple[float, float] = ...,
+    eval_problems: Optional[Union[Iterable[Record], str, "PathLike[str]"]] = None,
+    eval_every: int = 10,
+    eval_samples: int = 4,
+    checkpoint_every: int = 10,
+    seed: int = 0,
+    device: Optional[Device] = None,
+    max_batch_tokens: int = ...,
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
+) -> List[Dict[str, Any]]:
+    """Single-turn RL (GRPO, PPO-clip, KL to the start) as `stepwise rl`: `reward` is
+    `"outcome"`, `"orm:DIR"`, `"prm:DIR"` or `"prime"` (`prime_filter` defaults to (0.2, 0.8)). The policy, optimiser and
+    `rl_log.jsonl` go to `out`; a call on the same `out` resumes. Returns each update's log."""
+
 def agent_rl(
     policy: Union[str, "PathLike[str]"],
     problems: Union[Iterable[Union[str, Record]], str, "PathLike[str]"],

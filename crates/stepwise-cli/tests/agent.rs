@@ -16,20 +16,18 @@ fn lines(p: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// `count` rooms worlds of stream `seed` in `d/games.jsonl`.
+fn games(d: &Path, count: usize, seed: u64) {
+    let out = d.join("games.jsonl").display().to_string();
+    let (count, seed) = (count.to_string(), seed.to_string());
+    stepwise(&["agent", "games", "--count", &count, "--seed", &seed, "--output", &out]);
+}
+
 #[test]
 fn games_play_label_score_and_convert() {
     let d = common::tmp("agent", "loop");
     let s = |p: &str| d.join(p).display().to_string();
-    stepwise(&[
-        "agent",
-        "games",
-        "--count",
-        "8",
-        "--seed",
-        "5",
-        "--output",
-        &s("games.jsonl"),
-    ]);
+    games(&d, 8, 5);
     assert_eq!(lines(&d.join("games.jsonl")).len(), 8);
     let play = [
         "agent",
@@ -151,7 +149,7 @@ fn games_play_label_score_and_convert() {
 fn a_model_plays_and_a_problem_without_a_world_is_refused() {
     let d = common::tmp("agent", "model");
     let s = |p: &str| d.join(p).display().to_string();
-    stepwise(&["agent", "games", "--count", "2", "--output", &s("games.jsonl")]);
+    games(&d, 2, 0);
     stepwise(&[
         "agent",
         "play",
@@ -206,16 +204,7 @@ fn a_model_plays_and_a_problem_without_a_world_is_refused() {
 fn the_silent_world_from_the_command_line() {
     let d = common::tmp("agent", "silent");
     let s = |p: &str| d.join(p).display().to_string();
-    stepwise(&[
-        "agent",
-        "games",
-        "--count",
-        "6",
-        "--seed",
-        "2",
-        "--output",
-        &s("games.jsonl"),
-    ]);
+    games(&d, 6, 2);
     let play = |silent: bool| {
         let mut args = vec![
             "agent",
@@ -265,16 +254,7 @@ fn rl_figures(p: &Path) -> Vec<Value> {
 fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
     let d = common::tmp("agent", "rl");
     let s = |p: &str| d.join(p).display().to_string();
-    stepwise(&[
-        "agent",
-        "games",
-        "--count",
-        "6",
-        "--seed",
-        "2",
-        "--output",
-        &s("games.jsonl"),
-    ]);
+    games(&d, 6, 2);
     let policy = fixture("qwen2-policy");
     let prm = format!("prm:{}", fixture("qwen2-prm"));
     let rl = |reward: &str, out: &str| {
@@ -361,6 +341,8 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
         &s("games.jsonl"),
         "--policy",
         &s("a"),
+        "--prompt",
+        "pieces",
         "-n",
         "1",
         "--max-actions",

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use std::path::PathBuf;
 use stepwise_core::seams::Environment;
 use stepwise_rl::trainer::Heldout;
-use stepwise_rl::{run_agent_rl, AgentReward, AgentRlJob, Credit, RlConfig};
+use stepwise_rl::{run_agent_rl, AgentReward, AgentRlJob};
 
 /// RL for an agent: each update the policy (a checkpoint folder or cached Hugging Face model id)
 /// plays `group_size` episodes in each of `worlds` of `problems` in `env` (`"rooms"`, or a class
@@ -60,27 +60,16 @@ pub fn agent_rl<'py>(
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let reward = AgentReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
-    let credit: Credit = credit.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?;
     let problems = agent_problems(problems)?;
     let heldout = eval_problems.map(agent_problems).transpose()?;
     let (env, judged) = environment(env, max_actions, silent, step_timeout)?;
-    let cfg = RlConfig {
-        updates,
-        prompts_per_update: worlds,
-        group_size,
-        epochs,
-        minibatch_size,
-        lr,
-        warmup: updates / 10,
-        kl_coef: kl,
-        clip,
+    let cfg = crate::rl::grpo_config(
+        (updates, worlds, group_size),
+        (epochs, minibatch_size, lr, kl, clip),
         credit,
-        temperature,
-        max_new_tokens: max_tokens,
-        seed,
-        checkpoint_every,
-        ..Default::default()
-    }
+        (temperature, max_tokens),
+        (seed, checkpoint_every),
+    )?
     .one_step_per_update();
     let progress = Progress::start(py, progress, "updates", updates)?;
     let log = without_gil(py, || {

@@ -18,6 +18,7 @@ mod policy;
 mod progress;
 mod records;
 mod rewards;
+mod rl;
 mod stages;
 mod studio;
 mod train;
@@ -66,6 +67,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stages::search, m)?)?;
     m.add_function(wrap_pyfunction!(stages::lab_run, m)?)?;
     m.add_function(wrap_pyfunction!(train::train_prm, m)?)?;
+    m.add_function(wrap_pyfunction!(rl::rl, m)?)?;
     m.add_function(wrap_pyfunction!(code::run_tests, m)?)?;
     m.add_function(wrap_pyfunction!(code::pass_at_k, m)?)?;
     m.add_function(wrap_pyfunction!(verifier::generative_scores, m)?)?;

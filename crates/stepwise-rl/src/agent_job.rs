@@ -49,15 +49,6 @@ impl AgentReward {
             _ => bail!("reward `{s}`: use goal, oracle or prm:DIR"),
         })
     }
-
-    /// Its name in logs: `goal`, `oracle` or `prm`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            AgentReward::Goal => "goal",
-            AgentReward::Oracle => "oracle",
-            AgentReward::Prm(_) => "prm",
-        }
-    }
 }
 
 /// An agent's RL run, as the front ends describe it.

@@ -7,7 +7,6 @@ use stepwise_agent::{Expert, Games, Rooms};
 use stepwise_core::seams::Policy;
 use stepwise_core::{Problem, Solution};
 use stepwise_label::annotate_resumable;
-use stepwise_model::Prompt;
 use stepwise_remote::backend::PolicySettings;
 
 /// Agents: play rooms worlds with a policy and label its actions.
@@ -95,9 +94,10 @@ struct Player {
     /// How a model's actions are sampled.
     #[command(flatten)]
     sampling: super::SamplingArgs,
-    /// Wrap the task in the tokenizer's chat template.
-    #[arg(long)]
-    chat: bool,
+    /// Prompt layout: text (the task, separator, turns), chat (the tokenizer's chat template) or
+    /// pieces (each piece tokenised on its own: the layout `agent rl` trains a policy in).
+    #[arg(long, default_value = "text", value_parser = ["text", "chat", "pieces"])]
+    prompt: String,
     /// Where local models run.
     #[command(flatten)]
     device: super::backend::DeviceArgs,
@@ -144,7 +144,7 @@ impl Player {
             (_, Some(skill)) => Ok(Opened::Expert(Expert::new(problems, skill)?)),
             (Some(source), None) => {
                 let backend = self.device.open_policy(source, &self.remote)?;
-                let prompt = if self.chat { Prompt::Chat } else { Prompt::Text };
+                let prompt = super::search::prompt_layout(&self.prompt)?;
                 let settings = PolicySettings {
                     stop: vec!["Observation:".into()],
                     ..self.sampling.settings(prompt)
@@ -156,11 +156,16 @@ impl Player {
     }
 
     fn identity(&self) -> Result<serde_json::Value> {
-        Ok(serde_json::json!({
+        let mut id = serde_json::json!({
             "policy": self.policy.as_ref().map(|p| p.identity()).transpose()?, "expert": self.expert,
             "temperature": self.sampling.temperature, "max_tokens": self.sampling.max_tokens,
-            "separator": self.sampling.separator, "chat": self.chat,
-        }))
+            "separator": self.sampling.separator, "chat": self.prompt == "chat",
+        });
+        // Only where set, so that journals started before the flag resume as they were.
+        if self.prompt == "pieces" {
+            id["prompt"] = "pieces".into();
+        }
+        Ok(id)
     }
 }
 

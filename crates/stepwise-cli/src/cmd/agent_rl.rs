@@ -4,7 +4,6 @@
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
-use stepwise_rl::trainer::Heldout;
 use stepwise_rl::{run_agent_rl, AgentReward, AgentRlJob, Credit, RlConfig};
 
 /// RL in an environment: the policy plays, each action is rewarded, the policy learns.
@@ -23,7 +22,8 @@ A process reward (oracle, prm) has the goal's advantage added to every action at
 reward alone); --credit min-so-far values an action by the weakest reward up to it (return-to-go sums the rest). \
 The update's log keeps the oracle's mean verdict beside the reward (is the policy pleasing the PRM or making \
 progress?). Trajectories are laid out as the policy is trained on them: the task and first observation, then each \
-`action` + `Observation: ...`, joined by --separator, every piece tokenised on its own.
+`action` + `Observation: ...`, joined by --separator, every piece tokenised on its own: play the trained policy in \
+that layout with `stepwise agent play --prompt pieces`.
 
 Writes the policy (Hugging Face layout) with its optimiser every --checkpoint-every updates and at the end, \
 rl_log.jsonl and rl.png/rl.svg (reward, success, held-out success with --eval-problems, KL). The same command on \
@@ -60,28 +60,9 @@ pub struct Args {
     /// Episodes per world (the group).
     #[arg(long, default_value_t = 8)]
     group_size: usize,
-    /// PPO epochs over each update's episodes.
-    #[arg(long, default_value_t = 1)]
-    epochs: usize,
-    /// Trajectories per micro-batch (one forward and backward pass); an update's micro-batches
-    /// make one optimiser step.
-    #[arg(long, default_value_t = 32)]
-    minibatch_size: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-5)]
-    lr: f64,
-    /// KL penalty weight β.
-    #[arg(long, default_value_t = 0.04)]
-    kl: f32,
-    /// PPO clip range ε.
-    #[arg(long, default_value_t = 0.2)]
-    clip: f32,
     /// Per-action credit of process rewards: min-so-far or return-to-go.
     #[arg(long, default_value = "min-so-far")]
     credit: String,
-    /// Sampling temperature.
-    #[arg(long, default_value_t = 1.0)]
-    temperature: f32,
     /// Most new tokens per action.
     #[arg(long, default_value_t = 24)]
     max_tokens: usize,
@@ -98,21 +79,12 @@ pub struct Args {
     /// Layout of a prm:DIR reward's verifier (as `stepwise score --layout`).
     #[arg(long, default_value = "auto")]
     layout: String,
-    /// Held-out worlds whose success is logged and plotted during training.
-    #[arg(long)]
-    eval_problems: Option<PathBuf>,
-    /// Measure the held-out worlds every this many updates (and after the last).
-    #[arg(long, default_value_t = 10)]
-    eval_every: usize,
-    /// Episodes per held-out world.
-    #[arg(long, default_value_t = 4)]
-    eval_samples: usize,
-    /// Checkpoint every this many updates.
-    #[arg(long, default_value_t = 10)]
-    checkpoint_every: usize,
-    /// Seed of world choice, sampling and minibatch order.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Held-out worlds measured during training.
+    #[command(flatten)]
+    eval: super::rl::HeldoutArgs,
+    /// How each update learns (its micro-batches make one optimiser step).
+    #[command(flatten)]
+    optim: super::rl::Optimisation,
     /// What the reference and a PRM compute in.
     #[command(flatten)]
     dtype: super::backend::DtypeArg,
@@ -123,10 +95,7 @@ pub fn run(a: Args) -> Result<()> {
     let reward = AgentReward::parse(&a.reward).context("--reward")?;
     let credit: Credit = a.credit.parse().context("--credit")?;
     let problems = super::agent::read_games(&a.problems)?;
-    let heldout = match &a.eval_problems {
-        Some(p) => super::agent::read_games(p)?,
-        None => Vec::new(),
-    };
+    let heldout = a.eval.read(super::agent::read_games)?;
     let env = super::agent::rooms(a.max_actions, a.silent);
     let cfg = config(&a, credit);
     let bar = crate::progress::bar(Some(a.updates as u64), "RL in the rooms");
@@ -141,11 +110,7 @@ pub fn run(a: Args) -> Result<()> {
             judged: true,
             separator: a.separator.clone(),
             out: &a.out,
-            heldout: a.eval_problems.is_some().then_some(Heldout {
-                problems: &heldout,
-                every: a.eval_every,
-                samples: a.eval_samples,
-            }),
+            heldout: a.eval.heldout(&heldout),
         },
         &cfg,
         |l| {
@@ -168,22 +133,7 @@ pub fn run(a: Args) -> Result<()> {
 
 /// The run's settings: an update's trajectories make one optimiser step.
 fn config(a: &Args, credit: Credit) -> RlConfig {
-    RlConfig {
-        updates: a.updates,
-        prompts_per_update: a.worlds,
-        group_size: a.group_size,
-        epochs: a.epochs,
-        minibatch_size: a.minibatch_size,
-        lr: a.lr,
-        warmup: a.updates / 10,
-        kl_coef: a.kl,
-        clip: a.clip,
-        credit,
-        temperature: a.temperature,
-        max_new_tokens: a.max_tokens,
-        seed: a.seed,
-        checkpoint_every: a.checkpoint_every,
-        ..Default::default()
-    }
-    .one_step_per_update()
+    a.optim
+        .config(a.updates, a.worlds, a.group_size, credit, a.max_tokens)
+        .one_step_per_update()
 }

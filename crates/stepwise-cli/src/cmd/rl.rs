@@ -1,14 +1,11 @@
-use anyhow::{bail, Context, Result};
+//! `stepwise rl`: parsing and wiring; the run is [`stepwise_rl::run_rl`], which Python's
+//! `stepwise.rl` calls too.
+
+use anyhow::{Context, Result};
 use std::path::PathBuf;
-use stepwise_core::seams::{MathTask, OutcomeReward, Reward, RewardKind, ScorerReward};
-use stepwise_model::layout::RewardSpec;
-use stepwise_model::log_ratio::LogRatio;
-use stepwise_model::scoring::LoadedVerifier;
-use stepwise_model::train::VarMap;
-use stepwise_model::{default_device, default_precision, Model, ModelConfig, Placement, Prompt, Tokenizer};
-use stepwise_rl::prime::OnlinePrm;
-use stepwise_rl::trainer::{Heldout, RlRun};
-use stepwise_rl::{train_rl, CandleLearner, Credit, ImplicitPrm, Learner, PrimeConfig, RlConfig};
+use stepwise_core::Problem;
+use stepwise_rl::trainer::Heldout;
+use stepwise_rl::{run_rl, Credit, PrimeConfig, RlConfig, RlJob, RlReward};
 
 /// Optimise a policy by RL against a reward.
 #[derive(clap::Args)]
@@ -66,30 +63,12 @@ pub struct Args {
     /// Solutions per prompt (the group).
     #[arg(long, default_value_t = 8)]
     pub group_size: usize,
-    /// PPO epochs over each update's samples.
-    #[arg(long, default_value_t = 1)]
-    pub epochs: usize,
-    /// Sequences per micro-batch (one forward and backward pass).
-    #[arg(long, default_value_t = 32)]
-    pub minibatch_size: usize,
     /// Micro-batches per optimiser step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
     pub grad_accum: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-5)]
-    pub lr: f64,
-    /// KL penalty weight β.
-    #[arg(long, default_value_t = 0.04)]
-    pub kl: f32,
-    /// PPO clip range ε.
-    #[arg(long, default_value_t = 0.2)]
-    pub clip: f32,
     /// Per-step credit of process rewards: return-to-go or min-so-far.
     #[arg(long, default_value = "return-to-go")]
     pub credit: String,
-    /// Sampling temperature.
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f32,
     /// Most new tokens per solution.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
@@ -111,22 +90,12 @@ pub struct Args {
     /// Layout of a PRM or ORM reward's verifier (as `stepwise score --layout`).
     #[arg(long, default_value = "auto")]
     pub layout: String,
-    /// Held-out problems (JSONL, with gold answers) whose single-sample accuracy is logged and
-    /// plotted during training.
-    #[arg(long)]
-    pub eval_problems: Option<PathBuf>,
-    /// Measure the held-out problems every this many updates (and after the last).
-    #[arg(long, default_value_t = 10)]
-    pub eval_every: usize,
-    /// Samples per held-out problem.
-    #[arg(long, default_value_t = 4)]
-    pub eval_samples: usize,
-    /// Checkpoint every this many updates.
-    #[arg(long, default_value_t = 10)]
-    pub checkpoint_every: usize,
-    /// Seed of prompt choice, sampling and minibatch order.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Held-out problems measured during training.
+    #[command(flatten)]
+    pub eval: HeldoutArgs,
+    /// How each update learns.
+    #[command(flatten)]
+    pub optim: Optimisation,
     /// What loaded models compute in.
     #[command(flatten)]
     pub dtype: super::backend::DtypeArg,
@@ -137,78 +106,25 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
-    let dev = default_device();
     let credit: Credit = a.credit.parse().context("--credit")?;
-    let problems = read_problems(&a)?;
-    let task = MathTask::default();
-    let heldout_problems = match &a.eval_problems {
-        Some(path) => stepwise_core::io::read_problems(path)?,
-        None => Vec::new(),
-    };
-    let placement = a.device.device.resolve()?;
-    let verifier = reward_verifier(&a, placement)?;
-    let scorer = verifier.as_ref().map(LoadedVerifier::scorer);
-    let outcome = OutcomeReward { task: &task };
-    let scored = scorer.as_ref().map(|s| ScorerReward {
-        name: a.reward.split(':').next().unwrap_or_default().to_string(),
-        scorer: s,
-        kind: if a.reward.starts_with("prm:") {
-            RewardKind::Process
-        } else {
-            RewardKind::Outcome
-        },
-    });
-    let reward: &dyn Reward = match &scored {
-        Some(r) => r,
-        None => &outcome,
-    };
-    let tok = Tokenizer::from_dir(&a.policy)?;
-    let reference = Model::load_on(&a.policy, placement, default_precision())?;
-    let varmap = VarMap::new();
-    let mut policy;
-    let mut on_cpu;
-    let mut on_gpu;
-    let learner: &mut dyn Learner = match placement {
-        Placement::Cuda(ordinal) => {
-            on_gpu = stepwise_rl::learner::on_gpu(&a.policy, ordinal, a.device.max_batch_tokens)?;
-            &mut *on_gpu
-        }
-        _ => {
-            policy = Model::load_trainable(&a.policy, ModelConfig::from_dir(&a.policy)?, &varmap, &dev, a.seed)?;
-            on_cpu = CandleLearner::new(&mut policy, &varmap)?;
-            &mut on_cpu
-        }
-    };
-    let mut stop = reference.config.eos_token_ids.clone();
-    stop.extend(tok.eos_id());
-    create_out(&a)?;
-    let prime = prime_config(&a);
-    let prm_varmap = VarMap::new();
-    let mut prm = match &prime {
-        Some(p) => implicit_prm(&a, p, placement, &prm_varmap)?,
-        None => PrimeModel::None,
-    };
-    let cfg = rl_config(&a, credit, prime);
+    let reward = RlReward::parse(&a.reward).context("--reward")?;
+    let problems = stepwise_core::io::read_problems(&a.problems)?;
+    stepwise_rl::job::check_gold(&problems).with_context(|| a.problems.display().to_string())?;
+    let heldout = a.eval.read(|p| Ok(stepwise_core::io::read_problems(p)?))?;
+    let cfg = rl_config(&a, credit, prime_config(&a));
     let bar = crate::progress::bar(Some(a.updates as u64), "RL");
-    let log = train_rl(
-        RlRun {
-            learner,
-            reference: &reference,
-            tokenizer: &tok,
-            prompt: if a.chat { Prompt::Chat } else { Prompt::Text },
-            separator: a.separator.clone(),
-            stop_token_ids: stop,
+    let log = run_rl(
+        RlJob {
+            policy: &a.policy,
             problems: &problems,
-            task: &task,
             reward,
-            watch: Vec::new(),
-            out_dir: Some(a.out.clone()),
-            heldout: a.eval_problems.is_some().then_some(Heldout {
-                problems: &heldout_problems,
-                every: a.eval_every,
-                samples: a.eval_samples,
-            }),
-            implicit_prm: prm.as_implicit(&prm_varmap),
+            layout: a.layout.clone(),
+            chat: a.chat,
+            separator: a.separator.clone(),
+            out: &a.out,
+            heldout: a.eval.heldout(&heldout),
+            placement: a.device.device,
+            max_batch_tokens: a.device.max_batch_tokens,
         },
         &cfg,
         |l| {
@@ -224,108 +140,110 @@ pub fn run(a: Args) -> Result<()> {
         },
     )?;
     bar.finish_and_clear();
-    stepwise_core::io::write_jsonl(a.out.join("rl_log.jsonl"), &log)?;
     report(&a.out, &a.reward, "accuracy", &log);
     Ok(())
-}
-
-/// The verifier of a `prm:DIR` or `orm:DIR` reward, loaded where the policy runs (`None` for
-/// `outcome` and `prime`).
-fn reward_verifier(a: &Args, placement: Placement) -> Result<Option<LoadedVerifier>> {
-    Ok(match a.reward.split_once(':') {
-        Some(("orm" | "prm", dir)) => Some(LoadedVerifier::load_on(
-            &stepwise_model::hub::resolve(dir).with_context(|| format!("--reward {}", a.reward))?,
-            &a.layout,
-            placement,
-            default_precision(),
-        )?),
-        None if a.reward == "outcome" || a.reward == "prime" => None,
-        _ => bail!("--reward `{}`: use outcome, orm:DIR, prm:DIR or prime", a.reward),
-    })
-}
-
-/// PRIME's implicit PRM: it starts as the policy, and its folder is a log-ratio verifier against
-/// the starting policy, readable by `stepwise score` once the run has saved its weights.
-fn implicit_prm(a: &Args, p: &PrimeConfig, placement: Placement, prm_varmap: &VarMap) -> Result<PrimeModel> {
-    let dir = OnlinePrm::dir(&a.out);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    stepwise_model::tokenizer::copy_files(&a.policy, &dir)?;
-    let reference = std::fs::canonicalize(&a.policy)?;
-    let log_ratio = LogRatio {
-        beta: p.beta,
-        cumulative: false,
-        reference_logprob: None,
-        last_tokens: None,
-    };
-    RewardSpec::log_ratio(Some(reference), &a.separator, log_ratio).save(&dir)?;
-    Ok(match placement {
-        Placement::Cuda(ordinal) => PrimeModel::Gpu(stepwise_rl::learner::on_gpu(
-            &a.policy,
-            ordinal,
-            a.device.max_batch_tokens,
-        )?),
-        _ => {
-            let config = ModelConfig::from_dir(&a.policy)?;
-            PrimeModel::Cpu(Box::new(Model::load_trainable(
-                &a.policy,
-                config,
-                prm_varmap,
-                &default_device(),
-                a.seed,
-            )?))
-        }
-    })
-}
-
-/// The training problems, each with its gold answer.
-fn read_problems(a: &Args) -> Result<Vec<stepwise_core::Problem>> {
-    let problems = stepwise_core::io::read_problems(&a.problems)?;
-    if let Some(p) = problems.iter().find(|p| p.gold_answer.is_none()) {
-        bail!(
-            "{}: problem `{}`: field `gold_answer`: missing",
-            a.problems.display(),
-            p.id
-        );
-    }
-    Ok(problems)
 }
 
 /// PRIME's settings, with `--reward prime`.
 fn prime_config(a: &Args) -> Option<PrimeConfig> {
     (a.reward == "prime").then(|| PrimeConfig {
         beta: a.prime_beta,
-        lr: a.prime_lr.unwrap_or(a.lr),
+        lr: a.prime_lr.unwrap_or(a.optim.lr),
         accuracy_bounds: a.prime_filter,
         ..Default::default()
     })
 }
 
-/// The output folder, with the policy's tokenizer (the checkpoints written there load alone).
-fn create_out(a: &Args) -> Result<()> {
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    stepwise_model::tokenizer::copy_files(&a.policy, &a.out)
-}
-
 /// The run's settings from the command line.
 fn rl_config(a: &Args, credit: Credit, prime: Option<PrimeConfig>) -> RlConfig {
     RlConfig {
-        updates: a.updates,
-        prompts_per_update: a.prompts,
-        group_size: a.group_size,
-        epochs: a.epochs,
-        minibatch_size: a.minibatch_size,
         grad_accum: a.grad_accum,
-        lr: a.lr,
-        warmup: a.updates / 10,
-        kl_coef: a.kl,
-        clip: a.clip,
-        credit,
-        temperature: a.temperature,
-        max_new_tokens: a.max_tokens,
-        seed: a.seed,
-        checkpoint_every: a.checkpoint_every,
         prime,
-        ..Default::default()
+        ..a.optim.config(a.updates, a.prompts, a.group_size, credit, a.max_tokens)
+    }
+}
+
+/// Held-out problems (or worlds) whose success is measured during training: what `rl` and
+/// `agent rl` share.
+#[derive(clap::Args)]
+pub struct HeldoutArgs {
+    /// Held-out problems (JSONL: problems with gold answers, or `agent games` worlds) whose
+    /// single-sample success is logged and plotted during training.
+    #[arg(long)]
+    pub eval_problems: Option<PathBuf>,
+    /// Measure them every this many updates (and after the last).
+    #[arg(long, default_value_t = 10)]
+    pub eval_every: usize,
+    /// Samples per held-out problem.
+    #[arg(long, default_value_t = 4)]
+    pub eval_samples: usize,
+}
+
+impl HeldoutArgs {
+    /// The held-out problems, read by `read` (none without `--eval-problems`).
+    pub fn read(&self, read: impl Fn(&std::path::Path) -> Result<Vec<Problem>>) -> Result<Vec<Problem>> {
+        self.eval_problems.as_deref().map_or(Ok(Vec::new()), read)
+    }
+
+    /// The measure over `problems` (as read by [`HeldoutArgs::read`]), with `--eval-problems`.
+    pub fn heldout<'a>(&self, problems: &'a [Problem]) -> Option<Heldout<'a>> {
+        self.eval_problems.is_some().then_some(Heldout {
+            problems,
+            every: self.eval_every,
+            samples: self.eval_samples,
+        })
+    }
+}
+
+/// How each update learns and samples: the settings `rl` and `agent rl` share.
+#[derive(clap::Args)]
+pub struct Optimisation {
+    /// PPO epochs over each update's samples.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Samples (solutions, trajectories) per micro-batch: one forward and backward pass.
+    #[arg(long, default_value_t = 32)]
+    pub minibatch_size: usize,
+    /// Peak learning rate (linear warm-up over the first tenth of the updates, then cosine).
+    #[arg(long, default_value_t = 1e-5)]
+    pub lr: f64,
+    /// KL penalty weight β.
+    #[arg(long, default_value_t = 0.04)]
+    pub kl: f32,
+    /// PPO clip range ε.
+    #[arg(long, default_value_t = 0.2)]
+    pub clip: f32,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Checkpoint every this many updates.
+    #[arg(long, default_value_t = 10)]
+    pub checkpoint_every: usize,
+    /// Seed of prompt choice, sampling and minibatch order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl Optimisation {
+    /// The settings of `updates` updates of `group` samples for each of `prompts` prompts.
+    pub fn config(&self, updates: usize, prompts: usize, group: usize, credit: Credit, max_tokens: usize) -> RlConfig {
+        RlConfig {
+            updates,
+            prompts_per_update: prompts,
+            group_size: group,
+            epochs: self.epochs,
+            minibatch_size: self.minibatch_size,
+            lr: self.lr,
+            warmup: updates / 10,
+            kl_coef: self.kl,
+            clip: self.clip,
+            credit,
+            temperature: self.temperature,
+            max_new_tokens: max_tokens,
+            seed: self.seed,
+            checkpoint_every: self.checkpoint_every,
+            ..Default::default()
+        }
     }
 }
 
@@ -371,24 +289,6 @@ pub(crate) fn report(out: &std::path::Path, reward: &str, accuracy: &str, log: &
         last.updated_tokens,
         out.display()
     );
-}
-
-/// PRIME's implicit PRM as loaded: a candle model on the CPU, or a learner on a GPU.
-enum PrimeModel {
-    None,
-    Cpu(Box<Model>),
-    Gpu(Box<dyn Learner>),
-}
-
-impl PrimeModel {
-    /// It, as the trainer takes it (`varmap`: the CPU model's weights).
-    fn as_implicit<'a>(&'a mut self, varmap: &'a VarMap) -> Option<ImplicitPrm<'a>> {
-        match self {
-            PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle { model, varmap }),
-            PrimeModel::Gpu(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
-            PrimeModel::None => None,
-        }
-    }
 }
 
 /// `LOW,HIGH`: bounds on a group's share of correct samples, 0 ≤ LOW ≤ HIGH ≤ 1.

@@ -113,7 +113,8 @@ pub struct Args {
     pub dtype: super::backend::DtypeArg,
 }
 
-fn prompt_layout(name: &str) -> Result<Prompt> {
+/// A `--prompt` argument's layout.
+pub(crate) fn prompt_layout(name: &str) -> Result<Prompt> {
     Ok(match name {
         "text" => Prompt::Text,
         "chat" => Prompt::Chat,

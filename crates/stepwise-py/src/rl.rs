@@ -1,0 +1,144 @@
+//! `stepwise.rl`: single-turn RL, as `stepwise rl` ([`run_rl`]).
+
+use crate::agent::agent_problems;
+use crate::convert::{to_py, value_error, without_gil};
+use crate::progress::Progress;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use stepwise_rl::trainer::Heldout;
+use stepwise_rl::{run_rl, Credit, PrimeConfig, RlConfig, RlJob, RlReward};
+
+/// RL for a policy (a checkpoint folder or cached Hugging Face model id) on `problems` (dicts
+/// with `question` and a gold answer in `gold_answer` or `answer`, or a path to a file of them):
+/// each update samples `group_size` solutions for each of `prompts` problems, rewards them,
+/// normalises the rewards over each group (GRPO) and takes PPO-clip steps with a KL penalty to
+/// the starting policy. `reward` is `"outcome"` (the graded answer), `"orm:DIR"` (an outcome
+/// model), `"prm:DIR"` (a PRM's score of every step, each step's tokens with its advantage,
+/// credited by `credit`: `"return_to_go"` or `"min_so_far"`) or `"prime"` (the outcome plus an
+/// implicit PRM learning online: `prime_beta`, `prime_lr`, and `prime_filter`, the range of a
+/// group's share of correct samples it learns from). `device` is `auto`, `cpu` or `cuda[:N]`
+/// (a CUDA build). The policy, optimiser and `rl_log.jsonl` are written to `out` every
+/// `checkpoint_every` updates and at the end; a call on the same `out` resumes. Returns each
+/// update's log (`reward`, `accuracy`, `kl`, `heldout_accuracy` with `eval_problems`,
+/// `implicit_prm` with PRIME).
+///
+/// >>> log = stepwise.rl("policy/", "problems.jsonl", "rl-run/", reward="prm:prm/", updates=20)
+#[pyfunction]
+#[pyo3(signature = (policy, problems, out, reward="outcome", updates=100, prompts=8, group_size=8, epochs=1, minibatch_size=32, grad_accum=1, lr=1e-5, kl=0.04, clip=0.2, credit="return_to_go", temperature=1.0, max_tokens=256, separator="\n", chat=false, layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn rl<'py>(
+    py: Python<'py>,
+    policy: PathBuf,
+    problems: &Bound<'py, PyAny>,
+    out: PathBuf,
+    reward: &str,
+    updates: usize,
+    prompts: usize,
+    group_size: usize,
+    epochs: usize,
+    minibatch_size: usize,
+    grad_accum: usize,
+    lr: f64,
+    kl: f32,
+    clip: f32,
+    credit: &str,
+    temperature: f32,
+    max_tokens: usize,
+    separator: &str,
+    chat: bool,
+    layout: &str,
+    prime_beta: f32,
+    prime_lr: Option<f64>,
+    prime_filter: (f32, f32),
+    eval_problems: Option<&Bound<'py, PyAny>>,
+    eval_every: usize,
+    eval_samples: usize,
+    checkpoint_every: usize,
+    seed: u64,
+    device: Option<&Bound<'py, PyAny>>,
+    max_batch_tokens: usize,
+    progress: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let reward = RlReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
+    let (low, high) = prime_filter;
+    if !(0.0..=1.0).contains(&low) || !(low..=1.0).contains(&high) {
+        return Err(value_error(format!(
+            "prime_filter=({low}, {high}): need 0 <= low <= high <= 1"
+        )));
+    }
+    let placement = crate::convert::placement_arg(device)?;
+    let problems = agent_problems(problems)?;
+    stepwise_rl::job::check_gold(&problems).map_err(|e| value_error(e.to_string()))?;
+    let heldout = eval_problems.map(agent_problems).transpose()?;
+    let prime = (reward == RlReward::Prime).then(|| PrimeConfig {
+        beta: prime_beta,
+        lr: prime_lr.unwrap_or(lr),
+        accuracy_bounds: prime_filter,
+        ..Default::default()
+    });
+    let cfg = RlConfig {
+        grad_accum,
+        prime,
+        ..grpo_config(
+            (updates, prompts, group_size),
+            (epochs, minibatch_size, lr, kl, clip),
+            credit,
+            (temperature, max_tokens),
+            (seed, checkpoint_every),
+        )?
+    };
+    let progress = Progress::start(py, progress, "updates", updates)?;
+    let log = without_gil(py, || {
+        let policy = stepwise_model::hub::resolve(&policy.to_string_lossy())?;
+        let job = RlJob {
+            policy: &policy,
+            problems: &problems,
+            reward,
+            layout: layout.to_string(),
+            chat,
+            separator: separator.to_string(),
+            out: &out,
+            heldout: heldout.as_deref().map(|problems| Heldout {
+                problems,
+                every: eval_every,
+                samples: eval_samples,
+            }),
+            placement,
+            max_batch_tokens,
+        };
+        let log = run_rl(job, &cfg, |l| progress.done(l.update))?;
+        Ok(serde_json::to_value(log)?)
+    });
+    progress.finish();
+    to_py(py, &log?)
+}
+
+/// The settings `rl` and `agent_rl` share, from their keyword arguments: `(updates, prompts,
+/// group)`, `(epochs, minibatch, lr, kl, clip)`, the credit's name, `(temperature, max_tokens)`
+/// and `(seed, checkpoint_every)`.
+pub(crate) fn grpo_config(
+    (updates, prompts, group_size): (usize, usize, usize),
+    (epochs, minibatch_size, lr, kl, clip): (usize, usize, f64, f32, f32),
+    credit: &str,
+    (temperature, max_new_tokens): (f32, usize),
+    (seed, checkpoint_every): (u64, usize),
+) -> PyResult<RlConfig> {
+    let credit: Credit = credit.parse().map_err(|e: anyhow::Error| value_error(e.to_string()))?;
+    Ok(RlConfig {
+        updates,
+        prompts_per_update: prompts,
+        group_size,
+        epochs,
+        minibatch_size,
+        lr,
+        warmup: updates / 10,
+        kl_coef: kl,
+        clip,
+        credit,
+        temperature,
+        max_new_tokens,
+        seed,
+        checkpoint_every,
+        ..Default::default()
+    })
+}

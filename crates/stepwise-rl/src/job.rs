@@ -1,0 +1,249 @@
+//! A single-turn RL run as `stepwise rl` and Python's `stepwise.rl` start it: a policy
+//! checkpoint folder, problems with gold answers, a reward named as both front ends name it
+//! (`outcome`, `orm:DIR`, `prm:DIR`, `prime`), an output folder and a device. It loads what
+//! [`train_rl`] works on where the device says (the CPU's candle learner, a GPU's packed
+//! trainer), runs it (resuming from the folder's checkpoint), and leaves the policy, the
+//! optimiser, PRIME's implicit PRM and `rl_log.jsonl` in the folder.
+
+use crate::learner::{on_gpu, CandleLearner, Learner};
+use crate::prime::{ImplicitPrm, OnlinePrm};
+use crate::trainer::{train_rl, Heldout, RlConfig, RlRun, UpdateLog};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use stepwise_core::seams::{MathTask, OutcomeReward, Reward, RewardKind, ScorerReward};
+use stepwise_core::Problem;
+use stepwise_model::layout::RewardSpec;
+use stepwise_model::log_ratio::LogRatio;
+use stepwise_model::scoring::LoadedVerifier;
+use stepwise_model::train::VarMap;
+use stepwise_model::{default_device, default_precision, Model, ModelConfig, Placement, Prompt, Tokenizer};
+
+/// What a single-turn RL run optimises.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RlReward {
+    /// 1 when the graded final answer equals the gold answer, else 0.
+    Outcome,
+    /// An outcome model's score of the whole solution.
+    Orm(PathBuf),
+    /// A PRM's score of every step.
+    Prm(PathBuf),
+    /// PRIME: the outcome plus an implicit PRM's dense token rewards, the PRM learning online
+    /// ([`RlConfig::prime`] holds its settings).
+    Prime,
+}
+
+impl RlReward {
+    /// `outcome`, `orm:DIR`, `prm:DIR` or `prime`.
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.split_once(':') {
+            Some(("orm", dir)) if !dir.is_empty() => RlReward::Orm(PathBuf::from(dir)),
+            Some(("prm", dir)) if !dir.is_empty() => RlReward::Prm(PathBuf::from(dir)),
+            None if s == "outcome" => RlReward::Outcome,
+            None if s == "prime" => RlReward::Prime,
+            _ => bail!("reward `{s}`: use outcome, orm:DIR, prm:DIR or prime"),
+        })
+    }
+
+    /// The verifier folder of an ORM or PRM reward.
+    fn verifier(&self) -> Option<&Path> {
+        match self {
+            RlReward::Orm(d) | RlReward::Prm(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// A single-turn RL run, as the front ends describe it.
+pub struct RlJob<'a> {
+    /// The starting policy's checkpoint folder (also the KL reference).
+    pub policy: &'a Path,
+    /// The problems, each with its gold answer ([`check_gold`]).
+    pub problems: &'a [Problem],
+    /// What is optimised.
+    pub reward: RlReward,
+    /// An ORM or PRM reward's layout (as `stepwise score --layout`).
+    pub layout: String,
+    /// Wrap the question in the tokenizer's chat template.
+    pub chat: bool,
+    /// Text between steps.
+    pub separator: String,
+    /// Checkpoints, the log; resumed from when it holds a checkpoint.
+    pub out: &'a Path,
+    /// Problems whose single-sample accuracy is measured during training.
+    pub heldout: Option<Heldout<'a>>,
+    /// Where the policy trains and samples, and the reference and reward models run.
+    pub placement: Placement,
+    /// Most tokens in one packed pass on a GPU.
+    pub max_batch_tokens: usize,
+}
+
+/// Every problem has a gold answer (else: the first without one, named).
+pub fn check_gold(problems: &[Problem]) -> Result<()> {
+    match problems.iter().find(|p| p.gold_answer.is_none()) {
+        Some(p) => bail!("problem `{}`: field `gold_answer`: missing", p.id),
+        None => Ok(()),
+    }
+}
+
+/// Run `job` with `cfg`; `on_update` sees each update's log. Returns the log of every update
+/// (a resumed run's earlier part included), also written to `OUT/rl_log.jsonl`.
+pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
+    check_gold(job.problems)?;
+    if (job.reward == RlReward::Prime) != cfg.prime.is_some() {
+        bail!("the prime reward and PRIME's settings (RlConfig::prime) go together");
+    }
+    let placement = job.placement.resolve()?;
+    let task = MathTask::default();
+    let verifier = match job.reward.verifier() {
+        Some(dir) => {
+            let resolved = stepwise_model::hub::resolve(&dir.to_string_lossy())
+                .with_context(|| format!("reward verifier {}", dir.display()))?;
+            Some(LoadedVerifier::load_on(
+                &resolved,
+                &job.layout,
+                placement,
+                default_precision(),
+            )?)
+        }
+        None => None,
+    };
+    let scorer = verifier.as_ref().map(LoadedVerifier::scorer);
+    let outcome = OutcomeReward { task: &task };
+    let scored = scorer.as_ref().map(|s| ScorerReward {
+        name: if matches!(job.reward, RlReward::Prm(_)) {
+            "prm"
+        } else {
+            "orm"
+        }
+        .to_string(),
+        scorer: s,
+        kind: match job.reward {
+            RlReward::Prm(_) => RewardKind::Process,
+            _ => RewardKind::Outcome,
+        },
+    });
+    let reward: &dyn Reward = match &scored {
+        Some(r) => r,
+        None => &outcome,
+    };
+    let tok = Tokenizer::from_dir(job.policy)?;
+    let reference = Model::load_on(job.policy, placement, default_precision())?;
+    let varmap = VarMap::new();
+    let mut policy;
+    let mut on_cpu;
+    let mut gpu;
+    let learner: &mut dyn Learner = match placement {
+        Placement::Cuda(ordinal) => {
+            gpu = on_gpu(job.policy, ordinal, job.max_batch_tokens)?;
+            &mut *gpu
+        }
+        _ => {
+            let config = ModelConfig::from_dir(job.policy)?;
+            policy = Model::load_trainable(job.policy, config, &varmap, &default_device(), cfg.seed)?;
+            on_cpu = CandleLearner::new(&mut policy, &varmap)?;
+            &mut on_cpu
+        }
+    };
+    let mut stop = reference.config.eos_token_ids.clone();
+    stop.extend(tok.eos_id());
+    std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
+    stepwise_model::tokenizer::copy_files(job.policy, job.out)?;
+    let prm_varmap = VarMap::new();
+    let mut prm = match &cfg.prime {
+        Some(p) => implicit_prm(&job, p.beta, placement, &prm_varmap, cfg.seed)?,
+        None => PrimeModel::None,
+    };
+    let log = train_rl(
+        RlRun {
+            learner,
+            reference: &reference,
+            tokenizer: &tok,
+            prompt: if job.chat { Prompt::Chat } else { Prompt::Text },
+            separator: job.separator.clone(),
+            stop_token_ids: stop,
+            problems: job.problems,
+            task: &task,
+            reward,
+            watch: Vec::new(),
+            out_dir: Some(job.out.to_path_buf()),
+            heldout: job.heldout,
+            implicit_prm: prm.as_implicit(&prm_varmap),
+        },
+        cfg,
+        on_update,
+    )?;
+    stepwise_core::io::write_jsonl(job.out.join("rl_log.jsonl"), &log)?;
+    Ok(log)
+}
+
+/// PRIME's implicit PRM: it starts as the policy, and its folder is a log-ratio verifier against
+/// the starting policy, readable by `stepwise score` once the run has saved its weights.
+fn implicit_prm(job: &RlJob<'_>, beta: f32, placement: Placement, varmap: &VarMap, seed: u64) -> Result<PrimeModel> {
+    let dir = OnlinePrm::dir(job.out);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    stepwise_model::tokenizer::copy_files(job.policy, &dir)?;
+    let reference = std::fs::canonicalize(job.policy)?;
+    let log_ratio = LogRatio {
+        beta,
+        cumulative: false,
+        reference_logprob: None,
+        last_tokens: None,
+    };
+    RewardSpec::log_ratio(Some(reference), &job.separator, log_ratio).save(&dir)?;
+    Ok(match placement {
+        Placement::Cuda(ordinal) => PrimeModel::Gpu(on_gpu(job.policy, ordinal, job.max_batch_tokens)?),
+        _ => {
+            let config = ModelConfig::from_dir(job.policy)?;
+            PrimeModel::Cpu(Box::new(Model::load_trainable(
+                job.policy,
+                config,
+                varmap,
+                &default_device(),
+                seed,
+            )?))
+        }
+    })
+}
+
+/// PRIME's implicit PRM as loaded: a candle model on the CPU, or a learner on a GPU.
+enum PrimeModel {
+    None,
+    Cpu(Box<Model>),
+    Gpu(Box<dyn Learner>),
+}
+
+impl PrimeModel {
+    /// It, as the trainer takes it (`varmap`: the CPU model's weights).
+    fn as_implicit<'a>(&'a mut self, varmap: &'a VarMap) -> Option<ImplicitPrm<'a>> {
+        match self {
+            PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle { model, varmap }),
+            PrimeModel::Gpu(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
+            PrimeModel::None => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewards_are_read_as_the_front_ends_name_them() {
+        assert_eq!(RlReward::parse("outcome").unwrap(), RlReward::Outcome);
+        assert_eq!(RlReward::parse("prime").unwrap(), RlReward::Prime);
+        assert_eq!(RlReward::parse("orm:o").unwrap(), RlReward::Orm(PathBuf::from("o")));
+        assert_eq!(RlReward::parse("prm:p").unwrap(), RlReward::Prm(PathBuf::from("p")));
+        for bad in ["prm:", "goal", "oracle", ""] {
+            let e = RlReward::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("outcome, orm:DIR, prm:DIR or prime"), "{bad}: {e}");
+        }
+        let p = |gold: Option<&str>| Problem {
+            id: "p1".into(),
+            gold_answer: gold.map(str::to_string),
+            ..Default::default()
+        };
+        assert!(check_gold(&[p(Some("3"))]).is_ok());
+        let e = check_gold(&[p(Some("3")), p(None)]).unwrap_err().to_string();
+        assert!(e.contains("problem `p1`: field `gold_answer`: missing"), "{e}");
+    }
+}

@@ -1,0 +1,47 @@
+"""Single-turn RL from Python (`stepwise.rl`, the run `stepwise rl` makes): the fixture policy
+trained against the outcome, a PRM and PRIME, checkpoints that load, resumption, and what it refuses."""
+
+import json
+
+import pytest
+import stepwise
+
+PROBLEMS = [
+    {"id": "a", "question": "What is 2 + 3?", "answer": "5"},
+    {"id": "b", "question": "What is 4 * 2?", "answer": "#### 8"},
+]
+SMALL = dict(updates=2, prompts=2, group_size=2, max_tokens=8, lr=1e-4, checkpoint_every=1, seed=4)
+
+
+@pytest.mark.parametrize("reward", ["outcome", "prm", "prime"])
+def test_rl_trains_against_each_reward_and_resumes(tmp_path, fixtures, reward):
+    spec = f"prm:{fixtures / 'qwen2-prm'}" if reward == "prm" else reward
+    out = tmp_path / reward
+    seen = []
+    # The random policy is always wrong: PRIME learns from every group here.
+    log = stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, out, reward=spec, prime_filter=(0.0, 1.0),
+                      progress=lambda done, total: seen.append((done, total)), **SMALL)
+    assert [entry["update"] for entry in log] == [1, 2] and seen[-1] == (2, 2)
+    assert all(entry["sampled_tokens"] > 0 and entry["kl"] >= 0 for entry in log)
+    assert (reward == "prime") == all("implicit_prm" in entry for entry in log)
+    assert [json.loads(line)["update"] for line in (out / "rl_log.jsonl").read_text().splitlines()] == [1, 2]
+    assert stepwise.Policy(out, max_tokens=4).generate("What is 2 + 3?", seed=1)
+    if reward == "prime":
+        # The implicit PRM's folder is a verifier stepwise.PRM reads.
+        assert len(stepwise.PRM(out / "implicit_prm").score("What is 2 + 3?", ["2 + 3 = 5"])) == 1
+    again = stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, out, reward=spec, prime_filter=(0.0, 1.0), **SMALL)
+    assert [(e["update"], e["seconds"]) for e in again] == [(e["update"], e["seconds"]) for e in log]
+
+
+def test_rl_refuses_what_it_cannot_do(tmp_path, fixtures):
+    policy = fixtures / "qwen2-policy"
+    with pytest.raises(ValueError, match="outcome, orm:DIR, prm:DIR or prime"):
+        stepwise.rl(policy, PROBLEMS, tmp_path / "a", reward="oracle")
+    with pytest.raises(ValueError, match="problem `c`: field `gold_answer`: missing"):
+        stepwise.rl(policy, PROBLEMS + [{"id": "c", "question": "What is 1 + 1?"}], tmp_path / "b")
+    with pytest.raises(ValueError, match="prime_filter"):
+        stepwise.rl(policy, PROBLEMS, tmp_path / "c", reward="prime", prime_filter=(0.9, 0.1))
+    # Another run's folder is not mixed into this one.
+    stepwise.rl(policy, PROBLEMS, tmp_path / "d", updates=1, prompts=1, group_size=2, max_tokens=4)
+    with pytest.raises(stepwise.StepwiseError, match="other RL settings"):
+        stepwise.rl(policy, PROBLEMS, tmp_path / "d", updates=1, prompts=1, group_size=2, max_tokens=4, lr=1e-3)
