@@ -225,8 +225,9 @@ pub(crate) fn environment_of(
     }))
 }
 
-/// Problems as agents play them: dicts with `id`, `question` and `meta` kept whole, or a path.
-pub(crate) fn agent_problems(problems: &Bound<'_, PyAny>) -> PyResult<Vec<Problem>> {
+/// A `problems=` argument: dicts with `id`, `question`, a gold answer and `meta` kept whole (as
+/// agents play them and RL grades them), or a path to a file of problems.
+pub(crate) fn problems_arg(problems: &Bound<'_, PyAny>) -> PyResult<Vec<Problem>> {
     if let Some(ps) = crate::convert::problems_file(problems)? {
         return Ok(ps);
     }
@@ -282,7 +283,7 @@ pub fn play<'py>(
     progress: Option<&Bound<'py, PyAny>>,
     step_timeout: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let problems = agent_problems(problems)?;
+    let problems = problems_arg(problems)?;
     let policy = PolicyArg::of(policy, separator)?;
     let env = environment_of(env, max_actions, step_timeout)?;
     let progress = Progress::start(py, progress, "trajectories", problems.len() * n)?;
@@ -338,7 +339,7 @@ pub fn label_actions<'py>(
             "gamma={gamma}, lam={lam}: both must lie in [0, 1]"
         )));
     }
-    let problems = agent_problems(problems)?;
+    let problems = problems_arg(problems)?;
     let policy = policy.map(|p| PolicyArg::of(p, separator)).transpose()?;
     if method == "mc" && policy.is_none() {
         return Err(value_error("method=\"mc\" rolls out with a policy: pass policy="));

@@ -1,6 +1,6 @@
 //! `stepwise.agent_rl`: RL in an environment, as `stepwise agent rl` ([`run_agent_rl`]).
 
-use crate::agent::{agent_problems, environment_of};
+use crate::agent::{environment_of, problems_arg};
 use crate::convert::{to_py, value_error, without_gil};
 use crate::progress::Progress;
 use pyo3::prelude::*;
@@ -60,8 +60,8 @@ pub fn agent_rl<'py>(
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let reward = AgentReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
-    let problems = agent_problems(problems)?;
-    let heldout = eval_problems.map(agent_problems).transpose()?;
+    let problems = problems_arg(problems)?;
+    let heldout = eval_problems.map(problems_arg).transpose()?;
     let (env, judged) = environment(env, max_actions, silent, step_timeout)?;
     let cfg = crate::rl::grpo_config(
         (updates, worlds, group_size),

@@ -1,6 +1,6 @@
 //! `stepwise.rl`: single-turn RL, as `stepwise rl` ([`run_rl`]).
 
-use crate::agent::agent_problems;
+use crate::agent::problems_arg;
 use crate::convert::{to_py, value_error, without_gil};
 use crate::progress::Progress;
 use pyo3::prelude::*;
@@ -67,9 +67,9 @@ pub fn rl<'py>(
         )));
     }
     let placement = crate::convert::placement_arg(device)?;
-    let problems = agent_problems(problems)?;
+    let problems = problems_arg(problems)?;
     stepwise_rl::job::check_gold(&problems).map_err(|e| value_error(e.to_string()))?;
-    let heldout = eval_problems.map(agent_problems).transpose()?;
+    let heldout = eval_problems.map(problems_arg).transpose()?;
     let prime = (reward == RlReward::Prime).then(|| PrimeConfig {
         beta: prime_beta,
         lr: prime_lr.unwrap_or(lr),

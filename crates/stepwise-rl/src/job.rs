@@ -109,18 +109,14 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
     };
     let scorer = verifier.as_ref().map(LoadedVerifier::scorer);
     let outcome = OutcomeReward { task: &task };
+    let (name, kind) = match job.reward {
+        RlReward::Prm(_) => ("prm", RewardKind::Process),
+        _ => ("orm", RewardKind::Outcome),
+    };
     let scored = scorer.as_ref().map(|s| ScorerReward {
-        name: if matches!(job.reward, RlReward::Prm(_)) {
-            "prm"
-        } else {
-            "orm"
-        }
-        .to_string(),
+        name: name.to_string(),
         scorer: s,
-        kind: match job.reward {
-            RlReward::Prm(_) => RewardKind::Process,
-            _ => RewardKind::Outcome,
-        },
+        kind,
     });
     let reward: &dyn Reward = match &scored {
         Some(r) => r,
