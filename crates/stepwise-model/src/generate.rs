@@ -1,28 +1,20 @@
 //! Sampling with a KV cache. `n` continuations of one prefix encode the prefix ONCE and share its
 //! cache (Monte Carlo rollouts and beams depend on this); rows that stop leave the batch.
+//!
+//! [`Decoding`] is the one continuous-batching scheduler, whatever the engine: it keeps the
+//! requests, their rows and the prompts being fed, decides what each step runs, stops rows and
+//! admits waiting requests against the cache's room; the keys and values and the forward pass
+//! over them are a [`DecodeCache`] (the CPU decoder's or the packed engine's paged one), and
+//! sampling is [`sample_token`] with each continuation's own generator.
 
-use crate::engine::Batcher;
-use crate::kv_rows::RowsCache;
-use crate::model::{Head, Model};
+use crate::decode_cache::DecodeCache;
+use crate::model::Model;
 pub use crate::sampling::{sample_token, SamplingParams};
 use crate::tokenizer::Tokenizer;
-use crate::input::{BatchCache, Input};
-use crate::transformer::KvCache;
 use anyhow::{bail, Result};
-use candle_core::{IndexOp, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-fn last_logits(model: &Model, hidden: &Tensor) -> Result<Tensor> {
-    if !matches!(model.head, Head::Lm(_)) {
-        bail!(
-            "generation needs a causal LM head (architecture {})",
-            model.config.architecture
-        );
-    }
-    let t = hidden.dim(1)?;
-    model.head_logits(&hidden.i((.., t - 1, ..))?)
-}
+use std::collections::VecDeque;
 
 /// `n` continuations of `prompt`: the prompt is encoded once, its cache shared by all rows.
 pub fn generate(
@@ -45,7 +37,8 @@ pub fn generate(
 /// any step and leaves when all its continuations have stopped; every decoding step is one
 /// forward pass over every live row. A request joins in one of two ways:
 /// - [`Decoding::add`]: its prompt is encoded at once, in a pass of its own, and its cache copied
-///   for each continuation;
+///   for each continuation (where the cache feeds prompts only through the steps, a paged one,
+///   this is [`Decoding::join`]);
 /// - [`Decoding::join`]: its prompt is fed through the batch's own decoding steps, whole or (past
 ///   [`Decoding::prefill_chunk`] tokens a step) in chunks, as a batch of its own in the same pass
 ///   (chunked prefill, as vLLM's): the weights are read once for the step's rows and the
@@ -54,55 +47,31 @@ pub fn generate(
 /// A request alone decodes exactly as [`generate`] (which is [`Decoding::add`]); beside others,
 /// or joined, its rows compute the same values within float rounding.
 ///
-/// On the CPU in inference each row keeps a cache of its own ([`RowsCache`]): a step writes one
-/// position a row and a row leaving copies nothing, where one cache for the batch (left-padded to
-/// its longest row, see [`KvCache`]; the path elsewhere) is copied whole by both. The values are
-/// the same bit for bit.
-///
-/// A model loaded onto a GPU decodes on the packed engine instead
-/// ([`crate::packed_engine::PagedDecoding`]: a paged KV cache on the device, bounded by the KV
-/// budget, where requests wait for room), behind the same methods.
+/// The keys and values are the model's engine's [`DecodeCache`], made with the first request:
+/// on the CPU a cache a row ([`crate::RowsCache`]: a step writes one position a row and a row
+/// leaving copies nothing); on a packed engine (a GPU) a paged cache bounded by the KV budget,
+/// where a request waits until its worst case fits.
 pub struct Decoding<'a> {
-    model: &'a Model,
+    /// The model whose engine's cache the first request makes (`None`: given at the start).
+    model: Option<&'a Model>,
     tok: Option<&'a Tokenizer>,
-    /// The packed engine's running batch, made on the first request (a model on a GPU).
-    packed: Option<Box<dyn Batcher + 'a>>,
-    /// The KV budget of a GPU's batch, in bytes (`None`: half the GPU's free memory).
+    /// The KV budget of a packed engine's cache, in bytes (`None`: half the device's free memory).
     kv_budget: Option<usize>,
-    cache: RowCaches,
-    /// Live rows, in the cache's batch order.
+    cache: Option<Box<dyn DecodeCache + 'a>>,
+    /// Live rows, in the cache's row order.
     rows: Vec<Row>,
-    /// Each live row's next input token.
-    next: Vec<u32>,
-    /// Prompts being fed through the decoding steps, first come first fed.
+    /// Prompts being fed through the decoding steps, first come first fed (the cache's order).
     prefills: Vec<Prefill>,
+    /// Requests waiting for room, first come first admitted.
+    waiting: VecDeque<Prefill>,
+    /// Room the admitted requests may need at worst, together.
+    committed: usize,
     /// Most prompt tokens fed in one step.
     prefill_chunk: usize,
     /// Requests by id (`None` once returned).
     requests: Vec<Option<Request>>,
     /// The last decoding step's rows: continuations, and prompt tokens fed.
     last_step: StepRows,
-}
-
-/// The decoding rows' keys and values.
-enum RowCaches {
-    /// A cache a row, where the CPU inference kernels run: a step writes one position a row,
-    /// and a row leaving or joining copies no other row's.
-    Own(RowsCache),
-    /// One cache for all rows, left-padded (the candle path: another device, or a model being
-    /// trained).
-    Shared(KvCache),
-}
-
-impl RowCaches {
-    /// An empty cache of the kind `model` reads.
-    fn for_model(model: &Model) -> Self {
-        if model.device.is_cpu() && !model.decoder.differentiable {
-            RowCaches::Own(RowsCache::default())
-        } else {
-            RowCaches::Shared(KvCache::default())
-        }
-    }
 }
 
 /// The rows of one decoding step's forward pass.
@@ -119,21 +88,23 @@ struct Row {
     request: usize,
     index: usize,
     rng: Box<ChaCha8Rng>,
+    /// The token sampled last, fed next.
+    next: u32,
 }
 
-/// A joining request's prompt: `fed` tokens of it are in `cache`.
+/// A joining request's prompt: `fed` tokens of it are cached.
 struct Prefill {
     request: usize,
     tokens: Vec<u32>,
     fed: usize,
-    cache: KvCache,
 }
 
-/// A request's settings and continuations so far.
+/// A request's settings, continuations so far, and the room it may need at worst.
 struct Request {
     params: SamplingParams,
     outs: Vec<Vec<u32>>,
     live: usize,
+    reserved: usize,
 }
 
 /// Whether a continuation whose tokens are `out` (its last just sampled) stops: a stop token,
@@ -147,8 +118,7 @@ pub(crate) fn stops(out: &[u32], p: &SamplingParams, tok: Option<&Tokenizer>) ->
                 .is_some_and(|text| p.stop_strings.iter().any(|s| text.ends_with(s.as_str()))))
 }
 
-/// Continuation `index`'s generator: the same for [`Decoding::add`] and [`Decoding::join`] (and
-/// the GPU's [`crate::packed_engine::PagedDecoding`]).
+/// Continuation `index`'s generator: the same however its request joined, on every engine.
 pub(crate) fn continuation_rng(params: &SamplingParams, index: usize) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(params.seed.wrapping_mul(1_000_003).wrapping_add(index as u64))
 }
@@ -160,38 +130,36 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 impl<'a> Decoding<'a> {
     /// An empty batch for `model` (`tok` decodes text for stop strings).
     pub fn new(model: &'a Model, tok: Option<&'a Tokenizer>) -> Self {
+        Self::empty(Some(model), None, tok)
+    }
+
+    /// An empty batch over `cache` (a paged cache of a chosen size, say).
+    pub fn with_cache(cache: Box<dyn DecodeCache + 'a>, tok: Option<&'a Tokenizer>) -> Self {
+        Self::empty(None, Some(cache), tok)
+    }
+
+    fn empty(model: Option<&'a Model>, cache: Option<Box<dyn DecodeCache + 'a>>, tok: Option<&'a Tokenizer>) -> Self {
         Decoding {
             model,
             tok,
-            packed: None,
             kv_budget: None,
-            cache: RowCaches::for_model(model),
+            cache,
             rows: Vec::new(),
-            next: Vec::new(),
             prefills: Vec::new(),
+            waiting: VecDeque::new(),
+            committed: 0,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             requests: Vec::new(),
             last_step: StepRows::default(),
         }
     }
 
-    /// A model on a GPU keeps at most `bytes` of keys and values (its KV budget; default half the
-    /// GPU's free memory when the first request comes): requests wait for room.
+    /// A model on a packed engine (a GPU) keeps at most `bytes` of keys and values (its KV
+    /// budget; default half the device's free memory when the first request comes): requests
+    /// wait for room.
     pub fn kv_budget(mut self, bytes: Option<usize>) -> Self {
         self.kv_budget = bytes;
         self
-    }
-
-    /// The packed engine's running batch, made now if the model is on one; `None` on the CPU.
-    fn on_packed(&mut self) -> Result<Option<&mut (dyn Batcher + 'a)>> {
-        let model: &'a Model = self.model;
-        let Some(engine) = model.packed() else {
-            return Ok(None);
-        };
-        if self.packed.is_none() {
-            self.packed = Some(engine.batcher(self.tok, self.kv_budget, self.prefill_chunk)?);
-        }
-        Ok(self.packed.as_deref_mut())
     }
 
     /// At most `tokens` (at least 1) of the joining prompts are fed in one decoding step; a
@@ -201,14 +169,21 @@ impl<'a> Decoding<'a> {
         self
     }
 
-    /// Continuations being decoded, and those the prompts being fed will start.
-    pub fn live_rows(&self) -> usize {
-        if let Some(g) = &self.packed {
-            return g.live_rows();
+    /// The cache, made by the model's engine on the first call.
+    fn cache(&mut self) -> Result<&mut (dyn DecodeCache + 'a)> {
+        if self.cache.is_none() {
+            let model = self.model.expect("a batch without a cache has a model");
+            self.cache = Some(model.decode_cache(self.kv_budget)?);
         }
+        Ok(self.cache.as_deref_mut().expect("made above"))
+    }
+
+    /// Continuations being decoded, and those the prompts being fed or waiting will start.
+    pub fn live_rows(&self) -> usize {
         let starting: usize = self
             .prefills
             .iter()
+            .chain(&self.waiting)
             .map(|p| self.requests[p.request].as_ref().map_or(0, |r| r.live))
             .sum();
         self.rows.len() + starting
@@ -216,55 +191,53 @@ impl<'a> Decoding<'a> {
 
     /// The rows the last [`Decoding::step`] ran its forward pass on.
     pub fn last_step(&self) -> StepRows {
-        if let Some(g) = &self.packed {
-            return g.last_step();
-        }
         self.last_step
     }
 
     /// Whether no request is waiting for [`Decoding::step`].
     pub fn is_idle(&self) -> bool {
-        if let Some(g) = &self.packed {
-            return g.is_idle();
-        }
         self.requests.iter().all(Option::is_none)
     }
 
-    /// The continuations a request for `n` of `prompt` will decode (none with no token budget),
-    /// or why it cannot be decoded.
-    fn live_continuations(prompt: &[u32], n: usize, params: &SamplingParams) -> Result<usize> {
+    /// The cache's blocks free now and in all, where it is made of blocks (a packed engine's).
+    pub fn cache_blocks(&self) -> Option<(usize, usize)> {
+        self.cache.as_ref().and_then(|c| c.blocks())
+    }
+
+    /// Registers a request for `n` continuations of `prompt`: the continuations it will decode
+    /// (none with no token budget) and its id; an error when it cannot be decoded.
+    fn register(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<(usize, usize)> {
         if prompt.is_empty() || n == 0 {
             bail!("generation needs a non-empty prompt and n > 0");
         }
-        Ok(if params.max_new_tokens == 0 { 0 } else { n })
-    }
-
-    /// Registers a request; `live` continuations will be decoded.
-    fn register(&mut self, params: SamplingParams, n: usize, live: usize) -> usize {
+        let live = if params.max_new_tokens == 0 { 0 } else { n };
+        let reserved = if live == 0 {
+            0
+        } else {
+            self.cache()?.reserve(prompt.len(), n, params.max_new_tokens)?
+        };
         self.requests.push(Some(Request {
             params,
             outs: vec![Vec::new(); n],
             live,
+            reserved,
         }));
-        self.requests.len() - 1
+        Ok((self.requests.len() - 1, live))
     }
 
     /// Add a request for `n` continuations of `prompt`: encodes the prompt and samples each
     /// continuation's first token. Returns the request's id, as [`Decoding::step`] reports it.
     pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
-        if let Some(g) = self.on_packed()? {
-            return g.add(prompt, n, params);
-        }
-        let live = Self::live_continuations(prompt, n, &params)?;
+        let (id, live) = self.register(prompt, n, params)?;
         if live == 0 {
-            return Ok(self.register(params, n, live));
+            return Ok(id);
         }
-        let mut prefix_cache = KvCache::default();
-        let ids = Tensor::new(prompt, &self.model.device)?.unsqueeze(0)?;
-        let h = self.model.hidden(Input::padded(&ids, None).cache(&mut prefix_cache))?;
-        let first: Vec<f32> = last_logits(self.model, &h)?.squeeze(0)?.to_vec1()?;
-        let id = self.register(params, n, live);
-        self.start_continuations(id, &prefix_cache, &first)?;
+        let cache = self.cache.as_deref_mut().expect("made by register");
+        match cache.encode_alone(prompt)? {
+            // Encoded as the cache's last prompt, after the ones being fed.
+            Some(first) => self.start(id, self.prefills.len(), &first)?,
+            None => self.wait(id, prompt),
+        }
         Ok(id)
     }
 
@@ -276,72 +249,70 @@ impl<'a> Decoding<'a> {
     /// decoding step of a few rows is bound by reading the weights, so rows more cost little,
     /// where a pass of its own reads every weight again.
     pub fn join(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
-        if let Some(g) = self.on_packed()? {
-            return g.join(prompt, n, params);
-        }
-        if self.rows.is_empty() && self.prefills.is_empty() {
+        if self.rows.is_empty() && self.prefills.is_empty() && self.waiting.is_empty() {
             return self.add(prompt, n, params);
         }
-        let live = Self::live_continuations(prompt, n, &params)?;
-        let id = self.register(params, n, live);
+        let (id, live) = self.register(prompt, n, params)?;
         if live > 0 {
-            self.prefills.push(Prefill {
-                request: id,
-                tokens: prompt.to_vec(),
-                fed: 0,
-                cache: KvCache::default(),
-            });
+            self.wait(id, prompt);
         }
         Ok(id)
     }
 
-    /// Request `id`'s continuations join the batch: each draws its first token from `logits`
-    /// (the prompt's last), and shares the prompt's cache `prefix`.
-    fn start_continuations(&mut self, id: usize, prefix: &KvCache, logits: &[f32]) -> Result<()> {
-        let req = self.requests[id].as_ref().expect("a request being started");
+    /// Request `id`'s prompt waits to be admitted and fed.
+    fn wait(&mut self, request: usize, prompt: &[u32]) {
+        self.waiting.push_back(Prefill {
+            request,
+            tokens: prompt.to_vec(),
+            fed: 0,
+        });
+    }
+
+    /// Request `request`'s prompt, the cache's prompt `i`, fed whole, becomes its continuations
+    /// after the rows: each draws its first token from `logits` (the prompt's last) and shares
+    /// the prompt's cache.
+    fn start(&mut self, request: usize, i: usize, logits: &[f32]) -> Result<()> {
+        let req = self.requests[request].as_ref().expect("a request being started");
         let (p, n) = (&req.params, req.outs.len());
         use rayon::prelude::*;
-        let firsts: Vec<(Box<ChaCha8Rng>, u32)> = (0..n)
+        let firsts: Vec<Row> = (0..n)
             .into_par_iter()
             .map(|index| {
                 let mut rng = Box::new(continuation_rng(p, index));
-                let first = sample_token(logits, p, &mut rng);
-                (rng, first)
+                let next = sample_token(logits, p, &mut rng);
+                Row {
+                    request,
+                    index,
+                    rng,
+                    next,
+                }
             })
             .collect();
-        match &mut self.cache {
-            RowCaches::Own(cache) => cache.push_copies(prefix, n)?,
-            RowCaches::Shared(cache) => {
-                let joining = prefix.repeat_batch(n)?;
-                *cache = if self.rows.is_empty() {
-                    joining
-                } else {
-                    cache.concat_batch(&joining)?
-                };
-            }
-        }
-        for (index, (rng, first)) in firsts.into_iter().enumerate() {
-            self.next.push(first);
-            self.rows.push(Row {
-                request: id,
-                index,
-                rng,
-            });
-        }
+        let cache = self.cache.as_deref_mut().expect("a batch with rows has a cache");
+        cache.start(i, n)?;
+        self.rows.extend(firsts);
         Ok(())
     }
 
     /// Drop request `id` (its client went away): its continuations leave the batch, its prompt
-    /// stops being fed, and no step reports it. Nothing happens for an id that is not running.
+    /// stops being fed (or waiting), its room is given back, and no step reports it. Nothing
+    /// happens for an id that is not running.
     pub fn cancel(&mut self, id: usize) -> Result<()> {
-        if let Some(g) = &mut self.packed {
-            g.cancel(id);
+        let Some(request) = self.requests.get_mut(id).and_then(Option::take) else {
             return Ok(());
+        };
+        let waited = self.waiting.len();
+        self.waiting.retain(|p| p.request != id);
+        if self.waiting.len() == waited {
+            // Admitted: its worst case was committed.
+            self.committed -= request.reserved;
         }
-        if self.requests.get_mut(id).and_then(Option::take).is_none() {
-            return Ok(());
+        if let Some(cache) = self.cache.as_deref_mut() {
+            while let Some(i) = self.prefills.iter().position(|p| p.request == id) {
+                cache.drop_prompt(i);
+                self.prefills.remove(i);
+            }
         }
-        self.prefills.retain(|p| p.request != id);
         let keep: Vec<usize> = (0..self.rows.len()).filter(|&k| self.rows[k].request != id).collect();
         if keep.len() < self.rows.len() {
             self.keep_rows(&keep)?;
@@ -353,13 +324,11 @@ impl<'a> Decoding<'a> {
     }
 
     /// Append each continuation's next token; continuations that stop (a stop token or string,
-    /// or their token budget) leave the batch; every live row runs one decoding step, with the
-    /// next chunk of the prompts being fed. Returns the requests whose continuations have all
-    /// stopped, with those continuations (stop token included).
+    /// or their token budget) leave the batch; waiting requests that now fit are admitted; every
+    /// live row runs one decoding step, with the next chunk of the prompts being fed. Returns
+    /// the requests whose continuations have all stopped, with those continuations (stop token
+    /// included).
     pub fn step(&mut self) -> Result<Vec<(usize, Vec<Vec<u32>>)>> {
-        if let Some(g) = &mut self.packed {
-            return g.step();
-        }
         if rayon::current_thread_index().is_none() {
             // A step runs ~170 parallel products; called from outside the thread pool, each
             // would hand its work to the pool and put this thread to sleep until it is done
@@ -376,23 +345,25 @@ impl<'a> Decoding<'a> {
         for (k, row) in self.rows.iter().enumerate() {
             let req = self.requests[row.request].as_mut().expect("a live row's request");
             let out = &mut req.outs[row.index];
-            out.push(self.next[k]);
+            out.push(row.next);
             if stops(out, &req.params, self.tok) {
                 req.live -= 1;
             } else {
                 still.push(k);
             }
         }
-        let done = self
-            .requests
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, r)| r.as_ref().is_some_and(|r| r.live == 0))
-            .map(|(id, r)| (id, r.take().expect("filtered").outs))
-            .collect();
+        let mut done = Vec::new();
+        for (id, r) in self.requests.iter_mut().enumerate() {
+            if r.as_ref().is_some_and(|r| r.live == 0) {
+                let r = r.take().expect("checked");
+                self.committed -= r.reserved;
+                done.push((id, r.outs));
+            }
+        }
         if still.len() < self.rows.len() {
             self.keep_rows(&still)?;
         }
+        self.admit();
         let takes = prefill_takes(self.prefills.iter().map(|p| p.tokens.len() - p.fed), self.prefill_chunk);
         self.last_step = StepRows {
             continuations: self.rows.len(),
@@ -407,118 +378,81 @@ impl<'a> Decoding<'a> {
         Ok(done)
     }
 
+    /// Admits, first come first served, the waiting requests whose worst case fits the room left.
+    fn admit(&mut self) {
+        let Some(cache) = self.cache.as_deref_mut() else {
+            return;
+        };
+        while let Some(p) = self.waiting.front() {
+            let need = self.requests[p.request].as_ref().map_or(0, |r| r.reserved);
+            if self.committed.saturating_add(need) > cache.capacity() {
+                break;
+            }
+            self.committed += need;
+            cache.push_prompt();
+            self.prefills.push(self.waiting.pop_front().expect("checked"));
+        }
+    }
+
     /// One forward pass over every live row and the chunks of the first prompts being fed
     /// (`takes[i]` tokens of prompt `i`); samples each row's next token and starts the
     /// continuations of the prompts fed to their end.
     fn run_step(&mut self, takes: &[usize]) -> Result<()> {
-        let dev = &self.model.device;
-        let decoding = (!self.rows.is_empty())
-            .then(|| Tensor::new(self.next.as_slice(), dev)?.unsqueeze(1))
-            .transpose()?;
-        let chunks = self
+        let chunks: Vec<&[u32]> = self
             .prefills
             .iter()
             .zip(takes)
-            .map(|(p, &take)| Tensor::new(&p.tokens[p.fed..p.fed + take], dev)?.unsqueeze(0))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let mut parts = Vec::with_capacity(takes.len() + 1);
-        if let Some(ids) = &decoding {
-            let cache = match &mut self.cache {
-                RowCaches::Own(cache) => BatchCache::Rows(cache),
-                RowCaches::Shared(cache) => BatchCache::Padded(cache),
-            };
-            parts.push(Input::padded(ids, None).cache(cache));
-        }
-        for (ids, p) in chunks.iter().zip(self.prefills.iter_mut()) {
-            parts.push(Input::padded(ids, None).cache(&mut p.cache));
-        }
-        let input = parts.into_iter().reduce(Input::and).expect("a step of at least one part");
-        let mut hidden = self.model.hidden_parts(input)?.into_iter();
-        for (p, &take) in self.prefills.iter_mut().zip(takes) {
-            p.fed += take;
-        }
-        let finished = self.prefills[..takes.len()]
+            .map(|(p, &take)| &p.tokens[p.fed..p.fed + take])
+            .collect();
+        // Only the last prompt taken can be fed in part: the ones fed whole come first.
+        let finishing = self
+            .prefills
             .iter()
-            .take_while(|p| p.fed == p.tokens.len())
+            .zip(takes)
+            .take_while(|(p, &take)| p.fed + take == p.tokens.len())
             .count();
-        // The rows that need logits: every continuation's, and each finished prompt's last.
-        let mut last = Vec::with_capacity(1 + finished);
-        if decoding.is_some() {
-            last.push(last_hidden(
-                &hidden.next().expect("the decoding batch's hidden states"),
-            )?);
-        }
-        for h in hidden.take(finished) {
-            last.push(last_hidden(&h)?);
-        }
-        if last.is_empty() {
-            // Only a prompt's middle chunk ran: nothing to sample yet.
-            return Ok(());
-        }
-        let logits = last_logits(self.model, &Tensor::cat(&last, 0)?.unsqueeze(1)?)?;
-        let vocab = logits.dim(1)?;
-        let next = with_host_f32(&logits, |all| -> Result<Vec<u32>> {
-            let (row_logits, prompt_logits) = all.split_at(self.rows.len() * vocab);
+        let next: Vec<u32> = self.rows.iter().map(|r| r.next).collect();
+        let (rows, requests) = (&mut self.rows, &self.requests);
+        let mut prompt_logits = Vec::new();
+        let cache = self.cache.as_deref_mut().expect("a batch with rows has a cache");
+        cache.forward(&next, &chunks, finishing, &mut |all: &[f32]| {
+            let vocab = all.len() / (rows.len() + finishing);
+            let (row_logits, prompts) = all.split_at(rows.len() * vocab);
             // Each row draws from its own generator, so the rows sample in parallel (a large
             // vocabulary's softmax is a real share of a decoding step).
             use rayon::prelude::*;
-            let requests = &self.requests;
-            let next = self
-                .rows
-                .par_iter_mut()
+            rows.par_iter_mut()
                 .zip(row_logits.par_chunks_exact(vocab))
-                .map(|(row, l)| {
+                .for_each(|(row, l)| {
                     let req = requests[row.request].as_ref().expect("a live row's request");
-                    sample_token(l, &req.params, &mut row.rng)
-                })
-                .collect();
-            let fed_whole: Vec<Prefill> = self.prefills.drain(..finished).collect();
-            for (p, logits) in fed_whole.iter().zip(prompt_logits.chunks_exact(vocab)) {
-                self.start_continuations(p.request, &p.cache, logits)?;
+                    row.next = sample_token(l, &req.params, &mut row.rng);
+                });
+            prompt_logits = prompts.to_vec();
+            Ok(())
+        })?;
+        for (p, &take) in self.prefills.iter_mut().zip(takes) {
+            p.fed += take;
+        }
+        if let Some(vocab) = prompt_logits.len().checked_div(finishing) {
+            for logits in prompt_logits.chunks_exact(vocab) {
+                let p = self.prefills.remove(0);
+                self.start(p.request, 0, logits)?;
             }
-            Ok(next)
-        })??;
-        // The rows started above come after the ones sampled here, with their first tokens.
-        self.next.splice(..next.len(), next);
+        }
         Ok(())
     }
 
     /// Keeps only the rows `keep` (indices into the rows, ascending), with their caches.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
-        match &mut self.cache {
-            RowCaches::Own(cache) => cache.keep(keep),
-            RowCaches::Shared(cache) => {
-                *cache = if keep.is_empty() {
-                    KvCache::default()
-                } else {
-                    let index = Tensor::new(keep.iter().map(|&k| k as u32).collect::<Vec<_>>(), &self.model.device)?;
-                    cache.select(&index)?
-                };
-            }
+        if let Some(cache) = self.cache.as_deref_mut() {
+            cache.keep_rows(keep)?;
         }
         let mut rows = std::mem::take(&mut self.rows).into_iter().map(Some).collect::<Vec<_>>();
         self.rows = keep.iter().map(|&k| rows[k].take().expect("each kept once")).collect();
-        self.next = keep.iter().map(|&k| self.next[k]).collect();
         Ok(())
     }
 }
 
-/// `f` over the values of an f32 tensor, read where they lie when it is contiguous on the CPU
-/// (a decoding step's logits are tens of megabytes: copying them out was a visible share of
-/// serving), else copied out first.
-fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    {
-        let (storage, layout) = t.storage_and_layout();
-        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((start, end))) =
-            (&*storage, layout.contiguous_offsets())
-        {
-            return Ok(f(&v[start..end]));
-        }
-    }
-    Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
-}
-
-/// The hidden state of each sequence's last position, `[b, hidden]`.
 /// A step's chunk of each prompt being fed (`left`: the tokens each has still to feed), first
 /// come first fed within `budget` tokens: tokens from each of the first prompts, all of them fed
 /// to their end but perhaps the last.
@@ -529,9 +463,4 @@ pub(crate) fn prefill_takes(left: impl Iterator<Item = usize>, mut budget: usize
         (take > 0).then_some(take)
     })
     .collect()
-}
-
-fn last_hidden(hidden: &Tensor) -> Result<Tensor> {
-    let t = hidden.dim(1)?;
-    Ok(hidden.i((.., t - 1, ..))?)
 }

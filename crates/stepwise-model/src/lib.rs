@@ -22,6 +22,7 @@ macro_rules! engine {
 
 engine! {
     pub mod config;
+    pub mod decode_cache;
     pub mod engine;
     pub mod generate;
     pub mod incremental;
@@ -43,6 +44,7 @@ engine! {
     pub mod transformer;
 
     pub use config::{Family, HeadKind, ModelConfig};
+    pub use decode_cache::DecodeCache;
     pub use generate::{generate, Decoding, SamplingParams, StepRows};
     pub use incremental::IncrementalScorer;
     pub use input::{BatchCache, Input};

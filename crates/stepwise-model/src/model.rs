@@ -44,6 +44,19 @@ pub struct Model {
     /// [`Model::load_on`]; any backend: [`Model::on_packed`]): everything it computes runs
     /// there, and the CPU decoder holds no weights. Decided once, when the model is made.
     packed: Option<Arc<dyn PackedEngine>>,
+    /// The variables holding its weights where it was made to be trained ([`Model::fresh`],
+    /// [`Model::load_trainable`]): what a trainer updates and saves.
+    trainable: Option<Trainable>,
+}
+
+/// A trainable model's variables (shared with the map they were made in).
+#[derive(Clone)]
+struct Trainable(VarMap);
+
+impl std::fmt::Debug for Trainable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Trainable({} variables)", self.0.all_vars().len())
+    }
 }
 
 impl Model {
@@ -74,6 +87,7 @@ impl Model {
             head,
             precision: Precision::default(),
             packed: None,
+            trainable: None,
         })
     }
 
@@ -129,6 +143,7 @@ impl Model {
             config,
             precision: WeightDtype::Bf16.into(),
             packed: Some(engine),
+            trainable: None,
         })
     }
 
@@ -146,6 +161,16 @@ impl Model {
     /// The packed engine holding its weights (`None`: the CPU decoder holds them).
     pub fn packed(&self) -> Option<&dyn PackedEngine> {
         self.packed.as_deref()
+    }
+
+    /// The KV cache of a running batch of generation ([`crate::Decoding`]) on the engine that
+    /// holds the weights: a cache a row on the CPU; on a packed engine a paged cache of at most
+    /// `kv_budget` bytes (`None`: half the device's free memory).
+    pub fn decode_cache(&self, kv_budget: Option<usize>) -> Result<Box<dyn crate::DecodeCache + '_>> {
+        match &self.packed {
+            Some(g) => g.decode_cache(kv_budget),
+            None => Ok(Box::new(crate::decode_cache::CpuRows::new(self))),
+        }
     }
 
     /// Where its weights are: `cpu`, or the packed engine's device.
@@ -225,8 +250,9 @@ impl Model {
             }
         }
         let vb = VarBuilder::from_varmap(varmap, DType::F32, device);
-        let model = Self::new(config, vb)?;
+        let mut model = Self::new(config, vb)?;
         init_vars(varmap, |name| !loaded.contains(name), device, seed)?;
+        model.trainable = Some(Trainable(varmap.clone()));
         Ok(model)
     }
 
@@ -234,9 +260,17 @@ impl Model {
     /// does (normal with std 0.02, norms 1, biases 0) from `seed`, so runs are reproducible.
     pub fn fresh(config: ModelConfig, varmap: &VarMap, device: &Device, seed: u64) -> Result<Self> {
         let vb = VarBuilder::from_varmap(varmap, DType::F32, device);
-        let model = Self::new(config, vb)?;
+        let mut model = Self::new(config, vb)?;
         init_vars(varmap, |_| true, device, seed)?;
+        model.trainable = Some(Trainable(varmap.clone()));
         Ok(model)
+    }
+
+    /// The variables holding its weights, where it was made to be trained ([`Model::fresh`],
+    /// [`Model::load_trainable`]; the same variables as the map given there): a trainer updates,
+    /// saves and loads these, so it needs nothing but the model.
+    pub fn varmap(&self) -> Option<&VarMap> {
+        self.trainable.as_ref().map(|t| &t.0)
     }
 
     /// The hidden states (after the final norm) of a forward pass over `input`, an input of

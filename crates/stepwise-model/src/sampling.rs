@@ -1,9 +1,8 @@
 //! Sampling one token from a row of logits ([`sample_token`]): greedy at temperature 0, else a
 //! draw from the softmax at the temperature (within top-k and top-p when set) by the inverse of
 //! its cumulative distribution, walked from the most likely token down, or in id order for a
-//! real vocabulary's flat rows. Each continuation draws from its own generator, so the CPU's
-//! [`crate::Decoding`] and the GPU's [`crate::packed_engine::PagedDecoding`] give the same samples
-//! for the same logits.
+//! real vocabulary's flat rows. Each continuation draws from its own generator, so
+//! [`crate::Decoding`] gives the same samples for the same logits on every engine.
 
 use crate::kernels::simd;
 use rand::Rng;

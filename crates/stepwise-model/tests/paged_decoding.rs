@@ -9,8 +9,8 @@ mod common;
 use common::fixtures;
 use serde_json::Value;
 use std::sync::Arc;
-use stepwise_model::packed_engine::{PackedDecoder, PagedDecoding, Reference};
-use stepwise_model::{ModelConfig, Packed, SamplingParams};
+use stepwise_model::packed_engine::{PackedDecoder, PagedRows, Reference};
+use stepwise_model::{Decoding, ModelConfig, Packed, SamplingParams};
 
 fn policy() -> PackedDecoder<Reference> {
     let dir = fixtures().join("qwen2-policy");
@@ -25,8 +25,13 @@ fn greedy(max: usize) -> SamplingParams {
     }
 }
 
+/// A batch over a paged cache of `blocks` blocks on `engine`.
+fn paged(engine: &PackedDecoder<Reference>, blocks: usize) -> Decoding<'_> {
+    Decoding::with_cache(Box::new(PagedRows::new(engine, blocks).unwrap()), None)
+}
+
 /// Runs the batch until every request is done; returns each request's continuations by id.
-fn run(batch: &mut PagedDecoding<Reference>) -> Vec<(usize, Vec<Vec<u32>>)> {
+fn run(batch: &mut Decoding) -> Vec<(usize, Vec<Vec<u32>>)> {
     let mut done = Vec::new();
     while !batch.is_idle() {
         done.extend(batch.step().unwrap());
@@ -63,7 +68,7 @@ fn cached_steps_pick_what_a_whole_pass_picks_and_reproduce_transformers() {
             .map(|x| x.as_u64().unwrap() as u32)
             .collect();
         // Prompt chunks of 5 tokens: the prompt crosses chunks and the cache its first block.
-        let mut batch = PagedDecoding::new(&engine, None, 64).unwrap().prefill_chunk(5);
+        let mut batch = paged(&engine, 64).prefill_chunk(5);
         batch.join(&prompt, 3, greedy(want.len())).unwrap();
         let outs = run(&mut batch).remove(0).1;
         for out in &outs {
@@ -83,7 +88,7 @@ fn cached_steps_pick_what_a_whole_pass_picks_and_reproduce_transformers() {
         if margin > 0.05 {
             assert_eq!(outs[0], want, "transformers' greedy continuation (margin {margin})");
         }
-        assert_eq!(batch.cache_blocks().0, 64, "every block is given back");
+        assert_eq!(batch.cache_blocks().unwrap().0, 64, "every block is given back");
     }
 }
 
@@ -99,7 +104,7 @@ fn sampled_continuations_are_reproducible_and_share_the_prompts_blocks() {
         ..Default::default()
     };
     let sample = |chunk: usize| {
-        let mut batch = PagedDecoding::new(&engine, None, 32).unwrap().prefill_chunk(chunk);
+        let mut batch = paged(&engine, 32).prefill_chunk(chunk);
         batch.join(&prompt, 4, params.clone()).unwrap();
         run(&mut batch).remove(0).1
     };
@@ -111,16 +116,16 @@ fn sampled_continuations_are_reproducible_and_share_the_prompts_blocks() {
     );
     // Once the prompt is fed, its full block is held once for all four continuations, and each
     // has its own copy of the partly filled one: 1 + 4 blocks, not 4 × 2.
-    let mut batch = PagedDecoding::new(&engine, None, 32).unwrap();
+    let mut batch = paged(&engine, 32);
     batch.join(&prompt, 4, params.clone()).unwrap();
     batch.step().unwrap();
     batch.step().unwrap();
-    let (free, total) = batch.cache_blocks();
+    let (free, total) = batch.cache_blocks().unwrap();
     assert_eq!(total - free, 1 + 4, "one shared block and one of their own each");
     // And the continuations sample as the CPU engine's Decoding would for these logits: the
     // same draws as a batch of one continuation each.
     let one = |index: u64| {
-        let mut batch = PagedDecoding::new(&engine, None, 32).unwrap();
+        let mut batch = paged(&engine, 32);
         let p = SamplingParams {
             seed: params.seed,
             ..params.clone()
@@ -136,7 +141,7 @@ fn a_small_kv_budget_makes_requests_wait_and_a_hopeless_one_is_refused() {
     let engine = policy();
     // Each request: a 20-token prompt, 2 continuations of up to 50 tokens: 1 + 2 × 2 = 5 blocks
     // at worst; the cache holds 6, so one request runs at a time.
-    let mut batch = PagedDecoding::new(&engine, None, 6).unwrap();
+    let mut batch = paged(&engine, 6);
     let prompts: Vec<Vec<u32>> = (0..4)
         .map(|k| (0..20).map(|i| (i * 3 + k * 11 + 5) as u32).collect())
         .collect();
@@ -147,14 +152,14 @@ fn a_small_kv_budget_makes_requests_wait_and_a_hopeless_one_is_refused() {
     let mut done = Vec::new();
     while !batch.is_idle() {
         done.extend(batch.step().unwrap());
-        let (free, total) = batch.cache_blocks();
+        let (free, total) = batch.cache_blocks().unwrap();
         most = most.max(total - free);
     }
     assert_eq!(done.len(), 4);
     assert!(most <= 6);
     // Each alone gives the same.
     for (id, outs) in done {
-        let mut alone = PagedDecoding::new(&engine, None, 64).unwrap();
+        let mut alone = paged(&engine, 64);
         alone.join(&prompts[id], 2, greedy(50)).unwrap();
         assert_eq!(run(&mut alone).remove(0).1, outs);
     }
@@ -172,21 +177,21 @@ fn a_cancelled_request_gives_its_blocks_back_and_leaves_the_others_as_they_were(
         .collect();
     // A budget for two requests at a time: the third waits, and is cancelled while waiting;
     // the first is cancelled mid-decoding.
-    let mut batch = PagedDecoding::new(&engine, None, 10).unwrap().prefill_chunk(8);
+    let mut batch = paged(&engine, 10).prefill_chunk(8);
     let ids: Vec<usize> = prompts.iter().map(|p| batch.join(p, 2, greedy(40)).unwrap()).collect();
     let mut done = Vec::new();
     for _ in 0..6 {
         done.extend(batch.step().unwrap());
     }
-    batch.cancel(ids[0]);
-    batch.cancel(ids[2]);
-    batch.cancel(ids[2]);
-    batch.cancel(99);
+    batch.cancel(ids[0]).unwrap();
+    batch.cancel(ids[2]).unwrap();
+    batch.cancel(ids[2]).unwrap();
+    batch.cancel(99).unwrap();
     done.extend(run(&mut batch));
     assert_eq!(done.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![ids[1]]);
-    let (free, total) = batch.cache_blocks();
+    let (free, total) = batch.cache_blocks().unwrap();
     assert_eq!(free, total, "every block is back");
-    let mut alone = PagedDecoding::new(&engine, None, 64).unwrap();
+    let mut alone = paged(&engine, 64);
     alone.join(&prompts[1], 2, greedy(40)).unwrap();
     assert_eq!(run(&mut alone).remove(0).1, done[0].1);
     // The batch takes new requests afterwards, with the whole budget.

@@ -27,7 +27,7 @@ mod reference_train;
 pub(crate) mod train;
 mod train_backend;
 
-pub use decoding::PagedDecoding;
+pub use decoding::PagedRows;
 pub use paged::{PagedCache, PagedSeq, BLOCK};
 pub use reference::Reference;
 pub use lm_head::{TokenLossFn, LOGITS_BYTES};
