@@ -67,7 +67,7 @@ fn main() -> Result<()> {
     let task = PlainTask::default();
     let log = train_rl(
         RlRun {
-            learner: &mut CandleLearner::new(&mut policy, &varmap)?,
+            learner: &mut CandleLearner::new(&mut policy)?,
             reference: &reference,
             tokenizer: &tok,
             prompt: Prompt::Pieces,

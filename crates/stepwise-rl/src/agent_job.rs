@@ -125,7 +125,7 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
     let mut policy = Model::load_trainable(job.policy, config, &varmap, &default_device(), cfg.seed)?;
     let log = train_agent_rl(
         AgentRlRun {
-            learner: &mut CandleLearner::new(&mut policy, &varmap)?,
+            learner: &mut CandleLearner::new(&mut policy)?,
             reference: &reference,
             params: action_params(&tok, &reference, cfg.max_new_tokens),
             end: tok.eos_token.clone().unwrap_or_default(),

@@ -136,7 +136,7 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
         _ => {
             let config = ModelConfig::from_dir(job.policy)?;
             policy = Model::load_trainable(job.policy, config, &varmap, &default_device(), cfg.seed)?;
-            on_cpu = CandleLearner::new(&mut policy, &varmap)?;
+            on_cpu = CandleLearner::new(&mut policy)?;
             &mut on_cpu
         }
     };
@@ -144,9 +144,8 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
     stop.extend(tok.eos_id());
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
     stepwise_model::tokenizer::copy_files(job.policy, job.out)?;
-    let prm_varmap = VarMap::new();
     let mut prm = match &cfg.prime {
-        Some(p) => implicit_prm(&job, p.beta, placement, &prm_varmap, cfg.seed)?,
+        Some(p) => implicit_prm(&job, p.beta, placement, cfg.seed)?,
         None => PrimeModel::None,
     };
     let log = train_rl(
@@ -163,7 +162,7 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
             watch: Vec::new(),
             out_dir: Some(job.out.to_path_buf()),
             heldout: job.heldout,
-            implicit_prm: prm.as_implicit(&prm_varmap),
+            implicit_prm: prm.as_implicit(),
         },
         cfg,
         on_update,
@@ -174,7 +173,7 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
 
 /// PRIME's implicit PRM: it starts as the policy, and its folder is a log-ratio verifier against
 /// the starting policy, readable by `stepwise score` once the run has saved its weights.
-fn implicit_prm(job: &RlJob<'_>, beta: f32, placement: Placement, varmap: &VarMap, seed: u64) -> Result<PrimeModel> {
+fn implicit_prm(job: &RlJob<'_>, beta: f32, placement: Placement, seed: u64) -> Result<PrimeModel> {
     let dir = OnlinePrm::dir(job.out);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     stepwise_model::tokenizer::copy_files(job.policy, &dir)?;
@@ -193,7 +192,7 @@ fn implicit_prm(job: &RlJob<'_>, beta: f32, placement: Placement, varmap: &VarMa
             PrimeModel::Cpu(Box::new(Model::load_trainable(
                 job.policy,
                 config,
-                varmap,
+                &VarMap::new(),
                 &default_device(),
                 seed,
             )?))
@@ -209,10 +208,10 @@ enum PrimeModel {
 }
 
 impl PrimeModel {
-    /// It, as the trainer takes it (`varmap`: the CPU model's weights).
-    fn as_implicit<'a>(&'a mut self, varmap: &'a VarMap) -> Option<ImplicitPrm<'a>> {
+    /// It, as the trainer takes it.
+    fn as_implicit(&mut self) -> Option<ImplicitPrm<'_>> {
         match self {
-            PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle { model, varmap }),
+            PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle(model)),
             PrimeModel::Gpu(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
             PrimeModel::None => None,
         }

@@ -31,7 +31,7 @@ pub trait Learner {
     /// Each sequence's token log-probabilities under the policy now (position 0 holds 0),
     /// `minibatch` sequences a pass where passes are counted in sequences.
     fn logprobs(&mut self, seqs: &[&[u32]], minibatch: usize) -> Result<Vec<Vec<f32>>>;
-    /// The gradients of `batch`'s policy loss ([`crate::rl_loss`]: PPO-clip `clip` with the k3
+    /// The gradients of `batch`'s policy loss (PPO-clip `clip` with the k3
     /// KL penalty `kl_coef`) added to the learner's; returns the loss and what it saw.
     fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)>;
     /// The gradients of any loss of the learned tokens' log-probabilities added to the
@@ -53,16 +53,21 @@ pub trait Learner {
 /// The policy as candle variables on the CPU, trained through candle's autograd.
 pub struct CandleLearner<'a> {
     policy: &'a mut Model,
-    varmap: &'a VarMap,
+    /// The policy's variables ([`Model::varmap`]).
+    varmap: VarMap,
     vars: Vec<Var>,
     opt: AdamW,
     grads: Option<GradStore>,
 }
 
 impl<'a> CandleLearner<'a> {
-    /// `policy`, whose weights are `varmap`'s.
-    pub fn new(policy: &'a mut Model, varmap: &'a VarMap) -> Result<Self> {
-        let named = named_vars(varmap);
+    /// `policy`, made trainable ([`Model::fresh`], [`Model::load_trainable`]).
+    pub fn new(policy: &'a mut Model) -> Result<Self> {
+        let varmap = policy
+            .varmap()
+            .context("the CPU learner trains a model made trainable (Model::load_trainable or Model::fresh)")?
+            .clone();
+        let named = named_vars(&varmap);
         let vars = named.iter().map(|(_, v)| v.clone()).collect();
         // The learning rate and weight decay are set at each step.
         let opt = AdamW::new(named, 0.0, 0.0)?;
@@ -73,6 +78,30 @@ impl<'a> CandleLearner<'a> {
             opt,
             grads: None,
         })
+    }
+}
+
+impl CandleLearner<'_> {
+    /// The names of the policy's trainable weights, in order.
+    pub fn weight_names(&self) -> Vec<String> {
+        named_vars(&self.varmap).into_iter().map(|(name, _)| name).collect()
+    }
+
+    /// The trainable weights whose gradient since the last optimiser step is missing or zero
+    /// (after a backward pass, none should be: a weight a fused kernel without a backward pass
+    /// cut off from the loss would be listed).
+    pub fn weights_without_gradient(&self) -> Result<Vec<String>> {
+        let mut missing = Vec::new();
+        for (name, var) in named_vars(&self.varmap) {
+            let norm = match self.grads.as_ref().and_then(|g| g.get(var.as_tensor())) {
+                Some(g) => g.sqr()?.sum_all()?.to_scalar::<f32>()?,
+                None => 0.0,
+            };
+            if norm <= 0.0 || !norm.is_finite() {
+                missing.push(name);
+            }
+        }
+        Ok(missing)
     }
 }
 
@@ -143,12 +172,12 @@ impl Learner for CandleLearner<'_> {
     }
 
     fn save(&self, dir: &Path) -> Result<()> {
-        save_training_checkpoint(dir, &self.policy.config, self.varmap)?;
+        save_training_checkpoint(dir, &self.policy.config, &self.varmap)?;
         self.opt.save(&dir.join(OPTIM))
     }
 
     fn load(&mut self, dir: &Path) -> Result<()> {
-        load_training_checkpoint(self.varmap, dir)?;
+        load_training_checkpoint(&self.varmap, dir)?;
         self.opt.load(&dir.join(OPTIM))
     }
 }

@@ -41,6 +41,6 @@ pub use agent::{train_agent_rl, AgentRlRun};
 pub use agent_job::{run_agent_rl, AgentReward, AgentRlJob};
 pub use job::{run_rl, RlJob, RlReward};
 pub use learner::{CandleLearner, Learner, PackedLearner};
-pub use loss::{policy_loss, rl_loss, LossStats};
+pub use loss::{policy_loss, LossStats};
 pub use prime::{ImplicitPrm, PrimeConfig, PrimeLog};
 pub use trainer::{train_rl, RlConfig, UpdateLog};

@@ -24,7 +24,7 @@ pub struct LossStats {
 
 /// The loss of `batch` under `model` (in training mode for a gradient): `clip` is PPO's ε,
 /// `kl_coef` the weight of the KL penalty.
-pub fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(Tensor, LossStats)> {
+pub(crate) fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(Tensor, LossStats)> {
     ensure!(!batch.is_empty(), "an empty minibatch");
     let seqs: Vec<&[u32]> = batch.iter().map(|s| s.ids.as_slice()).collect();
     let (ids, mask, t) = pad_batch(&seqs, &model.device)?;
@@ -34,7 +34,7 @@ pub fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> R
 
 /// [`rl_loss`] of the token log-probabilities `logp` of `batch` padded to `t` positions
 /// (`[batch · t]`, differentiable).
-pub fn loss_of_logprobs(
+pub(crate) fn loss_of_logprobs(
     logp: &Tensor,
     batch: &[&Sequence],
     t: usize,
@@ -160,4 +160,71 @@ pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -
             tokens,
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's policy loss (what the packed trainer takes) is candle's `rl_loss` of the same
+    /// log-probabilities, and its derivative is candle's gradient, clipped tokens included; a
+    /// skipped range (an observation the policy read) gets neither loss nor gradient.
+    #[test]
+    fn the_host_policy_loss_is_the_rl_loss_and_its_gradient() {
+        let seqs: Vec<Sequence> = [(6usize, 2usize, 0.0f32, vec![(4, 5)]), (5, 3, 0.7, vec![])]
+            .iter()
+            .map(|(len, learn_from, shift, skip)| (*len, *learn_from, *shift, skip.clone()))
+            .map(|(len, learn_from, shift, skip)| Sequence {
+                ids: (0..len as u32).map(|i| 3 + i % 4).collect(),
+                learn_from,
+                skip,
+                advantages: (0..len).map(|i| [1.0, -0.5, 2.0, -1.5][i % 4]).collect(),
+                // Ratios from e^-0.6 to e^0.6: some inside PPO's range, some clipped either side.
+                old_logprobs: (0..len).map(|i| -1.0 - 0.3 * i as f32 + shift).collect(),
+                ref_logprobs: (0..len).map(|i| -1.2 - 0.1 * i as f32).collect(),
+            })
+            .collect();
+        let batch: Vec<&Sequence> = seqs.iter().collect();
+        let t = 6;
+        let values: Vec<f32> = (0..2 * t)
+            .map(|k| -1.0 - 0.3 * (k % t) as f32 + 0.6 * ((k * 7 % 5) as f32 / 4.0 - 0.5))
+            .collect();
+        let logp = candle_core::Var::from_vec(values.clone(), 2 * t, &candle_core::Device::Cpu).unwrap();
+        let (loss, stats) = loss_of_logprobs(logp.as_tensor(), &batch, t, 0.2, 0.1).unwrap();
+        let grad: Vec<f32> = loss
+            .backward()
+            .unwrap()
+            .get(logp.as_tensor())
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let learned: Vec<f32> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(b, s)| (s.learn_from..s.ids.len()).map(move |i| b * t + i))
+            .map(|k| values[k])
+            .collect();
+        let (value, derivative, host) = policy_loss(&learned, &batch, 0.2, 0.1).unwrap();
+        assert!((value - loss.to_scalar::<f32>().unwrap()).abs() < 1e-5);
+        assert_eq!((host.tokens, host.clip_fraction), (stats.tokens, stats.clip_fraction));
+        assert!(host.clip_fraction > 0.0 && host.clip_fraction < 1.0, "{host:?}");
+        assert!((host.kl - stats.kl).abs() < 1e-6);
+        assert_eq!(host.tokens, 3 + 2, "the skipped range is not counted");
+        let mut k = 0;
+        for (b, s) in seqs.iter().enumerate() {
+            for (i, &g) in grad[b * t..(b + 1) * t].iter().enumerate() {
+                if (s.learn_from..s.ids.len()).contains(&i) {
+                    assert!(
+                        (derivative[k] - g).abs() < 1e-6,
+                        "token {b}/{i}: {} vs {g}",
+                        derivative[k]
+                    );
+                    k += 1;
+                }
+                if !s.learns(i) {
+                    assert_eq!(g, 0.0, "token {b}/{i} is not learned");
+                }
+            }
+        }
+    }
 }

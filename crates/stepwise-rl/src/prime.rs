@@ -24,7 +24,7 @@
 
 use crate::learner::Learner;
 use crate::rollout::Sequence;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -72,13 +72,9 @@ impl Default for PrimeConfig {
 /// The implicit PRM an RL run trains beside the policy: a causal LM with the policy's
 /// vocabulary (PRIME starts it from the policy itself).
 pub enum ImplicitPrm<'a> {
-    /// On the CPU, through candle's autograd.
-    Candle {
-        /// The model (trainable: loaded with [`Model::load_trainable`]).
-        model: &'a mut Model,
-        /// Its variables.
-        varmap: &'a VarMap,
-    },
+    /// On the CPU, through candle's autograd: a model made trainable ([`Model::load_trainable`],
+    /// [`Model::fresh`]).
+    Candle(&'a mut Model),
     /// Wherever a [`Learner`] trains it (a GPU's packed trainer), its loss taken on the host
     /// from its tokens' log-probabilities.
     Learner(&'a mut dyn Learner),
@@ -114,7 +110,7 @@ pub struct OnlinePrm<'a> {
 enum Trainer<'a> {
     Candle {
         model: &'a mut Model,
-        varmap: &'a VarMap,
+        varmap: VarMap,
         vars: Vec<Var>,
         opt: AdamW,
     },
@@ -125,8 +121,12 @@ impl<'a> OnlinePrm<'a> {
     /// Ready `prm` for online training.
     pub fn new(prm: ImplicitPrm<'a>, cfg: PrimeConfig) -> Result<Self> {
         let trainer = match prm {
-            ImplicitPrm::Candle { model, varmap } => {
-                let named = named_vars(varmap);
+            ImplicitPrm::Candle(model) => {
+                let varmap = model
+                    .varmap()
+                    .context("the implicit PRM trains a model made trainable (Model::load_trainable)")?
+                    .clone();
+                let named = named_vars(&varmap);
                 let vars = named.iter().map(|(_, v)| v.clone()).collect();
                 let opt = AdamW::new(named, cfg.lr, 0.0)?;
                 Trainer::Candle {

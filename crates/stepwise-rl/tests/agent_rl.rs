@@ -91,10 +91,10 @@ fn config(updates: usize) -> RlConfig {
 fn train(reward: &dyn Reward, cfg: &RlConfig, dir: Option<PathBuf>, on_update: &dyn Fn(usize)) -> Vec<UpdateLog> {
     let tok = tokenizer();
     let (reference, _) = fresh(3);
-    let (mut model, varmap) = fresh(3);
+    let (mut model, _) = fresh(3);
     let problems = worlds();
     let run = AgentRlRun {
-        learner: &mut CandleLearner::new(&mut model, &varmap).unwrap(),
+        learner: &mut CandleLearner::new(&mut model).unwrap(),
         reference: &reference,
         tokenizer: &tok,
         prompt: Prompt::Pieces,

@@ -202,7 +202,7 @@ impl Ctx<'_> {
         let pb = bar(cfg.updates as u64, &format!("RL in the rooms ({name})"));
         let log = train_agent_rl(
             AgentRlRun {
-                learner: &mut CandleLearner::new(&mut model, &varmap)?,
+                learner: &mut CandleLearner::new(&mut model)?,
                 reference: self.model,
                 tokenizer: self.tok,
                 prompt: Prompt::Pieces,

@@ -246,7 +246,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
         let log: Vec<UpdateLog> = train_rl(
             RlRun {
-                learner: &mut CandleLearner::new(&mut model, &varmap)?,
+                learner: &mut CandleLearner::new(&mut model)?,
                 reference: i.policy,
                 tokenizer: i.tok,
                 prompt: Prompt::Pieces,
@@ -258,10 +258,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
                 watch: vec![watch],
                 out_dir: Some(dir.clone()),
                 heldout: None,
-                implicit_prm: prm.as_mut().map(|model| ImplicitPrm::Candle {
-                    model,
-                    varmap: &prm_varmap,
-                }),
+                implicit_prm: prm.as_mut().map(ImplicitPrm::Candle),
             },
             cfg,
             |l| {
