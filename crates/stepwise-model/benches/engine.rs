@@ -489,80 +489,88 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if std::env::args().any(|a| a == "--big") {
-        let mut cfg = ModelConfig::tiny(151936, 896, 24, 14, 2, HeadKind::CausalLm);
-        cfg.intermediate_size = 4864;
-        cfg.head_dim = 64;
-        cfg.max_position_embeddings = 4096;
-        let varmap = VarMap::new();
-        let m = Model::fresh(cfg.clone(), &varmap, &dev, 0)?;
-        if wanted("scoring") {
-            print_scoring("qwen2.5-0.5b shape (random)", &m, 2, Some(2.0 * params(&cfg)))?;
-        }
-        if wanted("search") {
-            // The same shape as a token-classification PRM, read with the fixture's tokenizer.
-            let mut prm = cfg.clone();
-            prm.head = HeadKind::TokenClassification;
-            prm.num_labels = 2;
-            let varmap = VarMap::new();
-            let m = Model::fresh(prm, &varmap, &dev, 0)?;
-            let tok = Tokenizer::from_dir(&fixtures().join("qwen2-tokcls"))?;
-            print_incremental(
-                "qwen2.5-0.5b shape PRM (random)",
-                &m,
-                &tok,
-                PrmLayout::TokenClassifier { separator: "\n".into() },
-            )?;
-        }
-        if wanted("generation") {
-            println!(
-                "qwen2.5-0.5b shape (random): generation {:.1} new tokens/s",
-                generation(&m)?
-            );
-        }
-        // The same weights rounded to bf16 and held so (half the bytes each product reads).
-        let dir = std::env::temp_dir().join(format!("stepwise-bench-bf16-{}", std::process::id()));
-        let mut bf16 = cfg.clone();
-        bf16.dtype = candle_core::DType::BF16;
-        stepwise_model::checkpoint::save_checkpoint(&dir, &bf16, &varmap)?;
-        drop(m);
-        let mut held = Model::load_as(&dir, &dev, WeightDtype::Auto)?;
-        std::fs::remove_dir_all(&dir)?;
-        if wanted("scoring") {
-            // In bf16 products where the CPU has AVX512_BF16 (the default), then in f32 products
-            // on the widened weights (the f32 run's numbers at half its memory).
-            for bf16_products in [true, false] {
-                held.set_bf16_products(bf16_products);
-                let products = if bf16_products && stepwise_model::bf16_products_available() {
-                    "bf16"
-                } else {
-                    "f32"
-                };
-                print_scoring(
-                    &format!("qwen2.5-0.5b shape (random, bf16-held, {products} products)"),
-                    &held,
-                    2,
-                    Some(2.0 * params(&cfg)),
-                )?;
-            }
-            held.set_bf16_products(true);
-        }
-        if wanted("generation") {
-            println!(
-                "qwen2.5-0.5b shape (random, bf16-held): generation {:.1} new tokens/s",
-                generation(&held)?
-            );
-        }
-        if wanted("generation") || wanted("serving") {
-            for (clients, new) in [(8, 32), (64, 32), (8, 512), (64, 256)] {
-                println!(
-                    "qwen2.5-0.5b shape (random, bf16-held): serving-shaped decoding, {clients} requests of {new} new tokens in flight: {:.1} new tokens/s",
-                    serving(&held, clients, new)?
-                );
-            }
-        }
+        big(&dev)?;
     }
     if std::env::args().any(|a| a == "--7b") {
         seven_b(&dev)?;
+    }
+    Ok(())
+}
+
+/// `--big`: the sections on a randomly initialised model of Qwen2.5-0.5B's shape, its weights
+/// held in f32 and then in bf16.
+fn big(dev: &Device) -> anyhow::Result<()> {
+    let dev = dev.clone();
+    let mut cfg = ModelConfig::tiny(151936, 896, 24, 14, 2, HeadKind::CausalLm);
+    cfg.intermediate_size = 4864;
+    cfg.head_dim = 64;
+    cfg.max_position_embeddings = 4096;
+    let varmap = VarMap::new();
+    let m = Model::fresh(cfg.clone(), &varmap, &dev, 0)?;
+    if wanted("scoring") {
+        print_scoring("qwen2.5-0.5b shape (random)", &m, 2, Some(2.0 * params(&cfg)))?;
+    }
+    if wanted("search") {
+        // The same shape as a token-classification PRM, read with the fixture's tokenizer.
+        let mut prm = cfg.clone();
+        prm.head = HeadKind::TokenClassification;
+        prm.num_labels = 2;
+        let varmap = VarMap::new();
+        let m = Model::fresh(prm, &varmap, &dev, 0)?;
+        let tok = Tokenizer::from_dir(&fixtures().join("qwen2-tokcls"))?;
+        print_incremental(
+            "qwen2.5-0.5b shape PRM (random)",
+            &m,
+            &tok,
+            PrmLayout::TokenClassifier { separator: "\n".into() },
+        )?;
+    }
+    if wanted("generation") {
+        println!(
+            "qwen2.5-0.5b shape (random): generation {:.1} new tokens/s",
+            generation(&m)?
+        );
+    }
+    // The same weights rounded to bf16 and held so (half the bytes each product reads).
+    let dir = std::env::temp_dir().join(format!("stepwise-bench-bf16-{}", std::process::id()));
+    let mut bf16 = cfg.clone();
+    bf16.dtype = candle_core::DType::BF16;
+    stepwise_model::checkpoint::save_checkpoint(&dir, &bf16, &varmap)?;
+    drop(m);
+    let mut held = Model::load_as(&dir, &dev, WeightDtype::Auto)?;
+    std::fs::remove_dir_all(&dir)?;
+    if wanted("scoring") {
+        // In bf16 products where the CPU has AVX512_BF16 (the default), then in f32 products
+        // on the widened weights (the f32 run's numbers at half its memory).
+        for bf16_products in [true, false] {
+            held.set_bf16_products(bf16_products);
+            let products = if bf16_products && stepwise_model::bf16_products_available() {
+                "bf16"
+            } else {
+                "f32"
+            };
+            print_scoring(
+                &format!("qwen2.5-0.5b shape (random, bf16-held, {products} products)"),
+                &held,
+                2,
+                Some(2.0 * params(&cfg)),
+            )?;
+        }
+        held.set_bf16_products(true);
+    }
+    if wanted("generation") {
+        println!(
+            "qwen2.5-0.5b shape (random, bf16-held): generation {:.1} new tokens/s",
+            generation(&held)?
+        );
+    }
+    if wanted("generation") || wanted("serving") {
+        for (clients, new) in [(8, 32), (64, 32), (8, 512), (64, 256)] {
+            println!(
+                "qwen2.5-0.5b shape (random, bf16-held): serving-shaped decoding, {clients} requests of {new} new tokens in flight: {:.1} new tokens/s",
+                serving(&held, clients, new)?
+            );
+        }
     }
     Ok(())
 }
