@@ -23,6 +23,8 @@ pub type Sample<'s> = dyn FnMut(&[f32]) -> Result<()> + Send + 's;
 
 /// The keys and values of a running batch on one engine (see the module's documentation).
 pub trait DecodeCache: Send {
+    /// The model's vocabulary size (a prompt's tokens are checked against it when it comes).
+    fn vocab(&self) -> usize;
     /// The room `n` continuations of a `prompt`-token prompt, `max_new` tokens each, take at
     /// worst, in the units of [`DecodeCache::capacity`]; an error when they could never fit.
     fn reserve(&self, prompt: usize, n: usize, max_new: usize) -> Result<usize>;
@@ -96,6 +98,10 @@ impl<'a> CpuRows<'a> {
 }
 
 impl DecodeCache for CpuRows<'_> {
+    fn vocab(&self) -> usize {
+        self.model.config.vocab_size
+    }
+
     fn reserve(&self, _prompt: usize, _n: usize, _max_new: usize) -> Result<usize> {
         Ok(0)
     }

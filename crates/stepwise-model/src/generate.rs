@@ -204,38 +204,55 @@ impl<'a> Decoding<'a> {
         self.cache.as_ref().and_then(|c| c.blocks())
     }
 
-    /// Registers a request for `n` continuations of `prompt`: the continuations it will decode
-    /// (none with no token budget) and its id; an error when it cannot be decoded.
-    fn register(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<(usize, usize)> {
+    /// The continuations a request for `n` of `prompt` will decode (none with no token budget)
+    /// and the room it may need at worst; an error when it cannot be decoded.
+    fn admissible(&mut self, prompt: &[u32], n: usize, params: &SamplingParams) -> Result<(usize, usize)> {
         if prompt.is_empty() || n == 0 {
             bail!("generation needs a non-empty prompt and n > 0");
         }
-        let live = if params.max_new_tokens == 0 { 0 } else { n };
-        let reserved = if live == 0 {
-            0
-        } else {
-            self.cache()?.reserve(prompt.len(), n, params.max_new_tokens)?
-        };
+        if params.max_new_tokens == 0 {
+            return Ok((0, 0));
+        }
+        let cache = self.cache()?;
+        // Checked now, not when a step feeds it: a bad prompt must not fail the others' step.
+        let vocab = cache.vocab();
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            bail!("token id {bad} is outside the model's vocabulary of {vocab}");
+        }
+        Ok((n, cache.reserve(prompt.len(), n, params.max_new_tokens)?))
+    }
+
+    /// Registers a request for `n` continuations, `live` of them to decode; its id.
+    fn register(&mut self, params: SamplingParams, n: usize, (live, reserved): (usize, usize)) -> usize {
         self.requests.push(Some(Request {
             params,
             outs: vec![Vec::new(); n],
             live,
             reserved,
         }));
-        Ok((self.requests.len() - 1, live))
+        self.requests.len() - 1
     }
 
     /// Add a request for `n` continuations of `prompt`: encodes the prompt and samples each
     /// continuation's first token. Returns the request's id, as [`Decoding::step`] reports it.
+    /// A request that fails (a model without an LM head, a token outside the vocabulary) leaves
+    /// nothing behind (so with [`Decoding::join`]).
     pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
-        let (id, live) = self.register(prompt, n, params)?;
-        if live == 0 {
-            return Ok(id);
+        let room = self.admissible(prompt, n, &params)?;
+        if room.0 == 0 {
+            return Ok(self.register(params, n, room));
         }
-        let cache = self.cache.as_deref_mut().expect("made by register");
-        match cache.encode_alone(prompt)? {
-            // Encoded as the cache's last prompt, after the ones being fed.
-            Some(first) => self.start(id, self.prefills.len(), &first)?,
+        // Encoded (where the cache encodes prompts alone) as the cache's last prompt, after the
+        // ones being fed.
+        let first = self.cache()?.encode_alone(prompt)?;
+        let id = self.register(params, n, room);
+        match first {
+            Some(first) => {
+                if let Err(e) = self.start(id, self.prefills.len(), &first) {
+                    self.requests[id] = None;
+                    return Err(e);
+                }
+            }
             None => self.wait(id, prompt),
         }
         Ok(id)
@@ -252,8 +269,9 @@ impl<'a> Decoding<'a> {
         if self.rows.is_empty() && self.prefills.is_empty() && self.waiting.is_empty() {
             return self.add(prompt, n, params);
         }
-        let (id, live) = self.register(prompt, n, params)?;
-        if live > 0 {
+        let room = self.admissible(prompt, n, &params)?;
+        let id = self.register(params, n, room);
+        if room.0 > 0 {
             self.wait(id, prompt);
         }
         Ok(id)

@@ -310,6 +310,35 @@ fn prompts_fed_through_decoding_steps_decode_as_alone() {
     assert_eq!(done[&b], vec![alone[0].clone(); 3]);
 }
 
+/// A request that cannot be decoded (a reward model has no LM head; a token outside the
+/// vocabulary) is an error that leaves nothing behind: the batch stays idle, or goes on decoding
+/// the others as before.
+#[test]
+fn a_failed_request_leaves_the_batch_as_it_was() {
+    let (prm, _) = load("qwen2-prm");
+    let mut batch = Decoding::new(&prm, None);
+    let err = batch.add(&[5, 6, 7], 2, greedy(4)).unwrap_err().to_string();
+    assert!(err.contains("LM head"), "{err}");
+    assert!(batch.is_idle());
+    assert_eq!(batch.live_rows(), 0);
+    let exp = expected();
+    let (model, tok) = load("qwen2-policy");
+    let items = exp["cases"]["qwen2-policy"]["items"].as_array().unwrap();
+    let mut batch = Decoding::new(&model, Some(&tok));
+    assert!(batch.add(&[u32::MAX], 1, greedy(4)).is_err());
+    assert!(batch.is_idle());
+    let mut done = std::collections::HashMap::new();
+    let first = batch.add(&ids_of(&items[0]["prompt_ids"]), 1, greedy(8)).unwrap();
+    assert!(batch.add(&[u32::MAX], 1, greedy(4)).is_err());
+    // Joining a running batch: refused at once, not when a step would feed it to the others.
+    let err = batch.join(&[5, u32::MAX], 1, greedy(4)).unwrap_err().to_string();
+    assert!(err.contains("outside the model's vocabulary"), "{err}");
+    while !batch.is_idle() {
+        done.extend(batch.step().unwrap());
+    }
+    assert_eq!(done.keys().copied().collect::<Vec<_>>(), vec![first]);
+}
+
 /// A cancelled request (its client went away) leaves the batch, decoding or still being fed, and
 /// is never reported; the others get transformers' greedy continuations as before.
 #[test]

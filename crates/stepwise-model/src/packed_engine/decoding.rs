@@ -33,6 +33,10 @@ impl<'a, B: Backend> PagedRows<'a, B> {
 }
 
 impl<B: Backend> DecodeCache for PagedRows<'_, B> {
+    fn vocab(&self) -> usize {
+        self.engine.config.vocab_size
+    }
+
     fn reserve(&self, prompt: usize, n: usize, max_new: usize) -> Result<usize> {
         let end = prompt + max_new;
         let positions = self.engine.config.max_position_embeddings;
