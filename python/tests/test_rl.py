@@ -22,7 +22,10 @@ def test_rl_trains_against_each_reward_and_resumes(tmp_path, fixtures, reward):
     log = stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, out, reward=spec, prime_filter=(0.0, 1.0),
                       progress=lambda done, total: seen.append((done, total)), **SMALL)
     assert [entry["update"] for entry in log] == [1, 2] and seen[-1] == (2, 2)
-    assert all(entry["sampled_tokens"] > 0 and entry["kl"] >= 0 for entry in log)
+    # The k3 estimate of the KL is never negative in exact arithmetic; at the first update the
+    # policy is the reference, read through two paths (the trainer's and the sampler's kernels),
+    # whose rounding leaves it within a hair of 0 either side (-1.9e-9 on an AVX2-only CPU).
+    assert all(entry["sampled_tokens"] > 0 and entry["kl"] > -1e-6 for entry in log)
     assert (reward == "prime") == all("implicit_prm" in entry for entry in log)
     assert [json.loads(line)["update"] for line in (out / "rl_log.jsonl").read_text().splitlines()] == [1, 2]
     assert stepwise.Policy(out, max_tokens=4).generate("What is 2 + 3?", seed=1)
