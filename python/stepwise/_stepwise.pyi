@@ -308,6 +308,9 @@ def agent_rl(
     silent: bool = False,
     separator: str = "\n",
     layout: str = "auto",
+    prime_beta: float = 0.05,
+    prime_lr: Optional[float] = None,
+    prime_filter: Tuple[float, float] = ...,
     eval_problems: Optional[Union[Iterable[Union[str, Record]], str, "PathLike[str]"]] = None,
     eval_every: int = 10,
     eval_samples: int = 4,
@@ -317,9 +320,10 @@ def agent_rl(
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Dict[str, Any]]:
     """RL for an agent (GRPO over its own trajectories in `env`, the loss on its actions only):
-    `reward` is `"goal"` (outcome-only), `"oracle"` (the environment's verdict on every action)
-    or `"prm:DIR"` (a PRM's score of every action), a process reward with the goal's advantage
-    added at `goal_weight`. The policy, optimiser and `rl_log.jsonl` go to `out`; a call on the
+    `reward` is `"goal"` (outcome-only), `"oracle"` (the environment's verdict on every action),
+    `"prm:DIR"` (a PRM's score of every action), a process reward with the goal's advantage
+    added at `goal_weight` and credited by `credit` (`"min_so_far"`, `"own"`, `"progress"`,
+    `"return_to_go"`), or `"prime"` (the goal plus an implicit PRM learning online from it). The policy, optimiser and `rl_log.jsonl` go to `out`; a call on the
     same `out` resumes. Trains on the CPU. Returns each update's log."""
 
 def train_prm(

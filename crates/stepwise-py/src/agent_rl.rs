@@ -15,9 +15,12 @@ use stepwise_rl::{run_agent_rl, AgentReward, AgentRlJob};
 /// speaks per action or per episode, and GRPO with PPO-clip steps and a KL penalty to the start
 /// follows; the loss learns the policy's actions, never the observations. `reward` is `"goal"`
 /// (outcome-only), `"oracle"` (the environment's verdict on every action: rooms, or a Python
-/// environment with `judge`) or `"prm:DIR"` (a PRM's score of every action); a process reward
-/// has the goal's advantage added at `goal_weight`, credited by `credit` (`"min_so_far"`: the
-/// weakest reward so far, or `"return_to_go"`). `silent=True` plays the rooms world that keeps
+/// environment with `judge`), `"prm:DIR"` (a PRM's score of every action) or `"prime"` (the
+/// goal plus an implicit PRM's token rewards on the actions, the PRM learning online from the
+/// goal: `prime_beta`, `prime_lr`, `prime_filter`); a process reward has the goal's advantage
+/// added at `goal_weight`, credited by `credit` (`"min_so_far"`: the weakest reward so far;
+/// `"own"`: the action's own reward; `"progress"`: its reward minus the one before;
+/// `"return_to_go"`). `silent=True` plays the rooms world that keeps
 /// the goal to itself (the lab's). The policy, its optimiser and `rl_log.jsonl` are written to
 /// `out` every `checkpoint_every` updates and at the end, and a call on the same `out` resumes.
 /// Trains on the CPU. Returns each update's log (`reward`, `accuracy`: the share of episodes that
@@ -26,7 +29,7 @@ use stepwise_rl::{run_agent_rl, AgentReward, AgentRlJob};
 ///
 /// >>> log = stepwise.agent_rl("policy/", stepwise.rooms(64, seed=1), "agent-rl/", reward="oracle", updates=16)
 #[pyfunction]
-#[pyo3(signature = (policy, problems, out, reward="goal", env=None, goal_weight=1.0, updates=16, worlds=4, group_size=8, epochs=1, minibatch_size=32, lr=1e-5, kl=0.04, clip=0.2, credit="min_so_far", temperature=1.0, max_tokens=24, max_actions=30, silent=false, separator="\n", layout="auto", eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, step_timeout=60.0, progress=None))]
+#[pyo3(signature = (policy, problems, out, reward="goal", env=None, goal_weight=1.0, updates=16, worlds=4, group_size=8, epochs=1, minibatch_size=32, lr=1e-5, kl=0.04, clip=0.2, credit="min_so_far", temperature=1.0, max_tokens=24, max_actions=30, silent=false, separator="\n", layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, step_timeout=60.0, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn agent_rl<'py>(
     py: Python<'py>,
@@ -51,6 +54,9 @@ pub fn agent_rl<'py>(
     silent: bool,
     separator: &str,
     layout: &str,
+    prime_beta: f32,
+    prime_lr: Option<f64>,
+    prime_filter: (f32, f32),
     eval_problems: Option<&Bound<'py, PyAny>>,
     eval_every: usize,
     eval_samples: usize,
@@ -60,16 +66,20 @@ pub fn agent_rl<'py>(
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let reward = AgentReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
+    let prime = crate::rl::prime_config(reward == AgentReward::Prime, (prime_beta, prime_lr, prime_filter), lr)?;
     let problems = problems_arg(problems)?;
     let heldout = eval_problems.map(problems_arg).transpose()?;
     let (env, judged) = environment(env, max_actions, silent, step_timeout)?;
-    let cfg = crate::rl::grpo_config(
-        (updates, worlds, group_size),
-        (epochs, minibatch_size, lr, kl, clip),
-        credit,
-        (temperature, max_tokens),
-        (seed, checkpoint_every),
-    )?
+    let cfg = stepwise_rl::RlConfig {
+        prime,
+        ..crate::rl::grpo_config(
+            (updates, worlds, group_size),
+            (epochs, minibatch_size, lr, kl, clip),
+            credit,
+            (temperature, max_tokens),
+            (seed, checkpoint_every),
+        )?
+    }
     .one_step_per_update();
     let progress = Progress::start(py, progress, "updates", updates)?;
     let log = without_gil(py, || {

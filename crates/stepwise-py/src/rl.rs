@@ -60,22 +60,11 @@ pub fn rl<'py>(
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let reward = RlReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
-    let (low, high) = prime_filter;
-    if !(0.0..=1.0).contains(&low) || !(low..=1.0).contains(&high) {
-        return Err(value_error(format!(
-            "prime_filter=({low}, {high}): need 0 <= low <= high <= 1"
-        )));
-    }
+    let prime = prime_config(reward == RlReward::Prime, (prime_beta, prime_lr, prime_filter), lr)?;
     let placement = crate::convert::placement_arg(device)?;
     let problems = problems_arg(problems)?;
     stepwise_rl::job::check_gold(&problems).map_err(|e| value_error(e.to_string()))?;
     let heldout = eval_problems.map(problems_arg).transpose()?;
-    let prime = (reward == RlReward::Prime).then(|| PrimeConfig {
-        beta: prime_beta,
-        lr: prime_lr.unwrap_or(lr),
-        accuracy_bounds: prime_filter,
-        ..Default::default()
-    });
     let cfg = RlConfig {
         grad_accum,
         prime,
@@ -111,6 +100,27 @@ pub fn rl<'py>(
     });
     progress.finish();
     to_py(py, &log?)
+}
+
+/// PRIME's settings where the reward is `prime`, from Python's `(prime_beta, prime_lr,
+/// prime_filter)` (the policy's `lr` unless `prime_lr` says); the filter's range checked.
+pub(crate) fn prime_config(
+    is_prime: bool,
+    (beta, prime_lr, filter): (f32, Option<f64>, (f32, f32)),
+    lr: f64,
+) -> PyResult<Option<PrimeConfig>> {
+    let (low, high) = filter;
+    if !(0.0..=1.0).contains(&low) || !(low..=1.0).contains(&high) {
+        return Err(value_error(format!(
+            "prime_filter=({low}, {high}): need 0 <= low <= high <= 1"
+        )));
+    }
+    Ok(is_prime.then(|| PrimeConfig {
+        beta,
+        lr: prime_lr.unwrap_or(lr),
+        accuracy_bounds: filter,
+        ..Default::default()
+    }))
 }
 
 /// The settings `rl` and `agent_rl` share, from their keyword arguments: `(updates, prompts,

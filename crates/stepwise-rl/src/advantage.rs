@@ -17,17 +17,31 @@ pub enum Credit {
     /// over the group (PURE's min-form credit). A bad step and everything after it share the
     /// blame; nothing later can make up for it.
     MinSoFar,
+    /// Each step by its own reward, normalised over the group's steps: no sum and no minimum,
+    /// so a good step after a bad one still counts. For rewards that judge a step by itself (an
+    /// oracle's verdict on an action).
+    Own,
+    /// Each step by the change it made: its reward minus the one before it (the first step's
+    /// minus the group's mean first reward, the start state's value as the group sees it),
+    /// normalised over the group's steps. For a PRM that scores the state each step leads to
+    /// (a value), this is the step's progress `V(s') − V(s)` (Xi et al.'s advantage with γ = 1,
+    /// potential-based shaping): reaching a high-valued state is worth nothing in itself, only
+    /// moving up is.
+    Progress,
 }
 
 impl std::str::FromStr for Credit {
     type Err = anyhow::Error;
 
-    /// `return-to-go` or `min-so-far` (`_` for `-` too, as Python spells them).
+    /// `return-to-go`, `min-so-far`, `own` or `progress` (`_` for `-` too, as Python spells
+    /// them).
     fn from_str(s: &str) -> anyhow::Result<Self> {
         match s.replace('_', "-").as_str() {
             "return-to-go" => Ok(Credit::ReturnToGo),
             "min-so-far" => Ok(Credit::MinSoFar),
-            _ => anyhow::bail!("unknown credit `{s}`: use return-to-go or min-so-far"),
+            "own" => Ok(Credit::Own),
+            "progress" => Ok(Credit::Progress),
+            _ => anyhow::bail!("unknown credit `{s}`: use return-to-go, min-so-far, own or progress"),
         }
     }
 }
@@ -63,20 +77,7 @@ pub fn step_advantages(rewards: &[Vec<f32>], steps: &[usize], kind: RewardKind, 
                 .collect()
         }
         RewardKind::Process => {
-            let values: Vec<Vec<f32>> = match credit {
-                Credit::ReturnToGo => rewards.to_vec(),
-                Credit::MinSoFar => rewards
-                    .iter()
-                    .map(|r| {
-                        r.iter()
-                            .scan(f32::INFINITY, |m, &x| {
-                                *m = m.min(x);
-                                Some(*m)
-                            })
-                            .collect()
-                    })
-                    .collect(),
-            };
+            let values = step_values(rewards, credit);
             let flat: Vec<f32> = values.iter().flatten().copied().collect();
             let mut normed = normalise(&flat).into_iter();
             values
@@ -84,9 +85,38 @@ pub fn step_advantages(rewards: &[Vec<f32>], steps: &[usize], kind: RewardKind, 
                 .map(|v| {
                     let mine: Vec<f32> = normed.by_ref().take(v.len()).collect();
                     match credit {
-                        Credit::MinSoFar => mine,
                         Credit::ReturnToGo => returns_to_go(&mine),
+                        Credit::MinSoFar | Credit::Own | Credit::Progress => mine,
                     }
+                })
+                .collect()
+        }
+    }
+}
+
+/// What each step is valued at before the group's normalisation, as `credit` says.
+fn step_values(rewards: &[Vec<f32>], credit: Credit) -> Vec<Vec<f32>> {
+    match credit {
+        Credit::ReturnToGo | Credit::Own => rewards.to_vec(),
+        Credit::MinSoFar => rewards
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .scan(f32::INFINITY, |m, &x| {
+                        *m = m.min(x);
+                        Some(*m)
+                    })
+                    .collect()
+            })
+            .collect(),
+        Credit::Progress => {
+            let firsts: Vec<f32> = rewards.iter().filter_map(|r| r.first().copied()).collect();
+            let start = firsts.iter().sum::<f32>() / firsts.len().max(1) as f32;
+            rewards
+                .iter()
+                .map(|r| {
+                    let before = std::iter::once(start).chain(r.iter().copied());
+                    r.iter().zip(before).map(|(x, b)| x - b).collect()
                 })
                 .collect()
         }
@@ -140,6 +170,45 @@ mod tests {
         let std = ((0.25f32 + 0.09 + 0.09 + 0.01) / 4.0).sqrt();
         let z = |x: f32| (x - 0.4) / std;
         close(&a, &[vec![z(0.9), z(0.1), z(0.1)], vec![z(0.5)]]);
+    }
+
+    #[test]
+    fn own_credit_values_a_good_step_after_a_bad_one() {
+        // Oracle verdicts 0, 1 | 1, 0.5: mean 0.625, std sqrt(0.671875)/2 ≈ 0.4146.
+        let r = vec![vec![0.0, 1.0], vec![1.0, 0.5]];
+        let a = step_advantages(&r, &[2, 2], RewardKind::Process, Credit::Own);
+        let std = ((0.390625f32 + 0.140625 + 0.140625 + 0.015625) / 4.0).sqrt();
+        let z = |x: f32| (x - 0.625) / std;
+        close(&a, &[vec![z(0.0), z(1.0)], vec![z(1.0), z(0.5)]]);
+        assert!(a[0][1] > 0.0, "the progress after the invalid action is pushed up");
+    }
+
+    #[test]
+    fn progress_credit_is_the_change_in_value() {
+        // Values 0.2, 0.6, 0.6 | 0.4, 0.1: the start is the mean first value 0.3, so the changes
+        // are -0.1, 0.4, 0.0 | 0.1, -0.3 (mean 0.02, std 0.2315).
+        let r = vec![vec![0.2, 0.6, 0.6], vec![0.4, 0.1]];
+        let a = step_advantages(&r, &[3, 2], RewardKind::Process, Credit::Progress);
+        let d = [-0.1f32, 0.4, 0.0, 0.1, -0.3];
+        let std = (d.iter().map(|x| (x - 0.02).powi(2)).sum::<f32>() / 5.0).sqrt();
+        let z = |x: f32| (x - 0.02) / std;
+        close(&a, &[vec![z(-0.1), z(0.4), z(0.0)], vec![z(0.1), z(-0.3)]]);
+        assert!(
+            a[0][2] < a[0][1],
+            "staying in a good state is worth less than reaching it"
+        );
+        for (name, c) in [
+            ("own", Credit::Own),
+            ("progress", Credit::Progress),
+            ("min_so_far", Credit::MinSoFar),
+        ] {
+            assert_eq!(name.parse::<Credit>().unwrap(), c);
+        }
+        assert!("sum"
+            .parse::<Credit>()
+            .unwrap_err()
+            .to_string()
+            .contains("own or progress"));
     }
 
     #[test]

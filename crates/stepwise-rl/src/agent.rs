@@ -10,6 +10,7 @@
 
 use crate::advantage::step_advantages;
 use crate::learner::Learner;
+use crate::prime::{ImplicitPrm, OnlinePrm};
 use crate::rollout::Sequence;
 use crate::trainer::{Heldout, RlConfig, UpdateLog};
 use crate::updates::{mean_rewards, rng_seed, run_updates, Core, Sampler, Samples};
@@ -58,11 +59,16 @@ pub struct AgentRlRun<'a> {
     /// Worlds the policy's success is measured in during training
     /// ([`UpdateLog::heldout_accuracy`]).
     pub heldout: Option<Heldout<'a>>,
+    /// PRIME's implicit PRM, trained online from the goal; given exactly when
+    /// [`RlConfig::prime`] is set, with the goal as the reward. It scores what the policy wrote
+    /// (each action's tokens), never the observations, and is checkpointed in the run folder's
+    /// `implicit_prm/`.
+    pub implicit_prm: Option<ImplicitPrm<'a>>,
 }
 
 /// Run RL in the environment; `on_update` sees each update's log. Returns the log of every
 /// update (a resumed run's earlier part included). [`UpdateLog::accuracy`] is the share of
-/// the update's episodes that reached the goal; PRIME is not offered here.
+/// the update's episodes that reached the goal.
 pub fn train_agent_rl(
     run: AgentRlRun<'_>,
     cfg: &RlConfig,
@@ -71,9 +77,7 @@ pub fn train_agent_rl(
     if run.problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
         bail!("RL needs worlds, a group of at least 2 episodes per world and at least one world per update");
     }
-    if cfg.prime.is_some() {
-        bail!("PRIME is not offered for agents: its implicit PRM scores single-turn completions");
-    }
+    let prime = OnlinePrm::for_run(cfg.prime, run.implicit_prm, run.reward)?;
     let mut sampler = Episodes {
         tokenizer: run.tokenizer,
         prompt: run.prompt,
@@ -95,7 +99,7 @@ pub fn train_agent_rl(
         reference: run.reference,
         problems: run.problems,
         out_dir: run.out_dir,
-        prime: None,
+        prime,
     };
     run_updates(core, cfg, &mut sampler, on_update)
 }

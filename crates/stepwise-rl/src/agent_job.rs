@@ -1,6 +1,6 @@
 //! An agent's RL run as `stepwise agent rl` and Python's `stepwise.agent_rl` start it: a policy
 //! checkpoint folder, worlds to play, an environment, a reward named as both front ends name it
-//! (`goal`, `oracle`, `prm:DIR`), an output folder. It loads what [`train_agent_rl`] works on,
+//! (`goal`, `oracle`, `prm:DIR`, `prime`), an output folder. It loads what [`train_agent_rl`] works on,
 //! runs it (resuming from the folder's checkpoint), and leaves the policy, the optimiser and
 //! `rl_log.jsonl` in the folder.
 //!
@@ -13,6 +13,7 @@
 //! multi-turn RL).
 
 use crate::agent::{train_agent_rl, AgentRlRun};
+use crate::job::{implicit_prm, PrimeModel};
 use crate::learner::CandleLearner;
 use crate::trainer::{Heldout, RlConfig, UpdateLog};
 use anyhow::{bail, Context, Result};
@@ -25,6 +26,7 @@ use stepwise_model::scoring::LoadedVerifier;
 use stepwise_model::train::VarMap;
 use stepwise_model::{
     default_device, default_precision, Model, ModelConfig, Placement, Prompt, SamplingParams, Tokenizer,
+    DEFAULT_MAX_BATCH_TOKENS,
 };
 
 /// What an agent's RL run optimises.
@@ -37,16 +39,21 @@ pub enum AgentReward {
     Oracle,
     /// A PRM's score of every action (any verifier folder `stepwise score` reads).
     Prm(PathBuf),
+    /// PRIME: the goal plus an implicit PRM's token rewards on what the policy wrote, the PRM
+    /// starting as the policy and learning online from the goal ([`RlConfig::prime`] holds its
+    /// settings).
+    Prime,
 }
 
 impl AgentReward {
-    /// `goal` (or `outcome`), `oracle` or `prm:DIR`.
+    /// `goal` (or `outcome`), `oracle`, `prm:DIR` or `prime`.
     pub fn parse(s: &str) -> Result<Self> {
         Ok(match s.split_once(':') {
             Some(("prm", dir)) if !dir.is_empty() => AgentReward::Prm(PathBuf::from(dir)),
             None if s == "goal" || s == "outcome" => AgentReward::Goal,
             None if s == "oracle" => AgentReward::Oracle,
-            _ => bail!("reward `{s}`: use goal, oracle or prm:DIR"),
+            None if s == "prime" => AgentReward::Prime,
+            _ => bail!("reward `{s}`: use goal, oracle, prm:DIR or prime"),
         })
     }
 }
@@ -80,6 +87,9 @@ pub struct AgentRlJob<'a> {
 /// (a resumed run's earlier part included), also written to `OUT/rl_log.jsonl`. The policy
 /// trains on the CPU.
 pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
+    if (job.reward == AgentReward::Prime) != cfg.prime.is_some() {
+        bail!("the prime reward and PRIME's settings (RlConfig::prime) go together");
+    }
     let tok = Tokenizer::from_dir(job.policy)?;
     let reference = Model::load_on(job.policy, Placement::Cpu, default_precision())?;
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
@@ -123,6 +133,17 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
     let varmap = VarMap::new();
     let config = ModelConfig::from_dir(job.policy)?;
     let mut policy = Model::load_trainable(job.policy, config, &varmap, &default_device(), cfg.seed)?;
+    let mut implicit = match &cfg.prime {
+        Some(p) => implicit_prm(
+            job.policy,
+            job.out,
+            &job.separator,
+            p.beta,
+            (Placement::Cpu, DEFAULT_MAX_BATCH_TOKENS),
+            cfg.seed,
+        )?,
+        None => PrimeModel::None,
+    };
     let log = train_agent_rl(
         AgentRlRun {
             learner: &mut CandleLearner::new(&mut policy)?,
@@ -139,6 +160,7 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
             watch,
             out_dir: Some(job.out.to_path_buf()),
             heldout: job.heldout,
+            implicit_prm: implicit.as_implicit(),
         },
         cfg,
         on_update,
@@ -171,13 +193,14 @@ mod tests {
         assert_eq!(AgentReward::parse("goal").unwrap(), AgentReward::Goal);
         assert_eq!(AgentReward::parse("outcome").unwrap(), AgentReward::Goal);
         assert_eq!(AgentReward::parse("oracle").unwrap(), AgentReward::Oracle);
+        assert_eq!(AgentReward::parse("prime").unwrap(), AgentReward::Prime);
         assert_eq!(
             AgentReward::parse("prm:runs/prm").unwrap(),
             AgentReward::Prm(PathBuf::from("runs/prm"))
         );
         for bad in ["prm:", "orm:x", "gold", ""] {
             let e = AgentReward::parse(bad).unwrap_err().to_string();
-            assert!(e.contains("goal, oracle or prm:DIR"), "{bad}: {e}");
+            assert!(e.contains("goal, oracle, prm:DIR or prime"), "{bad}: {e}");
         }
     }
 }

@@ -145,7 +145,14 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
     stepwise_model::tokenizer::copy_files(job.policy, job.out)?;
     let mut prm = match &cfg.prime {
-        Some(p) => implicit_prm(&job, p.beta, placement, cfg.seed)?,
+        Some(p) => implicit_prm(
+            job.policy,
+            job.out,
+            &job.separator,
+            p.beta,
+            (placement, job.max_batch_tokens),
+            cfg.seed,
+        )?,
         None => PrimeModel::None,
     };
     let log = train_rl(
@@ -172,25 +179,34 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
 }
 
 /// PRIME's implicit PRM: it starts as the policy, and its folder is a log-ratio verifier against
-/// the starting policy, readable by `stepwise score` once the run has saved its weights.
-fn implicit_prm(job: &RlJob<'_>, beta: f32, placement: Placement, seed: u64) -> Result<PrimeModel> {
-    let dir = OnlinePrm::dir(job.out);
+/// the starting policy (`policy`, whose text steps `separator` joins), readable by `stepwise
+/// score` once the run in `out` has saved its weights. `placement` is where it trains, with the
+/// most tokens of a packed pass there.
+pub(crate) fn implicit_prm(
+    policy: &Path,
+    out: &Path,
+    separator: &str,
+    beta: f32,
+    (placement, max_batch_tokens): (Placement, usize),
+    seed: u64,
+) -> Result<PrimeModel> {
+    let dir = OnlinePrm::dir(out);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    stepwise_model::tokenizer::copy_files(job.policy, &dir)?;
-    let reference = std::fs::canonicalize(job.policy)?;
+    stepwise_model::tokenizer::copy_files(policy, &dir)?;
+    let reference = std::fs::canonicalize(policy)?;
     let log_ratio = LogRatio {
         beta,
         cumulative: false,
         reference_logprob: None,
         last_tokens: None,
     };
-    RewardSpec::log_ratio(Some(reference), &job.separator, log_ratio).save(&dir)?;
+    RewardSpec::log_ratio(Some(reference), separator, log_ratio).save(&dir)?;
     Ok(match placement {
-        Placement::Cuda(ordinal) => PrimeModel::Gpu(on_gpu(job.policy, ordinal, job.max_batch_tokens)?),
+        Placement::Cuda(ordinal) => PrimeModel::Gpu(on_gpu(policy, ordinal, max_batch_tokens)?),
         _ => {
-            let config = ModelConfig::from_dir(job.policy)?;
+            let config = ModelConfig::from_dir(policy)?;
             PrimeModel::Cpu(Box::new(Model::load_trainable(
-                job.policy,
+                policy,
                 config,
                 &VarMap::new(),
                 &default_device(),
@@ -201,7 +217,7 @@ fn implicit_prm(job: &RlJob<'_>, beta: f32, placement: Placement, seed: u64) -> 
 }
 
 /// PRIME's implicit PRM as loaded: a candle model on the CPU, or a learner on a GPU.
-enum PrimeModel {
+pub(crate) enum PrimeModel {
     None,
     Cpu(Box<Model>),
     Gpu(Box<dyn Learner>),
@@ -209,7 +225,7 @@ enum PrimeModel {
 
 impl PrimeModel {
     /// It, as the trainer takes it.
-    fn as_implicit(&mut self) -> Option<ImplicitPrm<'_>> {
+    pub(crate) fn as_implicit(&mut self) -> Option<ImplicitPrm<'_>> {
         match self {
             PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle(model)),
             PrimeModel::Gpu(learner) => Some(ImplicitPrm::Learner(&mut **learner)),

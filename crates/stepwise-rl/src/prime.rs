@@ -29,8 +29,9 @@ use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 use std::path::Path;
+use stepwise_core::seams::{Reward, RewardKind};
 use stepwise_model::checkpoint::{load_training_checkpoint, save_training_checkpoint};
-use stepwise_model::log_ratio::{span_sums, token_logprobs};
+use stepwise_model::log_ratio::token_logprobs;
 use stepwise_model::model::pad_batch;
 use stepwise_model::train::bce_with_logits;
 use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
@@ -139,6 +140,25 @@ impl<'a> OnlinePrm<'a> {
             ImplicitPrm::Learner(learner) => Trainer::Learner(learner),
         };
         Ok(OnlinePrm { trainer, cfg })
+    }
+
+    /// The implicit PRM of a run whose settings are `cfg` (given exactly when it is) and whose
+    /// reward is `reward`, which must be an outcome (the labels it learns from).
+    pub fn for_run(
+        cfg: Option<PrimeConfig>,
+        prm: Option<ImplicitPrm<'a>>,
+        reward: &dyn Reward,
+    ) -> Result<Option<Self>> {
+        match (cfg, prm) {
+            (Some(c), Some(prm)) if reward.kind() == RewardKind::Outcome => Ok(Some(OnlinePrm::new(prm, c)?)),
+            (Some(_), Some(_)) => bail!(
+                "PRIME learns from an outcome reward (the verifier's labels); `{}` is a process reward",
+                reward.name()
+            ),
+            (None, None) => Ok(None),
+            (Some(_), None) => bail!("PRIME is configured but no implicit PRM was given"),
+            (None, Some(_)) => bail!("an implicit PRM was given but PRIME is not configured"),
+        }
     }
 
     /// Where a run folder keeps the implicit PRM (Hugging Face layout, with its optimiser).
@@ -301,7 +321,7 @@ fn candle_score_and_learn(
         let (padded, mask, t) = pad_batch(&ids, &dev)?;
         let logp = token_logprobs(model, &padded, mask.as_ref())?;
         let values: Vec<f32> = logp.to_vec1()?;
-        let (mut spans, mut ref_sums, mut ys) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut rows, mut ref_sums, mut ys) = (Vec::new(), Vec::new(), Vec::new());
         for (b, &i) in chunk.iter().enumerate() {
             let s = &seqs[i];
             reward_tokens(
@@ -314,15 +334,15 @@ fn candle_score_and_learn(
                 seen,
             );
             if learn[i] {
-                spans.push((b, s.learn_from, s.ids.len() - 1));
-                ref_sums.push(s.ref_logprobs[s.learn_from..].iter().sum::<f32>());
+                rows.push((b, s));
+                ref_sums.push(s.learned().map(|p| s.ref_logprobs[p]).sum::<f32>());
                 ys.push(outcomes[i]);
             }
         }
         if ys.is_empty() {
             continue;
         }
-        let own = span_sums(&logp, t, &spans)?;
+        let own = learned_sums(&logp, t, &rows)?;
         let z = ((own - Tensor::new(ref_sums.as_slice(), &dev)?)? * beta as f64)?;
         let loss = bce_with_logits(&z, &Tensor::new(ys.as_slice(), &dev)?)?;
         // The chunk's share of the mean over the completions learned from.
@@ -336,6 +356,20 @@ fn candle_score_and_learn(
     }
     model.set_training(false);
     Ok(grads)
+}
+
+/// Each row's sum of `values` (`[rows · t]`, row `b` at `b · t`) over its sequence's learned
+/// positions, differentiably (one matrix product).
+fn learned_sums(values: &Tensor, t: usize, rows: &[(usize, &Sequence)]) -> Result<Tensor> {
+    let n = values.dim(0)?;
+    let mut select = vec![0f32; rows.len() * n];
+    for (k, &(b, s)) in rows.iter().enumerate() {
+        for p in s.learned() {
+            select[k * n + b * t + p] = 1.0;
+        }
+    }
+    let select = Tensor::from_vec(select, (rows.len(), n), values.device())?;
+    Ok(select.matmul(&values.unsqueeze(1)?)?.squeeze(1)?)
 }
 
 /// The [`Learner`] path of [`OnlinePrm::score_and_learn`]: each minibatch's log-probabilities
@@ -379,7 +413,7 @@ fn learner_score_and_learn(
                     let z = sum;
                     value += (z.max(0.0) - z * outcomes[i] + (-z.abs()).exp().ln_1p()) / learned as f32;
                     let d = beta * (1.0 / (1.0 + (-z).exp()) - outcomes[i]) / learned as f32;
-                    derivative[span.clone()].iter_mut().for_each(|c| *c = d);
+                    s.learned().for_each(|p| derivative[span.start + p - s.learn_from] = d);
                 }
                 at = span.end;
             }
@@ -390,10 +424,10 @@ fn learner_score_and_learn(
     Ok(())
 }
 
-/// The implicit rewards of `s`'s completion tokens, `β · (log π_φ − log π_ref)` from each
-/// position's log-probability `logp(p)`, written into `rewards` and counted in `seen` (with
-/// whether their sum predicts `outcome`, for a completion `learned` from); returns their sum,
-/// the completion's log-odds of being correct.
+/// The implicit rewards of `s`'s learned tokens (its completion but the observations it read),
+/// `β · (log π_φ − log π_ref)` from each position's log-probability `logp(p)`, written into
+/// `rewards` (0 elsewhere) and counted in `seen` (with whether their sum predicts `outcome`, for
+/// a completion `learned` from); returns their sum, the completion's log-odds of being correct.
 fn reward_tokens(
     s: &Sequence,
     beta: f32,
@@ -404,16 +438,11 @@ fn reward_tokens(
     seen: &mut Seen,
 ) -> f32 {
     let mut sum = 0.0;
-    let completion = s.learn_from..s.ids.len();
-    for ((p, reward), reference) in completion
-        .clone()
-        .zip(&mut rewards[completion.clone()])
-        .zip(&s.ref_logprobs[completion])
-    {
-        *reward = beta * (logp(p) - reference);
-        sum += *reward;
+    for p in s.learned() {
+        rewards[p] = beta * (logp(p) - s.ref_logprobs[p]);
+        sum += rewards[p];
+        seen.tokens += 1;
     }
-    seen.tokens += s.ids.len() - s.learn_from;
     seen.reward += sum as f64;
     if learned {
         seen.right += usize::from((sum > 0.0) == (outcome > 0.5));
@@ -442,7 +471,10 @@ impl PrimeConfig {
 ///   added; a token's advantage is the sum from it to the end of its completion (γ = 1);
 /// - whitened (mean 0, standard deviation 1) over every completion token of the update.
 ///
-/// Prompt tokens get 0. A group of one completion has no baseline and gets 0.
+/// Only the tokens the loss learns count ([`Sequence::learned`]: in an agent's trajectory, its
+/// actions, not the observations between them): the means, the outcome's place (the last
+/// learned token), the returns and the whitening are over them; the rest get 0, as prompt tokens
+/// do. A group of one completion has no baseline and gets 0.
 pub fn prime_advantages(
     seqs: &[Sequence],
     token_rewards: &[Vec<f32>],
@@ -450,34 +482,37 @@ pub fn prime_advantages(
     groups: &[Range<usize>],
     cfg: &PrimeConfig,
 ) -> Vec<Vec<f32>> {
-    let completion = |i: usize| seqs[i].learn_from..seqs[i].ids.len();
+    let learned = |i: usize| seqs[i].learned().collect::<Vec<usize>>();
     let mut out: Vec<Vec<f32>> = seqs.iter().map(|s| vec![0.0; s.ids.len()]).collect();
     for g in groups.iter().filter(|g| g.len() >= 2) {
         let n = g.len() as f32;
         let mean_reward = |i: usize| {
-            let r = &token_rewards[i][completion(i)];
-            r.iter().sum::<f32>() / r.len().max(1) as f32
+            let ps = learned(i);
+            ps.iter().map(|&p| token_rewards[i][p]).sum::<f32>() / ps.len().max(1) as f32
         };
         let process_sum: f32 = g.clone().map(mean_reward).sum();
         let outcome_sum: f32 = outcomes[g.clone()].iter().sum();
         for i in g.clone() {
-            let span = completion(i);
-            for p in span.clone() {
+            let ps = learned(i);
+            for &p in &ps {
                 out[i][p] = cfg.process_coef * (token_rewards[i][p] * n - process_sum) / (n - 1.0);
             }
-            if let Some(last) = span.clone().last() {
+            if let Some(&last) = ps.last() {
                 out[i][last] += cfg.outcome_coef * (outcomes[i] * n - outcome_sum) / (n - 1.0);
             }
             // The return: each token's reward plus every later one's.
             let mut acc = 0.0;
-            for p in span.rev() {
+            for &p in ps.iter().rev() {
                 acc += out[i][p];
                 out[i][p] = acc;
             }
         }
     }
-    // Whiten over the completion tokens.
-    let all: Vec<f32> = (0..seqs.len()).flat_map(|i| out[i][completion(i)].to_vec()).collect();
+    // Whiten over the learned tokens.
+    let all: Vec<f32> = (0..seqs.len())
+        .flat_map(|i| learned(i).into_iter().map(move |p| (i, p)))
+        .map(|(i, p)| out[i][p])
+        .collect();
     if all.is_empty() {
         return out;
     }
@@ -485,7 +520,7 @@ pub fn prime_advantages(
     let var = all.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / all.len() as f32;
     let scale = 1.0 / (var + 1e-8).sqrt();
     for (i, a) in out.iter_mut().enumerate() {
-        for p in completion(i) {
+        for p in seqs[i].learned() {
             a[p] = (a[p] - mean) * scale;
         }
     }
@@ -538,6 +573,26 @@ mod tests {
         let got = [a[0][2], a[0][3], a[1][2], a[1][3]];
         for (g, r) in got.iter().zip(raw) {
             assert!((g - (r - m) / s).abs() < 1e-5, "{got:?}");
+        }
+        // An agent's trajectory: the observation (positions 3..5) is read, not written: it gets
+        // no advantage, the outcome sits on the last action token, and the whitening leaves
+        // it out — the same as the trajectory without the observation.
+        let with_obs = |skip: bool| Sequence {
+            ids: vec![1; if skip { 7 } else { 5 }],
+            learn_from: 1,
+            skip: if skip { vec![(3, 5)] } else { Vec::new() },
+            ..Default::default()
+        };
+        let cfg = PrimeConfig::default();
+        let (a, b) = (with_obs(true), with_obs(false));
+        let r_a = vec![vec![0.0, 0.1, 0.2, 9.0, 9.0, 0.3, 0.4], vec![0.0; 7]];
+        let r_b = vec![vec![0.0, 0.1, 0.2, 0.3, 0.4], vec![0.0; 5]];
+        let got = prime_advantages(&[a.clone(), a.clone()], &r_a, &[1.0, 0.0], &[0..2], &cfg);
+        let want = prime_advantages(&[b.clone(), b], &r_b, &[1.0, 0.0], &[0..2], &cfg);
+        assert_eq!(&got[0][3..5], &[0.0, 0.0], "observations get nothing");
+        for k in 0..2 {
+            let learned: Vec<f32> = a.learned().map(|p| got[k][p]).collect();
+            assert_eq!(learned, want[k][1..].to_vec());
         }
         // A lone completion has no baseline.
         let a = prime_advantages(&[seq(1, 2)], &[vec![0.0, 3.0, 3.0]], &[1.0], &[0..1], &cfg);

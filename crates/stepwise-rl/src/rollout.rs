@@ -26,6 +26,11 @@ impl Sequence {
     pub fn learns(&self, i: usize) -> bool {
         i >= self.learn_from && i < self.ids.len() && !self.skip.iter().any(|&(a, b)| (a..b).contains(&i))
     }
+
+    /// The positions the loss covers, in order ([`Sequence::learns`]).
+    pub fn learned(&self) -> impl Iterator<Item = usize> + '_ {
+        (self.learn_from..self.ids.len()).filter(|&i| self.learns(i))
+    }
 }
 
 /// Each completion token's advantage, given which tokens are separators (their text holds the

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use stepwise_core::seams::{Continuation, Policy, Reward, RewardKind, Task, Until};
+use stepwise_core::seams::{Continuation, Policy, Reward, Task, Until};
 use stepwise_core::{Problem, Solution, Step};
 use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 
@@ -213,16 +213,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog
     if problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
         bail!("RL needs problems, a group of at least 2 samples per prompt and at least one prompt per update");
     }
-    let prime = match (cfg.prime, implicit_prm) {
-        (Some(c), Some(prm)) if reward.kind() == RewardKind::Outcome => Some(OnlinePrm::new(prm, c)?),
-        (Some(_), Some(_)) => bail!(
-            "PRIME learns from an outcome reward (the verifier's labels); `{}` is a process reward",
-            reward.name()
-        ),
-        (None, None) => None,
-        (Some(_), None) => bail!("PRIME is configured but no implicit PRM was given"),
-        (None, Some(_)) => bail!("an implicit PRM was given but PRIME is not configured"),
-    };
+    let prime = OnlinePrm::for_run(cfg.prime, implicit_prm, reward)?;
     let mut sampler = SingleTurn {
         tokenizer,
         prompt,

@@ -12,7 +12,7 @@ use stepwise_core::seams::{ActionKind, Environment, Episode, Observation, Reward
 use stepwise_core::Problem;
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, Prompt, SamplingParams, Tokenizer};
-use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, RlConfig, UpdateLog};
+use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, ImplicitPrm, PrimeConfig, RlConfig, UpdateLog};
 
 const WORDS: [&str; 9] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b", "o", "Observation:"];
 
@@ -60,6 +60,35 @@ impl Episode for TwiceEpisode {
     }
 }
 
+/// The goal: any action with an `a` in it (a fresh policy's luck now and then).
+struct Once;
+
+#[derive(Clone)]
+struct OnceEpisode;
+
+impl Environment for Once {
+    fn reset(&self, _: &Problem) -> Result<(Box<dyn Episode>, String)> {
+        Ok((Box::new(OnceEpisode), "o".into()))
+    }
+    fn max_actions(&self) -> usize {
+        2
+    }
+}
+
+impl Episode for OnceEpisode {
+    fn step(&mut self, action: &str) -> Result<Observation> {
+        let won = action.split_whitespace().any(|w| w == "a");
+        Ok(Observation {
+            text: "o".into(),
+            done: won,
+            success: won,
+        })
+    }
+    fn fork(&self) -> Result<Box<dyn Episode>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
 fn worlds() -> Vec<Problem> {
     (0..2)
         .map(|k| Problem {
@@ -87,8 +116,19 @@ fn config(updates: usize) -> RlConfig {
 }
 
 /// Train from fresh weights against `reward` into `dir` (when given), `on_update` seeing
-/// each update.
+/// each update; with PRIME's implicit PRM where `cfg` sets PRIME.
 fn train(reward: &dyn Reward, cfg: &RlConfig, dir: Option<PathBuf>, on_update: &dyn Fn(usize)) -> Vec<UpdateLog> {
+    try_train(&Twice, reward, cfg, dir, on_update).unwrap()
+}
+
+fn try_train(
+    env: &dyn Environment,
+    reward: &dyn Reward,
+    cfg: &RlConfig,
+    dir: Option<PathBuf>,
+    on_update: &dyn Fn(usize),
+) -> Result<Vec<UpdateLog>> {
+    let (mut implicit, _) = fresh(3);
     let tok = tokenizer();
     let (reference, _) = fresh(3);
     let (mut model, _) = fresh(3);
@@ -106,15 +146,16 @@ fn train(reward: &dyn Reward, cfg: &RlConfig, dir: Option<PathBuf>, on_update: &
             ..Default::default()
         },
         end: "<eos>".into(),
-        env: &Twice,
+        env,
         problems: &problems,
         reward,
         goal_weight: 0.0,
         watch: vec![&GoalReward],
         out_dir: dir,
         heldout: None,
+        implicit_prm: cfg.prime.map(|_| ImplicitPrm::Candle(&mut implicit)),
     };
-    train_agent_rl(run, cfg, |l| on_update(l.update)).unwrap()
+    train_agent_rl(run, cfg, |l| on_update(l.update))
 }
 
 #[test]
@@ -139,4 +180,42 @@ fn an_agent_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
     let cfg = config(4);
     let run = |dir: &PathBuf, on_update: &dyn Fn(usize)| train(&GoalReward, &cfg, Some(dir.clone()), on_update);
     assert_killed_run_resumes("agent", false, &run);
+}
+
+/// PRIME in an environment: the implicit PRM learns from the goal each update (its loss on new
+/// episodes falls) and the policy reaches the goal more often.
+#[test]
+fn prime_learns_from_the_goal_and_the_policy_reaches_it_more() {
+    let cfg = RlConfig {
+        prime: Some(PrimeConfig {
+            lr: 1e-2,
+            beta: 0.5,
+            ..Default::default()
+        }),
+        ..config(30)
+    };
+    let log = try_train(&Once, &GoalReward, &cfg, None, &|_| {}).unwrap();
+    let mean = |xs: &[UpdateLog]| xs.iter().map(|l| l.accuracy).sum::<f64>() / xs.len() as f64;
+    let (first, last) = (mean(&log[..5]), mean(&log[25..]));
+    assert!(last > first + 0.2, "success {first:.3} → {last:.3}");
+    let learned: Vec<_> = log.iter().filter_map(|l| l.implicit_prm).collect();
+    assert_eq!(learned.len(), log.len(), "the implicit PRM logs every update");
+    // Its outcome loss, on each update's episodes before it learns from them, falls.
+    let loss = |ps: &[stepwise_rl::PrimeLog]| {
+        let kept: Vec<f64> = ps.iter().filter(|p| p.kept_groups > 0.0).map(|p| p.loss).collect();
+        kept.iter().sum::<f64>() / kept.len().max(1) as f64
+    };
+    let (early, late) = (loss(&learned[..5]), loss(&learned[10..]));
+    assert!(late < early - 0.1, "implicit PRM loss {early:.3} → {late:.3}");
+    // A process reward is refused: PRIME learns from the goal.
+    let env = Twice;
+    let games = Games::new(&env, worlds());
+    let oracle = Oracle(&games);
+    let reward = LabelReward {
+        name: "oracle".into(),
+        annotator: &oracle,
+        neutral: 0.5,
+    };
+    let e = try_train(&Twice, &reward, &cfg, None, &|_| {}).unwrap_err().to_string();
+    assert!(e.contains("PRIME learns from an outcome reward"), "{e}");
 }

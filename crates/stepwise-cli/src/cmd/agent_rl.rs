@@ -18,8 +18,13 @@ stopped. Rewards:
   oracle      the world's verdict on every action (progress 1, useless 0.5, regress/invalid/ruin 0): the
               ceiling a PRM can reach
   prm:DIR     a PRM's score of every action (any verifier folder `stepwise score` reads)
+  prime       PRIME: the goal, plus token rewards β·log π_φ/π_ref on what the policy wrote from an implicit
+              PRM that starts as the policy and learns online from the goal (--prime-beta, --prime-lr,
+              --prime-filter; kept in OUT/implicit_prm). Observations are neither scored nor learned.
 A process reward (oracle, prm) has the goal's advantage added to every action at --goal-weight (0: the process \
-reward alone); --credit min-so-far values an action by the weakest reward up to it (return-to-go sums the rest). \
+reward alone). --credit says how an action is valued before the group's normalisation: min-so-far (the weakest \
+reward up to it), own (its own reward: an oracle's verdict), progress (its reward minus the one before: a PRM \
+that values states, the change it made), return-to-go (the sum of the rest). \
 The update's log keeps the oracle's mean verdict beside the reward (is the policy pleasing the PRM or making \
 progress?). Trajectories are laid out as the policy is trained on them: the task and first observation, then each \
 `action` + `Observation: ...`, joined by --separator, every piece tokenised on its own: play the trained policy in \
@@ -39,7 +44,7 @@ pub struct Args {
     /// reference).
     #[arg(long, value_parser = super::model_dir)]
     policy: PathBuf,
-    /// `goal`, `oracle` or `prm:DIR`.
+    /// `goal`, `oracle`, `prm:DIR` or `prime`.
     #[arg(long, default_value = "goal")]
     reward: String,
     /// Weight of the goal's advantage added to a process reward's (oracle, prm).
@@ -60,7 +65,7 @@ pub struct Args {
     /// Episodes per world (the group).
     #[arg(long, default_value_t = 8)]
     group_size: usize,
-    /// Per-action credit of process rewards: min-so-far or return-to-go.
+    /// Per-action credit of process rewards: min-so-far, own, progress or return-to-go.
     #[arg(long, default_value = "min-so-far")]
     credit: String,
     /// Most new tokens per action.
@@ -79,6 +84,9 @@ pub struct Args {
     /// Layout of a prm:DIR reward's verifier (as `stepwise score --layout`).
     #[arg(long, default_value = "auto")]
     layout: String,
+    /// PRIME's implicit PRM, with `--reward prime`.
+    #[command(flatten)]
+    prime: super::rl::PrimeArgs,
     /// Held-out worlds measured during training.
     #[command(flatten)]
     eval: super::rl::HeldoutArgs,
@@ -133,7 +141,9 @@ pub fn run(a: Args) -> Result<()> {
 
 /// The run's settings: an update's trajectories make one optimiser step.
 fn config(a: &Args, credit: Credit) -> RlConfig {
-    a.optim
-        .config(a.updates, a.worlds, a.group_size, credit, a.max_tokens)
-        .one_step_per_update()
+    RlConfig {
+        prime: a.prime.config(&a.reward, a.optim.lr),
+        ..a.optim.config(a.updates, a.worlds, a.group_size, credit, a.max_tokens)
+    }
+    .one_step_per_update()
 }

@@ -17,7 +17,8 @@ use stepwise_rl::{run_rl, Credit, PrimeConfig, RlConfig, RlJob, RlReward};
   orm:DIR     an outcome model's score of the whole solution (any verifier folder `stepwise score` reads)
   prm:DIR     a PRM's score of every step: each step's tokens get that step's advantage (--credit:
               return-to-go = DeepSeekMath's sum of the normalised rewards of the step and every later
-              one; min-so-far = the weakest step so far)
+              one; min-so-far = the weakest step so far; own = the step's own reward; progress =
+              its reward minus the step's before)
   prime       PRIME: the outcome, plus dense token rewards β·log π_φ/π_ref from an implicit PRM that
               starts as the policy and learns online from the samples' outcomes (no step labels;
               --prime-beta, --prime-lr, --prime-filter). Advantages: RLOO on both streams, returns,
@@ -66,7 +67,7 @@ pub struct Args {
     /// Micro-batches per optimiser step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
     pub grad_accum: usize,
-    /// Per-step credit of process rewards: return-to-go or min-so-far.
+    /// Per-step credit of process rewards: return-to-go, min-so-far, own or progress.
     #[arg(long, default_value = "return-to-go")]
     pub credit: String,
     /// Most new tokens per solution.
@@ -78,15 +79,9 @@ pub struct Args {
     /// Wrap the question in the tokenizer's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// PRIME: β of the implicit PRM's token rewards.
-    #[arg(long, default_value_t = 0.05)]
-    pub prime_beta: f32,
-    /// PRIME: the implicit PRM's learning rate (default: --lr).
-    #[arg(long)]
-    pub prime_lr: Option<f64>,
-    /// PRIME: learn only from groups whose share of correct samples lies in LOW,HIGH.
-    #[arg(long, default_value = "0.2,0.8", value_parser = accuracy_bounds)]
-    pub prime_filter: (f32, f32),
+    /// PRIME's implicit PRM, with `--reward prime`.
+    #[command(flatten)]
+    pub prime: PrimeArgs,
     /// Layout of a PRM or ORM reward's verifier (as `stepwise score --layout`).
     #[arg(long, default_value = "auto")]
     pub layout: String,
@@ -111,7 +106,7 @@ pub fn run(a: Args) -> Result<()> {
     let problems = stepwise_core::io::read_problems(&a.problems)?;
     stepwise_rl::job::check_gold(&problems).with_context(|| a.problems.display().to_string())?;
     let heldout = a.eval.read(|p| Ok(stepwise_core::io::read_problems(p)?))?;
-    let cfg = rl_config(&a, credit, prime_config(&a));
+    let cfg = rl_config(&a, credit, a.prime.config(&a.reward, a.optim.lr));
     let bar = crate::progress::bar(Some(a.updates as u64), "RL");
     let log = run_rl(
         RlJob {
@@ -144,14 +139,31 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// PRIME's settings, with `--reward prime`.
-fn prime_config(a: &Args) -> Option<PrimeConfig> {
-    (a.reward == "prime").then(|| PrimeConfig {
-        beta: a.prime_beta,
-        lr: a.prime_lr.unwrap_or(a.optim.lr),
-        accuracy_bounds: a.prime_filter,
-        ..Default::default()
-    })
+/// PRIME's implicit PRM: what `rl` and `agent rl` share.
+#[derive(clap::Args)]
+pub struct PrimeArgs {
+    /// PRIME: β of the implicit PRM's token rewards.
+    #[arg(long, default_value_t = 0.05)]
+    pub prime_beta: f32,
+    /// PRIME: the implicit PRM's learning rate (default: --lr).
+    #[arg(long)]
+    pub prime_lr: Option<f64>,
+    /// PRIME: learn only from groups whose share of successes lies in LOW,HIGH.
+    #[arg(long, default_value = "0.2,0.8", value_parser = accuracy_bounds)]
+    pub prime_filter: (f32, f32),
+}
+
+impl PrimeArgs {
+    /// PRIME's settings where `reward` is `prime` (the policy's learning rate `lr` unless
+    /// `--prime-lr` says).
+    pub fn config(&self, reward: &str, lr: f64) -> Option<PrimeConfig> {
+        (reward == "prime").then(|| PrimeConfig {
+            beta: self.prime_beta,
+            lr: self.prime_lr.unwrap_or(lr),
+            accuracy_bounds: self.prime_filter,
+            ..Default::default()
+        })
+    }
 }
 
 /// The run's settings from the command line.

@@ -216,6 +216,7 @@ impl Ctx<'_> {
                 watch: watch.to_vec(),
                 out_dir: Some(dir),
                 heldout: None,
+                implicit_prm: None,
             },
             cfg,
             |l| {
