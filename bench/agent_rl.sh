@@ -6,7 +6,8 @@ set -e
 B=${STEPWISE:-target/release/stepwise}
 RUN=${RUN:-runs/standard-agent-seed1}
 R=${OUT:-/tmp/agent-rl}
-# Each variant is REWARD[@CREDIT] (`stepwise agent rl --reward`, `--credit`; min-so-far when none).
+# Each variant is REWARD[@CREDIT] (`stepwise agent rl --reward`, `--credit`; min-so-far when none;
+# goal and prime take no credit).
 VARIANTS=${VARIANTS:-"goal prm:$RUN/prm_mc oracle"}
 mkdir -p $R
 $B agent games --count 64 --seed 7001 --output $R/train.jsonl
@@ -19,7 +20,7 @@ for v in $VARIANTS; do
   credit=min-so-far
   [ "$reward" != "$v" ] && credit=${v##*@}
   name=$(basename "${reward#*:}")-$credit
-  [ "$reward" = goal ] && name=goal
+  case $reward in goal|prime) name=$reward ;; esac
   /usr/bin/time -f "$name %e s" $B agent rl --policy $RUN/policy --problems $R/train.jsonl \
     --eval-problems $R/eval.jsonl --eval-every 16 --eval-samples 4 --silent --max-actions 20 \
     --separator "|" --max-tokens 12 --temperature 1 --reward $reward --credit $credit --updates 48 --worlds 4 \

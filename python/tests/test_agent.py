@@ -202,11 +202,23 @@ def test_agent_rl_trains_in_a_python_environment_and_resumes(tmp_path, fixtures)
     # Outcome-only RL watches the oracle beside its reward.
     goal = stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), tmp_path / "goal", reward="goal", **settings)
     assert all("oracle" in entry["watched"] for entry in goal)
+    # The oracle's verdicts credited action by action.
+    own = stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), tmp_path / "own", reward="oracle",
+                            credit="own", **settings)
+    assert [entry["update"] for entry in own] == [1, 2]
+    # PRIME: an implicit PRM learns from the goal beside the policy, and is kept in the folder.
+    prime = stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), tmp_path / "prime", reward="prime",
+                              prime_beta=0.1, prime_filter=(0.0, 1.0), **settings)
+    assert all("implicit_prm" in entry for entry in prime), prime
+    assert (tmp_path / "prime" / "implicit_prm" / "model.safetensors").exists()
+    with pytest.raises(ValueError, match="prime_filter"):
+        stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), tmp_path / "p2", reward="prime",
+                          prime_filter=(0.9, 0.1), **settings)
 
 
 def test_agent_rl_refuses_what_it_cannot_do(tmp_path, fixtures):
     policy = fixtures / "qwen2-policy"
-    with pytest.raises(ValueError, match="goal, oracle or prm:DIR"):
+    with pytest.raises(ValueError, match="goal, oracle, prm:DIR or prime"):
         stepwise.agent_rl(policy, counter_problems(), tmp_path / "a", reward="orm:x", env=Counter)
     with pytest.raises(ValueError, match="silent=True"):
         stepwise.agent_rl(policy, counter_problems(), tmp_path / "b", env=Counter, silent=True)

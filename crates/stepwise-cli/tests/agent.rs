@@ -356,7 +356,17 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
     let bad = rl("orm:x", &s("c")).output().unwrap();
     let said = String::from_utf8_lossy(&bad.stderr);
     assert!(
-        !bad.status.success() && said.contains("--reward") && said.contains("goal, oracle or prm:DIR"),
+        !bad.status.success() && said.contains("--reward") && said.contains("goal, oracle, prm:DIR or prime"),
         "{said}"
     );
+
+    // PRIME: an implicit PRM learns from the goal beside the policy, and is kept in the folder.
+    let prime = rl("prime", &s("p")).args(["--prime-filter", "0,1"]).output().unwrap();
+    assert!(prime.status.success(), "{}", String::from_utf8_lossy(&prime.stderr));
+    let logged = lines(&d.join("p/rl_log.jsonl"));
+    assert!(
+        logged.iter().all(|l| l["implicit_prm"]["loss"].is_number()),
+        "{logged:?}"
+    );
+    assert!(d.join("p/implicit_prm/model.safetensors").exists());
 }

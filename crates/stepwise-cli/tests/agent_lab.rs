@@ -101,6 +101,7 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
         "rl_outcome/rl_state.json",
         "rl_prm_mc/eval.jsonl",
         "rl_oracle/eval_oracle.jsonl",
+        "rl_prime/implicit_prm/model.safetensors",
     ] {
         assert!(a.join(f).exists(), "{f} missing");
     }
@@ -131,7 +132,9 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     // against outcome-only RL on success and clean success.
     let variants = m["rl"]["variants"].as_array().unwrap();
     let names: Vec<&str> = variants.iter().map(|v| v["reward"].as_str().unwrap()).collect();
-    assert_eq!(names, ["outcome", "prm_mc", "oracle"]);
+    assert_eq!(names, ["outcome", "prm_mc", "oracle", "prime"]);
+    let credits: Vec<Option<&str>> = variants.iter().map(|v| v["credit"].as_str()).collect();
+    assert_eq!(credits, [None, Some("progress"), Some("own"), None]);
     for v in variants {
         assert_eq!(v["updates"], 2, "{v}");
         assert!(v["sampled_tokens"].as_u64().unwrap() > 0, "{v}");
@@ -140,7 +143,7 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
             "{v}"
         );
     }
-    assert_eq!(m["rl"]["paired"].as_array().unwrap().len(), 4);
+    assert_eq!(m["rl"]["paired"].as_array().unwrap().len(), 6);
     let report = read(a.join("report.md"));
     for section in [
         "## The policy",

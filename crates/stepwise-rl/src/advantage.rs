@@ -46,6 +46,18 @@ impl std::str::FromStr for Credit {
     }
 }
 
+impl Credit {
+    /// Its name as the command line spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Credit::ReturnToGo => "return-to-go",
+            Credit::MinSoFar => "min-so-far",
+            Credit::Own => "own",
+            Credit::Progress => "progress",
+        }
+    }
+}
+
 const EPS: f32 = 1e-6;
 
 /// `(x - mean) / std` over `xs` (population std); all zeros when the values are equal, where the
@@ -203,6 +215,7 @@ mod tests {
             ("min_so_far", Credit::MinSoFar),
         ] {
             assert_eq!(name.parse::<Credit>().unwrap(), c);
+            assert_eq!(c.name().parse::<Credit>().unwrap(), c);
         }
         assert!("sum"
             .parse::<Credit>()

@@ -158,17 +158,21 @@ fn try_train(
     train_agent_rl(run, cfg, |l| on_update(l.update))
 }
 
-#[test]
-fn the_oracles_per_action_reward_rises() {
+/// `f` of the oracle's verdicts on `Twice` as a reward.
+fn with_oracle<R>(f: impl FnOnce(&dyn Reward) -> R) -> R {
     let env = Twice;
     let games = Games::new(&env, worlds());
     let oracle = Oracle(&games);
-    let reward = LabelReward {
+    f(&LabelReward {
         name: "oracle".into(),
         annotator: &oracle,
         neutral: 0.5,
-    };
-    let log = train(&reward, &config(30), None, &|_| {});
+    })
+}
+
+#[test]
+fn the_oracles_per_action_reward_rises() {
+    let log = with_oracle(|reward| train(reward, &config(30), None, &|_| {}));
     let mean = |xs: &[UpdateLog]| xs.iter().map(|l| l.reward).sum::<f64>() / xs.len() as f64;
     let (first, last) = (mean(&log[..5]), mean(&log[25..]));
     assert!(last > first + 0.2, "reward {first:.3} → {last:.3}");
@@ -208,14 +212,8 @@ fn prime_learns_from_the_goal_and_the_policy_reaches_it_more() {
     let (early, late) = (loss(&learned[..5]), loss(&learned[10..]));
     assert!(late < early - 0.1, "implicit PRM loss {early:.3} → {late:.3}");
     // A process reward is refused: PRIME learns from the goal.
-    let env = Twice;
-    let games = Games::new(&env, worlds());
-    let oracle = Oracle(&games);
-    let reward = LabelReward {
-        name: "oracle".into(),
-        annotator: &oracle,
-        neutral: 0.5,
-    };
-    let e = try_train(&Twice, &reward, &cfg, None, &|_| {}).unwrap_err().to_string();
+    let e = with_oracle(|reward| try_train(&Twice, reward, &cfg, None, &|_| {}))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("PRIME learns from an outcome reward"), "{e}");
 }

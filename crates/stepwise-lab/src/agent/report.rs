@@ -259,7 +259,7 @@ fn rl_section(s: &mut String, x: &AgentRlReport, before: &PolicyStats) {
     let (u, w, g) = x.budget;
     let _ = writeln!(
         s,
-        "## RL with per-action rewards\n\nGRPO over the policy's own trajectories in the demonstration worlds, {u} updates of {w} worlds × {g} trajectories for every reward source (the world's observations are read, not learned), then {} trajectories of each held-out world. Before RL the policy reached the goal in {:.1}% ({:.1}% of successes lucky). Clean success: the goal with no invalid or regressing action on the way.\n\n| reward | success (95% CI) | clean success | lucky among successes | stopped | actions | sampled tokens | KL | success during RL, first → last tenth |\n|---|---|---|---|---|---|---|---|---|",
+        "## RL with per-action rewards\n\nGRPO over the policy's own trajectories in the demonstration worlds, {u} updates of {w} worlds × {g} trajectories for every reward source (the world's observations are read, not learned), then {} trajectories of each held-out world. Before RL the policy reached the goal in {:.1}% ({:.1}% of successes lucky). Clean success: the goal with no invalid or regressing action on the way. Credit: how a process reward became each action's advantage (`--credit`; — for the goal alone and for PRIME, whose implicit PRM rewards tokens).\n\n| reward | credit | success (95% CI) | clean success | lucky among successes | stopped | actions | sampled tokens | KL | success during RL, first → last tenth |\n|---|---|---|---|---|---|---|---|---|---|",
         x.eval_samples,
         100.0 * before.success_rate,
         100.0 * before.lucky_rate,
@@ -267,8 +267,9 @@ fn rl_section(s: &mut String, x: &AgentRlReport, before: &PolicyStats) {
     for v in &x.variants {
         let _ = writeln!(
             s,
-            "| {} | {:.3} [{:.3}, {:.3}] | {:.3} | {:.3} | {:.3} | {:.1} | {} | {:.3} | {:.3} → {:.3} |",
+            "| {} | {} | {:.3} [{:.3}, {:.3}] | {:.3} | {:.3} | {:.3} | {:.1} | {} | {:.3} | {:.3} → {:.3} |",
             v.reward,
+            v.credit.map_or("—", |c| c.name()),
             v.success,
             v.ci95.0,
             v.ci95.1,

@@ -1,8 +1,9 @@
 //! RL with per-action rewards against outcome-only RL: the policy trained by GRPO over its own
 //! trajectories in the demonstration worlds ([`stepwise_rl::train_agent_rl`]) against each
 //! reward source in turn — the goal alone (`outcome`), PRM-MC's score of every action
-//! (`prm_mc`) and the oracle's verdict on every action (`oracle`, the ceiling), each of the
-//! two with the goal's advantage added and credited by the weakest reward so far — with the same
+//! (`prm_mc`, credited by the change it made), the oracle's verdict on every action (`oracle`,
+//! the ceiling, credited by its own verdict), each of the two with the goal's advantage added,
+//! and PRIME (`prime`: the goal plus an implicit PRM learning online from it) — with the same
 //! budget (updates × worlds × group), worlds and seeds, then measured on the held-out worlds:
 //! success, clean success (no invalid or regressing action on the way) and lucky successes,
 //! paired world by world against outcome-only RL.
@@ -26,13 +27,19 @@ use stepwise_eval::bon::bootstrap;
 use stepwise_eval::paired::{paired_by_id, PairedDifference};
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, ModelConfig, Prompt};
-use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, RlConfig, UpdateLog};
+use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, ImplicitPrm, PrimeConfig, RlConfig, UpdateLog};
+
+/// How PRM-MC's score of every action becomes its advantage: the change it made (its score
+/// minus the action's before), as PRM-MC values the state an action leads to.
+const PRM_CREDIT: Credit = Credit::Progress;
 
 /// One reward source's RL run and what its policy does on the held-out worlds.
 #[derive(Debug, Clone, Serialize)]
 pub struct AgentRlVariant {
-    /// The reward source: `outcome`, `prm_mc` or `oracle`.
+    /// The reward source: `outcome`, `prm_mc`, `oracle` or `prime`.
     pub reward: String,
+    /// How a process reward became each action's advantage (`None`: a reward per trajectory).
+    pub credit: Option<Credit>,
     /// Share of held-out trajectories that reach the goal after RL.
     pub success: f64,
     /// Bootstrap 95% interval of `success` over worlds.
@@ -120,11 +127,18 @@ impl Ctx<'_> {
             annotator: &oracle_annotator,
             neutral: 0.5,
         };
-        let sources: [(&str, &dyn Reward); 3] = [("outcome", &GoalReward), ("prm_mc", &prm), ("oracle", &oracle)];
-        let cfg = self.rl_config();
-        let variants = crate::stages::all_at_once(&sources, "RL", |&(name, reward)| {
+        let sources: [(&str, &dyn Reward, Option<Credit>); 4] = [
+            ("outcome", &GoalReward, None),
+            ("prm_mc", &prm, Some(PRM_CREDIT)),
+            ("oracle", &oracle, Some(Credit::Own)),
+            ("prime", &GoalReward, None),
+        ];
+        let variants = crate::stages::all_at_once(&sources, "RL", |&(name, reward, credit)| {
+            let cfg = self.rl_config(credit, name == "prime");
             let (log, model) = self.rl_run(name, reward, &[&GoalReward, &oracle], &env, train, &cfg)?;
-            self.rl_measure(name, &log, &model, eval, &eval_games)
+            let mut v = self.rl_measure(name, &log, &model, eval, &eval_games)?;
+            v.credit = credit;
+            Ok(v)
         })?;
         let outcome = variants.iter().find(|v| v.reward == "outcome");
         let mut paired = Vec::new();
@@ -157,8 +171,9 @@ impl Ctx<'_> {
         }))
     }
 
-    /// The RL settings every source shares: one optimiser step per update.
-    fn rl_config(&self) -> RlConfig {
+    /// The RL settings every source shares (one optimiser step per update), with a process
+    /// reward's `credit` and PRIME's implicit PRM where `prime`.
+    fn rl_config(&self, credit: Option<Credit>, prime: bool) -> RlConfig {
         let a = &self.preset.agent;
         RlConfig {
             updates: a.rl_updates,
@@ -169,9 +184,12 @@ impl Ctx<'_> {
             lr: a.rl_lr,
             warmup: a.rl_updates / 10,
             kl_coef: a.rl_kl,
-            // Each action valued by the weakest reward up to it: a sum to go would favour long
-            // trajectories of harmless actions (measured: with it, the oracle's run never stopped).
-            credit: Credit::MinSoFar,
+            // Unused by a reward per trajectory (kept as it was, so a run folder resumes).
+            credit: credit.unwrap_or(Credit::MinSoFar),
+            prime: prime.then(|| PrimeConfig {
+                lr: a.rl_lr,
+                ..Default::default()
+            }),
             temperature: self.preset.policy.temperature,
             max_new_tokens: 12,
             seed: self.seed ^ 0x61,
@@ -197,7 +215,18 @@ impl Ctx<'_> {
         let policy_dir = self.out.join("policy");
         let varmap = VarMap::new();
         let config = ModelConfig::from_dir(&policy_dir)?;
-        let mut model = Model::load_trainable(&policy_dir, config, &varmap, &Device::Cpu, cfg.seed)?;
+        let mut model = Model::load_trainable(&policy_dir, config.clone(), &varmap, &Device::Cpu, cfg.seed)?;
+        // PRIME's implicit PRM starts as the policy.
+        let mut implicit = match cfg.prime {
+            Some(_) => Some(Model::load_trainable(
+                &policy_dir,
+                config,
+                &VarMap::new(),
+                &Device::Cpu,
+                cfg.seed,
+            )?),
+            None => None,
+        };
         let params = super::policy::agent_policy(self.model, self.tok, 1.0).params;
         let pb = bar(cfg.updates as u64, &format!("RL in the rooms ({name})"));
         let log = train_agent_rl(
@@ -216,7 +245,7 @@ impl Ctx<'_> {
                 watch: watch.to_vec(),
                 out_dir: Some(dir),
                 heldout: None,
-                implicit_prm: None,
+                implicit_prm: implicit.as_mut().map(ImplicitPrm::Candle),
             },
             cfg,
             |l| {
@@ -267,6 +296,7 @@ impl Ctx<'_> {
         let watched = |key: &'static str| move |l: &UpdateLog| l.watched.get(key).copied().unwrap_or(0.0);
         Ok(AgentRlVariant {
             reward: name.into(),
+            credit: None,
             success: ts.iter().filter(|t| won(t)).count() as f64 / n,
             ci95: bootstrap(&scores, 1000, &mut ChaCha8Rng::seed_from_u64(self.seed ^ 12)),
             clean_success: ts.iter().filter(|t| clean(t)).count() as f64 / n,
