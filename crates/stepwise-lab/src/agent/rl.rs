@@ -38,7 +38,8 @@ const PRM_CREDIT: Credit = Credit::Progress;
 pub struct AgentRlVariant {
     /// The reward source: `outcome`, `prm_mc`, `oracle` or `prime`.
     pub reward: String,
-    /// How a process reward became each action's advantage (`None`: a reward per trajectory).
+    /// How a process reward became each action's advantage (`None`: the goal alone, or PRIME's
+    /// token rewards).
     pub credit: Option<Credit>,
     /// Share of held-out trajectories that reach the goal after RL.
     pub success: f64,
