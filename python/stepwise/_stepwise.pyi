@@ -334,6 +334,7 @@ def train_prm(
     tokenizer: Optional[Union[str, "PathLike[str]"]] = None,
     outcome: bool = False,
     head: Optional[str] = None,
+    target: str = "promise",
     steps: int = 500,
     lr: float = 1e-3,
     batch_size: int = 16,

@@ -118,6 +118,29 @@ def test_a_python_environment_plays_forks_by_replay_and_labels():
         assert all(s["label"]["source"]["kind"] == "td" for s in r["steps"])
 
 
+def test_a_progress_head_trains_on_td_labels(tmp_path, fixtures):
+    """train_prm(target="progress") learns each action's GAE advantage from TD labels; labels
+    without one are refused naming the trajectory and the step."""
+    probs = counter_problems()
+
+    class Incer:
+        def continue_from(self, question, prefix, n, until, seed):
+            return [random.Random(seed * 7 + j + len(prefix)).choice(["inc", "look"]) for j in range(n)]
+
+    trajs = stepwise.play(probs, Incer(), env=Counter, n=2, max_actions=6, seed=2)
+    for r in trajs:
+        r["scores"] = {"prm": [0.3 + 0.1 * i for i in range(len(r["steps"]))]}
+    td = stepwise.label_actions(trajs, probs, method="td", gamma=0.9, lam=0.5)
+    run = stepwise.train_prm(td, tmp_path / "progress", base=fixtures / "qwen2-policy", target="progress",
+                             steps=2, batch_size=4, separator="|")
+    assert run["steps"] == 2 and (tmp_path / "progress" / "model.safetensors").exists()
+    oracle = stepwise.label_actions(trajs, probs, method="oracle", env=Counter)
+    with pytest.raises(stepwise.StepwiseError, match="step 0: field `label.source.progress`: missing"):
+        stepwise.train_prm(oracle, tmp_path / "bad", base=fixtures / "qwen2-policy", target="progress", steps=1)
+    with pytest.raises(ValueError, match="promise or progress"):
+        stepwise.train_prm(td, tmp_path / "bad2", base=fixtures / "qwen2-policy", target="value", steps=1)
+
+
 def test_failing_environments_end_their_trajectory_never_the_call():
     probs = counter_problems()[:1]
     raised = stepwise.play(probs, Wanderer(), env=Raising, n=1, max_actions=10)[0]

@@ -238,6 +238,38 @@ impl Annotator for TemporalDifference {
     }
 }
 
+/// `sol` with each action's *progress* as its soft label: the GAE advantage that TD labels keep
+/// in `source.progress` (A = Q − V, in [−1, 1]) mapped to `(A + 1) / 2`, the targets of a
+/// progress head, which `train-prm --target progress` trains as it trains any PRM (read its
+/// score `s` as `A = 2s − 1`). A step without a TD label is refused, naming the trajectory and
+/// the step.
+pub fn progress_targets(sol: &Solution) -> Result<Solution> {
+    let mut out = sol.clone();
+    for (i, st) in out.steps.iter_mut().enumerate() {
+        let Some(label) = &st.label else { continue };
+        let Provenance::TemporalDifference { progress, .. } = label.source else {
+            bail!(
+                "trajectory `{}`: step {i}: field `label.source.progress`: missing (not a TD label; label the \
+                 trajectories with `stepwise agent label --method td` first)",
+                sol.id
+            );
+        };
+        let source = label.source.clone();
+        st.label = Some(StepLabel::soft(((progress + 1.0) / 2.0).clamp(0.0, 1.0), source));
+    }
+    Ok(out)
+}
+
+/// The labels `train-prm` learns for `target`: `promise` (each step's label as it is) or
+/// `progress` ([`progress_targets`]).
+pub fn training_targets(target: &str, solutions: Vec<Solution>) -> Result<Vec<Solution>> {
+    match target {
+        "promise" => Ok(solutions),
+        "progress" => solutions.iter().map(progress_targets).collect(),
+        other => bail!("target `{other}`: use promise or progress"),
+    }
+}
+
 /// The settings of [`by_name`]'s methods.
 #[derive(Debug, Clone)]
 pub struct How {
@@ -291,7 +323,7 @@ pub fn by_name<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::td_targets;
+    use super::{progress_targets, td_targets};
 
     #[test]
     fn td_lambda_spans_one_step_bootstrap_to_the_monte_carlo_return() {
@@ -310,5 +342,44 @@ mod tests {
         assert!((td0[2].1 - (0.0 - 0.6)).abs() < 1e-6);
         // No outcome: the last step bootstraps from its own value.
         assert!((td_targets(&v, 0.5, None, 1.0, 0.5)[2].0 - 0.9).abs() < 1e-6);
+    }
+
+    #[test]
+    fn progress_targets_map_the_advantage_into_a_soft_label() {
+        use stepwise_core::{Provenance, Solution, Step, StepLabel};
+        let td = |progress: f32| {
+            let source = Provenance::TemporalDifference {
+                gamma: 0.9,
+                lambda: 0.5,
+                progress,
+            };
+            Step {
+                label: Some(StepLabel::soft(0.7, source)),
+                ..Default::default()
+            }
+        };
+        let sol = Solution {
+            id: "t1".into(),
+            steps: vec![td(0.4), td(-1.0), Step::default()],
+            ..Default::default()
+        };
+        let got = progress_targets(&sol).unwrap();
+        let p: Vec<Option<f32>> = got
+            .steps
+            .iter()
+            .map(|s| s.label.as_ref().map(|l| l.prob(0.5)))
+            .collect();
+        assert_eq!(
+            p,
+            [Some(0.7), Some(0.0), None],
+            "(A + 1) / 2; an unlabelled step stays so"
+        );
+        let mut oracle = sol.clone();
+        oracle.steps[1].label = Some(StepLabel::soft(0.5, Provenance::default()));
+        let e = progress_targets(&oracle).unwrap_err().to_string();
+        assert!(
+            e.contains("trajectory `t1`: step 1: field `label.source.progress`"),
+            "{e}"
+        );
     }
 }

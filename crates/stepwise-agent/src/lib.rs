@@ -21,7 +21,7 @@ pub mod rollout;
 pub mod rooms;
 pub mod search;
 
-pub use labels::{td_targets, Games, MonteCarlo, Oracle, TemporalDifference};
+pub use labels::{progress_targets, td_targets, training_targets, Games, MonteCarlo, Oracle, TemporalDifference};
 pub use reward::{GoalReward, LabelReward};
 pub use rollout::{play, End, Played};
 pub use rooms::{Expert, Rooms};

@@ -108,6 +108,32 @@ fn games_play_label_score_and_convert() {
             assert!(src["progress"].is_number() && st["label"]["p"].as_f64().unwrap() <= 1.0);
         }
     }
+    // A progress head: train-prm on the TD labels' progress; other labels are refused by name.
+    let progress = |data: &str, out: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(["train-prm", "--data", data, "--base", &fixture("qwen2-policy")])
+            .args([
+                "--target",
+                "progress",
+                "--steps",
+                "2",
+                "--batch-size",
+                "4",
+                "--out",
+                out,
+            ])
+            .output()
+            .unwrap()
+    };
+    let trained = progress(&td_path, &s("progress"));
+    assert!(trained.status.success(), "{}", String::from_utf8_lossy(&trained.stderr));
+    assert!(d.join("progress/model.safetensors").exists());
+    let refused = progress(&oracle_path, &s("progress-bad"));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("step 0: field `label.source.progress`: missing"),
+        "{said}"
+    );
     // Without scores, TD names what is missing.
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"))
         .args([

@@ -12,7 +12,9 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// Face folder `out`, which `stepwise.PRM(out)` and `stepwise score` read back; a folder with a
 /// run's state continues it. `base` is the checkpoint to start from (its head replaced by
 /// `head`: `classifier`, `value` or `log-ratio`), or `config` a built-in shape (`tiny`, `small`,
-/// `base`) with `tokenizer`. `device` is `auto`, `cpu` or `cuda[:N]`: on a GPU the packed
+/// `base`) with `tokenizer`. `target="progress"` trains an agent's progress head: each action's
+/// GAE advantage A from TD labels (`source.progress`) as the soft label (A + 1) / 2, a score s
+/// reading as A = 2s − 1. `device` is `auto`, `cpu` or `cuda[:N]`: on a GPU the packed
 /// engine trains every head (bf16 products with f32 sums, f32 master weights),
 /// batches of at most `max_batch_tokens` tokens. Progress and the run's last line go to stderr.
 /// Returns the run: steps, last loss, tokens and tokens/s in training steps, the device, and the
@@ -21,7 +23,7 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// >>> run = stepwise.train_prm(stepwise.read("labelled.jsonl"), "prm/", base="policy/", steps=300)
 /// >>> stepwise.PRM("prm/").score(question, steps)
 #[pyfunction]
-#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn train_prm<'py>(
     py: Python<'py>,
@@ -32,6 +34,7 @@ pub fn train_prm<'py>(
     tokenizer: Option<PathBuf>,
     outcome: bool,
     head: Option<String>,
+    target: &str,
     steps: usize,
     lr: f64,
     batch_size: usize,
@@ -51,6 +54,11 @@ pub fn train_prm<'py>(
     max_batch_tokens: usize,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    if !["promise", "progress"].contains(&target) {
+        return Err(crate::convert::value_error(format!(
+            "target `{target}`: use promise or progress"
+        )));
+    }
     let placement = crate::convert::placement_arg(device)?;
     // A path is read here; anything else is records.
     let path: Option<PathBuf> = records.extract().ok();
@@ -96,6 +104,7 @@ pub fn train_prm<'py>(
             Some(p) => stepwise_core::SolutionReader::open(p, None)?.collect::<Result<Vec<_>, _>>()?,
             None => solutions_of(&given, None)?,
         };
+        let solutions = stepwise_agent::training_targets(target, solutions)?;
         let report = train(
             &run,
             solutions,

@@ -49,7 +49,8 @@ enum Action {
     /// action's progress (the promise it gained), good against bad.
     Compare(CompareArgs),
     /// RL in the rooms worlds: GRPO over the policy's own trajectories, a reward per action
-    /// (the oracle's, a PRM's) or per trajectory (the goal).
+    /// (the oracle's, a PRM's), per trajectory (the goal) or PRIME's (the goal and an implicit
+    /// PRM learning from it).
     Rl(super::agent_rl::Args),
 }
 

@@ -24,7 +24,8 @@ stopped. Rewards:
 A process reward (oracle, prm) has the goal's advantage added to every action at --goal-weight (0: the process \
 reward alone). --credit says how an action is valued before the group's normalisation: min-so-far (the weakest \
 reward up to it), own (its own reward: an oracle's verdict), progress (its reward minus the one before: a PRM \
-that values states, the change it made), return-to-go (the sum of the rest). \
+that values states, the change it made), return-to-go (the sum of the rest). Measured (docs/agents.md): with \
+min-so-far neither the oracle nor a PRM beat the goal; use own with the oracle, and try progress with a PRM. \
 The update's log keeps the oracle's mean verdict beside the reward (is the policy pleasing the PRM or making \
 progress?). Trajectories are laid out as the policy is trained on them: the task and first observation, then each \
 `action` + `Observation: ...`, joined by --separator, every piece tokenised on its own: play the trained policy in \

@@ -1,4 +1,4 @@
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::path::PathBuf;
 use stepwise_core::{Format, SolutionReader};
 use stepwise_model::train::run::{train_prm, TrainPrm};
@@ -28,6 +28,7 @@ Examples:
   stepwise train-prm --data labeled.jsonl --base fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer TOK --outcome --out orm/
+  stepwise train-prm --data td.jsonl --base policy/ --target progress --separator '|' --out progress/   # an agent's progress head
   stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --separator '|' --out prm/
   stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --reference-logprob -0.5 --separator '|' --out prm/
   stepwise train-prm --data processbench/gsm8k.json --base Qwen/Qwen2.5-Math-PRM-7B --stop-at-first-bad --device cuda --out prm/"
@@ -52,6 +53,11 @@ pub struct Args {
     /// Outcome reward model: one label per solution, from `correct`.
     #[arg(long)]
     pub outcome: bool,
+    /// What each step's label is: `promise` (the label itself: a PRM) or `progress` (an agent's
+    /// TD labels' GAE advantage A = Q − V from `source.progress`, trained as the soft label
+    /// (A + 1) / 2: a progress head, whose score s reads as A = 2s − 1).
+    #[arg(long, default_value = "promise", value_parser = ["promise", "progress"])]
+    pub target: String,
     /// Head: `classifier` (2-class token classifier, TRL's PRM layout), `value` (scalar value
     /// head read through a sigmoid, saved as *ForSequenceClassification with one label) or
     /// `log-ratio` (the --base LM itself, scored against a frozen copy). Default: classifier for
@@ -149,6 +155,8 @@ pub fn run(a: Args) -> Result<()> {
         Ok(s) => s,
         Err(e) => return Err(anyhow::Error::new(e).context(format!("{} was not written", run.out.display()))),
     };
+    let solutions = stepwise_agent::training_targets(&a.target, solutions)
+        .with_context(|| format!("{}: --target {}", a.data.display(), a.target))?;
     let bar = crate::progress::bar(Some(run.steps as u64), "training");
     bar.set_style(indicatif::ProgressStyle::with_template(
         "{msg:>12} [{bar:30}] {pos}/{len} {prefix} ({per_sec}, eta {eta})",
