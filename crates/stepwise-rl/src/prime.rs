@@ -482,19 +482,20 @@ pub fn prime_advantages(
     groups: &[Range<usize>],
     cfg: &PrimeConfig,
 ) -> Vec<Vec<f32>> {
-    let learned = |i: usize| seqs[i].learned().collect::<Vec<usize>>();
+    // Each sequence's learned positions, found once.
+    let learned: Vec<Vec<usize>> = seqs.iter().map(|s| s.learned().collect()).collect();
     let mut out: Vec<Vec<f32>> = seqs.iter().map(|s| vec![0.0; s.ids.len()]).collect();
     for g in groups.iter().filter(|g| g.len() >= 2) {
         let n = g.len() as f32;
         let mean_reward = |i: usize| {
-            let ps = learned(i);
+            let ps = &learned[i];
             ps.iter().map(|&p| token_rewards[i][p]).sum::<f32>() / ps.len().max(1) as f32
         };
         let process_sum: f32 = g.clone().map(mean_reward).sum();
         let outcome_sum: f32 = outcomes[g.clone()].iter().sum();
         for i in g.clone() {
-            let ps = learned(i);
-            for &p in &ps {
+            let ps = &learned[i];
+            for &p in ps {
                 out[i][p] = cfg.process_coef * (token_rewards[i][p] * n - process_sum) / (n - 1.0);
             }
             if let Some(&last) = ps.last() {
@@ -509,8 +510,10 @@ pub fn prime_advantages(
         }
     }
     // Whiten over the learned tokens.
-    let all: Vec<f32> = (0..seqs.len())
-        .flat_map(|i| learned(i).into_iter().map(move |p| (i, p)))
+    let all: Vec<f32> = learned
+        .iter()
+        .enumerate()
+        .flat_map(|(i, ps)| ps.iter().map(move |&p| (i, p)))
         .map(|(i, p)| out[i][p])
         .collect();
     if all.is_empty() {
@@ -519,8 +522,8 @@ pub fn prime_advantages(
     let mean = all.iter().sum::<f32>() / all.len() as f32;
     let var = all.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / all.len() as f32;
     let scale = 1.0 / (var + 1e-8).sqrt();
-    for (i, a) in out.iter_mut().enumerate() {
-        for p in seqs[i].learned() {
+    for (a, ps) in out.iter_mut().zip(&learned) {
+        for &p in ps {
             a[p] = (a[p] - mean) * scale;
         }
     }
