@@ -28,7 +28,8 @@ def auc(good, bad):
     wins = sum(bisect.bisect_left(bad, g) + 0.5 * (bisect.bisect_right(bad, g) - bisect.bisect_left(bad, g)) for g in good)
     return wins / (len(good) * len(bad))
 def scores(t):
-    return {json.loads(l)["id"]: list(json.loads(l)["scores"].values())[0] for l in open(f"{r}/eval_{t}.jsonl")}
+    rows = (json.loads(l) for l in open(f"{r}/eval_{t}.jsonl"))
+    return {x["id"]: list(x["scores"].values())[0] for x in rows}
 progress, promise = scores("progress"), scores("promise")
 for name, value in [("progress head, 2s - 1", lambda k, i: 2 * progress[k][i] - 1),
                     ("promise head, s - s_before / 0.9", lambda k, i: promise[k][i] - promise[k][i - 1] / 0.9),

@@ -45,14 +45,15 @@ done
 # Held-out success at each evaluation, the training success and the oracle's verdict over the
 # first and last 8 updates, for every run.
 python3 - "$R" <<'PY'
-import json, pathlib, sys
+import json, pathlib, random, sys
+def mean(xs):
+    return sum(xs) / max(len(xs), 1)
 r = pathlib.Path(sys.argv[1])
 before = [json.loads(l) for l in open(r / "before.jsonl")]
 print(f"before RL: held-out success {sum(t.get('correct') is True for t in before) / len(before):.3f}")
 for log in sorted(r.glob("*/rl_log.jsonl")):
     rows = [json.loads(l) for l in open(log)]
     held = " / ".join(f"{x['heldout_accuracy']:.3f}" for x in rows if x.get("heldout_accuracy") is not None)
-    mean = lambda xs: sum(xs) / max(len(xs), 1)
     first, last = rows[:8], rows[-8:]
     watch = lambda rs: mean([x.get("watched", {}).get("oracle", float("nan")) for x in rs])
     print(f"{log.parent.name}: held-out {held}; success {mean([x['accuracy'] for x in first]):.3f} -> "
@@ -60,9 +61,6 @@ for log in sorted(r.glob("*/rl_log.jsonl")):
           f"kl {mean([x['kl'] for x in last]):.3f}")
 # Paired over worlds: each final policy's success and clean success (no invalid, regressing or
 # ruinous action on the way) per world, against the first variant's (goal when it ran).
-import random
-def mean(xs):
-    return sum(xs) / max(len(xs), 1)
 def per_world(path):
     won, clean = {}, {}
     for line in open(path):
