@@ -16,6 +16,10 @@ SEEDS=${SEEDS:-11}
 # The goal's weight beside a process reward (`--goal-weight`); runs at another weight than 1 are
 # named NAME-wWEIGHT.
 GOAL_WEIGHT=${GOAL_WEIGHT:-1}
+# Updates and peak learning rate of every run; runs at other values than 48 and 1e-4 are named
+# NAME-uUPDATES and NAME-lrLR (the summary pairs each against the goal's run at the same values).
+UPDATES=${UPDATES:-48}
+LR=${LR:-1e-4}
 mkdir -p $R
 [ -s $R/train.jsonl ] || $B agent games --count 64 --seed 7001 --output $R/train.jsonl
 [ -s $R/eval.jsonl ] || grep "\"id\":\"e" $RUN/games.jsonl > $R/eval.jsonl
@@ -30,11 +34,14 @@ for v in $VARIANTS; do
   name=$(basename "${reward#*:}")-$credit
   case $reward in goal|prime) name=$reward ;; esac
   [ "$GOAL_WEIGHT" != 1 ] && name=$name-w$GOAL_WEIGHT
-  name=$name-s$seed
+  tag=
+  [ "$UPDATES" != 48 ] && tag=$tag-u$UPDATES
+  [ "$LR" != 1e-4 ] && tag=$tag-lr$LR
+  name=$name$tag-s$seed
   /usr/bin/time -f "$name %e s" $B agent rl --policy $RUN/policy --problems $R/train.jsonl \
     --eval-problems $R/eval.jsonl --eval-every 16 --eval-samples 4 --silent --max-actions 20 \
-    --separator "|" --max-tokens 12 --temperature 1 --reward $reward --credit $credit --goal-weight $GOAL_WEIGHT --updates 48 --worlds 4 \
-    --group-size 8 --lr 1e-4 --kl 0.04 --seed $seed --out $R/$name 2>> $R/time.log
+    --separator "|" --max-tokens 12 --temperature 1 --reward $reward --credit $credit --goal-weight $GOAL_WEIGHT --updates $UPDATES --worlds 4 \
+    --group-size 8 --lr $LR --kl 0.04 --seed $seed --out $R/$name 2>> $R/time.log
   # The final policy on every held-out world, PAIRED episodes each, and the oracle's verdicts.
   $B agent play --policy $R/$name --prompt pieces --problems $R/eval.jsonl -n $PAIRED --silent --max-actions 20 \
     --separator "|" --max-tokens 12 --temperature 1 --seed 12 --output $R/$name/final.jsonl 2>> $R/time.log
@@ -74,7 +81,11 @@ runs = {}
 for p in sorted(r.glob("*-s*/final_oracle.jsonl")):
     variant, seed = p.parent.name.rsplit("-s", 1)
     runs.setdefault(variant, {})[seed] = per_world(p)
-base = "goal" if "goal" in runs else next(iter(runs), None)
+# Each run pairs with the goal's at the same updates and learning rate (its name's -uN-lrX tail).
+import re
+def base_of(name):
+    tail = re.search(r"(-u\d+)?(-lr[0-9.e-]+)?$", name).group(0)
+    return "goal" + tail if "goal" + tail in runs else next(iter(runs), None)
 def interval(a, b, rng):
     ks = sorted(a.keys() & b.keys())
     d = [a[k] - b[k] for k in ks]
@@ -86,6 +97,7 @@ def pooled(by_seed, seeds, i):
 for name, by_seed in runs.items():
     for seed, (won, clean) in sorted(by_seed.items()):
         print(f"{name} (seed {seed}): final success {mean(list(won.values())):.3f}, clean {mean(list(clean.values())):.3f}")
+    base = base_of(name)
     if name == base:
         continue
     shared = sorted(by_seed.keys() & runs[base].keys())

@@ -3,7 +3,8 @@
 docs/lab.md: best-of-32 with 95% intervals, the paired differences the issues set targets on,
 RL (process against outcome rewards, lucky-correct before and after), label quality, and the
 studio stage's selection policies (per seed, and pooled over the seeds: the paired best-of-32
-difference over every seed's problems, a bootstrap resampling problems within each seed).
+difference over every seed's problems, a bootstrap resampling problems within each seed). For
+agent runs, the RL stage: each reward source against outcome-only RL per seed and pooled.
 
     python3 bench/lab_seeds.py runs/standard-code-seed1 runs/standard-code-seed2 runs/standard-code-seed3
 """
@@ -36,6 +37,8 @@ def main(folders):
     runs = [json.loads((Path(f) / "metrics.json").read_text()) for f in folders]
     seeds = " | ".join(f"seed {m['seed']}" for m in runs)
     print(f"domain {runs[0]['domain']}, preset {runs[0]['preset']}\n")
+    if runs[0]["domain"] == "agent":
+        return agent_rl_section(folders, runs)
     print(f"| best-of-32 | {seeds} |\n|---|{'---|' * len(runs)}")
     for method in BON:
         cells = []
@@ -98,12 +101,17 @@ def best_of_n_correct(folder, verifier, n=32):
 
 
 def pooled_difference(folders, a, b, resamples=4000, seed=0):
-    """Mean paired difference a − b over all seeds' problems, with a 95% bootstrap interval
-    that resamples problems within each seed."""
+    """Mean paired difference a − b of best-of-32 over all seeds' problems (`pooled`)."""
     per_seed = []
     for folder in folders:
         ca, cb = best_of_n_correct(folder, a), best_of_n_correct(folder, b)
         per_seed.append([ca[p] - cb[p] for p in sorted(ca)])
+    return pooled(per_seed, resamples, seed)
+
+
+def pooled(per_seed, resamples=4000, seed=0):
+    """Mean of every seed's paired differences (one list a seed, one entry a problem), with a
+    95% bootstrap interval that resamples problems within each seed."""
     total = sum(len(d) for d in per_seed)
     mean = sum(sum(d) for d in per_seed) / total
     rng = random.Random(seed)
@@ -137,6 +145,48 @@ def studio_section(folders, runs):
         pooled = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (n={n})"
         cells.append(f"**{pooled}**" if lo > 0 or hi < 0 else pooled)
         print(f"| {d0['a']} − {d0['b']} | {' | '.join(cells)} |")
+
+
+def agent_rl_world_rates(folder, source):
+    """Each held-out world's success and clean success (no invalid or regressing action on the
+    way) after the agent lab's RL with `source`, from its oracle-labelled trajectories."""
+    won, clean = defaultdict(list), defaultdict(list)
+    with open(Path(folder) / f"rl_{source}" / "eval_oracle.jsonl") as f:
+        for line in f:
+            t = json.loads(line)
+            ok = t.get("correct") is True
+            bad = any(k in ("invalid", "regress") for k in t["meta"]["actions"])
+            won[t["problem_id"]].append(ok)
+            clean[t["problem_id"]].append(ok and not bad)
+    rate = lambda d: {k: sum(v) / len(v) for k, v in d.items()}
+    return rate(won), rate(clean)
+
+
+def agent_rl_section(folders, runs):
+    """The agent lab's RL stage: success after RL per seed, each source against outcome-only
+    RL per seed (the lab's own intervals) and pooled over the seeds' held-out worlds."""
+    seeds = " | ".join(f"seed {m['seed']}" for m in runs)
+    sources = [v["reward"] for v in runs[0]["rl"]["variants"]]
+    print(f"| after RL ({runs[0]['rl']['eval_samples']} episodes a world) | {seeds} |\n|---|{'---|' * len(runs)}")
+    for name in sources:
+        cells = []
+        for m in runs:
+            v = next(v for v in m["rl"]["variants"] if v["reward"] == name)
+            cells.append(f"{v['success']:.3f} (clean {v['clean_success']:.3f}, lucky {100 * v['lucky_rate']:.0f}%)")
+        print(f"| {name} | {' | '.join(cells)} |")
+    print(f"\n| − outcome | {seeds} | pooled |\n|---|{'---|' * (len(runs) + 1)}")
+    for name in sources[1:]:
+        for i, what in ((0, "success"), (1, "clean success")):
+            cells, per_seed = [], []
+            for folder, m in zip(folders, runs):
+                d = next(d for d in m["rl"]["paired"] if d["a"] == name and d["measure"].startswith(what))
+                cells.append(signed(d))
+                a, b = agent_rl_world_rates(folder, name)[i], agent_rl_world_rates(folder, "outcome")[i]
+                per_seed.append([a[k] - b[k] for k in sorted(a.keys() & b.keys())])
+            mean, lo, hi, n = pooled(per_seed)
+            text = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (n={n})"
+            cells.append(f"**{text}**" if lo > 0 or hi < 0 else text)
+            print(f"| {name} − outcome, {what} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
