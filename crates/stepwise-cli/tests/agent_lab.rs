@@ -126,6 +126,17 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     assert!(m["bon"]["lucky"]["pool"].as_f64().is_some());
     let paired = m["bon"]["paired"].as_array().unwrap();
     assert!(paired.iter().any(|d| d["a"] == "PRM-MC-min" && d["b"] == "majority"));
+    // The headline PRM in every aggregation against the ORM, on success and clean success.
+    for agg in ["min", "mean", "last"] {
+        let against_orm = |measure: &str| {
+            paired.iter().any(|d| {
+                d["a"] == format!("PRM-MC-{agg}").as_str()
+                    && d["b"] == "ORM"
+                    && d["measure"] == format!("best-of-4 {measure}").as_str()
+            })
+        };
+        assert!(against_orm("success") && against_orm("clean success"), "{agg}");
+    }
     assert_eq!(m["search"]["worlds"], 2);
     assert!(m["search"]["success"]["beam"].as_f64().is_some());
     // RL: every reward source on the same budget, measured on every held-out world, paired

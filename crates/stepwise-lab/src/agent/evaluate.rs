@@ -156,38 +156,49 @@ pub fn best_of_n(
             lucky_rate.insert(label, picked_lucky_rate(groups, cands, sel, &lucky_ids));
         }
     }
-    let measure = format!("best-of-{most} success");
-    let headline = format!("{}-min", prms[0].to_uppercase().replace('_', "-"));
-    let mut paired = Vec::new();
-    for (a, b) in [(headline.as_str(), "majority"), (headline.as_str(), "ORM")]
-        .into_iter()
-        .chain(
-            prms.get(1)
-                .map(|p| format!("{}-min", p.to_uppercase().replace('_', "-")))
-                .iter()
-                .map(|td| (td.as_str(), "ORM")),
-        )
-    {
-        paired.push(paired_difference(&measure, a, &at_most[a], b, &at_most[b], seed ^ 9));
-    }
-    let clean_measure = format!("best-of-{most} clean success");
-    for b in ["majority", "ORM"] {
-        let a = headline.as_str();
-        paired.push(paired_difference(
-            &clean_measure,
-            a,
-            &clean_at_most[a],
-            b,
-            &clean_at_most[b],
-            seed ^ 12,
-        ));
-    }
+    let paired = paired_at_most(prms, most, &at_most, &clean_at_most, seed);
     Ok(BestOfN {
         curves,
         clean_curves,
         paired,
         lucky: lucky_rate,
     })
+}
+
+/// The paired differences at the largest N (`most`), world by world: the headline PRM (the first
+/// of `prms`) with its lowest action score against the majority of outcomes, and in each
+/// aggregation (min, mean, last) against the ORM; the second PRM's min against the ORM; on
+/// success (`at_most`) and on clean success (`clean_at_most`).
+fn paired_at_most(
+    prms: &[&str],
+    most: usize,
+    at_most: &BTreeMap<String, Vec<f64>>,
+    clean_at_most: &BTreeMap<String, Vec<f64>>,
+    seed: u64,
+) -> Vec<PairedDifference> {
+    let name = |prm: &str, agg: Aggregation| format!("{}-{}", prm.to_uppercase().replace('_', "-"), agg.name());
+    let headline = name(prms[0], Aggregation::Min);
+    let mut pairs = vec![(headline.clone(), "majority".to_string())];
+    for agg in [Aggregation::Min, Aggregation::Mean, Aggregation::Last] {
+        pairs.push((name(prms[0], agg), "ORM".into()));
+    }
+    let success: Vec<_> = pairs
+        .iter()
+        .cloned()
+        .chain(prms.get(1).map(|p| (name(p, Aggregation::Min), "ORM".to_string())))
+        .collect();
+    let one = |measure: &str, table: &BTreeMap<String, Vec<f64>>, (a, b): &(String, String), salt: u64| {
+        paired_difference(measure, a, &table[a], b, &table[b], seed ^ salt)
+    };
+    let (measure, clean_measure) = (
+        format!("best-of-{most} success"),
+        format!("best-of-{most} clean success"),
+    );
+    success
+        .iter()
+        .map(|p| one(&measure, at_most, p, 9))
+        .chain(pairs.iter().map(|p| one(&clean_measure, clean_at_most, p, 12)))
+        .collect()
 }
 
 /// Of the successes `sel` picks from all of each world's trajectories, the share that are lucky.
