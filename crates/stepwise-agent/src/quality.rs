@@ -48,11 +48,18 @@ pub fn progress(sol: &Solution, v0: f32, gamma: f32) -> Vec<Option<f32>> {
 /// The agreement of `labelled` with `oracle` (the same trajectories, in any order, labelled by
 /// the oracle).
 pub fn agreement(labelled: &[Solution], oracle: &[Solution], v0: f32, gamma: f32) -> Agreement {
+    agreement_by(labelled, oracle, |s| progress(s, v0, gamma))
+}
+
+/// The agreement of any reading of each action of `sols` with `oracle` (the same trajectories
+/// labelled by the oracle): `read` gives a trajectory's value for each step, or `None` where it
+/// has none (a verifier's score, a head's advantage). The AUC is the same as [`agreement`]'s.
+pub fn agreement_by(sols: &[Solution], oracle: &[Solution], read: impl Fn(&Solution) -> Vec<Option<f32>>) -> Agreement {
     let by_id: std::collections::HashMap<&str, &Solution> = oracle.iter().map(|s| (s.id.as_str(), s)).collect();
     let (mut good, mut bad) = (Vec::new(), Vec::new());
-    for s in labelled {
+    for s in sols {
         let Some(o) = by_id.get(s.id.as_str()) else { continue };
-        for (gained, reference) in progress(s, v0, gamma).into_iter().zip(&o.steps) {
+        for (gained, reference) in read(s).into_iter().zip(&o.steps) {
             match (gained, reference.label.as_ref().and_then(|l| l.rating())) {
                 (Some(g), Some(Rating::Good)) => good.push(g),
                 (Some(g), Some(Rating::Bad)) => bad.push(g),

@@ -143,9 +143,9 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     // against outcome-only RL on success and clean success.
     let variants = m["rl"]["variants"].as_array().unwrap();
     let names: Vec<&str> = variants.iter().map(|v| v["reward"].as_str().unwrap()).collect();
-    assert_eq!(names, ["outcome", "prm_mc", "oracle", "prime"]);
+    assert_eq!(names, ["outcome", "prm_mc", "oracle", "prime", "prm_progress"]);
     let credits: Vec<Option<&str>> = variants.iter().map(|v| v["credit"].as_str()).collect();
-    assert_eq!(credits, [None, Some("progress"), Some("own"), None]);
+    assert_eq!(credits, [None, Some("progress"), Some("own"), None, Some("own")]);
     for v in variants {
         assert_eq!(v["updates"], 2, "{v}");
         assert!(v["sampled_tokens"].as_u64().unwrap() > 0, "{v}");
@@ -154,11 +154,17 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
             "{v}"
         );
     }
-    assert_eq!(m["rl"]["paired"].as_array().unwrap().len(), 6);
+    assert_eq!(m["rl"]["paired"].as_array().unwrap().len(), 8);
+    // The promise and progress heads, read on the held-out actions.
+    for reading in ["progress_head", "promise_change", "promise"] {
+        let auc = m["heads"][reading]["auc"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&auc), "{reading}: {auc}");
+    }
     let report = read(a.join("report.md"));
     for section in [
         "## The policy",
         "## Labels for actions",
+        "## Promise and progress heads",
         "## Best-of-N over trajectories",
         "## Search over actions",
         "## RL with per-action rewards",

@@ -1,8 +1,8 @@
 //! The lab's third domain: an agent in the silent rooms world (`stepwise lab --domain agent`).
 //! The whole loop on actions instead of steps: the expert's noisy demonstrations teach a policy
 //! from scratch; it plays the label worlds, whose actions are labelled by the oracle, by Monte
-//! Carlo rollouts and by TD(λ) from a learned value; PRMs on the two soft labels and an ORM on
-//! outcomes are trained from the policy; best-of-N over held-out trajectories compares them
+//! Carlo rollouts and by TD(λ) from a learned value; PRMs on the two soft labels, a progress
+//! head on TD's advantages and an ORM on outcomes are trained from the policy; best-of-N over held-out trajectories compares them
 //! with the majority of outcomes; beam search over actions is guided by PRM-MC; RL in the
 //! demonstration worlds optimises PRM-MC's or the oracle's per-action rewards against the goal
 //! alone; the report says where each lucky success went.
@@ -13,6 +13,7 @@
 
 pub mod evaluate;
 pub mod games;
+pub mod heads;
 pub mod labels;
 pub mod policy;
 pub mod preset;
@@ -188,11 +189,17 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
     let prm_mc = v.train_for("prm_mc", "training PRM-MC", &labels.mc, false, steps)?;
     let prm_td = v.train_for("prm_td", "training PRM-TD", &labels.td, false, steps)?;
     let orm = v.train_for("orm", "training ORM", &label_trajs, true, steps)?;
+    let progress_head = ctx.progress_head(&labels.td)?;
     let mut scored = eval_trajs.clone();
     v.score(&prm_mc, false, &mut scored, "prm_mc", "scoring with PRM-MC")?;
     v.score(&prm_td, false, &mut scored, "prm_td", "scoring with PRM-TD")?;
     v.score(&orm, true, &mut scored, "orm", "scoring with the ORM")?;
+    let what = "scoring with the progress head";
+    v.score(&progress_head, false, &mut scored, heads::PROGRESS_HEAD, what)?;
     crate::stages::write_jsonl(&o.out.join("trajectories_eval_scored.jsonl"), &scored)?;
+    // The promise head (PRM-TD) and the progress head, read on the held-out actions.
+    let v0 = labels::mean_outcome(&label_trajs);
+    let heads = heads::heads(&scored, &eval_oracle, "prm_td", v0, a.gamma);
 
     // 5. Best-of-N over trajectories.
     let bon = evaluate::best_of_n(
@@ -207,10 +214,11 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
     let search = ctx.search(&g.search, &prm_mc)?;
 
     // 7. RL in the demonstration worlds: per-action rewards against the goal alone.
-    let rl = ctx.rl(&g.demo, &g.eval, &prm_mc)?;
+    let rl = ctx.rl(&g.demo, &g.eval, &prm_mc, &progress_head)?;
 
     let stages = report::Stages {
         labels: &labels,
+        heads,
         bon,
         search,
         rl,

@@ -2,6 +2,7 @@
 //! best-of-N plot.
 
 use super::evaluate::{lucky_ids, lucky_share, BestOfN};
+use super::heads::HeadsReport;
 use super::labels::{LabelCost, Labels};
 use super::rl::AgentRlReport;
 use super::search::SearchReport;
@@ -45,6 +46,8 @@ pub struct AgentReport {
     pub labels: BTreeMap<String, LabelCost>,
     /// Environment steps of the labelled trajectories themselves.
     pub label_trajectory_steps: u64,
+    /// The promise and progress heads' readings of the held-out actions against the oracle.
+    pub heads: HeadsReport,
     /// Best-of-N over held-out trajectories.
     pub bon: BestOfN,
     /// Beam search over actions against best-of-N and one sample (`None`: no search worlds).
@@ -86,6 +89,8 @@ fn policy_stats(ts: &[Solution], oracle: &[Solution]) -> PolicyStats {
 pub struct Stages<'a> {
     /// The label sources.
     pub labels: &'a Labels,
+    /// The promise and progress heads.
+    pub heads: HeadsReport,
     /// Best-of-N.
     pub bon: BestOfN,
     /// Search.
@@ -105,6 +110,7 @@ pub fn build(
 ) -> AgentReport {
     let Stages {
         labels,
+        heads,
         bon,
         search,
         rl,
@@ -116,6 +122,7 @@ pub fn build(
         policy: policy_stats(eval, eval_oracle),
         labels: labels.costs.iter().cloned().collect(),
         label_trajectory_steps: labels.trajectory_steps,
+        heads,
         bon,
         search,
         rl,
@@ -180,9 +187,10 @@ fn body(r: &AgentReport) -> String {
             c.agreement.auc, c.agreement.compared, c.env_steps, c.tokens
         );
     }
+    heads_section(&mut s, &r.heads);
     let _ = writeln!(
         s,
-        "\n## Best-of-N over trajectories\n\nSuccess, and in brackets clean success (no invalid or regressing action on the way: a lucky success counts as a failure), when each method picks one of N trajectories of a held-out world.\n\n| method | {} |\n|---|{}",
+        "## Best-of-N over trajectories\n\nSuccess, and in brackets clean success (no invalid or regressing action on the way: a lucky success counts as a failure), when each method picks one of N trajectories of a held-out world.\n\n| method | {} |\n|---|{}",
         r.bon
             .curves
             .first()
@@ -231,6 +239,21 @@ fn body(r: &AgentReport) -> String {
         let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
     }
     s
+}
+
+fn heads_section(s: &mut String, h: &HeadsReport) {
+    let _ = writeln!(
+        s,
+        "\n## Promise and progress heads\n\nTwo verifiers from the same TD labels: PRM-TD learns each action's promise (the value of the state it led to), the progress head its advantage (`(A + 1) / 2`, read as `A = 2s − 1`). On the held-out actions, the AUC of each reading, the oracle's good actions against its bad ones.\n\n| reading | AUC | actions compared (good) |\n|---|---|---|"
+    );
+    for (name, a) in [
+        ("progress head, 2s − 1", &h.progress_head),
+        ("promise head's change, s − s_before / γ", &h.promise_change),
+        ("promise head, s", &h.promise),
+    ] {
+        let _ = writeln!(s, "| {name} | {:.3} | {} ({}) |", a.auc, a.compared, a.good);
+    }
+    let _ = writeln!(s);
 }
 
 fn search_section(s: &mut String, x: &SearchReport) {

@@ -2,9 +2,11 @@
 //! trajectories in the demonstration worlds ([`stepwise_rl::train_agent_rl`]) against each
 //! reward source in turn — the goal alone (`outcome`), PRM-MC's score of every action
 //! (`prm_mc`, credited by the change it made), the oracle's verdict on every action (`oracle`,
-//! the ceiling, credited by its own verdict), each of the two with the goal's advantage added,
-//! and PRIME (`prime`: the goal plus an implicit PRM learning online from it) — with the same
-//! budget (updates × worlds × group), worlds and seeds, then measured on the held-out worlds:
+//! the ceiling, credited by its own verdict), the progress head's score of every action
+//! (`prm_progress`, its own: the head's reading is the action's advantage), each of the three
+//! with the goal's advantage added, and PRIME (`prime`: the goal plus an implicit PRM learning
+//! online from it) — with the same budget (updates × worlds × group), worlds and seeds, then
+//! measured on the held-out worlds:
 //! success, clean success (no invalid or regressing action on the way) and lucky successes,
 //! paired world by world against outcome-only RL.
 
@@ -36,7 +38,7 @@ const PRM_CREDIT: Credit = Credit::Progress;
 /// One reward source's RL run and what its policy does on the held-out worlds.
 #[derive(Debug, Clone, Serialize)]
 pub struct AgentRlVariant {
-    /// The reward source: `outcome`, `prm_mc`, `oracle` or `prime`.
+    /// The reward source: `outcome`, `prm_mc`, `oracle`, `prime` or `prm_progress`.
     pub reward: String,
     /// How a process reward became each action's advantage (`None`: the goal alone, or PRIME's
     /// token rewards).
@@ -105,7 +107,13 @@ impl Ctx<'_> {
     /// `rl_<reward>/` (checkpoints, held-out trajectories), resumable; then the held-out
     /// measures. `train` are the worlds RL plays, `eval` the held-out ones; `prm_mc` scores
     /// actions. `None` where the preset asks for no updates.
-    pub fn rl(&self, train: &[Problem], eval: &[Problem], prm_mc: &Model) -> Result<Option<AgentRlReport>> {
+    pub fn rl(
+        &self,
+        train: &[Problem],
+        eval: &[Problem],
+        prm_mc: &Model,
+        progress_head: &Model,
+    ) -> Result<Option<AgentRlReport>> {
         let a = &self.preset.agent;
         if a.rl_updates == 0 || train.is_empty() {
             return Ok(None);
@@ -122,17 +130,25 @@ impl Ctx<'_> {
             scorer: &scorer,
             kind: RewardKind::Process,
         };
+        let head_scorer = v.scorer(progress_head, false);
+        let head = ScorerReward {
+            name: super::heads::PROGRESS_HEAD.into(),
+            scorer: &head_scorer,
+            kind: RewardKind::Process,
+        };
         let oracle_annotator = Oracle(&train_games);
         let oracle = LabelReward {
             name: "oracle".into(),
             annotator: &oracle_annotator,
             neutral: 0.5,
         };
-        let sources: [(&str, &dyn Reward, Option<Credit>); 4] = [
+        let sources: [(&str, &dyn Reward, Option<Credit>); 5] = [
             ("outcome", &GoalReward, None),
             ("prm_mc", &prm, Some(PRM_CREDIT)),
             ("oracle", &oracle, Some(Credit::Own)),
             ("prime", &GoalReward, None),
+            // The progress head's score is the action's advantage: a verdict on the action.
+            (super::heads::PROGRESS_HEAD, &head, Some(Credit::Own)),
         ];
         let variants = crate::stages::all_at_once(&sources, "RL", |&(name, reward, credit)| {
             let cfg = self.rl_config(credit, name == "prime");
