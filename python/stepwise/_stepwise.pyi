@@ -246,9 +246,10 @@ def label_actions(
     step_timeout: float = 60.0,
 ) -> List[Record]:
     """Label each action of trajectories: `oracle` (the environment's verdicts), `mc` (`policy`
-    plays on `rollouts` times from the state after each action) or `td` (TD(lambda) returns from
-    `scores[values]`, no rollouts; the GAE progress in each label's `source.progress`).
-    Resumable to `output`."""
+    plays on `rollouts` times from the state after each action), `binary` (binary search for the
+    first action after which none of `rollouts` reaches the goal; later actions unlabelled) or
+    `td` (TD(lambda) returns from `scores[values]`, no rollouts; the GAE progress in each label's
+    `source.progress`). Resumable to `output`."""
 
 def rl(
     policy: Union[str, "PathLike[str]"],

@@ -108,6 +108,23 @@ def test_a_python_environment_plays_forks_by_replay_and_labels():
                 assert s["label"]["p"] == 0.0
     oracle = stepwise.label_actions(trajs, probs, method="oracle", env=Counter)
     assert {k for r in oracle for k in r["meta"]["actions"]} <= {"progress", "useless", "ruin"}
+    # Binary search: every action labelled 1 up to the first after which no rollout reaches the
+    # goal, that one 0, the rest unlabelled; a success is its own continuation (all 1).
+    binary = stepwise.label_actions(trajs, probs, method="binary", env=Counter, policy=Incer(), rollouts=4)
+    assert any(r["meta"]["first_dead"] is not None for r in binary)
+    for r in binary:
+        dead = r["meta"]["first_dead"]
+        ps = [s["label"]["p"] if s.get("label") else None for s in r["steps"]]
+        if dead is None:
+            assert ps == [1.0] * len(ps), r
+        else:
+            assert not r["correct"] and ps[:dead] == [1.0] * dead and ps[dead] == 0.0, r
+            assert all(p is None for p in ps[dead + 1:]), r
+        smashed = [i for i, s in enumerate(r["steps"]) if s["text"] == "smash"]
+        if smashed:
+            assert dead is not None and dead <= smashed[0], r
+    with pytest.raises(ValueError, match="policy"):
+        stepwise.label_actions(trajs, probs, method="binary", env=Counter)
     # TD from values: lambda 1 and gamma 1 give the outcome itself.
     for r in trajs:
         r["scores"] = {"prm": [0.5] * len(r["steps"])}

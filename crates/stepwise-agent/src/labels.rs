@@ -8,7 +8,7 @@
 //!   learned value of the states (a PRM's step scores), with no rollouts: a step's *promise*
 //!   as its soft label and its *progress* (GAE advantage) beside it.
 
-use crate::rollout::continue_episode;
+use crate::rollout::{continue_episode, Played};
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -130,15 +130,15 @@ impl Annotator for MonteCarlo<'_> {
                 break;
             }
             let budget = self.games.env.max_actions().saturating_sub(i + 1);
-            let forks: Vec<Box<dyn Episode>> = (0..self.rollouts).map(|_| ep.fork()).collect::<Result<_>>()?;
-            let played: Vec<_> = forks
-                .into_par_iter()
-                .enumerate()
-                .map(|(j, mut f)| {
-                    let seed = key ^ ((i as u64) << 32 | j as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
-                    continue_episode(self.policy, &question, &turns[..=i], f.as_mut(), budget, seed)
-                })
-                .collect();
+            let played = roll_out(
+                self.policy,
+                &question,
+                &turns[..=i],
+                ep.as_ref(),
+                (i, self.rollouts),
+                budget,
+                key,
+            )?;
             let hits = played.iter().filter(|p| p.success()).count() as u32;
             spent.rollouts += played.len();
             spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
@@ -156,6 +156,30 @@ impl Annotator for MonteCarlo<'_> {
         }
         Ok((out, spent))
     }
+}
+
+/// `n` episodes played on by `policy` from `ep`, the state after action `i` of a trajectory whose
+/// turns so far are `turns` (`(i, n)`), each with at most `budget` more actions and its own seed
+/// from `key`, `i` and its index, so Monte Carlo and binary search probe a state with the same
+/// draws.
+pub(crate) fn roll_out(
+    policy: &dyn Policy,
+    question: &str,
+    turns: &[String],
+    ep: &dyn Episode,
+    (i, n): (usize, usize),
+    budget: usize,
+    key: u64,
+) -> Result<Vec<Played>> {
+    let forks: Vec<Box<dyn Episode>> = (0..n).map(|_| ep.fork()).collect::<Result<_>>()?;
+    Ok(forks
+        .into_par_iter()
+        .enumerate()
+        .map(|(j, mut f)| {
+            let seed = key ^ ((i as u64) << 32 | j as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+            continue_episode(policy, question, turns, f.as_mut(), budget, seed)
+        })
+        .collect())
 }
 
 /// TD(λ)/GAE labels from a learned value: `values[i]` is V of the state after step `i` (a PRM's
@@ -273,7 +297,7 @@ pub fn training_targets(target: &str, solutions: Vec<Solution>) -> Result<Vec<So
 /// The settings of [`by_name`]'s methods.
 #[derive(Debug, Clone)]
 pub struct How {
-    /// `mc`: rollouts from each state.
+    /// `mc`: rollouts from each state; `binary`: from each probed state.
     pub rollouts: usize,
     /// `td`: which scores are the values.
     pub values: String,
@@ -281,11 +305,11 @@ pub struct How {
     pub gamma: f32,
     /// `td`: λ.
     pub lambda: f32,
-    /// `mc`: the seed.
+    /// `mc` and `binary`: the seed.
     pub seed: u64,
 }
 
-/// The annotator `method` names (`oracle`, `mc` with `policy`, `td`) over `games`; `td` takes
+/// The annotator `method` names (`oracle`, `mc` or `binary` with `policy`, `td`) over `games`; `td` takes
 /// the start's value to be the mean outcome of `sols`.
 pub fn by_name<'a>(
     method: &str,
@@ -303,7 +327,13 @@ pub fn by_name<'a>(
             seed: how.seed,
             gamma: how.gamma,
         }),
-        ("mc", None) => bail!("labelling by mc rolls out with a policy: give one"),
+        ("binary", Some(policy)) => Box::new(crate::BinarySearch {
+            games,
+            policy,
+            rollouts: how.rollouts,
+            seed: how.seed,
+        }),
+        (m @ ("mc" | "binary"), None) => bail!("labelling by {m} rolls out with a policy: give one"),
         ("td", _) => {
             let outcomes: Vec<f32> = sols
                 .iter()
@@ -317,7 +347,7 @@ pub fn by_name<'a>(
                 lambda: how.lambda,
             })
         }
-        (m, _) => bail!("unknown labelling method `{m}` (oracle, mc or td)"),
+        (m, _) => bail!("unknown labelling method `{m}` (oracle, mc, binary or td)"),
     })
 }
 

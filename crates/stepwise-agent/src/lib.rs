@@ -10,10 +10,12 @@
 //!   [`rooms::Expert`], a noisy expert policy for runs without a model.
 //! - [`rollout`]: a [`stepwise_core::Policy`] playing in an environment.
 //! - [`search`]: beam search over actions, the environment stepping every candidate.
-//! - [`labels`]: oracle, Monte Carlo and TD(λ)/GAE labels for actions; [`quality`]: how well
+//! - [`labels`]: oracle, Monte Carlo and TD(λ)/GAE labels for actions; [`binary_search`]: the
+//!   first dead action found by binary search over Monte Carlo probes; [`quality`]: how well
 //!   labels separate the oracle's good actions from its bad ones.
 //! - [`reward`]: the goal, or any annotator's labels, as what RL optimises.
 
+pub mod binary_search;
 pub mod labels;
 pub mod quality;
 pub mod reward;
@@ -21,6 +23,7 @@ pub mod rollout;
 pub mod rooms;
 pub mod search;
 
+pub use binary_search::BinarySearch;
 pub use labels::{progress_targets, td_targets, training_targets, Games, MonteCarlo, Oracle, TemporalDifference};
 pub use reward::{GoalReward, LabelReward};
 pub use rollout::{play, End, Played};

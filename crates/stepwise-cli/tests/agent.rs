@@ -87,6 +87,32 @@ fn games_play_label_score_and_convert() {
     assert!(said.contains("environment steps"), "{said}");
     let mc = lines(&d.join("mc.jsonl"));
     assert!(mc.iter().all(|t| t["meta"]["env_steps"].as_u64().unwrap() > 0));
+    // Binary search: labels up to the first dead action, with fewer rollouts than Monte Carlo's.
+    label(
+        "binary",
+        &trajs_path,
+        &s("binary.jsonl"),
+        &["--expert", "0.8", "--rollouts", "3"],
+    );
+    let binary = lines(&d.join("binary.jsonl"));
+    let rollouts = |ts: &[serde_json::Value]| ts.iter().map(|t| t["meta"]["rollouts"].as_u64().unwrap()).sum::<u64>();
+    assert!(
+        rollouts(&binary) < rollouts(&mc),
+        "{} against {}",
+        rollouts(&binary),
+        rollouts(&mc)
+    );
+    for t in &binary {
+        let first_dead = t["meta"]["first_dead"].as_u64().map(|d| d as usize);
+        for (i, step) in t["steps"].as_array().unwrap().iter().enumerate() {
+            let want = match first_dead {
+                Some(d) if i > d => None,
+                Some(d) if i == d => Some(0.0),
+                _ => Some(1.0),
+            };
+            assert_eq!(step["label"]["p"].as_f64(), want, "{t}");
+        }
+    }
 
     // A PRM's scores of the trajectories (observations read as context), then TD labels.
     let scored = s("scored.jsonl");

@@ -90,6 +90,9 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
         "trajectories_eval.jsonl",
         "oracle_label.jsonl",
         "mc.jsonl",
+        "binary.jsonl",
+        "prm_progress/DONE",
+        "rl_prm_progress/eval_oracle.jsonl",
         "trajectories_eval_scored.jsonl",
         "search_beam.jsonl",
         "policy/DONE",
@@ -111,7 +114,7 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     // Monte Carlo pays in environment steps; TD and the returns pay nothing beyond the trajectories.
     assert!(m["labels"]["mc"]["env_steps"].as_u64().unwrap() > 0, "{m}");
     assert_eq!(m["labels"]["td"]["env_steps"], 0);
-    for source in ["mc", "td", "return"] {
+    for source in ["mc", "binary", "td", "return"] {
         let auc = m["labels"][source]["agreement"]["auc"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&auc), "{source}: {auc}");
     }

@@ -303,7 +303,9 @@ pub fn play<'py>(
 /// Label the actions of trajectories (records from `play`, or any file of them) by `method`:
 /// `oracle` (the environment's exact verdicts: rooms, or a Python environment with `judge`),
 /// `mc` (from the state after each action, `policy` plays on `rollouts` times: the fraction
-/// that reach the goal, AgentPRM) or `td` (the λ-return from the records' `scores[values]`,
+/// that reach the goal, AgentPRM), `binary` (binary search for the first action after which no
+/// rollout reaches the goal, Luo et al.: log2(n) probed states; later actions unlabelled) or
+/// `td` (the λ-return from the records' `scores[values]`,
 /// no rollouts: Xi et al.'s promise, with the progress beside it). `problems` are those the
 /// trajectories play. With `output` (`.jsonl`) the run is journalled and resumes.
 ///
@@ -329,9 +331,9 @@ pub fn label_actions<'py>(
     progress: Option<&Bound<'py, PyAny>>,
     step_timeout: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if !["oracle", "mc", "td"].contains(&method) {
+    if !["oracle", "mc", "binary", "td"].contains(&method) {
         return Err(value_error(format!(
-            "method={method:?}: use \"oracle\", \"mc\" or \"td\""
+            "method={method:?}: use \"oracle\", \"mc\", \"binary\" or \"td\""
         )));
     }
     if !(0.0..=1.0).contains(&gamma) || !(0.0..=1.0).contains(&lam) {
@@ -341,8 +343,10 @@ pub fn label_actions<'py>(
     }
     let problems = problems_arg(problems)?;
     let policy = policy.map(|p| PolicyArg::of(p, separator)).transpose()?;
-    if method == "mc" && policy.is_none() {
-        return Err(value_error("method=\"mc\" rolls out with a policy: pass policy="));
+    if (method == "mc" || method == "binary") && policy.is_none() {
+        return Err(value_error(format!(
+            "method={method:?} rolls out with a policy: pass policy="
+        )));
     }
     let env = environment_of(env, max_actions, step_timeout)?;
     let given = records_arg(records)?;

@@ -24,6 +24,8 @@ some ruin the goal.
   stepwise agent label --method oracle --problems games.jsonl --input trajectories.jsonl --output oracle.jsonl
   stepwise agent label --method mc --rollouts 8 --expert 0.7 --problems games.jsonl \\
       --input trajectories.jsonl --output mc.jsonl
+  stepwise agent label --method binary --rollouts 4 --expert 0.7 --problems games.jsonl \\
+      --input trajectories.jsonl --output binary.jsonl
   stepwise score --prm PRM --input trajectories.jsonl --output scored.jsonl
   stepwise agent label --method td --values prm --problems games.jsonl --input scored.jsonl --output td.jsonl
   stepwise agent rl --policy POLICY --problems games.jsonl --reward prm:PRM --updates 16 --out agent-rl/
@@ -197,9 +199,11 @@ struct PlayArgs {
 
 #[derive(clap::Args)]
 struct LabelArgs {
-    /// `oracle` (the world's exact verdicts), `mc` (rollouts from the state after each action)
-    /// or `td` (TD(λ) returns from the trajectories' value scores, no rollouts).
-    #[arg(long, value_parser = ["oracle", "mc", "td"])]
+    /// `oracle` (the world's exact verdicts), `mc` (rollouts from the state after each action),
+    /// `binary` (binary search for the first action after which no rollout reaches the goal:
+    /// log2(n) probed states instead of n; later actions unlabelled) or `td` (TD(λ) returns from
+    /// the trajectories' value scores, no rollouts).
+    #[arg(long, value_parser = ["oracle", "mc", "binary", "td"])]
     method: String,
     /// The problems the trajectories play.
     #[arg(long)]
@@ -210,10 +214,10 @@ struct LabelArgs {
     /// Labelled trajectories (stepwise JSONL, appended and resumed).
     #[arg(long)]
     output: PathBuf,
-    /// --method mc: rollouts from each state.
+    /// --method mc: rollouts from each state; binary: from each probed state.
     #[arg(long, default_value_t = 8)]
     rollouts: usize,
-    /// --method mc: who plays the rollouts.
+    /// --method mc and binary: who plays the rollouts.
     #[command(flatten)]
     player: Player,
     /// --method td: which of the trajectories' scores are the state values (`stepwise score`
@@ -309,7 +313,7 @@ fn label(a: LabelArgs) -> Result<()> {
     let env = rooms(a.max_actions, a.silent);
     let games = Games::new(&env, problems.clone());
     let opened = match a.method.as_str() {
-        "mc" => Some(a.player.open(&problems)?),
+        "mc" | "binary" => Some(a.player.open(&problems)?),
         _ => None,
     };
     let policy = opened.as_ref().map(Opened::policy);

@@ -1,5 +1,6 @@
 //! Labels for the policy's actions, and how well they agree with the oracle: the oracle's own
-//! verdicts, Monte Carlo rollouts from each state (AgentPRM, Choudhury 2025), and TD(λ) from a
+//! verdicts, Monte Carlo rollouts from each state (AgentPRM, Choudhury 2025), binary search for
+//! the first dead action over the same rollouts (Luo et al. 2024), and TD(λ) from a
 //! learned value (AgentPRM, Xi et al. 2026). The value is cross-fitted: the label worlds are
 //! split in two, a value model trained on one half's discounted returns scores the other
 //! half's states, so no trajectory's values come from a model that saw its return.
@@ -9,7 +10,8 @@ use crate::stages::annotate::label_stage;
 use anyhow::Result;
 use serde::Serialize;
 use stepwise_agent::labels::{Games, MonteCarlo, Oracle, TemporalDifference};
-use stepwise_agent::quality::{agreement, Agreement};
+use stepwise_agent::quality::{agreement, agreement_by, progress, Agreement};
+use stepwise_agent::BinarySearch;
 use stepwise_core::seams::Annotator;
 use stepwise_core::Solution;
 
@@ -32,8 +34,11 @@ pub struct Labels {
     pub mc: Vec<Solution>,
     /// TD(λ) labels from the cross-fitted value.
     pub td: Vec<Solution>,
-    /// Each source's agreement and cost: `mc`, `td`, and `return` (each action's discounted
-    /// return in its own trajectory: TD with λ = 1, what the value learns from).
+    /// Each source's agreement and cost: `mc`, `binary` (binary search for the first dead
+    /// action over Monte Carlo probes; it labels only the actions up to it, so
+    /// `mc_on_binary_actions` is Monte Carlo's agreement on those same actions), `td`, and
+    /// `return` (each action's discounted return in its own trajectory: TD with λ = 1, what the
+    /// value learns from).
     pub costs: Vec<(String, LabelCost)>,
     /// Environment steps of the trajectories themselves.
     pub trajectory_steps: u64,
@@ -43,6 +48,23 @@ fn meta_sum(sols: &[Solution], key: &str) -> u64 {
     sols.iter()
         .filter_map(|s| s.meta.get(key).and_then(serde_json::Value::as_u64))
         .sum()
+}
+
+/// The agreement of `labelled`'s progress with `oracle` on only the actions `subset` labels (the
+/// same trajectories labelled another way): two sources compared on the same actions.
+fn same_actions(labelled: &[Solution], subset: &[Solution], oracle: &[Solution], v0: f32, gamma: f32) -> Agreement {
+    let by_id: std::collections::HashMap<&str, &Solution> = labelled.iter().map(|t| (t.id.as_str(), t)).collect();
+    agreement_by(subset, oracle, |t| {
+        let gained = by_id
+            .get(t.id.as_str())
+            .map(|l| progress(l, v0, gamma))
+            .unwrap_or_default();
+        t.steps
+            .iter()
+            .enumerate()
+            .map(|(i, st)| st.label.as_ref().and(gained.get(i).copied().flatten()))
+            .collect()
+    })
 }
 
 /// The mean outcome of trajectories: the value of a start state.
@@ -73,6 +95,14 @@ impl Ctx<'_> {
             gamma: a.gamma,
         };
         let mc = self.label("mc.jsonl", trajs, &mc_annotator, "Monte Carlo labels")?;
+        // Binary search probes states with the same rollouts (and draws) as Monte Carlo.
+        let bs_annotator = BinarySearch {
+            games,
+            policy: self.policy,
+            rollouts: a.rollouts,
+            seed: self.seed ^ 4,
+        };
+        let binary = self.label("binary.jsonl", trajs, &bs_annotator, "binary-search labels")?;
         let v0 = mean_outcome(trajs);
         let returns = TemporalDifference {
             values: "value".into(),
@@ -98,10 +128,29 @@ impl Ctx<'_> {
             tokens,
         };
         let trajectory_steps: u64 = trajs.iter().map(|t| t.steps.len() as u64).sum();
-        // A Monte Carlo record's `env_steps` counts its replay of the trajectory too.
+        // A Monte Carlo record's `env_steps` counts its replay of the trajectory too; a binary
+        // search's, where it probed (the trajectory failed).
         let mc_steps = meta_sum(&mc, "env_steps").saturating_sub(trajectory_steps);
+        let probed: u64 = binary
+            .iter()
+            .filter(|t| t.correct != Some(true))
+            .map(|t| t.steps.len() as u64)
+            .sum();
+        let binary_steps = meta_sum(&binary, "env_steps").saturating_sub(probed);
         let costs = vec![
             ("mc".to_string(), cost(&mc, mc_steps, meta_sum(&mc, "generated_tokens"))),
+            (
+                "binary".to_string(),
+                cost(&binary, binary_steps, meta_sum(&binary, "generated_tokens")),
+            ),
+            (
+                "mc_on_binary_actions".to_string(),
+                LabelCost {
+                    agreement: same_actions(&mc, &binary, &oracle, v0, a.gamma),
+                    env_steps: mc_steps,
+                    tokens: meta_sum(&mc, "generated_tokens"),
+                },
+            ),
             ("td".to_string(), cost(&td, 0, 0)),
             ("return".to_string(), cost(&returns, 0, 0)),
         ];
