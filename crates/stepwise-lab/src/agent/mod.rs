@@ -105,6 +105,37 @@ impl Ctx<'_> {
     }
 }
 
+/// The verifiers later stages use.
+struct Trained {
+    prm_mc: Model,
+    progress_head: Model,
+}
+
+impl Ctx<'_> {
+    /// PRM-MC, PRM-TD (the promise head), the progress head and the ORM, each from the policy,
+    /// and `eval` scored by each (written to `trajectories_eval_scored.jsonl`).
+    fn verifiers_and_scores(
+        &self,
+        labels: &labels::Labels,
+        label_trajs: &[Solution],
+        eval: &[Solution],
+    ) -> Result<(Trained, Vec<Solution>)> {
+        let (v, steps) = (self.verifiers(), self.preset.agent.verifier_steps);
+        let prm_mc = v.train_for("prm_mc", "training PRM-MC", &labels.mc, false, steps)?;
+        let prm_td = v.train_for("prm_td", "training PRM-TD", &labels.td, false, steps)?;
+        let orm = v.train_for("orm", "training ORM", label_trajs, true, steps)?;
+        let progress_head = self.progress_head(&labels.td)?;
+        let mut scored = eval.to_vec();
+        v.score(&prm_mc, false, &mut scored, "prm_mc", "scoring with PRM-MC")?;
+        v.score(&prm_td, false, &mut scored, "prm_td", "scoring with PRM-TD")?;
+        v.score(&orm, true, &mut scored, "orm", "scoring with the ORM")?;
+        let what = "scoring with the progress head";
+        v.score(&progress_head, false, &mut scored, heads::PROGRESS_HEAD, what)?;
+        crate::stages::write_jsonl(&self.out.join("trajectories_eval_scored.jsonl"), &scored)?;
+        Ok((Trained { prm_mc, progress_head }, scored))
+    }
+}
+
 /// The preset the agent's verifiers train under: from the policy, a classifier head (a PRM
 /// reads the value of the state each action led to; the ORM a value head at the end), and
 /// every labelled action trained on (after a bad action a trajectory can still be repaired,
@@ -183,21 +214,9 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
         "oracle labels (held out)",
     )?;
 
-    // 4. Verifiers from the policy: PRMs on MC and TD labels, the ORM on outcomes.
-    let v = ctx.verifiers();
-    let steps = a.verifier_steps;
-    let prm_mc = v.train_for("prm_mc", "training PRM-MC", &labels.mc, false, steps)?;
-    let prm_td = v.train_for("prm_td", "training PRM-TD", &labels.td, false, steps)?;
-    let orm = v.train_for("orm", "training ORM", &label_trajs, true, steps)?;
-    let progress_head = ctx.progress_head(&labels.td)?;
-    let mut scored = eval_trajs.clone();
-    v.score(&prm_mc, false, &mut scored, "prm_mc", "scoring with PRM-MC")?;
-    v.score(&prm_td, false, &mut scored, "prm_td", "scoring with PRM-TD")?;
-    v.score(&orm, true, &mut scored, "orm", "scoring with the ORM")?;
-    let what = "scoring with the progress head";
-    v.score(&progress_head, false, &mut scored, heads::PROGRESS_HEAD, what)?;
-    crate::stages::write_jsonl(&o.out.join("trajectories_eval_scored.jsonl"), &scored)?;
-    // The promise head (PRM-TD) and the progress head, read on the held-out actions.
+    // 4. Verifiers from the policy (PRMs on MC and TD labels, the progress head, the ORM), the
+    // held-out trajectories scored by each.
+    let (verifiers, scored) = ctx.verifiers_and_scores(&labels, &label_trajs, &eval_trajs)?;
     let v0 = labels::mean_outcome(&label_trajs);
     let heads = heads::heads(&scored, &eval_oracle, "prm_td", v0, a.gamma);
 
@@ -211,10 +230,10 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
     )?;
 
     // 6. Beam search over actions, guided by PRM-MC, on worlds of its own.
-    let search = ctx.search(&g.search, &prm_mc)?;
+    let search = ctx.search(&g.search, &verifiers.prm_mc)?;
 
     // 7. RL in the demonstration worlds: per-action rewards against the goal alone.
-    let rl = ctx.rl(&g.demo, &g.eval, &prm_mc, &progress_head)?;
+    let rl = ctx.rl(&g.demo, &g.eval, &verifiers.prm_mc, &verifiers.progress_head)?;
 
     let stages = report::Stages {
         labels: &labels,
