@@ -124,8 +124,9 @@ mod tests {
     use crate::rooms::{problem, Expert, Rooms};
     use crate::{play, MonteCarlo};
 
-    /// A few of the rooms world's problems, and two trajectories of each by a poor expert.
-    fn setup(env: &Rooms) -> (Vec<stepwise_core::Problem>, Vec<Solution>) {
+    /// A few of the rooms world's problems, two trajectories of each by a poor expert, and a
+    /// better expert to roll out.
+    fn setup(env: &Rooms) -> (Games<'_>, Expert, Vec<Solution>) {
         let problems: Vec<_> = (0..8).map(|i| problem(3, i)).collect();
         let expert = Expert::new(&problems, 0.3).unwrap();
         let trajs = problems
@@ -133,24 +134,27 @@ mod tests {
             .flat_map(|p| (0..2).map(move |j| (p, j)))
             .map(|(p, j)| play(&expert, env, p, format!("{}-{j}", p.id), j as u64 * 7 + 1))
             .collect();
-        (problems, trajs)
+        let roller = Expert::new(&problems, 0.6).unwrap();
+        (Games::new(env, problems), roller, trajs)
+    }
+
+    fn search<'a>(games: &'a Games<'a>, roller: &'a Expert, seed: u64) -> BinarySearch<'a> {
+        BinarySearch {
+            games,
+            policy: roller,
+            rollouts: 2,
+            seed,
+        }
     }
 
     #[test]
     fn labels_stop_at_the_first_dead_action_and_cost_fewer_rollouts_than_monte_carlo() {
         let env = Rooms::new(12);
-        let (problems, trajs) = setup(&env);
-        let expert = Expert::new(&problems, 0.6).unwrap();
-        let games = Games::new(&env, problems);
-        let bs = BinarySearch {
-            games: &games,
-            policy: &expert,
-            rollouts: 2,
-            seed: 1,
-        };
+        let (games, roller, trajs) = setup(&env);
+        let bs = search(&games, &roller, 1);
         let mc = MonteCarlo {
             games: &games,
-            policy: &expert,
+            policy: &roller,
             rollouts: 2,
             seed: 1,
             gamma: 1.0,
@@ -190,15 +194,8 @@ mod tests {
     #[test]
     fn the_same_seed_gives_the_same_labels() {
         let env = Rooms::new(12);
-        let (problems, trajs) = setup(&env);
-        let expert = Expert::new(&problems, 0.6).unwrap();
-        let games = Games::new(&env, problems);
-        let bs = BinarySearch {
-            games: &games,
-            policy: &expert,
-            rollouts: 2,
-            seed: 4,
-        };
+        let (games, roller, trajs) = setup(&env);
+        let bs = search(&games, &roller, 4);
         for t in &trajs {
             assert_eq!(bs.annotate(t).unwrap().0, bs.annotate(t).unwrap().0);
         }
