@@ -34,7 +34,8 @@ def test_lab_agent_domain(tmp_path):
             "agent_rl_updates=0"]
     metrics = stepwise.lab.run(preset="quick", seed=3, out=tmp_path / "agent", sets=tiny, domain="agent")
     assert metrics["domain"] == "agent"
-    assert set(metrics["labels"]) == {"mc", "td", "return"}
+    assert set(metrics["labels"]) == {"mc", "binary", "mc_on_binary_actions", "td", "return"}
     assert metrics["search"] is None and metrics["rl"] is None
+    assert {"progress_head", "promise_change", "promise"} <= set(metrics["heads"])
     assert 0.0 <= metrics["policy"]["success_rate"] <= 1.0
     assert any(c["method"] == "PRM-MC-min" for c in metrics["bon"]["curves"])
