@@ -8,9 +8,9 @@
 //! successful continuation from every state: every action is labelled 1 with no rollouts, lucky
 //! successes included (binary search cannot see a bad action that was repaired).
 
-use crate::labels::{roll_out, Games};
-use anyhow::{Context, Result};
-use stepwise_core::seams::{Annotator, Episode, Policy, Spent};
+use crate::labels::{roll_out, Games, Replay};
+use anyhow::Result;
+use stepwise_core::seams::{Annotator, Policy, Spent};
 use stepwise_core::{Provenance, Solution, StepLabel};
 
 /// The binary-search annotator (`stepwise agent label --method binary`).
@@ -26,35 +26,10 @@ pub struct BinarySearch<'a> {
     pub seed: u64,
 }
 
-/// A trajectory replayed: what the policy saw first, the episode after each action, and whether
-/// the last one ended it.
-struct Replayed {
-    question: String,
-    after: Vec<Box<dyn Episode>>,
-    ended: bool,
-}
-
 impl BinarySearch<'_> {
-    fn replay(&self, sol: &Solution) -> Result<Replayed> {
-        let problem = self.games.problem(sol)?;
-        let (mut ep, first) = self.games.env.reset(problem)?;
-        let (mut after, mut ended) = (Vec::with_capacity(sol.steps.len()), false);
-        for (i, st) in sol.steps.iter().enumerate() {
-            let obs = ep
-                .step(&st.text)
-                .with_context(|| format!("trajectory `{}`: replaying step {i}", sol.id))?;
-            ended = obs.done;
-            after.push(ep.fork()?);
-        }
-        Ok(Replayed {
-            question: crate::rollout::prompt(&problem.question, &first),
-            after,
-            ended,
-        })
-    }
-
     /// The first action after which no rollout reaches the goal (`None`: none), and the cost.
-    fn first_dead(&self, sol: &Solution, r: &Replayed, spent: &mut Spent) -> Result<Option<usize>> {
+    fn first_dead(&self, sol: &Solution, r: &Replay, spent: &mut Spent) -> Result<Option<usize>> {
+        let question = crate::rollout::prompt(&self.games.problem(sol)?.question, &r.first);
         let turns = sol.turn_strings();
         let key = self.seed ^ crate::rollout::fnv(&sol.id);
         let n = sol.steps.len();
@@ -66,9 +41,9 @@ impl BinarySearch<'_> {
             let budget = self.games.env.max_actions().saturating_sub(i + 1);
             let played = roll_out(
                 self.policy,
-                &r.question,
+                &question,
                 &turns[..=i],
-                r.after[i].as_ref(),
+                r.after(i),
                 (i, self.rollouts),
                 budget,
                 key,
@@ -101,7 +76,7 @@ impl Annotator for BinarySearch<'_> {
         let dead = if sol.correct == Some(true) {
             None
         } else {
-            let r = self.replay(sol)?;
+            let r = self.games.replay(sol)?;
             spent.env_steps += sol.steps.len();
             self.first_dead(sol, &r, &mut spent)?
         };

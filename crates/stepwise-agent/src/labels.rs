@@ -41,17 +41,42 @@ impl<'a> Games<'a> {
         })
     }
 
-    /// The episode after each of `sol`'s actions, replayed from the start: `states[i]` is the
-    /// state before step `i` (the last one, after every step, is left out).
-    fn states(&self, sol: &Solution) -> Result<Vec<Box<dyn Episode>>> {
-        let (mut ep, _) = self.env.reset(self.problem(sol)?)?;
-        let mut out = Vec::with_capacity(sol.steps.len());
+    /// `sol`'s episode replayed from the start, with a fork of the state before each action.
+    pub(crate) fn replay(&self, sol: &Solution) -> Result<Replay> {
+        let (mut ep, first) = self.env.reset(self.problem(sol)?)?;
+        let (mut before, mut ended) = (Vec::with_capacity(sol.steps.len()), false);
         for (i, st) in sol.steps.iter().enumerate() {
-            out.push(ep.fork()?);
-            ep.step(&st.text)
-                .with_context(|| format!("trajectory `{}`: replaying step {i}", sol.id))?;
+            before.push(ep.fork()?);
+            ended = ep
+                .step(&st.text)
+                .with_context(|| format!("trajectory `{}`: replaying step {i}", sol.id))?
+                .done;
         }
-        Ok(out)
+        Ok(Replay {
+            first,
+            before,
+            end: ep,
+            ended,
+        })
+    }
+}
+
+/// A trajectory replayed ([`Games::replay`]).
+pub(crate) struct Replay {
+    /// What the environment said first.
+    pub first: String,
+    /// The state before each action.
+    pub before: Vec<Box<dyn Episode>>,
+    /// The state after the last action.
+    pub end: Box<dyn Episode>,
+    /// Whether the last action ended the episode.
+    pub ended: bool,
+}
+
+impl Replay {
+    /// The state after action `i`.
+    pub fn after(&self, i: usize) -> &dyn Episode {
+        self.before.get(i + 1).unwrap_or(&self.end).as_ref()
     }
 }
 
@@ -66,7 +91,7 @@ impl Annotator for Oracle<'_> {
     }
 
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
-        let states = self.0.states(sol)?;
+        let states = self.0.replay(sol)?.before;
         let mut out = sol.clone();
         let mut kinds = Vec::with_capacity(states.len());
         for (st, ep) in out.steps.iter_mut().zip(&states) {

@@ -87,6 +87,11 @@ fn candidates(groups: &[(Problem, Vec<Solution>)], prm: &str, orm: &str) -> Resu
         .collect()
 }
 
+/// A PRM's selector as reports name it: `prm_mc` by its lowest score is `PRM-MC-min`.
+fn selector_label(prm: &str, agg: Aggregation) -> String {
+    format!("{}-{}", prm.to_uppercase().replace('_', "-"), agg.name())
+}
+
 /// The selectors compared: (label, scorer whose step scores it reads, rule).
 fn selectors(prms: &[&str]) -> Vec<(String, String, Option<Selector>)> {
     let mut out = vec![
@@ -96,7 +101,7 @@ fn selectors(prms: &[&str]) -> Vec<(String, String, Option<Selector>)> {
     ];
     for prm in prms {
         for agg in [Aggregation::Min, Aggregation::Mean, Aggregation::Last] {
-            let label = format!("{}-{}", prm.to_uppercase().replace('_', "-"), agg.name());
+            let label = selector_label(prm, agg);
             out.push((label, prm.to_string(), Some(Selector::Prm(agg))));
         }
     }
@@ -176,7 +181,7 @@ fn paired_at_most(
     clean_at_most: &BTreeMap<String, Vec<f64>>,
     seed: u64,
 ) -> Vec<PairedDifference> {
-    let name = |prm: &str, agg: Aggregation| format!("{}-{}", prm.to_uppercase().replace('_', "-"), agg.name());
+    let name = selector_label;
     let headline = name(prms[0], Aggregation::Min);
     let mut pairs = vec![(headline.clone(), "majority".to_string())];
     for agg in [Aggregation::Min, Aggregation::Mean, Aggregation::Last] {
