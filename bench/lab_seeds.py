@@ -4,7 +4,8 @@ docs/lab.md: best-of-32 with 95% intervals, the paired differences the issues se
 RL (process against outcome rewards, lucky-correct before and after), label quality, and the
 studio stage's selection policies (per seed, and pooled over the seeds: the paired best-of-32
 difference over every seed's problems, a bootstrap resampling problems within each seed). For
-agent runs, the RL stage: each reward source against outcome-only RL per seed and pooled.
+agent runs, best-of-all trajectories (PRM-MC against the ORM) and the RL stage (each reward
+source against outcome-only RL), per seed and pooled.
 
     python3 bench/lab_seeds.py runs/standard-code-seed1 runs/standard-code-seed2 runs/standard-code-seed3
 """
@@ -38,6 +39,7 @@ def main(folders):
     seeds = " | ".join(f"seed {m['seed']}" for m in runs)
     print(f"domain {runs[0]['domain']}, preset {runs[0]['preset']}\n")
     if runs[0]["domain"] == "agent":
+        agent_bon_section(folders, runs)
         return agent_rl_section(folders, runs)
     print(f"| best-of-32 | {seeds} |\n|---|{'---|' * len(runs)}")
     for method in BON:
@@ -147,17 +149,80 @@ def studio_section(folders, runs):
         print(f"| {d0['a']} − {d0['b']} | {' | '.join(cells)} |")
 
 
-def agent_rl_world_rates(folder, source):
-    """Each held-out world's success and clean success (no invalid or regressing action on the
-    way) after the agent lab's RL with `source`, from its oracle-labelled trajectories."""
-    won, clean = defaultdict(list), defaultdict(list)
-    with open(Path(folder) / f"rl_{source}" / "eval_oracle.jsonl") as f:
+AGG = {"min": min, "mean": lambda xs: sum(xs) / len(xs), "last": lambda xs: xs[-1]}
+
+
+def agent_best_of_all(folder):
+    """Each held-out world's best-of-all pick (all its trajectories, the lab's largest N) by the
+    ORM and by PRM-MC in each aggregation: was it a success, and a clean one (the oracle saw no
+    invalid or regressing action)? Tied picks count by their share, the lab's expectation."""
+    lucky = set()
+    with open(Path(folder) / "oracle_eval.jsonl") as f:
+        for line in f:
+            o = json.loads(line)
+            if o.get("correct") is True and any(k in ("invalid", "regress") for k in o["meta"]["actions"]):
+                lucky.add(o["id"])
+    groups = defaultdict(list)
+    with open(Path(folder) / "trajectories_eval_scored.jsonl") as f:
         for line in f:
             t = json.loads(line)
-            ok = t.get("correct") is True
-            bad = any(k in ("invalid", "regress") for k in t["meta"]["actions"])
-            won[t["problem_id"]].append(ok)
-            clean[t["problem_id"]].append(ok and not bad)
+            groups[t["problem_id"]].append(t)
+    score = {"ORM": lambda t: (t["scores"]["orm"] or [0.0])[-1]}
+    for name, agg in AGG.items():
+        score[f"PRM-MC-{name}"] = lambda t, agg=agg: agg(t["scores"]["prm_mc"]) if t["scores"]["prm_mc"] else 0.0
+    out = {k: ({}, {}) for k in score}
+    for pid, ts in groups.items():
+        for k, f in score.items():
+            values = [f(t) for t in ts]
+            top = [t for t, v in zip(ts, values) if v == max(values)]
+            won = [t.get("correct") is True for t in top]
+            out[k][0][pid] = sum(won) / len(top)
+            out[k][1][pid] = sum(w and t["id"] not in lucky for w, t in zip(won, top)) / len(top)
+    return out
+
+
+def agent_bon_section(folders, runs):
+    """The agent lab's best-of-all (N = 32 in the standard preset): PRM-MC in each aggregation
+    against the ORM per seed (the lab's own pairs) and pooled over the seeds' worlds."""
+    seeds = " | ".join(f"seed {m['seed']}" for m in runs)
+    picks = [agent_best_of_all(f) for f in folders]
+    for m, p in zip(runs, picks):
+        lab = next(pt["accuracy"] for c in m["bon"]["curves"] if c["method"] == "ORM" for pt in c["points"][-1:])
+        mine = sum(p["ORM"][0].values()) / len(p["ORM"][0])
+        if abs(lab - mine) > 1e-9:
+            print(f"(seed {m['seed']}: ORM best-of-all {mine:.3f} here, {lab:.3f} in the lab)")
+    print(f"| best-of-all − ORM | {seeds} | pooled |\n|---|{'---|' * (len(runs) + 1)}")
+    for name in AGG:
+        for i, what in ((0, "success"), (1, "clean success")):
+            cells, per_seed = [], []
+            for m, p in zip(runs, picks):
+                d = next((d for d in m["bon"]["paired"] if d["a"] == f"PRM-MC-{name}" and d["b"] == "ORM"
+                          and d["measure"].endswith(f" {what}") and what in d["measure"]
+                          and ("clean" in d["measure"]) == (i == 1)), None)
+                cells.append(signed(d) if d else "-")
+                a, b = p[f"PRM-MC-{name}"][i], p["ORM"][i]
+                per_seed.append([a[k] - b[k] for k in sorted(a)])
+            mean, lo, hi, n = pooled(per_seed)
+            text = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (n={n})"
+            cells.append(f"**{text}**" if lo > 0 or hi < 0 else text)
+            print(f"| PRM-MC-{name} − ORM, {what} | {' | '.join(cells)} |")
+    print()
+
+
+def agent_rl_world_rates(folder, source, runs=1):
+    """Each held-out world's success and clean success (no invalid or regressing action on the
+    way) after the agent lab's RL with `source`, from its oracle-labelled trajectories: over
+    its `runs` RL seeds (folders `rl_<source>`, `rl_<source>-seed2`, …), as the lab pools them."""
+    won, clean = defaultdict(list), defaultdict(list)
+    dirs = [f"rl_{source}"] + [f"rl_{source}-seed{k}" for k in range(2, runs + 1)]
+    for d in dirs:
+        with open(Path(folder) / d / "eval_oracle.jsonl") as f:
+            for line in f:
+                t = json.loads(line)
+                ok = t.get("correct") is True
+                bad = any(k in ("invalid", "regress") for k in t["meta"]["actions"])
+                won[t["problem_id"]].append(ok)
+                clean[t["problem_id"]].append(ok and not bad)
     rate = lambda d: {k: sum(v) / len(v) for k, v in d.items()}
     return rate(won), rate(clean)
 
@@ -167,12 +232,14 @@ def agent_rl_section(folders, runs):
     RL per seed (the lab's own intervals) and pooled over the seeds' held-out worlds."""
     seeds = " | ".join(f"seed {m['seed']}" for m in runs)
     sources = [v["reward"] for v in runs[0]["rl"]["variants"]]
-    print(f"| after RL ({runs[0]['rl']['eval_samples']} episodes a world) | {seeds} |\n|---|{'---|' * len(runs)}")
+    print(f"| after RL ({runs[0]['rl'].get('seeds', 1)} runs a source, {runs[0]['rl']['eval_samples']} episodes a world after each) | {seeds} |\n|---|{'---|' * len(runs)}")
     for name in sources:
         cells = []
         for m in runs:
             v = next(v for v in m["rl"]["variants"] if v["reward"] == name)
-            cells.append(f"{v['success']:.3f} (clean {v['clean_success']:.3f}, lucky {100 * v['lucky_rate']:.0f}%)")
+            by_run = " / ".join(f"{x:.3f}" for x in v.get("success_by_run", []))
+            runs_note = f"; runs {by_run}" if len(v.get("success_by_run", [])) > 1 else ""
+            cells.append(f"{v['success']:.3f} (clean {v['clean_success']:.3f}, lucky {100 * v['lucky_rate']:.0f}%{runs_note})")
         print(f"| {name} | {' | '.join(cells)} |")
     print(f"\n| − outcome | {seeds} | pooled |\n|---|{'---|' * (len(runs) + 1)}")
     for name in sources[1:]:
@@ -181,7 +248,9 @@ def agent_rl_section(folders, runs):
             for folder, m in zip(folders, runs):
                 d = next(d for d in m["rl"]["paired"] if d["a"] == name and d["measure"].startswith(what))
                 cells.append(signed(d))
-                a, b = agent_rl_world_rates(folder, name)[i], agent_rl_world_rates(folder, "outcome")[i]
+                n_runs = m["rl"].get("seeds", 1)
+                a = agent_rl_world_rates(folder, name, n_runs)[i]
+                b = agent_rl_world_rates(folder, "outcome", n_runs)[i]
                 per_seed.append([a[k] - b[k] for k in sorted(a.keys() & b.keys())])
             mean, lo, hi, n = pooled(per_seed)
             text = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (n={n})"

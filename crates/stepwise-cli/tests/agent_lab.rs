@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The quick preset made smaller: what is checked is the loop and its bookkeeping.
-const TINY: [&str; 24] = [
+const TINY: [&str; 26] = [
     "--set",
     "agent_demo_games=30",
     "--set",
@@ -33,6 +33,8 @@ const TINY: [&str; 24] = [
     "agent_rl_updates=2",
     "--set",
     "agent_rl_eval_samples=2",
+    "--set",
+    "agent_rl_seeds=2",
 ];
 
 fn lab(out: &Path) -> Command {
@@ -127,6 +129,8 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
         assert_eq!(c["points"].as_array().unwrap().last().unwrap()["n"], 4);
     }
     assert!(m["bon"]["lucky"]["pool"].as_f64().is_some());
+    let shortfall = m["bon"]["orm_shortfall"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&shortfall), "{shortfall}");
     let paired = m["bon"]["paired"].as_array().unwrap();
     assert!(paired.iter().any(|d| d["a"] == "PRM-MC-min" && d["b"] == "majority"));
     // The headline PRM in every aggregation against the ORM, on success and clean success.
@@ -149,8 +153,26 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     assert_eq!(names, ["outcome", "prm_mc", "oracle", "prime", "prm_progress"]);
     let credits: Vec<Option<&str>> = variants.iter().map(|v| v["credit"].as_str()).collect();
     assert_eq!(credits, [None, Some("progress"), Some("own"), None, Some("own")]);
+    assert_eq!(m["rl"]["seeds"], 2);
     for v in variants {
         assert_eq!(v["updates"], 2, "{v}");
+        // Two runs a source (RL seeds 1 and 2), pooled: with as many held-out trajectories
+        // after each, the pooled success is the mean of the runs'.
+        assert_eq!(v["runs"], 2, "{v}");
+        let by_run: Vec<f64> = v["success_by_run"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(by_run.len(), 2, "{v}");
+        let mean = (by_run[0] + by_run[1]) / 2.0;
+        assert!((v["success"].as_f64().unwrap() - mean).abs() < 1e-9, "{v}");
+        let name = v["reward"].as_str().unwrap();
+        for dir in [format!("rl_{name}"), format!("rl_{name}-seed2")] {
+            // Every held-out world (4) twice (agent_rl_eval_samples) after each run.
+            assert_eq!(read_lines(&a.join(&dir).join("eval.jsonl")), 4 * 2, "{dir}");
+        }
         assert!(v["sampled_tokens"].as_u64().unwrap() > 0, "{v}");
         assert!(
             v["clean_success"].as_f64().unwrap() <= v["success"].as_f64().unwrap(),

@@ -29,6 +29,10 @@ pub struct BestOfN {
     /// Share of successes with an invalid or regressing action: in the pool (`pool`), and among
     /// the successes each selector picks from all of a world's trajectories.
     pub lucky: BTreeMap<String, f64>,
+    /// How far the ORM falls short of pass@N on success, the most over N: 0 when it picks a
+    /// success whenever one exists (the outcome is readable from the trajectory), a ceiling no
+    /// selector can pass on success; clean success is then where a verifier of actions can.
+    pub orm_shortfall: f64,
 }
 
 /// Whether a trajectory is a lucky success: it reached the goal after an action the oracle
@@ -163,11 +167,25 @@ pub fn best_of_n(
     }
     let paired = paired_at_most(prms, most, &at_most, &clean_at_most, seed);
     Ok(BestOfN {
+        orm_shortfall: shortfall(&curves, "ORM"),
         curves,
         clean_curves,
         paired,
         lucky: lucky_rate,
     })
+}
+
+/// The most, over N, by which the curve `method` falls short of pass@N (0 without either).
+fn shortfall(curves: &[Curve], method: &str) -> f64 {
+    let find = |m: &str| curves.iter().find(|c| c.method == m);
+    let (Some(pass), Some(c)) = (find("pass@N"), find(method)) else {
+        return 0.0;
+    };
+    pass.points
+        .iter()
+        .zip(&c.points)
+        .map(|(p, q)| p.accuracy - q.accuracy)
+        .fold(0.0, f64::max)
 }
 
 /// The paired differences at the largest N (`most`), world by world: the headline PRM (the first

@@ -69,6 +69,10 @@ pub struct AgentPreset {
     /// RL: trajectories per held-out world to measure each policy after RL.
     #[serde(rename = "agent_rl_eval_samples")]
     pub rl_eval_samples: usize,
+    /// RL: runs per reward source, each with its own RL seed (sampling during RL and the
+    /// held-out episodes after it); a source's measures pool its runs.
+    #[serde(rename = "agent_rl_seeds")]
+    pub rl_seeds: usize,
 }
 
 impl AgentPreset {
@@ -97,6 +101,7 @@ impl AgentPreset {
             rl_lr: 1e-4,
             rl_kl: 0.04,
             rl_eval_samples: 2,
+            rl_seeds: 1,
         }
     }
 
@@ -131,6 +136,11 @@ impl AgentPreset {
             // (and three RL seeds) the same 16 updates separate per-action rewards from the
             // goal (docs/agents.md). 16 × 48 episodes a source, about a minute in all.
             rl_eval_samples: 16,
+            // One run a source left the lab's paired differences within the noise pooled over
+            // its three seeds while three RL seeds from the command line separated them
+            // (docs/agents.md): the training's own randomness is most of the spread. About two
+            // minutes a run of the five sources on 2 cores.
+            rl_seeds: 3,
         }
     }
 }

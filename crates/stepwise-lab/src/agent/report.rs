@@ -218,7 +218,19 @@ fn body(r: &AgentReport) -> String {
     }
     let _ = writeln!(
         s,
-        "\nLucky successes among what each selector picks from all of a world's trajectories (the pool: every success): {}.\n",
+        "\n{}",
+        if r.bon.orm_shortfall < 0.005 {
+            "The ORM picks a success whenever there is one (it reaches pass@N at every N): the outcome is readable from the trajectory, and on success no selector can beat it; clean success is where a verifier of actions can.".to_string()
+        } else {
+            format!(
+                "The ORM falls short of pass@N by up to {:.3} on success.",
+                r.bon.orm_shortfall
+            )
+        }
+    );
+    let _ = writeln!(
+        s,
+        "Lucky successes among what each selector picks from all of a world's trajectories (the pool: every success): {}.\n",
         r.bon.lucky.iter().map(|(k, v)| format!("{k} {:.1}%", 100.0 * v)).collect::<Vec<_>>().join(", ")
     );
     if let Some(x) = &r.search {
@@ -282,7 +294,8 @@ fn rl_section(s: &mut String, x: &AgentRlReport, before: &PolicyStats) {
     let (u, w, g) = x.budget;
     let _ = writeln!(
         s,
-        "## RL with per-action rewards\n\nGRPO over the policy's own trajectories in the demonstration worlds, {u} updates of {w} worlds × {g} trajectories for every reward source (the world's observations are read, not learned), then {} trajectories of each held-out world. Before RL the policy reached the goal in {:.1}% ({:.1}% of successes lucky). Clean success: the goal with no invalid or regressing action on the way. Credit: how a process reward became each action's advantage (`--credit`; — for the goal alone and for PRIME, whose implicit PRM rewards tokens).\n\n| reward | credit | success (95% CI) | clean success | lucky among successes | stopped | actions | sampled tokens | KL | success during RL, first → last tenth |\n|---|---|---|---|---|---|---|---|---|---|",
+        "## RL with per-action rewards\n\nGRPO over the policy's own trajectories in the demonstration worlds, {u} updates of {w} worlds × {g} trajectories for every reward source (the world's observations are read, not learned), {} run(s) a source with their own RL seeds (the same seeds for every source), then {} trajectories of each held-out world after each run; the measures pool the runs, a world's success is its mean over them, and the runs' own successes show the spread the training's randomness makes. Before RL the policy reached the goal in {:.1}% ({:.1}% of successes lucky). Clean success: the goal with no invalid or regressing action on the way. Credit: how a process reward became each action's advantage (`--credit`; — for the goal alone and for PRIME, whose implicit PRM rewards tokens).\n\n| reward | credit | success (95% CI) | by run | clean success | lucky among successes | stopped | actions | sampled tokens | KL | success during RL, first → last tenth |\n|---|---|---|---|---|---|---|---|---|---|---|",
+        x.seeds,
         x.eval_samples,
         100.0 * before.success_rate,
         100.0 * before.lucky_rate,
@@ -290,12 +303,17 @@ fn rl_section(s: &mut String, x: &AgentRlReport, before: &PolicyStats) {
     for v in &x.variants {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.3} [{:.3}, {:.3}] | {:.3} | {:.3} | {:.3} | {:.1} | {} | {:.3} | {:.3} → {:.3} |",
+            "| {} | {} | {:.3} [{:.3}, {:.3}] | {} | {:.3} | {:.3} | {:.3} | {:.1} | {} | {:.3} | {:.3} → {:.3} |",
             v.reward,
             v.credit.map_or("—", |c| c.name()),
             v.success,
             v.ci95.0,
             v.ci95.1,
+            v.success_by_run
+                .iter()
+                .map(|x| format!("{x:.3}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
             v.clean_success,
             v.lucky_rate,
             v.stop_rate,

@@ -5,8 +5,9 @@
 //! the ceiling, credited by its own verdict), the progress head's score of every action
 //! (`prm_progress`, its own: the head's reading is the action's advantage), each of the three
 //! with the goal's advantage added, and PRIME (`prime`: the goal plus an implicit PRM learning
-//! online from it) — with the same budget (updates × worlds × group), worlds and seeds, then
-//! measured on the held-out worlds:
+//! online from it) — with the same budget (updates × worlds × group), worlds and seeds, each
+//! source run once per RL seed (`agent_rl_seeds`), then measured on the held-out worlds (the
+//! runs pooled):
 //! success, clean success (no invalid or regressing action on the way) and lucky successes,
 //! paired world by world against outcome-only RL.
 
@@ -21,7 +22,7 @@ use candle_core::Device;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use stepwise_agent::{Games, GoalReward, LabelReward, Oracle, Rooms};
 use stepwise_core::seams::{Reward, RewardKind, ScorerReward};
 use stepwise_core::{Problem, Solution};
@@ -43,9 +44,13 @@ pub struct AgentRlVariant {
     /// How a process reward became each action's advantage (`None`: the goal alone, or PRIME's
     /// token rewards).
     pub credit: Option<Credit>,
-    /// Share of held-out trajectories that reach the goal after RL.
+    /// Runs (RL seeds) behind the measures, pooled.
+    pub runs: usize,
+    /// Share of held-out trajectories that reach the goal after RL, over all runs.
     pub success: f64,
-    /// Bootstrap 95% interval of `success` over worlds.
+    /// The same, run by run (RL seed 1, 2, …): the spread the training's randomness makes.
+    pub success_by_run: Vec<f64>,
+    /// Bootstrap 95% interval of `success` over worlds (each world's mean over the runs).
     pub ci95: (f64, f64),
     /// Share that reach it with no invalid or regressing action on the way.
     pub clean_success: f64,
@@ -55,11 +60,11 @@ pub struct AgentRlVariant {
     pub stop_rate: f64,
     /// Mean actions per held-out trajectory.
     pub mean_actions: f64,
-    /// Policy tokens sampled during RL.
+    /// Policy tokens sampled during RL, mean over the runs.
     pub sampled_tokens: usize,
-    /// Updates made.
+    /// Updates made by each run.
     pub updates: usize,
-    /// KL estimate to the starting policy, mean over the last tenth of the updates.
+    /// KL estimate to the starting policy, mean over the last tenth of the updates (and the runs).
     pub kl: f64,
     /// The optimised reward's mean over the update's trajectories, first and last tenth.
     pub reward_first_last: (f64, f64),
@@ -67,7 +72,7 @@ pub struct AgentRlVariant {
     pub success_first_last: (f64, f64),
     /// The oracle's mean verdict on the update's actions, first and last tenth.
     pub oracle_first_last: (f64, f64),
-    /// Each held-out world's success, by world id.
+    /// Each held-out world's success (mean over the runs), by world id.
     #[serde(skip)]
     pub per_world: BTreeMap<String, f64>,
     /// Each held-out world's clean success, by world id.
@@ -78,8 +83,10 @@ pub struct AgentRlVariant {
 /// The RL stage's results.
 #[derive(Debug, Clone, Serialize)]
 pub struct AgentRlReport {
-    /// Updates × worlds per update × trajectories per world, the same for every source.
+    /// Updates × worlds per update × trajectories per world, the same for every source and run.
     pub budget: (usize, usize, usize),
+    /// Runs per source, each with its own RL seed; the same seeds for every source.
+    pub seeds: usize,
     /// Trajectories per held-out world behind each measure.
     pub eval_samples: usize,
     /// One entry per reward source.
@@ -89,7 +96,7 @@ pub struct AgentRlReport {
 }
 
 /// Each world's mean of `f` over its trajectories.
-fn per_world(ts: &[Solution], f: impl Fn(&Solution) -> bool) -> BTreeMap<String, f64> {
+fn per_world(ts: &[&Solution], f: impl Fn(&Solution) -> bool) -> BTreeMap<String, f64> {
     let mut tally: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for t in ts {
         let e = tally.entry(t.problem_id.clone()).or_default();
@@ -150,13 +157,22 @@ impl Ctx<'_> {
             // The progress head's score is the action's advantage: a verdict on the action.
             (super::heads::PROGRESS_HEAD, &head, Some(Credit::Own)),
         ];
-        let variants = crate::stages::all_at_once(&sources, "RL", |&(name, reward, credit)| {
-            let cfg = self.rl_config(credit, name == "prime");
-            let (log, model) = self.rl_run(name, reward, &[&GoalReward, &oracle], &env, train, &cfg)?;
-            let mut v = self.rl_measure(name, &log, &model, eval, &eval_games)?;
-            v.credit = credit;
-            Ok(v)
+        // Every source's run with every RL seed at once (one thread each), source by source.
+        let seeds = a.rl_seeds.max(1);
+        let runs: Vec<(usize, usize)> = (0..sources.len())
+            .flat_map(|i| (0..seeds).map(move |k| (i, k)))
+            .collect();
+        let results = crate::stages::all_at_once(&runs, "RL", |&(i, k)| {
+            let (name, reward, credit) = sources[i];
+            let cfg = self.rl_config(credit, name == "prime", k);
+            let (log, model) = self.rl_run(name, k, reward, &[&GoalReward, &oracle], &env, train, &cfg)?;
+            self.rl_measure(name, k, log, &model, eval, &eval_games)
         })?;
+        let mut results = results.into_iter();
+        let variants: Vec<AgentRlVariant> = sources
+            .iter()
+            .map(|&(name, _, credit)| self.rl_variant(name, credit, results.by_ref().take(seeds).collect()))
+            .collect();
         let outcome = variants.iter().find(|v| v.reward == "outcome");
         let mut paired = Vec::new();
         for v in variants.iter().filter(|v| v.reward != "outcome") {
@@ -182,6 +198,7 @@ impl Ctx<'_> {
         }
         Ok(Some(AgentRlReport {
             budget: (a.rl_updates, a.rl_worlds, a.rl_group),
+            seeds: a.rl_seeds.max(1),
             eval_samples: a.rl_eval_samples,
             variants,
             paired,
@@ -189,8 +206,9 @@ impl Ctx<'_> {
     }
 
     /// The RL settings every source shares (one optimiser step per update), with a process
-    /// reward's `credit` and PRIME's implicit PRM where `prime`.
-    fn rl_config(&self, credit: Option<Credit>, prime: bool) -> RlConfig {
+    /// reward's `credit` and PRIME's implicit PRM where `prime`, for RL seed `k` (0: the seed
+    /// runs made before there were several).
+    fn rl_config(&self, credit: Option<Credit>, prime: bool, k: usize) -> RlConfig {
         let a = &self.preset.agent;
         RlConfig {
             updates: a.rl_updates,
@@ -209,24 +227,27 @@ impl Ctx<'_> {
             }),
             temperature: self.preset.policy.temperature,
             max_new_tokens: 12,
-            seed: self.seed ^ 0x61,
+            seed: self.seed ^ 0x61 ^ ((k as u64) << 20),
             checkpoint_every: 10,
             ..Default::default()
         }
         .one_step_per_update()
     }
 
-    /// One source's RL run from the policy, in `rl_<name>/`: its log and the policy after it.
+    /// One source's RL run with RL seed `k` from the policy, in [`run_dir`]: its log and the
+    /// policy after it.
+    #[allow(clippy::too_many_arguments)]
     fn rl_run(
         &self,
         name: &str,
+        k: usize,
         reward: &dyn Reward,
         watch: &[&dyn Reward],
         env: &Rooms,
         train: &[Problem],
         cfg: &RlConfig,
     ) -> Result<(Vec<UpdateLog>, Model)> {
-        let dir = self.out.join(format!("rl_{name}"));
+        let dir = self.out.join(run_dir(name, k));
         std::fs::create_dir_all(&dir)?;
         crate::vocab::save(&dir, Domain::Agent)?;
         let policy_dir = self.out.join("policy");
@@ -245,7 +266,10 @@ impl Ctx<'_> {
             None => None,
         };
         let params = super::policy::agent_policy(self.model, self.tok, 1.0).params;
-        let pb = bar(cfg.updates as u64, &format!("RL in the rooms ({name})"));
+        let pb = bar(
+            cfg.updates as u64,
+            &format!("RL in the rooms ({name}, RL seed {})", k + 1),
+        );
         let log = train_agent_rl(
             AgentRlRun {
                 learner: &mut CandleLearner::new(&mut model)?,
@@ -277,57 +301,105 @@ impl Ctx<'_> {
         Ok((log, model))
     }
 
-    /// The policy RL left (`model`) on the held-out worlds (the same seeds for every source),
-    /// labelled by the oracle for lucky successes.
+    /// The policy run `k` of `name` left (`model`) on the held-out worlds (the same seeds for
+    /// every source), labelled by the oracle for lucky successes.
     fn rl_measure(
         &self,
         name: &str,
-        log: &[UpdateLog],
+        k: usize,
+        log: Vec<UpdateLog>,
         model: &Model,
         eval: &[Problem],
         games: &Games<'_>,
-    ) -> Result<AgentRlVariant> {
+    ) -> Result<RunResult> {
         let a = &self.preset.agent;
+        let dir = run_dir(name, k);
         let policy = super::policy::agent_policy(model, self.tok, self.preset.policy.temperature);
-        let ts = self.play_with(
+        let mut ts = self.play_with(
             &policy,
-            &format!("rl_{name}/eval.jsonl"),
+            &format!("{dir}/eval.jsonl"),
             eval,
             a.rl_eval_samples,
-            &format!("held-out worlds after RL ({name})"),
-            self.seed ^ 9,
+            &format!("held-out worlds after RL ({name}, RL seed {})", k + 1),
+            self.seed ^ 9 ^ ((k as u64) << 20),
         )?;
         let oracle = self.label(
-            &format!("rl_{name}/eval_oracle.jsonl"),
+            &format!("{dir}/eval_oracle.jsonl"),
             &ts,
             &Oracle(games),
-            &format!("oracle labels after RL ({name})"),
+            &format!("oracle labels after RL ({name}, RL seed {})", k + 1),
         )?;
-        let lucky_set = lucky_ids(&oracle);
+        // Ids carry the run, so the runs' trajectories pool without clashing.
+        let tag = |id: &str| format!("{id}@rl{}", k + 1);
+        let lucky = lucky_ids(&oracle).into_iter().map(tag).collect();
+        for t in &mut ts {
+            t.id = tag(&t.id);
+        }
+        Ok(RunResult { log, ts, lucky })
+    }
+
+    /// A source's measures over its runs: trajectories pooled, a world's success the mean over
+    /// the runs, the logs' figures averaged.
+    fn rl_variant(&self, name: &str, credit: Option<Credit>, runs: Vec<RunResult>) -> AgentRlVariant {
+        let ts: Vec<&Solution> = runs.iter().flat_map(|r| &r.ts).collect();
+        let lucky_set: HashSet<&str> = runs.iter().flat_map(|r| r.lucky.iter().map(String::as_str)).collect();
         let won = |t: &Solution| t.correct == Some(true);
         let clean = |t: &Solution| won(t) && !lucky_set.contains(t.id.as_str());
+        let share = |ts: &[&Solution], f: &dyn Fn(&Solution) -> f64| {
+            ts.iter().map(|t| f(t)).sum::<f64>() / ts.len().max(1) as f64
+        };
         let worlds = per_world(&ts, won);
         let scores: Vec<f64> = worlds.values().copied().collect();
-        let n = ts.len().max(1) as f64;
-        let last = log.last().cloned().unwrap_or_default();
+        let over_runs = |f: &dyn Fn(&[UpdateLog]) -> (f64, f64)| {
+            let n = runs.len().max(1) as f64;
+            runs.iter()
+                .map(|r| f(&r.log))
+                .fold((0.0, 0.0), |(x, y), (a, b)| (x + a / n, y + b / n))
+        };
         let watched = |key: &'static str| move |l: &UpdateLog| l.watched.get(key).copied().unwrap_or(0.0);
-        Ok(AgentRlVariant {
+        let tokens = over_runs(&|log| {
+            let t = log.last().map_or(0, |l| l.sampled_tokens) as f64;
+            (t, t)
+        });
+        AgentRlVariant {
             reward: name.into(),
-            credit: None,
-            success: ts.iter().filter(|t| won(t)).count() as f64 / n,
+            credit,
+            runs: runs.len(),
+            success: share(&ts, &|t| f64::from(u8::from(won(t)))),
+            success_by_run: runs
+                .iter()
+                .map(|r| r.ts.iter().filter(|t| won(t)).count() as f64 / r.ts.len().max(1) as f64)
+                .collect(),
             ci95: bootstrap(&scores, 1000, &mut ChaCha8Rng::seed_from_u64(self.seed ^ 12)),
-            clean_success: ts.iter().filter(|t| clean(t)).count() as f64 / n,
-            lucky_rate: lucky_share(&ts, &lucky_set),
-            stop_rate: ts.iter().filter(|t| super::policy::stopped(t)).count() as f64 / n,
-            mean_actions: ts.iter().map(|t| t.steps.len()).sum::<usize>() as f64 / n,
-            sampled_tokens: last.sampled_tokens,
-            updates: log.len(),
-            kl: first_last(log, |l| l.kl).1,
-            reward_first_last: first_last(log, |l| l.reward),
-            success_first_last: first_last(log, |l| l.accuracy),
-            oracle_first_last: first_last(log, watched("oracle")),
+            clean_success: share(&ts, &|t| f64::from(u8::from(clean(t)))),
+            lucky_rate: lucky_share(ts.iter().copied(), &lucky_set),
+            stop_rate: share(&ts, &|t| f64::from(u8::from(super::policy::stopped(t)))),
+            mean_actions: share(&ts, &|t| t.steps.len() as f64),
+            sampled_tokens: tokens.0.round() as usize,
+            updates: runs.first().map_or(0, |r| r.log.len()),
+            kl: over_runs(&|log| first_last(log, |l| l.kl)).1,
+            reward_first_last: over_runs(&|log| first_last(log, |l| l.reward)),
+            success_first_last: over_runs(&|log| first_last(log, |l| l.accuracy)),
+            oracle_first_last: over_runs(&|log| first_last(log, watched("oracle"))),
             per_world_clean: per_world(&ts, clean),
             per_world: worlds,
-        })
+        }
+    }
+}
+
+/// One RL run of one source: its log and what its policy did on the held-out worlds (ids
+/// tagged with the run), with the lucky successes among them.
+struct RunResult {
+    log: Vec<UpdateLog>,
+    ts: Vec<Solution>,
+    lucky: HashSet<String>,
+}
+
+/// Run folder of `name`'s run with RL seed `k`: `rl_<name>` for the first (as before there were
+/// several), `rl_<name>-seed<k+1>` for the others.
+fn run_dir(name: &str, k: usize) -> String {
+    match k {
+        0 => format!("rl_{name}"),
+        k => format!("rl_{name}-seed{}", k + 1),
     }
 }
