@@ -44,10 +44,13 @@ Examples:
 
 With `--domain agent` the loop is the agent's (docs/agents.md): the noisy expert's
 demonstrations teach a policy; it plays the label worlds; actions are labelled by the oracle,
-Monte Carlo rollouts (agent_rollouts) and TD(λ) from a cross-fitted value (agent_lambda,
-agent_gamma); PRMs on MC and TD labels and an ORM on outcomes, trained from the policy; best-of-N
-over held-out trajectories against the majority of outcomes, with lucky successes counted. Its
-sizes are the preset's agent_* fields (`--set agent_eval_games=100`)."
+Monte Carlo rollouts (agent_rollouts), binary search for the first dead action and TD(λ) from
+a cross-fitted value (agent_lambda, agent_gamma); PRMs on MC and TD labels, a progress head and
+an ORM on outcomes, trained from the policy; best-of-N over held-out trajectories against the
+majority of outcomes and the ORM, with clean and lucky successes counted; beam search over
+actions; RL with each reward source against outcome-only RL, agent_rl_seeds runs a source
+(`--set agent_rl_seeds=1` for one, `--set agent_rl_updates=0` to skip it). Its sizes are the
+preset's agent_* fields (`--set agent_eval_games=100`)."
 )]
 pub struct Args {
     /// quick (minutes, noisy) or standard (the measured setting).
