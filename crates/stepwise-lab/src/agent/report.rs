@@ -230,7 +230,7 @@ fn body(r: &AgentReport) -> String {
     );
     let _ = writeln!(
         s,
-        "Lucky successes among what each selector picks from all of a world's trajectories (the pool: every success): {}.\n",
+        "\nLucky successes among what each selector picks from all of a world's trajectories (the pool: every success): {}.\n",
         r.bon.lucky.iter().map(|(k, v)| format!("{k} {:.1}%", 100.0 * v)).collect::<Vec<_>>().join(", ")
     );
     if let Some(x) = &r.search {
@@ -294,8 +294,11 @@ fn rl_section(s: &mut String, x: &AgentRlReport, before: &PolicyStats) {
     let (u, w, g) = x.budget;
     let _ = writeln!(
         s,
-        "## RL with per-action rewards\n\nGRPO over the policy's own trajectories in the demonstration worlds, {u} updates of {w} worlds × {g} trajectories for every reward source (the world's observations are read, not learned), {} run(s) a source with their own RL seeds (the same seeds for every source), then {} trajectories of each held-out world after each run; the measures pool the runs, a world's success is its mean over them, and the runs' own successes show the spread the training's randomness makes. Before RL the policy reached the goal in {:.1}% ({:.1}% of successes lucky). Clean success: the goal with no invalid or regressing action on the way. Credit: how a process reward became each action's advantage (`--credit`; — for the goal alone and for PRIME, whose implicit PRM rewards tokens).\n\n| reward | credit | success (95% CI) | by run | clean success | lucky among successes | stopped | actions | sampled tokens | KL | success during RL, first → last tenth |\n|---|---|---|---|---|---|---|---|---|---|---|",
-        x.seeds,
+        "## RL with per-action rewards\n\nGRPO over the policy's own trajectories in the demonstration worlds, {u} updates of {w} worlds × {g} trajectories for every reward source (the world's observations are read, not learned), {} a source with their own RL seeds (the same seeds for every source), then {} trajectories of each held-out world after each run; the measures pool the runs, a world's success is its mean over them, and the runs' own successes show the spread the training's randomness makes. Before RL the policy reached the goal in {:.1}% ({:.1}% of successes lucky). Clean success: the goal with no invalid or regressing action on the way. Credit: how a process reward became each action's advantage (`--credit`; — for the goal alone and for PRIME, whose implicit PRM rewards tokens).\n\n| reward | credit | success (95% CI) | by run | clean success | lucky among successes | stopped | actions | sampled tokens | KL | success during RL, first → last tenth |\n|---|---|---|---|---|---|---|---|---|---|---|",
+        match x.seeds {
+            1 => "one run".to_string(),
+            n => format!("{n} runs"),
+        },
         x.eval_samples,
         100.0 * before.success_rate,
         100.0 * before.lucky_rate,
