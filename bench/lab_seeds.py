@@ -168,8 +168,10 @@ def agent_best_of_all(folder):
             t = json.loads(line)
             groups[t["problem_id"]].append(t)
     score = {"ORM": lambda t: (t["scores"]["orm"] or [0.0])[-1]}
-    for name, agg in AGG.items():
-        score[f"PRM-MC-{name}"] = lambda t, agg=agg: agg(t["scores"]["prm_mc"]) if t["scores"]["prm_mc"] else 0.0
+    for prm in ("prm_mc", "prm_td"):
+        for name, agg in AGG.items():
+            score[f"{prm.upper().replace('_', '-')}-{name}"] = (
+                lambda t, agg=agg, prm=prm: agg(t["scores"][prm]) if t["scores"][prm] else 0.0)
     out = {k: ({}, {}) for k in score}
     for pid, ts in groups.items():
         for k, f in score.items():
@@ -191,21 +193,22 @@ def agent_bon_section(folders, runs):
         mine = sum(p["ORM"][0].values()) / len(p["ORM"][0])
         if abs(lab - mine) > 1e-9:
             print(f"(seed {m['seed']}: ORM best-of-all {mine:.3f} here, {lab:.3f} in the lab)")
-    print(f"| best-of-all − ORM | {seeds} | pooled |\n|---|{'---|' * (len(runs) + 1)}")
-    for name in AGG:
+    print(f"| best-of-all − ORM (lab's pair; this script's where the lab has none) | {seeds} | pooled |"
+          f"\n|---|{'---|' * (len(runs) + 1)}")
+    for verifier in [k for k in picks[0] if k != "ORM"]:
         for i, what in ((0, "success"), (1, "clean success")):
             cells, per_seed = [], []
             for m, p in zip(runs, picks):
-                d = next((d for d in m["bon"]["paired"] if d["a"] == f"PRM-MC-{name}" and d["b"] == "ORM"
-                          and d["measure"].endswith(f" {what}") and what in d["measure"]
+                a, b = p[verifier][i], p["ORM"][i]
+                diffs = [a[k] - b[k] for k in sorted(a)]
+                per_seed.append(diffs)
+                d = next((d for d in m["bon"]["paired"] if d["a"] == verifier and d["b"] == "ORM"
                           and ("clean" in d["measure"]) == (i == 1)), None)
-                cells.append(signed(d) if d else "-")
-                a, b = p[f"PRM-MC-{name}"][i], p["ORM"][i]
-                per_seed.append([a[k] - b[k] for k in sorted(a)])
+                cells.append(signed(d) if d else f"{sum(diffs) / len(diffs):+.3f}")
             mean, lo, hi, n = pooled(per_seed)
             text = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (n={n})"
             cells.append(f"**{text}**" if lo > 0 or hi < 0 else text)
-            print(f"| PRM-MC-{name} − ORM, {what} | {' | '.join(cells)} |")
+            print(f"| {verifier} − ORM, {what} | {' | '.join(cells)} |")
     print()
 
 
