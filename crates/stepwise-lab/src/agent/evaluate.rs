@@ -241,3 +241,36 @@ fn picked_lucky_rate(
     }
     lucky_wins as f64 / wins.max(1) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_eval::bon::Point;
+
+    fn curve(method: &str, accuracies: &[f64]) -> Curve {
+        let points = accuracies
+            .iter()
+            .enumerate()
+            .map(|(i, &accuracy)| Point {
+                n: 1 << i,
+                accuracy,
+                lo: accuracy,
+                hi: accuracy,
+            })
+            .collect();
+        Curve {
+            method: method.into(),
+            points,
+        }
+    }
+
+    #[test]
+    fn the_orm_shortfall_is_the_largest_gap_to_pass_at_n() {
+        let pass = curve("pass@N", &[0.2, 0.5, 0.9]);
+        let curves = [pass.clone(), curve("ORM", &[0.2, 0.375, 0.85])];
+        assert!((shortfall(&curves, "ORM") - 0.125).abs() < 1e-12);
+        // An ORM at pass@N everywhere falls short by nothing; a missing curve reads as none.
+        assert_eq!(shortfall(&[pass.clone(), curve("ORM", &[0.2, 0.5, 0.9])], "ORM"), 0.0);
+        assert_eq!(shortfall(&[pass], "ORM"), 0.0);
+    }
+}

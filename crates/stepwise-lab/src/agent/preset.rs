@@ -138,8 +138,8 @@ impl AgentPreset {
             rl_eval_samples: 16,
             // One run a source left the lab's paired differences within the noise pooled over
             // its three seeds while three RL seeds from the command line separated them
-            // (docs/agents.md): the training's own randomness is most of the spread. About two
-            // minutes a run of the five sources on 2 cores.
+            // (docs/agents.md): the training's own randomness moves one run's success as much
+            // as the effects measured. About two minutes a run of the five sources on 2 cores.
             rl_seeds: 3,
         }
     }
