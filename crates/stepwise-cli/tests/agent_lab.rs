@@ -86,6 +86,7 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
         "report.md",
         "report.html",
         "bon.png",
+        "bon_clean.png",
         "games.jsonl",
         "demonstrations.jsonl",
         "trajectories_label.jsonl",

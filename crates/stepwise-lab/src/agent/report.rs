@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 use stepwise_core::Solution;
+use stepwise_eval::bon::Curve;
 
 /// What the policy does on the held-out worlds.
 #[derive(Debug, Clone, Serialize)]
@@ -335,17 +336,36 @@ pub fn write(dir: &Path, r: &AgentReport) -> Result<()> {
     let mut r = r.clone();
     let title = format!("Best-of-N over held-out trajectories ({} preset)", r.preset);
     // The headline methods only: the other aggregations lie on top of these.
-    let shown: Vec<_> = r
-        .bon
-        .curves
-        .iter()
-        .filter(|c| ["pass@N", "majority", "ORM", "PRM-MC-min", "PRM-TD-min"].contains(&c.method.as_str()))
-        .cloned()
-        .collect();
-    r.plots = match stepwise_eval::plot::bon_plot(&dir.join("bon"), &title, &shown) {
-        Ok(()) => vec!["bon.png".into(), "bon.svg".into()],
-        Err(e) => vec![format!("bon: {e}")],
+    let shown = |curves: &[Curve], methods: &[&str]| -> Vec<Curve> {
+        curves
+            .iter()
+            .filter(|c| methods.contains(&c.method.as_str()))
+            .cloned()
+            .collect()
     };
+    let success = shown(
+        &r.bon.curves,
+        &["pass@N", "majority", "ORM", "PRM-MC-min", "PRM-TD-min"],
+    );
+    // Clean success, where a verifier of actions can pass the ORM; the first three methods and
+    // PRM-MC-min keep their colours from the success plot.
+    let clean = shown(
+        &r.bon.clean_curves,
+        &["pass@N", "majority", "ORM", "PRM-MC-min", "PRM-MC-mean"],
+    );
+    let clean_title = format!(
+        "Best-of-N, clean success: no invalid or regressing action ({} preset)",
+        r.preset
+    );
+    r.plots = [("bon", &title, &success), ("bon_clean", &clean_title, &clean)]
+        .into_iter()
+        .flat_map(
+            |(stem, title, curves)| match stepwise_eval::plot::bon_plot(&dir.join(stem), title, curves) {
+                Ok(()) => vec![format!("{stem}.png"), format!("{stem}.svg")],
+                Err(e) => vec![format!("{stem}: {e}")],
+            },
+        )
+        .collect();
     std::fs::write(dir.join("metrics.json"), serde_json::to_string_pretty(&r)?)?;
     let md = body(&r);
     std::fs::write(dir.join("report.md"), &md)?;
