@@ -149,6 +149,11 @@ def studio_section(folders, runs):
         print(f"| {d0['a']} − {d0['b']} | {' | '.join(cells)} |")
 
 
+def bad_on_the_way(t):
+    """Whether the oracle saw an invalid or regressing action in the labelled trajectory `t`."""
+    return any(k in ("invalid", "regress") for k in t["meta"]["actions"])
+
+
 AGG = {"min": min, "mean": lambda xs: sum(xs) / len(xs), "last": lambda xs: xs[-1]}
 
 
@@ -160,7 +165,7 @@ def agent_best_of_all(folder):
     with open(Path(folder) / "oracle_eval.jsonl") as f:
         for line in f:
             o = json.loads(line)
-            if o.get("correct") is True and any(k in ("invalid", "regress") for k in o["meta"]["actions"]):
+            if o.get("correct") is True and bad_on_the_way(o):
                 lucky.add(o["id"])
     groups = defaultdict(list)
     with open(Path(folder) / "trajectories_eval_scored.jsonl") as f:
@@ -223,9 +228,8 @@ def agent_rl_world_rates(folder, source, runs=1):
             for line in f:
                 t = json.loads(line)
                 ok = t.get("correct") is True
-                bad = any(k in ("invalid", "regress") for k in t["meta"]["actions"])
                 won[t["problem_id"]].append(ok)
-                clean[t["problem_id"]].append(ok and not bad)
+                clean[t["problem_id"]].append(ok and not bad_on_the_way(t))
     rate = lambda d: {k: sum(v) / len(v) for k, v in d.items()}
     return rate(won), rate(clean)
 

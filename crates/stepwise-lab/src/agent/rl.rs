@@ -227,7 +227,7 @@ impl Ctx<'_> {
             }),
             temperature: self.preset.policy.temperature,
             max_new_tokens: 12,
-            seed: self.seed ^ 0x61 ^ ((k as u64) << 20),
+            seed: run_seed(self.seed ^ 0x61, k),
             checkpoint_every: 10,
             ..Default::default()
         }
@@ -321,7 +321,7 @@ impl Ctx<'_> {
             eval,
             a.rl_eval_samples,
             &format!("held-out worlds after RL ({name}, RL seed {})", k + 1),
-            self.seed ^ 9 ^ ((k as u64) << 20),
+            run_seed(self.seed ^ 9, k),
         )?;
         let oracle = self.label(
             &format!("{dir}/eval_oracle.jsonl"),
@@ -357,10 +357,11 @@ impl Ctx<'_> {
                 .fold((0.0, 0.0), |(x, y), (a, b)| (x + a / n, y + b / n))
         };
         let watched = |key: &'static str| move |l: &UpdateLog| l.watched.get(key).copied().unwrap_or(0.0);
-        let tokens = over_runs(&|log| {
-            let t = log.last().map_or(0, |l| l.sampled_tokens) as f64;
-            (t, t)
-        });
+        let tokens = runs
+            .iter()
+            .map(|r| r.log.last().map_or(0, |l| l.sampled_tokens) as f64)
+            .sum::<f64>()
+            / runs.len().max(1) as f64;
         AgentRlVariant {
             reward: name.into(),
             credit,
@@ -375,7 +376,7 @@ impl Ctx<'_> {
             lucky_rate: lucky_share(ts.iter().copied(), &lucky_set),
             stop_rate: share(&ts, &|t| f64::from(u8::from(super::policy::stopped(t)))),
             mean_actions: share(&ts, &|t| t.steps.len() as f64),
-            sampled_tokens: tokens.0.round() as usize,
+            sampled_tokens: tokens.round() as usize,
             updates: runs.first().map_or(0, |r| r.log.len()),
             kl: over_runs(&|log| first_last(log, |l| l.kl)).1,
             reward_first_last: over_runs(&|log| first_last(log, |l| l.reward)),
@@ -393,6 +394,12 @@ struct RunResult {
     log: Vec<UpdateLog>,
     ts: Vec<Solution>,
     lucky: HashSet<String>,
+}
+
+/// The seed of RL seed `k`'s run from `base` (the first run keeps `base`, as before there were
+/// several).
+fn run_seed(base: u64, k: usize) -> u64 {
+    base ^ ((k as u64) << 20)
 }
 
 /// Run folder of `name`'s run with RL seed `k`: `rl_<name>` for the first (as before there were
