@@ -14,8 +14,17 @@
 #      $OUT/gpu_check.json (and prints a table). Each stage is timed out on its own, so a failing
 #      stage leaves the others' numbers.
 #
+# The peers at their best (issue #54): transformers' scoring is warmed up on a whole pass over the
+# data and timed on the next, at each of PEER_BUDGETS (default "16384,32768,65536" tokens a
+# batch; all are reported, stepwise is compared with the fastest); transformers' generate is
+# warmed up on a whole batch of each of GEN_PEER_BATCHES (default "32,64" requests at once) and
+# timed on all the requests, the fastest size compared. The sweep costs about five more passes of
+# the peer a run (on the H100's old figures: about 6 more minutes, most of it 7B on MATH), so the
+# whole comparison takes two 10-minute calls: SHAPES=0.5b, then SHAPES=7b TRAINING=0 RL_UPDATES=0
+# GENERATION=0 on the warm machine.
+#
 # Environment: SHAPES (default "0.5b 7b"), DATASETS (default "gsm8k math"), MAX_BATCH_TOKENS
-# (default 16384), OUT (default /tmp/gpu_check), TIME_BUDGET (seconds, default 450: a stage that
+# (stepwise's batches, default 16384), OUT (default /tmp/gpu_check), TIME_BUDGET (seconds, default 450: a stage that
 # would not fit is skipped and named), GENERATION=0 (skip generation), F32_REFERENCE=N
 # (transformers in float32 on N GSM8K records: the reference both bf16 engines are measured
 # against), TRAINING=0 (skip training), TRAIN_STEPS (default 200), TRAIN_OBJECTIVES (default
@@ -54,6 +63,8 @@ run() {
     SHAPES=${SHAPES:-"0.5b 7b"}
     DATASETS=${DATASETS:-"gsm8k math"}
     BUDGET=${MAX_BATCH_TOKENS:-16384}
+    PEER_BUDGETS=${PEER_BUDGETS:-16384,32768,65536} # the peer's token budgets, each warmed up on a whole pass
+    GEN_PEER_BATCHES=${GEN_PEER_BATCHES:-32,64}     # the generation peer's batch sizes
     DEVICE=${DEVICE:-cuda}          # cpu: a dry run of this script (with LIMIT) on a machine without a GPU
     LIMIT=${LIMIT:-}                # score only the first LIMIT records of each dataset
     TIME_BUDGET=${TIME_BUDGET:-450} # seconds: a stage that would not fit in what is left is skipped
@@ -107,6 +118,14 @@ run() {
         echo "exit $rc after $((SECONDS - t0))s" >> "$log"
         return $rc
     }
+    # bench/gpu_compare.py's comparison of $2 with $3 (named $4) into the file $1 (its line, then
+    # its JSON), the line shown. (Not `| tee | head -1`: head closing the pipe can cost the file
+    # its JSON line.)
+    compare() {
+        local out=$1; shift
+        python3 bench/gpu_compare.py "$@" > "$out"
+        head -1 "$out"
+    }
     for ds in $DATASETS; do
         python3 -c "import json,sys; n=sys.argv[3]; r=json.load(open(sys.argv[1])); json.dump(r[:int(n)] if n else r, open(sys.argv[2],'w'))" \
             "$G/data/$ds.json" "$W/$ds.json" "$LIMIT"
@@ -116,13 +135,13 @@ run() {
         local shape=$1 ds=$2 tag="$1-$2" M="$W/prm-$1"
         echo "== $tag"
         fits "$3" "transformers $tag" && peak "$W/hf-$tag.log" timeout "$(limit "$3")" python3 bench/gpu_transformers.py "$M" \
-            "$W/$ds.json" "$W/hf-$tag.json" --max-batch-tokens "$BUDGET" --device "$DEVICE" >> "$W/hf-$tag.log" 2>&1
+            "$W/$ds.json" "$W/hf-$tag.json" --max-batch-tokens "$PEER_BUDGETS" --device "$DEVICE" >> "$W/hf-$tag.log" 2>&1
         grep -E "^transformers|Error" "$W/hf-$tag.log" | tail -2
         fits "$4" "stepwise $tag" && peak "$W/sw-$tag.log" timeout "$(limit "$4")" "$BIN" score --model "$M" --input "$W/$ds.json" \
             --output "$W/sw-$tag.jsonl" --device "$DEVICE" --max-batch-tokens "$BUDGET" >> "$W/sw-$tag.log" 2>&1
         grep -vE '^(peak_mib|exit)' "$W/sw-$tag.log" | tail -2
-        [ -f "$W/sw-$tag.jsonl" ] && [ -f "$W/hf-$tag.json" ] && python3 bench/gpu_compare.py "$W/sw-$tag.jsonl" \
-            "$W/hf-$tag.json" "stepwise vs transformers, $tag" | tee "$W/cmp-$tag.txt" | head -1
+        [ -f "$W/sw-$tag.jsonl" ] && [ -f "$W/hf-$tag.json" ] && compare "$W/cmp-$tag.txt" "$W/sw-$tag.jsonl" \
+            "$W/hf-$tag.json" "stepwise vs transformers, $tag"
     }
     make_checkpoint() { # shape, folder, time limit, extra flags
         [ -f "$2/config.json" ] && return 0
@@ -140,18 +159,18 @@ run() {
         local shape=$1 tag="$1-$first"
         [ "$F32_REFERENCE" -gt 0 ] && fits "$2" "float32 reference $shape" || return 0
         peak "$W/f32-$tag.log" timeout "$(limit "$2")" python3 bench/gpu_transformers.py "$W/prm-$shape" "$W/$first.json" \
-            "$W/f32-$tag.json" --dtype float32 --limit "$F32_REFERENCE" --device "$DEVICE" >> "$W/f32-$tag.log" 2>&1
+            "$W/f32-$tag.json" --dtype float32 --limit "$F32_REFERENCE" --warmup one --device "$DEVICE" >> "$W/f32-$tag.log" 2>&1
         grep -E "^transformers|Error" "$W/f32-$tag.log" | tail -2
         [ -f "$W/f32-$tag.json" ] || return 0
-        [ -f "$W/sw-$tag.jsonl" ] && python3 bench/gpu_compare.py "$W/sw-$tag.jsonl" "$W/f32-$tag.json" \
-            "stepwise bf16 vs transformers float32, $tag" | tee "$W/cmp-f32-sw-$tag.txt" | head -1
-        [ -f "$W/hf-$tag.json" ] && python3 bench/gpu_compare.py "$W/hf-$tag.json" "$W/f32-$tag.json" \
-            "transformers bf16 vs transformers float32, $tag" | tee "$W/cmp-f32-hf-$tag.txt" | head -1
+        [ -f "$W/sw-$tag.jsonl" ] && compare "$W/cmp-f32-sw-$tag.txt" "$W/sw-$tag.jsonl" "$W/f32-$tag.json" \
+            "stepwise bf16 vs transformers float32, $tag"
+        [ -f "$W/hf-$tag.json" ] && compare "$W/cmp-f32-hf-$tag.txt" "$W/hf-$tag.json" "$W/f32-$tag.json" \
+            "transformers bf16 vs transformers float32, $tag"
     }
     # 1. The 0.5B shape: both engines on each dataset; the CUDA engine against the CPU engine and
     #    the flash kernel against the plain one on 24 records.
     if [ "$SCORING" = 1 ] && [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120; then
-        for ds in $DATASETS; do compare_scoring 0.5b "$ds" 120 150; done
+        for ds in $DATASETS; do compare_scoring 0.5b "$ds" 240 150; done
         reference_f32 0.5b 90
         python3 -c "import json,sys; json.dump(json.load(open(sys.argv[1]))[:24], open(sys.argv[2],'w'))" \
             "$G/data/gsm8k.json" "$W/gsm8k24.json"
@@ -160,12 +179,12 @@ run() {
                 --device cpu > "$W/cpu24.log" 2>&1
             timeout 30 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" --output "$W/gpu24.jsonl" \
                 --device cuda > "$W/gpu24.log" 2>&1
-            [ -f "$W/cpu24.jsonl" ] && [ -f "$W/gpu24.jsonl" ] && python3 bench/gpu_compare.py "$W/gpu24.jsonl" \
-                "$W/cpu24.jsonl" "CUDA vs CPU engine, 0.5b, 24 records" | tee "$W/cmp-cpu.txt" | head -1
+            [ -f "$W/cpu24.jsonl" ] && [ -f "$W/gpu24.jsonl" ] && compare "$W/cmp-cpu.txt" "$W/gpu24.jsonl" \
+                "$W/cpu24.jsonl" "CUDA vs CPU engine, 0.5b, 24 records"
             STEPWISE_CUDA_SIMPLE_ATTENTION=1 timeout 30 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" \
                 --output "$W/simple24.jsonl" --device cuda > "$W/simple24.log" 2>&1
-            [ -f "$W/simple24.jsonl" ] && [ -f "$W/gpu24.jsonl" ] && python3 bench/gpu_compare.py "$W/gpu24.jsonl" \
-                "$W/simple24.jsonl" "flash vs plain attention kernel, 0.5b, 24 records" | tee "$W/cmp-simple-0.5b.txt" | head -1
+            [ -f "$W/simple24.jsonl" ] && [ -f "$W/gpu24.jsonl" ] && compare "$W/cmp-simple-0.5b.txt" "$W/gpu24.jsonl" \
+                "$W/simple24.jsonl" "flash vs plain attention kernel, 0.5b, 24 records"
         fi
     fi
     # 1b. Training: a 0.5B-shaped verifier trained TRAIN_STEPS steps on the first dataset's
@@ -214,10 +233,11 @@ run() {
     fi
     # 2. Generation: GEN_REQUESTS concurrent requests of GEN_TOKENS sampled tokens, a 0.5B-shaped
     #    policy: transformers' batched generate against `stepwise serve` with that many clients.
-    if [ "$GENERATION" = 1 ] && make_checkpoint 0.5b "$P" 120 --policy && fits 150 "generation"; then
+    if [ "$GENERATION" = 1 ] && make_checkpoint 0.5b "$P" 120 --policy && fits 240 "generation"; then
         echo "== generation"
-        peak "$W/gen-hf.log" timeout "$(limit 90)" python3 bench/gpu_generation.py hf "$P" --out "$W/gen-hf.json" \
-            --requests "$GEN_REQUESTS" --tokens "$GEN_TOKENS" --device "$DEVICE" >> "$W/gen-hf.log" 2>&1
+        peak "$W/gen-hf.log" timeout "$(limit 180)" python3 bench/gpu_generation.py hf "$P" --out "$W/gen-hf.json" \
+            --requests "$GEN_REQUESTS" --tokens "$GEN_TOKENS" --batch-sizes "$GEN_PEER_BATCHES" --device "$DEVICE" \
+            >> "$W/gen-hf.log" 2>&1
         grep -v '^peak_mib' "$W/gen-hf.log" | tail -2
         "$BIN" serve --model "$P" --device "$DEVICE" --port 8123 > "$W/gen-serve.log" 2>&1 &
         SERVER=$!
@@ -234,7 +254,7 @@ run() {
     fi
     # 3. The 7B shape (Qwen2.5-Math-PRM-7B's config).
     if [ "$SCORING" = 1 ] && [[ " $SHAPES " == *" 7b "* ]] && make_checkpoint 7b "$W/prm-7b" 150; then
-        for ds in $DATASETS; do compare_scoring 7b "$ds" 150 180; done
+        for ds in $DATASETS; do compare_scoring 7b "$ds" 420 180; done
         reference_f32 7b 150
     fi
     summary
@@ -255,8 +275,12 @@ def text(name):
 summary = {"gpu": text("gpu.txt"), "cpu": text("cpu.txt"), "commit": text("commit.txt"),
            "skipped": (text("skipped.txt") or "").splitlines(), "runs": {}}
 def cmp(name):
+    """The JSON line of a comparison's output (None when it has none: a stage cut off)."""
     f = w / name
-    return json.loads(f.read_text().splitlines()[-1]) if f.exists() and f.read_text().strip() else None
+    for line in reversed(f.read_text().splitlines() if f.exists() else []):
+        if line.startswith("{"):
+            return json.loads(line)
+    return None
 tags = sorted({f.stem[3:] for f in w.glob("hf-*.log")} | {f.stem[3:] for f in w.glob("sw-*.log")})
 for tag in tags:
     hf = w / f"hf-{tag}.json"
@@ -269,11 +293,11 @@ for tag in tags:
         ref["peak_gpu_mib_nvidia_smi"] = int(pk[1])
     log = w / f"sw-{tag}.log"
     if log.exists():
-        text = log.read_text()
-        m = re.search(r"scored (\d+) solutions \((\d+) tokens\) in ([\d.]+)s: (\d+) tokens/s", text)
-        pk = re.search(r"peak_mib (\d+)", text)
+        sw_log = log.read_text()
+        m = re.search(r"scored (\d+) solutions \((\d+) tokens\) in ([\d.]+)s: (\d+) tokens/s", sw_log)
+        pk = re.search(r"peak_mib (\d+)", sw_log)
         run["stepwise"] = {"records": int(m[1]), "tokens": int(m[2]), "seconds": float(m[3]),
-                           "tokens_per_s": int(m[4])} if m else {"error": text[-2000:]}
+                           "tokens_per_s": int(m[4])} if m else {"error": sw_log[-2000:]}
         if pk:
             run["stepwise"]["peak_gpu_mib_nvidia_smi"] = int(pk[1])
         if m and "tokens_per_s" in ref:
@@ -328,13 +352,17 @@ if rl_log.exists():
 elif rl_text:
     summary["rl_0.5b"] = {"error": rl_text[-2000:]}
 out.write_text(json.dumps(summary, indent=1))
-print(f"{'run':<14} {'transformers tok/s':>19} {'stepwise tok/s':>15} {'ratio':>6} {'max|diff|':>9} {'same 1st err':>12}")
+print(f"{'run':<14} {'transformers tok/s':>19} {'(budget)':>8} {'stepwise tok/s':>15} {'ratio':>6} {'max|diff|':>9} "
+      f"{'same 1st err':>12}")
 for tag, r in summary["runs"].items():
-    sw, a = r.get("stepwise", {}), r.get("agreement") or {}
-    print(f"{tag:<14} {r['transformers'].get('tokens_per_s', 0):>19.0f} {sw.get('tokens_per_s', 0):>15} "
+    sw, a, hf = r.get("stepwise", {}), r.get("agreement") or {}, r["transformers"]
+    print(f"{tag:<14} {hf.get('tokens_per_s', 0):>19.0f} {hf.get('max_batch_tokens', 0):>8} {sw.get('tokens_per_s', 0):>15} "
           f"{r.get('ratio', 0):>6.2f} {a.get('max_abs_diff', float('nan')):>9.4f} {100 * a.get('same_first_error', 0):>11.1f}%")
+    for e in hf.get("sweep", []):
+        print(f"    transformers at {e['max_batch_tokens']} tokens a batch: "
+              + (f"{e['tokens_per_s']:.0f} tok/s (warm-up pass {e['warmup_seconds']:.1f}s)" if "seconds" in e else e.get("error", "")))
 g = summary["generation_64x256"]
-print(f"generation 64 x 256: transformers {g['hf'].get('tokens_per_s', 0):.0f} tok/s, "
+print(f"generation 64 x 256: transformers {g['hf'].get('tokens_per_s', 0):.0f} tok/s (batches of {g['hf'].get('batch_size')}), "
       f"stepwise {g['sw'].get('tokens_per_s', 0):.0f} tok/s, ratio {g.get('ratio', 0):.2f}, "
       f"failed requests {g['sw'].get('failed', '?')}")
 for key in ("training_0.5b", "training_log_ratio_0.5b"):

@@ -1,8 +1,10 @@
 """Generation throughput for bench/gpu_check.sh: 64 concurrent requests of 256 new tokens each
 (sampled at temperature 0.8, every one run to its full length), in one of two ways:
 
-    python bench/gpu_generation.py hf MODEL_DIR [--requests 64] [--tokens 256]
-        transformers' batched `generate` in bf16 with sdpa, all prompts in one batch (left-padded);
+    python bench/gpu_generation.py hf MODEL_DIR [--requests 64] [--tokens 256] [--batch-sizes 32,64]
+        transformers' batched `generate` in bf16 with sdpa, the prompts in batches of each size
+        (left-padded), each size warmed up on a whole batch of its shape run to full length and
+        timed on all the requests; the figures are the fastest size's, every size's in `sweep`;
     python bench/gpu_generation.py serve URL MODEL_NAME [--requests 64] [--tokens 256]
         `stepwise serve` (or any OpenAI-compatible server) with that many clients at once,
         standard library only (urllib and threads).
@@ -25,6 +27,8 @@ p.add_argument("--requests", type=int, default=64)
 p.add_argument("--tokens", type=int, default=256)
 p.add_argument("--out")
 p.add_argument("--device", default="cuda", help="hf: cuda (the comparison) or cpu (a dry run of the script)")
+p.add_argument("--batch-sizes", default="",
+               help="hf: requests per generate call, comma-separated (default: all the requests in one)")
 a = p.parse_args()
 prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.requests)]
 
@@ -32,27 +36,50 @@ if a.mode == "hf":
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from gpu_timing import timed
+
     tok = AutoTokenizer.from_pretrained(a.target)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or "<|endoftext|>"
     model = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16, attn_implementation="sdpa").to(a.device).eval()
-    batch = tok(prompts, return_tensors="pt", padding=True).to(a.device)
     gpu = a.device.startswith("cuda")
     kw = dict(max_new_tokens=a.tokens, min_new_tokens=a.tokens, do_sample=True, temperature=0.8, pad_token_id=tok.pad_token_id)
-    with torch.inference_mode():
-        model.generate(**{k: v[:2] for k, v in batch.items()}, **dict(kw, max_new_tokens=4, min_new_tokens=4))
-        if gpu:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
+
+    def generate(chunk):
+        """New tokens generated for the prompts `chunk`, every one run to full length."""
+        batch = tok(chunk, return_tensors="pt", padding=True).to(a.device)
         out = model.generate(**batch, **kw)
-        if gpu:
-            torch.cuda.synchronize()
-        secs = time.perf_counter() - start
-    tokens = (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
-    result = {"engine": "transformers", "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
-              "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0}
+        return (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
+
+    sizes = [int(b) for b in a.batch_sizes.split(",") if b.strip()] or [a.requests]
+    sweep, best = [], None
+    for size in sizes:
+        chunks = [prompts[i:i + size] for i in range(0, len(prompts), size)]
+        entry = {"batch_size": size}
+        try:
+            with torch.inference_mode():
+                entry["warmup_seconds"], _ = timed(lambda: generate(chunks[0]), gpu)
+                if gpu:
+                    torch.cuda.reset_peak_memory_stats()
+                secs, tokens = timed(lambda: sum(generate(c) for c in chunks), gpu)
+        except torch.cuda.OutOfMemoryError as e:
+            entry["error"] = f"out of memory: {e}"[:300]
+            sweep.append(entry)
+            torch.cuda.empty_cache()
+            continue
+        entry.update(tokens=tokens, seconds=secs, tokens_per_s=tokens / secs,
+                     peak_gib=torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0)
+        sweep.append(entry)
+        print(f"  batches of {size}: warm-up {entry['warmup_seconds']:.2f}s, {tokens} tokens in {secs:.2f}s", flush=True)
+        if best is None or entry["tokens_per_s"] > best["tokens_per_s"]:
+            best = entry
+    if best is None:
+        raise SystemExit("transformers: every batch size ran out of memory: " + json.dumps(sweep))
+    result = {"engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__,
+              "tokens": best["tokens"], "seconds": best["seconds"], "tokens_per_s": best["tokens_per_s"],
+              "peak_gib": best["peak_gib"], "batch_size": best["batch_size"],
+              "warmup": "a whole batch of each size, run to full length", "sweep": sweep}
 else:
     url = a.target.rstrip("/") + "/v1/completions"
     counts, errors = [0] * a.requests, []

@@ -323,20 +323,9 @@ fn run(
         }
     }
     let valid_of = |bi: usize| mask.valid.as_deref().map(|v| &v[bi * total..][..total]);
-    // The new positions a sequence runs: a pass that keeps no cache skips its trailing padding
-    // (a batch of mixed lengths, right-padded): those positions are masked out of every real
-    // one, and their output rows stay zero.
     let real_len: Vec<usize> = (0..b)
         .map(|bi| match valid_of(bi) {
-            Some(v) if !want_cache => {
-                let real = t - v[p..].iter().rev().take_while(|&&real| !real).count();
-                let reads_padding = read.is_some_and(|r| r[bi].iter().any(|&i| i >= real));
-                if reads_padding {
-                    t
-                } else {
-                    real
-                }
-            }
+            Some(v) if !want_cache => real_length(&v[p..], read.map(|r| r[bi].as_slice())),
             _ => t,
         })
         .collect();
@@ -363,6 +352,19 @@ fn run(
         .collect();
     run_sequences(w, p, work);
     (out, cache)
+}
+
+/// The new positions a sequence runs when its pass keeps no cache: its trailing padding (a batch
+/// of mixed lengths, right-padded) is skipped, as those positions are masked out of every real one
+/// and their output rows stay zero; unless a row to be read lies in it. `valid`: which of its new
+/// positions are real tokens.
+fn real_length(valid: &[bool], read: Option<&[usize]>) -> usize {
+    let real = valid.len() - valid.iter().rev().take_while(|&&real| !real).count();
+    if read.is_some_and(|r| r.iter().any(|&i| i >= real)) {
+        valid.len()
+    } else {
+        real
+    }
 }
 
 /// One sequence's share of a forward pass.
@@ -501,28 +503,7 @@ fn sequence(
     let last = w.layers.len() - 1;
     for (li, l) in w.layers.iter().enumerate() {
         rms_norm_rows(x, l.ln1, eps, &mut s.normed);
-        let new_rows = &mut s.qkv[p * qkv_w..];
-        let mut col = 0;
-        for (weight, bias) in l.qkv {
-            let n = weight.len() / h;
-            if let Some(bias) = bias {
-                for row in new_rows.chunks_exact_mut(qkv_w) {
-                    row[col..col + n].copy_from_slice(bias);
-                }
-            }
-            let dst = Rows::new(&mut new_rows[col..], qkv_w, n);
-            matmul_t(dst, &s.normed, h, weight, bias.is_some(), parallelism);
-            col += n;
-        }
-        let half = d / 2;
-        rotate(
-            new_rows,
-            qkv_w,
-            (heads + kv_heads) * d,
-            d,
-            &w.cos[p * half..],
-            &w.sin[p * half..],
-        );
+        project_qkv(w, l, p, s, parallelism);
         if let Some((k, v)) = before.get(li) {
             for (c, src) in [(heads * d, k), ((heads + kv_heads) * d, v)] {
                 for (g, head) in src.chunks_exact(p * d).enumerate() {
@@ -573,6 +554,35 @@ fn sequence(
     rms_norm_rows(result, w.norm, eps, &mut s.normed[..n]);
     result.copy_from_slice(&s.normed[..n]);
     s.x = all_rows;
+}
+
+/// The new positions' query, key and value rows of layer `l` (after `p` cached positions), from
+/// the normed residuals in `s.normed` into `s.qkv`, biases added and rotary positions applied.
+fn project_qkv(w: &Weights, l: &LayerWeights, p: usize, s: &mut Scratch, parallelism: gemm::Parallelism) {
+    let dims = w.dims;
+    let (h, d, qkv_w) = (dims.hidden, dims.head_dim, dims.qkv_width());
+    let new_rows = &mut s.qkv[p * qkv_w..];
+    let mut col = 0;
+    for (weight, bias) in l.qkv {
+        let n = weight.len() / h;
+        if let Some(bias) = bias {
+            for row in new_rows.chunks_exact_mut(qkv_w) {
+                row[col..col + n].copy_from_slice(bias);
+            }
+        }
+        let dst = Rows::new(&mut new_rows[col..], qkv_w, n);
+        matmul_t(dst, &s.normed, h, weight, bias.is_some(), parallelism);
+        col += n;
+    }
+    let half = d / 2;
+    rotate(
+        new_rows,
+        qkv_w,
+        (dims.heads + dims.kv_heads) * d,
+        d,
+        &w.cos[p * half..],
+        &w.sin[p * half..],
+    );
 }
 
 /// The rest of a block after attention, for the rows of `x` (`[rows, hidden]`, whose attention
