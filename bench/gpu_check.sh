@@ -22,6 +22,7 @@
 # the peer a run (on the H100's old figures: about 6 more minutes, most of it 7B on MATH), so the
 # whole comparison takes two 10-minute calls: SHAPES=0.5b, then SHAPES=7b TRAINING=0 RL_UPDATES=0
 # GENERATION=0 on the warm machine.
+# `python3 bench/gpu_table.py $OUT/gpu_check.json` prints the docs' tables from the summary.
 #
 # Environment: SHAPES (default "0.5b 7b"), DATASETS (default "gsm8k math"), MAX_BATCH_TOKENS
 # (stepwise's batches, default 16384), OUT (default /tmp/gpu_check), TIME_BUDGET (seconds, default 450: a stage that

@@ -56,39 +56,55 @@ fn games_play_label_score_and_convert() {
     std::fs::write(d.join("trajs.jsonl"), &text[..cut]).unwrap();
     stepwise(&play);
     assert_eq!(std::fs::read_to_string(d.join("trajs.jsonl")).unwrap(), text);
+    let oracle = oracle_mc_and_binary_search_label_actions(&d);
+    td_labels_from_a_prms_scores_and_a_progress_head(&d);
+    trajectories_convert_to_messages_and_conversations_and_back(&d, &oracle);
+}
 
-    let games = s("games.jsonl");
-    let label = |method: &str, input: &str, output: &str, extra: &[&str]| {
-        let mut args = vec![
-            "agent",
-            "label",
-            "--method",
-            method,
-            "--problems",
-            &games,
-            "--input",
-            input,
-            "--output",
-            output,
-        ];
-        args.extend_from_slice(extra);
-        let out = stepwise(&args);
-        String::from_utf8_lossy(&out.stderr).to_string()
-    };
+/// A path inside `d`, as an argument.
+fn at(d: &Path, p: &str) -> String {
+    d.join(p).display().to_string()
+}
+
+/// `stepwise agent label --method METHOD` on the games of `d`; what it said.
+fn label(d: &Path, method: &str, input: &str, output: &str, extra: &[&str]) -> String {
+    let games = at(d, "games.jsonl");
+    let mut args = vec![
+        "agent",
+        "label",
+        "--method",
+        method,
+        "--problems",
+        &games,
+        "--input",
+        input,
+        "--output",
+        output,
+    ];
+    args.extend_from_slice(extra);
+    let out = stepwise(&args);
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+/// The oracle's, Monte Carlo's and binary search's labels of the played trajectories; the
+/// oracle's, which the conversions start from.
+fn oracle_mc_and_binary_search_label_actions(d: &Path) -> Vec<serde_json::Value> {
+    let s = |p: &str| at(d, p);
     let (trajs_path, oracle_path, mc_path) = (s("trajs.jsonl"), s("oracle.jsonl"), s("mc.jsonl"));
-    label("oracle", &trajs_path, &oracle_path, &[]);
+    label(d, "oracle", &trajs_path, &oracle_path, &[]);
     let oracle = lines(&d.join("oracle.jsonl"));
     assert!(oracle.iter().all(|t| t["steps"]
         .as_array()
         .unwrap()
         .iter()
         .all(|s| s["label"]["source"]["kind"] == "oracle")));
-    let said = label("mc", &trajs_path, &mc_path, &["--expert", "0.8", "--rollouts", "3"]);
+    let said = label(d, "mc", &trajs_path, &mc_path, &["--expert", "0.8", "--rollouts", "3"]);
     assert!(said.contains("environment steps"), "{said}");
     let mc = lines(&d.join("mc.jsonl"));
     assert!(mc.iter().all(|t| t["meta"]["env_steps"].as_u64().unwrap() > 0));
     // Binary search: labels up to the first dead action, with fewer rollouts than Monte Carlo's.
     label(
+        d,
         "binary",
         &trajs_path,
         &s("binary.jsonl"),
@@ -113,7 +129,12 @@ fn games_play_label_score_and_convert() {
             assert_eq!(step["label"]["p"].as_f64(), want, "{t}");
         }
     }
+    oracle
+}
 
+fn td_labels_from_a_prms_scores_and_a_progress_head(d: &Path) {
+    let s = |p: &str| at(d, p);
+    let (trajs_path, oracle_path) = (s("trajs.jsonl"), s("oracle.jsonl"));
     // A PRM's scores of the trajectories (observations read as context), then TD labels.
     let scored = s("scored.jsonl");
     stepwise(&[
@@ -126,7 +147,7 @@ fn games_play_label_score_and_convert() {
         &scored,
     ]);
     let td_path = s("td.jsonl");
-    label("td", &scored, &td_path, &["--lambda", "0.5"]);
+    label(d, "td", &scored, &td_path, &["--lambda", "0.5"]);
     for t in lines(&d.join("td.jsonl")) {
         for st in t["steps"].as_array().unwrap() {
             let src = &st["label"]["source"];
@@ -177,14 +198,18 @@ fn games_play_label_score_and_convert() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("scores.prm"));
+}
 
+fn trajectories_convert_to_messages_and_conversations_and_back(d: &Path, oracle: &[serde_json::Value]) {
+    let s = |p: &str| at(d, p);
+    let oracle_path = s("oracle.jsonl");
     // Trajectories as OpenAI chat messages and as ShareGPT conversations, and back.
     for to in ["messages", "conversations"] {
         let conv = s(&format!("{to}.jsonl"));
         stepwise(&["convert", &oracle_path, &conv, "--to", to]);
         let back = s(&format!("{to}-back.jsonl"));
         stepwise(&["convert", &conv, &back]);
-        let (a, b) = (oracle.clone(), lines(Path::new(&back)));
+        let (a, b) = (oracle, lines(Path::new(&back)));
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(&b) {
             assert_eq!(
@@ -356,34 +381,7 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
         assert!(d.join("a").join(f).exists(), "{f} missing");
     }
 
-    // The same run killed once its first checkpoint is written, then started again.
-    let mut child = rl(&prm, &s("b")).stderr(std::process::Stdio::null()).spawn().unwrap();
-    let state = d.join("b/rl_state.json");
-    let t0 = std::time::Instant::now();
-    while !state.exists() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(120),
-            "no checkpoint written"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the run finished before it could be killed"
-    );
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let kept: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
-    let kept = kept["log"].as_array().unwrap().clone();
-    assert!(!kept.is_empty() && kept.len() < 6, "{} updates kept", kept.len());
-    let resumed = rl(&prm, &s("b")).output().unwrap();
-    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
-    assert_eq!(rl_figures(&d.join("b/rl_log.jsonl")), a);
-    // It went on from the checkpoint: the updates before the kill are the ones the killed run logged.
-    let b = lines(&d.join("b/rl_log.jsonl"));
-    for (x, y) in kept.iter().zip(&b) {
-        assert_eq!(x["seconds"], y["seconds"], "update {} was run again", x["update"]);
-    }
+    a_killed_run_resumes_to_the_same_log(&d, &|out| rl(&prm, out), &a);
 
     // The trained policy plays; a reward it does not know is named.
     stepwise(&[
@@ -421,4 +419,38 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
         "{logged:?}"
     );
     assert!(d.join("p/implicit_prm/model.safetensors").exists());
+}
+
+/// The run `rl` starts (in the folder it is given) killed once its first checkpoint is written,
+/// then started again: the log of the uninterrupted run `a`, the updates before the kill kept.
+fn a_killed_run_resumes_to_the_same_log(d: &Path, rl: &dyn Fn(&str) -> std::process::Command, a: &[Value]) {
+    let s = |p: &str| d.join(p).display().to_string();
+    // The same run killed once its first checkpoint is written, then started again.
+    let mut child = rl(&s("b")).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let state = d.join("b/rl_state.json");
+    let t0 = std::time::Instant::now();
+    while !state.exists() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "no checkpoint written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run finished before it could be killed"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let kept: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    let kept = kept["log"].as_array().unwrap().clone();
+    assert!(!kept.is_empty() && kept.len() < 6, "{} updates kept", kept.len());
+    let resumed = rl(&s("b")).output().unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(rl_figures(&d.join("b/rl_log.jsonl")), a);
+    // It went on from the checkpoint: the updates before the kill are the ones the killed run logged.
+    let b = lines(&d.join("b/rl_log.jsonl"));
+    for (x, y) in kept.iter().zip(&b) {
+        assert_eq!(x["seconds"], y["seconds"], "update {} was run again", x["update"]);
+    }
 }

@@ -111,6 +111,14 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     ] {
         assert!(a.join(f).exists(), "{f} missing");
     }
+    let m = check_labels_and_best_of_n(&a);
+    check_rl_heads_and_report(&a, &m);
+    a_sigkilled_run_resumes_to_the_same_report(&a, &b, &m);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// The labels' costs and agreement, best-of-N's curves and paired differences, search; the metrics.
+fn check_labels_and_best_of_n(a: &Path) -> serde_json::Value {
     let m = json(a.join("metrics.json"));
     assert_eq!(m["domain"], "agent");
     assert_eq!(m["policy"]["trajectories"], 16);
@@ -147,6 +155,11 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     }
     assert_eq!(m["search"]["worlds"], 2);
     assert!(m["search"]["success"]["beam"].as_f64().is_some());
+    m
+}
+
+/// RL's variants, pooled over their runs; the heads; the report's sections; the silent world's trajectories.
+fn check_rl_heads_and_report(a: &Path, m: &serde_json::Value) {
     // RL: every reward source on the same budget, measured on every held-out world, paired
     // against outcome-only RL on success and clean success.
     let variants = m["rl"]["variants"].as_array().unwrap();
@@ -212,10 +225,12 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
         );
         assert!(!line.contains("You have done it"), "{line}");
     }
+}
 
+fn a_sigkilled_run_resumes_to_the_same_report(a: &Path, b: &Path, m: &serde_json::Value) {
     // Killed with SIGKILL once Monte Carlo labels are being written, then run again: the same
     // labels and the same report.
-    let mut child = lab(&b)
+    let mut child = lab(b)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -229,14 +244,13 @@ fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() 
     }
     child.kill().unwrap_or(());
     child.wait().unwrap();
-    let again = lab(&b).output().unwrap();
+    let again = lab(b).output().unwrap();
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
-    assert_eq!(mc_labels(&a), mc_labels(&b));
+    assert_eq!(mc_labels(a), mc_labels(b));
     let mb = json(b.join("metrics.json"));
     for key in ["policy", "labels", "bon", "search", "rl"] {
         assert_eq!(m[key], mb[key], "{key} differs after the resume");
     }
-    std::fs::remove_dir_all(&root).unwrap();
 }
 
 fn read_lines(p: &Path) -> usize {

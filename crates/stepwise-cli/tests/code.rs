@@ -203,7 +203,32 @@ fn generate_and_annotate_label_program_lines_by_execution() {
     );
     let rows = jsonl(&std::fs::read(&labelled).unwrap());
     assert_eq!(rows.len(), 3, "{}", String::from_utf8_lossy(&out.stderr));
-    for (row, p) in rows.iter().zip(&problems) {
+    every_reference_line_is_a_labelled_step(&rows, &problems);
+
+    // Solutions that are not the problems' file need --problems, and say so.
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "annotate",
+            "--policy",
+            &policy,
+            "--task",
+            "code",
+            "--input",
+            samples.to_str().unwrap(),
+            "--output",
+            dir.join("x.jsonl").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--problems"), "{stderr}");
+}
+
+/// The reference solutions' labels: a step per line, indentation kept, the last good (the whole
+/// program passes its tests), every prefix rolled out.
+fn every_reference_line_is_a_labelled_step(rows: &[Value], problems: &[Value]) {
+    for (row, p) in rows.iter().zip(problems) {
         let steps = row["steps"].as_array().unwrap();
         let reference: Vec<&str> = p["canonical_solution"]
             .as_str()
@@ -229,23 +254,4 @@ fn generate_and_annotate_label_program_lines_by_execution() {
             "a correct program is rolled out at every prefix"
         );
     }
-
-    // Solutions that are not the problems' file need --problems, and say so.
-    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args([
-            "annotate",
-            "--policy",
-            &policy,
-            "--task",
-            "code",
-            "--input",
-            samples.to_str().unwrap(),
-            "--output",
-            dir.join("x.jsonl").to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("--problems"), "{stderr}");
 }

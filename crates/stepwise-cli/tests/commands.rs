@@ -48,8 +48,23 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
         assert_eq!(steps[0]["label"]["source"]["rollouts"], 3);
         assert!(r["meta"]["rollouts"].as_u64().unwrap() >= 3);
     }
+    annotate_resumes_and_refuses_other_settings_inputs_or_checkpoints(&d, &rows, &args, &first);
+    annotate_by_binary_search(&d, &args);
+    annotate_by_omegaprm_trees(&d, &rows, &args);
+    annotate_by_judge_and_consensus(&d, &args);
+}
+
+/// `annotate` run again, by another spelling of the checkpoint, with other settings, on an edited
+/// input or on another checkpoint behind the same path.
+fn annotate_resumes_and_refuses_other_settings_inputs_or_checkpoints(
+    d: &Path,
+    rows: &[Value],
+    args: &[&str],
+    first: &str,
+) {
+    let out = d.join("labeled.jsonl");
     // Run again: everything is already labelled, nothing changes.
-    stepwise(&args);
+    stepwise(args);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
     // Resumed with other settings: refused, naming the setting, and nothing is written.
     let mut other = args.to_vec();
@@ -78,7 +93,7 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
         assert_eq!(out.status.code(), Some(1));
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    let mut edited = rows.clone();
+    let mut edited = rows.to_vec();
     edited[1]["question"] = "What is 3 * 5?".into();
     let edited_input = d.join("edited.jsonl");
     write_jsonl(&edited_input, &edited);
@@ -105,6 +120,9 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
     std::fs::write(&weights, bytes).unwrap();
     let err = refused_for(&on_copy);
     assert!(err.contains("`policy`"), "{err}");
+}
+
+fn annotate_by_binary_search(d: &Path, args: &[&str]) {
     // Binary search for the first error: hard labels, fewer rollouts than a step-by-step run.
     let bs = d.join("bs.jsonl");
     let mut bs_args = args.to_vec();
@@ -126,6 +144,9 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
             "one probe of 3 rollouts for 2 steps: {r}"
         );
     }
+}
+
+fn annotate_by_omegaprm_trees(d: &Path, rows: &[Value], args: &[&str]) {
     // OmegaPRM: the same bisection over one tree per problem; the rollouts are kept as new
     // labelled solutions, and the trees convert to OpenR's omegaprm-tree format.
     let tree_in = d.join("tree_in.jsonl");
@@ -175,6 +196,9 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
     let trees = std::fs::read_to_string(&converted).unwrap();
     assert_eq!(trees.lines().count(), 1, "one tree for the one problem");
     assert!(trees.contains("\"children\""));
+}
+
+fn annotate_by_judge_and_consensus(d: &Path, args: &[&str]) {
     // A judge is needed for judge and consensus; the fixture policy as a judge gives no
     // readable verdict, so consensus keeps no labels and says so.
     let judged_out = d.join("judge.jsonl");
@@ -259,6 +283,38 @@ fn bon_and_processbench_on_scored_files() {
 /// `stepwise search`: every method with every PRM layout on the fixture checkpoints; records
 /// carry each step's score and the method's compute; a second run resumes (nothing changes);
 /// incremental and whole scoring choose the same; `calibrate` writes the τ `resample` reads.
+/// `stepwise search` with the fixture policy on `problems`, a step and token budget small
+/// enough for a test, and `extra` flags.
+fn search(policy: &str, problems: &Path, prm: &str, method: &str, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "search",
+        "--policy",
+        policy,
+        "--prm",
+        prm,
+        "--method",
+        method,
+        "--max-steps",
+        "3",
+        "--max-tokens",
+        "6",
+        "--input",
+        problems.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    stepwise(&args)
+}
+
+fn records(p: &Path) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn search_runs_every_method_with_every_prm_layout_and_resumes() {
     let d = tmp("search");
@@ -271,109 +327,102 @@ fn search_runs_every_method_with_every_prm_layout_and_resumes() {
         ],
     );
     let policy = fixture("qwen2-policy");
-    let search = |prm: &str, method: &str, out: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "search",
-            "--policy",
-            &policy,
-            "--prm",
-            prm,
-            "--method",
-            method,
-            "--max-steps",
-            "3",
-            "--max-tokens",
-            "6",
-            "--input",
-            problems.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        stepwise(&args)
-    };
-    let read = |p: &Path| -> Vec<Value> {
-        std::fs::read_to_string(p)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
     for prm in ["qwen2-prm", "llama-shepherd", "qwen2-tokcls"] {
         let prm = fixture(prm);
-        for method in ["bon", "beam", "dvts", "lookahead", "resample"] {
-            let out = d.join(format!("{}-{method}.jsonl", prm.len()));
-            let _ = std::fs::remove_file(&out);
-            let args = ["-n", "4", "--width", "2", "--threshold", "0.5", "--temperature", "1.0"];
-            search(&prm, method, &out, &args);
-            let recs = read(&out);
-            assert_eq!(recs.len(), 2, "{prm} {method}");
-            for r in &recs {
-                let steps = r["steps"].as_array().unwrap().len();
-                assert!((1..=3).contains(&steps), "{prm} {method}: {steps} steps");
-                assert_eq!(r["scores"]["prm"].as_array().unwrap().len(), steps, "{prm} {method}");
-                assert_eq!(r["meta"]["search"]["method"], method);
-                let c = &r["meta"]["compute"];
-                assert!(c["generated_tokens"].as_u64().unwrap() > 0, "{prm} {method}");
-                assert!(c["encoded_tokens"].as_u64().unwrap() > 0, "{prm} {method}");
-                assert!(r["correct"].is_boolean());
-            }
-            // Records without their wall time, which no two runs share.
-            let timeless = |text: &str| -> Vec<Value> {
-                text.lines()
-                    .map(|l| {
-                        let mut v: Value = serde_json::from_str(l).unwrap();
-                        v["meta"]["compute"]["seconds"] = json!(0);
-                        v
-                    })
-                    .collect()
-            };
-            let first = std::fs::read_to_string(&out).unwrap();
-            search(&prm, method, &out, &args);
-            assert_eq!(
-                std::fs::read_to_string(&out).unwrap(),
-                first,
-                "resumed, not searched again"
-            );
-            // Killed while writing the second record: the torn line is dropped, the second
-            // problem searched again, and the file ends as an uninterrupted run's.
-            let second = first.find('\n').unwrap() + 1;
-            std::fs::write(&out, &first[..second + (first.len() - second) / 2]).unwrap();
-            search(&prm, method, &out, &args);
-            assert_eq!(
-                timeless(&std::fs::read_to_string(&out).unwrap()),
-                timeless(&first),
-                "{method}: resumed after a torn write"
-            );
+        every_method_searches_and_resumes_after_a_torn_write(&d, &policy, &problems, &prm);
+        incremental_scoring_is_whole_scoring_with_fewer_tokens(&d, &policy, &problems, &prm);
+    }
+    calibrate_writes_the_threshold_resample_reads(&d, &policy, &problems);
+}
+
+/// Every method with the PRM `prm`: its records, their compute, and resumed (after a torn
+/// write too) to an uninterrupted run's file.
+fn every_method_searches_and_resumes_after_a_torn_write(d: &Path, policy: &str, problems: &Path, prm: &str) {
+    for method in ["bon", "beam", "dvts", "lookahead", "resample"] {
+        let out = d.join(format!("{}-{method}.jsonl", prm.len()));
+        let _ = std::fs::remove_file(&out);
+        let args = ["-n", "4", "--width", "2", "--threshold", "0.5", "--temperature", "1.0"];
+        search(policy, problems, prm, method, &out, &args);
+        let recs = records(&out);
+        assert_eq!(recs.len(), 2, "{prm} {method}");
+        for r in &recs {
+            let steps = r["steps"].as_array().unwrap().len();
+            assert!((1..=3).contains(&steps), "{prm} {method}: {steps} steps");
+            assert_eq!(r["scores"]["prm"].as_array().unwrap().len(), steps, "{prm} {method}");
+            assert_eq!(r["meta"]["search"]["method"], method);
+            let c = &r["meta"]["compute"];
+            assert!(c["generated_tokens"].as_u64().unwrap() > 0, "{prm} {method}");
+            assert!(c["encoded_tokens"].as_u64().unwrap() > 0, "{prm} {method}");
+            assert!(r["correct"].is_boolean());
         }
-        // Incremental and whole scoring of greedy beams (no choice a near-tie could flip: the
-        // random fixture PRMs score every step about 0.5): the same scores, fewer tokens encoded.
-        let (inc, whole) = (d.join("inc.jsonl"), d.join("whole.jsonl"));
-        let _ = (std::fs::remove_file(&inc), std::fs::remove_file(&whole));
-        let greedy = ["-n", "2", "--width", "1", "--temperature", "0"];
-        search(&prm, "beam", &inc, &greedy);
-        search(&prm, "beam", &whole, &[&greedy[..], &["--whole"]].concat());
-        let (a, b) = (read(&inc), read(&whole));
-        let encoded = |recs: &[Value]| -> u64 {
-            recs.iter()
-                .map(|r| r["meta"]["compute"]["encoded_tokens"].as_u64().unwrap())
-                .sum()
+        // Records without their wall time, which no two runs share.
+        let timeless = |text: &str| -> Vec<Value> {
+            text.lines()
+                .map(|l| {
+                    let mut v: Value = serde_json::from_str(l).unwrap();
+                    v["meta"]["compute"]["seconds"] = json!(0);
+                    v
+                })
+                .collect()
         };
-        assert!(encoded(&a) < encoded(&b), "{prm}: {} vs {}", encoded(&a), encoded(&b));
-        for (x, y) in a.iter().zip(&b) {
-            assert_eq!(x["steps"], y["steps"], "{prm}");
-            let (sx, sy) = (
-                x["scores"]["prm"].as_array().unwrap(),
-                y["scores"]["prm"].as_array().unwrap(),
+        let first = std::fs::read_to_string(&out).unwrap();
+        search(policy, problems, prm, method, &out, &args);
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            first,
+            "resumed, not searched again"
+        );
+        // Killed while writing the second record: the torn line is dropped, the second
+        // problem searched again, and the file ends as an uninterrupted run's.
+        let second = first.find('\n').unwrap() + 1;
+        std::fs::write(&out, &first[..second + (first.len() - second) / 2]).unwrap();
+        search(policy, problems, prm, method, &out, &args);
+        assert_eq!(
+            timeless(&std::fs::read_to_string(&out).unwrap()),
+            timeless(&first),
+            "{method}: resumed after a torn write"
+        );
+    }
+}
+
+fn incremental_scoring_is_whole_scoring_with_fewer_tokens(d: &Path, policy: &str, problems: &Path, prm: &str) {
+    // Incremental and whole scoring of greedy beams (no choice a near-tie could flip: the
+    // random fixture PRMs score every step about 0.5): the same scores, fewer tokens encoded.
+    let (inc, whole) = (d.join("inc.jsonl"), d.join("whole.jsonl"));
+    let _ = (std::fs::remove_file(&inc), std::fs::remove_file(&whole));
+    let greedy = ["-n", "2", "--width", "1", "--temperature", "0"];
+    search(policy, problems, prm, "beam", &inc, &greedy);
+    search(
+        policy,
+        problems,
+        prm,
+        "beam",
+        &whole,
+        &[&greedy[..], &["--whole"]].concat(),
+    );
+    let (a, b) = (records(&inc), records(&whole));
+    let encoded = |recs: &[Value]| -> u64 {
+        recs.iter()
+            .map(|r| r["meta"]["compute"]["encoded_tokens"].as_u64().unwrap())
+            .sum()
+    };
+    assert!(encoded(&a) < encoded(&b), "{prm}: {} vs {}", encoded(&a), encoded(&b));
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x["steps"], y["steps"], "{prm}");
+        let (sx, sy) = (
+            x["scores"]["prm"].as_array().unwrap(),
+            y["scores"]["prm"].as_array().unwrap(),
+        );
+        for (u, v) in sx.iter().zip(sy) {
+            assert!(
+                (u.as_f64().unwrap() - v.as_f64().unwrap()).abs() < 1e-5,
+                "{prm}: {u} vs {v}"
             );
-            for (u, v) in sx.iter().zip(sy) {
-                assert!(
-                    (u.as_f64().unwrap() - v.as_f64().unwrap()).abs() < 1e-5,
-                    "{prm}: {u} vs {v}"
-                );
-            }
         }
     }
+}
+
+fn calibrate_writes_the_threshold_resample_reads(d: &Path, policy: &str, problems: &Path) {
     // calibrate writes threshold.json into the PRM folder (a copy), which resample then reads.
     let prm_dir = d.join("prm");
     std::fs::create_dir_all(&prm_dir).unwrap();
@@ -393,7 +442,7 @@ fn search_runs_every_method_with_every_prm_layout_and_resumes() {
         .args([
             "search",
             "--policy",
-            &policy,
+            policy,
             "--prm",
             prm_dir.to_str().unwrap(),
             "--method",
@@ -414,8 +463,15 @@ fn search_runs_every_method_with_every_prm_layout_and_resumes() {
     ]);
     let t: Value = serde_json::from_str(&std::fs::read_to_string(prm_dir.join("threshold.json")).unwrap()).unwrap();
     let tau = t["tau"].as_f64().unwrap();
-    search(prm_dir.to_str().unwrap(), "resample", &out, &["--temperature", "1.0"]);
-    let recs = read(&out);
+    search(
+        policy,
+        problems,
+        prm_dir.to_str().unwrap(),
+        "resample",
+        &out,
+        &["--temperature", "1.0"],
+    );
+    let recs = records(&out);
     assert!((recs[0]["meta"]["search"]["threshold"].as_f64().unwrap() - tau).abs() < 1e-6);
 }
 

@@ -63,6 +63,18 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     assert!(!other.status.success());
     let err = String::from_utf8_lossy(&other.stderr);
     assert!(err.contains("seed differs"), "{err}");
+    let m: serde_json::Value = serde_json::from_str(&read(a.join("metrics.json"))).unwrap();
+    check_files_bon_and_search(&a, &m);
+    check_paired_and_families(&a, &m);
+    check_verifiers_and_label_sources(&a, &m);
+    the_command_line_reproduces_the_labs_judge_and_mc_labels(&root, &a, &m);
+    the_command_line_reproduces_the_labs_prm_scores(&root, &a);
+    a_sigkilled_run_resumes_to_the_same_records(&a, &b, &m);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The run's files; best-of-N's curves inside their intervals; every search method with its compute.
+fn check_files_bon_and_search(a: &Path, m: &serde_json::Value) {
     for f in [
         "metrics.json",
         "report.md",
@@ -76,7 +88,6 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     ] {
         assert!(a.join(f).exists(), "{f} missing");
     }
-    let m: serde_json::Value = serde_json::from_str(&read(a.join("metrics.json"))).unwrap();
     assert_eq!(m["domain"], "arithmetic", "the default domain");
     let bon = m["bon"].as_array().unwrap();
     assert!(bon.iter().any(|c| c["method"] == "ORM") && bon.iter().any(|c| c["method"] == "majority vote"));
@@ -113,6 +124,12 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         }
     }
     assert!(search["incremental"]["ratio"].as_f64().unwrap() > 1.0);
+}
+
+/// Paired differences inside their intervals; best-of-8 per problem family; the diagnostics.
+fn check_paired_and_families(a: &Path, m: &serde_json::Value) {
+    let bon = m["bon"].as_array().unwrap();
+    let search = &m["search"];
     // Paired differences on the same problems: best-of-N, search and RL, each inside its interval.
     let paired: Vec<&serde_json::Value> = m["paired"]
         .as_array()
@@ -164,6 +181,10 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         .find(|d| d[0] == "policy confidence (diagnostic)")
         .expect("the policy-confidence diagnostic is reported");
     assert!((0.0..=1.0).contains(&confidence[1]["step_auroc"].as_f64().unwrap()));
+}
+
+/// The verifiers' own base LM, and every label source with its PRM's figures and costs.
+fn check_verifiers_and_label_sources(a: &Path, m: &serde_json::Value) {
     // The verifiers and the judge start from their own base LM (48 wide; the policy is 64), not
     // the policy; what it knows
     // before any label is reported beside the policy's confidence.
@@ -218,7 +239,9 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     assert_eq!(sources[2]["new_solutions"].as_u64().unwrap(), kept - label_set);
     let report = read(a.join("report.md"));
     assert!(report.contains("| judge |") && report.contains("| consensus |"));
+}
 
+fn the_command_line_reproduces_the_labs_judge_and_mc_labels(root: &Path, a: &Path, m: &serde_json::Value) {
     // The lab's judge is a checkpoint `stepwise annotate --method judge --judge-format index`
     // asks as it is: with the lab's seed for it (seed ^ 6), the same verdicts on every sample
     // (the oracle-labelled copies: the judge's labels replace the oracle's).
@@ -283,7 +306,9 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         labels_by_id(&read(a.join("labels_mc.jsonl")), None),
         "the command line's MC labels with the verifiers' base differ from the lab's"
     );
+}
 
+fn the_command_line_reproduces_the_labs_prm_scores(root: &Path, a: &Path) {
     // The verifiers are folders `stepwise score` reads on its own (reward.json gives the
     // likelihood head's constant reference): it reproduces the PRM-MC scores the lab wrote.
     let spec: serde_json::Value = serde_json::from_str(&read(a.join("prm_mc/reward.json"))).unwrap();
@@ -305,10 +330,12 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     for (x, y) in lab_scores.iter().zip(&cli_scores) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");
     }
+}
 
+fn a_sigkilled_run_resumes_to_the_same_records(a: &Path, b: &Path, m: &serde_json::Value) {
     // Same seed, the policy, the verifiers' base and the samples already there (cached stages),
     // killed with SIGKILL once a few annotated solutions are on disk.
-    std::fs::create_dir_all(&b).unwrap();
+    std::fs::create_dir_all(b).unwrap();
     for f in ["samples_label.jsonl", "samples_eval.jsonl"] {
         std::fs::copy(a.join(f), b.join(f)).unwrap();
     }
@@ -320,7 +347,7 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
         }
     }
     let total = lines(&a.join("labels_mc.jsonl"));
-    let mut child = lab(&b).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut child = lab(b).stderr(std::process::Stdio::null()).spawn().unwrap();
     let start = Instant::now();
     while lines(&b.join("labels_mc.jsonl")) < 3 {
         assert!(start.elapsed() < Duration::from_secs(120), "annotation never started");
@@ -336,7 +363,7 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     assert!(done < total, "killed after annotation finished ({done} of {total})");
     assert!(!b.join("metrics.json").exists());
 
-    let status = lab(&b).status().unwrap();
+    let status = lab(b).status().unwrap();
     assert!(status.success());
     assert_eq!(
         read(b.join("labels_mc.jsonl")),
@@ -345,7 +372,6 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     );
     let mb: serde_json::Value = serde_json::from_str(&read(b.join("metrics.json"))).unwrap();
     assert_eq!(m["bon"], mb["bon"], "resumed run's curves differ");
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// `stepwise lab --domain code`: the same loop and report on straight-line programs, every

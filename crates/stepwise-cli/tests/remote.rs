@@ -38,77 +38,33 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
     let p = probs.to_str().unwrap();
     let policy = fixture("qwen2-policy");
     let prm = fixture("qwen2-prm");
+    let url = server.url.as_str();
+    // The same flags, with the local folders or the server.
+    let sampling = ["-n", "3", "--max-tokens", "16", "--seed", "5", "--input", p];
+    let beam = [
+        "--method",
+        "beam",
+        "-n",
+        "4",
+        "--width",
+        "2",
+        "--max-steps",
+        "3",
+        "--max-tokens",
+        "8",
+        "--input",
+        p,
+    ];
     for (name, local, remote) in [
         (
             "generate",
-            vec![
-                "generate",
-                "--model",
-                &policy,
-                "-n",
-                "3",
-                "--max-tokens",
-                "16",
-                "--seed",
-                "5",
-                "--input",
-                p,
-            ],
-            vec![
-                "generate",
-                "--model",
-                &server.url,
-                "-n",
-                "3",
-                "--max-tokens",
-                "16",
-                "--seed",
-                "5",
-                "--input",
-                p,
-            ],
+            [&["generate", "--model", &policy][..], &sampling].concat(),
+            [&["generate", "--model", url][..], &sampling].concat(),
         ),
         (
             "search",
-            vec![
-                "search",
-                "--policy",
-                &policy,
-                "--prm",
-                &prm,
-                "--whole",
-                "--method",
-                "beam",
-                "-n",
-                "4",
-                "--width",
-                "2",
-                "--max-steps",
-                "3",
-                "--max-tokens",
-                "8",
-                "--input",
-                p,
-            ],
-            vec![
-                "search",
-                "--policy",
-                &server.url,
-                "--prm",
-                &server.url,
-                "--method",
-                "beam",
-                "-n",
-                "4",
-                "--width",
-                "2",
-                "--max-steps",
-                "3",
-                "--max-tokens",
-                "8",
-                "--input",
-                p,
-            ],
+            [&["search", "--policy", &policy, "--prm", &prm, "--whole"][..], &beam].concat(),
+            [&["search", "--policy", url, "--prm", url][..], &beam].concat(),
         ),
     ] {
         let (a, b) = (
@@ -120,6 +76,12 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
         assert_eq!(records(&a), records(&b), "{name}");
         assert!(!records(&a).is_empty());
     }
+    scoring_the_samples_gives_the_same_step_scores(&d, url, &prm);
+}
+
+/// `score` on the generated samples with the local PRM, the server, and the server over vLLM's
+/// `/pooling` protocol: the same step scores.
+fn scoring_the_samples_gives_the_same_step_scores(d: &Path, url: &str, prm: &str) {
     // Scoring the generated samples: the same step scores from the server.
     let samples = d.join("generate-local.jsonl");
     let (a, b, c) = (
@@ -127,7 +89,7 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
         d.join("score-remote.jsonl"),
         d.join("score-pooling.jsonl"),
     );
-    for (model, out) in [(&prm, &a), (&server.url, &b)] {
+    for (model, out) in [(prm, &a), (url, &b)] {
         stepwise(&[
             "score",
             "--model",
@@ -142,13 +104,13 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
     stepwise(&[
         "score",
         "--model",
-        &server.url,
+        url,
         "--protocol",
         "pooling",
         "--layout",
         "qwen-prm",
         "--server-tokenizer",
-        &prm,
+        prm,
         "--input",
         samples.to_str().unwrap(),
         "--output",

@@ -253,9 +253,6 @@ fn train_prm_from_a_bf16_prm_drops_its_head_and_stays_bf16() {
     }
 }
 
-/// `--model ORG/NAME` is found offline in a Hugging Face cache laid out as the hub client
-/// writes it (blobs, snapshots of symlinks, refs), by branch or by commit, and scores exactly as
-/// the folder does; a missing model or revision is a clear usage error.
 /// `stepwise rl` on the fixture policy: outcome, PRM and PRIME rewards, a per-update log, and a
 /// checkpoint folder that loads back as the same architecture with changed weights; a second
 /// run on the folder resumes (it has nothing left to do) instead of starting over. PRIME's
@@ -330,50 +327,67 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
         let after = std::fs::read(out.join("model.safetensors")).unwrap();
         assert_ne!(before, after, "{name}: the weights did not move");
         if name == "prime" {
-            let prm = out.join("implicit_prm");
-            assert!(log[1]["implicit_prm"]["loss"].as_f64().unwrap().is_finite());
-            assert_ne!(std::fs::read(prm.join("model.safetensors")).unwrap(), before);
-            let (steps, scored) = (d.join("steps.jsonl"), d.join("implicit_prm_scores.jsonl"));
-            write_jsonl(
-                &steps,
-                &[
-                    json!({"id": "s", "problem_id": "p", "question": "What is 2 + 3?", "steps": [{"text": "2 + 3 = 5"}, {"text": "The answer is 5"}]}),
-                ],
-            );
-            stepwise(&[
-                "score",
-                "--model",
-                &prm.display().to_string(),
-                "--input",
-                &steps.display().to_string(),
-                "--output",
-                &scored.display().to_string(),
-            ]);
-            let scores = common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm");
-            assert!(scores.len() == 2 && scores.iter().all(|s| s.is_finite()), "{scores:?}");
+            prime_moved_its_implicit_prm_and_score_reads_it(&d, &out, &log[1], &before);
         }
-        // Run again on the same folder: it resumes (nothing left to do); then sample from the result.
-        let again = stepwise(&a.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(String::from_utf8_lossy(&again.stderr).contains("2 updates"), "{name}");
-        assert_eq!(
-            std::fs::read(out.join("model.safetensors")).unwrap(),
-            after,
-            "{name}: resumed, not retrained"
-        );
-        let generated = d.join(format!("{name}-samples.jsonl"));
-        stepwise(&[
-            "generate",
-            "--model",
-            &out.display().to_string(),
-            "--input",
-            &problems.display().to_string(),
-            "-n",
-            "2",
-            "--max-tokens",
-            "8",
-            "--output",
-            &generated.display().to_string(),
-        ]);
-        assert_eq!(std::fs::read_to_string(&generated).unwrap().lines().count(), 4);
+        let rerun: Vec<&str> = a.iter().map(String::as_str).collect();
+        a_second_run_resumes_and_its_result_samples(&d, &out, &problems, &rerun, &after, name);
     }
+}
+
+/// PRIME's implicit PRM moved in training, and `stepwise score` reads its folder as a verifier.
+fn prime_moved_its_implicit_prm_and_score_reads_it(d: &Path, out: &Path, last: &Value, before: &[u8]) {
+    let prm = out.join("implicit_prm");
+    assert!(last["implicit_prm"]["loss"].as_f64().unwrap().is_finite());
+    assert_ne!(std::fs::read(prm.join("model.safetensors")).unwrap(), before);
+    let (steps, scored) = (d.join("steps.jsonl"), d.join("implicit_prm_scores.jsonl"));
+    write_jsonl(
+        &steps,
+        &[
+            json!({"id": "s", "problem_id": "p", "question": "What is 2 + 3?", "steps": [{"text": "2 + 3 = 5"}, {"text": "The answer is 5"}]}),
+        ],
+    );
+    stepwise(&[
+        "score",
+        "--model",
+        &prm.display().to_string(),
+        "--input",
+        &steps.display().to_string(),
+        "--output",
+        &scored.display().to_string(),
+    ]);
+    let scores = common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm");
+    assert!(scores.len() == 2 && scores.iter().all(|s| s.is_finite()), "{scores:?}");
+}
+
+/// Run again on the same folder: it resumes (nothing left to do); then sample from the result.
+fn a_second_run_resumes_and_its_result_samples(
+    d: &Path,
+    out: &Path,
+    problems: &Path,
+    args: &[&str],
+    after: &[u8],
+    name: &str,
+) {
+    let again = stepwise(args);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("2 updates"), "{name}");
+    assert_eq!(
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+        after,
+        "{name}: resumed, not retrained"
+    );
+    let generated = d.join(format!("{name}-samples.jsonl"));
+    stepwise(&[
+        "generate",
+        "--model",
+        &out.display().to_string(),
+        "--input",
+        &problems.display().to_string(),
+        "-n",
+        "2",
+        "--max-tokens",
+        "8",
+        "--output",
+        &generated.display().to_string(),
+    ]);
+    assert_eq!(std::fs::read_to_string(&generated).unwrap().lines().count(), 4);
 }
