@@ -28,7 +28,8 @@
 # (stepwise's batches, default 16384), OUT (default /tmp/gpu_check), TIME_BUDGET (seconds, default 450: a stage that
 # would not fit is skipped and named), GENERATION=0 (skip generation), F32_REFERENCE=N
 # (transformers in float32 on N GSM8K records: the reference both bf16 engines are measured
-# against), TRAINING=0 (skip training), TRAIN_STEPS (default 200), TRAIN_OBJECTIVES (default
+# against), TRAINING=0 (skip training), TRAIN_STEPS (default 200), TRAIN_VALID (records held out
+# for both engines' validation loss, default 40), TRAIN_OBJECTIVES (default
 # "prm log-ratio"), RL_UPDATES (default 3; 0 skips RL), RL_SHAPE (default "8 8 128": prompts,
 # samples each, most tokens), SCORING=0 (skip the scoring comparisons),
 # DEVICE=cpu LIMIT=4 TRAIN_STEPS=2 (a dry run of the whole script without a GPU). Only training
@@ -73,6 +74,7 @@ run() {
     F32_REFERENCE=${F32_REFERENCE:-0} # N > 0: transformers in float32 on the first N GSM8K records, per shape
     TRAINING=${TRAINING:-1}         # 0: skip the training stage
     TRAIN_STEPS=${TRAIN_STEPS:-200} # optimiser steps of each engine in the training stage
+    TRAIN_VALID=${TRAIN_VALID:-40}  # records held out for both engines' validation loss (at most a fifth)
     TRAIN_OBJECTIVES=${TRAIN_OBJECTIVES:-"prm log-ratio"} # which verifiers the training stage trains
     RL_UPDATES=${RL_UPDATES:-3}     # updates of the RL stage (0: skip it)
     RL_SHAPE=${RL_SHAPE:-"8 8 128"} # RL's prompts per update, samples per prompt, most tokens per sample
@@ -200,13 +202,17 @@ run() {
         local name=$1 M=$2
         echo "== training ($name)"
         local flags=(--steps "$TRAIN_STEPS" --lr 1e-5 --batch-size 16 --max-batch-tokens "$BUDGET" --max-len 2048)
+        # The same held-out records for both: the first TRAIN_VALID (at most a fifth), trained on the rest.
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); k=min(int(sys.argv[2]), len(r)//5); \
+json.dump(r[k:], open(sys.argv[3],'w')); json.dump(r[:k], open(sys.argv[4],'w'))" \
+            "$W/$first.json" "$TRAIN_VALID" "$W/train-$first.json" "$W/valid-$first.json"
         fits 150 "transformers training ($name)" && peak "$W/train-hf-$name.log" timeout "$(limit 150)" python3 \
-            bench/gpu_train.py "$M" "$W/$first.json" "$W/train-hf-$name.json" "${flags[@]}" $3 --device "$DEVICE" \
-            >> "$W/train-hf-$name.log" 2>&1
+            bench/gpu_train.py "$M" "$W/train-$first.json" "$W/train-hf-$name.json" "${flags[@]}" $3 --device "$DEVICE" \
+            --valid-data "$W/valid-$first.json" >> "$W/train-hf-$name.log" 2>&1
         grep -E "^transformers|Error" "$W/train-hf-$name.log" | tail -2
         fits 150 "stepwise training ($name)" && peak "$W/train-sw-$name.log" timeout "$(limit 150)" "$BIN" train-prm \
-            --data "$W/$first.json" --base "$M" --out "$W/trained-$name" --device "$DEVICE" "${flags[@]}" $4 \
-            --valid-fraction 0 --stop-at-first-bad >> "$W/train-sw-$name.log" 2>&1
+            --data "$W/train-$first.json" --base "$M" --out "$W/trained-$name" --device "$DEVICE" "${flags[@]}" $4 \
+            --valid-data "$W/valid-$first.json" --stop-at-first-bad >> "$W/train-sw-$name.log" 2>&1
         grep -vE '^(peak_mib|exit)' "$W/train-sw-$name.log" | tail -2
     }
     P="$W/policy-0.5b"
@@ -337,6 +343,13 @@ def training(name):
                                  "last_loss": st["last_loss"], "log": t[-1000:]}
         else:
             train["stepwise"] = {"error": t[-2000:]}
+    metrics = w / f"trained-{name}" / "metrics.json"
+    if metrics.exists() and "stepwise" in train:
+        train["stepwise"]["valid_loss"] = json.loads(metrics.read_text())["loss"]
+    losses = (train["transformers"].get("valid_loss"), train.get("stepwise", {}).get("valid_loss"))
+    if None not in losses:
+        # The target: stepwise's validation loss within 5% of PyTorch's after the same steps.
+        train["valid_loss_gap"] = losses[1] / losses[0] - 1
     for who, log in (("transformers", f"train-hf-{name}.log"), ("stepwise", f"train-sw-{name}.log")):
         pk = re.search(r"peak_mib (\d+)", (w / log).read_text()) if (w / log).exists() else None
         if pk and who in train:
@@ -369,7 +382,8 @@ print(f"generation 64 x 256: transformers {g['hf'].get('tokens_per_s', 0):.0f} t
 for key in ("training_0.5b", "training_log_ratio_0.5b"):
     t = summary[key]
     print(f"{key}: transformers {t['transformers'].get('tokens_per_s', 0):.0f} tok/s, "
-          f"stepwise {t.get('stepwise', {}).get('tokens_per_s', 0):.0f} tok/s, ratio {t.get('ratio', 0):.2f}")
+          f"stepwise {t.get('stepwise', {}).get('tokens_per_s', 0):.0f} tok/s, ratio {t.get('ratio', 0):.2f}, "
+          f"validation loss {t['transformers'].get('valid_loss')} / {t.get('stepwise', {}).get('valid_loss')}")
 for u in summary.get("rl_0.5b", {}).get("updates", []):
     print(f"rl update {u['update']}: {u['seconds']:.1f}s ({u['sampling_seconds']:.1f}s sampling), "
           f"{u['sampled_tokens']} tokens sampled, {u['updated_tokens']} learned, loss {u['loss']:.4f}, kl {u['kl']:.5f}")

@@ -71,14 +71,17 @@ def training(summary):
     if not rows:
         return
     print("\n| training, 0.5B shape | PyTorch bf16 autocast tok/s | stepwise tok/s | ratio | peak GiB (PyTorch / stepwise) "
-          "| loss at the end (PyTorch: mean of its last 10 steps / stepwise: last step) |")
-    print("|---|---|---|---|---|---|")
+          "| loss at the end (PyTorch: mean of its last 10 steps / stepwise: last step) "
+          "| validation loss before → after (PyTorch / stepwise) | gap |")
+    print("|---|---|---|---|---|---|---|---|")
     for key, t in rows:
         hf, sw = t.get("transformers", {}), t.get("stepwise", {})
         print(f"| {'classifier head' if key == 'training_0.5b' else 'log-ratio head'} | {num(hf.get('tokens_per_s'))} "
               f"| {num(sw.get('tokens_per_s'))}{' (cut off)' if sw.get('partial') else ''} | {num(t.get('ratio'), 2)} "
               f"| {mib(hf.get('peak_gpu_mib_nvidia_smi'))} / {mib(sw.get('peak_gpu_mib_nvidia_smi'))} "
-              f"| {num(hf.get('loss_last_10'), 4)} / {num(sw.get('last_loss'), 4)} |")
+              f"| {num(hf.get('loss_last_10'), 4)} / {num(sw.get('last_loss'), 4)} "
+              f"| {num(hf.get('valid_loss_start'), 4)} → {num(hf.get('valid_loss'), 4)} / {num(sw.get('valid_loss'), 4)} "
+              f"| {pct(t.get('valid_loss_gap'))} |")
 
 
 def rl(summary):

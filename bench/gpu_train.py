@@ -20,7 +20,7 @@ it good and that step bad, and nothing after it (`--stop-at-first-bad`). Batches
     python bench/gpu_train.py MODEL_DIR PROCESSBENCH.json OUT.json --steps 200
 
 Writes the steps, tokens, seconds in steps, tokens/s, peak GPU memory and the loss curve to
-OUT.json. Needs torch, transformers and safetensors (the GPU machine has them); never in tests.
+OUT.json; with --valid-data, the validation loss before and after training (outside the timing). Needs torch, transformers and safetensors (the GPU machine has them); never in tests.
 """
 import argparse
 import json
@@ -48,6 +48,8 @@ p.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a
 p.add_argument("--objective", default="classify", choices=["classify", "log-ratio"])
 p.add_argument("--beta", type=float, default=1.0)
 p.add_argument("--reference-logprob", type=float, default=-0.5)
+p.add_argument("--valid-data", help="ProcessBench records to validate on before and after training "
+               "(as `train-prm --valid-data`): the mean loss over their labelled steps")
 a = p.parse_args()
 dev = torch.device(a.device)
 gpu = dev.type == "cuda"
@@ -65,20 +67,26 @@ max_len = min(a.max_len, json.loads((model_dir / "config.json").read_text()).get
 log_ratio = a.objective == "log-ratio"
 # Each example: its ids, where its learned tokens start, and its targets: (position, label) at
 # each step's separator, or (first, last position, label) of each step's tokens.
-examples = []
-for r in json.loads(Path(a.data).read_text()):
-    ids, targets = enc(r["problem"]) + (sep if log_ratio else []), []
-    learn_from = len(ids)
-    first_bad = r["label"] if r["label"] >= 0 else len(r["steps"])
-    for k, step in enumerate(r["steps"][: first_bad + 1]):
-        start = len(ids)
-        ids += enc(step) + sep
-        if len(ids) <= max_len:
-            label = 1.0 if k < first_bad else 0.0
-            targets.append((start, len(ids) - 1, label) if log_ratio else (len(ids) - 1, label))
-    ids = ids[:max_len]
-    if targets:
-        examples.append((ids, learn_from, targets))
+def examples_of(path):
+    out = []
+    for r in json.loads(Path(path).read_text()):
+        ids, targets = enc(r["problem"]) + (sep if log_ratio else []), []
+        learn_from = len(ids)
+        first_bad = r["label"] if r["label"] >= 0 else len(r["steps"])
+        for k, step in enumerate(r["steps"][: first_bad + 1]):
+            start = len(ids)
+            ids += enc(step) + sep
+            if len(ids) <= max_len:
+                label = 1.0 if k < first_bad else 0.0
+                targets.append((start, len(ids) - 1, label) if log_ratio else (len(ids) - 1, label))
+        ids = ids[:max_len]
+        if targets:
+            out.append((ids, learn_from, targets))
+    return out
+
+
+examples = examples_of(a.data)
+valid = examples_of(a.valid_data) if a.valid_data else []
 
 torch.backends.cuda.matmul.allow_tf32 = False
 if log_ratio:
@@ -124,8 +132,8 @@ def schedule(step):
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(a.steps - warmup, 1)))
 
 
-def loss_of(batch):
-    seqs = [examples[i] for i in batch]
+def logits_of(seqs):
+    """The verifier's logit z of each labelled step of `seqs`, its label, and the batch's tokens."""
     t = max(len(s[0]) for s in seqs)
     ids = torch.full((len(seqs), t), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), t), dtype=torch.long)
@@ -159,9 +167,36 @@ def loss_of(batch):
         z = a.beta * sums
     else:
         z = logits[:, 1] - logits[:, 0]
-    return torch.nn.functional.binary_cross_entropy_with_logits(z, y), sum(len(s[0]) for s in seqs)
+    return z, y, sum(len(s[0]) for s in seqs)
 
 
+def loss_of(batch):
+    z, y, tokens = logits_of([examples[i] for i in batch])
+    return torch.nn.functional.binary_cross_entropy_with_logits(z, y), tokens
+
+
+def valid_loss():
+    """The mean loss over every labelled step of the validation records, as stepwise's packed
+    trainer measures it (batches of at most --max-batch-tokens tokens, no gradients)."""
+    if not valid:
+        return None
+    total, count, cur, tokens = 0.0, 0, [], 0
+    body.eval()
+    with torch.no_grad():
+        for ex in valid + [None]:
+            if ex is None or (cur and tokens + len(ex[0]) > a.max_batch_tokens):
+                z, y, _ = logits_of(cur)
+                total += torch.nn.functional.binary_cross_entropy_with_logits(z, y, reduction="sum").item()
+                count += len(y)
+                cur, tokens = [], 0
+            if ex is not None:
+                cur.append(ex)
+                tokens += len(ex[0])
+    body.train()
+    return total / max(count, 1)
+
+
+valid_start = valid_loss()
 rng = random.Random(a.seed)
 stream = batches(rng)
 losses, tokens = [], 0
@@ -182,6 +217,7 @@ for step in range(a.steps):
 if gpu:
     torch.cuda.synchronize()
 secs = time.perf_counter() - start
+valid_end = valid_loss()
 result = {
     "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__
     + ", f32 master weights, bf16 autocast",
@@ -193,7 +229,11 @@ result = {
     "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0,
     "loss_first_10": sum(losses[:10]) / max(len(losses[:10]), 1),
     "loss_last_10": sum(losses[-10:]) / max(len(losses[-10:]), 1),
+    "valid_loss_start": valid_start,
+    "valid_loss": valid_end,
+    "valid_records": len(valid),
 }
 Path(a.out).write_text(json.dumps(result))
 print(f"transformers training: {a.steps} steps, {tokens} tokens in {secs:.2f}s: {tokens / secs:.0f} tokens/s, "
-      f"loss {result['loss_first_10']:.4f} -> {result['loss_last_10']:.4f}, peak {result['peak_gib']:.1f} GiB")
+      f"loss {result['loss_first_10']:.4f} -> {result['loss_last_10']:.4f}, peak {result['peak_gib']:.1f} GiB"
+      + (f", validation loss {valid_start:.4f} -> {valid_end:.4f}" if valid else ""))

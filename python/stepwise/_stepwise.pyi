@@ -341,6 +341,7 @@ def train_prm(
     batch_size: int = 16,
     grad_accum: int = 1,
     valid_fraction: float = 0.1,
+    valid_records: Union[Iterable[Record], str, "PathLike[str]", None] = None,
     patience: int = 0,
     seed: int = 0,
     max_len: int = 512,
@@ -357,8 +358,9 @@ def train_prm(
 ) -> Dict[str, Any]:
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
     Hugging Face folder `out`, as `stepwise train-prm`; a folder with a run's state continues it.
-    `device="cuda"` trains on a GPU (every head). Returns steps, loss, tokens,
-    tokens/s, the device and the final validation's metrics."""
+    `device="cuda"` trains on a GPU (every head). `valid_records` validates on a fixed held-out
+    set instead of `valid_fraction` of `records`. Returns steps, loss, tokens, tokens/s, the
+    device and the final validation's metrics."""
 
 def search(
     problems: Union[Sequence[Union[str, Dict[str, Any]]], str, Dict[str, Any], "PathLike[str]"],

@@ -179,6 +179,66 @@ fn train_prm_validates_on_random_problems_and_leaves_nothing_when_it_fails() {
     assert!(!failed_out.exists(), "a failed run left {}", failed_out.display());
 }
 
+/// `--valid-data`: validation on a fixed file (here in another format, ProcessBench's) instead of
+/// a fraction of --data: all of --data trains, every held-out solution validates, and the
+/// validation's loss is that file's; with --valid-fraction too, refused; a bad file named.
+#[test]
+fn train_prm_validates_on_a_fixed_file() {
+    let d = tmp("train-valid-data");
+    let data = d.join("train.jsonl");
+    let rows: Vec<Value> = (0..12)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "question": format!("count from {i}"),
+                   "steps": [step(&format!("{}", i + 1), 0.0, true), step(&format!("{}", i + 2), 0.0, i % 2 == 0)]})
+        })
+        .collect();
+    write_jsonl(&data, &rows);
+    let held = d.join("held.json");
+    let records: Vec<Value> = (0..5)
+        .map(|i| json!({"id": format!("v{i}"), "problem": format!("count from {}", 50 + i), "steps": ["51", "53"], "label": i % 2}))
+        .collect();
+    std::fs::write(&held, serde_json::to_string(&records).unwrap()).unwrap();
+    let (data, held, base) = (
+        data.display().to_string(),
+        held.display().to_string(),
+        fixture("qwen2-policy"),
+    );
+    let train = |valid: &str, out: &str, extra: &[&str]| {
+        let out = d.join(out).display().to_string();
+        let mut args = vec![
+            "train-prm",
+            "--data",
+            &data,
+            "--base",
+            &base,
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+        ];
+        args.extend(["--valid-data", valid, "--out", &out]);
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let ok = train(&held, "prm", &["--stop-at-first-bad"]);
+    let said = String::from_utf8_lossy(&ok.stderr);
+    assert!(ok.status.success(), "{said}");
+    assert!(said.contains("12 training sequences, 5 validation"), "{said}");
+    let metrics: Value = serde_json::from_str(&std::fs::read_to_string(d.join("prm/metrics.json")).unwrap()).unwrap();
+    assert!(metrics["loss"].as_f64().unwrap() > 0.0, "{metrics}");
+    let both = train(&held, "both", &["--valid-fraction", "0.2"]);
+    assert_eq!(both.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&both.stderr).contains("--valid-fraction"));
+    let missing = d.join("missing.jsonl").display().to_string();
+    let bad = train(&missing, "bad", &[]);
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && said.contains("missing.jsonl"), "{said}");
+    assert!(!d.join("bad").exists(), "a failed run left its folder");
+}
+
 /// The tensors of a safetensors file: name → dtype, and its metadata.
 fn safetensors_header(path: &Path) -> (std::collections::BTreeMap<String, String>, Value) {
     let bytes = std::fs::read(path).unwrap();

@@ -19,11 +19,13 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// batches of at most `max_batch_tokens` tokens. Progress and the run's last line go to stderr.
 /// Returns the run: steps, last loss, tokens and tokens/s in training steps, the device, and the
 /// final validation's loss, accuracy and AUROC (`None` without held-out solutions).
+/// `valid_records` (records or a path, as `records`) validates on a fixed held-out set instead
+/// of `valid_fraction` of `records`.
 ///
 /// >>> run = stepwise.train_prm(stepwise.read("labelled.jsonl"), "prm/", base="policy/", steps=300)
 /// >>> stepwise.PRM("prm/").score(question, steps)
 #[pyfunction]
-#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, valid_records=None, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn train_prm<'py>(
     py: Python<'py>,
@@ -40,6 +42,7 @@ pub fn train_prm<'py>(
     batch_size: usize,
     grad_accum: usize,
     valid_fraction: f64,
+    valid_records: Option<&Bound<'py, PyAny>>,
     patience: usize,
     seed: u64,
     max_len: usize,
@@ -60,12 +63,8 @@ pub fn train_prm<'py>(
         )));
     }
     let placement = crate::convert::placement_arg(device)?;
-    // A path is read here; anything else is records.
-    let path: Option<PathBuf> = records.extract().ok();
-    let given = match &path {
-        Some(_) => Vec::new(),
-        None => records_arg(records)?,
-    };
+    let solutions = Given::of(records)?;
+    let valid = valid_records.map(Given::of).transpose()?;
     // A model id (`org/name`) is found in, or downloaded into, the Hugging Face cache, as the
     // command line's `--base` is.
     let hub = |p: Option<PathBuf>| {
@@ -73,7 +72,7 @@ pub fn train_prm<'py>(
             .transpose()
     };
     let (base, tokenizer) = without_gil(py, || Ok((hub(base)?, hub(tokenizer)?)))?;
-    let run = TrainPrm {
+    let mut run = TrainPrm {
         base,
         config,
         tokenizer,
@@ -92,19 +91,17 @@ pub fn train_prm<'py>(
         batch_size,
         grad_accum,
         valid_fraction,
+        valid_solutions: None,
         patience,
         seed,
         max_len,
         placement,
         max_batch_tokens,
     };
+    run.valid_solutions = without_gil(py, || valid.map(|v| v.read(target)).transpose())?;
     let progress = Progress::start(py, progress, "steps", steps)?;
     let report = without_gil(py, || {
-        let solutions = match &path {
-            Some(p) => stepwise_core::SolutionReader::open(p, None)?.collect::<Result<Vec<_>, _>>()?,
-            None => solutions_of(&given, None)?,
-        };
-        let solutions = stepwise_agent::training_targets(target, solutions)?;
+        let solutions = solutions.read(target)?;
         let report = train(
             &run,
             solutions,
@@ -116,6 +113,30 @@ pub fn train_prm<'py>(
     });
     progress.finish();
     to_py(py, &summary(&run, &report?))
+}
+
+/// Records as the caller gave them: a path, read without the GIL, or records.
+enum Given {
+    Path(PathBuf),
+    Records(Vec<serde_json::Value>),
+}
+
+impl Given {
+    fn of(records: &Bound<'_, PyAny>) -> PyResult<Given> {
+        Ok(match records.extract::<PathBuf>() {
+            Ok(p) => Given::Path(p),
+            Err(_) => Given::Records(records_arg(records)?),
+        })
+    }
+
+    /// The solutions, with the labels `target` trains on.
+    fn read(&self, target: &str) -> anyhow::Result<Vec<stepwise_core::Solution>> {
+        let solutions = match self {
+            Given::Path(p) => stepwise_core::SolutionReader::open(p, None)?.collect::<Result<Vec<_>, _>>()?,
+            Given::Records(given) => solutions_of(given, None)?,
+        };
+        stepwise_agent::training_targets(target, solutions)
+    }
 }
 
 /// What `train_prm` returns: where the verifier is, its steps, loss, speed and metrics.

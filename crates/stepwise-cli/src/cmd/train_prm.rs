@@ -1,6 +1,6 @@
 use anyhow::{Context, Result};
-use std::path::PathBuf;
-use stepwise_core::{Format, SolutionReader};
+use std::path::{Path, PathBuf};
+use stepwise_core::{Format, Solution, SolutionReader};
 use stepwise_model::train::run::{train_prm, TrainPrm};
 
 /// Train a process reward model (or, with --outcome, an outcome reward model).
@@ -31,7 +31,8 @@ Examples:
   stepwise train-prm --data td.jsonl --base policy/ --target progress --separator '|' --out progress/   # an agent's progress head
   stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --separator '|' --out prm/
   stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --reference-logprob -0.5 --separator '|' --out prm/
-  stepwise train-prm --data processbench/gsm8k.json --base Qwen/Qwen2.5-Math-PRM-7B --stop-at-first-bad --device cuda --out prm/"
+  stepwise train-prm --data processbench/gsm8k.json --base Qwen/Qwen2.5-Math-PRM-7B --stop-at-first-bad --device cuda --out prm/
+  stepwise train-prm --data prm800k.jsonl --valid-data processbench/math.json --base policy/ --out prm/   # a fixed validation set"
 )]
 pub struct Args {
     /// Step-labelled solutions in any format stepwise reads.
@@ -101,9 +102,13 @@ pub struct Args {
     /// Micro-batches per step.
     #[arg(long, default_value_t = 1)]
     pub grad_accum: usize,
-    /// Fraction of solutions held out for validation.
+    /// Fraction of solutions held out for validation (by whole problems).
     #[arg(long, default_value_t = 0.1)]
     pub valid_fraction: f64,
+    /// Validate on these step-labelled solutions (any format) instead of a fraction of --data:
+    /// a fixed held-out set, the same for every run (and for another trainer compared with this one).
+    #[arg(long, conflicts_with = "valid_fraction")]
+    pub valid_data: Option<PathBuf>,
     /// Stop after this many validations without improvement (0 = never).
     #[arg(long, default_value_t = 0)]
     pub patience: usize,
@@ -126,7 +131,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
-    let run = TrainPrm {
+    let mut run = TrainPrm {
         base: a.base,
         config: a.config,
         tokenizer: a.tokenizer,
@@ -145,18 +150,18 @@ pub fn run(a: Args) -> Result<()> {
         batch_size: a.batch_size,
         grad_accum: a.grad_accum,
         valid_fraction: a.valid_fraction,
+        valid_solutions: None,
         patience: a.patience,
         seed: a.seed,
         max_len: a.max_len,
         placement: a.device.device,
         max_batch_tokens: a.device.max_batch_tokens,
     };
-    let solutions: Vec<_> = match SolutionReader::open(&a.data, a.from).and_then(|r| r.collect::<Result<_, _>>()) {
-        Ok(s) => s,
-        Err(e) => return Err(anyhow::Error::new(e).context(format!("{} was not written", run.out.display()))),
-    };
-    let solutions = stepwise_agent::training_targets(&a.target, solutions)
-        .with_context(|| format!("{}: --target {}", a.data.display(), a.target))?;
+    let solutions = read_targets(&a.data, a.from, &a.target, &run.out)?;
+    if let Some(valid) = &a.valid_data {
+        // Its own format, detected: a held-out set is often another dataset's file.
+        run.valid_solutions = Some(read_targets(valid, None, &a.target, &run.out)?);
+    }
     let bar = crate::progress::bar(Some(run.steps as u64), "training");
     bar.set_style(indicatif::ProgressStyle::with_template(
         "{msg:>12} [{bar:30}] {pos}/{len} {prefix} ({per_sec}, eta {eta})",
@@ -173,4 +178,15 @@ pub fn run(a: Args) -> Result<()> {
     bar.finish_and_clear();
     eprintln!("{}", report?.summary(&run.out));
     Ok(())
+}
+
+/// The solutions of `path` with their `--target` labels; a file that cannot be read names itself,
+/// its line and field, and says that `out` was not written.
+fn read_targets(path: &Path, from: Option<Format>, target: &str, out: &Path) -> Result<Vec<Solution>> {
+    let solutions: Vec<_> = match SolutionReader::open(path, from).and_then(|r| r.collect::<Result<_, _>>()) {
+        Ok(s) => s,
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("{} was not written", out.display()))),
+    };
+    stepwise_agent::training_targets(target, solutions)
+        .with_context(|| format!("{}: --target {target}", path.display()))
 }

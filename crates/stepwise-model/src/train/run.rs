@@ -51,6 +51,9 @@ pub struct TrainPrm {
     pub grad_accum: usize,
     /// Fraction of solutions held out for validation (by whole problems).
     pub valid_fraction: f64,
+    /// Solutions to validate on instead of a fraction of the training data (`--valid-data`):
+    /// a fixed held-out set, the same for every run and every engine.
+    pub valid_solutions: Option<Vec<Solution>>,
     /// Stop after this many validations without improvement (0 = never).
     pub patience: usize,
     /// Seed (initialisation, shuffling, the validation split).
@@ -84,6 +87,7 @@ impl Default for TrainPrm {
             batch_size: 16,
             grad_accum: 1,
             valid_fraction: 0.1,
+            valid_solutions: None,
             patience: 0,
             seed: 0,
             max_len: 512,
@@ -228,7 +232,10 @@ fn train_into(
         }
         _ => None,
     };
-    let (valid_sols, train_sols) = validation_split(sols, a.valid_fraction, a.seed);
+    let (valid_sols, train_sols) = match &a.valid_solutions {
+        Some(valid) => (valid.clone(), sols),
+        None => validation_split(sols, a.valid_fraction, a.seed),
+    };
     let train_set = spec.examples(&tok, &train_sols, reference.as_ref())?;
     let valid_set = spec.examples(&tok, &valid_sols, reference.as_ref())?;
     let against_base = reference.is_some();
