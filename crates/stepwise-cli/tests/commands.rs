@@ -280,9 +280,6 @@ fn bon_and_processbench_on_scored_files() {
     assert_eq!(m["counts"], json!([2, 2]));
 }
 
-/// `stepwise search`: every method with every PRM layout on the fixture checkpoints; records
-/// carry each step's score and the method's compute; a second run resumes (nothing changes);
-/// incremental and whole scoring choose the same; `calibrate` writes the τ `resample` reads.
 /// `stepwise search` with the fixture policy on `problems`, a step and token budget small
 /// enough for a test, and `extra` flags.
 fn search(policy: &str, problems: &Path, prm: &str, method: &str, out: &Path, extra: &[&str]) -> std::process::Output {
@@ -307,6 +304,7 @@ fn search(policy: &str, problems: &Path, prm: &str, method: &str, out: &Path, ex
     stepwise(&args)
 }
 
+/// The records of a JSONL file.
 fn records(p: &Path) -> Vec<Value> {
     std::fs::read_to_string(p)
         .unwrap()
@@ -315,6 +313,9 @@ fn records(p: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// `stepwise search`: every method with every PRM layout on the fixture checkpoints; records
+/// carry each step's score and the method's compute; a second run resumes (nothing changes);
+/// incremental and whole scoring choose the same; `calibrate` writes the τ `resample` reads.
 #[test]
 fn search_runs_every_method_with_every_prm_layout_and_resumes() {
     let d = tmp("search");
