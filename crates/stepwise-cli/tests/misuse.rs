@@ -371,6 +371,34 @@ fn special_outputs_are_written_through_and_links_followed() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Inputs that are not records end with a message, in bounded memory: a device that never ends
+/// a line (`/dev/zero`) stops at the longest line stepwise reads, naming the file and line, and
+/// a named pipe (process substitution's `/dev/fd/N`) is read as a file.
+#[test]
+fn special_inputs_end_with_a_message_in_bounded_memory() {
+    let stats = |path: &str| run(&["stats".into(), path.into()], Stdio::null());
+    let out = stats("/dev/zero");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("/dev/zero:1") && err.contains("longer than 64 MiB"),
+        "{err}"
+    );
+    let d = tmp("special-inputs");
+    std::fs::create_dir_all(&d).unwrap();
+    let fifo = d.join("records.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(&fifo, "{\"given\": \"1\", \"ground_truth\": \"1\"}\n").unwrap())
+    };
+    let out = run(&["grade".into(), fifo.display().to_string()], Stdio::piped());
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"correct\":true"));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// `--on-error`: a record without a gold answer stops `raise` naming it (nothing written), and
 /// under `skip` is written unlabelled with the reason while the others are labelled.
 #[test]

@@ -90,6 +90,10 @@ pub enum RecordError {
     /// The record is JSON, but of no format stepwise can tell from its fields.
     #[error("{0}")]
     Format(String),
+    /// A line longer than any record ([`crate::io::MAX_LINE_BYTES`]): a binary file, a device,
+    /// or JSON without line breaks. Reading the file stops there.
+    #[error("a line longer than {0} MiB: not a JSON Lines record (a binary file, a device, or JSON without line breaks); reading stops here")]
+    TooLong(usize),
 }
 
 impl From<FieldError> for RecordError {

@@ -76,35 +76,77 @@ pub fn raw_records(path: &Path) -> Result<Box<dyn Iterator<Item = RawRecord>>> {
         return Ok(Box::new(values.into_iter()));
     }
     if first == Some(b'[') {
+        // One JSON array is read whole: bounded, so an endless stream ends with a message.
         let mut s = String::new();
-        reader.read_to_string(&mut s).map_err(io_err)?;
+        reader
+            .take(MAX_ARRAY_BYTES as u64 + 1)
+            .read_to_string(&mut s)
+            .map_err(io_err)?;
+        if s.len() > MAX_ARRAY_BYTES {
+            return Err(Error::Other {
+                file: path.to_path_buf(),
+                message: format!(
+                    "a JSON array longer than {} GiB, read whole: write it as JSON Lines (one record a line), which is streamed",
+                    MAX_ARRAY_BYTES >> 30
+                ),
+            });
+        }
         let arr: Vec<Value> = serde_json::from_str(&s).map_err(|e| Error::Other {
             file: path.to_path_buf(),
             message: format!("invalid JSON array: {e}"),
         })?;
         return Ok(Box::new(arr.into_iter().enumerate().map(|(i, v)| (i + 1, Ok(v)))));
     }
-    Ok(Box::new(JsonLines {
-        reader,
-        line: 0,
-        buf: String::new(),
-    }))
+    Ok(Box::new(JsonLines::new(reader, MAX_LINE_BYTES)))
 }
+
+/// The longest JSON Lines record read (64 MiB, some hundred times the longest agent trajectory or
+/// reasoning chain): a longer line is not a record but a binary file, a device (`/dev/zero`) or
+/// JSON without line breaks, and reading it whole would take memory without bound.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// The largest JSON array read (1 GiB): an array is parsed whole, a JSON Lines file is streamed.
+pub const MAX_ARRAY_BYTES: usize = 1 << 30;
 
 struct JsonLines {
     reader: Box<dyn BufRead>,
     line: usize,
     buf: String,
+    max_line: usize,
+    /// An over-long line ended the read.
+    ended: bool,
+}
+
+impl JsonLines {
+    fn new(reader: Box<dyn BufRead>, max_line: usize) -> JsonLines {
+        JsonLines {
+            reader,
+            line: 0,
+            buf: String::new(),
+            max_line,
+            ended: false,
+        }
+    }
 }
 
 impl Iterator for JsonLines {
     type Item = RawRecord;
     fn next(&mut self) -> Option<RawRecord> {
+        if self.ended {
+            return None;
+        }
         loop {
             self.buf.clear();
             self.line += 1;
-            match self.reader.read_line(&mut self.buf) {
+            let limit = self.max_line as u64 + 1;
+            match (&mut self.reader).take(limit).read_line(&mut self.buf) {
                 Ok(0) => return None,
+                Ok(n) if n > self.max_line && !self.buf.ends_with('\n') => {
+                    // What follows is no record either: reading stops here, the memory given back.
+                    self.ended = true;
+                    self.buf = String::new();
+                    return Some((self.line, Err(RecordError::TooLong(self.max_line >> 20))));
+                }
                 Ok(_) if self.buf.trim().is_empty() => continue,
                 Ok(_) => {
                     return Some((
@@ -496,4 +538,30 @@ question repeated without ids gets the same id)",
         out.push(problem);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line over the limit is one error at its line number, and the read ends there, with the
+    /// records before it kept.
+    #[test]
+    fn an_over_long_line_ends_the_read_with_an_error() {
+        let limit = 1 << 20;
+        let mut text = String::from("{\"a\": 1}\n");
+        text.push_str(&"x".repeat(limit + 10));
+        text.push_str("\n{\"a\": 2}\n");
+        let lines = JsonLines::new(Box::new(io::Cursor::new(text.into_bytes())), limit);
+        let got: Vec<RawRecord> = lines.collect();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].1.as_ref().unwrap()["a"], 1);
+        let err = got[1].1.as_ref().unwrap_err().to_string();
+        assert_eq!(got[1].0, 2);
+        assert!(err.contains("longer than 1 MiB"), "{err}");
+        // A line exactly at the limit is read (and is invalid JSON here, not too long).
+        let exact = format!("{}\n", "y".repeat(limit - 1));
+        let got: Vec<RawRecord> = JsonLines::new(Box::new(io::Cursor::new(exact.into_bytes())), limit).collect();
+        assert!(got[0].1.as_ref().unwrap_err().to_string().contains("invalid JSON"));
+    }
 }
