@@ -373,7 +373,8 @@ fn special_outputs_are_written_through_and_links_followed() {
 
 /// Inputs that are not records end with a message, in bounded memory: a device that never ends
 /// a line (`/dev/zero`) stops at the longest line stepwise reads, naming the file and line, and
-/// a named pipe (process substitution's `/dev/fd/N`) is read as a file.
+/// a named pipe (process substitution's `/dev/fd/N`) is read as a file; a checkpoint whose
+/// `tokenizer.json` or `config.json` is a device is refused, naming the file.
 #[test]
 fn special_inputs_end_with_a_message_in_bounded_memory() {
     let stats = |path: &str| run(&["stats".into(), path.into()], Stdio::null());
@@ -396,6 +397,32 @@ fn special_inputs_end_with_a_message_in_bounded_memory() {
     writer.join().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"correct\":true"));
+    // A checkpoint whose small files are devices: refused by name, not read without end.
+    let fixture = PathBuf::from(common::fixture("qwen2-prm"));
+    for file in ["tokenizer.json", "config.json"] {
+        let model = d.join(format!("device-{file}"));
+        std::fs::create_dir_all(&model).unwrap();
+        for f in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "model.safetensors",
+        ] {
+            if f != file {
+                std::fs::copy(fixture.join(f), model.join(f)).unwrap();
+            }
+        }
+        std::os::unix::fs::symlink("/dev/zero", model.join(file)).unwrap();
+        let (model, output) = (
+            model.display().to_string(),
+            d.join("scored.jsonl").display().to_string(),
+        );
+        let args = ["score", "--model", &model, "--input", "-", "--output", &output].map(String::from);
+        let out = run(&args, Stdio::null());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(file) && err.contains("not a regular file"), "{err}");
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
 

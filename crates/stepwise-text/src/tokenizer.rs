@@ -54,7 +54,9 @@ impl Tokenizer {
     /// Load `tokenizer.json` (and `tokenizer_config.json` when present) from a folder.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let text = crate::read_model_file(&path)?;
+        let inner = <tokenizers::Tokenizer as std::str::FromStr>::from_str(&text)
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
         if inner.get_vocab_size(true) == 0 {
             anyhow::bail!(
                 "{}: field `model.vocab`: the vocabulary is empty, so no text can be encoded",
@@ -63,7 +65,7 @@ impl Tokenizer {
         }
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.exists() {
-            serde_json::from_str(&std::fs::read_to_string(&cfg_path)?)
+            serde_json::from_str(&crate::read_model_file(&cfg_path)?)
                 .with_context(|| format!("{}: invalid JSON", cfg_path.display()))?
         } else {
             Value::Null
