@@ -109,6 +109,19 @@ def test_train_prm_writes_a_prm_that_scores_and_resumes(fixtures, processbench, 
     assert again["steps"] == 8
 
 
+def test_train_prm_validates_on_fixed_records(fixtures, processbench, tmp_path):
+    """valid_records (records, or a path to a file of them) is the validation set, every record of
+    `records` trains, as `train-prm --valid-data`."""
+    records = short(stepwise.read(str(processbench)), n=16)
+    held = tmp_path / "held.jsonl"
+    stepwise.write(records[12:], str(held))
+    for i, valid in enumerate([records[12:], str(held)]):
+        run = stepwise.train_prm(records[:12], tmp_path / f"prm{i}", base=fixtures / "qwen2-prm", steps=2, lr=1e-3,
+                                 batch_size=4, valid_records=valid, device="cpu")
+        assert (run["train_sequences"], run["valid_sequences"]) == (12, 4)
+        assert run["metrics"]["loss"] > 0
+
+
 def test_train_prm_refuses_bad_arguments(fixtures, tmp_path):
     with pytest.raises(ValueError, match="unknown device"):
         stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", device="tpu")

@@ -20,7 +20,7 @@ pub const CODE_STOPS: [&str; 5] = ["\ndef ", "\nclass ", "\nif ", "\nprint(", "\
 /// What a resumed run over the code problems of `path` must share with the run it resumes: the
 /// problems' content (a fingerprint of the file) and the time a program may run.
 pub fn resume_identity(path: &Path, timeout_seconds: f64) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = stepwise_core::io::read_regular_file(path)?;
     Ok(serde_json::json!({
         "task": "code",
         "problems": stepwise_core::journal::fingerprint(&[text])?,

@@ -311,6 +311,19 @@ pub struct SolutionWriter {
     output: Option<Output>,
 }
 
+/// A small file read whole (a checkpoint's `config.json` or `tokenizer.json`, a list of servers,
+/// a problems file to fingerprint), after checking that it is a file: a device or pipe in its
+/// place (`/dev/zero`) would be read without end. Links are followed (the Hugging Face cache
+/// links snapshots to blobs).
+pub fn read_regular_file(path: &Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if !meta.is_file() {
+        anyhow::bail!("{}: not a regular file (a folder, device or pipe)", path.display());
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
 /// Refuse to write `output` when it is `input` (the same file, by whatever path): reading and
 /// overwriting one file loses what was not read yet.
 pub fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {

@@ -61,7 +61,7 @@ pub fn checkpoint_fingerprint(dir: &Path) -> Result<String> {
     const BLOCK: u64 = 64 << 10;
     let mut h = twox_hash::XxHash64::with_seed(0);
     let config = dir.join("config.json");
-    h.write(stepwise_text::read_model_file(&config)?.as_bytes());
+    h.write(stepwise_core::io::read_regular_file(&config)?.as_bytes());
     let mut block = vec![0u8; BLOCK as usize];
     for f in weight_files(dir)? {
         let mut file = std::fs::File::open(&f).with_context(|| format!("opening {}", f.display()))?;
@@ -96,7 +96,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     }
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        let v: serde_json::Value = serde_json::from_str(&stepwise_text::read_model_file(&index)?)
+        let v: serde_json::Value = serde_json::from_str(&stepwise_core::io::read_regular_file(&index)?)
             .with_context(|| format!("{}: invalid JSON", index.display()))?;
         let map = v
             .get("weight_map")

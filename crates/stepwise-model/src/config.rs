@@ -179,7 +179,7 @@ impl ModelConfig {
     /// Read `config.json` from a checkpoint folder.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = stepwise_text::read_model_file(&path)?;
+        let text = stepwise_core::io::read_regular_file(&path)?;
         let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
         Self::from_json(&v).with_context(|| format!("{}", path.display()))
     }

@@ -21,7 +21,7 @@ pub fn is_url(s: &str) -> bool {
 /// comment, blank lines skipped. An entry that is not an `http(s)://` URL is an error naming the
 /// file and line.
 pub fn read_server_file(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading the server list {}", path.display()))?;
+    let text = stepwise_core::io::read_regular_file(path).context("reading the server list")?;
     let mut urls = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or_default();

@@ -205,7 +205,7 @@ impl RewardSpec {
         if !path.exists() {
             return Ok(None);
         }
-        let text = crate::read_model_file(&path)?;
+        let text = stepwise_core::io::read_regular_file(&path)?;
         let spec: RewardSpec = serde_json::from_str(&text).with_context(|| format!("{}: invalid", path.display()))?;
         let at = path.display();
         match spec.kind.as_str() {

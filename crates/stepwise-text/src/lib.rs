@@ -19,18 +19,3 @@ pub mod tokenizer;
 pub use layout::PrmLayout;
 pub use prompt::Prompt;
 pub use tokenizer::Tokenizer;
-
-/// A checkpoint's small file (`config.json`, `tokenizer.json`, `reward.json`, an index) as text,
-/// after checking that it is a file: a device or pipe in its place (`/dev/zero`) would be read
-/// without end. Links are followed (the Hugging Face cache links snapshots to blobs).
-pub fn read_model_file(path: &std::path::Path) -> anyhow::Result<String> {
-    use anyhow::Context;
-    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-    if !meta.is_file() {
-        anyhow::bail!(
-            "{}: not a regular file (a folder, device or pipe): a checkpoint's files are files",
-            path.display()
-        );
-    }
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
-}

@@ -54,7 +54,7 @@ impl Tokenizer {
     /// Load `tokenizer.json` (and `tokenizer_config.json` when present) from a folder.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let text = crate::read_model_file(&path)?;
+        let text = stepwise_core::io::read_regular_file(&path)?;
         let inner = <tokenizers::Tokenizer as std::str::FromStr>::from_str(&text)
             .map_err(|e| anyhow!("{}: {e}", path.display()))?;
         if inner.get_vocab_size(true) == 0 {
@@ -65,7 +65,7 @@ impl Tokenizer {
         }
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.exists() {
-            serde_json::from_str(&crate::read_model_file(&cfg_path)?)
+            serde_json::from_str(&stepwise_core::io::read_regular_file(&cfg_path)?)
                 .with_context(|| format!("{}: invalid JSON", cfg_path.display()))?
         } else {
             Value::Null
