@@ -406,15 +406,7 @@ fn prime_moved_its_implicit_prm_and_score_reads_it(d: &Path, out: &Path, last: &
             json!({"id": "s", "problem_id": "p", "question": "What is 2 + 3?", "steps": [{"text": "2 + 3 = 5"}, {"text": "The answer is 5"}]}),
         ],
     );
-    stepwise(&[
-        "score",
-        "--model",
-        &prm.display().to_string(),
-        "--input",
-        &steps.display().to_string(),
-        "--output",
-        &scored.display().to_string(),
-    ]);
+    score(&prm, &steps, &scored);
     let scores = common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm");
     assert!(scores.len() == 2 && scores.iter().all(|s| s.is_finite()), "{scores:?}");
 }
