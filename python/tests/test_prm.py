@@ -127,4 +127,6 @@ def test_train_prm_refuses_bad_arguments(fixtures, tmp_path):
         stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", device="tpu")
     with pytest.raises(stepwise.StepwiseError, match="unknown --head"):
         stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", head="tree", device="cpu")
+    with pytest.raises(stepwise.StepwiseError, match="the learning rate must be a positive number"):
+        stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", lr=float("nan"), device="cpu")
     assert not (tmp_path / "x").exists()

@@ -426,6 +426,46 @@ fn special_inputs_end_with_a_message_in_bounded_memory() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Training settings no run can train with are refused before any work, naming the flag, and
+/// leave no folder: `--lr nan` had trained a checkpoint of NaN weights (its scores null) and an
+/// RL policy the same way; `--batch-size 0` said "a batch without targets".
+#[test]
+fn untrainable_settings_are_refused_before_any_work() {
+    let d = tmp("untrainable");
+    std::fs::create_dir_all(&d).unwrap();
+    let data = d.join("labelled.jsonl");
+    write_jsonl(
+        &data,
+        &[json!({"id": "s", "question": "What is 2 + 3?", "steps": [{"text": "5", "label": {"rating": "good"}}]})],
+    );
+    let problems = d.join("problems.jsonl");
+    write_jsonl(
+        &problems,
+        &[json!({"id": "p", "question": "What is 2 + 3?", "answer": "5"})],
+    );
+    let (prm, policy) = (common::fixture("qwen2-prm"), common::fixture("qwen2-policy"));
+    let (data, problems) = (data.display().to_string(), problems.display().to_string());
+    let train = ["train-prm", "--data", &data, "--base", &prm, "--steps", "1"];
+    let rl = ["rl", "--policy", &policy, "--problems", &problems, "--updates", "1"];
+    for (command, bad, named) in [
+        (&train[..], "--lr=nan", "--lr NaN"),
+        (&train[..], "--batch-size=0", "--batch-size"),
+        (&train[..], "--valid-fraction=1", "--valid-fraction 1"),
+        (&rl[..], "--lr=nan", "--lr NaN"),
+        (&rl[..], "--lr=-1", "--lr -1"),
+    ] {
+        let out_dir = d.join("out");
+        let mut args: Vec<String> = command.iter().map(|s| s.to_string()).collect();
+        args.extend([bad.to_string(), "--out".into(), out_dir.display().to_string()]);
+        let out = run(&args, Stdio::null());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        assert!(err.contains(named), "{bad}: {err}");
+        assert!(!out_dir.exists(), "{bad}: a folder was left");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// `--on-error`: a record without a gold answer stops `raise` naming it (nothing written), and
 /// under `skip` is written unlabelled with the reason while the others are labelled.
 #[test]

@@ -77,6 +77,7 @@ pub fn train_agent_rl(
     if run.problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
         bail!("RL needs worlds, a group of at least 2 episodes per world and at least one world per update");
     }
+    cfg.check()?;
     let prime = OnlinePrm::for_run(cfg.prime, run.implicit_prm, run.reward)?;
     let mut sampler = Episodes {
         tokenizer: run.tokenizer,

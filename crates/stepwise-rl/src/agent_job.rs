@@ -87,6 +87,8 @@ pub struct AgentRlJob<'a> {
 /// (a resumed run's earlier part included), also written to `OUT/rl_log.jsonl`. The policy
 /// trains on the CPU.
 pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
+    // Refused before a model is loaded or the folder made.
+    cfg.check()?;
     if (job.reward == AgentReward::Prime) != cfg.prime.is_some() {
         bail!("the prime reward and PRIME's settings (RlConfig::prime) go together");
     }

@@ -88,6 +88,8 @@ pub fn check_gold(problems: &[Problem]) -> Result<()> {
 /// Run `job` with `cfg`; `on_update` sees each update's log. Returns the log of every update
 /// (a resumed run's earlier part included), also written to `OUT/rl_log.jsonl`.
 pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
+    // Refused before a model is loaded or the folder made.
+    cfg.check()?;
     check_gold(job.problems)?;
     if (job.reward == RlReward::Prime) != cfg.prime.is_some() {
         bail!("the prime reward and PRIME's settings (RlConfig::prime) go together");

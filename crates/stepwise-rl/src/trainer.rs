@@ -68,6 +68,28 @@ fn one() -> usize {
 }
 
 impl RlConfig {
+    /// Settings no run can train with, refused before any work, named as the command line names
+    /// them: a learning rate that is not a positive number (NaN trained a policy of NaN weights),
+    /// empty micro-batches, a negative or non-finite temperature.
+    pub fn check(&self) -> Result<()> {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(self.lr) {
+            bail!("--lr {}: the learning rate must be a positive number", self.lr);
+        }
+        if let Some(p) = &self.prime {
+            if !positive(p.lr) {
+                bail!("--prime-lr {}: the learning rate must be a positive number", p.lr);
+            }
+        }
+        if self.minibatch_size == 0 || self.grad_accum == 0 || self.epochs == 0 {
+            bail!("--minibatch-size, --grad-accum and --epochs: each at least 1");
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            bail!("--temperature {}: a number from 0 (greedy) up", self.temperature);
+        }
+        Ok(())
+    }
+
     /// The same settings with each update's samples making one optimiser step: micro-batches of
     /// at most `minibatch_size` sequences, their gradients accumulated over the update.
     pub fn one_step_per_update(mut self) -> Self {
@@ -213,6 +235,7 @@ pub fn train_rl(run: RlRun<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog
     if problems.is_empty() || cfg.group_size < 2 || cfg.prompts_per_update == 0 {
         bail!("RL needs problems, a group of at least 2 samples per prompt and at least one prompt per update");
     }
+    cfg.check()?;
     let prime = OnlinePrm::for_run(cfg.prime, implicit_prm, reward)?;
     let mut sampler = SingleTurn {
         tokenizer,

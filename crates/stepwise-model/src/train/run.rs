@@ -182,6 +182,7 @@ fn train_into(
     on_step: &mut dyn FnMut(usize, f64),
     log: &mut dyn FnMut(&str),
 ) -> Result<TrainReport> {
+    check_settings(a)?;
     let started = std::time::Instant::now();
     let dev = crate::default_device();
     let tok_dir = a.tokenizer.as_ref().or(a.base.as_ref()).context("pass --base DIR, or --config with --tokenizer DIR")?;
@@ -276,6 +277,29 @@ fn train_into(
         sequences: (train_set.len(), valid_set.len()),
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Settings no run can train with, refused before any work, named as the command line names
+/// them: a learning rate or β that is not a positive number (`--lr nan` wrote a checkpoint of NaN
+/// weights, its scores null), empty batches, a validation fraction outside [0, 1).
+fn check_settings(a: &TrainPrm) -> Result<()> {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(a.lr) {
+        bail!("--lr {}: the learning rate must be a positive number", a.lr);
+    }
+    if !positive(a.beta as f64) {
+        bail!("--beta {}: a positive number", a.beta);
+    }
+    if a.batch_size == 0 || a.grad_accum == 0 {
+        bail!("--batch-size and --grad-accum: each at least 1");
+    }
+    if !(0.0..1.0).contains(&a.valid_fraction) {
+        bail!(
+            "--valid-fraction {}: a fraction from 0 up to, not including, 1 (the rest trains)",
+            a.valid_fraction
+        );
+    }
+    Ok(())
 }
 
 /// `--neutral`: what a neutral step's label becomes.
