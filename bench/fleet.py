@@ -9,12 +9,16 @@ serving a 7B policy on an H100 does at that batch), writes their URLs to a file,
 
   generate     stepwise generate --model servers.txt -n 8 --max-in-flight 8
   annotate     stepwise annotate --method mc --policy servers.txt --rollouts 8 --threads 8N
+  score        stepwise score --model servers.txt --batch-size 64, ProcessBench's GSM8K and MATH
+               solutions over and over, against the servers' PRM route (`/v1/score_steps`: a 7B
+               PRM's prefill, one forward pass at a time, 5 ms plus the words at 20,000 tokens/s)
 
 After a warm-up it measures, over a window: requests/s and sequences/s the fleet answered, each
-server's busy fraction (the time-average of min(sequences running, 64) / 64), and the driver's CPU
-time (utime + stime from /proc) per request and in all (cores used).
+server's busy fraction (the time-average of min(sequences running, 64) / 64; for `score`, the
+share of the time a forward pass runs), and the driver's CPU time (utime + stime from /proc) per
+request and in all (cores used).
 
-Usage: python3 bench/fleet.py [--sizes 1,8,64,256] [--modes generate,annotate] [--window 20]
+Usage: python3 bench/fleet.py [--sizes 1,8,64,256] [--modes generate,annotate,score] [--window 20]
        [--stepwise target/release/stepwise] [--sim target/release/examples/simulated_fleet]
        [--json bench/results/fleet.json]
 """
@@ -58,9 +62,25 @@ def start_fleet(sim, n, d):
     return proc, servers, urls
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def processbench(count):
+    """ProcessBench's GSM8K and MATH solutions, over and over, `count` of them (ids made unique)."""
+    base = []
+    for name in ("gsm8k", "math"):
+        with open(os.path.join(REPO, "data", "processbench", f"{name}.json")) as f:
+            base += json.load(f)
+    return [dict(base[i % len(base)], id=f"{base[i % len(base)]['id']}-{i}") for i in range(count)]
+
+
 def inputs(d, mode, count):
     path = os.path.join(d, f"{mode}-input.jsonl")
     with open(path, "w") as f:
+        if mode == "score":
+            for r in processbench(count):
+                f.write(json.dumps(r) + "\n")
+            return path
         for i in range(count):
             if mode == "generate":
                 f.write(json.dumps({"id": f"p{i}", "question": f"What is {i} + 7?", "answer": str(i + 7)}) + "\n")
@@ -73,7 +93,9 @@ def inputs(d, mode, count):
 
 def driver(stepwise, mode, servers, n, inp, out):
     common = ["--max-in-flight", str(CAPACITY // N_PER_REQUEST), "--max-tokens", "400", "--input", inp, "--output", out]
-    if mode == "generate":
+    if mode == "score":
+        cmd = [stepwise, "score", "--model", servers, "--batch-size", "64", "--input", inp, "--output", out]
+    elif mode == "generate":
         cmd = [stepwise, "generate", "--model", servers, "-n", str(N_PER_REQUEST)] + common
     else:
         cmd = [stepwise, "annotate", "--method", "mc", "--policy", servers, "--rollouts", str(N_PER_REQUEST),
@@ -89,6 +111,10 @@ def measure(args, mode, n):
     ideal_rps = n * CAPACITY / N_PER_REQUEST / latency
     # Enough work that the driver is still busy at the end of the window.
     count = int(ideal_rps * (args.warmup + args.window) * 1.5 / (1 if mode == "generate" else 4)) + 64
+    if mode == "score":
+        # A server scores ~20,000 words/s; ProcessBench's solutions have ~250 words.
+        ideal_rps = None
+        count = int(n * 20000 / 150 * (args.warmup + args.window) * 1.5)
     with tempfile.TemporaryDirectory() as d:
         sim, servers, urls = start_fleet(args.sim, n, d)
         try:
@@ -110,7 +136,7 @@ def measure(args, mode, n):
             sim.wait()
     secs = t1 - t0
     requests = sum(s["requests"] for s in stats)
-    busy = [s["busy"] for s in stats]
+    busy = [s["prefill_busy" if mode == "score" else "busy"] for s in stats]
     return {
         "mode": mode,
         "servers": n,
@@ -118,7 +144,7 @@ def measure(args, mode, n):
         "driver_ran_through_window": still,
         "requests_per_s": round(requests / secs, 1),
         "sequences_per_s": round(sum(s["sequences"] for s in stats) / secs, 1),
-        "ideal_requests_per_s": round(ideal_rps, 1),
+        "ideal_requests_per_s": ideal_rps and round(ideal_rps, 1),
         "busy_mean": round(sum(busy) / len(busy), 4),
         "busy_min": round(min(busy), 4),
         "driver_cores": round((cpu1 - cpu0) / secs, 3),
@@ -142,12 +168,12 @@ def main():
             row = measure(args, mode, n)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| mode | servers | requests/s (ideal) | busy mean (min) | driver cores | driver CPU per request |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| mode | servers | requests/s (ideal) | sequences/s | busy mean (min) | driver cores | driver CPU per request |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['mode']} | {r['servers']} | {r['requests_per_s']} ({r['ideal_requests_per_s']}) | "
-              f"{100 * r['busy_mean']:.1f}% ({100 * r['busy_min']:.1f}%) | {r['driver_cores']} | "
-              f"{r['driver_cpu_ms_per_request']} ms |")
+        print(f"| {r['mode']} | {r['servers']} | {r['requests_per_s']} ({r['ideal_requests_per_s'] or '-'}) | "
+              f"{r['sequences_per_s']} | {100 * r['busy_mean']:.1f}% ({100 * r['busy_min']:.1f}%) | "
+              f"{r['driver_cores']} | {r['driver_cpu_ms_per_request']} ms |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": os.uname().nodename, "rows": rows}, f, indent=1)

@@ -133,6 +133,9 @@ run() {
         python3 -c "import json,sys; n=sys.argv[3]; r=json.load(open(sys.argv[1])); json.dump(r[:int(n)] if n else r, open(sys.argv[2],'w'))" \
             "$G/data/$ds.json" "$W/$ds.json" "$LIMIT"
     done
+    # A score output from nothing: `stepwise score` resumes a .jsonl it finds (a rerun in a warm
+    # machine, or a run cut off by its time limit, would time only what was missing).
+    fresh() { for f in "$@"; do rm -f "$f" "$f.settings.json" "$f.lock"; done; }
     # The peer and stepwise on one dataset and shape; $3, $4: each engine's time limit.
     compare_scoring() {
         local shape=$1 ds=$2 tag="$1-$2" M="$W/prm-$1"
@@ -140,6 +143,7 @@ run() {
         fits "$3" "transformers $tag" && peak "$W/hf-$tag.log" timeout "$(limit "$3")" python3 bench/gpu_transformers.py "$M" \
             "$W/$ds.json" "$W/hf-$tag.json" --max-batch-tokens "$PEER_BUDGETS" --device "$DEVICE" >> "$W/hf-$tag.log" 2>&1
         grep -E "^transformers|Error" "$W/hf-$tag.log" | tail -2
+        fresh "$W/sw-$tag.jsonl"
         fits "$4" "stepwise $tag" && peak "$W/sw-$tag.log" timeout "$(limit "$4")" "$BIN" score --model "$M" --input "$W/$ds.json" \
             --output "$W/sw-$tag.jsonl" --device "$DEVICE" --max-batch-tokens "$BUDGET" >> "$W/sw-$tag.log" 2>&1
         grep -vE '^(peak_mib|exit)' "$W/sw-$tag.log" | tail -2
@@ -178,6 +182,7 @@ run() {
         python3 -c "import json,sys; json.dump(json.load(open(sys.argv[1]))[:24], open(sys.argv[2],'w'))" \
             "$G/data/gsm8k.json" "$W/gsm8k24.json"
         if [ "$DEVICE" = cuda ] && fits 90 "CUDA vs CPU engine"; then
+            fresh "$W/cpu24.jsonl" "$W/gpu24.jsonl" "$W/simple24.jsonl"
             timeout 60 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" --output "$W/cpu24.jsonl" \
                 --device cpu > "$W/cpu24.log" 2>&1
             timeout 30 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" --output "$W/gpu24.jsonl" \

@@ -21,7 +21,7 @@ cargo build --release -p stepwise-cli
 "$VENV/bin/pip" install --quiet ./python
 out=$(mktemp -d)
 for round in $(seq 1 "$ROUNDS"); do
-    line=$(target/release/stepwise score --model "$MODEL" --input "$RECORDS" --output "$out/cli.jsonl" \
+    line=$(target/release/stepwise score --model "$MODEL" --input "$RECORDS" --output "$out/cli-$round.jsonl" \
         --device cpu 2>&1 | grep '^scored')
     tokens=$(echo "$line" | sed -E 's/.*\(([0-9]+) tokens\).*/\1/')
     echo "round $round, command line: $line"
@@ -34,7 +34,7 @@ prm = stepwise.PRM(model, device="cpu")
 start = time.perf_counter()
 scored = prm.score_records(recs)
 secs = time.perf_counter() - start
-cli = [json.loads(l)["scores"]["prm"] for l in open("cli.jsonl")]
+cli = [json.loads(l)["scores"]["prm"] for l in open(f"cli-{round_}.jsonl")]
 same = all(a == b for x, y in zip(cli, [r["scores"]["prm"] for r in scored]) for a, b in zip(x, y))
 print(f"round {round_}, python: scored {len(recs)} solutions in {secs:.2f}s: {tokens / secs:.0f} tokens/s; "
       f"the same scores as the command line: {same}")

@@ -46,6 +46,8 @@ kill %1; wait || true
 vllm --model "$W/ckpt/prm" --served-model-name prm --port 8203 --runner pooling \
   --pooler-config '{"step_tag_id": 3, "returned_token_ids": [0, 1]}' > "$W/vllm-prm.log" 2>&1 &
 wait_up 8203
+# Outputs from nothing (`stepwise score` resumes a .jsonl it finds).
+rm -f "$W/score-local.jsonl" "$W/score-local.jsonl.settings.json" "$W/score-vllm.jsonl" "$W/score-vllm.jsonl.settings.json"
 $S score --model "$W/ckpt/prm" --input "$W/steps.jsonl" --output "$W/score-local.jsonl"
 $S score --model http://127.0.0.1:8203 --protocol pooling --layout qwen-prm --server-tokenizer "$W/ckpt/prm" \
   --input "$W/steps.jsonl" --output "$W/score-vllm.jsonl"

@@ -38,6 +38,8 @@ for _ in $(seq 1 120); do curl -sf "localhost:$PORT/v1/models" >/dev/null && bre
 curl -sf "localhost:$PORT/v1/models" >/dev/null || { echo "vLLM did not start: $W/vllm.log"; exit 1; }
 
 # The timed runs (each summary line gives tokens/s).
+# Outputs from nothing (`stepwise score` resumes a .jsonl it finds).
+rm -f "$W/vllm.jsonl" "$W/vllm.jsonl.settings.json" "$W/stepwise.jsonl" "$W/stepwise.jsonl.settings.json"
 $S score --model "http://127.0.0.1:$PORT" --protocol pooling --layout qwen-prm --server-tokenizer "$MODEL" \
   --input "$RECORDS" --output "$W/vllm.jsonl" 2>&1 | tee "$W/vllm.txt" | tail -1
 kill $SERVER; wait $SERVER 2>/dev/null || true

@@ -101,12 +101,19 @@ class PRM:
     def score_batch(self, items: Sequence[Union[Dict[str, Any], Tuple[str, Sequence[str]]]]) -> List[List[float]]:
         """Every step's score of each `{"question", "steps"}` dict or `(question, steps)` pair."""
     def score_records(
-        self, records: Records, name: str = "prm", batch_size: int = 64, on_error: str = "raise"
+        self,
+        records: Records,
+        name: str = "prm",
+        batch_size: int = 64,
+        on_error: str = "raise",
+        progress: Union[bool, Callable[[int, int], Any], None] = None,
     ) -> List[Record]:
-        """Records with every step scored under `scores[name]`. A record it cannot score:
-        `on_error="raise"` raises `StepwiseError` naming it, with the records scored before it on
-        the error's `records`; `"skip"` leaves it unscored (the reason in
-        `meta["score_errors"][name]`) and warns with the count."""
+        """Records with every step scored under `scores[name]`, `batch_size` at a time (against
+        servers, two batches in flight a server). A record it cannot score: `on_error="raise"`
+        raises `StepwiseError` naming it, with the records scored before it on the error's
+        `records`; `"skip"` leaves it unscored (the reason in `meta["score_errors"][name]`) and
+        warns with the count. `progress`: None or False (silent), True (a tqdm bar, or lines on
+        the `stepwise` logger) or a callable `f(done, total)`."""
     @property
     def device(self) -> str: ...
     @property

@@ -34,6 +34,15 @@ def test_a_server_file_serves_as_the_local_checkpoints_do(fixtures, tmp_path):
         batch = [(f"What is {i} + 1?", [f"{i} + 1 = {i + 1}", f"The answer is {i + 1}"]) for i in range(7)]
         for got, want in zip(fleet_prm.score_batch(batch), local_prm.score_batch(batch)):
             assert got == pytest.approx(want, abs=1e-6)
+        # Records: batches side by side over the servers (two in flight each), in input order.
+        recs = [{"id": f"s{i}", "question": q, "steps": [{"text": t} for t in st]} for i, (q, st) in enumerate(batch)]
+        seen = []
+        got = fleet_prm.score_records(recs, batch_size=2, progress=lambda done, total: seen.append((done, total)))
+        want = local_prm.score_records(recs, batch_size=2)
+        assert [r["id"] for r in got] == [r["id"] for r in recs]
+        for g, w in zip(got, want):
+            assert g["scores"]["prm"] == pytest.approx(w["scores"]["prm"], abs=1e-6)
+        assert seen and seen[-1] == (7, 7) and [d for d, _ in seen] == sorted(d for d, _ in seen)
         local = stepwise.Policy(str(fixtures / "qwen2-policy"), max_tokens=12)
         fleet = stepwise.Policy(str(listing), max_tokens=12, served_model="qwen2-policy")
         for seed in range(4):

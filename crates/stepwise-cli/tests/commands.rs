@@ -1,6 +1,6 @@
 //! The stage subcommands on files: `annotate` (resumable), `bon`, `eval processbench` and
-//! `eval prmbench`, `search`; outputs that are inputs, closed stdout, `--dtype`, progress lines.
-//! `train-prm` and `rl` are in `train.rs`.
+//! `eval prmbench`, `search`; outputs that are inputs, closed stdout. `score` is in `score.rs`,
+//! `train-prm` and `rl` in `train.rs`.
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -608,83 +608,6 @@ fn a_closed_stdout_ends_every_command_quietly() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert!(matches!(out.status.code(), Some(0)), "{args:?}: {:?} {err}", out.status);
     }
-}
-
-/// `--dtype` states what is computed: `f32` and `bf16-weights` (bf16 held, f32 products) give the
-/// same scores for the bf16 PRM fixture; `auto` (bf16 held and, on AVX512_BF16 CPUs, multiplied
-/// in bf16) stays within bf16's error of them; an unknown value is refused.
-#[test]
-fn dtype_states_what_is_computed() {
-    let d = tmp("dtype");
-    let data = d.join("steps.jsonl");
-    let rows: Vec<Value> = (0..3)
-        .map(|i| {
-            json!({"id": format!("s{i}"), "question": format!("What is {i} + 2?"),
-                   "steps": [step(&format!("{i} + 2 = {}", i + 2), 0.0, true), step("So the answer is 4", 0.0, i == 2)]})
-        })
-        .collect();
-    write_jsonl(&data, &rows);
-    let prm = fixture("qwen2-prm");
-    let scores = |dtype: &str| {
-        let out = d.join(format!("{dtype}.jsonl"));
-        let args = ["score", "--dtype", dtype, "--model", &prm, "--input"];
-        stepwise(&[&args[..], &[data.to_str().unwrap(), "--output", out.to_str().unwrap()]].concat());
-        common::step_scores(&std::fs::read_to_string(&out).unwrap(), "prm")
-    };
-    let (f32_scores, held, auto) = (scores("f32"), scores("bf16-weights"), scores("auto"));
-    assert_eq!(f32_scores.len(), 6);
-    for ((x, y), z) in f32_scores.iter().zip(&held).zip(&auto) {
-        assert!((x - y).abs() < 1e-6, "bf16-weights {y} vs f32 {x}");
-        assert!((x - z).abs() < 0.02, "auto {z} vs f32 {x}");
-    }
-    let refused = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args([
-            "--dtype",
-            "fp8",
-            "score",
-            "--model",
-            &prm,
-            "--input",
-            data.to_str().unwrap(),
-            "--output",
-            "-",
-        ])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("bf16-weights"));
-}
-
-/// In a log (stderr not a terminal), long commands print their progress as plain lines.
-#[test]
-fn progress_shows_in_logs() {
-    let d = tmp("progress");
-    let input = d.join("many.jsonl");
-    let rows: Vec<Value> = (0..400)
-        .map(|i| {
-            json!({"id": format!("s{i}"), "problem": format!("What is {i} + 1?"),
-                   "steps": [format!("{i} + 1 = {}.", i + 1), format!("The answer is {}.", i + 1)],
-                   "label": -1, "final_answer_correct": true})
-        })
-        .collect();
-    write_jsonl(&input, &rows);
-    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(["score", "--model", &fixture("qwen2-prm"), "--batch-size", "2"])
-        .args([
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            d.join("out.jsonl").to_str().unwrap(),
-        ])
-        .env("STEPWISE_PROGRESS_EVERY", "0.01")
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
-    assert!(
-        log.lines().any(|l| l.starts_with("scoring: ") && l.contains("/400")),
-        "no progress line in\n{log}"
-    );
 }
 
 /// `eval prmbench` on PRMBench records scored by `score`: every error type present reported,

@@ -1,5 +1,5 @@
-//! Fleets of servers: `annotate --method mc` and `search --method beam` against three `stepwise
-//! serve` processes named in a file give the same records as against one server, also when, mid
+//! Fleets of servers: `annotate --method mc`, `search --method beam` and `score` against three
+//! `stepwise serve` processes named in a file give the same records as against one server, also when, mid
 //! run, one server is killed and restarted and another hangs (SIGSTOP) and comes back; a server
 //! added to the file joins the run; a file with a bad entry is refused naming its line; and one
 //! server behind a proxy that fails on purpose (429 with Retry-After, 500, a hang past the
@@ -94,6 +94,9 @@ fn command(kind: &str, servers: &str, input: &Path, output: &Path) -> Vec<String
         "annotate" => ["annotate", "--method", "mc", "--policy", servers, "--rollouts", "4"]
             .map(String::from)
             .to_vec(),
+        "score" => ["score", "--model", servers, "--batch-size", "1"]
+            .map(String::from)
+            .to_vec(),
         _ => [
             "search",
             "--method",
@@ -112,21 +115,10 @@ fn command(kind: &str, servers: &str, input: &Path, output: &Path) -> Vec<String
         .map(String::from)
         .to_vec(),
     };
-    args.extend(
-        [
-            "--max-tokens",
-            "8",
-            "--threads",
-            "6",
-            "--health-interval",
-            "0.3",
-            "--request-timeout",
-            "20",
-            "--retries",
-            "30",
-        ]
-        .map(String::from),
-    );
+    if kind != "score" {
+        args.extend(["--max-tokens", "8", "--threads", "6"].map(String::from));
+    }
+    args.extend(["--health-interval", "0.3", "--request-timeout", "20", "--retries", "30"].map(String::from));
     args.extend([
         "--input".into(),
         input.display().to_string(),
@@ -157,10 +149,11 @@ fn run_to_end(args: &[String]) -> String {
 #[test]
 fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
     let mut fleet: Vec<Server> = (0..3).map(|_| serve_at(0)).collect();
-    for kind in ["annotate", "search"] {
+    for kind in ["annotate", "search", "score"] {
         let d = tmp(kind);
         let (input, total) = match kind {
             "annotate" => (solutions(&d, 240), 240),
+            "score" => (solutions(&d, 2000), 2000),
             _ => (problems(&d, 120), 120),
         };
         let one = d.join("one.jsonl");
@@ -344,8 +337,10 @@ fn annotate_through_a_failing_server_writes_every_record_once() {
     assert!(attempts.load(Ordering::SeqCst) > 7, "every kind of failure was met");
 }
 
+/// `score` keeps two requests a server in flight, a batch each: over two servers both score, and
+/// the file is the one a single server gives.
 #[test]
-fn score_splits_a_batch_over_the_servers_and_gives_one_servers_scores() {
+fn score_spreads_its_batches_over_the_servers_and_gives_one_servers_scores() {
     let d = tmp("score");
     let (a, b) = (serve_at(0), serve_at(0));
     let input = solutions(&d, 30);
@@ -354,6 +349,8 @@ fn score_splits_a_batch_over_the_servers_and_gives_one_servers_scores() {
             "score",
             "--model",
             servers,
+            "--batch-size",
+            "3",
             "--input",
             input.to_str().unwrap(),
             "--output",
@@ -369,14 +366,21 @@ fn score_splits_a_batch_over_the_servers_and_gives_one_servers_scores() {
         common::step_scores(&std::fs::read_to_string(&one).unwrap(), "prm").len(),
         60
     );
-    assert_eq!(
-        common::step_scores(&std::fs::read_to_string(&one).unwrap(), "prm"),
-        common::step_scores(&std::fs::read_to_string(&two).unwrap(), "prm")
-    );
-    assert!(
-        said.contains(&format!("{} 1", b.url)),
-        "the second server scored nothing: {said}"
-    );
+    assert_eq!(std::fs::read(&one).unwrap(), std::fs::read(&two).unwrap());
+    let served = |url: &str| -> usize {
+        let at = said
+            .find(&format!("{url} "))
+            .unwrap_or_else(|| panic!("{url} not in {said}"));
+        said[at + url.len() + 1..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (by_a, by_b) = (served(&a.url), served(&b.url));
+    assert_eq!(by_a + by_b, 10, "{said}");
+    assert!(by_a > 0 && by_b > 0, "one server scored nothing: {said}");
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! The scoring stage's policy for a solution its scorer cannot score: one bad solution never
-//! costs the others.
+//! costs the others; batches scored side by side (a scorer behind servers) come out as one at a
+//! time gives them.
 
 use anyhow::{bail, Result};
-use stepwise_core::seams::{score_solutions_with, OnError, ScoreFailure, ScoreInput, Scored, StepScorer, SCORE_ERRORS};
+use stepwise_core::seams::{
+    score_in_order, score_solutions_with, OnError, ScoreFailure, ScoreInput, Scored, StepScorer, SCORE_ERRORS,
+};
 use stepwise_core::{Solution, Step};
 
 /// Scores every step 0.5, and refuses any batch holding a step longer than `limit` characters
@@ -72,4 +75,88 @@ fn skip_records_why_and_scores_the_rest() {
     // A second verifier's reason sits beside the first.
     score_solutions_with(&Limited { limit: 20 }, "orm", &mut sols[4..5], 1, OnError::Skip, |_| {}).unwrap();
     assert!(sols[4].meta[SCORE_ERRORS]["orm"].is_string() && sols[4].meta[SCORE_ERRORS]["prm"].is_string());
+}
+
+/// [`Limited`] as a fleet would serve it: four batches in flight, later batches answered first
+/// (each sleeps less than the one before it), and each batch scored as one part.
+struct Concurrent(Limited);
+
+impl StepScorer for Concurrent {
+    fn score(&self, _: &[ScoreInput<'_>]) -> Result<Scored> {
+        bail!("a scorer run side by side is asked through score_part")
+    }
+
+    fn in_flight(&self) -> usize {
+        4
+    }
+
+    fn score_part(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let first: u64 = batch[0].question.parse().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(40 - first));
+        self.0.score(batch)
+    }
+}
+
+fn many() -> Vec<Solution> {
+    (0..40)
+        .map(|i| Solution {
+            id: format!("s{i}"),
+            question: i.to_string(),
+            steps: vec![Step::new(if i == 13 || i == 31 {
+                "x".repeat(100)
+            } else {
+                format!("step {i}")
+            })],
+            ..Default::default()
+        })
+        .collect()
+}
+
+#[test]
+fn batches_in_flight_side_by_side_come_out_in_input_order() {
+    let mut order = vec![];
+    let run = score_in_order(
+        &Concurrent(Limited { limit: 10 }),
+        &many(),
+        3,
+        OnError::Skip,
+        |i, outcome| {
+            order.push((i, outcome.is_ok()));
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(order, (0..40).map(|i| (i, i != 13 && i != 31)).collect::<Vec<_>>());
+    assert_eq!((run.scored, run.skipped.clone()), (38, vec![13, 31]));
+    // The failing solution named is the first in input order, though a later batch failed first,
+    // and every solution before it is handed on.
+    let mut sols = many();
+    let err = score_solutions_with(
+        &Concurrent(Limited { limit: 10 }),
+        "prm",
+        &mut sols,
+        3,
+        OnError::Raise,
+        |_| {},
+    )
+    .unwrap_err();
+    let failure = err.downcast_ref::<ScoreFailure>().expect("a ScoreFailure");
+    assert_eq!((failure.index, failure.scored), (13, 13));
+    let scored: Vec<usize> = (0..40).filter(|&i| sols[i].scores.contains_key("prm")).collect();
+    assert_eq!(scored, (0..13).collect::<Vec<_>>());
+    // A sink that fails stops the run with its error.
+    let mut seen = 0;
+    let err = score_in_order(
+        &Concurrent(Limited { limit: 1000 }),
+        &many(),
+        3,
+        OnError::Skip,
+        |i, _| {
+            seen += 1;
+            anyhow::ensure!(i < 20, "the disk is full");
+            Ok(())
+        },
+    )
+    .unwrap_err();
+    assert_eq!((seen, err.to_string()), (21, "the disk is full".to_string()));
 }

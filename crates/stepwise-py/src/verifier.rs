@@ -2,9 +2,10 @@
 //! or behind servers, scoring every step.
 
 use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, value_error, without_gil};
+use crate::progress::Progress;
 use pyo3::prelude::*;
 use serde_json::Value;
-use stepwise_core::seams::{score_solutions_with, OnError, ScoreFailure, ScoreInput, StepScorer};
+use stepwise_core::seams::{apply_outcome, score_in_order, OnError, ScoreFailure, ScoreInput, StepScorer};
 use stepwise_remote::backend::{LocalOptions, RemoteOptions, ScorerBackend, Source};
 
 /// A process reward model (or ORM, or log-ratio verifier) that scores every step.
@@ -173,11 +174,13 @@ impl Prm {
 
     /// Records (any format stepwise reads, or a path to a file of them) with every step scored
     /// under `scores[name]`, as `stepwise score` writes them. Solutions are handed to the scorer
-    /// `batch_size` at a time. A record it cannot score (longer than the model reads, say):
-    /// `on_error="raise"` raises `StepwiseError` naming it, the records scored before it on the
-    /// error's `records`; `"skip"` leaves it unscored, the reason in its
-    /// `meta["score_errors"][name]`, and warns once with the count.
-    #[pyo3(signature = (records, name="prm", batch_size=64, on_error="raise"))]
+    /// `batch_size` at a time (against servers, two batches in flight a server). A record it
+    /// cannot score (longer than the model reads, say): `on_error="raise"` raises
+    /// `StepwiseError` naming it, the records scored before it on the error's `records`;
+    /// `"skip"` leaves it unscored, the reason in its `meta["score_errors"][name]`, and warns
+    /// once with the count. `progress`: None or False (silent), True (a tqdm bar, or lines on the
+    /// `stepwise` logger) or a callable `f(done, total)`. Ctrl-C stops it between batches.
+    #[pyo3(signature = (records, name="prm", batch_size=64, on_error="raise", progress=None))]
     fn score_records<'py>(
         &self,
         py: Python<'py>,
@@ -185,6 +188,7 @@ impl Prm {
         name: &str,
         batch_size: usize,
         on_error: &str,
+        progress: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if batch_size == 0 {
             return Err(value_error("batch_size must be at least 1"));
@@ -192,41 +196,53 @@ impl Prm {
         let on_error = OnError::by_name(on_error).map_err(|e| value_error(e.to_string()))?;
         let given = records_arg(records)?;
         let mut sols = without_gil(py, || solutions_of(&given, None))?;
-        let (mut done, mut skipped) = (0, 0);
-        // A few scorer batches between checks for Ctrl-C.
-        for chunk in sols.chunks_mut(4 * batch_size) {
-            let run = without_gil(py, || {
-                match score_solutions_with(&*self.scorer(), name, chunk, batch_size, on_error, |_| {}) {
-                    Ok(run) => Ok(ChunkRun::Done {
-                        skipped: run.skipped.len(),
-                    }),
-                    Err(e) => {
-                        let Some(f) = e.downcast_ref::<ScoreFailure>() else {
-                            return Err(e);
-                        };
-                        let causes: Vec<String> = e.chain().skip(1).map(|c| c.to_string()).collect();
-                        let (index, id) = (f.index, f.id.clone());
-                        Ok(ChunkRun::Failed {
-                            index,
-                            id,
-                            cause: causes.join(": "),
-                        })
+        let off = pyo3::types::PyBool::new(py, false);
+        let bar = Progress::start(py, Some(progress.unwrap_or(off.as_any())), "records", sols.len())?;
+        let mut outcomes = Vec::with_capacity(sols.len());
+        let mut interrupted = None;
+        let run = without_gil(py, || {
+            Ok(score_in_order(
+                &*self.scorer(),
+                &sols,
+                batch_size,
+                on_error,
+                |i, outcome| {
+                    outcomes.push(outcome);
+                    if (i + 1) % batch_size == 0 {
+                        bar.done(i + 1);
+                        // Ctrl-C between batches.
+                        if let Err(e) = Python::attach(|py| py.check_signals()) {
+                            interrupted = Some(e);
+                            anyhow::bail!("interrupted");
+                        }
                     }
-                }
-            })?;
-            match run {
-                ChunkRun::Done { skipped: n } => skipped += n,
-                ChunkRun::Failed { index, id, cause } => {
-                    return Err(partial_failure(py, &sols, done + index, &id, &cause));
-                }
-            }
-            done += chunk.len();
-            py.check_signals()?;
+                    Ok(())
+                },
+            ))
+        })?;
+        bar.done(outcomes.len());
+        bar.finish();
+        if let Some(e) = interrupted {
+            return Err(e);
         }
-        if skipped > 0 {
+        for (s, outcome) in sols.iter_mut().zip(outcomes) {
+            apply_outcome(s, name, outcome);
+        }
+        let run = match run {
+            Ok(run) => run,
+            Err(e) => {
+                let Some(f) = e.downcast_ref::<ScoreFailure>() else {
+                    return Err(crate::convert::error(e));
+                };
+                let cause: Vec<String> = e.chain().skip(1).map(|c| c.to_string()).collect();
+                return Err(partial_failure(py, &sols, f.index, &f.id, &cause.join(": ")));
+            }
+        };
+        if !run.skipped.is_empty() {
             let message = format!(
-                "stepwise: {skipped} of {} records could not be scored and were left unscored \
+                "stepwise: {} of {} records could not be scored and were left unscored \
                  (the reason in each one's meta['score_errors'][{name:?}])",
+                run.skipped.len(),
                 sols.len()
             );
             crate::convert::user_warning(py, message)?;
@@ -307,11 +323,6 @@ pub fn generative_scores(
 }
 
 /// How one chunk of `score_records` went.
-enum ChunkRun {
-    Done { skipped: usize },
-    Failed { index: usize, id: String, cause: String },
-}
-
 /// The `StepwiseError` of a record `score_records` could not score (`on_error="raise"`): it names
 /// the record, and the records scored before it are on its `records`.
 fn partial_failure(py: Python<'_>, sols: &[stepwise_core::Solution], index: usize, id: &str, cause: &str) -> PyErr {

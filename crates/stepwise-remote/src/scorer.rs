@@ -42,12 +42,12 @@ impl StepScorer for RemoteScorer<'_> {
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
         let servers = self.client.server_count();
         if servers < 2 || batch.len() < 2 {
-            return self.score_one(batch);
+            return self.score_part(batch);
         }
         let parts: Vec<Result<Scored>> = std::thread::scope(|s| {
             let started: Vec<_> = batch
                 .chunks(batch.len().div_ceil(servers))
-                .map(|part| s.spawn(move || self.score_one(part)))
+                .map(|part| s.spawn(move || self.score_part(part)))
                 .collect();
             started
                 .into_iter()
@@ -65,10 +65,17 @@ impl StepScorer for RemoteScorer<'_> {
         }
         Ok(all)
     }
-}
 
-impl RemoteScorer<'_> {
-    fn score_one(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+    /// Two requests a server: each server computes one batch while the next waits in its queue,
+    /// and the client sends the next as soon as a reply comes (each request goes to the server
+    /// with the fewest in flight). Counted when a run starts; servers added later share the
+    /// same requests.
+    fn in_flight(&self) -> usize {
+        2 * self.client.server_count().max(1)
+    }
+
+    /// One request, to the least busy server.
+    fn score_part(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
         if batch.is_empty() {
             return Ok(Scored::default());
         }

@@ -1,7 +1,7 @@
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use stepwise_core::seams::{score_solutions_with, OnError, ScoreFailure};
+use stepwise_core::seams::{apply_outcome, score_in_order, OnError, ScoreFailure};
 use stepwise_core::{Format, Solution, SolutionWriter};
 
 /// Score every step of every solution with a PRM, or with a generative verifier.
@@ -41,7 +41,10 @@ pub struct Args {
     /// Solutions in any format stepwise reads.
     #[arg(long)]
     pub input: PathBuf,
-    /// Output: stepwise JSONL (or .parquet) with the step scores in `scores.NAME`.
+    /// Output: stepwise JSONL (or .parquet) with the step scores in `scores.NAME`. A .jsonl
+    /// output is appended to as solutions are scored, in input order: run the same command again
+    /// after an interruption (even `kill -9`) and it scores only the rest; one started with other
+    /// settings (model, name, input) is refused. Another format is written at the end.
     #[arg(long)]
     pub output: PathBuf,
     /// The verifier's name in the output's `scores` (e.g. `prm`, `orm`): several verifiers can
@@ -52,7 +55,8 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub layout: String,
     /// Solutions handed to the scorer at once (a local PRM packs them into forward passes of at
-    /// most --max-batch-tokens tokens; a server gets them as one request).
+    /// most --max-batch-tokens tokens; a server gets them as one request, two requests in flight
+    /// to each server of a fleet).
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
     /// Where a local PRM runs, and the tokens of one forward pass.
@@ -194,11 +198,19 @@ pub fn run(a: Args) -> Result<()> {
             &generative
         }
     };
-    let mut sols: Vec<_> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
+    let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
+    let mut out = Output::open(&a, &sols)?;
+    let resumed = out.resumed();
+    let todo = &sols[resumed..];
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");
+    bar.set_position(resumed as u64);
     let start = Instant::now();
-    let scored = score_solutions_with(scorer, &a.name, &mut sols, a.batch_size, a.on_error.into(), |done| {
-        bar.set_position(done as u64)
+    let scored = score_in_order(scorer, todo, a.batch_size, a.on_error.into(), |i, outcome| {
+        let mut s = todo[i].clone();
+        apply_outcome(&mut s, &a.name, outcome);
+        out.push(s)?;
+        bar.set_position((resumed + i + 1) as u64);
+        Ok(())
     });
     bar.finish_and_clear();
     let run = match scored {
@@ -207,36 +219,134 @@ pub fn run(a: Args) -> Result<()> {
             let Some(failure) = e.downcast_ref::<ScoreFailure>() else {
                 return Err(e);
             };
-            write_solutions(&a.output, &sols[..failure.index])?;
+            let before = resumed + failure.index;
+            out.finish(&a.output)?;
             let written = format!(
-                "the {} solutions before it are in {} (--on-error skip scores the rest)",
-                failure.index,
-                a.output.display()
+                "the {before} solutions before it are in {} (--on-error skip scores the rest{})",
+                a.output.display(),
+                if out.is_journal() { ", going on from there" } else { "" }
             );
             return Err(e.context(written));
         }
     };
-    write_solutions(&a.output, &sols)?;
+    out.finish(&a.output)?;
     let secs = start.elapsed().as_secs_f64();
+    let kept = if resumed > 0 {
+        format!(" ({resumed} scored before were kept)")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "scored {} solutions ({} tokens) in {secs:.1}s: {:.0} tokens/s, {:.1} solutions/s{}",
+        "scored {} solutions ({} tokens) in {secs:.1}s: {:.0} tokens/s, {:.1} solutions/s{kept}{}",
         run.scored,
         run.tokens,
         run.tokens as f64 / secs,
         run.scored as f64 / secs,
         stepwise_remote::backend::servers_summary(&[("verifier", servers)])
     );
-    if !run.skipped.is_empty() {
-        let first = &sols[run.skipped[0]];
+    if let Some(&first) = run.skipped.first() {
         eprintln!(
             "skipped {} solutions it could not score (the reason in each one's meta.score_errors.{}), the first `{}` (record {})",
             run.skipped.len(),
             a.name,
-            first.id,
-            run.skipped[0] + 1
+            todo[first].id,
+            resumed + first + 1
         );
     }
     Ok(())
+}
+
+/// Where scored solutions go: a `.jsonl` output is a journal, appended to as solutions are
+/// scored (in input order), so a run cut off (even by `kill -9`, or a fleet down past its
+/// retries) and started again scores only the rest; another format is written in one go at the
+/// end.
+enum Output {
+    Journal {
+        journal: stepwise_core::journal::Journal,
+        resumed: usize,
+        /// Held while the run writes.
+        _claim: stepwise_core::journal::Claim,
+    },
+    Whole(Vec<Solution>),
+}
+
+impl Output {
+    fn open(a: &Args, sols: &[Solution]) -> Result<Self> {
+        if a.output.extension().is_none_or(|e| e != "jsonl") {
+            return Ok(Output::Whole(Vec::new()));
+        }
+        let generative = (a.verifier == VerifierKind::Generative).then(|| {
+            serde_json::json!({"samples": a.samples, "chat": a.chat, "temperature": a.temperature,
+                "max_tokens": a.max_tokens, "verdict": format!("{:?}", a.verdict), "tools": format!("{:?}", a.tools)})
+        });
+        let claim = stepwise_core::journal::claim(
+            &a.output,
+            &serde_json::json!({
+                "input": stepwise_core::journal::fingerprint(sols)?, "model": a.model.identity()?,
+                "name": a.name, "layout": a.layout, "dtype": a.dtype.dtype, "generative": generative,
+            }),
+        )?;
+        let (journal, kept) = stepwise_core::journal::Journal::open::<Solution>(&a.output, |s| s.id.clone())?;
+        if let Some((i, k)) = kept
+            .iter()
+            .zip(sols)
+            .enumerate()
+            .find(|(_, (k, s))| k.id != s.id)
+            .map(|(i, (k, _))| (i, k))
+        {
+            bail!(
+                "{}: record {}: `{}` is not the input's record {} (`{}`): the file is left as it is; choose another output",
+                a.output.display(),
+                i + 1,
+                k.id,
+                i + 1,
+                sols[i].id
+            );
+        }
+        if kept.len() > sols.len() {
+            bail!(
+                "{} holds {} records, the input {}: the file is left as it is; choose another output",
+                a.output.display(),
+                kept.len(),
+                sols.len()
+            );
+        }
+        Ok(Output::Journal {
+            journal,
+            resumed: kept.len(),
+            _claim: claim,
+        })
+    }
+
+    /// Solutions already in the output, scored by an earlier run.
+    fn resumed(&self) -> usize {
+        match self {
+            Output::Journal { resumed, .. } => *resumed,
+            Output::Whole(_) => 0,
+        }
+    }
+
+    fn is_journal(&self) -> bool {
+        matches!(self, Output::Journal { .. })
+    }
+
+    fn push(&mut self, s: Solution) -> Result<()> {
+        match self {
+            Output::Journal { journal, .. } => journal.append(s.id.clone(), &s),
+            Output::Whole(all) => {
+                all.push(s);
+                Ok(())
+            }
+        }
+    }
+
+    /// Write what was scored, where it is not written yet.
+    fn finish(&mut self, path: &Path) -> Result<()> {
+        match self {
+            Output::Journal { .. } => Ok(()),
+            Output::Whole(all) => write_solutions(path, all),
+        }
+    }
 }
 
 fn write_solutions(path: &Path, sols: &[Solution]) -> Result<()> {

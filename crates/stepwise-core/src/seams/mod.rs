@@ -26,8 +26,8 @@ pub use environment::{replay, ActionKind, Environment, Episode, Observation};
 pub use policy::{split_steps_at, Continuation, Policy, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
 pub use scorer::{
-    score_solutions, score_solutions_with, turns_of, CheckerScorer, OnError, ScoreFailure, ScoreInput, ScoreRun,
-    Scored, StepScorer, Unavailable, SCORE_ERRORS,
+    apply_outcome, score_in_order, score_solutions, score_solutions_with, turns_of, CheckerScorer, OnError,
+    ScoreFailure, ScoreInput, ScoreOutcome, ScoreRun, Scored, StepScorer, Unavailable, SCORE_ERRORS,
 };
 pub use task::{MathTask, Task};
 pub use tool::{chain_program, chain_reply, CodeRunner};

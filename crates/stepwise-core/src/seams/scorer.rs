@@ -64,6 +64,21 @@ pub struct Scored {
 pub trait StepScorer: Sync {
     /// Scores for each input, one per step.
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored>;
+
+    /// How many batches [`score_in_order`] keeps in flight at once: 1 for a model that runs
+    /// here (it packs a batch into its own forward passes), more for one behind servers (each
+    /// server computing a batch while the next waits for it).
+    fn in_flight(&self) -> usize {
+        1
+    }
+
+    /// One batch as one unit of work, for a caller that keeps [`StepScorer::in_flight`] of them
+    /// going itself: [`StepScorer::score`] unless the scorer spreads a batch by itself (over a
+    /// fleet of servers, one request a server), which a caller running batches side by side
+    /// does not want.
+    fn score_part(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        self.score(batch)
+    }
 }
 
 /// A task's exact step checker as a scorer: 1 for a correct step, 0 for a wrong one. The
@@ -192,7 +207,7 @@ pub fn score_solutions(
 /// [`score_solutions`] with a policy for a solution the scorer cannot score. A batch that fails
 /// is scored again one solution at a time, so one bad solution never costs the others; with
 /// [`OnError::Raise`] the error names it (by id and record number) and carries a
-/// [`ScoreFailure`] saying how many before it were scored.
+/// [`ScoreFailure`] saying how many before it were scored (they keep their scores).
 pub fn score_solutions_with(
     scorer: &dyn StepScorer,
     verifier: &str,
@@ -201,74 +216,125 @@ pub fn score_solutions_with(
     on_error: OnError,
     mut progress: impl FnMut(usize),
 ) -> Result<ScoreRun> {
+    let mut outcomes = Vec::with_capacity(sols.len());
+    let run = score_in_order(scorer, sols, batch_size, on_error, |i, outcome| {
+        outcomes.push(outcome);
+        if (i + 1) % batch_size.max(1) == 0 || i + 1 == sols.len() {
+            progress(i + 1);
+        }
+        Ok(())
+    });
+    for (s, outcome) in sols.iter_mut().zip(outcomes) {
+        apply_outcome(s, verifier, outcome);
+    }
+    run
+}
+
+/// What scoring one solution came to: its step scores, or why it was left unscored
+/// ([`OnError::Skip`]).
+pub type ScoreOutcome = std::result::Result<Vec<f32>, anyhow::Error>;
+
+/// Put a solution's [`ScoreOutcome`] on it: the scores under `verifier`, or the reason under
+/// `meta.score_errors.VERIFIER`.
+pub fn apply_outcome(s: &mut Solution, verifier: &str, outcome: ScoreOutcome) {
+    match outcome {
+        Ok(scores) => s.set_scores(verifier, scores),
+        Err(e) => skip(s, verifier, &e),
+    }
+}
+
+/// The scoring loop under [`score_solutions_with`], for callers that write as they go (a
+/// journal): `sols` in batches of `batch_size`, [`StepScorer::in_flight`] batches at once, each
+/// solution's outcome handed to `sink(index, outcome)` in input order as soon as those before
+/// it are. A batch that fails is scored again one solution at a time; a solution that cannot be
+/// scored stops the run under [`OnError::Raise`] (every solution before it has been handed on;
+/// batches already started finish and are dropped) and is handed on as an error under
+/// [`OnError::Skip`]. An error from `sink` stops the run and is returned.
+pub fn score_in_order(
+    scorer: &dyn StepScorer,
+    sols: &[Solution],
+    batch_size: usize,
+    on_error: OnError,
+    mut sink: impl FnMut(usize, ScoreOutcome) -> Result<()>,
+) -> Result<ScoreRun> {
+    let batches: Vec<(usize, &[Solution])> = sols
+        .chunks(batch_size.max(1))
+        .enumerate()
+        .map(|(k, b)| (k * batch_size.max(1), b))
+        .collect();
     let mut run = ScoreRun::default();
-    let mut done = 0;
-    for chunk in sols.chunks_mut(batch_size.max(1)) {
-        let turns: Vec<Option<Vec<String>>> = chunk.iter().map(turns_of).collect();
-        let inputs: Vec<ScoreInput<'_>> = chunk.iter().zip(&turns).map(|(s, t)| ScoreInput::read(s, t)).collect();
-        match scorer.score(&inputs) {
-            Ok(scored) => {
-                anyhow::ensure!(
-                    scored.scores.len() == chunk.len(),
-                    "the scorer returned {} results for {} solutions",
-                    scored.scores.len(),
-                    chunk.len()
-                );
-                run.tokens += scored.tokens;
-                for (s, sc) in chunk.iter_mut().zip(scored.scores) {
-                    record_scores(s, verifier, sc)?;
-                    run.scored += 1;
-                }
-            }
-            // Name the solution that fails, not the batch: each is scored alone.
-            Err(_) => {
-                for (k, s) in chunk.iter_mut().enumerate() {
-                    let turns = turns_of(s);
-                    match scorer.score(&[ScoreInput::read(s, &turns)]) {
-                        Ok(mut one) if one.scores.len() == 1 => {
-                            run.tokens += one.tokens;
-                            record_scores(s, verifier, one.scores.remove(0))?;
-                            run.scored += 1;
-                        }
-                        outcome => {
-                            let error = match outcome {
-                                Err(e) => e,
-                                Ok(one) => {
-                                    anyhow::anyhow!("the scorer returned {} results for 1 solution", one.scores.len())
-                                }
-                            };
-                            let index = done + k;
-                            if !on_error.skips(&error) {
-                                let failure = ScoreFailure {
-                                    index,
-                                    id: s.id.clone(),
-                                    scored: run.scored,
-                                };
-                                return Err(error.context(failure));
-                            }
-                            skip(s, verifier, &error);
-                            run.skipped.push(index);
-                        }
+    crate::parallel::in_order(
+        &batches,
+        scorer.in_flight(),
+        |(_, batch)| score_batch(scorer, batch),
+        |&(start, batch), scored| {
+            let (tokens, outcomes) = scored?;
+            run.tokens += tokens;
+            for (k, (s, outcome)) in batch.iter().zip(outcomes).enumerate() {
+                let index = start + k;
+                match outcome {
+                    Ok(scores) => {
+                        anyhow::ensure!(
+                            scores.len() == s.steps.len(),
+                            "solution {}: {} steps but {} scores",
+                            s.id,
+                            s.steps.len(),
+                            scores.len()
+                        );
+                        run.scored += 1;
+                        sink(index, Ok(scores))?;
+                    }
+                    Err(error) if on_error.skips(&error) => {
+                        run.skipped.push(index);
+                        sink(index, Err(error))?;
+                    }
+                    Err(error) => {
+                        let failure = ScoreFailure {
+                            index,
+                            id: s.id.clone(),
+                            scored: run.scored,
+                        };
+                        return Err(error.context(failure));
                     }
                 }
             }
-        }
-        done += chunk.len();
-        progress(done);
-    }
+            Ok(())
+        },
+    )?;
     Ok(run)
 }
 
-fn record_scores(s: &mut Solution, verifier: &str, scores: Vec<f32>) -> Result<()> {
-    anyhow::ensure!(
-        scores.len() == s.steps.len(),
-        "solution {}: {} steps but {} scores",
-        s.id,
-        s.steps.len(),
-        scores.len()
-    );
-    s.set_scores(verifier, scores);
-    Ok(())
+/// One batch: the tokens encoded and each solution's outcome. A batch the scorer refuses is
+/// scored again one solution at a time, so each error belongs to its solution; an answer of the
+/// wrong length is the scorer's fault and fails the run.
+fn score_batch(scorer: &dyn StepScorer, batch: &[Solution]) -> Result<(usize, Vec<ScoreOutcome>)> {
+    let turns: Vec<Option<Vec<String>>> = batch.iter().map(turns_of).collect();
+    let inputs: Vec<ScoreInput<'_>> = batch.iter().zip(&turns).map(|(s, t)| ScoreInput::read(s, t)).collect();
+    if let Ok(scored) = scorer.score_part(&inputs) {
+        anyhow::ensure!(
+            scored.scores.len() == batch.len(),
+            "the scorer returned {} results for {} solutions",
+            scored.scores.len(),
+            batch.len()
+        );
+        return Ok((scored.tokens, scored.scores.into_iter().map(Ok).collect()));
+    }
+    let mut tokens = 0;
+    let outcomes = inputs
+        .iter()
+        .map(|input| match scorer.score_part(std::slice::from_ref(input)) {
+            Ok(mut one) if one.scores.len() == 1 => {
+                tokens += one.tokens;
+                Ok(one.scores.remove(0))
+            }
+            Ok(one) => Err(anyhow::anyhow!(
+                "the scorer returned {} results for 1 solution",
+                one.scores.len()
+            )),
+            Err(e) => Err(e),
+        })
+        .collect();
+    Ok((tokens, outcomes))
 }
 
 /// Why `s` was not scored by `verifier`, in its meta.
