@@ -7,7 +7,6 @@
 use crate::sandbox::{Job, Outcome, Status};
 use crate::task::CodeTask;
 use anyhow::{bail, Context, Result};
-use rayon::prelude::*;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -110,22 +109,41 @@ impl CodeTask {
         threads: usize,
         progress: &(dyn Fn(usize) + Sync),
     ) -> Result<Vec<Outcome>> {
+        let mut outcomes = Vec::with_capacity(programs.len());
+        self.run_programs_in_order(programs, threads, |_, o| {
+            outcomes.push(o);
+            progress(outcomes.len());
+            Ok(())
+        })?;
+        Ok(outcomes)
+    }
+
+    /// [`CodeTask::run_programs`] for callers that write as they go (a journal): each outcome
+    /// handed to `sink(index, outcome)` in the programs' order as soon as those before it are,
+    /// while the next programs run. An error from `sink` stops the run (programs already started
+    /// finish and are dropped) and is returned.
+    pub fn run_programs_in_order(
+        &self,
+        programs: &[Program],
+        threads: usize,
+        mut sink: impl FnMut(usize, Outcome) -> Result<()>,
+    ) -> Result<()> {
         self.check_programs(programs)?;
         let threads = check_threads(threads)?;
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
-        let done = std::sync::atomic::AtomicUsize::new(0);
-        Ok(pool.install(|| {
-            programs
-                .par_iter()
-                .map(|p| {
-                    let o = self.run_program(p).unwrap_or_else(|e| {
-                        Outcome::ended(Status::Error, format!("the sandbox could not run it: {e:#}"), 0.0)
-                    });
-                    progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
-                    o
+        let mut next = 0;
+        stepwise_core::parallel::in_order(
+            programs,
+            threads,
+            |p| {
+                self.run_program(p).unwrap_or_else(|e| {
+                    Outcome::ended(Status::Error, format!("the sandbox could not run it: {e:#}"), 0.0)
                 })
-                .collect()
-        }))
+            },
+            |_, o| {
+                next += 1;
+                sink(next - 1, o)
+            },
+        )
     }
 }
 

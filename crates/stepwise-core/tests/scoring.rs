@@ -78,8 +78,13 @@ fn skip_records_why_and_scores_the_rest() {
 }
 
 /// [`Limited`] as a fleet would serve it: four batches in flight, later batches answered first
-/// (each sleeps less than the one before it), and each batch scored as one part.
-struct Concurrent(Limited);
+/// (each sleeps less than the one before it), and each batch scored as one part (the sizes of
+/// the parts asked for are kept).
+struct Concurrent(Limited, std::sync::Mutex<Vec<usize>>);
+
+fn concurrent(limit: usize) -> Concurrent {
+    Concurrent(Limited { limit }, Default::default())
+}
 
 impl StepScorer for Concurrent {
     fn score(&self, _: &[ScoreInput<'_>]) -> Result<Scored> {
@@ -93,6 +98,7 @@ impl StepScorer for Concurrent {
     fn score_part(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
         let first: u64 = batch[0].question.parse().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(40 - first));
+        self.1.lock().unwrap().push(batch.len());
         self.0.score(batch)
     }
 }
@@ -115,48 +121,38 @@ fn many() -> Vec<Solution> {
 #[test]
 fn batches_in_flight_side_by_side_come_out_in_input_order() {
     let mut order = vec![];
-    let run = score_in_order(
-        &Concurrent(Limited { limit: 10 }),
-        &many(),
-        3,
-        OnError::Skip,
-        |i, outcome| {
-            order.push((i, outcome.is_ok()));
-            Ok(())
-        },
-    )
+    let run = score_in_order(&concurrent(10), &many(), 3, OnError::Skip, |i, outcome| {
+        order.push((i, outcome.is_ok()));
+        Ok(())
+    })
     .unwrap();
     assert_eq!(order, (0..40).map(|i| (i, i != 13 && i != 31)).collect::<Vec<_>>());
     assert_eq!((run.scored, run.skipped.clone()), (38, vec![13, 31]));
     // The failing solution named is the first in input order, though a later batch failed first,
     // and every solution before it is handed on.
     let mut sols = many();
-    let err = score_solutions_with(
-        &Concurrent(Limited { limit: 10 }),
-        "prm",
-        &mut sols,
-        3,
-        OnError::Raise,
-        |_| {},
-    )
-    .unwrap_err();
+    let err = score_solutions_with(&concurrent(10), "prm", &mut sols, 3, OnError::Raise, |_| {}).unwrap_err();
     let failure = err.downcast_ref::<ScoreFailure>().expect("a ScoreFailure");
     assert_eq!((failure.index, failure.scored), (13, 13));
     let scored: Vec<usize> = (0..40).filter(|&i| sols[i].scores.contains_key("prm")).collect();
     assert_eq!(scored, (0..13).collect::<Vec<_>>());
     // A sink that fails stops the run with its error.
     let mut seen = 0;
-    let err = score_in_order(
-        &Concurrent(Limited { limit: 1000 }),
-        &many(),
-        3,
-        OnError::Skip,
-        |i, _| {
-            seen += 1;
-            anyhow::ensure!(i < 20, "the disk is full");
-            Ok(())
-        },
-    )
+    let err = score_in_order(&concurrent(1000), &many(), 3, OnError::Skip, |i, _| {
+        seen += 1;
+        anyhow::ensure!(i < 20, "the disk is full");
+        Ok(())
+    })
     .unwrap_err();
     assert_eq!((seen, err.to_string()), (21, "the disk is full".to_string()));
+}
+
+/// Too few batches to fill the scorer's slots: smaller ones, so every slot works (40 solutions
+/// in batches of 64 over four slots go out as four parts of 10).
+#[test]
+fn a_short_run_is_cut_to_fill_every_slot() {
+    let scorer = concurrent(1000);
+    let run = score_in_order(&scorer, &many(), 64, OnError::Raise, |_, _| Ok(())).unwrap();
+    assert_eq!(run.scored, 40);
+    assert_eq!(*scorer.1.lock().unwrap(), [10, 10, 10, 10]);
 }

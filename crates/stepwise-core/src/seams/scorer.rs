@@ -244,7 +244,8 @@ pub fn apply_outcome(s: &mut Solution, verifier: &str, outcome: ScoreOutcome) {
 }
 
 /// The scoring loop under [`score_solutions_with`], for callers that write as they go (a
-/// journal): `sols` in batches of `batch_size`, [`StepScorer::in_flight`] batches at once, each
+/// journal): `sols` in batches of `batch_size` (smaller where that is needed to have
+/// [`StepScorer::in_flight`] batches), that many batches at once, each
 /// solution's outcome handed to `sink(index, outcome)` in input order as soon as those before
 /// it are. A batch that fails is scored again one solution at a time; a solution that cannot be
 /// scored stops the run under [`OnError::Raise`] (every solution before it has been handed on;
@@ -257,15 +258,15 @@ pub fn score_in_order(
     on_error: OnError,
     mut sink: impl FnMut(usize, ScoreOutcome) -> Result<()>,
 ) -> Result<ScoreRun> {
-    let batches: Vec<(usize, &[Solution])> = sols
-        .chunks(batch_size.max(1))
-        .enumerate()
-        .map(|(k, b)| (k * batch_size.max(1), b))
-        .collect();
+    // Batches of `batch_size`, smaller when there are too few to fill the scorer's slots (a
+    // shard of 64 over eight servers goes out as sixteen requests of four, not one of 64).
+    let in_flight = scorer.in_flight().max(1);
+    let size = batch_size.max(1).min(sols.len().div_ceil(in_flight).max(1));
+    let batches: Vec<(usize, &[Solution])> = sols.chunks(size).enumerate().map(|(k, b)| (k * size, b)).collect();
     let mut run = ScoreRun::default();
     crate::parallel::in_order(
         &batches,
-        scorer.in_flight(),
+        in_flight,
         |(_, batch)| score_batch(scorer, batch),
         |&(start, batch), scored| {
             let (tokens, outcomes) = scored?;
