@@ -122,6 +122,78 @@ fn grade_runs_every_reference_solution_and_reports_pass_at_k() {
     );
 }
 
+/// `grade --task code --output FILE.jsonl` killed with SIGKILL part-way and started again runs
+/// only the programs it lacks (a torn last line dropped): the file holds the records stdout gets
+/// from an uninterrupted run, and pass@k counts the kept ones; other settings are refused.
+#[test]
+fn grade_killed_mid_run_resumes_to_the_records_of_a_run_that_was_not() {
+    let dir = tmp("grade-resume");
+    let samples: Vec<Value> = humaneval()
+        .iter()
+        .flat_map(|p| {
+            [
+                json!({"task_id": p["task_id"], "completion": p["canonical_solution"]}),
+                json!({"task_id": p["task_id"], "completion": "    return None\n"}),
+            ]
+        })
+        .collect();
+    let input = dir.join("samples.jsonl");
+    write_jsonl(&input, &samples);
+    let he = humaneval_path().display().to_string();
+    let args = |out: &std::path::Path, timeout: &str| -> Vec<String> {
+        let mut a = vec!["grade", "--task", "code", "--problems", &he, "--code-timeout", timeout];
+        a.extend([
+            "--threads",
+            "2",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        a.into_iter().map(String::from).collect()
+    };
+    let whole = stepwise(&["grade", "--task", "code", "--problems", &he, input.to_str().unwrap()]);
+    let cut = dir.join("cut.jsonl");
+    let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args(&cut, "10"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = || std::fs::read_to_string(&cut).map_or(0, |t| t.lines().count());
+    while lines() < 40 && run.try_wait().unwrap().is_none() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let kept = lines();
+    assert!(
+        (40..samples.len()).contains(&kept),
+        "killed at {kept} lines: not part-way"
+    );
+    let mut text = std::fs::read_to_string(&cut).unwrap();
+    text.push_str(r#"{"task_id": "Hum"#);
+    std::fs::write(&cut, text).unwrap();
+    let again = args(&cut, "10");
+    let resumed = stepwise(&again.iter().map(String::as_str).collect::<Vec<_>>());
+    let said = String::from_utf8_lossy(&resumed.stderr);
+    assert!(said.contains(&format!("({kept} graded before were kept)")), "{said}");
+    assert!(
+        said.contains("ran 328 programs of 164 problems") && said.contains("pass@1 50.0%"),
+        "{said}"
+    );
+    assert_eq!(
+        jsonl(&std::fs::read(&cut).unwrap()),
+        jsonl(&whole.stdout),
+        "the resumed run lost, changed or doubled records"
+    );
+    let other = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args(&cut, "5"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert_eq!(other.status.code(), Some(1), "{err}");
+    assert!(err.contains("was started with other settings (`task.timeout`"), "{err}");
+}
+
 #[test]
 fn generate_and_annotate_label_program_lines_by_execution() {
     let dir = tmp("annotate");

@@ -119,7 +119,7 @@ fn annotate_resumes_and_refuses_other_settings_inputs_or_checkpoints(
     bytes[at] ^= 0x40;
     std::fs::write(&weights, bytes).unwrap();
     let err = refused_for(&on_copy);
-    assert!(err.contains("`policy`"), "{err}");
+    assert!(err.contains("`policy.checkpoint`"), "{err}");
 }
 
 fn annotate_by_binary_search(d: &Path, args: &[&str]) {

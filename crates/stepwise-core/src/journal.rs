@@ -203,24 +203,20 @@ pub fn lock(path: &Path) -> Result<Claim> {
 
 /// The first setting in which two settings objects differ, with both values.
 fn first_difference(then: &serde_json::Value, now: &serde_json::Value) -> String {
-    let keys: std::collections::BTreeSet<&String> = then
-        .as_object()
-        .into_iter()
-        .flatten()
-        .chain(now.as_object().into_iter().flatten())
-        .map(|(k, _)| k)
-        .collect();
+    difference_at("", then, now).unwrap_or_else(|| "the settings differ".into())
+}
+
+/// The first setting that differs, named by its path into nested objects (`task.timeout`).
+fn difference_at(at: &str, then: &serde_json::Value, now: &serde_json::Value) -> Option<String> {
+    let (Some(a), Some(b)) = (then.as_object(), now.as_object()) else {
+        return (then != now).then(|| format!("`{at}`: {then} then, {now} now"));
+    };
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     let null = serde_json::Value::Null;
-    keys.into_iter()
-        .find(|k| then.get(k.as_str()) != now.get(k.as_str()))
-        .map(|k| {
-            format!(
-                "`{k}`: {} then, {} now",
-                then.get(k.as_str()).unwrap_or(&null),
-                now.get(k.as_str()).unwrap_or(&null)
-            )
-        })
-        .unwrap_or_else(|| "the settings differ".into())
+    keys.into_iter().find_map(|k| {
+        let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+        difference_at(&path, a.get(k).unwrap_or(&null), b.get(k).unwrap_or(&null))
+    })
 }
 
 #[cfg(test)]

