@@ -8,7 +8,8 @@ code     `stepwise.ray.run_tests`: HumanEval's canonical solutions (164, each tw
 score    `stepwise.ray.score` of ProcessBench's GSM8K and MATH records (1400, four times: 5600) against a fleet of 8
          simulated H100-class PRM servers (crates/stepwise-remote/examples/simulated_fleet.rs,
          `/v1/score_steps`: a 7B PRM's prefill, one forward pass at a time, 5 ms plus the words at
-         20000 tokens/s), shards of 64 and batches of 64 (split over the servers), 1, 2 and 4
+         20000 tokens/s), shards of 64 and batches of 64 (a shard goes out as sixteen requests
+         of four; an actor scores two shards at once, the default for servers), 1, 2 and 4
          actors of half a CPU each (scoring against servers is I/O); for reference
          `stepwise.PRM(servers).score_records` in one process. Each server's busy fraction (the
          share of time a forward pass runs) over the run comes from its `/stats`.

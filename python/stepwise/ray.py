@@ -452,8 +452,31 @@ def _in_memory(source: Sequence[Any], output: str, reads: str) -> List[str]:
     return [os.path.abspath(path)]
 
 
+def _on_servers(model: Model) -> bool:
+    """Whether a model source is servers (URLs, or a file listing them) on every node."""
+    if isinstance(model, dict):
+        return bool(model) and all(_on_servers(m) for m in model.values())
+    return model.startswith(("http://", "https://")) or os.path.isfile(model)
+
+
+def _pool(actors: int, shards_at_once: int) -> Any:
+    """The actor pool: each actor works on `shards_at_once` shards side by side (threads; for a
+    model on servers, whose calls wait on the network), where this Ray can."""
+    import ray
+
+    if shards_at_once > 1:
+        try:
+            return ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=shards_at_once,
+                                              max_concurrent_calls_per_actor=shards_at_once,
+                                              enable_true_multi_threading=True)
+        except TypeError:  # a Ray before 2.5x: one shard at a time
+            log.info("stepwise.ray: this Ray runs one shard at a time an actor (ray %s)", ray.__version__)
+    return ray.data.ActorPoolStrategy(size=actors)
+
+
 def _run(stage: str, source: Source, output: Union[str, "os.PathLike[str]"], options: Dict[str, Any], *,
-         actors: Optional[int], shard_size: int, num_cpus: float, num_gpus: float) -> Dict[str, Any]:
+         actors: Optional[int], shard_size: int, num_cpus: float, num_gpus: float,
+         shards_at_once: int = 1) -> Dict[str, Any]:
     import ray
 
     if shard_size < 1:
@@ -487,7 +510,7 @@ def _run(stage: str, source: Source, output: Union[str, "os.PathLike[str]"], opt
     started = time.perf_counter()
     ds = ray.data.from_items(todo, override_num_blocks=len(todo)).map_batches(
         _ShardWorker, fn_constructor_kwargs={"stage": stage, "options": options, "output": output},
-        batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=num_cpus, num_gpus=num_gpus)
+        batch_size=1, compute=_pool(actors, shards_at_once), num_cpus=num_cpus, num_gpus=num_gpus)
     pids = set()
     try:
         for n, row in enumerate(ds.iter_rows(), 1):
@@ -540,13 +563,20 @@ _JOB_DOC = """
 
 def score(source: Source, output: Union[str, "os.PathLike[str]"], prm: Model, *, name: str = "prm",
           batch_size: int = 64, on_error: str = "raise", prm_options: Optional[Dict[str, Any]] = None,
-          actors: Optional[int] = None, shard_size: int = 256, num_cpus: float = 1, num_gpus: float = 0) -> Dict[str, Any]:
+          actors: Optional[int] = None, shard_size: int = 256, num_cpus: float = 1, num_gpus: float = 0,
+          shards_at_once: Optional[int] = None) -> Dict[str, Any]:
     options = {"prm": prm, "name": name, "batch_size": batch_size, "on_error": on_error, "prm_options": prm_options or {}}
+    if shards_at_once is None:
+        shards_at_once = 2 if _on_servers(prm) else 1
+    if shards_at_once < 1:
+        raise StepwiseError(f"shards_at_once must be at least 1, not {shards_at_once}")
     return _run("score", source, output, options, actors=actors, shard_size=shard_size, num_cpus=num_cpus,
-                num_gpus=num_gpus)
+                num_gpus=num_gpus, shards_at_once=shards_at_once)
 
 
-score.__doc__ = "Score every step of every record with ``prm`` (``scores[name]``)." + _JOB_DOC
+score.__doc__ = ("Score every step of every record with ``prm`` (``scores[name]``). ``shards_at_once``: shards an "
+                 "actor scores side by side (default 2 for a PRM on servers, whose calls wait on the network, "
+                 "else 1)." + _JOB_DOC)
 
 
 def annotate(source: Source, output: Union[str, "os.PathLike[str]"], policy: Model, *, method: str = "mc",

@@ -8,6 +8,7 @@ install gives (STEPWISE_REQUIRE_RAY=1), elsewhere it is skipped where Ray is not
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -103,6 +104,28 @@ def test_score_over_two_nodes_gives_one_process_scores_and_resumes(cluster, fixt
     with pytest.raises(stepwise.StepwiseError, match="other options"):
         sray.score(data, out, prm=prm, name="other", shard_size=4)
     assert not list(out.glob(".part-*"))
+
+
+def test_score_on_a_server_takes_shards_side_by_side(cluster, fixtures, processbench, tmp_path):
+    """A PRM on servers: each actor scores two shards at once (threads), and the rows are one
+    process's."""
+    exe = shutil.which("stepwise")
+    assert exe, "the stepwise command: pip install ./python (or a dev build on the PATH)"
+    server = subprocess.Popen([exe, "serve", "--prm", str(fixtures / "qwen2-prm"), "--port", "0", "--host",
+                               "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = next(line.split("listening on ")[1].strip() for line in server.stderr if "listening on " in line)
+        recs = records(processbench, 24)
+        summary = sray.score(recs, tmp_path / "served", prm=url, shard_size=3, actors=1)
+        assert (summary["shards"], summary["written"]) == (8, 24)
+        want = stepwise.PRM(str(fixtures / "qwen2-prm")).score_records(recs)
+        for g, w in zip(sray.read(tmp_path / "served"), want):
+            assert g["id"] == w["id"] and g["scores"]["prm"] == pytest.approx(w["scores"]["prm"], abs=1e-5)
+        with pytest.raises(stepwise.StepwiseError, match="shards_at_once must be at least 1"):
+            sray.score(recs, tmp_path / "none", prm=url, shards_at_once=0)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_annotate_and_search_over_shards_equal_one_call(cluster, fixtures, processbench, tmp_path):
