@@ -469,7 +469,7 @@ def _pool(actors: int, shards_at_once: int) -> Any:
             return ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=shards_at_once,
                                               max_concurrent_calls_per_actor=shards_at_once,
                                               enable_true_multi_threading=True)
-        except TypeError:  # a Ray before 2.5x: one shard at a time
+        except TypeError:  # a Ray without threaded actors: one shard at a time
             log.info("stepwise.ray: this Ray runs one shard at a time an actor (ray %s)", ray.__version__)
     return ray.data.ActorPoolStrategy(size=actors)
 
