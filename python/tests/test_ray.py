@@ -221,3 +221,33 @@ def test_the_stage_classes_serve_as_map_batches_udfs(cluster, fixtures, processb
     by_id = {r["id"]: r["scores"]["prm"] for r in want}
     for r in got:
         assert r["scores"]["prm"] == pytest.approx(by_id[r["id"]], abs=1e-5)
+
+
+def test_the_command_line_runs_a_stage_resumes_and_names_bad_flags(cluster, fixtures, processbench, tmp_path):
+    """`python -m stepwise.ray` (as `ray job submit` runs it): a stage on the cluster, its summary
+    as JSON; the same command again writes nothing; a bad flag is one line, not a traceback."""
+    recs = records(processbench, 12)
+    inp = tmp_path / "in.jsonl"
+    stepwise.write(recs, inp)
+    prm = str(fixtures / "qwen2-prm")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "stepwise.ray", "--address", cluster, *args],
+                              capture_output=True, text=True, timeout=600)
+
+    args = ["score", str(inp), str(tmp_path / "out"), "--prm", prm, "--shard-size", "4", "--actors", "2"]
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["shards"], summary["written"]) == (3, 12)
+    assert "shard 3/3 done" in done.stderr
+    want = stepwise.PRM(prm).score_records(recs)
+    assert [r["scores"] for r in sray.read(tmp_path / "out")] == [r["scores"] for r in want]
+    again = json.loads(cli(*args).stdout)
+    assert (again["skipped"], again["written"]) == (3, 0)
+    bad = cli("score", str(inp), str(tmp_path / "bad"), "--prm", prm, "--shard-size", "0")
+    assert bad.returncode == 1 and bad.stderr.strip().endswith("shard_size must be at least 1, not 0"), bad.stderr
+    bad = cli("annotate", str(inp), str(tmp_path / "bad2"), "--policy", prm, "--policy-option", "max_tokens")
+    assert bad.returncode == 1 and "--policy-option 'max_tokens': expected KEY=VALUE" in bad.stderr, bad.stderr
+    assert "run-tests" in subprocess.run([sys.executable, "-m", "stepwise.ray", "--help"], capture_output=True,
+                                         text=True).stdout
