@@ -159,6 +159,9 @@ pub enum VerifierKind {
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
+    // The output is claimed (or refused) before any model is loaded.
+    let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
+    let mut out = Output::open(&a, &sols)?;
     let (scorer_backend, policy_backend, prm_scorer, chains, generative, sandbox);
     let servers;
     let scorer: &dyn stepwise_core::StepScorer = match a.verifier {
@@ -198,8 +201,6 @@ pub fn run(a: Args) -> Result<()> {
             &generative
         }
     };
-    let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
-    let mut out = Output::open(&a, &sols)?;
     let resumed = out.resumed();
     let todo = &sols[resumed..];
     let bar = crate::progress::bar(Some(sols.len() as u64), "scoring");
@@ -230,7 +231,19 @@ pub fn run(a: Args) -> Result<()> {
         }
     };
     out.finish(&a.output)?;
-    let secs = start.elapsed().as_secs_f64();
+    report(&a, &run, start.elapsed().as_secs_f64(), resumed, todo, servers);
+    Ok(())
+}
+
+/// The closing lines: what was scored, how fast, by which servers, and what was skipped.
+fn report(
+    a: &Args,
+    run: &stepwise_core::seams::ScoreRun,
+    secs: f64,
+    resumed: usize,
+    todo: &[Solution],
+    servers: Option<&stepwise_remote::Client>,
+) {
     let kept = if resumed > 0 {
         format!(" ({resumed} scored before were kept)")
     } else {
@@ -253,7 +266,6 @@ pub fn run(a: Args) -> Result<()> {
             resumed + first + 1
         );
     }
-    Ok(())
 }
 
 /// Where scored solutions go: a `.jsonl` output is a journal, appended to as solutions are
