@@ -107,13 +107,16 @@ class PRM:
         batch_size: int = 64,
         on_error: str = "raise",
         progress: Union[bool, Callable[[int, int], Any], None] = None,
+        output: Union[str, "PathLike[str]", None] = None,
     ) -> List[Record]:
         """Records with every step scored under `scores[name]`, `batch_size` at a time (against
         servers, two batches in flight a server). A record it cannot score: `on_error="raise"`
         raises `StepwiseError` naming it, with the records scored before it on the error's
         `records`; `"skip"` leaves it unscored (the reason in `meta["score_errors"][name]`) and
-        warns with the count. `progress`: None or False (silent), True (a tqdm bar, or lines on
-        the `stepwise` logger) or a callable `f(done, total)`."""
+        warns with the count. `output` (`.jsonl`): each scored record appended as it comes, a
+        call made again after an interruption scoring only the rest. `progress`: None or False
+        (silent), True (a tqdm bar, or lines on the `stepwise` logger) or a callable
+        `f(done, total)`."""
     @property
     def device(self) -> str: ...
     @property

@@ -74,6 +74,37 @@ def test_a_record_too_long_for_the_prm_costs_only_itself(fixtures, processbench,
         prm.score_records(recs, on_error="ignore")
 
 
+def test_score_records_to_an_output_resumes_after_a_cut(fixtures, processbench, tmp_path):
+    """`output=`: a journal; a call cut off (here: the file as a kill leaves it, a torn last line)
+    and made again scores only the rest, to the records of an uninterrupted call; a call with
+    another name on it is refused; a record that stopped a call is scored on the next."""
+    prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
+    recs = short(stepwise.read(processbench), n=10)
+    whole = prm.score_records(recs, batch_size=3, output=tmp_path / "whole.jsonl")
+    assert whole == prm.score_records(recs, batch_size=3)
+    lines = (tmp_path / "whole.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 10
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:4]) + lines[4][:30])
+    (tmp_path / "cut.jsonl.settings.json").write_text((tmp_path / "whole.jsonl.settings.json").read_text())
+    seen = []
+    again = prm.score_records(recs, batch_size=3, output=cut, progress=lambda d, t: seen.append(d))
+    assert again == whole and cut.read_text() == "".join(lines)
+    assert seen[0] > 4 and seen[-1] == 10, seen
+    with pytest.raises(stepwise.StepwiseError, match="other settings"):
+        prm.score_records(recs, name="other", output=cut)
+    with pytest.raises(stepwise.StepwiseError, match="must be a .jsonl"):
+        prm.score_records(recs, output=tmp_path / "out.parquet")
+    # A record too long for the PRM stops the call after the ones before it, which stay written.
+    bad = recs[:3] + [dict(recs[3], id="too-long", steps=[{"text": "1 + 1 = 2. " * 1500}])]
+    with pytest.raises(stepwise.StepwiseError, match=r"record 4 \(`too-long`\)"):
+        prm.score_records(bad, batch_size=2, output=tmp_path / "bad.jsonl")
+    assert len((tmp_path / "bad.jsonl").read_text().splitlines()) == 3
+    with pytest.warns(UserWarning, match="1 of 4 records"):
+        out = prm.score_records(bad, batch_size=2, on_error="skip", output=tmp_path / "bad.jsonl")
+    assert [r["id"] for r in out] == [r["id"] for r in bad]
+
+
 def test_errors_carry_the_rust_message(fixtures, tmp_path):
     with pytest.raises(stepwise.StepwiseError, match="config.json"):
         stepwise.PRM(str(tmp_path))

@@ -85,6 +85,32 @@ impl Journal {
     }
 }
 
+/// Open the journal at `path` of a run that writes `sols` in their order (`score`): the records
+/// an earlier run wrote must be the first of `sols`, id for id, else the file is refused and left
+/// as it is. Returns the journal and those records.
+pub fn open_in_order(path: &Path, sols: &[crate::Solution]) -> Result<(Journal, Vec<crate::Solution>)> {
+    let (journal, kept) = Journal::open::<crate::Solution>(path, |s| s.id.clone())?;
+    if kept.len() > sols.len() {
+        anyhow::bail!(
+            "{} holds {} records, the input {}: the file is left as it is; choose another output",
+            path.display(),
+            kept.len(),
+            sols.len()
+        );
+    }
+    if let Some(i) = kept.iter().zip(sols).position(|(k, s)| k.id != s.id) {
+        anyhow::bail!(
+            "{}: record {}: `{}` is not the input's record {} (`{}`): the file is left as it is; choose another output",
+            path.display(),
+            i + 1,
+            kept[i].id,
+            i + 1,
+            sols[i].id
+        );
+    }
+    Ok((journal, kept))
+}
+
 /// Put records resumed from a journal back in the order of `keys` (their input order).
 pub fn sort_like<'a, T>(kept: &mut [T], keys: impl Iterator<Item = &'a str>, key: impl Fn(&T) -> &str) {
     let order: std::collections::HashMap<&str, usize> = keys.enumerate().map(|(i, k)| (k, i)).collect();

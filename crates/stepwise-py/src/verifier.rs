@@ -5,7 +5,11 @@ use crate::convert::{from_py, records_arg, records_of, solutions_of, to_py, valu
 use crate::progress::Progress;
 use pyo3::prelude::*;
 use serde_json::Value;
-use stepwise_core::seams::{apply_outcome, score_in_order, OnError, ScoreFailure, ScoreInput, StepScorer};
+use std::path::{Path, PathBuf};
+use stepwise_core::seams::{
+    apply_outcome, score_in_order, OnError, ScoreFailure, ScoreInput, StepScorer, SCORE_ERRORS,
+};
+use stepwise_core::Solution;
 use stepwise_remote::backend::{LocalOptions, RemoteOptions, ScorerBackend, Source};
 
 /// A process reward model (or ORM, or log-ratio verifier) that scores every step.
@@ -178,9 +182,13 @@ impl Prm {
     /// cannot score (longer than the model reads, say): `on_error="raise"` raises
     /// `StepwiseError` naming it, the records scored before it on the error's `records`;
     /// `"skip"` leaves it unscored, the reason in its `meta["score_errors"][name]`, and warns
-    /// once with the count. `progress`: None or False (silent), True (a tqdm bar, or lines on the
-    /// `stepwise` logger) or a callable `f(done, total)`. Ctrl-C stops it between batches.
-    #[pyo3(signature = (records, name="prm", batch_size=64, on_error="raise", progress=None))]
+    /// once with the count. `output` (a `.jsonl` path): each scored record is appended as it
+    /// comes, and a call cut off (Ctrl-C, a crash, `kill -9`) and made again scores only the
+    /// rest (one with another PRM, name or records is refused). `progress`: None or False
+    /// (silent), True (a tqdm bar, or lines on the `stepwise` logger) or a callable
+    /// `f(done, total)`. Ctrl-C stops it between batches.
+    #[pyo3(signature = (records, name="prm", batch_size=64, on_error="raise", progress=None, output=None))]
+    #[allow(clippy::too_many_arguments)]
     fn score_records<'py>(
         &self,
         py: Python<'py>,
@@ -189,27 +197,38 @@ impl Prm {
         batch_size: usize,
         on_error: &str,
         progress: Option<&Bound<'py, PyAny>>,
+        output: Option<PathBuf>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if batch_size == 0 {
             return Err(value_error("batch_size must be at least 1"));
         }
         let on_error = OnError::by_name(on_error).map_err(|e| value_error(e.to_string()))?;
         let given = records_arg(records)?;
-        let mut sols = without_gil(py, || solutions_of(&given, None))?;
+        let sols = without_gil(py, || solutions_of(&given, None))?;
+        let (mut journal, mut done) = match &output {
+            Some(path) => without_gil(py, || self.resume(path, name, &sols))?,
+            None => (None, Vec::new()),
+        };
         let off = pyo3::types::PyBool::new(py, false);
         let bar = Progress::start(py, Some(progress.unwrap_or(off.as_any())), "records", sols.len())?;
-        let mut outcomes = Vec::with_capacity(sols.len());
+        let resumed = done.len();
+        let todo = &sols[resumed..];
         let mut interrupted = None;
         let run = without_gil(py, || {
             Ok(score_in_order(
                 &*self.scorer(),
-                &sols,
+                todo,
                 batch_size,
                 on_error,
                 |i, outcome| {
-                    outcomes.push(outcome);
+                    let mut s = todo[i].clone();
+                    apply_outcome(&mut s, name, outcome);
+                    if let Some((journal, _)) = journal.as_mut() {
+                        journal.append(s.id.clone(), &s)?;
+                    }
+                    done.push(s);
                     if (i + 1) % batch_size == 0 {
-                        bar.done(i + 1);
+                        bar.done(done.len());
                         // Ctrl-C between batches.
                         if let Err(e) = Python::attach(|py| py.check_signals()) {
                             interrupted = Some(e);
@@ -220,13 +239,11 @@ impl Prm {
                 },
             ))
         })?;
-        bar.done(outcomes.len());
+        bar.done(done.len());
         bar.finish();
+        drop(journal);
         if let Some(e) = interrupted {
             return Err(e);
-        }
-        for (s, outcome) in sols.iter_mut().zip(outcomes) {
-            apply_outcome(s, name, outcome);
         }
         let run = match run {
             Ok(run) => run,
@@ -235,19 +252,23 @@ impl Prm {
                     return Err(crate::convert::error(e));
                 };
                 let cause: Vec<String> = e.chain().skip(1).map(|c| c.to_string()).collect();
-                return Err(partial_failure(py, &sols, f.index, &f.id, &cause.join(": ")));
+                return Err(partial_failure(py, &done, done.len(), &f.id, &cause.join(": ")));
             }
         };
-        if !run.skipped.is_empty() {
+        let skipped = run.skipped.len()
+            + done[..resumed]
+                .iter()
+                .filter(|s| s.meta.get(SCORE_ERRORS).and_then(|e| e.get(name)).is_some())
+                .count();
+        if skipped > 0 {
             let message = format!(
-                "stepwise: {} of {} records could not be scored and were left unscored \
+                "stepwise: {skipped} of {} records could not be scored and were left unscored \
                  (the reason in each one's meta['score_errors'][{name:?}])",
-                run.skipped.len(),
                 sols.len()
             );
             crate::convert::user_warning(py, message)?;
         }
-        let out = without_gil(py, || records_of(&sols))?;
+        let out = without_gil(py, || records_of(&done))?;
         to_py(py, &Value::Array(out))
     }
 
@@ -323,6 +344,31 @@ pub fn generative_scores(
 }
 
 /// How one chunk of `score_records` went.
+impl Prm {
+    /// `score_records`' output claimed for these records and this PRM, and the records an
+    /// earlier call wrote there.
+    fn resume(&self, path: &Path, name: &str, sols: &[Solution]) -> anyhow::Result<(Option<Resumed>, Vec<Solution>)> {
+        if path.extension().is_none_or(|e| e != "jsonl") {
+            anyhow::bail!(
+                "{}: the output must be a .jsonl file (it is appended to and resumed)",
+                path.display()
+            );
+        }
+        let claim = stepwise_core::journal::claim(
+            path,
+            &serde_json::json!({
+                "input": stepwise_core::journal::fingerprint(sols)?, "name": name,
+                "prm": Source::parse(&self.source)?.identity()?,
+            }),
+        )?;
+        let (journal, kept) = stepwise_core::journal::open_in_order(path, sols)?;
+        Ok((Some((journal, claim)), kept))
+    }
+}
+
+/// An output being written, and the claim on it.
+type Resumed = (stepwise_core::journal::Journal, stepwise_core::journal::Claim);
+
 /// The `StepwiseError` of a record `score_records` could not score (`on_error="raise"`): it names
 /// the record, and the records scored before it are on its `records`.
 fn partial_failure(py: Python<'_>, sols: &[stepwise_core::Solution], index: usize, id: &str, cause: &str) -> PyErr {

@@ -1,4 +1,4 @@
-use anyhow::{bail, Result};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use stepwise_core::seams::{apply_outcome, score_in_order, OnError, ScoreFailure};
@@ -298,31 +298,7 @@ impl Output {
                 "name": a.name, "layout": a.layout, "dtype": a.dtype.dtype, "generative": generative,
             }),
         )?;
-        let (journal, kept) = stepwise_core::journal::Journal::open::<Solution>(&a.output, |s| s.id.clone())?;
-        if let Some((i, k)) = kept
-            .iter()
-            .zip(sols)
-            .enumerate()
-            .find(|(_, (k, s))| k.id != s.id)
-            .map(|(i, (k, _))| (i, k))
-        {
-            bail!(
-                "{}: record {}: `{}` is not the input's record {} (`{}`): the file is left as it is; choose another output",
-                a.output.display(),
-                i + 1,
-                k.id,
-                i + 1,
-                sols[i].id
-            );
-        }
-        if kept.len() > sols.len() {
-            bail!(
-                "{} holds {} records, the input {}: the file is left as it is; choose another output",
-                a.output.display(),
-                kept.len(),
-                sols.len()
-            );
-        }
+        let (journal, kept) = stepwise_core::journal::open_in_order(&a.output, sols)?;
         Ok(Output::Journal {
             journal,
             resumed: kept.len(),
