@@ -106,8 +106,11 @@ run() {
         echo $(( left < $1 ? (left > 5 ? left : 5) : $1 ))
     }
     # Peak GPU memory of a command: nvidia-smi sampled every 100 ms while it runs.
+    # The log starts empty: a stage run again (a rerun on the warm machine) is read for its own
+    # figures, not the first run's.
     peak() {
         local log=$1; shift
+        : > "$log"
         local sampler=
         if [ "$DEVICE" = cuda ]; then
             nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$log.mem" &
@@ -133,13 +136,15 @@ run() {
         python3 -c "import json,sys; n=sys.argv[3]; r=json.load(open(sys.argv[1])); json.dump(r[:int(n)] if n else r, open(sys.argv[2],'w'))" \
             "$G/data/$ds.json" "$W/$ds.json" "$LIMIT"
     done
-    # A score output from nothing: `stepwise score` resumes a .jsonl it finds (a rerun in a warm
-    # machine, or a run cut off by its time limit, would time only what was missing).
-    fresh() { for f in "$@"; do rm -f "$f" "$f.settings.json" "$f.lock"; done; }
+    # Outputs from nothing: `stepwise score` resumes a .jsonl it finds, `train-prm` and `rl` a
+    # folder (a stage run again on the warm machine, or one cut off by its time limit, would time
+    # only what was missing), and a peer's old JSON would stand in for a run that failed.
+    fresh() { for f in "$@"; do rm -rf "$f" "$f.settings.json" "$f.lock"; done; }
     # The peer and stepwise on one dataset and shape; $3, $4: each engine's time limit.
     compare_scoring() {
         local shape=$1 ds=$2 tag="$1-$2" M="$W/prm-$1"
         echo "== $tag"
+        fresh "$W/hf-$tag.json"
         fits "$3" "transformers $tag" && peak "$W/hf-$tag.log" timeout "$(limit "$3")" python3 bench/gpu_transformers.py "$M" \
             "$W/$ds.json" "$W/hf-$tag.json" --max-batch-tokens "$PEER_BUDGETS" --device "$DEVICE" >> "$W/hf-$tag.log" 2>&1
         grep -E "^transformers|Error" "$W/hf-$tag.log" | tail -2
@@ -165,6 +170,7 @@ run() {
     reference_f32() {
         local shape=$1 tag="$1-$first"
         [ "$F32_REFERENCE" -gt 0 ] && fits "$2" "float32 reference $shape" || return 0
+        fresh "$W/f32-$tag.json"
         peak "$W/f32-$tag.log" timeout "$(limit "$2")" python3 bench/gpu_transformers.py "$W/prm-$shape" "$W/$first.json" \
             "$W/f32-$tag.json" --dtype float32 --limit "$F32_REFERENCE" --warmup one --device "$DEVICE" >> "$W/f32-$tag.log" 2>&1
         grep -E "^transformers|Error" "$W/f32-$tag.log" | tail -2
@@ -211,6 +217,7 @@ run() {
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); k=min(int(sys.argv[2]), len(r)//5); \
 json.dump(r[k:], open(sys.argv[3],'w')); json.dump(r[:k], open(sys.argv[4],'w'))" \
             "$W/$first.json" "$TRAIN_VALID" "$W/train-$first.json" "$W/valid-$first.json"
+        fresh "$W/train-hf-$name.json" "$W/trained-$name"
         fits 150 "transformers training ($name)" && peak "$W/train-hf-$name.log" timeout "$(limit 150)" python3 \
             bench/gpu_train.py "$M" "$W/train-$first.json" "$W/train-hf-$name.json" "${flags[@]}" $3 --device "$DEVICE" \
             --valid-data "$W/valid-$first.json" >> "$W/train-hf-$name.log" 2>&1
@@ -237,6 +244,7 @@ json.dump(r[k:], open(sys.argv[3],'w')); json.dump(r[:k], open(sys.argv[4],'w'))
         echo "== rl"
         head -64 "$G/data/gsm8k-test.jsonl" > "$W/gsm8k-problems.jsonl"
         read -r rl_prompts rl_group rl_tokens <<< "$RL_SHAPE"
+        fresh "$W/rl-0.5b"
         peak "$W/rl-sw.log" timeout "$(limit 150)" "$BIN" rl --policy "$P" --problems "$W/gsm8k-problems.jsonl" \
             --out "$W/rl-0.5b" --device "$DEVICE" --updates "$RL_UPDATES" --prompts "$rl_prompts" \
             --group-size "$rl_group" --max-tokens "$rl_tokens" \
@@ -247,6 +255,7 @@ json.dump(r[k:], open(sys.argv[3],'w')); json.dump(r[:k], open(sys.argv[4],'w'))
     #    policy: transformers' batched generate against `stepwise serve` with that many clients.
     if [ "$GENERATION" = 1 ] && make_checkpoint 0.5b "$P" 120 --policy && fits 240 "generation"; then
         echo "== generation"
+        fresh "$W/gen-hf.json" "$W/gen-sw.json"
         peak "$W/gen-hf.log" timeout "$(limit 180)" python3 bench/gpu_generation.py hf "$P" --out "$W/gen-hf.json" \
             --requests "$GEN_REQUESTS" --tokens "$GEN_TOKENS" --batch-sizes "$GEN_PEER_BATCHES" --device "$DEVICE" \
             >> "$W/gen-hf.log" 2>&1
