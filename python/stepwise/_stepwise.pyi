@@ -347,7 +347,7 @@ def train_prm(
     head: Optional[str] = None,
     target: str = "promise",
     steps: int = 500,
-    lr: float = 1e-3,
+    lr: Optional[float] = None,
     batch_size: int = 16,
     grad_accum: int = 1,
     valid_fraction: float = 0.1,
@@ -369,8 +369,10 @@ def train_prm(
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
     Hugging Face folder `out`, as `stepwise train-prm`; a folder with a run's state continues it.
     `device="cuda"` trains on a GPU (every head). `valid_records` validates on a fixed held-out
-    set instead of `valid_fraction` of `records`. Returns steps, loss, tokens, tokens/s, the
-    device and the final validation's metrics."""
+    set instead of `valid_fraction` of `records`. `lr` defaults to 1e-5 to fine-tune a pretrained
+    `base` (hidden size 512 or more, TRL's `PRMConfig` default) and to 1e-3 for a small base or
+    a `config` shape. Returns steps, loss, tokens, tokens/s, the device and the final
+    validation's metrics."""
 
 def search(
     problems: Union[Sequence[Union[str, Dict[str, Any]]], str, Dict[str, Any], "PathLike[str]"],

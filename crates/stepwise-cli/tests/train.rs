@@ -64,7 +64,13 @@ fn train_prm_folders_are_scored_by_score() {
             "--out",
             out.to_str().unwrap(),
         ];
-        stepwise(&[&args[..], &rest[..], extra].concat());
+        let said = stepwise(&[&args[..], &rest[..], extra].concat()).stderr;
+        // No --lr: the small fixture base trains at 1e-3, and the log says so.
+        let said = String::from_utf8_lossy(&said);
+        assert!(
+            said.contains("learning rate 1e-3 (a small base (hidden size 64); --lr sets it)"),
+            "{said}"
+        );
         let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("reward.json")).unwrap()).unwrap();
         if head == "classifier" {
             assert_eq!(spec, json!({"kind": "step_classifier", "separator": " ки"}));

@@ -373,3 +373,26 @@ fn targets_can_stop_at_the_first_bad_step() {
     let outcome = LabelOptions { outcome: true, ..stop };
     assert_eq!(targets(&outcome), [vec![0.0], vec![0.0], vec![0.0]]);
 }
+
+/// The learning rate a run gets unless told: 1e-5 to fine-tune a pretrained base (TRL's
+/// PRMConfig default), 1e-3 for the small shapes trained nearly from nothing.
+#[test]
+fn the_default_learning_rate_follows_the_base() {
+    use stepwise_model::train::run::default_lr;
+    let small = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny/qwen2-prm");
+    assert_eq!(default_lr(Some(&small)).0, 1e-3);
+    assert_eq!(default_lr(None).0, 1e-3);
+    // Qwen2.5-0.5B's shape (only config.json is read).
+    let dir = std::env::temp_dir().join(format!("stepwise-lr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(small.join("config.json")).unwrap()).unwrap();
+    config["hidden_size"] = 896.into();
+    config["intermediate_size"] = 4864.into();
+    config["num_attention_heads"] = 14.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let (lr, why) = default_lr(Some(&dir));
+    assert_eq!(lr, 1e-5, "{why}");
+    assert!(why.contains("hidden size 896"), "{why}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -20,12 +20,14 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// Returns the run: steps, last loss, tokens and tokens/s in training steps, the device, and the
 /// final validation's loss, accuracy and AUROC (`None` without held-out solutions).
 /// `valid_records` (records or a path, as `records`) validates on a fixed held-out set instead
-/// of `valid_fraction` of `records`.
+/// of `valid_fraction` of `records`. `lr` defaults to 1e-5 to fine-tune a pretrained `base`
+/// (hidden size 512 or more: TRL's `PRMConfig` default) and to 1e-3 for a small base or a
+/// `config` shape.
 ///
 /// >>> run = stepwise.train_prm(stepwise.read("labelled.jsonl"), "prm/", base="policy/", steps=300)
 /// >>> stepwise.PRM("prm/").score(question, steps)
 #[pyfunction]
-#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=1e-3, batch_size=16, grad_accum=1, valid_fraction=0.1, valid_records=None, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=None, batch_size=16, grad_accum=1, valid_fraction=0.1, valid_records=None, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn train_prm<'py>(
     py: Python<'py>,
@@ -38,7 +40,7 @@ pub fn train_prm<'py>(
     head: Option<String>,
     target: &str,
     steps: usize,
-    lr: f64,
+    lr: Option<f64>,
     batch_size: usize,
     grad_accum: usize,
     valid_fraction: f64,
@@ -72,6 +74,7 @@ pub fn train_prm<'py>(
             .transpose()
     };
     let (base, tokenizer) = without_gil(py, || Ok((hub(base)?, hub(tokenizer)?)))?;
+    let lr = lr.unwrap_or_else(|| stepwise_model::train::run::default_lr(base.as_deref()).0);
     let mut run = TrainPrm {
         base,
         config,

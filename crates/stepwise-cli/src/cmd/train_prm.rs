@@ -1,7 +1,7 @@
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use stepwise_core::{Format, Solution, SolutionReader};
-use stepwise_model::train::run::{train_prm, TrainPrm};
+use stepwise_model::train::run::{default_lr, train_prm, TrainPrm};
 
 /// Train a process reward model (or, with --outcome, an outcome reward model).
 #[derive(clap::Args)]
@@ -93,9 +93,11 @@ pub struct Args {
     /// Optimiser steps.
     #[arg(long, default_value_t = 500)]
     pub steps: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-3)]
-    pub lr: f64,
+    /// Peak learning rate. Default: 1e-5 to fine-tune a pretrained --base (hidden size 512 or
+    /// more, as TRL's PRMConfig has it: at 1e-3 AdamW wrecks a pretrained model), 1e-3 for a
+    /// small base or a --config shape (trained nearly from nothing).
+    #[arg(long)]
+    pub lr: Option<f64>,
     /// Sequences per batch.
     #[arg(long, default_value_t = 16)]
     pub batch_size: usize,
@@ -131,6 +133,11 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
+    let lr = a.lr.unwrap_or_else(|| {
+        let (lr, why) = default_lr(a.base.as_deref());
+        eprintln!("learning rate {lr:e} ({why}; --lr sets it)");
+        lr
+    });
     let mut run = TrainPrm {
         base: a.base,
         config: a.config,
@@ -146,7 +153,7 @@ pub fn run(a: Args) -> Result<()> {
         last_step_only: a.last_step_only,
         stop_at_first_bad: a.stop_at_first_bad,
         steps: a.steps,
-        lr: a.lr,
+        lr,
         batch_size: a.batch_size,
         grad_accum: a.grad_accum,
         valid_fraction: a.valid_fraction,

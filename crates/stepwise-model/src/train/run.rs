@@ -97,6 +97,24 @@ impl Default for TrainPrm {
     }
 }
 
+/// Models at least this wide (`hidden_size`) are pretrained language models to fine-tune (the
+/// smallest Qwen2.5 has 896), not the small shapes trained nearly from nothing.
+pub const PRETRAINED_WIDTH: usize = 512;
+
+/// The learning rate a run gets when none is given, and why: 1e-5 (TRL's `PRMConfig` default)
+/// to fine-tune a pretrained `base` ([`PRETRAINED_WIDTH`] wide or more: at 1e-3 AdamW would wreck
+/// it), 1e-3 for a small base or a from-scratch `config` shape.
+pub fn default_lr(base: Option<&Path>) -> (f64, String) {
+    match base.map(ModelConfig::from_dir) {
+        Some(Ok(c)) if c.hidden_size >= PRETRAINED_WIDTH => (
+            1e-5,
+            format!("a pretrained base (hidden size {}): TRL's PRMConfig default", c.hidden_size),
+        ),
+        Some(Ok(c)) => (1e-3, format!("a small base (hidden size {})", c.hidden_size)),
+        _ => (1e-3, "a model trained from its built-in shape".into()),
+    }
+}
+
 /// What a run did.
 #[derive(Clone, Debug)]
 pub struct TrainReport {
