@@ -16,9 +16,10 @@ use stepwise_core::{Format, Solution, SolutionWriter};
 
 Examples:
   stepwise score --model fixtures/hf-tiny/qwen2-prm \\
-      --input data/processbench/gsm8k.json --output scored.jsonl
+      --input data/processbench/gsm8k.json --output scored.jsonl     # run again after a kill: it resumes
   stepwise score --model orm/ --name orm --input scored.jsonl --output scored2.jsonl
   stepwise score --model http://gpu1:8000 --input steps.jsonl --output scored.jsonl        # stepwise serve --prm
+  stepwise score --model servers.txt --batch-size 64 --input steps.jsonl --output scored.jsonl  # a fleet: two batches a server
   stepwise score --model http://gpu1:8000 --protocol pooling --layout qwen-prm --server-tokenizer PRM_DIR \\
       --input steps.jsonl --output scored.jsonl                                             # vLLM /pooling
   stepwise score --verifier generative --model http://vllm:8000 --chat --samples 8 --name thinkprm \\
@@ -34,8 +35,8 @@ chain reaches scores 0.5. The scores land under --name like a PRM's, so bon, sea
 )]
 pub struct Args {
     /// Checkpoint folder (config.json, model.safetensors, tokenizer.json), a Hugging Face model
-    /// id (ORG/NAME[@REVISION]) found offline in the local cache (HF_HUB_CACHE, HF_HOME), or
-    /// server URL(s).
+    /// id (ORG/NAME[@REVISION]) found offline in the local cache (HF_HUB_CACHE, HF_HOME),
+    /// server URL(s), or a file listing servers (a fleet: docs/scale.md).
     #[arg(long, value_parser = super::backend::source)]
     pub model: super::backend::Source,
     /// Solutions in any format stepwise reads.
