@@ -341,7 +341,7 @@ fn annotate_through_a_failing_server_writes_every_record_once() {
 /// the file is the one a single server gives.
 #[test]
 fn score_spreads_its_batches_over_the_servers_and_gives_one_servers_scores() {
-    let d = tmp("score");
+    let d = tmp("score-spread");
     let (a, b) = (serve_at(0), serve_at(0));
     let input = solutions(&d, 30);
     let score = |servers: &str, out: &Path| {
