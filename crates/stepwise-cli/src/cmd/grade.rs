@@ -56,19 +56,26 @@ fn looks_like_solution(s: &str) -> bool {
         || l.contains("answer:")
 }
 
+impl Args {
+    /// Where graded records are written line by line: --output (never the input), else stdout.
+    pub fn written(&self) -> Result<BufWriter<Box<dyn Write>>> {
+        let sink: Box<dyn Write> = match &self.output {
+            Some(p) => {
+                stepwise_core::io::refuse_same_file(&self.input, p)?;
+                Box::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
+            }
+            None => Box::new(std::io::stdout().lock()),
+        };
+        Ok(BufWriter::new(sink))
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     if a.task.domain == super::task::Domain::Code {
         let task = a.task.code_task(None)?;
         return super::grade_code::run(&a, &task);
     }
-    let sink: Box<dyn Write> = match &a.output {
-        Some(p) => {
-            stepwise_core::io::refuse_same_file(&a.input, p)?;
-            Box::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
-        }
-        None => Box::new(std::io::stdout().lock()),
-    };
-    let mut out = BufWriter::new(sink);
+    let mut out = a.written()?;
     let (mut n, mut correct, mut skipped) = (0usize, 0usize, 0usize);
     for (line, rec) in raw_records(&a.input)? {
         let at = || format!("{}:{line}", a.input.display());

@@ -25,7 +25,7 @@ pub fn run(a: &super::grade::Args, task: &CodeTask) -> Result<()> {
         entry.0 += 1;
         entry.1 += usize::from(passed);
     };
-    for (p, passed) in programs.iter().zip(out.passed()) {
+    for (p, &passed) in programs.iter().zip(out.passed()) {
         count(&p.problem, passed);
     }
     let bar = crate::progress::bar(Some(programs.len() as u64), "running tests");
@@ -96,14 +96,7 @@ impl Output {
             .as_deref()
             .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
         else {
-            let sink: Box<dyn Write> = match &a.output {
-                Some(p) => {
-                    stepwise_core::io::refuse_same_file(&a.input, p)?;
-                    Box::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
-                }
-                None => Box::new(std::io::stdout()),
-            };
-            return Ok(Output::Stream(BufWriter::new(sink)));
+            return Ok(Output::Stream(a.written()?));
         };
         stepwise_core::io::refuse_same_file(&a.input, path)?;
         let claim = stepwise_core::journal::claim(
@@ -136,10 +129,11 @@ impl Output {
         self.passed().len()
     }
 
-    fn passed(&self) -> Vec<bool> {
+    /// Whether each program an earlier run graded passed.
+    fn passed(&self) -> &[bool] {
         match self {
-            Output::Journal { passed, .. } => passed.clone(),
-            Output::Stream(_) => Vec::new(),
+            Output::Journal { passed, .. } => passed,
+            Output::Stream(_) => &[],
         }
     }
 
