@@ -2,7 +2,8 @@
 folder's held-out samples (scored_eval.jsonl), how many first errors are arithmetic slips (the
 stated result is not what the calculator gives), how often the rule "the first step whose result
 the calculator contradicts" finds the first error (or that there is none), and how often the
-judge and the judge with a calculator do (a step judged wrong at a score under 0.5).
+judges do (those the run has: the judge, with a calculator, writing a chain, working each step; a
+step judged wrong at a score under 0.5).
 
     python bench/lab_calculator_bound.py RUN_DIR [RUN_DIR ...]
 
@@ -31,8 +32,13 @@ def first_false(flags):
     return next((i for i, f in enumerate(flags) if not f), -1)
 
 
+JUDGES = [("judge", "the judge"), ("judge_calculator", "the judge with a calculator"),
+          ("judge_chain", "the judge writing a chain"), ("judge_worked", "the judge working each step")]
+
 for run in sys.argv[1:]:
-    n = errors = slips = rule = judge = tool_judge = 0
+    n = errors = slips = rule = 0
+    found = {name: 0 for name, _ in JUDGES}
+    present = set()
     for line in (Path(run) / "scored_eval.jsonl").open():
         r = json.loads(line)
         truth = first_false(r["meta"]["oracle"])
@@ -43,8 +49,10 @@ for run in sys.argv[1:]:
             c = checks[truth]
             slips += c is not None and c[0] != c[1]
         rule += first_false([c is None or c[0] == c[1] for c in checks]) == truth
-        judge += first_false([x >= 0.5 for x in r["scores"]["judge"]]) == truth
-        tool_judge += first_false([x >= 0.5 for x in r["scores"]["judge_calculator"]]) == truth
+        for name, _ in JUDGES:
+            if name in r["scores"]:
+                present.add(name)
+                found[name] += first_false([x >= 0.5 for x in r["scores"][name]]) == truth
+    judges = ", ".join(f"{what} {found[name] / n:.3f}" for name, what in JUDGES if name in present)
     print(f"{run}: {n} samples, {errors} erroneous; first error an arithmetic slip: {slips / errors:.3f}; "
-          f"first error found by the first-slip rule {rule / n:.3f}, the judge {judge / n:.3f}, "
-          f"the judge with a calculator {tool_judge / n:.3f}")
+          f"first error found by the first-slip rule {rule / n:.3f}, {judges}")

@@ -239,6 +239,45 @@ fn check_verifiers_and_label_sources(a: &Path, m: &serde_json::Value) {
     assert_eq!(sources[2]["new_solutions"].as_u64().unwrap(), kept - label_set);
     let report = read(a.join("report.md"));
     assert!(report.contains("| judge |") && report.contains("| consensus |"));
+    // Four more judges verify beside it, fine-tuned alike from the same base: one reads the
+    // calculator's values, one writes a verification chain, one is asked at each step and works
+    // it again, and its control does not; each a best-of-N method, a ProcessBench row and a
+    // paired difference against the judge.
+    let g = &m["generative"];
+    for (dir, method, written) in [
+        (
+            "judge_calculator",
+            "judge + calculator, generative (min)",
+            &g["calculator"],
+        ),
+        ("judge_chain", "judge writing a chain, generative (min)", &g["chain"]),
+        (
+            "judge_worked",
+            "judge working each step, generative (min)",
+            &g["worked"],
+        ),
+        (
+            "judge_direct",
+            "judge at each step, not working it, generative (min)",
+            &g["direct"],
+        ),
+    ] {
+        assert!(a.join(dir).join("DONE").exists(), "{dir}");
+        assert!(written["tokens_per_solution"].as_f64().unwrap() > 0.0, "{g}");
+        assert!(
+            m["bon"].as_array().unwrap().iter().any(|c| c["method"] == method),
+            "{method}"
+        );
+        assert!(report.contains(&format!("| {method} |")), "{method}");
+        let paired = m["paired"].as_array().unwrap();
+        assert!(
+            paired
+                .iter()
+                .any(|d| d["a"] == method && d["b"] == "judge, generative (min)"),
+            "{method}"
+        );
+    }
+    assert!(report.contains("*A judge that thinks*") && report.contains("*A judge that thinks where the step stands*"));
 }
 
 fn the_command_line_reproduces_the_labs_judge_and_mc_labels(root: &Path, a: &Path, m: &serde_json::Value) {
@@ -411,6 +450,9 @@ fn quick_code_lab_runs_the_loop_on_programs() {
     assert!((0.0..=1.0).contains(&hard));
     // No calculator for programs: its judge reads lines, not equations.
     assert!(m["generative"]["calculator"].is_null());
+    for judge in ["chain", "worked", "direct"] {
+        assert!(m["generative"][judge].is_null(), "{judge}");
+    }
     // Samples are programs: their answer is what they return on the five calls, graded against
     // the reference's, and the oracle judged every line.
     let samples = read(out.join("labels_oracle.jsonl"));

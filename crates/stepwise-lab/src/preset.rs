@@ -194,6 +194,24 @@ pub struct JudgePreset {
     #[serde(default)]
     #[serde(rename = "judge_calculator")]
     pub calculator: bool,
+    /// A judge that thinks before each verdict: the same training, but it writes a verification
+    /// chain (ThinkPRM's form, [`JudgeAnswer::Chain`]) — each equation step worked again, then
+    /// `yes` or `no`, step by step up to the first `no` — instead of one index. It scores the
+    /// held-out samples beside the judge (verifier `judge_chain`).
+    #[serde(default)]
+    #[serde(rename = "judge_chain")]
+    pub chain: bool,
+    /// A judge asked at each step: the same labels, seed and steps, but it is asked after every
+    /// step (the solution up to it) to work that step again and give it `yes` or `no`, so the
+    /// step it checks is the last thing it read (verifier `judge_worked`).
+    #[serde(default)]
+    #[serde(rename = "judge_worked")]
+    pub worked: bool,
+    /// Its control: the judge asked at each step that gives its verdict without working the
+    /// step, trained alike (verifier `judge_direct`).
+    #[serde(default)]
+    #[serde(rename = "judge_direct")]
+    pub direct: bool,
 }
 
 /// RL against each reward source. (Its fields keep the preset's flat keys: `--set rl_updates=...`.)
@@ -310,6 +328,9 @@ pub enum JudgeAnswer {
     Index,
     /// The first wrong step itself, copied out ([`stepwise_label::judge::QuoteAnswer`]).
     Quote,
+    /// A verification chain: a verdict on each step in turn, each equation step worked again
+    /// before its verdict ([`crate::stages::judge::ChainAnswer`]).
+    Chain,
 }
 
 impl JudgeAnswer {
@@ -318,6 +339,7 @@ impl JudgeAnswer {
         match self {
             JudgeAnswer::Index => &stepwise_label::judge::IndexAnswer,
             JudgeAnswer::Quote => &stepwise_label::judge::QuoteAnswer,
+            JudgeAnswer::Chain => &crate::stages::judge::ChainAnswer,
         }
     }
 
@@ -326,6 +348,7 @@ impl JudgeAnswer {
         match self {
             JudgeAnswer::Index => stepwise_label::judge::IndexAnswer::answer(first),
             JudgeAnswer::Quote => stepwise_label::judge::QuoteAnswer::answer(steps, first),
+            JudgeAnswer::Chain => crate::stages::judge::ChainAnswer::answer(steps, first),
         }
     }
 }
@@ -417,6 +440,9 @@ impl Preset {
                 prefixes: false,
                 answer: JudgeAnswer::Index,
                 calculator: true,
+                chain: true,
+                worked: true,
+                direct: true,
             },
             rl: RlPreset {
                 updates: 4,
@@ -492,6 +518,9 @@ impl Preset {
                 prefixes: false,
                 answer: JudgeAnswer::Index,
                 calculator: true,
+                chain: true,
+                worked: true,
+                direct: true,
             },
             rl: RlPreset {
                 updates: 150,

@@ -416,38 +416,85 @@ fn score_with_verifiers(verifiers: &Verifiers, jobs: &[Job], models: &[Model], s
     Ok(())
 }
 
-/// The judge itself as a verifier (generative: it samples its verdicts), and the judge with a
-/// calculator (trained alike on the same oracle labels, reading each equation step's value)
-/// where the preset trains one: both score `scored`; what they wrote, per solution.
+/// The judge itself as a verifier (generative: it samples its verdicts), and, where the preset
+/// trains them, the judge with a calculator (reading each equation step's value), the judge
+/// that writes a verification chain, the judge asked at each step that works it again and its
+/// control that does not, all trained alike on the same oracle labels: each scores `scored`;
+/// what they wrote, per solution.
 fn score_with_judges(
     o: &LabOptions,
     tok: &Tokenizer,
     j: &crate::stages::judge::Judged,
     scored: &mut [Solution],
 ) -> Result<crate::stages::evaluate::Generative> {
-    use crate::stages::judge::{calculator_calls, score_with_judge, train_judge};
+    use crate::preset::JudgeAnswer;
+    use crate::stages::evaluate::{CalculatorJudge, JudgeCost};
+    use crate::stages::judge::{calculator_calls, score_with_judge, train_judge, JudgeKind};
     let p = &o.preset;
     let solutions = scored.len().max(1) as f64;
-    let tokens = score_with_judge(&j.model, false, p, o.seed, tok, scored, verifier::JUDGE)?;
-    // The calculator reads equations: the code domain has none (its judge reads programs).
-    let calculator = if p.judge.calculator && p.domain == Domain::Arithmetic {
-        let human: Vec<&Solution> = j.human.iter().collect();
-        let dir = o.out.join("judge_calculator");
-        let model = train_judge(&dir, &o.out.join(p.verifier_start_dir()), p, o.seed, &human, tok, true)?;
-        let tokens = score_with_judge(&model, true, p, o.seed, tok, scored, verifier::JUDGE_CALCULATOR)?;
+    let tokens = score_with_judge(&j.model, JudgeKind::of(p), p, o.seed, tok, scored, verifier::JUDGE)?;
+    let human: Vec<&Solution> = j.human.iter().collect();
+    let another = |kind: JudgeKind, dir: &str, scored: &mut [Solution]| -> Result<usize> {
+        let model = train_judge(
+            &o.out.join(dir),
+            &o.out.join(p.verifier_start_dir()),
+            p,
+            o.seed,
+            &human,
+            tok,
+            kind,
+        )?;
+        score_with_judge(&model, kind, p, o.seed, tok, scored, dir)
+    };
+    // The calculator and the worked steps are equations: the code domain has none (its judge
+    // reads programs).
+    let arithmetic = p.domain == Domain::Arithmetic;
+    let calculator = if p.judge.calculator && arithmetic {
+        let kind = JudgeKind::Whole {
+            answer: p.judge.answer,
+            calculator: true,
+        };
+        let tokens = another(kind, verifier::JUDGE_CALCULATOR, scored)?;
         let calls: usize = scored.iter().map(|s| calculator_calls(&s.step_strings())).sum();
-        Some(crate::stages::evaluate::CalculatorJudge {
+        Some(CalculatorJudge {
             tokens_per_solution: tokens as f64 / solutions,
             calls_per_solution: calls as f64 / solutions,
         })
     } else {
         None
     };
+    let mut cost = |on: bool, kind: JudgeKind, dir: &str| -> Result<Option<JudgeCost>> {
+        if !(on && arithmetic) {
+            return Ok(None);
+        }
+        let tokens = another(kind, dir, scored)?;
+        Ok(Some(JudgeCost {
+            tokens_per_solution: tokens as f64 / solutions,
+        }))
+    };
+    let chain_judge = JudgeKind::Whole {
+        answer: JudgeAnswer::Chain,
+        calculator: false,
+    };
+    let chain = cost(p.judge.chain, chain_judge, verifier::JUDGE_CHAIN)?;
+    let worked = cost(
+        p.judge.worked,
+        JudgeKind::EachStep { think: true },
+        verifier::JUDGE_WORKED,
+    )?;
+    let direct = cost(
+        p.judge.direct,
+        JudgeKind::EachStep { think: false },
+        verifier::JUDGE_DIRECT,
+    )?;
     Ok(crate::stages::evaluate::Generative {
         labelled_solutions: j.human.len(),
         samples: p.judge.samples,
         tokens_per_solution: tokens as f64 / solutions,
         calculator,
+        chain,
+        worked,
+        direct,
     })
 }
 

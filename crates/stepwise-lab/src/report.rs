@@ -165,6 +165,27 @@ fn processbench_section(s: &mut String, r: &Report) {
                 c.calls_per_solution, c.tokens_per_solution
             );
         }
+        if let Some(c) = &g.chain {
+            let _ = writeln!(
+                s,
+                "\n*A judge that thinks*: the judge writing a chain is trained alike (same labels, seed and steps), but instead of one index it goes through the steps in turn, works each equation step again (`36 - 13 = 23` for `36 - 13 = 24`) and gives each step `yes` or `no`, up to the first `no` (ThinkPRM's verification chain, in the lab's vocabulary): {:.1} tokens written a verified solution.",
+                c.tokens_per_solution
+            );
+        }
+        if let Some(c) = &g.worked {
+            let _ = writeln!(
+                s,
+                "\n*A judge that thinks where the step stands*: the judge working each step is trained alike (same labels, seed and steps; one example a step, up to the first wrong one), but it is asked after every step, with the solution up to that step, to work the step again and say `yes` or `no` (`6 + 1 = 7 no` for `6 + 1 = 8`): the step it checks is the last thing it read. A step's score is the share of its {} verdicts that say `yes`: {:.1} tokens written a verified solution.",
+                g.samples, c.tokens_per_solution
+            );
+        }
+        if let Some(c) = &g.direct {
+            let _ = writeln!(
+                s,
+                "\n*Its control*: the same judge asked at each step, trained alike, that says `yes` or `no` without working the step: what the thinking adds, all else equal ({:.1} tokens written a verified solution).",
+                c.tokens_per_solution
+            );
+        }
     }
 }
 

@@ -19,7 +19,7 @@ pub struct McOptions {
 }
 
 /// The seed of the rollouts from the prefix ending at step `step` of solution `id`.
-pub(crate) fn seed_for(base: u64, id: &str, step: usize) -> u64 {
+pub fn seed_for(base: u64, id: &str, step: usize) -> u64 {
     let mut h = 0xcbf29ce484222325u64 ^ base;
     for b in id.bytes().chain(step.to_le_bytes()) {
         h = (h ^ b as u64).wrapping_mul(0x100000001b3);

@@ -93,6 +93,24 @@ pub struct Generative {
     /// The judge with a calculator, when the preset trains one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calculator: Option<CalculatorJudge>,
+    /// The judge that writes a verification chain (each equation step worked again, a verdict
+    /// on each step up to the first wrong one), when the preset trains one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<JudgeCost>,
+    /// The judge asked at each step that works it again before its verdict, when the preset
+    /// trains one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worked: Option<JudgeCost>,
+    /// Its control, asked at each step, giving its verdict without working the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct: Option<JudgeCost>,
+}
+
+/// What a judge wrote.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JudgeCost {
+    /// Tokens it wrote per verified solution (every sample).
+    pub tokens_per_solution: f64,
 }
 
 /// The judge with a calculator (a tool called once per equation step it reads).
@@ -174,6 +192,13 @@ pub mod verifier {
     pub const JUDGE: &str = "judge";
     /// The judge with a calculator (each equation step's value shown), trained alike.
     pub const JUDGE_CALCULATOR: &str = "judge_calculator";
+    /// The judge that writes a verification chain before its verdicts, trained alike.
+    pub const JUDGE_CHAIN: &str = "judge_chain";
+    /// The judge asked at each step, working it again before its verdict, trained alike.
+    pub const JUDGE_WORKED: &str = "judge_worked";
+    /// The judge asked at each step that gives its verdict without working the step (the
+    /// control for the one that does).
+    pub const JUDGE_DIRECT: &str = "judge_direct";
     /// The ORM (its last step's score is the solution's).
     pub const ORM: &str = "orm";
     /// The policy's confidence in each written result (a diagnostic baseline).
@@ -254,7 +279,9 @@ struct Groups {
     policy: Ranked,
     /// The judge as a generative verifier, and the PRM on its oracle labels.
     judge: Option<(Ranked, Ranked)>,
-    calculator: Option<Ranked>,
+    /// The other judges trained alike on the judge's labels, present where the preset trained
+    /// them: `(best-of-N method, candidates)`, in [`OTHER_JUDGES`] order.
+    others: Vec<(&'static str, Ranked)>,
     /// What the verifiers' base knows before any label, when they have one.
     base: Option<Ranked>,
 }
@@ -280,7 +307,10 @@ impl Groups {
                 Some(judge) => Some((judge, by(PRM_JUDGE_BUDGET)?)),
                 None => None,
             },
-            calculator: if_present(JUDGE_CALCULATOR)?,
+            others: OTHER_JUDGES
+                .iter()
+                .filter_map(|&(verifier, method)| if_present(verifier).transpose().map(|r| r.map(|g| (method, g))))
+                .collect::<Result<_>>()?,
             base: if_present(BASE_CONFIDENCE)?,
         })
     }
@@ -308,8 +338,8 @@ impl Groups {
             methods.push((JUDGE_METHOD.to_string(), &judge[..], min));
             methods.push((BUDGET_METHOD.to_string(), &budget[..], min));
         }
-        if let Some(calculator) = &self.calculator {
-            methods.push((CALCULATOR_METHOD.to_string(), &calculator[..], min));
+        for (method, ranked) in &self.others {
+            methods.push((method.to_string(), &ranked[..], min));
         }
         methods.extend([
             ("majority vote".to_string(), &self.mc[..], Some(Selector::Majority)),
@@ -402,8 +432,10 @@ fn processbench_rows(scored: &[Solution], groups: &Groups) -> Vec<(String, Proce
         rows.push((JUDGE_METHOD.into(), pb(JUDGE)));
         rows.push((BUDGET_METHOD.into(), pb(PRM_JUDGE_BUDGET)));
     }
-    if groups.calculator.is_some() {
-        rows.push((CALCULATOR_METHOD.into(), pb(JUDGE_CALCULATOR)));
+    for &(verifier, method) in OTHER_JUDGES {
+        if groups.others.iter().any(|(m, _)| *m == method) {
+            rows.push((method.into(), pb(verifier)));
+        }
     }
     rows
 }
@@ -439,8 +471,18 @@ fn step_pairs(scored: &[Solution], scores: &[Vec<f32>]) -> Vec<(f32, bool)> {
 const JUDGE_METHOD: &str = "judge, generative (min)";
 /// The PRM on the judge's oracle labels.
 const BUDGET_METHOD: &str = "PRM-oracle, judge's labels (min)";
-/// The judge with a calculator's best-of-N method and ProcessBench row.
-const CALCULATOR_METHOD: &str = "judge + calculator, generative (min)";
+/// The judges trained alike on the judge's labels beside it: `(verifier, best-of-N method and
+/// ProcessBench row)`; the judge with a calculator, the one that writes a verification chain,
+/// the one asked at each step that works it again, and that one's control that does not.
+const OTHER_JUDGES: &[(&str, &str)] = &[
+    (verifier::JUDGE_CALCULATOR, "judge + calculator, generative (min)"),
+    (verifier::JUDGE_CHAIN, "judge writing a chain, generative (min)"),
+    (verifier::JUDGE_WORKED, "judge working each step, generative (min)"),
+    (
+        verifier::JUDGE_DIRECT,
+        "judge at each step, not working it, generative (min)",
+    ),
+];
 
 /// Best-of-`eval_samples` comparisons on the same problems: the PRM against the ORM and the
 /// majority vote, the oracle-label PRM against the MC one, and each other label source's PRM
@@ -482,39 +524,18 @@ fn paired_bon(
         }
     }
     if let (Some(judge), Some(budget)) = (of(JUDGE_METHOD), of(BUDGET_METHOD)) {
-        out.push(paired_difference(
-            &measure,
-            JUDGE_METHOD,
-            &judge,
-            BUDGET_METHOD,
-            &budget,
-            seed ^ 14,
-        ));
-        out.push(paired_difference(
-            &measure,
-            JUDGE_METHOD,
-            &judge,
-            "PRM-MC (min)",
-            &mc,
-            seed ^ 15,
-        ));
-        if let Some(calculator) = of(CALCULATOR_METHOD) {
-            out.push(paired_difference(
-                &measure,
-                CALCULATOR_METHOD,
-                &calculator,
-                JUDGE_METHOD,
-                &judge,
-                seed ^ 16,
-            ));
-            out.push(paired_difference(
-                &measure,
-                CALCULATOR_METHOD,
-                &calculator,
-                BUDGET_METHOD,
-                &budget,
-                seed ^ 17,
-            ));
+        // The judge against the PRM on its labels and PRM-MC; each other judge against the
+        // judge and that PRM.
+        let mut pair = |a: &str, xs: &[f64], b: &str, ys: &[f64], salt: u64| {
+            out.push(paired_difference(&measure, a, xs, b, ys, seed ^ salt));
+        };
+        pair(JUDGE_METHOD, &judge, BUDGET_METHOD, &budget, 14);
+        pair(JUDGE_METHOD, &judge, "PRM-MC (min)", &mc, 15);
+        for (k, &(_, method)) in OTHER_JUDGES.iter().enumerate() {
+            if let Some(xs) = of(method) {
+                pair(method, &xs, JUDGE_METHOD, &judge, 16 + 2 * k as u64);
+                pair(method, &xs, BUDGET_METHOD, &budget, 17 + 2 * k as u64);
+            }
         }
     }
     if let Some(xs) = of("PRM-oracle (min)") {

@@ -6,6 +6,9 @@
 //! labelling (the lab's PRM800K), spread evenly over them. It then labels every sample through
 //! the same [`stepwise_label::Judge`] annotator that asks a served model ProcessBench's critique
 //! question, so the lab measures what a judge adds to Monte Carlo labels (consensus filtering).
+//! Two more judges are trained alike on the same labels to verify beside it: one that reads a
+//! calculator's values ([`WithCalculator`]) and one that writes a verification chain before its
+//! verdicts ([`ChainAnswer`]).
 
 use super::annotate::label_stage;
 use super::policy::lab_policy;
@@ -63,10 +66,76 @@ impl JudgeFormat for WithCalculator {
     }
 }
 
+/// Which judge: what it reads and writes.
+#[derive(Debug, Clone, Copy)]
+pub enum JudgeKind {
+    /// It reads the whole solution and writes `answer` after it; with `calculator`, each
+    /// equation step it reads shows the calculator's value ([`with_calculator`]).
+    Whole {
+        /// What it writes (an index, a quoted step, or a chain of verdicts).
+        answer: JudgeAnswer,
+        /// It reads the calculator's values.
+        calculator: bool,
+    },
+    /// It is asked after each step and gives it a verdict, working the step again first with
+    /// `think` ([`super::worked`]).
+    EachStep {
+        /// It works each equation step again before its verdict.
+        think: bool,
+    },
+}
+
+impl JudgeKind {
+    /// The preset's judge, reading the steps as they are.
+    pub fn of(p: &Preset) -> Self {
+        JudgeKind::Whole {
+            answer: p.judge.answer,
+            calculator: false,
+        }
+    }
+
+    /// How it is named in progress lines.
+    fn what(self) -> &'static str {
+        match self {
+            JudgeKind::Whole { calculator: true, .. } => "judge (calculator)",
+            JudgeKind::Whole {
+                answer: JudgeAnswer::Chain,
+                ..
+            } => "judge (chain)",
+            JudgeKind::Whole { .. } => "judge",
+            JudgeKind::EachStep { think: true } => "judge (each step worked)",
+            JudgeKind::EachStep { think: false } => "judge (each step)",
+        }
+    }
+}
+
+/// The format that asks a judge writing `answer` after a solution and reads it, with or
+/// without the calculator's values.
+fn format_of(answer: JudgeAnswer, calculator: bool) -> &'static dyn JudgeFormat {
+    match calculator {
+        true => match answer {
+            JudgeAnswer::Index => &WithCalculator(&stepwise_label::judge::IndexAnswer),
+            JudgeAnswer::Quote => &WithCalculator(&stepwise_label::judge::QuoteAnswer),
+            JudgeAnswer::Chain => &WithCalculator(&ChainAnswer),
+        },
+        false => answer.format(),
+    }
+}
+
+/// A judge's training examples for an oracle-labelled solution: one for a judge that reads
+/// the whole solution ([`judge_example`]), one a step for the judge asked at each step
+/// ([`super::worked::worked_examples`]).
+fn judge_examples(tok: &Tokenizer, sol: &Solution, kind: JudgeKind) -> Result<Vec<Example>> {
+    match kind {
+        JudgeKind::Whole { answer, calculator } => Ok(vec![judge_example(tok, sol, answer, calculator)?]),
+        JudgeKind::EachStep { think } => super::worked::worked_examples(tok, sol, think),
+    }
+}
+
 /// The judge's training example for an oracle-labelled solution: the solution in the policy's
 /// layout (each equation step with the calculator's value after it, for a judge with the
-/// calculator), then the index of its first wrong step (`- 1` for none) and `<eos>`; the loss
-/// covers the answer only.
+/// calculator), then what the judge writes for its first wrong step (`- 1` for none, or the
+/// chain of verdicts) and `<eos>`; the loss covers the answer only.
 pub fn judge_example(tok: &Tokenizer, sol: &Solution, answer: JudgeAnswer, calculator: bool) -> Result<Example> {
     let steps = sol.step_strings();
     let shown: Vec<String> = if calculator {
@@ -86,6 +155,80 @@ pub fn judge_example(tok: &Tokenizer, sol: &Solution, answer: JudgeAnswer, calcu
     })
 }
 
+/// The chain judge's verdict on a step (the lab's arithmetic vocabulary has both words: its
+/// comparison questions are answered yes or no).
+pub(crate) const RIGHT: &str = "yes";
+/// The chain judge's verdict on a wrong step.
+pub(crate) const WRONG: &str = "no";
+
+/// A judge that thinks before each verdict, ThinkPRM's form in the lab's vocabulary: after the
+/// solution it goes through the steps in turn, works each equation step again (the left side
+/// copied and its value computed: `36 - 13 = 23` for `36 - 13 = 24`) and gives the step its
+/// verdict, `yes` or `no`; any other step gets its verdict alone ([`verdict_piece`]). The pieces
+/// are separated by the step separator and the chain ends at the first `no` (`2 * 3 = 6 yes |
+/// 6 + 1 = 7 no`). Read: the first piece
+/// ending in `no` is the first error; a `yes` ending a piece for every step is none; a piece
+/// without a verdict, more pieces than steps or a chain cut short gives no verdict.
+pub struct ChainAnswer;
+
+impl ChainAnswer {
+    /// The chain a judge of this format should write for a solution with these `steps` whose
+    /// first error is `first` (its training target), tokens separated by spaces.
+    pub fn answer(steps: &[String], first: Option<usize>) -> String {
+        let through = first.map_or(steps.len(), |k| k + 1);
+        let pieces: Vec<String> = steps[..through.min(steps.len())]
+            .iter()
+            .enumerate()
+            .map(|(k, step)| verdict_piece(step, Some(k) != first))
+            .collect();
+        pieces.join(&format!(" {SEP} "))
+    }
+}
+
+/// What a thinking judge writes about `step`, whose verdict is `good`: an equation step worked
+/// again, then `yes` or `no` (`6 + 1 = 7 no` for `6 + 1 = 8`); any other step its verdict
+/// alone. (Two other forms set the stated value beside the worked one, `6 + 1 = 7 < 8 no` and
+/// `6 + 1 = 8 > 7 no`; on seed 1 of the standard preset neither judge did better with them: the
+/// lab's model copies the first number it wrote into the second place — see docs/lab.md.)
+pub(crate) fn verdict_piece(step: &str, good: bool) -> String {
+    let verdict = if good { RIGHT } else { WRONG };
+    match worked_again(step) {
+        Some(work) => format!("{work} {verdict}"),
+        None => verdict.to_string(),
+    }
+}
+
+/// An equation step's left side with the value it has (`36 - 13 = 24` → `36 - 13 = 23`), when
+/// that value has a word in the lab's vocabulary; `None` for any other step.
+fn worked_again(step: &str) -> Option<String> {
+    let value = crate::task::calculator(step)?;
+    let (left, _) = step.rsplit_once('=')?;
+    (0..=crate::vocab::MAX_NUMBER as i64)
+        .contains(&value)
+        .then(|| format!("{} = {value}", left.trim()))
+}
+
+impl JudgeFormat for ChainAnswer {
+    fn ask(&self, question: &str, steps: &[String]) -> (String, Vec<String>) {
+        stepwise_label::judge::IndexAnswer.ask(question, steps)
+    }
+
+    fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>> {
+        let pieces: Vec<&str> = answer.split(SEP).collect();
+        if pieces.len() > steps.len() {
+            return None;
+        }
+        for (k, piece) in pieces.iter().enumerate() {
+            match piece.split_whitespace().last() {
+                Some(WRONG) => return Some(Some(k)),
+                Some(RIGHT) => {}
+                _ => return None,
+            }
+        }
+        (pieces.len() == steps.len()).then_some(None)
+    }
+}
+
 /// A labelled solution and each of its shorter prefixes (one step or more), labels kept: a
 /// prefix that stops before the first error has none, one that reaches it has it at the same
 /// step.
@@ -100,9 +243,9 @@ pub fn prefixes(sol: &Solution) -> Vec<Solution> {
 }
 
 /// Train (or reuse) the judge in `dir` from the LM in `base_dir` (the policy, or the verifiers'
-/// base), on the oracle's verdicts for `human` (oracle-labelled solutions); with `calculator`,
-/// the judge that reads the calculator's values ([`with_calculator`]), trained alike (same
-/// seed, same examples otherwise).
+/// base), on the oracle's verdicts for `human` (oracle-labelled solutions), writing and reading
+/// as `kind` says; every kind is trained alike (same seed, same solutions, steps and learning
+/// rate), so the judges differ only in what they read and write.
 pub fn train_judge(
     dir: &Path,
     base_dir: &Path,
@@ -110,7 +253,7 @@ pub fn train_judge(
     seed: u64,
     human: &[&Solution],
     tok: &Tokenizer,
-    calculator: bool,
+    kind: JudgeKind,
 ) -> Result<Model> {
     let with_prefixes: Vec<Solution>;
     let human: Vec<&Solution> = if p.judge.prefixes {
@@ -119,20 +262,16 @@ pub fn train_judge(
     } else {
         human.to_vec()
     };
-    let examples = human
-        .iter()
-        .map(|s| judge_example(tok, s, p.judge.answer, calculator))
-        .collect::<Result<Vec<_>>>()?;
+    let mut examples = Vec::new();
+    for s in &human {
+        examples.extend(judge_examples(tok, s, kind)?);
+    }
     let tc = super::fine_tuning(p.judge.lr, p.judge.steps, seed ^ 7);
     let train_seed = tc.seed;
     train_stage(
         dir,
         p.domain,
-        if calculator {
-            "training judge (calculator)"
-        } else {
-            "training judge"
-        },
+        &format!("training {}", kind.what()),
         |varmap, dev| {
             let config = ModelConfig::from_dir(base_dir)?;
             Model::load_trainable(base_dir, config, varmap, dev, train_seed)
@@ -172,6 +311,7 @@ pub fn judge_stage(
     mc: &[Solution],
 ) -> Result<Judged> {
     let human = human_budget(oracle, p.judge.solutions);
+    let kind = JudgeKind::of(p);
     let model = train_judge(
         &out.join("judge"),
         &out.join(p.verifier_start_dir()),
@@ -179,9 +319,9 @@ pub fn judge_stage(
         seed,
         &human,
         tok,
-        false,
+        kind,
     )?;
-    let policy = judge_policy(&model, tok, p.policy.temperature, p.judge.answer);
+    let policy = judge_policy(&model, tok, p.policy.temperature, kind);
     let judge = Judge {
         policy: &policy,
         samples: p.judge.samples,
@@ -209,53 +349,64 @@ pub fn judge_stage(
     })
 }
 
-/// Score `sols` with a judge `model` itself, a generative verifier (each step: the share of its
-/// sampled verdicts that put the first error later), under `name`; `calculator` for the judge
-/// that reads the calculator's values. Returns the tokens its answers took.
+/// Score `sols` with a judge `model` of `kind` itself, a generative verifier (each step: the
+/// share of its sampled verdicts that put the first error later), under `name`. Returns the
+/// tokens its answers took.
 pub fn score_with_judge(
     model: &Model,
-    calculator: bool,
+    kind: JudgeKind,
     p: &Preset,
     seed: u64,
     tok: &Tokenizer,
     sols: &mut [Solution],
     name: &str,
 ) -> Result<usize> {
-    let policy = judge_policy(model, tok, p.policy.temperature, p.judge.answer);
-    let with_calculator = WithCalculator(p.judge.answer.format());
-    let judge = Judge {
-        policy: &policy,
-        samples: p.judge.samples,
-        seed: seed ^ 9,
-        format: if calculator {
-            &with_calculator
-        } else {
-            p.judge.answer.format()
-        },
+    let policy = judge_policy(model, tok, p.policy.temperature, kind);
+    let what = format!("scoring (the {}, generative)", kind.what());
+    let pb = crate::progress::bar(sols.len() as u64, &what);
+    let progress = |done: usize| pb.set_position(done as u64);
+    let tokens = match kind {
+        JudgeKind::Whole { answer, calculator } => {
+            let judge = Judge {
+                policy: &policy,
+                samples: p.judge.samples,
+                seed: seed ^ 9,
+                format: format_of(answer, calculator),
+            };
+            stepwise_core::seams::score_solutions(&judge, name, sols, 64, progress)?
+        }
+        JudgeKind::EachStep { .. } => {
+            let judge = super::worked::WorkedJudge {
+                policy: &policy,
+                samples: p.judge.samples,
+                seed: seed ^ 9,
+            };
+            stepwise_core::seams::score_solutions(&judge, name, sols, 64, progress)?
+        }
     };
-    let what = if calculator {
-        "scoring (the judge with a calculator, generative)"
-    } else {
-        "scoring (the judge, generative)"
-    };
-    let pb = crate::progress::bar(sols.len() as u64, what);
-    let tokens = stepwise_core::seams::score_solutions(&judge, name, sols, 64, |done| pb.set_position(done as u64))?;
     pb.finish_and_clear();
     Ok(tokens)
 }
 
 /// The trained judge as a [`stepwise_core::Policy`]: the lab policy's layout and temperature,
-/// a few tokens at most (an index and `<eos>`, or a step copied out and `<eos>`).
-pub fn judge_policy<'a>(
-    model: &'a Model,
-    tok: &'a Tokenizer,
-    temperature: f32,
-    answer: JudgeAnswer,
-) -> EnginePolicy<'a> {
+/// a few tokens at most (an index and `<eos>`, a step copied out or worked again and `<eos>`,
+/// or a chain of up to about a dozen verdicts).
+pub fn judge_policy<'a>(model: &'a Model, tok: &'a Tokenizer, temperature: f32, kind: JudgeKind) -> EnginePolicy<'a> {
     let mut policy = lab_policy(model, tok, temperature);
-    policy.params.max_new_tokens = match answer {
-        JudgeAnswer::Index => 4,
-        JudgeAnswer::Quote => 12,
+    policy.params.max_new_tokens = match kind {
+        JudgeKind::Whole {
+            answer: JudgeAnswer::Index,
+            ..
+        } => 4,
+        JudgeKind::Whole {
+            answer: JudgeAnswer::Quote,
+            ..
+        }
+        | JudgeKind::EachStep { .. } => 12,
+        JudgeKind::Whole {
+            answer: JudgeAnswer::Chain,
+            ..
+        } => 96,
     };
     policy
 }
@@ -264,6 +415,55 @@ pub fn judge_policy<'a>(
 mod tests {
     use super::*;
     use stepwise_core::{Provenance, Step, StepLabel};
+
+    fn solution(steps: &[(&str, bool)]) -> Solution {
+        Solution {
+            question: "Ann has 2 boxes of 3 apples . How many apples does Ann have now ?".into(),
+            steps: steps
+                .iter()
+                .map(|&(t, good)| Step::labelled(t, StepLabel::from_bool(good, Provenance::Oracle)))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_chain_works_each_equation_again_and_stops_at_the_first_no() {
+        let tok = crate::vocab::tokenizer(crate::task::Domain::Arithmetic).unwrap();
+        // A slip at step 1: the chain works steps 0 and 1 again and stops there.
+        let sol = solution(&[("2 * 3 = 6", true), ("6 + 1 = 8", false), ("The answer is 8", false)]);
+        let e = judge_example(&tok, &sol, JudgeAnswer::Chain, false).unwrap();
+        assert_eq!(
+            tok.decode(&e.ids[e.lm_from..]).unwrap(),
+            "2 * 3 = 6 yes | 6 + 1 = 7 no <eos>"
+        );
+        assert!(!e.ids.contains(&tok.token_id(crate::vocab::UNK).unwrap()));
+        // No error: a verdict on every step, the answer step's alone; a comparison step and a
+        // value without a word in the vocabulary are not worked again.
+        let right = solution(&[("2 * 3 = 6", true), ("6 > 4", true), ("The answer is 6", true)]);
+        let steps = right.step_strings();
+        assert_eq!(ChainAnswer::answer(&steps, None), "2 * 3 = 6 yes | yes | yes");
+        assert_eq!(verdict_piece("6 - 4 = 1", false), "6 - 4 = 2 no");
+        assert_eq!(ChainAnswer::answer(&["4 - 9 = 5".to_string()], Some(0)), "no");
+
+        // Read back: the first `no`; a `yes` on every step is none; the rest no verdict.
+        let cases: [(&str, Option<Option<usize>>); 9] = [
+            ("2 * 3 = 6 yes | yes | yes", Some(None)),
+            ("2 * 3 = 6 yes | no", Some(Some(1))),
+            ("no", Some(Some(0))),
+            ("2 * 3 = 7 yes | yes | no", Some(Some(2))),
+            ("2 * 3 = 6 yes | yes", None),
+            ("yes | yes | yes | yes", None),
+            ("yes | 6 > 4 | no", None),
+            ("yes | | yes", None),
+            ("", None),
+        ];
+        for (answer, want) in cases {
+            assert_eq!(ChainAnswer.read(answer, &steps), want, "{answer:?}");
+        }
+        let (prompt, pieces) = ChainAnswer.ask(&right.question, &steps);
+        assert_eq!((prompt.as_str(), pieces), (right.question.as_str(), steps));
+    }
 
     #[test]
     fn the_budget_spreads_over_the_samples_and_the_example_ends_with_the_index() {

@@ -11,6 +11,7 @@ pub mod sample;
 pub mod search;
 pub mod studio;
 pub mod verifiers;
+pub mod worked;
 
 use crate::progress::{bar, say};
 use crate::task::Domain;
