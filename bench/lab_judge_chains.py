@@ -39,7 +39,8 @@ class Tally:
     """A thinking judge's piece about an equation step is `a op b = v verdict`: the step's left
     side copied, v the value it computes for it; the control's piece is the verdict alone."""
 
-    def __init__(self):
+    def __init__(self, thinking):
+        self.thinking = thinking
         self.steps = self.copied = self.worked_right = self.verdicts = self.verdict_right = 0
         self.slips = self.slips_caught = 0
 
@@ -63,10 +64,13 @@ class Tally:
 
     def summary(self):
         share = lambda a, b: round(a / b, 3) if b else None
-        return {
-            "equation_steps_reached": self.steps,
+        worked = {
             "left_side_copied": share(self.copied, self.steps),
             "value_right_when_copied": share(self.worked_right, self.copied),
+        }
+        return {
+            "equation_steps_reached": self.steps,
+            **(worked if self.thinking else {}),
             "verdicts": self.verdicts,
             "verdict_agrees_with_oracle": share(self.verdict_right, self.verdicts),
             "slips_reached": self.slips,
@@ -85,11 +89,15 @@ def main():
     random.seed(args.seed)
     sample = random.sample(records, min(args.solutions, len(records)))
     out = {}
-    for name, per_step in (("judge_chain", False), ("judge_worked", True), ("judge_direct", True)):
+    for name, per_step, thinking in (
+        ("judge_chain", False, True),
+        ("judge_worked", True, True),
+        ("judge_direct", True, False),
+    ):
         if not (run / name / "DONE").exists():
             continue
         policy = stepwise.Policy(str(run / name), separator="|", prompt="pieces", max_tokens=96)
-        tally = Tally()
+        tally = Tally(thinking)
         for r in sample:
             steps = [s["text"] for s in r["steps"]]
             oracle = r["meta"]["oracle"]

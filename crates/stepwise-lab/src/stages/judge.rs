@@ -6,9 +6,10 @@
 //! labelling (the lab's PRM800K), spread evenly over them. It then labels every sample through
 //! the same [`stepwise_label::Judge`] annotator that asks a served model ProcessBench's critique
 //! question, so the lab measures what a judge adds to Monte Carlo labels (consensus filtering).
-//! Two more judges are trained alike on the same labels to verify beside it: one that reads a
-//! calculator's values ([`WithCalculator`]) and one that writes a verification chain before its
-//! verdicts ([`ChainAnswer`]).
+//! More judges are trained alike on the same labels to verify beside it ([`JudgeKind`]): one
+//! that reads a calculator's values ([`WithCalculator`]), one that writes a verification chain
+//! before its verdicts ([`ChainAnswer`]), and one asked at each step, with and without working
+//! the step again first ([`super::worked`]).
 
 use super::annotate::label_stage;
 use super::policy::lab_policy;
@@ -155,10 +156,10 @@ pub fn judge_example(tok: &Tokenizer, sol: &Solution, answer: JudgeAnswer, calcu
     })
 }
 
-/// The chain judge's verdict on a step (the lab's arithmetic vocabulary has both words: its
-/// comparison questions are answered yes or no).
+/// A thinking judge's verdict on a right step (the lab's arithmetic vocabulary has both words:
+/// its comparison questions are answered yes or no).
 pub(crate) const RIGHT: &str = "yes";
-/// The chain judge's verdict on a wrong step.
+/// A thinking judge's verdict on a wrong step.
 pub(crate) const WRONG: &str = "no";
 
 /// A judge that thinks before each verdict, ThinkPRM's form in the lab's vocabulary: after the
@@ -166,9 +167,9 @@ pub(crate) const WRONG: &str = "no";
 /// copied and its value computed: `36 - 13 = 23` for `36 - 13 = 24`) and gives the step its
 /// verdict, `yes` or `no`; any other step gets its verdict alone ([`verdict_piece`]). The pieces
 /// are separated by the step separator and the chain ends at the first `no` (`2 * 3 = 6 yes |
-/// 6 + 1 = 7 no`). Read: the first piece
-/// ending in `no` is the first error; a `yes` ending a piece for every step is none; a piece
-/// without a verdict, more pieces than steps or a chain cut short gives no verdict.
+/// 6 + 1 = 7 no`). Read: the first piece ending in `no` is the first error; a `yes` ending a
+/// piece for every step is none; a piece without a verdict, more pieces than steps or a chain
+/// cut short gives no verdict.
 pub struct ChainAnswer;
 
 impl ChainAnswer {
