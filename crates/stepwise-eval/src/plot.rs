@@ -149,7 +149,13 @@ where
     DB::ErrorType: 'static,
 {
     let names: Vec<&str> = curves.iter().map(|c| c.method.as_str()).collect();
-    let (area, legend) = with_legend_column(area, &names)?;
+    // The title over the plot and its legend together: over the plot alone, a long title next
+    // to a wide legend ran off the image's left edge.
+    let area = area
+        .margin(8, 0, 0, 0)
+        .titled(title, ("sans-serif", 22))
+        .map_err(plot_err)?;
+    let (area, legend) = with_legend_column(&area, &names)?;
     let xs = || curves.iter().flat_map(|c| c.points.iter().map(|p| p.n as f64));
     let max_n = xs().fold(2f64, f64::max);
     let min_n = xs().fold(f64::INFINITY, f64::min).clamp(1.0, max_n / 2.0);
@@ -162,7 +168,6 @@ where
     };
     let (y0, y1) = y_range(curves);
     let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
@@ -215,7 +220,7 @@ where
             .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
             .map_err(plot_err)?;
     }
-    draw_legend(&legend, &names, colors, 60)
+    draw_legend(&legend, &names, colors, 24)
 }
 
 /// `area` split into the plot and a legend column at its right, as wide as the longest of

@@ -558,24 +558,32 @@ fn rl_plot(stem: &Path, rl: &RlReport) -> Result<()> {
     )
 }
 
-/// Best-of-N in two panels, so that no panel holds more than about ten curves: the verifiers
-/// against one another (each at its min aggregation), and how PRM-MC's step scores are combined
-/// (every aggregation and the weighted votes); majority vote and pass@N are in both, as the floor
-/// and the ceiling.
+/// Best-of-N in panels, so that no panel holds more than about ten curves: the verifiers against
+/// one another (each at its min aggregation), the generative judges against the PRM on their
+/// labels (where the run has judges), and how PRM-MC's step scores are combined (every
+/// aggregation and the weighted votes); majority vote and pass@N are in each, as the floor and
+/// the ceiling.
 fn bon_plot(stem: &Path, r: &Report) -> Result<()> {
     let aggregation = |m: &str| m.ends_with("weighted vote") || (m.starts_with("PRM-MC (") && m != "PRM-MC (min)");
     let reference = |m: &str| m == "majority vote" || m == "pass@N";
+    let judged = |m: &str| m.starts_with("judge") || m == "PRM-oracle, judge's labels (min)";
     let pick = |keep: &dyn Fn(&str) -> bool| -> Vec<_> { r.bon.iter().filter(|c| keep(&c.method)).cloned().collect() };
-    let panels = [
-        (
-            format!("Best-of-N by verifier, held-out lab problems ({} preset)", r.preset),
-            pick(&|m| !aggregation(m)),
-        ),
-        (
-            "Best-of-N: PRM-MC's step scores combined".to_string(),
-            pick(&|m| aggregation(m) || m == "PRM-MC (min)" || reference(m)),
-        ),
-    ];
+    let mut panels = vec![(
+        format!("Best-of-N by verifier, held-out lab problems ({} preset)", r.preset),
+        pick(&|m| !aggregation(m) && !judged(m)),
+    )];
+    let judges = pick(&|m| judged(m) || reference(m));
+    if judges.iter().any(|c| judged(&c.method)) {
+        let labels = r.generative.as_ref().map_or(0, |g| g.labelled_solutions);
+        panels.push((
+            format!("Best-of-N: generative judges and a PRM on the same {labels} labelled solutions"),
+            judges,
+        ));
+    }
+    panels.push((
+        "Best-of-N: PRM-MC's step scores combined".to_string(),
+        pick(&|m| aggregation(m) || m == "PRM-MC (min)" || reference(m)),
+    ));
     stepwise_eval::plot::scaling_plot(stem, "N (samples per problem)", &panels, Intervals::Caps)
 }
 
