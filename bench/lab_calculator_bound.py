@@ -3,8 +3,8 @@ folder's held-out samples (scored_eval.jsonl), how many first errors are arithme
 stated result is not what the calculator gives), how often the rule "the first step whose result
 the calculator contradicts" finds the first error (or that there is none), and how often the
 judges do (those the run has: the judge, with a calculator, writing a chain, working each step,
-at each step not working it; a
-step judged wrong at a score under 0.5).
+at each step not working it, and each weighed by likelihood; a step judged wrong at a score under
+0.5).
 
     python bench/lab_calculator_bound.py RUN_DIR [RUN_DIR ...]
 
@@ -36,6 +36,9 @@ def first_false(flags):
 JUDGES = [("judge", "the judge"), ("judge_calculator", "the judge with a calculator"),
           ("judge_chain", "the judge writing a chain"), ("judge_worked", "the judge working each step"),
           ("judge_direct", "the judge at each step not working it")]
+# Each judge weighed by likelihood too, where the run weighs them (`judge_likelihood`).
+JUDGES += [(name + "_likelihood", what + " (likelihood)") for name, what in list(JUDGES)
+           if name != "judge_chain"]
 
 for run in sys.argv[1:]:
     n = errors = slips = rule = 0

@@ -199,6 +199,7 @@ def annotate(
     judge: Any = None,
     judge_samples: int = 4,
     judge_format: str = "critique",
+    judge_verdict: str = "votes",
     search_limit: int = 0,
     separator: str = "\n",
     code_problems: Optional[Union[str, "PathLike[str]"]] = None,
@@ -212,7 +213,9 @@ def annotate(
     `stepwise` logger (None/True), nothing (False), or a callable `f(done, total)`. A record whose
     labelling fails (no gold answer, too long for the policy): `on_error="raise"` raises
     `StepwiseError` naming it, the records labelled before it on the error's `records`; `"skip"`
-    returns it unlabelled, the reason in `meta["annotate_error"]`, and warns with the count."""
+    returns it unlabelled, the reason in `meta["annotate_error"]`, and warns with the count.
+    `judge_verdict="likelihood"`: the judge's likeliest verdict (format index or quote, a local
+    checkpoint) instead of the vote over `judge_samples` sampled answers."""
 
 def rooms(count: int, seed: int = 0) -> List[Record]:
     """`count` rooms worlds (a text world with an exact oracle) as problems, the world in

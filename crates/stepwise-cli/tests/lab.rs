@@ -68,6 +68,8 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     check_paired_and_families(&a, &m);
     check_verifiers_and_label_sources(&a, &m);
     the_command_line_reproduces_the_labs_judge_and_mc_labels(&root, &a, &m);
+    check_judges_weighed(&a, &m);
+    the_command_line_weighs_the_judge_as_the_lab_does(&root, &a);
     the_command_line_reproduces_the_labs_prm_scores(&root, &a);
     a_sigkilled_run_resumes_to_the_same_records(&a, &b, &m);
     let _ = std::fs::remove_dir_all(&root);
@@ -344,6 +346,108 @@ fn the_command_line_reproduces_the_labs_judge_and_mc_labels(root: &Path, a: &Pat
         labels_by_id(&read(mc_cli), None),
         labels_by_id(&read(a.join("labels_mc.jsonl")), None),
         "the command line's MC labels with the verifiers' base differ from the lab's"
+    );
+}
+
+fn check_judges_weighed(a: &Path, m: &serde_json::Value) {
+    // Each judge whose answer is a fixed text is weighed by likelihood as well: its own
+    // verifier, best-of-N method and ProcessBench row, paired with the same judge's sampled
+    // verdicts, and (but the one that works each step first) nothing written.
+    let report = read(a.join("report.md"));
+    let weighed = m["generative"]["likelihood"].as_array().unwrap();
+    let names: Vec<&str> = weighed.iter().map(|w| w["verifier"].as_str().unwrap()).collect();
+    let paired = m["paired"].as_array().unwrap();
+    for (verifier, method, against) in [
+        ("judge_likelihood", "judge, likelihood (min)", "judge, generative (min)"),
+        (
+            "judge_calculator_likelihood",
+            "judge + calculator, likelihood (min)",
+            "judge + calculator, generative (min)",
+        ),
+        (
+            "judge_worked_likelihood",
+            "judge working each step, likelihood (min)",
+            "judge working each step, generative (min)",
+        ),
+        (
+            "judge_direct_likelihood",
+            "judge at each step, not working it, likelihood (min)",
+            "judge at each step, not working it, generative (min)",
+        ),
+    ] {
+        let w = &weighed[names
+            .iter()
+            .position(|n| *n == verifier)
+            .unwrap_or_else(|| panic!("{verifier}"))];
+        let written = w["tokens_per_solution"].as_f64().unwrap();
+        assert_eq!(written > 0.0, verifier == "judge_worked_likelihood", "{w}");
+        assert!(w["seconds"].as_f64().unwrap() > 0.0, "{w}");
+        assert!(report.contains(&format!("| {method} |")), "{method}");
+        assert!(paired.iter().any(|d| d["a"] == method && d["b"] == against), "{method}");
+    }
+    assert!(
+        !names.iter().any(|n| n.contains("chain")),
+        "a chain is not a fixed answer"
+    );
+    assert!(report.contains("*Verdicts weighed, not sampled*"));
+}
+
+fn the_command_line_weighs_the_judge_as_the_lab_does(root: &Path, a: &Path) {
+    // `stepwise annotate --judge-verdict likelihood` labels each held-out sample by the verdict
+    // the lab's judge gives the highest probability; the lab's `judge_likelihood` step scores
+    // hold those probabilities (step k: the verdicts after it), so they name the same verdict.
+    let weighed = root.join("weighed.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(["annotate", "--method", "judge", "--judge-format", "index"])
+        .args([
+            "--judge-verdict",
+            "likelihood",
+            "--separator",
+            " | ",
+            "--max-tokens",
+            "4",
+        ])
+        .arg("--policy")
+        .arg(a.join("policy"))
+        .arg("--judge")
+        .arg(a.join("judge"))
+        .arg("--input")
+        .arg(a.join("scored_eval.jsonl"))
+        .arg("--output")
+        .arg(&weighed)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lab = read(a.join("scored_eval.jsonl"));
+    let mut compared = 0;
+    for (line, lab_line) in read(weighed).lines().zip(lab.lines()) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let at_lab: serde_json::Value = serde_json::from_str(lab_line).unwrap();
+        assert_eq!(v["id"], at_lab["id"]);
+        let scores: Vec<f64> = at_lab["scores"]["judge_likelihood"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let steps = v["steps"].as_array().unwrap();
+        let said = steps.iter().position(|s| s["label"]["rating"] != "good");
+        // The probability of each verdict: none, then the first error at step k.
+        let mut p = vec![*scores.last().unwrap()];
+        p.extend((0..scores.len()).map(|k| if k == 0 { 1.0 } else { scores[k - 1] } - scores[k]));
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        order.sort_by(|&i, &j| p[j].total_cmp(&p[i]));
+        if p[order[0]] - p[order[1]] < 1e-3 {
+            continue; // a near-tie the scores' f32 rounding cannot settle
+        }
+        let best = order[0].checked_sub(1);
+        assert_eq!(said, best, "{} scores {scores:?}", v["id"]);
+        compared += 1;
+    }
+    let total = lab.lines().count();
+    assert!(
+        compared * 4 >= total * 3 && compared >= 40,
+        "{compared} of {total} compared"
     );
 }
 

@@ -213,6 +213,15 @@ pub struct JudgePreset {
     #[serde(default)]
     #[serde(rename = "judge_direct")]
     pub direct: bool,
+    /// Each judge that can be is also weighed by likelihood (GenRM's `P(yes)`): a step's score
+    /// is the probability the judge gives the verdicts that put the first error after it (the
+    /// judges asked at each step: `P(yes) / (P(yes) + P(no))` after what they wrote), read in a
+    /// forward pass instead of counted over sampled answers. Verifiers `judge_likelihood`,
+    /// `judge_calculator_likelihood`, `judge_worked_likelihood` and `judge_direct_likelihood`
+    /// (the chain judge's answer is its own working, not a fixed text: it has none).
+    #[serde(default)]
+    #[serde(rename = "judge_likelihood")]
+    pub likelihood: bool,
 }
 
 /// RL against each reward source. (Its fields keep the preset's flat keys: `--set rl_updates=...`.)
@@ -444,6 +453,7 @@ impl Preset {
                 chain: true,
                 worked: true,
                 direct: true,
+                likelihood: true,
             },
             rl: RlPreset {
                 updates: 4,
@@ -525,6 +535,7 @@ impl Preset {
                 chain: false,
                 worked: false,
                 direct: false,
+                likelihood: true,
             },
             rl: RlPreset {
                 updates: 150,

@@ -419,8 +419,9 @@ fn score_with_verifiers(verifiers: &Verifiers, jobs: &[Job], models: &[Model], s
 /// The judge itself as a verifier (generative: it samples its verdicts), and, where the preset
 /// trains them, the judge with a calculator (reading each equation step's value), the judge
 /// that writes a verification chain, the judge asked at each step that works it again and its
-/// control that does not, all trained alike on the same oracle labels: each scores `scored`;
-/// what they wrote, per solution.
+/// control that does not, all trained alike on the same oracle labels: each scores `scored`,
+/// and with `judge_likelihood` scores it again weighed by likelihood; what they wrote, per
+/// solution.
 fn score_with_judges(
     o: &LabOptions,
     tok: &Tokenizer,
@@ -429,12 +430,17 @@ fn score_with_judges(
 ) -> Result<crate::stages::evaluate::Generative> {
     use crate::preset::JudgeAnswer;
     use crate::stages::evaluate::{CalculatorJudge, JudgeCost};
-    use crate::stages::judge::{calculator_calls, score_with_judge, train_judge, JudgeKind};
+    use crate::stages::judge::{calculator_calls, train_judge, JudgeKind};
     let p = &o.preset;
     let solutions = scored.len().max(1) as f64;
-    let tokens = score_with_judge(&j.model, JudgeKind::of(p), p, o.seed, tok, scored, verifier::JUDGE)?;
+    let mut judges = JudgeScoring {
+        o,
+        tok,
+        weighed: Vec::new(),
+    };
+    let (tokens, seconds) = judges.score(&j.model, JudgeKind::of(p), verifier::JUDGE, scored)?;
     let human: Vec<&Solution> = j.human.iter().collect();
-    let another = |kind: JudgeKind, dir: &str, scored: &mut [Solution]| -> Result<usize> {
+    let mut another = |kind: JudgeKind, dir: &str, scored: &mut [Solution]| -> Result<usize> {
         let model = train_judge(
             &o.out.join(dir),
             &o.out.join(p.verifier_start_dir()),
@@ -444,7 +450,7 @@ fn score_with_judges(
             tok,
             kind,
         )?;
-        score_with_judge(&model, kind, p, o.seed, tok, scored, dir)
+        Ok(judges.score(&model, kind, dir, scored)?.0)
     };
     // The calculator and the worked steps are equations: the code domain has none (its judge
     // reads programs).
@@ -495,7 +501,46 @@ fn score_with_judges(
         chain,
         worked,
         direct,
+        seconds: Some(seconds),
+        likelihood: judges.weighed,
     })
+}
+
+/// Scores the held-out samples with each judge, by sampled verdicts and, where the preset
+/// weighs them, by likelihood too; keeps what the weighing cost.
+struct JudgeScoring<'a> {
+    o: &'a LabOptions,
+    tok: &'a Tokenizer,
+    weighed: Vec<crate::stages::evaluate::Weighed>,
+}
+
+impl JudgeScoring<'_> {
+    /// Score `scored` with the judge `model` of `kind` under `name` (and its likelihood
+    /// verifier): the tokens its sampled answers took and the seconds they took.
+    fn score(
+        &mut self,
+        model: &Model,
+        kind: crate::stages::judge::JudgeKind,
+        name: &str,
+        scored: &mut [Solution],
+    ) -> Result<(usize, f64)> {
+        use crate::stages::judge::{score_with_judge, weighable};
+        let (p, seed) = (&self.o.preset, self.o.seed);
+        let started = std::time::Instant::now();
+        let tokens = score_with_judge(model, kind, false, p, seed, self.tok, scored, name)?;
+        let votes_seconds = started.elapsed().as_secs_f64();
+        if let Some(weighed) = verifier::likelihood_of(name).filter(|_| p.judge.likelihood && weighable(kind)) {
+            let started = std::time::Instant::now();
+            let written = score_with_judge(model, kind, true, p, seed, self.tok, scored, weighed)?;
+            self.weighed.push(crate::stages::evaluate::Weighed {
+                verifier: weighed.to_string(),
+                seconds: started.elapsed().as_secs_f64(),
+                votes_seconds,
+                tokens_per_solution: written as f64 / scored.len().max(1) as f64,
+            });
+        }
+        Ok((tokens, votes_seconds))
+    }
 }
 
 /// The verifiers search and RL use.

@@ -186,7 +186,32 @@ fn processbench_section(s: &mut String, r: &Report) {
                 c.tokens_per_solution
             );
         }
+        likelihood_paragraph(s, g);
     }
+}
+
+/// The judges weighed by likelihood as well as by sampled verdicts, and what each way took.
+fn likelihood_paragraph(s: &mut String, g: &crate::stages::evaluate::Generative) {
+    if g.likelihood.is_empty() {
+        return;
+    }
+    let timings: Vec<String> = g
+        .likelihood
+        .iter()
+        .map(|w| {
+            format!(
+                "`{}` {:.0} s against {:.0} s sampled",
+                w.verifier, w.seconds, w.votes_seconds
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "\n*Verdicts weighed, not sampled*: each judge whose answer is a fixed text is also read for the probability it gives each verdict (GenRM's `P(yes)`), in a forward pass instead of {} sampled answers: a step's score is the probability of the verdicts that put the first error after it (the judges asked at each step: `P(yes) / (P(yes) + P(no))`, after the working they wrote where they work the step). Scores are graded, not multiples of 1/{}, so best-of-N has fewer ties to break at random; the `likelihood` rows and the paired differences against the same judge's sampled verdicts say whether that ranks better. Time to score the held-out samples on this machine: {}.",
+        g.samples,
+        g.samples,
+        timings.join("; ")
+    );
 }
 
 /// Ranking quality by verifier, and the Monte Carlo labels against the oracle.

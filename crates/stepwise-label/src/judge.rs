@@ -11,9 +11,9 @@
 //! [`QuoteAnswer`] (the same, the answer the first wrong step copied out) for a judge fine-tuned
 //! to answer right after a solution, as the lab's generative verifier is.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::collections::BTreeMap;
-use stepwise_core::seams::{Annotator, Policy, ScoreInput, Scored, Spent, StepScorer, Until};
+use stepwise_core::seams::{Annotator, NextOptions, Policy, ScoreInput, Scored, Spent, StepScorer, Until};
 use stepwise_core::{Provenance, Solution};
 
 /// ProcessBench's critique prompt (Zheng et al. 2024) for `question` and its `steps`.
@@ -50,6 +50,13 @@ pub trait JudgeFormat: Sync {
     /// The verdict in `answer` on a solution with these `steps`: `Some(None)` for "no error",
     /// `Some(Some(k))` for "the first error is step k", `None` when it gives no readable verdict.
     fn read(&self, answer: &str, steps: &[String]) -> Option<Option<usize>>;
+    /// The answer that gives `first` as the verdict on `steps` (what [`JudgeFormat::read`]
+    /// reads back as `first`), for weighing the verdicts by their likelihood; `None` where the
+    /// answer is not one fixed text (a critique, a chain of the judge's own working).
+    fn answer_for(&self, steps: &[String], first: Option<usize>) -> Option<String> {
+        let _ = (steps, first);
+        None
+    }
 }
 
 /// ProcessBench's critique prompt ([`critique_prompt`]) as one prompt; the answer's last
@@ -89,6 +96,10 @@ impl JudgeFormat for IndexAnswer {
         let compact: String = answer.split_whitespace().collect();
         index_verdict(&compact, steps.len())
     }
+
+    fn answer_for(&self, _steps: &[String], first: Option<usize>) -> Option<String> {
+        Some(IndexAnswer::answer(first))
+    }
 }
 
 /// Like [`IndexAnswer`], but the answer quotes the first wrong step itself (its text, compared
@@ -119,6 +130,10 @@ impl JudgeFormat for QuoteAnswer {
             _ => steps.iter().position(|s| compact(s) == said).map(Some),
         }
     }
+
+    fn answer_for(&self, steps: &[String], first: Option<usize>) -> Option<String> {
+        Some(QuoteAnswer::answer(steps, first))
+    }
 }
 
 /// `-1` → no error, `0 ≤ k < steps` → step k, anything else → no verdict.
@@ -130,6 +145,10 @@ fn index_verdict(text: &str, steps: usize) -> Option<Option<usize>> {
     }
 }
 
+/// Each verdict on a solution (`None`: no error; `Some(k)`: the first error at step k) with the
+/// probability the judge gives it.
+pub type Weighed = Vec<(Option<usize>, f64)>;
+
 /// The judge annotator.
 pub struct Judge<'a> {
     /// The model asked; its continuation of the critique prompt is the answer.
@@ -140,6 +159,11 @@ pub struct Judge<'a> {
     pub seed: u64,
     /// How the question is put and the answer read.
     pub format: &'a dyn JudgeFormat,
+    /// Weigh every verdict by the probability the judge gives its answer instead of sampling
+    /// (GenRM's `P(yes)`): no answer is written, and `samples` is not read. Needs a format
+    /// whose answers are fixed texts ([`JudgeFormat::answer_for`]) and a policy that gives
+    /// log-probabilities ([`Policy::logprobs_after`]: a local engine).
+    pub likelihood: bool,
 }
 
 impl Judge<'_> {
@@ -167,18 +191,97 @@ impl Judge<'_> {
         Ok((verdicts, spent))
     }
 
-    /// The voted first error (`Some(None)`: no error; `None`: no sample gave a verdict), the
-    /// verdicts given, and the cost.
+    /// For each solution `(question, steps)`, each verdict on it (`None`, then the first error
+    /// at step 0, 1, …) with the probability the judge gives its answer, normalised over the
+    /// verdicts: forward passes, nothing sampled. A verdict whose answer is the same text as an
+    /// earlier one's (a quoted step that occurs twice) is read as the earlier and gets no weight
+    /// of its own.
+    pub fn verdict_probabilities(&self, solutions: &[(&str, &[String])]) -> Result<Vec<Weighed>> {
+        struct Asked {
+            prompt: String,
+            pieces: Vec<String>,
+            verdicts: Vec<Option<usize>>,
+            answers: Vec<String>,
+        }
+        let asked: Vec<Asked> = solutions
+            .iter()
+            .map(|&(question, steps)| {
+                let mut verdicts = Vec::new();
+                let mut answers: Vec<String> = Vec::new();
+                for v in std::iter::once(None).chain((0..steps.len()).map(Some)) {
+                    let answer = self.format.answer_for(steps, v).context(
+                        "this judge format has no fixed answers to weigh (a critique or a chain): score it with sampled verdicts",
+                    )?;
+                    if !answers.contains(&answer) {
+                        verdicts.push(v);
+                        answers.push(answer);
+                    }
+                }
+                let (prompt, pieces) = self.format.ask(question, steps);
+                Ok(Asked {
+                    prompt,
+                    pieces,
+                    verdicts,
+                    answers,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let pieces: Vec<Vec<&str>> = asked
+            .iter()
+            .map(|a| a.pieces.iter().map(String::as_str).collect())
+            .collect();
+        let options: Vec<Vec<&str>> = asked
+            .iter()
+            .map(|a| a.answers.iter().map(String::as_str).collect())
+            .collect();
+        let asks: Vec<NextOptions> = asked
+            .iter()
+            .zip(&pieces)
+            .zip(&options)
+            .map(|((a, prefix), options)| NextOptions {
+                question: &a.prompt,
+                prefix,
+                options,
+            })
+            .collect();
+        let logprobs = self
+            .policy
+            .logprobs_after(&asks, true)?
+            .context("the judge's model gives no log-probabilities of its answers (a served model): score it with sampled verdicts")?;
+        Ok(asked
+            .iter()
+            .zip(logprobs)
+            .map(|(a, lps)| {
+                let top = lps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = lps.iter().map(|lp| (lp - top).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                a.verdicts.iter().zip(weights).map(|(&v, w)| (v, w / total)).collect()
+            })
+            .collect())
+    }
+
+    /// The judge's first error (`Some(None)`: no error; `None`: no sample gave a verdict), the
+    /// verdicts given, and the cost: the most frequent sampled verdict, or with `likelihood` the
+    /// likeliest (one verdict given, nothing written).
     pub fn first_error(&self, sol: &Solution) -> Result<(Option<Option<usize>>, usize, Spent)> {
+        // Most weight; among equals the earliest error first (`Some(k)` sorts after `None`, so
+        // compare "no error" as the latest).
+        let key = |v: &Option<usize>| v.map_or(usize::MAX, |k| k);
+        if self.likelihood {
+            let best = self
+                .verdict_probabilities(&[(&sol.question, &sol.step_strings())])?
+                .remove(0)
+                .into_iter()
+                .max_by(|(va, pa), (vb, pb)| pa.total_cmp(pb).then(key(vb).cmp(&key(va))))
+                .map(|(v, _)| v);
+            return Ok((best, 1, Spent::default()));
+        }
         let (verdicts, spent) = self.verdicts(&sol.question, &sol.step_strings(), &sol.id)?;
         let mut votes: BTreeMap<Option<usize>, usize> = BTreeMap::new();
         for v in verdicts {
             *votes.entry(v).or_default() += 1;
         }
         let given = votes.values().sum();
-        // Most votes; among equals the earliest error first (`Some(k)` sorts after `None`, so
-        // compare "no error" as the latest).
-        let key = |v: &Option<usize>| v.map_or(usize::MAX, |k| k);
         let best = votes
             .iter()
             .max_by(|(va, na), (vb, nb)| na.cmp(nb).then(key(vb).cmp(&key(va))))
@@ -189,11 +292,15 @@ impl Judge<'_> {
 
 /// The judge as a verifier (a generative one: it writes its verdict): a step's score is the
 /// share of its readable verdicts that put the first error after the step (or find none); 0.5
-/// where no sample gives a verdict. What it costs is the tokens its answers take.
+/// where no sample gives a verdict. What it costs is the tokens its answers take. With
+/// `likelihood`, the probability it gives those verdicts instead (nothing written).
 impl StepScorer for Judge<'_> {
     fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
         let mut scores = Vec::with_capacity(batch.len());
         let mut tokens = 0;
+        if self.likelihood {
+            return self.weigh(batch);
+        }
         for input in batch {
             let steps: Vec<String> = input.steps.iter().map(|s| s.to_string()).collect();
             let key = format!("{}\u{1f}{}", input.problem_id, steps.join("\u{1f}"));
@@ -209,6 +316,29 @@ impl StepScorer for Judge<'_> {
             );
         }
         Ok(Scored { scores, tokens })
+    }
+}
+
+impl Judge<'_> {
+    /// The batch scored by likelihood: each step's score is the probability of the verdicts
+    /// that put the first error after it (or find none).
+    fn weigh(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let steps: Vec<Vec<String>> = batch
+            .iter()
+            .map(|input| input.steps.iter().map(|s| s.to_string()).collect())
+            .collect();
+        let solutions: Vec<(&str, &[String])> = batch.iter().zip(&steps).map(|(i, s)| (i.question, &s[..])).collect();
+        let weighed = self.verdict_probabilities(&solutions)?;
+        let scores = weighed
+            .iter()
+            .zip(&steps)
+            .map(|(w, steps)| {
+                let later =
+                    |k: usize| -> f64 { w.iter().filter(|(v, _)| v.is_none_or(|e| e > k)).map(|(_, p)| p).sum() };
+                (0..steps.len()).map(|k| later(k) as f32).collect()
+            })
+            .collect();
+        Ok(Scored { scores, tokens: 0 })
     }
 }
 
@@ -292,6 +422,7 @@ mod tests {
             samples: 3,
             seed: 0,
             format: &IndexAnswer,
+            likelihood: false,
         };
         assert_eq!(judge.first_error(&sol).unwrap().0, Some(Some(1)));
     }
@@ -341,6 +472,7 @@ mod tests {
             samples: 4,
             seed: 0,
             format: &ProcessBenchCritique,
+            likelihood: false,
         };
         let (l, spent) = judge.annotate(&sol).unwrap();
         let good: Vec<bool> = l.steps.iter().map(|s| s.label.as_ref().unwrap().is_good()).collect();
@@ -355,6 +487,7 @@ mod tests {
             samples: 2,
             seed: 0,
             format: &ProcessBenchCritique,
+            likelihood: false,
         };
         let mut labelled = sol.clone();
         labelled.steps[0].label = Some(stepwise_core::StepLabel::from_bool(true, Provenance::Human));
@@ -371,5 +504,96 @@ mod tests {
             assert!((got - want).abs() < 1e-6, "{:?}", scored.scores[0]);
         }
         assert_eq!(silent.score(&[input]).unwrap().scores[0], [0.5, 0.5, 0.5]);
+    }
+
+    /// A judge whose answers have fixed weights: `-1` (no error) 0.5, step 0 0.1, step 1 0.3,
+    /// step 2 0.1 (log-probabilities off by a constant, as a model's are before normalising).
+    struct Weights;
+
+    impl Policy for Weights {
+        fn continue_from(
+            &self,
+            _: &str,
+            _: &[&str],
+            _: usize,
+            _: Until,
+            _: u64,
+        ) -> Result<Vec<stepwise_core::seams::Continuation>> {
+            panic!("weighing samples nothing")
+        }
+
+        fn logprobs_after(&self, asks: &[NextOptions<'_>], end: bool) -> Result<Option<Vec<Vec<f64>>>> {
+            assert!(end, "each answer ends");
+            let weigh = |a: &NextOptions| {
+                assert_eq!((a.question, a.prefix), ("q", &["a", "b", "a"][..]));
+                a.options
+                    .iter()
+                    .map(|o| match *o {
+                        "- 1" => 0.5f64,
+                        "0" | "a" | "2" => 0.1,
+                        "1" | "b" => 0.3,
+                        other => panic!("option {other}"),
+                    })
+                    .map(|p| p.ln() - 3.0)
+                    .collect()
+            };
+            Ok(Some(asks.iter().map(weigh).collect()))
+        }
+    }
+
+    #[test]
+    fn likelihood_weighs_every_verdict_by_the_probability_of_its_answer() {
+        let sol = Solution {
+            id: "s".into(),
+            question: "q".into(),
+            steps: ["a", "b", "a"].iter().map(|t| stepwise_core::Step::new(*t)).collect(),
+            ..Default::default()
+        };
+        let judge = Judge {
+            policy: &Weights,
+            samples: 4,
+            seed: 0,
+            format: &IndexAnswer,
+            likelihood: true,
+        };
+        // Step k scores P(no error) + P(first error after k).
+        let scored = judge.score(&[ScoreInput::of(&sol), ScoreInput::of(&sol)]).unwrap();
+        assert_eq!(scored.tokens, 0, "nothing written");
+        assert_eq!(scored.scores[0], scored.scores[1], "a batch weighed at once");
+        for (got, want) in scored.scores[0].iter().zip([0.9, 0.6, 0.5]) {
+            assert!((got - want).abs() < 1e-6, "{:?}", scored.scores[0]);
+        }
+        // As an annotator: the likeliest verdict, no error, so every step good.
+        let (l, spent) = judge.annotate(&sol).unwrap();
+        assert!(l.steps.iter().all(|s| s.label.as_ref().unwrap().is_good()));
+        assert_eq!((spent.rollouts, l.meta["judge_verdicts"].as_u64()), (0, Some(1)));
+        // Quoting: step 2 reads as step 0 (the same text), so only `- 1`, `a` and `b` are
+        // weighed: 0.5, 0.1, 0.3 of 0.9.
+        let quoting = Judge {
+            format: &QuoteAnswer,
+            ..judge
+        };
+        let weighed = quoting
+            .verdict_probabilities(&[("q", &sol.step_strings())])
+            .unwrap()
+            .remove(0);
+        let want = [(None, 5.0 / 9.0), (Some(0), 1.0 / 9.0), (Some(1), 3.0 / 9.0)];
+        assert_eq!(weighed.len(), 3);
+        for ((v, p), (wv, wp)) in weighed.iter().zip(want) {
+            assert!(*v == wv && (p - wp).abs() < 1e-9, "{weighed:?}");
+        }
+        // A critique has no fixed answers, and a model without log-probabilities cannot weigh.
+        let critique = Judge {
+            format: &ProcessBenchCritique,
+            ..judge
+        };
+        let err = critique.score(&[ScoreInput::of(&sol)]).unwrap_err().to_string();
+        assert!(err.contains("no fixed answers"), "{err}");
+        let unweighable = Judge {
+            policy: &ScriptedPolicy(|_: &str, _: &[&str], _: usize| vec!["1".to_string()]),
+            ..judge
+        };
+        let err = unweighable.annotate(&sol).unwrap_err().to_string();
+        assert!(err.contains("no log-probabilities"), "{err}");
     }
 }

@@ -79,6 +79,8 @@ pub struct Settings {
     pub search_limit: usize,
     /// The judge: answers sampled per solution (the most frequent verdict wins).
     pub judge_samples: usize,
+    /// The judge: take its likeliest verdict instead of sampling ([`Judge::likelihood`]).
+    pub judge_likelihood: bool,
 }
 
 impl Default for Settings {
@@ -88,6 +90,7 @@ impl Default for Settings {
             seed: 0,
             search_limit: 0,
             judge_samples: 4,
+            judge_likelihood: false,
         }
     }
 }
@@ -141,6 +144,7 @@ impl<'a> Annotators<'a> {
                 samples: settings.judge_samples,
                 seed: settings.seed,
                 format,
+                likelihood: settings.judge_likelihood,
             }),
         })
     }

@@ -8,7 +8,7 @@ use crate::model::Model;
 use crate::prompt::Prompt;
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result};
-use stepwise_core::seams::{split_steps_at, Continuation, Policy, Until};
+use stepwise_core::seams::{split_steps_at, Continuation, NextOptions, Policy, Until};
 
 /// A local model as a policy.
 pub struct EnginePolicy<'a> {
@@ -45,6 +45,54 @@ impl EnginePolicy<'_> {
         })
     }
 
+    /// For each query `(context, options)`, the log-probability of each option (then `end`,
+    /// where given) after the tokens `context`: every sequence in batched forward passes,
+    /// shortest first (little padding), of at most [`crate::DEFAULT_MAX_BATCH_TOKENS`] tokens.
+    fn options_after(&self, queries: &[(&[u32], &[&str])], end: Option<u32>) -> Result<Vec<Vec<f64>>> {
+        let context_len = self.model.config.max_position_embeddings;
+        let mut seqs: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (q, &(context, options)) in queries.iter().enumerate() {
+            for o in options.iter() {
+                let option = self.tokenizer.encode(o, false)?;
+                if option.is_empty() {
+                    anyhow::bail!("option `{o}` has no tokens");
+                }
+                let seq: Vec<u32> = context.iter().chain(&option).chain(&end).copied().collect();
+                if seq.len() > context_len {
+                    anyhow::bail!(
+                        "the prompt, the text written and an option make {} tokens: more than the model's context ({context_len})",
+                        seq.len()
+                    );
+                }
+                seqs.push((q, seq));
+            }
+        }
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        order.sort_by_key(|&i| seqs[i].1.len());
+        let mut sums = vec![0f64; seqs.len()];
+        let max_tokens = crate::DEFAULT_MAX_BATCH_TOKENS;
+        let mut at = 0;
+        while at < order.len() {
+            // Sorted by length, the last of a batch is its longest: as many as fit.
+            let mut to = at + 1;
+            while to < order.len() && (to + 1 - at) * seqs[order[to]].1.len() <= max_tokens {
+                to += 1;
+            }
+            let batch: Vec<&[u32]> = order[at..to].iter().map(|&i| seqs[i].1.as_slice()).collect();
+            let logprobs = crate::log_ratio::sequence_logprobs(self.model, &batch, batch.len(), max_tokens)?;
+            for (&i, lp) in order[at..to].iter().zip(logprobs) {
+                let from = queries[seqs[i].0].0.len();
+                sums[i] = lp[from..].iter().map(|&x| x as f64).sum();
+            }
+            at = to;
+        }
+        let mut out: Vec<Vec<f64>> = queries.iter().map(|(_, o)| Vec::with_capacity(o.len())).collect();
+        for ((q, _), sum) in seqs.iter().zip(sums) {
+            out[*q].push(sum);
+        }
+        Ok(out)
+    }
+
     /// The text of generated tokens `out`, its end tokens left out.
     fn text_of(&self, out: &[u32]) -> Result<String> {
         let end = &self.params.stop_token_ids;
@@ -57,31 +105,26 @@ impl Policy for EnginePolicy<'_> {
     fn continuation_logprobs(&self, question: &str, written: &str, options: &[&str]) -> Result<Option<Vec<f64>>> {
         let mut context = self.prompt_ids(question, &[])?;
         context.extend(self.tokenizer.encode(written, false)?);
-        let seqs: Vec<Vec<u32>> = options
+        Ok(self.options_after(&[(&context, options)], None)?.pop())
+    }
+
+    fn logprobs_after(&self, asks: &[NextOptions<'_>], end: bool) -> Result<Option<Vec<Vec<f64>>>> {
+        let end = match end {
+            true => Some(
+                *self
+                    .params
+                    .stop_token_ids
+                    .first()
+                    .context("the policy has no end token to end an option with")?,
+            ),
+            false => None,
+        };
+        let contexts: Vec<Vec<u32>> = asks
             .iter()
-            .map(|o| {
-                let option = self.tokenizer.encode(o, false)?;
-                if option.is_empty() {
-                    anyhow::bail!("option `{o}` has no tokens");
-                }
-                Ok(context.iter().chain(&option).copied().collect())
-            })
+            .map(|a| self.prompt_ids(a.question, a.prefix))
             .collect::<Result<_>>()?;
-        let context_len = self.model.config.max_position_embeddings;
-        if let Some(long) = seqs.iter().find(|s| s.len() > context_len) {
-            anyhow::bail!(
-                "the prompt, the text written and an option make {} tokens: more than the model's context ({context_len})",
-                long.len()
-            );
-        }
-        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let logprobs = crate::log_ratio::sequence_logprobs(self.model, &refs, refs.len(), crate::DEFAULT_MAX_BATCH_TOKENS)?;
-        Ok(Some(
-            logprobs
-                .iter()
-                .map(|lp| lp[context.len()..].iter().map(|&x| x as f64).sum())
-                .collect(),
-        ))
+        let queries: Vec<(&[u32], &[&str])> = contexts.iter().map(Vec::as_slice).zip(asks.iter().map(|a| a.options)).collect();
+        self.options_after(&queries, end).map(Some)
     }
 
     fn continue_written(&self, question: &str, written: &str, stop: &[&str], seed: u64) -> Result<Option<Continuation>> {

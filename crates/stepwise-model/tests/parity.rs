@@ -176,6 +176,68 @@ fn continuation_logprobs_rank_transformers_greedy_tokens_first() {
     assert!((chained - all[0]).abs() < 1e-3, "{chained} against {}", all[0]);
 }
 
+/// `logprobs_after` (what a judge's verdicts are weighed with) reads the options where
+/// `continue_from` would write: after the question alone it agrees with
+/// `continuation_logprobs`, transformers' greedy text is likelier than each single-token swap of
+/// it, and with `end` each option is followed by the end token (its log-probability added), or
+/// refused where the policy has none.
+#[test]
+fn logprobs_after_reads_options_where_the_policy_writes_and_ends_them_with_its_end_token() {
+    use stepwise_core::seams::{NextOptions, Policy};
+    let exp = expected();
+    let (model, tok) = load("qwen2-policy");
+    let item = &exp["cases"]["qwen2-policy"]["items"][0];
+    let question = item["prompt"].as_str().unwrap();
+    let want = ids_of(&item["greedy_new_ids"]);
+    let text = |ids: &[u32]| tok.decode(ids).unwrap();
+    let greedy_text = text(&want[..3]);
+    let swap = text(&[&want[..2], &[want[2] + 1][..]].concat());
+    let options = [greedy_text.as_str(), swap.as_str()];
+    let mut policy = greedy_policy(&model, &tok, 1);
+    let ask = |options| NextOptions {
+        question,
+        prefix: &[],
+        options,
+    };
+    // Asked twice in one batch, with the options in two orders: each ask gets its own values.
+    let reversed = [options[1], options[0]];
+    let after = policy
+        .logprobs_after(&[ask(&options), ask(&reversed)], false)
+        .unwrap()
+        .unwrap();
+    let written = policy.continuation_logprobs(question, "", &options).unwrap().unwrap();
+    assert_eq!(after[0], written);
+    assert_eq!(after[1], [written[1], written[0]]);
+    assert!(after[0][0] > after[0][1], "greedy {after:?}");
+    let err = policy.logprobs_after(&[ask(&options)], true).unwrap_err();
+    assert!(err.to_string().contains("no end token"), "{err}");
+    let end = tok
+        .token_id("<|endoftext|>")
+        .or_else(|| tok.token_id("</s>"))
+        .unwrap_or(0);
+    policy.params.stop_token_ids = vec![end];
+    let ended = policy
+        .logprobs_after(&[ask(&options)], true)
+        .unwrap()
+        .unwrap()
+        .remove(0);
+    let prompt = tok.encode(question, true).unwrap();
+    for (k, o) in options.iter().enumerate() {
+        let mut seq = prompt.clone();
+        seq.extend(tok.encode(o, false).unwrap());
+        seq.push(end);
+        let lp = stepwise_model::log_ratio::sequence_logprobs(&model, &[&seq], 1, 4096).unwrap();
+        let last = *lp[0].last().unwrap() as f64;
+        assert!(last < 0.0);
+        let unended = after[0][k];
+        assert!(
+            (ended[k] - (unended + last)).abs() < 1e-4,
+            "{k}: {} vs {unended} + {last}",
+            ended[k]
+        );
+    }
+}
+
 /// `continue_written` (what a verifier with tools writes its chain with) continues text the
 /// model wrote as transformers' greedy decoding does, and stops at the first stop string, kept
 /// at the end: the greedy continuation cut at a stop string taken from its middle, then the rest

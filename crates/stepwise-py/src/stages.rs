@@ -55,6 +55,9 @@ pub(crate) fn with_journal<T>(
 /// `mc` (Monte Carlo rollouts from every step, Math-Shepherd), `binary_search` (the first error
 /// by bisection, OmegaPRM), `omegaprm` (the rollout tree with MCTS), `judge` (a model asked
 /// for the first wrong step: `judge=`), or `consensus` (mc labels kept where the judge agrees).
+/// `judge_verdict="likelihood"` takes the verdict whose answer the judge gives the highest
+/// probability instead of voting over `judge_samples` sampled answers (`judge_format` index or
+/// quote, a local checkpoint).
 /// With `output` (a `.jsonl` path) each labelled solution is appended as soon as it is done,
 /// and a call with the same arguments after an interruption labels only the rest. With
 /// `code_problems` (HumanEval's or MBPP's JSONL) the steps are lines of programs and a rollout
@@ -67,7 +70,7 @@ pub(crate) fn with_journal<T>(
 ///
 /// >>> labelled = stepwise.annotate(recs, policy, method="mc", rollouts=8, output="mc.jsonl")
 #[pyfunction]
-#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", search_limit=0, separator="\n", code_problems=None, code_timeout=10.0, progress=None, on_error="raise"))]
+#[pyo3(signature = (records, policy, method="mc", rollouts=8, seed=0, output=None, judge=None, judge_samples=4, judge_format="critique", judge_verdict="votes", search_limit=0, separator="\n", code_problems=None, code_timeout=10.0, progress=None, on_error="raise"))]
 #[allow(clippy::too_many_arguments)]
 pub fn annotate<'py>(
     py: Python<'py>,
@@ -80,6 +83,7 @@ pub fn annotate<'py>(
     judge: Option<&Bound<'py, PyAny>>,
     judge_samples: usize,
     judge_format: &str,
+    judge_verdict: &str,
     search_limit: usize,
     separator: &str,
     code_problems: Option<PathBuf>,
@@ -90,6 +94,11 @@ pub fn annotate<'py>(
     let method = Method::by_name(method).map_err(|e| value_error(e.to_string()))?;
     let on_error = OnError::by_name(on_error).map_err(|e| value_error(e.to_string()))?;
     let (format, _) = stepwise_label::methods::judge_format(judge_format).map_err(|e| value_error(e.to_string()))?;
+    let judge_likelihood = match judge_verdict {
+        "votes" => false,
+        "likelihood" => true,
+        other => return Err(value_error(format!("judge_verdict `{other}`: use votes or likelihood"))),
+    };
     if method.needs_judge() && judge.is_none() {
         return Err(value_error(format!("method {method:?} asks a judge: pass judge=")));
     }
@@ -102,10 +111,11 @@ pub fn annotate<'py>(
         seed,
         search_limit,
         judge_samples,
+        judge_likelihood,
     };
     let claim = json!({
         "method": format!("{method:?}"), "rollouts": rollouts, "seed": seed, "search_limit": search_limit,
-        "judge_samples": judge_samples, "judge_format": judge_format, "separator": separator,
+        "judge_samples": judge_samples, "judge_format": judge_format, "judge_verdict": judge_verdict, "separator": separator,
         "task": code_identity(code_problems.as_deref(), code_timeout)?,
     });
     let labelled = without_gil(py, || {

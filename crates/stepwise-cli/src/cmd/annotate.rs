@@ -36,7 +36,7 @@ ProcessBench's critique question --judge-samples times and takes the most freque
 paragraph (\\boxed{k}, -1 for none); answers without a readable verdict do not vote, and a solution with no verdict \
 stays unlabelled. --judge-format index asks a judge fine-tuned to write that index right after a solution (the \
 lab's generative verifier: `stepwise lab` leaves it in RUN/judge) with the question and steps laid out as for \
-the policy, and reads a bare index; --judge-format quote reads the first wrong step copied out instead. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
+the policy, and reads a bare index; --judge-format quote reads the first wrong step copied out instead. With --judge-verdict likelihood (index or quote, a local checkpoint) nothing is sampled: the judge's verdict is the one whose answer it gives the highest probability right after the solution. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
 put the first error on the same step (the Qwen2.5-Math-PRM recipe); the retained fraction is reported.
 
 --task code labels the lines of programs by execution: a rollout is the rest of the function, and it is right when \
@@ -80,6 +80,12 @@ pub struct Args {
     /// Answers sampled from the judge per solution (the most frequent verdict wins).
     #[arg(long, default_value_t = 4)]
     pub judge_samples: usize,
+    /// How the judge's verdict is reached: `votes` (the most frequent of --judge-samples sampled
+    /// answers) or `likelihood` (the verdict whose answer the judge gives the highest
+    /// probability, read in one forward pass, nothing sampled; --judge-format index or quote
+    /// and a local checkpoint).
+    #[arg(long, default_value = "votes", value_parser = ["votes", "likelihood"])]
+    pub judge_verdict: String,
     /// Ask the judge through its chat template (instruct models).
     #[arg(long)]
     pub judge_chat: bool,
@@ -149,7 +155,7 @@ pub fn run(a: Args) -> Result<()> {
             "input": stepwise_core::journal::fingerprint(&sols)?,
             "policy": a.policy.identity()?, "method": a.method.name(),
             "judge": a.judge.as_ref().map(|j| j.identity()).transpose()?, "judge_samples": a.judge_samples,
-            "judge_chat": a.judge_chat, "judge_format": a.judge_format, "rollouts": a.rollouts, "search_limit": a.search_limit, "temperature": a.sampling.temperature,
+            "judge_verdict": a.judge_verdict, "judge_chat": a.judge_chat, "judge_format": a.judge_format, "rollouts": a.rollouts, "search_limit": a.search_limit, "temperature": a.sampling.temperature,
             "max_tokens": a.sampling.max_tokens, "separator": a.sampling.separator, "chat": a.chat, "seed": a.seed,
             "task": a.task.identity(Some(&a.input))?,
         }),
@@ -185,6 +191,7 @@ pub fn run(a: Args) -> Result<()> {
         seed: a.seed,
         search_limit: a.search_limit,
         judge_samples: a.judge_samples,
+        judge_likelihood: a.judge_verdict == "likelihood",
     };
     let annotators = Annotators::new(
         method,

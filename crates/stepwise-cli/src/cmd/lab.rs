@@ -113,7 +113,9 @@ pub fn run_lab(a: Args) -> Result<()> {
     )?;
     let auroc = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
     let (mut within, mut step) = (Vec::new(), Vec::new());
-    for (name, d) in &report.discrimination {
+    // The verifiers here; the judges and the PRM on their labels are in the report's table.
+    let judged = |name: &str| name.starts_with("judge") || name.ends_with("judge's labels");
+    for (name, d) in report.discrimination.iter().filter(|(name, _)| !judged(name)) {
         within.push(format!("{name} {}", auroc(d.within_problem_auroc)));
         if d.step_auroc.is_some() {
             step.push(format!("{name} {}", auroc(d.step_auroc)));

@@ -11,6 +11,18 @@ pub enum Until {
     End,
 }
 
+/// What [`Policy::logprobs_after`] weighs: `options`, each as what the model writes next after
+/// `question` and the steps `prefix`.
+#[derive(Debug, Clone, Copy)]
+pub struct NextOptions<'a> {
+    /// The question, laid out as the policy's prompt.
+    pub question: &'a str,
+    /// The steps after it.
+    pub prefix: &'a [&'a str],
+    /// The texts weighed.
+    pub options: &'a [&'a str],
+}
+
 /// One continuation of a partial solution.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Continuation {
@@ -56,6 +68,18 @@ pub trait Policy: Sync {
     /// (`P(correct)` against `P(incorrect)` after `\boxed{`) instead of counting sampled votes.
     fn continuation_logprobs(&self, question: &str, written: &str, options: &[&str]) -> Result<Option<Vec<f64>>> {
         let _ = (question, written, options);
+        Ok(None)
+    }
+
+    /// For each ask, the log-probability of each of its options being what the model writes
+    /// next after its question and steps, laid out as [`Policy::continue_from`] lays them out
+    /// (so a judge fine-tuned to answer right after a solution is read where it answers): the
+    /// sum over an option's tokens, with `end` the policy's end of text after it as well (so
+    /// options where one starts another, `1` and `10`, are told apart). `None` where the policy
+    /// cannot tell (the default; a served model). A judge's verdicts are weighed with it instead
+    /// of sampled (GenRM's `P(yes)`); a local engine weighs many asks in one batch.
+    fn logprobs_after(&self, asks: &[NextOptions<'_>], end: bool) -> Result<Option<Vec<Vec<f64>>>> {
+        let _ = (asks, end);
         Ok(None)
     }
 

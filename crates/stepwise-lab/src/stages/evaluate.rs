@@ -104,6 +104,26 @@ pub struct Generative {
     /// Its control, asked at each step, giving its verdict without working the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct: Option<JudgeCost>,
+    /// Seconds the judge took to score the held-out samples by sampled verdicts, on the run's
+    /// machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// The judges weighed by likelihood as well, when the preset weighs them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub likelihood: Vec<Weighed>,
+}
+
+/// A judge weighed by likelihood: what it cost beside its sampled verdicts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Weighed {
+    /// The verifier its likelihood scores are kept under.
+    pub verifier: String,
+    /// Seconds it took to score the held-out samples by likelihood.
+    pub seconds: f64,
+    /// Seconds the same judge took by sampled verdicts.
+    pub votes_seconds: f64,
+    /// Tokens it wrote per verified solution (none, unless it works each step first).
+    pub tokens_per_solution: f64,
 }
 
 /// What a judge wrote.
@@ -199,6 +219,26 @@ pub mod verifier {
     /// The judge asked at each step that gives its verdict without working the step (the
     /// control for the one that does).
     pub const JUDGE_DIRECT: &str = "judge_direct";
+    /// The judge weighed by likelihood: the probability it gives each verdict, not sampled.
+    pub const JUDGE_LIKELIHOOD: &str = "judge_likelihood";
+    /// The judge with a calculator, weighed by likelihood.
+    pub const JUDGE_CALCULATOR_LIKELIHOOD: &str = "judge_calculator_likelihood";
+    /// The judge working each step, each of its sampled verdicts weighed by `P(yes)` after
+    /// its working.
+    pub const JUDGE_WORKED_LIKELIHOOD: &str = "judge_worked_likelihood";
+    /// The judge at each step not working it, scored `P(yes)`: nothing sampled.
+    pub const JUDGE_DIRECT_LIKELIHOOD: &str = "judge_direct_likelihood";
+
+    /// The verifier under which a judge scored under `votes` keeps its likelihood scores.
+    pub fn likelihood_of(votes: &str) -> Option<&'static str> {
+        match votes {
+            JUDGE => Some(JUDGE_LIKELIHOOD),
+            JUDGE_CALCULATOR => Some(JUDGE_CALCULATOR_LIKELIHOOD),
+            JUDGE_WORKED => Some(JUDGE_WORKED_LIKELIHOOD),
+            JUDGE_DIRECT => Some(JUDGE_DIRECT_LIKELIHOOD),
+            _ => None,
+        }
+    }
     /// The ORM (its last step's score is the solution's).
     pub const ORM: &str = "orm";
     /// The policy's confidence in each written result (a diagnostic baseline).
@@ -280,8 +320,8 @@ struct Groups {
     /// The judge as a generative verifier, and the PRM on its oracle labels.
     judge: Option<(Ranked, Ranked)>,
     /// The other judges trained alike on the judge's labels, present where the preset trained
-    /// them: `(best-of-N method, candidates)`, in [`OTHER_JUDGES`] order.
-    others: Vec<(&'static str, Ranked)>,
+    /// them: `(verifier, best-of-N method, candidates)`, in [`OTHER_JUDGES`] order.
+    others: Vec<(&'static str, &'static str, Ranked)>,
     /// What the verifiers' base knows before any label, when they have one.
     base: Option<Ranked>,
 }
@@ -309,7 +349,11 @@ impl Groups {
             },
             others: OTHER_JUDGES
                 .iter()
-                .filter_map(|&(verifier, method)| if_present(verifier).transpose().map(|r| r.map(|g| (method, g))))
+                .filter_map(|&(verifier, method, _)| {
+                    if_present(verifier)
+                        .transpose()
+                        .map(|r| r.map(|g| (verifier, method, g)))
+                })
                 .collect::<Result<_>>()?,
             base: if_present(BASE_CONFIDENCE)?,
         })
@@ -338,7 +382,7 @@ impl Groups {
             methods.push((JUDGE_METHOD.to_string(), &judge[..], min));
             methods.push((BUDGET_METHOD.to_string(), &budget[..], min));
         }
-        for (method, ranked) in &self.others {
+        for (_, method, ranked) in &self.others {
             methods.push((method.to_string(), &ranked[..], min));
         }
         methods.extend([
@@ -389,6 +433,15 @@ impl Groups {
                 steps(BASE_CONFIDENCE, base),
             ));
         }
+        // The judges and the PRM on their labels, named as their best-of-N methods are.
+        let named = |method: &str| method.trim_end_matches(" (min)").to_string();
+        if let Some((judge, budget)) = &self.judge {
+            rows.push((named(JUDGE_METHOD), steps(JUDGE, judge)));
+            rows.push((named(BUDGET_METHOD), steps(PRM_JUDGE_BUDGET, budget)));
+        }
+        for (verifier, method, ranked) in &self.others {
+            rows.push((named(method), steps(verifier, ranked)));
+        }
         rows
     }
 }
@@ -432,8 +485,8 @@ fn processbench_rows(scored: &[Solution], groups: &Groups) -> Vec<(String, Proce
         rows.push((JUDGE_METHOD.into(), pb(JUDGE)));
         rows.push((BUDGET_METHOD.into(), pb(PRM_JUDGE_BUDGET)));
     }
-    for &(verifier, method) in OTHER_JUDGES {
-        if groups.others.iter().any(|(m, _)| *m == method) {
+    for &(verifier, method, _) in OTHER_JUDGES {
+        if groups.others.iter().any(|(_, m, _)| *m == method) {
             rows.push((method.into(), pb(verifier)));
         }
     }
@@ -471,18 +524,40 @@ fn step_pairs(scored: &[Solution], scores: &[Vec<f32>]) -> Vec<(f32, bool)> {
 const JUDGE_METHOD: &str = "judge, generative (min)";
 /// The PRM on the judge's oracle labels.
 const BUDGET_METHOD: &str = "PRM-oracle, judge's labels (min)";
-/// The judges trained alike on the judge's labels beside it: `(verifier, best-of-N method and
-/// ProcessBench row)`; the judge with a calculator, the one that writes a verification chain,
-/// the one asked at each step that works it again, and that one's control that does not.
-const OTHER_JUDGES: &[(&str, &str)] = &[
-    (verifier::JUDGE_CALCULATOR, "judge + calculator, generative (min)"),
-    (verifier::JUDGE_CHAIN, "judge writing a chain, generative (min)"),
-    (verifier::JUDGE_WORKED, "judge working each step, generative (min)"),
+/// The judges beside the judge: `(verifier, best-of-N method and ProcessBench row, the method
+/// it is paired with besides the PRM on the judge's labels)`. Those trained alike on the
+/// judge's labels (with a calculator, writing a verification chain, asked at each step working
+/// it again, and that one's control not working it) are paired with the judge; each judge
+/// weighed by likelihood with itself scored by sampled votes.
+const OTHER_JUDGES: &[(&str, &str, &str)] = &[
+    (verifier::JUDGE_CALCULATOR, CALCULATOR_METHOD, JUDGE_METHOD),
     (
-        verifier::JUDGE_DIRECT,
-        "judge at each step, not working it, generative (min)",
+        verifier::JUDGE_CHAIN,
+        "judge writing a chain, generative (min)",
+        JUDGE_METHOD,
+    ),
+    (verifier::JUDGE_WORKED, WORKED_METHOD, JUDGE_METHOD),
+    (verifier::JUDGE_DIRECT, DIRECT_METHOD, JUDGE_METHOD),
+    (verifier::JUDGE_LIKELIHOOD, "judge, likelihood (min)", JUDGE_METHOD),
+    (
+        verifier::JUDGE_CALCULATOR_LIKELIHOOD,
+        "judge + calculator, likelihood (min)",
+        CALCULATOR_METHOD,
+    ),
+    (
+        verifier::JUDGE_WORKED_LIKELIHOOD,
+        "judge working each step, likelihood (min)",
+        WORKED_METHOD,
+    ),
+    (
+        verifier::JUDGE_DIRECT_LIKELIHOOD,
+        "judge at each step, not working it, likelihood (min)",
+        DIRECT_METHOD,
     ),
 ];
+const CALCULATOR_METHOD: &str = "judge + calculator, generative (min)";
+const WORKED_METHOD: &str = "judge working each step, generative (min)";
+const DIRECT_METHOD: &str = "judge at each step, not working it, generative (min)";
 
 /// Best-of-`eval_samples` comparisons on the same problems: the PRM against the ORM and the
 /// majority vote, the oracle-label PRM against the MC one, and each other label source's PRM
@@ -531,9 +606,9 @@ fn paired_bon(
         };
         pair(JUDGE_METHOD, &judge, BUDGET_METHOD, &budget, 14);
         pair(JUDGE_METHOD, &judge, "PRM-MC (min)", &mc, 15);
-        for (k, &(_, method)) in OTHER_JUDGES.iter().enumerate() {
-            if let Some(xs) = of(method) {
-                pair(method, &xs, JUDGE_METHOD, &judge, 16 + 2 * k as u64);
+        for (k, &(_, method, against)) in OTHER_JUDGES.iter().enumerate() {
+            if let (Some(xs), Some(ys)) = (of(method), of(against)) {
+                pair(method, &xs, against, &ys, 16 + 2 * k as u64);
                 pair(method, &xs, BUDGET_METHOD, &budget, 17 + 2 * k as u64);
             }
         }

@@ -65,6 +65,11 @@ impl JudgeFormat for WithCalculator {
         let shown: Vec<String> = steps.iter().map(|s| with_calculator(s)).collect();
         self.0.read(answer, &shown)
     }
+
+    fn answer_for(&self, steps: &[String], first: Option<usize>) -> Option<String> {
+        let shown: Vec<String> = steps.iter().map(|s| with_calculator(s)).collect();
+        self.0.answer_for(&shown, first)
+    }
 }
 
 /// Which judge: what it reads and writes.
@@ -328,6 +333,7 @@ pub fn judge_stage(
         samples: p.judge.samples,
         seed: seed ^ 6,
         format: p.judge.answer.format(),
+        likelihood: false,
     };
     let (labels, spent) = label_stage(
         &out.join("labels_judge.jsonl"),
@@ -350,12 +356,28 @@ pub fn judge_stage(
     })
 }
 
-/// Score `sols` with a judge `model` of `kind` itself, a generative verifier (each step: the
-/// share of its sampled verdicts that put the first error later), under `name`. Returns the
+/// Whether a judge of `kind` can be weighed by likelihood: its answers are fixed texts (an
+/// index or a quoted step), or it is asked at each step (`yes` against `no`); the chain judge's
+/// answer is its own working.
+pub fn weighable(kind: JudgeKind) -> bool {
+    !matches!(
+        kind,
+        JudgeKind::Whole {
+            answer: JudgeAnswer::Chain,
+            ..
+        }
+    )
+}
+
+/// Score `sols` with a judge `model` of `kind` itself, a generative verifier, under `name`:
+/// each step's score is the share of its sampled verdicts that put the first error later, or
+/// with `likelihood` ([`weighable`] kinds) the probability it gives those verdicts. Returns the
 /// tokens its answers took.
+#[allow(clippy::too_many_arguments)]
 pub fn score_with_judge(
     model: &Model,
     kind: JudgeKind,
+    likelihood: bool,
     p: &Preset,
     seed: u64,
     tok: &Tokenizer,
@@ -363,7 +385,8 @@ pub fn score_with_judge(
     name: &str,
 ) -> Result<usize> {
     let policy = judge_policy(model, tok, p.policy.temperature, kind);
-    let what = format!("scoring (the {}, generative)", kind.what());
+    let how = if likelihood { "likelihood" } else { "generative" };
+    let what = format!("scoring (the {}, {how})", kind.what());
     let pb = crate::progress::bar(sols.len() as u64, &what);
     let progress = |done: usize| pb.set_position(done as u64);
     let tokens = match kind {
@@ -373,14 +396,17 @@ pub fn score_with_judge(
                 samples: p.judge.samples,
                 seed: seed ^ 9,
                 format: format_of(answer, calculator),
+                likelihood,
             };
             stepwise_core::seams::score_solutions(&judge, name, sols, 64, progress)?
         }
-        JudgeKind::EachStep { .. } => {
+        JudgeKind::EachStep { think } => {
             let judge = super::worked::WorkedJudge {
                 policy: &policy,
                 samples: p.judge.samples,
                 seed: seed ^ 9,
+                think,
+                likelihood,
             };
             stepwise_core::seams::score_solutions(&judge, name, sols, 64, progress)?
         }

@@ -11,8 +11,8 @@
 
 use super::judge::{verdict_piece, RIGHT, WRONG};
 use crate::vocab::{EOS, SEP};
-use anyhow::Result;
-use stepwise_core::seams::{Policy, ScoreInput, Scored, StepScorer, Until};
+use anyhow::{Context, Result};
+use stepwise_core::seams::{NextOptions, Policy, ScoreInput, Scored, StepScorer, Until};
 use stepwise_core::Solution;
 use stepwise_label::montecarlo::seed_for;
 use stepwise_model::layout::encode_steps;
@@ -60,7 +60,9 @@ pub fn read_verdict(answer: &str) -> Option<bool> {
 
 /// The judge as a verifier: each step of each solution asked `samples` times (seeded by the
 /// solution and the step), its score the share of readable verdicts that say `yes` (0.5 when
-/// none is readable).
+/// none is readable). With `likelihood`, each readable verdict counts as the probability the
+/// judge gives `yes` against `no` after what it wrote before it (ThinkPRM's score); a judge
+/// that does not `think` writes nothing before it, so nothing is sampled.
 pub struct WorkedJudge<'a> {
     /// The fine-tuned judge, in the policy's layout.
     pub policy: &'a dyn Policy,
@@ -68,16 +70,30 @@ pub struct WorkedJudge<'a> {
     pub samples: usize,
     /// Base seed.
     pub seed: u64,
+    /// It works each step again before its verdict.
+    pub think: bool,
+    /// Weigh each verdict by its probability instead of counting it.
+    pub likelihood: bool,
 }
 
-impl StepScorer for WorkedJudge<'_> {
-    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
-        let mut scores = Vec::with_capacity(batch.len());
+/// What the judge said about a step in one answer: its verdict and the working before it.
+type Reading = (bool, String);
+
+impl WorkedJudge<'_> {
+    /// The readable verdicts of each step of each solution (with the working before each), and
+    /// the tokens written. A judge weighed by likelihood that does not think writes nothing: one
+    /// reading a step, with no working.
+    fn read_steps(&self, batch: &[ScoreInput<'_>]) -> Result<(Vec<Vec<Vec<Reading>>>, usize)> {
         let mut tokens = 0;
+        let mut readings = Vec::with_capacity(batch.len());
         for input in batch {
             let key = format!("{}\u{1f}{}", input.problem_id, input.steps.join("\u{1f}"));
             let mut row = Vec::with_capacity(input.steps.len());
             for k in 0..input.steps.len() {
+                if self.likelihood && !self.think {
+                    row.push(vec![(true, String::new())]);
+                    continue;
+                }
                 let answers = self.policy.continue_from(
                     input.question,
                     &input.steps[..=k],
@@ -86,14 +102,96 @@ impl StepScorer for WorkedJudge<'_> {
                     seed_for(self.seed, &key, k),
                 )?;
                 tokens += answers.iter().map(|a| a.tokens).sum::<usize>();
-                let verdicts: Vec<bool> = answers.iter().filter_map(|a| read_verdict(&a.text)).collect();
-                row.push(match verdicts.len() {
-                    0 => 0.5,
-                    n => verdicts.iter().filter(|&&v| v).count() as f32 / n as f32,
-                });
+                row.push(
+                    answers
+                        .iter()
+                        .filter_map(|a| {
+                            let right = read_verdict(&a.text)?;
+                            let words: Vec<&str> = a.text.split_whitespace().collect();
+                            Some((right, words[..words.len() - 1].join(" ")))
+                        })
+                        .collect(),
+                );
             }
-            scores.push(row);
+            readings.push(row);
         }
+        Ok((readings, tokens))
+    }
+
+    /// Each reading's `P(yes) / (P(yes) + P(no))` after its working, in one batch.
+    fn weigh(&self, batch: &[ScoreInput<'_>], readings: &[Vec<Vec<Reading>>]) -> Result<Vec<Vec<Vec<f32>>>> {
+        let option = |working: &str, verdict: &str| match working {
+            "" => verdict.to_string(),
+            w => format!("{w} {verdict}"),
+        };
+        let options: Vec<Vec<Vec<[String; 2]>>> = readings
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|said| said.iter().map(|(_, w)| [option(w, RIGHT), option(w, WRONG)]).collect())
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<Vec<Vec<[&str; 2]>>> = options
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|said| said.iter().map(|[a, b]| [a.as_str(), b.as_str()]).collect())
+                    .collect()
+            })
+            .collect();
+        let mut asks = Vec::new();
+        for (input, row) in batch.iter().zip(&refs) {
+            for (k, said) in row.iter().enumerate() {
+                asks.extend(said.iter().map(|o| NextOptions {
+                    question: input.question,
+                    prefix: &input.steps[..=k],
+                    options: o,
+                }));
+            }
+        }
+        let mut lps = self
+            .policy
+            .logprobs_after(&asks, true)?
+            .context("the judge's model gives no log-probabilities (a served model): score it with sampled verdicts")?
+            .into_iter();
+        let mut next = || -> Result<f32> {
+            let lp = lps.next().context("the policy weighed fewer asks than it was given")?;
+            Ok((1.0 / (1.0 + (lp[1] - lp[0]).exp())) as f32)
+        };
+        readings
+            .iter()
+            .map(|row| row.iter().map(|said| said.iter().map(|_| next()).collect()).collect())
+            .collect()
+    }
+}
+
+/// The mean of `xs`, 0.5 when there are none.
+fn mean_or_half(xs: &[f32]) -> f32 {
+    match xs.len() {
+        0 => 0.5,
+        n => xs.iter().sum::<f32>() / n as f32,
+    }
+}
+
+impl StepScorer for WorkedJudge<'_> {
+    fn score(&self, batch: &[ScoreInput<'_>]) -> Result<Scored> {
+        let (readings, tokens) = self.read_steps(batch)?;
+        let values: Vec<Vec<Vec<f32>>> = match self.likelihood {
+            true => self.weigh(batch, &readings)?,
+            false => readings
+                .iter()
+                .map(|row| {
+                    row.iter()
+                        .map(|said| said.iter().map(|(right, _)| f32::from(u8::from(*right))).collect())
+                        .collect()
+                })
+                .collect(),
+        };
+        let scores = values
+            .iter()
+            .map(|row| row.iter().map(|v| mean_or_half(v)).collect())
+            .collect();
         Ok(Scored { scores, tokens })
     }
 }
@@ -101,6 +199,7 @@ impl StepScorer for WorkedJudge<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stepwise_core::seams::Continuation;
     use stepwise_core::testing::ScriptedPolicy;
     use stepwise_core::{Provenance, Step, StepLabel};
 
@@ -165,6 +264,8 @@ mod tests {
             policy: &policy,
             samples: 3,
             seed: 1,
+            think: true,
+            likelihood: false,
         };
         let input = ScoreInput {
             problem_id: "p",
@@ -172,7 +273,53 @@ mod tests {
             steps: vec!["2 * 3 = 6", "6 + 1 = 8", "The answer is 8"],
             partial: false,
         };
-        let scored = judge.score(&[input]).unwrap();
+        let scored = judge.score(std::slice::from_ref(&input)).unwrap();
         assert_eq!(scored.scores, vec![vec![1.0, 2.0 / 3.0, 0.5]]);
+
+        // Weighed: each readable verdict counts as P(yes) / (P(yes) + P(no)) after the working
+        // the judge wrote before it; here the judge leans to `yes` (log-odds 2) after a working
+        // that ends as the step does, to `no` (log-odds -1) otherwise.
+        struct Weighing<'p>(&'p dyn Policy);
+        impl Policy for Weighing<'_> {
+            fn continue_from(&self, q: &str, p: &[&str], n: usize, u: Until, s: u64) -> Result<Vec<Continuation>> {
+                self.0.continue_from(q, p, n, u, s)
+            }
+            fn logprobs_after(&self, asks: &[NextOptions<'_>], end: bool) -> Result<Option<Vec<Vec<f64>>>> {
+                assert!(end);
+                let weigh = |a: &NextOptions| {
+                    assert_eq!(a.options.len(), 2);
+                    let working = a.options[0].strip_suffix(RIGHT).unwrap().trim();
+                    assert_eq!(a.options[1], format!("{working} {WRONG}").trim());
+                    let odds = if a.prefix.last().unwrap().starts_with(working) {
+                        2.0
+                    } else {
+                        -1.0
+                    };
+                    vec![odds - 5.0, -5.0]
+                };
+                Ok(Some(asks.iter().map(weigh).collect()))
+            }
+        }
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let weighed = WorkedJudge {
+            policy: &Weighing(&policy),
+            likelihood: true,
+            ..judge
+        };
+        let scored = weighed.score(std::slice::from_ref(&input)).unwrap();
+        // Step 0: `2 * 3 = 6 yes` (working as the step), `yes` (no working: as the step too),
+        // `2 * 3 = 6 yes`. Step 1: `6 + 1 = 7 no` (not the step), then `yes` twice (empty).
+        let want = [sigmoid(2.0), (sigmoid(-1.0) + 2.0 * sigmoid(2.0)) / 3.0, 0.5];
+        for (got, want) in scored.scores[0].iter().zip(want) {
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        // Without thinking nothing is sampled: one weighing a step, no working.
+        let direct = WorkedJudge {
+            think: false,
+            ..weighed
+        };
+        let scored = direct.score(std::slice::from_ref(&input)).unwrap();
+        assert_eq!(scored.tokens, 0);
+        assert!(scored.scores[0].iter().all(|&s| (s - sigmoid(2.0)).abs() < 1e-6));
     }
 }
