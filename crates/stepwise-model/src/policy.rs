@@ -46,12 +46,16 @@ impl EnginePolicy<'_> {
     }
 
     /// For each query `(context, options)`, the log-probability of each option (then `end`,
-    /// where given) after the tokens `context`: every sequence in batched forward passes,
-    /// shortest first (little padding), of at most [`crate::DEFAULT_MAX_BATCH_TOKENS`] tokens.
+    /// where given) after the tokens `context`: the sequences packed end to end in passes of at
+    /// most [`crate::DEFAULT_MAX_BATCH_TOKENS`] tokens ([`Model::head_at`]: the head runs only
+    /// at the positions that predict an option's tokens).
     fn options_after(&self, queries: &[(&[u32], &[&str])], end: Option<u32>) -> Result<Vec<Vec<f64>>> {
         let context_len = self.model.config.max_position_embeddings;
         let mut seqs: Vec<(usize, Vec<u32>)> = Vec::new();
         for (q, &(context, options)) in queries.iter().enumerate() {
+            if context.is_empty() {
+                anyhow::bail!("an empty prompt: there is no position to read the options' first token at");
+            }
             for o in options.iter() {
                 let option = self.tokenizer.encode(o, false)?;
                 if option.is_empty() {
@@ -67,22 +71,33 @@ impl EnginePolicy<'_> {
                 seqs.push((q, seq));
             }
         }
-        let mut order: Vec<usize> = (0..seqs.len()).collect();
-        order.sort_by_key(|&i| seqs[i].1.len());
-        let mut sums = vec![0f64; seqs.len()];
+        // Packed end to end (no padding), at most `max_tokens` a pass; the head runs only at
+        // the positions that predict an option's tokens.
         let max_tokens = crate::DEFAULT_MAX_BATCH_TOKENS;
+        let mut sums = Vec::with_capacity(seqs.len());
         let mut at = 0;
-        while at < order.len() {
-            // Sorted by length, the last of a batch is its longest: as many as fit.
+        while at < seqs.len() {
             let mut to = at + 1;
-            while to < order.len() && (to + 1 - at) * seqs[order[to]].1.len() <= max_tokens {
+            let mut tokens = seqs[at].1.len();
+            while to < seqs.len() && tokens + seqs[to].1.len() <= max_tokens {
+                tokens += seqs[to].1.len();
                 to += 1;
             }
-            let batch: Vec<&[u32]> = order[at..to].iter().map(|&i| seqs[i].1.as_slice()).collect();
-            let logprobs = crate::log_ratio::sequence_logprobs(self.model, &batch, batch.len(), max_tokens)?;
-            for (&i, lp) in order[at..to].iter().zip(logprobs) {
-                let from = queries[seqs[i].0].0.len();
-                sums[i] = lp[from..].iter().map(|&x| x as f64).sum();
+            let batch = &seqs[at..to];
+            let refs: Vec<&[u32]> = batch.iter().map(|(_, s)| s.as_slice()).collect();
+            let read: Vec<Vec<usize>> = batch
+                .iter()
+                .map(|(q, s)| (queries[*q].0.len() - 1..s.len() - 1).collect())
+                .collect();
+            let (logits, width) = self.model.head_at(&refs, &read, None)?;
+            let mut rows = logits.chunks(width.max(1));
+            for (q, s) in batch {
+                let mut sum = 0f64;
+                for &token in &s[queries[*q].0.len()..] {
+                    let row = rows.next().context("the model read fewer positions than asked")?;
+                    sum += log_softmax_at(row, token as usize)?;
+                }
+                sums.push(sum);
             }
             at = to;
         }
@@ -99,6 +114,16 @@ impl EnginePolicy<'_> {
         let body: Vec<u32> = out.iter().copied().filter(|t| !end.contains(t)).collect();
         self.tokenizer.decode(&body)
     }
+}
+
+/// `log softmax(logits)[token]`, in f64.
+fn log_softmax_at(logits: &[f32], token: usize) -> Result<f64> {
+    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let total: f64 = logits.iter().map(|&x| (x as f64 - top).exp()).sum();
+    let at = *logits
+        .get(token)
+        .with_context(|| format!("token {token} is past the model's vocabulary ({})", logits.len()))?;
+    Ok(at as f64 - top - total.ln())
 }
 
 impl Policy for EnginePolicy<'_> {
