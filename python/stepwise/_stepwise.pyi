@@ -434,6 +434,20 @@ def generative_scores(
     `tools="python"`: a chain may check a step in a ```python block, run in the sandbox, its
     output shown to it before it goes on (GenPRM's code verification)."""
 
+def judge_scores(
+    policy: Any,
+    items: Sequence[Union[Dict[str, Any], Tuple[str, Sequence[str]]]],
+    format: str = "index",
+    likelihood: bool = True,
+    samples: int = 4,
+    seed: int = 0,
+) -> List[List[float]]:
+    """Each step's score by a judge that answers right after a solution with its first wrong
+    step (`format="index"`: its index, -1 for none; `"quote"`: the step copied out), such as the
+    lab's `RUN/judge` as a `stepwise.Policy`: the probability of the verdicts that put the first
+    error after the step, read by likelihood in one forward pass (a local `stepwise.Policy`), or
+    with `likelihood=False` the share of `samples` sampled answers."""
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of a problem with `n` samples, `c` of them passing."""
 

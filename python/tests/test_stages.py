@@ -219,6 +219,34 @@ def test_generative_scores_are_each_steps_share_of_correct_verdicts():
         stepwise.generative_scores(Verifier(), items, samples=0)
 
 
+class IndexJudge:
+    """A judge in Python that answers right after a solution: step 1 twice, no error once."""
+
+    def continue_from(self, question, prefix, n, until, seed):
+        assert list(prefix) == ["3 * 4 = 12", "12 + 1 = 13", "The answer is 13."]
+        return ["1", "1", "- 1"][:n]
+
+
+def test_judge_scores_vote_or_weigh_the_first_wrong_step(fixtures):
+    items = [("Ann has 3 bags of 4 apples and finds 2 more.", ["3 * 4 = 12", "12 + 1 = 13", "The answer is 13."])]
+    # Votes: each step's share of the answers that put the first error after it.
+    votes = stepwise.judge_scores(IndexJudge(), items, likelihood=False, samples=3)
+    assert votes[0] == pytest.approx([1.0, 1 / 3, 1 / 3])
+    # A Python policy gives no log-probabilities to weigh the answers with.
+    with pytest.raises(stepwise.StepwiseError, match="log-probabilities"):
+        stepwise.judge_scores(IndexJudge(), items)
+    with pytest.raises(ValueError, match="format"):
+        stepwise.judge_scores(IndexJudge(), items, format="critique")
+    # A local checkpoint weighs every verdict: a step's score is the probability of the verdicts
+    # after it, so each row falls from step to step and stays a probability.
+    local = stepwise.Policy(str(fixtures / "qwen2-policy"), separator="\n")
+    weighed = stepwise.judge_scores(local, items + [("What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."])])
+    for row in weighed:
+        assert all(0.0 <= s <= 1.0 for s in row)
+        assert all(a >= b - 1e-6 for a, b in zip(row, row[1:])), row
+    assert weighed == stepwise.judge_scores(local, items + [("What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."])])
+
+
 def test_generative_scores_with_python_tools(fixtures):
     items = [("What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."])]
     local = stepwise.Policy(str(fixtures / "qwen2-policy"), temperature=0.0, max_tokens=8)

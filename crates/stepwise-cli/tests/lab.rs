@@ -449,6 +449,39 @@ fn the_command_line_weighs_the_judge_as_the_lab_does(root: &Path, a: &Path) {
         compared * 4 >= total * 3 && compared >= 40,
         "{compared} of {total} compared"
     );
+
+    // `stepwise score --verifier judge` gives the lab's judge scores themselves: weighed by
+    // likelihood, and by 3 sampled answers with the lab's seed for them (seed ^ 9).
+    for (name, verdict) in [("judge_likelihood", "likelihood"), ("judge", "votes")] {
+        let rescored = root.join(format!("{name}.jsonl"));
+        let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(["score", "--verifier", "judge", "--name", "cli", "--verdict", verdict])
+            .args([
+                "--separator",
+                " | ",
+                "--samples",
+                "3",
+                "--seed",
+                "14",
+                "--temperature",
+                "1",
+            ])
+            .args(["--max-tokens", "4", "--model"])
+            .arg(a.join("judge"))
+            .arg("--input")
+            .arg(a.join("scored_eval.jsonl"))
+            .arg("--output")
+            .arg(&rescored)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let lab_scores = common::step_scores(&lab, name);
+        let cli_scores = common::step_scores(&read(rescored), "cli");
+        assert_eq!(lab_scores.len(), cli_scores.len());
+        for (x, y) in lab_scores.iter().zip(&cli_scores) {
+            assert!((x - y).abs() < 1e-5, "{name}: {x} vs {y}");
+        }
+    }
 }
 
 fn the_command_line_reproduces_the_labs_prm_scores(root: &Path, a: &Path) {

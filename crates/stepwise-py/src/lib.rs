@@ -71,5 +71,6 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(code::run_tests, m)?)?;
     m.add_function(wrap_pyfunction!(code::pass_at_k, m)?)?;
     m.add_function(wrap_pyfunction!(verifier::generative_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(verifier::judge_scores, m)?)?;
     Ok(())
 }

@@ -343,6 +343,55 @@ pub fn generative_scores(
     })
 }
 
+/// Every step's score of each item by a judge fine-tuned to answer right after a solution with
+/// its first wrong step (the lab's generative verifier, `RUN/judge`): `policy` (a
+/// `stepwise.Policy` over the judge's checkpoint, its separator the one the judge reads) is
+/// asked after the question and the steps, and writes the first wrong step's index (`format=
+/// "index"`, -1 for none) or the step copied out (`"quote"`). A step's score is the
+/// probability of the verdicts that put the first error after it: with `likelihood` the
+/// probability the judge gives each verdict's answer, read in one forward pass (nothing
+/// sampled; a local `stepwise.Policy`), else the share of `samples` sampled answers. Items as
+/// for `PRM.score_batch`.
+///
+/// >>> judge = stepwise.Policy("runs/standard-seed1/judge", separator="|", prompt="pieces")
+/// >>> stepwise.judge_scores(judge, [(question, steps)])
+#[pyfunction]
+#[pyo3(signature = (policy, items, format="index", likelihood=true, samples=4, seed=0))]
+pub fn judge_scores(
+    py: Python<'_>,
+    policy: &Bound<'_, PyAny>,
+    items: &Bound<'_, PyAny>,
+    format: &str,
+    likelihood: bool,
+    samples: usize,
+    seed: u64,
+) -> PyResult<Vec<Vec<f32>>> {
+    if samples == 0 && !likelihood {
+        return Err(value_error("samples must be at least 1 to vote"));
+    }
+    let format = match format {
+        "index" | "quote" => {
+            stepwise_label::methods::judge_format(format)
+                .map_err(crate::convert::error)?
+                .0
+        }
+        other => return Err(value_error(format!("format `{other}`: use \"index\" or \"quote\""))),
+    };
+    let items = items_arg(items)?;
+    let policy = crate::policy::PolicyArg::of(policy, "\n")?;
+    without_gil(py, || {
+        let seam = policy.seam(&[]);
+        let judge = stepwise_label::Judge {
+            policy: &*seam,
+            samples,
+            seed,
+            format,
+            likelihood,
+        };
+        Ok(judge.score(&inputs_of(&items))?.scores)
+    })
+}
+
 /// How one chunk of `score_records` went.
 impl Prm {
     /// `score_records`' output claimed for these records and this PRM, and the records an

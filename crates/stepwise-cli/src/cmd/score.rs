@@ -31,7 +31,15 @@ chains are drawn per solution and a step's score is the mean over the chains of 
 checkpoint, the probability P(correct) / (P(correct) + P(incorrect)) the verifier gives the verdict word after \
 \\boxed{ (--verdict likelihood); from a server, or with --verdict votes, 1 or 0 as the chain wrote it (the share of \
 chains that call it correct). In a chain every step after its first incorrect one counts as incorrect; a step no \
-chain reaches scores 0.5. The scores land under --name like a PRM's, so bon, search and eval take them."
+chain reaches scores 0.5. The scores land under --name like a PRM's, so bon, search and eval take them.
+
+--verifier judge: the model is a judge fine-tuned to write, right after a solution laid out as the policy's steps \
+(split by --separator), the index of the first wrong step (-1 for none; --judge-format quote: the step copied out), \
+as the lab's judge is (`stepwise lab` leaves it in RUN/judge). A step's score is the probability of the verdicts \
+that put the first error after it: with --verdict likelihood, the probability the judge gives each verdict's \
+answer, read in one forward pass (nothing sampled; a local checkpoint); with --verdict votes, the share of \
+--samples sampled answers. For the lab's judge: `stepwise score --verifier judge --model RUN/judge --separator ' | ' \
+--input RUN/scored_eval.jsonl --output s.jsonl --name judge_likelihood` gives the lab's own scores."
 )]
 pub struct Args {
     /// Checkpoint folder (config.json, model.safetensors, tokenizer.json), a Hugging Face model
@@ -78,12 +86,24 @@ pub struct Args {
     #[command(flatten)]
     pub dtype: super::backend::DtypeArg,
     /// prm: --model is a PRM or ORM (any layout). generative: --model writes a verification
-    /// chain per solution with a verdict per step (see below).
+    /// chain per solution with a verdict per step. judge: --model answers right after a
+    /// solution with its first wrong step (see below).
     #[arg(long, value_enum, default_value = "prm")]
     pub verifier: VerifierKind,
-    /// --verifier generative: chains sampled per solution.
+    /// --verifier generative: chains sampled per solution; judge: answers sampled per solution
+    /// (with --verdict votes).
     #[arg(long, default_value_t = 4)]
     pub samples: usize,
+    /// --verifier judge: what the judge writes after a solution, `index` (the first wrong step's
+    /// index, -1 for none) or `quote` (the first wrong step copied out).
+    #[arg(long, default_value = "index", value_parser = ["index", "quote"])]
+    pub judge_format: String,
+    /// --verifier judge: text between the steps as the judge reads them (the lab's: " | ").
+    #[arg(long, default_value = "\n")]
+    pub separator: String,
+    /// --verifier generative or judge: seed of the sampled chains or answers.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// --verifier generative: ask through the tokenizer's chat template (instruct models).
     #[arg(long)]
     pub chat: bool,
@@ -93,8 +113,9 @@ pub struct Args {
     /// --verifier generative: most tokens per chain.
     #[arg(long, default_value_t = 1024)]
     pub max_tokens: usize,
-    /// --verifier generative: how a chain's verdict counts (likelihood: its probability, where
-    /// the model gives log-probabilities; votes: 1 or 0).
+    /// --verifier generative or judge: how a verdict counts (likelihood: its probability, where
+    /// the model gives log-probabilities; votes: 1 or 0 as sampled). A judge weighed by
+    /// likelihood samples nothing and needs a local checkpoint.
     #[arg(long, value_enum, default_value = "likelihood")]
     pub verdict: Verdict,
     /// --verifier generative: tools the chains may call. `python`: a chain may check a step by
@@ -155,6 +176,9 @@ pub enum VerifierKind {
     Prm,
     /// A model that writes a verification chain with a verdict per step (ThinkPRM, GenPRM).
     Generative,
+    /// A judge fine-tuned to answer right after a solution with its first wrong step (the
+    /// lab's generative verifier: `--judge-format index` or `quote`).
+    Judge,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -163,7 +187,7 @@ pub fn run(a: Args) -> Result<()> {
     // The output is claimed (or refused) before any model is loaded.
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let mut out = Output::open(&a, &sols)?;
-    let (scorer_backend, policy_backend, prm_scorer, chains, generative, sandbox);
+    let (scorer_backend, policy_backend, prm_scorer, policy, generative, judge, sandbox);
     let servers;
     let scorer: &dyn stepwise_core::StepScorer = match a.verifier {
         VerifierKind::Prm => {
@@ -172,34 +196,34 @@ pub fn run(a: Args) -> Result<()> {
             prm_scorer = scorer_backend.scorer();
             &*prm_scorer
         }
-        VerifierKind::Generative => {
+        VerifierKind::Generative | VerifierKind::Judge => {
             policy_backend = a.device.open_policy(&a.model, &a.remote)?;
             servers = policy_backend.client();
-            chains = policy_backend.policy(&stepwise_remote::backend::PolicySettings {
-                temperature: a.temperature,
-                max_tokens: Some(a.max_tokens),
-                prompt: if a.chat {
-                    stepwise_model::Prompt::Chat
-                } else {
-                    stepwise_model::Prompt::Text
-                },
-                ..Default::default()
-            });
-            sandbox = match a.tools {
-                Tools::None => None::<Box<dyn stepwise_core::seams::CodeRunner>>,
-                Tools::Python if !a.sandbox_url.is_empty() => {
-                    Some(Box::new(stepwise_remote::RemoteSandbox::new(&a.sandbox_url, 10.0)?) as Box<_>)
+            policy = policy_backend.policy(&verifier_settings(&a));
+            let likelihood = a.verdict == Verdict::Likelihood;
+            if a.verifier == VerifierKind::Judge {
+                if likelihood && servers.is_some() {
+                    anyhow::bail!("--verifier judge --verdict likelihood reads the judge's log-probabilities of every answer, which a server does not give: use --verdict votes, or a local checkpoint");
                 }
-                Tools::Python => Some(Box::new(stepwise_code::Sandbox::new()?) as Box<_>),
-            };
-            generative = stepwise_label::GenerativeVerifier {
-                policy: &*chains,
-                samples: a.samples,
-                seed: 0,
-                likelihood: a.verdict == Verdict::Likelihood,
-                tools: sandbox.as_deref(),
-            };
-            &generative
+                judge = stepwise_label::Judge {
+                    policy: &*policy,
+                    samples: a.samples,
+                    seed: a.seed,
+                    format: stepwise_label::methods::judge_format(&a.judge_format)?.0,
+                    likelihood,
+                };
+                &judge
+            } else {
+                sandbox = sandbox_of(&a)?;
+                generative = stepwise_label::GenerativeVerifier {
+                    policy: &*policy,
+                    samples: a.samples,
+                    seed: a.seed,
+                    likelihood,
+                    tools: sandbox.as_deref(),
+                };
+                &generative
+            }
         }
     };
     let resumed = out.resumed();
@@ -234,6 +258,34 @@ pub fn run(a: Args) -> Result<()> {
     out.finish(&a.output)?;
     report(&a, &run, start.elapsed().as_secs_f64(), resumed, todo, servers);
     Ok(())
+}
+
+/// How a generative verifier or a judge is asked: a judge (`--verifier judge`) sees the
+/// solution as the policy's steps, split by `--separator`; a chain verifier the question alone
+/// (through the chat template with `--chat`).
+fn verifier_settings(a: &Args) -> stepwise_remote::backend::PolicySettings {
+    stepwise_remote::backend::PolicySettings {
+        temperature: a.temperature,
+        max_tokens: Some(a.max_tokens),
+        prompt: if a.chat {
+            stepwise_model::Prompt::Chat
+        } else {
+            stepwise_model::Prompt::Text
+        },
+        separator: a.separator.clone(),
+        ..Default::default()
+    }
+}
+
+/// Where a chain verifier's code runs (`--tools python`): the sandbox servers, or here.
+fn sandbox_of(a: &Args) -> Result<Option<Box<dyn stepwise_core::seams::CodeRunner>>> {
+    Ok(match a.tools {
+        Tools::None => None,
+        Tools::Python if !a.sandbox_url.is_empty() => {
+            Some(Box::new(stepwise_remote::RemoteSandbox::new(&a.sandbox_url, 10.0)?))
+        }
+        Tools::Python => Some(Box::new(stepwise_code::Sandbox::new()?)),
+    })
 }
 
 /// The closing lines: what was scored, how fast, by which servers, and what was skipped.
@@ -288,9 +340,11 @@ impl Output {
         if a.output.extension().is_none_or(|e| e != "jsonl") {
             return Ok(Output::Whole(Vec::new()));
         }
-        let generative = (a.verifier == VerifierKind::Generative).then(|| {
+        let generative = (a.verifier != VerifierKind::Prm).then(|| {
             serde_json::json!({"samples": a.samples, "chat": a.chat, "temperature": a.temperature,
-                "max_tokens": a.max_tokens, "verdict": format!("{:?}", a.verdict), "tools": format!("{:?}", a.tools)})
+                "max_tokens": a.max_tokens, "verdict": format!("{:?}", a.verdict), "tools": format!("{:?}", a.tools),
+                "judge_format": (a.verifier == VerifierKind::Judge).then_some(&a.judge_format),
+                "separator": a.separator, "seed": a.seed})
         });
         let claim = stepwise_core::journal::claim(
             &a.output,
