@@ -427,4 +427,41 @@ fn generate_killed_mid_run_resumes_to_the_records_of_a_run_that_was_not() {
         records(&cut),
         "the resumed run lost, changed or doubled records"
     );
+    // A Parquet output resumes the same way: its journal is kept beside it until the end.
+    let parquet = d.join("cut.parquet");
+    let partial = d.join("cut.parquet.partial.jsonl");
+    let mut run = spawn(&args(&parquet));
+    assert!(
+        wait_for(&partial, 60, &mut run),
+        "generate ended before it could be killed"
+    );
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert!(!parquet.exists() && lines(&partial) < 300, "killed after the end");
+    let said = run_to_end(&args(&parquet));
+    assert!(!partial.exists(), "the journal outlived the output: {said}");
+    assert!(!d.join("cut.parquet.partial.jsonl.settings.json").exists());
+    assert_eq!(
+        records(&whole),
+        parquet_records(&parquet),
+        "the resumed Parquet output lost, changed or doubled records"
+    );
+}
+
+/// A Parquet file's records as [`records`] gives a JSONL file's.
+fn parquet_records(p: &Path) -> Vec<Value> {
+    let mut out: Vec<Value> = stepwise_core::read_solutions(p, None)
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s).unwrap();
+            v.as_object_mut().unwrap().remove("generator");
+            if let Some(meta) = v.get_mut("meta").and_then(Value::as_object_mut) {
+                meta.remove("compute");
+            }
+            v
+        })
+        .collect();
+    out.sort_by_key(|v| v["id"].to_string());
+    out
 }

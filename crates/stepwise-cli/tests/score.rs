@@ -100,6 +100,51 @@ fn score_killed_mid_run_resumes_to_the_file_of_a_run_that_was_not() {
         std::fs::read(&cut).unwrap(),
         "the refused run wrote"
     );
+    parquet_output_resumes_from_the_journal_beside_it(&d, &input, &whole);
+}
+
+/// A Parquet output is written at the end from `OUTPUT.partial.jsonl`, a journal that a run
+/// killed part-way resumes like any other; a name stepwise cannot write is refused up front.
+fn parquet_output_resumes_from_the_journal_beside_it(d: &Path, input: &Path, whole: &Path) {
+    let parquet = d.join("cut.parquet");
+    let partial = d.join("cut.parquet.partial.jsonl");
+    let args = score_args(input, &parquet, &["--batch-size", "1"]);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(&args)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while lines(&partial) < 100 && run.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let kept = lines(&partial);
+    assert!(
+        (100..3000).contains(&kept) && !parquet.exists(),
+        "killed at {kept} lines: not part-way"
+    );
+    let said = stepwise(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let log = String::from_utf8_lossy(&said.stderr);
+    assert!(log.contains(&format!("({kept} scored before were kept)")), "{log}");
+    assert!(!partial.exists(), "the journal outlived the output");
+    assert_eq!(
+        stepwise_core::read_solutions(whole, None).unwrap(),
+        stepwise_core::read_solutions(&parquet, None).unwrap(),
+        "the resumed Parquet output lost, changed or doubled records"
+    );
+    let csv = d.join("scores.csv");
+    let refused = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(score_args(input, &csv, &[]))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("does not write `.csv`"),
+        "{err}"
+    );
+    assert!(!d.join("scores.csv.partial.jsonl").exists() && !csv.exists());
 }
 
 /// `--dtype` states what is computed: `f32` and `bf16-weights` (bf16 held, f32 products) give the

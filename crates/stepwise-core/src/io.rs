@@ -352,27 +352,28 @@ pub fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
     }
 }
 
+/// Refuses an output name that promises a format stepwise does not write: JSONL unless the name
+/// says JSON or Parquet, and a name that promises another format is refused rather than filled
+/// with JSONL (checked before a long run starts, not after).
+pub fn check_output_name(path: &Path) -> Result<(), Error> {
+    match path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("jsonl" | "json" | "parquet" | "ndjson") => Ok(()),
+        Some(other) => Err(Error::Other {
+            file: path.to_path_buf(),
+            message: format!("stepwise does not write `.{other}` files: name the output .jsonl, .json or .parquet"),
+        }),
+    }
+}
+
 impl SolutionWriter {
     /// Create `path` (`-` for standard output).
     pub fn create(path: impl AsRef<Path>, format: Format) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        // JSONL unless the name says JSON or Parquet; a name that promises another format is
-        // refused rather than filled with JSONL.
-        match path
-            .extension()
-            .map(|e| e.to_string_lossy().to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("jsonl" | "json" | "parquet" | "ndjson") => {}
-            Some(other) => {
-                return Err(Error::Other {
-                    file: path.clone(),
-                    message: format!(
-                        "stepwise does not write `.{other}` files: name the output .jsonl, .json or .parquet"
-                    ),
-                })
-            }
-        }
+        check_output_name(&path)?;
         let output = Output::prepare(&path)?;
         let sink = if is_parquet(&path) {
             Sink::Parquet(output.writing().to_path_buf(), Vec::new())

@@ -111,6 +111,42 @@ pub fn open_in_order(path: &Path, sols: &[crate::Solution]) -> Result<(Journal, 
     Ok((journal, kept))
 }
 
+/// Where a run writing solutions to `output` keeps them as it goes: a `.jsonl` output is its
+/// own journal; any other file (Parquet, a JSON array, written whole) gets one beside it,
+/// `OUTPUT.partial.jsonl`, resumed like any other until [`finish_partial`] writes the output
+/// from it; stdout (`-`) has none (it is streamed).
+pub fn journal_of(output: &Path) -> Option<PathBuf> {
+    if output == Path::new("-") {
+        return None;
+    }
+    Some(match output.extension().is_some_and(|e| e == "jsonl") {
+        true => output.to_path_buf(),
+        false => beside(output, "partial.jsonl"),
+    })
+}
+
+/// Whether `output` is written whole at the end from a journal beside it ([`journal_of`]).
+pub fn is_written_whole(output: &Path) -> bool {
+    journal_of(output).is_some_and(|j| j != output)
+}
+
+/// Write `records` (a finished run's, in order) to `output`, written whole, then remove the
+/// journal they were kept in ([`journal_of`]) and its recorded settings. A name in a format
+/// stepwise does not write is refused before the journal is touched.
+pub fn finish_partial(output: &Path, records: &[crate::Solution]) -> Result<()> {
+    let mut writer = crate::SolutionWriter::create(output, crate::Format::Stepwise)?;
+    for r in records {
+        writer.write(r)?;
+    }
+    writer.finish()?;
+    if let Some(journal) = journal_of(output).filter(|j| j != output) {
+        for done in [beside(&journal, "settings.json"), journal] {
+            std::fs::remove_file(&done).with_context(|| format!("removing {}", done.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Put records resumed from a journal back in the order of `keys` (their input order).
 pub fn sort_like<'a, T>(kept: &mut [T], keys: impl Iterator<Item = &'a str>, key: impl Fn(&T) -> &str) {
     let order: std::collections::HashMap<&str, usize> = keys.enumerate().map(|(i, k)| (k, i)).collect();

@@ -1,4 +1,4 @@
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
 use stepwise_core::seams::Until;
@@ -19,9 +19,10 @@ is encoded once and its KV cache shared by the n samples.
 serving the same model, or a file listing them (one a line; read again as it changes, so servers added join); the \
 requests are spread over them, retried when a server fails, and moved off a server that dies or hangs. Each request \
 carries the seed, so the samples do not depend on which server answered. Problems are asked --threads at a time \
-(default: one for a checkpoint, --max-in-flight for each server), and written in the input's order. A .jsonl \
+(default: one for a checkpoint, --max-in-flight for each server), and written in the input's order. The \
 --output is a journal: a run cut off (even by kill -9) and started again samples only the problems it lacks, and \
-the records equal an uninterrupted run's.
+the records equal an uninterrupted run's (a .parquet or .json output is kept as OUTPUT.partial.jsonl until the \
+run ends, then written; stdout, the default, is streamed).
 
 Examples:
   stepwise generate --model fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl
@@ -167,14 +168,17 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Where samples go: a `.jsonl` file is a journal (a run cut off, even by `kill -9`, resumes with
-/// the problems it lacks, and the records equal an uninterrupted run's, as each request carries
-/// the seed); stdout or another format is written in one go.
+/// Where samples go: a journal ([`stepwise_core::journal::journal_of`]: a `.jsonl` output itself,
+/// or beside a Parquet or JSON output that is written from it at the end), so a run cut off,
+/// even by `kill -9`, resumes with the problems it lacks, and the records equal an
+/// uninterrupted run's, as each request carries the seed; stdout is streamed.
 enum Output {
     Journal {
         journal: stepwise_core::journal::Journal,
         /// Held while the run writes (no other process writes the output meanwhile).
         _claim: stepwise_core::journal::Claim,
+        /// The output written whole from the journal at the end, and the ids in their order.
+        whole: Option<(PathBuf, Vec<String>)>,
     },
     Writer(Box<SolutionWriter>),
 }
@@ -182,14 +186,15 @@ enum Output {
 impl Output {
     /// The output, and the problems still to sample.
     fn open(a: &Args, stop: &[String], problems: Vec<Problem>) -> Result<(Self, Vec<Problem>)> {
-        if a.output.extension().is_none_or(|e| e != "jsonl") {
+        let Some(path) = stepwise_core::journal::journal_of(&a.output) else {
             return Ok((
                 Output::Writer(Box::new(SolutionWriter::create(&a.output, Format::Stepwise)?)),
                 problems,
             ));
-        }
+        };
+        stepwise_core::io::check_output_name(&a.output)?;
         let claim = stepwise_core::journal::claim(
-            &a.output,
+            &path,
             &serde_json::json!({
                 "input": stepwise_core::journal::fingerprint(&problems)?, "model": a.model.identity()?,
                 "n": a.n, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
@@ -197,12 +202,25 @@ impl Output {
                 "chat": a.chat, "task": a.task.identity(Some(&a.input))?,
             }),
         )?;
-        let (journal, _) = stepwise_core::journal::Journal::open::<Solution>(&a.output, |s| s.id.clone())?;
+        let (journal, _) = stepwise_core::journal::Journal::open::<Solution>(&path, |s| s.id.clone())?;
+        let whole = stepwise_core::journal::is_written_whole(&a.output).then(|| {
+            let ids = problems
+                .iter()
+                .flat_map(|p| (0..a.n).map(move |k| format!("{}-{k}", p.id)));
+            (a.output.clone(), ids.collect())
+        });
         let todo: Vec<Problem> = problems
             .into_iter()
             .filter(|p| (0..a.n).any(|k| !journal.contains(&format!("{}-{k}", p.id))))
             .collect();
-        Ok((Output::Journal { journal, _claim: claim }, todo))
+        Ok((
+            Output::Journal {
+                journal,
+                _claim: claim,
+                whole,
+            },
+            todo,
+        ))
     }
 
     fn write(&mut self, s: &Solution) -> Result<()> {
@@ -213,8 +231,20 @@ impl Output {
         }
     }
 
+    /// Write the output where it is written whole (from its journal, in the input's order).
     fn finish(self) -> Result<()> {
         match self {
+            Output::Journal {
+                journal,
+                _claim,
+                whole: Some((output, ids)),
+            } => {
+                drop(journal);
+                let path = stepwise_core::journal::journal_of(&output).context("a journal")?;
+                let (_, mut records) = stepwise_core::journal::Journal::open::<Solution>(&path, |s| s.id.clone())?;
+                stepwise_core::journal::sort_like(&mut records, ids.iter().map(String::as_str), |s| &s.id);
+                stepwise_core::journal::finish_partial(&output, &records)
+            }
             Output::Journal { .. } => Ok(()),
             Output::Writer(w) => Ok(w.finish()?),
         }

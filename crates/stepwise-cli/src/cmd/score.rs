@@ -1,4 +1,4 @@
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use stepwise_core::seams::{apply_outcome, score_in_order, OnError, ScoreFailure};
@@ -50,10 +50,11 @@ pub struct Args {
     /// Solutions in any format stepwise reads.
     #[arg(long)]
     pub input: PathBuf,
-    /// Output: stepwise JSONL (or .parquet) with the step scores in `scores.NAME`. A .jsonl
-    /// output is appended to as solutions are scored, in input order: run the same command again
-    /// after an interruption (even `kill -9`) and it scores only the rest; one started with other
-    /// settings (model, name, input) is refused. Another format is written at the end.
+    /// Output: stepwise JSONL (or .parquet, .json; `-` for stdout) with the step scores in
+    /// `scores.NAME`. Solutions are appended as they are scored, in input order (to the .jsonl
+    /// output itself, or to OUTPUT.partial.jsonl beside a .parquet or .json one, written when the
+    /// run ends): run the same command again after an interruption (even `kill -9`) and it scores
+    /// only the rest; one started with other settings (model, name, input) is refused.
     #[arg(long)]
     pub output: PathBuf,
     /// The verifier's name in the output's `scores` (e.g. `prm`, `orm`): several verifiers can
@@ -246,12 +247,20 @@ pub fn run(a: Args) -> Result<()> {
                 return Err(e);
             };
             let before = resumed + failure.index;
-            out.finish(&a.output)?;
-            let written = format!(
-                "the {before} solutions before it are in {} (--on-error skip scores the rest{})",
-                a.output.display(),
-                if out.is_journal() { ", going on from there" } else { "" }
-            );
+            let written = match out.journal(&a.output) {
+                // Kept where a run with the same settings goes on from.
+                Some(journal) => format!(
+                    "the {before} solutions before it are in {} (--on-error skip scores the rest, going on from there)",
+                    journal.display()
+                ),
+                None => {
+                    out.finish(&a.output)?;
+                    format!(
+                        "the {before} solutions before it are in {} (--on-error skip scores the rest)",
+                        a.output.display()
+                    )
+                }
+            };
             return Err(e.context(written));
         }
     };
@@ -321,25 +330,29 @@ fn report(
     }
 }
 
-/// Where scored solutions go: a `.jsonl` output is a journal, appended to as solutions are
-/// scored (in input order), so a run cut off (even by `kill -9`, or a fleet down past its
-/// retries) and started again scores only the rest; another format is written in one go at the
-/// end.
+/// Where scored solutions go: a journal ([`stepwise_core::journal::journal_of`]: a `.jsonl`
+/// output itself, or beside a Parquet or JSON output that is written from it at the end),
+/// appended to as solutions are scored (in input order), so a run cut off (even by `kill -9`, or
+/// a fleet down past its retries) and started again scores only the rest; stdout is written in
+/// one go at the end.
 enum Output {
     Journal {
         journal: stepwise_core::journal::Journal,
         resumed: usize,
         /// Held while the run writes.
         _claim: stepwise_core::journal::Claim,
+        /// The input, for an output written whole from the journal at the end.
+        whole: Option<Vec<Solution>>,
     },
     Whole(Vec<Solution>),
 }
 
 impl Output {
     fn open(a: &Args, sols: &[Solution]) -> Result<Self> {
-        if a.output.extension().is_none_or(|e| e != "jsonl") {
+        let Some(path) = stepwise_core::journal::journal_of(&a.output) else {
             return Ok(Output::Whole(Vec::new()));
-        }
+        };
+        stepwise_core::io::check_output_name(&a.output)?;
         let generative = (a.verifier != VerifierKind::Prm).then(|| {
             serde_json::json!({"samples": a.samples, "chat": a.chat, "temperature": a.temperature,
                 "max_tokens": a.max_tokens, "verdict": format!("{:?}", a.verdict), "tools": format!("{:?}", a.tools),
@@ -347,17 +360,18 @@ impl Output {
                 "separator": a.separator, "seed": a.seed})
         });
         let claim = stepwise_core::journal::claim(
-            &a.output,
+            &path,
             &serde_json::json!({
                 "input": stepwise_core::journal::fingerprint(sols)?, "model": a.model.identity()?,
                 "name": a.name, "layout": a.layout, "dtype": a.dtype.dtype, "generative": generative,
             }),
         )?;
-        let (journal, kept) = stepwise_core::journal::open_in_order(&a.output, sols)?;
+        let (journal, kept) = stepwise_core::journal::open_in_order(&path, sols)?;
         Ok(Output::Journal {
             journal,
             resumed: kept.len(),
             _claim: claim,
+            whole: stepwise_core::journal::is_written_whole(&a.output).then(|| sols.to_vec()),
         })
     }
 
@@ -369,8 +383,12 @@ impl Output {
         }
     }
 
-    fn is_journal(&self) -> bool {
-        matches!(self, Output::Journal { .. })
+    /// Where the solutions scored so far are kept, where they are kept as they come.
+    fn journal(&self, output: &Path) -> Option<PathBuf> {
+        match self {
+            Output::Journal { .. } => stepwise_core::journal::journal_of(output),
+            Output::Whole(_) => None,
+        }
     }
 
     fn push(&mut self, s: Solution) -> Result<()> {
@@ -383,9 +401,15 @@ impl Output {
         }
     }
 
-    /// Write what was scored, where it is not written yet.
+    /// Write what was scored, where it is not written yet: stdout, or an output written whole
+    /// from its journal once every solution is scored.
     fn finish(&mut self, path: &Path) -> Result<()> {
         match self {
+            Output::Journal { whole: Some(sols), .. } => {
+                let journal = stepwise_core::journal::journal_of(path).context("a journal")?;
+                let (_, kept) = stepwise_core::journal::open_in_order(&journal, sols)?;
+                stepwise_core::journal::finish_partial(path, &kept)
+            }
             Output::Journal { .. } => Ok(()),
             Output::Whole(all) => write_solutions(path, all),
         }
