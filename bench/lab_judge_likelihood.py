@@ -23,11 +23,16 @@ from pathlib import Path
 JUDGES = ["judge", "judge_calculator", "judge_worked", "judge_direct"]
 
 
+def low(sample, name):
+    """A sample's min step score by `name`, 0 for a sample without steps (as best-of-N has it)."""
+    return min(sample["scores"][name], default=0.0)
+
+
 def auroc(problems, name):
     hits = pairs = 0.0
     for samples in problems:
-        right = [min(s["scores"][name]) for s in samples if s["correct"]]
-        wrong = [min(s["scores"][name]) for s in samples if not s["correct"]]
+        right = [low(s, name) for s in samples if s["correct"]]
+        wrong = [low(s, name) for s in samples if not s["correct"]]
         for a in right:
             for b in wrong:
                 pairs += 1
@@ -38,7 +43,7 @@ def auroc(problems, name):
 def tied(problems, name):
     shared = 0
     for samples in problems:
-        top = [min(s["scores"][name]) for s in samples]
+        top = [low(s, name) for s in samples]
         shared += top.count(max(top)) > 1
     return shared / max(len(problems), 1)
 
@@ -49,16 +54,16 @@ def top_of_votes(problems, votes, weighed):
     kept_right = kept = first_right = problems_with = 0
     rank = 0.0
     for samples in problems:
-        kept_here = [s for s in samples if min(s["scores"][votes]) == 1.0]
+        kept_here = [s for s in samples if low(s, votes) == 1.0]
         if len(kept_here) < 2:
             continue
         kept += len(kept_here)
         kept_right += sum(s["correct"] for s in kept_here)
-        best = max(kept_here, key=lambda s: min(s["scores"][weighed]))
+        best = max(kept_here, key=lambda s: low(s, weighed))
         first_right += best["correct"]
         problems_with += 1
         if "base_confidence" in best["scores"]:
-            by_base = sorted(kept_here, key=lambda s: min(s["scores"]["base_confidence"]))
+            by_base = sorted(kept_here, key=lambda s: low(s, "base_confidence"))
             rank += by_base.index(best) / (len(kept_here) - 1)
     n = max(problems_with, 1)
     return kept_right / max(kept, 1), first_right / n, rank / n, problems_with
