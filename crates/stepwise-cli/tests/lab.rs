@@ -287,37 +287,9 @@ fn the_command_line_reproduces_the_labs_judge_and_mc_labels(root: &Path, a: &Pat
     // asks as it is: with the lab's seed for it (seed ^ 6), the same verdicts on every sample
     // (the oracle-labelled copies: the judge's labels replace the oracle's).
     let judged = root.join("judged.jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args([
-            "annotate",
-            "--method",
-            "judge",
-            "--judge-format",
-            "index",
-            "--judge-samples",
-            "3",
-        ])
-        .args([
-            "--separator",
-            " | ",
-            "--temperature",
-            "1",
-            "--max-tokens",
-            "4",
-            "--seed",
-            "1",
-        ])
-        .arg("--policy")
-        .arg(a.join("policy"))
-        .arg("--judge")
-        .arg(a.join("judge"))
-        .arg("--input")
-        .arg(a.join("labels_oracle.jsonl"))
-        .arg("--output")
-        .arg(&judged)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let oracle = a.join("labels_oracle.jsonl");
+    let flags = ["--judge-samples", "3", "--temperature", "1", "--seed", "1"];
+    annotate_with_the_labs_judge(a, &oracle, &judged, &flags);
     assert_eq!(
         labels_by_id(&read(judged), Some("judge_verdicts")),
         labels_by_id(&read(a.join("labels_judge.jsonl")), Some("judge_verdicts")),
@@ -330,23 +302,43 @@ fn the_command_line_reproduces_the_labs_judge_and_mc_labels(root: &Path, a: &Pat
     // samples: every step's label is replaced).
     assert_eq!(m["labels"]["completer"], "verifier_base");
     let mc_cli = root.join("mc.jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(["annotate", "--method", "mc", "--rollouts", "2", "--seed", "3"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    cmd.args(["annotate", "--method", "mc", "--rollouts", "2", "--seed", "3"])
         .args(["--separator", " | ", "--temperature", "1", "--max-tokens", "64"])
         .arg("--policy")
-        .arg(a.join("verifier_base"))
-        .arg("--input")
-        .arg(a.join("labels_oracle.jsonl"))
-        .arg("--output")
-        .arg(&mc_cli)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        .arg(a.join("verifier_base"));
+    run_on(cmd, a.join("labels_oracle.jsonl"), &mc_cli);
     assert_eq!(
         labels_by_id(&read(mc_cli), None),
         labels_by_id(&read(a.join("labels_mc.jsonl")), None),
         "the command line's MC labels with the verifiers' base differ from the lab's"
     );
+}
+
+/// Run `cmd` on `input`, writing `output`; it must succeed.
+fn run_on(mut cmd: Command, input: impl AsRef<std::ffi::OsStr>, output: impl AsRef<std::ffi::OsStr>) {
+    let out = cmd
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(output)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `stepwise annotate --method judge` with the lab's judge in run folder `a`, asked as the lab
+/// asks it (the index after the solution, the lab's separator, 4 tokens at most), with `flags`.
+fn annotate_with_the_labs_judge(a: &Path, input: &Path, output: &Path, flags: &[&str]) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    cmd.args(["annotate", "--method", "judge", "--judge-format", "index"])
+        .args(["--separator", " | ", "--max-tokens", "4"])
+        .args(flags)
+        .arg("--policy")
+        .arg(a.join("policy"))
+        .arg("--judge")
+        .arg(a.join("judge"));
+    run_on(cmd, input, output);
 }
 
 fn check_judges_weighed(a: &Path, m: &serde_json::Value) {
@@ -397,27 +389,8 @@ fn the_command_line_weighs_the_judge_as_the_lab_does(root: &Path, a: &Path) {
     // the lab's judge gives the highest probability; the lab's `judge_likelihood` step scores
     // hold those probabilities (step k: the verdicts after it), so they name the same verdict.
     let weighed = root.join("weighed.jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(["annotate", "--method", "judge", "--judge-format", "index"])
-        .args([
-            "--judge-verdict",
-            "likelihood",
-            "--separator",
-            " | ",
-            "--max-tokens",
-            "4",
-        ])
-        .arg("--policy")
-        .arg(a.join("policy"))
-        .arg("--judge")
-        .arg(a.join("judge"))
-        .arg("--input")
-        .arg(a.join("scored_eval.jsonl"))
-        .arg("--output")
-        .arg(&weighed)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let held_out = a.join("scored_eval.jsonl");
+    annotate_with_the_labs_judge(a, &held_out, &weighed, &["--judge-verdict", "likelihood"]);
     let lab = read(a.join("scored_eval.jsonl"));
     let mut compared = 0;
     for (line, lab_line) in read(weighed).lines().zip(lab.lines()) {
@@ -454,8 +427,8 @@ fn the_command_line_weighs_the_judge_as_the_lab_does(root: &Path, a: &Path) {
     // likelihood, and by 3 sampled answers with the lab's seed for them (seed ^ 9).
     for (name, verdict) in [("judge_likelihood", "likelihood"), ("judge", "votes")] {
         let rescored = root.join(format!("{name}.jsonl"));
-        let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-            .args(["score", "--verifier", "judge", "--name", "cli", "--verdict", verdict])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+        cmd.args(["score", "--verifier", "judge", "--name", "cli", "--verdict", verdict])
             .args([
                 "--separator",
                 " | ",
@@ -467,14 +440,8 @@ fn the_command_line_weighs_the_judge_as_the_lab_does(root: &Path, a: &Path) {
                 "1",
             ])
             .args(["--max-tokens", "4", "--model"])
-            .arg(a.join("judge"))
-            .arg("--input")
-            .arg(a.join("scored_eval.jsonl"))
-            .arg("--output")
-            .arg(&rescored)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            .arg(a.join("judge"));
+        run_on(cmd, a.join("scored_eval.jsonl"), &rescored);
         let lab_scores = common::step_scores(&lab, name);
         let cli_scores = common::step_scores(&read(rescored), "cli");
         assert_eq!(lab_scores.len(), cli_scores.len());
@@ -490,16 +457,9 @@ fn the_command_line_reproduces_the_labs_prm_scores(root: &Path, a: &Path) {
     let spec: serde_json::Value = serde_json::from_str(&read(a.join("prm_mc/reward.json"))).unwrap();
     assert!(spec["reference_logprob"].as_f64().unwrap() < 0.0, "{spec}");
     let rescored = root.join("rescored.jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(["score", "--name", "cli", "--model"])
-        .arg(a.join("prm_mc"))
-        .arg("--input")
-        .arg(a.join("scored_eval.jsonl"))
-        .arg("--output")
-        .arg(&rescored)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    cmd.args(["score", "--name", "cli", "--model"]).arg(a.join("prm_mc"));
+    run_on(cmd, a.join("scored_eval.jsonl"), &rescored);
     let lab_scores = common::step_scores(&read(a.join("scored_eval.jsonl")), "prm_mc");
     let cli_scores = common::step_scores(&read(rescored), "cli");
     assert_eq!(lab_scores.len(), cli_scores.len());

@@ -512,3 +512,44 @@ fn annotate_on_error_names_or_skips_a_record_it_cannot_label() {
     assert!(recs[1]["steps"][0].get("label").is_none());
     assert_eq!(recs[2]["steps"][0]["label"]["source"]["kind"], "monte_carlo");
 }
+
+/// A judge read by likelihood needs fixed answers and a model that gives log-probabilities: a
+/// critique is refused before any work, with what to use instead.
+#[test]
+fn a_judge_read_by_likelihood_is_refused_where_it_cannot_be() {
+    let d = common::tmp("misuse", "judge-likelihood");
+    let input = d.join("samples.jsonl");
+    let row = json!({"id": "s", "problem_id": "p", "question": "What is 3 * 4?",
+                     "steps": [{"text": "3 * 4 = 12"}], "gold_answer": "12"});
+    write_jsonl(&input, &[row]);
+    let policy = common::fixture("qwen2-policy");
+    let out = d.join("labeled.jsonl");
+    let annotate = ["annotate", "--method", "judge", "--judge-verdict", "likelihood", "--policy", &policy];
+    for (args, says) in [
+        (
+            [&annotate[..], &["--judge", &policy]].concat(),
+            "use --judge-format index or quote",
+        ),
+        (
+            [&annotate[..], &["--judge-format", "index", "--judge", "http://127.0.0.1:9"]].concat(),
+            "which a server does not give",
+        ),
+        (
+            vec!["score", "--verifier", "judge", "--model", "http://127.0.0.1:9"],
+            "which a server does not give",
+        ),
+    ] {
+        let refused = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!out.exists(), "a refused run wrote");
+    }
+}

@@ -58,17 +58,7 @@ fn score_killed_mid_run_resumes_to_the_file_of_a_run_that_was_not() {
 
     let cut = d.join("cut.jsonl");
     let args = score_args(&input, &cut, &["--batch-size", "1"]);
-    let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(&args)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while lines(&cut) < 100 && run.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(300) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    run.kill().unwrap();
-    run.wait().unwrap();
+    kill_once_written(&args, &cut);
     let kept = lines(&cut);
     assert!((100..3000).contains(&kept), "killed at {kept} lines: not part-way");
     // What else a kill can leave: a torn last line.
@@ -103,23 +93,29 @@ fn score_killed_mid_run_resumes_to_the_file_of_a_run_that_was_not() {
     parquet_output_resumes_from_the_journal_beside_it(&d, &input, &whole);
 }
 
+/// Run `stepwise` with `args` and kill it (SIGKILL) once `journal` holds 100 lines, or when it
+/// ends first.
+fn kill_once_written(args: &[String], journal: &Path) {
+    let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while lines(journal) < 100 && run.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
 /// A Parquet output is written at the end from `OUTPUT.partial.jsonl`, a journal that a run
 /// killed part-way resumes like any other; a name stepwise cannot write is refused up front.
 fn parquet_output_resumes_from_the_journal_beside_it(d: &Path, input: &Path, whole: &Path) {
     let parquet = d.join("cut.parquet");
     let partial = d.join("cut.parquet.partial.jsonl");
     let args = score_args(input, &parquet, &["--batch-size", "1"]);
-    let mut run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(&args)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while lines(&partial) < 100 && run.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(300) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    run.kill().unwrap();
-    run.wait().unwrap();
+    kill_once_written(&args, &partial);
     let kept = lines(&partial);
     assert!(
         (100..3000).contains(&kept) && !parquet.exists(),

@@ -137,6 +137,14 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
+    if a.judge_verdict == "likelihood" {
+        if a.judge_format == "critique" {
+            bail!("--judge-verdict likelihood weighs fixed answers: use --judge-format index or quote (a critique is free text)");
+        }
+        if a.judge.as_ref().is_some_and(|j| !matches!(j, super::backend::Source::Dir(_))) {
+            bail!("--judge-verdict likelihood reads the judge's log-probabilities of every answer, which a server does not give: use --judge-verdict votes, or a local checkpoint");
+        }
+    }
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let on_error: OnError = a.on_error.into();
     let missing = sols.iter().enumerate().find(|(_, s)| s.gold_answer.is_none());

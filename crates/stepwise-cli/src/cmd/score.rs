@@ -185,6 +185,10 @@ pub enum VerifierKind {
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
+    let local = matches!(a.model, super::backend::Source::Dir(_));
+    if a.verifier == VerifierKind::Judge && a.verdict == Verdict::Likelihood && !local {
+        anyhow::bail!("--verifier judge --verdict likelihood reads the judge's log-probabilities of every answer, which a server does not give: use --verdict votes, or a local checkpoint");
+    }
     // The output is claimed (or refused) before any model is loaded.
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
     let mut out = Output::open(&a, &sols)?;
@@ -203,9 +207,6 @@ pub fn run(a: Args) -> Result<()> {
             policy = policy_backend.policy(&verifier_settings(&a));
             let likelihood = a.verdict == Verdict::Likelihood;
             if a.verifier == VerifierKind::Judge {
-                if likelihood && servers.is_some() {
-                    anyhow::bail!("--verifier judge --verdict likelihood reads the judge's log-probabilities of every answer, which a server does not give: use --verdict votes, or a local checkpoint");
-                }
                 judge = stepwise_label::Judge {
                     policy: &*policy,
                     samples: a.samples,
