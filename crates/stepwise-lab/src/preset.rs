@@ -218,7 +218,8 @@ pub struct JudgePreset {
     /// judges asked at each step: `P(yes) / (P(yes) + P(no))` after what they wrote), read in a
     /// forward pass instead of counted over sampled answers. Verifiers `judge_likelihood`,
     /// `judge_calculator_likelihood`, `judge_worked_likelihood` and `judge_direct_likelihood`
-    /// (the chain judge's answer is its own working, not a fixed text: it has none).
+    /// (the chain judge's answer is its own working, not a fixed text: it has none). On in the
+    /// quick preset; the standard one measures it with `--set judge_likelihood=true`.
     #[serde(default)]
     #[serde(rename = "judge_likelihood")]
     pub likelihood: bool,
@@ -535,7 +536,9 @@ impl Preset {
                 chain: false,
                 worked: false,
                 direct: false,
-                likelihood: true,
+                // 16 s a seed, and the standard preset from scratch took 1212 s with it on this
+                // 2-core Xeon: measured with `--set judge_likelihood=true` (docs/lab.md).
+                likelihood: false,
             },
             rl: RlPreset {
                 updates: 150,
