@@ -524,14 +524,26 @@ fn a_judge_read_by_likelihood_is_refused_where_it_cannot_be() {
     write_jsonl(&input, &[row]);
     let policy = common::fixture("qwen2-policy");
     let out = d.join("labeled.jsonl");
-    let annotate = ["annotate", "--method", "judge", "--judge-verdict", "likelihood", "--policy", &policy];
+    let annotate = [
+        "annotate",
+        "--method",
+        "judge",
+        "--judge-verdict",
+        "likelihood",
+        "--policy",
+        &policy,
+    ];
     for (args, says) in [
         (
             [&annotate[..], &["--judge", &policy]].concat(),
             "use --judge-format index or quote",
         ),
         (
-            [&annotate[..], &["--judge-format", "index", "--judge", "http://127.0.0.1:9"]].concat(),
+            [
+                &annotate[..],
+                &["--judge-format", "index", "--judge", "http://127.0.0.1:9"],
+            ]
+            .concat(),
             "which a server does not give",
         ),
         (

@@ -141,7 +141,10 @@ pub fn run(a: Args) -> Result<()> {
         if a.judge_format == "critique" {
             bail!("--judge-verdict likelihood weighs fixed answers: use --judge-format index or quote (a critique is free text)");
         }
-        if a.judge.as_ref().is_some_and(|j| !matches!(j, super::backend::Source::Dir(_))) {
+        if a.judge
+            .as_ref()
+            .is_some_and(|j| !matches!(j, super::backend::Source::Dir(_)))
+        {
             bail!("--judge-verdict likelihood reads the judge's log-probabilities of every answer, which a server does not give: use --judge-verdict votes, or a local checkpoint");
         }
     }
