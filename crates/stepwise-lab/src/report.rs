@@ -585,9 +585,9 @@ fn rl_plot(stem: &Path, rl: &RlReport) -> Result<()> {
 
 /// Best-of-N in panels, so that no panel holds more than about ten curves: the verifiers against
 /// one another (each at its min aggregation), the generative judges against the PRM on their
-/// labels (where the run has judges), and how PRM-MC's step scores are combined (every
-/// aggregation and the weighted votes); majority vote and pass@N are in each, as the floor and
-/// the ceiling.
+/// labels (where the run has judges; those weighed by likelihood apart), and how PRM-MC's step
+/// scores are combined (every aggregation and the weighted votes); majority vote and pass@N are
+/// in each, as the floor and the ceiling.
 fn bon_plot(stem: &Path, r: &Report) -> Result<()> {
     let aggregation = |m: &str| m.ends_with("weighted vote") || (m.starts_with("PRM-MC (") && m != "PRM-MC (min)");
     let reference = |m: &str| m == "majority vote" || m == "pass@N";
@@ -597,12 +597,23 @@ fn bon_plot(stem: &Path, r: &Report) -> Result<()> {
         format!("Best-of-N by verifier, held-out lab problems ({} preset)", r.preset),
         pick(&|m| !aggregation(m) && !judged(m)),
     )];
-    let judges = pick(&|m| judged(m) || reference(m));
-    if judges.iter().any(|c| judged(&c.method)) {
-        let labels = r.generative.as_ref().map_or(0, |g| g.labelled_solutions);
+    // The judges beside the PRM on their labels; those weighed by likelihood in a panel of
+    // their own, where the run weighs them.
+    let labels = r.generative.as_ref().map_or(0, |g| g.labelled_solutions);
+    let budget = |m: &str| m == "PRM-oracle, judge's labels (min)";
+    let weighed = |m: &str| m.ends_with(", likelihood (min)");
+    let sampled = pick(&|m| (judged(m) && !weighed(m)) || reference(m));
+    if sampled.iter().any(|c| judged(&c.method)) {
         panels.push((
             format!("Best-of-N: generative judges and a PRM on the same {labels} labelled solutions"),
-            judges,
+            sampled,
+        ));
+    }
+    let by_likelihood = pick(&|m| weighed(m) || budget(m) || reference(m));
+    if by_likelihood.iter().any(|c| weighed(&c.method)) {
+        panels.push((
+            "Best-of-N: the judges' verdicts weighed by likelihood, not sampled".to_string(),
+            by_likelihood,
         ));
     }
     panels.push((
