@@ -126,6 +126,33 @@ fn check_files_bon_and_search(a: &Path, m: &serde_json::Value) {
         }
     }
     assert!(search["incremental"]["ratio"].as_f64().unwrap() > 1.0);
+    // Where the time went: every stage the quick preset runs, once each, in order.
+    let stages: Vec<&str> = m["stage_seconds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            assert!(l["seconds"].as_f64().unwrap() >= 0.0, "{l}");
+            l["stage"].as_str().unwrap()
+        })
+        .collect();
+    let expected = [
+        "policy",
+        "samples",
+        "annotation",
+        "judge (",
+        "verifiers (training)",
+        "studio",
+        "evaluation",
+    ];
+    let at = |name: &str| stages.iter().position(|s| s.starts_with(name));
+    let found: Vec<Option<usize>> = expected.iter().map(|name| at(name)).collect();
+    assert!(
+        found.windows(2).all(|w| w[0] < w[1]) && found[0].is_some(),
+        "{stages:?}"
+    );
+    assert_eq!(&stages[stages.len() - 2..], ["test-time search", "RL"], "{stages:?}");
+    assert!(read(a.join("report.md")).contains("## Where the time went"));
 }
 
 /// Paired differences inside their intervals; best-of-8 per problem family; the diagnostics.

@@ -63,3 +63,105 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
 pub fn say(msg: &str) {
     BARS.suspend(|| eprintln!("{msg}"));
 }
+
+/// Wall-clock seconds of one stage of a run (`metrics.json`'s `stage_seconds`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StageSeconds {
+    /// The stage, as the report names it.
+    pub stage: String,
+    /// Seconds this invocation spent in it (a stage read back from the run folder takes ~0).
+    pub seconds: f64,
+}
+
+/// Times a run's stages one after another: each [`Stopwatch::lap`] closes the stage that began
+/// at the previous one, says how long it took, and keeps it for the report.
+#[derive(Debug)]
+pub struct Stopwatch {
+    last: std::time::Instant,
+    laps: Vec<StageSeconds>,
+}
+
+impl Stopwatch {
+    /// Starts timing the first stage.
+    pub fn start() -> Self {
+        Stopwatch {
+            last: std::time::Instant::now(),
+            laps: Vec::new(),
+        }
+    }
+
+    /// Closes the current stage as `stage` and starts the next; a stage timed again adds to
+    /// its first entry (where it falls depends on the preset: one wait, two places).
+    pub fn lap(&mut self, stage: &str) {
+        let now = std::time::Instant::now();
+        let seconds = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        if seconds >= 0.05 {
+            say(&format!("{stage}: {seconds:.1} s"));
+        }
+        match self.laps.iter_mut().find(|l| l.stage == stage) {
+            Some(l) => l.seconds += seconds,
+            None => self.laps.push(StageSeconds {
+                stage: stage.to_string(),
+                seconds,
+            }),
+        }
+    }
+
+    /// The stages timed so far.
+    pub fn laps(&self) -> Vec<StageSeconds> {
+        self.laps.clone()
+    }
+}
+
+/// The report's "Where the time went" section: each stage's seconds and share of the run.
+pub fn time_section(s: &mut String, laps: &[StageSeconds]) {
+    use std::fmt::Write as _;
+    if laps.is_empty() {
+        return;
+    }
+    let total: f64 = laps.iter().map(|l| l.seconds).sum();
+    let _ = writeln!(
+        s,
+        "\n## Where the time went\n\nWall-clock seconds of this invocation, stage by stage ({total:.0} s in all, \
+         the report's plots not counted). A stage read back from the run folder takes about nothing, so these are \
+         the costs of a run only when it started from an empty folder. The verifiers' own base LM trains on a \
+         thread beside the policy and the samples; its time shows only where a stage waits for it.\n\n\
+         | stage | seconds | share |\n|---|---|---|"
+    );
+    for l in laps {
+        let _ = writeln!(
+            s,
+            "| {} | {:.1} | {:.1}% |",
+            l.stage,
+            l.seconds,
+            100.0 * l.seconds / total.max(f64::MIN_POSITIVE)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stopwatch_keeps_each_stage_in_order_and_the_section_sums_them() {
+        let mut clock = Stopwatch::start();
+        std::thread::sleep(Duration::from_millis(20));
+        clock.lap("first");
+        clock.lap("second");
+        clock.lap("first");
+        let laps = clock.laps();
+        assert_eq!(
+            laps.iter().map(|l| l.stage.as_str()).collect::<Vec<_>>(),
+            ["first", "second"]
+        );
+        assert!(laps[0].seconds >= 0.02 && laps[1].seconds < laps[0].seconds, "{laps:?}");
+        let mut s = String::new();
+        time_section(&mut s, &laps);
+        assert!(s.contains("| first |") && s.contains("## Where the time went"), "{s}");
+        let mut none = String::new();
+        time_section(&mut none, &[]);
+        assert!(none.is_empty());
+    }
+}

@@ -29,6 +29,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let held_out_first = sp.eval.iter().chain(&sp.label).map(LabProblem::problem);
     write_jsonl(&o.out.join("problems.jsonl"), &held_out_first.collect::<Vec<_>>())?;
     let task = LabTask::new(sp.label.iter().chain(&sp.eval).chain(&sp.search));
+    let mut clock = crate::progress::Stopwatch::start();
 
     // 1. Policy: next-token LM on reference solutions, some with a slip. Beside it, the
     //    verifiers' own base LM when they have one: a training keeps about one core busy, and
@@ -37,9 +38,11 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let base_training = spawn_base_training(o, &sp.policy);
     let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
     let lab_policy = policy::lab_policy(&policy_model, &tok, p.policy.temperature);
+    clock.lap("policy");
 
     // 2. Samples for annotation and for evaluation (shared-prefix KV cache).
     let (label_sols, eval_sols) = sample_sets(o, &sp, &lab_policy)?;
+    clock.lap("samples");
 
     // The verifiers' base is needed now when it completes the rollouts, else by the judge.
     let (early_base, base_training) = match p.annotation.completer {
@@ -47,9 +50,11 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         Completer::Policy => (None, base_training),
     };
     let completer_policy = policy::lab_policy(early_base.as_ref().unwrap_or(&policy_model), &tok, p.policy.temperature);
+    clock.lap("waiting for the verifiers' base");
 
     // 3. Step labels: Monte Carlo rollouts, binary search, OmegaPRM, and the oracle.
     let labels = annotate_all(o, &completer_policy, &task, &label_sols)?;
+    clock.lap("annotation (MC, binary search, OmegaPRM)");
 
     // 3a. The model the verifiers and the judge start from: the policy, or their own base LM.
     let base_model = match early_base {
@@ -57,6 +62,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         None => join_base(base_training)?,
     };
     let base = base_model.as_ref().unwrap_or(&policy_model);
+    clock.lap("waiting for the verifiers' base");
 
     // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
     //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
@@ -65,6 +71,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     let judged = (p.judge.solutions > 0)
         .then(|| crate::stages::judge::judge_stage(&o.out, p, o.seed, &tok, &label_sols, &labels.oracle, &mc_train))
         .transpose()?;
+    clock.lap("judge (training, labels)");
 
     // 4. Verifiers, same code and budget: a PRM on each label source, and an ORM.
     let verifiers = Verifiers {
@@ -85,11 +92,13 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     }
     .jobs();
     let models = train_verifiers(&verifiers, &jobs)?;
+    clock.lap("verifiers (training)");
 
     // 5. Score the evaluation samples (oracle-labelled) with every verifier, the policy's own
     //    confidence as a baseline, the judges; 5b. human labels in the studio.
     let mut scored: Vec<Solution> = eval_sols.iter().map(oracle_labelled).collect();
     score_with_verifiers(&verifiers, &jobs, &models, &mut scored)?;
+    clock.lap("verifiers (scoring)");
     let more = MoreScorers {
         policy: &policy_model,
         base: base_model.as_ref(),
@@ -98,7 +107,7 @@ pub fn run(o: &LabOptions) -> Result<Report> {
         label_sols: &label_sols,
         oracle: &labels.oracle,
     };
-    let (generative, studio) = more.score(o, &tok, &mut scored)?;
+    let (generative, studio) = more.score(o, &tok, &mut scored, &mut clock)?;
     write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
 
     // 6. Evaluate.
@@ -107,12 +116,24 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     report.generative = generative;
     report.studio = studio;
     report.labels = labels.compared(o, &scored, &task, judged.as_ref())?;
+    clock.lap("evaluation");
 
     // 7. Test-time search and 8. RL, with the PRMs and the ORM.
     let trained = Trained::of(&jobs, &models);
-    search_and_rl(o, &verifiers, &trained, &lab_policy, &task, &sp, &scored, &mut report)?;
+    search_and_rl(
+        o,
+        &verifiers,
+        &trained,
+        &lab_policy,
+        &task,
+        &sp,
+        &scored,
+        &mut report,
+        &mut clock,
+    )?;
 
     // 9. Report.
+    report.stage_seconds = clock.laps();
     write_report(&o.out, &report)?;
     Ok(report)
 }
@@ -186,6 +207,7 @@ impl MoreScorers<'_> {
         o: &LabOptions,
         tok: &Tokenizer,
         scored: &mut [Solution],
+        clock: &mut crate::progress::Stopwatch,
     ) -> Result<(
         Option<crate::stages::evaluate::Generative>,
         Option<crate::stages::studio::StudioReport>,
@@ -196,10 +218,12 @@ impl MoreScorers<'_> {
             score_solutions(&confidence, name, scored, 64, |_| {})
         };
         confidence(self.policy, verifier::POLICY_CONFIDENCE, scored)?;
-        let generative = self.judged.map(|j| score_with_judges(o, tok, j, scored)).transpose()?;
         if let Some(model) = self.base {
             confidence(model, verifier::BASE_CONFIDENCE, scored)?;
         }
+        clock.lap("confidence baselines (scoring)");
+        let generative = self.judged.map(|j| score_with_judges(o, tok, j, scored)).transpose()?;
+        clock.lap("judges (training, scoring)");
         let studio = (p.studio.generations > 0)
             .then(|| {
                 let inputs = crate::stages::studio::StudioInputs {
@@ -213,6 +237,7 @@ impl MoreScorers<'_> {
                 crate::stages::studio::studio_stage(&inputs, scored)
             })
             .transpose()?;
+        clock.lap("studio (simulated labellers, PRMs)");
         Ok((generative, studio))
     }
 }
@@ -575,6 +600,7 @@ fn search_and_rl(
     sp: &crate::splits::Splits,
     scored: &[Solution],
     report: &mut Report,
+    clock: &mut crate::progress::Stopwatch,
 ) -> Result<()> {
     let p = &o.preset;
     if p.search.problems > 0 {
@@ -598,6 +624,7 @@ fn search_and_rl(
                 ],
             },
         )?);
+        clock.lap("test-time search");
     }
     if p.rl.updates > 0 {
         let (orm, prm_mc, prm_oracle) = (
@@ -618,6 +645,7 @@ fn search_and_rl(
             prm_mc: &prm_mc,
             prm_oracle: &prm_oracle,
         })?);
+        clock.lap("RL");
     }
     Ok(())
 }

@@ -83,6 +83,7 @@ fn body(r: &Report) -> String {
         studio_section(&mut s, studio, r.eval_samples);
     }
     paired_section(&mut s, r);
+    crate::progress::time_section(&mut s, &r.stage_seconds);
     if !r.plots.is_empty() {
         let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
     }

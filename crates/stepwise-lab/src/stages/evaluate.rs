@@ -78,6 +78,9 @@ pub struct Report {
     /// the preset skips the stage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub studio: Option<super::studio::StudioReport>,
+    /// Wall-clock seconds of each stage of the run that wrote the report.
+    #[serde(default)]
+    pub stage_seconds: Vec<crate::progress::StageSeconds>,
 }
 
 /// The judge as a generative verifier, at equal labels with a PRM.
@@ -308,6 +311,7 @@ pub fn evaluate(
         paired,
         generative: None,
         studio: None,
+        stage_seconds: Vec::new(),
     })
 }
 
