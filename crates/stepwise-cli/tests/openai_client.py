@@ -48,6 +48,27 @@ for stop in (None, ["u"]):
     whole = client.completions.create(n=1, seed=9, stop=stop, **kw).choices[0].text
     check("completions: streaming gives the same text", streamed == whole, (stop, streamed, whole))
 
+# lm-evaluation-harness's loglikelihood request: the prompt's own log-probabilities, echoed.
+for max_tokens in (0, 1):
+    e = client.completions.create(model=model, prompt="What is 2 + 3?\n5", echo=True, logprobs=1, max_tokens=max_tokens)
+    lp = e.choices[0].logprobs
+    check(
+        f"completions: echo with logprobs gives the prompt's (max_tokens={max_tokens})",
+        lp.token_logprobs[0] is None
+        and len(lp.token_logprobs) == e.usage.prompt_tokens + max_tokens
+        and all(x <= 0 for x in lp.token_logprobs[1:])
+        and e.choices[0].text.startswith("What is 2 + 3?\n5")
+        and "".join(lp.tokens[: e.usage.prompt_tokens]) == "What is 2 + 3?\n5"
+        and lp.text_offset[: e.usage.prompt_tokens]
+        == [sum(len(t) for t in lp.tokens[:i]) for i in range(e.usage.prompt_tokens)],
+        e,
+    )
+try:
+    client.completions.create(model=model, prompt="x", max_tokens=0)
+    check("errors: max_tokens 0 without echo", False, "accepted")
+except openai.BadRequestError as e:
+    check("errors: max_tokens 0 without echo is a 400 naming it", "max_tokens" in str(e), e)
+
 messages = [{"role": "user", "content": "What is 2 + 3?"}]
 chat = client.chat.completions.create(model=model, messages=messages, max_tokens=8, seed=3, logprobs=True, top_logprobs=2)
 msg = chat.choices[0].message

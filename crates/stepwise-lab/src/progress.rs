@@ -138,6 +138,7 @@ pub fn time_section(s: &mut String, laps: &[StageSeconds]) {
             100.0 * l.seconds / total.max(f64::MIN_POSITIVE)
         );
     }
+    s.push('\n');
 }
 
 #[cfg(test)]

@@ -37,105 +37,169 @@ pub fn run(o: &LabOptions) -> Result<Report> {
     //    judge.
     let base_training = spawn_base_training(o, &sp.policy);
     let policy_model = policy::train_policy(&o.out.join("policy"), p, o.seed, &sp.policy, &tok)?;
-    let lab_policy = policy::lab_policy(&policy_model, &tok, p.policy.temperature);
     clock.lap("policy");
-
-    // 2. Samples for annotation and for evaluation (shared-prefix KV cache).
-    let (label_sols, eval_sols) = sample_sets(o, &sp, &lab_policy)?;
-    clock.lap("samples");
-
-    // The verifiers' base is needed now when it completes the rollouts, else by the judge.
-    let (early_base, base_training) = match p.annotation.completer {
-        Completer::VerifierBase => (join_base(base_training)?, None),
-        Completer::Policy => (None, base_training),
-    };
-    let completer_policy = policy::lab_policy(early_base.as_ref().unwrap_or(&policy_model), &tok, p.policy.temperature);
-    clock.lap("waiting for the verifiers' base");
-
-    // 3. Step labels: Monte Carlo rollouts, binary search, OmegaPRM, and the oracle.
-    let labels = annotate_all(o, &completer_policy, &task, &label_sols)?;
-    clock.lap("annotation (MC, binary search, OmegaPRM)");
-
-    // 3a. The model the verifiers and the judge start from: the policy, or their own base LM.
-    let base_model = match early_base {
-        Some(base) => Some(base),
-        None => join_base(base_training)?,
-    };
-    let base = base_model.as_ref().unwrap_or(&policy_model);
-    clock.lap("waiting for the verifiers' base");
-
-    // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
-    //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
-    //     Qwen2.5-Math-PRM recipe).
-    let (mc_train, omega_train) = labels.training_sets(p);
-    let judged = (p.judge.solutions > 0)
-        .then(|| crate::stages::judge::judge_stage(&o.out, p, o.seed, &tok, &label_sols, &labels.oracle, &mc_train))
-        .transpose()?;
-    clock.lap("judge (training, labels)");
-
-    // 4. Verifiers, same code and budget: a PRM on each label source, and an ORM.
-    let verifiers = Verifiers {
-        preset: p,
-        out: &o.out,
-        base,
-        base_dir: p.verifier_start_dir(),
-        tok: &tok,
-        seed: o.seed,
-    };
-    let jobs = TrainingSets {
-        mc: &mc_train,
-        oracle: &labels.oracle,
-        binary_search: &labels.bs,
-        omegaprm: &omega_train,
-        outcomes: &label_sols,
-        judged: judged.as_ref(),
-    }
-    .jobs();
-    let models = train_verifiers(&verifiers, &jobs)?;
-    clock.lap("verifiers (training)");
-
-    // 5. Score the evaluation samples (oracle-labelled) with every verifier, the policy's own
-    //    confidence as a baseline, the judges; 5b. human labels in the studio.
-    let mut scored: Vec<Solution> = eval_sols.iter().map(oracle_labelled).collect();
-    score_with_verifiers(&verifiers, &jobs, &models, &mut scored)?;
-    clock.lap("verifiers (scoring)");
-    let more = MoreScorers {
-        policy: &policy_model,
-        base: base_model.as_ref(),
-        judged: judged.as_ref(),
-        verifiers: &verifiers,
-        label_sols: &label_sols,
-        oracle: &labels.oracle,
-    };
-    let (generative, studio) = more.score(o, &tok, &mut scored, &mut clock)?;
-    write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
-
-    // 6. Evaluate.
-    let (mc, oracle, rollouts) = (&labels.mc, &labels.oracle, labels.mc_spent.rollouts);
-    let mut report = crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, mc, oracle, rollouts)?;
-    report.generative = generative;
-    report.studio = studio;
-    report.labels = labels.compared(o, &scored, &task, judged.as_ref())?;
-    clock.lap("evaluation");
-
-    // 7. Test-time search and 8. RL, with the PRMs and the ORM.
-    let trained = Trained::of(&jobs, &models);
-    search_and_rl(
+    let l = Loop {
         o,
-        &verifiers,
-        &trained,
-        &lab_policy,
-        &task,
-        &sp,
-        &scored,
-        &mut report,
-        &mut clock,
-    )?;
+        tok: &tok,
+        sp: &sp,
+        task: &task,
+        policy: &policy_model,
+    };
+    // RL against the rewards that need no trained verifier (PRIME, the outcome, the oracle)
+    // starts now on a thread of its own: it takes the cores the stages before RL leave idle
+    // (one, while the verifiers' base trains on), and the RL stage reads its runs back. Should
+    // a stage fail, it stops after the run it is on.
+    let rl_base = l.rl_base();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let early_rl = (p.rl.updates > 0)
+            .then(|| s.spawn(|| crate::stages::on_own_thread(|| rl::without_verifiers(&rl_base, &stop))));
+        let report = l.after_policy(base_training, early_rl, &mut clock);
+        if report.is_err() {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        report
+    })
+}
 
-    // 9. Report.
-    report.stage_seconds = clock.laps();
-    write_report(&o.out, &report)?;
-    Ok(report)
+/// What the loop's stages after the policy share.
+struct Loop<'a> {
+    o: &'a LabOptions,
+    tok: &'a Tokenizer,
+    sp: &'a crate::splits::Splits,
+    task: &'a LabTask,
+    policy: &'a Model,
+}
+
+/// The RL runs started early, on a thread of the loop's scope.
+type EarlyRl<'s> = Option<std::thread::ScopedJoinHandle<'s, Result<()>>>;
+
+impl Loop<'_> {
+    /// What every RL run needs.
+    fn rl_base(&self) -> rl::RlBase<'_> {
+        rl::RlBase {
+            preset: &self.o.preset,
+            seed: self.o.seed,
+            out: &self.o.out,
+            policy: self.policy,
+            tok: self.tok,
+            task: self.task,
+            train: &self.sp.label,
+            eval: &self.sp.eval,
+        }
+    }
+
+    /// Stages 2 to 9: samples, labels, verifiers, scoring, evaluation, search, RL and the report.
+    fn after_policy(
+        &self,
+        base_training: Option<std::thread::JoinHandle<Result<Model>>>,
+        early_rl: EarlyRl<'_>,
+        clock: &mut crate::progress::Stopwatch,
+    ) -> Result<Report> {
+        let Loop {
+            o,
+            tok,
+            sp,
+            task,
+            policy: policy_model,
+        } = *self;
+        let p = &o.preset;
+        let lab_policy = policy::lab_policy(policy_model, tok, p.policy.temperature);
+
+        // 2. Samples for annotation and for evaluation (shared-prefix KV cache).
+        let (label_sols, eval_sols) = sample_sets(o, sp, &lab_policy)?;
+        clock.lap("samples");
+
+        // The verifiers' base is needed now when it completes the rollouts, else by the judge.
+        let (early_base, base_training) = match p.annotation.completer {
+            Completer::VerifierBase => (join_base(base_training)?, None),
+            Completer::Policy => (None, base_training),
+        };
+        let completer_policy =
+            policy::lab_policy(early_base.as_ref().unwrap_or(policy_model), tok, p.policy.temperature);
+        clock.lap("waiting for the verifiers' base");
+
+        // 3. Step labels: Monte Carlo rollouts, binary search, OmegaPRM, and the oracle.
+        let labels = annotate_all(o, &completer_policy, task, &label_sols)?;
+        clock.lap("annotation (MC, binary search, OmegaPRM)");
+
+        // 3a. The model the verifiers and the judge start from: the policy, or their own base LM.
+        let base_model = match early_base {
+            Some(base) => Some(base),
+            None => join_base(base_training)?,
+        };
+        let base = base_model.as_ref().unwrap_or(policy_model);
+        clock.lap("waiting for the verifiers' base");
+
+        // 3b. The judge (a generative verifier fine-tuned on a small "human" budget of oracle
+        //     labels) labels the same samples; consensus keeps the MC labels where it agrees (the
+        //     Qwen2.5-Math-PRM recipe).
+        let (mc_train, omega_train) = labels.training_sets(p);
+        let judged = (p.judge.solutions > 0)
+            .then(|| crate::stages::judge::judge_stage(&o.out, p, o.seed, tok, &label_sols, &labels.oracle, &mc_train))
+            .transpose()?;
+        clock.lap("judge (training, labels)");
+
+        // 4. Verifiers, same code and budget: a PRM on each label source, and an ORM.
+        let verifiers = Verifiers {
+            preset: p,
+            out: &o.out,
+            base,
+            base_dir: p.verifier_start_dir(),
+            tok,
+            seed: o.seed,
+        };
+        let jobs = TrainingSets {
+            mc: &mc_train,
+            oracle: &labels.oracle,
+            binary_search: &labels.bs,
+            omegaprm: &omega_train,
+            outcomes: &label_sols,
+            judged: judged.as_ref(),
+        }
+        .jobs();
+        let models = train_verifiers(&verifiers, &jobs)?;
+        clock.lap("verifiers (training)");
+
+        // 5. Score the evaluation samples (oracle-labelled) with every verifier, the policy's own
+        //    confidence as a baseline, the judges; 5b. human labels in the studio.
+        let mut scored: Vec<Solution> = eval_sols.iter().map(oracle_labelled).collect();
+        score_with_verifiers(&verifiers, &jobs, &models, &mut scored)?;
+        clock.lap("verifiers (scoring)");
+        let more = MoreScorers {
+            policy: policy_model,
+            base: base_model.as_ref(),
+            judged: judged.as_ref(),
+            verifiers: &verifiers,
+            label_sols: &label_sols,
+            oracle: &labels.oracle,
+        };
+        let (generative, studio) = more.score(o, tok, &mut scored, clock)?;
+        write_jsonl(&o.out.join("scored_eval.jsonl"), &scored)?;
+
+        // 6. Evaluate.
+        let (mc, oracle, rollouts) = (&labels.mc, &labels.oracle, labels.mc_spent.rollouts);
+        let mut report = crate::stages::evaluate::evaluate(p, o.seed, sp.eval.len(), &scored, mc, oracle, rollouts)?;
+        report.generative = generative;
+        report.studio = studio;
+        report.labels = labels.compared(o, &scored, task, judged.as_ref())?;
+        clock.lap("evaluation");
+
+        // 7. Test-time search and 8. RL, with the PRMs and the ORM.
+        let trained = Trained::of(&jobs, &models);
+        let stages = LastStages {
+            verifiers: &verifiers,
+            trained: &trained,
+            lab_policy: &lab_policy,
+            scored: &scored,
+        };
+        self.search_and_rl(&stages, &mut report, clock, early_rl)?;
+
+        // 9. Report.
+        report.stage_seconds = clock.laps();
+        write_report(&o.out, &report)?;
+        Ok(report)
+    }
 }
 
 /// Makes the run folder, takes its lock (one process a folder) and checks that it was started
@@ -587,65 +651,69 @@ impl<'a> Trained<'a> {
     }
 }
 
-/// Stages 7 and 8, where the preset asks for them: test-time search guided by each PRM and the
-/// oracle at matched budgets, and RL against each reward source from the same policy with the
-/// same budget.
-#[allow(clippy::too_many_arguments)]
-fn search_and_rl(
-    o: &LabOptions,
-    verifiers: &Verifiers,
-    trained: &Trained,
-    lab_policy: &EnginePolicy,
-    task: &LabTask,
-    sp: &crate::splits::Splits,
-    scored: &[Solution],
-    report: &mut Report,
-    clock: &mut crate::progress::Stopwatch,
-) -> Result<()> {
-    let p = &o.preset;
-    if p.search.problems > 0 {
-        let dirs = (o.out.join("prm_mc"), o.out.join("prm_oracle"));
-        report.search = Some(crate::stages::search::search_stage(
-            &crate::stages::search::SearchInputs {
-                preset: p,
-                seed: o.seed,
-                out: &o.out,
-                policy: lab_policy,
-                task,
-                problems: &sp.search,
-                calibration: scored,
-                prms: [
-                    (verifier::PRM_MC, verifiers.scorer(trained.prm_mc, false), &dirs.0),
-                    (
-                        verifier::PRM_ORACLE,
-                        verifiers.scorer(trained.prm_oracle, false),
-                        &dirs.1,
-                    ),
-                ],
-            },
-        )?);
-        clock.lap("test-time search");
+/// What search and RL use of the stages before them.
+struct LastStages<'a> {
+    verifiers: &'a Verifiers<'a>,
+    trained: &'a Trained<'a>,
+    lab_policy: &'a EnginePolicy<'a>,
+    scored: &'a [Solution],
+}
+
+impl Loop<'_> {
+    /// Stages 7 and 8, where the preset asks for them: test-time search guided by each PRM and
+    /// the oracle at matched budgets, and RL against each reward source from the same policy
+    /// with the same budget (the runs started early joined first).
+    fn search_and_rl(
+        &self,
+        l: &LastStages,
+        report: &mut Report,
+        clock: &mut crate::progress::Stopwatch,
+        early_rl: EarlyRl<'_>,
+    ) -> Result<()> {
+        let (o, p, verifiers, trained) = (self.o, &self.o.preset, l.verifiers, l.trained);
+        if p.search.problems > 0 {
+            let dirs = (o.out.join("prm_mc"), o.out.join("prm_oracle"));
+            report.search = Some(crate::stages::search::search_stage(
+                &crate::stages::search::SearchInputs {
+                    preset: p,
+                    seed: o.seed,
+                    out: &o.out,
+                    policy: l.lab_policy,
+                    task: self.task,
+                    problems: &self.sp.search,
+                    calibration: l.scored,
+                    prms: [
+                        (verifier::PRM_MC, verifiers.scorer(trained.prm_mc, false), &dirs.0),
+                        (
+                            verifier::PRM_ORACLE,
+                            verifiers.scorer(trained.prm_oracle, false),
+                            &dirs.1,
+                        ),
+                    ],
+                },
+            )?);
+            clock.lap("test-time search");
+        }
+        if let Some(early) = early_rl {
+            early
+                .join()
+                .map_err(|_| anyhow::anyhow!("the thread of the RL runs started early panicked"))??;
+            clock.lap("RL (waiting for the runs started early)");
+        }
+        if p.rl.updates > 0 {
+            let (orm, prm_mc, prm_oracle) = (
+                verifiers.scorer(trained.orm, true),
+                verifiers.scorer(trained.prm_mc, false),
+                verifiers.scorer(trained.prm_oracle, false),
+            );
+            report.rl = Some(rl::rl_stage(&rl::RlInputs {
+                base: self.rl_base(),
+                orm: &orm,
+                prm_mc: &prm_mc,
+                prm_oracle: &prm_oracle,
+            })?);
+            clock.lap("RL");
+        }
+        Ok(())
     }
-    if p.rl.updates > 0 {
-        let (orm, prm_mc, prm_oracle) = (
-            verifiers.scorer(trained.orm, true),
-            verifiers.scorer(trained.prm_mc, false),
-            verifiers.scorer(trained.prm_oracle, false),
-        );
-        report.rl = Some(rl::rl_stage(&rl::RlInputs {
-            preset: p,
-            seed: o.seed,
-            out: &o.out,
-            policy: lab_policy.model,
-            tok: verifiers.tok,
-            task,
-            train: &sp.label,
-            eval: &sp.eval,
-            orm: &orm,
-            prm_mc: &prm_mc,
-            prm_oracle: &prm_oracle,
-        })?);
-        clock.lap("RL");
-    }
-    Ok(())
 }

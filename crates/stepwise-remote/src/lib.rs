@@ -24,6 +24,7 @@ pub mod sandbox;
 pub mod scorer;
 #[cfg(feature = "engine")]
 pub mod serve;
+mod weigh;
 
 pub use client::{is_url, Client, ServerConfig};
 pub use policy::RemotePolicy;

@@ -10,7 +10,7 @@
 use crate::client::Client;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use stepwise_core::seams::{split_steps_at, Continuation, Policy, Until};
+use stepwise_core::seams::{split_steps_at, Continuation, NextOptions, Policy, Until};
 use stepwise_text::{Prompt, Tokenizer};
 
 /// A remote policy.
@@ -248,6 +248,13 @@ impl Policy for RemotePolicy<'_> {
         let (path, body) = self.next_token_request(question, written)?;
         let reply = self.client.post(&path, &body)?;
         Ok(Some(option_logprobs(&next_token_alternatives(&reply)?, options)))
+    }
+
+    /// Each option sent after its prompt with `echo` and `logprobs`, its tokens' log-probabilities
+    /// summed ([`crate::weigh`]): exact where the tokenizer is at hand, `None` for a chat
+    /// prompt without it.
+    fn logprobs_after(&self, asks: &[NextOptions<'_>], end: bool) -> Result<Option<Vec<Vec<f64>>>> {
+        crate::weigh::logprobs_after(self, asks, end)
     }
 
     /// The server's stop string is put back at the end of the text where the reply names it

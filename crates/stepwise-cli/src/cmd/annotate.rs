@@ -36,7 +36,7 @@ ProcessBench's critique question --judge-samples times and takes the most freque
 paragraph (\\boxed{k}, -1 for none); answers without a readable verdict do not vote, and a solution with no verdict \
 stays unlabelled. --judge-format index asks a judge fine-tuned to write that index right after a solution (the \
 lab's generative verifier: `stepwise lab` leaves it in RUN/judge) with the question and steps laid out as for \
-the policy, and reads a bare index; --judge-format quote reads the first wrong step copied out instead. With --judge-verdict likelihood (index or quote, a local checkpoint) nothing is sampled: the judge's verdict is the one whose answer it gives the highest probability right after the solution. --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
+the policy, and reads a bare index; --judge-format quote reads the first wrong step copied out instead. With --judge-verdict likelihood (index or quote) nothing is sampled: the judge's verdict is the one whose answer it gives the highest probability right after the solution (from a server, read from the answer's tokens' log-probabilities with `echo`, as vLLM and `stepwise serve` give them; --server-tokenizer needed). --method consensus labels by mc and by the judge and keeps a solution's (mc) labels only when both \
 put the first error on the same step (the Qwen2.5-Math-PRM recipe); the retained fraction is reported.
 
 --task code labels the lines of programs by execution: a rollout is the rest of the function, and it is right when \
@@ -82,8 +82,8 @@ pub struct Args {
     pub judge_samples: usize,
     /// How the judge's verdict is reached: `votes` (the most frequent of --judge-samples sampled
     /// answers) or `likelihood` (the verdict whose answer the judge gives the highest
-    /// probability, read in one forward pass, nothing sampled; --judge-format index or quote
-    /// and a local checkpoint).
+    /// probability, read in one forward pass, nothing sampled; --judge-format index or quote;
+    /// from a server, --server-tokenizer).
     #[arg(long, default_value = "votes", value_parser = ["votes", "likelihood"])]
     pub judge_verdict: String,
     /// Ask the judge through its chat template (instruct models).
@@ -141,11 +141,8 @@ pub fn run(a: Args) -> Result<()> {
         if a.judge_format == "critique" {
             bail!("--judge-verdict likelihood weighs fixed answers: use --judge-format index or quote (a critique is free text)");
         }
-        if a.judge
-            .as_ref()
-            .is_some_and(|j| !matches!(j, super::backend::Source::Dir(_)))
-        {
-            bail!("--judge-verdict likelihood reads the judge's log-probabilities of every answer, which a server does not give: use --judge-verdict votes, or a local checkpoint");
+        if let Some(judge) = &a.judge {
+            super::backend::check_weighable(judge, &a.remote, "--judge-verdict likelihood")?;
         }
     }
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;

@@ -62,6 +62,19 @@ impl RemoteArgs {
     }
 }
 
+/// Refuses, before anything runs, weighing a judge's answers by likelihood (`what`) where the
+/// answers cannot end with the end of text: a served judge without `--server-tokenizer`.
+pub fn check_weighable(judge: &Source, remote: &RemoteArgs, what: &str) -> anyhow::Result<()> {
+    if !matches!(judge, Source::Dir(_)) && remote.server_tokenizer.is_none() {
+        anyhow::bail!(
+            "{what} from a server needs --server-tokenizer (the served judge's tokenizer folder): each answer is sent \
+             after the solution as token ids ending with the end of text, and its log-probabilities read back with \
+             `echo` (vLLM, stepwise serve); or use votes"
+        );
+    }
+    Ok(())
+}
+
 /// `--dtype`: what models loaded for inference compute in, on the commands that load them.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DtypeArg {

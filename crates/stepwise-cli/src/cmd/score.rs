@@ -37,7 +37,9 @@ chain reaches scores 0.5. The scores land under --name like a PRM's, so bon, sea
 (split by --separator), the index of the first wrong step (-1 for none; --judge-format quote: the step copied out), \
 as the lab's judge is (`stepwise lab` leaves it in RUN/judge). A step's score is the probability of the verdicts \
 that put the first error after it: with --verdict likelihood, the probability the judge gives each verdict's \
-answer, read in one forward pass (nothing sampled; a local checkpoint); with --verdict votes, the share of \
+answer, read in one forward pass (nothing sampled; from a server, each answer is sent after the solution with \
+`echo` and `logprobs` and its tokens' log-probabilities summed: vLLM and `stepwise serve` give them, and \
+--server-tokenizer is needed to end each answer with the end of text); with --verdict votes, the share of \
 --samples sampled answers. For the lab's judge: `stepwise score --verifier judge --model RUN/judge --separator ' | ' \
 --input RUN/scored_eval.jsonl --output s.jsonl --name judge_likelihood` gives the lab's own scores."
 )]
@@ -116,7 +118,7 @@ pub struct Args {
     pub max_tokens: usize,
     /// --verifier generative or judge: how a verdict counts (likelihood: its probability, where
     /// the model gives log-probabilities; votes: 1 or 0 as sampled). A judge weighed by
-    /// likelihood samples nothing and needs a local checkpoint.
+    /// likelihood samples nothing; from a server it needs --server-tokenizer.
     #[arg(long, value_enum, default_value = "likelihood")]
     pub verdict: Verdict,
     /// --verifier generative: tools the chains may call. `python`: a chain may check a step by
@@ -185,9 +187,8 @@ pub enum VerifierKind {
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    let local = matches!(a.model, super::backend::Source::Dir(_));
-    if a.verifier == VerifierKind::Judge && a.verdict == Verdict::Likelihood && !local {
-        anyhow::bail!("--verifier judge --verdict likelihood reads the judge's log-probabilities of every answer, which a server does not give: use --verdict votes, or a local checkpoint");
+    if a.verifier == VerifierKind::Judge && a.verdict == Verdict::Likelihood {
+        super::backend::check_weighable(&a.model, &a.remote, "--verifier judge --verdict likelihood")?;
     }
     // The output is claimed (or refused) before any model is loaded.
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
@@ -255,7 +256,7 @@ pub fn run(a: Args) -> Result<()> {
                     journal.display()
                 ),
                 None => {
-                    out.finish(&a.output)?;
+                    out.finish(&a.output, &sols)?;
                     format!(
                         "the {before} solutions before it are in {} (--on-error skip scores the rest)",
                         a.output.display()
@@ -265,7 +266,7 @@ pub fn run(a: Args) -> Result<()> {
             return Err(e.context(written));
         }
     };
-    out.finish(&a.output)?;
+    out.finish(&a.output, &sols)?;
     report(&a, &run, start.elapsed().as_secs_f64(), resumed, todo, servers);
     Ok(())
 }
@@ -342,8 +343,8 @@ enum Output {
         resumed: usize,
         /// Held while the run writes.
         _claim: stepwise_core::journal::Claim,
-        /// The input, for an output written whole from the journal at the end.
-        whole: Option<Vec<Solution>>,
+        /// Whether the output is written whole from the journal at the end (Parquet, JSON).
+        whole: bool,
     },
     Whole(Vec<Solution>),
 }
@@ -372,7 +373,7 @@ impl Output {
             journal,
             resumed: kept.len(),
             _claim: claim,
-            whole: stepwise_core::journal::is_written_whole(&a.output).then(|| sols.to_vec()),
+            whole: stepwise_core::journal::is_written_whole(&a.output),
         })
     }
 
@@ -403,10 +404,10 @@ impl Output {
     }
 
     /// Write what was scored, where it is not written yet: stdout, or an output written whole
-    /// from its journal once every solution is scored.
-    fn finish(&mut self, path: &Path) -> Result<()> {
+    /// from its journal (in the order of `sols`, the input) once every solution is scored.
+    fn finish(&mut self, path: &Path, sols: &[Solution]) -> Result<()> {
         match self {
-            Output::Journal { whole: Some(sols), .. } => {
+            Output::Journal { whole: true, .. } => {
                 let journal = stepwise_core::journal::journal_of(path).context("a journal")?;
                 let (_, kept) = stepwise_core::journal::open_in_order(&journal, sols)?;
                 stepwise_core::journal::finish_partial(path, &kept)

@@ -157,8 +157,8 @@ pub fn measure(sols: &[Solution], seed: u64) -> Result<PolicyMeasure> {
     })
 }
 
-/// What the RL stage needs from the rest of the run.
-pub struct RlInputs<'a> {
+/// What every RL run needs besides its reward: the policy, the problems, the task.
+pub struct RlBase<'a> {
     /// Sizes and budgets.
     pub preset: &'a Preset,
     /// The run's seed.
@@ -175,7 +175,13 @@ pub struct RlInputs<'a> {
     pub train: &'a [LabProblem],
     /// Held-out problems.
     pub eval: &'a [LabProblem],
-    /// The ORM, PRM-MC and PRM-oracle as scorers.
+}
+
+/// Inputs of [`rl_stage`]: the runs' common inputs and the trained verifiers as rewards.
+pub struct RlInputs<'a> {
+    /// What every run needs.
+    pub base: RlBase<'a>,
+    /// The ORM.
     pub orm: &'a dyn StepScorer,
     /// PRM-MC.
     pub prm_mc: &'a dyn StepScorer,
@@ -183,12 +189,15 @@ pub struct RlInputs<'a> {
     pub prm_oracle: &'a dyn StepScorer,
 }
 
+/// The reward sources that need no trained verifier: PRIME, the outcome and the oracle.
+const WITHOUT_VERIFIERS: [&str; 3] = [PRIME, "outcome", "oracle"];
+
 /// Run RL against every reward source (the runs train at once, one thread each) and measure the
-/// policies. Each run's folder (`rl_<reward>/`) holds its checkpoints and resumes.
+/// policies. Each run's folder (`rl_<reward>/`) holds its checkpoints and resumes, so a run
+/// [`without_verifiers`] finished earlier is read back.
 pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
-    let p = i.preset;
-    let outcome = OutcomeReward { task: i.task };
-    let oracle = OracleReward { task: i.task };
+    let b = &i.base;
+    let (outcome, oracle) = (OutcomeReward { task: b.task }, OracleReward { task: b.task });
     let scorer = |name: &str, scorer, kind| ScorerReward {
         name: name.into(),
         scorer,
@@ -208,84 +217,114 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
         (PRIME, &outcome),
         ("oracle", &oracle),
     ];
-    let cfg = rl_config(p, i.seed);
-    let prompts: Vec<Problem> = i.train.iter().map(LabProblem::problem).collect();
-    let watch: &dyn Reward = &oracle;
-    let start = super::policy::lab_policy(i.policy, i.tok, p.policy.temperature);
-    let before = sampled_measure(
-        i,
-        &start,
-        &i.out.join("rl_before_samples.jsonl"),
-        "sampling (before RL)",
-    )?;
-    let prime = PrimeConfig {
-        beta: p.rl.prime_beta,
-        lr: p.rl.prime_lr,
-        ..Default::default()
-    };
-    let variants = super::all_at_once(&sources, "RL", |&(name, reward)| -> Result<RlVariant> {
-        let (prompts, before) = (&prompts, &before);
-        let dir = i.out.join(format!("rl_{name}"));
-        let policy_dir = i.out.join("policy");
-        let load = |varmap: &VarMap| -> Result<Model> {
-            let config = ModelConfig::from_dir(&policy_dir)?;
-            Model::load_trainable(&policy_dir, config, varmap, &Device::Cpu, cfg.seed)
-        };
-        let varmap = VarMap::new();
-        let mut model = load(&varmap)?;
-        // PRIME's implicit PRM starts from the policy, as the policy does.
-        let prm_varmap = VarMap::new();
-        let cfg = RlConfig {
-            prime: (name == PRIME).then_some(prime),
-            ..cfg.clone()
-        };
-        let mut prm = cfg.prime.map(|_| load(&prm_varmap)).transpose()?;
-        let cfg = &cfg;
-        std::fs::create_dir_all(&dir)?;
-        crate::vocab::save(&dir, i.preset.domain)?;
-        let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
-        let log: Vec<UpdateLog> = train_rl(
-            RlRun {
-                learner: &mut CandleLearner::new(&mut model)?,
-                reference: i.policy,
-                tokenizer: i.tok,
-                prompt: Prompt::Pieces,
-                separator: SEP.into(),
-                stop_token_ids: i.tok.token_id(EOS).into_iter().collect(),
-                problems: prompts,
-                task: i.task,
-                reward,
-                watch: vec![watch],
-                out_dir: Some(dir.clone()),
-                heldout: None,
-                implicit_prm: prm.as_mut().map(ImplicitPrm::Candle),
-            },
-            cfg,
-            |l| {
-                pb.set_position(l.update as u64);
-                pb.set_prefix(format!("reward {:.2} acc {:.2} kl {:.3}", l.reward, l.accuracy, l.kl));
-            },
-        )?;
-        pb.finish_and_clear();
-        let after_policy = super::policy::lab_policy(&model, i.tok, p.policy.temperature);
-        let what = format!("sampling (after RL, {name})");
-        let after = sampled_measure(i, &after_policy, &dir.join("eval_samples.jsonl"), &what)?;
-        Ok(variant(name, log, before, after, cfg))
-    })?;
-    let paired = paired_with_outcome(&variants, p.rl.eval_samples, i.seed ^ 8);
+    let before = before_rl(b)?;
+    let variants = super::all_at_once(&sources, "RL", |&(name, reward)| run_variant(b, name, reward, &before))?;
+    let p = b.preset;
+    let paired = paired_with_outcome(&variants, p.rl.eval_samples, b.seed ^ 8);
     Ok(RlReport {
         eval_samples: p.rl.eval_samples,
         budget: (p.rl.updates, p.rl.prompts, p.rl.group),
         variants,
         paired,
-        prime: Some(prime),
+        prime: Some(prime_config(p)),
     })
+}
+
+/// The RL runs whose rewards need no trained verifier ([`WITHOUT_VERIFIERS`]), one after
+/// another on the calling thread, left in their folders for [`rl_stage`]: the lab starts them
+/// beside the stages before RL, on the cores those leave idle. Their results are those of
+/// [`rl_stage`]'s own runs (the same seeds, a run on a thread of its own either way). `stop`
+/// ends it after the run it is on.
+pub fn without_verifiers(b: &RlBase<'_>, stop: &std::sync::atomic::AtomicBool) -> Result<()> {
+    let (outcome, oracle) = (OutcomeReward { task: b.task }, OracleReward { task: b.task });
+    let before = before_rl(b)?;
+    for name in WITHOUT_VERIFIERS {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        let reward: &dyn Reward = if name == "oracle" { &oracle } else { &outcome };
+        run_variant(b, name, reward, &before)?;
+    }
+    Ok(())
+}
+
+/// The starting policy measured on the held-out problems (its samples kept, resumable).
+fn before_rl(b: &RlBase<'_>) -> Result<PolicyMeasure> {
+    let start = super::policy::lab_policy(b.policy, b.tok, b.preset.policy.temperature);
+    sampled_measure(
+        b,
+        &start,
+        &b.out.join("rl_before_samples.jsonl"),
+        "sampling (before RL)",
+    )
+}
+
+fn prime_config(p: &Preset) -> PrimeConfig {
+    PrimeConfig {
+        beta: p.rl.prime_beta,
+        lr: p.rl.prime_lr,
+        ..Default::default()
+    }
+}
+
+/// One reward source's run from the policy (resumed from its folder, `rl_<name>/`), and the
+/// policy it leaves measured on the held-out problems.
+fn run_variant(b: &RlBase<'_>, name: &str, reward: &dyn Reward, before: &PolicyMeasure) -> Result<RlVariant> {
+    let p = b.preset;
+    let prompts: Vec<Problem> = b.train.iter().map(LabProblem::problem).collect();
+    let oracle = OracleReward { task: b.task };
+    let watch: &dyn Reward = &oracle;
+    let dir = b.out.join(format!("rl_{name}"));
+    let policy_dir = b.out.join("policy");
+    let cfg = RlConfig {
+        prime: (name == PRIME).then(|| prime_config(p)),
+        ..rl_config(p, b.seed)
+    };
+    let load = |varmap: &VarMap| -> Result<Model> {
+        let config = ModelConfig::from_dir(&policy_dir)?;
+        Model::load_trainable(&policy_dir, config, varmap, &Device::Cpu, cfg.seed)
+    };
+    let varmap = VarMap::new();
+    let mut model = load(&varmap)?;
+    // PRIME's implicit PRM starts from the policy, as the policy does.
+    let prm_varmap = VarMap::new();
+    let mut prm = cfg.prime.map(|_| load(&prm_varmap)).transpose()?;
+    std::fs::create_dir_all(&dir)?;
+    crate::vocab::save(&dir, p.domain)?;
+    let pb = bar(cfg.updates as u64, &format!("RL ({name})"));
+    let log: Vec<UpdateLog> = train_rl(
+        RlRun {
+            learner: &mut CandleLearner::new(&mut model)?,
+            reference: b.policy,
+            tokenizer: b.tok,
+            prompt: Prompt::Pieces,
+            separator: SEP.into(),
+            stop_token_ids: b.tok.token_id(EOS).into_iter().collect(),
+            problems: &prompts,
+            task: b.task,
+            reward,
+            watch: vec![watch],
+            out_dir: Some(dir.clone()),
+            heldout: None,
+            implicit_prm: prm.as_mut().map(ImplicitPrm::Candle),
+        },
+        &cfg,
+        |l| {
+            pb.set_position(l.update as u64);
+            pb.set_prefix(format!("reward {:.2} acc {:.2} kl {:.3}", l.reward, l.accuracy, l.kl));
+        },
+    )?;
+    pb.finish_and_clear();
+    let after_policy = super::policy::lab_policy(&model, b.tok, p.policy.temperature);
+    let what = format!("sampling (after RL, {name})");
+    let after = sampled_measure(b, &after_policy, &dir.join("eval_samples.jsonl"), &what)?;
+    Ok(variant(name, log, before, after, &cfg))
 }
 
 /// `policy` measured on the held-out problems from its samples (kept at `path`, resumable; the
 /// same seed for every policy).
 fn sampled_measure(
-    i: &RlInputs<'_>,
+    i: &RlBase<'_>,
     policy: &stepwise_model::EnginePolicy,
     path: &Path,
     what: &str,

@@ -3,6 +3,7 @@
 //! token-id prompts), streaming as server-sent events when asked.
 
 use super::batcher::GenerateJob;
+use super::logprobs::{completion_logprobs, logprobs_at, Echoed, TokenLogprob};
 use super::request::{flag, model_field, number, refuse_unsupported, whole};
 use super::{off_async, unix_now, ApiError, Shared};
 use anyhow::Result;
@@ -34,9 +35,6 @@ struct Sampling {
     /// vLLM's `ignore_eos`: generate `max_tokens` whatever the model says (benchmarks).
     ignore_eos: bool,
 }
-
-/// A generated token's text, its log-probability, and the most likely tokens there.
-type TokenLogprob = (String, f32, Vec<(String, f32)>);
 
 /// One finished continuation.
 struct Choice {
@@ -88,7 +86,10 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
     } else {
         16
     };
-    let max_tokens = whole(v, max_key, default_max, 1, s.max_tokens)?;
+    // `max_tokens: 0` with `echo` generates nothing: the prompt's own log-probabilities alone
+    // (OpenAI's legacy completions, lm-evaluation-harness's loglikelihood requests).
+    let echo = !chat && flag(v, "echo", false)?;
+    let max_tokens = whole(v, max_key, default_max, usize::from(!echo), s.max_tokens)?;
     let max_tokens_given = v.get(max_key).is_some_and(|x| !x.is_null());
     let temperature = number(v, "temperature", 1.0, 0.0, 2.0)?;
     let top_p = number(v, "top_p", 1.0, 1e-6, 1.0)?;
@@ -111,13 +112,6 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
     };
     let stream = flag(v, "stream", false)?;
     let include_usage = include_usage_field(v, stream)?;
-    let echo = !chat && flag(v, "echo", false)?;
-    if echo && logprobs.is_some() {
-        return Err(ApiError::invalid(
-            "`echo` with `logprobs` (the prompt's log-probabilities) is not supported",
-            Some("echo"),
-        ));
-    }
     Ok(Sampling {
         n,
         max_tokens,
@@ -323,7 +317,11 @@ fn choice(p: &stepwise_model::LoadedPolicy, prompt: &[u32], out: Vec<u32>, s: &S
         finish_reason = "stop";
     }
     let tokens = match s.logprobs {
-        Some(k) => token_logprobs(p, prompt, body, k)?,
+        Some(_) if body.is_empty() => Vec::new(),
+        Some(k) => {
+            let all: Vec<u32> = prompt.iter().chain(body).copied().collect();
+            logprobs_at(p, &all, prompt.len() - 1, body, k)?
+        }
         None => body
             .iter()
             .map(|&t| Ok((p.tokenizer.decode(&[t])?, 0.0, Vec::new())))
@@ -366,32 +364,16 @@ fn stream_pieces(p: &stepwise_model::LoadedPolicy, body: &[u32], text: &str) -> 
     Ok(pieces)
 }
 
-/// Each generated token's log-probability under the model (its raw distribution, as vLLM
-/// reports by default) and the `k` most likely tokens at that position, from one forward pass.
-fn token_logprobs(
-    p: &stepwise_model::LoadedPolicy,
-    prompt: &[u32],
-    generated: &[u32],
-    k: usize,
-) -> Result<Vec<TokenLogprob>> {
-    if generated.is_empty() {
-        return Ok(Vec::new());
-    }
-    let all: Vec<u32> = prompt.iter().chain(generated).copied().collect();
-    let rows: Vec<usize> = (prompt.len() - 1..prompt.len() - 1 + generated.len()).collect();
-    let logp = p.model.vocab_logprobs(&all, &rows)?;
-    generated
-        .iter()
-        .zip(logp)
-        .map(|(&t, row)| {
-            let mut best: Vec<(usize, f32)> = row.iter().copied().enumerate().collect();
-            best.sort_by(|a, b| b.1.total_cmp(&a.1));
-            let top = best
-                .into_iter()
-                .take(k)
-                .map(|(id, lp)| Ok((p.tokenizer.decode(&[id as u32])?, lp)))
-                .collect::<Result<Vec<_>>>()?;
-            Ok((p.tokenizer.decode(&[t])?, row[t as usize], top))
+/// `n` choices of no tokens (`max_tokens: 0`, with `echo`).
+fn nothing_generated(n: usize) -> Vec<Choice> {
+    (0..n)
+        .map(|_| Choice {
+            text: String::new(),
+            tokens: Vec::new(),
+            finish_reason: "length",
+            stop_reason: Value::Null,
+            generated: 0,
+            pieces: Vec::new(),
         })
         .collect()
 }
@@ -425,7 +407,24 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
         }
     };
     let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
-    let (mut choices, prompt_len) = run(&s, ids, sampling).await?;
+    // With `echo` and `logprobs`, the prompt's own tokens with theirs.
+    let echoed_logprobs = match (sampling.echo, logprobs) {
+        (true, Some(k)) => {
+            let (state, ids) = (s.clone(), ids.clone());
+            Some(
+                off_async(move || {
+                    let (_, p) = state.policy.as_ref().expect("checked");
+                    Echoed::of(p, &ids, k).map_err(ApiError::internal)
+                })
+                .await?,
+            )
+        }
+        _ => None,
+    };
+    let (mut choices, prompt_len) = match sampling.max_tokens {
+        0 => (nothing_generated(sampling.n), ids.len()),
+        _ => run(&s, ids, sampling).await?,
+    };
     if !echoed.is_empty() {
         for c in &mut choices {
             c.text.insert_str(0, &echoed);
@@ -433,28 +432,7 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
         }
     }
     let (id, created) = (request_id("cmpl"), unix_now());
-    let logprobs_of = |c: &Choice| {
-        logprobs.map(|_| {
-            let mut offset = 0;
-            let offsets: Vec<usize> = c
-                .tokens
-                .iter()
-                .map(|(t, _, _)| {
-                    let o = offset;
-                    offset += t.len();
-                    o
-                })
-                .collect();
-            json!({
-                "tokens": c.tokens.iter().map(|(t, _, _)| t).collect::<Vec<_>>(),
-                "token_logprobs": c.tokens.iter().map(|(_, lp, _)| lp).collect::<Vec<_>>(),
-                "top_logprobs": c.tokens.iter().map(|(_, _, top)| {
-                    top.iter().map(|(t, l)| (t.clone(), json!(l))).collect::<serde_json::Map<_, _>>()
-                }).collect::<Vec<_>>(),
-                "text_offset": offsets,
-            })
-        })
-    };
+    let logprobs_of = |c: &Choice| logprobs.map(|_| completion_logprobs(echoed_logprobs.as_ref(), &c.tokens));
     if stream {
         let mut events = Vec::new();
         for (i, c) in choices.iter().enumerate() {

@@ -21,6 +21,7 @@
 mod batcher;
 mod completions;
 mod connections;
+mod logprobs;
 mod metrics;
 pub mod openrlhf;
 mod request;

@@ -1,0 +1,187 @@
+//! Fixed answers weighed by a served model: `stepwise serve` echoes the prompt's own
+//! log-probabilities (`echo` with `logprobs`, lm-evaluation-harness's loglikelihood request), and
+//! a judge weighed by likelihood through it (`RemotePolicy::logprobs_after`, `stepwise score
+//! --verifier judge --verdict likelihood --model URL`) gives what the local engine gives.
+
+use serde_json::json;
+use std::path::PathBuf;
+use stepwise_core::seams::{NextOptions, Policy};
+
+mod common;
+use common::server::{post, serve};
+use common::{fixture, write_jsonl};
+
+/// The fixture policy loaded here, and its tokenizer.
+fn local() -> (stepwise_model::Model, stepwise_model::Tokenizer) {
+    let dir = PathBuf::from(fixture("qwen2-policy"));
+    let model = stepwise_model::Model::load(&dir, &stepwise_model::default_device()).unwrap();
+    (model, stepwise_model::Tokenizer::from_dir(&dir).unwrap())
+}
+
+#[test]
+fn the_served_prompt_log_probabilities_are_the_local_models() {
+    let server = serve(&[]);
+    let (model, tok) = local();
+    let ids = tok.encode("What is 2 + 3?\n5", false).unwrap();
+    let rows: Vec<usize> = (0..ids.len() - 1).collect();
+    let here = model.vocab_logprobs(&ids, &rows).unwrap();
+    for max_tokens in [0, 1] {
+        let reply = post(
+            &server.url,
+            "/v1/completions",
+            &json!({"model": "qwen2-policy", "prompt": ids, "echo": true, "logprobs": 2,
+                "max_tokens": max_tokens, "temperature": 0.0}),
+        );
+        let lp = &reply["choices"][0]["logprobs"];
+        let served = lp["token_logprobs"].as_array().unwrap();
+        assert_eq!(served.len(), ids.len() + max_tokens, "{reply}");
+        assert!(served[0].is_null() && lp["top_logprobs"][0].is_null(), "{reply}");
+        for (i, row) in here.iter().enumerate() {
+            let (a, b) = (served[i + 1].as_f64().unwrap(), row[ids[i + 1] as usize] as f64);
+            assert!((a - b).abs() < 1e-4, "token {}: served {a}, here {b}", i + 1);
+            let top = lp["top_logprobs"][i + 1].as_object().unwrap();
+            let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            assert_eq!(top.len(), 2);
+            let served_best = top
+                .values()
+                .map(|v| v.as_f64().unwrap())
+                .fold(f64::NEG_INFINITY, f64::max);
+            assert!((served_best - best).abs() < 1e-4, "{top:?} against {best}");
+        }
+        assert!(reply["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("What is 2 + 3?\n5"));
+        assert_eq!(reply["usage"]["completion_tokens"], max_tokens);
+    }
+    // `max_tokens: 0` means nothing only with `echo`.
+    let refused = post(
+        &server.url,
+        "/v1/completions",
+        &json!({"model": "qwen2-policy", "prompt": "x", "max_tokens": 0}),
+    );
+    assert_eq!(refused["error"]["param"], "max_tokens", "{refused}");
+}
+
+#[test]
+fn a_served_judge_weighs_its_answers_as_the_local_engine_does() {
+    let server = serve(&[]);
+    let dir = PathBuf::from(fixture("qwen2-policy"));
+    let loaded = stepwise_model::LoadedPolicy::load(&dir, &stepwise_model::default_device()).unwrap();
+    let tok = &loaded.tokenizer;
+    let client = stepwise_remote::Client::new(stepwise_remote::ServerConfig::new(
+        vec![server.url.clone()],
+        "qwen2-policy",
+    ))
+    .unwrap();
+    let (answers, steps_a, steps_b) = (["-1", "0", "1", "10"], ["2 + 3 = 5"], ["4 * 2 = 6", "so 6"]);
+    let asks = [
+        NextOptions {
+            question: "What is 2 + 3?",
+            prefix: &steps_a,
+            options: &answers,
+        },
+        NextOptions {
+            question: "What is 4 * 2?",
+            prefix: &steps_b,
+            options: &answers,
+        },
+    ];
+    for prompt in [stepwise_model::Prompt::Pieces, stepwise_model::Prompt::Text] {
+        // As a user loads it: its end token the tokenizer's (the config names none).
+        let here = loaded.policy(1.0, 16, prompt, " | ");
+        let served = stepwise_remote::RemotePolicy {
+            client: &client,
+            tokenizer: Some(tok),
+            prompt,
+            separator: " | ".into(),
+            temperature: 1.0,
+            top_p: 1.0,
+            max_tokens: None,
+            stop: Vec::new(),
+        };
+        for end in [true, false] {
+            let a = here.logprobs_after(&asks, end).unwrap().unwrap();
+            let b = served.logprobs_after(&asks, end).unwrap().unwrap();
+            close(&a, &b, &format!("{prompt:?}, end {end}"));
+        }
+        if prompt == stepwise_model::Prompt::Text {
+            // Without the tokenizer: the prompt as text, tokenized whole by the server, the
+            // answer found by its offsets. The local engine encodes the answer on its own: the
+            // two read the same tokens where the separator ends a pre-token (a newline; after
+            // " | " the server's text merges the space into the answer's first token).
+            let by_text = stepwise_remote::RemotePolicy {
+                tokenizer: None,
+                separator: "\n".into(),
+                ..served
+            };
+            let here = loaded.policy(1.0, 16, prompt, "\n");
+            let a = here.logprobs_after(&asks, false).unwrap().unwrap();
+            close(&a, &by_text.logprobs_after(&asks, false).unwrap().unwrap(), "as text");
+            let err = format!("{:#}", by_text.logprobs_after(&asks, true).unwrap_err());
+            assert!(err.contains("--server-tokenizer"), "{err}");
+        }
+    }
+}
+
+fn close(a: &[Vec<f64>], b: &[Vec<f64>], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        assert!((x - y).abs() < 1e-3, "{what}: local {a:?}, served {b:?}");
+    }
+}
+
+#[test]
+fn score_weighs_a_served_judge_as_a_local_one() {
+    let server = serve(&[]);
+    let d = common::tmp("remote_weigh", "score");
+    let input = d.join("in.jsonl");
+    write_jsonl(
+        &input,
+        &[
+            json!({"id": "a", "question": "What is 2 + 3?", "steps": [{"text": "2 + 3 = 5"}, {"text": "so 5"}]}),
+            json!({"id": "b", "question": "What is 4 * 2?", "steps": [{"text": "4 * 2 = 6"}]}),
+        ],
+    );
+    let policy = fixture("qwen2-policy");
+    let score = |model: &str, extra: &[&str], out: &str| {
+        let out = d.join(out);
+        let mut args = vec![
+            "score",
+            "--verifier",
+            "judge",
+            "--verdict",
+            "likelihood",
+            "--separator",
+            " | ",
+            "--name",
+            "judge",
+            "--model",
+            model,
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(&args)
+            .output()
+            .unwrap();
+        (o, out)
+    };
+    let (o, here) = score(&policy, &[], "here.jsonl");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (o, served) = score(&server.url, &["--server-tokenizer", &policy], "served.jsonl");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let read = |p: PathBuf| common::step_scores(&std::fs::read_to_string(p).unwrap(), "judge");
+    let (a, b) = (read(here), read(served));
+    assert_eq!(a.len(), 3);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 1e-3, "local {a:?}, served {b:?}");
+    }
+    // Without the tokenizer the answers cannot end with the end of text: refused up front.
+    let (o, _) = score(&server.url, &[], "refused.jsonl");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--server-tokenizer"), "{err}");
+}
