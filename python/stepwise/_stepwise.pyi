@@ -447,8 +447,10 @@ def judge_scores(
     """Each step's score by a judge that answers right after a solution with its first wrong
     step (`format="index"`: its index, -1 for none; `"quote"`: the step copied out), such as the
     lab's `RUN/judge` as a `stepwise.Policy`: the probability of the verdicts that put the first
-    error after the step, read by likelihood in one forward pass (a local `stepwise.Policy`), or
-    with `likelihood=False` the share of `samples` sampled answers."""
+    error after the step, read by likelihood in one forward pass (a local `stepwise.Policy`, or a
+    served one given `server_tokenizer`: each answer's log-probabilities come back echoed, as vLLM
+    and `stepwise serve` give them), or with `likelihood=False` the share of `samples` sampled
+    answers."""
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of a problem with `n` samples, `c` of them passing."""

@@ -54,3 +54,21 @@ def test_a_server_file_serves_as_the_local_checkpoints_do(fixtures, tmp_path):
     listing.write_text("http://127.0.0.1:1\ngpu2:8000\n")
     with pytest.raises(stepwise.StepwiseError, match=r"servers.txt:2: `gpu2:8000` is not an http"):
         stepwise.Policy(str(listing))
+
+
+def test_a_served_judge_is_weighed_as_the_local_one(fixtures):
+    # Each answer goes after the solution as token ids ending with the end of text, and its
+    # log-probabilities come back echoed (`echo` with `logprobs`, as vLLM gives them too).
+    proc, url = serve(fixtures)
+    try:
+        items = [("What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."]), ("What is 4 * 2?", ["4 * 2 = 6"])]
+        local = stepwise.Policy(str(fixtures / "qwen2-policy"), separator="\n")
+        served = stepwise.Policy(url, separator="\n", server_tokenizer=str(fixtures / "qwen2-policy"))
+        for got, want in zip(stepwise.judge_scores(served, items), stepwise.judge_scores(local, items)):
+            assert got == pytest.approx(want, abs=1e-3)
+        # Without the tokenizer an answer cannot end with the end of text: a clear error.
+        with pytest.raises(stepwise.StepwiseError, match="server-tokenizer"):
+            stepwise.judge_scores(stepwise.Policy(url, separator="\n"), items)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -125,6 +125,16 @@ fn check_labels_and_best_of_n(a: &Path) -> serde_json::Value {
     // Monte Carlo pays in environment steps; TD and the returns pay nothing beyond the trajectories.
     assert!(m["labels"]["mc"]["env_steps"].as_u64().unwrap() > 0, "{m}");
     assert_eq!(m["labels"]["td"]["env_steps"], 0);
+    // Where the time went: each stage once, in order.
+    let stages: Vec<&str> = m["stage_seconds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages.first(), Some(&"policy"), "{stages:?}");
+    assert_eq!(stages.last(), Some(&"RL"), "{stages:?}");
+    assert_eq!(stages.len(), 7, "{stages:?}");
     for source in ["mc", "binary", "td", "return"] {
         let auc = m["labels"][source]["agreement"]["auc"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&auc), "{source}: {auc}");

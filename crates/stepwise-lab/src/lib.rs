@@ -23,6 +23,7 @@ pub mod progress;
 pub mod reasoning;
 pub mod report;
 pub mod run;
+mod scoring;
 pub mod splits;
 pub mod stages;
 pub mod task;

@@ -350,7 +350,8 @@ pub fn generative_scores(
 /// "index"`, -1 for none) or the step copied out (`"quote"`). A step's score is the
 /// probability of the verdicts that put the first error after it: with `likelihood` the
 /// probability the judge gives each verdict's answer, read in one forward pass (nothing
-/// sampled; a local `stepwise.Policy`), else the share of `samples` sampled answers. Items as
+/// sampled; a local `stepwise.Policy`, or a served one given `server_tokenizer`, whose answers'
+/// log-probabilities come back echoed), else the share of `samples` sampled answers. Items as
 /// for `PRM.score_batch`.
 ///
 /// >>> judge = stepwise.Policy("runs/standard-seed1/judge", separator="|", prompt="pieces")

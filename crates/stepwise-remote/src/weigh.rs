@@ -120,7 +120,7 @@ fn prompts(p: &RemotePolicy, asks: &[NextOptions<'_>], end: bool) -> Result<Opti
             }
             (None, Prompt::Text) => {
                 if end {
-                    bail!("weighing options that end the text needs the served model's tokenizer (--server-tokenizer): the end of text cannot be sent as text");
+                    bail!("weighing options that end the text needs the served model's tokenizer (--server-tokenizer; in Python, server_tokenizer=): the end of text cannot be sent as text");
                 }
                 let mut context = format!("{}{}", a.question, p.separator);
                 for s in a.prefix {

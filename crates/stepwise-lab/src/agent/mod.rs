@@ -165,6 +165,7 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
     let _lock = stepwise_core::journal::lock(&o.out.join("run"))?;
     claim_run_folder(&o.out, p, o.seed)?;
     let started = std::time::Instant::now();
+    let mut clock = crate::progress::Stopwatch::start();
     let tok = vocab::tokenizer(Domain::Agent)?;
     let g = games::games(o.seed, a.demo_games, a.label_games, a.eval_games, a.search_games);
     crate::stages::write_jsonl(
@@ -176,6 +177,7 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
     let demos = policy::demonstrations(&o.out.join("demonstrations.jsonl"), p, o.seed, &g.demo)?;
     let model = policy::train_policy(&o.out.join("policy"), p, o.seed, &demos, &tok)?;
     let lab_policy = policy::agent_policy(&model, &tok, p.policy.temperature);
+    clock.lap("policy");
     let vp = verifier_preset(p);
     let ctx = Ctx {
         preset: &vp,
@@ -201,6 +203,7 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
         "playing the held-out worlds",
         o.seed ^ 3,
     )?;
+    clock.lap("trajectories");
 
     // 3. Labels for actions: oracle, Monte Carlo, TD(λ) from a cross-fitted value.
     let env = Rooms::silent(a.max_actions);
@@ -213,12 +216,14 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
         &stepwise_agent::Oracle(&eval_games),
         "oracle labels (held out)",
     )?;
+    clock.lap("labels (oracle, MC, binary search, TD)");
 
     // 4. Verifiers from the policy (PRMs on MC and TD labels, the progress head, the ORM), the
     // held-out trajectories scored by each.
     let (verifiers, scored) = ctx.verifiers_and_scores(&labels, &label_trajs, &eval_trajs)?;
     let v0 = labels::mean_outcome(&label_trajs);
     let heads = heads::heads(&scored, &eval_oracle, "prm_td", v0, a.gamma);
+    clock.lap("verifiers (training, scoring)");
 
     // 5. Best-of-N over trajectories.
     let bon = evaluate::best_of_n(
@@ -228,12 +233,15 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
         "orm",
         o.seed,
     )?;
+    clock.lap("best-of-N");
 
     // 6. Beam search over actions, guided by PRM-MC, on worlds of its own.
     let search = ctx.search(&g.search, &verifiers.prm_mc)?;
+    clock.lap("beam search");
 
     // 7. RL in the demonstration worlds: per-action rewards against the goal alone.
     let rl = ctx.rl(&g.demo, &g.eval, &verifiers.prm_mc, &verifiers.progress_head)?;
+    clock.lap("RL");
 
     let stages = report::Stages {
         labels: &labels,
@@ -242,7 +250,7 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
         search,
         rl,
     };
-    let report = report::build(
+    let mut report = report::build(
         p,
         o.seed,
         &eval_trajs,
@@ -250,6 +258,7 @@ pub fn run(o: &LabOptions) -> Result<AgentReport> {
         stages,
         started.elapsed().as_secs_f64(),
     );
+    report.stage_seconds = clock.laps();
     report::write(&o.out, &report)?;
     Ok(report)
 }

@@ -57,6 +57,9 @@ pub struct AgentReport {
     pub rl: Option<AgentRlReport>,
     /// Seconds the run took (stages cached by an earlier run cost nothing).
     pub seconds: f64,
+    /// Wall-clock seconds of each stage of this run.
+    #[serde(default)]
+    pub stage_seconds: Vec<crate::progress::StageSeconds>,
     /// Plot files written beside the report.
     pub plots: Vec<String>,
 }
@@ -128,6 +131,7 @@ pub fn build(
         search,
         rl,
         seconds,
+        stage_seconds: Vec::new(),
         plots: Vec::new(),
     }
 }
@@ -248,6 +252,7 @@ fn body(r: &AgentReport) -> String {
         .chain(r.rl.iter().flat_map(|x| &x.paired))
         .collect();
     crate::report::paired_table(&mut s, &paired);
+    crate::progress::time_section(&mut s, &r.stage_seconds);
     if !r.plots.is_empty() {
         let _ = writeln!(s, "Plots: {}", r.plots.join(", "));
     }
