@@ -332,6 +332,34 @@ impl Model {
         Ok((values, width))
     }
 
+    /// Log-probabilities over the vocabulary at positions `rows` of the sequence `ids`, handed to
+    /// `each` a slice of at most `rows_a_pass` rows at a time (with the index of its first row),
+    /// so a long sequence's rows never sit in memory at once: on the CPU one pass over the
+    /// sequence, the head run a slice at a time; on the packed engine one pass a slice.
+    pub fn vocab_logprobs_each(
+        &self,
+        ids: &[u32],
+        rows: &[usize],
+        rows_a_pass: usize,
+        mut each: impl FnMut(usize, Vec<Vec<f32>>) -> Result<()>,
+    ) -> Result<()> {
+        let per = rows_a_pass.max(1);
+        if self.packed.is_some() {
+            for (k, slice) in rows.chunks(per).enumerate() {
+                each(k * per, self.vocab_logprobs(ids, slice)?)?;
+            }
+            return Ok(());
+        }
+        let t = Tensor::new(ids, &self.device)?.unsqueeze(0)?;
+        let hidden = self.hidden(Input::padded(&t, None))?.squeeze(0)?;
+        for (k, slice) in rows.chunks(per).enumerate() {
+            let idx = Tensor::new(slice.iter().map(|&r| r as u32).collect::<Vec<_>>(), &self.device)?;
+            let logits = self.head_logits(&hidden.index_select(&idx, 0)?)?;
+            each(k * per, candle_nn::ops::log_softmax(&logits, D::Minus1)?.to_vec2::<f32>()?)?;
+        }
+        Ok(())
+    }
+
     /// Log-probabilities over the vocabulary `[rows.len()][vocab]` at positions `rows` of the
     /// sequence `ids` ([`Model::vocab_logits`] through a log-softmax), on either engine.
     pub fn vocab_logprobs(&self, ids: &[u32], rows: &[usize]) -> Result<Vec<Vec<f32>>> {

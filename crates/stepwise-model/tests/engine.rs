@@ -132,3 +132,29 @@ fn token_logprobs_and_generation_go_to_the_packed_engine() {
     assert_eq!(a[0].1[0][0], b[0].1[0][0], "greedy first token, CPU against packed");
     assert!(packed.encoded_tokens() > 0, "the packed engine counted what it encoded");
 }
+
+/// The vocabulary's log-probabilities handed out a slice of rows at a time (what `stepwise
+/// serve` echoes a long prompt with) are those computed at once, on the CPU and on the packed
+/// engine.
+#[test]
+fn vocabulary_rows_a_slice_at_a_time_are_the_rows_at_once() {
+    let dir = fixtures().join("qwen2-policy");
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let ids = tok.encode(&format!("{PROBLEM}\n{}", STEPS.join("\n")), false).unwrap();
+    let rows: Vec<usize> = (0..ids.len() - 1).collect();
+    for model in [on_cpu(&dir), on_reference(&dir)] {
+        let whole: Vec<f32> = model.vocab_logprobs(&ids, &rows).unwrap().concat();
+        let mut sliced = Vec::new();
+        let mut firsts = Vec::new();
+        model
+            .vocab_logprobs_each(&ids, &rows, 3, |first, slice| {
+                assert!(slice.len() <= 3);
+                firsts.push(first);
+                sliced.extend(slice.concat());
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(firsts, (0..rows.len()).step_by(3).collect::<Vec<_>>());
+        assert_close(&whole, &sliced, 1e-4, "sliced rows");
+    }
+}

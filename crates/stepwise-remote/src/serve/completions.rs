@@ -422,7 +422,10 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
         _ => None,
     };
     let (mut choices, prompt_len) = match sampling.max_tokens {
-        0 => (nothing_generated(sampling.n), ids.len()),
+        0 => {
+            s.metrics.tokens(ids.len(), 0);
+            (nothing_generated(sampling.n), ids.len())
+        }
         _ => run(&s, ids, sampling).await?,
     };
     if !echoed.is_empty() {

@@ -5,8 +5,9 @@
 //! does a judge weighed by likelihood through a served model
 //! ([`crate::RemotePolicy`]'s `logprobs_after`).
 //!
-//! Memory stays bounded whatever the client asks: the vocabulary rows are computed a slice of
-//! positions at a time (about 64 MiB of them a pass), never a whole long prompt's at once.
+//! Memory stays bounded whatever the client asks: the sequence is encoded once and the
+//! vocabulary rows are computed a slice of positions at a time (about 64 MiB of them), never a
+//! whole long prompt's at once.
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -20,8 +21,8 @@ const FLOATS_A_PASS: usize = 1 << 24;
 
 /// Each of `targets`' log-probability under the model (its raw distribution, as vLLM reports by
 /// default) and the `k` likeliest tokens there: `targets[i]` is read at position `first + i` of
-/// `ids` (the position before it). A slice of positions a pass, so a long prompt's rows never
-/// sit in memory at once.
+/// `ids` (the position before it). One pass over `ids`, the vocabulary rows computed a slice of
+/// positions at a time, so a long prompt's rows never sit in memory at once.
 pub(super) fn logprobs_at(
     p: &LoadedPolicy,
     ids: &[u32],
@@ -29,20 +30,18 @@ pub(super) fn logprobs_at(
     targets: &[u32],
     k: usize,
 ) -> Result<Vec<TokenLogprob>> {
-    let vocab = p.model.config.vocab_size.max(1);
-    let per_pass = (FLOATS_A_PASS / vocab).max(1);
+    let per_pass = (FLOATS_A_PASS / p.model.config.vocab_size.max(1)).max(1);
+    let rows: Vec<usize> = (first..first + targets.len()).collect();
     let mut out = Vec::with_capacity(targets.len());
-    for (part, chunk) in targets.chunks(per_pass).enumerate() {
-        let start = first + part * per_pass;
-        let rows: Vec<usize> = (start..start + chunk.len()).collect();
-        let logp = p.model.vocab_logprobs(ids, &rows)?;
-        for (&t, row) in chunk.iter().zip(logp) {
+    p.model.vocab_logprobs_each(ids, &rows, per_pass, |at, logp| {
+        for (&t, row) in targets[at..].iter().zip(logp) {
             let lp = *row
                 .get(t as usize)
                 .ok_or_else(|| anyhow::anyhow!("token {t} is outside the model's vocabulary"))?;
             out.push((p.tokenizer.decode(&[t])?, lp, likeliest(p, &row, k)?));
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
