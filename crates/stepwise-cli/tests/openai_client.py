@@ -63,6 +63,14 @@ for max_tokens in (0, 1):
         == [sum(len(t) for t in lp.tokens[:i]) for i in range(e.usage.prompt_tokens)],
         e,
     )
+batch = client.completions.create(model=model, prompt=["What is 2 + 3?\n", "What is 4 * 2?\n"], n=2, max_tokens=4, seed=5)
+check(
+    "completions: a list of prompts gets n choices each, in order",
+    [c.index for c in batch.choices] == [0, 1, 2, 3]
+    and [c.text for c in batch.choices[2:]]
+    == [c.text for c in client.completions.create(model=model, prompt="What is 4 * 2?\n", n=2, max_tokens=4, seed=5).choices],
+    batch,
+)
 try:
     client.completions.create(model=model, prompt="x", max_tokens=0)
     check("errors: max_tokens 0 without echo", False, "accepted")

@@ -227,6 +227,46 @@ fn get_reward_answers_openrlhf() {
 
 /// Concurrent completion requests of different prompt lengths, `n` and `max_tokens` are decoded
 /// together in one running batch, and each gets what it gets when sent alone.
+/// A list of prompts in one request (OpenAI's completions take one): each prompt's `n`
+/// choices after the previous prompt's, as each prompt alone gets them; echoed log-probabilities
+/// each of its own prompt; more continuations than `--max-n` refused naming `prompt`.
+#[test]
+fn a_list_of_prompts_gets_what_each_prompt_gets_alone() {
+    let server = serve(&["--max-n", "4"]);
+    let prompts = [json!("What is 2 + 3?"), json!([30, 31, 32, 33, 34, 35])];
+    let ask = |prompt: Value| {
+        json!({"model": "qwen2-policy", "prompt": prompt, "n": 2, "max_tokens": 5, "seed": 11,
+               "temperature": 0.9, "echo": true, "logprobs": 0})
+    };
+    let batch = post(&server.url, "/v1/completions", &ask(json!(prompts)));
+    let choices = batch["choices"].as_array().unwrap_or_else(|| panic!("{batch}"));
+    assert_eq!(choices.len(), 4, "{batch}");
+    let mut prompt_tokens = 0;
+    for (k, prompt) in prompts.iter().enumerate() {
+        let alone = post(&server.url, "/v1/completions", &ask(prompt.clone()));
+        prompt_tokens += alone["usage"]["prompt_tokens"].as_u64().unwrap();
+        for j in 0..2 {
+            let (a, b) = (&alone["choices"][j], &choices[2 * k + j]);
+            assert_eq!(b["index"], 2 * k + j);
+            assert_eq!(a["text"], b["text"], "prompt {k}, choice {j}");
+            assert_eq!(
+                a["logprobs"]["tokens"], b["logprobs"]["tokens"],
+                "prompt {k}, choice {j}"
+            );
+            assert!(b["logprobs"]["token_logprobs"][0].is_null());
+        }
+    }
+    assert_eq!(batch["usage"]["prompt_tokens"], prompt_tokens);
+    let too_many = post(
+        &server.url,
+        "/v1/completions",
+        &json!({"model": "qwen2-policy", "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 2}),
+    );
+    assert_eq!(too_many["error"]["param"], "prompt", "{too_many}");
+    let empty = post(&server.url, "/v1/completions", &json!({"prompt": [], "max_tokens": 2}));
+    assert_eq!(empty["error"]["param"], "prompt", "{empty}");
+}
+
 #[test]
 fn concurrent_completions_get_what_they_get_alone() {
     let server = serve(&[]);

@@ -8,9 +8,11 @@ use stepwise_remote::serve::{serve, Limits, ServeConfig};
 #[command(after_help = "Endpoints:
   GET  /health                 200 when ready
   GET  /v1/models              the served models
-  POST /v1/completions         prompt as text or token ids; n, temperature, top_p, top_k, seed,
-                               max_tokens (default: what the context leaves), stop, logprobs, echo,
-                               stream (server-sent events) with stream_options.include_usage
+  POST /v1/completions         prompt as text or token ids, or a list of prompts (n choices each, in
+                               order); n, temperature, top_p, top_k, seed, max_tokens (default: what
+                               the context leaves), stop, logprobs, echo (with logprobs, the prompt's
+                               own log-probabilities; max_tokens 0 then generates nothing), stream
+                               (server-sent events) with stream_options.include_usage
   POST /v1/chat/completions    the tokenizer's chat template; logprobs/top_logprobs, stream,
                                continue_final_message (vLLM's)
   POST /v1/score_steps         {\"inputs\": [{\"question\", \"steps\": [...]}]} -> one score per step, laid

@@ -18,6 +18,7 @@ use stepwise_model::tokenizer::Message;
 use stepwise_model::SamplingParams;
 
 /// Sampling settings read from a request.
+#[derive(Clone)]
 struct Sampling {
     n: usize,
     max_tokens: usize,
@@ -228,7 +229,7 @@ fn prompt_ids(s: &Shared, prompt: Option<Value>) -> Result<(Vec<u32>, Option<Str
                 )
             }),
         _ => Err(ApiError::invalid(
-            "`prompt` must be a string or a list of token ids (one prompt per request)",
+            "`prompt` must be a string, a list of token ids, or a list of those",
             Some("prompt"),
         )),
     }
@@ -378,8 +379,7 @@ fn nothing_generated(n: usize) -> Vec<Choice> {
         .collect()
 }
 
-fn usage(prompt: usize, choices: &[Choice]) -> Value {
-    let completion: usize = choices.iter().map(|c| c.generated).sum();
+fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
@@ -387,17 +387,27 @@ fn request_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}", rand::random::<u64>())
 }
 
-/// `POST /v1/completions`.
-pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
-    let mut v = super::request::parse_body(&body)?;
-    drop(body);
-    check_model(&s, &v)?;
-    let mut sampling = sampling(&s, &v, false)?;
-    let prompt = v.get_mut("prompt").map(Value::take);
+/// A request's prompts: `prompt` itself, or each of a list of prompts (strings, or lists of
+/// token ids), as OpenAI's completions take them.
+fn prompt_list(prompt: Option<Value>) -> Result<Vec<Value>, ApiError> {
+    match prompt {
+        Some(Value::Array(a)) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => Ok(a),
+        Some(Value::Array(a)) if a.is_empty() => Err(ApiError::invalid("`prompt` is an empty list", Some("prompt"))),
+        Some(x) => Ok(vec![x]),
+        None => Err(ApiError::invalid("`prompt` is missing", Some("prompt"))),
+    }
+}
+
+/// One prompt's choices (the prompt's text before each where `echo` asks), and with `echo` and
+/// `logprobs` the prompt's own tokens with their log-probabilities; and its length in tokens.
+async fn one_prompt(
+    s: &Shared,
+    prompt: Value,
+    mut sampling: Sampling,
+) -> Result<(Vec<Choice>, Option<Echoed>, usize), ApiError> {
     let state = s.clone();
-    let (ids, text) = off_async(move || prompt_ids(&state, prompt)).await?;
-    fit_length(&s, ids.len(), &mut sampling)?;
-    let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
+    let (ids, text) = off_async(move || prompt_ids(&state, Some(prompt))).await?;
+    fit_length(s, ids.len(), &mut sampling)?;
     let echoed = match (sampling.echo, text) {
         (false, _) => String::new(),
         (true, Some(text)) => text,
@@ -406,9 +416,7 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
             p.tokenizer.decode(&ids).map_err(ApiError::internal)?
         }
     };
-    let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
-    // With `echo` and `logprobs`, the prompt's own tokens with theirs.
-    let echoed_logprobs = match (sampling.echo, logprobs) {
+    let echoed_logprobs = match (sampling.echo, sampling.logprobs) {
         (true, Some(k)) => {
             let (state, ids) = (s.clone(), ids.clone());
             Some(
@@ -426,7 +434,7 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
             s.metrics.tokens(ids.len(), 0);
             (nothing_generated(sampling.n), ids.len())
         }
-        _ => run(&s, ids, sampling).await?,
+        _ => run(s, ids, sampling).await?,
     };
     if !echoed.is_empty() {
         for c in &mut choices {
@@ -434,11 +442,43 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
             c.pieces.insert(0, echoed.clone());
         }
     }
+    Ok((choices, echoed_logprobs, prompt_len))
+}
+
+/// `POST /v1/completions`: one prompt, or a list of them, each prompt's `n` choices after the
+/// previous prompt's (choice `i * n + j`), their continuations decoded side by side in the
+/// running batch; at most `--max-n` continuations in all.
+pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
+    let mut v = super::request::parse_body(&body)?;
+    drop(body);
+    check_model(&s, &v)?;
+    let sampling = sampling(&s, &v, false)?;
+    let prompts = prompt_list(v.get_mut("prompt").map(Value::take))?;
+    if prompts.len() * sampling.n > s.max_n {
+        return Err(ApiError::invalid(
+            format!(
+                "{} prompts of `n` = {} continuations each is more than this server's {} continuations a request",
+                prompts.len(),
+                sampling.n,
+                s.max_n
+            ),
+            Some("prompt"),
+        ));
+    }
+    let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
+    let each = prompts.into_iter().map(|p| one_prompt(&s, p, sampling.clone()));
+    let answered = futures_util::future::try_join_all(each).await?;
+    let prompt_len: usize = answered.iter().map(|(_, _, len)| len).sum();
+    let choices: Vec<(&Choice, Option<&Echoed>)> = answered
+        .iter()
+        .flat_map(|(cs, echoed, _)| cs.iter().map(move |c| (c, echoed.as_ref())))
+        .collect();
+    let generated: usize = choices.iter().map(|(c, _)| c.generated).sum();
+    let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
     let (id, created) = (request_id("cmpl"), unix_now());
-    let logprobs_of = |c: &Choice| logprobs.map(|_| completion_logprobs(echoed_logprobs.as_ref(), &c.tokens));
     if stream {
         let mut events = Vec::new();
-        for (i, c) in choices.iter().enumerate() {
+        for (i, (c, _)) in choices.iter().enumerate() {
             for t in &c.pieces {
                 events.push(
                     json!({"id": id, "object": "text_completion", "created": created, "model": model,
@@ -451,18 +491,19 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
         if include_usage {
             events.push(
                 json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [], "usage": usage(prompt_len, &choices)}),
+                "choices": [], "usage": usage(prompt_len, generated)}),
             );
         }
         return Ok(sse(events));
     }
     let body = json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
-        "choices": choices.iter().enumerate().map(|(i, c)| json!({
-            "index": i, "text": c.text, "logprobs": logprobs_of(c), "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason,
+        "choices": choices.iter().enumerate().map(|(i, (c, echoed))| json!({
+            "index": i, "text": c.text,
+            "logprobs": logprobs.map(|_| completion_logprobs(*echoed, &c.tokens)),
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
         })).collect::<Vec<_>>(),
-        "usage": usage(prompt_len, &choices),
+        "usage": usage(prompt_len, generated),
     });
     Ok(Json(body).into_response())
 }
@@ -557,7 +598,7 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
         if include_usage {
             events.push(
                 json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [], "usage": usage(prompt_len, &choices)}),
+                "choices": [], "usage": usage(prompt_len, choices.iter().map(|c| c.generated).sum())}),
             );
         }
         return Ok(sse(events));
@@ -576,7 +617,7 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
             "index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs_of(c),
             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
         })).collect::<Vec<_>>(),
-        "usage": usage(prompt_len, &choices),
+        "usage": usage(prompt_len, choices.iter().map(|c| c.generated).sum()),
     });
     Ok(Json(body).into_response())
 }

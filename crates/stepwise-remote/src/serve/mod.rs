@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `GET /health` | 200 when ready |
 //! | `GET /v1/models` | the served models |
-//! | `POST /v1/completions` | text or token-id prompts; `n`, `temperature`, `top_p`, `seed`, `max_tokens`, `stop`, `logprobs`, `stream` |
+//! | `POST /v1/completions` | text or token-id prompts, one or a list; `n`, `temperature`, `top_p`, `seed`, `max_tokens`, `stop`, `logprobs`, `echo` (with `logprobs`: the prompt's own), `stream` |
 //! | `POST /v1/chat/completions` | the tokenizer's chat template; `continue_final_message` as in vLLM |
 //! | `POST /v1/score_steps` | stepwise's step scoring: `{inputs: [{question, steps}]}` → one score per step, any PRM layout; concurrent requests are scored together in one forward pass |
 //! | `POST /pooling` | vLLM's STEP pooling shape: per step-tag position `[p_bad, p_good]` |
