@@ -214,8 +214,9 @@ def annotate(
     labelling fails (no gold answer, too long for the policy): `on_error="raise"` raises
     `StepwiseError` naming it, the records labelled before it on the error's `records`; `"skip"`
     returns it unlabelled, the reason in `meta["annotate_error"]`, and warns with the count.
-    `judge_verdict="likelihood"`: the judge's likeliest verdict (format index or quote, a local
-    checkpoint) instead of the vote over `judge_samples` sampled answers."""
+    `judge_verdict="likelihood"`: the judge's likeliest verdict (format index or quote; a local
+    checkpoint, or a served one given `server_tokenizer`) instead of the vote over
+    `judge_samples` sampled answers."""
 
 def rooms(count: int, seed: int = 0) -> List[Record]:
     """`count` rooms worlds (a text world with an exact oracle) as problems, the world in

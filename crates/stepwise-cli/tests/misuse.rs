@@ -544,11 +544,11 @@ fn a_judge_read_by_likelihood_is_refused_where_it_cannot_be() {
                 &["--judge-format", "index", "--judge", "http://127.0.0.1:9"],
             ]
             .concat(),
-            "which a server does not give",
+            "needs --server-tokenizer",
         ),
         (
             vec!["score", "--verifier", "judge", "--model", "http://127.0.0.1:9"],
-            "which a server does not give",
+            "needs --server-tokenizer",
         ),
     ] {
         let refused = Command::new(env!("CARGO_BIN_EXE_stepwise"))

@@ -247,7 +247,7 @@ impl Judge<'_> {
         let logprobs = self
             .policy
             .logprobs_after(&asks, true)?
-            .context("the judge's model gives no log-probabilities of its answers (a served model): score it with sampled verdicts")?;
+            .context("the judge's model gives no log-probabilities of its answers (a Python policy, or a chat prompt served without its tokenizer): score it with sampled verdicts")?;
         Ok(asked
             .iter()
             .zip(logprobs)

@@ -57,7 +57,7 @@ pub(crate) fn with_journal<T>(
 /// for the first wrong step: `judge=`), or `consensus` (mc labels kept where the judge agrees).
 /// `judge_verdict="likelihood"` takes the verdict whose answer the judge gives the highest
 /// probability instead of voting over `judge_samples` sampled answers (`judge_format` index or
-/// quote, a local checkpoint).
+/// quote; a local checkpoint, or a served one given `server_tokenizer`).
 /// With `output` (a `.jsonl` path) each labelled solution is appended as soon as it is done,
 /// and a call with the same arguments after an interruption labels only the rest. With
 /// `code_problems` (HumanEval's or MBPP's JSONL) the steps are lines of programs and a rollout

@@ -185,10 +185,13 @@ fn in_flight(p: &RemotePolicy, weighed: &[Weighed]) -> Result<Vec<f64>> {
     for (i, r) in done.into_iter().flatten() {
         sums[i] = Some(r);
     }
-    sums.into_iter()
-        .map(|s| s.unwrap_or_else(|| Err(anyhow::anyhow!("a request was not sent: another failed first"))))
-        .collect::<Result<Vec<f64>>>()
-        .map_err(|e| e.context("weighing options by the served model's echoed log-probabilities"))
+    // The failure itself, not the requests left unsent after it.
+    if let Some(i) = sums.iter().position(|s| matches!(s, Some(Err(_)))) {
+        if let Some(Err(e)) = sums[i].take() {
+            return Err(e.context("weighing options by the served model's echoed log-probabilities"));
+        }
+    }
+    sums.into_iter().map(|s| s.context("a request was not sent")?).collect()
 }
 
 #[cfg(test)]

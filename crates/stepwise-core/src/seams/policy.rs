@@ -76,8 +76,9 @@ pub trait Policy: Sync {
     /// (so a judge fine-tuned to answer right after a solution is read where it answers): the
     /// sum over an option's tokens, with `end` the policy's end of text after it as well (so
     /// options where one starts another, `1` and `10`, are told apart). `None` where the policy
-    /// cannot tell (the default; a served model). A judge's verdicts are weighed with it instead
-    /// of sampled (GenRM's `P(yes)`); a local engine weighs many asks in one batch.
+    /// cannot tell (the default; a Python policy). A judge's verdicts are weighed with it instead
+    /// of sampled (GenRM's `P(yes)`); a local engine weighs many asks in one batch, a served
+    /// model each option's echoed log-probabilities.
     fn logprobs_after(&self, asks: &[NextOptions<'_>], end: bool) -> Result<Option<Vec<Vec<f64>>>> {
         let _ = (asks, end);
         Ok(None)

@@ -153,7 +153,7 @@ impl WorkedJudge<'_> {
         let mut lps = self
             .policy
             .logprobs_after(&asks, true)?
-            .context("the judge's model gives no log-probabilities (a served model): score it with sampled verdicts")?
+            .context("the judge's model gives no log-probabilities (a Python policy, or a chat prompt served without its tokenizer): score it with sampled verdicts")?
             .into_iter();
         let mut next = || -> Result<f32> {
             let lp = lps.next().context("the policy weighed fewer asks than it was given")?;
