@@ -16,7 +16,6 @@
 use crate::policy::RemotePolicy;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use stepwise_core::seams::NextOptions;
 use stepwise_text::Prompt;
 
@@ -144,13 +143,11 @@ fn prompts(p: &RemotePolicy, asks: &[NextOptions<'_>], end: bool) -> Result<Opti
     Ok(Some(out))
 }
 
-/// Every prompt's option log-probability, in order: one request each, at most as many in flight
-/// as the client allows (a few threads, each sending its next as a reply comes).
+/// Every prompt's option log-probability, in order: one request each, at most as many in
+/// flight as the client allows ([`stepwise_core::parallel::in_order`]); the first failure, in
+/// order, stops the rest and is the answer.
 fn in_flight(p: &RemotePolicy, weighed: &[Weighed]) -> Result<Vec<f64>> {
-    let workers = (p.client.config().max_in_flight * p.client.server_count().max(1))
-        .clamp(1, 16)
-        .min(weighed.len());
-    let next = AtomicUsize::new(0);
+    let threads = (p.client.config().max_in_flight * p.client.server_count().max(1)).min(16);
     let ask = |w: &Weighed| -> Result<f64> {
         // One generated token: vLLM refuses `max_tokens: 0`; its log-probability is not read.
         let body = json!({
@@ -159,39 +156,13 @@ fn in_flight(p: &RemotePolicy, weighed: &[Weighed]) -> Result<Vec<f64>> {
         });
         w.sum(&p.client.post("/completions", &body)?)
     };
-    let mut sums: Vec<Option<Result<f64>>> = (0..weighed.len()).map(|_| None).collect();
-    let done: Vec<Vec<(usize, Result<f64>)>> = std::thread::scope(|s| {
-        let started: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(w) = weighed.get(i) else { return mine };
-                        let r = ask(w);
-                        let failed = r.is_err();
-                        mine.push((i, r));
-                        if failed {
-                            // The others stop taking more: the first failure is the answer.
-                            next.store(weighed.len(), Ordering::Relaxed);
-                            return mine;
-                        }
-                    }
-                })
-            })
-            .collect();
-        started.into_iter().map(|h| h.join().unwrap_or_default()).collect()
-    });
-    for (i, r) in done.into_iter().flatten() {
-        sums[i] = Some(r);
-    }
-    // The failure itself, not the requests left unsent after it.
-    if let Some(i) = sums.iter().position(|s| matches!(s, Some(Err(_)))) {
-        if let Some(Err(e)) = sums[i].take() {
-            return Err(e.context("weighing options by the served model's echoed log-probabilities"));
-        }
-    }
-    sums.into_iter().map(|s| s.context("a request was not sent")?).collect()
+    let mut sums = Vec::with_capacity(weighed.len());
+    stepwise_core::parallel::in_order(weighed, threads, ask, |_, r| {
+        sums.push(r?);
+        Ok(())
+    })
+    .context("weighing options by the served model's echoed log-probabilities")?;
+    Ok(sums)
 }
 
 #[cfg(test)]
