@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use stepwise_core::seams::{NextOptions, Policy};
 
 mod common;
-use common::server::{post, serve};
+use common::server::{get, post, serve};
 use common::{fixture, write_jsonl};
 
 /// The fixture policy loaded here, and its tokenizer.
@@ -61,6 +61,120 @@ fn the_served_prompt_log_probabilities_are_the_local_models() {
         &json!({"model": "qwen2-policy", "prompt": "x", "max_tokens": 0}),
     );
     assert_eq!(refused["error"]["param"], "max_tokens", "{refused}");
+}
+
+/// A counter of the server's `/metrics`.
+fn counter(url: &str, name: &str) -> f64 {
+    let (_, text) = get(url, "/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[test]
+fn a_requests_choices_are_weighed_in_one_pass_and_concurrent_requests_alike() {
+    let server = serve(&[]);
+    let (model, tok) = local();
+    let ids = tok.encode("What is 4 * 2?\n", false).unwrap();
+    // Greedy continuations, as the local engine picks them.
+    let mut seq = ids.clone();
+    for _ in 0..3 {
+        let row = &model.vocab_logprobs(&seq, &[seq.len() - 1]).unwrap()[0];
+        let best = (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+        seq.push(best as u32);
+    }
+    let here = model
+        .vocab_logprobs(&seq, &(0..seq.len() - 1).collect::<Vec<_>>())
+        .unwrap();
+    let expected: Vec<f64> = here.iter().zip(&seq[1..]).map(|(r, &t)| r[t as usize] as f64).collect();
+    let (passes, seqs) = (
+        counter(&server.url, "stepwise_logprob_passes_total"),
+        counter(&server.url, "stepwise_logprob_sequences_total"),
+    );
+    let reply = post(
+        &server.url,
+        "/v1/completions",
+        &json!({"prompt": ids, "echo": true, "logprobs": 1, "max_tokens": 3, "n": 4,
+            "temperature": 0.0, "ignore_eos": true}),
+    );
+    // The four choices' tokens (the first's with the echoed prompt's) share one pass.
+    assert_eq!(counter(&server.url, "stepwise_logprob_passes_total"), passes + 1.0);
+    assert_eq!(counter(&server.url, "stepwise_logprob_sequences_total"), seqs + 4.0);
+    for (c, choice) in reply["choices"].as_array().unwrap().iter().enumerate() {
+        let served: Vec<f64> = choice["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(serde_json::Value::as_f64)
+            .collect();
+        // Each choice echoes the prompt (read once, with the first choice's tokens; its first
+        // token has none) before its own tokens.
+        assert_eq!(served.len(), expected.len(), "choice {c}: {reply}");
+        for (a, b) in served.iter().zip(&expected) {
+            assert!((a - b).abs() < 1e-4, "choice {c}: served {served:?}, here {expected:?}");
+        }
+    }
+    // A one-token request is sampled from the pass that weighs its prompt, as the decoding
+    // batch samples a continuation's first token (each continuation its own generator).
+    let sampled = |max_tokens: usize| {
+        let reply = post(
+            &server.url,
+            "/v1/completions",
+            &json!({"prompt": ids, "logprobs": 0, "max_tokens": max_tokens, "n": 6,
+                "temperature": 1.0, "seed": 7, "ignore_eos": true}),
+        );
+        let firsts: Vec<(String, f64)> = reply["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let lp = &c["logprobs"];
+                (
+                    lp["tokens"][0].as_str().unwrap().to_string(),
+                    lp["token_logprobs"][0].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(firsts.len(), 6, "{reply}");
+        firsts
+    };
+    let (one, decoded) = (sampled(1), sampled(2));
+    for ((a, la), (b, lb)) in one.iter().zip(&decoded) {
+        assert_eq!(a, b, "one token {one:?}, decoded {decoded:?}");
+        assert!((la - lb).abs() < 1e-4, "one token {one:?}, decoded {decoded:?}");
+    }
+    // Prompts sent at once, packed as they come: each is weighed as it is alone.
+    let prompts: Vec<Vec<u32>> = (0..12)
+        .map(|i| {
+            tok.encode(&format!("What is {i} + {}?\n{}", 3 * i, 4 * i), false)
+                .unwrap()
+        })
+        .collect();
+    let replies: Vec<serde_json::Value> = std::thread::scope(|sc| {
+        let asks: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let url = &server.url;
+                sc.spawn(move || {
+                    post(
+                        url,
+                        "/v1/completions",
+                        &json!({"prompt": p, "echo": true, "logprobs": 0, "max_tokens": 0}),
+                    )
+                })
+            })
+            .collect();
+        asks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (p, reply) in prompts.iter().zip(&replies) {
+        let here = model.vocab_logprobs(p, &(0..p.len() - 1).collect::<Vec<_>>()).unwrap();
+        let served = reply["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap();
+        assert_eq!(served.len(), p.len(), "{reply}");
+        for (i, row) in here.iter().enumerate() {
+            let (a, b) = (served[i + 1].as_f64().unwrap(), row[p[i + 1] as usize] as f64);
+            assert!((a - b).abs() < 1e-4, "token {}: served {a}, here {b}", i + 1);
+        }
+    }
 }
 
 #[test]

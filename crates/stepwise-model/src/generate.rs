@@ -123,6 +123,29 @@ pub(crate) fn continuation_rng(params: &SamplingParams, index: usize) -> ChaCha8
     ChaCha8Rng::seed_from_u64(params.seed.wrapping_mul(1_000_003).wrapping_add(index as u64))
 }
 
+/// Each of `n` continuations' first token drawn from the prompt's last `logits`, with the
+/// generator it goes on with.
+fn first_draws(logits: &[f32], p: &SamplingParams, n: usize) -> Vec<(Box<ChaCha8Rng>, u32)> {
+    use rayon::prelude::*;
+    (0..n)
+        .into_par_iter()
+        .map(|index| {
+            let mut rng = Box::new(continuation_rng(p, index));
+            let next = sample_token(logits, p, &mut rng);
+            (rng, next)
+        })
+        .collect()
+}
+
+/// The first tokens of `n` continuations of a prompt whose last position gives `logits`: what
+/// [`Decoding`] samples first for a request sampled by `p` (each continuation from its own
+/// generator), for a caller that ran the prompt's pass itself (`stepwise serve` answers a
+/// one-token request from the pass that reads its log-probabilities). Logits shifted by a
+/// constant (log-probabilities) give the same draws up to rounding.
+pub fn first_tokens(logits: &[f32], p: &SamplingParams, n: usize) -> Vec<u32> {
+    first_draws(logits, p, n).into_iter().map(|(_, t)| t).collect()
+}
+
 /// Prompt tokens a decoding step feeds by default ([`Decoding::prefill_chunk`]): a few hundred
 /// keep a step that carries them within a few times a plain step's time on a CPU.
 pub const DEFAULT_PREFILL_CHUNK: usize = 256;
@@ -292,18 +315,14 @@ impl<'a> Decoding<'a> {
     fn start(&mut self, request: usize, i: usize, logits: &[f32]) -> Result<()> {
         let req = self.requests[request].as_ref().expect("a request being started");
         let (p, n) = (&req.params, req.outs.len());
-        use rayon::prelude::*;
-        let firsts: Vec<Row> = (0..n)
-            .into_par_iter()
-            .map(|index| {
-                let mut rng = Box::new(continuation_rng(p, index));
-                let next = sample_token(logits, p, &mut rng);
-                Row {
-                    request,
-                    index,
-                    rng,
-                    next,
-                }
+        let firsts: Vec<Row> = first_draws(logits, p, n)
+            .into_iter()
+            .enumerate()
+            .map(|(index, (rng, next))| Row {
+                request,
+                index,
+                rng,
+                next,
             })
             .collect();
         let cache = self.cache.as_deref_mut().expect("a batch with rows has a cache");

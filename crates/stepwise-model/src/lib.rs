@@ -45,7 +45,7 @@ engine! {
 
     pub use config::{Family, HeadKind, ModelConfig};
     pub use decode_cache::DecodeCache;
-    pub use generate::{generate, Decoding, SamplingParams, StepRows};
+    pub use generate::{first_tokens, generate, Decoding, SamplingParams, StepRows};
     pub use incremental::IncrementalScorer;
     pub use input::{BatchCache, Input};
     pub use kernels::bf16_products_available;

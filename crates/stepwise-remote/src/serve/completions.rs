@@ -2,8 +2,8 @@
 //! shapes of OpenAI's API (and vLLM's extensions: `stop_reason`, `continue_final_message`,
 //! token-id prompts), streaming as server-sent events when asked.
 
-use super::batcher::GenerateJob;
-use super::logprobs::{completion_logprobs, logprobs_at, Echoed, TokenLogprob};
+use super::choices::{run, Choice};
+use super::logprobs::{completion_logprobs, Echoed};
 use super::request::{flag, model_field, number, refuse_unsupported, whole};
 use super::{off_async, unix_now, ApiError, Shared};
 use anyhow::Result;
@@ -19,34 +19,22 @@ use stepwise_model::SamplingParams;
 
 /// Sampling settings read from a request.
 #[derive(Clone)]
-struct Sampling {
-    n: usize,
-    max_tokens: usize,
+pub(super) struct Sampling {
+    pub(super) n: usize,
+    pub(super) max_tokens: usize,
     /// Whether the request set `max_tokens`: a default is cut to what the context has left.
-    max_tokens_given: bool,
-    params: SamplingParams,
-    stop: Vec<String>,
+    pub(super) max_tokens_given: bool,
+    pub(super) params: SamplingParams,
+    pub(super) stop: Vec<String>,
     /// Log-probabilities of the sampled tokens, and of this many alternatives.
-    logprobs: Option<usize>,
-    stream: bool,
+    pub(super) logprobs: Option<usize>,
+    pub(super) stream: bool,
     /// A streamed reply ends with a chunk holding the usage (`stream_options.include_usage`).
-    include_usage: bool,
+    pub(super) include_usage: bool,
     /// The prompt's text leads each completion's text (`echo`).
-    echo: bool,
+    pub(super) echo: bool,
     /// vLLM's `ignore_eos`: generate `max_tokens` whatever the model says (benchmarks).
-    ignore_eos: bool,
-}
-
-/// One finished continuation.
-struct Choice {
-    text: String,
-    /// Each generated token's text, its log-probability and the best alternatives.
-    tokens: Vec<TokenLogprob>,
-    finish_reason: &'static str,
-    stop_reason: Value,
-    generated: usize,
-    /// The text in the pieces a stream sends, one per token (empty unless streaming).
-    pieces: Vec<String>,
+    pub(super) ignore_eos: bool,
 }
 
 /// The request's model is the served policy.
@@ -261,124 +249,6 @@ fn fit_length(s: &Shared, prompt: usize, sampling: &mut Sampling) -> Result<(), 
     Ok(())
 }
 
-/// Sample the continuations: the generation worker decodes them in its running batch
-/// ([`super::batcher`]); the replies are built on a blocking thread.
-async fn run(s: &Shared, ids: Vec<u32>, mut sampling: Sampling) -> Result<(Vec<Choice>, usize), ApiError> {
-    let (_, p) = s.policy.as_ref().expect("checked");
-    if !sampling.ignore_eos {
-        sampling.params.stop_token_ids = p.stop_token_ids.clone();
-    }
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let stopped = || ApiError::internal(anyhow::anyhow!("the generation worker stopped"));
-    s.generate_queue
-        .lock()
-        .map_err(|_| stopped())?
-        .send(GenerateJob {
-            prompt: ids.clone(),
-            n: sampling.n,
-            params: sampling.params.clone(),
-            reply,
-        })
-        .map_err(|_| stopped())?;
-    let outs = answer.await.map_err(|_| stopped())?.map_err(ApiError::internal)?;
-    let state = s.clone();
-    let prompt_len = ids.len();
-    let choices = tokio::task::spawn_blocking(move || -> Result<Vec<Choice>> {
-        let (_, p) = state.policy.as_ref().expect("checked");
-        outs.into_iter().map(|out| choice(p, &ids, out, &sampling)).collect()
-    })
-    .await
-    .map_err(|e| ApiError::internal(anyhow::anyhow!("{e}")))?
-    .map_err(ApiError::internal)?;
-    let generated: usize = choices.iter().map(|c| c.generated).sum();
-    s.metrics.tokens(prompt_len, generated);
-    Ok((choices, prompt_len))
-}
-
-/// A generated sequence as a reply's choice: the end token left out of the text, a stop string
-/// cut off (as OpenAI does) and named in `stop_reason` (as vLLM does).
-fn choice(p: &stepwise_model::LoadedPolicy, prompt: &[u32], out: Vec<u32>, s: &Sampling) -> Result<Choice> {
-    let generated = out.len();
-    let ended = out.last().is_some_and(|t| p.stop_token_ids.contains(t));
-    let body = &out[..out.len() - usize::from(ended)];
-    let mut text = p.tokenizer.decode(body)?;
-    let mut finish_reason = if ended { "stop" } else { "length" };
-    let mut stop_reason = Value::Null;
-    // The text ends before the first stop string in it (a token can carry text past it).
-    let first_stop = s
-        .stop
-        .iter()
-        .filter_map(|st| text.find(st.as_str()).map(|at| (at, st)))
-        .min_by_key(|(at, _)| *at);
-    if let Some((at, stop)) = first_stop {
-        text.truncate(at);
-        finish_reason = "stop";
-        stop_reason = json!(stop);
-    } else if !ended && generated < s.max_tokens {
-        finish_reason = "stop";
-    }
-    let tokens = match s.logprobs {
-        Some(_) if body.is_empty() => Vec::new(),
-        Some(k) => {
-            let all: Vec<u32> = prompt.iter().chain(body).copied().collect();
-            logprobs_at(p, &all, prompt.len() - 1, body, k)?
-        }
-        None => body
-            .iter()
-            .map(|&t| Ok((p.tokenizer.decode(&[t])?, 0.0, Vec::new())))
-            .collect::<Result<_>>()?,
-    };
-    let pieces = if s.stream {
-        stream_pieces(p, body, &text)?
-    } else {
-        Vec::new()
-    };
-    Ok(Choice {
-        text,
-        tokens,
-        finish_reason,
-        stop_reason,
-        generated,
-        pieces,
-    })
-}
-
-/// `text` (a prefix of `body`'s decoding) cut where each token's text begins: decoded prefix by
-/// prefix, so characters spread over several tokens arrive whole.
-fn stream_pieces(p: &stepwise_model::LoadedPolicy, body: &[u32], text: &str) -> Result<Vec<String>> {
-    let mut pieces = Vec::new();
-    let mut sent = 0;
-    for i in 1..=body.len() {
-        let so_far = p.tokenizer.decode(&body[..i])?;
-        let upto = so_far.len().min(text.len());
-        if upto > sent && text.is_char_boundary(upto) && so_far.starts_with(&text[..upto]) {
-            pieces.push(text[sent..upto].to_string());
-            sent = upto;
-        }
-        if sent == text.len() {
-            break;
-        }
-    }
-    if sent < text.len() {
-        pieces.push(text[sent..].to_string());
-    }
-    Ok(pieces)
-}
-
-/// `n` choices of no tokens (`max_tokens: 0`, with `echo`).
-fn nothing_generated(n: usize) -> Vec<Choice> {
-    (0..n)
-        .map(|_| Choice {
-            text: String::new(),
-            tokens: Vec::new(),
-            finish_reason: "length",
-            stop_reason: Value::Null,
-            generated: 0,
-            pieces: Vec::new(),
-        })
-        .collect()
-}
-
 fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
@@ -416,26 +286,7 @@ async fn one_prompt(
             p.tokenizer.decode(&ids).map_err(ApiError::internal)?
         }
     };
-    let echoed_logprobs = match (sampling.echo, sampling.logprobs) {
-        (true, Some(k)) => {
-            let (state, ids) = (s.clone(), ids.clone());
-            Some(
-                off_async(move || {
-                    let (_, p) = state.policy.as_ref().expect("checked");
-                    Echoed::of(p, &ids, k).map_err(ApiError::internal)
-                })
-                .await?,
-            )
-        }
-        _ => None,
-    };
-    let (mut choices, prompt_len) = match sampling.max_tokens {
-        0 => {
-            s.metrics.tokens(ids.len(), 0);
-            (nothing_generated(sampling.n), ids.len())
-        }
-        _ => run(s, ids, sampling).await?,
-    };
+    let (mut choices, echoed_logprobs, prompt_len) = run(s, ids, sampling).await?;
     if !echoed.is_empty() {
         for c in &mut choices {
             c.text.insert_str(0, &echoed);
@@ -579,7 +430,7 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
     fit_length(&s, ids.len(), &mut sampling)?;
     let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
     let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
-    let (choices, prompt_len) = run(&s, ids, sampling).await?;
+    let (choices, _, prompt_len) = run(&s, ids, sampling).await?;
     let (id, created) = (request_id("chatcmpl"), unix_now());
     if stream {
         let mut events = Vec::new();

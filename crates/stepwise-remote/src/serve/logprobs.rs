@@ -3,12 +3,10 @@
 //! completions API and vLLM give them. lm-evaluation-harness's loglikelihood tasks read a
 //! prompt's log-probabilities this way (`echo: true, logprobs: 1, max_tokens: 0 or 1`), and so
 //! does a judge weighed by likelihood through a served model
-//! ([`crate::RemotePolicy`]'s `logprobs_after`).
-//!
-//! Memory stays bounded whatever the client asks: the sequence is encoded once and the
-//! vocabulary rows are computed a slice of positions at a time (about 64 MiB of them), never a
-//! whole long prompt's at once.
+//! ([`crate::RemotePolicy`]'s `logprobs_after`). The numbers come from the log-probability
+//! worker ([`super::weigher`]); this is their shape in a reply.
 
+use super::weigher::Weighed;
 use anyhow::Result;
 use serde_json::{json, Value};
 use stepwise_model::LoadedPolicy;
@@ -16,56 +14,19 @@ use stepwise_model::LoadedPolicy;
 /// A token's text, its log-probability, and the most likely tokens at its position.
 pub(super) type TokenLogprob = (String, f32, Vec<(String, f32)>);
 
-/// Vocabulary floats computed in one pass at most (64 MiB of `f32`).
-const FLOATS_A_PASS: usize = 1 << 24;
-
-/// Each of `targets`' log-probability under the model (its raw distribution, as vLLM reports by
-/// default) and the `k` likeliest tokens there: `targets[i]` is read at position `first + i` of
-/// `ids` (the position before it). One pass over `ids`, the vocabulary rows computed a slice of
-/// positions at a time, so a long prompt's rows never sit in memory at once.
-pub(super) fn logprobs_at(
-    p: &LoadedPolicy,
-    ids: &[u32],
-    first: usize,
-    targets: &[u32],
-    k: usize,
-) -> Result<Vec<TokenLogprob>> {
-    let per_pass = (FLOATS_A_PASS / p.model.config.vocab_size.max(1)).max(1);
-    let rows: Vec<usize> = (first..first + targets.len()).collect();
-    let mut out = Vec::with_capacity(targets.len());
-    p.model.vocab_logprobs_each(ids, &rows, per_pass, |at, logp| {
-        for (&t, row) in targets[at..].iter().zip(logp) {
-            let lp = *row
-                .get(t as usize)
-                .ok_or_else(|| anyhow::anyhow!("token {t} is outside the model's vocabulary"))?;
-            out.push((p.tokenizer.decode(&[t])?, lp, likeliest(p, &row, k)?));
-        }
-        Ok(())
-    })?;
-    Ok(out)
-}
-
-/// The `k` likeliest tokens of a row of log-probabilities, likeliest first.
-fn likeliest(p: &LoadedPolicy, row: &[f32], k: usize) -> Result<Vec<(String, f32)>> {
-    let k = k.min(row.len());
-    if k == 0 {
-        return Ok(Vec::new());
-    }
-    let mut best: Vec<(usize, f32)> = row.iter().copied().enumerate().collect();
-    best.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
-    best.truncate(k);
-    best.sort_by(|a, b| b.1.total_cmp(&a.1));
-    best.into_iter()
-        .map(|(id, lp)| Ok((p.tokenizer.decode(&[id as u32])?, lp)))
+/// Weighed tokens as texts.
+pub(super) fn texts(p: &LoadedPolicy, weighed: Vec<Weighed>) -> Result<Vec<TokenLogprob>> {
+    weighed
+        .into_iter()
+        .map(|w| {
+            let top = w
+                .top
+                .into_iter()
+                .map(|(t, lp)| Ok((p.tokenizer.decode(&[t])?, lp)))
+                .collect::<Result<_>>()?;
+            Ok((p.tokenizer.decode(&[w.token])?, w.logprob, top))
+        })
         .collect()
-}
-
-/// The prompt's tokens after its first, each with its log-probability given those before it.
-pub(super) fn prompt_logprobs(p: &LoadedPolicy, ids: &[u32], k: usize) -> Result<Vec<TokenLogprob>> {
-    if ids.len() < 2 {
-        return Ok(Vec::new());
-    }
-    logprobs_at(p, ids, 0, &ids[1..], k)
 }
 
 /// The prompt's tokens in a reply: the first token's text (it has no log-probability) and the
@@ -76,15 +37,15 @@ pub(super) struct Echoed {
 }
 
 impl Echoed {
-    /// `ids`' tokens with their log-probabilities (`k` alternatives each).
-    pub(super) fn of(p: &LoadedPolicy, ids: &[u32], k: usize) -> Result<Self> {
+    /// The prompt `ids`, its tokens after the first weighed as `rest`.
+    pub(super) fn of(p: &LoadedPolicy, ids: &[u32], rest: Vec<Weighed>) -> Result<Self> {
         let first = match ids.first() {
             Some(&t) => p.tokenizer.decode(&[t])?,
             None => String::new(),
         };
         Ok(Echoed {
             first,
-            rest: prompt_logprobs(p, ids, k)?,
+            rest: texts(p, rest)?,
         })
     }
 }

@@ -1,6 +1,6 @@
 //! Prometheus metrics of `stepwise serve`: requests by route and status, prompt and generated
 //! tokens, decoding steps and the continuations they carried (their ratio is the mean batch of
-//! continuous batching), and a latency histogram (`GET /metrics`, text exposition format).
+//! continuous batching), passes of the log-probability worker and the sequences they packed, and a latency histogram (`GET /metrics`, text exposition format).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -18,6 +18,8 @@ struct Counts {
     decode_rows: u64,
     decode_prompt_rows: u64,
     cancelled: u64,
+    weigh_passes: u64,
+    weigh_sequences: u64,
     latency_buckets: [u64; BUCKETS.len()],
     latency_count: u64,
     latency_sum: f64,
@@ -57,6 +59,13 @@ impl Metrics {
         c.decode_steps += 1;
         c.decode_rows += rows as u64;
         c.decode_prompt_rows += prompt_rows as u64;
+    }
+
+    /// Count one pass of the log-probability worker over `sequences` packed together.
+    pub fn weigh_pass(&self, sequences: usize) {
+        let mut c = self.counts.lock().unwrap();
+        c.weigh_passes += 1;
+        c.weigh_sequences += sequences as u64;
     }
 
     /// Count a generation request dropped because its client went away.
@@ -100,6 +109,16 @@ impl Metrics {
                 "stepwise_decode_prompt_rows_total",
                 "Prompt tokens fed through decoding steps (chunked prefill), summed over steps.",
                 c.decode_prompt_rows,
+            ),
+            (
+                "stepwise_logprob_passes_total",
+                "Forward passes of the log-probability worker (echoed prompts, generated tokens' log-probabilities).",
+                c.weigh_passes,
+            ),
+            (
+                "stepwise_logprob_sequences_total",
+                "Sequences weighed by the log-probability worker (divided by its passes: the mean packing).",
+                c.weigh_sequences,
             ),
             (
                 "stepwise_requests_cancelled_total",

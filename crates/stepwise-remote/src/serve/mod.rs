@@ -19,6 +19,7 @@
 //! requests and lets those in flight finish, within [`Limits::shutdown_timeout`].
 
 mod batcher;
+mod choices;
 mod completions;
 mod connections;
 mod logprobs;
@@ -27,6 +28,7 @@ pub mod openrlhf;
 mod request;
 pub mod sandbox;
 mod steps;
+mod weigher;
 
 use anyhow::{Context, Result};
 use axum::extract::{Request, State};
@@ -102,6 +104,9 @@ pub(crate) struct AppState {
     pub score_queue: std::sync::Mutex<std::sync::mpsc::Sender<steps::ScoreJob>>,
     /// Where completion requests queue for the generation worker ([`batcher::generate_worker`]).
     pub generate_queue: std::sync::Mutex<std::sync::mpsc::Sender<batcher::GenerateJob>>,
+    /// Where token log-probabilities queue for the log-probability worker
+    /// ([`weigher::weigh_worker`]).
+    pub weigh_queue: std::sync::Mutex<std::sync::mpsc::Sender<weigher::WeighJob>>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -238,6 +243,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
     }
     let (queue, jobs) = std::sync::mpsc::channel();
     let (generate_queue, generate_jobs) = std::sync::mpsc::channel();
+    let (weigh_queue, weigh_jobs) = std::sync::mpsc::channel();
     let state: Shared = Arc::new(AppState {
         policy,
         prm,
@@ -256,6 +262,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         started: unix_now(),
         score_queue: std::sync::Mutex::new(queue),
         generate_queue: std::sync::Mutex::new(generate_queue),
+        weigh_queue: std::sync::Mutex::new(weigh_queue),
     });
     let worker_state = state.clone();
     std::thread::Builder::new()
@@ -267,6 +274,11 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         .name("stepwise-generate".into())
         .spawn(move || batcher::generate_worker(worker_state, generate_jobs))
         .context("starting the generation worker")?;
+    let worker_state = state.clone();
+    std::thread::Builder::new()
+        .name("stepwise-logprobs".into())
+        .spawn(move || weigher::weigh_worker(worker_state, weigh_jobs))
+        .context("starting the log-probability worker")?;
     let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions::completions))

@@ -1,0 +1,255 @@
+//! A prompt's choices for `/v1/completions` and `/v1/chat/completions`: continuations decoded
+//! by the generation worker ([`super::batcher`]) or, for one token, sampled from the
+//! log-probability worker's pass ([`super::weigher`]), their tokens weighed where the request
+//! asks, and each turned into a reply's choice (end token and stop strings cut off).
+
+use super::batcher::GenerateJob;
+use super::completions::Sampling;
+use super::logprobs::{texts, Echoed, TokenLogprob};
+use super::weigher::{self, ToWeigh, Weighed};
+use super::{off_async, ApiError, Shared};
+use anyhow::Result;
+use serde_json::{json, Value};
+
+/// One finished continuation.
+pub(super) struct Choice {
+    pub(super) text: String,
+    /// Each generated token's text, its log-probability and the best alternatives.
+    pub(super) tokens: Vec<TokenLogprob>,
+    pub(super) finish_reason: &'static str,
+    pub(super) stop_reason: Value,
+    pub(super) generated: usize,
+    /// The text in the pieces a stream sends, one per token (empty unless streaming).
+    pub(super) pieces: Vec<String>,
+}
+
+/// A prompt's continuations and, with `logprobs`, their tokens' log-probabilities (with `echo`,
+/// the prompt's own too), and the prompt's length; the replies are built on a blocking thread.
+pub(super) async fn run(
+    s: &Shared,
+    ids: Vec<u32>,
+    mut sampling: Sampling,
+) -> Result<(Vec<Choice>, Option<Echoed>, usize), ApiError> {
+    let (_, p) = s.policy.as_ref().expect("checked");
+    if !sampling.ignore_eos {
+        sampling.params.stop_token_ids = p.stop_token_ids.clone();
+    }
+    let (outs, weighed) = match sampling.max_tokens {
+        1 => one_token(s, &ids, &sampling).await?,
+        _ => continuations(s, &ids, &sampling).await?,
+    };
+    let state = s.clone();
+    let prompt_len = ids.len();
+    let (choices, echoed) = tokio::task::spawn_blocking(move || -> Result<(Vec<Choice>, Option<Echoed>)> {
+        let (_, p) = state.policy.as_ref().expect("checked");
+        let echoed = weighed.prompt.map(|w| Echoed::of(p, &ids, w)).transpose()?;
+        let choices = outs
+            .into_iter()
+            .zip(weighed.choices)
+            .map(|(out, w)| choice(p, out, &sampling, w))
+            .collect::<Result<_>>()?;
+        Ok((choices, echoed))
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("{e}")))?
+    .map_err(ApiError::internal)?;
+    let generated: usize = choices.iter().map(|c| c.generated).sum();
+    s.metrics.tokens(prompt_len, generated);
+    Ok((choices, echoed, prompt_len))
+}
+
+/// The weighed tokens of a prompt's choices: with `echo` and `logprobs`, the prompt's own (its
+/// first token has none); with `logprobs`, each choice's generated tokens (the end token left
+/// out).
+struct Weighings {
+    prompt: Option<Vec<Weighed>>,
+    choices: Vec<Option<Vec<Weighed>>>,
+}
+
+/// The continuations of `ids` (none with `max_tokens: 0`) decoded by the generation worker in
+/// its running batch ([`super::batcher`]), then weighed where the request asks by the
+/// log-probability worker, packed with every other request in flight ([`super::weigher`]; the
+/// echoed prompt in the same sequence as the first continuation).
+async fn continuations(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<Vec<u32>>, Weighings), ApiError> {
+    let (_, p) = s.policy.as_ref().expect("checked");
+    let outs = match sampling.max_tokens {
+        0 => vec![Vec::new(); sampling.n],
+        _ => generate(s, ids, sampling).await?,
+    };
+    let Some(k) = sampling.logprobs else {
+        let choices = vec![None; outs.len()];
+        return Ok((outs, Weighings { prompt: None, choices }));
+    };
+    let last = ids.len().saturating_sub(1);
+    let seqs = outs
+        .iter()
+        .enumerate()
+        .map(|(c, out)| ToWeigh {
+            ids: ids
+                .iter()
+                .chain(&out[..out.len() - usize::from(ended(p, out))])
+                .copied()
+                .collect(),
+            first: if c == 0 && sampling.echo { 0 } else { last },
+            next: false,
+        })
+        .collect();
+    let mut choices: Vec<Vec<Weighed>> = weigher::weigh_all(s, seqs, k)
+        .await
+        .map_err(ApiError::internal)?
+        .into_iter()
+        .map(|w| w.tokens)
+        .collect();
+    let prompt = match (sampling.echo, choices.first_mut()) {
+        (true, Some(first)) => {
+            let generated = first.split_off(last.min(first.len()));
+            Some(std::mem::replace(first, generated))
+        }
+        _ => None,
+    };
+    Ok((
+        outs,
+        Weighings {
+            prompt,
+            choices: choices.into_iter().map(Some).collect(),
+        },
+    ))
+}
+
+/// A one-token request's continuations, sampled from the last row of the pass that weighs the
+/// prompt (the log-probability worker's, packed with every other request in flight) as the
+/// decoding batch would sample them ([`stepwise_model::first_tokens`]): one pass, no trip
+/// through the decoding batch. lm-evaluation-harness's and a served judge's loglikelihood
+/// requests (`echo`, `logprobs`, `max_tokens: 1`) are all of this kind.
+async fn one_token(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<Vec<u32>>, Weighings), ApiError> {
+    let echo = sampling.echo && sampling.logprobs.is_some();
+    let seq = ToWeigh {
+        ids: ids.to_vec(),
+        first: if echo { 0 } else { ids.len().saturating_sub(1) },
+        next: true,
+    };
+    let k = sampling.logprobs.unwrap_or(0);
+    let mut w = weigher::weigh_all(s, vec![seq], k)
+        .await
+        .map_err(ApiError::internal)?
+        .remove(0);
+    let row = w
+        .next
+        .take()
+        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("the prompt's last row was not read")))?;
+    let (state, sampling) = (s.clone(), sampling.clone());
+    off_async(move || {
+        let (_, p) = state.policy.as_ref().expect("checked");
+        let outs: Vec<Vec<u32>> = stepwise_model::first_tokens(&row, &sampling.params, sampling.n)
+            .into_iter()
+            .map(|t| vec![t])
+            .collect();
+        let choices = outs
+            .iter()
+            .map(|out| {
+                let body = &out[..out.len() - usize::from(ended(p, out))];
+                sampling
+                    .logprobs
+                    .map(|k| body.iter().map(|&t| weigher::reduce(&row, t, k)).collect())
+            })
+            .collect();
+        let prompt = echo.then_some(w.tokens);
+        Ok((outs, Weighings { prompt, choices }))
+    })
+    .await
+}
+
+/// The continuations of `ids` (generated ids, stop token included), decoded by the generation
+/// worker in its running batch.
+async fn generate(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<Vec<Vec<u32>>, ApiError> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let stopped = || ApiError::internal(anyhow::anyhow!("the generation worker stopped"));
+    s.generate_queue
+        .lock()
+        .map_err(|_| stopped())?
+        .send(GenerateJob {
+            prompt: ids.to_vec(),
+            n: sampling.n,
+            params: sampling.params.clone(),
+            reply,
+        })
+        .map_err(|_| stopped())?;
+    answer.await.map_err(|_| stopped())?.map_err(ApiError::internal)
+}
+
+/// Whether a generated sequence ends with a stop token.
+fn ended(p: &stepwise_model::LoadedPolicy, out: &[u32]) -> bool {
+    out.last().is_some_and(|t| p.stop_token_ids.contains(t))
+}
+
+/// A generated sequence as a reply's choice: the end token left out of the text, a stop string
+/// cut off (as OpenAI does) and named in `stop_reason` (as vLLM does); `weighed`, its tokens'
+/// log-probabilities where the request asked for them.
+fn choice(
+    p: &stepwise_model::LoadedPolicy,
+    out: Vec<u32>,
+    s: &Sampling,
+    weighed: Option<Vec<Weighed>>,
+) -> Result<Choice> {
+    let generated = out.len();
+    let ended = ended(p, &out);
+    let body = &out[..out.len() - usize::from(ended)];
+    let mut text = p.tokenizer.decode(body)?;
+    let mut finish_reason = if ended { "stop" } else { "length" };
+    let mut stop_reason = Value::Null;
+    // The text ends before the first stop string in it (a token can carry text past it).
+    let first_stop = s
+        .stop
+        .iter()
+        .filter_map(|st| text.find(st.as_str()).map(|at| (at, st)))
+        .min_by_key(|(at, _)| *at);
+    if let Some((at, stop)) = first_stop {
+        text.truncate(at);
+        finish_reason = "stop";
+        stop_reason = json!(stop);
+    } else if !ended && generated < s.max_tokens {
+        finish_reason = "stop";
+    }
+    let tokens = match weighed {
+        Some(w) => texts(p, w)?,
+        None => body
+            .iter()
+            .map(|&t| Ok((p.tokenizer.decode(&[t])?, 0.0, Vec::new())))
+            .collect::<Result<_>>()?,
+    };
+    let pieces = if s.stream {
+        stream_pieces(p, body, &text)?
+    } else {
+        Vec::new()
+    };
+    Ok(Choice {
+        text,
+        tokens,
+        finish_reason,
+        stop_reason,
+        generated,
+        pieces,
+    })
+}
+
+/// `text` (a prefix of `body`'s decoding) cut where each token's text begins: decoded prefix by
+/// prefix, so characters spread over several tokens arrive whole.
+fn stream_pieces(p: &stepwise_model::LoadedPolicy, body: &[u32], text: &str) -> Result<Vec<String>> {
+    let mut pieces = Vec::new();
+    let mut sent = 0;
+    for i in 1..=body.len() {
+        let so_far = p.tokenizer.decode(&body[..i])?;
+        let upto = so_far.len().min(text.len());
+        if upto > sent && text.is_char_boundary(upto) && so_far.starts_with(&text[..upto]) {
+            pieces.push(text[sent..upto].to_string());
+            sent = upto;
+        }
+        if sent == text.len() {
+            break;
+        }
+    }
+    if sent < text.len() {
+        pieces.push(text[sent..].to_string());
+    }
+    Ok(pieces)
+}
