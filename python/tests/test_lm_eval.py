@@ -52,6 +52,7 @@ def write_tasks(folder):
 
 @pytest.fixture()
 def served_policy(fixtures):
+    """`stepwise serve` on the fixture policy, a fresh one a test (its counters start at 0)."""
     exe = shutil.which("stepwise")
     assert exe, "the stepwise command: pip install ./python (or a dev build on the PATH)"
     server = subprocess.Popen([exe, "serve", "--model", str(fixtures / "qwen2-policy"), "--port", "0",
@@ -79,21 +80,52 @@ def by_doc(results, task):
     return {s["doc_id"]: s for s in results["samples"][task]}
 
 
-def test_lm_eval_through_stepwise_serve_matches_its_transformers_backend(fixtures, served_policy, tmp_path,
-                                                                           monkeypatch):
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    write_tasks(tmp_path)
-    policy = fixtures / "qwen2-policy"
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lm_eval_tasks")
+    write_tasks(folder)
+    return folder
 
-    def evaluate(model, model_args, **kw):
-        return simple_evaluate(model=model, model_args=model_args, tasks=TASKS, log_samples=True,
-                               task_manager=TaskManager(include_path=str(tmp_path)), **kw)
 
-    hf = evaluate("hf", f"pretrained={policy},dtype=float32", device="cpu", batch_size=1)
-    served = evaluate("local-completions",
-                      f"base_url={served_policy}/v1/completions,model=qwen2-policy,tokenizer={policy},"
-                      "tokenizer_backend=huggingface,num_concurrent=4", batch_size=8)
+def evaluate(tasks, model, model_args, **kw):
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return simple_evaluate(model=model, model_args=model_args, tasks=TASKS, log_samples=True,
+                           task_manager=TaskManager(include_path=str(tasks)), **kw)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(fixtures, tmp_path_factory):
+    """The fixture's tokenizer files alone, loaded by transformers as its `tokenizer.json` says.
+    Beside a Qwen2 `config.json`, transformers 5 builds its own Qwen2 tokenizer, whose
+    pre-tokenizer splits digits apart where this fixture's `tokenizer.json` (GPT-2's byte-level
+    split) keeps ` 3` whole; real Qwen checkpoints' files say what the class does."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    source = fixtures / "qwen2-policy"
+    shutil.copy(source / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def transformers_run(fixtures, tasks, tokenizer_files):
+    """The harness's own transformers backend on the checkpoint: what the server must match."""
+    return evaluate(tasks, "hf", f"pretrained={fixtures / 'qwen2-policy'},tokenizer={tokenizer_files},dtype=float32",
+                    device="cpu", batch_size=1)
+
+
+# `huggingface`: the client tokenizes with the checkpoint's files; `auto`: the harness finds the
+# server's own tokenizer routes (/tokenizer_info, /tokenize, /detokenize) and needs no files.
+@pytest.mark.parametrize("tokenizer", ["huggingface", "auto"])
+def test_lm_eval_through_stepwise_serve_matches_its_transformers_backend(served_policy, tasks, tokenizer_files,
+                                                                           transformers_run, tokenizer):
+    local = f",tokenizer={tokenizer_files}" if tokenizer == "huggingface" else ""
+    served = evaluate(tasks, "local-completions",
+                      f"base_url={served_policy}/v1/completions,model=qwen2-policy,"
+                      f"tokenizer_backend={tokenizer}{local},num_concurrent=4", batch_size=8)
+    hf = transformers_run
     # Every answer's log-likelihood (summed over its tokens, echoed by the server) and whether it
     # is the greedy continuation, as transformers computes them.
     a, b = by_doc(hf, "stepwise_arith"), by_doc(served, "stepwise_arith")
@@ -111,7 +143,10 @@ def test_lm_eval_through_stepwise_serve_matches_its_transformers_backend(fixture
     for doc, sample in a.items():
         assert sample["resps"] == b[doc]["resps"], f"doc {doc}"
     assert served["results"]["stepwise_arith"]["acc,none"] == hf["results"]["stepwise_arith"]["acc,none"]
-    # The harness's batches of loglikelihood requests (8 prompts a request) were weighed packed.
     c = counters(served_policy)
+    # The harness's batches of loglikelihood requests (8 prompts a request) were weighed packed.
     assert c["stepwise_logprob_sequences_total"] >= 24 * 4
     assert c["stepwise_logprob_passes_total"] < c["stepwise_logprob_sequences_total"]
+    # With `auto`, the harness tokenized through the server.
+    tokenized = c.get('stepwise_requests_total{endpoint="/tokenize",status="200"}', 0)
+    assert (tokenized > 0) == (tokenizer == "auto")

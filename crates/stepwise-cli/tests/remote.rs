@@ -616,3 +616,60 @@ fn a_served_policy_gives_the_local_engines_next_token_likelihoods() {
     assert_eq!(served_whole.text, whole.text);
     assert!(served_whole.finished);
 }
+
+#[test]
+fn the_tokenizer_routes_answer_as_vllm_does() {
+    let server = serve(&[]);
+    let dir = PathBuf::from(fixture("qwen2-policy"));
+    let tok = stepwise_model::Tokenizer::from_dir(&dir).unwrap();
+    let text = "What is 2 + 3?\n2 + 3 = 5";
+    let r = post(
+        &server.url,
+        "/tokenize",
+        &json!({"prompt": text, "return_token_strs": true}),
+    );
+    let ids = tok.encode(text, true).unwrap();
+    assert_eq!(r["tokens"], json!(ids), "{r}");
+    assert_eq!(r["count"], ids.len());
+    assert_eq!(r["max_model_len"], 512);
+    assert_eq!(r["token_strs"].as_array().unwrap().len(), ids.len());
+    let back = post(&server.url, "/detokenize", &json!({"tokens": ids}));
+    assert_eq!(back["prompt"], text, "{back}");
+    // A conversation through the chat template: the ids a chat completion's prompt has.
+    let messages = json!([{"role": "user", "content": "What is 2 + 3?"}]);
+    let r = post(&server.url, "/tokenize", &json!({"messages": messages}));
+    let chat = post(
+        &server.url,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 1}),
+    );
+    assert_eq!(r["count"], chat["usage"]["prompt_tokens"], "{r} {chat}");
+    let templated = tok
+        .apply_chat_template(
+            &[stepwise_model::tokenizer::Message::new("user", "What is 2 + 3?")],
+            true,
+        )
+        .unwrap();
+    assert_eq!(r["tokens"], json!(tok.encode(&templated, false).unwrap()));
+    let info = get(&server.url, "/tokenizer_info").1;
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["eos_token"], "<|im_end|>", "{info}");
+    assert!(info["chat_template"].as_str().unwrap().contains("<|im_start|>"));
+    // The PRM's tokenizer by its name; bad requests are 400s or 404s naming the field.
+    let r = post(
+        &server.url,
+        "/tokenize",
+        &json!({"model": "qwen2-prm", "prompt": "2 + 3"}),
+    );
+    assert!(r["tokens"].is_array(), "{r}");
+    for (body, param) in [
+        (json!({"tokens": [0, 1, 1_000_000]}), "tokens"),
+        (json!({"tokens": "12"}), "tokens"),
+        (json!({"model": "nope", "tokens": [1]}), "model"),
+    ] {
+        let r = post(&server.url, "/detokenize", &body);
+        assert_eq!(r["error"]["param"], param, "{body}: {r}");
+    }
+    let r = post(&server.url, "/tokenize", &json!({"prompt": ["a"]}));
+    assert_eq!(r["error"]["param"], "prompt", "{r}");
+}

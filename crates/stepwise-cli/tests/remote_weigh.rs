@@ -299,3 +299,35 @@ fn score_weighs_a_served_judge_as_a_local_one() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--server-tokenizer"), "{err}");
 }
+
+#[test]
+fn a_generated_end_token_is_listed_with_its_log_probability() {
+    let server = serve(&[]);
+    let (model, tok) = local();
+    let end = tok.token_id("<|im_end|>").unwrap();
+    // A prompt after which the fixture's greedy choice is the end token (lm-evaluation-harness
+    // asked one of these: it reads the log-probabilities before the generated token's).
+    let ids = (0..40)
+        .flat_map(|c| [format!("What is 15 + 8?\nAnswer: {}", 15 + c), format!("Q{c}: 2 + {c}")])
+        .map(|t| tok.encode(&t, false).unwrap())
+        .find(|ids| {
+            let row = &model.vocab_logprobs(ids, &[ids.len() - 1]).unwrap()[0];
+            (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])) == Some(end as usize)
+        })
+        .expect("a prompt the fixture ends greedily");
+    for max_tokens in [1, 3] {
+        let reply = post(
+            &server.url,
+            "/v1/completions",
+            &json!({"prompt": ids, "echo": true, "logprobs": 1, "max_tokens": max_tokens, "temperature": 0.0}),
+        );
+        let c = &reply["choices"][0];
+        assert_eq!(c["finish_reason"], "stop", "{reply}");
+        // The prompt's tokens, then the end token: listed, though the text leaves it out.
+        let lps = c["logprobs"]["token_logprobs"].as_array().unwrap();
+        assert_eq!(lps.len(), ids.len() + 1, "{reply}");
+        assert_eq!(c["logprobs"]["tokens"][ids.len()], "<|im_end|>", "{reply}");
+        assert!(lps[ids.len()].as_f64().unwrap() < 0.0);
+        assert!(!c["text"].as_str().unwrap().contains("<|im_end|>"), "{reply}");
+    }
+}

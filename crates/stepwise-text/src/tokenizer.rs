@@ -19,6 +19,8 @@ pub struct Tokenizer {
     pub eos_token: Option<String>,
     /// Padding token text.
     pub pad_token: Option<String>,
+    /// Beginning-of-sequence token text (what a chat template's `bos_token` renders as).
+    pub bos_token: Option<String>,
     /// The longest token's text, in bytes (computed once).
     longest: std::sync::OnceLock<usize>,
 }
@@ -75,6 +77,7 @@ impl Tokenizer {
             chat_template: cfg.get("chat_template").and_then(Value::as_str).map(str::to_string),
             eos_token: token_text(cfg.get("eos_token")),
             pad_token: token_text(cfg.get("pad_token")),
+            bos_token: token_text(cfg.get("bos_token")),
             longest: Default::default(),
         })
     }
@@ -111,6 +114,7 @@ impl Tokenizer {
             chat_template: None,
             eos_token,
             pad_token: None,
+            bos_token: None,
             longest: Default::default(),
         }
     }
@@ -120,6 +124,11 @@ impl Tokenizer {
     pub fn with_chat_template(mut self, template: impl Into<String>) -> Self {
         self.chat_template = Some(template.into());
         self
+    }
+
+    /// The chat template (`tokenizer_config.json`'s `chat_template`), if it has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
     }
 
     /// The wrapped tokenizer.
@@ -190,7 +199,7 @@ impl Tokenizer {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
                 eos_token => self.eos_token.clone().unwrap_or_default(),
-                bos_token => "",
+                bos_token => self.bos_token.clone().unwrap_or_default(),
             })
             .map_err(|e| match e.kind() {
                 minijinja::ErrorKind::OutOfFuel => {

@@ -59,8 +59,10 @@ pub(super) async fn run(
 }
 
 /// The weighed tokens of a prompt's choices: with `echo` and `logprobs`, the prompt's own (its
-/// first token has none); with `logprobs`, each choice's generated tokens (the end token left
-/// out).
+/// first token has none); with `logprobs`, each choice's generated tokens, the end token that
+/// stopped it included (as vLLM and OpenAI list it, though the text leaves it out: a client
+/// that reads a one-token reply's log-probabilities, as lm-evaluation-harness does, finds the
+/// generated token last whatever it is).
 struct Weighings {
     prompt: Option<Vec<Weighed>>,
     choices: Vec<Option<Vec<Weighed>>>,
@@ -71,7 +73,6 @@ struct Weighings {
 /// log-probability worker, packed with every other request in flight ([`super::weigher`]; the
 /// echoed prompt in the same sequence as the first continuation).
 async fn continuations(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<Vec<u32>>, Weighings), ApiError> {
-    let (_, p) = s.policy.as_ref().expect("checked");
     let outs = match sampling.max_tokens {
         0 => vec![Vec::new(); sampling.n],
         _ => generate(s, ids, sampling).await?,
@@ -85,11 +86,7 @@ async fn continuations(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(
         .iter()
         .enumerate()
         .map(|(c, out)| ToWeigh {
-            ids: ids
-                .iter()
-                .chain(&out[..out.len() - usize::from(ended(p, out))])
-                .copied()
-                .collect(),
+            ids: ids.iter().chain(out).copied().collect(),
             first: if c == 0 && sampling.echo { 0 } else { last },
             next: false,
         })
@@ -137,9 +134,8 @@ async fn one_token(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<
         .next
         .take()
         .ok_or_else(|| ApiError::internal(anyhow::anyhow!("the prompt's last row was not read")))?;
-    let (state, sampling) = (s.clone(), sampling.clone());
+    let sampling = sampling.clone();
     off_async(move || {
-        let (_, p) = state.policy.as_ref().expect("checked");
         let outs: Vec<Vec<u32>> = stepwise_model::first_tokens(&row, &sampling.params, sampling.n)
             .into_iter()
             .map(|t| vec![t])
@@ -147,10 +143,9 @@ async fn one_token(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<
         let choices = outs
             .iter()
             .map(|out| {
-                let body = &out[..out.len() - usize::from(ended(p, out))];
                 sampling
                     .logprobs
-                    .map(|k| body.iter().map(|&t| weigher::reduce(&row, t, k)).collect())
+                    .map(|k| out.iter().map(|&t| weigher::reduce(&row, t, k)).collect())
             })
             .collect();
         let prompt = echo.then_some(w.tokens);

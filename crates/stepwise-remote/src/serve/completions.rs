@@ -376,48 +376,70 @@ fn content_text(m: &Value) -> Result<String, ApiError> {
     }
 }
 
+/// A chat request's conversation: its `messages`, and vLLM's `continue_final_message` (the last,
+/// assistant, message continued in place) and `add_generation_prompt`.
+pub(super) struct Conversation {
+    msgs: Vec<Message>,
+    continue_last: bool,
+    add_generation_prompt: bool,
+}
+
+impl Conversation {
+    /// The conversation of request `v`.
+    pub(super) fn of(v: &Value) -> Result<Self, ApiError> {
+        let messages = v
+            .get("messages")
+            .and_then(Value::as_array)
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::invalid("`messages` must be a non-empty list", Some("messages")))?;
+        let mut msgs = Vec::with_capacity(messages.len());
+        for m in messages {
+            let role = m
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid("every message needs a `role`", Some("messages")))?;
+            msgs.push(Message::new(role, &content_text(m)?));
+        }
+        let continue_last = flag(v, "continue_final_message", false)?;
+        if continue_last && msgs.last().is_some_and(|m| m.role != "assistant") {
+            return Err(ApiError::invalid(
+                "`continue_final_message` needs an assistant message last",
+                Some("messages"),
+            ));
+        }
+        Ok(Conversation {
+            msgs,
+            continue_last,
+            add_generation_prompt: flag(v, "add_generation_prompt", true)?,
+        })
+    }
+
+    /// The text `tok`'s chat template makes of it (runs the template: off the async threads).
+    pub(super) fn render(mut self, tok: &stepwise_model::Tokenizer) -> Result<String, ApiError> {
+        let template = |msgs: &[Message], add: bool| {
+            tok.apply_chat_template(msgs, add)
+                .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages")))
+        };
+        if self.continue_last {
+            let last = self.msgs.pop().expect("non-empty");
+            Ok(format!("{}{}", template(&self.msgs, true)?, last.content))
+        } else {
+            template(&self.msgs, self.add_generation_prompt)
+        }
+    }
+}
+
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
     let v = super::request::parse_body(&body)?;
     check_model(&s, &v)?;
     let mut sampling = sampling(&s, &v, true)?;
-    let messages = v
-        .get("messages")
-        .and_then(Value::as_array)
-        .filter(|m| !m.is_empty())
-        .ok_or_else(|| ApiError::invalid("`messages` must be a non-empty list", Some("messages")))?;
-    let mut msgs = Vec::with_capacity(messages.len());
-    for m in messages {
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApiError::invalid("every message needs a `role`", Some("messages")))?;
-        msgs.push(Message::new(role, &content_text(m)?));
-    }
-    // vLLM's `continue_final_message`: the last (assistant) message is continued in place.
-    let continue_last = flag(&v, "continue_final_message", false)?;
-    let add_generation_prompt = flag(&v, "add_generation_prompt", true)?;
-    if continue_last && msgs.last().is_some_and(|m| m.role != "assistant") {
-        return Err(ApiError::invalid(
-            "`continue_final_message` needs an assistant message last",
-            Some("messages"),
-        ));
-    }
+    let conversation = Conversation::of(&v)?;
     // The template and the tokenizer run off the async threads.
     let state = s.clone();
     let ids = off_async(move || {
         let (_, p) = state.policy.as_ref().expect("checked");
-        let template = |msgs: &[Message], add: bool| {
-            p.tokenizer
-                .apply_chat_template(msgs, add)
-                .map_err(|e| ApiError::invalid(format!("{e:#}"), Some("messages")))
-        };
-        let text = if continue_last {
-            let last = msgs.pop().expect("non-empty");
-            format!("{}{}", template(&msgs, true)?, last.content)
-        } else {
-            template(&msgs, add_generation_prompt)?
-        };
+        let text = conversation.render(&p.tokenizer)?;
         super::encode_within(
             &p.tokenizer,
             &text,

@@ -10,6 +10,7 @@
 //! | `POST /v1/score_steps` | stepwise's step scoring: `{inputs: [{question, steps}]}` → one score per step, any PRM layout; concurrent requests are scored together in one forward pass |
 //! | `POST /pooling` | vLLM's STEP pooling shape: per step-tag position `[p_bad, p_good]` |
 //! | `POST /run_code` | SandboxFusion's API (`--sandbox`): a Python script run in the kernel's jail, its stdout, stderr and exit status |
+//! | `POST /tokenize`, `POST /detokenize`, `GET /tokenizer_info` | vLLM's tokenizer routes (a text, or a conversation through the chat template), on the policy's tokenizer or the PRM's by `model` |
 //! | `GET /metrics` | Prometheus text: requests, tokens, latency histogram |
 //!
 //! Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with 4xx codes,
@@ -28,6 +29,7 @@ pub mod openrlhf;
 mod request;
 pub mod sandbox;
 mod steps;
+mod tokenize;
 mod weigher;
 
 use anyhow::{Context, Result};
@@ -287,6 +289,9 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         .route("/pooling", post(steps::pooling))
         .route("/get_reward", post(openrlhf::get_reward))
         .route("/run_code", post(sandbox::run_code))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route(
             "/metrics",
             get(|State(s): State<Shared>| async move { s.metrics.render() }),
