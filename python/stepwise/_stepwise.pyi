@@ -188,6 +188,12 @@ class Policy:
         """`n` continuations (`text`, `steps`, `finished`, `tokens`, `token_ids`)."""
     def generate(self, question: str, n: int = 1, seed: int = 0) -> List[List[str]]:
         """`n` whole solutions, each as its list of steps."""
+    def loglikelihood(
+        self, question: str, options: Sequence[str], prefix: Sequence[str] = ..., end: bool = False
+    ) -> List[float]:
+        """Each option's log-probability as the text after `question` and the steps `prefix`, laid
+        out as this policy lays a solution out (with `end`, the end token after it too): one
+        forward pass over every option locally, echoed log-probabilities from a server."""
 
 def annotate(
     records: Records,

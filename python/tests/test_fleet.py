@@ -72,3 +72,29 @@ def test_a_served_judge_is_weighed_as_the_local_one(fixtures):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_policy_loglikelihood_is_the_same_locally_and_served(fixtures):
+    # Options weighed after a question and steps: one packed pass locally, echoed by the server.
+    proc, url = serve(fixtures)
+    try:
+        options = ["The answer is 5", "The answer is 6", "5"]
+        local = stepwise.Policy(str(fixtures / "qwen2-policy"), separator="\n")
+        served = stepwise.Policy(url, separator="\n", server_tokenizer=str(fixtures / "qwen2-policy"))
+        for end in (False, True):
+            here = local.loglikelihood("What is 2 + 3?", options, prefix=["2 + 3 = 5"], end=end)
+            there = served.loglikelihood("What is 2 + 3?", options, prefix=["2 + 3 = 5"], end=end)
+            assert len(here) == 3 and all(x < 0 for x in here)
+            assert there == pytest.approx(here, abs=1e-3)
+        # The end token's own log-probability is added: an option ending there is less likely.
+        with_end = local.loglikelihood("What is 2 + 3?", options, end=True)
+        assert all(e < o for e, o in zip(with_end, local.loglikelihood("What is 2 + 3?", options)))
+        # A longer option holds the shorter one's tokens and more: it cannot be likelier.
+        short, longer = local.loglikelihood("What is 2 + 3?", ["The answer", "The answer is 5"])
+        assert longer < short
+        assert local.loglikelihood("What is 2 + 3?", []) == []
+        with pytest.raises(stepwise.StepwiseError, match="server-tokenizer"):
+            stepwise.Policy(url, separator="\n").loglikelihood("What is 2 + 3?", options, end=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -202,6 +202,43 @@ impl Policy {
         interruptible(py, move || backend.policy(&settings).complete(&question, &[], n, seed))
     }
 
+    /// Each of `options`' log-probability as the text that follows `question` and the steps
+    /// `prefix`, laid out as this policy lays a solution out, summed over the option's tokens
+    /// (with `end`, the end token after it too, so `1` and `10` are told apart): how a judge's
+    /// verdicts or a multiple-choice answer are weighed. A local model packs every option into
+    /// one forward pass; a server echoes the log-probabilities of each option after its prompt
+    /// (vLLM, `stepwise serve`; `end` and the `pieces` layout need `server_tokenizer`).
+    ///
+    /// >>> policy.loglikelihood("What is 2 + 3?", ["The answer is 5", "The answer is 6"], end=True)
+    #[pyo3(signature = (question, options, prefix=Vec::new(), end=false))]
+    fn loglikelihood(
+        &self,
+        py: Python<'_>,
+        question: &str,
+        options: Vec<String>,
+        prefix: Vec<String>,
+        end: bool,
+    ) -> PyResult<Vec<f64>> {
+        if options.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (backend, settings, question) = (self.backend.clone(), self.settings(&[]), question.to_string());
+        interruptible(py, move || {
+            let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+            let options: Vec<&str> = options.iter().map(String::as_str).collect();
+            let ask = stepwise_core::seams::NextOptions {
+                question: &question,
+                prefix: &prefix,
+                options: &options,
+            };
+            let mut weighed = backend
+                .policy(&settings)
+                .logprobs_after(&[ask], end)?
+                .context("this policy gives no log-probabilities of given texts (a chat prompt served without `server_tokenizer`)")?;
+            weighed.pop().context("the policy weighed no options")
+        })
+    }
+
     fn __repr__(&self) -> String {
         format!("stepwise.Policy({:?}, temperature={})", self.source, self.temperature)
     }
