@@ -4,6 +4,7 @@
 import json
 import os
 import shutil
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -54,3 +55,16 @@ def studio_call(base, method, path, token=None, body=None):
         req.add_header("authorization", "Bearer " + token)
     with urllib.request.urlopen(req) as r:
         return json.loads(r.read())
+
+
+def start_serve(*args):
+    """`stepwise serve ARGS` on a free loopback port: the process and its URL, once it listens."""
+    exe = shutil.which("stepwise")
+    assert exe, "the stepwise command: pip install ./python (or a dev build on the PATH)"
+    proc = subprocess.Popen([exe, "serve", *map(str, args), "--port", "0", "--host", "127.0.0.1"],
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if "listening on " in line:
+            return proc, line.split("listening on ")[1].strip()
+    proc.wait(timeout=30)
+    raise AssertionError("stepwise serve did not start")

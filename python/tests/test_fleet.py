@@ -2,24 +2,14 @@
 `stepwise serve` processes) sample and score what the local checkpoints do, and a file with a bad
 entry is refused naming its line."""
 
-import shutil
-import subprocess
-
 import pytest
+from conftest import start_serve
 
 import stepwise
 
 
 def serve(fixtures):
-    exe = shutil.which("stepwise")
-    assert exe, "the stepwise command: pip install ./python (or a dev build on the PATH)"
-    proc = subprocess.Popen([exe, "serve", "--model", str(fixtures / "qwen2-policy"), "--prm",
-                             str(fixtures / "qwen2-prm"), "--port", "0", "--host", "127.0.0.1"],
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "listening on " in line:
-            return proc, line.split("listening on ")[1].strip()
-    raise AssertionError("stepwise serve did not start")
+    return start_serve("--model", fixtures / "qwen2-policy", "--prm", fixtures / "qwen2-prm")
 
 
 def test_a_server_file_serves_as_the_local_checkpoints_do(fixtures, tmp_path):

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import urllib.request
 
 import pytest
@@ -21,6 +20,7 @@ if importlib.util.find_spec("lm_eval") is None:
         raise RuntimeError("STEPWISE_REQUIRE_LM_EVAL is set but lm_eval is not installed")
     pytest.skip("lm_eval is not installed", allow_module_level=True)
 
+from conftest import start_serve  # noqa: E402
 from lm_eval import simple_evaluate  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
@@ -53,17 +53,8 @@ def write_tasks(folder):
 @pytest.fixture()
 def served_policy(fixtures):
     """`stepwise serve` on the fixture policy, a fresh one a test (its counters start at 0)."""
-    exe = shutil.which("stepwise")
-    assert exe, "the stepwise command: pip install ./python (or a dev build on the PATH)"
-    server = subprocess.Popen([exe, "serve", "--model", str(fixtures / "qwen2-policy"), "--port", "0",
-                               "--host", "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+    server, url = start_serve("--model", fixtures / "qwen2-policy")
     try:
-        url = None
-        for line in server.stderr:
-            if "listening on " in line:
-                url = line.split("listening on ")[1].strip()
-                break
-        assert url, "stepwise serve did not start"
         yield url
     finally:
         server.terminate()

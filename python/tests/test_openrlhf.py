@@ -10,8 +10,6 @@ Skipped where it is not installed; ``STEPWISE_REQUIRE_OPENRLHF=1`` turns the ski
 import asyncio
 import importlib.util
 import os
-import shutil
-import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +23,7 @@ from openrlhf.utils.agent import SingleTurnAgentExecutor  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 import stepwise  # noqa: E402
+from conftest import start_serve  # noqa: E402
 
 PROMPT = "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
 RIGHT = "2+3 is 5.\n\nThe answer is \\boxed{5}."
@@ -59,17 +58,8 @@ def tok(fixtures):
 
 
 def test_openrlhf_posts_to_stepwise_serve(fixtures, tok):
-    exe = shutil.which("stepwise")
-    assert exe, "the stepwise command: pip install ./python (or a dev build on the PATH)"
-    server = subprocess.Popen([exe, "serve", "--prm", str(fixtures / "qwen2-prm"), "--port", "0",
-                               "--host", "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+    server, url = start_serve("--prm", fixtures / "qwen2-prm")
     try:
-        url = None
-        for line in server.stderr:
-            if "listening on " in line:
-                url = line.split("listening on ")[1].strip()
-                break
-        assert url, "stepwise serve did not start"
         executor = SingleTurnAgentExecutor(f"{url}/get_reward")
         prm = stepwise.PRM(str(fixtures / "qwen2-prm"))
         right, wrong = rollout(executor, tok, RIGHT), rollout(executor, tok, WRONG)
