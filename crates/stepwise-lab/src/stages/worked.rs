@@ -124,32 +124,26 @@ impl WorkedJudge<'_> {
             "" => verdict.to_string(),
             w => format!("{w} {verdict}"),
         };
-        let options: Vec<Vec<Vec<[String; 2]>>> = readings
-            .iter()
-            .map(|row| {
-                row.iter()
-                    .map(|said| said.iter().map(|(_, w)| [option(w, RIGHT), option(w, WRONG)]).collect())
-                    .collect()
-            })
-            .collect();
-        let refs: Vec<Vec<Vec<[&str; 2]>>> = options
-            .iter()
-            .map(|row| {
-                row.iter()
-                    .map(|said| said.iter().map(|[a, b]| [a.as_str(), b.as_str()]).collect())
-                    .collect()
-            })
-            .collect();
-        let mut asks = Vec::new();
-        for (input, row) in batch.iter().zip(&refs) {
+        // Every reading's two answers, in reading order, with the step each reads after.
+        let mut asked: Vec<(&ScoreInput<'_>, usize, [String; 2])> = Vec::new();
+        for (input, row) in batch.iter().zip(readings) {
             for (k, said) in row.iter().enumerate() {
-                asks.extend(said.iter().map(|o| NextOptions {
-                    question: input.question,
-                    prefix: &input.steps[..=k],
-                    options: o,
-                }));
+                asked.extend(
+                    said.iter()
+                        .map(|(_, w)| (input, k, [option(w, RIGHT), option(w, WRONG)])),
+                );
             }
         }
+        let pairs: Vec<[&str; 2]> = asked.iter().map(|(_, _, [a, b])| [a.as_str(), b.as_str()]).collect();
+        let asks: Vec<NextOptions<'_>> = asked
+            .iter()
+            .zip(&pairs)
+            .map(|((input, k, _), options)| NextOptions {
+                question: input.question,
+                prefix: &input.steps[..=*k],
+                options,
+            })
+            .collect();
         let mut lps = self
             .policy
             .logprobs_after(&asks, true)?
