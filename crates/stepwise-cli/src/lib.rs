@@ -35,12 +35,12 @@ use clap::{Parser, Subcommand};
 uses, automatic step annotation, process and outcome reward models, step scoring, best-of-N and search, and \
 evaluation. Every stage reads and writes JSONL (or Parquet), so each can run alone on files other tools made.",
     after_help = "Examples:\n  \
-stepwise lab                                              # the whole loop on the built-in task\n  \
-stepwise convert prm800k.jsonl out.jsonl --to trl        # any format to any other\n  \
-stepwise stats processbench/gsm8k.json                    # counts, label balance, first errors\n  \
-stepwise grade --mode lenient answers.jsonl              # add `correct` to {given, ground_truth} records\n  \
+stepwise lab                                       # the whole loop on the built-in task\n  \
+stepwise convert prm800k.jsonl out.jsonl --to trl  # any format to any other\n  \
+stepwise stats processbench/gsm8k.json             # counts, label balance, first errors\n  \
+stepwise grade --mode lenient answers.jsonl        # adds `correct` to {given, ground_truth}\n  \
 stepwise score --model DIR --input steps.jsonl --output scored.jsonl\n  \
-stepwise search --policy DIR --prm DIR --method beam -n 16 --input problems.jsonl --output beam.jsonl\n\n\
+stepwise search --policy DIR --prm DIR --method beam -n 16 \\\n      --input problems.jsonl --output beam.jsonl\n\n\
 Run `stepwise <command> --help` for the details of each."
 )]
 struct Cli {
@@ -160,4 +160,37 @@ fn message(e: &anyhow::Error) -> String {
         text.push_str(&part);
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every indented line of every command's closing help (its examples and tables) fits the 100
+    /// columns clap renders help in, so none is wrapped: an example copied from `--help` runs as
+    /// written. Prose (a line that starts at the margin) is reflowed by clap and may be longer.
+    #[test]
+    fn no_help_line_is_wrapped() {
+        fn check(cmd: &clap::Command, path: &str, long: &mut Vec<String>) {
+            let texts = [cmd.get_after_help(), cmd.get_after_long_help()];
+            for text in texts.into_iter().flatten() {
+                for line in text.to_string().lines() {
+                    if line.starts_with(' ') && line.chars().count() > 100 {
+                        long.push(format!("{path}: {line}"));
+                    }
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), long);
+            }
+        }
+        let mut long = Vec::new();
+        check(&super::Cli::command(), "stepwise", &mut long);
+        assert!(
+            long.is_empty(),
+            "{} lines past 100 columns:\n{}",
+            long.len(),
+            long.join("\n")
+        );
+    }
 }

@@ -20,15 +20,19 @@ some ruin the goal.
 
   stepwise agent games --count 200 --seed 1 --output games.jsonl
   stepwise agent play --problems games.jsonl --expert 0.7 -n 4 --output trajectories.jsonl
-  stepwise agent play --problems games.jsonl --policy http://vllm:8000 -n 4 --output trajectories.jsonl
-  stepwise agent label --method oracle --problems games.jsonl --input trajectories.jsonl --output oracle.jsonl
+  stepwise agent play --problems games.jsonl --policy http://vllm:8000 -n 4 \\
+      --output trajectories.jsonl
+  stepwise agent label --method oracle --problems games.jsonl --input trajectories.jsonl \\
+      --output oracle.jsonl
   stepwise agent label --method mc --rollouts 8 --expert 0.7 --problems games.jsonl \\
       --input trajectories.jsonl --output mc.jsonl
   stepwise agent label --method binary --rollouts 4 --expert 0.7 --problems games.jsonl \\
       --input trajectories.jsonl --output binary.jsonl
   stepwise score --prm PRM --input trajectories.jsonl --output scored.jsonl
-  stepwise agent label --method td --values prm --problems games.jsonl --input scored.jsonl --output td.jsonl
-  stepwise agent rl --policy POLICY --problems games.jsonl --reward prm:PRM --updates 16 --out agent-rl/
+  stepwise agent label --method td --values prm --problems games.jsonl --input scored.jsonl \\
+      --output td.jsonl
+  stepwise agent rl --policy POLICY --problems games.jsonl --reward prm:PRM --updates 16 \\
+      --out agent-rl/
 
 Trajectories are stepwise records (steps with `observation`); `stepwise convert --to messages` or \
 `--to conversations` writes them in OpenAI's chat layout or ShareGPT's (AgentInstruct, AgentBank), and both are \

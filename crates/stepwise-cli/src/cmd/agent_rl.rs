@@ -15,12 +15,13 @@ each world's group (GRPO) and PPO-clip steps (--clip) with a KL penalty (--kl) t
 The loss reads the observations but learns only what the policy wrote: its actions, and the end token where it \
 stopped. Rewards:
   goal        1 when the episode reaches the goal, else 0 (outcome-only RL)
-  oracle      the world's verdict on every action (progress 1, useless 0.5, regress/invalid/ruin 0): the
-              ceiling a PRM can reach
+  oracle      the world's verdict on every action (progress 1, useless 0.5, regress/invalid/ruin 0):
+              the ceiling a PRM can reach
   prm:DIR     a PRM's score of every action (any verifier folder `stepwise score` reads)
-  prime       PRIME: the goal, plus token rewards β·log π_φ/π_ref on what the policy wrote from an implicit
-              PRM that starts as the policy and learns online from the goal (--prime-beta, --prime-lr,
-              --prime-filter; kept in OUT/implicit_prm). Observations are neither scored nor learned.
+  prime       PRIME: the goal, plus token rewards β·log π_φ/π_ref on what the policy wrote from an
+              implicit PRM that starts as the policy and learns online from the goal (--prime-beta,
+              --prime-lr, --prime-filter; kept in OUT/implicit_prm). Observations are neither
+              scored nor learned.
 A process reward (oracle, prm) has the goal's advantage added to every action at --goal-weight (0: the process \
 reward alone). --credit says how an action is valued before the group's normalisation: min-so-far (the weakest \
 reward up to it), own (its own reward: an oracle's verdict), progress (its reward minus the one before: a PRM \

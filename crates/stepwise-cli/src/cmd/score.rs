@@ -11,17 +11,22 @@ use stepwise_core::{Format, Solution, SolutionWriter};
   qwen-prm    Qwen2.5-Math-PRM: chat template, steps joined by <extra_0>, softmax class 1 there
   step-tag    Math-Shepherd / RLHFlow: `problem step ки\\n ...`, P(+) over {+,-} at each ки
   token-cls   TRL PRMTrainer output: softmax class 1 on the last token of each step + \"\\n\"
-  log-ratio   a folder with reward.json (`stepwise train-prm --head log-ratio`, the lab's verifiers):
+  log-ratio   a folder with reward.json (`stepwise train-prm --head log-ratio`, the lab's
+              verifiers):
               sigmoid(β·Σ log π/π_ref) over each step's tokens, against the reference it names
 
 Examples:
+  # run again after a kill: it resumes
   stepwise score --model fixtures/hf-tiny/qwen2-prm \\
-      --input data/processbench/gsm8k.json --output scored.jsonl     # run again after a kill: it resumes
+      --input data/processbench/gsm8k.json --output scored.jsonl
   stepwise score --model orm/ --name orm --input scored.jsonl --output scored2.jsonl
-  stepwise score --model http://gpu1:8000 --input steps.jsonl --output scored.jsonl        # stepwise serve --prm
-  stepwise score --model servers.txt --batch-size 64 --input steps.jsonl --output scored.jsonl  # a fleet: two batches a server
-  stepwise score --model http://gpu1:8000 --protocol pooling --layout qwen-prm --server-tokenizer PRM_DIR \\
-      --input steps.jsonl --output scored.jsonl                                             # vLLM /pooling
+  # stepwise serve --prm
+  stepwise score --model http://gpu1:8000 --input steps.jsonl --output scored.jsonl
+  # a fleet: two batches a server
+  stepwise score --model servers.txt --batch-size 64 --input steps.jsonl --output scored.jsonl
+  # vLLM /pooling
+  stepwise score --model http://gpu1:8000 --protocol pooling --layout qwen-prm \\
+      --server-tokenizer PRM_DIR --input steps.jsonl --output scored.jsonl
   stepwise score --verifier generative --model http://vllm:8000 --chat --samples 8 --name thinkprm \\
       --input steps.jsonl --output scored.jsonl                              # ThinkPRM-style chains
 

@@ -26,9 +26,11 @@ Examples:
   stepwise search --policy POLICY --prm PRM --method beam -n 16 --width 4 \\
       --input problems.jsonl --output beam.jsonl
   stepwise calibrate --prm PRM --input labelled.jsonl --precision 0.8
-  stepwise search --policy POLICY --prm PRM --method resample --input problems.jsonl --output resample.jsonl
-  stepwise search --policy http://gpu1:8000 --prm http://gpu2:8000 --method dvts -n 16 --threads 16 \\
-      --input problems.jsonl --output dvts.jsonl        # servers: vLLM, SGLang, stepwise serve")]
+  stepwise search --policy POLICY --prm PRM --method resample --input problems.jsonl \\
+      --output resample.jsonl
+  # servers: vLLM, SGLang, stepwise serve
+  stepwise search --policy http://gpu1:8000 --prm http://gpu2:8000 --method dvts -n 16 \\
+      --threads 16 --input problems.jsonl --output dvts.jsonl")]
 pub struct Args {
     /// Policy checkpoint folder, cached Hugging Face model id, or server URL(s).
     #[arg(long, value_parser = super::backend::source)]

@@ -8,25 +8,35 @@ use stepwise_remote::serve::{serve, Limits, ServeConfig};
 #[command(after_help = "Endpoints:
   GET  /health                 200 when ready
   GET  /v1/models              the served models
-  POST /v1/completions         prompt as text or token ids, or a list of prompts (n choices each, in
-                               order); n, temperature, top_p, top_k, seed, max_tokens (default: what
-                               the context leaves), stop, logprobs, echo (with logprobs, the prompt's
-                               own log-probabilities; max_tokens 0 then generates nothing), stream
-                               (server-sent events) with stream_options.include_usage
+  POST /v1/completions         prompt as text or token ids, or a list of prompts (n choices each,
+                               in order); n, temperature, top_p, top_k, seed, max_tokens (default:
+                               what the context leaves), stop, logprobs, echo (with logprobs, the
+                               prompt's own log-probabilities; max_tokens 0 then generates
+                               nothing), stream (server-sent events) with
+                               stream_options.include_usage; the log-probabilities of every
+                               request in flight are computed in one packed pass, and a max_tokens
+                               1 request (lm-evaluation-harness's loglikelihood) is answered from
+                               that pass
   POST /v1/chat/completions    the tokenizer's chat template; logprobs/top_logprobs, stream,
                                continue_final_message (vLLM's)
-  POST /v1/score_steps         {\"inputs\": [{\"question\", \"steps\": [...]}]} -> one score per step, laid
-                               out as the PRM was trained (every layout stepwise scores)
+  POST /v1/score_steps         {\"inputs\": [{\"question\", \"steps\": [...]}]} -> one score per step,
+                               laid out as the PRM was trained (every layout stepwise scores)
   POST /pooling                vLLM's STEP pooling shape: [p_bad, p_good] at each step tag
-  POST /get_reward             OpenRLHF's remote reward model (--reward.remote_url http://HOST:PORT/get_reward):
-                               {\"query\", \"prompts\", \"labels\"} -> {\"rewards\", \"scores\", \"extra_logs\"};
-                               a response's steps (split at --reward-separator) scored by the PRM and
-                               aggregated, plus the graded outcome when labels are sent; the question and
-                               the response's end read by the policy's (else the PRM's) chat template
-  POST /run_code               --sandbox: SandboxFusion's API (verl's sandbox_fusion_url): {\"code\", \"stdin\",
-                               \"run_timeout\", \"memory_limit_MB\", \"files\", \"fetch_files\"} -> {\"status\",
-                               \"run_result\": {\"status\", \"return_code\", \"stdout\", \"stderr\", ...}}; Python
-                               scripts in the kernel's jail, --sandbox-workers at once
+  POST /get_reward             OpenRLHF's remote reward model (--reward.remote_url
+                               http://HOST:PORT/get_reward): {\"query\", \"prompts\", \"labels\"} ->
+                               {\"rewards\", \"scores\", \"extra_logs\"}; a response's steps (split at
+                               --reward-separator) scored by the PRM and aggregated, plus the
+                               graded outcome when labels are sent; the question and the
+                               response's end read by the policy's (else the PRM's) chat template
+  POST /run_code               --sandbox: SandboxFusion's API (verl's sandbox_fusion_url):
+                               {\"code\", \"stdin\", \"run_timeout\", \"memory_limit_MB\", \"files\",
+                               \"fetch_files\"} -> {\"status\", \"run_result\": {\"status\",
+                               \"return_code\", \"stdout\", \"stderr\", ...}}; Python scripts in the
+                               kernel's jail, --sandbox-workers at once
+  POST /tokenize               vLLM's: {\"prompt\"}, or {\"messages\"} through the chat template, ->
+                               {\"tokens\", \"count\", \"max_model_len\"}; POST /detokenize {\"tokens\"}
+                               -> {\"prompt\"}; GET /tokenizer_info (what lm-evaluation-harness's
+                               tokenizer_backend=auto reads)
   GET  /metrics                Prometheus text: requests, tokens, latency histogram
 
 Errors are OpenAI-shaped JSON with 4xx codes (unknown model or path 404, bad key 401, prompt
@@ -40,7 +50,8 @@ stops.
 Examples:
   stepwise serve --model fixtures/hf-tiny/qwen2-policy --port 8000
   stepwise serve --model POLICY --prm PRM --api-key secret --host 0.0.0.0
-  stepwise serve --sandbox --port 8080   # verl: reward_model.sandbox_fusion.url=http://HOST:8080/run_code
+  # verl: reward_model.sandbox_fusion.url=http://HOST:8080/run_code
+  stepwise serve --sandbox --port 8080
   # then, from Python:  openai.OpenAI(base_url=\"http://localhost:8000/v1\", api_key=\"secret\")
   #  and from stepwise: stepwise search --policy http://host:8000 --prm http://host:8000 ...")]
 pub struct Args {

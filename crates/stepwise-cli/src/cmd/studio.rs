@@ -15,7 +15,8 @@ use stepwise_studio::{NewRecord, Policy, Project, Role, Settings, Store};
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
     after_help = "Start a studio on records, make accounts, label, export:
-  stepwise studio user add alice --role labeller --db labels.sqlite     # reads the password from stdin
+  # reads the password from stdin
+  stepwise studio user add alice --role labeller --db labels.sqlite
   stepwise studio --db labels.sqlite --input samples.jsonl --prm PRM_DIR --port 8080
   # open http://127.0.0.1:8080, sign in, rate steps with 1 / 2 / 3 (−1 / 0 / +1), j/k, f to finish
   stepwise studio export --db labels.sqlite --to prm800k --output labels.jsonl

@@ -26,13 +26,20 @@ logits a chunk of rows at a time. The last line gives tokens/s in training steps
 
 Examples:
   stepwise train-prm --data labeled.jsonl --base fixtures/hf-tiny/qwen2-policy --out prm/
-  stepwise train-prm --data labeled.jsonl --config tiny --tokenizer fixtures/hf-tiny/qwen2-policy --out prm/
+  stepwise train-prm --data labeled.jsonl --config tiny \\
+      --tokenizer fixtures/hf-tiny/qwen2-policy --out prm/
   stepwise train-prm --data labeled.jsonl --config tiny --tokenizer TOK --outcome --out orm/
-  stepwise train-prm --data td.jsonl --base policy/ --target progress --separator '|' --out progress/   # an agent's progress head
+  # an agent's progress head
+  stepwise train-prm --data td.jsonl --base policy/ --target progress --separator '|' \\
+      --out progress/
   stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --separator '|' --out prm/
-  stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio --reference-logprob -0.5 --separator '|' --out prm/
-  stepwise train-prm --data processbench/gsm8k.json --base Qwen/Qwen2.5-Math-PRM-7B --stop-at-first-bad --device cuda --out prm/
-  stepwise train-prm --data prm800k.jsonl --valid-data processbench/math.json --base policy/ --out prm/   # a fixed validation set"
+  stepwise train-prm --data labeled.jsonl --base policy/ --head log-ratio \\
+      --reference-logprob -0.5 --separator '|' --out prm/
+  stepwise train-prm --data processbench/gsm8k.json --base Qwen/Qwen2.5-Math-PRM-7B \\
+      --stop-at-first-bad --device cuda --out prm/
+  # a fixed validation set
+  stepwise train-prm --data prm800k.jsonl --valid-data processbench/math.json --base policy/ \\
+      --out prm/"
 )]
 pub struct Args {
     /// Step-labelled solutions in any format stepwise reads.
