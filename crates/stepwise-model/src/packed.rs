@@ -1,6 +1,7 @@
 //! A packed batch: sequences laid end to end with their offsets, no padding. It is the input of
-//! step scoring on every device (the CPU kernels run each sequence alone; the CUDA engine runs
-//! every product over all rows at once and attention within each sequence), and batches are made
+//! step scoring on every device (the CPU kernels run each sequence alone, or, for many short
+//! sequences of a model at least 512 wide, every product over all their rows at once as the
+//! CUDA engine always does, attention within each sequence), and batches are made
 //! by a token budget ([`token_batches`]), never by a count, so memory is bounded for any input.
 
 /// Sequences of token ids laid end to end.

@@ -13,12 +13,15 @@
 //! With fewer sequences than threads (and when not already on a pool thread, as the lab's
 //! parallel Monte Carlo rollouts are), the threads share each sequence instead: each takes a
 //! block of rows of every product (or gemm splits a short one) and the heads run in parallel.
+//! A packed pass of many short sequences runs them joined ([`joined`]): every product over all
+//! their rows at once, attention per sequence.
 //!
 //! The maths is the candle path's (the same parity tests cover both). It runs
 //! when nothing needs a gradient, the weights are f32 on the CPU and no cached positions come
 //! first (scoring, and the prefill of generation).
 
 mod attention;
+mod joined;
 mod rows;
 #[cfg(test)]
 mod tests;
@@ -166,6 +169,10 @@ pub(crate) fn forward_packed(decoder: &Decoder, batch: &Packed, read: &[Vec<usiz
     with_weights(decoder, |w| {
         let hidden = w.dims.hidden;
         let mut out = vec![0f32; read.iter().map(Vec::len).sum::<usize>() * hidden];
+        if joined::suits(batch, hidden) {
+            joined::forward(w, batch, read, &mut out);
+            return out;
+        }
         let mut rest = out.as_mut_slice();
         let work = batch
             .sequences()
@@ -559,8 +566,24 @@ fn sequence(
 /// The new positions' query, key and value rows of layer `l` (after `p` cached positions), from
 /// the normed residuals in `s.normed` into `s.qkv`, biases added and rotary positions applied.
 fn project_qkv(w: &Weights, l: &LayerWeights, p: usize, s: &mut Scratch, parallelism: gemm::Parallelism) {
+    qkv_products(w, l, p, s, parallelism);
     let dims = w.dims;
-    let (h, d, qkv_w) = (dims.hidden, dims.head_dim, dims.qkv_width());
+    let (d, qkv_w) = (dims.head_dim, dims.qkv_width());
+    let half = d / 2;
+    rotate(
+        &mut s.qkv[p * qkv_w..],
+        qkv_w,
+        (dims.heads + dims.kv_heads) * d,
+        d,
+        &w.cos[p * half..],
+        &w.sin[p * half..],
+    );
+}
+
+/// [`project_qkv`]'s products and biases, without the rotary positions.
+fn qkv_products(w: &Weights, l: &LayerWeights, p: usize, s: &mut Scratch, parallelism: gemm::Parallelism) {
+    let dims = w.dims;
+    let (h, qkv_w) = (dims.hidden, dims.qkv_width());
     let new_rows = &mut s.qkv[p * qkv_w..];
     let mut col = 0;
     for (weight, bias) in l.qkv {
@@ -574,15 +597,6 @@ fn project_qkv(w: &Weights, l: &LayerWeights, p: usize, s: &mut Scratch, paralle
         matmul_t(dst, &s.normed, h, weight, bias.is_some(), parallelism);
         col += n;
     }
-    let half = d / 2;
-    rotate(
-        new_rows,
-        qkv_w,
-        (dims.heads + dims.kv_heads) * d,
-        d,
-        &w.cos[p * half..],
-        &w.sin[p * half..],
-    );
 }
 
 /// The rest of a block after attention, for the rows of `x` (`[rows, hidden]`, whose attention

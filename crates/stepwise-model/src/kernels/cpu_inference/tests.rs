@@ -83,3 +83,43 @@ fn the_cpu_path_matches_the_candle_path() {
         }
     }
 }
+
+/// A packed pass of short sequences (run joined: every product over all their rows) gives each
+/// sequence's rows as the candle path computes that sequence alone, rows read in any order and
+/// a sequence with none read included; a pass of long ones (a sequence a thread) the same.
+#[test]
+fn a_joined_packed_pass_matches_each_sequence_alone() {
+    for (hidden, heads, kv_heads) in [(64, 4, 2), (512, 8, 2)] {
+        let mut m = model(hidden, heads, kv_heads);
+        for lengths in [vec![5usize, 19, 1, 33, 12], vec![90, 70]] {
+            let seqs: Vec<Vec<u32>> = lengths
+                .iter()
+                .enumerate()
+                .map(|(s, &t)| (0..t).map(|i| ((i * 13 + s * 7) % 49) as u32 + 1).collect())
+                .collect();
+            let read: Vec<Vec<usize>> = lengths
+                .iter()
+                .enumerate()
+                .map(|(s, &t)| match s {
+                    2 => Vec::new(),
+                    _ => vec![t - 1, 0, t / 2, 0],
+                })
+                .collect();
+            let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+            let packed = crate::packed::Packed::new(&refs);
+            m.set_training(false);
+            let fast = m.hidden(crate::Input::packed(&packed).read(&read)).unwrap();
+            m.set_training(true);
+            let mut want = Vec::new();
+            for (ids, r) in seqs.iter().zip(&read) {
+                let t = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+                let h = m.hidden(crate::Input::padded(&t, None)).unwrap().squeeze(0).unwrap();
+                let idx = Tensor::new(r.iter().map(|&p| p as u32).collect::<Vec<_>>(), &Device::Cpu).unwrap();
+                want.push(h.index_select(&idx, 0).unwrap());
+            }
+            let want = Tensor::cat(&want, 0).unwrap();
+            let case = format!("hidden {hidden}, lengths {lengths:?}");
+            assert!(close(&fast, &want), "{case}: {}", max_diff(&fast, &want));
+        }
+    }
+}
