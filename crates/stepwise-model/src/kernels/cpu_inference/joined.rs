@@ -54,8 +54,10 @@ fn run(w: &Weights, batch: &Packed, read: &[Vec<usize>], out: &mut [f32], s: &mu
     s.normed.resize(t * h, 0.0);
     s.qkv.resize(t * qkv_w, 0.0);
     s.mlp.resize(t * 2 * dims.intermediate, 0.0);
-    let mut attended = vec![0f32; t * heads_width];
-    let mut queries: Vec<usize> = Vec::new();
+    // Every row's attention output; the scratch's `attn` holds one sequence's at a time.
+    let mut attended = std::mem::take(&mut s.attended);
+    attended.resize(t * heads_width, 0.0);
+    let mut queries = std::mem::take(&mut s.queries);
     for l in &w.layers {
         rms_norm_rows(&x, l.ln1, dims.eps, &mut s.normed);
         qkv_products(w, l, 0, s, parallelism);
@@ -83,5 +85,5 @@ fn run(w: &Weights, batch: &Packed, read: &[Vec<usize>], out: &mut [f32], s: &mu
             rms_norm_rows(&x[(span[0] + i) * h..][..h], w.norm, dims.eps, dst);
         }
     }
-    s.x = x;
+    (s.x, s.attended, s.queries) = (x, attended, queries);
 }

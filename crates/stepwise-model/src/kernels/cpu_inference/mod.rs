@@ -264,6 +264,8 @@ struct Scratch {
     normed: Vec<f32>,
     qkv: Vec<f32>,
     attn: Vec<f32>,
+    /// A joined pass's attention outputs, every sequence's rows ([`joined`]).
+    attended: Vec<f32>,
     mlp: Vec<f32>,
     keys_t: Vec<f32>,
     key_pairs: attention::Bf16Keys,
