@@ -6,7 +6,7 @@ pub use stepwise_text::log_ratio::*;
 
 use crate::model::Model;
 use anyhow::Result;
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 
 /// `log p(ids[b, i] | ids[b, <i])` at every position of a padded batch `[b, t]`, as `[b·t]`
 /// with 0 at position 0 (differentiable when the model is in training mode).
@@ -14,14 +14,12 @@ pub fn token_logprobs(model: &Model, ids: &Tensor, pad_mask: Option<&Tensor>) ->
     let (b, t) = ids.dims2()?;
     let hidden = model.hidden(crate::Input::padded(ids, pad_mask))?;
     let flat = hidden.reshape((b * t, hidden.dim(2)?))?;
-    let logp = candle_nn::ops::log_softmax(&model.head_logits(&flat)?, D::Minus1)?;
     // Row (b, i) predicts token (b, i + 1); the last row of a sequence predicts nothing.
     let ids_v: Vec<u32> = ids.flatten_all()?.to_vec1()?;
     let next: Vec<u32> = (0..b * t)
         .map(|r| if r % t + 1 < t { ids_v[r + 1] } else { 0 })
         .collect();
-    let next = Tensor::new(next.as_slice(), ids.device())?.unsqueeze(1)?;
-    let predicted = logp.gather(&next, 1)?.squeeze(1)?.reshape((b, t))?;
+    let predicted = crate::kernels::token_logprobs(&model.head_logits(&flat)?, &next)?.reshape((b, t))?;
     // Shift right by one: position i holds the log-probability of token i.
     let zero = Tensor::zeros((b, 1), DType::F32, ids.device())?;
     Ok(Tensor::cat(&[&zero, &predicted.narrow(1, 0, t - 1)?], 1)?.flatten_all()?)

@@ -17,6 +17,7 @@ pub(crate) mod sgemm;
 pub(crate) mod simd;
 mod swiglu;
 pub(crate) mod tiles;
+mod token_logprob;
 pub(crate) mod weights;
 
 pub use attention::attention;
@@ -24,6 +25,7 @@ pub use linear::{Linear, MAX_STREAMED_ROWS, MIN_STREAMED_DEPTH};
 pub use sgemm::bf16_products_available;
 pub use swiglu::swiglu;
 pub(crate) use swiglu::swiglu_into;
+pub use token_logprob::token_logprobs;
 
 /// Work (multiply-adds) below which a kernel runs on the calling thread: handing a job to the
 /// thread pool and waking its workers costs more than that (decoding steps of the lab's models).

@@ -12,7 +12,7 @@ pub mod packed;
 pub mod run;
 pub mod verifier;
 use anyhow::{bail, Context, Result};
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 pub use candle_nn::VarMap;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -205,9 +205,7 @@ pub fn batch_loss(model: &Model, batch: &[&Example], objective: Objective) -> Re
             }
             let idx = Tensor::new(rows.as_slice(), &dev)?;
             let logits = model.head_logits(&flat.index_select(&idx, 0)?)?;
-            let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-            let tgt = Tensor::new(tgt.as_slice(), &dev)?.unsqueeze(1)?;
-            let loss = logp.gather(&tgt, 1)?.neg()?.mean_all()?;
+            let loss = crate::kernels::token_logprobs(&logits, &tgt)?.neg()?.mean_all()?;
             Ok((loss, Vec::new()))
         }
         Objective::LogRatio(_) => unreachable!("handled above"),
