@@ -2,7 +2,7 @@
 //! training's next-token loss, a log-ratio verifier's spans and RL's token log-probabilities
 //! read from the head's logits.
 //!
-//! candle's `log_softmax` followed by `gather` makes six full `[rows, vocab]` tensors forward and
+//! candle's `log_softmax` followed by `gather` makes three full `[rows, vocab]` tensors forward and
 //! about twenty backward (each gradient starts as a tensor of zeros that the op's share is added
 //! to), for one value a row. Here the forward keeps one value a row and the backward writes the
 //! logits' gradient once. The arithmetic is candle's, operation for operation and in its order
@@ -153,15 +153,15 @@ mod tests {
     fn the_same_bits_as_candles_log_softmax_and_gather() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
         for (rows, hidden, vocab, scale) in [(37, 16, 360, 1.0f32), (5, 8, 601, 8.0), (64, 24, 13, 0.01), (3, 4, 1, 1.0)] {
-            let h: Vec<f32> = (0..rows * hidden).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let mut w: Vec<f32> = (0..vocab * hidden).map(|_| rng.gen_range(-scale..scale)).collect();
+            let h: Vec<f32> = (0..rows * hidden).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut w: Vec<f32> = (0..vocab * hidden).map(|_| rng.random_range(-scale..scale)).collect();
             // Two vocabulary rows alike: tied maxima in some rows.
             if vocab > 2 {
                 let (a, b) = w.split_at_mut(hidden);
                 b[..hidden].copy_from_slice(a);
             }
-            let targets: Vec<u32> = (0..rows).map(|r| if r % 3 == 0 && vocab > 1 { 1 } else { rng.gen_range(0..vocab as u32) }).collect();
-            let upstream: Vec<f32> = (0..rows).map(|r| if r % 4 == 1 { 0.0 } else { rng.gen_range(-2.0..2.0) }).collect();
+            let targets: Vec<u32> = (0..rows).map(|r| if r % 3 == 0 && vocab > 1 { 1 } else { rng.random_range(0..vocab as u32) }).collect();
+            let upstream: Vec<f32> = (0..rows).map(|r| if r % 4 == 1 { 0.0 } else { rng.random_range(-2.0..2.0) }).collect();
             let run = |fused: bool| {
                 let dev = Device::Cpu;
                 let hv = Var::from_vec(h.clone(), (rows, hidden), &dev).unwrap();
