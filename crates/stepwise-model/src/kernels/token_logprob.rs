@@ -42,17 +42,23 @@ pub(crate) fn composed(logits: &Tensor, targets: &[u32]) -> candle_core::Result<
 
 /// The max and the sum of `exp(x − max)` of a row, as candle's reductions compute them.
 fn max_and_sum(x: &[f32]) -> (f32, f32) {
+    let max = max_of(x);
+    let mut sum = 0f32;
+    for &v in x {
+        sum += (v - max).exp();
+    }
+    (max, sum)
+}
+
+/// The largest value of a row, scanned from the left as candle's max is.
+fn max_of(x: &[f32]) -> f32 {
     let mut max = x[0];
     for &v in &x[1..] {
         if v > max {
             max = v;
         }
     }
-    let mut sum = 0f32;
-    for &v in x {
-        sum += (v - max).exp();
-    }
-    (max, sum)
+    max
 }
 
 struct TokenLogprob {
@@ -117,16 +123,22 @@ impl CustomOp2 for TokenLogprobGrad {
 /// to a gradient that starts as zeros, so even the zeros' signs agree):
 /// `logp = d − ln s`, `d = x − max`, `s = Σ exp d`, and the max's share `−Σ ∂d` at its entries.
 fn row_grad(x: &[f32], target: usize, g: f32, dx: &mut [f32]) {
-    let (max, sum) = max_and_sum(x);
+    // `exp(x − max)` into `dx` while summing (as `max_and_sum` sums), read again below.
+    let max = max_of(x);
+    let mut sum = 0f32;
+    for (e, &v) in dx.iter_mut().zip(x) {
+        *e = (v - max).exp();
+        sum += *e;
+    }
     // Into `ln s`: −Σ of the gathered gradient (one entry is g, the rest zeros).
     let into_log = 0.0 + (0.0 - g);
     let into_sum = 0.0 + into_log / sum;
     let into_exp = 0.0 + into_sum;
     // ∂d, and the max's share −Σ ∂d, summed from the left as candle sums.
     let mut into_max = 0f32;
-    for (j, (d, &v)) in dx.iter_mut().zip(x).enumerate() {
+    for (j, d) in dx.iter_mut().enumerate() {
         let gathered = if j == target { 0.0 + (0.0 + g) } else { 0.0 };
-        *d = (0.0 + gathered) + into_exp * (v - max).exp();
+        *d = (0.0 + gathered) + into_exp * *d;
         into_max += 0.0 - *d;
     }
     let into_max = 0.0 + into_max;
