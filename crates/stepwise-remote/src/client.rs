@@ -103,6 +103,16 @@ impl Drop for InFlight {
     }
 }
 
+/// Installs *ring* as the process's rustls cryptography, once, before an HTTP client is built
+/// (reqwest is compiled without a provider of its own, and building a client without one
+/// panics). A provider installed earlier by someone else stays and serves as well.
+pub fn tls_with_ring() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 impl Client {
     /// A client for `config` (at least one URL, given or in the file). A fleet is checked once
     /// before the first request: servers that do not answer are set aside (an error when none
@@ -115,6 +125,7 @@ impl Client {
             .enable_all()
             .build()
             .context("starting the HTTP client's threads")?;
+        tls_with_ring();
         let http = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.timeout.min(Duration::from_secs(10)))

@@ -48,6 +48,7 @@ fn send(what: &str, req: impl Fn() -> RequestBuilder) -> Result<Value> {
 impl Client {
     /// Signs in to the studio at `base` (`http://HOST:PORT`).
     pub fn login(base: &str, name: &str, password: &str) -> Result<Client> {
+        stepwise_remote::client::tls_with_ring();
         let http = Http::builder().timeout(Duration::from_secs(60)).build()?;
         let base = base.trim_end_matches('/').to_string();
         let url = format!("{base}/api/login");

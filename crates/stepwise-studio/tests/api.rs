@@ -74,6 +74,7 @@ impl Studio {
     }
 
     fn anonymous(&self) -> Client {
+        stepwise_remote::client::tls_with_ring();
         Client::builder().cookie_store(true).build().unwrap()
     }
 
