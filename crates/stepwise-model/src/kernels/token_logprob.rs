@@ -40,14 +40,16 @@ pub(crate) fn composed(logits: &Tensor, targets: &[u32]) -> candle_core::Result<
     logp.gather(&idx, 1)?.squeeze(1)
 }
 
-/// The max and the sum of `exp(x − max)` of a row, as candle's reductions compute them.
-fn max_and_sum(x: &[f32]) -> (f32, f32) {
-    let max = max_of(x);
+/// The sum of `exp(x − max)` over a row, from the left as candle's sum is; each term is handed to
+/// `each` with its index as it is added (the backward keeps them).
+fn exp_sum(x: &[f32], max: f32, mut each: impl FnMut(usize, f32)) -> f32 {
     let mut sum = 0f32;
-    for &v in x {
-        sum += (v - max).exp();
+    for (j, &v) in x.iter().enumerate() {
+        let e = (v - max).exp();
+        each(j, e);
+        sum += e;
     }
-    (max, sum)
+    sum
 }
 
 /// The largest value of a row, scanned from the left as candle's max is.
@@ -76,7 +78,8 @@ impl CustomOp1 for TokenLogprob {
         let mut out = vec![0f32; rows];
         out.par_iter_mut().enumerate().for_each(|(r, y)| {
             let row = &x[r * vocab..][..vocab];
-            let (max, sum) = max_and_sum(row);
+            let max = max_of(row);
+            let sum = exp_sum(row, max, |_, _| {});
             *y = (row[self.targets[r] as usize] - max) - sum.ln();
         });
         Ok((CpuStorage::F32(out), Shape::from(rows)))
@@ -123,13 +126,9 @@ impl CustomOp2 for TokenLogprobGrad {
 /// to a gradient that starts as zeros, so even the zeros' signs agree):
 /// `logp = d − ln s`, `d = x − max`, `s = Σ exp d`, and the max's share `−Σ ∂d` at its entries.
 fn row_grad(x: &[f32], target: usize, g: f32, dx: &mut [f32]) {
-    // `exp(x − max)` into `dx` while summing (as `max_and_sum` sums), read again below.
+    // `exp(x − max)` into `dx` while summing (as the forward sums), read again below.
     let max = max_of(x);
-    let mut sum = 0f32;
-    for (e, &v) in dx.iter_mut().zip(x) {
-        *e = (v - max).exp();
-        sum += *e;
-    }
+    let sum = exp_sum(x, max, |j, e| dx[j] = e);
     // Into `ln s`: −Σ of the gathered gradient (one entry is g, the rest zeros).
     let into_log = 0.0 + (0.0 - g);
     let into_sum = 0.0 + into_log / sum;
