@@ -23,6 +23,7 @@
 mod attention;
 mod joined;
 mod rows;
+mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -169,8 +170,8 @@ pub(crate) fn forward_packed(decoder: &Decoder, batch: &Packed, read: &[Vec<usiz
     with_weights(decoder, |w| {
         let hidden = w.dims.hidden;
         let mut out = vec![0f32; read.iter().map(Vec::len).sum::<usize>() * hidden];
-        if joined::suits(batch, hidden) {
-            joined::forward(w, batch, read, &mut out);
+        if let Some(plan) = joined::plan(batch, hidden) {
+            joined::forward(w, &plan, read, &mut out);
             return out;
         }
         let mut rest = out.as_mut_slice();
@@ -266,6 +267,8 @@ struct Scratch {
     attn: Vec<f32>,
     /// A joined pass's attention outputs, every sequence's rows ([`joined`]).
     attended: Vec<f32>,
+    /// A joined pass's q|k|v rows of one sequence that shares a prefix ([`shared`]).
+    gathered: Vec<f32>,
     mlp: Vec<f32>,
     keys_t: Vec<f32>,
     key_pairs: attention::Bf16Keys,

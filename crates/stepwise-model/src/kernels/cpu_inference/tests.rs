@@ -123,3 +123,40 @@ fn a_joined_packed_pass_matches_each_sequence_alone() {
         }
     }
 }
+
+/// A joined pass whose sequences share prefixes (a question's four answers, one of them twice,
+/// one answer a prefix of another, a sequence sharing nothing) computes each shared prefix once
+/// and gives every position of every sequence as the candle path computes that sequence alone.
+#[test]
+fn shared_prefixes_in_a_joined_pass_match_each_sequence_alone() {
+    let mut m = model(512, 8, 2);
+    let question: Vec<u32> = (0..20).map(|i| ((i * 11) % 47) as u32 + 1).collect();
+    let with = |tail: &[u32]| question.iter().chain(tail).copied().collect::<Vec<u32>>();
+    let seqs: Vec<Vec<u32>> = vec![
+        with(&[5, 6]),
+        with(&[5, 7, 9]),
+        with(&[8]),
+        with(&[5, 6]),
+        with(&[5]),
+        (0..9).map(|i| (i * 5 % 40) as u32 + 3).collect(),
+    ];
+    let read: Vec<Vec<usize>> = seqs.iter().map(|s| (0..s.len()).rev().collect()).collect();
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let packed = crate::packed::Packed::new(&refs);
+    let plan = super::shared::Plan::new(&packed);
+    // The question and its answer 5 once; then 6, 6 again (a duplicate keeps its last row), 7 9,
+    // 8 and the unrelated sequence.
+    assert_eq!(plan.len(), 21 + 1 + 1 + 2 + 1 + 9, "the question computed once");
+    m.set_training(false);
+    let fast = m.hidden(crate::Input::packed(&packed).read(&read)).unwrap();
+    m.set_training(true);
+    let mut want = Vec::new();
+    for (ids, r) in seqs.iter().zip(&read) {
+        let t = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let h = m.hidden(crate::Input::padded(&t, None)).unwrap().squeeze(0).unwrap();
+        let idx = Tensor::new(r.iter().map(|&p| p as u32).collect::<Vec<_>>(), &Device::Cpu).unwrap();
+        want.push(h.index_select(&idx, 0).unwrap());
+    }
+    let want = Tensor::cat(&want, 0).unwrap();
+    assert!(close(&fast, &want), "{}", max_diff(&fast, &want));
+}
