@@ -49,8 +49,8 @@ impl Plan {
             let common = before.iter().zip(seq).take_while(|(a, b)| a == b).count();
             shared[w[1]] = if share { common.min(seq.len().saturating_sub(1)) } else { 0 };
         }
-        // Rows in the batch's order; each sequence's own after its predecessor's in `order`
-        // are laid out (their row maps built) in `order`, so the one before is always mapped.
+        // Own rows are laid out in the batch's order; the row maps are built in sorted order,
+        // so the map a sequence copies its prefix from is always built before its own.
         let mut own = Vec::with_capacity(n);
         let mut ids = Vec::with_capacity(batch.tokens());
         for (i, &from) in shared.iter().enumerate() {
