@@ -105,19 +105,7 @@ fn a_joined_packed_pass_matches_each_sequence_alone() {
                     _ => vec![t - 1, 0, t / 2, 0],
                 })
                 .collect();
-            let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-            let packed = crate::packed::Packed::new(&refs);
-            m.set_training(false);
-            let fast = m.hidden(crate::Input::packed(&packed).read(&read)).unwrap();
-            m.set_training(true);
-            let mut want = Vec::new();
-            for (ids, r) in seqs.iter().zip(&read) {
-                let t = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-                let h = m.hidden(crate::Input::padded(&t, None)).unwrap().squeeze(0).unwrap();
-                let idx = Tensor::new(r.iter().map(|&p| p as u32).collect::<Vec<_>>(), &Device::Cpu).unwrap();
-                want.push(h.index_select(&idx, 0).unwrap());
-            }
-            let want = Tensor::cat(&want, 0).unwrap();
+            let (fast, want) = packed_and_alone(&mut m, &seqs, &read);
             let case = format!("hidden {hidden}, lengths {lengths:?}");
             assert!(close(&fast, &want), "{case}: {}", max_diff(&fast, &want));
         }
@@ -147,16 +135,24 @@ fn shared_prefixes_in_a_joined_pass_match_each_sequence_alone() {
     // The question and its answer 5 once; then 6, 6 again (a duplicate keeps its last row), 7 9,
     // 8 and the unrelated sequence.
     assert_eq!(plan.len(), 21 + 1 + 1 + 2 + 1 + 9, "the question computed once");
+    let (fast, want) = packed_and_alone(&mut m, &seqs, &read);
+    assert!(close(&fast, &want), "{}", max_diff(&fast, &want));
+}
+
+/// The rows `read[i]` of each sequence `i` from one packed pass of the fast path, and from the
+/// candle path running each sequence alone, stacked.
+fn packed_and_alone(m: &mut Model, seqs: &[Vec<u32>], read: &[Vec<usize>]) -> (Tensor, Tensor) {
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let packed = crate::packed::Packed::new(&refs);
     m.set_training(false);
-    let fast = m.hidden(crate::Input::packed(&packed).read(&read)).unwrap();
+    let fast = m.hidden(crate::Input::packed(&packed).read(read)).unwrap();
     m.set_training(true);
     let mut want = Vec::new();
-    for (ids, r) in seqs.iter().zip(&read) {
+    for (ids, r) in seqs.iter().zip(read) {
         let t = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
         let h = m.hidden(crate::Input::padded(&t, None)).unwrap().squeeze(0).unwrap();
         let idx = Tensor::new(r.iter().map(|&p| p as u32).collect::<Vec<_>>(), &Device::Cpu).unwrap();
         want.push(h.index_select(&idx, 0).unwrap());
     }
-    let want = Tensor::cat(&want, 0).unwrap();
-    assert!(close(&fast, &want), "{}", max_diff(&fast, &want));
+    (fast, Tensor::cat(&want, 0).unwrap())
 }
