@@ -9,12 +9,17 @@
 //! interpreter. Both die with SIGKILL when their parent dies (`PR_SET_PDEATHSIG`), and everything
 //! in the PID namespace dies with its PID 1: killing the keeper's process group kills the whole
 //! sandbox, whatever the program started or however it detached itself.
+//! A keeper can die before the jailed process asks for that signal, and changing user clears it:
+//! the jailed process asks first thing and again as uid 1000, each time then checking the keeper
+//! is there (it holds their pipe's only write end until it ends; `getppid` is 0 in a new PID
+//! namespace). Before, one killed early left its jailed process waiting for ever.
 //!
 //! Code that runs between `fork` and `exec` here allocates nothing (the parent has other threads,
 //! whose allocator locks a fork may copy held): every path, map and option is prepared in the
 //! parent, and errors are written to the output pipe from fixed text.
 
 use super::filter;
+use super::raw::{check, fail, keeper_alive_or_exit, proc_path, write_fd, write_file};
 use super::view::View;
 use anyhow::{Context, Result};
 use landlock::{PathBeneath, RulesetCreated, RulesetCreatedAttr};
@@ -131,7 +136,8 @@ impl CArgs {
 /// What the jailed process does after the clone, all prepared in the parent.
 struct Init {
     view: Arc<View>,
-    sync: Arc<AtomicI32>,
+    /// The pipe to the keeper, read end then write end (the keeper's, closed here).
+    sync: Arc<[AtomicI32; 2]>,
     drop_root: bool,
     root_options: CString,
     work_options: CString,
@@ -148,7 +154,7 @@ struct Init {
 /// What the keeper does after the fork.
 struct Keeper {
     parent: libc::pid_t,
-    sync: Arc<AtomicI32>,
+    sync: Arc<[AtomicI32; 2]>,
     init: Option<Box<dyn FnMut() -> isize>>,
     stack: Vec<u8>,
     setgroups: &'static CStr,
@@ -170,64 +176,6 @@ impl ChildOnly<Keeper> {
     }
 }
 
-fn write_fd(fd: RawFd, bytes: &[u8]) {
-    // SAFETY: write from a valid buffer; errors are ignored (this reports failures).
-    unsafe {
-        libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-    }
-}
-
-/// `n` in decimal, into `buf`, returning the digits.
-fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[at..];
-        }
-    }
-}
-
-/// Report a failed set-up step on the output pipe and end the process: allocation-free.
-fn fail(step: &str, errno: i32) -> ! {
-    let mut buf = [0u8; 20];
-    write_fd(2, b"stepwise-sandbox: ");
-    write_fd(2, step.as_bytes());
-    write_fd(2, b" (errno ");
-    write_fd(2, digits(errno.unsigned_abs() as u64, &mut buf));
-    write_fd(2, b")\n");
-    // SAFETY: ending the process without running anything of the parent's.
-    unsafe { libc::_exit(121) }
-}
-
-fn check<T>(r: nix::Result<T>, step: &str) -> T {
-    r.unwrap_or_else(|e| fail(step, e as i32))
-}
-
-/// `/proc/<pid>/<name>` as a C string in `buf`.
-fn proc_path<'a>(buf: &'a mut [u8; 64], pid: i32, name: &[u8]) -> &'a CStr {
-    let mut d = [0u8; 20];
-    let pid = digits(pid as u64, &mut d);
-    let mut at = 0;
-    for part in [&b"/proc/"[..], pid, b"/", name, b"\0"] {
-        buf[at..at + part.len()].copy_from_slice(part);
-        at += part.len();
-    }
-    CStr::from_bytes_with_nul(&buf[..at]).unwrap_or(c"/")
-}
-
-fn write_file(path: &CStr, data: &[u8], step: &str) {
-    let fd = check(
-        nix::fcntl::open(path, OFlag::O_WRONLY | OFlag::O_CLOEXEC, Mode::empty()),
-        step,
-    );
-    if check(nix::unistd::write(&fd, data), step) != data.len() {
-        fail(step, libc::EIO);
-    }
-}
-
 impl Keeper {
     /// The keeper: clone the jailed process into new namespaces, map its users, let it go, and
     /// end as it ends.
@@ -240,7 +188,8 @@ impl Keeper {
             }
         }
         let (sync_r, sync_w) = check(nix::unistd::pipe2(OFlag::O_CLOEXEC), "creating a pipe");
-        self.sync.store(sync_r.as_raw_fd(), Ordering::SeqCst);
+        self.sync[0].store(sync_r.as_raw_fd(), Ordering::SeqCst);
+        self.sync[1].store(sync_w.as_raw_fd(), Ordering::SeqCst);
         let flags = CloneFlags::CLONE_NEWUSER
             | CloneFlags::CLONE_NEWPID
             | CloneFlags::CLONE_NEWNS
@@ -275,10 +224,14 @@ impl Keeper {
             "mapping the group",
         );
         write_fd(sync_w.as_raw_fd(), b"1");
-        drop(sync_w);
+        // The write end stays open while the keeper lives: the jailed process checks it.
+        let alive = std::os::fd::IntoRawFd::into_raw_fd(sync_w) as u32;
         // SAFETY: closing descriptors (the pipes' copies, and the one `Command` waits on).
         unsafe {
-            libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+            if alive > 0 {
+                libc::syscall(libc::SYS_close_range, 0u32, alive - 1, 0u32);
+            }
+            libc::syscall(libc::SYS_close_range, alive + 1, u32::MAX, 0u32);
         }
         loop {
             let mut status = 0;
@@ -305,13 +258,14 @@ impl Init {
     /// The jailed process: wait for the keeper's maps, mount the view, pivot into it, then limits,
     /// identity, Landlock, seccomp, descriptors, and the interpreter.
     fn run(&mut self) -> isize {
-        // SAFETY: prctl takes no pointers.
+        let sync = self.sync[0].load(Ordering::SeqCst);
+        // SAFETY: prctl takes no pointers; closing this process's copy of the keeper's end.
         unsafe {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            libc::close(self.sync[1].load(Ordering::SeqCst));
         }
-        let sync = self.sync.load(Ordering::SeqCst);
         let mut byte = [0u8; 1];
-        // SAFETY: read into a local buffer.
+        // SAFETY: read into a local buffer. A keeper gone before writing leaves nothing to read.
         if unsafe { libc::read(sync, byte.as_mut_ptr().cast(), 1) } != 1 {
             fail("waiting for the user map", nix::errno::Errno::last() as i32);
         }
@@ -333,6 +287,12 @@ impl Init {
             check(setresgid(g, g, g), "changing to the sandbox's group");
             check(setresuid(u, u, u), "changing to the sandbox's user");
         }
+        // Changing user cleared the parent-death signal: asked again, then the keeper checked.
+        // SAFETY: prctl takes no pointers.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        }
+        keeper_alive_or_exit(sync);
         // Landlock's ruleset is a descriptor: enforced before the others are closed.
         self.restrict();
         self.place_descriptors();
@@ -598,7 +558,7 @@ pub(crate) fn spawn(
 
 fn keeper(view: Arc<View>, python: &Path, script: &str, limits: &Limits, fds: (RawFd, RawFd)) -> Result<Keeper> {
     use std::os::unix::ffi::OsStrExt;
-    let sync = Arc::new(AtomicI32::new(-1));
+    let sync = Arc::new([AtomicI32::new(-1), AtomicI32::new(-1)]);
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
     let root = uid == 0;

@@ -24,6 +24,7 @@
 mod channel;
 mod filter;
 mod jail;
+mod raw;
 mod run;
 mod script;
 mod spawner;
