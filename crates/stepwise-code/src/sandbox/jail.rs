@@ -9,6 +9,7 @@
 //! interpreter. Both die with SIGKILL when their parent dies (`PR_SET_PDEATHSIG`), and everything
 //! in the PID namespace dies with its PID 1: killing the keeper's process group kills the whole
 //! sandbox, whatever the program started or however it detached itself.
+//!
 //! A keeper can die before the jailed process asks for that signal, and changing user clears it:
 //! the jailed process asks first thing and again as uid 1000, each time then checking the keeper
 //! is there (it holds their pipe's only write end until it ends; `getppid` is 0 in a new PID
