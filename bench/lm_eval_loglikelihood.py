@@ -7,8 +7,14 @@ sizes, the client's concurrency and prompts a request) and the best of each side
 sides' log-likelihoods are compared answer by answer.
 
     python bench/lm_eval_loglikelihood.py OUT.json     # a Python with lm_eval[api,hf]==0.4.13
+    DOCS=50 PREAMBLE=40 python bench/lm_eval_loglikelihood.py OUT.json   # long shared contexts
 
-Never run in tests or CI (it takes minutes); `target/release/stepwise` must be built.
+`PREAMBLE=N` puts N worked sums of its own before every question, as a few-shot task's
+examples drawn for each question: a question's answers then share a long context that the other
+questions do not.
+
+Never run in tests or CI (it takes minutes); `target/release/stepwise` must be built (or
+`STEPWISE` name another build).
 """
 import json
 import os
@@ -27,6 +33,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = int(os.environ.get("DOCS", "400"))
+PREAMBLE = int(os.environ.get("PREAMBLE", "0"))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -63,7 +70,9 @@ def task(out: Path) -> Path:
     for i in range(DOCS):
         a, b = 3 + (7 * i) % 89, 2 + (5 * i) % 71
         choices = sorted({a + b, a + b + 1, a + b - 1, a + b + 10})
-        rows.append({"question": f"Question {i}: what is {a} + {b}?", "choices": [str(c) for c in choices],
+        shots = "".join(f"{x} + {y} = {x + y}. " for x, y in ((7 + (13 * i + 5 * j) % 83, 4 + (11 * i + 3 * j) % 61)
+                                                          for j in range(PREAMBLE)))
+        rows.append({"question": f"{shots}Question {i}: what is {a} + {b}?", "choices": [str(c) for c in choices],
                      "label": choices.index(a + b)})
     out.mkdir(parents=True, exist_ok=True)
     (out / "arith.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -101,7 +110,7 @@ def main():
         rows.append({"side": "transformers (lm_eval hf)", "setting": f"batch_size={batch}", "seconds": s,
                      "answers_per_s": answers / s, "acc": acc})
         print(rows[-1], flush=True)
-    exe = REPO / "target" / "release" / "stepwise"
+    exe = os.environ.get("STEPWISE", REPO / "target" / "release" / "stepwise")
     server = subprocess.Popen([str(exe), "serve", "--model", str(policy), "--port", "0", "--host", "127.0.0.1"],
                               stderr=subprocess.PIPE, text=True)
     try:
@@ -122,6 +131,7 @@ def main():
     best = lambda side: max((r for r in rows if r["side"].startswith(side)), key=lambda r: r["answers_per_s"])
     summary = {
         "lm_eval": "0.4.13", "torch": torch.__version__, "docs": DOCS, "answers": answers,
+        "worked_sums_before_each_question": PREAMBLE,
         "checkpoint": "random Qwen2, hidden 512, 8 layers, 8 heads of 64, vocab 601, float32",
         "rows": rows, "max_abs_loglikelihood_diff": worst,
         "ratio_best_stepwise_to_best_transformers": best("stepwise")["answers_per_s"] / best("transformers")["answers_per_s"],

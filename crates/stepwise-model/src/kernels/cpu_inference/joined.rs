@@ -1,49 +1,110 @@
-//! A packed pass's short sequences through every layer together: the norms, the projections and
-//! the MLP over all their rows at once (one product a weight for the whole pass), rotary
-//! positions and attention per sequence. One sequence a thread multiplies a few rows at a time:
-//! a 20-token answer is a 20-row product in tiles of 32 rows, each weight read again for every
-//! sequence. A loglikelihood request's answers, a judge's options and short solutions are such
-//! passes.
+//! A packed pass's short sequences, or long ones that share prefixes, through every layer
+//! together: the norms, the projections and the MLP over all their rows at once (one product a
+//! weight for the whole pass), rotary positions and attention per sequence. One sequence a
+//! thread multiplies a few rows at a time: a 20-token answer is a 20-row product in tiles of 32
+//! rows, each weight read again for every sequence. A loglikelihood request's answers, a
+//! judge's options and short solutions are such passes; so are a few-shot prompt's answers and
+//! best-of-N's samples of one problem, once what they share counts once. A pass of more rows
+//! than a joined pass holds runs in groups of sequences, one after another.
 //!
-//! Every row goes through the last layer (the per-sequence path runs it for the rows read
-//! only): with short sequences the last layer is a small share, and the rows read are most of
-//! them when a pass weighs every token.
+//! The last layer runs its queries, output projection and MLP for the rows read only (every
+//! row's keys and values are still computed), as the per-sequence path does: a long prompt's
+//! answers read a few rows each.
 //!
 //! A prefix that sequences of the pass share is computed once ([`shared`](super::shared)): a
 //! sequence's later positions attend to the rows of the sequence it shares with.
 
 use super::attention::attention;
 use super::rows::{rms_norm_rows, rotate};
-use super::shared::Plan;
+use super::shared::{self, Plan};
 use super::{finish_block, qkv_products, sgemm, with_scratch, Scratch, Weights};
 use crate::packed::Packed;
 
 /// Sequences of at most this many tokens on average run joined (and at least two of them).
 const MEAN_TOKENS: usize = 64;
-/// Rows a joined pass holds at most: its buffers grow with them (a larger pass runs a sequence
-/// a thread).
+/// Rows a joined pass holds at most: its buffers grow with them (a larger pass runs in groups
+/// of sequences, one after another).
 const MAX_ROWS: usize = 8192;
 
-/// How `batch` runs joined, or `None` for a sequence a thread: two sequences or more, short on
-/// average once shared prefixes count once, not too many rows, of a model wide enough for its
-/// products to run in the AVX-512 tiles. A narrow model's products are too small to gain from
-/// more rows: its sequences run faster a thread each, with no fork and join inside every
-/// product (the lab's models, 64 wide, scored 5% slower joined).
-pub(super) fn plan(batch: &Packed, hidden: usize) -> Option<Plan> {
+/// Sequences of a packed batch that run joined together, and how their rows are laid out.
+pub(super) struct Group {
+    /// The batch's sequences in the group.
+    seqs: Vec<usize>,
+    /// Their rows (of the group's sequences, in `seqs`' order).
+    plan: Plan,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// [`MAX_ROWS`] as this thread's passes take it (tests make groups with fewer).
+    pub(super) static MAX_ROWS_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(MAX_ROWS) };
+}
+
+/// How `batch` runs joined ([`plan_within`] at most [`MAX_ROWS`] rows a group).
+pub(super) fn plan(batch: &Packed, hidden: usize) -> Option<Vec<Group>> {
+    #[cfg(test)]
+    let max_rows = MAX_ROWS_HERE.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    let max_rows = MAX_ROWS;
+    plan_within(batch, hidden, max_rows)
+}
+
+/// How `batch` runs joined, in groups of at most `max_rows` rows, or `None` for a sequence a
+/// thread: two sequences or more, none longer than `max_rows`, of a model wide enough for its
+/// products to run in the AVX-512 tiles, and either short on average once shared prefixes
+/// count once, or long with at least a quarter of their positions shared (a few-shot prompt's
+/// answers, best-of-N's samples of a long problem: a sequence a thread would compute the
+/// prompt once for each). A narrow model's products are too small to gain from more rows: its
+/// sequences run faster a thread each, with no fork and join inside every product (the lab's
+/// models, 64 wide, scored 5% slower joined).
+pub(super) fn plan_within(batch: &Packed, hidden: usize, max_rows: usize) -> Option<Vec<Group>> {
     let b = batch.len();
     if hidden < sgemm::MIN_DEPTH || b < 2 {
         return None;
     }
-    let plan = Plan::new(batch);
-    let t = plan.len();
-    (t <= MAX_ROWS && t < MEAN_TOKENS * b).then_some(plan)
+    let groups = shared::groups(batch, max_rows)?;
+    let t: usize = groups.iter().map(|(_, rows)| rows).sum();
+    let short = t < MEAN_TOKENS * b;
+    let sharing = 4 * t <= 3 * batch.tokens();
+    if !(short || sharing) {
+        return None;
+    }
+    let groups = groups
+        .into_iter()
+        .map(|(seqs, _)| {
+            let tokens: Vec<&[u32]> = seqs.iter().map(|&i| batch.sequence(i)).collect();
+            let plan = Plan::new(&Packed::new(&tokens));
+            Group { seqs, plan }
+        })
+        .collect();
+    Some(groups)
 }
 
 /// The hidden states (after the final norm) at positions `read[i]` of each sequence `i` of
-/// `batch`, stacked into `out` (`[Σ read, hidden]`), as [`super::forward_packed`] gives them.
-/// `plan` lays out `batch`'s rows ([`plan`]).
-pub(super) fn forward(w: &Weights, plan: &Plan, read: &[Vec<usize>], out: &mut [f32]) {
-    with_scratch(|s| run(w, plan, read, out, s));
+/// the batch, stacked into `out` (`[Σ read, hidden]`), as [`super::forward_packed`] gives them:
+/// each group's pass in turn ([`plan`]).
+pub(super) fn forward(w: &Weights, groups: &[Group], read: &[Vec<usize>], out: &mut [f32]) {
+    let h = w.dims.hidden;
+    // Where each sequence's rows go in `out`.
+    let mut at = Vec::with_capacity(read.len());
+    let mut next = 0;
+    for r in read {
+        at.push(next);
+        next += r.len() * h;
+    }
+    with_scratch(|s| {
+        for g in groups {
+            let reads: Vec<Vec<usize>> = g.seqs.iter().map(|&i| read[i].clone()).collect();
+            let mut rows = vec![0f32; reads.iter().map(Vec::len).sum::<usize>() * h];
+            run(w, &g.plan, &reads, &mut rows, s);
+            let mut rows = rows.as_slice();
+            for (&i, r) in g.seqs.iter().zip(&reads) {
+                let (mine, rest) = rows.split_at(r.len() * h);
+                out[at[i]..at[i] + mine.len()].copy_from_slice(mine);
+                rows = rest;
+            }
+        }
+    });
 }
 
 fn run(w: &Weights, plan: &Plan, read: &[Vec<usize>], out: &mut [f32], s: &mut Scratch) {
@@ -70,7 +131,12 @@ fn run(w: &Weights, plan: &Plan, read: &[Vec<usize>], out: &mut [f32], s: &mut S
     let mut attended = std::mem::take(&mut s.attended);
     attended.resize(t * heads_width, 0.0);
     let mut queries = std::mem::take(&mut s.queries);
-    for l in &w.layers {
+    // The rows read, ascending: the last layer goes on for these only.
+    let mut kept: Vec<usize> = plan.rows.iter().zip(read).flat_map(|(map, r)| r.iter().map(|&p| map[p])).collect();
+    kept.sort_unstable();
+    kept.dedup();
+    let last = w.layers.len() - 1;
+    for (li, l) in w.layers.iter().enumerate() {
         rms_norm_rows(&x, l.ln1, dims.eps, &mut s.normed);
         qkv_products(w, l, 0, s, parallelism);
         let bf16 = sgemm::multiplies_in_bf16(&l.qkv[0].0);
@@ -80,10 +146,19 @@ fn run(w: &Weights, plan: &Plan, read: &[Vec<usize>], out: &mut [f32], s: &mut S
             let (cos, sin) = (&w.cos[start * half..], &w.sin[start * half..]);
             rotate(rows, qkv_w, (dims.heads + dims.kv_heads) * d, d, cos, sin);
         }
+        // Attention outputs go to `attended` in the order of the rows (own rows are laid out in
+        // order, and a sequence's queries ascend): in the last layer, `kept`'s order.
+        let mut done = 0;
         for ((own, &start), map) in plan.own.iter().zip(&plan.start).zip(&plan.rows) {
             let len = map.len();
             queries.clear();
-            queries.extend(start..len);
+            match li == last {
+                true => queries.extend((start..len).filter(|&q| kept.binary_search(&map[q]).is_ok())),
+                false => queries.extend(start..len),
+            }
+            if queries.is_empty() {
+                continue;
+            }
             let keys = (&mut s.keys_t, &mut s.key_pairs);
             // Positions before `start` are another sequence's rows: gathered with its own.
             let rows = if start == 0 {
@@ -96,7 +171,16 @@ fn run(w: &Weights, plan: &Plan, read: &[Vec<usize>], out: &mut [f32], s: &mut S
                 &s.gathered
             };
             attention(rows, len, &queries, dims, None, keys, &mut s.head, &mut s.attn, shared, bf16);
-            attended[own.start * heads_width..own.end * heads_width].copy_from_slice(&s.attn[..own.len() * heads_width]);
+            let n = queries.len() * heads_width;
+            attended[done..done + n].copy_from_slice(&s.attn[..n]);
+            done += n;
+        }
+        if li == last {
+            // The rows read move to the front (`kept[i] >= i`, so none is overwritten first).
+            for (i, &r) in kept.iter().enumerate() {
+                x.copy_within(r * h..(r + 1) * h, i * h);
+            }
+            x.truncate(kept.len() * h);
         }
         // The block's rest reads the attention outputs from `s.attn`: every row's, in order.
         std::mem::swap(&mut s.attn, &mut attended);
@@ -107,7 +191,8 @@ fn run(w: &Weights, plan: &Plan, read: &[Vec<usize>], out: &mut [f32], s: &mut S
     for (map, r) in plan.rows.iter().zip(read) {
         for &p in r {
             let dst = rows_out.next().expect("`out` holds a row for every position read");
-            rms_norm_rows(&x[map[p] * h..][..h], w.norm, dims.eps, dst);
+            let at = kept.binary_search(&map[p]).expect("a row read is kept");
+            rms_norm_rows(&x[at * h..][..h], w.norm, dims.eps, dst);
         }
     }
     (s.x, s.attended, s.queries) = (x, attended, queries);

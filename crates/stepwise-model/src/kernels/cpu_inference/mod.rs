@@ -170,8 +170,8 @@ pub(crate) fn forward_packed(decoder: &Decoder, batch: &Packed, read: &[Vec<usiz
     with_weights(decoder, |w| {
         let hidden = w.dims.hidden;
         let mut out = vec![0f32; read.iter().map(Vec::len).sum::<usize>() * hidden];
-        if let Some(plan) = joined::plan(batch, hidden) {
-            joined::forward(w, &plan, read, &mut out);
+        if let Some(groups) = joined::plan(batch, hidden) {
+            joined::forward(w, &groups, read, &mut out);
             return out;
         }
         let mut rest = out.as_mut_slice();

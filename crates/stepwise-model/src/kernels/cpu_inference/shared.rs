@@ -45,9 +45,9 @@ impl Plan {
         // Positions taken from the sequence before in `order`.
         let mut shared = vec![0usize; n];
         for w in order.windows(2) {
-            let (before, seq) = (batch.sequence(w[0]), batch.sequence(w[1]));
-            let common = before.iter().zip(seq).take_while(|(a, b)| a == b).count();
-            shared[w[1]] = if share { common.min(seq.len().saturating_sub(1)) } else { 0 };
+            if share {
+                shared[w[1]] = taken(batch.sequence(w[0]), batch.sequence(w[1]));
+            }
         }
         // Own rows are laid out in the batch's order; the row maps are built in sorted order,
         // so the map a sequence copies its prefix from is always built before its own.
@@ -81,6 +81,40 @@ impl Plan {
     pub fn len(&self) -> usize {
         self.ids.len()
     }
+}
+
+/// The positions of `seq` taken from `before` (their common prefix, short of `seq`'s last).
+fn taken(before: &[u32], seq: &[u32]) -> usize {
+    let common = before.iter().zip(seq).take_while(|(a, b)| a == b).count();
+    common.min(seq.len().saturating_sub(1))
+}
+
+/// `batch`'s sequences in lexicographic order, cut into groups of at most `max_rows` rows
+/// computed (a sequence's prefix shared with the one before it in its group counted once), each
+/// with its number of rows; `None` when a sequence alone is longer. In that order the
+/// sequences that share a prefix stand together, so a group loses only what it shares with the
+/// group before.
+pub(super) fn groups(batch: &Packed, max_rows: usize) -> Option<Vec<(Vec<usize>, usize)>> {
+    let mut order: Vec<usize> = (0..batch.len()).collect();
+    order.sort_by(|&a, &b| batch.sequence(a).cmp(batch.sequence(b)));
+    let mut out: Vec<(Vec<usize>, usize)> = Vec::new();
+    let mut before: &[u32] = &[];
+    for i in order {
+        let seq = batch.sequence(i);
+        if seq.len() > max_rows {
+            return None;
+        }
+        let own = seq.len() - taken(before, seq);
+        match out.last_mut() {
+            Some((seqs, rows)) if *rows + own <= max_rows => {
+                seqs.push(i);
+                *rows += own;
+            }
+            _ => out.push((vec![i], seq.len())),
+        }
+        before = seq;
+    }
+    Some(out)
 }
 
 #[cfg(test)]

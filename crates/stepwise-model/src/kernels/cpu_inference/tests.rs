@@ -139,6 +139,56 @@ fn shared_prefixes_in_a_joined_pass_match_each_sequence_alone() {
     assert!(close(&fast, &want), "{}", max_diff(&fast, &want));
 }
 
+/// Long sequences run joined when they share at least a quarter of their positions (a long
+/// prompt's answers: the prompt computed once) and a sequence a thread when they do not; both
+/// give every position of every sequence as the candle path computes that sequence alone.
+#[test]
+fn long_sequences_sharing_a_prompt_run_joined_and_match_each_sequence_alone() {
+    let mut m = model(512, 8, 2);
+    let prompt: Vec<u32> = (0..150).map(|i| ((i * 11) % 47) as u32 + 1).collect();
+    let answers: [&[u32]; 4] = [&[5], &[6, 2], &[7], &[5, 9]];
+    let seqs: Vec<Vec<u32>> = answers.iter().map(|a| prompt.iter().chain(*a).copied().collect()).collect();
+    let unrelated: Vec<Vec<u32>> = (0..2)
+        .map(|s| (0..150).map(|i| ((i * 13 + s * 7) % 49) as u32 + 1).collect())
+        .collect();
+    for (case, seqs, joined) in [("a prompt", &seqs, true), ("nothing", &unrelated, false)] {
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let plan = super::joined::plan(&crate::packed::Packed::new(&refs), 512);
+        assert_eq!(plan.is_some(), joined, "sharing {case}");
+        let read: Vec<Vec<usize>> = seqs.iter().map(|s| vec![s.len() - 1, 0, 149, s.len() / 2]).collect();
+        let (fast, want) = packed_and_alone(&mut m, seqs, &read);
+        assert!(close(&fast, &want), "sharing {case}: {}", max_diff(&fast, &want));
+    }
+}
+
+/// A joined pass too large for one group runs in groups (sequences that share standing
+/// together) and gives every row read, in the batch's order, as each sequence alone does; a
+/// sequence longer than a group may hold leaves the pass to a sequence a thread.
+#[test]
+fn a_joined_pass_in_groups_matches_each_sequence_alone() {
+    let m = model(512, 8, 2);
+    let prompt = |p: usize| -> Vec<u32> { (0..60).map(|i| ((i * 11 + p * 5) % 47) as u32 + 1).collect() };
+    // Three prompts' answers, interleaved as a batch packs them.
+    let seqs: Vec<Vec<u32>> = (0..9)
+        .map(|k| prompt(k % 3).into_iter().chain([k as u32 + 2, 7]).collect())
+        .collect();
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let batch = crate::packed::Packed::new(&refs);
+    let read: Vec<Vec<usize>> = seqs.iter().map(|s| vec![s.len() - 1, 3, s.len() - 2]).collect();
+    let whole = super::joined::plan_within(&batch, 512, 8192).expect("joined");
+    assert_eq!(whole.len(), 1);
+    // 70 rows a group: a prompt's three answers (62 + 2 + 2 rows) each, in three groups.
+    let groups = super::joined::plan_within(&batch, 512, 70).expect("joined in groups");
+    assert_eq!(groups.len(), 3);
+    assert!(super::joined::plan_within(&batch, 512, 61).is_none(), "a sequence longer than a group");
+    let mut m = m;
+    let (one, want) = packed_and_alone(&mut m, &seqs, &read);
+    super::joined::MAX_ROWS_HERE.with(|c| c.set(70));
+    let (three, _) = packed_and_alone(&mut m, &seqs, &read);
+    super::joined::MAX_ROWS_HERE.with(|c| c.set(8192));
+    assert!(close(&one, &want) && close(&three, &want), "{} {}", max_diff(&one, &want), max_diff(&three, &want));
+}
+
 /// The rows `read[i]` of each sequence `i` from one packed pass of the fast path, and from the
 /// candle path running each sequence alone, stacked.
 fn packed_and_alone(m: &mut Model, seqs: &[Vec<u32>], read: &[Vec<usize>]) -> (Tensor, Tensor) {
