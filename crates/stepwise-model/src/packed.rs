@@ -89,22 +89,24 @@ impl Packed {
     }
 }
 
-/// The indices of sequences of `lengths` grouped into batches of at most `max_tokens` tokens
-/// each, first fit by decreasing length (each sequence, longest first, joins the first batch it
-/// fits in); a sequence longer than the budget is a batch of its own. Every index appears once,
-/// and each batch lists its indices in ascending order (all of them, in order, when they fit in
-/// one).
-pub fn token_batches(lengths: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..lengths.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
+/// The indices of `seqs` grouped into batches of at most `max_tokens` tokens each: in
+/// lexicographic order of their tokens, each batch filled until the next would not fit, so
+/// sequences that share a prefix (a question's answers, a problem's samples) stand in one batch
+/// and a joined pass computes the prefix once; a sequence longer than the budget is a batch of
+/// its own. Every index appears once, and each batch lists its indices in ascending order (all
+/// of them, in order, when they fit in one).
+pub fn token_batches(seqs: &[&[u32]], max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..seqs.len()).collect();
+    order.sort_by(|&a, &b| seqs[a].cmp(seqs[b]));
     let mut batches: Vec<(usize, Vec<usize>)> = Vec::new();
     for i in order {
-        match batches.iter_mut().find(|(used, _)| used + lengths[i] <= max_tokens) {
-            Some((used, batch)) => {
-                *used += lengths[i];
+        let n = seqs[i].len();
+        match batches.last_mut() {
+            Some((used, batch)) if *used + n <= max_tokens => {
+                *used += n;
                 batch.push(i);
             }
-            None => batches.push((lengths[i], vec![i])),
+            _ => batches.push((n, vec![i])),
         }
     }
     batches
@@ -140,19 +142,35 @@ mod tests {
     }
 
     #[test]
-    fn token_batches_keep_to_the_budget_and_take_everything_once() {
-        let lengths = [30, 5, 100, 40, 60, 1, 0];
-        let batches = token_batches(&lengths, 64);
+    fn token_batches_keep_to_the_budget_take_everything_once_and_keep_prefixes_together() {
+        let p: Vec<Vec<u32>> = vec![vec![1; 20], vec![2; 20], vec![3; 20]];
+        let with = |k: usize, tail: &[u32]| p[k].iter().chain(tail).copied().collect::<Vec<u32>>();
+        let seqs: Vec<Vec<u32>> = vec![
+            with(0, &[5]),
+            with(1, &[5]),
+            vec![9; 100],
+            with(2, &[5]),
+            with(0, &[6]),
+            with(1, &[6]),
+            vec![],
+            with(2, &[6]),
+            with(0, &[7, 8]),
+        ];
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let batches = token_batches(&refs, 64);
         let mut seen: Vec<usize> = batches.iter().flatten().copied().collect();
         seen.sort();
-        assert_eq!(seen, (0..lengths.len()).collect::<Vec<_>>());
+        assert_eq!(seen, (0..seqs.len()).collect::<Vec<_>>());
         for b in &batches {
-            let total: usize = b.iter().map(|&i| lengths[i]).sum();
+            let total: usize = b.iter().map(|&i| seqs[i].len()).sum();
             assert!(total <= 64 || b.len() == 1, "{b:?}: {total} tokens");
+            assert!(b.windows(2).all(|w| w[0] < w[1]), "{b:?} ascending");
         }
-        // The 100-token sequence is alone; the longest come first.
-        assert_eq!(batches[0], vec![2]);
-        assert_eq!(batches[1], vec![4, 5, 6]);
+        // The empty sequence and the first prompt's three answers (64 tokens); the second's two
+        // and the third's first (63); the third's second; the 100-token sequence alone.
+        assert_eq!(batches, vec![vec![0, 4, 6, 8], vec![1, 3, 5], vec![7], vec![2]]);
         assert!(token_batches(&[], 10).is_empty());
+        let all: Vec<&[u32]> = refs[..2].to_vec();
+        assert_eq!(token_batches(&all, 1000), vec![vec![0, 1]], "all in one, in order");
     }
 }

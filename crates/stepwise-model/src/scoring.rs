@@ -102,9 +102,9 @@ impl<'a> PrmScorer<'a> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let lengths: Vec<usize> = batch.iter().map(|e| e.ids.len()).collect();
+        let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
         let mut out = vec![Vec::new(); batch.len()];
-        for group in token_batches(&lengths, self.max_batch_tokens) {
+        for group in token_batches(&seqs, self.max_batch_tokens) {
             let part: Vec<&Encoded> = group.iter().map(|&i| &batch[i]).collect();
             for (i, rewards) in group.into_iter().zip(self.score_pass(&part)?) {
                 out[i] = rewards;
