@@ -182,7 +182,8 @@ fn run(w: &Weights, plan: &Plan, read: &[Vec<usize>], out: &mut [f32], s: &mut S
             }
             x.truncate(kept.len() * h);
         }
-        // The block's rest reads the attention outputs from `s.attn`: every row's, in order.
+        // The block's rest reads the attention outputs from `s.attn`: every row's (in the last
+        // layer every kept row's), in order.
         std::mem::swap(&mut s.attn, &mut attended);
         finish_block(l, dims, &mut x, s, parallelism);
         std::mem::swap(&mut s.attn, &mut attended);
