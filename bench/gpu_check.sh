@@ -24,6 +24,14 @@
 # GENERATION=0 on the warm machine.
 # `python3 bench/gpu_table.py $OUT/gpu_check.json` prints the docs' tables from the summary.
 #
+# One lease of 15 minutes (a machine's start, one 10-minute call, the transfers):
+#   bash bench/gpu_check.sh session    (SESSION_SECONDS, default 570: the stages' shared deadline;
+#                                       DEVICE=cpu LIMIT=4 TRAIN_STEPS=2 BIG=0.5b: a dry run)
+# runs the stages in the order issue #54 ranks them, each skipped and named when what is left
+# would not hold it: 0.5B scoring on both datasets (the peer's sweep), the classifier's
+# training, 7B on GSM8K (the sweep), the log-ratio verifier's training and RL, generation, then
+# 7B on MATH with the peer at the budget that won on GSM8K (its sweep alone is ~4 minutes).
+#
 # Environment: SHAPES (default "0.5b 7b"), DATASETS (default "gsm8k math"), MAX_BATCH_TOKENS
 # (stepwise's batches, default 16384), OUT (default /tmp/gpu_check), TIME_BUDGET (seconds, default 450: a stage that
 # would not fit is skipped and named), GENERATION=0 (skip generation), F32_REFERENCE=N
@@ -144,14 +152,16 @@ run() {
     compare_scoring() {
         local shape=$1 ds=$2 tag="$1-$2" M="$W/prm-$1"
         echo "== $tag"
-        fresh "$W/hf-$tag.json"
-        fits "$3" "transformers $tag" && peak "$W/hf-$tag.log" timeout "$(limit "$3")" python3 bench/gpu_transformers.py "$M" \
-            "$W/$ds.json" "$W/hf-$tag.json" --max-batch-tokens "$PEER_BUDGETS" --device "$DEVICE" >> "$W/hf-$tag.log" 2>&1
-        grep -E "^transformers|Error" "$W/hf-$tag.log" | tail -2
+        # stepwise first (one cold pass, seconds): the peer's sweep is the long part, and a peer cut
+        # off by its limit still leaves the budgets it finished in its JSON.
         fresh "$W/sw-$tag.jsonl"
         fits "$4" "stepwise $tag" && peak "$W/sw-$tag.log" timeout "$(limit "$4")" "$BIN" score --model "$M" --input "$W/$ds.json" \
             --output "$W/sw-$tag.jsonl" --device "$DEVICE" --max-batch-tokens "$BUDGET" >> "$W/sw-$tag.log" 2>&1
         grep -vE '^(peak_mib|exit)' "$W/sw-$tag.log" | tail -2
+        fresh "$W/hf-$tag.json"
+        fits "$3" "transformers $tag" && peak "$W/hf-$tag.log" timeout "$(limit "$3")" python3 bench/gpu_transformers.py "$M" \
+            "$W/$ds.json" "$W/hf-$tag.json" --max-batch-tokens "$PEER_BUDGETS" --device "$DEVICE" >> "$W/hf-$tag.log" 2>&1
+        grep -E "^transformers|  [0-9]+ tokens a batch|Error" "$W/hf-$tag.log" | tail -4
         [ -f "$W/sw-$tag.jsonl" ] && [ -f "$W/hf-$tag.json" ] && compare "$W/cmp-$tag.txt" "$W/sw-$tag.jsonl" \
             "$W/hf-$tag.json" "stepwise vs transformers, $tag"
     }
@@ -187,7 +197,7 @@ run() {
         reference_f32 0.5b 90
         python3 -c "import json,sys; json.dump(json.load(open(sys.argv[1]))[:24], open(sys.argv[2],'w'))" \
             "$G/data/gsm8k.json" "$W/gsm8k24.json"
-        if [ "$DEVICE" = cuda ] && fits 90 "CUDA vs CPU engine"; then
+        if [ "$DEVICE" = cuda ] && [ "${CROSS_CHECK:-1}" = 1 ] && fits 90 "CUDA vs CPU engine"; then
             fresh "$W/cpu24.jsonl" "$W/gpu24.jsonl" "$W/simple24.jsonl"
             timeout 60 "$BIN" score --model "$W/prm-0.5b" --input "$W/gsm8k24.json" --output "$W/cpu24.jsonl" \
                 --device cpu > "$W/cpu24.log" 2>&1
@@ -406,9 +416,30 @@ EOF
     tar czf "$OUT/logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt *.mem 2>/dev/null)
 }
 
+# The stages by rank under one deadline (SESSION_SECONDS from now); `run` reads TIME_BUDGET
+# against the shell's SECONDS, which keeps counting across the calls below.
+session() {
+    export TIME_BUDGET=$((SECONDS + ${SESSION_SECONDS:-570}))
+    local W=${WORK:-/tmp/gpu_check_work} big=${BIG:-7b} # BIG=0.5b: a CPU dry run of the session
+    echo "#### 1. 0.5B scoring, the classifier's training"
+    SHAPES=0.5b CROSS_CHECK=0 TRAIN_OBJECTIVES=prm RL_UPDATES=0 GENERATION=0 run
+    echo "#### 2. 7B on GSM8K"
+    SHAPES=$big DATASETS=gsm8k TRAINING=0 RL_UPDATES=0 GENERATION=0 run
+    echo "#### 3. the log-ratio verifier's training, RL"
+    SHAPES=0.5b DATASETS=gsm8k SCORING=0 TRAIN_OBJECTIVES=log-ratio GENERATION=0 run
+    echo "#### 4. generation"
+    SHAPES=0.5b DATASETS=gsm8k SCORING=0 TRAINING=0 RL_UPDATES=0 run
+    echo "#### 5. 7B on MATH"
+    local best
+    best=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_batch_tokens'])" \
+        "$W/hf-$big-gsm8k.json" 2>/dev/null || echo 32768)
+    SHAPES=$big DATASETS=math PEER_BUDGETS=$best TRAINING=0 RL_UPDATES=0 GENERATION=0 run
+}
+
 case "${1:-}" in
     prepare) prepare ;;
     run) run ;;
+    session) session ;;
     summary) summary ;;
-    *) echo "usage: bash bench/gpu_check.sh prepare|run|summary"; exit 2 ;;
+    *) echo "usage: bash bench/gpu_check.sh prepare|run|session|summary"; exit 2 ;;
 esac

@@ -10,7 +10,7 @@ The peer at its best: each token budget is warmed up on a whole pass over the da
 shape it will meet: cuBLAS and sdpa choose their kernels by shape, and the first pass pays for
 that) and timed on the next. Several budgets, comma-separated, are each run that way; the
 result's figures are the fastest budget's, every budget's (and its warm-up pass's seconds) are in
-`sweep`. `--warmup one` warms up on one record only, as the first GPU check did (its figures are
+`sweep` (OUT.json is written after each budget: a run cut off keeps those it finished; `budgets_asked` says which were meant). `--warmup one` warms up on one record only, as the first GPU check did (its figures are
 superseded: docs/benchmarks.md).
 
 Writes tokens, seconds, tokens/s, peak GPU memory and every record's step scores (by id, from the
@@ -115,7 +115,31 @@ def run(batch):
 
 
 budgets = [int(b) for b in str(a.max_batch_tokens).split(",") if b.strip()]
+tokens = sum(len(s) for _, s in encoded)
 sweep, best, scores = [], None, {}
+
+
+def write_result():
+    """OUT.json from the budgets timed so far: written after each, so that a run cut off by its
+    time limit keeps the budgets it finished."""
+    result = {
+        "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__ + ", " + a.dtype,
+        "records": len(encoded),
+        "tokens": tokens,
+        "seconds": best["seconds"],
+        "tokens_per_s": tokens / best["seconds"],
+        "peak_gib": best["peak_gib"],
+        "batches": best["batches"],
+        "max_batch_tokens": best["max_batch_tokens"],
+        "warmup": "on a whole pass" if a.warmup == "pass" else "on one record",
+        "budgets_asked": budgets,
+        "sweep": [dict(e, tokens_per_s=tokens / e["seconds"]) if "seconds" in e else e for e in sweep],
+        "scores": scores,
+    }
+    Path(a.out).write_text(json.dumps(result))
+    return result
+
+
 for budget in budgets:
     batches = batches_of(budget)
     entry = {"max_batch_tokens": budget, "batches": len(batches)}
@@ -141,23 +165,10 @@ for budget in budgets:
         best = entry
         scores = {encoded[i][0]: pr.tolist() for b, probs in outs for i, pr in zip(b, probs)}
     del outs
+    write_result()
 if best is None:
     raise SystemExit("transformers: every token budget ran out of memory: " + json.dumps(sweep))
-tokens = sum(len(s) for _, s in encoded)
-result = {
-    "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__ + ", " + a.dtype,
-    "records": len(encoded),
-    "tokens": tokens,
-    "seconds": best["seconds"],
-    "tokens_per_s": tokens / best["seconds"],
-    "peak_gib": best["peak_gib"],
-    "batches": best["batches"],
-    "max_batch_tokens": best["max_batch_tokens"],
-    "warmup": "on a whole pass" if a.warmup == "pass" else "on one record",
-    "sweep": [dict(e, tokens_per_s=tokens / e["seconds"]) if "seconds" in e else e for e in sweep],
-    "scores": scores,
-}
-Path(a.out).write_text(json.dumps(result))
+result = write_result()
 print(f"transformers: {len(encoded)} records, {tokens} tokens in {best['seconds']:.2f}s: "
       f"{tokens / best['seconds']:.0f} tokens/s at {best['max_batch_tokens']} tokens a batch (the best of "
       f"{len(budgets)}, each timed after a warm-up {result['warmup']}), peak {result['peak_gib']:.1f} GiB")
