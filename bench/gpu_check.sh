@@ -217,8 +217,9 @@ run() {
     #     batches' rules: `prm` (the PRM checkpoint's decoder under a new classifier head) and
     #     `log-ratio` (a causal LM scoring each step by its tokens' log-likelihood against a
     #     constant reference: the LM head's vocabulary logits at every learned token; the
-    #     constant is log(1/151936), what a random model gives each token, so the loss starts
-    #     near log 2).
+    #     constant is log(1/151936), what a uniform model gives each token; β 0.01 as in
+    #     bench/train_peer_cpu.sh, which keeps a step's score off 0 and 1 at the start: the
+    #     random policy's log-likelihood of a step is some 18 nats under the constant's).
     compare_training() { # name, checkpoint, the peer's objective flags, train-prm's head flags
         local name=$1 M=$2
         echo "== training ($name)"
@@ -242,8 +243,8 @@ json.dump(r[k:], open(sys.argv[3],'w')); json.dump(r[:k], open(sys.argv[4],'w'))
         [[ " $TRAIN_OBJECTIVES " == *" prm "* ]] && make_checkpoint 0.5b "$W/prm-0.5b" 120 \
             && compare_training prm "$W/prm-0.5b" "" ""
         [[ " $TRAIN_OBJECTIVES " == *" log-ratio "* ]] && make_checkpoint 0.5b "$P" 120 --policy \
-            && compare_training log-ratio "$P" "--objective log-ratio --reference-logprob -11.93" \
-                "--head log-ratio --reference-logprob -11.93"
+            && compare_training log-ratio "$P" "--objective log-ratio --reference-logprob -11.93 --beta 0.01" \
+                "--head log-ratio --reference-logprob -11.93 --beta 0.01"
     fi
     # 1c. RL on the GPU: `stepwise rl --device cuda` (sampling from the trainer's own weights, the
     #     PPO-clip update on the packed trainer) for RL_UPDATES updates of RL_SHAPE (8 GSM8K
