@@ -29,7 +29,8 @@
 #                                       DEVICE=cpu LIMIT=4 TRAIN_STEPS=2 BIG=0.5b: a dry run)
 # runs the stages in the order issue #54 ranks them, each skipped and named when what is left
 # would not hold it: 0.5B scoring on both datasets (the peer's sweep), the classifier's
-# training, 7B on GSM8K (the sweep), the log-ratio verifier's training and RL, generation, then
+# training and its per-kernel profile (TRAIN_PROFILE=0 skips it), 7B on GSM8K (the sweep), the
+# log-ratio verifier's training and RL, generation, then
 # 7B on MATH with the peer at the budget that won on GSM8K (its sweep alone is ~4 minutes).
 #
 # Environment: SHAPES (default "0.5b 7b"), DATASETS (default "gsm8k math"), MAX_BATCH_TOKENS
@@ -84,6 +85,8 @@ run() {
     TRAIN_STEPS=${TRAIN_STEPS:-200} # optimiser steps of each engine in the training stage
     TRAIN_VALID=${TRAIN_VALID:-40}  # records held out for both engines' validation loss (at most a fifth)
     TRAIN_OBJECTIVES=${TRAIN_OBJECTIVES:-"prm log-ratio"} # which verifiers the training stage trains
+    TRAIN_LIMIT=${TRAIN_LIMIT:-150} # seconds each engine's training may take (stepwise's 200 steps took ~290 s on an H200)
+    TRAIN_PROFILE=${TRAIN_PROFILE:-0} # 1: Nsight Compute's per-kernel times of 3 training steps of stepwise's classifier
     RL_UPDATES=${RL_UPDATES:-3}     # updates of the RL stage (0: skip it)
     RL_SHAPE=${RL_SHAPE:-"8 8 128"} # RL's prompts per update, samples per prompt, most tokens per sample
     SCORING=${SCORING:-1}           # 0: skip the scoring comparisons (only training, RL, generation)
@@ -229,14 +232,30 @@ run() {
 json.dump(r[k:], open(sys.argv[3],'w')); json.dump(r[:k], open(sys.argv[4],'w'))" \
             "$W/$first.json" "$TRAIN_VALID" "$W/train-$first.json" "$W/valid-$first.json"
         fresh "$W/train-hf-$name.json" "$W/trained-$name"
-        fits 150 "transformers training ($name)" && peak "$W/train-hf-$name.log" timeout "$(limit 150)" python3 \
+        fits "$TRAIN_LIMIT" "transformers training ($name)" && peak "$W/train-hf-$name.log" timeout "$(limit "$TRAIN_LIMIT")" python3 \
             bench/gpu_train.py "$M" "$W/train-$first.json" "$W/train-hf-$name.json" "${flags[@]}" $3 --device "$DEVICE" \
             --valid-data "$W/valid-$first.json" >> "$W/train-hf-$name.log" 2>&1
         grep -E "^transformers|Error" "$W/train-hf-$name.log" | tail -2
-        fits 150 "stepwise training ($name)" && peak "$W/train-sw-$name.log" timeout "$(limit 150)" "$BIN" train-prm \
+        fits "$TRAIN_LIMIT" "stepwise training ($name)" && peak "$W/train-sw-$name.log" timeout "$(limit "$TRAIN_LIMIT")" "$BIN" train-prm \
             --data "$W/train-$first.json" --base "$M" --out "$W/trained-$name" --device "$DEVICE" "${flags[@]}" $4 \
             --valid-data "$W/valid-$first.json" --stop-at-first-bad >> "$W/train-sw-$name.log" 2>&1
         grep -vE '^(peak_mib|exit)' "$W/train-sw-$name.log" | tail -2
+    }
+    # Where a training step's GPU time goes (issue #54: stepwise trained at 0.27-0.30x PyTorch's
+    # tokens/s): Nsight Compute's duration of every kernel over 3 steps of the classifier (model
+    # loading included), clocks left alone: one CSV row a launch in train-profile.log, summed by
+    # kernel into train-profile.txt by bench/ncu_summary.py.
+    profile_training() {
+        command -v ncu > /dev/null || { echo "-- skipped (training profile): no ncu" | tee -a "$W/skipped.txt"; return 0; }
+        fits 240 "training profile" || return 0
+        echo "== training profile"
+        fresh "$W/profiled-prm"
+        timeout "$(limit 240)" ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+            "$BIN" train-prm --data "$W/train-$first.json" --base "$W/prm-0.5b" --out "$W/profiled-prm" --device cuda \
+            --steps 3 --lr 1e-5 --batch-size 16 --max-batch-tokens "$BUDGET" --max-len 2048 --stop-at-first-bad \
+            > "$W/train-profile.log" 2>&1
+        echo "exit $?" >> "$W/train-profile.log"
+        python3 bench/ncu_summary.py "$W/train-profile.log" | tee "$W/train-profile.txt"
     }
     P="$W/policy-0.5b"
     if [ "$TRAINING" = 1 ] && [[ " $SHAPES " == *" 0.5b "* ]]; then
@@ -245,6 +264,11 @@ json.dump(r[k:], open(sys.argv[3],'w')); json.dump(r[:k], open(sys.argv[4],'w'))
         [[ " $TRAIN_OBJECTIVES " == *" log-ratio "* ]] && make_checkpoint 0.5b "$P" 120 --policy \
             && compare_training log-ratio "$P" "--objective log-ratio --reference-logprob -11.93 --beta 0.01" \
                 "--head log-ratio --reference-logprob -11.93 --beta 0.01"
+    fi
+    # (after the training stage, which writes the training split it reads)
+    if [ "$TRAIN_PROFILE" = 1 ] && [ "$DEVICE" = cuda ] && make_checkpoint 0.5b "$W/prm-0.5b" 120 \
+        && [ -f "$W/train-$first.json" ]; then
+        profile_training
     fi
     # 1c. RL on the GPU: `stepwise rl --device cuda` (sampling from the trainer's own weights, the
     #     PPO-clip update on the packed trainer) for RL_UPDATES updates of RL_SHAPE (8 GSM8K
@@ -390,6 +414,8 @@ if rl_log.exists():
     summary["rl_0.5b"] = {"updates": updates, "log": (rl_text or "")[-600:]}
 elif rl_text:
     summary["rl_0.5b"] = {"error": rl_text[-2000:]}
+if text("train-profile.txt"):  # the per-kernel table of stepwise's training steps
+    summary["training_profile"] = text("train-profile.txt").splitlines()
 out.write_text(json.dumps(summary, indent=1))
 print(f"{'run':<14} {'transformers tok/s':>19} {'(budget)':>8} {'stepwise tok/s':>15} {'ratio':>6} {'max|diff|':>9} "
       f"{'same 1st err':>12}")
@@ -423,7 +449,7 @@ session() {
     export TIME_BUDGET=$((SECONDS + ${SESSION_SECONDS:-570}))
     local W=${WORK:-/tmp/gpu_check_work} big=${BIG:-7b} # BIG=0.5b: a CPU dry run of the session
     echo "#### 1. 0.5B scoring, the classifier's training"
-    SHAPES=0.5b CROSS_CHECK=0 TRAIN_OBJECTIVES=prm RL_UPDATES=0 GENERATION=0 run
+    SHAPES=0.5b CROSS_CHECK=0 TRAIN_OBJECTIVES=prm RL_UPDATES=0 GENERATION=0 TRAIN_PROFILE=${TRAIN_PROFILE:-1} run
     echo "#### 2. 7B on GSM8K"
     SHAPES=$big DATASETS=gsm8k TRAINING=0 RL_UPDATES=0 GENERATION=0 run
     echo "#### 3. the log-ratio verifier's training, RL"
