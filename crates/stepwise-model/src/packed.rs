@@ -55,6 +55,11 @@ impl Packed {
         &self.ids[self.offsets[i]..self.offsets[i + 1]]
     }
 
+    /// The sequences' indices in lexicographic order of their tokens ([`lexicographic_order`]).
+    pub fn lexicographic_order(&self) -> Vec<usize> {
+        lexicographic_order(self.len(), |i| self.sequence(i))
+    }
+
     /// Every sequence, in order.
     pub fn sequences(&self) -> impl Iterator<Item = &[u32]> {
         (0..self.len()).map(|i| self.sequence(i))
@@ -89,6 +94,15 @@ impl Packed {
     }
 }
 
+/// The indices `0..n` in lexicographic order of `seq(i)`'s tokens, equal sequences in index
+/// order: sequences that share a prefix stand together, each next to the one it shares most
+/// with (how passes and batches find what they can compute once).
+pub fn lexicographic_order<'a>(n: usize, seq: impl Fn(usize) -> &'a [u32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| seq(a).cmp(seq(b)));
+    order
+}
+
 /// The indices of `seqs` grouped into batches of at most `max_tokens` tokens each: in
 /// lexicographic order of their tokens, each batch filled until the next would not fit, so
 /// sequences that share a prefix (a question's answers, a problem's samples) stand in one batch
@@ -96,8 +110,7 @@ impl Packed {
 /// its own. Every index appears once, and each batch lists its indices in ascending order (all
 /// of them, in order, when they fit in one).
 pub fn token_batches(seqs: &[&[u32]], max_tokens: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..seqs.len()).collect();
-    order.sort_by(|&a, &b| seqs[a].cmp(seqs[b]));
+    let order = lexicographic_order(seqs.len(), |i| seqs[i]);
     let mut batches: Vec<(usize, Vec<usize>)> = Vec::new();
     for i in order {
         let n = seqs[i].len();

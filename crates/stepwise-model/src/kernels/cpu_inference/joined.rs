@@ -28,7 +28,7 @@ const MAX_ROWS: usize = 8192;
 
 /// Sequences of a packed batch that run joined together, and how their rows are laid out.
 pub(super) struct Group {
-    /// The batch's sequences in the group.
+    /// The batch's sequences in the group, ascending.
     seqs: Vec<usize>,
     /// Their rows (of the group's sequences, in `seqs`' order).
     plan: Plan,
@@ -71,7 +71,10 @@ pub(super) fn plan_within(batch: &Packed, hidden: usize, max_rows: usize) -> Opt
     }
     let groups = groups
         .into_iter()
-        .map(|(seqs, _)| {
+        .map(|(mut seqs, _)| {
+            // In the batch's order (the plan finds what they share whatever their order): a
+            // group of the whole batch then writes its rows where they go.
+            seqs.sort_unstable();
             let tokens: Vec<&[u32]> = seqs.iter().map(|&i| batch.sequence(i)).collect();
             let plan = Plan::new(&Packed::new(&tokens));
             Group { seqs, plan }
@@ -94,6 +97,11 @@ pub(super) fn forward(w: &Weights, groups: &[Group], read: &[Vec<usize>], out: &
     }
     with_scratch(|s| {
         for g in groups {
+            if g.seqs.len() == read.len() {
+                // The whole batch in one group (its sequences ascending: 0..n): rows in place.
+                run(w, &g.plan, read, out, s);
+                continue;
+            }
             let reads: Vec<Vec<usize>> = g.seqs.iter().map(|&i| read[i].clone()).collect();
             let mut rows = vec![0f32; reads.iter().map(Vec::len).sum::<usize>() * h];
             run(w, &g.plan, &reads, &mut rows, s);

@@ -38,10 +38,11 @@ impl Plan {
 
     fn build(batch: &Packed, share: bool) -> Self {
         let n = batch.len();
-        let mut order: Vec<usize> = (0..n).collect();
-        if share {
-            order.sort_by(|&a, &b| batch.sequence(a).cmp(batch.sequence(b)));
-        }
+        let order: Vec<usize> = if share {
+            batch.lexicographic_order()
+        } else {
+            (0..n).collect()
+        };
         // Positions taken from the sequence before in `order`.
         let mut shared = vec![0usize; n];
         for w in order.windows(2) {
@@ -95,8 +96,7 @@ fn taken(before: &[u32], seq: &[u32]) -> usize {
 /// sequences that share a prefix stand together, so a group loses only what it shares with the
 /// group before.
 pub(super) fn groups(batch: &Packed, max_rows: usize) -> Option<Vec<(Vec<usize>, usize)>> {
-    let mut order: Vec<usize> = (0..batch.len()).collect();
-    order.sort_by(|&a, &b| batch.sequence(a).cmp(batch.sequence(b)));
+    let order = batch.lexicographic_order();
     let mut out: Vec<(Vec<usize>, usize)> = Vec::new();
     let mut before: &[u32] = &[];
     for i in order {
