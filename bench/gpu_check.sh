@@ -390,15 +390,23 @@ def training(name):
             train["stepwise"] = {"partial": True, "steps": st["step"], "seconds": st["seconds"], "tokens": st["tokens"],
                                  "tokens_per_s": int(st["tokens"] / max(st["seconds"], 1e-9)),
                                  "last_loss": st["last_loss"], "log": t[-1000:]}
+        if state.exists() and "stepwise" in train:  # its validations, (step, loss), as PyTorch's valid_history
+            st = json.loads(state.read_text())
+            train["stepwise"]["valid_history"] = [[step, m.get("loss")] for step, m in st.get("history", [])]
         else:
             train["stepwise"] = {"error": t[-2000:]}
     metrics = w / f"trained-{name}" / "metrics.json"
-    if metrics.exists() and "stepwise" in train:
-        train["stepwise"]["valid_loss"] = json.loads(metrics.read_text())["loss"]
-    losses = (train["transformers"].get("valid_loss"), train.get("stepwise", {}).get("valid_loss"))
-    if None not in losses:
-        # The target: stepwise's validation loss within 5% of PyTorch's after the same steps.
-        train["valid_loss_gap"] = losses[1] / losses[0] - 1
+    if metrics.exists() and "stepwise" in train:  # the checkpoint kept: the best validation's
+        train["stepwise"]["valid_loss_kept"] = json.loads(metrics.read_text())["loss"]
+    # The target: stepwise's validation loss within 5% of PyTorch's after the same steps, read
+    # at the last step both validated at (both validate every steps/5).
+    ours = dict(map(tuple, train.get("stepwise", {}).get("valid_history", [])))
+    theirs = dict(map(tuple, train["transformers"].get("valid_history", [])))
+    common = sorted(set(ours) & set(theirs))
+    if common:
+        at = common[-1]
+        train["valid_loss_at_step"] = {"step": at, "transformers": theirs[at], "stepwise": ours[at]}
+        train["valid_loss_gap"] = ours[at] / theirs[at] - 1
     for who, log in (("transformers", f"train-hf-{name}.log"), ("stepwise", f"train-sw-{name}.log")):
         pk = re.search(r"peak_mib (\d+)", (w / log).read_text()) if (w / log).exists() else None
         if pk and who in train:
@@ -434,7 +442,8 @@ for key in ("training_0.5b", "training_log_ratio_0.5b"):
     t = summary[key]
     print(f"{key}: transformers {t['transformers'].get('tokens_per_s', 0):.0f} tok/s, "
           f"stepwise {t.get('stepwise', {}).get('tokens_per_s', 0):.0f} tok/s, ratio {t.get('ratio', 0):.2f}, "
-          f"validation loss {t['transformers'].get('valid_loss')} / {t.get('stepwise', {}).get('valid_loss')}")
+          f"validation loss at step {t.get('valid_loss_at_step', {}).get('step')}: "
+          f"{t.get('valid_loss_at_step', {}).get('transformers')} / {t.get('valid_loss_at_step', {}).get('stepwise')}")
 for u in summary.get("rl_0.5b", {}).get("updates", []):
     print(f"rl update {u['update']}: {u['seconds']:.1f}s ({u['sampling_seconds']:.1f}s sampling), "
           f"{u['sampled_tokens']} tokens sampled, {u['updated_tokens']} learned, loss {u['loss']:.4f}, kl {u['kl']:.5f}")

@@ -72,7 +72,7 @@ def training(summary):
         return
     print("\n| training, 0.5B shape | PyTorch bf16 autocast tok/s | stepwise tok/s | ratio | peak GiB (PyTorch / stepwise) "
           "| loss at the end (PyTorch: mean of its last 10 steps / stepwise: last step) "
-          "| validation loss before → after (PyTorch / stepwise) | gap |")
+          "| validation loss at the last step both validated (PyTorch / stepwise) | gap |")
     print("|---|---|---|---|---|---|---|---|")
     for key, t in rows:
         hf, sw = t.get("transformers", {}), t.get("stepwise", {})
@@ -80,8 +80,17 @@ def training(summary):
               f"| {num(sw.get('tokens_per_s'))}{' (cut off)' if sw.get('partial') else ''} | {num(t.get('ratio'), 2)} "
               f"| {mib(hf.get('peak_gpu_mib_nvidia_smi'))} / {mib(sw.get('peak_gpu_mib_nvidia_smi'))} "
               f"| {num(hf.get('loss_last_10'), 4)} / {num(sw.get('last_loss'), 4)} "
-              f"| {num(hf.get('valid_loss_start'), 4)} → {num(hf.get('valid_loss'), 4)} / {num(sw.get('valid_loss'), 4)} "
+              f"| {valid_at(t)} "
               f"| {pct(t.get('valid_loss_gap'))} |")
+
+
+def valid_at(t):
+    """Both engines' validation loss at the last step both validated, or what there is."""
+    v = t.get("valid_loss_at_step")
+    if v:
+        return f"step {v['step']}: {num(v['transformers'], 4)} / {num(v['stepwise'], 4)}"
+    hf = t.get("transformers", {})
+    return f"PyTorch {num(hf.get('valid_loss_start'), 4)} → {num(hf.get('valid_loss'), 4)}; stepwise —"
 
 
 def rl(summary):

@@ -203,6 +203,9 @@ losses, tokens = [], 0
 if gpu:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
+# Validated every steps/5 steps as `train-prm` validates (outside the timing), so the two
+# engines' validation curves compare step for step.
+every, history, secs = max(a.steps // 5, 1), [], 0.0
 start = time.perf_counter()
 for step in range(a.steps):
     for g in opt.param_groups:
@@ -214,10 +217,18 @@ for step in range(a.steps):
     opt.step()
     tokens += n
     losses.append(loss.item())
+    if (step + 1) % every == 0 and step + 1 < a.steps and valid:
+        if gpu:
+            torch.cuda.synchronize()
+        secs += time.perf_counter() - start
+        history.append((step + 1, valid_loss()))
+        start = time.perf_counter()
 if gpu:
     torch.cuda.synchronize()
-secs = time.perf_counter() - start
+secs += time.perf_counter() - start
 valid_end = valid_loss()
+if valid_end is not None:
+    history.append((a.steps, valid_end))
 result = {
     "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__
     + ", f32 master weights, bf16 autocast",
@@ -229,6 +240,8 @@ result = {
     "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0,
     "loss_first_10": sum(losses[:10]) / max(len(losses[:10]), 1),
     "loss_last_10": sum(losses[-10:]) / max(len(losses[-10:]), 1),
+    "losses": losses,
+    "valid_history": history,
     "valid_loss_start": valid_start,
     "valid_loss": valid_end,
     "valid_records": len(valid),
