@@ -39,16 +39,18 @@
 # (transformers in float32 on N GSM8K records: the reference both bf16 engines are measured
 # against), TRAINING=0 (skip training), TRAIN_STEPS (default 200), TRAIN_VALID (records held out
 # for both engines' validation loss, default 40), TRAIN_OBJECTIVES (default
-# "prm log-ratio"), RL_UPDATES (default 3; 0 skips RL), RL_SHAPE (default "8 8 128": prompts,
-# samples each, most tokens), SCORING=0 (skip the scoring comparisons),
+# "prm log-ratio"), TRAIN_LIMIT (seconds for each engine's training, default 150: on an H200
+# PyTorch's 200 steps took 63-69 s and stepwise's would take about 290), TRAIN_PROFILE=1 (Nsight
+# Compute's per-kernel times of 3 stepwise training steps), RL_UPDATES (default 3; 0 skips RL),
+# RL_SHAPE (default "8 8 128": prompts, samples each, most tokens), SCORING=0 (skip the scoring
+# comparisons), CROSS_CHECK=0 (skip the CUDA-vs-CPU and flash-vs-plain checks on 24 records),
 # DEVICE=cpu LIMIT=4 TRAIN_STEPS=2 (a dry run of the whole script without a GPU). Only training
 # and RL: SHAPES=0.5b DATASETS=gsm8k SCORING=0 GENERATION=0. After a cut-off,
-# `bash bench/gpu_check.sh summary` writes the JSON from what finished. On one H100 the run
-# without training took about 6 minutes (docs/benchmarks.md, "The GPU"); training adds up to 5
-# minutes an objective and RL up to 2, so within one 10-minute call measure either the scoring
-# and generation (TRAINING=0 RL_UPDATES=0) or one objective's training (SHAPES=0.5b
-# DATASETS=gsm8k SCORING=0 GENERATION=0 TRAIN_OBJECTIVES=prm RL_UPDATES=0, then
-# TRAIN_OBJECTIVES=log-ratio with RL on the warm machine, whose work folder keeps the first).
+# `bash bench/gpu_check.sh summary` writes the JSON from what finished. On one H200 (2026-12-04,
+# docs/benchmarks.md) `session` with SESSION_SECONDS=555 ran the 0.5B scoring (about 2.5
+# minutes with the peer's sweeps), both training objectives (up to 2 x 150 s each) and 7B GSM8K's
+# stepwise pass; the 7B peer's sweep (104 s with the checkpoint made), RL (31 s) and generation
+# (47 s at one peer batch size) then ran as `run` calls on the warm machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=.gpu
