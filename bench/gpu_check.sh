@@ -384,19 +384,18 @@ def training(name):
         t = log.read_text()
         m = re.search(r"trained (\d+) steps on \S+ in ([\d.]+)s \(([\d.]+)s in steps: (\d+) tokens, (\d+) tokens/s\), loss ([\d.]+)", t)
         state = w / f"trained-{name}" / "trainer_state.json"
+        st = json.loads(state.read_text()) if state.exists() else None
         if m:
             train["stepwise"] = {"steps": int(m[1]), "seconds_total": float(m[2]), "seconds": float(m[3]),
                                  "tokens": int(m[4]), "tokens_per_s": int(m[5]), "last_loss": float(m[6])}
-        elif state.exists():  # cut off: the run's state at its last checkpoint
-            st = json.loads(state.read_text())
+        elif st:  # cut off: the run's state at its last checkpoint
             train["stepwise"] = {"partial": True, "steps": st["step"], "seconds": st["seconds"], "tokens": st["tokens"],
                                  "tokens_per_s": int(st["tokens"] / max(st["seconds"], 1e-9)),
                                  "last_loss": st["last_loss"], "log": t[-1000:]}
-        if state.exists() and "stepwise" in train:  # its validations, (step, loss), as PyTorch's valid_history
-            st = json.loads(state.read_text())
-            train["stepwise"]["valid_history"] = [[step, m.get("loss")] for step, m in st.get("history", [])]
         else:
             train["stepwise"] = {"error": t[-2000:]}
+        if st:  # its validations, (step, loss), as PyTorch's valid_history
+            train["stepwise"]["valid_history"] = [[step, v.get("loss")] for step, v in st.get("history", [])]
     metrics = w / f"trained-{name}" / "metrics.json"
     if metrics.exists() and "stepwise" in train:  # the checkpoint kept: the best validation's
         train["stepwise"]["valid_loss_kept"] = json.loads(metrics.read_text())["loss"]
