@@ -373,12 +373,15 @@ def train_prm(
     reference_logprob: Optional[float] = None,
     last_tokens: Optional[int] = None,
     device: Optional[Device] = None,
+    trainer: str = "auto",
     max_batch_tokens: int = ...,
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> Dict[str, Any]:
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
     Hugging Face folder `out`, as `stepwise train-prm`; a folder with a run's state continues it.
-    `device="cuda"` trains on a GPU (every head). `valid_records` validates on a fixed held-out
+    `device="cuda"` trains on a GPU (every head). `trainer="packed"` trains on the packed
+    engine on the CPU too (bf16 autocast, each layer recomputed: bounded memory); `"autograd"` is
+    candle's f32 autograd (the CPU only); `"auto"` is packed on a GPU, autograd on the CPU. `valid_records` validates on a fixed held-out
     set instead of `valid_fraction` of `records`. `lr` defaults to 1e-5 to fine-tune a pretrained
     `base` (hidden size 512 or more, TRL's `PRMConfig` default) and to 1e-3 for a small base or
     a `config` shape. Returns steps, loss, tokens, tokens/s, the device and the final

@@ -20,7 +20,8 @@ fn score(model: &Path, input: &Path, output: &Path) {
 }
 
 /// `train-prm` writes a folder `score` reads back, for the classifier head and for the
-/// log-ratio head (whose reward.json names --base as the reference).
+/// log-ratio head (whose reward.json names --base as the reference), with either CPU trainer
+/// (candle's autograd, and the packed engine's).
 #[test]
 fn train_prm_folders_are_scored_by_score() {
     let d = tmp("train-prm");
@@ -36,17 +37,18 @@ fn train_prm_folders_are_scored_by_score() {
     let likelihood = ["--reference-logprob", "-0.5"];
     // A classifier trained with its own separator is scored with it (read from reward.json).
     let tagged = ["--separator", " ки"];
-    for (head, extra) in [
+    let runs = [
         ("classifier", &tagged[..]),
         ("log-ratio", &[][..]),
         ("log-ratio", &likelihood[..]),
-    ] {
+    ];
+    for (trainer, (head, extra)) in ["autograd", "packed"].into_iter().flat_map(|t| runs.map(|r| (t, r))) {
         let name = if head == "log-ratio" && !extra.is_empty() {
-            "likelihood"
+            format!("likelihood-{trainer}")
         } else {
-            head
+            format!("{head}-{trainer}")
         };
-        let out = d.join(name);
+        let out = d.join(&name);
         let args = [
             "train-prm",
             "--data",
@@ -63,6 +65,8 @@ fn train_prm_folders_are_scored_by_score() {
             "4",
             "--out",
             out.to_str().unwrap(),
+            "--trainer",
+            trainer,
         ];
         let said = stepwise(&[&args[..], &rest[..], extra].concat()).stderr;
         // No --lr: the small fixture base trains at 1e-3, and the log says so.
@@ -71,11 +75,17 @@ fn train_prm_folders_are_scored_by_score() {
             said.contains("learning rate 1e-3 (a small base (hidden size 64); --lr sets it)"),
             "{said}"
         );
+        let device = if trainer == "packed" {
+            "on cpu (packed engine)"
+        } else {
+            "on cpu in"
+        };
+        assert!(said.contains(device), "{name}: {said}");
         let spec: Value = serde_json::from_str(&std::fs::read_to_string(out.join("reward.json")).unwrap()).unwrap();
         if head == "classifier" {
             assert_eq!(spec, json!({"kind": "step_classifier", "separator": " ки"}));
         } else {
-            if name == "likelihood" {
+            if name.starts_with("likelihood") {
                 assert_eq!(spec["reference_logprob"], json!(-0.5));
                 assert!(spec.get("reference").is_none(), "{spec}");
             } else {

@@ -9,7 +9,7 @@ use common::fixtures;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
-use stepwise_model::packed_engine::{PackedTrainer, Reference, Targets};
+use stepwise_model::packed_engine::{Cpu, PackedTrainer, Reference, Targets, TrainBackend};
 use stepwise_model::train::{batch_loss, Example, Objective, VarMap};
 use stepwise_model::{Model, ModelConfig, Packed, Tokenizer};
 
@@ -258,8 +258,8 @@ fn lm_examples(n: usize, seed: u64) -> Vec<Example> {
 
 /// The loss of `objective` on `examples` and its gradients by checkpoint name from the packed
 /// trainer (the tokens' log-probabilities through the loss written for the packed engine).
-fn packed_token_gradients(
-    trainer: &mut PackedTrainer<Reference>,
+fn packed_token_gradients<B: TrainBackend>(
+    trainer: &mut PackedTrainer<B>,
     examples: &[Example],
     objective: Objective,
 ) -> (f32, HashMap<String, Vec<f32>>) {
@@ -391,6 +391,83 @@ fn packed_lm_training_lowers_the_loss_and_checkpoints() {
         assert_close_logprobs(a, b);
     }
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The packed trainer on the CPU backend (what `train-prm --trainer packed` runs on a CPU) gives
+/// the reference backend's loss and gradients on the same batch, for classifier heads and for a
+/// causal LM's next-token and log-ratio objectives (the vocabulary logits in chunks too), and
+/// its AdamW steps lower the loss as the reference's do. The two differ only in the order of
+/// their f32 sums (and so in a bf16 rounding here and there).
+#[test]
+fn the_cpu_backend_trains_as_the_reference() {
+    let close = |case: &str, (la, ga): (f32, HashMap<String, Vec<f32>>), (lb, gb): (f32, HashMap<String, Vec<f32>>)| {
+        assert!((la - lb).abs() <= 1e-3 * lb.abs().max(0.1), "{case}: loss {la} vs {lb}");
+        assert_eq!(ga.len(), gb.len(), "{case}");
+        for (name, want) in &gb {
+            let got = &ga[name];
+            let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let (c, ratio) = (cosine(got, want), norm(got) / norm(want).max(1e-30));
+            assert!(
+                c > 0.999 && (0.99..1.01).contains(&ratio),
+                "{case}: {name}: cosine {c}, norm ratio {ratio}"
+            );
+        }
+    };
+    for case in ["qwen2-prm", "qwen2-tokcls"] {
+        let dir = fixtures().join(case);
+        let (batch, targets) = packed(&examples(case));
+        let (mut a, mut b) = (cpu_trainer(&dir), reference_trainer(&dir));
+        let la = a.backward(&batch, Targets::Labels(&targets)).unwrap();
+        let lb = b.backward(&batch, Targets::Labels(&targets)).unwrap();
+        let (ga, gb) = (a.gradients().unwrap(), b.gradients().unwrap());
+        close(case, (la, ga.into_iter().collect()), (lb, gb.into_iter().collect()));
+        let mut losses = Vec::new();
+        for _ in 0..5 {
+            let (x, y) = (
+                a.step(&batch, Targets::Labels(&targets), 1e-3, 0.0, Some(1.0))
+                    .unwrap()
+                    .loss,
+                b.step(&batch, Targets::Labels(&targets), 1e-3, 0.0, Some(1.0))
+                    .unwrap()
+                    .loss,
+            );
+            losses.push((x, y));
+        }
+        let ((first, _), (last_cpu, last_ref)) = (losses[0], losses[4]);
+        assert!(
+            last_cpu < 0.9 * first && (last_cpu - last_ref).abs() < 0.05 * last_ref,
+            "{case}: {losses:?}"
+        );
+    }
+    let dir = fixtures().join("qwen2-policy");
+    let examples = lm_examples(6, 3);
+    let constant = stepwise_model::log_ratio::LogRatio {
+        beta: 1.0,
+        cumulative: false,
+        reference_logprob: Some(-0.5),
+        last_tokens: None,
+    };
+    for (case, objective, budget) in [
+        ("next token", Objective::Lm, None),
+        (
+            "log-ratio, logits in chunks",
+            Objective::LogRatio(constant),
+            Some(6 * 601 * 7),
+        ),
+    ] {
+        let (mut a, mut b) = (cpu_trainer(&dir), reference_trainer(&dir));
+        if let Some(bytes) = budget {
+            a.set_logits_budget(bytes).unwrap();
+            b.set_logits_budget(bytes).unwrap();
+        }
+        let ours = packed_token_gradients(&mut a, &examples, objective);
+        close(case, ours, packed_token_gradients(&mut b, &examples, objective));
+    }
+}
+
+/// The checkpoint folder `dir`'s model on the packed trainer, on the CPU backend.
+fn cpu_trainer(dir: &std::path::Path) -> PackedTrainer<Cpu> {
+    PackedTrainer::load(dir, ModelConfig::from_dir(dir).unwrap(), Arc::new(Cpu)).unwrap()
 }
 
 /// The checkpoint folder `dir`'s model on the packed trainer, on the reference backend.

@@ -16,7 +16,9 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// GAE advantage A from TD labels (`source.progress`) as the soft label (A + 1) / 2, a score s
 /// reading as A = 2s − 1. `device` is `auto`, `cpu` or `cuda[:N]`: on a GPU the packed
 /// engine trains every head (bf16 products with f32 sums, f32 master weights),
-/// batches of at most `max_batch_tokens` tokens. Progress and the run's last line go to stderr.
+/// batches of at most `max_batch_tokens` tokens; `trainer="packed"` trains on it on the CPU too
+/// (each layer recomputed in the backward: bounded memory), `"autograd"` with candle's f32
+/// autograd (the CPU only), `"auto"` packed on a GPU and autograd on the CPU. Progress and the run's last line go to stderr.
 /// Returns the run: steps, last loss, tokens and tokens/s in training steps, the device, and the
 /// final validation's loss, accuracy and AUROC (`None` without held-out solutions).
 /// `valid_records` (records or a path, as `records`) validates on a fixed held-out set instead
@@ -27,7 +29,7 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// >>> run = stepwise.train_prm(stepwise.read("labelled.jsonl"), "prm/", base="policy/", steps=300)
 /// >>> stepwise.PRM("prm/").score(question, steps)
 #[pyfunction]
-#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=None, batch_size=16, grad_accum=1, valid_fraction=0.1, valid_records=None, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=None, batch_size=16, grad_accum=1, valid_fraction=0.1, valid_records=None, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn train_prm<'py>(
     py: Python<'py>,
@@ -56,6 +58,7 @@ pub fn train_prm<'py>(
     reference_logprob: Option<f32>,
     last_tokens: Option<usize>,
     device: Option<&Bound<'py, PyAny>>,
+    trainer: &str,
     max_batch_tokens: usize,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -65,6 +68,9 @@ pub fn train_prm<'py>(
         )));
     }
     let placement = crate::convert::placement_arg(device)?;
+    let trainer = trainer
+        .parse()
+        .map_err(|e: anyhow::Error| crate::convert::value_error(format!("trainer: {e}")))?;
     let solutions = Given::of(records)?;
     let valid = valid_records.map(Given::of).transpose()?;
     // A model id (`org/name`) is found in, or downloaded into, the Hugging Face cache, as the
@@ -99,6 +105,7 @@ pub fn train_prm<'py>(
         seed,
         max_len,
         placement,
+        trainer,
         max_batch_tokens,
     };
     run.valid_solutions = without_gil(py, || valid.map(|v| v.read(target)).transpose())?;

@@ -17,6 +17,8 @@
 //! After the last layer only the rows read are normed and go through the head.
 
 mod backward;
+mod cpu;
+mod cpu_attention;
 mod decoding;
 mod layer;
 mod lm_head;
@@ -27,6 +29,7 @@ mod reference_train;
 pub(crate) mod train;
 mod train_backend;
 
+pub use cpu::Cpu;
 pub use decoding::PagedRows;
 pub use paged::{PagedCache, PagedSeq, BLOCK};
 pub use reference::Reference;

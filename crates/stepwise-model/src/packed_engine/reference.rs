@@ -22,6 +22,15 @@ pub(super) fn int(x: i32) -> usize {
     x as usize
 }
 
+/// `act[j] = bf16(silu(gate[j]) · up[j])` for one row `gu = [gate | up]`.
+pub(super) fn swiglu_row(gu: &[u16], act: &mut [u16]) {
+    let (gate, up) = gu.split_at(act.len());
+    for ((a, &g), &u) in act.iter_mut().zip(gate).zip(up) {
+        let (g, u) = (widen(g), widen(u));
+        *a = round(g / (1.0 + (-g).exp()) * u);
+    }
+}
+
 /// `y[r, c] = value(r, c)` over `rows × cols` (or `+=` with `accumulate`, f32 only; bf16
 /// rounded): where a product's output goes.
 pub(super) fn write_product(
@@ -234,13 +243,7 @@ impl Backend for Reference {
 
     fn swiglu(&self, gate_up: &Vec<u16>, act: &mut Vec<u16>, rows: usize, inter: usize) -> Result<()> {
         for r in 0..rows {
-            for j in 0..inter {
-                let (g, u) = (
-                    widen(gate_up[r * 2 * inter + j]),
-                    widen(gate_up[r * 2 * inter + inter + j]),
-                );
-                act[r * inter + j] = round(g / (1.0 + (-g).exp()) * u);
-            }
+            swiglu_row(&gate_up[r * 2 * inter..][..2 * inter], &mut act[r * inter..][..inter]);
         }
         Ok(())
     }

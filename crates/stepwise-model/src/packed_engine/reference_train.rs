@@ -101,14 +101,8 @@ impl TrainBackend for Reference {
         inter: usize,
     ) -> Result<()> {
         for r in 0..rows {
-            for j in 0..inter {
-                let (gi, ui) = (r * 2 * inter + j, r * 2 * inter + inter + j);
-                let (g, u) = (widen(gate_up[gi]), widen(gate_up[ui]));
-                let sig = 1.0 / (1.0 + (-g).exp());
-                let d = d_act[r * inter + j];
-                d_gate_up[gi] = round(d * u * sig * (1.0 + g * (1.0 - sig)));
-                d_gate_up[ui] = round(d * g * sig);
-            }
+            let gu = &gate_up[r * 2 * inter..][..2 * inter];
+            swiglu_backward_row(gu, &d_act[r * inter..][..inter], &mut d_gate_up[r * 2 * inter..][..2 * inter]);
         }
         Ok(())
     }
@@ -234,11 +228,7 @@ impl TrainBackend for Reference {
         vocab: usize,
     ) -> Result<()> {
         for r in 0..rows {
-            let row = &logits[r * vocab..][..vocab];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let l = max + row.iter().map(|&z| (z - max).exp()).sum::<f32>().ln();
-            lse[r] = l;
-            logp[r] = row[int(targets[r])] - l;
+            (logp[r], lse[r]) = token_logprob_row(&logits[r * vocab..][..vocab], int(targets[r]));
         }
         Ok(())
     }
@@ -254,12 +244,8 @@ impl TrainBackend for Reference {
         vocab: usize,
     ) -> Result<()> {
         for r in 0..rows {
-            let target = int(targets[r]);
-            let row = &logits[r * vocab..][..vocab];
-            for (j, (o, &z)) in d[r * vocab..][..vocab].iter_mut().zip(row).enumerate() {
-                let onehot = if j == target { 1.0 } else { 0.0 };
-                *o = round(coef[r] * (onehot - (z - lse[r]).exp()));
-            }
+            let (row, out) = (&logits[r * vocab..][..vocab], &mut d[r * vocab..][..vocab]);
+            token_logprob_grad_row(row, int(targets[r]), lse[r], coef[r], out);
         }
         Ok(())
     }
@@ -277,17 +263,51 @@ impl TrainBackend for Reference {
         n: usize,
         opt: AdamW,
     ) -> Result<()> {
-        let (c1, c2) = (
-            1.0 - opt.beta1.powi(opt.step as i32),
-            1.0 - opt.beta2.powi(opt.step as i32),
-        );
-        for i in 0..n {
-            let gi = g[i] * opt.grad_scale;
-            m[i] = opt.beta1 * m[i] + (1.0 - opt.beta1) * gi;
-            v[i] = opt.beta2 * v[i] + (1.0 - opt.beta2) * gi * gi;
-            let (mh, vh) = (m[i] / c1, v[i] / c2);
-            w[i] = w[i] * (1.0 - opt.lr * opt.weight_decay) - opt.lr * mh / (vh.sqrt() + opt.eps);
-        }
+        adamw_update(&mut w[..n], &g[..n], &mut m[..n], &mut v[..n], opt);
         Ok(())
+    }
+}
+
+/// Through SwiGLU for one row: `gu` the row's `[gate | up]`, `da` its output's gradient, into
+/// `dgu` (`[∂/∂gate | ∂/∂up]`, bf16).
+pub(super) fn swiglu_backward_row(gu: &[u16], da: &[f32], dgu: &mut [u16]) {
+    let inter = da.len();
+    let (dg, du) = dgu.split_at_mut(inter);
+    for j in 0..inter {
+        let (g, u) = (widen(gu[j]), widen(gu[inter + j]));
+        let sig = 1.0 / (1.0 + (-g).exp());
+        dg[j] = round(da[j] * u * sig * (1.0 + g * (1.0 - sig)));
+        du[j] = round(da[j] * g * sig);
+    }
+}
+
+/// One row of logits' log-probability of `target` and log-sum-exp.
+pub(super) fn token_logprob_row(row: &[f32], target: usize) -> (f32, f32) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let l = max + row.iter().map(|&z| (z - max).exp()).sum::<f32>().ln();
+    (row[target] - l, l)
+}
+
+/// One row of [`TrainBackend::token_logprobs_backward`]: `d[j] = bf16(coef · ([j = target] −
+/// exp(row[j] − lse)))`.
+pub(super) fn token_logprob_grad_row(row: &[f32], target: usize, lse: f32, coef: f32, d: &mut [u16]) {
+    for (j, (o, &z)) in d.iter_mut().zip(row).enumerate() {
+        let onehot = if j == target { 1.0 } else { 0.0 };
+        *o = round(coef * (onehot - (z - lse).exp()));
+    }
+}
+
+/// AdamW on the values of `w` (as [`TrainBackend::adamw`]), each by its own gradient and moments.
+pub(super) fn adamw_update(w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], opt: AdamW) {
+    let (c1, c2) = (
+        1.0 - opt.beta1.powi(opt.step as i32),
+        1.0 - opt.beta2.powi(opt.step as i32),
+    );
+    for i in 0..w.len() {
+        let gi = g[i] * opt.grad_scale;
+        m[i] = opt.beta1 * m[i] + (1.0 - opt.beta1) * gi;
+        v[i] = opt.beta2 * v[i] + (1.0 - opt.beta2) * gi * gi;
+        let (mh, vh) = (m[i] / c1, v[i] / c2);
+        w[i] = w[i] * (1.0 - opt.lr * opt.weight_decay) - opt.lr * mh / (vh.sqrt() + opt.eps);
     }
 }

@@ -359,12 +359,13 @@ pub fn train_packed<B: TrainBackend>(
     Ok(state)
 }
 
-/// [`train_packed`] on CUDA GPU `ordinal`, the model read from the checkpoint folder `dir`
-/// (bf16 copies on the device, f32 masters). A build without the `cuda` feature refuses.
+/// [`train_packed`] at `placement`: on CUDA GPU `n` (bf16 copies on the device, f32 masters;
+/// a build without the `cuda` feature refuses), or on the CPU backend ([`crate::packed_engine::Cpu`]),
+/// the model read from the checkpoint folder `dir`. The one place a packed run's device is opened.
 #[allow(clippy::too_many_arguments)]
-pub fn train_on_gpu(
+pub fn train_on_device(
     dir: &std::path::Path,
-    ordinal: usize,
+    placement: crate::Placement,
     train_set: &[Example],
     valid_set: &[Example],
     objective: Objective,
@@ -372,17 +373,27 @@ pub fn train_on_gpu(
     max_tokens: usize,
     on_step: impl FnMut(usize, f64),
 ) -> Result<TrainState> {
-    #[cfg(feature = "cuda")]
-    {
-        let gpu = crate::cuda::open(ordinal)?;
-        let config = crate::ModelConfig::from_dir(dir)?;
-        let mut trainer = PackedTrainer::load(dir, config, gpu)
-            .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
-        train_packed(&mut trainer, train_set, valid_set, objective, cfg, max_tokens, on_step)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (dir, train_set, valid_set, objective, cfg, max_tokens, on_step);
-        bail!("cuda:{ordinal}: this stepwise was built without CUDA")
+    let config = crate::ModelConfig::from_dir(dir)?;
+    match placement {
+        crate::Placement::Cuda(ordinal) => {
+            #[cfg(feature = "cuda")]
+            {
+                let gpu = crate::cuda::open(ordinal)?;
+                let mut trainer = PackedTrainer::load(dir, config, gpu)
+                    .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
+                train_packed(&mut trainer, train_set, valid_set, objective, cfg, max_tokens, on_step)
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = (config, train_set, valid_set, objective, cfg, max_tokens, on_step);
+                bail!("cuda:{ordinal}: this stepwise was built without CUDA")
+            }
+        }
+        _ => {
+            let cpu = std::sync::Arc::new(crate::packed_engine::Cpu);
+            let mut trainer = PackedTrainer::load(dir, config, cpu)
+                .with_context(|| format!("loading {} to train on the CPU", dir.display()))?;
+            train_packed(&mut trainer, train_set, valid_set, objective, cfg, max_tokens, on_step)
+        }
     }
 }

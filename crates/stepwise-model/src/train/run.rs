@@ -3,7 +3,7 @@
 //! The CLI's `stepwise train-prm` and Python's `stepwise.train_prm` both run it.
 
 use super::examples::{LabelOptions, Neutral};
-use super::packed::train_on_gpu;
+use super::packed::train_on_device;
 use super::verifier::{Start, VerifierHead, VerifierSpec};
 use super::{evaluate, train, Example, Metrics, TrainConfig, TrainState, VarMap};
 use crate::log_ratio::LogRatio;
@@ -62,6 +62,8 @@ pub struct TrainPrm {
     pub max_len: usize,
     /// Where it trains: the CPU, or a CUDA GPU.
     pub placement: Placement,
+    /// Which trainer: candle's autograd (the CPU only) or the packed engine's (any device).
+    pub trainer: Trainer,
     /// On a GPU, the most tokens in one batch.
     pub max_batch_tokens: usize,
 }
@@ -92,8 +94,49 @@ impl Default for TrainPrm {
             seed: 0,
             max_len: 512,
             placement: Placement::Cpu,
+            trainer: Trainer::Auto,
             max_batch_tokens: crate::scoring::DEFAULT_MAX_BATCH_TOKENS,
         }
+    }
+}
+
+/// Which trainer a run uses (`--trainer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Trainer {
+    /// The packed engine's on a GPU, candle's autograd on the CPU.
+    #[default]
+    Auto,
+    /// candle's autograd in f32 (the CPU only): every operation's buffers are kept for the
+    /// backward, so memory grows with batch size × sequence length × layers.
+    Autograd,
+    /// The packed engine's trainer on the run's device: bf16 products with f32 sums and f32
+    /// master weights (PyTorch's bf16 autocast), each layer recomputed in the backward, so memory
+    /// holds the weights, AdamW's state and one layer's activations.
+    Packed,
+}
+
+impl std::str::FromStr for Trainer {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => Trainer::Auto,
+            "autograd" => Trainer::Autograd,
+            "packed" => Trainer::Packed,
+            other => bail!("unknown trainer `{other}`: use auto, autograd or packed"),
+        })
+    }
+}
+
+impl Trainer {
+    /// Whether a run placed at `placement` trains on the packed engine; autograd on a GPU is refused.
+    fn packed_at(self, placement: Placement) -> Result<bool> {
+        Ok(match (self, placement) {
+            (Trainer::Autograd, Placement::Cuda(_)) => {
+                bail!("--trainer autograd runs on the CPU only: on a GPU the packed engine trains")
+            }
+            (Trainer::Autograd, _) | (Trainer::Auto, Placement::Cpu | Placement::Auto) => false,
+            (Trainer::Packed, _) | (Trainer::Auto, Placement::Cuda(_)) => true,
+        })
     }
 }
 
@@ -220,6 +263,7 @@ fn train_into(
         bail!("--head log-ratio needs --base (the LM to fine-tune; also the reference unless --reference-logprob)");
     }
     let placement = a.placement.resolve()?;
+    let packed = a.trainer.packed_at(placement)?;
     let spec = VerifierSpec {
         head,
         start,
@@ -266,15 +310,14 @@ fn train_into(
     }
     let relative_base = reference_from_out(a, against_base)?;
     spec.reward_spec(relative_base.as_deref()).save(&a.out)?;
-    let (state, metrics, device) = match placement {
-        Placement::Cuda(ordinal) => {
-            let (state, metrics) = on_gpu(a, ordinal, &spec, &train_set, &valid_set, on_step)?;
-            (state, metrics, format!("cuda:{ordinal}"))
-        }
-        _ => {
-            let (state, metrics) = on_cpu(a, &spec, &train_set, &valid_set, on_step)?;
-            (state, metrics, "cpu".to_string())
-        }
+    let (state, metrics) = match packed {
+        true => on_packed(a, placement, &spec, &train_set, &valid_set, on_step)?,
+        false => on_cpu(a, &spec, &train_set, &valid_set, on_step)?,
+    };
+    let device = match placement {
+        Placement::Cuda(ordinal) => format!("cuda:{ordinal}"),
+        _ if packed => "cpu (packed engine)".to_string(),
+        _ => "cpu".to_string(),
     };
     for f in ["tokenizer.json", "tokenizer_config.json"].map(|f| tok_dir.join(f)) {
         if f.exists() {
@@ -421,13 +464,13 @@ fn train_config(a: &TrainPrm, keep_best: bool) -> TrainConfig {
     }
 }
 
-/// Training on CUDA GPU `ordinal` with the packed engine's trainer: from `base` when that
+/// Training at `placement` (a CUDA GPU or the CPU) with the packed engine's trainer: from `base` when that
 /// already has the verifier's head, else from the verifier built here and written to `out`
 /// first (a fresh shape, a new head); a folder with a run's state continues it. Returns the
 /// state and the last validation.
-fn on_gpu(
+fn on_packed(
     a: &TrainPrm,
-    ordinal: usize,
+    placement: Placement,
     spec: &VerifierSpec,
     train_set: &[Example],
     valid_set: &[Example],
@@ -449,9 +492,9 @@ fn on_gpu(
     };
     let cfg = train_config(a, false);
     let objective = spec.objective();
-    let state = train_on_gpu(
+    let state = train_on_device(
         &start,
-        ordinal,
+        placement,
         train_set,
         valid_set,
         objective,

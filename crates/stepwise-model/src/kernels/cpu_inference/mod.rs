@@ -35,6 +35,35 @@ use candle_core::{CpuStorage, Layout, Storage, Tensor};
 use rows::{matmul_t, rms_norm_rows, rotate, Rows, SwiGluRows};
 use std::sync::RwLockReadGuard;
 
+/// `dst = a · wᵀ` (or `+=` with `accumulate`) for `a` `[m, k]` and `w` `[n, k]`, both
+/// contiguous, `dst` `[m, n]`: the kernels of the inference forward (AVX-512 tiles, bf16
+/// products where `w` asks for them and the CPU can, else gemm's), on the whole thread pool when
+/// `threads`, else on this thread. For the packed engine's CPU backend.
+pub(crate) fn product(
+    dst: &mut [f32],
+    a: &[f32],
+    w: WeightSlice,
+    (m, n, k): (usize, usize, usize),
+    accumulate: bool,
+    threads: bool,
+) {
+    assert!(dst.len() >= m * n && a.len() >= m * k && w.len() >= n * k, "product of [{m}, {k}] by [{n}, {k}]");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return;
+    }
+    let parallelism = match threads {
+        true => gemm::Parallelism::Rayon(rayon::current_num_threads()),
+        false => gemm::Parallelism::None,
+    };
+    matmul_t(Rows::new(&mut dst[..m * n], n, n), &a[..m * k], k, w.slice(0..n * k), accumulate, parallelism);
+}
+
 /// The sizes of the decoder.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Dims {

@@ -1,0 +1,479 @@
+//! [`Cpu`]: the packed engine on the CPU at speed, so that what a GPU trains with trains on a CPU
+//! too: bf16 operands with f32 sums (PyTorch's bf16 autocast), each layer recomputed in the
+//! backward, so memory holds the weights, AdamW's state and one layer's activations, not every
+//! operation's buffers as candle's autograd does.
+//!
+//! Its buffers are [`Reference`]'s (host vectors) and so is the arithmetic of every kernel; the
+//! products and attention run in the inference forward's kernels
+//! ([`crate::kernels::cpu_inference::product`]: AVX-512 tiles, bf16 products where the CPU has
+//! them, else gemm's) on the thread pool, and the element-wise kernels that cost more than a
+//! pass over memory (SwiGLU's, the vocabulary's log-probabilities, AdamW) run in parallel. The
+//! rest is [`Reference`]'s own code. Tests check each kernel and whole training steps against
+//! [`Reference`].
+
+use super::cpu_attention;
+use super::reference::{round, swiglu_row, widen};
+use super::reference_train::{adamw_update, swiglu_backward_row, token_logprob_grad_row, token_logprob_row};
+use super::train_backend::{AdamW, TrainBackend};
+use super::{Backend, BatchInts, Out, PagedInts, Reference};
+use crate::kernels::cpu_inference::product;
+use crate::kernels::weights::WeightSlice;
+use anyhow::{ensure, Result};
+use half::slice::HalfBitsSliceExt;
+use rayon::prelude::*;
+
+/// The packed engine's CPU backend (see the module's documentation).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Cpu;
+
+/// Values a parallel task of an element-wise kernel takes.
+const CHUNK: usize = 1 << 16;
+
+/// `v` widened to f32.
+fn widened(v: &[u16]) -> Vec<f32> {
+    v.par_chunks(CHUNK).flat_map_iter(|c| c.iter().map(|&b| widen(b))).collect()
+}
+
+/// `src` `[rows, cols]` transposed to `[cols, rows]`, in blocks that stay in cache.
+pub(super) fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
+    const B: usize = 32;
+    let mut out = vec![T::default(); rows * cols];
+    out.par_chunks_mut(B * rows).enumerate().for_each(|(cb, block)| {
+        let c0 = cb * B;
+        let width = block.len() / rows.max(1);
+        for r0 in (0..rows).step_by(B) {
+            for c in 0..width {
+                for r in r0..(r0 + B).min(rows) {
+                    block[c * rows + r] = src[r * cols + c0 + c];
+                }
+            }
+        }
+    });
+    out
+}
+
+/// bf16 values as the kernels take them (multiplied in bf16 where the CPU can: every operand of
+/// the packed engine's products is bf16 already, so this rounds nothing).
+fn bf16_weight(v: &[u16]) -> WeightSlice<'_> {
+    WeightSlice::bf16(v.reinterpret_cast(), true)
+}
+
+/// `y (+)= a · wᵀ` for `a` f32 `[rows, k]` and `w` bf16 `[n, k]`, into `y` as [`Out`] asks.
+fn product_into(y: Out<'_, Cpu>, a: &[f32], w: &[u16], (rows, n, k): (usize, usize, usize), accumulate: bool) -> Result<()> {
+    ensure!(w.len() >= n * k, "a weight of {} values for [{n}, {k}]", w.len());
+    match y {
+        Out::F32(y) => {
+            ensure!(y.len() >= rows * n, "writing past a buffer's end");
+            product(y, a, bf16_weight(&w[..n * k]), (rows, n, k), accumulate, true);
+        }
+        Out::Bf16(y) => {
+            ensure!(!accumulate, "a bf16 product is written, never added to");
+            ensure!(y.len() >= rows * n, "writing past a buffer's end");
+            let mut f = vec![0f32; rows * n];
+            product(&mut f, a, bf16_weight(&w[..n * k]), (rows, n, k), false, true);
+            y[..rows * n]
+                .par_chunks_mut(CHUNK)
+                .zip(f.par_chunks(CHUNK))
+                .for_each(|(y, f)| y.iter_mut().zip(f).for_each(|(y, &f)| *y = round(f)));
+        }
+    }
+    Ok(())
+}
+
+/// A paged batch's integers as [`Reference`] takes them (the same host vectors).
+fn as_reference(meta: &PagedInts<Cpu>) -> PagedInts<Reference> {
+    PagedInts {
+        positions: meta.positions.clone(),
+        seq_of_row: meta.seq_of_row.clone(),
+        slots: meta.slots.clone(),
+        block_table: meta.block_table.clone(),
+        max_blocks: meta.max_blocks,
+        read: meta.read.clone(),
+    }
+}
+
+/// Bytes of memory available and in all (`/proc/meminfo`; a nominal 1 GiB where it cannot be read).
+fn host_memory() -> (usize, usize) {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+            .map(|kb| kb * 1024)
+    };
+    match (field("MemAvailable:"), field("MemTotal:")) {
+        (Some(free), Some(total)) => (free, total),
+        _ => (1 << 30, 1 << 30),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+impl Backend for Cpu {
+    type F32 = Vec<f32>;
+    type Bf16 = Vec<u16>;
+    type I32 = Vec<i32>;
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn memory(&self) -> Result<(usize, usize)> {
+        Ok(host_memory())
+    }
+
+    fn zeros_f32(&self, n: usize) -> Result<Vec<f32>> {
+        Reference.zeros_f32(n)
+    }
+
+    fn zeros_bf16(&self, n: usize) -> Result<Vec<u16>> {
+        Reference.zeros_bf16(n)
+    }
+
+    fn upload_f32(&self, host: &[f32]) -> Result<Vec<f32>> {
+        Reference.upload_f32(host)
+    }
+
+    fn upload_i32(&self, host: &[i32]) -> Result<Vec<i32>> {
+        Reference.upload_i32(host)
+    }
+
+    fn write_f32(&self, buf: &mut Vec<f32>, at: usize, host: &[f32]) -> Result<()> {
+        Reference.write_f32(buf, at, host)
+    }
+
+    fn write_bf16(&self, buf: &mut Vec<u16>, at: usize, host: &[u16]) -> Result<()> {
+        Reference.write_bf16(buf, at, host)
+    }
+
+    fn read_f32(&self, buf: &Vec<f32>, n: usize) -> Result<Vec<f32>> {
+        Reference.read_f32(buf, n)
+    }
+
+    fn len_f32(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+
+    fn len_bf16(&self, buf: &Vec<u16>) -> usize {
+        buf.len()
+    }
+
+    fn embed(&self, table: &Vec<u16>, ids: &Vec<i32>, x: &mut Vec<f32>, rows: usize, hidden: usize) -> Result<()> {
+        Reference.embed(table, ids, x, rows, hidden)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        rows: Option<&Vec<i32>>,
+        w: &Vec<f32>,
+        out: &mut Vec<u16>,
+        n: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<()> {
+        Reference.rms_norm(x, rows, w, out, n, hidden, eps)
+    }
+
+    fn gemm(
+        &self,
+        x: &Vec<u16>,
+        w: &Vec<u16>,
+        y: Out<'_, Self>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        ensure!(x.len() >= rows * k, "reading past a buffer's end");
+        product_into(y, &widened(&x[..rows * k]), w, (rows, n, k), accumulate)
+    }
+
+    fn bias_rope(
+        &self,
+        y: &Vec<f32>,
+        bias: Option<&Vec<f32>>,
+        cos: &Vec<f32>,
+        sin: &Vec<f32>,
+        positions: &Vec<i32>,
+        qkv: &mut Vec<u16>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        Reference.bias_rope(y, bias, cos, sin, positions, qkv, rows, heads, kv_heads, head_dim)
+    }
+
+    fn attention(
+        &self,
+        qkv: &Vec<u16>,
+        out: &mut Vec<u16>,
+        batch: &BatchInts<Self>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let shape = cpu_attention::Shape::new(&batch.offsets, rows, heads, kv_heads, head_dim)?;
+        cpu_attention::forward(qkv, out, &shape)
+    }
+
+    fn swiglu(&self, gate_up: &Vec<u16>, act: &mut Vec<u16>, rows: usize, inter: usize) -> Result<()> {
+        ensure!(gate_up.len() >= rows * 2 * inter && act.len() >= rows * inter, "a buffer too short");
+        act[..rows * inter]
+            .par_chunks_mut(inter)
+            .zip(gate_up.par_chunks(2 * inter))
+            .for_each(|(act, gu)| swiglu_row(gu, act));
+        Ok(())
+    }
+
+    fn bias_relu(&self, y: &Vec<f32>, bias: &Vec<f32>, out: &mut Vec<u16>, rows: usize, width: usize) -> Result<()> {
+        Reference.bias_relu(y, bias, out, rows, width)
+    }
+
+    fn add_bias(&self, y: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
+        Reference.add_bias(y, bias, rows, width)
+    }
+
+    fn gather_rows(&self, src: &Vec<u16>, idx: &Vec<i32>, dst: &mut Vec<u16>, n: usize, width: usize) -> Result<()> {
+        Reference.gather_rows(src, idx, dst, n, width)
+    }
+
+    fn cache_write(
+        &self,
+        qkv: &Vec<u16>,
+        k: &mut Vec<u16>,
+        v: &mut Vec<u16>,
+        slots: &Vec<i32>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        Reference.cache_write(qkv, k, v, slots, rows, heads, kv_heads, head_dim)
+    }
+
+    fn paged_attention(
+        &self,
+        qkv: &Vec<u16>,
+        k: &Vec<u16>,
+        v: &Vec<u16>,
+        out: &mut Vec<u16>,
+        meta: &PagedInts<Self>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        Reference.paged_attention(qkv, k, v, out, &as_reference(meta), rows, heads, kv_heads, head_dim)
+    }
+
+    fn copy_block(&self, buf: &mut Vec<u16>, src: usize, dst: usize, block_values: usize) -> Result<()> {
+        Reference.copy_block(buf, src, dst, block_values)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+impl TrainBackend for Cpu {
+    fn copy_f32(&self, src: &Vec<f32>, dst: &mut Vec<f32>, n: usize) -> Result<()> {
+        Reference.copy_f32(src, dst, n)
+    }
+
+    fn round_bf16(&self, src: &Vec<f32>, dst: &mut Vec<u16>, at: usize, n: usize) -> Result<()> {
+        ensure!(at + n <= dst.len() && n <= src.len(), "writing past a buffer's end");
+        dst[at..at + n]
+            .par_chunks_mut(CHUNK)
+            .zip(src[..n].par_chunks(CHUNK))
+            .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = round(s)));
+        Ok(())
+    }
+
+    fn zero_f32(&self, buf: &mut Vec<f32>, n: usize) -> Result<()> {
+        Reference.zero_f32(buf, n)
+    }
+
+    fn gemm_nn(
+        &self,
+        dy: &Vec<u16>,
+        w: &Vec<u16>,
+        dx: Out<'_, Self>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        ensure!(dy.len() >= rows * n && w.len() >= n * k, "reading past a buffer's end");
+        // dx = dy · w = dy · (wᵀ)ᵀ: the product kernels take the weight as [k, n].
+        let wt = transposed(&w[..n * k], n, k);
+        product_into(dx, &widened(&dy[..rows * n]), &wt, (rows, k, n), accumulate)
+    }
+
+    fn gemm_weight_grad(
+        &self,
+        dy: &Vec<u16>,
+        x: &Vec<u16>,
+        dw: &mut Vec<f32>,
+        rows: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        ensure!(dy.len() >= rows * n && x.len() >= rows * k, "reading past a buffer's end");
+        // dw += dyᵀ · x = dyᵀ · (xᵀ)ᵀ: rows are the products' depth.
+        let dyt = widened(&transposed(&dy[..rows * n], rows, n));
+        let xt = transposed(&x[..rows * k], rows, k);
+        product_into(Out::F32(dw), &dyt, &xt, (n, k, rows), true)
+    }
+
+    fn column_sums(&self, dy: &Vec<f32>, db: &mut Vec<f32>, rows: usize, width: usize) -> Result<()> {
+        Reference.column_sums(dy, db, rows, width)
+    }
+
+    fn rms_norm_backward(
+        &self,
+        x: &Vec<f32>,
+        rows: Option<&Vec<i32>>,
+        w: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        dw: &mut Vec<f32>,
+        n: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<()> {
+        Reference.rms_norm_backward(x, rows, w, dy, dx, dw, n, hidden, eps)
+    }
+
+    fn swiglu_backward(
+        &self,
+        gate_up: &Vec<u16>,
+        d_act: &Vec<f32>,
+        d_gate_up: &mut Vec<u16>,
+        rows: usize,
+        inter: usize,
+    ) -> Result<()> {
+        ensure!(
+            gate_up.len() >= rows * 2 * inter && d_gate_up.len() >= rows * 2 * inter && d_act.len() >= rows * inter,
+            "a buffer too short"
+        );
+        d_gate_up[..rows * 2 * inter]
+            .par_chunks_mut(2 * inter)
+            .zip(gate_up.par_chunks(2 * inter))
+            .zip(d_act.par_chunks(inter))
+            .for_each(|((dgu, gu), da)| swiglu_backward_row(gu, da, dgu));
+        Ok(())
+    }
+
+    fn relu_backward(&self, out: &Vec<u16>, d: &mut Vec<f32>, n: usize) -> Result<()> {
+        Reference.relu_backward(out, d, n)
+    }
+
+    fn rope_backward(
+        &self,
+        d_qkv: &Vec<f32>,
+        cos: &Vec<f32>,
+        sin: &Vec<f32>,
+        positions: &Vec<i32>,
+        dy: &mut Vec<u16>,
+        d_bias: Option<&mut Vec<f32>>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        Reference.rope_backward(d_qkv, cos, sin, positions, dy, d_bias, rows, heads, kv_heads, head_dim)
+    }
+
+    fn attention_backward(
+        &self,
+        qkv: &Vec<u16>,
+        d_out: &Vec<u16>,
+        d_qkv: &mut Vec<f32>,
+        batch: &BatchInts<Self>,
+        rows: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let shape = cpu_attention::Shape::new(&batch.offsets, rows, heads, kv_heads, head_dim)?;
+        cpu_attention::backward(qkv, d_out, d_qkv, &shape)
+    }
+
+    fn embed_backward(
+        &self,
+        ids: &Vec<i32>,
+        dx: &Vec<f32>,
+        d_table: &mut Vec<f32>,
+        rows: usize,
+        hidden: usize,
+    ) -> Result<()> {
+        Reference.embed_backward(ids, dx, d_table, rows, hidden)
+    }
+
+    fn token_logprobs(
+        &self,
+        logits: &Vec<f32>,
+        targets: &Vec<i32>,
+        logp: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        ensure!(logits.len() >= rows * vocab && targets.len() >= rows, "a buffer too short");
+        let each: Vec<(f32, f32)> = logits[..rows * vocab]
+            .par_chunks(vocab)
+            .zip(&targets[..rows])
+            .map(|(row, &t)| token_logprob_row(row, t as usize))
+            .collect();
+        for (r, (p, l)) in each.into_iter().enumerate() {
+            logp[r] = p;
+            lse[r] = l;
+        }
+        Ok(())
+    }
+
+    fn token_logprobs_backward(
+        &self,
+        logits: &Vec<f32>,
+        targets: &Vec<i32>,
+        lse: &Vec<f32>,
+        coef: &Vec<f32>,
+        d: &mut Vec<u16>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        ensure!(logits.len() >= rows * vocab && d.len() >= rows * vocab, "a buffer too short");
+        d[..rows * vocab]
+            .par_chunks_mut(vocab)
+            .zip(logits.par_chunks(vocab))
+            .enumerate()
+            .for_each(|(r, (d, row))| token_logprob_grad_row(row, targets[r] as usize, lse[r], coef[r], d));
+        Ok(())
+    }
+
+    fn sum_squares(&self, g: &Vec<f32>, n: usize) -> Result<f64> {
+        Ok(g[..n]
+            .par_chunks(CHUNK)
+            .map(|c| c.iter().map(|&v| v as f64 * v as f64).sum::<f64>())
+            .sum())
+    }
+
+    fn adamw(
+        &self,
+        w: &mut Vec<f32>,
+        g: &Vec<f32>,
+        m: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+        n: usize,
+        opt: AdamW,
+    ) -> Result<()> {
+        ensure!(w.len() >= n && g.len() >= n && m.len() >= n && v.len() >= n, "a buffer too short");
+        // Reference's update value for value, a chunk of values a task.
+        w[..n]
+            .par_chunks_mut(CHUNK)
+            .zip(m[..n].par_chunks_mut(CHUNK))
+            .zip(v[..n].par_chunks_mut(CHUNK))
+            .zip(g[..n].par_chunks(CHUNK))
+            .for_each(|(((w, m), v), g)| adamw_update(w, g, m, v, opt));
+        Ok(())
+    }
+}
