@@ -44,6 +44,9 @@ p.add_argument("--max-batch-tokens", type=int, default=16384)
 p.add_argument("--max-len", type=int, default=2048)
 p.add_argument("--separator", default="\n")
 p.add_argument("--seed", type=int, default=0)
+p.add_argument("--gradient-checkpointing", action="store_true",
+               help="recompute each layer in the backward (transformers' gradient checkpointing), as "
+                    "stepwise's packed trainer does: less memory, about a third more products")
 p.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a dry run of the script)")
 p.add_argument("--objective", default="classify", choices=["classify", "log-ratio"])
 p.add_argument("--beta", type=float, default=1.0)
@@ -101,6 +104,8 @@ else:
     torch.nn.init.normal_(score.weight, std=0.02)
     torch.nn.init.zeros_(score.bias)
     score = score.to(dev)
+if a.gradient_checkpointing:
+    body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 h = body.config.hidden_size
 params = list({id(q): q for q in list(body.parameters()) + list(score.parameters())}.values())
 opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
@@ -231,7 +236,7 @@ if valid_end is not None:
     history.append((a.steps, valid_end))
 result = {
     "engine": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__
-    + ", f32 master weights, bf16 autocast",
+    + ", f32 master weights, bf16 autocast" + (", gradient checkpointing" if a.gradient_checkpointing else ""),
     "objective": a.objective,
     "steps": a.steps,
     "tokens": tokens,

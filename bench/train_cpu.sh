@@ -8,7 +8,8 @@
 #
 #   PYTHON=/path/to/venv/bin/python bash bench/train_cpu.sh        (torch, transformers, safetensors)
 #
-# Environment: STEPS (default 2), BATCHES (default "1 8"), WORK (default /tmp/train_cpu),
+# The peer runs as it is and with gradient checkpointing (each layer recomputed, as stepwise's
+# packed trainer does). Environment: STEPS (default 2), BATCHES (default "1 8"), WORK (default /tmp/train_cpu),
 # AUTOGRAD_BATCHES (default "1": candle's autograd ran out of 24 GB at batch 16), OUT (the JSON,
 # default $WORK/train_cpu.json).
 set -uo pipefail
@@ -45,6 +46,9 @@ for b in $BATCHES; do
         --device cpu --trainer packed "${flags[@]}" --batch-size "$b" --valid-fraction 0 --stop-at-first-bad
     run "torch-b$b" "$PY" bench/gpu_train.py "$W/prm-0.5b" "$W/train.json" "$W/torch-b$b.json" "${flags[@]}" \
         --batch-size "$b" --device cpu
+    # The peer with each layer recomputed too (transformers' gradient checkpointing).
+    run "torch-ckpt-b$b" "$PY" bench/gpu_train.py "$W/prm-0.5b" "$W/train.json" "$W/torch-ckpt-b$b.json" \
+        "${flags[@]}" --batch-size "$b" --device cpu --gradient-checkpointing
 done
 python3 - "$W" "$OUT" <<'EOF'
 import json, re, sys

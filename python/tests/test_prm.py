@@ -120,12 +120,16 @@ def test_errors_carry_the_rust_message(fixtures, tmp_path):
             stepwise.PRM(str(fixtures / "qwen2-prm"), device="cuda")
 
 
-def test_train_prm_writes_a_prm_that_scores_and_resumes(fixtures, processbench, tmp_path):
+@pytest.mark.parametrize("trainer", ["autograd", "packed"])
+def test_train_prm_writes_a_prm_that_scores_and_resumes(fixtures, processbench, tmp_path, trainer):
+    """Either CPU trainer (candle's autograd, or the packed engine's) writes a PRM that scores,
+    and continues its run on the same folder."""
     records = short(stepwise.read(str(processbench)), n=12)
     out = tmp_path / "prm"
     run = stepwise.train_prm(records, out, base=fixtures / "qwen2-prm", steps=6, lr=1e-3, batch_size=4,
-                             valid_fraction=0.25, device="cpu")
-    assert (run["steps"], run["device"]) == (6, "cpu")
+                             valid_fraction=0.25, device="cpu", trainer=trainer)
+    device = {"autograd": "cpu", "packed": "cpu (packed engine)"}[trainer]
+    assert (run["steps"], run["device"]) == (6, device)
     assert run["tokens"] > 0 and run["tokens_per_s"] > 0
     assert run["train_sequences"] + run["valid_sequences"] == 12 and run["valid_sequences"] > 0
     assert set(run["metrics"]) == {"loss", "accuracy", "auroc"}
@@ -136,7 +140,7 @@ def test_train_prm_writes_a_prm_that_scores_and_resumes(fixtures, processbench, 
     path = tmp_path / "records.jsonl"
     stepwise.write(records, str(path))
     again = stepwise.train_prm(str(path), out, base=fixtures / "qwen2-prm", steps=8, lr=1e-3, batch_size=4,
-                               valid_fraction=0.25, device="cpu")
+                               valid_fraction=0.25, device="cpu", trainer=trainer)
     assert again["steps"] == 8
 
 
@@ -156,6 +160,8 @@ def test_train_prm_validates_on_fixed_records(fixtures, processbench, tmp_path):
 def test_train_prm_refuses_bad_arguments(fixtures, tmp_path):
     with pytest.raises(ValueError, match="unknown device"):
         stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", device="tpu")
+    with pytest.raises(ValueError, match="unknown trainer"):
+        stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", trainer="jax", device="cpu")
     with pytest.raises(stepwise.StepwiseError, match="unknown --head"):
         stepwise.train_prm([], tmp_path / "x", base=fixtures / "qwen2-prm", head="tree", device="cpu")
     with pytest.raises(stepwise.StepwiseError, match="the learning rate must be a positive number"):

@@ -114,7 +114,7 @@ fn train_prm_folders_are_scored_by_score() {
                 json!({"kind": "step_classifier", "separator": "\n"}).to_string(),
             )
             .unwrap();
-            let other = d.join("newline.jsonl");
+            let other = d.join(format!("newline-{trainer}.jsonl"));
             stepwise(&[
                 "score",
                 "--model",

@@ -289,7 +289,7 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
     }
 
     fn save(&self, dir: &Path) -> Result<()> {
-        save_training_checkpoint(dir, &self.trainer.decoder.config, &self.trainer.varmap()?)?;
+        self.trainer.save_checkpoint(dir)?;
         self.trainer.save_optimizer(&dir.join(OPTIM))
     }
 

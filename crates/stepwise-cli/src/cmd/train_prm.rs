@@ -23,9 +23,13 @@ With --reference-logprob L the reference is a constant instead (every token at l
 verifier's reference log-probabilities computed there too): bf16 products with f32 sums, f32 master weights, \
 AdamW, batches of at most --max-batch-tokens tokens (and --batch-size solutions), the LM head's vocabulary \
 logits a chunk of rows at a time. The last line gives tokens/s in training steps on either device. \
-On an H200 a 0.5B PRM trained at batch 16 in 12.5 GiB. On the CPU (candle's autograd, every op's buffers kept) \
-memory grows with --batch-size × solution length: one 792-token solution of a 0.5B PRM took 16 GB and 47 s a \
-step on two cores; there, train small models, or a 0.5B at --batch-size 1 with --grad-accum N.
+On an H200 a 0.5B PRM trained at batch 16 in 12.5 GiB.
+
+On the CPU the default trainer is candle's autograd (f32; every op's buffers kept, so memory grows with \
+--batch-size × solution length: 19.7 GiB and 26 tokens/s for one 871-token solution of a 0.5B PRM on two Zen 4 \
+cores). --trainer packed runs the GPU's packed trainer on the CPU instead (bf16 products with f32 sums, each layer \
+recomputed): 56 tokens/s in 10.5 GiB at batch 1 (PyTorch's bf16 autocast: 57 in 11.1), and 57 in 13.8 GiB at \
+batch 8, where PyTorch ran out of 24 GB (bench/train_cpu.sh). Use it to fine-tune a pretrained base on a CPU.
 
 Examples:
   stepwise train-prm --data labeled.jsonl --base fixtures/hf-tiny/qwen2-policy --out prm/
@@ -40,6 +44,9 @@ Examples:
       --reference-logprob -0.5 --separator '|' --out prm/
   stepwise train-prm --data processbench/gsm8k.json --base Qwen/Qwen2.5-Math-PRM-7B \\
       --stop-at-first-bad --device cuda --out prm/
+  # a 0.5B base on the CPU, in bounded memory
+  stepwise train-prm --data labeled.jsonl --base Qwen/Qwen2.5-0.5B --trainer packed \\
+      --device cpu --batch-size 8 --out prm/
   # a fixed validation set
   stepwise train-prm --data prm800k.jsonl --valid-data processbench/math.json --base policy/ \\
       --out prm/"

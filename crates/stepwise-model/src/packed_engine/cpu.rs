@@ -107,11 +107,67 @@ fn host_memory() -> (usize, usize) {
     }
 }
 
+/// Methods of [`Backend`] or [`TrainBackend`] that run as [`Reference`]'s own, one
+/// `name(arg: Type, ..) -> Return;` each (element-wise passes over memory).
+macro_rules! as_reference {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> $ret {
+            Reference.$name($($arg),*)
+        })*
+    };
+}
+
 #[allow(clippy::too_many_arguments)]
 impl Backend for Cpu {
     type F32 = Vec<f32>;
     type Bf16 = Vec<u16>;
     type I32 = Vec<i32>;
+
+    as_reference! {
+        zeros_f32(n: usize) -> Result<Vec<f32>>;
+        zeros_bf16(n: usize) -> Result<Vec<u16>>;
+        upload_f32(host: &[f32]) -> Result<Vec<f32>>;
+        upload_i32(host: &[i32]) -> Result<Vec<i32>>;
+        write_f32(buf: &mut Vec<f32>, at: usize, host: &[f32]) -> Result<()>;
+        write_bf16(buf: &mut Vec<u16>, at: usize, host: &[u16]) -> Result<()>;
+        read_f32(buf: &Vec<f32>, n: usize) -> Result<Vec<f32>>;
+        embed(table: &Vec<u16>, ids: &Vec<i32>, x: &mut Vec<f32>, rows: usize, hidden: usize) -> Result<()>;
+        rms_norm(
+            x: &Vec<f32>,
+            rows: Option<&Vec<i32>>,
+            w: &Vec<f32>,
+            out: &mut Vec<u16>,
+            n: usize,
+            hidden: usize,
+            eps: f32
+        ) -> Result<()>;
+        bias_rope(
+            y: &Vec<f32>,
+            bias: Option<&Vec<f32>>,
+            cos: &Vec<f32>,
+            sin: &Vec<f32>,
+            positions: &Vec<i32>,
+            qkv: &mut Vec<u16>,
+            rows: usize,
+            heads: usize,
+            kv_heads: usize,
+            head_dim: usize
+        ) -> Result<()>;
+        bias_relu(y: &Vec<f32>, bias: &Vec<f32>, out: &mut Vec<u16>, rows: usize, width: usize) -> Result<()>;
+        add_bias(y: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, width: usize) -> Result<()>;
+        gather_rows(src: &Vec<u16>, idx: &Vec<i32>, dst: &mut Vec<u16>, n: usize, width: usize) -> Result<()>;
+        cache_write(
+            qkv: &Vec<u16>,
+            k: &mut Vec<u16>,
+            v: &mut Vec<u16>,
+            slots: &Vec<i32>,
+            rows: usize,
+            heads: usize,
+            kv_heads: usize,
+            head_dim: usize
+        ) -> Result<()>;
+        copy_block(buf: &mut Vec<u16>, src: usize, dst: usize, block_values: usize) -> Result<()>;
+    }
 
     fn name(&self) -> String {
         "cpu".into()
@@ -121,57 +177,12 @@ impl Backend for Cpu {
         Ok(host_memory())
     }
 
-    fn zeros_f32(&self, n: usize) -> Result<Vec<f32>> {
-        Reference.zeros_f32(n)
-    }
-
-    fn zeros_bf16(&self, n: usize) -> Result<Vec<u16>> {
-        Reference.zeros_bf16(n)
-    }
-
-    fn upload_f32(&self, host: &[f32]) -> Result<Vec<f32>> {
-        Reference.upload_f32(host)
-    }
-
-    fn upload_i32(&self, host: &[i32]) -> Result<Vec<i32>> {
-        Reference.upload_i32(host)
-    }
-
-    fn write_f32(&self, buf: &mut Vec<f32>, at: usize, host: &[f32]) -> Result<()> {
-        Reference.write_f32(buf, at, host)
-    }
-
-    fn write_bf16(&self, buf: &mut Vec<u16>, at: usize, host: &[u16]) -> Result<()> {
-        Reference.write_bf16(buf, at, host)
-    }
-
-    fn read_f32(&self, buf: &Vec<f32>, n: usize) -> Result<Vec<f32>> {
-        Reference.read_f32(buf, n)
-    }
-
     fn len_f32(&self, buf: &Vec<f32>) -> usize {
         buf.len()
     }
 
     fn len_bf16(&self, buf: &Vec<u16>) -> usize {
         buf.len()
-    }
-
-    fn embed(&self, table: &Vec<u16>, ids: &Vec<i32>, x: &mut Vec<f32>, rows: usize, hidden: usize) -> Result<()> {
-        Reference.embed(table, ids, x, rows, hidden)
-    }
-
-    fn rms_norm(
-        &self,
-        x: &Vec<f32>,
-        rows: Option<&Vec<i32>>,
-        w: &Vec<f32>,
-        out: &mut Vec<u16>,
-        n: usize,
-        hidden: usize,
-        eps: f32,
-    ) -> Result<()> {
-        Reference.rms_norm(x, rows, w, out, n, hidden, eps)
     }
 
     fn gemm(
@@ -186,22 +197,6 @@ impl Backend for Cpu {
     ) -> Result<()> {
         ensure!(x.len() >= rows * k, "reading past a buffer's end");
         product_into(y, &widened(&x[..rows * k]), w, (rows, n, k), accumulate)
-    }
-
-    fn bias_rope(
-        &self,
-        y: &Vec<f32>,
-        bias: Option<&Vec<f32>>,
-        cos: &Vec<f32>,
-        sin: &Vec<f32>,
-        positions: &Vec<i32>,
-        qkv: &mut Vec<u16>,
-        rows: usize,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        Reference.bias_rope(y, bias, cos, sin, positions, qkv, rows, heads, kv_heads, head_dim)
     }
 
     fn attention(
@@ -227,32 +222,6 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    fn bias_relu(&self, y: &Vec<f32>, bias: &Vec<f32>, out: &mut Vec<u16>, rows: usize, width: usize) -> Result<()> {
-        Reference.bias_relu(y, bias, out, rows, width)
-    }
-
-    fn add_bias(&self, y: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
-        Reference.add_bias(y, bias, rows, width)
-    }
-
-    fn gather_rows(&self, src: &Vec<u16>, idx: &Vec<i32>, dst: &mut Vec<u16>, n: usize, width: usize) -> Result<()> {
-        Reference.gather_rows(src, idx, dst, n, width)
-    }
-
-    fn cache_write(
-        &self,
-        qkv: &Vec<u16>,
-        k: &mut Vec<u16>,
-        v: &mut Vec<u16>,
-        slots: &Vec<i32>,
-        rows: usize,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        Reference.cache_write(qkv, k, v, slots, rows, heads, kv_heads, head_dim)
-    }
-
     fn paged_attention(
         &self,
         qkv: &Vec<u16>,
@@ -268,15 +237,45 @@ impl Backend for Cpu {
         Reference.paged_attention(qkv, k, v, out, &as_reference(meta), rows, heads, kv_heads, head_dim)
     }
 
-    fn copy_block(&self, buf: &mut Vec<u16>, src: usize, dst: usize, block_values: usize) -> Result<()> {
-        Reference.copy_block(buf, src, dst, block_values)
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
 impl TrainBackend for Cpu {
-    fn copy_f32(&self, src: &Vec<f32>, dst: &mut Vec<f32>, n: usize) -> Result<()> {
-        Reference.copy_f32(src, dst, n)
+    as_reference! {
+        copy_f32(src: &Vec<f32>, dst: &mut Vec<f32>, n: usize) -> Result<()>;
+        zero_f32(buf: &mut Vec<f32>, n: usize) -> Result<()>;
+        column_sums(dy: &Vec<f32>, db: &mut Vec<f32>, rows: usize, width: usize) -> Result<()>;
+        rms_norm_backward(
+            x: &Vec<f32>,
+            rows: Option<&Vec<i32>>,
+            w: &Vec<f32>,
+            dy: &Vec<f32>,
+            dx: &mut Vec<f32>,
+            dw: &mut Vec<f32>,
+            n: usize,
+            hidden: usize,
+            eps: f32
+        ) -> Result<()>;
+        relu_backward(out: &Vec<u16>, d: &mut Vec<f32>, n: usize) -> Result<()>;
+        rope_backward(
+            d_qkv: &Vec<f32>,
+            cos: &Vec<f32>,
+            sin: &Vec<f32>,
+            positions: &Vec<i32>,
+            dy: &mut Vec<u16>,
+            d_bias: Option<&mut Vec<f32>>,
+            rows: usize,
+            heads: usize,
+            kv_heads: usize,
+            head_dim: usize
+        ) -> Result<()>;
+        embed_backward(
+            ids: &Vec<i32>,
+            dx: &Vec<f32>,
+            d_table: &mut Vec<f32>,
+            rows: usize,
+            hidden: usize
+        ) -> Result<()>;
     }
 
     fn round_bf16(&self, src: &Vec<f32>, dst: &mut Vec<u16>, at: usize, n: usize) -> Result<()> {
@@ -286,10 +285,6 @@ impl TrainBackend for Cpu {
             .zip(src[..n].par_chunks(CHUNK))
             .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = round(s)));
         Ok(())
-    }
-
-    fn zero_f32(&self, buf: &mut Vec<f32>, n: usize) -> Result<()> {
-        Reference.zero_f32(buf, n)
     }
 
     fn gemm_nn(
@@ -324,25 +319,6 @@ impl TrainBackend for Cpu {
         product_into(Out::F32(dw), &dyt, &xt, (n, k, rows), true)
     }
 
-    fn column_sums(&self, dy: &Vec<f32>, db: &mut Vec<f32>, rows: usize, width: usize) -> Result<()> {
-        Reference.column_sums(dy, db, rows, width)
-    }
-
-    fn rms_norm_backward(
-        &self,
-        x: &Vec<f32>,
-        rows: Option<&Vec<i32>>,
-        w: &Vec<f32>,
-        dy: &Vec<f32>,
-        dx: &mut Vec<f32>,
-        dw: &mut Vec<f32>,
-        n: usize,
-        hidden: usize,
-        eps: f32,
-    ) -> Result<()> {
-        Reference.rms_norm_backward(x, rows, w, dy, dx, dw, n, hidden, eps)
-    }
-
     fn swiglu_backward(
         &self,
         gate_up: &Vec<u16>,
@@ -363,26 +339,6 @@ impl TrainBackend for Cpu {
         Ok(())
     }
 
-    fn relu_backward(&self, out: &Vec<u16>, d: &mut Vec<f32>, n: usize) -> Result<()> {
-        Reference.relu_backward(out, d, n)
-    }
-
-    fn rope_backward(
-        &self,
-        d_qkv: &Vec<f32>,
-        cos: &Vec<f32>,
-        sin: &Vec<f32>,
-        positions: &Vec<i32>,
-        dy: &mut Vec<u16>,
-        d_bias: Option<&mut Vec<f32>>,
-        rows: usize,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
-        Reference.rope_backward(d_qkv, cos, sin, positions, dy, d_bias, rows, heads, kv_heads, head_dim)
-    }
-
     fn attention_backward(
         &self,
         qkv: &Vec<u16>,
@@ -396,17 +352,6 @@ impl TrainBackend for Cpu {
     ) -> Result<()> {
         let shape = cpu_attention::Shape::new(&batch.offsets, rows, heads, kv_heads, head_dim)?;
         cpu_attention::backward(qkv, d_out, d_qkv, &shape)
-    }
-
-    fn embed_backward(
-        &self,
-        ids: &Vec<i32>,
-        dx: &Vec<f32>,
-        d_table: &mut Vec<f32>,
-        rows: usize,
-        hidden: usize,
-    ) -> Result<()> {
-        Reference.embed_backward(ids, dx, d_table, rows, hidden)
     }
 
     fn token_logprobs(

@@ -23,7 +23,7 @@ impl Shape {
     /// The shape of `rows` rows in sequences starting at `offsets` (then the end), checked.
     pub(super) fn new(offsets: &[i32], rows: usize, heads: usize, kv_heads: usize, d: usize) -> Result<Self> {
         ensure!(
-            kv_heads > 0 && heads % kv_heads == 0 && d > 0,
+            kv_heads > 0 && heads.is_multiple_of(kv_heads) && d > 0,
             "{heads} query heads cannot share {kv_heads} key/value heads"
         );
         let mut seqs = Vec::with_capacity(offsets.len().saturating_sub(1));

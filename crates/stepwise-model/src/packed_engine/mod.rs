@@ -20,6 +20,7 @@ mod backward;
 mod cpu;
 mod cpu_attention;
 mod decoding;
+mod files;
 mod layer;
 mod lm_head;
 mod load;

@@ -49,7 +49,7 @@ pub(super) struct LayerParams<T> {
 
 impl<T> Params<T> {
     /// Every value, in one fixed order.
-    fn all(&self) -> Vec<&T> {
+    pub(super) fn all(&self) -> Vec<&T> {
         let mut v = vec![&self.embed, &self.norm];
         for l in &self.layers {
             v.extend([&l.ln1, &l.ln2, &l.qkv]);
@@ -61,7 +61,7 @@ impl<T> Params<T> {
     }
 
     /// Every value, in [`Params::all`]'s order.
-    fn all_mut(&mut self) -> Vec<&mut T> {
+    pub(super) fn all_mut(&mut self) -> Vec<&mut T> {
         let mut v = vec![&mut self.embed, &mut self.norm];
         for l in &mut self.layers {
             v.extend([&mut l.ln1, &mut l.ln2, &mut l.qkv]);
@@ -98,8 +98,8 @@ impl<T> Params<T> {
 }
 
 /// The checkpoint tensors a trainable value holds, one after another: names and shapes.
-struct Spec {
-    parts: Vec<(String, Vec<usize>)>,
+pub(super) struct Spec {
+    pub(super) parts: Vec<(String, Vec<usize>)>,
 }
 
 impl Spec {
@@ -279,12 +279,12 @@ pub struct PackedTrainer<B: TrainBackend> {
     /// The model being trained: its forward ([`PackedDecoder::head_at`]) scores with the weights
     /// of the last update.
     pub decoder: Arc<PackedDecoder<B>>,
-    specs: Params<Spec>,
-    master: Params<B::F32>,
+    pub(super) specs: Params<Spec>,
+    pub(super) master: Params<B::F32>,
     grad: Params<B::F32>,
-    m: Params<B::F32>,
-    v: Params<B::F32>,
-    updates: u32,
+    pub(super) m: Params<B::F32>,
+    pub(super) v: Params<B::F32>,
+    pub(super) updates: u32,
 }
 
 impl<B: TrainBackend> PackedTrainer<B> {
@@ -369,57 +369,6 @@ impl<B: TrainBackend> PackedTrainer<B> {
             }
         }
         Ok(varmap)
-    }
-
-    /// Writes AdamW's moments and step count to `path` in the CPU trainer's layout (`m.NAME`,
-    /// `v.NAME` by checkpoint name and shape, `step`), so that either trainer continues a run
-    /// the other checkpointed.
-    pub fn save_optimizer(&self, path: &Path) -> Result<()> {
-        use candle_core::{Device, Tensor};
-        let shapes = self.shapes();
-        let mut map: HashMap<String, Tensor> = HashMap::new();
-        for (prefix, values) in [("m", &self.m), ("v", &self.v)] {
-            for (name, host) in self.named(values)? {
-                let t = Tensor::from_vec(host, shapes[name.as_str()].as_slice(), &Device::Cpu)?;
-                map.insert(format!("{prefix}.{name}"), t);
-            }
-        }
-        map.insert("step".into(), Tensor::new(&[self.updates], &Device::Cpu)?);
-        let tmp = path.with_extension("tmp");
-        candle_core::safetensors::save(&map, &tmp)?;
-        std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-        Ok(())
-    }
-
-    /// Restores what [`PackedTrainer::save_optimizer`] (or the CPU trainer) wrote; a tensor it
-    /// does not hold keeps zero moments.
-    pub fn load_optimizer(&mut self, path: &Path) -> Result<()> {
-        let map = candle_core::safetensors::load(path, &candle_core::Device::Cpu)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let b = Arc::clone(&self.decoder.backend);
-        for (prefix, values) in [("m", &mut self.m), ("v", &mut self.v)] {
-            for (s, buf) in self.specs.all().into_iter().zip(values.all_mut()) {
-                let mut offset = 0;
-                for (name, shape) in &s.parts {
-                    if let Some(t) = map.get(&format!("{prefix}.{name}")) {
-                        let host: Vec<f32> = t.flatten_all()?.to_vec1()?;
-                        ensure!(
-                            host.len() == shape.iter().product::<usize>(),
-                            "{}: `{prefix}.{name}` has {} values, the model's tensor {}",
-                            path.display(),
-                            host.len(),
-                            shape.iter().product::<usize>()
-                        );
-                        b.write_f32(buf, offset, &host)?;
-                    }
-                    offset += shape.iter().product::<usize>();
-                }
-            }
-        }
-        if let Some(step) = map.get("step") {
-            self.updates = step.to_vec1::<u32>()?[0];
-        }
-        Ok(())
     }
 
     /// Each checkpoint tensor's shape by name.

@@ -321,8 +321,7 @@ pub fn train_packed<B: TrainBackend>(
     };
     let save = |trainer: &PackedTrainer<B>, state: &TrainState| -> Result<()> {
         if let Some(dir) = &cfg.out_dir {
-            let varmap = trainer.varmap()?;
-            crate::checkpoint::save_training_checkpoint(dir, &trainer.decoder.config, &varmap)?;
+            trainer.save_checkpoint(dir)?;
             trainer.save_optimizer(&dir.join(super::OPTIM))?;
             std::fs::write(dir.join(super::STATE), serde_json::to_string_pretty(state)?)?;
         }

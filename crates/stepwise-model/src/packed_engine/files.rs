@@ -1,0 +1,201 @@
+//! A [`PackedTrainer`]'s checkpoint and optimiser state, written and read a tensor at a time:
+//! each tensor is read from its buffer (on the device, or the CPU backend's) only when the file
+//! writer asks for its bytes, and read back from the memory-mapped file one tensor at a time, so
+//! saving or resuming holds one tensor's host copy beside the trainer, never a second copy of the
+//! model or of AdamW's moments (at 0.5B those copies were 7 GB on top of the trainer's 9). The
+//! files are the ones [`crate::checkpoint::save_training_checkpoint`] and the CPU trainer write,
+//! so either trainer and every reader takes them.
+
+use super::train::{PackedTrainer, Params};
+use super::{Backend, TrainBackend};
+use crate::checkpoint::{to_f32, TRAINING_WEIGHTS};
+use anyhow::{ensure, Context, Result};
+use candle_core::DType;
+use safetensors::{Dtype, View};
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Where a tensor's values come from.
+enum Source<'a, B: Backend> {
+    /// Values `at..` of a buffer, as many as the shape holds (f32, stored as `dtype`).
+    Buffer { buf: &'a B::F32, at: usize },
+    /// Bytes as they are stored.
+    Bytes(Vec<u8>),
+}
+
+/// One tensor of a file being written.
+struct Part<'a, B: Backend> {
+    backend: &'a B,
+    source: Source<'a, B>,
+    shape: Vec<usize>,
+    dtype: Dtype,
+    /// The first read that failed (its tensor is written as zeros, and the file is discarded).
+    failed: &'a RefCell<Option<anyhow::Error>>,
+}
+
+/// f32 values as `dtype`'s little-endian bytes (bf16 and f16 rounded to nearest even).
+fn bytes(values: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+        Dtype::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+impl<B: Backend> View for Part<'_, B> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        match &self.source {
+            Source::Bytes(b) => Cow::Borrowed(b),
+            Source::Buffer { buf, at } => {
+                let n: usize = self.shape.iter().product();
+                match self.backend.read_f32(buf, at + n) {
+                    Ok(host) => Cow::Owned(bytes(&host[*at..], self.dtype)),
+                    Err(e) => {
+                        self.failed.borrow_mut().get_or_insert(e);
+                        Cow::Owned(vec![0; self.data_len()])
+                    }
+                }
+            }
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
+    }
+}
+
+/// `parts` written to `path` (under a temporary name, renamed when complete; nothing is left
+/// when a read fails).
+fn write<B: Backend>(path: &Path, parts: Vec<(String, Part<'_, B>)>, failed: &RefCell<Option<anyhow::Error>>) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    let written = safetensors::serialize_to_file(parts, Some(metadata), &tmp);
+    if let Some(e) = failed.borrow_mut().take() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!("reading the weights to write {}", path.display())));
+    }
+    written.with_context(|| format!("writing {}", path.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+impl<B: TrainBackend> PackedTrainer<B> {
+    /// Every checkpoint tensor of `values` (the masters, or a moment), named with `prefix`,
+    /// stored as `dtype`.
+    fn parts<'a>(
+        &'a self,
+        values: &'a Params<B::F32>,
+        prefix: &str,
+        dtype: Dtype,
+        failed: &'a RefCell<Option<anyhow::Error>>,
+    ) -> Vec<(String, Part<'a, B>)> {
+        let backend = &*self.decoder.backend;
+        let mut out = Vec::new();
+        for (s, buf) in self.specs.all().into_iter().zip(values.all()) {
+            let mut at = 0;
+            for (name, shape) in &s.parts {
+                let source = Source::Buffer { buf, at };
+                let shape = shape.clone();
+                at += shape.iter().product::<usize>();
+                let part = Part {
+                    backend,
+                    source,
+                    shape,
+                    dtype,
+                    failed,
+                };
+                out.push((format!("{prefix}{name}"), part));
+            }
+        }
+        out
+    }
+
+    /// Writes the model to the checkpoint folder `dir` as
+    /// [`crate::checkpoint::save_training_checkpoint`] does: `config.json`, `model.safetensors`
+    /// in the checkpoint's dtype and, when that is not f32, the exact f32 masters
+    /// ([`TRAINING_WEIGHTS`]) a run resumes from.
+    pub fn save_checkpoint(&self, dir: &Path) -> Result<()> {
+        let config = &self.decoder.config;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config.to_hf_json())?)?;
+        let stored = match config.dtype {
+            DType::BF16 => Dtype::BF16,
+            DType::F16 => Dtype::F16,
+            _ => Dtype::F32,
+        };
+        let failed = RefCell::new(None);
+        write(&dir.join("model.safetensors"), self.parts(&self.master, "", stored, &failed), &failed)?;
+        let exact = dir.join(TRAINING_WEIGHTS);
+        if stored == Dtype::F32 {
+            if exact.exists() {
+                std::fs::remove_file(&exact)?;
+            }
+            return Ok(());
+        }
+        write(&exact, self.parts(&self.master, "", Dtype::F32, &failed), &failed)
+    }
+
+    /// Writes AdamW's moments and step count to `path` in the CPU trainer's layout (`m.NAME`,
+    /// `v.NAME` by checkpoint name and shape, `step`), so that either trainer continues a run
+    /// the other checkpointed.
+    pub fn save_optimizer(&self, path: &Path) -> Result<()> {
+        let failed = RefCell::new(None);
+        let mut parts = self.parts(&self.m, "m.", Dtype::F32, &failed);
+        parts.extend(self.parts(&self.v, "v.", Dtype::F32, &failed));
+        let step = Part {
+            backend: &*self.decoder.backend,
+            source: Source::Bytes(self.updates.to_le_bytes().to_vec()),
+            shape: vec![1],
+            dtype: Dtype::U32,
+            failed: &failed,
+        };
+        parts.push(("step".into(), step));
+        write(path, parts, &failed)
+    }
+
+    /// Restores what [`PackedTrainer::save_optimizer`] (or the CPU trainer) wrote, a tensor at a
+    /// time from the mapped file; a tensor it does not hold keeps zero moments.
+    pub fn load_optimizer(&mut self, path: &Path) -> Result<()> {
+        let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+        // SAFETY: a read-only mapping that lives only for this call (as in the loader).
+        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+        let st = safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", path.display()))?;
+        let b = std::sync::Arc::clone(&self.decoder.backend);
+        for (prefix, values) in [("m", &mut self.m), ("v", &mut self.v)] {
+            for (s, buf) in self.specs.all().into_iter().zip(values.all_mut()) {
+                let mut offset = 0;
+                for (name, shape) in &s.parts {
+                    let n = shape.iter().product::<usize>();
+                    if let Ok(view) = st.tensor(&format!("{prefix}.{name}")) {
+                        let what = || format!("{}: `{prefix}.{name}`", path.display());
+                        let host = to_f32(&view).with_context(what)?;
+                        ensure!(host.len() == n, "{}: {} values, the model's tensor {n}", what(), host.len());
+                        b.write_f32(buf, offset, &host)?;
+                    }
+                    offset += n;
+                }
+            }
+        }
+        if let Ok(step) = st.tensor("step") {
+            let bytes = step.data();
+            ensure!(
+                step.dtype() == Dtype::U32 && bytes.len() == 4,
+                "{}: `step` is not one u32",
+                path.display()
+            );
+            self.updates = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        }
+        Ok(())
+    }
+}
