@@ -99,6 +99,11 @@ fn products_match_the_reference() {
         Reference.gemm_weight_grad(&dy, &x, &mut b, rows, n, k).unwrap();
         assert_close(&format!("gemm_weight_grad {rows}x{n}x{k}"), &a, &b, 1e-5);
     }
+    // A batch of no rows adds nothing to a weight's gradient (and does not panic).
+    let mut dw = vec![1f32; 6];
+    Cpu.gemm_weight_grad(&Vec::new(), &Vec::new(), &mut dw, 0, 2, 3)
+        .unwrap();
+    assert_eq!(dw, vec![1f32; 6]);
 }
 
 #[test]

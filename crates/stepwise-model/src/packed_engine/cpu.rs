@@ -38,6 +38,9 @@ fn widened(v: &[u16]) -> Vec<f32> {
 pub(super) fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
     const B: usize = 32;
     let mut out = vec![T::default(); rows * cols];
+    if out.is_empty() {
+        return out;
+    }
     out.par_chunks_mut(B * rows).enumerate().for_each(|(cb, block)| {
         let c0 = cb * B;
         let width = block.len() / rows.max(1);

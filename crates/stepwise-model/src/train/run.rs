@@ -553,3 +553,20 @@ fn relative_path(from: &Path, to: &Path) -> PathBuf {
     }
     rel
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trainer_follows_the_device_and_autograd_stays_on_the_cpu() {
+        let packed = |t: Trainer, p: Placement| t.packed_at(p).unwrap();
+        assert!(!packed(Trainer::Auto, Placement::Cpu) && packed(Trainer::Auto, Placement::Cuda(0)));
+        assert!(packed(Trainer::Packed, Placement::Cpu) && packed(Trainer::Packed, Placement::Cuda(1)));
+        assert!(!packed(Trainer::Autograd, Placement::Cpu));
+        let refused = Trainer::Autograd.packed_at(Placement::Cuda(0)).unwrap_err();
+        assert!(refused.to_string().contains("CPU only"), "{refused}");
+        assert_eq!("packed".parse::<Trainer>().unwrap(), Trainer::Packed);
+        assert!("jax".parse::<Trainer>().unwrap_err().to_string().contains("use auto, autograd or packed"));
+    }
+}
