@@ -6,9 +6,9 @@
 //! files are the ones [`crate::checkpoint::save_training_checkpoint`] and the CPU trainer write,
 //! so either trainer and every reader takes them.
 
-use super::train::{PackedTrainer, Params};
+use super::train::{mapped, places, read_named, PackedTrainer, Params};
 use super::{Backend, TrainBackend};
-use crate::checkpoint::{to_f32, TRAINING_WEIGHTS};
+use crate::checkpoint::TRAINING_WEIGHTS;
 use anyhow::{ensure, Context, Result};
 use candle_core::DType;
 use safetensors::{Dtype, View};
@@ -167,25 +167,12 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// Restores what [`PackedTrainer::save_optimizer`] (or the CPU trainer) wrote, a tensor at a
     /// time from the mapped file; a tensor it does not hold keeps zero moments.
     pub fn load_optimizer(&mut self, path: &Path) -> Result<()> {
-        let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-        // SAFETY: a read-only mapping that lives only for this call (as in the loader).
-        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+        let map = mapped(path)?;
         let st = safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", path.display()))?;
         let b = std::sync::Arc::clone(&self.decoder.backend);
-        for (prefix, values) in [("m", &mut self.m), ("v", &mut self.v)] {
-            for (s, buf) in self.specs.all().into_iter().zip(values.all_mut()) {
-                let mut offset = 0;
-                for (name, shape) in &s.parts {
-                    let n = shape.iter().product::<usize>();
-                    if let Ok(view) = st.tensor(&format!("{prefix}.{name}")) {
-                        let what = || format!("{}: `{prefix}.{name}`", path.display());
-                        let host = to_f32(&view).with_context(what)?;
-                        ensure!(host.len() == n, "{}: {} values, the model's tensor {n}", what(), host.len());
-                        b.write_f32(buf, offset, &host)?;
-                    }
-                    offset += n;
-                }
-            }
+        let at = places(&self.specs);
+        for (prefix, values) in [("m.", &mut self.m), ("v.", &mut self.v)] {
+            read_named(&*b, &at, &mut values.all_mut(), &st, prefix, path)?;
         }
         if let Ok(step) = st.tensor("step") {
             let bytes = step.data();

@@ -207,18 +207,60 @@ fn refresh<B: TrainBackend>(b: &B, w: &B::F32, copy: Held<'_, B>, n: usize) -> R
     }
 }
 
+/// Where each checkpoint tensor lies: its buffer (in [`Params::all`]'s order), offset and shape.
+pub(super) type Places<'s> = HashMap<&'s str, (usize, usize, &'s [usize])>;
+
+/// The places of every tensor of `specs`.
+pub(super) fn places(specs: &Params<Spec>) -> Places<'_> {
+    let mut at = HashMap::new();
+    for (i, s) in specs.all().into_iter().enumerate() {
+        let mut offset = 0;
+        for (name, shape) in &s.parts {
+            at.insert(name.as_str(), (i, offset, shape.as_slice()));
+            offset += shape.iter().product::<usize>();
+        }
+    }
+    at
+}
+
+/// The safetensors file `file`, mapped read-only.
+pub(super) fn mapped(file: &Path) -> Result<memmap2::Mmap> {
+    let handle = std::fs::File::open(file).with_context(|| format!("reading {}", file.display()))?;
+    // SAFETY: a read-only mapping of a file the run reads and does not write meanwhile (as in the loader).
+    unsafe { memmap2::Mmap::map(&handle) }.with_context(|| format!("mapping {}", file.display()))
+}
+
+/// Each tensor of `st` (read from `file`) named `prefix` + a checkpoint name written as f32 into
+/// its place in `bufs`, its shape checked; returns the checkpoint names it held.
+pub(super) fn read_named<'s, B: Backend>(
+    b: &B,
+    at: &Places<'s>,
+    bufs: &mut [&mut B::F32],
+    st: &safetensors::SafeTensors,
+    prefix: &str,
+    file: &Path,
+) -> Result<Vec<&'s str>> {
+    let mut found = Vec::new();
+    for (stored, view) in st.tensors() {
+        let Some((&name, &(i, offset, shape))) = stored.strip_prefix(prefix).and_then(|n| at.get_key_value(n)) else {
+            continue;
+        };
+        let what = || format!("{}: tensor `{stored}`", file.display());
+        if view.shape() != shape {
+            bail!("{}: shape {:?}, the model's is {shape:?}", what(), view.shape());
+        }
+        let host = to_f32(&view).with_context(what)?;
+        b.write_f32(bufs[i], offset, &host)?;
+        found.push(name);
+    }
+    Ok(found)
+}
+
 /// The f32 masters `master` (laid out as `specs`) read from the checkpoint folder `dir` as
 /// stored; the exact f32 weights a checkpoint of a narrower dtype keeps beside it (what a
 /// resumed run continues from) are read last, over the rounded ones.
 fn read_masters<B: Backend>(b: &B, specs: &Params<Spec>, master: &mut Params<B::F32>, dir: &Path) -> Result<()> {
-    let mut at: HashMap<&str, (usize, usize, &[usize])> = HashMap::new();
-    for (i, s) in specs.all().into_iter().enumerate() {
-        let mut offset = 0;
-        for (name, shape) in &s.parts {
-            at.insert(name, (i, offset, shape));
-            offset += shape.iter().product::<usize>();
-        }
-    }
+    let at = places(specs);
     let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
     let mut bufs = master.all_mut();
     let mut files = crate::checkpoint::weight_files(dir)?;
@@ -227,21 +269,11 @@ fn read_masters<B: Backend>(b: &B, specs: &Params<Spec>, master: &mut Params<B::
         files.push(exact);
     }
     for file in files {
-        let handle = std::fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
-        // SAFETY: a read-only mapping that lives only for this loop (as in the loader).
-        let map = unsafe { memmap2::Mmap::map(&handle) }.with_context(|| format!("mapping {}", file.display()))?;
+        let map = mapped(&file)?;
         let st =
             safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", file.display()))?;
-        for (name, view) in st.tensors() {
-            if let Some(&(i, offset, shape)) = at.get(name.as_str()) {
-                let what = || format!("{}: tensor `{name}`", file.display());
-                if view.shape() != shape {
-                    bail!("{}: shape {:?}, the model's is {shape:?}", what(), view.shape());
-                }
-                let host = to_f32(&view).with_context(what)?;
-                b.write_f32(bufs[i], offset, &host)?;
-                missing.remove(name.as_str());
-            }
+        for name in read_named(b, &at, &mut bufs, &st, "", &file)? {
+            missing.remove(name);
         }
     }
     if let Some(name) = missing.iter().min() {
