@@ -11,7 +11,7 @@
 # Prints each engine's validation loss (the mean BCE over the held-out labelled steps) before and
 # after training, and the gap, for the classifier head (`prm`) and the log-ratio head against a
 # constant reference; beside stepwise's own validation after the last step, the same mean read
-# back through `stepwise score` from the checkpoint it keeps (on the CPU, the best validation's).
+# back through `stepwise score` from the checkpoint it keeps (the best validation's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-40}

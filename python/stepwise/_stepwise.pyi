@@ -300,12 +300,15 @@ def rl(
     checkpoint_every: int = 10,
     seed: int = 0,
     device: Optional[Device] = None,
+    trainer: str = "auto",
     max_batch_tokens: int = ...,
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Dict[str, Any]]:
     """Single-turn RL (GRPO, PPO-clip, KL to the start) as `stepwise rl`: `reward` is
     `"outcome"`, `"orm:DIR"`, `"prm:DIR"` or `"prime"` (`prime_filter` defaults to (0.2, 0.8)). The policy, optimiser and
-    `rl_log.jsonl` go to `out`; a call on the same `out` resumes. Returns each update's log."""
+    `rl_log.jsonl` go to `out`; a call on the same `out` resumes. `trainer` is `"auto"` (the
+    packed engine's on a GPU, and on the CPU for a pretrained policy, hidden size 512 or more;
+    candle's f32 autograd for a small one), `"packed"` or `"autograd"`. Returns each update's log."""
 
 def agent_rl(
     policy: Union[str, "PathLike[str]"],
@@ -381,7 +384,8 @@ def train_prm(
     Hugging Face folder `out`, as `stepwise train-prm`; a folder with a run's state continues it.
     `device="cuda"` trains on a GPU (every head). `trainer="packed"` trains on the packed
     engine on the CPU too (bf16 autocast, each layer recomputed: bounded memory); `"autograd"` is
-    candle's f32 autograd (the CPU only); `"auto"` is packed on a GPU, autograd on the CPU. `valid_records` validates on a fixed held-out
+    candle's f32 autograd (the CPU only); `"auto"` is packed on a GPU and for a pretrained `base` (hidden size 512 or more) on the CPU,
+    autograd for the small shapes. The run ends with its best validation's weights. `valid_records` validates on a fixed held-out
     set instead of `valid_fraction` of `records`. `lr` defaults to 1e-5 to fine-tune a pretrained
     `base` (hidden size 512 or more, TRL's `PRMConfig` default) and to 1e-3 for a small base or
     a `config` shape. Returns steps, loss, tokens, tokens/s, the device and the final

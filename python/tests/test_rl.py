@@ -13,14 +13,17 @@ PROBLEMS = [
 SMALL = dict(updates=2, prompts=2, group_size=2, max_tokens=8, lr=1e-4, checkpoint_every=1, seed=4)
 
 
+@pytest.mark.parametrize("trainer", ["autograd", "packed"])
 @pytest.mark.parametrize("reward", ["outcome", "prm", "prime"])
-def test_rl_trains_against_each_reward_and_resumes(tmp_path, fixtures, reward):
+def test_rl_trains_against_each_reward_and_resumes(tmp_path, fixtures, reward, trainer):
+    """With either CPU trainer: candle's autograd, and the packed engine's (sampling from its own
+    weights; PRIME's implicit PRM a second packed trainer)."""
     spec = f"prm:{fixtures / 'qwen2-prm'}" if reward == "prm" else reward
     out = tmp_path / reward
     seen = []
     # The random policy is always wrong: PRIME learns from every group here.
     log = stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, out, reward=spec, prime_filter=(0.0, 1.0),
-                      progress=lambda done, total: seen.append((done, total)), **SMALL)
+                      progress=lambda done, total: seen.append((done, total)), trainer=trainer, **SMALL)
     assert [entry["update"] for entry in log] == [1, 2] and seen[-1] == (2, 2)
     # The k3 estimate of the KL is never negative in exact arithmetic; at the first update the
     # policy is the reference, read through two paths (the trainer's and the sampler's kernels),
@@ -32,7 +35,8 @@ def test_rl_trains_against_each_reward_and_resumes(tmp_path, fixtures, reward):
     if reward == "prime":
         # The implicit PRM's folder is a verifier stepwise.PRM reads.
         assert len(stepwise.PRM(out / "implicit_prm").score("What is 2 + 3?", ["2 + 3 = 5"])) == 1
-    again = stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, out, reward=spec, prime_filter=(0.0, 1.0), **SMALL)
+    again = stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, out, reward=spec, prime_filter=(0.0, 1.0),
+                        trainer=trainer, **SMALL)
     assert [(e["update"], e["seconds"]) for e in again] == [(e["update"], e["seconds"]) for e in log]
 
 
@@ -42,6 +46,8 @@ def test_rl_refuses_what_it_cannot_do(tmp_path, fixtures):
         stepwise.rl(policy, PROBLEMS, tmp_path / "a", reward="oracle")
     with pytest.raises(ValueError, match="problem `c`: field `gold_answer`: missing"):
         stepwise.rl(policy, PROBLEMS + [{"id": "c", "question": "What is 1 + 1?"}], tmp_path / "b")
+    with pytest.raises(ValueError, match="use auto, autograd or packed"):
+        stepwise.rl(policy, PROBLEMS, tmp_path / "t", trainer="jax")
     with pytest.raises(ValueError, match="prime_filter"):
         stepwise.rl(policy, PROBLEMS, tmp_path / "c", reward="prime", prime_filter=(0.9, 0.1))
     # Another run's folder is not mixed into this one.

@@ -57,7 +57,7 @@ impl<B: TrainBackend + 'static> PackedEngine for PackedDecoder<B> {
     fn decode_cache<'a>(&'a self, kv_budget: Option<usize>) -> Result<Box<dyn DecodeCache + 'a>> {
         let bytes = match kv_budget {
             Some(b) => b,
-            None => self.backend().memory()?.0 / 2,
+            None => self.backend().kv_budget()?,
         };
         Ok(Box::new(PagedRows::new(self, PagedCache::blocks_in(self, bytes))?))
     }

@@ -244,6 +244,117 @@ fn the_packed_training_loop_checkpoints_and_resumes() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// With `keep_best`, the packed loop ends with its best validation's weights, in the trainer
+/// (without a folder: a copy kept on the device) and in its folder, however far the later steps
+/// wander (a learning rate that overshoots); a finished run given more steps continues from its
+/// last step's weights, kept beside the best, not from the best.
+#[test]
+fn the_packed_loop_keeps_the_best_validation_and_continues_from_the_last_step() {
+    use stepwise_model::train::packed::{evaluate_packed, train_packed};
+    use stepwise_model::train::TrainConfig;
+    let dir = fixtures().join("qwen2-prm");
+    let ex = examples("qwen2-prm");
+    let (valid, train) = ex.split_at(2);
+    let out = run_folder("best");
+    let loss = |t: &PackedTrainer<Reference>| evaluate_packed(t, valid, Objective::Classify, 256).unwrap().loss;
+    for out_dir in [None, Some(out.clone())] {
+        let cfg = TrainConfig {
+            lr: 0.3,
+            warmup: 1,
+            keep_best: true,
+            out_dir: out_dir.clone(),
+            ..loop_config(&out, 12, 4, 1)
+        };
+        let mut trainer = reference_trainer(&dir);
+        let state = train_packed(&mut trainer, train, valid, Objective::Classify, &cfg, 256, |_, _| {}).unwrap();
+        let (best, best_step) = (state.best_valid_loss.unwrap(), state.best_step.unwrap());
+        assert!(
+            best_step < state.step,
+            "the overshooting run was best at its end: no test"
+        );
+        assert!(
+            (loss(&trainer) - best).abs() < 1e-6,
+            "ends at {}, best was {best}",
+            loss(&trainer)
+        );
+        if out_dir.is_none() {
+            continue;
+        }
+        let stored = loss(&reference_trainer(&out));
+        assert!(
+            (stored - best).abs() < 1e-6,
+            "the folder holds {stored}, best was {best}"
+        );
+        let last = state.history.last().unwrap().1.loss;
+        assert!(
+            (last - best).abs() > 1e-4,
+            "the last step was as good as the best: no test"
+        );
+        // One more step at a learning rate too small to move anything: its validation is the
+        // last step's, so the run went on from the last step's weights.
+        let more = TrainConfig {
+            steps: 13,
+            lr: 1e-12,
+            ..cfg
+        };
+        let mut resumed = reference_trainer(&out);
+        let state = train_packed(&mut resumed, train, valid, Objective::Classify, &more, 256, |_, _| {}).unwrap();
+        let (step, went_on) = (state.history.last().unwrap().0, state.history.last().unwrap().1.loss);
+        assert_eq!((step, state.history.len()), (13, 13));
+        assert!(
+            (went_on - last).abs() < 1e-5,
+            "continued at {went_on}: the last step was {last}"
+        );
+        assert_eq!(state.best_step, Some(best_step));
+        assert!(
+            (loss(&resumed) - best).abs() < 1e-6,
+            "the longer run ends with the best weights too"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A packed run killed after a checkpoint (of a bf16 model: its exact f32 weights kept beside
+/// it) and started again ends with the weights of the run that was never interrupted: the same
+/// batches, the same AdamW state, the same copies of the weights.
+#[test]
+fn a_killed_packed_run_resumes_to_the_same_weights() {
+    use stepwise_model::train::packed::train_packed;
+    let dir = fixtures().join("qwen2-prm");
+    let items: Vec<Value> = (0..12)
+        .map(|i| serde_json::json!({"problem": format!("count from {i}"), "steps": [format!("{}", i + 1), format!("{}", i + 2 + i % 3)]}))
+        .collect();
+    let ex = examples_in(&dir, &items);
+    let (valid, train) = ex.split_at(2);
+    let run = |name: &str, killed_at: Option<usize>| {
+        let out = run_folder(name);
+        let cfg = loop_config(&out, 8, 4, 2);
+        if let Some(k) = killed_at {
+            let mut trainer = reference_trainer(&dir);
+            let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                train_packed(&mut trainer, train, valid, Objective::Classify, &cfg, 256, |s, _| {
+                    assert_ne!(s, k, "killed");
+                })
+            }));
+            assert!(killed.is_err());
+        }
+        let start = if killed_at.is_some() { out.clone() } else { dir.clone() };
+        let mut trainer = reference_trainer(&start);
+        train_packed(&mut trainer, train, valid, Objective::Classify, &cfg, 256, |_, _| {}).unwrap();
+        let _ = std::fs::remove_dir_all(&out);
+        trainer.weights().unwrap()
+    };
+    let whole = run("whole", None);
+    assert!(
+        whole != reference_trainer(&dir).weights().unwrap(),
+        "training moved nothing"
+    );
+    assert!(
+        whole == run("killed", Some(5)),
+        "killed at step 5 and resumed, the weights differ"
+    );
+}
+
 /// Counting solutions as a policy writes them (the log-ratio layout), for the policy fixture.
 fn lm_examples(n: usize, seed: u64) -> Vec<Example> {
     use stepwise_model::train::examples::{label_examples, LabelOptions};

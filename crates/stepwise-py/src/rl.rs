@@ -17,14 +17,16 @@ use stepwise_rl::{run_rl, Credit, PrimeConfig, RlConfig, RlJob, RlReward};
 /// credited by `credit`: `"return_to_go"` or `"min_so_far"`) or `"prime"` (the outcome plus an
 /// implicit PRM learning online: `prime_beta`, `prime_lr`, and `prime_filter`, the range of a
 /// group's share of correct samples it learns from). `device` is `auto`, `cpu` or `cuda[:N]`
-/// (a CUDA build). The policy, optimiser and `rl_log.jsonl` are written to `out` every
+/// (a CUDA build). `trainer` is `"auto"` (the packed engine's on a GPU, and on the CPU for a
+/// pretrained policy, hidden size 512 or more; candle's f32 autograd for a small one),
+/// `"packed"` or `"autograd"` (the CPU only). The policy, optimiser and `rl_log.jsonl` are written to `out` every
 /// `checkpoint_every` updates and at the end; a call on the same `out` resumes. Returns each
 /// update's log (`reward`, `accuracy`, `kl`, `heldout_accuracy` with `eval_problems`,
 /// `implicit_prm` with PRIME).
 ///
 /// >>> log = stepwise.rl("policy/", "problems.jsonl", "rl-run/", reward="prm:prm/", updates=20)
 #[pyfunction]
-#[pyo3(signature = (policy, problems, out, reward="outcome", updates=100, prompts=8, group_size=8, epochs=1, minibatch_size=32, grad_accum=1, lr=1e-5, kl=0.04, clip=0.2, credit="return_to_go", temperature=1.0, max_tokens=256, separator="\n", chat=false, layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, device=None, max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (policy, problems, out, reward="outcome", updates=100, prompts=8, group_size=8, epochs=1, minibatch_size=32, grad_accum=1, lr=1e-5, kl=0.04, clip=0.2, credit="return_to_go", temperature=1.0, max_tokens=256, separator="\n", chat=false, layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn rl<'py>(
     py: Python<'py>,
@@ -56,12 +58,16 @@ pub fn rl<'py>(
     checkpoint_every: usize,
     seed: u64,
     device: Option<&Bound<'py, PyAny>>,
+    trainer: &str,
     max_batch_tokens: usize,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let reward = RlReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
     let prime = prime_config(reward == RlReward::Prime, (prime_beta, prime_lr, prime_filter), lr)?;
     let placement = crate::convert::placement_arg(device)?;
+    let trainer = trainer
+        .parse()
+        .map_err(|e: anyhow::Error| value_error(format!("trainer: {e}")))?;
     let problems = problems_arg(problems)?;
     stepwise_rl::job::check_gold(&problems).map_err(|e| value_error(e.to_string()))?;
     let heldout = eval_problems.map(problems_arg).transpose()?;
@@ -93,6 +99,7 @@ pub fn rl<'py>(
                 samples: eval_samples,
             }),
             placement,
+            trainer,
             max_batch_tokens,
         };
         let log = run_rl(job, &cfg, |l| progress.done(l.update))?;

@@ -141,7 +141,7 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
             job.out,
             &job.separator,
             p.beta,
-            (Placement::Cpu, DEFAULT_MAX_BATCH_TOKENS),
+            (None, DEFAULT_MAX_BATCH_TOKENS),
             cfg.seed,
         )?,
         None => PrimeModel::None,

@@ -1,11 +1,12 @@
 //! A single-turn RL run as `stepwise rl` and Python's `stepwise.rl` start it: a policy
 //! checkpoint folder, problems with gold answers, a reward named as both front ends name it
 //! (`outcome`, `orm:DIR`, `prm:DIR`, `prime`), an output folder and a device. It loads what
-//! [`train_rl`] works on where the device says (the CPU's candle learner, a GPU's packed
-//! trainer), runs it (resuming from the folder's checkpoint), and leaves the policy, the
-//! optimiser, PRIME's implicit PRM and `rl_log.jsonl` in the folder.
+//! [`train_rl`] works on where the device and the trainer say (candle's autograd on the CPU, the
+//! packed engine's trainer on a GPU or the CPU), runs it (resuming from the folder's
+//! checkpoint), and leaves the policy, the optimiser, PRIME's implicit PRM and `rl_log.jsonl` in
+//! the folder.
 
-use crate::learner::{on_gpu, CandleLearner, Learner};
+use crate::learner::{packed_learner, CandleLearner, Learner};
 use crate::prime::{ImplicitPrm, OnlinePrm};
 use crate::trainer::{train_rl, Heldout, RlConfig, RlRun, UpdateLog};
 use anyhow::{bail, Context, Result};
@@ -15,6 +16,7 @@ use stepwise_core::Problem;
 use stepwise_model::layout::RewardSpec;
 use stepwise_model::log_ratio::LogRatio;
 use stepwise_model::scoring::LoadedVerifier;
+use stepwise_model::train::run::Trainer;
 use stepwise_model::train::VarMap;
 use stepwise_model::{default_device, default_precision, Model, ModelConfig, Placement, Prompt, Tokenizer};
 
@@ -73,7 +75,10 @@ pub struct RlJob<'a> {
     pub heldout: Option<Heldout<'a>>,
     /// Where the policy trains and samples, and the reference and reward models run.
     pub placement: Placement,
-    /// Most tokens in one packed pass on a GPU.
+    /// Which trainer updates the policy (and PRIME's implicit PRM): on the CPU, `Auto` is the
+    /// packed engine's for a pretrained policy, candle's autograd for a small one.
+    pub trainer: Trainer,
+    /// Most tokens in one pass of the packed trainer.
     pub max_batch_tokens: usize,
 }
 
@@ -126,21 +131,19 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
     };
     let tok = Tokenizer::from_dir(job.policy)?;
     let reference = Model::load_on(job.policy, placement, default_precision())?;
+    let config = ModelConfig::from_dir(job.policy)?;
+    let packed = job.trainer.packed_at(placement, Some(config.hidden_size))?;
     let varmap = VarMap::new();
     let mut policy;
     let mut on_cpu;
-    let mut gpu;
-    let learner: &mut dyn Learner = match placement {
-        Placement::Cuda(ordinal) => {
-            gpu = on_gpu(job.policy, ordinal, job.max_batch_tokens)?;
-            &mut *gpu
-        }
-        _ => {
-            let config = ModelConfig::from_dir(job.policy)?;
-            policy = Model::load_trainable(job.policy, config, &varmap, &default_device(), cfg.seed)?;
-            on_cpu = CandleLearner::new(&mut policy)?;
-            &mut on_cpu
-        }
+    let mut on_packed;
+    let learner: &mut dyn Learner = if packed {
+        on_packed = packed_learner(job.policy, placement, job.max_batch_tokens)?;
+        &mut *on_packed
+    } else {
+        policy = Model::load_trainable(job.policy, config, &varmap, &default_device(), cfg.seed)?;
+        on_cpu = CandleLearner::new(&mut policy)?;
+        &mut on_cpu
     };
     let mut stop = reference.config.eos_token_ids.clone();
     stop.extend(tok.eos_id());
@@ -152,7 +155,7 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
             job.out,
             &job.separator,
             p.beta,
-            (placement, job.max_batch_tokens),
+            (packed.then_some(placement), job.max_batch_tokens),
             cfg.seed,
         )?,
         None => PrimeModel::None,
@@ -182,14 +185,15 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
 
 /// PRIME's implicit PRM: it starts as the policy, and its folder is a log-ratio verifier against
 /// the starting policy (`policy`, whose text steps `separator` joins), readable by `stepwise
-/// score` once the run in `out` has saved its weights. `placement` is where it trains, with the
-/// most tokens of a packed pass there.
+/// score` once the run in `out` has saved its weights. It trains on the packed engine's trainer
+/// at `placement` when one is given, with the most tokens of a packed pass there, else with
+/// candle's autograd on the CPU.
 pub(crate) fn implicit_prm(
     policy: &Path,
     out: &Path,
     separator: &str,
     beta: f32,
-    (placement, max_batch_tokens): (Placement, usize),
+    (placement, max_batch_tokens): (Option<Placement>, usize),
     seed: u64,
 ) -> Result<PrimeModel> {
     let dir = OnlinePrm::dir(out);
@@ -204,8 +208,8 @@ pub(crate) fn implicit_prm(
     };
     RewardSpec::log_ratio(Some(reference), separator, log_ratio).save(&dir)?;
     Ok(match placement {
-        Placement::Cuda(ordinal) => PrimeModel::Gpu(on_gpu(policy, ordinal, max_batch_tokens)?),
-        _ => {
+        Some(placement) => PrimeModel::Packed(packed_learner(policy, placement, max_batch_tokens)?),
+        None => {
             let config = ModelConfig::from_dir(policy)?;
             PrimeModel::Cpu(Box::new(Model::load_trainable(
                 policy,
@@ -218,11 +222,11 @@ pub(crate) fn implicit_prm(
     })
 }
 
-/// PRIME's implicit PRM as loaded: a candle model on the CPU, or a learner on a GPU.
+/// PRIME's implicit PRM as loaded: a candle model on the CPU, or the packed engine's learner.
 pub(crate) enum PrimeModel {
     None,
     Cpu(Box<Model>),
-    Gpu(Box<dyn Learner>),
+    Packed(Box<dyn Learner>),
 }
 
 impl PrimeModel {
@@ -230,7 +234,7 @@ impl PrimeModel {
     pub(crate) fn as_implicit(&mut self) -> Option<ImplicitPrm<'_>> {
         match self {
             PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle(model)),
-            PrimeModel::Gpu(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
+            PrimeModel::Packed(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
             PrimeModel::None => None,
         }
     }

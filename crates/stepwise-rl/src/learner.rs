@@ -1,6 +1,6 @@
 //! Where the policy being trained lives ([`Learner`]): candle's autograd on the CPU
 //! ([`CandleLearner`]: the CPU trainer's model and AdamW) or the packed engine's trainer
-//! ([`PackedLearner`]: a GPU's, or the reference backend's in tests). The RL loop
+//! ([`PackedLearner`]: a GPU's, the CPU backend's, or the reference backend's in tests). The RL loop
 //! ([`crate::train_rl`]) samples from it, asks it for log-probabilities, hands it minibatches and
 //! steps it; rewards, advantages and the run's log are the same for both.
 
@@ -18,7 +18,7 @@ use stepwise_model::packed_engine::{PackedTrainer, Targets, TokenLossFn, TrainBa
 use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
 use stepwise_model::train::packed::batches;
 use stepwise_model::train::VarMap;
-use stepwise_model::{Model, Packed};
+use stepwise_model::{Model, Packed, Placement};
 
 /// The optimiser's state in a checkpoint folder (the CPU trainer's layout, read by both).
 pub const OPTIM: &str = "optimizer.safetensors";
@@ -299,27 +299,40 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
     }
 }
 
-/// The policy in the checkpoint folder `dir` trained on CUDA GPU `ordinal` by the packed
-/// engine's trainer (bf16 copies and f32 masters on the device), sampled by the packed engine
-/// from the trainer's own weights; log-probabilities in packed batches of at most `max_tokens`
-/// tokens. A build without the `cuda` feature refuses.
-pub fn on_gpu(dir: &Path, ordinal: usize, max_tokens: usize) -> Result<Box<dyn Learner>> {
-    #[cfg(feature = "cuda")]
-    {
-        let gpu = stepwise_model::cuda::open(ordinal)?;
-        let config = stepwise_model::ModelConfig::from_dir(dir)?;
-        let trainer = PackedTrainer::load(dir, config, gpu)
-            .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
-        let sample_with: SampleWith<stepwise_model::cuda::Gpu> = Box::new(|t| {
-            Model::on_packed(
-                std::sync::Arc::clone(&t.decoder) as std::sync::Arc<dyn stepwise_model::engine::PackedEngine>
-            )
-        });
-        Ok(Box::new(PackedLearner::new(trainer, max_tokens, sample_with)))
+/// The policy in the checkpoint folder `dir` trained at `placement` by the packed engine's
+/// trainer (bf16 copies and f32 masters: on CUDA GPU `n`, or on the CPU backend,
+/// [`stepwise_model::packed_engine::Cpu`]), sampled by the packed engine from the trainer's own
+/// weights; log-probabilities in packed batches of at most `max_tokens` tokens. A build without
+/// the `cuda` feature refuses a GPU.
+pub fn packed_learner(dir: &Path, placement: Placement, max_tokens: usize) -> Result<Box<dyn Learner>> {
+    let config = stepwise_model::ModelConfig::from_dir(dir)?;
+    match placement {
+        Placement::Cuda(ordinal) => {
+            #[cfg(feature = "cuda")]
+            {
+                let gpu = stepwise_model::cuda::open(ordinal)?;
+                let trainer = PackedTrainer::load(dir, config, gpu)
+                    .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
+                Ok(Box::new(PackedLearner::new(trainer, max_tokens, sampling_itself())))
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = (config, max_tokens);
+                anyhow::bail!("cuda:{ordinal}: this stepwise was built without CUDA")
+            }
+        }
+        _ => {
+            let cpu = std::sync::Arc::new(stepwise_model::packed_engine::Cpu);
+            let trainer = PackedTrainer::load(dir, config, cpu)
+                .with_context(|| format!("loading {} to train on the CPU", dir.display()))?;
+            Ok(Box::new(PackedLearner::new(trainer, max_tokens, sampling_itself())))
+        }
     }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (dir, max_tokens);
-        anyhow::bail!("cuda:{ordinal}: this stepwise was built without CUDA")
-    }
+}
+
+/// Sampling from the trainer's own weights: its decoder as the model's packed engine.
+pub fn sampling_itself<B: TrainBackend + 'static>() -> SampleWith<B> {
+    Box::new(|t| {
+        Model::on_packed(std::sync::Arc::clone(&t.decoder) as std::sync::Arc<dyn stepwise_model::engine::PackedEngine>)
+    })
 }

@@ -182,8 +182,8 @@ impl Heldout<'_> {
 
 /// Everything an RL run works on.
 pub struct RlRun<'a> {
-    /// The policy being trained, where it trains (the CPU's [`crate::CandleLearner`], a GPU's
-    /// [`crate::PackedLearner`]).
+    /// The policy being trained, where it trains (candle's [`crate::CandleLearner`] on the CPU, the
+    /// packed engine's [`crate::PackedLearner`] on a GPU or the CPU).
     pub learner: &'a mut dyn Learner,
     /// The frozen starting policy (the KL penalty's reference).
     pub reference: &'a Model,

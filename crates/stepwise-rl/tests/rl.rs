@@ -306,23 +306,28 @@ fn packed_learner(start: &std::path::Path, scratch: &std::path::Path) -> PackedL
 }
 
 /// The packed trainer's update (its loss's derivative by each token's log-probability taken on
-/// the host, the backward on the engine's kernels) raises a process reward as candle's does.
+/// the host, the backward on the engine's kernels) raises a process reward as candle's does: on
+/// the reference backend sampled by the CPU engine, and on the CPU backend sampling from its own
+/// weights on the packed engine (what `rl --trainer packed` runs on a CPU).
 #[test]
 fn the_packed_learner_raises_a_process_reward() {
     let tok = tokenizer();
     let (reference, _) = fresh(7);
     let start = policy_folder(7, "raise");
-    let mut learner = packed_learner(&start, &start.join("sampler"));
-    let (problems, task) = (problems(), PlainTask::default());
-    let cfg = process_reward_config();
-    let log = train_rl(
-        run(&mut learner, &reference, &tok, &problems, &task, None),
-        &cfg,
-        |_| {},
-    )
-    .unwrap();
-    assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
-    assert_rewards_rise(&log);
+    let on_reference = packed_learner(&start, &start.join("sampler"));
+    let on_cpu = stepwise_rl::learner::packed_learner(&start, stepwise_model::Placement::Cpu, 4096).unwrap();
+    for mut learner in [Box::new(on_reference) as Box<dyn Learner>, on_cpu] {
+        let (problems, task) = (problems(), PlainTask::default());
+        let cfg = process_reward_config();
+        let log = train_rl(
+            run(&mut *learner, &reference, &tok, &problems, &task, None),
+            &cfg,
+            |_| {},
+        )
+        .unwrap();
+        assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
+        assert_rewards_rise(&log);
+    }
     std::fs::remove_dir_all(&start).unwrap();
 }
 

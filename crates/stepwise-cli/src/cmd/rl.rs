@@ -36,7 +36,9 @@ bf16 weights (paged KV cache), the reference and a PRM or ORM reward run there t
 trainer's (f32 masters, AdamW, the PPO loss's derivative by each token's log-probability taken on the host). \
 Log-probabilities and gradients run in packed passes of at most --max-batch-tokens tokens (a larger minibatch in \
 several: its loss over all of them, then each pass's backward), so GPU memory follows the budget. \
-With --reward prime the implicit PRM trains on the GPU too (a second packed trainer).
+With --reward prime the implicit PRM trains on the GPU too (a second packed trainer). On the CPU the same packed \
+trainer updates a pretrained policy (hidden size 512 or more; --trainer packed|autograd chooses), sampling from its \
+own weights on the packed engine's CPU backend; a small policy trains with candle's f32 autograd.
 
 Example:
   stepwise rl --policy fixtures/hf-tiny/qwen2-policy --reward outcome \\
@@ -98,6 +100,13 @@ pub struct Args {
     /// Where the policy trains and samples, and the reward model and reference run.
     #[command(flatten)]
     pub device: super::backend::DeviceArgs,
+    /// Which trainer updates the policy (and PRIME's implicit PRM): `packed` (the packed engine's,
+    /// sampling from its own weights: bf16 products with f32 sums, f32 masters, each layer
+    /// recomputed in the backward, on a GPU or the CPU), `autograd` (candle's f32 autograd, the
+    /// CPU only), or `auto`: packed on a GPU and for a pretrained policy (hidden size 512 or
+    /// more) on the CPU, autograd for a small one.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "autograd", "packed"])]
+    pub trainer: String,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -120,6 +129,7 @@ pub fn run(a: Args) -> Result<()> {
             out: &a.out,
             heldout: a.eval.heldout(&heldout),
             placement: a.device.device,
+            trainer: a.trainer.parse()?,
             max_batch_tokens: a.device.max_batch_tokens,
         },
         &cfg,

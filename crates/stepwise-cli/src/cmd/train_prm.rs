@@ -25,11 +25,13 @@ AdamW, batches of at most --max-batch-tokens tokens (and --batch-size solutions)
 logits a chunk of rows at a time. The last line gives tokens/s in training steps on either device. \
 On an H200 a 0.5B PRM trained at batch 16 in 12.5 GiB.
 
-On the CPU the default trainer is candle's autograd (f32; every op's buffers kept, so memory grows with \
---batch-size × solution length: 19.7 GiB and 26 tokens/s for one 871-token solution of a 0.5B PRM on two Zen 4 \
-cores). --trainer packed runs the GPU's packed trainer on the CPU instead (bf16 products with f32 sums, each layer \
-recomputed): 56 tokens/s in 10.5 GiB at batch 1 (PyTorch's bf16 autocast: 57 in 11.1), and 57 in 13.8 GiB at \
-batch 8, where PyTorch ran out of 24 GB (bench/train_cpu.sh). Use it to fine-tune a pretrained base on a CPU.
+On the CPU a pretrained --base (hidden size 512 or more) is fine-tuned by the GPU's packed trainer (bf16 products \
+with f32 sums, each layer recomputed): a 0.5B PRM on two Zen 4 cores trained at 56 tokens/s in 10.5 GiB at batch 1 \
+(PyTorch's bf16 autocast: 57 in 11.1), and at 57 in 13.8 GiB at batch 8, where PyTorch ran out of 24 GB \
+(bench/train_cpu.sh). The small shapes (--config, a small --base) train with candle's f32 autograd, which keeps \
+every op's buffers: 19.7 GiB and 26 tokens/s for one 871-token solution of the same 0.5B PRM with --trainer \
+autograd. Either way the run ends with its best validation's weights (lowest loss; the last step's are kept \
+beside them, and a longer run on the same --out continues from those).
 
 Examples:
   stepwise train-prm --data labeled.jsonl --base fixtures/hf-tiny/qwen2-policy --out prm/
@@ -44,9 +46,9 @@ Examples:
       --reference-logprob -0.5 --separator '|' --out prm/
   stepwise train-prm --data processbench/gsm8k.json --base Qwen/Qwen2.5-Math-PRM-7B \\
       --stop-at-first-bad --device cuda --out prm/
-  # a 0.5B base on the CPU, in bounded memory
-  stepwise train-prm --data labeled.jsonl --base Qwen/Qwen2.5-0.5B --trainer packed \\
-      --device cpu --batch-size 8 --out prm/
+  # a 0.5B base on the CPU (the packed trainer), in bounded memory
+  stepwise train-prm --data labeled.jsonl --base Qwen/Qwen2.5-0.5B --device cpu \\
+      --batch-size 8 --out prm/
   # a fixed validation set
   stepwise train-prm --data prm800k.jsonl --valid-data processbench/math.json --base policy/ \\
       --out prm/"
@@ -150,7 +152,8 @@ pub struct Args {
     /// weights, each layer recomputed in the backward, so memory holds the weights, AdamW's state
     /// and one layer's activations; on a GPU or the CPU), `autograd` (candle's autograd in f32,
     /// the CPU only: every operation's buffers kept, memory growing with batch × length), or
-    /// `auto`: packed on a GPU, autograd on the CPU.
+    /// `auto`: packed on a GPU and for a pretrained base (hidden size 512 or more) on the CPU,
+    /// autograd for the small shapes on the CPU.
     #[arg(long, default_value = "auto", value_parser = ["auto", "autograd", "packed"])]
     pub trainer: String,
 }

@@ -6,7 +6,7 @@
 //! files are the ones [`crate::checkpoint::save_training_checkpoint`] and the CPU trainer write,
 //! so either trainer and every reader takes them.
 
-use super::train::{mapped, places, read_named, PackedTrainer, Params};
+use super::train::{mapped, places, read_master_files, read_named, PackedTrainer, Params, Spec};
 use super::{Backend, TrainBackend};
 use crate::checkpoint::TRAINING_WEIGHTS;
 use anyhow::{ensure, Context, Result};
@@ -16,6 +16,9 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+/// A copy of a [`PackedTrainer`]'s f32 weights on its device ([`PackedTrainer::snapshot`]).
+pub struct Snapshot<B: TrainBackend>(Params<B::F32>);
 
 /// Where a tensor's values come from.
 enum Source<'a, B: Backend> {
@@ -143,7 +146,44 @@ impl<B: TrainBackend> PackedTrainer<B> {
             }
             return Ok(());
         }
-        write(&exact, self.parts(&self.master, "", Dtype::F32, &failed), &failed)
+        self.save_weights(&exact)
+    }
+
+    /// Writes the f32 masters, exactly, to the one safetensors file `path` by checkpoint name
+    /// (what [`crate::checkpoint::save_exact_weights`] writes of the CPU trainer's weights).
+    pub fn save_weights(&self, path: &Path) -> Result<()> {
+        let failed = RefCell::new(None);
+        write(path, self.parts(&self.master, "", Dtype::F32, &failed), &failed)
+    }
+
+    /// Sets the masters from the safetensors file `path` (every trainable tensor, by checkpoint
+    /// name: what [`PackedTrainer::save_weights`] wrote) and refreshes the decoder's copies.
+    pub fn load_weights_file(&mut self, path: &Path) -> Result<()> {
+        let b = std::sync::Arc::clone(&self.decoder.backend);
+        read_master_files(&*b, &self.specs, &mut self.master, &[path.to_path_buf()], path)?;
+        self.refresh_copies()
+    }
+
+    /// A copy of the masters where they live (on the device): what [`PackedTrainer::restore`]
+    /// puts back.
+    pub fn snapshot(&self) -> Result<Snapshot<B>> {
+        let b = &*self.decoder.backend;
+        let mut copy = self.specs.map(|s| b.zeros_f32(s.len()))?;
+        for ((s, w), dst) in self.specs.all().into_iter().zip(self.master.all()).zip(copy.all_mut()) {
+            b.copy_f32(w, dst, s.len())?;
+        }
+        Ok(Snapshot(copy))
+    }
+
+    /// The masters set to `snapshot`'s values (AdamW's state is left as it is) and the decoder's
+    /// copies refreshed.
+    pub fn restore(&mut self, snapshot: &Snapshot<B>) -> Result<()> {
+        let b = std::sync::Arc::clone(&self.decoder.backend);
+        let sizes: Vec<usize> = self.specs.all().into_iter().map(Spec::len).collect();
+        for ((n, src), dst) in sizes.into_iter().zip(snapshot.0.all()).zip(self.master.all_mut()) {
+            b.copy_f32(src, dst, n)?;
+        }
+        self.refresh_copies()
     }
 
     /// Writes AdamW's moments and step count to `path` in the CPU trainer's layout (`m.NAME`,

@@ -35,6 +35,7 @@ pub use decoding::PagedRows;
 pub use paged::{PagedCache, PagedSeq, BLOCK};
 pub use reference::Reference;
 pub use lm_head::{TokenLossFn, LOGITS_BYTES};
+pub use files::Snapshot;
 pub use train::{PackedTrainer, Targets, TrainStep};
 pub use train_backend::{AdamW, TrainBackend};
 
@@ -117,6 +118,11 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> String;
     /// Bytes of its memory free and in all.
     fn memory(&self) -> Result<(usize, usize)>;
+    /// Bytes a paged KV cache takes when none is asked for: half the free memory (vLLM's way
+    /// on a GPU, whose memory serves the model alone).
+    fn kv_budget(&self) -> Result<usize> {
+        Ok(self.memory()?.0 / 2)
+    }
     /// `n` zeros.
     fn zeros_f32(&self, n: usize) -> Result<Self::F32>;
     /// `n` zeros.

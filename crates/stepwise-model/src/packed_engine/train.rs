@@ -73,7 +73,7 @@ impl<T> Params<T> {
     }
 
     /// `f` of every value, in the same layout.
-    fn map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<Params<U>> {
+    pub(super) fn map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<Params<U>> {
         Ok(Params {
             embed: f(&self.embed)?,
             norm: f(&self.norm)?,
@@ -103,7 +103,7 @@ pub(super) struct Spec {
 }
 
 impl Spec {
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.parts.iter().map(|(_, s)| s.iter().product::<usize>()).sum()
     }
 }
@@ -260,24 +260,36 @@ pub(super) fn read_named<'s, B: Backend>(
 /// stored; the exact f32 weights a checkpoint of a narrower dtype keeps beside it (what a
 /// resumed run continues from) are read last, over the rounded ones.
 fn read_masters<B: Backend>(b: &B, specs: &Params<Spec>, master: &mut Params<B::F32>, dir: &Path) -> Result<()> {
-    let at = places(specs);
-    let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
-    let mut bufs = master.all_mut();
     let mut files = crate::checkpoint::weight_files(dir)?;
     let exact = dir.join(crate::checkpoint::TRAINING_WEIGHTS);
     if exact.exists() {
         files.push(exact);
     }
+    read_master_files(b, specs, master, &files, dir)
+}
+
+/// The f32 masters `master` (laid out as `specs`) read from `files` in order, a later file's
+/// tensor over an earlier one's; every tensor must be in one of them (`what` names them).
+pub(super) fn read_master_files<B: Backend>(
+    b: &B,
+    specs: &Params<Spec>,
+    master: &mut Params<B::F32>,
+    files: &[std::path::PathBuf],
+    what: &Path,
+) -> Result<()> {
+    let at = places(specs);
+    let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
+    let mut bufs = master.all_mut();
     for file in files {
-        let map = mapped(&file)?;
+        let map = mapped(file)?;
         let st =
             safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", file.display()))?;
-        for name in read_named(b, &at, &mut bufs, &st, "", &file)? {
+        for name in read_named(b, &at, &mut bufs, &st, "", file)? {
             missing.remove(name);
         }
     }
     if let Some(name) = missing.iter().min() {
-        bail!("{}: tensor `{name}` is missing", dir.display());
+        bail!("{}: tensor `{name}` is missing", what.display());
     }
     Ok(())
 }
@@ -320,9 +332,9 @@ pub struct PackedTrainer<B: TrainBackend> {
 }
 
 impl<B: TrainBackend> PackedTrainer<B> {
-    /// The reward model in the checkpoint folder `dir` (config `config`) on `backend`: the
-    /// decoder's bf16 copies as [`PackedDecoder::load`] makes them, and f32 masters read from the
-    /// checkpoint as stored (an f32 checkpoint's exact values).
+    /// The reward model in the checkpoint folder `dir` (config `config`) on `backend`: f32
+    /// masters read from the checkpoint as stored (the exact f32 weights kept beside a narrower
+    /// checkpoint), and the decoder's copies made from them.
     pub fn load(dir: &Path, config: ModelConfig, backend: Arc<B>) -> Result<Self> {
         let specs = specs(&config)?;
         let decoder = PackedDecoder::load(dir, config, backend)?;
@@ -331,7 +343,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
         read_masters(b, &specs, &mut master, dir)?;
         let zeros = |s: &Spec| b.zeros_f32(s.len());
         let (grad, m, v) = (specs.map(zeros)?, specs.map(zeros)?, specs.map(zeros)?);
-        Ok(PackedTrainer {
+        let mut trainer = PackedTrainer {
             specs,
             master,
             grad,
@@ -339,7 +351,11 @@ impl<B: TrainBackend> PackedTrainer<B> {
             v,
             updates: 0,
             decoder: Arc::new(decoder),
-        })
+        };
+        // The copies made from the masters, as every update makes them: a checkpoint stored in
+        // bf16 held its vectors (norms, biases) rounded, and a resumed run's first step read them.
+        trainer.refresh_copies()?;
+        Ok(trainer)
     }
 
     /// The weights of the checkpoint folder `dir` (a model of the same shape: a run's own
@@ -347,6 +363,12 @@ impl<B: TrainBackend> PackedTrainer<B> {
     pub fn load_weights(&mut self, dir: &Path) -> Result<()> {
         let b = Arc::clone(&self.decoder.backend);
         read_masters(&*b, &self.specs, &mut self.master, dir)?;
+        self.refresh_copies()
+    }
+
+    /// The decoder's copies refreshed from the masters.
+    pub(super) fn refresh_copies(&mut self) -> Result<()> {
+        let b = Arc::clone(&self.decoder.backend);
         let decoder = Arc::get_mut(&mut self.decoder).context("the trainer's model is lent (to a sampler)")?;
         for ((s, w), copy) in self.specs.all().into_iter().zip(self.master.all()).zip(held(decoder)) {
             refresh(&*b, w, copy, s.len())?;

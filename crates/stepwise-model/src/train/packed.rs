@@ -7,7 +7,7 @@
 use super::{optim, Example, Metrics, Objective, TrainConfig, TrainState};
 use crate::packed::Packed;
 use crate::packed_engine::train::{bce, good_logit};
-use crate::packed_engine::{PackedDecoder, PackedTrainer, Targets, TrainBackend};
+use crate::packed_engine::{PackedDecoder, PackedTrainer, Snapshot, Targets, TrainBackend};
 use anyhow::{bail, ensure, Context, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -255,11 +255,12 @@ pub fn evaluate_packed<B: TrainBackend>(
 }
 
 /// Trains `trainer`'s model on `train_set` under `objective` as [`super::train`] trains on the
-/// CPU, batches of at most `cfg.batch_size` examples and
-/// `max_tokens` tokens. With `cfg.out_dir`, a checkpoint (HF folder with the exact f32 weights
-/// beside it, AdamW's state in the CPU trainer's layout, and the run's state) is written at every
-/// validation and at the end, and a run started again on it continues from its step.
-/// `on_step(step, loss)` reports progress.
+/// CPU, batches of at most `cfg.batch_size` examples and `max_tokens` tokens. With
+/// `cfg.out_dir`, a checkpoint (HF folder with the exact f32 weights beside it, AdamW's state in
+/// the CPU trainer's layout, and the run's state) is written at every validation and at the end,
+/// and a run started again on it continues from its step. With `cfg.keep_best` the run ends
+/// with the best validation's weights, in the trainer and in the folder (the last step's kept
+/// beside them for a resume), as the CPU trainer does. `on_step(step, loss)` reports progress.
 pub fn train_packed<B: TrainBackend>(
     trainer: &mut PackedTrainer<B>,
     train_set: &[Example],
@@ -276,17 +277,14 @@ pub fn train_packed<B: TrainBackend>(
     if !train_set.iter().any(learns) {
         bail!("no training examples with labelled steps (or, for next-token prediction, tokens to predict)");
     }
-    let mut state = TrainState::default();
-    if let Some(dir) = &cfg.out_dir {
-        let saved = dir.join(super::STATE);
-        if saved.exists() {
-            state = serde_json::from_str(&std::fs::read_to_string(&saved)?)
-                .with_context(|| format!("reading {}", saved.display()))?;
-            if dir.join(super::OPTIM).exists() {
-                trainer.load_optimizer(&dir.join(super::OPTIM))?;
-            }
-        }
-    }
+    let mut run = Checkpoints {
+        cfg,
+        valid_set,
+        objective,
+        max_tokens,
+        best: None,
+    };
+    let mut state = run.resume(trainer)?;
     let usable: Vec<usize> = (0..train_set.len()).filter(|&i| learns(&train_set[i])).collect();
     let lens = lengths(train_set);
     let mut epoch = 0u64;
@@ -303,30 +301,10 @@ pub fn train_packed<B: TrainBackend>(
         let part = queue.pop().expect("refilled above");
         part.into_iter().map(|i| &train_set[i]).collect()
     };
-    let validate = |trainer: &PackedTrainer<B>, state: &mut TrainState| -> Result<bool> {
-        if valid_set.is_empty() {
-            return Ok(false);
-        }
-        let m = evaluate_packed(trainer, valid_set, objective, max_tokens)?;
-        let better = state.best_valid_loss.is_none_or(|b| m.loss < b);
-        if better {
-            state.best_valid_loss = Some(m.loss);
-            state.best_step = Some(state.step);
-            state.since_best = 0;
-        } else {
-            state.since_best += 1;
-        }
-        state.history.push((state.step, m));
-        Ok(cfg.patience > 0 && state.since_best >= cfg.patience)
-    };
-    let save = |trainer: &PackedTrainer<B>, state: &TrainState| -> Result<()> {
-        if let Some(dir) = &cfg.out_dir {
-            trainer.save_checkpoint(dir)?;
-            trainer.save_optimizer(&dir.join(super::OPTIM))?;
-            std::fs::write(dir.join(super::STATE), serde_json::to_string_pretty(state)?)?;
-        }
-        Ok(())
-    };
+    // A resumed run skips the batches its steps took, so it sees the batches the run would have.
+    for _ in 0..state.step * cfg.grad_accum.max(1) {
+        next();
+    }
     while state.step < cfg.steps {
         let started = std::time::Instant::now();
         let lr = optim::schedule(state.step, cfg.lr, cfg.warmup, cfg.steps) as f32;
@@ -343,19 +321,109 @@ pub fn train_packed<B: TrainBackend>(
         state.last_loss = loss;
         on_step(state.step, loss);
         if cfg.eval_every > 0 && state.step % cfg.eval_every == 0 && state.step < cfg.steps {
-            let stop = validate(trainer, &mut state)?;
-            save(trainer, &state)?;
+            let stop = run.validate(trainer, &mut state)?;
+            run.save(trainer, &state)?;
             if stop {
                 state.stopped_early = true;
                 break;
             }
         }
     }
-    if !state.stopped_early {
-        validate(trainer, &mut state)?;
+    // The last step is validated once (not again when a finished run is started again).
+    let validated = state.history.last().is_some_and(|(step, _)| *step == state.step);
+    if !state.stopped_early && !validated {
+        run.validate(trainer, &mut state)?;
     }
-    save(trainer, &state)?;
+    run.save(trainer, &state)?;
+    run.finish(trainer, &state)?;
     Ok(state)
+}
+
+/// A packed run's validations and files ([`train_packed`]).
+struct Checkpoints<'a, B: TrainBackend> {
+    cfg: &'a TrainConfig,
+    valid_set: &'a [Example],
+    objective: Objective,
+    max_tokens: usize,
+    /// The best validation's weights, kept on the device when the run has no folder.
+    best: Option<Snapshot<B>>,
+}
+
+impl<B: TrainBackend> Checkpoints<'_, B> {
+    /// The state of the run in `cfg.out_dir` (AdamW's state and the last step's weights, when
+    /// the folder holds the best validation's, loaded), or a fresh one.
+    fn resume(&self, trainer: &mut PackedTrainer<B>) -> Result<TrainState> {
+        let Some(dir) = &self.cfg.out_dir else {
+            return Ok(TrainState::default());
+        };
+        let saved = dir.join(super::STATE);
+        if !saved.exists() {
+            return Ok(TrainState::default());
+        }
+        let state = serde_json::from_str(&std::fs::read_to_string(&saved)?)
+            .with_context(|| format!("reading {}", saved.display()))?;
+        if dir.join(super::OPTIM).exists() {
+            trainer.load_optimizer(&dir.join(super::OPTIM))?;
+        }
+        let last = dir.join(crate::checkpoint::LAST_WEIGHTS);
+        if last.exists() {
+            trainer.load_weights_file(&last)?;
+        }
+        Ok(state)
+    }
+
+    /// A validation (when there is a validation set): the best loss and its weights kept, and
+    /// whether the run stops early.
+    fn validate(&mut self, trainer: &PackedTrainer<B>, state: &mut TrainState) -> Result<bool> {
+        if self.valid_set.is_empty() {
+            return Ok(false);
+        }
+        let m = evaluate_packed(trainer, self.valid_set, self.objective, self.max_tokens)?;
+        if state.best_valid_loss.is_none_or(|b| m.loss < b) {
+            state.best_valid_loss = Some(m.loss);
+            state.best_step = Some(state.step);
+            state.since_best = 0;
+            if self.cfg.keep_best {
+                match &self.cfg.out_dir {
+                    Some(dir) => trainer.save_weights(&dir.join(super::BEST))?,
+                    None => self.best = Some(trainer.snapshot()?),
+                }
+            }
+        } else {
+            state.since_best += 1;
+        }
+        state.history.push((state.step, m));
+        Ok(self.cfg.patience > 0 && state.since_best >= self.cfg.patience)
+    }
+
+    /// The checkpoint, AdamW's state and the run's state written to the run's folder (whose
+    /// checkpoint is then the last step's).
+    fn save(&self, trainer: &PackedTrainer<B>, state: &TrainState) -> Result<()> {
+        if let Some(dir) = &self.cfg.out_dir {
+            trainer.save_checkpoint(dir)?;
+            let _ = std::fs::remove_file(dir.join(crate::checkpoint::LAST_WEIGHTS));
+            trainer.save_optimizer(&dir.join(super::OPTIM))?;
+            std::fs::write(dir.join(super::STATE), serde_json::to_string_pretty(state)?)?;
+        }
+        Ok(())
+    }
+
+    /// With `keep_best`, the best validation's weights back in the trainer and, in the run's
+    /// folder, its checkpoint (the last step's weights written beside it first).
+    fn finish(self, trainer: &mut PackedTrainer<B>, state: &TrainState) -> Result<()> {
+        if !self.cfg.keep_best || state.best_step.is_none_or(|b| b == state.step) {
+            return Ok(());
+        }
+        match (&self.cfg.out_dir, self.best) {
+            (Some(dir), _) => {
+                trainer.save_weights(&dir.join(crate::checkpoint::LAST_WEIGHTS))?;
+                trainer.load_weights_file(&dir.join(super::BEST))?;
+                trainer.save_checkpoint(dir)
+            }
+            (None, Some(best)) => trainer.restore(&best),
+            (None, None) => Ok(()),
+        }
+    }
 }
 
 /// [`train_packed`] at `placement`: on CUDA GPU `n` (bf16 copies on the device, f32 masters;

@@ -103,7 +103,8 @@ impl Default for TrainPrm {
 /// Which trainer a run uses (`--trainer`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Trainer {
-    /// The packed engine's on a GPU, candle's autograd on the CPU.
+    /// The packed engine's on a GPU, and on the CPU for a pretrained base ([`PRETRAINED_WIDTH`]
+    /// wide or more); candle's autograd on the CPU for the small shapes.
     #[default]
     Auto,
     /// candle's autograd in f32 (the CPU only): every operation's buffers are kept for the
@@ -128,13 +129,16 @@ impl std::str::FromStr for Trainer {
 }
 
 impl Trainer {
-    /// Whether a run placed at `placement` trains on the packed engine; autograd on a GPU is refused.
-    fn packed_at(self, placement: Placement) -> Result<bool> {
+    /// Whether a run placed at `placement` from a base of width `width` (none: a built-in shape)
+    /// trains on the packed engine; autograd on a GPU is refused.
+    pub fn packed_at(self, placement: Placement, width: Option<usize>) -> Result<bool> {
+        let pretrained = width.is_some_and(|w| w >= PRETRAINED_WIDTH);
         Ok(match (self, placement) {
             (Trainer::Autograd, Placement::Cuda(_)) => {
                 bail!("--trainer autograd runs on the CPU only: on a GPU the packed engine trains")
             }
-            (Trainer::Autograd, _) | (Trainer::Auto, Placement::Cpu | Placement::Auto) => false,
+            (Trainer::Autograd, _) => false,
+            (Trainer::Auto, Placement::Cpu | Placement::Auto) => pretrained,
             (Trainer::Packed, _) | (Trainer::Auto, Placement::Cuda(_)) => true,
         })
     }
@@ -178,7 +182,7 @@ impl TrainReport {
     pub fn summary(&self, out: &Path) -> String {
         let s = &self.state;
         let kept = match s.best_step {
-            Some(best) if best != s.step && self.sequences.1 > 0 && self.device == "cpu" => {
+            Some(best) if best != s.step && self.sequences.1 > 0 => {
                 format!(", the best validation's (step {best}) kept")
             }
             _ => String::new(),
@@ -249,8 +253,9 @@ fn train_into(
     let tok_dir = a.tokenizer.as_ref().or(a.base.as_ref()).context("pass --base DIR, or --config with --tokenizer DIR")?;
     let tok = Tokenizer::from_dir(tok_dir)?;
     let neutral = neutral_of(a)?;
-    let max_len = match &a.base {
-        Some(base) => ModelConfig::from_dir(base)?.max_position_embeddings.min(a.max_len),
+    let base_config = a.base.as_deref().map(ModelConfig::from_dir).transpose()?;
+    let max_len = match &base_config {
+        Some(c) => c.max_position_embeddings.min(a.max_len),
         None => a.max_len,
     };
     let head = verifier_head(a)?;
@@ -263,7 +268,7 @@ fn train_into(
         bail!("--head log-ratio needs --base (the LM to fine-tune; also the reference unless --reference-logprob)");
     }
     let placement = a.placement.resolve()?;
-    let packed = a.trainer.packed_at(placement)?;
+    let packed = a.trainer.packed_at(placement, base_config.map(|c| c.hidden_size))?;
     let spec = VerifierSpec {
         head,
         start,
@@ -490,7 +495,7 @@ fn on_packed(
         crate::checkpoint::save_training_checkpoint(&a.out, &model.config, &varmap)?;
         a.out.clone()
     };
-    let cfg = train_config(a, false);
+    let cfg = train_config(a, true);
     let objective = spec.objective();
     let state = train_on_device(
         &start,
@@ -502,7 +507,9 @@ fn on_packed(
         a.max_batch_tokens,
         on_step,
     )?;
-    let metrics = state.history.last().map(|(_, m)| m.clone());
+    // The best validation's, whose weights the run ends with.
+    let best = state.history.iter().rev().find(|(step, _)| Some(*step) == state.best_step);
+    let metrics = best.or(state.history.last()).map(|(_, m)| m.clone());
     Ok((state, metrics))
 }
 
@@ -560,11 +567,16 @@ mod tests {
 
     #[test]
     fn the_trainer_follows_the_device_and_autograd_stays_on_the_cpu() {
-        let packed = |t: Trainer, p: Placement| t.packed_at(p).unwrap();
+        let packed = |t: Trainer, p: Placement| t.packed_at(p, Some(64)).unwrap();
         assert!(!packed(Trainer::Auto, Placement::Cpu) && packed(Trainer::Auto, Placement::Cuda(0)));
         assert!(packed(Trainer::Packed, Placement::Cpu) && packed(Trainer::Packed, Placement::Cuda(1)));
         assert!(!packed(Trainer::Autograd, Placement::Cpu));
-        let refused = Trainer::Autograd.packed_at(Placement::Cuda(0)).unwrap_err();
+        // On the CPU, auto fine-tunes a pretrained base on the packed engine, and trains the
+        // small shapes (a small base, or none) with autograd.
+        assert!(Trainer::Auto.packed_at(Placement::Cpu, Some(PRETRAINED_WIDTH)).unwrap());
+        assert!(!Trainer::Auto.packed_at(Placement::Cpu, None).unwrap());
+        assert!(!Trainer::Autograd.packed_at(Placement::Cpu, Some(896)).unwrap());
+        let refused = Trainer::Autograd.packed_at(Placement::Cuda(0), None).unwrap_err();
         assert!(refused.to_string().contains("CPU only"), "{refused}");
         assert_eq!("packed".parse::<Trainer>().unwrap(), Trainer::Packed);
         assert!("jax".parse::<Trainer>().unwrap_err().to_string().contains("use auto, autograd or packed"));

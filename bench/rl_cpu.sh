@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# RL on the CPU at a pretrained policy's size: `stepwise rl --device cpu` on a random
+# Qwen2.5-0.5B-shaped policy (bench/make_random_prm.py --policy) with each trainer, candle's f32
+# autograd and the packed engine's (bf16 autocast, each layer recomputed, sampling from its own
+# weights on the packed engine's CPU backend), the outcome reward on GSM8K problems. Each run's
+# peak resident memory from /usr/bin/time, its seconds an update (and sampling's share) from its
+# rl_log.jsonl. Autograd runs under an address-space limit (LIMIT_GIB, default 21; 0 for none) so
+# that running out of memory ends that run, not the machine's other work (the limit counts
+# address space reserved, not only memory used: the packed run reserves 28 GB to use 15).
+#
+#   PYTHON=/path/to/venv/bin/python bash bench/rl_cpu.sh      (torch or numpy+ml_dtypes, safetensors)
+#
+# Environment: UPDATES (2), PROMPTS (2), GROUP (4), TOKENS (32), MINIBATCH (8), TRAINERS
+# ("packed autograd"), WORK (/tmp/rl_cpu), OUT (the JSON, default $WORK/rl_cpu.json).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+BIN=${STEPWISE:-target/release/stepwise}
+W=${WORK:-/tmp/rl_cpu}
+UPDATES=${UPDATES:-2}
+PROMPTS=${PROMPTS:-2}
+GROUP=${GROUP:-4}
+TOKENS=${TOKENS:-32}
+MINIBATCH=${MINIBATCH:-8}
+TRAINERS=${TRAINERS:-"packed autograd"}
+LIMIT_GIB=${LIMIT_GIB:-21}
+OUT=${OUT:-$W/rl_cpu.json}
+mkdir -p "$W"
+[ -f "$W/policy-0.5b/config.json" ] || "$PY" bench/make_random_prm.py 0.5b "$W/policy-0.5b" --policy \
+    > "$W/make.log" 2>&1 || { echo "could not make the policy: $W/make.log"; exit 1; }
+head -16 data/gsm8k/test.jsonl > "$W/problems.jsonl"
+for t in $TRAINERS; do
+    rm -rf "$W/run-$t"
+    limit=()
+    [ "$t" = autograd ] && [ "$LIMIT_GIB" -gt 0 ] && limit=(prlimit --as=$((LIMIT_GIB << 30)))
+    echo "== $t"
+    /usr/bin/time -v "${limit[@]}" "$BIN" rl --policy "$W/policy-0.5b" --problems "$W/problems.jsonl" \
+        --out "$W/run-$t" --device cpu --trainer "$t" --updates "$UPDATES" --prompts "$PROMPTS" \
+        --group-size "$GROUP" --max-tokens "$TOKENS" --minibatch-size "$MINIBATCH" --lr 1e-6 \
+        --checkpoint-every 0 > "$W/$t.log" 2>&1
+    echo "exit $?" >> "$W/$t.log"
+    grep -E "Maximum resident|^exit|rror|memory" "$W/$t.log" | tail -3
+done
+python3 - "$W" "$OUT" "$TRAINERS" <<'EOF'
+import json, re, sys
+from pathlib import Path
+w, out, trainers = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split()
+runs = {}
+for t in trainers:
+    text = (w / f"{t}.log").read_text(errors="replace")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    code = re.search(r"^exit (\d+)", text, re.M)
+    log = w / f"run-{t}" / "rl_log.jsonl"
+    updates = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+    runs[t] = {
+        "exit": int(code.group(1)) if code else None,
+        "peak_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
+        "updates": [{k: u.get(k) for k in ("update", "seconds", "sampling_seconds", "sampled_tokens", "kl", "loss")}
+                    for u in updates],
+    }
+    if updates:
+        runs[t]["seconds_per_update"] = round(sum(u["seconds"] for u in updates) / len(updates), 1)
+    if runs[t]["exit"]:
+        runs[t]["error"] = [l for l in text.splitlines() if "rror" in l or "memory" in l][-3:]
+json.dump({"policy": "random Qwen2.5-0.5B shape, bf16", "runs": runs}, open(out, "w"), indent=1)
+for t, r in runs.items():
+    print(t, "exit", r["exit"], "peak", r["peak_gib"], "GiB", "s/update", r.get("seconds_per_update"))
+EOF
