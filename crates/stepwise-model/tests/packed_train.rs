@@ -314,6 +314,40 @@ fn the_packed_loop_keeps_the_best_validation_and_continues_from_the_last_step() 
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// With `patience`, a packed run whose validation stops improving stops early, and started
+/// again on its folder it stays stopped: no more steps.
+#[test]
+fn a_packed_run_that_stopped_early_stays_stopped() {
+    use stepwise_model::train::packed::train_packed;
+    use stepwise_model::train::TrainConfig;
+    let dir = fixtures().join("qwen2-prm");
+    let ex = examples("qwen2-prm");
+    let (valid, train) = ex.split_at(2);
+    let out = run_folder("patience");
+    let cfg = TrainConfig {
+        lr: 0.3,
+        warmup: 1,
+        patience: 2,
+        ..loop_config(&out, 40, 4, 1)
+    };
+    let mut trainer = reference_trainer(&dir);
+    let state = train_packed(&mut trainer, train, valid, Objective::Classify, &cfg, 256, |_, _| {}).unwrap();
+    assert!(
+        state.stopped_early && state.step < 40,
+        "step {}: no early stop",
+        state.step
+    );
+    let mut again = reference_trainer(&out);
+    let mut steps = 0;
+    let resumed = train_packed(&mut again, train, valid, Objective::Classify, &cfg, 256, |_, _| {
+        steps += 1
+    })
+    .unwrap();
+    assert_eq!((steps, resumed.step), (0, state.step), "the stopped run trained on");
+    assert_eq!(resumed.history.len(), state.history.len(), "validated again");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// A packed run killed after a checkpoint (of a bf16 model: its exact f32 weights kept beside
 /// it) and started again ends with the weights of the run that was never interrupted: the same
 /// batches, the same AdamW state, the same copies of the weights.

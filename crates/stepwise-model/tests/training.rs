@@ -288,6 +288,44 @@ fn keep_best_ends_with_the_best_validation_and_resumes_from_the_last_step() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// With `patience`, a run whose validation stops improving (a learning rate that overshoots)
+/// stops early, and started again on its folder it stays stopped: no more steps.
+#[test]
+fn a_run_that_stopped_early_stays_stopped() {
+    let tok = tokenizer();
+    let ex = label_examples(&tok, &solutions(64, 5), &LabelOptions::default()).unwrap();
+    let (train_set, valid) = ex.split_at(48);
+    let dir = std::env::temp_dir().join(format!("stepwise-patience-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = TrainConfig {
+        lr: 0.3,
+        warmup: 1,
+        steps: 40,
+        batch_size: 8,
+        eval_every: 1,
+        patience: 2,
+        out_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let varmap = VarMap::new();
+    let mut m = tiny_prm(&tok, &varmap);
+    let state = train(&mut m, &varmap, train_set, valid, Objective::Classify, &cfg, |_, _| {}).unwrap();
+    assert!(
+        state.stopped_early && state.step < 40,
+        "step {}: no early stop",
+        state.step
+    );
+    let varmap = VarMap::new();
+    let mut m = tiny_prm(&tok, &varmap);
+    let mut steps = 0;
+    let again = train(&mut m, &varmap, train_set, valid, Objective::Classify, &cfg, |_, _| {
+        steps += 1
+    })
+    .unwrap();
+    assert_eq!((steps, again.step), (0, state.step), "the stopped run trained on");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A verifier started from a checkpoint with the same head keeps that head (weights and biases);
 /// one with another head starts its head fresh and drops the old one.
 #[test]

@@ -226,22 +226,29 @@ fn a_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
     assert_resumes("plain", &config(4), false);
 }
 
+/// On the packed trainer, on the reference backend (sampled by the CPU engine) and on the CPU
+/// backend (sampling from its own weights, as `rl --trainer packed` on a CPU).
 #[test]
 fn a_packed_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
     let tok = tokenizer();
     let (problems, task) = (problems(), LastStepAnswers);
     let (reference, _) = fresh(5);
     let start = policy_folder(5, "resume");
-    let train = |dir: &PathBuf, on_update: &dyn Fn(usize)| {
-        let mut learner = packed_learner(&start, &dir.join("sampler"));
-        train_rl(
-            run(&mut learner, &reference, &tok, &problems, &task, Some(dir.clone())),
-            &config(4),
-            |l| on_update(l.update),
-        )
-        .unwrap()
-    };
-    assert_killed_run_resumes("packed", false, &train);
+    for backend in ["packed", "packed-cpu"] {
+        let train = |dir: &PathBuf, on_update: &dyn Fn(usize)| {
+            let mut learner: Box<dyn Learner> = match backend {
+                "packed" => Box::new(packed_learner(&start, &dir.join("sampler"))),
+                _ => stepwise_rl::learner::packed_learner(&start, stepwise_model::Placement::Cpu, 4096).unwrap(),
+            };
+            train_rl(
+                run(&mut *learner, &reference, &tok, &problems, &task, Some(dir.clone())),
+                &config(4),
+                |l| on_update(l.update),
+            )
+            .unwrap()
+        };
+        assert_killed_run_resumes(backend, false, &train);
+    }
     std::fs::remove_dir_all(&start).unwrap();
 }
 

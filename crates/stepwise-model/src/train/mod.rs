@@ -326,7 +326,8 @@ pub fn train(
     for _ in 0..state.step * cfg.grad_accum {
         next_batch(&mut rng);
     }
-    while state.step < cfg.steps {
+    // A run that stopped early stays stopped when started again.
+    while state.step < cfg.steps && !state.stopped_early {
         let started = std::time::Instant::now();
         opt.lr = schedule(state.step, cfg.lr, cfg.warmup, cfg.steps);
         let mut grads = None;

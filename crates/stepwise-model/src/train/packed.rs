@@ -305,7 +305,8 @@ pub fn train_packed<B: TrainBackend>(
     for _ in 0..state.step * cfg.grad_accum.max(1) {
         next();
     }
-    while state.step < cfg.steps {
+    // A run that stopped early stays stopped when started again.
+    while state.step < cfg.steps && !state.stopped_early {
         let started = std::time::Instant::now();
         let lr = optim::schedule(state.step, cfg.lr, cfg.warmup, cfg.steps) as f32;
         let (mut loss, micro) = (0.0, cfg.grad_accum.max(1));
