@@ -20,6 +20,14 @@ use std::path::{Path, PathBuf};
 /// A copy of a [`PackedTrainer`]'s f32 weights on its device ([`PackedTrainer::snapshot`]).
 pub struct Snapshot<B: TrainBackend>(Params<B::F32>);
 
+/// Every value of `src` (laid out as `specs`) copied into `dst`.
+fn copy_values<B: TrainBackend>(b: &B, specs: &Params<Spec>, src: &Params<B::F32>, dst: &mut Params<B::F32>) -> Result<()> {
+    for ((s, from), to) in specs.all().into_iter().zip(src.all()).zip(dst.all_mut()) {
+        b.copy_f32(from, to, s.len())?;
+    }
+    Ok(())
+}
+
 /// Where a tensor's values come from.
 enum Source<'a, B: Backend> {
     /// Values `at..` of a buffer, as many as the shape holds (f32, stored as `dtype`).
@@ -169,20 +177,14 @@ impl<B: TrainBackend> PackedTrainer<B> {
     pub fn snapshot(&self) -> Result<Snapshot<B>> {
         let b = &*self.decoder.backend;
         let mut copy = self.specs.map(|s| b.zeros_f32(s.len()))?;
-        for ((s, w), dst) in self.specs.all().into_iter().zip(self.master.all()).zip(copy.all_mut()) {
-            b.copy_f32(w, dst, s.len())?;
-        }
+        copy_values(b, &self.specs, &self.master, &mut copy)?;
         Ok(Snapshot(copy))
     }
 
     /// The masters set to `snapshot`'s values (AdamW's state is left as it is) and the decoder's
     /// copies refreshed.
     pub fn restore(&mut self, snapshot: &Snapshot<B>) -> Result<()> {
-        let b = std::sync::Arc::clone(&self.decoder.backend);
-        let sizes: Vec<usize> = self.specs.all().into_iter().map(Spec::len).collect();
-        for ((n, src), dst) in sizes.into_iter().zip(snapshot.0.all()).zip(self.master.all_mut()) {
-            b.copy_f32(src, dst, n)?;
-        }
+        copy_values(&*self.decoder.backend, &self.specs, &snapshot.0, &mut self.master)?;
         self.refresh_copies()
     }
 
