@@ -341,6 +341,9 @@ def agent_rl(
     checkpoint_every: int = 10,
     seed: int = 0,
     step_timeout: float = 60.0,
+    device: Optional[Device] = None,
+    trainer: str = "auto",
+    max_batch_tokens: int = ...,
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Dict[str, Any]]:
     """RL for an agent (GRPO over its own trajectories in `env`, the loss on its actions only):
@@ -348,7 +351,8 @@ def agent_rl(
     `"prm:DIR"` (a PRM's score of every action), a process reward with the goal's advantage
     added at `goal_weight` and credited by `credit` (`"min_so_far"`, `"own"`, `"progress"`,
     `"return_to_go"`), or `"prime"` (the goal plus an implicit PRM learning online from it). The policy, optimiser and `rl_log.jsonl` go to `out`; a call on the
-    same `out` resumes. Trains on the CPU. Returns each update's log."""
+    same `out` resumes. `device` and `trainer` as `rl`'s (a pretrained policy trains on the
+    packed engine's trainer, a small one with candle's autograd). Returns each update's log."""
 
 def train_prm(
     records: Union[Iterable[Record], str, "PathLike[str]"],

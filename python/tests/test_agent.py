@@ -256,6 +256,23 @@ def test_agent_rl_trains_in_a_python_environment_and_resumes(tmp_path, fixtures)
                           prime_filter=(0.9, 0.1), **settings)
 
 
+def test_agent_rl_on_the_packed_trainer(tmp_path, fixtures):
+    """`trainer="packed"` on the CPU (what a pretrained policy gets there): the policy plays from
+    the packed trainer's own weights, the KL reference computes as it does (a KL of exactly 0
+    before the first step), and a second call resumes."""
+    settings = dict(env=Counter, updates=2, worlds=2, group_size=2, max_tokens=4, max_actions=3, lr=1e-4,
+                    checkpoint_every=1, seed=3, trainer="packed", device="cpu")
+    out = tmp_path / "packed"
+    log = stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), out, reward="oracle", **settings)
+    assert [entry["update"] for entry in log] == [1, 2]
+    assert log[0]["kl"] == 0.0 and all(entry["updated_tokens"] > 0 for entry in log)
+    assert stepwise.Policy(out).generate("Count to three.", n=1, seed=1)
+    again = stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), out, reward="oracle", **settings)
+    assert [(e["update"], e["seconds"]) for e in again] == [(e["update"], e["seconds"]) for e in log]
+    with pytest.raises(ValueError, match="use auto, autograd or packed"):
+        stepwise.agent_rl(fixtures / "qwen2-policy", counter_problems(), tmp_path / "x", env=Counter, trainer="jax")
+
+
 def test_agent_rl_refuses_what_it_cannot_do(tmp_path, fixtures):
     policy = fixtures / "qwen2-policy"
     with pytest.raises(ValueError, match="goal, oracle, prm:DIR or prime"):

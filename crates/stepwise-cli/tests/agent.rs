@@ -332,43 +332,8 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
     let d = common::tmp("agent", "rl");
     let s = |p: &str| d.join(p).display().to_string();
     games(&d, 6, 2);
-    let policy = fixture("qwen2-policy");
     let prm = format!("prm:{}", fixture("qwen2-prm"));
-    let rl = |reward: &str, out: &str| {
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"));
-        c.args([
-            "agent",
-            "rl",
-            "--policy",
-            &policy,
-            "--problems",
-            &s("games.jsonl"),
-            "--reward",
-            reward,
-        ])
-        .args([
-            "--updates",
-            "6",
-            "--worlds",
-            "2",
-            "--group-size",
-            "2",
-            "--max-tokens",
-            "4",
-        ])
-        .args([
-            "--max-actions",
-            "3",
-            "--lr",
-            "1e-4",
-            "--checkpoint-every",
-            "1",
-            "--seed",
-            "5",
-        ])
-        .args(["--out", out]);
-        c
-    };
+    let rl = |reward: &str, out: &str| agent_rl(&d, reward, out);
     // A PRM's score of every action, the oracle's mean verdict logged beside it.
     let whole = rl(&prm, &s("a")).output().unwrap();
     assert!(whole.status.success(), "{}", String::from_utf8_lossy(&whole.stderr));
@@ -411,6 +376,81 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
     );
 
     // PRIME: an implicit PRM learns from the goal beside the policy, and is kept in the folder.
+    let prime = rl("prime", &s("p")).args(["--prime-filter", "0,1"]).output().unwrap();
+    assert!(prime.status.success(), "{}", String::from_utf8_lossy(&prime.stderr));
+    let logged = lines(&d.join("p/rl_log.jsonl"));
+    assert!(
+        logged.iter().all(|l| l["implicit_prm"]["loss"].is_number()),
+        "{logged:?}"
+    );
+    assert!(d.join("p/implicit_prm/model.safetensors").exists());
+}
+
+/// `stepwise agent rl` of the fixture policy in the games of `d`, rewarded by `reward`, into `out`:
+/// 6 updates of 2 worlds × 2 episodes, checkpointed every update.
+fn agent_rl(d: &Path, reward: &str, out: &str) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_stepwise"));
+    c.args(["agent", "rl", "--policy", &fixture("qwen2-policy")])
+        .args([
+            "--problems",
+            &d.join("games.jsonl").display().to_string(),
+            "--reward",
+            reward,
+        ])
+        .args([
+            "--updates",
+            "6",
+            "--worlds",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+        ])
+        .args([
+            "--max-actions",
+            "3",
+            "--lr",
+            "1e-4",
+            "--checkpoint-every",
+            "1",
+            "--seed",
+            "5",
+        ])
+        .args(["--out", out]);
+    c
+}
+
+/// `--trainer packed` on the CPU (what a pretrained policy gets there): the packed engine's
+/// trainer updates the policy and the policy plays from the trainer's own weights; a SIGKILLed
+/// run resumes to the same log, and PRIME's implicit PRM trains on a second packed trainer.
+#[test]
+fn agent_rl_on_the_packed_trainer_resumes_and_trains_prime() {
+    let d = common::tmp("agent", "rl-packed");
+    let s = |p: &str| d.join(p).display().to_string();
+    games(&d, 6, 2);
+    let rl = |reward: &str, out: &str| {
+        let mut c = agent_rl(&d, reward, out);
+        c.args(["--device", "cpu", "--trainer", "packed"]);
+        c
+    };
+    // A PRM's scores differ between episodes where the fixture's oracle and goal give all 0.
+    let prm = format!("prm:{}", fixture("qwen2-prm"));
+    let whole = rl(&prm, &s("a")).output().unwrap();
+    assert!(whole.status.success(), "{}", String::from_utf8_lossy(&whole.stderr));
+    let a = rl_figures(&d.join("a/rl_log.jsonl"));
+    assert_eq!(a.len(), 6);
+    let logged = lines(&d.join("a/rl_log.jsonl"));
+    assert!(
+        logged.iter().all(|l| l["updated_tokens"].as_u64() > Some(0)),
+        "{logged:?}"
+    );
+    assert_ne!(
+        std::fs::read(d.join("a/model.safetensors")).unwrap(),
+        std::fs::read(Path::new(&fixture("qwen2-policy")).join("model.safetensors")).unwrap(),
+        "six updates left the policy as it started"
+    );
+    a_killed_run_resumes_to_the_same_log(&d, &|out| rl(&prm, out), &a);
     let prime = rl("prime", &s("p")).args(["--prime-filter", "0,1"]).output().unwrap();
     assert!(prime.status.success(), "{}", String::from_utf8_lossy(&prime.stderr));
     let logged = lines(&d.join("p/rl_log.jsonl"));

@@ -10,6 +10,7 @@
 use crate::config::ModelConfig;
 use crate::decode_cache::DecodeCache;
 use crate::packed::Packed;
+use crate::packed_engine::paged::worst_case_blocks;
 use crate::packed_engine::{Backend, PackedDecoder, PagedCache, PagedRows, TrainBackend};
 use anyhow::Result;
 use std::sync::atomic::Ordering;
@@ -28,9 +29,21 @@ pub trait PackedEngine: Send + Sync + std::fmt::Debug {
     /// Each sequence's token log-probabilities (position 0 holds 0), in packed batches of at
     /// most `max_tokens` tokens.
     fn sequence_logprobs(&self, seqs: &[&[u32]], max_tokens: usize) -> Result<Vec<Vec<f32>>>;
-    /// The KV cache of a running batch ([`crate::Decoding`]): at most `kv_budget` bytes of
-    /// keys and values (`None`: half the device's free memory).
-    fn decode_cache<'a>(&'a self, kv_budget: Option<usize>) -> Result<Box<dyn DecodeCache + 'a>>;
+    /// The KV cache of a running batch ([`crate::Decoding`]), as big as `size` says.
+    fn decode_cache<'a>(&'a self, size: KvSize) -> Result<Box<dyn DecodeCache + 'a>>;
+}
+
+/// How big a batch's paged KV cache is made: the budget, or less when every request is known
+/// when the cache is made ([`crate::generate`]'s one request), since a pool is allocated whole
+/// and zeroed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvSize {
+    /// At most this many bytes of keys and values (`None`: the backend's default budget, half
+    /// the device's free memory, on the CPU at most 2 GiB).
+    pub budget: Option<usize>,
+    /// Only what this request needs at worst, when it is the batch's one request:
+    /// `(prompt tokens, continuations, new tokens each)`.
+    pub only_for: Option<(usize, usize, usize)>,
 }
 
 impl<B: TrainBackend + 'static> PackedEngine for PackedDecoder<B> {
@@ -54,11 +67,16 @@ impl<B: TrainBackend + 'static> PackedEngine for PackedDecoder<B> {
         crate::train::packed::sequence_logprobs(self, seqs, max_tokens)
     }
 
-    fn decode_cache<'a>(&'a self, kv_budget: Option<usize>) -> Result<Box<dyn DecodeCache + 'a>> {
-        let bytes = match kv_budget {
+    fn decode_cache<'a>(&'a self, size: KvSize) -> Result<Box<dyn DecodeCache + 'a>> {
+        let bytes = match size.budget {
             Some(b) => b,
             None => self.backend().kv_budget()?,
         };
-        Ok(Box::new(PagedRows::new(self, PagedCache::blocks_in(self, bytes))?))
+        let mut blocks = PagedCache::blocks_in(self, bytes);
+        if let Some((prompt, n, max_new)) = size.only_for {
+            // A request that cannot fit is refused by the budget's cache, which says so.
+            blocks = blocks.min(worst_case_blocks(prompt, n, max_new).max(1));
+        }
+        Ok(Box::new(PagedRows::new(self, blocks)?))
     }
 }

@@ -8,6 +8,7 @@
 //! sampling is [`sample_token`] with each continuation's own generator.
 
 use crate::decode_cache::DecodeCache;
+use crate::engine::KvSize;
 use crate::model::Model;
 pub use crate::sampling::{sample_token, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -24,7 +25,7 @@ pub fn generate(
     n: usize,
     p: &SamplingParams,
 ) -> Result<Vec<Vec<u32>>> {
-    let mut batch = Decoding::new(model, tok);
+    let mut batch = Decoding::new(model, tok).only_for(prompt.len(), n, p.max_new_tokens);
     batch.add(prompt, n, p.clone())?;
     loop {
         if let Some((_, outs)) = batch.step()?.pop() {
@@ -55,8 +56,8 @@ pub struct Decoding<'a> {
     /// The model whose engine's cache the first request makes (`None`: given at the start).
     model: Option<&'a Model>,
     tok: Option<&'a Tokenizer>,
-    /// The KV budget of a packed engine's cache, in bytes (`None`: half the device's free memory).
-    kv_budget: Option<usize>,
+    /// How big a packed engine's cache is made.
+    kv: KvSize,
     cache: Option<Box<dyn DecodeCache + 'a>>,
     /// Live rows, in the cache's row order.
     rows: Vec<Row>,
@@ -165,7 +166,7 @@ impl<'a> Decoding<'a> {
         Decoding {
             model,
             tok,
-            kv_budget: None,
+            kv: KvSize::default(),
             cache,
             rows: Vec::new(),
             prefills: Vec::new(),
@@ -181,7 +182,16 @@ impl<'a> Decoding<'a> {
     /// budget; default half the device's free memory when the first request comes): requests
     /// wait for room.
     pub fn kv_budget(mut self, bytes: Option<usize>) -> Self {
-        self.kv_budget = bytes;
+        self.kv.budget = bytes;
+        self
+    }
+
+    /// The batch will hold one request, of `n` continuations of a `prompt`-token prompt with at
+    /// most `max_new` new tokens each ([`generate`]): a packed engine's cache is made no bigger
+    /// than it needs at worst (within the budget), instead of the whole budget allocated and
+    /// zeroed for it.
+    pub fn only_for(mut self, prompt: usize, n: usize, max_new: usize) -> Self {
+        self.kv.only_for = Some((prompt, n, max_new));
         self
     }
 
@@ -196,7 +206,7 @@ impl<'a> Decoding<'a> {
     fn cache(&mut self) -> Result<&mut (dyn DecodeCache + 'a)> {
         if self.cache.is_none() {
             let model = self.model.expect("a batch without a cache has a model");
-            self.cache = Some(model.decode_cache(self.kv_budget)?);
+            self.cache = Some(model.decode_cache(self.kv)?);
         }
         Ok(self.cache.as_deref_mut().expect("made above"))
     }

@@ -120,6 +120,23 @@ impl Model {
         }
     }
 
+    /// Load the checkpoint folder `dir` onto the packed engine at `placement`: the CUDA engine
+    /// on a GPU ([`Model::load_on`]), the packed engine's CPU backend
+    /// ([`crate::packed_engine::Cpu`]: bf16 weights, bf16 products with f32 sums) on the CPU.
+    /// What a policy the packed trainer updates computes with, so a KL reference loaded here
+    /// gives the same log-probabilities as the untrained policy, bit for bit.
+    pub fn load_packed(dir: &Path, placement: crate::Placement) -> Result<Self> {
+        match placement.resolve()? {
+            crate::Placement::Cuda(ordinal) => Self::load_cuda(dir, ordinal),
+            _ => {
+                let cpu = Arc::new(crate::packed_engine::Cpu);
+                let engine = crate::packed_engine::PackedDecoder::load(dir, ModelConfig::from_dir(dir)?, cpu)
+                    .with_context(|| format!("loading {} onto the packed engine's CPU backend", dir.display()))?;
+                Self::on_packed(Arc::new(engine))
+            }
+        }
+    }
+
     #[cfg(feature = "cuda")]
     fn load_cuda(dir: &Path, ordinal: usize) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
@@ -164,11 +181,11 @@ impl Model {
     }
 
     /// The KV cache of a running batch of generation ([`crate::Decoding`]) on the engine that
-    /// holds the weights: a cache a row on the CPU; on a packed engine a paged cache of at most
-    /// `kv_budget` bytes (`None`: half the device's free memory).
-    pub fn decode_cache(&self, kv_budget: Option<usize>) -> Result<Box<dyn crate::DecodeCache + '_>> {
+    /// holds the weights: a cache a row on the CPU; on a packed engine a paged cache as big as
+    /// `size` says.
+    pub fn decode_cache(&self, size: crate::engine::KvSize) -> Result<Box<dyn crate::DecodeCache + '_>> {
         match &self.packed {
-            Some(g) => g.decode_cache(kv_budget),
+            Some(g) => g.decode_cache(size),
             None => Ok(Box::new(crate::decode_cache::CpuRows::new(self))),
         }
     }

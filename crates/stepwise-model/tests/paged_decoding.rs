@@ -199,3 +199,46 @@ fn a_cancelled_request_gives_its_blocks_back_and_leaves_the_others_as_they_were(
     batch.join(&prompts[2], 2, greedy(40)).unwrap();
     assert_eq!(run(&mut batch).len(), 2);
 }
+
+/// `generate`'s one request gets a cache of the blocks it needs at worst, not the whole budget
+/// (allocated and zeroed at every call): the same continuations, the pool that much smaller,
+/// and a request past the budget still refused by it.
+#[test]
+fn a_batch_of_one_request_makes_only_the_cache_it_needs() {
+    let engine: Arc<dyn stepwise_model::engine::PackedEngine> = Arc::new(policy());
+    let model = stepwise_model::Model::on_packed(engine).unwrap();
+    let prompt: Vec<u32> = (0..70).map(|i| (i * 5 + 2) as u32).collect();
+    // 70 prompt tokens (2 blocks, the second partly filled), 3 continuations to position 150:
+    // 2 + 3 × (3 − 1) = 8 blocks.
+    assert_eq!(stepwise_model::packed_engine::worst_case_blocks(70, 3, 80), 8);
+    let mut sized = Decoding::new(&model, None).only_for(70, 3, 80);
+    sized.add(&prompt, 3, greedy(80)).unwrap();
+    assert_eq!(sized.cache_blocks().map(|(_, total)| total), Some(8));
+    let mut whole = Decoding::new(&model, None).kv_budget(Some(64 << 20));
+    whole.add(&prompt, 3, greedy(80)).unwrap();
+    assert!(whole.cache_blocks().unwrap().1 > 8);
+    assert_eq!(run(&mut sized), run(&mut whole));
+    assert_eq!(
+        stepwise_model::generate(&model, None, &prompt, 3, &greedy(80)).unwrap(),
+        run(&mut {
+            let mut b = Decoding::new(&model, None).kv_budget(Some(64 << 20));
+            b.add(&prompt, 3, greedy(80)).unwrap();
+            b
+        })
+        .remove(0)
+        .1
+    );
+    // Within the budget: a budget of 4 blocks' bytes refuses what needs 8.
+    let per_block = 2 * 2 * stepwise_model::packed_engine::BLOCK * {
+        let c = &model.config;
+        c.num_key_value_heads * c.head_dim * c.num_hidden_layers
+    };
+    let mut small = Decoding::new(&model, None)
+        .kv_budget(Some(4 * per_block))
+        .only_for(70, 3, 80);
+    let err = small.add(&prompt, 3, greedy(80)).unwrap_err().to_string();
+    assert!(
+        err.contains("need 8 KV cache blocks") && err.contains("holds 4"),
+        "{err}"
+    );
+}

@@ -23,13 +23,15 @@ use stepwise_rl::{run_agent_rl, AgentReward, AgentRlJob};
 /// `"return_to_go"`). `silent=True` plays the rooms world that keeps
 /// the goal to itself (the lab's). The policy, its optimiser and `rl_log.jsonl` are written to
 /// `out` every `checkpoint_every` updates and at the end, and a call on the same `out` resumes.
-/// Trains on the CPU. Returns each update's log (`reward`, `accuracy`: the share of episodes that
+/// `device` and `trainer` are `stepwise.rl`'s: a pretrained policy (hidden size 512 or more) trains
+/// on the packed engine's trainer and plays from its own weights (on the CPU, or a GPU with
+/// `device="cuda"` in a CUDA build), a small one with candle's autograd on the CPU. Returns each update's log (`reward`, `accuracy`: the share of episodes that
 /// reached the goal, `kl`, `watched["oracle"]` where the environment judges, `heldout_accuracy`
 /// with `eval_problems`).
 ///
 /// >>> log = stepwise.agent_rl("policy/", stepwise.rooms(64, seed=1), "agent-rl/", reward="oracle", updates=16)
 #[pyfunction]
-#[pyo3(signature = (policy, problems, out, reward="goal", env=None, goal_weight=1.0, updates=16, worlds=4, group_size=8, epochs=1, minibatch_size=32, lr=1e-5, kl=0.04, clip=0.2, credit="min_so_far", temperature=1.0, max_tokens=24, max_actions=30, silent=false, separator="\n", layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, step_timeout=60.0, progress=None))]
+#[pyo3(signature = (policy, problems, out, reward="goal", env=None, goal_weight=1.0, updates=16, worlds=4, group_size=8, epochs=1, minibatch_size=32, lr=1e-5, kl=0.04, clip=0.2, credit="min_so_far", temperature=1.0, max_tokens=24, max_actions=30, silent=false, separator="\n", layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, step_timeout=60.0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn agent_rl<'py>(
     py: Python<'py>,
@@ -63,9 +65,14 @@ pub fn agent_rl<'py>(
     checkpoint_every: usize,
     seed: u64,
     step_timeout: f64,
+    device: Option<&Bound<'py, PyAny>>,
+    trainer: &str,
+    max_batch_tokens: usize,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let reward = AgentReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
+    let placement = crate::convert::placement_arg(device)?;
+    let trainer = crate::convert::trainer_arg(trainer)?;
     let prime = crate::rl::prime_config(reward == AgentReward::Prime, (prime_beta, prime_lr, prime_filter), lr)?;
     let problems = problems_arg(problems)?;
     let heldout = eval_problems.map(problems_arg).transpose()?;
@@ -99,6 +106,9 @@ pub fn agent_rl<'py>(
                 every: eval_every,
                 samples: eval_samples,
             }),
+            placement,
+            trainer,
+            max_batch_tokens,
         };
         let log = run_agent_rl(job, &cfg, |l| progress.done(l.update))?;
         Ok(serde_json::to_value(log)?)

@@ -349,6 +349,12 @@ pub fn placement_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<stepwise_model:
         .map_err(|e: anyhow::Error| value_error(format!("device={name:?}: {e}, or a CUDA index")))
 }
 
+/// A `trainer=` argument: `"auto"`, `"packed"` or `"autograd"`.
+pub fn trainer_arg(name: &str) -> PyResult<stepwise_model::train::run::Trainer> {
+    name.parse()
+        .map_err(|e: anyhow::Error| value_error(format!("trainer: {e}")))
+}
+
 /// A `dtype=` argument as PyTorch spells it (`torch.bfloat16`, `"bfloat16"`, `"float32"`,
 /// `"fp32"`) or as stepwise does (`"auto"`, `"f32"`, `"bf16"`, `"bf16-weights"`).
 /// None is `"auto"`.

@@ -65,9 +65,7 @@ pub fn rl<'py>(
     let reward = RlReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
     let prime = prime_config(reward == RlReward::Prime, (prime_beta, prime_lr, prime_filter), lr)?;
     let placement = crate::convert::placement_arg(device)?;
-    let trainer = trainer
-        .parse()
-        .map_err(|e: anyhow::Error| value_error(format!("trainer: {e}")))?;
+    let trainer = crate::convert::trainer_arg(trainer)?;
     let problems = problems_arg(problems)?;
     stepwise_rl::job::check_gold(&problems).map_err(|e| value_error(e.to_string()))?;
     let heldout = eval_problems.map(problems_arg).transpose()?;

@@ -69,9 +69,7 @@ pub fn train_prm<'py>(
         )));
     }
     let placement = crate::convert::placement_arg(device)?;
-    let trainer = trainer
-        .parse()
-        .map_err(|e: anyhow::Error| crate::convert::value_error(format!("trainer: {e}")))?;
+    let trainer = crate::convert::trainer_arg(trainer)?;
     let solutions = Given::of(records)?;
     let valid = valid_records.map(Given::of).transpose()?;
     // A model id (`org/name`) is found in, or downloaded into, the Hugging Face cache, as the

@@ -13,8 +13,7 @@
 //! multi-turn RL).
 
 use crate::agent::{train_agent_rl, AgentRlRun};
-use crate::job::{implicit_prm, PrimeModel};
-use crate::learner::CandleLearner;
+use crate::job::{implicit_prm, TrainedPolicy};
 use crate::trainer::{Heldout, RlConfig, UpdateLog};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -23,11 +22,8 @@ use stepwise_core::record::OBSERVATION_MARK;
 use stepwise_core::seams::{Environment, Reward, RewardKind, ScorerReward};
 use stepwise_core::Problem;
 use stepwise_model::scoring::LoadedVerifier;
-use stepwise_model::train::VarMap;
-use stepwise_model::{
-    default_device, default_precision, Model, ModelConfig, Placement, Prompt, SamplingParams, Tokenizer,
-    DEFAULT_MAX_BATCH_TOKENS,
-};
+use stepwise_model::train::run::Trainer;
+use stepwise_model::{default_precision, Model, Placement, Prompt, SamplingParams, Tokenizer};
 
 /// What an agent's RL run optimises.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,19 +77,28 @@ pub struct AgentRlJob<'a> {
     pub out: &'a Path,
     /// Worlds whose success is measured during training.
     pub heldout: Option<Heldout<'a>>,
+    /// Where the policy trains and samples, and the reference and a PRM reward run.
+    pub placement: Placement,
+    /// Which trainer updates the policy (and PRIME's implicit PRM): on the CPU, `Auto` is the
+    /// packed engine's for a pretrained policy, candle's autograd for a small one.
+    pub trainer: Trainer,
+    /// Most tokens in one pass of the packed trainer.
+    pub max_batch_tokens: usize,
 }
 
 /// Run `job` with `cfg`; `on_update` sees each update's log. Returns the log of every update
 /// (a resumed run's earlier part included), also written to `OUT/rl_log.jsonl`. The policy
-/// trains on the CPU.
+/// trains where the job's placement and trainer say ([`RlJob`](crate::RlJob)'s choice).
 pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog)) -> Result<Vec<UpdateLog>> {
     // Refused before a model is loaded or the folder made.
     cfg.check()?;
     if (job.reward == AgentReward::Prime) != cfg.prime.is_some() {
         bail!("the prime reward and PRIME's settings (RlConfig::prime) go together");
     }
+    let placement = job.placement.resolve()?;
     let tok = Tokenizer::from_dir(job.policy)?;
-    let reference = Model::load_on(job.policy, Placement::Cpu, default_precision())?;
+    let mut policy = TrainedPolicy::load(job.policy, placement, job.trainer, job.max_batch_tokens, cfg.seed)?;
+    let reference = policy.reference(job.policy, placement)?;
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
     stepwise_model::tokenizer::copy_files(job.policy, job.out)?;
     let games = Games::new(job.env, job.problems.iter().cloned());
@@ -110,7 +115,7 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
             Some(LoadedVerifier::load_on(
                 &dir,
                 &job.layout,
-                Placement::Cpu,
+                placement,
                 default_precision(),
             )?)
         }
@@ -132,23 +137,20 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
     } else {
         Vec::new()
     };
-    let varmap = VarMap::new();
-    let config = ModelConfig::from_dir(job.policy)?;
-    let mut policy = Model::load_trainable(job.policy, config, &varmap, &default_device(), cfg.seed)?;
     let mut implicit = match &cfg.prime {
-        Some(p) => implicit_prm(
+        Some(p) => Some(implicit_prm(
             job.policy,
             job.out,
             &job.separator,
             p.beta,
-            (None, DEFAULT_MAX_BATCH_TOKENS),
+            (policy.packed().then_some(placement), job.max_batch_tokens),
             cfg.seed,
-        )?,
-        None => PrimeModel::None,
+        )?),
+        None => None,
     };
-    let log = train_agent_rl(
-        AgentRlRun {
-            learner: &mut CandleLearner::new(&mut policy)?,
+    let log = policy.with_learner(|learner| {
+        let run = AgentRlRun {
+            learner,
             reference: &reference,
             params: action_params(&tok, &reference, cfg.max_new_tokens),
             end: tok.eos_token.clone().unwrap_or_default(),
@@ -162,11 +164,10 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
             watch,
             out_dir: Some(job.out.to_path_buf()),
             heldout: job.heldout,
-            implicit_prm: implicit.as_implicit(),
-        },
-        cfg,
-        on_update,
-    )?;
+            implicit_prm: implicit.as_mut().map(TrainedPolicy::as_implicit),
+        };
+        train_agent_rl(run, cfg, on_update)
+    })?;
     stepwise_core::io::write_jsonl(job.out.join("rl_log.jsonl"), &log)?;
     Ok(log)
 }

@@ -130,38 +130,25 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
         None => &outcome,
     };
     let tok = Tokenizer::from_dir(job.policy)?;
-    let reference = Model::load_on(job.policy, placement, default_precision())?;
-    let config = ModelConfig::from_dir(job.policy)?;
-    let packed = job.trainer.packed_at(placement, Some(config.hidden_size))?;
-    let varmap = VarMap::new();
-    let mut policy;
-    let mut on_cpu;
-    let mut on_packed;
-    let learner: &mut dyn Learner = if packed {
-        on_packed = packed_learner(job.policy, placement, job.max_batch_tokens)?;
-        &mut *on_packed
-    } else {
-        policy = Model::load_trainable(job.policy, config, &varmap, &default_device(), cfg.seed)?;
-        on_cpu = CandleLearner::new(&mut policy)?;
-        &mut on_cpu
-    };
+    let mut policy = TrainedPolicy::load(job.policy, placement, job.trainer, job.max_batch_tokens, cfg.seed)?;
+    let reference = policy.reference(job.policy, placement)?;
     let mut stop = reference.config.eos_token_ids.clone();
     stop.extend(tok.eos_id());
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
     stepwise_model::tokenizer::copy_files(job.policy, job.out)?;
     let mut prm = match &cfg.prime {
-        Some(p) => implicit_prm(
+        Some(p) => Some(implicit_prm(
             job.policy,
             job.out,
             &job.separator,
             p.beta,
-            (packed.then_some(placement), job.max_batch_tokens),
+            (policy.packed().then_some(placement), job.max_batch_tokens),
             cfg.seed,
-        )?,
-        None => PrimeModel::None,
+        )?),
+        None => None,
     };
-    let log = train_rl(
-        RlRun {
+    let log = policy.with_learner(|learner| {
+        let run = RlRun {
             learner,
             reference: &reference,
             tokenizer: &tok,
@@ -174,13 +161,79 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
             watch: Vec::new(),
             out_dir: Some(job.out.to_path_buf()),
             heldout: job.heldout,
-            implicit_prm: prm.as_implicit(),
-        },
-        cfg,
-        on_update,
-    )?;
+            implicit_prm: prm.as_mut().map(TrainedPolicy::as_implicit),
+        };
+        train_rl(run, cfg, on_update)
+    })?;
     stepwise_core::io::write_jsonl(job.out.join("rl_log.jsonl"), &log)?;
     Ok(log)
+}
+
+/// The policy as its trainer holds it: the packed engine's learner (a GPU, or the CPU for a
+/// pretrained policy), or a candle model made trainable for candle's autograd on the CPU.
+pub(crate) enum TrainedPolicy {
+    Packed(Box<dyn Learner>),
+    Candle(Box<Model>),
+}
+
+impl TrainedPolicy {
+    /// The policy in the checkpoint folder `dir`, loaded for the trainer `trainer` chooses at
+    /// `placement` ([`Trainer::packed_at`]); a packed pass holds at most `max_batch_tokens`.
+    pub(crate) fn load(
+        dir: &Path,
+        placement: Placement,
+        trainer: Trainer,
+        max_batch_tokens: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let packed = trainer.packed_at(placement, Some(config.hidden_size))?;
+        Self::load_as(dir, packed.then_some(placement), max_batch_tokens, seed)
+    }
+
+    /// The policy in `dir` on the packed engine's trainer at `packed` when given (passes of at
+    /// most `max_batch_tokens`), else as candle variables on the CPU.
+    fn load_as(dir: &Path, packed: Option<Placement>, max_batch_tokens: usize, seed: u64) -> Result<Self> {
+        Ok(match packed {
+            Some(placement) => TrainedPolicy::Packed(packed_learner(dir, placement, max_batch_tokens)?),
+            None => {
+                let config = ModelConfig::from_dir(dir)?;
+                let model = Model::load_trainable(dir, config, &VarMap::new(), &default_device(), seed)?;
+                TrainedPolicy::Candle(Box::new(model))
+            }
+        })
+    }
+
+    /// The frozen starting policy in `dir` (the KL penalty's reference), computing as the policy
+    /// does: on the packed engine at `placement` beside the packed trainer (its log-probabilities
+    /// those of the untrained policy, bit for bit), else as `stepwise score` loads a model.
+    pub(crate) fn reference(&self, dir: &Path, placement: Placement) -> Result<Model> {
+        match self {
+            TrainedPolicy::Packed(_) => Model::load_packed(dir, placement),
+            TrainedPolicy::Candle(_) => Model::load_on(dir, placement, default_precision()),
+        }
+    }
+
+    /// Whether the packed engine's trainer holds it.
+    pub(crate) fn packed(&self) -> bool {
+        matches!(self, TrainedPolicy::Packed(_))
+    }
+
+    /// `work` run with the policy's learner.
+    pub(crate) fn with_learner<R>(&mut self, work: impl FnOnce(&mut dyn Learner) -> Result<R>) -> Result<R> {
+        match self {
+            TrainedPolicy::Packed(learner) => work(&mut **learner),
+            TrainedPolicy::Candle(model) => work(&mut CandleLearner::new(model)?),
+        }
+    }
+
+    /// It as PRIME's trainer takes an implicit PRM.
+    pub(crate) fn as_implicit(&mut self) -> ImplicitPrm<'_> {
+        match self {
+            TrainedPolicy::Packed(learner) => ImplicitPrm::Learner(&mut **learner),
+            TrainedPolicy::Candle(model) => ImplicitPrm::Candle(model),
+        }
+    }
 }
 
 /// PRIME's implicit PRM: it starts as the policy, and its folder is a log-ratio verifier against
@@ -195,7 +248,7 @@ pub(crate) fn implicit_prm(
     beta: f32,
     (placement, max_batch_tokens): (Option<Placement>, usize),
     seed: u64,
-) -> Result<PrimeModel> {
+) -> Result<TrainedPolicy> {
     let dir = OnlinePrm::dir(out);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     stepwise_model::tokenizer::copy_files(policy, &dir)?;
@@ -207,37 +260,7 @@ pub(crate) fn implicit_prm(
         last_tokens: None,
     };
     RewardSpec::log_ratio(Some(reference), separator, log_ratio).save(&dir)?;
-    Ok(match placement {
-        Some(placement) => PrimeModel::Packed(packed_learner(policy, placement, max_batch_tokens)?),
-        None => {
-            let config = ModelConfig::from_dir(policy)?;
-            PrimeModel::Cpu(Box::new(Model::load_trainable(
-                policy,
-                config,
-                &VarMap::new(),
-                &default_device(),
-                seed,
-            )?))
-        }
-    })
-}
-
-/// PRIME's implicit PRM as loaded: a candle model on the CPU, or the packed engine's learner.
-pub(crate) enum PrimeModel {
-    None,
-    Cpu(Box<Model>),
-    Packed(Box<dyn Learner>),
-}
-
-impl PrimeModel {
-    /// It, as the trainer takes it.
-    pub(crate) fn as_implicit(&mut self) -> Option<ImplicitPrm<'_>> {
-        match self {
-            PrimeModel::Cpu(model) => Some(ImplicitPrm::Candle(model)),
-            PrimeModel::Packed(learner) => Some(ImplicitPrm::Learner(&mut **learner)),
-            PrimeModel::None => None,
-        }
-    }
+    TrainedPolicy::load_as(policy, placement, max_batch_tokens, seed)
 }
 
 #[cfg(test)]
@@ -262,5 +285,28 @@ mod tests {
         assert!(check_gold(&[p(Some("3"))]).is_ok());
         let e = check_gold(&[p(Some("3")), p(None)]).unwrap_err().to_string();
         assert!(e.contains("problem `p1`: field `gold_answer`: missing"), "{e}");
+    }
+
+    /// The trainer named holds the policy: the packed engine's for `packed`, candle's for
+    /// `autograd`, and for `auto` candle's for a policy this small (hidden size under 512).
+    #[test]
+    fn the_trainer_named_holds_the_policy() {
+        let dir = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/hf-tiny/qwen2-policy"
+        ));
+        let load = |trainer| TrainedPolicy::load(dir, Placement::Cpu, trainer, 4096, 0).unwrap();
+        let mut packed = load(Trainer::Packed);
+        assert!(packed.packed());
+        assert!(matches!(packed.as_implicit(), ImplicitPrm::Learner(_)));
+        assert!(!load(Trainer::Autograd).packed());
+        let mut auto = load(Trainer::Auto);
+        assert!(!auto.packed());
+        assert!(matches!(auto.as_implicit(), ImplicitPrm::Candle(_)));
+        // Each hands a learner whose samples come from the policy being trained.
+        for mut policy in [packed, auto] {
+            let vocab = policy.with_learner(|l| Ok(l.sampler()?.config.vocab_size)).unwrap();
+            assert_eq!(vocab, ModelConfig::from_dir(dir).unwrap().vocab_size);
+        }
     }
 }

@@ -14,7 +14,7 @@ use std::path::Path;
 use stepwise_model::checkpoint::{load_training_checkpoint, save_training_checkpoint};
 use stepwise_model::log_ratio::token_logprobs;
 use stepwise_model::model::pad_batch;
-use stepwise_model::packed_engine::{PackedTrainer, Targets, TokenLossFn, TrainBackend};
+use stepwise_model::packed_engine::{with_trainer, PackedTrainer, Targets, TokenLossFn, TrainBackend, WithTrainer};
 use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
 use stepwise_model::train::packed::batches;
 use stepwise_model::train::VarMap;
@@ -301,32 +301,27 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
 
 /// The policy in the checkpoint folder `dir` trained at `placement` by the packed engine's
 /// trainer (bf16 copies and f32 masters: on CUDA GPU `n`, or on the CPU backend,
-/// [`stepwise_model::packed_engine::Cpu`]), sampled by the packed engine from the trainer's own
-/// weights; log-probabilities in packed batches of at most `max_tokens` tokens. A build without
-/// the `cuda` feature refuses a GPU.
+/// [`stepwise_model::packed_engine::Cpu`]; [`with_trainer`] opens the device), sampled by the
+/// packed engine from the trainer's own weights; log-probabilities in packed batches of at most
+/// `max_tokens` tokens. A build without the `cuda` feature refuses a GPU.
 pub fn packed_learner(dir: &Path, placement: Placement, max_tokens: usize) -> Result<Box<dyn Learner>> {
-    let config = stepwise_model::ModelConfig::from_dir(dir)?;
-    match placement {
-        Placement::Cuda(ordinal) => {
-            #[cfg(feature = "cuda")]
-            {
-                let gpu = stepwise_model::cuda::open(ordinal)?;
-                let trainer = PackedTrainer::load(dir, config, gpu)
-                    .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
-                Ok(Box::new(PackedLearner::new(trainer, max_tokens, sampling_itself())))
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = (config, max_tokens);
-                anyhow::bail!("cuda:{ordinal}: this stepwise was built without CUDA")
-            }
-        }
-        _ => {
-            let cpu = std::sync::Arc::new(stepwise_model::packed_engine::Cpu);
-            let trainer = PackedTrainer::load(dir, config, cpu)
-                .with_context(|| format!("loading {} to train on the CPU", dir.display()))?;
-            Ok(Box::new(PackedLearner::new(trainer, max_tokens, sampling_itself())))
-        }
+    with_trainer(dir, placement, Boxed { max_tokens })
+}
+
+/// A boxed [`PackedLearner`] sampling itself, for whichever backend [`with_trainer`] opened.
+struct Boxed {
+    max_tokens: usize,
+}
+
+impl WithTrainer for Boxed {
+    type Output = Box<dyn Learner>;
+
+    fn run<B: TrainBackend + 'static>(self, trainer: PackedTrainer<B>) -> Result<Box<dyn Learner>> {
+        Ok(Box::new(PackedLearner::new(
+            trainer,
+            self.max_tokens,
+            sampling_itself(),
+        )))
     }
 }
 

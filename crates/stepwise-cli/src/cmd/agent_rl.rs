@@ -34,7 +34,12 @@ that layout with `stepwise agent play --prompt pieces`.
 
 Writes the policy (Hugging Face layout) with its optimiser every --checkpoint-every updates and at the end, \
 rl_log.jsonl and rl.png/rl.svg (reward, success, held-out success with --eval-problems, KL). The same command on \
-the same --out resumes after an interruption. The policy trains on the CPU.
+the same --out resumes after an interruption.
+
+Where it trains is `stepwise rl`'s choice: --device cuda (a build with --features cuda) plays and trains on the GPU \
+with the packed engine (the reference and a prm:DIR reward there too); on the CPU a pretrained policy (hidden size \
+512 or more) trains on the same packed trainer and plays from its own weights, a small one with candle's autograd \
+(--trainer chooses). With --reward prime the implicit PRM trains on the policy's trainer.
 
 Example:
   stepwise agent games --count 64 --seed 1 --output games.jsonl
@@ -98,6 +103,12 @@ pub struct Args {
     /// What the reference and a PRM compute in.
     #[command(flatten)]
     dtype: super::backend::DtypeArg,
+    /// Where the policy plays and trains, and the reference and a PRM reward run.
+    #[command(flatten)]
+    device: super::backend::DeviceArgs,
+    /// Which trainer updates the policy.
+    #[command(flatten)]
+    trainer: super::backend::TrainerArg,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -121,6 +132,9 @@ pub fn run(a: Args) -> Result<()> {
             separator: a.separator.clone(),
             out: &a.out,
             heldout: a.eval.heldout(&heldout),
+            placement: a.device.device,
+            trainer: a.trainer.get()?,
+            max_batch_tokens: a.device.max_batch_tokens,
         },
         &cfg,
         |l| {

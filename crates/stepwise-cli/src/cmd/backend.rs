@@ -125,6 +125,27 @@ pub struct DeviceArgs {
     pub max_batch_tokens: usize,
 }
 
+/// Which trainer updates a model (`train-prm`'s base, `rl`'s and `agent rl`'s policy).
+#[derive(clap::Args, Clone, Debug)]
+pub struct TrainerArg {
+    /// Which trainer updates the model (in RL the policy, and PRIME's implicit PRM): `packed`
+    /// (the packed engine's: bf16 products with f32 sums, f32 master weights, each layer
+    /// recomputed in the backward, so memory holds the weights, AdamW's state and one layer's
+    /// activations; on a GPU or the CPU, sampling from its own weights in RL), `autograd`
+    /// (candle's f32 autograd, the CPU only: every operation's buffers kept, memory growing with
+    /// batch × length), or `auto`: packed on a GPU and for a pretrained model (hidden size 512 or
+    /// more) on the CPU, autograd for a small one.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "autograd", "packed"])]
+    pub trainer: String,
+}
+
+impl TrainerArg {
+    /// The trainer named.
+    pub fn get(&self) -> anyhow::Result<stepwise_model::train::run::Trainer> {
+        anyhow::Context::context(self.trainer.parse(), "--trainer")
+    }
+}
+
 impl Default for DeviceArgs {
     fn default() -> Self {
         DeviceArgs {

@@ -102,13 +102,9 @@ pub struct Args {
     /// Where the policy trains and samples, and the reward model and reference run.
     #[command(flatten)]
     pub device: super::backend::DeviceArgs,
-    /// Which trainer updates the policy (and PRIME's implicit PRM): `packed` (the packed engine's,
-    /// sampling from its own weights: bf16 products with f32 sums, f32 masters, each layer
-    /// recomputed in the backward, on a GPU or the CPU), `autograd` (candle's f32 autograd, the
-    /// CPU only), or `auto`: packed on a GPU and for a pretrained policy (hidden size 512 or
-    /// more) on the CPU, autograd for a small one.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "autograd", "packed"])]
-    pub trainer: String,
+    /// Which trainer updates it.
+    #[command(flatten)]
+    pub trainer: super::backend::TrainerArg,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -131,7 +127,7 @@ pub fn run(a: Args) -> Result<()> {
             out: &a.out,
             heldout: a.eval.heldout(&heldout),
             placement: a.device.device,
-            trainer: a.trainer.parse()?,
+            trainer: a.trainer.get()?,
             max_batch_tokens: a.device.max_batch_tokens,
         },
         &cfg,

@@ -148,14 +148,9 @@ pub struct Args {
     /// Where it trains, and the most tokens in one batch.
     #[command(flatten)]
     pub device: super::backend::DeviceArgs,
-    /// Which trainer: `packed` (the packed engine's: bf16 products with f32 sums, f32 master
-    /// weights, each layer recomputed in the backward, so memory holds the weights, AdamW's state
-    /// and one layer's activations; on a GPU or the CPU), `autograd` (candle's autograd in f32,
-    /// the CPU only: every operation's buffers kept, memory growing with batch × length), or
-    /// `auto`: packed on a GPU and for a pretrained base (hidden size 512 or more) on the CPU,
-    /// autograd for the small shapes on the CPU.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "autograd", "packed"])]
-    pub trainer: String,
+    /// Which trainer updates it.
+    #[command(flatten)]
+    pub trainer: super::backend::TrainerArg,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -189,7 +184,7 @@ pub fn run(a: Args) -> Result<()> {
         seed: a.seed,
         max_len: a.max_len,
         placement: a.device.device,
-        trainer: a.trainer.parse()?,
+        trainer: a.trainer.get()?,
         max_batch_tokens: a.device.max_batch_tokens,
     };
     let solutions = read_targets(&a.data, a.from, &a.target, &run.out)?;

@@ -5,7 +5,7 @@
 //! admitted when the blocks its worst case needs are free, and one that could never fit is
 //! refused.
 
-use super::paged::{blocks_for, PagedCache, PagedSeq, BLOCK};
+use super::paged::{worst_case_blocks, PagedCache, PagedSeq};
 use super::{Backend, PackedDecoder};
 use crate::decode_cache::{DecodeCache, Sample};
 use anyhow::{bail, Result};
@@ -43,7 +43,7 @@ impl<B: Backend> DecodeCache for PagedRows<'_, B> {
         if end > positions {
             bail!("a prompt of {prompt} tokens and {max_new} new ones exceed the model's max_position_embeddings ({positions})");
         }
-        let reserved = blocks_for(prompt) + n * (blocks_for(end) - prompt / BLOCK);
+        let reserved = worst_case_blocks(prompt, n, max_new);
         if reserved > self.cache.total_blocks() {
             bail!(
                 "{n} continuations of a {prompt}-token prompt with {max_new} new tokens each need {reserved} KV cache blocks at worst; the cache holds {} (raise the KV budget, or ask for fewer)",

@@ -24,6 +24,13 @@ pub fn blocks_for(positions: usize) -> usize {
     positions.div_ceil(BLOCK)
 }
 
+/// The blocks `n` continuations of a `prompt`-token prompt with `max_new` new tokens each need
+/// at worst: the prompt's, shared, and each continuation's from the prompt's last, partly
+/// filled block (copied) to its end.
+pub fn worst_case_blocks(prompt: usize, n: usize, max_new: usize) -> usize {
+    blocks_for(prompt) + n * (blocks_for(prompt + max_new) - prompt / BLOCK)
+}
+
 /// The keys and values of every layer, in a pool of blocks.
 pub struct PagedCache<B: Backend> {
     pub(super) k: Vec<B::Bf16>,

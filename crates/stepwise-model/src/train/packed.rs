@@ -427,9 +427,8 @@ impl<B: TrainBackend> Checkpoints<'_, B> {
     }
 }
 
-/// [`train_packed`] at `placement`: on CUDA GPU `n` (bf16 copies on the device, f32 masters;
-/// a build without the `cuda` feature refuses), or on the CPU backend ([`crate::packed_engine::Cpu`]),
-/// the model read from the checkpoint folder `dir`. The one place a packed run's device is opened.
+/// [`train_packed`] at `placement` ([`crate::packed_engine::with_trainer`] opens the device:
+/// CUDA GPU `n`, or the CPU backend), the model read from the checkpoint folder `dir`.
 #[allow(clippy::too_many_arguments)]
 pub fn train_on_device(
     dir: &std::path::Path,
@@ -441,27 +440,25 @@ pub fn train_on_device(
     max_tokens: usize,
     on_step: impl FnMut(usize, f64),
 ) -> Result<TrainState> {
-    let config = crate::ModelConfig::from_dir(dir)?;
-    match placement {
-        crate::Placement::Cuda(ordinal) => {
-            #[cfg(feature = "cuda")]
-            {
-                let gpu = crate::cuda::open(ordinal)?;
-                let mut trainer = PackedTrainer::load(dir, config, gpu)
-                    .with_context(|| format!("loading {} onto cuda:{ordinal} to train", dir.display()))?;
-                train_packed(&mut trainer, train_set, valid_set, objective, cfg, max_tokens, on_step)
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = (config, train_set, valid_set, objective, cfg, max_tokens, on_step);
-                bail!("cuda:{ordinal}: this stepwise was built without CUDA")
-            }
-        }
-        _ => {
-            let cpu = std::sync::Arc::new(crate::packed_engine::Cpu);
-            let mut trainer = PackedTrainer::load(dir, config, cpu)
-                .with_context(|| format!("loading {} to train on the CPU", dir.display()))?;
-            train_packed(&mut trainer, train_set, valid_set, objective, cfg, max_tokens, on_step)
-        }
+    let run = Run { train_set, valid_set, objective, cfg, max_tokens, on_step };
+    crate::packed_engine::with_trainer(dir, placement, run)
+}
+
+/// A packed training run waiting for its trainer ([`train_on_device`]).
+struct Run<'a, F> {
+    train_set: &'a [Example],
+    valid_set: &'a [Example],
+    objective: Objective,
+    cfg: &'a TrainConfig,
+    max_tokens: usize,
+    on_step: F,
+}
+
+impl<F: FnMut(usize, f64)> crate::packed_engine::WithTrainer for Run<'_, F> {
+    type Output = TrainState;
+
+    fn run<B: TrainBackend + 'static>(self, mut trainer: PackedTrainer<B>) -> Result<TrainState> {
+        let Run { train_set, valid_set, objective, cfg, max_tokens, on_step } = self;
+        train_packed(&mut trainer, train_set, valid_set, objective, cfg, max_tokens, on_step)
     }
 }
