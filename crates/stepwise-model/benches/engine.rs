@@ -106,7 +106,8 @@ fn print_scoring(name: &str, model: &Model, reps: usize, flops_per_token: Option
     Ok(())
 }
 
-/// Greedy decoding of `NEW` tokens for `BATCH` continuations of a 32-token prompt: new tokens/s.
+/// Greedy decoding of `NEW` tokens for `BATCH` continuations of a 32-token prompt: new tokens/s,
+/// the best of five calls (one call of the fixture takes a few milliseconds).
 fn generation(model: &Model) -> anyhow::Result<f64> {
     let prompt: Vec<u32> = (0..32).map(|i| i * 3 + 10).collect();
     let p = SamplingParams {
@@ -114,10 +115,14 @@ fn generation(model: &Model) -> anyhow::Result<f64> {
         max_new_tokens: NEW,
         ..Default::default()
     };
-    let t = Instant::now();
-    let outs = generate(model, None, &prompt, BATCH, &p)?;
-    let n: usize = outs.iter().map(Vec::len).sum();
-    Ok(n as f64 / t.elapsed().as_secs_f64())
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let outs = generate(model, None, &prompt, BATCH, &p)?;
+        let n: usize = outs.iter().map(Vec::len).sum();
+        best = best.max(n as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(best)
 }
 
 /// Serving-shaped decoding, as `stepwise serve` runs `bench/load_serve.py`'s load without the
@@ -442,6 +447,12 @@ fn main() -> anyhow::Result<()> {
             println!(
                 "{name}: generation {:.0} new tokens/s (batch {BATCH}, shared prefix)",
                 generation(&m)?
+            );
+            // What an RL run on the packed trainer samples with on the CPU.
+            let packed = Model::load_packed(&fixtures().join(name), stepwise_model::Placement::Cpu)?;
+            println!(
+                "{name}: generation on the packed engine's CPU backend {:.0} new tokens/s (batch {BATCH}, shared prefix)",
+                generation(&packed)?
             );
         }
     }

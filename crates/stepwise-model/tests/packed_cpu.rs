@@ -1,10 +1,11 @@
 //! The packed engine's CPU backend ([`Cpu`]) against its specification ([`Reference`]), kernel
 //! by kernel on random data: the products (at a depth that takes the AVX-512 tiles where the CPU
 //! has them, and a short one), causal attention forward and backward over packed sequences with
-//! grouped heads, and the element-wise kernels it runs in parallel (which must give Reference's
+//! grouped heads, paged attention over a block table (decoding rows and a prompt's chunk, a
+//! block shared by two sequences), and the element-wise kernels it runs in parallel (which must give Reference's
 //! bits). The whole trainer on it is checked in `packed_train.rs`.
 
-use stepwise_model::packed_engine::{AdamW, Backend, BatchInts, Cpu, Out, Reference, TrainBackend};
+use stepwise_model::packed_engine::{AdamW, Backend, BatchInts, Cpu, Out, PagedInts, Reference, TrainBackend, BLOCK};
 
 /// A deterministic stream of values in [-1, 1).
 struct Values(u64);
@@ -134,6 +135,78 @@ fn attention_matches_the_reference_forward_and_backward() {
     let mut out = vec![0u16; rows * 5 * d];
     let err = Cpu.attention(&qkv, &mut out, &batch(&lens), rows, 5, 2, d).unwrap_err();
     assert!(err.to_string().contains("cannot share"), "{err}");
+}
+
+/// A decoding step's places in a paged cache, as backend `B` takes them.
+fn paged<B: Backend<I32 = Vec<i32>>>(
+    positions: &[i32],
+    seq_of_row: &[i32],
+    table: &[i32],
+    max_blocks: usize,
+) -> PagedInts<B> {
+    PagedInts {
+        positions: positions.to_vec(),
+        seq_of_row: seq_of_row.to_vec(),
+        slots: Vec::new(),
+        block_table: table.to_vec(),
+        max_blocks,
+        read: Vec::new(),
+    }
+}
+
+#[test]
+fn paged_attention_matches_the_reference() {
+    let mut r = Values(29);
+    let (heads, kv_heads, d) = (6, 2, 16);
+    let (width, kvw, pool) = ((heads + 2 * kv_heads) * d, kv_heads * d, 12);
+    let (k, v) = (r.bf16s(pool * BLOCK * kvw, 2.0), r.bf16s(pool * BLOCK * kvw, 1.0));
+    // Sequence 0 decodes at position 130 (three blocks); sequence 1 shares its first block and
+    // feeds a chunk across a block's end (positions 58..70); sequence 2 decodes its first token.
+    let max_blocks = 4;
+    let block_table = vec![7, 2, 9, -1, 7, 4, -1, -1, 11, -1, -1, -1];
+    let mut positions = vec![130];
+    positions.extend(58..70);
+    positions.push(0);
+    let mut seq_of_row = vec![0];
+    seq_of_row.extend(std::iter::repeat_n(1, 12));
+    seq_of_row.push(2);
+    let rows = positions.len();
+    let qkv = r.bf16s(rows * width, 2.0);
+    let (mut a, mut b) = (vec![0u16; rows * heads * d], vec![0u16; rows * heads * d]);
+    Cpu.paged_attention(
+        &qkv,
+        &k,
+        &v,
+        &mut a,
+        &paged(&positions, &seq_of_row, &block_table, max_blocks),
+        rows,
+        heads,
+        kv_heads,
+        d,
+    )
+    .unwrap();
+    let reference = paged(&positions, &seq_of_row, &block_table, max_blocks);
+    Reference
+        .paged_attention(&qkv, &k, &v, &mut b, &reference, rows, heads, kv_heads, d)
+        .unwrap();
+    assert_close("paged attention", &widen(&a), &widen(&b), 1e-2);
+    // A position without a block is an error, not a read past the table.
+    let mut holed = block_table;
+    holed[2] = -1;
+    let err = Cpu
+        .paged_attention(
+            &qkv,
+            &k,
+            &v,
+            &mut a,
+            &paged(&positions, &seq_of_row, &holed, max_blocks),
+            rows,
+            heads,
+            kv_heads,
+            d,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("position 128 has no cache block"), "{err}");
 }
 
 #[test]

@@ -11,7 +11,7 @@
 //! rest is [`Reference`]'s own code. Tests check each kernel and whole training steps against
 //! [`Reference`].
 
-use super::cpu_attention;
+use super::{cpu_attention, cpu_paged};
 use super::reference::{round, swiglu_row, widen};
 use super::reference_train::{adamw_update, swiglu_backward_row, token_logprob_grad_row, token_logprob_row};
 use super::train_backend::{AdamW, TrainBackend};
@@ -81,18 +81,6 @@ fn product_into(y: Out<'_, Cpu>, a: &[f32], w: &[u16], (rows, n, k): (usize, usi
         }
     }
     Ok(())
-}
-
-/// A paged batch's integers as [`Reference`] takes them (the same host vectors).
-fn as_reference(meta: &PagedInts<Cpu>) -> PagedInts<Reference> {
-    PagedInts {
-        positions: meta.positions.clone(),
-        seq_of_row: meta.seq_of_row.clone(),
-        slots: meta.slots.clone(),
-        block_table: meta.block_table.clone(),
-        max_blocks: meta.max_blocks,
-        read: meta.read.clone(),
-    }
 }
 
 /// The most bytes a paged KV cache takes on the CPU when none is asked for: 2 GiB hold 175k
@@ -250,7 +238,14 @@ impl Backend for Cpu {
         kv_heads: usize,
         head_dim: usize,
     ) -> Result<()> {
-        Reference.paged_attention(qkv, k, v, out, &as_reference(meta), rows, heads, kv_heads, head_dim)
+        let at = cpu_paged::Places {
+            positions: &meta.positions,
+            seq_of_row: &meta.seq_of_row,
+            block_table: &meta.block_table,
+            max_blocks: meta.max_blocks,
+        };
+        let h = cpu_paged::Heads { heads, kv_heads, d: head_dim };
+        cpu_paged::forward(qkv, (k, v), out, &at, rows, h)
     }
 
 }

@@ -70,7 +70,7 @@ fn columns(m: &[u16], width: usize, (start, len): (usize, usize), col: usize, d:
 }
 
 /// `a [m, k] · bᵀ` for `b` `[n, k]` (f32), on this thread.
-fn times_t(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
+pub(super) fn times_t(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
     product(&mut out, a, WeightSlice::F32(b), (m, n, k), false, false);
     out
@@ -82,15 +82,21 @@ fn probabilities(q: &[f32], k: &[f32], len: usize, d: usize) -> Vec<f32> {
     let scale = 1.0 / (d as f32).sqrt();
     let mut p = times_t(q, k, (len, len, d));
     for (i, row) in p.chunks_exact_mut(len).enumerate() {
-        let (seen, future) = row.split_at_mut(i + 1);
-        seen.iter_mut().for_each(|s| *s *= scale);
-        let max = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        seen.iter_mut().for_each(|s| *s = (*s - max).exp());
-        let total: f32 = seen.iter().sum();
-        seen.iter_mut().for_each(|s| *s /= total);
-        future.fill(0.0);
+        softmax_prefix(row, i + 1, scale);
     }
     p
+}
+
+/// A row of scores made the softmax of its first `seen` values scaled by `scale`, zero past
+/// them (a causal row: the keys up to its own position), as [`super::Reference`] computes it.
+pub(super) fn softmax_prefix(row: &mut [f32], seen: usize, scale: f32) {
+    let (seen, future) = row.split_at_mut(seen);
+    seen.iter_mut().for_each(|s| *s *= scale);
+    let max = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    seen.iter_mut().for_each(|s| *s = (*s - max).exp());
+    let total: f32 = seen.iter().sum();
+    seen.iter_mut().for_each(|s| *s /= total);
+    future.fill(0.0);
 }
 
 /// Causal attention of every row over its own sequence's rows, into `out` (`[rows, heads · d]`).
