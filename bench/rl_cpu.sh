@@ -55,7 +55,7 @@ for t in trainers:
     runs[t] = {
         "exit": int(code.group(1)) if code else None,
         "peak_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
-        "updates": [{k: u.get(k) for k in ("update", "seconds", "sampling_seconds", "sampled_tokens", "kl", "loss")}
+        "updates": [{k: u.get(k) for k in ("update", "seconds", "sampling_seconds", "logprob_seconds", "learn_seconds", "sampled_tokens", "kl", "loss")}
                     for u in updates],
     }
     if updates:

@@ -31,6 +31,14 @@ pub trait Learner {
     /// Each sequence's token log-probabilities under the policy now (position 0 holds 0),
     /// `minibatch` sequences a pass where passes are counted in sequences.
     fn logprobs(&mut self, seqs: &[&[u32]], minibatch: usize) -> Result<Vec<Vec<f32>>>;
+    /// Whether an update that takes its loss once, before any optimiser step, leaves the old
+    /// log-probabilities to [`Learner::backward`]'s own forward instead of a pass of
+    /// [`Learner::logprobs`] over the batch. The packed trainer does (a sixth of a 0.5B update
+    /// on the CPU); candle's CPU learner keeps the pass, whose kernels round differently from its
+    /// backward's, so the lab's recorded runs reproduce bit for bit.
+    fn old_logprobs_in_backward(&self) -> bool {
+        false
+    }
     /// The gradients of `batch`'s policy loss (PPO-clip `clip` with the k3
     /// KL penalty `kl_coef`) added to the learner's; returns the loss and what it saw.
     fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)>;
@@ -226,6 +234,10 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
 
     fn logprobs(&mut self, seqs: &[&[u32]], _minibatch: usize) -> Result<Vec<Vec<f32>>> {
         stepwise_model::train::packed::sequence_logprobs(&self.trainer.decoder, seqs, self.max_tokens)
+    }
+
+    fn old_logprobs_in_backward(&self) -> bool {
+        true
     }
 
     fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)> {

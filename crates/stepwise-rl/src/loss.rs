@@ -22,6 +22,12 @@ pub struct LossStats {
     pub tokens: usize,
 }
 
+/// Whether old log-probabilities cover `s`'s tokens, or are absent (on-policy: the current
+/// ones stand in).
+fn covers(old: &[f32], s: &Sequence) -> bool {
+    old.is_empty() || old.len() == s.ids.len()
+}
+
 /// The loss of `batch` under `model` (in training mode for a gradient): `clip` is PPO's ε,
 /// `kl_coef` the weight of the KL penalty.
 pub(crate) fn rl_loss(model: &Model, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(Tensor, LossStats)> {
@@ -50,16 +56,15 @@ pub(crate) fn loss_of_logprobs(
     let (mut learn, mut adv, mut old, mut reference) = (vec![0f32; n], vec![0f32; n], now.clone(), now);
     for (b, s) in batch.iter().enumerate() {
         ensure!(
-            s.advantages.len() == s.ids.len()
-                && s.old_logprobs.len() == s.ids.len()
-                && s.ref_logprobs.len() == s.ids.len(),
+            s.advantages.len() == s.ids.len() && covers(&s.old_logprobs, s) && s.ref_logprobs.len() == s.ids.len(),
             "a sequence's advantages and log-probabilities must cover its tokens"
         );
         for i in (s.learn_from..s.ids.len()).filter(|&i| s.learns(i)) {
             let k = b * t + i;
             learn[k] = 1.0;
             adv[k] = s.advantages[i];
-            old[k] = s.old_logprobs[i];
+            // On-policy (no old log-probabilities): the current ones, held constant.
+            old[k] = s.old_logprobs.get(i).copied().unwrap_or(old[k]);
             reference[k] = s.ref_logprobs[i];
         }
     }
@@ -123,7 +128,7 @@ pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -
         ensure!(
             s.learn_from >= 1
                 && s.advantages.len() == s.ids.len()
-                && s.old_logprobs.len() == s.ids.len()
+                && covers(&s.old_logprobs, s)
                 && s.ref_logprobs.len() == s.ids.len(),
             "a sequence's advantages and log-probabilities must cover its tokens, after a prompt"
         );
@@ -133,7 +138,8 @@ pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -
                 coef.push(0.0);
                 continue;
             }
-            let (a, ratio) = (s.advantages[i], (l - s.old_logprobs[i]).exp());
+            let old = s.old_logprobs.get(i).copied().unwrap_or(l);
+            let (a, ratio) = (s.advantages[i], (l - old).exp());
             let c = ratio.clamp(1.0 - clip, 1.0 + clip);
             // min(ratio·A, clip(ratio)·A): the clipped term is a constant where it is smaller.
             let (pg, d_pg) = if ratio * a <= c * a {
@@ -226,5 +232,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Without old log-probabilities (an on-policy update) both losses hold the current ones
+    /// constant: the loss and derivative of old log-probabilities equal to the current ones,
+    /// nothing clipped.
+    #[test]
+    fn without_old_log_probabilities_the_ratio_is_one() {
+        let make = |old: Vec<f32>| Sequence {
+            ids: vec![3, 4, 5, 6, 7],
+            learn_from: 2,
+            advantages: vec![0.0, 0.0, 1.0, -0.5, 2.0],
+            old_logprobs: old,
+            ref_logprobs: vec![0.0, 0.0, -1.1, -0.9, -2.0],
+            ..Default::default()
+        };
+        let now = [-1.3f32, -0.7, -2.4];
+        let mut padded = vec![0.0, 0.0];
+        padded.extend(now);
+        let (explicit, absent) = (make(padded.clone()), make(Vec::new()));
+        let (a, da, sa) = policy_loss(&now, &[&explicit], 0.2, 0.1).unwrap();
+        let (b, db, sb) = policy_loss(&now, &[&absent], 0.2, 0.1).unwrap();
+        assert_eq!((a, da, sa), (b, db, sb));
+        assert_eq!(sb.clip_fraction, 0.0);
+        let grad = |seq: &Sequence| {
+            let logp = candle_core::Var::from_vec(padded.clone(), 5, &candle_core::Device::Cpu).unwrap();
+            let (loss, _) = loss_of_logprobs(logp.as_tensor(), &[seq], 5, 0.2, 0.1).unwrap();
+            let g: Vec<f32> = loss
+                .backward()
+                .unwrap()
+                .get(logp.as_tensor())
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            (loss.to_scalar::<f32>().unwrap(), g)
+        };
+        assert_eq!(grad(&explicit), grad(&absent));
+        // Old log-probabilities of the wrong length are still refused.
+        let short = make(vec![0.0; 3]);
+        assert!(policy_loss(&now, &[&short], 0.2, 0.1).is_err());
     }
 }

@@ -15,7 +15,10 @@ pub struct Sequence {
     pub skip: Vec<(usize, usize)>,
     /// Each token's advantage (0 on the prompt).
     pub advantages: Vec<f32>,
-    /// Each token's log-probability under the policy that sampled it.
+    /// Each token's log-probability under the policy that sampled it; empty when the loss is
+    /// taken before the policy moves (one pass, one optimiser step): the loss then holds the
+    /// log-probabilities it computes constant in their place (a ratio of exactly 1, TRL's GRPO
+    /// with one iteration).
     pub old_logprobs: Vec<f32>,
     /// Each token's log-probability under the frozen reference.
     pub ref_logprobs: Vec<f32>,

@@ -150,6 +150,15 @@ pub struct UpdateLog {
     /// optimiser steps).
     #[serde(default)]
     pub sampling_seconds: f64,
+    /// Of those, seconds spent on the samples' log-probabilities under the policy before the
+    /// update and under the reference (verl's `timing_s/old_log_prob` and `timing_s/ref`).
+    #[serde(default)]
+    pub logprob_seconds: f64,
+    /// Of those, seconds spent on the PPO passes: each micro-batch's forward and backward, and
+    /// the optimiser steps (verl's `timing_s/update_actor`). What is left of `seconds` went to
+    /// PRIME's implicit PRM and the held-out measure.
+    #[serde(default)]
+    pub learn_seconds: f64,
     /// The mean of each watched reward over the update's samples (e.g. the oracle's verdict
     /// beside the PRM being optimised: is the policy pleasing the PRM or being right?).
     #[serde(default)]

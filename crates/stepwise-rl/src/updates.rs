@@ -159,9 +159,16 @@ impl Core<'_> {
 
     /// Old and reference log-probabilities of the samples, and PRIME's advantages in place of
     /// the sampler's where it learns.
-    fn prepare(&mut self, s: &mut Samples, cfg: &RlConfig) -> Result<Option<PrimeLog>> {
+    /// Returns PRIME's log and the seconds the log-probabilities took.
+    fn prepare(&mut self, s: &mut Samples, cfg: &RlConfig) -> Result<(Option<PrimeLog>, f64)> {
+        let start = Instant::now();
         let all: Vec<&[u32]> = s.seqs.iter().map(|s| s.ids.as_slice()).collect();
-        let old = self.learner.logprobs(&all, cfg.minibatch_size)?;
+        // Taken once before the policy moves, the loss's old log-probabilities are its own.
+        let on_policy = cfg.epochs <= 1 && micro_batches(all.len(), cfg) <= cfg.grad_accum.max(1);
+        let old = match on_policy && self.learner.old_logprobs_in_backward() {
+            true => vec![Vec::new(); all.len()],
+            false => self.learner.logprobs(&all, cfg.minibatch_size)?,
+        };
         let refs = sequence_logprobs(
             self.reference,
             &all,
@@ -172,14 +179,17 @@ impl Core<'_> {
             q.old_logprobs = o;
             q.ref_logprobs = r;
         }
-        let Some(p) = self.prime.as_mut() else { return Ok(None) };
+        let logprob_seconds = start.elapsed().as_secs_f64();
+        let Some(p) = self.prime.as_mut() else {
+            return Ok((None, logprob_seconds));
+        };
         let (token_rewards, stats) =
             p.score_and_learn(&s.seqs, &s.outcomes, &s.groups, cfg.minibatch_size, cfg.max_grad_norm)?;
         let advantages = prime_advantages(&s.seqs, &token_rewards, &s.outcomes, &s.groups, &p.cfg);
         for (q, a) in s.seqs.iter_mut().zip(advantages) {
             q.advantages = a;
         }
-        Ok(Some(stats))
+        Ok((Some(stats), logprob_seconds))
     }
 
     /// PPO-clip steps over the samples: `(loss, kl, clip fraction)` summed over micro-batches,
@@ -189,7 +199,8 @@ impl Core<'_> {
         let mut order: Vec<usize> = (0..seqs.len()).collect();
         for _ in 0..cfg.epochs.max(1) {
             order.shuffle(rng);
-            // Micro-batches of `minibatch_size`; gradients of `grad_accum` of them make one step.
+            // Micro-batches of `minibatch_size` ([`micro_batches`]); gradients of `grad_accum` of
+            // them make one step.
             let micro: Vec<&[usize]> = order.chunks(cfg.minibatch_size.max(1)).collect();
             for group in micro.chunks(cfg.grad_accum.max(1)) {
                 for mb in group {
@@ -240,9 +251,11 @@ pub(crate) fn run_updates(
         let mut samples = sampler.sample(&*core.learner.sampler()?, &chosen, u)?;
         sampled += samples.tokens;
         let sampling_seconds = start.elapsed().as_secs_f64();
-        let implicit_prm = core.prepare(&mut samples, cfg)?;
+        let (implicit_prm, logprob_seconds) = core.prepare(&mut samples, cfg)?;
         let lr = schedule(u, cfg.lr, cfg.warmup, cfg.updates);
+        let learning = Instant::now();
         let st = core.ppo(&samples.seqs, cfg, lr, &mut rng)?;
+        let learn_seconds = learning.elapsed().as_secs_f64();
         updated += st.tokens;
         let last = u + 1 == cfg.updates;
         let heldout_accuracy = match sampler.heldout_due(u, last) {
@@ -262,6 +275,8 @@ pub(crate) fn run_updates(
             updated_tokens: updated,
             seconds: start.elapsed().as_secs_f64(),
             sampling_seconds,
+            logprob_seconds,
+            learn_seconds,
             watched: samples.watched.into_iter().map(|(k, v)| (k, v / n)).collect(),
             heldout_accuracy,
             implicit_prm,
@@ -273,6 +288,11 @@ pub(crate) fn run_updates(
         }
     }
     Ok(log)
+}
+
+/// The micro-batches an epoch over `n` samples makes.
+fn micro_batches(n: usize, cfg: &RlConfig) -> usize {
+    n.div_ceil(cfg.minibatch_size.max(1))
 }
 
 /// The sampling seed of prompt `k` of update `u`.

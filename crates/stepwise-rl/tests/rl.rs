@@ -217,6 +217,10 @@ fn a_process_reward_moves_each_step_toward_what_it_rewards() {
     .unwrap();
     assert_eq!(log.len(), 40);
     assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
+    // Each update's time is split into its phases, which fit in it.
+    assert!(log.iter().all(|l| l.logprob_seconds > 0.0
+        && l.learn_seconds > 0.0
+        && l.sampling_seconds + l.logprob_seconds + l.learn_seconds <= l.seconds));
     // The samples earn more as training goes on; with the advantage's sign flipped they earn less.
     assert_rewards_rise(&log);
 }
@@ -334,6 +338,91 @@ fn the_packed_learner_raises_a_process_reward() {
         .unwrap();
         assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
         assert_rewards_rise(&log);
+    }
+    std::fs::remove_dir_all(&start).unwrap();
+}
+
+/// A learner that counts its passes of [`Learner::logprobs`].
+struct Counting<'a> {
+    inner: Box<dyn Learner + 'a>,
+    passes: usize,
+}
+
+impl Learner for Counting<'_> {
+    fn sampler(&mut self) -> Result<std::borrow::Cow<'_, Model>> {
+        self.inner.sampler()
+    }
+    fn logprobs(&mut self, seqs: &[&[u32]], minibatch: usize) -> Result<Vec<Vec<f32>>> {
+        self.passes += 1;
+        self.inner.logprobs(seqs, minibatch)
+    }
+    fn old_logprobs_in_backward(&self) -> bool {
+        self.inner.old_logprobs_in_backward()
+    }
+    fn backward(
+        &mut self,
+        batch: &[&Sequence],
+        clip: f32,
+        kl_coef: f32,
+    ) -> Result<(f64, stepwise_rl::loss::LossStats)> {
+        self.inner.backward(batch, clip, kl_coef)
+    }
+    fn backward_tokens(
+        &mut self,
+        seqs: &[(&[u32], usize)],
+        loss: stepwise_model::packed_engine::TokenLossFn<'_>,
+    ) -> Result<f32> {
+        self.inner.backward_tokens(seqs, loss)
+    }
+    fn step(&mut self, lr: f64, weight_decay: f64, max_grad_norm: f64, micro_batches: usize) -> Result<()> {
+        self.inner.step(lr, weight_decay, max_grad_norm, micro_batches)
+    }
+    fn save(&self, dir: &std::path::Path) -> Result<()> {
+        self.inner.save(dir)
+    }
+    fn load(&mut self, dir: &std::path::Path) -> Result<()> {
+        self.inner.load(dir)
+    }
+}
+
+/// An update whose loss is taken once before the policy moves (one epoch, one optimiser step)
+/// leaves the packed trainer's old log-probabilities to its backward: no pass of their own, a
+/// ratio of 1. Two epochs, or a candle learner, keep the pass.
+#[test]
+fn an_on_policy_update_takes_its_old_log_probabilities_from_the_backward() {
+    let tok = tokenizer();
+    let (reference, _) = fresh(9);
+    let start = policy_folder(9, "on-policy");
+    let (problems, task) = (problems(), PlainTask::default());
+    let one_step = RlConfig {
+        epochs: 1,
+        updates: 3,
+        kl_coef: 0.01,
+        ..process_reward_config()
+    }
+    .one_step_per_update();
+    let two_epochs = RlConfig {
+        epochs: 2,
+        ..one_step.clone()
+    };
+    for (cfg, packed, passes) in [(&one_step, true, 0), (&two_epochs, true, 3), (&one_step, false, 3)] {
+        let (mut model, _) = fresh(9);
+        let inner: Box<dyn Learner + '_> = match packed {
+            true => stepwise_rl::learner::packed_learner(&start, stepwise_model::Placement::Cpu, 4096).unwrap(),
+            false => Box::new(CandleLearner::new(&mut model).unwrap()),
+        };
+        let mut learner = Counting { inner, passes: 0 };
+        let log = train_rl(run(&mut learner, &reference, &tok, &problems, &task, None), cfg, |_| {}).unwrap();
+        assert_eq!(learner.passes, passes, "epochs {} packed {packed}", cfg.epochs);
+        assert!(log
+            .iter()
+            .all(|l| l.kl.is_finite() && l.loss.is_finite() && l.updated_tokens > 0));
+        if passes == 0 {
+            assert!(
+                log.iter().all(|l| l.clip_fraction == 0.0),
+                "a ratio of 1 is never clipped"
+            );
+        }
     }
     std::fs::remove_dir_all(&start).unwrap();
 }

@@ -310,6 +310,16 @@ pub(crate) fn report(out: &std::path::Path, reward: &str, accuracy: &str, log: &
         last.updated_tokens,
         out.display()
     );
+    if !log.is_empty() {
+        let mean = |f: fn(&stepwise_rl::UpdateLog) -> f64| log.iter().map(f).sum::<f64>() / log.len() as f64;
+        eprintln!(
+            "an update took {:.1} s on average: sampling {:.1}, log-probabilities {:.1}, learning {:.1}",
+            mean(|l| l.seconds),
+            mean(|l| l.sampling_seconds),
+            mean(|l| l.logprob_seconds),
+            mean(|l| l.learn_seconds)
+        );
+    }
 }
 
 /// `LOW,HIGH`: bounds on a group's share of correct samples, 0 ≤ LOW ≤ HIGH ≤ 1.
