@@ -375,15 +375,7 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
         "{said}"
     );
 
-    // PRIME: an implicit PRM learns from the goal beside the policy, and is kept in the folder.
-    let prime = rl("prime", &s("p")).args(["--prime-filter", "0,1"]).output().unwrap();
-    assert!(prime.status.success(), "{}", String::from_utf8_lossy(&prime.stderr));
-    let logged = lines(&d.join("p/rl_log.jsonl"));
-    assert!(
-        logged.iter().all(|l| l["implicit_prm"]["loss"].is_number()),
-        "{logged:?}"
-    );
-    assert!(d.join("p/implicit_prm/model.safetensors").exists());
+    prime_learns_beside_the_policy(&d, &rl);
 }
 
 /// `stepwise agent rl` of the fixture policy in the games of `d`, rewarded by `reward`, into `out`:
@@ -451,7 +443,14 @@ fn agent_rl_on_the_packed_trainer_resumes_and_trains_prime() {
         "six updates left the policy as it started"
     );
     a_killed_run_resumes_to_the_same_log(&d, &|out| rl(&prm, out), &a);
-    let prime = rl("prime", &s("p")).args(["--prime-filter", "0,1"]).output().unwrap();
+    prime_learns_beside_the_policy(&d, &rl);
+}
+
+/// PRIME (`rl` run with reward `prime` into `d/p`): an implicit PRM learns from the goal beside
+/// the policy, and is kept in the folder.
+fn prime_learns_beside_the_policy(d: &Path, rl: &dyn Fn(&str, &str) -> std::process::Command) {
+    let out = d.join("p").display().to_string();
+    let prime = rl("prime", &out).args(["--prime-filter", "0,1"]).output().unwrap();
     assert!(prime.status.success(), "{}", String::from_utf8_lossy(&prime.stderr));
     let logged = lines(&d.join("p/rl_log.jsonl"));
     assert!(

@@ -172,6 +172,16 @@ pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -
 mod tests {
     use super::*;
 
+    /// Candle's loss of `batch` padded to `t` positions at log-probabilities `values`
+    /// (`[batch · t]`, PPO's ε 0.2, KL weight 0.1): its value, what it saw, its gradient.
+    fn candle_loss(values: &[f32], batch: &[&Sequence], t: usize) -> (f32, LossStats, Vec<f32>) {
+        let logp = candle_core::Var::from_vec(values.to_vec(), values.len(), &candle_core::Device::Cpu).unwrap();
+        let (loss, stats) = loss_of_logprobs(logp.as_tensor(), batch, t, 0.2, 0.1).unwrap();
+        let grads = loss.backward().unwrap();
+        let grad = grads.get(logp.as_tensor()).unwrap().to_vec1().unwrap();
+        (loss.to_scalar().unwrap(), stats, grad)
+    }
+
     /// The host's policy loss (what the packed trainer takes) is candle's `rl_loss` of the same
     /// log-probabilities, and its derivative is candle's gradient, clipped tokens included; a
     /// skipped range (an observation the policy read) gets neither loss nor gradient.
@@ -195,15 +205,7 @@ mod tests {
         let values: Vec<f32> = (0..2 * t)
             .map(|k| -1.0 - 0.3 * (k % t) as f32 + 0.6 * ((k * 7 % 5) as f32 / 4.0 - 0.5))
             .collect();
-        let logp = candle_core::Var::from_vec(values.clone(), 2 * t, &candle_core::Device::Cpu).unwrap();
-        let (loss, stats) = loss_of_logprobs(logp.as_tensor(), &batch, t, 0.2, 0.1).unwrap();
-        let grad: Vec<f32> = loss
-            .backward()
-            .unwrap()
-            .get(logp.as_tensor())
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let (loss, stats, grad) = candle_loss(&values, &batch, t);
         let learned: Vec<f32> = seqs
             .iter()
             .enumerate()
@@ -211,7 +213,7 @@ mod tests {
             .map(|k| values[k])
             .collect();
         let (value, derivative, host) = policy_loss(&learned, &batch, 0.2, 0.1).unwrap();
-        assert!((value - loss.to_scalar::<f32>().unwrap()).abs() < 1e-5);
+        assert!((value - loss).abs() < 1e-5);
         assert_eq!((host.tokens, host.clip_fraction), (stats.tokens, stats.clip_fraction));
         assert!(host.clip_fraction > 0.0 && host.clip_fraction < 1.0, "{host:?}");
         assert!((host.kl - stats.kl).abs() < 1e-6);
@@ -255,19 +257,9 @@ mod tests {
         let (b, db, sb) = policy_loss(&now, &[&absent], 0.2, 0.1).unwrap();
         assert_eq!((a, da, sa), (b, db, sb));
         assert_eq!(sb.clip_fraction, 0.0);
-        let grad = |seq: &Sequence| {
-            let logp = candle_core::Var::from_vec(padded.clone(), 5, &candle_core::Device::Cpu).unwrap();
-            let (loss, _) = loss_of_logprobs(logp.as_tensor(), &[seq], 5, 0.2, 0.1).unwrap();
-            let g: Vec<f32> = loss
-                .backward()
-                .unwrap()
-                .get(logp.as_tensor())
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            (loss.to_scalar::<f32>().unwrap(), g)
-        };
-        assert_eq!(grad(&explicit), grad(&absent));
+        let (with_old, _, with_old_grad) = candle_loss(&padded, &[&explicit], 5);
+        let (without, _, without_grad) = candle_loss(&padded, &[&absent], 5);
+        assert_eq!((with_old, with_old_grad), (without, without_grad));
         // Old log-probabilities of the wrong length are still refused.
         let short = make(vec![0.0; 3]);
         assert!(policy_loss(&now, &[&short], 0.2, 0.1).is_err());
