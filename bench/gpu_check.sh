@@ -41,7 +41,8 @@
 # for both engines' validation loss, default 40), TRAIN_OBJECTIVES (default
 # "prm log-ratio"), TRAIN_LIMIT (seconds for each engine's training, default 150: on an H200
 # PyTorch's 200 steps took 63-69 s and stepwise's would take about 290), TRAIN_PROFILE=1 (Nsight
-# Compute's per-kernel times of 3 stepwise training steps), RL_UPDATES (default 3; 0 skips RL),
+# Compute's per-kernel times of 3 stepwise training steps), RL_UPDATES (default 3; 0 skips RL and
+# the agent's RL), AGENT_RL_SHAPE (default "4 4 8": worlds, episodes each, most actions),
 # RL_SHAPE (default "8 8 128": prompts, samples each, most tokens), SCORING=0 (skip the scoring
 # comparisons), CROSS_CHECK=0 (skip the CUDA-vs-CPU and flash-vs-plain checks on 24 records),
 # DEVICE=cpu LIMIT=4 TRAIN_STEPS=2 (a dry run of the whole script without a GPU). Only training
@@ -91,6 +92,7 @@ run() {
     TRAIN_PROFILE=${TRAIN_PROFILE:-0} # 1: Nsight Compute's per-kernel times of 3 training steps of stepwise's classifier
     RL_UPDATES=${RL_UPDATES:-3}     # updates of the RL stage (0: skip it)
     RL_SHAPE=${RL_SHAPE:-"8 8 128"} # RL's prompts per update, samples per prompt, most tokens per sample
+    AGENT_RL_SHAPE=${AGENT_RL_SHAPE:-"4 4 8"} # the agent's RL: worlds per update, episodes each, most actions
     SCORING=${SCORING:-1}           # 0: skip the scoring comparisons (only training, RL, generation)
     GEN_REQUESTS=${GEN_REQUESTS:-64}
     GEN_TOKENS=${GEN_TOKENS:-256}
@@ -288,6 +290,23 @@ json.dump(r[k:], open(sys.argv[3],'w')); json.dump(r[:k], open(sys.argv[4],'w'))
             --minibatch-size 16 --lr 1e-6 --checkpoint-every 0 --max-batch-tokens "$BUDGET" >> "$W/rl-sw.log" 2>&1
         grep -vE '^(peak_mib|exit)' "$W/rl-sw.log" | tail -2
     fi
+    # 1d. An agent's RL on the GPU: `stepwise agent rl --device cuda` (the same packed learner;
+    #     each action sampled on its own up to the observation mark, observations left out of
+    #     the loss) for RL_UPDATES updates of AGENT_RL_SHAPE (4 rooms worlds x 4 episodes of at most 8 actions),
+    #     the goal as the reward; never run on a GPU before. Its seconds per update.
+    if [ "$RL_UPDATES" -gt 0 ] && [[ " $SHAPES " == *" 0.5b "* ]] && make_checkpoint 0.5b "$P" 120 --policy \
+        && fits 120 "agent-rl"; then
+        echo "== agent rl"
+        fresh "$W/agent-rl-0.5b"
+        read -r agent_worlds agent_group agent_actions <<< "$AGENT_RL_SHAPE"
+        "$BIN" agent games --count 16 --seed 1 --output "$W/agent-games.jsonl" > "$W/agent-games.log" 2>&1
+        peak "$W/agent-rl-sw.log" timeout "$(limit 120)" "$BIN" agent rl --policy "$P" \
+            --problems "$W/agent-games.jsonl" --out "$W/agent-rl-0.5b" --device "$DEVICE" --reward goal \
+            --updates "$RL_UPDATES" --worlds "$agent_worlds" --group-size "$agent_group" \
+            --max-actions "$agent_actions" --max-tokens 16 --lr 1e-6 \
+            --checkpoint-every 0 --max-batch-tokens "$BUDGET" >> "$W/agent-rl-sw.log" 2>&1
+        grep -vE '^(peak_mib|exit)' "$W/agent-rl-sw.log" | tail -2
+    fi
     # 2. Generation: GEN_REQUESTS concurrent requests of GEN_TOKENS sampled tokens, a 0.5B-shaped
     #    policy: transformers' batched generate against `stepwise serve` with that many clients.
     if [ "$GENERATION" = 1 ] && make_checkpoint 0.5b "$P" 120 --policy && fits 240 "generation"; then
@@ -417,12 +436,13 @@ def training(name):
     return train
 summary["training_0.5b"] = training("prm")
 summary["training_log_ratio_0.5b"] = training("log-ratio")
-rl_log, rl_text = w / "rl-0.5b" / "rl_log.jsonl", text("rl-sw.log")
-if rl_log.exists():
-    updates = [json.loads(line) for line in rl_log.read_text().splitlines() if line.strip()]
-    summary["rl_0.5b"] = {"updates": updates, "log": (rl_text or "")[-600:]}
-elif rl_text:
-    summary["rl_0.5b"] = {"error": rl_text[-2000:]}
+for key, run in (("rl_0.5b", "rl"), ("agent_rl_0.5b", "agent-rl")):
+    rl_log, rl_text = w / f"{run}-0.5b" / "rl_log.jsonl", text(f"{run}-sw.log")
+    if rl_log.exists():
+        updates = [json.loads(line) for line in rl_log.read_text().splitlines() if line.strip()]
+        summary[key] = {"updates": updates, "log": (rl_text or "")[-600:]}
+    elif rl_text:
+        summary[key] = {"error": rl_text[-2000:]}
 if text("train-profile.txt"):  # the per-kernel table of stepwise's training steps
     summary["training_profile"] = text("train-profile.txt").splitlines()
 out.write_text(json.dumps(summary, indent=1))
@@ -445,9 +465,13 @@ for key in ("training_0.5b", "training_log_ratio_0.5b"):
           f"stepwise {t.get('stepwise', {}).get('tokens_per_s', 0):.0f} tok/s, ratio {t.get('ratio', 0):.2f}, "
           f"validation loss at step {t.get('valid_loss_at_step', {}).get('step')}: "
           f"{t.get('valid_loss_at_step', {}).get('transformers')} / {t.get('valid_loss_at_step', {}).get('stepwise')}")
-for u in summary.get("rl_0.5b", {}).get("updates", []):
-    print(f"rl update {u['update']}: {u['seconds']:.1f}s ({u['sampling_seconds']:.1f}s sampling), "
-          f"{u['sampled_tokens']} tokens sampled, {u['updated_tokens']} learned, loss {u['loss']:.4f}, kl {u['kl']:.5f}")
+for key in ("rl_0.5b", "agent_rl_0.5b"):
+    for u in summary.get(key, {}).get("updates", []):
+        print(f"{key} update {u['update']}: {u['seconds']:.1f}s ({u['sampling_seconds']:.1f}s sampling, "
+              f"{u.get('logprob_seconds', 0):.1f}s log-probabilities, {u.get('learn_seconds', 0):.1f}s learning), "
+              f"{u['sampled_tokens']} tokens sampled, {u['updated_tokens']} learned, loss {u['loss']:.4f}, kl {u['kl']:.5f}")
+    if "error" in summary.get(key, {}):
+        print(f"{key}: failed, see the log in the JSON")
 print(f"written: {out}")
 EOF
     tar czf "$OUT/logs.tgz" -C "$W" $(cd "$W" && ls *.log *.txt *.mem 2>/dev/null)

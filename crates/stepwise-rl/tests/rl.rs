@@ -417,12 +417,8 @@ fn an_on_policy_update_takes_its_old_log_probabilities_from_the_backward() {
         assert!(log
             .iter()
             .all(|l| l.kl.is_finite() && l.loss.is_finite() && l.updated_tokens > 0));
-        if passes == 0 {
-            assert!(
-                log.iter().all(|l| l.clip_fraction == 0.0),
-                "a ratio of 1 is never clipped"
-            );
-        }
+        let clipped = log.iter().any(|l| l.clip_fraction > 0.0);
+        assert!(passes > 0 || !clipped, "a ratio of 1 is never clipped");
     }
     std::fs::remove_dir_all(&start).unwrap();
 }
