@@ -34,16 +34,16 @@ pub trait PackedEngine: Send + Sync + std::fmt::Debug {
 }
 
 /// How big a batch's paged KV cache is made: the budget, or less when every request is known
-/// when the cache is made ([`crate::generate`]'s one request), since a pool is allocated whole
-/// and zeroed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// when the cache is made ([`crate::generate`]'s one request, an RL update's prompts), since a
+/// pool is allocated whole and zeroed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KvSize {
     /// At most this many bytes of keys and values (`None`: the backend's default budget, half
     /// the device's free memory, on the CPU at most 2 GiB).
     pub budget: Option<usize>,
-    /// Only what this request needs at worst, when it is the batch's one request:
-    /// `(prompt tokens, continuations, new tokens each)`.
-    pub only_for: Option<(usize, usize, usize)>,
+    /// Only what these requests need at worst together, when they are all the batch will hold
+    /// (empty: not known): `(prompt tokens, continuations, new tokens each)` a request.
+    pub only_for: Vec<(usize, usize, usize)>,
 }
 
 impl<B: TrainBackend + 'static> PackedEngine for PackedDecoder<B> {
@@ -73,9 +73,10 @@ impl<B: TrainBackend + 'static> PackedEngine for PackedDecoder<B> {
             None => self.backend().kv_budget()?,
         };
         let mut blocks = PagedCache::blocks_in(self, bytes);
-        if let Some((prompt, n, max_new)) = size.only_for {
+        if !size.only_for.is_empty() {
             // A request that cannot fit is refused by the budget's cache, which says so.
-            blocks = blocks.min(worst_case_blocks(prompt, n, max_new).max(1));
+            let worst: usize = size.only_for.iter().map(|&(p, n, m)| worst_case_blocks(p, n, m)).sum();
+            blocks = blocks.min(worst.max(1));
         }
         Ok(Box::new(PagedRows::new(self, blocks)?))
     }

@@ -186,12 +186,13 @@ impl<'a> Decoding<'a> {
         self
     }
 
-    /// The batch will hold one request, of `n` continuations of a `prompt`-token prompt with at
-    /// most `max_new` new tokens each ([`generate`]): a packed engine's cache is made no bigger
-    /// than it needs at worst (within the budget), instead of the whole budget allocated and
-    /// zeroed for it.
+    /// The batch will hold a request of `n` continuations of a `prompt`-token prompt with at
+    /// most `max_new` new tokens each, and only the requests given so (one call a request, before
+    /// the first is added: [`generate`]'s one, an RL update's prompts): a packed engine's cache
+    /// is made no bigger than they need at worst together (within the budget), instead of the
+    /// whole budget allocated and zeroed for them.
     pub fn only_for(mut self, prompt: usize, n: usize, max_new: usize) -> Self {
-        self.kv.only_for = Some((prompt, n, max_new));
+        self.kv.only_for.push((prompt, n, max_new));
         self
     }
 
@@ -206,7 +207,7 @@ impl<'a> Decoding<'a> {
     fn cache(&mut self) -> Result<&mut (dyn DecodeCache + 'a)> {
         if self.cache.is_none() {
             let model = self.model.expect("a batch without a cache has a model");
-            self.cache = Some(model.decode_cache(self.kv)?);
+            self.cache = Some(model.decode_cache(self.kv.clone())?);
         }
         Ok(self.cache.as_deref_mut().expect("made above"))
     }

@@ -196,37 +196,76 @@ impl Policy for EnginePolicy<'_> {
     ) -> Result<Vec<Continuation>> {
         let ids = self.prompt_ids(question, prefix)?;
         let mut params = self.params_after(ids.len(), seed)?;
-        let sep_id = self.tokenizer.token_id(&self.separator);
         if until == Until::Step {
             // One step: stop at the separator, as a token where it is one, else as text.
-            match sep_id {
+            match self.tokenizer.token_id(&self.separator) {
                 Some(id) => params.stop_token_ids.push(id),
                 None => params.stop_strings.push(self.separator.clone()),
             }
         }
         generate(self.model, Some(self.tokenizer), &ids, n, &params)?
             .into_iter()
-            .map(|out| {
-                let tokens = out.len();
-                let at_separator = match sep_id {
-                    Some(id) => out.last() == Some(&id),
-                    None => false,
-                };
-                let text = self.text_of(&out)?;
-                let mut steps = split_steps_at(&text, &self.separator);
-                // Until::Step: a step followed by the separator can be continued; one that ended
-                // the sequence (or the token budget) cannot.
-                let finished = until == Until::End || !(at_separator || text.ends_with(self.separator.as_str()));
-                if until == Until::Step {
-                    steps.truncate(1);
-                }
-                Ok(Continuation {
-                    steps,
-                    text,
-                    finished,
-                    tokens,
-                    token_ids: out,
-                })
+            .map(|out| self.continuation(out, until))
+            .collect()
+    }
+}
+
+impl EnginePolicy<'_> {
+    /// The continuation whose tokens are `out`, split into steps (one, to its separator, with
+    /// [`Until::Step`]).
+    fn continuation(&self, out: Vec<u32>, until: Until) -> Result<Continuation> {
+        let at_separator = match self.tokenizer.token_id(&self.separator) {
+            Some(id) => out.last() == Some(&id),
+            None => false,
+        };
+        let text = self.text_of(&out)?;
+        let mut steps = split_steps_at(&text, &self.separator);
+        // Until::Step: a step followed by the separator can be continued; one that ended the
+        // sequence (or the token budget) cannot.
+        let finished = until == Until::End || !(at_separator || text.ends_with(self.separator.as_str()));
+        if until == Until::Step {
+            steps.truncate(1);
+        }
+        Ok(Continuation {
+            steps,
+            text,
+            finished,
+            tokens: out.len(),
+            token_ids: out,
+        })
+    }
+
+    /// For each `(question, n, seed)`, `n` solutions from scratch to the end, as
+    /// [`Policy::continue_from`] samples them (each continuation's generator the same), all
+    /// decoded in one batch: the prompts fed through its decoding steps and every live row
+    /// decoded in one pass a step, so the weights are read once a step for all of them rather
+    /// than once a question (an RL update's prompts). Rows multiplied together may round apart
+    /// from rows multiplied alone, so a draw can differ where two tokens' probabilities tie to
+    /// float precision. The cache holds only what the questions need at worst.
+    pub fn continue_each(&self, asks: &[(&str, usize, u64)]) -> Result<Vec<Vec<Continuation>>> {
+        let mut requests = Vec::with_capacity(asks.len());
+        for &(question, n, seed) in asks {
+            let ids = self.prompt_ids(question, &[])?;
+            let params = self.params_after(ids.len(), seed)?;
+            requests.push((ids, n, params));
+        }
+        let mut batch = crate::Decoding::new(self.model, Some(self.tokenizer));
+        for (ids, n, params) in &requests {
+            batch = batch.only_for(ids.len(), *n, params.max_new_tokens);
+        }
+        let mut order = Vec::with_capacity(requests.len());
+        for (ids, n, params) in requests {
+            order.push(batch.join(&ids, n, params)?);
+        }
+        let mut done = std::collections::HashMap::new();
+        while !batch.is_idle() {
+            done.extend(batch.step()?);
+        }
+        order
+            .into_iter()
+            .map(|id| {
+                let outs = done.remove(&id).context("the batch lost a request")?;
+                outs.into_iter().map(|out| self.continuation(out, Until::End)).collect()
             })
             .collect()
     }

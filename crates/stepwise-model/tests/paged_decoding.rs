@@ -242,3 +242,44 @@ fn a_batch_of_one_request_makes_only_the_cache_it_needs() {
         "{err}"
     );
 }
+
+/// An RL update's questions decoded in one batch (`EnginePolicy::continue_each`) give each
+/// question the continuations `continue_from` samples for it alone: the same generators, and on
+/// the reference backend (products row by row) the same bits.
+#[test]
+fn questions_decoded_together_sample_as_each_alone() {
+    use stepwise_core::seams::{Policy, Until};
+    let dir = fixtures().join("qwen2-policy");
+    let engine: Arc<dyn stepwise_model::engine::PackedEngine> = Arc::new(policy());
+    let model = stepwise_model::Model::on_packed(engine).unwrap();
+    let tok = stepwise_model::Tokenizer::from_dir(&dir).unwrap();
+    let sampler = stepwise_model::EnginePolicy {
+        model: &model,
+        tokenizer: &tok,
+        params: SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 24,
+            ..Default::default()
+        },
+        prompt: stepwise_model::Prompt::Text,
+        separator: "\n".into(),
+    };
+    let asks = [
+        ("What is 2 + 3?", 3, 11),
+        ("Name a prime number.", 2, 12),
+        ("Count to four, one number a line, and then say done.", 4, 13),
+    ];
+    let together = sampler.continue_each(&asks).unwrap();
+    assert_eq!(together.len(), 3);
+    for (&(question, n, seed), got) in asks.iter().zip(&together) {
+        let alone = sampler.continue_from(question, &[], n, Until::End, seed).unwrap();
+        let ids =
+            |cs: &[stepwise_core::seams::Continuation]| cs.iter().map(|c| c.token_ids.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(got), ids(&alone), "{question}");
+        assert_eq!(
+            got.iter().map(|c| &c.text).collect::<Vec<_>>(),
+            alone.iter().map(|c| &c.text).collect::<Vec<_>>()
+        );
+        assert!(got.iter().all(|c| c.finished && c.tokens > 0));
+    }
+}

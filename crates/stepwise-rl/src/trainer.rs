@@ -323,10 +323,24 @@ impl Sampler for SingleTurn<'_> {
     fn sample(&mut self, model: &Model, chosen: &[&Problem], u: usize) -> Result<Samples> {
         let (cfg, reward) = (self.cfg, self.reward);
         let engine = sampling_policy(model, self.tokenizer, &self.params, self.prompt, &self.separator);
+        // On a packed engine every prompt's group is decoded in one batch (the weights read once
+        // a step for all); the CPU decoder samples prompt by prompt, as the lab's runs did.
+        let mut batched = match model.packed() {
+            Some(_) => {
+                let asks: Vec<(&str, usize, u64)> = (chosen.iter().enumerate())
+                    .map(|(k, p)| (p.question.as_str(), cfg.group_size, rng_seed(cfg.seed, u, k)))
+                    .collect();
+                engine.continue_each(&asks)?.into_iter().map(Some).collect()
+            }
+            None => vec![None; chosen.len()],
+        };
         let mut out = Samples::default();
         for (k, p) in chosen.iter().enumerate() {
             let prompt_ids = engine.prompt_ids(&p.question, &[])?;
-            let conts = engine.continue_from(&p.question, &[], cfg.group_size, Until::End, rng_seed(cfg.seed, u, k))?;
+            let conts = match batched[k].take() {
+                Some(conts) => conts,
+                None => engine.continue_from(&p.question, &[], cfg.group_size, Until::End, rng_seed(cfg.seed, u, k))?,
+            };
             let sols = self.solutions(p, &conts, u);
             out.correct += sols.iter().filter(|s| s.correct == Some(true)).count();
             let rewards = reward.rewards(&sols)?;
