@@ -329,7 +329,7 @@ fn train_prm_from_a_bf16_prm_drops_its_head_and_stays_bf16() {
     }
 }
 
-/// `stepwise rl` on the fixture policy: outcome, PRM and PRIME rewards, a per-update log, and a
+/// `stepwise rl` on the fixture policy: outcome, PRM (on the packed trainer) and PRIME rewards, a per-update log, and a
 /// checkpoint folder that loads back as the same architecture with changed weights; a second
 /// run on the folder resumes (it has nothing left to do) instead of starting over. PRIME's
 /// implicit PRM moved too, and `stepwise score` reads its folder as a verifier.
@@ -382,6 +382,10 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
                 "1".into(),
                 "--eval-samples".into(),
                 "2".into(),
+                // The PRM's run on the packed trainer, whose engine samples an update's groups,
+                // and the held-out problems, in one batch each.
+                "--trainer".into(),
+                if name == "prm" { "packed" } else { "auto" }.into(),
             ]
         };
         let a = args(&out);

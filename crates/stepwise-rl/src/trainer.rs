@@ -389,18 +389,31 @@ impl Sampler for SingleTurn<'_> {
 }
 
 /// Single-sample accuracy of `policy` on the held-out problems (the same seeds at every
-/// measurement, so the curve moves with the policy only).
-fn heldout_accuracy(policy: &dyn Policy, task: &dyn Task, h: &Heldout<'_>, seed: u64) -> Result<f64> {
-    let (mut correct, mut total) = (0usize, 0usize);
-    for (k, p) in h.problems.iter().enumerate() {
-        let gold = p
-            .gold_answer
-            .as_deref()
-            .with_context(|| format!("held-out problem `{}`: field `gold_answer`: missing", p.id))?;
-        for c in policy.continue_from(&p.question, &[], h.samples, Until::End, rng_seed(seed ^ 0xe7a1, 0, k))? {
-            correct += usize::from(task.is_correct(gold, &c.steps));
-            total += 1;
+/// measurement, so the curve moves with the policy only); on a packed engine the problems are
+/// decoded in one batch, as an update's prompts are.
+fn heldout_accuracy(policy: &EnginePolicy<'_>, task: &dyn Task, h: &Heldout<'_>, seed: u64) -> Result<f64> {
+    let golds: Vec<&str> = (h.problems.iter())
+        .map(|p| {
+            (p.gold_answer.as_deref())
+                .with_context(|| format!("held-out problem `{}`: field `gold_answer`: missing", p.id))
+        })
+        .collect::<Result<_>>()?;
+    let seed_of = |k| rng_seed(seed ^ 0xe7a1, 0, k);
+    let conts: Vec<Vec<Continuation>> = match policy.model.packed() {
+        Some(_) => {
+            let asks: Vec<(&str, usize, u64)> = (h.problems.iter().enumerate())
+                .map(|(k, p)| (p.question.as_str(), h.samples, seed_of(k)))
+                .collect();
+            policy.continue_each(&asks)?
         }
+        None => (h.problems.iter().enumerate())
+            .map(|(k, p)| policy.continue_from(&p.question, &[], h.samples, Until::End, seed_of(k)))
+            .collect::<Result<_>>()?,
+    };
+    let (mut correct, mut total) = (0usize, 0usize);
+    for (gold, cs) in golds.iter().zip(&conts) {
+        correct += cs.iter().filter(|c| task.is_correct(gold, &c.steps)).count();
+        total += cs.len();
     }
     Ok(correct as f64 / total.max(1) as f64)
 }
