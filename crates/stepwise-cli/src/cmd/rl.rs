@@ -39,7 +39,7 @@ several: its loss over all of them, then each pass's backward), so GPU memory fo
 With --reward prime the implicit PRM trains on the GPU too (a second packed trainer). On the CPU the same packed \
 trainer updates a pretrained policy (hidden size 512 or more; --trainer packed|autograd chooses), sampling from its \
 own weights on the packed engine's CPU backend; a small policy trains with candle's f32 autograd. On two Zen 4 \
-cores a 0.5B policy took 30-42 s an update of 8 samples of 32 tokens (5 s of it sampling) in 14.1 GiB, where autograd was killed out of \
+cores a 0.5B policy took 29-38 s an update of 8 samples of 32 tokens (3 s of it sampling) in 14.1 GiB, where autograd was killed out of \
 memory at 23.2 GiB (bench/rl_cpu.sh).
 
 Example:
