@@ -323,24 +323,13 @@ impl Sampler for SingleTurn<'_> {
     fn sample(&mut self, model: &Model, chosen: &[&Problem], u: usize) -> Result<Samples> {
         let (cfg, reward) = (self.cfg, self.reward);
         let engine = sampling_policy(model, self.tokenizer, &self.params, self.prompt, &self.separator);
-        // On a packed engine every prompt's group is decoded in one batch (the weights read once
-        // a step for all); the CPU decoder samples prompt by prompt, as the lab's runs did.
-        let mut batched = match model.packed() {
-            Some(_) => {
-                let asks: Vec<(&str, usize, u64)> = (chosen.iter().enumerate())
-                    .map(|(k, p)| (p.question.as_str(), cfg.group_size, rng_seed(cfg.seed, u, k)))
-                    .collect();
-                engine.continue_each(&asks)?.into_iter().map(Some).collect()
-            }
-            None => vec![None; chosen.len()],
-        };
+        let asks: Vec<(&str, usize, u64)> = (chosen.iter().enumerate())
+            .map(|(k, p)| (p.question.as_str(), cfg.group_size, rng_seed(cfg.seed, u, k)))
+            .collect();
+        let groups = sample_groups(&engine, &asks)?;
         let mut out = Samples::default();
-        for (k, p) in chosen.iter().enumerate() {
+        for (p, conts) in chosen.iter().zip(groups) {
             let prompt_ids = engine.prompt_ids(&p.question, &[])?;
-            let conts = match batched[k].take() {
-                Some(conts) => conts,
-                None => engine.continue_from(&p.question, &[], cfg.group_size, Until::End, rng_seed(cfg.seed, u, k))?,
-            };
             let sols = self.solutions(p, &conts, u);
             out.correct += sols.iter().filter(|s| s.correct == Some(true)).count();
             let rewards = reward.rewards(&sols)?;
@@ -389,8 +378,7 @@ impl Sampler for SingleTurn<'_> {
 }
 
 /// Single-sample accuracy of `policy` on the held-out problems (the same seeds at every
-/// measurement, so the curve moves with the policy only); on a packed engine the problems are
-/// decoded in one batch, as an update's prompts are.
+/// measurement, so the curve moves with the policy only), sampled as an update's prompts are.
 fn heldout_accuracy(policy: &EnginePolicy<'_>, task: &dyn Task, h: &Heldout<'_>, seed: u64) -> Result<f64> {
     let golds: Vec<&str> = (h.problems.iter())
         .map(|p| {
@@ -398,24 +386,28 @@ fn heldout_accuracy(policy: &EnginePolicy<'_>, task: &dyn Task, h: &Heldout<'_>,
                 .with_context(|| format!("held-out problem `{}`: field `gold_answer`: missing", p.id))
         })
         .collect::<Result<_>>()?;
-    let seed_of = |k| rng_seed(seed ^ 0xe7a1, 0, k);
-    let conts: Vec<Vec<Continuation>> = match policy.model.packed() {
-        Some(_) => {
-            let asks: Vec<(&str, usize, u64)> = (h.problems.iter().enumerate())
-                .map(|(k, p)| (p.question.as_str(), h.samples, seed_of(k)))
-                .collect();
-            policy.continue_each(&asks)?
-        }
-        None => (h.problems.iter().enumerate())
-            .map(|(k, p)| policy.continue_from(&p.question, &[], h.samples, Until::End, seed_of(k)))
-            .collect::<Result<_>>()?,
-    };
+    let asks: Vec<(&str, usize, u64)> = (h.problems.iter().enumerate())
+        .map(|(k, p)| (p.question.as_str(), h.samples, rng_seed(seed ^ 0xe7a1, 0, k)))
+        .collect();
+    let conts = sample_groups(policy, &asks)?;
     let (mut correct, mut total) = (0usize, 0usize);
     for (gold, cs) in golds.iter().zip(&conts) {
         correct += cs.iter().filter(|c| task.is_correct(gold, &c.steps)).count();
         total += cs.len();
     }
     Ok(correct as f64 / total.max(1) as f64)
+}
+
+/// For each `(question, n, seed)`, `n` solutions to the end: on a packed engine all decoded in
+/// one batch (the weights read once a step for every group), on the CPU decoder question by
+/// question, as the lab's recorded runs sampled them.
+fn sample_groups(policy: &EnginePolicy<'_>, asks: &[(&str, usize, u64)]) -> Result<Vec<Vec<Continuation>>> {
+    match policy.model.packed() {
+        Some(_) => policy.continue_each(asks),
+        None => (asks.iter())
+            .map(|&(question, n, seed)| policy.continue_from(question, &[], n, Until::End, seed))
+            .collect(),
+    }
 }
 
 /// `model` as the policy that samples.
