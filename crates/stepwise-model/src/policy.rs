@@ -196,25 +196,26 @@ impl Policy for EnginePolicy<'_> {
     ) -> Result<Vec<Continuation>> {
         let ids = self.prompt_ids(question, prefix)?;
         let mut params = self.params_after(ids.len(), seed)?;
+        let sep_id = self.tokenizer.token_id(&self.separator);
         if until == Until::Step {
             // One step: stop at the separator, as a token where it is one, else as text.
-            match self.tokenizer.token_id(&self.separator) {
+            match sep_id {
                 Some(id) => params.stop_token_ids.push(id),
                 None => params.stop_strings.push(self.separator.clone()),
             }
         }
         generate(self.model, Some(self.tokenizer), &ids, n, &params)?
             .into_iter()
-            .map(|out| self.continuation(out, until))
+            .map(|out| self.continuation(out, until, sep_id))
             .collect()
     }
 }
 
 impl EnginePolicy<'_> {
     /// The continuation whose tokens are `out`, split into steps (one, to its separator, with
-    /// [`Until::Step`]).
-    fn continuation(&self, out: Vec<u32>, until: Until) -> Result<Continuation> {
-        let at_separator = match self.tokenizer.token_id(&self.separator) {
+    /// [`Until::Step`]); `sep_id` is the separator's token, where it is one.
+    fn continuation(&self, out: Vec<u32>, until: Until, sep_id: Option<u32>) -> Result<Continuation> {
+        let at_separator = match sep_id {
             Some(id) => out.last() == Some(&id),
             None => false,
         };
@@ -261,11 +262,12 @@ impl EnginePolicy<'_> {
         while !batch.is_idle() {
             done.extend(batch.step()?);
         }
+        let sep_id = self.tokenizer.token_id(&self.separator);
         order
             .into_iter()
             .map(|id| {
                 let outs = done.remove(&id).context("the batch lost a request")?;
-                outs.into_iter().map(|out| self.continuation(out, Until::End)).collect()
+                outs.into_iter().map(|out| self.continuation(out, Until::End, sep_id)).collect()
             })
             .collect()
     }
