@@ -8,9 +8,8 @@
 //!   learned value of the states (a PRM's step scores), with no rollouts: a step's *promise*
 //!   as its soft label and its *progress* (GAE advantage) beside it.
 
-use crate::rollout::{continue_episode, Played};
+use crate::rollout::{continue_episodes, Continuing, Played};
 use anyhow::{bail, Context, Result};
-use rayon::prelude::*;
 use std::collections::HashMap;
 use stepwise_core::seams::{Annotator, Environment, Episode, Policy, Spent};
 use stepwise_core::{Problem, Provenance, Solution, StepLabel};
@@ -186,7 +185,7 @@ impl Annotator for MonteCarlo<'_> {
 /// `n` episodes played on by `policy` from `ep`, the state after action `i` of a trajectory whose
 /// turns so far are `turns` (`(i, n)`), each with at most `budget` more actions and its own seed
 /// from `key`, `i` and its index, so Monte Carlo and binary search probe a state with the same
-/// draws.
+/// draws; played together ([`continue_episodes`]: one batch a turn where the policy batches).
 pub(crate) fn roll_out(
     policy: &dyn Policy,
     question: &str,
@@ -196,15 +195,14 @@ pub(crate) fn roll_out(
     budget: usize,
     key: u64,
 ) -> Result<Vec<Played>> {
-    let forks: Vec<Box<dyn Episode>> = (0..n).map(|_| ep.fork()).collect::<Result<_>>()?;
-    Ok(forks
-        .into_par_iter()
-        .enumerate()
-        .map(|(j, mut f)| {
+    let mut forks: Vec<Box<dyn Episode>> = (0..n).map(|_| ep.fork()).collect::<Result<_>>()?;
+    let playing = (forks.iter_mut().enumerate())
+        .map(|(j, f)| {
             let seed = key ^ ((i as u64) << 32 | j as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
-            continue_episode(policy, question, turns, f.as_mut(), budget, seed)
+            Continuing::new(question, turns.to_vec(), f.as_mut(), budget, seed)
         })
-        .collect())
+        .collect();
+    Ok(continue_episodes(policy, playing))
 }
 
 /// TD(λ)/GAE labels from a learned value: `values[i]` is V of the state after step `i` (a PRM's

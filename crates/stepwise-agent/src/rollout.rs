@@ -5,7 +5,7 @@
 use anyhow::Result;
 use serde_json::json;
 use stepwise_core::record::{render_turn, OBSERVATION_MARK};
-use stepwise_core::seams::{Continuation, Environment, Episode, Observation, Policy, Until};
+use stepwise_core::seams::{Continuation, Environment, Episode, NextSteps, Observation, Policy, PolicyBatch, Until};
 use stepwise_core::{Problem, Solution, Step};
 
 /// The text a policy's turn stands for as an action: up to where it starts writing the
@@ -78,46 +78,151 @@ pub fn continue_episode(
     budget: usize,
     seed: u64,
 ) -> Played {
-    let mut turns: Vec<String> = prefix.to_vec();
-    let mut played = Played {
-        steps: Vec::new(),
-        end: End::OutOfActions,
-        env_steps: 0,
-        tokens: 0,
-        outcome: None,
-    };
-    for t in 0..budget {
-        let refs: Vec<&str> = turns.iter().map(String::as_str).collect();
-        let turn_seed = seed.wrapping_mul(0x9e37_79b9).wrapping_add(t as u64);
-        let c = match policy.continue_from(question, &refs, 1, Until::Step, turn_seed) {
-            Ok(mut cs) if !cs.is_empty() => cs.swap_remove(0),
-            Ok(_) => return fail(played, "policy: it returned no continuation".into()),
-            Err(e) => return fail(played, format!("policy: {e:#}")),
-        };
-        played.tokens += c.tokens;
-        let action = action_of(&c);
-        if action.is_empty() {
-            played.end = End::Stopped;
-            played.outcome = episode.outcome();
-            return played;
-        }
-        let obs = match step_checked(episode, &action) {
-            Ok(o) => o,
-            Err(e) => {
-                played.steps.push(Step::turn(action, None));
-                return fail(played, format!("environment: {e:#}"));
-            }
-        };
-        played.env_steps += 1;
-        turns.push(render_turn(&action, Some(&obs.text)));
-        played.steps.push(Step::turn(action, Some(obs.text)));
-        if obs.done {
-            played.end = End::Done { success: obs.success };
-            return played;
+    let one = Continuing::new(question, prefix.to_vec(), episode, budget, seed);
+    continue_episodes(policy, vec![one]).remove(0)
+}
+
+/// An episode being continued: what the policy has seen (the question and the turns so far),
+/// the state, the actions left, and what was played.
+pub struct Continuing<'e> {
+    question: &'e str,
+    turns: Vec<String>,
+    episode: &'e mut dyn Episode,
+    budget: usize,
+    seed: u64,
+    played: Played,
+    over: bool,
+}
+
+impl<'e> Continuing<'e> {
+    /// `episode`, the state after `turns`, continued for at most `budget` actions, each turn's
+    /// draw seeded from `seed` and the turn's index.
+    pub fn new(question: &'e str, turns: Vec<String>, episode: &'e mut dyn Episode, budget: usize, seed: u64) -> Self {
+        Continuing {
+            question,
+            turns,
+            episode,
+            budget,
+            seed,
+            played: Played {
+                steps: Vec::new(),
+                end: End::OutOfActions,
+                env_steps: 0,
+                tokens: 0,
+                outcome: None,
+            },
+            over: false,
         }
     }
-    played.outcome = episode.outcome();
-    played
+
+    /// Whether the policy has an action to write.
+    fn wants_turn(&self) -> bool {
+        !self.over && self.played.steps.len() < self.budget
+    }
+
+    /// The seed of the coming turn's draw.
+    fn turn_seed(&self) -> u64 {
+        let t = self.played.steps.len() as u64;
+        self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(t)
+    }
+
+    /// The policy's answer for this turn, acted on: its action taken in the environment, or the
+    /// episode ended (the policy stopped or failed, the environment failed or ended it).
+    fn take(&mut self, answer: Result<Vec<Continuation>>) {
+        let c = match answer {
+            Ok(mut cs) if !cs.is_empty() => cs.swap_remove(0),
+            Ok(_) => return self.fail("policy: it returned no continuation".into()),
+            Err(e) => return self.fail(format!("policy: {e:#}")),
+        };
+        self.played.tokens += c.tokens;
+        let action = action_of(&c);
+        if action.is_empty() {
+            self.played.end = End::Stopped;
+            self.over = true;
+            return;
+        }
+        let obs = match step_checked(self.episode, &action) {
+            Ok(o) => o,
+            Err(e) => {
+                self.played.steps.push(Step::turn(action, None));
+                return self.fail(format!("environment: {e:#}"));
+            }
+        };
+        self.played.env_steps += 1;
+        self.turns.push(render_turn(&action, Some(&obs.text)));
+        self.played.steps.push(Step::turn(action, Some(obs.text)));
+        if obs.done {
+            self.played.end = End::Done { success: obs.success };
+            self.over = true;
+        }
+    }
+
+    fn fail(&mut self, why: String) {
+        self.played.end = End::Failed(why);
+        self.over = true;
+    }
+
+    /// What was played; where the player stopped or ran out of actions, whether the goal held.
+    fn finish(mut self) -> Played {
+        if matches!(self.played.end, End::Stopped | End::OutOfActions) {
+            self.played.outcome = self.episode.outcome();
+        }
+        self.played
+    }
+}
+
+/// Episodes continued turn by turn together: each turn, every episode still going asks the
+/// policy for its action, all in one [`Policy::batch`] call where the policy batches (a local
+/// model on the packed engine decodes them in the same steps and re-reads an episode's history
+/// from its cache), else in calls of their own, several at once; then each acts in its world.
+/// Each episode plays as it would alone ([`continue_episode`]): its turns draw with their own
+/// seeds.
+pub fn continue_episodes(policy: &dyn Policy, mut eps: Vec<Continuing<'_>>) -> Vec<Played> {
+    use rayon::prelude::*;
+    let mut batch = policy.batch();
+    loop {
+        let live: Vec<usize> = (0..eps.len()).filter(|&i| eps[i].wants_turn()).collect();
+        if live.is_empty() {
+            break;
+        }
+        let answers = ask_turns(policy, batch.as_deref_mut(), &eps, &live);
+        let mut slots: Vec<Option<Result<Vec<Continuation>>>> = (0..eps.len()).map(|_| None).collect();
+        for (i, answer) in live.into_iter().zip(answers) {
+            slots[i] = Some(answer);
+        }
+        (eps.par_iter_mut().zip(slots))
+            .filter_map(|(e, answer)| Some((e, answer?)))
+            .for_each(|(e, answer)| e.take(answer));
+    }
+    eps.into_iter().map(Continuing::finish).collect()
+}
+
+/// The policy's answers for the coming turn of episodes `live`: one batch call, or each asked on
+/// its own, several at once.
+fn ask_turns(
+    policy: &dyn Policy,
+    batch: Option<&mut (dyn PolicyBatch + '_)>,
+    eps: &[Continuing<'_>],
+    live: &[usize],
+) -> Vec<Result<Vec<Continuation>>> {
+    use rayon::prelude::*;
+    let prefixes: Vec<Vec<&str>> = (live.iter())
+        .map(|&i| eps[i].turns.iter().map(String::as_str).collect())
+        .collect();
+    let asks: Vec<NextSteps> = (live.iter().zip(&prefixes))
+        .map(|(&i, prefix)| NextSteps {
+            question: eps[i].question,
+            prefix,
+            n: 1,
+            seed: eps[i].turn_seed(),
+        })
+        .collect();
+    match batch {
+        Some(b) => b.continue_all(&asks, Until::Step),
+        None => (asks.par_iter())
+            .map(|a| policy.continue_from(a.question, a.prefix, a.n, Until::Step, a.seed))
+            .collect(),
+    }
 }
 
 /// One environment step, with its answer checked: an observation must be text a policy can be
@@ -134,28 +239,51 @@ fn step_checked(episode: &mut dyn Episode, action: &str) -> Result<Observation> 
     Ok(obs)
 }
 
-fn fail(mut played: Played, why: String) -> Played {
-    played.end = End::Failed(why);
-    played
-}
-
 /// One trajectory of `policy` on `problem`, from the start: the task and first observation as
 /// its question, one step per action with the observation after it, the outcome in `correct`
 /// (`None` when the episode failed, with the error in `meta.error`), and how it ended in
 /// `meta.end`.
 pub fn play(policy: &dyn Policy, env: &dyn Environment, problem: &Problem, id: String, seed: u64) -> Solution {
-    let (mut episode, first) = match env.reset(problem) {
-        Ok(x) => x,
-        Err(e) => {
-            let mut s = trajectory(problem, id, problem.question.clone(), Vec::new());
-            s.meta.insert("end".into(), json!("failed"));
-            s.meta.insert("error".into(), json!(format!("environment: {e:#}")));
-            return s;
+    play_all(policy, env, &[(problem, id, seed)]).remove(0)
+}
+
+/// For each `(problem, id, seed)`, the trajectory [`play`] plays, the episodes played together
+/// ([`continue_episodes`]: one batch a turn where the policy batches).
+pub fn play_all(policy: &dyn Policy, env: &dyn Environment, jobs: &[(&Problem, String, u64)]) -> Vec<Solution> {
+    use rayon::prelude::*;
+    let started: Vec<Result<(Box<dyn Episode>, String)>> = jobs.par_iter().map(|(p, _, _)| env.reset(p)).collect();
+    let mut questions = Vec::new();
+    let mut episodes = Vec::new();
+    let mut out: Vec<Option<Solution>> = Vec::with_capacity(jobs.len());
+    for ((problem, id, _), s) in jobs.iter().zip(started) {
+        match s {
+            Ok((episode, first)) => {
+                questions.push(prompt(&problem.question, &first));
+                episodes.push(episode);
+                out.push(None);
+            }
+            Err(e) => {
+                let mut s = trajectory(problem, id.clone(), problem.question.clone(), Vec::new());
+                s.meta.insert("end".into(), json!("failed"));
+                s.meta.insert("error".into(), json!(format!("environment: {e:#}")));
+                out.push(Some(s));
+            }
         }
-    };
-    let question = prompt(&problem.question, &first);
-    let played = continue_episode(policy, &question, &[], episode.as_mut(), env.max_actions(), seed);
-    finish(trajectory(problem, id, question, Vec::new()), played)
+    }
+    let playing = (jobs.iter().zip(&out))
+        .filter(|(_, done)| done.is_none())
+        .zip(questions.iter().zip(episodes.iter_mut()))
+        .map(|(((_, _, seed), _), (q, e))| Continuing::new(q, Vec::new(), e.as_mut(), env.max_actions(), *seed))
+        .collect();
+    let mut played = continue_episodes(policy, playing).into_iter().zip(questions);
+    (jobs.iter().zip(out))
+        .map(|((problem, id, _), done)| {
+            done.unwrap_or_else(|| {
+                let (played, question) = played.next().expect("one a started episode");
+                finish(trajectory(problem, id.clone(), question, Vec::new()), played)
+            })
+        })
+        .collect()
 }
 
 /// An empty trajectory of `problem`.
@@ -209,10 +337,13 @@ pub fn fnv(s: &str) -> u64 {
     })
 }
 
-/// `n` trajectories of each problem, appended to the JSONL journal at `path` as they finish (a
-/// few at a time in parallel, one per thread of rayon's pool, twice over). Started again after
-/// an interruption, it plays only what the journal lacks; trajectories are seeded by their id,
-/// so the records equal an uninterrupted run's. `progress(done)` counts trajectories finished.
+/// Episodes [`play_resumable`] plays together (one batch a turn) between journal writes.
+pub const PLAYED_TOGETHER: usize = 64;
+
+/// `n` trajectories of each problem, appended to the JSONL journal at `path` as they finish
+/// ([`PLAYED_TOGETHER`] at a time, played together: [`play_all`]). Started again after an
+/// interruption, it plays only what the journal lacks; trajectories are seeded by their id, so
+/// the records equal an uninterrupted run's. `progress(done)` counts trajectories finished.
 /// Returns every trajectory, problem by problem.
 pub fn play_resumable(
     path: &std::path::Path,
@@ -223,26 +354,40 @@ pub fn play_resumable(
     seed: u64,
     progress: impl FnMut(usize),
 ) -> Result<Vec<Solution>> {
-    each_resumable(
-        path,
-        problems,
-        n,
-        |p, id| play(policy, env, p, id.to_string(), seed ^ fnv(id)),
-        progress,
-    )
+    let play = |jobs: &[(&Problem, String)]| {
+        let seeded: Vec<(&Problem, String, u64)> =
+            (jobs.iter()).map(|(p, id)| (*p, id.clone(), seed ^ fnv(id))).collect();
+        play_all(policy, env, &seeded)
+    };
+    chunks_resumable(path, problems, n, PLAYED_TOGETHER, play, progress)
 }
 
 /// `job(problem, id)` for `n` ids of each problem ([`trajectory_id`]), journalled at `path` as
-/// [`play_resumable`] does: what the journal holds is not done again, and the records come back
-/// problem by problem. A job seeds itself by its id, so a resumed run equals an uninterrupted one.
+/// [`play_resumable`] does (a few at a time in parallel, one per thread of rayon's pool, twice
+/// over): what the journal holds is not done again, and the records come back problem by
+/// problem. A job seeds itself by its id, so a resumed run equals an uninterrupted one.
 pub fn each_resumable(
     path: &std::path::Path,
     problems: &[Problem],
     n: usize,
     job: impl Fn(&Problem, &str) -> Solution + Sync,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
 ) -> Result<Vec<Solution>> {
     use rayon::prelude::*;
+    let each = |jobs: &[(&Problem, String)]| jobs.par_iter().map(|(p, id)| job(p, id)).collect();
+    chunks_resumable(path, problems, n, 2 * rayon::current_num_threads(), each, progress)
+}
+
+/// `chunk(jobs)` (a trajectory each) over the `(problem, id)` the journal at `path` lacks, `size`
+/// at a time, each chunk's records appended as it finishes; every record, problem by problem.
+fn chunks_resumable(
+    path: &std::path::Path,
+    problems: &[Problem],
+    n: usize,
+    size: usize,
+    chunk: impl Fn(&[(&Problem, String)]) -> Vec<Solution>,
+    mut progress: impl FnMut(usize),
+) -> Result<Vec<Solution>> {
     let (mut journal, mut kept) = stepwise_core::journal::Journal::open::<Solution>(path, |s| s.id.clone())?;
     let order: Vec<String> = problems
         .iter()
@@ -254,9 +399,8 @@ pub fn each_resumable(
         .filter(|(_, id)| !journal.contains(id))
         .collect();
     progress(order.len() - todo.len());
-    for batch in todo.chunks(2 * rayon::current_num_threads()) {
-        let done: Vec<Solution> = batch.par_iter().map(|(p, id)| job(p, id)).collect();
-        for s in done {
+    for jobs in todo.chunks(size.max(1)) {
+        for s in chunk(jobs) {
             journal.append(s.id.clone(), &s)?;
             kept.push(s);
         }

@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use std::collections::HashMap;
 use stepwise_agent::rooms::{self, Rooms};
 use stepwise_agent::{play, Expert, Games, MonteCarlo, Oracle, TemporalDifference};
-use stepwise_core::seams::{ActionKind, Annotator, Environment, Episode, Observation};
+use stepwise_core::seams::{ActionKind, Annotator, Environment, Episode, Observation, Policy};
 use stepwise_core::{LabelValue, Problem, Provenance, Rating, Solution};
 
 fn problems(n: usize) -> Vec<Problem> {
@@ -331,4 +331,116 @@ fn the_silent_world_judges_where_the_episode_ends() {
         outcomes.contains(&Some(true)) && outcomes.contains(&Some(false)),
         "{outcomes:?}"
     );
+}
+
+/// A policy that batches: each batch call answers every ask through the expert, and counts the
+/// asks of each call.
+struct Batching {
+    expert: Expert,
+    /// Asks whose question starts so fail at their second turn.
+    failing: String,
+    calls: std::sync::Mutex<Vec<usize>>,
+}
+
+impl stepwise_core::seams::Policy for Batching {
+    fn continue_from(
+        &self,
+        question: &str,
+        prefix: &[&str],
+        n: usize,
+        until: stepwise_core::seams::Until,
+        seed: u64,
+    ) -> Result<Vec<stepwise_core::seams::Continuation>> {
+        self.expert.continue_from(question, prefix, n, until, seed)
+    }
+
+    fn batch(&self) -> Option<Box<dyn stepwise_core::seams::PolicyBatch + '_>> {
+        Some(Box::new(BatchOf(self)))
+    }
+}
+
+struct BatchOf<'a>(&'a Batching);
+
+impl stepwise_core::seams::PolicyBatch for BatchOf<'_> {
+    fn continue_all(
+        &mut self,
+        asks: &[stepwise_core::seams::NextSteps<'_>],
+        until: stepwise_core::seams::Until,
+    ) -> Vec<Result<Vec<stepwise_core::seams::Continuation>>> {
+        self.0.calls.lock().unwrap().push(asks.len());
+        (asks.iter())
+            .map(
+                |a| match a.question.starts_with(&self.0.failing) && a.prefix.len() == 1 {
+                    true => bail!("the server went away"),
+                    false => self.0.expert.continue_from(a.question, a.prefix, a.n, until, a.seed),
+                },
+            )
+            .collect()
+    }
+}
+
+/// Episodes played together (`play_all`) play as each alone: one batch call a turn carries
+/// every episode still going, an episode whose world cannot start or whose ask fails ends alone
+/// with its error, and the others go on.
+#[test]
+fn episodes_played_together_play_as_each_alone_one_batch_a_turn() {
+    let ps = problems(6);
+    let policy = Batching {
+        expert: Expert::new(&ps, 0.6).unwrap(),
+        failing: ps[1].question.clone(),
+        calls: Default::default(),
+    };
+    let env = Rooms::default();
+    let missing = Problem {
+        id: "missing".into(),
+        question: "Put the gem in the box.".into(),
+        ..Default::default()
+    };
+    let mut jobs: Vec<(&Problem, String, u64)> = (ps.iter())
+        .flat_map(|p| (0..3).map(move |j| (p, format!("{}-{j}", p.id), j as u64 * 7 + 1)))
+        .collect();
+    jobs.insert(4, (&missing, "missing-0".into(), 3));
+    let together = stepwise_agent::rollout::play_all(&policy, &env, &jobs);
+    let calls = policy.calls.lock().unwrap().clone();
+    let alone: Vec<Solution> = (jobs.iter())
+        .map(|(p, id, seed)| play(&policy.expert, &env, p, id.clone(), *seed))
+        .collect();
+    assert_eq!(together.len(), jobs.len());
+    let failed_asks = together
+        .iter()
+        .filter(|t| {
+            t.meta
+                .get("error")
+                .is_some_and(|e| e.as_str().unwrap().contains("policy: the server went away"))
+        })
+        .count();
+    for (t, a) in together.iter().zip(&alone) {
+        if t.meta
+            .get("error")
+            .is_some_and(|e| e.as_str().unwrap().contains("server went away"))
+        {
+            assert_eq!((t.steps.len(), t.correct), (1, None), "{}", t.id);
+            assert_eq!(t.steps[..], a.steps[..1], "{}", t.id);
+            continue;
+        }
+        assert_eq!(
+            serde_json::to_value(t).unwrap(),
+            serde_json::to_value(a).unwrap(),
+            "{}",
+            t.id
+        );
+    }
+    assert!(together[4].meta["error"].as_str().unwrap().contains("environment:"));
+    let same_task = jobs.iter().filter(|(p, _, _)| p.question == ps[1].question).count();
+    assert_eq!(failed_asks, same_task, "the episodes of the second world's task");
+    // One call a turn: as many calls as the longest episode's turns, the first with every
+    // episode that started.
+    let longest = together
+        .iter()
+        .map(|t| t.steps.len() + usize::from(t.meta["end"] == "stopped"))
+        .max()
+        .unwrap();
+    assert_eq!(calls.len(), longest, "{calls:?}");
+    assert_eq!(calls[0], jobs.len() - 1);
+    assert!(calls.windows(2).all(|w| w[0] >= w[1]), "{calls:?}");
 }

@@ -125,6 +125,94 @@ fn generation(model: &Model) -> anyhow::Result<f64> {
     Ok(best)
 }
 
+/// How an agent's turns are decoded ([`agent_turns`]).
+#[derive(Clone, Copy, Debug)]
+enum Turns {
+    /// Each episode's turn a `generate` call of its own, its whole history its prompt.
+    Alone,
+    /// Every episode's turn in one batch, each history fed whole.
+    Together,
+    /// One batch that keeps its prefixes: each turn feeds only the observation after what the
+    /// episode wrote.
+    Kept,
+}
+
+/// Multi-turn decoding as agent RL samples: `episodes` episodes of `turns` turns; each starts
+/// from a 64-token task of its own, and each turn writes 8 tokens (greedy) and then reads a
+/// 24-token observation. Seconds in all, and prompt tokens fed.
+fn agent_turns(model: &Model, episodes: usize, turns: usize, how: Turns) -> anyhow::Result<(f64, usize)> {
+    let p = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: 8,
+        ..Default::default()
+    };
+    let mut history: Vec<Vec<u32>> = (0..episodes as u32)
+        .map(|e| (0..64).map(|i| (e * 131 + i * 7) % 400 + 5).collect())
+        .collect();
+    let observation: Vec<u32> = (0..24).map(|i| i * 11 % 300 + 20).collect();
+    let fed_before = model.encoded_tokens();
+    let mut kept = stepwise_model::Decoding::new(model, None).keep_prefixes();
+    let t = Instant::now();
+    for _ in 0..turns {
+        let outs: Vec<Vec<u32>> = match how {
+            Turns::Alone => (history.iter())
+                .map(|h| Ok(generate(model, None, h, 1, &p)?.remove(0)))
+                .collect::<anyhow::Result<_>>()?,
+            Turns::Together => {
+                // Its cache made only as big as the turn needs (as `EnginePolicy::continue_each`).
+                let fresh = (history.iter()).fold(stepwise_model::Decoding::new(model, None), |b, h| {
+                    b.only_for(h.len(), 1, p.max_new_tokens)
+                });
+                decode_together(&mut { fresh }, &history, &p)?
+            }
+            Turns::Kept => decode_together(&mut kept, &history, &p)?,
+        };
+        for (h, out) in history.iter_mut().zip(outs) {
+            h.extend(out);
+            h.extend(&observation);
+        }
+    }
+    // A turn feeds 7 of the 8 tokens it writes (the last is never fed).
+    let fed = model.encoded_tokens() - fed_before - episodes * turns * 7;
+    Ok((t.elapsed().as_secs_f64(), fed))
+}
+
+/// One continuation of each prompt, all joined to `batch` and decoded together.
+fn decode_together(
+    batch: &mut stepwise_model::Decoding,
+    prompts: &[Vec<u32>],
+    p: &SamplingParams,
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let ids: Vec<usize> = (prompts.iter())
+        .map(|h| batch.join(h, 1, p.clone()))
+        .collect::<anyhow::Result<_>>()?;
+    let mut done = std::collections::HashMap::new();
+    while !batch.is_idle() {
+        done.extend(batch.step()?);
+    }
+    Ok(ids
+        .iter()
+        .map(|id| done.remove(id).expect("decoded").remove(0))
+        .collect())
+}
+
+/// `agent`: [`agent_turns`] each way on the packed engine's CPU backend, on the policy folder
+/// `STEPWISE_BENCH_POLICY` (a Qwen2.5-0.5B-shaped one: `bench/make_random_prm.py 0.5b DIR
+/// --policy`) or the fixture policy.
+fn print_agent_turns() -> anyhow::Result<()> {
+    let dir = std::env::var("STEPWISE_BENCH_POLICY").map_or_else(|_| fixtures().join("qwen2-policy"), PathBuf::from);
+    let model = Model::load_packed(&dir, stepwise_model::Placement::Cpu)?;
+    let (episodes, turns) = (16, 8);
+    for how in [Turns::Alone, Turns::Together, Turns::Kept] {
+        let (seconds, fed) = agent_turns(&model, episodes, turns, how)?;
+        println!(
+            "{}: agent turns {how:?}: {episodes} episodes × {turns} turns of 8 tokens in {seconds:.2} s, {fed} prompt tokens fed",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Serving-shaped decoding, as `stepwise serve` runs `bench/load_serve.py`'s load without the
 /// HTTP: `clients` requests in flight, each an 8-token prompt and `new` new tokens at
 /// temperature 0.8, a finished one replaced at once by a new one joining the running batch
@@ -411,7 +499,7 @@ impl candle_nn::var_builder::SimpleBackend for RandomBf16 {
     }
 }
 
-/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|serving|training|search|sampling|decode] [--big]`
+/// Whether a section runs: `cargo bench -p stepwise-model -- [scoring|generation|serving|training|search|sampling|decode|agent] [--big]`
 /// (no section name: all of them).
 fn wanted(section: &str) -> bool {
     let names: Vec<String> = std::env::args()
@@ -425,6 +513,7 @@ fn wanted(section: &str) -> bool {
                 "search",
                 "sampling",
                 "decode",
+                "agent",
             ]
             .contains(&a.as_str())
         })
@@ -455,6 +544,9 @@ fn main() -> anyhow::Result<()> {
                 generation(&packed)?
             );
         }
+    }
+    if wanted("agent") {
+        print_agent_turns()?;
     }
     if wanted("search") {
         for name in ["qwen2-prm", "qwen2-tokcls"] {

@@ -48,6 +48,24 @@ pub trait DecodeCache: Send {
     fn forward(&mut self, next: &[u32], chunks: &[&[u32]], finishing: usize, sample: &mut Sample) -> Result<()>;
     /// Prompt `i`, fed whole, becomes `n` rows after the others, sharing what it cached.
     fn start(&mut self, i: usize, n: usize) -> Result<()>;
+    /// Row `k`, about to leave, keeps what it cached under a handle for later prompts to start
+    /// from ([`DecodeCache::prompt_from`]); the row itself then leaves with nothing. The handle
+    /// and the room it holds at most; `None` (the default) where the cache cannot keep a row's
+    /// keys and values apart from it.
+    fn retain_row(&mut self, k: usize) -> Option<(usize, usize)> {
+        let _ = k;
+        None
+    }
+    /// The last prompt pushed starts as the first `len` positions kept under `handle` (which
+    /// stays), so only its tokens after them are fed.
+    fn prompt_from(&mut self, handle: usize, len: usize) -> Result<()> {
+        let _ = (handle, len);
+        anyhow::bail!("this cache keeps no sequence to start a prompt from")
+    }
+    /// What was kept under `handle` gives its room back.
+    fn forget(&mut self, handle: usize) {
+        let _ = handle;
+    }
 }
 
 /// The CPU decoder's caches.

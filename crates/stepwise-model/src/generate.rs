@@ -9,6 +9,7 @@
 
 use crate::decode_cache::DecodeCache;
 use crate::engine::KvSize;
+use crate::kept_prefixes::KeptPrefixes;
 use crate::model::Model;
 pub use crate::sampling::{sample_token, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -73,6 +74,8 @@ pub struct Decoding<'a> {
     requests: Vec<Option<Request>>,
     /// The last decoding step's rows: continuations, and prompt tokens fed.
     last_step: StepRows,
+    /// The rows kept after they left, for prompts to start from (`None`: none are kept).
+    kept: Option<KeptPrefixes>,
 }
 
 /// The rows of one decoding step's forward pass.
@@ -103,6 +106,8 @@ struct Prefill {
 /// A request's settings, continuations so far, and the room it may need at worst.
 struct Request {
     params: SamplingParams,
+    /// Its prompt, where the batch keeps its rows' prefixes (else empty).
+    prompt: Vec<u32>,
     outs: Vec<Vec<u32>>,
     live: usize,
     reserved: usize,
@@ -175,7 +180,18 @@ impl<'a> Decoding<'a> {
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             requests: Vec::new(),
             last_step: StepRows::default(),
+            kept: None,
         }
+    }
+
+    /// Each continuation that stops keeps its keys and values (on a cache that can keep them: a
+    /// packed engine's), and a prompt that starts with a kept continuation's tokens (its own
+    /// prompt, then what it wrote) starts from its cache, fed only the tokens after them: a
+    /// conversation's next turn re-reads only what was said since. What is kept gives its room
+    /// back to a request that needs it, the least recently used first.
+    pub fn keep_prefixes(mut self) -> Self {
+        self.kept = Some(KeptPrefixes::default());
+        self
     }
 
     /// A model on a packed engine (a GPU) keeps at most `bytes` of keys and values (its KV
@@ -256,10 +272,15 @@ impl<'a> Decoding<'a> {
         Ok((n, cache.reserve(prompt.len(), n, params.max_new_tokens)?))
     }
 
-    /// Registers a request for `n` continuations, `live` of them to decode; its id.
-    fn register(&mut self, params: SamplingParams, n: usize, (live, reserved): (usize, usize)) -> usize {
+    /// Registers a request for `n` continuations of `prompt`, `live` of them to decode; its id.
+    fn register(&mut self, prompt: &[u32], params: SamplingParams, n: usize, (live, reserved): (usize, usize)) -> usize {
+        let prompt = match self.kept {
+            Some(_) => prompt.to_vec(),
+            None => Vec::new(),
+        };
         self.requests.push(Some(Request {
             params,
+            prompt,
             outs: vec![Vec::new(); n],
             live,
             reserved,
@@ -274,12 +295,12 @@ impl<'a> Decoding<'a> {
     pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
         let room = self.admissible(prompt, n, &params)?;
         if room.0 == 0 {
-            return Ok(self.register(params, n, room));
+            return Ok(self.register(prompt, params, n, room));
         }
         // Encoded (where the cache encodes prompts alone) as the cache's last prompt, after the
         // ones being fed.
         let first = self.cache()?.encode_alone(prompt)?;
-        let id = self.register(params, n, room);
+        let id = self.register(prompt, params, n, room);
         match first {
             Some(first) => {
                 if let Err(e) = self.start(id, self.prefills.len(), &first) {
@@ -304,7 +325,7 @@ impl<'a> Decoding<'a> {
             return self.add(prompt, n, params);
         }
         let room = self.admissible(prompt, n, &params)?;
-        let id = self.register(params, n, room);
+        let id = self.register(prompt, params, n, room);
         if room.0 > 0 {
             self.wait(id, prompt);
         }
@@ -396,6 +417,13 @@ impl<'a> Decoding<'a> {
             out.push(row.next);
             if stops(out, &req.params, self.tok) {
                 req.live -= 1;
+                if let (Some(kept), Some(cache)) = (self.kept.as_mut(), self.cache.as_deref_mut()) {
+                    if let Some((handle, room)) = cache.retain_row(k) {
+                        // Cached: the prompt and every token written but the last (never fed).
+                        let tokens = req.prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
+                        kept.keep(handle, tokens, room);
+                    }
+                }
             } else {
                 still.push(k);
             }
@@ -426,19 +454,35 @@ impl<'a> Decoding<'a> {
         Ok(done)
     }
 
-    /// Admits, first come first served, the waiting requests whose worst case fits the room left.
+    /// Admits, first come first served, the waiting requests whose worst case fits the room left
+    /// (the kept prefixes' room given back for it, the least recently used first); each starts
+    /// from the kept prefix it shares the most tokens with.
     fn admit(&mut self) {
         let Some(cache) = self.cache.as_deref_mut() else {
             return;
         };
         while let Some(p) = self.waiting.front() {
             let need = self.requests[p.request].as_ref().map_or(0, |r| r.reserved);
-            if self.committed.saturating_add(need) > cache.capacity() {
+            let held = |kept: &Option<KeptPrefixes>| kept.as_ref().map_or(0, KeptPrefixes::held);
+            while self.committed.saturating_add(need + held(&self.kept)) > cache.capacity() {
+                match self.kept.as_mut().and_then(KeptPrefixes::forget_oldest) {
+                    Some(handle) => cache.forget(handle),
+                    None => break,
+                }
+            }
+            if self.committed.saturating_add(need + held(&self.kept)) > cache.capacity() {
                 break;
             }
             self.committed += need;
             cache.push_prompt();
-            self.prefills.push(self.waiting.pop_front().expect("checked"));
+            let mut p = self.waiting.pop_front().expect("checked");
+            if let Some((handle, len)) = self.kept.as_mut().and_then(|k| k.longest_shared(&p.tokens)) {
+                // Fed from the start where the kept cache cannot be shared after all.
+                if cache.prompt_from(handle, len).is_ok() {
+                    p.fed = len;
+                }
+            }
+            self.prefills.push(p);
         }
     }
 

@@ -28,6 +28,7 @@ engine! {
     pub mod incremental;
     pub mod input;
     pub mod kernels;
+    mod kept_prefixes;
     pub mod kv_cache;
     pub mod kv_rows;
     pub mod checkpoint;

@@ -3,12 +3,12 @@
 //! prompt is encoded once and its KV cache shared by the `n` continuations; [`Until::Step`]
 //! stops each at the separator.
 
-use crate::generate::{generate, SamplingParams};
+use crate::generate::{generate, Decoding, SamplingParams};
 use crate::model::Model;
 use crate::prompt::Prompt;
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result};
-use stepwise_core::seams::{split_steps_at, Continuation, NextOptions, Policy, Until};
+use stepwise_core::seams::{split_steps_at, Continuation, NextOptions, NextSteps, Policy, PolicyBatch, Until};
 
 /// A local model as a policy.
 pub struct EnginePolicy<'a> {
@@ -127,6 +127,17 @@ fn log_softmax_at(logits: &[f32], token: usize) -> Result<f64> {
 }
 
 impl Policy for EnginePolicy<'_> {
+    /// On the packed engine, a batch that keeps its prefixes ([`Decoding::keep_prefixes`]); the
+    /// CPU decoder asks one by one, as the lab's recorded runs sampled.
+    fn batch(&self) -> Option<Box<dyn PolicyBatch + '_>> {
+        self.model.packed()?;
+        Some(Box::new(EngineBatch {
+            policy: self,
+            batch: Decoding::new(self.model, Some(self.tokenizer)).keep_prefixes(),
+            sep_id: self.tokenizer.token_id(&self.separator),
+        }))
+    }
+
     fn continuation_logprobs(&self, question: &str, written: &str, options: &[&str]) -> Result<Option<Vec<f64>>> {
         let mut context = self.prompt_ids(question, &[])?;
         context.extend(self.tokenizer.encode(written, false)?);
@@ -194,16 +205,8 @@ impl Policy for EnginePolicy<'_> {
         until: Until,
         seed: u64,
     ) -> Result<Vec<Continuation>> {
-        let ids = self.prompt_ids(question, prefix)?;
-        let mut params = self.params_after(ids.len(), seed)?;
         let sep_id = self.tokenizer.token_id(&self.separator);
-        if until == Until::Step {
-            // One step: stop at the separator, as a token where it is one, else as text.
-            match sep_id {
-                Some(id) => params.stop_token_ids.push(id),
-                None => params.stop_strings.push(self.separator.clone()),
-            }
-        }
+        let (ids, params) = self.prepared(question, prefix, seed, until, sep_id)?;
         generate(self.model, Some(self.tokenizer), &ids, n, &params)?
             .into_iter()
             .map(|out| self.continuation(out, until, sep_id))
@@ -211,7 +214,68 @@ impl Policy for EnginePolicy<'_> {
     }
 }
 
-impl EnginePolicy<'_> {
+impl<'a> EnginePolicy<'a> {
+    /// The prompt's ids and the sampling settings of an ask: its seed, and with [`Until::Step`]
+    /// the separator (its token `sep_id`, where it is one, else its text) as a stop.
+    fn prepared(
+        &self,
+        question: &str,
+        prefix: &[&str],
+        seed: u64,
+        until: Until,
+        sep_id: Option<u32>,
+    ) -> Result<(Vec<u32>, SamplingParams)> {
+        let ids = self.prompt_ids(question, prefix)?;
+        let mut params = self.params_after(ids.len(), seed)?;
+        if until == Until::Step {
+            match sep_id {
+                Some(id) => params.stop_token_ids.push(id),
+                None => params.stop_strings.push(self.separator.clone()),
+            }
+        }
+        Ok((ids, params))
+    }
+
+    /// Each prepared ask `(prompt, n, settings)` joined to `batch` and decoded with the others
+    /// to the end: its continuations, or the error it met (where the engine fails a step, every
+    /// ask not yet done fails with it).
+    fn decode_all(
+        &self,
+        batch: &mut Decoding<'a>,
+        asks: Vec<Result<(Vec<u32>, usize, SamplingParams)>>,
+        until: Until,
+        sep_id: Option<u32>,
+    ) -> Vec<Result<Vec<Continuation>>> {
+        let mut out: Vec<Option<Result<Vec<Continuation>>>> = (0..asks.len()).map(|_| None).collect();
+        let mut asked = std::collections::HashMap::new();
+        for (i, ask) in asks.into_iter().enumerate() {
+            match ask.and_then(|(ids, n, params)| batch.join(&ids, n, params)) {
+                Ok(id) => _ = asked.insert(id, i),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        while !batch.is_idle() {
+            match batch.step() {
+                Ok(done) => {
+                    for (id, outs) in done {
+                        let i = asked.remove(&id).expect("a request of this call");
+                        out[i] = Some(outs.into_iter().map(|o| self.continuation(o, until, sep_id)).collect());
+                    }
+                }
+                Err(e) => {
+                    for i in asked.into_values() {
+                        out[i] = Some(Err(anyhow::anyhow!("the batch failed a step: {e:#}")));
+                    }
+                    *batch = Decoding::new(self.model, Some(self.tokenizer)).keep_prefixes();
+                    break;
+                }
+            }
+        }
+        (out.into_iter())
+            .map(|o| o.unwrap_or_else(|| Err(anyhow::anyhow!("the batch lost an ask"))))
+            .collect()
+    }
+
     /// The continuation whose tokens are `out`, split into steps (one, to its separator, with
     /// [`Until::Step`]); `sep_id` is the separator's token, where it is one.
     fn continuation(&self, out: Vec<u32>, until: Until, sep_id: Option<u32>) -> Result<Continuation> {
@@ -244,32 +308,39 @@ impl EnginePolicy<'_> {
     /// from rows multiplied alone, so a draw can differ where two tokens' probabilities tie to
     /// float precision. The cache holds only what the questions need at worst.
     pub fn continue_each(&self, asks: &[(&str, usize, u64)]) -> Result<Vec<Vec<Continuation>>> {
-        let mut requests = Vec::with_capacity(asks.len());
-        for &(question, n, seed) in asks {
-            let ids = self.prompt_ids(question, &[])?;
-            let params = self.params_after(ids.len(), seed)?;
-            requests.push((ids, n, params));
-        }
-        let mut batch = crate::Decoding::new(self.model, Some(self.tokenizer));
-        for (ids, n, params) in &requests {
+        let prepared: Vec<_> = (asks.iter())
+            .map(|&(question, n, seed)| Ok((self.prepared(question, &[], seed, Until::End, None)?, n)))
+            .collect::<Result<_>>()?;
+        let mut batch = Decoding::new(self.model, Some(self.tokenizer));
+        for ((ids, params), n) in &prepared {
             batch = batch.only_for(ids.len(), *n, params.max_new_tokens);
         }
-        let mut order = Vec::with_capacity(requests.len());
-        for (ids, n, params) in requests {
-            order.push(batch.join(&ids, n, params)?);
-        }
-        let mut done = std::collections::HashMap::new();
-        while !batch.is_idle() {
-            done.extend(batch.step()?);
-        }
+        let prepared = (prepared.into_iter()).map(|((ids, params), n)| Ok((ids, n, params))).collect();
         let sep_id = self.tokenizer.token_id(&self.separator);
-        order
+        self.decode_all(&mut batch, prepared, Until::End, sep_id)
             .into_iter()
-            .map(|id| {
-                let outs = done.remove(&id).context("the batch lost a request")?;
-                outs.into_iter().map(|out| self.continuation(out, Until::End, sep_id)).collect()
-            })
             .collect()
+    }
+}
+
+/// A policy's batch on the packed engine ([`Policy::batch`]): one [`Decoding`] that keeps its
+/// prefixes ([`Decoding::keep_prefixes`]) from call to call, in a cache of the engine's KV budget.
+struct EngineBatch<'p> {
+    policy: &'p EnginePolicy<'p>,
+    batch: Decoding<'p>,
+    sep_id: Option<u32>,
+}
+
+impl PolicyBatch for EngineBatch<'_> {
+    fn continue_all(&mut self, asks: &[NextSteps<'_>], until: Until) -> Vec<Result<Vec<Continuation>>> {
+        let (policy, sep_id) = (self.policy, self.sep_id);
+        let prepared = (asks.iter())
+            .map(|a| {
+                let (ids, params) = policy.prepared(a.question, a.prefix, a.seed, until, sep_id)?;
+                Ok((ids, a.n, params))
+            })
+            .collect();
+        policy.decode_all(&mut self.batch, prepared, until, sep_id)
     }
 }
 

@@ -283,3 +283,114 @@ fn questions_decoded_together_sample_as_each_alone() {
         assert!(got.iter().all(|c| c.finished && c.tokens > 0));
     }
 }
+
+/// A batch that keeps its prefixes: a prompt that goes on from a continuation that stopped (its
+/// prompt, what it wrote, then more) is fed only its tokens after what they share, and decodes
+/// what a batch that feeds the whole prompt decodes, bit for bit on the reference backend. A
+/// cache too small for what is kept forgets it, the least recently used first, and the requests
+/// still run.
+#[test]
+fn a_prompt_that_goes_on_from_a_kept_continuation_feeds_only_what_is_new() {
+    let engine = policy();
+    let first: Vec<u32> = (1..40).collect();
+    let mut batch = paged(&engine, 12).keep_prefixes();
+    batch.join(&first, 1, greedy(30)).unwrap();
+    let wrote = run(&mut batch).remove(0).1.remove(0);
+    assert_eq!(wrote.len(), 30);
+    // The next turn: the first prompt, what was written, and an answer of 7 tokens.
+    let mut next = first.clone();
+    next.extend(&wrote);
+    next.extend(100..107);
+    let mut fed = 0;
+    batch.join(&next, 2, greedy(12)).unwrap();
+    let mut kept_outs = Vec::new();
+    while !batch.is_idle() {
+        kept_outs.extend(batch.step().unwrap());
+        fed += batch.last_step().prompts;
+    }
+    // Cached: the prompt and all it wrote but the last token, never fed.
+    assert_eq!(fed, next.len() - (first.len() + wrote.len() - 1));
+    let mut whole = paged(&engine, 12);
+    whole.join(&next, 2, greedy(12)).unwrap();
+    assert_eq!(kept_outs, run(&mut whole));
+    // A prompt sharing nothing is fed whole; one needing the kept blocks' room makes them go.
+    let other: Vec<u32> = (200..260).collect();
+    batch.join(&other, 1, greedy(4)).unwrap();
+    let mut fed = 0;
+    while !batch.is_idle() {
+        batch.step().unwrap();
+        fed += batch.last_step().prompts;
+    }
+    assert_eq!(fed, other.len());
+    // 9 blocks at worst, of 12, with 7 kept: admitted only once kept ones are forgotten.
+    let big: Vec<u32> = (0..510).map(|t| t % 590 + 1).collect();
+    batch.join(&big, 1, greedy(2)).unwrap();
+    for _ in 0..8 {
+        batch.step().unwrap();
+    }
+    assert!(batch.is_idle(), "the kept prefixes gave their room back");
+}
+
+/// A policy's batch on the packed engine (`Policy::batch`) continues each ask as
+/// `continue_from` does alone, call after call, and a turn that goes on from the last one's text
+/// is fed only what is new.
+#[test]
+fn a_policy_batch_continues_as_each_ask_alone_and_keeps_the_turns() {
+    use stepwise_core::seams::{NextSteps, Policy, Until};
+    let dir = fixtures().join("qwen2-policy");
+    let engine: Arc<dyn stepwise_model::engine::PackedEngine> = Arc::new(policy());
+    let model = stepwise_model::Model::on_packed(engine).unwrap();
+    let tok = stepwise_model::Tokenizer::from_dir(&dir).unwrap();
+    let sampler = stepwise_model::EnginePolicy {
+        model: &model,
+        tokenizer: &tok,
+        params: SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 16,
+            ..Default::default()
+        },
+        prompt: stepwise_model::Prompt::Pieces,
+        separator: "\n".into(),
+    };
+    let mut batch = sampler.batch().expect("a packed engine batches");
+    let questions = ["Walk to the hall.", "Open the red box, then the blue one."];
+    let mut turns: Vec<Vec<String>> = vec![Vec::new(); questions.len()];
+    let mut fed_per_turn = Vec::new();
+    for turn in 0..3u64 {
+        let prefixes: Vec<Vec<&str>> = turns.iter().map(|t| t.iter().map(String::as_str).collect()).collect();
+        let asks: Vec<NextSteps> = (questions.iter().zip(&prefixes).enumerate())
+            .map(|(k, (q, p))| NextSteps {
+                question: q,
+                prefix: p,
+                n: 1,
+                seed: 10 * turn + k as u64,
+            })
+            .collect();
+        let before = model.encoded_tokens();
+        let got = batch.continue_all(&asks, Until::Step);
+        fed_per_turn.push(model.encoded_tokens() - before);
+        let mut actions = Vec::new();
+        for (a, got) in asks.iter().zip(got) {
+            let got = got.unwrap();
+            let alone = sampler
+                .continue_from(a.question, a.prefix, 1, Until::Step, a.seed)
+                .unwrap();
+            assert_eq!(got, alone, "{} after {} turns", a.question, turn);
+            actions.push(got[0].steps.first().cloned().unwrap_or_else(|| "wait".into()));
+        }
+        for (t, action) in turns.iter_mut().zip(actions) {
+            t.push(format!("{action}\nObservation: you see a door"));
+        }
+    }
+    // Later turns re-read the history from the cache: what they feed stays small.
+    let prompts: Vec<usize> = (turns.iter().zip(questions))
+        .map(|(t, q)| {
+            let prefix: Vec<&str> = t.iter().map(String::as_str).collect();
+            sampler.prompt_ids(q, &prefix).unwrap().len()
+        })
+        .collect();
+    assert!(
+        fed_per_turn[2] < prompts.iter().sum::<usize>(),
+        "turn 3 fed {fed_per_turn:?} tokens for prompts of {prompts:?}"
+    );
+}

@@ -15,9 +15,8 @@ use crate::rollout::Sequence;
 use crate::trainer::{Heldout, RlConfig, UpdateLog};
 use crate::updates::{mean_rewards, rng_seed, run_updates, Core, Sampler, Samples};
 use anyhow::{bail, Result};
-use rayon::prelude::*;
 use std::path::PathBuf;
-use stepwise_agent::rollout::{fnv, play, stopped};
+use stepwise_agent::rollout::{fnv, play_all, stopped};
 use stepwise_agent::GoalReward;
 use stepwise_core::seams::{Environment, Reward, RewardKind};
 use stepwise_core::{Problem, Solution};
@@ -131,15 +130,29 @@ impl Episodes<'_> {
         }
     }
 
-    /// `n` episodes of `policy` in world `p`, ids `<world>-u<u>-<j>`, seeded by `seed` and id.
-    fn play(&self, policy: &EnginePolicy<'_>, p: &Problem, n: usize, tag: &str, seed: u64) -> Vec<Solution> {
-        (0..n)
-            .into_par_iter()
-            .map(|j| {
-                let id = format!("{}-{tag}-{j}", p.id);
-                play(policy, self.env, p, id.clone(), seed ^ fnv(&id))
+    /// `n` episodes of `policy` in each world, ids `<world>-<tag>-<j>`, seeded by the world's
+    /// seed (`seed(k)` for world `k`) and the id: every world's episodes played together (one
+    /// batch a turn on the packed engine), each world's group in order.
+    fn play(
+        &self,
+        policy: &EnginePolicy<'_>,
+        worlds: &[&Problem],
+        n: usize,
+        tag: &str,
+        seed: impl Fn(usize) -> u64,
+    ) -> Vec<Vec<Solution>> {
+        let jobs: Vec<(&Problem, String, u64)> = (worlds.iter().enumerate())
+            .flat_map(|(k, p)| {
+                let world_seed = seed(k);
+                (0..n).map(move |j| {
+                    let id = format!("{}-{tag}-{j}", p.id);
+                    let s = world_seed ^ fnv(&id);
+                    (*p, id, s)
+                })
             })
-            .collect()
+            .collect();
+        let mut played = play_all(policy, self.env, &jobs).into_iter();
+        (0..worlds.len()).map(|_| played.by_ref().take(n).collect()).collect()
     }
 
     /// `t` as a training sequence whose actions carry `advantages` (one per action).
@@ -168,8 +181,10 @@ impl Sampler for Episodes<'_> {
         let (cfg, reward) = (self.cfg, self.reward);
         let policy = self.policy(model);
         let mut out = Samples::default();
-        for (k, p) in chosen.iter().enumerate() {
-            let ts = self.play(&policy, p, cfg.group_size, &format!("u{u}"), rng_seed(cfg.seed, u, k));
+        let groups = self.play(&policy, chosen, cfg.group_size, &format!("u{u}"), |k| {
+            rng_seed(cfg.seed, u, k)
+        });
+        for ts in groups {
             out.correct += ts.iter().filter(|t| t.correct == Some(true)).count();
             out.tokens += ts
                 .iter()
@@ -207,9 +222,10 @@ impl Sampler for Episodes<'_> {
     fn heldout(&mut self, model: &Model) -> Result<f64> {
         let Some(h) = &self.heldout else { return Ok(0.0) };
         let policy = self.policy(model);
+        let worlds: Vec<&Problem> = h.problems.iter().collect();
+        let seed = |k| rng_seed(self.cfg.seed ^ 0xe7a1, 0, k);
         let (mut won, mut total) = (0usize, 0usize);
-        for (k, p) in h.problems.iter().enumerate() {
-            let ts = self.play(&policy, p, h.samples, "heldout", rng_seed(self.cfg.seed ^ 0xe7a1, 0, k));
+        for ts in self.play(&policy, &worlds, h.samples, "heldout", seed) {
             won += ts.iter().filter(|t| t.correct == Some(true)).count();
             total += ts.len();
         }

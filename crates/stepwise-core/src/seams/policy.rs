@@ -23,6 +23,32 @@ pub struct NextOptions<'a> {
     pub options: &'a [&'a str],
 }
 
+/// One ask of a [`PolicyBatch`]: `n` continuations of `question` after the steps `prefix`, drawn
+/// with `seed`, as [`Policy::continue_from`] draws them.
+#[derive(Debug, Clone, Copy)]
+pub struct NextSteps<'a> {
+    /// The question, laid out as the policy's prompt.
+    pub question: &'a str,
+    /// The steps after it.
+    pub prefix: &'a [&'a str],
+    /// Continuations wanted.
+    pub n: usize,
+    /// The draw's seed.
+    pub seed: u64,
+}
+
+/// A batch of continuations a policy decodes together, call after call, on one KV cache
+/// ([`Policy::batch`]): every ask of a call is decoded in the same steps (the weights read once
+/// a step for all of them), and what an earlier call wrote stays cached, so an ask that goes on
+/// from an earlier one's text (an agent's next turn, after the environment's answer) feeds only
+/// what is new. Dropped, it frees its cache.
+pub trait PolicyBatch {
+    /// For each ask, its continuations as [`Policy::continue_from`] gives them (each row's
+    /// draw the same; rows decoded together may round apart where two tokens tie to float
+    /// precision), or the error that ask alone met.
+    fn continue_all(&mut self, asks: &[NextSteps<'_>], until: Until) -> Vec<Result<Vec<Continuation>>>;
+}
+
 /// One continuation of a partial solution.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Continuation {
@@ -99,6 +125,13 @@ pub trait Policy: Sync {
     ) -> Result<Option<Continuation>> {
         let _ = (question, written, stop, seed);
         Ok(None)
+    }
+
+    /// A batch that decodes many asks together and keeps its cache between calls, where the
+    /// policy can (a local model on the packed engine); `None` (the default) where each ask is
+    /// its own call (the caller then asks them one by one, several at once).
+    fn batch(&self) -> Option<Box<dyn PolicyBatch + '_>> {
+        None
     }
 
     /// `n` completions to the end, each as the list of its remaining steps.

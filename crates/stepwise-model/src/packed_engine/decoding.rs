@@ -18,6 +18,10 @@ pub struct PagedRows<'a, B: Backend> {
     rows: Vec<PagedSeq>,
     /// Each prompt's sequence, in the scheduler's prefill order.
     prompts: Vec<PagedSeq>,
+    /// Sequences kept after their rows left ([`DecodeCache::retain_row`]), by handle.
+    kept: std::collections::HashMap<usize, PagedSeq>,
+    /// The next handle.
+    next_handle: usize,
 }
 
 impl<'a, B: Backend> PagedRows<'a, B> {
@@ -28,6 +32,8 @@ impl<'a, B: Backend> PagedRows<'a, B> {
             engine,
             rows: Vec::new(),
             prompts: Vec::new(),
+            kept: std::collections::HashMap::new(),
+            next_handle: 0,
         })
     }
 }
@@ -128,5 +134,38 @@ impl<B: Backend> DecodeCache for PagedRows<'_, B> {
         }
         self.cache.release(&mut prompt);
         Ok(())
+    }
+
+    fn retain_row(&mut self, k: usize) -> Option<(usize, usize)> {
+        let seq = std::mem::take(self.rows.get_mut(k)?);
+        let (handle, room) = (self.next_handle, seq.blocks.len());
+        self.next_handle += 1;
+        self.kept.insert(handle, seq);
+        Some((handle, room))
+    }
+
+    fn prompt_from(&mut self, handle: usize, len: usize) -> Result<()> {
+        let Some(kept) = self.kept.get(&handle) else {
+            bail!("no sequence kept under handle {handle}");
+        };
+        if len > kept.len {
+            bail!("a prompt cannot start from {len} positions of a sequence that cached {}", kept.len);
+        }
+        // Its full blocks shared, the one it ends inside copied (the prompt writes on from there).
+        let prefix = PagedSeq {
+            blocks: kept.blocks[..super::paged::blocks_for(len)].to_vec(),
+            len,
+        };
+        let seq = self.cache.fork(self.engine.backend(), &prefix)?;
+        let last = self.prompts.last_mut().expect("a prompt was pushed");
+        self.cache.release(last);
+        *last = seq;
+        Ok(())
+    }
+
+    fn forget(&mut self, handle: usize) {
+        if let Some(mut seq) = self.kept.remove(&handle) {
+            self.cache.release(&mut seq);
+        }
     }
 }
