@@ -243,27 +243,42 @@ fn a_batch_of_one_request_makes_only_the_cache_it_needs() {
     );
 }
 
+/// The fixture policy on the packed engine's reference backend, and its tokenizer.
+fn packed_policy() -> (stepwise_model::Model, stepwise_model::Tokenizer) {
+    let engine: Arc<dyn stepwise_model::engine::PackedEngine> = Arc::new(policy());
+    let model = stepwise_model::Model::on_packed(engine).unwrap();
+    let tok = stepwise_model::Tokenizer::from_dir(&fixtures().join("qwen2-policy")).unwrap();
+    (model, tok)
+}
+
+/// `model` sampling at temperature 1, at most `max_new` tokens, lines as steps.
+fn sampling<'a>(
+    model: &'a stepwise_model::Model,
+    tok: &'a stepwise_model::Tokenizer,
+    max_new: usize,
+    prompt: stepwise_model::Prompt,
+) -> stepwise_model::EnginePolicy<'a> {
+    stepwise_model::EnginePolicy {
+        model,
+        tokenizer: tok,
+        params: SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: max_new,
+            ..Default::default()
+        },
+        prompt,
+        separator: "\n".into(),
+    }
+}
+
 /// An RL update's questions decoded in one batch (`EnginePolicy::continue_each`) give each
 /// question the continuations `continue_from` samples for it alone: the same generators, and on
 /// the reference backend (products row by row) the same bits.
 #[test]
 fn questions_decoded_together_sample_as_each_alone() {
     use stepwise_core::seams::{Policy, Until};
-    let dir = fixtures().join("qwen2-policy");
-    let engine: Arc<dyn stepwise_model::engine::PackedEngine> = Arc::new(policy());
-    let model = stepwise_model::Model::on_packed(engine).unwrap();
-    let tok = stepwise_model::Tokenizer::from_dir(&dir).unwrap();
-    let sampler = stepwise_model::EnginePolicy {
-        model: &model,
-        tokenizer: &tok,
-        params: SamplingParams {
-            temperature: 1.0,
-            max_new_tokens: 24,
-            ..Default::default()
-        },
-        prompt: stepwise_model::Prompt::Text,
-        separator: "\n".into(),
-    };
+    let (model, tok) = packed_policy();
+    let sampler = sampling(&model, &tok, 24, stepwise_model::Prompt::Text);
     let asks = [
         ("What is 2 + 3?", 3, 11),
         ("Name a prime number.", 2, 12),
@@ -337,21 +352,8 @@ fn a_prompt_that_goes_on_from_a_kept_continuation_feeds_only_what_is_new() {
 #[test]
 fn a_policy_batch_continues_as_each_ask_alone_and_keeps_the_turns() {
     use stepwise_core::seams::{NextSteps, Policy, Until};
-    let dir = fixtures().join("qwen2-policy");
-    let engine: Arc<dyn stepwise_model::engine::PackedEngine> = Arc::new(policy());
-    let model = stepwise_model::Model::on_packed(engine).unwrap();
-    let tok = stepwise_model::Tokenizer::from_dir(&dir).unwrap();
-    let sampler = stepwise_model::EnginePolicy {
-        model: &model,
-        tokenizer: &tok,
-        params: SamplingParams {
-            temperature: 1.0,
-            max_new_tokens: 16,
-            ..Default::default()
-        },
-        prompt: stepwise_model::Prompt::Pieces,
-        separator: "\n".into(),
-    };
+    let (model, tok) = packed_policy();
+    let sampler = sampling(&model, &tok, 16, stepwise_model::Prompt::Pieces);
     let mut batch = sampler.batch().expect("a packed engine batches");
     let questions = ["Walk to the hall.", "Open the red box, then the blue one."];
     let mut turns: Vec<Vec<String>> = vec![Vec::new(); questions.len()];

@@ -39,7 +39,10 @@ the same --out resumes after an interruption.
 Where it trains is `stepwise rl`'s choice: --device cuda (a build with --features cuda) plays and trains on the GPU \
 with the packed engine (the reference and a prm:DIR reward there too); on the CPU a pretrained policy (hidden size \
 512 or more) trains on the same packed trainer and plays from its own weights, a small one with candle's autograd \
-(--trainer chooses). With --reward prime the implicit PRM trains on the policy's trainer.
+(--trainer chooses). With --reward prime the implicit PRM trains on the policy's trainer. On the packed engine an \
+update's episodes play together: each turn every episode's action is decoded in one batch, and each episode's \
+history stays cached between turns, so a turn reads only the action and the world's answer (6.2x a call a turn \
+for 16 episodes x 8 turns of a 0.5B policy on 2 cores).
 
 Example:
   stepwise agent games --count 64 --seed 1 --output games.jsonl
