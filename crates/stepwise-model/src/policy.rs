@@ -133,7 +133,7 @@ impl Policy for EnginePolicy<'_> {
         self.model.packed()?;
         Some(Box::new(EngineBatch {
             policy: self,
-            batch: Decoding::new(self.model, Some(self.tokenizer)).keep_prefixes(),
+            batch: None,
             sep_id: self.tokenizer.token_id(&self.separator),
         }))
     }
@@ -238,15 +238,16 @@ impl<'a> EnginePolicy<'a> {
 
     /// Each prepared ask `(prompt, n, settings)` joined to `batch` and decoded with the others
     /// to the end: its continuations, or the error it met (where the engine fails a step, every
-    /// ask not yet done fails with it).
+    /// ask not yet done fails with it, and the flag says the batch is unusable).
     fn decode_all(
         &self,
         batch: &mut Decoding<'a>,
         asks: Vec<Result<(Vec<u32>, usize, SamplingParams)>>,
         until: Until,
         sep_id: Option<u32>,
-    ) -> Vec<Result<Vec<Continuation>>> {
+    ) -> (Vec<Result<Vec<Continuation>>>, bool) {
         let mut out: Vec<Option<Result<Vec<Continuation>>>> = (0..asks.len()).map(|_| None).collect();
+        let mut failed = false;
         let mut asked = std::collections::HashMap::new();
         for (i, ask) in asks.into_iter().enumerate() {
             match ask.and_then(|(ids, n, params)| batch.join(&ids, n, params)) {
@@ -266,14 +267,15 @@ impl<'a> EnginePolicy<'a> {
                     for i in asked.into_values() {
                         out[i] = Some(Err(anyhow::anyhow!("the batch failed a step: {e:#}")));
                     }
-                    *batch = Decoding::new(self.model, Some(self.tokenizer)).keep_prefixes();
+                    failed = true;
                     break;
                 }
             }
         }
-        (out.into_iter())
+        let out = (out.into_iter())
             .map(|o| o.unwrap_or_else(|| Err(anyhow::anyhow!("the batch lost an ask"))))
-            .collect()
+            .collect();
+        (out, failed)
     }
 
     /// The continuation whose tokens are `out`, split into steps (one, to its separator, with
@@ -317,30 +319,72 @@ impl<'a> EnginePolicy<'a> {
         }
         let prepared = (prepared.into_iter()).map(|((ids, params), n)| Ok((ids, n, params))).collect();
         let sep_id = self.tokenizer.token_id(&self.separator);
-        self.decode_all(&mut batch, prepared, Until::End, sep_id)
-            .into_iter()
-            .collect()
+        self.decode_all(&mut batch, prepared, Until::End, sep_id).0.into_iter().collect()
     }
 }
 
+/// How many times its first call's worst case a policy's batch makes its cache hold (within the
+/// engine's KV budget): room for what the calls after it keep ([`EngineBatch`]).
+const BATCH_ROOM: usize = 8;
+
 /// A policy's batch on the packed engine ([`Policy::batch`]): one [`Decoding`] that keeps its
-/// prefixes ([`Decoding::keep_prefixes`]) from call to call, in a cache of the engine's KV budget.
+/// prefixes ([`Decoding::keep_prefixes`]) from call to call. Its cache is made at the first call,
+/// [`BATCH_ROOM`] times as big as that call's continuations need at worst (within the KV budget;
+/// a pool is allocated whole and zeroed, so the budget is not taken for a few episodes), and
+/// made anew, as big again for the call that needs it, when a call's worst case outgrows it
+/// (what was kept is then read again).
 struct EngineBatch<'p> {
     policy: &'p EnginePolicy<'p>,
-    batch: Decoding<'p>,
+    /// The batch, with the blocks its cache was asked for (`None`: made at the next call).
+    batch: Option<(Decoding<'p>, usize)>,
     sep_id: Option<u32>,
+}
+
+impl<'p> EngineBatch<'p> {
+    /// The batch for these prepared asks: the one made before, unless their worst case outgrew
+    /// its cache (or it has none yet).
+    fn batch_for(&mut self, asks: &[Result<(Vec<u32>, usize, SamplingParams)>]) -> &mut Decoding<'p> {
+        use crate::packed_engine::worst_case_blocks;
+        let fine = asks.iter().flatten();
+        let need: usize = fine.clone().map(|(ids, n, p)| worst_case_blocks(ids.len(), *n, p.max_new_tokens)).sum();
+        let outgrown = match &self.batch {
+            // Made as big as asked, or as the budget allows: anew only where it was not capped.
+            Some((b, asked)) => match b.cache_blocks() {
+                Some((_, total)) => total < need && total >= *asked,
+                None => true,
+            },
+            None => true,
+        };
+        if outgrown {
+            let policy = self.policy;
+            let mut b = Decoding::new(policy.model, Some(policy.tokenizer)).keep_prefixes();
+            let mut asked = 0;
+            for (ids, n, p) in fine {
+                b = b.only_for(ids.len(), n * BATCH_ROOM, p.max_new_tokens);
+                asked += worst_case_blocks(ids.len(), n * BATCH_ROOM, p.max_new_tokens);
+            }
+            self.batch = Some((b, asked));
+        }
+        &mut self.batch.as_mut().expect("made above").0
+    }
 }
 
 impl PolicyBatch for EngineBatch<'_> {
     fn continue_all(&mut self, asks: &[NextSteps<'_>], until: Until) -> Vec<Result<Vec<Continuation>>> {
         let (policy, sep_id) = (self.policy, self.sep_id);
-        let prepared = (asks.iter())
+        let prepared: Vec<_> = (asks.iter())
             .map(|a| {
                 let (ids, params) = policy.prepared(a.question, a.prefix, a.seed, until, sep_id)?;
                 Ok((ids, a.n, params))
             })
             .collect();
-        policy.decode_all(&mut self.batch, prepared, until, sep_id)
+        let batch = self.batch_for(&prepared);
+        let (out, failed) = policy.decode_all(batch, prepared, until, sep_id);
+        if failed {
+            // A step failed: the batch is left as it was then; the next call starts a new one.
+            self.batch = None;
+        }
+        out
     }
 }
 

@@ -384,6 +384,21 @@ fn a_policy_batch_continues_as_each_ask_alone_and_keeps_the_turns() {
             t.push(format!("{action}\nObservation: you see a door"));
         }
     }
+    // An ask whose worst case outgrows the cache made for the first call (8 times its need:
+    // 18 blocks; 12 continuations of a 430-token prompt need 31) gets a bigger one, and
+    // continues as alone all the same.
+    let mut long = String::from("Walk");
+    while sampler.prompt_ids(&long, &[]).unwrap().len() < 430 {
+        long.push_str(" to the hall and back");
+    }
+    let ask = NextSteps {
+        question: &long,
+        prefix: &[],
+        n: 12,
+        seed: 90,
+    };
+    let got = batch.continue_all(&[ask], Until::Step).remove(0).unwrap();
+    assert_eq!(got, sampler.continue_from(&long, &[], 12, Until::Step, 90).unwrap());
     // Later turns re-read the history from the cache: what they feed stays small.
     let prompts: Vec<usize> = (turns.iter().zip(questions))
         .map(|(t, q)| {
