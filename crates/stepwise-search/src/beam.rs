@@ -38,13 +38,11 @@ pub(crate) fn grow(
     for _ in 0..config.max_steps.max(1) {
         // N new steps per round, shared by the open beams: M each when N / M distinct beams are
         // open, more each when fewer are (samples that repeat a beam still explore it).
-        let mut kids = Vec::with_capacity(config.n);
-        for (k, beam) in open.iter().enumerate() {
-            let ways = config.n / open.len() + usize::from(k < config.n % open.len());
-            if ways > 0 {
-                kids.extend(run.expand(beam, ways, Until::Step)?);
-            }
-        }
+        let parents: Vec<(&Partial, usize)> = (open.iter().enumerate())
+            .map(|(k, beam)| (beam, config.n / open.len() + usize::from(k < config.n % open.len())))
+            .filter(|&(_, ways)| ways > 0)
+            .collect();
+        let mut kids: Vec<Partial> = run.expand_all(&parents, Until::Step)?.into_iter().flatten().collect();
         let value = rank(run, &mut kids)?;
         let (mut next, mut next_value) = (Vec::new(), Vec::new());
         for (kid, v) in kids.into_iter().zip(value) {

@@ -22,14 +22,14 @@ impl SearchMethod for Dvts {
         let mut done = Vec::with_capacity(trees);
         for _ in 0..config.max_steps.max(1) {
             // Every open subtree's children are scored together.
-            let mut kids = Vec::new();
-            let mut owner = Vec::new();
-            for (t, beam) in open.iter().enumerate() {
-                if let Some(beam) = beam {
-                    let new = run.expand(beam, config.width, Until::Step)?;
-                    owner.extend(std::iter::repeat_n(t, new.len()));
-                    kids.extend(new);
-                }
+            let (mut kids, mut owner) = (Vec::new(), Vec::new());
+            let growing: Vec<(usize, &Partial)> = (open.iter().enumerate())
+                .filter_map(|(t, beam)| Some((t, beam.as_ref()?)))
+                .collect();
+            let parents: Vec<(&Partial, usize)> = growing.iter().map(|&(_, b)| (b, config.width)).collect();
+            for (&(t, _), new) in growing.iter().zip(run.expand_all(&parents, Until::Step)?) {
+                owner.extend(std::iter::repeat_n(t, new.len()));
+                kids.extend(new);
             }
             if kids.is_empty() {
                 break;

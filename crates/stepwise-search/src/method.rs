@@ -7,7 +7,7 @@ use crate::aggregation::{aggregate, Aggregation};
 use anyhow::{ensure, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
-use stepwise_core::seams::{Policy, ScoreInput, StepScorer, Until};
+use stepwise_core::seams::{NextSteps, Policy, PolicyBatch, ScoreInput, StepScorer, Until};
 
 /// Settings of every method (each reads the ones it needs), as search-and-learn keeps one config.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -111,6 +111,9 @@ pub struct Run<'a> {
     /// The settings.
     pub config: &'a SearchConfig,
     policy: &'a dyn Policy,
+    /// The policy's batch, where it batches: a round's beams expanded in one call, each beam's
+    /// text so far kept in its cache from the round before.
+    batch: Option<Box<dyn PolicyBatch + 'a>>,
     scorer: &'a dyn StepScorer,
     draws: u64,
     /// What was spent so far.
@@ -131,6 +134,7 @@ impl<'a> Run<'a> {
             question,
             config,
             policy,
+            batch: policy.batch(),
             scorer,
             draws: 0,
             compute: Compute::default(),
@@ -149,22 +153,48 @@ impl<'a> Run<'a> {
 
     /// Extend `parent` by one step, `n` ways (unscored), or to the end with [`Until::End`].
     pub fn expand(&mut self, parent: &Partial, n: usize, until: Until) -> Result<Vec<Partial>> {
-        let seed = self.next_seed();
-        let prefix: Vec<&str> = parent.steps.iter().map(String::as_str).collect();
-        let outs = self.policy.continue_from(self.question, &prefix, n, until, seed)?;
-        ensure!(
-            outs.len() == n,
-            "the policy returned {} continuations for {n}",
-            outs.len()
-        );
-        self.compute.policy_calls += 1;
-        Ok(outs
-            .into_iter()
-            .map(|c| {
-                self.compute.generated_tokens += c.tokens;
-                self.child(parent, c.steps, c.finished)
+        Ok(self.expand_all(&[(parent, n)], until)?.remove(0))
+    }
+
+    /// Each `(parent, n)` extended [`Run::expand`]'s way, with the draws it would give them one
+    /// after the other: in one batch where the policy batches (a round's beams decoded together).
+    pub fn expand_all(&mut self, parents: &[(&Partial, usize)], until: Until) -> Result<Vec<Vec<Partial>>> {
+        let seeds: Vec<u64> = parents.iter().map(|_| self.next_seed()).collect();
+        let prefixes: Vec<Vec<&str>> = (parents.iter())
+            .map(|(p, _)| p.steps.iter().map(String::as_str).collect())
+            .collect();
+        let asks: Vec<NextSteps> = (parents.iter().zip(&prefixes).zip(&seeds))
+            .map(|((&(_, n), prefix), &seed)| NextSteps {
+                question: self.question,
+                prefix,
+                n,
+                seed,
             })
-            .collect())
+            .collect();
+        let answers = match self.batch.as_mut() {
+            Some(b) => b.continue_all(&asks, until),
+            None => (asks.iter())
+                .map(|a| self.policy.continue_from(a.question, a.prefix, a.n, until, a.seed))
+                .collect(),
+        };
+        let mut out = Vec::with_capacity(parents.len());
+        for (&(parent, n), outs) in parents.iter().zip(answers) {
+            let outs = outs?;
+            ensure!(
+                outs.len() == n,
+                "the policy returned {} continuations for {n}",
+                outs.len()
+            );
+            self.compute.policy_calls += 1;
+            let kids = (outs.into_iter())
+                .map(|c| {
+                    self.compute.generated_tokens += c.tokens;
+                    self.child(parent, c.steps, c.finished)
+                })
+                .collect();
+            out.push(kids);
+        }
+        Ok(out)
     }
 
     /// `parent` extended by one greedy step.

@@ -333,3 +333,64 @@ fn best_of_n_picks_what_the_selector_picks() {
     }
     assert!(method("mcts").is_err());
 }
+
+/// The tree as a policy that batches: each batch call answers every ask as the tree does, and
+/// counts the asks of each call.
+struct BatchingTree {
+    tree: Tree,
+    calls: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Policy for BatchingTree {
+    fn continue_from(&self, q: &str, prefix: &[&str], n: usize, until: Until, seed: u64) -> Result<Vec<Continuation>> {
+        self.tree.continue_from(q, prefix, n, until, seed)
+    }
+
+    fn batch(&self) -> Option<Box<dyn stepwise_core::seams::PolicyBatch + '_>> {
+        Some(Box::new(TreeBatch(self)))
+    }
+}
+
+struct TreeBatch<'a>(&'a BatchingTree);
+
+impl stepwise_core::seams::PolicyBatch for TreeBatch<'_> {
+    fn continue_all(
+        &mut self,
+        asks: &[stepwise_core::seams::NextSteps<'_>],
+        until: Until,
+    ) -> Vec<Result<Vec<Continuation>>> {
+        self.0.calls.lock().unwrap().push(asks.len());
+        (asks.iter())
+            .map(|a| self.0.tree.continue_from(a.question, a.prefix, a.n, until, a.seed))
+            .collect()
+    }
+}
+
+/// Beam search and DVTS through a policy that batches: every round's beams in one call, and the
+/// same search as one call a beam.
+#[test]
+fn a_rounds_beams_are_expanded_in_one_batch_call() {
+    for (name, beams) in [("beam", 3), ("dvts", 3)] {
+        let config = SearchConfig {
+            n: 9,
+            width: 3,
+            max_steps: 3,
+            ..Default::default()
+        };
+        let tree = || Tree { depth: 3, branch: 3 };
+        let batching = BatchingTree {
+            tree: tree(),
+            calls: Default::default(),
+        };
+        let m = method(name).unwrap();
+        let alone = search(&*m, &config, "p", "q", &tree(), &scorer()).unwrap();
+        let together = search(&*m, &config, "p", "q", &batching, &scorer()).unwrap();
+        assert_eq!(together.chosen.steps, alone.chosen.steps, "{name}");
+        assert_eq!(together.compute.generated_tokens, alone.compute.generated_tokens);
+        assert_eq!(together.compute.policy_calls, alone.compute.policy_calls);
+        // The first round expands the empty beam (DVTS: each subtree's), then `beams` at once.
+        let calls = batching.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 3, "{name}: one call a round: {calls:?}");
+        assert_eq!(calls[1..], [beams, beams], "{name}");
+    }
+}
