@@ -111,9 +111,10 @@ pub struct Run<'a> {
     /// The settings.
     pub config: &'a SearchConfig,
     policy: &'a dyn Policy,
-    /// The policy's batch, where it batches: a round's beams expanded in one call, each beam's
-    /// text so far kept in its cache from the round before.
-    batch: Option<Box<dyn PolicyBatch + 'a>>,
+    /// The policy's batch, where it batches, opened at the second call (a method that calls the
+    /// policy once, best-of-N, keeps no cache): a round's beams expanded in one call, each beam's
+    /// text so far kept in its cache from the round before. `None` inside: it does not batch.
+    batch: Option<Option<Box<dyn PolicyBatch + 'a>>>,
     scorer: &'a dyn StepScorer,
     draws: u64,
     /// What was spent so far.
@@ -134,7 +135,7 @@ impl<'a> Run<'a> {
             question,
             config,
             policy,
-            batch: policy.batch(),
+            batch: None,
             scorer,
             draws: 0,
             compute: Compute::default(),
@@ -171,7 +172,10 @@ impl<'a> Run<'a> {
                 seed,
             })
             .collect();
-        let answers = match self.batch.as_mut() {
+        if self.compute.policy_calls > 0 && self.batch.is_none() {
+            self.batch = Some(self.policy.batch());
+        }
+        let answers = match self.batch.as_mut().and_then(Option::as_mut) {
             Some(b) => b.continue_all(&asks, until),
             None => (asks.iter())
                 .map(|a| self.policy.continue_from(a.question, a.prefix, a.n, until, a.seed))
