@@ -6,7 +6,8 @@ use anyhow::{bail, Result};
 use std::collections::HashMap;
 use stepwise_agent::rooms::{self, Rooms};
 use stepwise_agent::{play, Expert, Games, MonteCarlo, Oracle, TemporalDifference};
-use stepwise_core::seams::{ActionKind, Annotator, Environment, Episode, Observation, Policy};
+use stepwise_core::seams::{ActionKind, Annotator, Environment, Episode, Observation};
+use stepwise_core::testing::Batching;
 use stepwise_core::{LabelValue, Problem, Provenance, Rating, Solution};
 
 fn problems(n: usize) -> Vec<Problem> {
@@ -333,62 +334,16 @@ fn the_silent_world_judges_where_the_episode_ends() {
     );
 }
 
-/// A policy that batches: each batch call answers every ask through the expert, and counts the
-/// asks of each call.
-struct Batching {
-    expert: Expert,
-    /// Asks whose question starts so fail at their second turn.
-    failing: String,
-    calls: std::sync::Mutex<Vec<usize>>,
-}
-
-impl stepwise_core::seams::Policy for Batching {
-    fn continue_from(
-        &self,
-        question: &str,
-        prefix: &[&str],
-        n: usize,
-        until: stepwise_core::seams::Until,
-        seed: u64,
-    ) -> Result<Vec<stepwise_core::seams::Continuation>> {
-        self.expert.continue_from(question, prefix, n, until, seed)
-    }
-
-    fn batch(&self) -> Option<Box<dyn stepwise_core::seams::PolicyBatch + '_>> {
-        Some(Box::new(BatchOf(self)))
-    }
-}
-
-struct BatchOf<'a>(&'a Batching);
-
-impl stepwise_core::seams::PolicyBatch for BatchOf<'_> {
-    fn continue_all(
-        &mut self,
-        asks: &[stepwise_core::seams::NextSteps<'_>],
-        until: stepwise_core::seams::Until,
-    ) -> Vec<Result<Vec<stepwise_core::seams::Continuation>>> {
-        self.0.calls.lock().unwrap().push(asks.len());
-        (asks.iter())
-            .map(
-                |a| match a.question.starts_with(&self.0.failing) && a.prefix.len() == 1 {
-                    true => bail!("the server went away"),
-                    false => self.0.expert.continue_from(a.question, a.prefix, a.n, until, a.seed),
-                },
-            )
-            .collect()
-    }
-}
-
 /// Episodes played together (`play_all`) play as each alone: one batch call a turn carries
 /// every episode still going, an episode whose world cannot start or whose ask fails ends alone
 /// with its error, and the others go on.
 #[test]
 fn episodes_played_together_play_as_each_alone_one_batch_a_turn() {
     let ps = problems(6);
+    let failing = ps[1].question.clone();
     let policy = Batching {
-        expert: Expert::new(&ps, 0.6).unwrap(),
-        failing: ps[1].question.clone(),
-        calls: Default::default(),
+        fails: Box::new(move |a| a.question.starts_with(&failing) && a.prefix.len() == 1),
+        ..Batching::new(Expert::new(&ps, 0.6).unwrap())
     };
     let env = Rooms::default();
     let missing = Problem {
@@ -401,9 +356,9 @@ fn episodes_played_together_play_as_each_alone_one_batch_a_turn() {
         .collect();
     jobs.insert(4, (&missing, "missing-0".into(), 3));
     let together = stepwise_agent::rollout::play_all(&policy, &env, &jobs);
-    let calls = policy.calls.lock().unwrap().clone();
+    let calls = policy.calls();
     let alone: Vec<Solution> = (jobs.iter())
-        .map(|(p, id, seed)| play(&policy.expert, &env, p, id.clone(), *seed))
+        .map(|(p, id, seed)| play(&policy.inner, &env, p, id.clone(), *seed))
         .collect();
     assert_eq!(together.len(), jobs.len());
     let failed_asks = together

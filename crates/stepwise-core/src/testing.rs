@@ -1,8 +1,9 @@
 //! Test doubles of the seams, for tests and examples that need no model: a scripted
-//! [`Policy`], a [`StepScorer`] from a function, and a [`Task`] whose answer is written plainly.
+//! [`Policy`], one that batches ([`Batching`]), a [`StepScorer`] from a function, and a [`Task`]
+//! whose answer is written plainly.
 //! They drive annotators, search methods and rewards exactly as real backends would.
 
-use crate::seams::{Continuation, Policy, ScoreInput, Scored, StepScorer, Task, Until};
+use crate::seams::{Continuation, NextSteps, Policy, PolicyBatch, ScoreInput, Scored, StepScorer, Task, Until};
 use crate::Problem;
 use anyhow::Result;
 
@@ -38,6 +39,59 @@ where
                 }
             })
             .collect())
+    }
+}
+
+/// `P` as a policy that batches ([`Policy::batch`]): its batch answers each ask as `P` does alone,
+/// fails the asks `fails` picks (as a server that went away), and records how many asks each of
+/// its calls carried.
+pub struct Batching<P> {
+    /// The policy answering.
+    pub inner: P,
+    /// Asks to fail.
+    pub fails: Box<dyn Fn(&NextSteps<'_>) -> bool + Send + Sync>,
+    /// The asks of each batch call, in order.
+    pub calls: std::sync::Mutex<Vec<usize>>,
+}
+
+impl<P: Policy> Batching<P> {
+    /// `inner`, batching, failing no ask.
+    pub fn new(inner: P) -> Self {
+        Batching {
+            inner,
+            fails: Box::new(|_| false),
+            calls: Default::default(),
+        }
+    }
+
+    /// The asks of each batch call so far.
+    pub fn calls(&self) -> Vec<usize> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl<P: Policy> Policy for Batching<P> {
+    fn continue_from(&self, q: &str, prefix: &[&str], n: usize, until: Until, seed: u64) -> Result<Vec<Continuation>> {
+        self.inner.continue_from(q, prefix, n, until, seed)
+    }
+
+    fn batch(&self) -> Option<Box<dyn PolicyBatch + '_>> {
+        Some(Box::new(BatchOf(self)))
+    }
+}
+
+/// [`Batching`]'s batch.
+struct BatchOf<'a, P>(&'a Batching<P>);
+
+impl<P: Policy> PolicyBatch for BatchOf<'_, P> {
+    fn continue_all(&mut self, asks: &[NextSteps<'_>], until: Until) -> Vec<Result<Vec<Continuation>>> {
+        self.0.calls.lock().unwrap_or_else(|e| e.into_inner()).push(asks.len());
+        (asks.iter())
+            .map(|a| match (self.0.fails)(a) {
+                true => anyhow::bail!("the server went away"),
+                false => self.0.inner.continue_from(a.question, a.prefix, a.n, until, a.seed),
+            })
+            .collect()
     }
 }
 

@@ -334,38 +334,6 @@ fn best_of_n_picks_what_the_selector_picks() {
     assert!(method("mcts").is_err());
 }
 
-/// The tree as a policy that batches: each batch call answers every ask as the tree does, and
-/// counts the asks of each call.
-struct BatchingTree {
-    tree: Tree,
-    calls: std::sync::Mutex<Vec<usize>>,
-}
-
-impl Policy for BatchingTree {
-    fn continue_from(&self, q: &str, prefix: &[&str], n: usize, until: Until, seed: u64) -> Result<Vec<Continuation>> {
-        self.tree.continue_from(q, prefix, n, until, seed)
-    }
-
-    fn batch(&self) -> Option<Box<dyn stepwise_core::seams::PolicyBatch + '_>> {
-        Some(Box::new(TreeBatch(self)))
-    }
-}
-
-struct TreeBatch<'a>(&'a BatchingTree);
-
-impl stepwise_core::seams::PolicyBatch for TreeBatch<'_> {
-    fn continue_all(
-        &mut self,
-        asks: &[stepwise_core::seams::NextSteps<'_>],
-        until: Until,
-    ) -> Vec<Result<Vec<Continuation>>> {
-        self.0.calls.lock().unwrap().push(asks.len());
-        (asks.iter())
-            .map(|a| self.0.tree.continue_from(a.question, a.prefix, a.n, until, a.seed))
-            .collect()
-    }
-}
-
 /// Beam search and DVTS through a policy that batches: every round's beams in one call, and the
 /// same search as one call a beam.
 #[test]
@@ -378,10 +346,7 @@ fn a_rounds_beams_are_expanded_in_one_batch_call() {
             ..Default::default()
         };
         let tree = || Tree { depth: 3, branch: 3 };
-        let batching = BatchingTree {
-            tree: tree(),
-            calls: Default::default(),
-        };
+        let batching = stepwise_core::testing::Batching::new(tree());
         let m = method(name).unwrap();
         let alone = search(&*m, &config, "p", "q", &tree(), &scorer()).unwrap();
         let together = search(&*m, &config, "p", "q", &batching, &scorer()).unwrap();
@@ -390,7 +355,7 @@ fn a_rounds_beams_are_expanded_in_one_batch_call() {
         assert_eq!(together.compute.policy_calls, alone.compute.policy_calls);
         // The first round asks before the batch is opened (a method that calls the policy once
         // keeps no cache); the two after it ask for their `beams` beams at once.
-        let calls = batching.calls.lock().unwrap().clone();
+        let calls = batching.calls();
         assert_eq!(calls, [beams, beams], "{name}: one call a round");
     }
 }
