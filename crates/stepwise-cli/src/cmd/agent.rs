@@ -34,6 +34,11 @@ some ruin the goal.
   stepwise agent rl --policy POLICY --problems games.jsonl --reward prm:PRM --updates 16 \\
       --out agent-rl/
 
+With a local model on the packed engine (--device cuda) episodes play together: `agent play` 64 at a time, Monte \
+Carlo and binary-search labels a state's rollouts at once, each turn one batch for all of them, each episode's \
+history kept in the KV cache so a turn reads only the action and the observation. A server or the CPU decoder is \
+asked one episode at a time, several at once; the trajectories are the same (each turn draws with its own seed).
+
 Trajectories are stepwise records (steps with `observation`); `stepwise convert --to messages` or \
 `--to conversations` writes them in OpenAI's chat layout or ShareGPT's (AgentInstruct, AgentBank), and both are \
 read back. Output files are journals: run the same command again after an interruption and it goes on."
