@@ -160,10 +160,10 @@ fn agent_turns(model: &Model, episodes: usize, turns: usize, how: Turns) -> anyh
                 .collect::<anyhow::Result<_>>()?,
             Turns::Together => {
                 // Its cache made only as big as the turn needs (as `EnginePolicy::continue_each`).
-                let fresh = (history.iter()).fold(stepwise_model::Decoding::new(model, None), |b, h| {
+                let mut fresh = (history.iter()).fold(stepwise_model::Decoding::new(model, None), |b, h| {
                     b.only_for(h.len(), 1, p.max_new_tokens)
                 });
-                decode_together(&mut { fresh }, &history, &p)?
+                decode_together(&mut fresh, &history, &p)?
             }
             Turns::Kept => decode_together(&mut kept, &history, &p)?,
         };

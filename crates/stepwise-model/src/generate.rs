@@ -463,14 +463,17 @@ impl<'a> Decoding<'a> {
         };
         while let Some(p) = self.waiting.front() {
             let need = self.requests[p.request].as_ref().map_or(0, |r| r.reserved);
-            let held = |kept: &Option<KeptPrefixes>| kept.as_ref().map_or(0, KeptPrefixes::held);
-            while self.committed.saturating_add(need + held(&self.kept)) > cache.capacity() {
+            let (committed, capacity) = (self.committed, cache.capacity());
+            let fits = |kept: &Option<KeptPrefixes>| {
+                committed.saturating_add(need + kept.as_ref().map_or(0, KeptPrefixes::held)) <= capacity
+            };
+            while !fits(&self.kept) {
                 match self.kept.as_mut().and_then(KeptPrefixes::forget_oldest) {
                     Some(handle) => cache.forget(handle),
                     None => break,
                 }
             }
-            if self.committed.saturating_add(need + held(&self.kept)) > cache.capacity() {
+            if !fits(&self.kept) {
                 break;
             }
             self.committed += need;
