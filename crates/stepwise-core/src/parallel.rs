@@ -34,20 +34,49 @@ pub fn in_order<T: Sync, R: Send>(
             });
         }
         drop(tx);
-        let mut waiting = BTreeMap::new();
-        let mut done = 0;
+        let mut order = Reorder::default();
         for (i, r) in rx {
-            waiting.insert(i, r);
-            while let Some(r) = waiting.remove(&done) {
-                if let Err(e) = sink(&items[done], r) {
-                    stop.store(true, Ordering::SeqCst);
-                    return Err(e);
-                }
-                done += 1;
+            if let Err(e) = order.put(i, r, |i, r| sink(&items[i], r)) {
+                stop.store(true, Ordering::SeqCst);
+                return Err(e);
             }
         }
         Ok(())
     })
+}
+
+/// Results that come in any order handed on in their items' order: each waits until every
+/// result before it has been handed on.
+pub struct Reorder<R> {
+    waiting: BTreeMap<usize, R>,
+    next: usize,
+}
+
+impl<R> Default for Reorder<R> {
+    fn default() -> Self {
+        Reorder {
+            waiting: BTreeMap::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<R> Reorder<R> {
+    /// Result `i` has come: hand `sink` every result now due, in order (`sink(index, result)`);
+    /// its first error is returned, the results after it kept waiting.
+    pub fn put(&mut self, i: usize, r: R, mut sink: impl FnMut(usize, R) -> Result<()>) -> Result<()> {
+        self.waiting.insert(i, r);
+        while let Some(r) = self.waiting.remove(&self.next) {
+            self.next += 1;
+            sink(self.next - 1, r)?;
+        }
+        Ok(())
+    }
+
+    /// Results waiting for one before them.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
 }
 
 #[cfg(test)]
@@ -86,5 +115,24 @@ mod tests {
         );
         assert_eq!(e.unwrap_err().to_string(), "full disk");
         assert!(worked.load(Ordering::SeqCst) < 200);
+    }
+
+    #[test]
+    fn reordered_results_wait_for_those_before_them() {
+        let mut order = Reorder::default();
+        let mut seen = Vec::new();
+        for i in [2, 0, 3, 1, 5] {
+            order
+                .put(i, i * 10, |j, r| {
+                    seen.push((j, r));
+                    Ok(())
+                })
+                .unwrap();
+        }
+        assert_eq!(seen, [(0, 0), (1, 10), (2, 20), (3, 30)]);
+        assert_eq!(order.waiting(), 1, "5 waits for 4");
+        let e = order.put(4, 40, |j, _| if j == 4 { anyhow::bail!("full disk") } else { Ok(()) });
+        assert_eq!(e.unwrap_err().to_string(), "full disk");
+        assert_eq!(order.waiting(), 1, "what follows an error stays");
     }
 }

@@ -9,8 +9,9 @@
 //! This bisects each solution on its own; [`crate::OmegaPrm`] runs the same bisection over a
 //! tree of rollouts shared by a problem's solutions, with MCTS choosing what to search.
 
-use anyhow::{Context, Result};
-use stepwise_core::seams::{Annotator, Policy, Spent, Task, Until};
+use crate::probes::{Probe, Probing, Rollouts};
+use anyhow::Result;
+use stepwise_core::seams::{Annotator, Done, Policy, Spent, Task};
 use stepwise_core::{Provenance, Solution};
 
 /// The binary-search annotator.
@@ -25,48 +26,61 @@ pub struct BinarySearch<'a> {
 }
 
 impl BinarySearch<'_> {
-    /// Whether any of the rollouts from the prefix ending at step `i` reaches the gold answer.
-    fn alive(&self, sol: &Solution, texts: &[String], gold: &str, i: usize, spent: &mut Spent) -> Result<bool> {
-        let prefix: Vec<&str> = texts[..=i].iter().map(String::as_str).collect();
-        let outs = self.policy.continue_from(
-            &sol.question,
-            &prefix,
-            self.options.rollouts,
-            Until::End,
-            crate::montecarlo::seed_for(self.options.seed, &sol.id, i),
-        )?;
-        spent.rollouts += outs.len();
-        spent.tokens += outs.iter().map(|c| c.tokens).sum::<usize>();
-        Ok(outs.iter().any(|rest| {
-            let mut full: Vec<String> = texts[..=i].to_vec();
-            full.extend(rest.steps.iter().cloned());
-            self.task.is_correct(gold, &full)
-        }))
+    fn rollouts(&self) -> Rollouts<'_> {
+        Rollouts {
+            policy: self.policy,
+            task: self.task,
+            options: &self.options,
+        }
+    }
+
+    /// `sol`'s bisection (nothing to probe when its answer is correct).
+    fn probing<'s>(&self, sol: &'s Solution) -> Result<Probing<'s>> {
+        Probing::new(sol, |texts, gold| {
+            // Invariant: the prefix of `lo + 1` steps is alive (none: the question), the prefix
+            // ending at `hi` is dead (at first the whole, wrong solution).
+            let wrong = !texts.is_empty() && !self.task.is_correct(gold, texts);
+            Box::new(Bisection {
+                out: sol.clone(),
+                lo: -1,
+                hi: wrong.then(|| texts.len() - 1),
+            })
+        })
     }
 
     /// The index of the first error of `sol` (`None` when its answer is correct), and the cost.
     pub fn first_error(&self, sol: &Solution) -> Result<(Option<usize>, Spent)> {
-        let gold = sol
-            .gold_answer
-            .as_deref()
-            .with_context(|| format!("solution {}: field `gold_answer`: missing", sol.id))?;
-        let texts = sol.step_strings();
-        let mut spent = Spent::default();
-        if texts.is_empty() || self.task.is_correct(gold, &texts) {
-            return Ok((None, spent));
+        let (labelled, spent) = self.annotate(sol)?;
+        Ok((labelled.first_error(), spent))
+    }
+}
+
+/// Binary search's probe: the middle of the steps still in doubt.
+struct Bisection {
+    out: Solution,
+    /// The prefix of `lo + 1` steps is alive.
+    lo: isize,
+    /// The prefix ending at `hi` is dead (`None`: the solution is correct).
+    hi: Option<usize>,
+}
+
+impl Probe for Bisection {
+    fn next(&mut self) -> Option<usize> {
+        let hi = self.hi?;
+        (hi as isize - self.lo > 1).then(|| ((self.lo + hi as isize) / 2) as usize)
+    }
+
+    fn observe(&mut self, at: usize, hits: usize) {
+        if hits > 0 {
+            self.lo = at as isize;
+        } else {
+            self.hi = Some(at);
         }
-        // Invariant: the prefix of `lo + 1` steps is alive (none: the question), the prefix
-        // ending at `hi` is dead (at first the whole, wrong solution).
-        let (mut lo, mut hi): (isize, usize) = (-1, texts.len() - 1);
-        while hi as isize - lo > 1 {
-            let mid = ((lo + hi as isize) / 2) as usize;
-            if self.alive(sol, &texts, gold, mid, &mut spent)? {
-                lo = mid as isize;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok((Some(hi), spent))
+    }
+
+    fn finish(mut self: Box<Self>) -> Solution {
+        crate::label_by_first_error(&mut self.out, self.hi, Provenance::BinarySearch);
+        self.out
     }
 }
 
@@ -76,10 +90,12 @@ impl Annotator for BinarySearch<'_> {
     }
 
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
-        let (first, spent) = self.first_error(sol)?;
-        let mut out = sol.clone();
-        crate::label_by_first_error(&mut out, first, Provenance::BinarySearch);
-        Ok((out, spent))
+        self.rollouts().one(self.probing(sol)?)
+    }
+
+    /// Many solutions' probes rolled out in one batch a round, where the policy batches.
+    fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
+        self.rollouts().together(sols, |s| self.probing(s), done)
     }
 }
 

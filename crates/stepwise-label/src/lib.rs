@@ -17,6 +17,7 @@ pub mod judge;
 pub mod methods;
 pub mod montecarlo;
 pub mod omegaprm;
+pub mod probes;
 pub mod resumable;
 
 pub use binary_search::BinarySearch;

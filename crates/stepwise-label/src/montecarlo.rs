@@ -5,8 +5,9 @@
 //! undone). A correct solution is its own proof that every prefix can be completed, so all of its
 //! prefixes are rolled out, however few rollouts succeed.
 
-use anyhow::{Context, Result};
-use stepwise_core::seams::{Annotator, Continuation, Policy, Spent, Task, Until};
+use crate::probes::{Probe, Probing, Rollouts};
+use anyhow::Result;
+use stepwise_core::seams::{Annotator, Done, Policy, Spent, Task};
 use stepwise_core::{Provenance, Solution, StepLabel};
 
 /// Options of Monte Carlo annotation.
@@ -37,6 +38,29 @@ pub struct MonteCarlo<'a> {
     pub options: McOptions,
 }
 
+impl MonteCarlo<'_> {
+    fn rollouts(&self) -> Rollouts<'_> {
+        Rollouts {
+            policy: self.policy,
+            task: self.task,
+            options: &self.options,
+        }
+    }
+
+    /// `sol`'s labelling: every prefix in turn, until one no rollout rescues.
+    fn probing<'s>(&self, sol: &'s Solution) -> Result<Probing<'s>> {
+        Probing::new(sol, |texts, gold| {
+            Box::new(EveryPrefix {
+                out: sol.clone(),
+                reaches_gold: self.task.is_correct(gold, texts),
+                rollouts: self.options.rollouts.max(1),
+                at: 0,
+                dead: false,
+            })
+        })
+    }
+}
+
 impl Annotator for MonteCarlo<'_> {
     fn name(&self) -> &str {
         "mc"
@@ -45,56 +69,64 @@ impl Annotator for MonteCarlo<'_> {
     /// Label every step of `sol` by rollouts; returns the labelled solution and the rollouts
     /// and tokens spent.
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
-        let o = &self.options;
-        let gold = sol
-            .gold_answer
-            .as_deref()
-            .with_context(|| format!("solution {}: field `gold_answer`: missing", sol.id))?;
-        let mut out = sol.clone();
-        let texts = sol.step_strings();
-        let mut spent = Spent::default();
-        let mut dead = false;
-        let reaches_gold = self.task.is_correct(gold, &texts);
-        for i in 0..texts.len() {
-            if dead {
-                out.steps[i].label = Some(StepLabel::soft(0.0, Provenance::MonteCarlo { rollouts: 0, hits: 0 }));
-                continue;
-            }
-            let prefix: Vec<&str> = texts[..=i].iter().map(String::as_str).collect();
-            // The last step: the solution itself is its only completion (one "rollout", no cost).
-            let (n, hits) = if i + 1 == texts.len() {
-                (1, usize::from(reaches_gold))
+        self.rollouts().one(self.probing(sol)?)
+    }
+
+    /// Many solutions' prefixes rolled out in one batch a round, where the policy batches.
+    fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
+        self.rollouts().together(sols, |s| self.probing(s), done)
+    }
+}
+
+/// Monte Carlo's probe: every prefix in turn; a prefix no rollout rescues (of a solution that
+/// does not reach the gold answer) makes every later step bad without rollouts; the last step's
+/// only completion is the solution itself.
+struct EveryPrefix {
+    out: Solution,
+    reaches_gold: bool,
+    /// Rollouts a prefix (the labels' denominator).
+    rollouts: usize,
+    /// The next step to label.
+    at: usize,
+    dead: bool,
+}
+
+impl EveryPrefix {
+    fn label(&mut self, p: f32, rollouts: usize, hits: usize) {
+        let source = Provenance::MonteCarlo {
+            rollouts: rollouts as u32,
+            hits: hits as u32,
+        };
+        self.out.steps[self.at].label = Some(StepLabel::soft(p, source));
+        self.at += 1;
+    }
+}
+
+impl Probe for EveryPrefix {
+    fn next(&mut self) -> Option<usize> {
+        let last = self.out.steps.len().checked_sub(1)?;
+        while self.at <= last {
+            if self.dead {
+                self.label(0.0, 0, 0);
+            } else if self.at == last {
+                // The solution itself is its only completion (one "rollout", no cost).
+                let hits = usize::from(self.reaches_gold);
+                self.label(hits as f32, 1, hits);
             } else {
-                let outs: Vec<Continuation> = self.policy.continue_from(
-                    &sol.question,
-                    &prefix,
-                    o.rollouts,
-                    Until::End,
-                    seed_for(o.seed, &sol.id, i),
-                )?;
-                spent.rollouts += outs.len();
-                spent.tokens += outs.iter().map(|c| c.tokens).sum::<usize>();
-                let hits = outs
-                    .into_iter()
-                    .filter(|rest| {
-                        let mut full: Vec<String> = texts[..=i].to_vec();
-                        full.extend(rest.steps.iter().cloned());
-                        self.task.is_correct(gold, &full)
-                    })
-                    .count();
-                (o.rollouts.max(1), hits)
-            };
-            let p = hits as f32 / n as f32;
-            out.steps[i].label = Some(StepLabel::soft(
-                p,
-                Provenance::MonteCarlo {
-                    rollouts: n as u32,
-                    hits: hits as u32,
-                },
-            ));
-            dead = hits == 0 && !reaches_gold;
+                return Some(self.at);
+            }
         }
-        Ok((out, spent))
+        None
+    }
+
+    fn observe(&mut self, at: usize, hits: usize) {
+        debug_assert_eq!(at, self.at);
+        self.dead = hits == 0 && !self.reaches_gold;
+        self.label(hits as f32 / self.rollouts as f32, self.rollouts, hits);
+    }
+
+    fn finish(self: Box<Self>) -> Solution {
+        self.out
     }
 }
 
@@ -102,7 +134,7 @@ impl Annotator for MonteCarlo<'_> {
 mod tests {
     use super::*;
     use crate::annotate_resumable;
-    use stepwise_core::testing::{PlainTask, ScriptedPolicy};
+    use stepwise_core::testing::{Batching, PlainTask, ScriptedPolicy};
 
     use crate::test_support::{solution, toy};
 
@@ -137,36 +169,47 @@ mod tests {
         assert_eq!(spent.rollouts, 12, "every prefix but the whole solution is rolled out");
     }
 
+    /// Labelled by the runner, on threads or on a policy's batch, the solutions come out in
+    /// input order with the labels each gets alone; cut off, the run resumes to the same file.
     #[test]
     fn parallel_annotation_keeps_input_order_and_equals_one_at_a_time() {
-        let sols: Vec<Solution> = (0..11)
+        let sols: Vec<Solution> = (0..75)
             .map(|i| {
                 let steps: Vec<&str> = (0..4).map(|j| if j == i % 4 { "bad" } else { "good" }).collect();
                 solution(&format!("s{i}"), &steps)
             })
             .collect();
-        let mc = MonteCarlo {
-            policy: &ScriptedPolicy(toy),
-            task: &PlainTask::default(),
-            options: McOptions { rollouts: 4, seed: 3 },
-        };
-        let path = std::env::temp_dir().join(format!("stepwise-mc-order-{}.jsonl", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let (all, spent) = annotate_resumable(&path, &sols, &mc, |_| {}).unwrap();
-        let one_by_one: Vec<(Solution, Spent)> = sols.iter().map(|s| mc.annotate(s).unwrap()).collect();
-        assert_eq!(
-            spent.rollouts,
-            one_by_one.iter().map(|(_, n)| n.rollouts).sum::<usize>()
-        );
-        for (got, (want, _)) in all.iter().zip(&one_by_one) {
-            assert_eq!((&got.id, &got.steps), (&want.id, &want.steps));
+        let batching = Batching::new(ScriptedPolicy(toy));
+        for policy in [&ScriptedPolicy(toy) as &dyn Policy, &batching] {
+            let mc = MonteCarlo {
+                policy,
+                task: &PlainTask::default(),
+                options: McOptions { rollouts: 4, seed: 3 },
+            };
+            let path = std::env::temp_dir().join(format!("stepwise-mc-order-{}.jsonl", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let (all, spent) = annotate_resumable(&path, &sols, &mc, |_| {}).unwrap();
+            let one_by_one: Vec<(Solution, Spent)> = sols.iter().map(|s| mc.annotate(s).unwrap()).collect();
+            assert_eq!(
+                spent.rollouts,
+                one_by_one.iter().map(|(_, n)| n.rollouts).sum::<usize>()
+            );
+            for (got, (want, _)) in all.iter().zip(&one_by_one) {
+                assert_eq!((&got.id, &got.steps), (&want.id, &want.steps));
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let journal_ids: Vec<String> = (text.lines())
+                .map(|l| serde_json::from_str::<Solution>(l).unwrap().id)
+                .collect();
+            assert_eq!(journal_ids, sols.iter().map(|s| s.id.clone()).collect::<Vec<_>>());
+            // Cut off after 40 records, the last torn: resumed, the same file.
+            let cut: String = text.lines().take(40).map(|l| format!("{l}\n")).collect();
+            std::fs::write(&path, format!("{cut}{{\"id\": \"s4")).unwrap();
+            let (again, spent_again) = annotate_resumable(&path, &sols, &mc, |_| {}).unwrap();
+            assert_eq!((std::fs::read_to_string(&path).unwrap(), spent_again), (text, spent));
+            assert_eq!(again.len(), sols.len());
+            std::fs::remove_file(&path).unwrap();
         }
-        let journal_ids: Vec<String> = std::fs::read_to_string(&path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str::<Solution>(l).unwrap().id)
-            .collect();
-        assert_eq!(journal_ids, sols.iter().map(|s| s.id.clone()).collect::<Vec<_>>());
-        std::fs::remove_file(&path).unwrap();
+        assert!(!batching.calls().is_empty(), "the batching policy was asked in batches");
     }
 }

@@ -73,36 +73,55 @@ pub fn annotate_resumable_with(
         .filter(|u| u.iter().any(|s| !journal.contains(&s.id)))
         .map(|u| u.into_iter().cloned().collect())
         .collect();
-    stepwise_core::parallel::in_order(
-        &todo,
-        threads,
-        |unit| annotator.annotate_problem(unit),
-        |unit, done| {
-            let done = match done {
-                Ok(done) => done,
-                Err(e) if on_error.skips(&e) => unit.iter().map(|s| (unlabelled(s, &e), Spent::default())).collect(),
-                Err(e) => {
-                    let first = &unit[0];
-                    let n = sols.iter().position(|s| s.id == first.id).map_or(0, |p| p + 1);
-                    return Err(e.context(format!("record {n} (`{}`) could not be labelled", first.id)));
-                }
-            };
-            for (mut l, spent) in done {
-                if journal.contains(&l.id) {
-                    continue;
-                }
-                l.meta.insert("rollouts".into(), spent.rollouts.into());
-                l.meta.insert("generated_tokens".into(), spent.tokens.into());
-                if spent.env_steps > 0 {
-                    l.meta.insert("env_steps".into(), spent.env_steps.into());
-                }
-                journal.append(l.id.clone(), &l)?;
-                kept.push(l);
+    // What becomes of a unit's labelling: its records appended, or the error named.
+    let mut write = |unit: &[Solution], done: Result<Vec<(Solution, Spent)>>| -> Result<()> {
+        let done = match done {
+            Ok(done) => done,
+            Err(e) if on_error.skips(&e) => unit.iter().map(|s| (unlabelled(s, &e), Spent::default())).collect(),
+            Err(e) => {
+                let first = &unit[0];
+                let n = sols.iter().position(|s| s.id == first.id).map_or(0, |p| p + 1);
+                return Err(e.context(format!("record {n} (`{}`) could not be labelled", first.id)));
             }
-            progress(count(&kept));
-            Ok(())
-        },
-    )?;
+        };
+        for (mut l, spent) in done {
+            if journal.contains(&l.id) {
+                continue;
+            }
+            l.meta.insert("rollouts".into(), spent.rollouts.into());
+            l.meta.insert("generated_tokens".into(), spent.tokens.into());
+            if spent.env_steps > 0 {
+                l.meta.insert("env_steps".into(), spent.env_steps.into());
+            }
+            journal.append(l.id.clone(), &l)?;
+            kept.push(l);
+        }
+        progress(count(&kept));
+        Ok(())
+    };
+    // One at a time, many on the policy's batch where the annotator can; else `threads` units
+    // on threads. Either way written in input order.
+    let singles: Vec<Solution> = match annotator.by_problem() {
+        false => todo.iter().flatten().cloned().collect(),
+        true => Vec::new(),
+    };
+    let mut order = stepwise_core::parallel::Reorder::default();
+    let together = (!singles.is_empty())
+        .then(|| {
+            annotator.annotate_together(&singles, &mut |i, done| {
+                order.put(i, done, |i, done| write(&singles[i..=i], done.map(|d| vec![d])))
+            })
+        })
+        .flatten();
+    match together {
+        Some(done) => done?,
+        None => stepwise_core::parallel::in_order(
+            &todo,
+            threads,
+            |unit| annotator.annotate_problem(unit),
+            |unit, done| write(unit, done),
+        )?,
+    }
     let read = |s: &Solution, key: &str| s.meta.get(key).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
     let mut spent = Spent::default();
     for s in &kept {

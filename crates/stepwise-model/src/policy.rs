@@ -388,6 +388,23 @@ impl PolicyBatch for EngineBatch<'_> {
     }
 }
 
+/// Whether a policy of `config` sampled on the CPU at `precision` runs on the packed engine's CPU
+/// backend (bf16 weights, bf16 products with f32 sums): a pretrained model
+/// ([`crate::train::run::PRETRAINED_WIDTH`] wide or more) whose weights are bf16 at that
+/// precision anyway (stored in bf16 and kept so, or rounded to bf16 with bf16 products), where it
+/// decodes many rows in one pass a step and keeps prefixes, as the GPU's engine does. The small
+/// shapes (the lab's), f32 weights (`--dtype f32`, or an f32 checkpoint as stored) and products
+/// widened to f32 (`bf16-weights`) keep the CPU decoder and its numbers.
+pub fn samples_packed_on_cpu(config: &crate::ModelConfig, precision: crate::Precision) -> bool {
+    use crate::WeightDtype;
+    let bf16 = match precision.weights {
+        WeightDtype::Auto => config.dtype == candle_core::DType::BF16,
+        WeightDtype::Bf16 => true,
+        WeightDtype::F32 => false,
+    };
+    bf16 && precision.bf16_products && config.hidden_size >= crate::train::run::PRETRAINED_WIDTH
+}
+
 /// A policy folder loaded for sampling: the model, its tokenizer, and the token ids that end a
 /// solution (the config's end-of-sequence ids and the tokenizer's).
 pub struct LoadedPolicy {
@@ -405,10 +422,18 @@ impl LoadedPolicy {
         Self::with_model(dir, Model::load(dir, device)?)
     }
 
-    /// Load the checkpoint in `dir` where `placement` says (on a GPU it samples on the packed
-    /// engine, its KV cache on the device).
+    /// Load the checkpoint in `dir` where `placement` says, on the engine that samples it best
+    /// there: on a GPU the CUDA engine (its KV cache on the device); on the CPU the packed
+    /// engine's CPU backend for a pretrained policy held in bf16 ([`samples_packed_on_cpu`]:
+    /// rows decoded together, prefixes kept, [`Policy::batch`]), the CPU decoder otherwise.
     pub fn load_on(dir: &std::path::Path, placement: crate::Placement, precision: crate::Precision) -> Result<Self> {
-        Self::with_model(dir, Model::load_on(dir, placement, precision)?)
+        let model = match placement.resolve()? {
+            crate::Placement::Cpu if samples_packed_on_cpu(&crate::ModelConfig::from_dir(dir)?, precision) => {
+                Model::load_packed(dir, crate::Placement::Cpu)?
+            }
+            _ => Model::load_on(dir, placement, precision)?,
+        };
+        Self::with_model(dir, model)
     }
 
     fn with_model(dir: &std::path::Path, model: Model) -> Result<Self> {
@@ -437,5 +462,33 @@ impl LoadedPolicy {
             prompt,
             separator: separator.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::samples_packed_on_cpu;
+    use crate::{HeadKind, ModelConfig, Precision};
+    use candle_core::DType;
+
+    /// A pretrained policy held in bf16 samples on the packed engine; the small shapes, f32
+    /// weights and widened products keep the decoder.
+    #[test]
+    fn the_cpu_samples_a_pretrained_bf16_policy_on_the_packed_engine() {
+        let config = |hidden: usize, dtype: DType| ModelConfig {
+            dtype,
+            ..ModelConfig::tiny(64, hidden, 1, 4, 2, HeadKind::CausalLm)
+        };
+        let at = |p: &str| p.parse::<Precision>().unwrap();
+        let qwen = config(896, DType::BF16);
+        assert!(samples_packed_on_cpu(&qwen, at("auto")));
+        assert!(samples_packed_on_cpu(&qwen, at("bf16")));
+        assert!(!samples_packed_on_cpu(&qwen, at("f32")));
+        assert!(!samples_packed_on_cpu(&qwen, at("bf16-weights")));
+        let stored_f32 = config(896, DType::F32);
+        assert!(!samples_packed_on_cpu(&stored_f32, at("auto")));
+        assert!(samples_packed_on_cpu(&stored_f32, at("bf16")));
+        let small = config(64, DType::BF16);
+        assert!(!samples_packed_on_cpu(&small, at("bf16")));
     }
 }

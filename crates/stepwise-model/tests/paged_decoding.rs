@@ -411,3 +411,30 @@ fn a_policy_batch_continues_as_each_ask_alone_and_keeps_the_turns() {
         "turn 3 fed {fed_per_turn:?} tokens for prompts of {prompts:?}"
     );
 }
+
+/// The packed engine's CPU backend sampled from several threads at once (an annotator's threads,
+/// a server's requests) gives each call what it gives alone. Its kernels run on the thread pool,
+/// whose waiting workers take up other calls' steps: a step that waited for the engine's scratch
+/// buffers while its own thread held them never ended.
+#[test]
+fn calls_from_many_threads_at_once_sample_as_each_alone() {
+    use stepwise_core::seams::{Policy, Until};
+    let dir = fixtures().join("qwen2-policy");
+    let model = stepwise_model::Model::load_packed(&dir, stepwise_model::Placement::Cpu).unwrap();
+    let tok = stepwise_model::Tokenizer::from_dir(&dir).unwrap();
+    let sampler = sampling(&model, &tok, 48, stepwise_model::Prompt::Text);
+    let question = "Count to four, one number a line, and then say done.";
+    let ask = |seed: u64| sampler.continue_from(question, &[], 8, Until::End, seed).unwrap();
+    let alone: Vec<_> = (0..6).map(&ask).collect();
+    for _ in 0..5 {
+        let together: Vec<_> = std::thread::scope(|s| {
+            let calls: Vec<_> = (0..6).map(|seed| s.spawn(move || ask(seed))).collect();
+            calls.into_iter().map(|c| c.join().unwrap()).collect()
+        });
+        for (got, want) in together.iter().zip(&alone) {
+            let texts =
+                |cs: &[stepwise_core::seams::Continuation]| cs.iter().map(|c| c.text.clone()).collect::<Vec<_>>();
+            assert_eq!(texts(got), texts(want));
+        }
+    }
+}

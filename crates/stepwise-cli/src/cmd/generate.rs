@@ -1,10 +1,14 @@
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
-use stepwise_core::seams::Until;
+use stepwise_core::seams::{Continuation, NextSteps, Until};
 use stepwise_core::steps::SplitStrategy;
 use stepwise_core::{Format, Policy, Problem, Solution, SolutionWriter, Step};
 use stepwise_model::Prompt;
+
+/// Problems whose samples a local engine that batches ([`Policy::batch`]) decodes together: each
+/// decoding step reads the weights once for all their rows (8 samples: 256 rows).
+const SAMPLED_TOGETHER: usize = 32;
 
 /// Sample solutions from a policy.
 #[derive(clap::Args)]
@@ -13,13 +17,15 @@ use stepwise_model::Prompt;
 `gold_answer` or `answer` (GSM8K's `#### N` is understood). Output: one stepwise Solution per sample, split into \
 steps, with `final_answer` extracted and `correct` graded when a gold answer is known (lenient grader). The prompt is \
 the question and a newline (or the question in the chat template with --chat), as `stepwise annotate` continues it; it \
-is encoded once and its KV cache shared by the n samples.
+is encoded once and its KV cache shared by the n samples. On a GPU, and on the CPU for a pretrained policy held in \
+bf16 (hidden size 512 or more; the packed engine), 32 problems' samples are decoded together, a pass a token for \
+all their rows; the draws are the ones each problem gets alone.
 
 --model may be a server instead (vLLM, SGLang, llama.cpp, `stepwise serve`): its URL, several comma-separated \
 serving the same model, or a file listing them (one a line; read again as it changes, so servers added join); the \
 requests are spread over them, retried when a server fails, and moved off a server that dies or hangs. Each request \
 carries the seed, so the samples do not depend on which server answered. Problems are asked --threads at a time \
-(default: one for a checkpoint, --max-in-flight for each server), and written in the input's order. The \
+(default: one for a checkpoint that does not batch, --max-in-flight for each server), and written in the input's order. The \
 --output is a journal: a run cut off (even by kill -9) and started again samples only the problems it lacks, and \
 the records equal an uninterrupted run's (a .parquet or .json output is kept as OUTPUT.partial.jsonl until the \
 run ends, then written; stdout, the default, is streamed).
@@ -138,29 +144,48 @@ pub fn run(a: Args) -> Result<()> {
         0 => 1,
         n => n * a.remote.max_in_flight,
     });
-    stepwise_core::parallel::in_order(
-        &problems,
-        threads,
-        |p| policy.continue_from(&p.question, &[], a.n, Until::End, a.seed),
-        |p, outs| {
-            for (k, out) in outs?.into_iter().enumerate() {
-                new_tokens += out.tokens;
-                let mut s = Solution {
-                    id: format!("{}-{k}", p.id),
-                    problem_id: p.id.clone(),
-                    question: p.question.clone(),
-                    steps: a.task.split(&out.text, &a.split).into_iter().map(Step::new).collect(),
-                    gold_answer: p.gold_answer.clone(),
-                    generator: Some(a.model.to_string()),
-                    ..Default::default()
-                };
-                task.grade_solution(&mut s);
-                output.write(&s)?;
-                bar.inc(1);
+    let mut write = |p: &Problem, outs: Result<Vec<Continuation>>| -> Result<()> {
+        for (k, out) in outs?.into_iter().enumerate() {
+            new_tokens += out.tokens;
+            let mut s = Solution {
+                id: format!("{}-{k}", p.id),
+                problem_id: p.id.clone(),
+                question: p.question.clone(),
+                steps: a.task.split(&out.text, &a.split).into_iter().map(Step::new).collect(),
+                gold_answer: p.gold_answer.clone(),
+                generator: Some(a.model.to_string()),
+                ..Default::default()
+            };
+            task.grade_solution(&mut s);
+            output.write(&s)?;
+            bar.inc(1);
+        }
+        Ok(())
+    };
+    match policy.batch() {
+        // A local engine that batches: SAMPLED_TOGETHER problems' samples decoded together.
+        Some(mut batch) => {
+            for chunk in problems.chunks(SAMPLED_TOGETHER) {
+                let asks: Vec<NextSteps> = (chunk.iter())
+                    .map(|p| NextSteps {
+                        question: &p.question,
+                        prefix: &[],
+                        n: a.n,
+                        seed: a.seed,
+                    })
+                    .collect();
+                for (p, outs) in chunk.iter().zip(batch.continue_all(&asks, Until::End)) {
+                    write(p, outs)?;
+                }
             }
-            Ok(())
-        },
-    )?;
+        }
+        None => stepwise_core::parallel::in_order(
+            &problems,
+            threads,
+            |p| policy.continue_from(&p.question, &[], a.n, Until::End, a.seed),
+            |p, outs| write(p, outs),
+        )?,
+    }
     output.finish()?;
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();

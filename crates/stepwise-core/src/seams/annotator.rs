@@ -43,7 +43,22 @@ pub trait Annotator: Sync {
     fn by_problem(&self) -> bool {
         false
     }
+
+    /// Label `sols` many at a time on a policy that decodes many rows in one pass
+    /// ([`crate::seams::Policy::batch`]), each as [`Annotator::annotate`] labels it alone, each
+    /// handed to `done` with its index in `sols` as soon as it is labelled (in any order; an
+    /// error from `done` stops the rest and is returned). `None`: this annotator, or its policy,
+    /// labels one solution at a time (runners then label several at once on threads); the
+    /// default.
+    fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
+        let _ = (sols, done);
+        None
+    }
 }
+
+/// Where [`Annotator::annotate_together`] hands each labelled solution: its index among those
+/// given, and the solution labelled with what it cost, or why it could not be.
+pub type Done<'a> = dyn FnMut(usize, Result<(Solution, Spent)>) -> Result<()> + 'a;
 
 /// An annotator behind a reference is one too.
 impl<A: Annotator + ?Sized> Annotator for &A {
@@ -61,5 +76,9 @@ impl<A: Annotator + ?Sized> Annotator for &A {
 
     fn by_problem(&self) -> bool {
         (**self).by_problem()
+    }
+
+    fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
+        (**self).annotate_together(sols, done)
     }
 }

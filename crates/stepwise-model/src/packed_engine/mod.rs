@@ -412,10 +412,22 @@ impl<B: Backend> PackedDecoder<B> {
             return Ok((Vec::new(), 0));
         }
         self.encoded_tokens.fetch_add(t, Ordering::Relaxed);
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let s = &mut *guard;
-        self.decoder(batch, read, s)?;
-        self.head(read.len(), columns, s)
+        self.with_scratch(|s| {
+            self.decoder(batch, read, s)?;
+            self.head(read.len(), columns, s)
+        })
+    }
+
+    /// `f` with the engine's scratch buffers, or with new ones where another call holds them:
+    /// calls from several threads run at once, and one that the thread pool starts inside
+    /// another's parallel kernel (rayon lets a waiting worker take up another job) must not
+    /// wait for a lock its own thread holds.
+    fn with_scratch<R>(&self, f: impl FnOnce(&mut Scratch<B>) -> R) -> R {
+        match self.scratch.try_lock() {
+            Ok(mut held) => f(&mut held),
+            Err(std::sync::TryLockError::Poisoned(e)) => f(&mut e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => f(&mut Scratch::default()),
+        }
     }
 
     /// Every layer over the batch; leaves the rows `read`, normed, in `s.head_in` (bf16).

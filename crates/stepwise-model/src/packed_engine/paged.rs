@@ -197,23 +197,23 @@ impl<B: Backend> PackedDecoder<B> {
         };
         self.encoded_tokens
             .fetch_add(tokens.len(), std::sync::atomic::Ordering::Relaxed);
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let s = &mut *guard;
-        self.layers_over(
-            &tokens,
-            &meta.positions,
-            &meta.read,
-            read.len(),
-            &mut Attend::Paged { meta: &meta, cache },
-            s,
-        )?;
-        for (seq, new) in seqs.iter_mut() {
-            seq.len += new.len();
-        }
-        if read.is_empty() {
-            // A prompt's middle chunk: its keys and values are cached, nothing is read.
-            return Ok(Vec::new());
-        }
-        Ok(self.head(read.len(), None, s)?.0)
+        self.with_scratch(|s| {
+            self.layers_over(
+                &tokens,
+                &meta.positions,
+                &meta.read,
+                read.len(),
+                &mut Attend::Paged { meta: &meta, cache },
+                s,
+            )?;
+            for (seq, new) in seqs.iter_mut() {
+                seq.len += new.len();
+            }
+            if read.is_empty() {
+                // A prompt's middle chunk: its keys and values are cached, nothing is read.
+                return Ok(Vec::new());
+            }
+            Ok(self.head(read.len(), None, s)?.0)
+        })
     }
 }

@@ -1,0 +1,295 @@
+//! The rollouts of the annotators that label a solution by probing its prefixes one after
+//! another ([`crate::MonteCarlo`]'s every prefix until the first that no rollout rescues,
+//! [`crate::BinarySearch`]'s bisection): each is a [`Probe`], which says what prefix to roll out
+//! from next and takes what the rollouts found. [`Rollouts::one`] runs a probe alone, a
+//! [`Policy::continue_from`] call a prefix; [`Rollouts::together`] runs many solutions' probes at
+//! once on a policy that batches ([`Policy::batch`]): every prefix asked in one call a round,
+//! each solution's rollouts kept in the batch's cache so its next prefix feeds only the new step,
+//! a new solution let in as soon as one is labelled. Both draw a prefix's rollouts with the same
+//! seed ([`crate::montecarlo::seed_for`]), so both give the same labels.
+
+use anyhow::{Context, Result};
+use stepwise_core::seams::{Continuation, Done, NextSteps, Policy, PolicyBatch, Spent, Task, Until};
+use stepwise_core::Solution;
+
+/// Solutions labelled at once on a policy that batches: each prefix's rollouts are rows of
+/// the same pass (8 rollouts: 256 rows a decoding step).
+pub const LABELLED_TOGETHER: usize = 32;
+
+/// How far past the first solution still being labelled a new one may start: results wait to
+/// be written in order, so this bounds what an interruption can lose.
+const AHEAD: usize = 4 * LABELLED_TOGETHER;
+
+/// One solution's labelling by rollouts from its prefixes.
+pub(crate) trait Probe {
+    /// The prefix to roll out from next (the index of its last step), `None` once labelled.
+    fn next(&mut self) -> Option<usize>;
+    /// Of the rollouts from the prefix ending at step `at`, `hits` reached the gold answer.
+    fn observe(&mut self, at: usize, hits: usize);
+    /// The labelled solution.
+    fn finish(self: Box<Self>) -> Solution;
+}
+
+/// A solution being labelled: its probe, what it needs to grade rollouts, what it has cost.
+pub(crate) struct Probing<'s> {
+    sol: &'s Solution,
+    texts: Vec<String>,
+    gold: &'s str,
+    probe: Box<dyn Probe + 's>,
+    spent: Spent,
+}
+
+impl<'s> Probing<'s> {
+    /// `sol`'s labelling, with the probe `start` makes from its steps and its gold answer.
+    pub(crate) fn new(sol: &'s Solution, start: impl FnOnce(&[String], &str) -> Box<dyn Probe + 's>) -> Result<Self> {
+        let gold = sol
+            .gold_answer
+            .as_deref()
+            .with_context(|| format!("solution {}: field `gold_answer`: missing", sol.id))?;
+        let texts = sol.step_strings();
+        let probe = start(&texts, gold);
+        Ok(Probing {
+            sol,
+            texts,
+            gold,
+            probe,
+            spent: Spent::default(),
+        })
+    }
+
+    /// The prefix ending at step `at`, as the policy takes it.
+    fn prefix(&self, at: usize) -> Vec<&str> {
+        self.texts[..=at].iter().map(String::as_str).collect()
+    }
+
+    /// Grade the rollouts `outs` from the prefix ending at step `at` and tell the probe.
+    fn observe(&mut self, task: &dyn Task, at: usize, outs: Vec<Continuation>) {
+        self.spent.rollouts += outs.len();
+        self.spent.tokens += outs.iter().map(|c| c.tokens).sum::<usize>();
+        let hits = (outs.into_iter())
+            .filter(|rest| {
+                let mut full: Vec<String> = self.texts[..=at].to_vec();
+                full.extend(rest.steps.iter().cloned());
+                task.is_correct(self.gold, &full)
+            })
+            .count();
+        self.probe.observe(at, hits);
+    }
+
+    fn finish(self) -> (Solution, Spent) {
+        (self.probe.finish(), self.spent)
+    }
+}
+
+/// A policy to roll out with, a task to grade with, how many rollouts a prefix and their seed.
+pub(crate) struct Rollouts<'a> {
+    pub policy: &'a dyn Policy,
+    pub task: &'a dyn Task,
+    pub options: &'a crate::McOptions,
+}
+
+impl Rollouts<'_> {
+    /// The seed of the rollouts from the prefix ending at step `at` of `sol`.
+    fn seed(&self, sol: &Solution, at: usize) -> u64 {
+        crate::montecarlo::seed_for(self.options.seed, &sol.id, at)
+    }
+
+    /// Label one solution: a [`Policy::continue_from`] call a prefix probed.
+    pub(crate) fn one(&self, mut p: Probing<'_>) -> Result<(Solution, Spent)> {
+        while let Some(at) = p.probe.next() {
+            let prefix = p.prefix(at);
+            let outs = (self.policy).continue_from(
+                &p.sol.question,
+                &prefix,
+                self.options.rollouts,
+                Until::End,
+                self.seed(p.sol, at),
+            )?;
+            p.observe(self.task, at, outs);
+        }
+        Ok(p.finish())
+    }
+
+    /// Label `sols` on the policy's batch, [`LABELLED_TOGETHER`] at a time, each handed to
+    /// `done` as it is labelled (`None`: the policy does not batch).
+    pub(crate) fn together<'s>(
+        &self,
+        sols: &'s [Solution],
+        start: impl Fn(&'s Solution) -> Result<Probing<'s>>,
+        done: &mut Done<'_>,
+    ) -> Option<Result<()>> {
+        let mut batch = self.policy.batch()?;
+        Some(self.drive(batch.as_mut(), sols, start, done))
+    }
+
+    fn drive<'s>(
+        &self,
+        batch: &mut dyn PolicyBatch,
+        sols: &'s [Solution],
+        start: impl Fn(&'s Solution) -> Result<Probing<'s>>,
+        done: &mut Done<'_>,
+    ) -> Result<()> {
+        // The solutions being labelled, by index, each with the prefix it asks for next.
+        let mut live: Vec<(usize, Probing<'s>)> = Vec::new();
+        let mut next = 0;
+        loop {
+            let oldest = live.first().map_or(next, |(i, _)| *i);
+            while live.len() < LABELLED_TOGETHER && next < sols.len() && next < oldest + AHEAD {
+                match start(&sols[next]) {
+                    Ok(p) => live.push((next, p)),
+                    Err(e) => done(next, Err(e))?,
+                }
+                next += 1;
+            }
+            // Each asks for its next prefix; a solution with none left is labelled.
+            let mut asking = Vec::with_capacity(live.len());
+            for (i, mut p) in live.drain(..) {
+                match p.probe.next() {
+                    Some(at) => asking.push((i, p, at)),
+                    None => done(i, Ok(p.finish()))?,
+                }
+            }
+            if asking.is_empty() {
+                if next < sols.len() {
+                    continue;
+                }
+                return Ok(());
+            }
+            let prefixes: Vec<Vec<&str>> = asking.iter().map(|(_, p, at)| p.prefix(*at)).collect();
+            let asks: Vec<NextSteps> = (asking.iter().zip(&prefixes))
+                .map(|((_, p, at), prefix)| NextSteps {
+                    question: &p.sol.question,
+                    prefix,
+                    n: self.options.rollouts,
+                    seed: self.seed(p.sol, *at),
+                })
+                .collect();
+            let outs = batch.continue_all(&asks, Until::End);
+            for ((i, mut p, at), out) in asking.into_iter().zip(outs) {
+                match out {
+                    Ok(outs) => {
+                        p.observe(self.task, at, outs);
+                        live.push((i, p));
+                    }
+                    Err(e) => done(i, Err(e))?,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LABELLED_TOGETHER;
+    use crate::test_support::{solution, toy};
+    use crate::{BinarySearch, McOptions, MonteCarlo};
+    use stepwise_core::seams::{Annotator, Spent};
+    use stepwise_core::testing::{Batching, PlainTask, ScriptedPolicy};
+    use stepwise_core::Solution;
+
+    /// Solutions of 1 to 6 steps with the first error anywhere (or none), more than are labelled
+    /// at once; one lacks its gold answer and one's question makes the server fail.
+    fn solutions() -> Vec<Solution> {
+        let mut sols: Vec<Solution> = (0..3 * LABELLED_TOGETHER)
+            .map(|i| {
+                let t = 1 + i % 6;
+                let mut steps = vec!["good"; t];
+                if i % 7 != 0 {
+                    steps[i % t] = "bad";
+                }
+                steps[t - 1] = if i % 3 == 0 { "answer 1" } else { "answer 2" };
+                solution(&format!("s{i}"), &steps)
+            })
+            .collect();
+        sols[5].gold_answer = None;
+        sols[9].question = "fail".into();
+        sols
+    }
+
+    /// Labelled on a batching policy, every solution gets the labels and cost it gets alone
+    /// (the failed one its error), in far fewer calls than prefixes rolled out, never more than
+    /// [`LABELLED_TOGETHER`] asks a call.
+    #[test]
+    fn solutions_labelled_together_are_labelled_as_each_alone() {
+        let policy = Batching {
+            fails: Box::new(|a| a.question == "fail"),
+            ..Batching::new(ScriptedPolicy(toy))
+        };
+        let (task, options) = (PlainTask::default(), McOptions { rollouts: 4, seed: 7 });
+        let mc = MonteCarlo {
+            policy: &policy,
+            task: &task,
+            options: options.clone(),
+        };
+        let bs = BinarySearch {
+            policy: &policy,
+            task: &task,
+            options,
+        };
+        let sols = solutions();
+        for annotator in [&mc as &dyn Annotator, &bs] {
+            let before = policy.calls().len();
+            let mut got: Vec<Option<anyhow::Result<(Solution, Spent)>>> = sols.iter().map(|_| None).collect();
+            annotator
+                .annotate_together(&sols, &mut |i, done| {
+                    assert!(got[i].replace(done).is_none(), "solution {i} handed on twice");
+                    Ok(())
+                })
+                .expect("the policy batches")
+                .unwrap();
+            let calls = policy.calls()[before..].to_vec();
+            let mut prefixes = 0;
+            for (i, (s, got)) in sols.iter().zip(got).enumerate() {
+                let got = got.unwrap_or_else(|| panic!("solution {i} never handed on"));
+                match (i, got) {
+                    (5, Err(e)) => assert!(e.to_string().contains("gold_answer"), "{e}"),
+                    (9, Err(e)) => assert!(e.to_string().contains("went away"), "{e}"),
+                    (_, Ok((l, spent))) => {
+                        let (want, want_spent) = annotator.annotate(s).unwrap();
+                        assert_eq!((&l.steps, spent), (&want.steps, want_spent), "{}", annotator.name());
+                        prefixes += spent.rollouts / 4;
+                    }
+                    (_, Err(e)) => panic!("solution {i}: {e}"),
+                }
+            }
+            assert!(calls.iter().all(|&n| n <= LABELLED_TOGETHER), "{calls:?}");
+            assert!(
+                calls.len() * 4 < prefixes,
+                "{} calls for {prefixes} prefixes",
+                calls.len()
+            );
+        }
+    }
+
+    /// An error from where the solutions go stops the labelling and is returned.
+    #[test]
+    fn an_error_where_the_labels_go_stops_the_rest() {
+        let policy = Batching::new(ScriptedPolicy(toy));
+        let mc = MonteCarlo {
+            policy: &policy,
+            task: &PlainTask::default(),
+            options: McOptions { rollouts: 2, seed: 0 },
+        };
+        let mut handed = 0;
+        let e = mc
+            .annotate_together(&solutions(), &mut |_, _| {
+                handed += 1;
+                anyhow::ensure!(handed < 3, "full disk");
+                Ok(())
+            })
+            .unwrap()
+            .unwrap_err();
+        assert_eq!((e.to_string().as_str(), handed), ("full disk", 3));
+    }
+
+    /// A policy that does not batch leaves the solutions to the runner's threads.
+    #[test]
+    fn a_policy_that_does_not_batch_labels_one_at_a_time() {
+        let mc = MonteCarlo {
+            policy: &ScriptedPolicy(toy),
+            task: &PlainTask::default(),
+            options: McOptions { rollouts: 2, seed: 0 },
+        };
+        assert!(mc.annotate_together(&solutions(), &mut |_, _| Ok(())).is_none());
+    }
+}
