@@ -165,9 +165,13 @@ impl DeviceArgs {
         }
     }
 
-    /// Opens the policy `source` where these arguments say.
+    /// Opens the policy `source` where these arguments say (reporting where a local one runs).
     pub fn open_policy(&self, source: &Source, remote: &RemoteArgs) -> anyhow::Result<PolicyBackend> {
-        PolicyBackend::open(source, &remote.options(), &self.local())
+        let backend = PolicyBackend::open(source, &remote.options(), &self.local())?;
+        if let (PolicyBackend::Local(p), Source::Dir(d)) = (&backend, source) {
+            eprintln!("{}: {}", d.display(), p.model.placement_name());
+        }
+        Ok(backend)
     }
 
     /// Opens the PRM `source` where these arguments say (reporting where a local one runs).

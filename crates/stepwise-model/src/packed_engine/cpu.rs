@@ -166,7 +166,7 @@ impl Backend for Cpu {
     }
 
     fn name(&self) -> String {
-        "cpu".into()
+        "cpu (packed engine)".into()
     }
 
     fn memory(&self) -> Result<(usize, usize)> {
