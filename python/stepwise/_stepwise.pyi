@@ -186,6 +186,10 @@ class Policy:
         self, question: str, prefix: Sequence[str] = ..., n: int = 1, until: str = "end", seed: int = 0
     ) -> List[Dict[str, Any]]:
         """`n` continuations (`text`, `steps`, `finished`, `tokens`, `token_ids`)."""
+    def continue_all(self, asks: Sequence[Dict[str, Any]], until: str = "end") -> List[List[Dict[str, Any]]]:
+        """Many asks (`question`, and optionally `prefix`, `n`, `seed`) in one call, decoded
+        together on a local engine that batches; each ask's continuations as `continue_from`
+        gives them."""
     def generate(self, question: str, n: int = 1, seed: int = 0) -> List[List[str]]:
         """`n` whole solutions, each as its list of steps."""
     def loglikelihood(

@@ -302,3 +302,65 @@ def test_annotate_and_search_keep_what_they_did_when_a_record_fails(fixtures, tm
         out = stepwise.search(problems, FailsOn("q2"), prm, method="bon", n=2, on_error="skip")
     assert out[0]["steps"] and not out[1]["steps"]
     assert "cannot take" in out[1]["meta"]["search_error"]
+
+
+def _bf16_policy(fixtures, folder):
+    """A random Qwen2 policy 512 wide (one layer) stored in bf16, with the fixture policy's
+    tokenizer: the smallest shape the CPU samples on the packed engine, which batches."""
+    import numpy as np
+    import shutil
+    import struct
+
+    folder.mkdir()
+    src = fixtures / "qwen2-policy"
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
+        shutil.copy(src / f, folder / f)
+    config = json.loads((src / "config.json").read_text())
+    hidden, inter, kv_dim, vocab = 512, 1024, 128, config["vocab_size"]
+    config.update(hidden_size=hidden, intermediate_size=inter, num_attention_heads=8, num_key_value_heads=2,
+                  num_hidden_layers=1, layer_types=["full_attention"], dtype="bfloat16")
+    (folder / "config.json").write_text(json.dumps(config))
+    p = "model.layers.0."
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
+              p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+              p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.q_proj.bias": (hidden,),
+              p + "self_attn.k_proj.weight": (kv_dim, hidden), p + "self_attn.k_proj.bias": (kv_dim,),
+              p + "self_attn.v_proj.weight": (kv_dim, hidden), p + "self_attn.v_proj.bias": (kv_dim,),
+              p + "self_attn.o_proj.weight": (hidden, hidden), p + "mlp.gate_proj.weight": (inter, hidden),
+              p + "mlp.up_proj.weight": (inter, hidden), p + "mlp.down_proj.weight": (hidden, inter)}
+    rng = np.random.default_rng(0)
+    header, blobs, at = {}, [], 0
+    for name, shape in shapes.items():
+        x = np.ones(shape, np.float32) if "norm" in name else rng.uniform(-0.05, 0.05, shape).astype(np.float32)
+        if "embed" in name:
+            x *= 10
+        blob = (x.view(np.uint32) >> 16).astype("<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [at, at + len(blob)]}
+        blobs.append(blob)
+        at += len(blob)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+    return folder
+
+
+def test_continue_all_asks_many_at_once_as_each_alone(fixtures, tmp_path):
+    asks = [{"question": "What is 2+3?", "n": 2, "seed": 1},
+            {"question": "Name a prime.", "prefix": ["Two is one."], "n": 3, "seed": 2},
+            {"question": "Say done."}]
+    # The CPU decoder (one ask after another) and the packed engine (all asks in one batch).
+    for source in [fixtures / "qwen2-policy", _bf16_policy(fixtures, tmp_path / "bf16")]:
+        policy = stepwise.Policy(str(source), temperature=1.0, max_tokens=6)
+        got = policy.continue_all(asks)
+        assert [len(g) for g in got] == [2, 3, 1]
+        for ask, conts in zip(asks, got):
+            alone = policy.continue_from(ask["question"], ask.get("prefix", []), n=ask.get("n", 1),
+                                         seed=ask.get("seed", 0))
+            assert [c["token_ids"] for c in conts] == [c["token_ids"] for c in alone]
+            assert all(c["tokens"] > 0 for c in conts)
+    with pytest.raises(ValueError, match="ask 1: field `question` is missing"):
+        policy.continue_all([{"question": "q"}, {"n": 2}])
+    with pytest.raises(ValueError, match="ask 0: unknown field `temperature`"):
+        policy.continue_all([{"question": "q", "temperature": 2.0}])
+    with pytest.raises(ValueError, match="ask 0: field `n`"):
+        policy.continue_all([{"question": "q", "n": 0}])

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::Value;
 use std::sync::Arc;
-use stepwise_core::seams::{split_steps_at, Continuation, Policy as PolicySeam, Until};
+use stepwise_core::seams::{split_steps_at, Continuation, NextSteps, Policy as PolicySeam, Until};
 use stepwise_model::Prompt;
 use stepwise_remote::backend::{LocalOptions, PolicyBackend, RemoteOptions, Source};
 
@@ -90,6 +90,39 @@ fn check_sampling(temperature: f32, top_p: f32, max_tokens: usize) -> PyResult<(
 }
 
 /// A continuation as a dict.
+/// Ask `i` of [`Policy::continue_all`]: its question, prefix, `n` and seed.
+fn ask_of(i: usize, ask: &Bound<'_, PyDict>) -> PyResult<(String, Vec<String>, usize, u64)> {
+    let field = |name: &str| ask.get_item(name);
+    let wrong = |name: &str, e: PyErr| value_error(format!("ask {i}: field `{name}`: {e}"));
+    let question: String = match field("question")? {
+        Some(q) => q.extract().map_err(|e| wrong("question", e))?,
+        None => return Err(value_error(format!("ask {i}: field `question` is missing"))),
+    };
+    let prefix: Vec<String> = match field("prefix")? {
+        Some(p) => p.extract().map_err(|e| wrong("prefix", e))?,
+        None => Vec::new(),
+    };
+    let n: usize = match field("n")? {
+        Some(n) => n.extract().map_err(|e| wrong("n", e))?,
+        None => 1,
+    };
+    let seed: u64 = match field("seed")? {
+        Some(s) => s.extract().map_err(|e| wrong("seed", e))?,
+        None => 0,
+    };
+    if let Some(k) = (ask.keys().iter()).find(|k| {
+        !["question", "prefix", "n", "seed"]
+            .iter()
+            .any(|f| k.eq(*f).unwrap_or(false))
+    }) {
+        return Err(value_error(format!(
+            "ask {i}: unknown field `{k}` (question, prefix, n, seed)"
+        )));
+    }
+    let n = check_samples(n).map_err(|e| wrong("n", e))?;
+    Ok((question, prefix, n, seed))
+}
+
 fn continuation_dict<'py>(py: Python<'py>, c: &Continuation) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("text", &c.text)?;
@@ -192,6 +225,61 @@ impl Policy {
                 .continue_from(&question, &prefix, n, until, seed)
         })?;
         conts.iter().map(|c| continuation_dict(py, c)).collect()
+    }
+
+    /// Many continuations in one call: each ask a dict with `question` and, optionally, `prefix`
+    /// (the steps written so far; none), `n` (1) and `seed` (0). A local engine that batches (a
+    /// GPU; the CPU for a pretrained policy held in bf16) decodes every ask's rows together, the
+    /// weights read once a token for all of them; servers are asked concurrently; else one ask
+    /// after another. Returns, ask by ask, the continuations `continue_from` gives it alone.
+    ///
+    /// >>> policy.continue_all([{"question": q, "n": 8, "seed": i} for i, q in enumerate(questions)])
+    #[pyo3(signature = (asks, until="end"))]
+    fn continue_all<'py>(
+        &self,
+        py: Python<'py>,
+        asks: Vec<Bound<'py, PyDict>>,
+        until: &str,
+    ) -> PyResult<Vec<Vec<Bound<'py, PyDict>>>> {
+        let until = until_of(until)?;
+        let asks: Vec<(String, Vec<String>, usize, u64)> = (asks.iter().enumerate())
+            .map(|(i, a)| ask_of(i, a))
+            .collect::<PyResult<_>>()?;
+        let (backend, settings) = (self.backend.clone(), self.settings(&[]));
+        let outs = interruptible(py, move || {
+            let policy = backend.policy(&settings);
+            let prefixes: Vec<Vec<&str>> = (asks.iter())
+                .map(|(_, p, ..)| p.iter().map(String::as_str).collect())
+                .collect();
+            let asks: Vec<NextSteps> = (asks.iter().zip(&prefixes))
+                .map(|((question, _, n, seed), prefix)| NextSteps {
+                    question,
+                    prefix,
+                    n: *n,
+                    seed: *seed,
+                })
+                .collect();
+            if let Some(mut batch) = policy.batch() {
+                return batch.continue_all(&asks, until).into_iter().collect::<Result<Vec<_>>>();
+            }
+            let threads = backend
+                .client()
+                .map_or(1, |c| c.config().max_in_flight * c.server_count().max(1));
+            let mut outs = Vec::with_capacity(asks.len());
+            stepwise_core::parallel::in_order(
+                &asks,
+                threads,
+                |a| policy.continue_from(a.question, a.prefix, a.n, until, a.seed),
+                |_, got| {
+                    outs.push(got?);
+                    Ok(())
+                },
+            )?;
+            Ok(outs)
+        })?;
+        (outs.iter())
+            .map(|conts| conts.iter().map(|c| continuation_dict(py, c)).collect())
+            .collect()
     }
 
     /// `n` whole solutions of `question`, each as its list of steps.
