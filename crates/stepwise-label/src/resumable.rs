@@ -13,7 +13,8 @@ use stepwise_core::Solution;
 /// at `path` as soon as it is done (what it cost in `meta.rollouts` and
 /// `meta.generated_tokens`). Solutions are labelled in parallel, as many at once as rayon's pool
 /// has threads ([`annotate_resumable_with`] names the number), each started as soon as a thread
-/// is free, and written in input order. Started again after an interruption, it
+/// is free, or, where the annotator and its policy batch ([`Annotator::annotate_together`]),
+/// many at once in one batch; either way written in input order. Started again after an interruption, it
 /// keeps what was written, drops a torn last line and labels only the rest; annotators seed per
 /// solution, so the records equal an uninterrupted run's. `progress(done)` reports solutions
 /// finished. Returns the labelled solutions of `sols`, in input order, and what the whole
