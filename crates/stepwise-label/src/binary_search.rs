@@ -27,11 +27,7 @@ pub struct BinarySearch<'a> {
 
 impl BinarySearch<'_> {
     fn rollouts(&self) -> Rollouts<'_> {
-        Rollouts {
-            policy: self.policy,
-            task: self.task,
-            options: &self.options,
-        }
+        Rollouts::new(self.policy, self.task, &self.options)
     }
 
     /// `sol`'s bisection (nothing to probe when its answer is correct).

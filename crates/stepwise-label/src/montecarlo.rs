@@ -40,11 +40,7 @@ pub struct MonteCarlo<'a> {
 
 impl MonteCarlo<'_> {
     fn rollouts(&self) -> Rollouts<'_> {
-        Rollouts {
-            policy: self.policy,
-            task: self.task,
-            options: &self.options,
-        }
+        Rollouts::new(self.policy, self.task, &self.options)
     }
 
     /// `sol`'s labelling: every prefix in turn, until one no rollout rescues.

@@ -83,12 +83,16 @@ impl<'s> Probing<'s> {
 
 /// A policy to roll out with, a task to grade with, how many rollouts a prefix and their seed.
 pub(crate) struct Rollouts<'a> {
-    pub policy: &'a dyn Policy,
-    pub task: &'a dyn Task,
-    pub options: &'a crate::McOptions,
+    policy: &'a dyn Policy,
+    task: &'a dyn Task,
+    options: &'a crate::McOptions,
 }
 
-impl Rollouts<'_> {
+impl<'a> Rollouts<'a> {
+    pub(crate) fn new(policy: &'a dyn Policy, task: &'a dyn Task, options: &'a crate::McOptions) -> Self {
+        Rollouts { policy, task, options }
+    }
+
     /// The seed of the rollouts from the prefix ending at step `at` of `sol`.
     fn seed(&self, sol: &Solution, at: usize) -> u64 {
         crate::montecarlo::seed_for(self.options.seed, &sol.id, at)
