@@ -11,7 +11,7 @@
 use crate::rollout::{continue_episodes, Continuing, Played};
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
-use stepwise_core::seams::{Annotator, Environment, Episode, Policy, Spent};
+use stepwise_core::seams::{Annotator, Done, Environment, Episode, Policy, Spent};
 use stepwise_core::{Problem, Provenance, Solution, StepLabel};
 
 /// The problems trajectories belong to, by id, to replay their episodes.
@@ -127,23 +127,46 @@ pub struct MonteCarlo<'a> {
     pub gamma: f32,
 }
 
-impl Annotator for MonteCarlo<'_> {
-    fn name(&self) -> &str {
-        "mc"
-    }
+/// Episodes a batch of Monte Carlo labelling plays together at most: whole trajectories are
+/// added (each state's rollouts) until it holds this many.
+pub const EPISODES_TOGETHER: usize = 256;
 
-    fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
+/// A trajectory whose states are forked, to be played on from ([`MonteCarlo::prepare`]).
+struct Forked {
+    out: Solution,
+    question: String,
+    turns: Vec<String>,
+    key: u64,
+    spent: Spent,
+    /// The state after each action that did not end the episode.
+    states: Vec<ForkedState>,
+}
+
+/// The state after action `at`, forked once a rollout, with `budget` actions left.
+struct ForkedState {
+    at: usize,
+    budget: usize,
+    forks: Vec<Box<dyn Episode>>,
+}
+
+impl MonteCarlo<'_> {
+    /// `sol` replayed, its ending action labelled by its outcome, the state after every other
+    /// action forked once a rollout.
+    fn prepare(&self, sol: &Solution) -> Result<Forked> {
         let problem = self.games.problem(sol)?;
         let (mut ep, first) = self.games.env.reset(problem)?;
-        let question = crate::rollout::prompt(&problem.question, &first);
-        let turns = sol.turn_strings();
-        let mut spent = Spent {
-            env_steps: sol.steps.len(),
-            ..Default::default()
+        let mut f = Forked {
+            out: sol.clone(),
+            question: crate::rollout::prompt(&problem.question, &first),
+            turns: sol.turn_strings(),
+            key: self.seed ^ crate::rollout::fnv(&sol.id),
+            spent: Spent {
+                env_steps: sol.steps.len(),
+                ..Default::default()
+            },
+            states: Vec::new(),
         };
-        let mut out = sol.clone();
-        let key = self.seed ^ crate::rollout::fnv(&sol.id);
-        for (i, st) in out.steps.iter_mut().enumerate() {
+        for (i, st) in f.out.steps.iter_mut().enumerate() {
             let obs = ep.step(&st.text)?;
             if obs.done {
                 let hits = u32::from(obs.success);
@@ -154,32 +177,100 @@ impl Annotator for MonteCarlo<'_> {
                 break;
             }
             let budget = self.games.env.max_actions().saturating_sub(i + 1);
-            let played = roll_out(
-                self.policy,
-                &question,
-                &turns[..=i],
-                ep.as_ref(),
-                (i, self.rollouts),
-                budget,
-                key,
-            )?;
-            let hits = played.iter().filter(|p| p.success()).count() as u32;
-            spent.rollouts += played.len();
-            spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
-            spent.env_steps += played.iter().map(|p| p.env_steps).sum::<usize>();
-            let n = played.len().max(1) as u32;
-            let value: f32 = played
-                .iter()
-                .filter(|p| p.success())
-                .map(|p| self.gamma.powi(p.env_steps as i32))
-                .sum();
-            st.label = Some(StepLabel::soft(
-                value / n as f32,
-                Provenance::MonteCarlo { rollouts: n, hits },
-            ));
+            let forks = (0..self.rollouts).map(|_| ep.fork()).collect::<Result<_>>()?;
+            f.states.push(ForkedState { at: i, budget, forks });
         }
-        Ok((out, spent))
+        Ok(f)
     }
+
+    /// Every state's rollouts of the trajectories `forked` played together
+    /// ([`continue_episodes`]: one batch a turn where the policy batches), each seeded by its
+    /// trajectory, action and index as [`roll_out`] seeds it; then their labels.
+    fn play(&self, mut forked: Vec<Forked>) -> Vec<(Solution, Spent)> {
+        let mut counts = Vec::new();
+        let mut playing = Vec::new();
+        for f in forked.iter_mut() {
+            let (question, turns, key) = (f.question.as_str(), &f.turns, f.key);
+            for st in f.states.iter_mut() {
+                counts.push(st.forks.len());
+                for (j, fork) in st.forks.iter_mut().enumerate() {
+                    let seed = rollout_seed(key, st.at, j);
+                    let turns = turns[..=st.at].to_vec();
+                    playing.push(Continuing::new(question, turns, fork.as_mut(), st.budget, seed));
+                }
+            }
+        }
+        let mut played = continue_episodes(self.policy, playing).into_iter();
+        let mut counts = counts.into_iter();
+        (forked.into_iter())
+            .map(|mut f| {
+                for st in &f.states {
+                    let n = counts.next().expect("a count a state");
+                    let played: Vec<Played> = played.by_ref().take(n).collect();
+                    f.out.steps[st.at].label = Some(self.label(&played, &mut f.spent));
+                }
+                (f.out, f.spent)
+            })
+            .collect()
+    }
+
+    /// The label of a state from the rollouts `played` from it, their cost added to `spent`.
+    fn label(&self, played: &[Played], spent: &mut Spent) -> StepLabel {
+        let hits = played.iter().filter(|p| p.success()).count() as u32;
+        spent.rollouts += played.len();
+        spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
+        spent.env_steps += played.iter().map(|p| p.env_steps).sum::<usize>();
+        let n = played.len().max(1) as u32;
+        let value: f32 = (played.iter())
+            .filter(|p| p.success())
+            .map(|p| self.gamma.powi(p.env_steps as i32))
+            .sum();
+        StepLabel::soft(value / n as f32, Provenance::MonteCarlo { rollouts: n, hits })
+    }
+}
+
+impl Annotator for MonteCarlo<'_> {
+    fn name(&self) -> &str {
+        "mc"
+    }
+
+    /// Every state's rollouts played together.
+    fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
+        let f = self.prepare(sol)?;
+        Ok(self.play(vec![f]).pop().expect("one trajectory played"))
+    }
+
+    /// Whole trajectories' rollouts played together, [`EPISODES_TOGETHER`] at most a batch,
+    /// where the policy batches.
+    fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
+        self.policy.batch()?;
+        let mut run = || -> Result<()> {
+            let (mut forked, mut which, mut episodes) = (Vec::new(), Vec::new(), 0);
+            for (i, sol) in sols.iter().enumerate() {
+                match self.prepare(sol) {
+                    Ok(f) => {
+                        episodes += f.states.len() * self.rollouts;
+                        forked.push(f);
+                        which.push(i);
+                    }
+                    Err(e) => done(i, Err(e))?,
+                }
+                if episodes >= EPISODES_TOGETHER || i + 1 == sols.len() {
+                    for (i, labelled) in which.drain(..).zip(self.play(std::mem::take(&mut forked))) {
+                        done(i, Ok(labelled))?;
+                    }
+                    episodes = 0;
+                }
+            }
+            Ok(())
+        };
+        Some(run())
+    }
+}
+
+/// The seed of rollout `j` from the state after action `i` of the trajectory keyed `key`.
+fn rollout_seed(key: u64, i: usize, j: usize) -> u64 {
+    key ^ ((i as u64) << 32 | j as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
 /// `n` episodes played on by `policy` from `ep`, the state after action `i` of a trajectory whose
@@ -197,10 +288,7 @@ pub(crate) fn roll_out(
 ) -> Result<Vec<Played>> {
     let mut forks: Vec<Box<dyn Episode>> = (0..n).map(|_| ep.fork()).collect::<Result<_>>()?;
     let playing = (forks.iter_mut().enumerate())
-        .map(|(j, f)| {
-            let seed = key ^ ((i as u64) << 32 | j as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
-            Continuing::new(question, turns.to_vec(), f.as_mut(), budget, seed)
-        })
+        .map(|(j, f)| Continuing::new(question, turns.to_vec(), f.as_mut(), budget, rollout_seed(key, i, j)))
         .collect();
     Ok(continue_episodes(policy, playing))
 }

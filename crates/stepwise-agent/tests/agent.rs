@@ -399,3 +399,48 @@ fn episodes_played_together_play_as_each_alone_one_batch_a_turn() {
     assert_eq!(calls[0], jobs.len() - 1);
     assert!(calls.windows(2).all(|w| w[0] >= w[1]), "{calls:?}");
 }
+
+/// Monte Carlo labels of many trajectories (every state's rollouts played together, one batch
+/// a turn) are the labels and costs each trajectory gets alone; one whose problem is unknown
+/// gets its error, and the others their labels.
+#[test]
+fn monte_carlo_labels_of_trajectories_played_together_are_each_ones_alone() {
+    let ps = problems(8);
+    let mut sols = trajectories(&ps, 0.6, 3);
+    sols[3].problem_id = "nowhere".into();
+    let env = Rooms::default();
+    let games = Games::new(&env, ps.clone());
+    let policy = Batching::new(Expert::new(&ps, 0.8).unwrap());
+    fn mc<'a>(games: &'a Games<'a>, policy: &'a dyn stepwise_core::Policy) -> MonteCarlo<'a> {
+        MonteCarlo {
+            games,
+            policy,
+            rollouts: 4,
+            seed: 5,
+            gamma: 0.9,
+        }
+    }
+    let mut got: Vec<Option<Result<(Solution, stepwise_core::seams::Spent)>>> = sols.iter().map(|_| None).collect();
+    mc(&games, &policy)
+        .annotate_together(&sols, &mut |i, r| {
+            assert!(got[i].replace(r).is_none(), "trajectory {i} handed on twice");
+            Ok(())
+        })
+        .expect("the policy batches")
+        .unwrap();
+    let alone = mc(&games, &policy.inner);
+    let mut states = 0;
+    for (i, (s, got)) in sols.iter().zip(got).enumerate() {
+        let got = got.unwrap_or_else(|| panic!("trajectory {i} never handed on"));
+        if i == 3 {
+            assert!(got.unwrap_err().to_string().contains("not among the problems"));
+            continue;
+        }
+        let (l, spent) = got.unwrap();
+        assert_eq!((l, spent), alone.annotate(s).unwrap(), "{}", s.id);
+        states += spent.rollouts / 4;
+    }
+    let calls = policy.calls();
+    assert!(calls.len() < states, "{} calls for {states} states", calls.len());
+    assert!(calls.iter().max() > Some(&4), "several states a call: {calls:?}");
+}
