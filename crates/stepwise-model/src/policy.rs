@@ -378,6 +378,13 @@ impl PolicyBatch for EngineBatch<'_> {
                 Ok((ids, a.n, params))
             })
             .collect();
+        let primers = primers(&prepared);
+        if !primers.is_empty() {
+            let batch = self.batch_for(&prepared);
+            if policy.decode_all(batch, primers, until, sep_id).1 {
+                self.batch = None;
+            }
+        }
         let batch = self.batch_for(&prepared);
         let (out, failed) = policy.decode_all(batch, prepared, until, sep_id);
         if failed {
@@ -386,6 +393,29 @@ impl PolicyBatch for EngineBatch<'_> {
         }
         out
     }
+}
+
+/// For each prompt that two or more of `asks` share (an agent's rollouts from one state, the
+/// episodes of one task at its first turn: each its own ask, with its own seed), one request
+/// for a single token: decoded first, its row keeps the prompt in the batch's cache
+/// ([`Decoding::keep_prefixes`]), and every ask of that prompt then starts from it and feeds
+/// only its last token, where each would have fed the whole prompt (they are admitted together,
+/// before any is kept). The asks' draws are their own.
+fn primers(asks: &[Result<(Vec<u32>, usize, SamplingParams)>]) -> Vec<Result<(Vec<u32>, usize, SamplingParams)>> {
+    let mut count: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
+    for (ids, ..) in asks.iter().flatten() {
+        *count.entry(ids.as_slice()).or_default() += 1;
+    }
+    (asks.iter().flatten())
+        .filter(|(ids, ..)| count.remove(ids.as_slice()).is_some_and(|n| n > 1))
+        .map(|(ids, _, params)| {
+            let one = SamplingParams {
+                max_new_tokens: 1,
+                ..params.clone()
+            };
+            Ok((ids.clone(), 1, one))
+        })
+        .collect()
 }
 
 /// Whether a policy of `config` sampled on the CPU at `precision` runs on the packed engine's CPU

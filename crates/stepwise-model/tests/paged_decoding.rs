@@ -438,3 +438,47 @@ fn calls_from_many_threads_at_once_sample_as_each_alone() {
         }
     }
 }
+
+/// Asks of one prompt in one call (an agent's rollouts from one state: each its own seed) feed
+/// the prompt once, not once an ask, and draw what each draws alone.
+#[test]
+fn asks_of_one_prompt_feed_it_once_and_draw_as_each_alone() {
+    use stepwise_core::seams::{NextSteps, Policy, Until};
+    let (model, tok) = packed_policy();
+    let sampler = sampling(&model, &tok, 12, stepwise_model::Prompt::Text);
+    let mut question = String::from("Walk to the hall");
+    while sampler.prompt_ids(&question, &[]).unwrap().len() < 150 {
+        question.push_str(", open the red box, take the key and put it in the blue box");
+    }
+    let question = question.as_str();
+    let history = ["go north", "open red box", "take key"];
+    let asks: Vec<NextSteps> = (0..4)
+        .map(|seed| NextSteps {
+            question,
+            prefix: &history,
+            n: 2,
+            seed,
+        })
+        .chain([NextSteps {
+            question: "Say done.",
+            prefix: &[],
+            n: 1,
+            seed: 9,
+        }])
+        .collect();
+    let prompt = sampler.prompt_ids(question, &history).unwrap().len();
+    let other = sampler.prompt_ids("Say done.", &[]).unwrap().len();
+    let before = model.encoded_tokens();
+    let got = sampler.batch().unwrap().continue_all(&asks, Until::End);
+    let fed = model.encoded_tokens() - before;
+    for (a, got) in asks.iter().zip(got) {
+        let alone = sampler
+            .continue_from(a.question, a.prefix, a.n, Until::End, a.seed)
+            .unwrap();
+        assert_eq!(got.unwrap(), alone, "seed {}", a.seed);
+    }
+    assert!(
+        fed < 2 * prompt + 4 * 2 * 12 + 16,
+        "fed {fed} tokens for 4 asks of a {prompt}-token prompt"
+    );
+}
