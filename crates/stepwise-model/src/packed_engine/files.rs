@@ -6,7 +6,7 @@
 //! files are the ones [`crate::checkpoint::save_training_checkpoint`] and the CPU trainer write,
 //! so either trainer and every reader takes them.
 
-use super::train::{mapped, places, read_master_files, read_named, PackedTrainer, Params, Spec};
+use super::train::{places, read_master_files, read_named, PackedTrainer, Params, Spec};
 use super::{Backend, TrainBackend};
 use crate::checkpoint::TRAINING_WEIGHTS;
 use anyhow::{ensure, Context, Result};
@@ -209,13 +209,13 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// Restores what [`PackedTrainer::save_optimizer`] (or the CPU trainer) wrote, a tensor at a
     /// time from the mapped file; a tensor it does not hold keeps zero moments.
     pub fn load_optimizer(&mut self, path: &Path) -> Result<()> {
-        let map = mapped(path)?;
-        let st = safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", path.display()))?;
+        let map = crate::checkpoint::Mapped::open(path)?;
         let b = std::sync::Arc::clone(&self.decoder.backend);
         let at = places(&self.specs);
         for (prefix, values) in [("m.", &mut self.m), ("v.", &mut self.v)] {
-            read_named(&*b, &at, &mut values.all_mut(), &st, prefix, path)?;
+            read_named(&*b, &at, &mut values.all_mut(), &map, prefix, path)?;
         }
+        let st = safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", path.display()))?;
         if let Ok(step) = st.tensor("step") {
             let bytes = step.data();
             ensure!(

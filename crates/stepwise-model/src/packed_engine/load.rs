@@ -230,13 +230,11 @@ impl HeadSlots {
 
 impl<B: Backend> Plan<B> {
     /// Copies every planned tensor of the checkpoint in `dir` into its buffer, one at a time
-    /// from the memory-mapped files; a missing or mis-shaped tensor is an error naming it.
+    /// from the memory-mapped files (each one's pages let go once copied); a missing or mis-shaped tensor is an error naming it.
     fn fill(&mut self, b: &B, dir: &Path, architecture: &str) -> Result<()> {
         let mut missing: std::collections::HashSet<String> = self.at.keys().cloned().collect();
         for file in crate::checkpoint::weight_files(dir)? {
-            let handle = std::fs::File::open(&file).with_context(|| format!("reading {}", file.display()))?;
-            // SAFETY: a read-only mapping that lives only for this loop (as in model.rs's loader).
-            let map = unsafe { memmap2::Mmap::map(&handle) }.with_context(|| format!("mapping {}", file.display()))?;
+            let map = crate::checkpoint::Mapped::open(&file)?;
             let st =
                 safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", file.display()))?;
             for (name, view) in st.tensors() {
@@ -256,6 +254,7 @@ impl<B: Backend> Plan<B> {
                     let buf = self.vectors[slot].as_mut().expect("slots are taken after loading");
                     b.write_f32(buf, offset, &host)?;
                 }
+                map.let_go(view.data());
                 missing.remove(&name);
             }
         }

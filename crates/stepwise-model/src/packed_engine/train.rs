@@ -223,23 +223,17 @@ pub(super) fn places(specs: &Params<Spec>) -> Places<'_> {
     at
 }
 
-/// The safetensors file `file`, mapped read-only.
-pub(super) fn mapped(file: &Path) -> Result<memmap2::Mmap> {
-    let handle = std::fs::File::open(file).with_context(|| format!("reading {}", file.display()))?;
-    // SAFETY: a read-only mapping of a file the run reads and does not write meanwhile (as in the loader).
-    unsafe { memmap2::Mmap::map(&handle) }.with_context(|| format!("mapping {}", file.display()))
-}
-
-/// Each tensor of `st` (read from `file`) named `prefix` + a checkpoint name written as f32 into
-/// its place in `bufs`, its shape checked; returns the checkpoint names it held.
+/// Each tensor of the mapped `file` (`map`) named `prefix` + a checkpoint name written as f32 into
+/// its place in `bufs` (its pages then let go), its shape checked; returns the checkpoint names it held.
 pub(super) fn read_named<'s, B: Backend>(
     b: &B,
     at: &Places<'s>,
     bufs: &mut [&mut B::F32],
-    st: &safetensors::SafeTensors,
+    map: &crate::checkpoint::Mapped,
     prefix: &str,
     file: &Path,
 ) -> Result<Vec<&'s str>> {
+    let st = safetensors::SafeTensors::deserialize(map).with_context(|| format!("reading {}", file.display()))?;
     let mut found = Vec::new();
     for (stored, view) in st.tensors() {
         let Some((&name, &(i, offset, shape))) = stored.strip_prefix(prefix).and_then(|n| at.get_key_value(n)) else {
@@ -251,6 +245,7 @@ pub(super) fn read_named<'s, B: Backend>(
         }
         let host = to_f32(&view).with_context(what)?;
         b.write_f32(bufs[i], offset, &host)?;
+        map.let_go(view.data());
         found.push(name);
     }
     Ok(found)
@@ -281,10 +276,8 @@ pub(super) fn read_master_files<B: Backend>(
     let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
     let mut bufs = master.all_mut();
     for file in files {
-        let map = mapped(file)?;
-        let st =
-            safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", file.display()))?;
-        for name in read_named(b, &at, &mut bufs, &st, "", file)? {
+        let map = crate::checkpoint::Mapped::open(file)?;
+        for name in read_named(b, &at, &mut bufs, &map, "", file)? {
             missing.remove(name);
         }
     }
