@@ -219,6 +219,11 @@ impl<'a> Decoding<'a> {
         self
     }
 
+    /// How many tokens of `prompt`, from its start, a kept prefix holds (0 where none are kept).
+    pub fn kept_start(&self, prompt: &[u32]) -> usize {
+        self.kept.as_ref().map_or(0, |k| k.most_shared(prompt))
+    }
+
     /// The cache, made by the model's engine on the first call.
     fn cache(&mut self) -> Result<&mut (dyn DecodeCache + 'a)> {
         if self.cache.is_none() {

@@ -55,6 +55,14 @@ impl KeptPrefixes {
         Some((handle, len))
     }
 
+    /// The most tokens of `prompt` a kept sequence holds, from its start.
+    pub(crate) fn most_shared(&self, prompt: &[u32]) -> usize {
+        (self.seqs.iter())
+            .map(|k| k.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Forget the least recently used: its handle, for the cache to give its room back.
     pub(crate) fn forget_oldest(&mut self) -> Option<usize> {
         if self.seqs.is_empty() {
@@ -80,6 +88,7 @@ mod tests {
         assert_eq!(kept.longest_shared(&[1, 2, 3, 4]), Some((7, 3)));
         assert_eq!(kept.longest_shared(&[1, 2, 9, 9, 9]), Some((8, 3)));
         assert_eq!(kept.longest_shared(&[5, 1, 2]), None);
+        assert_eq!((kept.most_shared(&[1, 2, 3, 4, 5]), kept.most_shared(&[5])), (4, 0));
         // 8 was used last: 7 goes first.
         assert_eq!(kept.forget_oldest(), Some(7));
         assert_eq!(kept.held(), 2);

@@ -39,6 +39,7 @@ engine! {
     pub mod policy;
     pub mod pooler;
     pub mod precision;
+    mod primers;
     pub mod sampling;
     pub mod scoring;
     pub mod train;

@@ -242,7 +242,7 @@ impl<'a> EnginePolicy<'a> {
     fn decode_all(
         &self,
         batch: &mut Decoding<'a>,
-        asks: Vec<Result<(Vec<u32>, usize, SamplingParams)>>,
+        asks: Vec<crate::primers::Prepared>,
         until: Until,
         sep_id: Option<u32>,
     ) -> (Vec<Result<Vec<Continuation>>>, bool) {
@@ -343,7 +343,7 @@ struct EngineBatch<'p> {
 impl<'p> EngineBatch<'p> {
     /// The batch for these prepared asks: the one made before, unless their worst case outgrew
     /// its cache (or it has none yet).
-    fn batch_for(&mut self, asks: &[Result<(Vec<u32>, usize, SamplingParams)>]) -> &mut Decoding<'p> {
+    fn batch_for(&mut self, asks: &[crate::primers::Prepared]) -> &mut Decoding<'p> {
         use crate::packed_engine::worst_case_blocks;
         let fine = asks.iter().flatten();
         let need: usize = fine.clone().map(|(ids, n, p)| worst_case_blocks(ids.len(), *n, p.max_new_tokens)).sum();
@@ -378,8 +378,9 @@ impl PolicyBatch for EngineBatch<'_> {
                 Ok((ids, a.n, params))
             })
             .collect();
-        let primers = primers(&prepared);
-        if !primers.is_empty() {
+        // Starts the asks share, fed once, level by level (crate::primers).
+        let batch = self.batch_for(&prepared);
+        for primers in crate::primers::primer_levels(&prepared, |p| batch.kept_start(p)) {
             let batch = self.batch_for(&prepared);
             if policy.decode_all(batch, primers, until, sep_id).1 {
                 self.batch = None;
@@ -393,29 +394,6 @@ impl PolicyBatch for EngineBatch<'_> {
         }
         out
     }
-}
-
-/// For each prompt that two or more of `asks` share (an agent's rollouts from one state, the
-/// episodes of one task at its first turn: each its own ask, with its own seed), one request
-/// for a single token: decoded first, its row keeps the prompt in the batch's cache
-/// ([`Decoding::keep_prefixes`]), and every ask of that prompt then starts from it and feeds
-/// only its last token, where each would have fed the whole prompt (they are admitted together,
-/// before any is kept). The asks' draws are their own.
-fn primers(asks: &[Result<(Vec<u32>, usize, SamplingParams)>]) -> Vec<Result<(Vec<u32>, usize, SamplingParams)>> {
-    let mut count: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
-    for (ids, ..) in asks.iter().flatten() {
-        *count.entry(ids.as_slice()).or_default() += 1;
-    }
-    (asks.iter().flatten())
-        .filter(|(ids, ..)| count.remove(ids.as_slice()).is_some_and(|n| n > 1))
-        .map(|(ids, _, params)| {
-            let one = SamplingParams {
-                max_new_tokens: 1,
-                ..params.clone()
-            };
-            Ok((ids.clone(), 1, one))
-        })
-        .collect()
 }
 
 /// Whether a policy of `config` sampled on the CPU at `precision` runs on the packed engine's CPU

@@ -485,3 +485,53 @@ fn asks_of_one_prompt_feed_it_once_and_draw_as_each_alone() {
         "fed {fed} tokens for 4 asks of a {prompt}-token prompt"
     );
 }
+
+/// Asks from an agent's successive states in one call (each state's history the next one's
+/// start; two rollouts a state, each its own ask) feed the longest history about once, not
+/// every state's whole, and draw what each draws alone.
+#[test]
+fn asks_sharing_a_start_feed_it_once_and_draw_as_each_alone() {
+    use stepwise_core::seams::{NextSteps, Policy, Until};
+    let (model, tok) = packed_policy();
+    let sampler = sampling(&model, &tok, 12, stepwise_model::Prompt::Text);
+    let mut question = String::from("Walk to the hall");
+    while sampler.prompt_ids(&question, &[]).unwrap().len() < 150 {
+        question.push_str(", open the red box, take the key and put it in the blue box");
+    }
+    let question = question.as_str();
+    let history: &[&str] = &[
+        "go north and look around the hall",
+        "open the red box with care",
+        "take the key",
+    ];
+    let asks: Vec<NextSteps> = (1..=history.len())
+        .flat_map(|state| {
+            (0..2).map(move |r| NextSteps {
+                question,
+                prefix: &history[..state],
+                n: 1,
+                seed: (10 * state + r) as u64,
+            })
+        })
+        .collect();
+    let longest = sampler.prompt_ids(question, history).unwrap().len();
+    let whole: usize = (1..=history.len())
+        .map(|s| sampler.prompt_ids(question, &history[..s]).unwrap().len())
+        .sum();
+    let before = model.encoded_tokens();
+    let got = sampler.batch().unwrap().continue_all(&asks, Until::End);
+    let fed = model.encoded_tokens() - before;
+    for (a, got) in asks.iter().zip(got) {
+        let alone = sampler
+            .continue_from(a.question, a.prefix, a.n, Until::End, a.seed)
+            .unwrap();
+        assert_eq!(got.unwrap(), alone, "seed {}", a.seed);
+    }
+    // The longest history once, a token a primer and an ask where starts meet, and at most 12
+    // tokens a row; fed once a state, the histories would be `whole`.
+    let most = longest + 2 * history.len() + asks.len() + 6 * 12;
+    assert!(
+        fed <= most && most < whole,
+        "fed {fed} tokens for states of {whole} history tokens in all, the longest {longest}"
+    );
+}
