@@ -265,6 +265,64 @@ mod tests {
         }
     }
 
+    /// Consensus of Monte Carlo and binary search (both batching) and of Monte Carlo and an
+    /// annotator that labels one at a time, labelled together, gives each solution what
+    /// `annotate` gives it alone: the labels kept or dropped, both costs, the errors.
+    #[test]
+    fn consensus_labelled_together_is_labelled_as_alone() {
+        let policy = Batching {
+            fails: Box::new(|a| a.question == "fail"),
+            ..Batching::new(ScriptedPolicy(toy))
+        };
+        let (task, options) = (PlainTask::default(), McOptions { rollouts: 4, seed: 7 });
+        let mc = MonteCarlo {
+            policy: &policy,
+            task: &task,
+            options: options.clone(),
+        };
+        let bs = BinarySearch {
+            policy: &policy,
+            task: &task,
+            options: McOptions { rollouts: 2, seed: 3 },
+        };
+        let alone = MonteCarlo {
+            policy: &ScriptedPolicy(toy),
+            task: &task,
+            options: McOptions { rollouts: 2, seed: 5 },
+        };
+        // More solutions than are checked together.
+        let sols: Vec<Solution> = (0..3).flat_map(|_| solutions()).collect();
+        for second in [&bs as &dyn Annotator, &alone] {
+            let c = crate::Consensus { first: &mc, second };
+            let mut got: Vec<Option<anyhow::Result<(Solution, Spent)>>> = sols.iter().map(|_| None).collect();
+            c.annotate_together(&sols, &mut |i, done| {
+                assert!(got[i].replace(done).is_none(), "solution {i} handed on twice");
+                Ok(())
+            })
+            .expect("the first annotator batches")
+            .unwrap();
+            let mut kept = 0;
+            for (i, (s, got)) in sols.iter().zip(got).enumerate() {
+                let got = got.unwrap_or_else(|| panic!("solution {i} never handed on"));
+                match (c.annotate(s), got) {
+                    // The batch fails this one's asks (asked alone, it is answered).
+                    (_, Err(got)) if s.question == "fail" => assert!(got.to_string().contains("went away"), "{got}"),
+                    (Ok(want), Ok(got)) => {
+                        assert_eq!(
+                            (&got.0.steps, &got.0.meta, got.1),
+                            (&want.0.steps, &want.0.meta, want.1),
+                            "{i}"
+                        );
+                        kept += usize::from(got.0.meta["consensus"] == true);
+                    }
+                    (Err(want), Err(got)) => assert_eq!(want.to_string(), got.to_string()),
+                    (want, got) => panic!("solution {i}: {:?} alone, {:?} together", want.is_ok(), got.is_ok()),
+                }
+            }
+            assert!(kept > 0 && kept < sols.len(), "{kept} of {} kept", sols.len());
+        }
+    }
+
     /// An error from where the solutions go stops the labelling and is returned.
     #[test]
     fn an_error_where_the_labels_go_stops_the_rest() {
