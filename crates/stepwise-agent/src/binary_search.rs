@@ -8,9 +8,10 @@
 //! successful continuation from every state: every action is labelled 1 with no rollouts, lucky
 //! successes included (binary search cannot see a bad action that was repaired).
 
-use crate::labels::{roll_out, Games, Replay};
+use crate::labels::{roll_out, rollout_seed, Games, Replay, EPISODES_TOGETHER};
+use crate::rollout::{continue_episodes_on, Continuing, Played};
 use anyhow::Result;
-use stepwise_core::seams::{Annotator, Policy, Spent};
+use stepwise_core::seams::{Annotator, Done, Episode, Policy, PolicyBatch, Spent};
 use stepwise_core::{Provenance, Solution, StepLabel};
 
 /// The binary-search annotator (`stepwise agent label --method binary`).
@@ -26,43 +27,97 @@ pub struct BinarySearch<'a> {
     pub seed: u64,
 }
 
+/// One trajectory's search: the actions `lo..hi` hold its first dead one (`n`: none).
+struct Search<'s> {
+    sol: &'s Solution,
+    /// Its replay (`None`: it reached the goal, and every action is alive).
+    replay: Option<Replay>,
+    question: String,
+    turns: Vec<String>,
+    key: u64,
+    lo: usize,
+    hi: usize,
+    spent: Spent,
+}
+
 impl BinarySearch<'_> {
-    /// The first action after which no rollout reaches the goal (`None`: none), and the cost.
-    fn first_dead(&self, sol: &Solution, r: &Replay, spent: &mut Spent) -> Result<Option<usize>> {
-        let question = crate::rollout::prompt(&self.games.problem(sol)?.question, &r.first);
-        let turns = sol.turn_strings();
-        let key = self.seed ^ crate::rollout::fnv(&sol.id);
+    /// `sol`'s search, replayed unless it reached the goal.
+    fn start<'s>(&self, sol: &'s Solution) -> Result<Search<'s>> {
         let n = sol.steps.len();
-        let mut alive = |i: usize| -> Result<bool> {
-            // An episode the last action ended (it failed: a success never gets here) is dead.
-            if i + 1 == n && r.ended {
-                return Ok(false);
-            }
-            let budget = self.games.env.max_actions().saturating_sub(i + 1);
-            let played = roll_out(
-                self.policy,
-                &question,
-                &turns[..=i],
-                r.after(i),
-                (i, self.rollouts),
-                budget,
-                key,
-            )?;
-            spent.rollouts += played.len();
-            spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
-            spent.env_steps += played.iter().map(|p| p.env_steps).sum::<usize>();
-            Ok(played.iter().any(|p| p.success()))
+        let mut s = Search {
+            sol,
+            replay: None,
+            question: String::new(),
+            turns: sol.turn_strings(),
+            key: self.seed ^ crate::rollout::fnv(&sol.id),
+            lo: n,
+            hi: n,
+            spent: Spent::default(),
         };
-        let (mut lo, mut hi) = (0usize, n);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if alive(mid)? {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
+        if sol.correct != Some(true) {
+            let r = self.games.replay(sol)?;
+            s.spent.env_steps += n;
+            s.question = crate::rollout::prompt(&self.games.problem(sol)?.question, &r.first);
+            s.lo = 0;
+            s.replay = Some(r);
         }
-        Ok((lo < n).then_some(lo))
+        Ok(s)
+    }
+
+    /// The actions left to play after action `i` of a trajectory.
+    fn budget(&self, i: usize) -> usize {
+        self.games.env.max_actions().saturating_sub(i + 1)
+    }
+}
+
+impl Search<'_> {
+    /// The action after which to probe by rollouts next (`None`: the search is over); the state
+    /// the replay ended in (a failure: a success never gets here) is dead without rollouts.
+    fn next(&mut self) -> Option<usize> {
+        while self.lo < self.hi {
+            let mid = (self.lo + self.hi) / 2;
+            if mid + 1 == self.sol.steps.len() && self.replay.as_ref().is_some_and(|r| r.ended) {
+                self.hi = mid;
+                continue;
+            }
+            return Some(mid);
+        }
+        None
+    }
+
+    /// The rollouts `played` from the state after action `mid`: alive where any reached the goal.
+    fn observe(&mut self, mid: usize, played: &[Played]) {
+        self.spent.rollouts += played.len();
+        self.spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
+        self.spent.env_steps += played.iter().map(|p| p.env_steps).sum::<usize>();
+        if played.iter().any(Played::success) {
+            self.lo = mid + 1;
+        } else {
+            self.hi = mid;
+        }
+    }
+
+    /// The trajectory labelled: 1 before the first dead action, 0 on it, none after.
+    fn finish(self) -> (Solution, Spent) {
+        let dead = (self.lo < self.sol.steps.len()).then_some(self.lo);
+        let mut out = self.sol.clone();
+        for (i, st) in out.steps.iter_mut().enumerate() {
+            st.label = match dead {
+                Some(d) if i > d => None,
+                Some(d) if i == d => Some(StepLabel::soft(0.0, Provenance::BinarySearch)),
+                _ => Some(StepLabel::soft(1.0, Provenance::BinarySearch)),
+            };
+        }
+        out.meta.insert("first_dead".into(), serde_json::json!(dead));
+        (out, self.spent)
+    }
+
+    /// The state after action `i`.
+    fn state(&self, i: usize) -> &dyn Episode {
+        self.replay
+            .as_ref()
+            .expect("a search that probes was replayed")
+            .after(i)
     }
 }
 
@@ -72,24 +127,84 @@ impl Annotator for BinarySearch<'_> {
     }
 
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
-        let mut spent = Spent::default();
-        let dead = if sol.correct == Some(true) {
-            None
-        } else {
-            let r = self.games.replay(sol)?;
-            spent.env_steps += sol.steps.len();
-            self.first_dead(sol, &r, &mut spent)?
-        };
-        let mut out = sol.clone();
-        for (i, st) in out.steps.iter_mut().enumerate() {
-            st.label = match dead {
-                Some(d) if i > d => None,
-                Some(d) if i == d => Some(StepLabel::soft(0.0, Provenance::BinarySearch)),
-                _ => Some(StepLabel::soft(1.0, Provenance::BinarySearch)),
-            };
+        let mut s = self.start(sol)?;
+        while let Some(mid) = s.next() {
+            let turns = &s.turns[..=mid];
+            let played = roll_out(
+                self.policy,
+                &s.question,
+                turns,
+                s.state(mid),
+                (mid, self.rollouts),
+                self.budget(mid),
+                s.key,
+            )?;
+            s.observe(mid, &played);
         }
-        out.meta.insert("first_dead".into(), serde_json::json!(dead));
-        Ok((out, spent))
+        Ok(s.finish())
+    }
+
+    /// Many trajectories searched at once where the policy batches: a round probes every live
+    /// trajectory's next state, all their rollouts played together ([`crate::rollout::continue_episodes`]), at
+    /// most [`EPISODES_TOGETHER`] episodes, on one batch; a new trajectory starts as soon as one is labelled.
+    /// Each rollout is seeded as alone, so the labels are the same.
+    fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
+        let mut batch = self.policy.batch()?;
+        Some(self.search_together(batch.as_mut(), sols, done))
+    }
+}
+
+impl BinarySearch<'_> {
+    /// The rounds of [`Annotator::annotate_together`], all on `batch`: a trajectory's next probe
+    /// starts from what its last one cached.
+    fn search_together(&self, batch: &mut dyn PolicyBatch, sols: &[Solution], done: &mut Done<'_>) -> Result<()> {
+        let at_once = (EPISODES_TOGETHER / self.rollouts.max(1)).max(1);
+        let (mut live, mut next): (Vec<(usize, Search)>, usize) = (Vec::new(), 0);
+        loop {
+            while live.len() < at_once && next < sols.len() {
+                match self.start(&sols[next]) {
+                    Ok(s) => live.push((next, s)),
+                    Err(e) => done(next, Err(e))?,
+                }
+                next += 1;
+            }
+            // Each probes its next state (its forks made), or is labelled.
+            let mut probing: Vec<(usize, Search, usize, Vec<Box<dyn Episode>>)> = Vec::new();
+            for (i, mut s) in live.drain(..) {
+                let Some(mid) = s.next() else {
+                    done(i, Ok(s.finish()))?;
+                    continue;
+                };
+                match (0..self.rollouts)
+                    .map(|_| s.state(mid).fork())
+                    .collect::<Result<Vec<_>>>()
+                {
+                    Ok(forks) => probing.push((i, s, mid, forks)),
+                    Err(e) => done(i, Err(e))?,
+                }
+            }
+            if probing.is_empty() {
+                if next < sols.len() {
+                    continue;
+                }
+                return Ok(());
+            }
+            let playing = (probing.iter_mut())
+                .flat_map(|(_, s, mid, forks)| {
+                    let (question, turns, key, mid) = (s.question.as_str(), &s.turns[..=*mid], s.key, *mid);
+                    let budget = self.budget(mid);
+                    (forks.iter_mut().enumerate()).map(move |(j, f)| {
+                        Continuing::new(question, turns.to_vec(), f.as_mut(), budget, rollout_seed(key, mid, j))
+                    })
+                })
+                .collect();
+            let mut played = continue_episodes_on(self.policy, Some(&mut *batch), playing).into_iter();
+            for (i, mut s, mid, forks) in probing {
+                let played: Vec<Played> = played.by_ref().take(forks.len()).collect();
+                s.observe(mid, &played);
+                live.push((i, s));
+            }
+        }
     }
 }
 

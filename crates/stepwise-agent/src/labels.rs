@@ -8,10 +8,10 @@
 //!   learned value of the states (a PRM's step scores), with no rollouts: a step's *promise*
 //!   as its soft label and its *progress* (GAE advantage) beside it.
 
-use crate::rollout::{continue_episodes, Continuing, Played};
+use crate::rollout::{continue_episodes, continue_episodes_on, Continuing, Played};
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
-use stepwise_core::seams::{Annotator, Done, Environment, Episode, Policy, Spent};
+use stepwise_core::seams::{Annotator, Done, Environment, Episode, Policy, PolicyBatch, Spent};
 use stepwise_core::{Problem, Provenance, Solution, StepLabel};
 
 /// The problems trajectories belong to, by id, to replay their episodes.
@@ -186,7 +186,7 @@ impl MonteCarlo<'_> {
     /// Every state's rollouts of the trajectories `forked` played together
     /// ([`continue_episodes`]: one batch a turn where the policy batches), each seeded by its
     /// trajectory, action and index as [`roll_out`] seeds it; then their labels.
-    fn play(&self, mut forked: Vec<Forked>) -> Vec<(Solution, Spent)> {
+    fn play(&self, mut forked: Vec<Forked>, batch: Option<&mut (dyn PolicyBatch + '_)>) -> Vec<(Solution, Spent)> {
         let mut counts = Vec::new();
         let mut playing = Vec::new();
         for f in forked.iter_mut() {
@@ -200,7 +200,7 @@ impl MonteCarlo<'_> {
                 }
             }
         }
-        let mut played = continue_episodes(self.policy, playing).into_iter();
+        let mut played = continue_episodes_on(self.policy, batch, playing).into_iter();
         let mut counts = counts.into_iter();
         (forked.into_iter())
             .map(|mut f| {
@@ -237,13 +237,17 @@ impl Annotator for MonteCarlo<'_> {
     /// Every state's rollouts played together.
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
         let f = self.prepare(sol)?;
-        Ok(self.play(vec![f]).pop().expect("one trajectory played"))
+        let mut batch = self.policy.batch();
+        Ok(self
+            .play(vec![f], batch.as_deref_mut())
+            .pop()
+            .expect("one trajectory played"))
     }
 
     /// Whole trajectories' rollouts played together, [`EPISODES_TOGETHER`] at most a batch,
     /// where the policy batches.
     fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
-        self.policy.batch()?;
+        let mut batch = self.policy.batch()?;
         let mut run = || -> Result<()> {
             let (mut forked, mut which, mut episodes) = (Vec::new(), Vec::new(), 0);
             for (i, sol) in sols.iter().enumerate() {
@@ -256,7 +260,8 @@ impl Annotator for MonteCarlo<'_> {
                     Err(e) => done(i, Err(e))?,
                 }
                 if episodes >= EPISODES_TOGETHER || i + 1 == sols.len() {
-                    for (i, labelled) in which.drain(..).zip(self.play(std::mem::take(&mut forked))) {
+                    let played = self.play(std::mem::take(&mut forked), Some(batch.as_mut()));
+                    for (i, labelled) in which.drain(..).zip(played) {
                         done(i, Ok(labelled))?;
                     }
                     episodes = 0;
@@ -269,7 +274,7 @@ impl Annotator for MonteCarlo<'_> {
 }
 
 /// The seed of rollout `j` from the state after action `i` of the trajectory keyed `key`.
-fn rollout_seed(key: u64, i: usize, j: usize) -> u64 {
+pub(crate) fn rollout_seed(key: u64, i: usize, j: usize) -> u64 {
     key ^ ((i as u64) << 32 | j as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 

@@ -177,9 +177,20 @@ impl<'e> Continuing<'e> {
 /// from its cache), else in calls of their own, several at once; then each acts in its world.
 /// Each episode plays as it would alone ([`continue_episode`]): its turns draw with their own
 /// seeds.
-pub fn continue_episodes(policy: &dyn Policy, mut eps: Vec<Continuing<'_>>) -> Vec<Played> {
-    use rayon::prelude::*;
+pub fn continue_episodes(policy: &dyn Policy, eps: Vec<Continuing<'_>>) -> Vec<Played> {
     let mut batch = policy.batch();
+    continue_episodes_on(policy, batch.as_deref_mut(), eps)
+}
+
+/// [`continue_episodes`] on a batch the caller holds (`None`: the policy is asked on its own),
+/// which keeps what it cached for the caller's next call: a search's next round of rollouts
+/// from a later state of the same trajectories feeds only what its histories add.
+pub fn continue_episodes_on(
+    policy: &dyn Policy,
+    mut batch: Option<&mut (dyn PolicyBatch + '_)>,
+    mut eps: Vec<Continuing<'_>>,
+) -> Vec<Played> {
+    use rayon::prelude::*;
     loop {
         let live: Vec<usize> = (0..eps.len()).filter(|&i| eps[i].wants_turn()).collect();
         if live.is_empty() {

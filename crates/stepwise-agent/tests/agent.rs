@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use std::collections::HashMap;
 use stepwise_agent::rooms::{self, Rooms};
-use stepwise_agent::{play, Expert, Games, MonteCarlo, Oracle, TemporalDifference};
+use stepwise_agent::{play, BinarySearch, Expert, Games, MonteCarlo, Oracle, TemporalDifference};
 use stepwise_core::seams::{ActionKind, Annotator, Environment, Episode, Observation};
 use stepwise_core::testing::Batching;
 use stepwise_core::{LabelValue, Problem, Provenance, Rating, Solution};
@@ -400,47 +400,81 @@ fn episodes_played_together_play_as_each_alone_one_batch_a_turn() {
     assert!(calls.windows(2).all(|w| w[0] >= w[1]), "{calls:?}");
 }
 
+/// `together` labels `sols` together as `alone` labels each, errors included; the rollouts spent
+/// and the errors met.
+fn labelled_together_as_alone(together: &dyn Annotator, alone: &dyn Annotator, sols: &[Solution]) -> (usize, usize) {
+    let mut got: Vec<Option<Result<(Solution, stepwise_core::seams::Spent)>>> = sols.iter().map(|_| None).collect();
+    together
+        .annotate_together(sols, &mut |i, r| {
+            assert!(got[i].replace(r).is_none(), "trajectory {i} handed on twice");
+            Ok(())
+        })
+        .expect("the policy batches")
+        .unwrap();
+    let (mut rollouts, mut errors) = (0, 0);
+    for (i, (s, got)) in sols.iter().zip(got).enumerate() {
+        let got = got.unwrap_or_else(|| panic!("trajectory {i} never handed on"));
+        match (got, alone.annotate(s)) {
+            (Ok(got), Ok(want)) => {
+                assert_eq!(got, want, "{} {}", together.name(), s.id);
+                rollouts += got.1.rollouts;
+            }
+            (Err(got), Err(want)) => {
+                assert_eq!(got.to_string(), want.to_string());
+                errors += 1;
+            }
+            (got, want) => panic!("{}: {:?} together, {:?} alone", s.id, got.is_ok(), want.is_ok()),
+        }
+    }
+    (rollouts, errors)
+}
+
 /// Monte Carlo labels of many trajectories (every state's rollouts played together, one batch
-/// a turn) are the labels and costs each trajectory gets alone; one whose problem is unknown
-/// gets its error, and the others their labels.
+/// a turn), and binary search's (every trajectory's next probe played together), are the labels
+/// and costs each trajectory gets alone, in far fewer policy calls; a trajectory of an unknown
+/// problem gets its error, and the others their labels.
 #[test]
-fn monte_carlo_labels_of_trajectories_played_together_are_each_ones_alone() {
+fn labels_of_trajectories_played_together_are_each_ones_alone() {
     let ps = problems(8);
     let mut sols = trajectories(&ps, 0.6, 3);
     sols[3].problem_id = "nowhere".into();
     let env = Rooms::default();
     let games = Games::new(&env, ps.clone());
     let policy = Batching::new(Expert::new(&ps, 0.8).unwrap());
-    fn mc<'a>(games: &'a Games<'a>, policy: &'a dyn stepwise_core::Policy) -> MonteCarlo<'a> {
-        MonteCarlo {
-            games,
-            policy,
-            rollouts: 4,
-            seed: 5,
-            gamma: 0.9,
-        }
-    }
-    let mut got: Vec<Option<Result<(Solution, stepwise_core::seams::Spent)>>> = sols.iter().map(|_| None).collect();
-    mc(&games, &policy)
-        .annotate_together(&sols, &mut |i, r| {
-            assert!(got[i].replace(r).is_none(), "trajectory {i} handed on twice");
-            Ok(())
-        })
-        .expect("the policy batches")
-        .unwrap();
-    let alone = mc(&games, &policy.inner);
-    let mut states = 0;
-    for (i, (s, got)) in sols.iter().zip(got).enumerate() {
-        let got = got.unwrap_or_else(|| panic!("trajectory {i} never handed on"));
-        if i == 3 {
-            assert!(got.unwrap_err().to_string().contains("not among the problems"));
-            continue;
-        }
-        let (l, spent) = got.unwrap();
-        assert_eq!((l, spent), alone.annotate(s).unwrap(), "{}", s.id);
-        states += spent.rollouts / 4;
-    }
+    let mc = |policy| MonteCarlo {
+        games: &games,
+        policy,
+        rollouts: 4,
+        seed: 5,
+        gamma: 0.9,
+    };
+    let (rollouts, errors) = labelled_together_as_alone(&mc(&policy), &mc(&policy.inner), &sols);
+    let states = rollouts / 4;
+    assert_eq!(errors, 1, "the trajectory of an unknown problem fails alone");
     let calls = policy.calls();
     assert!(calls.len() < states, "{} calls for {states} states", calls.len());
     assert!(calls.iter().max() > Some(&4), "several states a call: {calls:?}");
+    let bs = |policy| BinarySearch {
+        games: &games,
+        policy,
+        rollouts: 4,
+        seed: 5,
+    };
+    // Poorer trajectories, for more of them to fail and be searched.
+    let mut sols = trajectories(&ps, 0.05, 3);
+    sols[3].problem_id = "nowhere".into();
+    let before = policy.calls().len();
+    let (rollouts, _) = labelled_together_as_alone(&bs(&policy), &bs(&policy.inner), &sols);
+    let calls = policy.calls()[before..].to_vec();
+    let one_by_one = Batching::new(Expert::new(&ps, 0.8).unwrap());
+    for s in &sols {
+        let _ = bs(&one_by_one).annotate(s);
+    }
+    let alone = one_by_one.calls().len();
+    assert!(
+        rollouts > 0 && calls.len() * 2 < alone,
+        "{} calls together, {alone} alone",
+        calls.len()
+    );
+    assert!(calls.iter().max() > Some(&4), "several trajectories a call: {calls:?}");
 }
