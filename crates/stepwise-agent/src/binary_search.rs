@@ -154,6 +154,10 @@ impl Annotator for BinarySearch<'_> {
     }
 }
 
+/// A trajectory probed this round: its index, its search, the action after which it is probed,
+/// and that state forked once a rollout.
+type Probing<'s> = (usize, Search<'s>, usize, Vec<Box<dyn Episode>>);
+
 impl BinarySearch<'_> {
     /// The rounds of [`Annotator::annotate_together`], all on `batch`: a trajectory's next probe
     /// starts from what its last one cached.
@@ -169,7 +173,7 @@ impl BinarySearch<'_> {
                 next += 1;
             }
             // Each probes its next state (its forks made), or is labelled.
-            let mut probing: Vec<(usize, Search, usize, Vec<Box<dyn Episode>>)> = Vec::new();
+            let mut probing: Vec<Probing> = Vec::new();
             for (i, mut s) in live.drain(..) {
                 let Some(mid) = s.next() else {
                     done(i, Ok(s.finish()))?;
