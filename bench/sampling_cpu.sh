@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sampling and annotating with a pretrained-size policy on the CPU (docs/benchmarks.md, "sampling
-# and annotating a 0.5B policy on the CPU"): `generate`, Monte Carlo and binary-search
-# `annotate`, `agent play` and an agent's Monte Carlo labels, each timed with /usr/bin/time (its
+# and annotating a 0.5B policy on the CPU"): `generate`, Monte Carlo, binary-search and consensus
+# `annotate`, `agent play`, and an agent's Monte Carlo and binary-search labels, each timed with /usr/bin/time (its
 # seconds and peak resident memory), on a random Qwen2.5-0.5B-shaped policy stored in bf16
 # (bench/make_random_prm.py --policy). With BASELINE set to another build of stepwise, the same
 # commands run with it too and each pair of output files is compared.
@@ -44,11 +44,17 @@ runs() {  # the commands, as NAME then arguments; $1 is the build, $2 the folder
     echo "binary $bin annotate --method binary-search --policy $POLICY --input $W/solutions.jsonl --rollouts 8 --max-tokens 32 --output $d/binary.jsonl"
     echo "play $bin agent play --policy $POLICY --problems $W/games.jsonl -n 4 --max-tokens 12 --output $d/play.jsonl"
     echo "agent_mc $bin agent label --method mc --problems $W/games.jsonl --input $W/expert4.jsonl --rollouts 4 --policy $POLICY --max-tokens 8 --output $d/agent_mc.jsonl"
+    echo "consensus $bin annotate --method consensus --policy $POLICY --judge $POLICY --judge-verdict likelihood --judge-format index --input $W/solutions8.jsonl --rollouts 8 --max-tokens 32 --output $d/consensus.jsonl"
+    echo "agent_binary $bin agent label --method binary --problems $W/games.jsonl --input $W/weak.jsonl --rollouts 4 --policy $POLICY --max-tokens 8 --output $d/agent_binary.jsonl"
 }
 BIN=${STEPWISE:-target/release/stepwise}
 "$BIN" agent games --count 8 --seed 7001 --output "$W/games.jsonl" > /dev/null 2>&1
 rm -f "$W/expert.jsonl"
 "$BIN" agent play --expert 0.7 --problems "$W/games.jsonl" -n 2 --output "$W/expert.jsonl" > /dev/null 2>&1
+# A poor player's trajectories (all 8 fail, 30 actions each), for binary search to search.
+rm -f "$W/weak.jsonl"
+"$BIN" agent play --expert 0.1 --problems "$W/games.jsonl" -n 1 --output "$W/weak.jsonl" > /dev/null 2>&1
+head -8 "$W/solutions.jsonl" > "$W/solutions8.jsonl"
 # The 4 shortest expert trajectories (ties in file order): a few states, each a history to feed.
 python3 -c '
 import json, sys
@@ -75,7 +81,7 @@ for b in "${builds[@]}"; do
 done
 echo "}" >> "$OUT"
 if [ -n "${BASELINE:-}" ]; then
-    for run in generate mc binary play agent_mc; do
+    for run in generate mc binary play agent_mc consensus agent_binary; do
         if cmp -s "$W/old/$run.jsonl" "$W/new/$run.jsonl"; then echo "$run: the same records"; else echo "$run: records differ"; fi
     done
 fi
