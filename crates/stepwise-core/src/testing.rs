@@ -42,9 +42,9 @@ where
     }
 }
 
-/// `P` as a policy that batches ([`Policy::batch`]): its batch answers each ask as `P` does alone,
-/// fails the asks `fails` picks (as a server that went away), and records how many asks each of
-/// its calls carried.
+/// `P` as a policy that batches ([`Policy::batch`]): its batch answers each ask as `P` does alone
+/// (greedy asks too), fails the asks `fails` picks (as a server that went away), and records how
+/// many asks each of its calls carried.
 pub struct Batching<P> {
     /// The policy answering.
     pub inner: P,
@@ -92,6 +92,15 @@ impl<P: Policy> PolicyBatch for BatchOf<'_, P> {
                 false => self.0.inner.continue_from(a.question, a.prefix, a.n, until, a.seed),
             })
             .collect()
+    }
+
+    fn continue_greedy_all(&mut self, asks: &[(&str, &[&str])], until: Until) -> Option<Vec<Result<Continuation>>> {
+        self.0.calls.lock().unwrap_or_else(|e| e.into_inner()).push(asks.len());
+        Some(
+            asks.iter()
+                .map(|(q, prefix)| self.0.inner.continue_greedy(q, prefix, until))
+                .collect(),
+        )
     }
 }
 

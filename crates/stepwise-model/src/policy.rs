@@ -378,6 +378,27 @@ impl PolicyBatch for EngineBatch<'_> {
                 Ok((ids, a.n, params))
             })
             .collect();
+        self.decode(prepared, until)
+    }
+
+    /// Each ask decoded at temperature 0, as [`EnginePolicy::continue_greedy`] decodes it alone.
+    fn continue_greedy_all(&mut self, asks: &[(&str, &[&str])], until: Until) -> Option<Vec<Result<Continuation>>> {
+        let (policy, sep_id) = (self.policy, self.sep_id);
+        let prepared: Vec<_> = (asks.iter())
+            .map(|(question, prefix)| {
+                let (ids, params) = policy.prepared(question, prefix, 0, until, sep_id)?;
+                Ok((ids, 1, SamplingParams { temperature: 0.0, ..params }))
+            })
+            .collect();
+        let out = self.decode(prepared, until).into_iter();
+        Some(out.map(|r| r.and_then(|mut one| one.pop().context("the engine returned no continuation"))).collect())
+    }
+}
+
+impl EngineBatch<'_> {
+    /// The prepared asks decoded on the batch, the starts they share fed once first.
+    fn decode(&mut self, prepared: Vec<crate::primers::Prepared>, until: Until) -> Vec<Result<Vec<Continuation>>> {
+        let (policy, sep_id) = (self.policy, self.sep_id);
         // Starts the asks share, fed once, level by level (crate::primers).
         let batch = self.batch_for(&prepared);
         for primers in crate::primers::primer_levels(&prepared, |p| batch.kept_start(p)) {

@@ -535,3 +535,27 @@ fn asks_sharing_a_start_feed_it_once_and_draw_as_each_alone() {
         "fed {fed} tokens for states of {whole} history tokens in all, the longest {longest}"
     );
 }
+
+/// Greedy asks in one batch call (a lookahead round's rollouts) decode what each decodes alone.
+#[test]
+fn greedy_asks_together_decode_as_each_alone() {
+    use stepwise_core::seams::{Policy, Until};
+    let (model, tok) = packed_policy();
+    let sampler = sampling(&model, &tok, 12, stepwise_model::Prompt::Text);
+    let steps: &[&str] = &["go north", "open the red box", "take the key"];
+    let asks: Vec<(&str, &[&str])> = (0..=steps.len())
+        .map(|s| ("Walk to the hall and open the box", &steps[..s]))
+        .chain([("Say done.", &[][..])])
+        .collect();
+    let mut batch = sampler.batch().unwrap();
+    let got = batch
+        .continue_greedy_all(&asks, Until::Step)
+        .expect("the engine batches greedy asks");
+    for ((q, prefix), got) in asks.iter().zip(got) {
+        assert_eq!(
+            got.unwrap(),
+            sampler.continue_greedy(q, prefix, Until::Step).unwrap(),
+            "{prefix:?}"
+        );
+    }
+}

@@ -203,11 +203,34 @@ impl<'a> Run<'a> {
 
     /// `parent` extended by one greedy step.
     pub fn greedy_step(&mut self, parent: &Partial) -> Result<Partial> {
-        let prefix: Vec<&str> = parent.steps.iter().map(String::as_str).collect();
-        let c = self.policy.continue_greedy(self.question, &prefix, Until::Step)?;
-        self.compute.policy_calls += 1;
-        self.compute.generated_tokens += c.tokens;
-        Ok(self.child(parent, c.steps, c.finished))
+        Ok(self.greedy_steps(&[parent])?.remove(0))
+    }
+
+    /// Each of `parents` extended by one greedy step: in one batch where the policy batches (a
+    /// round's lookahead rollouts decoded together), else one call each.
+    pub fn greedy_steps(&mut self, parents: &[&Partial]) -> Result<Vec<Partial>> {
+        let prefixes: Vec<Vec<&str>> = (parents.iter())
+            .map(|p| p.steps.iter().map(String::as_str).collect())
+            .collect();
+        let asks: Vec<(&str, &[&str])> = prefixes.iter().map(|p| (self.question, p.as_slice())).collect();
+        if self.compute.policy_calls > 0 && self.batch.is_none() {
+            self.batch = Some(self.policy.batch());
+        }
+        let batched =
+            (self.batch.as_mut().and_then(Option::as_mut)).and_then(|b| b.continue_greedy_all(&asks, Until::Step));
+        let answers = batched.unwrap_or_else(|| {
+            (asks.iter())
+                .map(|(q, prefix)| self.policy.continue_greedy(q, prefix, Until::Step))
+                .collect()
+        });
+        let mut out = Vec::with_capacity(parents.len());
+        for (parent, c) in parents.iter().zip(answers) {
+            let c = c?;
+            self.compute.policy_calls += 1;
+            self.compute.generated_tokens += c.tokens;
+            out.push(self.child(parent, c.steps, c.finished));
+        }
+        Ok(out)
     }
 
     /// A child of `parent` with `new` steps: finished when the policy ended it, when it wrote no

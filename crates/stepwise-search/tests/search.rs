@@ -359,3 +359,28 @@ fn a_rounds_beams_are_expanded_in_one_batch_call() {
         assert_eq!(calls, [beams, beams], "{name}: one call a round");
     }
 }
+
+/// Lookahead through a policy that batches: a round's greedy rollouts step together, one call
+/// a step for all of them, and the search is the one made a call a rollout step.
+#[test]
+fn a_rounds_lookahead_rollouts_step_in_one_batch_call() {
+    let config = SearchConfig {
+        n: 9,
+        width: 3,
+        max_steps: 3,
+        lookahead: 2,
+        ..Default::default()
+    };
+    let tree = || Tree { depth: 3, branch: 3 };
+    let batching = stepwise_core::testing::Batching::new(tree());
+    let m = method("lookahead").unwrap();
+    let alone = search(&*m, &config, "p", "q", &tree(), &scorer()).unwrap();
+    let together = search(&*m, &config, "p", "q", &batching, &scorer()).unwrap();
+    assert_eq!(together.chosen.steps, alone.chosen.steps);
+    assert_eq!(together.compute.generated_tokens, alone.compute.generated_tokens);
+    assert_eq!(together.compute.policy_calls, alone.compute.policy_calls);
+    // Every ask after the first round's expansion went through the batch, many a call.
+    let calls = batching.calls();
+    assert_eq!(calls.iter().sum::<usize>(), alone.compute.policy_calls - 1, "{calls:?}");
+    assert!(calls.len() * 3 <= alone.compute.policy_calls, "{calls:?}");
+}

@@ -47,6 +47,14 @@ pub trait PolicyBatch {
     /// draw the same; rows decoded together may round apart where two tokens tie to float
     /// precision), or the error that ask alone met.
     fn continue_all(&mut self, asks: &[NextSteps<'_>], until: Until) -> Vec<Result<Vec<Continuation>>>;
+
+    /// For each `(question, prefix)`, the continuation [`Policy::continue_greedy`] gives it
+    /// (lookahead search's rollouts of a round, decoded together); `None` where this batch only
+    /// samples (the default: the caller then asks the policy one at a time).
+    fn continue_greedy_all(&mut self, asks: &[(&str, &[&str])], until: Until) -> Option<Vec<Result<Continuation>>> {
+        let _ = (asks, until);
+        None
+    }
 }
 
 /// One continuation of a partial solution.
