@@ -187,7 +187,7 @@ mod tests {
     use super::LABELLED_TOGETHER;
     use crate::test_support::{solution, toy};
     use crate::{BinarySearch, McOptions, MonteCarlo};
-    use stepwise_core::seams::{Annotator, Spent};
+    use stepwise_core::seams::{Annotator, Policy, Spent};
     use stepwise_core::testing::{Batching, PlainTask, ScriptedPolicy};
     use stepwise_core::Solution;
 
@@ -210,25 +210,34 @@ mod tests {
         sols
     }
 
+    /// The toy policy batching, failing the asks of the question "fail".
+    fn failing_policy() -> Batching<impl Policy> {
+        Batching {
+            fails: Box::new(|a| a.question == "fail"),
+            ..Batching::new(ScriptedPolicy(toy))
+        }
+    }
+
+    /// Monte Carlo with 4 rollouts a prefix on `policy`.
+    fn monte_carlo<'a>(policy: &'a dyn Policy, task: &'a PlainTask) -> MonteCarlo<'a> {
+        MonteCarlo {
+            policy,
+            task,
+            options: McOptions { rollouts: 4, seed: 7 },
+        }
+    }
+
     /// Labelled on a batching policy, every solution gets the labels and cost it gets alone
     /// (the failed one its error), in far fewer calls than prefixes rolled out, never more than
     /// [`LABELLED_TOGETHER`] asks a call.
     #[test]
     fn solutions_labelled_together_are_labelled_as_each_alone() {
-        let policy = Batching {
-            fails: Box::new(|a| a.question == "fail"),
-            ..Batching::new(ScriptedPolicy(toy))
-        };
-        let (task, options) = (PlainTask::default(), McOptions { rollouts: 4, seed: 7 });
-        let mc = MonteCarlo {
-            policy: &policy,
-            task: &task,
-            options: options.clone(),
-        };
+        let (policy, task) = (failing_policy(), PlainTask::default());
+        let mc = monte_carlo(&policy, &task);
         let bs = BinarySearch {
             policy: &policy,
             task: &task,
-            options,
+            options: mc.options.clone(),
         };
         let sols = solutions();
         for annotator in [&mc as &dyn Annotator, &bs] {
@@ -270,16 +279,8 @@ mod tests {
     /// `annotate` gives it alone: the labels kept or dropped, both costs, the errors.
     #[test]
     fn consensus_labelled_together_is_labelled_as_alone() {
-        let policy = Batching {
-            fails: Box::new(|a| a.question == "fail"),
-            ..Batching::new(ScriptedPolicy(toy))
-        };
-        let (task, options) = (PlainTask::default(), McOptions { rollouts: 4, seed: 7 });
-        let mc = MonteCarlo {
-            policy: &policy,
-            task: &task,
-            options: options.clone(),
-        };
+        let (policy, task) = (failing_policy(), PlainTask::default());
+        let mc = monte_carlo(&policy, &task);
         let bs = BinarySearch {
             policy: &policy,
             task: &task,

@@ -439,17 +439,43 @@ fn calls_from_many_threads_at_once_sample_as_each_alone() {
     }
 }
 
-/// Asks of one prompt in one call (an agent's rollouts from one state: each its own seed) feed
-/// the prompt once, not once an ask, and draw what each draws alone.
-#[test]
-fn asks_of_one_prompt_feed_it_once_and_draw_as_each_alone() {
-    use stepwise_core::seams::{NextSteps, Policy, Until};
-    let (model, tok) = packed_policy();
-    let sampler = sampling(&model, &tok, 12, stepwise_model::Prompt::Text);
+/// The tokens `model` is fed for `asks` in one batch call, each ask's continuations checked
+/// against what it draws alone.
+fn fed_together_as_alone(
+    model: &stepwise_model::Model,
+    sampler: &stepwise_model::EnginePolicy<'_>,
+    asks: &[stepwise_core::seams::NextSteps<'_>],
+) -> usize {
+    use stepwise_core::seams::{Policy, Until};
+    let before = model.encoded_tokens();
+    let got = sampler.batch().unwrap().continue_all(asks, Until::End);
+    let fed = model.encoded_tokens() - before;
+    for (a, got) in asks.iter().zip(got) {
+        let alone = sampler
+            .continue_from(a.question, a.prefix, a.n, Until::End, a.seed)
+            .unwrap();
+        assert_eq!(got.unwrap(), alone, "seed {}", a.seed);
+    }
+    fed
+}
+
+/// A task whose prompt is 150 tokens or more: a history worth feeding once.
+fn long_question(sampler: &stepwise_model::EnginePolicy<'_>) -> String {
     let mut question = String::from("Walk to the hall");
     while sampler.prompt_ids(&question, &[]).unwrap().len() < 150 {
         question.push_str(", open the red box, take the key and put it in the blue box");
     }
+    question
+}
+
+/// Asks of one prompt in one call (an agent's rollouts from one state: each its own seed) feed
+/// the prompt once, not once an ask, and draw what each draws alone.
+#[test]
+fn asks_of_one_prompt_feed_it_once_and_draw_as_each_alone() {
+    use stepwise_core::seams::NextSteps;
+    let (model, tok) = packed_policy();
+    let sampler = sampling(&model, &tok, 12, stepwise_model::Prompt::Text);
+    let question = long_question(&sampler);
     let question = question.as_str();
     let history = ["go north", "open red box", "take key"];
     let asks: Vec<NextSteps> = (0..4)
@@ -468,15 +494,7 @@ fn asks_of_one_prompt_feed_it_once_and_draw_as_each_alone() {
         .collect();
     let prompt = sampler.prompt_ids(question, &history).unwrap().len();
     let other = sampler.prompt_ids("Say done.", &[]).unwrap().len();
-    let before = model.encoded_tokens();
-    let got = sampler.batch().unwrap().continue_all(&asks, Until::End);
-    let fed = model.encoded_tokens() - before;
-    for (a, got) in asks.iter().zip(got) {
-        let alone = sampler
-            .continue_from(a.question, a.prefix, a.n, Until::End, a.seed)
-            .unwrap();
-        assert_eq!(got.unwrap(), alone, "seed {}", a.seed);
-    }
+    let fed = fed_together_as_alone(&model, &sampler, &asks);
     // The prompt once, each ask's last prompt token, the other prompt, and at most 12 tokens
     // a row; fed once an ask, the prompt alone would be 4 times its length.
     let most = prompt + 4 + other + 9 * 12;
@@ -491,13 +509,10 @@ fn asks_of_one_prompt_feed_it_once_and_draw_as_each_alone() {
 /// every state's whole, and draw what each draws alone.
 #[test]
 fn asks_sharing_a_start_feed_it_once_and_draw_as_each_alone() {
-    use stepwise_core::seams::{NextSteps, Policy, Until};
+    use stepwise_core::seams::NextSteps;
     let (model, tok) = packed_policy();
     let sampler = sampling(&model, &tok, 12, stepwise_model::Prompt::Text);
-    let mut question = String::from("Walk to the hall");
-    while sampler.prompt_ids(&question, &[]).unwrap().len() < 150 {
-        question.push_str(", open the red box, take the key and put it in the blue box");
-    }
+    let question = long_question(&sampler);
     let question = question.as_str();
     let history: &[&str] = &[
         "go north and look around the hall",
@@ -518,15 +533,7 @@ fn asks_sharing_a_start_feed_it_once_and_draw_as_each_alone() {
     let whole: usize = (1..=history.len())
         .map(|s| sampler.prompt_ids(question, &history[..s]).unwrap().len())
         .sum();
-    let before = model.encoded_tokens();
-    let got = sampler.batch().unwrap().continue_all(&asks, Until::End);
-    let fed = model.encoded_tokens() - before;
-    for (a, got) in asks.iter().zip(got) {
-        let alone = sampler
-            .continue_from(a.question, a.prefix, a.n, Until::End, a.seed)
-            .unwrap();
-        assert_eq!(got.unwrap(), alone, "seed {}", a.seed);
-    }
+    let fed = fed_together_as_alone(&model, &sampler, &asks);
     // The longest history once, a token a primer and an ask where starts meet, and at most 12
     // tokens a row; fed once a state, the histories would be `whole`.
     let most = longest + 2 * history.len() + asks.len() + 6 * 12;
