@@ -25,8 +25,9 @@
 //! a search's rollouts to the given solution searched, the extra searches' to the problem's first
 //! solution.
 
+use crate::probes::{Ask, Rollouts, Rounds};
 use anyhow::{Context, Result};
-use stepwise_core::seams::{Annotator, Policy, Spent, Task, Until};
+use stepwise_core::seams::{Annotator, Continuation, Policy, ProblemDone, Spent, Task};
 use stepwise_core::{Provenance, Solution, Step, StepLabel};
 
 /// OmegaPRM's settings (the paper's constants by default).
@@ -221,36 +222,45 @@ impl Tree {
     }
 }
 
-/// One problem's search in progress.
+/// A bisection under way: the candidate, the nodes of its solution after its start, the bounds
+/// (the prefix before `lo + 1` is alive, the one ending at `hi` dead), the probe asked, the cost.
+struct Bisection {
+    c: Candidate,
+    path: Vec<usize>,
+    lo: isize,
+    hi: usize,
+    asked: usize,
+    spent: Spent,
+}
+
+/// One problem's search in progress: what [`OmegaPrm::annotate_tree`] runs, a probe a round
+/// ([`Rounds`]), alone or many problems together.
 struct Search<'s> {
     annotator: &'s OmegaPrm<'s>,
+    sols: &'s [Solution],
     question: &'s str,
     gold: &'s str,
     problem: &'s str,
     tree: Tree,
+    /// Each given solution's leaf.
+    leaves: Vec<usize>,
+    /// The given wrong solutions still to search.
+    given: Vec<Candidate>,
     /// Searches still to run over the tree's new rollouts.
     pool: Vec<Candidate>,
+    /// What each given solution's searches cost.
+    spent: Vec<Spent>,
+    /// The bisection under way.
+    current: Option<Bisection>,
+    /// Searches of the tree's own rollouts made (`None`: the given ones still go first).
+    searched: Option<usize>,
 }
 
 impl Search<'_> {
-    /// Whether the prefix `node` is alive: known from the tree, else by `k` rollouts from it
-    /// (kept in the tree; their cost added to `spent`).
-    fn probe(&mut self, node: usize, spent: &mut Spent) -> Result<bool> {
-        let n = &self.tree.nodes[node];
-        if n.alive || n.dead {
-            return Ok(n.alive);
-        }
-        let o = &self.annotator.options;
+    /// The prefix `node`'s `k` rollouts (kept in the tree; their cost added to `spent`): whether
+    /// it is alive.
+    fn take_rollouts(&mut self, node: usize, outs: Vec<Continuation>, spent: &mut Spent) -> bool {
         let prefix = self.tree.steps(node);
-        let refs: Vec<&str> = prefix.iter().map(String::as_str).collect();
-        let key = format!("{}\u{1f}{}", self.problem, prefix.join("\u{1f}"));
-        let outs = self.annotator.policy.continue_from(
-            self.question,
-            &refs,
-            o.rollouts,
-            Until::End,
-            crate::montecarlo::seed_for(o.seed, &key, 0),
-        )?;
         spent.rollouts += outs.len();
         spent.tokens += outs.iter().map(|c| c.tokens).sum::<usize>();
         let mut wrong = Vec::new();
@@ -281,7 +291,7 @@ impl Search<'_> {
                 given: None,
             }));
         }
-        Ok(alive)
+        alive
     }
 
     /// The nodes of the candidate's solution after its start `from`, down to its leaf.
@@ -310,26 +320,72 @@ impl Search<'_> {
         false
     }
 
-    /// Bisect the steps of the candidate's solution after its alive start for the first dead
-    /// prefix; returns the cost.
-    fn search(&mut self, c: Candidate) -> Result<Spent> {
-        let mut spent = Spent::default();
+    /// The bisection of the steps of the candidate's solution after its alive start for the
+    /// first dead prefix (none to make where it has no steps there or reached the gold answer).
+    fn bisection(&mut self, c: Candidate) -> Bisection {
         self.tree.nodes[c.from].visits += 1;
         let path = self.steps_searched(c);
-        if path.is_empty() || self.tree.nodes[c.leaf].alive {
-            return Ok(spent);
+        let hi = match path.is_empty() || self.tree.nodes[c.leaf].alive {
+            true => 0,
+            false => path.len() - 1,
+        };
+        Bisection {
+            c,
+            path,
+            lo: -1,
+            hi,
+            asked: 0,
+            spent: Spent::default(),
         }
-        // Invariant: the prefix before `lo + 1` is alive, the one ending at `hi` is dead.
-        let (mut lo, mut hi): (isize, usize) = (-1, path.len() - 1);
-        while hi as isize - lo > 1 {
-            let mid = ((lo + hi as isize) / 2) as usize;
-            if self.probe(path[mid], &mut spent)? {
-                lo = mid as isize;
-            } else {
-                hi = mid;
+    }
+
+    /// The next prefix to probe by rollouts: bisections run in MCTS's order (every given wrong
+    /// solution, then the tree's own up to the search limit), a prefix the tree already knows
+    /// settled without rollouts; `None` once the search is over.
+    fn next_probe(&mut self) -> Option<usize> {
+        loop {
+            if let Some(b) = self.current.as_mut() {
+                if b.hi as isize - b.lo > 1 {
+                    let mid = ((b.lo + b.hi as isize) / 2) as usize;
+                    let node = &self.tree.nodes[b.path[mid]];
+                    match (node.alive, node.dead) {
+                        (true, _) => b.lo = mid as isize,
+                        (false, true) => b.hi = mid,
+                        (false, false) => {
+                            b.asked = mid;
+                            return Some(b.path[mid]);
+                        }
+                    }
+                    continue;
+                }
+                let b = self.current.take().expect("checked above");
+                self.spent[b.c.given.unwrap_or(0)] += b.spent;
+                if let Some(k) = self.searched.as_mut() {
+                    *k += 1;
+                }
+                continue;
             }
+            let c = match self.searched {
+                None => match self.select(&self.given) {
+                    Some(i) => self.given.swap_remove(i),
+                    None => {
+                        self.searched = Some(0);
+                        continue;
+                    }
+                },
+                Some(k) if k >= self.annotator.options.search_limit => return None,
+                Some(_) => {
+                    let i = self.select(&self.pool)?;
+                    let c = self.pool.swap_remove(i);
+                    // A candidate the tree has meanwhile resolved is dropped without counting.
+                    if self.resolved(c) {
+                        continue;
+                    }
+                    c
+                }
+            };
+            self.current = Some(self.bisection(c));
         }
-        Ok(spent)
     }
 
     /// The index of the pool's candidate with the largest `Q + U` (the first among equals).
@@ -353,28 +409,47 @@ impl OmegaPrm<'_> {
     /// answer); returns the given solutions labelled, each with what its searches cost, then the
     /// new complete rollouts as labelled solutions (`meta.omegaprm_rollout`).
     pub fn annotate_tree(&self, sols: &[Solution]) -> Result<Vec<(Solution, Spent)>> {
-        let Some(first) = sols.first() else {
+        if sols.is_empty() {
             return Ok(Vec::new());
-        };
+        }
+        let options = self.mc_options();
+        Rollouts::new(self.policy, self.task, &options).one(self.search_of(sols)?)
+    }
+
+    /// What [`Rollouts`] takes of the options (each probe seeds its own rollouts).
+    fn mc_options(&self) -> crate::McOptions {
+        crate::McOptions {
+            rollouts: self.options.rollouts,
+            seed: self.options.seed,
+        }
+    }
+
+    /// The search of the tree of `sols` (one problem's, at least one): the given solutions are
+    /// the root's first rollouts, the wrong ones the first candidates.
+    fn search_of<'s>(&'s self, sols: &'s [Solution]) -> Result<Search<'s>> {
+        let first = sols.first().context("a problem of no solutions")?;
         let gold = first
             .gold_answer
             .as_deref()
             .with_context(|| format!("solution {}: field `gold_answer`: missing", first.id))?;
         let mut search = Search {
             annotator: self,
+            sols,
             question: &first.question,
             gold,
             problem: &first.problem_id,
             tree: Tree::new(),
+            leaves: Vec::with_capacity(sols.len()),
+            given: Vec::new(),
             pool: Vec::new(),
+            spent: vec![Spent::default(); sols.len()],
+            current: None,
+            searched: None,
         };
-        // The given solutions are the root's first rollouts.
-        let mut leaves = Vec::with_capacity(sols.len());
-        let mut given = Vec::new();
         for (i, s) in sols.iter().enumerate() {
             let steps = s.step_strings();
             let leaf = search.tree.insert(0, &steps);
-            leaves.push(leaf);
+            search.leaves.push(leaf);
             if steps.is_empty() {
                 continue;
             }
@@ -384,37 +459,54 @@ impl OmegaPrm<'_> {
             search.tree.nodes[0].rollouts += 1;
             search.tree.nodes[0].hits += usize::from(right);
             if !right {
-                given.push(Candidate {
+                search.given.push(Candidate {
                     from: 0,
                     leaf,
                     given: Some(i),
                 });
             }
         }
-        let mut spent = vec![Spent::default(); sols.len()];
-        // Every given wrong solution, in the order MCTS prefers them.
-        while let Some(i) = search.select(&given) {
-            let c = given.swap_remove(i);
-            spent[c.given.unwrap_or(0)] += search.search(c)?;
+        Ok(search)
+    }
+}
+
+impl Rounds for Search<'_> {
+    type Out = Vec<(Solution, Spent)>;
+
+    fn question(&self) -> &str {
+        self.question
+    }
+
+    fn next(&mut self, _: &Rollouts<'_>) -> Option<Ask> {
+        let node = self.next_probe()?;
+        let prefix = self.tree.steps(node);
+        let key = format!("{}\u{1f}{}", self.problem, prefix.join("\u{1f}"));
+        let o = &self.annotator.options;
+        Some(Ask {
+            at: node,
+            prefix,
+            n: o.rollouts,
+            seed: crate::montecarlo::seed_for(o.seed, &key, 0),
+        })
+    }
+
+    fn observe(&mut self, _: &Rollouts<'_>, node: usize, outs: Vec<Continuation>) {
+        let mut spent = Spent::default();
+        let alive = self.take_rollouts(node, outs, &mut spent);
+        let b = self.current.as_mut().expect("a probe belongs to a bisection");
+        b.spent += spent;
+        match alive {
+            true => b.lo = b.asked as isize,
+            false => b.hi = b.asked,
         }
-        // Then the tree's own wrong rollouts, up to the search limit.
-        // (A candidate the tree has meanwhile resolved is dropped without counting.)
-        let mut searched = 0;
-        while searched < self.options.search_limit {
-            let Some(i) = search.select(&search.pool) else { break };
-            let c = search.pool.swap_remove(i);
-            if search.resolved(c) {
-                continue;
-            }
-            spent[0] += search.search(c)?;
-            searched += 1;
-        }
-        let tree = &search.tree;
-        let mut out: Vec<(Solution, Spent)> = sols
-            .iter()
-            .zip(&leaves)
-            .zip(spent)
-            .map(|((s, &leaf), cost)| {
+    }
+
+    /// The given solutions labelled from what the tree knows, each with its searches' cost, then
+    /// the tree's new complete rollouts as labelled solutions.
+    fn finish(self) -> Vec<(Solution, Spent)> {
+        let (tree, first) = (&self.tree, &self.sols[0]);
+        let mut out: Vec<(Solution, Spent)> = (self.sols.iter().zip(&self.leaves).zip(&self.spent))
+            .map(|((s, &leaf), &cost)| {
                 let mut l = s.clone();
                 if !s.steps.is_empty() {
                     for (st, new) in l.steps.iter_mut().zip(tree.labelled_steps(leaf)) {
@@ -424,7 +516,7 @@ impl OmegaPrm<'_> {
                 (l, cost)
             })
             .collect();
-        let given_leaves: std::collections::HashSet<usize> = leaves.iter().copied().collect();
+        let given_leaves: std::collections::HashSet<usize> = self.leaves.iter().copied().collect();
         let mut extra = 0;
         for (n, node) in tree.nodes.iter().enumerate() {
             let Some((right, _)) = node.ended else { continue };
@@ -441,12 +533,12 @@ impl OmegaPrm<'_> {
                 generator: first.generator.clone(),
                 ..Default::default()
             };
-            s.final_answer = self.task.answer(&s.step_strings());
+            s.final_answer = self.annotator.task.answer(&s.step_strings());
             s.meta.insert("omegaprm_rollout".into(), true.into());
             out.push((s, Spent::default()));
             extra += 1;
         }
-        Ok(out)
+        out
     }
 }
 
@@ -466,6 +558,14 @@ impl Annotator for OmegaPrm<'_> {
 
     fn by_problem(&self) -> bool {
         true
+    }
+
+    /// Many problems' searches at once where the policy batches: every live problem's next
+    /// probe in one call a round ([`Rollouts::together`]), each problem's searches in the order
+    /// and with the seeds it has alone, so the same labels.
+    fn annotate_problems_together(&self, problems: &[Vec<Solution>], done: &mut ProblemDone<'_>) -> Option<Result<()>> {
+        let options = self.mc_options();
+        Rollouts::new(self.policy, self.task, &options).together(problems, |sols| self.search_of(sols), done)
     }
 }
 

@@ -9,7 +9,7 @@
 //! seed ([`crate::montecarlo::seed_for`]), so both give the same labels.
 
 use anyhow::{Context, Result};
-use stepwise_core::seams::{Continuation, Done, NextSteps, Policy, PolicyBatch, Spent, Task, Until};
+use stepwise_core::seams::{Continuation, NextSteps, Policy, PolicyBatch, Spent, Task, Until};
 use stepwise_core::Solution;
 
 /// Solutions labelled at once on a policy that batches: each prefix's rollouts are rows of
@@ -58,19 +58,64 @@ impl<'s> Probing<'s> {
     }
 
     /// The prefix ending at step `at`, as the policy takes it.
-    fn prefix(&self, at: usize) -> Vec<&str> {
-        self.texts[..=at].iter().map(String::as_str).collect()
+    fn prefix(&self, at: usize) -> Vec<String> {
+        self.texts[..=at].to_vec()
+    }
+}
+
+/// What one round of a labelling asks: rollouts from a prefix.
+pub(crate) struct Ask {
+    /// What the labelling knows the prefix by.
+    pub at: usize,
+    /// The prefix's steps.
+    pub prefix: Vec<String>,
+    /// Rollouts from it.
+    pub n: usize,
+    /// Their seed.
+    pub seed: u64,
+}
+
+/// A labelling that rolls out from one prefix at a time until it is done: a solution's
+/// [`Probing`] (Monte Carlo, binary search), a problem's OmegaPRM tree search.
+pub(crate) trait Rounds {
+    /// What it gives once done.
+    type Out;
+    /// The question the prefixes continue.
+    fn question(&self) -> &str;
+    /// The next prefix to roll out from (`r`: the rollouts' settings), `None` once done.
+    fn next(&mut self, r: &Rollouts<'_>) -> Option<Ask>;
+    /// The rollouts `outs` from the prefix `at` (as [`Rounds::next`] named it).
+    fn observe(&mut self, r: &Rollouts<'_>, at: usize, outs: Vec<Continuation>);
+    /// The result.
+    fn finish(self) -> Self::Out;
+}
+
+impl Rounds for Probing<'_> {
+    type Out = (Solution, Spent);
+
+    fn question(&self) -> &str {
+        &self.sol.question
+    }
+
+    fn next(&mut self, r: &Rollouts<'_>) -> Option<Ask> {
+        let at = self.probe.next()?;
+        Some(Ask {
+            at,
+            prefix: self.prefix(at),
+            n: r.options.rollouts,
+            seed: crate::montecarlo::seed_for(r.options.seed, &self.sol.id, at),
+        })
     }
 
     /// Grade the rollouts `outs` from the prefix ending at step `at` and tell the probe.
-    fn observe(&mut self, task: &dyn Task, at: usize, outs: Vec<Continuation>) {
+    fn observe(&mut self, r: &Rollouts<'_>, at: usize, outs: Vec<Continuation>) {
         self.spent.rollouts += outs.len();
         self.spent.tokens += outs.iter().map(|c| c.tokens).sum::<usize>();
         let hits = (outs.into_iter())
             .filter(|rest| {
                 let mut full: Vec<String> = self.texts[..=at].to_vec();
                 full.extend(rest.steps.iter().cloned());
-                task.is_correct(self.gold, &full)
+                r.task.is_correct(self.gold, &full)
             })
             .count();
         self.probe.observe(at, hits);
@@ -81,11 +126,15 @@ impl<'s> Probing<'s> {
     }
 }
 
+/// Where [`Rollouts::together`] hands each item's result: its index, and what its labelling
+/// gave (or the error it met).
+pub(crate) type Handed<'a, O> = dyn FnMut(usize, Result<O>) -> Result<()> + 'a;
+
 /// A policy to roll out with, a task to grade with, how many rollouts a prefix and their seed.
 pub(crate) struct Rollouts<'a> {
     policy: &'a dyn Policy,
-    task: &'a dyn Task,
-    options: &'a crate::McOptions,
+    pub(crate) task: &'a dyn Task,
+    pub(crate) options: &'a crate::McOptions,
 }
 
 impl<'a> Rollouts<'a> {
@@ -93,87 +142,81 @@ impl<'a> Rollouts<'a> {
         Rollouts { policy, task, options }
     }
 
-    /// The seed of the rollouts from the prefix ending at step `at` of `sol`.
-    fn seed(&self, sol: &Solution, at: usize) -> u64 {
-        crate::montecarlo::seed_for(self.options.seed, &sol.id, at)
-    }
-
-    /// Label one solution: a [`Policy::continue_from`] call a prefix probed.
-    pub(crate) fn one(&self, mut p: Probing<'_>) -> Result<(Solution, Spent)> {
-        while let Some(at) = p.probe.next() {
-            let prefix = p.prefix(at);
-            let outs = (self.policy).continue_from(
-                &p.sol.question,
-                &prefix,
-                self.options.rollouts,
-                Until::End,
-                self.seed(p.sol, at),
-            )?;
-            p.observe(self.task, at, outs);
+    /// Run one labelling: a [`Policy::continue_from`] call a prefix.
+    pub(crate) fn one<L: Rounds>(&self, mut l: L) -> Result<L::Out> {
+        while let Some(ask) = l.next(self) {
+            let prefix: Vec<&str> = ask.prefix.iter().map(String::as_str).collect();
+            let outs = (self.policy).continue_from(l.question(), &prefix, ask.n, Until::End, ask.seed)?;
+            l.observe(self, ask.at, outs);
         }
-        Ok(p.finish())
+        Ok(l.finish())
     }
 
-    /// Label `sols` on the policy's batch, [`LABELLED_TOGETHER`] at a time, each handed to
-    /// `done` as it is labelled (`None`: the policy does not batch).
-    pub(crate) fn together<'s>(
+    /// Run the labellings `start` makes of `items` on the policy's batch, [`LABELLED_TOGETHER`]
+    /// at a time, each result handed to `done` as it is ready (`None`: the policy does not
+    /// batch).
+    pub(crate) fn together<'s, T, L: Rounds>(
         &self,
-        sols: &'s [Solution],
-        start: impl Fn(&'s Solution) -> Result<Probing<'s>>,
-        done: &mut Done<'_>,
+        items: &'s [T],
+        start: impl Fn(&'s T) -> Result<L>,
+        done: &mut Handed<'_, L::Out>,
     ) -> Option<Result<()>> {
         let mut batch = self.policy.batch()?;
-        Some(self.drive(batch.as_mut(), sols, start, done))
+        Some(self.drive(batch.as_mut(), items, start, done))
     }
 
-    fn drive<'s>(
+    fn drive<'s, T, L: Rounds>(
         &self,
         batch: &mut dyn PolicyBatch,
-        sols: &'s [Solution],
-        start: impl Fn(&'s Solution) -> Result<Probing<'s>>,
-        done: &mut Done<'_>,
+        items: &'s [T],
+        start: impl Fn(&'s T) -> Result<L>,
+        done: &mut Handed<'_, L::Out>,
     ) -> Result<()> {
-        // The solutions being labelled, by index, each with the prefix it asks for next.
-        let mut live: Vec<(usize, Probing<'s>)> = Vec::new();
+        // The labellings in progress, by index.
+        let mut live: Vec<(usize, L)> = Vec::new();
         let mut next = 0;
         loop {
             let oldest = live.first().map_or(next, |(i, _)| *i);
-            while live.len() < LABELLED_TOGETHER && next < sols.len() && next < oldest + AHEAD {
-                match start(&sols[next]) {
-                    Ok(p) => live.push((next, p)),
+            while live.len() < LABELLED_TOGETHER && next < items.len() && next < oldest + AHEAD {
+                match start(&items[next]) {
+                    Ok(l) => live.push((next, l)),
                     Err(e) => done(next, Err(e))?,
                 }
                 next += 1;
             }
-            // Each asks for its next prefix; a solution with none left is labelled.
+            // Each asks for its next prefix; one with none left is done.
             let mut asking = Vec::with_capacity(live.len());
-            for (i, mut p) in live.drain(..) {
-                match p.probe.next() {
-                    Some(at) => asking.push((i, p, at)),
-                    None => done(i, Ok(p.finish()))?,
+            for (i, mut l) in live.drain(..) {
+                match l.next(self) {
+                    Some(ask) => asking.push((i, l, ask)),
+                    None => done(i, Ok(l.finish()))?,
                 }
             }
             if asking.is_empty() {
-                if next < sols.len() {
+                if next < items.len() {
                     continue;
                 }
                 return Ok(());
             }
-            let prefixes: Vec<Vec<&str>> = asking.iter().map(|(_, p, at)| p.prefix(*at)).collect();
-            let asks: Vec<NextSteps> = (asking.iter().zip(&prefixes))
-                .map(|((_, p, at), prefix)| NextSteps {
-                    question: &p.sol.question,
-                    prefix,
-                    n: self.options.rollouts,
-                    seed: self.seed(p.sol, *at),
-                })
-                .collect();
-            let outs = batch.continue_all(&asks, Until::End);
-            for ((i, mut p, at), out) in asking.into_iter().zip(outs) {
+            let outs = {
+                let prefixes: Vec<Vec<&str>> = (asking.iter())
+                    .map(|(_, _, ask)| ask.prefix.iter().map(String::as_str).collect())
+                    .collect();
+                let asks: Vec<NextSteps> = (asking.iter().zip(&prefixes))
+                    .map(|((_, l, ask), prefix)| NextSteps {
+                        question: l.question(),
+                        prefix,
+                        n: ask.n,
+                        seed: ask.seed,
+                    })
+                    .collect();
+                batch.continue_all(&asks, Until::End)
+            };
+            for ((i, mut l, ask), out) in asking.into_iter().zip(outs) {
                 match out {
                     Ok(outs) => {
-                        p.observe(self.task, at, outs);
-                        live.push((i, p));
+                        l.observe(self, ask.at, outs);
+                        live.push((i, l));
                     }
                     Err(e) => done(i, Err(e))?,
                 }

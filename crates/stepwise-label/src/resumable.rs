@@ -107,13 +107,15 @@ pub fn annotate_resumable_with(
         true => Vec::new(),
     };
     let mut order = stepwise_core::parallel::Reorder::default();
-    let together = (!singles.is_empty())
-        .then(|| {
-            annotator.annotate_together(&singles, &mut |i, done| {
-                order.put(i, done, |i, done| write(&singles[i..=i], done.map(|d| vec![d])))
-            })
-        })
-        .flatten();
+    let together = match annotator.by_problem() {
+        false if !singles.is_empty() => annotator.annotate_together(&singles, &mut |i, done| {
+            order.put(i, done.map(|d| vec![d]), |i, done| write(&singles[i..=i], done))
+        }),
+        true if !todo.is_empty() => annotator.annotate_problems_together(&todo, &mut |i, done| {
+            order.put(i, done, |i, done| write(&todo[i], done))
+        }),
+        _ => None,
+    };
     match together {
         Some(done) => done?,
         None => stepwise_core::parallel::in_order(
@@ -151,23 +153,16 @@ mod tests {
     use super::*;
     use crate::test_support::{solution, toy};
     use crate::{OmegaOptions, OmegaPrm};
-    use stepwise_core::testing::{PlainTask, ScriptedPolicy};
+    use stepwise_core::seams::Policy;
+    use stepwise_core::testing::{Batching, PlainTask, ScriptedPolicy};
 
-    /// An annotator that labels a problem's solutions together is run per problem; a problem cut
-    /// off after some of its records is labelled again whole, and the journal ends up with the
-    /// same records as an uninterrupted run's, the new solutions included.
+    /// An annotator that labels a problem's solutions together is run per problem (many problems
+    /// at once on a policy that batches, to the same records); a problem cut off after some of
+    /// its records is labelled again whole, and the journal ends up with the same records as an
+    /// uninterrupted run's, the new solutions included.
     #[test]
     fn a_problem_cut_off_midway_resumes_to_the_same_records() {
         let task = PlainTask::default();
-        let policy = ScriptedPolicy(toy);
-        let omega = OmegaPrm {
-            policy: &policy,
-            task: &task,
-            options: OmegaOptions {
-                rollouts: 2,
-                ..Default::default()
-            },
-        };
         let mut sols = Vec::new();
         for (p, first) in [("p1", 1), ("p2", 2), ("p1", 0)] {
             let mut steps = vec!["good"; 4];
@@ -179,26 +174,42 @@ mod tests {
         }
         let dir = std::env::temp_dir().join(format!("stepwise-resume-tree-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (whole, cut) = (dir.join("whole.jsonl"), dir.join("cut.jsonl"));
-        let (labelled, spent) = annotate_resumable(&whole, &sols, &omega, |_| {}).unwrap();
-        let ids: Vec<&str> = labelled.iter().map(|s| s.id.as_str()).collect();
-        assert_eq!(ids, ["p1-1", "p2-2", "p1-0"], "the given solutions, in input order");
-        let text = std::fs::read_to_string(&whole).unwrap();
-        assert!(
-            text.contains("p1-omegaprm-0") && text.contains("p2-omegaprm-0"),
-            "new solutions kept"
-        );
-        assert!(spent.rollouts > 0);
-        // Cut off after the first record of p1 (p1's other solution and its tree missing).
-        let first_line = text.lines().next().unwrap();
-        std::fs::write(&cut, format!("{first_line}\n")).unwrap();
-        let (again, spent_again) = annotate_resumable(&cut, &sols, &omega, |_| {}).unwrap();
-        assert_eq!(std::fs::read_to_string(&cut).unwrap(), text);
-        assert_eq!(spent_again, spent);
-        assert_eq!(
-            serde_json::to_string(&again).unwrap(),
-            serde_json::to_string(&labelled).unwrap()
-        );
+        let plain = ScriptedPolicy(toy);
+        let batching = Batching::new(ScriptedPolicy(toy));
+        let mut texts = Vec::new();
+        for (name, policy) in [("plain", &plain as &dyn Policy), ("batching", &batching)] {
+            let omega = OmegaPrm {
+                policy,
+                task: &task,
+                options: OmegaOptions {
+                    rollouts: 2,
+                    ..Default::default()
+                },
+            };
+            let (whole, cut) = (dir.join(format!("{name}.jsonl")), dir.join(format!("{name}-cut.jsonl")));
+            let (labelled, spent) = annotate_resumable(&whole, &sols, &omega, |_| {}).unwrap();
+            let ids: Vec<&str> = labelled.iter().map(|s| s.id.as_str()).collect();
+            assert_eq!(ids, ["p1-1", "p2-2", "p1-0"], "the given solutions, in input order");
+            let text = std::fs::read_to_string(&whole).unwrap();
+            assert!(
+                text.contains("p1-omegaprm-0") && text.contains("p2-omegaprm-0"),
+                "new solutions kept"
+            );
+            assert!(spent.rollouts > 0);
+            // Cut off after the first record of p1 (p1's other solution and its tree missing).
+            let first_line = text.lines().next().unwrap();
+            std::fs::write(&cut, format!("{first_line}\n")).unwrap();
+            let (again, spent_again) = annotate_resumable(&cut, &sols, &omega, |_| {}).unwrap();
+            assert_eq!(std::fs::read_to_string(&cut).unwrap(), text);
+            assert_eq!(spent_again, spent);
+            assert_eq!(
+                serde_json::to_string(&again).unwrap(),
+                serde_json::to_string(&labelled).unwrap()
+            );
+            texts.push(text);
+        }
+        assert_eq!(texts[0], texts[1], "problems searched together write the same records");
+        assert!(batching.calls().iter().any(|&n| n > 1), "{:?}", batching.calls());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

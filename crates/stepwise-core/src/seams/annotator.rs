@@ -54,7 +54,21 @@ pub trait Annotator: Sync {
         let _ = (sols, done);
         None
     }
+
+    /// [`Annotator::annotate_problem`] for many problems at once (`problems`: each one's
+    /// solutions) on a policy that decodes many rows in one pass, each problem's result handed
+    /// to `done` with its index as soon as it is ready (in any order; an error from `done` stops
+    /// the rest and is returned). `None`: one problem at a time (runners then label several on
+    /// threads); the default.
+    fn annotate_problems_together(&self, problems: &[Vec<Solution>], done: &mut ProblemDone<'_>) -> Option<Result<()>> {
+        let _ = (problems, done);
+        None
+    }
 }
+
+/// Where [`Annotator::annotate_problems_together`] hands each problem's labelled solutions: its
+/// index among those given, and what [`Annotator::annotate_problem`] gives it.
+pub type ProblemDone<'a> = dyn FnMut(usize, Result<Vec<(Solution, Spent)>>) -> Result<()> + 'a;
 
 /// Where [`Annotator::annotate_together`] hands each labelled solution: its index among those
 /// given, and the solution labelled with what it cost, or why it could not be.
@@ -80,5 +94,9 @@ impl<A: Annotator + ?Sized> Annotator for &A {
 
     fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
         (**self).annotate_together(sols, done)
+    }
+
+    fn annotate_problems_together(&self, problems: &[Vec<Solution>], done: &mut ProblemDone<'_>) -> Option<Result<()>> {
+        (**self).annotate_problems_together(problems, done)
     }
 }

@@ -21,7 +21,7 @@ mod scorer;
 mod task;
 mod tool;
 
-pub use annotator::{Annotator, Done, Spent};
+pub use annotator::{Annotator, Done, ProblemDone, Spent};
 pub use environment::{replay, ActionKind, Environment, Episode, Observation};
 pub use policy::{split_steps_at, Continuation, NextOptions, NextSteps, Policy, PolicyBatch, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};

@@ -2,7 +2,7 @@ use super::*;
 use crate::test_support::{solution, toy};
 use crate::{BinarySearch, McOptions};
 use std::sync::Mutex;
-use stepwise_core::seams::Continuation;
+use stepwise_core::seams::{Continuation, Until};
 use stepwise_core::testing::{PlainTask, ScriptedPolicy};
 
 /// A policy that records the prefixes it is asked to continue and the rollouts it returns.
@@ -203,14 +203,8 @@ fn selection_prefers_short_solutions_from_unvisited_likely_right_prefixes() {
     assert_eq!(asked[0], ["good"], "the short solution's midpoint first: {asked:?}");
 
     let o = omega(&policy, &task, 0);
-    let mut search = Search {
-        annotator: &o,
-        question: "q",
-        gold: "1",
-        problem: "p",
-        tree: Tree::new(),
-        pool: Vec::new(),
-    };
+    let mut search = o.search_of(&sols).unwrap();
+    search.tree = Tree::new();
     let (likely, unlikely) = (
         search.tree.insert(0, &["x".into()]),
         search.tree.insert(0, &["y".into()]),
@@ -242,5 +236,70 @@ fn selection_prefers_short_solutions_from_unvisited_likely_right_prefixes() {
         search.select(&pool),
         Some(0),
         "exploration turns to the unvisited prefix"
+    );
+}
+
+/// Many problems searched together on a batching policy (every live problem's next probe in one
+/// call a round) give each problem what `annotate_problem` gives it alone, new rollouts and
+/// costs included, in far fewer calls than probes; a problem without a gold answer and one the
+/// batch fails get their errors, and the others their labels.
+#[test]
+fn problems_searched_together_are_searched_as_each_alone() {
+    use stepwise_core::testing::Batching;
+    let task = PlainTask::default();
+    let problems: Vec<Vec<Solution>> = (0..70)
+        .map(|p| {
+            (0..3)
+                .map(|j| {
+                    let t = 2 + (p + j) % 5;
+                    let mut steps = vec!["good"; t];
+                    steps[(p * 7 + j) % t] = "bad";
+                    steps[t - 1] = if (p + j) % 4 == 0 { "answer 1" } else { "answer 2" };
+                    let mut s = solution(&format!("p{p}-{j}"), &steps);
+                    s.problem_id = format!("p{p}");
+                    s
+                })
+                .collect()
+        })
+        .collect();
+    let mut problems = problems;
+    for s in &mut problems[4] {
+        s.gold_answer = None;
+    }
+    for s in &mut problems[9] {
+        s.question = "fail".into();
+    }
+    let policy = Batching {
+        fails: Box::new(|a| a.question == "fail"),
+        ..Batching::new(ScriptedPolicy(toy))
+    };
+    let together = omega(&policy, &task, 2);
+    let alone = omega(&policy.inner, &task, 2);
+    type Labelled = Vec<(Solution, Spent)>;
+    let mut got: Vec<Option<Result<Labelled>>> = problems.iter().map(|_| None).collect();
+    together
+        .annotate_problems_together(&problems, &mut |i, r| {
+            assert!(got[i].replace(r).is_none(), "problem {i} handed on twice");
+            Ok(())
+        })
+        .expect("the policy batches")
+        .unwrap();
+    let mut probes = 0;
+    for (i, (sols, got)) in problems.iter().zip(got).enumerate() {
+        match (i, got.unwrap_or_else(|| panic!("problem {i} never handed on"))) {
+            (4, Err(e)) => assert!(e.to_string().contains("gold_answer"), "{e}"),
+            (9, Err(e)) => assert!(e.to_string().contains("went away"), "{e}"),
+            (_, Ok(labelled)) => {
+                assert_eq!(labelled, alone.annotate_problem(sols).unwrap(), "problem {i}");
+                probes += labelled.iter().map(|(_, s)| s.rollouts).sum::<usize>() / 4;
+            }
+            (_, Err(e)) => panic!("problem {i}: {e}"),
+        }
+    }
+    let calls = policy.calls();
+    assert!(calls.len() * 4 < probes, "{} calls for {probes} probes", calls.len());
+    assert!(
+        calls.iter().all(|&n| n <= crate::probes::LABELLED_TOGETHER),
+        "{calls:?}"
     );
 }
