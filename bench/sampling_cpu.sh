@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sampling and annotating with a pretrained-size policy on the CPU (docs/benchmarks.md, "sampling
-# and annotating a 0.5B policy on the CPU"): `generate`, Monte Carlo, binary-search and consensus
-# `annotate`, `agent play`, and an agent's Monte Carlo and binary-search labels, each timed with /usr/bin/time (its
-# seconds and peak resident memory), on a random Qwen2.5-0.5B-shaped policy stored in bf16
+# and annotating a 0.5B policy on the CPU"): `generate`; Monte Carlo, binary-search, OmegaPRM and
+# consensus `annotate`; `agent play`; an agent's Monte Carlo and binary-search labels. Each is
+# timed with /usr/bin/time (its seconds and peak resident memory), on a random
+# Qwen2.5-0.5B-shaped policy stored in bf16
 # (bench/make_random_prm.py --policy). With BASELINE set to another build of stepwise, the same
 # commands run with it too and each pair of output files is compared.
 #
@@ -42,6 +43,7 @@ runs() {  # the commands, as NAME then arguments; $1 is the build, $2 the folder
     echo "generate $bin generate --model $POLICY --input $W/problems.jsonl -n 4 --max-tokens 32 --output $d/generate.jsonl"
     echo "mc $bin annotate --policy $POLICY --input $W/solutions.jsonl --rollouts 8 --max-tokens 32 --output $d/mc.jsonl"
     echo "binary $bin annotate --method binary-search --policy $POLICY --input $W/solutions.jsonl --rollouts 8 --max-tokens 32 --output $d/binary.jsonl"
+    echo "omegaprm $bin annotate --method omegaprm --policy $POLICY --input $W/solutions.jsonl --rollouts 8 --max-tokens 32 --output $d/omegaprm.jsonl"
     echo "play $bin agent play --policy $POLICY --problems $W/games.jsonl -n 4 --max-tokens 12 --output $d/play.jsonl"
     echo "agent_mc $bin agent label --method mc --problems $W/games.jsonl --input $W/expert4.jsonl --rollouts 4 --policy $POLICY --max-tokens 8 --output $d/agent_mc.jsonl"
     echo "consensus $bin annotate --method consensus --policy $POLICY --judge $POLICY --judge-verdict likelihood --judge-format index --input $W/solutions8.jsonl --rollouts 8 --max-tokens 32 --output $d/consensus.jsonl"
@@ -81,7 +83,7 @@ for b in "${builds[@]}"; do
 done
 echo "}" >> "$OUT"
 if [ -n "${BASELINE:-}" ]; then
-    for run in generate mc binary play agent_mc consensus agent_binary; do
+    for run in generate mc binary omegaprm play agent_mc consensus agent_binary; do
         if cmp -s "$W/old/$run.jsonl" "$W/new/$run.jsonl"; then echo "$run: the same records"; else echo "$run: records differ"; fi
     done
 fi
