@@ -145,9 +145,10 @@ impl Annotator for BinarySearch<'_> {
     }
 
     /// Many trajectories searched at once where the policy batches: a round probes every live
-    /// trajectory's next state, all their rollouts played together ([`crate::rollout::continue_episodes`]), at
-    /// most [`EPISODES_TOGETHER`] episodes, on one batch; a new trajectory starts as soon as one is labelled.
-    /// Each rollout is seeded as alone, so the labels are the same.
+    /// trajectory's next state, all their rollouts played together
+    /// ([`crate::rollout::continue_episodes`]), at most [`EPISODES_TOGETHER`] episodes, on one
+    /// batch; a new trajectory starts as soon as one is labelled. Each rollout is seeded as
+    /// alone, so the labels are the same.
     fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
         let mut batch = self.policy.batch()?;
         Some(self.search_together(batch.as_mut(), sols, done))

@@ -172,10 +172,7 @@ impl<'a> Run<'a> {
                 seed,
             })
             .collect();
-        if self.compute.policy_calls > 0 && self.batch.is_none() {
-            self.batch = Some(self.policy.batch());
-        }
-        let answers = match self.batch.as_mut().and_then(Option::as_mut) {
+        let answers = match self.open_batch() {
             Some(b) => b.continue_all(&asks, until),
             None => (asks.iter())
                 .map(|a| self.policy.continue_from(a.question, a.prefix, a.n, until, a.seed))
@@ -201,6 +198,15 @@ impl<'a> Run<'a> {
         Ok(out)
     }
 
+    /// The policy's batch (`None` where it does not batch), opened at the search's second policy
+    /// call: a method that calls the policy once (best-of-N) keeps no cache.
+    fn open_batch(&mut self) -> Option<&mut (dyn PolicyBatch + 'a)> {
+        if self.compute.policy_calls > 0 && self.batch.is_none() {
+            self.batch = Some(self.policy.batch());
+        }
+        self.batch.as_mut().and_then(Option::as_mut).map(|b| &mut **b)
+    }
+
     /// `parent` extended by one greedy step.
     pub fn greedy_step(&mut self, parent: &Partial) -> Result<Partial> {
         Ok(self.greedy_steps(&[parent])?.remove(0))
@@ -213,11 +219,9 @@ impl<'a> Run<'a> {
             .map(|p| p.steps.iter().map(String::as_str).collect())
             .collect();
         let asks: Vec<(&str, &[&str])> = prefixes.iter().map(|p| (self.question, p.as_slice())).collect();
-        if self.compute.policy_calls > 0 && self.batch.is_none() {
-            self.batch = Some(self.policy.batch());
-        }
-        let batched =
-            (self.batch.as_mut().and_then(Option::as_mut)).and_then(|b| b.continue_greedy_all(&asks, Until::Step));
+        let batched = self
+            .open_batch()
+            .and_then(|b| b.continue_greedy_all(&asks, Until::Step));
         let answers = batched.unwrap_or_else(|| {
             (asks.iter())
                 .map(|(q, prefix)| self.policy.continue_greedy(q, prefix, Until::Step))
