@@ -78,6 +78,10 @@ impl<P: Policy> Policy for Batching<P> {
     fn batch(&self) -> Option<Box<dyn PolicyBatch + '_>> {
         Some(Box::new(BatchOf(self)))
     }
+
+    fn logprobs_after(&self, asks: &[crate::seams::NextOptions<'_>], end: bool) -> Result<Option<Vec<Vec<f64>>>> {
+        self.inner.logprobs_after(asks, end)
+    }
 }
 
 /// [`Batching`]'s batch.

@@ -13,7 +13,7 @@
 
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
-use stepwise_core::seams::{Annotator, NextOptions, Policy, ScoreInput, Scored, Spent, StepScorer, Until};
+use stepwise_core::seams::{Annotator, Done, NextOptions, Policy, ScoreInput, Scored, Spent, StepScorer, Until};
 use stepwise_core::{Provenance, Solution};
 
 /// ProcessBench's critique prompt (Zheng et al. 2024) for `question` and its `steps`.
@@ -172,13 +172,23 @@ impl Judge<'_> {
     pub fn verdicts(&self, question: &str, steps: &[String], key: &str) -> Result<(Vec<Option<usize>>, Spent)> {
         let (prompt, pieces) = self.format.ask(question, steps);
         let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
-        let answers = self.policy.continue_from(
-            &prompt,
-            &pieces,
-            self.samples.max(1),
-            Until::End,
-            crate::montecarlo::seed_for(self.seed, key, usize::MAX),
-        )?;
+        let answers =
+            self.policy
+                .continue_from(&prompt, &pieces, self.samples.max(1), Until::End, self.seed_of(key))?;
+        Ok(self.read_answers(&answers, steps))
+    }
+
+    /// The seed of the answers on the solution `key` names.
+    fn seed_of(&self, key: &str) -> u64 {
+        crate::montecarlo::seed_for(self.seed, key, usize::MAX)
+    }
+
+    /// The readable verdicts of `answers` on `steps`, and their cost.
+    fn read_answers(
+        &self,
+        answers: &[stepwise_core::seams::Continuation],
+        steps: &[String],
+    ) -> (Vec<Option<usize>>, Spent) {
         let spent = Spent {
             rollouts: answers.len(),
             tokens: answers.iter().map(|a| a.tokens).sum(),
@@ -188,7 +198,7 @@ impl Judge<'_> {
             .iter()
             .filter_map(|a| self.format.read(&a.text, steps))
             .collect();
-        Ok((verdicts, spent))
+        (verdicts, spent)
     }
 
     /// For each solution `(question, steps)`, each verdict on it (`None`, then the first error
@@ -264,30 +274,56 @@ impl Judge<'_> {
     /// verdicts given, and the cost: the most frequent sampled verdict, or with `likelihood` the
     /// likeliest (one verdict given, nothing written).
     pub fn first_error(&self, sol: &Solution) -> Result<(Option<Option<usize>>, usize, Spent)> {
-        // Most weight; among equals the earliest error first (`Some(k)` sorts after `None`, so
-        // compare "no error" as the latest).
-        let key = |v: &Option<usize>| v.map_or(usize::MAX, |k| k);
         if self.likelihood {
-            let best = self
-                .verdict_probabilities(&[(&sol.question, &sol.step_strings())])?
-                .remove(0)
-                .into_iter()
-                .max_by(|(va, pa), (vb, pb)| pa.total_cmp(pb).then(key(vb).cmp(&key(va))))
-                .map(|(v, _)| v);
-            return Ok((best, 1, Spent::default()));
+            let weighed = self.verdict_probabilities(&[(&sol.question, &sol.step_strings())])?;
+            return Ok((
+                likeliest(weighed.into_iter().next().unwrap_or_default()),
+                1,
+                Spent::default(),
+            ));
         }
         let (verdicts, spent) = self.verdicts(&sol.question, &sol.step_strings(), &sol.id)?;
-        let mut votes: BTreeMap<Option<usize>, usize> = BTreeMap::new();
-        for v in verdicts {
-            *votes.entry(v).or_default() += 1;
-        }
-        let given = votes.values().sum();
-        let best = votes
-            .iter()
-            .max_by(|(va, na), (vb, nb)| na.cmp(nb).then(key(vb).cmp(&key(va))))
-            .map(|(v, _)| *v);
+        let (best, given) = vote(verdicts);
         Ok((best, given, spent))
     }
+}
+
+/// Most weight; among equals the earliest error first (`Some(k)` sorts after `None`, so "no
+/// error" compares as the latest).
+fn tie_key(v: &Option<usize>) -> usize {
+    v.map_or(usize::MAX, |k| k)
+}
+
+/// The verdict with the most weight (ties: the earliest error).
+fn likeliest(weighed: Weighed) -> Option<Option<usize>> {
+    (weighed.into_iter())
+        .max_by(|(va, pa), (vb, pb)| pa.total_cmp(pb).then(tie_key(vb).cmp(&tie_key(va))))
+        .map(|(v, _)| v)
+}
+
+/// The most frequent of `verdicts` (ties: the earliest error), and how many were given.
+fn vote(verdicts: Vec<Option<usize>>) -> (Option<Option<usize>>, usize) {
+    let mut votes: BTreeMap<Option<usize>, usize> = BTreeMap::new();
+    for v in verdicts {
+        *votes.entry(v).or_default() += 1;
+    }
+    let given = votes.values().sum();
+    let best = (votes.iter())
+        .max_by(|(va, na), (vb, nb)| na.cmp(nb).then(tie_key(vb).cmp(&tie_key(va))))
+        .map(|(v, _)| *v);
+    (best, given)
+}
+
+/// `sol` labelled by the judge's first error `verdict` (`None`: no verdict, no labels; the
+/// labels it came with are not the judge's), with the verdicts `given` in `meta`.
+fn labelled(sol: &Solution, verdict: Option<Option<usize>>, given: usize, spent: Spent) -> (Solution, Spent) {
+    let mut out = sol.clone();
+    out.meta.insert("judge_verdicts".into(), given.into());
+    match verdict {
+        Some(first) => crate::label_by_first_error(&mut out, first, Provenance::Judge),
+        None => out.steps.iter_mut().for_each(|st| st.label = None),
+    }
+    (out, spent)
 }
 
 /// The judge as a verifier (a generative one: it writes its verdict): a step's score is the
@@ -349,16 +385,16 @@ impl Annotator for Judge<'_> {
 
     fn annotate(&self, sol: &Solution) -> Result<(Solution, Spent)> {
         let (verdict, given, spent) = self.first_error(sol)?;
-        let mut out = sol.clone();
-        out.meta.insert("judge_verdicts".into(), given.into());
-        match verdict {
-            Some(first) => crate::label_by_first_error(&mut out, first, Provenance::Judge),
-            // Labels the input came with are not the judge's.
-            None => out.steps.iter_mut().for_each(|st| st.label = None),
-        }
-        Ok((out, spent))
+        Ok(labelled(sol, verdict, given, spent))
+    }
+
+    /// Many solutions' answers sampled in one call where the policy batches ([`together`]).
+    fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
+        self.judge_together(sols, done)
     }
 }
+
+mod together;
 
 #[cfg(test)]
 mod tests {
@@ -508,7 +544,7 @@ mod tests {
 
     /// A judge whose answers have fixed weights: `-1` (no error) 0.5, step 0 0.1, step 1 0.3,
     /// step 2 0.1 (log-probabilities off by a constant, as a model's are before normalising).
-    struct Weights;
+    pub(super) struct Weights;
 
     impl Policy for Weights {
         fn continue_from(
