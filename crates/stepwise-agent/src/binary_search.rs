@@ -8,7 +8,7 @@
 //! successful continuation from every state: every action is labelled 1 with no rollouts, lucky
 //! successes included (binary search cannot see a bad action that was repaired).
 
-use crate::labels::{roll_out, rollout_seed, Games, Replay, EPISODES_TOGETHER};
+use crate::labels::{add_played, roll_out, rollout_seed, Games, Replay, EPISODES_TOGETHER};
 use crate::rollout::{continue_episodes_on, Continuing, Played};
 use anyhow::Result;
 use stepwise_core::seams::{Annotator, Done, Episode, Policy, PolicyBatch, Spent};
@@ -63,11 +63,6 @@ impl BinarySearch<'_> {
         }
         Ok(s)
     }
-
-    /// The actions left to play after action `i` of a trajectory.
-    fn budget(&self, i: usize) -> usize {
-        self.games.env.max_actions().saturating_sub(i + 1)
-    }
 }
 
 impl Search<'_> {
@@ -87,9 +82,7 @@ impl Search<'_> {
 
     /// The rollouts `played` from the state after action `mid`: alive where any reached the goal.
     fn observe(&mut self, mid: usize, played: &[Played]) {
-        self.spent.rollouts += played.len();
-        self.spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
-        self.spent.env_steps += played.iter().map(|p| p.env_steps).sum::<usize>();
+        add_played(&mut self.spent, played);
         if played.iter().any(Played::success) {
             self.lo = mid + 1;
         } else {
@@ -136,7 +129,7 @@ impl Annotator for BinarySearch<'_> {
                 turns,
                 s.state(mid),
                 (mid, self.rollouts),
-                self.budget(mid),
+                self.games.actions_after(mid),
                 s.key,
             )?;
             s.observe(mid, &played);
@@ -197,7 +190,7 @@ impl BinarySearch<'_> {
             let playing = (probing.iter_mut())
                 .flat_map(|(_, s, mid, forks)| {
                     let (question, turns, key, mid) = (s.question.as_str(), &s.turns[..=*mid], s.key, *mid);
-                    let budget = self.budget(mid);
+                    let budget = self.games.actions_after(mid);
                     (forks.iter_mut().enumerate()).map(move |(j, f)| {
                         Continuing::new(question, turns.to_vec(), f.as_mut(), budget, rollout_seed(key, mid, j))
                     })

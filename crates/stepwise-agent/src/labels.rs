@@ -30,6 +30,11 @@ impl<'a> Games<'a> {
         }
     }
 
+    /// The actions a trajectory may still take after its action `i`.
+    pub(crate) fn actions_after(&self, i: usize) -> usize {
+        self.env.max_actions().saturating_sub(i + 1)
+    }
+
     /// The problem of a trajectory, by its `problem_id`.
     pub fn problem(&self, sol: &Solution) -> Result<&Problem> {
         self.problems.get(&sol.problem_id).with_context(|| {
@@ -176,7 +181,7 @@ impl MonteCarlo<'_> {
                 ));
                 break;
             }
-            let budget = self.games.env.max_actions().saturating_sub(i + 1);
+            let budget = self.games.actions_after(i);
             let forks = (0..self.rollouts).map(|_| ep.fork()).collect::<Result<_>>()?;
             f.states.push(ForkedState { at: i, budget, forks });
         }
@@ -217,9 +222,7 @@ impl MonteCarlo<'_> {
     /// The label of a state from the rollouts `played` from it, their cost added to `spent`.
     fn label(&self, played: &[Played], spent: &mut Spent) -> StepLabel {
         let hits = played.iter().filter(|p| p.success()).count() as u32;
-        spent.rollouts += played.len();
-        spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
-        spent.env_steps += played.iter().map(|p| p.env_steps).sum::<usize>();
+        add_played(spent, played);
         let n = played.len().max(1) as u32;
         let value: f32 = (played.iter())
             .filter(|p| p.success())
@@ -271,6 +274,13 @@ impl Annotator for MonteCarlo<'_> {
         };
         Some(run())
     }
+}
+
+/// What the rollouts `played` cost (rollouts, tokens, environment steps) added to `spent`.
+pub(crate) fn add_played(spent: &mut Spent, played: &[Played]) {
+    spent.rollouts += played.len();
+    spent.tokens += played.iter().map(|p| p.tokens).sum::<usize>();
+    spent.env_steps += played.iter().map(|p| p.env_steps).sum::<usize>();
 }
 
 /// The seed of rollout `j` from the state after action `i` of the trajectory keyed `key`.
