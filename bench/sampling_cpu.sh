@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sampling and annotating with a pretrained-size policy on the CPU (docs/benchmarks.md, "sampling
 # and annotating a 0.5B policy on the CPU"): `generate`; Monte Carlo, binary-search, OmegaPRM and
-# consensus `annotate`; `agent play`; an agent's Monte Carlo and binary-search labels. Each is
+# consensus `annotate`; a judge weighed by likelihood; `agent play`; an agent's Monte Carlo and
+# binary-search labels. Each is
 # timed with /usr/bin/time (its seconds and peak resident memory), on a random
 # Qwen2.5-0.5B-shaped policy stored in bf16
 # (bench/make_random_prm.py --policy). With BASELINE set to another build of stepwise, the same
@@ -11,7 +12,7 @@
 #
 # Environment: STEPWISE (target/release/stepwise), BASELINE (none), WORK (/tmp/sampling_cpu),
 # OUT (the JSON, default $WORK/sampling_cpu.json), PYTHON (for the policy: torch or
-# numpy+ml_dtypes, and safetensors).
+# numpy+ml_dtypes, and safetensors), RUNS (only these runs, by name, e.g. "mc judge_likelihood").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -47,6 +48,7 @@ runs() {  # the commands, as NAME then arguments; $1 is the build, $2 the folder
     echo "play $bin agent play --policy $POLICY --problems $W/games.jsonl -n 4 --max-tokens 12 --output $d/play.jsonl"
     echo "agent_mc $bin agent label --method mc --problems $W/games.jsonl --input $W/expert4.jsonl --rollouts 4 --policy $POLICY --max-tokens 8 --output $d/agent_mc.jsonl"
     echo "consensus $bin annotate --method consensus --policy $POLICY --judge $POLICY --judge-verdict likelihood --judge-format index --input $W/solutions8.jsonl --rollouts 8 --max-tokens 32 --output $d/consensus.jsonl"
+    echo "judge_likelihood $bin annotate --method judge --policy $POLICY --judge $POLICY --judge-verdict likelihood --judge-format index --input $W/solutions.jsonl --output $d/judge_likelihood.jsonl"
     echo "agent_binary $bin agent label --method binary --problems $W/games.jsonl --input $W/weak.jsonl --rollouts 4 --policy $POLICY --max-tokens 8 --output $d/agent_binary.jsonl"
 }
 BIN=${STEPWISE:-target/release/stepwise}
@@ -73,6 +75,7 @@ for b in "${builds[@]}"; do
     rm -rf "${W:?}/$name"
     mkdir -p "$W/$name"
     while read -r run cmd; do
+        [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $run "* ]] || continue
         /usr/bin/time -f "%e %M" -o "$W/$name/$run.time" $cmd --device cpu > "$W/$name/$run.log" 2>&1
         read -r secs kb < "$W/$name/$run.time"
         echo "$name $run: $secs s, peak $kb kB"
@@ -83,7 +86,8 @@ for b in "${builds[@]}"; do
 done
 echo "}" >> "$OUT"
 if [ -n "${BASELINE:-}" ]; then
-    for run in generate mc binary omegaprm play agent_mc consensus agent_binary; do
+    for run in generate mc binary omegaprm play agent_mc consensus judge_likelihood agent_binary; do
+        [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $run "* ]] || continue
         if cmp -s "$W/old/$run.jsonl" "$W/new/$run.jsonl"; then echo "$run: the same records"; else echo "$run: records differ"; fi
     done
 fi

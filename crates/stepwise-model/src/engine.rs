@@ -29,6 +29,10 @@ pub trait PackedEngine: Send + Sync + std::fmt::Debug {
     /// Each sequence's token log-probabilities (position 0 holds 0), in packed batches of at
     /// most `max_tokens` tokens.
     fn sequence_logprobs(&self, seqs: &[&[u32]], max_tokens: usize) -> Result<Vec<Vec<f32>>>;
+    /// For each query `(context, options)`, each option's log-probability after the context:
+    /// the context fed once and kept, the options going on from its cache
+    /// ([`PackedDecoder::options_after`]), in groups of at most `max_tokens` context tokens.
+    fn options_after(&self, queries: &[crate::packed_engine::Query<'_>], max_tokens: usize) -> Result<Vec<Vec<f64>>>;
     /// The KV cache of a running batch ([`crate::Decoding`]), as big as `size` says.
     fn decode_cache<'a>(&'a self, size: KvSize) -> Result<Box<dyn DecodeCache + 'a>>;
 }
@@ -65,6 +69,10 @@ impl<B: TrainBackend + 'static> PackedEngine for PackedDecoder<B> {
 
     fn sequence_logprobs(&self, seqs: &[&[u32]], max_tokens: usize) -> Result<Vec<Vec<f32>>> {
         crate::train::packed::sequence_logprobs(self, seqs, max_tokens)
+    }
+
+    fn options_after(&self, queries: &[crate::packed_engine::Query<'_>], max_tokens: usize) -> Result<Vec<Vec<f64>>> {
+        PackedDecoder::options_after(self, queries, max_tokens)
     }
 
     fn decode_cache<'a>(&'a self, size: KvSize) -> Result<Box<dyn DecodeCache + 'a>> {

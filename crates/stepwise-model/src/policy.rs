@@ -5,6 +5,7 @@
 
 use crate::generate::{generate, Decoding, SamplingParams};
 use crate::model::Model;
+use crate::packed_engine::{log_normalizer, logprob_at};
 use crate::prompt::Prompt;
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result};
@@ -46,33 +47,48 @@ impl EnginePolicy<'_> {
     }
 
     /// For each query `(context, options)`, the log-probability of each option (then `end`,
-    /// where given) after the tokens `context`: the sequences packed end to end in passes of at
-    /// most [`crate::DEFAULT_MAX_BATCH_TOKENS`] tokens ([`Model::head_at`]: the head runs only
-    /// at the positions that predict an option's tokens).
+    /// where given) after the tokens `context`. On a packed engine each context is fed once and
+    /// its options go on from its cache ([`crate::engine::PackedEngine::options_after`]); on the
+    /// CPU decoder the sequences are packed end to end in passes of at most
+    /// [`crate::DEFAULT_MAX_BATCH_TOKENS`] tokens ([`Model::head_at`]: the head runs only at the
+    /// positions that predict an option's tokens).
     fn options_after(&self, queries: &[(&[u32], &[&str])], end: Option<u32>) -> Result<Vec<Vec<f64>>> {
         let context_len = self.model.config.max_position_embeddings;
-        let mut seqs: Vec<(usize, Vec<u32>)> = Vec::new();
-        for (q, &(context, options)) in queries.iter().enumerate() {
+        let mut tokenized: Vec<Vec<Vec<u32>>> = Vec::with_capacity(queries.len());
+        for &(context, options) in queries {
             if context.is_empty() {
                 anyhow::bail!("an empty prompt: there is no position to read the options' first token at");
             }
+            let mut ids = Vec::with_capacity(options.len());
             for o in options.iter() {
-                let option = self.tokenizer.encode(o, false)?;
+                let mut option = self.tokenizer.encode(o, false)?;
                 if option.is_empty() {
                     anyhow::bail!("option `{o}` has no tokens");
                 }
-                let seq: Vec<u32> = context.iter().chain(&option).chain(&end).copied().collect();
-                if seq.len() > context_len {
+                option.extend(end);
+                if context.len() + option.len() > context_len {
                     anyhow::bail!(
                         "the prompt, the text written and an option make {} tokens: more than the model's context ({context_len})",
-                        seq.len()
+                        context.len() + option.len()
                     );
                 }
-                seqs.push((q, seq));
+                ids.push(option);
             }
+            tokenized.push(ids);
         }
-        // Packed end to end (no padding), at most `max_tokens` a pass; the head runs only at
-        // the positions that predict an option's tokens.
+        let with_ids: Vec<crate::packed_engine::Query> =
+            queries.iter().zip(&tokenized).map(|(q, ids)| (q.0, ids.as_slice())).collect();
+        match self.model.packed() {
+            Some(engine) => engine.options_after(&with_ids, crate::DEFAULT_MAX_BATCH_TOKENS),
+            None => self.options_packed_end_to_end(&with_ids),
+        }
+    }
+
+    /// [`Self::options_after`] on the CPU decoder: each context and option one sequence, packed.
+    fn options_packed_end_to_end(&self, queries: &[crate::packed_engine::Query<'_>]) -> Result<Vec<Vec<f64>>> {
+        let seqs: Vec<(usize, Vec<u32>)> = (queries.iter().enumerate())
+            .flat_map(|(q, &(context, options))| options.iter().map(move |o| (q, [context, o].concat())))
+            .collect();
         let max_tokens = crate::DEFAULT_MAX_BATCH_TOKENS;
         let mut sums = Vec::with_capacity(seqs.len());
         let mut at = 0;
@@ -95,7 +111,7 @@ impl EnginePolicy<'_> {
                 let mut sum = 0f64;
                 for &token in &s[queries[*q].0.len()..] {
                     let row = rows.next().context("the model read fewer positions than asked")?;
-                    sum += log_softmax_at(row, token as usize)?;
+                    sum += logprob_at(row, log_normalizer(row), token)?;
                 }
                 sums.push(sum);
             }
@@ -114,16 +130,6 @@ impl EnginePolicy<'_> {
         let body: Vec<u32> = out.iter().copied().filter(|t| !end.contains(t)).collect();
         self.tokenizer.decode(&body)
     }
-}
-
-/// `log softmax(logits)[token]`, in f64.
-fn log_softmax_at(logits: &[f32], token: usize) -> Result<f64> {
-    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let total: f64 = logits.iter().map(|&x| (x as f64 - top).exp()).sum();
-    let at = *logits
-        .get(token)
-        .with_context(|| format!("token {token} is past the model's vocabulary ({})", logits.len()))?;
-    Ok(at as f64 - top - total.ln())
 }
 
 impl Policy for EnginePolicy<'_> {

@@ -26,13 +26,34 @@ pub(crate) const SHARED_START_MIN: usize = 8;
 /// from earlier calls) is left out.
 pub(crate) fn primer_levels(asks: &[Prepared], kept: impl Fn(&[u32]) -> usize) -> Vec<Vec<Prepared>> {
     let fine: Vec<&(Vec<u32>, usize, SamplingParams)> = asks.iter().flatten().collect();
-    let mut order: Vec<usize> = (0..fine.len()).collect();
-    order.sort_by(|&a, &b| fine[a].0.cmp(&fine[b].0));
-    // The branch points of the prompts' trie: the start each pair of neighbours in sorted order
-    // shares, with an ask whose settings its primer takes.
+    let prompts: Vec<&[u32]> = fine.iter().map(|f| f.0.as_slice()).collect();
+    (shared_starts(&prompts, |start| kept(start) + 1 >= start.len()).into_iter())
+        .map(|level| {
+            (level.into_iter())
+                .map(|(start, ask)| {
+                    let one = SamplingParams {
+                        max_new_tokens: 1,
+                        ..fine[ask].2.clone()
+                    };
+                    Ok((start.to_vec(), 1, one))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The starts of at least [`SHARED_START_MIN`] tokens that two or more of `prompts` share (the
+/// branch points of their trie), level by level, each with the index of a prompt that has it: a
+/// start is in the level after the longest start it begins with, so fed level by level each
+/// start feeds only what its parent lacks. A start `skip` says needs no feeding is left out (what
+/// begins with it goes a level earlier).
+pub(crate) fn shared_starts<'a>(prompts: &[&'a [u32]], skip: impl Fn(&[u32]) -> bool) -> Vec<Vec<(&'a [u32], usize)>> {
+    let mut order: Vec<usize> = (0..prompts.len()).collect();
+    order.sort_by(|&a, &b| prompts[a].cmp(prompts[b]));
+    // The start each pair of neighbours in sorted order shares.
     let mut starts: Vec<(&[u32], usize)> = (order.windows(2))
         .filter_map(|w| {
-            let (a, b) = (&fine[w[0]].0, &fine[w[1]].0);
+            let (a, b) = (prompts[w[0]], prompts[w[1]]);
             let shared = a.iter().zip(b).take_while(|(x, y)| x == y).count();
             (shared >= SHARED_START_MIN).then_some((&a[..shared], w[0]))
         })
@@ -40,14 +61,14 @@ pub(crate) fn primer_levels(asks: &[Prepared], kept: impl Fn(&[u32]) -> usize) -
     // Sorted, a start comes before every start that begins with it, and those follow it together.
     starts.sort_by(|x, y| x.0.cmp(y.0));
     starts.dedup_by(|x, y| x.0 == y.0);
-    let mut levels: Vec<Vec<Prepared>> = Vec::new();
-    // The primed starts the current one may begin with, each with its level.
+    let mut levels: Vec<Vec<(&[u32], usize)>> = Vec::new();
+    // The starts the current one may begin with, each with its level.
     let mut open: Vec<(&[u32], usize)> = Vec::new();
-    for (start, ask) in starts {
+    for (start, prompt) in starts {
         while open.last().is_some_and(|(s, _)| !start.starts_with(s)) {
             open.pop();
         }
-        if kept(start) + 1 >= start.len() {
+        if skip(start) {
             continue;
         }
         let level = open.last().map_or(0, |&(_, l)| l + 1);
@@ -55,11 +76,7 @@ pub(crate) fn primer_levels(asks: &[Prepared], kept: impl Fn(&[u32]) -> usize) -
         if levels.len() == level {
             levels.push(Vec::new());
         }
-        let one = SamplingParams {
-            max_new_tokens: 1,
-            ..fine[ask].2.clone()
-        };
-        levels[level].push(Ok((start.to_vec(), 1, one)));
+        levels[level].push((start, prompt));
     }
     levels
 }
