@@ -276,11 +276,7 @@ impl Judge<'_> {
     pub fn first_error(&self, sol: &Solution) -> Result<(Option<Option<usize>>, usize, Spent)> {
         if self.likelihood {
             let weighed = self.verdict_probabilities(&[(&sol.question, &sol.step_strings())])?;
-            return Ok((
-                likeliest(weighed.into_iter().next().unwrap_or_default()),
-                1,
-                Spent::default(),
-            ));
+            return Ok(by_likelihood(weighed.into_iter().next().unwrap_or_default()));
         }
         let (verdicts, spent) = self.verdicts(&sol.question, &sol.step_strings(), &sol.id)?;
         let (best, given) = vote(verdicts);
@@ -299,6 +295,12 @@ fn likeliest(weighed: Weighed) -> Option<Option<usize>> {
     (weighed.into_iter())
         .max_by(|(va, pa), (vb, pb)| pa.total_cmp(pb).then(tie_key(vb).cmp(&tie_key(va))))
         .map(|(v, _)| v)
+}
+
+/// A solution's first error by likelihood: the likeliest of its `weighed` verdicts, one verdict
+/// given, nothing written.
+fn by_likelihood(weighed: Weighed) -> (Option<Option<usize>>, usize, Spent) {
+    (likeliest(weighed), 1, Spent::default())
 }
 
 /// The most frequent of `verdicts` (ties: the earliest error), and how many were given.

@@ -53,12 +53,8 @@ impl EnginePolicy<'_> {
     /// [`crate::DEFAULT_MAX_BATCH_TOKENS`] tokens ([`Model::head_at`]: the head runs only at the
     /// positions that predict an option's tokens).
     fn options_after(&self, queries: &[(&[u32], &[&str])], end: Option<u32>) -> Result<Vec<Vec<f64>>> {
-        let context_len = self.model.config.max_position_embeddings;
         let mut tokenized: Vec<Vec<Vec<u32>>> = Vec::with_capacity(queries.len());
-        for &(context, options) in queries {
-            if context.is_empty() {
-                anyhow::bail!("an empty prompt: there is no position to read the options' first token at");
-            }
+        for &(_, options) in queries {
             let mut ids = Vec::with_capacity(options.len());
             for o in options.iter() {
                 let mut option = self.tokenizer.encode(o, false)?;
@@ -66,18 +62,13 @@ impl EnginePolicy<'_> {
                     anyhow::bail!("option `{o}` has no tokens");
                 }
                 option.extend(end);
-                if context.len() + option.len() > context_len {
-                    anyhow::bail!(
-                        "the prompt, the text written and an option make {} tokens: more than the model's context ({context_len})",
-                        context.len() + option.len()
-                    );
-                }
                 ids.push(option);
             }
             tokenized.push(ids);
         }
         let with_ids: Vec<crate::packed_engine::Query> =
             queries.iter().zip(&tokenized).map(|(q, ids)| (q.0, ids.as_slice())).collect();
+        crate::packed_engine::check_queries(&with_ids, self.model.config.max_position_embeddings)?;
         match self.model.packed() {
             Some(engine) => engine.options_after(&with_ids, crate::DEFAULT_MAX_BATCH_TOKENS),
             None => self.options_packed_end_to_end(&with_ids),

@@ -9,9 +9,9 @@
 //! [`Policy::batch`]: stepwise_core::seams::Policy::batch
 //! [`Policy::logprobs_after`]: stepwise_core::seams::Policy::logprobs_after
 
-use super::{labelled, likeliest, vote, Judge};
+use super::{by_likelihood, labelled, vote, Judge};
 use anyhow::Result;
-use stepwise_core::seams::{Done, NextSteps, PolicyBatch, Spent, Until};
+use stepwise_core::seams::{Annotator, Done, NextSteps, PolicyBatch, Spent, Until};
 use stepwise_core::Solution;
 
 /// Solutions judged in one call.
@@ -47,14 +47,12 @@ impl Judge<'_> {
                 .collect();
             let labels: Vec<Result<(Solution, Spent)>> = match self.verdict_probabilities(&asked) {
                 Ok(weighed) => (chunk.iter().zip(weighed))
-                    .map(|(s, w)| Ok(labelled(s, likeliest(w), 1, Spent::default())))
-                    .collect(),
-                Err(_) => (chunk.iter())
-                    .map(|s| {
-                        self.first_error(s)
-                            .map(|(best, given, spent)| labelled(s, best, given, spent))
+                    .map(|(s, w)| {
+                        let (best, given, spent) = by_likelihood(w);
+                        Ok(labelled(s, best, given, spent))
                     })
                     .collect(),
+                Err(_) => chunk.iter().map(|s| self.annotate(s)).collect(),
             };
             for (i, r) in labels.into_iter().enumerate() {
                 done(k * JUDGED_TOGETHER + i, r)?;

@@ -37,7 +37,7 @@ pub use cpu::Cpu;
 pub use decoding::PagedRows;
 pub use open::{with_trainer, WithTrainer};
 pub use paged::{worst_case_blocks, PagedCache, PagedSeq, BLOCK};
-pub use options::{log_normalizer, logprob_at, Query};
+pub use options::{check_queries, log_normalizer, logprob_at, Query};
 pub use reference::Reference;
 pub use lm_head::{TokenLossFn, LOGITS_BYTES};
 pub use files::Snapshot;

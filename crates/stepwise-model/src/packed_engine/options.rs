@@ -11,6 +11,7 @@ use super::paged::{blocks_for, PagedCache, PagedSeq, BLOCK};
 use super::{Backend, PackedDecoder};
 use crate::primers::shared_starts;
 use anyhow::{bail, Context, Result};
+use std::ops::Range;
 
 /// One query: a context, and each option's token ids after it.
 pub type Query<'a> = (&'a [u32], &'a [Vec<u32>]);
@@ -31,17 +32,42 @@ pub fn logprob_at(logits: &[f32], norm: f64, token: u32) -> Result<f64> {
 }
 
 /// Consecutive runs of items whose costs `(tokens, rows)` sum to at most `most` in both (an
-/// item costing more is a run alone): the end of each run but the last.
-fn runs(costs: impl Iterator<Item = (usize, usize)>, most: (usize, usize)) -> Vec<usize> {
-    let (mut ends, mut sum) = (Vec::new(), (0, 0));
+/// item costing more is a run alone), covering every item in order.
+fn runs(costs: impl Iterator<Item = (usize, usize)>, most: (usize, usize)) -> Vec<Range<usize>> {
+    let (mut out, mut start, mut sum) = (Vec::new(), 0, (0, 0));
+    let mut n = 0;
     for (i, c) in costs.enumerate() {
         if sum != (0, 0) && (sum.0 + c.0 > most.0 || sum.1 + c.1 > most.1) {
-            ends.push(i);
-            sum = (0, 0);
+            out.push(start..i);
+            (start, sum) = (i, (0, 0));
         }
         sum = (sum.0 + c.0, sum.1 + c.1);
+        n = i + 1;
     }
-    ends
+    if n > start {
+        out.push(start..n);
+    }
+    out
+}
+
+/// Refuses a query that cannot be weighed: an empty context, an option of no tokens, or a
+/// context and option past the model's `positions`.
+pub fn check_queries(queries: &[Query<'_>], positions: usize) -> Result<()> {
+    for &(context, options) in queries {
+        if context.is_empty() {
+            bail!("an empty prompt: there is no position to read the options' first token at");
+        }
+        if options.iter().any(Vec::is_empty) {
+            bail!("an option of no tokens");
+        }
+        if let Some(o) = options.iter().find(|o| context.len() + o.len() > positions) {
+            bail!(
+                "the prompt, the text written and an option make {} tokens: more than the model's context ({positions})",
+                context.len() + o.len()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// One option that goes on past its first token: its query, its index there, and its tokens.
@@ -69,29 +95,12 @@ impl<B: Backend> PackedDecoder<B> {
     /// one alone) and kept in a paged cache; the options that go on past their first token are
     /// fed from forks of it, as many at once as the LM head's logits budget holds.
     pub fn options_after(&self, queries: &[Query<'_>], max_tokens: usize) -> Result<Vec<Vec<f64>>> {
-        let positions = self.config.max_position_embeddings;
-        for &(context, options) in queries {
-            if context.is_empty() {
-                bail!("an empty prompt: there is no position to read the options' first token at");
-            }
-            if options.iter().any(Vec::is_empty) {
-                bail!("an option of no tokens");
-            }
-            if let Some(o) = options.iter().find(|o| context.len() + o.len() > positions) {
-                bail!(
-                    "the prompt, the text written and an option make {} tokens: more than the model's context ({positions})",
-                    context.len() + o.len()
-                );
-            }
-        }
+        check_queries(queries, self.config.max_position_embeddings)?;
         let rows_a_pass = (self.logits_bytes / (4 * self.config.vocab_size.max(1))).max(1);
         let most = (max_tokens.max(1), rows_a_pass);
-        let ends = runs(queries.iter().map(|q| (q.0.len(), 1)), most);
         let mut out: Vec<Vec<f64>> = queries.iter().map(|q| vec![0.0; q.1.len()]).collect();
-        let mut start = 0;
-        for end in ends.into_iter().chain([queries.len()]) {
-            self.options_of_group(&queries[start..end], most, &mut out[start..end])?;
-            start = end;
+        for group in runs(queries.iter().map(|q| (q.0.len(), 1)), most) {
+            self.options_of_group(&queries[group.clone()], most, &mut out[group])?;
         }
         Ok(out)
     }
@@ -108,12 +117,8 @@ impl<B: Backend> PackedDecoder<B> {
             .collect();
         // Passes of forks: each fed token's row is read.
         let passes = runs(forks.iter().map(|f| (f.fed().len(), f.fed().len())), most);
-        let fork_blocks = (passes.iter().copied().chain([forks.len()]))
-            .scan(0, |start, end| {
-                let pass = &forks[*start..end];
-                *start = end;
-                Some(pass.iter().map(|f| f.blocks(group[f.query].0.len())).sum::<usize>())
-            })
+        let fork_blocks = (passes.iter())
+            .map(|pass| forks[pass.clone()].iter().map(|f| f.blocks(group[f.query].0.len())).sum::<usize>())
             .max()
             .unwrap_or(0);
         // Starts two or more contexts share, fed once (each context's last token is its own: its
@@ -132,10 +137,8 @@ impl<B: Backend> PackedDecoder<B> {
             }
         }
         // The rest of each option, from a fork of its context.
-        let mut start = 0;
-        for end in passes.into_iter().chain([forks.len()]) {
-            let pass = &forks[start..end];
-            start = end;
+        for pass in passes {
+            let pass = &forks[pass];
             let mut seqs = Vec::with_capacity(pass.len());
             for f in pass {
                 let mut seq = cache.fork(self.backend(), &contexts[f.query])?;
@@ -221,11 +224,11 @@ mod tests {
     #[test]
     fn runs_break_before_the_sum_passes_the_most_and_keep_a_big_item_alone() {
         let tokens = |c: &[usize]| c.iter().map(|&t| (t, 1)).collect::<Vec<_>>().into_iter();
-        assert_eq!(runs(tokens(&[3, 3, 3, 3]), (6, 9)), vec![2]);
-        assert_eq!(runs(tokens(&[10, 1, 1]), (4, 9)), vec![1]);
-        assert_eq!(runs(tokens(&[1, 10, 1]), (4, 9)), vec![1, 2]);
+        assert_eq!(runs(tokens(&[3, 3, 3, 3]), (6, 9)), vec![0..2, 2..4]);
+        assert_eq!(runs(tokens(&[10, 1, 1]), (4, 9)), vec![0..1, 1..3]);
+        assert_eq!(runs(tokens(&[1, 10, 1]), (4, 9)), vec![0..1, 1..2, 2..3]);
         // The rows bind as well as the tokens.
-        assert_eq!(runs(tokens(&[1, 1, 1, 1, 1]), (100, 2)), vec![2, 4]);
+        assert_eq!(runs(tokens(&[1, 1, 1, 1, 1]), (100, 2)), vec![0..2, 2..4, 4..5]);
         assert!(runs(std::iter::empty(), (4, 4)).is_empty());
     }
 }
