@@ -17,6 +17,7 @@ pub(crate) mod sgemm;
 pub(crate) mod simd;
 mod swiglu;
 pub(crate) mod tiles;
+pub(crate) mod tiles_amx;
 mod token_logprob;
 pub(crate) mod weights;
 

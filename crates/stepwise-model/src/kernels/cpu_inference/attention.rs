@@ -6,7 +6,8 @@
 //! itself stays f32.
 
 use super::Dims;
-use crate::kernels::{simd, tiles};
+use crate::kernels::sgemm::amx;
+use crate::kernels::{simd, tiles, tiles_amx};
 use rayon::prelude::*;
 
 /// One head's attention buffers.
@@ -95,8 +96,14 @@ pub(super) fn attention(
             let keys = &pairs.keys[g * d / 2 * t_pad..][..d / 2 * t_pad];
             let values = &pairs.values[g * t_pad / 2 * d..][..t_pad / 2 * d];
             // SAFETY: `bf16` was asked for only where `bf16_products_available()` holds (AVX-512F and
-            // AVX512_BF16), and `d` is a multiple of 32.
-            unsafe { head.run_bf16(keys, values) }
+            // AVX512_BF16), and `d` is a multiple of 32; AMX's where `amx::available()` holds.
+            unsafe {
+                if amx::available() {
+                    head.run_amx(keys, values)
+                } else {
+                    head.run_bf16(keys, values)
+                }
+            }
         } else {
             simd::dispatch(head);
         }
@@ -284,10 +291,83 @@ impl HeadAttention<'_> {
         out.truncate(m * d);
     }
 
+    /// [`HeadAttention::run_bf16`] on AMX tiles, sixteen query positions at a time.
+    ///
+    /// # Safety
+    /// As for [`HeadAttention::run_bf16`], with [`amx::available`] holding.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn run_amx(self, keys: &[u32], values: &[u32]) {
+        use tiles::TILE_WIDTH;
+        use tiles_amx::QUERIES;
+        let (t, d, stride) = (self.t, self.d, self.stride);
+        let HeadScratch {
+            queries: q,
+            scores,
+            out,
+            query_pairs,
+            weight_pairs,
+        } = self.scratch;
+        let m = self.queries.len();
+        out.clear();
+        out.resize(m.div_ceil(QUERIES) * QUERIES * d, 0.0);
+        q.resize(d, 0.0);
+        query_pairs.resize(QUERIES * d / 2, 0);
+        // SAFETY: AMX is here (this function's condition); released below.
+        unsafe { amx::configure() };
+        for (tile, positions) in self.queries.chunks(QUERIES).enumerate() {
+            let at = |r: usize| positions[r.min(positions.len() - 1)];
+            for (r, qp) in query_pairs.chunks_exact_mut(d / 2).enumerate() {
+                for (dst, &src) in q.iter_mut().zip(&self.qkv[at(r) * stride + self.q_col..][..d]) {
+                    *dst = src * self.scale;
+                }
+                // SAFETY: this function's features; `qp` holds d / 2 pairs.
+                unsafe { tiles::to_bf16_pairs(q, qp) };
+            }
+            let seen = (0..QUERIES).map(|r| at(r) + 1).max().unwrap_or(1).min(t);
+            let n = seen.div_ceil(TILE_WIDTH) * TILE_WIDTH;
+            scores.resize(QUERIES * n, 0.0);
+            // SAFETY: configured; `keys` holds d / 2 rows of `t_pad ≥ n` pairs; `scores` 16 · n.
+            unsafe { tiles_amx::scores(query_pairs, keys, self.t_pad, d, n, scores) };
+            // Whole tiles of pairs of keys (within the `t_pad / 2` rows of values), zero past
+            // each row's keys.
+            let pairs = seen.div_ceil(2).next_multiple_of(16);
+            weight_pairs.clear();
+            weight_pairs.resize(QUERIES * pairs, 0);
+            let mut inv = [0f32; QUERIES];
+            for (r, (row, wp)) in scores
+                .chunks_exact_mut(n)
+                .zip(weight_pairs.chunks_exact_mut(pairs))
+                .enumerate()
+            {
+                let window = (at(r) + 1).min(t);
+                let valid = self.valid.map(|v| &v[..window]);
+                inv[r] = 1.0 / crate::kernels::exp_window::<true>(&mut row[..window], valid, true);
+                // SAFETY: `wp` holds at least ⌈window / 2⌉ pairs.
+                unsafe { tiles::to_bf16_pairs(&row[..window], &mut wp[..window.div_ceil(2)]) };
+            }
+            let y = &mut out[tile * QUERIES * d..][..QUERIES * d];
+            // SAFETY: configured; `values` holds `t_pad / 2 ≥ pairs` rows of d pairs.
+            unsafe { tiles_amx::weighted_values(weight_pairs, pairs, values, d, y) };
+            for (y, inv) in y.chunks_exact_mut(d).zip(inv) {
+                y.iter_mut().for_each(|y| *y *= inv);
+            }
+        }
+        // SAFETY: configured above.
+        unsafe { amx::release() };
+        out.truncate(m * d);
+    }
+
     /// Never called: bf16 products are never asked for off x86-64.
     #[cfg(not(target_arch = "x86_64"))]
     unsafe fn run_bf16(self, _: &[u32], _: &[u32]) {
         unreachable!("bf16 attention off x86-64")
+    }
+
+    /// Never called: AMX exists only on x86-64.
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn run_amx(self, _: &[u32], _: &[u32]) {
+        unreachable!("AMX off x86-64")
     }
 }
 

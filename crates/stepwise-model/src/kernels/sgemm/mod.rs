@@ -33,6 +33,8 @@ const COLS: usize = 12;
 const DEPTH: usize = 1024;
 /// Columns of `dst` (weight rows) per chunk: every panel runs over a chunk before the next.
 const CHUNK: usize = 16 * COLS;
+/// Columns of a block of a product split by columns: whole tiles of [`COLS`] and of AMX's 16.
+const BLOCK_COLS: usize = 4 * COLS;
 
 thread_local! {
     /// This thread's packed block of `a`.
@@ -252,8 +254,9 @@ unsafe fn by_columns(
     tasks: usize,
 ) {
     use rayon::prelude::*;
-    // Whole tiles per block.
-    let block = n.div_ceil(tasks.max(1)).next_multiple_of(COLS);
+    // Whole tiles per block, of the AVX-512 kernels and of AMX's (so each column is computed by
+    // the kernel that computes it in one pass).
+    let block = n.div_ceil(tasks.max(1)).next_multiple_of(BLOCK_COLS);
     // In bf16 products every task reads the same panels: packed here, once.
     let packed = match w {
         WeightSlice::Bf16Products(_) => Some(pack_all_pairs(a, a_stride, m, k)),
@@ -378,7 +381,13 @@ fn pack_all_pairs(a: &[f32], a_stride: usize, m: usize, k: usize) -> Vec<Vec<u32
 unsafe fn tiles_bf16(dst: Dst, packed: &[u32], w: &[bf16], (m, n, k): (usize, usize, usize), k0: usize, add: bool) {
     let depth = DEPTH.min(k - k0);
     let pairs = depth.div_ceil(2);
-    for c0 in (0..n).step_by(CHUNK) {
+    // On AMX the whole 16-row blocks of the weight; the rest (all of it elsewhere) here.
+    let done = match amx::suits(depth) {
+        // SAFETY: as this function's, with `amx::suits` holding.
+        true => unsafe { amx::tiles(dst, packed, w, (m, n, k), k0, add) },
+        false => 0,
+    };
+    for c0 in (done..n).step_by(CHUNK) {
         let chunk_end = n.min(c0 + CHUNK);
         for_each_tile((m, n), c0..chunk_end, (dst, add), |p, j0, out| {
             let panel = &packed[p * PANEL * pairs..][..PANEL * pairs];
@@ -578,6 +587,7 @@ unsafe fn tile_bf16<const VECS: usize>(_: usize, _: &[u32], _: &[&[bf16]; COLS],
     unreachable!("no `Bf16Products` weight exists off x86-64")
 }
 
+pub(crate) mod amx;
 mod pack;
 
 #[cfg(test)]

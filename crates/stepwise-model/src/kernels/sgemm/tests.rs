@@ -43,6 +43,13 @@ fn tiles_equal_plain_sums_for_ragged_shapes() {
         (37, 14, 67),
         (49, 26, 130),
         (3, 5, 1),
+        // Whole AMX tiles of depth (and a chunk of 1024 then one of 32), with 16-row blocks of
+        // the weight and columns left over, panels of one and two halves.
+        (70, 37, 1056),
+        (17, 48, 64),
+        (100, 96, 96),
+        (16, 16, 32),
+        (33, 50, 2048),
     ] {
         for accumulate in [false, true] {
             let (as_, ds) = (k + 3, n + 5);
