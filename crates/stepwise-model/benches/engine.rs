@@ -276,7 +276,7 @@ fn sampling(peaked: bool) -> f64 {
 /// bf16 (24 layers of q, k, v, o, gate, up and down, and the 151,936-row output layer: 0.99 GB,
 /// far past any cache): milliseconds a step and the weights' bytes read per second. The floor of
 /// a decoding step, which reads every weight once: bound by memory at 8 rows (8 clients), by
-/// the tiles' arithmetic at 73 (64 clients: ~58 continuations and a prompt chunk).
+/// the tiles' arithmetic at 73 (64 clients: ~58 continuations and a prompt chunk) and 512.
 fn decode_products(rows: usize) -> anyhow::Result<(f64, f64)> {
     use candle_core::{DType, Tensor};
     use stepwise_model::kernels::Linear;
@@ -568,7 +568,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if wanted("decode") {
-        for rows in [8, 73] {
+        // 512 rows: a prefill's or scoring's products (AMX's tiles where the CPU has them).
+        for rows in [8, 73, 512] {
             let (ms, gbs) = decode_products(rows)?;
             // Two bytes a weight, two FLOPs a weight a row.
             let gflops = gbs * rows as f64;

@@ -7,6 +7,9 @@
 //!
 //! Every function here needs the tiles configured ([`crate::kernels::sgemm::amx::configure`]).
 
+// Off x86-64 only `available` (false) and the stubs are reached.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_macros))]
+
 /// Query rows of a tile.
 pub(crate) const QUERIES: usize = 16;
 /// Tile rows and 32-bit columns.

@@ -22,6 +22,9 @@
 //! Linux lends a process the tiles' 8 KiB of state only once asked (`arch_prctl` with
 //! `ARCH_REQ_XCOMP_PERM`); [`available`] asks once, and says no where the kernel refuses.
 
+// Off x86-64 only `available` (false) and the stubs are reached.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_macros))]
+
 use super::{Dst, DEPTH, PANEL};
 use half::bf16;
 
