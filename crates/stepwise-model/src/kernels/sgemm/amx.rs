@@ -1,8 +1,8 @@
 //! bf16 products on Intel's AMX tiles (Sapphire Rapids and later Xeons), where the CPU and the
 //! kernel allow them: each `tdpbf16ps` multiplies a 16 × 32 block of bf16 by a 32 × 16 one into
 //! 16 × 16 f32 sums, 16,384 operations an instruction against 64 for AVX512_BF16's `vdpbf16ps`.
-//! On a 2-vCPU Xeon that had both, a loop of them ran at 3,054 GFLOP/s a core against 108
-//! (`bench/bf16_peak.c` and its AMX twin in docs/benchmarks.md).
+//! On a 2-vCPU Xeon that had both, a loop of them ran at about 3,000 GFLOP/s a core (2,900 and
+//! 3,054 in two runs) against 108 (`bench/amx_peak.c`, `bench/bf16_peak.c`).
 //!
 //! The product is the AVX-512 tiles' `dst (+)= a · wᵀ` with the roles of the operands swapped
 //! so that both are read as they already lie: the weight `[n, k]` (16 rows of 32 values of `k`
