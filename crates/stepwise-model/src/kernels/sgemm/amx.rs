@@ -15,9 +15,11 @@
 //! A tile sums its 32 values of `k` at a time in the hardware's order, chunk by chunk
 //! ([`super::DEPTH`]) into `dst` as the AVX-512 tiles do, so a row's result does not depend on
 //! which panel, tile or thread computed it; it differs from the AVX-512 tiles' in f32's rounding
-//! of the sums (the products are exact in both). Only depths that are whole tiles (multiples of
-//! 32, as every Qwen2 and Llama width) and whole 16-row blocks of the weight take them; the
-//! columns left over go to the AVX-512 tiles. `STEPWISE_AMX=0` turns them off (to compare).
+//! of the sums (the products are exact in both). The whole tiles of 32 steps of a chunk (all of
+//! it for every Qwen2 and Llama width; a training step's weight gradients, whose depth is the
+//! batch's token count, leave up to 31) of the weight's whole 16-row blocks take them; the steps
+//! past those are added by the AVX512_BF16 tiles, which take the columns left over too.
+//! `STEPWISE_AMX=0` turns them off (to compare).
 //!
 //! Linux lends a process the tiles' 8 KiB of state only once asked (`arch_prctl` with
 //! `ARCH_REQ_XCOMP_PERM`); [`available`] asks once, and says no where the kernel refuses.
@@ -25,7 +27,7 @@
 // Off x86-64 only `available` (false) and the stubs are reached.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_macros))]
 
-use super::{Dst, DEPTH, PANEL};
+use super::{Dst, PANEL};
 use half::bf16;
 
 /// Rows (and 32-bit columns) of a tile.
@@ -68,9 +70,13 @@ fn supported() -> bool {
     false
 }
 
-/// Whether a depth chunk of `depth` steps is whole tiles.
-pub(super) fn suits(depth: usize) -> bool {
-    depth > 0 && depth.is_multiple_of(STEP) && available()
+/// The steps of a depth chunk of `depth` the AMX tiles take: its whole tiles of 32 (0 where
+/// AMX is not available); the rest are the AVX512_BF16 tiles'.
+pub(super) fn whole_steps(depth: usize) -> usize {
+    match available() {
+        true => depth / STEP * STEP,
+        false => 0,
+    }
 }
 
 /// The tile configuration `ldtilecfg` reads: palette 1, eight tiles of 16 rows of 64 bytes.
@@ -91,23 +97,33 @@ const CONFIG: Config = Config {
     rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
 };
 
-/// The depth chunk from `k0` of `dst (+)= a · wᵀ` for the weight's first `n / 16 · 16` rows
-/// (output columns), over the chunk's packed panels `packed` ([`super::pack::pack_pairs`] of
-/// `a`'s `m` rows); returns how many columns it computed (the rest are the caller's).
+/// The first `steps` steps of the depth chunk from `k0` of `dst (+)= a · wᵀ` for the weight's
+/// first `n / 16 · 16` rows (output columns), over the chunk's packed panels `packed`
+/// ([`super::pack::pack_pairs`] of `a`'s `m` rows, `pairs` pair steps each); returns how many
+/// columns it computed (the rest, and the chunk's steps past `steps`, are the caller's).
 ///
 /// # Safety
-/// [`suits`] holds for the chunk's depth; `packed` holds the chunk's panels; `w` is `[n, k]`;
-/// `m` rows of `n` values from `dst.at` are writable (and readable when `add`).
+/// `steps` is [`whole_steps`] of the chunk's depth, not 0, and at most `2 · pairs`; `packed`
+/// holds the chunk's panels; `w` is `[n, k]`; `m` rows of `n` values from `dst.at` are
+/// writable (and readable when `add`).
 #[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn tiles(dst: Dst, packed: &[u32], w: &[bf16], (m, n, k): (usize, usize, usize), k0: usize, add: bool) -> usize {
-    let depth = DEPTH.min(k - k0);
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tiles(
+    dst: Dst,
+    packed: &[u32],
+    pairs: usize,
+    w: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    (k0, steps): (usize, usize),
+    add: bool,
+) -> usize {
     let cols = n / TILE * TILE;
-    debug_assert!(suits(depth) && w.len() >= n * k);
-    debug_assert!(packed.len() >= m.div_ceil(PANEL) * PANEL * depth / 2);
+    debug_assert!(steps > 0 && steps == whole_steps(steps) && steps <= 2 * pairs && w.len() >= n * k);
+    debug_assert!(packed.len() >= m.div_ceil(PANEL) * PANEL * pairs);
     if cols == 0 {
         return 0;
     }
-    // SAFETY: AMX is available (`suits`).
+    // SAFETY: AMX is available (`whole_steps` gave `steps`).
     unsafe { configure() };
     let mut sums = Sums([0.0; 4 * TILE * TILE]);
     // A chunk of the weight's rows stays in L2 while every panel runs over it, and a panel's
@@ -115,18 +131,18 @@ pub(super) unsafe fn tiles(dst: Dst, packed: &[u32], w: &[bf16], (m, n, k): (usi
     for c0 in (0..cols).step_by(CHUNK) {
         for p in 0..m.div_ceil(PANEL) {
             let rows = PANEL.min(m - p * PANEL);
-            let panel = packed[p * PANEL * depth / 2..].as_ptr();
+            let panel = packed[p * PANEL * pairs..].as_ptr();
             for j0 in (c0..cols.min(c0 + CHUNK)).step_by(BLOCK) {
                 let two = j0 + BLOCK <= cols;
                 let weights = w[j0 * k + k0..].as_ptr();
-                // SAFETY: the tiles read `TILE` (or `BLOCK`) weight rows of `depth` values from
-                // column `k0` (rows below `cols ≤ n`) and the panel's `depth / 2` pair steps.
+                // SAFETY: the tiles read `TILE` (or `BLOCK`) weight rows of `steps` values from
+                // column `k0` (rows below `cols ≤ n`) and the panel's first `steps / 2` pair steps.
                 unsafe {
                     match (two, rows > TILE) {
-                        (true, true) => block::<2, 2>(weights, k, panel, depth, &mut sums),
-                        (true, false) => block::<2, 1>(weights, k, panel, depth, &mut sums),
-                        (false, true) => block::<1, 2>(weights, k, panel, depth, &mut sums),
-                        (false, false) => block::<1, 1>(weights, k, panel, depth, &mut sums),
+                        (true, true) => block::<2, 2>(weights, k, panel, steps, &mut sums),
+                        (true, false) => block::<2, 1>(weights, k, panel, steps, &mut sums),
+                        (false, true) => block::<1, 2>(weights, k, panel, steps, &mut sums),
+                        (false, false) => block::<1, 1>(weights, k, panel, steps, &mut sums),
                     }
                 }
                 for wt in 0..if two { 2 } else { 1 } {
@@ -173,7 +189,8 @@ pub(crate) unsafe fn release() {
 
 /// Never called: [`available`] is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-pub(super) unsafe fn tiles(_: Dst, _: &[u32], _: &[bf16], _: (usize, usize, usize), _: usize, _: bool) -> usize {
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tiles(_: Dst, _: &[u32], _: usize, _: &[bf16], _: (usize, usize, usize), _: (usize, usize), _: bool) -> usize {
     unreachable!("AMX exists only on x86-64")
 }
 
@@ -269,7 +286,7 @@ unsafe fn store(tile: &[f32; TILE * TILE], out: Window) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{pack::pack_pairs, Dst};
+    use super::super::{pack::pack_pairs, Dst, DEPTH};
     use super::*;
 
     /// The AMX tiles alone (no AVX-512 tile after them) against exact sums of the same bf16
@@ -290,13 +307,16 @@ mod tests {
                 let mut got = start.clone();
                 let mut packed = Vec::new();
                 for k0 in (0..k).step_by(DEPTH) {
-                    pack_pairs(&a, k, m, k0, DEPTH.min(k - k0), &mut packed);
+                    let depth = DEPTH.min(k - k0);
+                    pack_pairs(&a, k, m, k0, depth, &mut packed);
                     let dst = Dst {
                         at: got.as_mut_ptr(),
                         stride: n,
                     };
+                    let (pairs, steps) = (depth / 2, whole_steps(depth));
+                    assert_eq!(steps, depth, "whole tiles");
                     // SAFETY: AMX is here; the chunk's panels are packed; `got` is `[m, n]`.
-                    let done = unsafe { tiles(dst, &packed, &w, (m, n, k), k0, add || k0 > 0) };
+                    let done = unsafe { tiles(dst, &packed, pairs, &w, (m, n, k), (k0, steps), add || k0 > 0) };
                     assert_eq!(done, n / 16 * 16);
                 }
                 for i in 0..m {

@@ -381,22 +381,59 @@ fn pack_all_pairs(a: &[f32], a_stride: usize, m: usize, k: usize) -> Vec<Vec<u32
 unsafe fn tiles_bf16(dst: Dst, packed: &[u32], w: &[bf16], (m, n, k): (usize, usize, usize), k0: usize, add: bool) {
     let depth = DEPTH.min(k - k0);
     let pairs = depth.div_ceil(2);
-    // On AMX the whole 16-row blocks of the weight; the rest (all of it elsewhere) here.
-    let done = match amx::suits(depth) {
-        // SAFETY: as this function's, with `amx::suits` holding.
-        true => unsafe { amx::tiles(dst, packed, w, (m, n, k), k0, add) },
-        false => 0,
+    // On AMX the whole tiles of 32 steps of the weight's whole 16-row blocks; their steps past
+    // those added here; every other column (all of them without AMX) here.
+    let steps = amx::whole_steps(depth);
+    let done = match steps {
+        0 => 0,
+        // SAFETY: as this function's; `steps` is `amx::whole_steps(depth)`, within the panels.
+        _ => unsafe { amx::tiles(dst, packed, pairs, w, (m, n, k), (k0, steps), add) },
     };
-    for c0 in (done..n).step_by(CHUNK) {
-        let chunk_end = n.min(c0 + CHUNK);
-        for_each_tile((m, n), c0..chunk_end, (dst, add), |p, j0, out| {
-            let panel = &packed[p * PANEL * pairs..][..PANEL * pairs];
-            let w_rows: [&[bf16]; COLS] = std::array::from_fn(|c| &w[(j0 + c.min(out.cols - 1)) * k + k0..][..depth]);
-            // SAFETY: a `Bf16Products` weight exists only where `bf16_products_available()` holds (AVX-512F and AVX512_BF16); the panel holds
-            // `pairs` steps and every weight row `depth` values; `out` covers rows < m and
-            // columns < n of `dst`. A last panel of 16 rows or fewer computes only them.
-            // The first panel's tiles read the weights from memory; each asks for the next
-            // tile's rows as it runs. Later panels find them in cache.
+    let panels = Panels { packed, pairs };
+    if done > 0 && steps < depth {
+        // SAFETY: as this function's, for columns below `done ≤ n` and steps within the chunk.
+        unsafe { tiles_bf16_steps(dst, panels, w, (m, k), 0..done, (k0 + steps, depth - steps), true) };
+    }
+    // SAFETY: as this function's.
+    unsafe { tiles_bf16_steps(dst, panels, w, (m, k), done..n, (k0, depth), add) };
+}
+
+/// A depth chunk's packed panels: each `pairs` pair steps of [`PANEL`] rows.
+#[derive(Clone, Copy)]
+struct Panels<'a> {
+    packed: &'a [u32],
+    pairs: usize,
+}
+
+/// The AVX512_BF16 tiles of [`tiles_bf16`] for the columns `cols` and the `depth` steps from
+/// `from` (an even step into the chunk that starts at the panels' first), written over `dst` or
+/// (`add`) added to it.
+///
+/// # Safety
+/// As for [`tiles_bf16`]; `cols` lies within the weight's rows and the steps within the chunk.
+unsafe fn tiles_bf16_steps(
+    dst: Dst,
+    Panels { packed, pairs }: Panels,
+    w: &[bf16],
+    (m, k): (usize, usize),
+    cols: std::ops::Range<usize>,
+    (from, depth): (usize, usize),
+    add: bool,
+) {
+    // The panels' pair step where `from` lies (the chunk starts at a multiple of DEPTH).
+    let skip = (from % DEPTH) / 2;
+    let steps = depth.div_ceil(2);
+    for c0 in cols.clone().step_by(CHUNK) {
+        let chunk_end = cols.end.min(c0 + CHUNK);
+        for_each_tile((m, cols.end), c0..chunk_end, (dst, add), |p, j0, out| {
+            let panel = &packed[(p * pairs + skip) * PANEL..][..PANEL * steps];
+            let w_rows: [&[bf16]; COLS] = std::array::from_fn(|c| &w[(j0 + c.min(out.cols - 1)) * k + from..][..depth]);
+            // SAFETY: a `Bf16Products` weight exists only where `bf16_products_available()`
+            // holds (AVX-512F and AVX512_BF16); the panel holds `steps` pair steps and every
+            // weight row `depth` values; `out` covers rows < m and columns below `cols.end` of
+            // `dst`. A last panel of 16 rows or fewer computes only them. The first panel's
+            // tiles read the weights from memory; each asks for the next tile's rows as it
+            // runs. Later panels find them in cache.
             let ahead = if p == 0 { COLS * k } else { 0 };
             unsafe {
                 if out.rows <= HALF_PANEL {
