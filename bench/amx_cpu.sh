@@ -41,15 +41,7 @@ with open("data/gsm8k/test.jsonl") as f, open(f"{w}/problems.jsonl", "w") as out
         r = json.loads(line)
         out.write(json.dumps({"id": f"q{i}", "question": r["question"], "answer": r["answer"]}) + "\n")
 EOF
-# run NAME COMMAND...: the command under /usr/bin/time -v, its output in $W/NAME.log.
-run() {
-    local name=$1
-    shift
-    echo "== $name"
-    /usr/bin/time -v "$@" > "$W/$name.log" 2>&1
-    echo "exit $?" >> "$W/$name.log"
-    grep -E "tokens/s|Elapsed|Maximum resident|^exit" "$W/$name.log" | tail -4
-}
+source bench/common.sh
 for amx in 1 0; do
     rm -f "$W/score-amx$amx.jsonl" "$W/score-amx$amx.jsonl.settings.json"
     STEPWISE_AMX=$amx run "score-amx$amx" "$BIN" score --model "$W/prm" --input "$W/records.json" \

@@ -26,15 +26,7 @@ mkdir -p "$W"
     || { echo "could not make the checkpoint: $W/make.log"; exit 1; }
 python3 -c "import json; json.dump(json.load(open('data/processbench/gsm8k.json'))[:64], open('$W/train.json', 'w'))"
 flags=(--steps "$STEPS" --lr 1e-5 --max-len 2048 --max-batch-tokens 65536)
-# run NAME COMMAND...: the command under /usr/bin/time -v, its output in $W/NAME.log.
-run() {
-    local name=$1
-    shift
-    echo "== $name"
-    /usr/bin/time -v "$@" > "$W/$name.log" 2>&1
-    echo "exit $?" >> "$W/$name.log"
-    grep -E "tokens/s|Maximum resident|^exit|rror" "$W/$name.log" | tail -4
-}
+source bench/common.sh
 for b in $BATCHES; do
     if [[ " $AUTOGRAD_BATCHES " == *" $b "* ]]; then
         rm -rf "$W/autograd-$b"

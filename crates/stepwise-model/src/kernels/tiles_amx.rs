@@ -51,47 +51,11 @@ macro_rules! zero4 {
 /// The tiles are configured; `d` is a multiple of 32 and the slices hold what is said above.
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn scores(q: &[u32], keys: &[u32], t_pad: usize, d: usize, n: usize, scores: &mut [f32]) {
-    let half = d / 2;
     debug_assert!(d.is_multiple_of(32) && n.is_multiple_of(TILE) && n <= t_pad);
-    debug_assert!(q.len() >= QUERIES * half && keys.len() >= half * t_pad && scores.len() >= QUERIES * n);
-    let (q_stride, k_stride, s_stride) = (half * 4, t_pad * 4, n * 4);
-    let (q, keys, out) = (q.as_ptr(), keys.as_ptr(), scores.as_mut_ptr());
-    // SAFETY (all below): every tile read lies within `q` (16 rows, pairs `c..c + 16` < d / 2),
-    // `keys` (rows `c..c + 16`, keys below n ≤ t_pad) and `scores` (16 rows, keys below n).
-    unsafe {
-        let mut j0 = 0;
-        // Four tiles of keys at a time, sharing each load of the queries.
-        while j0 + 4 * TILE <= n {
-            zero4!();
-            for c in (0..half).step_by(TILE) {
-                let k = keys.add(c * t_pad + j0);
-                load!("tmm4", q.add(c), q_stride);
-                load!("tmm5", k, k_stride);
-                dot!("tmm0", "tmm4", "tmm5");
-                load!("tmm6", k.add(TILE), k_stride);
-                dot!("tmm1", "tmm4", "tmm6");
-                load!("tmm7", k.add(2 * TILE), k_stride);
-                dot!("tmm2", "tmm4", "tmm7");
-                load!("tmm5", k.add(3 * TILE), k_stride);
-                dot!("tmm3", "tmm4", "tmm5");
-            }
-            store!("tmm0", out.add(j0), s_stride);
-            store!("tmm1", out.add(j0 + TILE), s_stride);
-            store!("tmm2", out.add(j0 + 2 * TILE), s_stride);
-            store!("tmm3", out.add(j0 + 3 * TILE), s_stride);
-            j0 += 4 * TILE;
-        }
-        while j0 < n {
-            std::arch::asm!("tilezero tmm0", options(nostack, nomem));
-            for c in (0..half).step_by(TILE) {
-                load!("tmm4", q.add(c), q_stride);
-                load!("tmm5", keys.add(c * t_pad + j0), k_stride);
-                dot!("tmm0", "tmm4", "tmm5");
-            }
-            store!("tmm0", out.add(j0), s_stride);
-            j0 += TILE;
-        }
-    }
+    debug_assert!(q.len() >= QUERIES * d / 2 && keys.len() >= d / 2 * t_pad && scores.len() >= QUERIES * n);
+    // SAFETY: as this function's: 16 rows of d / 2 query pairs, d / 2 rows of keys `t_pad` apart
+    // (n of them read), 16 rows of n scores.
+    unsafe { rows_times(Left(q.as_ptr(), d / 2), Right(keys.as_ptr(), t_pad, n), scores.as_mut_ptr()) }
 }
 
 /// `y[r][c] = Σ_j weight[r][j] · value_j[c]` for the tile's 16 query rows over `pairs` pairs of
@@ -104,42 +68,61 @@ pub(crate) unsafe fn scores(q: &[u32], keys: &[u32], t_pad: usize, d: usize, n: 
 pub(crate) unsafe fn weighted_values(weights: &[u32], pairs: usize, values: &[u32], d: usize, y: &mut [f32]) {
     debug_assert!(d.is_multiple_of(32) && pairs.is_multiple_of(TILE));
     debug_assert!(weights.len() >= QUERIES * pairs && values.len() >= pairs * d && y.len() >= QUERIES * d);
-    let (w_stride, v_stride) = (pairs * 4, d * 4);
-    let (weights, values, out) = (weights.as_ptr(), values.as_ptr(), y.as_mut_ptr());
-    // SAFETY (all below): every tile read lies within `weights` (16 rows, pairs `i..i + 16` <
-    // pairs), `values` (rows `i..i + 16`, columns below d) and `y` (16 rows, columns below d).
+    // SAFETY: as this function's: 16 rows of `pairs` weight pairs, `pairs` rows of d value
+    // pairs, 16 rows of d outputs.
+    unsafe { rows_times(Left(weights.as_ptr(), pairs), Right(values.as_ptr(), d, d), y.as_mut_ptr()) }
+}
+
+/// A left operand: 16 rows of `.1` pairs of bf16, one after the other.
+struct Left(*const u32, usize);
+
+/// A right operand: rows of pairs (one a pair of the left's), `.1` pairs apart, of which the
+/// first `.2` (a multiple of 16) are read.
+struct Right(*const u32, usize, usize);
+
+/// `out[r][j] = Σ_p left[r][p] · right[p][j]` (each term a pair's two products) for the 16 rows
+/// and the right's `cols` columns, into 16 rows of `cols` f32 from `out`.
+///
+/// # Safety
+/// The tiles are configured; the left's pairs are a multiple of 16; the operands and `out` hold
+/// what is said above.
+#[cfg(target_arch = "x86_64")]
+unsafe fn rows_times(Left(left, inner): Left, Right(right, right_stride, cols): Right, out: *mut f32) {
+    let (l_stride, r_stride, o_stride) = (inner * 4, right_stride * 4, cols * 4);
+    // SAFETY (all below): every tile read lies within the left (16 rows, pairs `p..p + 16` <
+    // inner), the right (rows `p..p + 16`, columns below `cols`) and `out` (16 rows of `cols`).
     unsafe {
-        let mut c0 = 0;
-        // Four tiles of columns at a time (a head of 64), sharing each load of the weights.
-        while c0 + 4 * TILE <= d {
+        let mut j0 = 0;
+        // Four tiles of columns at a time, sharing each load of the left.
+        while j0 + 4 * TILE <= cols {
             zero4!();
-            for i in (0..pairs).step_by(TILE) {
-                let v = values.add(i * d + c0);
-                load!("tmm4", weights.add(i), w_stride);
-                load!("tmm5", v, v_stride);
+            for p in (0..inner).step_by(TILE) {
+                let r = right.add(p * right_stride + j0);
+                load!("tmm4", left.add(p), l_stride);
+                load!("tmm5", r, r_stride);
                 dot!("tmm0", "tmm4", "tmm5");
-                load!("tmm6", v.add(TILE), v_stride);
+                load!("tmm6", r.add(TILE), r_stride);
                 dot!("tmm1", "tmm4", "tmm6");
-                load!("tmm7", v.add(2 * TILE), v_stride);
+                load!("tmm7", r.add(2 * TILE), r_stride);
                 dot!("tmm2", "tmm4", "tmm7");
-                load!("tmm5", v.add(3 * TILE), v_stride);
+                load!("tmm5", r.add(3 * TILE), r_stride);
                 dot!("tmm3", "tmm4", "tmm5");
             }
-            store!("tmm0", out.add(c0), v_stride);
-            store!("tmm1", out.add(c0 + TILE), v_stride);
-            store!("tmm2", out.add(c0 + 2 * TILE), v_stride);
-            store!("tmm3", out.add(c0 + 3 * TILE), v_stride);
-            c0 += 4 * TILE;
+            store!("tmm0", out.add(j0), o_stride);
+            store!("tmm1", out.add(j0 + TILE), o_stride);
+            store!("tmm2", out.add(j0 + 2 * TILE), o_stride);
+            store!("tmm3", out.add(j0 + 3 * TILE), o_stride);
+            j0 += 4 * TILE;
         }
-        while c0 < d {
+        while j0 < cols {
             std::arch::asm!("tilezero tmm0", options(nostack, nomem));
-            for i in (0..pairs).step_by(TILE) {
-                load!("tmm4", weights.add(i), w_stride);
-                load!("tmm5", values.add(i * d + c0), v_stride);
+            for p in (0..inner).step_by(TILE) {
+                load!("tmm4", left.add(p), l_stride);
+                load!("tmm5", right.add(p * right_stride + j0), r_stride);
                 dot!("tmm0", "tmm4", "tmm5");
             }
-            store!("tmm0", out.add(c0), v_stride);
-            c0 += TILE;
+            store!("tmm0", out.add(j0), o_stride);
+            j0 += TILE;
         }
     }
 }

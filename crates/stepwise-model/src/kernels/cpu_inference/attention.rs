@@ -99,9 +99,9 @@ pub(super) fn attention(
             // AVX512_BF16), and `d` is a multiple of 32; AMX's where `amx::available()` holds.
             unsafe {
                 if amx::available() {
-                    head.run_amx(keys, values)
+                    head.run_bf16::<{ tiles_amx::QUERIES }>(keys, values)
                 } else {
-                    head.run_bf16(keys, values)
+                    head.run_bf16::<{ tiles::TILE_ROWS }>(keys, values)
                 }
             }
         } else {
@@ -230,14 +230,18 @@ impl simd::Kernel for HeadAttention<'_> {
 
 impl HeadAttention<'_> {
     /// [`simd::Kernel::run`] in bf16 products, from the kv head's `keys` (`[d / 2, t_pad]`
-    /// pairs) and `values` (`[t_pad / 2, d]` pairs).
+    /// pairs) and `values` (`[t_pad / 2, d]` pairs), `R` query positions a tile: four on the
+    /// AVX512_BF16 tiles, or sixteen ([`tiles_amx::QUERIES`]) on AMX's.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F and AVX512_BF16, and `d` be a multiple of 32.
+    /// The CPU must have AVX-512F and AVX512_BF16, and `d` be a multiple of 32; sixteen a tile
+    /// needs [`amx::available`].
     #[target_feature(enable = "avx512f,avx512bf16")]
     #[cfg(target_arch = "x86_64")]
-    unsafe fn run_bf16(self, keys: &[u32], values: &[u32]) {
+    unsafe fn run_bf16<const R: usize>(self, keys: &[u32], values: &[u32]) {
         use tiles::{TILE_ROWS, TILE_WIDTH};
+        let on_amx = R == tiles_amx::QUERIES;
+        debug_assert!(on_amx || R == TILE_ROWS);
         let (t, d, stride) = (self.t, self.d, self.stride);
         let HeadScratch {
             queries: q,
@@ -248,10 +252,15 @@ impl HeadAttention<'_> {
         } = self.scratch;
         let m = self.queries.len();
         out.clear();
-        out.resize(m.div_ceil(TILE_ROWS) * TILE_ROWS * d, 0.0);
+        out.resize(m.div_ceil(R) * R * d, 0.0);
         q.resize(d, 0.0);
-        query_pairs.resize(TILE_ROWS * d / 2, 0);
-        for (tile, positions) in self.queries.chunks(TILE_ROWS).enumerate() {
+        query_pairs.resize(R * d / 2, 0);
+        if on_amx {
+            // SAFETY: AMX is here (this function's condition); released below.
+            unsafe { amx::configure() };
+        }
+        for (tile, positions) in self.queries.chunks(R).enumerate() {
+            // A last, partial tile repeats its last query; those rows are dropped.
             let at = |r: usize| positions[r.min(positions.len() - 1)];
             for (r, qp) in query_pairs.chunks_exact_mut(d / 2).enumerate() {
                 for (dst, &src) in q.iter_mut().zip(&self.qkv[at(r) * stride + self.q_col..][..d]) {
@@ -260,15 +269,28 @@ impl HeadAttention<'_> {
                 // SAFETY: this function's features; `qp` holds d / 2 pairs.
                 unsafe { tiles::to_bf16_pairs(q, qp) };
             }
-            let seen = (0..TILE_ROWS).map(|r| at(r) + 1).max().unwrap_or(1).min(t);
+            let seen = (0..R).map(|r| at(r) + 1).max().unwrap_or(1).min(t);
             let n = seen.div_ceil(TILE_WIDTH) * TILE_WIDTH;
-            scores.resize(TILE_ROWS * n, 0.0);
-            let rows = std::array::from_fn(|r| &query_pairs[r * d / 2..][..d / 2]);
-            // SAFETY: `keys` holds d / 2 rows of `t_pad ≥ n` pairs; `scores` TILE_ROWS · n.
-            unsafe { tiles::scores_bf16(rows, keys, self.t_pad, n, scores) };
-            let mut inv = [0f32; TILE_ROWS];
-            let pairs = seen.div_ceil(2);
-            weight_pairs.resize(TILE_ROWS * pairs, 0);
+            scores.resize(R * n, 0.0);
+            // SAFETY (both): `keys` holds d / 2 rows of `t_pad ≥ n` pairs; `scores` R · n; the
+            // tiles are configured on AMX.
+            unsafe {
+                if on_amx {
+                    tiles_amx::scores(query_pairs, keys, self.t_pad, d, n, scores)
+                } else {
+                    let rows = std::array::from_fn(|r| &query_pairs[r * d / 2..][..d / 2]);
+                    tiles::scores_bf16(rows, keys, self.t_pad, n, scores)
+                }
+            };
+            // Each row's weights as pairs (AMX's rows in whole tiles of pairs, within the
+            // `t_pad / 2` rows of values), zero past its keys.
+            let pairs = match on_amx {
+                true => seen.div_ceil(2).next_multiple_of(16),
+                false => seen.div_ceil(2),
+            };
+            weight_pairs.clear();
+            weight_pairs.resize(R * pairs, 0);
+            let mut inv = [0f32; R];
             for (r, (row, wp)) in scores
                 .chunks_exact_mut(n)
                 .zip(weight_pairs.chunks_exact_mut(pairs))
@@ -278,96 +300,35 @@ impl HeadAttention<'_> {
                 let valid = self.valid.map(|v| &v[..window]);
                 inv[r] = 1.0 / crate::kernels::exp_window::<true>(&mut row[..window], valid, true);
                 row[window..].fill(0.0);
-                // SAFETY: `wp` holds ⌈seen / 2⌉ pairs of the row's first `seen ≤ n` weights.
-                unsafe { tiles::to_bf16_pairs(&row[..seen], wp) };
+                // SAFETY: `wp` holds at least ⌈seen / 2⌉ pairs; the row `n ≥ seen` weights.
+                unsafe { tiles::to_bf16_pairs(&row[..seen], &mut wp[..seen.div_ceil(2)]) };
             }
-            let first = tile * TILE_ROWS;
-            let y = split4(&mut out[first * d..][..TILE_ROWS * d], d);
-            let w = std::array::from_fn(|r| &weight_pairs[r * pairs..][..pairs]);
-            // SAFETY: `values` holds `t_pad / 2 ≥ pairs` rows of d pairs; d is a multiple of 32.
-            unsafe { tiles::weighted_values_bf16(w, values, pairs, y) };
-            scale_rows(&mut out[first * d..][..TILE_ROWS * d], inv);
-        }
-        out.truncate(m * d);
-    }
-
-    /// [`HeadAttention::run_bf16`] on AMX tiles, sixteen query positions at a time.
-    ///
-    /// # Safety
-    /// As for [`HeadAttention::run_bf16`], with [`amx::available`] holding.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn run_amx(self, keys: &[u32], values: &[u32]) {
-        use tiles::TILE_WIDTH;
-        use tiles_amx::QUERIES;
-        let (t, d, stride) = (self.t, self.d, self.stride);
-        let HeadScratch {
-            queries: q,
-            scores,
-            out,
-            query_pairs,
-            weight_pairs,
-        } = self.scratch;
-        let m = self.queries.len();
-        out.clear();
-        out.resize(m.div_ceil(QUERIES) * QUERIES * d, 0.0);
-        q.resize(d, 0.0);
-        query_pairs.resize(QUERIES * d / 2, 0);
-        // SAFETY: AMX is here (this function's condition); released below.
-        unsafe { amx::configure() };
-        for (tile, positions) in self.queries.chunks(QUERIES).enumerate() {
-            let at = |r: usize| positions[r.min(positions.len() - 1)];
-            for (r, qp) in query_pairs.chunks_exact_mut(d / 2).enumerate() {
-                for (dst, &src) in q.iter_mut().zip(&self.qkv[at(r) * stride + self.q_col..][..d]) {
-                    *dst = src * self.scale;
+            let y = &mut out[tile * R * d..][..R * d];
+            // SAFETY (both): `values` holds `t_pad / 2 ≥ pairs` rows of d pairs; d is a
+            // multiple of 32; the tiles are configured on AMX.
+            unsafe {
+                if on_amx {
+                    tiles_amx::weighted_values(weight_pairs, pairs, values, d, y)
+                } else {
+                    let w = std::array::from_fn(|r| &weight_pairs[r * pairs..][..pairs]);
+                    tiles::weighted_values_bf16(w, values, pairs, split4(y, d))
                 }
-                // SAFETY: this function's features; `qp` holds d / 2 pairs.
-                unsafe { tiles::to_bf16_pairs(q, qp) };
-            }
-            let seen = (0..QUERIES).map(|r| at(r) + 1).max().unwrap_or(1).min(t);
-            let n = seen.div_ceil(TILE_WIDTH) * TILE_WIDTH;
-            scores.resize(QUERIES * n, 0.0);
-            // SAFETY: configured; `keys` holds d / 2 rows of `t_pad ≥ n` pairs; `scores` 16 · n.
-            unsafe { tiles_amx::scores(query_pairs, keys, self.t_pad, d, n, scores) };
-            // Whole tiles of pairs of keys (within the `t_pad / 2` rows of values), zero past
-            // each row's keys.
-            let pairs = seen.div_ceil(2).next_multiple_of(16);
-            weight_pairs.clear();
-            weight_pairs.resize(QUERIES * pairs, 0);
-            let mut inv = [0f32; QUERIES];
-            for (r, (row, wp)) in scores
-                .chunks_exact_mut(n)
-                .zip(weight_pairs.chunks_exact_mut(pairs))
-                .enumerate()
-            {
-                let window = (at(r) + 1).min(t);
-                let valid = self.valid.map(|v| &v[..window]);
-                inv[r] = 1.0 / crate::kernels::exp_window::<true>(&mut row[..window], valid, true);
-                // SAFETY: `wp` holds at least ⌈window / 2⌉ pairs.
-                unsafe { tiles::to_bf16_pairs(&row[..window], &mut wp[..window.div_ceil(2)]) };
-            }
-            let y = &mut out[tile * QUERIES * d..][..QUERIES * d];
-            // SAFETY: configured; `values` holds `t_pad / 2 ≥ pairs` rows of d pairs.
-            unsafe { tiles_amx::weighted_values(weight_pairs, pairs, values, d, y) };
+            };
             for (y, inv) in y.chunks_exact_mut(d).zip(inv) {
                 y.iter_mut().for_each(|y| *y *= inv);
             }
         }
-        // SAFETY: configured above.
-        unsafe { amx::release() };
+        if on_amx {
+            // SAFETY: configured above.
+            unsafe { amx::release() };
+        }
         out.truncate(m * d);
     }
 
     /// Never called: bf16 products are never asked for off x86-64.
     #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn run_bf16(self, _: &[u32], _: &[u32]) {
+    unsafe fn run_bf16<const R: usize>(self, _: &[u32], _: &[u32]) {
         unreachable!("bf16 attention off x86-64")
-    }
-
-    /// Never called: AMX exists only on x86-64.
-    #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn run_amx(self, _: &[u32], _: &[u32]) {
-        unreachable!("AMX off x86-64")
     }
 }
 
