@@ -130,7 +130,9 @@ fn attention_matches_the_reference_forward_and_backward() {
     Reference
         .attention_backward(&qkv, &d_out, &mut b, &batch(&lens), rows, heads, kv_heads, d)
         .unwrap();
-    assert_close("attention_backward", &a, &b, 1e-4);
+    // The probabilities and the scores' gradient multiply in bf16 where the CPU can (PyTorch's
+    // bf16 attention; the reference keeps them f32): within a bf16 rounding of the largest.
+    assert_close("attention_backward", &a, &b, 1e-2);
     // A head count that cannot be grouped is refused, not a panic.
     let mut out = vec![0u16; rows * 5 * d];
     let err = Cpu.attention(&qkv, &mut out, &batch(&lens), rows, 5, 2, d).unwrap_err();

@@ -541,19 +541,21 @@ fn packed_lm_training_lowers_the_loss_and_checkpoints() {
 /// The packed trainer on the CPU backend (what `train-prm --trainer packed` runs on a CPU) gives
 /// the reference backend's loss and gradients on the same batch, for classifier heads and for a
 /// causal LM's next-token and log-ratio objectives (the vocabulary logits in chunks too), and
-/// its AdamW steps lower the loss as the reference's do. The two differ only in the order of
-/// their f32 sums (and so in a bf16 rounding here and there).
+/// its AdamW steps lower the loss as the reference's do. The two differ in the order of their
+/// f32 sums (and so in a bf16 rounding here and there) and in attention, whose probabilities
+/// and scores' gradient the CPU multiplies in bf16 (PyTorch's bf16 attention): the losses agree
+/// within half a percent, every gradient within 2% in norm (a bias whose rows cancel moves most).
 #[test]
 fn the_cpu_backend_trains_as_the_reference() {
     let close = |case: &str, (la, ga): (f32, HashMap<String, Vec<f32>>), (lb, gb): (f32, HashMap<String, Vec<f32>>)| {
-        assert!((la - lb).abs() <= 1e-3 * lb.abs().max(0.1), "{case}: loss {la} vs {lb}");
+        assert!((la - lb).abs() <= 5e-3 * lb.abs().max(0.1), "{case}: loss {la} vs {lb}");
         assert_eq!(ga.len(), gb.len(), "{case}");
         for (name, want) in &gb {
             let got = &ga[name];
             let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
             let (c, ratio) = (cosine(got, want), norm(got) / norm(want).max(1e-30));
             assert!(
-                c > 0.999 && (0.99..1.01).contains(&ratio),
+                c > 0.999 && (0.98..1.02).contains(&ratio),
                 "{case}: {name}: cosine {c}, norm ratio {ratio}"
             );
         }
@@ -608,6 +610,35 @@ fn the_cpu_backend_trains_as_the_reference() {
         let ours = packed_token_gradients(&mut a, &examples, objective);
         close(case, ours, packed_token_gradients(&mut b, &examples, objective));
     }
+}
+
+/// A step that keeps every layer's activations from its forward and one that recomputes each
+/// layer in its backward (a budget of 0) give the same loss and gradients, bit for bit, on both
+/// backends, for a reward head and for next-token prediction.
+#[test]
+fn kept_and_recomputed_activations_give_the_same_gradients() {
+    fn both<B: TrainBackend>(mut t: PackedTrainer<B>, step: &dyn Fn(&mut PackedTrainer<B>) -> f32) {
+        let (mut keep, mut recompute) = (Vec::new(), Vec::new());
+        for (budget, out) in [(None, &mut keep), (Some(0), &mut recompute)] {
+            t.set_activation_budget(budget);
+            let loss = step(&mut t);
+            out.push((String::new(), vec![loss]));
+            out.extend(t.gradients().unwrap());
+            t.update(0.0, 0.0, None, 1).unwrap();
+        }
+        assert!(
+            keep.len() > 2 && keep == recompute,
+            "kept and recomputed activations differ"
+        );
+    }
+    let dir = fixtures().join("qwen2-prm");
+    let (batch, targets) = packed(&examples("qwen2-prm"));
+    let labels = |t: &mut PackedTrainer<Cpu>| t.backward(&batch, Targets::Labels(&targets)).unwrap();
+    both(cpu_trainer(&dir), &labels);
+    let labels = |t: &mut PackedTrainer<Reference>| t.backward(&batch, Targets::Labels(&targets)).unwrap();
+    both(reference_trainer(&dir), &labels);
+    let (dir, lm) = (fixtures().join("qwen2-policy"), lm_examples(4, 5));
+    both(cpu_trainer(&dir), &|t| packed_token_gradients(t, &lm, Objective::Lm).0);
 }
 
 /// The checkpoint folder `dir`'s model on the packed trainer, on the CPU backend.

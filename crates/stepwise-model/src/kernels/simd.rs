@@ -121,6 +121,21 @@ pub fn max(xs: &[f32]) -> f32 {
     acc.iter().fold(tail, |m, &x| m.max(x))
 }
 
+/// `Σ a[i] · b[i]` over the shorter of the two, in fixed lanes.
+#[inline(always)]
+pub fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (ca, cb) = (a[..n].chunks_exact(LANES), b[..n].chunks_exact(LANES));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let mut acc = [0f32; LANES];
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] = madd::<FMA>(x[l], y[l], acc[l]);
+        }
+    }
+    sum(&acc) + tail
+}
+
 /// `y += a · x`.
 #[inline(always)]
 pub fn axpy<const FMA: bool>(a: f32, x: &[f32], y: &mut [f32]) {

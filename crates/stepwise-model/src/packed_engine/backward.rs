@@ -1,13 +1,35 @@
-//! A training step's passes over a packed batch: the forward keeping each layer's input, the
-//! reward head's backward, and each layer's backward with its activations recomputed from the
-//! kept input (activation checkpointing). The LM head's are in `lm_head.rs`.
+//! A training step's passes over a packed batch: the forward keeping each layer's input (and its
+//! activations, within the trainer's budget), the reward head's backward, and each layer's
+//! backward on its kept activations or on activations recomputed from its kept input
+//! (activation checkpointing). The LM head's are in `lm_head.rs`.
 
 use super::layer::{AttentionBuffers, MlpBuffers};
 use super::train::{bce, good_logit, Params};
 use super::train_backend::TrainBackend;
 use super::{batch_ints, Attend, Backend, BatchInts, Head, Out, PackedDecoder};
 use crate::packed::Packed;
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
+
+/// What a forward pass keeps for the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Keep {
+    /// Nothing: a forward only.
+    Nothing,
+    /// Each layer's input: the backward recomputes each layer's activations from it
+    /// (activation checkpointing: memory holds one layer's activations).
+    Inputs,
+    /// Each layer's input and activations: the backward recomputes nothing.
+    Layers,
+}
+
+/// Bytes a layer's kept activations take a token ([`Keep::Layers`]): the bf16 buffers of
+/// [`Activations`] and the attention block's f32 output.
+pub(super) fn layer_bytes_per_token(cfg: &crate::ModelConfig) -> usize {
+    let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let bf16 = 2 * h + (heads + 2 * kv) * d + heads * d + 3 * inter;
+    2 * bf16 + 4 * h
+}
 
 /// A forward pass kept for the backward.
 pub(super) struct Pass<B: TrainBackend> {
@@ -19,8 +41,12 @@ pub(super) struct Pass<B: TrainBackend> {
     pub x: B::F32,
     /// Each layer's input (none when not kept).
     pub kept: Vec<B::F32>,
-    /// One layer's activations, reused by every layer.
-    acts: Activations<B>,
+    /// Each layer's activations and attention block output ([`Keep::Layers`]; else none).
+    layers: Vec<(Activations<B>, B::F32)>,
+    /// One layer's activations, reused by every layer that keeps none (none with [`Keep::Layers`]).
+    acts: Option<Activations<B>>,
+    /// The q|k|v product before the bias and rotation (scratch of every layer).
+    y: B::F32,
     /// Tokens in the batch.
     pub tokens: usize,
 }
@@ -28,7 +54,6 @@ pub(super) struct Pass<B: TrainBackend> {
 /// One layer's activations that its backward reads, `tokens` rows each.
 struct Activations<B: Backend> {
     normed1: B::Bf16,
-    y: B::F32,
     qkv: B::Bf16,
     attn: B::Bf16,
     normed2: B::Bf16,
@@ -37,12 +62,31 @@ struct Activations<B: Backend> {
 }
 
 impl<B: TrainBackend> Activations<B> {
+    /// Buffers for `t` rows of `dec`'s layers.
+    fn new(dec: &PackedDecoder<B>, t: usize) -> Result<Self> {
+        let (b, cfg) = (&*dec.backend, &dec.config);
+        let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let h16 = |n: usize| b.zeros_bf16(n);
+        Ok(Activations {
+            normed1: h16(t * h)?,
+            qkv: h16(t * (heads + 2 * kv) * d)?,
+            attn: h16(t * heads * d)?,
+            normed2: h16(t * h)?,
+            gate_up: h16(t * 2 * inter)?,
+            act: h16(t * inter)?,
+        })
+    }
+
     /// Layer `li` of `dec` over the `t` rows of `x` (its input, replaced by its output), these
-    /// activations filled and the attention block's output (the MLP's input) copied to `h1`.
+    /// activations filled (`y`: scratch) and the attention block's output (the MLP's input)
+    /// copied to `h1`.
+    #[allow(clippy::too_many_arguments)]
     fn layer(
         &mut self,
         dec: &PackedDecoder<B>,
         li: usize,
+        y: &mut B::F32,
         x: &mut B::F32,
         h1: Option<&mut B::F32>,
         attend: &mut Attend<'_, B>,
@@ -50,7 +94,7 @@ impl<B: TrainBackend> Activations<B> {
     ) -> Result<()> {
         let bufs = AttentionBuffers {
             normed: &mut self.normed1,
-            y: &mut self.y,
+            y,
             qkv: &mut self.qkv,
             attn: &mut self.attn,
         };
@@ -72,9 +116,9 @@ impl<B: TrainBackend> Activations<B> {
 }
 
 impl<B: TrainBackend> PackedDecoder<B> {
-    /// Every layer over `batch` (rows `read` are the targets'), each layer's input kept when
-    /// `keep` (for [`layers_backward`]).
-    pub(super) fn forward(&self, batch: &Packed, read: &[usize], keep: bool) -> Result<Pass<B>> {
+    /// Every layer over `batch` (rows `read` are the targets'), keeping what `keep` says for
+    /// [`layers_backward`].
+    pub(super) fn forward(&self, batch: &Packed, read: &[usize], keep: Keep) -> Result<Pass<B>> {
         let (b, cfg) = (&*self.backend, &self.config);
         let t = batch.tokens();
         ensure!(t > 0, "an empty training batch");
@@ -90,38 +134,42 @@ impl<B: TrainBackend> PackedDecoder<B> {
         if let Some(row) = read.iter().find(|&&r| r >= t) {
             bail!("target row {row} is past the end of a batch of {t} tokens");
         }
-        let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-        let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let width = (heads + 2 * kv) * d;
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let width = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d;
         let ints = batch_ints(b, batch, read)?;
         let ids = b.upload_i32(&batch.ids().iter().map(|&i| i as i32).collect::<Vec<_>>())?;
-        let (f, h16) = (|n: usize| b.zeros_f32(n), |n: usize| b.zeros_bf16(n));
-        let mut x = f(t * h)?;
+        let mut x = b.zeros_f32(t * h)?;
         b.embed(&self.embed, &ids, &mut x, t, h)?;
-        let mut acts = Activations::<B> {
-            normed1: h16(t * h)?,
-            y: f(t * width)?,
-            qkv: h16(t * width)?,
-            attn: h16(t * heads * d)?,
-            normed2: h16(t * h)?,
-            gate_up: h16(t * 2 * inter)?,
-            act: h16(t * inter)?,
+        let mut acts = match keep {
+            Keep::Layers => None,
+            _ => Some(Activations::new(self, t)?),
         };
-        let mut kept = Vec::with_capacity(if keep { self.layers.len() } else { 0 });
+        let mut y = b.zeros_f32(t * width)?;
+        let (mut kept, mut layers) = (Vec::new(), Vec::new());
         for li in 0..self.layers.len() {
-            if keep {
-                let mut input = f(t * h)?;
+            if keep != Keep::Nothing {
+                let mut input = b.zeros_f32(t * h)?;
                 b.copy_f32(&x, &mut input, t * h)?;
                 kept.push(input);
             }
-            acts.layer(self, li, &mut x, None, &mut Attend::Packed(&ints), t)?;
+            let attend = &mut Attend::Packed(&ints);
+            match acts.as_mut() {
+                Some(acts) => acts.layer(self, li, &mut y, &mut x, None, attend, t)?,
+                None => {
+                    let (mut own, mut h1) = (Activations::new(self, t)?, b.zeros_f32(t * h)?);
+                    own.layer(self, li, &mut y, &mut x, Some(&mut h1), attend, t)?;
+                    layers.push((own, h1));
+                }
+            }
         }
         Ok(Pass {
             ints,
             ids,
             x,
             kept,
+            layers,
             acts,
+            y,
             tokens: t,
         })
     }
@@ -187,8 +235,9 @@ pub(super) fn reward_head_backward<B: TrainBackend>(
     Ok((loss, dx))
 }
 
-/// Each layer's backward from the last, its activations recomputed from its kept input, for the
-/// gradient `dx` of the last layer's output; every weight's gradient added to `g`'s.
+/// Each layer's backward from the last (its activations kept by the forward, or recomputed
+/// from its kept input), for the gradient `dx` of the last layer's output; every weight's
+/// gradient added to `g`'s.
 pub(super) fn layers_backward<B: TrainBackend>(
     dec: &PackedDecoder<B>,
     g: &mut Params<B::F32>,
@@ -207,7 +256,7 @@ pub(super) fn layers_backward<B: TrainBackend>(
     let t = pass.tokens;
     ensure!(pass.kept.len() == dec.layers.len(), "a backward needs a forward that kept each layer's input");
     let (f, h16) = (|n: usize| b.zeros_f32(n), |n: usize| b.zeros_bf16(n));
-    let (mut dx16, mut h1, mut d_normed) = (h16(t * h)?, f(t * h)?, f(t * h)?);
+    let (mut dx16, mut h1_buf, mut d_normed) = (h16(t * h)?, f(t * h)?, f(t * h)?);
     let (mut d_act, mut d_gate_up) = (f(t * inter)?, h16(t * 2 * inter)?);
     let (mut d_attn, mut d_qkv, mut d_y) = (h16(t * heads * d)?, f(t * width)?, h16(t * width)?);
     let Pass {
@@ -215,13 +264,23 @@ pub(super) fn layers_backward<B: TrainBackend>(
         ids,
         x,
         kept,
+        layers,
         acts,
+        y,
         ..
     } = pass;
     for li in (0..dec.layers.len()).rev() {
-        b.copy_f32(&kept[li], x, t * h)?;
-        acts.layer(dec, li, x, Some(&mut h1), &mut Attend::Packed(ints), t)?;
-        let a = &*acts;
+        // The layer's own activations (freed after its backward), or the shared ones recomputed.
+        let stored = layers.pop();
+        let (a, h1) = match &stored {
+            Some((own, h1)) => (own, h1),
+            None => {
+                let acts = acts.as_mut().context("a forward that kept neither a layer's activations nor buffers for them")?;
+                b.copy_f32(&kept[li], x, t * h)?;
+                acts.layer(dec, li, y, x, Some(&mut h1_buf), &mut Attend::Packed(ints), t)?;
+                (&*acts, &h1_buf)
+            }
+        };
         let (l, lg) = (&dec.layers[li], &mut g.layers[li]);
         // x = h1 + swiglu(norm(h1) · [gate|up]ᵀ) · downᵀ
         b.round_bf16(&dx, &mut dx16, 0, t * h)?;
@@ -230,7 +289,7 @@ pub(super) fn layers_backward<B: TrainBackend>(
         b.swiglu_backward(&a.gate_up, &d_act, &mut d_gate_up, t, inter)?;
         b.gemm_weight_grad(&d_gate_up, &a.normed2, &mut lg.gate_up, t, 2 * inter, h)?;
         b.gemm_nn(&d_gate_up, &l.gate_up, Out::F32(&mut d_normed), t, 2 * inter, h, false)?;
-        b.rms_norm_backward(&h1, None, &l.ln2, &d_normed, &mut dx, &mut lg.ln2, t, h, eps)?;
+        b.rms_norm_backward(h1, None, &l.ln2, &d_normed, &mut dx, &mut lg.ln2, t, h, eps)?;
         // h1 = input + attention(rope(norm(input) · [q|k|v]ᵀ + bias)) · oᵀ
         b.round_bf16(&dx, &mut dx16, 0, t * h)?;
         b.gemm_weight_grad(&dx16, &a.attn, &mut lg.o, t, h, heads * d)?;

@@ -1,9 +1,10 @@
 //! [`Cpu`]: the packed engine on the CPU at speed, so that what a GPU trains with trains on a CPU
-//! too: bf16 operands with f32 sums (PyTorch's bf16 autocast), each layer recomputed in the
-//! backward, so memory holds the weights, AdamW's state and one layer's activations, not every
-//! operation's buffers as candle's autograd does.
+//! too: bf16 operands with f32 sums (PyTorch's bf16 autocast), memory holding the weights,
+//! AdamW's state and each layer's activations (or, past the trainer's budget, one layer's,
+//! recomputed in the backward), not every operation's buffers as candle's autograd does.
 //!
-//! Its buffers are [`Reference`]'s (host vectors) and so is the arithmetic of every kernel; the
+//! Its buffers are [`Reference`]'s (host vectors) and so is the arithmetic of every kernel but
+//! attention's, whose probabilities multiply in bf16 (`cpu_attention.rs`); the
 //! products and attention run in the inference forward's kernels
 //! ([`crate::kernels::cpu_inference::product`]: AVX-512 tiles, bf16 products where the CPU has
 //! them, else gemm's) on the thread pool, and the element-wise kernels that cost more than a
@@ -57,7 +58,7 @@ pub(super) fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize
 
 /// bf16 values as the kernels take them (multiplied in bf16 where the CPU can: every operand of
 /// the packed engine's products is bf16 already, so this rounds nothing).
-fn bf16_weight(v: &[u16]) -> WeightSlice<'_> {
+pub(super) fn bf16_weight(v: &[u16]) -> WeightSlice<'_> {
     WeightSlice::bf16(v.reinterpret_cast(), true)
 }
 
@@ -407,10 +408,19 @@ impl TrainBackend for Cpu {
     }
 
     fn sum_squares(&self, g: &Vec<f32>, n: usize) -> Result<f64> {
-        Ok(g[..n]
-            .par_chunks(CHUNK)
-            .map(|c| c.iter().map(|&v| v as f64 * v as f64).sum::<f64>())
-            .sum())
+        // In eight f64 lanes a chunk, so that the sum vectorises (a sum in one f64 cannot).
+        let squares = |c: &[f32]| {
+            let mut acc = [0f64; 8];
+            let lanes = c.chunks_exact(8);
+            let tail: f64 = lanes.remainder().iter().map(|&v| v as f64 * v as f64).sum();
+            for l in lanes {
+                for (a, &v) in acc.iter_mut().zip(l) {
+                    *a += v as f64 * v as f64;
+                }
+            }
+            acc.iter().sum::<f64>() + tail
+        };
+        Ok(g[..n].par_chunks(CHUNK).map(squares).sum())
     }
 
     fn adamw(

@@ -100,7 +100,7 @@ impl<B: TrainBackend> PackedDecoder<B> {
             return Ok(Vec::new());
         }
         let read: Vec<usize> = pairs.iter().map(|&(r, _)| r).collect();
-        let pass = self.forward(batch, &read, false)?;
+        let pass = self.forward(batch, &read, super::backward::Keep::Nothing)?;
         let b = &*self.backend;
         let chunk = self.lm_chunk_rows().min(pairs.len());
         let mut c = LmChunk::new(b, chunk, self.config.hidden_size, self.config.vocab_size)?;

@@ -3,16 +3,18 @@
 //! scores: every product over all the batch's tokens, attention within each sequence, bf16
 //! operands with f32 sums (PyTorch's bf16 autocast), f32 master weights and AdamW.
 //!
-//! A step: the forward keeps each layer's input (f32, `tokens × hidden` a layer) and nothing
-//! else; the head is read at the target rows and the loss taken on the host ([`Targets`]: BCE
-//! with logits on P(good), as the CPU trainer's `Classify` objective, or any loss of target
-//! tokens' log-probabilities); the backward recomputes each layer's activations from its kept
-//! input, then runs the layer's backward kernels (activation checkpointing: memory grows with
-//! the token budget, not with the layers' activations; `backward.rs`, `lm_head.rs`). The update
+//! A step: the forward keeps each layer's input (f32, `tokens × hidden` a layer) and, when they
+//! fit a budget (a quarter of the device's free memory unless set:
+//! [`PackedTrainer::set_activation_budget`]), each layer's activations; the head is read at the
+//! target rows and the loss taken on the host ([`Targets`]: BCE with logits on P(good), as the
+//! CPU trainer's `Classify` objective, or any loss of target tokens' log-probabilities); the
+//! backward runs each layer's backward kernels on its kept activations, or recomputes them from
+//! its kept input first (activation checkpointing, past the budget: memory then grows with the
+//! token budget, not with the layers' activations; `backward.rs`, `lm_head.rs`). The update
 //! is AdamW on the f32 masters, gradients clipped by their global norm, and each matrix is
 //! rounded back to the bf16 copy the forward reads.
 
-use super::backward::{layers_backward, reward_head_backward};
+use super::backward::{layer_bytes_per_token, layers_backward, reward_head_backward, Keep};
 use super::lm_head::{lm_head_backward, TokenLossFn};
 use super::train_backend::{AdamW, TrainBackend};
 use super::{Backend, Head, PackedDecoder};
@@ -322,6 +324,9 @@ pub struct PackedTrainer<B: TrainBackend> {
     pub(super) m: Params<B::F32>,
     pub(super) v: Params<B::F32>,
     pub(super) updates: u32,
+    /// The most bytes a batch's kept layer activations may take (`None`: a quarter of the
+    /// device's free memory at each step); past it the backward recomputes each layer.
+    activation_budget: Option<usize>,
 }
 
 impl<B: TrainBackend> PackedTrainer<B> {
@@ -343,6 +348,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
             m,
             v,
             updates: 0,
+            activation_budget: None,
             decoder: Arc::new(decoder),
         };
         // The copies made from the masters, as every update makes them: a checkpoint stored in
@@ -382,6 +388,25 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let loss = self.backward(batch, targets)?;
         let grad_norm = self.update(lr, weight_decay, clip, 1)?;
         Ok(TrainStep { loss, grad_norm })
+    }
+
+    /// Bounds the memory of the layer activations a step keeps from its forward for its
+    /// backward (`None`: a quarter of the device's free memory at each step; `Some(0)`: each
+    /// layer recomputed in the backward from its input, activation checkpointing).
+    pub fn set_activation_budget(&mut self, bytes: Option<usize>) {
+        self.activation_budget = bytes;
+    }
+
+    /// What a forward of `tokens` tokens keeps: every layer's activations when they fit the
+    /// budget, else each layer's input.
+    fn keep(&self, tokens: usize) -> Result<Keep> {
+        let dec = &self.decoder;
+        let bytes = tokens * layer_bytes_per_token(&dec.config) * dec.layers.len();
+        let budget = match self.activation_budget {
+            Some(budget) => budget,
+            None => dec.backend.memory()?.0 / 4,
+        };
+        Ok(if bytes <= budget { Keep::Layers } else { Keep::Inputs })
     }
 
     /// Bounds a chunk of the LM head's logits ([`PackedDecoder::set_logits_budget`]).
@@ -460,7 +485,8 @@ impl<B: TrainBackend> PackedTrainer<B> {
                 pairs.iter().map(|&(r, _)| r).collect()
             }
         };
-        let mut pass = dec.forward(batch, &read, true)?;
+        let keep = self.keep(batch.tokens())?;
+        let mut pass = dec.forward(batch, &read, keep)?;
         let g = &mut self.grad;
         let (loss, dx) = match targets {
             Targets::Labels(labels) => reward_head_backward(dec, g, &pass, labels)?,
