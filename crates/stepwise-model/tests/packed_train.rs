@@ -641,6 +641,27 @@ fn kept_and_recomputed_activations_give_the_same_gradients() {
     both(cpu_trainer(&dir), &|t| packed_token_gradients(t, &lm, Objective::Lm).0);
 }
 
+/// A classifier's step reads each example through its last target only (the tokens after it,
+/// say the unlabelled steps past the first bad one, cannot move what a causal model reads
+/// there): the batch leaves them out, with the loss and gradients of the whole sequences.
+#[test]
+fn a_classifier_step_leaves_out_the_tokens_past_its_last_target() {
+    let (dir, mut ex) = (fixtures().join("qwen2-prm"), examples("qwen2-prm"));
+    ex.iter_mut().for_each(|e| e.ids.extend_from_slice(&e.ids.clone()[..5]));
+    let (batch, targets) = packed(&ex);
+    let whole = Packed::new(&ex.iter().map(|e| e.ids.as_slice()).collect::<Vec<_>>());
+    assert!(batch.tokens() + 5 * ex.len() <= whole.tokens());
+    let rows = ex
+        .iter()
+        .enumerate()
+        .flat_map(|(i, e)| e.targets.iter().map(move |&(p, y)| (i, p, y)));
+    let whole_targets: Vec<(usize, f32)> = rows.map(|(i, p, y)| (whole.row(i, p), y)).collect();
+    let (mut a, mut b) = (reference_trainer(&dir), reference_trainer(&dir));
+    let la = a.backward(&batch, Targets::Labels(&targets)).unwrap();
+    assert_eq!(la, b.backward(&whole, Targets::Labels(&whole_targets)).unwrap());
+    assert!(a.gradients().unwrap() == b.gradients().unwrap(), "gradients differ");
+}
+
 /// The checkpoint folder `dir`'s model on the packed trainer, on the CPU backend.
 fn cpu_trainer(dir: &std::path::Path) -> PackedTrainer<Cpu> {
     PackedTrainer::load(dir, ModelConfig::from_dir(dir).unwrap(), Arc::new(Cpu)).unwrap()

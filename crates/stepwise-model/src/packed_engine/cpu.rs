@@ -18,6 +18,7 @@ use super::reference_train::{adamw_update, swiglu_backward_row, token_logprob_gr
 use super::train_backend::{AdamW, TrainBackend};
 use super::{Backend, BatchInts, Out, PagedInts, Reference};
 use crate::kernels::cpu_inference::product;
+use crate::kernels::sgemm::{matmul_t_bf16_rows, Bf16Rows};
 use crate::kernels::weights::WeightSlice;
 use anyhow::{ensure, Result};
 use half::slice::HalfBitsSliceExt;
@@ -29,11 +30,6 @@ pub struct Cpu;
 
 /// Values a parallel task of an element-wise kernel takes.
 const CHUNK: usize = 1 << 16;
-
-/// `v` widened to f32.
-fn widened(v: &[u16]) -> Vec<f32> {
-    v.par_chunks(CHUNK).flat_map_iter(|c| c.iter().map(|&b| widen(b))).collect()
-}
 
 /// `src` `[rows, cols]` transposed to `[cols, rows]`, in blocks that stay in cache.
 pub(super) fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
@@ -62,19 +58,28 @@ pub(super) fn bf16_weight(v: &[u16]) -> WeightSlice<'_> {
     WeightSlice::bf16(v.reinterpret_cast(), true)
 }
 
-/// `y (+)= a · wᵀ` for `a` f32 `[rows, k]` and `w` bf16 `[n, k]`, into `y` as [`Out`] asks.
-fn product_into(y: Out<'_, Cpu>, a: &[f32], w: &[u16], (rows, n, k): (usize, usize, usize), accumulate: bool) -> Result<()> {
+/// `y (+)= a · wᵀ` for the bf16 activations `a` `[rows, k]` (as [`Bf16Rows`] says where they
+/// lie) and `w` bf16 `[n, k]`, into `y` as [`Out`] asks: packed for the bf16 tiles from their
+/// bits where the CPU multiplies in bf16, else widened to f32 for the product kernels.
+fn product_into(y: Out<'_, Cpu>, a: Bf16Rows, w: &[u16], (rows, n, k): (usize, usize, usize), accumulate: bool) -> Result<()> {
     ensure!(w.len() >= n * k, "a weight of {} values for [{n}, {k}]", w.len());
+    let w = &w[..n * k];
+    let run = |dst: &mut [f32], accumulate: bool| {
+        let tasks = rayon::current_num_threads();
+        if !matmul_t_bf16_rows(dst, a, w.reinterpret_cast(), (rows, n, k), accumulate, tasks) {
+            product(dst, &widened_rows(a, rows, k), bf16_weight(w), (rows, n, k), accumulate, true);
+        }
+    };
     match y {
         Out::F32(y) => {
             ensure!(y.len() >= rows * n, "writing past a buffer's end");
-            product(y, a, bf16_weight(&w[..n * k]), (rows, n, k), accumulate, true);
+            run(&mut y[..rows * n], accumulate);
         }
         Out::Bf16(y) => {
             ensure!(!accumulate, "a bf16 product is written, never added to");
             ensure!(y.len() >= rows * n, "writing past a buffer's end");
             let mut f = vec![0f32; rows * n];
-            product(&mut f, a, bf16_weight(&w[..n * k]), (rows, n, k), false, true);
+            run(&mut f, false);
             y[..rows * n]
                 .par_chunks_mut(CHUNK)
                 .zip(f.par_chunks(CHUNK))
@@ -82,6 +87,17 @@ fn product_into(y: Out<'_, Cpu>, a: &[f32], w: &[u16], (rows, n, k): (usize, usi
         }
     }
     Ok(())
+}
+
+/// The `[rows, k]` activations `a` widened to f32, row by row.
+fn widened_rows(a: Bf16Rows, rows: usize, k: usize) -> Vec<f32> {
+    match a {
+        Bf16Rows::Rows(v, stride) => (0..rows).flat_map(|r| &v[r * stride..][..k]).map(|&b| widen(b)).collect(),
+        Bf16Rows::Columns(v, stride) => {
+            let t: Vec<u16> = (0..k).flat_map(|s| &v[s * stride..][..rows]).copied().collect();
+            transposed(&t, k, rows).into_iter().map(widen).collect()
+        }
+    }
 }
 
 /// The most bytes a paged KV cache takes on the CPU when none is asked for: 2 GiB hold 175k
@@ -201,7 +217,7 @@ impl Backend for Cpu {
         accumulate: bool,
     ) -> Result<()> {
         ensure!(x.len() >= rows * k, "reading past a buffer's end");
-        product_into(y, &widened(&x[..rows * k]), w, (rows, n, k), accumulate)
+        product_into(y, Bf16Rows::Rows(x, k), w, (rows, n, k), accumulate)
     }
 
     fn attention(
@@ -312,7 +328,7 @@ impl TrainBackend for Cpu {
         ensure!(dy.len() >= rows * n && w.len() >= n * k, "reading past a buffer's end");
         // dx = dy · w = dy · (wᵀ)ᵀ: the product kernels take the weight as [k, n].
         let wt = transposed(&w[..n * k], n, k);
-        product_into(dx, &widened(&dy[..rows * n]), &wt, (rows, k, n), accumulate)
+        product_into(dx, Bf16Rows::Rows(dy, n), &wt, (rows, k, n), accumulate)
     }
 
     fn gemm_weight_grad(
@@ -325,10 +341,9 @@ impl TrainBackend for Cpu {
         k: usize,
     ) -> Result<()> {
         ensure!(dy.len() >= rows * n && x.len() >= rows * k, "reading past a buffer's end");
-        // dw += dyᵀ · x = dyᵀ · (xᵀ)ᵀ: rows are the products' depth.
-        let dyt = widened(&transposed(&dy[..rows * n], rows, n));
+        // dw += dyᵀ · x = dyᵀ · (xᵀ)ᵀ: rows are the products' depth (dyᵀ read from dy as it lies).
         let xt = transposed(&x[..rows * k], rows, k);
-        product_into(Out::F32(dw), &dyt, &xt, (n, k, rows), true)
+        product_into(Out::F32(dw), Bf16Rows::Columns(dy, n), &xt, (n, k, rows), true)
     }
 
     fn swiglu_backward(

@@ -4,7 +4,7 @@
 //! operands with f32 sums (PyTorch's bf16 autocast), f32 master weights and AdamW.
 //!
 //! A step: the forward keeps each layer's input (f32, `tokens × hidden` a layer) and, when they
-//! fit a budget (a quarter of the device's free memory unless set:
+//! fit a budget (half the device's free memory unless set:
 //! [`PackedTrainer::set_activation_budget`]), each layer's activations; the head is read at the
 //! target rows and the loss taken on the host ([`Targets`]: BCE with logits on P(good), as the
 //! CPU trainer's `Classify` objective, or any loss of target tokens' log-probabilities); the
@@ -324,8 +324,8 @@ pub struct PackedTrainer<B: TrainBackend> {
     pub(super) m: Params<B::F32>,
     pub(super) v: Params<B::F32>,
     pub(super) updates: u32,
-    /// The most bytes a batch's kept layer activations may take (`None`: a quarter of the
-    /// device's free memory at each step); past it the backward recomputes each layer.
+    /// The most bytes a batch's kept layer activations may take (`None`: half the device's
+    /// free memory at each step); past it the backward recomputes each layer.
     activation_budget: Option<usize>,
 }
 
@@ -391,7 +391,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
     }
 
     /// Bounds the memory of the layer activations a step keeps from its forward for its
-    /// backward (`None`: a quarter of the device's free memory at each step; `Some(0)`: each
+    /// backward (`None`: half the device's free memory at each step; `Some(0)`: each
     /// layer recomputed in the backward from its input, activation checkpointing).
     pub fn set_activation_budget(&mut self, bytes: Option<usize>) {
         self.activation_budget = bytes;
@@ -404,7 +404,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let bytes = tokens * layer_bytes_per_token(&dec.config) * dec.layers.len();
         let budget = match self.activation_budget {
             Some(budget) => budget,
-            None => dec.backend.memory()?.0 / 4,
+            None => dec.backend.memory()?.0 / 2,
         };
         Ok(if bytes <= budget { Keep::Layers } else { Keep::Inputs })
     }

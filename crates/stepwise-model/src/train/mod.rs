@@ -47,6 +47,17 @@ impl Example {
     pub fn learns(&self, i: usize) -> bool {
         !self.lm_skip.iter().any(|&(a, b)| (a..b).contains(&i))
     }
+
+    /// The tokens a training step under `objective` reads: a classifier's through its last
+    /// target (a causal model's later positions change nothing it reads: the steps after the
+    /// first bad one that `--stop-at-first-bad` leaves unlabelled, say), every one otherwise.
+    pub fn read_len(&self, objective: Objective) -> usize {
+        let last = self.targets.iter().map(|&(p, _)| p + 1).max();
+        match (objective, last) {
+            (Objective::Classify, Some(end)) => end.min(self.ids.len()),
+            _ => self.ids.len(),
+        }
+    }
 }
 
 /// What to learn.

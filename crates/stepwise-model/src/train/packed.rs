@@ -15,9 +15,10 @@ use rand_chacha::ChaCha8Rng;
 use std::ops::Range;
 
 /// The examples as one packed batch and their targets (rows over all its tokens), as
-/// [`Targets::Labels`] takes them.
+/// [`Targets::Labels`] takes them: each example through its last target
+/// ([`Example::read_len`]).
 pub fn packed(batch: &[&Example]) -> (Packed, Vec<(usize, f32)>) {
-    let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+    let seqs: Vec<&[u32]> = batch.iter().map(|e| &e.ids[..e.read_len(Objective::Classify)]).collect();
     let packed = Packed::new(&seqs);
     let targets = batch
         .iter()
@@ -205,9 +206,9 @@ pub fn batches(lens: &[usize], order: &[usize], count: usize, max_tokens: usize)
     out
 }
 
-/// The examples' lengths.
-fn lengths(examples: &[Example]) -> Vec<usize> {
-    examples.iter().map(|e| e.ids.len()).collect()
+/// The examples' lengths as a step under `objective` reads them.
+fn lengths(examples: &[Example], objective: Objective) -> Vec<usize> {
+    examples.iter().map(|e| e.read_len(objective)).collect()
 }
 
 /// Loss, accuracy and AUROC of `trainer`'s model on `data` under `objective` (forward passes
@@ -220,7 +221,7 @@ pub fn evaluate_packed<B: TrainBackend>(
 ) -> Result<Metrics> {
     let order: Vec<usize> = (0..data.len()).collect();
     let (mut loss, mut count, mut pairs) = (0.0, 0usize, Vec::new());
-    for part in batches(&lengths(data), &order, usize::MAX, max_tokens) {
+    for part in batches(&lengths(data, objective), &order, usize::MAX, max_tokens) {
         let batch: Vec<&Example> = part.iter().map(|&i| &data[i]).collect();
         if objective != Objective::Classify {
             let tokens = TokenBatch::new(&batch, objective)?;
@@ -286,7 +287,7 @@ pub fn train_packed<B: TrainBackend>(
     };
     let mut state = run.resume(trainer)?;
     let usable: Vec<usize> = (0..train_set.len()).filter(|&i| learns(&train_set[i])).collect();
-    let lens = lengths(train_set);
+    let lens = lengths(train_set, objective);
     let mut epoch = 0u64;
     let mut queue: Vec<Vec<usize>> = Vec::new();
     let mut next = || -> Vec<&Example> {
@@ -312,7 +313,7 @@ pub fn train_packed<B: TrainBackend>(
         let (mut loss, micro) = (0.0, cfg.grad_accum.max(1));
         for _ in 0..micro {
             let batch = next();
-            state.tokens += batch.iter().map(|e| e.ids.len()).sum::<usize>();
+            state.tokens += batch.iter().map(|e| e.read_len(objective)).sum::<usize>();
             loss += backward(trainer, &batch, objective)? as f64 / micro as f64;
         }
         let clip = (cfg.clip > 0.0).then_some(cfg.clip as f32);

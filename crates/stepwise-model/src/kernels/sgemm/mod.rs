@@ -254,28 +254,49 @@ unsafe fn by_columns(
     tasks: usize,
 ) {
     use rayon::prelude::*;
-    // Whole tiles per block, of the AVX-512 kernels and of AMX's (so each column is computed by
-    // the kernel that computes it in one pass).
-    let block = n.div_ceil(tasks.max(1)).next_multiple_of(BLOCK_COLS);
     // In bf16 products every task reads the same panels: packed here, once.
-    let packed = match w {
-        WeightSlice::Bf16Products(_) => Some(pack_all_pairs(a, a_stride, m, k)),
-        _ => None,
-    };
+    if let WeightSlice::Bf16Products(w) = w {
+        // SAFETY: as this function's.
+        return unsafe { columns_bf16(dst, &pack_all_pairs(a, a_stride, m, k), w, (m, n, k), accumulate, tasks) };
+    }
+    let block = column_block(n, tasks);
     (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
         let cols = block.min(n - b * block);
-        let dst = dst.past_columns(b * block);
         let w = w.slice(b * block * k..(b * block + cols) * k);
-        match (&packed, w) {
-            (Some(packed), WeightSlice::Bf16Products(w)) => {
-                for (chunk, panels) in packed.iter().enumerate() {
-                    let k0 = chunk * DEPTH;
-                    // SAFETY: as this function's; the block's columns are this task's alone.
-                    unsafe { tiles_bf16(dst, panels, w, (m, cols, k), k0, accumulate || k0 > 0) };
-                }
-            }
-            // SAFETY: as above.
-            _ => unsafe { matmul_t_into(dst, a, a_stride, w, (m, cols, k), accumulate) },
+        // SAFETY: as this function's; the block's columns are this task's alone.
+        unsafe { matmul_t_into(dst.past_columns(b * block), a, a_stride, w, (m, cols, k), accumulate) }
+    });
+}
+
+/// Columns a task of a product split by columns takes: whole tiles of the AVX-512 kernels and
+/// of AMX's (so each column is computed by the kernel that computes it in one pass).
+fn column_block(n: usize, tasks: usize) -> usize {
+    n.div_ceil(tasks.max(1)).next_multiple_of(BLOCK_COLS)
+}
+
+/// The bf16 tiles of `dst = packed · wᵀ` (or `+=` with `accumulate`) for activations packed
+/// in pairs (`packed`: one buffer a depth chunk of [`DEPTH`]), in `tasks` parallel blocks of
+/// the weight's rows.
+///
+/// # Safety
+/// As for [`matmul_t_bf16`]; `packed` holds the panels of `m` rows of every depth chunk of `k`.
+unsafe fn columns_bf16(
+    dst: Dst,
+    packed: &[Vec<u32>],
+    w: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    accumulate: bool,
+    tasks: usize,
+) {
+    use rayon::prelude::*;
+    let block = column_block(n, tasks);
+    (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
+        let cols = block.min(n - b * block);
+        let (dst, w) = (dst.past_columns(b * block), &w[b * block * k..(b * block + cols) * k]);
+        for (chunk, panels) in packed.iter().enumerate() {
+            let k0 = chunk * DEPTH;
+            // SAFETY: as this function's; the block's columns are this task's alone.
+            unsafe { tiles_bf16(dst, panels, w, (m, cols, k), k0, accumulate || k0 > 0) };
         }
     });
 }
@@ -626,6 +647,8 @@ unsafe fn tile_bf16<const VECS: usize>(_: usize, _: &[u32], _: &[&[bf16]; COLS],
 
 pub(crate) mod amx;
 mod pack;
+mod pairs;
+pub(crate) use pairs::{matmul_t_bf16_rows, Bf16Rows};
 
 #[cfg(test)]
 mod tests;

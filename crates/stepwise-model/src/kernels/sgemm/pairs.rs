@@ -1,0 +1,141 @@
+//! Products whose activations are bf16 already (the packed trainer's): packed into the bf16
+//! tiles' pairs straight from their bits, from rows or from the transposed layout a weight's
+//! gradient reads (`dyᵀ` from `dy` as it lies), with no f32 copy and no transpose.
+
+use super::{bf16_products_available, columns_bf16, Dst, DEPTH, PANEL};
+use half::bf16;
+use rayon::prelude::*;
+
+/// Where a product's bf16 activations `a` `[m, k]` lie (bf16 bits).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bf16Rows<'a> {
+    /// Row `r`'s steps at `values[r · stride..][..k]`.
+    Rows(&'a [u16], usize),
+    /// Transposed: step `s` of row `r` at `values[s · stride + r]`.
+    Columns(&'a [u16], usize),
+}
+
+impl Bf16Rows<'_> {
+    /// Whether `values` hold `m` rows of `k` steps.
+    fn holds(self, m: usize, k: usize) -> bool {
+        match self {
+            Bf16Rows::Rows(v, stride) => stride >= k && (m == 0 || v.len() >= (m - 1) * stride + k),
+            Bf16Rows::Columns(v, stride) => stride >= m && (k == 0 || v.len() >= (k - 1) * stride + m),
+        }
+    }
+}
+
+/// Steps `k0..k0 + depth` (of `k`) of the `m` rows of `a` packed as [`super::pack::pack_pairs`]
+/// packs f32 rows: panels of [`PANEL`] rows, each pair step holding a row's two neighbouring
+/// steps (the earlier in the low half; an odd last step with zero), rows past `m` zero.
+pub(super) fn pack_pairs_bf16(a: Bf16Rows, (m, k): (usize, usize), k0: usize, depth: usize, packed: &mut Vec<u32>) {
+    let pairs = depth.div_ceil(2);
+    packed.clear();
+    packed.resize(m.div_ceil(PANEL) * PANEL * pairs, 0);
+    for (p, panel) in packed.chunks_exact_mut(PANEL * pairs).enumerate() {
+        let first = p * PANEL;
+        let rows = PANEL.min(m - first);
+        for step in 0..pairs {
+            let (lo, hi) = (k0 + 2 * step, k0 + 2 * step + 1);
+            let dst = &mut panel[step * PANEL..][..rows];
+            match a {
+                Bf16Rows::Rows(v, stride) => {
+                    for (r, d) in dst.iter_mut().enumerate() {
+                        let row = &v[(first + r) * stride..];
+                        let high = if hi < k { u32::from(row[hi]) } else { 0 };
+                        *d = u32::from(row[lo]) | high << 16;
+                    }
+                }
+                Bf16Rows::Columns(v, stride) => {
+                    let low = &v[lo * stride + first..][..rows];
+                    match hi < k {
+                        true => {
+                            let high = &v[hi * stride + first..][..rows];
+                            for ((d, &l), &h) in dst.iter_mut().zip(low).zip(high) {
+                                *d = u32::from(l) | u32::from(h) << 16;
+                            }
+                        }
+                        false => dst.iter_mut().zip(low).for_each(|(d, &l)| *d = u32::from(l)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `dst = a · wᵀ` (or `+=` with `accumulate`) for the bf16 activations `a` `[m, k]` and the
+/// bf16 weight `w` `[n, k]`, `dst` `[m, n]`, in bf16 products (each depth chunk packed on the
+/// pool, then `tasks` blocks of columns), as [`super::matmul_t`] computes it from `a` widened.
+/// Returns false, computing nothing, where the CPU cannot multiply in bf16.
+///
+/// # Panics
+/// When a slice is too short for the sizes.
+pub(crate) fn matmul_t_bf16_rows(
+    dst: &mut [f32],
+    a: Bf16Rows,
+    w: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    accumulate: bool,
+    tasks: usize,
+) -> bool {
+    if !bf16_products_available() {
+        return false;
+    }
+    assert!(a.holds(m, k) && w.len() >= n * k && dst.len() >= m * n, "product of [{m}, {k}] by [{n}, {k}]");
+    if m == 0 || n == 0 || k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return true;
+    }
+    let chunks: Vec<usize> = (0..k).step_by(DEPTH).collect();
+    let packed: Vec<Vec<u32>> = chunks
+        .into_par_iter()
+        .map(|k0| {
+            let mut packed = Vec::new();
+            pack_pairs_bf16(a, (m, k), k0, DEPTH.min(k - k0), &mut packed);
+            packed
+        })
+        .collect();
+    let dst = Dst {
+        at: dst.as_mut_ptr(),
+        stride: n,
+    };
+    // SAFETY: bf16 products are available (checked above); `dst` holds `m` rows of `n`, `w`
+    // `n` rows of `k` and `packed` every depth chunk's panels of the `m` rows (asserted above).
+    unsafe { columns_bf16(dst, &packed, w, (m, n, k), accumulate, tasks) };
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pack::pack_pairs;
+    use super::*;
+
+    /// Packing bf16 bits, from rows or from their transpose, gives the pairs packing the same
+    /// values as f32 gives (odd depths, partial panels, a second depth chunk).
+    #[test]
+    fn bf16_rows_pack_as_their_f32_values() {
+        if !bf16_products_available() {
+            return eprintln!("no AVX512_BF16 here: f32 packing is the only one");
+        }
+        for (m, k) in [(1, 1), (5, 3), (33, 70), (70, 1031), (64, 2048)] {
+            let bits: Vec<u16> = (0..m * k).map(|i| bf16::from_f32((i as f32 * 0.37).sin()).to_bits()).collect();
+            let values: Vec<f32> = bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
+            let mut t = vec![0u16; m * k];
+            for r in 0..m {
+                for s in 0..k {
+                    t[s * m + r] = bits[r * k + s];
+                }
+            }
+            for k0 in (0..k).step_by(DEPTH) {
+                let depth = DEPTH.min(k - k0);
+                let (mut want, mut rows, mut cols) = (Vec::new(), Vec::new(), Vec::new());
+                pack_pairs(&values, k, m, k0, depth, &mut want);
+                pack_pairs_bf16(Bf16Rows::Rows(&bits, k), (m, k), k0, depth, &mut rows);
+                pack_pairs_bf16(Bf16Rows::Columns(&t, m), (m, k), k0, depth, &mut cols);
+                assert!(want == rows && want == cols, "[{m}, {k}] from {k0}");
+            }
+        }
+    }
+}
