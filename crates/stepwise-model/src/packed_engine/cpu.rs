@@ -54,14 +54,14 @@ pub(super) fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize
 
 /// bf16 values as the kernels take them (multiplied in bf16 where the CPU can: every operand of
 /// the packed engine's products is bf16 already, so this rounds nothing).
-pub(super) fn bf16_weight(v: &[u16]) -> WeightSlice<'_> {
+fn bf16_weight(v: &[u16]) -> WeightSlice<'_> {
     WeightSlice::bf16(v.reinterpret_cast(), true)
 }
 
 /// `y (+)= a · wᵀ` for the bf16 activations `a` `[rows, k]` (as [`Bf16Rows`] says where they
 /// lie) and `w` bf16 `[n, k]`, into `y` as [`Out`] asks: packed for the bf16 tiles from their
 /// bits where the CPU multiplies in bf16, else widened to f32 for the product kernels.
-fn product_into(y: Out<'_, Cpu>, a: Bf16Rows, w: &[u16], (rows, n, k): (usize, usize, usize), accumulate: bool) -> Result<()> {
+pub(super) fn product_into(y: Out<'_, Cpu>, a: Bf16Rows, w: &[u16], (rows, n, k): (usize, usize, usize), accumulate: bool) -> Result<()> {
     ensure!(w.len() >= n * k, "a weight of {} values for [{n}, {k}]", w.len());
     let w = &w[..n * k];
     let run = |dst: &mut [f32], accumulate: bool| {
@@ -271,7 +271,6 @@ impl Backend for Cpu {
 impl TrainBackend for Cpu {
     as_reference! {
         copy_f32(src: &Vec<f32>, dst: &mut Vec<f32>, n: usize) -> Result<()>;
-        zero_f32(buf: &mut Vec<f32>, n: usize) -> Result<()>;
         column_sums(dy: &Vec<f32>, db: &mut Vec<f32>, rows: usize, width: usize) -> Result<()>;
         rms_norm_backward(
             x: &Vec<f32>,
@@ -304,6 +303,12 @@ impl TrainBackend for Cpu {
             rows: usize,
             hidden: usize
         ) -> Result<()>;
+    }
+
+    fn zero_f32(&self, buf: &mut Vec<f32>, n: usize) -> Result<()> {
+        ensure!(n <= buf.len(), "writing past a buffer's end");
+        buf[..n].par_chunks_mut(CHUNK).for_each(|c| c.fill(0.0));
+        Ok(())
     }
 
     fn round_bf16(&self, src: &Vec<f32>, dst: &mut Vec<u16>, at: usize, n: usize) -> Result<()> {

@@ -6,8 +6,10 @@
 //! in the vector kernels. A head's scores are a `[len, len]` matrix (the causal half used), so a
 //! task holds a few of them: 64 MiB each at 4,096 tokens.
 
-use super::cpu::{bf16_weight, transposed};
-use super::reference::{round, widen};
+use super::cpu::{product_into, transposed};
+use super::Out;
+use crate::kernels::sgemm::Bf16Rows;
+use super::reference::round;
 use crate::kernels::cpu_inference::product;
 use crate::kernels::simd;
 use crate::kernels::weights::WeightSlice;
@@ -63,15 +65,6 @@ impl Shape {
     }
 }
 
-/// Columns `col..col + d` of rows `start..start + len` of `m` (rows of `width`), widened: `[len, d]`.
-fn columns(m: &[u16], width: usize, (start, len): (usize, usize), col: usize, d: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(len * d);
-    for r in start..start + len {
-        out.extend(m[r * width + col..][..d].iter().map(|&b| widen(b)));
-    }
-    out
-}
-
 /// `a [m, k] · bᵀ` for `b` `[n, k]` (f32), on this thread.
 pub(super) fn times_t(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
@@ -79,11 +72,11 @@ pub(super) fn times_t(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) ->
     out
 }
 
-/// `a [m, k] · bᵀ` for `b` bf16 `[n, k]`, on this thread, multiplied in bf16 where the CPU can
-/// (`a` rounded to bf16, f32 sums: PyTorch's bf16 attention), else in f32.
-fn times_t16(a: &[f32], b: &[u16], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
+/// `a [m, k] · wᵀ` for bf16 `a` (as [`Bf16Rows`] says where it lies) and `w` `[n, k]`, in
+/// bf16 products where the CPU can (f32 sums: PyTorch's bf16 attention), else in f32.
+fn times16(a: Bf16Rows, w: &[u16], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
-    product(&mut out, a, bf16_weight(b), (m, n, k), false, false);
+    product_into(Out::F32(&mut out), a, w, (m, n, k), false).expect("sizes of a head's products");
     out
 }
 
@@ -103,9 +96,9 @@ fn rounded(v: &[f32]) -> Vec<u16> {
 
 /// The attention probabilities `[len, len]` of queries `q` over keys `k` (`[len, d]` each): row
 /// `i` the softmax of its scaled scores over keys `0..=i`, zero past it.
-fn probabilities(q: &[f32], k: &[u16], len: usize, d: usize) -> Vec<f32> {
+fn probabilities(q: &[u16], k: &[u16], len: usize, d: usize) -> Vec<f32> {
     let scale = 1.0 / (d as f32).sqrt();
-    let mut p = times_t16(q, k, (len, len, d));
+    let mut p = times16(Bf16Rows::Rows(q, d), k, (len, len, d));
     simd::dispatch(CausalSoftmax { p: &mut p, len, scale });
     p
 }
@@ -170,49 +163,48 @@ pub(super) fn forward(qkv: &[u16], out: &mut [u16], shape: &Shape) -> Result<()>
     let (width, d, heads) = (shape.width(), shape.d, shape.heads);
     let rows = shape.seqs.last().map_or(0, |&(s, l)| s + l);
     ensure!(qkv.len() >= rows * width && out.len() >= rows * heads * d, "a buffer too short");
-    // Each task's output transposed, `[d, len]`: the probabilities are the product's bf16
-    // weight, so that it reads them where they lie.
     let results: Vec<Vec<f32>> = shape
         .tasks()
         .into_par_iter()
         .map(|(start, len, h)| {
             let (kc, vc) = shape.key_value(h);
-            let q = columns(qkv, width, (start, len), h * d, d);
+            let q = columns16(qkv, width, (start, len), h * d, d);
             let k = columns16(qkv, width, (start, len), kc, d);
-            let vt = transposed(&columns(qkv, width, (start, len), vc, d), len, d);
-            times_t16(&vt, &rounded(&probabilities(&q, &k, len, d)), (d, len, len))
+            let vt = transposed(&columns16(qkv, width, (start, len), vc, d), len, d);
+            let p = rounded(&probabilities(&q, &k, len, d));
+            times16(Bf16Rows::Rows(&p, len), &vt, (len, d, len))
         })
         .collect();
-    for ((start, len, h), ot) in shape.tasks().into_iter().zip(results) {
-        for i in 0..len {
+    for ((start, _, h), o) in shape.tasks().into_iter().zip(results) {
+        for (i, row) in o.chunks_exact(d).enumerate() {
             let dst = &mut out[(start + i) * heads * d + h * d..][..d];
-            dst.iter_mut().enumerate().for_each(|(c, y)| *y = round(ot[c * len + i]));
+            dst.iter_mut().zip(row).for_each(|(y, &v)| *y = round(v));
         }
     }
     Ok(())
 }
 
-/// One head's gradients through its attention, transposed: `(dqᵀ, dkᵀ, dvᵀ)`, `[d, len]` each.
-/// Each product takes the `[len, len]` operand (the probabilities or the scores' gradient,
-/// rounded to bf16) as its weight, where it lies or transposed once.
+/// One head's gradients through its attention: `(dq, dk, dv)`, `[len, d]` each. The `[len,
+/// len]` operands (the probabilities and the scores' gradient, rounded to bf16) are read where
+/// they lie, as rows or (for `dk` and `dv`) transposed; only the `[len, d]` ones are transposed.
 fn head_backward(qkv: &[u16], d_out: &[u16], shape: &Shape, (start, len, h): (usize, usize, usize)) -> [Vec<f32>; 3] {
     let (width, d) = (shape.width(), shape.d);
     let scale = 1.0 / (d as f32).sqrt();
     let (kc, vc) = shape.key_value(h);
-    let q = columns(qkv, width, (start, len), h * d, d);
+    let q = columns16(qkv, width, (start, len), h * d, d);
     let k = columns16(qkv, width, (start, len), kc, d);
     let v = columns16(qkv, width, (start, len), vc, d);
-    let d_o = columns(d_out, shape.heads * d, (start, len), h * d, d);
+    let d_o = columns16(d_out, shape.heads * d, (start, len), h * d, d);
     let p = probabilities(&q, &k, len, d);
     // dP = dO · Vᵀ; dS = P ∘ (dP − Σⱼ P·dP) · scale, row by row (zero past the diagonal with P).
-    let mut ds = times_t16(&d_o, &v, (len, len, d));
+    let mut ds = times16(Bf16Rows::Rows(&d_o, d), &v, (len, len, d));
     simd::dispatch(ScoresGradient { p: &p, dp: &mut ds, len, scale });
-    let ds = rounded(&ds);
-    // dQᵀ = Kᵀ · dSᵀ, dKᵀ = Qᵀ · dS, dVᵀ = dOᵀ · P.
-    let kt = transposed(&k.iter().map(|&b| widen(b)).collect::<Vec<_>>(), len, d);
-    let dq = times_t16(&kt, &ds, (d, len, len));
-    let dk = times_t16(&transposed(&q, len, d), &transposed(&ds, len, len), (d, len, len));
-    let dv = times_t16(&transposed(&d_o, len, d), &transposed(&rounded(&p), len, len), (d, len, len));
+    let (ds, p) = (rounded(&ds), rounded(&p));
+    // dQ = dS · K, dK = dSᵀ · Q, dV = Pᵀ · dO.
+    let dims = (len, d, len);
+    let dq = times16(Bf16Rows::Rows(&ds, len), &transposed(&k, len, d), dims);
+    let dk = times16(Bf16Rows::Columns(&ds, len), &transposed(&q, len, d), dims);
+    let dv = times16(Bf16Rows::Columns(&p, len), &transposed(&d_o, len, d), dims);
     [dq, dk, dv]
 }
 
@@ -231,12 +223,12 @@ pub(super) fn backward(qkv: &[u16], d_out: &[u16], d_qkv: &mut [f32], shape: &Sh
         .map(|task| head_backward(qkv, d_out, shape, task))
         .collect();
     d_qkv[..rows * width].fill(0.0);
-    for ((start, len, h), [dq, dk, dv]) in shape.tasks().into_iter().zip(results) {
+    for ((start, _, h), [dq, dk, dv]) in shape.tasks().into_iter().zip(results) {
         let (kc, vc) = shape.key_value(h);
         for (col, grad) in [(h * d, dq), (kc, dk), (vc, dv)] {
-            for i in 0..len {
+            for (i, row) in grad.chunks_exact(d).enumerate() {
                 let dst = &mut d_qkv[(start + i) * width + col..][..d];
-                dst.iter_mut().enumerate().for_each(|(c, y)| *y += grad[c * len + i]);
+                dst.iter_mut().zip(row).for_each(|(y, &g)| *y += g);
             }
         }
     }

@@ -339,7 +339,13 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let b = &*decoder.backend;
         let mut master = specs.map(|s| b.zeros_f32(s.len()))?;
         read_masters(b, &specs, &mut master, dir)?;
-        let zeros = |s: &Spec| b.zeros_f32(s.len());
+        // Zeros written, not only allocated: the first step would otherwise fault in these pages
+        // (the gradients and AdamW's state: four times the masters) one by one.
+        let zeros = |s: &Spec| {
+            let mut buf = b.zeros_f32(s.len())?;
+            b.zero_f32(&mut buf, s.len())?;
+            Ok(buf)
+        };
         let (grad, m, v) = (specs.map(zeros)?, specs.map(zeros)?, specs.map(zeros)?);
         let mut trainer = PackedTrainer {
             specs,
