@@ -74,10 +74,10 @@ pub(super) fn times_t(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) ->
 
 /// `a [m, k] · wᵀ` for bf16 `a` (as [`Bf16Rows`] says where it lies) and `w` `[n, k]`, in
 /// bf16 products where the CPU can (f32 sums: PyTorch's bf16 attention), else in f32.
-fn times16(a: Bf16Rows, w: &[u16], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
+fn times16(a: Bf16Rows, w: &[u16], (m, n, k): (usize, usize, usize)) -> Result<Vec<f32>> {
     let mut out = vec![0f32; m * n];
-    product_into(Out::F32(&mut out), a, w, (m, n, k), false).expect("sizes of a head's products");
-    out
+    product_into(Out::F32(&mut out), a, w, (m, n, k), false)?;
+    Ok(out)
 }
 
 /// Columns `col..col + d` of rows `start..start + len` of `m` (rows of `width`): `[len, d]`.
@@ -96,11 +96,11 @@ fn rounded(v: &[f32]) -> Vec<u16> {
 
 /// The attention probabilities `[len, len]` of queries `q` over keys `k` (`[len, d]` each): row
 /// `i` the softmax of its scaled scores over keys `0..=i`, zero past it.
-fn probabilities(q: &[u16], k: &[u16], len: usize, d: usize) -> Vec<f32> {
+fn probabilities(q: &[u16], k: &[u16], len: usize, d: usize) -> Result<Vec<f32>> {
     let scale = 1.0 / (d as f32).sqrt();
-    let mut p = times16(Bf16Rows::Rows(q, d), k, (len, len, d));
+    let mut p = times16(Bf16Rows::Rows(q, d), k, (len, len, d))?;
     simd::dispatch(CausalSoftmax { p: &mut p, len, scale });
-    p
+    Ok(p)
 }
 
 /// Each row `i` of `[len, len]` scores made the softmax of its first `i + 1` values scaled by
@@ -171,10 +171,10 @@ pub(super) fn forward(qkv: &[u16], out: &mut [u16], shape: &Shape) -> Result<()>
             let q = columns16(qkv, width, (start, len), h * d, d);
             let k = columns16(qkv, width, (start, len), kc, d);
             let vt = transposed(&columns16(qkv, width, (start, len), vc, d), len, d);
-            let p = rounded(&probabilities(&q, &k, len, d));
+            let p = rounded(&probabilities(&q, &k, len, d)?);
             times16(Bf16Rows::Rows(&p, len), &vt, (len, d, len))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     for ((start, _, h), o) in shape.tasks().into_iter().zip(results) {
         for (i, row) in o.chunks_exact(d).enumerate() {
             let dst = &mut out[(start + i) * heads * d + h * d..][..d];
@@ -187,7 +187,12 @@ pub(super) fn forward(qkv: &[u16], out: &mut [u16], shape: &Shape) -> Result<()>
 /// One head's gradients through its attention: `(dq, dk, dv)`, `[len, d]` each. The `[len,
 /// len]` operands (the probabilities and the scores' gradient, rounded to bf16) are read where
 /// they lie, as rows or (for `dk` and `dv`) transposed; only the `[len, d]` ones are transposed.
-fn head_backward(qkv: &[u16], d_out: &[u16], shape: &Shape, (start, len, h): (usize, usize, usize)) -> [Vec<f32>; 3] {
+fn head_backward(
+    qkv: &[u16],
+    d_out: &[u16],
+    shape: &Shape,
+    (start, len, h): (usize, usize, usize),
+) -> Result<[Vec<f32>; 3]> {
     let (width, d) = (shape.width(), shape.d);
     let scale = 1.0 / (d as f32).sqrt();
     let (kc, vc) = shape.key_value(h);
@@ -195,17 +200,17 @@ fn head_backward(qkv: &[u16], d_out: &[u16], shape: &Shape, (start, len, h): (us
     let k = columns16(qkv, width, (start, len), kc, d);
     let v = columns16(qkv, width, (start, len), vc, d);
     let d_o = columns16(d_out, shape.heads * d, (start, len), h * d, d);
-    let p = probabilities(&q, &k, len, d);
+    let p = probabilities(&q, &k, len, d)?;
     // dP = dO · Vᵀ; dS = P ∘ (dP − Σⱼ P·dP) · scale, row by row (zero past the diagonal with P).
-    let mut ds = times16(Bf16Rows::Rows(&d_o, d), &v, (len, len, d));
+    let mut ds = times16(Bf16Rows::Rows(&d_o, d), &v, (len, len, d))?;
     simd::dispatch(ScoresGradient { p: &p, dp: &mut ds, len, scale });
     let (ds, p) = (rounded(&ds), rounded(&p));
     // dQ = dS · K, dK = dSᵀ · Q, dV = Pᵀ · dO.
     let dims = (len, d, len);
-    let dq = times16(Bf16Rows::Rows(&ds, len), &transposed(&k, len, d), dims);
-    let dk = times16(Bf16Rows::Columns(&ds, len), &transposed(&q, len, d), dims);
-    let dv = times16(Bf16Rows::Columns(&p, len), &transposed(&d_o, len, d), dims);
-    [dq, dk, dv]
+    let dq = times16(Bf16Rows::Rows(&ds, len), &transposed(&k, len, d), dims)?;
+    let dk = times16(Bf16Rows::Columns(&ds, len), &transposed(&q, len, d), dims)?;
+    let dv = times16(Bf16Rows::Columns(&p, len), &transposed(&d_o, len, d), dims)?;
+    Ok([dq, dk, dv])
 }
 
 /// Through [`forward`]: `d_qkv = [dq | dk | dv]` (written; a key/value head's gradients summed
@@ -221,7 +226,7 @@ pub(super) fn backward(qkv: &[u16], d_out: &[u16], d_qkv: &mut [f32], shape: &Sh
         .tasks()
         .into_par_iter()
         .map(|task| head_backward(qkv, d_out, shape, task))
-        .collect();
+        .collect::<Result<_>>()?;
     d_qkv[..rows * width].fill(0.0);
     for ((start, _, h), [dq, dk, dv]) in shape.tasks().into_iter().zip(results) {
         let (kc, vc) = shape.key_value(h);
