@@ -391,7 +391,7 @@ def train_prm(
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
     Hugging Face folder `out`, as `stepwise train-prm`; a folder with a run's state continues it.
     `device="cuda"` trains on a GPU (every head). `trainer="packed"` trains on the packed
-    engine on the CPU too (bf16 autocast, each layer recomputed: bounded memory); `"autograd"` is
+    engine on the CPU too (bf16 autocast, activations kept within half the free memory, recomputed past it); `"autograd"` is
     candle's f32 autograd (the CPU only); `"auto"` is packed on a GPU and for a pretrained `base` (hidden size 512 or more) on the CPU,
     autograd for the small shapes. The run ends with its best validation's weights. `valid_records` validates on a fixed held-out
     set instead of `valid_fraction` of `records`. `lr` defaults to 1e-5 to fine-tune a pretrained

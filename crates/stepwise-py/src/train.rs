@@ -17,7 +17,7 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// reading as A = 2s − 1. `device` is `auto`, `cpu` or `cuda[:N]`: on a GPU the packed
 /// engine trains every head (bf16 products with f32 sums, f32 master weights),
 /// batches of at most `max_batch_tokens` tokens; `trainer="packed"` trains on it on the CPU too
-/// (each layer recomputed in the backward: bounded memory), `"autograd"` with candle's f32
+/// (activations kept within half the free memory, recomputed past it), `"autograd"` with candle's f32
 /// autograd (the CPU only), `"auto"` packed on a GPU and for a pretrained `base` (hidden size 512 or more) on
 /// the CPU, autograd for the small shapes. The run ends with its best validation's weights. Progress and the run's last line go to stderr.
 /// Returns the run: steps, last loss, tokens and tokens/s in training steps, the device, and the

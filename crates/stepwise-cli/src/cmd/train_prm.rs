@@ -23,12 +23,12 @@ With --reference-logprob L the reference is a constant instead (every token at l
 verifier's reference log-probabilities computed there too): bf16 products with f32 sums, f32 master weights, \
 AdamW, batches of at most --max-batch-tokens tokens (and --batch-size solutions), the LM head's vocabulary \
 logits a chunk of rows at a time. The last line gives tokens/s in training steps on either device. \
-On an H200 a 0.5B PRM trained at batch 16 in 12.5 GiB.
+On an H200 a 0.5B PRM trained at batch 16 in 12.5 GiB (each layer recomputed, before the activation budget).
 
 On the CPU a pretrained --base (hidden size 512 or more) is fine-tuned by the GPU's packed trainer (bf16 products \
-with f32 sums, each layer recomputed): a 0.5B PRM on two Zen 4 cores trained at 56 tokens/s in 10.5 GiB at batch 1 \
-(PyTorch's bf16 autocast: 57 in 11.1), and at 57 in 13.8 GiB at batch 8, where PyTorch ran out of 24 GB \
-(bench/train_cpu.sh). The small shapes (--config, a small --base) train with candle's f32 autograd, which keeps \
+with f32 sums; each layer's activations kept within half the free memory, recomputed past it): a 0.5B PRM on a \
+2-vCPU Xeon with AMX trained at 1.26-1.54x PyTorch's bf16-autocast tokens/s at batch 1 and 0.78x (a steady step) \
+to 1.18x (two steps) at batch 4, in 11-12 GiB against its 13-16 (bench/train_steady_cpu.sh). The small shapes (--config, a small --base) train with candle's f32 autograd, which keeps \
 every op's buffers: 19.7 GiB and 26 tokens/s for one 871-token solution of the same 0.5B PRM with --trainer \
 autograd. Either way the run ends with its best validation's weights (lowest loss; the last step's are kept \
 beside them, and a longer run on the same --out continues from those).

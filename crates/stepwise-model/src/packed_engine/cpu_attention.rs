@@ -1,9 +1,9 @@
 //! Causal attention of [`super::Cpu`], forward and backward: one task per sequence and query
-//! head on the thread pool, its products in the CPU's product kernels ([`product`], on the
-//! task's own thread) in bf16 where the CPU can (AMX or AVX512_BF16 tiles): queries, keys,
-//! values, the softmax's probabilities and the scores' gradient rounded to bf16, every sum f32,
-//! as PyTorch's bf16 attention ([`super::Reference`] keeps the probabilities f32); the softmax
-//! in the vector kernels. A head's scores are a `[len, len]` matrix (the causal half used), so a
+//! head on the thread pool, its products those of the CPU backend's ([`product_into`]) in
+//! bf16 where the CPU can (AMX or AVX512_BF16 tiles), each operand read where it lies (as rows,
+//! or transposed): queries, keys, values, the softmax's probabilities and the scores' gradient
+//! in bf16, every sum f32, as PyTorch's bf16 attention ([`super::Reference`] keeps the
+//! probabilities f32); the softmax in the vector kernels. A head's scores are a `[len, len]` matrix (the causal half used), so a
 //! task holds a few of them: 64 MiB each at 4,096 tokens.
 
 use super::cpu::{product_into, transposed};

@@ -111,8 +111,8 @@ pub enum Trainer {
     /// backward, so memory grows with batch size × sequence length × layers.
     Autograd,
     /// The packed engine's trainer on the run's device: bf16 products with f32 sums and f32
-    /// master weights (PyTorch's bf16 autocast), each layer recomputed in the backward, so memory
-    /// holds the weights, AdamW's state and one layer's activations.
+    /// master weights (PyTorch's bf16 autocast), each layer's activations kept while they fit
+    /// half the free memory and recomputed in the backward past it.
     Packed,
 }
 
