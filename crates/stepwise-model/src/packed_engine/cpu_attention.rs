@@ -10,9 +10,7 @@ use super::cpu::{product_into, transposed};
 use super::Out;
 use crate::kernels::sgemm::Bf16Rows;
 use super::reference::round;
-use crate::kernels::cpu_inference::product;
 use crate::kernels::simd;
-use crate::kernels::weights::WeightSlice;
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -63,13 +61,6 @@ impl Shape {
         let per_seq = |&(start, len): &(usize, usize)| (0..self.heads).map(move |h| (start, len, h));
         self.seqs.iter().flat_map(per_seq).collect()
     }
-}
-
-/// `a [m, k] · bᵀ` for `b` `[n, k]` (f32), on this thread.
-pub(super) fn times_t(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
-    product(&mut out, a, WeightSlice::F32(b), (m, n, k), false, false);
-    out
 }
 
 /// `a [m, k] · wᵀ` for bf16 `a` (as [`Bf16Rows`] says where it lies) and `w` `[n, k]`, in
@@ -144,18 +135,6 @@ impl simd::Kernel for ScoresGradient<'_> {
             future.fill(0.0);
         }
     }
-}
-
-/// A row of scores made the softmax of its first `seen` values scaled by `scale`, zero past
-/// them (a causal row: the keys up to its own position), as [`super::Reference`] computes it.
-pub(super) fn softmax_prefix(row: &mut [f32], seen: usize, scale: f32) {
-    let (seen, future) = row.split_at_mut(seen);
-    seen.iter_mut().for_each(|s| *s *= scale);
-    let max = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    seen.iter_mut().for_each(|s| *s = (*s - max).exp());
-    let total: f32 = seen.iter().sum();
-    seen.iter_mut().for_each(|s| *s /= total);
-    future.fill(0.0);
 }
 
 /// Causal attention of every row over its own sequence's rows, into `out` (`[rows, heads · d]`).

@@ -7,10 +7,11 @@
 //! [`super::Reference`] does. The reference's own code, a scalar loop a row, a head and a key at
 //! a time, took about an eighth of a 0.5B policy's sampling on two cores.
 
-use super::cpu_attention::{softmax_prefix, times_t};
 use super::cpu::transposed;
 use super::paged::BLOCK;
 use super::reference::{round, widen};
+use crate::kernels::cpu_inference::product;
+use crate::kernels::weights::WeightSlice;
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -108,4 +109,23 @@ fn group(qkv: &[u16], (k, v): (&[u16], &[u16]), at: &Places, h: Heads, (seq, rs,
         softmax_prefix(row, at.positions[rs[i / per]] as usize + 1, scale);
     }
     Ok(times_t(&p, &transposed(&values, len, d), (m, d, len)))
+}
+
+/// `a [m, k] · bᵀ` for `b` `[n, k]` (f32), on this thread.
+fn times_t(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    product(&mut out, a, WeightSlice::F32(b), (m, n, k), false, false);
+    out
+}
+
+/// A row of scores made the softmax of its first `seen` values scaled by `scale`, zero past
+/// them (a causal row: the keys up to its own position), as [`super::Reference`] computes it.
+fn softmax_prefix(row: &mut [f32], seen: usize, scale: f32) {
+    let (seen, future) = row.split_at_mut(seen);
+    seen.iter_mut().for_each(|s| *s *= scale);
+    let max = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    seen.iter_mut().for_each(|s| *s = (*s - max).exp());
+    let total: f32 = seen.iter().sum();
+    seen.iter_mut().for_each(|s| *s /= total);
+    future.fill(0.0);
 }
