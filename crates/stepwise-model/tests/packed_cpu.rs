@@ -211,22 +211,45 @@ fn paged_attention_matches_the_reference() {
     assert!(err.to_string().contains("position 128 has no cache block"), "{err}");
 }
 
+/// SwiGLU's vector kernels (their own `exp`) give the reference's bf16 values or a neighbour
+/// (one ulp apart), and the neighbour rarely: the f32 values before rounding differ by an ulp or two.
 #[test]
-fn element_wise_kernels_give_the_reference_bits() {
+fn swiglu_is_within_a_bf16_ulp_of_the_reference() {
     let mut r = Values(5);
-    let (rows, inter, vocab) = (33, 96, 300);
+    let (rows, inter) = (33, 96);
     let gate_up = r.bf16s(rows * 2 * inter, 3.0);
     let (mut a, mut b) = (vec![0u16; rows * inter], vec![0u16; rows * inter]);
     Cpu.swiglu(&gate_up, &mut a, rows, inter).unwrap();
     Reference.swiglu(&gate_up, &mut b, rows, inter).unwrap();
-    assert_eq!(a, b, "swiglu");
+    assert_within_an_ulp(&a, &b, "swiglu");
     let d_act = r.f32s(rows * inter, 1.0);
     let (mut a, mut b) = (vec![0u16; rows * 2 * inter], vec![0u16; rows * 2 * inter]);
     Cpu.swiglu_backward(&gate_up, &d_act, &mut a, rows, inter).unwrap();
     Reference
         .swiglu_backward(&gate_up, &d_act, &mut b, rows, inter)
         .unwrap();
-    assert_eq!(a, b, "swiglu_backward");
+    assert_within_an_ulp(&a, &b, "swiglu_backward");
+}
+
+/// Every bf16 of `got` is `want`'s or its neighbour, and at most 2% are neighbours.
+fn assert_within_an_ulp(got: &[u16], want: &[u16], what: &str) {
+    let apart = |g: u16, w: u16| (g as i16 as i32 - w as i16 as i32).unsigned_abs();
+    let mut neighbours = 0;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(apart(g, w) <= 1, "{what}[{i}]: {g:#06x} against {w:#06x}");
+        neighbours += usize::from(g != w);
+    }
+    assert!(
+        neighbours * 50 <= want.len(),
+        "{what}: {neighbours} of {} values a ulp off",
+        want.len()
+    );
+}
+
+#[test]
+fn element_wise_kernels_give_the_reference_bits() {
+    let mut r = Values(5);
+    let (rows, vocab) = (33, 300);
     let logits = r.f32s(rows * vocab, 8.0);
     let targets: Vec<i32> = (0..rows as i32).map(|i| (i * 37) % vocab as i32).collect();
     let mut got = (vec![0f32; rows], vec![0f32; rows]);

@@ -15,7 +15,7 @@ pub(crate) mod cpu_inference;
 mod linear;
 pub(crate) mod sgemm;
 pub(crate) mod simd;
-mod swiglu;
+pub(crate) mod swiglu;
 pub(crate) mod tiles;
 pub(crate) mod tiles_amx;
 mod token_logprob;

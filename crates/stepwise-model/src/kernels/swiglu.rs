@@ -9,7 +9,7 @@ const CHUNK: usize = 4096;
 
 /// `1 / (1 + e^(−x))`.
 #[inline(always)]
-fn sigmoid<const FMA: bool>(x: f32) -> f32 {
+pub(crate) fn sigmoid<const FMA: bool>(x: f32) -> f32 {
     1.0 / (1.0 + simd::exp::<FMA>(-x))
 }
 

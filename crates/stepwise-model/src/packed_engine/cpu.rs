@@ -13,12 +13,14 @@
 //! [`Reference`].
 
 use super::{cpu_attention, cpu_paged};
-use super::reference::{round, swiglu_row, widen};
-use super::reference_train::{adamw_update, swiglu_backward_row, token_logprob_grad_row, token_logprob_row};
+use super::cpu_elementwise::{Swiglu, SwigluBackward};
+use super::reference::{round, widen};
+use super::reference_train::{adamw_update, token_logprob_grad_row, token_logprob_row};
 use super::train_backend::{AdamW, TrainBackend};
 use super::{Backend, BatchInts, Out, PagedInts, Reference};
 use crate::kernels::cpu_inference::product;
-use crate::kernels::sgemm::{matmul_t_bf16_rows, Bf16Rows};
+use crate::kernels::sgemm::{matmul_t_bf16_rows, transposed_u16, Bf16Rows};
+use crate::kernels::simd;
 use crate::kernels::weights::WeightSlice;
 use anyhow::{ensure, Result};
 use half::slice::HalfBitsSliceExt;
@@ -30,6 +32,11 @@ pub struct Cpu;
 
 /// Values a parallel task of an element-wise kernel takes.
 const CHUNK: usize = 1 << 16;
+
+/// Rows of `width` values a parallel task of a row-wise kernel takes (about [`CHUNK`] values).
+fn rows_a_task(width: usize) -> usize {
+    (CHUNK / width.max(1)).max(1)
+}
 
 /// `src` `[rows, cols]` transposed to `[cols, rows]`, in blocks that stay in cache.
 pub(super) fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
@@ -95,7 +102,7 @@ fn widened_rows(a: Bf16Rows, rows: usize, k: usize) -> Vec<f32> {
         Bf16Rows::Rows(v, stride) => (0..rows).flat_map(|r| &v[r * stride..][..k]).map(|&b| widen(b)).collect(),
         Bf16Rows::Columns(v, stride) => {
             let t: Vec<u16> = (0..k).flat_map(|s| &v[s * stride..][..rows]).copied().collect();
-            transposed(&t, k, rows).into_iter().map(widen).collect()
+            transposed_u16(&t, k, rows).into_iter().map(widen).collect()
         }
     }
 }
@@ -236,10 +243,14 @@ impl Backend for Cpu {
 
     fn swiglu(&self, gate_up: &Vec<u16>, act: &mut Vec<u16>, rows: usize, inter: usize) -> Result<()> {
         ensure!(gate_up.len() >= rows * 2 * inter && act.len() >= rows * inter, "a buffer too short");
+        if rows * inter == 0 {
+            return Ok(());
+        }
+        let per = rows_a_task(inter);
         act[..rows * inter]
-            .par_chunks_mut(inter)
-            .zip(gate_up.par_chunks(2 * inter))
-            .for_each(|(act, gu)| swiglu_row(gu, act));
+            .par_chunks_mut(per * inter)
+            .zip(gate_up.par_chunks(per * 2 * inter))
+            .for_each(|(act, gu)| simd::dispatch(Swiglu { gu, act, inter }));
         Ok(())
     }
 
@@ -332,7 +343,7 @@ impl TrainBackend for Cpu {
     ) -> Result<()> {
         ensure!(dy.len() >= rows * n && w.len() >= n * k, "reading past a buffer's end");
         // dx = dy · w = dy · (wᵀ)ᵀ: the product kernels take the weight as [k, n].
-        let wt = transposed(&w[..n * k], n, k);
+        let wt = transposed_u16(&w[..n * k], n, k);
         product_into(dx, Bf16Rows::Rows(dy, n), &wt, (rows, k, n), accumulate)
     }
 
@@ -347,7 +358,7 @@ impl TrainBackend for Cpu {
     ) -> Result<()> {
         ensure!(dy.len() >= rows * n && x.len() >= rows * k, "reading past a buffer's end");
         // dw += dyᵀ · x = dyᵀ · (xᵀ)ᵀ: rows are the products' depth (dyᵀ read from dy as it lies).
-        let xt = transposed(&x[..rows * k], rows, k);
+        let xt = transposed_u16(&x[..rows * k], rows, k);
         product_into(Out::F32(dw), Bf16Rows::Columns(dy, n), &xt, (n, k, rows), true)
     }
 
@@ -363,11 +374,15 @@ impl TrainBackend for Cpu {
             gate_up.len() >= rows * 2 * inter && d_gate_up.len() >= rows * 2 * inter && d_act.len() >= rows * inter,
             "a buffer too short"
         );
+        if rows * inter == 0 {
+            return Ok(());
+        }
+        let per = rows_a_task(inter);
         d_gate_up[..rows * 2 * inter]
-            .par_chunks_mut(2 * inter)
-            .zip(gate_up.par_chunks(2 * inter))
-            .zip(d_act.par_chunks(inter))
-            .for_each(|((dgu, gu), da)| swiglu_backward_row(gu, da, dgu));
+            .par_chunks_mut(per * 2 * inter)
+            .zip(gate_up.par_chunks(per * 2 * inter))
+            .zip(d_act.par_chunks(per * inter))
+            .for_each(|((d_gu, gu), d_act)| simd::dispatch(SwigluBackward { gu, d_act, d_gu, inter }));
         Ok(())
     }
 

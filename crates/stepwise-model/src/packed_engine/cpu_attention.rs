@@ -6,9 +6,9 @@
 //! probabilities f32); the softmax in the vector kernels. A head's scores are a `[len, len]` matrix (the causal half used), so a
 //! task holds a few of them: 64 MiB each at 4,096 tokens.
 
-use super::cpu::{product_into, transposed};
+use super::cpu::product_into;
 use super::Out;
-use crate::kernels::sgemm::Bf16Rows;
+use crate::kernels::sgemm::{transposed_u16, Bf16Rows};
 use super::reference::round;
 use crate::kernels::simd;
 use anyhow::{ensure, Result};
@@ -149,7 +149,7 @@ pub(super) fn forward(qkv: &[u16], out: &mut [u16], shape: &Shape) -> Result<()>
             let (kc, vc) = shape.key_value(h);
             let q = columns16(qkv, width, (start, len), h * d, d);
             let k = columns16(qkv, width, (start, len), kc, d);
-            let vt = transposed(&columns16(qkv, width, (start, len), vc, d), len, d);
+            let vt = transposed_u16(&columns16(qkv, width, (start, len), vc, d), len, d);
             let p = rounded(&probabilities(&q, &k, len, d)?);
             times16(Bf16Rows::Rows(&p, len), &vt, (len, d, len))
         })
@@ -186,9 +186,9 @@ fn head_backward(
     let (ds, p) = (rounded(&ds), rounded(&p));
     // dQ = dS · K, dK = dSᵀ · Q, dV = Pᵀ · dO.
     let dims = (len, d, len);
-    let dq = times16(Bf16Rows::Rows(&ds, len), &transposed(&k, len, d), dims)?;
-    let dk = times16(Bf16Rows::Columns(&ds, len), &transposed(&q, len, d), dims)?;
-    let dv = times16(Bf16Rows::Columns(&p, len), &transposed(&d_o, len, d), dims)?;
+    let dq = times16(Bf16Rows::Rows(&ds, len), &transposed_u16(&k, len, d), dims)?;
+    let dk = times16(Bf16Rows::Columns(&ds, len), &transposed_u16(&q, len, d), dims)?;
+    let dv = times16(Bf16Rows::Columns(&p, len), &transposed_u16(&d_o, len, d), dims)?;
     Ok([dq, dk, dv])
 }
 

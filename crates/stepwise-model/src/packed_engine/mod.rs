@@ -19,6 +19,7 @@
 mod backward;
 mod cpu;
 mod cpu_attention;
+mod cpu_elementwise;
 mod cpu_paged;
 mod decoding;
 mod files;

@@ -649,6 +649,8 @@ pub(crate) mod amx;
 mod pack;
 mod pairs;
 pub(crate) use pairs::{matmul_t_bf16_rows, Bf16Rows};
+mod transpose;
+pub(crate) use transpose::transposed_u16;
 
 #[cfg(test)]
 mod tests;

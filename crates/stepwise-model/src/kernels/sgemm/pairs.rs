@@ -5,6 +5,7 @@
 use super::{bf16_products_available, columns_bf16, Dst, DEPTH, PANEL};
 use half::bf16;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Where a product's bf16 activations `a` `[m, k]` lie (bf16 bits).
 #[derive(Clone, Copy, Debug)]
@@ -25,41 +26,65 @@ impl Bf16Rows<'_> {
     }
 }
 
+/// Panels a parallel task of [`pack_pairs_bf16`] packs (256 rows).
+const PANELS_A_TASK: usize = 8;
+
 /// Steps `k0..k0 + depth` (of `k`) of the `m` rows of `a` packed as [`super::pack::pack_pairs`]
 /// packs f32 rows: panels of [`PANEL`] rows, each pair step holding a row's two neighbouring
-/// steps (the earlier in the low half; an odd last step with zero), rows past `m` zero.
+/// steps (the earlier in the low half; an odd last step with zero), rows past `m` zero; the
+/// panels packed in parallel, each value written once (no zeroing first).
 pub(super) fn pack_pairs_bf16(a: Bf16Rows, (m, k): (usize, usize), k0: usize, depth: usize, packed: &mut Vec<u32>) {
-    let pairs = depth.div_ceil(2);
+    let per_panel = PANEL * depth.div_ceil(2);
+    let len = m.div_ceil(PANEL) * per_panel;
     packed.clear();
-    packed.resize(m.div_ceil(PANEL) * PANEL * pairs, 0);
-    for (p, panel) in packed.chunks_exact_mut(PANEL * pairs).enumerate() {
-        let first = p * PANEL;
-        let rows = PANEL.min(m - first);
-        for step in 0..pairs {
-            let (lo, hi) = (k0 + 2 * step, k0 + 2 * step + 1);
-            let dst = &mut panel[step * PANEL..][..rows];
-            match a {
-                Bf16Rows::Rows(v, stride) => {
-                    for (r, d) in dst.iter_mut().enumerate() {
-                        let row = &v[(first + r) * stride..];
-                        let high = if hi < k { u32::from(row[hi]) } else { 0 };
-                        *d = u32::from(row[lo]) | high << 16;
-                    }
+    packed.reserve(len);
+    if len == 0 {
+        return;
+    }
+    let spare = &mut packed.spare_capacity_mut()[..len];
+    spare.par_chunks_mut(PANELS_A_TASK * per_panel).enumerate().for_each(|(t, out)| {
+        for (i, panel) in out.chunks_exact_mut(per_panel).enumerate() {
+            pack_panel(a, (m, k), (k0, depth), (t * PANELS_A_TASK + i) * PANEL, panel);
+        }
+    });
+    // SAFETY: `pack_panel` wrote each of the `len` values (every pair step of every panel, its
+    // rows past `m` with zero), and `len` is within the capacity reserved above.
+    unsafe { packed.set_len(len) };
+}
+
+/// One panel of [`pack_pairs_bf16`]: rows `first..first + PANEL` (those below `m`, then zeros)
+/// of steps `k0..k0 + depth`, pair step after pair step, into `out` (all of it written).
+fn pack_panel(a: Bf16Rows, (m, k): (usize, usize), (k0, depth): (usize, usize), first: usize, out: &mut [MaybeUninit<u32>]) {
+    let rows = PANEL.min(m - first);
+    for (step, dst) in out.chunks_exact_mut(PANEL).enumerate().take(depth.div_ceil(2)) {
+        let (lo, hi) = (k0 + 2 * step, k0 + 2 * step + 1);
+        let (live, pad) = dst.split_at_mut(rows);
+        match a {
+            Bf16Rows::Rows(v, stride) => {
+                for (r, d) in live.iter_mut().enumerate() {
+                    let row = &v[(first + r) * stride..];
+                    let high = if hi < k { u32::from(row[hi]) } else { 0 };
+                    d.write(u32::from(row[lo]) | high << 16);
                 }
-                Bf16Rows::Columns(v, stride) => {
-                    let low = &v[lo * stride + first..][..rows];
-                    match hi < k {
-                        true => {
-                            let high = &v[hi * stride + first..][..rows];
-                            for ((d, &l), &h) in dst.iter_mut().zip(low).zip(high) {
-                                *d = u32::from(l) | u32::from(h) << 16;
-                            }
+            }
+            Bf16Rows::Columns(v, stride) => {
+                let low = &v[lo * stride + first..][..rows];
+                match hi < k {
+                    true => {
+                        let high = &v[hi * stride + first..][..rows];
+                        for ((d, &l), &h) in live.iter_mut().zip(low).zip(high) {
+                            d.write(u32::from(l) | u32::from(h) << 16);
                         }
-                        false => dst.iter_mut().zip(low).for_each(|(d, &l)| *d = u32::from(l)),
                     }
+                    false => live.iter_mut().zip(low).for_each(|(d, &l)| {
+                        d.write(u32::from(l));
+                    }),
                 }
             }
         }
+        pad.iter_mut().for_each(|d| {
+            d.write(0);
+        });
     }
 }
 
@@ -119,7 +144,7 @@ mod tests {
         if !bf16_products_available() {
             return eprintln!("no AVX512_BF16 here: f32 packing is the only one");
         }
-        for (m, k) in [(1, 1), (5, 3), (33, 70), (70, 1031), (64, 2048)] {
+        for (m, k) in [(1, 1), (5, 3), (33, 70), (70, 1031), (64, 2048), (300, 40)] {
             let bits: Vec<u16> = (0..m * k).map(|i| bf16::from_f32((i as f32 * 0.37).sin()).to_bits()).collect();
             let values: Vec<f32> = bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
             let mut t = vec![0u16; m * k];
