@@ -19,7 +19,7 @@ use super::reference_train::{adamw_update, token_logprob_grad_row, token_logprob
 use super::train_backend::{AdamW, TrainBackend};
 use super::{Backend, BatchInts, Out, PagedInts, Reference};
 use crate::kernels::cpu_inference::product;
-use crate::kernels::sgemm::{matmul_t_bf16_rows, transposed_u16, Bf16Rows};
+use crate::kernels::sgemm::{matmul_t_bf16_rows, matmul_t_bf16_rows_to_bf16, transposed_u16, Bf16Rows};
 use crate::kernels::simd;
 use crate::kernels::weights::WeightSlice;
 use anyhow::{ensure, Result};
@@ -85,6 +85,10 @@ pub(super) fn product_into(y: Out<'_, Cpu>, a: Bf16Rows, w: &[u16], (rows, n, k)
         Out::Bf16(y) => {
             ensure!(!accumulate, "a bf16 product is written, never added to");
             ensure!(y.len() >= rows * n, "writing past a buffer's end");
+            let tasks = rayon::current_num_threads();
+            if matmul_t_bf16_rows_to_bf16(&mut y[..rows * n], a, w.reinterpret_cast(), (rows, n, k), tasks) {
+                return Ok(());
+            }
             let mut f = vec![0f32; rows * n];
             run(&mut f, false);
             y[..rows * n]

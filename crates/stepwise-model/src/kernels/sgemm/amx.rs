@@ -27,7 +27,7 @@
 // Off x86-64 only `available` (false) and the stubs are reached.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_macros))]
 
-use super::{Dst, PANEL};
+use super::{Dst, Dst16, PANEL};
 use half::bf16;
 
 /// Rows (and 32-bit columns) of a tile.
@@ -108,8 +108,8 @@ const CONFIG: Config = Config {
 /// writable (and readable when `add`).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tiles(
-    dst: Dst,
+pub(super) unsafe fn tiles<S: Sink>(
+    dst: S,
     packed: &[u32],
     pairs: usize,
     w: &[bf16],
@@ -147,15 +147,10 @@ pub(super) unsafe fn tiles(
                 }
                 for wt in 0..if two { 2 } else { 1 } {
                     for half in 0..rows.div_ceil(TILE) {
-                        let out = Window {
-                            // SAFETY: row `p · PANEL + 16 · half` < m, column `j0 + 16 · wt` < n.
-                            at: unsafe { dst.at.add((p * PANEL + half * TILE) * dst.stride + j0 + wt * TILE) },
-                            stride: dst.stride,
-                            rows: (rows - half * TILE).min(TILE),
-                            add,
-                        };
-                        // SAFETY: AVX-512F is here (`supported` checks); `out` lies inside `dst`.
-                        unsafe { store(sums.tile(wt, half), out) };
+                        let (row, col) = (p * PANEL + half * TILE, j0 + wt * TILE);
+                        // SAFETY: AVX-512F is here (`supported` checks); row `row` < m and
+                        // column `col` < n, the tile's rows below m.
+                        unsafe { dst.put(sums.tile(wt, half), (row, col), (rows - half * TILE).min(TILE), add) };
                     }
                 }
             }
@@ -190,7 +185,7 @@ pub(crate) unsafe fn release() {
 /// Never called: [`available`] is false off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tiles(_: Dst, _: &[u32], _: usize, _: &[bf16], _: (usize, usize, usize), _: (usize, usize), _: bool) -> usize {
+pub(super) unsafe fn tiles<S: Sink>(_: S, _: &[u32], _: usize, _: &[bf16], _: (usize, usize, usize), _: (usize, usize), _: bool) -> usize {
     unreachable!("AMX exists only on x86-64")
 }
 
@@ -253,6 +248,35 @@ unsafe fn block<const W: usize, const A: usize>(weights: *const bf16, k: usize, 
     }
 }
 
+/// Where [`tiles`] writes its result tiles: an f32 output ([`Dst`], written over or added to) or
+/// a bf16 one ([`Dst16`], written over, each sum rounded to the nearest bf16).
+pub(super) trait Sink: Copy + Send + Sync {
+    /// A result tile (`tile[j][i]`: weight row `j`, activation row `i`) transposed into the
+    /// output's rows `row..row + rows` and columns `col..col + 16`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; those rows and columns lie inside the output; `add` only for an
+    /// f32 output.
+    unsafe fn put(self, tile: &[f32; TILE * TILE], at: (usize, usize), rows: usize, add: bool);
+}
+
+impl Sink for Dst {
+    unsafe fn put(self, tile: &[f32; TILE * TILE], (row, col): (usize, usize), rows: usize, add: bool) {
+        // SAFETY: as the trait's: the window lies inside the output.
+        let out = Window { at: unsafe { self.at.add(row * self.stride + col) }, stride: self.stride, rows, add };
+        // SAFETY: as the trait's.
+        unsafe { store(tile, out) }
+    }
+}
+
+impl Sink for Dst16 {
+    unsafe fn put(self, tile: &[f32; TILE * TILE], (row, col): (usize, usize), rows: usize, add: bool) {
+        debug_assert!(!add, "a bf16 output is written, never added to");
+        // SAFETY: as the trait's.
+        unsafe { store_bf16(tile, self.at.add(row * self.stride + col), self.stride, rows) }
+    }
+}
+
 /// Where a result tile goes: `rows` rows of 16 values from `at`, `stride` apart, written over
 /// or (`add`) added to.
 struct Window {
@@ -282,6 +306,43 @@ unsafe fn store(tile: &[f32; TILE * TILE], out: Window) {
             _mm512_storeu_ps(at, sum);
         }
     }
+}
+
+/// [`store`] into bf16 rows (`rows` of 16 values from `at`, `stride` apart): each sum rounded
+/// to the nearest bf16, ties to even, NaN kept quiet (as `half::bf16::from_f32` rounds).
+///
+/// # Safety
+/// The CPU has AVX-512F; `rows` rows of 16 values from `at` are writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_bf16(tile: &[f32; TILE * TILE], at: *mut u16, stride: usize, rows: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: each row of the tile is 16 values within it.
+    let mut v: [__m512; TILE] = std::array::from_fn(|j| unsafe { _mm512_loadu_ps(tile.as_ptr().add(j * TILE)) });
+    super::pack::transpose16(&mut v);
+    let (one, half_ulp, quiet) = (_mm512_set1_epi32(1), _mm512_set1_epi32(0x7fff), _mm512_set1_epi32(0x40));
+    for (i, row) in v.iter().enumerate().take(rows) {
+        let bits = _mm512_castps_si512(*row);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), one);
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, _mm512_add_epi32(half_ulp, lsb)));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(*row, *row);
+        let kept = _mm512_or_si512(_mm512_srli_epi32::<16>(bits), quiet);
+        let out = _mm512_mask_blend_epi32(nan, rounded, kept);
+        // SAFETY: row `i` < `rows` of 16 values from `at`.
+        unsafe { _mm256_storeu_si256(at.add(i * stride).cast(), _mm512_cvtepi32_epi16(out)) };
+    }
+}
+
+/// Never called: [`available`] is false off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn store(_: &[f32; TILE * TILE], _: Window) {
+    unreachable!("no AMX off x86-64")
+}
+
+/// Never called: [`available`] is false off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn store_bf16(_: &[f32; TILE * TILE], _: *mut u16, _: usize, _: usize) {
+    unreachable!("no AMX off x86-64")
 }
 
 #[cfg(test)]

@@ -165,6 +165,28 @@ impl Dst {
     }
 }
 
+/// A bf16 output (bits), as [`Dst`] is an f32 one.
+#[derive(Clone, Copy)]
+struct Dst16 {
+    at: *mut u16,
+    stride: usize,
+}
+
+// SAFETY: as for `Dst`.
+unsafe impl Send for Dst16 {}
+// SAFETY: as for `Dst`.
+unsafe impl Sync for Dst16 {}
+
+impl Dst16 {
+    /// The window of this output whose first column is its column `j`.
+    fn past_columns(self, j: usize) -> Dst16 {
+        Dst16 {
+            at: self.at.wrapping_add(j),
+            ..self
+        }
+    }
+}
+
 /// [`matmul_t`] into `dst`, past its checks (with `m, n, k > 0`).
 ///
 /// # Safety
@@ -648,7 +670,7 @@ unsafe fn tile_bf16<const VECS: usize>(_: usize, _: &[u32], _: &[&[bf16]; COLS],
 pub(crate) mod amx;
 mod pack;
 mod pairs;
-pub(crate) use pairs::{matmul_t_bf16_rows, Bf16Rows};
+pub(crate) use pairs::{matmul_t_bf16_rows, matmul_t_bf16_rows_to_bf16, Bf16Rows};
 mod transpose;
 pub(crate) use transpose::transposed_u16;
 

@@ -2,7 +2,7 @@
 //! tiles' pairs straight from their bits, from rows or from the transposed layout a weight's
 //! gradient reads (`dyᵀ` from `dy` as it lies), with no f32 copy and no transpose.
 
-use super::{bf16_products_available, columns_bf16, Dst, DEPTH, PANEL};
+use super::{bf16_products_available, column_block, columns_bf16, Dst, Dst16, DEPTH, PANEL};
 use half::bf16;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -132,6 +132,36 @@ pub(crate) fn matmul_t_bf16_rows(
     true
 }
 
+/// `dst = bf16(a · wᵀ)` (each sum rounded to the nearest bf16) for the bf16 activations `a`
+/// `[m, k]` and weight `w` `[n, k]`, `dst` `[m, n]` bf16 bits, straight from the AMX tiles'
+/// sums (no f32 output to write and read again): where AMX computes all of it in one depth
+/// chunk (`k` a multiple of 32 up to [`DEPTH`], `n` of 16, as every Qwen2 projection's but the
+/// MLP's down one). Returns false, computing nothing, elsewhere.
+///
+/// # Panics
+/// When a slice is too short for the sizes.
+pub(crate) fn matmul_t_bf16_rows_to_bf16(dst: &mut [u16], a: Bf16Rows, w: &[bf16], (m, n, k): (usize, usize, usize), tasks: usize) -> bool {
+    if !super::amx::available() || m == 0 || k == 0 || k > DEPTH || k % 32 != 0 || n == 0 || n % 16 != 0 {
+        return false;
+    }
+    assert!(a.holds(m, k) && w.len() >= n * k && dst.len() >= m * n, "product of [{m}, {k}] by [{n}, {k}]");
+    let mut packed = Vec::new();
+    pack_pairs_bf16(a, (m, k), 0, k, &mut packed);
+    let dst = Dst16 { at: dst.as_mut_ptr(), stride: n };
+    // Blocks of whole tiles of 16 (`column_block` gives multiples of 48; `n` is one of 16).
+    let block = column_block(n, tasks);
+    (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
+        let cols = block.min(n - b * block);
+        let dst = dst.past_columns(b * block);
+        // SAFETY: AMX is available; `k` is whole tiles of 32 steps in one chunk (`steps = k`,
+        // `k / 2` pairs packed above); the block's `cols` weight rows (a multiple of 16, so
+        // all computed) and columns of `dst` are this task's alone, within the sizes asserted.
+        let done = unsafe { super::amx::tiles(dst, &packed, k / 2, &w[b * block * k..(b * block + cols) * k], (m, cols, k), (0, k), false) };
+        debug_assert_eq!(done, cols);
+    });
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::pack::pack_pairs;
@@ -162,5 +192,35 @@ mod tests {
                 assert!(want == rows && want == cols, "[{m}, {k}] from {k0}");
             }
         }
+    }
+
+    /// The bf16 output is the f32 product's sums rounded, bit for bit, from rows or columns;
+    /// shapes past one depth chunk or with columns past whole tiles are refused (false).
+    #[test]
+    fn bf16_output_is_the_f32_output_rounded() {
+        if !super::super::amx::available() {
+            return eprintln!("no AMX here: the bf16 output is never taken");
+        }
+        let value = |i: usize| ((i * 7919 % 1009) as f32 / 1009.0) - 0.5;
+        for (m, n, k) in [(1, 16, 32), (33, 48, 64), (70, 160, 1024), (300, 112, 96)] {
+            let bits: Vec<u16> = (0..m * k).map(|i| bf16::from_f32(value(i)).to_bits()).collect();
+            let t: Vec<u16> = (0..k * m).map(|i| bits[(i % m) * k + i / m]).collect();
+            let mut w: Vec<bf16> = (0..n * k).map(|i| bf16::from_f32(value(i + 5))).collect();
+            // A NaN weight: its column's sums are NaN, kept NaN in bf16.
+            w[3 * k] = bf16::NAN;
+            for a in [Bf16Rows::Rows(&bits, k), Bf16Rows::Columns(&t, m)] {
+                let mut sums = vec![0f32; m * n];
+                assert!(matmul_t_bf16_rows(&mut sums, a, &w, (m, n, k), false, 2));
+                assert!(sums[3].is_nan(), "the NaN weight's column");
+                let want: Vec<u16> = sums.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+                let mut got = vec![0u16; m * n];
+                assert!(matmul_t_bf16_rows_to_bf16(&mut got, a, &w, (m, n, k), 2), "[{m}, {n}, {k}]");
+                assert!(got == want, "[{m}, {n}, {k}] {a:?}");
+            }
+        }
+        let mut out = vec![0u16; 64 * 64];
+        let a = vec![0u16; 64 * 2048];
+        assert!(!matmul_t_bf16_rows_to_bf16(&mut out, Bf16Rows::Rows(&a, 1056), &vec![bf16::ZERO; 16 * 1056], (2, 16, 1056), 2));
+        assert!(!matmul_t_bf16_rows_to_bf16(&mut out, Bf16Rows::Rows(&a, 64), &vec![bf16::ZERO; 20 * 64], (2, 20, 64), 2));
     }
 }
