@@ -4,12 +4,13 @@
 //! recomputed in the backward), not every operation's buffers as candle's autograd does.
 //!
 //! Its buffers are [`Reference`]'s (host vectors) and so is the arithmetic of every kernel but
-//! attention's, whose probabilities multiply in bf16 (`cpu_attention.rs`); the
-//! products and attention run in the inference forward's kernels
-//! ([`crate::kernels::cpu_inference::product`]: AVX-512 tiles, bf16 products where the CPU has
-//! them, else gemm's) on the thread pool, and the element-wise kernels that cost more than a
-//! pass over memory (SwiGLU's, the vocabulary's log-probabilities, AdamW) run in parallel. The
-//! rest is [`Reference`]'s own code. Tests check each kernel and whole training steps against
+//! attention's, whose probabilities multiply in bf16 (`cpu_attention.rs`), and SwiGLU's, whose
+//! `exp` is the vector kernels' (`cpu_elementwise.rs`, within a bf16 ulp). The products run on
+//! the bf16 tiles (AMX, else AVX512_BF16; else the inference forward's f32 kernels,
+//! [`crate::kernels::cpu_inference::product`]) from the activations' bf16 bits, a bf16 output
+//! rounded as the tiles store it; the element-wise kernels that cost more than a pass over
+//! memory (SwiGLU's, the vocabulary's log-probabilities, AdamW) run in parallel. The rest is
+//! [`Reference`]'s own code. Tests check each kernel and whole training steps against
 //! [`Reference`].
 
 use super::{cpu_attention, cpu_paged};
@@ -36,27 +37,6 @@ const CHUNK: usize = 1 << 16;
 /// Rows of `width` values a parallel task of a row-wise kernel takes (about [`CHUNK`] values).
 fn rows_a_task(width: usize) -> usize {
     (CHUNK / width.max(1)).max(1)
-}
-
-/// `src` `[rows, cols]` transposed to `[cols, rows]`, in blocks that stay in cache.
-pub(super) fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
-    const B: usize = 32;
-    let mut out = vec![T::default(); rows * cols];
-    if out.is_empty() {
-        return out;
-    }
-    out.par_chunks_mut(B * rows).enumerate().for_each(|(cb, block)| {
-        let c0 = cb * B;
-        let width = block.len() / rows.max(1);
-        for r0 in (0..rows).step_by(B) {
-            for c in 0..width {
-                for r in r0..(r0 + B).min(rows) {
-                    block[c * rows + r] = src[r * cols + c0 + c];
-                }
-            }
-        }
-    });
-    out
 }
 
 /// bf16 values as the kernels take them (multiplied in bf16 where the CPU can: every operand of

@@ -7,7 +7,6 @@
 //! [`super::Reference`] does. The reference's own code, a scalar loop a row, a head and a key at
 //! a time, took about an eighth of a 0.5B policy's sampling on two cores.
 
-use super::cpu::transposed;
 use super::paged::BLOCK;
 use super::reference::{round, widen};
 use crate::kernels::cpu_inference::product;
@@ -128,4 +127,25 @@ fn softmax_prefix(row: &mut [f32], seen: usize, scale: f32) {
     let total: f32 = seen.iter().sum();
     seen.iter_mut().for_each(|s| *s /= total);
     future.fill(0.0);
+}
+
+/// `src` `[rows, cols]` transposed to `[cols, rows]`, in blocks that stay in cache.
+fn transposed(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const B: usize = 32;
+    let mut out = vec![0f32; rows * cols];
+    if out.is_empty() {
+        return out;
+    }
+    out.par_chunks_mut(B * rows).enumerate().for_each(|(cb, block)| {
+        let c0 = cb * B;
+        let width = block.len() / rows.max(1);
+        for r0 in (0..rows).step_by(B) {
+            for c in 0..width {
+                for r in r0..(r0 + B).min(rows) {
+                    block[c * rows + r] = src[r * cols + c0 + c];
+                }
+            }
+        }
+    });
+    out
 }
