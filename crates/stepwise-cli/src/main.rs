@@ -1,10 +1,13 @@
 //! `stepwise`: process supervision for reasoning models, one subcommand per stage of the loop
 //! (the command line itself is the library, [`stepwise_cli::main_with`]).
 
+use stepwise_model::alloc::CacheAligned;
+
 /// mimalloc keeps freed large blocks for reuse; glibc returns them to the system, and a big
-/// model's forward pass then page-faults every activation back in.
+/// model's forward pass then page-faults every activation back in. Large blocks start on a
+/// cache line, where the CPU kernels' 64-byte rows load fastest ([`CacheAligned`]).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: CacheAligned<mimalloc::MiMalloc> = CacheAligned(mimalloc::MiMalloc);
 
 /// `mi_option_purge_delay` in mimalloc.h (v2 and v3): how long freed memory waits before it is
 /// returned to the system, `-1` for never.

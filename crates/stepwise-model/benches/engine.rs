@@ -17,7 +17,8 @@ use stepwise_model::{
 
 /// The allocator the `stepwise` binary uses (big activations are reused, not page-faulted in).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: stepwise_model::alloc::CacheAligned<mimalloc::MiMalloc> =
+    stepwise_model::alloc::CacheAligned(mimalloc::MiMalloc);
 
 const BATCH: usize = 8;
 const SEQ: usize = 256;

@@ -60,6 +60,7 @@ engine! {
     pub use policy::{EnginePolicy, LoadedPolicy};
     pub use scoring::{PrmScorer, DEFAULT_MAX_BATCH_TOKENS};
 }
+pub mod alloc;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod layout;

@@ -9,6 +9,12 @@
 
 use pyo3::prelude::*;
 
+/// The system allocator, large blocks starting on a cache line (where the CPU kernels' rows
+/// load fastest: `stepwise_model::alloc`).
+#[global_allocator]
+static ALLOC: stepwise_model::alloc::CacheAligned<std::alloc::System> =
+    stepwise_model::alloc::CacheAligned(std::alloc::System);
+
 mod agent;
 mod agent_rl;
 mod bounded;
