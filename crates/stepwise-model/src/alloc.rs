@@ -86,7 +86,10 @@ mod tests {
             for size in [4096, 10_000, 1 << 20] {
                 let layout = Layout::from_size_align(size, 2).unwrap();
                 let p = a.alloc(layout);
-                assert!(!p.is_null() && (p as usize).is_multiple_of(LINE), "{size} bytes at {p:?}");
+                assert!(
+                    !p.is_null() && (p as usize).is_multiple_of(LINE),
+                    "{size} bytes at {p:?}"
+                );
                 a.dealloc(p, layout);
             }
             let small = Layout::from_size_align(100, 2).unwrap();
