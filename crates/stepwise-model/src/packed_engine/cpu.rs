@@ -50,9 +50,8 @@ fn bf16_weight(v: &[u16]) -> WeightSlice<'_> {
 /// bits where the CPU multiplies in bf16, else widened to f32 for the product kernels.
 pub(super) fn product_into(y: Out<'_, Cpu>, a: Bf16Rows, w: &[u16], (rows, n, k): (usize, usize, usize), accumulate: bool) -> Result<()> {
     ensure!(w.len() >= n * k, "a weight of {} values for [{n}, {k}]", w.len());
-    let w = &w[..n * k];
+    let (w, tasks) = (&w[..n * k], rayon::current_num_threads());
     let run = |dst: &mut [f32], accumulate: bool| {
-        let tasks = rayon::current_num_threads();
         if !matmul_t_bf16_rows(dst, a, w.reinterpret_cast(), (rows, n, k), accumulate, tasks) {
             product(dst, &widened_rows(a, rows, k), bf16_weight(w), (rows, n, k), accumulate, true);
         }
@@ -65,7 +64,6 @@ pub(super) fn product_into(y: Out<'_, Cpu>, a: Bf16Rows, w: &[u16], (rows, n, k)
         Out::Bf16(y) => {
             ensure!(!accumulate, "a bf16 product is written, never added to");
             ensure!(y.len() >= rows * n, "writing past a buffer's end");
-            let tasks = rayon::current_num_threads();
             if matmul_t_bf16_rows_to_bf16(&mut y[..rows * n], a, w.reinterpret_cast(), (rows, n, k), tasks) {
                 return Ok(());
             }

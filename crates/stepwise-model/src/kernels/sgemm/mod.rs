@@ -142,45 +142,26 @@ fn assert_fits(
     }
 }
 
-/// Where a product's output goes: rows `stride` values apart from `at`. Tasks given windows
-/// of one output write disjoint blocks of its columns.
+/// Where a product's output goes: rows `stride` values apart from `at`, f32 values or (as
+/// [`Dst16`]) bf16 bits. Tasks given windows of one output write disjoint blocks of its columns.
 #[derive(Clone, Copy)]
-struct Dst {
-    at: *mut f32,
+struct Dst<T = f32> {
+    at: *mut T,
     stride: usize,
 }
+
+/// A bf16 output (bits).
+type Dst16 = Dst<u16>;
 
 // SAFETY: a `Dst` is only shared between tasks writing disjoint blocks of columns.
-unsafe impl Send for Dst {}
+unsafe impl<T> Send for Dst<T> {}
 // SAFETY: as for `Send`.
-unsafe impl Sync for Dst {}
+unsafe impl<T> Sync for Dst<T> {}
 
-impl Dst {
+impl<T> Dst<T> {
     /// The window of this output whose first column is its column `j`.
-    fn past_columns(self, j: usize) -> Dst {
+    fn past_columns(self, j: usize) -> Dst<T> {
         Dst {
-            at: self.at.wrapping_add(j),
-            ..self
-        }
-    }
-}
-
-/// A bf16 output (bits), as [`Dst`] is an f32 one.
-#[derive(Clone, Copy)]
-struct Dst16 {
-    at: *mut u16,
-    stride: usize,
-}
-
-// SAFETY: as for `Dst`.
-unsafe impl Send for Dst16 {}
-// SAFETY: as for `Dst`.
-unsafe impl Sync for Dst16 {}
-
-impl Dst16 {
-    /// The window of this output whose first column is its column `j`.
-    fn past_columns(self, j: usize) -> Dst16 {
-        Dst16 {
             at: self.at.wrapping_add(j),
             ..self
         }
