@@ -110,30 +110,37 @@ fn products_match_the_reference() {
 #[test]
 fn attention_matches_the_reference_forward_and_backward() {
     let mut r = Values(11);
-    // Packed sequences of one row, a few and more than a tile; 6 query heads on 2 key/value heads.
-    let (lens, heads, kv_heads, d) = ([1, 5, 70, 131], 6, 2, 16);
-    let rows: usize = lens.iter().sum();
-    let width = (heads + 2 * kv_heads) * d;
-    let qkv = r.bf16s(rows * width, 2.0);
-    let d_out = r.bf16s(rows * heads * d, 1.0);
-    let (mut a, mut b) = (vec![0u16; rows * heads * d], vec![0u16; rows * heads * d]);
-    Cpu.attention(&qkv, &mut a, &batch(&lens), rows, heads, kv_heads, d)
-        .unwrap();
-    Reference
-        .attention(&qkv, &mut b, &batch(&lens), rows, heads, kv_heads, d)
-        .unwrap();
-    assert_close("attention", &widen(&a), &widen(&b), 1e-2);
-    // Stale values in the gradient's buffer are overwritten, as Reference's are.
-    let (mut a, mut b) = (r.f32s(rows * width, 5.0), r.f32s(rows * width, 5.0));
-    Cpu.attention_backward(&qkv, &d_out, &mut a, &batch(&lens), rows, heads, kv_heads, d)
-        .unwrap();
-    Reference
-        .attention_backward(&qkv, &d_out, &mut b, &batch(&lens), rows, heads, kv_heads, d)
-        .unwrap();
-    // The probabilities and the scores' gradient multiply in bf16 where the CPU can (PyTorch's
-    // bf16 attention; the reference keeps them f32): within a bf16 rounding of the largest.
-    assert_close("attention_backward", &a, &b, 1e-2);
+    // Packed sequences of one row, a few and more than a block of queries (64: several blocks,
+    // lengths padded to whole AMX steps); 6 query heads on 2 key/value heads; heads of 16 (the
+    // scores' depth below AMX's 32 steps) and of 64 (every product on AMX where the CPU has it).
+    for (lens, heads, kv_heads, d) in [(&[1, 5, 70, 131][..], 6, 2, 16), (&[33, 200][..], 6, 2, 64)] {
+        let rows: usize = lens.iter().sum();
+        let width = (heads + 2 * kv_heads) * d;
+        let qkv = r.bf16s(rows * width, 2.0);
+        let d_out = r.bf16s(rows * heads * d, 1.0);
+        let (mut a, mut b) = (vec![0u16; rows * heads * d], vec![0u16; rows * heads * d]);
+        Cpu.attention(&qkv, &mut a, &batch(lens), rows, heads, kv_heads, d)
+            .unwrap();
+        Reference
+            .attention(&qkv, &mut b, &batch(lens), rows, heads, kv_heads, d)
+            .unwrap();
+        assert_close("attention", &widen(&a), &widen(&b), 1e-2);
+        // Stale values in the gradient's buffer are overwritten, as Reference's are.
+        let (mut a, mut b) = (r.f32s(rows * width, 5.0), r.f32s(rows * width, 5.0));
+        Cpu.attention_backward(&qkv, &d_out, &mut a, &batch(lens), rows, heads, kv_heads, d)
+            .unwrap();
+        Reference
+            .attention_backward(&qkv, &d_out, &mut b, &batch(lens), rows, heads, kv_heads, d)
+            .unwrap();
+        // The probabilities and the scores' gradient multiply in bf16 where the CPU can
+        // (PyTorch's bf16 attention; the reference keeps them f32): within a bf16 rounding of
+        // the largest.
+        assert_close("attention_backward", &a, &b, 1e-2);
+    }
     // A head count that cannot be grouped is refused, not a panic.
+    let (lens, d) = ([1, 5, 70, 131], 16);
+    let rows: usize = lens.iter().sum();
+    let qkv = r.bf16s(rows * 10 * d, 2.0);
     let mut out = vec![0u16; rows * 5 * d];
     let err = Cpu.attention(&qkv, &mut out, &batch(&lens), rows, 5, 2, d).unwrap_err();
     assert!(err.to_string().contains("cannot share"), "{err}");

@@ -14,8 +14,8 @@
 //! [`Reference`].
 
 use super::{cpu_attention, cpu_paged};
-use super::cpu_elementwise::{Swiglu, SwigluBackward};
-use super::reference::{round, widen};
+use super::cpu_elementwise::{round_into, Swiglu, SwigluBackward};
+use super::reference::widen;
 use super::reference_train::{adamw_update, token_logprob_grad_row, token_logprob_row};
 use super::train_backend::{AdamW, TrainBackend};
 use super::{Backend, BatchInts, Out, PagedInts, Reference};
@@ -49,31 +49,41 @@ fn bf16_weight(v: &[u16]) -> WeightSlice<'_> {
 /// lie) and `w` bf16 `[n, k]`, into `y` as [`Out`] asks: packed for the bf16 tiles from their
 /// bits where the CPU multiplies in bf16, else widened to f32 for the product kernels.
 pub(super) fn product_into(y: Out<'_, Cpu>, a: Bf16Rows, w: &[u16], (rows, n, k): (usize, usize, usize), accumulate: bool) -> Result<()> {
-    ensure!(w.len() >= n * k, "a weight of {} values for [{n}, {k}]", w.len());
-    let (w, tasks) = (&w[..n * k], rayon::current_num_threads());
-    let run = |dst: &mut [f32], accumulate: bool| {
-        if !matmul_t_bf16_rows(dst, a, w.reinterpret_cast(), (rows, n, k), accumulate, tasks) {
-            product(dst, &widened_rows(a, rows, k), bf16_weight(w), (rows, n, k), accumulate, true);
-        }
-    };
     match y {
-        Out::F32(y) => {
-            ensure!(y.len() >= rows * n, "writing past a buffer's end");
-            run(&mut y[..rows * n], accumulate);
-        }
+        Out::F32(y) => product_f32(y, a, w, (rows, n, k), accumulate, rayon::current_num_threads()),
         Out::Bf16(y) => {
             ensure!(!accumulate, "a bf16 product is written, never added to");
-            ensure!(y.len() >= rows * n, "writing past a buffer's end");
-            if matmul_t_bf16_rows_to_bf16(&mut y[..rows * n], a, w.reinterpret_cast(), (rows, n, k), tasks) {
+            ensure!(y.len() >= rows * n && w.len() >= n * k, "a buffer too short for [{rows}, {k}] · [{n}, {k}]ᵀ");
+            let tasks = rayon::current_num_threads();
+            if matmul_t_bf16_rows_to_bf16(&mut y[..rows * n], a, w[..n * k].reinterpret_cast(), (rows, n, k), tasks) {
                 return Ok(());
             }
             let mut f = vec![0f32; rows * n];
-            run(&mut f, false);
+            product_f32(&mut f, a, w, (rows, n, k), false, tasks)?;
             y[..rows * n]
                 .par_chunks_mut(CHUNK)
                 .zip(f.par_chunks(CHUNK))
-                .for_each(|(y, f)| y.iter_mut().zip(f).for_each(|(y, &f)| *y = round(f)));
+                .for_each(|(y, f)| round_into(f, y));
+            Ok(())
         }
+    }
+}
+
+/// [`product_into`] into f32 rows `y` (any slice: a buffer's part too), in `tasks` parallel
+/// blocks of `w`'s rows (1 where the caller runs in parallel itself).
+pub(super) fn product_f32(
+    y: &mut [f32],
+    a: Bf16Rows,
+    w: &[u16],
+    (rows, n, k): (usize, usize, usize),
+    accumulate: bool,
+    tasks: usize,
+) -> Result<()> {
+    ensure!(w.len() >= n * k, "a weight of {} values for [{n}, {k}]", w.len());
+    ensure!(y.len() >= rows * n, "writing past a buffer's end");
+    let (w, y) = (&w[..n * k], &mut y[..rows * n]);
+    if !matmul_t_bf16_rows(y, a, w.reinterpret_cast(), (rows, n, k), accumulate, tasks) {
+        product(y, &widened_rows(a, rows, k), bf16_weight(w), (rows, n, k), accumulate, true);
     }
     Ok(())
 }
@@ -309,7 +319,7 @@ impl TrainBackend for Cpu {
         dst[at..at + n]
             .par_chunks_mut(CHUNK)
             .zip(src[..n].par_chunks(CHUNK))
-            .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = round(s)));
+            .for_each(|(d, s)| round_into(s, d));
         Ok(())
     }
 

@@ -27,6 +27,25 @@ pub(super) fn round(x: f32) -> u16 {
     }
 }
 
+/// `dst[i] = round(src[i])` for every value of `src` (f32 sums to bf16 bits), in the vector
+/// kernels ([`simd::dispatch`]): `half`'s scalar conversion had been a twentieth of a training
+/// step.
+pub(super) fn round_into(src: &[f32], dst: &mut [u16]) {
+    simd::dispatch(Rounded { src, dst });
+}
+
+struct Rounded<'a> {
+    src: &'a [f32],
+    dst: &'a mut [u16],
+}
+
+impl simd::Kernel for Rounded<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        self.dst.iter_mut().zip(self.src).for_each(|(d, &s)| *d = round(s));
+    }
+}
+
 /// SwiGLU over rows of `[gate | up]` (`gu`, `2 · inter` values a row): `act = bf16(silu(g) · u)`.
 pub(super) struct Swiglu<'a> {
     pub gu: &'a [u16],
