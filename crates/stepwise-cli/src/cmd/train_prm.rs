@@ -27,8 +27,8 @@ On an H200 a 0.5B PRM trained at batch 16 in 12.5 GiB (each layer recomputed, be
 
 On the CPU a pretrained --base (hidden size 512 or more) is fine-tuned by the GPU's packed trainer (bf16 products \
 with f32 sums; each layer's activations kept within half the free memory, recomputed past it): a 0.5B PRM on a \
-2-vCPU Xeon with AMX trained at 1.49-1.96x PyTorch's bf16-autocast tokens/s at batch 1 and 1.19x (a steady step) \
-to 1.32x (two steps) at batch 4, in 11-12 GiB against its 12-16 (bench/train_steady_cpu.sh). The small shapes (--config, a small --base) train with candle's f32 autograd, which keeps \
+2-vCPU Xeon with AMX trained at 1.62-2.19x PyTorch's bf16-autocast tokens/s at batch 1 and 1.31x (a steady step) \
+to 1.72x (two steps) at batch 4, in 11-12 GiB against its 12-16 (bench/train_steady_cpu.sh). The small shapes (--config, a small --base) train with candle's f32 autograd, which keeps \
 every op's buffers: 19.7 GiB and 26 tokens/s for one 871-token solution of the same 0.5B PRM with --trainer \
 autograd. Either way the run ends with its best validation's weights (lowest loss; the last step's are kept \
 beside them, and a longer run on the same --out continues from those).
