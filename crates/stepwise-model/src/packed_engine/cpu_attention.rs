@@ -7,7 +7,7 @@
 //! sum f32, as PyTorch's bf16 attention ([`super::Reference`] keeps the probabilities f32); the
 //! softmax in the vector kernels. A task runs its query rows in blocks of [`ROWS`], each over
 //! the keys it sees (the causal half of the `[len, len]` scores and a triangle a block, not the
-//! whole square), holding `[ROWS, len]` of them at a time (1 MiB at 4,096 tokens) in buffers
+//! whole square), holding `[ROWS, len]` of them at a time (1 MiB of f32 at 4,096 tokens) in buffers
 //! its thread keeps, and writes its rows of the output straight into it.
 
 use super::cpu::product_f32;
