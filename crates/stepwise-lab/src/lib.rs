@@ -1,7 +1,7 @@
 //! stepwise-lab: the built-in lab. A verifiable synthetic reasoning domain — arithmetic word
 //! problems ([`task`]) or the same stories as straight-line programs checked by execution
 //! ([`code`]), behind the [`stepwise_core::Task`] seam as [`oracle::LabTask`] — and the whole
-//! process-supervision loop on it ([`run`]), one file per stage ([`stages`]): train a policy from
+//! process-supervision loop on it ([`fn@run`]), one file per stage ([`stages`]): train a policy from
 //! scratch, sample, annotate steps by Monte Carlo rollouts, train PRMs and an ORM, evaluate,
 //! report.
 //!

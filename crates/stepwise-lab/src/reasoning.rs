@@ -1,6 +1,6 @@
 //! The reasoning loop (arithmetic or code), stage by stage ([`run`]): policy, samples, step
 //! labels by every annotator, verifiers, scoring, evaluation, search and RL, in a run folder
-//! that remembers its settings ([`crate::run`]).
+//! that remembers its settings ([`mod@crate::run`]).
 
 use crate::oracle::LabTask;
 use crate::preset::{Completer, McLabels, Preset};

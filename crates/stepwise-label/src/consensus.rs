@@ -39,7 +39,7 @@ impl Annotator for Consensus<'_> {
     }
 
     /// Where the first annotator labels many solutions at once (Monte Carlo on a policy that
-    /// batches), [`CHECKED_TOGETHER`] at a time: the first labels them together, then the second
+    /// batches), `CHECKED_TOGETHER` at a time: the first labels them together, then the second
     /// checks those it labelled (together too where it can, else on rayon's threads, as many
     /// at once as a runner would: a judge's server requests in flight), each result as
     /// [`Annotator::annotate`] gives it.

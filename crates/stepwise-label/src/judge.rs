@@ -390,7 +390,7 @@ impl Annotator for Judge<'_> {
         Ok(labelled(sol, verdict, given, spent))
     }
 
-    /// Many solutions' answers sampled in one call where the policy batches ([`together`]).
+    /// Many solutions' answers sampled in one call where the policy batches (`together`).
     fn annotate_together(&self, sols: &[Solution], done: &mut Done<'_>) -> Option<Result<()>> {
         self.judge_together(sols, done)
     }

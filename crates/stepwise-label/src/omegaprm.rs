@@ -561,7 +561,7 @@ impl Annotator for OmegaPrm<'_> {
     }
 
     /// Many problems' searches at once where the policy batches: every live problem's next
-    /// probe in one call a round ([`Rollouts::together`]), each problem's searches in the order
+    /// probe in one call a round (`Rollouts::together`), each problem's searches in the order
     /// and with the seeds it has alone, so the same labels.
     fn annotate_problems_together(&self, problems: &[Vec<Solution>], done: &mut ProblemDone<'_>) -> Option<Result<()>> {
         let options = self.mc_options();

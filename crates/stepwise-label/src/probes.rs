@@ -1,8 +1,8 @@
 //! The rollouts of the annotators that label a solution by probing its prefixes one after
 //! another ([`crate::MonteCarlo`]'s every prefix until the first that no rollout rescues,
-//! [`crate::BinarySearch`]'s bisection): each is a [`Probe`], which says what prefix to roll out
-//! from next and takes what the rollouts found. [`Rollouts::one`] runs a probe alone, a
-//! [`Policy::continue_from`] call a prefix; [`Rollouts::together`] runs many solutions' probes at
+//! [`crate::BinarySearch`]'s bisection): each is a `Probe`, which says what prefix to roll out
+//! from next and takes what the rollouts found. `Rollouts::one` runs a probe alone, a
+//! [`Policy::continue_from`] call a prefix; `Rollouts::together` runs many solutions' probes at
 //! once on a policy that batches ([`Policy::batch`]): every prefix asked in one call a round,
 //! each solution's rollouts kept in the batch's cache so its next prefix feeds only the new step,
 //! a new solution let in as soon as one is labelled. Both draw a prefix's rollouts with the same

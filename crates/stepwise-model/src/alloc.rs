@@ -18,7 +18,7 @@ const LARGE: usize = 4096;
 /// A cache line.
 const LINE: usize = 64;
 
-/// `A` with every block of [`LARGE`] bytes or more aligned to a cache line (see the module).
+/// `A` with every block of `LARGE` (4 KiB) bytes or more aligned to a cache line (see the module).
 pub struct CacheAligned<A>(pub A);
 
 /// `layout`, aligned to a cache line when it is large.

@@ -38,7 +38,7 @@ pub trait PackedEngine: Send + Sync + std::fmt::Debug {
 }
 
 /// How big a batch's paged KV cache is made: the budget, or less when every request is known
-/// when the cache is made ([`crate::generate`]'s one request, an RL update's prompts), since a
+/// when the cache is made ([`fn@crate::generate`]'s one request, an RL update's prompts), since a
 /// pool is allocated whole and zeroed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KvSize {

@@ -47,14 +47,14 @@ impl Default for SamplingParams {
 /// - walking the tokens from the most likely down (equal logits by ascending id), summed in that
 ///   order: a small vocabulary's rows (the lab's), any row with `top_k` or `top_p` set, and a
 ///   real vocabulary's peaked rows (a trained model's), whose likely tokens are sorted alone;
-/// - walking a real vocabulary's flat rows (past [`SORTED_VOCAB`] tokens with a quarter or more
+/// - walking a real vocabulary's flat rows (past `SORTED_VOCAB` tokens with a quarter or more
 ///   of them likely, as a random model's) in id order, summed in f64, with neither set: the
 ///   same distribution without sorting 151,936 logits a row (most of a random 0.5B policy's
 ///   sampling time, a sixth of its serving time at 64 clients).
 ///
 /// The sorted walk needs the logits in descending order, and their sum in that order, but never
 /// the ids until it stops: equal logits give equal weights, so the sorted values alone decide
-/// the position drawn, and the id at that position is found afterwards ([`id_at`]).
+/// the position drawn, and the id at that position is found afterwards (`id_at`).
 pub fn sample_token(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
     if p.temperature <= 0.0 {
         return logits

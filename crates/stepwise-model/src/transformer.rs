@@ -1,6 +1,6 @@
 //! The decoder shared by Qwen2/Qwen2.5 and Llama/Mistral: embeddings, pre-norm blocks with
 //! grouped-query attention and rotary positions, SwiGLU MLPs, a final RMSNorm. Read top to
-//! bottom: [`Transformer::forward`] → [`Block::forward`] → [`Attention::forward`].
+//! bottom: [`Transformer::forward`] → `Block::forward` → `Attention::forward`.
 //!
 //! One forward ([`Transformer::forward`], taking an [`Input`]) over two numerically equivalent
 //! paths chosen from the input: the fused CPU inference kernels (`kernels/cpu_inference/`), and

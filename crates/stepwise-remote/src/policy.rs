@@ -251,7 +251,7 @@ impl Policy for RemotePolicy<'_> {
     }
 
     /// Each option sent after its prompt with `echo` and `logprobs`, its tokens' log-probabilities
-    /// summed ([`crate::weigh`]): exact where the tokenizer is at hand, `None` for a chat
+    /// summed (`weigh.rs`): exact where the tokenizer is at hand, `None` for a chat
     /// prompt without it.
     fn logprobs_after(&self, asks: &[NextOptions<'_>], end: bool) -> Result<Option<Vec<Vec<f64>>>> {
         crate::weigh::logprobs_after(self, asks, end)

@@ -199,7 +199,7 @@ fn learned_positions<'s>(seqs: &'s [(&[u32], usize)]) -> impl Iterator<Item = (u
 }
 
 /// How a packed learner's policy samples: the model over the trainer's weights (on a GPU,
-/// [`Model::on_gpu`] of the trainer's decoder, sharing its weights).
+/// `Model::on_packed` of the trainer's decoder, sharing its weights).
 pub type SampleWith<B> = Box<dyn Fn(&PackedTrainer<B>) -> Result<Model>>;
 
 /// The policy on the packed engine's trainer (bf16 copies, f32 masters, AdamW on the device),

@@ -109,7 +109,7 @@ pub(crate) fn loss_of_logprobs(
     ))
 }
 
-/// [`rl_loss`] computed on the host from the learned tokens' log-probabilities `logp` (each
+/// `rl_loss` computed on the host from the learned tokens' log-probabilities `logp` (each
 /// sequence's positions `learn_from..`, one after another, its `skip` ranges included: they
 /// get no loss and a zero derivative), for a trainer that takes a loss's
 /// derivative by each token's log-probability (the packed engine's): the loss, that derivative,

@@ -4,7 +4,7 @@
 //! When no attempt passes, the best-scored one is kept and the rest of the solution is written in
 //! one go (a verifier that rejects a step tends to reject what follows it, so resampling further
 //! would only spend the budget). `τ` comes from calibration on labelled data
-//! ([`crate::calibrate`]), not from the user's guess.
+//! ([`fn@crate::calibrate`]), not from the user's guess.
 
 use crate::method::{Partial, Run, SearchMethod};
 use anyhow::Result;

@@ -120,7 +120,7 @@ pub enum PrmLayout {
     /// A causal LM scored by its log-likelihood ratio against a reference over each step's
     /// tokens ([`crate::log_ratio`]); the input is laid out as the policy writes it (problem,
     /// separator, then each step and separator) and the step reward is
-    /// `sigmoid(β · Σ log π_θ/π_ref)`. Needs [`StepScorer::reference`] unless the reference is
+    /// `sigmoid(β · Σ log π_θ/π_ref)`. Needs a reference model's log-probabilities unless the reference is
     /// a constant.
     LogRatio {
         /// The separator after each step.

@@ -5,7 +5,7 @@
 //!
 //! What it guarantees (each tested in `tests/sandbox.rs` and `tests/hostile.rs`; the list and its
 //! tests are in docs/reliability.md):
-//! - **isolation by the kernel** ([`jail`]): new user, PID, mount, network, IPC, UTS and cgroup
+//! - **isolation by the kernel** (`jail.rs`): new user, PID, mount, network, IPC, UTS and cgroup
 //!   namespaces; a root of its own holding read-only binds of `/usr` and the interpreter, its own
 //!   `/proc`, four devices and a writable `/tmp` of bounded size (a tmpfs that dies with it); an
 //!   unprivileged user (`nobody` on the host when the caller is root); Landlock (reads of the

@@ -607,7 +607,7 @@ fn close(a: Val, b: Val) -> bool {
 }
 
 /// Whether two expressions are equal: exactly when both evaluate to rationals, otherwise at
-/// [`ROUNDS`] random points for their symbols, to 12 significant digits.
+/// `ROUNDS` random points for their symbols, to 12 significant digits.
 pub fn equivalent(a: &Expr, b: &Expr) -> bool {
     let syms: BTreeSet<String> = a.symbols().union(&b.symbols()).cloned().collect();
     let rounds = if syms.is_empty() { 1 } else { ROUNDS };

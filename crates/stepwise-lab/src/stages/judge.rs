@@ -1,7 +1,7 @@
 //! The lab's LLM judge: a generative verifier. The verifiers' starting model (their own base
 //! LM, or the policy when there is none) is fine-tuned (next-token loss) to write, right after a
 //! solution laid out as it was trained on (`question | step | … |`), the index of the first wrong
-//! step or `- 1` for none ([`IndexAnswer`]). Its training budget is a
+//! step or `- 1` for none ([`stepwise_label::judge::IndexAnswer`]). Its training budget is a
 //! small "human" one: the oracle's first errors on `judge_solutions` of the samples drawn for
 //! labelling (the lab's PRM800K), spread evenly over them. It then labels every sample through
 //! the same [`stepwise_label::Judge`] annotator that asks a served model ProcessBench's critique
@@ -170,7 +170,7 @@ pub(crate) const WRONG: &str = "no";
 /// A judge that thinks before each verdict, ThinkPRM's form in the lab's vocabulary: after the
 /// solution it goes through the steps in turn, works each equation step again (the left side
 /// copied and its value computed: `36 - 13 = 23` for `36 - 13 = 24`) and gives the step its
-/// verdict, `yes` or `no`; any other step gets its verdict alone ([`verdict_piece`]). The pieces
+/// verdict, `yes` or `no`; any other step gets its verdict alone (`verdict_piece`). The pieces
 /// are separated by the step separator and the chain ends at the first `no` (`2 * 3 = 6 yes |
 /// 6 + 1 = 7 no`). Read: the first piece ending in `no` is the first error; a `yes` ending a
 /// piece for every step is none; a piece without a verdict, more pieces than steps or a chain

@@ -230,7 +230,7 @@ pub fn rl_stage(i: &RlInputs<'_>) -> Result<RlReport> {
     })
 }
 
-/// The RL runs whose rewards need no trained verifier ([`WITHOUT_VERIFIERS`]), one after
+/// The RL runs whose rewards need no trained verifier (`WITHOUT_VERIFIERS`), one after
 /// another on the calling thread, left in their folders for [`rl_stage`]: the lab starts them
 /// beside the stages before RL, on the cores those leave idle. Their results are those of
 /// [`rl_stage`]'s own runs (the same seeds, a run on a thread of its own either way). `stop`

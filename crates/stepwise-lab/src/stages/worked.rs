@@ -22,7 +22,7 @@ use stepwise_model::Tokenizer;
 /// The judge's training examples for an oracle-labelled solution: one a step, up to and
 /// including its first wrong one (a solution is wrong from there on, PRM800K's convention):
 /// the question and the steps up to it in the policy's layout, then what the judge writes about
-/// it (with `think`, [`verdict_piece`]: the step worked again, then `yes` or `no`; else the
+/// it (with `think`, `verdict_piece`: the step worked again, then `yes` or `no`; else the
 /// verdict alone) and `<eos>`; the loss covers the answer only.
 pub fn worked_examples(tok: &Tokenizer, sol: &Solution, think: bool) -> Result<Vec<Example>> {
     let steps = sol.step_strings();

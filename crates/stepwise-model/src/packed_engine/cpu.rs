@@ -189,7 +189,7 @@ impl Backend for Cpu {
         Ok(host_memory())
     }
 
-    /// Half the free memory, at most [`HOST_KV_BYTES`]: the host's memory is the process's and
+    /// Half the free memory, at most `HOST_KV_BYTES`: the host's memory is the process's and
     /// its neighbours', and a pool once allocated stays paid for (the allocator keeps freed
     /// memory and zeroes it again for the next pool: half the free memory cost an RL run on a
     /// 0.5B policy 7 GB).

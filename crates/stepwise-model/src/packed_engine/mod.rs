@@ -1,6 +1,6 @@
 //! The packed engine: a decoder and its head run over packed batches (sequences end to end, no
 //! padding) on a [`Backend`] that owns the buffers and the kernels. The CUDA engine is this
-//! engine on the GPU ([`crate::cuda::Gpu`]); [`Reference`] is the same engine in plain Rust on the
+//! engine on the GPU (`crate::cuda::Gpu`, with the `cuda` feature); [`Reference`] is the same engine in plain Rust on the
 //! CPU, the executable specification of every kernel, with which the tests check the engine's
 //! design (buffers, offsets, the load plan, the head) without a GPU.
 //!

@@ -295,7 +295,7 @@ pub enum Targets<'a> {
     /// BCE with logits on P(good) (the CPU trainer's `Classify`).
     Labels(&'a [(usize, f32)]),
     /// A causal LM's: `(row, token)`, the token each row predicts, and the loss of their
-    /// log-probabilities (with its derivative by each; see [`super::lm_head`]).
+    /// log-probabilities (with its derivative by each; see `lm_head.rs`).
     Tokens {
         /// The rows and the tokens they predict.
         pairs: &'a [(usize, u32)],

@@ -37,7 +37,7 @@ pub struct Example {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lm_skip: Vec<(usize, usize)>,
     /// For the log-ratio objective: the reference model's log-probability of each token given
-    /// the ones before (see [`crate::log_ratio::attach_reference`]).
+    /// the ones before (see [`examples::attach_reference`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ref_logprobs: Vec<f32>,
 }

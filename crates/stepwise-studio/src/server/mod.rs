@@ -1,6 +1,6 @@
 //! The studio's HTTP server: the page and its assets, and the JSON API the page (and any
 //! script) labels through. Every `/api` route but login checks the session; a labeller reaches
-//! only their own assignments; reviewers and admins see more (see [`routes`]).
+//! only their own assignments; reviewers and admins see more (see `routes`).
 
 mod assets;
 mod routes;
