@@ -20,25 +20,6 @@ const KV_HEADS: usize = 2;
 const D: usize = 64;
 const LAYERS: usize = 24;
 
-fn batch(lens: &[usize]) -> BatchInts<Cpu> {
-    let mut offsets = vec![0i32];
-    let (mut positions, mut seq_of_row) = (Vec::new(), Vec::new());
-    for (s, &l) in lens.iter().enumerate() {
-        offsets.push(offsets[s] + l as i32);
-        positions.extend(0..l as i32);
-        seq_of_row.extend(std::iter::repeat_n(s as i32, l));
-    }
-    BatchInts {
-        positions,
-        seq_of_row,
-        offsets,
-        tile_seq: Vec::new(),
-        tile_start: Vec::new(),
-        tiles: 0,
-        read: Vec::new(),
-    }
-}
-
 /// Values of a bf16's size and sign spread over `(-scale, scale)`, from a small generator.
 fn bf16s(n: usize, seed: u64, scale: f32) -> Vec<u16> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -61,7 +42,7 @@ fn main() -> anyhow::Result<()> {
     let width = (HEADS + 2 * KV_HEADS) * D;
     let (qkv, d_out) = (bf16s(rows * width, 1, 2.0), bf16s(rows * HEADS * D, 2, 1.0));
     let (mut out, mut d_qkv) = (vec![0u16; rows * HEADS * D], vec![0f32; rows * width]);
-    let meta = batch(&lens);
+    let meta = BatchInts::<Cpu>::of_lengths(&lens);
     // One layer's worth first, to fault the buffers in.
     Cpu.attention(&qkv, &mut out, &meta, rows, HEADS, KV_HEADS, D)?;
     Cpu.attention_backward(&qkv, &d_out, &mut d_qkv, &meta, rows, HEADS, KV_HEADS, D)?;

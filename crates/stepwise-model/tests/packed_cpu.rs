@@ -46,22 +46,7 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 }
 
 fn batch<B: Backend<I32 = Vec<i32>>>(lens: &[usize]) -> BatchInts<B> {
-    let mut offsets = vec![0i32];
-    let (mut positions, mut seq_of_row) = (Vec::new(), Vec::new());
-    for (s, &l) in lens.iter().enumerate() {
-        offsets.push(offsets[s] + l as i32);
-        positions.extend(0..l as i32);
-        seq_of_row.extend(std::iter::repeat_n(s as i32, l));
-    }
-    BatchInts {
-        positions,
-        seq_of_row,
-        offsets,
-        tile_seq: Vec::new(),
-        tile_start: Vec::new(),
-        tiles: 0,
-        read: Vec::new(),
-    }
+    BatchInts::of_lengths(lens)
 }
 
 #[test]

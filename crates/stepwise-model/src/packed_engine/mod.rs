@@ -92,6 +92,30 @@ pub struct BatchInts<B: Backend + ?Sized> {
     pub read: B::I32,
 }
 
+impl<B: Backend<I32 = Vec<i32>> + ?Sized> BatchInts<B> {
+    /// The integers of sequences of `lens` tokens packed end to end, for a backend whose
+    /// integers live on the host (what the kernels' tests and benches attend within): positions,
+    /// sequences and offsets; no attention tiles and no rows read.
+    pub fn of_lengths(lens: &[usize]) -> Self {
+        let mut offsets = vec![0i32];
+        let (mut positions, mut seq_of_row) = (Vec::new(), Vec::new());
+        for (s, &l) in lens.iter().enumerate() {
+            offsets.push(offsets[s] + l as i32);
+            positions.extend(0..l as i32);
+            seq_of_row.extend(std::iter::repeat_n(s as i32, l));
+        }
+        BatchInts {
+            positions,
+            seq_of_row,
+            offsets,
+            tile_seq: Vec::new(),
+            tile_start: Vec::new(),
+            tiles: 0,
+            read: Vec::new(),
+        }
+    }
+}
+
 /// A paged batch's integers on the device: each new token's position, sequence and cache slot,
 /// and every sequence's block table.
 pub struct PagedInts<B: Backend + ?Sized> {
