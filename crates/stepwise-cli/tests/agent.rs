@@ -25,9 +25,10 @@ fn games(d: &Path, count: usize, seed: u64) {
 
 #[test]
 fn games_play_label_score_and_convert() {
-    let d = common::tmp("agent", "loop");
+    let d_tmp = common::tmp("agent", "loop");
+    let d = d_tmp.path();
     let s = |p: &str| d.join(p).display().to_string();
-    games(&d, 8, 5);
+    games(d, 8, 5);
     assert_eq!(lines(&d.join("games.jsonl")).len(), 8);
     let play = [
         "agent",
@@ -56,9 +57,9 @@ fn games_play_label_score_and_convert() {
     std::fs::write(d.join("trajs.jsonl"), &text[..cut]).unwrap();
     stepwise(&play);
     assert_eq!(std::fs::read_to_string(d.join("trajs.jsonl")).unwrap(), text);
-    let oracle = oracle_mc_and_binary_search_label_actions(&d);
-    td_labels_from_a_prms_scores_and_a_progress_head(&d);
-    trajectories_convert_to_messages_and_conversations_and_back(&d, &oracle);
+    let oracle = oracle_mc_and_binary_search_label_actions(d);
+    td_labels_from_a_prms_scores_and_a_progress_head(d);
+    trajectories_convert_to_messages_and_conversations_and_back(d, &oracle);
 }
 
 /// A path inside `d`, as an argument.
@@ -224,9 +225,10 @@ fn trajectories_convert_to_messages_and_conversations_and_back(d: &Path, oracle:
 
 #[test]
 fn a_model_plays_and_a_problem_without_a_world_is_refused() {
-    let d = common::tmp("agent", "model");
+    let d_tmp = common::tmp("agent", "model");
+    let d = d_tmp.path();
     let s = |p: &str| d.join(p).display().to_string();
-    games(&d, 2, 0);
+    games(d, 2, 0);
     stepwise(&[
         "agent",
         "play",
@@ -279,9 +281,10 @@ fn a_model_plays_and_a_problem_without_a_world_is_refused() {
 /// is not resumed in the other.
 #[test]
 fn the_silent_world_from_the_command_line() {
-    let d = common::tmp("agent", "silent");
+    let d_tmp = common::tmp("agent", "silent");
+    let d = d_tmp.path();
     let s = |p: &str| d.join(p).display().to_string();
-    games(&d, 6, 2);
+    games(d, 6, 2);
     let play = |silent: bool| {
         let mut args = vec![
             "agent",
@@ -329,11 +332,12 @@ fn rl_figures(p: &Path) -> Vec<Value> {
 
 #[test]
 fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
-    let d = common::tmp("agent", "rl");
+    let d_tmp = common::tmp("agent", "rl");
+    let d = d_tmp.path();
     let s = |p: &str| d.join(p).display().to_string();
-    games(&d, 6, 2);
+    games(d, 6, 2);
     let prm = format!("prm:{}", fixture("qwen2-prm"));
-    let rl = |reward: &str, out: &str| agent_rl(&d, reward, out);
+    let rl = |reward: &str, out: &str| agent_rl(d, reward, out);
     // A PRM's score of every action, the oracle's mean verdict logged beside it.
     let whole = rl(&prm, &s("a")).output().unwrap();
     assert!(whole.status.success(), "{}", String::from_utf8_lossy(&whole.stderr));
@@ -346,7 +350,7 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
         assert!(d.join("a").join(f).exists(), "{f} missing");
     }
 
-    a_killed_run_resumes_to_the_same_log(&d, &|out| rl(&prm, out), &a);
+    a_killed_run_resumes_to_the_same_log(d, &|out| rl(&prm, out), &a);
 
     // The trained policy plays; a reward it does not know is named.
     stepwise(&[
@@ -375,7 +379,7 @@ fn agent_rl_rewards_actions_and_a_sigkilled_run_resumes_to_the_same_log() {
         "{said}"
     );
 
-    prime_learns_beside_the_policy(&d, &rl);
+    prime_learns_beside_the_policy(d, &rl);
 }
 
 /// `stepwise agent rl` of the fixture policy in the games of `d`, rewarded by `reward`, into `out`:
@@ -418,11 +422,12 @@ fn agent_rl(d: &Path, reward: &str, out: &str) -> std::process::Command {
 /// run resumes to the same log, and PRIME's implicit PRM trains on a second packed trainer.
 #[test]
 fn agent_rl_on_the_packed_trainer_resumes_and_trains_prime() {
-    let d = common::tmp("agent", "rl-packed");
+    let d_tmp = common::tmp("agent", "rl-packed");
+    let d = d_tmp.path();
     let s = |p: &str| d.join(p).display().to_string();
-    games(&d, 6, 2);
+    games(d, 6, 2);
     let rl = |reward: &str, out: &str| {
-        let mut c = agent_rl(&d, reward, out);
+        let mut c = agent_rl(d, reward, out);
         c.args(["--device", "cpu", "--trainer", "packed"]);
         c
     };
@@ -442,8 +447,8 @@ fn agent_rl_on_the_packed_trainer_resumes_and_trains_prime() {
         std::fs::read(Path::new(&fixture("qwen2-policy")).join("model.safetensors")).unwrap(),
         "six updates left the policy as it started"
     );
-    a_killed_run_resumes_to_the_same_log(&d, &|out| rl(&prm, out), &a);
-    prime_learns_beside_the_policy(&d, &rl);
+    a_killed_run_resumes_to_the_same_log(d, &|out| rl(&prm, out), &a);
+    prime_learns_beside_the_policy(d, &rl);
 }
 
 /// PRIME (`rl` run with reward `prime` into `d/p`): an implicit PRM learns from the goal beside

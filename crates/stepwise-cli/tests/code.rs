@@ -11,7 +11,7 @@ use std::process::Command;
 mod common;
 use common::{fixture, stepwise, write_jsonl};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> tempfile::TempDir {
     common::tmp("code", name)
 }
 
@@ -36,7 +36,8 @@ fn jsonl(text: &[u8]) -> Vec<Value> {
 
 #[test]
 fn grade_runs_every_reference_solution_and_reports_pass_at_k() {
-    let dir = tmp("grade");
+    let dir_tmp = tmp("grade");
+    let dir = dir_tmp.path();
     let problems = humaneval();
     let mut samples = Vec::new();
     for p in &problems {
@@ -127,7 +128,8 @@ fn grade_runs_every_reference_solution_and_reports_pass_at_k() {
 /// from an uninterrupted run, and pass@k counts the kept ones; other settings are refused.
 #[test]
 fn grade_killed_mid_run_resumes_to_the_records_of_a_run_that_was_not() {
-    let dir = tmp("grade-resume");
+    let dir_tmp = tmp("grade-resume");
+    let dir = dir_tmp.path();
     let samples: Vec<Value> = humaneval()
         .iter()
         .flat_map(|p| {
@@ -196,7 +198,8 @@ fn grade_killed_mid_run_resumes_to_the_records_of_a_run_that_was_not() {
 
 #[test]
 fn generate_and_annotate_label_program_lines_by_execution() {
-    let dir = tmp("annotate");
+    let dir_tmp = tmp("annotate");
+    let dir = dir_tmp.path();
     // The three shortest problems: the fixture policy reads 512 positions.
     let mut problems = humaneval();
     problems.sort_by_key(|p| p["prompt"].as_str().unwrap().len() + p["canonical_solution"].as_str().unwrap().len());

@@ -9,13 +9,14 @@ use std::process::Command;
 mod common;
 use common::{fixture, step, stepwise, write_jsonl};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> tempfile::TempDir {
     common::tmp("cmd", name)
 }
 
 #[test]
 fn annotate_labels_every_step_by_rollouts_and_resumes() {
-    let d = tmp("annotate");
+    let d_tmp = tmp("annotate");
+    let d = d_tmp.path();
     let input = d.join("samples.jsonl");
     let rows: Vec<Value> = (0..3)
         .map(|i| {
@@ -48,10 +49,10 @@ fn annotate_labels_every_step_by_rollouts_and_resumes() {
         assert_eq!(steps[0]["label"]["source"]["rollouts"], 3);
         assert!(r["meta"]["rollouts"].as_u64().unwrap() >= 3);
     }
-    annotate_resumes_and_refuses_other_settings_inputs_or_checkpoints(&d, &rows, &args, &first);
-    annotate_by_binary_search(&d, &args);
-    annotate_by_omegaprm_trees(&d, &rows, &args);
-    annotate_by_judge_and_consensus(&d, &args);
+    annotate_resumes_and_refuses_other_settings_inputs_or_checkpoints(d, &rows, &args, &first);
+    annotate_by_binary_search(d, &args);
+    annotate_by_omegaprm_trees(d, &rows, &args);
+    annotate_by_judge_and_consensus(d, &args);
 }
 
 /// `annotate` run again, by another spelling of the checkpoint, with other settings, on an edited
@@ -234,7 +235,8 @@ fn annotate_by_judge_and_consensus(d: &Path, args: &[&str]) {
 
 #[test]
 fn bon_and_processbench_on_scored_files() {
-    let d = tmp("bon");
+    let d_tmp = tmp("bon");
+    let d = d_tmp.path();
     // Problem p1: the PRM prefers the correct sample, the majority is wrong.
     // Problem p2: one sample, correct.
     let rows = vec![
@@ -318,7 +320,8 @@ fn records(p: &Path) -> Vec<Value> {
 /// incremental and whole scoring choose the same; `calibrate` writes the τ `resample` reads.
 #[test]
 fn search_runs_every_method_with_every_prm_layout_and_resumes() {
-    let d = tmp("search");
+    let d_tmp = tmp("search");
+    let d = d_tmp.path();
     let problems = d.join("problems.jsonl");
     write_jsonl(
         &problems,
@@ -330,10 +333,10 @@ fn search_runs_every_method_with_every_prm_layout_and_resumes() {
     let policy = fixture("qwen2-policy");
     for prm in ["qwen2-prm", "llama-shepherd", "qwen2-tokcls"] {
         let prm = fixture(prm);
-        every_method_searches_and_resumes_after_a_torn_write(&d, &policy, &problems, &prm);
-        incremental_scoring_is_whole_scoring_with_fewer_tokens(&d, &policy, &problems, &prm);
+        every_method_searches_and_resumes_after_a_torn_write(d, &policy, &problems, &prm);
+        incremental_scoring_is_whole_scoring_with_fewer_tokens(d, &policy, &problems, &prm);
     }
-    calibrate_writes_the_threshold_resample_reads(&d, &policy, &problems);
+    calibrate_writes_the_threshold_resample_reads(d, &policy, &problems);
 }
 
 /// Every method with the PRM `prm`: its records, their compute, and resumed (after a torn
@@ -480,7 +483,8 @@ fn calibrate_writes_the_threshold_resample_reads(d: &Path, policy: &str, problem
 /// (by any path to it), and a run that fails leaves an existing output as it was.
 #[test]
 fn an_output_that_is_the_input_is_refused_and_a_failed_run_keeps_the_old_output() {
-    let d = tmp("same-file");
+    let d_tmp = tmp("same-file");
+    let d = d_tmp.path();
     let input = d.join("in.jsonl");
     let rows: Vec<Value> = (0..50)
         .map(|i| json!({"id": format!("s{i}"), "problem_id": "p", "question": "q", "steps": [{"text": "a"}]}))
@@ -554,7 +558,7 @@ fn an_output_that_is_the_input_is_refused_and_a_failed_run_keeps_the_old_output(
         .unwrap();
     assert!(!out.status.success());
     assert_eq!(std::fs::read_to_string(&output).unwrap(), "previous\n");
-    let leftovers: Vec<_> = std::fs::read_dir(&d)
+    let leftovers: Vec<_> = std::fs::read_dir(d)
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
@@ -566,7 +570,8 @@ fn an_output_that_is_the_input_is_refused_and_a_failed_run_keeps_the_old_output(
 /// reading): it ends quietly with status 0, never a panic.
 #[test]
 fn a_closed_stdout_ends_every_command_quietly() {
-    let d = tmp("closed-stdout");
+    let d_tmp = tmp("closed-stdout");
+    let d = d_tmp.path();
     let rows: Vec<Value> = (0..400)
         .map(|i| {
             json!({"id": format!("s{i}"), "problem_id": format!("p{}", i % 40), "question": "q",
@@ -614,7 +619,8 @@ fn a_closed_stdout_ends_every_command_quietly() {
 /// with every step counted and the error steps as the file marks them.
 #[test]
 fn eval_prmbench_reports_prm_score_by_error_type() {
-    let d = tmp("prmbench");
+    let d_tmp = tmp("prmbench");
+    let d = d_tmp.path();
     let sample = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../stepwise-core/tests/data/prmbench_sample.jsonl");
     let scored = d.join("scored.jsonl");
     stepwise(&[

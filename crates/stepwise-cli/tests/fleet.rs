@@ -19,7 +19,7 @@ mod common;
 use common::server::{read_http, serve, Server};
 use common::{fixture, stepwise, write_jsonl};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> tempfile::TempDir {
     common::tmp("fleet", name)
 }
 
@@ -150,11 +150,12 @@ fn run_to_end(args: &[String]) -> String {
 fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
     let mut fleet: Vec<Server> = (0..3).map(|_| serve_at(0)).collect();
     for kind in ["annotate", "search", "score"] {
-        let d = tmp(kind);
+        let d_tmp = tmp(kind);
+        let d = d_tmp.path();
         let (input, total) = match kind {
-            "annotate" => (solutions(&d, 240), 240),
-            "score" => (solutions(&d, 2000), 2000),
-            _ => (problems(&d, 120), 120),
+            "annotate" => (solutions(d, 240), 240),
+            "score" => (solutions(d, 2000), 2000),
+            _ => (problems(d, 120), 120),
         };
         let one = d.join("one.jsonl");
         run_to_end(&command(kind, &fleet[0].url, &input, &one));
@@ -194,11 +195,12 @@ fn a_fleet_that_loses_servers_mid_run_gives_the_records_one_server_gives() {
 
 #[test]
 fn a_server_added_to_the_file_joins_and_a_bad_entry_is_refused_by_line() {
-    let d = tmp("join");
+    let d_tmp = tmp("join");
+    let d = d_tmp.path();
     let (a, b) = (serve_at(0), serve_at(0));
     let file = d.join("servers.txt");
     std::fs::write(&file, format!("{}\n", a.url)).unwrap();
-    let input = solutions(&d, 400);
+    let input = solutions(d, 400);
     let out = d.join("out.jsonl");
     let args = command("annotate", file.to_str().unwrap(), &input, &out);
     let mut run = spawn(&args);
@@ -285,7 +287,8 @@ fn flaky_proxy(upstream: String, fail: fn(usize) -> Option<&'static str>) -> (St
 
 #[test]
 fn annotate_through_a_failing_server_writes_every_record_once() {
-    let d = tmp("faults");
+    let d_tmp = tmp("faults");
+    let d = d_tmp.path();
     let server = serve(&[]);
     let (proxy, attempts) = flaky_proxy(server.url.clone(), |k| match k % 7 {
         1 => Some("429"),
@@ -341,9 +344,10 @@ fn annotate_through_a_failing_server_writes_every_record_once() {
 /// the file is the one a single server gives.
 #[test]
 fn score_spreads_its_batches_over_the_servers_and_gives_one_servers_scores() {
-    let d = tmp("score-spread");
+    let d_tmp = tmp("score-spread");
+    let d = d_tmp.path();
     let (a, b) = (serve_at(0), serve_at(0));
-    let input = solutions(&d, 30);
+    let input = solutions(d, 30);
     let score = |servers: &str, out: &Path| {
         let said = stepwise(&[
             "score",
@@ -385,9 +389,10 @@ fn score_spreads_its_batches_over_the_servers_and_gives_one_servers_scores() {
 
 #[test]
 fn generate_killed_mid_run_resumes_to_the_records_of_a_run_that_was_not() {
-    let d = tmp("generate");
+    let d_tmp = tmp("generate");
+    let d = d_tmp.path();
     let server = serve_at(0);
-    let input = problems(&d, 150);
+    let input = problems(d, 150);
     let args = |out: &Path| -> Vec<String> {
         [
             "generate",

@@ -4,19 +4,19 @@
 use serde_json::{json, Value};
 use std::io::Write;
 use std::net::TcpListener;
-use std::path::PathBuf;
 
 mod common;
 use common::server::read_http;
 use common::{fixture, step_scores, stepwise, write_jsonl};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> tempfile::TempDir {
     common::tmp("generative", name)
 }
 
 #[test]
 fn a_generative_verifier_scores_steps_that_bon_reads() {
-    let dir = tmp("score");
+    let dir_tmp = tmp("score");
+    let dir = dir_tmp.path();
     let input = dir.join("steps.jsonl");
     let rows: Vec<Value> = (0..3)
         .map(|i| {
@@ -138,8 +138,9 @@ fn wrong_sum(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[test]
 fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
-    let dir = tmp("tools");
-    let input = wrong_sum(&dir);
+    let dir_tmp = tmp("tools");
+    let dir = dir_tmp.path();
+    let input = wrong_sum(dir);
     let out = dir.join("scored.jsonl");
     let url = scripted_verifier();
     let run = score(&url, &["--tools", "python", "--samples", "2"], &input, &out);
@@ -156,8 +157,9 @@ fn a_generative_verifier_with_python_tools_judges_by_what_its_code_printed() {
 /// them dead, so every block that went there is retried on the live one.
 #[test]
 fn python_tools_run_on_remote_sandboxes() {
-    let dir = tmp("remote_tools");
-    let input = wrong_sum(&dir);
+    let dir_tmp = tmp("remote_tools");
+    let dir = dir_tmp.path();
+    let input = wrong_sum(dir);
     let sandbox = common::server::serve(&["--sandbox"]);
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

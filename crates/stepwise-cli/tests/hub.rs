@@ -39,7 +39,8 @@ fn score(d: &Path, model: &str, out: &str, env: &[(&str, &str)]) -> Output {
 
 #[test]
 fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
-    let d = common::tmp("hub", "cache");
+    let d_tmp = common::tmp("hub", "cache");
+    let d = d_tmp.path();
     let repo = d.join("hub/models--test-org--tiny-prm");
     let snapshot = repo.join("snapshots").join(COMMIT);
     std::fs::create_dir_all(repo.join("blobs")).unwrap();
@@ -54,7 +55,7 @@ fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
         std::os::unix::fs::symlink(Path::new("../../blobs").join(&blob), snapshot.join(entry.file_name())).unwrap();
     }
     let offline = [("HF_HUB_OFFLINE", "1")];
-    let by_folder = score(&d, folder.to_str().unwrap(), "folder.jsonl", &offline);
+    let by_folder = score(d, folder.to_str().unwrap(), "folder.jsonl", &offline);
     assert!(by_folder.status.success());
     let want = std::fs::read_to_string(d.join("folder.jsonl")).unwrap();
     for id in [
@@ -62,7 +63,7 @@ fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
         &format!("test-org/tiny-prm@{COMMIT}"),
         "test-org/tiny-prm@main",
     ] {
-        let out = score(&d, id, "id.jsonl", &offline);
+        let out = score(d, id, "id.jsonl", &offline);
         assert!(out.status.success(), "{id}: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(std::fs::read_to_string(d.join("id.jsonl")).unwrap(), want, "{id}");
     }
@@ -71,7 +72,7 @@ fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
         ("test-org/other", "`hf download test-org/other`"),
         ("test-org/tiny-prm@v9", "revision `v9`"),
     ] {
-        let out = score(&d, id, "never.jsonl", &offline);
+        let out = score(d, id, "never.jsonl", &offline);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{id}: {err}");
         assert!(err.contains(says), "{id}: {err}");
@@ -159,7 +160,8 @@ fn fnv(bytes: &[u8]) -> u64 {
 
 #[test]
 fn a_model_id_not_in_the_cache_is_downloaded_once_and_resumes() {
-    let d = common::tmp("hub", "download");
+    let d_tmp = common::tmp("hub", "download");
+    let d = d_tmp.path();
     let folder = PathBuf::from(fixture("qwen2-tokcls"));
     let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&folder)
         .unwrap()
@@ -173,13 +175,13 @@ fn a_model_id_not_in_the_cache_is_downloaded_once_and_resumes() {
         .collect();
     let hub = hub("test-org/tiny-prm", files.clone());
     let online = [("HF_ENDPOINT", hub.url.as_str())];
-    assert!(score(&d, folder.to_str().unwrap(), "folder.jsonl", &online)
+    assert!(score(d, folder.to_str().unwrap(), "folder.jsonl", &online)
         .status
         .success());
     let want = std::fs::read_to_string(d.join("folder.jsonl")).unwrap();
 
     // Not cached: downloaded (only what stepwise reads), then scored as the folder is.
-    let out = score(&d, "test-org/tiny-prm", "first.jsonl", &online);
+    let out = score(d, "test-org/tiny-prm", "first.jsonl", &online);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read_to_string(d.join("first.jsonl")).unwrap(), want);
     let snapshot = d.join("hub/models--test-org--tiny-prm/snapshots").join(COMMIT);
@@ -195,7 +197,7 @@ fn a_model_id_not_in_the_cache_is_downloaded_once_and_resumes() {
     // Cached: nothing asked of the Hub, online or offline.
     let before = hub.log.lock().unwrap().len();
     for env in [&online[..], &[("HF_HUB_OFFLINE", "1")]] {
-        let out = score(&d, "test-org/tiny-prm", "again.jsonl", env);
+        let out = score(d, "test-org/tiny-prm", "again.jsonl", env);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(std::fs::read_to_string(d.join("again.jsonl")).unwrap(), want);
     }
@@ -207,7 +209,7 @@ fn a_model_id_not_in_the_cache_is_downloaded_once_and_resumes() {
 
     // Cut off before the weights: the next run fetches just them.
     std::fs::remove_file(snapshot.join("model.safetensors")).unwrap();
-    let out = score(&d, "test-org/tiny-prm", "resumed.jsonl", &online);
+    let out = score(d, "test-org/tiny-prm", "resumed.jsonl", &online);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read_to_string(d.join("resumed.jsonl")).unwrap(), want);
     let fetched: Vec<String> = hub.log.lock().unwrap()[before..]
@@ -218,7 +220,7 @@ fn a_model_id_not_in_the_cache_is_downloaded_once_and_resumes() {
     assert!(fetched.iter().all(|p| p.ends_with("model.safetensors")), "{fetched:?}");
 
     // A repository the Hub does not have: the error says what failed and what to do.
-    let out = score(&d, "test-org/missing", "never.jsonl", &online);
+    let out = score(d, "test-org/missing", "never.jsonl", &online);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     for says in [

@@ -47,7 +47,8 @@ fn labels_by_id(text: &str, meta_key: Option<&str>) -> Vec<serde_json::Value> {
 
 #[test]
 fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
-    let root = std::env::temp_dir().join(format!("stepwise-lab-cli-{}", std::process::id()));
+    let root_tmp = tempfile::tempdir().unwrap();
+    let root = root_tmp.path().join("stepwise-lab-cli");
     let _ = std::fs::remove_dir_all(&root);
     let (a, b) = (root.join("a"), root.join("b"));
 
@@ -545,7 +546,8 @@ fn a_sigkilled_run_resumes_to_the_same_records(a: &Path, b: &Path, m: &serde_jso
 /// sample's lines checked by executing them; its folder refuses the arithmetic domain.
 #[test]
 fn quick_code_lab_runs_the_loop_on_programs() {
-    let out = std::env::temp_dir().join(format!("stepwise-lab-code-{}", std::process::id()));
+    let out_tmp = tempfile::tempdir().unwrap();
+    let out = out_tmp.path().join("stepwise-lab-code");
     let _ = std::fs::remove_dir_all(&out);
     let run = |domain: &str| {
         Command::new(env!("CARGO_BIN_EXE_stepwise"))

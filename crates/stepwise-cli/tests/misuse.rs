@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 mod common;
 use common::write_jsonl;
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> tempfile::TempDir {
     common::tmp("misuse", name)
 }
 
@@ -191,8 +191,9 @@ fn assert_clean_exit(args: &[String], out: &Output) {
 /// every model command ends cleanly (most refuse, naming the field).
 #[test]
 fn every_model_command_survives_a_fuzzed_config() {
-    let d = tmp("fuzz");
-    let i = inputs(&d);
+    let d_tmp = tmp("fuzz");
+    let d = d_tmp.path();
+    let i = inputs(d);
     let values = [json!(0), json!(-1), json!("x"), json!(1e12)];
     let (mut runs, mut refused) = (0, 0);
     for (which, fixture_name) in [("policy", "qwen2-policy"), ("prm", "qwen2-tokcls")] {
@@ -233,19 +234,20 @@ fn every_model_command_survives_a_fuzzed_config() {
     }
     println!("{runs} runs on fuzzed configs: {refused} refused with a message, none panicked");
     assert!(refused > 0 && runs > 100);
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 /// With its reader gone before it starts, every model command still finishes its work (it
 /// writes files, not standard output) and ends with status 0.
 #[test]
 fn every_model_command_runs_with_stdout_closed() {
-    let d = tmp("closed");
-    let i = inputs(&d);
+    let d_tmp = tmp("closed");
+    let d = d_tmp.path();
+    let i = inputs(d);
     let (policy, prm) = (fixture("qwen2-policy"), fixture("qwen2-tokcls"));
     // calibrate writes threshold.json into the PRM's folder: give it a copy.
     let prm_copy = checkpoint("qwen2-tokcls", &d.join("prm"), &config_of("qwen2-tokcls"));
-    for mut args in model_commands(policy.to_str().unwrap(), prm.to_str().unwrap(), &i, &d) {
+    for mut args in model_commands(policy.to_str().unwrap(), prm.to_str().unwrap(), &i, d) {
         if args[0] == "calibrate" {
             args[2] = prm_copy.clone();
         }
@@ -268,13 +270,14 @@ fn every_model_command_runs_with_stdout_closed() {
         assert!(written.exists() || args[0] == "calibrate", "{args:?}: nothing written");
     }
     assert!(d.join("prm/threshold.json").exists());
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 /// Printing onto a full disk: status 1 and the system's reason, once; help and version too.
 #[test]
 fn a_full_disk_ends_every_printing_command_with_a_message() {
-    let d = tmp("full");
+    let d_tmp = tmp("full");
+    let d = d_tmp.path();
     let scored = d.join("scored.jsonl");
     write_jsonl(
         &scored,
@@ -325,7 +328,7 @@ fn a_full_disk_ends_every_printing_command_with_a_message() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(err.matches("invalid type").count(), 1, "{err}");
     assert!(err.contains("bad.jsonl:1"), "{err}");
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 /// Outputs that are not regular files are written as a user expects: a device is written through
@@ -333,8 +336,9 @@ fn a_full_disk_ends_every_printing_command_with_a_message() {
 /// link and the file it points to is updated, a name at the file system's limit is written.
 #[test]
 fn special_outputs_are_written_through_and_links_followed() {
-    let d = tmp("special");
-    std::fs::create_dir_all(&d).unwrap();
+    let d_tmp = tmp("special");
+    let d = d_tmp.path();
+    std::fs::create_dir_all(d).unwrap();
     let pb = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/processbench/gsm8k.json");
     let pb = pb.display().to_string();
     let convert = |out: &str| {
@@ -362,13 +366,13 @@ fn special_outputs_are_written_through_and_links_followed() {
     let long = d.join(format!("{}.jsonl", "x".repeat(248)));
     assert_eq!(convert(&long.display().to_string()).status.code(), Some(0));
     // Nothing partial is left beside them.
-    let left: Vec<_> = std::fs::read_dir(&d)
+    let left: Vec<_> = std::fs::read_dir(d)
         .unwrap()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 /// Inputs that are not records end with a message, in bounded memory: a device that never ends
@@ -385,8 +389,9 @@ fn special_inputs_end_with_a_message_in_bounded_memory() {
         err.contains("/dev/zero:1") && err.contains("longer than 64 MiB"),
         "{err}"
     );
-    let d = tmp("special-inputs");
-    std::fs::create_dir_all(&d).unwrap();
+    let d_tmp = tmp("special-inputs");
+    let d = d_tmp.path();
+    std::fs::create_dir_all(d).unwrap();
     let fifo = d.join("records.fifo");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let writer = {
@@ -423,7 +428,7 @@ fn special_inputs_end_with_a_message_in_bounded_memory() {
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(err.contains(file) && err.contains("not a regular file"), "{err}");
     }
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 /// Training settings no run can train with are refused before any work, naming the flag, and
@@ -431,8 +436,9 @@ fn special_inputs_end_with_a_message_in_bounded_memory() {
 /// RL policy the same way; `--batch-size 0` said "a batch without targets".
 #[test]
 fn untrainable_settings_are_refused_before_any_work() {
-    let d = tmp("untrainable");
-    std::fs::create_dir_all(&d).unwrap();
+    let d_tmp = tmp("untrainable");
+    let d = d_tmp.path();
+    std::fs::create_dir_all(d).unwrap();
     let data = d.join("labelled.jsonl");
     write_jsonl(
         &data,
@@ -463,14 +469,15 @@ fn untrainable_settings_are_refused_before_any_work() {
         assert!(err.contains(named), "{bad}: {err}");
         assert!(!out_dir.exists(), "{bad}: a folder was left");
     }
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 /// `--on-error`: a record without a gold answer stops `raise` naming it (nothing written), and
 /// under `skip` is written unlabelled with the reason while the others are labelled.
 #[test]
 fn annotate_on_error_names_or_skips_a_record_it_cannot_label() {
-    let d = common::tmp("misuse", "annotate-on-error");
+    let d_tmp = common::tmp("misuse", "annotate-on-error");
+    let d = d_tmp.path();
     let input = d.join("samples.jsonl");
     let mut rows: Vec<Value> = (0..3)
         .map(|i| {
@@ -517,7 +524,8 @@ fn annotate_on_error_names_or_skips_a_record_it_cannot_label() {
 /// critique is refused before any work, with what to use instead.
 #[test]
 fn a_judge_read_by_likelihood_is_refused_where_it_cannot_be() {
-    let d = common::tmp("misuse", "judge-likelihood");
+    let d_tmp = common::tmp("misuse", "judge-likelihood");
+    let d = d_tmp.path();
     let input = d.join("samples.jsonl");
     let row = json!({"id": "s", "problem_id": "p", "question": "What is 3 * 4?",
                      "steps": [{"text": "3 * 4 = 12"}], "gold_answer": "12"});

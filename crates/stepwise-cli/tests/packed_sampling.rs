@@ -91,8 +91,9 @@ fn lines(path: &Path) -> Vec<Value> {
 
 #[test]
 fn a_pretrained_bf16_policy_samples_and_annotates_in_batches_on_the_packed_engine() {
-    let dir = tmp("packed-sampling", "run");
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir_tmp = tmp("packed-sampling", "run");
+    let dir = dir_tmp.path();
+    let _ = std::fs::remove_dir_all(dir);
     let policy = dir.join("policy");
     write_policy(&policy);
     let policy = policy.to_str().unwrap();
@@ -179,5 +180,5 @@ fn a_pretrained_bf16_policy_samples_and_annotates_in_batches_on_the_packed_engin
     std::fs::write(&labelled, cut).unwrap();
     annotate();
     assert_eq!(std::fs::read_to_string(&labelled).unwrap(), text);
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }

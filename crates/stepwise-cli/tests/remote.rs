@@ -10,7 +10,7 @@ mod common;
 use common::server::{get, post, serve};
 use common::{fixture, stepwise, write_jsonl};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> tempfile::TempDir {
     common::tmp("remote", name)
 }
 
@@ -32,9 +32,10 @@ fn problems(d: &Path) -> PathBuf {
 
 #[test]
 fn every_remote_command_gives_what_the_local_folder_gives() {
-    let d = tmp("parity");
+    let d_tmp = tmp("parity");
+    let d = d_tmp.path();
     let server = serve(&[]);
-    let probs = problems(&d);
+    let probs = problems(d);
     let p = probs.to_str().unwrap();
     let policy = fixture("qwen2-policy");
     let prm = fixture("qwen2-prm");
@@ -76,7 +77,7 @@ fn every_remote_command_gives_what_the_local_folder_gives() {
         assert_eq!(records(&a), records(&b), "{name}");
         assert!(!records(&a).is_empty());
     }
-    scoring_the_samples_gives_the_same_step_scores(&d, url, &prm);
+    scoring_the_samples_gives_the_same_step_scores(d, url, &prm);
 }
 
 /// `score` on the generated samples with the local PRM, the server, and the server over vLLM's
@@ -319,9 +320,10 @@ fn concurrent_completions_get_what_they_get_alone() {
 
 #[test]
 fn the_api_key_and_request_errors_are_answered_as_openai_does() {
-    let d = tmp("auth");
+    let d_tmp = tmp("auth");
+    let d = d_tmp.path();
     let server = serve(&["--api-key", "sekrit"]);
-    let probs = problems(&d);
+    let probs = problems(d);
     let out = d.join("out.jsonl");
     let base = [
         "generate",
@@ -476,7 +478,8 @@ fn max_tokens_defaults_to_what_the_context_leaves() {
 
 #[test]
 fn without_max_tokens_a_continuation_may_fill_what_the_context_leaves() {
-    let d = tmp("context");
+    let d_tmp = tmp("context");
+    let d = d_tmp.path();
     let server = serve(&[]);
     // A server asked for `max_tokens: null` (vLLM's reading) gives what the context leaves; left
     // out, OpenAI's completions default of 16.
@@ -496,7 +499,7 @@ fn without_max_tokens_a_continuation_may_fill_what_the_context_leaves() {
     assert_eq!(ask(None)["usage"]["completion_tokens"], 16);
     // `generate` without --max-tokens, against the server and locally, on the 512-token model
     // (it asked for 512 new tokens and was refused).
-    let probs = problems(&d);
+    let probs = problems(d);
     for model in [server.url.clone(), fixture("qwen2-policy")] {
         let out = d.join("out.jsonl");
         let _ = std::fs::remove_file(&out);

@@ -248,7 +248,8 @@ fn close(a: &[Vec<f64>], b: &[Vec<f64>], what: &str) {
 #[test]
 fn score_weighs_a_served_judge_as_a_local_one() {
     let server = serve(&[]);
-    let d = common::tmp("remote_weigh", "score");
+    let d_tmp = common::tmp("remote_weigh", "score");
+    let d = d_tmp.path();
     let input = d.join("in.jsonl");
     write_jsonl(
         &input,

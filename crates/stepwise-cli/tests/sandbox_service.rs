@@ -128,8 +128,9 @@ fn one_problem(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[test]
 fn a_stopped_grade_leaves_no_sandbox_behind() {
-    let dir = common::tmp("sandbox_service", "stopped");
-    let problems = one_problem(&dir);
+    let dir_tmp = common::tmp("sandbox_service", "stopped");
+    let dir = dir_tmp.path();
+    let problems = one_problem(dir);
     let samples = dir.join("samples.jsonl");
     let sleeper = "    import threading, time\n    threading.Thread(target=time.sleep, args=(600,)).start()\n    time.sleep(600)\n";
     write_jsonl(&samples, &vec![json!({"task_id": "T/0", "completion": sleeper}); 8]);
@@ -183,8 +184,9 @@ mod libc_signal {
 /// names the flag's bound, before running anything.
 #[test]
 fn grade_refuses_unbounded_timeouts_and_threads() {
-    let dir = common::tmp("sandbox_service", "bounds");
-    let problems = one_problem(&dir);
+    let dir_tmp = common::tmp("sandbox_service", "bounds");
+    let dir = dir_tmp.path();
+    let problems = one_problem(dir);
     let samples = dir.join("samples.jsonl");
     write_jsonl(&samples, &[json!({"task_id": "T/0", "completion": "    return 1\n"})]);
     for (flag, value, says) in [

@@ -3,14 +3,14 @@
 //! what is computed, progress shows in logs.
 
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 use common::{fixture, step, stepwise, write_jsonl};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> tempfile::TempDir {
     common::tmp("score", name)
 }
 
@@ -43,7 +43,8 @@ fn lines(p: &Path) -> usize {
 /// uninterrupted run writes; the same output with another verifier name is refused, naming it.
 #[test]
 fn score_killed_mid_run_resumes_to_the_file_of_a_run_that_was_not() {
-    let d = tmp("resume");
+    let d_tmp = tmp("resume");
+    let d = d_tmp.path();
     let input = d.join("in.jsonl");
     processbench_rows(&input, 3000);
     let whole = d.join("whole.jsonl");
@@ -90,7 +91,7 @@ fn score_killed_mid_run_resumes_to_the_file_of_a_run_that_was_not() {
         std::fs::read(&cut).unwrap(),
         "the refused run wrote"
     );
-    parquet_output_resumes_from_the_journal_beside_it(&d, &input, &whole);
+    parquet_output_resumes_from_the_journal_beside_it(d, &input, &whole);
 }
 
 /// Run `stepwise` with `args` and kill it (SIGKILL) once `journal` holds 100 lines, or when it
@@ -148,7 +149,8 @@ fn parquet_output_resumes_from_the_journal_beside_it(d: &Path, input: &Path, who
 /// in bf16) stays within bf16's error of them; an unknown value is refused.
 #[test]
 fn dtype_states_what_is_computed() {
-    let d = tmp("dtype");
+    let d_tmp = tmp("dtype");
+    let d = d_tmp.path();
     let data = d.join("steps.jsonl");
     let rows: Vec<Value> = (0..3)
         .map(|i| {
@@ -191,7 +193,8 @@ fn dtype_states_what_is_computed() {
 /// In a log (stderr not a terminal), long commands print their progress as plain lines.
 #[test]
 fn progress_shows_in_logs() {
-    let d = tmp("progress");
+    let d_tmp = tmp("progress");
+    let d = d_tmp.path();
     let input = d.join("many.jsonl");
     processbench_rows(&input, 400);
     let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))

@@ -76,7 +76,8 @@ fn records(n: usize) -> Vec<Value> {
 
 #[test]
 fn a_saved_rating_survives_kill_9() {
-    let d = tmp("studio", "kill9");
+    let d_tmp = tmp("studio", "kill9");
+    let d = d_tmp.path();
     let (db, input) = (d.join("labels.sqlite"), d.join("in.jsonl"));
     write_jsonl(&input, &records(3));
     add_user(&db, "alice", "labeller");
@@ -115,7 +116,8 @@ fn a_saved_rating_survives_kill_9() {
 
 #[test]
 fn a_malformed_import_names_its_line_and_adds_nothing() {
-    let d = tmp("studio", "malformed");
+    let d_tmp = tmp("studio", "malformed");
+    let d = d_tmp.path();
     let (db, input) = (d.join("labels.sqlite"), d.join("in.jsonl"));
     let mut rows = records(3);
     rows[1]["steps"] = json!("not a list");
@@ -155,7 +157,8 @@ fn a_malformed_import_names_its_line_and_adds_nothing() {
 /// reads back.
 #[test]
 fn exported_labels_train_a_prm_that_scores() {
-    let d = tmp("studio", "train");
+    let d_tmp = tmp("studio", "train");
+    let d = d_tmp.path();
     let (db, input) = (d.join("labels.sqlite"), d.join("in.jsonl"));
     write_jsonl(&input, &records(12));
     add_user(&db, "alice", "labeller");

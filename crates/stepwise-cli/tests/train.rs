@@ -2,13 +2,13 @@
 //! fixture policy.
 
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 mod common;
 use common::{fixture, step, stepwise, write_jsonl};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> tempfile::TempDir {
     common::tmp("train", name)
 }
 
@@ -24,7 +24,8 @@ fn score(model: &Path, input: &Path, output: &Path) {
 /// (candle's autograd, and the packed engine's).
 #[test]
 fn train_prm_folders_are_scored_by_score() {
-    let d = tmp("train-prm");
+    let d_tmp = tmp("train-prm");
+    let d = d_tmp.path();
     let data = d.join("labeled.jsonl");
     let rows: Vec<Value> = (0..12)
         .map(|i| {
@@ -136,7 +137,8 @@ fn train_prm_folders_are_scored_by_score() {
 /// leaves no folder behind.
 #[test]
 fn train_prm_validates_on_random_problems_and_leaves_nothing_when_it_fails() {
-    let d = tmp("train-split");
+    let d_tmp = tmp("train-split");
+    let d = d_tmp.path();
     let data = d.join("sorted.jsonl");
     let rows: Vec<Value> = (0..40)
         .map(|i| {
@@ -200,7 +202,8 @@ fn train_prm_validates_on_random_problems_and_leaves_nothing_when_it_fails() {
 /// validation's loss is that file's; with --valid-fraction too, refused; a bad file named.
 #[test]
 fn train_prm_validates_on_a_fixed_file() {
-    let d = tmp("train-valid-data");
+    let d_tmp = tmp("train-valid-data");
+    let d = d_tmp.path();
     let data = d.join("train.jsonl");
     let rows: Vec<Value> = (0..12)
         .map(|i| {
@@ -274,7 +277,8 @@ fn safetensors_header(path: &Path) -> (std::collections::BTreeMap<String, String
 /// bf16 like the base, and `score` reads the folder back.
 #[test]
 fn train_prm_from_a_bf16_prm_drops_its_head_and_stays_bf16() {
-    let d = tmp("from-prm");
+    let d_tmp = tmp("from-prm");
+    let d = d_tmp.path();
     let data = d.join("labeled.jsonl");
     let rows: Vec<Value> = (0..8)
         .map(|i| {
@@ -335,7 +339,8 @@ fn train_prm_from_a_bf16_prm_drops_its_head_and_stays_bf16() {
 /// implicit PRM moved too, and `stepwise score` reads its folder as a verifier.
 #[test]
 fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
-    let d = tmp("rl");
+    let d_tmp = tmp("rl");
+    let d = d_tmp.path();
     let problems = d.join("problems.jsonl");
     write_jsonl(
         &problems,
@@ -407,10 +412,10 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
         let after = std::fs::read(out.join("model.safetensors")).unwrap();
         assert_ne!(before, after, "{name}: the weights did not move");
         if name == "prime" {
-            prime_moved_its_implicit_prm_and_score_reads_it(&d, &out, &log[1], &before);
+            prime_moved_its_implicit_prm_and_score_reads_it(d, &out, &log[1], &before);
         }
         let rerun: Vec<&str> = a.iter().map(String::as_str).collect();
-        a_second_run_resumes_and_its_result_samples(&d, &out, &problems, &rerun, &after, name);
+        a_second_run_resumes_and_its_result_samples(d, &out, &problems, &rerun, &after, name);
     }
 }
 

@@ -88,7 +88,8 @@ fn a_flipped_line_is_the_first_error_that_execution_finds() {
 
 #[test]
 fn mbpp_records_are_read_and_run() {
-    let dir = std::env::temp_dir().join(format!("stepwise-code-mbpp-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-code-mbpp");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("mbpp.jsonl");
     let records = [

@@ -288,7 +288,8 @@ mod claim_tests {
 
     #[test]
     fn one_process_and_one_set_of_settings_per_output() {
-        let dir = std::env::temp_dir().join(format!("stepwise-claim-{}", std::process::id()));
+        let dir_tmp = tempfile::tempdir().unwrap();
+        let dir = dir_tmp.path().join("stepwise-claim");
         let _ = std::fs::remove_dir_all(&dir);
         let out = dir.join("labels.jsonl");
         let settings = json!({"rollouts": 16, "seed": 0});
@@ -328,7 +329,8 @@ mod claim_tests {
     /// data) is refused, naming the line, and left byte for byte as it was.
     #[test]
     fn a_torn_line_is_dropped_and_another_file_is_never_truncated() {
-        let dir = std::env::temp_dir().join(format!("stepwise-journal-{}", std::process::id()));
+        let dir_tmp = tempfile::tempdir().unwrap();
+        let dir = dir_tmp.path().join("stepwise-journal");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("out.jsonl");

@@ -170,11 +170,8 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("stepwise-output-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    fn dir(name: &str) -> tempfile::TempDir {
+        tempfile::TempDir::with_prefix(format!("stepwise-output-{name}-")).unwrap()
     }
 
     fn write(path: &Path, text: &str) -> Result<()> {
@@ -186,7 +183,8 @@ mod tests {
     #[test]
     fn a_regular_file_is_replaced_whole_keeping_its_mode() {
         use std::os::unix::fs::PermissionsExt;
-        let d = dir("regular");
+        let d_tmp = dir("regular");
+        let d = d_tmp.path();
         let p = d.join("out.jsonl");
         write(&p, "one\n").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
@@ -198,7 +196,7 @@ mod tests {
         out.open().unwrap().write_all(b"half").unwrap();
         drop(out);
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "two\n");
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(d).unwrap().count(), 1);
         // A name at the file system's limit still gets a temporary name beside it.
         let long = d.join(format!("{}.jsonl", "n".repeat(249)));
         write(&long, "long\n").unwrap();
@@ -207,7 +205,8 @@ mod tests {
 
     #[test]
     fn a_link_stays_a_link_and_its_target_is_updated() {
-        let d = dir("link");
+        let d_tmp = dir("link");
+        let d = d_tmp.path();
         let target = d.join("real.jsonl");
         std::fs::write(&target, "old\n").unwrap();
         let link = d.join("link.jsonl");
@@ -228,7 +227,8 @@ mod tests {
         write(Path::new("/dev/null"), "gone\n").unwrap();
         assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
         // A FIFO is written into, and stays a FIFO.
-        let d = dir("fifo");
+        let d_tmp = dir("fifo");
+        let d = d_tmp.path();
         let fifo = d.join("pipe.jsonl");
         let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
         assert!(made.success());
@@ -245,7 +245,7 @@ mod tests {
         use std::os::unix::fs::FileTypeExt;
         assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
         // A folder is refused with its name.
-        let err = write(&d, "x").unwrap_err().to_string();
+        let err = write(d, "x").unwrap_err().to_string();
         assert!(err.contains("is a folder"), "{err}");
     }
 }

@@ -16,7 +16,8 @@ fn assert_lossless(path: &std::path::Path, format: Format) -> Vec<Solution> {
     let original = raw(path);
     assert_eq!(Format::detect(&original[0]), Some(format), "{}", path.display());
     let sols = read_solutions(path, None).unwrap();
-    let dir = scratch(&format!("lossless-{format}"));
+    let dir_tmp = scratch(&format!("lossless-{format}"));
+    let dir = dir_tmp.path();
     let out = dir.join("out.jsonl");
     write_solutions(&out, format, &sols).unwrap();
     let back = raw(&out);
@@ -77,7 +78,8 @@ fn openr_prm_layout_round_trips() {
 /// completions as assistant messages; written back with the same prompt messages.
 #[test]
 fn trl_conversational_records_read_and_round_trip() {
-    let dir = scratch("trl-conversational");
+    let dir_tmp = scratch("trl-conversational");
+    let dir = dir_tmp.path();
     let path = dir.join("in.jsonl");
     let record = json!({
         "prompt": [{"role": "system", "content": "Think step by step."},
@@ -131,7 +133,8 @@ fn processbench_real_files_round_trip_and_convert_everywhere() {
         let sols = read_solutions(&path, None).unwrap();
         let original = raw(&path);
         assert_eq!(sols.len(), original.len());
-        let dir = scratch(&format!("pb-{}", file.replace('/', "-")));
+        let dir_tmp = scratch(&format!("pb-{}", file.replace('/', "-")));
+        let dir = dir_tmp.path();
         // Own format: exact.
         let out = dir.join("pb.json");
         write_solutions(&out, Format::ProcessBench, &sols).unwrap();
@@ -235,7 +238,8 @@ fn hand_written_records_of_each_format_round_trip() {
 fn parquet_round_trip_keeps_records() {
     let path = data("processbench/gsm8k.json");
     let sols = read_solutions(&path, None).unwrap();
-    let dir = scratch("parquet");
+    let dir_tmp = scratch("parquet");
+    let dir = dir_tmp.path();
     for f in [Format::Stepwise, Format::Trl, Format::ProcessBench] {
         let p = dir.join(format!("{f}.parquet"));
         write_solutions(&p, f, &sols).unwrap();
@@ -259,7 +263,8 @@ fn parquet_keeps_records_with_fields_some_lack() {
     sols[0].scores.insert("prm".into(), vec![0.5; n]);
     sols[1].meta.insert("score_errors".into(), json!({"prm": "too long"}));
     sols[2].meta.insert("note".into(), json!({"by": "a labeller"}));
-    let p = scratch("parquet-sparse").join("sparse.parquet");
+    let p_tmp = scratch("parquet-sparse");
+    let p = p_tmp.path().join("sparse.parquet");
     write_solutions(&p, Format::Stepwise, &sols).unwrap();
     let back = read_solutions(&p, Some(Format::Stepwise)).unwrap();
     assert_eq!(back, sols);
@@ -267,7 +272,8 @@ fn parquet_keeps_records_with_fields_some_lack() {
 
 #[test]
 fn bad_input_names_file_line_and_field() {
-    let dir = scratch("bad");
+    let dir_tmp = scratch("bad");
+    let dir = dir_tmp.path();
     let p = dir.join("bad.jsonl");
     std::fs::write(
         &p,
@@ -344,7 +350,8 @@ fn prmbench_records_round_trip_with_their_error_steps() {
     let detected = read_solutions(&path, None).unwrap();
     assert_eq!(detected.len(), 4);
     // A step number outside the process names the field.
-    let dir = scratch("prmbench-bad");
+    let dir_tmp = scratch("prmbench-bad");
+    let dir = dir_tmp.path();
     let bad = dir.join("bad.jsonl");
     std::fs::write(
         &bad,
@@ -402,7 +409,8 @@ fn agent_trajectories_round_trip_in_both_chat_layouts() {
         "correct": false,
         "id": "webshop-3"
     });
-    let dir = scratch("trajectories");
+    let dir_tmp = scratch("trajectories");
+    let dir = dir_tmp.path();
     for (v, format) in [(alfworld, Format::Conversations), (tools, Format::Messages)] {
         assert_eq!(Format::detect(&v), Some(format));
         let path = dir.join(format!("{format}.jsonl"));
@@ -433,7 +441,8 @@ fn agent_trajectories_round_trip_in_both_chat_layouts() {
 
 #[test]
 fn trajectories_whose_turns_do_not_alternate_are_refused_naming_the_turn() {
-    let dir = scratch("trajectories-bad");
+    let dir_tmp = scratch("trajectories-bad");
+    let dir = dir_tmp.path();
     let bad = [
         (
             json!({"messages": [{"role": "user", "content": "task"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}),

@@ -95,7 +95,8 @@ fn grader_never_panics_on_random_answers() {
 /// every format that carries soft labels.
 #[test]
 fn soft_labels_outside_zero_one_are_errors_with_their_field() {
-    let dir = std::env::temp_dir().join(format!("stepwise-domain-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-domain");
     std::fs::create_dir_all(&dir).unwrap();
     for (name, record, field) in [
         (
@@ -129,7 +130,8 @@ fn soft_labels_outside_zero_one_are_errors_with_their_field() {
 /// `steps`, in every format, instead of being held in memory.
 #[test]
 fn absurd_step_counts_are_refused_with_their_line() {
-    let dir = std::env::temp_dir().join(format!("stepwise-many-steps-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-many-steps");
     std::fs::create_dir_all(&dir).unwrap();
     let many: Vec<String> = (0..=stepwise_core::record::MAX_STEPS)
         .map(|i| format!("s{i}"))
@@ -172,7 +174,8 @@ fn absurd_step_counts_are_refused_with_their_line() {
 fn floats_survive_a_round_trip_exactly() {
     use stepwise_core::{Format, SolutionReader, SolutionWriter};
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let dir = std::env::temp_dir().join(format!("stepwise-floats-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-floats");
     std::fs::create_dir_all(&dir).unwrap();
     let (f64s, f32s): (Vec<f64>, Vec<f32>) = (0..20_000)
         .map(|_| {
@@ -239,7 +242,8 @@ fn floats_survive_a_round_trip_exactly() {
 
 #[test]
 fn a_byte_order_mark_is_skipped_in_jsonl_json_and_arrays() {
-    let dir = std::env::temp_dir().join(format!("stepwise-bom-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-bom");
     std::fs::create_dir_all(&dir).unwrap();
     let record = r#"{"id": "a", "question": "q", "steps": ["s"], "gold_answer": "1"}"#;
     for (name, body) in [
@@ -276,7 +280,8 @@ fn a_parquet_page_whose_checksum_fails_is_an_error_not_other_data() {
     let at = bytes.windows(9).position(|w| w == b"4 * 2 = 9").unwrap() + 8;
     let mut flipped = bytes.clone();
     flipped[at] = b'8';
-    let dir = std::env::temp_dir().join(format!("stepwise-crc-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-crc");
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("flipped.parquet");
     std::fs::write(&bad, &flipped).unwrap();

@@ -571,7 +571,8 @@ mod tests {
             eprintln!("no font here: the plot is skipped, as the lab does");
             return;
         }
-        let dir = std::env::temp_dir().join(format!("stepwise-plot-{}", std::process::id()));
+        let dir_tmp = tempfile::tempdir().unwrap();
+        let dir = dir_tmp.path().join("stepwise-plot");
         std::fs::create_dir_all(&dir).unwrap();
         let curves: Vec<Curve> = (0..15)
             .map(|i| {

@@ -135,7 +135,8 @@ mod tests {
 
     #[test]
     fn a_run_folder_refuses_other_settings() {
-        let dir = std::env::temp_dir().join(format!("stepwise-claim-{}", std::process::id()));
+        let dir_tmp = tempfile::tempdir().unwrap();
+        let dir = dir_tmp.path().join("stepwise-claim");
         std::fs::create_dir_all(&dir).unwrap();
         let p = Preset::quick();
         claim_run_folder(&dir, &p, 1).unwrap();

@@ -127,7 +127,8 @@ mod tests {
     /// A saved folder reads back with the same ids and the lab's end-of-sequence token.
     #[test]
     fn a_saved_folder_reads_back_the_same() {
-        let dir = std::env::temp_dir().join(format!("stepwise-lab-vocab-{}", std::process::id()));
+        let dir_tmp = tempfile::tempdir().unwrap();
+        let dir = dir_tmp.path().join("stepwise-lab-vocab");
         std::fs::create_dir_all(&dir).unwrap();
         save(&dir, Domain::Arithmetic).unwrap();
         let (saved, built) = (

@@ -182,7 +182,8 @@ mod tests {
                 task: &PlainTask::default(),
                 options: McOptions { rollouts: 4, seed: 3 },
             };
-            let path = std::env::temp_dir().join(format!("stepwise-mc-order-{}.jsonl", std::process::id()));
+            let path_tmp = tempfile::tempdir().unwrap();
+            let path = path_tmp.path().join("stepwise-mc-order.jsonl");
             let _ = std::fs::remove_file(&path);
             let (all, spent) = annotate_resumable(&path, &sols, &mc, |_| {}).unwrap();
             let one_by_one: Vec<(Solution, Spent)> = sols.iter().map(|s| mc.annotate(s).unwrap()).collect();

@@ -172,7 +172,8 @@ mod tests {
             s.problem_id = p.into();
             sols.push(s);
         }
-        let dir = std::env::temp_dir().join(format!("stepwise-resume-tree-{}", std::process::id()));
+        let dir_tmp = tempfile::tempdir().unwrap();
+        let dir = dir_tmp.path().join("stepwise-resume-tree");
         std::fs::create_dir_all(&dir).unwrap();
         let plain = ScriptedPolicy(toy);
         let batching = Batching::new(ScriptedPolicy(toy));

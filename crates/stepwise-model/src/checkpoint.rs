@@ -502,7 +502,8 @@ mod tests {
         let n = 12 << 20; // 48 MiB of f32
         let values: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
         let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![n], &values).unwrap();
-        let path = std::env::temp_dir().join(format!("stepwise-let-go-{}.safetensors", std::process::id()));
+        let path_tmp = tempfile::tempdir().unwrap();
+        let path = path_tmp.path().join("stepwise-let-go.safetensors");
         safetensors::serialize_to_file([("w", view)], None, &path).unwrap();
         drop(values);
         let before = rss_file_kib();

@@ -49,7 +49,8 @@ fn load_and_run(name: &str, config: &Value, dir: &std::path::Path) -> anyhow::Re
 
 #[test]
 fn no_config_value_makes_loading_or_scoring_panic() {
-    let root = std::env::temp_dir().join(format!("stepwise-config-fuzz-{}", std::process::id()));
+    let root_tmp = tempfile::tempdir().unwrap();
+    let root = root_tmp.path().join("stepwise-config-fuzz");
     let mut tried = 0;
     let mut rejected = 0;
     for name in ["qwen2-prm", "llama-shepherd", "qwen2-tokcls", "qwen2-policy"] {
@@ -134,7 +135,8 @@ fn an_enormous_solution_is_refused_before_tokenizing() {
 /// is refused naming the entry, never read.
 #[test]
 fn a_sharded_index_cannot_reach_outside_its_folder() {
-    let root = std::env::temp_dir().join(format!("stepwise-shard-index-{}", std::process::id()));
+    let root_tmp = tempfile::tempdir().unwrap();
+    let root = root_tmp.path().join("stepwise-shard-index");
     for (k, shard) in ["../model.safetensors", "/etc/hostname", ""].into_iter().enumerate() {
         let dir = root.join(format!("m{k}"));
         std::fs::create_dir_all(&dir).unwrap();

@@ -31,7 +31,8 @@ fn a_bf16_checkpoint_held_in_bf16_scores_as_in_f32() {
 
 #[test]
 fn held_bf16_runs_every_kernel_as_widened_f32() {
-    let dir = std::env::temp_dir().join(format!("stepwise-held-f32-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-held-f32");
     wide_checkpoint(&dir);
     let held = Model::load_as(&dir, &Device::Cpu, F32_PRODUCTS).unwrap();
     let wide = Model::load_as(&dir, &Device::Cpu, WeightDtype::F32).unwrap();

@@ -60,7 +60,8 @@ fn f32_checkpoints_rounded_to_bf16_stay_within_bf16_error() {
 /// against the same weights widened to f32: within bf16's rounding carried through two layers.
 #[test]
 fn held_bf16_stays_within_bf16_error_of_widened_f32() {
-    let dir = std::env::temp_dir().join(format!("stepwise-held-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-held");
     wide_checkpoint(&dir);
     let held = Model::load_as(&dir, &Device::Cpu, WeightDtype::Auto).unwrap();
     let wide = Model::load_as(&dir, &Device::Cpu, WeightDtype::F32).unwrap();

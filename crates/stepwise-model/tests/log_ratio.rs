@@ -154,7 +154,8 @@ fn every_weight_receives_a_gradient() {
 #[test]
 fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
     let tok = tokenizer();
-    let dir = std::env::temp_dir().join(format!("stepwise-logratio-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-logratio");
     let _ = std::fs::remove_dir_all(&dir);
     let policy_dir = dir.join("policy");
 
@@ -256,7 +257,8 @@ fn fine_tune_and_round_trip(
 
 #[test]
 fn a_folder_with_a_bad_reward_file_is_a_clear_error() {
-    let dir = std::env::temp_dir().join(format!("stepwise-reward-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-reward");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("reward.json"),

@@ -96,7 +96,8 @@ fn bad_batches_are_errors_not_panics() {
     let long = vec![1u32; 2049];
     assert!(e(engine.head_at(&Packed::new(&[&long]), &[0], None)).contains("max_position_embeddings"));
     // A checkpoint with a tensor missing is refused naming it.
-    let d = std::env::temp_dir().join(format!("stepwise-packed-missing-{}", std::process::id()));
+    let d_tmp = tempfile::tempdir().unwrap();
+    let d = d_tmp.path().join("stepwise-packed-missing");
     std::fs::create_dir_all(&d).unwrap();
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     config["num_hidden_layers"] = 3.into();

@@ -192,8 +192,9 @@ fn the_packed_training_loop_checkpoints_and_resumes() {
     let dir = fixtures().join(case);
     let ex = examples(case);
     let (valid, train) = ex.split_at(2);
-    let out = run_folder("train");
-    let cfg = loop_config(&out, 12, 4, 6);
+    let out_tmp = run_folder("train");
+    let out = out_tmp.path();
+    let cfg = loop_config(out, 12, 4, 6);
     let mut trainer = reference_trainer(&dir);
     let before = evaluate_packed(&trainer, valid, Objective::Classify, 256).unwrap();
     let mut losses = Vec::new();
@@ -214,7 +215,7 @@ fn the_packed_training_loop_checkpoints_and_resumes() {
     let (batch, targets) = packed(valid);
     let rows: Vec<usize> = targets.iter().map(|&(r, _)| r).collect();
     let (values, width) = trainer.decoder.head_at(&batch, &rows, None).unwrap();
-    let model = Model::load(&out, &candle_core::Device::Cpu).unwrap();
+    let model = Model::load(out, &candle_core::Device::Cpu).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let layout = stepwise_model::layout::detect(&model, &tok).unwrap();
     let scorer = stepwise_model::PrmScorer::new(&model, &tok, layout);
@@ -237,11 +238,10 @@ fn the_packed_training_loop_checkpoints_and_resumes() {
     }
 
     // Started again with more steps on the same folder, it continues from step 12.
-    let mut resumed = reference_trainer(&out);
+    let mut resumed = reference_trainer(out);
     let more = TrainConfig { steps: 15, ..cfg };
     let state = train_packed(&mut resumed, train, valid, Objective::Classify, &more, 256, |_, _| {}).unwrap();
     assert_eq!((state.step, state.history.len()), (15, 3));
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// With `keep_best`, the packed loop ends with its best validation's weights, in the trainer
@@ -255,15 +255,16 @@ fn the_packed_loop_keeps_the_best_validation_and_continues_from_the_last_step() 
     let dir = fixtures().join("qwen2-prm");
     let ex = examples("qwen2-prm");
     let (valid, train) = ex.split_at(2);
-    let out = run_folder("best");
+    let out_tmp = run_folder("best");
+    let out = out_tmp.path();
     let loss = |t: &PackedTrainer<Reference>| evaluate_packed(t, valid, Objective::Classify, 256).unwrap().loss;
-    for out_dir in [None, Some(out.clone())] {
+    for out_dir in [None, Some(out.to_path_buf())] {
         let cfg = TrainConfig {
             lr: 0.3,
             warmup: 1,
             keep_best: true,
             out_dir: out_dir.clone(),
-            ..loop_config(&out, 12, 4, 1)
+            ..loop_config(out, 12, 4, 1)
         };
         let mut trainer = reference_trainer(&dir);
         let state = train_packed(&mut trainer, train, valid, Objective::Classify, &cfg, 256, |_, _| {}).unwrap();
@@ -280,7 +281,7 @@ fn the_packed_loop_keeps_the_best_validation_and_continues_from_the_last_step() 
         if out_dir.is_none() {
             continue;
         }
-        let stored = loss(&reference_trainer(&out));
+        let stored = loss(&reference_trainer(out));
         assert!(
             (stored - best).abs() < 1e-6,
             "the folder holds {stored}, best was {best}"
@@ -297,7 +298,7 @@ fn the_packed_loop_keeps_the_best_validation_and_continues_from_the_last_step() 
             lr: 1e-12,
             ..cfg
         };
-        let mut resumed = reference_trainer(&out);
+        let mut resumed = reference_trainer(out);
         let state = train_packed(&mut resumed, train, valid, Objective::Classify, &more, 256, |_, _| {}).unwrap();
         let (step, went_on) = (state.history.last().unwrap().0, state.history.last().unwrap().1.loss);
         assert_eq!((step, state.history.len()), (13, 13));
@@ -311,7 +312,6 @@ fn the_packed_loop_keeps_the_best_validation_and_continues_from_the_last_step() 
             "the longer run ends with the best weights too"
         );
     }
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// With `patience`, a packed run whose validation stops improving stops early, and started
@@ -323,12 +323,13 @@ fn a_packed_run_that_stopped_early_stays_stopped() {
     let dir = fixtures().join("qwen2-prm");
     let ex = examples("qwen2-prm");
     let (valid, train) = ex.split_at(2);
-    let out = run_folder("patience");
+    let out_tmp = run_folder("patience");
+    let out = out_tmp.path();
     let cfg = TrainConfig {
         lr: 0.3,
         warmup: 1,
         patience: 2,
-        ..loop_config(&out, 40, 4, 1)
+        ..loop_config(out, 40, 4, 1)
     };
     let mut trainer = reference_trainer(&dir);
     let state = train_packed(&mut trainer, train, valid, Objective::Classify, &cfg, 256, |_, _| {}).unwrap();
@@ -337,7 +338,7 @@ fn a_packed_run_that_stopped_early_stays_stopped() {
         "step {}: no early stop",
         state.step
     );
-    let mut again = reference_trainer(&out);
+    let mut again = reference_trainer(out);
     let mut steps = 0;
     let resumed = train_packed(&mut again, train, valid, Objective::Classify, &cfg, 256, |_, _| {
         steps += 1
@@ -345,7 +346,6 @@ fn a_packed_run_that_stopped_early_stays_stopped() {
     .unwrap();
     assert_eq!((steps, resumed.step), (0, state.step), "the stopped run trained on");
     assert_eq!(resumed.history.len(), state.history.len(), "validated again");
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// A packed run killed after a checkpoint (of a bf16 model: its exact f32 weights kept beside
@@ -361,8 +361,9 @@ fn a_killed_packed_run_resumes_to_the_same_weights() {
     let ex = examples_in(&dir, &items);
     let (valid, train) = ex.split_at(2);
     let run = |name: &str, killed_at: Option<usize>| {
-        let out = run_folder(name);
-        let cfg = loop_config(&out, 8, 4, 2);
+        let out_tmp = run_folder(name);
+        let out = out_tmp.path();
+        let cfg = loop_config(out, 8, 4, 2);
         if let Some(k) = killed_at {
             let mut trainer = reference_trainer(&dir);
             let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -372,10 +373,10 @@ fn a_killed_packed_run_resumes_to_the_same_weights() {
             }));
             assert!(killed.is_err());
         }
-        let start = if killed_at.is_some() { out.clone() } else { dir.clone() };
-        let mut trainer = reference_trainer(&start);
+        let start = if killed_at.is_some() { out } else { &dir };
+        let mut trainer = reference_trainer(start);
         train_packed(&mut trainer, train, valid, Objective::Classify, &cfg, 256, |_, _| {}).unwrap();
-        let _ = std::fs::remove_dir_all(&out);
+        let _ = std::fs::remove_dir_all(out);
         trainer.weights().unwrap()
     };
     let whole = run("whole", None);
@@ -516,8 +517,9 @@ fn packed_lm_training_lowers_the_loss_and_checkpoints() {
     let dir = fixtures().join("qwen2-policy");
     let examples = lm_examples(24, 5);
     let (valid, train) = examples.split_at(4);
-    let out = run_folder("lm");
-    let cfg = loop_config(&out, 10, 8, 5);
+    let out_tmp = run_folder("lm");
+    let out = out_tmp.path();
+    let cfg = loop_config(out, 10, 8, 5);
     let mut trainer = reference_trainer(&dir);
     let before = evaluate_packed(&trainer, valid, Objective::Lm, 512).unwrap();
     let state = train_packed(&mut trainer, train, valid, Objective::Lm, &cfg, 512, |_, _| {}).unwrap();
@@ -530,12 +532,11 @@ fn packed_lm_training_lowers_the_loss_and_checkpoints() {
     );
     let seqs: Vec<&[u32]> = valid.iter().map(|e| e.ids.as_slice()).collect();
     let ours = sequence_logprobs(&trainer.decoder, &seqs, 512).unwrap();
-    let model = Model::load(&out, &candle_core::Device::Cpu).unwrap();
+    let model = Model::load(out, &candle_core::Device::Cpu).unwrap();
     let theirs = stepwise_model::log_ratio::sequence_logprobs(&model, &seqs, 8, 512).unwrap();
     for (a, b) in ours.iter().zip(&theirs) {
         assert_close_logprobs(a, b);
     }
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// The packed trainer on the CPU backend (what `train-prm --trainer packed` runs on a CPU) gives
@@ -672,12 +673,9 @@ fn reference_trainer(dir: &std::path::Path) -> PackedTrainer<Reference> {
     PackedTrainer::load(dir, ModelConfig::from_dir(dir).unwrap(), Arc::new(Reference)).unwrap()
 }
 
-/// An empty folder for a training run named `name`.
-fn run_folder(name: &str) -> std::path::PathBuf {
-    let out = std::env::temp_dir().join(format!("stepwise-packed-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    out
+/// An empty folder for a training run named `name`, removed when dropped.
+fn run_folder(name: &str) -> tempfile::TempDir {
+    tempfile::TempDir::with_prefix(format!("stepwise-packed-{name}-")).unwrap()
 }
 
 /// The training loop's settings for the tests: `steps` steps of `batch_size` examples,

@@ -91,7 +91,8 @@ fn value_head_checkpoint_round_trips() {
     let cfg = ModelConfig::tiny(tok.vocab_size(), 32, 1, 4, 2, HeadKind::CausalLm).with_value_head();
     let varmap = VarMap::new();
     let model = Model::fresh(cfg.clone(), &varmap, &Device::Cpu, 7).unwrap();
-    let out = std::env::temp_dir().join(format!("stepwise-value-{}", std::process::id()));
+    let out_tmp = tempfile::tempdir().unwrap();
+    let out = out_tmp.path().join("stepwise-value");
     stepwise_model::checkpoint::save_checkpoint(&out, &cfg, &varmap).unwrap();
     std::fs::copy(tokenizer_dir().join("tokenizer.json"), out.join("tokenizer.json")).unwrap();
     let loaded = Model::load(&out, &Device::Cpu).unwrap();
@@ -122,7 +123,8 @@ fn tiny_prm_learns_detectable_errors_and_round_trips_through_a_checkpoint() {
     let train_set = label_examples(&tok, &solutions(600, 2), &opts).unwrap();
     let held_out = solutions(150, 3);
     let valid = label_examples(&tok, &held_out, &opts).unwrap();
-    let out = std::env::temp_dir().join(format!("stepwise-train-{}", std::process::id()));
+    let out_tmp = tempfile::tempdir().unwrap();
+    let out = out_tmp.path().join("stepwise-train");
     let _ = std::fs::remove_dir_all(&out);
     let cfg = TrainConfig {
         lr: 3e-3,
@@ -211,7 +213,8 @@ fn interrupted_training_resumes_to_the_same_weights() {
             .to_vec1()
             .unwrap()
     };
-    let base = std::env::temp_dir().join(format!("stepwise-resume-{}", std::process::id()));
+    let base_tmp = tempfile::tempdir().unwrap();
+    let base = base_tmp.path().join("stepwise-resume");
     for dtype in [DType::F32, DType::BF16] {
         let a = run(None, &base.join("a"), dtype);
         let b = run(Some(11), &base.join("b"), dtype);
@@ -231,7 +234,8 @@ fn keep_best_ends_with_the_best_validation_and_resumes_from_the_last_step() {
     let tok = tokenizer();
     let ex = label_examples(&tok, &solutions(64, 5), &LabelOptions::default()).unwrap();
     let (train_set, valid) = ex.split_at(48);
-    let dir = std::env::temp_dir().join(format!("stepwise-keep-best-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-keep-best");
     for out_dir in [None, Some(dir.clone())] {
         let _ = std::fs::remove_dir_all(&dir);
         let cfg = TrainConfig {
@@ -295,7 +299,8 @@ fn a_run_that_stopped_early_stays_stopped() {
     let tok = tokenizer();
     let ex = label_examples(&tok, &solutions(64, 5), &LabelOptions::default()).unwrap();
     let (train_set, valid) = ex.split_at(48);
-    let dir = std::env::temp_dir().join(format!("stepwise-patience-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-patience");
     let _ = std::fs::remove_dir_all(&dir);
     let cfg = TrainConfig {
         lr: 0.3,
@@ -421,7 +426,8 @@ fn the_default_learning_rate_follows_the_base() {
     assert_eq!(default_lr(Some(&small)).0, 1e-3);
     assert_eq!(default_lr(None).0, 1e-3);
     // Qwen2.5-0.5B's shape (only config.json is read).
-    let dir = std::env::temp_dir().join(format!("stepwise-lr-{}", std::process::id()));
+    let dir_tmp = tempfile::tempdir().unwrap();
+    let dir = dir_tmp.path().join("stepwise-lr");
     std::fs::create_dir_all(&dir).unwrap();
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(small.join("config.json")).unwrap()).unwrap();

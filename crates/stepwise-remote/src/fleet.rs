@@ -279,7 +279,8 @@ mod tests {
 
     #[test]
     fn a_server_file_is_read_with_its_comments_and_errors_name_the_line() {
-        let d = std::env::temp_dir().join(format!("stepwise-fleet-{}", std::process::id()));
+        let d_tmp = tempfile::tempdir().unwrap();
+        let d = d_tmp.path().join("stepwise-fleet");
         std::fs::create_dir_all(&d).unwrap();
         let f = d.join("servers.txt");
         std::fs::write(

@@ -237,12 +237,13 @@ fn a_packed_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
     let tok = tokenizer();
     let (problems, task) = (problems(), LastStepAnswers);
     let (reference, _) = fresh(5);
-    let start = policy_folder(5, "resume");
+    let start_tmp = policy_folder(5, "resume");
+    let start = start_tmp.path();
     for backend in ["packed", "packed-cpu"] {
         let train = |dir: &PathBuf, on_update: &dyn Fn(usize)| {
             let mut learner: Box<dyn Learner> = match backend {
-                "packed" => Box::new(packed_learner(&start, &dir.join("sampler"))),
-                _ => stepwise_rl::learner::packed_learner(&start, stepwise_model::Placement::Cpu, 4096).unwrap(),
+                "packed" => Box::new(packed_learner(start, &dir.join("sampler"))),
+                _ => stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096).unwrap(),
             };
             train_rl(
                 run(&mut *learner, &reference, &tok, &problems, &task, Some(dir.clone())),
@@ -253,7 +254,6 @@ fn a_packed_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
         };
         assert_killed_run_resumes(backend, false, &train);
     }
-    std::fs::remove_dir_all(&start).unwrap();
 }
 
 /// A run checkpointed by the CPU's trainer continues on the packed trainer (the GPU's): the
@@ -263,7 +263,8 @@ fn a_run_checkpointed_on_the_cpu_continues_on_the_packed_trainer() {
     let tok = tokenizer();
     let (problems, task) = (problems(), LastStepAnswers);
     let (reference, _) = fresh(5);
-    let start = policy_folder(5, "switch");
+    let start_tmp = policy_folder(5, "switch");
+    let start = start_tmp.path();
     let dir = start.join("run");
     let cfg = config(4);
     let cut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -274,7 +275,7 @@ fn a_run_checkpointed_on_the_cpu_continues_on_the_packed_trainer() {
     }));
     assert!(cut.is_err(), "the CPU run was to die in update 3");
     // The packed trainer reads the CPU's checkpoint exactly (its f32 weights, not the start's).
-    let mut learner = packed_learner(&start, &start.join("sampler"));
+    let mut learner = packed_learner(start, &start.join("sampler"));
     learner.load(&dir).unwrap();
     let saved = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
     let initial = candle_core::safetensors::load(start.join("model.safetensors"), &Device::Cpu).unwrap();
@@ -293,14 +294,13 @@ fn a_run_checkpointed_on_the_cpu_continues_on_the_packed_trainer() {
     .unwrap();
     assert_eq!(log.len(), 4);
     assert!(log.iter().all(|l| l.loss.is_finite() && l.kl.is_finite()));
-    std::fs::remove_dir_all(&start).unwrap();
 }
 
-/// The policy `fresh(seed)` written to a folder of its own (what the packed trainer loads).
-fn policy_folder(seed: u64, name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stepwise-rl-policy-{name}-{}", std::process::id()));
+/// The policy `fresh(seed)` in a folder of its own (what the packed trainer loads; dropped: removed).
+fn policy_folder(seed: u64, name: &str) -> tempfile::TempDir {
+    let dir = tempfile::TempDir::with_prefix(format!("stepwise-rl-policy-{name}-")).unwrap();
     let (model, varmap) = fresh(seed);
-    stepwise_model::checkpoint::save_checkpoint(&dir, &model.config, &varmap).unwrap();
+    stepwise_model::checkpoint::save_checkpoint(dir.path(), &model.config, &varmap).unwrap();
     dir
 }
 
@@ -324,9 +324,10 @@ fn packed_learner(start: &std::path::Path, scratch: &std::path::Path) -> PackedL
 fn the_packed_learner_raises_a_process_reward() {
     let tok = tokenizer();
     let (reference, _) = fresh(7);
-    let start = policy_folder(7, "raise");
-    let on_reference = packed_learner(&start, &start.join("sampler"));
-    let on_cpu = stepwise_rl::learner::packed_learner(&start, stepwise_model::Placement::Cpu, 4096).unwrap();
+    let start_tmp = policy_folder(7, "raise");
+    let start = start_tmp.path();
+    let on_reference = packed_learner(start, &start.join("sampler"));
+    let on_cpu = stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096).unwrap();
     for mut learner in [Box::new(on_reference) as Box<dyn Learner>, on_cpu] {
         let (problems, task) = (problems(), PlainTask::default());
         let cfg = process_reward_config();
@@ -339,7 +340,6 @@ fn the_packed_learner_raises_a_process_reward() {
         assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
         assert_rewards_rise(&log);
     }
-    std::fs::remove_dir_all(&start).unwrap();
 }
 
 /// A learner that counts its passes of [`Learner::logprobs`].
@@ -392,7 +392,8 @@ impl Learner for Counting<'_> {
 fn an_on_policy_update_takes_its_old_log_probabilities_from_the_backward() {
     let tok = tokenizer();
     let (reference, _) = fresh(9);
-    let start = policy_folder(9, "on-policy");
+    let start_tmp = policy_folder(9, "on-policy");
+    let start = start_tmp.path();
     let (problems, task) = (problems(), PlainTask::default());
     let one_step = RlConfig {
         epochs: 1,
@@ -408,7 +409,7 @@ fn an_on_policy_update_takes_its_old_log_probabilities_from_the_backward() {
     for (cfg, packed, passes) in [(&one_step, true, 0), (&two_epochs, true, 3), (&one_step, false, 3)] {
         let (mut model, _) = fresh(9);
         let inner: Box<dyn Learner + '_> = match packed {
-            true => stepwise_rl::learner::packed_learner(&start, stepwise_model::Placement::Cpu, 4096).unwrap(),
+            true => stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096).unwrap(),
             false => Box::new(CandleLearner::new(&mut model).unwrap()),
         };
         let mut learner = Counting { inner, passes: 0 };
@@ -420,7 +421,6 @@ fn an_on_policy_update_takes_its_old_log_probabilities_from_the_backward() {
         let clipped = log.iter().any(|l| l.clip_fraction > 0.0);
         assert!(passes > 0 || !clipped, "a ratio of 1 is never clipped");
     }
-    std::fs::remove_dir_all(&start).unwrap();
 }
 
 /// Three samples of 5 to 9 tokens after a 2-token prompt, with advantages of both signs and a
@@ -501,11 +501,12 @@ fn the_cpu_learner_trains_a_host_loss_as_its_autograd_does() {
 #[test]
 fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() {
     let (reference, _) = fresh(3);
-    let start = policy_folder(3, "split");
+    let start_tmp = policy_folder(3, "split");
+    let start = start_tmp.path();
     let seqs = sampled_sequences(&reference);
     let batch: Vec<&Sequence> = seqs.iter().collect();
     let run = |max_tokens: usize| {
-        let trainer = PackedTrainer::load(&start, ModelConfig::from_dir(&start).unwrap(), Arc::new(Reference)).unwrap();
+        let trainer = PackedTrainer::load(start, ModelConfig::from_dir(start).unwrap(), Arc::new(Reference)).unwrap();
         let no_sampling: SampleWith<Reference> = Box::new(|_| anyhow::bail!("not sampled from"));
         let mut learner = PackedLearner::new(trainer, max_tokens, no_sampling);
         let (loss, stats) = learner.backward(&batch, 0.2, 0.1).unwrap();
@@ -526,7 +527,6 @@ fn a_minibatch_past_the_token_budget_trains_in_passes_with_the_same_gradients() 
         assert!(worst <= 1e-4 * scale, "{name}: {worst} (largest |gradient| {scale})");
         assert!(a.iter().any(|&x| x != 0.0), "{name}: no gradient");
     }
-    std::fs::remove_dir_all(&start).unwrap();
 }
 
 #[test]
@@ -647,14 +647,15 @@ fn prime_raises_the_outcome_reward() {
 fn prime_on_the_packed_trainer_raises_the_outcome_reward_and_resumes() {
     let tok = tokenizer();
     let (reference, _) = fresh(7);
-    let start = policy_folder(7, "prime");
+    let start_tmp = policy_folder(7, "prime");
+    let start = start_tmp.path();
     let (problems, task) = (problems(), LastStepAnswers);
     let outcome = OutcomeReward { task: &task };
     let cfg = rising_prime_config();
     let train = |dir: Option<PathBuf>, cfg: &RlConfig, on_update: &dyn Fn(usize)| {
-        let scratch = dir.clone().unwrap_or_else(|| start.clone());
-        let mut learner = packed_learner(&start, &scratch.join("sampler"));
-        let mut prm = packed_learner(&start, &scratch.join("prm-sampler"));
+        let scratch = dir.clone().unwrap_or_else(|| start.to_path_buf());
+        let mut learner = packed_learner(start, &scratch.join("sampler"));
+        let mut prm = packed_learner(start, &scratch.join("prm-sampler"));
         let run = RlRun {
             reward: &outcome,
             implicit_prm: Some(ImplicitPrm::Learner(&mut prm)),
@@ -669,7 +670,6 @@ fn prime_on_the_packed_trainer_raises_the_outcome_reward_and_resumes() {
     assert_killed_run_resumes("packed-prime", true, &|dir, on_update| {
         train(Some(dir.clone()), &short, on_update)
     });
-    std::fs::remove_dir_all(&start).unwrap();
 }
 
 #[test]

@@ -4,20 +4,16 @@
 use reqwest::blocking::{Client, Response};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use stepwise_core::record::{Provenance, Rating, Solution, Step, StepLabel};
 use stepwise_studio::{NewRecord, Policy, Role, Settings, Store};
 
 struct Studio {
     base: String,
-    _dir: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stepwise-studio-api-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::TempDir::with_prefix(format!("stepwise-studio-api-{name}-")).unwrap()
 }
 
 fn record(id: &str, steps: usize, gold: Option<&[Rating]>) -> Solution {
@@ -41,7 +37,7 @@ impl Studio {
     /// users alice, bob (labellers), rita (reviewer) and root (admin).
     fn start(name: &str, settings: Settings, records: Vec<Solution>, gold: Vec<Solution>) -> Studio {
         let dir = scratch(name);
-        let mut store = Store::open(&dir.join("labels.sqlite")).unwrap();
+        let mut store = Store::open(&dir.path().join("labels.sqlite")).unwrap();
         let project = store.project_or_create("p", &settings, 7).unwrap();
         let new = records
             .into_iter()
@@ -428,7 +424,7 @@ fn a_locked_database_is_an_error_on_the_page() {
     let s = Studio::start("locked", settings(1, 0), vec![record("a", 2, None)], vec![]);
     let alice = s.signed_in("alice");
     let r = s.next(&alice).unwrap();
-    let other = rusqlite::Connection::open(s._dir.join("labels.sqlite")).unwrap();
+    let other = rusqlite::Connection::open(s._dir.path().join("labels.sqlite")).unwrap();
     other.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let res = s.rate(&alice, r, 0, 1);
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);

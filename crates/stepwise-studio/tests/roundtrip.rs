@@ -12,11 +12,11 @@ fn repo(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
 }
 
-fn store(name: &str) -> Store {
-    let d = std::env::temp_dir().join(format!("stepwise-studio-rt-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    Store::open(&d.join("labels.sqlite")).unwrap()
+/// A fresh store, and its folder (removed when dropped).
+fn store(name: &str) -> (tempfile::TempDir, Store) {
+    let d = tempfile::TempDir::with_prefix(format!("stepwise-studio-rt-{name}-")).unwrap();
+    let store = Store::open(&d.path().join("labels.sqlite")).unwrap();
+    (d, store)
 }
 
 #[test]
@@ -28,7 +28,7 @@ fn a_prm800k_file_imported_and_exported_is_the_same_data() {
         one => vec![one],
     };
     let sols = stepwise_core::io::read_solution_set(&path, Some(Format::Prm800k)).unwrap();
-    let mut st = store("import");
+    let (_dir, mut st) = store("import");
     let p = st.project_or_create("p", &Settings::default(), 0).unwrap();
     let records = NewRecord::each(sols, false);
     st.add_records(&p, records).unwrap();
@@ -43,7 +43,7 @@ fn a_labelling_exported_as_prm800k_reads_back() {
     let path = repo("data/prm800k/phase2_test_example_tongyx361.json");
     let sols = stepwise_core::io::read_solution_set(&path, Some(Format::Prm800k)).unwrap();
     let n = sols[0].steps.len();
-    let mut st = store("label");
+    let (_dir, mut st) = store("label");
     let settings = Settings {
         stop_at_first_bad: true,
         qc_every: 0,

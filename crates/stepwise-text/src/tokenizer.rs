@@ -242,7 +242,8 @@ mod tests {
 
     #[test]
     fn a_tokenizer_with_an_empty_vocabulary_is_refused_by_name() {
-        let dir = std::env::temp_dir().join(format!("stepwise-empty-vocab-{}", std::process::id()));
+        let dir_tmp = tempfile::tempdir().unwrap();
+        let dir = dir_tmp.path().join("stepwise-empty-vocab");
         std::fs::create_dir_all(&dir).unwrap();
         let empty = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
             "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,

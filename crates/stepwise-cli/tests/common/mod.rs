@@ -26,12 +26,10 @@ pub fn step(text: &str, score: f32, good: bool) -> Value {
     serde_json::json!({"text": text, "score": score, "label": {"rating": if good {"good"} else {"bad"}}})
 }
 
-/// A fresh, empty scratch folder for test `name` of the test file `file`.
-pub fn tmp(file: &str, name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stepwise-{file}-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh, empty scratch folder for test `name` of the test file `file`, removed when it is
+/// dropped (the test passed or failed).
+pub fn tmp(file: &str, name: &str) -> tempfile::TempDir {
+    tempfile::TempDir::with_prefix(format!("stepwise-{file}-{name}-")).unwrap()
 }
 
 /// The folder of the fixture checkpoint `name` (the repository's `fixtures/hf-tiny/NAME`).

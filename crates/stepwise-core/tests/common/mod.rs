@@ -8,10 +8,7 @@ pub fn data(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data").join(rel)
 }
 
-/// A scratch directory unique to a test.
-pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stepwise-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh scratch directory for a test, removed when it is dropped.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::TempDir::with_prefix(format!("stepwise-test-{name}-")).unwrap()
 }

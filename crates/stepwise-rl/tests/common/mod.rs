@@ -28,7 +28,8 @@ pub type TrainInto<'a> = dyn Fn(&PathBuf, &dyn Fn(usize)) -> Vec<stepwise_rl::Up
 /// update 3 then resumed: the policy's weights (and the implicit PRM's, with `prime`) and the
 /// logs are the same.
 pub fn assert_killed_run_resumes(name: &str, prime: bool, train: &TrainInto) {
-    let root = std::env::temp_dir().join(format!("stepwise-rl-resume-{name}-{}", std::process::id()));
+    let root_tmp = tempfile::tempdir().unwrap();
+    let root = root_tmp.path().join(format!("stepwise-rl-resume-{name}"));
     let _ = std::fs::remove_dir_all(&root);
     let weights = |dir: &PathBuf| {
         let mut w = vec![std::fs::read(dir.join("model.safetensors")).unwrap()];
