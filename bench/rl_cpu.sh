@@ -10,9 +10,9 @@
 #
 #   PYTHON=/path/to/venv/bin/python bash bench/rl_cpu.sh      (torch or numpy+ml_dtypes, safetensors)
 #
-# The peer, with PEER_WEIGHTS set ("bfloat16 float32"; PYTHON then needs trl): TRL's GRPOTrainer
-# on the same policy, problems and shape (bench/trl_grpo_cpu.py), once for each weight dtype,
-# after stepwise's runs. A steady update is the mean of every update but the first. The two pick
+# The peer, with PEER_WEIGHTS set ("bfloat16+compile bfloat16 float32"; PYTHON then needs trl):
+# TRL's GRPOTrainer on the same policy, problems and shape (bench/trl_grpo_cpu.py), once for each
+# weight dtype (`+compile`: with the Trainer's torch_compile), after stepwise's runs. A steady update is the mean of every update but the first. The two pick
 # their prompts differently, so for a comparison SAME_PROBLEM=N makes GSM8K's test problem N every
 # prompt (13, of median length among the first 16: every update then feeds the same tokens).
 #
@@ -57,9 +57,11 @@ for t in $TRAINERS; do
 done
 for d in $PEER_WEIGHTS; do
     echo "== TRL, $d weights"
+    compile=()
+    [ "${d#*+}" = compile ] && compile=(--compile)
     "$PY" bench/trl_grpo_cpu.py --policy "$W/policy-0.5b" --problems "$W/problems.jsonl" \
         --out "$W/trl-$d.json" --updates "$UPDATES" --prompts "$PROMPTS" --group "$GROUP" \
-        --tokens "$TOKENS" --lr 1e-6 --weights "$d" > "$W/trl-$d.log" 2>&1
+        --tokens "$TOKENS" --lr 1e-6 --weights "${d%+compile}" "${compile[@]}" > "$W/trl-$d.log" 2>&1
     echo "exit $?" >> "$W/trl-$d.log"
     tail -2 "$W/trl-$d.log"
 done

@@ -14,6 +14,7 @@ memory from getrusage. By hand, never in tests or CI.
 
     /path/to/venv/bin/python bench/trl_grpo_cpu.py --policy DIR --problems FILE --out JSON
         [--updates 3] [--prompts 2] [--group 4] [--tokens 32] [--gradient-checkpointing]
+        [--weights float32|bfloat16] [--compile]
 """
 
 import argparse
@@ -36,6 +37,7 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--kl", type=float, default=0.04)
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="the Trainer's torch_compile (inductor)")
     ap.add_argument("--weights", choices=["float32", "bfloat16"], default="float32",
                     help="float32: mixed precision (f32 weights, bf16 autocast); bfloat16: the weights and "
                     "AdamW's in bf16 too (open-r1's recipes)")
@@ -89,6 +91,7 @@ def main():
         max_steps=a.updates,
         gradient_checkpointing=a.gradient_checkpointing,
         model_init_kwargs={"dtype": getattr(torch, a.weights)},
+        torch_compile=a.compile,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
@@ -123,6 +126,7 @@ def main():
         "shape": {"prompts": a.prompts, "group": a.group, "max_tokens": a.tokens, "updates": a.updates},
         "gradient_checkpointing": a.gradient_checkpointing,
         "weights": a.weights,
+        "torch_compile": a.compile,
         "seconds_per_update": [round(s, 2) for s in clock.steps],
         "train_seconds": round(whole, 1),
         "generate_seconds": round(spent["generate"], 1),

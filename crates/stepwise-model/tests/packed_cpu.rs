@@ -238,11 +238,15 @@ fn assert_within_an_ulp(got: &[u16], want: &[u16], what: &str) {
     );
 }
 
+/// The token log-probabilities' rows (their own `exp`, in sixteen lanes) are within a few f32 ulp
+/// of the reference's and their gradients within a bf16 ulp, −∞ logits and a tail past the lanes
+/// included; AdamW and the sum of squares give the reference's bits.
 #[test]
-fn element_wise_kernels_give_the_reference_bits() {
+fn element_wise_kernels_give_the_reference_values() {
     let mut r = Values(5);
     let (rows, vocab) = (33, 300);
-    let logits = r.f32s(rows * vocab, 8.0);
+    let mut logits = r.f32s(rows * vocab, 8.0);
+    logits.iter_mut().step_by(97).for_each(|z| *z = f32::NEG_INFINITY);
     let targets: Vec<i32> = (0..rows as i32).map(|i| (i * 37) % vocab as i32).collect();
     let mut got = (vec![0f32; rows], vec![0f32; rows]);
     let mut want = (vec![0f32; rows], vec![0f32; rows]);
@@ -251,7 +255,12 @@ fn element_wise_kernels_give_the_reference_bits() {
     Reference
         .token_logprobs(&logits, &targets, &mut want.0, &mut want.1, rows, vocab)
         .unwrap();
-    assert_eq!(got, want, "token_logprobs");
+    for (g, w) in got.0.iter().chain(&got.1).zip(want.0.iter().chain(&want.1)) {
+        assert!(
+            g == w || (g - w).abs() <= 4.0 * f32::EPSILON * w.abs(),
+            "token_logprobs: {g} against {w}"
+        );
+    }
     let coef = r.f32s(rows, 1.0);
     let (mut a, mut b) = (vec![0u16; rows * vocab], vec![0u16; rows * vocab]);
     Cpu.token_logprobs_backward(&logits, &targets, &want.1, &coef, &mut a, rows, vocab)
@@ -259,7 +268,7 @@ fn element_wise_kernels_give_the_reference_bits() {
     Reference
         .token_logprobs_backward(&logits, &targets, &want.1, &coef, &mut b, rows, vocab)
         .unwrap();
-    assert_eq!(a, b, "token_logprobs_backward");
+    assert_within_an_ulp(&a, &b, "token_logprobs_backward");
     // AdamW over more values than one parallel task takes.
     let n = 200_003;
     let opt = AdamW {

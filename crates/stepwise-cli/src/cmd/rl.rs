@@ -38,9 +38,10 @@ Log-probabilities and gradients run in packed passes of at most --max-batch-toke
 several: its loss over all of them, then each pass's backward), so GPU memory follows the budget. \
 With --reward prime the implicit PRM trains on the GPU too (a second packed trainer). On the CPU the same packed \
 trainer updates a pretrained policy (hidden size 512 or more; --trainer packed|autograd chooses), sampling from its \
-own weights on the packed engine's CPU backend; a small policy trains with candle's f32 autograd. On two Zen 4 \
-cores a 0.5B policy took 29-38 s an update of 8 samples of 32 tokens (3 s of it sampling) in 14.1 GiB, where autograd was killed out of \
-memory at 23.2 GiB (bench/rl_cpu.sh).
+own weights on the packed engine's CPU backend; a small policy trains with candle's f32 autograd. On a 2-vCPU \
+Xeon with AMX a 0.5B policy takes 10.2 s a steady update of 8 samples of 32 tokens (2.2 s of it sampling) in 15.2 GiB, \
+3.1x TRL 1.16's GRPOTrainer on the same update at its best (31.0 s: bf16 weights, torch_compile); autograd was killed \
+out of memory at 23.2 GiB (bench/rl_cpu.sh).
 
 Example:
   stepwise rl --policy fixtures/hf-tiny/qwen2-policy --reward outcome \\

@@ -14,9 +14,9 @@
 //! [`Reference`].
 
 use super::{cpu_attention, cpu_paged};
-use super::cpu_elementwise::{round_into, Swiglu, SwigluBackward};
+use super::cpu_elementwise::{round_into, LogprobGradRow, LogprobRow, Swiglu, SwigluBackward};
 use super::reference::widen;
-use super::reference_train::{adamw_update, token_logprob_grad_row, token_logprob_row};
+use super::reference_train::adamw_update;
 use super::train_backend::{AdamW, TrainBackend};
 use super::{Backend, BatchInts, Out, PagedInts, Reference};
 use crate::kernels::cpu_inference::product;
@@ -406,7 +406,15 @@ impl TrainBackend for Cpu {
         let each: Vec<(f32, f32)> = logits[..rows * vocab]
             .par_chunks(vocab)
             .zip(&targets[..rows])
-            .map(|(row, &t)| token_logprob_row(row, t as usize))
+            .map(|(row, &t)| {
+                let mut out = (0.0, 0.0);
+                simd::dispatch(LogprobRow {
+                    row,
+                    target: t as usize,
+                    out: &mut out,
+                });
+                out
+            })
             .collect();
         for (r, (p, l)) in each.into_iter().enumerate() {
             logp[r] = p;
@@ -430,7 +438,15 @@ impl TrainBackend for Cpu {
             .par_chunks_mut(vocab)
             .zip(logits.par_chunks(vocab))
             .enumerate()
-            .for_each(|(r, (d, row))| token_logprob_grad_row(row, targets[r] as usize, lse[r], coef[r], d));
+            .for_each(|(r, (d, row))| {
+                simd::dispatch(LogprobGradRow {
+                    row,
+                    target: targets[r] as usize,
+                    lse: lse[r],
+                    coef: coef[r],
+                    d,
+                })
+            });
         Ok(())
     }
 

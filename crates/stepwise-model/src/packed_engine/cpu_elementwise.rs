@@ -1,5 +1,5 @@
 //! [`super::Cpu`]'s element-wise kernels that compute more than a pass over memory costs:
-//! SwiGLU forward and backward, in the vector kernels ([`simd::dispatch`]: AVX-512 where the CPU
+//! SwiGLU forward and backward and the token log-probabilities' rows, in the vector kernels ([`simd::dispatch`]: AVX-512 where the CPU
 //! has it) with [`simd::exp`] (within 2 ulp of libm's `expf`, which does not vectorise and was a
 //! twentieth of a training step) and bf16 rounding without branches. Results are within one
 //! bf16 ulp of [`super::Reference`]'s (the same formulas, libm's `expf`).
@@ -90,6 +90,54 @@ impl simd::Kernel for SwigluBackward<'_> {
                 *du = round(da * g * sig);
             }
         }
+    }
+}
+
+/// One row of logits' log-probability of `target` and log-sum-exp, into `out`: the
+/// reference's `token_logprob_row` with [`simd::exp`] in sixteen lanes (libm's `expf` over the
+/// vocabulary had been a twentieth of an RL update).
+pub(super) struct LogprobRow<'a> {
+    pub row: &'a [f32],
+    pub target: usize,
+    pub out: &'a mut (f32, f32),
+}
+
+impl simd::Kernel for LogprobRow<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        const WIDE: usize = 16;
+        let max = simd::max(self.row);
+        let mut acc = [0f32; WIDE];
+        let chunks = self.row.chunks_exact(WIDE);
+        let tail: f32 = chunks.remainder().iter().map(|&z| simd::exp::<FMA>(z - max)).sum();
+        for c in chunks {
+            for l in 0..WIDE {
+                acc[l] += simd::exp::<FMA>(c[l] - max);
+            }
+        }
+        let lse = max + (simd::sum(&acc) + tail).ln();
+        *self.out = (self.row[self.target] - lse, lse);
+    }
+}
+
+/// One row of the token log-probabilities' backward: `d[j] = bf16(coef · ([j = target] −
+/// exp(row[j] − lse)))`, as the reference's `token_logprob_grad_row` with [`simd::exp`].
+pub(super) struct LogprobGradRow<'a> {
+    pub row: &'a [f32],
+    pub target: usize,
+    pub lse: f32,
+    pub coef: f32,
+    pub d: &'a mut [u16],
+}
+
+impl simd::Kernel for LogprobGradRow<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        let (lse, coef) = (self.lse, self.coef);
+        for (o, &z) in self.d.iter_mut().zip(self.row) {
+            *o = round(coef * (0.0 - simd::exp::<FMA>(z - lse)));
+        }
+        self.d[self.target] = round(coef * (1.0 - simd::exp::<FMA>(self.row[self.target] - lse)));
     }
 }
 
