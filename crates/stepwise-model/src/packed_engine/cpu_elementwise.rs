@@ -1,8 +1,9 @@
 //! [`super::Cpu`]'s element-wise kernels that compute more than a pass over memory costs:
-//! SwiGLU forward and backward and the token log-probabilities' rows, in the vector kernels ([`simd::dispatch`]: AVX-512 where the CPU
-//! has it) with [`simd::exp`] (within 2 ulp of libm's `expf`, which does not vectorise and was a
-//! twentieth of a training step) and bf16 rounding without branches. Results are within one
-//! bf16 ulp of [`super::Reference`]'s (the same formulas, libm's `expf`).
+//! SwiGLU forward and backward and the token log-probabilities' rows, in the vector kernels
+//! ([`simd::dispatch`]: AVX-512 where the CPU has it) with [`simd::exp`] (within 2 ulp of libm's
+//! `expf`, which does not vectorise and was a twentieth of a training step) and bf16 rounding
+//! without branches. Results are within one bf16 ulp of [`super::Reference`]'s (the same
+//! formulas, libm's `expf`), the log-probabilities within a few f32 ulp.
 
 use crate::kernels::simd;
 use crate::kernels::swiglu::sigmoid;
