@@ -77,7 +77,6 @@ fn mc_labels(dir: &Path) -> Vec<(String, serde_json::Value)> {
 fn the_agent_lab_runs_the_loop_and_a_sigkilled_run_resumes_to_the_same_report() {
     let root_tmp = tempfile::tempdir().unwrap();
     let root = root_tmp.path().join("stepwise-agent-lab");
-    let _ = std::fs::remove_dir_all(&root);
     let (a, b) = (root.join("a"), root.join("b"));
     let done = lab(&a).output().unwrap();
     assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));

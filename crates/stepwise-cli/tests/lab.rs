@@ -49,7 +49,6 @@ fn labels_by_id(text: &str, meta_key: Option<&str>) -> Vec<serde_json::Value> {
 fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     let root_tmp = tempfile::tempdir().unwrap();
     let root = root_tmp.path().join("stepwise-lab-cli");
-    let _ = std::fs::remove_dir_all(&root);
     let (a, b) = (root.join("a"), root.join("b"));
 
     // The uninterrupted run.
@@ -548,7 +547,6 @@ fn a_sigkilled_run_resumes_to_the_same_records(a: &Path, b: &Path, m: &serde_jso
 fn quick_code_lab_runs_the_loop_on_programs() {
     let out_tmp = tempfile::tempdir().unwrap();
     let out = out_tmp.path().join("stepwise-lab-code");
-    let _ = std::fs::remove_dir_all(&out);
     let run = |domain: &str| {
         Command::new(env!("CARGO_BIN_EXE_stepwise"))
             .args(["lab", "--preset", "quick", "--domain", domain, "--seed", "3"])

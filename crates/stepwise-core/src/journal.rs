@@ -290,7 +290,6 @@ mod claim_tests {
     fn one_process_and_one_set_of_settings_per_output() {
         let dir_tmp = tempfile::tempdir().unwrap();
         let dir = dir_tmp.path().join("stepwise-claim");
-        let _ = std::fs::remove_dir_all(&dir);
         let out = dir.join("labels.jsonl");
         let settings = json!({"rollouts": 16, "seed": 0});
         let held = claim(&out, &settings).unwrap();
@@ -331,7 +330,6 @@ mod claim_tests {
     fn a_torn_line_is_dropped_and_another_file_is_never_truncated() {
         let dir_tmp = tempfile::tempdir().unwrap();
         let dir = dir_tmp.path().join("stepwise-journal");
-        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("out.jsonl");
         std::fs::write(&out, "{\"id\": \"a\"}\n{\"id\": \"b\"}\n{\"id\": \"c").unwrap();

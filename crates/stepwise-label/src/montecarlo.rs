@@ -184,7 +184,6 @@ mod tests {
             };
             let path_tmp = tempfile::tempdir().unwrap();
             let path = path_tmp.path().join("stepwise-mc-order.jsonl");
-            let _ = std::fs::remove_file(&path);
             let (all, spent) = annotate_resumable(&path, &sols, &mc, |_| {}).unwrap();
             let one_by_one: Vec<(Solution, Spent)> = sols.iter().map(|s| mc.annotate(s).unwrap()).collect();
             assert_eq!(

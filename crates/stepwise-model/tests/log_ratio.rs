@@ -156,7 +156,6 @@ fn a_log_ratio_prm_from_a_policy_learns_wrong_steps_and_round_trips() {
     let tok = tokenizer();
     let dir_tmp = tempfile::tempdir().unwrap();
     let dir = dir_tmp.path().join("stepwise-logratio");
-    let _ = std::fs::remove_dir_all(&dir);
     let policy_dir = dir.join("policy");
 
     // A policy that counts, trained on the solutions' own layout (slips included, as a policy

@@ -125,7 +125,6 @@ fn tiny_prm_learns_detectable_errors_and_round_trips_through_a_checkpoint() {
     let valid = label_examples(&tok, &held_out, &opts).unwrap();
     let out_tmp = tempfile::tempdir().unwrap();
     let out = out_tmp.path().join("stepwise-train");
-    let _ = std::fs::remove_dir_all(&out);
     let cfg = TrainConfig {
         lr: 3e-3,
         warmup: 20,
@@ -301,7 +300,6 @@ fn a_run_that_stopped_early_stays_stopped() {
     let (train_set, valid) = ex.split_at(48);
     let dir_tmp = tempfile::tempdir().unwrap();
     let dir = dir_tmp.path().join("stepwise-patience");
-    let _ = std::fs::remove_dir_all(&dir);
     let cfg = TrainConfig {
         lr: 0.3,
         warmup: 1,

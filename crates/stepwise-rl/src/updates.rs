@@ -320,7 +320,6 @@ mod tests {
     fn a_checkpoint_is_in_place_whole_or_not_at_all() {
         let dir_tmp = tempfile::tempdir().unwrap();
         let dir = dir_tmp.path().join("stepwise-commit");
-        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join(STAGING)).unwrap();
         std::fs::write(dir.join(STATE), "update 1").unwrap();
         std::fs::write(dir.join("model.safetensors"), "weights 1").unwrap();

@@ -30,7 +30,6 @@ pub type TrainInto<'a> = dyn Fn(&PathBuf, &dyn Fn(usize)) -> Vec<stepwise_rl::Up
 pub fn assert_killed_run_resumes(name: &str, prime: bool, train: &TrainInto) {
     let root_tmp = tempfile::tempdir().unwrap();
     let root = root_tmp.path().join(format!("stepwise-rl-resume-{name}"));
-    let _ = std::fs::remove_dir_all(&root);
     let weights = |dir: &PathBuf| {
         let mut w = vec![std::fs::read(dir.join("model.safetensors")).unwrap()];
         if prime {
