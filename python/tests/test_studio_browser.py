@@ -134,6 +134,9 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         # names show in red, nothing is linked or fetched.
         shown = page.inner_text("#step-3 .text")
         assert "\\href" in shown and "\\url" in shown and "\\includegraphics" in shown, shown
+        # ... on one line, not one letter a line (the page's text styles once reached into KaTeX).
+        height = page.evaluate("document.querySelector('#step-3 div.text').getBoundingClientRect().height")
+        assert height < 60, height
 
         # Rate by keyboard: +1, −1 (the step is wrong), then reload: the ratings are back.
         page.keyboard.press("3")
@@ -200,4 +203,69 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         hostile = next(e for e in exported if e["question"]["problem"].startswith("What is") and e["labeler"] == "alice")
         assert [s["completions"][0]["rating"] for s in hostile["label"]["steps"]] == [1, 0, -1, 1, 1]
         assert hostile["label"]["finish_reason"] == "found_error"
+        browser.close()
+
+
+GUIDELINES = ("Rate each step as PRM800K's labellers did.\n\n"
+              "A step is −1 when it is wrong: $2 + 2 = 5$ is −1.\n"
+              '<img src=x onerror="window.__pwned = 4"> is text, not a picture.')
+
+
+def test_guidelines_are_read_first_and_edited_by_the_admin(studio):
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM)
+        errors = []
+        # The admin writes the guidelines on the dashboard, by keyboard.
+        admin = browser.new_page(viewport={"width": 1100, "height": 800})
+        admin.on("pageerror", lambda e: errors.append(str(e)))
+        sign_in(admin, studio, "root")
+        admin.wait_for_selector("#nav >> text=Dashboard")
+        admin.goto(studio + "/#/dashboard")
+        admin.wait_for_selector("#guidelines-text")
+        admin.focus("#guidelines-text")
+        admin.keyboard.insert_text(GUIDELINES)
+        admin.keyboard.press("Tab")
+        admin.keyboard.press("Enter")
+        admin.wait_for_selector("#status >> text=Guidelines saved")
+
+        # A labeller's first visit opens them before the first record; keys do not rate meanwhile.
+        page = browser.new_page(viewport={"width": 1100, "height": 800})
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        sign_in(page, studio, "alice")
+        dialog = page.wait_for_selector("dialog.guidelines[open]")
+        shown = dialog.inner_text()
+        assert "A step is −1 when it is wrong" in shown and '<img src=x onerror="window.__pwned = 4">' in shown
+        assert page.locator("dialog.guidelines .katex").count() == 1
+        assert page.locator("dialog.guidelines img").count() == 0
+        assert page.evaluate("window.__pwned") is None
+        shot(page, "studio-guidelines.png")
+        page.keyboard.press("3")
+        page.keyboard.press("Escape")
+        page.wait_for_selector("dialog.guidelines", state="detached")
+        page.wait_for_selector("#step-0")
+        assert page.get_attribute("#step-0 button.r1", "aria-pressed") != "true"
+        # `g` opens them again, from the nav button too; a reload does not, once read.
+        page.keyboard.press("g")
+        page.wait_for_selector("dialog.guidelines[open]")
+        page.keyboard.press("Escape")
+        page.wait_for_selector("dialog.guidelines", state="detached")
+        page.click("#nav >> text=Guidelines")
+        page.wait_for_selector("dialog.guidelines[open]")
+        page.keyboard.press("Escape")
+        page.reload()
+        page.wait_for_selector("#step-0")
+        page.wait_for_timeout(300)
+        assert page.locator("dialog.guidelines").count() == 0
+
+        # A change is shown again at the next visit.
+        admin.reload()
+        admin.wait_for_selector("dialog.guidelines[open]")  # the admin has not read them either
+        admin.keyboard.press("Escape")
+        admin.wait_for_selector("#guidelines-text")
+        admin.fill("#guidelines-text", GUIDELINES + "\nA step that repeats the last one is 0.")
+        admin.click("text=Save guidelines")
+        admin.wait_for_selector("#status >> text=Guidelines saved")
+        page.reload()
+        assert "repeats the last one" in page.wait_for_selector("dialog.guidelines[open]").inner_text()
+        assert errors == []
         browser.close()

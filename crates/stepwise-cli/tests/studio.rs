@@ -114,6 +114,61 @@ fn a_saved_rating_survives_kill_9() {
     server.kill().unwrap();
 }
 
+/// `--guidelines FILE` on import sets a project's guidelines, a later start given another file
+/// replaces them, and a project that does not exist is named.
+#[test]
+fn guidelines_from_a_file_reach_the_page() {
+    let d_tmp = tmp("studio", "guidelines");
+    let d = d_tmp.path();
+    let (db, input, first, second) = (
+        d.join("labels.sqlite"),
+        d.join("in.jsonl"),
+        d.join("g1.txt"),
+        d.join("g2.txt"),
+    );
+    write_jsonl(&input, &records(2));
+    std::fs::write(&first, "Rate each step.").unwrap();
+    std::fs::write(&second, "Rate each step; a slip is −1: $3 \\times 4 = 13$.\n").unwrap();
+    let arg = |p: &Path| p.to_str().unwrap().to_string();
+    stepwise(&[
+        "studio",
+        "import",
+        "--db",
+        &arg(&db),
+        "--input",
+        &arg(&input),
+        "--guidelines",
+        &arg(&first),
+    ]);
+    add_user(&db, "alice", "labeller");
+    let (mut server, url) = start(&db, &["--guidelines", &arg(&second)]);
+    let token = login(&url, "alice");
+    let (code, g) = call(&url, "GET", "/api/projects/default/guidelines", &token, None);
+    assert_eq!(code, 200, "{g}");
+    assert_eq!(
+        g["text"].as_str(),
+        Some(std::fs::read_to_string(&second).unwrap().as_str())
+    );
+    assert_eq!(g["set_by"], "command line");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "studio",
+            "--db",
+            &arg(&db),
+            "--project",
+            "other",
+            "--guidelines",
+            &arg(&first),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no project `other`"), "{err}");
+}
+
 #[test]
 fn a_malformed_import_names_its_line_and_adds_nothing() {
     let d_tmp = tmp("studio", "malformed");

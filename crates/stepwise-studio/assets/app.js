@@ -4,7 +4,7 @@
 "use strict";
 
 const REASONS = ["found_error", "solution", "bad_problem", "give_up"];
-const state = { me: null, project: null, record: null, current: 0, keys: Promise.resolve() };
+const state = { me: null, project: null, record: null, current: 0, keys: Promise.resolve(), guidelines: null };
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -73,6 +73,7 @@ function nav() {
   n.replaceChildren();
   if (!state.me) return;
   n.append(el("a", { href: "#/label" }, "Label"));
+  if (state.guidelines && state.guidelines.text) n.append(el("button", { type: "button", onclick: showGuidelines }, "Guidelines"));
   if (state.me.role !== "labeller") n.append(el("a", { href: "#/dashboard" }, "Dashboard"));
   n.append(el("span", {}, state.me.name + " (" + state.me.role + ")"));
   n.append(el("button", { type: "button", onclick: async () => { await api("POST", "/api/logout"); state.me = null; showLogin(); } }, "Sign out"));
@@ -96,8 +97,30 @@ function showLogin() {
 async function start() {
   state.me = await api("GET", "/api/me");
   state.project = state.project && state.me.projects.includes(state.project) ? state.project : state.me.projects[0];
+  state.guidelines = state.project ? await api("GET", "/api/projects/" + encodeURIComponent(state.project) + "/guidelines") : null;
   nav();
   route();
+  // A labeller reads the guidelines before their first record, and again after each change.
+  const g = state.guidelines;
+  if (g && g.text && !(Number(localStorage.getItem(seenKey())) >= g.updated)) showGuidelines();
+}
+
+function seenKey() { return "stepwise-guidelines-seen:" + state.me.name + ":" + state.project; }
+
+// The project's guidelines in a dialog, as text with math (written by an admin, but shown the
+// same way as model-written text: text nodes and KaTeX without trust).
+function showGuidelines() {
+  const g = state.guidelines;
+  if (!g || !g.text || document.querySelector("dialog[open]")) return;
+  const d = el("dialog", { class: "guidelines", "aria-label": "Guidelines" }, el("h2", {}, "Guidelines"),
+    el("p", { class: "keys" }, "Updated " + new Date(g.updated * 1000).toLocaleString() + " by " + g.set_by + ". Press g to read them again."),
+    rich(g.text, false), el("button", { type: "button", onclick: () => d.close() }, "Close"));
+  d.addEventListener("close", () => {
+    try { localStorage.setItem(seenKey(), String(g.updated)); } catch (_) { /* private mode: shown again next time */ }
+    d.remove();
+    if (state.record) focusStep(state.current);
+  });
+  document.body.append(d); d.showModal();
 }
 
 function route() {
@@ -138,7 +161,8 @@ function drawRecord() {
   rec.steps.forEach((s, i) => list.append(drawStep(s, i, bad)));
   const keys = el("p", { class: "keys" }, "Keys: ", el("kbd", {}, "1"), " −1  ", el("kbd", {}, "2"), " 0  ",
     el("kbd", {}, "3"), " +1  ", el("kbd", {}, "j"), "/", el("kbd", {}, "k"), " next/previous step  ",
-    el("kbd", {}, "c"), " comment  ", el("kbd", {}, "f"), " finish  ", el("kbd", {}, "n"), " next record  ", el("kbd", {}, "?"), " help");
+    el("kbd", {}, "c"), " comment  ", el("kbd", {}, "f"), " finish  ", el("kbd", {}, "n"), " next record  ",
+    ...(state.guidelines && state.guidelines.text ? [el("kbd", {}, "g"), " guidelines  "] : []), el("kbd", {}, "?"), " help");
   document.getElementById("main").replaceChildren(head, list, keys);
   focusStep(state.current);
 }
@@ -254,7 +278,8 @@ function help() {
     el("li", {}, el("kbd", {}, "2"), " or ", el("kbd", {}, "0"), ": acceptable but no progress (0)"),
     el("li", {}, el("kbd", {}, "3"), " or ", el("kbd", {}, "+"), ": right and useful (+1)"),
     el("li", {}, el("kbd", {}, "j"), "/", el("kbd", {}, "↓"), " next step, ", el("kbd", {}, "k"), "/", el("kbd", {}, "↑"), " previous"),
-    el("li", {}, el("kbd", {}, "c"), " comment on the step, ", el("kbd", {}, "f"), " finish with a reason, ", el("kbd", {}, "n"), " next record")),
+    el("li", {}, el("kbd", {}, "c"), " comment on the step, ", el("kbd", {}, "f"), " finish with a reason, ", el("kbd", {}, "n"), " next record"),
+    el("li", {}, el("kbd", {}, "g"), " the project's guidelines, ", el("kbd", {}, "?"), " these keys")),
     el("p", {}, "Every rating is saved when you give it; \"saved\" means it is on the server's disk."),
     el("button", { type: "button", onclick: () => d.close() }, "Close"));
   d.addEventListener("close", () => d.remove());
@@ -262,8 +287,10 @@ function help() {
 }
 
 document.addEventListener("keydown", (e) => {
-  if (!state.record || document.querySelector("dialog[open]") || e.ctrlKey || e.metaKey || e.altKey) return;
+  if (document.querySelector("dialog[open]") || e.ctrlKey || e.metaKey || e.altKey) return;
   if (e.target instanceof HTMLInputElement || e.target instanceof HTMLTextAreaElement) return;
+  if (e.key === "g" && state.me) { e.preventDefault(); showGuidelines(); return; }
+  if (!state.record) return;
   if (!(location.hash || "#/label").startsWith("#/label")) return;
   const map = { "1": -1, "-": -1, "2": 0, "0": 0, "3": 1, "+": 1, "=": 1 };
   let action = null;
@@ -306,8 +333,26 @@ async function showDashboard() {
     const base = "/api/projects/" + encodeURIComponent(state.project) + "/export?to=";
     main.append(el("h2", {}, "Export"), el("p", {}, ...["stepwise", "prm800k", "trl", "math-shepherd", "processbench"].flatMap((f) =>
       [el("a", { href: base + f, download: state.project + "." + f + ".jsonl" }, f), " "])));
+    main.append(guidelinesEditor());
   }
   main.focus();
+}
+
+// Admins edit the guidelines here; labellers see the new text at their next page load.
+function guidelinesEditor() {
+  const t = el("textarea", { id: "guidelines-text", rows: "10", "aria-label": "Guidelines for labellers" });
+  t.value = (state.guidelines && state.guidelines.text) || "";
+  const save = async () => {
+    try {
+      const path = "/api/projects/" + encodeURIComponent(state.project) + "/guidelines";
+      await api("PUT", path, { text: t.value });
+      state.guidelines = await api("GET", path);
+      nav(); status(t.value.trim() ? "Guidelines saved" : "Guidelines removed");
+    } catch (x) { status("Guidelines not saved: " + x.message, true); }
+  };
+  return el("section", { class: "editor" }, el("h2", {}, el("label", { for: "guidelines-text" }, "Guidelines")),
+    el("p", { class: "keys" }, "Plain text; $…$ is typeset. Shown to each labeller before their first record and after each change."),
+    t, el("button", { type: "button", onclick: save }, "Save guidelines"));
 }
 
 async function showReview(id) {

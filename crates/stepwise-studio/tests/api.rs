@@ -148,6 +148,12 @@ fn every_route_needs_a_session() {
         ),
         ("GET", "/api/records/1/review", None),
         ("PUT", "/api/records/1/steps/0/adjudication", Some(body)),
+        ("GET", "/api/projects/p/guidelines", None),
+        (
+            "PUT",
+            "/api/projects/p/guidelines",
+            Some(json!({"text": "rate kindly"})),
+        ),
     ];
     for (method, path, body) in &routes {
         let mut req = c.request(method.parse().unwrap(), s.url(path));
@@ -389,6 +395,51 @@ fn bad_input_is_refused_and_saves_nothing() {
     let again = s.signed_in("alice");
     let view: Value = s.json(&again, &format!("/api/records/{r}"));
     assert!(view["steps"].as_array().unwrap().iter().all(|x| x["rating"].is_null()));
+}
+
+/// Every signed-in user reads the guidelines; only admins set them, within their size, from
+/// this site; blank text removes them.
+#[test]
+fn guidelines_are_read_by_everyone_and_set_by_admins() {
+    let s = Studio::start("guidelines", settings(1, 0), vec![record("a", 2, None)], vec![]);
+    let (alice, rita, root) = (s.signed_in("alice"), s.signed_in("rita"), s.signed_in("root"));
+    let path = "/api/projects/p/guidelines";
+    let put = |c: &Client, body: Value| c.put(s.url(path)).json(&body).send().unwrap();
+    assert_eq!(
+        s.json(&alice, path),
+        json!({"text": "", "updated": null, "set_by": null})
+    );
+    for c in [&alice, &rita] {
+        assert_eq!(put(c, json!({"text": "anything goes"})).status(), StatusCode::FORBIDDEN);
+    }
+    let text = "A step is −1 when it is wrong: $2 + 2 = 5$.\n<script>alert(1)</script>";
+    let set = put(&root, json!({ "text": text }));
+    assert_eq!(set.status(), StatusCode::OK);
+    let when = set.json::<Value>().unwrap()["updated"].as_f64().unwrap();
+    for c in [&alice, &rita, &root] {
+        let g = s.json(c, path);
+        assert_eq!(
+            (g["text"].as_str(), g["updated"].as_f64(), g["set_by"].as_str()),
+            (Some(text), Some(when), Some("root"))
+        );
+    }
+    // Refused, and the guidelines kept: too long, an unknown field, another site, no project.
+    let long = "x".repeat(stepwise_studio::store::MAX_GUIDELINES_BYTES + 1);
+    assert_eq!(put(&root, json!({ "text": long })).status(), StatusCode::BAD_REQUEST);
+    assert!(put(&root, json!({"text": "t", "html": true}))
+        .status()
+        .is_client_error());
+    let cross = root
+        .put(s.url(path))
+        .header("Origin", "http://evil.example")
+        .json(&json!({"text": "forged"}))
+        .send()
+        .unwrap();
+    assert_eq!(cross.status(), StatusCode::FORBIDDEN);
+    assert_eq!(s.status(&alice, "/api/projects/nope/guidelines"), StatusCode::NOT_FOUND);
+    assert_eq!(s.json(&alice, path)["text"], text);
+    assert_eq!(put(&root, json!({"text": "  \n"})).status(), StatusCode::OK);
+    assert_eq!(s.json(&alice, path)["text"], "");
 }
 
 /// A wrong password and an unknown user get the same answer, and repeated failures wait.

@@ -31,7 +31,8 @@ Scores come from --prm (scored on import, shown beside each step unless --blind)
 gold ratings), served to every labeller once in every --qc-every records.
 
 A project's settings are fixed when it is created (the first start with --project NAME); later starts
-add records to it. The HTTP API the page uses is in docs/studio.md, so scripts can label too."
+add records to it. --guidelines FILE gives labellers written instructions (replaced at each start given
+one; admins can also edit them on the dashboard). The HTTP API the page uses is in docs/studio.md, so scripts can label too."
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -133,6 +134,11 @@ struct ProjectArgs {
     /// Seed of the uniform shuffle.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Labelling guidelines (a text file; `$…$` math is typeset) shown to every labeller on
+    /// their first visit and after each change, and under `g` on the page. Unlike the settings
+    /// they may change: each start or import given this replaces them (an empty file removes them).
+    #[arg(long)]
+    guidelines: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -204,6 +210,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(Action::Import(i)) => {
             let mut store = open(&i.source)?;
             let project = project(&mut store, &i.source, &i.project)?;
+            set_guidelines(&mut store, &project, &i.project)?;
             import(&mut store, &project, &i.source)
         }
         Some(Action::Export(e)) => run_export(e),
@@ -294,11 +301,36 @@ fn import(store: &mut Store, project: &Project, s: &Source) -> Result<()> {
     Ok(())
 }
 
+/// The project's guidelines replaced by `--guidelines FILE`'s text, when given.
+fn set_guidelines(store: &mut Store, project: &Project, p: &ProjectArgs) -> Result<()> {
+    let Some(path) = &p.guidelines else { return Ok(()) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the guidelines {}", path.display()))?;
+    store
+        .set_guidelines(project, &text, "command line")
+        .with_context(|| format!("{}", path.display()))?;
+    match text.trim().is_empty() {
+        true => eprintln!(
+            "project `{}`: guidelines removed ({} is empty)",
+            project.name,
+            path.display()
+        ),
+        false => eprintln!("project `{}`: guidelines set from {}", project.name, path.display()),
+    }
+    Ok(())
+}
+
 fn start(a: Start) -> Result<()> {
     let mut store = open(&a.source)?;
     if a.source.input.is_some() || a.source.gold.is_some() {
         let project = project(&mut store, &a.source, &a.project)?;
+        set_guidelines(&mut store, &project, &a.project)?;
         import(&mut store, &project, &a.source)?;
+    } else if a.project.guidelines.is_some() {
+        let name = &a.source.project;
+        let project = store
+            .project(name)?
+            .with_context(|| format!("no project `{name}` to give guidelines to: start it with --input FILE"))?;
+        set_guidelines(&mut store, &project, &a.project)?;
     }
     if store.projects()?.is_empty() {
         bail!("the database has no project yet: start with --input FILE (records to label)");

@@ -209,6 +209,10 @@ pub fn app(mut store: Store, secure_cookie: bool) -> Router {
         .route("/api/projects/{project}/next", post(routes::next))
         .route("/api/projects/{project}/dashboard", get(routes::dashboard))
         .route("/api/projects/{project}/export", get(routes::export))
+        .route(
+            "/api/projects/{project}/guidelines",
+            get(routes::guidelines).put(routes::set_guidelines),
+        )
         .route("/api/records/{id}", get(routes::record))
         .route("/api/records/{id}/steps/{step}", put(routes::rate))
         .route("/api/records/{id}/finish", post(routes::finish))

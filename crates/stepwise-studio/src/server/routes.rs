@@ -3,10 +3,10 @@
 //! | route | who |
 //! |---|---|
 //! | `POST /api/login`, `POST /api/logout` | anyone (logout ends the caller's session) |
-//! | `GET /api/me`, `POST /api/projects/{p}/next` | any signed-in user |
+//! | `GET /api/me`, `POST /api/projects/{p}/next`, `GET /api/projects/{p}/guidelines` | any signed-in user |
 //! | `GET /api/records/{id}`, `PUT …/steps/{i}`, `POST …/finish` | the labeller it is assigned to |
 //! | `GET /api/projects/{p}/dashboard`, `GET /api/records/{id}/review`, `PUT …/adjudication` | reviewers, admins |
-//! | `GET /api/projects/{p}/export?to=FORMAT` | admins |
+//! | `GET /api/projects/{p}/export?to=FORMAT`, `PUT /api/projects/{p}/guidelines` | admins |
 
 use super::{db, ApiError, Shared, User, COOKIE};
 use crate::export::{export as export_records, Shape};
@@ -227,4 +227,37 @@ pub(super) async fn export(
     })
     .await?;
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson; charset=utf-8")], body).into_response())
+}
+
+pub(super) async fn guidelines(
+    State(s): State<Shared>,
+    User(_): User,
+    Path(p): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let p = project(&s, p).await?;
+    let g = db(&s, move |st| st.guidelines(&p)).await?;
+    Ok(Json(match g {
+        Some(g) => json!(g),
+        None => json!({ "text": "", "updated": null, "set_by": null }),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewGuidelines {
+    text: String,
+}
+
+pub(super) async fn set_guidelines(
+    State(s): State<Shared>,
+    User(u): User,
+    Path(p): Path<String>,
+    Json(g): Json<NewGuidelines>,
+) -> Result<Json<Value>, ApiError> {
+    if u.role != crate::settings::Role::Admin {
+        return Err(ApiError::forbidden());
+    }
+    let p = project(&s, p).await?;
+    let at = db(&s, move |st| st.set_guidelines(&p, &g.text, &u.name)).await?;
+    Ok(Json(json!({ "updated": at })))
 }

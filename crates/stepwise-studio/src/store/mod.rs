@@ -5,12 +5,15 @@
 //! is a gold quality-control record, its queue priority and the generation that set it),
 //! `users` and `sessions`, `assignments` (a record given to a labeller: when, the generation,
 //! whether the PRM's suggestions were shown, how it finished), `ratings` (one per assignment and
-//! step: −1/0/+1, a comment, when, the suggestion shown) and `adjudications` (a reviewer's word).
+//! step: −1/0/+1, a comment, when, the suggestion shown), `adjudications` (a reviewer's word) and
+//! `guidelines` (a project's instructions to its labellers).
 
+mod guidelines;
 mod labels;
 mod review;
 mod users;
 
+pub use guidelines::{Guidelines, MAX_GUIDELINES_BYTES};
 pub(crate) use labels::alternatives;
 pub use labels::{RatingInput, RecordView, StepView};
 pub use review::{Dashboard, LabellerStats, Labelling, ReviewView};
@@ -87,6 +90,12 @@ CREATE TABLE IF NOT EXISTS adjudications (
     reviewer_id INTEGER NOT NULL REFERENCES users(id),
     at REAL NOT NULL,
     PRIMARY KEY (record_id, step)
+);
+CREATE TABLE IF NOT EXISTS guidelines (
+    project_id INTEGER PRIMARY KEY REFERENCES projects(id),
+    text TEXT NOT NULL,
+    updated REAL NOT NULL,
+    set_by TEXT NOT NULL
 );
 "#;
 
