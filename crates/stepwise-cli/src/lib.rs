@@ -85,7 +85,7 @@ enum Command {
     /// Agents: rooms worlds to play, trajectories played by a policy, labels for their actions.
     Agent(cmd::agent::Args),
     /// The labelling studio: people rate steps in the browser, with a PRM's suggestions and active learning.
-    Studio(cmd::studio::Args),
+    Studio(Box<cmd::studio::Args>),
 }
 
 /// Run the command line on `args` (the program's name first, as `std::env::args_os` gives them):
@@ -126,7 +126,7 @@ where
         Command::Search(a) => cmd::search::run(a),
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
-        Command::Studio(a) => cmd::studio::run(a),
+        Command::Studio(a) => cmd::studio::run(*a),
         Command::Agent(a) => cmd::agent::run(a),
     };
     if let Err(e) = result {
