@@ -30,9 +30,10 @@ Scores come from --prm (scored on import, shown beside each step unless --blind)
 (`scores`, Monte Carlo soft labels). --gold FILE adds quality-control records (their step labels are the
 gold ratings), served to every labeller once in every --qc-every records.
 
-A project's settings are fixed when it is created (the first start with --project NAME); later starts
-add records to it. --guidelines FILE gives labellers written instructions (replaced at each start
-given one; admins can also edit them on the dashboard). The HTTP API the page uses is in docs/studio.md, so scripts can label too."
+A project's settings are fixed when it is created (the first start with --project NAME); later
+starts add records to it. --guidelines FILE gives labellers written instructions (replaced at each
+start given one; admins can also edit them on the dashboard). The HTTP API the page uses is in
+docs/studio.md, so scripts can label too."
 )]
 pub struct Args {
     #[command(subcommand)]
