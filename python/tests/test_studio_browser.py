@@ -177,6 +177,25 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         page.wait_for_selector("dialog#finish")
         page.keyboard.press("1")  # found_error
         page.wait_for_selector("text=All done")
+        page.keyboard.press("3")  # nothing to rate on this page: no error
+
+        # `p` opens the record just finished to correct it: a changed rating opens it again
+        # until it is finished once more (here changed and changed back, so the labels stand).
+        page.keyboard.press("p")
+        page.wait_for_selector("#finished >> text=Finished: found_error")
+        page.keyboard.press("2")
+        page.wait_for_selector("#finished >> text=Open again")
+        page.keyboard.press("k")
+        page.keyboard.press("3")
+        page.wait_for_selector("#save-0.saved")
+        page.keyboard.press("f")
+        page.wait_for_selector("dialog#finish")
+        page.keyboard.press("1")
+        page.wait_for_selector("text=All done")
+        assert page.evaluate("location.hash") == "#/label"
+        page.goto(studio + "/#/mine")
+        assert page.wait_for_selector("table tbody tr:nth-child(2)").inner_text().startswith("hostile\t5\tfound_error")
+        assert page.inner_text("table tbody tr").startswith("quadratic\t4\tfound_error")
 
         # Only the server was asked for anything.
         assert requests and all(u.startswith(studio + "/") for u in requests), requests

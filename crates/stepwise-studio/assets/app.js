@@ -73,6 +73,7 @@ function nav() {
   n.replaceChildren();
   if (!state.me) return;
   n.append(el("a", { href: "#/label" }, "Label"));
+  n.append(el("a", { href: "#/mine" }, "My records"));
   if (state.guidelines && state.guidelines.text) n.append(el("button", { type: "button", onclick: showGuidelines }, "Guidelines"));
   if (state.me.role !== "labeller") n.append(el("a", { href: "#/dashboard" }, "Dashboard"));
   n.append(el("span", {}, state.me.name + " (" + state.me.role + ")"));
@@ -126,17 +127,52 @@ function showGuidelines() {
 function route() {
   const h = location.hash || "#/label";
   if (h.startsWith("#/dashboard")) return showDashboard();
+  if (h.startsWith("#/mine")) return showMine();
   const r = h.match(/^#\/review\/(\d+)/);
   if (r) return showReview(Number(r[1]));
+  const o = h.match(/^#\/record\/(\d+)/);
+  if (o) return showRecord(Number(o[1])).catch((x) => {
+    document.getElementById("main").replaceChildren(el("p", { class: "error", role: "alert" }, x.message));
+  });
   return nextRecord();
+}
+
+// The labeller's own records, the latest first: any of them opens again to correct a rating.
+async function showMine() {
+  state.record = null;
+  const { records } = await api("GET", "/api/projects/" + encodeURIComponent(state.project) + "/mine");
+  const when = (t) => new Date(t * 1000).toLocaleString();
+  const rows = records.map((r) => el("tr", {}, el("td", {}, el("a", { href: "#/record/" + r.record }, r.ext_id)),
+    el("td", {}, r.rated), el("td", {}, r.finished === null ? "open" : r.finish_reason + ", " + when(r.finished))));
+  const main = document.getElementById("main");
+  main.replaceChildren(el("h1", {}, "My records: " + state.project),
+    el("p", { class: "keys" }, "Open one to correct it: a changed rating opens it again until you finish it once more."),
+    records.length ? el("table", {}, el("thead", {}, el("tr", {}, ...["Record", "Steps rated", "Finished"].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, ...rows)) : el("p", {}, "None yet."));
+  main.focus();
+}
+
+// The record before the current one among the labeller's finished records (`p`).
+async function previousRecord() {
+  const { records } = await api("GET", "/api/projects/" + encodeURIComponent(state.project) + "/mine");
+  const done = records.filter((r) => r.finished !== null);
+  const at = state.record ? done.findIndex((r) => r.record === state.record.id) : -1;
+  const prev = at >= 0 ? done[at + 1] : done[0];
+  if (!prev) { status("No earlier record of yours"); return; }
+  location.hash = "#/record/" + prev.record;
 }
 
 async function nextRecord() {
   const main = document.getElementById("main");
   if (!state.project) { main.replaceChildren(el("p", {}, "No project yet: an admin starts one with `stepwise studio --input FILE`.")); return; }
   const { record } = await api("POST", "/api/projects/" + encodeURIComponent(state.project) + "/next");
-  if (record === null) { main.replaceChildren(el("div", { class: "card" }, el("h1", {}, "All done"), el("p", {}, "Nothing is left in your queue for " + state.project + "."))); return; }
-  state.record = await api("GET", "/api/records/" + record);
+  if (/^#\/record\//.test(location.hash)) history.replaceState(null, "", "#/label");
+  if (record === null) { state.record = null; main.replaceChildren(el("div", { class: "card" }, el("h1", {}, "All done"), el("p", {}, "Nothing is left in your queue for " + state.project + "."))); return; }
+  await showRecord(record);
+}
+
+async function showRecord(id) {
+  state.record = await api("GET", "/api/records/" + id);
   const firstUnrated = state.record.steps.findIndex((s) => s.rating === null);
   state.current = firstUnrated < 0 ? 0 : firstUnrated;
   drawRecord();
@@ -162,6 +198,7 @@ function drawRecord() {
   const keys = el("p", { class: "keys" }, "Keys: ", el("kbd", {}, "1"), " −1  ", el("kbd", {}, "2"), " 0  ",
     el("kbd", {}, "3"), " +1  ", el("kbd", {}, "j"), "/", el("kbd", {}, "k"), " next/previous step  ",
     el("kbd", {}, "c"), " comment  ", el("kbd", {}, "f"), " finish  ", el("kbd", {}, "n"), " next record  ",
+    el("kbd", {}, "p"), " previous record  ",
     ...(state.guidelines && state.guidelines.text ? [el("kbd", {}, "g"), " guidelines  "] : []), el("kbd", {}, "?"), " help");
   document.getElementById("main").replaceChildren(head, list, keys);
   focusStep(state.current);
@@ -205,8 +242,9 @@ async function rate(r) {
   const rec = state.record, i = state.current;
   const mark = document.getElementById("save-" + i);
   mark.textContent = "saving…"; mark.className = "save";
+  let saved;
   try {
-    await api("PUT", "/api/records/" + rec.id + "/steps/" + i, { rating: r });
+    saved = await api("PUT", "/api/records/" + rec.id + "/steps/" + i, { rating: r });
     rec.steps[i].rating = r;
   } catch (x) {
     mark.textContent = "not saved: " + x.message; mark.className = "save unsaved";
@@ -219,6 +257,12 @@ async function rate(r) {
   document.querySelectorAll(".step").forEach((e, k) => e.classList.toggle("after-error", rec.stop_at_first_bad && bad >= 0 && k > bad));
   document.getElementById("save-" + i).className = "save saved";
   status("Step " + (i + 1) + " saved");
+  if (saved.reopened) {
+    rec.finish_reason = null;
+    const f = document.getElementById("finished");
+    if (f) f.textContent = "Open again: finish it with f";
+    status("Step " + (i + 1) + " saved; the record is open again until you finish it");
+  }
   if (rec.stop_at_first_bad && r === -1) return finishDialog("found_error");
   if (i + 1 < rec.steps.length) focusStep(i + 1);
   else { focusStep(i); finishDialog(rec.steps.some((s) => s.rating === -1) ? "found_error" : "solution"); }
@@ -239,6 +283,9 @@ function finishDialog(suggested) {
     await nextRecord();
   };
   d.addEventListener("keydown", (e) => {
+    // The dialog's keys are its own: the page's handler, which sees the dialog gone once a
+    // reason is chosen, would otherwise rate the current step with the same digit.
+    e.stopPropagation();
     const k = Number(e.key);
     if (k >= 1 && k <= 4) { e.preventDefault(); done(REASONS[k - 1]); }
     else if (e.key === "Enter") { e.preventDefault(); done(suggested); }
@@ -279,6 +326,7 @@ function help() {
     el("li", {}, el("kbd", {}, "3"), " or ", el("kbd", {}, "+"), ": right and useful (+1)"),
     el("li", {}, el("kbd", {}, "j"), "/", el("kbd", {}, "↓"), " next step, ", el("kbd", {}, "k"), "/", el("kbd", {}, "↑"), " previous"),
     el("li", {}, el("kbd", {}, "c"), " comment on the step, ", el("kbd", {}, "f"), " finish with a reason, ", el("kbd", {}, "n"), " next record"),
+    el("li", {}, el("kbd", {}, "p"), " your previous record, to correct it (a changed rating opens it again)"),
     el("li", {}, el("kbd", {}, "g"), " the project's guidelines, ", el("kbd", {}, "?"), " these keys")),
     el("p", {}, "Every rating is saved when you give it; \"saved\" means it is on the server's disk."),
     el("button", { type: "button", onclick: () => d.close() }, "Close"));
@@ -290,8 +338,9 @@ document.addEventListener("keydown", (e) => {
   if (document.querySelector("dialog[open]") || e.ctrlKey || e.metaKey || e.altKey) return;
   if (e.target instanceof HTMLInputElement || e.target instanceof HTMLTextAreaElement) return;
   if (e.key === "g" && state.me) { e.preventDefault(); showGuidelines(); return; }
-  if (!state.record) return;
-  if (!(location.hash || "#/label").startsWith("#/label")) return;
+  if (!state.me || !/^#\/(label|record\/)/.test(location.hash || "#/label")) return;
+  // `p` works with no record open too (when the queue is done).
+  if (!state.record && e.key !== "p") return;
   const map = { "1": -1, "-": -1, "2": 0, "0": 0, "3": 1, "+": 1, "=": 1 };
   let action = null;
   if (e.key in map) action = () => rate(map[e.key]);
@@ -300,13 +349,14 @@ document.addEventListener("keydown", (e) => {
   else if (e.key === "c") action = commentBox;
   else if (e.key === "f") action = () => finishDialog(state.record.steps.some((s) => s.rating === -1) ? "found_error" : "solution");
   else if (e.key === "n" && state.record.finish_reason) action = nextRecord;
+  else if (e.key === "p") action = previousRecord;
   else if (e.key === "?") action = help;
   if (!action) return;
   e.preventDefault();
   // Keys typed faster than the server answers act in order, each on the step the last one left
   // current (a rating moves on only once it is saved).
   state.keys = state.keys.then(() => {
-    if (!state.record || document.querySelector("dialog[open]")) return;
+    if ((!state.record && action !== previousRecord) || document.querySelector("dialog[open]")) return;
     return action();
   }).catch((x) => status(x.message, true));
 });

@@ -148,6 +148,7 @@ fn every_route_needs_a_session() {
         ),
         ("GET", "/api/records/1/review", None),
         ("PUT", "/api/records/1/steps/0/adjudication", Some(body)),
+        ("GET", "/api/projects/p/mine", None),
         ("GET", "/api/projects/p/guidelines", None),
         (
             "PUT",
@@ -395,6 +396,53 @@ fn bad_input_is_refused_and_saves_nothing() {
     let again = s.signed_in("alice");
     let view: Value = s.json(&again, &format!("/api/records/{r}"));
     assert!(view["steps"].as_array().unwrap().iter().all(|x| x["rating"].is_null()));
+}
+
+/// A labeller corrects a finished record: the same rating again or a comment leaves it
+/// finished; a changed rating opens it again, `next` serves it before anything new, and it is
+/// finished once more. Their history lists their own records only, the latest first.
+#[test]
+fn a_finished_record_is_corrected_and_opened_again() {
+    let s = Studio::start(
+        "reopen",
+        settings(1, 0),
+        vec![record("a", 2, None), record("b", 2, None)],
+        vec![],
+    );
+    let (alice, bob) = (s.signed_in("alice"), s.signed_in("bob"));
+    let first = s.next(&alice).unwrap();
+    for i in 0..2 {
+        s.rate(&alice, first, i, 1);
+    }
+    assert_eq!(s.finish(&alice, first, "solution").status(), StatusCode::OK);
+    let second = s.next(&alice).unwrap();
+    assert_ne!(second, first);
+    let saved: Value = s.rate(&alice, first, 1, 1).json().unwrap();
+    assert_eq!(saved["reopened"], false);
+    let comment = alice
+        .put(s.url(&format!("/api/records/{first}/steps/1")))
+        .json(&json!({"rating": 1, "comment": "fine"}))
+        .send()
+        .unwrap();
+    assert_eq!(comment.json::<Value>().unwrap()["reopened"], false);
+    let mine = s.json(&alice, "/api/projects/p/mine")["records"].clone();
+    assert_eq!(mine[0]["record"].as_i64(), Some(second));
+    assert_eq!(
+        (mine[1]["record"].as_i64(), mine[1]["finish_reason"].as_str()),
+        (Some(first), Some("solution"))
+    );
+    assert_eq!(mine[1]["rated"], 2);
+    // The second step was wrong after all: the labelling is open again, and served first.
+    let saved: Value = s.rate(&alice, first, 1, -1).json().unwrap();
+    assert_eq!(saved["reopened"], true);
+    assert!(s.json(&alice, &format!("/api/records/{first}"))["finish_reason"].is_null());
+    assert!(s.json(&alice, "/api/projects/p/mine")["records"][1]["finished"].is_null());
+    assert_eq!(s.next(&alice), Some(first));
+    assert_eq!(s.finish(&alice, first, "solution").status(), StatusCode::OK);
+    assert_eq!(s.finish(&alice, first, "found_error").status(), StatusCode::OK);
+    assert_eq!(s.next(&alice), Some(second));
+    // Bob's history holds nothing of Alice's.
+    assert_eq!(s.json(&bob, "/api/projects/p/mine")["records"], json!([]));
 }
 
 /// Every signed-in user reads the guidelines; only admins set them, within their size, from

@@ -207,6 +207,7 @@ pub fn app(mut store: Store, secure_cookie: bool) -> Router {
         .route("/api/logout", post(routes::logout))
         .route("/api/me", get(routes::me))
         .route("/api/projects/{project}/next", post(routes::next))
+        .route("/api/projects/{project}/mine", get(routes::mine))
         .route("/api/projects/{project}/dashboard", get(routes::dashboard))
         .route("/api/projects/{project}/export", get(routes::export))
         .route(

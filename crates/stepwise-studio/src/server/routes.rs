@@ -3,7 +3,7 @@
 //! | route | who |
 //! |---|---|
 //! | `POST /api/login`, `POST /api/logout` | anyone (logout ends the caller's session) |
-//! | `GET /api/me`, `POST /api/projects/{p}/next`, `GET /api/projects/{p}/guidelines` | any signed-in user |
+//! | `GET /api/me`, `POST /api/projects/{p}/next`, `GET …/mine`, `GET …/guidelines` | any signed-in user (`mine`: their own) |
 //! | `GET /api/records/{id}`, `PUT …/steps/{i}`, `POST …/finish` | the labeller it is assigned to |
 //! | `GET /api/projects/{p}/dashboard`, `GET /api/records/{id}/review`, `PUT …/adjudication` | reviewers, admins |
 //! | `GET /api/projects/{p}/export?to=FORMAT`, `PUT /api/projects/{p}/guidelines` | admins |
@@ -117,6 +117,17 @@ pub(super) async fn next(
     Ok(Json(json!({ "record": record })))
 }
 
+/// The caller's own records in the project, the latest first.
+pub(super) async fn mine(
+    State(s): State<Shared>,
+    User(u): User,
+    Path(p): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let p = project(&s, p).await?;
+    let records = db(&s, move |st| st.history(u.id, &p)).await?;
+    Ok(Json(json!({ "records": records })))
+}
+
 pub(super) async fn record(State(s): State<Shared>, User(u): User, Path(id): Path<i64>) -> Result<Response, ApiError> {
     let view = db(&s, move |st| st.view(u.id, id))
         .await?
@@ -130,10 +141,10 @@ pub(super) async fn rate(
     Path((id, step)): Path<(i64, usize)>,
     Json(input): Json<RatingInput>,
 ) -> Result<Json<Value>, ApiError> {
-    let at = db(&s, move |st| st.rate(u.id, id, step, &input))
+    let saved = db(&s, move |st| st.rate(u.id, id, step, &input))
         .await?
         .ok_or_else(ApiError::not_yours)?;
-    Ok(Json(json!({ "saved_at": at })))
+    Ok(Json(json!(saved)))
 }
 
 #[derive(Deserialize)]

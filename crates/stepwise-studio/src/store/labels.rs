@@ -71,6 +71,34 @@ pub struct RatingInput {
 /// Longest comment kept.
 pub const MAX_COMMENT: usize = 4000;
 
+/// A rating saved: when (durable once the call returns), and whether it changed a finished
+/// labelling, which is then open again until its labeller finishes it once more.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Saved {
+    /// When it was saved (Unix seconds).
+    pub saved_at: f64,
+    /// The labelling was finished and this rating changed it: it is open again.
+    pub reopened: bool,
+}
+
+/// One of a labeller's records, as their history lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Labelled {
+    /// The record's row id (the API's `{id}`).
+    pub record: i64,
+    /// The record's own id.
+    pub ext_id: String,
+    /// When they finished it (`None`: open).
+    pub finished: Option<f64>,
+    /// Why it ended.
+    pub finish_reason: Option<String>,
+    /// Steps they rated.
+    pub rated: i64,
+}
+
+/// Most records a history lists.
+pub const HISTORY_LIMIT: usize = 500;
+
 /// Other completions of each step of a PRM800K record (the chosen one left out).
 pub(crate) fn alternatives(s: &Solution) -> Vec<Vec<String>> {
     let mut out = vec![Vec::new(); s.steps.len()];
@@ -243,8 +271,10 @@ impl Store {
     }
 
     /// Saves `user`'s rating of `step` of `record`; `Ok(None)` when the record is not
-    /// assigned to them. Returns when it was saved (durable once this returns).
-    pub fn rate(&mut self, user: i64, record: i64, step: usize, input: &RatingInput) -> Result<Option<f64>> {
+    /// assigned to them. A finished labelling stays theirs to correct: a rating that changes it
+    /// opens it again (its finish reason may no longer hold) until they finish it once more;
+    /// a comment alone does not.
+    pub fn rate(&mut self, user: i64, record: i64, step: usize, input: &RatingInput) -> Result<Option<Saved>> {
         let Some((assignment, _)) = self.assignment(user, record)? else {
             return Ok(None);
         };
@@ -267,13 +297,48 @@ impl Store {
             })?;
         let suggestion = if assist { select::suggestions(&s)[step] } else { None };
         let t = now();
-        self.db.execute(
+        let tx = self.db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let before: Option<Option<i64>> = tx
+            .query_row(
+                "SELECT rating FROM ratings WHERE assignment_id = ?1 AND step = ?2",
+                params![assignment, step as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
+        tx.execute(
             "INSERT INTO ratings (assignment_id, step, rating, comment, at, suggestion) VALUES (?1, ?2, ?3, COALESCE(?4, ''), ?5, ?6)
              ON CONFLICT (assignment_id, step) DO UPDATE SET rating = excluded.rating,
              comment = COALESCE(?4, ratings.comment), at = excluded.at, suggestion = excluded.suggestion",
             params![assignment, step as i64, input.rating, input.comment, t, suggestion],
         )?;
-        Ok(Some(t))
+        let reopened = before.flatten() != input.rating
+            && tx.execute(
+                "UPDATE assignments SET finished = NULL, finish_reason = NULL WHERE id = ?1 AND finished IS NOT NULL",
+                [assignment],
+            )? > 0;
+        tx.commit()?;
+        Ok(Some(Saved { saved_at: t, reopened }))
+    }
+
+    /// The records `user` has been given in `project`, the latest first (at most
+    /// [`HISTORY_LIMIT`]): what the page's history lists and `p` walks back through.
+    pub fn history(&self, user: i64, project: &Project) -> Result<Vec<Labelled>> {
+        let mut q = self.db.prepare(
+            "SELECT r.id, r.ext_id, a.finished, a.finish_reason,
+                    (SELECT COUNT(rating) FROM ratings WHERE assignment_id = a.id)
+             FROM assignments a JOIN records r ON r.id = a.record_id
+             WHERE a.user_id = ?1 AND r.project_id = ?2 ORDER BY a.id DESC LIMIT ?3",
+        )?;
+        let rows = q.query_map(params![user, project.id, HISTORY_LIMIT as i64], |r| {
+            Ok(Labelled {
+                record: r.get(0)?,
+                ext_id: r.get(1)?,
+                finished: r.get(2)?,
+                finish_reason: r.get(3)?,
+                rated: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Finishes `user`'s labelling of `record` with one of PRM800K's reasons; `Ok(None)` when it

@@ -15,7 +15,7 @@ mod users;
 
 pub use guidelines::{Guidelines, MAX_GUIDELINES_BYTES};
 pub(crate) use labels::alternatives;
-pub use labels::{RatingInput, RecordView, StepView};
+pub use labels::{Labelled, RatingInput, RecordView, Saved, StepView, HISTORY_LIMIT};
 pub use review::{Dashboard, LabellerStats, Labelling, ReviewView};
 pub use users::{LoginError, SessionUser, SESSION_SECONDS};
 
