@@ -155,6 +155,11 @@ class Studio:
         """The labels as records of ``format`` (PRM800K: one per labeller and record)."""
     def dashboard(self) -> Dict[str, Any]:
         """Progress and agreement: Fleiss' κ, first-error agreement, per-labeller figures."""
+    @property
+    def guidelines(self) -> str:
+        """The labellers' guidelines ("" when none), shown before each one's first record."""
+    @guidelines.setter
+    def guidelines(self, text: str) -> None: ...
     def unassigned(self) -> List[Record]:
         """The records nobody has been given yet."""
     def next_generation(self, records: Records) -> int:

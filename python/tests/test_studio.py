@@ -48,6 +48,20 @@ def test_a_studio_from_python_labels_and_reads_back(tmp_path):
     assert again.url is None and len(again.ratings()) == 1
 
 
+def test_guidelines_set_from_python_reach_the_api(tmp_path):
+    with stepwise.Studio(tmp_path / "labels.sqlite", records(1), qc_every=0) as studio:
+        assert studio.guidelines == ""
+        studio.guidelines = "A slip in arithmetic is −1: $2 + 2 = 5$."
+        studio.add_user("lin", "labeller", "lin-password")
+        token = call(studio.url, "POST", "/api/login", body={"name": "lin", "password": "lin-password"})["token"]
+        seen = call(studio.url, "GET", "/api/projects/default/guidelines", token)
+        assert seen["text"] == studio.guidelines and seen["set_by"] == "python"
+        with pytest.raises(ValueError, match="at most 60000"):
+            studio.guidelines = "x" * 60_001
+        studio.guidelines = ""
+        assert call(studio.url, "GET", "/api/projects/default/guidelines", token)["updated"] is None
+
+
 def test_bad_settings_and_records_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown policy"):
         stepwise.Studio(tmp_path / "a.sqlite", policy="random")

@@ -163,6 +163,34 @@ impl Studio {
         to_py(py, &v)
     }
 
+    /// The project's guidelines for labellers ("" when none): shown before each labeller's
+    /// first record and after each change. Setting them replaces them ("" removes them).
+    #[getter]
+    fn guidelines(&self, py: Python<'_>) -> PyResult<String> {
+        without_gil(py, || {
+            let store = open(&self.db)?;
+            let project = self.project(&store)?;
+            Ok(store.guidelines(&project)?.map(|g| g.text).unwrap_or_default())
+        })
+    }
+
+    #[setter]
+    fn set_guidelines(&self, py: Python<'_>, text: String) -> PyResult<()> {
+        let most = stepwise_studio::store::MAX_GUIDELINES_BYTES;
+        if text.len() > most {
+            return Err(value_error(format!(
+                "guidelines of {} bytes: at most {most}",
+                text.len()
+            )));
+        }
+        without_gil(py, || {
+            let mut store = open(&self.db)?;
+            let project = self.project(&store)?;
+            store.set_guidelines(&project, &text, "python")?;
+            Ok(())
+        })
+    }
+
     /// The records nobody has been given yet (to score with a new PRM for `next_generation`).
     fn unassigned<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let values = without_gil(py, || {
