@@ -18,7 +18,7 @@ pub struct Guidelines {
     pub text: String,
     /// When they were last set (Unix seconds).
     pub updated: f64,
-    /// Who set them: a user name, or `command line`.
+    /// Who set them: an admin's user name, `command line` or `python`.
     pub set_by: String,
 }
 
