@@ -23,6 +23,9 @@ function status(text, bad) {
   s.className = bad ? "unsaved" : "";
 }
 
+// The current project's API route `rest` (`guidelines`, `mine`, `next`, …).
+function projectApi(rest) { return "/api/projects/" + encodeURIComponent(state.project) + "/" + rest; }
+
 async function api(method, path, body) {
   const opts = { method, headers: {}, credentials: "same-origin" };
   if (body !== undefined) {
@@ -98,7 +101,7 @@ function showLogin() {
 async function start() {
   state.me = await api("GET", "/api/me");
   state.project = state.project && state.me.projects.includes(state.project) ? state.project : state.me.projects[0];
-  state.guidelines = state.project ? await api("GET", "/api/projects/" + encodeURIComponent(state.project) + "/guidelines") : null;
+  state.guidelines = state.project ? await api("GET", projectApi("guidelines")) : null;
   nav();
   route();
   // A labeller reads the guidelines before their first record, and again after each change.
@@ -140,7 +143,7 @@ function route() {
 // The labeller's own records, the latest first: any of them opens again to correct a rating.
 async function showMine() {
   state.record = null;
-  const { records } = await api("GET", "/api/projects/" + encodeURIComponent(state.project) + "/mine");
+  const { records } = await api("GET", projectApi("mine"));
   const when = (t) => new Date(t * 1000).toLocaleString();
   const rows = records.map((r) => el("tr", {}, el("td", {}, el("a", { href: "#/record/" + r.record }, r.ext_id)),
     el("td", {}, r.rated), el("td", {}, r.finished === null ? "open" : r.finish_reason + ", " + when(r.finished))));
@@ -154,7 +157,7 @@ async function showMine() {
 
 // The record before the current one among the labeller's finished records (`p`).
 async function previousRecord() {
-  const { records } = await api("GET", "/api/projects/" + encodeURIComponent(state.project) + "/mine");
+  const { records } = await api("GET", projectApi("mine"));
   const done = records.filter((r) => r.finished !== null);
   const at = state.record ? done.findIndex((r) => r.record === state.record.id) : -1;
   const prev = at >= 0 ? done[at + 1] : done[0];
@@ -165,7 +168,7 @@ async function previousRecord() {
 async function nextRecord() {
   const main = document.getElementById("main");
   if (!state.project) { main.replaceChildren(el("p", {}, "No project yet: an admin starts one with `stepwise studio --input FILE`.")); return; }
-  const { record } = await api("POST", "/api/projects/" + encodeURIComponent(state.project) + "/next");
+  const { record } = await api("POST", projectApi("next"));
   if (/^#\/record\//.test(location.hash)) history.replaceState(null, "", "#/label");
   if (record === null) { state.record = null; main.replaceChildren(el("div", { class: "card" }, el("h1", {}, "All done"), el("p", {}, "Nothing is left in your queue for " + state.project + "."))); return; }
   await showRecord(record);
@@ -366,7 +369,7 @@ function num(x, d) { return x === null || x === undefined ? "—" : Number(x).to
 
 async function showDashboard() {
   state.record = null;
-  const d = await api("GET", "/api/projects/" + encodeURIComponent(state.project) + "/dashboard");
+  const d = await api("GET", projectApi("dashboard"));
   const rows = d.labellers.map((l) => el("tr", {}, el("td", {}, l.user), el("td", {}, l.finished), el("td", {}, l.steps),
     el("td", {}, num(l.steps_per_minute, 1)), el("td", {}, pct(l.gold_step_agreement)), el("td", {}, pct(l.gold_first_error_agreement)),
     el("td", {}, num(l.mean_cohen_kappa, 2))));
@@ -380,7 +383,7 @@ async function showDashboard() {
       el("span", {}, "First error agreed: " + pct(d.first_error_agreement))),
     table, el("h2", {}, "To review (labellers disagree)"), d.to_review.length ? review : el("p", {}, "Nothing."));
   if (state.me.role === "admin") {
-    const base = "/api/projects/" + encodeURIComponent(state.project) + "/export?to=";
+    const base = projectApi("export?to=");
     main.append(el("h2", {}, "Export"), el("p", {}, ...["stepwise", "prm800k", "trl", "math-shepherd", "processbench"].flatMap((f) =>
       [el("a", { href: base + f, download: state.project + "." + f + ".jsonl" }, f), " "])));
     main.append(guidelinesEditor());
@@ -394,7 +397,7 @@ function guidelinesEditor() {
   t.value = (state.guidelines && state.guidelines.text) || "";
   const save = async () => {
     try {
-      const path = "/api/projects/" + encodeURIComponent(state.project) + "/guidelines";
+      const path = projectApi("guidelines");
       await api("PUT", path, { text: t.value });
       state.guidelines = await api("GET", path);
       nav(); status(t.value.trim() ? "Guidelines saved" : "Guidelines removed");
