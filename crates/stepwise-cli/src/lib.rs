@@ -59,6 +59,8 @@ enum Command {
     Convert(cmd::convert::Args),
     /// Summarise a step-labelled dataset: counts, steps per solution, label balance, first errors.
     Stats(cmd::stats::Args),
+    /// Step-level preference pairs (Step-DPO, TRL's DPO layout) from step-labelled records: a right next step against a wrong one.
+    Pairs(cmd::pairs::Args),
     /// Grade final answers ({given, ground_truth} JSONL: each record with `correct`), or programs by their tests (--task code: pass@k).
     Grade(cmd::grade::Args),
     /// Score every step of every solution with a PRM, one forward pass per solution.
@@ -115,6 +117,7 @@ where
         Command::Lab(a) => cmd::lab::run_lab(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::Stats(a) => cmd::stats::run(a),
+        Command::Pairs(a) => cmd::pairs::run(a),
         Command::Grade(a) => cmd::grade::run(a),
         Command::Score(a) => cmd::score::run(a),
         Command::Generate(a) => cmd::generate::run(a),

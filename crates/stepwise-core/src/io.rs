@@ -525,6 +525,44 @@ pub fn write_jsonl<T: serde::Serialize>(path: impl AsRef<Path>, items: &[T]) -> 
     output.commit()
 }
 
+/// Write JSON records to `path` as its name says: JSONL (default), one JSON array (`.json`) or
+/// Parquet (`.parquet`, columns from the records' fields), under a temporary name renamed into
+/// place as [`SolutionWriter`] does; `-` is standard output.
+pub fn write_records(path: impl AsRef<Path>, records: &[serde_json::Value]) -> Result<()> {
+    let path = path.as_ref();
+    check_output_name(path)?;
+    let output = Output::prepare(path)?;
+    let io_err = |source| Error::Io {
+        file: path.to_path_buf(),
+        source,
+    };
+    if is_parquet(path) {
+        write_parquet(output.writing(), records).map_err(|message| Error::Other {
+            file: path.to_path_buf(),
+            message,
+        })?;
+        return output.commit();
+    }
+    let array = path.extension().is_some_and(|e| e == "json");
+    let mut w = BufWriter::new(output.open()?);
+    for (i, v) in records.iter().enumerate() {
+        if array {
+            w.write_all(if i == 0 { b"[\n" } else { b",\n" }).map_err(io_err)?;
+        }
+        serde_json::to_writer(&mut w, v).map_err(|e| io_err(e.into()))?;
+        if !array {
+            w.write_all(b"\n").map_err(io_err)?;
+        }
+    }
+    if array {
+        w.write_all(if records.is_empty() { b"[]\n" } else { b"\n]\n" })
+            .map_err(io_err)?;
+    }
+    w.flush().map_err(io_err)?;
+    drop(w);
+    output.commit()
+}
+
 /// Problems from the records of a JSONL, JSON or Parquet file (GSM8K's and MATH-500's files as
 /// they are), with `question` (or `problem`), an optional `id` and a gold answer
 /// in `gold_answer` or `answer` (GSM8K's `#### N` is understood); errors name file and line.

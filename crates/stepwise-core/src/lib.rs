@@ -17,6 +17,7 @@ pub mod io;
 pub mod journal;
 pub mod json;
 pub mod output;
+pub mod pairs;
 pub mod parallel;
 pub mod parquet_io;
 pub mod record;

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod grade;
 pub mod grade_code;
 pub mod lab;
+pub mod pairs;
 pub mod rl;
 pub mod score;
 pub mod search;

@@ -1,0 +1,337 @@
+//! Step-level preference pairs (Step-DPO, Lai et al. 2024) from step-labelled records: at one
+//! question and one prefix of steps none of which is wrong, a next step labelled right (chosen)
+//! against a next step labelled wrong (rejected). DPO on such pairs trains a policy where it
+//! goes wrong, not on whole answers.
+//!
+//! The candidates for the step after a prefix come from every record of the same question whose
+//! steps begin with that prefix (a tree's siblings: OmegaPRM, several samples sharing steps), from
+//! PRM800K's other rated `completions` of a step and its `human_completion`, and from the studio's
+//! human corrections (`meta.studio`, a labeller's rewrite of a step). A step is *chosen* when it is
+//! rated +1, has a soft label (Monte Carlo) of at least `chosen_min`, or was written by a person;
+//! *rejected* when it is rated −1 or its soft label is 0 (no rollout from it succeeded). A prefix
+//! stops at its first step that is wrong or unlabelled; a 0 (acceptable, no progress) extends it.
+
+use crate::record::{LabelValue, Rating, Solution, StepLabel};
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::hash::Hasher;
+use twox_hash::XxHash64;
+
+/// How pairs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// stepwise's own: `{id, question, prefix: [steps], chosen, rejected, answer, chosen_source,
+    /// rejected_source}`, to template as a model needs.
+    #[default]
+    Stepwise,
+    /// Step-DPO's columns (`xinlai/Math-Step-DPO-10K`): `{dataset, prompt, initial_reason_steps,
+    /// chosen, rejected, full_chosen, full_rejected, answer}`, each prefix step followed by the
+    /// separator.
+    StepDpo,
+    /// TRL's `DPOTrainer` standard layout: `{prompt, chosen, rejected}`, the prompt being the
+    /// question and the prefix, each followed by the separator.
+    Trl,
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stepwise" => Ok(Layout::Stepwise),
+            "step-dpo" | "step_dpo" => Ok(Layout::StepDpo),
+            "trl" => Ok(Layout::Trl),
+            other => Err(format!("unknown pair layout `{other}` (stepwise, step-dpo, trl)")),
+        }
+    }
+}
+
+/// Where a candidate step came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// A record's own step (or the step of another record sharing the prefix).
+    Step,
+    /// One of PRM800K's other rated completions of the step.
+    Completion,
+    /// Written by a person: PRM800K's `human_completion`, a studio correction.
+    Human,
+}
+
+impl Source {
+    /// Its name, as written.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Step => "step",
+            Source::Completion => "completion",
+            Source::Human => "human",
+        }
+    }
+}
+
+/// One pair.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepPair {
+    /// The record the rejected step is in and the step's index, `"{id}@{step}"`, with `#k` after
+    /// it for the second and later wrong steps at one place.
+    pub id: String,
+    /// The question.
+    pub question: String,
+    /// The steps before, none of them wrong.
+    pub prefix: Vec<String>,
+    /// A right next step.
+    pub chosen: String,
+    /// A wrong next step.
+    pub rejected: String,
+    /// The reference answer, when known.
+    pub answer: Option<String>,
+    /// Where the chosen step came from.
+    pub chosen_source: Source,
+    /// Where the rejected step came from.
+    pub rejected_source: Source,
+}
+
+/// What was found, besides the pairs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PairStats {
+    /// Records read.
+    pub records: usize,
+    /// Distinct (question, prefix) places with at least one labelled next step.
+    pub prefixes: usize,
+    /// Distinct wrong steps after a sound prefix.
+    pub wrong_steps: usize,
+    /// Of those, how many had no right step beside them (no pair: a policy's sampling from the
+    /// prefix, as Step-DPO does, would supply one).
+    pub without_chosen: usize,
+    /// Steps labelled both right and wrong at the same place (left out of both sides).
+    pub conflicting: usize,
+    /// Pairs, by where their chosen step came from.
+    pub chosen_from: std::collections::BTreeMap<String, usize>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Verdict {
+    Right,
+    Wrong,
+    /// Neither side: a 0, or a soft label between 0 and `chosen_min`.
+    Neutral,
+}
+
+fn verdict(label: &StepLabel, chosen_min: f32) -> Verdict {
+    match label.value {
+        LabelValue::Hard { rating: Rating::Good } => Verdict::Right,
+        LabelValue::Hard { rating: Rating::Bad } => Verdict::Wrong,
+        LabelValue::Hard {
+            rating: Rating::Neutral,
+        } => Verdict::Neutral,
+        LabelValue::Soft { p } if p <= 0.0 => Verdict::Wrong,
+        LabelValue::Soft { p } if p >= chosen_min => Verdict::Right,
+        LabelValue::Soft { .. } => Verdict::Neutral,
+    }
+}
+
+fn rating_verdict(r: Option<i64>) -> Option<Verdict> {
+    match r? {
+        1 => Some(Verdict::Right),
+        -1 => Some(Verdict::Wrong),
+        0 => Some(Verdict::Neutral),
+        _ => None,
+    }
+}
+
+/// The candidates a record carries beside its own step `i`: PRM800K's other rated completions
+/// and human completion of that step, and studio corrections of it.
+fn extra_candidates(s: &Solution) -> Vec<Vec<(String, Verdict, Source)>> {
+    let mut out = vec![Vec::new(); s.steps.len()];
+    if let Some(raw) = s
+        .meta
+        .get("prm800k")
+        .and_then(|v| v.pointer("/label/steps"))
+        .and_then(Value::as_array)
+    {
+        // The reader drops steps with no completion at all (a give-up); the rest align.
+        let non_empty = raw.iter().filter(|r| {
+            let has = |f: &str| {
+                r.get(f)
+                    .is_some_and(|c| c.as_array().is_some_and(|a| !a.is_empty()) || c.is_object())
+            };
+            has("completions") || has("human_completion")
+        });
+        for (slot, r) in out.iter_mut().zip(non_empty) {
+            for c in r.get("completions").and_then(Value::as_array).into_iter().flatten() {
+                if let (Some(t), Some(v)) = (
+                    c.get("text").and_then(Value::as_str),
+                    rating_verdict(c.get("rating").and_then(Value::as_i64)),
+                ) {
+                    slot.push((t.to_string(), v, Source::Completion));
+                }
+            }
+            if let Some(t) = r.pointer("/human_completion/text").and_then(Value::as_str) {
+                slot.push((t.to_string(), Verdict::Right, Source::Human));
+            }
+        }
+    }
+    let studio = s.meta.get("studio");
+    let labellings = studio
+        .and_then(|m| m.get("labellings"))
+        .and_then(Value::as_array)
+        .map(|a| a.iter().collect::<Vec<_>>())
+        .unwrap_or_else(|| studio.into_iter().collect());
+    for l in labellings {
+        for (k, t) in l.get("corrections").and_then(Value::as_object).into_iter().flatten() {
+            if let (Ok(i), Some(t)) = (k.parse::<usize>(), t.as_str()) {
+                if let Some(slot) = out.get_mut(i) {
+                    slot.push((t.to_string(), Verdict::Right, Source::Human));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A (question, prefix) place: a 128-bit hash chained step by step, so that a record's places
+/// cost no copies of its prefixes.
+type Place = (u64, u64);
+
+fn extend(place: Place, text: &str) -> Place {
+    let h = |seed: u64, prev: u64| {
+        let mut x = XxHash64::with_seed(seed);
+        x.write_u64(prev);
+        x.write_usize(text.len());
+        x.write(text.as_bytes());
+        x.finish()
+    };
+    (h(1, place.0), h(2, place.1))
+}
+
+struct Group {
+    /// The record and step that first reached this place (its question and prefix).
+    at: (usize, usize),
+    candidates: Vec<(String, Verdict, Source, usize)>,
+}
+
+/// Every pair the records hold (module docs), the places in the order first met; each wrong
+/// step is paired once, the right steps taken in turn (written by a person first).
+pub fn step_pairs(records: &[Solution], chosen_min: f32) -> (Vec<StepPair>, PairStats) {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut index: HashMap<Place, usize> = HashMap::new();
+    for (r, s) in records.iter().enumerate() {
+        let extra = extra_candidates(s);
+        let mut place = extend((0, 0), &s.question);
+        for (i, step) in s.steps.iter().enumerate() {
+            // A step a person wrote (PRM800K's chosen human completion) is right unrated.
+            let written = || {
+                extra[i]
+                    .iter()
+                    .any(|(t, _, src)| *src == Source::Human && *t == step.text)
+            };
+            let own = match &step.label {
+                Some(l) => Some(verdict(l, chosen_min)),
+                None => written().then_some(Verdict::Right),
+            };
+            let g = *index.entry(place).or_insert_with(|| {
+                groups.push(Group {
+                    at: (r, i),
+                    candidates: Vec::new(),
+                });
+                groups.len() - 1
+            });
+            if let Some(v) = own {
+                groups[g].candidates.push((step.text.clone(), v, Source::Step, r));
+            }
+            for (t, v, src) in &extra[i] {
+                groups[g].candidates.push((t.clone(), *v, *src, r));
+            }
+            if !matches!(own, Some(Verdict::Right | Verdict::Neutral)) {
+                break;
+            }
+            place = extend(place, &step.text);
+        }
+    }
+    let mut stats = PairStats {
+        records: records.len(),
+        ..Default::default()
+    };
+    let mut pairs = Vec::new();
+    for g in groups.into_iter().filter(|g| !g.candidates.is_empty()) {
+        stats.prefixes += 1;
+        pairs.extend(pairs_at(records, g, &mut stats));
+    }
+    (pairs, stats)
+}
+
+fn pairs_at(records: &[Solution], g: Group, stats: &mut PairStats) -> Vec<StepPair> {
+    let mut right: Vec<(String, Source)> = Vec::new();
+    let mut wrong: Vec<(String, Source, usize)> = Vec::new();
+    for (t, v, src, r) in g.candidates {
+        match v {
+            Verdict::Right if !right.iter().any(|(x, _)| *x == t) => right.push((t, src)),
+            Verdict::Wrong if !wrong.iter().any(|(x, _, _)| *x == t) => wrong.push((t, src, r)),
+            _ => {}
+        }
+    }
+    let before = right.len() + wrong.len();
+    let both: Vec<String> = right
+        .iter()
+        .filter(|(t, _)| wrong.iter().any(|(w, _, _)| w == t))
+        .map(|(t, _)| t.clone())
+        .collect();
+    right.retain(|(t, _)| !both.contains(t));
+    wrong.retain(|(t, _, _)| !both.contains(t));
+    stats.conflicting += (before - right.len() - wrong.len()) / 2;
+    stats.wrong_steps += wrong.len();
+    if right.is_empty() {
+        stats.without_chosen += wrong.len();
+        return Vec::new();
+    }
+    right.sort_by_key(|(_, src)| *src != Source::Human);
+    let (r0, i0) = g.at;
+    let prefix: Vec<String> = records[r0].steps[..i0].iter().map(|s| s.text.clone()).collect();
+    wrong
+        .into_iter()
+        .enumerate()
+        .map(|(k, (rejected, rejected_source, r))| {
+            let (chosen, chosen_source) = right[k % right.len()].clone();
+            *stats.chosen_from.entry(chosen_source.name().to_string()).or_default() += 1;
+            let s = &records[r];
+            StepPair {
+                id: if k == 0 {
+                    format!("{}@{}", s.id, i0)
+                } else {
+                    format!("{}@{}#{k}", s.id, i0)
+                },
+                question: s.question.clone(),
+                prefix: prefix.clone(),
+                chosen,
+                rejected,
+                answer: s.gold_answer.clone(),
+                chosen_source,
+                rejected_source,
+            }
+        })
+        .collect()
+}
+
+impl StepPair {
+    /// This pair as a record of `layout`: the steps joined by `separator` (after each step of
+    /// the prefix, and after the question in TRL's prompt); `dataset` fills Step-DPO's column.
+    pub fn to_json(&self, layout: Layout, dataset: &str, separator: &str) -> Value {
+        let steps: String = self.prefix.iter().map(|s| format!("{s}{separator}")).collect();
+        match layout {
+            Layout::Stepwise => json!(self),
+            Layout::StepDpo => json!({
+                "dataset": dataset, "prompt": self.question, "initial_reason_steps": steps,
+                "chosen": self.chosen, "rejected": self.rejected,
+                "full_chosen": format!("{steps}{}", self.chosen), "full_rejected": format!("{steps}{}", self.rejected),
+                "answer": self.answer.clone().unwrap_or_default(),
+            }),
+            Layout::Trl => {
+                let mut m = Map::new();
+                m.insert("prompt".into(), json!(format!("{}{separator}{steps}", self.question)));
+                m.insert("chosen".into(), json!(self.chosen));
+                m.insert("rejected".into(), json!(self.rejected));
+                Value::Object(m)
+            }
+        }
+    }
+}
