@@ -200,7 +200,7 @@ function drawRecord() {
   rec.steps.forEach((s, i) => list.append(drawStep(s, i, bad)));
   const keys = el("p", { class: "keys" }, "Keys: ", el("kbd", {}, "1"), " −1  ", el("kbd", {}, "2"), " 0  ",
     el("kbd", {}, "3"), " +1  ", el("kbd", {}, "j"), "/", el("kbd", {}, "k"), " next/previous step  ",
-    el("kbd", {}, "c"), " comment  ", el("kbd", {}, "f"), " finish  ", el("kbd", {}, "n"), " next record  ",
+    el("kbd", {}, "c"), " comment  ", el("kbd", {}, "w"), " write it right  ", el("kbd", {}, "f"), " finish  ", el("kbd", {}, "n"), " next record  ",
     el("kbd", {}, "p"), " previous record  ",
     ...(state.guidelines && state.guidelines.text ? [el("kbd", {}, "g"), " guidelines  "] : []), el("kbd", {}, "?"), " help");
   document.getElementById("main").replaceChildren(head, list, keys);
@@ -225,6 +225,8 @@ function drawStep(s, i, bad) {
   side.append(el("span", { class: "save", id: "save-" + i }, s.rating === null ? "" : "saved"));
   if (s.comment) side.append(el("span", { class: "note" }, "Comment: ", s.comment));
   li.append(side);
+  if (s.correction) li.append(el("div", { class: "correction", "aria-label": "Your correction of step " + (i + 1) },
+    el("strong", {}, "Written right: "), rich(s.correction, rec.code)));
   if (s.alternatives.length) {
     const alts = el("div", { class: "alts", "aria-label": "Other candidate steps" });
     s.alternatives.forEach((a, k) => alts.append(el("div", { class: "alt" }, el("strong", {}, "Candidate " + (k + 2) + ": "), rich(a, rec.code))));
@@ -266,6 +268,7 @@ async function rate(r) {
     if (f) f.textContent = "Open again: finish it with f";
     status("Step " + (i + 1) + " saved; the record is open again until you finish it");
   }
+  if (r === -1 && !saved.reopened && !rec.steps[i].correction) status("Step " + (i + 1) + " saved as wrong: w on it writes it right");
   if (rec.stop_at_first_bad && r === -1) return finishDialog("found_error");
   if (i + 1 < rec.steps.length) focusStep(i + 1);
   else { focusStep(i); finishDialog(rec.steps.some((s) => s.rating === -1) ? "found_error" : "solution"); }
@@ -299,25 +302,32 @@ function finishDialog(suggested) {
   d.focus();
 }
 
-function commentBox() {
+// A text box under the current step for its comment (`c`) or its correction (`w`: the step
+// as the labeller would write it); Enter saves, Shift+Enter a new line, Escape cancels.
+function stepBox(field) {
   const i = state.current, li = document.getElementById("step-" + i);
   if (!li || li.querySelector("textarea")) return;
-  const t = el("textarea", { rows: "2", "aria-label": "Comment on step " + (i + 1) });
-  t.value = state.record.steps[i].comment || "";
+  const step = state.record.steps[i];
+  const what = field === "comment" ? "Comment" : "Correction";
+  const t = el("textarea", { rows: field === "comment" ? "2" : "4", class: field,
+    "aria-label": field === "comment" ? "Comment on step " + (i + 1) : "Step " + (i + 1) + " written right" });
+  t.value = step[field] || (field === "correction" ? step.text : "");
   t.addEventListener("keydown", async (e) => {
     e.stopPropagation();
     if (e.key === "Escape") { box.remove(); focusStep(i); }
     if (e.key === "Enter" && !e.shiftKey) {
       e.preventDefault();
       try {
-        await api("PUT", "/api/records/" + state.record.id + "/steps/" + i, { rating: state.record.steps[i].rating, comment: t.value });
-        state.record.steps[i].comment = t.value;
-        li.replaceWith(drawStep(state.record.steps[i], i, firstBad(state.record)));
-        focusStep(i); status("Comment saved");
-      } catch (x) { status("Comment not saved: " + x.message, true); }
+        await api("PUT", "/api/records/" + state.record.id + "/steps/" + i, { rating: step.rating, [field]: t.value });
+        step[field] = field === "correction" && !t.value.trim() ? null : t.value;
+        li.replaceWith(drawStep(step, i, firstBad(state.record)));
+        focusStep(i); status(what + (step[field] ? " saved" : " removed"));
+      } catch (x) { status(what + " not saved: " + x.message, true); }
     }
   });
-  const box = el("div", { class: "comment" }, t, el("span", { class: "keys" }, "Enter saves, Shift+Enter a new line, Escape cancels"));
+  const hint = field === "comment" ? "Enter saves, Shift+Enter a new line, Escape cancels"
+    : "Write the step as it should be; Enter saves, Shift+Enter a new line, an empty box removes it, Escape cancels";
+  const box = el("div", { class: "comment" }, t, el("span", { class: "keys" }, hint));
   li.append(box);
   t.focus();
 }
@@ -328,7 +338,8 @@ function help() {
     el("li", {}, el("kbd", {}, "2"), " or ", el("kbd", {}, "0"), ": acceptable but no progress (0)"),
     el("li", {}, el("kbd", {}, "3"), " or ", el("kbd", {}, "+"), ": right and useful (+1)"),
     el("li", {}, el("kbd", {}, "j"), "/", el("kbd", {}, "↓"), " next step, ", el("kbd", {}, "k"), "/", el("kbd", {}, "↑"), " previous"),
-    el("li", {}, el("kbd", {}, "c"), " comment on the step, ", el("kbd", {}, "f"), " finish with a reason, ", el("kbd", {}, "n"), " next record"),
+    el("li", {}, el("kbd", {}, "c"), " comment on the step, ", el("kbd", {}, "w"), " write the step as it should be (a correction), ",
+      el("kbd", {}, "f"), " finish with a reason, ", el("kbd", {}, "n"), " next record"),
     el("li", {}, el("kbd", {}, "p"), " your previous record, to correct it (a changed rating opens it again)"),
     el("li", {}, el("kbd", {}, "g"), " the project's guidelines, ", el("kbd", {}, "?"), " these keys")),
     el("p", {}, "Every rating is saved when you give it; \"saved\" means it is on the server's disk."),
@@ -349,7 +360,8 @@ document.addEventListener("keydown", (e) => {
   if (e.key in map) action = () => rate(map[e.key]);
   else if (e.key === "j" || e.key === "ArrowDown") action = () => focusStep(state.current + 1);
   else if (e.key === "k" || e.key === "ArrowUp") action = () => focusStep(state.current - 1);
-  else if (e.key === "c") action = commentBox;
+  else if (e.key === "c") action = () => stepBox("comment");
+  else if (e.key === "w") action = () => stepBox("correction");
   else if (e.key === "f") action = () => finishDialog(state.record.steps.some((s) => s.rating === -1) ? "found_error" : "solution");
   else if (e.key === "n" && state.record.finish_reason) action = nextRecord;
   else if (e.key === "p") action = previousRecord;
@@ -414,7 +426,9 @@ async function showReview(id) {
   const list = el("ol", { class: "steps" });
   r.steps.forEach((text, i) => {
     const votes = el("div", { class: "side" }, ...r.labellings.map((l) => {
-      const x = l.ratings[i]; return el("span", {}, l.user + ": " + (x && x[0] !== null ? x[0] : "—") + (x && x[1] ? " (" + x[1] + ")" : ""));
+      const x = l.ratings[i], w = l.corrections[i];
+      return el("span", {}, l.user + ": " + (x && x[0] !== null ? x[0] : "—") + (x && x[1] ? " (" + x[1] + ")" : ""),
+        w ? el("span", { class: "note" }, " wrote: ", rich(w, false)) : null);
     }));
     const adj = el("div", { class: "rate", role: "group", "aria-label": "Adjudicate step " + (i + 1) });
     for (const v of [-1, 0, 1]) {

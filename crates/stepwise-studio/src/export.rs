@@ -2,10 +2,11 @@
 //!
 //! Per record (stepwise, TRL, Math-Shepherd, …): each step's label is the reviewer's
 //! adjudication, else the finished labellings' majority (a tie takes the lower rating), as
-//! human labels; `meta.studio` keeps every labeller's ratings, comments, times, finish reasons,
-//! the generation and whether suggestions were shown. Per labelling (PRM800K, one line per
-//! labeller and record, as its release is): the labeller's own ratings with `labeler`,
-//! `timestamp`, `generation`, `is_quality_control_question`, `finish_reason` and `total_time`.
+//! human labels; `meta.studio` keeps every labeller's ratings, comments, corrections, times,
+//! finish reasons, the generation and whether suggestions were shown. Per labelling (PRM800K, one
+//! line per labeller and record, as its release is): the labeller's own ratings with `labeler`,
+//! `timestamp`, `generation`, `is_quality_control_question`, `finish_reason` and `total_time`,
+//! and their corrections as each step's `human_completion`.
 
 use crate::store::{Labelling, Project, Store};
 use crate::time::iso8601;
@@ -63,6 +64,7 @@ fn labelling_json(l: &Labelling, steps: usize) -> Value {
         "started": iso8601(l.started), "finished": l.finished.map(iso8601),
         "finish_reason": l.finish_reason, "ratings": ratings, "suggestions_shown": suggestions,
         "comments": comments,
+        "corrections": l.corrections.iter().map(|(i, t)| (i.to_string(), t.as_str())).collect::<BTreeMap<_, _>>(),
     })
 }
 
@@ -79,7 +81,12 @@ fn prm800k_line(s: &Solution, l: &Labelling, original: &Solution) -> Value {
             for alt in alternatives.get(i).into_iter().flatten() {
                 completions.push(json!({"text": alt, "rating": null, "flagged": false}));
             }
-            json!({"completions": completions, "human_completion": null, "chosen_completion": 0})
+            // The labeller's own writing of the step, beside the model's step they rated (which
+            // the solution goes on from, so it stays the chosen completion).
+            let human = l.corrections.get(&i).map(
+                |t| json!({"text": t, "rating": null, "source": "human", "flagged": false, "corrected_rating": null}),
+            );
+            json!({"completions": completions, "human_completion": human, "chosen_completion": 0})
         })
         .collect();
     let total_ms = l.finished.map(|f| ((f - l.started) * 1000.0).round() as i64);

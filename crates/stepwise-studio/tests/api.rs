@@ -4,6 +4,8 @@
 use reqwest::blocking::{Client, Response};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use stepwise_core::formats::Format;
+use stepwise_core::pairs::step_pairs;
 use stepwise_core::record::{Provenance, Rating, Solution, Step, StepLabel};
 use stepwise_studio::{NewRecord, Policy, Role, Settings, Store};
 
@@ -535,4 +537,85 @@ fn a_locked_database_is_an_error_on_the_page() {
     let view: Value = s.json(&alice, &format!("/api/records/{r}"));
     assert!(view["steps"][0]["rating"].is_null());
     assert_eq!(s.rate(&alice, r, 0, 1).status(), StatusCode::OK);
+}
+
+/// A labeller writes a wrong step right (PRM800K's `human_completion`): kept with their
+/// rating, shown back to them only, never reopening a finished record, and exported both
+/// ways; `stepwise pairs` makes it the chosen step against the model's.
+#[test]
+fn a_wrong_step_written_right_leaves_as_a_human_completion_and_a_pair() {
+    let s = Studio::start("correct", settings(2, 0), vec![record("a", 3, None)], vec![]);
+    let (alice, bob, root) = (s.signed_in("alice"), s.signed_in("bob"), s.signed_in("root"));
+    let id = s.next(&alice).unwrap();
+    assert_eq!(s.next(&bob), Some(id));
+    let put = |c: &Client, body: Value| {
+        c.put(s.url(&format!("/api/records/{id}/steps/1")))
+            .json(&body)
+            .send()
+            .unwrap()
+    };
+    for c in [&alice, &bob] {
+        s.rate(c, id, 0, 1);
+        s.rate(c, id, 1, -1);
+        assert_eq!(s.finish(c, id, "found_error").status(), StatusCode::OK);
+    }
+    let fix = "step 1 of a, <b>done</b> right: $2 + 2 = 4$";
+    let saved: Value = put(&alice, json!({"rating": -1, "correction": format!("  {fix}\n")}))
+        .json()
+        .unwrap();
+    assert_eq!(saved["reopened"], false, "a correction does not reopen");
+    let too_long = put(&alice, json!({"rating": -1, "correction": "x".repeat(4001)}));
+    assert_eq!(too_long.status(), StatusCode::BAD_REQUEST);
+    let view = s.json(&alice, &format!("/api/records/{id}"));
+    assert_eq!(view["steps"][1]["correction"], fix, "kept trimmed, as text");
+    assert_eq!(view["steps"][1]["rating"], -1);
+    assert_eq!(view["finish_reason"], "found_error");
+    assert!(s.json(&bob, &format!("/api/records/{id}"))["steps"][1]["correction"].is_null());
+    // Bob writes one and takes it back.
+    put(&bob, json!({"rating": -1, "correction": "bob's"}));
+    put(&bob, json!({"rating": -1, "correction": " "}));
+    assert!(s.json(&bob, &format!("/api/records/{id}"))["steps"][1]["correction"].is_null());
+    let review = s.json(&s.signed_in("rita"), &format!("/api/records/{id}/review"));
+    assert_eq!(review["labellings"][0]["corrections"], json!({"1": fix}));
+
+    let export = |to: &str| -> Vec<Value> {
+        let body = root
+            .get(s.url(&format!("/api/projects/p/export?to={to}")))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        body.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let lines = export("prm800k");
+    let human: Vec<&Value> = lines
+        .iter()
+        .map(|l| &l["label"]["steps"][1]["human_completion"])
+        .collect();
+    assert_eq!(
+        human[0],
+        &json!({"text": fix, "rating": null, "source": "human", "flagged": false, "corrected_rating": null})
+    );
+    assert!(human[1].is_null());
+    assert_eq!(lines[0]["label"]["steps"][1]["chosen_completion"], 0);
+    let records = export("stepwise");
+    assert_eq!(
+        records[0]["meta"]["studio"]["labellings"][0]["corrections"],
+        json!({"1": fix})
+    );
+    // Both exports give the one pair: the labeller's step against the model's.
+    for (to, format) in [("stepwise", Format::Stepwise), ("prm800k", Format::Prm800k)] {
+        let sols: Vec<Solution> = export(to)
+            .iter()
+            .enumerate()
+            .flat_map(|(i, v)| format.read(v, i).unwrap())
+            .collect();
+        let (pairs, _) = step_pairs(&sols, 0.5);
+        assert_eq!(pairs.len(), 1, "{to}: {pairs:?}");
+        assert_eq!(
+            (pairs[0].chosen.as_str(), pairs[0].rejected.as_str()),
+            (fix, "step 1 of a")
+        );
+        assert_eq!(pairs[0].prefix, vec!["step 0 of a".to_string()]);
+    }
 }

@@ -25,6 +25,8 @@ pub struct StepView {
     pub comment: String,
     /// Other candidate continuations of this step the record carries (PRM800K's completions).
     pub alternatives: Vec<String>,
+    /// The step as this user wrote it instead (their correction), if they did.
+    pub correction: Option<String>,
 }
 
 /// A record as the labelling page shows it to one user.
@@ -56,8 +58,9 @@ pub struct RecordView {
     pub assist: bool,
 }
 
-/// A rating from the page or a script: `rating` −1/0/+1 or null (cleared); a comment, kept if
-/// absent.
+/// A rating from the page or a script: `rating` −1/0/+1 or null (cleared); a comment and a
+/// correction (the step as the labeller would write it: PRM800K's `human_completion`), each
+/// kept if absent; an empty correction removes it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RatingInput {
@@ -66,9 +69,12 @@ pub struct RatingInput {
     /// A comment on the step.
     #[serde(default)]
     pub comment: Option<String>,
+    /// The step written right.
+    #[serde(default)]
+    pub correction: Option<String>,
 }
 
-/// Longest comment kept.
+/// Longest comment kept, and longest correction.
 pub const MAX_COMMENT: usize = 4000;
 
 /// A rating saved: when (durable once the call returns), and whether it changed a finished
@@ -234,6 +240,16 @@ impl Store {
                 *slot = (rating, comment);
             }
         }
+        let mut corrections = vec![None; s.steps.len()];
+        let mut q = self
+            .db
+            .prepare("SELECT step, text FROM corrections WHERE assignment_id = ?1")?;
+        for row in q.query_map([assignment], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))? {
+            let (i, text) = row?;
+            if let Some(slot) = corrections.get_mut(i as usize) {
+                *slot = Some(text);
+            }
+        }
         let suggestions = select::suggestions(&s);
         let alternatives = alternatives(&s);
         let steps = s
@@ -241,8 +257,9 @@ impl Store {
             .iter()
             .zip(mine)
             .zip(alternatives)
+            .zip(corrections)
             .enumerate()
-            .map(|(i, ((st, (rating, comment)), alternatives))| StepView {
+            .map(|(i, (((st, (rating, comment)), alternatives), correction))| StepView {
                 text: st.text.clone(),
                 suggestion: if assist {
                     suggestions.get(i).copied().flatten()
@@ -252,6 +269,7 @@ impl Store {
                 rating,
                 comment,
                 alternatives,
+                correction,
             })
             .collect();
         Ok(Some(RecordView {
@@ -273,7 +291,7 @@ impl Store {
     /// Saves `user`'s rating of `step` of `record`; `Ok(None)` when the record is not
     /// assigned to them. A finished labelling stays theirs to correct: a rating that changes it
     /// opens it again (its finish reason may no longer hold) until they finish it once more;
-    /// a comment alone does not.
+    /// a comment or a correction alone does not.
     pub fn rate(&mut self, user: i64, record: i64, step: usize, input: &RatingInput) -> Result<Option<Saved>> {
         let Some((assignment, _)) = self.assignment(user, record)? else {
             return Ok(None);
@@ -283,6 +301,13 @@ impl Store {
         }
         if input.comment.as_ref().is_some_and(|c| c.chars().count() > MAX_COMMENT) {
             bail!("a comment has at most {MAX_COMMENT} characters");
+        }
+        if input
+            .correction
+            .as_ref()
+            .is_some_and(|c| c.chars().count() > MAX_COMMENT)
+        {
+            bail!("a correction has at most {MAX_COMMENT} characters");
         }
         let Some((_, _, s)) = self.solution(record)? else {
             return Ok(None);
@@ -311,6 +336,22 @@ impl Store {
              comment = COALESCE(?4, ratings.comment), at = excluded.at, suggestion = excluded.suggestion",
             params![assignment, step as i64, input.rating, input.comment, t, suggestion],
         )?;
+        match input.correction.as_deref().map(str::trim) {
+            None => {}
+            Some("") => {
+                tx.execute(
+                    "DELETE FROM corrections WHERE assignment_id = ?1 AND step = ?2",
+                    params![assignment, step as i64],
+                )?;
+            }
+            Some(text) => {
+                tx.execute(
+                    "INSERT INTO corrections (assignment_id, step, text, at) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (assignment_id, step) DO UPDATE SET text = excluded.text, at = excluded.at",
+                    params![assignment, step as i64, text, t],
+                )?;
+            }
+        }
         let reopened = before.flatten() != input.rating
             && tx.execute(
                 "UPDATE assignments SET finished = NULL, finish_reason = NULL WHERE id = ?1 AND finished IS NOT NULL",

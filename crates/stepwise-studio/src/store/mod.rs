@@ -91,6 +91,13 @@ CREATE TABLE IF NOT EXISTS adjudications (
     at REAL NOT NULL,
     PRIMARY KEY (record_id, step)
 );
+CREATE TABLE IF NOT EXISTS corrections (
+    assignment_id INTEGER NOT NULL REFERENCES assignments(id),
+    step INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (assignment_id, step)
+);
 CREATE TABLE IF NOT EXISTS guidelines (
     project_id INTEGER PRIMARY KEY REFERENCES projects(id),
     text TEXT NOT NULL,

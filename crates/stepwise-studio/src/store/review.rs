@@ -32,6 +32,8 @@ pub struct Labelling {
     pub finish_reason: Option<String>,
     /// step → (rating, comment, when, suggestion shown).
     pub ratings: BTreeMap<usize, (Option<i64>, String, f64, Option<f64>)>,
+    /// step → the step as the labeller wrote it instead (PRM800K's `human_completion`).
+    pub corrections: BTreeMap<usize, String>,
 }
 
 impl Labelling {
@@ -133,6 +135,7 @@ impl Store {
                 finished: r.get(7)?,
                 finish_reason: r.get(8)?,
                 ratings: BTreeMap::new(),
+                corrections: BTreeMap::new(),
             })
         })?;
         let mut out: Vec<Labelling> = rows.collect::<rusqlite::Result<_>>()?;
@@ -153,6 +156,20 @@ impl Store {
             let (a, step, rating) = row?;
             if let Some(&i) = index.get(&a) {
                 out[i].ratings.insert(step as usize, rating);
+            }
+        }
+        let mut q = self.db.prepare(
+            "SELECT t.assignment_id, t.step, t.text
+             FROM corrections t JOIN assignments a ON a.id = t.assignment_id JOIN records r ON r.id = a.record_id
+             WHERE r.project_id = ?1 AND (?2 IS NULL OR a.record_id = ?2)",
+        )?;
+        let rows = q.query_map(params![project.id, record], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+        })?;
+        for row in rows {
+            let (a, step, text) = row?;
+            if let Some(&i) = index.get(&a) {
+                out[i].corrections.insert(step as usize, text);
             }
         }
         Ok(out)
