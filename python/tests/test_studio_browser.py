@@ -32,6 +32,8 @@ HOSTILE = [
     "So the answer is $4$.",
 ]
 
+CORRECTION = r"Their sum is $2 + 3 = 5$. <b>not bold</b>"
+
 RECORDS = [
     {"id": "hostile", "question": "What is $x^2$ when <b>x</b> = 2? (Tickets cost $1000 / $20 a head.)", "gold_answer": "4", "final_answer": "4",
      "steps": [{"text": t} for t in HOSTILE], "scores": {"prm": [0.9, 0.5, 0.7, 0.8, 0.95]}},
@@ -170,9 +172,23 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         page.keyboard.type("2 · 3 is the product, not the sum")
         page.keyboard.press("Enter")
         page.wait_for_selector("#step-2 .note")
-        shot(page, "studio-label.png")
         page.keyboard.press("1")
         page.wait_for_selector("#save-2.saved")
+        # Back to the wrong step to write it right: the box starts from the model's step, and
+        # what is written shows as text with its math typeset.
+        page.keyboard.press("k")
+        page.keyboard.press("w")
+        box = "#step-2 textarea.correction"
+        page.wait_for_selector(box)
+        assert page.input_value(box) == RECORDS[1]["steps"][2]["text"]
+        page.keyboard.press("Control+A")
+        page.keyboard.type(CORRECTION)
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#step-2 div.correction .katex")
+        assert "<b>not bold</b>" in page.inner_text("#step-2 div.correction")
+        assert page.locator("main b").count() == 0
+        shot(page, "studio-label.png")
+        page.keyboard.press("j")
         page.keyboard.press("1")
         page.wait_for_selector("dialog#finish")
         page.keyboard.press("1")  # found_error
@@ -222,6 +238,8 @@ def test_a_whole_labelling_session_by_keyboard(studio):
         hostile = next(e for e in exported if e["question"]["problem"].startswith("What is") and e["labeler"] == "alice")
         assert [s["completions"][0]["rating"] for s in hostile["label"]["steps"]] == [1, 0, -1, 1, 1]
         assert hostile["label"]["finish_reason"] == "found_error"
+        quadratic = next(e for e in exported if e["question"]["problem"].startswith("Find") and e["labeler"] == "alice")
+        assert quadratic["label"]["steps"][2]["human_completion"]["text"] == CORRECTION
         browser.close()
 
 
