@@ -39,6 +39,17 @@ def read_problems(path: Union[str, "PathLike[str]"]) -> List[Dict[str, Any]]:
 def write(records: Records, path: Union[str, "PathLike[str]"], format: str = "stepwise") -> int:
     """Write records as `format` (JSONL, `.json` or `.parquet` by the name). Returns the count."""
 
+def step_pairs(
+    records: Records,
+    layout: str = "stepwise",
+    chosen_min: float = 0.5,
+    dataset: str = "",
+    separator: str = "\n",
+) -> List[Dict[str, Any]]:
+    """Step-level preference pairs (Step-DPO) from step-labelled records or a file: a right next
+    step against a wrong one after the same sound prefix. `layout`: "stepwise", "step-dpo" or
+    "trl" (DPOTrainer's prompt/chosen/rejected)."""
+
 def convert(records: Records, format: str) -> List[Record]:
     """Records converted to `format`'s records, in memory."""
 

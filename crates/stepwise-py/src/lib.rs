@@ -55,6 +55,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(records::read_problems, m)?)?;
     m.add_function(wrap_pyfunction!(records::write, m)?)?;
     m.add_function(wrap_pyfunction!(records::convert, m)?)?;
+    m.add_function(wrap_pyfunction!(records::step_pairs, m)?)?;
     m.add_function(wrap_pyfunction!(records::to_arrow_ipc, m)?)?;
     m.add_function(wrap_pyfunction!(records::from_arrow_ipc, m)?)?;
     m.add_function(wrap_pyfunction!(records::grade, m)?)?;

@@ -3,6 +3,7 @@
 use crate::convert::{
     format_named, in_format, path_of, records_arg, records_of, solutions_of, to_py, value_error, without_gil,
 };
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 use serde_json::Value;
@@ -54,6 +55,49 @@ pub fn read_problems<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py,
         .iter()
         .map(|p| serde_json::json!({"id": p.id, "question": p.question, "answer": p.gold_answer}))
         .collect();
+    to_py(py, &Value::Array(rows))
+}
+
+/// Step-level preference pairs (Step-DPO) from step-labelled records (dicts in any format, or a
+/// path), as `stepwise pairs` makes them: at each question and prefix of steps none of which is
+/// wrong, a right next step (rated +1, a Monte Carlo value of at least `chosen_min`, or written
+/// by a person: PRM800K's `human_completion`, a studio correction) against a wrong one. The
+/// steps beside one another come from records sharing the prefix and from PRM800K's rated
+/// completions. `layout`: `"stepwise"` (`id, question, prefix, chosen, rejected, answer,
+/// chosen_source, rejected_source`), `"step-dpo"` (Step-DPO's columns) or `"trl"` (TRL
+/// `DPOTrainer`'s `prompt, chosen, rejected`).
+///
+/// >>> pairs = stepwise.step_pairs("prm800k/phase1.jsonl", layout="trl")
+/// >>> datasets.Dataset.from_list(pairs)    # DPOTrainer(train_dataset=...)
+#[pyfunction]
+#[pyo3(signature = (records, layout="stepwise", chosen_min=0.5, dataset="", separator="\n"))]
+pub fn step_pairs<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyAny>,
+    layout: &str,
+    chosen_min: f32,
+    dataset: &str,
+    separator: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let layout: stepwise_core::pairs::Layout = layout.parse().map_err(PyValueError::new_err)?;
+    if !(chosen_min > 0.0 && chosen_min <= 1.0) {
+        return Err(PyValueError::new_err(format!(
+            "chosen_min must be in (0, 1], not {chosen_min}"
+        )));
+    }
+    let sols = match path_of(records) {
+        Some(path) => without_gil(py, || {
+            Ok(stepwise_core::SolutionReader::open(&path, None)?.collect::<Result<Vec<_>, _>>()?)
+        })?,
+        None => {
+            let given = records_arg(records)?;
+            without_gil(py, || solutions_of(&given, None))?
+        }
+    };
+    let rows: Vec<Value> = without_gil(py, || {
+        let (pairs, _) = stepwise_core::pairs::step_pairs(&sols, chosen_min);
+        Ok(pairs.iter().map(|p| p.to_json(layout, dataset, separator)).collect())
+    })?;
     to_py(py, &Value::Array(rows))
 }
 

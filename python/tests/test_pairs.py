@@ -1,0 +1,52 @@
+"""Step-level preference pairs (``stepwise.step_pairs``, ``stepwise pairs``) from real PRM800K
+records and from studio corrections, in each layout."""
+
+import json
+import subprocess
+
+import pytest
+
+import stepwise
+
+
+def test_pairs_from_prm800k_rated_completions(repo):
+    path = repo / "data" / "prm800k" / "samples_openr.jsonl"
+    pairs = stepwise.step_pairs(str(path))
+    assert len(pairs) == 15
+    first = pairs[0]
+    assert first["id"] == "0@1" and first["answer"] == "29"
+    assert first["chosen"] == "We have $3p+e=1.24$ and $5p+e=1.82$."
+    assert (first["chosen_source"], first["rejected_source"]) == ("step", "completion")
+    # Records in memory give the same pairs as the file.
+    assert stepwise.step_pairs(stepwise.read(path)) == pairs
+    dpo = stepwise.step_pairs(path, layout="step-dpo", dataset="prm800k")
+    assert set(dpo[0]) == {"dataset", "prompt", "initial_reason_steps", "chosen", "rejected", "full_chosen",
+                           "full_rejected", "answer"}
+    assert dpo[0]["full_chosen"] == dpo[0]["initial_reason_steps"] + dpo[0]["chosen"]
+    trl = stepwise.step_pairs(path, layout="trl")
+    assert set(trl[0]) == {"prompt", "chosen", "rejected"}
+    assert trl[0]["prompt"] == first["question"] + "\n" + first["prefix"][0] + "\n"
+    with pytest.raises(ValueError, match="step-dpo"):
+        stepwise.step_pairs(path, layout="dpo")
+    with pytest.raises(ValueError, match="chosen_min"):
+        stepwise.step_pairs(path, chosen_min=0)
+
+
+def test_a_studio_correction_is_the_chosen_step():
+    record = {"id": "r", "question": "What is 2 + 3 * 4?", "gold_answer": "14",
+              "steps": [{"text": "3 * 4 = 12.", "label": {"rating": "good"}},
+                        {"text": "12 + 2 = 15.", "label": {"rating": "bad"}}],
+              "meta": {"studio": {"labellings": [{"labeller": "lin", "corrections": {"1": "12 + 2 = 14."}}]}}}
+    (pair,) = stepwise.step_pairs([record])
+    assert (pair["chosen"], pair["rejected"], pair["chosen_source"]) == ("12 + 2 = 14.", "12 + 2 = 15.", "human")
+    assert pair["prefix"] == ["3 * 4 = 12."]
+
+
+def test_the_command_line_writes_the_same_pairs(repo, tmp_path):
+    path = repo / "data" / "openr" / "samples_math-aps-tree_openr.jsonl"
+    out = tmp_path / "pairs.jsonl"
+    done = subprocess.run(["stepwise", "pairs", str(path), str(out), "--layout", "step-dpo"],
+                          capture_output=True, text=True, check=True)
+    assert "7 pairs from 242 records" in done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows == stepwise.step_pairs(path, layout="step-dpo", dataset="samples_math-aps-tree_openr")
