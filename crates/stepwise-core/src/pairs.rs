@@ -21,8 +21,8 @@ use twox_hash::XxHash64;
 /// How pairs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Layout {
-    /// stepwise's own: `{id, question, prefix: [steps], chosen, rejected, answer, chosen_source,
-    /// rejected_source}`, to template as a model needs.
+    /// stepwise's own: `{id, problem_id, question, prefix: [steps], chosen, rejected, answer,
+    /// chosen_source, rejected_source}`, to template as a model needs.
     #[default]
     Stepwise,
     /// Step-DPO's columns (`xinlai/Math-Step-DPO-10K`): `{dataset, prompt, initial_reason_steps,
@@ -75,6 +75,8 @@ pub struct StepPair {
     /// The record the rejected step is in and the step's index, `"{id}@{step}"`, with `#k` after
     /// it for the second and later wrong steps at one place.
     pub id: String,
+    /// The question's problem id.
+    pub problem_id: String,
     /// The question.
     pub question: String,
     /// The steps before, none of them wrong.
@@ -300,6 +302,7 @@ fn pairs_at(records: &[Solution], g: Group, stats: &mut PairStats) -> Vec<StepPa
                 } else {
                     format!("{}@{}#{k}", s.id, i0)
                 },
+                problem_id: s.problem_id.clone(),
                 question: s.question.clone(),
                 prefix: prefix.clone(),
                 chosen,

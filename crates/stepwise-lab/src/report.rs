@@ -302,6 +302,29 @@ are on the held-out samples. The judge's rollouts are its sampled answers.\n",
                 opt(l.new_solutions_label_accuracy)
             );
         }
+        pairs_table(s, &r.labels.sources);
+    }
+}
+
+/// The step-level preference pairs each label source gives, checked by the oracle.
+fn pairs_table(s: &mut String, sources: &[crate::stages::labels::LabelSource]) {
+    if sources.iter().all(|l| l.pairs.is_none()) {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nStep-level preference pairs (Step-DPO's data, `stepwise pairs`) in each source's labels: a right next step \
+against a wrong one after the same sound prefix, found among the samples of a problem (and the tree's rollouts) that \
+share it; the oracle checks both sides.\n\n| source | pairs | problems | both sides right | chosen right | rejected wrong |\n|---|---|---|---|---|---|"
+    );
+    for l in sources {
+        if let Some(p) = &l.pairs {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.3} | {:.3} | {:.3} |",
+                l.source, p.pairs, p.problems, p.precision, p.chosen_right, p.rejected_wrong
+            );
+        }
     }
 }
 

@@ -46,6 +46,55 @@ pub struct LabelSource {
     /// Best-of-N accuracy (min aggregation) of that PRM, by N (`{"32": accuracy}`).
     #[serde(default)]
     pub bon: std::collections::BTreeMap<String, f64>,
+    /// The step-level preference pairs (Step-DPO) these labels give, checked by the oracle.
+    #[serde(default)]
+    pub pairs: Option<PairQuality>,
+}
+
+/// Step-level preference pairs mined from one source's labels (`stepwise pairs`: a right next
+/// step against a wrong one after the same sound prefix), each side checked by the oracle.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PairQuality {
+    /// Pairs.
+    pub pairs: usize,
+    /// Problems with at least one pair.
+    pub problems: usize,
+    /// Pairs whose chosen step the oracle calls right and whose rejected step it calls wrong.
+    pub precision: f64,
+    /// Pairs whose chosen step is right.
+    pub chosen_right: f64,
+    /// Pairs whose rejected step is wrong.
+    pub rejected_wrong: f64,
+}
+
+/// The pairs `labelled` gives (soft labels: chosen from 0.5, rejected at 0), against the
+/// oracle's verdict on each side after the pair's prefix.
+pub fn pair_quality(labelled: &[Solution], task: &crate::oracle::LabTask) -> PairQuality {
+    use stepwise_core::seams::Task;
+    let (pairs, _) = stepwise_core::pairs::step_pairs(labelled, 0.5);
+    let verdict = |p: &stepwise_core::pairs::StepPair, step: &str| -> bool {
+        let mut steps = p.prefix.clone();
+        steps.push(step.to_string());
+        task.check_prefix(&p.problem_id, &steps)
+            .and_then(|v| v.last().copied())
+            .unwrap_or(false)
+    };
+    let (mut chosen, mut rejected, mut both) = (0usize, 0usize, 0usize);
+    for p in &pairs {
+        let (c, r) = (verdict(p, &p.chosen), !verdict(p, &p.rejected));
+        chosen += usize::from(c);
+        rejected += usize::from(r);
+        both += usize::from(c && r);
+    }
+    let n = pairs.len().max(1) as f64;
+    let problems: std::collections::HashSet<&str> = pairs.iter().map(|p| p.problem_id.as_str()).collect();
+    PairQuality {
+        pairs: pairs.len(),
+        problems: problems.len(),
+        precision: both as f64 / n,
+        chosen_right: chosen as f64 / n,
+        rejected_wrong: rejected as f64 / n,
+    }
 }
 
 /// Every label source of a run.
@@ -153,15 +202,17 @@ pub fn label_sources(i: &SourceInputs<'_>) -> anyhow::Result<Labels> {
     let mc_hard: Vec<Solution> = i.mc.0.iter().map(crate::stages::annotate::hard_mc).collect();
     // Each source's PRM at the largest N of the report's curves (32 in the standard preset).
     let n = p.evaluation.samples;
-    let mut sources = vec![
-        compare("mc", &mc_hard, oracle, i.mc.1).with_prm(scored, verifier::PRM_MC, n, seed)?,
-        compare("binary_search", i.binary_search.0, oracle, i.binary_search.1).with_prm(
-            scored,
-            verifier::PRM_BINARY_SEARCH,
-            n,
-            seed,
-        )?,
-    ];
+    let pairs = |labelled: &[Solution]| Some(pair_quality(labelled, i.task));
+    let mut mc = compare("mc", &mc_hard, oracle, i.mc.1).with_prm(scored, verifier::PRM_MC, n, seed)?;
+    mc.pairs = pairs(i.mc.0);
+    let mut binary = compare("binary_search", i.binary_search.0, oracle, i.binary_search.1).with_prm(
+        scored,
+        verifier::PRM_BINARY_SEARCH,
+        n,
+        seed,
+    )?;
+    binary.pairs = pairs(i.binary_search.0);
+    let mut sources = vec![mc, binary];
     let mut tree =
         compare("omegaprm", i.omegaprm.0, oracle, i.omegaprm.1).with_prm(scored, verifier::PRM_OMEGAPRM, n, seed)?;
     // The tree's new solutions' labels against the oracle's verdicts on their steps.
@@ -170,10 +221,13 @@ pub fn label_sources(i: &SourceInputs<'_>) -> anyhow::Result<Labels> {
     tree.new_solutions = new.len();
     tree.new_solutions_label_accuracy =
         (!new.is_empty()).then(|| compare("omegaprm", new, &new_oracle, Default::default()).label_accuracy);
+    // The tree's pairs: its labelled samples and its kept rollouts, siblings of one another.
+    tree.pairs = pairs(&[i.omegaprm.0, new].concat());
     sources.push(tree);
     if let Some(j) = i.judged {
         let mut judge = compare("judge", &j.labels, oracle, j.spent).with_prm(scored, verifier::PRM_JUDGE, n, seed)?;
         judge.human_labels = j.human.len();
+        judge.pairs = pairs(&j.labels);
         // Compared on the solutions it kept; it paid for both annotations.
         let kept = j
             .consensus
@@ -186,11 +240,13 @@ pub fn label_sources(i: &SourceInputs<'_>) -> anyhow::Result<Labels> {
             compare("consensus", &j.consensus, oracle, both).with_prm(scored, verifier::PRM_CONSENSUS, n, seed)?;
         c.retained_fraction = Some(retained);
         c.human_labels = j.human.len();
+        c.pairs = pairs(&j.consensus);
         sources.extend([judge, c]);
     }
     let mut oracle_source =
         compare("oracle", oracle, oracle, Default::default()).with_prm(scored, verifier::PRM_ORACLE, n, seed)?;
     oracle_source.human_labels = oracle.len();
+    oracle_source.pairs = pairs(oracle);
     sources.push(oracle_source);
     Ok(Labels {
         completer: p.annotation.completer.name().into(),
@@ -232,6 +288,32 @@ mod tests {
         assert_eq!(
             compare("oracle", &oracle, &oracle, Spent::default()).label_accuracy,
             1.0
+        );
+    }
+
+    #[test]
+    fn pairs_are_checked_by_the_oracle_on_both_sides() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let p = crate::problems::arithmetic(&mut rng, 0);
+        let task = crate::oracle::LabTask::new([&p]);
+        let right = crate::task::solution(&p, "right".into(), p.steps.clone(), "test");
+        let mut steps = p.steps.clone();
+        steps[1] = "1 * 1 = 1".into();
+        let wrong = crate::task::solution(&p, "wrong".into(), steps, "test");
+        let labelled: Vec<Solution> = [&right, &wrong].iter().map(|s| task.oracle_labelled(s)).collect();
+        let q = pair_quality(&labelled, &task);
+        assert_eq!((q.pairs, q.problems, q.precision), (1, 1, 1.0));
+        // Labels that have it backwards: the pair is there, and both of its sides are wrong.
+        let mut flipped = labelled.clone();
+        for s in &mut flipped {
+            let l = s.steps[1].label.as_mut().unwrap();
+            *l = StepLabel::from_bool(!l.is_good(), Provenance::Human);
+        }
+        let q = pair_quality(&flipped, &task);
+        assert_eq!(
+            (q.pairs, q.precision, q.chosen_right, q.rejected_wrong),
+            (1, 0.0, 0.0, 0.0)
         );
     }
 }
