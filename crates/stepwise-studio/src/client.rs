@@ -96,7 +96,16 @@ impl Client {
 
     /// Rates step `step` of record `id` (−1, 0, +1, or `None` to clear).
     pub fn rate(&self, id: i64, step: usize, rating: Option<i64>, comment: Option<&str>) -> Result<()> {
-        let body = json!({"rating": rating, "comment": comment});
+        self.put_step(id, step, json!({"rating": rating, "comment": comment}))
+    }
+
+    /// Writes step `step` of record `id` right (a correction, PRM800K's `human_completion`;
+    /// `""` removes it), its rating given as `rating` (the same call saves both).
+    pub fn correct(&self, id: i64, step: usize, rating: Option<i64>, text: &str) -> Result<()> {
+        self.put_step(id, step, json!({"rating": rating, "correction": text}))
+    }
+
+    fn put_step(&self, id: i64, step: usize, body: serde_json::Value) -> Result<()> {
         self.call(
             "rating",
             reqwest::Method::PUT,

@@ -571,10 +571,13 @@ fn a_wrong_step_written_right_leaves_as_a_human_completion_and_a_pair() {
     assert_eq!(view["steps"][1]["rating"], -1);
     assert_eq!(view["finish_reason"], "found_error");
     assert!(s.json(&bob, &format!("/api/records/{id}"))["steps"][1]["correction"].is_null());
-    // Bob writes one and takes it back.
-    put(&bob, json!({"rating": -1, "correction": "bob's"}));
-    put(&bob, json!({"rating": -1, "correction": " "}));
+    // Bob writes one and takes it back, through the Rust client.
+    let script = stepwise_studio::client::Client::login(&s.base, "bob", "bob-password").unwrap();
+    script.correct(id, 1, Some(-1), "bob's").unwrap();
+    assert_eq!(script.record(id).unwrap().steps[1].correction.as_deref(), Some("bob's"));
+    script.correct(id, 1, Some(-1), " ").unwrap();
     assert!(s.json(&bob, &format!("/api/records/{id}"))["steps"][1]["correction"].is_null());
+    assert_eq!(s.json(&bob, &format!("/api/records/{id}"))["steps"][1]["rating"], -1);
     let review = s.json(&s.signed_in("rita"), &format!("/api/records/{id}/review"));
     assert_eq!(review["labellings"][0]["corrections"], json!({"1": fix}));
 
