@@ -319,7 +319,9 @@ function stepBox(field) {
       e.preventDefault();
       try {
         await api("PUT", "/api/records/" + state.record.id + "/steps/" + i, { rating: step.rating, [field]: t.value });
-        step[field] = field === "correction" && !t.value.trim() ? null : t.value;
+        // The server keeps no correction that is empty or the step as it stands.
+        const none = field === "correction" && (!t.value.trim() || t.value.trim() === step.text.trim());
+        step[field] = none ? null : t.value;
         li.replaceWith(drawStep(step, i, firstBad(state.record)));
         focusStep(i); status(what + (step[field] ? " saved" : " removed"));
       } catch (x) { status(what + " not saved: " + x.message, true); }

@@ -577,6 +577,9 @@ fn a_wrong_step_written_right_leaves_as_a_human_completion_and_a_pair() {
     assert_eq!(script.record(id).unwrap().steps[1].correction.as_deref(), Some("bob's"));
     script.correct(id, 1, Some(-1), " ").unwrap();
     assert!(s.json(&bob, &format!("/api/records/{id}"))["steps"][1]["correction"].is_null());
+    // The step as it stands, sent back unedited, is no correction either.
+    script.correct(id, 1, Some(-1), "step 1 of a\n").unwrap();
+    assert!(s.json(&bob, &format!("/api/records/{id}"))["steps"][1]["correction"].is_null());
     assert_eq!(s.json(&bob, &format!("/api/records/{id}"))["steps"][1]["rating"], -1);
     let review = s.json(&s.signed_in("rita"), &format!("/api/records/{id}/review"));
     assert_eq!(review["labellings"][0]["corrections"], json!({"1": fix}));

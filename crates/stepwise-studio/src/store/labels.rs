@@ -60,7 +60,7 @@ pub struct RecordView {
 
 /// A rating from the page or a script: `rating` −1/0/+1 or null (cleared); a comment and a
 /// correction (the step as the labeller would write it: PRM800K's `human_completion`), each
-/// kept if absent; an empty correction removes it.
+/// kept if absent; an empty correction, or one that is the step's own text, removes it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RatingInput {
@@ -336,9 +336,11 @@ impl Store {
              comment = COALESCE(?4, ratings.comment), at = excluded.at, suggestion = excluded.suggestion",
             params![assignment, step as i64, input.rating, input.comment, t, suggestion],
         )?;
+        // A correction that is the step as it stands (the page's box starts from it) is none.
+        let unchanged = |c: &str| c.is_empty() || c == s.steps[step].text.trim();
         match input.correction.as_deref().map(str::trim) {
             None => {}
-            Some("") => {
+            Some(c) if unchanged(c) => {
                 tx.execute(
                     "DELETE FROM corrections WHERE assignment_id = ?1 AND step = ?2",
                     params![assignment, step as i64],
