@@ -63,7 +63,7 @@ pub fn read_problems<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py,
 /// wrong, a right next step (rated +1, a Monte Carlo value of at least `chosen_min`, or written
 /// by a person: PRM800K's `human_completion`, a studio correction) against a wrong one. The
 /// steps beside one another come from records sharing the prefix and from PRM800K's rated
-/// completions. `layout`: `"stepwise"` (`id, question, prefix, chosen, rejected, answer,
+/// completions. `layout`: `"stepwise"` (`id, problem_id, question, prefix, chosen, rejected, answer,
 /// chosen_source, rejected_source`), `"step-dpo"` (Step-DPO's columns) or `"trl"` (TRL
 /// `DPOTrainer`'s `prompt, chosen, rejected`).
 ///

@@ -37,7 +37,8 @@ far), PRM800K's other rated completions and human completions, and the studio's 
 (a labeller's rewrite of a step; `stepwise studio export`). Each wrong step is paired once.
 
 Layouts:
-  stepwise  {id, question, prefix: [steps], chosen, rejected, answer, chosen_source, rejected_source}
+  stepwise  {id, problem_id, question, prefix: [steps], chosen, rejected, answer, chosen_source,
+            rejected_source}
   step-dpo  Step-DPO's columns {dataset, prompt, initial_reason_steps, chosen, rejected,
             full_chosen, full_rejected, answer}
   trl       TRL DPOTrainer's {prompt, chosen, rejected}: prompt = question and prefix
