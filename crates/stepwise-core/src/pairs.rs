@@ -145,32 +145,21 @@ fn rating_verdict(r: Option<i64>) -> Option<Verdict> {
 /// and human completion of that step, and studio corrections of it.
 fn extra_candidates(s: &Solution) -> Vec<Vec<(String, Verdict, Source)>> {
     let mut out = vec![Vec::new(); s.steps.len()];
-    if let Some(raw) = s
-        .meta
-        .get("prm800k")
-        .and_then(|v| v.pointer("/label/steps"))
-        .and_then(Value::as_array)
-    {
-        // The reader drops steps with no completion at all (a give-up); the rest align.
-        let non_empty = raw.iter().filter(|r| {
-            let has = |f: &str| {
-                r.get(f)
-                    .is_some_and(|c| c.as_array().is_some_and(|a| !a.is_empty()) || c.is_object())
-            };
-            has("completions") || has("human_completion")
-        });
-        for (slot, r) in out.iter_mut().zip(non_empty) {
-            for c in r.get("completions").and_then(Value::as_array).into_iter().flatten() {
-                if let (Some(t), Some(v)) = (
-                    c.get("text").and_then(Value::as_str),
-                    rating_verdict(c.get("rating").and_then(Value::as_i64)),
-                ) {
-                    slot.push((t.to_string(), v, Source::Completion));
-                }
+    for (slot, r) in out.iter_mut().zip(crate::formats::prm800k_written_steps(s)) {
+        for c in r.get("completions").and_then(Value::as_array).into_iter().flatten() {
+            if let (Some(t), Some(v)) = (
+                c.get("text").and_then(Value::as_str),
+                rating_verdict(c.get("rating").and_then(Value::as_i64)),
+            ) {
+                slot.push((t.to_string(), v, Source::Completion));
             }
-            if let Some(t) = r.pointer("/human_completion/text").and_then(Value::as_str) {
-                slot.push((t.to_string(), Verdict::Right, Source::Human));
-            }
+        }
+        if let Some(t) = r
+            .get("human_completion")
+            .and_then(|h| h.get("text"))
+            .and_then(Value::as_str)
+        {
+            slot.push((t.to_string(), Verdict::Right, Source::Human));
         }
     }
     let studio = s.meta.get("studio");

@@ -14,6 +14,8 @@ mod rlhflow;
 mod trajectory;
 mod trl;
 
+pub use prm800k::written_steps as prm800k_written_steps;
+
 use crate::error::FieldError;
 use crate::record::Solution;
 use serde_json::Value;

@@ -60,6 +60,22 @@ fn is_empty_step(step: &Map<String, Value>) -> bool {
         && step.get("human_completion").is_none_or(Value::is_null)
 }
 
+/// The raw steps of the PRM800K record kept in `s.meta.prm800k` that `s`'s steps were read
+/// from, in order: a step where nothing was written (a give-up) is skipped, as the reader skips
+/// it. Empty when `s` was not read from PRM800K.
+pub fn written_steps(s: &Solution) -> Vec<&Map<String, Value>> {
+    s.meta
+        .get(ORIGINAL)
+        .and_then(|v| v.pointer("/label/steps"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+        .filter(|o| !is_empty_step(o))
+        .take(s.steps.len())
+        .collect()
+}
+
 fn chosen_mut(step: &mut Value, which: Chosen) -> Option<&mut Value> {
     match which {
         Chosen::Completion(k) => step.get_mut("completions")?.get_mut(k),

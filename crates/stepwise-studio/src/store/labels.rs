@@ -108,21 +108,8 @@ pub const HISTORY_LIMIT: usize = 500;
 /// Other completions of each step of a PRM800K record (the chosen one left out).
 pub(crate) fn alternatives(s: &Solution) -> Vec<Vec<String>> {
     let mut out = vec![Vec::new(); s.steps.len()];
-    let Some(raw) = s
-        .meta
-        .get("prm800k")
-        .and_then(|v| v.pointer("/label/steps"))
-        .and_then(Value::as_array)
-    else {
-        return out;
-    };
-    let non_empty = raw.iter().filter(|r| {
-        r.get("completions")
-            .and_then(Value::as_array)
-            .is_some_and(|c| !c.is_empty())
-    });
-    for (i, r) in non_empty.enumerate().take(s.steps.len()) {
-        let texts = r["completions"].as_array().into_iter().flatten();
+    for (i, r) in stepwise_core::formats::prm800k_written_steps(s).into_iter().enumerate() {
+        let texts = r.get("completions").and_then(Value::as_array).into_iter().flatten();
         out[i] = texts
             .filter_map(|c| c.get("text").and_then(Value::as_str))
             .filter(|t| *t != s.steps[i].text)
