@@ -79,6 +79,8 @@ enum Command {
     Calibrate(cmd::calibrate::Args),
     /// Optimise a policy by RL against outcome, ORM or PRM rewards (GRPO, per-step credit), resumable.
     Rl(cmd::rl::Args),
+    /// Train a policy by DPO on preference pairs (Step-DPO with `stepwise pairs`' step pairs): no reward model, no sampling.
+    Dpo(cmd::dpo::Args),
     /// Serve a policy and/or PRM over an OpenAI-compatible HTTP API (completions, chat, step scores).
     Serve(cmd::serve::Args),
     /// Evaluate scored solutions (ProcessBench's first-error metric).
@@ -126,6 +128,7 @@ where
         Command::Bon(a) => cmd::bon::run(a),
         Command::Eval(c) => cmd::eval::run(c),
         Command::Rl(a) => cmd::rl::run(a),
+        Command::Dpo(a) => cmd::dpo::run(a),
         Command::Search(a) => cmd::search::run(a),
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Serve(a) => cmd::serve::run(a),

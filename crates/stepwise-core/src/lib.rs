@@ -20,6 +20,7 @@ pub mod output;
 pub mod pairs;
 pub mod parallel;
 pub mod parquet_io;
+pub mod preference;
 pub mod record;
 pub mod seams;
 pub mod stats;

@@ -91,6 +91,11 @@ pub struct StepPair {
     pub chosen_source: Source,
     /// Where the rejected step came from.
     pub rejected_source: Source,
+    /// Whether the chosen step ended its solution (a model stops after it rather than writing
+    /// the separator and another step).
+    pub chosen_ends: bool,
+    /// Whether the rejected step ended its solution.
+    pub rejected_ends: bool,
 }
 
 /// What was found, besides the pairs.
@@ -198,7 +203,9 @@ fn extend(place: Place, text: &str) -> Place {
 struct Group {
     /// The record and step that first reached this place (its question and prefix).
     at: (usize, usize),
-    candidates: Vec<(String, Verdict, Source, usize)>,
+    /// Text, verdict, source, record, and whether it ended the record (it sits at the record's
+    /// last step).
+    candidates: Vec<(String, Verdict, Source, usize, bool)>,
 }
 
 /// Every pair the records hold (module docs), the places in the order first met; each wrong
@@ -227,11 +234,12 @@ pub fn step_pairs(records: &[Solution], chosen_min: f32) -> (Vec<StepPair>, Pair
                 });
                 groups.len() - 1
             });
+            let ends = i + 1 == s.steps.len();
             if let Some(v) = own {
-                groups[g].candidates.push((step.text.clone(), v, Source::Step, r));
+                groups[g].candidates.push((step.text.clone(), v, Source::Step, r, ends));
             }
             for (t, v, src) in &extra[i] {
-                groups[g].candidates.push((t.clone(), *v, *src, r));
+                groups[g].candidates.push((t.clone(), *v, *src, r, ends));
             }
             if !matches!(own, Some(Verdict::Right | Verdict::Neutral)) {
                 break;
@@ -252,37 +260,37 @@ pub fn step_pairs(records: &[Solution], chosen_min: f32) -> (Vec<StepPair>, Pair
 }
 
 fn pairs_at(records: &[Solution], g: Group, stats: &mut PairStats) -> Vec<StepPair> {
-    let mut right: Vec<(String, Source)> = Vec::new();
-    let mut wrong: Vec<(String, Source, usize)> = Vec::new();
-    for (t, v, src, r) in g.candidates {
+    let mut right: Vec<(String, Source, bool)> = Vec::new();
+    let mut wrong: Vec<(String, Source, usize, bool)> = Vec::new();
+    for (t, v, src, r, ends) in g.candidates {
         match v {
-            Verdict::Right if !right.iter().any(|(x, _)| *x == t) => right.push((t, src)),
-            Verdict::Wrong if !wrong.iter().any(|(x, _, _)| *x == t) => wrong.push((t, src, r)),
+            Verdict::Right if !right.iter().any(|(x, ..)| *x == t) => right.push((t, src, ends)),
+            Verdict::Wrong if !wrong.iter().any(|(x, ..)| *x == t) => wrong.push((t, src, r, ends)),
             _ => {}
         }
     }
     let before = right.len() + wrong.len();
     let both: Vec<String> = right
         .iter()
-        .filter(|(t, _)| wrong.iter().any(|(w, _, _)| w == t))
-        .map(|(t, _)| t.clone())
+        .filter(|(t, ..)| wrong.iter().any(|(w, ..)| w == t))
+        .map(|(t, ..)| t.clone())
         .collect();
-    right.retain(|(t, _)| !both.contains(t));
-    wrong.retain(|(t, _, _)| !both.contains(t));
+    right.retain(|(t, ..)| !both.contains(t));
+    wrong.retain(|(t, ..)| !both.contains(t));
     stats.conflicting += (before - right.len() - wrong.len()) / 2;
     stats.wrong_steps += wrong.len();
     if right.is_empty() {
         stats.without_chosen += wrong.len();
         return Vec::new();
     }
-    right.sort_by_key(|(_, src)| *src != Source::Human);
+    right.sort_by_key(|(_, src, _)| *src != Source::Human);
     let (r0, i0) = g.at;
     let prefix: Vec<String> = records[r0].steps[..i0].iter().map(|s| s.text.clone()).collect();
     wrong
         .into_iter()
         .enumerate()
-        .map(|(k, (rejected, rejected_source, r))| {
-            let (chosen, chosen_source) = right[k % right.len()].clone();
+        .map(|(k, (rejected, rejected_source, r, rejected_ends))| {
+            let (chosen, chosen_source, chosen_ends) = right[k % right.len()].clone();
             *stats.chosen_from.entry(chosen_source.name().to_string()).or_default() += 1;
             let s = &records[r];
             StepPair {
@@ -299,6 +307,8 @@ fn pairs_at(records: &[Solution], g: Group, stats: &mut PairStats) -> Vec<StepPa
                 answer: s.gold_answer.clone(),
                 chosen_source,
                 rejected_source,
+                chosen_ends,
+                rejected_ends,
             }
         })
         .collect()

@@ -289,7 +289,7 @@ pub fn problems_file(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<stepwise_cor
 }
 
 /// The path in `obj`, which must name a file that exists; None when `obj` is not a path.
-fn existing_path(obj: &Bound<'_, PyAny>) -> PyResult<Option<std::path::PathBuf>> {
+pub fn existing_path(obj: &Bound<'_, PyAny>) -> PyResult<Option<std::path::PathBuf>> {
     let Some(path) = path_of(obj) else { return Ok(None) };
     if !path.exists() {
         return Err(pyo3::exceptions::PyFileNotFoundError::new_err(format!(

@@ -7,6 +7,8 @@
 //! - [`advantage`]: GRPO's group-normalised advantages and per-step credit (DeepSeekMath's
 //!   return-to-go of normalised step rewards, or the min-so-far of step rewards);
 //! - [`job`]: a single-turn run from a checkpoint folder as the command line and Python start it;
+//! - [`dpo`]: DPO and Step-DPO on preference pairs (no reward model, no sampling), and
+//!   [`dpo_job`] the run from a checkpoint folder as the command line and Python start it;
 //! - [`dense`]: step scores as per-token rewards for RL engines that take them (verl, OpenRLHF);
 //! - [`learner`]: where the policy trains (candle's autograd on the CPU, the packed engine's
 //!   trainer on a GPU);
@@ -28,6 +30,8 @@ pub mod advantage;
 pub mod agent;
 pub mod agent_job;
 pub mod dense;
+pub mod dpo;
+pub mod dpo_job;
 pub mod job;
 pub mod learner;
 pub mod loss;
@@ -39,6 +43,8 @@ mod updates;
 pub use advantage::{step_advantages, Credit};
 pub use agent::{train_agent_rl, AgentRlRun};
 pub use agent_job::{run_agent_rl, AgentReward, AgentRlJob};
+pub use dpo::{train_dpo, DpoConfig, DpoLog, DpoRun, DpoStats, TokenPair};
+pub use dpo_job::{run_dpo, DpoJob};
 pub use job::{run_rl, RlJob, RlReward};
 pub use learner::{CandleLearner, Learner, PackedLearner};
 pub use loss::{policy_loss, LossStats};

@@ -74,7 +74,7 @@ const STAGED: &str = ".rl_checkpoint.done";
 /// Finish what [`Core::save`] started in `dir`: a checkpoint marked whole is moved in, file by
 /// file (each rename replaces the file before it, so running this again after a kill finishes
 /// the move); a checkpoint not marked whole is discarded.
-fn commit(dir: &Path) -> Result<()> {
+pub(crate) fn commit(dir: &Path) -> Result<()> {
     let staging = dir.join(STAGING);
     if staging.exists() {
         std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
@@ -100,6 +100,28 @@ fn move_into(from: &Path, to: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A checkpoint of the run in `dir`: what `save` writes and `state` (as JSON, in `state_file`)
+/// go into a staging folder, which a rename marks whole before its files are moved into `dir`
+/// ([`commit`]). A run killed at any point leaves the folder's weights and state from one
+/// checkpoint, never a mix: a staging folder not marked whole is discarded, one marked whole is
+/// moved in on resuming.
+pub(crate) fn write_checkpoint<S: Serialize>(
+    dir: &Path,
+    state_file: &str,
+    state: &S,
+    save: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let staging = dir.join(STAGING);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+    }
+    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    save(&staging)?;
+    std::fs::write(staging.join(state_file), serde_json::to_string_pretty(state)?)?;
+    std::fs::rename(&staging, dir.join(STAGED))?;
+    commit(dir)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -133,28 +155,20 @@ impl Core<'_> {
         Ok(state.log)
     }
 
-    /// A checkpoint: the weights, PRIME's and the state written into a staging folder, which a
-    /// rename marks whole before its files are moved into the run folder ([`commit`]). A run
-    /// killed at any point leaves the folder's weights and state from one update, never a mix:
-    /// a staging folder not marked whole is discarded, one marked whole is moved in on resuming.
+    /// A checkpoint of the weights, PRIME's and the state ([`write_checkpoint`]).
     fn save(&self, cfg: &RlConfig, log: &[UpdateLog]) -> Result<()> {
         let Some(dir) = &self.out_dir else { return Ok(()) };
-        let staging = dir.join(STAGING);
-        if staging.exists() {
-            std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
-        }
-        std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
-        self.learner.save(&staging)?;
-        if let Some(p) = &self.prime {
-            p.save(&staging)?;
-        }
         let state = State {
             config: cfg.clone(),
             log: log.to_vec(),
         };
-        std::fs::write(staging.join(STATE), serde_json::to_string_pretty(&state)?)?;
-        std::fs::rename(&staging, dir.join(STAGED))?;
-        commit(dir)
+        write_checkpoint(dir, STATE, &state, |staging| {
+            self.learner.save(staging)?;
+            if let Some(p) = &self.prime {
+                p.save(staging)?;
+            }
+            Ok(())
+        })
     }
 
     /// Old and reference log-probabilities of the samples, and PRIME's advantages in place of

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod bon;
 pub mod calibrate;
 pub mod convert;
+pub mod dpo;
 pub mod eval;
 pub mod generate;
 pub mod grade;
