@@ -330,6 +330,36 @@ def rl(
     packed engine's on a GPU, and on the CPU for a pretrained policy, hidden size 512 or more;
     candle's f32 autograd for a small one), `"packed"` or `"autograd"`. Returns each update's log."""
 
+def dpo(
+    policy: Union[str, "PathLike[str]"],
+    pairs: Union[Records, str, "PathLike[str]"],
+    out: Union[str, "PathLike[str]"],
+    beta: float = 0.1,
+    label_smoothing: float = 0.0,
+    epochs: int = 1,
+    batch_size: int = 16,
+    minibatch_size: int = 8,
+    lr: float = 1e-6,
+    warmup_ratio: float = 0.1,
+    weight_decay: float = 0.0,
+    max_grad_norm: float = 1.0,
+    eval_pairs: Optional[Union[Records, str, "PathLike[str]"]] = None,
+    chosen_min: float = 0.5,
+    separator: str = "\n",
+    chat: bool = False,
+    checkpoint_every: int = 50,
+    seed: int = 0,
+    device: Optional[Device] = None,
+    trainer: str = "auto",
+    max_batch_tokens: int = ...,
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
+) -> List[Dict[str, Any]]:
+    """DPO as `stepwise dpo` on preference `pairs`: `step_pairs` rows in any layout (Step-DPO),
+    a file of them, or step-labelled records (mined here). `label_smoothing` is conservative
+    DPO's ε. The policy, optimiser and `dpo_log.jsonl` go to `out`; a call on the same `out`
+    resumes. Returns each optimiser step's log (`train`/`eval`: `loss`, `accuracy`, `margin`,
+    `chosen_reward`, `rejected_reward`, `chosen_logp`, `rejected_logp`)."""
+
 def agent_rl(
     policy: Union[str, "PathLike[str]"],
     problems: Union[Iterable[Union[str, Record]], str, "PathLike[str]"],

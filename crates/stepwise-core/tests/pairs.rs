@@ -94,6 +94,16 @@ fn a_prefix_stops_at_its_first_wrong_or_unlabelled_step_and_passes_a_zero() {
     // At the root no step is right (a 0 is neither side): "2 + 3 = 5." has no pair.
     assert_eq!(got, vec![(1, "12 + 2 = 14.", "12 + 2 = 15.", "c@1")]);
     assert_eq!((stats.wrong_steps, stats.without_chosen), (2, 1));
+    // Both are their records' last steps: a policy stops after them.
+    assert!(pairs[0].chosen_ends && pairs[0].rejected_ends);
+    let (mid, _) = step_pairs(
+        &[
+            record("f", vec![hard("3 * 4 = 12.", 1), hard("12 + 2 = 14.", 1)]),
+            record("g", vec![hard("3 * 5 = 15.", -1)]),
+        ],
+        0.5,
+    );
+    assert_eq!((mid[0].chosen_ends, mid[0].rejected_ends), (false, true));
 }
 
 #[test]
@@ -139,4 +149,74 @@ fn a_studio_correction_is_chosen_first_and_each_layout_writes_its_columns() {
     );
     assert_eq!("step-dpo".parse::<Layout>(), Ok(Layout::StepDpo));
     assert!("dpo".parse::<Layout>().unwrap_err().contains("step-dpo"));
+}
+
+/// Pairs written in each layout read back as a trainer takes them; labelled records are mined;
+/// a record that is not a pair is named by line and field.
+#[test]
+fn pairs_read_back_from_every_layout_and_from_labelled_records() {
+    use stepwise_core::preference::{read_preference_pairs, Origin, PairPrompt};
+    let recs = vec![
+        record("b", vec![hard("3 * 4 = 12.", 0), hard("12 + 2 = 14.", 1)]),
+        record(
+            "c",
+            vec![hard("3 * 4 = 12.", 0), hard("12 + 2 = 15.", -1), hard("15.", 1)],
+        ),
+    ];
+    let (pairs, _) = step_pairs(&recs, 0.5);
+    let dir = tempfile::tempdir().unwrap();
+    let steps = PairPrompt::Steps {
+        question: "What is 2 + 3 * 4?".into(),
+        prefix: vec!["3 * 4 = 12.".into()],
+    };
+    for (layout, file, name) in [
+        (Layout::Stepwise, "p.jsonl", "stepwise"),
+        (Layout::StepDpo, "p.parquet", "step-dpo"),
+        (Layout::Trl, "p.json", "trl"),
+    ] {
+        let path = dir.path().join(file);
+        let rows: Vec<_> = pairs.iter().map(|p| p.to_json(layout, "x", "\n")).collect();
+        stepwise_core::io::write_records(&path, &rows).unwrap();
+        let (back, origin) = read_preference_pairs(&path, 0.5, "\n").unwrap();
+        assert_eq!(origin, Origin::Pairs(name));
+        assert_eq!(
+            (back.len(), back[0].chosen.as_str(), back[0].rejected.as_str()),
+            (1, "12 + 2 = 14.", "12 + 2 = 15.")
+        );
+        let want = match layout {
+            Layout::Trl => PairPrompt::Text("What is 2 + 3 * 4?\n3 * 4 = 12.\n".into()),
+            _ => steps.clone(),
+        };
+        assert_eq!(back[0].prompt, want, "{name}");
+        // Only stepwise's layout keeps whether a step ended its solution.
+        assert_eq!(back[0].chosen_ends, layout == Layout::Stepwise, "{name}");
+    }
+    let labelled = dir.path().join("labels.jsonl");
+    stepwise_core::write_solutions(&labelled, stepwise_core::Format::Stepwise, &recs).unwrap();
+    let (mined, origin) = read_preference_pairs(&labelled, 0.5, "\n").unwrap();
+    assert!(
+        matches!(origin, Origin::Mined(ref s) if s.records == 2 && s.wrong_steps == 1),
+        "{origin:?}"
+    );
+    assert_eq!((mined[0].id.as_str(), mined[0].prompt.clone()), ("c@1", steps));
+    let bad = dir.path().join("bad.jsonl");
+    let good = json!({"prompt": "q", "chosen": "a", "rejected": "b"});
+    let text = format!(
+        "{good}\n{}\n{}\n",
+        json!({"prompt": "q", "chosen": 3, "rejected": "b"}),
+        json!({"prompt": "q", "chosen": "a", "rejected": "a"})
+    );
+    std::fs::write(&bad, text).unwrap();
+    let e = read_preference_pairs(&bad, 0.5, "\n").unwrap_err().to_string();
+    assert!(e.contains("bad.jsonl:2: field `chosen`: expected a string"), "{e}");
+    std::fs::write(
+        &bad,
+        format!("{good}\n{}\n", json!({"prompt": "q", "chosen": "a", "rejected": "a"})),
+    )
+    .unwrap();
+    let e = read_preference_pairs(&bad, 0.5, "\n").unwrap_err().to_string();
+    assert!(
+        e.contains("bad.jsonl:2: field `rejected`: the same text as `chosen`"),
+        "{e}"
+    );
 }

@@ -38,6 +38,9 @@ pub struct Preset {
     /// Human step labels in the studio, from simulated labellers, and active learning.
     #[serde(flatten)]
     pub studio: StudioPreset,
+    /// DPO on each label source's preference pairs.
+    #[serde(flatten)]
+    pub dpo: crate::stages::dpo::DpoPreset,
     /// The agent domain's sizes (`stepwise lab --domain agent`; other domains ignore them).
     #[serde(flatten)]
     pub agent: crate::agent::preset::AgentPreset,
@@ -479,6 +482,11 @@ impl Preset {
                 error_rate: 0.1,
                 verifier_steps: 0,
             },
+            dpo: crate::stages::dpo::DpoPreset {
+                epochs: 1,
+                batch: 8,
+                ..crate::stages::dpo::DpoPreset::off()
+            },
             agent: crate::agent::preset::AgentPreset::quick(),
         }
     }
@@ -563,6 +571,7 @@ impl Preset {
                 error_rate: 0.1,
                 verifier_steps: 300,
             },
+            dpo: crate::stages::dpo::DpoPreset::off(),
             agent: crate::agent::preset::AgentPreset::standard(),
         }
     }

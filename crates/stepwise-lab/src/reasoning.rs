@@ -192,6 +192,7 @@ impl Loop<'_> {
             trained: &trained,
             lab_policy: &lab_policy,
             scored: &scored,
+            labels: &labels,
         };
         self.search_and_rl(&stages, &mut report, clock, early_rl)?;
 
@@ -476,12 +477,14 @@ struct LastStages<'a> {
     trained: &'a Trained<'a>,
     lab_policy: &'a EnginePolicy<'a>,
     scored: &'a [Solution],
+    labels: &'a Labels,
 }
 
 impl Loop<'_> {
-    /// Stages 7 and 8, where the preset asks for them: test-time search guided by each PRM and
-    /// the oracle at matched budgets, and RL against each reward source from the same policy
-    /// with the same budget (the runs started early joined first).
+    /// Stages 7 to 9, where the preset asks for them: test-time search guided by each PRM and
+    /// the oracle at matched budgets, RL against each reward source from the same policy
+    /// with the same budget (the runs started early joined first), and DPO on each label
+    /// source's preference pairs.
     fn search_and_rl(
         &self,
         l: &LastStages,
@@ -532,6 +535,17 @@ impl Loop<'_> {
                 prm_oracle: &prm_oracle,
             })?);
             clock.lap("RL");
+        }
+        if p.dpo.epochs > 0 {
+            let labels = l.labels;
+            let sources = crate::stages::dpo::DpoSources {
+                graded: &labels.oracle,
+                mc: &labels.mc,
+                omegaprm: [&labels.omega[..], &labels.omega_new].concat(),
+                oracle: &labels.oracle,
+            };
+            report.dpo = Some(crate::stages::dpo::dpo_stage(&self.rl_base(), &sources)?);
+            clock.lap("DPO");
         }
         Ok(())
     }

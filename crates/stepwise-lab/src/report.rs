@@ -79,6 +79,9 @@ fn body(r: &Report) -> String {
     if let Some(rl) = &r.rl {
         rl_section(&mut s, rl);
     }
+    if let Some(dpo) = &r.dpo {
+        dpo.section(&mut s);
+    }
     if let Some(studio) = &r.studio {
         studio_section(&mut s, studio, r.eval_samples);
     }
@@ -335,6 +338,7 @@ fn paired_section(s: &mut String, r: &Report) {
         .iter()
         .chain(r.search.iter().flat_map(|x| &x.paired))
         .chain(r.rl.iter().flat_map(|x| &x.paired))
+        .chain(r.dpo.iter().flat_map(|x| &x.paired))
         .chain(r.studio.iter().flat_map(|x| &x.paired))
         .collect();
     paired_table(s, &all);

@@ -111,7 +111,10 @@ pub fn dpo<'py>(
             trainer,
             max_batch_tokens,
         };
-        let log = run_dpo(job, &cfg, |l| progress.done(l.step))?;
+        let log = run_dpo(job, &cfg, |l| {
+            progress.set_total(l.steps);
+            progress.done(l.step)
+        })?;
         Ok(serde_json::to_value(log)?)
     });
     progress.finish();

@@ -20,7 +20,7 @@ enum Sink {
 pub struct Progress {
     sink: Sink,
     what: String,
-    total: usize,
+    total: std::sync::atomic::AtomicUsize,
     /// The count last reported, and when a log line was last written.
     last: Mutex<(usize, Instant)>,
 }
@@ -52,7 +52,7 @@ impl Progress {
         Ok(Progress {
             sink,
             what: what.to_string(),
-            total,
+            total: total.into(),
             last: Mutex::new((0, Instant::now())),
         })
     }
@@ -65,22 +65,37 @@ impl Progress {
         }
         let step = done - last.0;
         last.0 = done;
+        let total = self.total.load(std::sync::atomic::Ordering::Relaxed);
         match &self.sink {
             Sink::Silent => {}
             Sink::Bar(bar) => Python::attach(|py| {
                 let _ = bar.call_method1(py, "update", (step,));
             }),
             Sink::Callback(f) => Python::attach(|py| {
-                if let Err(e) = f.call1(py, (done, self.total)) {
+                if let Err(e) = f.call1(py, (done, total)) {
                     e.write_unraisable(py, None);
                 }
             }),
             Sink::Log => {
-                if done == self.total || last.1.elapsed() >= LOG_EVERY {
+                if done == total || last.1.elapsed() >= LOG_EVERY {
                     last.1 = Instant::now();
-                    log(&format!("{}: {done}/{} done", self.what, self.total));
+                    log(&format!("{}: {done}/{total} done", self.what));
                 }
             }
+        }
+    }
+
+    /// The total is `total` after all (known once the work has started: a run that leaves some
+    /// of its input out).
+    pub fn set_total(&self, total: usize) {
+        if self.total.swap(total, std::sync::atomic::Ordering::Relaxed) == total {
+            return;
+        }
+        if let Sink::Bar(bar) = &self.sink {
+            Python::attach(|py| {
+                let _ = bar.setattr(py, "total", total);
+                let _ = bar.call_method0(py, "refresh");
+            });
         }
     }
 

@@ -64,7 +64,7 @@ pub fn read_problems<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py,
 /// by a person: PRM800K's `human_completion`, a studio correction) against a wrong one. The
 /// steps beside one another come from records sharing the prefix and from PRM800K's rated
 /// completions. `layout`: `"stepwise"` (`id, problem_id, question, prefix, chosen, rejected, answer,
-/// chosen_source, rejected_source`), `"step-dpo"` (Step-DPO's columns) or `"trl"` (TRL
+/// chosen_source, rejected_source, chosen_ends, rejected_ends`), `"step-dpo"` (Step-DPO's columns) or `"trl"` (TRL
 /// `DPOTrainer`'s `prompt, chosen, rejected`).
 ///
 /// >>> pairs = stepwise.step_pairs("prm800k/phase1.jsonl", layout="trl")

@@ -185,6 +185,8 @@ pub struct DpoLog {
     pub step: usize,
     /// Epochs done, fractional.
     pub epoch: f64,
+    /// Steps the run makes in all.
+    pub steps: usize,
     /// The learning rate of the step.
     pub lr: f64,
     /// The step's pairs, before the step.
@@ -338,6 +340,7 @@ pub fn train_dpo(run: DpoRun<'_>, cfg: &DpoConfig, mut on_step: impl FnMut(&DpoL
         let entry = DpoLog {
             step: step + 1,
             epoch: (step + 1) as f64 / per_epoch as f64,
+            steps: total,
             lr,
             train: weighted_mean(&seen),
             tokens,

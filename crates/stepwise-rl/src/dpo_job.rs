@@ -60,7 +60,11 @@ pub fn run_dpo(job: DpoJob<'_>, cfg: &DpoConfig, on_step: impl FnMut(&DpoLog)) -
             .map(|p| tokenize_pair(&tok, prompt, &job.separator, end, p))
             .collect()
     };
-    let (pairs, eval) = (lay_out(job.pairs)?, lay_out(job.eval)?);
+    let context = reference.config.max_position_embeddings;
+    let (pairs, eval) = (
+        fitting(lay_out(job.pairs)?, context, "")?,
+        fitting(lay_out(job.eval)?, context, "held-out ")?,
+    );
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
     stepwise_model::tokenizer::copy_files(job.policy, job.out)?;
     let log = policy.with_learner(|learner| {
@@ -75,4 +79,25 @@ pub fn run_dpo(job: DpoJob<'_>, cfg: &DpoConfig, on_step: impl FnMut(&DpoLog)) -
     })?;
     stepwise_core::io::write_jsonl(job.out.join("dpo_log.jsonl"), &log)?;
     Ok(log)
+}
+
+/// `pairs` whose sequences fit the policy's `context` positions; the others are left out, said
+/// on stderr (as TRL truncates at its `max_length`, but without training on half a step). None
+/// fitting is an error.
+fn fitting(pairs: Vec<TokenPair>, context: usize, what: &str) -> Result<Vec<TokenPair>> {
+    let n = pairs.len();
+    let kept: Vec<TokenPair> = pairs
+        .into_iter()
+        .filter(|p| p.chosen.len().max(p.rejected.len()) <= context)
+        .collect();
+    if kept.len() < n {
+        eprintln!(
+            "{} of {n} {what}pairs are longer than the policy's {context} positions and were left out",
+            n - kept.len()
+        );
+        if kept.is_empty() {
+            anyhow::bail!("no {what}pair fits the policy's {context} positions");
+        }
+    }
+    Ok(kept)
 }

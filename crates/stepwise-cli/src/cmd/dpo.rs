@@ -161,6 +161,7 @@ pub fn run(a: Args) -> Result<()> {
         },
         &cfg,
         |l| {
+            bar.set_length(l.steps as u64);
             bar.set_position(l.step as u64);
             bar.set_message(format!(
                 "loss {:.4} reward acc {:.2} margin {:.3}",

@@ -38,7 +38,8 @@ far), PRM800K's other rated completions and human completions, and the studio's 
 
 Layouts:
   stepwise  {id, problem_id, question, prefix: [steps], chosen, rejected, answer, chosen_source,
-            rejected_source}
+            rejected_source, chosen_ends, rejected_ends} (`*_ends`: the step ended its solution,
+            so `stepwise dpo` ends it with the end token, not the separator)
   step-dpo  Step-DPO's columns {dataset, prompt, initial_reason_steps, chosen, rejected,
             full_chosen, full_rejected, answer}
   trl       TRL DPOTrainer's {prompt, chosen, rejected}: prompt = question and prefix

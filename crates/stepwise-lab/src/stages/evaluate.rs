@@ -65,6 +65,9 @@ pub struct Report {
     /// RL against each reward source (absent when the preset skips it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rl: Option<super::rl::RlReport>,
+    /// DPO on each label source's preference pairs (absent when the preset skips it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpo: Option<super::dpo::DpoReport>,
     /// The judge as a generative verifier against a PRM trained on the same oracle labels
     /// (absent without a judge); their curves, ProcessBench rows and paired differences are
     /// with the others'.
@@ -308,6 +311,7 @@ pub fn evaluate(
         labels: Default::default(),
         search: None,
         rl: None,
+        dpo: None,
         paired,
         generative: None,
         studio: None,

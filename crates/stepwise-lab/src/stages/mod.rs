@@ -2,6 +2,7 @@
 //! skipped when its output is complete; the long ones resume where an interrupted run stopped.
 
 pub mod annotate;
+pub mod dpo;
 pub mod evaluate;
 pub mod judge;
 pub mod labels;

@@ -249,7 +249,7 @@ pub fn without_verifiers(b: &RlBase<'_>, stop: &std::sync::atomic::AtomicBool) -
 }
 
 /// The starting policy measured on the held-out problems (its samples kept, resumable).
-fn before_rl(b: &RlBase<'_>) -> Result<PolicyMeasure> {
+pub(crate) fn before_rl(b: &RlBase<'_>) -> Result<PolicyMeasure> {
     let start = super::policy::lab_policy(b.policy, b.tok, b.preset.policy.temperature);
     sampled_measure(
         b,
@@ -323,7 +323,7 @@ fn run_variant(b: &RlBase<'_>, name: &str, reward: &dyn Reward, before: &PolicyM
 
 /// `policy` measured on the held-out problems from its samples (kept at `path`, resumable; the
 /// same seed for every policy).
-fn sampled_measure(
+pub(crate) fn sampled_measure(
     i: &RlBase<'_>,
     policy: &stepwise_model::EnginePolicy,
     path: &Path,
