@@ -336,6 +336,7 @@ def dpo(
     out: Union[str, "PathLike[str]"],
     beta: float = 0.1,
     label_smoothing: float = 0.0,
+    rpo_alpha: float = 0.0,
     epochs: int = 1,
     batch_size: int = 16,
     minibatch_size: int = 8,
@@ -356,7 +357,7 @@ def dpo(
 ) -> List[Dict[str, Any]]:
     """DPO as `stepwise dpo` on preference `pairs`: `step_pairs` rows in any layout (Step-DPO),
     a file of them, or step-labelled records (mined here). `label_smoothing` is conservative
-    DPO's ε. The policy, optimiser and `dpo_log.jsonl` go to `out`; a call on the same `out`
+    DPO's ε; `rpo_alpha` weighs the chosen completions' NLL added to the loss (RPO). The policy, optimiser and `dpo_log.jsonl` go to `out`; a call on the same `out`
     resumes. Returns each optimiser step's log (`train`/`eval`: `loss`, `accuracy`, `margin`,
     `chosen_reward`, `rejected_reward`, `chosen_logp`, `rejected_logp`)."""
 

@@ -43,7 +43,7 @@ fn pairs_arg(obj: &Bound<'_, PyAny>, chosen_min: f32, separator: &str) -> PyResu
 ///
 /// >>> log = stepwise.dpo("policy/", stepwise.step_pairs("labels.jsonl"), "dpo-run/", epochs=2)
 #[pyfunction]
-#[pyo3(signature = (policy, pairs, out, beta=0.1, label_smoothing=0.0, epochs=1, batch_size=16, minibatch_size=8, lr=1e-6, warmup_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0, eval_pairs=None, chosen_min=0.5, separator="\n", chat=false, checkpoint_every=50, seed=0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (policy, pairs, out, beta=0.1, label_smoothing=0.0, rpo_alpha=0.0, epochs=1, batch_size=16, minibatch_size=8, lr=1e-6, warmup_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0, eval_pairs=None, chosen_min=0.5, separator="\n", chat=false, checkpoint_every=50, seed=0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn dpo<'py>(
     py: Python<'py>,
@@ -52,6 +52,7 @@ pub fn dpo<'py>(
     out: PathBuf,
     beta: f32,
     label_smoothing: f32,
+    rpo_alpha: f32,
     epochs: usize,
     batch_size: usize,
     minibatch_size: usize,
@@ -73,6 +74,7 @@ pub fn dpo<'py>(
     let cfg = DpoConfig {
         beta,
         label_smoothing,
+        rpo_alpha,
         epochs,
         batch_size,
         minibatch_size,

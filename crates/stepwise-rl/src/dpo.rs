@@ -5,7 +5,8 @@
 //!
 //! For a pair, with `Δ = (log π(c) − log π_ref(c)) − (log π(r) − log π_ref(r))` summed over the
 //! completions' tokens, the loss is `−(1−ε) log σ(βΔ) − ε log σ(−βΔ)` (`ε` = label smoothing,
-//! conservative DPO for noisy pairs; 0 is DPO). The log names TRL's: `rewards/chosen` is
+//! conservative DPO for noisy pairs; 0 is DPO), plus `α` times the chosen completions' mean
+//! negative log-likelihood a token where `rpo_alpha` is set (RPO). The log names TRL's: `rewards/chosen` is
 //! `β (log π(c) − log π_ref(c))`, `rewards/accuracies` the share of pairs whose chosen reward
 //! is the larger.
 //!
@@ -35,6 +36,11 @@ pub struct DpoConfig {
     pub beta: f32,
     /// `ε`: the assumed share of pairs whose preference is wrong (conservative DPO; 0 is DPO).
     pub label_smoothing: f32,
+    /// Weight of the chosen completions' negative log-likelihood added to the loss (RPO, Pang et
+    /// al. 2024; TRL's `rpo_alpha`): it keeps DPO from lowering the chosen completions'
+    /// likelihood along with the rejected ones' (0: DPO alone).
+    #[serde(default)]
+    pub rpo_alpha: f32,
     /// Passes over the pairs.
     pub epochs: usize,
     /// Pairs per optimiser step.
@@ -60,6 +66,7 @@ impl Default for DpoConfig {
         DpoConfig {
             beta: 0.1,
             label_smoothing: 0.0,
+            rpo_alpha: 0.0,
             epochs: 1,
             batch_size: 16,
             minibatch_size: 8,
@@ -88,6 +95,9 @@ impl DpoConfig {
                 "--label-smoothing {}: from 0 up to (not including) 0.5",
                 self.label_smoothing
             );
+        }
+        if !(self.rpo_alpha.is_finite() && self.rpo_alpha >= 0.0) {
+            bail!("--rpo-alpha {}: a number from 0 up", self.rpo_alpha);
         }
         if !(0.0..=1.0).contains(&self.warmup_ratio) {
             bail!("--warmup-ratio {}: from 0 to 1", self.warmup_ratio);
@@ -176,6 +186,9 @@ pub struct DpoStats {
     pub chosen_logp: f64,
     /// The rejected ones' (`logps/rejected`).
     pub rejected_logp: f64,
+    /// The chosen completions' mean negative log-likelihood a token (TRL's `nll_loss`).
+    #[serde(default)]
+    pub chosen_nll: f64,
 }
 
 /// One optimiser step's log.
@@ -231,9 +244,13 @@ fn sequences<'p>(pairs: &[&'p TokenPair]) -> Vec<(&'p [u32], usize)> {
 }
 
 /// The stats of pairs whose summed log-probabilities are `policy` and `reference` (chosen,
-/// rejected, chosen, …).
-fn stats_of(policy: &[f64], reference: &[f64], cfg: &DpoConfig) -> (DpoStats, Vec<f64>) {
+/// rejected, chosen, …) over `lens` learned tokens each, and each sequence's derivative of the
+/// pairs' mean loss by each of its tokens' log-probabilities: the DPO term's, and on the chosen
+/// side RPO's negative log-likelihood term's (`rpo_alpha` × the chosen tokens' mean NLL).
+fn stats_of(policy: &[f64], reference: &[f64], lens: &[usize], cfg: &DpoConfig) -> (DpoStats, Vec<f64>) {
     let n = policy.len() / 2;
+    let m = n.max(1) as f64;
+    let chosen_tokens = (0..n).map(|k| lens[2 * k]).sum::<usize>().max(1) as f64;
     let mut s = DpoStats::default();
     let mut grads = Vec::with_capacity(policy.len());
     for k in 0..n {
@@ -242,27 +259,17 @@ fn stats_of(policy: &[f64], reference: &[f64], cfg: &DpoConfig) -> (DpoStats, Ve
             (reference[2 * k], reference[2 * k + 1]),
         );
         let (loss, dc, dr, (rc, rr)) = dpo_pair(p, r, cfg.beta as f64, cfg.label_smoothing as f64);
-        s.loss += loss;
-        s.accuracy += f64::from(u8::from(rc > rr));
-        s.margin += rc - rr;
-        s.chosen_reward += rc;
-        s.rejected_reward += rr;
-        s.chosen_logp += p.0;
-        s.rejected_logp += p.1;
-        grads.extend([dc, dr]);
+        s.loss += loss / m;
+        s.accuracy += f64::from(u8::from(rc > rr)) / m;
+        s.margin += (rc - rr) / m;
+        s.chosen_reward += rc / m;
+        s.rejected_reward += rr / m;
+        s.chosen_logp += p.0 / m;
+        s.rejected_logp += p.1 / m;
+        s.chosen_nll -= p.0 / chosen_tokens;
+        grads.extend([dc / m - cfg.rpo_alpha as f64 / chosen_tokens, dr / m]);
     }
-    let m = n.max(1) as f64;
-    for x in [
-        &mut s.loss,
-        &mut s.accuracy,
-        &mut s.margin,
-        &mut s.chosen_reward,
-        &mut s.rejected_reward,
-        &mut s.chosen_logp,
-        &mut s.rejected_logp,
-    ] {
-        *x /= m;
-    }
+    s.loss += cfg.rpo_alpha as f64 * s.chosen_nll;
     (s, grads)
 }
 
@@ -427,13 +434,12 @@ fn backward_pairs(
                 logp[at - n..at].iter().map(|&x| x as f64).sum()
             })
             .collect();
-        let (stats, grads) = stats_of(&policy, reference, cfg);
+        let (stats, grads) = stats_of(&policy, reference, &lens, cfg);
         seen = stats;
-        let scale = 1.0 / pairs.len().max(1) as f64;
         let derivative = lens
             .iter()
             .zip(&grads)
-            .flat_map(|(&n, &g)| std::iter::repeat_n((g * scale) as f32, n))
+            .flat_map(|(&n, &g)| std::iter::repeat_n(g as f32, n))
             .collect();
         Ok((stats.loss as f32, derivative))
     };
@@ -454,6 +460,7 @@ fn weighted_mean(parts: &[(DpoStats, usize)]) -> DpoStats {
         m.rejected_reward += w * s.rejected_reward;
         m.chosen_logp += w * s.chosen_logp;
         m.rejected_logp += w * s.rejected_logp;
+        m.chosen_nll += w * s.chosen_nll;
     }
     m
 }
@@ -465,5 +472,57 @@ fn measure(learner: &mut dyn Learner, pairs: &[TokenPair], reference: &[f64], cf
     let ids: Vec<&[u32]> = seqs.iter().map(|&(s, _)| s).collect();
     let from: Vec<usize> = seqs.iter().map(|&(_, f)| f).collect();
     let logps = learner.logprobs(&ids, 2 * cfg.minibatch_size)?;
-    Ok(stats_of(&sums(&logps, &from), reference, cfg).0)
+    let lens: Vec<usize> = seqs.iter().map(|&(s, f)| s.len() - f.max(1)).collect();
+    Ok(stats_of(&sums(&logps, &from), reference, &lens, cfg).0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The derivative by each token's log-probability of the mean loss over two pairs, DPO's and
+    /// RPO's terms with label smoothing, against central differences of the loss itself.
+    #[test]
+    fn each_tokens_derivative_is_the_losss() {
+        let cfg = DpoConfig {
+            beta: 0.3,
+            label_smoothing: 0.1,
+            rpo_alpha: 0.7,
+            ..Default::default()
+        };
+        // Four sequences (chosen, rejected, chosen, rejected) of 3, 2, 1 and 4 learned tokens.
+        let lens = [3usize, 2, 1, 4];
+        let tokens: Vec<f64> = vec![-0.5, -1.25, -2.0, -0.75, -3.0, -0.25, -1.0, -0.5, -2.5, -0.125];
+        let reference = [-4.0, -3.5, -0.5, -4.5];
+        let loss_and_grads = |t: &[f64]| {
+            let mut at = 0;
+            let sums: Vec<f64> = lens
+                .iter()
+                .map(|&n| {
+                    at += n;
+                    t[at - n..at].iter().sum()
+                })
+                .collect();
+            stats_of(&sums, &reference, &lens, &cfg)
+        };
+        let (stats, grads) = loss_and_grads(&tokens);
+        assert!(
+            (stats.chosen_nll - (3.75 + 0.25) / 4.0).abs() < 1e-12,
+            "{}",
+            stats.chosen_nll
+        );
+        let per_token: Vec<f64> = lens
+            .iter()
+            .zip(&grads)
+            .flat_map(|(&n, &g)| std::iter::repeat_n(g, n))
+            .collect();
+        for (i, want) in per_token.iter().enumerate() {
+            let h = 1e-6;
+            let (mut up, mut down) = (tokens.clone(), tokens.clone());
+            up[i] += h;
+            down[i] -= h;
+            let numeric = (loss_and_grads(&up).0.loss - loss_and_grads(&down).0.loss) / (2.0 * h);
+            assert!((numeric - want).abs() < 1e-6, "token {i}: {numeric} against {want}");
+        }
+    }
 }

@@ -30,6 +30,10 @@ pub struct Args {
     /// ε: the assumed share of pairs whose preference is wrong (conservative DPO; 0 is DPO).
     #[arg(long, default_value_t = 0.0)]
     pub label_smoothing: f32,
+    /// Weight of the chosen completions' negative log-likelihood added to the loss (RPO, TRL's
+    /// `rpo_alpha`): keeps the chosen steps' likelihood from falling with the rejected ones'.
+    #[arg(long, default_value_t = 0.0)]
+    pub rpo_alpha: f32,
     /// Passes over the pairs.
     #[arg(long, default_value_t = 1)]
     pub epochs: usize,
@@ -81,7 +85,8 @@ pub struct Args {
 const DPO_HELP: &str =
     "For each pair, with Δ = (log π(chosen) − log π_ref(chosen)) − (log π(rejected) − log π_ref(rejected))
 summed over the completion's tokens, the loss is −(1−ε)·log σ(βΔ) − ε·log σ(−βΔ) (DPO; ε > 0 is
-conservative DPO, for pairs some of which are wrong). The reference is the starting policy, its
+conservative DPO, for pairs some of which are wrong), plus --rpo-alpha times the chosen completions'
+mean negative log-likelihood a token (RPO). The reference is the starting policy, its
 log-probabilities taken once. With step pairs (`stepwise pairs`) the completions are single steps
 after a shared prefix: Step-DPO.
 
@@ -124,6 +129,7 @@ pub fn run(a: Args) -> Result<()> {
     let cfg = DpoConfig {
         beta: a.beta,
         label_smoothing: a.label_smoothing,
+        rpo_alpha: a.rpo_alpha,
         epochs: a.epochs,
         batch_size: a.batch_size,
         minibatch_size: a.minibatch_size,
