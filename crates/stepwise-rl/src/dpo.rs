@@ -316,6 +316,10 @@ pub fn train_dpo(run: DpoRun<'_>, cfg: &DpoConfig, mut on_step: impl FnMut(&DpoL
     let per_epoch = cfg.steps_per_epoch(pairs.len());
     let total = per_epoch * cfg.epochs;
     let warmup = (cfg.warmup_ratio * total as f64).round() as usize;
+    if log.len() >= total {
+        // A finished run, read back: no reference pass.
+        return Ok(log);
+    }
     let ref_train = reference_sums(reference, pairs, cfg.minibatch_size)?;
     let ref_eval = reference_sums(reference, eval, cfg.minibatch_size)?;
     let mut tokens = log.last().map_or(0, |l| l.tokens);
