@@ -69,10 +69,40 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     check_verifiers_and_label_sources(&a, &m);
     the_command_line_reproduces_the_labs_judge_and_mc_labels(&root, &a, &m);
     check_judges_weighed(&a, &m);
+    check_dpo(&a, &m);
     the_command_line_weighs_the_judge_as_the_lab_does(&root, &a);
     the_command_line_reproduces_the_labs_prm_scores(&root, &a);
     a_sigkilled_run_resumes_to_the_same_records(&a, &b, &m);
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// DPO on each source's pairs: four policies measured, the step pairs' precision from the
+/// oracle (1 for its own), each paired with outcome-level DPO and with the start, a folder each.
+fn check_dpo(a: &Path, m: &serde_json::Value) {
+    let dpo = &m["dpo"];
+    let names: Vec<&str> = dpo["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["pairs_from"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["outcome", "step_mc", "step_omegaprm", "step_oracle"]);
+    for v in dpo["variants"].as_array().unwrap() {
+        let acc = v["accuracy_after"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc) && v["pairs"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["precision"].is_null(), v["pairs_from"] == "outcome", "{v}");
+        assert!(a
+            .join(format!("dpo_{}", v["pairs_from"].as_str().unwrap()))
+            .join("dpo_state.json")
+            .exists());
+    }
+    assert_eq!(dpo["variants"][3]["precision"], 1.0);
+    assert_eq!(
+        dpo["paired"].as_array().unwrap().len(),
+        7,
+        "three against outcome DPO, four against the start"
+    );
+    assert!(read(a.join("report.md")).contains("## DPO on each label source's pairs"));
 }
 
 /// The run's files; best-of-N's curves inside their intervals; every search method with its compute.

@@ -193,7 +193,11 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
             step(&s.omegaprm),
             Some(super::labels::pair_quality(&s.omegaprm, b.task).precision),
         ),
-        ("step_oracle", step(s.oracle), Some(1.0)),
+        (
+            "step_oracle",
+            step(s.oracle),
+            Some(super::labels::pair_quality(s.oracle, b.task).precision),
+        ),
     ];
     let before = before_rl(b)?;
     let variants = super::all_at_once(&sources, "DPO", |(name, pairs, precision)| {
