@@ -106,6 +106,12 @@ pub struct DpoReport {
     pub eval_samples: usize,
     /// The starting policy's single-sample accuracy (the RL stage's "before").
     pub accuracy_before: f64,
+    /// Its majority-vote accuracy.
+    #[serde(default)]
+    pub majority_before: f64,
+    /// Of its correct samples, the share reached through a wrong step.
+    #[serde(default)]
+    pub lucky_correct_before: f64,
     /// One entry per pair source.
     pub variants: Vec<DpoVariant>,
     /// Each source against outcome-level DPO and against the starting policy, problem by problem.
@@ -249,6 +255,8 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
         settings: p.clone(),
         eval_samples: b.preset.rl.eval_samples,
         accuracy_before: before.accuracy,
+        majority_before: before.majority,
+        lucky_correct_before: before.lucky_correct,
         variants,
         paired,
     })
@@ -323,14 +331,16 @@ impl DpoReport {
         let _ = writeln!(s, "## DPO on each label source's pairs\n");
         let _ = writeln!(
             s,
-            "The policy trained offline by DPO from the same start on preference pairs from the annotated samples ({} epochs, β = {}, learning rate {}, {} pairs a step{}; the reference is the starting policy), then sampled {} times on each held-out problem (starting policy: {:.3}). *Step* pairs are Step-DPO's: a right next step against a wrong one after a shared sound prefix, as `stepwise pairs` mines them from each source's labels; *precision* is the share whose chosen step the oracle calls right and rejected step wrong. *Outcome* pairs put a whole correct solution against a whole wrong one of the same problem.\n",
+            "The policy trained offline by DPO from the same start on preference pairs from the annotated samples ({} epochs, β = {}, learning rate {}, {} pairs a step{}; the reference is the starting policy), then sampled {} times on each held-out problem (the starting policy: accuracy {:.3}, majority {:.3}, lucky {:.1}%). *Step* pairs are Step-DPO's: a right next step against a wrong one after a shared sound prefix, as `stepwise pairs` mines them from each source's labels; *precision* is the share whose chosen step the oracle calls right and rejected step wrong. *Outcome* pairs put a whole correct solution against a whole wrong one of the same problem.\n",
             d.epochs,
             d.beta,
             d.lr,
             d.batch,
             if d.rpo_alpha > 0.0 { format!(", the chosen side's NLL added with weight {} (RPO)", d.rpo_alpha) } else { String::new() },
             self.eval_samples,
-            self.accuracy_before
+            self.accuracy_before,
+            self.majority_before,
+            100.0 * self.lucky_correct_before
         );
         let _ = writeln!(
             s,
