@@ -9,7 +9,7 @@
 #
 #   PYTHON=/path/to/venv/bin/python bash bench/dpo_cpu.sh     (torch, transformers, trl, datasets)
 #
-# Environment: BATCH (4), PEER_WEIGHTS ("bfloat16 float32"), WORK (/tmp/dpo_cpu), OUT (the JSON,
+# Environment: BATCH (4), PAIRS (the first this many pairs, default all 15), PEER_WEIGHTS ("bfloat16 float32"), WORK (/tmp/dpo_cpu), OUT (the JSON,
 # default $WORK/dpo_cpu.json), STEPWISE (target/release/stepwise).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,13 +17,16 @@ PY=${PYTHON:-python3}
 BIN=${STEPWISE:-target/release/stepwise}
 W=${WORK:-/tmp/dpo_cpu}
 BATCH=${BATCH:-4}
+PAIRS=${PAIRS:-15}
 PEER_WEIGHTS=${PEER_WEIGHTS:-"bfloat16 float32"}
 OUT=${OUT:-$W/dpo_cpu.json}
 mkdir -p "$W"
 [ -f "$W/policy-0.5b/config.json" ] || "$PY" bench/make_random_prm.py 0.5b "$W/policy-0.5b" --policy \
     > "$W/make.log" 2>&1 || { echo "could not make the policy: $W/make.log"; exit 1; }
-"$BIN" pairs data/prm800k/samples_openr.jsonl "$W/pairs.jsonl" 2> "$W/pairs.log"
-"$BIN" pairs data/prm800k/samples_openr.jsonl "$W/pairs_trl.jsonl" --layout trl 2>> "$W/pairs.log"
+"$BIN" pairs data/prm800k/samples_openr.jsonl "$W/all.jsonl" 2> "$W/pairs.log"
+"$BIN" pairs data/prm800k/samples_openr.jsonl "$W/all_trl.jsonl" --layout trl 2>> "$W/pairs.log"
+head -n "$PAIRS" "$W/all.jsonl" > "$W/pairs.jsonl"
+head -n "$PAIRS" "$W/all_trl.jsonl" > "$W/pairs_trl.jsonl"
 rm -rf "$W/run"
 echo "== stepwise"
 /usr/bin/time -v "$BIN" dpo --policy "$W/policy-0.5b" --pairs "$W/pairs.jsonl" --out "$W/run" --device cpu \

@@ -182,8 +182,8 @@ fn check_files_bon_and_search(a: &Path, m: &serde_json::Value) {
         "{stages:?}"
     );
     assert_eq!(
-        &stages[stages.len() - 3..],
-        ["test-time search", "RL (waiting for the runs started early)", "RL"],
+        &stages[stages.len() - 4..],
+        ["test-time search", "RL (waiting for the runs started early)", "RL", "DPO"],
         "{stages:?}"
     );
     assert!(read(a.join("report.md")).contains("## Where the time went"));
