@@ -183,7 +183,12 @@ fn check_files_bon_and_search(a: &Path, m: &serde_json::Value) {
     );
     assert_eq!(
         &stages[stages.len() - 4..],
-        ["test-time search", "RL (waiting for the runs started early)", "RL", "DPO"],
+        [
+            "test-time search",
+            "RL (waiting for the runs started early)",
+            "RL",
+            "DPO"
+        ],
         "{stages:?}"
     );
     assert!(read(a.join("report.md")).contains("## Where the time went"));
