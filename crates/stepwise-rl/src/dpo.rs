@@ -406,12 +406,24 @@ fn resume(learner: &mut dyn Learner, dir: Option<&Path>, cfg: &DpoConfig, finger
 
 /// The reference's summed completion log-probabilities of `pairs` (chosen, rejected, …).
 fn reference_sums(reference: &Model, pairs: &[TokenPair], minibatch: usize) -> Result<Vec<f64>> {
+    let (sums, _) = completion_sums(pairs, |ids| {
+        sequence_logprobs(reference, ids, 2 * minibatch, stepwise_model::DEFAULT_MAX_BATCH_TOKENS)
+    })?;
+    Ok(sums)
+}
+
+/// Each of `pairs`' sequences (chosen, rejected, …) as `logprobs` scores them: its completion's
+/// summed log-probability and its learned tokens.
+fn completion_sums(
+    pairs: &[TokenPair],
+    logprobs: impl FnOnce(&[&[u32]]) -> Result<Vec<Vec<f32>>>,
+) -> Result<(Vec<f64>, Vec<usize>)> {
     let refs: Vec<&TokenPair> = pairs.iter().collect();
     let seqs = sequences(&refs);
     let ids: Vec<&[u32]> = seqs.iter().map(|&(s, _)| s).collect();
     let from: Vec<usize> = seqs.iter().map(|&(_, f)| f).collect();
-    let logps = sequence_logprobs(reference, &ids, 2 * minibatch, stepwise_model::DEFAULT_MAX_BATCH_TOKENS)?;
-    Ok(sums(&logps, &from))
+    let lens: Vec<usize> = seqs.iter().map(|&(s, f)| s.len() - f.max(1)).collect();
+    Ok((sums(&logprobs(&ids)?, &from), lens))
 }
 
 /// The gradients of `pairs`' mean loss added to the learner's; returns what it saw and how
@@ -471,13 +483,8 @@ fn weighted_mean(parts: &[(DpoStats, usize)]) -> DpoStats {
 
 /// `pairs` measured under the learner's policy now.
 fn measure(learner: &mut dyn Learner, pairs: &[TokenPair], reference: &[f64], cfg: &DpoConfig) -> Result<DpoStats> {
-    let refs: Vec<&TokenPair> = pairs.iter().collect();
-    let seqs = sequences(&refs);
-    let ids: Vec<&[u32]> = seqs.iter().map(|&(s, _)| s).collect();
-    let from: Vec<usize> = seqs.iter().map(|&(_, f)| f).collect();
-    let logps = learner.logprobs(&ids, 2 * cfg.minibatch_size)?;
-    let lens: Vec<usize> = seqs.iter().map(|&(s, f)| s.len() - f.max(1)).collect();
-    Ok(stats_of(&sums(&logps, &from), reference, &lens, cfg).0)
+    let (policy, lens) = completion_sums(pairs, |ids| learner.logprobs(ids, 2 * cfg.minibatch_size))?;
+    Ok(stats_of(&policy, reference, &lens, cfg).0)
 }
 
 #[cfg(test)]
