@@ -70,24 +70,26 @@ fn quick_lab_reports_and_a_sigkilled_run_resumes_to_the_same_records() {
     the_command_line_reproduces_the_labs_judge_and_mc_labels(&root, &a, &m);
     check_judges_weighed(&a, &m);
     check_dpo(&a, &m);
+    the_command_line_rectifies_as_the_lab_does(&root, &a);
     the_command_line_weighs_the_judge_as_the_lab_does(&root, &a);
     the_command_line_reproduces_the_labs_prm_scores(&root, &a);
     a_sigkilled_run_resumes_to_the_same_records(&a, &b, &m);
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// DPO on each source's pairs: four policies measured, the step pairs' precision from the
-/// oracle (1 for its own), each paired with outcome-level DPO and with the start, a folder each.
+/// DPO on each source's pairs: five policies measured, the step pairs' precision from the
+/// oracle (1 for its own), the Monte Carlo pairs once as mined and once with sampled right steps
+/// added (Step-DPO's rectification), each paired with outcome-level DPO and with the start, a
+/// folder each.
 fn check_dpo(a: &Path, m: &serde_json::Value) {
     let dpo = &m["dpo"];
-    let names: Vec<&str> = dpo["variants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["pairs_from"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["outcome", "step_mc", "step_omegaprm", "step_oracle"]);
-    for v in dpo["variants"].as_array().unwrap() {
+    let v = dpo["variants"].as_array().unwrap();
+    let names: Vec<&str> = v.iter().map(|v| v["pairs_from"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["outcome", "step_mc", "step_mc_sampled", "step_omegaprm", "step_oracle"]
+    );
+    for v in v {
         let acc = v["accuracy_after"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&acc) && v["pairs"].as_u64().unwrap() > 0, "{v}");
         assert_eq!(v["precision"].is_null(), v["pairs_from"] == "outcome", "{v}");
@@ -96,13 +98,68 @@ fn check_dpo(a: &Path, m: &serde_json::Value) {
             .join("dpo_state.json")
             .exists());
     }
-    assert_eq!(dpo["variants"][3]["precision"], 1.0);
+    assert_eq!(v[4]["precision"], 1.0);
+    // The sampled pairs come on top of the mined ones, and only there.
+    let sampled = v[2]["sampled"].as_u64().unwrap();
+    assert!(sampled > 0, "{}", v[2]);
+    assert_eq!(
+        v[2]["pairs"].as_u64().unwrap(),
+        v[1]["pairs"].as_u64().unwrap() + sampled
+    );
+    let p = v[2]["sampled_precision"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&p), "{}", v[2]);
+    assert!(v.iter().enumerate().all(|(i, v)| i == 2 || v["sampled"] == 0), "{dpo}");
     assert_eq!(
         dpo["paired"].as_array().unwrap().len(),
-        7,
-        "three against outcome DPO, four against the start"
+        9,
+        "four against outcome DPO, five against the start"
     );
     assert!(read(a.join("report.md")).contains("## DPO on each label source's pairs"));
+}
+
+/// `stepwise pairs --complete-with policy` on the lab's Monte Carlo labels, with the lab's seed
+/// for it (seed ^ 11), its rollouts a place and its policy's sampling, samples the same right
+/// steps the lab's DPO stage added.
+fn the_command_line_rectifies_as_the_lab_does(root: &Path, a: &Path) {
+    let out = root.join("pairs_sampled.jsonl");
+    let run = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .arg("pairs")
+        .arg(a.join("labels_mc.jsonl"))
+        .arg(&out)
+        .args([
+            "--samples",
+            "2",
+            "--seed",
+            "12",
+            "--separator",
+            " | ",
+            "--temperature",
+            "1",
+        ])
+        .args(["--max-tokens", "64", "--complete-with"])
+        .arg(a.join("policy"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("continuations reached the gold answer"), "{err}");
+    let sampled = |text: String| -> Vec<(String, String, String)> {
+        (text.lines())
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|p| p["chosen_source"] == "sampled")
+            .map(|p| {
+                let s = |k: &str| p[k].as_str().unwrap().to_string();
+                (s("id"), s("chosen"), s("rejected"))
+            })
+            .collect()
+    };
+    let cli = sampled(read(out));
+    assert!(!cli.is_empty());
+    assert_eq!(
+        cli,
+        sampled(read(a.join("dpo_step_mc_sampled").join("sampled_pairs.jsonl"))),
+        "the command line's sampled right steps differ from the lab's"
+    );
 }
 
 /// The run's files; best-of-N's curves inside their intervals; every search method with its compute.

@@ -56,6 +56,9 @@ pub enum Source {
     Completion,
     /// Written by a person: PRM800K's `human_completion`, a studio correction.
     Human,
+    /// Sampled from the prefix by a policy and reaching the gold answer (Step-DPO's
+    /// rectification: `stepwise pairs --complete-with`).
+    Sampled,
 }
 
 impl Source {
@@ -65,6 +68,7 @@ impl Source {
             Source::Step => "step",
             Source::Completion => "completion",
             Source::Human => "human",
+            Source::Sampled => "sampled",
         }
     }
 }
@@ -96,6 +100,58 @@ pub struct StepPair {
     pub chosen_ends: bool,
     /// Whether the rejected step ended its solution.
     pub rejected_ends: bool,
+}
+
+/// A wrong step after a sound prefix with no right step beside it: a pair waiting for its chosen
+/// step, which Step-DPO samples from the prefix ([`Unpaired::with_chosen`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Unpaired {
+    /// As [`StepPair::id`].
+    pub id: String,
+    /// The question's problem id.
+    pub problem_id: String,
+    /// The question.
+    pub question: String,
+    /// The steps before, none of them wrong.
+    pub prefix: Vec<String>,
+    /// The wrong step.
+    pub rejected: String,
+    /// The reference answer, when known.
+    pub answer: Option<String>,
+    /// Where the wrong step came from.
+    pub rejected_source: Source,
+    /// Whether the wrong step ended its solution.
+    pub rejected_ends: bool,
+}
+
+impl Unpaired {
+    /// The pair this wrong step makes with `chosen` (`ends`: it ended its solution) from `source`.
+    pub fn with_chosen(&self, chosen: String, chosen_source: Source, chosen_ends: bool) -> StepPair {
+        StepPair {
+            id: self.id.clone(),
+            problem_id: self.problem_id.clone(),
+            question: self.question.clone(),
+            prefix: self.prefix.clone(),
+            chosen,
+            rejected: self.rejected.clone(),
+            answer: self.answer.clone(),
+            chosen_source,
+            rejected_source: self.rejected_source,
+            chosen_ends,
+            rejected_ends: self.rejected_ends,
+        }
+    }
+
+    /// Whether `other` waits at the same question and prefix.
+    pub fn same_place(&self, other: &Unpaired) -> bool {
+        self.question == other.question && self.prefix == other.prefix
+    }
+}
+
+/// The places (question and prefix) `unpaired` wait at, those of one place being together as
+/// [`step_pairs_and_unpaired`] gives them.
+pub fn places_of(unpaired: &[Unpaired]) -> usize {
+    unpaired.windows(2).filter(|w| !w[1].same_place(&w[0])).count() + usize::from(!unpaired.is_empty())
 }
 
 /// What was found, besides the pairs.
@@ -208,9 +264,26 @@ struct Group {
     candidates: Vec<(String, Verdict, Source, usize, bool)>,
 }
 
+/// Refuse a `chosen_min` outside (0, 1], the error naming the setting as the caller spells it
+/// (`--chosen-min`, `chosen_min`).
+pub fn check_chosen_min(name: &str, chosen_min: f32) -> Result<(), String> {
+    if chosen_min > 0.0 && chosen_min <= 1.0 {
+        Ok(())
+    } else {
+        Err(format!("{name} must be in (0, 1], not {chosen_min}"))
+    }
+}
+
 /// Every pair the records hold (module docs), the places in the order first met; each wrong
 /// step is paired once, the right steps taken in turn (written by a person first).
 pub fn step_pairs(records: &[Solution], chosen_min: f32) -> (Vec<StepPair>, PairStats) {
+    let (pairs, _, stats) = step_pairs_and_unpaired(records, chosen_min);
+    (pairs, stats)
+}
+
+/// [`step_pairs`], and the wrong steps left without a pair (`stats.without_chosen` of them), the
+/// places in the order first met, those of one place together.
+pub fn step_pairs_and_unpaired(records: &[Solution], chosen_min: f32) -> (Vec<StepPair>, Vec<Unpaired>, PairStats) {
     let mut groups: Vec<Group> = Vec::new();
     let mut index: HashMap<Place, usize> = HashMap::new();
     for (r, s) in records.iter().enumerate() {
@@ -251,15 +324,21 @@ pub fn step_pairs(records: &[Solution], chosen_min: f32) -> (Vec<StepPair>, Pair
         records: records.len(),
         ..Default::default()
     };
-    let mut pairs = Vec::new();
+    let (mut pairs, mut unpaired) = (Vec::new(), Vec::new());
     for g in groups.into_iter().filter(|g| !g.candidates.is_empty()) {
         stats.prefixes += 1;
-        pairs.extend(pairs_at(records, g, &mut stats));
+        pairs_at(records, g, &mut stats, &mut pairs, &mut unpaired);
     }
-    (pairs, stats)
+    (pairs, unpaired, stats)
 }
 
-fn pairs_at(records: &[Solution], g: Group, stats: &mut PairStats) -> Vec<StepPair> {
+fn pairs_at(
+    records: &[Solution],
+    g: Group,
+    stats: &mut PairStats,
+    pairs: &mut Vec<StepPair>,
+    unpaired: &mut Vec<Unpaired>,
+) {
     let mut right: Vec<(String, Source, bool)> = Vec::new();
     let mut wrong: Vec<(String, Source, usize, bool)> = Vec::new();
     for (t, v, src, r, ends) in g.candidates {
@@ -279,21 +358,14 @@ fn pairs_at(records: &[Solution], g: Group, stats: &mut PairStats) -> Vec<StepPa
     wrong.retain(|(t, ..)| !both.contains(t));
     stats.conflicting += (before - right.len() - wrong.len()) / 2;
     stats.wrong_steps += wrong.len();
-    if right.is_empty() {
-        stats.without_chosen += wrong.len();
-        return Vec::new();
-    }
-    right.sort_by_key(|(_, src, _)| *src != Source::Human);
     let (r0, i0) = g.at;
     let prefix: Vec<String> = records[r0].steps[..i0].iter().map(|s| s.text.clone()).collect();
-    wrong
+    let waiting = wrong
         .into_iter()
         .enumerate()
         .map(|(k, (rejected, rejected_source, r, rejected_ends))| {
-            let (chosen, chosen_source, chosen_ends) = right[k % right.len()].clone();
-            *stats.chosen_from.entry(chosen_source.name().to_string()).or_default() += 1;
             let s = &records[r];
-            StepPair {
+            Unpaired {
                 id: if k == 0 {
                     format!("{}@{}", s.id, i0)
                 } else {
@@ -302,16 +374,24 @@ fn pairs_at(records: &[Solution], g: Group, stats: &mut PairStats) -> Vec<StepPa
                 problem_id: s.problem_id.clone(),
                 question: s.question.clone(),
                 prefix: prefix.clone(),
-                chosen,
                 rejected,
                 answer: s.gold_answer.clone(),
-                chosen_source,
                 rejected_source,
-                chosen_ends,
                 rejected_ends,
             }
-        })
-        .collect()
+        });
+    if right.is_empty() {
+        let before = unpaired.len();
+        unpaired.extend(waiting);
+        stats.without_chosen += unpaired.len() - before;
+        return;
+    }
+    right.sort_by_key(|(_, src, _)| *src != Source::Human);
+    for (k, w) in waiting.enumerate() {
+        let (chosen, chosen_source, chosen_ends) = right[k % right.len()].clone();
+        *stats.chosen_from.entry(chosen_source.name().to_string()).or_default() += 1;
+        pairs.push(w.with_chosen(chosen, chosen_source, chosen_ends));
+    }
 }
 
 impl StepPair {

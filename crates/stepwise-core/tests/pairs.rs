@@ -220,3 +220,14 @@ fn pairs_read_back_from_every_layout_and_from_labelled_records() {
         "{e}"
     );
 }
+
+#[test]
+fn chosen_min_outside_zero_one_is_refused_by_name() {
+    use stepwise_core::pairs::check_chosen_min;
+    assert!(check_chosen_min("--chosen-min", 1.0).is_ok());
+    assert!(check_chosen_min("--chosen-min", 0.01).is_ok());
+    for bad in [0.0, -0.5, 1.5, f32::NAN] {
+        let e = check_chosen_min("--chosen-min", bad).unwrap_err();
+        assert!(e.starts_with("--chosen-min must be in (0, 1], not"), "{e}");
+    }
+}

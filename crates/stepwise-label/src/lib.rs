@@ -18,6 +18,7 @@ pub mod methods;
 pub mod montecarlo;
 pub mod omegaprm;
 pub mod probes;
+pub mod rectify;
 pub mod resumable;
 
 pub use binary_search::BinarySearch;
@@ -27,6 +28,7 @@ pub use judge::Judge;
 pub use methods::{Annotators, Method};
 pub use montecarlo::{McOptions, MonteCarlo};
 pub use omegaprm::{OmegaOptions, OmegaPrm};
+pub use rectify::{rectify, RectifyOptions, RectifyStats};
 pub use resumable::{annotate_resumable, annotate_resumable_with, ANNOTATE_ERROR};
 
 /// Label `sol`'s steps hard from where its first error is: good before `first`, bad from it on

@@ -86,9 +86,7 @@ pub fn dpo<'py>(
         checkpoint_every,
     };
     cfg.check().map_err(|e| value_error(e.to_string()))?;
-    if !(chosen_min > 0.0 && chosen_min <= 1.0) {
-        return Err(value_error(format!("chosen_min must be in (0, 1], not {chosen_min}")));
-    }
+    stepwise_core::pairs::check_chosen_min("chosen_min", chosen_min).map_err(value_error)?;
     let placement = crate::convert::placement_arg(device)?;
     let trainer = crate::convert::trainer_arg(trainer)?;
     let pairs = pairs_arg(pairs, chosen_min, separator)?;

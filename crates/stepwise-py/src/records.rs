@@ -80,11 +80,7 @@ pub fn step_pairs<'py>(
     separator: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let layout: stepwise_core::pairs::Layout = layout.parse().map_err(PyValueError::new_err)?;
-    if !(chosen_min > 0.0 && chosen_min <= 1.0) {
-        return Err(PyValueError::new_err(format!(
-            "chosen_min must be in (0, 1], not {chosen_min}"
-        )));
-    }
+    stepwise_core::pairs::check_chosen_min("chosen_min", chosen_min).map_err(PyValueError::new_err)?;
     let sols = match path_of(records) {
         Some(path) => without_gil(py, || {
             Ok(stepwise_core::SolutionReader::open(&path, None)?.collect::<Result<Vec<_>, _>>()?)

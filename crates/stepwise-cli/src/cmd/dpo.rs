@@ -141,9 +141,7 @@ pub fn run(a: Args) -> Result<()> {
         checkpoint_every: a.checkpoint_every,
     };
     cfg.check()?;
-    if !(a.chosen_min > 0.0 && a.chosen_min <= 1.0) {
-        anyhow::bail!("--chosen-min must be in (0, 1], not {}", a.chosen_min);
-    }
+    stepwise_core::pairs::check_chosen_min("--chosen-min", a.chosen_min).map_err(anyhow::Error::msg)?;
     let pairs = read(&a.pairs, &a)?;
     let eval = a
         .eval_pairs

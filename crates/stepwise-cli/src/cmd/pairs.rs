@@ -1,7 +1,10 @@
 use anyhow::Result;
 use std::path::PathBuf;
-use stepwise_core::pairs::{step_pairs, Layout};
+use stepwise_core::pairs::{step_pairs_and_unpaired, Layout, PairStats, StepPair, Unpaired};
 use stepwise_core::{Format, SolutionReader};
+use stepwise_label::{rectify, RectifyOptions, RectifyStats};
+use stepwise_model::Prompt;
+use stepwise_remote::backend::PolicySettings;
 
 /// Step-level preference pairs (Step-DPO) from step-labelled records.
 #[derive(clap::Args)]
@@ -24,9 +27,37 @@ pub struct Args {
     /// Step-DPO's `dataset` column (default: the input file's name without extension).
     #[arg(long)]
     pub dataset: Option<String>,
-    /// What follows each step of the prefix (and the question, in TRL's prompt).
-    #[arg(long, default_value = "\n")]
-    pub separator: String,
+    /// Step-DPO's rectification: a wrong step with no right step beside it gets one sampled by
+    /// this policy (checkpoint folder, cached Hugging Face model id, or server URL(s)) from the
+    /// question and the prefix before it: the first step of the first of --samples
+    /// continuations whose final answer --task grades correct.
+    #[arg(long, value_parser = super::backend::source, value_name = "POLICY")]
+    pub complete_with: Option<super::backend::Source>,
+    /// --complete-with: continuations sampled from each place (question and prefix).
+    #[arg(long, default_value_t = 8)]
+    pub samples: usize,
+    /// --complete-with: the draws' seed (each place derives its own).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// --complete-with: wrap the question in the tokenizer's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// How --complete-with samples; --separator also follows each step of the prefix (and the
+    /// question, in TRL's prompt) in the pairs written.
+    #[command(flatten)]
+    pub sampling: super::SamplingArgs,
+    /// Which task grades --complete-with's continuations.
+    #[command(flatten)]
+    pub task: super::task::TaskArgs,
+    /// Where a local --complete-with policy runs.
+    #[command(flatten)]
+    pub device: super::backend::DeviceArgs,
+    /// How to reach a --complete-with policy given by URL.
+    #[command(flatten)]
+    pub remote: super::backend::RemoteArgs,
+    /// What a loaded --complete-with policy computes in.
+    #[command(flatten)]
+    pub dtype: super::backend::DtypeArg,
 }
 
 const PAIRS_HELP: &str = "At each question and prefix of steps none of which is wrong, a right next step
@@ -34,7 +65,9 @@ const PAIRS_HELP: &str = "At each question and prefix of steps none of which is 
 a wrong one (rejected: rated -1, or a Monte Carlo value of 0). The steps beside one another come
 from records of the same question that share the prefix (an OmegaPRM tree, samples that agree so
 far), PRM800K's other rated completions and human completions, and the studio's corrections
-(a labeller's rewrite of a step; `stepwise studio export`). Each wrong step is paired once.
+(a labeller's rewrite of a step; `stepwise studio export`). Each wrong step is paired once. With --complete-with, a wrong step no right step stands beside is
+paired with one the policy samples from the prefix and that reaches the gold answer (Step-DPO's
+rectification; chosen_source `sampled`).
 
 Layouts:
   stepwise  {id, problem_id, question, prefix: [steps], chosen, rejected, answer, chosen_source,
@@ -47,15 +80,25 @@ Layouts:
 Examples:
   stepwise pairs data/prm800k/samples_openr.jsonl pairs.jsonl
   stepwise studio export --db labels.sqlite --output labels.jsonl && \\
-      stepwise pairs labels.jsonl pairs.parquet --layout trl";
+      stepwise pairs labels.jsonl pairs.parquet --layout trl
+  stepwise pairs labelled.jsonl pairs.jsonl --complete-with Qwen/Qwen2.5-Math-1.5B-Instruct \\
+      --chat --samples 8 --temperature 0.8";
 
 pub fn run(a: Args) -> Result<()> {
-    if !(a.chosen_min > 0.0 && a.chosen_min <= 1.0) {
-        anyhow::bail!("--chosen-min must be in (0, 1], not {}", a.chosen_min);
-    }
+    stepwise_core::pairs::check_chosen_min("--chosen-min", a.chosen_min).map_err(anyhow::Error::msg)?;
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
+    a.dtype.apply();
     let records = SolutionReader::open(&a.input, a.from)?.collect::<Result<Vec<_>, _>>()?;
-    let (pairs, stats) = step_pairs(&records, a.chosen_min);
+    let (mut pairs, unpaired, mut stats) = step_pairs_and_unpaired(&records, a.chosen_min);
+    let rectified = match &a.complete_with {
+        Some(policy) => {
+            let (sampled, r) = complete(&a, policy, &unpaired)?;
+            *stats.chosen_from.entry("sampled".into()).or_default() += sampled.len();
+            pairs.extend(sampled);
+            Some(r)
+        }
+        None => None,
+    };
     let dataset = a.dataset.clone().unwrap_or_else(|| {
         a.input
             .file_stem()
@@ -63,13 +106,45 @@ pub fn run(a: Args) -> Result<()> {
     });
     let rows: Vec<_> = pairs
         .iter()
-        .map(|p| p.to_json(a.layout, &dataset, &a.separator))
+        .map(|p| p.to_json(a.layout, &dataset, &a.sampling.separator))
         .collect();
     stepwise_core::io::write_records(&a.output, &rows)?;
+    summarise(pairs.len(), &stats, rectified.as_ref());
+    Ok(())
+}
+
+/// Pairs for the wrong steps in `unpaired`, their right steps sampled by `policy`.
+fn complete(a: &Args, policy: &super::backend::Source, unpaired: &[Unpaired]) -> Result<(Vec<StepPair>, RectifyStats)> {
+    if a.samples == 0 {
+        anyhow::bail!("--samples must be at least 1");
+    }
+    let backend = a.device.open_policy(policy, &a.remote)?;
+    let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
+    let policy = backend.policy(&PolicySettings {
+        stop: a.task.stops(),
+        ..a.sampling.settings(prompt)
+    });
+    let task = a.task.open(Some(&a.input))?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (backend.client()).map_or(cores, |c| c.config().max_in_flight * c.server_count().max(1));
+    let places = stepwise_core::pairs::places_of(unpaired);
+    let bar = crate::progress::bar(Some(places as u64), "sampling right steps");
+    let options = RectifyOptions {
+        samples: a.samples,
+        seed: a.seed,
+        together: 32,
+        threads,
+    };
+    let out = rectify(unpaired, &*policy, &*task, options, |n| bar.set_position(n as u64))?;
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// What was found, on stderr.
+fn summarise(written: usize, stats: &PairStats, rectified: Option<&RectifyStats>) {
     let from: Vec<String> = stats.chosen_from.iter().map(|(k, n)| format!("{n} {k}")).collect();
     eprintln!(
-        "{} pairs from {} records ({} places with a labelled next step; chosen: {}); {} of {} wrong steps had no right step beside them{}",
-        pairs.len(),
+        "{written} pairs from {} records ({} places with a labelled next step; chosen: {}); {} of {} wrong steps had no right step beside them{}",
         stats.records,
         stats.prefixes,
         if from.is_empty() { "none".into() } else { from.join(", ") },
@@ -81,5 +156,10 @@ pub fn run(a: Args) -> Result<()> {
             String::new()
         }
     );
-    Ok(())
+    if let Some(r) = rectified {
+        eprintln!(
+            "sampled from {} places: {} of {} continuations reached the gold answer ({} tokens); {} wrong steps paired, {} left (no continuation reached the answer with another first step), {} without a gold answer",
+            r.places, r.reached, r.sampled, r.tokens, r.paired, r.none_reached, r.without_answer
+        );
+    }
 }

@@ -23,7 +23,7 @@ mod tool;
 
 pub use annotator::{Annotator, Done, ProblemDone, Spent};
 pub use environment::{replay, ActionKind, Environment, Episode, Observation};
-pub use policy::{split_steps_at, Continuation, NextOptions, NextSteps, Policy, PolicyBatch, Until};
+pub use policy::{continue_each, split_steps_at, Continuation, NextOptions, NextSteps, Policy, PolicyBatch, Until};
 pub use reward::{OracleReward, OutcomeReward, Reward, RewardKind, ScorerReward};
 pub use scorer::{
     apply_outcome, score_in_order, score_solutions, score_solutions_with, turns_of, CheckerScorer, OnError,

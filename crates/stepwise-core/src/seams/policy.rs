@@ -152,6 +152,40 @@ pub trait Policy: Sync {
     }
 }
 
+/// Every ask's continuations, handed to `sink` in the asks' order: on the policy's batch
+/// ([`Policy::batch`]) `together` asks a call, else `threads` [`Policy::continue_from`] calls at
+/// once (a server's requests in flight). An ask's error goes to `sink` with it; an error `sink`
+/// returns stops the rest and is returned.
+pub fn continue_each(
+    policy: &dyn Policy,
+    asks: &[NextSteps<'_>],
+    until: Until,
+    (together, threads): (usize, usize),
+    mut sink: impl FnMut(usize, Result<Vec<Continuation>>) -> Result<()>,
+) -> Result<()> {
+    match policy.batch() {
+        Some(mut batch) => {
+            let mut at = 0;
+            for chunk in asks.chunks(together.max(1)) {
+                for out in batch.continue_all(chunk, until) {
+                    sink(at, out)?;
+                    at += 1;
+                }
+            }
+            Ok(())
+        }
+        None => {
+            let indexed: Vec<(usize, &NextSteps<'_>)> = asks.iter().enumerate().collect();
+            crate::parallel::in_order(
+                &indexed,
+                threads,
+                |(_, a)| policy.continue_from(a.question, a.prefix, a.n, until, a.seed),
+                |(i, _), out| sink(*i, out),
+            )
+        }
+    }
+}
+
 /// Split generated text into steps at `separator`, dropping blank ones and trailing whitespace.
 /// After a separator that ends a line (`"\n"`, `"\n\n"`) a step keeps its leading spaces and
 /// tabs, which are indentation (a line of code needs it) and make the steps joined by the

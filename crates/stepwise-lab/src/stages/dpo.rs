@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use stepwise_core::pairs::step_pairs;
+use stepwise_core::pairs::{step_pairs_and_unpaired, StepPair};
 use stepwise_core::preference::{PairPrompt, PreferencePair};
 use stepwise_core::Solution;
 use stepwise_eval::paired::{paired_by_id, PairedDifference};
@@ -76,13 +76,20 @@ impl DpoPreset {
 /// One source's run and its result.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DpoVariant {
-    /// `outcome`, `step_mc`, `step_omegaprm` or `step_oracle`.
+    /// `outcome`, `step_mc`, `step_mc_sampled`, `step_omegaprm` or `step_oracle`.
     pub pairs_from: String,
     /// Pairs trained on.
     pub pairs: usize,
     /// Of the step pairs, the share whose chosen step the oracle calls right and rejected step
     /// wrong (outcome pairs: correct against wrong final answers, by construction).
     pub precision: Option<f64>,
+    /// Of the pairs, those whose chosen step the starting policy sampled (Step-DPO's
+    /// rectification of wrong steps with no right step beside them).
+    #[serde(default)]
+    pub sampled: usize,
+    /// The share of those the oracle calls right on both sides.
+    #[serde(default)]
+    pub sampled_precision: Option<f64>,
     /// Single-sample accuracy on the held-out problems after DPO.
     pub accuracy_after: f64,
     /// Bootstrap 95% interval of it over problems.
@@ -117,6 +124,9 @@ pub struct DpoReport {
     /// Of its correct samples, the share reached through a wrong step.
     #[serde(default)]
     pub lucky_correct_before: f64,
+    /// Continuations sampled from each place to rectify a wrong step (`step_mc_sampled`).
+    #[serde(default)]
+    pub rectify_samples: usize,
     /// One entry per pair source.
     pub variants: Vec<DpoVariant>,
     /// Each source against outcome-level DPO and against the starting policy, problem by problem.
@@ -185,33 +195,35 @@ pub struct DpoSources<'a> {
 /// the held-out problems.
 pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
     let p = &b.preset.dpo;
-    let step = |labelled: &[Solution]| -> Vec<PreferencePair> {
-        step_pairs(labelled, 0.5)
-            .0
-            .into_iter()
-            .map(PreferencePair::from)
-            .collect()
+    let step = |name: &str, pairs: &[StepPair], sampled: &[StepPair]| -> Source {
+        let all: Vec<StepPair> = pairs.iter().chain(sampled).cloned().collect();
+        Source {
+            name: name.to_string(),
+            precision: Some(super::labels::quality_of_pairs(&all, b.task).precision),
+            sampled: sampled.len(),
+            sampled_precision: (!sampled.is_empty())
+                .then(|| super::labels::quality_of_pairs(sampled, b.task).precision),
+            pairs: all.into_iter().map(PreferencePair::from).collect(),
+        }
     };
-    let sources: Vec<(&str, Vec<PreferencePair>, Option<f64>)> = vec![
-        ("outcome", outcome_pairs(s.graded), None),
-        (
-            "step_mc",
-            step(s.mc),
-            Some(super::labels::pair_quality(s.mc, b.task).precision),
-        ),
-        (
-            "step_omegaprm",
-            step(&s.omegaprm),
-            Some(super::labels::pair_quality(&s.omegaprm, b.task).precision),
-        ),
-        (
-            "step_oracle",
-            step(s.oracle),
-            Some(super::labels::pair_quality(s.oracle, b.task).precision),
-        ),
+    let (mc, unpaired, _) = step_pairs_and_unpaired(s.mc, 0.5);
+    let mc_sampled = rectify_mc(b, &unpaired)?;
+    let sources = vec![
+        Source {
+            name: "outcome".into(),
+            pairs: outcome_pairs(s.graded),
+            precision: None,
+            sampled: 0,
+            sampled_precision: None,
+        },
+        step("step_mc", &mc, &[]),
+        step("step_mc_sampled", &mc, &mc_sampled),
+        step("step_omegaprm", &step_pairs_and_unpaired(&s.omegaprm, 0.5).0, &[]),
+        step("step_oracle", &step_pairs_and_unpaired(s.oracle, 0.5).0, &[]),
     ];
     let before = before_rl(b)?;
-    let variants = super::all_at_once(&sources, "DPO", |(name, pairs, precision)| {
+    let variants = super::all_at_once(&sources, "DPO", |src| {
+        let (name, pairs) = (&src.name, &src.pairs);
         let (log, after) = run_source(b, name, pairs)?;
         let epoch = |e: usize| log.iter().filter(|l| l.epoch.ceil() as usize == e).collect::<Vec<_>>();
         let mean =
@@ -220,7 +232,9 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
         Ok(DpoVariant {
             pairs_from: name.to_string(),
             pairs: pairs.len(),
-            precision: *precision,
+            precision: src.precision,
+            sampled: src.sampled,
+            sampled_precision: src.sampled_precision,
             accuracy_after: after.accuracy,
             ci95: after.ci95,
             majority_after: after.majority,
@@ -262,9 +276,45 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
         accuracy_before: before.accuracy,
         majority_before: before.majority,
         lucky_correct_before: before.lucky_correct,
+        rectify_samples: b.preset.annotation.rollouts,
         variants,
         paired,
     })
+}
+
+/// One source's pairs.
+struct Source {
+    name: String,
+    pairs: Vec<PreferencePair>,
+    precision: Option<f64>,
+    sampled: usize,
+    sampled_precision: Option<f64>,
+}
+
+/// Step-DPO's rectification of the Monte Carlo labels' wrong steps that have no right step beside
+/// them: the starting policy samples `rollouts` continuations from each one's prefix, and the
+/// first step of the first that reaches the gold answer is its chosen step. Written to
+/// `dpo_step_mc_sampled/sampled_pairs.jsonl`.
+fn rectify_mc(b: &RlBase<'_>, unpaired: &[stepwise_core::pairs::Unpaired]) -> Result<Vec<StepPair>> {
+    let policy = super::policy::lab_policy(b.policy, b.tok, b.preset.policy.temperature);
+    let places = stepwise_core::pairs::places_of(unpaired);
+    let pb = crate::progress::bar(places as u64, "DPO (sampling right steps)");
+    let options = stepwise_label::RectifyOptions {
+        samples: b.preset.annotation.rollouts,
+        seed: b.seed ^ 11,
+        together: 64,
+        threads: 1,
+    };
+    let (pairs, _) = stepwise_label::rectify(unpaired, &policy, b.task, options, |n| pb.set_position(n as u64))?;
+    pb.finish_and_clear();
+    // As `stepwise pairs --complete-with` writes them (a test compares the two).
+    let dir = b.out.join("dpo_step_mc_sampled");
+    std::fs::create_dir_all(&dir)?;
+    let rows: Vec<_> = (pairs.iter())
+        .map(|p| p.to_json(stepwise_core::pairs::Layout::Stepwise, "", SEP))
+        .collect();
+    stepwise_core::io::write_records(&dir.join("sampled_pairs.jsonl"), &rows)?;
+    Ok(pairs)
 }
 
 /// DPO from the policy on `pairs` into `dpo_<name>/`, and the policy it leaves measured.
@@ -336,7 +386,7 @@ impl DpoReport {
         let _ = writeln!(s, "## DPO on each label source's pairs\n");
         let _ = writeln!(
             s,
-            "The policy trained offline by DPO from the same start on preference pairs from the annotated samples ({} epochs, β = {}, learning rate {}, {} pairs a step{}; the reference is the starting policy), then sampled {} times on each held-out problem (the starting policy: accuracy {:.3}, majority {:.3}, lucky {:.1}%). *Step* pairs are Step-DPO's: a right next step against a wrong one after a shared sound prefix, as `stepwise pairs` mines them from each source's labels; *precision* is the share whose chosen step the oracle calls right and rejected step wrong. *Outcome* pairs put a whole correct solution against a whole wrong one of the same problem.\n",
+            "The policy trained offline by DPO from the same start on preference pairs from the annotated samples ({} epochs, β = {}, learning rate {}, {} pairs a step{}; the reference is the starting policy), then sampled {} times on each held-out problem (the starting policy: accuracy {:.3}, majority {:.3}, lucky {:.1}%). *Step* pairs are Step-DPO's: a right next step against a wrong one after a shared sound prefix, as `stepwise pairs` mines them from each source's labels; *precision* is the share whose chosen step the oracle calls right and rejected step wrong. *step_mc_sampled* adds Step-DPO's rectification to the Monte Carlo pairs: a wrong step with no right step beside it gets one the starting policy samples from its prefix (the first step of the first of {} continuations reaching the gold answer); *sampled* counts those pairs, with their own precision. *Outcome* pairs put a whole correct solution against a whole wrong one of the same problem.\n",
             d.epochs,
             d.beta,
             d.lr,
@@ -345,17 +395,21 @@ impl DpoReport {
             self.eval_samples,
             self.accuracy_before,
             self.majority_before,
-            100.0 * self.lucky_correct_before
+            100.0 * self.lucky_correct_before,
+            self.rectify_samples,
         );
         let _ = writeln!(
             s,
-            "| pairs from | pairs | precision | accuracy after | 95% CI | majority after | lucky after | loss first → last epoch | reward accuracy first → last | tokens learned |\n|---|---|---|---|---|---|---|---|---|---|"
+            "| pairs from | pairs | precision | sampled (precision) | accuracy after | 95% CI | majority after | lucky after | loss first → last epoch | reward accuracy first → last | tokens learned |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for v in &self.variants {
             let precision = v.precision.map_or("–".to_string(), |p| format!("{p:.3}"));
+            let sampled = v
+                .sampled_precision
+                .map_or("–".to_string(), |p| format!("{} ({p:.3})", v.sampled));
             let _ = writeln!(
                 s,
-                "| {} | {} | {precision} | {:.3} | [{:.3}, {:.3}] | {:.3} | {:.1}% | {:.3} → {:.3} | {:.2} → {:.2} | {} |",
+                "| {} | {} | {precision} | {sampled} | {:.3} | [{:.3}, {:.3}] | {:.3} | {:.1}% | {:.3} → {:.3} | {:.2} → {:.2} | {} |",
                 v.pairs_from,
                 v.pairs,
                 v.accuracy_after,

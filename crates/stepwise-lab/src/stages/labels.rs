@@ -70,8 +70,12 @@ pub struct PairQuality {
 /// The pairs `labelled` gives (soft labels: chosen from 0.5, rejected at 0), against the
 /// oracle's verdict on each side after the pair's prefix.
 pub fn pair_quality(labelled: &[Solution], task: &crate::oracle::LabTask) -> PairQuality {
+    quality_of_pairs(&stepwise_core::pairs::step_pairs(labelled, 0.5).0, task)
+}
+
+/// `pairs` against the oracle's verdict on each side after the pair's prefix.
+pub fn quality_of_pairs(pairs: &[stepwise_core::pairs::StepPair], task: &crate::oracle::LabTask) -> PairQuality {
     use stepwise_core::seams::Task;
-    let (pairs, _) = stepwise_core::pairs::step_pairs(labelled, 0.5);
     let verdict = |p: &stepwise_core::pairs::StepPair, step: &str| -> bool {
         let mut steps = p.prefix.clone();
         steps.push(step.to_string());
@@ -80,7 +84,7 @@ pub fn pair_quality(labelled: &[Solution], task: &crate::oracle::LabTask) -> Pai
             .unwrap_or(false)
     };
     let (mut chosen, mut rejected, mut both) = (0usize, 0usize, 0usize);
-    for p in &pairs {
+    for p in pairs {
         let (c, r) = (verdict(p, &p.chosen), !verdict(p, &p.rejected));
         chosen += usize::from(c);
         rejected += usize::from(r);

@@ -1,0 +1,235 @@
+//! Step-DPO's rectification (Lai et al. 2024, §3.2): a wrong step with no right step beside it
+//! gets one sampled. From the question and the sound prefix before the wrong step, a policy
+//! writes `samples` continuations to the end; those whose final answer the task grades correct
+//! are kept, and the first step of the first of them is the chosen step, paired with the wrong
+//! one. The paper samples with the policy being trained (in-distribution data beat corrections by
+//! a stronger model); any [`Policy`] does here.
+//!
+//! A continuation reaching the gold answer can still begin with a wrong step (a lucky answer), as
+//! an outcome check cannot see; the lab measures how often, against its exact step checker.
+
+use anyhow::Result;
+use serde::Serialize;
+use stepwise_core::pairs::{Source, StepPair, Unpaired};
+use stepwise_core::seams::{continue_each, NextSteps, Policy, Task, Until};
+
+/// How many continuations a place gets, and their seed.
+#[derive(Debug, Clone, Copy)]
+pub struct RectifyOptions {
+    /// Continuations sampled from each place (question and prefix).
+    pub samples: usize,
+    /// Base seed; each place's draw derives its own from it and the first wrong step's id.
+    pub seed: u64,
+    /// Places asked of a batching policy in one call.
+    pub together: usize,
+    /// [`Policy::continue_from`] calls at once, where the policy does not batch.
+    pub threads: usize,
+}
+
+/// What rectification found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RectifyStats {
+    /// Wrong steps that waited for a chosen step.
+    pub unpaired: usize,
+    /// Of them, paired with a sampled step.
+    pub paired: usize,
+    /// Left unpaired: their question has no gold answer to grade against.
+    pub without_answer: usize,
+    /// Left unpaired: no continuation from their place reached the gold answer with a first step
+    /// other than a wrong one.
+    pub none_reached: usize,
+    /// Places sampled from.
+    pub places: usize,
+    /// Continuations that reached the gold answer, of all sampled.
+    pub reached: usize,
+    /// Continuations sampled.
+    pub sampled: usize,
+    /// Tokens generated.
+    pub tokens: usize,
+}
+
+/// Pair each of `unpaired` with a sampled right step where one is found (the pairs in the order
+/// of `unpaired`), `on_place` told after each place with the number done.
+pub fn rectify(
+    unpaired: &[Unpaired],
+    policy: &dyn Policy,
+    task: &dyn Task,
+    o: RectifyOptions,
+    mut on_place: impl FnMut(usize),
+) -> Result<(Vec<StepPair>, RectifyStats)> {
+    let mut stats = RectifyStats {
+        unpaired: unpaired.len(),
+        ..Default::default()
+    };
+    // The places, each with its wrong steps (consecutive in `unpaired`, as `step_pairs_and_unpaired`
+    // gives them), and only those whose answer can be graded.
+    let mut places: Vec<&[Unpaired]> = Vec::new();
+    let mut rest = unpaired;
+    while let Some(first) = rest.first() {
+        let n = rest.iter().take_while(|u| u.same_place(first)).count();
+        let (here, after) = rest.split_at(n);
+        if first.answer.is_some() {
+            places.push(here);
+        } else {
+            stats.without_answer += n;
+        }
+        rest = after;
+    }
+    stats.places = places.len();
+    let prefixes: Vec<Vec<&str>> = (places.iter())
+        .map(|p| p[0].prefix.iter().map(String::as_str).collect())
+        .collect();
+    let asks: Vec<NextSteps<'_>> = (places.iter().zip(&prefixes))
+        .map(|(p, prefix)| NextSteps {
+            question: &p[0].question,
+            prefix,
+            n: o.samples.max(1),
+            seed: crate::montecarlo::seed_for(o.seed, &p[0].id, p[0].prefix.len()),
+        })
+        .collect();
+    let mut pairs = Vec::new();
+    continue_each(policy, &asks, Until::End, (o.together, o.threads), |i, outs| {
+        let here = places[i];
+        let (gold, prefix) = (here[0].answer.as_deref().unwrap_or_default(), &here[0].prefix);
+        // The right first steps found, in the order sampled, each once.
+        let mut right: Vec<(String, bool)> = Vec::new();
+        for c in outs? {
+            stats.sampled += 1;
+            stats.tokens += c.tokens;
+            let whole: Vec<String> = prefix.iter().chain(&c.steps).cloned().collect();
+            let Some(first) = c.steps.first() else { continue };
+            if !task.is_correct(gold, &whole) {
+                continue;
+            }
+            stats.reached += 1;
+            let wrong = here.iter().any(|u| u.rejected == *first);
+            if !wrong && !right.iter().any(|(t, _)| t == first) {
+                right.push((first.clone(), c.steps.len() == 1 && c.finished));
+            }
+        }
+        if right.is_empty() {
+            stats.none_reached += here.len();
+        } else {
+            for (k, u) in here.iter().enumerate() {
+                let (chosen, ends) = right[k % right.len()].clone();
+                pairs.push(u.with_chosen(chosen, Source::Sampled, ends));
+            }
+            stats.paired += here.len();
+        }
+        on_place(i + 1);
+        Ok(())
+    })?;
+    Ok((pairs, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepwise_core::pairs::step_pairs_and_unpaired;
+    use stepwise_core::testing::{Batching, PlainTask, ScriptedPolicy};
+    use stepwise_core::{Provenance, Rating, Solution, Step, StepLabel};
+
+    fn record(id: &str, steps: &[(&str, Rating)]) -> Solution {
+        Solution {
+            id: id.into(),
+            problem_id: "p".into(),
+            question: "2 + 3 * 4 = ?".into(),
+            gold_answer: Some("14".into()),
+            steps: (steps.iter())
+                .map(|(t, r)| Step::labelled(*t, StepLabel::hard(*r, Provenance::Human)))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn options() -> RectifyOptions {
+        RectifyOptions {
+            samples: 4,
+            seed: 7,
+            together: 8,
+            threads: 2,
+        }
+    }
+
+    fn task() -> PlainTask {
+        PlainTask { problems: Vec::new() }
+    }
+
+    /// From any prefix: the wrong step again (reaching 15), a right one reaching 14, the answer
+    /// at once, and a wrong step that lands on 14 anyway.
+    fn script(_: &str, _: &[&str], j: usize) -> Vec<String> {
+        let s: &[&str] = match j % 4 {
+            0 => &["2 + 12 = 15", "answer 15"],
+            1 => &["2 + 12 = 14", "answer 14"],
+            2 => &["answer 14"],
+            _ => &["2 + 12 = 15", "answer 14"],
+        };
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn a_lone_wrong_step_is_paired_with_the_first_step_of_a_continuation_reaching_the_answer() {
+        let recs = vec![record(
+            "a",
+            &[
+                ("3 * 4 = 12", Rating::Good),
+                ("2 + 12 = 15", Rating::Bad),
+                ("answer 15", Rating::Bad),
+            ],
+        )];
+        let (pairs, unpaired, stats) = step_pairs_and_unpaired(&recs, 0.5);
+        assert_eq!((pairs.len(), unpaired.len(), stats.without_chosen), (0, 1, 1));
+        for policy in [
+            &ScriptedPolicy(script) as &dyn Policy,
+            &Batching::new(ScriptedPolicy(script)),
+        ] {
+            let mut told = Vec::new();
+            let (got, s) = rectify(&unpaired, policy, &task(), options(), |n| told.push(n)).unwrap();
+            assert_eq!(got.len(), 1);
+            let p = &got[0];
+            assert_eq!((p.chosen.as_str(), p.rejected.as_str()), ("2 + 12 = 14", "2 + 12 = 15"));
+            assert_eq!(
+                (p.chosen_source, p.chosen_ends, p.rejected_ends),
+                (Source::Sampled, false, false)
+            );
+            assert_eq!(
+                (p.prefix.clone(), p.id.as_str()),
+                (vec!["3 * 4 = 12".to_string()], "a@1")
+            );
+            // Three of four reach 14; the lucky one begins with the wrong step itself.
+            assert_eq!((s.unpaired, s.paired, s.places, s.none_reached), (1, 1, 1, 0));
+            assert_eq!((s.reached, s.sampled), (3, 4));
+            assert_eq!(told, vec![1]);
+        }
+    }
+
+    #[test]
+    fn wrong_steps_at_one_place_share_its_draw_and_take_the_right_steps_in_turn() {
+        let recs = vec![
+            record("a", &[("2 + 12 = 15", Rating::Bad)]),
+            record("b", &[("2 + 3 = 5", Rating::Bad)]),
+        ];
+        let (_, unpaired, _) = step_pairs_and_unpaired(&recs, 0.5);
+        assert_eq!(unpaired.len(), 2);
+        let (got, s) = rectify(&unpaired, &ScriptedPolicy(script), &task(), options(), |_| {}).unwrap();
+        let chosen: Vec<&str> = got.iter().map(|p| p.chosen.as_str()).collect();
+        assert_eq!(chosen, vec!["2 + 12 = 14", "answer 14"]);
+        assert!(got[1].chosen_ends);
+        assert_eq!((s.places, s.sampled, s.paired), (1, 4, 2));
+    }
+
+    #[test]
+    fn no_continuation_reaching_the_answer_or_no_gold_answer_leaves_the_step_unpaired() {
+        let mut recs = vec![record("a", &[("2 + 3 = 5", Rating::Bad)])];
+        let (_, unpaired, _) = step_pairs_and_unpaired(&recs, 0.5);
+        let wrong = ScriptedPolicy(|_: &str, _: &[&str], _| vec!["answer 20".to_string()]);
+        let (got, s) = rectify(&unpaired, &wrong, &task(), options(), |_| {}).unwrap();
+        assert!(got.is_empty());
+        assert_eq!((s.none_reached, s.reached, s.sampled), (1, 0, 4));
+        recs[0].gold_answer = None;
+        let (_, unpaired, _) = step_pairs_and_unpaired(&recs, 0.5);
+        let (got, s) = rectify(&unpaired, &wrong, &task(), options(), |_| {}).unwrap();
+        assert!(got.is_empty());
+        assert_eq!((s.without_answer, s.places, s.sampled), (1, 0, 0));
+    }
+}
