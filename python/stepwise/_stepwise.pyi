@@ -45,10 +45,17 @@ def step_pairs(
     chosen_min: float = 0.5,
     dataset: str = "",
     separator: str = "\n",
+    complete_with: Any = None,
+    samples: int = 8,
+    seed: int = 0,
+    progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Dict[str, Any]]:
     """Step-level preference pairs (Step-DPO) from step-labelled records or a file: a right next
     step against a wrong one after the same sound prefix. `layout`: "stepwise", "step-dpo" or
-    "trl" (DPOTrainer's prompt/chosen/rejected)."""
+    "trl" (DPOTrainer's prompt/chosen/rejected). `complete_with` (a Policy): a wrong step with no
+    right step beside it is paired with the first step of the first of `samples` continuations
+    from its prefix that reaches the gold answer (Step-DPO's rectification; chosen_source
+    "sampled")."""
 
 def convert(records: Records, format: str) -> List[Record]:
     """Records converted to `format`'s records, in memory."""

@@ -50,3 +50,30 @@ def test_the_command_line_writes_the_same_pairs(repo, tmp_path):
     assert "7 pairs from 242 records" in done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == stepwise.step_pairs(path, layout="step-dpo", dataset="samples_math-aps-tree_openr")
+
+
+def test_a_policy_samples_the_right_step_a_wrong_one_lacks():
+    """Step-DPO's rectification: the wrong step has no sibling, so a policy samples from its
+    prefix; the first continuation reaching the gold answer gives the chosen step."""
+    record = {"id": "r", "question": "What is 2 + 3 * 4?", "gold_answer": "14",
+              "steps": [{"text": "3 * 4 = 12.", "label": {"rating": "good"}},
+                        {"text": "12 + 2 = 15.", "label": {"rating": "bad"}}]}
+    assert stepwise.step_pairs([record]) == []
+
+    class Writer:
+        def __init__(self):
+            self.asked = []
+
+        def continue_from(self, question, prefix, n, until, seed):
+            self.asked.append((question, list(prefix), n, until))
+            return ["12 + 2 = 15.\nThe answer is 15.", "12 + 2 = 14.\nThe answer is 14."][:n]
+
+    writer, seen = Writer(), []
+    (pair,) = stepwise.step_pairs([record], complete_with=writer, samples=2,
+                                  progress=lambda done, total: seen.append((done, total)))
+    assert writer.asked == [("What is 2 + 3 * 4?", ["3 * 4 = 12."], 2, "end")]
+    assert (pair["chosen"], pair["rejected"], pair["chosen_source"]) == ("12 + 2 = 14.", "12 + 2 = 15.", "sampled")
+    assert (pair["prefix"], pair["chosen_ends"]) == (["3 * 4 = 12."], False)
+    assert seen[-1] == (1, 1)
+    with pytest.raises(ValueError, match="samples"):
+        stepwise.step_pairs([record], complete_with=writer, samples=0)

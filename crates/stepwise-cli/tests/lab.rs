@@ -106,8 +106,14 @@ fn check_dpo(a: &Path, m: &serde_json::Value) {
         v[2]["pairs"].as_u64().unwrap(),
         v[1]["pairs"].as_u64().unwrap() + sampled
     );
-    let p = v[2]["sampled_precision"].as_f64().unwrap();
-    assert!((0.0..=1.0).contains(&p), "{}", v[2]);
+    let q = &v[2]["sampled_quality"];
+    assert_eq!(q["pairs"].as_u64().unwrap(), sampled);
+    let (p, c, r) = (
+        q["precision"].as_f64().unwrap(),
+        q["chosen_right"].as_f64().unwrap(),
+        q["rejected_wrong"].as_f64().unwrap(),
+    );
+    assert!(p <= c.min(r) && c <= 1.0 && r <= 1.0 && p >= 0.0, "{q}");
     assert!(v.iter().enumerate().all(|(i, v)| i == 2 || v["sampled"] == 0), "{dpo}");
     assert_eq!(
         dpo["paired"].as_array().unwrap().len(),

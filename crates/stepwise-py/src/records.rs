@@ -67,10 +67,17 @@ pub fn read_problems<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py,
 /// chosen_source, rejected_source, chosen_ends, rejected_ends`), `"step-dpo"` (Step-DPO's columns) or `"trl"` (TRL
 /// `DPOTrainer`'s `prompt, chosen, rejected`).
 ///
+/// With `complete_with` (a `stepwise.Policy`, or an object with `continue_from`), Step-DPO's
+/// rectification: a wrong step with no right step beside it is paired with one the policy
+/// samples from its prefix, the first step of the first of `samples` continuations whose final
+/// answer matches the record's gold answer (`chosen_source` `"sampled"`).
+///
 /// >>> pairs = stepwise.step_pairs("prm800k/phase1.jsonl", layout="trl")
 /// >>> datasets.Dataset.from_list(pairs)    # DPOTrainer(train_dataset=...)
+/// >>> pairs = stepwise.step_pairs("mc.jsonl", complete_with=policy, samples=8)
 #[pyfunction]
-#[pyo3(signature = (records, layout="stepwise", chosen_min=0.5, dataset="", separator="\n"))]
+#[pyo3(signature = (records, layout="stepwise", chosen_min=0.5, dataset="", separator="\n", complete_with=None, samples=8, seed=0, progress=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn step_pairs<'py>(
     py: Python<'py>,
     records: &Bound<'py, PyAny>,
@@ -78,6 +85,10 @@ pub fn step_pairs<'py>(
     chosen_min: f32,
     dataset: &str,
     separator: &str,
+    complete_with: Option<&Bound<'py, PyAny>>,
+    samples: usize,
+    seed: u64,
+    progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let layout: stepwise_core::pairs::Layout = layout.parse().map_err(PyValueError::new_err)?;
     stepwise_core::pairs::check_chosen_min("chosen_min", chosen_min).map_err(PyValueError::new_err)?;
@@ -90,10 +101,18 @@ pub fn step_pairs<'py>(
             without_gil(py, || solutions_of(&given, None))?
         }
     };
-    let rows: Vec<Value> = without_gil(py, || {
-        let (pairs, _) = stepwise_core::pairs::step_pairs(&sols, chosen_min);
-        Ok(pairs.iter().map(|p| p.to_json(layout, dataset, separator)).collect())
-    })?;
+    let (mut pairs, unpaired, _) = stepwise_core::pairs::step_pairs_and_unpaired(&sols, chosen_min);
+    if let Some(policy) = complete_with {
+        let rectify = crate::stages::Rectify {
+            policy,
+            samples,
+            seed,
+            separator,
+            progress,
+        };
+        pairs.extend(rectify.run(py, &unpaired)?);
+    }
+    let rows: Vec<Value> = pairs.iter().map(|p| p.to_json(layout, dataset, separator)).collect();
     to_py(py, &Value::Array(rows))
 }
 

@@ -206,6 +206,48 @@ pub(crate) fn warn_skipped(py: Python<'_>, sols: &[Solution], key: &str, what: &
     Ok(())
 }
 
+/// Step-DPO's rectification of `stepwise.step_pairs` (`complete_with=`).
+pub struct Rectify<'a, 'py> {
+    /// The policy sampling the right steps.
+    pub policy: &'a Bound<'py, PyAny>,
+    /// Continuations a place.
+    pub samples: usize,
+    /// The draws' seed.
+    pub seed: u64,
+    /// Between steps.
+    pub separator: &'a str,
+    /// A progress callback or bar, as other stages take it.
+    pub progress: Option<&'a Bound<'py, PyAny>>,
+}
+
+impl Rectify<'_, '_> {
+    /// The pairs `policy` completes of `unpaired` (graded as math answers).
+    pub fn run(
+        &self,
+        py: Python<'_>,
+        unpaired: &[stepwise_core::pairs::Unpaired],
+    ) -> PyResult<Vec<stepwise_core::pairs::StepPair>> {
+        if self.samples == 0 {
+            return Err(value_error("samples must be at least 1"));
+        }
+        let policy = PolicyArg::of(self.policy, self.separator)?;
+        let progress = Progress::start(py, self.progress, "places", stepwise_core::pairs::places_of(unpaired))?;
+        let options = stepwise_label::RectifyOptions {
+            samples: self.samples,
+            seed: self.seed,
+            together: 32,
+            threads: rayon::current_num_threads(),
+        };
+        let out = without_gil(py, || {
+            let (task, stop) = task_of(None, 10.0)?;
+            let seam = policy.seam(&stop);
+            stepwise_label::rectify(unpaired, &*seam, &*task, options, |n| progress.done(n))
+        });
+        progress.finish();
+        Ok(out?.0)
+    }
+}
+
 /// The task that grades: math, or the code problems of `code_problems` (with the stop strings
 /// its completions end at).
 fn task_of(code_problems: Option<&Path>, timeout: f64) -> Result<(Box<dyn Task>, Vec<String>)> {

@@ -87,9 +87,10 @@ pub struct DpoVariant {
     /// rectification of wrong steps with no right step beside them).
     #[serde(default)]
     pub sampled: usize,
-    /// The share of those the oracle calls right on both sides.
+    /// Those against the oracle: the share right on both sides, with a right chosen step, with a
+    /// wrong rejected step.
     #[serde(default)]
-    pub sampled_precision: Option<f64>,
+    pub sampled_quality: Option<super::labels::PairQuality>,
     /// Single-sample accuracy on the held-out problems after DPO.
     pub accuracy_after: f64,
     /// Bootstrap 95% interval of it over problems.
@@ -201,8 +202,7 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
             name: name.to_string(),
             precision: Some(super::labels::quality_of_pairs(&all, b.task).precision),
             sampled: sampled.len(),
-            sampled_precision: (!sampled.is_empty())
-                .then(|| super::labels::quality_of_pairs(sampled, b.task).precision),
+            sampled_quality: (!sampled.is_empty()).then(|| super::labels::quality_of_pairs(sampled, b.task)),
             pairs: all.into_iter().map(PreferencePair::from).collect(),
         }
     };
@@ -214,7 +214,7 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
             pairs: outcome_pairs(s.graded),
             precision: None,
             sampled: 0,
-            sampled_precision: None,
+            sampled_quality: None,
         },
         step("step_mc", &mc, &[]),
         step("step_mc_sampled", &mc, &mc_sampled),
@@ -234,7 +234,7 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
             pairs: pairs.len(),
             precision: src.precision,
             sampled: src.sampled,
-            sampled_precision: src.sampled_precision,
+            sampled_quality: src.sampled_quality.clone(),
             accuracy_after: after.accuracy,
             ci95: after.ci95,
             majority_after: after.majority,
@@ -288,7 +288,7 @@ struct Source {
     pairs: Vec<PreferencePair>,
     precision: Option<f64>,
     sampled: usize,
-    sampled_precision: Option<f64>,
+    sampled_quality: Option<super::labels::PairQuality>,
 }
 
 /// Step-DPO's rectification of the Monte Carlo labels' wrong steps that have no right step beside
@@ -313,7 +313,7 @@ fn rectify_mc(b: &RlBase<'_>, unpaired: &[stepwise_core::pairs::Unpaired]) -> Re
     let rows: Vec<_> = (pairs.iter())
         .map(|p| p.to_json(stepwise_core::pairs::Layout::Stepwise, "", SEP))
         .collect();
-    stepwise_core::io::write_records(&dir.join("sampled_pairs.jsonl"), &rows)?;
+    stepwise_core::io::write_records(dir.join("sampled_pairs.jsonl"), &rows)?;
     Ok(pairs)
 }
 
@@ -386,7 +386,7 @@ impl DpoReport {
         let _ = writeln!(s, "## DPO on each label source's pairs\n");
         let _ = writeln!(
             s,
-            "The policy trained offline by DPO from the same start on preference pairs from the annotated samples ({} epochs, β = {}, learning rate {}, {} pairs a step{}; the reference is the starting policy), then sampled {} times on each held-out problem (the starting policy: accuracy {:.3}, majority {:.3}, lucky {:.1}%). *Step* pairs are Step-DPO's: a right next step against a wrong one after a shared sound prefix, as `stepwise pairs` mines them from each source's labels; *precision* is the share whose chosen step the oracle calls right and rejected step wrong. *step_mc_sampled* adds Step-DPO's rectification to the Monte Carlo pairs: a wrong step with no right step beside it gets one the starting policy samples from its prefix (the first step of the first of {} continuations reaching the gold answer); *sampled* counts those pairs, with their own precision. *Outcome* pairs put a whole correct solution against a whole wrong one of the same problem.\n",
+            "The policy trained offline by DPO from the same start on preference pairs from the annotated samples ({} epochs, β = {}, learning rate {}, {} pairs a step{}; the reference is the starting policy), then sampled {} times on each held-out problem (the starting policy: accuracy {:.3}, majority {:.3}, lucky {:.1}%). *Step* pairs are Step-DPO's: a right next step against a wrong one after a shared sound prefix, as `stepwise pairs` mines them from each source's labels; *precision* is the share whose chosen step the oracle calls right and rejected step wrong. *step_mc_sampled* adds Step-DPO's rectification to the Monte Carlo pairs: a wrong step with no right step beside it gets one the starting policy samples from its prefix (the first step of the first of {} continuations reaching the gold answer); *sampled* counts those pairs, with their own precision and the share of their chosen steps the oracle calls right and of their rejected steps it calls wrong. *Outcome* pairs put a whole correct solution against a whole wrong one of the same problem.\n",
             d.epochs,
             d.beta,
             d.lr,
@@ -400,13 +400,16 @@ impl DpoReport {
         );
         let _ = writeln!(
             s,
-            "| pairs from | pairs | precision | sampled (precision) | accuracy after | 95% CI | majority after | lucky after | loss first → last epoch | reward accuracy first → last | tokens learned |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "| pairs from | pairs | precision | sampled (precision; chosen right, rejected wrong) | accuracy after | 95% CI | majority after | lucky after | loss first → last epoch | reward accuracy first → last | tokens learned |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for v in &self.variants {
             let precision = v.precision.map_or("–".to_string(), |p| format!("{p:.3}"));
-            let sampled = v
-                .sampled_precision
-                .map_or("–".to_string(), |p| format!("{} ({p:.3})", v.sampled));
+            let sampled = v.sampled_quality.as_ref().map_or("–".to_string(), |q| {
+                format!(
+                    "{} ({:.3}; {:.3}, {:.3})",
+                    v.sampled, q.precision, q.chosen_right, q.rejected_wrong
+                )
+            });
             let _ = writeln!(
                 s,
                 "| {} | {} | {precision} | {sampled} | {:.3} | [{:.3}, {:.3}] | {:.3} | {:.1}% | {:.3} → {:.3} | {:.2} → {:.2} | {} |",
