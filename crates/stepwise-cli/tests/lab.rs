@@ -117,8 +117,8 @@ fn check_dpo(a: &Path, m: &serde_json::Value) {
     assert!(v.iter().enumerate().all(|(i, v)| i == 2 || v["sampled"] == 0), "{dpo}");
     assert_eq!(
         dpo["paired"].as_array().unwrap().len(),
-        9,
-        "four against outcome DPO, five against the start"
+        10,
+        "four against outcome DPO, five against the start, the sampled against the mined"
     );
     assert!(read(a.join("report.md")).contains("## DPO on each label source's pairs"));
 }

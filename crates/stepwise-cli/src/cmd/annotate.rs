@@ -125,26 +125,20 @@ pub struct Args {
     /// fails after its retries stops the run either way.
     #[arg(long, value_enum, default_value = "raise")]
     pub on_error: super::score::OnErrorArg,
-    /// Where local models run, and the tokens of one forward pass.
+    /// Where local models run, how served ones are reached, what they compute in.
     #[command(flatten)]
-    pub device: super::backend::DeviceArgs,
-    /// How to reach a policy given by URL.
-    #[command(flatten)]
-    pub remote: super::backend::RemoteArgs,
-    /// What loaded models compute in.
-    #[command(flatten)]
-    pub dtype: super::backend::DtypeArg,
+    pub models: super::backend::ModelArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.dtype.apply();
+    a.models.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
     if a.judge_verdict == "likelihood" {
         if a.judge_format == "critique" {
             bail!("--judge-verdict likelihood weighs fixed answers: use --judge-format index or quote (a critique is free text)");
         }
         if let Some(judge) = &a.judge {
-            super::backend::check_weighable(judge, &a.remote, "--judge-verdict likelihood")?;
+            super::backend::check_weighable(judge, &a.models.remote, "--judge-verdict likelihood")?;
         }
     }
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
@@ -170,7 +164,7 @@ pub fn run(a: Args) -> Result<()> {
             "task": a.task.identity(Some(&a.input))?,
         }),
     )?;
-    let backend = a.device.open_policy(&a.policy, &a.remote)?;
+    let backend = a.models.open_policy(&a.policy)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy = backend.policy(&PolicySettings {
         stop: a.task.stops(),
@@ -179,7 +173,7 @@ pub fn run(a: Args) -> Result<()> {
     let task = a.task.open(Some(&a.input))?;
     let method = a.method;
     let judge_backend = match (&a.judge, method.needs_judge()) {
-        (Some(j), _) => Some(a.device.open_policy(j, &a.remote)?),
+        (Some(j), _) => Some(a.models.open_policy(j)?),
         (None, true) => bail!("--method {} needs --judge (a model to ask)", method.name()),
         (None, false) => None,
     };

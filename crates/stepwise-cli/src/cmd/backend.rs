@@ -183,3 +183,30 @@ impl DeviceArgs {
         Ok(backend)
     }
 }
+
+/// The option groups of a command that opens models: where local ones run, how served ones are
+/// reached, what loaded ones compute in.
+#[derive(clap::Args, Debug)]
+pub struct ModelArgs {
+    /// Where local models run, and the tokens of one forward pass.
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// How to reach a model given by URL.
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// What loaded models compute in.
+    #[command(flatten)]
+    pub dtype: DtypeArg,
+}
+
+impl ModelArgs {
+    /// [`DeviceArgs::open_policy`] with these servers' options.
+    pub fn open_policy(&self, source: &Source) -> anyhow::Result<PolicyBackend> {
+        self.device.open_policy(source, &self.remote)
+    }
+
+    /// [`DeviceArgs::open_scorer`] with these servers' options.
+    pub fn open_scorer(&self, source: &Source, layout: &str) -> anyhow::Result<ScorerBackend> {
+        self.device.open_scorer(source, layout, &self.remote)
+    }
+}

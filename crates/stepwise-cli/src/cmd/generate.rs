@@ -87,15 +87,9 @@ pub struct Args {
     /// Which task grades the samples (math answers, or code run against tests).
     #[command(flatten)]
     pub task: super::task::TaskArgs,
-    /// Where local models run, and the tokens of one forward pass.
+    /// Where local models run, how served ones are reached, what they compute in.
     #[command(flatten)]
-    pub device: super::backend::DeviceArgs,
-    /// How to reach a policy given by URL.
-    #[command(flatten)]
-    pub remote: super::backend::RemoteArgs,
-    /// What loaded models compute in.
-    #[command(flatten)]
-    pub dtype: super::backend::DtypeArg,
+    pub models: super::backend::ModelArgs,
     /// Problems asked at once (default: one for a checkpoint, which samples the n of a problem
     /// in one batch; --max-in-flight for each server).
     #[arg(long)]
@@ -103,7 +97,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.dtype.apply();
+    a.models.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     let task = a.task.open(Some(&a.input))?;
     let problems = a.task.problems(&*task, &a.input)?;
@@ -111,7 +105,7 @@ pub fn run(a: Args) -> Result<()> {
     if stop.is_empty() {
         stop = a.task.stops();
     }
-    let backend = a.device.open_policy(&a.model, &a.remote)?;
+    let backend = a.models.open_policy(&a.model)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy: Box<dyn Policy + '_> = match &backend {
         super::backend::PolicyBackend::Local(loaded) => {
@@ -142,7 +136,7 @@ pub fn run(a: Args) -> Result<()> {
     let servers = backend.client().map_or(0, |c| c.served().len());
     let threads = a.threads.unwrap_or(match servers {
         0 => 1,
-        n => n * a.remote.max_in_flight,
+        n => n * a.models.remote.max_in_flight,
     });
     let mut write = |p: &Problem, outs: Result<Vec<Continuation>>| -> Result<()> {
         for (k, out) in outs?.into_iter().enumerate() {

@@ -49,15 +49,9 @@ pub struct Args {
     /// Which task grades --complete-with's continuations.
     #[command(flatten)]
     pub task: super::task::TaskArgs,
-    /// Where a local --complete-with policy runs.
+    /// Where local models run, how served ones are reached, what they compute in.
     #[command(flatten)]
-    pub device: super::backend::DeviceArgs,
-    /// How to reach a --complete-with policy given by URL.
-    #[command(flatten)]
-    pub remote: super::backend::RemoteArgs,
-    /// What a loaded --complete-with policy computes in.
-    #[command(flatten)]
-    pub dtype: super::backend::DtypeArg,
+    pub models: super::backend::ModelArgs,
 }
 
 const PAIRS_HELP: &str = "At each question and prefix of steps none of which is wrong, a right next step
@@ -87,7 +81,7 @@ Examples:
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::pairs::check_chosen_min("--chosen-min", a.chosen_min).map_err(anyhow::Error::msg)?;
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    a.dtype.apply();
+    a.models.dtype.apply();
     let records = SolutionReader::open(&a.input, a.from)?.collect::<Result<Vec<_>, _>>()?;
     let (mut pairs, unpaired, mut stats) = step_pairs_and_unpaired(&records, a.chosen_min);
     let rectified = match &a.complete_with {
@@ -118,7 +112,7 @@ fn complete(a: &Args, policy: &super::backend::Source, unpaired: &[Unpaired]) ->
     if a.samples == 0 {
         anyhow::bail!("--samples must be at least 1");
     }
-    let backend = a.device.open_policy(policy, &a.remote)?;
+    let backend = a.models.open_policy(policy)?;
     let prompt = if a.chat { Prompt::Chat } else { Prompt::Text };
     let policy = backend.policy(&PolicySettings {
         stop: a.task.stops(),

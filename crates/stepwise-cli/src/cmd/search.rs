@@ -104,15 +104,9 @@ pub struct Args {
     /// Score every candidate from scratch instead of incrementally (for comparison).
     #[arg(long)]
     pub whole: bool,
-    /// Where a local PRM runs, and the tokens of one forward pass.
+    /// Where local models run, how served ones are reached, what they compute in.
     #[command(flatten)]
-    pub device: super::backend::DeviceArgs,
-    /// How to reach a policy or PRM given by URL.
-    #[command(flatten)]
-    pub remote: super::backend::RemoteArgs,
-    /// What loaded models compute in.
-    #[command(flatten)]
-    pub dtype: super::backend::DtypeArg,
+    pub models: super::backend::ModelArgs,
 }
 
 /// A `--prompt` argument's layout.
@@ -126,7 +120,7 @@ pub(crate) fn prompt_layout(name: &str) -> Result<Prompt> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.dtype.apply();
+    a.models.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
     let search = method(&a.method)?;
     let threshold = threshold(&a)?;
@@ -154,12 +148,12 @@ pub fn run(a: Args) -> Result<()> {
             "task": a.task.identity(Some(&a.input))?,
         }),
     )?;
-    let policy_backend = a.device.open_policy(&a.policy, &a.remote)?;
+    let policy_backend = a.models.open_policy(&a.policy)?;
     let policy = policy_backend.policy(&stepwise_remote::backend::PolicySettings {
         stop: a.task.stops(),
         ..a.sampling.settings(prompt_layout(&a.prompt)?)
     });
-    let scorer_backend = a.device.open_scorer(&a.prm, &a.layout, &a.remote)?;
+    let scorer_backend = a.models.open_scorer(&a.prm, &a.layout)?;
     let scorer = if a.whole {
         scorer_backend.scorer()
     } else {

@@ -248,7 +248,19 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
     let measure = format!("accuracy after DPO ({} samples a problem)", b.preset.rl.eval_samples);
     let mut paired = Vec::new();
     let outcome = variants.iter().find(|v| v.pairs_from == "outcome");
+    let mined = variants.iter().find(|v| v.pairs_from == "step_mc");
     for v in &variants {
+        // The sampled right steps against the pairs they were added to.
+        if let (Some(m), true) = (mined, v.sampled > 0) {
+            paired.push(paired_by_id(
+                &measure,
+                &format!("DPO on {} pairs", v.pairs_from),
+                &v.per_problem,
+                "DPO on step_mc pairs",
+                &m.per_problem,
+                b.seed ^ 9,
+            ));
+        }
         if let Some(o) = outcome.filter(|o| o.pairs_from != v.pairs_from) {
             let a = format!("DPO on {} pairs", v.pairs_from);
             paired.push(paired_by_id(
