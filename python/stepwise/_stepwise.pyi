@@ -48,6 +48,7 @@ def step_pairs(
     complete_with: Any = None,
     samples: int = 8,
     seed: int = 0,
+    check_rollouts: int = 0,
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Dict[str, Any]]:
     """Step-level preference pairs (Step-DPO) from step-labelled records or a file: a right next
@@ -55,7 +56,8 @@ def step_pairs(
     "trl" (DPOTrainer's prompt/chosen/rejected). `complete_with` (a Policy): a wrong step with no
     right step beside it is paired with the first step of the first of `samples` continuations
     from its prefix that reaches the gold answer (Step-DPO's rectification; chosen_source
-    "sampled")."""
+    "sampled"); with `check_rollouts`, only one whose own continuations reach it at least
+    `chosen_min` of the time."""
 
 def convert(records: Records, format: str) -> List[Record]:
     """Records converted to `format`'s records, in memory."""

@@ -24,6 +24,12 @@ pub struct RectifyOptions {
     pub together: usize,
     /// [`Policy::continue_from`] calls at once, where the policy does not batch.
     pub threads: usize,
+    /// A sampled right step is kept only when this many further continuations from the prefix
+    /// and it reach the gold answer at least `check_min` of the time (Math-Shepherd's value of the
+    /// step, as `stepwise pairs` reads a Monte Carlo label); 0 keeps every one.
+    pub check_rollouts: usize,
+    /// The least value a checked step keeps.
+    pub check_min: f32,
 }
 
 /// What rectification found.
@@ -36,17 +42,25 @@ pub struct RectifyStats {
     /// Left unpaired: their question has no gold answer to grade against.
     pub without_answer: usize,
     /// Left unpaired: no continuation from their place reached the gold answer with a first step
-    /// other than a wrong one.
+    /// other than a wrong one (that passed the check, with `check_rollouts`).
     pub none_reached: usize,
     /// Places sampled from.
     pub places: usize,
     /// Continuations that reached the gold answer, of all sampled.
     pub reached: usize,
-    /// Continuations sampled.
+    /// Continuations sampled (the check's included).
     pub sampled: usize,
+    /// Right steps found that the check turned away.
+    pub checked_out: usize,
     /// Tokens generated.
     pub tokens: usize,
 }
+
+/// A place: its wrong steps (consecutive in `unpaired`, as `step_pairs_and_unpaired` gives them).
+type Place<'a> = &'a [Unpaired];
+
+/// A right first step found at a place, and whether it ended its solution.
+type Found = (String, bool);
 
 /// Pair each of `unpaired` with a sampled right step where one is found (the pairs in the order
 /// of `unpaired`), `on_place` told after each place with the number done.
@@ -61,9 +75,8 @@ pub fn rectify(
         unpaired: unpaired.len(),
         ..Default::default()
     };
-    // The places, each with its wrong steps (consecutive in `unpaired`, as `step_pairs_and_unpaired`
-    // gives them), and only those whose answer can be graded.
-    let mut places: Vec<&[Unpaired]> = Vec::new();
+    // Only the places whose answer can be graded.
+    let mut places: Vec<Place<'_>> = Vec::new();
     let mut rest = unpaired;
     while let Some(first) = rest.first() {
         let n = rest.iter().take_while(|u| u.same_place(first)).count();
@@ -76,6 +89,35 @@ pub fn rectify(
         rest = after;
     }
     stats.places = places.len();
+    let mut found = first_steps_reaching(&places, policy, task, o, &mut stats, &mut on_place)?;
+    if o.check_rollouts > 0 {
+        check(&places, &mut found, policy, task, o, &mut stats)?;
+    }
+    let mut pairs = Vec::new();
+    for (here, right) in places.iter().zip(found) {
+        if right.is_empty() {
+            stats.none_reached += here.len();
+            continue;
+        }
+        for (k, u) in here.iter().enumerate() {
+            let (chosen, ends) = right[k % right.len()].clone();
+            pairs.push(u.with_chosen(chosen, Source::Sampled, ends));
+        }
+        stats.paired += here.len();
+    }
+    Ok((pairs, stats))
+}
+
+/// At each place, the distinct first steps of the continuations that reach the gold answer, in
+/// the order sampled, none of them one of the place's wrong steps.
+fn first_steps_reaching(
+    places: &[Place<'_>],
+    policy: &dyn Policy,
+    task: &dyn Task,
+    o: RectifyOptions,
+    stats: &mut RectifyStats,
+    on_place: &mut impl FnMut(usize),
+) -> Result<Vec<Vec<Found>>> {
     let prefixes: Vec<Vec<&str>> = (places.iter())
         .map(|p| p[0].prefix.iter().map(String::as_str).collect())
         .collect();
@@ -87,12 +129,11 @@ pub fn rectify(
             seed: crate::montecarlo::seed_for(o.seed, &p[0].id, p[0].prefix.len()),
         })
         .collect();
-    let mut pairs = Vec::new();
+    let mut found = Vec::with_capacity(places.len());
     continue_each(policy, &asks, Until::End, (o.together, o.threads), |i, outs| {
         let here = places[i];
         let (gold, prefix) = (here[0].answer.as_deref().unwrap_or_default(), &here[0].prefix);
-        // The right first steps found, in the order sampled, each once.
-        let mut right: Vec<(String, bool)> = Vec::new();
+        let mut right: Vec<Found> = Vec::new();
         for c in outs? {
             stats.sampled += 1;
             stats.tokens += c.tokens;
@@ -107,19 +148,64 @@ pub fn rectify(
                 right.push((first.clone(), c.steps.len() == 1 && c.finished));
             }
         }
-        if right.is_empty() {
-            stats.none_reached += here.len();
-        } else {
-            for (k, u) in here.iter().enumerate() {
-                let (chosen, ends) = right[k % right.len()].clone();
-                pairs.push(u.with_chosen(chosen, Source::Sampled, ends));
-            }
-            stats.paired += here.len();
-        }
+        found.push(right);
         on_place(i + 1);
         Ok(())
     })?;
-    Ok((pairs, stats))
+    Ok(found)
+}
+
+/// Keep the found steps whose own rollouts reach the gold answer at least `o.check_min` of the
+/// time (a step that ended its solution was graded whole already).
+fn check(
+    places: &[Place<'_>],
+    found: &mut [Vec<Found>],
+    policy: &dyn Policy,
+    task: &dyn Task,
+    o: RectifyOptions,
+    stats: &mut RectifyStats,
+) -> Result<()> {
+    let mut prefixes: Vec<(usize, usize, Vec<String>)> = Vec::new();
+    for (p, (here, right)) in places.iter().zip(found.iter()).enumerate() {
+        for (k, (step, ends)) in right.iter().enumerate() {
+            if !ends {
+                let prefix = here[0].prefix.iter().chain([step]).cloned().collect();
+                prefixes.push((p, k, prefix));
+            }
+        }
+    }
+    let refs: Vec<Vec<&str>> = (prefixes.iter())
+        .map(|(_, _, prefix)| prefix.iter().map(String::as_str).collect())
+        .collect();
+    let asks: Vec<NextSteps<'_>> = (prefixes.iter().zip(&refs))
+        .map(|((p, _, _), prefix)| NextSteps {
+            question: &places[*p][0].question,
+            prefix,
+            n: o.check_rollouts,
+            seed: crate::montecarlo::seed_for(o.seed ^ 1, &places[*p][0].id, prefix.len()),
+        })
+        .collect();
+    let mut kept = vec![true; prefixes.len()];
+    continue_each(policy, &asks, Until::End, (o.together, o.threads), |i, outs| {
+        let (p, _, prefix) = &prefixes[i];
+        let gold = places[*p][0].answer.as_deref().unwrap_or_default();
+        let mut hits = 0usize;
+        for c in outs? {
+            stats.sampled += 1;
+            stats.tokens += c.tokens;
+            let whole: Vec<String> = prefix.iter().cloned().chain(c.steps).collect();
+            hits += usize::from(task.is_correct(gold, &whole));
+        }
+        kept[i] = hits as f32 >= o.check_min * o.check_rollouts as f32;
+        Ok(())
+    })?;
+    for ((p, k, _), keep) in prefixes.iter().zip(kept).rev() {
+        if !keep {
+            found[*p].remove(*k);
+            stats.checked_out += 1;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -148,6 +234,8 @@ mod tests {
             seed: 7,
             together: 8,
             threads: 2,
+            check_rollouts: 0,
+            check_min: 0.5,
         }
     }
 
@@ -231,5 +319,36 @@ mod tests {
         let (got, s) = rectify(&unpaired, &wrong, &task(), options(), |_| {}).unwrap();
         assert!(got.is_empty());
         assert_eq!((s.without_answer, s.places, s.sampled), (1, 0, 0));
+    }
+
+    #[test]
+    fn the_check_turns_away_a_step_whose_own_rollouts_miss_the_answer() {
+        let recs = vec![record(
+            "a",
+            &[("3 * 4 = 12", Rating::Good), ("2 + 12 = 15", Rating::Bad)],
+        )];
+        let (_, unpaired, _) = step_pairs_and_unpaired(&recs, 0.5);
+        // From the prefix, a lucky slip first ("2 + 12 = 13", then "answer 14"), then the right
+        // step; from after the slip the answer is 13 three times in four, from after the right
+        // step it is always 14.
+        let policy = ScriptedPolicy(|_: &str, prefix: &[&str], j: usize| -> Vec<String> {
+            let s: &[&str] = match (prefix.last().copied(), j % 4) {
+                (Some("2 + 12 = 13"), 0) => &["answer 14"],
+                (Some("2 + 12 = 13"), _) => &["answer 13"],
+                (Some("2 + 12 = 14"), _) => &["answer 14"],
+                (_, 0) => &["2 + 12 = 13", "answer 14"],
+                _ => &["2 + 12 = 14", "answer 14"],
+            };
+            s.iter().map(|x| x.to_string()).collect()
+        });
+        let unchecked = rectify(&unpaired, &policy, &task(), options(), |_| {}).unwrap().0;
+        assert_eq!(unchecked[0].chosen, "2 + 12 = 13");
+        let checked = RectifyOptions {
+            check_rollouts: 4,
+            ..options()
+        };
+        let (got, s) = rectify(&unpaired, &policy, &task(), checked, |_| {}).unwrap();
+        assert_eq!(got[0].chosen, "2 + 12 = 14");
+        assert_eq!((s.checked_out, s.paired, s.sampled), (1, 1, 4 + 4 + 4));
     }
 }

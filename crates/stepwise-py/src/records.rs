@@ -70,13 +70,14 @@ pub fn read_problems<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py,
 /// With `complete_with` (a `stepwise.Policy`, or an object with `continue_from`), Step-DPO's
 /// rectification: a wrong step with no right step beside it is paired with one the policy
 /// samples from its prefix, the first step of the first of `samples` continuations whose final
-/// answer matches the record's gold answer (`chosen_source` `"sampled"`).
+/// answer matches the record's gold answer (`chosen_source` `"sampled"`); with `check_rollouts`,
+/// only one whose own continuations reach the answer at least `chosen_min` of the time.
 ///
 /// >>> pairs = stepwise.step_pairs("prm800k/phase1.jsonl", layout="trl")
 /// >>> datasets.Dataset.from_list(pairs)    # DPOTrainer(train_dataset=...)
 /// >>> pairs = stepwise.step_pairs("mc.jsonl", complete_with=policy, samples=8)
 #[pyfunction]
-#[pyo3(signature = (records, layout="stepwise", chosen_min=0.5, dataset="", separator="\n", complete_with=None, samples=8, seed=0, progress=None))]
+#[pyo3(signature = (records, layout="stepwise", chosen_min=0.5, dataset="", separator="\n", complete_with=None, samples=8, seed=0, check_rollouts=0, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn step_pairs<'py>(
     py: Python<'py>,
@@ -88,6 +89,7 @@ pub fn step_pairs<'py>(
     complete_with: Option<&Bound<'py, PyAny>>,
     samples: usize,
     seed: u64,
+    check_rollouts: usize,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let layout: stepwise_core::pairs::Layout = layout.parse().map_err(PyValueError::new_err)?;

@@ -214,6 +214,8 @@ pub struct Rectify<'a, 'py> {
     pub samples: usize,
     /// The draws' seed.
     pub seed: u64,
+    /// Rollouts checking a sampled step, and the value it needs.
+    pub check: (usize, f32),
     /// Between steps.
     pub separator: &'a str,
     /// A progress callback or bar, as other stages take it.
@@ -237,6 +239,8 @@ impl Rectify<'_, '_> {
             seed: self.seed,
             together: 32,
             threads: rayon::current_num_threads(),
+            check_rollouts: self.check.0,
+            check_min: self.check.1,
         };
         let out = without_gil(py, || {
             let (task, stop) = task_of(None, 10.0)?;

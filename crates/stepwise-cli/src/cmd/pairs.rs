@@ -36,6 +36,11 @@ pub struct Args {
     /// --complete-with: continuations sampled from each place (question and prefix).
     #[arg(long, default_value_t = 8)]
     pub samples: usize,
+    /// --complete-with: keep a sampled right step only when this many further continuations
+    /// from it reach the gold answer at least --chosen-min of the time (its Monte Carlo value;
+    /// 0: keep every one).
+    #[arg(long, default_value_t = 0)]
+    pub check_rollouts: usize,
     /// --complete-with: the draws' seed (each place derives its own).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -128,6 +133,8 @@ fn complete(a: &Args, policy: &super::backend::Source, unpaired: &[Unpaired]) ->
         seed: a.seed,
         together: 32,
         threads,
+        check_rollouts: a.check_rollouts,
+        check_min: a.chosen_min,
     };
     let out = rectify(unpaired, &*policy, &*task, options, |n| bar.set_position(n as u64))?;
     bar.finish_and_clear();
@@ -152,8 +159,8 @@ fn summarise(written: usize, stats: &PairStats, rectified: Option<&RectifyStats>
     );
     if let Some(r) = rectified {
         eprintln!(
-            "sampled from {} places: {} of {} continuations reached the gold answer ({} tokens); {} wrong steps paired, {} left (no continuation reached the answer with another first step), {} without a gold answer",
-            r.places, r.reached, r.sampled, r.tokens, r.paired, r.none_reached, r.without_answer
+            "sampled from {} places: {} of {} continuations reached the gold answer ({} tokens; {} right steps turned away by the check); {} wrong steps paired, {} left (no continuation reached the answer with another first step), {} without a gold answer",
+            r.places, r.reached, r.sampled, r.tokens, r.checked_out, r.paired, r.none_reached, r.without_answer
         );
     }
 }

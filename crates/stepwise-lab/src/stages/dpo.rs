@@ -76,7 +76,8 @@ impl DpoPreset {
 /// One source's run and its result.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DpoVariant {
-    /// `outcome`, `step_mc`, `step_mc_sampled`, `step_omegaprm` or `step_oracle`.
+    /// `outcome`, `step_mc`, `step_mc_sampled`, `step_mc_sampled_checked`, `step_omegaprm` or
+    /// `step_oracle`.
     pub pairs_from: String,
     /// Pairs trained on.
     pub pairs: usize,
@@ -207,7 +208,8 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
         }
     };
     let (mc, unpaired, _) = step_pairs_and_unpaired(s.mc, 0.5);
-    let mc_sampled = rectify_mc(b, &unpaired)?;
+    let mc_sampled = rectify_mc(b, &unpaired, "step_mc_sampled", false)?;
+    let mc_checked = rectify_mc(b, &unpaired, "step_mc_sampled_checked", true)?;
     let sources = vec![
         Source {
             name: "outcome".into(),
@@ -218,6 +220,7 @@ pub fn dpo_stage(b: &RlBase<'_>, s: &DpoSources<'_>) -> Result<DpoReport> {
         },
         step("step_mc", &mc, &[]),
         step("step_mc_sampled", &mc, &mc_sampled),
+        step("step_mc_sampled_checked", &mc, &mc_checked),
         step("step_omegaprm", &step_pairs_and_unpaired(&s.omegaprm, 0.5).0, &[]),
         step("step_oracle", &step_pairs_and_unpaired(s.oracle, 0.5).0, &[]),
     ];
@@ -305,22 +308,30 @@ struct Source {
 
 /// Step-DPO's rectification of the Monte Carlo labels' wrong steps that have no right step beside
 /// them: the starting policy samples `rollouts` continuations from each one's prefix, and the
-/// first step of the first that reaches the gold answer is its chosen step. Written to
-/// `dpo_step_mc_sampled/sampled_pairs.jsonl`.
-fn rectify_mc(b: &RlBase<'_>, unpaired: &[stepwise_core::pairs::Unpaired]) -> Result<Vec<StepPair>> {
+/// first step of the first that reaches the gold answer is its chosen step; with `checked`, only
+/// one whose own `rollouts` continuations reach the answer at least half of the time. Written to
+/// `dpo_<name>/sampled_pairs.jsonl`.
+fn rectify_mc(
+    b: &RlBase<'_>,
+    unpaired: &[stepwise_core::pairs::Unpaired],
+    name: &str,
+    checked: bool,
+) -> Result<Vec<StepPair>> {
     let policy = super::policy::lab_policy(b.policy, b.tok, b.preset.policy.temperature);
     let places = stepwise_core::pairs::places_of(unpaired);
-    let pb = crate::progress::bar(places as u64, "DPO (sampling right steps)");
+    let pb = crate::progress::bar(places as u64, &format!("DPO (sampling right steps, {name})"));
     let options = stepwise_label::RectifyOptions {
         samples: b.preset.annotation.rollouts,
         seed: b.seed ^ 11,
         together: 64,
         threads: 1,
+        check_rollouts: if checked { b.preset.annotation.rollouts } else { 0 },
+        check_min: 0.5,
     };
     let (pairs, _) = stepwise_label::rectify(unpaired, &policy, b.task, options, |n| pb.set_position(n as u64))?;
     pb.finish_and_clear();
     // As `stepwise pairs --complete-with` writes them (a test compares the two).
-    let dir = b.out.join("dpo_step_mc_sampled");
+    let dir = b.out.join(format!("dpo_{name}"));
     std::fs::create_dir_all(&dir)?;
     let rows: Vec<_> = (pairs.iter())
         .map(|p| p.to_json(stepwise_core::pairs::Layout::Stepwise, "", SEP))
@@ -398,7 +409,7 @@ impl DpoReport {
         let _ = writeln!(s, "## DPO on each label source's pairs\n");
         let _ = writeln!(
             s,
-            "The policy trained offline by DPO from the same start on preference pairs from the annotated samples ({} epochs, β = {}, learning rate {}, {} pairs a step{}; the reference is the starting policy), then sampled {} times on each held-out problem (the starting policy: accuracy {:.3}, majority {:.3}, lucky {:.1}%). *Step* pairs are Step-DPO's: a right next step against a wrong one after a shared sound prefix, as `stepwise pairs` mines them from each source's labels; *precision* is the share whose chosen step the oracle calls right and rejected step wrong. *step_mc_sampled* adds Step-DPO's rectification to the Monte Carlo pairs: a wrong step with no right step beside it gets one the starting policy samples from its prefix (the first step of the first of {} continuations reaching the gold answer); *sampled* counts those pairs, with their own precision and the share of their chosen steps the oracle calls right and of their rejected steps it calls wrong. *Outcome* pairs put a whole correct solution against a whole wrong one of the same problem.\n",
+            "The policy trained offline by DPO from the same start on preference pairs from the annotated samples ({} epochs, β = {}, learning rate {}, {} pairs a step{}; the reference is the starting policy), then sampled {} times on each held-out problem (the starting policy: accuracy {:.3}, majority {:.3}, lucky {:.1}%). *Step* pairs are Step-DPO's: a right next step against a wrong one after a shared sound prefix, as `stepwise pairs` mines them from each source's labels; *precision* is the share whose chosen step the oracle calls right and rejected step wrong. *step_mc_sampled* adds Step-DPO's rectification to the Monte Carlo pairs: a wrong step with no right step beside it gets one the starting policy samples from its prefix (the first step of the first of {} continuations reaching the gold answer); *step_mc_sampled_checked* keeps a sampled step only when {} further continuations from it reach the gold answer at least half of the time (its Monte Carlo value). *sampled* counts those pairs, with their own precision and the share of their chosen steps the oracle calls right and of their rejected steps it calls wrong. *Outcome* pairs put a whole correct solution against a whole wrong one of the same problem.\n",
             d.epochs,
             d.beta,
             d.lr,
@@ -408,6 +419,7 @@ impl DpoReport {
             self.accuracy_before,
             self.majority_before,
             100.0 * self.lucky_correct_before,
+            self.rectify_samples,
             self.rectify_samples,
         );
         let _ = writeln!(
