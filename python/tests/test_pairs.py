@@ -77,3 +77,24 @@ def test_a_policy_samples_the_right_step_a_wrong_one_lacks():
     assert seen[-1] == (1, 1)
     with pytest.raises(ValueError, match="samples"):
         stepwise.step_pairs([record], complete_with=writer, samples=0)
+
+
+def test_the_check_turns_away_a_sampled_step_whose_own_rollouts_miss():
+    record = {"id": "r", "question": "What is 2 + 3 * 4?", "gold_answer": "14",
+              "steps": [{"text": "3 * 4 = 12.", "label": {"rating": "good"}},
+                        {"text": "12 + 2 = 15.", "label": {"rating": "bad"}}]}
+
+    class Lucky:
+        """A slip first that lands on 14 once, then the right step; after the slip, 13 mostly."""
+
+        def continue_from(self, question, prefix, n, until, seed):
+            if prefix[-1] == "12 + 2 = 13.":
+                return ["The answer is 14." if k == 0 else "The answer is 13." for k in range(n)]
+            if prefix[-1] == "12 + 2 = 14.":
+                return ["The answer is 14."] * n
+            return ["12 + 2 = 13.\nThe answer is 14.", "12 + 2 = 14.\nThe answer is 14."][:n]
+
+    (loose,) = stepwise.step_pairs([record], complete_with=Lucky(), samples=2)
+    assert loose["chosen"] == "12 + 2 = 13."
+    (checked,) = stepwise.step_pairs([record], complete_with=Lucky(), samples=2, check_rollouts=4)
+    assert checked["chosen"] == "12 + 2 = 14."

@@ -109,6 +109,7 @@ pub fn step_pairs<'py>(
             policy,
             samples,
             seed,
+            check: (check_rollouts, chosen_min),
             separator,
             progress,
         };
