@@ -196,6 +196,7 @@ fn check(
             let whole: Vec<String> = prefix.iter().cloned().chain(c.steps).collect();
             hits += usize::from(task.is_correct(gold, &whole));
         }
+        stats.reached += hits;
         kept[i] = hits as f32 >= o.check_min * o.check_rollouts as f32;
         Ok(())
     })?;
@@ -349,6 +350,9 @@ mod tests {
         };
         let (got, s) = rectify(&unpaired, &policy, &task(), checked, |_| {}).unwrap();
         assert_eq!(got[0].chosen, "2 + 12 = 14");
-        assert_eq!((s.checked_out, s.paired, s.sampled), (1, 1, 4 + 4 + 4));
+        assert_eq!(
+            (s.checked_out, s.paired, s.sampled, s.reached),
+            (1, 1, 4 + 4 + 4, 4 + 1 + 4)
+        );
     }
 }
