@@ -131,7 +131,8 @@ pub struct DpoReport {
     pub rectify_samples: usize,
     /// One entry per pair source.
     pub variants: Vec<DpoVariant>,
-    /// Each source against outcome-level DPO and against the starting policy, problem by problem.
+    /// Each source against outcome-level DPO and against the starting policy, and the Monte Carlo
+    /// pairs with sampled right steps against them alone, problem by problem.
     pub paired: Vec<PairedDifference>,
 }
 
