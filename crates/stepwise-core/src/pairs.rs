@@ -151,7 +151,7 @@ impl Unpaired {
 /// The places (question and prefix) `unpaired` wait at, those of one place being together as
 /// [`step_pairs_and_unpaired`] gives them.
 pub fn places_of(unpaired: &[Unpaired]) -> usize {
-    unpaired.windows(2).filter(|w| !w[1].same_place(&w[0])).count() + usize::from(!unpaired.is_empty())
+    unpaired.chunk_by(Unpaired::same_place).count()
 }
 
 /// What was found, besides the pairs.

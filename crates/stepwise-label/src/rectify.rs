@@ -77,16 +77,12 @@ pub fn rectify(
     };
     // Only the places whose answer can be graded.
     let mut places: Vec<Place<'_>> = Vec::new();
-    let mut rest = unpaired;
-    while let Some(first) = rest.first() {
-        let n = rest.iter().take_while(|u| u.same_place(first)).count();
-        let (here, after) = rest.split_at(n);
-        if first.answer.is_some() {
+    for here in unpaired.chunk_by(Unpaired::same_place) {
+        if here[0].answer.is_some() {
             places.push(here);
         } else {
-            stats.without_answer += n;
+            stats.without_answer += here.len();
         }
-        rest = after;
     }
     stats.places = places.len();
     let mut found = first_steps_reaching(&places, policy, task, o, &mut stats, &mut on_place)?;
