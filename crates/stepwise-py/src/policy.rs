@@ -7,9 +7,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::Value;
 use std::sync::Arc;
-use stepwise_core::seams::{split_steps_at, Continuation, NextSteps, Policy as PolicySeam, Until};
+use stepwise_core::seams::{continue_each, split_steps_at, Continuation, NextSteps, Policy as PolicySeam, Until};
 use stepwise_model::Prompt;
 use stepwise_remote::backend::{LocalOptions, PolicyBackend, RemoteOptions, Source};
+use stepwise_remote::Client;
 
 /// A policy that writes solutions step by step: a checkpoint folder, a Hugging Face model id
 /// found in the local cache, or server URL(s) (vLLM, SGLang, `stepwise serve`). It samples at
@@ -259,22 +260,12 @@ impl Policy {
                     seed: *seed,
                 })
                 .collect();
-            if let Some(mut batch) = policy.batch() {
-                return batch.continue_all(&asks, until).into_iter().collect::<Result<Vec<_>>>();
-            }
-            let threads = backend
-                .client()
-                .map_or(1, |c| c.config().max_in_flight * c.server_count().max(1));
+            let threads = backend.client().map_or(1, Client::concurrency);
             let mut outs = Vec::with_capacity(asks.len());
-            stepwise_core::parallel::in_order(
-                &asks,
-                threads,
-                |a| policy.continue_from(a.question, a.prefix, a.n, until, a.seed),
-                |_, got| {
-                    outs.push(got?);
-                    Ok(())
-                },
-            )?;
+            continue_each(&*policy, &asks, until, (asks.len(), threads), |_, got| {
+                outs.push(got?);
+                Ok(())
+            })?;
             Ok(outs)
         })?;
         (outs.iter())

@@ -184,6 +184,12 @@ impl Client {
         self.fleet.len()
     }
 
+    /// How many requests it keeps in flight at most: `max_in_flight` for each server (one server
+    /// when its file is empty for now); the threads a caller that asks one request a thread uses.
+    pub fn concurrency(&self) -> usize {
+        self.config.max_in_flight * self.server_count().max(1)
+    }
+
     /// Each server's URL and the requests it answered, in the order they joined.
     pub fn served(&self) -> Vec<(String, usize)> {
         self.fleet

@@ -147,7 +147,7 @@ fn prompts(p: &RemotePolicy, asks: &[NextOptions<'_>], end: bool) -> Result<Opti
 /// flight as the client allows ([`stepwise_core::parallel::in_order`]); the first failure, in
 /// order, stops the rest and is the answer.
 fn in_flight(p: &RemotePolicy, weighed: &[Weighed]) -> Result<Vec<f64>> {
-    let threads = (p.client.config().max_in_flight * p.client.server_count().max(1)).min(16);
+    let threads = p.client.concurrency().min(16);
     let ask = |w: &Weighed| -> Result<f64> {
         // One generated token: vLLM refuses `max_tokens: 0`; its log-probability is not read.
         let body = json!({

@@ -110,12 +110,9 @@ struct Player {
     /// pieces (each piece tokenised on its own: the layout `agent rl` trains a policy in).
     #[arg(long, default_value = "text", value_parser = ["text", "chat", "pieces"])]
     prompt: String,
-    /// Where local models run.
+    /// Where a local policy runs, how one given by URL is reached, what it computes in.
     #[command(flatten)]
-    device: super::backend::DeviceArgs,
-    /// How to reach a policy given by URL.
-    #[command(flatten)]
-    remote: super::backend::RemoteArgs,
+    models: super::backend::ModelArgs,
 }
 
 /// A player, opened: the expert, or a model's backend.
@@ -155,7 +152,8 @@ impl Player {
             (_, Some(skill)) if !(0.0..=1.0).contains(&skill) => bail!("--expert: {skill} is not in [0, 1]"),
             (_, Some(skill)) => Ok(Opened::Expert(Expert::new(problems, skill)?)),
             (Some(source), None) => {
-                let backend = self.device.open_policy(source, &self.remote)?;
+                self.models.dtype.apply();
+                let backend = self.models.open_policy(source)?;
                 let prompt = super::search::prompt_layout(&self.prompt)?;
                 let settings = PolicySettings {
                     stop: vec!["Observation:".into()],

@@ -1,10 +1,11 @@
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
-use stepwise_core::seams::{Continuation, NextSteps, Until};
+use stepwise_core::seams::{continue_each, Continuation, NextSteps, Until};
 use stepwise_core::steps::SplitStrategy;
 use stepwise_core::{Format, Policy, Problem, Solution, SolutionWriter, Step};
 use stepwise_model::Prompt;
+use stepwise_remote::Client;
 
 /// Problems whose samples a local engine that batches ([`Policy::batch`]) decodes together: each
 /// decoding step reads the weights once for all their rows (8 samples: 256 rows).
@@ -133,11 +134,7 @@ pub fn run(a: Args) -> Result<()> {
     let bar = crate::progress::bar(None, "generating");
     let start = Instant::now();
     let mut new_tokens = 0usize;
-    let servers = backend.client().map_or(0, |c| c.served().len());
-    let threads = a.threads.unwrap_or(match servers {
-        0 => 1,
-        n => n * a.models.remote.max_in_flight,
-    });
+    let threads = a.threads.unwrap_or(backend.client().map_or(1, Client::concurrency));
     let mut write = |p: &Problem, outs: Result<Vec<Continuation>>| -> Result<()> {
         for (k, out) in outs?.into_iter().enumerate() {
             new_tokens += out.tokens;
@@ -156,30 +153,19 @@ pub fn run(a: Args) -> Result<()> {
         }
         Ok(())
     };
-    match policy.batch() {
-        // A local engine that batches: SAMPLED_TOGETHER problems' samples decoded together.
-        Some(mut batch) => {
-            for chunk in problems.chunks(SAMPLED_TOGETHER) {
-                let asks: Vec<NextSteps> = (chunk.iter())
-                    .map(|p| NextSteps {
-                        question: &p.question,
-                        prefix: &[],
-                        n: a.n,
-                        seed: a.seed,
-                    })
-                    .collect();
-                for (p, outs) in chunk.iter().zip(batch.continue_all(&asks, Until::End)) {
-                    write(p, outs)?;
-                }
-            }
-        }
-        None => stepwise_core::parallel::in_order(
-            &problems,
-            threads,
-            |p| policy.continue_from(&p.question, &[], a.n, Until::End, a.seed),
-            |p, outs| write(p, outs),
-        )?,
-    }
+    // A local engine that batches decodes SAMPLED_TOGETHER problems' samples together; else
+    // `threads` problems are asked at a time.
+    let asks: Vec<NextSteps> = (problems.iter())
+        .map(|p| NextSteps {
+            question: &p.question,
+            prefix: &[],
+            n: a.n,
+            seed: a.seed,
+        })
+        .collect();
+    continue_each(&*policy, &asks, Until::End, (SAMPLED_TOGETHER, threads), |i, outs| {
+        write(&problems[i], outs)
+    })?;
     output.finish()?;
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();

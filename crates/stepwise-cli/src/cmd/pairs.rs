@@ -5,6 +5,7 @@ use stepwise_core::{Format, SolutionReader};
 use stepwise_label::{rectify, RectifyOptions, RectifyStats};
 use stepwise_model::Prompt;
 use stepwise_remote::backend::PolicySettings;
+use stepwise_remote::Client;
 
 /// Step-level preference pairs (Step-DPO) from step-labelled records.
 #[derive(clap::Args)]
@@ -125,7 +126,7 @@ fn complete(a: &Args, policy: &super::backend::Source, unpaired: &[Unpaired]) ->
     });
     let task = a.task.open(Some(&a.input))?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = (backend.client()).map_or(cores, |c| c.config().max_in_flight * c.server_count().max(1));
+    let threads = backend.client().map_or(cores, Client::concurrency);
     let places = stepwise_core::pairs::places_of(unpaired);
     let bar = crate::progress::bar(Some(places as u64), "sampling right steps");
     let options = RectifyOptions {

@@ -76,9 +76,6 @@ pub struct Args {
     /// to each server of a fleet).
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    /// Where a local PRM runs, and the tokens of one forward pass.
-    #[command(flatten)]
-    pub device: super::backend::DeviceArgs,
     /// Input format (detected when omitted).
     #[arg(long)]
     pub from: Option<Format>,
@@ -87,12 +84,9 @@ pub struct Args {
     /// unscored, the reason in its `meta.score_errors.NAME`, and goes on.
     #[arg(long, value_enum, default_value = "raise")]
     pub on_error: OnErrorArg,
-    /// How to reach a PRM given by URL.
+    /// Where a local verifier runs, how one given by URL is reached, what it computes in.
     #[command(flatten)]
-    pub remote: super::backend::RemoteArgs,
-    /// What loaded models compute in.
-    #[command(flatten)]
-    pub dtype: super::backend::DtypeArg,
+    pub models: super::backend::ModelArgs,
     /// prm: --model is a PRM or ORM (any layout). generative: --model writes a verification
     /// chain per solution with a verdict per step. judge: --model answers right after a
     /// solution with its first wrong step (see below).
@@ -190,10 +184,10 @@ pub enum VerifierKind {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.dtype.apply();
+    a.models.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     if a.verifier == VerifierKind::Judge && a.verdict == Verdict::Likelihood {
-        super::backend::check_weighable(&a.model, &a.remote, "--verifier judge --verdict likelihood")?;
+        super::backend::check_weighable(&a.model, &a.models.remote, "--verifier judge --verdict likelihood")?;
     }
     // The output is claimed (or refused) before any model is loaded.
     let sols: Vec<Solution> = stepwise_core::io::read_solution_set(&a.input, a.from)?;
@@ -202,13 +196,13 @@ pub fn run(a: Args) -> Result<()> {
     let servers;
     let scorer: &dyn stepwise_core::StepScorer = match a.verifier {
         VerifierKind::Prm => {
-            scorer_backend = a.device.open_scorer(&a.model, &a.layout, &a.remote)?;
+            scorer_backend = a.models.open_scorer(&a.model, &a.layout)?;
             servers = scorer_backend.client();
             prm_scorer = scorer_backend.scorer();
             &*prm_scorer
         }
         VerifierKind::Generative | VerifierKind::Judge => {
-            policy_backend = a.device.open_policy(&a.model, &a.remote)?;
+            policy_backend = a.models.open_policy(&a.model)?;
             servers = policy_backend.client();
             policy = policy_backend.policy(&verifier_settings(&a));
             let likelihood = a.verdict == Verdict::Likelihood;
@@ -370,7 +364,7 @@ impl Output {
             &path,
             &serde_json::json!({
                 "input": stepwise_core::journal::fingerprint(sols)?, "model": a.model.identity()?,
-                "name": a.name, "layout": a.layout, "dtype": a.dtype.dtype, "generative": generative,
+                "name": a.name, "layout": a.layout, "dtype": a.models.dtype.dtype, "generative": generative,
             }),
         )?;
         let (journal, kept) = stepwise_core::journal::open_in_order(&path, sols)?;
