@@ -444,12 +444,15 @@ fn train_verifiers(verifiers: &Verifiers, jobs: &[Job]) -> Result<Vec<Model>> {
     })
 }
 
-/// Stage 5: every trained verifier scores the evaluation samples.
+/// Stage 5: every trained verifier scores the evaluation samples, all at once.
 fn score_with_verifiers(verifiers: &Verifiers, jobs: &[Job], models: &[Model], scored: &mut [Solution]) -> Result<()> {
-    for (&(name, what, _, outcome), model) in jobs.iter().zip(models) {
-        verifiers.score(model, outcome, scored, name, &format!("scoring ({what})"))?;
-    }
-    Ok(())
+    let each: Vec<(&Job, &Model)> = jobs.iter().zip(models).collect();
+    crate::stages::score_all_at_once(
+        &each,
+        scored,
+        |(job, _)| job.0,
+        |&(&(_, what, _, outcome), model), sols| verifiers.outcomes(model, outcome, sols, &format!("scoring ({what})")),
+    )
 }
 
 /// The verifiers search and RL use.

@@ -7,7 +7,6 @@ use crate::stages::evaluate::verifier;
 use crate::stages::verifiers::Verifiers;
 use crate::task::Domain;
 use anyhow::Result;
-use stepwise_core::seams::score_solutions;
 use stepwise_core::Solution;
 use stepwise_model::{Model, Tokenizer};
 
@@ -36,14 +35,17 @@ impl MoreScorers<'_> {
         Option<crate::stages::studio::StudioReport>,
     )> {
         let p = &o.preset;
-        let confidence = |model, name, scored: &mut [Solution]| {
-            let confidence = crate::confidence::PolicyConfidence { model, tok };
-            score_solutions(&confidence, name, scored, 64, |_| {})
-        };
-        confidence(self.policy, verifier::POLICY_CONFIDENCE, scored)?;
-        if let Some(model) = self.base {
-            confidence(model, verifier::BASE_CONFIDENCE, scored)?;
-        }
+        let mut baselines = vec![(self.policy, verifier::POLICY_CONFIDENCE)];
+        baselines.extend(self.base.map(|model| (model, verifier::BASE_CONFIDENCE)));
+        crate::stages::score_all_at_once(
+            &baselines,
+            scored,
+            |(_, name)| name,
+            |&(model, name), sols| {
+                let confidence = crate::confidence::PolicyConfidence { model, tok };
+                crate::stages::outcomes(&confidence, sols, &format!("scoring ({name})"))
+            },
+        )?;
         clock.lap("confidence baselines (scoring)");
         let generative = self.judged.map(|j| score_with_judges(o, tok, j, scored)).transpose()?;
         clock.lap("judges (training, scoring)");

@@ -126,11 +126,23 @@ impl Ctx<'_> {
         let orm = v.train_for("orm", "training ORM", label_trajs, true, steps)?;
         let progress_head = self.progress_head(&labels.td)?;
         let mut scored = eval.to_vec();
-        v.score(&prm_mc, false, &mut scored, "prm_mc", "scoring with PRM-MC")?;
-        v.score(&prm_td, false, &mut scored, "prm_td", "scoring with PRM-TD")?;
-        v.score(&orm, true, &mut scored, "orm", "scoring with the ORM")?;
-        let what = "scoring with the progress head";
-        v.score(&progress_head, false, &mut scored, heads::PROGRESS_HEAD, what)?;
+        let each = [
+            (&prm_mc, false, "prm_mc", "scoring with PRM-MC"),
+            (&prm_td, false, "prm_td", "scoring with PRM-TD"),
+            (&orm, true, "orm", "scoring with the ORM"),
+            (
+                &progress_head,
+                false,
+                heads::PROGRESS_HEAD,
+                "scoring with the progress head",
+            ),
+        ];
+        crate::stages::score_all_at_once(
+            &each,
+            &mut scored,
+            |(_, _, name, _)| name,
+            |&(model, outcome, _, what), sols| v.outcomes(model, outcome, sols, what),
+        )?;
         crate::stages::write_jsonl(&self.out.join("trajectories_eval_scored.jsonl"), &scored)?;
         Ok((Trained { prm_mc, progress_head }, scored))
     }

@@ -22,6 +22,8 @@ use candle_core::Device;
 use candle_nn::VarMap;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use stepwise_core::seams::{apply_outcome, score_in_order, OnError, ScoreOutcome, StepScorer};
+use stepwise_core::Solution;
 use stepwise_model::train::{evaluate, train, Example, Objective, TrainConfig};
 use stepwise_model::Model;
 
@@ -124,6 +126,41 @@ pub(crate) fn all_at_once<I: Sync, T: Send>(
     })
 }
 
+/// Every solution's scores by `scorer` (a progress bar named `what`), in order; the first
+/// solution it cannot score is the error.
+pub(crate) fn outcomes(scorer: &dyn StepScorer, sols: &[Solution], what: &str) -> Result<Vec<ScoreOutcome>> {
+    let pb = bar(sols.len() as u64, what);
+    let mut outcomes = Vec::with_capacity(sols.len());
+    score_in_order(scorer, sols, 64, OnError::Raise, |i, scores| {
+        outcomes.push(scores);
+        pb.set_position(i as u64 + 1);
+        Ok(())
+    })?;
+    pb.finish_and_clear();
+    Ok(outcomes)
+}
+
+/// Score `sols` with every item's scorer at once (`outcomes_of(item, sols)`, one thread each:
+/// [`all_at_once`]), then record each item's scores under its name (`name_of(item)`) in the
+/// items' order: what scoring them one after another records, in a fraction of the time where
+/// one scorer alone leaves a core idle (a lab-sized model's forward passes do).
+pub(crate) fn score_all_at_once<I: Sync>(
+    items: &[I],
+    sols: &mut [Solution],
+    name_of: impl Fn(&I) -> &str,
+    outcomes_of: impl Fn(&I, &[Solution]) -> Result<Vec<ScoreOutcome>> + Sync,
+) -> Result<()> {
+    let shared: &[Solution] = sols;
+    let all = all_at_once(items, "scoring", |item| outcomes_of(item, shared))?;
+    for (item, outcomes) in items.iter().zip(all) {
+        let name = name_of(item);
+        for (s, scores) in sols.iter_mut().zip(outcomes) {
+            apply_outcome(s, name, scores);
+        }
+    }
+    Ok(())
+}
+
 /// The lab's fine-tuning schedule: `steps` batches of 32 at peak learning rate `lr` after a
 /// warm-up of a twentieth of them, no evaluation on the way.
 pub(crate) fn fine_tuning(lr: f64, steps: usize, seed: u64) -> TrainConfig {
@@ -144,4 +181,72 @@ pub(crate) fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> 
     stepwise_core::io::write_jsonl(&tmp, items)?;
     std::fs::rename(&tmp, path)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::confidence::PolicyConfidence;
+    use stepwise_core::seams::score_solutions;
+    use stepwise_core::Step;
+    use stepwise_model::{HeadKind, ModelConfig};
+
+    /// Two models scoring at once, one thread each, record what they record one after the other
+    /// on the global pool, bit for bit; a solution one of them cannot score is the error.
+    #[test]
+    fn scoring_at_once_records_what_scoring_in_turn_does() {
+        let tok = crate::vocab::tokenizer(Domain::Arithmetic).unwrap();
+        let cfg = ModelConfig::tiny(tok.vocab_size(), 32, 1, 4, 2, HeadKind::CausalLm);
+        let models: Vec<Model> = (0..2)
+            .map(|seed| Model::fresh(cfg.clone(), &VarMap::new(), &Device::Cpu, seed).unwrap())
+            .collect();
+        let sols: Vec<Solution> = (0..70)
+            .map(|i| Solution {
+                id: format!("s{i}"),
+                question: format!("Ann has {i} bags of 4 coins ."),
+                steps: vec![Step::new(format!("{i} * 4 = {}", i * 4)), Step::new("The answer is 7")],
+                ..Default::default()
+            })
+            .collect();
+        let names = ["first", "second"];
+        let mut in_turn = sols.clone();
+        for (model, name) in models.iter().zip(names) {
+            score_solutions(&PolicyConfidence { model, tok: &tok }, name, &mut in_turn, 64, |_| {}).unwrap();
+        }
+        let each: Vec<(&Model, &str)> = models.iter().zip(names).collect();
+        let mut at_once = sols.clone();
+        let outcomes_of = |&(model, name): &(&Model, &str), sols: &[Solution]| {
+            outcomes(&PolicyConfidence { model, tok: &tok }, sols, name)
+        };
+        score_all_at_once(&each, &mut at_once, |(_, name)| name, outcomes_of).unwrap();
+        for (a, b) in in_turn.iter().zip(&at_once) {
+            assert_eq!(a.scores, b.scores, "{}", a.id);
+            assert_eq!(a.scores.len(), 2);
+        }
+
+        // A scorer that cannot score one solution: that solution is the error, nothing recorded.
+        struct Refuses;
+        impl StepScorer for Refuses {
+            fn score(&self, batch: &[stepwise_core::seams::ScoreInput<'_>]) -> Result<stepwise_core::seams::Scored> {
+                match batch.iter().any(|i| i.question == "refuse") {
+                    true => anyhow::bail!("cannot score it"),
+                    false => Ok(stepwise_core::seams::Scored {
+                        scores: batch.iter().map(|i| vec![0.5; i.steps.len()]).collect(),
+                        tokens: 0,
+                    }),
+                }
+            }
+        }
+        let mut bad = sols.clone();
+        bad[3].question = "refuse".into();
+        let err = score_all_at_once(
+            &names,
+            &mut bad,
+            |name| name,
+            |_, sols| outcomes(&Refuses, sols, "refusing"),
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("s3"), "{err:#}");
+        assert!(bad.iter().all(|s| s.scores.is_empty()));
+    }
 }

@@ -4,11 +4,10 @@
 
 use super::{done_marker, train_stage};
 use crate::preset::{Preset, VerifierHead};
-use crate::progress::bar;
 use crate::vocab::SEP;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
-use stepwise_core::seams::score_solutions;
+use stepwise_core::seams::{apply_outcome, ScoreOutcome};
 use stepwise_core::Solution;
 use stepwise_model::layout::RewardSpec;
 use stepwise_model::log_ratio::LogRatio;
@@ -124,10 +123,16 @@ impl Verifiers<'_> {
     /// Score `sols` with a verifier trained on step labels (or outcomes when `outcome`), recording
     /// the scores under `name`.
     pub fn score(&self, model: &Model, outcome: bool, sols: &mut [Solution], name: &str, what: &str) -> Result<()> {
-        let scorer = self.scorer(model, outcome);
-        let pb = bar(sols.len() as u64, what);
-        score_solutions(&scorer, name, sols, 64, |done| pb.set_position(done as u64))?;
-        pb.finish_and_clear();
+        let outcomes = self.outcomes(model, outcome, sols, what)?;
+        for (s, scores) in sols.iter_mut().zip(outcomes) {
+            apply_outcome(s, name, scores);
+        }
         Ok(())
+    }
+
+    /// What [`Verifiers::score`] records, solution by solution, without recording it (so that
+    /// several verifiers score the same solutions at once: [`super::score_all_at_once`]).
+    pub fn outcomes(&self, model: &Model, outcome: bool, sols: &[Solution], what: &str) -> Result<Vec<ScoreOutcome>> {
+        super::outcomes(&self.scorer(model, outcome), sols, what)
     }
 }
