@@ -507,22 +507,10 @@ pub fn write_solutions(path: impl AsRef<Path>, format: Format, sols: &[Solution]
     w.finish()
 }
 
-/// Write any serializable records as JSONL.
+/// Write any serializable records as JSONL, under a temporary name renamed into place as
+/// [`SolutionWriter`] does.
 pub fn write_jsonl<T: serde::Serialize>(path: impl AsRef<Path>, items: &[T]) -> Result<()> {
-    let path = path.as_ref();
-    let io_err = |source| Error::Io {
-        file: path.to_path_buf(),
-        source,
-    };
-    let output = Output::prepare(path)?;
-    let mut w = BufWriter::new(output.open()?);
-    for it in items {
-        serde_json::to_writer(&mut w, it).map_err(|e| io_err(e.into()))?;
-        w.write_all(b"\n").map_err(io_err)?;
-    }
-    w.flush().map_err(io_err)?;
-    drop(w);
-    output.commit()
+    write_text(path.as_ref(), items, false)
 }
 
 /// Write JSON records to `path` as its name says: JSONL (default), one JSON array (`.json`) or
@@ -531,21 +519,26 @@ pub fn write_jsonl<T: serde::Serialize>(path: impl AsRef<Path>, items: &[T]) -> 
 pub fn write_records(path: impl AsRef<Path>, records: &[serde_json::Value]) -> Result<()> {
     let path = path.as_ref();
     check_output_name(path)?;
-    let output = Output::prepare(path)?;
-    let io_err = |source| Error::Io {
-        file: path.to_path_buf(),
-        source,
-    };
     if is_parquet(path) {
+        let output = Output::prepare(path)?;
         write_parquet(output.writing(), records).map_err(|message| Error::Other {
             file: path.to_path_buf(),
             message,
         })?;
         return output.commit();
     }
-    let array = path.extension().is_some_and(|e| e == "json");
+    write_text(path, records, path.extension().is_some_and(|e| e == "json"))
+}
+
+/// `items` as JSON lines, or as one JSON array (`array`), to `path` ([`Output`]).
+fn write_text<T: serde::Serialize>(path: &Path, items: &[T], array: bool) -> Result<()> {
+    let output = Output::prepare(path)?;
+    let io_err = |source| Error::Io {
+        file: path.to_path_buf(),
+        source,
+    };
     let mut w = BufWriter::new(output.open()?);
-    for (i, v) in records.iter().enumerate() {
+    for (i, v) in items.iter().enumerate() {
         if array {
             w.write_all(if i == 0 { b"[\n" } else { b",\n" }).map_err(io_err)?;
         }
@@ -555,7 +548,7 @@ pub fn write_records(path: impl AsRef<Path>, records: &[serde_json::Value]) -> R
         }
     }
     if array {
-        w.write_all(if records.is_empty() { b"[]\n" } else { b"\n]\n" })
+        w.write_all(if items.is_empty() { b"[]\n" } else { b"\n]\n" })
             .map_err(io_err)?;
     }
     w.flush().map_err(io_err)?;

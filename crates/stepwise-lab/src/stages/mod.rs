@@ -175,12 +175,10 @@ pub(crate) fn fine_tuning(lr: f64, steps: usize, seed: u64) -> TrainConfig {
     }
 }
 
-/// Write `items` as JSONL through a temporary file, so a complete file is never half-written.
+/// Write `items` as JSONL through a temporary file, so a complete file is never half-written
+/// ([`stepwise_core::io::write_jsonl`]).
 pub(crate) fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    stepwise_core::io::write_jsonl(&tmp, items)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    Ok(stepwise_core::io::write_jsonl(path, items)?)
 }
 
 #[cfg(test)]
