@@ -131,7 +131,7 @@ impl Verifiers<'_> {
     }
 
     /// What [`Verifiers::score`] records, solution by solution, without recording it (so that
-    /// several verifiers score the same solutions at once: [`super::score_all_at_once`]).
+    /// several verifiers score the same solutions at once: `stages::score_all_at_once`).
     pub fn outcomes(&self, model: &Model, outcome: bool, sols: &[Solution], what: &str) -> Result<Vec<ScoreOutcome>> {
         super::outcomes(&self.scorer(model, outcome), sols, what)
     }
