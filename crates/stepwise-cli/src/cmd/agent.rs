@@ -152,7 +152,6 @@ impl Player {
             (_, Some(skill)) if !(0.0..=1.0).contains(&skill) => bail!("--expert: {skill} is not in [0, 1]"),
             (_, Some(skill)) => Ok(Opened::Expert(Expert::new(problems, skill)?)),
             (Some(source), None) => {
-                self.models.dtype.apply();
                 let backend = self.models.open_policy(source)?;
                 let prompt = super::search::prompt_layout(&self.prompt)?;
                 let settings = PolicySettings {

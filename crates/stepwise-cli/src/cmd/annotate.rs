@@ -131,7 +131,6 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.models.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
     if a.judge_verdict == "likelihood" {
         if a.judge_format == "critique" {

@@ -200,13 +200,15 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// [`DeviceArgs::open_policy`] with these servers' options.
+    /// [`DeviceArgs::open_policy`] with these servers' options, loaded in `--dtype`.
     pub fn open_policy(&self, source: &Source) -> anyhow::Result<PolicyBackend> {
+        self.dtype.apply();
         self.device.open_policy(source, &self.remote)
     }
 
-    /// [`DeviceArgs::open_scorer`] with these servers' options.
+    /// [`DeviceArgs::open_scorer`] with these servers' options, loaded in `--dtype`.
     pub fn open_scorer(&self, source: &Source, layout: &str) -> anyhow::Result<ScorerBackend> {
+        self.dtype.apply();
         self.device.open_scorer(source, layout, &self.remote)
     }
 }

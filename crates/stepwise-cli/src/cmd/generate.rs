@@ -98,7 +98,6 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.models.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     let task = a.task.open(Some(&a.input))?;
     let problems = a.task.problems(&*task, &a.input)?;

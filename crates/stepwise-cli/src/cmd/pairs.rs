@@ -87,7 +87,6 @@ Examples:
 pub fn run(a: Args) -> Result<()> {
     stepwise_core::pairs::check_chosen_min("--chosen-min", a.chosen_min).map_err(anyhow::Error::msg)?;
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
-    a.models.dtype.apply();
     let records = SolutionReader::open(&a.input, a.from)?.collect::<Result<Vec<_>, _>>()?;
     let (mut pairs, unpaired, mut stats) = step_pairs_and_unpaired(&records, a.chosen_min);
     let rectified = match &a.complete_with {

@@ -184,7 +184,6 @@ pub enum VerifierKind {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.models.dtype.apply();
     stepwise_core::io::refuse_same_file(&a.input, &a.output)?;
     if a.verifier == VerifierKind::Judge && a.verdict == Verdict::Likelihood {
         super::backend::check_weighable(&a.model, &a.models.remote, "--verifier judge --verdict likelihood")?;

@@ -120,7 +120,6 @@ pub(crate) fn prompt_layout(name: &str) -> Result<Prompt> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.models.dtype.apply();
     super::resumable_output(&a.input, &a.output)?;
     let search = method(&a.method)?;
     let threshold = threshold(&a)?;
