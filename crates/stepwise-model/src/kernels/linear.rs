@@ -112,7 +112,7 @@ impl Linear {
             x.reshape((rows, inp))?.matmul(&w.t()?)?
         };
         let y2 = match &self.bias {
-            Some(b) => y2.broadcast_add(b)?,
+            Some(b) => super::add_bias(&y2, b)?,
             None => y2,
         };
         let mut shape = lead.to_vec();

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use std::sync::Arc;
 
 pub(crate) mod attention;
+mod bias;
 pub(crate) mod cpu_inference;
 mod linear;
 pub(crate) mod sgemm;
@@ -22,6 +23,7 @@ mod token_logprob;
 pub(crate) mod weights;
 
 pub use attention::attention;
+pub(crate) use bias::add_bias;
 pub use linear::{Linear, MAX_STREAMED_ROWS, MIN_STREAMED_DEPTH};
 pub use sgemm::bf16_products_available;
 pub use swiglu::swiglu;
@@ -172,9 +174,55 @@ impl CustomOp1 for MaskedSoftmax {
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        // y = softmax(scale·x) on the allowed keys: dx = scale · y ⊙ (dy − Σ dy ⊙ y).
-        let dot = (grad * res)?.sum_keepdim(D::Minus1)?;
-        Ok(Some(((grad.broadcast_sub(&dot)? * res)? * self.scale as f64)?))
+        let op = MaskedSoftmaxGrad {
+            scale: self.scale,
+            offset: self.mask.offset,
+        };
+        Ok(Some(res.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
+    }
+}
+
+/// [`MaskedSoftmax`]'s backward in one pass a row: `y = softmax(scale·x)` on the allowed keys,
+/// `dx = scale · y ⊙ (dy − Σ dy ⊙ y)`. The arithmetic is that of the five tensor ops it replaces
+/// (a product, a sum from the left, a difference, a product, `v · scale + 0`), so the gradients
+/// are the same bits; the sum skips the keys past a row's causal window, whose `y` is exactly 0
+/// (adding `±0` to a sum that starts at `+0` changes no bit), unless `dy` is not finite there.
+struct MaskedSoftmaxGrad {
+    scale: f32,
+    offset: usize,
+}
+
+impl CustomOp2 for MaskedSoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "masked-softmax-grad"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let y = f32_slice(s1, l1, self.name())?;
+        let dy = f32_slice(s2, l2, self.name())?;
+        if l1.shape() != l2.shape() {
+            candle_core::bail!("{}: output {:?} and gradient {:?} differ", self.name(), l1.shape(), l2.shape());
+        }
+        let (_, _, t, s) = l1.shape().dims4()?;
+        let mut dx = vec![0f32; y.len()];
+        let scale = self.scale;
+        dx.par_chunks_mut(s).enumerate().for_each(|(row, dx)| {
+            let (y, dy) = (&y[row * s..][..s], &dy[row * s..][..s]);
+            let window = (self.offset + row % t + 1).min(s);
+            let mut dot = 0f32;
+            for (&g, &p) in dy[..window].iter().zip(&y[..window]) {
+                dot += g * p;
+            }
+            if dy[window..].iter().any(|g| !g.is_finite()) {
+                for (&g, &p) in dy[window..].iter().zip(&y[window..]) {
+                    dot += g * p;
+                }
+            }
+            for ((d, &g), &p) in dx.iter_mut().zip(dy).zip(y) {
+                *d = ((g - dot) * p) * scale + 0.0;
+            }
+        });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
     }
 }
 
@@ -542,6 +590,30 @@ mod tests {
             let gb = (b * &w).unwrap().sum_all().unwrap().backward().unwrap();
             let (ga, gb) = (ga.get(&x).unwrap(), gb.get(&x).unwrap());
             assert!(close(ga, gb) < 1e-6, "backward, offset {offset}");
+        }
+    }
+
+    /// The fused backward gives the same bits as the tensor ops it replaced, with padding keys,
+    /// cached positions, and rows whose upstream gradient is zero.
+    #[test]
+    fn masked_softmax_grad_is_the_same_bits_as_its_tensor_ops() {
+        let dev = Device::Cpu;
+        let pad = Tensor::new(&[[1f32, 1., 1., 1., 1., 1., 1.], [0., 0., 1., 1., 1., 1., 1.]], &dev).unwrap();
+        for (offset, t) in [(0, 7), (2, 5), (6, 1)] {
+            let mask = KeyMask::new(offset, Some(&pad)).unwrap();
+            let x = Var::from_tensor(&Tensor::randn(0f32, 3., (2, 3, t, 7), &dev).unwrap()).unwrap();
+            let keep = Tensor::new((0..2 * 3 * t).map(|r| (r % 4 != 1) as u8 as f32).collect::<Vec<_>>(), &dev).unwrap();
+            let w = Tensor::randn(0f32, 1., (2, 3, t, 7), &dev)
+                .unwrap()
+                .broadcast_mul(&keep.reshape((2, 3, t, 1)).unwrap())
+                .unwrap();
+            let y = masked_softmax(&x, 0.35, &mask).unwrap();
+            let fused = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            let y = y.detach();
+            let dot = (&w * &y).unwrap().sum_keepdim(D::Minus1).unwrap();
+            let ops = ((w.broadcast_sub(&dot).unwrap() * &y).unwrap() * 0.35f32 as f64).unwrap();
+            let bits = |t: &Tensor| -> Vec<u32> { t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect() };
+            assert_eq!(bits(fused.get(&x).unwrap()), bits(&ops), "offset {offset}");
         }
     }
 }
