@@ -593,6 +593,41 @@ mod tests {
         }
     }
 
+    /// candle's CPU matmul as vendored (vendor/candle-core.patch): its output is not zero-filled
+    /// before the product, so every element must be written, for batched, broadcast (a stride-zero
+    /// batch on either side, which 0.9.2 as published computed wrongly for the left one), empty
+    /// (k = 0) and strided operands; each is checked against products computed one row at a time.
+    #[test]
+    fn candles_matmul_writes_every_element_of_every_batch() {
+        let dev = Device::Cpu;
+        let naive = |a: &Tensor, b: &Tensor, n: usize| -> Vec<f32> {
+            let (a, b) = (a.to_vec3::<f32>().unwrap(), b.to_vec3::<f32>().unwrap());
+            let mut out = Vec::new();
+            for (x, y) in a.iter().zip(&b) {
+                for row in x {
+                    for j in 0..n {
+                        out.push(row.iter().zip(y).map(|(v, r)| v * r[j]).sum::<f32>());
+                    }
+                }
+            }
+            out
+        };
+        for (batch, m, k, n) in [(3, 5, 7, 4), (4, 1, 9, 33), (2, 6, 0, 3), (5, 17, 3, 1)] {
+            let a = Tensor::randn(0f32, 1., (batch, m, k), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1., (batch, k, n), &dev).unwrap();
+            let a1 = Tensor::randn(0f32, 1., (1, m, k), &dev).unwrap().broadcast_as((batch, m, k)).unwrap();
+            let b1 = Tensor::randn(0f32, 1., (1, k, n), &dev).unwrap().broadcast_as((batch, k, n)).unwrap();
+            let bt = Tensor::randn(0f32, 1., (batch, n, k), &dev).unwrap().transpose(1, 2).unwrap();
+            for (x, y) in [(&a, &b), (&a1, &b), (&a, &b1), (&a1, &b1), (&a, &bt)] {
+                let got = x.matmul(y).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let want = naive(&x.contiguous().unwrap(), &y.contiguous().unwrap(), n);
+                assert_eq!(got.len(), want.len());
+                let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+                assert!(worst < 1e-4, "{batch}x{m}x{k}x{n}: off by {worst}");
+            }
+        }
+    }
+
     /// The fused backward gives the same bits as the tensor ops it replaced, with padding keys,
     /// cached positions, and rows whose upstream gradient is zero.
     #[test]

@@ -1390,7 +1390,11 @@ impl Map2 for MatMul {
         let dst_rs = dst_strides[0];
         let dst_cs = dst_strides[1];
 
-        let mut dst = vec![T::zero(); b * m * n];
+        // gemm with `read_dst` false reads no element of `dst` (its alpha is zero) and writes
+        // every one, so the buffer is not zero-filled first: it is allocated, written through a
+        // raw pointer and its length set once every product is in it.
+        let elems = b * m * n;
+        let mut dst: Vec<T> = Vec::with_capacity(elems);
         let num_threads = crate::utils::get_num_threads();
         let parallelism = if num_threads > 1 {
             Parallelism::Rayon(num_threads)
@@ -1401,21 +1405,22 @@ impl Map2 for MatMul {
             // a_skip and c_skip should be updated but step is always 0 so
             // it wouldn't matter.
             (1, b * m, n, k)
-        } else if a_skip == 0 && b_skip == n * k {
-            (1, m, b * n, k)
         } else {
+            // No fold for a batch-invariant lhs (stride zero): merging rhs's batches into the
+            // columns of one (k, b * n) product makes the product write over itself (rows n
+            // apart, b * n wide) and leaves part of `dst` unwritten. candle 0.11 removed it too.
             (b, m, n, k)
         };
         for step in 0..b {
             let lhs_p = &lhs[step * a_skip..];
             let rhs_p = &rhs[step * b_skip..];
-            let dst_p = &mut dst[step * c_skip..];
+            let dst_p = dst.spare_capacity_mut()[step * c_skip..].as_mut_ptr() as *mut T;
             unsafe {
                 gemm(
                     /* m: usize = */ m,
                     /* n: usize = */ n,
                     /* k: usize = */ k,
-                    /* dst: *mut T = */ dst_p.as_mut_ptr(),
+                    /* dst: *mut T = */ dst_p,
                     /* dst_cs: isize = */ dst_cs as isize,
                     /* dst_rs: isize = */ dst_rs as isize,
                     /* read_dst: bool = */ false,
@@ -1434,6 +1439,8 @@ impl Map2 for MatMul {
                 )
             }
         }
+        // SAFETY: the products above wrote all `elems` values.
+        unsafe { dst.set_len(elems) };
         Ok(dst)
     }
 
