@@ -67,12 +67,9 @@ impl CustomOp1 for RowSum {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::bits;
     use super::*;
     use candle_core::{Device, Var};
-
-    fn bits(t: &Tensor) -> Vec<u32> {
-        t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
-    }
 
     /// The fused op gives candle's `broadcast_add`'s values and gradients bit for bit, through a
     /// product before it and a weighted sum after it, with zero and negative-zero gradients.

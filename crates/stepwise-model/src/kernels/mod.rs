@@ -462,9 +462,14 @@ pub fn rope_shifted(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use candle_core::{Device, Var};
+
+    /// A tensor's f32 values as bits, for tests that compare two computations exactly.
+    pub(crate) fn bits(t: &Tensor) -> Vec<u32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
 
     fn reference(x: &Tensor, scale: f64, mask: &KeyMask) -> Tensor {
         let (b, _, t, s) = x.dims4().unwrap();
@@ -647,7 +652,6 @@ mod tests {
             let y = y.detach();
             let dot = (&w * &y).unwrap().sum_keepdim(D::Minus1).unwrap();
             let ops = ((w.broadcast_sub(&dot).unwrap() * &y).unwrap() * 0.35f32 as f64).unwrap();
-            let bits = |t: &Tensor| -> Vec<u32> { t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect() };
             assert_eq!(bits(fused.get(&x).unwrap()), bits(&ops), "offset {offset}");
         }
     }

@@ -149,13 +149,10 @@ fn row_grad(x: &[f32], target: usize, g: f32, dx: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::bits;
     use super::*;
     use candle_core::{Device, Var};
     use rand::{Rng, SeedableRng};
-
-    fn bits(t: &Tensor) -> Vec<u32> {
-        t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
-    }
 
     /// The fused op and candle's composition give the same bits, forward and backward, through
     /// a product before them (the weight's gradient) and a weighted sum after them, with rows
