@@ -29,12 +29,11 @@ impl CustomOp2 for AddBias {
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let y = super::f32_slice(s1, l1, self.name())?;
         let b = super::f32_slice(s2, l2, self.name())?;
-        let mut out = y.to_vec();
-        for row in out.chunks_exact_mut(b.len().max(1)) {
-            for (v, &bias) in row.iter_mut().zip(b) {
-                *v += bias;
-            }
-        }
+        // One pass: each row's values plus the bias, written once.
+        let out: Vec<f32> = y
+            .chunks_exact(b.len().max(1))
+            .flat_map(|row| row.iter().zip(b).map(|(&v, &bias)| v + bias))
+            .collect();
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
