@@ -31,17 +31,31 @@ pub fn in_logs(pb: &ProgressBar) {
         if pb.is_finished() {
             return;
         }
-        let (what, pos, rate) = (pb.message(), pb.position(), pb.per_sec());
-        let line = match pb.length() {
-            Some(len) if rate > 0.0 => {
-                let eta = (len.saturating_sub(pos)) as f64 / rate;
-                format!("{what}: {pos}/{len} ({rate:.2}/s, eta {eta:.0} s)")
-            }
-            Some(len) => format!("{what}: {pos}/{len}"),
-            None => format!("{what}: {pos} ({rate:.2}/s)"),
-        };
-        eprintln!("{}", line.trim_start());
+        let line = log_line(&pb.message(), pb.position(), pb.length(), pb.elapsed());
+        eprintln!("{line}");
     });
+}
+
+/// A bar's line in a log: its position, its mean pace since it started (items a second, or
+/// seconds an item when slower) and the time left at that pace. indicatif's own rate decays
+/// while an item is under way, so that a DPO step of 20 s read as "eta 1449 s" with 25 s left.
+fn log_line(what: &str, pos: u64, len: Option<u64>, elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    let pace = match (pos, secs) {
+        (0, _) => None,
+        (_, s) if s >= pos as f64 => Some(format!("{:.1} s each", s / pos as f64)),
+        (_, s) => Some(format!("{:.2}/s", pos as f64 / s.max(1e-9))),
+    };
+    let what = what.trim_start();
+    match (len, pace) {
+        (Some(len), Some(pace)) => {
+            let left = len.saturating_sub(pos) as f64 * secs / pos as f64;
+            format!("{what}: {pos}/{len} ({pace}, eta {left:.0} s)")
+        }
+        (Some(len), None) => format!("{what}: {pos}/{len} ({secs:.0} s)"),
+        (None, Some(pace)) => format!("{what}: {pos} ({pace})"),
+        (None, None) => format!("{what}: {pos} ({secs:.0} s)"),
+    }
 }
 
 static BARS: LazyLock<MultiProgress> = LazyLock::new(MultiProgress::new);
@@ -144,6 +158,23 @@ pub fn time_section(s: &mut String, laps: &[StageSeconds]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_line_paces_by_the_mean_since_the_start() {
+        let at = Duration::from_secs_f64;
+        assert_eq!(log_line("DPO", 0, Some(2), at(4.6)), "DPO: 0/2 (5 s)");
+        // One step of 20 s done: 20 s left, however long the second step has run so far.
+        assert_eq!(
+            log_line("DPO", 1, Some(2), at(20.0)),
+            "DPO: 1/2 (20.0 s each, eta 20 s)"
+        );
+        assert_eq!(
+            log_line("  sampling", 300, Some(400), at(60.0)),
+            "sampling: 300/400 (5.00/s, eta 20 s)"
+        );
+        assert_eq!(log_line("scored", 10, None, at(4.0)), "scored: 10 (2.50/s)");
+        assert_eq!(log_line("scored", 0, None, at(4.0)), "scored: 0 (4 s)");
+    }
 
     #[test]
     fn the_stopwatch_keeps_each_stage_in_order_and_the_section_sums_them() {

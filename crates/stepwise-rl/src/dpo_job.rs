@@ -5,7 +5,7 @@
 //! checkpoint), and leaves the policy (Hugging Face layout), the optimiser and `dpo_log.jsonl`
 //! in the folder.
 
-use crate::dpo::{tokenize_pair, train_dpo, DpoConfig, DpoLog, DpoRun, TokenPair};
+use crate::dpo::{tokenize_pair, train_dpo, DpoConfig, DpoLog, DpoRun, Frozen, TokenPair};
 use crate::job::TrainedPolicy;
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -70,7 +70,7 @@ pub fn run_dpo(job: DpoJob<'_>, cfg: &DpoConfig, on_step: impl FnMut(&DpoLog)) -
     let log = policy.with_learner(|learner| {
         let run = DpoRun {
             learner,
-            reference: &reference,
+            reference: Frozen::Owned(Box::new(reference)),
             pairs: &pairs,
             eval: &eval,
             out_dir: Some(job.out.to_path_buf()),

@@ -43,7 +43,7 @@ mod updates;
 pub use advantage::{step_advantages, Credit};
 pub use agent::{train_agent_rl, AgentRlRun};
 pub use agent_job::{run_agent_rl, AgentReward, AgentRlJob};
-pub use dpo::{train_dpo, DpoConfig, DpoLog, DpoRun, DpoStats, TokenPair};
+pub use dpo::{train_dpo, DpoConfig, DpoLog, DpoRun, DpoStats, Frozen, TokenPair};
 pub use dpo_job::{run_dpo, DpoJob};
 pub use job::{run_rl, RlJob, RlReward};
 pub use learner::{CandleLearner, Learner, PackedLearner};

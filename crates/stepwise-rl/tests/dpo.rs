@@ -17,7 +17,7 @@ use stepwise_model::{Model, ModelConfig, Prompt, Tokenizer};
 use stepwise_rl::dpo::{dpo_pair, tokenize_pair};
 use stepwise_rl::learner::SampleWith;
 use stepwise_rl::rollout::sequence_logprobs;
-use stepwise_rl::{train_dpo, CandleLearner, DpoConfig, DpoLog, DpoRun, Learner, PackedLearner, TokenPair};
+use stepwise_rl::{train_dpo, CandleLearner, DpoConfig, DpoLog, DpoRun, Frozen, Learner, PackedLearner, TokenPair};
 
 const WORDS: [&str; 7] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b"];
 const EOS: u32 = 2;
@@ -157,7 +157,7 @@ fn dpo_raises_the_chosen_step_on_candle_and_on_the_packed_trainer() {
         let mut learner = CandleLearner::new(&mut model).unwrap();
         let run = DpoRun {
             learner: &mut learner,
-            reference: &reference,
+            reference: Frozen::Shared(&reference),
             pairs: &pairs,
             eval: &pairs,
             out_dir: None,
@@ -183,7 +183,7 @@ fn dpo_raises_the_chosen_step_on_candle_and_on_the_packed_trainer() {
     let mut packed = PackedLearner::new(trainer, 4096, no_sampling);
     let run = DpoRun {
         learner: &mut packed,
-        reference: &reference,
+        reference: Frozen::Shared(&reference),
         pairs: &pairs,
         eval: &[],
         out_dir: None,
@@ -203,7 +203,7 @@ fn run_into(dir: &Path, cfg: &DpoConfig, pairs: &[TokenPair], on_step: &dyn Fn(u
     let mut learner = CandleLearner::new(&mut model)?;
     let run = DpoRun {
         learner: &mut learner,
-        reference: &reference,
+        reference: Frozen::Shared(&reference),
         pairs,
         eval: &[],
         out_dir: Some(dir.to_path_buf()),

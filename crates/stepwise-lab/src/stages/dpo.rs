@@ -19,7 +19,7 @@ use stepwise_eval::paired::{paired_by_id, PairedDifference};
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, ModelConfig, Prompt};
 use stepwise_rl::dpo::tokenize_pair;
-use stepwise_rl::{train_dpo, CandleLearner, DpoConfig, DpoLog, DpoRun};
+use stepwise_rl::{train_dpo, CandleLearner, DpoConfig, DpoLog, DpoRun, Frozen};
 
 /// The DPO stage's settings. (Flat preset keys: `--set dpo_epochs=...`.)
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -379,7 +379,7 @@ fn run_source(b: &RlBase<'_>, name: &str, pairs: &[PreferencePair]) -> Result<(V
         false => train_dpo(
             DpoRun {
                 learner: &mut CandleLearner::new(&mut model)?,
-                reference: b.policy,
+                reference: Frozen::Shared(b.policy),
                 pairs: &tokens,
                 eval: &[],
                 out_dir: Some(dir.clone()),

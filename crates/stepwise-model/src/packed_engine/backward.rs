@@ -27,7 +27,7 @@ pub(super) enum Keep {
 pub(super) fn layer_bytes_per_token(cfg: &crate::ModelConfig) -> usize {
     let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-    let bf16 = 2 * h + (heads + 2 * kv) * d + heads * d + 3 * inter;
+    let bf16 = (heads + 2 * kv) * d + heads * d + 2 * inter;
     2 * bf16 + 4 * h
 }
 
@@ -45,47 +45,77 @@ pub(super) struct Pass<B: TrainBackend> {
     layers: Vec<(Activations<B>, B::F32)>,
     /// One layer's activations, reused by every layer that keeps none (none with [`Keep::Layers`]).
     acts: Option<Activations<B>>,
+    /// The activations no layer keeps, one layer's at a time.
+    redone: Redone<B>,
     /// The q|k|v product before the bias and rotation (scratch of every layer).
     y: B::F32,
     /// Tokens in the batch.
     pub tokens: usize,
 }
 
-/// One layer's activations that its backward reads, `tokens` rows each.
+/// One layer's activations that its backward reads and cannot cheaply redo, `tokens` rows each.
 struct Activations<B: Backend> {
-    normed1: B::Bf16,
     qkv: B::Bf16,
     attn: B::Bf16,
-    normed2: B::Bf16,
     gate_up: B::Bf16,
+}
+
+/// One layer's activations that its backward redoes from what the layer keeps, bit for bit and
+/// in one pass over each (the norms from the layer's input and the attention block's output,
+/// the SwiGLU from gate|up): a third of the bf16 a token a layer would keep, one layer's worth
+/// held instead of every layer's. `tokens` rows each.
+struct Redone<B: Backend> {
+    normed1: B::Bf16,
+    normed2: B::Bf16,
     act: B::Bf16,
+}
+
+impl<B: TrainBackend> Redone<B> {
+    /// Buffers for `t` rows of `dec`'s layers.
+    fn new(dec: &PackedDecoder<B>, t: usize) -> Result<Self> {
+        let (b, cfg) = (&*dec.backend, &dec.config);
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Redone {
+            normed1: b.zeros_bf16(t * h)?,
+            normed2: b.zeros_bf16(t * h)?,
+            act: b.zeros_bf16(t * inter)?,
+        })
+    }
+
+    /// Layer `li`'s, from its input `input`, its attention block's output `h1` and its `kept`
+    /// activations, as its forward computed them.
+    fn redo(&mut self, dec: &PackedDecoder<B>, li: usize, input: &B::F32, h1: &B::F32, kept: &Activations<B>, t: usize) -> Result<()> {
+        let (b, cfg, l) = (&*dec.backend, &dec.config, &dec.layers[li]);
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps as f32);
+        b.rms_norm(input, None, &l.ln1, &mut self.normed1, t, h, eps)?;
+        b.rms_norm(h1, None, &l.ln2, &mut self.normed2, t, h, eps)?;
+        b.swiglu(&kept.gate_up, &mut self.act, t, cfg.intermediate_size)
+    }
 }
 
 impl<B: TrainBackend> Activations<B> {
     /// Buffers for `t` rows of `dec`'s layers.
     fn new(dec: &PackedDecoder<B>, t: usize) -> Result<Self> {
         let (b, cfg) = (&*dec.backend, &dec.config);
-        let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let (d, inter) = (cfg.head_dim, cfg.intermediate_size);
         let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         let h16 = |n: usize| b.zeros_bf16(n);
         Ok(Activations {
-            normed1: h16(t * h)?,
             qkv: h16(t * (heads + 2 * kv) * d)?,
             attn: h16(t * heads * d)?,
-            normed2: h16(t * h)?,
             gate_up: h16(t * 2 * inter)?,
-            act: h16(t * inter)?,
         })
     }
 
     /// Layer `li` of `dec` over the `t` rows of `x` (its input, replaced by its output), these
-    /// activations filled (`y`: scratch) and the attention block's output (the MLP's input)
-    /// copied to `h1`.
+    /// activations and `redo`'s filled (`y`: scratch) and the attention block's output (the
+    /// MLP's input) copied to `h1`.
     #[allow(clippy::too_many_arguments)]
     fn layer(
         &mut self,
         dec: &PackedDecoder<B>,
         li: usize,
+        redo: &mut Redone<B>,
         y: &mut B::F32,
         x: &mut B::F32,
         h1: Option<&mut B::F32>,
@@ -93,7 +123,7 @@ impl<B: TrainBackend> Activations<B> {
         t: usize,
     ) -> Result<()> {
         let bufs = AttentionBuffers {
-            normed: &mut self.normed1,
+            normed: &mut redo.normed1,
             y,
             qkv: &mut self.qkv,
             attn: &mut self.attn,
@@ -107,9 +137,9 @@ impl<B: TrainBackend> Activations<B> {
             dec.backend.copy_f32(x, h1, t * dec.config.hidden_size)?;
         }
         let bufs = MlpBuffers {
-            normed: &mut self.normed2,
+            normed: &mut redo.normed2,
             gate_up: &mut self.gate_up,
-            act: &mut self.act,
+            act: &mut redo.act,
         };
         dec.mlp_block(li, x, bufs, t)
     }
@@ -144,7 +174,7 @@ impl<B: TrainBackend> PackedDecoder<B> {
             Keep::Layers => None,
             _ => Some(Activations::new(self, t)?),
         };
-        let mut y = b.zeros_f32(t * width)?;
+        let (mut y, mut redone) = (b.zeros_f32(t * width)?, Redone::new(self, t)?);
         let (mut kept, mut layers) = (Vec::new(), Vec::new());
         for li in 0..self.layers.len() {
             if keep != Keep::Nothing {
@@ -154,10 +184,10 @@ impl<B: TrainBackend> PackedDecoder<B> {
             }
             let attend = &mut Attend::Packed(&ints);
             match acts.as_mut() {
-                Some(acts) => acts.layer(self, li, &mut y, &mut x, None, attend, t)?,
+                Some(acts) => acts.layer(self, li, &mut redone, &mut y, &mut x, None, attend, t)?,
                 None => {
                     let (mut own, mut h1) = (Activations::new(self, t)?, b.zeros_f32(t * h)?);
-                    own.layer(self, li, &mut y, &mut x, Some(&mut h1), attend, t)?;
+                    own.layer(self, li, &mut redone, &mut y, &mut x, Some(&mut h1), attend, t)?;
                     layers.push((own, h1));
                 }
             }
@@ -169,6 +199,7 @@ impl<B: TrainBackend> PackedDecoder<B> {
             kept,
             layers,
             acts,
+            redone,
             y,
             tokens: t,
         })
@@ -266,6 +297,7 @@ pub(super) fn layers_backward<B: TrainBackend>(
         kept,
         layers,
         acts,
+        redone,
         y,
         ..
     } = pass;
@@ -273,21 +305,25 @@ pub(super) fn layers_backward<B: TrainBackend>(
         // The layer's own activations (freed after its backward), or the shared ones recomputed.
         let stored = layers.pop();
         let (a, h1) = match &stored {
-            Some((own, h1)) => (own, h1),
+            Some((own, h1)) => {
+                redone.redo(dec, li, &kept[li], h1, own, t)?;
+                (own, h1)
+            }
             None => {
                 let acts = acts.as_mut().context("a forward that kept neither a layer's activations nor buffers for them")?;
                 b.copy_f32(&kept[li], x, t * h)?;
-                acts.layer(dec, li, y, x, Some(&mut h1_buf), &mut Attend::Packed(ints), t)?;
+                acts.layer(dec, li, redone, y, x, Some(&mut h1_buf), &mut Attend::Packed(ints), t)?;
                 (&*acts, &h1_buf)
             }
         };
+        let r = &*redone;
         let (l, lg) = (&dec.layers[li], &mut g.layers[li]);
         // x = h1 + swiglu(norm(h1) · [gate|up]ᵀ) · downᵀ
         b.round_bf16(&dx, &mut dx16, 0, t * h)?;
-        b.gemm_weight_grad(&dx16, &a.act, &mut lg.down, t, h, inter)?;
+        b.gemm_weight_grad(&dx16, &r.act, &mut lg.down, t, h, inter)?;
         b.gemm_nn(&dx16, &l.down, Out::F32(&mut d_act), t, h, inter, false)?;
         b.swiglu_backward(&a.gate_up, &d_act, &mut d_gate_up, t, inter)?;
-        b.gemm_weight_grad(&d_gate_up, &a.normed2, &mut lg.gate_up, t, 2 * inter, h)?;
+        b.gemm_weight_grad(&d_gate_up, &r.normed2, &mut lg.gate_up, t, 2 * inter, h)?;
         b.gemm_nn(&d_gate_up, &l.gate_up, Out::F32(&mut d_normed), t, 2 * inter, h, false)?;
         b.rms_norm_backward(h1, None, &l.ln2, &d_normed, &mut dx, &mut lg.ln2, t, h, eps)?;
         // h1 = input + attention(rope(norm(input) · [q|k|v]ᵀ + bias)) · oᵀ
@@ -297,7 +333,7 @@ pub(super) fn layers_backward<B: TrainBackend>(
         b.attention_backward(&a.qkv, &d_attn, &mut d_qkv, ints, t, heads, kv, d)?;
         let bias = lg.qkv_bias.as_mut();
         b.rope_backward(&d_qkv, &dec.cos, &dec.sin, &ints.positions, &mut d_y, bias, t, heads, kv, d)?;
-        b.gemm_weight_grad(&d_y, &a.normed1, &mut lg.qkv, t, width, h)?;
+        b.gemm_weight_grad(&d_y, &r.normed1, &mut lg.qkv, t, width, h)?;
         b.gemm_nn(&d_y, &l.qkv, Out::F32(&mut d_normed), t, width, h, false)?;
         b.rms_norm_backward(&kept[li], None, &l.ln1, &d_normed, &mut dx, &mut lg.ln1, t, h, eps)?;
     }
