@@ -16,8 +16,8 @@
 # their prompts differently, so for a comparison SAME_PROBLEM=N makes GSM8K's test problem N every
 # prompt (13, of median length among the first 16: every update then feeds the same tokens).
 #
-# Environment: UPDATES (2), PROMPTS (2), GROUP (4), TOKENS (32), MINIBATCH (8), TRAINERS
-# ("packed autograd"), PEER_WEIGHTS (none), SAME_PROBLEM (none: the first 16 problems), WORK (/tmp/rl_cpu), OUT (the JSON, default
+# Environment: UPDATES (2), PROMPTS (2), GROUP (4), TOKENS (32), MINIBATCH (8), KL (0.04: the KL
+# penalty's weight; 0 runs without the reference), TRAINERS ("packed autograd"), PEER_WEIGHTS (none), SAME_PROBLEM (none: the first 16 problems), WORK (/tmp/rl_cpu), OUT (the JSON, default
 # $WORK/rl_cpu.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,7 @@ PROMPTS=${PROMPTS:-2}
 GROUP=${GROUP:-4}
 TOKENS=${TOKENS:-32}
 MINIBATCH=${MINIBATCH:-8}
+KL=${KL:-0.04}
 TRAINERS=${TRAINERS:-"packed autograd"}
 PEER_WEIGHTS=${PEER_WEIGHTS:-}
 SAME_PROBLEM=${SAME_PROBLEM:-}
@@ -50,7 +51,7 @@ for t in $TRAINERS; do
     echo "== $t"
     /usr/bin/time -v "${limit[@]}" "$BIN" rl --policy "$W/policy-0.5b" --problems "$W/problems.jsonl" \
         --out "$W/run-$t" --device cpu --trainer "$t" --updates "$UPDATES" --prompts "$PROMPTS" \
-        --group-size "$GROUP" --max-tokens "$TOKENS" --minibatch-size "$MINIBATCH" --lr 1e-6 \
+        --group-size "$GROUP" --max-tokens "$TOKENS" --minibatch-size "$MINIBATCH" --kl "$KL" --lr 1e-6 \
         --checkpoint-every 0 > "$W/$t.log" 2>&1
     echo "exit $?" >> "$W/$t.log"
     grep -E "Maximum resident|^exit|rror|memory" "$W/$t.log" | tail -3

@@ -337,7 +337,8 @@ def rl(
     `"outcome"`, `"orm:DIR"`, `"prm:DIR"` or `"prime"` (`prime_filter` defaults to (0.2, 0.8)). The policy, optimiser and
     `rl_log.jsonl` go to `out`; a call on the same `out` resumes. `trainer` is `"auto"` (the
     packed engine's on a GPU, and on the CPU for a pretrained policy, hidden size 512 or more;
-    candle's f32 autograd for a small one), `"packed"` or `"autograd"`. Returns each update's log."""
+    candle's f32 autograd for a small one), `"packed"` or `"autograd"`. Returns each update's log;
+    `kl=0` without PRIME trains with no reference (neither loaded nor run; no `kl` in the log)."""
 
 def dpo(
     policy: Union[str, "PathLike[str]"],

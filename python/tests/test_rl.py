@@ -40,6 +40,19 @@ def test_rl_trains_against_each_reward_and_resumes(tmp_path, fixtures, reward, t
     assert [(e["update"], e["seconds"]) for e in again] == [(e["update"], e["seconds"]) for e in log]
 
 
+@pytest.mark.parametrize("trainer", ["autograd", "packed"])
+def test_rl_without_a_kl_penalty_runs_no_reference(tmp_path, fixtures, trainer):
+    """kl=0 (TRL's beta=0): no reference loaded or run, no `kl` in the log; PRIME keeps it."""
+    spec = f"prm:{fixtures / 'qwen2-prm'}"
+    log = stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, tmp_path / "a", reward=spec, kl=0.0, trainer=trainer, **SMALL)
+    assert [entry["update"] for entry in log] == [1, 2] and all("kl" not in entry for entry in log)
+    prime = stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, tmp_path / "b", reward="prime", kl=0.0,
+                        prime_filter=(0.0, 1.0), trainer=trainer, **SMALL)
+    assert all("kl" in entry and "implicit_prm" in entry for entry in prime)
+    with pytest.raises((ValueError, stepwise.StepwiseError), match="--kl -1"):
+        stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, tmp_path / "c", kl=-1.0)
+
+
 def test_rl_refuses_what_it_cannot_do(tmp_path, fixtures):
     policy = fixtures / "qwen2-policy"
     with pytest.raises(ValueError, match="outcome, orm:DIR, prm:DIR or prime"):

@@ -354,6 +354,9 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
         ("outcome", "outcome".to_string()),
         ("prm", format!("prm:{}", fixture("qwen2-prm"))),
         ("prime", "prime".to_string()),
+        // No KL penalty: no reference loaded or run, no `kl` logged (a PRM's rewards: the
+        // always-wrong policy's outcomes alone would give it nothing to learn).
+        ("no-kl", format!("prm:{}", fixture("qwen2-prm"))),
     ] {
         let out = d.join(name);
         let args = |out: &Path| {
@@ -363,6 +366,8 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
                 "rl".to_string(),
                 "--prime-filter".into(),
                 filter.into(),
+                "--kl".into(),
+                if name == "no-kl" { "0" } else { "0.04" }.into(),
                 "--policy".into(),
                 policy.clone(),
                 "--reward".into(),
@@ -401,7 +406,11 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         assert_eq!(log.len(), 2, "{name}");
-        assert!(log[1]["sampled_tokens"].as_u64().unwrap() > 0 && log[1]["kl"].as_f64().unwrap().is_finite());
+        assert!(log[1]["sampled_tokens"].as_u64().unwrap() > 0);
+        match name {
+            "no-kl" => assert!(log.iter().all(|l| l.get("kl").is_none()), "{log:?}"),
+            _ => assert!(log[1]["kl"].as_f64().unwrap().is_finite(), "{name}"),
+        }
         let heldout = log[1]["heldout_accuracy"]
             .as_f64()
             .expect("held-out accuracy is measured");

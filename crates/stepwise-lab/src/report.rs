@@ -606,7 +606,7 @@ fn rl_plot(stem: &Path, rl: &RlReport) -> Result<()> {
             panel("oracle step verdict", &|l| {
                 l.watched.get("oracle").copied().unwrap_or(0.0)
             }),
-            panel("KL to start", &|l| l.kl),
+            panel("KL to start", &crate::stages::rl::kl),
         ],
     )
 }

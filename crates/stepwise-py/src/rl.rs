@@ -22,7 +22,8 @@ use stepwise_rl::{run_rl, Credit, PrimeConfig, RlConfig, RlJob, RlReward};
 /// `"packed"` or `"autograd"` (the CPU only). The policy, optimiser and `rl_log.jsonl` are written to `out` every
 /// `checkpoint_every` updates and at the end; a call on the same `out` resumes. Returns each
 /// update's log (`reward`, `accuracy`, `kl`, `heldout_accuracy` with `eval_problems`,
-/// `implicit_prm` with PRIME).
+/// `implicit_prm` with PRIME). `kl=0` without PRIME trains with no reference: it is neither
+/// loaded nor run over the samples, and the log has no `kl`.
 ///
 /// >>> log = stepwise.rl("policy/", "problems.jsonl", "rl-run/", reward="prm:prm/", updates=20)
 #[pyfunction]

@@ -68,7 +68,7 @@ fn main() -> Result<()> {
     let log = train_rl(
         RlRun {
             learner: &mut CandleLearner::new(&mut policy)?,
-            reference: &reference,
+            reference: Some(&reference),
             tokenizer: &tok,
             prompt: Prompt::Pieces,
             separator: "|".into(),

@@ -27,8 +27,8 @@ use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 pub struct AgentRlRun<'a> {
     /// The policy being trained, where it trains.
     pub learner: &'a mut dyn Learner,
-    /// The frozen starting policy (the KL penalty's reference).
-    pub reference: &'a Model,
+    /// The frozen starting policy ([`crate::RlRun::reference`]).
+    pub reference: Option<&'a Model>,
     /// The tokenizer.
     pub tokenizer: &'a Tokenizer,
     /// How the task and the turns so far become the prompt.

@@ -23,7 +23,7 @@ use stepwise_core::seams::{Environment, Reward, RewardKind, ScorerReward};
 use stepwise_core::Problem;
 use stepwise_model::scoring::LoadedVerifier;
 use stepwise_model::train::run::Trainer;
-use stepwise_model::{default_precision, Model, Placement, Prompt, SamplingParams, Tokenizer};
+use stepwise_model::{default_precision, Placement, Prompt, SamplingParams, Tokenizer};
 
 /// What an agent's RL run optimises.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,7 +98,8 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
     let placement = job.placement.resolve()?;
     let tok = Tokenizer::from_dir(job.policy)?;
     let mut policy = TrainedPolicy::load(job.policy, placement, job.trainer, job.max_batch_tokens, cfg.seed)?;
-    let reference = policy.reference(job.policy, placement)?;
+    let reference = policy.reference_if(cfg.needs_reference(), job.policy, placement)?;
+    let eos = stepwise_model::ModelConfig::from_dir(job.policy)?.eos_token_ids;
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
     stepwise_model::tokenizer::copy_files(job.policy, job.out)?;
     let games = Games::new(job.env, job.problems.iter().cloned());
@@ -151,8 +152,8 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
     let log = policy.with_learner(|learner| {
         let run = AgentRlRun {
             learner,
-            reference: &reference,
-            params: action_params(&tok, &reference, cfg.max_new_tokens),
+            reference: reference.as_ref(),
+            params: action_params(&tok, &eos, cfg.max_new_tokens),
             end: tok.eos_token.clone().unwrap_or_default(),
             tokenizer: &tok,
             prompt: Prompt::Pieces,
@@ -174,9 +175,9 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
 
 /// How one action is sampled: it ends where the policy starts writing the observation mark
 /// (the world's answer is not the policy's to write) or the end of sequence (the episode).
-fn action_params(tok: &Tokenizer, model: &Model, max_new_tokens: usize) -> SamplingParams {
+fn action_params(tok: &Tokenizer, eos: &[u32], max_new_tokens: usize) -> SamplingParams {
     let mark = OBSERVATION_MARK.trim();
-    let mut stop = model.config.eos_token_ids.clone();
+    let mut stop = eos.to_vec();
     stop.extend(tok.eos_id());
     stop.extend(tok.token_id(mark));
     SamplingParams {

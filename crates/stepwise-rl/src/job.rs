@@ -131,8 +131,8 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
     };
     let tok = Tokenizer::from_dir(job.policy)?;
     let mut policy = TrainedPolicy::load(job.policy, placement, job.trainer, job.max_batch_tokens, cfg.seed)?;
-    let reference = policy.reference(job.policy, placement)?;
-    let mut stop = reference.config.eos_token_ids.clone();
+    let reference = policy.reference_if(cfg.needs_reference(), job.policy, placement)?;
+    let mut stop = ModelConfig::from_dir(job.policy)?.eos_token_ids;
     stop.extend(tok.eos_id());
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;
     stepwise_model::tokenizer::copy_files(job.policy, job.out)?;
@@ -150,7 +150,7 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
     let log = policy.with_learner(|learner| {
         let run = RlRun {
             learner,
-            reference: &reference,
+            reference: reference.as_ref(),
             tokenizer: &tok,
             prompt: if job.chat { Prompt::Chat } else { Prompt::Text },
             separator: job.separator.clone(),
@@ -212,6 +212,12 @@ impl TrainedPolicy {
             TrainedPolicy::Packed(_) => Model::load_packed(dir, placement),
             TrainedPolicy::Candle(_) => Model::load_on(dir, placement, default_precision()),
         }
+    }
+
+    /// [`TrainedPolicy::reference`] where `needed` (a KL penalty or PRIME), else none: a 0.5B
+    /// policy's bf16 weights and a pass over every update's samples saved.
+    pub(crate) fn reference_if(&self, needed: bool, dir: &Path, placement: Placement) -> Result<Option<Model>> {
+        needed.then(|| self.reference(dir, placement)).transpose()
     }
 
     /// Whether the packed engine's trainer holds it.

@@ -1,5 +1,6 @@
 //! The policy-gradient loss: PPO's clipped ratio against the sampling policy, times each
-//! token's advantage, plus GRPO's k3 estimate of the KL divergence to a frozen reference,
+//! token's advantage, plus GRPO's k3 estimate of the KL divergence to a frozen reference
+//! (none for a sequence without reference log-probabilities: a run without a reference),
 //! averaged over the learned tokens of a minibatch. Built from differentiable ops only (no
 //! fused kernel without a backward pass), so every weight that shapes a token's probability
 //! gets a gradient.
@@ -22,8 +23,8 @@ pub struct LossStats {
     pub tokens: usize,
 }
 
-/// Whether old log-probabilities cover `s`'s tokens, or are absent (on-policy: the current
-/// ones stand in).
+/// Whether old (or reference) log-probabilities cover `s`'s tokens, or are absent (on-policy,
+/// or no reference: the current ones stand in).
 fn covers(old: &[f32], s: &Sequence) -> bool {
     old.is_empty() || old.len() == s.ids.len()
 }
@@ -56,7 +57,7 @@ pub(crate) fn loss_of_logprobs(
     let (mut learn, mut adv, mut old, mut reference) = (vec![0f32; n], vec![0f32; n], now.clone(), now);
     for (b, s) in batch.iter().enumerate() {
         ensure!(
-            s.advantages.len() == s.ids.len() && covers(&s.old_logprobs, s) && s.ref_logprobs.len() == s.ids.len(),
+            s.advantages.len() == s.ids.len() && covers(&s.old_logprobs, s) && covers(&s.ref_logprobs, s),
             "a sequence's advantages and log-probabilities must cover its tokens"
         );
         for i in (s.learn_from..s.ids.len()).filter(|&i| s.learns(i)) {
@@ -65,7 +66,8 @@ pub(crate) fn loss_of_logprobs(
             adv[k] = s.advantages[i];
             // On-policy (no old log-probabilities): the current ones, held constant.
             old[k] = s.old_logprobs.get(i).copied().unwrap_or(old[k]);
-            reference[k] = s.ref_logprobs[i];
+            // No reference: the current log-probabilities, so k3 and its gradient are 0.
+            reference[k] = s.ref_logprobs.get(i).copied().unwrap_or(reference[k]);
         }
     }
     let tensor = |v: &[f32]| Tensor::new(v, dev);
@@ -129,7 +131,7 @@ pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -
             s.learn_from >= 1
                 && s.advantages.len() == s.ids.len()
                 && covers(&s.old_logprobs, s)
-                && s.ref_logprobs.len() == s.ids.len(),
+                && covers(&s.ref_logprobs, s),
             "a sequence's advantages and log-probabilities must cover its tokens, after a prompt"
         );
         for i in s.learn_from..s.ids.len() {
@@ -149,7 +151,7 @@ pub fn policy_loss(logp: &[f32], batch: &[&Sequence], clip: f32, kl_coef: f32) -
             };
             clipped += usize::from(c != ratio);
             // k3 = exp(ref − logp) − (ref − logp) − 1, and d k3 / d logp = 1 − exp(ref − logp).
-            let d = s.ref_logprobs[i] - l;
+            let d = s.ref_logprobs.get(i).map_or(0.0, |&r| r - l);
             let k3 = d.exp() - d - 1.0;
             loss += (pg + kl_coef * k3) as f64;
             kl += k3 as f64;

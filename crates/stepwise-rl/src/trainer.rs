@@ -45,7 +45,8 @@ pub struct RlConfig {
     pub max_grad_norm: f64,
     /// PPO's clip range ε on the probability ratio.
     pub clip: f32,
-    /// Weight β of the k3 KL penalty to the starting policy.
+    /// Weight β of the k3 KL penalty to the starting policy (0: none, and without PRIME no
+    /// reference is needed: [`RlConfig::needs_reference`]).
     pub kl_coef: f32,
     /// How process rewards become step advantages.
     pub credit: Credit,
@@ -87,7 +88,17 @@ impl RlConfig {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             bail!("--temperature {}: a number from 0 (greedy) up", self.temperature);
         }
+        if !(self.kl_coef.is_finite() && self.kl_coef >= 0.0) {
+            bail!("--kl {}: a number from 0 (no KL penalty) up", self.kl_coef);
+        }
         Ok(())
+    }
+
+    /// Whether a run needs the frozen starting policy: for the KL penalty (`kl_coef` > 0) or
+    /// PRIME's implicit rewards. Without it a run neither loads it nor takes its pass over the
+    /// samples (TRL's GRPO at `beta=0`, DAPO's and Dr. GRPO's recipes), and logs no `kl`.
+    pub fn needs_reference(&self) -> bool {
+        self.kl_coef != 0.0 || self.prime.is_some()
     }
 
     /// The same settings with each update's samples making one optimiser step: micro-batches of
@@ -134,8 +145,10 @@ pub struct UpdateLog {
     pub reward: f64,
     /// Fraction of the update's samples the task grades correct.
     pub accuracy: f64,
-    /// Mean k3 KL estimate to the reference over learned tokens.
-    pub kl: f64,
+    /// Mean k3 KL estimate to the reference over learned tokens (none in a run without a
+    /// reference: [`RlConfig::needs_reference`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl: Option<f64>,
     /// Fraction of learned tokens whose ratio was clipped.
     pub clip_fraction: f64,
     /// Mean loss over the update's optimiser steps.
@@ -194,8 +207,10 @@ pub struct RlRun<'a> {
     /// The policy being trained, where it trains (candle's [`crate::CandleLearner`] on the CPU, the
     /// packed engine's [`crate::PackedLearner`] on a GPU or the CPU).
     pub learner: &'a mut dyn Learner,
-    /// The frozen starting policy (the KL penalty's reference).
-    pub reference: &'a Model,
+    /// The frozen starting policy: the KL penalty's reference, and PRIME's. It may be left out
+    /// where [`RlConfig::needs_reference`] says neither is used; given anyway, the KL to it is
+    /// measured and logged.
+    pub reference: Option<&'a Model>,
     /// The tokenizer.
     pub tokenizer: &'a Tokenizer,
     /// How the question becomes the prompt.

@@ -55,8 +55,8 @@ pub(crate) trait Sampler {
 pub(crate) struct Core<'a> {
     /// The policy, where it trains.
     pub learner: &'a mut dyn Learner,
-    /// The frozen starting policy.
-    pub reference: &'a Model,
+    /// The frozen starting policy, where the run has it.
+    pub reference: Option<&'a Model>,
     /// The prompts.
     pub problems: &'a [Problem],
     /// Checkpoint folder (resumed from when it holds one).
@@ -183,12 +183,16 @@ impl Core<'_> {
             true => vec![Vec::new(); all.len()],
             false => self.learner.logprobs(&all, cfg.minibatch_size)?,
         };
-        let refs = sequence_logprobs(
-            self.reference,
-            &all,
-            cfg.minibatch_size,
-            stepwise_model::DEFAULT_MAX_BATCH_TOKENS,
-        )?;
+        let refs = match self.reference {
+            Some(reference) => sequence_logprobs(
+                reference,
+                &all,
+                cfg.minibatch_size,
+                stepwise_model::DEFAULT_MAX_BATCH_TOKENS,
+            )?,
+            // No reference: no KL term in the loss (an empty row), and no pass.
+            None => vec![Vec::new(); all.len()],
+        };
         for ((q, o), r) in s.seqs.iter_mut().zip(old).zip(refs) {
             q.old_logprobs = o;
             q.ref_logprobs = r;
@@ -252,6 +256,9 @@ pub(crate) fn run_updates(
     sampler: &mut dyn Sampler,
     mut on_update: impl FnMut(&UpdateLog),
 ) -> Result<Vec<UpdateLog>> {
+    if core.reference.is_none() && cfg.needs_reference() {
+        bail!("a KL penalty (kl_coef / --kl above 0) and PRIME need the reference policy: the run was given none");
+    }
     let mut log = core.resume(cfg)?;
     let (mut sampled, mut updated) = log.last().map_or((0, 0), |l| (l.sampled_tokens, l.updated_tokens));
     for u in log.len()..cfg.updates {
@@ -282,7 +289,7 @@ pub(crate) fn run_updates(
             update: u + 1,
             reward: samples.reward_sum / n,
             accuracy: samples.correct as f64 / n,
-            kl: st.kl / steps,
+            kl: core.reference.map(|_| st.kl / steps),
             clip_fraction: st.clip / steps,
             loss: st.loss / steps,
             sampled_tokens: sampled,

@@ -135,7 +135,7 @@ fn try_train(
     let problems = worlds();
     let run = AgentRlRun {
         learner: &mut CandleLearner::new(&mut model).unwrap(),
-        reference: &reference,
+        reference: Some(&reference),
         tokenizer: &tok,
         prompt: Prompt::Pieces,
         separator: "|".into(),

@@ -156,7 +156,7 @@ fn run<'a>(
 ) -> RlRun<'a> {
     RlRun {
         learner,
-        reference,
+        reference: Some(reference),
         tokenizer: tok,
         prompt: Prompt::Pieces,
         separator: "|".into(),
@@ -216,13 +216,54 @@ fn a_process_reward_moves_each_step_toward_what_it_rewards() {
     )
     .unwrap();
     assert_eq!(log.len(), 40);
-    assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
+    assert!(log
+        .iter()
+        .all(|l| l.kl.is_some_and(f64::is_finite) && l.loss.is_finite()));
     // Each update's time is split into its phases, which fit in it.
     assert!(log.iter().all(|l| l.logprob_seconds > 0.0
         && l.learn_seconds > 0.0
         && l.sampling_seconds + l.logprob_seconds + l.learn_seconds <= l.seconds));
     // The samples earn more as training goes on; with the advantage's sign flipped they earn less.
     assert_rewards_rise(&log);
+}
+
+/// Without a KL penalty (and without PRIME) a run needs no reference: one given none skips the
+/// reference's pass and logs no KL, and learns exactly what a run measuring the KL learns; with a
+/// penalty, a run given none is refused.
+#[test]
+fn a_run_without_a_kl_penalty_learns_the_same_without_its_reference() {
+    let tok = tokenizer();
+    let (reference, _) = fresh(7);
+    let (problems, task) = (problems(), PlainTask::default());
+    let cfg = RlConfig {
+        updates: 6,
+        ..process_reward_config()
+    };
+    assert!(!cfg.needs_reference() && config(6).needs_reference() && rising_prime_config().needs_reference());
+    let train = |given: Option<&Model>, cfg: &RlConfig| {
+        let (mut model, _) = fresh(7);
+        let mut learner = CandleLearner::new(&mut model).unwrap();
+        let mut r = run(&mut learner, &reference, &tok, &problems, &task, None);
+        r.reference = given;
+        let log = train_rl(r, cfg, |_| {})?;
+        drop(learner);
+        let ids: &[u32] = &[4, 3, 5, 3, 6, 2];
+        anyhow::Ok((
+            log,
+            sequence_logprobs(&model, &[ids], 1, stepwise_model::DEFAULT_MAX_BATCH_TOKENS)?,
+        ))
+    };
+    let (measured, weights) = train(Some(&reference), &cfg).unwrap();
+    let (blind, blind_weights) = train(None, &cfg).unwrap();
+    assert!(measured.iter().all(|l| l.kl.is_some()) && blind.iter().all(|l| l.kl.is_none()));
+    let losses = |log: &[stepwise_rl::UpdateLog]| log.iter().map(|l| (l.loss, l.reward)).collect::<Vec<_>>();
+    assert_eq!(losses(&measured), losses(&blind));
+    assert_eq!(
+        weights, blind_weights,
+        "the same weights with and without the reference's pass"
+    );
+    let refused = train(None, &config(6)).unwrap_err().to_string();
+    assert!(refused.contains("need the reference policy"), "{refused}");
 }
 
 #[test]
@@ -293,7 +334,9 @@ fn a_run_checkpointed_on_the_cpu_continues_on_the_packed_trainer() {
     )
     .unwrap();
     assert_eq!(log.len(), 4);
-    assert!(log.iter().all(|l| l.loss.is_finite() && l.kl.is_finite()));
+    assert!(log
+        .iter()
+        .all(|l| l.loss.is_finite() && l.kl.is_some_and(f64::is_finite)));
 }
 
 /// The policy `fresh(seed)` in a folder of its own (what the packed trainer loads; dropped: removed).
@@ -337,7 +380,9 @@ fn the_packed_learner_raises_a_process_reward() {
             |_| {},
         )
         .unwrap();
-        assert!(log.iter().all(|l| l.kl.is_finite() && l.loss.is_finite()));
+        assert!(log
+            .iter()
+            .all(|l| l.kl.is_some_and(f64::is_finite) && l.loss.is_finite()));
         assert_rewards_rise(&log);
     }
 }
@@ -417,7 +462,7 @@ fn an_on_policy_update_takes_its_old_log_probabilities_from_the_backward() {
         assert_eq!(learner.passes, passes, "epochs {} packed {packed}", cfg.epochs);
         assert!(log
             .iter()
-            .all(|l| l.kl.is_finite() && l.loss.is_finite() && l.updated_tokens > 0));
+            .all(|l| l.kl.is_some_and(f64::is_finite) && l.loss.is_finite() && l.updated_tokens > 0));
         let clipped = log.iter().any(|l| l.clip_fraction > 0.0);
         assert!(passes > 0 || !clipped, "a ratio of 1 is never clipped");
     }

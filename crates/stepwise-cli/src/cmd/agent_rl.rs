@@ -148,8 +148,10 @@ pub fn run(a: Args) -> Result<()> {
                 .map(|o| format!(" oracle {o:.2}"))
                 .unwrap_or_default();
             bar.set_message(format!(
-                "reward {:.3} success {:.2}{oracle} kl {:.4}",
-                l.reward, l.accuracy, l.kl
+                "reward {:.3} success {:.2}{oracle}{}",
+                l.reward,
+                l.accuracy,
+                super::rl::kl_text(l)
             ));
         },
     )?;

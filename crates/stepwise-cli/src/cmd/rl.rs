@@ -139,8 +139,10 @@ pub fn run(a: Args) -> Result<()> {
                 .map(|p| format!(" implicit PRM acc {:.2}", p.accuracy))
                 .unwrap_or_default();
             bar.set_message(format!(
-                "reward {:.3} acc {:.2} kl {:.4}{prm}",
-                l.reward, l.accuracy, l.kl
+                "reward {:.3} acc {:.2}{}{prm}",
+                l.reward,
+                l.accuracy,
+                kl_text(l)
             ));
         },
     )?;
@@ -229,7 +231,9 @@ pub struct Optimisation {
     /// Peak learning rate (linear warm-up over the first tenth of the updates, then cosine).
     #[arg(long, default_value_t = 1e-5)]
     pub lr: f64,
-    /// KL penalty weight β.
+    /// KL penalty weight β (k3, to the starting policy). 0: no penalty, and without PRIME the
+    /// starting policy is neither loaded nor run over the samples, and rl_log.jsonl has no `kl`
+    /// (TRL's GRPO at beta=0, as DAPO and Dr. GRPO train).
     #[arg(long, default_value_t = 0.04)]
     pub kl: f32,
     /// PPO clip range ε.
@@ -269,13 +273,19 @@ impl Optimisation {
     }
 }
 
+/// ` kl 0.0123` for an update that measured its KL to the reference, else nothing (a run
+/// without a reference: `--kl 0`).
+pub(crate) fn kl_text(l: &stepwise_rl::UpdateLog) -> String {
+    l.kl.map(|k| format!(" kl {k:.4}")).unwrap_or_default()
+}
+
 /// The training curves plotted into `out/rl.*` (`reward` names the series) and the last
 /// update's figures on stderr; `accuracy` names what the log's accuracy is the share of.
 pub(crate) fn report(out: &std::path::Path, reward: &str, accuracy: &str, log: &[stepwise_rl::UpdateLog]) {
-    let series = |f: &dyn Fn(&stepwise_rl::UpdateLog) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+    let series = |f: &dyn Fn(&stepwise_rl::UpdateLog) -> Option<f64>| -> Vec<(String, Vec<(f64, f64)>)> {
         vec![(
             reward.to_string(),
-            log.iter().map(|l| (l.update as f64, f(l))).collect(),
+            log.iter().filter_map(|l| Some((l.update as f64, f(l)?))).collect(),
         )]
     };
     let plotted = stepwise_eval::plot::panels_plot(
@@ -283,8 +293,8 @@ pub(crate) fn report(out: &std::path::Path, reward: &str, accuracy: &str, log: &
         "RL",
         "update",
         &[
-            ("reward".into(), series(&|l| l.reward)),
-            (format!("sample {accuracy}"), series(&|l| l.accuracy)),
+            ("reward".into(), series(&|l| Some(l.reward))),
+            (format!("sample {accuracy}"), series(&|l| Some(l.accuracy))),
             (
                 format!("held-out {accuracy}"),
                 vec![(
@@ -302,11 +312,11 @@ pub(crate) fn report(out: &std::path::Path, reward: &str, accuracy: &str, log: &
     }
     let last = log.last().cloned().unwrap_or_default();
     eprintln!(
-        "{} updates: reward {:.3}, sample {accuracy} {:.3}, KL {:.4}; {} tokens sampled, {} learned; policy in {}",
+        "{} updates: reward {:.3}, sample {accuracy} {:.3},{}; {} tokens sampled, {} learned; policy in {}",
         log.len(),
         last.reward,
         last.accuracy,
-        last.kl,
+        kl_text(&last),
         last.sampled_tokens,
         last.updated_tokens,
         out.display()

@@ -273,7 +273,7 @@ impl Ctx<'_> {
         let log = train_agent_rl(
             AgentRlRun {
                 learner: &mut CandleLearner::new(&mut model)?,
-                reference: self.model,
+                reference: Some(self.model),
                 tokenizer: self.tok,
                 prompt: Prompt::Pieces,
                 separator: SEP.into(),
@@ -293,7 +293,9 @@ impl Ctx<'_> {
                 pb.set_position(l.update as u64);
                 pb.set_prefix(format!(
                     "reward {:.2} success {:.2} kl {:.3}",
-                    l.reward, l.accuracy, l.kl
+                    l.reward,
+                    l.accuracy,
+                    crate::stages::rl::kl(l)
                 ));
             },
         )?;
@@ -378,7 +380,7 @@ impl Ctx<'_> {
             mean_actions: share(&ts, &|t| t.steps.len() as f64),
             sampled_tokens: tokens.round() as usize,
             updates: runs.first().map_or(0, |r| r.log.len()),
-            kl: over_runs(&|log| first_last(log, |l| l.kl)).1,
+            kl: over_runs(&|log| first_last(log, crate::stages::rl::kl)).1,
             reward_first_last: over_runs(&|log| first_last(log, |l| l.reward)),
             success_first_last: over_runs(&|log| first_last(log, |l| l.accuracy)),
             oracle_first_last: over_runs(&|log| first_last(log, watched("oracle"))),

@@ -95,6 +95,11 @@ pub struct RlVariant {
     pub per_problem: BTreeMap<String, f64>,
 }
 
+/// An update's KL to the lab policy (every lab run has its reference: NaN were one missing).
+pub(crate) fn kl(l: &UpdateLog) -> f64 {
+    l.kl.unwrap_or(f64::NAN)
+}
+
 /// The mean of `f` over the first and the last tenth of `log`.
 pub(crate) fn first_last(log: &[UpdateLog], f: impl Fn(&UpdateLog) -> f64) -> (f64, f64) {
     let k = (log.len() / 10).max(1).min(log.len());
@@ -295,7 +300,7 @@ fn run_variant(b: &RlBase<'_>, name: &str, reward: &dyn Reward, before: &PolicyM
     let log: Vec<UpdateLog> = train_rl(
         RlRun {
             learner: &mut CandleLearner::new(&mut model)?,
-            reference: b.policy,
+            reference: Some(b.policy),
             tokenizer: b.tok,
             prompt: Prompt::Pieces,
             separator: SEP.into(),
@@ -311,7 +316,7 @@ fn run_variant(b: &RlBase<'_>, name: &str, reward: &dyn Reward, before: &PolicyM
         &cfg,
         |l| {
             pb.set_position(l.update as u64);
-            pb.set_prefix(format!("reward {:.2} acc {:.2} kl {:.3}", l.reward, l.accuracy, l.kl));
+            pb.set_prefix(format!("reward {:.2} acc {:.2} kl {:.3}", l.reward, l.accuracy, kl(l)));
         },
     )?;
     pb.finish_and_clear();
@@ -369,7 +374,7 @@ fn variant(name: &str, log: Vec<UpdateLog>, before: &PolicyMeasure, after: Polic
         majority_after: after.majority,
         sampled_tokens: last.sampled_tokens,
         updates: log.len(),
-        kl: first_last(&log, |l| l.kl).1,
+        kl: first_last(&log, kl).1,
         reward_first_last: first_last(&log, |l| l.reward),
         oracle_first_last: first_last(&log, oracle_of),
         implicit_prm_accuracy: cfg
