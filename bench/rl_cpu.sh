@@ -17,7 +17,7 @@
 # prompt (13, of median length among the first 16: every update then feeds the same tokens).
 #
 # Environment: UPDATES (2), PROMPTS (2), GROUP (4), TOKENS (32), MINIBATCH (8), KL (0.04: the KL
-# penalty's weight; 0 runs without the reference), TRAINERS ("packed autograd"), PEER_WEIGHTS (none), SAME_PROBLEM (none: the first 16 problems), WORK (/tmp/rl_cpu), OUT (the JSON, default
+# penalty's weight, both's; 0 runs both without a reference), TRAINERS ("packed autograd"), PEER_WEIGHTS (none), SAME_PROBLEM (none: the first 16 problems), WORK (/tmp/rl_cpu), OUT (the JSON, default
 # $WORK/rl_cpu.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +62,7 @@ for d in $PEER_WEIGHTS; do
     [ "${d#*+}" = compile ] && compile=(--compile)
     "$PY" bench/trl_grpo_cpu.py --policy "$W/policy-0.5b" --problems "$W/problems.jsonl" \
         --out "$W/trl-$d.json" --updates "$UPDATES" --prompts "$PROMPTS" --group "$GROUP" \
-        --tokens "$TOKENS" --lr 1e-6 --weights "${d%+compile}" "${compile[@]}" > "$W/trl-$d.log" 2>&1
+        --tokens "$TOKENS" --kl "$KL" --lr 1e-6 --weights "${d%+compile}" "${compile[@]}" > "$W/trl-$d.log" 2>&1
     echo "exit $?" >> "$W/trl-$d.log"
     tail -2 "$W/trl-$d.log"
 done

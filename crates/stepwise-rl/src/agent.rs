@@ -27,7 +27,7 @@ use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 pub struct AgentRlRun<'a> {
     /// The policy being trained, where it trains.
     pub learner: &'a mut dyn Learner,
-    /// The frozen starting policy ([`crate::RlRun::reference`]).
+    /// The frozen starting policy ([`crate::trainer::RlRun::reference`]).
     pub reference: Option<&'a Model>,
     /// The tokenizer.
     pub tokenizer: &'a Tokenizer,
