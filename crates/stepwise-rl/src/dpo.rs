@@ -11,9 +11,9 @@
 //! is the larger.
 //!
 //! The reference's log-probabilities are taken once, before the first step; a reference the run
-//! owns ([`Frozen::Owned`]) is then let go, so training holds the policy's weights once. The pairs are
-//! shuffled each epoch (seeded); every `batch_size` pairs make one optimiser step, in passes of
-//! `minibatch_size` pairs. A checkpoint every `checkpoint_every` steps; a run started again on
+//! owns ([`Frozen::Owned`]) is then let go, so training holds the policy's weights once. The
+//! pairs are shuffled each epoch (seeded); every `batch_size` pairs make one optimiser step, in
+//! passes of `minibatch_size` pairs. A checkpoint every `checkpoint_every` steps; a run started again on
 //! the same folder continues from it to the same weights.
 
 use crate::learner::Learner;
