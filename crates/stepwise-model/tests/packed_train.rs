@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::fixtures;
+use common::{fixtures, lm_examples};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -388,18 +388,6 @@ fn a_killed_packed_run_resumes_to_the_same_weights() {
         whole == run("killed", Some(5)),
         "killed at step 5 and resumed, the weights differ"
     );
-}
-
-/// Counting solutions as a policy writes them (the log-ratio layout), for the policy fixture.
-fn lm_examples(n: usize, seed: u64) -> Vec<Example> {
-    use stepwise_model::train::examples::{label_examples, LabelOptions};
-    let tok = Tokenizer::from_dir(&fixtures().join("qwen2-policy")).unwrap();
-    let opts = LabelOptions {
-        separator: "\n".into(),
-        separator_after_problem: true,
-        ..Default::default()
-    };
-    label_examples(&tok, &common::counting_solutions(n, seed, 0.5), &opts).unwrap()
 }
 
 /// The loss of `objective` on `examples` and its gradients by checkpoint name from the packed

@@ -4,6 +4,7 @@
 //! (activation checkpointing). The LM head's are in `lm_head.rs`.
 
 use super::layer::{AttentionBuffers, MlpBuffers};
+use super::lora::{Adapters, Matrix, WeightGrads};
 use super::train::{bce, good_logit, Params};
 use super::train_backend::TrainBackend;
 use super::{batch_ints, Attend, Backend, BatchInts, Head, Out, PackedDecoder};
@@ -268,12 +269,13 @@ pub(super) fn reward_head_backward<B: TrainBackend>(
 
 /// Each layer's backward from the last (its activations kept by the forward, or recomputed
 /// from its kept input), for the gradient `dx` of the last layer's output; every weight's
-/// gradient added to `g`'s.
+/// gradient added to `g`'s, or with LoRA's `adapters` (the base frozen) only theirs.
 pub(super) fn layers_backward<B: TrainBackend>(
     dec: &PackedDecoder<B>,
     g: &mut Params<B::F32>,
     pass: &mut Pass<B>,
     mut dx: B::F32,
+    adapters: Option<&mut Adapters<B>>,
 ) -> Result<()> {
     let (b, cfg) = (&*dec.backend, &dec.config);
     let (h, d, inter, eps) = (
@@ -301,6 +303,15 @@ pub(super) fn layers_backward<B: TrainBackend>(
         y,
         ..
     } = pass;
+    let frozen = adapters.is_some();
+    let mut wg = match adapters {
+        Some(adapters) => WeightGrads::Lora {
+            scratch: adapters.scratch(b, t)?,
+            adapters,
+            grads: &mut g.lora,
+        },
+        None => WeightGrads::Full,
+    };
     for li in (0..dec.layers.len()).rev() {
         // The layer's own activations (freed after its backward), or the shared ones recomputed.
         let stored = layers.pop();
@@ -320,22 +331,25 @@ pub(super) fn layers_backward<B: TrainBackend>(
         let (l, lg) = (&dec.layers[li], &mut g.layers[li]);
         // x = h1 + swiglu(norm(h1) · [gate|up]ᵀ) · downᵀ
         b.round_bf16(&dx, &mut dx16, 0, t * h)?;
-        b.gemm_weight_grad(&dx16, &r.act, &mut lg.down, t, h, inter)?;
+        wg.add(b, (li, Matrix::Down), &dx16, &r.act, &mut lg.down, t, h, inter)?;
         b.gemm_nn(&dx16, &l.down, Out::F32(&mut d_act), t, h, inter, false)?;
         b.swiglu_backward(&a.gate_up, &d_act, &mut d_gate_up, t, inter)?;
-        b.gemm_weight_grad(&d_gate_up, &r.normed2, &mut lg.gate_up, t, 2 * inter, h)?;
+        wg.add(b, (li, Matrix::GateUp), &d_gate_up, &r.normed2, &mut lg.gate_up, t, 2 * inter, h)?;
         b.gemm_nn(&d_gate_up, &l.gate_up, Out::F32(&mut d_normed), t, 2 * inter, h, false)?;
         b.rms_norm_backward(h1, None, &l.ln2, &d_normed, &mut dx, &mut lg.ln2, t, h, eps)?;
         // h1 = input + attention(rope(norm(input) · [q|k|v]ᵀ + bias)) · oᵀ
         b.round_bf16(&dx, &mut dx16, 0, t * h)?;
-        b.gemm_weight_grad(&dx16, &a.attn, &mut lg.o, t, h, heads * d)?;
+        wg.add(b, (li, Matrix::O), &dx16, &a.attn, &mut lg.o, t, h, heads * d)?;
         b.gemm_nn(&dx16, &l.o, Out::Bf16(&mut d_attn), t, h, heads * d, false)?;
         b.attention_backward(&a.qkv, &d_attn, &mut d_qkv, ints, t, heads, kv, d)?;
         let bias = lg.qkv_bias.as_mut();
         b.rope_backward(&d_qkv, &dec.cos, &dec.sin, &ints.positions, &mut d_y, bias, t, heads, kv, d)?;
-        b.gemm_weight_grad(&d_y, &r.normed1, &mut lg.qkv, t, width, h)?;
+        wg.add(b, (li, Matrix::Qkv), &d_y, &r.normed1, &mut lg.qkv, t, width, h)?;
         b.gemm_nn(&d_y, &l.qkv, Out::F32(&mut d_normed), t, width, h, false)?;
         b.rms_norm_backward(&kept[li], None, &l.ln1, &d_normed, &mut dx, &mut lg.ln1, t, h, eps)?;
+    }
+    if frozen {
+        return Ok(());
     }
     b.embed_backward(ids, &dx, &mut g.embed, t, h)
 }

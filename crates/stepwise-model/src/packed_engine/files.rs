@@ -6,7 +6,7 @@
 //! files are the ones [`crate::checkpoint::save_training_checkpoint`] and the CPU trainer write,
 //! so either trainer and every reader takes them.
 
-use super::train::{places, read_master_files, read_named, PackedTrainer, Params, Spec};
+use super::train::{held_ref, places, read_master_files, read_named, Held, PackedTrainer, Params, Spec};
 use super::{Backend, TrainBackend};
 use crate::checkpoint::TRAINING_WEIGHTS;
 use anyhow::{ensure, Context, Result};
@@ -23,7 +23,9 @@ pub struct Snapshot<B: TrainBackend>(Params<B::F32>);
 /// Every value of `src` (laid out as `specs`) copied into `dst`.
 fn copy_values<B: TrainBackend>(b: &B, specs: &Params<Spec>, src: &Params<B::F32>, dst: &mut Params<B::F32>) -> Result<()> {
     for ((s, from), to) in specs.all().into_iter().zip(src.all()).zip(dst.all_mut()) {
-        b.copy_f32(from, to, s.len())?;
+        if !s.frozen {
+            b.copy_f32(from, to, s.len())?;
+        }
     }
     Ok(())
 }
@@ -32,6 +34,9 @@ fn copy_values<B: TrainBackend>(b: &B, specs: &Params<Spec>, src: &Params<B::F32
 enum Source<'a, B: Backend> {
     /// Values `at..` of a buffer, as many as the shape holds (f32, stored as `dtype`).
     Buffer { buf: &'a B::F32, at: usize },
+    /// Values `at..` of a bf16 matrix (a frozen one's decoder copy), widened through `ids`
+    /// (`0, 1, 2, …`) a row at a time.
+    Widened { table: &'a B::Bf16, ids: &'a B::I32, at: usize },
     /// Bytes as they are stored.
     Bytes(Vec<u8>),
 }
@@ -55,6 +60,19 @@ fn bytes(values: &[f32], dtype: Dtype) -> Vec<u8> {
     }
 }
 
+impl<B: Backend> Part<'_, B> {
+    /// The values from `at` as stored, or zeros with the failure kept.
+    fn bytes_or_zeros(&self, values: Result<Vec<f32>>, at: usize) -> Cow<'_, [u8]> {
+        match values {
+            Ok(host) => Cow::Owned(bytes(&host[at..], self.dtype)),
+            Err(e) => {
+                self.failed.borrow_mut().get_or_insert(e);
+                Cow::Owned(vec![0; self.data_len()])
+            }
+        }
+    }
+}
+
 impl<B: Backend> View for Part<'_, B> {
     fn dtype(&self) -> Dtype {
         self.dtype
@@ -69,13 +87,16 @@ impl<B: Backend> View for Part<'_, B> {
             Source::Bytes(b) => Cow::Borrowed(b),
             Source::Buffer { buf, at } => {
                 let n: usize = self.shape.iter().product();
-                match self.backend.read_f32(buf, at + n) {
-                    Ok(host) => Cow::Owned(bytes(&host[*at..], self.dtype)),
-                    Err(e) => {
-                        self.failed.borrow_mut().get_or_insert(e);
-                        Cow::Owned(vec![0; self.data_len()])
-                    }
-                }
+                self.bytes_or_zeros(self.backend.read_f32(buf, at + n), *at)
+            }
+            Source::Widened { table, ids, at } => {
+                let (n, cols) = (self.shape.iter().product::<usize>(), *self.shape.last().unwrap_or(&1));
+                let rows = (at + n).div_ceil(cols);
+                let widened = self.backend.zeros_f32(rows * cols).and_then(|mut wide| {
+                    self.backend.embed(table, ids, &mut wide, rows, cols)?;
+                    self.backend.read_f32(&wide, at + n)
+                });
+                self.bytes_or_zeros(widened, *at)
             }
         }
     }
@@ -101,22 +122,50 @@ fn write<B: Backend>(path: &Path, parts: Vec<(String, Part<'_, B>)>, failed: &Re
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
+/// Which of a trainer's values a file holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    /// The model's (a frozen one's from the decoder, LoRA's merged into it): `model.safetensors`.
+    Model,
+    /// Every trained value (the masters, LoRA's adapters among them): a resume's.
+    Trained,
+    /// LoRA's adapters and a trained head, under PEFT's names: `adapter_model.safetensors`.
+    Adapter,
+}
+
 impl<B: TrainBackend> PackedTrainer<B> {
-    /// Every checkpoint tensor of `values` (the masters, or a moment), named with `prefix`,
-    /// stored as `dtype`.
+    /// The checkpoint tensors of `values` (the masters, or a moment) that `which` selects, named
+    /// with `prefix`, stored as `dtype` (a frozen one's from the decoder's copy, widened
+    /// through `ids`).
     fn parts<'a>(
         &'a self,
         values: &'a Params<B::F32>,
-        prefix: &str,
+        (prefix, which): (&str, Which),
         dtype: Dtype,
+        ids: &'a B::I32,
         failed: &'a RefCell<Option<anyhow::Error>>,
     ) -> Vec<(String, Part<'a, B>)> {
         let backend = &*self.decoder.backend;
+        let first_lora = self.specs.all().len() - self.specs.lora.len();
+        let copies = held_ref(&self.decoder).into_iter().map(Some).chain(std::iter::repeat_with(|| None));
         let mut out = Vec::new();
-        for (s, buf) in self.specs.all().into_iter().zip(values.all()) {
+        for (i, ((s, buf), copy)) in self.specs.all().into_iter().zip(values.all()).zip(copies).enumerate() {
+            let lora = i >= first_lora;
+            let wanted = match which {
+                Which::Model => !lora,
+                Which::Trained => !s.frozen,
+                Which::Adapter => !s.frozen && (lora || self.adapters.is_some()),
+            };
+            if !wanted {
+                continue;
+            }
             let mut at = 0;
             for (name, shape) in &s.parts {
-                let source = Source::Buffer { buf, at };
+                let source = match (s.frozen, copy) {
+                    (true, Some(Held::Matrix(table))) => Source::Widened { table, ids, at },
+                    (true, Some(Held::Vector(buf))) => Source::Buffer { buf, at },
+                    _ => Source::Buffer { buf, at },
+                };
                 let shape = shape.clone();
                 at += shape.iter().product::<usize>();
                 let part = Part {
@@ -126,10 +175,24 @@ impl<B: TrainBackend> PackedTrainer<B> {
                     dtype,
                     failed,
                 };
-                out.push((format!("{prefix}{name}"), part));
+                // PEFT names a trained head `base_model.model.` + its name in the adapter.
+                let name = match which {
+                    Which::Adapter if !lora => format!("base_model.model.{name}"),
+                    _ => format!("{prefix}{name}"),
+                };
+                out.push((name, part));
             }
         }
         out
+    }
+
+    /// `0, 1, 2, …` as many as the rows of the tallest frozen matrix (none without LoRA).
+    fn row_ids(&self) -> Result<B::I32> {
+        let rows = match self.adapters {
+            Some(_) => self.specs.all().iter().flat_map(|s| &s.parts).map(|(_, shape)| shape[0]).max().unwrap_or(0),
+            None => 0,
+        };
+        self.decoder.backend.upload_i32(&(0..rows.max(1) as i32).collect::<Vec<_>>())
     }
 
     /// Writes the model to the checkpoint folder `dir` as
@@ -145,9 +208,20 @@ impl<B: TrainBackend> PackedTrainer<B> {
             DType::F16 => Dtype::F16,
             _ => Dtype::F32,
         };
-        let failed = RefCell::new(None);
-        write(&dir.join("model.safetensors"), self.parts(&self.master, "", stored, &failed), &failed)?;
+        let (failed, ids) = (RefCell::new(None), self.row_ids()?);
+        let parts = self.parts(&self.master, ("", Which::Model), stored, &ids, &failed);
+        write(&dir.join("model.safetensors"), parts, &failed)?;
         let exact = dir.join(TRAINING_WEIGHTS);
+        if let Some(a) = &self.adapters {
+            // The adapters (and a trained head) beside the merged model: PEFT's files, and the
+            // exact values a resumed run continues from.
+            let parts = self.parts(&self.master, ("", Which::Adapter), Dtype::F32, &ids, &failed);
+            write(&dir.join("adapter_model.safetensors"), parts, &failed)?;
+            let head = self.specs.head.first().is_some_and(|s| !s.frozen);
+            let json = a.peft_config(&self.decoder.config, head);
+            std::fs::write(dir.join("adapter_config.json"), serde_json::to_string_pretty(&json)?)?;
+            return self.save_weights(&exact);
+        }
         if stored == Dtype::F32 {
             if exact.exists() {
                 std::fs::remove_file(&exact)?;
@@ -160,15 +234,16 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// Writes the f32 masters, exactly, to the one safetensors file `path` by checkpoint name
     /// (what [`crate::checkpoint::save_exact_weights`] writes of the CPU trainer's weights).
     pub fn save_weights(&self, path: &Path) -> Result<()> {
-        let failed = RefCell::new(None);
-        write(path, self.parts(&self.master, "", Dtype::F32, &failed), &failed)
+        let (failed, ids) = (RefCell::new(None), self.row_ids()?);
+        write(path, self.parts(&self.master, ("", Which::Trained), Dtype::F32, &ids, &failed), &failed)
     }
 
     /// Sets the masters from the safetensors file `path` (every trainable tensor, by checkpoint
     /// name: what [`PackedTrainer::save_weights`] wrote) and refreshes the decoder's copies.
     pub fn load_weights_file(&mut self, path: &Path) -> Result<()> {
         let b = std::sync::Arc::clone(&self.decoder.backend);
-        read_master_files(&*b, &self.specs, &mut self.master, &[path.to_path_buf()], path)?;
+        let lora = self.adapters.is_some();
+        read_master_files(&*b, &self.specs, &mut self.master, &[path.to_path_buf()], path, lora)?;
         self.refresh_copies()
     }
 
@@ -192,9 +267,9 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// `v.NAME` by checkpoint name and shape, `step`), so that either trainer continues a run
     /// the other checkpointed.
     pub fn save_optimizer(&self, path: &Path) -> Result<()> {
-        let failed = RefCell::new(None);
-        let mut parts = self.parts(&self.m, "m.", Dtype::F32, &failed);
-        parts.extend(self.parts(&self.v, "v.", Dtype::F32, &failed));
+        let (failed, ids) = (RefCell::new(None), self.row_ids()?);
+        let mut parts = self.parts(&self.m, ("m.", Which::Trained), Dtype::F32, &ids, &failed);
+        parts.extend(self.parts(&self.v, ("v.", Which::Trained), Dtype::F32, &ids, &failed));
         let step = Part {
             backend: &*self.decoder.backend,
             source: Source::Bytes(self.updates.to_le_bytes().to_vec()),
@@ -211,7 +286,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
     pub fn load_optimizer(&mut self, path: &Path) -> Result<()> {
         let map = crate::checkpoint::Mapped::open(path)?;
         let b = std::sync::Arc::clone(&self.decoder.backend);
-        let at = places(&self.specs);
+        let at = places(&self.specs, true);
         for (prefix, values) in [("m.", &mut self.m), ("v.", &mut self.v)] {
             read_named(&*b, &at, &mut values.all_mut(), &map, prefix, path)?;
         }

@@ -114,8 +114,8 @@ impl<B: TrainBackend> PackedDecoder<B> {
 }
 
 /// The LM head at `pairs`, `loss` of their log-probabilities (on the host), and its backward:
-/// the head's (or the tied embeddings') gradient added to `g`'s, and the last layer's output's
-/// gradient. The logits are made twice, once for the log-probabilities the loss needs and once
+/// the head's (or the tied embeddings') gradient added to `g`'s (when `trained`), and the last
+/// layer's output's gradient. The logits are made twice, once for the log-probabilities the loss needs and once
 /// for the backward, unless every row fits one chunk.
 pub(super) fn lm_head_backward<B: TrainBackend>(
     dec: &PackedDecoder<B>,
@@ -123,6 +123,7 @@ pub(super) fn lm_head_backward<B: TrainBackend>(
     pass: &Pass<B>,
     pairs: &[(usize, u32)],
     loss: TokenLossFn<'_>,
+    trained: bool,
 ) -> Result<(f32, B::F32)> {
     let (b, cfg) = (&*dec.backend, &dec.config);
     let (h, v, eps) = (cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps as f32);
@@ -161,8 +162,10 @@ pub(super) fn lm_head_backward<B: TrainBackend>(
         };
         let coef = b.upload_f32(&coef[k * chunk..][..r])?;
         b.token_logprobs_backward(&c.logits, &tokens, &c.lse, &coef, &mut d_logits, r, v)?;
-        let d_w = if tied { &mut g.embed } else { &mut g.head[0] };
-        b.gemm_weight_grad(&d_logits, &c.head_in, d_w, r, v, h)?;
+        if trained {
+            let d_w = if tied { &mut g.embed } else { &mut g.head[0] };
+            b.gemm_weight_grad(&d_logits, &c.head_in, d_w, r, v, h)?;
+        }
         b.gemm_nn(&d_logits, w, Out::F32(&mut d_head_in), r, v, h, false)?;
         b.rms_norm_backward(&pass.x, Some(&rows), &dec.norm, &d_head_in, &mut dx, &mut g.norm, r, h, eps)?;
     }

@@ -17,6 +17,7 @@
 use super::backward::{layer_bytes_per_token, layers_backward, reward_head_backward, Keep};
 use super::lm_head::{lm_head_backward, TokenLossFn};
 use super::train_backend::{AdamW, TrainBackend};
+use super::lora::{Adapters, LoraConfig};
 use super::{Backend, Head, PackedDecoder};
 use crate::checkpoint::to_f32;
 use crate::config::{HeadKind, ModelConfig};
@@ -36,6 +37,8 @@ pub(super) struct Params<T> {
     /// classifier's `score.weight` (and `score.bias`), or a causal LM's `lm_head.weight` (none
     /// when tied to the embeddings).
     pub head: Vec<T>,
+    /// LoRA's adapters, each one's `A` then `B` (none without LoRA; `lora.rs`).
+    pub lora: Vec<T>,
 }
 
 /// One layer's values.
@@ -59,6 +62,7 @@ impl<T> Params<T> {
             v.extend([&l.o, &l.gate_up, &l.down]);
         }
         v.extend(&self.head);
+        v.extend(&self.lora);
         v
     }
 
@@ -71,6 +75,7 @@ impl<T> Params<T> {
             v.extend([&mut l.o, &mut l.gate_up, &mut l.down]);
         }
         v.extend(&mut self.head);
+        v.extend(&mut self.lora);
         v
     }
 
@@ -94,19 +99,46 @@ impl<T> Params<T> {
                     })
                 })
                 .collect::<Result<_>>()?,
-            head: self.head.iter().map(f).collect::<Result<_>>()?,
+            head: self.head.iter().map(&mut f).collect::<Result<_>>()?,
+            lora: self.lora.iter().map(f).collect::<Result<_>>()?,
         })
     }
 }
 
-/// The checkpoint tensors a trainable value holds, one after another: names and shapes.
+/// The checkpoint tensors a value holds, one after another: names and shapes; and whether it
+/// is frozen (LoRA's base: no master, moments or gradient, its copy in the decoder all there is).
 pub(super) struct Spec {
     pub(super) parts: Vec<(String, Vec<usize>)>,
+    pub(super) frozen: bool,
 }
 
 impl Spec {
+    /// A trained value of these tensors.
+    pub(super) fn trained(parts: Vec<(String, Vec<usize>)>) -> Self {
+        Spec { parts, frozen: false }
+    }
+
     pub(super) fn len(&self) -> usize {
         self.parts.iter().map(|(_, s)| s.iter().product::<usize>()).sum()
+    }
+
+    /// Values of its master and moments: none frozen (one, a placeholder).
+    fn held_len(&self) -> usize {
+        if self.frozen {
+            1
+        } else {
+            self.len()
+        }
+    }
+
+    /// Values of its gradient: a frozen vector's is still written (by the norms' backward
+    /// kernels, and thrown away), a frozen matrix's never.
+    fn grad_len(&self) -> usize {
+        if self.frozen && self.parts.iter().any(|(_, s)| s.len() > 1) {
+            1
+        } else {
+            self.len()
+        }
     }
 }
 
@@ -114,9 +146,7 @@ impl Spec {
 fn specs(cfg: &ModelConfig) -> Result<Params<Spec>> {
     let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let (heads, kv, c) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_labels);
-    let one = |name: &str, shape: Vec<usize>| Spec {
-        parts: vec![(name.to_string(), shape)],
-    };
+    let one = |name: &str, shape: Vec<usize>| Spec::trained(vec![(name.to_string(), shape)]);
     let layers = (0..cfg.num_hidden_layers)
         .map(|i| {
             let p = |n: &str| format!("model.layers.{i}.{n}");
@@ -124,27 +154,23 @@ fn specs(cfg: &ModelConfig) -> Result<Params<Spec>> {
             LayerParams {
                 ln1: one(&p("input_layernorm.weight"), vec![h]),
                 ln2: one(&p("post_attention_layernorm.weight"), vec![h]),
-                qkv: Spec {
-                    parts: vec![
-                        (proj("q", "weight"), vec![heads * d, h]),
-                        (proj("k", "weight"), vec![kv * d, h]),
-                        (proj("v", "weight"), vec![kv * d, h]),
-                    ],
-                },
-                qkv_bias: cfg.attention_bias.then(|| Spec {
-                    parts: vec![
+                qkv: Spec::trained(vec![
+                    (proj("q", "weight"), vec![heads * d, h]),
+                    (proj("k", "weight"), vec![kv * d, h]),
+                    (proj("v", "weight"), vec![kv * d, h]),
+                ]),
+                qkv_bias: cfg.attention_bias.then(|| {
+                    Spec::trained(vec![
                         (proj("q", "bias"), vec![heads * d]),
                         (proj("k", "bias"), vec![kv * d]),
                         (proj("v", "bias"), vec![kv * d]),
-                    ],
+                    ])
                 }),
                 o: one(&proj("o", "weight"), vec![h, heads * d]),
-                gate_up: Spec {
-                    parts: vec![
-                        (p("mlp.gate_proj.weight"), vec![inter, h]),
-                        (p("mlp.up_proj.weight"), vec![inter, h]),
-                    ],
-                },
+                gate_up: Spec::trained(vec![
+                    (p("mlp.gate_proj.weight"), vec![inter, h]),
+                    (p("mlp.up_proj.weight"), vec![inter, h]),
+                ]),
                 down: one(&p("mlp.down_proj.weight"), vec![h, inter]),
             }
         })
@@ -170,39 +196,64 @@ fn specs(cfg: &ModelConfig) -> Result<Params<Spec>> {
         norm: one("model.norm.weight", vec![h]),
         layers,
         head,
+        lora: Vec::new(),
     })
 }
 
-/// A decoder's copy of a trainable value: what its forward reads.
-enum Held<'a, B: Backend> {
-    Matrix(&'a mut B::Bf16),
-    Vector(&'a mut B::F32),
+/// A decoder's copy of a value: what its forward reads (`M`: a reference to its bf16 matrix,
+/// `V`: to its f32 vector; shared or not).
+#[derive(Clone, Copy)]
+pub(super) enum Held<M, V> {
+    Matrix(M),
+    Vector(V),
 }
 
-/// The decoder's copies of every trainable value, in [`Params::all`]'s order.
-fn held<B: Backend>(dec: &mut PackedDecoder<B>) -> Vec<Held<'_, B>> {
-    let mut v = vec![Held::Matrix(&mut dec.embed), Held::Vector(&mut dec.norm)];
-    for l in &mut dec.layers {
-        v.extend([Held::Vector(&mut l.ln1), Held::Vector(&mut l.ln2), Held::Matrix(&mut l.qkv)]);
-        v.extend(l.qkv_bias.as_mut().map(Held::Vector));
-        v.extend([Held::Matrix(&mut l.o), Held::Matrix(&mut l.gate_up), Held::Matrix(&mut l.down)]);
-    }
-    match &mut dec.head {
-        Head::Mlp { w1, b1, w2, b2 } => {
-            v.extend([Held::Matrix(w1), Held::Vector(b1), Held::Matrix(w2), Held::Vector(b2)]);
+/// The decoder's copies of every value but LoRA's, in [`Params::all`]'s order (`mut`: lent
+/// mutably).
+macro_rules! held_copies {
+    ($dec:expr, $($m:tt)?) => {{
+        let dec = $dec;
+        let mut v = vec![Held::Matrix(&$($m)? dec.embed), Held::Vector(&$($m)? dec.norm)];
+        for l in &$($m)? dec.layers {
+            v.extend([Held::Vector(&$($m)? l.ln1), Held::Vector(&$($m)? l.ln2), Held::Matrix(&$($m)? l.qkv)]);
+            if let Some(bias) = &$($m)? l.qkv_bias {
+                v.push(Held::Vector(bias));
+            }
+            v.extend([Held::Matrix(&$($m)? l.o), Held::Matrix(&$($m)? l.gate_up), Held::Matrix(&$($m)? l.down)]);
         }
-        Head::Classifier { w, b } => {
-            v.push(Held::Matrix(w));
-            v.extend(b.as_mut().map(Held::Vector));
+        match &$($m)? dec.head {
+            Head::Mlp { w1, b1, w2, b2 } => {
+                v.extend([Held::Matrix(w1), Held::Vector(b1), Held::Matrix(w2), Held::Vector(b2)]);
+            }
+            Head::Classifier { w, b } => {
+                v.push(Held::Matrix(w));
+                if let Some(b) = b {
+                    v.push(Held::Vector(b));
+                }
+            }
+            Head::Lm(Some(w)) => v.push(Held::Matrix(w)),
+            Head::Lm(None) => {}
         }
-        Head::Lm(w) => v.extend(w.as_mut().map(Held::Matrix)),
-    }
-    v
+        v
+    }};
+}
+
+/// The decoder's copies, lent to be refreshed.
+type HeldMut<'a, B> = Held<&'a mut <B as Backend>::Bf16, &'a mut <B as Backend>::F32>;
+
+/// The decoder's copies of every value but LoRA's, in [`Params::all`]'s order.
+fn held<B: Backend>(dec: &mut PackedDecoder<B>) -> Vec<HeldMut<'_, B>> {
+    held_copies!(dec, mut)
+}
+
+/// The decoder's copies of every value but LoRA's, in [`Params::all`]'s order, to be read.
+pub(super) fn held_ref<B: Backend>(dec: &PackedDecoder<B>) -> Vec<Held<&B::Bf16, &B::F32>> {
+    held_copies!(dec,)
 }
 
 /// The decoder's copy of a trainable value refreshed from its master `w` (`n` values): rounded
 /// to bf16 for a matrix, copied for a vector.
-fn refresh<B: TrainBackend>(b: &B, w: &B::F32, copy: Held<'_, B>, n: usize) -> Result<()> {
+fn refresh<B: TrainBackend>(b: &B, w: &B::F32, copy: HeldMut<'_, B>, n: usize) -> Result<()> {
     match copy {
         Held::Matrix(dst) => b.round_bf16(w, dst, 0, n),
         Held::Vector(dst) => b.copy_f32(w, dst, n),
@@ -212,10 +263,12 @@ fn refresh<B: TrainBackend>(b: &B, w: &B::F32, copy: Held<'_, B>, n: usize) -> R
 /// Where each checkpoint tensor lies: its buffer (in [`Params::all`]'s order), offset and shape.
 pub(super) type Places<'s> = HashMap<&'s str, (usize, usize, &'s [usize])>;
 
-/// The places of every tensor of `specs`.
-pub(super) fn places(specs: &Params<Spec>) -> Places<'_> {
+/// The places of every tensor of `specs` with a master (LoRA's adapters' with `lora`).
+pub(super) fn places(specs: &Params<Spec>, lora: bool) -> Places<'_> {
     let mut at = HashMap::new();
-    for (i, s) in specs.all().into_iter().enumerate() {
+    let first_lora = specs.all().len() - specs.lora.len();
+    let values = specs.all().into_iter().enumerate();
+    for (i, s) in values.filter(|&(i, s)| !s.frozen && (lora || i < first_lora)) {
         let mut offset = 0;
         for (name, shape) in &s.parts {
             at.insert(name.as_str(), (i, offset, shape.as_slice()));
@@ -253,28 +306,30 @@ pub(super) fn read_named<'s, B: Backend>(
     Ok(found)
 }
 
-/// The f32 masters `master` (laid out as `specs`) read from the checkpoint folder `dir` as
-/// stored; the exact f32 weights a checkpoint of a narrower dtype keeps beside it (what a
-/// resumed run continues from) are read last, over the rounded ones.
-fn read_masters<B: Backend>(b: &B, specs: &Params<Spec>, master: &mut Params<B::F32>, dir: &Path) -> Result<()> {
+/// The files a checkpoint folder `dir`'s f32 masters are read from, in order: its weights as
+/// stored, then the exact f32 weights a checkpoint of a narrower dtype keeps beside them (what a
+/// resumed run continues from, with LoRA's adapters).
+fn master_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     let mut files = crate::checkpoint::weight_files(dir)?;
     let exact = dir.join(crate::checkpoint::TRAINING_WEIGHTS);
     if exact.exists() {
         files.push(exact);
     }
-    read_master_files(b, specs, master, &files, dir)
+    Ok(files)
 }
 
-/// The f32 masters `master` (laid out as `specs`) read from `files` in order, a later file's
-/// tensor over an earlier one's; every tensor must be in one of them (`what` names them).
+/// The f32 masters `master` (laid out as `specs`; LoRA's adapters with `lora`, else not) read
+/// from `files` in order, a later file's tensor over an earlier one's; every tensor must be in
+/// one of them (`what` names them).
 pub(super) fn read_master_files<B: Backend>(
     b: &B,
     specs: &Params<Spec>,
     master: &mut Params<B::F32>,
     files: &[std::path::PathBuf],
     what: &Path,
+    lora: bool,
 ) -> Result<()> {
-    let at = places(specs);
+    let at = places(specs, lora);
     let mut missing: std::collections::HashSet<&str> = at.keys().copied().collect();
     let mut bufs = master.all_mut();
     for file in files {
@@ -327,6 +382,8 @@ pub struct PackedTrainer<B: TrainBackend> {
     /// The most bytes a batch's kept layer activations may take (`None`: half the device's
     /// free memory at each step); past it the backward recomputes each layer.
     activation_budget: Option<usize>,
+    /// LoRA's adapters, when the base is frozen (`lora.rs`).
+    pub(super) adapters: Option<Adapters<B>>,
 }
 
 impl<B: TrainBackend> PackedTrainer<B> {
@@ -334,19 +391,45 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// masters read from the checkpoint as stored (the exact f32 weights kept beside a narrower
     /// checkpoint), and the decoder's copies made from them.
     pub fn load(dir: &Path, config: ModelConfig, backend: Arc<B>) -> Result<Self> {
-        let specs = specs(&config)?;
+        Self::load_with(dir, config, backend, None)
+    }
+
+    /// [`PackedTrainer::load`], or with `lora` the base frozen and LoRA's adapters trained
+    /// (with a reward model's head; `lora.rs`): no master, gradient or moments for the base.
+    pub fn load_with(dir: &Path, config: ModelConfig, backend: Arc<B>, lora: Option<LoraConfig>) -> Result<Self> {
+        let mut specs = specs(&config)?;
         let decoder = PackedDecoder::load(dir, config, backend)?;
+        let adapters = match lora {
+            Some(lora) => {
+                let (adapters, lora_specs) = Adapters::new(&decoder, lora, dir)?;
+                // Every value frozen but a reward model's head (the last values).
+                let head = if matches!(decoder.head, Head::Lm(_)) { 0 } else { specs.head.len() };
+                let all = specs.all_mut();
+                let base = all.len() - head;
+                for s in all.into_iter().take(base) {
+                    s.frozen = true;
+                }
+                specs.lora = lora_specs;
+                Some(adapters)
+            }
+            None => None,
+        };
         let b = &*decoder.backend;
-        let mut master = specs.map(|s| b.zeros_f32(s.len()))?;
-        read_masters(b, &specs, &mut master, dir)?;
+        let mut master = specs.map(|s| b.zeros_f32(s.held_len()))?;
+        // The adapters start afresh (a checkpoint's own adapters are in its merged weights).
+        read_master_files(b, &specs, &mut master, &master_files(dir)?, dir, false)?;
+        if let Some(a) = &adapters {
+            a.init(b, &mut master.lora)?;
+        }
         // Zeros written, not only allocated: the first step would otherwise fault in these pages
         // (the gradients and AdamW's state: four times the masters) one by one.
-        let zeros = |s: &Spec| {
-            let mut buf = b.zeros_f32(s.len())?;
-            b.zero_f32(&mut buf, s.len())?;
+        let zeros = |n: usize| {
+            let mut buf = b.zeros_f32(n)?;
+            b.zero_f32(&mut buf, n)?;
             Ok(buf)
         };
-        let (grad, m, v) = (specs.map(zeros)?, specs.map(zeros)?, specs.map(zeros)?);
+        let grad = specs.map(|s| zeros(s.grad_len()))?;
+        let (m, v) = (specs.map(|s| zeros(s.held_len()))?, specs.map(|s| zeros(s.held_len()))?);
         let mut trainer = PackedTrainer {
             specs,
             master,
@@ -355,6 +438,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
             v,
             updates: 0,
             activation_budget: None,
+            adapters,
             decoder: Arc::new(decoder),
         };
         // The copies made from the masters, as every update makes them: a checkpoint stored in
@@ -363,11 +447,17 @@ impl<B: TrainBackend> PackedTrainer<B> {
         Ok(trainer)
     }
 
+    /// The adapters' configuration, when the trainer trains LoRA's.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.adapters.as_ref().map(|a| a.config())
+    }
+
     /// The weights of the checkpoint folder `dir` (a model of the same shape: a run's own
     /// checkpoint) read over the masters, and the decoder's copies refreshed from them.
     pub fn load_weights(&mut self, dir: &Path) -> Result<()> {
         let b = Arc::clone(&self.decoder.backend);
-        read_masters(&*b, &self.specs, &mut self.master, dir)?;
+        let lora = self.adapters.is_some();
+        read_master_files(&*b, &self.specs, &mut self.master, &master_files(dir)?, dir, lora)?;
         self.refresh_copies()
     }
 
@@ -376,9 +466,14 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let b = Arc::clone(&self.decoder.backend);
         let decoder = Arc::get_mut(&mut self.decoder).context("the trainer's model is lent (to a sampler)")?;
         for ((s, w), copy) in self.specs.all().into_iter().zip(self.master.all()).zip(held(decoder)) {
-            refresh(&*b, w, copy, s.len())?;
+            if !s.frozen {
+                refresh(&*b, w, copy, s.len())?;
+            }
         }
-        Ok(())
+        match &mut self.adapters {
+            Some(a) => a.merge(decoder, &self.master.lora),
+            None => Ok(()),
+        }
     }
 
     /// One step: the gradients of `targets` on the packed `batch` and an AdamW update at
@@ -461,7 +556,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
     fn named(&self, values: &Params<B::F32>) -> Result<Vec<(String, Vec<f32>)>> {
         let b = &*self.decoder.backend;
         let mut out = Vec::new();
-        for (s, buf) in self.specs.all().into_iter().zip(values.all()) {
+        for (s, buf) in self.specs.all().into_iter().zip(values.all()).filter(|(s, _)| !s.frozen) {
             let all = b.read_f32(buf, s.len())?;
             let mut rest = all.as_slice();
             for (name, shape) in &s.parts {
@@ -496,9 +591,12 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let g = &mut self.grad;
         let (loss, dx) = match targets {
             Targets::Labels(labels) => reward_head_backward(dec, g, &pass, labels)?,
-            Targets::Tokens { pairs, loss } => lm_head_backward(dec, g, &pass, pairs, loss)?,
+            Targets::Tokens { pairs, loss } => lm_head_backward(dec, g, &pass, pairs, loss, self.adapters.is_none())?,
         };
-        layers_backward(dec, g, &mut pass, dx)?;
+        layers_backward(dec, g, &mut pass, dx, self.adapters.as_mut())?;
+        if let Some(a) = &mut self.adapters {
+            a.gather(&dec.backend, &mut g.lora)?;
+        }
         Ok(loss)
     }
 
@@ -510,7 +608,9 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let b = Arc::clone(&self.decoder.backend);
         let mut squares = 0.0;
         for (s, g) in self.specs.all().into_iter().zip(self.grad.all()) {
-            squares += b.sum_squares(g, s.len())?;
+            if !s.frozen {
+                squares += b.sum_squares(g, s.len())?;
+            }
         }
         let mean = 1.0 / micro_batches.max(1) as f32;
         let norm = squares.sqrt() as f32 * mean;
@@ -530,12 +630,21 @@ impl<B: TrainBackend> PackedTrainer<B> {
         let (ms, vs) = (self.m.all_mut(), self.v.all_mut());
         let decoder = Arc::get_mut(&mut self.decoder)
             .context("the trainer's model is still lent (to a sampler) while it is updated")?;
-        let held = held(decoder);
+        // LoRA's values have no copy of their own: they are merged below.
+        let held = held(decoder).into_iter().map(Some).chain(std::iter::repeat_with(|| None));
         for (((((s, w), g), m), v), copy) in specs.into_iter().zip(masters).zip(grads).zip(ms).zip(vs).zip(held) {
+            if s.frozen {
+                continue;
+            }
             let n = s.len();
             b.adamw(w, g, m, v, n, opt)?;
-            refresh(&*b, w, copy, n)?;
+            if let Some(copy) = copy {
+                refresh(&*b, w, copy, n)?;
+            }
             b.zero_f32(g, n)?;
+        }
+        if let Some(a) = &mut self.adapters {
+            a.merge(decoder, &self.master.lora)?;
         }
         Ok(norm)
     }

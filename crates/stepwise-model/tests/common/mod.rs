@@ -108,3 +108,15 @@ pub fn counting_solutions(n: usize, seed: u64, p_bad: f64) -> Vec<Solution> {
         })
         .collect()
 }
+
+/// Counting solutions as a policy writes them (the log-ratio layout), for the policy fixture.
+pub fn lm_examples(n: usize, seed: u64) -> Vec<stepwise_model::train::Example> {
+    use stepwise_model::train::examples::{label_examples, LabelOptions};
+    let tok = Tokenizer::from_dir(&fixtures().join("qwen2-policy")).unwrap();
+    let opts = LabelOptions {
+        separator: "\n".into(),
+        separator_after_problem: true,
+        ..Default::default()
+    };
+    label_examples(&tok, &counting_solutions(n, seed, 0.5), &opts).unwrap()
+}
