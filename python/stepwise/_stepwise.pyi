@@ -331,6 +331,9 @@ def rl(
     device: Optional[Device] = None,
     trainer: str = "auto",
     max_batch_tokens: int = ...,
+    lora_rank: int = 0,
+    lora_alpha: Optional[float] = None,
+    lora_targets: str = "all-linear",
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Dict[str, Any]]:
     """Single-turn RL (GRPO, PPO-clip, KL to the start) as `stepwise rl`: `reward` is
@@ -338,7 +341,9 @@ def rl(
     `rl_log.jsonl` go to `out`; a call on the same `out` resumes. `trainer` is `"auto"` (the
     packed engine's on a GPU, and on the CPU for a pretrained policy, hidden size 512 or more;
     candle's f32 autograd for a small one), `"packed"` or `"autograd"`. Returns each update's log;
-    `kl=0` without PRIME trains with no reference (neither loaded nor run; no `kl` in the log)."""
+    `kl=0` without PRIME trains with no reference (neither loaded nor run; no `kl` in the log).
+    `lora_rank` trains LoRA adapters (`lora_alpha`, default 2 × rank; `lora_targets`, projections
+    or `"all-linear"`) on the frozen policy: `out` holds the merged policy and PEFT's adapter files."""
 
 def dpo(
     policy: Union[str, "PathLike[str]"],
@@ -363,13 +368,17 @@ def dpo(
     device: Optional[Device] = None,
     trainer: str = "auto",
     max_batch_tokens: int = ...,
+    lora_rank: int = 0,
+    lora_alpha: Optional[float] = None,
+    lora_targets: str = "all-linear",
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Dict[str, Any]]:
     """DPO as `stepwise dpo` on preference `pairs`: `step_pairs` rows in any layout (Step-DPO),
     a file of them, or step-labelled records (mined here). `label_smoothing` is conservative
     DPO's ε; `rpo_alpha` weighs the chosen completions' NLL added to the loss (RPO). The policy, optimiser and `dpo_log.jsonl` go to `out`; a call on the same `out`
     resumes. Returns each optimiser step's log (`train`/`eval`: `loss`, `accuracy`, `margin`,
-    `chosen_reward`, `rejected_reward`, `chosen_logp`, `rejected_logp`)."""
+    `chosen_reward`, `rejected_reward`, `chosen_logp`, `rejected_logp`). `lora_rank` trains LoRA
+    adapters on the frozen policy, as `rl`."""
 
 def agent_rl(
     policy: Union[str, "PathLike[str]"],

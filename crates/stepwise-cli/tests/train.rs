@@ -357,12 +357,19 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
         // No KL penalty: no reference loaded or run, no `kl` logged (a PRM's rewards: the
         // always-wrong policy's outcomes alone would give it nothing to learn).
         ("no-kl", format!("prm:{}", fixture("qwen2-prm"))),
+        // LoRA: the policy frozen, adapters trained; the merged policy and PEFT's files written.
+        ("lora", format!("prm:{}", fixture("qwen2-prm"))),
     ] {
         let out = d.join(name);
         let args = |out: &Path| {
             // The random policy is always wrong: PRIME learns from every group here.
             let filter = if name == "prime" { "0,1" } else { "0.2,0.8" };
-            vec![
+            let lora = if name == "lora" {
+                vec!["--lora-rank", "4", "--lora-targets", "q,v,down"]
+            } else {
+                vec![]
+            };
+            let mut args: Vec<String> = vec![
                 "rl".to_string(),
                 "--prime-filter".into(),
                 filter.into(),
@@ -395,8 +402,15 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
                 // The PRM's run on the packed trainer, whose engine samples an update's groups,
                 // and the held-out problems, in one batch each.
                 "--trainer".into(),
-                if name == "prm" { "packed" } else { "auto" }.into(),
-            ]
+                if name == "prm" || name == "lora" {
+                    "packed"
+                } else {
+                    "auto"
+                }
+                .into(),
+            ];
+            args.extend(lora.into_iter().map(String::from));
+            args
         };
         let a = args(&out);
         stepwise(&a.iter().map(String::as_str).collect::<Vec<_>>());
@@ -422,6 +436,13 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
         assert_ne!(before, after, "{name}: the weights did not move");
         if name == "prime" {
             prime_moved_its_implicit_prm_and_score_reads_it(d, &out, &log[1], &before);
+        }
+        if name == "lora" {
+            let adapter: Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap()).unwrap();
+            assert_eq!(adapter["r"], 4);
+            assert_eq!(adapter["target_modules"], json!(["q_proj", "v_proj", "down_proj"]));
+            assert!(out.join("adapter_model.safetensors").is_file());
         }
         let rerun: Vec<&str> = a.iter().map(String::as_str).collect();
         a_second_run_resumes_and_its_result_samples(d, &out, &problems, &rerun, &after, name);

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use serde_json::Value;
 use std::panic::AssertUnwindSafe;
 use stepwise_core::{Format, Solution};
+use stepwise_model::packed_engine::LoraConfig;
 
 /// The path in a `str` or `os.PathLike` argument, if it is one (a `str` that is not UTF-8, as
 /// `os.fsdecode` gives for such a name, is a path too).
@@ -347,6 +348,20 @@ pub fn placement_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<stepwise_model:
     let name = obj.str()?.to_string();
     name.parse()
         .map_err(|e: anyhow::Error| value_error(format!("device={name:?}: {e}, or a CUDA index")))
+}
+
+/// LoRA's arguments (`lora_rank=0`: none; `lora_alpha` defaults to 2 × rank; `lora_targets` a
+/// comma-separated list of projections or `"all-linear"`), initialised from `seed`.
+pub fn lora_arg(rank: usize, alpha: Option<f32>, targets: &str, seed: u64) -> PyResult<Option<LoraConfig>> {
+    if rank == 0 {
+        return Ok(None);
+    }
+    let mut c = LoraConfig::new(rank);
+    c.alpha = alpha.unwrap_or(c.alpha);
+    c.targets = LoraConfig::parse_targets(targets).map_err(|e| value_error(format!("lora_targets: {e}")))?;
+    c.seed = seed;
+    c.check().map_err(|e| value_error(e.to_string()))?;
+    Ok(Some(c))
 }
 
 /// A `trainer=` argument: `"auto"`, `"packed"` or `"autograd"`.

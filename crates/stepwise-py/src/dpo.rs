@@ -37,13 +37,14 @@ fn pairs_arg(obj: &Bound<'_, PyAny>, chosen_min: f32, separator: &str) -> PyResu
 /// `eval_pairs` (same forms) are measured at the end of each epoch. Pairs are laid out as
 /// `stepwise.rl` lays out prompts (`chat`, `separator`); `device` and `trainer` as for
 /// `stepwise.rl`. The policy, optimiser and `dpo_log.jsonl` are written to `out` every
-/// `checkpoint_every` steps and at the end; a call on the same `out` resumes. Returns each
+/// `checkpoint_every` steps and at the end; a call on the same `out` resumes. `lora_rank` trains
+/// LoRA adapters on the frozen policy, as `stepwise.rl`. Returns each
 /// step's log (`step`, `epoch`, `lr`, `train` and `eval`: `loss`, `accuracy`, `margin`,
 /// `chosen_reward`, `rejected_reward`, `chosen_logp`, `rejected_logp`).
 ///
 /// >>> log = stepwise.dpo("policy/", stepwise.step_pairs("labels.jsonl"), "dpo-run/", epochs=2)
 #[pyfunction]
-#[pyo3(signature = (policy, pairs, out, beta=0.1, label_smoothing=0.0, rpo_alpha=0.0, epochs=1, batch_size=16, minibatch_size=8, lr=1e-6, warmup_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0, eval_pairs=None, chosen_min=0.5, separator="\n", chat=false, checkpoint_every=50, seed=0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (policy, pairs, out, beta=0.1, label_smoothing=0.0, rpo_alpha=0.0, epochs=1, batch_size=16, minibatch_size=8, lr=1e-6, warmup_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0, eval_pairs=None, chosen_min=0.5, separator="\n", chat=false, checkpoint_every=50, seed=0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, lora_rank=0, lora_alpha=None, lora_targets="all-linear", progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn dpo<'py>(
     py: Python<'py>,
@@ -69,8 +70,12 @@ pub fn dpo<'py>(
     device: Option<&Bound<'py, PyAny>>,
     trainer: &str,
     max_batch_tokens: usize,
+    lora_rank: usize,
+    lora_alpha: Option<f32>,
+    lora_targets: &str,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let lora = crate::convert::lora_arg(lora_rank, lora_alpha, lora_targets, seed)?;
     let cfg = DpoConfig {
         beta,
         label_smoothing,
@@ -84,6 +89,7 @@ pub fn dpo<'py>(
         max_grad_norm,
         seed,
         checkpoint_every,
+        lora,
     };
     cfg.check().map_err(|e| value_error(e.to_string()))?;
     stepwise_core::pairs::check_chosen_min("chosen_min", chosen_min).map_err(value_error)?;

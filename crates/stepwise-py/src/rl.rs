@@ -23,11 +23,13 @@ use stepwise_rl::{run_rl, Credit, PrimeConfig, RlConfig, RlJob, RlReward};
 /// `checkpoint_every` updates and at the end; a call on the same `out` resumes. Returns each
 /// update's log (`reward`, `accuracy`, `kl`, `heldout_accuracy` with `eval_problems`,
 /// `implicit_prm` with PRIME). `kl=0` without PRIME trains with no reference: it is neither
-/// loaded nor run over the samples, and the log has no `kl`.
+/// loaded nor run over the samples, and the log has no `kl`. `lora_rank` trains LoRA adapters
+/// on the frozen policy (the packed trainer; `out` holds the merged policy and PEFT's adapter
+/// files).
 ///
 /// >>> log = stepwise.rl("policy/", "problems.jsonl", "rl-run/", reward="prm:prm/", updates=20)
 #[pyfunction]
-#[pyo3(signature = (policy, problems, out, reward="outcome", updates=100, prompts=8, group_size=8, epochs=1, minibatch_size=32, grad_accum=1, lr=1e-5, kl=0.04, clip=0.2, credit="return_to_go", temperature=1.0, max_tokens=256, separator="\n", chat=false, layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (policy, problems, out, reward="outcome", updates=100, prompts=8, group_size=8, epochs=1, minibatch_size=32, grad_accum=1, lr=1e-5, kl=0.04, clip=0.2, credit="return_to_go", temperature=1.0, max_tokens=256, separator="\n", chat=false, layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, lora_rank=0, lora_alpha=None, lora_targets="all-linear", progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn rl<'py>(
     py: Python<'py>,
@@ -61,8 +63,12 @@ pub fn rl<'py>(
     device: Option<&Bound<'py, PyAny>>,
     trainer: &str,
     max_batch_tokens: usize,
+    lora_rank: usize,
+    lora_alpha: Option<f32>,
+    lora_targets: &str,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let lora = crate::convert::lora_arg(lora_rank, lora_alpha, lora_targets, seed)?;
     let reward = RlReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
     let prime = prime_config(reward == RlReward::Prime, (prime_beta, prime_lr, prime_filter), lr)?;
     let placement = crate::convert::placement_arg(device)?;
@@ -73,6 +79,7 @@ pub fn rl<'py>(
     let cfg = RlConfig {
         grad_accum,
         prime,
+        lora,
         ..grpo_config(
             (updates, prompts, group_size),
             (epochs, minibatch_size, lr, kl, clip),

@@ -27,11 +27,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use stepwise_core::preference::{PairPrompt, PreferencePair};
 use stepwise_model::log_ratio::sequence_logprobs;
+use stepwise_model::packed_engine::LoraConfig;
 use stepwise_model::train::optim::schedule;
 use stepwise_model::{Model, Prompt, Tokenizer};
 
 /// DPO's settings (names as TRL's `DPOConfig` where they exist).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DpoConfig {
     /// `β`: how far the policy may move from the reference (TRL: 0.1).
     pub beta: f32,
@@ -60,6 +61,9 @@ pub struct DpoConfig {
     pub seed: u64,
     /// Checkpoint every this many optimiser steps (0: only at the end).
     pub checkpoint_every: usize,
+    /// LoRA: the policy frozen and low-rank adapters trained ([`crate::RlConfig::lora`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for DpoConfig {
@@ -77,6 +81,7 @@ impl Default for DpoConfig {
             max_grad_norm: 1.0,
             seed: 0,
             checkpoint_every: 50,
+            lora: None,
         }
     }
 }
@@ -388,7 +393,7 @@ pub fn train_dpo(run: DpoRun<'_>, cfg: &DpoConfig, mut on_step: impl FnMut(&DpoL
         if last || (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) {
             if let Some(dir) = &out_dir {
                 let state = State {
-                    config: *cfg,
+                    config: cfg.clone(),
                     pairs: fingerprint.clone(),
                     log: log.clone(),
                 };

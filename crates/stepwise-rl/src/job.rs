@@ -15,6 +15,7 @@ use stepwise_core::seams::{MathTask, OutcomeReward, Reward, RewardKind, ScorerRe
 use stepwise_core::Problem;
 use stepwise_model::layout::RewardSpec;
 use stepwise_model::log_ratio::LogRatio;
+use stepwise_model::packed_engine::LoraConfig;
 use stepwise_model::scoring::LoadedVerifier;
 use stepwise_model::train::run::Trainer;
 use stepwise_model::train::VarMap;
@@ -130,7 +131,13 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
         None => &outcome,
     };
     let tok = Tokenizer::from_dir(job.policy)?;
-    let mut policy = TrainedPolicy::load(job.policy, placement, job.trainer, job.max_batch_tokens, cfg.seed)?;
+    let mut policy = TrainedPolicy::load(
+        job.policy,
+        placement,
+        (job.trainer, cfg.lora.as_ref()),
+        job.max_batch_tokens,
+        cfg.seed,
+    )?;
     let reference = policy.reference_if(cfg.needs_reference(), job.policy, placement)?;
     let mut stop = ModelConfig::from_dir(job.policy)?.eos_token_ids;
     stop.extend(tok.eos_id());
@@ -182,20 +189,29 @@ impl TrainedPolicy {
     pub(crate) fn load(
         dir: &Path,
         placement: Placement,
-        trainer: Trainer,
+        (trainer, lora): (Trainer, Option<&LoraConfig>),
         max_batch_tokens: usize,
         seed: u64,
     ) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         let packed = trainer.packed_at(placement, Some(config.hidden_size))?;
-        Self::load_as(dir, packed.then_some(placement), max_batch_tokens, seed)
+        if lora.is_some() && !packed {
+            bail!("LoRA trains on the packed trainer (--trainer packed), not candle's");
+        }
+        Self::load_as(dir, packed.then_some(placement), max_batch_tokens, seed, lora)
     }
 
     /// The policy in `dir` on the packed engine's trainer at `packed` when given (passes of at
-    /// most `max_batch_tokens`), else as candle variables on the CPU.
-    fn load_as(dir: &Path, packed: Option<Placement>, max_batch_tokens: usize, seed: u64) -> Result<Self> {
+    /// most `max_batch_tokens`; LoRA's adapters with `lora`), else as candle variables on the CPU.
+    fn load_as(
+        dir: &Path,
+        packed: Option<Placement>,
+        max_batch_tokens: usize,
+        seed: u64,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self> {
         Ok(match packed {
-            Some(placement) => TrainedPolicy::Packed(packed_learner(dir, placement, max_batch_tokens)?),
+            Some(placement) => TrainedPolicy::Packed(packed_learner(dir, placement, max_batch_tokens, lora.cloned())?),
             None => {
                 let config = ModelConfig::from_dir(dir)?;
                 let model = Model::load_trainable(dir, config, &VarMap::new(), &default_device(), seed)?;
@@ -266,7 +282,7 @@ pub(crate) fn implicit_prm(
         last_tokens: None,
     };
     RewardSpec::log_ratio(Some(reference), separator, log_ratio).save(&dir)?;
-    TrainedPolicy::load_as(policy, placement, max_batch_tokens, seed)
+    TrainedPolicy::load_as(policy, placement, max_batch_tokens, seed, None)
 }
 
 #[cfg(test)]
@@ -301,7 +317,7 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/../../fixtures/hf-tiny/qwen2-policy"
         ));
-        let load = |trainer| TrainedPolicy::load(dir, Placement::Cpu, trainer, 4096, 0).unwrap();
+        let load = |trainer| TrainedPolicy::load(dir, Placement::Cpu, (trainer, None), 4096, 0).unwrap();
         let mut packed = load(Trainer::Packed);
         assert!(packed.packed());
         assert!(matches!(packed.as_implicit(), ImplicitPrm::Learner(_)));

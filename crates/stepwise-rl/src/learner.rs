@@ -14,7 +14,9 @@ use std::path::Path;
 use stepwise_model::checkpoint::{load_training_checkpoint, save_training_checkpoint};
 use stepwise_model::log_ratio::token_logprobs;
 use stepwise_model::model::pad_batch;
-use stepwise_model::packed_engine::{with_trainer, PackedTrainer, Targets, TokenLossFn, TrainBackend, WithTrainer};
+use stepwise_model::packed_engine::{
+    with_trainer, LoraConfig, PackedTrainer, Targets, TokenLossFn, TrainBackend, WithTrainer,
+};
 use stepwise_model::train::optim::{accumulate, named_vars, AdamW};
 use stepwise_model::train::packed::batches;
 use stepwise_model::train::VarMap;
@@ -315,9 +317,15 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
 /// trainer (bf16 copies and f32 masters: on CUDA GPU `n`, or on the CPU backend,
 /// [`stepwise_model::packed_engine::Cpu`]; [`with_trainer`] opens the device), sampled by the
 /// packed engine from the trainer's own weights; log-probabilities in packed batches of at most
-/// `max_tokens` tokens. A build without the `cuda` feature refuses a GPU.
-pub fn packed_learner(dir: &Path, placement: Placement, max_tokens: usize) -> Result<Box<dyn Learner>> {
-    with_trainer(dir, placement, Boxed { max_tokens })
+/// `max_tokens` tokens; with `lora`, the base frozen and LoRA's adapters trained. A build
+/// without the `cuda` feature refuses a GPU.
+pub fn packed_learner(
+    dir: &Path,
+    placement: Placement,
+    max_tokens: usize,
+    lora: Option<LoraConfig>,
+) -> Result<Box<dyn Learner>> {
+    with_trainer(dir, placement, lora, Boxed { max_tokens })
 }
 
 /// A boxed [`PackedLearner`] sampling itself, for whichever backend [`with_trainer`] opened.

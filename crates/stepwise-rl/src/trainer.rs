@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use stepwise_core::seams::{Continuation, Policy, Reward, Task, Until};
 use stepwise_core::{Problem, Solution, Step};
+use stepwise_model::packed_engine::LoraConfig;
 use stepwise_model::{EnginePolicy, Model, Prompt, SamplingParams, Tokenizer};
 
 /// Hyper-parameters of an RL run (names as in TRL's GRPO trainer where they exist).
@@ -62,6 +63,10 @@ pub struct RlConfig {
     /// and its token rewards join the outcome's in the advantages ([`crate::prime`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prime: Option<PrimeConfig>,
+    /// LoRA: the policy frozen and low-rank adapters trained on its projections (the packed
+    /// trainer only; the checkpoint is the merged policy beside PEFT's adapter files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 fn one() -> usize {
@@ -132,6 +137,7 @@ impl Default for RlConfig {
             seed: 0,
             checkpoint_every: 10,
             prime: None,
+            lora: None,
         }
     }
 }

@@ -229,7 +229,10 @@ fn a_killed_run_resumes_to_the_uninterrupted_runs_weights() {
     let losses = |l: &[DpoLog]| l.iter().map(|x| (x.step, x.train.loss, x.tokens)).collect::<Vec<_>>();
     assert_eq!(losses(&full), losses(&resumed));
     // The folder belongs to its settings and its pairs.
-    let other = DpoConfig { beta: 0.2, ..cfg };
+    let other = DpoConfig {
+        beta: 0.2,
+        ..cfg.clone()
+    };
     let e = run_into(&cut, &other, &pairs, &|_| {}).unwrap_err().to_string();
     assert!(e.contains("other DPO settings"), "{e}");
     let e = run_into(&cut, &cfg, &pairs[..1], &|_| {}).unwrap_err().to_string();

@@ -58,6 +58,8 @@ pub struct Args {
     /// Seed of the pairs' order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    #[command(flatten)]
+    pub lora: super::LoraArgs,
     /// Checkpoint every this many optimiser steps (and at the end).
     #[arg(long, default_value_t = 50)]
     pub checkpoint_every: usize,
@@ -139,6 +141,7 @@ pub fn run(a: Args) -> Result<()> {
         max_grad_norm: a.max_grad_norm,
         seed: a.seed,
         checkpoint_every: a.checkpoint_every,
+        lora: a.lora.config(a.seed),
     };
     cfg.check()?;
     stepwise_core::pairs::check_chosen_min("--chosen-min", a.chosen_min).map_err(anyhow::Error::msg)?;

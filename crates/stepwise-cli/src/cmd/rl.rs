@@ -248,6 +248,8 @@ pub struct Optimisation {
     /// Seed of prompt choice, sampling and minibatch order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    #[command(flatten)]
+    pub lora: super::LoraArgs,
 }
 
 impl Optimisation {
@@ -268,6 +270,7 @@ impl Optimisation {
             max_new_tokens: max_tokens,
             seed: self.seed,
             checkpoint_every: self.checkpoint_every,
+            lora: self.lora.config(self.seed),
             ..Default::default()
         }
     }

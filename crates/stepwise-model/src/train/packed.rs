@@ -442,7 +442,7 @@ pub fn train_on_device(
     on_step: impl FnMut(usize, f64),
 ) -> Result<TrainState> {
     let run = Run { train_set, valid_set, objective, cfg, max_tokens, on_step };
-    crate::packed_engine::with_trainer(dir, placement, run)
+    crate::packed_engine::with_trainer(dir, placement, None, run)
 }
 
 /// A packed training run waiting for its trainer ([`train_on_device`]).

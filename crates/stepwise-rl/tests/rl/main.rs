@@ -286,7 +286,7 @@ fn a_packed_run_killed_after_a_checkpoint_resumes_to_the_same_weights() {
         let train = |dir: &PathBuf, on_update: &dyn Fn(usize)| {
             let mut learner: Box<dyn Learner> = match backend {
                 "packed" => Box::new(packed_learner(start, &dir.join("sampler"))),
-                _ => stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096).unwrap(),
+                _ => stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096, None).unwrap(),
             };
             train_rl(
                 run(&mut *learner, &reference, &tok, &problems, &task, Some(dir.clone())),
@@ -372,7 +372,7 @@ fn the_packed_learner_raises_a_process_reward() {
     let start_tmp = policy_folder(7, "raise");
     let start = start_tmp.path();
     let on_reference = packed_learner(start, &start.join("sampler"));
-    let on_cpu = stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096).unwrap();
+    let on_cpu = stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096, None).unwrap();
     for mut learner in [Box::new(on_reference) as Box<dyn Learner>, on_cpu] {
         let (problems, task) = (problems(), PlainTask::default());
         let cfg = process_reward_config();
@@ -456,7 +456,7 @@ fn an_on_policy_update_takes_its_old_log_probabilities_from_the_backward() {
     for (cfg, packed, passes) in [(&one_step, true, 0), (&two_epochs, true, 3), (&one_step, false, 3)] {
         let (mut model, _) = fresh(9);
         let inner: Box<dyn Learner + '_> = match packed {
-            true => stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096).unwrap(),
+            true => stepwise_rl::learner::packed_learner(start, stepwise_model::Placement::Cpu, 4096, None).unwrap(),
             false => Box::new(CandleLearner::new(&mut model).unwrap()),
         };
         let mut learner = Counting { inner, passes: 0 };
