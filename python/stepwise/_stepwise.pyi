@@ -452,6 +452,9 @@ def train_prm(
     device: Optional[Device] = None,
     trainer: str = "auto",
     max_batch_tokens: int = ...,
+    lora_rank: int = 0,
+    lora_alpha: Optional[float] = None,
+    lora_targets: str = "all-linear",
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> Dict[str, Any]:
     """Train a PRM (or, with `outcome=True`, an ORM; `head="log-ratio"`: an implicit PRM) into the
@@ -462,8 +465,9 @@ def train_prm(
     autograd for the small shapes. The run ends with its best validation's weights. `valid_records` validates on a fixed held-out
     set instead of `valid_fraction` of `records`. `lr` defaults to 1e-5 to fine-tune a pretrained
     `base` (hidden size 512 or more, TRL's `PRMConfig` default) and to 1e-3 for a small base or
-    a `config` shape. Returns steps, loss, tokens, tokens/s, the device and the final
-    validation's metrics."""
+    a `config` shape. `lora_rank` trains LoRA adapters and the head on the frozen `base` (the
+    packed trainer): `out` holds the merged model and PEFT's adapter files. Returns steps, loss,
+    tokens, tokens/s, the device and the final validation's metrics."""
 
 def search(
     problems: Union[Sequence[Union[str, Dict[str, Any]]], str, Dict[str, Any], "PathLike[str]"],

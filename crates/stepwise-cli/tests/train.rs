@@ -498,3 +498,90 @@ fn a_second_run_resumes_and_its_result_samples(
     ]);
     assert_eq!(std::fs::read_to_string(&generated).unwrap().lines().count(), 4);
 }
+
+/// `train-prm --lora-rank`: a new classifier head and LoRA's adapters trained on a frozen policy;
+/// the base with its new head is written once beside the run, the folder is the merged model
+/// (`score` reads it) with PEFT's adapter files, and the same command again resumes, not retrains.
+#[test]
+fn train_prm_with_lora_trains_a_new_head_on_a_frozen_base() {
+    let d_tmp = tmp("train-prm-lora");
+    let d = d_tmp.path();
+    let data = d.join("labeled.jsonl");
+    let rows: Vec<Value> = (0..12)
+        .map(|i| json!({"id": format!("s{i}"), "question": format!("count from {i}"),
+                        "steps": [step(&format!("{}", i + 1), 0.0, true), step(&format!("{}", i + 2 + i % 3), 0.0, i % 3 != 0)]}))
+        .collect();
+    write_jsonl(&data, &rows);
+    let out = d.join("prm");
+    let (data_arg, out_arg, base) = (
+        data.display().to_string(),
+        out.display().to_string(),
+        fixture("qwen2-policy"),
+    );
+    let args = [
+        "train-prm",
+        "--data",
+        &data_arg,
+        "--base",
+        &base,
+        "--head",
+        "classifier",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-2",
+        "--out",
+        &out_arg,
+        "--trainer",
+        "packed",
+        "--lora-rank",
+        "4",
+    ];
+    stepwise(&args);
+    let adapter: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (adapter["r"].as_u64(), adapter["task_type"].as_str()),
+        (Some(4), Some("TOKEN_CLS"))
+    );
+    assert_eq!(adapter["modules_to_save"], json!(["score"]));
+    assert!(
+        adapter["base_model_name_or_path"]
+            .as_str()
+            .unwrap()
+            .ends_with("lora-base"),
+        "{adapter}"
+    );
+    let (header, _) = safetensors_header(&out.join("adapter_model.safetensors"));
+    assert!(header.contains_key("base_model.model.score.weight"), "{header:?}");
+    assert!(header.contains_key("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"));
+    // The embeddings are the base's, the head the run's.
+    let tensor = |file: &Path, name: &str| {
+        let bytes = std::fs::read(file).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let at = |i: usize| header[name]["data_offsets"][i].as_u64().unwrap() as usize + 8 + n;
+        bytes[at(0)..at(1)].to_vec()
+    };
+    let (ours, base_dir) = (out.join("model.safetensors"), out.join("lora-base"));
+    let frozen = "model.embed_tokens.weight";
+    let base_file = base_dir.join("model.safetensors");
+    assert!(
+        tensor(&ours, frozen) == tensor(&base_file, frozen),
+        "a frozen tensor changed"
+    );
+    assert!(
+        tensor(&ours, "score.weight") != tensor(&base_file, "score.weight"),
+        "the head did not train"
+    );
+    let scored = d.join("scored.jsonl");
+    score(&out, &data, &scored);
+    let scores = common::step_scores(&std::fs::read_to_string(&scored).unwrap(), "prm");
+    assert_eq!(scores.len(), 2 * rows.len());
+    assert!(scores.iter().any(|x| (x - 0.5).abs() > 1e-3), "training moved nothing");
+    let trained = std::fs::read(&ours).unwrap();
+    stepwise(&args);
+    assert_eq!(std::fs::read(&ours).unwrap(), trained, "resumed, not retrained");
+}

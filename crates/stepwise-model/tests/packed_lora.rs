@@ -154,22 +154,12 @@ fn lora_training_keeps_the_base_and_writes_the_merged_model_beside_peft_adapters
     );
     let base = safetensors::SafeTensors::deserialize(&base_bytes).unwrap();
     let merged = safetensors::SafeTensors::deserialize(&merged_bytes).unwrap();
-    // Frozen tensors as the engine reads them: vectors exactly, matrices in bf16 (the fixture
-    // is stored in f32; a bf16 checkpoint's are its own bytes).
-    let f32s = |b: &[u8]| -> Vec<f32> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
+    // Every frozen tensor as the base stores it (the fixture: f32), the adapted ones merged.
     let (mut same, mut moved) = (0, 0);
     for (name, view) in base.tensors() {
         let got = merged.tensor(&name).unwrap();
         assert_eq!(got.shape(), view.shape(), "{name}");
-        let mut want = f32s(view.data());
-        if view.shape().len() == 2 {
-            want.iter_mut().for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
-        }
-        if f32s(got.data()) == want {
+        if got.data() == view.data() {
             same += 1;
         } else {
             assert!(name.contains("_proj.weight"), "{name}: a frozen tensor changed");
@@ -257,4 +247,49 @@ fn lora_settings_are_checked() {
     let mut zero = LoraConfig::new(4);
     zero.rank = 0;
     assert!(load(zero).err().unwrap().to_string().contains("rank"));
+}
+
+#[test]
+fn a_killed_lora_training_run_resumes_to_the_same_adapters() {
+    use stepwise_model::train::packed::train_packed;
+    let dir = fixtures().join("qwen2-policy");
+    let examples = lm_examples(16, 11);
+    let (valid, train) = examples.split_at(4);
+    let lora = || Some(LoraConfig::new(4));
+    let run = |killed_at: Option<usize>| {
+        let out = tempfile::tempdir().unwrap();
+        let cfg = stepwise_model::train::TrainConfig {
+            lr: 1e-2,
+            warmup: 1,
+            steps: 6,
+            batch_size: 4,
+            eval_every: 2,
+            out_dir: Some(out.path().to_path_buf()),
+            keep_best: true,
+            ..Default::default()
+        };
+        if let Some(k) = killed_at {
+            let mut t = trainer(&dir, lora());
+            let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                train_packed(&mut t, train, valid, Objective::Lm, &cfg, 512, |s, _| {
+                    assert_ne!(s, k, "killed")
+                })
+            }));
+            assert!(killed.is_err());
+        }
+        // As `train-prm --lora-rank` resumes: the trainer from the frozen base, the run's
+        // adapters read from its folder.
+        let mut t = trainer(&dir, lora());
+        train_packed(&mut t, train, valid, Objective::Lm, &cfg, 512, |_, _| {}).unwrap();
+        t.weights().unwrap()
+    };
+    let whole = run(None);
+    assert!(
+        whole == run(Some(3)),
+        "killed at step 3 and resumed, the adapters differ"
+    );
+    assert!(
+        whole == run(Some(5)),
+        "killed at step 5 and resumed, the adapters differ"
+    );
 }

@@ -25,12 +25,14 @@ use stepwise_model::train::run::{train_prm as train, TrainPrm};
 /// `valid_records` (records or a path, as `records`) validates on a fixed held-out set instead
 /// of `valid_fraction` of `records`. `lr` defaults to 1e-5 to fine-tune a pretrained `base`
 /// (hidden size 512 or more: TRL's `PRMConfig` default) and to 1e-3 for a small base or a
-/// `config` shape.
+/// `config` shape. `lora_rank` trains LoRA adapters (`lora_alpha`, default 2 × rank;
+/// `lora_targets`, projections or `"all-linear"`) and the head on the frozen `base` (the packed
+/// trainer): `out` holds the merged model and PEFT's adapter files.
 ///
 /// >>> run = stepwise.train_prm(stepwise.read("labelled.jsonl"), "prm/", base="policy/", steps=300)
 /// >>> stepwise.PRM("prm/").score(question, steps)
 #[pyfunction]
-#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=None, batch_size=16, grad_accum=1, valid_fraction=0.1, valid_records=None, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (records, out, base=None, config=None, tokenizer=None, outcome=false, head=None, target="promise", steps=500, lr=None, batch_size=16, grad_accum=1, valid_fraction=0.1, valid_records=None, patience=0, seed=0, max_len=512, separator="\n", neutral="good", last_step_only=false, stop_at_first_bad=false, beta=1.0, reference_logprob=None, last_tokens=None, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, lora_rank=0, lora_alpha=None, lora_targets="all-linear", progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn train_prm<'py>(
     py: Python<'py>,
@@ -61,6 +63,9 @@ pub fn train_prm<'py>(
     device: Option<&Bound<'py, PyAny>>,
     trainer: &str,
     max_batch_tokens: usize,
+    lora_rank: usize,
+    lora_alpha: Option<f32>,
+    lora_targets: &str,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     if !["promise", "progress"].contains(&target) {
@@ -106,6 +111,7 @@ pub fn train_prm<'py>(
         placement,
         trainer,
         max_batch_tokens,
+        lora: crate::convert::lora_arg(lora_rank, lora_alpha, lora_targets, seed)?,
     };
     run.valid_solutions = without_gil(py, || valid.map(|v| v.read(target)).transpose())?;
     let progress = Progress::start(py, progress, "steps", steps)?;

@@ -151,6 +151,8 @@ pub struct Args {
     /// Which trainer updates it.
     #[command(flatten)]
     pub trainer: super::backend::TrainerArg,
+    #[command(flatten)]
+    pub lora: super::LoraArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -186,6 +188,7 @@ pub fn run(a: Args) -> Result<()> {
         placement: a.device.device,
         trainer: a.trainer.get()?,
         max_batch_tokens: a.device.max_batch_tokens,
+        lora: a.lora.config(a.seed),
     };
     let solutions = read_targets(&a.data, a.from, &a.target, &run.out)?;
     if let Some(valid) = &a.valid_data {

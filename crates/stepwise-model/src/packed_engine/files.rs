@@ -8,7 +8,7 @@
 
 use super::train::{held_ref, places, read_master_files, read_named, Held, PackedTrainer, Params, Spec};
 use super::{Backend, TrainBackend};
-use crate::checkpoint::TRAINING_WEIGHTS;
+use crate::checkpoint::{to_f32, Mapped, TRAINING_WEIGHTS};
 use anyhow::{ensure, Context, Result};
 use candle_core::DType;
 use safetensors::{Dtype, View};
@@ -37,6 +37,8 @@ enum Source<'a, B: Backend> {
     /// Values `at..` of a bf16 matrix (a frozen one's decoder copy), widened through `ids`
     /// (`0, 1, 2, …`) a row at a time.
     Widened { table: &'a B::Bf16, ids: &'a B::I32, at: usize },
+    /// The tensor `name` of a mapped checkpoint file, as stored there (a frozen tensor's own).
+    Stored { map: &'a Mapped, name: String },
     /// Bytes as they are stored.
     Bytes(Vec<u8>),
 }
@@ -98,6 +100,24 @@ impl<B: Backend> View for Part<'_, B> {
                 });
                 self.bytes_or_zeros(widened, *at)
             }
+            Source::Stored { map, name } => {
+                let stored = safetensors::SafeTensors::deserialize(map).map_err(anyhow::Error::from).and_then(|st| {
+                    let view = st.tensor(name)?;
+                    let bytes = match view.dtype() == self.dtype {
+                        true => view.data().to_vec(),
+                        false => bytes(&to_f32(&view)?, self.dtype),
+                    };
+                    map.let_go(view.data());
+                    Ok(bytes)
+                });
+                match stored {
+                    Ok(bytes) => Cow::Owned(bytes),
+                    Err(e) => {
+                        self.failed.borrow_mut().get_or_insert(e.context(format!("tensor `{name}`")));
+                        Cow::Owned(vec![0; self.data_len()])
+                    }
+                }
+            }
         }
     }
 
@@ -122,6 +142,51 @@ fn write<B: Backend>(path: &Path, parts: Vec<(String, Part<'_, B>)>, failed: &Re
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
+/// A LoRA trainer's base checkpoint, mapped: where its frozen tensors are written from as stored
+/// (the decoder holds them in bf16).
+struct Base {
+    maps: Vec<Mapped>,
+    /// Each tensor's file.
+    at: HashMap<String, usize>,
+}
+
+impl Base {
+    fn open(dir: &Path) -> Result<Self> {
+        let (mut maps, mut at) = (Vec::new(), HashMap::new());
+        for file in crate::checkpoint::weight_files(dir)? {
+            let map = Mapped::open(&file)?;
+            let st = safetensors::SafeTensors::deserialize(&map).with_context(|| format!("reading {}", file.display()))?;
+            at.extend(st.names().into_iter().map(|n| (n.to_string(), maps.len())));
+            maps.push(map);
+        }
+        Ok(Base { maps, at })
+    }
+
+}
+
+/// Where a LoRA trainer's frozen tensors are written from: their base checkpoint as stored, the
+/// decoder's copies for the adapted (merged) ones.
+struct Frozen<'a, B: Backend> {
+    /// `0, 1, 2, …`, as many as the rows of the tallest matrix.
+    ids: B::I32,
+    base: Base,
+    adapters: &'a super::lora::Adapters<B>,
+}
+
+impl<'a, B: TrainBackend> Frozen<'a, B> {
+    /// The source of the frozen tensor `name`, values `at..` of the decoder's `copy`.
+    fn source(&'a self, name: &str, copy: Held<&'a B::Bf16, &'a B::F32>, at: usize) -> Source<'a, B> {
+        match (self.base.at.get(name), copy) {
+            (Some(&i), _) if !self.adapters.adapts(name) => Source::Stored {
+                map: &self.base.maps[i],
+                name: name.to_string(),
+            },
+            (_, Held::Matrix(table)) => Source::Widened { table, ids: &self.ids, at },
+            (_, Held::Vector(buf)) => Source::Buffer { buf, at },
+        }
+    }
+}
+
 /// Which of a trainer's values a file holds.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {
@@ -142,7 +207,7 @@ impl<B: TrainBackend> PackedTrainer<B> {
         values: &'a Params<B::F32>,
         (prefix, which): (&str, Which),
         dtype: Dtype,
-        ids: &'a B::I32,
+        frozen: Option<&'a Frozen<'a, B>>,
         failed: &'a RefCell<Option<anyhow::Error>>,
     ) -> Vec<(String, Part<'a, B>)> {
         let backend = &*self.decoder.backend;
@@ -161,9 +226,8 @@ impl<B: TrainBackend> PackedTrainer<B> {
             }
             let mut at = 0;
             for (name, shape) in &s.parts {
-                let source = match (s.frozen, copy) {
-                    (true, Some(Held::Matrix(table))) => Source::Widened { table, ids, at },
-                    (true, Some(Held::Vector(buf))) => Source::Buffer { buf, at },
+                let source = match (s.frozen, copy, frozen) {
+                    (true, Some(copy), Some(frozen)) => frozen.source(name, copy, at),
                     _ => Source::Buffer { buf, at },
                 };
                 let shape = shape.clone();
@@ -186,13 +250,17 @@ impl<B: TrainBackend> PackedTrainer<B> {
         out
     }
 
-    /// `0, 1, 2, …` as many as the rows of the tallest frozen matrix (none without LoRA).
-    fn row_ids(&self) -> Result<B::I32> {
-        let rows = match self.adapters {
-            Some(_) => self.specs.all().iter().flat_map(|s| &s.parts).map(|(_, shape)| shape[0]).max().unwrap_or(0),
-            None => 0,
+    /// Where the frozen tensors are written from (none without LoRA).
+    fn frozen(&self) -> Result<Option<Frozen<'_, B>>> {
+        let Some(adapters) = &self.adapters else {
+            return Ok(None);
         };
-        self.decoder.backend.upload_i32(&(0..rows.max(1) as i32).collect::<Vec<_>>())
+        let rows = self.specs.all().iter().flat_map(|s| &s.parts).map(|(_, shape)| shape[0]).max().unwrap_or(1);
+        Ok(Some(Frozen {
+            ids: self.decoder.backend.upload_i32(&(0..rows as i32).collect::<Vec<_>>())?,
+            base: Base::open(adapters.base())?,
+            adapters,
+        }))
     }
 
     /// Writes the model to the checkpoint folder `dir` as
@@ -208,14 +276,14 @@ impl<B: TrainBackend> PackedTrainer<B> {
             DType::F16 => Dtype::F16,
             _ => Dtype::F32,
         };
-        let (failed, ids) = (RefCell::new(None), self.row_ids()?);
-        let parts = self.parts(&self.master, ("", Which::Model), stored, &ids, &failed);
+        let (failed, frozen) = (RefCell::new(None), self.frozen()?);
+        let parts = self.parts(&self.master, ("", Which::Model), stored, frozen.as_ref(), &failed);
         write(&dir.join("model.safetensors"), parts, &failed)?;
         let exact = dir.join(TRAINING_WEIGHTS);
         if let Some(a) = &self.adapters {
             // The adapters (and a trained head) beside the merged model: PEFT's files, and the
             // exact values a resumed run continues from.
-            let parts = self.parts(&self.master, ("", Which::Adapter), Dtype::F32, &ids, &failed);
+            let parts = self.parts(&self.master, ("", Which::Adapter), Dtype::F32, None, &failed);
             write(&dir.join("adapter_model.safetensors"), parts, &failed)?;
             let head = self.specs.head.first().is_some_and(|s| !s.frozen);
             let json = a.peft_config(&self.decoder.config, head);
@@ -234,8 +302,8 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// Writes the f32 masters, exactly, to the one safetensors file `path` by checkpoint name
     /// (what [`crate::checkpoint::save_exact_weights`] writes of the CPU trainer's weights).
     pub fn save_weights(&self, path: &Path) -> Result<()> {
-        let (failed, ids) = (RefCell::new(None), self.row_ids()?);
-        write(path, self.parts(&self.master, ("", Which::Trained), Dtype::F32, &ids, &failed), &failed)
+        let failed = RefCell::new(None);
+        write(path, self.parts(&self.master, ("", Which::Trained), Dtype::F32, None, &failed), &failed)
     }
 
     /// Sets the masters from the safetensors file `path` (every trainable tensor, by checkpoint
@@ -267,9 +335,9 @@ impl<B: TrainBackend> PackedTrainer<B> {
     /// `v.NAME` by checkpoint name and shape, `step`), so that either trainer continues a run
     /// the other checkpointed.
     pub fn save_optimizer(&self, path: &Path) -> Result<()> {
-        let (failed, ids) = (RefCell::new(None), self.row_ids()?);
-        let mut parts = self.parts(&self.m, ("m.", Which::Trained), Dtype::F32, &ids, &failed);
-        parts.extend(self.parts(&self.v, ("v.", Which::Trained), Dtype::F32, &ids, &failed));
+        let failed = RefCell::new(None);
+        let mut parts = self.parts(&self.m, ("m.", Which::Trained), Dtype::F32, None, &failed);
+        parts.extend(self.parts(&self.v, ("v.", Which::Trained), Dtype::F32, None, &failed));
         let step = Part {
             backend: &*self.decoder.backend,
             source: Source::Bytes(self.updates.to_le_bytes().to_vec()),

@@ -122,6 +122,8 @@ pub(super) struct Adapters<B: Backend> {
     config: LoraConfig,
     /// The base model's folder (PEFT's `base_model_name_or_path`).
     base: String,
+    /// The checkpoint names of the adapted projections' weights.
+    adapted: std::collections::HashSet<String>,
     matrices: Vec<Adapted<B>>,
     /// `0, 1, 2, …`: the rows [`Backend::embed`] widens a matrix by.
     ids: B::I32,
@@ -157,12 +159,13 @@ impl<B: TrainBackend> Adapters<B> {
         let ids = b.upload_i32(&(0..widest as i32).collect::<Vec<_>>())?;
         let largest = all.map(|m| rows(m) * held_k(cfg, m)).into_iter().max().unwrap_or(0);
         let mut wide = zeros(b, largest)?;
-        let (mut matrices, mut specs) = (Vec::new(), Vec::new());
+        let (mut matrices, mut specs, mut adapted) = (Vec::new(), Vec::new(), std::collections::HashSet::new());
         for (li, l) in dec.layers.iter().enumerate() {
             for (matrix, held) in [(Matrix::Qkv, &l.qkv), (Matrix::O, &l.o), (Matrix::GateUp, &l.gate_up), (Matrix::Down, &l.down)] {
                 let (mut parts, mut a_spec, mut b_spec, mut row) = (Vec::new(), Vec::new(), Vec::new(), 0);
                 for (module, rows) in modules(cfg, matrix) {
                     if config.targets.iter().any(|t| t == module) {
+                        adapted.insert(peft_name(li, module, 'A').replace("base_model.model.", "").replace(".lora_A", ""));
                         parts.push((row, rows));
                         a_spec.push((peft_name(li, module, 'A'), vec![r, held_k(cfg, matrix)]));
                         b_spec.push((peft_name(li, module, 'B'), vec![rows, r]));
@@ -197,12 +200,22 @@ impl<B: TrainBackend> Adapters<B> {
         }
         ensure!(!matrices.is_empty(), "LoRA targets {:?} match no projection of the model", config.targets);
         let base = base.display().to_string();
-        Ok((Adapters { config, base, matrices, ids }, specs))
+        Ok((Adapters { config, base, adapted, matrices, ids }, specs))
     }
 
     /// The adapters' configuration.
     pub(super) fn config(&self) -> &LoraConfig {
         &self.config
+    }
+
+    /// The base model's folder.
+    pub(super) fn base(&self) -> &std::path::Path {
+        std::path::Path::new(&self.base)
+    }
+
+    /// Whether the checkpoint tensor `name` is an adapted projection's weight.
+    pub(super) fn adapts(&self, name: &str) -> bool {
+        self.adapted.contains(name)
     }
 
     /// PEFT's `adapter_config.json` for these adapters on a model of `cfg` (whose head trains

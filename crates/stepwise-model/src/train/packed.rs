@@ -367,6 +367,11 @@ impl<B: TrainBackend> Checkpoints<'_, B> {
         if dir.join(super::OPTIM).exists() {
             trainer.load_optimizer(&dir.join(super::OPTIM))?;
         }
+        if trainer.lora().is_some() {
+            // LoRA's trainer was loaded from its frozen base: the run's adapters and head are
+            // the checkpoint's.
+            trainer.load_weights(dir)?;
+        }
         let last = dir.join(crate::checkpoint::LAST_WEIGHTS);
         if last.exists() {
             trainer.load_weights_file(&last)?;
@@ -429,11 +434,12 @@ impl<B: TrainBackend> Checkpoints<'_, B> {
 }
 
 /// [`train_packed`] at `placement` ([`crate::packed_engine::with_trainer`] opens the device:
-/// CUDA GPU `n`, or the CPU backend), the model read from the checkpoint folder `dir`.
+/// CUDA GPU `n`, or the CPU backend), the model read from the checkpoint folder `dir` (with
+/// `lora`, frozen under LoRA's adapters).
 #[allow(clippy::too_many_arguments)]
 pub fn train_on_device(
     dir: &std::path::Path,
-    placement: crate::Placement,
+    (placement, lora): (crate::Placement, Option<crate::packed_engine::LoraConfig>),
     train_set: &[Example],
     valid_set: &[Example],
     objective: Objective,
@@ -442,7 +448,7 @@ pub fn train_on_device(
     on_step: impl FnMut(usize, f64),
 ) -> Result<TrainState> {
     let run = Run { train_set, valid_set, objective, cfg, max_tokens, on_step };
-    crate::packed_engine::with_trainer(dir, placement, None, run)
+    crate::packed_engine::with_trainer(dir, placement, lora, run)
 }
 
 /// A packed training run waiting for its trainer ([`train_on_device`]).

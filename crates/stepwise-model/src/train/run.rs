@@ -66,6 +66,8 @@ pub struct TrainPrm {
     pub trainer: Trainer,
     /// On a GPU, the most tokens in one batch.
     pub max_batch_tokens: usize,
+    /// LoRA: the base frozen and low-rank adapters trained with the head (the packed trainer).
+    pub lora: Option<crate::packed_engine::LoraConfig>,
 }
 
 impl Default for TrainPrm {
@@ -96,6 +98,7 @@ impl Default for TrainPrm {
             placement: Placement::Cpu,
             trainer: Trainer::Auto,
             max_batch_tokens: crate::scoring::DEFAULT_MAX_BATCH_TOKENS,
+            lora: None,
         }
     }
 }
@@ -269,6 +272,9 @@ fn train_into(
     }
     let placement = a.placement.resolve()?;
     let packed = a.trainer.packed_at(placement, base_config.map(|c| c.hidden_size))?;
+    if a.lora.is_some() && !packed {
+        bail!("LoRA trains on the packed trainer (--trainer packed), not candle's");
+    }
     let spec = VerifierSpec {
         head,
         start,
@@ -485,21 +491,32 @@ fn on_packed(
     let base_fits = a.base.as_ref().is_some_and(|b| {
         ModelConfig::from_dir(b).is_ok_and(|c| c.head == wanted.head && c.num_labels == wanted.num_labels)
     });
-    let start = if a.out.join(super::STATE).exists() {
+    let fresh = |dir: &Path| -> Result<()> {
+        let varmap = VarMap::new();
+        let model = spec.build(&varmap, &crate::default_device(), a.seed)?;
+        crate::checkpoint::save_training_checkpoint(dir, &model.config, &varmap)
+    };
+    let start = if a.lora.is_some() {
+        // LoRA's trainer always starts from its frozen base (a resumed run's adapters and head
+        // are read from the run's folder): `--base`, or the base with its new head, written
+        // once beside the run.
+        match base_fits {
+            true => a.base.clone().expect("checked above"),
+            false => lora_base(&a.out, fresh)?,
+        }
+    } else if a.out.join(super::STATE).exists() {
         a.out.clone()
     } else if base_fits {
         a.base.clone().expect("checked above")
     } else {
-        let varmap = VarMap::new();
-        let model = spec.build(&varmap, &crate::default_device(), a.seed)?;
-        crate::checkpoint::save_training_checkpoint(&a.out, &model.config, &varmap)?;
+        fresh(&a.out)?;
         a.out.clone()
     };
     let cfg = train_config(a, true);
     let objective = spec.objective();
     let state = train_on_device(
         &start,
-        placement,
+        (placement, a.lora.clone()),
         train_set,
         valid_set,
         objective,
@@ -511,6 +528,20 @@ fn on_packed(
     let best = state.history.iter().rev().find(|(step, _)| Some(*step) == state.best_step);
     let metrics = best.or(state.history.last()).map(|(_, m)| m.clone());
     Ok((state, metrics))
+}
+
+/// The frozen base of a LoRA run whose head is new: `out/lora-base`, made by `make` once
+/// (in a folder renamed into place when complete, so a run killed while writing it makes it
+/// again).
+fn lora_base(out: &Path, make: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
+    let dir = out.join("lora-base");
+    if !dir.join("config.json").exists() {
+        let tmp = out.join("lora-base.tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        make(&tmp)?;
+        std::fs::rename(&tmp, &dir).with_context(|| format!("writing {}", dir.display()))?;
+    }
+    Ok(dir)
 }
 
 /// Solutions held out for validation, about `fraction` of them, by whole problems (the
