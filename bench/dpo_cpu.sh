@@ -9,7 +9,10 @@
 #
 #   PYTHON=/path/to/venv/bin/python bash bench/dpo_cpu.sh     (torch, transformers, trl, datasets)
 #
-# Environment: BATCH (4), PAIRS (the first this many pairs, default all 15), PEER_WEIGHTS ("bfloat16 float32"), WORK (/tmp/dpo_cpu), OUT (the JSON,
+# LORA=R trains LoRA adapters of rank R (alpha 2R, every linear projection) on both sides:
+# `--lora-rank R` here, PEFT's LoraConfig through TRL's peft_config there.
+#
+# Environment: BATCH (4), LORA (0: full training), PAIRS (the first this many pairs, default all 15), PEER_WEIGHTS ("bfloat16 float32"), WORK (/tmp/dpo_cpu), OUT (the JSON,
 # default $WORK/dpo_cpu.json), STEPWISE (target/release/stepwise).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,7 @@ BIN=${STEPWISE:-target/release/stepwise}
 W=${WORK:-/tmp/dpo_cpu}
 BATCH=${BATCH:-4}
 PAIRS=${PAIRS:-15}
+LORA=${LORA:-0}
 PEER_WEIGHTS=${PEER_WEIGHTS:-"bfloat16 float32"}
 OUT=${OUT:-$W/dpo_cpu.json}
 mkdir -p "$W"
@@ -31,17 +35,17 @@ rm -rf "$W/run"
 echo "== stepwise"
 /usr/bin/time -v "$BIN" dpo --policy "$W/policy-0.5b" --pairs "$W/pairs.jsonl" --out "$W/run" --device cpu \
     --trainer packed --batch-size "$BATCH" --minibatch-size "$BATCH" --lr 1e-6 --warmup-ratio 0 \
-    --checkpoint-every 0 > "$W/stepwise.log" 2>&1
+    --checkpoint-every 0 --lora-rank "$LORA" > "$W/stepwise.log" 2>&1
 echo "exit $?" >> "$W/stepwise.log"
 grep -E "Maximum resident|Elapsed|^exit|rror" "$W/stepwise.log" | tail -4
 for d in $PEER_WEIGHTS; do
     echo "== TRL, $d weights"
     /usr/bin/time -v "$PY" bench/trl_dpo_cpu.py --policy "$W/policy-0.5b" --pairs "$W/pairs_trl.jsonl" \
-        --out "$W/trl-$d.json" --batch "$BATCH" --weights "$d" > "$W/trl-$d.log" 2>&1
+        --out "$W/trl-$d.json" --batch "$BATCH" --weights "$d" --lora-rank "$LORA" > "$W/trl-$d.log" 2>&1
     echo "exit $?" >> "$W/trl-$d.log"
     grep -E "Elapsed|^exit" "$W/trl-$d.log" | tail -2
 done
-python3 - "$W" "$OUT" "$PEER_WEIGHTS" <<'EOF'
+python3 - "$W" "$OUT" "$PEER_WEIGHTS" "$LORA" <<'EOF'
 import json, re, sys
 from pathlib import Path
 w, out, peers = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split()
@@ -74,7 +78,7 @@ ratio = None
 if best and ours["epoch_step_seconds"]:
     ratio = {"peer": f"TRL, {best[1]} weights", "epoch_steps_ratio": round(best[0] / ours["epoch_step_seconds"], 2),
              "wall_ratio": round(trl[best[1]]["wall_seconds"] / ours["wall_seconds"], 2) if ours["wall_seconds"] else None}
-json.dump({"policy": "random Qwen2.5-0.5B shape, bf16", "pairs": "stepwise pairs of data/prm800k/samples_openr.jsonl",
+json.dump({"policy": "random Qwen2.5-0.5B shape, bf16", "lora_rank": int(sys.argv[4]), "pairs": "stepwise pairs of data/prm800k/samples_openr.jsonl",
            "stepwise": ours, "trl": trl, "against_best_peer": ratio}, open(out, "w"), indent=1)
 print("stepwise: epoch steps", ours["epoch_step_seconds"], "s, wall", ours["wall_seconds"], "s, peak", ours["peak_gib"], "GiB")
 for d, p in trl.items():

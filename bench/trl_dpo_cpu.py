@@ -5,12 +5,14 @@ of the same records), BATCH pairs an optimiser step in one micro-batch, β 0.1, 
 AdamW at a constant learning rate. TRL at its best on this machine: the reference model's
 log-probabilities computed once before training (`precompute_ref_log_probs`, as stepwise does),
 weights in bf16 (`--weights bfloat16`) or float32 with bf16 autocast (`bf16=True`, PyTorch's
-standard mixed precision). Each step's seconds come from a callback around the trainer's steps,
+standard mixed precision). With `--lora-rank R`, PEFT's LoRA (rank R, alpha 2R, every linear
+projection: `target_modules="all-linear"`, no dropout) on the frozen policy, as TRL trains with
+a `peft_config` (its reference is the policy with the adapters switched off). Each step's seconds come from a callback around the trainer's steps,
 the reference pass's from the time before the first step, the peak resident memory from
 getrusage. By hand, never in tests or CI.
 
     /path/to/venv/bin/python bench/trl_dpo_cpu.py --policy DIR --pairs TRL_JSONL --out JSON
-        [--batch 4] [--weights float32|bfloat16]
+        [--batch 4] [--weights float32|bfloat16] [--lora-rank R]
 """
 
 import argparse
@@ -28,6 +30,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--weights", choices=["float32", "bfloat16"], default="bfloat16")
+    ap.add_argument("--lora-rank", type=int, default=0)
     a = ap.parse_args()
 
     import torch
@@ -77,7 +80,14 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(a.policy, dtype=getattr(torch, a.weights))
     clock = Clock()
     started = time.perf_counter()
-    trainer = DPOTrainer(model=model, args=config, train_dataset=data, processing_class=tok, callbacks=[clock])
+    peft_config = None
+    if a.lora_rank:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0,
+                                 target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = DPOTrainer(model=model, args=config, train_dataset=data, processing_class=tok, callbacks=[clock],
+                         peft_config=peft_config)
     trainer.train()
     whole = time.perf_counter() - started
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -88,6 +98,7 @@ def main():
         "pairs": len(rows),
         "batch": a.batch,
         "weights": a.weights,
+        "lora_rank": a.lora_rank,
         "seconds_per_step": [round(s, 2) for s in clock.steps],
         "before_first_step_seconds": round(clock.first - started, 1) if clock.first else None,
         "train_seconds": round(whole, 1),

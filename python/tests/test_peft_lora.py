@@ -1,0 +1,73 @@
+"""LoRA adapters stepwise trains (``lora_rank=`` on ``stepwise.dpo``, ``stepwise.rl``,
+``stepwise.train_prm``; ``--lora-rank`` on the commands) load into PEFT as pip installs it:
+``PeftModel.from_pretrained`` on the base gives, merged, the weights of the model stepwise
+wrote beside the adapters, for a causal LM (DPO) and for a PRM with a new head (PEFT's
+``modules_to_save``).
+
+Skipped where PEFT is not installed (it brings PyTorch); ``STEPWISE_REQUIRE_PEFT=1`` (CI, where
+verl's install brings it) turns the skip into a failure."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+if importlib.util.find_spec("peft") is None:
+    if os.environ.get("STEPWISE_REQUIRE_PEFT"):
+        raise RuntimeError("STEPWISE_REQUIRE_PEFT is set but peft is not installed")
+    pytest.skip("peft is not installed", allow_module_level=True)
+
+import torch  # noqa: E402
+from peft import PeftModel  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification  # noqa: E402
+
+import stepwise  # noqa: E402
+
+
+def assert_peft_merges_to(model_cls, base_dir, out):
+    """PEFT's adapter on `base_dir`, merged, against the weights stepwise saved in `out`:
+    the adapted projections within the bf16 rounding stepwise's engine computes them in (the
+    base rounded, then the sum: a bf16 step of the largest weight at most), every other tensor
+    equal; the adapters must have moved some projection by more than ten such steps, so that a
+    wrong layout, scale or name could not pass."""
+    theirs = PeftModel.from_pretrained(model_cls.from_pretrained(base_dir, dtype=torch.float32), out)
+    theirs = theirs.merge_and_unload().state_dict()
+    ours = load_file(str(out / "model.safetensors"))
+    base = load_file(str(base_dir / "model.safetensors"))
+    moved, step = 0.0, 0.0
+    for name, want in ours.items():
+        got = theirs[name].float()
+        if name.endswith("_proj.weight"):
+            tolerance = 2.0**-7 * want.abs().max().item()
+            assert (got - want).abs().max().item() <= tolerance, name
+            moved, step = max(moved, (want - base[name].float()).abs().max().item()), max(step, tolerance)
+        else:
+            assert torch.equal(got, want), name
+    assert moved > 10 * step, f"the adapters moved the projections by {moved} (a bf16 step: {step})"
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+
+
+def test_dpo_adapters_load_into_peft(repo, fixtures, tmp_path):
+    policy = fixtures / "qwen2-policy"
+    pairs = stepwise.step_pairs(repo / "data" / "prm800k" / "samples_openr.jsonl")
+    out = tmp_path / "dpo"
+    log = stepwise.dpo(policy, pairs, out, epochs=3, batch_size=4, lr=2e-2, beta=0.5, warmup_ratio=0.0,
+                       lora_rank=4, lora_alpha=32, trainer="packed")
+    assert log[-1]["train"]["loss"] < log[0]["train"]["loss"]
+    assert_peft_merges_to(AutoModelForCausalLM, policy, out)
+
+
+def test_prm_adapters_and_new_head_load_into_peft(fixtures, processbench, tmp_path):
+    records = stepwise.read(processbench)[:16]
+    out = tmp_path / "prm"
+    stepwise.train_prm(records, out, base=fixtures / "qwen2-policy", steps=8, batch_size=4, lr=3e-2,
+                       trainer="packed", lora_rank=4, lora_alpha=32, lora_targets="q,v,down", max_len=256)
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["modules_to_save"] == ["score"] and config["target_modules"] == ["q_proj", "v_proj", "down_proj"]
+    assert_peft_merges_to(AutoModelForTokenClassification, out / "lora-base", out)
+    # The folder is a PRM as any other.
+    prm = stepwise.PRM(out)
+    assert len(prm.score("What is 2 + 3?", ["2 + 3 = 5.", "The answer is 5."])) == 2
