@@ -17,7 +17,8 @@
 # prompt (13, of median length among the first 16: every update then feeds the same tokens).
 #
 # Environment: UPDATES (2), PROMPTS (2), GROUP (4), TOKENS (32), MINIBATCH (8), KL (0.04: the KL
-# penalty's weight, both's; 0 runs both without a reference), TRAINERS ("packed autograd"), PEER_WEIGHTS (none), SAME_PROBLEM (none: the first 16 problems), WORK (/tmp/rl_cpu), OUT (the JSON, default
+# penalty's weight, both's; 0 runs both without a reference), LORA (0: full training; R: LoRA
+# adapters of rank R, alpha 2R, on every linear projection, both's: TRL through PEFT), TRAINERS ("packed autograd"), PEER_WEIGHTS (none), SAME_PROBLEM (none: the first 16 problems), WORK (/tmp/rl_cpu), OUT (the JSON, default
 # $WORK/rl_cpu.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,7 @@ GROUP=${GROUP:-4}
 TOKENS=${TOKENS:-32}
 MINIBATCH=${MINIBATCH:-8}
 KL=${KL:-0.04}
+LORA=${LORA:-0}
 TRAINERS=${TRAINERS:-"packed autograd"}
 PEER_WEIGHTS=${PEER_WEIGHTS:-}
 SAME_PROBLEM=${SAME_PROBLEM:-}
@@ -52,7 +54,7 @@ for t in $TRAINERS; do
     /usr/bin/time -v "${limit[@]}" "$BIN" rl --policy "$W/policy-0.5b" --problems "$W/problems.jsonl" \
         --out "$W/run-$t" --device cpu --trainer "$t" --updates "$UPDATES" --prompts "$PROMPTS" \
         --group-size "$GROUP" --max-tokens "$TOKENS" --minibatch-size "$MINIBATCH" --kl "$KL" --lr 1e-6 \
-        --checkpoint-every 0 > "$W/$t.log" 2>&1
+        --checkpoint-every 0 --lora-rank "$LORA" > "$W/$t.log" 2>&1
     echo "exit $?" >> "$W/$t.log"
     grep -E "Maximum resident|^exit|rror|memory" "$W/$t.log" | tail -3
 done
@@ -62,7 +64,7 @@ for d in $PEER_WEIGHTS; do
     [ "${d#*+}" = compile ] && compile=(--compile)
     "$PY" bench/trl_grpo_cpu.py --policy "$W/policy-0.5b" --problems "$W/problems.jsonl" \
         --out "$W/trl-$d.json" --updates "$UPDATES" --prompts "$PROMPTS" --group "$GROUP" \
-        --tokens "$TOKENS" --kl "$KL" --lr 1e-6 --weights "${d%+compile}" "${compile[@]}" > "$W/trl-$d.log" 2>&1
+        --tokens "$TOKENS" --kl "$KL" --lr 1e-6 --lora-rank "$LORA" --weights "${d%+compile}" "${compile[@]}" > "$W/trl-$d.log" 2>&1
     echo "exit $?" >> "$W/trl-$d.log"
     tail -2 "$W/trl-$d.log"
 done

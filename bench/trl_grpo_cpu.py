@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--kl", type=float, default=0.04)
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="PEFT's LoRA of this rank (alpha 2R, every linear projection) on the frozen policy")
     ap.add_argument("--compile", action="store_true", help="the Trainer's torch_compile (inductor)")
     ap.add_argument("--weights", choices=["float32", "bfloat16"], default="float32",
                     help="float32: mixed precision (f32 weights, bf16 autocast); bfloat16: the weights and "
@@ -99,7 +101,14 @@ def main():
         dataloader_num_workers=0,
     )
     clock = Clock()
-    trainer = GRPOTrainer(model=a.policy, reward_funcs=outcome, args=config, train_dataset=data, callbacks=[clock])
+    peft_config = None
+    if a.lora_rank:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0,
+                                 target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=a.policy, reward_funcs=outcome, args=config, train_dataset=data, callbacks=[clock],
+                          peft_config=peft_config)
     spent = {"generate": 0.0, "reference": 0.0}
 
     def timed(name, f):
@@ -126,6 +135,7 @@ def main():
         "shape": {"prompts": a.prompts, "group": a.group, "max_tokens": a.tokens, "updates": a.updates},
         "gradient_checkpointing": a.gradient_checkpointing,
         "weights": a.weights,
+        "lora_rank": a.lora_rank,
         "torch_compile": a.compile,
         "seconds_per_update": [round(s, 2) for s in clock.steps],
         "train_seconds": round(whole, 1),

@@ -364,11 +364,6 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
         let args = |out: &Path| {
             // The random policy is always wrong: PRIME learns from every group here.
             let filter = if name == "prime" { "0,1" } else { "0.2,0.8" };
-            let lora = if name == "lora" {
-                vec!["--lora-rank", "4", "--lora-targets", "q,v,down"]
-            } else {
-                vec![]
-            };
             let mut args: Vec<String> = vec![
                 "rl".to_string(),
                 "--prime-filter".into(),
@@ -409,7 +404,9 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
                 }
                 .into(),
             ];
-            args.extend(lora.into_iter().map(String::from));
+            if name == "lora" {
+                args.extend(LORA.map(String::from));
+            }
             args
         };
         let a = args(&out);
@@ -438,15 +435,23 @@ fn rl_trains_the_fixture_policy_and_writes_a_loadable_checkpoint() {
             prime_moved_its_implicit_prm_and_score_reads_it(d, &out, &log[1], &before);
         }
         if name == "lora" {
-            let adapter: Value =
-                serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap()).unwrap();
-            assert_eq!(adapter["r"], 4);
-            assert_eq!(adapter["target_modules"], json!(["q_proj", "v_proj", "down_proj"]));
-            assert!(out.join("adapter_model.safetensors").is_file());
+            lora_adapters_are_beside(&out);
         }
         let rerun: Vec<&str> = a.iter().map(String::as_str).collect();
         a_second_run_resumes_and_its_result_samples(d, &out, &problems, &rerun, &after, name);
     }
+}
+
+/// The LoRA case's settings.
+const LORA: [&str; 4] = ["--lora-rank", "4", "--lora-targets", "q,v,down"];
+
+/// `rl` with [`LORA`] wrote PEFT's adapter files beside the policy.
+fn lora_adapters_are_beside(out: &Path) {
+    let adapter: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(adapter["r"], 4);
+    assert_eq!(adapter["target_modules"], json!(["q_proj", "v_proj", "down_proj"]));
+    assert!(out.join("adapter_model.safetensors").is_file());
 }
 
 /// PRIME's implicit PRM moved in training, and `stepwise score` reads its folder as a verifier.
