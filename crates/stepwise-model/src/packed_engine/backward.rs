@@ -342,7 +342,8 @@ pub(super) fn layers_backward<B: TrainBackend>(
         wg.add(b, (li, Matrix::O), &dx16, &a.attn, &mut lg.o, t, h, heads * d)?;
         b.gemm_nn(&dx16, &l.o, Out::Bf16(&mut d_attn), t, h, heads * d, false)?;
         b.attention_backward(&a.qkv, &d_attn, &mut d_qkv, ints, t, heads, kv, d)?;
-        let bias = lg.qkv_bias.as_mut();
+        // A frozen bias (LoRA's base) takes no gradient.
+        let bias = lg.qkv_bias.as_mut().filter(|_| !frozen);
         b.rope_backward(&d_qkv, &dec.cos, &dec.sin, &ints.positions, &mut d_y, bias, t, heads, kv, d)?;
         wg.add(b, (li, Matrix::Qkv), &d_y, &r.normed1, &mut lg.qkv, t, width, h)?;
         b.gemm_nn(&d_y, &l.qkv, Out::F32(&mut d_normed), t, width, h, false)?;
