@@ -414,6 +414,9 @@ def agent_rl(
     device: Optional[Device] = None,
     trainer: str = "auto",
     max_batch_tokens: int = ...,
+    lora_rank: int = 0,
+    lora_alpha: Optional[float] = None,
+    lora_targets: str = "all-linear",
     progress: Union[bool, Callable[[int, int], Any], None] = None,
 ) -> List[Dict[str, Any]]:
     """RL for an agent (GRPO over its own trajectories in `env`, the loss on its actions only):
@@ -422,7 +425,8 @@ def agent_rl(
     added at `goal_weight` and credited by `credit` (`"min_so_far"`, `"own"`, `"progress"`,
     `"return_to_go"`), or `"prime"` (the goal plus an implicit PRM learning online from it). The policy, optimiser and `rl_log.jsonl` go to `out`; a call on the
     same `out` resumes. `device` and `trainer` as `rl`'s (a pretrained policy trains on the
-    packed engine's trainer, a small one with candle's autograd). Returns each update's log."""
+    packed engine's trainer, a small one with candle's autograd). `lora_rank` trains LoRA adapters
+    on the frozen policy, as `rl`. Returns each update's log."""
 
 def train_prm(
     records: Union[Iterable[Record], str, "PathLike[str]"],

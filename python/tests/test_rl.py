@@ -53,6 +53,27 @@ def test_rl_without_a_kl_penalty_runs_no_reference(tmp_path, fixtures, trainer):
         stepwise.rl(fixtures / "qwen2-policy", PROBLEMS, tmp_path / "c", kl=-1.0)
 
 
+def test_rl_with_lora_writes_the_merged_policy_beside_its_adapters(tmp_path, fixtures):
+    """lora_rank: the policy frozen, PEFT's adapter files beside the merged policy; the same call
+    again resumes; another rank on the folder is refused; candle's autograd cannot train LoRA."""
+    spec = f"prm:{fixtures / 'qwen2-prm'}"
+    policy, out = fixtures / "qwen2-policy", tmp_path / "lora"
+    kwargs = {**SMALL, "reward": spec, "trainer": "packed", "lora_rank": 4, "lora_targets": "q,v", "lr": 1e-2}
+    log = stepwise.rl(policy, PROBLEMS, out, **kwargs)
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8.0, ["q_proj", "v_proj"])
+    assert (out / "adapter_model.safetensors").exists()
+    weights = (out / "model.safetensors").read_bytes()
+    assert weights != (policy / "model.safetensors").read_bytes()
+    assert stepwise.rl(policy, PROBLEMS, out, **kwargs) == log and (out / "model.safetensors").read_bytes() == weights
+    with pytest.raises(stepwise.StepwiseError, match="other RL settings"):
+        stepwise.rl(policy, PROBLEMS, out, **{**kwargs, "lora_rank": 8})
+    with pytest.raises(stepwise.StepwiseError, match="LoRA trains on the packed trainer"):
+        stepwise.rl(policy, PROBLEMS, tmp_path / "autograd", **{**kwargs, "trainer": "autograd"})
+    with pytest.raises(ValueError, match="lora_targets"):
+        stepwise.rl(policy, PROBLEMS, tmp_path / "bad", **{**kwargs, "lora_targets": "lm_head"})
+
+
 def test_rl_refuses_what_it_cannot_do(tmp_path, fixtures):
     policy = fixtures / "qwen2-policy"
     with pytest.raises(ValueError, match="outcome, orm:DIR, prm:DIR or prime"):

@@ -523,27 +523,17 @@ fn train_prm_with_lora_trains_a_new_head_on_a_frozen_base() {
         out.display().to_string(),
         fixture("qwen2-policy"),
     );
-    let args = [
-        "train-prm",
-        "--data",
-        &data_arg,
-        "--base",
-        &base,
-        "--head",
-        "classifier",
-        "--steps",
-        "4",
-        "--batch-size",
-        "4",
-        "--lr",
-        "1e-2",
-        "--out",
-        &out_arg,
-        "--trainer",
-        "packed",
-        "--lora-rank",
-        "4",
-    ];
+    let command = "train-prm --data DATA --base BASE --head classifier --steps 4 --batch-size 4 --lr 1e-2 --out OUT \
+                   --trainer packed --lora-rank 4";
+    let args: Vec<&str> = command
+        .split_whitespace()
+        .map(|a| match a {
+            "DATA" => &data_arg,
+            "BASE" => &base,
+            "OUT" => &out_arg,
+            _ => a,
+        })
+        .collect();
     stepwise(&args);
     let adapter: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap()).unwrap();

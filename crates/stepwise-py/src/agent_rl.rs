@@ -27,11 +27,11 @@ use stepwise_rl::{run_agent_rl, AgentReward, AgentRlJob};
 /// on the packed engine's trainer and plays from its own weights (on the CPU, or a GPU with
 /// `device="cuda"` in a CUDA build), a small one with candle's autograd on the CPU. Returns each update's log (`reward`, `accuracy`: the share of episodes that
 /// reached the goal, `kl`, `watched["oracle"]` where the environment judges, `heldout_accuracy`
-/// with `eval_problems`).
+/// with `eval_problems`). `lora_rank` trains LoRA adapters on the frozen policy, as `stepwise.rl`.
 ///
 /// >>> log = stepwise.agent_rl("policy/", stepwise.rooms(64, seed=1), "agent-rl/", reward="oracle", updates=16)
 #[pyfunction]
-#[pyo3(signature = (policy, problems, out, reward="goal", env=None, goal_weight=1.0, updates=16, worlds=4, group_size=8, epochs=1, minibatch_size=32, lr=1e-5, kl=0.04, clip=0.2, credit="min_so_far", temperature=1.0, max_tokens=24, max_actions=30, silent=false, separator="\n", layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, step_timeout=60.0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, progress=None))]
+#[pyo3(signature = (policy, problems, out, reward="goal", env=None, goal_weight=1.0, updates=16, worlds=4, group_size=8, epochs=1, minibatch_size=32, lr=1e-5, kl=0.04, clip=0.2, credit="min_so_far", temperature=1.0, max_tokens=24, max_actions=30, silent=false, separator="\n", layout="auto", prime_beta=0.05, prime_lr=None, prime_filter=(0.2, 0.8), eval_problems=None, eval_every=10, eval_samples=4, checkpoint_every=10, seed=0, step_timeout=60.0, device=None, trainer="auto", max_batch_tokens=stepwise_model::DEFAULT_MAX_BATCH_TOKENS, lora_rank=0, lora_alpha=None, lora_targets="all-linear", progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn agent_rl<'py>(
     py: Python<'py>,
@@ -68,6 +68,9 @@ pub fn agent_rl<'py>(
     device: Option<&Bound<'py, PyAny>>,
     trainer: &str,
     max_batch_tokens: usize,
+    lora_rank: usize,
+    lora_alpha: Option<f32>,
+    lora_targets: &str,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let reward = AgentReward::parse(reward).map_err(|e| value_error(e.to_string()))?;
@@ -79,6 +82,7 @@ pub fn agent_rl<'py>(
     let (env, judged) = environment(env, max_actions, silent, step_timeout)?;
     let cfg = stepwise_rl::RlConfig {
         prime,
+        lora: crate::convert::lora_arg(lora_rank, lora_alpha, lora_targets, seed)?,
         ..crate::rl::grpo_config(
             (updates, worlds, group_size),
             (epochs, minibatch_size, lr, kl, clip),

@@ -97,13 +97,8 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
     }
     let placement = job.placement.resolve()?;
     let tok = Tokenizer::from_dir(job.policy)?;
-    let mut policy = TrainedPolicy::load(
-        job.policy,
-        placement,
-        (job.trainer, cfg.lora.as_ref()),
-        job.max_batch_tokens,
-        cfg.seed,
-    )?;
+    let trainer = (job.trainer, cfg.lora.as_ref());
+    let mut policy = TrainedPolicy::load(job.policy, placement, trainer, job.max_batch_tokens, cfg.seed)?;
     let reference = policy.reference_if(cfg.needs_reference(), job.policy, placement)?;
     let eos = stepwise_model::ModelConfig::from_dir(job.policy)?.eos_token_ids;
     std::fs::create_dir_all(job.out).with_context(|| format!("creating {}", job.out.display()))?;

@@ -44,13 +44,8 @@ pub fn run_dpo(job: DpoJob<'_>, cfg: &DpoConfig, on_step: impl FnMut(&DpoLog)) -
     }
     let placement = job.placement.resolve()?;
     let tok = Tokenizer::from_dir(job.policy)?;
-    let mut policy = TrainedPolicy::load(
-        job.policy,
-        placement,
-        (job.trainer, cfg.lora.as_ref()),
-        job.max_batch_tokens,
-        cfg.seed,
-    )?;
+    let trainer = (job.trainer, cfg.lora.as_ref());
+    let mut policy = TrainedPolicy::load(job.policy, placement, trainer, job.max_batch_tokens, cfg.seed)?;
     let reference = policy.reference(job.policy, placement)?;
     let end = reference
         .config

@@ -131,13 +131,8 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
         None => &outcome,
     };
     let tok = Tokenizer::from_dir(job.policy)?;
-    let mut policy = TrainedPolicy::load(
-        job.policy,
-        placement,
-        (job.trainer, cfg.lora.as_ref()),
-        job.max_batch_tokens,
-        cfg.seed,
-    )?;
+    let trainer = (job.trainer, cfg.lora.as_ref());
+    let mut policy = TrainedPolicy::load(job.policy, placement, trainer, job.max_batch_tokens, cfg.seed)?;
     let reference = policy.reference_if(cfg.needs_reference(), job.policy, placement)?;
     let mut stop = ModelConfig::from_dir(job.policy)?.eos_token_ids;
     stop.extend(tok.eos_id());
