@@ -496,6 +496,15 @@ fn on_packed(
         let model = spec.build(&varmap, &crate::default_device(), a.seed)?;
         crate::checkpoint::save_training_checkpoint(dir, &model.config, &varmap)
     };
+    let resumed = a.out.join(super::STATE).exists();
+    let was_lora = a.out.join("adapter_config.json").exists();
+    if resumed && was_lora != a.lora.is_some() {
+        let (then, now) = if was_lora { ("with", "without") } else { ("without", "with") };
+        bail!(
+            "{} was trained {then} LoRA; continuing it {now} would mix the two: give the same --lora-rank, or use another folder",
+            a.out.display()
+        );
+    }
     let start = if a.lora.is_some() {
         // LoRA's trainer always starts from its frozen base (a resumed run's adapters and head
         // are read from the run's folder): `--base`, or the base with its new head, written
@@ -504,7 +513,7 @@ fn on_packed(
             true => a.base.clone().expect("checked above"),
             false => lora_base(&a.out, fresh)?,
         }
-    } else if a.out.join(super::STATE).exists() {
+    } else if resumed {
         a.out.clone()
     } else if base_fits {
         a.base.clone().expect("checked above")
