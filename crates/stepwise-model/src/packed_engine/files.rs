@@ -161,7 +161,6 @@ impl Base {
         }
         Ok(Base { maps, at })
     }
-
 }
 
 /// Where a LoRA trainer's frozen tensors are written from: their base checkpoint as stored, the
@@ -190,7 +189,8 @@ impl<'a, B: TrainBackend> Frozen<'a, B> {
 /// Which of a trainer's values a file holds.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {
-    /// The model's (a frozen one's from the decoder, LoRA's merged into it): `model.safetensors`.
+    /// The model's (a frozen tensor as its base stores it, an adapted one merged from the
+    /// decoder's copy): `model.safetensors`.
     Model,
     /// Every trained value (the masters, LoRA's adapters among them): a resume's.
     Trained,
