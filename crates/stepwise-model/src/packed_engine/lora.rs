@@ -143,8 +143,14 @@ fn modules(cfg: &ModelConfig, m: Matrix) -> Vec<(&'static str, usize)> {
 
 /// The checkpoint (PEFT) name of a module's adapter half (`A` or `B`) in layer `i`.
 pub(super) fn peft_name(i: usize, module: &str, half: char) -> String {
+    let weight = weight_name(i, module);
+    format!("base_model.model.{}.lora_{half}.weight", weight.trim_end_matches(".weight"))
+}
+
+/// The checkpoint name of layer `i`'s `module` weight.
+fn weight_name(i: usize, module: &str) -> String {
     let block = if ["gate_proj", "up_proj", "down_proj"].contains(&module) { "mlp" } else { "self_attn" };
-    format!("base_model.model.model.layers.{i}.{block}.{module}.lora_{half}.weight")
+    format!("model.layers.{i}.{block}.{module}.weight")
 }
 
 impl<B: TrainBackend> Adapters<B> {
@@ -165,7 +171,7 @@ impl<B: TrainBackend> Adapters<B> {
                 let (mut parts, mut a_spec, mut b_spec, mut row) = (Vec::new(), Vec::new(), Vec::new(), 0);
                 for (module, rows) in modules(cfg, matrix) {
                     if config.targets.iter().any(|t| t == module) {
-                        adapted.insert(peft_name(li, module, 'A').replace("base_model.model.", "").replace(".lora_A", ""));
+                        adapted.insert(weight_name(li, module));
                         parts.push((row, rows));
                         a_spec.push((peft_name(li, module, 'A'), vec![r, held_k(cfg, matrix)]));
                         b_spec.push((peft_name(li, module, 'B'), vec![rows, r]));
