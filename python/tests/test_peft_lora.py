@@ -71,3 +71,72 @@ def test_prm_adapters_and_new_head_load_into_peft(fixtures, processbench, tmp_pa
     # The folder is a PRM as any other.
     prm = stepwise.PRM(out)
     assert len(prm.score("What is 2 + 3?", ["2 + 3 = 5.", "The answer is 5."])) == 2
+
+
+def peft_adapter(model, target_modules, out, task_type=None):
+    """`model` with PEFT's LoRA (rank 4, alpha 8, both halves drawn at random so that the
+    adapter moves the weights), saved as PEFT saves it: adapter files only."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=target_modules, init_lora_weights=False,
+                        task_type=task_type)
+    peft_model = get_peft_model(model, config)
+    peft_model.save_pretrained(out)
+    assert not (out / "config.json").exists() and (out / "adapter_model.safetensors").is_file()
+    return peft_model.merge_and_unload().state_dict()
+
+
+def merged_folder(cache):
+    """The one model stepwise merged into its cache."""
+    found = [p for p in (cache / "merged").iterdir() if not p.name.startswith(".")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def assert_same_weights(theirs, folder, base_dir):
+    """stepwise's merged weights are PEFT's merge within 1e-6, and the adapter moved some of them
+    (by more than 1e-2), so that an adapter left out could not pass."""
+    ours = load_file(str(folder / "model.safetensors"))
+    base = load_file(str(base_dir / "model.safetensors"))
+    moved = 0.0
+    for name, want in ours.items():
+        assert torch.allclose(theirs[name].float(), want.float(), atol=1e-6), name
+        if name in base:
+            moved = max(moved, (want.float() - base[name].float()).abs().max().item())
+    assert moved > 1e-2, moved
+
+
+def test_a_peft_adapter_reads_as_a_policy(fixtures, tmp_path, monkeypatch):
+    """An adapter PEFT wrote on the policy (every linear projection) is a policy to stepwise:
+    merged once into STEPWISE_CACHE, its weights PEFT's own merge, and it samples."""
+    monkeypatch.setenv("STEPWISE_CACHE", str(tmp_path / "cache"))
+    policy = fixtures / "qwen2-policy"
+    adapter = tmp_path / "policy-adapter"
+    theirs = peft_adapter(AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32), "all-linear", adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(policy)
+    sampler = stepwise.Policy(adapter, max_tokens=8)
+    assert len(sampler.generate("What is 2 + 3?", n=2)) == 2
+    merged = merged_folder(tmp_path / "cache")
+    assert_same_weights(theirs, merged, policy)
+    options = ["5.", "6."]
+    assert sampler.loglikelihood("What is 2 + 3?", options) == stepwise.Policy(merged).loglikelihood(
+        "What is 2 + 3?", options)
+
+
+def test_a_peft_token_classifier_adapter_reads_as_a_prm(fixtures, tmp_path, monkeypatch):
+    """PEFT's TOKEN_CLS adapter on a causal LM (its new `score` head in `modules_to_save`) is a
+    PRM to stepwise, scoring as the model PEFT merges does: the same weights, the same scores as
+    the merged folder itself."""
+    monkeypatch.setenv("STEPWISE_CACHE", str(tmp_path / "cache"))
+    policy = fixtures / "qwen2-policy"
+    adapter = tmp_path / "prm-adapter"
+    base = AutoModelForTokenClassification.from_pretrained(policy, num_labels=2, dtype=torch.float32)
+    theirs = peft_adapter(base, ["q_proj", "v_proj"], adapter, task_type="TOKEN_CLS")
+    steps = ["2 + 3 = 5.", "The answer is 5."]
+    scores = stepwise.PRM(adapter).score("What is 2 + 3?", steps)
+    merged = merged_folder(tmp_path / "cache")
+    assert json.loads((merged / "config.json").read_text())["architectures"] == ["Qwen2ForTokenClassification"]
+    assert_same_weights(theirs, merged, policy)
+    assert scores == stepwise.PRM(merged).score("What is 2 + 3?", steps)

@@ -35,6 +35,7 @@ engine! {
     pub mod model;
     pub mod packed;
     pub mod packed_engine;
+    pub mod peft;
     pub mod placement;
     pub mod policy;
     pub mod pooler;
@@ -70,7 +71,21 @@ engine! {
 #[cfg(not(feature = "engine"))]
 pub use stepwise_text::log_ratio;
 /// The text side (`stepwise-text`), under the paths it has always had here.
-pub use stepwise_text::{chat_turns, hub, prompt, tokenizer};
+pub use stepwise_text::{chat_turns, prompt, tokenizer};
+
+/// Checkpoints by Hugging Face model id (`stepwise-text`'s [`stepwise_text::hub`]), and with the
+/// engine PEFT LoRA adapter folders merged onto their base ([`peft`]).
+pub mod hub {
+    pub use stepwise_text::hub::*;
+
+    /// A checkpoint folder from a command-line argument ([`stepwise_text::hub::resolve`]: a
+    /// folder, or a model id found in the cache or downloaded); a PEFT adapter's folder or id
+    /// gives its merged model ([`crate::peft::resolve`]).
+    #[cfg(feature = "engine")]
+    pub fn resolve(arg: &str) -> anyhow::Result<std::path::PathBuf> {
+        crate::peft::resolve(stepwise_text::hub::resolve(arg)?, stepwise_text::hub::resolve)
+    }
+}
 
 pub use layout::PrmLayout;
 pub use prompt::Prompt;

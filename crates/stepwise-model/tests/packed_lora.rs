@@ -293,3 +293,38 @@ fn a_killed_lora_training_run_resumes_to_the_same_adapters() {
         "killed at step 5 and resumed, the adapters differ"
     );
 }
+
+/// With the adapters off the decoder is the frozen base to the bit (an RL or DPO run's reference
+/// without a second copy), and on again after: the trained policy's log-probabilities as before.
+/// A reward model's head trains in full, so its base is not the adapted model's: refused.
+#[test]
+fn with_the_adapters_off_the_decoder_is_the_base() {
+    use stepwise_model::train::packed::sequence_logprobs;
+    let dir = fixtures().join("qwen2-policy");
+    let seqs: Vec<Vec<u32>> = lm_examples(3, 5).iter().map(|e| e.ids.clone()).collect();
+    let seqs: Vec<&[u32]> = seqs.iter().map(|s| s.as_slice()).collect();
+    let base = sequence_logprobs(&trainer(&dir, None).decoder, &seqs, 4096).unwrap();
+    let mut t = trainer(&dir, Some(LoraConfig::new(8)));
+    assert!(t.has_frozen_base());
+    for _ in 0..3 {
+        lm_backward(&mut t, &lm_examples(8, 3));
+        t.update(1e-2, 0.0, None, 1).unwrap();
+    }
+    let trained = sequence_logprobs(&t.decoder, &seqs, 4096).unwrap();
+    assert_ne!(trained, base, "the adapters moved the policy");
+    let off = t.with_adapters_off(|dec| sequence_logprobs(dec, &seqs, 4096)).unwrap();
+    assert_eq!(off, base);
+    assert_eq!(sequence_logprobs(&t.decoder, &seqs, 4096).unwrap(), trained);
+
+    let lent = std::sync::Arc::clone(&t.decoder);
+    let err = t.with_adapters_off(|_| Ok(())).unwrap_err().to_string();
+    assert!(err.contains("lent"), "{err}");
+    drop(lent);
+    let full = &mut trainer(&dir, None);
+    assert!(!full.has_frozen_base() && full.with_adapters_off(|_| Ok(())).is_err());
+    let prm = fixtures().join("qwen2-prm");
+    let mut head = trainer(&prm, Some(LoraConfig::new(4)));
+    assert!(!head.has_frozen_base());
+    let err = head.with_adapters_off(|_| Ok(())).unwrap_err().to_string();
+    assert!(err.contains("head trains in full"), "{err}");
+}

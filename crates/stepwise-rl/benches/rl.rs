@@ -68,7 +68,7 @@ fn main() -> Result<()> {
     let log = train_rl(
         RlRun {
             learner: &mut CandleLearner::new(&mut policy)?,
-            reference: Some(&reference),
+            reference: stepwise_rl::Reference::Model(&reference),
             tokenizer: &tok,
             prompt: Prompt::Pieces,
             separator: "|".into(),

@@ -12,7 +12,7 @@ use crate::advantage::step_advantages;
 use crate::learner::Learner;
 use crate::prime::{ImplicitPrm, OnlinePrm};
 use crate::rollout::Sequence;
-use crate::trainer::{Heldout, RlConfig, UpdateLog};
+use crate::trainer::{Heldout, Reference, RlConfig, UpdateLog};
 use crate::updates::{mean_rewards, rng_seed, run_updates, Core, Sampler, Samples};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
@@ -28,7 +28,7 @@ pub struct AgentRlRun<'a> {
     /// The policy being trained, where it trains.
     pub learner: &'a mut dyn Learner,
     /// The frozen starting policy ([`crate::trainer::RlRun::reference`]).
-    pub reference: Option<&'a Model>,
+    pub reference: Reference<'a>,
     /// The tokenizer.
     pub tokenizer: &'a Tokenizer,
     /// How the task and the turns so far become the prompt.

@@ -14,7 +14,7 @@
 
 use crate::agent::{train_agent_rl, AgentRlRun};
 use crate::job::{implicit_prm, TrainedPolicy};
-use crate::trainer::{Heldout, RlConfig, UpdateLog};
+use crate::trainer::{Heldout, Reference, RlConfig, UpdateLog};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use stepwise_agent::{Games, GoalReward, LabelReward, Oracle};
@@ -153,7 +153,7 @@ pub fn run_agent_rl(job: AgentRlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&
     let log = policy.with_learner(|learner| {
         let run = AgentRlRun {
             learner,
-            reference: reference.as_ref(),
+            reference: Reference::pick(reference.as_ref(), cfg.needs_reference()),
             params: action_params(&tok, &eos, cfg.max_new_tokens),
             end: tok.eos_token.clone().unwrap_or_default(),
             tokenizer: &tok,

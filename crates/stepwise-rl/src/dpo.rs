@@ -11,7 +11,8 @@
 //! is the larger.
 //!
 //! The reference's log-probabilities are taken once, before the first step; a reference the run
-//! owns ([`Frozen::Owned`]) is then let go, so training holds the policy's weights once. The
+//! owns ([`Frozen::Owned`]) is then let go, so training holds the policy's weights once, and a
+//! learner training LoRA's adapters reads them from its own frozen base ([`Frozen::Base`]). The
 //! pairs are shuffled each epoch (seeded); every `batch_size` pairs make one optimiser step, in
 //! passes of `minibatch_size` pairs. A checkpoint every `checkpoint_every` steps; a run started again on
 //! the same folder continues from it to the same weights.
@@ -286,14 +287,18 @@ pub enum Frozen<'a> {
     /// The run's own: let go once its log-probabilities are taken, before the first step (a
     /// 0.5B policy's bf16 weights are 1.2 GiB that training no longer holds beside its own).
     Owned(Box<Model>),
+    /// The learner's frozen base, its LoRA adapters switched off for the pass
+    /// ([`Learner::base_logprobs`]; TRL with PEFT does the same): never a second copy.
+    Base,
 }
 
 impl Frozen<'_> {
-    /// The model.
-    pub fn model(&self) -> &Model {
+    /// The model, where the reference is one of its own.
+    pub fn model(&self) -> Option<&Model> {
         match self {
-            Frozen::Shared(m) => m,
-            Frozen::Owned(m) => m,
+            Frozen::Shared(m) => Some(m),
+            Frozen::Owned(m) => Some(m),
+            Frozen::Base => None,
         }
     }
 }
@@ -345,8 +350,8 @@ pub fn train_dpo(run: DpoRun<'_>, cfg: &DpoConfig, mut on_step: impl FnMut(&DpoL
         // A finished run, read back: no reference pass.
         return Ok(log);
     }
-    let ref_train = reference_sums(reference.model(), pairs, cfg.minibatch_size)?;
-    let ref_eval = reference_sums(reference.model(), eval, cfg.minibatch_size)?;
+    let ref_train = reference_sums(&reference, learner, pairs, cfg.minibatch_size)?;
+    let ref_eval = reference_sums(&reference, learner, eval, cfg.minibatch_size)?;
     drop(reference);
     let mut tokens = log.last().map_or(0, |l| l.tokens);
     for step in log.len()..total {
@@ -430,10 +435,17 @@ fn resume(learner: &mut dyn Learner, dir: Option<&Path>, cfg: &DpoConfig, finger
     Ok(state.log)
 }
 
-/// The reference's summed completion log-probabilities of `pairs` (chosen, rejected, …).
-fn reference_sums(reference: &Model, pairs: &[TokenPair], minibatch: usize) -> Result<Vec<f64>> {
-    let (sums, _) = completion_sums(pairs, |ids| {
-        sequence_logprobs(reference, ids, 2 * minibatch, stepwise_model::DEFAULT_MAX_BATCH_TOKENS)
+/// The reference's summed completion log-probabilities of `pairs` (chosen, rejected, …): its
+/// own model's, or the `learner`'s frozen base's.
+fn reference_sums(
+    reference: &Frozen<'_>,
+    learner: &mut dyn Learner,
+    pairs: &[TokenPair],
+    minibatch: usize,
+) -> Result<Vec<f64>> {
+    let (sums, _) = completion_sums(pairs, |ids| match reference.model() {
+        Some(model) => sequence_logprobs(model, ids, 2 * minibatch, stepwise_model::DEFAULT_MAX_BATCH_TOKENS),
+        None => learner.base_logprobs(ids),
     })?;
     Ok(sums)
 }

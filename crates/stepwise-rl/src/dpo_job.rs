@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use std::path::Path;
 use stepwise_core::preference::PreferencePair;
 use stepwise_model::train::run::Trainer;
-use stepwise_model::{Placement, Prompt, Tokenizer};
+use stepwise_model::{ModelConfig, Placement, Prompt, Tokenizer};
 
 /// A DPO run, as the front ends describe it.
 pub struct DpoJob<'a> {
@@ -46,9 +46,13 @@ pub fn run_dpo(job: DpoJob<'_>, cfg: &DpoConfig, on_step: impl FnMut(&DpoLog)) -
     let tok = Tokenizer::from_dir(job.policy)?;
     let trainer = (job.trainer, cfg.lora.as_ref());
     let mut policy = TrainedPolicy::load(job.policy, placement, trainer, job.max_batch_tokens, cfg.seed)?;
-    let reference = policy.reference(job.policy, placement)?;
-    let end = reference
-        .config
+    // The reference: the learner's frozen base with LoRA, else the policy loaded again.
+    let reference = match policy.has_base() {
+        true => Frozen::Base,
+        false => Frozen::Owned(Box::new(policy.reference(job.policy, placement)?)),
+    };
+    let config = ModelConfig::from_dir(job.policy)?;
+    let end = config
         .eos_token_ids
         .first()
         .copied()
@@ -61,7 +65,7 @@ pub fn run_dpo(job: DpoJob<'_>, cfg: &DpoConfig, on_step: impl FnMut(&DpoLog)) -
             .map(|p| tokenize_pair(&tok, prompt, &job.separator, end, p))
             .collect()
     };
-    let context = reference.config.max_position_embeddings;
+    let context = config.max_position_embeddings;
     let (pairs, eval) = (
         fitting(lay_out(job.pairs)?, context, "")?,
         fitting(lay_out(job.eval)?, context, "held-out ")?,
@@ -71,7 +75,7 @@ pub fn run_dpo(job: DpoJob<'_>, cfg: &DpoConfig, on_step: impl FnMut(&DpoLog)) -
     let log = policy.with_learner(|learner| {
         let run = DpoRun {
             learner,
-            reference: Frozen::Owned(Box::new(reference)),
+            reference,
             pairs: &pairs,
             eval: &eval,
             out_dir: Some(job.out.to_path_buf()),

@@ -8,7 +8,7 @@
 
 use crate::learner::{packed_learner, CandleLearner, Learner};
 use crate::prime::{ImplicitPrm, OnlinePrm};
-use crate::trainer::{train_rl, Heldout, RlConfig, RlRun, UpdateLog};
+use crate::trainer::{train_rl, Heldout, Reference, RlConfig, RlRun, UpdateLog};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use stepwise_core::seams::{MathTask, OutcomeReward, Reward, RewardKind, ScorerReward};
@@ -152,7 +152,7 @@ pub fn run_rl(job: RlJob<'_>, cfg: &RlConfig, on_update: impl FnMut(&UpdateLog))
     let log = policy.with_learner(|learner| {
         let run = RlRun {
             learner,
-            reference: reference.as_ref(),
+            reference: Reference::pick(reference.as_ref(), cfg.needs_reference()),
             tokenizer: &tok,
             prompt: if job.chat { Prompt::Chat } else { Prompt::Text },
             separator: job.separator.clone(),
@@ -225,10 +225,21 @@ impl TrainedPolicy {
         }
     }
 
-    /// [`TrainedPolicy::reference`] where `needed` (a KL penalty or PRIME), else none: a 0.5B
-    /// policy's bf16 weights and a pass over every update's samples saved.
+    /// [`TrainedPolicy::reference`] where `needed` (a KL penalty or PRIME) and the learner has no
+    /// frozen base to read it from (LoRA's: [`Learner::has_base`]), else none: a 0.5B policy's
+    /// bf16 weights saved ([`Reference::pick`] then says where the run's reference is).
     pub(crate) fn reference_if(&self, needed: bool, dir: &Path, placement: Placement) -> Result<Option<Model>> {
-        needed.then(|| self.reference(dir, placement)).transpose()
+        (needed && !self.has_base())
+            .then(|| self.reference(dir, placement))
+            .transpose()
+    }
+
+    /// Whether the learner reads its frozen base ([`Learner::has_base`]).
+    pub(crate) fn has_base(&self) -> bool {
+        match self {
+            TrainedPolicy::Packed(learner) => learner.has_base(),
+            TrainedPolicy::Candle(_) => false,
+        }
     }
 
     /// Whether the packed engine's trainer holds it.

@@ -41,6 +41,18 @@ pub trait Learner {
     fn old_logprobs_in_backward(&self) -> bool {
         false
     }
+    /// Whether the learner trains LoRA's adapters on a frozen causal LM, whose log-probabilities
+    /// [`Learner::base_logprobs`] reads: the starting policy without a second copy of it.
+    fn has_base(&self) -> bool {
+        false
+    }
+    /// Each sequence's token log-probabilities (as [`Learner::logprobs`]) under the frozen model
+    /// the learner's adapters sit on, the adapters off (PEFT's `disable_adapter()`); refused by a
+    /// learner without one ([`Learner::has_base`]).
+    fn base_logprobs(&mut self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let _ = seqs;
+        anyhow::bail!("the learner trains every weight: it has no frozen base (LoRA) to take a reference from")
+    }
     /// The gradients of `batch`'s policy loss (PPO-clip `clip` with the k3
     /// KL penalty `kl_coef`) added to the learner's; returns the loss and what it saw.
     fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)>;
@@ -240,6 +252,16 @@ impl<B: TrainBackend> Learner for PackedLearner<B> {
 
     fn old_logprobs_in_backward(&self) -> bool {
         true
+    }
+
+    fn has_base(&self) -> bool {
+        self.trainer.has_frozen_base()
+    }
+
+    fn base_logprobs(&mut self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let max_tokens = self.max_tokens;
+        self.trainer
+            .with_adapters_off(|dec| stepwise_model::train::packed::sequence_logprobs(dec, seqs, max_tokens))
     }
 
     fn backward(&mut self, batch: &[&Sequence], clip: f32, kl_coef: f32) -> Result<(f64, LossStats)> {

@@ -49,4 +49,4 @@ pub use job::{run_rl, RlJob, RlReward};
 pub use learner::{CandleLearner, Learner, PackedLearner};
 pub use loss::{policy_loss, LossStats};
 pub use prime::{ImplicitPrm, PrimeConfig, PrimeLog};
-pub use trainer::{train_rl, RlConfig, UpdateLog};
+pub use trainer::{train_rl, Reference, RlConfig, UpdateLog};

@@ -208,15 +208,45 @@ impl Heldout<'_> {
     }
 }
 
+/// Where an RL run's reference log-probabilities (the frozen starting policy's) come from.
+#[derive(Clone, Copy)]
+pub enum Reference<'a> {
+    /// No reference: no KL term and no PRIME (a 0.5B policy's bf16 weights and a pass over
+    /// every update's samples saved).
+    None,
+    /// A model of its own: the starting policy loaded a second time.
+    Model(&'a Model),
+    /// The learner's frozen base, its LoRA adapters switched off for the pass
+    /// ([`Learner::base_logprobs`]; TRL with PEFT does the same): no second copy.
+    Base,
+}
+
+impl<'a> Reference<'a> {
+    /// The reference a run needs (`needed`: [`RlConfig::needs_reference`]): `own` where the
+    /// caller loaded one, else the learner's frozen base; none where not needed and not loaded.
+    pub fn pick(own: Option<&'a Model>, needed: bool) -> Self {
+        match (own, needed) {
+            (Some(model), _) => Reference::Model(model),
+            (None, true) => Reference::Base,
+            (None, false) => Reference::None,
+        }
+    }
+
+    /// Whether there is one.
+    pub fn is_some(&self) -> bool {
+        !matches!(self, Reference::None)
+    }
+}
+
 /// Everything an RL run works on.
 pub struct RlRun<'a> {
     /// The policy being trained, where it trains (candle's [`crate::CandleLearner`] on the CPU, the
     /// packed engine's [`crate::PackedLearner`] on a GPU or the CPU).
     pub learner: &'a mut dyn Learner,
-    /// The frozen starting policy: the KL penalty's reference, and PRIME's. It may be left out
-    /// where [`RlConfig::needs_reference`] says neither is used; given anyway, the KL to it is
-    /// measured and logged.
-    pub reference: Option<&'a Model>,
+    /// The frozen starting policy: the KL penalty's reference, and PRIME's. It may be
+    /// [`Reference::None`] where [`RlConfig::needs_reference`] says neither is used; given
+    /// anyway, the KL to it is measured and logged.
+    pub reference: Reference<'a>,
     /// The tokenizer.
     pub tokenizer: &'a Tokenizer,
     /// How the question becomes the prompt.

@@ -8,7 +8,7 @@
 use crate::learner::Learner;
 use crate::prime::{prime_advantages, OnlinePrm, PrimeLog};
 use crate::rollout::{sequence_logprobs, Sequence};
-use crate::trainer::{RlConfig, UpdateLog};
+use crate::trainer::{Reference, RlConfig, UpdateLog};
 use anyhow::{bail, Context, Result};
 use rand::seq::{index::sample, SliceRandom};
 use rand::SeedableRng;
@@ -56,7 +56,7 @@ pub(crate) struct Core<'a> {
     /// The policy, where it trains.
     pub learner: &'a mut dyn Learner,
     /// The frozen starting policy, where the run has it.
-    pub reference: Option<&'a Model>,
+    pub reference: Reference<'a>,
     /// The prompts.
     pub problems: &'a [Problem],
     /// Checkpoint folder (resumed from when it holds one).
@@ -184,14 +184,15 @@ impl Core<'_> {
             false => self.learner.logprobs(&all, cfg.minibatch_size)?,
         };
         let refs = match self.reference {
-            Some(reference) => sequence_logprobs(
+            Reference::Model(reference) => sequence_logprobs(
                 reference,
                 &all,
                 cfg.minibatch_size,
                 stepwise_model::DEFAULT_MAX_BATCH_TOKENS,
             )?,
+            Reference::Base => self.learner.base_logprobs(&all)?,
             // No reference: no KL term in the loss (an empty row), and no pass.
-            None => vec![Vec::new(); all.len()],
+            Reference::None => vec![Vec::new(); all.len()],
         };
         for ((q, o), r) in s.seqs.iter_mut().zip(old).zip(refs) {
             q.old_logprobs = o;
@@ -256,8 +257,11 @@ pub(crate) fn run_updates(
     sampler: &mut dyn Sampler,
     mut on_update: impl FnMut(&UpdateLog),
 ) -> Result<Vec<UpdateLog>> {
-    if core.reference.is_none() && cfg.needs_reference() {
+    if matches!(core.reference, Reference::None) && cfg.needs_reference() {
         bail!("a KL penalty (kl_coef / --kl above 0) and PRIME need the reference policy: the run was given none");
+    }
+    if matches!(core.reference, Reference::Base) && !core.learner.has_base() {
+        bail!("the reference is the learner's frozen base, but it trains every weight (no LoRA): load the starting policy as the reference");
     }
     let mut log = core.resume(cfg)?;
     let (mut sampled, mut updated) = log.last().map_or((0, 0), |l| (l.sampled_tokens, l.updated_tokens));
@@ -289,7 +293,7 @@ pub(crate) fn run_updates(
             update: u + 1,
             reward: samples.reward_sum / n,
             accuracy: samples.correct as f64 / n,
-            kl: core.reference.map(|_| st.kl / steps),
+            kl: core.reference.is_some().then(|| st.kl / steps),
             clip_fraction: st.clip / steps,
             loss: st.loss / steps,
             sampled_tokens: sampled,

@@ -12,7 +12,9 @@ use stepwise_core::seams::{ActionKind, Environment, Episode, Observation, Reward
 use stepwise_core::Problem;
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, Prompt, SamplingParams, Tokenizer};
-use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, ImplicitPrm, PrimeConfig, RlConfig, UpdateLog};
+use stepwise_rl::{
+    train_agent_rl, AgentRlRun, CandleLearner, Credit, ImplicitPrm, PrimeConfig, Reference, RlConfig, UpdateLog,
+};
 
 const WORDS: [&str; 9] = ["<pad>", "<unk>", "<eos>", "|", "q", "a", "b", "o", "Observation:"];
 
@@ -135,7 +137,7 @@ fn try_train(
     let problems = worlds();
     let run = AgentRlRun {
         learner: &mut CandleLearner::new(&mut model).unwrap(),
-        reference: Some(&reference),
+        reference: Reference::Model(&reference),
         tokenizer: &tok,
         prompt: Prompt::Pieces,
         separator: "|".into(),

@@ -238,3 +238,50 @@ fn a_killed_run_resumes_to_the_uninterrupted_runs_weights() {
     let e = run_into(&cut, &cfg, &pairs[..1], &|_| {}).unwrap_err().to_string();
     assert!(e.contains("other pairs"), "{e}");
 }
+
+/// With LoRA the reference is the learner's own frozen base (its adapters off for the pass):
+/// the run logs what the same run beside a second copy of the starting policy logs, step by
+/// step, and a learner training every weight is refused it.
+#[test]
+fn a_lora_run_takes_its_reference_from_its_frozen_base() {
+    let pairs = token_pairs();
+    let start = tempfile::tempdir().unwrap();
+    let (start_model, varmap) = common::tiny_policy(WORDS.len(), 3);
+    stepwise_model::checkpoint::save_checkpoint(start.path(), &start_model.config, &varmap).unwrap();
+    let second_copy = Model::load_packed(start.path(), stepwise_model::Placement::Cpu).unwrap();
+    let cfg = DpoConfig {
+        lora: Some(stepwise_model::packed_engine::LoraConfig::new(4)),
+        ..config()
+    };
+    let learner = || {
+        stepwise_rl::learner::packed_learner(start.path(), stepwise_model::Placement::Cpu, 4096, cfg.lora.clone())
+            .unwrap()
+    };
+    let mut logs = Vec::new();
+    for reference in [Frozen::Shared(&second_copy), Frozen::Base] {
+        let mut learner = learner();
+        let run = DpoRun {
+            learner: &mut *learner,
+            reference,
+            pairs: &pairs,
+            eval: &pairs,
+            out_dir: None,
+        };
+        logs.push(train_dpo(run, &cfg, |_| {}).unwrap());
+    }
+    let losses = |log: &[DpoLog]| -> Vec<(f64, f64)> { log.iter().map(|l| (l.train.loss, l.train.margin)).collect() };
+    assert_eq!(losses(&logs[0]), losses(&logs[1]));
+    assert!(logs[1].last().unwrap().train.loss < logs[1][0].train.loss);
+
+    let mut full =
+        stepwise_rl::learner::packed_learner(start.path(), stepwise_model::Placement::Cpu, 4096, None).unwrap();
+    let run = DpoRun {
+        learner: &mut *full,
+        reference: Frozen::Base,
+        pairs: &pairs,
+        eval: &[],
+        out_dir: None,
+    };
+    let err = train_dpo(run, &config(), |_| {}).unwrap_err().to_string();
+    assert!(err.contains("no frozen base"), "{err}");
+}

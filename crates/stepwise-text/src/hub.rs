@@ -43,8 +43,12 @@ pub fn resolve(arg: &str) -> Result<PathBuf> {
     }
 }
 
-/// A snapshot with its config and every weight file: those its safetensors index names, or one.
+/// A snapshot with its config and every weight file: those its safetensors index names, or one;
+/// or a PEFT adapter's, with its settings and weights.
 pub fn complete(snapshot: &Path) -> bool {
+    if snapshot.join("adapter_config.json").is_file() && !snapshot.join("config.json").exists() {
+        return snapshot.join("adapter_model.safetensors").is_file();
+    }
     if !snapshot.join("config.json").is_file() {
         return false;
     }
@@ -58,7 +62,8 @@ pub fn complete(snapshot: &Path) -> bool {
         None => std::fs::read_dir(snapshot).is_ok_and(|entries| {
             entries
                 .filter_map(|e| e.ok())
-                .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .any(|f| f.ends_with(".safetensors") && f != "adapter_model.safetensors")
         }),
     }
 }
@@ -196,7 +201,20 @@ fn looks_like_model_id(arg: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::looks_like_model_id;
+    use super::{complete, looks_like_model_id};
+
+    #[test]
+    fn a_peft_adapters_snapshot_is_complete_with_its_settings_and_weights() {
+        let dir = std::env::temp_dir().join(format!("stepwise-hub-adapter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("adapter_config.json"), "{}").unwrap();
+        assert!(!complete(&dir), "the weights are missing");
+        std::fs::write(dir.join("adapter_model.safetensors"), "").unwrap();
+        assert!(complete(&dir));
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        assert!(!complete(&dir), "a model folder needs its own weights");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn model_ids_and_paths_are_told_apart() {

@@ -30,7 +30,9 @@ use stepwise_eval::bon::bootstrap;
 use stepwise_eval::paired::{paired_by_id, PairedDifference};
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, ModelConfig, Prompt};
-use stepwise_rl::{train_agent_rl, AgentRlRun, CandleLearner, Credit, ImplicitPrm, PrimeConfig, RlConfig, UpdateLog};
+use stepwise_rl::{
+    train_agent_rl, AgentRlRun, CandleLearner, Credit, ImplicitPrm, PrimeConfig, Reference, RlConfig, UpdateLog,
+};
 
 /// How PRM-MC's score of every action becomes its advantage: the change it made (its score
 /// minus the action's before), as PRM-MC values the state an action leads to.
@@ -273,7 +275,7 @@ impl Ctx<'_> {
         let log = train_agent_rl(
             AgentRlRun {
                 learner: &mut CandleLearner::new(&mut model)?,
-                reference: Some(self.model),
+                reference: Reference::Model(self.model),
                 tokenizer: self.tok,
                 prompt: Prompt::Pieces,
                 separator: SEP.into(),

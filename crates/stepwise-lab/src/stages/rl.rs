@@ -25,7 +25,7 @@ use stepwise_eval::paired::{paired_by_id, PairedDifference};
 use stepwise_model::train::VarMap;
 use stepwise_model::{Model, ModelConfig, Prompt, Tokenizer};
 use stepwise_rl::trainer::RlRun;
-use stepwise_rl::{train_rl, CandleLearner, Credit, ImplicitPrm, PrimeConfig, RlConfig, UpdateLog};
+use stepwise_rl::{train_rl, CandleLearner, Credit, ImplicitPrm, PrimeConfig, Reference, RlConfig, UpdateLog};
 use stepwise_search::{group_candidates, select, Selector};
 
 /// The name of the PRIME variant.
@@ -300,7 +300,7 @@ fn run_variant(b: &RlBase<'_>, name: &str, reward: &dyn Reward, before: &PolicyM
     let log: Vec<UpdateLog> = train_rl(
         RlRun {
             learner: &mut CandleLearner::new(&mut model)?,
-            reference: Some(b.policy),
+            reference: Reference::Model(b.policy),
             tokenizer: b.tok,
             prompt: Prompt::Pieces,
             separator: SEP.into(),

@@ -16,12 +16,13 @@
 //! names): their `A`s stacked (`[P·r, in]`) and their `B`s laid block-diagonally over the stacked
 //! rows (`[out, P·r]`, zero where a row's projection is another's or not targeted).
 
-use super::train::Spec;
+use super::train::{PackedTrainer, Spec};
 use super::train_backend::TrainBackend;
-use super::{Backend, Out, PackedDecoder};
+use super::{Backend, Head, Out, PackedDecoder};
 use crate::config::ModelConfig;
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 /// The projections LoRA may target, by their Hugging Face module names.
@@ -267,7 +268,7 @@ impl<B: TrainBackend> Adapters<B> {
     /// The decoder's adapted matrices remade from the frozen ones and the adapter masters
     /// `values`: `bf16(W + bf16((α/r)·B) · bf16(A))`, summed in f32.
     pub(super) fn merge(&mut self, dec: &mut PackedDecoder<B>, values: &[B::F32]) -> Result<()> {
-        let b = std::sync::Arc::clone(&dec.backend);
+        let b = Arc::clone(&dec.backend);
         let b = &*b;
         let (r, scale) = (self.config.rank, self.config.scale());
         let widest = self.matrices.iter().map(|m| m.n * m.k).max().unwrap_or(0);
@@ -294,6 +295,14 @@ impl<B: TrainBackend> Adapters<B> {
             b.round_bf16(&sum, held_mut(dec, m.layer, m.matrix), 0, n * k)?;
         }
         Ok(())
+    }
+
+    /// Each adapted matrix of `dec` and its frozen self traded places: done once, the decoder
+    /// holds the base model (the merged matrices kept aside); done again, it is as it was.
+    fn trade(&mut self, dec: &mut PackedDecoder<B>) {
+        for m in &mut self.matrices {
+            std::mem::swap(&mut m.base, held_mut(dec, m.layer, m.matrix));
+        }
     }
 
     /// The adapter on layer `layer`'s `matrix` backward: for its input `x` (`[t, k]`) and its
@@ -417,5 +426,33 @@ impl<B: TrainBackend> WeightGrads<'_, B> {
                 grads,
             } => adapters.backward(b, layer, matrix, dy, x, t, grads, scratch),
         }
+    }
+}
+
+impl<B: TrainBackend> PackedTrainer<B> {
+    /// `work` on the frozen model LoRA's adapters sit on: the decoder with its adapted matrices
+    /// traded for their frozen selves, and back after (PEFT's `disable_adapter()`: a buffer swap
+    /// each, no copy). For a causal LM this is the starting policy, so an RL or DPO run takes
+    /// its reference's log-probabilities here instead of from a second copy of the model.
+    /// Refused without LoRA, where a reward model's head trains (the base has none of its own),
+    /// and while a sampler holds the decoder.
+    pub fn with_adapters_off<R>(&mut self, work: impl FnOnce(&PackedDecoder<B>) -> Result<R>) -> Result<R> {
+        let Some(adapters) = self.adapters.as_mut() else {
+            bail!("the trainer trains every weight: it has no frozen base (LoRA) to read");
+        };
+        ensure!(
+            matches!(self.decoder.head, Head::Lm(_)),
+            "the reward model's head trains in full with LoRA: with the adapters off it is not the base's"
+        );
+        let dec = Arc::get_mut(&mut self.decoder).context("the trainer's model is lent (to a sampler)")?;
+        adapters.trade(dec);
+        let out = work(dec);
+        adapters.trade(dec);
+        out
+    }
+
+    /// Whether [`PackedTrainer::with_adapters_off`] reads the frozen base: LoRA on a causal LM.
+    pub fn has_frozen_base(&self) -> bool {
+        self.adapters.is_some() && matches!(self.decoder.head, Head::Lm(_))
     }
 }

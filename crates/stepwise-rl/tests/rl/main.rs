@@ -6,6 +6,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod lora;
 mod prime;
 
 use anyhow::Result;
@@ -158,7 +159,7 @@ fn run<'a>(
 ) -> RlRun<'a> {
     RlRun {
         learner,
-        reference: Some(reference),
+        reference: stepwise_rl::Reference::Model(reference),
         tokenizer: tok,
         prompt: Prompt::Pieces,
         separator: "|".into(),
@@ -242,7 +243,7 @@ fn a_run_without_a_kl_penalty_learns_the_same_without_its_reference() {
         ..process_reward_config()
     };
     assert!(!cfg.needs_reference() && config(6).needs_reference() && rising_prime_config().needs_reference());
-    let train = |given: Option<&Model>, cfg: &RlConfig| {
+    let train = |given: stepwise_rl::Reference<'_>, cfg: &RlConfig| {
         let (mut model, _) = fresh(7);
         let mut learner = CandleLearner::new(&mut model).unwrap();
         let mut r = run(&mut learner, &reference, &tok, &problems, &task, None);
@@ -255,8 +256,8 @@ fn a_run_without_a_kl_penalty_learns_the_same_without_its_reference() {
             sequence_logprobs(&model, &[ids], 1, stepwise_model::DEFAULT_MAX_BATCH_TOKENS)?,
         ))
     };
-    let (measured, weights) = train(Some(&reference), &cfg).unwrap();
-    let (blind, blind_weights) = train(None, &cfg).unwrap();
+    let (measured, weights) = train(stepwise_rl::Reference::Model(&reference), &cfg).unwrap();
+    let (blind, blind_weights) = train(stepwise_rl::Reference::None, &cfg).unwrap();
     assert!(measured.iter().all(|l| l.kl.is_some()) && blind.iter().all(|l| l.kl.is_none()));
     let losses = |log: &[stepwise_rl::UpdateLog]| log.iter().map(|l| (l.loss, l.reward)).collect::<Vec<_>>();
     assert_eq!(losses(&measured), losses(&blind));
@@ -264,7 +265,7 @@ fn a_run_without_a_kl_penalty_learns_the_same_without_its_reference() {
         weights, blind_weights,
         "the same weights with and without the reference's pass"
     );
-    let refused = train(None, &config(6)).unwrap_err().to_string();
+    let refused = train(stepwise_rl::Reference::None, &config(6)).unwrap_err().to_string();
     assert!(refused.contains("need the reference policy"), "{refused}");
 }
 

@@ -1,0 +1,88 @@
+"""Reading a PEFT LoRA adapter made elsewhere: stepwise's merge onto the base against PEFT's own
+(`PeftModel.from_pretrained(...).merge_and_unload().save_pretrained(...)`, what a user runs to
+hand a merged model to another tool), on the same policy and the same adapter.
+
+    python bench/peft_merge.py POLICY_DIR WORK_DIR [--rank 16] [--out result.json]
+
+POLICY_DIR: a Hugging Face causal LM folder (bench/make_random_prm.py 0.5b DIR --policy makes a
+random Qwen2.5-0.5B-shaped one). The adapter: rank R (alpha 2R) on every linear projection with
+both halves drawn at random (`init_lora_weights=False`), written by PEFT. stepwise's side is
+`stepwise.Policy(adapter)` with an empty cache (the merge, written to STEPWISE_CACHE, then the
+load), against `stepwise.Policy(merged folder)` (the load alone), and the same call again (the
+merged model found in the cache). Needs torch, transformers, peft and the stepwise package."""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def seconds(work):
+    start = time.perf_counter()
+    out = work()
+    return time.perf_counter() - start, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("policy", type=Path)
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    import peft
+    import torch
+    import transformers
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    work = args.work
+    shutil.rmtree(work, ignore_errors=True)
+    adapter, cache, peft_out = work / "adapter", work / "cache", work / "peft-merged"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(args.policy, dtype=torch.bfloat16)
+    config = LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules="all-linear",
+                        init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(adapter)
+    del model
+
+    def peft_merge():
+        base = AutoModelForCausalLM.from_pretrained(args.policy, dtype=torch.bfloat16)
+        PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(peft_out)
+
+    peft_seconds, _ = seconds(peft_merge)
+
+    os.environ["STEPWISE_CACHE"] = str(cache)
+    import stepwise
+
+    first, _ = seconds(lambda: stepwise.Policy(adapter, max_tokens=1))
+    merged = next(p for p in (cache / "merged").iterdir() if not p.name.startswith("."))
+    load, _ = seconds(lambda: stepwise.Policy(merged, max_tokens=1))
+    again, _ = seconds(lambda: stepwise.Policy(adapter, max_tokens=1))
+    result = {
+        "versions": {"peft": peft.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+        "threads": torch.get_num_threads(),
+        "rank": args.rank,
+        "adapter_mib": round((adapter / "adapter_model.safetensors").stat().st_size / 2**20, 1),
+        "model_mib": round(sum(f.stat().st_size for f in merged.glob("*.safetensors")) / 2**20, 1),
+        "peft_merge_and_save_seconds": round(peft_seconds, 2),
+        "stepwise_first_policy_seconds": round(first, 2),
+        "stepwise_load_merged_seconds": round(load, 2),
+        "stepwise_merge_seconds": round(first - load, 2),
+        "stepwise_cached_policy_seconds": round(again, 2),
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
