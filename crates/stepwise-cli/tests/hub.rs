@@ -234,3 +234,89 @@ fn a_model_id_not_in_the_cache_is_downloaded_once_and_resumes() {
     }
     assert!(!d.join("never.jsonl").exists());
 }
+
+/// A safetensors file of f32 tensors, written by hand (the format: the header's length, the
+/// JSON header, the data).
+fn safetensors_bytes(tensors: &[(&str, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+    let (mut header, mut data) = (serde_json::Map::new(), Vec::new());
+    for (name, shape, values) in tensors {
+        let start = data.len();
+        data.extend(values.iter().flat_map(|x| x.to_le_bytes()));
+        header.insert(
+            name.to_string(),
+            json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut header = serde_json::Value::Object(header).to_string().into_bytes();
+    header.resize(header.len().div_ceil(8) * 8, b' ');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header);
+    out.extend(data);
+    out
+}
+
+/// A PEFT LoRA adapter's id (a repository of `adapter_config.json` and
+/// `adapter_model.safetensors` on a local base): downloaded, merged onto its base once, and
+/// scored as the same adapter in a folder scores; found again offline, nothing fetched.
+#[test]
+fn a_peft_adapters_id_is_downloaded_and_merged_onto_its_base() {
+    let d_tmp = common::tmp("hub", "adapter");
+    let d = d_tmp.path();
+    let base = PathBuf::from(fixture("qwen2-tokcls"));
+    let values = |n: usize, seed: u32| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) % 1000)
+            .map(|x| x as f32 / 500.0 - 1.0)
+            .collect()
+    };
+    let q = "base_model.model.model.layers.0.self_attn.q_proj";
+    let config = json!({"peft_type": "LORA", "task_type": "TOKEN_CLS", "r": 4, "lora_alpha": 16,
+        "base_model_name_or_path": base, "target_modules": ["q_proj"]});
+    let files = vec![
+        ("adapter_config.json".to_string(), config.to_string().into_bytes()),
+        (
+            "adapter_model.safetensors".to_string(),
+            safetensors_bytes(&[
+                (&format!("{q}.lora_A.weight"), vec![4, 64], values(256, 1)),
+                (&format!("{q}.lora_B.weight"), vec![64, 4], values(256, 2)),
+            ]),
+        ),
+        ("README.md".to_string(), b"# an adapter".to_vec()),
+    ];
+    let folder = d.join("adapter-folder");
+    std::fs::create_dir_all(&folder).unwrap();
+    for (name, bytes) in &files {
+        std::fs::write(folder.join(name), bytes).unwrap();
+    }
+    let hub = hub("test-org/prm-lora", files);
+    let cache = d.join("stepwise-cache");
+    let env = |offline: bool| {
+        let mut env = vec![("STEPWISE_CACHE", cache.to_str().unwrap().to_string())];
+        match offline {
+            true => env.push(("HF_HUB_OFFLINE", "1".into())),
+            false => env.push(("HF_ENDPOINT", hub.url.clone())),
+        }
+        env
+    };
+    let run = |model: &str, out: &str, offline: bool| {
+        let env = env(offline);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let o = score(d, model, out, &env);
+        assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read_to_string(d.join(out)).unwrap()
+    };
+    let by_folder = run(folder.to_str().unwrap(), "folder.jsonl", true);
+    assert_ne!(
+        by_folder,
+        run(base.to_str().unwrap(), "base.jsonl", true),
+        "the adapter changes the scores"
+    );
+    assert_eq!(run("test-org/prm-lora", "id.jsonl", false), by_folder);
+    let asked = hub.log.lock().unwrap().clone();
+    assert!(asked.iter().all(|p| !p.ends_with("README.md")), "{asked:?}");
+    let merged: Vec<_> = std::fs::read_dir(cache.join("merged")).unwrap().flatten().collect();
+    assert_eq!(merged.len(), 2, "the folder's merge and the id's (its snapshot's name)");
+    let before = hub.log.lock().unwrap().len();
+    assert_eq!(run("test-org/prm-lora", "again.jsonl", true), by_folder);
+    assert_eq!(hub.log.lock().unwrap().len(), before, "nothing fetched again");
+}

@@ -505,7 +505,8 @@ fn merge(dir: &Path, cfg: &AdapterConfig, base: &Path, out: &Path) -> Result<()>
         safetensors::serialize_to_file(tensors, Some(metadata), &path)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if files.len() > 1 {
+    // The base's layout: one `model.safetensors`, or shards named by an index (even of one).
+    if !(files.len() == 1 && files[0].ends_with("model.safetensors")) {
         let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
         std::fs::write(out.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index)?)?;
     }

@@ -191,6 +191,80 @@ fn an_adapter_merges_onto_its_base_with_peft_scales() {
     assert_eq!(model.config.num_labels, 2);
 }
 
+/// `policy()` laid out in `n` shards named by an index, in `dir`.
+fn shard(dir: &Path, n: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(policy().join(f), dir.join(f)).unwrap();
+    }
+    let mut all: Vec<(String, (Vec<usize>, Vec<f32>))> = tensors(&policy()).into_iter().collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut map = serde_json::Map::new();
+    for (k, part) in all.chunks(all.len().div_ceil(n)).enumerate() {
+        let file = format!("model-{:05}-of-{n:05}.safetensors", k + 1);
+        let bytes: Vec<Vec<u8>> = part
+            .iter()
+            .map(|t| t.1 .1.iter().flat_map(|x| x.to_le_bytes()).collect())
+            .collect();
+        let views: Vec<(String, TensorView)> = part
+            .iter()
+            .zip(&bytes)
+            .map(|(t, b)| (t.0.clone(), TensorView::new(Dtype::F32, t.1 .0.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join(&file)).unwrap();
+        for t in part {
+            map.insert(t.0.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+}
+
+/// A base in shards named by an index (as most Hub models are; one shard too) merges shard by
+/// shard into the same layout, to the weights the single-file base gives.
+#[test]
+fn a_sharded_base_merges_into_the_same_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (q, down) = ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj");
+    let lora = [
+        (format!("{q}.lora_A.weight"), vec![2, 64], values(128, 1)),
+        (format!("{q}.lora_B.weight"), vec![64, 2], values(128, 2)),
+        (format!("{down}.lora_A.weight"), vec![2, 160], values(320, 3)),
+        (format!("{down}.lora_B.weight"), vec![64, 2], values(128, 4)),
+    ];
+    let lora: Vec<(&str, Vec<usize>, Vec<f32>)> = lora
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    let cache = tmp.path().join("cache");
+    let merge = |name: &str, base: &Path| {
+        adapter(
+            &tmp.path().join(name),
+            serde_json::json!({"base_model_name_or_path": base}),
+            &lora,
+        );
+        resolve_in(tmp.path().join(name), no_base, &cache).unwrap()
+    };
+    let read = |dir: &Path| -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+        let files = stepwise_model::checkpoint::weight_files(dir).unwrap();
+        files.iter().flat_map(|f| tensors_of(f)).collect()
+    };
+    let on_one = read(&merge("on-one", &policy()));
+    assert_ne!(
+        on_one[&format!("{down}.weight")],
+        tensors(&policy())[&format!("{down}.weight")]
+    );
+    for n in [1, 2] {
+        let base = tmp.path().join(format!("shards-{n}"));
+        shard(&base, n);
+        let merged = merge(&format!("on-{n}-shards"), &base);
+        assert!(merged.join("model.safetensors.index.json").is_file() && !merged.join("model.safetensors").exists());
+        assert!(merged.join(format!("model-{n:05}-of-{n:05}.safetensors")).is_file());
+        assert!(read(&merged) == on_one, "{n} shards: the same weights");
+        ModelConfig::from_dir(&merged).unwrap();
+    }
+}
+
 /// The adapters stepwise's own LoRA training writes (PEFT's names and settings), alone in a
 /// folder, merge to the model that training wrote beside them: within a bf16 step of each
 /// tensor's largest weight (the engine rounds `s·B`, `A` and the sum to bf16), and the same

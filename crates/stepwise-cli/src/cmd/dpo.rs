@@ -10,8 +10,8 @@ use stepwise_rl::{run_dpo, DpoConfig, DpoJob, DpoLog};
 #[derive(clap::Args)]
 #[command(after_help = DPO_HELP)]
 pub struct Args {
-    /// Policy checkpoint folder or cached Hugging Face model id to start from (also the
-    /// reference).
+    /// Policy checkpoint folder or Hugging Face model id to start from (also the reference), or
+    /// a PEFT LoRA adapter's (merged onto its base once).
     #[arg(long, value_parser = super::model_dir)]
     pub policy: PathBuf,
     /// Preference pairs: `stepwise pairs` output in any layout (stepwise, step-dpo, trl), or

@@ -47,7 +47,8 @@ paper's stop strings, unless --stop is given), the steps are the lines, and `cor
 tests passed in the sandbox. `stepwise grade --task code` reports pass@k."
 )]
 pub struct Args {
-    /// Policy checkpoint folder, cached Hugging Face model id, or server URL(s).
+    /// Policy checkpoint folder, Hugging Face model id, PEFT LoRA adapter (merged onto its base
+    /// once), or server URL(s).
     #[arg(long, value_parser = super::backend::source)]
     pub model: super::backend::Source,
     /// Problems (JSONL).

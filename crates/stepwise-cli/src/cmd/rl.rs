@@ -48,8 +48,8 @@ Example:
       --problems problems.jsonl --updates 20 --out rl-run/"
 )]
 pub struct Args {
-    /// Policy checkpoint folder or cached Hugging Face model id to start from (also the KL
-    /// reference).
+    /// Policy checkpoint folder or Hugging Face model id to start from (also the KL reference),
+    /// or a PEFT LoRA adapter's (merged onto its base once).
     #[arg(long, value_parser = super::model_dir)]
     pub policy: PathBuf,
     /// `outcome`, `orm:DIR`, `prm:DIR` or `prime`.

@@ -50,8 +50,9 @@ answer, read in one forward pass (nothing sampled; from a server, each answer is
 )]
 pub struct Args {
     /// Checkpoint folder (config.json, model.safetensors, tokenizer.json), a Hugging Face model
-    /// id (ORG/NAME[@REVISION]) found offline in the local cache (HF_HUB_CACHE, HF_HOME),
-    /// server URL(s), or a file listing servers (a fleet: docs/scale.md).
+    /// id (ORG/NAME[@REVISION]) found in the local cache (HF_HUB_CACHE, HF_HOME) or downloaded
+    /// into it, a PEFT LoRA adapter (folder or id: merged onto its base once, kept in
+    /// STEPWISE_CACHE), server URL(s), or a file listing servers (a fleet: docs/scale.md).
     #[arg(long, value_parser = super::backend::source)]
     pub model: super::backend::Source,
     /// Solutions in any format stepwise reads.
