@@ -20,13 +20,16 @@ fn policy() -> PathBuf {
     fixtures().join("qwen2-policy")
 }
 
+/// A tensor's shape and values.
+type Shaped = (Vec<usize>, Vec<f32>);
+
 /// Every tensor of the folder's weights, as f32, with its shape.
-fn tensors(dir: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+fn tensors(dir: &Path) -> HashMap<String, Shaped> {
     tensors_of(&dir.join("model.safetensors"))
 }
 
 /// Every tensor of a safetensors file, as f32, with its shape.
-fn tensors_of(file: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+fn tensors_of(file: &Path) -> HashMap<String, Shaped> {
     let bytes = std::fs::read(file).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     st.tensors()
@@ -197,7 +200,7 @@ fn shard(dir: &Path, n: usize) {
     for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(policy().join(f), dir.join(f)).unwrap();
     }
-    let mut all: Vec<(String, (Vec<usize>, Vec<f32>))> = tensors(&policy()).into_iter().collect();
+    let mut all: Vec<(String, Shaped)> = tensors(&policy()).into_iter().collect();
     all.sort_by(|a, b| a.0.cmp(&b.0));
     let mut map = serde_json::Map::new();
     for (k, part) in all.chunks(all.len().div_ceil(n)).enumerate() {
@@ -245,7 +248,7 @@ fn a_sharded_base_merges_into_the_same_shards() {
         );
         resolve_in(tmp.path().join(name), no_base, &cache).unwrap()
     };
-    let read = |dir: &Path| -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+    let read = |dir: &Path| -> HashMap<String, Shaped> {
         let files = stepwise_model::checkpoint::weight_files(dir).unwrap();
         files.iter().flat_map(|f| tensors_of(f)).collect()
     };
