@@ -275,6 +275,8 @@ impl Plan {
                 }
             };
             if half == 'B' {
+                let a = key.replace("lora_B", "lora_A").replace("lora_embedding_B", "lora_embedding_A");
+                ensure!(adapter.names().contains(&a.as_str()), "{}: its `A` ({a}) is missing", at());
                 continue;
             }
             let (b_part, weight) = match embedding {

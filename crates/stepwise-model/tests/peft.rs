@@ -376,6 +376,7 @@ fn adapters_that_cannot_be_merged_are_refused_by_name() {
         ),
         ("rank", serde_json::json!({}), pair(3), "rank-2 update"),
         ("no-b", serde_json::json!({}), pair(2)[..1].to_vec(), "its `B`"),
+        ("no-a", serde_json::json!({}), pair(2)[1..].to_vec(), "its `A`"),
         (
             "no-base",
             serde_json::json!({"base_model_name_or_path": "nobody/nothing"}),
