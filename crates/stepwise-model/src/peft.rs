@@ -35,10 +35,11 @@ const PREFIX: &str = "base_model.model.";
 /// Bumped when the merge changes, so that models merged before are merged again.
 const FORMAT: u64 = 1;
 
-/// Whether `dir` holds a PEFT adapter and no model of its own (a folder with both, as
-/// `stepwise train-prm --lora-rank` writes it, is its merged model already).
+/// Whether `dir` holds a PEFT adapter and no model weights of its own (a folder with both, as
+/// `stepwise train-prm --lora-rank` writes it, is its merged model already; a `config.json`
+/// beside an adapter, as some adapter repositories carry their base's, does not make a model).
 pub fn is_adapter(dir: &Path) -> bool {
-    dir.join(ADAPTER_CONFIG).is_file() && !dir.join("config.json").exists()
+    stepwise_text::hub::is_adapter(dir)
 }
 
 /// Stepwise's cache folder: `$STEPWISE_CACHE`, else `$XDG_CACHE_HOME/stepwise`, else

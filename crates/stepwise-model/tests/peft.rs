@@ -125,6 +125,8 @@ fn an_adapter_merges_onto_its_base_with_peft_scales() {
             ("score.bias", vec![2], vec![0.25, -0.5]),
         ],
     );
+    // Some adapter repositories carry their base's config.json: still an adapter.
+    std::fs::copy(policy().join("config.json"), dir.join("config.json")).unwrap();
     assert!(is_adapter(&dir));
     let cache = tmp.path().join("cache");
     let merged = resolve_in(dir.clone(), no_base, &cache).unwrap();

@@ -46,7 +46,7 @@ pub fn resolve(arg: &str) -> Result<PathBuf> {
 /// A snapshot with its config and every weight file: those its safetensors index names, or one;
 /// or a PEFT adapter's, with its settings and weights.
 pub fn complete(snapshot: &Path) -> bool {
-    if snapshot.join("adapter_config.json").is_file() && !snapshot.join("config.json").exists() {
+    if is_adapter(snapshot) {
         return snapshot.join("adapter_model.safetensors").is_file();
     }
     if !snapshot.join("config.json").is_file() {
@@ -66,6 +66,14 @@ pub fn complete(snapshot: &Path) -> bool {
                 .any(|f| f.ends_with(".safetensors") && f != "adapter_model.safetensors")
         }),
     }
+}
+
+/// Whether `dir` holds a PEFT adapter (`adapter_config.json`) and no model weights of its own
+/// (`model.safetensors` or a safetensors index).
+pub fn is_adapter(dir: &Path) -> bool {
+    dir.join("adapter_config.json").is_file()
+        && !dir.join("model.safetensors").exists()
+        && !dir.join("model.safetensors.index.json").exists()
 }
 
 /// `HF_HUB_OFFLINE` set to anything but empty, 0, false or no (as huggingface_hub reads it).
@@ -212,6 +220,11 @@ mod tests {
         std::fs::write(dir.join("adapter_model.safetensors"), "").unwrap();
         assert!(complete(&dir));
         std::fs::write(dir.join("config.json"), "{}").unwrap();
+        assert!(
+            complete(&dir),
+            "a base's config beside an adapter does not make a model"
+        );
+        std::fs::write(dir.join("model.safetensors.index.json"), "{}").unwrap();
         assert!(!complete(&dir), "a model folder needs its own weights");
         std::fs::remove_dir_all(&dir).unwrap();
     }
