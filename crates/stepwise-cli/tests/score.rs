@@ -132,15 +132,8 @@ fn parquet_output_resumes_from_the_journal_beside_it(d: &Path, input: &Path, who
         "the resumed Parquet output lost, changed or doubled records"
     );
     let csv = d.join("scores.csv");
-    let refused = Command::new(env!("CARGO_BIN_EXE_stepwise"))
-        .args(score_args(input, &csv, &[]))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        !refused.status.success() && err.contains("does not write `.csv`"),
-        "{err}"
-    );
+    let err = common::refused(&score_args(input, &csv, &[]));
+    assert!(err.contains("does not write `.csv`"), "{err}");
     assert!(!d.join("scores.csv.partial.jsonl").exists() && !csv.exists());
 }
 

@@ -35,12 +35,10 @@ const PREFIX: &str = "base_model.model.";
 /// Bumped when the merge changes, so that models merged before are merged again.
 const FORMAT: u64 = 1;
 
-/// Whether `dir` holds a PEFT adapter and no model weights of its own (a folder with both, as
+/// Whether a folder holds a PEFT adapter and no model weights of its own (a folder with both, as
 /// `stepwise train-prm --lora-rank` writes it, is its merged model already; a `config.json`
 /// beside an adapter, as some adapter repositories carry their base's, does not make a model).
-pub fn is_adapter(dir: &Path) -> bool {
-    stepwise_text::hub::is_adapter(dir)
-}
+pub use stepwise_text::hub::is_adapter;
 
 /// Stepwise's cache folder: `$STEPWISE_CACHE`, else `$XDG_CACHE_HOME/stepwise`, else
 /// `~/.cache/stepwise`.
@@ -263,7 +261,8 @@ impl Plan {
     /// The plan of the adapter `file`'s tensors (`adapter`) against the base's `shapes`.
     fn new(cfg: &AdapterConfig, adapter: &SafeTensors, file: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Self> {
         let mut plan = Plan::default();
-        let mut names: Vec<String> = adapter.names().into_iter().map(str::to_string).collect();
+        let present: std::collections::HashSet<&str> = adapter.names().into_iter().collect();
+        let mut names: Vec<String> = present.iter().map(|n| n.to_string()).collect();
         names.sort();
         for key in &names {
             let at = || format!("{}: tensor `{key}`", file.display());
@@ -277,7 +276,7 @@ impl Plan {
             };
             if half == 'B' {
                 let a = key.replace("lora_B", "lora_A").replace("lora_embedding_B", "lora_embedding_A");
-                ensure!(adapter.names().contains(&a.as_str()), "{}: its `A` ({a}) is missing", at());
+                ensure!(present.contains(a.as_str()), "{}: its `A` ({a}) is missing", at());
                 continue;
             }
             let (b_part, weight) = match embedding {
@@ -285,7 +284,7 @@ impl Plan {
                 false => ("lora_B.weight", format!("{module}.weight")),
             };
             let b = format!("{PREFIX}{module}.{b_part}");
-            ensure!(adapter.names().contains(&b.as_str()), "{}: its `B` ({b}) is missing", at());
+            ensure!(present.contains(b.as_str()), "{}: its `B` ({b}) is missing", at());
             let w = shapes
                 .get(&weight)
                 .with_context(|| format!("{}: the base model has no `{weight}` to adapt", at()))?;

@@ -21,6 +21,17 @@ pub fn stepwise(args: &[&str]) -> Output {
     out
 }
 
+/// Run `stepwise` with `args`, insist that it fails, and return what it said on stderr.
+pub fn refused<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args(args)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "stepwise {args:?} succeeded: {said}");
+    said
+}
+
 /// A scored step with its label, as the readers take it.
 pub fn step(text: &str, score: f32, good: bool) -> Value {
     serde_json::json!({"text": text, "score": score, "label": {"rating": if good {"good"} else {"bad"}}})
