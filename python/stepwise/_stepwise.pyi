@@ -345,6 +345,17 @@ def rl(
     `lora_rank` trains LoRA adapters (`lora_alpha`, default 2 × rank; `lora_targets`, projections
     or `"all-linear"`) on the frozen policy: `out` holds the merged policy and PEFT's adapter files."""
 
+def merge_adapter(
+    adapter: Union[str, "PathLike[str]"],
+    out: Union[str, "PathLike[str]"],
+    base: Optional[Union[str, "PathLike[str]"]] = None,
+) -> str:
+    """Merge the PEFT LoRA adapter `adapter` (a folder with `adapter_config.json` and
+    `adapter_model.safetensors`, or its model id) onto its base, or onto `base` (for an adapter
+    whose `base_model_name_or_path` is a folder of another machine), into the new folder `out`:
+    PEFT's `merge_and_unload()` and `save_pretrained()`. `PRM` and `Policy` take the adapter
+    itself. Returns `out`."""
+
 def dpo(
     policy: Union[str, "PathLike[str]"],
     pairs: Union[Records, str, "PathLike[str]"],

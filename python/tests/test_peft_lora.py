@@ -140,3 +140,31 @@ def test_a_peft_token_classifier_adapter_reads_as_a_prm(fixtures, tmp_path, monk
     assert json.loads((merged / "config.json").read_text())["architectures"] == ["Qwen2ForTokenClassification"]
     assert_same_weights(theirs, merged, policy)
     assert scores == stepwise.PRM(merged).score("What is 2 + 3?", steps)
+
+
+def test_merge_adapter_writes_a_model_transformers_loads(fixtures, tmp_path):
+    """`stepwise.merge_adapter`: an adapter whose base was a folder that is gone (trained on
+    another machine) is refused naming the field, merged onto `base=` into a folder that
+    transformers loads as PEFT's own merge (the same weights, the same logits); an existing
+    folder is not written over."""
+    import shutil
+
+    policy = fixtures / "qwen2-policy"
+    elsewhere = tmp_path / "models" / "qwen2-policy"
+    shutil.copytree(policy, elsewhere)
+    adapter = tmp_path / "policy-adapter"
+    model = AutoModelForCausalLM.from_pretrained(elsewhere, dtype=torch.float32)
+    theirs = peft_adapter(model, ["q_proj", "up_proj"], adapter)
+    shutil.rmtree(elsewhere)
+    out = tmp_path / "merged"
+    with pytest.raises(stepwise.StepwiseError, match="base_model_name_or_path"):
+        stepwise.merge_adapter(adapter, out)
+    assert stepwise.merge_adapter(adapter, out, base=policy) == str(out)
+    assert_same_weights(theirs, out, policy)
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-4)
+    with pytest.raises(stepwise.StepwiseError, match="already exists"):
+        stepwise.merge_adapter(adapter, out, base=policy)

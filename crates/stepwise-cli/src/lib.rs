@@ -81,6 +81,10 @@ enum Command {
     Rl(cmd::rl::Args),
     /// Train a policy by DPO on preference pairs (Step-DPO with `stepwise pairs`' step pairs): no reward model, no sampling.
     Dpo(cmd::dpo::Args),
+    /// Merge a PEFT LoRA adapter onto its base into a model folder (PEFT's merge_and_unload + save_pretrained).
+    Merge(cmd::merge::Args),
+    /// The models stepwise merged from adapters into its cache: list them, remove or prune them.
+    Cache(cmd::cache::Args),
     /// Serve a policy and/or PRM over an OpenAI-compatible HTTP API (completions, chat, step scores).
     Serve(cmd::serve::Args),
     /// Evaluate scored solutions (ProcessBench's first-error metric).
@@ -132,6 +136,8 @@ where
         Command::Search(a) => cmd::search::run(a),
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Merge(a) => cmd::merge::run(a),
+        Command::Cache(a) => cmd::cache::run(a),
         Command::Studio(a) => cmd::studio::run(*a),
         Command::Agent(a) => cmd::agent::run(a),
     };

@@ -255,14 +255,9 @@ fn safetensors_bytes(tensors: &[(&str, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
     out
 }
 
-/// A PEFT LoRA adapter's id (a repository of `adapter_config.json` and
-/// `adapter_model.safetensors` on a local base): downloaded, merged onto its base once, and
-/// scored as the same adapter in a folder scores; found again offline, nothing fetched.
-#[test]
-fn a_peft_adapters_id_is_downloaded_and_merged_onto_its_base() {
-    let d_tmp = common::tmp("hub", "adapter");
-    let d = d_tmp.path();
-    let base = PathBuf::from(fixture("qwen2-tokcls"));
+/// A PEFT LoRA adapter's two files: rank 4 on layer 0's `q_proj` of the token classifier
+/// `base`, its values drawn by `seed`.
+fn adapter_files(base: &str, seed: u32) -> Vec<(String, Vec<u8>)> {
     let values = |n: usize, seed: u32| -> Vec<f32> {
         (0..n)
             .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) % 1000)
@@ -272,17 +267,28 @@ fn a_peft_adapters_id_is_downloaded_and_merged_onto_its_base() {
     let q = "base_model.model.model.layers.0.self_attn.q_proj";
     let config = json!({"peft_type": "LORA", "task_type": "TOKEN_CLS", "r": 4, "lora_alpha": 16,
         "base_model_name_or_path": base, "target_modules": ["q_proj"]});
-    let files = vec![
+    vec![
         ("adapter_config.json".to_string(), config.to_string().into_bytes()),
         (
             "adapter_model.safetensors".to_string(),
             safetensors_bytes(&[
-                (&format!("{q}.lora_A.weight"), vec![4, 64], values(256, 1)),
-                (&format!("{q}.lora_B.weight"), vec![64, 4], values(256, 2)),
+                (&format!("{q}.lora_A.weight"), vec![4, 64], values(256, 1 + seed)),
+                (&format!("{q}.lora_B.weight"), vec![64, 4], values(256, 2 + seed)),
             ]),
         ),
-        ("README.md".to_string(), b"# an adapter".to_vec()),
-    ];
+    ]
+}
+
+/// A PEFT LoRA adapter's id (a repository of `adapter_config.json` and
+/// `adapter_model.safetensors` on a local base): downloaded, merged onto its base once, and
+/// scored as the same adapter in a folder scores; found again offline, nothing fetched.
+#[test]
+fn a_peft_adapters_id_is_downloaded_and_merged_onto_its_base() {
+    let d_tmp = common::tmp("hub", "adapter");
+    let d = d_tmp.path();
+    let base = PathBuf::from(fixture("qwen2-tokcls"));
+    let mut files = adapter_files(&base.display().to_string(), 0);
+    files.push(("README.md".to_string(), b"# an adapter".to_vec()));
     let folder = d.join("adapter-folder");
     std::fs::create_dir_all(&folder).unwrap();
     for (name, bytes) in &files {
@@ -319,4 +325,104 @@ fn a_peft_adapters_id_is_downloaded_and_merged_onto_its_base() {
     let before = hub.log.lock().unwrap().len();
     assert_eq!(run("test-org/prm-lora", "again.jsonl", true), by_folder);
     assert_eq!(hub.log.lock().unwrap().len(), before, "nothing fetched again");
+}
+
+/// Writes `files` into the new folder `dir`.
+fn write_folder(dir: &Path, files: &[(String, Vec<u8>)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, bytes) in files {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}
+
+/// `stepwise merge`: an adapter whose base is a folder of another machine is refused naming the
+/// way out, merged onto `--base` into a folder of its own that scores as the same adapter merged
+/// in the cache does; an existing folder is not written over. `stepwise cache`: with
+/// `STEPWISE_CACHE_MAX_GB=0` a merge lets the model merged before it go, `list --json` names
+/// what is left, `remove --all` empties it.
+#[test]
+fn merge_writes_a_model_folder_and_the_cache_is_listed_and_kept_small() {
+    let d_tmp = common::tmp("hub", "merge");
+    let d = d_tmp.path();
+    let base = fixture("qwen2-tokcls");
+    let elsewhere = d.join("adapter-from-elsewhere");
+    write_folder(&elsewhere, &adapter_files("/home/someone/models/qwen2-tokcls", 0));
+    let cache = d.join("cache");
+    let env = [
+        ("STEPWISE_CACHE", cache.to_str().unwrap()),
+        ("STEPWISE_CACHE_MAX_GB", "0"),
+    ];
+    let o = score(d, elsewhere.to_str().unwrap(), "refused.jsonl", &env);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("base_model_name_or_path") && said.contains("stepwise merge"),
+        "{said}"
+    );
+
+    let out = d.join("merged-here");
+    let merge = |out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(["merge", elsewhere.to_str().unwrap(), "--base", &base, "--out"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let o = merge(&out);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "stepwise-merge.json",
+    ] {
+        assert!(out.join(file).is_file(), "{file}");
+    }
+    let said = String::from_utf8_lossy(&merge(&out).stderr).into_owned();
+    assert!(said.contains("already exists"), "{said}");
+
+    let scores = |model: &Path, file: &str| {
+        let o = score(d, model.to_str().unwrap(), file, &env);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        (
+            std::fs::read_to_string(d.join(file)).unwrap(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (here, _) = scores(&out, "here.jsonl");
+    let (same, first) = (d.join("same-adapter"), d.join("another-adapter"));
+    write_folder(&same, &adapter_files(&base, 0));
+    write_folder(&first, &adapter_files(&base, 7));
+    let (_, said) = scores(&first, "first.jsonl");
+    assert!(!said.contains("removed"), "{said}");
+    let (cached, said) = scores(&same, "cached.jsonl");
+    assert_eq!(cached, here, "merged here and in the cache alike");
+    assert!(
+        said.contains("STEPWISE_CACHE_MAX_GB: removed") && said.contains("another-adapter-"),
+        "{said}"
+    );
+
+    let cache_cmd = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .arg("cache")
+            .args(args)
+            .env("STEPWISE_CACHE", &cache)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let listed: Vec<serde_json::Value> = cache_cmd(&["list", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(listed[0]["name"].as_str().unwrap().starts_with("same-adapter-"));
+    assert!(listed[0]["bytes"].as_u64().unwrap() > 100_000);
+    let table = cache_cmd(&["list"]);
+    assert!(
+        table.contains("same-adapter-") && table.contains("1 merged models"),
+        "{table}"
+    );
+    assert!(cache_cmd(&["remove", "--all"]).contains("1 merged models removed"));
+    assert_eq!(cache_cmd(&["list", "--json"]), "");
 }

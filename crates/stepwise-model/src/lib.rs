@@ -31,6 +31,7 @@ engine! {
     mod kept_prefixes;
     pub mod kv_cache;
     pub mod kv_rows;
+    pub mod merged_cache;
     pub mod checkpoint;
     pub mod model;
     pub mod packed;
@@ -84,6 +85,12 @@ pub mod hub {
     #[cfg(feature = "engine")]
     pub fn resolve(arg: &str) -> anyhow::Result<std::path::PathBuf> {
         crate::peft::resolve(stepwise_text::hub::resolve(arg)?, stepwise_text::hub::resolve)
+    }
+
+    /// A folder from a command-line argument as [`resolve`] finds it, an adapter's left as it
+    /// is (not merged).
+    pub fn resolve_folder(arg: &str) -> anyhow::Result<std::path::PathBuf> {
+        stepwise_text::hub::resolve(arg)
     }
 }
 

@@ -59,20 +59,74 @@ pub fn resolve(dir: PathBuf, resolve_base: impl Fn(&str) -> Result<PathBuf>) -> 
     resolve_in(dir, resolve_base, &root)
 }
 
-/// [`resolve`] with the merged models kept in `root/merged/`.
+/// [`resolve`] with the merged models kept in `root/merged/` (found again there, its last use
+/// recorded; with `$STEPWISE_CACHE_MAX_GB` set, the least recently used others removed past it).
 pub fn resolve_in(dir: PathBuf, resolve_base: impl Fn(&str) -> Result<PathBuf>, root: &Path) -> Result<PathBuf> {
     if !is_adapter(&dir) {
         return Ok(dir);
     }
     let config = AdapterConfig::read(&dir)?;
+    let base = base_of(&dir, &config, resolve_base)?;
+    let name = format!("{}-{}", folder_name(&dir), fingerprint(&dir, &base)?);
+    let merged = root.join("merged");
+    let out = merged.join(&name);
+    if out.join("config.json").is_file() {
+        crate::merged_cache::touch(&out);
+        return Ok(out);
+    }
+    eprintln!(
+        "{}: merging the LoRA adapter onto {} into {}",
+        dir.display(),
+        base.display(),
+        out.display()
+    );
+    let limit = crate::merged_cache::limit_from_env()?;
+    merge_staged(&dir, &config, &base, &out)?;
+    if let Some(limit) = limit {
+        let prune = crate::merged_cache::Prune::to_size(limit, &name);
+        match crate::merged_cache::prune(root, &prune) {
+            Ok(removed) => removed.iter().for_each(|m| eprintln!("STEPWISE_CACHE_MAX_GB: removed {}", m.path.display())),
+            Err(e) => eprintln!("STEPWISE_CACHE_MAX_GB: {e:#}"),
+        }
+    }
+    Ok(out)
+}
+
+/// The adapter in `dir` merged onto `base` (else the base its `adapter_config.json` names, found
+/// by `resolve_base`) into the new folder `out`: PEFT's `merge_and_unload` and `save_pretrained`,
+/// for a model to hand to tools that read no adapters, or an adapter whose base was a folder on
+/// another machine. Refused when `out` exists.
+pub fn merge_to(
+    dir: &Path,
+    base: Option<&Path>,
+    resolve_base: impl Fn(&str) -> Result<PathBuf>,
+    out: &Path,
+) -> Result<()> {
+    ensure!(
+        is_adapter(dir),
+        "{}: not a PEFT adapter (no {ADAPTER_CONFIG}, or model weights of its own)",
+        dir.display()
+    );
+    ensure!(!out.exists(), "{}: already exists (the merged model is written to a new folder)", out.display());
+    let config = AdapterConfig::read(dir)?;
+    let base = match base {
+        Some(base) => base.to_path_buf(),
+        None => base_of(dir, &config, resolve_base)?,
+    };
+    ensure!(!is_adapter(&base), "{}: an adapter, not a model to merge onto", base.display());
+    merge_staged(dir, &config, &base, out)
+}
+
+/// The base model the adapter's `base_model_name_or_path` names: a folder (relative to the
+/// current folder, then the adapter's), else what `resolve_base` finds for it.
+fn base_of(dir: &Path, config: &AdapterConfig, resolve_base: impl Fn(&str) -> Result<PathBuf>) -> Result<PathBuf> {
     let base = match dir.join(&config.base) {
-        // A relative path is read from the current folder, then from the adapter's.
         _ if Path::new(&config.base).exists() => PathBuf::from(&config.base),
         beside if Path::new(&config.base).is_relative() && beside.exists() => beside,
         _ => resolve_base(&config.base).with_context(|| {
             format!(
                 "{}: the base model `{}` (field `base_model_name_or_path`) is neither a folder nor a model id \
-                 stepwise can find",
+                 stepwise can find (`stepwise merge ADAPTER --base MODEL --out DIR` merges it onto another)",
                 dir.join(ADAPTER_CONFIG).display(),
                 config.base
             )
@@ -84,50 +138,28 @@ pub fn resolve_in(dir: PathBuf, resolve_base: impl Fn(&str) -> Result<PathBuf>, 
         dir.join(ADAPTER_CONFIG).display(),
         base.display()
     );
-    let name = format!("{}-{}", folder_name(&dir), fingerprint(&dir, &base)?);
-    let out = root.join("merged").join(&name);
-    if out.join("config.json").is_file() {
-        return Ok(out);
-    }
-    eprintln!(
-        "{}: merging the LoRA adapter onto {} into {}",
-        dir.display(),
-        base.display(),
-        out.display()
-    );
-    let staging = root.join("merged").join(format!(".{name}.partial-{}", std::process::id()));
-    remove_abandoned(&root.join("merged"), &name);
+    Ok(base)
+}
+
+/// [`merge`] into a hidden folder beside `out`, with its record, renamed into place when whole
+/// (a merge cut off leaves no `out`; another process that made the same `out` meanwhile wins).
+fn merge_staged(dir: &Path, config: &AdapterConfig, base: &Path, out: &Path) -> Result<()> {
+    let name = out.file_name().context("the merged model's folder has a name")?.to_string_lossy();
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    crate::merged_cache::remove_abandoned(parent, &name);
+    let staging = parent.join(format!(".{name}.partial-{}", std::process::id()));
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    let made = merge(&dir, &config, &base, &staging);
+    let made = merge(dir, config, base, &staging)
+        .and_then(|()| crate::merged_cache::record(&staging, dir, base, &config.base));
     if let Err(e) = made {
         let _ = std::fs::remove_dir_all(&staging);
         return Err(e);
     }
-    // Another process may have merged the same adapter meanwhile: its copy is as good.
-    if std::fs::rename(&staging, &out).is_err() && out.join("config.json").is_file() {
+    if std::fs::rename(&staging, out).is_err() && out.join("config.json").is_file() {
         let _ = std::fs::remove_dir_all(&staging);
     }
     ensure!(out.join("config.json").is_file(), "could not move the merged model into {}", out.display());
-    Ok(out)
-}
-
-/// Merges of `name` into `merged` that a process killed part-way left behind (their process is
-/// gone), and this process's own.
-fn remove_abandoned(merged: &Path, name: &str) {
-    let Ok(entries) = std::fs::read_dir(merged) else {
-        return;
-    };
-    let prefix = format!(".{name}.partial-");
-    for entry in entries.flatten() {
-        let file = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = file.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        let gone = pid == std::process::id() || (cfg!(target_os = "linux") && !Path::new(&format!("/proc/{pid}")).exists());
-        if gone {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
+    Ok(())
 }
 
 /// The folder's last name, kept to letters, digits, `-`, `_` and `.`.
@@ -569,7 +601,7 @@ fn copy_side_files(from: &Path, to: &Path) -> Result<()> {
         let side = stepwise_text::hub::wanted(&name)
             && !name.ends_with(".safetensors")
             && !name.starts_with("adapter_")
-            && !["config.json", "model.safetensors.index.json"].contains(&name.as_str());
+            && !["config.json", "model.safetensors.index.json", crate::merged_cache::RECORD].contains(&name.as_str());
         if side && entry.path().is_file() {
             std::fs::copy(entry.path(), to.join(&name))
                 .with_context(|| format!("copying {} into {}", entry.path().display(), to.display()))?;

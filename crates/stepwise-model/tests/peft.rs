@@ -414,3 +414,87 @@ fn adapters_that_cannot_be_merged_are_refused_by_name() {
                 .is_none()
     );
 }
+
+/// The merged models in the cache: listed with where they came from and their size, marked
+/// used when a run finds them, removed by name (a name that is not one refused), and pruned by
+/// age and then by size, least recently used first; a merge left by a process that is gone is
+/// pruned, one still at work is not; a removed model is merged again when asked for.
+#[test]
+fn merged_models_are_listed_marked_used_and_pruned_least_recent_first() {
+    use std::time::{Duration, SystemTime};
+    use stepwise_model::merged_cache::{list, prune, remove, Prune, RECORD};
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let q = "model.layers.0.self_attn.q_proj";
+    let dirs: Vec<PathBuf> = (0..3u32)
+        .map(|k| {
+            let dir = tmp.path().join(format!("adapter-{k}"));
+            let a = (format!("{q}.lora_A.weight"), vec![2, 64], values(128, 10 + k));
+            let b = (format!("{q}.lora_B.weight"), vec![64, 2], values(128, 20 + k));
+            adapter(&dir, serde_json::json!({}), &[(&a.0, a.1, a.2), (&b.0, b.1, b.2)]);
+            dir
+        })
+        .collect();
+    let merged: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| resolve_in(d.clone(), no_base, &cache).unwrap())
+        .collect();
+    let name = |k: usize| merged[k].file_name().unwrap().to_string_lossy().into_owned();
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap().display().to_string();
+    // Last used 3, 2 and 1 days ago; then a run finds the oldest again.
+    let day = Duration::from_secs(86400);
+    for (k, dir) in merged.iter().enumerate() {
+        let record = std::fs::File::options().append(true).open(dir.join(RECORD)).unwrap();
+        record.set_modified(SystemTime::now() - day * (3 - k as u32)).unwrap();
+    }
+    assert_eq!(resolve_in(dirs[0].clone(), no_base, &cache).unwrap(), merged[0]);
+    let listed = list(&cache).unwrap();
+    let names: Vec<&str> = listed.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, [name(0), name(2), name(1)]);
+    let weights = std::fs::metadata(merged[0].join("model.safetensors")).unwrap().len();
+    for m in &listed {
+        let k = merged.iter().position(|p| *p == m.path).unwrap();
+        assert_eq!(m.adapter.as_deref(), Some(canonical(&dirs[k]).as_str()));
+        assert_eq!(m.base.as_deref(), Some(canonical(&policy()).as_str()));
+        assert!(m.bytes > weights && m.bytes < weights + (1 << 20), "{} bytes", m.bytes);
+        assert_eq!(m.unfinished, None);
+    }
+    // Refused: not a name of the cache's, and a merge still at work (this process's).
+    for bad in ["../cache", "", "nope", ".."] {
+        assert!(remove(&cache, bad).is_err(), "{bad:?}");
+    }
+    let at_work = cache.join("merged").join(format!(".x.partial-{}", std::process::id()));
+    let left = cache.join("merged").join(".y.partial-4000000");
+    for dir in [&at_work, &left] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let unfinished: Vec<_> = list(&cache)
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.unfinished.map(|u| (m.name, u)))
+        .collect();
+    assert_eq!(unfinished.len(), 2);
+    assert!(unfinished.contains(&(".y.partial-4000000".into(), false)));
+    assert!(remove(&cache, &format!(".x.partial-{}", std::process::id())).is_err());
+    // By age: the one unused for two days (and the merge whose process is gone).
+    let by_age = Prune {
+        unused_for: Some(day + day / 2),
+        ..Prune::default()
+    };
+    let gone: Vec<String> = prune(&cache, &by_age).unwrap().into_iter().map(|m| m.name).collect();
+    assert_eq!(gone, [name(1), ".y.partial-4000000".to_string()]);
+    assert!(!merged[1].exists() && !left.exists() && at_work.exists());
+    // By size: the least recently used goes until one model's bytes are left.
+    let by_size = Prune {
+        max_bytes: Some(list(&cache).unwrap()[0].bytes + 4096),
+        ..Prune::default()
+    };
+    let gone: Vec<String> = prune(&cache, &by_size).unwrap().into_iter().map(|m| m.name).collect();
+    assert_eq!(gone, [name(2)]);
+    assert!(merged[0].exists() && !merged[2].exists());
+    // Removed by name, then merged again when a run asks for it.
+    assert_eq!(remove(&cache, &name(0)).unwrap().path, merged[0]);
+    assert!(!merged[0].exists());
+    assert_eq!(resolve_in(dirs[0].clone(), no_base, &cache).unwrap(), merged[0]);
+    assert!(merged[0].join("config.json").is_file());
+}

@@ -21,6 +21,7 @@ mod bounded;
 mod code;
 mod convert;
 mod dpo;
+mod hub;
 mod policy;
 mod progress;
 mod records;
@@ -77,6 +78,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train::train_prm, m)?)?;
     m.add_function(wrap_pyfunction!(rl::rl, m)?)?;
     m.add_function(wrap_pyfunction!(dpo::dpo, m)?)?;
+    m.add_function(wrap_pyfunction!(hub::merge_adapter, m)?)?;
     m.add_function(wrap_pyfunction!(code::run_tests, m)?)?;
     m.add_function(wrap_pyfunction!(code::pass_at_k, m)?)?;
     m.add_function(wrap_pyfunction!(verifier::generative_scores, m)?)?;

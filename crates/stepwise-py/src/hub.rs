@@ -1,0 +1,40 @@
+//! Models by Hugging Face id and PEFT adapters: what `stepwise merge` does, from Python.
+
+use crate::convert::{path_of, without_gil};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+/// A path argument's path, or a `TypeError` naming the argument.
+fn path_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<PathBuf> {
+    path_of(obj).ok_or_else(|| PyTypeError::new_err(format!("{name}: a str or os.PathLike path is needed")))
+}
+
+/// Merges the PEFT LoRA adapter `adapter` (a folder with `adapter_config.json` and
+/// `adapter_model.safetensors`, or its Hugging Face model id) onto its base, or onto `base` (a
+/// folder or model id: for an adapter whose `base_model_name_or_path` is a folder of another
+/// machine), into the new folder `out`: PEFT's `merge_and_unload()` and `save_pretrained()`, for
+/// tools that read no adapters. (`stepwise.PRM` and `stepwise.Policy` take the adapter itself.)
+/// Returns `out`.
+///
+/// >>> stepwise.merge_adapter("runs/prm-lora", "models/prm-merged")
+#[pyfunction]
+#[pyo3(signature = (adapter, out, base=None))]
+pub fn merge_adapter(
+    py: Python<'_>,
+    adapter: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    base: Option<&Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    let adapter = path_arg(adapter, "adapter")?;
+    let out = path_arg(out, "out")?;
+    let base = base.map(|b| path_arg(b, "base")).transpose()?;
+    without_gil(py, move || {
+        let adapter = stepwise_model::hub::resolve_folder(&adapter.to_string_lossy())?;
+        let base = base
+            .map(|b| stepwise_model::hub::resolve(&b.to_string_lossy()))
+            .transpose()?;
+        stepwise_model::peft::merge_to(&adapter, base.as_deref(), stepwise_model::hub::resolve, &out)?;
+        Ok(out.display().to_string())
+    })
+}
