@@ -9,7 +9,9 @@ random Qwen2.5-0.5B-shaped one). The adapter: rank R (alpha 2R) on every linear 
 both halves drawn at random (`init_lora_weights=False`), written by PEFT. stepwise's side is
 `stepwise.Policy(adapter)` with an empty cache (the merge, written to STEPWISE_CACHE, then the
 load), against the same call again (the merged model found in the cache: the merge's seconds are
-the difference) and `stepwise.Policy(merged folder)` (the load alone). Needs torch, transformers, peft and the stepwise package."""
+the difference) and `stepwise.Policy(merged folder)` (the load alone); and
+`stepwise.merge_adapter(adapter, out)` (`stepwise merge`: the merge into a folder of its own, the
+same work as PEFT's line, merged weights checked against PEFT's). Needs torch, transformers, peft and the stepwise package."""
 
 import argparse
 import json
@@ -25,6 +27,21 @@ def seconds(work):
     start = time.perf_counter()
     out = work()
     return time.perf_counter() - start, out
+
+
+def largest_difference(theirs, mine):
+    """The largest absolute difference between two merged models' tensors of the same name
+    (both bf16: PEFT merges in bf16, stepwise in f32 and rounds once)."""
+    from safetensors.torch import load_file
+
+    def tensors(folder):
+        out = {}
+        for f in folder.glob("*.safetensors"):
+            out.update(load_file(str(f)))
+        return out
+
+    a, b = tensors(theirs), tensors(mine)
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a if k in b)
 
 
 def main():
@@ -71,6 +88,8 @@ def main():
     # Each twice, the faster kept: the first load after a write can wait on the page cache.
     again = min(policy_seconds(adapter) for _ in range(2))
     load = min(policy_seconds(merged) for _ in range(2))
+    mine_out = work / "stepwise-merged"
+    command_seconds, _ = seconds(lambda: stepwise.merge_adapter(adapter, mine_out))
     result = {
         "versions": {"peft": peft.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
         "threads": torch.get_num_threads(),
@@ -82,6 +101,8 @@ def main():
         "stepwise_load_merged_seconds": round(load, 2),
         "stepwise_merge_seconds": round(first - again, 2),
         "stepwise_cached_policy_seconds": round(again, 2),
+        "stepwise_merge_adapter_seconds": round(command_seconds, 2),
+        "largest_difference_from_peft": largest_difference(peft_out, mine_out),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     }
     text = json.dumps(result, indent=1)
