@@ -460,28 +460,77 @@ pub(crate) fn to_bf16_bits(view: &safetensors::tensor::TensorView) -> Result<Vec
     })
 }
 
-/// A tensor's values as f32.
+/// Values converted a block at a time, the blocks shared out over the threads.
+const BLOCK: usize = 1 << 16;
+
+/// A tensor's values as f32 (bf16 widened exactly, a signalling NaN kept as it is), converted in
+/// loops that vectorise, a block a thread.
 pub(crate) fn to_f32(view: &safetensors::tensor::TensorView) -> Result<Vec<f32>> {
+    use rayon::prelude::*;
     let b = view.data();
-    Ok(match view.dtype() {
-        safetensors::Dtype::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        safetensors::Dtype::BF16 => b
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        safetensors::Dtype::F16 => b
-            .chunks_exact(2)
-            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        safetensors::Dtype::F64 => b
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-            .collect(),
+    let width = match view.dtype() {
+        safetensors::Dtype::F32 => 4,
+        safetensors::Dtype::BF16 | safetensors::Dtype::F16 => 2,
+        safetensors::Dtype::F64 => 8,
         other => bail!("dtype {other:?} (stepwise reads f32, bf16, f16 and f64 weights)"),
-    })
+    };
+    let dtype = view.dtype();
+    let mut out = vec![0f32; b.len() / width];
+    out.par_chunks_mut(BLOCK)
+        .zip(b.par_chunks(BLOCK * width))
+        .for_each(|(out, b)| {
+            let values = out.iter_mut().zip(b.chunks_exact(width));
+            match dtype {
+                safetensors::Dtype::F32 => values.for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                safetensors::Dtype::BF16 => {
+                    values.for_each(|(o, c)| *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                }
+                safetensors::Dtype::F16 => {
+                    values.for_each(|(o, c)| *o = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                }
+                _ => values.for_each(|(o, c)| *o = f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32),
+            }
+        });
+    Ok(out)
+}
+
+/// f32 values stored as `dtype` (little-endian bytes; bf16 rounded to the nearest, ties to even,
+/// as `half` rounds), a block a thread in the engine's vector kernels.
+pub(crate) fn encode_floats(values: &[f32], dtype: safetensors::Dtype) -> Vec<u8> {
+    use rayon::prelude::*;
+    let width = match dtype {
+        safetensors::Dtype::BF16 | safetensors::Dtype::F16 => 2,
+        safetensors::Dtype::F64 => 8,
+        _ => 4,
+    };
+    let mut out = vec![0u8; values.len() * width];
+    out.par_chunks_mut(BLOCK * width)
+        .zip(values.par_chunks(BLOCK))
+        .for_each(|(out, values)| match dtype {
+            safetensors::Dtype::BF16 => {
+                let mut bits = vec![0u16; values.len()];
+                crate::packed_engine::cpu_elementwise::round_into(values, &mut bits);
+                for (o, b) in out.chunks_exact_mut(2).zip(&bits) {
+                    o.copy_from_slice(&b.to_le_bytes());
+                }
+            }
+            safetensors::Dtype::F16 => {
+                for (o, &x) in out.chunks_exact_mut(2).zip(values) {
+                    o.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
+                }
+            }
+            safetensors::Dtype::F64 => {
+                for (o, &x) in out.chunks_exact_mut(8).zip(values) {
+                    o.copy_from_slice(&f64::from(x).to_le_bytes());
+                }
+            }
+            _ => {
+                for (o, &x) in out.chunks_exact_mut(4).zip(values) {
+                    o.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+        });
+    out
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -517,5 +566,55 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert!(read >= before + 40 * 1024, "reading made {} KiB resident", read - before);
         assert!(after < before + 8 * 1024, "{} KiB still resident after letting go", after.saturating_sub(before));
+    }
+}
+
+#[cfg(test)]
+mod conversion_tests {
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+
+    /// Edge values (bf16 ties rounding down and up to even, the largest finite values, infinities, NaN, subnormals) and
+    /// 300,000 others (more than one block), each bit pattern by a multiplicative hash.
+    fn values() -> Vec<f32> {
+        let mut v = vec![
+            0.0, -0.0, 1.0, f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000), f32::MAX, f32::MIN, f32::INFINITY, f32::NEG_INFINITY,
+            f32::NAN, 1e-40, -1e-45, 3.3895314e38,
+        ];
+        v.extend((0..300_000u32).map(|i| f32::from_bits(i.wrapping_mul(2654435761))));
+        v
+    }
+
+    /// One value's bytes.
+    type Encode = fn(f32) -> Vec<u8>;
+
+    /// bf16, f16, f32 and f64 bytes as `half` and the standard library write them, and read back
+    /// as they read them (NaN as NaN).
+    #[test]
+    fn values_are_encoded_and_decoded_as_half_does() {
+        let v = values();
+        let cases: [(Dtype, Encode); 4] = [
+            (Dtype::BF16, |x| half::bf16::from_f32(x).to_le_bytes().to_vec()),
+            (Dtype::F16, |x| half::f16::from_f32(x).to_le_bytes().to_vec()),
+            (Dtype::F32, |x| x.to_le_bytes().to_vec()),
+            (Dtype::F64, |x| f64::from(x).to_le_bytes().to_vec()),
+        ];
+        for (dtype, one) in cases {
+            let want: Vec<u8> = v.iter().flat_map(|&x| one(x)).collect();
+            let got = super::encode_floats(&v, dtype);
+            assert!(got == want, "{dtype:?}");
+            let view = TensorView::new(dtype, vec![v.len()], &got).unwrap();
+            let back = super::to_f32(&view).unwrap();
+            let width = want.len() / v.len();
+            for (k, (&b, bytes)) in back.iter().zip(want.chunks_exact(width)).enumerate() {
+                let expected = match dtype {
+                    Dtype::BF16 => half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f32(),
+                    Dtype::F16 => half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f32(),
+                    Dtype::F32 => f32::from_le_bytes(bytes.try_into().unwrap()),
+                    _ => f64::from_le_bytes(bytes.try_into().unwrap()) as f32,
+                };
+                assert!(b == expected || (b.is_nan() && expected.is_nan()), "{dtype:?} {k}: {b} {expected}");
+            }
+        }
     }
 }

@@ -446,7 +446,7 @@ fn merged<'a>(w: TensorView<'a>, a: TensorView<'a>, b: TensorView<'a>, pair: &Pa
                 add_rows(&mut sum, cols, r, |v, j| scale * a16[j * vocab + v], &bt)
             }
         }
-        encode(&sum, dtype)
+        crate::checkpoint::encode_floats(&sum, dtype)
     };
     Ok(Lazy {
         dtype,
@@ -461,27 +461,52 @@ fn floats(v: &TensorView) -> Vec<f32> {
     to_f32(v).unwrap_or_default()
 }
 
-/// `sum[i, :] += Σ_j c(i, j)·rows[j, :]` for the `r` rows of `rows` (`cols` wide), the rows of
-/// `sum` shared out over the threads.
+/// `sum[i, :] += Σ_j c(i, j)·rows[j, :]` for the `r` rows of `rows` (`cols` wide), blocks of
+/// `sum`'s rows shared out over the threads, each in the engine's vector kernels (four of
+/// `rows` a pass over a row of `sum`).
 fn add_rows(sum: &mut [f32], cols: usize, r: usize, c: impl Fn(usize, usize) -> f32 + Sync, rows: &[f32]) {
     use rayon::prelude::*;
-    sum.par_chunks_mut(cols).enumerate().for_each(|(i, out)| {
-        for j in 0..r {
-            let k = c(i, j);
-            for (o, &x) in out.iter_mut().zip(&rows[j * cols..(j + 1) * cols]) {
-                *o += k * x;
-            }
-        }
+    const ROWS: usize = 64;
+    sum.par_chunks_mut(cols * ROWS).enumerate().for_each(|(block, out)| {
+        crate::kernels::simd::dispatch(RankUpdate {
+            out,
+            first: block * ROWS,
+            cols,
+            r,
+            c: &c,
+            rows,
+        })
     });
 }
 
-/// f32 values stored as `dtype` (little-endian bytes).
-fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
-    match dtype {
-        Dtype::BF16 => values.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
-        Dtype::F16 => values.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
-        Dtype::F64 => values.iter().flat_map(|&x| (x as f64).to_le_bytes()).collect(),
-        _ => values.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+/// [`add_rows`] on the rows of `sum` from `first`.
+struct RankUpdate<'a, C> {
+    out: &'a mut [f32],
+    first: usize,
+    cols: usize,
+    r: usize,
+    c: &'a C,
+    rows: &'a [f32],
+}
+
+impl<C: Fn(usize, usize) -> f32> crate::kernels::simd::Kernel for RankUpdate<'_, C> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        use crate::kernels::simd::{axpy, axpy4};
+        let (cols, rows) = (self.cols, self.rows);
+        let row = |j: usize| &rows[j * cols..(j + 1) * cols];
+        for (k, out) in self.out.chunks_exact_mut(cols).enumerate() {
+            let i = self.first + k;
+            let mut j = 0;
+            while j + 4 <= self.r {
+                let a = [0, 1, 2, 3].map(|d| (self.c)(i, j + d));
+                axpy4::<FMA>(a, [row(j), row(j + 1), row(j + 2), row(j + 3)], out);
+                j += 4;
+            }
+            for j in j..self.r {
+                axpy::<FMA>((self.c)(i, j), row(j), out);
+            }
+        }
     }
 }
 

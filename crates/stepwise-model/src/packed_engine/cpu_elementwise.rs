@@ -18,7 +18,7 @@ fn widen(b: u16) -> f32 {
 /// `x` rounded to the nearest bf16 (ties to even), NaN kept quiet: `half::bf16::from_f32`'s
 /// bits, without branches so that loops over it vectorise.
 #[inline(always)]
-pub(super) fn round(x: f32) -> u16 {
+pub(crate) fn round(x: f32) -> u16 {
     let b = x.to_bits();
     let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
     if x.is_nan() {
@@ -31,7 +31,7 @@ pub(super) fn round(x: f32) -> u16 {
 /// `dst[i] = round(src[i])` for every value of `src` (f32 sums to bf16 bits), in the vector
 /// kernels ([`simd::dispatch`]): `half`'s scalar conversion had been a twentieth of a training
 /// step.
-pub(super) fn round_into(src: &[f32], dst: &mut [u16]) {
+pub(crate) fn round_into(src: &[f32], dst: &mut [u16]) {
     simd::dispatch(Rounded { src, dst });
 }
 

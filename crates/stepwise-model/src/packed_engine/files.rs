@@ -53,20 +53,12 @@ struct Part<'a, B: Backend> {
     failed: &'a RefCell<Option<anyhow::Error>>,
 }
 
-/// f32 values as `dtype`'s little-endian bytes (bf16 and f16 rounded to nearest even).
-fn bytes(values: &[f32], dtype: Dtype) -> Vec<u8> {
-    match dtype {
-        Dtype::BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
-        Dtype::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
-        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    }
-}
 
 impl<B: Backend> Part<'_, B> {
     /// The values from `at` as stored, or zeros with the failure kept.
     fn bytes_or_zeros(&self, values: Result<Vec<f32>>, at: usize) -> Cow<'_, [u8]> {
         match values {
-            Ok(host) => Cow::Owned(bytes(&host[at..], self.dtype)),
+            Ok(host) => Cow::Owned(crate::checkpoint::encode_floats(&host[at..], self.dtype)),
             Err(e) => {
                 self.failed.borrow_mut().get_or_insert(e);
                 Cow::Owned(vec![0; self.data_len()])
@@ -105,7 +97,7 @@ impl<B: Backend> View for Part<'_, B> {
                     let view = st.tensor(name)?;
                     let bytes = match view.dtype() == self.dtype {
                         true => view.data().to_vec(),
-                        false => bytes(&to_f32(&view)?, self.dtype),
+                        false => crate::checkpoint::encode_floats(&to_f32(&view)?, self.dtype),
                     };
                     map.let_go(view.data());
                     Ok(bytes)

@@ -19,7 +19,7 @@
 mod backward;
 mod cpu;
 mod cpu_attention;
-mod cpu_elementwise;
+pub(crate) mod cpu_elementwise;
 mod cpu_paged;
 mod decoding;
 mod files;
