@@ -37,10 +37,9 @@ fn score(d: &Path, model: &str, out: &str, env: &[(&str, &str)]) -> Output {
     c.output().unwrap()
 }
 
-#[test]
-fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
-    let d_tmp = common::tmp("hub", "cache");
-    let d = d_tmp.path();
+/// The fixture token classifier as `test-org/tiny-prm` in a Hugging Face cache at `d/hub`
+/// (blobs, a snapshot of links, `refs/main`), as `hf download` leaves it; returns the fixture.
+fn cache_tiny_prm(d: &Path) -> PathBuf {
     let repo = d.join("hub/models--test-org--tiny-prm");
     let snapshot = repo.join("snapshots").join(COMMIT);
     std::fs::create_dir_all(repo.join("blobs")).unwrap();
@@ -54,6 +53,51 @@ fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
         std::fs::copy(entry.path(), repo.join("blobs").join(&blob)).unwrap();
         std::os::unix::fs::symlink(Path::new("../../blobs").join(&blob), snapshot.join(entry.file_name())).unwrap();
     }
+    folder
+}
+
+/// `stepwise serve` answers to a model id as it was given (as vLLM does: clients send
+/// `"model": "test-org/tiny-prm"`, not its snapshot's commit) and to an adapter folder by the
+/// adapter's name (not its merged model's); `--served-prm-name` still wins.
+#[test]
+fn served_models_are_named_as_they_were_given() {
+    let d_tmp = common::tmp("hub", "names");
+    let d = d_tmp.path();
+    cache_tiny_prm(d);
+    let adapter = d.join("my-prm-lora");
+    write_folder(&adapter, &adapter_files(&fixture("qwen2-tokcls"), 3));
+    for (prm, extra, name) in [
+        ("test-org/tiny-prm", None, "test-org/tiny-prm"),
+        (adapter.to_str().unwrap(), None, "my-prm-lora"),
+        ("test-org/tiny-prm", Some("scorer"), "scorer"),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
+        cmd.args(["serve", "--prm", prm, "--port", "0"])
+            .args(extra.map(|n| ["--served-prm-name", n]).iter().flatten())
+            .env("HF_HUB_CACHE", d.join("hub"))
+            .env("HF_HUB_OFFLINE", "1")
+            .env("STEPWISE_CACHE", d.join("cache"))
+            .stdout(std::process::Stdio::null());
+        let (mut child, url) = common::server::spawn_until(cmd, "stepwise serve: listening on ");
+        let (_, body) = common::server::get(&url, "/v1/models");
+        let _ = child.kill();
+        let _ = child.wait();
+        let models: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let ids: Vec<&str> = models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, [name], "{prm}");
+    }
+}
+
+#[test]
+fn a_model_id_is_resolved_from_the_local_hugging_face_cache() {
+    let d_tmp = common::tmp("hub", "cache");
+    let d = d_tmp.path();
+    let folder = cache_tiny_prm(d);
     let offline = [("HF_HUB_OFFLINE", "1")];
     let by_folder = score(d, folder.to_str().unwrap(), "folder.jsonl", &offline);
     assert!(by_folder.status.success());

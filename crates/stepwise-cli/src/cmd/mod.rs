@@ -67,6 +67,31 @@ pub fn model_dir(arg: &str) -> Result<std::path::PathBuf, String> {
     stepwise_model::hub::resolve(arg).map_err(|e| format!("{e:#}"))
 }
 
+/// A model argument resolved ([`model_dir`]) with the name a server gives it: a model id as
+/// written (`Qwen/Qwen2.5-Math-PRM-7B`, as vLLM names it, not its snapshot's commit), a folder by
+/// its last name (an adapter folder by its own, not its merged model's).
+#[derive(Clone, Debug)]
+pub struct NamedModel {
+    /// The name clients send as `model`.
+    pub name: String,
+    /// The checkpoint folder.
+    pub dir: std::path::PathBuf,
+}
+
+/// [`model_dir`] with the name a server answers to ([`NamedModel`]).
+pub fn named_model(arg: &str) -> Result<NamedModel, String> {
+    let dir = model_dir(arg)?;
+    let given = std::path::Path::new(arg);
+    let name = match given.exists() {
+        true => std::fs::canonicalize(given)
+            .ok()
+            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| arg.to_string()),
+        false => arg.to_string(),
+    };
+    Ok(NamedModel { name, dir })
+}
+
 /// Check a resumable output before a run: not the input, and JSONL (it is appended to and
 /// resumed).
 pub fn resumable_output(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {

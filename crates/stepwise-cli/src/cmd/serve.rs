@@ -1,5 +1,4 @@
 use anyhow::{Context, Result};
-use std::path::PathBuf;
 use std::time::Duration;
 use stepwise_remote::serve::{serve, Limits, ServeConfig};
 
@@ -55,16 +54,18 @@ Examples:
   # then, from Python:  openai.OpenAI(base_url=\"http://localhost:8000/v1\", api_key=\"secret\")
   #  and from stepwise: stepwise search --policy http://host:8000 --prm http://host:8000 ...")]
 pub struct Args {
-    /// Policy checkpoint folder (or cached Hugging Face model id) for completions and chat.
-    #[arg(long, value_parser = super::model_dir)]
-    pub model: Option<PathBuf>,
-    /// PRM checkpoint folder (or cached model id) for /v1/score_steps and /pooling.
-    #[arg(long, value_parser = super::model_dir)]
-    pub prm: Option<PathBuf>,
-    /// The policy's name in requests (default: its folder's name).
+    /// Policy checkpoint folder (or Hugging Face model id, or PEFT adapter) for completions and
+    /// chat.
+    #[arg(long, value_parser = super::named_model)]
+    pub model: Option<super::NamedModel>,
+    /// PRM checkpoint folder (or model id, or adapter) for /v1/score_steps and /pooling.
+    #[arg(long, value_parser = super::named_model)]
+    pub prm: Option<super::NamedModel>,
+    /// The policy's name in requests (default: a model id as given, as vLLM names it; a
+    /// folder's last name).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// The PRM's name in requests (default: its folder's name).
+    /// The PRM's name in requests (default: as the policy's).
     #[arg(long)]
     pub served_prm_name: Option<String>,
     /// PRM layout: auto, qwen-prm, step-tag, token-cls or log-ratio.
@@ -213,10 +214,10 @@ pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     let code = code_service(&a)?;
     let cfg = ServeConfig {
-        model: a.model,
-        prm: a.prm,
-        model_name: a.served_model_name,
-        prm_name: a.served_prm_name,
+        model_name: a.served_model_name.or(a.model.as_ref().map(|m| m.name.clone())),
+        prm_name: a.served_prm_name.or(a.prm.as_ref().map(|m| m.name.clone())),
+        model: a.model.map(|m| m.dir),
+        prm: a.prm.map(|m| m.dir),
         address: format!("{}:{}", a.host, a.port),
         api_key: api_key(a.api_key)?,
         max_n: a.max_n.max(1),
