@@ -81,6 +81,8 @@ enum Command {
     Rl(cmd::rl::Args),
     /// Train a policy by DPO on preference pairs (Step-DPO with `stepwise pairs`' step pairs): no reward model, no sampling.
     Dpo(cmd::dpo::Args),
+    /// Download models (and an adapter's base) from the Hugging Face Hub ahead of an offline run: only what stepwise reads.
+    Download(cmd::download::Args),
     /// Merge a PEFT LoRA adapter onto its base into a model folder (PEFT's merge_and_unload + save_pretrained).
     Merge(cmd::merge::Args),
     /// The models stepwise merged from adapters into its cache: list them, remove or prune them.
@@ -137,6 +139,7 @@ where
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Merge(a) => cmd::merge::run(a),
+        Command::Download(a) => cmd::download::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Studio(a) => cmd::studio::run(*a),
         Command::Agent(a) => cmd::agent::run(a),

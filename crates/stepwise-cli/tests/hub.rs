@@ -470,3 +470,52 @@ fn merge_writes_a_model_folder_and_the_cache_is_listed_and_kept_small() {
     assert!(cache_cmd(&["remove", "--all"]).contains("1 merged models removed"));
     assert_eq!(cache_cmd(&["list", "--json"]), "");
 }
+
+/// `stepwise download`: an adapter's id is fetched (its two files, not its README) and its base,
+/// a model id (here found in the cache, as a second repository the lookalike does not serve), is
+/// resolved too, each snapshot printed; the adapter then scores offline as the same adapter in a
+/// folder does. A folder is refused (nothing to download).
+#[test]
+fn download_fetches_an_adapter_and_its_base_for_an_offline_run() {
+    let d_tmp = common::tmp("hub", "download");
+    let d = d_tmp.path();
+    cache_tiny_prm(d);
+    let mut files = adapter_files("test-org/tiny-prm", 5);
+    files.push(("README.md".to_string(), b"# an adapter".to_vec()));
+    let hub = hub("test-org/prm-lora", files.clone());
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_stepwise"))
+            .args(args)
+            .env("HF_HUB_CACHE", d.join("hub"))
+            .env("HF_ENDPOINT", &hub.url)
+            .env_remove("HF_HUB_OFFLINE")
+            .output()
+            .unwrap()
+    };
+    let o = run(&["download", "test-org/prm-lora"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let printed = String::from_utf8_lossy(&o.stdout).into_owned();
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), 2, "{printed}");
+    assert!(lines[0].starts_with("test-org/prm-lora\t") && lines[1].starts_with("test-org/tiny-prm\t"));
+    let snapshot = PathBuf::from(lines[0].split('\t').nth(1).unwrap());
+    assert!(snapshot.join("adapter_model.safetensors").is_file() && !snapshot.join("README.md").exists());
+    let asked = hub.log.lock().unwrap().clone();
+    assert!(asked.iter().all(|p| !p.ends_with("README.md")), "{asked:?}");
+
+    let folder = d.join("adapter-folder");
+    write_folder(&folder, &files);
+    let cache = d.join("cache");
+    let env = [("HF_HUB_OFFLINE", "1"), ("STEPWISE_CACHE", cache.to_str().unwrap())];
+    let scored = |model: &str, out: &str| {
+        let o = score(d, model, out, &env);
+        assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read_to_string(d.join(out)).unwrap()
+    };
+    assert_eq!(
+        scored("test-org/prm-lora", "id.jsonl"),
+        scored(folder.to_str().unwrap(), "folder.jsonl")
+    );
+    let said = String::from_utf8_lossy(&run(&["download", folder.to_str().unwrap()]).stderr).into_owned();
+    assert!(said.contains("a folder here"), "{said}");
+}

@@ -26,6 +26,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 
+/// What the adapter in `dir` names as its base (`base_model_name_or_path`: a folder or a model
+/// id), its settings checked.
+pub fn base_model(dir: &Path) -> Result<String> {
+    Ok(AdapterConfig::read(dir)?.base)
+}
+
 /// The adapter's settings file.
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
 /// The adapter's weights.

@@ -116,8 +116,8 @@ pub fn download(id: &str, cache: &Path) -> Result<PathBuf> {
     let failed = |what: String| {
         format!(
             "{id}: not in the Hugging Face cache ({}), and {what} from {endpoint} failed (a gated or \
-private model needs HF_TOKEN; offline, fetch it where the network allows with `hf download {name}` \
-and point HF_HUB_CACHE or HF_HOME at that cache, or set HF_HUB_OFFLINE=1 to never download)",
+private model needs HF_TOKEN; offline, fetch it where the network allows with `stepwise download {name}` \
+(or `hf download {name}`) and point HF_HUB_CACHE or HF_HOME at that cache, or set HF_HUB_OFFLINE=1 to never download)",
             cache.display()
         )
     };
@@ -158,8 +158,8 @@ pub fn resolve_in(id: &str, cache: &Path) -> Result<PathBuf> {
     if !repo.is_dir() {
         bail!(
             "{id}: neither a folder nor a model in the Hugging Face cache ({} is missing; with \
-HF_HUB_OFFLINE set, or without the engine, stepwise does not download: fetch it with `hf download \
-{name}`, or point HF_HUB_CACHE / HF_HOME at the cache that has it)",
+HF_HUB_OFFLINE set, or without the engine, stepwise does not download: fetch it with `stepwise download \
+{name}` (or `hf download {name}`), or point HF_HUB_CACHE / HF_HOME at the cache that has it)",
             repo.display()
         );
     }

@@ -7,6 +7,7 @@ pub mod bon;
 pub mod cache;
 pub mod calibrate;
 pub mod convert;
+pub mod download;
 pub mod dpo;
 pub mod eval;
 pub mod generate;
