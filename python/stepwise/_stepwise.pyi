@@ -345,6 +345,11 @@ def rl(
     `lora_rank` trains LoRA adapters (`lora_alpha`, default 2 × rank; `lora_targets`, projections
     or `"all-linear"`) on the frozen policy: `out` holds the merged policy and PEFT's adapter files."""
 
+def download(id: str) -> str:
+    """Download the Hugging Face model `id` (`ORG/NAME`, optionally `@REVISION`) into the local
+    Hugging Face cache, only what stepwise reads, as `stepwise download`; returns its snapshot
+    folder. For a PEFT adapter, its base too when that is a model id."""
+
 def merge_adapter(
     adapter: Union[str, "PathLike[str]"],
     out: Union[str, "PathLike[str]"],

@@ -77,6 +77,8 @@ pub use stepwise_text::{chat_turns, prompt, tokenizer};
 /// Checkpoints by Hugging Face model id (`stepwise-text`'s [`stepwise_text::hub`]), and with the
 /// engine PEFT LoRA adapter folders merged onto their base ([`peft`]).
 pub mod hub {
+    #[cfg(feature = "engine")]
+    use anyhow::Context;
     pub use stepwise_text::hub::*;
 
     /// A checkpoint folder from a command-line argument ([`stepwise_text::hub::resolve`]: a
@@ -91,6 +93,28 @@ pub mod hub {
     /// is (not merged).
     pub fn resolve_folder(arg: &str) -> anyhow::Result<std::path::PathBuf> {
         stepwise_text::hub::resolve(arg)
+    }
+
+    /// Model `id` found in the Hugging Face cache or downloaded into it (only what stepwise
+    /// reads), and for a PEFT adapter its base when that is a model id: each id with its
+    /// snapshot folder. Refused for a folder (nothing to download).
+    #[cfg(feature = "engine")]
+    pub fn download(id: &str) -> anyhow::Result<Vec<(String, std::path::PathBuf)>> {
+        use std::path::Path;
+        anyhow::ensure!(
+            !Path::new(id).exists(),
+            "{id}: a folder here, not a model id to download"
+        );
+        let dir = resolve_folder(id)?;
+        let mut got = vec![(id.to_string(), dir.clone())];
+        if is_adapter(&dir) {
+            let base = crate::peft::base_model(&dir)?;
+            if !Path::new(&base).exists() && !dir.join(&base).exists() {
+                let base_dir = resolve_folder(&base).with_context(|| format!("{id}: its base model {base}"))?;
+                got.push((base, base_dir));
+            }
+        }
+        Ok(got)
     }
 }
 

@@ -38,3 +38,17 @@ pub fn merge_adapter(
         Ok(out.display().to_string())
     })
 }
+
+/// Downloads the Hugging Face model `id` (`ORG/NAME`, optionally `@REVISION`) into the local
+/// Hugging Face cache, only what stepwise reads (safetensors weights, configs, tokenizer files,
+/// chat templates), as `stepwise download`, and returns its snapshot folder; already cached, it
+/// fetches nothing. For a PEFT adapter, its base too when that is a model id. Every model
+/// argument downloads what it lacks anyway: this is for fetching ahead of an offline run.
+///
+/// >>> stepwise.download("Qwen/Qwen2.5-Math-PRM-7B")
+#[pyfunction]
+pub fn download(py: Python<'_>, id: String) -> PyResult<String> {
+    without_gil(py, move || {
+        Ok(stepwise_model::hub::download(&id)?[0].1.display().to_string())
+    })
+}

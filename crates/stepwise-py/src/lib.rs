@@ -79,6 +79,7 @@ fn _stepwise(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rl::rl, m)?)?;
     m.add_function(wrap_pyfunction!(dpo::dpo, m)?)?;
     m.add_function(wrap_pyfunction!(hub::merge_adapter, m)?)?;
+    m.add_function(wrap_pyfunction!(hub::download, m)?)?;
     m.add_function(wrap_pyfunction!(code::run_tests, m)?)?;
     m.add_function(wrap_pyfunction!(code::pass_at_k, m)?)?;
     m.add_function(wrap_pyfunction!(verifier::generative_scores, m)?)?;

@@ -1,5 +1,4 @@
-use anyhow::{Context, Result};
-use std::path::Path;
+use anyhow::Result;
 
 /// Download models (and an adapter's base) from the Hugging Face Hub into the local cache.
 #[derive(clap::Args)]
@@ -27,21 +26,8 @@ pub struct Args {
 /// Fetch each id and say where it is.
 pub fn run(a: Args) -> Result<()> {
     for id in &a.ids {
-        anyhow::ensure!(
-            !Path::new(id).exists(),
-            "{id}: a folder here, not a model id to download"
-        );
-        let dir = stepwise_model::hub::resolve_folder(id)?;
-        println!("{id}\t{}", dir.display());
-        if stepwise_model::hub::is_adapter(&dir) {
-            let base = stepwise_model::peft::base_model(&dir)?;
-            if Path::new(&base).exists() || dir.join(&base).exists() {
-                eprintln!("{id}: an adapter on the folder {base}, not downloaded");
-                continue;
-            }
-            let base_dir =
-                stepwise_model::hub::resolve_folder(&base).with_context(|| format!("{id}: its base model {base}"))?;
-            println!("{base}\t{}", base_dir.display());
+        for (id, dir) in stepwise_model::hub::download(id)? {
+            println!("{id}\t{}", dir.display());
         }
     }
     Ok(())
