@@ -17,6 +17,7 @@ import io
 from typing import Any, Iterable, Optional
 
 from . import lab
+from .isolation import EnvironmentProcessError, isolated
 from ._stepwise import (
     DEFAULT_MAX_BATCH_TOKENS,
     PRM,
@@ -55,6 +56,7 @@ from ._stepwise import (
 
 __all__ = [
     "DEFAULT_MAX_BATCH_TOKENS",
+    "EnvironmentProcessError",
     "PRM",
     "Policy",
     "StepwiseError",
@@ -69,6 +71,7 @@ __all__ = [
     "generative_scores",
     "judge_scores",
     "grade",
+    "isolated",
     "lab",
     "label_actions",
     "merge_adapter",

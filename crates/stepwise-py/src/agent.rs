@@ -41,6 +41,19 @@ struct PythonEpisode {
     actions: Vec<String>,
 }
 
+impl Drop for PythonEpisode {
+    /// The environment's object let go at once rather than whenever this process next enters
+    /// Python from Rust (pyo3 defers a drop made without the interpreter): its `__del__` (an
+    /// isolated environment handing its process back for the next object) runs now. Not under
+    /// the lock, which is never taken holding the interpreter, and a drop may come holding it.
+    fn drop(&mut self) {
+        let _ = Python::try_attach(|py| {
+            let object = std::mem::replace(&mut self.object, py.None());
+            drop(object);
+        });
+    }
+}
+
 fn call_error(what: &str, e: PyErr) -> anyhow::Error {
     anyhow!("the Python environment's {what} raised {e}")
 }
