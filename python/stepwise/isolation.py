@@ -19,8 +19,9 @@ imported stepwise and the environment's module (a plain ``fork`` beside stepwise
 not safe; a fresh interpreter for each object cost 0.13 s), and they are kept: an object's
 process, its environment let go, serves the class's next object (``keep`` of them wait; a process
 that crashed or timed out is never reused). ``fork()`` is there when the environment has one (its result
-pickled into a process of its own), else stepwise replays the actions on a new object as it does
-for any environment without ``fork``. ``close_all()`` on the class stops its waiting processes
+pickled into a process of its own; where it cannot be pickled, a simulator's handle in it, the
+actions are replayed in a new process instead), else stepwise replays the actions on a new object
+as it does for any environment without ``fork``. ``close_all()`` on the class stops its waiting processes
 (they stop with the interpreter anyway).
 
     >>> trajs = stepwise.play(problems, policy, env=stepwise.isolated(MySimulator), step_timeout=10)
@@ -64,13 +65,21 @@ def _serve(conn, memory_mb: Optional[int]) -> None:
             elif method == "drop":
                 env = result = None
             elif method == "fork":
-                result = pickle.dumps(env.fork())
+                forked = env.fork()
+                try:
+                    result = pickle.dumps(forked)
+                except (pickle.PicklingError, TypeError, AttributeError) as e:
+                    raise _Unpicklable(f"{type(e).__name__}: {e}") from None
             else:
                 result = getattr(env, method)(*args)
         except BaseException as e:  # noqa: BLE001 (sent back, raised there)
             _reply(conn, False, e)
             continue
         _reply(conn, True, result)
+
+
+class _Unpicklable(Exception):
+    """A fork's result that cannot cross to another process (a simulator's handle in it)."""
 
 
 def _is_environment(obj: Any) -> bool:
@@ -269,20 +278,42 @@ def isolated(
     _context(getattr(inner, "__module__", None))
     pool = _Pool(memory_mb, timeout, keep=keep)
 
+    # Whether forks are replayed: the environment's own fork gave something that cannot be
+    # pickled (a simulator's handle), found out once for the class.
+    replay = [False]
+
     def __init__(self, _loaded: Optional[bytes] = None) -> None:
         self._env, _ = pool.load(_loaded or blob)
+        self._problem = None
+        self._actions = []
 
     def reset(self, problem: Any) -> Any:
-        return self._env.call("reset", problem)
+        first = self._env.call("reset", problem)
+        self._problem, self._actions = problem, []
+        return first
 
     def step(self, action: str) -> Any:
-        return self._env.call("step", action)
+        got = self._env.call("step", action)
+        self._actions.append(action)
+        return got
 
     def judge(self, action: str) -> Any:
         return self._env.call("judge", action)
 
     def fork(self) -> Any:
-        return type(self)(self._env.call("fork"))
+        if not replay[0]:
+            try:
+                other = type(self)(self._env.call("fork"))
+                other._problem, other._actions = self._problem, list(self._actions)
+                return other
+            except _Unpicklable:
+                replay[0] = True
+        # As stepwise forks an environment without `fork`: the same actions on a new object.
+        other = type(self)()
+        other.reset(self._problem)
+        for action in self._actions:
+            other.step(action)
+        return other
 
     def close(self) -> None:
         """Lets this object's environment go (its process waits for the next object)."""

@@ -217,6 +217,13 @@ def test_textworld_games_generated_here_are_played_and_labelled(tmp_path):
     mc = stepwise.label_actions(trajs, games, method="mc", env=tw.Game, policy=Follower(), rollouts=2)
     assert all(s["label"]["p"] == 1.0 for r in mc for s in r["steps"])
     json.dumps(mc)
+    # Behind a process boundary (TextWorld's game engine in a process of its own; its forks hold
+    # the engine's handle, so they are replayed there): the same trajectories and labels.
+    isolated = stepwise.isolated(tw.Game)
+    assert stepwise.play(games, Follower(), env=isolated, n=1, max_actions=12) == trajs
+    assert stepwise.label_actions(trajs, games, method="oracle", env=isolated) == oracle
+    assert stepwise.label_actions(trajs, games, method="mc", env=isolated, policy=Follower(), rollouts=2) == mc
+    isolated.close_all()
 
 
 def test_agent_rl_trains_in_a_python_environment_and_resumes(tmp_path, fixtures):

@@ -35,6 +35,15 @@ class Counter:
         return copy.deepcopy(self)
 
 
+class Handled(Counter):
+    """Its forks hold something no pickle takes (as a simulator's handle)."""
+
+    def fork(self):
+        other = copy.deepcopy(self)
+        other.handle = lambda: None
+        return other
+
+
 class Segfaulting(Counter):
     """A simulator written in C that crashes on input it was not built for."""
 
@@ -129,13 +138,14 @@ def test_labels_through_an_isolated_environment_are_the_same():
             return [random.Random(seed * 31 + j + len(prefix)).choice(["inc", "look", "smash"]) for j in range(n)]
 
     trajs = stepwise.play(probs, Incer(), env=Counter, n=2, max_actions=6, seed=3)
-    isolated = stepwise.isolated(Counter)
-    assert stepwise.play(probs, Incer(), env=isolated, n=2, max_actions=6, seed=3) == trajs
-    for method, extra in [("oracle", {}), ("mc", {"policy": Incer(), "rollouts": 2})]:
-        here = stepwise.label_actions(trajs, probs, method=method, env=Counter, **extra)
-        there = stepwise.label_actions(trajs, probs, method=method, env=isolated, **extra)
-        assert there == here, method
-    assert_no_children_left(isolated)
+    for env in [Counter, Handled]:  # forks pickled across, and forks replayed there
+        isolated = stepwise.isolated(env)
+        assert stepwise.play(probs, Incer(), env=isolated, n=2, max_actions=6, seed=3) == trajs
+        for method, extra in [("oracle", {}), ("mc", {"policy": Incer(), "rollouts": 2})]:
+            here = stepwise.label_actions(trajs, probs, method=method, env=Counter, **extra)
+            there = stepwise.label_actions(trajs, probs, method=method, env=isolated, **extra)
+            assert there == here, (env, method)
+        assert_no_children_left(isolated)
 
 
 def test_what_cannot_be_isolated_is_refused():
