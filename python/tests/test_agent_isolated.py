@@ -157,3 +157,14 @@ def test_what_cannot_be_isolated_is_refused():
         stepwise.isolated(Counter, timeout=0)
     with pytest.raises(ValueError, match="keep"):
         stepwise.isolated(Counter, keep=-1)
+
+
+def test_agent_rl_through_an_isolated_environment_logs_what_it_logs_in_process(tmp_path, fixtures):
+    settings = dict(updates=2, worlds=2, group_size=2, max_tokens=4, max_actions=3, lr=1e-4, seed=3, reward="oracle")
+    probs = [{"id": f"c{i}", "question": "Count to three.", "meta": {"target": 3}} for i in range(3)]
+    here = stepwise.agent_rl(fixtures / "qwen2-policy", probs, tmp_path / "here", env=Counter, **settings)
+    isolated = stepwise.isolated(Counter)
+    there = stepwise.agent_rl(fixtures / "qwen2-policy", probs, tmp_path / "there", env=isolated, **settings)
+    keys = ("update", "reward", "kl", "sampled_tokens")
+    assert [[e[k] for k in keys] for e in there] == [[e[k] for k in keys] for e in here]
+    assert_no_children_left(isolated)
