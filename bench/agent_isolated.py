@@ -1,5 +1,5 @@
 """What a process boundary costs a Python environment: `stepwise.play` and Monte Carlo
-`stepwise.label_actions` (forks) with a tiny environment in process and behind
+`stepwise.label_actions` (forks) with a tiny environment (a walk up three rungs) in process and behind
 `stepwise.isolated` (each object in a process of its own, forked by the forkserver and reused).
 The environment does next to nothing, so the difference is the boundary's own cost.
 
@@ -14,29 +14,29 @@ import time
 import stepwise
 
 
-class Counter:
-    """`inc` three times wins; `smash` loses; it forks by copying itself."""
+class Walk:
+    """A walk on a line: `up` moves one rung up, `fall` ends it lost, three rungs win; it forks
+    by copying its height."""
 
     def reset(self, problem):
-        self.count = 0
-        return "count 0"
+        self.height = 0
+        return "at the bottom"
 
     def step(self, action):
-        if action == "smash":
-            return "broken", True, False
-        if action == "inc":
-            self.count += 1
-        return f"count {self.count}", self.count >= 3, self.count >= 3
+        self.height += action == "up"
+        lost = action == "fall"
+        won = self.height >= 3 and not lost
+        return ("fell" if lost else f"at rung {self.height}"), lost or won, won
 
     def fork(self):
-        other = Counter()
-        other.count = self.count
+        other = Walk()
+        other.height = self.height
         return other
 
 
-class Incer:
+class Climber:
     def continue_from(self, question, prefix, n, until, seed):
-        return [random.Random(seed * 31 + j + len(prefix)).choice(["inc", "look", "smash"]) for j in range(n)]
+        return [random.Random(seed * 31 + j + len(prefix)).choice(["up", "wait", "fall"]) for j in range(n)]
 
 
 def main():
@@ -46,16 +46,16 @@ def main():
     ap.add_argument("--rollouts", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    probs = [{"id": f"c{i}", "question": "Count to three."} for i in range(args.problems)]
+    probs = [{"id": f"c{i}", "question": "Climb three rungs."} for i in range(args.problems)]
     result = {}
-    for name, env in [("in_process", Counter), ("isolated", stepwise.isolated(Counter))]:
+    for name, env in [("in_process", Walk), ("isolated", stepwise.isolated(Walk))]:
         plays, labels = [], []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            trajs = stepwise.play(probs, Incer(), env=env, n=args.n, max_actions=8, seed=1, progress=False)
+            trajs = stepwise.play(probs, Climber(), env=env, n=args.n, max_actions=8, seed=1, progress=False)
             plays.append(time.perf_counter() - start)
             start = time.perf_counter()
-            stepwise.label_actions(trajs, probs, method="mc", env=env, policy=Incer(), rollouts=args.rollouts,
+            stepwise.label_actions(trajs, probs, method="mc", env=env, policy=Climber(), rollouts=args.rollouts,
                                    progress=False)
             labels.append(time.perf_counter() - start)
         result[name] = {"play_seconds": [round(x, 3) for x in plays], "mc_label_seconds": [round(x, 3) for x in labels],

@@ -12,24 +12,11 @@ import time
 
 import pytest
 import stepwise
+import test_agent
 
 
-class Counter:
-    """`inc` three times wins; `smash` loses."""
-
-    def reset(self, problem):
-        self.count = 0
-        return f"count 0 of {problem['meta']['target']}"
-
-    def step(self, action):
-        if action == "smash":
-            return "broken", True, False
-        if action == "inc":
-            self.count += 1
-        return f"count {self.count}", self.count >= 3, self.count >= 3
-
-    def judge(self, action):
-        return {"inc": "progress", "smash": "ruin"}.get(action, "useless")
+class Counter(test_agent.Counter):
+    """test_agent's counter (`inc` three times wins, `smash` loses), forking by copying itself."""
 
     def fork(self):
         return copy.deepcopy(self)
