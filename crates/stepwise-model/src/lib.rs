@@ -95,6 +95,14 @@ pub mod hub {
         stepwise_text::hub::resolve(arg)
     }
 
+    /// The PEFT adapter `adapter` (a folder or model id) merged onto `base` (else the base it
+    /// names, found as any model) into the new folder `out` ([`crate::peft::merge_to`]).
+    #[cfg(feature = "engine")]
+    pub fn merge_adapter(adapter: &str, base: Option<&std::path::Path>, out: &std::path::Path) -> anyhow::Result<()> {
+        let dir = resolve_folder(adapter)?;
+        crate::peft::merge_to(&dir, base, resolve, out).with_context(|| format!("merging {}", dir.display()))
+    }
+
     /// Model `id` found in the Hugging Face cache or downloaded into it (only what stepwise
     /// reads), and for a PEFT adapter its base when that is a model id: each id with its
     /// snapshot folder. Refused for a folder (nothing to download).

@@ -64,10 +64,14 @@ pub fn limit_from_env() -> Result<Option<u64>> {
         return Ok(None);
     };
     let text = text.to_string_lossy();
-    match text.trim().parse::<f64>() {
-        Ok(gb) if gb.is_finite() && gb >= 0.0 => Ok(Some((gb * (1u64 << 30) as f64) as u64)),
-        _ => bail!("STEPWISE_CACHE_MAX_GB={text}: a number of GiB (0 or more) is needed"),
-    }
+    let gb = text.trim().parse::<f64>().unwrap_or(f64::NAN);
+    gib(gb).map(Some).with_context(|| format!("STEPWISE_CACHE_MAX_GB={text}"))
+}
+
+/// `gb` GiB in bytes; refused unless a number, 0 or more.
+pub fn gib(gb: f64) -> Result<u64> {
+    ensure!(gb.is_finite() && gb >= 0.0, "a number of GiB (0 or more) is needed");
+    Ok((gb * (1u64 << 30) as f64) as u64)
 }
 
 /// Writes `folder`'s record: merged from `adapter` onto `base` (named `base_name` by the adapter).
@@ -139,23 +143,41 @@ pub fn list(root: &Path) -> Result<Vec<Merged>> {
 /// Removes the merged model `name` (a folder name [`list`] gives); refused for anything else,
 /// and for a merge still at work.
 pub fn remove(root: &Path, name: &str) -> Result<Merged> {
+    Ok(remove_all(root, &[name])?.remove(0))
+}
+
+/// [`remove`] for each of `names`, the cache listed once; none is removed when one is refused.
+pub fn remove_all<S: AsRef<str>>(root: &Path, names: &[S]) -> Result<Vec<Merged>> {
     let merged = root.join("merged");
-    ensure!(
-        !name.is_empty() && !name.contains(['/', '\\']) && name != "." && name != "..",
-        "{name:?}: not the name of a merged model (`stepwise cache list` names them)"
-    );
-    let Some(found) = list(root)?.into_iter().find(|m| m.name == name) else {
-        bail!("{}: no merged model of that name", merged.join(name).display());
-    };
-    ensure!(
-        found.unfinished != Some(true),
-        "{}: a merge still at work (its process is running)",
-        found.path.display()
-    );
-    let aside = merged.join(format!(".{name}.removing-{}", std::process::id()));
-    std::fs::rename(&found.path, &aside).with_context(|| format!("moving {} aside", found.path.display()))?;
-    std::fs::remove_dir_all(&aside).with_context(|| format!("removing {}", aside.display()))?;
+    let all = list(root)?;
+    let found = names
+        .iter()
+        .map(|name| {
+            let name = name.as_ref();
+            ensure!(
+                !name.is_empty() && !name.contains(['/', '\\']) && name != "." && name != "..",
+                "{name:?}: not the name of a merged model (`stepwise cache list` names them)"
+            );
+            let Some(found) = all.iter().find(|m| m.name == name) else {
+                bail!("{}: no merged model of that name", merged.join(name).display());
+            };
+            ensure!(
+                found.unfinished != Some(true),
+                "{}: a merge still at work (its process is running)",
+                found.path.display()
+            );
+            Ok(found.clone())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    found.iter().try_for_each(|m| take_away(&merged, m))?;
     Ok(found)
+}
+
+/// Renames `m` aside in `merged`, then deletes it.
+fn take_away(merged: &Path, m: &Merged) -> Result<()> {
+    let aside = merged.join(format!(".{}.removing-{}", m.name, std::process::id()));
+    std::fs::rename(&m.path, &aside).with_context(|| format!("moving {} aside", m.path.display()))?;
+    std::fs::remove_dir_all(&aside).with_context(|| format!("removing {}", aside.display()))
 }
 
 /// Removes what `how` says, and merges left unfinished by processes that are gone; returns what
@@ -175,7 +197,8 @@ pub fn prune(root: &Path, how: &Prune) -> Result<Vec<Merged>> {
         let stale = m.unfinished == Some(false) || how.unused_for.is_some_and(|d| idle > d);
         let over = how.max_bytes.is_some_and(|max| total > max);
         if stale || over {
-            removed.push(remove(root, &m.name)?);
+            take_away(&root.join("merged"), m)?;
+            removed.push(m.clone());
             total -= m.bytes;
         }
     }

@@ -30,11 +30,10 @@ pub fn merge_adapter(
     let out = path_arg(out, "out")?;
     let base = base.map(|b| path_arg(b, "base")).transpose()?;
     without_gil(py, move || {
-        let adapter = stepwise_model::hub::resolve_folder(&adapter.to_string_lossy())?;
         let base = base
             .map(|b| stepwise_model::hub::resolve(&b.to_string_lossy()))
             .transpose()?;
-        stepwise_model::peft::merge_to(&adapter, base.as_deref(), stepwise_model::hub::resolve, &out)?;
+        stepwise_model::hub::merge_adapter(&adapter.to_string_lossy(), base.as_deref(), &out)?;
         Ok(out.display().to_string())
     })
 }

@@ -1,4 +1,4 @@
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::time::{Duration, SystemTime};
 use stepwise_model::merged_cache::{self, Merged, Prune};
 
@@ -62,18 +62,13 @@ pub fn run(a: Args) -> Result<()> {
                 true => merged_cache::list(&root)?.into_iter().map(|m| m.name).collect(),
                 false => names,
             };
-            let removed = names
-                .iter()
-                .map(|name| merged_cache::remove(&root, name))
-                .collect::<Result<Vec<_>>>()?;
-            say_removed(&removed);
+            say_removed(&merged_cache::remove_all(&root, &names)?);
             Ok(())
         }
         Command::Prune { unused_for, max_gb } => {
-            let max_bytes = match max_gb {
-                Some(gb) if !(gb.is_finite() && gb >= 0.0) => bail!("--max-gb {gb}: a number of GiB, 0 or more"),
-                gb => gb.map(|gb| (gb * GIB) as u64),
-            };
+            let max_bytes = max_gb
+                .map(|gb| merged_cache::gib(gb).with_context(|| format!("--max-gb {gb}")))
+                .transpose()?;
             let how = Prune {
                 unused_for,
                 max_bytes,
@@ -84,8 +79,6 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
 }
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 fn list(root: &std::path::Path, json: bool) -> Result<()> {
     let all = merged_cache::list(root)?;

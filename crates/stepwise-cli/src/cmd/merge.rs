@@ -1,4 +1,4 @@
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 
 /// Merge a PEFT LoRA adapter onto its base into a model folder of its own.
@@ -33,13 +33,11 @@ pub struct Args {
 
 /// Merge the adapter and say where the model went.
 pub fn run(a: Args) -> Result<()> {
-    let adapter = stepwise_model::hub::resolve_folder(&a.adapter)?;
     let started = std::time::Instant::now();
-    stepwise_model::peft::merge_to(&adapter, a.base.as_deref(), stepwise_model::hub::resolve, &a.out)
-        .with_context(|| format!("merging {}", adapter.display()))?;
+    stepwise_model::hub::merge_adapter(&a.adapter, a.base.as_deref(), &a.out)?;
     eprintln!(
         "merged {} into {} in {:.1} s",
-        adapter.display(),
+        a.adapter,
         a.out.display(),
         started.elapsed().as_secs_f64()
     );
