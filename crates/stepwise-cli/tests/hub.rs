@@ -279,26 +279,6 @@ fn a_model_id_not_in_the_cache_is_downloaded_once_and_resumes() {
     assert!(!d.join("never.jsonl").exists());
 }
 
-/// A safetensors file of f32 tensors, written by hand (the format: the header's length, the
-/// JSON header, the data).
-fn safetensors_bytes(tensors: &[(&str, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
-    let (mut header, mut data) = (serde_json::Map::new(), Vec::new());
-    for (name, shape, values) in tensors {
-        let start = data.len();
-        data.extend(values.iter().flat_map(|x| x.to_le_bytes()));
-        header.insert(
-            name.to_string(),
-            json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
-        );
-    }
-    let mut header = serde_json::Value::Object(header).to_string().into_bytes();
-    header.resize(header.len().div_ceil(8) * 8, b' ');
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend(header);
-    out.extend(data);
-    out
-}
-
 /// A PEFT LoRA adapter's two files: rank 4 on layer 0's `q_proj` of the token classifier
 /// `base`, its values drawn by `seed`.
 fn adapter_files(base: &str, seed: u32) -> Vec<(String, Vec<u8>)> {
@@ -315,7 +295,7 @@ fn adapter_files(base: &str, seed: u32) -> Vec<(String, Vec<u8>)> {
         ("adapter_config.json".to_string(), config.to_string().into_bytes()),
         (
             "adapter_model.safetensors".to_string(),
-            safetensors_bytes(&[
+            common::safetensors_bytes(&[
                 (&format!("{q}.lora_A.weight"), vec![4, 64], values(256, 1 + seed)),
                 (&format!("{q}.lora_B.weight"), vec![64, 4], values(256, 2 + seed)),
             ]),

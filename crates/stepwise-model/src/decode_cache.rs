@@ -21,6 +21,23 @@ use candle_core::{IndexOp, Tensor};
 /// Where a logits callback writes: every row's next token, then each prompt fed whole's logits.
 pub type Sample<'s> = dyn FnMut(&[f32]) -> Result<()> + Send + 's;
 
+/// The served adapters ([`crate::Adapters`]) of a pass's sequences: each decoding row's and each
+/// prompt chunk's (`None`, or none given: the base model).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassAdapters {
+    /// Each decoding row's adapter, in the rows' order.
+    pub rows: Vec<Option<usize>>,
+    /// Each prompt chunk's adapter, in the prompts' order.
+    pub prompts: Vec<Option<usize>>,
+}
+
+impl PassAdapters {
+    /// Whether a sequence of the pass runs with an adapter.
+    pub fn any(&self) -> bool {
+        self.rows.iter().chain(&self.prompts).any(Option::is_some)
+    }
+}
+
 /// The keys and values of a running batch on one engine (see the module's documentation).
 pub trait DecodeCache: Send {
     /// The model's vocabulary size (a prompt's tokens are checked against it when it comes).
@@ -30,11 +47,16 @@ pub trait DecodeCache: Send {
     fn reserve(&self, prompt: usize, n: usize, max_new: usize) -> Result<usize>;
     /// The room in all (`usize::MAX`: no bound).
     fn capacity(&self) -> usize;
+    /// How many adapters the engine serves ([`crate::Model::serve_adapters`]).
+    fn adapters(&self) -> usize {
+        0
+    }
     /// Blocks free now and in all, for a cache made of blocks.
     fn blocks(&self) -> Option<(usize, usize)>;
-    /// Encodes `prompt` in a pass of its own as a new prompt (the last), fed whole; its last
-    /// position's logits. `None` where prompts are only fed through the decoding steps.
-    fn encode_alone(&mut self, prompt: &[u32]) -> Result<Option<Vec<f32>>>;
+    /// Encodes `prompt` in a pass of its own as a new prompt (the last), fed whole, with the
+    /// served `adapter`; its last position's logits. `None` where prompts are only fed through
+    /// the decoding steps.
+    fn encode_alone(&mut self, prompt: &[u32], adapter: Option<usize>) -> Result<Option<Vec<f32>>>;
     /// A new prompt to feed, the last, with nothing cached yet.
     fn push_prompt(&mut self);
     /// Prompt `i` leaves (its request was cancelled), giving its room back.
@@ -42,10 +64,18 @@ pub trait DecodeCache: Send {
     /// Only rows `keep` (indices, ascending) stay, in that order; the others give their room back.
     fn keep_rows(&mut self, keep: &[usize]) -> Result<()>;
     /// One forward pass: each row continued by its token `next[r]`, and the first `chunks.len()`
-    /// prompts by `chunks[i]`; then `sample` gets the logits (`[rows + finishing, vocab]`) of every
-    /// row and of the last token of the first `finishing` prompts (those fed to their end). With
-    /// no row to read (only a prompt's middle chunk ran), `sample` is not called.
-    fn forward(&mut self, next: &[u32], chunks: &[&[u32]], finishing: usize, sample: &mut Sample) -> Result<()>;
+    /// prompts by `chunks[i]`, each with its served adapter of `adapters`; then `sample` gets the
+    /// logits (`[rows + finishing, vocab]`) of every row and of the last token of the first
+    /// `finishing` prompts (those fed to their end). With no row to read (only a prompt's middle
+    /// chunk ran), `sample` is not called.
+    fn forward(
+        &mut self,
+        next: &[u32],
+        chunks: &[&[u32]],
+        adapters: &PassAdapters,
+        finishing: usize,
+        sample: &mut Sample,
+    ) -> Result<()>;
     /// Prompt `i`, fed whole, becomes `n` rows after the others, sharing what it cached.
     fn start(&mut self, i: usize, n: usize) -> Result<()>;
     /// Row `k`, about to leave, keeps what it cached under a handle for later prompts to start
@@ -132,10 +162,15 @@ impl DecodeCache for CpuRows<'_> {
         None
     }
 
-    fn encode_alone(&mut self, prompt: &[u32]) -> Result<Option<Vec<f32>>> {
+    fn adapters(&self) -> usize {
+        self.model.adapters().map_or(0, crate::Adapters::len)
+    }
+
+    fn encode_alone(&mut self, prompt: &[u32], adapter: Option<usize>) -> Result<Option<Vec<f32>>> {
         let mut cache = KvCache::default();
         let ids = Tensor::new(prompt, &self.model.device)?.unsqueeze(0)?;
-        let h = self.model.hidden(Input::padded(&ids, None).cache(&mut cache))?;
+        let input = Input::padded(&ids, None).cache(&mut cache).adapters(vec![adapter]);
+        let h = self.model.hidden(input)?;
         let first = self.logits(&last_hidden(&h)?)?.squeeze(0)?.to_vec1()?;
         self.prompts.push(cache);
         Ok(Some(first))
@@ -165,7 +200,14 @@ impl DecodeCache for CpuRows<'_> {
         Ok(())
     }
 
-    fn forward(&mut self, next: &[u32], chunks: &[&[u32]], finishing: usize, sample: &mut Sample) -> Result<()> {
+    fn forward(
+        &mut self,
+        next: &[u32],
+        chunks: &[&[u32]],
+        adapters: &PassAdapters,
+        finishing: usize,
+        sample: &mut Sample,
+    ) -> Result<()> {
         let dev = &self.model.device;
         let decoding = (!next.is_empty())
             .then(|| Tensor::new(next, dev)?.unsqueeze(1))
@@ -180,10 +222,11 @@ impl DecodeCache for CpuRows<'_> {
                 RowCaches::Own(cache) => BatchCache::Rows(cache),
                 RowCaches::Shared(cache) => BatchCache::Padded(cache),
             };
-            parts.push(Input::padded(ids, None).cache(cache));
+            parts.push(Input::padded(ids, None).cache(cache).adapters(adapters.rows.clone()));
         }
-        for (ids, cache) in chunk_ids.iter().zip(self.prompts.iter_mut()) {
-            parts.push(Input::padded(ids, None).cache(cache));
+        for (i, (ids, cache)) in chunk_ids.iter().zip(self.prompts.iter_mut()).enumerate() {
+            let adapter = adapters.prompts.get(i).copied().flatten();
+            parts.push(Input::padded(ids, None).cache(cache).adapters(vec![adapter]));
         }
         let input = parts.into_iter().reduce(Input::and).expect("a step of at least one part");
         let mut hidden = self.model.hidden_parts(input)?.into_iter();

@@ -7,7 +7,7 @@
 //! over them are a [`DecodeCache`] (the CPU decoder's or the packed engine's paged one), and
 //! sampling is [`sample_token`] with each continuation's own generator.
 
-use crate::decode_cache::DecodeCache;
+use crate::decode_cache::{DecodeCache, PassAdapters};
 use crate::engine::KvSize;
 use crate::kept_prefixes::KeptPrefixes;
 use crate::model::Model;
@@ -106,6 +106,8 @@ struct Prefill {
 /// A request's settings, continuations so far, and the room it may need at worst.
 struct Request {
     params: SamplingParams,
+    /// The served adapter it runs with (`None`: the base model).
+    adapter: Option<usize>,
     /// Its prompt, where the batch keeps its rows' prefixes (else empty).
     prompt: Vec<u32>,
     outs: Vec<Vec<u32>>,
@@ -261,9 +263,19 @@ impl<'a> Decoding<'a> {
 
     /// The continuations a request for `n` of `prompt` will decode (none with no token budget)
     /// and the room it may need at worst; an error when it cannot be decoded.
-    fn admissible(&mut self, prompt: &[u32], n: usize, params: &SamplingParams) -> Result<(usize, usize)> {
+    fn admissible(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+        params: &SamplingParams,
+        adapter: Option<usize>,
+    ) -> Result<(usize, usize)> {
         if prompt.is_empty() || n == 0 {
             bail!("generation needs a non-empty prompt and n > 0");
+        }
+        if let Some(a) = adapter {
+            let served = self.cache()?.adapters();
+            anyhow::ensure!(a < served, "adapter {a} is not served by this model ({served} are)");
         }
         if params.max_new_tokens == 0 {
             return Ok((0, 0));
@@ -278,13 +290,15 @@ impl<'a> Decoding<'a> {
     }
 
     /// Registers a request for `n` continuations of `prompt`, `live` of them to decode; its id.
-    fn register(&mut self, prompt: &[u32], params: SamplingParams, n: usize, (live, reserved): (usize, usize)) -> usize {
+    fn register(&mut self, prompt: &[u32], params: SamplingParams, adapter: Option<usize>, n: usize, room: (usize, usize)) -> usize {
+        let (live, reserved) = room;
         let prompt = match self.kept {
             Some(_) => prompt.to_vec(),
             None => Vec::new(),
         };
         self.requests.push(Some(Request {
             params,
+            adapter,
             prompt,
             outs: vec![Vec::new(); n],
             live,
@@ -298,14 +312,20 @@ impl<'a> Decoding<'a> {
     /// A request that fails (a model without an LM head, a token outside the vocabulary) leaves
     /// nothing behind (so with [`Decoding::join`]).
     pub fn add(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
-        let room = self.admissible(prompt, n, &params)?;
+        self.add_with(prompt, n, params, None)
+    }
+
+    /// [`Decoding::add`] with the served adapter `adapter` ([`Model::serve_adapters`]; `None`:
+    /// the base model): its rows run beside the others' in every step, each with its own.
+    pub fn add_with(&mut self, prompt: &[u32], n: usize, params: SamplingParams, adapter: Option<usize>) -> Result<usize> {
+        let room = self.admissible(prompt, n, &params, adapter)?;
         if room.0 == 0 {
-            return Ok(self.register(prompt, params, n, room));
+            return Ok(self.register(prompt, params, adapter, n, room));
         }
         // Encoded (where the cache encodes prompts alone) as the cache's last prompt, after the
         // ones being fed.
-        let first = self.cache()?.encode_alone(prompt)?;
-        let id = self.register(prompt, params, n, room);
+        let first = self.cache()?.encode_alone(prompt, adapter)?;
+        let id = self.register(prompt, params, adapter, n, room);
         match first {
             Some(first) => {
                 if let Err(e) = self.start(id, self.prefills.len(), &first) {
@@ -326,11 +346,16 @@ impl<'a> Decoding<'a> {
     /// decoding step of a few rows is bound by reading the weights, so rows more cost little,
     /// where a pass of its own reads every weight again.
     pub fn join(&mut self, prompt: &[u32], n: usize, params: SamplingParams) -> Result<usize> {
+        self.join_with(prompt, n, params, None)
+    }
+
+    /// [`Decoding::join`] with the served adapter `adapter` (see [`Decoding::add_with`]).
+    pub fn join_with(&mut self, prompt: &[u32], n: usize, params: SamplingParams, adapter: Option<usize>) -> Result<usize> {
         if self.rows.is_empty() && self.prefills.is_empty() && self.waiting.is_empty() {
-            return self.add(prompt, n, params);
+            return self.add_with(prompt, n, params, adapter);
         }
-        let room = self.admissible(prompt, n, &params)?;
-        let id = self.register(prompt, params, n, room);
+        let room = self.admissible(prompt, n, &params, adapter)?;
+        let id = self.register(prompt, params, adapter, n, room);
         if room.0 > 0 {
             self.wait(id, prompt);
         }
@@ -512,10 +537,15 @@ impl<'a> Decoding<'a> {
             .take_while(|(p, &take)| p.fed + take == p.tokens.len())
             .count();
         let next: Vec<u32> = self.rows.iter().map(|r| r.next).collect();
+        let adapter = |request: usize| self.requests[request].as_ref().and_then(|r| r.adapter);
+        let adapters = PassAdapters {
+            rows: self.rows.iter().map(|r| adapter(r.request)).collect(),
+            prompts: self.prefills.iter().take(chunks.len()).map(|p| adapter(p.request)).collect(),
+        };
         let (rows, requests) = (&mut self.rows, &self.requests);
         let mut prompt_logits = Vec::new();
         let cache = self.cache.as_deref_mut().expect("a batch with rows has a cache");
-        cache.forward(&next, &chunks, finishing, &mut |all: &[f32]| {
+        cache.forward(&next, &chunks, &adapters, finishing, &mut |all: &[f32]| {
             let vocab = all.len() / (rows.len() + finishing);
             let (row_logits, prompts) = all.split_at(rows.len() * vocab);
             // Each row draws from its own generator, so the rows sample in parallel (a large

@@ -89,6 +89,9 @@ pub struct Part<'a> {
     pub tokens: Tokens<'a>,
     /// The cache they continue and extend (`None`: they start at position 0 and nothing is kept).
     pub cache: Option<BatchCache<'a>>,
+    /// The served adapter ([`crate::Adapters`]) each sequence runs with: one entry for all of
+    /// them, none (or `None`) for the base model.
+    pub adapters: Vec<Option<usize>>,
 }
 
 /// The input of one forward pass: one or more parts, and the positions read back (all of them,
@@ -103,7 +106,11 @@ pub struct Input<'a> {
 impl<'a> Input<'a> {
     fn one(tokens: Tokens<'a>) -> Self {
         Input {
-            parts: vec![Part { tokens, cache: None }],
+            parts: vec![Part {
+                tokens,
+                cache: None,
+                adapters: Vec::new(),
+            }],
             read: None,
         }
     }
@@ -125,6 +132,21 @@ impl<'a> Input<'a> {
             last.cache = Some(cache.into());
         }
         self
+    }
+
+    /// The sequences (of the last part) run with the served adapters `adapters`
+    /// ([`crate::Model::serve_adapters`]): `adapters[i]` for sequence `i`, or one for all of
+    /// them; `None` is the base model.
+    pub fn adapters(mut self, adapters: Vec<Option<usize>>) -> Self {
+        if let Some(last) = self.parts.last_mut() {
+            last.adapters = adapters;
+        }
+        self
+    }
+
+    /// Whether a sequence of any part runs with an adapter.
+    pub(crate) fn adapted(&self) -> bool {
+        self.parts.iter().any(|p| p.adapters.iter().any(Option::is_some))
     }
 
     /// Only positions `rows[i]` of each sequence `i` are read back, stacked `[Σ rows, hidden]`:

@@ -21,6 +21,7 @@ macro_rules! engine {
 }
 
 engine! {
+    pub mod adapters;
     pub mod config;
     pub mod decode_cache;
     pub mod engine;
@@ -47,8 +48,9 @@ engine! {
     pub mod train;
     pub mod transformer;
 
+    pub use adapters::Adapters;
     pub use config::{Family, HeadKind, ModelConfig};
-    pub use decode_cache::DecodeCache;
+    pub use decode_cache::{DecodeCache, PassAdapters};
     pub use generate::{first_tokens, generate, Decoding, SamplingParams, StepRows};
     pub use incremental::IncrementalScorer;
     pub use input::{BatchCache, Input};

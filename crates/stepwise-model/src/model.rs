@@ -290,6 +290,30 @@ impl Model {
         self.trainable.as_ref().map(|t| &t.0)
     }
 
+    /// Serves the PEFT LoRA adapters `(name, folder)` unmerged on this model's weights, by index
+    /// in that order ([`Input::adapters`], [`crate::Decoding::add_with`]): each adapter holds
+    /// only its `A` and `B` matrices. On the CPU decoder only; an empty list serves none.
+    pub fn serve_adapters(&mut self, list: &[(String, std::path::PathBuf)]) -> Result<()> {
+        if let Some(g) = &self.packed {
+            anyhow::ensure!(
+                list.is_empty(),
+                "adapters are served unmerged by the CPU engine; on {} serve each merged, as a model of its own",
+                g.name()
+            );
+        }
+        let adapters = match list {
+            [] => None,
+            _ => Some(std::sync::Arc::new(crate::Adapters::load(&self.config, list)?)),
+        };
+        self.decoder.set_adapters(adapters);
+        Ok(())
+    }
+
+    /// The adapters served on this model ([`Model::serve_adapters`]).
+    pub fn adapters(&self) -> Option<&crate::Adapters> {
+        self.decoder.adapters()
+    }
+
     /// The hidden states (after the final norm) of a forward pass over `input`, an input of
     /// one part: `[b, t, hidden]` for padded ids, `[Σ read, hidden]` for the rows it reads (see
     /// [`Input`] and [`Transformer::forward`], which says which kernels run).
@@ -323,8 +347,21 @@ impl Model {
     /// of an LM head (all of them when `None`). One pass over the sequences packed end to end,
     /// on whichever engine holds the weights; the last layer and the head run at those rows only.
     pub fn head_at(&self, seqs: &[&[u32]], read: &[Vec<usize>], columns: Option<&[u32]>) -> Result<(Vec<f32>, usize)> {
+        self.head_at_with(seqs, read, columns, Vec::new())
+    }
+
+    /// [`Model::head_at`] with each sequence's served adapter (`adapters[i]`, or one for all:
+    /// [`Model::serve_adapters`]).
+    pub fn head_at_with(
+        &self,
+        seqs: &[&[u32]],
+        read: &[Vec<usize>],
+        columns: Option<&[u32]>,
+        adapters: Vec<Option<usize>>,
+    ) -> Result<(Vec<f32>, usize)> {
         let packed = crate::packed::Packed::new(seqs);
         if let Some(g) = &self.packed {
+            anyhow::ensure!(adapters.iter().all(Option::is_none), "{} serves no unmerged adapters", g.name());
             let rows: Vec<usize> = read
                 .iter()
                 .enumerate()
@@ -333,7 +370,7 @@ impl Model {
                 .collect();
             return g.head_at(&packed, &rows, columns);
         }
-        let hidden = self.hidden(Input::packed(&packed).read(read))?;
+        let hidden = self.hidden(Input::packed(&packed).read(read).adapters(adapters))?;
         let columns = columns.map(|c| Tensor::new(c, &self.device)).transpose()?;
         let (mut values, mut width, mut first) = (Vec::new(), 0, 0);
         for r in read {
@@ -358,17 +395,30 @@ impl Model {
         ids: &[u32],
         rows: &[usize],
         rows_a_pass: usize,
+        each: impl FnMut(usize, Vec<Vec<f32>>) -> Result<()>,
+    ) -> Result<()> {
+        self.vocab_logprobs_each_with(ids, rows, rows_a_pass, None, each)
+    }
+
+    /// [`Model::vocab_logprobs_each`] with the served `adapter` ([`Model::serve_adapters`]).
+    pub fn vocab_logprobs_each_with(
+        &self,
+        ids: &[u32],
+        rows: &[usize],
+        rows_a_pass: usize,
+        adapter: Option<usize>,
         mut each: impl FnMut(usize, Vec<Vec<f32>>) -> Result<()>,
     ) -> Result<()> {
         let per = rows_a_pass.max(1);
         if self.packed.is_some() {
+            anyhow::ensure!(adapter.is_none(), "the packed engine serves no unmerged adapters");
             for (k, slice) in rows.chunks(per).enumerate() {
                 each(k * per, self.vocab_logprobs(ids, slice)?)?;
             }
             return Ok(());
         }
         let t = Tensor::new(ids, &self.device)?.unsqueeze(0)?;
-        let hidden = self.hidden(Input::padded(&t, None))?.squeeze(0)?;
+        let hidden = self.hidden(Input::padded(&t, None).adapters(vec![adapter]))?.squeeze(0)?;
         for (k, slice) in rows.chunks(per).enumerate() {
             let idx = Tensor::new(slice.iter().map(|&r| r as u32).collect::<Vec<_>>(), &self.device)?;
             let logits = self.head_logits(&hidden.index_select(&idx, 0)?)?;

@@ -198,8 +198,8 @@ fn fingerprint(dir: &Path, base: &Path) -> Result<String> {
 }
 
 /// What `adapter_config.json` says that the merge needs.
-struct AdapterConfig {
-    base: String,
+pub(crate) struct AdapterConfig {
+    pub(crate) base: String,
     rank: f64,
     alpha: f64,
     rslora: bool,
@@ -210,7 +210,7 @@ struct AdapterConfig {
 
 impl AdapterConfig {
     /// The settings of the adapter in `dir`, refusing what cannot be merged into a plain model.
-    fn read(dir: &Path) -> Result<Self> {
+    pub(crate) fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(ADAPTER_CONFIG);
         let text = stepwise_core::io::read_regular_file(&path)?;
         let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
@@ -279,25 +279,25 @@ impl AdapterConfig {
 }
 
 /// One LoRA pair of the adapter, on a base weight.
-struct Pair {
-    a: String,
-    b: String,
-    scale: f32,
+pub(crate) struct Pair {
+    pub(crate) a: String,
+    pub(crate) b: String,
+    pub(crate) scale: f32,
     /// An embedding's (`lora_embedding_A` `[r, vocab]`, `lora_embedding_B` `[dim, r]`).
-    embedding: bool,
+    pub(crate) embedding: bool,
 }
 
 /// What the adapter does to the base's tensors, by base tensor name.
 #[derive(Default)]
-struct Plan {
-    merged: HashMap<String, Pair>,
+pub(crate) struct Plan {
+    pub(crate) merged: HashMap<String, Pair>,
     /// Whole tensors (`modules_to_save`, trained biases): base name to adapter key.
-    replaced: BTreeMap<String, String>,
+    pub(crate) replaced: BTreeMap<String, String>,
 }
 
 impl Plan {
     /// The plan of the adapter `file`'s tensors (`adapter`) against the base's `shapes`.
-    fn new(cfg: &AdapterConfig, adapter: &SafeTensors, file: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Self> {
+    pub(crate) fn new(cfg: &AdapterConfig, adapter: &SafeTensors, file: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Self> {
         let mut plan = Plan::default();
         let present: std::collections::HashSet<&str> = adapter.names().into_iter().collect();
         let mut names: Vec<String> = present.iter().map(|n| n.to_string()).collect();

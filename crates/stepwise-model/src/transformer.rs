@@ -10,6 +10,7 @@
 use crate::config::ModelConfig;
 use crate::kernels::cpu_inference;
 use crate::kernels::{self, masked_softmax, KeyMask, Linear, RopeTables};
+use crate::adapters::{push_runs, Adapters, Group, Proj, Run};
 use crate::input::{BatchCache, Input, LayerView, Tokens};
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor};
@@ -49,6 +50,20 @@ struct Pass<'a> {
     diff: bool,
     /// The batches whose rows the pass runs, in order.
     batches: &'a [Batch],
+    /// The served adapters and each one's rows, where a row of the pass is one's
+    /// ([`crate::Adapters`]).
+    adapters: Option<(&'a Adapters, Vec<Group>)>,
+}
+
+impl Pass<'_> {
+    /// Projection `proj` of layer `li` over the rows `x`: `lin`, plus each row's adapter's update.
+    fn proj(&self, li: usize, proj: Proj, lin: &Linear, x: &Tensor) -> Result<Tensor> {
+        let y = lin.forward(x, self.diff)?;
+        match &self.adapters {
+            Some((a, groups)) => a.add_to(li, proj, x, y, groups),
+            None => Ok(y),
+        }
+    }
 }
 
 /// One batch of a forward pass: `b` sequences of `t` new tokens each, continuing a cache of
@@ -112,16 +127,16 @@ impl Attention {
     /// Attention over the rows `x` `[Σ b·t, hidden]` of every batch of the pass: the
     /// projections take all rows at once, each batch attends to its own `caches` entry
     /// (extended here).
-    fn forward(&self, x: &Tensor, pass: &Pass, caches: &mut [LayerView]) -> Result<Tensor> {
+    fn forward(&self, li: usize, x: &Tensor, pass: &Pass, caches: &mut [LayerView]) -> Result<Tensor> {
         let batches = pass.batches;
         let (q, k, v) = (
-            self.q.forward(x, pass.diff)?,
-            self.k.forward(x, pass.diff)?,
-            self.v.forward(x, pass.diff)?,
+            pass.proj(li, Proj::Q, &self.q, x)?,
+            pass.proj(li, Proj::K, &self.k, x)?,
+            pass.proj(li, Proj::V, &self.v, x)?,
         );
         if let ([batch], [cache]) = (batches, &mut *caches) {
             let y = self.attend(q, k, v, pass, batch, cache)?;
-            return Ok(self.o.forward(&y, pass.diff)?);
+            return pass.proj(li, Proj::O, &self.o, &y);
         }
         let mut ys = Vec::with_capacity(batches.len());
         let mut start = 0;
@@ -131,7 +146,7 @@ impl Attention {
             ys.push(self.attend(pick(&q)?, pick(&k)?, pick(&v)?, pass, batch, cache)?);
             start += rows;
         }
-        Ok(self.o.forward(&Tensor::cat(&ys, 0)?, pass.diff)?)
+        pass.proj(li, Proj::O, &self.o, &Tensor::cat(&ys, 0)?)
     }
 
     /// One batch's attention, from its projected rows `[b·t, heads·head_dim]` (queries) and
@@ -203,9 +218,9 @@ impl Mlp {
             down: Linear::load(vb.pp("down_proj"), i, h, false)?,
         })
     }
-    fn forward(&self, x: &Tensor, diff: bool) -> Result<Tensor> {
-        let g = kernels::swiglu(&self.gate.forward(x, diff)?, &self.up.forward(x, diff)?)?;
-        Ok(self.down.forward(&g, diff)?)
+    fn forward(&self, li: usize, x: &Tensor, pass: &Pass) -> Result<Tensor> {
+        let (gate, up) = (pass.proj(li, Proj::Gate, &self.gate, x)?, pass.proj(li, Proj::Up, &self.up, x)?);
+        pass.proj(li, Proj::Down, &self.down, &kernels::swiglu(&gate, &up)?)
     }
 }
 
@@ -220,14 +235,14 @@ struct Block {
 impl Block {
     /// The block over the rows `x` `[Σ b·t, hidden]` of every batch of the pass, each with its
     /// layer cache.
-    fn forward(&self, x: &Tensor, pass: &Pass, caches: &mut [LayerView]) -> Result<Tensor> {
+    fn forward(&self, li: usize, x: &Tensor, pass: &Pass, caches: &mut [LayerView]) -> Result<Tensor> {
         let h = self
             .attn
-            .forward(&rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, caches)?;
+            .forward(li, &rms_norm(x, &self.ln1, pass.eps, pass.diff)?, pass, caches)?;
         let x = (x + h)?;
         let h = self
             .mlp
-            .forward(&rms_norm(&x, &self.ln2, pass.eps, pass.diff)?, pass.diff)?;
+            .forward(li, &rms_norm(&x, &self.ln2, pass.eps, pass.diff)?, pass)?;
         Ok((x + h)?)
     }
 }
@@ -246,6 +261,8 @@ pub struct Transformer {
     /// Number of token positions run through the decoder so far (for shared-prefix tests and
     /// throughput reports).
     pub encoded_tokens: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// LoRA adapters served unmerged on these weights ([`Input::adapters`] picks them).
+    adapters: Option<std::sync::Arc<Adapters>>,
 }
 
 impl Transformer {
@@ -283,6 +300,7 @@ impl Transformer {
             max_positions: cfg.scoring_positions(),
             differentiable: false,
             encoded_tokens: Default::default(),
+            adapters: None,
         })
     }
 
@@ -299,7 +317,18 @@ impl Transformer {
             max_positions: cfg.scoring_positions(),
             differentiable: false,
             encoded_tokens: Default::default(),
+            adapters: None,
         })
+    }
+
+    /// Serves `adapters` unmerged on these weights (replacing any served before).
+    pub fn set_adapters(&mut self, adapters: Option<std::sync::Arc<Adapters>>) {
+        self.adapters = adapters;
+    }
+
+    /// The adapters served on these weights.
+    pub fn adapters(&self) -> Option<&Adapters> {
+        self.adapters.as_deref()
     }
 
     /// The token embedding matrix (for tied LM heads).
@@ -343,7 +372,7 @@ impl Transformer {
     /// cache to read it; generation's decoding steps, and the lab's recorded samples, run there.
     pub fn forward(&self, mut input: Input) -> Result<Vec<Tensor>> {
         self.check(&input)?;
-        if self.takes_fused(&input) {
+        if !input.adapted() && self.takes_fused(&input) {
             if let Some(x) = self.forward_fused(&mut input)? {
                 return Ok(vec![x]);
             }
@@ -387,6 +416,7 @@ impl Transformer {
                     }
                 }
             }
+            self.check_adapters(&part.adapters, lengths.len())?;
         }
         if let Some(read) = input.read {
             anyhow::ensure!(input.parts.len() == 1, "rows are read from an input of one part");
@@ -401,6 +431,20 @@ impl Transformer {
                     anyhow::bail!("row {p} is past the end of a sequence of {len} tokens");
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Checks a part's adapters: one, or one a sequence, each of the adapters served.
+    fn check_adapters(&self, adapters: &[Option<usize>], seqs: usize) -> Result<()> {
+        anyhow::ensure!(
+            adapters.len() <= 1 || adapters.len() == seqs,
+            "{} adapters for a part of {seqs} sequences",
+            adapters.len()
+        );
+        let served = self.adapters.as_ref().map_or(0, |a| a.len());
+        if let Some(a) = adapters.iter().flatten().find(|&&a| a >= served) {
+            anyhow::bail!("adapter {a} is not served here ({served} adapters are)");
         }
         Ok(())
     }
@@ -493,6 +537,7 @@ impl Transformer {
                 (Tokens::Packed(_), None) => unreachable!("a packed part is padded above"),
             })
             .collect();
+        let adapters: Vec<Vec<Option<usize>>> = input.parts.iter_mut().map(|p| std::mem::take(&mut p.adapters)).collect();
         // A part that keeps no cache gets one for the pass.
         let mut scratch: Vec<KvCache> = input.parts.iter().map(|_| KvCache::default()).collect();
         let mut caches: Vec<BatchCache> = input
@@ -510,7 +555,13 @@ impl Transformer {
             .map(|((ids, mask), cache)| self.batch(ids, *mask, cache))
             .collect::<Result<Vec<_>>>()?;
         let ids: Vec<&Tensor> = tokens.iter().map(|(ids, _)| *ids).collect();
-        let x = self.run(&ids, &batches, &mut caches)?;
+        let mut runs = Vec::new();
+        let mut start = 0;
+        for (b, adapters) in batches.iter().zip(&adapters) {
+            push_runs(&mut runs, start, b.b, b.t, adapters);
+            start += b.b * b.t;
+        }
+        let x = self.run(&ids, &batches, &mut caches, &runs)?;
         if let Some(read) = input.read {
             let t = batches[0].t;
             let rows: Vec<u32> = read
@@ -578,12 +629,16 @@ impl Transformer {
 
     /// The decoder over `batches` (token ids `ids`, caches `caches`, one each) on the candle
     /// path: hidden states after the final norm, every batch's rows `[Σ b·t, hidden]` in order.
-    fn run(&self, ids: &[&Tensor], batches: &[Batch], caches: &mut [BatchCache]) -> Result<Tensor> {
+    fn run(&self, ids: &[&Tensor], batches: &[Batch], caches: &mut [BatchCache], runs: &[Run]) -> Result<Tensor> {
         let pass = Pass {
             rope: &self.rope,
             eps: self.eps,
             diff: self.differentiable,
             batches,
+            adapters: match self.adapters.as_deref() {
+                Some(a) if runs.iter().any(|r| r.adapter.is_some()) => Some((a, a.groups(runs)?)),
+                _ => None,
+            },
         };
         let flat = ids
             .iter()
@@ -596,12 +651,12 @@ impl Transformer {
         // Embeddings held in bf16/f16 are widened for the rows looked up.
         let mut x = self.embed.forward(&ids)?.to_dtype(DType::F32)?;
         let mut views: Vec<_> = caches.iter_mut().map(|c| c.layer_views().into_iter()).collect();
-        for block in &self.blocks {
+        for (li, block) in self.blocks.iter().enumerate() {
             let mut layer: Vec<_> = views
                 .iter_mut()
                 .map(|v| v.next().expect("a cache entry a layer"))
                 .collect();
-            x = block.forward(&x, &pass, &mut layer)?;
+            x = block.forward(li, &x, &pass, &mut layer)?;
         }
         drop(views);
         for cache in caches {

@@ -49,6 +49,8 @@ stops.
 Examples:
   stepwise serve --model fixtures/hf-tiny/qwen2-policy --port 8000
   stepwise serve --model POLICY --prm PRM --api-key secret --host 0.0.0.0
+  # two adapters on one base, each request naming one (or the base) as `model`
+  stepwise serve --model Qwen/Qwen2.5-0.5B --lora-modules math=ADAPTER1 code=ADAPTER2
   # verl: reward_model.sandbox_fusion.url=http://HOST:8080/run_code
   stepwise serve --sandbox --port 8080
   # then, from Python:  openai.OpenAI(base_url=\"http://localhost:8000/v1\", api_key=\"secret\")
@@ -65,6 +67,13 @@ pub struct Args {
     /// folder's last name).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// PEFT LoRA adapters served on the policy without merging, as NAME=ADAPTER (a folder or
+    /// Hub id; vLLM's --lora-modules): a request whose `model` is NAME is decoded with that
+    /// adapter, beside the base's and other adapters' requests in the same batch, the base's
+    /// weights held once. CPU only; an adapter that replaces tensors (modules_to_save) is
+    /// refused, to be served merged as --model ADAPTER.
+    #[arg(long, num_args = 1.., value_name = "NAME=ADAPTER", value_parser = lora_module)]
+    pub lora_modules: Vec<(String, std::path::PathBuf)>,
     /// The PRM's name in requests (default: as the policy's).
     #[arg(long)]
     pub served_prm_name: Option<String>,
@@ -210,6 +219,20 @@ fn code_service(a: &Args) -> Result<Option<(stepwise_code::Sandbox, usize)>> {
     Ok(Some((sandbox, workers)))
 }
 
+/// A `--lora-modules` entry: `NAME=ADAPTER`, the adapter a folder or a model id (found in the
+/// cache or downloaded, not merged).
+fn lora_module(arg: &str) -> Result<(String, std::path::PathBuf), String> {
+    let (name, adapter) = arg
+        .split_once('=')
+        .filter(|(n, a)| !n.trim().is_empty() && !a.trim().is_empty())
+        .ok_or_else(|| format!("`{arg}`: NAME=ADAPTER (a folder or model id)"))?;
+    let dir = stepwise_model::hub::resolve_folder(adapter.trim()).map_err(|e| format!("{e:#}"))?;
+    if !stepwise_model::hub::is_adapter(&dir) {
+        return Err(format!("{adapter}: not a PEFT adapter (no adapter_config.json, or weights of its own)"));
+    }
+    Ok((name.trim().to_string(), dir))
+}
+
 pub fn run(a: Args) -> Result<()> {
     a.dtype.apply();
     let code = code_service(&a)?;
@@ -217,6 +240,7 @@ pub fn run(a: Args) -> Result<()> {
         model_name: a.served_model_name.or(a.model.as_ref().map(|m| m.name.clone())),
         prm_name: a.served_prm_name.or(a.prm.as_ref().map(|m| m.name.clone())),
         model: a.model.map(|m| m.dir),
+        lora_modules: a.lora_modules,
         prm: a.prm.map(|m| m.dir),
         address: format!("{}:{}", a.host, a.port),
         api_key: api_key(a.api_key)?,

@@ -89,3 +89,23 @@ pub fn records_without_timing(p: &Path) -> Vec<Value> {
         })
         .collect()
 }
+
+/// A safetensors file of f32 tensors, written by hand (the format: the header's length, the
+/// JSON header, the data).
+pub fn safetensors_bytes(tensors: &[(&str, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+    let (mut header, mut data) = (serde_json::Map::new(), Vec::new());
+    for (name, shape, values) in tensors {
+        let start = data.len();
+        data.extend(values.iter().flat_map(|x| x.to_le_bytes()));
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut header = serde_json::Value::Object(header).to_string().into_bytes();
+    header.resize(header.len().div_ceil(8) * 8, b' ');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header);
+    out.extend(data);
+    out
+}

@@ -7,7 +7,7 @@
 
 use super::paged::{worst_case_blocks, PagedCache, PagedSeq};
 use super::{Backend, PackedDecoder};
-use crate::decode_cache::{DecodeCache, Sample};
+use crate::decode_cache::{DecodeCache, PassAdapters, Sample};
 use anyhow::{bail, Result};
 
 /// The paged cache of a running batch on the packed engine.
@@ -67,7 +67,7 @@ impl<B: Backend> DecodeCache for PagedRows<'_, B> {
         Some((self.cache.free_blocks(), self.cache.total_blocks()))
     }
 
-    fn encode_alone(&mut self, _prompt: &[u32]) -> Result<Option<Vec<f32>>> {
+    fn encode_alone(&mut self, _prompt: &[u32], _adapter: Option<usize>) -> Result<Option<Vec<f32>>> {
         // Prompts wait for blocks and are fed through the steps.
         Ok(None)
     }
@@ -95,7 +95,16 @@ impl<B: Backend> DecodeCache for PagedRows<'_, B> {
         Ok(())
     }
 
-    fn forward(&mut self, next: &[u32], chunks: &[&[u32]], finishing: usize, sample: &mut Sample) -> Result<()> {
+    fn forward(
+        &mut self,
+        next: &[u32],
+        chunks: &[&[u32]],
+        adapters: &PassAdapters,
+        finishing: usize,
+        sample: &mut Sample,
+    ) -> Result<()> {
+        // It serves none ([`DecodeCache::adapters`]), so the scheduler sends none.
+        anyhow::ensure!(!adapters.any(), "the packed engine serves no unmerged adapters");
         for seq in &mut self.rows {
             let len = seq.len + 1;
             self.cache.grow(seq, len)?;

@@ -23,6 +23,8 @@ pub(crate) struct GenerateJob {
     pub n: usize,
     /// How to sample them.
     pub params: SamplingParams,
+    /// The served adapter they are decoded with (`None`: the base model).
+    pub adapter: Option<usize>,
     /// Where the continuations (generated ids, stop token included) go.
     pub reply: oneshot::Sender<Result<Vec<Vec<u32>>>>,
 }
@@ -68,9 +70,9 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                 break;
             }
             let added = if state.prefill_chunk_tokens > 0 {
-                batch.join(&job.prompt, job.n, job.params)
+                batch.join_with(&job.prompt, job.n, job.params, job.adapter)
             } else {
-                batch.add(&job.prompt, job.n, job.params)
+                batch.add_with(&job.prompt, job.n, job.params, job.adapter)
             };
             match added {
                 Ok(id) => {

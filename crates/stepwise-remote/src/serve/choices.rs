@@ -89,6 +89,7 @@ async fn continuations(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(
             ids: ids.iter().chain(out).copied().collect(),
             first: if c == 0 && sampling.echo { 0 } else { last },
             next: false,
+            adapter: sampling.adapter,
         })
         .collect();
     let mut choices: Vec<Vec<Weighed>> = weigher::weigh_all(s, seqs, k)
@@ -124,6 +125,7 @@ async fn one_token(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<
         ids: ids.to_vec(),
         first: if echo { 0 } else { ids.len().saturating_sub(1) },
         next: true,
+        adapter: sampling.adapter,
     };
     let k = sampling.logprobs.unwrap_or(0);
     let mut w = weigher::weigh_all(s, vec![seq], k)
@@ -166,6 +168,7 @@ async fn generate(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<Vec<Ve
             prompt: ids.to_vec(),
             n: sampling.n,
             params: sampling.params.clone(),
+            adapter: sampling.adapter,
             reply,
         })
         .map_err(|_| stopped())?;

@@ -25,6 +25,10 @@ pub(super) struct Sampling {
     /// Whether the request set `max_tokens`: a default is cut to what the context has left.
     pub(super) max_tokens_given: bool,
     pub(super) params: SamplingParams,
+    /// The served adapter the request names (`None`: the policy itself).
+    pub(super) adapter: Option<usize>,
+    /// The model's name as the request gave it (the policy's, or an adapter's).
+    pub(super) model: String,
     pub(super) stop: Vec<String>,
     /// Log-probabilities of the sampled tokens, and of this many alternatives.
     pub(super) logprobs: Option<usize>,
@@ -37,22 +41,32 @@ pub(super) struct Sampling {
     pub(super) ignore_eos: bool,
 }
 
-/// The request's model is the served policy.
-fn check_model(s: &Shared, v: &Value) -> Result<(), ApiError> {
-    let served: Vec<&str> = s.policy.iter().map(|(n, _)| n.as_str()).collect();
-    if s.policy.is_none() {
+/// The request's model: the served policy (`None`), or one of the adapters served on it
+/// (`--lora-modules`); with the name the reply gives.
+fn check_model(s: &Shared, v: &Value) -> Result<(Option<usize>, String), ApiError> {
+    let Some((name, policy)) = s.policy.as_ref() else {
         return Err(ApiError::invalid(
             "this server has no policy (start it with --model)",
             Some("model"),
         ));
-    }
+    };
+    let adapters = policy.model.adapters();
     match model_field(v)? {
-        Some(m) if !served.contains(&m) => Err(ApiError::no_model(m, &served)),
-        _ => Ok(()),
+        None => Ok((None, name.clone())),
+        Some(m) if m == name => Ok((None, name.clone())),
+        Some(m) => match adapters.and_then(|a| a.index(m)) {
+            Some(i) => Ok((Some(i), m.to_string())),
+            None => {
+                let mut served = vec![name.as_str()];
+                served.extend(adapters.iter().flat_map(|a| a.names()).map(String::as_str));
+                Err(ApiError::no_model(m, &served))
+            }
+        },
     }
 }
 
 fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
+    let (adapter, model) = check_model(s, v)?;
     refuse_unsupported(v)?;
     let n = whole(v, "n", 1, 1, s.max_n)?;
     if v.get("best_of")
@@ -114,6 +128,8 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
             stop_token_ids: Vec::new(),
             stop_strings: stop.clone(),
         },
+        adapter,
+        model,
         stop,
         logprobs,
         stream,
@@ -302,7 +318,6 @@ async fn one_prompt(
 pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
     let mut v = super::request::parse_body(&body)?;
     drop(body);
-    check_model(&s, &v)?;
     let sampling = sampling(&s, &v, false)?;
     let prompts = prompt_list(v.get_mut("prompt").map(Value::take))?;
     if prompts.len() * sampling.n > s.max_n {
@@ -325,7 +340,7 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
         .flat_map(|(cs, echoed, _)| cs.iter().map(move |c| (c, echoed.as_ref())))
         .collect();
     let generated: usize = choices.iter().map(|(c, _)| c.generated).sum();
-    let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
+    let model = sampling.model.clone();
     let (id, created) = (request_id("cmpl"), unix_now());
     if stream {
         let mut events = Vec::new();
@@ -432,7 +447,6 @@ impl Conversation {
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Response, ApiError> {
     let v = super::request::parse_body(&body)?;
-    check_model(&s, &v)?;
     let mut sampling = sampling(&s, &v, true)?;
     let conversation = Conversation::of(&v)?;
     // The template and the tokenizer run off the async threads.
@@ -451,7 +465,7 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
     .await?;
     fit_length(&s, ids.len(), &mut sampling)?;
     let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
-    let model = s.policy.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
+    let model = sampling.model.clone();
     let (choices, _, prompt_len) = run(&s, ids, sampling).await?;
     let (id, created) = (request_id("chatcmpl"), unix_now());
     if stream {

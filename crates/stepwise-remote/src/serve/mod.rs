@@ -58,6 +58,9 @@ pub struct ServeConfig {
     pub prm: Option<PathBuf>,
     /// The policy's name in requests and `/v1/models` (default: its folder's name).
     pub model_name: Option<String>,
+    /// PEFT LoRA adapters served unmerged on the policy, `(name, folder)`: a request naming
+    /// one is decoded with it, beside the others' in the same batch (vLLM's `--lora-modules`).
+    pub lora_modules: Vec<(String, PathBuf)>,
     /// The PRM's name (default: its folder's name).
     pub prm_name: Option<String>,
     /// Host and port to listen on (`127.0.0.1:8000`; port 0 picks a free one).
@@ -212,12 +215,23 @@ fn folder_name(dir: &std::path::Path) -> String {
 /// Load the models and build the router.
 pub fn app(cfg: &ServeConfig) -> Result<Router> {
     let policy = match &cfg.model {
-        Some(dir) => Some((
-            cfg.model_name.clone().unwrap_or_else(|| folder_name(dir)),
-            LoadedPolicy::load_on(dir, cfg.device, stepwise_model::default_precision())
-                .with_context(|| format!("loading the policy {}", dir.display()))?,
-        )),
-        None => None,
+        Some(dir) => {
+            let name = cfg.model_name.clone().unwrap_or_else(|| folder_name(dir));
+            let mut policy = LoadedPolicy::load_on(dir, cfg.device, stepwise_model::default_precision())
+                .with_context(|| format!("loading the policy {}", dir.display()))?;
+            if let Some((same, _)) = cfg.lora_modules.iter().find(|(n, _)| *n == name) {
+                anyhow::bail!("--lora-modules: `{same}` is the policy's own name");
+            }
+            policy
+                .model
+                .serve_adapters(&cfg.lora_modules)
+                .context("--lora-modules")?;
+            Some((name, policy))
+        }
+        None => {
+            anyhow::ensure!(cfg.lora_modules.is_empty(), "--lora-modules are served on a policy: pass --model");
+            None
+        }
     };
     let prm = match &cfg.prm {
         Some(dir) => Some((
@@ -442,6 +456,16 @@ async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
             json!({"id": name, "object": "model", "created": s.started, "owned_by": "stepwise", "max_model_len": len,
                    "stepwise_role": role})
         })
+        .chain(s.policy.iter().flat_map(|(base, p)| {
+            let created = s.started;
+            // vLLM lists a LoRA module with its folder as `root` and the base as `parent`.
+            let len = p.model.config.max_position_embeddings;
+            let adapters = p.model.adapters().into_iter();
+            adapters.flat_map(|a| a.names().iter().zip(a.folders())).map(move |(name, dir)| {
+                json!({"id": name, "object": "model", "created": created, "owned_by": "stepwise",
+                       "max_model_len": len, "root": dir, "parent": base, "stepwise_role": "policy"})
+            })
+        }))
         .collect();
     Json(json!({"object": "list", "data": data}))
 }

@@ -16,13 +16,18 @@ use axum::Json;
 use serde_json::{json, Value};
 use stepwise_model::Tokenizer;
 
-/// The tokenizer a request names (`model`: the policy's or the PRM's name), by default the
-/// policy's, and its model's context length.
+/// The tokenizer a request names (`model`: the policy's, an adapter's served on it, or the
+/// PRM's name), by default the policy's, and its model's context length.
 fn tokenizer<'a>(s: &'a Shared, model: Option<&str>) -> Result<(&'a Tokenizer, usize), ApiError> {
+    let adapters = s.policy.iter().flat_map(|(_, p)| {
+        let names = p.model.adapters().into_iter().flat_map(|a| a.names());
+        names.map(|n| (n.as_str(), &p.tokenizer, p.model.config.max_position_embeddings))
+    });
     let served = s
         .policy
         .iter()
         .map(|(n, p)| (n.as_str(), &p.tokenizer, p.model.config.max_position_embeddings))
+        .chain(adapters)
         .chain(
             s.prm
                 .iter()

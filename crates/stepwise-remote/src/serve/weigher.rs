@@ -40,6 +40,8 @@ pub(crate) struct ToWeigh {
     pub ids: Vec<u32>,
     pub first: usize,
     pub next: bool,
+    /// The served adapter it is weighed with (`None`: the base model).
+    pub adapter: Option<usize>,
 }
 
 impl ToWeigh {
@@ -179,7 +181,7 @@ fn weigh(model: &Model, seqs: &[Seq<'_>], rows_a_pass: usize) -> Result<Vec<Weig
     if let [(s, _)] = seqs {
         if s.rows() > rows_a_pass {
             let at: Vec<usize> = (s.first..s.read_end()).collect();
-            model.vocab_logprobs_each(&s.ids, &at, rows_a_pass, |from, logp| {
+            model.vocab_logprobs_each_with(&s.ids, &at, rows_a_pass, s.adapter, |from, logp| {
                 for (j, row) in logp.iter().enumerate() {
                     take(0, s.first + from + j, row);
                 }
@@ -190,7 +192,8 @@ fn weigh(model: &Model, seqs: &[Seq<'_>], rows_a_pass: usize) -> Result<Vec<Weig
     }
     let packed: Vec<&[u32]> = seqs.iter().map(|(s, _)| &s.ids[..]).collect();
     let read: Vec<Vec<usize>> = seqs.iter().map(|(s, _)| (s.first..s.read_end()).collect()).collect();
-    let (logits, width) = model.head_at(&packed, &read, None)?;
+    let adapters: Vec<Option<usize>> = seqs.iter().map(|(s, _)| s.adapter).collect();
+    let (logits, width) = model.head_at_with(&packed, &read, None, adapters)?;
     ensure!(
         width == vocab,
         "the head gave {width} columns for a vocabulary of {vocab}"

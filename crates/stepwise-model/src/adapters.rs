@@ -1,0 +1,310 @@
+//! Several PEFT LoRA adapters served unmerged on one base model (vLLM's `--lora-modules`,
+//! S-LoRA's and Punica's design): the base's weights are held once, each adapter as its small
+//! `A` and `B` matrices, and a forward pass whose rows belong to different adapters adds each
+//! row's own `s·(x·Aᵀ)·Bᵀ` to every projection its adapter adapts (PEFT's unmerged forward,
+//! `base_layer(x) + lora_B(lora_A(x))·s`). A row of no adapter is the base model's.
+//!
+//! The rows of a pass are cut into runs of one adapter ([`Run`]); each run's update is two thin
+//! products, so a rank-16 adapter on a 0.5B model costs a few percent of a projection's work
+//! instead of a second copy of the model. Only what an adapter adds to the linear projections can
+//! be served so: an adapter that replaces whole tensors (`modules_to_save`, trained biases) or
+//! adapts the embeddings is refused, naming them, and is served merged (as `--model ADAPTER`).
+
+use crate::checkpoint::to_f32;
+use crate::config::ModelConfig;
+use crate::peft::{AdapterConfig, Plan, ADAPTER_WEIGHTS};
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{Device, Tensor};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The projections an adapter may adapt, in [`Adapters`]' order.
+const MODULES: [(&str, &str); 7] = [
+    ("self_attn", "q_proj"),
+    ("self_attn", "k_proj"),
+    ("self_attn", "v_proj"),
+    ("self_attn", "o_proj"),
+    ("mlp", "gate_proj"),
+    ("mlp", "up_proj"),
+    ("mlp", "down_proj"),
+];
+
+/// A projection of a decoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Proj {
+    Q = 0,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+/// Rows `start..start + len` of a pass, all of one adapter (`None`: the base model's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub start: usize,
+    pub len: usize,
+    pub adapter: Option<usize>,
+}
+
+/// Runs of `rows` rows a sequence, sequence `i` of `adapters[i]` (one entry: all of them; none:
+/// the base's), after `start`, appended to `runs` with neighbours of one adapter joined.
+pub(crate) fn push_runs(runs: &mut Vec<Run>, start: usize, seqs: usize, rows: usize, adapters: &[Option<usize>]) {
+    for i in 0..seqs {
+        let adapter = match adapters {
+            [] => None,
+            [one] => *one,
+            each => each[i],
+        };
+        let at = start + i * rows;
+        match runs.last_mut() {
+            Some(last) if last.adapter == adapter && last.start + last.len == at => last.len += rows,
+            _ => runs.push(Run {
+                start: at,
+                len: rows,
+                adapter,
+            }),
+        }
+    }
+}
+
+/// One adapter's update of one projection: `Aᵀ` `[in, r]` and `s·Bᵀ` `[r, out]`, f32.
+#[derive(Clone, Debug)]
+struct Pair {
+    at: Tensor,
+    bt: Tensor,
+}
+
+/// The adapters served on one base model, by index (their names in the order given).
+#[derive(Clone, Debug)]
+pub struct Adapters {
+    names: Vec<String>,
+    folders: Vec<PathBuf>,
+    /// `[layer][projection][adapter]`: the adapter's update there, if it adapts it.
+    layers: Vec<[Vec<Option<Pair>>; 7]>,
+}
+
+impl Adapters {
+    /// The adapters `(name, folder)` read for a base model of `config`: each folder a PEFT LoRA
+    /// adapter whose matrices fit the base's projections (the base it names is not read; the
+    /// shapes are checked).
+    pub fn load(config: &ModelConfig, list: &[(String, PathBuf)]) -> Result<Self> {
+        let shapes = base_shapes(config);
+        let mut layers: Vec<[Vec<Option<Pair>>; 7]> =
+            (0..config.num_hidden_layers).map(|_| std::array::from_fn(|_| Vec::new())).collect();
+        let mut names = Vec::new();
+        for (name, dir) in list {
+            ensure!(!names.contains(name), "two adapters are named `{name}`");
+            let pairs = read_pairs(dir, &shapes).with_context(|| format!("adapter `{name}` ({})", dir.display()))?;
+            for layer in layers.iter_mut() {
+                for proj in layer.iter_mut() {
+                    proj.push(None);
+                }
+            }
+            for ((li, proj), pair) in pairs {
+                layers[li][proj][names.len()] = Some(pair);
+            }
+            names.push(name.clone());
+        }
+        Ok(Adapters {
+            names,
+            folders: list.iter().map(|(_, d)| d.clone()).collect(),
+            layers,
+        })
+    }
+
+    /// The adapters' names, by index.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The adapters' folders, by index.
+    pub fn folders(&self) -> &[PathBuf] {
+        &self.folders
+    }
+
+    /// The index of the adapter named `name`.
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == name)
+    }
+
+    /// How many adapters.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The rows of each adapter in `runs` (those of no adapter left out), for [`Adapters::add_to`].
+    pub(crate) fn groups(&self, runs: &[Run]) -> Result<Vec<Group>> {
+        let mut rows: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        for r in runs {
+            if let Some(a) = r.adapter {
+                ensure!(a < self.names.len(), "adapter {a} is not served here ({} adapters are)", self.names.len());
+                rows.entry(a).or_default().extend((r.start..r.start + r.len).map(|i| i as u32));
+            }
+        }
+        rows.into_iter()
+            .map(|(adapter, rows)| {
+                let (first, n) = (rows[0] as usize, rows.len());
+                let together = rows.iter().enumerate().all(|(k, &r)| r as usize == first + k);
+                Ok(Group {
+                    adapter,
+                    together: together.then_some((first, n)),
+                    index: Tensor::new(rows, &Device::Cpu)?,
+                })
+            })
+            .collect()
+    }
+
+    /// `y` (a projection's output for the rows `x`, `[rows, out]`) plus, at each group's rows,
+    /// its adapter's update of projection `proj` of layer `layer`: `(x·Aᵀ)·(s·Bᵀ)`, two thin
+    /// products an adapter whatever the order of its rows.
+    pub(crate) fn add_to(&self, layer: usize, proj: Proj, x: &Tensor, mut y: Tensor, groups: &[Group]) -> Result<Tensor> {
+        let pairs = &self.layers[layer][proj as usize];
+        for g in groups {
+            let Some(p) = pairs[g.adapter].as_ref() else {
+                continue;
+            };
+            let xs = match g.together {
+                Some((first, n)) => x.narrow(0, first, n)?,
+                None => x.index_select(&g.index, 0)?,
+            };
+            let update = xs.matmul(&p.at)?.matmul(&p.bt)?;
+            y = match g.together {
+                Some((0, n)) if n == y.dim(0)? => (y + update)?,
+                _ => y.index_add(&g.index, &update, 0)?,
+            };
+        }
+        Ok(y)
+    }
+}
+
+/// The rows of a pass that run with one adapter.
+#[derive(Debug)]
+pub(crate) struct Group {
+    adapter: usize,
+    /// `(first, n)` where they are rows `first..first + n`.
+    together: Option<(usize, usize)>,
+    /// Their indices.
+    index: Tensor,
+}
+
+/// The base tensors an adapter may name, by their checkpoint names, with their shapes.
+fn base_shapes(cfg: &ModelConfig) -> HashMap<String, Vec<usize>> {
+    let (h, d, inter, vocab) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size);
+    let (q, kv) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
+    let mut shapes = HashMap::new();
+    for (name, shape) in [
+        ("model.embed_tokens.weight", vec![vocab, h]),
+        ("lm_head.weight", vec![vocab, h]),
+        ("model.norm.weight", vec![h]),
+    ] {
+        shapes.insert(name.to_string(), shape);
+    }
+    for i in 0..cfg.num_hidden_layers {
+        let at = |part: &str| format!("model.layers.{i}.{part}");
+        for (name, shape) in [
+            ("self_attn.q_proj.weight", vec![q, h]),
+            ("self_attn.k_proj.weight", vec![kv, h]),
+            ("self_attn.v_proj.weight", vec![kv, h]),
+            ("self_attn.o_proj.weight", vec![h, q]),
+            ("self_attn.q_proj.bias", vec![q]),
+            ("self_attn.k_proj.bias", vec![kv]),
+            ("self_attn.v_proj.bias", vec![kv]),
+            ("mlp.gate_proj.weight", vec![inter, h]),
+            ("mlp.up_proj.weight", vec![inter, h]),
+            ("mlp.down_proj.weight", vec![h, inter]),
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+        ] {
+            shapes.insert(at(name), shape);
+        }
+    }
+    shapes
+}
+
+/// `(layer, projection)` of a base weight's name (`model.layers.3.mlp.up_proj.weight`).
+fn projection_of(weight: &str) -> Option<(usize, usize)> {
+    let rest = weight.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let module = rest.strip_suffix(".weight")?;
+    let proj = MODULES.iter().position(|(block, m)| module == format!("{block}.{m}"))?;
+    Some((layer.parse().ok()?, proj))
+}
+
+/// The adapter in `dir`'s updates by `(layer, projection)`, refused where it does more than add
+/// to the projections.
+fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Vec<((usize, usize), Pair)>> {
+    ensure!(
+        crate::peft::is_adapter(dir),
+        "not a PEFT adapter folder (no adapter_config.json, or model weights of its own)"
+    );
+    let cfg = AdapterConfig::read(dir)?;
+    let file = dir.join(ADAPTER_WEIGHTS);
+    let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("{}: not a safetensors file", file.display()))?;
+    let plan = Plan::new(&cfg, &st, &file, shapes)?;
+    if let Some((name, key)) = plan.replaced.iter().next() {
+        bail!(
+            "{}: tensor `{key}` replaces the base's `{name}` (modules_to_save or a trained bias); an \
+             adapter that replaces tensors is served merged, as its own model (--model ADAPTER)",
+            file.display()
+        );
+    }
+    let mut out = Vec::with_capacity(plan.merged.len());
+    let mut weights: Vec<_> = plan.merged.iter().collect();
+    weights.sort_by(|a, b| a.0.cmp(b.0));
+    for (weight, pair) in weights {
+        let place = projection_of(weight).filter(|_| !pair.embedding).with_context(|| {
+            format!(
+                "{}: `{weight}` is adapted; served unmerged, an adapter adapts the layers' linear projections \
+                 only (serve this one merged: --model ADAPTER)",
+                file.display()
+            )
+        })?;
+        let tensor = |key: &str| -> Result<(Vec<f32>, Vec<usize>)> {
+            let view = st.tensor(key)?;
+            let shape = view.shape().to_vec();
+            Ok((to_f32(&view).with_context(|| format!("{}: tensor `{key}`", file.display()))?, shape))
+        };
+        let ((a, a_shape), (b, b_shape)) = (tensor(&pair.a)?, tensor(&pair.b)?);
+        let dev = Device::Cpu;
+        let at = Tensor::from_vec(a, (a_shape[0], a_shape[1]), &dev)?.t()?.contiguous()?;
+        let b: Vec<f32> = b.iter().map(|v| v * pair.scale).collect();
+        let bt = Tensor::from_vec(b, (b_shape[0], b_shape[1]), &dev)?.t()?.contiguous()?;
+        out.push((place, Pair { at, bt }));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_join_neighbours_of_one_adapter() {
+        let mut runs = Vec::new();
+        push_runs(&mut runs, 0, 3, 1, &[Some(1), Some(1), None]);
+        push_runs(&mut runs, 3, 1, 4, &[None]);
+        push_runs(&mut runs, 7, 2, 2, &[]);
+        push_runs(&mut runs, 11, 1, 5, &[Some(0)]);
+        let want = [(0, 2, Some(1)), (2, 9, None), (11, 5, Some(0))];
+        let got: Vec<_> = runs.iter().map(|r| (r.start, r.len, r.adapter)).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn projections_are_found_by_their_weights_names() {
+        assert_eq!(projection_of("model.layers.3.mlp.up_proj.weight"), Some((3, Proj::Up as usize)));
+        assert_eq!(projection_of("model.layers.0.self_attn.o_proj.weight"), Some((0, Proj::O as usize)));
+        assert_eq!(projection_of("model.embed_tokens.weight"), None);
+        assert_eq!(projection_of("model.layers.x.mlp.up_proj.weight"), None);
+    }
+}

@@ -1,0 +1,199 @@
+//! LoRA adapters served unmerged on one base (`src/adapters.rs`): a row with an adapter computes
+//! what the adapter merged into its own model computes, rows of different adapters (and of none)
+//! decode side by side in one batch each as its own model alone, and what cannot be served
+//! unmerged is refused by name.
+
+mod common;
+
+use candle_core::{Device, Tensor};
+use common::{fixtures, max_diff};
+use safetensors::tensor::{Dtype, TensorView};
+use std::path::{Path, PathBuf};
+use stepwise_model::peft::resolve_in;
+use stepwise_model::{Decoding, Input, Model, ModelConfig, SamplingParams};
+
+fn policy() -> PathBuf {
+    fixtures().join("qwen2-policy")
+}
+
+/// Deterministic values in [-scale/2, scale/2).
+fn values(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 1000.0 - 0.5) * scale)
+        .collect()
+}
+
+/// A rank-`r` adapter on `modules` of every layer of the fixture policy, plus `extra` tensors
+/// (name under the model, shape, values).
+fn adapter(dir: &Path, r: usize, modules: &[&str], seed: u32, extra: &[(&str, Vec<usize>, Vec<f32>)]) -> PathBuf {
+    let cfg = ModelConfig::from_dir(&policy()).unwrap();
+    let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let (q, kv) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for layer in 0..cfg.num_hidden_layers {
+        for (k, m) in modules.iter().enumerate() {
+            let (block, out, inp) = match *m {
+                "q_proj" => ("self_attn", q, h),
+                "k_proj" | "v_proj" => ("self_attn", kv, h),
+                "o_proj" => ("self_attn", h, q),
+                "gate_proj" | "up_proj" => ("mlp", inter, h),
+                "down_proj" => ("mlp", h, inter),
+                other => panic!("{other}"),
+            };
+            let at = format!("model.layers.{layer}.{block}.{m}");
+            let s = seed + 31 * (layer * 7 + k) as u32;
+            tensors.push((format!("{at}.lora_A.weight"), vec![r, inp], values(r * inp, s, 0.4)));
+            tensors.push((format!("{at}.lora_B.weight"), vec![out, r], values(out * r, s ^ 77, 0.4)));
+        }
+    }
+    tensors.extend(extra.iter().map(|(n, s, v)| (n.to_string(), s.clone(), v.clone())));
+    std::fs::create_dir_all(dir).unwrap();
+    let config = serde_json::json!({
+        "peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "base_model_name_or_path": policy(),
+        "task_type": "CAUSAL_LM", "target_modules": modules,
+    });
+    std::fs::write(dir.join("adapter_config.json"), config.to_string()).unwrap();
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| t.2.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| (format!("base_model.model.{}", t.0), TensorView::new(Dtype::F32, t.1.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("adapter_model.safetensors")).unwrap();
+    dir.to_path_buf()
+}
+
+fn no_base(id: &str) -> anyhow::Result<PathBuf> {
+    anyhow::bail!("{id}: not found")
+}
+
+/// The fixture policy serving `(name, folder)` adapters.
+fn serving(list: &[(String, PathBuf)]) -> Model {
+    let mut m = Model::load(&policy(), &Device::Cpu).unwrap();
+    m.serve_adapters(list).unwrap();
+    m
+}
+
+/// Hidden states of `ids` (one sequence) with `adapter`.
+fn hidden(m: &Model, ids: &[u32], adapter: Option<usize>) -> Tensor {
+    let t = Tensor::new(ids, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    m.hidden(Input::padded(&t, None).adapters(vec![adapter])).unwrap()
+}
+
+/// Each adapter's rows compute what its merged model computes, in a padded pass, a packed pass
+/// of several sequences with one adapter each, and a prefill continued token by token; rows of
+/// no adapter are the base's.
+#[test]
+fn an_adapter_served_unmerged_computes_what_its_merged_model_computes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let all = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+    let a = adapter(&tmp.path().join("a"), 4, &all, 1, &[]);
+    let b = adapter(&tmp.path().join("b"), 2, &["q_proj", "v_proj", "down_proj"], 9, &[]);
+    let cache = tmp.path().join("cache");
+    let merged_a = Model::load(&resolve_in(a.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
+    let merged_b = Model::load(&resolve_in(b.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
+    let base = Model::load(&policy(), &Device::Cpu).unwrap();
+    let served = serving(&[("a".into(), a), ("b".into(), b)]);
+    assert_eq!(served.adapters().unwrap().names(), ["a", "b"]);
+    let ids: Vec<u32> = (0..23).map(|i| (i * 37 + 5) % 600).collect();
+    for (adapter, want) in [(None, &base), (Some(0), &merged_a), (Some(1), &merged_b)] {
+        let (got, want) = (hidden(&served, &ids, adapter), hidden(want, &ids, None));
+        assert!(max_diff(&got, &want) < 1e-4, "{adapter:?}: {}", max_diff(&got, &want));
+    }
+    // The adapters moved the model (or the comparisons above would prove nothing).
+    assert!(max_diff(&hidden(&served, &ids, Some(0)), &hidden(&base, &ids, None)) > 0.05);
+    assert!(max_diff(&hidden(&served, &ids, Some(1)), &hidden(&base, &ids, None)) > 0.05);
+    // A packed batch of three sequences, one a model.
+    let seqs: Vec<Vec<u32>> = vec![ids[..9].to_vec(), ids[4..].to_vec(), ids[2..15].to_vec()];
+    let batch = stepwise_model::Packed::new(&seqs.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    let got = served.hidden(Input::packed(&batch).adapters(vec![Some(1), None, Some(0)])).unwrap();
+    let mut at = 0;
+    for (seq, want) in seqs.iter().zip([&merged_b, &base, &merged_a]) {
+        let part = got.narrow(0, at, seq.len()).unwrap();
+        let want = hidden(want, seq, None).squeeze(0).unwrap();
+        assert!(max_diff(&part, &want) < 1e-4);
+        at += seq.len();
+    }
+    // An adapter index that is not served is refused.
+    let t = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let err = served.hidden(Input::padded(&t, None).adapters(vec![Some(2)])).unwrap_err();
+    assert!(format!("{err:#}").contains("adapter 2 is not served"), "{err:#}");
+}
+
+/// Requests of two adapters and of the base decode in one continuous batch (added alone, or
+/// joined and fed through the others' steps), each exactly as its own model decodes it alone.
+#[test]
+fn requests_of_different_adapters_decode_side_by_side_as_each_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = adapter(&tmp.path().join("a"), 4, &["q_proj", "o_proj", "up_proj"], 3, &[]);
+    let b = adapter(&tmp.path().join("b"), 8, &["k_proj", "gate_proj", "down_proj"], 5, &[]);
+    let cache = tmp.path().join("cache");
+    let models = [
+        Model::load(&policy(), &Device::Cpu).unwrap(),
+        Model::load(&resolve_in(a.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap(),
+        Model::load(&resolve_in(b.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap(),
+    ];
+    let served = serving(&[("a".into(), a), ("b".into(), b)]);
+    let params = |seed| SamplingParams {
+        temperature: 0.8,
+        max_new_tokens: 12,
+        seed,
+        ..SamplingParams::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..3).map(|k| (0..7 + 5 * k).map(|i| ((i * 13 + k * 101) % 600) as u32).collect()).collect();
+    let adapters = [None, Some(0), Some(1)];
+    let alone: Vec<Vec<Vec<u32>>> = (0..3)
+        .map(|k| stepwise_model::generate(&models[k], None, &prompts[k], 2, &params(k as u64)).unwrap())
+        .collect();
+    for joined in [false, true] {
+        let mut batch = Decoding::new(&served, None).prefill_chunk(4);
+        let mut ids = Vec::new();
+        for k in 0..3 {
+            let (p, prm) = (&prompts[k], params(k as u64));
+            ids.push(match joined {
+                false => batch.add_with(p, 2, prm, adapters[k]).unwrap(),
+                true => batch.join_with(p, 2, prm, adapters[k]).unwrap(),
+            });
+        }
+        let mut outs = vec![None; 3];
+        while outs.iter().any(Option::is_none) {
+            for (id, out) in batch.step().unwrap() {
+                outs[ids.iter().position(|&i| i == id).unwrap()] = Some(out);
+            }
+        }
+        for k in 0..3 {
+            assert_eq!(outs[k].as_ref().unwrap(), &alone[k], "request {k} (joined: {joined})");
+        }
+    }
+    assert_ne!(alone[0], alone[1]);
+    // An adapter the model does not serve is refused when the request comes.
+    let mut batch = Decoding::new(&served, None);
+    let err = batch.add_with(&prompts[0], 1, params(0), Some(5)).unwrap_err();
+    assert!(format!("{err:#}").contains("adapter 5 is not served"), "{err:#}");
+}
+
+/// What an adapter does beyond adding to the projections (a `modules_to_save` head, an
+/// embedding's pair) is refused, naming the tensor and the way to serve it (merged).
+#[test]
+fn adapters_that_replace_tensors_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = ModelConfig::from_dir(&policy()).unwrap();
+    let h = cfg.hidden_size;
+    let norm = [("model.norm.weight", vec![h], vec![1.0; h])];
+    let saved = adapter(&tmp.path().join("saved"), 2, &["q_proj"], 1, &norm);
+    let mut m = Model::load(&policy(), &Device::Cpu).unwrap();
+    let err = format!("{:#}", m.serve_adapters(&[("saved".into(), saved)]).unwrap_err());
+    assert!(err.contains("adapter `saved`") && err.contains("model.norm.weight") && err.contains("--model ADAPTER"), "{err}");
+    let v = cfg.vocab_size;
+    let emb = [
+        ("model.embed_tokens.lora_embedding_A", vec![2, v], vec![0.1; 2 * v]),
+        ("model.embed_tokens.lora_embedding_B", vec![h, 2], vec![0.1; 2 * h]),
+    ];
+    let embedding = adapter(&tmp.path().join("emb"), 2, &["q_proj"], 1, &emb);
+    let err = format!("{:#}", m.serve_adapters(&[("emb".into(), embedding)]).unwrap_err());
+    assert!(err.contains("model.embed_tokens.weight") && err.contains("linear projections"), "{err}");
+    let twice = adapter(&tmp.path().join("x"), 2, &["q_proj"], 1, &[]);
+    let err = format!("{:#}", m.serve_adapters(&[("x".into(), twice.clone()), ("x".into(), twice)]).unwrap_err());
+    assert!(err.contains("two adapters are named `x`"), "{err}");
+    assert!(m.adapters().is_none(), "a refused list serves none");
+}
