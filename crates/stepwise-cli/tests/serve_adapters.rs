@@ -22,9 +22,13 @@ fn write_adapter(dir: &Path, r: usize, seed: u32) {
     };
     let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
     for layer in 0..2 {
-        for (k, (m, out, inp)) in [("self_attn.q_proj", 64, 64), ("self_attn.v_proj", 32, 64), ("mlp.down_proj", 64, 160)]
-            .into_iter()
-            .enumerate()
+        for (k, (m, out, inp)) in [
+            ("self_attn.q_proj", 64, 64),
+            ("self_attn.v_proj", 32, 64),
+            ("mlp.down_proj", 64, 160),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let at = format!("base_model.model.model.layers.{layer}.{m}");
             let s = seed + 10 * (layer * 3 + k) as u32;
@@ -36,7 +40,10 @@ fn write_adapter(dir: &Path, r: usize, seed: u32) {
     let config = json!({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 2 * r,
         "base_model_name_or_path": fixture("qwen2-policy"), "target_modules": ["q_proj", "v_proj", "down_proj"]});
     std::fs::write(dir.join("adapter_config.json"), config.to_string()).unwrap();
-    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors.iter().map(|t| (t.0.as_str(), t.1.clone(), t.2.clone())).collect();
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|t| (t.0.as_str(), t.1.clone(), t.2.clone()))
+        .collect();
     std::fs::write(dir.join("adapter_model.safetensors"), common::safetensors_bytes(&refs)).unwrap();
 }
 
@@ -52,7 +59,11 @@ impl Drop for Served {
 
 fn serve(args: &[&str], cache: &Path) -> Served {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepwise"));
-    cmd.arg("serve").args(args).args(["--port", "0"]).env("STEPWISE_CACHE", cache).stdout(Stdio::null());
+    cmd.arg("serve")
+        .args(args)
+        .args(["--port", "0"])
+        .env("STEPWISE_CACHE", cache)
+        .stdout(Stdio::null());
     let (child, url) = spawn_until(cmd, "stepwise serve: listening on ");
     Served(child, url)
 }
@@ -69,7 +80,10 @@ fn choices(reply: &Value) -> Vec<(String, Vec<f64>)> {
     list.iter()
         .map(|c| {
             let lp = c["logprobs"]["token_logprobs"].as_array().unwrap();
-            (c["text"].as_str().unwrap().to_string(), lp.iter().map(|x| x.as_f64().unwrap()).collect())
+            (
+                c["text"].as_str().unwrap().to_string(),
+                lp.iter().map(|x| x.as_f64().unwrap()).collect(),
+            )
         })
         .collect()
 }
@@ -77,7 +91,11 @@ fn choices(reply: &Value) -> Vec<(String, Vec<f64>)> {
 #[test]
 fn adapters_served_unmerged_answer_as_their_merged_models_side_by_side() {
     let tmp = common::tmp("serve_adapters", "side_by_side");
-    let (a, b, cache) = (tmp.path().join("math-lora"), tmp.path().join("code-lora"), tmp.path().join("cache"));
+    let (a, b, cache) = (
+        tmp.path().join("math-lora"),
+        tmp.path().join("code-lora"),
+        tmp.path().join("cache"),
+    );
     write_adapter(&a, 4, 1);
     write_adapter(&b, 2, 7);
     let (a_arg, b_arg) = (format!("math={}", a.display()), format!("code={}", b.display()));
@@ -94,30 +112,52 @@ fn adapters_served_unmerged_answer_as_their_merged_models_side_by_side() {
     let names = ["qwen2-policy", "math", "code"];
     let replies: Vec<Value> = std::thread::scope(|s| {
         let url = &multi.1;
-        let asks: Vec<_> = names.iter().map(|m| s.spawn(move || post(url, "/v1/completions", &request(m)))).collect();
+        let asks: Vec<_> = names
+            .iter()
+            .map(|m| s.spawn(move || post(url, "/v1/completions", &request(m))))
+            .collect();
         asks.into_iter().map(|h| h.join().unwrap()).collect()
     });
     // Each against a server of that model alone (an adapter given as --model is merged).
-    for ((name, reply), alone) in names.iter().zip(&replies).zip([policy.as_str(), a.to_str().unwrap(), b.to_str().unwrap()]) {
+    for ((name, reply), alone) in
+        names
+            .iter()
+            .zip(&replies)
+            .zip([policy.as_str(), a.to_str().unwrap(), b.to_str().unwrap()])
+    {
         assert_eq!(reply["model"], *name);
         let single = serve(&["--model", alone], &cache);
-        let own_name = if *name == "qwen2-policy" { "qwen2-policy" } else { Path::new(alone).file_name().unwrap().to_str().unwrap() };
+        let own_name = if *name == "qwen2-policy" {
+            "qwen2-policy"
+        } else {
+            Path::new(alone).file_name().unwrap().to_str().unwrap()
+        };
         let want = post(&single.1, "/v1/completions", &request(own_name));
         let (got, want) = (choices(reply), choices(&want));
         assert_eq!(got.len(), 2);
         for ((gt, gl), (wt, wl)) in got.iter().zip(&want) {
             assert_eq!(gt, wt, "{name}");
-            assert!(gl.iter().zip(wl).all(|(g, w)| (g - w).abs() < 1e-3), "{name}: {gl:?} against {wl:?}");
+            assert!(
+                gl.iter().zip(wl).all(|(g, w)| (g - w).abs() < 1e-3),
+                "{name}: {gl:?} against {wl:?}"
+            );
         }
     }
-    assert_ne!(choices(&replies[1]), choices(&replies[2]), "the two adapters answer differently");
+    assert_ne!(
+        choices(&replies[1]),
+        choices(&replies[2]),
+        "the two adapters answer differently"
+    );
     assert_ne!(choices(&replies[0]), choices(&replies[1]), "an adapter moves the base");
     // The adapters' names are models for /tokenize too; another name is a 404 listing them.
     let tokens = post(&multi.1, "/tokenize", &json!({"model": "code", "prompt": "1 + 1"}));
     assert!(tokens["count"].as_u64().unwrap() > 0, "{tokens}");
     let missing = post(&multi.1, "/v1/completions", &request("physics"));
     let said = missing["error"]["message"].as_str().unwrap();
-    assert!(said.contains("physics") && said.contains("math") && said.contains("code"), "{said}");
+    assert!(
+        said.contains("physics") && said.contains("math") && said.contains("code"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -131,10 +171,22 @@ fn lora_modules_that_cannot_be_served_are_refused_at_start() {
     let not_adapter = format!("x={policy}");
     for (args, says) in [
         (vec!["--model", &policy, "--lora-modules", "nonsense"], "NAME=ADAPTER"),
-        (vec!["--model", &policy, "--lora-modules", &not_adapter], "not a PEFT adapter"),
-        (vec!["--model", &policy, "--lora-modules", &a_arg, &a_arg], "two adapters are named `a`"),
-        (vec!["--model", &policy, "--lora-modules", &saved], "the policy's own name"),
-        (vec!["--prm", &fixture("qwen2-prm"), "--lora-modules", &a_arg], "pass --model"),
+        (
+            vec!["--model", &policy, "--lora-modules", &not_adapter],
+            "not a PEFT adapter",
+        ),
+        (
+            vec!["--model", &policy, "--lora-modules", &a_arg, &a_arg],
+            "two adapters are named `a`",
+        ),
+        (
+            vec!["--model", &policy, "--lora-modules", &saved],
+            "the policy's own name",
+        ),
+        (
+            vec!["--prm", &fixture("qwen2-prm"), "--lora-modules", &a_arg],
+            "pass --model",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
             .arg("serve")

@@ -28,7 +28,10 @@ fn values(n: usize, seed: u32, scale: f32) -> Vec<f32> {
 fn adapter(dir: &Path, r: usize, modules: &[&str], seed: u32, extra: &[(&str, Vec<usize>, Vec<f32>)]) -> PathBuf {
     let cfg = ModelConfig::from_dir(&policy()).unwrap();
     let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
-    let (q, kv) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
+    let (q, kv) = (
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+    );
     let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
     for layer in 0..cfg.num_hidden_layers {
         for (k, m) in modules.iter().enumerate() {
@@ -43,7 +46,11 @@ fn adapter(dir: &Path, r: usize, modules: &[&str], seed: u32, extra: &[(&str, Ve
             let at = format!("model.layers.{layer}.{block}.{m}");
             let s = seed + 31 * (layer * 7 + k) as u32;
             tensors.push((format!("{at}.lora_A.weight"), vec![r, inp], values(r * inp, s, 0.4)));
-            tensors.push((format!("{at}.lora_B.weight"), vec![out, r], values(out * r, s ^ 77, 0.4)));
+            tensors.push((
+                format!("{at}.lora_B.weight"),
+                vec![out, r],
+                values(out * r, s ^ 77, 0.4),
+            ));
         }
     }
     tensors.extend(extra.iter().map(|(n, s, v)| (n.to_string(), s.clone(), v.clone())));
@@ -53,11 +60,19 @@ fn adapter(dir: &Path, r: usize, modules: &[&str], seed: u32, extra: &[(&str, Ve
         "task_type": "CAUSAL_LM", "target_modules": modules,
     });
     std::fs::write(dir.join("adapter_config.json"), config.to_string()).unwrap();
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| t.2.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|t| t.2.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
     let views: Vec<(String, TensorView)> = tensors
         .iter()
         .zip(&bytes)
-        .map(|(t, b)| (format!("base_model.model.{}", t.0), TensorView::new(Dtype::F32, t.1.clone(), b).unwrap()))
+        .map(|(t, b)| {
+            (
+                format!("base_model.model.{}", t.0),
+                TensorView::new(Dtype::F32, t.1.clone(), b).unwrap(),
+            )
+        })
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("adapter_model.safetensors")).unwrap();
     dir.to_path_buf()
@@ -86,7 +101,15 @@ fn hidden(m: &Model, ids: &[u32], adapter: Option<usize>) -> Tensor {
 #[test]
 fn an_adapter_served_unmerged_computes_what_its_merged_model_computes() {
     let tmp = tempfile::tempdir().unwrap();
-    let all = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+    let all = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
     let a = adapter(&tmp.path().join("a"), 4, &all, 1, &[]);
     let b = adapter(&tmp.path().join("b"), 2, &["q_proj", "v_proj", "down_proj"], 9, &[]);
     let cache = tmp.path().join("cache");
@@ -106,7 +129,9 @@ fn an_adapter_served_unmerged_computes_what_its_merged_model_computes() {
     // A packed batch of three sequences, one a model.
     let seqs: Vec<Vec<u32>> = vec![ids[..9].to_vec(), ids[4..].to_vec(), ids[2..15].to_vec()];
     let batch = stepwise_model::Packed::new(&seqs.iter().map(Vec::as_slice).collect::<Vec<_>>());
-    let got = served.hidden(Input::packed(&batch).adapters(vec![Some(1), None, Some(0)])).unwrap();
+    let got = served
+        .hidden(Input::packed(&batch).adapters(vec![Some(1), None, Some(0)]))
+        .unwrap();
     let mut at = 0;
     for (seq, want) in seqs.iter().zip([&merged_b, &base, &merged_a]) {
         let part = got.narrow(0, at, seq.len()).unwrap();
@@ -116,7 +141,9 @@ fn an_adapter_served_unmerged_computes_what_its_merged_model_computes() {
     }
     // An adapter index that is not served is refused.
     let t = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-    let err = served.hidden(Input::padded(&t, None).adapters(vec![Some(2)])).unwrap_err();
+    let err = served
+        .hidden(Input::padded(&t, None).adapters(vec![Some(2)]))
+        .unwrap_err();
     assert!(format!("{err:#}").contains("adapter 2 is not served"), "{err:#}");
 }
 
@@ -140,7 +167,9 @@ fn requests_of_different_adapters_decode_side_by_side_as_each_alone() {
         seed,
         ..SamplingParams::default()
     };
-    let prompts: Vec<Vec<u32>> = (0..3).map(|k| (0..7 + 5 * k).map(|i| ((i * 13 + k * 101) % 600) as u32).collect()).collect();
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|k| (0..7 + 5 * k).map(|i| ((i * 13 + k * 101) % 600) as u32).collect())
+        .collect();
     let adapters = [None, Some(0), Some(1)];
     let alone: Vec<Vec<Vec<u32>>> = (0..3)
         .map(|k| stepwise_model::generate(&models[k], None, &prompts[k], 2, &params(k as u64)).unwrap())
@@ -183,7 +212,10 @@ fn adapters_that_replace_tensors_are_refused_by_name() {
     let saved = adapter(&tmp.path().join("saved"), 2, &["q_proj"], 1, &norm);
     let mut m = Model::load(&policy(), &Device::Cpu).unwrap();
     let err = format!("{:#}", m.serve_adapters(&[("saved".into(), saved)]).unwrap_err());
-    assert!(err.contains("adapter `saved`") && err.contains("model.norm.weight") && err.contains("--model ADAPTER"), "{err}");
+    assert!(
+        err.contains("adapter `saved`") && err.contains("model.norm.weight") && err.contains("--model ADAPTER"),
+        "{err}"
+    );
     let v = cfg.vocab_size;
     let emb = [
         ("model.embed_tokens.lora_embedding_A", vec![2, v], vec![0.1; 2 * v]),
@@ -191,9 +223,16 @@ fn adapters_that_replace_tensors_are_refused_by_name() {
     ];
     let embedding = adapter(&tmp.path().join("emb"), 2, &["q_proj"], 1, &emb);
     let err = format!("{:#}", m.serve_adapters(&[("emb".into(), embedding)]).unwrap_err());
-    assert!(err.contains("model.embed_tokens.weight") && err.contains("linear projections"), "{err}");
+    assert!(
+        err.contains("model.embed_tokens.weight") && err.contains("linear projections"),
+        "{err}"
+    );
     let twice = adapter(&tmp.path().join("x"), 2, &["q_proj"], 1, &[]);
-    let err = format!("{:#}", m.serve_adapters(&[("x".into(), twice.clone()), ("x".into(), twice)]).unwrap_err());
+    let err = format!(
+        "{:#}",
+        m.serve_adapters(&[("x".into(), twice.clone()), ("x".into(), twice)])
+            .unwrap_err()
+    );
     assert!(err.contains("two adapters are named `x`"), "{err}");
     assert!(m.adapters().is_none(), "a refused list serves none");
 }

@@ -228,7 +228,9 @@ fn lora_module(arg: &str) -> Result<(String, std::path::PathBuf), String> {
         .ok_or_else(|| format!("`{arg}`: NAME=ADAPTER (a folder or model id)"))?;
     let dir = stepwise_model::hub::resolve_folder(adapter.trim()).map_err(|e| format!("{e:#}"))?;
     if !stepwise_model::hub::is_adapter(&dir) {
-        return Err(format!("{adapter}: not a PEFT adapter (no adapter_config.json, or weights of its own)"));
+        return Err(format!(
+            "{adapter}: not a PEFT adapter (no adapter_config.json, or weights of its own)"
+        ));
     }
     Ok((name.trim().to_string(), dir))
 }

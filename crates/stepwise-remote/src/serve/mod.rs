@@ -212,27 +212,31 @@ fn folder_name(dir: &std::path::Path) -> String {
         .unwrap_or_else(|| dir.display().to_string())
 }
 
+/// The policy to serve, with its name and the adapters served on it (`--lora-modules`).
+fn load_policy(cfg: &ServeConfig) -> Result<Option<(String, LoadedPolicy)>> {
+    let Some(dir) = &cfg.model else {
+        anyhow::ensure!(
+            cfg.lora_modules.is_empty(),
+            "--lora-modules are served on a policy: pass --model"
+        );
+        return Ok(None);
+    };
+    let name = cfg.model_name.clone().unwrap_or_else(|| folder_name(dir));
+    if let Some((same, _)) = cfg.lora_modules.iter().find(|(n, _)| *n == name) {
+        anyhow::bail!("--lora-modules: `{same}` is the policy's own name");
+    }
+    let mut policy = LoadedPolicy::load_on(dir, cfg.device, stepwise_model::default_precision())
+        .with_context(|| format!("loading the policy {}", dir.display()))?;
+    policy
+        .model
+        .serve_adapters(&cfg.lora_modules)
+        .context("--lora-modules")?;
+    Ok(Some((name, policy)))
+}
+
 /// Load the models and build the router.
 pub fn app(cfg: &ServeConfig) -> Result<Router> {
-    let policy = match &cfg.model {
-        Some(dir) => {
-            let name = cfg.model_name.clone().unwrap_or_else(|| folder_name(dir));
-            let mut policy = LoadedPolicy::load_on(dir, cfg.device, stepwise_model::default_precision())
-                .with_context(|| format!("loading the policy {}", dir.display()))?;
-            if let Some((same, _)) = cfg.lora_modules.iter().find(|(n, _)| *n == name) {
-                anyhow::bail!("--lora-modules: `{same}` is the policy's own name");
-            }
-            policy
-                .model
-                .serve_adapters(&cfg.lora_modules)
-                .context("--lora-modules")?;
-            Some((name, policy))
-        }
-        None => {
-            anyhow::ensure!(cfg.lora_modules.is_empty(), "--lora-modules are served on a policy: pass --model");
-            None
-        }
-    };
+    let policy = load_policy(cfg)?;
     let prm = match &cfg.prm {
         Some(dir) => Some((
             cfg.prm_name.clone().unwrap_or_else(|| folder_name(dir)),
@@ -461,10 +465,12 @@ async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
             // vLLM lists a LoRA module with its folder as `root` and the base as `parent`.
             let len = p.model.config.max_position_embeddings;
             let adapters = p.model.adapters().into_iter();
-            adapters.flat_map(|a| a.names().iter().zip(a.folders())).map(move |(name, dir)| {
-                json!({"id": name, "object": "model", "created": created, "owned_by": "stepwise",
+            adapters
+                .flat_map(|a| a.names().iter().zip(a.folders()))
+                .map(move |(name, dir)| {
+                    json!({"id": name, "object": "model", "created": created, "owned_by": "stepwise",
                        "max_model_len": len, "root": dir, "parent": base, "stepwise_role": "policy"})
-            })
+                })
         }))
         .collect();
     Json(json!({"object": "list", "data": data}))
