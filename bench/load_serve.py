@@ -2,7 +2,10 @@
 completions for D seconds; reports errors, requests/s, generated tokens/s and latency p50/p99.
 Needs `pip install openai`.
 
-    python bench/load_serve.py http://127.0.0.1:8000 MODEL [--clients 64] [--seconds 60] [--max-tokens 32]
+    python bench/load_serve.py http://127.0.0.1:8000 MODEL[,MODEL...] [--clients 64] [--seconds 60] [--max-tokens 32] [--json OUT]
+
+Several models (a base and LoRA adapters served on it, `stepwise serve --lora-modules`, vLLM's
+`--enable-lora`): client k asks for model k mod their number.
 """
 import argparse
 import asyncio
@@ -14,7 +17,8 @@ from openai import AsyncOpenAI
 PROMPTS = [f"What is {a} + {b}?\n" for a in range(3, 40, 3) for b in range(2, 30, 5)]
 
 
-async def client(api, model, deadline, max_tokens, k, out):
+async def client(api, models, deadline, max_tokens, k, out):
+    model = models[k % len(models)]
     i = k
     while time.perf_counter() < deadline:
         t = time.perf_counter()
@@ -38,12 +42,19 @@ async def main():
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--warmup", type=float, default=0, help="seconds of load before the timed run")
+    p.add_argument("--json", help="append the figures to this JSON-lines file")
     a = p.parse_args()
     api = AsyncOpenAI(base_url=f"{a.url}/v1", api_key="none", max_retries=0, timeout=600)
+    models = a.model.split(",")
+    if a.warmup > 0:
+        scratch = {"latency": [], "tokens": 0, "errors": []}
+        deadline = time.perf_counter() + a.warmup
+        await asyncio.gather(*(client(api, models, deadline, a.max_tokens, k, scratch) for k in range(a.clients)))
     out = {"latency": [], "tokens": 0, "errors": []}
     start = time.perf_counter()
     deadline = start + a.seconds
-    await asyncio.gather(*(client(api, a.model, deadline, a.max_tokens, k, out) for k in range(a.clients)))
+    await asyncio.gather(*(client(api, models, deadline, a.max_tokens, k, out) for k in range(a.clients)))
     wall = time.perf_counter() - start
     lat = sorted(out["latency"])
     q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))] if lat else float("nan")
@@ -52,6 +63,13 @@ async def main():
         f"{len(lat) / wall:.1f} requests/s, {out['tokens'] / wall:.0f} generated tokens/s, "
         f"latency p50 {q(0.5):.3f} s p99 {q(0.99):.3f} s (mean {statistics.mean(lat) if lat else float('nan'):.3f})"
     )
+    if a.json:
+        import json
+        row = {"models": models, "clients": a.clients, "seconds": round(wall, 2), "requests": len(lat),
+               "errors": len(out["errors"]), "tokens_per_s": round(out["tokens"] / wall, 1),
+               "p50_s": round(q(0.5), 3), "p99_s": round(q(0.99), 3)}
+        with open(a.json, "a") as f:
+            f.write(json.dumps(row) + "\n")
     for e in sorted(set(out["errors"]))[:5]:
         print("  error:", e)
     # stepwise serve counts its decoding steps and the continuations they carried.

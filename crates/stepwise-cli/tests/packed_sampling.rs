@@ -7,82 +7,6 @@ use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
 
-/// A random Qwen2 policy 512 wide (one layer), stored in bf16, with the fixture policy's
-/// tokenizer: the smallest shape the CPU samples on the packed engine.
-fn write_policy(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let fixture = Path::new(&fixture("qwen2-policy")).to_path_buf();
-    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
-        std::fs::copy(fixture.join(f), dir.join(f)).unwrap();
-    }
-    let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
-    let (hidden, inter, heads, kv, vocab) = (512usize, 1024usize, 8usize, 2usize, 601usize);
-    for (k, v) in [
-        ("hidden_size", hidden),
-        ("intermediate_size", inter),
-        ("num_attention_heads", heads),
-        ("num_key_value_heads", kv),
-        ("num_hidden_layers", 1),
-    ] {
-        config[k] = json!(v);
-    }
-    config["layer_types"] = json!(["full_attention"]);
-    config["dtype"] = json!("bfloat16");
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let kv_dim = kv * hidden / heads;
-    let p = "model.layers.0.";
-    let tensors: Vec<(String, Vec<usize>, f32)> = [
-        ("model.embed_tokens.weight".to_string(), vec![vocab, hidden], 0.5),
-        ("model.norm.weight".into(), vec![hidden], 0.0),
-        (format!("{p}input_layernorm.weight"), vec![hidden], 0.0),
-        (format!("{p}post_attention_layernorm.weight"), vec![hidden], 0.0),
-        (format!("{p}self_attn.q_proj.weight"), vec![hidden, hidden], 0.05),
-        (format!("{p}self_attn.q_proj.bias"), vec![hidden], 0.05),
-        (format!("{p}self_attn.k_proj.weight"), vec![kv_dim, hidden], 0.05),
-        (format!("{p}self_attn.k_proj.bias"), vec![kv_dim], 0.05),
-        (format!("{p}self_attn.v_proj.weight"), vec![kv_dim, hidden], 0.05),
-        (format!("{p}self_attn.v_proj.bias"), vec![kv_dim], 0.05),
-        (format!("{p}self_attn.o_proj.weight"), vec![hidden, hidden], 0.05),
-        (format!("{p}mlp.gate_proj.weight"), vec![inter, hidden], 0.05),
-        (format!("{p}mlp.up_proj.weight"), vec![inter, hidden], 0.05),
-        (format!("{p}mlp.down_proj.weight"), vec![hidden, inter], 0.05),
-    ]
-    .into_iter()
-    .collect();
-    write_bf16_safetensors(&dir.join("model.safetensors"), &tensors);
-}
-
-/// A safetensors file of bf16 tensors `(name, shape, scale)`: pseudo-random values in
-/// [-scale, scale), or all ones where the scale is 0 (a norm's weight).
-fn write_bf16_safetensors(path: &Path, tensors: &[(String, Vec<usize>, f32)]) {
-    let (mut header, mut data) = (serde_json::Map::new(), Vec::<u8>::new());
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    for (name, shape, scale) in tensors {
-        let start = data.len();
-        for _ in 0..shape.iter().product::<usize>() {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let x = match scale {
-                0.0 => 1.0f32,
-                s => ((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * s,
-            };
-            data.extend_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes());
-        }
-        header.insert(
-            name.clone(),
-            json!({"dtype": "BF16", "shape": shape, "data_offsets": [start, data.len()]}),
-        );
-    }
-    let mut head = Value::Object(header).to_string().into_bytes();
-    head.resize(head.len().next_multiple_of(8), b' ');
-    let mut file = (head.len() as u64).to_le_bytes().to_vec();
-    file.extend(head);
-    file.extend(data);
-    std::fs::write(path, file).unwrap();
-}
-
 fn lines(path: &Path) -> Vec<Value> {
     (std::fs::read_to_string(path).unwrap().lines())
         .map(|l| serde_json::from_str(l).unwrap())
@@ -95,7 +19,7 @@ fn a_pretrained_bf16_policy_samples_and_annotates_in_batches_on_the_packed_engin
     let dir = dir_tmp.path();
     let _ = std::fs::remove_dir_all(dir);
     let policy = dir.join("policy");
-    write_policy(&policy);
+    write_packed_policy(&policy);
     let policy = policy.to_str().unwrap();
     let questions = [
         "What is 2 + 3?",

@@ -71,11 +71,26 @@ pub(crate) fn push_runs(runs: &mut Vec<Run>, start: usize, seqs: usize, rows: us
     }
 }
 
-/// One adapter's update of one projection: `Aᵀ` `[in, r]` and `s·Bᵀ` `[r, out]`, f32.
+/// One adapter's update of one projection, f32: `A` `[r, in]` and `(s·B)ᵀ` `[r, out]` on the
+/// host (the packed engine's), and as tensors `Aᵀ` and `(s·B)ᵀ` (the CPU decoder's).
 #[derive(Clone, Debug)]
 struct Pair {
-    at: Tensor,
-    bt: Tensor,
+    a: Vec<f32>,
+    bt: Vec<f32>,
+    r: usize,
+    /// `Aᵀ` `[in, r]`.
+    a_tensor: Tensor,
+    /// `(s·B)ᵀ` `[r, out]`.
+    bt_tensor: Tensor,
+}
+
+/// An adapter's update of one projection as the packed engine reads it: `a` `[r, in]` and the
+/// scaled `B` transposed, `bt` `[r, out]`, row-major.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostPair<'a> {
+    pub a: &'a [f32],
+    pub bt: &'a [f32],
+    pub r: usize,
 }
 
 /// The adapters served on one base model, by index (their names in the order given).
@@ -141,6 +156,16 @@ impl Adapters {
         self.names.is_empty()
     }
 
+    /// Adapter `adapter`'s update of projection `proj` of layer `layer`, if it adapts it.
+    pub(crate) fn host(&self, layer: usize, proj: Proj, adapter: usize) -> Option<HostPair<'_>> {
+        let p = self.layers.get(layer)?[proj as usize].get(adapter)?.as_ref()?;
+        Some(HostPair {
+            a: &p.a,
+            bt: &p.bt,
+            r: p.r,
+        })
+    }
+
     /// The rows of each adapter in `runs` (those of no adapter left out), for [`Adapters::add_to`].
     pub(crate) fn groups(&self, runs: &[Run]) -> Result<Vec<Group>> {
         let mut rows: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
@@ -176,7 +201,7 @@ impl Adapters {
                 Some((first, n)) => x.narrow(0, first, n)?,
                 None => x.index_select(&g.index, 0)?,
             };
-            let update = xs.matmul(&p.at)?.matmul(&p.bt)?;
+            let update = xs.matmul(&p.a_tensor)?.matmul(&p.bt_tensor)?;
             y = match g.together {
                 Some((0, n)) if n == y.dim(0)? => (y + update)?,
                 _ => y.index_add(&g.index, &update, 0)?,
@@ -276,10 +301,17 @@ fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Vec<((
         };
         let ((a, a_shape), (b, b_shape)) = (tensor(&pair.a)?, tensor(&pair.b)?);
         let dev = Device::Cpu;
-        let at = Tensor::from_vec(a, (a_shape[0], a_shape[1]), &dev)?.t()?.contiguous()?;
+        let a_tensor = Tensor::from_vec(a.clone(), (a_shape[0], a_shape[1]), &dev)?.t()?.contiguous()?;
         let b: Vec<f32> = b.iter().map(|v| v * pair.scale).collect();
-        let bt = Tensor::from_vec(b, (b_shape[0], b_shape[1]), &dev)?.t()?.contiguous()?;
-        out.push((place, Pair { at, bt }));
+        let bt_tensor = Tensor::from_vec(b, (b_shape[0], b_shape[1]), &dev)?.t()?.contiguous()?;
+        let pair = Pair {
+            bt: bt_tensor.flatten_all()?.to_vec1::<f32>()?,
+            r: a_shape[0],
+            a,
+            a_tensor,
+            bt_tensor,
+        };
+        out.push((place, pair));
     }
     Ok(out)
 }

@@ -26,6 +26,18 @@ pub trait PackedEngine: Send + Sync + std::fmt::Debug {
     /// Head outputs at rows `read` of a packed batch, `(values, width)`: the head's columns
     /// `columns` only when given (a Math-Shepherd PRM's two tokens of the vocabulary).
     fn head_at(&self, batch: &Packed, read: &[usize], columns: Option<&[u32]>) -> Result<(Vec<f32>, usize)>;
+    /// [`PackedEngine::head_at`] with each sequence's served adapter (`adapters[i]`, or one for
+    /// all).
+    fn head_at_with(
+        &self,
+        batch: &Packed,
+        read: &[usize],
+        columns: Option<&[u32]>,
+        adapters: &[Option<usize>],
+    ) -> Result<(Vec<f32>, usize)>;
+    /// Serves `adapters` unmerged on its weights (refused where the device has no kernel for
+    /// them: the CUDA engine's).
+    fn serve_adapters(&self, adapters: Option<std::sync::Arc<crate::Adapters>>) -> Result<()>;
     /// Each sequence's token log-probabilities (position 0 holds 0), in packed batches of at
     /// most `max_tokens` tokens.
     fn sequence_logprobs(&self, seqs: &[&[u32]], max_tokens: usize) -> Result<Vec<Vec<f32>>>;
@@ -65,6 +77,20 @@ impl<B: TrainBackend + 'static> PackedEngine for PackedDecoder<B> {
 
     fn head_at(&self, batch: &Packed, read: &[usize], columns: Option<&[u32]>) -> Result<(Vec<f32>, usize)> {
         PackedDecoder::head_at(self, batch, read, columns)
+    }
+
+    fn head_at_with(
+        &self,
+        batch: &Packed,
+        read: &[usize],
+        columns: Option<&[u32]>,
+        adapters: &[Option<usize>],
+    ) -> Result<(Vec<f32>, usize)> {
+        PackedDecoder::head_at_with(self, batch, read, columns, adapters)
+    }
+
+    fn serve_adapters(&self, adapters: Option<std::sync::Arc<crate::Adapters>>) -> Result<()> {
+        PackedDecoder::serve_adapters(self, adapters)
     }
 
     fn sequence_logprobs(&self, seqs: &[&[u32]], max_tokens: usize) -> Result<Vec<Vec<f32>>> {

@@ -447,7 +447,9 @@ impl<'a> Decoding<'a> {
             out.push(row.next);
             if stops(out, &req.params, self.tok) {
                 req.live -= 1;
-                if let (Some(kept), Some(cache)) = (self.kept.as_mut(), self.cache.as_deref_mut()) {
+                // A prefix is kept for requests of the base model (another adapter's keys differ).
+                let kept = self.kept.as_mut().filter(|_| req.adapter.is_none());
+                if let (Some(kept), Some(cache)) = (kept, self.cache.as_deref_mut()) {
                     if let Some((handle, room)) = cache.retain_row(k) {
                         // Cached: the prompt and every token written but the last (never fed).
                         let tokens = req.prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
@@ -509,7 +511,9 @@ impl<'a> Decoding<'a> {
             self.committed += need;
             cache.push_prompt();
             let mut p = self.waiting.pop_front().expect("checked");
-            if let Some((handle, len)) = self.kept.as_mut().and_then(|k| k.longest_shared(&p.tokens)) {
+            let base = self.requests[p.request].as_ref().is_some_and(|r| r.adapter.is_none());
+            let kept = self.kept.as_mut().filter(|_| base);
+            if let Some((handle, len)) = kept.and_then(|k| k.longest_shared(&p.tokens)) {
                 // Fed from the start where the kept cache cannot be shared after all.
                 if cache.prompt_from(handle, len).is_ok() {
                     p.fed = len;

@@ -47,6 +47,8 @@ pub struct Model {
     /// The variables holding its weights where it was made to be trained ([`Model::fresh`],
     /// [`Model::load_trainable`]): what a trainer updates and saves.
     trainable: Option<Trainable>,
+    /// The LoRA adapters served unmerged on its weights ([`Model::serve_adapters`]).
+    adapters: Option<std::sync::Arc<crate::Adapters>>,
 }
 
 /// A trainable model's variables (shared with the map they were made in).
@@ -88,6 +90,7 @@ impl Model {
             precision: Precision::default(),
             packed: None,
             trainable: None,
+            adapters: None,
         })
     }
 
@@ -161,6 +164,7 @@ impl Model {
             precision: WeightDtype::Bf16.into(),
             packed: Some(engine),
             trainable: None,
+            adapters: None,
         })
     }
 
@@ -294,24 +298,21 @@ impl Model {
     /// in that order ([`Input::adapters`], [`crate::Decoding::add_with`]): each adapter holds
     /// only its `A` and `B` matrices. On the CPU decoder only; an empty list serves none.
     pub fn serve_adapters(&mut self, list: &[(String, std::path::PathBuf)]) -> Result<()> {
-        if let Some(g) = &self.packed {
-            anyhow::ensure!(
-                list.is_empty(),
-                "adapters are served unmerged by the CPU engine; on {} serve each merged, as a model of its own",
-                g.name()
-            );
-        }
         let adapters = match list {
             [] => None,
             _ => Some(std::sync::Arc::new(crate::Adapters::load(&self.config, list)?)),
         };
-        self.decoder.set_adapters(adapters);
+        match &self.packed {
+            Some(g) => g.serve_adapters(adapters.clone())?,
+            None => self.decoder.set_adapters(adapters.clone()),
+        }
+        self.adapters = adapters;
         Ok(())
     }
 
     /// The adapters served on this model ([`Model::serve_adapters`]).
     pub fn adapters(&self) -> Option<&crate::Adapters> {
-        self.decoder.adapters()
+        self.adapters.as_deref()
     }
 
     /// The hidden states (after the final norm) of a forward pass over `input`, an input of
@@ -361,14 +362,13 @@ impl Model {
     ) -> Result<(Vec<f32>, usize)> {
         let packed = crate::packed::Packed::new(seqs);
         if let Some(g) = &self.packed {
-            anyhow::ensure!(adapters.iter().all(Option::is_none), "{} serves no unmerged adapters", g.name());
             let rows: Vec<usize> = read
                 .iter()
                 .enumerate()
                 .flat_map(|(i, r)| r.iter().map(move |&p| (i, p)))
                 .map(|(i, p)| packed.row(i, p))
                 .collect();
-            return g.head_at(&packed, &rows, columns);
+            return g.head_at_with(&packed, &rows, columns, &adapters);
         }
         let hidden = self.hidden(Input::packed(&packed).read(read).adapters(adapters))?;
         let columns = columns.map(|c| Tensor::new(c, &self.device)).transpose()?;
@@ -411,7 +411,14 @@ impl Model {
     ) -> Result<()> {
         let per = rows_a_pass.max(1);
         if self.packed.is_some() {
-            anyhow::ensure!(adapter.is_none(), "the packed engine serves no unmerged adapters");
+            if adapter.is_some() {
+                for (k, slice) in rows.chunks(per).enumerate() {
+                    let (logits, width) = self.head_at_with(&[ids], &[slice.to_vec()], None, vec![adapter])?;
+                    let logits = Tensor::from_vec(logits, (slice.len(), width), &Device::Cpu)?;
+                    each(k * per, candle_nn::ops::log_softmax(&logits, D::Minus1)?.to_vec2::<f32>()?)?;
+                }
+                return Ok(());
+            }
             for (k, slice) in rows.chunks(per).enumerate() {
                 each(k * per, self.vocab_logprobs(ids, slice)?)?;
             }

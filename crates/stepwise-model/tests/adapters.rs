@@ -236,3 +236,75 @@ fn adapters_that_replace_tensors_are_refused_by_name() {
     assert!(err.contains("two adapters are named `x`"), "{err}");
     assert!(m.adapters().is_none(), "a refused list serves none");
 }
+
+/// On the packed engine's CPU backend (where `stepwise serve` runs a pretrained bf16 policy):
+/// each adapter's logits are its merged model's within the merged weights' bf16 rounding, and
+/// requests of the base and two adapters decode in one paged batch, added or joined through the
+/// running steps, token for token as each alone.
+#[test]
+fn the_packed_engine_serves_adapters_side_by_side() {
+    let tmp = tempfile::tempdir().unwrap();
+    let all = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
+    let a = adapter(&tmp.path().join("a"), 4, &all, 3, &[]);
+    let b = adapter(&tmp.path().join("b"), 8, &["k_proj", "gate_proj", "down_proj"], 5, &[]);
+    let cache = tmp.path().join("cache");
+    let packed = |dir: &Path| Model::load_packed(dir, stepwise_model::Placement::Cpu).unwrap();
+    let merged_a = packed(&resolve_in(a.clone(), no_base, &cache).unwrap());
+    let mut served = packed(&policy());
+    served.serve_adapters(&[("a".into(), a), ("b".into(), b)]).unwrap();
+    let ids: Vec<u32> = (0..31).map(|i| (i * 37 + 5) % 600).collect();
+    let rows: Vec<usize> = (0..ids.len()).collect();
+    let logits = |m: &Model, adapter| m.head_at_with(&[&ids], std::slice::from_ref(&rows), None, vec![adapter]).unwrap().0;
+    let gap = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| (p - q).abs()).sum::<f32>() / x.len() as f32;
+    let (base, with_a, merged) = (logits(&served, None), logits(&served, Some(0)), logits(&merged_a, None));
+    let (apart, moved) = (gap(&with_a, &merged), gap(&merged, &base));
+    assert!(
+        moved > 0.05 && apart < 0.1 * moved,
+        "{apart} from the merged model, which is {moved} from the base"
+    );
+    let params = |seed| SamplingParams {
+        temperature: 0.8,
+        max_new_tokens: 12,
+        seed,
+        ..SamplingParams::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|k| (0..7 + 5 * k).map(|i| ((i * 13 + k * 101) % 600) as u32).collect())
+        .collect();
+    let adapters = [None, Some(0), Some(1)];
+    let decode = |which: &[usize], joined: bool| -> Vec<Vec<Vec<u32>>> {
+        let mut batch = Decoding::new(&served, None).prefill_chunk(4);
+        let ids: Vec<usize> = which
+            .iter()
+            .map(|&k| match joined {
+                false => batch.add_with(&prompts[k], 2, params(k as u64), adapters[k]).unwrap(),
+                true => batch.join_with(&prompts[k], 2, params(k as u64), adapters[k]).unwrap(),
+            })
+            .collect();
+        let mut outs = vec![Vec::new(); which.len()];
+        let mut left = which.len();
+        while left > 0 {
+            for (id, out) in batch.step().unwrap() {
+                outs[ids.iter().position(|&i| i == id).unwrap()] = out;
+                left -= 1;
+            }
+        }
+        outs
+    };
+    let alone: Vec<Vec<Vec<u32>>> = (0..3).map(|k| decode(&[k], false).remove(0)).collect();
+    assert!(
+        alone[0] != alone[1] && alone[1] != alone[2],
+        "the adapters change the samples"
+    );
+    for joined in [false, true] {
+        assert_eq!(decode(&[0, 1, 2], joined), alone, "joined: {joined}");
+    }
+}

@@ -128,6 +128,7 @@ impl<B: TrainBackend> Activations<B> {
             y,
             qkv: &mut self.qkv,
             attn: &mut self.attn,
+            lora: None,
         };
         let positions = match attend {
             Attend::Packed(ints) => &ints.positions,
@@ -141,6 +142,7 @@ impl<B: TrainBackend> Activations<B> {
             normed: &mut redo.normed2,
             gate_up: &mut self.gate_up,
             act: &mut redo.act,
+            lora: None,
         };
         dec.mlp_block(li, x, bufs, t)
     }

@@ -179,6 +179,7 @@ impl Backend for Cpu {
             head_dim: usize
         ) -> Result<()>;
         copy_block(buf: &mut Vec<u16>, src: usize, dst: usize, block_values: usize) -> Result<()>;
+        serves_adapters() -> bool;
     }
 
     fn name(&self) -> String {
@@ -203,6 +204,10 @@ impl Backend for Cpu {
 
     fn len_bf16(&self, buf: &Vec<u16>) -> usize {
         buf.len()
+    }
+
+    fn lora_add(&self, x: &Vec<u16>, y: Out<'_, Self>, k: usize, width: usize, parts: &[super::LoraPart<'_>]) -> Result<()> {
+        super::adapted::host_lora_add(x, y.into(), k, width, parts)
     }
 
     fn gemm(

@@ -67,6 +67,10 @@ impl<B: Backend> DecodeCache for PagedRows<'_, B> {
         Some((self.cache.free_blocks(), self.cache.total_blocks()))
     }
 
+    fn adapters(&self) -> usize {
+        self.engine.served_adapters().map_or(0, |a| a.len())
+    }
+
     fn encode_alone(&mut self, _prompt: &[u32], _adapter: Option<usize>) -> Result<Option<Vec<f32>>> {
         // Prompts wait for blocks and are fed through the steps.
         Ok(None)
@@ -103,8 +107,6 @@ impl<B: Backend> DecodeCache for PagedRows<'_, B> {
         finishing: usize,
         sample: &mut Sample,
     ) -> Result<()> {
-        // It serves none ([`DecodeCache::adapters`]), so the scheduler sends none.
-        anyhow::ensure!(!adapters.any(), "the packed engine serves no unmerged adapters");
         for seq in &mut self.rows {
             let len = seq.len + 1;
             self.cache.grow(seq, len)?;
@@ -128,7 +130,11 @@ impl<B: Backend> DecodeCache for PagedRows<'_, B> {
             .map(|(seq, t)| (seq, t.as_slice()))
             .collect();
         seqs.extend(self.prompts.iter_mut().zip(chunks.iter().copied()));
-        let logits = self.engine.logits_paged(&mut seqs, &mut self.cache, &read)?;
+        let each: Vec<Option<usize>> = match adapters.any() {
+            true => adapters.rows.iter().chain(&adapters.prompts).copied().collect(),
+            false => Vec::new(),
+        };
+        let logits = self.engine.logits_paged_with(&mut seqs, &mut self.cache, &read, &each)?;
         if read.is_empty() {
             return Ok(());
         }

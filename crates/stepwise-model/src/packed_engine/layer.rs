@@ -3,6 +3,7 @@
 //! of buffers; training ([`super::PackedTrainer`]) runs them into buffers of its own, to keep
 //! what the backward pass reads.
 
+use super::adapted::{Product, RowAdapters};
 use super::{grow_bf16, grow_f32, Attend, Backend, Out, PackedDecoder, Scratch};
 use anyhow::Result;
 
@@ -16,6 +17,8 @@ pub(super) struct AttentionBuffers<'a, B: Backend> {
     pub qkv: &'a mut B::Bf16,
     /// The attention's output (bf16).
     pub attn: &'a mut B::Bf16,
+    /// The adapters the rows run with, if any (inference).
+    pub lora: Option<&'a RowAdapters>,
 }
 
 /// One MLP block's buffers, `t` rows each.
@@ -26,6 +29,8 @@ pub(super) struct MlpBuffers<'a, B: Backend> {
     pub gate_up: &'a mut B::Bf16,
     /// `silu(gate) · up` (bf16).
     pub act: &'a mut B::Bf16,
+    /// The adapters the rows run with, if any (inference).
+    pub lora: Option<&'a RowAdapters>,
 }
 
 impl<B: Backend> PackedDecoder<B> {
@@ -66,6 +71,7 @@ impl<B: Backend> PackedDecoder<B> {
         ) else {
             unreachable!("every buffer was grown above")
         };
+        let lora = s.lora.take();
         b.embed(&self.embed, &ids, x, t, h)?;
         for li in 0..self.layers.len() {
             let bufs = AttentionBuffers {
@@ -73,12 +79,14 @@ impl<B: Backend> PackedDecoder<B> {
                 y: &mut *y,
                 qkv: &mut *qkv,
                 attn: &mut *attn,
+                lora: lora.as_ref(),
             };
             self.attention_block(li, x, bufs, positions, attend, t)?;
             let bufs = MlpBuffers {
                 normed: &mut *normed,
                 gate_up: &mut *gate_up,
                 act: &mut *act,
+                lora: lora.as_ref(),
             };
             self.mlp_block(li, x, bufs, t)?;
         }
@@ -101,6 +109,7 @@ impl<B: Backend> PackedDecoder<B> {
         let width = (heads + 2 * kv) * d;
         b.rms_norm(x, None, &l.ln1, bufs.normed, t, h, cfg.rms_norm_eps as f32)?;
         b.gemm(bufs.normed, &l.qkv, Out::F32(bufs.y), t, width, h, false)?;
+        self.add_adapters(bufs.lora, li, Product::Qkv, bufs.normed, Out::F32(bufs.y))?;
         let (cos, sin) = (&self.cos, &self.sin);
         b.bias_rope(bufs.y, l.qkv_bias.as_ref(), cos, sin, positions, bufs.qkv, t, heads, kv, d)?;
         match attend {
@@ -111,7 +120,8 @@ impl<B: Backend> PackedDecoder<B> {
                 b.paged_attention(bufs.qkv, k, v, bufs.attn, meta, t, heads, kv, d)?;
             }
         }
-        b.gemm(bufs.attn, &l.o, Out::F32(x), t, h, heads * d, true)
+        b.gemm(bufs.attn, &l.o, Out::F32(x), t, h, heads * d, true)?;
+        self.add_adapters(bufs.lora, li, Product::O, bufs.attn, Out::F32(x))
     }
 
     /// Steps 6–7 of layer `li` over the `t` rows of `x`: `x += swiglu(norm(x) · [gate|up]ᵀ) ·
@@ -121,7 +131,9 @@ impl<B: Backend> PackedDecoder<B> {
         let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
         b.rms_norm(x, None, &l.ln2, bufs.normed, t, h, cfg.rms_norm_eps as f32)?;
         b.gemm(bufs.normed, &l.gate_up, Out::Bf16(bufs.gate_up), t, 2 * inter, h, false)?;
+        self.add_adapters(bufs.lora, li, Product::GateUp, bufs.normed, Out::Bf16(bufs.gate_up))?;
         b.swiglu(bufs.gate_up, bufs.act, t, inter)?;
-        b.gemm(bufs.act, &l.down, Out::F32(x), t, h, inter, true)
+        b.gemm(bufs.act, &l.down, Out::F32(x), t, h, inter, true)?;
+        self.add_adapters(bufs.lora, li, Product::Down, bufs.act, Out::F32(x))
     }
 }

@@ -50,6 +50,7 @@ impl<B: Backend> PackedDecoder<B> {
             logits_bytes: LOGITS_BYTES,
             scratch: Mutex::new(Scratch::default()),
             encoded_tokens: AtomicUsize::new(0),
+            adapters: Default::default(),
             config,
             backend,
         };

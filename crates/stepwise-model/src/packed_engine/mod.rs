@@ -16,6 +16,7 @@
 //!
 //! After the last layer only the rows read are normed and go through the head.
 
+mod adapted;
 mod backward;
 mod cpu;
 mod cpu_attention;
@@ -35,6 +36,7 @@ mod reference_train;
 pub(crate) mod train;
 mod train_backend;
 
+pub use adapted::LoraPart;
 pub use cpu::Cpu;
 pub use decoding::PagedRows;
 pub use open::{with_trainer, WithTrainer};
@@ -269,6 +271,16 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// Block `src`'s values copied over block `dst`'s in `buf` (`block_values` a block).
     fn copy_block(&self, buf: &mut Self::Bf16, src: usize, dst: usize, block_values: usize) -> Result<()>;
+    /// Whether it serves LoRA adapters unmerged ([`Backend::lora_add`]).
+    fn serves_adapters(&self) -> bool {
+        false
+    }
+    /// Each part's low-rank update added to its rows of `y` (rows of `width`), from the bf16
+    /// rows `x` (of `k`) that the product read: [`LoraPart`]. None by default.
+    fn lora_add(&self, x: &Self::Bf16, y: Out<'_, Self>, k: usize, width: usize, parts: &[LoraPart<'_>]) -> Result<()> {
+        let _ = (x, y, k, width, parts);
+        bail!("{} serves no unmerged adapters", self.name())
+    }
 }
 
 /// One decoder layer's weights (matrices bf16 `[out, in]`, vectors f32).
@@ -313,6 +325,8 @@ struct Scratch<B: Backend> {
     head_mid: Option<B::F32>,
     head_out: Option<B::F32>,
     columns: Option<B::Bf16>,
+    /// The adapters the next pass's rows run with (taken by the pass).
+    lora: Option<adapted::RowAdapters>,
 }
 
 impl<B: Backend> Default for Scratch<B> {
@@ -329,6 +343,7 @@ impl<B: Backend> Default for Scratch<B> {
             head_mid: None,
             head_out: None,
             columns: None,
+            lora: None,
         }
     }
 }
@@ -370,6 +385,8 @@ pub struct PackedDecoder<B: Backend> {
     scratch: Mutex<Scratch<B>>,
     /// Tokens run through the decoder so far.
     pub encoded_tokens: AtomicUsize,
+    /// LoRA adapters served unmerged on its weights ([`PackedDecoder::serve_adapters`]).
+    adapters: std::sync::RwLock<Option<Arc<crate::Adapters>>>,
 }
 
 impl<B: Backend> std::fmt::Debug for PackedDecoder<B> {
@@ -414,10 +431,51 @@ impl<B: Backend> PackedDecoder<B> {
         &self.backend
     }
 
+    /// Serves `adapters` unmerged on its weights (`None`: none), where the backend can.
+    pub fn serve_adapters(&self, adapters: Option<Arc<crate::Adapters>>) -> Result<()> {
+        if adapters.is_some() && !self.backend.serves_adapters() {
+            bail!(
+                "adapters are served unmerged on the CPU; on {} serve each merged, as a model of its own",
+                self.backend.name()
+            );
+        }
+        *self.adapters.write().unwrap_or_else(|e| e.into_inner()) = adapters;
+        Ok(())
+    }
+
+    /// The adapters served on its weights.
+    pub fn served_adapters(&self) -> Option<Arc<crate::Adapters>> {
+        self.adapters.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The adapters its sequences `lens` (packed end to end) run with, `each[i]` (or one for
+    /// all); `None` where none does.
+    fn row_adapters(&self, lens: &[usize], each: &[Option<usize>]) -> Result<Option<adapted::RowAdapters>> {
+        if each.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        match self.served_adapters() {
+            Some(a) => adapted::RowAdapters::of(&a, lens, each),
+            None => bail!("no adapters are served on this model"),
+        }
+    }
+
     /// Head outputs at rows `read` of the packed `batch` (indices into all its tokens), row after
     /// row: every class of a classifier head, or the vocabulary logits of `columns` (all of the
     /// vocabulary when `None`) of an LM head. Returns the values and the number of columns.
     pub fn head_at(&self, batch: &Packed, read: &[usize], columns: Option<&[u32]>) -> Result<(Vec<f32>, usize)> {
+        self.head_at_with(batch, read, columns, &[])
+    }
+
+    /// [`PackedDecoder::head_at`] with each sequence's served adapter (`adapters[i]`, or one
+    /// for all; [`PackedDecoder::serve_adapters`]).
+    pub fn head_at_with(
+        &self,
+        batch: &Packed,
+        read: &[usize],
+        columns: Option<&[u32]>,
+        adapters: &[Option<usize>],
+    ) -> Result<(Vec<f32>, usize)> {
         let cfg = &self.config;
         let t = batch.tokens();
         if let Some(&bad) = batch.ids().iter().find(|&&id| id as usize >= cfg.vocab_size) {
@@ -440,8 +498,11 @@ impl<B: Backend> PackedDecoder<B> {
         if t == 0 || read.is_empty() {
             return Ok((Vec::new(), 0));
         }
+        let lens: Vec<usize> = batch.sequences().map(<[u32]>::len).collect();
+        let lora = self.row_adapters(&lens, adapters)?;
         self.encoded_tokens.fetch_add(t, Ordering::Relaxed);
         self.with_scratch(|s| {
+            s.lora = lora;
             self.decoder(batch, read, s)?;
             self.head(read.len(), columns, s)
         })

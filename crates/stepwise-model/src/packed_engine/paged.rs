@@ -143,6 +143,18 @@ impl<B: Backend> PackedDecoder<B> {
         cache: &mut PagedCache<B>,
         read: &[usize],
     ) -> Result<Vec<f32>> {
+        self.logits_paged_with(seqs, cache, read, &[])
+    }
+
+    /// [`PackedDecoder::logits_paged`] with each sequence's served adapter (`adapters[i]`, or
+    /// one for all; [`PackedDecoder::serve_adapters`]).
+    pub fn logits_paged_with(
+        &self,
+        seqs: &mut [(&mut PagedSeq, &[u32])],
+        cache: &mut PagedCache<B>,
+        read: &[usize],
+        adapters: &[Option<usize>],
+    ) -> Result<Vec<f32>> {
         let b = &*self.backend;
         let cfg = &self.config;
         if !matches!(self.head, super::Head::Lm(_)) {
@@ -195,9 +207,12 @@ impl<B: Backend> PackedDecoder<B> {
             max_blocks,
             read: b.upload_i32(&read.iter().map(|&r| r as i32).collect::<Vec<_>>())?,
         };
+        let lens: Vec<usize> = seqs.iter().map(|(_, new)| new.len()).collect();
+        let lora = self.row_adapters(&lens, adapters)?;
         self.encoded_tokens
             .fetch_add(tokens.len(), std::sync::atomic::Ordering::Relaxed);
         self.with_scratch(|s| {
+            s.lora = lora;
             self.layers_over(
                 &tokens,
                 &meta.positions,

@@ -337,4 +337,12 @@ impl Backend for Reference {
         buf.copy_within(src * block_values..(src + 1) * block_values, dst * block_values);
         Ok(())
     }
+
+    fn serves_adapters(&self) -> bool {
+        true
+    }
+
+    fn lora_add(&self, x: &Vec<u16>, y: Out<'_, Self>, k: usize, width: usize, parts: &[super::LoraPart<'_>]) -> Result<()> {
+        super::adapted::host_lora_add(x, y.into(), k, width, parts)
+    }
 }

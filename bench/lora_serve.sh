@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Several LoRA adapters on one served policy (`stepwise serve --lora-modules`, unmerged) against
+# the base alone and against an adapter served merged (`--model ADAPTER`, a model's memory an
+# adapter): generated tokens/s under C concurrent clients (bench/load_serve.py, every completion
+# run to --max-tokens), and each server's peak resident memory.
+#
+#   bash bench/lora_serve.sh POLICY_DIR [OUT.json]
+#
+# POLICY_DIR: bench/make_random_prm.py 0.5b DIR --policy. Three rank-R adapters on every linear
+# projection, both halves random (PEFT's `init_lora_weights=False`), are written by PEFT into
+# WORK. STEPWISE (default target/release/stepwise), PYTHON (torch, transformers, peft, openai),
+# CLIENTS (16), SECONDS (30), WARMUP (5), MAX_TOKENS (32), RANK (16), WORK (a scratch folder).
+set -euo pipefail
+policy=$(cd "$1" && pwd) out=${2:-}
+here=$(cd "$(dirname "$0")/.." && pwd)
+stepwise=${STEPWISE:-$here/target/release/stepwise}
+python=${PYTHON:-python3}
+clients=${CLIENTS:-16} secs=${SECONDS_EACH:-30} warmup=${WARMUP:-5} max_tokens=${MAX_TOKENS:-32} rank=${RANK:-16}
+work=${WORK:-$(mktemp -d)}
+mkdir -p "$work"
+export STEPWISE_CACHE=$work/cache
+"$python" - "$policy" "$work" "$rank" <<'PY'
+import sys, torch
+from pathlib import Path
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+policy, work, rank = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+for k in range(3):
+    if (work / f"lora{k}" / "adapter_model.safetensors").exists():
+        continue
+    torch.manual_seed(k)
+    base = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.bfloat16)
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", init_lora_weights=False)
+    model = get_peft_model(base, cfg)
+    with torch.no_grad():  # small updates, as trained adapters make
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(0.01)
+    model.save_pretrained(work / f"lora{k}")
+PY
+results=$work/results.jsonl
+: > "$results"
+run() { # LABEL MODELS ARGS...: serve with ARGS, load it, record tokens/s and peak memory
+  local label=$1 models=$2; shift 2
+  local log=$work/$label.log
+  "$stepwise" serve "$@" --port 0 > /dev/null 2> "$log" &
+  local pid=$!
+  local url=""
+  for _ in $(seq 1 600); do
+    url=$(sed -n 's/^stepwise serve: listening on //p' "$log")
+    [ -n "$url" ] && break
+    kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }
+    sleep 0.5
+  done
+  "$python" "$here/bench/load_serve.py" "$url" "$models" --clients "$clients" --seconds "$secs" \
+    --warmup "$warmup" --max-tokens "$max_tokens" --json "$results.one"
+  local hwm
+  hwm=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
+  kill $pid; wait $pid 2>/dev/null || true
+  "$python" - "$results.one" "$label" "$hwm" >> "$results" <<'PY'
+import json, sys
+row = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+row.update(label=sys.argv[2], peak_rss_gib=round(int(sys.argv[3]) / 2**20, 3))
+print(json.dumps(row))
+PY
+  rm -f "$results.one"
+}
+base=$(basename "$policy")
+mods=(--lora-modules "a0=$work/lora0" "a1=$work/lora1" "a2=$work/lora2")
+# The merge into the cache happens before the first timed run (a server start), not in it.
+"$stepwise" merge "$work/lora0" --out "$work/merged0" > /dev/null 2>&1 || true
+run base "$base" --model "$policy"
+run merged "merged0" --model "$work/merged0"
+run one_unmerged "a0" --model "$policy" "${mods[@]}"
+run three_unmerged "a0,a1,a2" --model "$policy" "${mods[@]}"
+run base_and_three "$base,a0,a1,a2" --model "$policy" "${mods[@]}"
+lscpu | sed -n 's/^Model name: *//p' > "$work/cpu.txt"
+"$python" - "$results" "$work/cpu.txt" "$clients" "$secs" "$max_tokens" "$rank" "$out" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+doc = {"cpu": open(sys.argv[2]).read().strip(), "clients": int(sys.argv[3]), "seconds": float(sys.argv[4]),
+       "max_tokens": int(sys.argv[5]), "rank": int(sys.argv[6]), "runs": rows}
+text = json.dumps(doc, indent=1)
+print(text)
+if sys.argv[7]:
+    open(sys.argv[7], "w").write(text + "\n")
+PY

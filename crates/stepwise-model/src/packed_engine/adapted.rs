@@ -1,0 +1,251 @@
+//! LoRA adapters served unmerged on the packed engine ([`crate::Adapters`], `stepwise serve
+//! --lora-modules`): each sequence of a pass may run with an adapter of its own; after each of a
+//! layer's products (q|k|v, o, gate|up, down) the rows of each adapter get `(x·Aᵀ)·(s·B)ᵀ` added
+//! to the columns of every projection it adapts, `x` being the product's own bf16 input. The
+//! backend adds them ([`super::Backend::lora_add`]): the CPU backends on the host
+//! ([`host_lora_add`], rows in parallel in the engine's vector kernels); the CUDA engine has no
+//! such kernel, and a model on it refuses adapters when they are served.
+
+use super::{Backend, Out, PackedDecoder};
+use crate::adapters::{Adapters, Proj};
+use anyhow::{ensure, Result};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// One adapter's update of some rows of a product, for [`super::Backend::lora_add`]:
+/// `y[row, offset..offset + n] += Σ_j (x[row]·a[j])·bt[j]` for the `r` rows `j` of `a` `[r, k]`
+/// and of `bt` `[r, n]` (the scaled `B`, transposed), f32 on the host.
+#[derive(Clone, Copy, Debug)]
+pub struct LoraPart<'a> {
+    /// The rows (ascending, each once).
+    pub rows: &'a [u32],
+    /// `A`, `[r, k]`.
+    pub a: &'a [f32],
+    /// `(s·B)ᵀ`, `[r, n]`.
+    pub bt: &'a [f32],
+    /// The rank.
+    pub r: usize,
+    /// The first column of the projection in the product's output.
+    pub offset: usize,
+    /// Its columns.
+    pub n: usize,
+}
+
+/// The adapters a pass's rows run with: the served adapters and each one's rows.
+pub(crate) struct RowAdapters {
+    adapters: Arc<Adapters>,
+    groups: Vec<(usize, Vec<u32>)>,
+}
+
+impl RowAdapters {
+    /// Sequences of `lens` rows packed end to end, sequence `i` with `each[i]` (one entry: all
+    /// of them; `None`: the base model); `None` where no row has an adapter.
+    pub(crate) fn of(adapters: &Arc<Adapters>, lens: &[usize], each: &[Option<usize>]) -> Result<Option<Self>> {
+        ensure!(
+            each.len() <= 1 || each.len() == lens.len(),
+            "{} adapters for {} sequences",
+            each.len(),
+            lens.len()
+        );
+        let mut groups: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        let mut start = 0u32;
+        for (i, &len) in lens.iter().enumerate() {
+            let adapter = match each {
+                [] => None,
+                [one] => *one,
+                _ => each[i],
+            };
+            if let Some(a) = adapter {
+                ensure!(a < adapters.len(), "adapter {a} is not served here ({} adapters are)", adapters.len());
+                groups.entry(a).or_default().extend(start..start + len as u32);
+            }
+            start += len as u32;
+        }
+        Ok((!groups.is_empty()).then(|| RowAdapters {
+            adapters: adapters.clone(),
+            groups: groups.into_iter().collect(),
+        }))
+    }
+}
+
+/// One of a layer's products.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Product {
+    Qkv,
+    O,
+    GateUp,
+    Down,
+}
+
+impl<B: Backend> PackedDecoder<B> {
+    /// Each adapter's update of `product` of layer `li` added to its rows of `y` (the product of
+    /// the bf16 rows `x`), where `lora` names any.
+    pub(super) fn add_adapters(
+        &self,
+        lora: Option<&RowAdapters>,
+        li: usize,
+        product: Product,
+        x: &B::Bf16,
+        y: Out<'_, B>,
+    ) -> Result<()> {
+        let Some(lora) = lora else {
+            return Ok(());
+        };
+        let cfg = &self.config;
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let (q, kv) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
+        let (k, width, projs): (usize, usize, &[(Proj, usize, usize)]) = match product {
+            Product::Qkv => (h, q + 2 * kv, &[(Proj::Q, 0, q), (Proj::K, q, kv), (Proj::V, q + kv, kv)]),
+            Product::O => (q, h, &[(Proj::O, 0, h)]),
+            Product::GateUp => (h, 2 * inter, &[(Proj::Gate, 0, inter), (Proj::Up, inter, inter)]),
+            Product::Down => (inter, h, &[(Proj::Down, 0, h)]),
+        };
+        let mut parts = Vec::new();
+        for (adapter, rows) in &lora.groups {
+            for &(proj, offset, n) in projs {
+                if let Some(p) = lora.adapters.host(li, proj, *adapter) {
+                    parts.push(LoraPart {
+                        rows,
+                        a: p.a,
+                        bt: p.bt,
+                        r: p.r,
+                        offset,
+                        n,
+                    });
+                }
+            }
+        }
+        if parts.is_empty() {
+            return Ok(());
+        }
+        self.backend().lora_add(x, y, k, width, &parts)
+    }
+}
+
+/// A product's output on the host.
+pub(crate) enum HostOut<'a> {
+    F32(&'a mut [f32]),
+    /// Rounded to bf16 (to nearest even) after the update is added.
+    Bf16(&'a mut [u16]),
+}
+
+impl<'a, B: Backend<F32 = Vec<f32>, Bf16 = Vec<u16>> + ?Sized> From<Out<'a, B>> for HostOut<'a> {
+    fn from(y: Out<'a, B>) -> Self {
+        match y {
+            Out::F32(v) => HostOut::F32(v),
+            Out::Bf16(v) => HostOut::Bf16(v),
+        }
+    }
+}
+
+/// [`super::Backend::lora_add`] on host buffers: `x` rows of `k` bf16 values, `y` rows of
+/// `width`; each part's rows computed in parallel, then added.
+pub(crate) fn host_lora_add(x: &[u16], mut y: HostOut<'_>, k: usize, width: usize, parts: &[LoraPart<'_>]) -> Result<()> {
+    for p in parts {
+        ensure!(
+            p.a.len() == p.r * k && p.bt.len() == p.r * p.n && p.offset + p.n <= width,
+            "an adapter's matrices do not fit the product"
+        );
+        if let Some(&row) = p.rows.last() {
+            let len = match &y {
+                HostOut::F32(v) => v.len(),
+                HostOut::Bf16(v) => v.len(),
+            };
+            ensure!((row as usize + 1) * width <= len && (row as usize + 1) * k <= x.len(), "row {row} is past the buffers");
+        }
+        let updates: Vec<Vec<f32>> = p
+            .rows
+            .par_iter()
+            .map(|&row| {
+                let mut u = vec![0f32; p.n];
+                crate::kernels::simd::dispatch(RowUpdate {
+                    x: &x[row as usize * k..(row as usize + 1) * k],
+                    part: p,
+                    out: &mut u,
+                });
+                u
+            })
+            .collect();
+        for (&row, u) in p.rows.iter().zip(&updates) {
+            let at = row as usize * width + p.offset;
+            match &mut y {
+                HostOut::F32(v) => v[at..at + p.n].iter_mut().zip(u).for_each(|(y, u)| *y += u),
+                HostOut::Bf16(v) => v[at..at + p.n].iter_mut().zip(u).for_each(|(y, u)| {
+                    let sum = f32::from_bits((*y as u32) << 16) + u;
+                    *y = half::bf16::from_f32(sum).to_bits();
+                }),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One row's update: `out = Σ_j (x·a[j])·bt[j]`.
+struct RowUpdate<'a> {
+    x: &'a [u16],
+    part: &'a LoraPart<'a>,
+    out: &'a mut [f32],
+}
+
+impl crate::kernels::simd::Kernel for RowUpdate<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        use crate::kernels::simd::{axpy, dot};
+        let p = self.part;
+        let k = self.x.len();
+        let x: Vec<f32> = self.x.iter().map(|&v| f32::from_bits((v as u32) << 16)).collect();
+        for j in 0..p.r {
+            let t = dot::<FMA>(&p.a[j * k..(j + 1) * k], &x);
+            axpy::<FMA>(t, &p.bt[j * p.n..(j + 1) * p.n], self.out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host update against a plain triple loop, into f32 and into bf16 outputs.
+    #[test]
+    fn the_host_update_adds_each_rows_low_rank_product() {
+        let (k, width, r) = (37, 50, 3);
+        let (offset, n) = (11, 29);
+        let val = |i: usize, s: usize| ((i * 2654435761 + s) % 997) as f32 / 997.0 - 0.5;
+        let x: Vec<u16> = (0..5 * k).map(|i| half::bf16::from_f32(val(i, 1)).to_bits()).collect();
+        let a: Vec<f32> = (0..r * k).map(|i| val(i, 2)).collect();
+        let bt: Vec<f32> = (0..r * n).map(|i| val(i, 3)).collect();
+        let rows = [1u32, 2, 4];
+        let part = LoraPart {
+            rows: &rows,
+            a: &a,
+            bt: &bt,
+            r,
+            offset,
+            n,
+        };
+        let base: Vec<f32> = (0..5 * width).map(|i| val(i, 4)).collect();
+        let mut y = base.clone();
+        host_lora_add(&x, HostOut::F32(&mut y), k, width, &[part]).unwrap();
+        let xf = |row: usize, c: usize| f32::from_bits((x[row * k + c] as u32) << 16) as f64;
+        for row in 0..5 {
+            for c in 0..width {
+                let mut want = base[row * width + c] as f64;
+                if rows.contains(&(row as u32)) && (offset..offset + n).contains(&c) {
+                    for j in 0..r {
+                        let t: f64 = (0..k).map(|i| a[j * k + i] as f64 * xf(row, i)).sum();
+                        want += t * bt[j * n + c - offset] as f64;
+                    }
+                }
+                assert!((y[row * width + c] as f64 - want).abs() < 1e-4, "row {row} column {c}");
+            }
+        }
+        let mut y16: Vec<u16> = base.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+        host_lora_add(&x, HostOut::Bf16(&mut y16), k, width, &[part]).unwrap();
+        for (i, (&got, &want)) in y16.iter().zip(&y).enumerate() {
+            let got = half::bf16::from_bits(got).to_f32();
+            assert!((got - want).abs() <= want.abs() / 64.0 + 1e-3, "value {i}: {got} against {want}");
+        }
+        let short = LoraPart { n: width, ..part };
+        assert!(host_lora_add(&x, HostOut::F32(&mut y), k, width, &[short]).is_err());
+    }
+}
