@@ -262,7 +262,11 @@ fn the_packed_engine_serves_adapters_side_by_side() {
     served.serve_adapters(&[("a".into(), a), ("b".into(), b)]).unwrap();
     let ids: Vec<u32> = (0..31).map(|i| (i * 37 + 5) % 600).collect();
     let rows: Vec<usize> = (0..ids.len()).collect();
-    let logits = |m: &Model, adapter| m.head_at_with(&[&ids], std::slice::from_ref(&rows), None, vec![adapter]).unwrap().0;
+    let logits = |m: &Model, adapter| {
+        m.head_at_with(&[&ids], std::slice::from_ref(&rows), None, vec![adapter])
+            .unwrap()
+            .0
+    };
     let gap = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| (p - q).abs()).sum::<f32>() / x.len() as f32;
     let (base, with_a, merged) = (logits(&served, None), logits(&served, Some(0)), logits(&merged_a, None));
     let (apart, moved) = (gap(&with_a, &merged), gap(&merged, &base));

@@ -139,64 +139,118 @@ impl<'a, B: Backend<F32 = Vec<f32>, Bf16 = Vec<u16>> + ?Sized> From<Out<'a, B>> 
 }
 
 /// [`super::Backend::lora_add`] on host buffers: `x` rows of `k` bf16 values, `y` rows of
-/// `width`; each part's rows computed in parallel, then added.
+/// `width`. Each part in two products over all its rows at once, so that `A` and `B` are read
+/// once a pass, not once a row (an all-linear rank-16 adapter of a 0.5B model is 35 MB of f32):
+/// `T = X·Aᵀ`, `A`'s rows shared out over the threads, then `U = T·(s·B)ᵀ`, blocks of columns
+/// shared out; then `U` is added to the rows of `y` (rounded back to bf16 for a bf16 `y`).
 pub(crate) fn host_lora_add(x: &[u16], mut y: HostOut<'_>, k: usize, width: usize, parts: &[LoraPart<'_>]) -> Result<()> {
+    let threads = rayon::current_num_threads().max(1);
     for p in parts {
         ensure!(
             p.a.len() == p.r * k && p.bt.len() == p.r * p.n && p.offset + p.n <= width,
             "an adapter's matrices do not fit the product"
         );
-        if let Some(&row) = p.rows.last() {
-            let len = match &y {
-                HostOut::F32(v) => v.len(),
-                HostOut::Bf16(v) => v.len(),
-            };
-            ensure!((row as usize + 1) * width <= len && (row as usize + 1) * k <= x.len(), "row {row} is past the buffers");
-        }
-        let updates: Vec<Vec<f32>> = p
+        let Some(&last) = p.rows.last() else {
+            continue;
+        };
+        let len = match &y {
+            HostOut::F32(v) => v.len(),
+            HostOut::Bf16(v) => v.len(),
+        };
+        ensure!((last as usize + 1) * width <= len && (last as usize + 1) * k <= x.len(), "row {last} is past the buffers");
+        let m = p.rows.len();
+        let xs: Vec<f32> = p
             .rows
-            .par_iter()
-            .map(|&row| {
-                let mut u = vec![0f32; p.n];
-                crate::kernels::simd::dispatch(RowUpdate {
-                    x: &x[row as usize * k..(row as usize + 1) * k],
+            .iter()
+            .flat_map(|&row| &x[row as usize * k..(row as usize + 1) * k])
+            .map(|&v| f32::from_bits((v as u32) << 16))
+            .collect();
+        // `t[j·m + i]`: row `i` dotted with `A`'s row `j`.
+        let mut t = vec![0f32; p.r * m];
+        let per = p.r.div_ceil(threads);
+        t.par_chunks_mut(per * m).enumerate().for_each(|(c, out)| {
+            crate::kernels::simd::dispatch(Dots {
+                a: &p.a[c * per * k..],
+                xs: &xs,
+                k,
+                out,
+            })
+        });
+        let cols = p.n.div_ceil(threads).next_multiple_of(16);
+        let blocks: Vec<(usize, Vec<f32>)> = (0..p.n)
+            .step_by(cols)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|c0| {
+                let len = cols.min(p.n - c0);
+                let mut u = vec![0f32; m * len];
+                crate::kernels::simd::dispatch(Combine {
+                    t: &t,
                     part: p,
+                    c0,
                     out: &mut u,
                 });
-                u
+                (c0, u)
             })
             .collect();
-        for (&row, u) in p.rows.iter().zip(&updates) {
-            let at = row as usize * width + p.offset;
-            match &mut y {
-                HostOut::F32(v) => v[at..at + p.n].iter_mut().zip(u).for_each(|(y, u)| *y += u),
-                HostOut::Bf16(v) => v[at..at + p.n].iter_mut().zip(u).for_each(|(y, u)| {
-                    let sum = f32::from_bits((*y as u32) << 16) + u;
-                    *y = half::bf16::from_f32(sum).to_bits();
-                }),
+        for (c0, u) in blocks {
+            let len = u.len() / m;
+            for (&row, u) in p.rows.iter().zip(u.chunks_exact(len)) {
+                let at = row as usize * width + p.offset + c0;
+                match &mut y {
+                    HostOut::F32(v) => v[at..at + len].iter_mut().zip(u).for_each(|(y, u)| *y += u),
+                    HostOut::Bf16(v) => v[at..at + len].iter_mut().zip(u).for_each(|(y, u)| {
+                        *y = half::bf16::from_f32(f32::from_bits((*y as u32) << 16) + u).to_bits();
+                    }),
+                }
             }
         }
     }
     Ok(())
 }
 
-/// One row's update: `out = Σ_j (x·a[j])·bt[j]`.
-struct RowUpdate<'a> {
-    x: &'a [u16],
-    part: &'a LoraPart<'a>,
+/// `out[jj·m + i] = a[jj]·xs[i]` for the rows `jj` of `a` that `out` covers (`m` = the rows of
+/// `xs`): each of `a`'s rows read once, for every row of `xs`.
+struct Dots<'a> {
+    a: &'a [f32],
+    xs: &'a [f32],
+    k: usize,
     out: &'a mut [f32],
 }
 
-impl crate::kernels::simd::Kernel for RowUpdate<'_> {
+impl crate::kernels::simd::Kernel for Dots<'_> {
     #[inline(always)]
     fn run<const FMA: bool>(self) {
-        use crate::kernels::simd::{axpy, dot};
+        let (k, m) = (self.k, self.xs.len() / self.k);
+        for (jj, col) in self.out.chunks_exact_mut(m).enumerate() {
+            let a = &self.a[jj * k..(jj + 1) * k];
+            for (o, x) in col.iter_mut().zip(self.xs.chunks_exact(k)) {
+                *o = crate::kernels::simd::dot::<FMA>(a, x);
+            }
+        }
+    }
+}
+
+/// `out[i, ..] = Σ_j t[j·m + i]·bt[j, c0..c0 + len]` for the `m` rows, `len = out.len() / m`:
+/// the block of `(s·B)ᵀ`'s columns read once, for every row.
+struct Combine<'a> {
+    t: &'a [f32],
+    part: &'a LoraPart<'a>,
+    c0: usize,
+    out: &'a mut [f32],
+}
+
+impl crate::kernels::simd::Kernel for Combine<'_> {
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
         let p = self.part;
-        let k = self.x.len();
-        let x: Vec<f32> = self.x.iter().map(|&v| f32::from_bits((v as u32) << 16)).collect();
+        let m = p.rows.len();
+        let len = self.out.len() / m;
         for j in 0..p.r {
-            let t = dot::<FMA>(&p.a[j * k..(j + 1) * k], &x);
-            axpy::<FMA>(t, &p.bt[j * p.n..(j + 1) * p.n], self.out);
+            let b = &p.bt[j * p.n + self.c0..j * p.n + self.c0 + len];
+            for (i, u) in self.out.chunks_exact_mut(len).enumerate() {
+                crate::kernels::simd::axpy::<FMA>(self.t[j * m + i], b, u);
+            }
         }
     }
 }
