@@ -9,7 +9,10 @@
 # POLICY_DIR: bench/make_random_prm.py 0.5b DIR --policy. Three rank-R adapters on every linear
 # projection, both halves random (PEFT's `init_lora_weights=False`), are written by PEFT into
 # WORK. STEPWISE (default target/release/stepwise), PYTHON (torch, transformers, peft, openai),
-# CLIENTS (16), SECONDS (30), WARMUP (5), MAX_TOKENS (32), RANK (16), WORK (a scratch folder).
+# CLIENTS (16), SECONDS_EACH (30), WARMUP (5), MAX_TOKENS (32), RANK (16), WORK (a scratch
+# folder). With VLLM=path/to/python of vLLM's CPU build (bench/vllm_interop.sh), vLLM serves the
+# same base alone and with the three adapters (`--enable-lora --lora-modules`, `--max-loras 3`),
+# loaded the same way, on every core (VLLM_CPU_OMP_THREADS_BIND), right after stepwise's runs.
 set -euo pipefail
 policy=$(cd "$1" && pwd) out=${2:-}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,22 +43,35 @@ for k in range(3):
 PY
 results=$work/results.jsonl
 : > "$results"
-run() { # LABEL MODELS ARGS...: serve with ARGS, load it, record tokens/s and peak memory
+run() { # LABEL MODELS ARGS...: serve with ARGS (`vllm ARGS...`: vLLM), load it, record tokens/s and peak memory
   local label=$1 models=$2; shift 2
-  local log=$work/$label.log
-  "$stepwise" serve "$@" --port 0 > /dev/null 2> "$log" &
-  local pid=$!
-  local url=""
-  for _ in $(seq 1 600); do
-    url=$(sed -n 's/^stepwise serve: listening on //p' "$log")
-    [ -n "$url" ] && break
-    kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }
-    sleep 0.5
-  done
+  local log=$work/$label.log pid url=""
+  if [ "$1" = vllm ]; then
+    shift
+    VLLM_CPU_OMP_THREADS_BIND=0-$(($(nproc) - 1)) VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} \
+      VLLM_TARGET_DEVICE=cpu "$VLLM" -m vllm.entrypoints.openai.api_server --model "$policy" \
+      --served-model-name "$(basename "$policy")" --dtype bfloat16 --port 8231 "$@" > "$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 600); do
+      curl -sf localhost:8231/v1/models > /dev/null && { url=http://127.0.0.1:8231; break; }
+      kill -0 $pid 2>/dev/null || { tail -30 "$log"; exit 1; }
+      sleep 1
+    done
+  else
+    "$stepwise" serve "$@" --port 0 > /dev/null 2> "$log" &
+    pid=$!
+    for _ in $(seq 1 600); do
+      url=$(sed -n 's/^stepwise serve: listening on //p' "$log")
+      [ -n "$url" ] && break
+      kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }
+      sleep 0.5
+    done
+  fi
   "$python" "$here/bench/load_serve.py" "$url" "$models" --clients "$clients" --seconds "$secs" \
     --warmup "$warmup" --max-tokens "$max_tokens" --json "$results.one"
   local hwm
-  hwm=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
+  # vLLM's engine core is a child process: its peak counts too.
+  hwm=$(for p in $pid $(pgrep -P $pid); do awk '/VmHWM/ {print $2}' /proc/$p/status; done | paste -sd+ | bc)
   kill $pid; wait $pid 2>/dev/null || true
   "$python" - "$results.one" "$label" "$hwm" >> "$results" <<'PY'
 import json, sys
@@ -74,6 +90,10 @@ run merged "merged0" --model "$work/merged0"
 run one_unmerged "a0" --model "$policy" "${mods[@]}"
 run three_unmerged "a0,a1,a2" --model "$policy" "${mods[@]}"
 run base_and_three "$base,a0,a1,a2" --model "$policy" "${mods[@]}"
+if [ -n "${VLLM:-}" ]; then
+  run vllm_base "$base" vllm
+  run vllm_three "a0,a1,a2" vllm --enable-lora --max-loras 3 --max-lora-rank "$rank" "${mods[@]}"
+fi
 lscpu | sed -n 's/^Model name: *//p' > "$work/cpu.txt"
 "$python" - "$results" "$work/cpu.txt" "$clients" "$secs" "$max_tokens" "$rank" "$out" <<'PY'
 import json, sys

@@ -77,6 +77,9 @@ pub(crate) fn push_runs(runs: &mut Vec<Run>, start: usize, seqs: usize, rows: us
 struct Pair {
     a: Vec<f32>,
     bt: Vec<f32>,
+    /// `A` and `s·B` `[out, r]` rounded to bf16 (the CPU backend's products).
+    a16: Vec<u16>,
+    b16: Vec<u16>,
     r: usize,
     /// `Aᵀ` `[in, r]`.
     a_tensor: Tensor,
@@ -90,6 +93,8 @@ struct Pair {
 pub(crate) struct HostPair<'a> {
     pub a: &'a [f32],
     pub bt: &'a [f32],
+    pub a16: &'a [u16],
+    pub b16: &'a [u16],
     pub r: usize,
 }
 
@@ -162,6 +167,8 @@ impl Adapters {
         Some(HostPair {
             a: &p.a,
             bt: &p.bt,
+            a16: &p.a16,
+            b16: &p.b16,
             r: p.r,
         })
     }
@@ -303,9 +310,13 @@ fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Vec<((
         let dev = Device::Cpu;
         let a_tensor = Tensor::from_vec(a.clone(), (a_shape[0], a_shape[1]), &dev)?.t()?.contiguous()?;
         let b: Vec<f32> = b.iter().map(|v| v * pair.scale).collect();
+        let bf16 = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
+        let (a16, b16) = (bf16(&a), bf16(&b));
         let bt_tensor = Tensor::from_vec(b, (b_shape[0], b_shape[1]), &dev)?.t()?.contiguous()?;
         let pair = Pair {
             bt: bt_tensor.flatten_all()?.to_vec1::<f32>()?,
+            a16,
+            b16,
             r: a_shape[0],
             a,
             a_tensor,

@@ -23,6 +23,10 @@ pub struct LoraPart<'a> {
     pub a: &'a [f32],
     /// `(s·B)ᵀ`, `[r, n]`.
     pub bt: &'a [f32],
+    /// `A` in bf16, `[r, k]`.
+    pub a16: &'a [u16],
+    /// `s·B` in bf16, `[n, r]`.
+    pub b16: &'a [u16],
     /// The rank.
     pub r: usize,
     /// The first column of the projection in the product's output.
@@ -108,6 +112,8 @@ impl<B: Backend> PackedDecoder<B> {
                         rows,
                         a: p.a,
                         bt: p.bt,
+                        a16: p.a16,
+                        b16: p.b16,
                         r: p.r,
                         offset,
                         n,
@@ -146,18 +152,9 @@ impl<'a, B: Backend<F32 = Vec<f32>, Bf16 = Vec<u16>> + ?Sized> From<Out<'a, B>> 
 pub(crate) fn host_lora_add(x: &[u16], mut y: HostOut<'_>, k: usize, width: usize, parts: &[LoraPart<'_>]) -> Result<()> {
     let threads = rayon::current_num_threads().max(1);
     for p in parts {
-        ensure!(
-            p.a.len() == p.r * k && p.bt.len() == p.r * p.n && p.offset + p.n <= width,
-            "an adapter's matrices do not fit the product"
-        );
-        let Some(&last) = p.rows.last() else {
+        if !fits(p, x, &y, k, width)? {
             continue;
-        };
-        let len = match &y {
-            HostOut::F32(v) => v.len(),
-            HostOut::Bf16(v) => v.len(),
-        };
-        ensure!((last as usize + 1) * width <= len && (last as usize + 1) * k <= x.len(), "row {last} is past the buffers");
+        }
         let m = p.rows.len();
         let xs: Vec<f32> = p
             .rows
@@ -194,19 +191,46 @@ pub(crate) fn host_lora_add(x: &[u16], mut y: HostOut<'_>, k: usize, width: usiz
             })
             .collect();
         for (c0, u) in blocks {
-            let len = u.len() / m;
-            for (&row, u) in p.rows.iter().zip(u.chunks_exact(len)) {
-                let at = row as usize * width + p.offset + c0;
-                match &mut y {
-                    HostOut::F32(v) => v[at..at + len].iter_mut().zip(u).for_each(|(y, u)| *y += u),
-                    HostOut::Bf16(v) => v[at..at + len].iter_mut().zip(u).for_each(|(y, u)| {
-                        *y = half::bf16::from_f32(f32::from_bits((*y as u32) << 16) + u).to_bits();
-                    }),
-                }
-            }
+            add_rows(&mut y, p, width, c0, &u);
         }
     }
     Ok(())
+}
+
+/// Whether part `p` has rows, checked against the buffers (`x` rows of `k`, `y` of `width`).
+pub(crate) fn fits(p: &LoraPart<'_>, x: &[u16], y: &HostOut<'_>, k: usize, width: usize) -> Result<bool> {
+    ensure!(
+        p.a.len() == p.r * k
+            && p.bt.len() == p.r * p.n
+            && p.a16.len() == p.a.len()
+            && p.b16.len() == p.bt.len()
+            && p.offset + p.n <= width,
+        "an adapter's matrices do not fit the product"
+    );
+    let Some(&last) = p.rows.last() else {
+        return Ok(false);
+    };
+    let len = match y {
+        HostOut::F32(v) => v.len(),
+        HostOut::Bf16(v) => v.len(),
+    };
+    ensure!((last as usize + 1) * width <= len && (last as usize + 1) * k <= x.len(), "row {last} is past the buffers");
+    Ok(true)
+}
+
+/// `u` (a row of `u.len() / rows` values a row of `p`) added to `y` at `p`'s columns from `c0`
+/// (rounded back to bf16 for a bf16 `y`).
+pub(crate) fn add_rows(y: &mut HostOut<'_>, p: &LoraPart<'_>, width: usize, c0: usize, u: &[f32]) {
+    let len = u.len() / p.rows.len();
+    for (&row, u) in p.rows.iter().zip(u.chunks_exact(len)) {
+        let at = row as usize * width + p.offset + c0;
+        match y {
+            HostOut::F32(v) => v[at..at + len].iter_mut().zip(u).for_each(|(y, u)| *y += u),
+            HostOut::Bf16(v) => v[at..at + len].iter_mut().zip(u).for_each(|(y, u)| {
+                *y = half::bf16::from_f32(f32::from_bits((*y as u32) << 16) + u).to_bits();
+            }),
+        }
+    }
 }
 
 /// `out[jj·m + i] = a[jj]·xs[i]` for the rows `jj` of `a` that `out` covers (`m` = the rows of
@@ -257,6 +281,7 @@ impl crate::kernels::simd::Kernel for Combine<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Backend;
     use super::*;
 
     /// The host update against a plain triple loop, into f32 and into bf16 outputs.
@@ -269,10 +294,15 @@ mod tests {
         let a: Vec<f32> = (0..r * k).map(|i| val(i, 2)).collect();
         let bt: Vec<f32> = (0..r * n).map(|i| val(i, 3)).collect();
         let rows = [1u32, 2, 4];
+        let bf16 = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
+        let b: Vec<f32> = (0..n * r).map(|i| bt[(i % r) * n + i / r]).collect();
+        let (a16, b16) = (bf16(&a), bf16(&b));
         let part = LoraPart {
             rows: &rows,
             a: &a,
             bt: &bt,
+            a16: &a16,
+            b16: &b16,
             r,
             offset,
             n,
@@ -298,6 +328,12 @@ mod tests {
         for (i, (&got, &want)) in y16.iter().zip(&y).enumerate() {
             let got = half::bf16::from_bits(got).to_f32();
             assert!((got - want).abs() <= want.abs() / 64.0 + 1e-3, "value {i}: {got} against {want}");
+        }
+        // The CPU backend's bf16 products: within their rounding of the f32 specification.
+        let mut z = base.clone();
+        super::super::Cpu.lora_add(&x, Out::F32(&mut z), k, width, &[part]).unwrap();
+        for (i, (&got, &want)) in z.iter().zip(&y).enumerate() {
+            assert!((got - want).abs() <= 0.02 * (want - base[i]).abs() + 2e-3, "value {i}: {got} against {want}");
         }
         let short = LoraPart { n: width, ..part };
         assert!(host_lora_add(&x, HostOut::F32(&mut y), k, width, &[short]).is_err());

@@ -206,8 +206,28 @@ impl Backend for Cpu {
         buf.len()
     }
 
+    /// Each part in two of the engine's bf16 products over the part's rows gathered: `T =
+    /// X·Aᵀ` (f32 sums, rounded to bf16 as PEFT's bf16 forward rounds it) and `U = T·(s·B)ᵀ`,
+    /// then `U` added to the rows ([`super::adapted::host_lora_add`] is the f32 specification).
     fn lora_add(&self, x: &Vec<u16>, y: Out<'_, Self>, k: usize, width: usize, parts: &[super::LoraPart<'_>]) -> Result<()> {
-        super::adapted::host_lora_add(x, y.into(), k, width, parts)
+        use super::adapted::{add_rows, fits};
+        let mut y: super::adapted::HostOut = y.into();
+        let tasks = rayon::current_num_threads();
+        for p in parts {
+            if !fits(p, x, &y, k, width)? {
+                continue;
+            }
+            let m = p.rows.len();
+            let xs: Vec<u16> = p.rows.iter().flat_map(|&r| &x[r as usize * k..][..k]).copied().collect();
+            let mut t = vec![0f32; m * p.r];
+            product_f32(&mut t, Bf16Rows::Rows(&xs, k), p.a16, (m, p.r, k), false, tasks)?;
+            let mut t16 = vec![0u16; t.len()];
+            round_into(&t, &mut t16);
+            let mut u = vec![0f32; m * p.n];
+            product_f32(&mut u, Bf16Rows::Rows(&t16, p.r), p.b16, (m, p.n, p.r), false, tasks)?;
+            add_rows(&mut y, p, width, 0, &u);
+        }
+        Ok(())
     }
 
     fn gemm(
