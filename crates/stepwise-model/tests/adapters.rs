@@ -7,10 +7,20 @@ mod common;
 
 use candle_core::{Device, Tensor};
 use common::{fixtures, max_diff};
-use safetensors::tensor::{Dtype, TensorView};
 use std::path::{Path, PathBuf};
 use stepwise_model::peft::resolve_in;
 use stepwise_model::{Decoding, Input, Model, ModelConfig, SamplingParams};
+
+/// Every projection an adapter may adapt (PEFT's `all-linear`).
+const ALL: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
 
 fn policy() -> PathBuf {
     fixtures().join("qwen2-policy")
@@ -54,27 +64,12 @@ fn adapter(dir: &Path, r: usize, modules: &[&str], seed: u32, extra: &[(&str, Ve
         }
     }
     tensors.extend(extra.iter().map(|(n, s, v)| (n.to_string(), s.clone(), v.clone())));
-    std::fs::create_dir_all(dir).unwrap();
-    let config = serde_json::json!({
-        "peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "base_model_name_or_path": policy(),
-        "task_type": "CAUSAL_LM", "target_modules": modules,
-    });
-    std::fs::write(dir.join("adapter_config.json"), config.to_string()).unwrap();
-    let bytes: Vec<Vec<u8>> = tensors
+    let config = serde_json::json!({"r": r, "lora_alpha": 2 * r, "target_modules": modules});
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
         .iter()
-        .map(|t| t.2.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .map(|t| (t.0.as_str(), t.1.clone(), t.2.clone()))
         .collect();
-    let views: Vec<(String, TensorView)> = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|(t, b)| {
-            (
-                format!("base_model.model.{}", t.0),
-                TensorView::new(Dtype::F32, t.1.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("adapter_model.safetensors")).unwrap();
+    common::write_adapter(dir, &policy(), config, &refs);
     dir.to_path_buf()
 }
 
@@ -101,16 +96,7 @@ fn hidden(m: &Model, ids: &[u32], adapter: Option<usize>) -> Tensor {
 #[test]
 fn an_adapter_served_unmerged_computes_what_its_merged_model_computes() {
     let tmp = tempfile::tempdir().unwrap();
-    let all = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
-    let a = adapter(&tmp.path().join("a"), 4, &all, 1, &[]);
+    let a = adapter(&tmp.path().join("a"), 4, &ALL, 1, &[]);
     let b = adapter(&tmp.path().join("b"), 2, &["q_proj", "v_proj", "down_proj"], 9, &[]);
     let cache = tmp.path().join("cache");
     let merged_a = Model::load(&resolve_in(a.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
@@ -147,6 +133,46 @@ fn an_adapter_served_unmerged_computes_what_its_merged_model_computes() {
     assert!(format!("{err:#}").contains("adapter 2 is not served"), "{err:#}");
 }
 
+/// Sampling for request `seed`: 12 tokens at temperature 0.8.
+fn params(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        max_new_tokens: 12,
+        seed,
+        ..SamplingParams::default()
+    }
+}
+
+/// Three prompts of 7, 12 and 17 tokens.
+fn prompts() -> Vec<Vec<u32>> {
+    (0..3)
+        .map(|k| (0..7 + 5 * k).map(|i| ((i * 13 + k * 101) % 600) as u32).collect())
+        .collect()
+}
+
+/// Two continuations of each request `(prompt k, adapter)` of `which`, decoded in one batch
+/// (added, or joined through the running steps), in order.
+fn decode_together(m: &Model, which: &[(usize, Option<usize>)], joined: bool) -> Vec<Vec<Vec<u32>>> {
+    let prompts = prompts();
+    let mut batch = Decoding::new(m, None).prefill_chunk(4);
+    let ids: Vec<usize> = which
+        .iter()
+        .map(|&(k, adapter)| match joined {
+            false => batch.add_with(&prompts[k], 2, params(k as u64), adapter).unwrap(),
+            true => batch.join_with(&prompts[k], 2, params(k as u64), adapter).unwrap(),
+        })
+        .collect();
+    let mut outs = vec![Vec::new(); which.len()];
+    let mut left = which.len();
+    while left > 0 {
+        for (id, out) in batch.step().unwrap() {
+            outs[ids.iter().position(|&i| i == id).unwrap()] = out;
+            left -= 1;
+        }
+    }
+    outs
+}
+
 /// Requests of two adapters and of the base decode in one continuous batch (added alone, or
 /// joined and fed through the others' steps), each exactly as its own model decodes it alone.
 #[test]
@@ -161,43 +187,17 @@ fn requests_of_different_adapters_decode_side_by_side_as_each_alone() {
         Model::load(&resolve_in(b.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap(),
     ];
     let served = serving(&[("a".into(), a), ("b".into(), b)]);
-    let params = |seed| SamplingParams {
-        temperature: 0.8,
-        max_new_tokens: 12,
-        seed,
-        ..SamplingParams::default()
-    };
-    let prompts: Vec<Vec<u32>> = (0..3)
-        .map(|k| (0..7 + 5 * k).map(|i| ((i * 13 + k * 101) % 600) as u32).collect())
-        .collect();
-    let adapters = [None, Some(0), Some(1)];
     let alone: Vec<Vec<Vec<u32>>> = (0..3)
-        .map(|k| stepwise_model::generate(&models[k], None, &prompts[k], 2, &params(k as u64)).unwrap())
+        .map(|k| decode_together(&models[k], &[(k, None)], false).remove(0))
         .collect();
+    let all = [(0, None), (1, Some(0)), (2, Some(1))];
     for joined in [false, true] {
-        let mut batch = Decoding::new(&served, None).prefill_chunk(4);
-        let mut ids = Vec::new();
-        for k in 0..3 {
-            let (p, prm) = (&prompts[k], params(k as u64));
-            ids.push(match joined {
-                false => batch.add_with(p, 2, prm, adapters[k]).unwrap(),
-                true => batch.join_with(p, 2, prm, adapters[k]).unwrap(),
-            });
-        }
-        let mut outs = vec![None; 3];
-        while outs.iter().any(Option::is_none) {
-            for (id, out) in batch.step().unwrap() {
-                outs[ids.iter().position(|&i| i == id).unwrap()] = Some(out);
-            }
-        }
-        for k in 0..3 {
-            assert_eq!(outs[k].as_ref().unwrap(), &alone[k], "request {k} (joined: {joined})");
-        }
+        assert_eq!(decode_together(&served, &all, joined), alone, "joined: {joined}");
     }
     assert_ne!(alone[0], alone[1]);
     // An adapter the model does not serve is refused when the request comes.
     let mut batch = Decoding::new(&served, None);
-    let err = batch.add_with(&prompts[0], 1, params(0), Some(5)).unwrap_err();
+    let err = batch.add_with(&prompts()[0], 1, params(0), Some(5)).unwrap_err();
     assert!(format!("{err:#}").contains("adapter 5 is not served"), "{err:#}");
 }
 
@@ -244,16 +244,7 @@ fn adapters_that_replace_tensors_are_refused_by_name() {
 #[test]
 fn the_packed_engine_serves_adapters_side_by_side() {
     let tmp = tempfile::tempdir().unwrap();
-    let all = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
-    let a = adapter(&tmp.path().join("a"), 4, &all, 3, &[]);
+    let a = adapter(&tmp.path().join("a"), 4, &ALL, 3, &[]);
     let b = adapter(&tmp.path().join("b"), 8, &["k_proj", "gate_proj", "down_proj"], 5, &[]);
     let cache = tmp.path().join("cache");
     let packed = |dir: &Path| Model::load_packed(dir, stepwise_model::Placement::Cpu).unwrap();
@@ -274,41 +265,15 @@ fn the_packed_engine_serves_adapters_side_by_side() {
         moved > 0.05 && apart < 0.1 * moved,
         "{apart} from the merged model, which is {moved} from the base"
     );
-    let params = |seed| SamplingParams {
-        temperature: 0.8,
-        max_new_tokens: 12,
-        seed,
-        ..SamplingParams::default()
-    };
-    let prompts: Vec<Vec<u32>> = (0..3)
-        .map(|k| (0..7 + 5 * k).map(|i| ((i * 13 + k * 101) % 600) as u32).collect())
+    let alone: Vec<Vec<Vec<u32>>> = (0..3)
+        .map(|k| decode_together(&served, &[(k, [None, Some(0), Some(1)][k])], false).remove(0))
         .collect();
-    let adapters = [None, Some(0), Some(1)];
-    let decode = |which: &[usize], joined: bool| -> Vec<Vec<Vec<u32>>> {
-        let mut batch = Decoding::new(&served, None).prefill_chunk(4);
-        let ids: Vec<usize> = which
-            .iter()
-            .map(|&k| match joined {
-                false => batch.add_with(&prompts[k], 2, params(k as u64), adapters[k]).unwrap(),
-                true => batch.join_with(&prompts[k], 2, params(k as u64), adapters[k]).unwrap(),
-            })
-            .collect();
-        let mut outs = vec![Vec::new(); which.len()];
-        let mut left = which.len();
-        while left > 0 {
-            for (id, out) in batch.step().unwrap() {
-                outs[ids.iter().position(|&i| i == id).unwrap()] = out;
-                left -= 1;
-            }
-        }
-        outs
-    };
-    let alone: Vec<Vec<Vec<u32>>> = (0..3).map(|k| decode(&[k], false).remove(0)).collect();
     assert!(
         alone[0] != alone[1] && alone[1] != alone[2],
         "the adapters change the samples"
     );
+    let all = [(0, None), (1, Some(0)), (2, Some(1))];
     for joined in [false, true] {
-        assert_eq!(decode(&[0, 1, 2], joined), alone, "joined: {joined}");
+        assert_eq!(decode_together(&served, &all, joined), alone, "joined: {joined}");
     }
 }

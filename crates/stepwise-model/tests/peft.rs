@@ -53,32 +53,9 @@ fn tensors_of(file: &Path) -> HashMap<String, Shaped> {
         .collect()
 }
 
-/// An adapter folder: `config` (merged over LoRA defaults) and f32 `tensors`.
+/// An adapter folder on the fixture policy: `config` (merged over LoRA defaults) and f32 `tensors`.
 fn adapter(dir: &Path, config: serde_json::Value, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut c = serde_json::json!({
-        "peft_type": "LORA", "r": 2, "lora_alpha": 8, "base_model_name_or_path": policy(),
-        "task_type": "CAUSAL_LM", "use_rslora": false, "use_dora": false, "fan_in_fan_out": false,
-    });
-    for (k, v) in config.as_object().unwrap() {
-        c[k] = v.clone();
-    }
-    std::fs::write(dir.join("adapter_config.json"), c.to_string()).unwrap();
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|t| t.2.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let views: Vec<(String, TensorView)> = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|(t, b)| {
-            (
-                format!("base_model.model.{}", t.0),
-                TensorView::new(Dtype::F32, t.1.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("adapter_model.safetensors")).unwrap();
+    common::write_adapter(dir, &policy(), config, tensors)
 }
 
 fn values(n: usize, seed: u32) -> Vec<f32> {

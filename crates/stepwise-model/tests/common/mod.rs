@@ -120,3 +120,32 @@ pub fn lm_examples(n: usize, seed: u64) -> Vec<stepwise_model::train::Example> {
     };
     label_examples(&tok, &counting_solutions(n, seed, 0.5), &opts).unwrap()
 }
+
+/// A PEFT LoRA adapter folder on `base`: `config` (merged over LoRA defaults) and f32 `tensors`
+/// (named under the model, `base_model.model.` added).
+pub fn write_adapter(dir: &Path, base: &Path, config: serde_json::Value, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut c = serde_json::json!({
+        "peft_type": "LORA", "r": 2, "lora_alpha": 8, "base_model_name_or_path": base,
+        "task_type": "CAUSAL_LM", "use_rslora": false, "use_dora": false, "fan_in_fan_out": false,
+    });
+    for (k, v) in config.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    std::fs::write(dir.join("adapter_config.json"), c.to_string()).unwrap();
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|t| t.2.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| {
+            (
+                format!("base_model.model.{}", t.0),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, t.1.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("adapter_model.safetensors")).unwrap();
+}
