@@ -4,7 +4,7 @@
 //! row's own `s·(x·Aᵀ)·Bᵀ` to every projection its adapter adapts (PEFT's unmerged forward,
 //! `base_layer(x) + lora_B(lora_A(x))·s`). A row of no adapter is the base model's.
 //!
-//! The rows of a pass are cut into runs of one adapter ([`Run`]); each run's update is two thin
+//! The rows of a pass are cut into runs of one adapter each; each run's update is two thin
 //! products, so a rank-16 adapter on a 0.5B model costs a few percent of a projection's work
 //! instead of a second copy of the model. Only what an adapter adds to the linear projections can
 //! be served so: an adapter that replaces whole tensors (`modules_to_save`, trained biases) or

@@ -208,7 +208,7 @@ impl Backend for Cpu {
 
     /// Each part in two of the engine's bf16 products over the part's rows gathered: `T =
     /// X·Aᵀ` (f32 sums, rounded to bf16 as PEFT's bf16 forward rounds it) and `U = T·(s·B)ᵀ`,
-    /// then `U` added to the rows ([`super::adapted::host_lora_add`] is the f32 specification).
+    /// then `U` added to the rows (the reference backend's f32 update is their specification).
     /// The parts share the threads, each on one: a part is small (15 rows of a rank-16 adapter
     /// on a 0.5B model's projection take tens of microseconds), and splitting each product over
     /// the threads cost more in hand-overs than the products themselves (a sixth of a step).
