@@ -5,8 +5,9 @@
 //! `base_layer(x) + lora_B(lora_A(x))·s`). A row of no adapter is the base model's.
 //!
 //! The rows of a pass are cut into runs of one adapter each; each run's update is two thin
-//! products, so a rank-16 adapter on a 0.5B model costs a few percent of a projection's work
-//! instead of a second copy of the model. Only what an adapter adds to the linear projections can
+//! products, so a rank-16 adapter on a 0.5B model adds a few percent to a projection's arithmetic
+//! instead of a second copy of the model (on two cores, serving three such adapters ran at 0.85×
+//! the base's tokens/s: docs/benchmarks.md). Only what an adapter adds to the linear projections can
 //! be served so: an adapter that replaces whole tensors (`modules_to_save`, trained biases) or
 //! adapts the embeddings is refused, naming them, and is served merged (as `--model ADAPTER`).
 
