@@ -174,8 +174,9 @@ impl Adapters {
         })
     }
 
-    /// The rows of each adapter in `runs` (those of no adapter left out), for [`Adapters::add_to`].
-    pub(crate) fn groups(&self, runs: &[Run]) -> Result<Vec<Group>> {
+    /// Each adapter's rows in `runs` (ascending; the base's left out), by adapter, each checked
+    /// to be served.
+    pub(crate) fn rows_by_adapter(&self, runs: &[Run]) -> Result<Vec<(usize, Vec<u32>)>> {
         let mut rows: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
         for r in runs {
             if let Some(a) = r.adapter {
@@ -183,7 +184,13 @@ impl Adapters {
                 rows.entry(a).or_default().extend((r.start..r.start + r.len).map(|i| i as u32));
             }
         }
-        rows.into_iter()
+        Ok(rows.into_iter().collect())
+    }
+
+    /// The rows of each adapter in `runs` (those of no adapter left out), for [`Adapters::add_to`].
+    pub(crate) fn groups(&self, runs: &[Run]) -> Result<Vec<Group>> {
+        self.rows_by_adapter(runs)?
+            .into_iter()
             .map(|(adapter, rows)| {
                 let (first, n) = (rows[0] as usize, rows.len());
                 let together = rows.iter().enumerate().all(|(k, &r)| r as usize == first + k);

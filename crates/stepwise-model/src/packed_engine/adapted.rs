@@ -7,7 +7,7 @@
 //! such kernel, and a model on it refuses adapters when they are served.
 
 use super::{Backend, Out, PackedDecoder};
-use crate::adapters::{Adapters, Proj};
+use crate::adapters::{push_runs, Adapters, Proj};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -51,23 +51,17 @@ impl RowAdapters {
             each.len(),
             lens.len()
         );
-        let mut groups: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
-        let mut start = 0u32;
+        let mut runs = Vec::new();
+        let mut start = 0;
         for (i, &len) in lens.iter().enumerate() {
-            let adapter = match each {
-                [] => None,
-                [one] => *one,
-                _ => each[i],
-            };
-            if let Some(a) = adapter {
-                ensure!(a < adapters.len(), "adapter {a} is not served here ({} adapters are)", adapters.len());
-                groups.entry(a).or_default().extend(start..start + len as u32);
-            }
-            start += len as u32;
+            let one = if each.len() == lens.len() { &each[i..=i] } else { each };
+            push_runs(&mut runs, start, 1, len, one);
+            start += len;
         }
+        let groups = adapters.rows_by_adapter(&runs)?;
         Ok((!groups.is_empty()).then(|| RowAdapters {
             adapters: adapters.clone(),
-            groups: groups.into_iter().collect(),
+            groups,
         }))
     }
 }
