@@ -209,3 +209,164 @@ fn lora_modules_that_cannot_be_served_are_refused_at_start() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// `(status line, body)` of POST `path` with `body` (and `headers`, each ending in `\r\n`).
+fn ask(url: &str, path: &str, headers: &str, body: &Value) -> (String, String) {
+    common::server::exchange(url, &common::server::post_request(path, headers, &body.to_string()))
+}
+
+/// `--allow-runtime-lora-updating`: adapters loaded into a running server (vLLM's
+/// `/v1/load_lora_adapter`) answer as those served from the start, a load in place swaps the
+/// weights, an unloaded adapter is a 404 for new requests while a request decoding with it runs
+/// to its end, and every refusal is vLLM's status with a message naming the field.
+#[test]
+fn adapters_load_and_unload_on_a_running_server() {
+    let tmp = common::tmp("serve_adapters", "runtime");
+    let (policy, cache) = (tmp.path().join("policy"), tmp.path().join("cache"));
+    common::write_packed_policy(&policy);
+    // Room for a request long enough to be unloaded under.
+    let config = policy.join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["max_position_embeddings"] = json!(4096);
+    std::fs::write(&config, c.to_string()).unwrap();
+    let (a, b) = (tmp.path().join("math-lora"), tmp.path().join("code-lora"));
+    write_adapter(&a, &policy, (512, 128, 1024, 1), 4, 1);
+    write_adapter(&b, &policy, (512, 128, 1024, 1), 2, 7);
+    let (a_arg, b_arg) = (format!("math={}", a.display()), format!("code={}", b.display()));
+    let p = policy.to_str().unwrap();
+    let fixed = serve(&["--model", p, "--lora-modules", &a_arg, &b_arg], &cache);
+    let live = serve(&["--model", p, "--allow-runtime-lora-updating"], &cache);
+    let url = &live.1;
+    let load = |name: &str, dir: &Path, inplace: bool| {
+        let body = json!({"lora_name": name, "lora_path": dir, "load_inplace": inplace});
+        ask(url, "/v1/load_lora_adapter", "", &body)
+    };
+    let (status, said) = load("x", &a, false);
+    assert!(
+        status.contains(" 200 ") && said == "Success: LoRA adapter 'x' added successfully.",
+        "{status} {said}"
+    );
+    assert_eq!(prompt_logprobs(url, "x"), prompt_logprobs(&fixed.1, "math"));
+    let (status, said) = load("x", &b, false);
+    assert!(
+        status.contains(" 400 ") && said.contains("load_inplace"),
+        "{status} {said}"
+    );
+    let (status, _) = load("x", &b, true);
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(prompt_logprobs(url, "x"), prompt_logprobs(&fixed.1, "code"));
+    let (_, models) = get(url, "/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][1]["id"], "x");
+    assert_eq!(models["data"][1]["root"], b.display().to_string());
+    unload_under_a_running_request(url, "x");
+    let gone = post(url, "/v1/completions", &request("x", 1));
+    assert_eq!(gone["error"]["code"], 404, "{gone}");
+    // Refusals: vLLM's statuses, naming the field.
+    for (path, body, status, says) in [
+        (
+            "/v1/unload_lora_adapter",
+            json!({"lora_name": "x"}),
+            " 404 ",
+            "cannot be found",
+        ),
+        (
+            "/v1/load_lora_adapter",
+            json!({"lora_name": "y"}),
+            " 400 ",
+            "`lora_path`",
+        ),
+        (
+            "/v1/load_lora_adapter",
+            json!({"lora_name": "policy", "lora_path": a}),
+            " 400 ",
+            "conflicts",
+        ),
+        (
+            "/v1/load_lora_adapter",
+            json!({"lora_name": "y", "lora_path": tmp.path().join("none")}),
+            " 404 ",
+            "no adapter found",
+        ),
+        (
+            "/v1/load_lora_adapter",
+            json!({"lora_name": "y", "lora_path": policy}),
+            " 400 ",
+            "not a PEFT adapter",
+        ),
+    ] {
+        let (got, said) = ask(url, path, "", &body);
+        assert!(got.contains(status) && said.contains(says), "{body}: {got} {said}");
+    }
+}
+
+/// Unloads the adapter `name` while a long request with it decodes: the request runs to its end.
+fn unload_under_a_running_request(url: &str, name: &str) {
+    let metric = |key: &str| -> f64 {
+        let (_, text) = get(url, "/metrics");
+        let line = text.lines().find(|l| l.starts_with(key)).unwrap().to_string();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let long = json!({"model": name, "prompt": "Count:", "max_tokens": 2000, "n": 4, "ignore_eos": true});
+    std::thread::scope(|s| {
+        let running = s.spawn(|| post(url, "/v1/completions", &long));
+        while metric("stepwise_decode_steps_total") == 0.0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (status, said) = ask(url, "/v1/unload_lora_adapter", "", &json!({"lora_name": name}));
+        assert!(
+            status.contains(" 200 ") && said.contains("removed successfully"),
+            "{status} {said}"
+        );
+        assert!(
+            !running.is_finished(),
+            "the request ended before the unload: the check proves nothing"
+        );
+        let reply = running.join().unwrap();
+        assert_eq!(reply["usage"]["completion_tokens"], 4 * 2000, "{reply}");
+    });
+}
+
+/// Runtime LoRA updating is there only when asked for, behind the API key where there is one,
+/// and beyond this machine only with a key.
+#[test]
+fn runtime_lora_updating_is_opt_in_and_keyed() {
+    let tmp = common::tmp("serve_adapters", "keyed");
+    let cache = tmp.path().join("cache");
+    let a = tmp.path().join("a");
+    let policy = fixture("qwen2-policy");
+    write_adapter(&a, Path::new(&policy), (64, 32, 160, 2), 2, 3);
+    let p = policy.as_str();
+    let fixed = serve(&["--model", p], &cache);
+    // Without the flag the routes are not there; with an API key they need it.
+    let (status, _) = ask(
+        &fixed.1,
+        "/v1/load_lora_adapter",
+        "",
+        &json!({"lora_name": "y", "lora_path": a}),
+    );
+    assert!(status.contains(" 404 "), "{status}");
+    let keyed = serve(
+        &["--model", p, "--allow-runtime-lora-updating", "--api-key", "k"],
+        &cache,
+    );
+    let body = json!({"lora_name": "y", "lora_path": a});
+    assert!(ask(&keyed.1, "/v1/load_lora_adapter", "", &body).0.contains(" 401 "));
+    let with_key = ask(&keyed.1, "/v1/load_lora_adapter", "authorization: Bearer k\r\n", &body);
+    assert!(with_key.0.contains(" 200 "), "{with_key:?}");
+    // Beyond this machine without a key, the server refuses to start.
+    let out = Command::new(env!("CARGO_BIN_EXE_stepwise"))
+        .args([
+            "serve",
+            "--model",
+            p,
+            "--allow-runtime-lora-updating",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--api-key"));
+}

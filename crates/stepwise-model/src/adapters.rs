@@ -19,6 +19,8 @@ use candle_core::{Device, Tensor};
 use safetensors::SafeTensors;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// The projections an adapter may adapt, in [`Adapters`]' order.
 const MODULES: [(&str, &str); 7] = [
@@ -99,13 +101,40 @@ pub(crate) struct HostPair<'a> {
     pub r: usize,
 }
 
-/// The adapters served on one base model, by index (their names in the order given).
+/// One adapter's updates, `[layer][projection]`, and how many requests hold it
+/// ([`AdapterLease`]).
+#[derive(Debug)]
+struct Adapter {
+    layers: Vec<[Option<Pair>; 7]>,
+    leases: AtomicUsize,
+}
+
+/// A request's hold on the adapter it was admitted with ([`crate::Model::lease_adapter`]):
+/// while one is held, the adapter keeps its index and weights, unloaded or not.
+#[derive(Debug)]
+pub struct AdapterLease(Arc<Adapter>);
+
+impl Drop for AdapterLease {
+    fn drop(&mut self) {
+        self.0.leases.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A served adapter at its index: `name` is `None` once it is unloaded while leases on it are
+/// held (it serves those requests and no new ones).
 #[derive(Clone, Debug)]
+struct Slot {
+    name: Option<String>,
+    folder: PathBuf,
+    adapter: Arc<Adapter>,
+}
+
+/// The adapters served on one base model, by index: those given in order at the start, then
+/// each loaded later in the first free index ([`Adapters::with_loaded`]). A set is never changed
+/// in place; a load or an unload makes the next one, so a forward pass reads one set throughout.
+#[derive(Clone, Debug, Default)]
 pub struct Adapters {
-    names: Vec<String>,
-    folders: Vec<PathBuf>,
-    /// `[layer][projection][adapter]`: the adapter's update there, if it adapts it.
-    layers: Vec<[Vec<Option<Pair>>; 7]>,
+    slots: Vec<Option<Slot>>,
 }
 
 impl Adapters {
@@ -113,58 +142,120 @@ impl Adapters {
     /// adapter whose matrices fit the base's projections (the base it names is not read; the
     /// shapes are checked).
     pub fn load(config: &ModelConfig, list: &[(String, PathBuf)]) -> Result<Self> {
-        let shapes = base_shapes(config);
-        let mut layers: Vec<[Vec<Option<Pair>>; 7]> =
-            (0..config.num_hidden_layers).map(|_| std::array::from_fn(|_| Vec::new())).collect();
-        let mut names = Vec::new();
+        let mut set = Adapters::default();
         for (name, dir) in list {
-            ensure!(!names.contains(name), "two adapters are named `{name}`");
-            let pairs = read_pairs(dir, &shapes).with_context(|| format!("adapter `{name}` ({})", dir.display()))?;
-            for layer in layers.iter_mut() {
-                for proj in layer.iter_mut() {
-                    proj.push(None);
-                }
-            }
-            for ((li, proj), pair) in pairs {
-                layers[li][proj][names.len()] = Some(pair);
-            }
-            names.push(name.clone());
+            ensure!(set.index(name).is_none(), "two adapters are named `{name}`");
+            set = set.with_loaded(config, name, dir, false)?;
         }
-        Ok(Adapters {
-            names,
-            folders: list.iter().map(|(_, d)| d.clone()).collect(),
-            layers,
+        Ok(set)
+    }
+
+    /// This set with the adapter in `dir` served as `name`: in place of the adapter of that
+    /// name where `inplace` (its requests decode on with the new weights), else refused if the
+    /// name is served. Adapters unloaded whose last request has finished are let go.
+    pub fn with_loaded(&self, config: &ModelConfig, name: &str, dir: &Path, inplace: bool) -> Result<Self> {
+        let at = self.index(name);
+        ensure!(
+            at.is_none() || inplace,
+            "an adapter named `{name}` is already served (load it in place to replace it)"
+        );
+        let pairs = read_pairs(dir, &base_shapes(config))
+            .with_context(|| format!("adapter `{name}` ({})", dir.display()))?;
+        let mut layers: Vec<[Option<Pair>; 7]> = (0..config.num_hidden_layers).map(|_| Default::default()).collect();
+        for ((li, proj), pair) in pairs {
+            layers[li][proj] = Some(pair);
+        }
+        let slot = Slot {
+            name: Some(name.to_string()),
+            folder: dir.to_path_buf(),
+            adapter: Arc::new(Adapter {
+                layers,
+                leases: AtomicUsize::new(0),
+            }),
+        };
+        let mut next = self.reaped();
+        match at.or_else(|| next.slots.iter().position(Option::is_none)) {
+            Some(i) => next.slots[i] = Some(slot),
+            None => next.slots.push(Some(slot)),
+        }
+        Ok(next)
+    }
+
+    /// This set without the adapter named `name`: new requests cannot name it; those holding
+    /// it decode on with it until they finish.
+    pub fn without(&self, name: &str) -> Result<Self> {
+        let at = self.index(name).with_context(|| format!("no adapter named `{name}` is served"))?;
+        let mut next = self.clone();
+        if let Some(slot) = &mut next.slots[at] {
+            slot.name = None;
+        }
+        Ok(next.reaped())
+    }
+
+    /// This set less the adapters unloaded that no request holds.
+    fn reaped(&self) -> Self {
+        let mut next = self.clone();
+        for slot in &mut next.slots {
+            if slot.as_ref().is_some_and(|s| s.name.is_none() && s.adapter.leases.load(Ordering::Acquire) == 0) {
+                *slot = None;
+            }
+        }
+        while matches!(next.slots.last(), Some(None)) {
+            next.slots.pop();
+        }
+        next
+    }
+
+    /// A hold on the adapter named `name`, with its index ([`AdapterLease`]).
+    pub fn lease(&self, name: &str) -> Option<(usize, AdapterLease)> {
+        let at = self.index(name)?;
+        let adapter = self.slots[at].as_ref()?.adapter.clone();
+        adapter.leases.fetch_add(1, Ordering::AcqRel);
+        Some((at, AdapterLease(adapter)))
+    }
+
+    /// The adapters served, `(index, name, folder)`, by index.
+    pub fn served(&self) -> impl Iterator<Item = (usize, &str, &Path)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            let s = s.as_ref()?;
+            Some((i, s.name.as_deref()?, s.folder.as_path()))
         })
     }
 
-    /// The adapters' names, by index.
-    pub fn names(&self) -> &[String] {
-        &self.names
-    }
-
-    /// The adapters' folders, by index.
-    pub fn folders(&self) -> &[PathBuf] {
-        &self.folders
+    /// The served adapters' names, by index.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.served().map(|(_, name, _)| name)
     }
 
     /// The index of the adapter named `name`.
     pub fn index(&self, name: &str) -> Option<usize> {
-        self.names.iter().position(|n| n == name)
+        self.served().find(|(_, n, _)| *n == name).map(|(i, _, _)| i)
     }
 
-    /// How many adapters.
+    /// Whether index `adapter` holds an adapter (served, or unloaded and still held).
+    pub fn holds(&self, adapter: usize) -> bool {
+        matches!(self.slots.get(adapter), Some(Some(_)))
+    }
+
+    /// How many adapters are served.
     pub fn len(&self) -> usize {
-        self.names.len()
+        self.served().count()
     }
 
-    /// Whether there are none.
+    /// Whether none is.
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
+        self.served().next().is_none()
+    }
+
+    /// Adapter `adapter`'s update of projection `proj` of layer `layer`, if it adapts it.
+    fn pair(&self, layer: usize, proj: Proj, adapter: usize) -> Option<&Pair> {
+        let slot = self.slots.get(adapter)?.as_ref()?;
+        slot.adapter.layers.get(layer)?[proj as usize].as_ref()
     }
 
     /// Adapter `adapter`'s update of projection `proj` of layer `layer`, if it adapts it.
     pub(crate) fn host(&self, layer: usize, proj: Proj, adapter: usize) -> Option<HostPair<'_>> {
-        let p = self.layers.get(layer)?[proj as usize].get(adapter)?.as_ref()?;
+        let p = self.pair(layer, proj, adapter)?;
         Some(HostPair {
             a: &p.a,
             bt: &p.bt,
@@ -180,7 +271,7 @@ impl Adapters {
         let mut rows: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
         for r in runs {
             if let Some(a) = r.adapter {
-                ensure!(a < self.names.len(), "adapter {a} is not served here ({} adapters are)", self.names.len());
+                ensure!(self.holds(a), "adapter {a} is not served here");
                 rows.entry(a).or_default().extend((r.start..r.start + r.len).map(|i| i as u32));
             }
         }
@@ -207,9 +298,8 @@ impl Adapters {
     /// its adapter's update of projection `proj` of layer `layer`: `(x·Aᵀ)·(s·Bᵀ)`, two thin
     /// products an adapter whatever the order of its rows.
     pub(crate) fn add_to(&self, layer: usize, proj: Proj, x: &Tensor, mut y: Tensor, groups: &[Group]) -> Result<Tensor> {
-        let pairs = &self.layers[layer][proj as usize];
         for g in groups {
-            let Some(p) = pairs[g.adapter].as_ref() else {
+            let Some(p) = self.pair(layer, proj, g.adapter) else {
                 continue;
             };
             let xs = match g.together {
@@ -223,6 +313,44 @@ impl Adapters {
             };
         }
         Ok(y)
+    }
+}
+
+/// The adapters a model serves now, shared by the model, its clones and its decoders: a load
+/// or an unload replaces the whole set (one at a time), a forward pass reads the set current
+/// when it starts.
+#[derive(Debug, Default)]
+pub(crate) struct AdapterTable {
+    now: RwLock<Option<Arc<Adapters>>>,
+    changing: Mutex<()>,
+}
+
+impl AdapterTable {
+    /// The set served now (`None`: no adapter).
+    pub(crate) fn now(&self) -> Option<Arc<Adapters>> {
+        self.now.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the set served by `change` of it, once `publish` (which hands it to the engine
+    /// computing with it) accepts the new set.
+    pub(crate) fn change(
+        &self,
+        change: impl FnOnce(&Adapters) -> Result<Adapters>,
+        publish: impl FnOnce(Option<Arc<Adapters>>) -> Result<()>,
+    ) -> Result<()> {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let next = change(&self.now().unwrap_or_default())?;
+        let next = (!next.slots.is_empty()).then(|| Arc::new(next));
+        publish(next.clone())?;
+        *self.now.write().unwrap_or_else(|e| e.into_inner()) = next;
+        Ok(())
+    }
+
+    /// A hold on the adapter served as `name`, with its index (taken while no change runs, so
+    /// an unload cannot let it go between finding and holding it).
+    pub(crate) fn lease(&self, name: &str) -> Option<(usize, AdapterLease)> {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        self.now()?.lease(name)
     }
 }
 

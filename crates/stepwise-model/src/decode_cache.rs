@@ -47,9 +47,9 @@ pub trait DecodeCache: Send {
     fn reserve(&self, prompt: usize, n: usize, max_new: usize) -> Result<usize>;
     /// The room in all (`usize::MAX`: no bound).
     fn capacity(&self) -> usize;
-    /// How many adapters the engine serves ([`crate::Model::serve_adapters`]).
-    fn adapters(&self) -> usize {
-        0
+    /// The adapters the engine serves ([`crate::Model::serve_adapters`]).
+    fn adapters(&self) -> Option<std::sync::Arc<crate::Adapters>> {
+        None
     }
     /// Blocks free now and in all, for a cache made of blocks.
     fn blocks(&self) -> Option<(usize, usize)>;
@@ -162,8 +162,8 @@ impl DecodeCache for CpuRows<'_> {
         None
     }
 
-    fn adapters(&self) -> usize {
-        self.model.adapters().map_or(0, crate::Adapters::len)
+    fn adapters(&self) -> Option<std::sync::Arc<crate::Adapters>> {
+        self.model.adapters()
     }
 
     fn encode_alone(&mut self, prompt: &[u32], adapter: Option<usize>) -> Result<Option<Vec<f32>>> {

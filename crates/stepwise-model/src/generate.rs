@@ -275,7 +275,7 @@ impl<'a> Decoding<'a> {
         }
         if let Some(a) = adapter {
             let served = self.cache()?.adapters();
-            anyhow::ensure!(a < served, "adapter {a} is not served by this model ({served} are)");
+            anyhow::ensure!(served.is_some_and(|s| s.holds(a)), "adapter {a} is not served by this model");
         }
         if params.max_new_tokens == 0 {
             return Ok((0, 0));

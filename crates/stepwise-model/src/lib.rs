@@ -48,7 +48,7 @@ engine! {
     pub mod train;
     pub mod transformer;
 
-    pub use adapters::Adapters;
+    pub use adapters::{AdapterLease, Adapters};
     pub use config::{Family, HeadKind, ModelConfig};
     pub use decode_cache::{DecodeCache, PassAdapters};
     pub use generate::{first_tokens, generate, Decoding, SamplingParams, StepRows};

@@ -47,8 +47,6 @@ pub struct Model {
     /// The variables holding its weights where it was made to be trained ([`Model::fresh`],
     /// [`Model::load_trainable`]): what a trainer updates and saves.
     trainable: Option<Trainable>,
-    /// The LoRA adapters served unmerged on its weights ([`Model::serve_adapters`]).
-    adapters: Option<std::sync::Arc<crate::Adapters>>,
 }
 
 /// A trainable model's variables (shared with the map they were made in).
@@ -90,7 +88,6 @@ impl Model {
             precision: Precision::default(),
             packed: None,
             trainable: None,
-            adapters: None,
         })
     }
 
@@ -164,7 +161,6 @@ impl Model {
             precision: WeightDtype::Bf16.into(),
             packed: Some(engine),
             trainable: None,
-            adapters: None,
         })
     }
 
@@ -295,24 +291,46 @@ impl Model {
     }
 
     /// Serves the PEFT LoRA adapters `(name, folder)` unmerged on this model's weights, by index
-    /// in that order ([`Input::adapters`], [`crate::Decoding::add_with`]): each adapter holds
-    /// only its `A` and `B` matrices. On the CPU decoder only; an empty list serves none.
-    pub fn serve_adapters(&mut self, list: &[(String, std::path::PathBuf)]) -> Result<()> {
-        let adapters = match list {
-            [] => None,
-            _ => Some(std::sync::Arc::new(crate::Adapters::load(&self.config, list)?)),
-        };
-        match &self.packed {
-            Some(g) => g.serve_adapters(adapters.clone())?,
-            None => self.decoder.set_adapters(adapters.clone()),
-        }
-        self.adapters = adapters;
-        Ok(())
+    /// in that order ([`Input::adapters`], [`crate::Decoding::add_with`]), in place of any served
+    /// before: each adapter holds only its `A` and `B` matrices. On the CPU (the CPU decoder or
+    /// the packed engine's CPU backend) only; an empty list serves none.
+    pub fn serve_adapters(&self, list: &[(String, std::path::PathBuf)]) -> Result<()> {
+        let config = &self.config;
+        self.change_adapters(|_| crate::Adapters::load(config, list))
     }
 
-    /// The adapters served on this model ([`Model::serve_adapters`]).
-    pub fn adapters(&self) -> Option<&crate::Adapters> {
-        self.adapters.as_deref()
+    /// Serves the PEFT LoRA adapter in `dir` as `name` beside those served (the first free
+    /// index; vLLM's `/v1/load_lora_adapter`): refused where `name` is served, unless `inplace`,
+    /// where it replaces that adapter at its index and the requests decoding with it go on with
+    /// the new weights from their next step.
+    pub fn load_adapter(&self, name: &str, dir: &Path, inplace: bool) -> Result<()> {
+        let config = &self.config;
+        self.change_adapters(|now| now.with_loaded(config, name, dir, inplace))
+    }
+
+    /// Stops serving the adapter named `name`: it cannot be named again, and is let go once no
+    /// [`crate::AdapterLease`] on it is held (requests admitted with it decode to their end).
+    pub fn unload_adapter(&self, name: &str) -> Result<()> {
+        self.change_adapters(|now| now.without(name))
+    }
+
+    /// A hold on the adapter served as `name`, with its index: while held, that index stays its
+    /// own, through unloads, so a request admitted with it runs to its end.
+    pub fn lease_adapter(&self, name: &str) -> Option<(usize, crate::AdapterLease)> {
+        self.decoder.adapter_table().lease(name)
+    }
+
+    /// Replaces the set of adapters served by `change` of it, where its engine serves adapters.
+    fn change_adapters(&self, change: impl FnOnce(&crate::Adapters) -> Result<crate::Adapters>) -> Result<()> {
+        self.decoder.adapter_table().change(change, |next| match &self.packed {
+            Some(g) => g.serve_adapters(next),
+            None => Ok(()),
+        })
+    }
+
+    /// The adapters served on this model now ([`Model::serve_adapters`], [`Model::load_adapter`]).
+    pub fn adapters(&self) -> Option<Arc<crate::Adapters>> {
+        self.decoder.adapters()
     }
 
     /// The hidden states (after the final norm) of a forward pass over `input`, an input of

@@ -10,7 +10,7 @@
 use crate::config::ModelConfig;
 use crate::kernels::cpu_inference;
 use crate::kernels::{self, masked_softmax, KeyMask, Linear, RopeTables};
-use crate::adapters::{push_runs, Adapters, Group, Proj, Run};
+use crate::adapters::{push_runs, AdapterTable, Adapters, Group, Proj, Run};
 use crate::input::{BatchCache, Input, LayerView, Tokens};
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor};
@@ -261,8 +261,9 @@ pub struct Transformer {
     /// Number of token positions run through the decoder so far (for shared-prefix tests and
     /// throughput reports).
     pub encoded_tokens: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    /// LoRA adapters served unmerged on these weights ([`Input::adapters`] picks them).
-    adapters: Option<std::sync::Arc<Adapters>>,
+    /// LoRA adapters served unmerged on these weights ([`Input::adapters`] picks them), shared
+    /// with its clones.
+    adapters: std::sync::Arc<AdapterTable>,
 }
 
 impl Transformer {
@@ -300,7 +301,7 @@ impl Transformer {
             max_positions: cfg.scoring_positions(),
             differentiable: false,
             encoded_tokens: Default::default(),
-            adapters: None,
+            adapters: Default::default(),
         })
     }
 
@@ -317,18 +318,18 @@ impl Transformer {
             max_positions: cfg.scoring_positions(),
             differentiable: false,
             encoded_tokens: Default::default(),
-            adapters: None,
+            adapters: Default::default(),
         })
     }
 
-    /// Serves `adapters` unmerged on these weights (replacing any served before).
-    pub fn set_adapters(&mut self, adapters: Option<std::sync::Arc<Adapters>>) {
-        self.adapters = adapters;
+    /// The adapters it serves, and how they change ([`crate::Model::load_adapter`]).
+    pub(crate) fn adapter_table(&self) -> &AdapterTable {
+        &self.adapters
     }
 
-    /// The adapters served on these weights.
-    pub fn adapters(&self) -> Option<&Adapters> {
-        self.adapters.as_deref()
+    /// The adapters served on these weights now.
+    pub fn adapters(&self) -> Option<std::sync::Arc<Adapters>> {
+        self.adapters.now()
     }
 
     /// The token embedding matrix (for tied LM heads).
@@ -442,9 +443,9 @@ impl Transformer {
             "{} adapters for a part of {seqs} sequences",
             adapters.len()
         );
-        let served = self.adapters.as_ref().map_or(0, |a| a.len());
-        if let Some(a) = adapters.iter().flatten().find(|&&a| a >= served) {
-            anyhow::bail!("adapter {a} is not served here ({served} adapters are)");
+        let served = self.adapters.now();
+        if let Some(a) = adapters.iter().flatten().find(|&&a| !served.as_ref().is_some_and(|s| s.holds(a))) {
+            anyhow::bail!("adapter {a} is not served here");
         }
         Ok(())
     }
@@ -630,12 +631,13 @@ impl Transformer {
     /// The decoder over `batches` (token ids `ids`, caches `caches`, one each) on the candle
     /// path: hidden states after the final norm, every batch's rows `[Σ b·t, hidden]` in order.
     fn run(&self, ids: &[&Tensor], batches: &[Batch], caches: &mut [BatchCache], runs: &[Run]) -> Result<Tensor> {
+        let served = self.adapters.now();
         let pass = Pass {
             rope: &self.rope,
             eps: self.eps,
             diff: self.differentiable,
             batches,
-            adapters: match self.adapters.as_deref() {
+            adapters: match served.as_deref() {
                 Some(a) if runs.iter().any(|r| r.adapter.is_some()) => Some((a, a.groups(runs)?)),
                 _ => None,
             },

@@ -79,7 +79,7 @@ fn no_base(id: &str) -> anyhow::Result<PathBuf> {
 
 /// The fixture policy serving `(name, folder)` adapters.
 fn serving(list: &[(String, PathBuf)]) -> Model {
-    let mut m = Model::load(&policy(), &Device::Cpu).unwrap();
+    let m = Model::load(&policy(), &Device::Cpu).unwrap();
     m.serve_adapters(list).unwrap();
     m
 }
@@ -103,7 +103,7 @@ fn an_adapter_served_unmerged_computes_what_its_merged_model_computes() {
     let merged_b = Model::load(&resolve_in(b.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
     let base = Model::load(&policy(), &Device::Cpu).unwrap();
     let served = serving(&[("a".into(), a), ("b".into(), b)]);
-    assert_eq!(served.adapters().unwrap().names(), ["a", "b"]);
+    assert_eq!(served.adapters().unwrap().names().collect::<Vec<_>>(), ["a", "b"]);
     let ids: Vec<u32> = (0..23).map(|i| (i * 37 + 5) % 600).collect();
     for (adapter, want) in [(None, &base), (Some(0), &merged_a), (Some(1), &merged_b)] {
         let (got, want) = (hidden(&served, &ids, adapter), hidden(want, &ids, None));
@@ -210,7 +210,7 @@ fn adapters_that_replace_tensors_are_refused_by_name() {
     let h = cfg.hidden_size;
     let norm = [("model.norm.weight", vec![h], vec![1.0; h])];
     let saved = adapter(&tmp.path().join("saved"), 2, &["q_proj"], 1, &norm);
-    let mut m = Model::load(&policy(), &Device::Cpu).unwrap();
+    let m = Model::load(&policy(), &Device::Cpu).unwrap();
     let err = format!("{:#}", m.serve_adapters(&[("saved".into(), saved)]).unwrap_err());
     assert!(
         err.contains("adapter `saved`") && err.contains("model.norm.weight") && err.contains("--model ADAPTER"),
@@ -249,7 +249,7 @@ fn the_packed_engine_serves_adapters_side_by_side() {
     let cache = tmp.path().join("cache");
     let packed = |dir: &Path| Model::load_packed(dir, stepwise_model::Placement::Cpu).unwrap();
     let merged_a = packed(&resolve_in(a.clone(), no_base, &cache).unwrap());
-    let mut served = packed(&policy());
+    let served = packed(&policy());
     served.serve_adapters(&[("a".into(), a), ("b".into(), b)]).unwrap();
     let ids: Vec<u32> = (0..31).map(|i| (i * 37 + 5) % 600).collect();
     let rows: Vec<usize> = (0..ids.len()).collect();
@@ -276,4 +276,69 @@ fn the_packed_engine_serves_adapters_side_by_side() {
     for joined in [false, true] {
         assert_eq!(decode_together(&served, &all, joined), alone, "joined: {joined}");
     }
+}
+
+/// Adapters loaded and unloaded while the model serves (`/v1/load_lora_adapter`): a loaded one
+/// computes its merged model's states, in place of its namesake only when asked; an unloaded one
+/// is no longer found by name, yet a request holding it decodes to its end with it, and its
+/// index is reused only once no one holds it.
+#[test]
+fn adapters_load_and_unload_while_requests_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = adapter(&tmp.path().join("a"), 4, &ALL, 1, &[]);
+    let b = adapter(&tmp.path().join("b"), 2, &["q_proj", "v_proj", "down_proj"], 9, &[]);
+    let cache = tmp.path().join("cache");
+    let merged_a = Model::load(&resolve_in(a.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
+    let merged_b = Model::load(&resolve_in(b.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
+    let served = serving(&[]);
+    assert!(served.adapters().is_none());
+    served.load_adapter("x", &a, false).unwrap();
+    let ids: Vec<u32> = (0..19).map(|i| (i * 41 + 3) % 600).collect();
+    assert!(max_diff(&hidden(&served, &ids, Some(0)), &hidden(&merged_a, &ids, None)) < 1e-4);
+    let err = served.load_adapter("x", &b, false).unwrap_err();
+    assert!(format!("{err:#}").contains("already served"), "{err:#}");
+    served.load_adapter("x", &b, true).unwrap();
+    assert!(max_diff(&hidden(&served, &ids, Some(0)), &hidden(&merged_b, &ids, None)) < 1e-4);
+    served.load_adapter("x", &a, true).unwrap();
+    // A request with `x` starts, `x` is unloaded mid-way: it ends as merged `a` decodes it alone.
+    let (index, lease) = served.lease_adapter("x").unwrap();
+    let mut batch = Decoding::new(&served, None).prefill_chunk(4);
+    let id = batch.join_with(&prompts()[1], 2, params(1), Some(index)).unwrap();
+    batch.step().unwrap();
+    served.unload_adapter("x").unwrap();
+    assert!(served.lease_adapter("x").is_none() && served.adapters().unwrap().is_empty());
+    served.load_adapter("y", &b, false).unwrap();
+    assert_eq!(served.adapters().unwrap().index("y"), Some(1), "index 0 is still held");
+    let mut out = None;
+    while out.is_none() {
+        out = batch
+            .step()
+            .unwrap()
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, o)| o);
+    }
+    let alone = decode_together(&merged_a, &[(1, None)], true).remove(0);
+    assert_eq!(out.unwrap(), alone);
+    drop(lease);
+    served.load_adapter("z", &a, false).unwrap();
+    assert_eq!(
+        served.adapters().unwrap().index("z"),
+        Some(0),
+        "index 0 is let go once no one holds it"
+    );
+    let err = served.unload_adapter("x").unwrap_err();
+    assert!(format!("{err:#}").contains("no adapter named `x`"), "{err:#}");
+    // The packed engine's CPU backend takes them the same way.
+    let packed = Model::load_packed(&policy(), stepwise_model::Placement::Cpu).unwrap();
+    packed.load_adapter("y", &b, false).unwrap();
+    let at_start = Model::load_packed(&policy(), stepwise_model::Placement::Cpu).unwrap();
+    at_start.serve_adapters(&[("y".into(), b)]).unwrap();
+    let rows: Vec<usize> = (0..ids.len()).collect();
+    let logits = |m: &Model| {
+        m.head_at_with(&[&ids], std::slice::from_ref(&rows), None, vec![Some(0)])
+            .unwrap()
+            .0
+    };
+    assert_eq!(logits(&packed), logits(&at_start));
 }

@@ -74,6 +74,14 @@ pub struct Args {
     /// refused, to be served merged as --model ADAPTER.
     #[arg(long, num_args = 1.., value_name = "NAME=ADAPTER", value_parser = lora_module)]
     pub lora_modules: Vec<(String, std::path::PathBuf)>,
+    /// Let clients change the adapters served while the server runs, as vLLM does with
+    /// VLLM_ALLOW_RUNTIME_LORA_UPDATING: POST /v1/load_lora_adapter {"lora_name", "lora_path",
+    /// "load_inplace"} serves the adapter in a folder (or Hub id) on the policy, and POST
+    /// /v1/unload_lora_adapter {"lora_name"} stops; a request in flight keeps its adapter to its
+    /// end. A client can then make the server read a folder of its choosing: beyond this
+    /// machine (--host) it needs --api-key.
+    #[arg(long)]
+    pub allow_runtime_lora_updating: bool,
     /// The PRM's name in requests (default: as the policy's).
     #[arg(long)]
     pub served_prm_name: Option<String>,
@@ -243,6 +251,7 @@ pub fn run(a: Args) -> Result<()> {
         prm_name: a.served_prm_name.or(a.prm.as_ref().map(|m| m.name.clone())),
         model: a.model.map(|m| m.dir),
         lora_modules: a.lora_modules,
+        runtime_lora_updating: a.allow_runtime_lora_updating,
         prm: a.prm.map(|m| m.dir),
         address: format!("{}:{}", a.host, a.port),
         api_key: api_key(a.api_key)?,
@@ -276,6 +285,11 @@ pub fn run(a: Args) -> Result<()> {
         },
         code,
     };
+    anyhow::ensure!(
+        !cfg.runtime_lora_updating || cfg.api_key.is_some() || is_loopback(&a.host),
+        "--allow-runtime-lora-updating on {}: a client could make the server read any folder; give --api-key",
+        a.host
+    );
     if cfg.api_key.is_none() && !is_loopback(&a.host) {
         eprintln!(
             "stepwise serve: no API key, listening on {}: anyone who reaches it can use the models (--api-key)",

@@ -67,8 +67,8 @@ impl<B: Backend> DecodeCache for PagedRows<'_, B> {
         Some((self.cache.free_blocks(), self.cache.total_blocks()))
     }
 
-    fn adapters(&self) -> usize {
-        self.engine.served_adapters().map_or(0, |a| a.len())
+    fn adapters(&self) -> Option<std::sync::Arc<crate::Adapters>> {
+        self.engine.served_adapters()
     }
 
     fn encode_alone(&mut self, _prompt: &[u32], _adapter: Option<usize>) -> Result<Option<Vec<f32>>> {

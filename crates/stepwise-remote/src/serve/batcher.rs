@@ -8,6 +8,7 @@
 //! request alone is decoded exactly as the local engine decodes it. A request whose client goes away
 //! leaves the batch at the next step.
 
+use super::completions::{index_of, ServedAdapter};
 use super::Shared;
 use anyhow::Result;
 use std::collections::HashMap;
@@ -23,11 +24,15 @@ pub(crate) struct GenerateJob {
     pub n: usize,
     /// How to sample them.
     pub params: SamplingParams,
-    /// The served adapter they are decoded with (`None`: the base model).
-    pub adapter: Option<usize>,
+    /// The served adapter they are decoded with (`None`: the base model), held until they are
+    /// done.
+    pub adapter: Option<ServedAdapter>,
     /// Where the continuations (generated ids, stop token included) go.
-    pub reply: oneshot::Sender<Result<Vec<Vec<u32>>>>,
+    pub reply: Reply,
 }
+
+/// Where a request's continuations go.
+pub(crate) type Reply = oneshot::Sender<Result<Vec<Vec<u32>>>>;
 
 /// Most continuations decoded together; a request that would pass it waits for rows to finish
 /// (one larger than this alone still runs, alone).
@@ -44,7 +49,8 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
             .kv_budget(state.kv_budget)
     };
     let mut batch = new_batch();
-    let mut waiting: HashMap<usize, oneshot::Sender<Result<Vec<Vec<u32>>>>> = HashMap::new();
+    // Each request in the batch: where its answer goes, and its adapter held till then.
+    let mut waiting: HashMap<usize, (Reply, Option<ServedAdapter>)> = HashMap::new();
     // A request that did not fit the batch yet.
     let mut held: Option<GenerateJob> = None;
     loop {
@@ -70,13 +76,13 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                 break;
             }
             let added = if state.prefill_chunk_tokens > 0 {
-                batch.join_with(&job.prompt, job.n, job.params, job.adapter)
+                batch.join_with(&job.prompt, job.n, job.params, index_of(&job.adapter))
             } else {
-                batch.add_with(&job.prompt, job.n, job.params, job.adapter)
+                batch.add_with(&job.prompt, job.n, job.params, index_of(&job.adapter))
             };
             match added {
                 Ok(id) => {
-                    waiting.insert(id, job.reply);
+                    waiting.insert(id, (job.reply, job.adapter));
                 }
                 Err(e) => {
                     let _ = job.reply.send(Err(e));
@@ -87,14 +93,14 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
         // being decoded: its rows leave the batch and its cache is freed.
         let gone: Vec<usize> = waiting
             .iter()
-            .filter(|(_, reply)| reply.is_closed())
+            .filter(|(_, (reply, _))| reply.is_closed())
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
             waiting.remove(&id);
             state.metrics.cancelled();
             if let Err(e) = batch.cancel(id) {
-                for (_, reply) in waiting.drain() {
+                for (_, (reply, _)) in waiting.drain() {
                     let _ = reply.send(Err(anyhow::anyhow!("{e:#}")));
                 }
                 batch = new_batch();
@@ -108,14 +114,14 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                     state.metrics.decode_step(rows.continuations, rows.prompts);
                 }
                 for (id, outs) in done {
-                    if let Some(reply) = waiting.remove(&id) {
+                    if let Some((reply, _)) = waiting.remove(&id) {
                         let _ = reply.send(Ok(outs));
                     }
                 }
             }
             Err(e) => {
                 // A step fails for every row in it: answer them all and start a fresh batch.
-                for (_, reply) in waiting.drain() {
+                for (_, (reply, _)) in waiting.drain() {
                     let _ = reply.send(Err(anyhow::anyhow!("{e:#}")));
                 }
                 batch = new_batch();

@@ -89,7 +89,7 @@ async fn continuations(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(
             ids: ids.iter().chain(out).copied().collect(),
             first: if c == 0 && sampling.echo { 0 } else { last },
             next: false,
-            adapter: sampling.adapter,
+            adapter: sampling.adapter.clone(),
         })
         .collect();
     let mut choices: Vec<Vec<Weighed>> = weigher::weigh_all(s, seqs, k)
@@ -125,7 +125,7 @@ async fn one_token(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<
         ids: ids.to_vec(),
         first: if echo { 0 } else { ids.len().saturating_sub(1) },
         next: true,
-        adapter: sampling.adapter,
+        adapter: sampling.adapter.clone(),
     };
     let k = sampling.logprobs.unwrap_or(0);
     let mut w = weigher::weigh_all(s, vec![seq], k)
@@ -168,7 +168,7 @@ async fn generate(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<Vec<Ve
             prompt: ids.to_vec(),
             n: sampling.n,
             params: sampling.params.clone(),
-            adapter: sampling.adapter,
+            adapter: sampling.adapter.clone(),
             reply,
         })
         .map_err(|_| stopped())?;

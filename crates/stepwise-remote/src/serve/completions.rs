@@ -26,7 +26,7 @@ pub(super) struct Sampling {
     pub(super) max_tokens_given: bool,
     pub(super) params: SamplingParams,
     /// The served adapter the request names (`None`: the policy itself).
-    pub(super) adapter: Option<usize>,
+    pub(super) adapter: Option<ServedAdapter>,
     /// The model's name as the request gave it (the policy's, or an adapter's).
     pub(super) model: String,
     pub(super) stop: Vec<String>,
@@ -41,24 +41,44 @@ pub(super) struct Sampling {
     pub(super) ignore_eos: bool,
 }
 
+/// A served adapter a request runs with: its index, held until the last of the request's work is
+/// done (the batcher's or the weigher's, which may outlive the request's handler), so an unload
+/// meanwhile cannot let the index go.
+#[derive(Clone, Debug)]
+pub(crate) struct ServedAdapter {
+    pub(crate) index: usize,
+    _lease: std::sync::Arc<stepwise_model::AdapterLease>,
+}
+
+/// The index of `adapter`, if any.
+pub(crate) fn index_of(adapter: &Option<ServedAdapter>) -> Option<usize> {
+    adapter.as_ref().map(|a| a.index)
+}
+
 /// The request's model: the served policy (`None`), or one of the adapters served on it
-/// (`--lora-modules`); with the name the reply gives.
-fn check_model(s: &Shared, v: &Value) -> Result<(Option<usize>, String), ApiError> {
+/// (`--lora-modules`, `/v1/load_lora_adapter`); with the name the reply gives.
+fn check_model(s: &Shared, v: &Value) -> Result<(Option<ServedAdapter>, String), ApiError> {
     let Some((name, policy)) = s.policy.as_ref() else {
         return Err(ApiError::invalid(
             "this server has no policy (start it with --model)",
             Some("model"),
         ));
     };
-    let adapters = policy.model.adapters();
     match model_field(v)? {
         None => Ok((None, name.clone())),
         Some(m) if m == name => Ok((None, name.clone())),
-        Some(m) => match adapters.and_then(|a| a.index(m)) {
-            Some(i) => Ok((Some(i), m.to_string())),
+        Some(m) => match policy.model.lease_adapter(m) {
+            Some((index, lease)) => Ok((
+                Some(ServedAdapter {
+                    index,
+                    _lease: std::sync::Arc::new(lease),
+                }),
+                m.to_string(),
+            )),
             None => {
+                let adapters = policy.model.adapters();
                 let mut served = vec![name.as_str()];
-                served.extend(adapters.iter().flat_map(|a| a.names()).map(String::as_str));
+                served.extend(adapters.iter().flat_map(|a| a.names()));
                 Err(ApiError::no_model(m, &served))
             }
         },

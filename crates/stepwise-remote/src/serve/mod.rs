@@ -24,6 +24,7 @@ mod choices;
 mod completions;
 mod connections;
 mod logprobs;
+mod lora;
 mod metrics;
 pub mod openrlhf;
 mod request;
@@ -61,6 +62,9 @@ pub struct ServeConfig {
     /// PEFT LoRA adapters served unmerged on the policy, `(name, folder)`: a request naming
     /// one is decoded with it, beside the others' in the same batch (vLLM's `--lora-modules`).
     pub lora_modules: Vec<(String, PathBuf)>,
+    /// `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` change the adapters served while
+    /// the server runs (vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`); off, those routes are 404s.
+    pub runtime_lora_updating: bool,
     /// The PRM's name (default: its folder's name).
     pub prm_name: Option<String>,
     /// Host and port to listen on (`127.0.0.1:8000`; port 0 picks a free one).
@@ -219,13 +223,17 @@ fn load_policy(cfg: &ServeConfig) -> Result<Option<(String, LoadedPolicy)>> {
             cfg.lora_modules.is_empty(),
             "--lora-modules are served on a policy: pass --model"
         );
+        anyhow::ensure!(
+            !cfg.runtime_lora_updating,
+            "runtime LoRA updating serves adapters on a policy: pass --model"
+        );
         return Ok(None);
     };
     let name = cfg.model_name.clone().unwrap_or_else(|| folder_name(dir));
     if let Some((same, _)) = cfg.lora_modules.iter().find(|(n, _)| *n == name) {
         anyhow::bail!("--lora-modules: `{same}` is the policy's own name");
     }
-    let mut policy = LoadedPolicy::load_on(dir, cfg.device, stepwise_model::default_precision())
+    let policy = LoadedPolicy::load_on(dir, cfg.device, stepwise_model::default_precision())
         .with_context(|| format!("loading the policy {}", dir.display()))?;
     policy
         .model
@@ -299,7 +307,7 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         .name("stepwise-logprobs".into())
         .spawn(move || weigher::weigh_worker(worker_state, weigh_jobs))
         .context("starting the log-probability worker")?;
-    let api = Router::new()
+    let mut api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(completions::chat))
@@ -313,7 +321,13 @@ pub fn app(cfg: &ServeConfig) -> Result<Router> {
         .route(
             "/metrics",
             get(|State(s): State<Shared>| async move { s.metrics.render() }),
-        )
+        );
+    if cfg.runtime_lora_updating {
+        api = api
+            .route("/v1/load_lora_adapter", post(lora::load))
+            .route("/v1/unload_lora_adapter", post(lora::unload));
+    }
+    let api = api
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             connections::bounded_body,
@@ -464,13 +478,16 @@ async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
             let created = s.started;
             // vLLM lists a LoRA module with its folder as `root` and the base as `parent`.
             let len = p.model.config.max_position_embeddings;
-            let adapters = p.model.adapters().into_iter();
-            adapters
-                .flat_map(|a| a.names().iter().zip(a.folders()))
-                .map(move |(name, dir)| {
+            let adapters = p.model.adapters();
+            let cards: Vec<_> = adapters
+                .iter()
+                .flat_map(|a| a.served())
+                .map(|(_, name, dir)| {
                     json!({"id": name, "object": "model", "created": created, "owned_by": "stepwise",
                        "max_model_len": len, "root": dir, "parent": base, "stepwise_role": "policy"})
                 })
+                .collect();
+            cards
         }))
         .collect();
     Json(json!({"object": "list", "data": data}))

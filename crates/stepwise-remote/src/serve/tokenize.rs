@@ -19,26 +19,27 @@ use stepwise_model::Tokenizer;
 /// The tokenizer a request names (`model`: the policy's, an adapter's served on it, or the
 /// PRM's name), by default the policy's, and its model's context length.
 fn tokenizer<'a>(s: &'a Shared, model: Option<&str>) -> Result<(&'a Tokenizer, usize), ApiError> {
-    let adapters = s.policy.iter().flat_map(|(_, p)| {
-        let names = p.model.adapters().into_iter().flat_map(|a| a.names());
-        names.map(|n| (n.as_str(), &p.tokenizer, p.model.config.max_position_embeddings))
-    });
-    let served = s
-        .policy
-        .iter()
-        .map(|(n, p)| (n.as_str(), &p.tokenizer, p.model.config.max_position_embeddings))
-        .chain(adapters)
-        .chain(
-            s.prm
+    let mut served: Vec<(String, &Tokenizer, usize)> = Vec::new();
+    if let Some((n, p)) = &s.policy {
+        let len = p.model.config.max_position_embeddings;
+        served.push((n.clone(), &p.tokenizer, len));
+        let adapters = p.model.adapters();
+        served.extend(
+            adapters
                 .iter()
-                .map(|(n, v)| (n.as_str(), &v.tokenizer, v.model.config.max_position_embeddings)),
+                .flat_map(|a| a.names())
+                .map(|a| (a.to_string(), &p.tokenizer, len)),
         );
-    let names: Vec<&str> = served.clone().map(|(n, _, _)| n).collect();
-    match model {
-        Some(m) => served.clone().find(|(n, _, _)| *n == m),
-        None => served.clone().next(),
     }
-    .map(|(_, t, len)| (t, len))
+    if let Some((n, v)) = &s.prm {
+        served.push((n.clone(), &v.tokenizer, v.model.config.max_position_embeddings));
+    }
+    let names: Vec<&str> = served.iter().map(|(n, _, _)| n.as_str()).collect();
+    match model {
+        Some(m) => served.iter().find(|(n, _, _)| n == m),
+        None => served.first(),
+    }
+    .map(|&(_, t, len)| (t, len))
     .ok_or_else(|| match model {
         Some(m) => ApiError::no_model(m, &names),
         None => ApiError::invalid("this server serves no model", Some("model")),

@@ -12,6 +12,7 @@
 //! ([`stepwise_model::Model::vocab_logprobs_each`]). Each row is cut down to the target's
 //! log-probability and the likeliest `k` at once, so what a reply waits with is small.
 
+use super::completions::{index_of, ServedAdapter};
 use super::Shared;
 use anyhow::{ensure, Result};
 use std::sync::mpsc::Receiver;
@@ -40,8 +41,8 @@ pub(crate) struct ToWeigh {
     pub ids: Vec<u32>,
     pub first: usize,
     pub next: bool,
-    /// The served adapter it is weighed with (`None`: the base model).
-    pub adapter: Option<usize>,
+    /// The served adapter it is weighed with (`None`: the base model), held until it is.
+    pub adapter: Option<ServedAdapter>,
 }
 
 impl ToWeigh {
@@ -181,7 +182,7 @@ fn weigh(model: &Model, seqs: &[Seq<'_>], rows_a_pass: usize) -> Result<Vec<Weig
     if let [(s, _)] = seqs {
         if s.rows() > rows_a_pass {
             let at: Vec<usize> = (s.first..s.read_end()).collect();
-            model.vocab_logprobs_each_with(&s.ids, &at, rows_a_pass, s.adapter, |from, logp| {
+            model.vocab_logprobs_each_with(&s.ids, &at, rows_a_pass, index_of(&s.adapter), |from, logp| {
                 for (j, row) in logp.iter().enumerate() {
                     take(0, s.first + from + j, row);
                 }
@@ -192,7 +193,7 @@ fn weigh(model: &Model, seqs: &[Seq<'_>], rows_a_pass: usize) -> Result<Vec<Weig
     }
     let packed: Vec<&[u32]> = seqs.iter().map(|(s, _)| &s.ids[..]).collect();
     let read: Vec<Vec<usize>> = seqs.iter().map(|(s, _)| (s.first..s.read_end()).collect()).collect();
-    let adapters: Vec<Option<usize>> = seqs.iter().map(|(s, _)| s.adapter).collect();
+    let adapters: Vec<Option<usize>> = seqs.iter().map(|(s, _)| index_of(&s.adapter)).collect();
     let (logits, width) = model.head_at_with(&packed, &read, None, adapters)?;
     ensure!(
         width == vocab,
