@@ -7,8 +7,8 @@
 #   bash bench/lora_serve.sh POLICY_DIR [OUT.json]
 #
 # POLICY_DIR: bench/make_random_prm.py 0.5b DIR --policy. Three rank-R adapters on every linear
-# projection, both halves random (PEFT's `init_lora_weights=False`), are written by PEFT into
-# WORK. STEPWISE (default target/release/stepwise), PYTHON (torch, transformers, peft, openai),
+# projection are written by PEFT into WORK (bench/write_loras.py).
+# STEPWISE (default target/release/stepwise), PYTHON (torch, transformers, peft, openai),
 # CLIENTS (16), SECONDS_EACH (30), WARMUP (5), MAX_TOKENS (32), RANK (16), WORK (a scratch
 # folder). With VLLM=path/to/python of vLLM's CPU build (bench/vllm_interop.sh), vLLM serves the
 # same base alone and with the three adapters (`--enable-lora --lora-modules`, `--max-loras 3`),
@@ -22,25 +22,7 @@ clients=${CLIENTS:-16} secs=${SECONDS_EACH:-30} warmup=${WARMUP:-5} max_tokens=$
 work=${WORK:-$(mktemp -d)}
 mkdir -p "$work"
 export STEPWISE_CACHE=$work/cache
-"$python" - "$policy" "$work" "$rank" <<'PY'
-import sys, torch
-from pathlib import Path
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
-policy, work, rank = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-for k in range(3):
-    if (work / f"lora{k}" / "adapter_model.safetensors").exists():
-        continue
-    torch.manual_seed(k)
-    base = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.bfloat16)
-    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", init_lora_weights=False)
-    model = get_peft_model(base, cfg)
-    with torch.no_grad():  # small updates, as trained adapters make
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.mul_(0.01)
-    model.save_pretrained(work / f"lora{k}")
-PY
+"$python" "$here/bench/write_loras.py" "$policy" "$work" "$rank" 3
 results=$work/results.jsonl
 : > "$results"
 run() { # LABEL MODELS ARGS...: serve with ARGS (`vllm ARGS...`: vLLM), load it, record tokens/s and peak memory

@@ -101,32 +101,56 @@ pub(crate) struct HostPair<'a> {
     pub r: usize,
 }
 
-/// One adapter's updates, `[layer][projection]`, and how many requests hold it
-/// ([`AdapterLease`]).
+/// One adapter's updates, `[layer][projection]`.
 #[derive(Debug)]
 struct Adapter {
     layers: Vec<[Option<Pair>; 7]>,
-    leases: AtomicUsize,
+}
+
+/// An adapter read from its folder, not yet served (reading takes long; changing the set served
+/// must not: [`AdapterTable::change`]).
+#[derive(Debug)]
+pub(crate) struct ReadAdapter {
+    folder: PathBuf,
+    adapter: Adapter,
+}
+
+impl ReadAdapter {
+    /// The PEFT LoRA adapter in `dir` (to be served as `name`), checked against a base of `config`.
+    pub(crate) fn read(config: &ModelConfig, name: &str, dir: &Path) -> Result<Self> {
+        let pairs = read_pairs(dir, &base_shapes(config))
+            .with_context(|| format!("adapter `{name}` ({})", dir.display()))?;
+        let mut layers: Vec<[Option<Pair>; 7]> = (0..config.num_hidden_layers).map(|_| Default::default()).collect();
+        for ((li, proj), pair) in pairs {
+            layers[li][proj] = Some(pair);
+        }
+        Ok(ReadAdapter {
+            folder: dir.to_path_buf(),
+            adapter: Adapter { layers },
+        })
+    }
 }
 
 /// A request's hold on the adapter it was admitted with ([`crate::Model::lease_adapter`]):
-/// while one is held, the adapter keeps its index and weights, unloaded or not.
+/// while one is held, the adapter's index stays its own, with its weights, unloaded or not.
 #[derive(Debug)]
-pub struct AdapterLease(Arc<Adapter>);
+pub struct AdapterLease(Arc<AtomicUsize>);
 
 impl Drop for AdapterLease {
     fn drop(&mut self) {
-        self.0.leases.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 /// A served adapter at its index: `name` is `None` once it is unloaded while leases on it are
-/// held (it serves those requests and no new ones).
+/// held (it serves those requests and no new ones). `leases` counts the requests holding the
+/// index, whatever weights a load in place has put there since they came.
 #[derive(Clone, Debug)]
 struct Slot {
     name: Option<String>,
     folder: PathBuf,
     adapter: Arc<Adapter>,
+    leases: Arc<AtomicUsize>,
 }
 
 /// The adapters served on one base model, by index: those given in order at the start, then
@@ -154,26 +178,34 @@ impl Adapters {
     /// name where `inplace` (its requests decode on with the new weights), else refused if the
     /// name is served. Adapters unloaded whose last request has finished are let go.
     pub fn with_loaded(&self, config: &ModelConfig, name: &str, dir: &Path, inplace: bool) -> Result<Self> {
-        let at = self.index(name);
+        self.check_free(name, inplace)?;
+        self.with_read(name, ReadAdapter::read(config, name, dir)?, inplace)
+    }
+
+    /// Refuses `name` where an adapter of that name is served, unless it is to be replaced.
+    pub(crate) fn check_free(&self, name: &str, inplace: bool) -> Result<()> {
         ensure!(
-            at.is_none() || inplace,
+            inplace || self.index(name).is_none(),
             "an adapter named `{name}` is already served (load it in place to replace it)"
         );
-        let pairs = read_pairs(dir, &base_shapes(config))
-            .with_context(|| format!("adapter `{name}` ({})", dir.display()))?;
-        let mut layers: Vec<[Option<Pair>; 7]> = (0..config.num_hidden_layers).map(|_| Default::default()).collect();
-        for ((li, proj), pair) in pairs {
-            layers[li][proj] = Some(pair);
-        }
+        Ok(())
+    }
+
+    /// [`Adapters::with_loaded`] of an adapter read already.
+    pub(crate) fn with_read(&self, name: &str, read: ReadAdapter, inplace: bool) -> Result<Self> {
+        self.check_free(name, inplace)?;
+        let at = self.index(name);
+        let mut next = self.reaped();
         let slot = Slot {
             name: Some(name.to_string()),
-            folder: dir.to_path_buf(),
-            adapter: Arc::new(Adapter {
-                layers,
-                leases: AtomicUsize::new(0),
-            }),
+            folder: read.folder,
+            adapter: Arc::new(read.adapter),
+            // Replacing an adapter in place, its requests' leases stay on the index.
+            leases: at
+                .and_then(|i| next.slots[i].as_ref())
+                .map(|s| s.leases.clone())
+                .unwrap_or_default(),
         };
-        let mut next = self.reaped();
         match at.or_else(|| next.slots.iter().position(Option::is_none)) {
             Some(i) => next.slots[i] = Some(slot),
             None => next.slots.push(Some(slot)),
@@ -196,7 +228,7 @@ impl Adapters {
     fn reaped(&self) -> Self {
         let mut next = self.clone();
         for slot in &mut next.slots {
-            if slot.as_ref().is_some_and(|s| s.name.is_none() && s.adapter.leases.load(Ordering::Acquire) == 0) {
+            if slot.as_ref().is_some_and(|s| s.name.is_none() && s.leases.load(Ordering::Acquire) == 0) {
                 *slot = None;
             }
         }
@@ -209,9 +241,9 @@ impl Adapters {
     /// A hold on the adapter named `name`, with its index ([`AdapterLease`]).
     pub fn lease(&self, name: &str) -> Option<(usize, AdapterLease)> {
         let at = self.index(name)?;
-        let adapter = self.slots[at].as_ref()?.adapter.clone();
-        adapter.leases.fetch_add(1, Ordering::AcqRel);
-        Some((at, AdapterLease(adapter)))
+        let leases = self.slots[at].as_ref()?.leases.clone();
+        leases.fetch_add(1, Ordering::AcqRel);
+        Some((at, AdapterLease(leases)))
     }
 
     /// The adapters served, `(index, name, folder)`, by index.
@@ -332,7 +364,8 @@ impl AdapterTable {
     }
 
     /// Replaces the set served by `change` of it, once `publish` (which hands it to the engine
-    /// computing with it) accepts the new set.
+    /// computing with it) accepts the new set. Leases wait for a change to end, so `change`
+    /// must be quick: an adapter is read before ([`ReadAdapter`]).
     pub(crate) fn change(
         &self,
         change: impl FnOnce(&Adapters) -> Result<Adapters>,

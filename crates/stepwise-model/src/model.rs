@@ -304,8 +304,12 @@ impl Model {
     /// where it replaces that adapter at its index and the requests decoding with it go on with
     /// the new weights from their next step.
     pub fn load_adapter(&self, name: &str, dir: &Path, inplace: bool) -> Result<()> {
-        let config = &self.config;
-        self.change_adapters(|now| now.with_loaded(config, name, dir, inplace))
+        if let Some(now) = self.adapters() {
+            now.check_free(name, inplace)?;
+        }
+        // Read before the change, which holds up requests naming adapters meanwhile.
+        let read = crate::adapters::ReadAdapter::read(&self.config, name, dir)?;
+        self.change_adapters(|now| now.with_read(name, read, inplace))
     }
 
     /// Stops serving the adapter named `name`: it cannot be named again, and is let go once no

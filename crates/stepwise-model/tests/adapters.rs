@@ -280,8 +280,8 @@ fn the_packed_engine_serves_adapters_side_by_side() {
 
 /// Adapters loaded and unloaded while the model serves (`/v1/load_lora_adapter`): a loaded one
 /// computes its merged model's states, in place of its namesake only when asked; an unloaded one
-/// is no longer found by name, yet a request holding it decodes to its end with it, and its
-/// index is reused only once no one holds it.
+/// is no longer found by name, yet a request holding it (through a reload in place too) decodes
+/// to its end with it, and its index is reused only once no one holds it.
 #[test]
 fn adapters_load_and_unload_while_requests_run() {
     let tmp = tempfile::tempdir().unwrap();
@@ -305,6 +305,8 @@ fn adapters_load_and_unload_while_requests_run() {
     let mut batch = Decoding::new(&served, None).prefill_chunk(4);
     let id = batch.join_with(&prompts()[1], 2, params(1), Some(index)).unwrap();
     batch.step().unwrap();
+    // Reloaded in place (the same weights) while held, then unloaded: the index stays held.
+    served.load_adapter("x", &a, true).unwrap();
     served.unload_adapter("x").unwrap();
     assert!(served.lease_adapter("x").is_none() && served.adapters().unwrap().is_empty());
     served.load_adapter("y", &b, false).unwrap();
