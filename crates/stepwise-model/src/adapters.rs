@@ -74,20 +74,28 @@ pub(crate) fn push_runs(runs: &mut Vec<Run>, start: usize, seqs: usize, rows: us
     }
 }
 
-/// One adapter's update of one projection, f32: `A` `[r, in]` and `(s·B)ᵀ` `[r, out]` on the
-/// host (the packed engine's), and as tensors `Aᵀ` and `(s·B)ᵀ` (the CPU decoder's).
+/// How an engine reads adapters: the packed engine from host arrays, the CPU decoder as
+/// candle tensors (each holds only its own form).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    Host,
+    Tensors,
+}
+
+/// One adapter's update of one projection, in its engine's [`Form`].
 #[derive(Clone, Debug)]
-struct Pair {
-    a: Vec<f32>,
-    bt: Vec<f32>,
-    /// `A` and `s·B` `[out, r]` rounded to bf16 (the CPU backend's products).
-    a16: Vec<u16>,
-    b16: Vec<u16>,
-    r: usize,
-    /// `Aᵀ` `[in, r]`.
-    a_tensor: Tensor,
-    /// `(s·B)ᵀ` `[r, out]`.
-    bt_tensor: Tensor,
+enum Pair {
+    /// f32 `A` `[r, in]` and `(s·B)ᵀ` `[r, out]` (the reference backend's), and `A` and `s·B`
+    /// `[out, r]` rounded to bf16 (the CPU backend's products).
+    Host {
+        a: Vec<f32>,
+        bt: Vec<f32>,
+        a16: Vec<u16>,
+        b16: Vec<u16>,
+        r: usize,
+    },
+    /// `Aᵀ` `[in, r]` and `(s·B)ᵀ` `[r, out]`, f32.
+    Tensors { at: Tensor, bt: Tensor },
 }
 
 /// An adapter's update of one projection as the packed engine reads it: `a` `[r, in]` and the
@@ -117,8 +125,8 @@ pub(crate) struct ReadAdapter {
 
 impl ReadAdapter {
     /// The PEFT LoRA adapter in `dir` (to be served as `name`), checked against a base of `config`.
-    pub(crate) fn read(config: &ModelConfig, name: &str, dir: &Path) -> Result<Self> {
-        let pairs = read_pairs(dir, &base_shapes(config))
+    pub(crate) fn read(config: &ModelConfig, name: &str, dir: &Path, form: Form) -> Result<Self> {
+        let pairs = read_pairs(dir, &base_shapes(config), form)
             .with_context(|| format!("adapter `{name}` ({})", dir.display()))?;
         let mut layers: Vec<[Option<Pair>; 7]> = (0..config.num_hidden_layers).map(|_| Default::default()).collect();
         for ((li, proj), pair) in pairs {
@@ -154,7 +162,7 @@ struct Slot {
 }
 
 /// The adapters served on one base model, by index: those given in order at the start, then
-/// each loaded later in the first free index ([`Adapters::with_loaded`]). A set is never changed
+/// each loaded later in the first free index ([`crate::Model::load_adapter`]). A set is never changed
 /// in place; a load or an unload makes the next one, so a forward pass reads one set throughout.
 #[derive(Clone, Debug, Default)]
 pub struct Adapters {
@@ -165,21 +173,13 @@ impl Adapters {
     /// The adapters `(name, folder)` read for a base model of `config`: each folder a PEFT LoRA
     /// adapter whose matrices fit the base's projections (the base it names is not read; the
     /// shapes are checked).
-    pub fn load(config: &ModelConfig, list: &[(String, PathBuf)]) -> Result<Self> {
+    pub(crate) fn load(config: &ModelConfig, list: &[(String, PathBuf)], form: Form) -> Result<Self> {
         let mut set = Adapters::default();
         for (name, dir) in list {
             ensure!(set.index(name).is_none(), "two adapters are named `{name}`");
-            set = set.with_loaded(config, name, dir, false)?;
+            set = set.with_read(name, ReadAdapter::read(config, name, dir, form)?, false)?;
         }
         Ok(set)
-    }
-
-    /// This set with the adapter in `dir` served as `name`: in place of the adapter of that
-    /// name where `inplace` (its requests decode on with the new weights), else refused if the
-    /// name is served. Adapters unloaded whose last request has finished are let go.
-    pub fn with_loaded(&self, config: &ModelConfig, name: &str, dir: &Path, inplace: bool) -> Result<Self> {
-        self.check_free(name, inplace)?;
-        self.with_read(name, ReadAdapter::read(config, name, dir)?, inplace)
     }
 
     /// Refuses `name` where an adapter of that name is served, unless it is to be replaced.
@@ -191,7 +191,9 @@ impl Adapters {
         Ok(())
     }
 
-    /// [`Adapters::with_loaded`] of an adapter read already.
+    /// This set with the adapter `read` served as `name`: in place of the adapter of that name
+    /// where `inplace` (its requests decode on with the new weights), else refused if the name
+    /// is served. Adapters unloaded whose last request has finished are let go.
     pub(crate) fn with_read(&self, name: &str, read: ReadAdapter, inplace: bool) -> Result<Self> {
         self.check_free(name, inplace)?;
         let at = self.index(name);
@@ -287,14 +289,16 @@ impl Adapters {
 
     /// Adapter `adapter`'s update of projection `proj` of layer `layer`, if it adapts it.
     pub(crate) fn host(&self, layer: usize, proj: Proj, adapter: usize) -> Option<HostPair<'_>> {
-        let p = self.pair(layer, proj, adapter)?;
-        Some(HostPair {
-            a: &p.a,
-            bt: &p.bt,
-            a16: &p.a16,
-            b16: &p.b16,
-            r: p.r,
-        })
+        match self.pair(layer, proj, adapter)? {
+            Pair::Host { a, bt, a16, b16, r } => Some(HostPair {
+                a,
+                bt,
+                a16,
+                b16,
+                r: *r,
+            }),
+            Pair::Tensors { .. } => None,
+        }
     }
 
     /// Each adapter's rows in `runs` (ascending; the base's left out), by adapter, each checked
@@ -331,14 +335,14 @@ impl Adapters {
     /// products an adapter whatever the order of its rows.
     pub(crate) fn add_to(&self, layer: usize, proj: Proj, x: &Tensor, mut y: Tensor, groups: &[Group]) -> Result<Tensor> {
         for g in groups {
-            let Some(p) = self.pair(layer, proj, g.adapter) else {
+            let Some(Pair::Tensors { at, bt }) = self.pair(layer, proj, g.adapter) else {
                 continue;
             };
             let xs = match g.together {
                 Some((first, n)) => x.narrow(0, first, n)?,
                 None => x.index_select(&g.index, 0)?,
             };
-            let update = xs.matmul(&p.a_tensor)?.matmul(&p.bt_tensor)?;
+            let update = xs.matmul(at)?.matmul(bt)?;
             y = match g.together {
                 Some((0, n)) if n == y.dim(0)? => (y + update)?,
                 _ => y.index_add(&g.index, &update, 0)?,
@@ -442,7 +446,7 @@ fn projection_of(weight: &str) -> Option<(usize, usize)> {
 
 /// The adapter in `dir`'s updates by `(layer, projection)`, refused where it does more than add
 /// to the projections.
-fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Vec<((usize, usize), Pair)>> {
+fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>, form: Form) -> Result<Vec<((usize, usize), Pair)>> {
     ensure!(
         crate::peft::is_adapter(dir),
         "not a PEFT adapter folder (no adapter_config.json, or model weights of its own)"
@@ -475,21 +479,30 @@ fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Vec<((
             let shape = view.shape().to_vec();
             Ok((to_f32(&view).with_context(|| format!("{}: tensor `{key}`", file.display()))?, shape))
         };
-        let ((a, a_shape), (b, b_shape)) = (tensor(&pair.a)?, tensor(&pair.b)?);
-        let dev = Device::Cpu;
-        let a_tensor = Tensor::from_vec(a.clone(), (a_shape[0], a_shape[1]), &dev)?.t()?.contiguous()?;
-        let b: Vec<f32> = b.iter().map(|v| v * pair.scale).collect();
-        let bf16 = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
-        let (a16, b16) = (bf16(&a), bf16(&b));
-        let bt_tensor = Tensor::from_vec(b, (b_shape[0], b_shape[1]), &dev)?.t()?.contiguous()?;
-        let pair = Pair {
-            bt: bt_tensor.flatten_all()?.to_vec1::<f32>()?,
-            a16,
-            b16,
-            r: a_shape[0],
-            a,
-            a_tensor,
-            bt_tensor,
+        let ((a, a_shape), (mut b, b_shape)) = (tensor(&pair.a)?, tensor(&pair.b)?);
+        b.iter_mut().for_each(|v| *v *= pair.scale);
+        let ((r, k), (n, _)) = ((a_shape[0], a_shape[1]), (b_shape[0], b_shape[1]));
+        let pair = match form {
+            Form::Tensors => Pair::Tensors {
+                at: Tensor::from_vec(a, (r, k), &Device::Cpu)?.t()?.contiguous()?,
+                bt: Tensor::from_vec(b, (n, r), &Device::Cpu)?.t()?.contiguous()?,
+            },
+            Form::Host => {
+                let bf16 = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
+                let mut bt = vec![0f32; r * n];
+                for (o, row) in b.chunks_exact(r).enumerate() {
+                    for (j, &v) in row.iter().enumerate() {
+                        bt[j * n + o] = v;
+                    }
+                }
+                Pair::Host {
+                    a16: bf16(&a),
+                    b16: bf16(&b),
+                    a,
+                    bt,
+                    r,
+                }
+            }
         };
         out.push((place, pair));
     }

@@ -296,7 +296,7 @@ impl Model {
     /// the packed engine's CPU backend) only; an empty list serves none.
     pub fn serve_adapters(&self, list: &[(String, std::path::PathBuf)]) -> Result<()> {
         let config = &self.config;
-        self.change_adapters(|_| crate::Adapters::load(config, list))
+        self.change_adapters(|_| crate::Adapters::load(config, list, self.adapter_form()))
     }
 
     /// Serves the PEFT LoRA adapter in `dir` as `name` beside those served (the first free
@@ -308,7 +308,7 @@ impl Model {
             now.check_free(name, inplace)?;
         }
         // Read before the change, which holds up requests naming adapters meanwhile.
-        let read = crate::adapters::ReadAdapter::read(&self.config, name, dir)?;
+        let read = crate::adapters::ReadAdapter::read(&self.config, name, dir, self.adapter_form())?;
         self.change_adapters(|now| now.with_read(name, read, inplace))
     }
 
@@ -322,6 +322,14 @@ impl Model {
     /// own, through unloads, so a request admitted with it runs to its end.
     pub fn lease_adapter(&self, name: &str) -> Option<(usize, crate::AdapterLease)> {
         self.decoder.adapter_table().lease(name)
+    }
+
+    /// How its engine reads adapters: the packed engine's host arrays, the CPU decoder's tensors.
+    fn adapter_form(&self) -> crate::adapters::Form {
+        match self.packed {
+            Some(_) => crate::adapters::Form::Host,
+            None => crate::adapters::Form::Tensors,
+        }
     }
 
     /// Replaces the set of adapters served by `change` of it, where its engine serves adapters.
