@@ -47,6 +47,13 @@ for stop in (None, ["u"]):
     )
     whole = client.completions.create(n=1, seed=9, stop=stop, **kw).choices[0].text
     check("completions: streaming gives the same text", streamed == whole, (stop, streamed, whole))
+# Two choices streamed as they are decoded, their chunks interleaved: each put together is its whole.
+texts = ["", ""]
+for chunk in client.completions.create(n=2, seed=9, stream=True, **{**kw, "max_tokens": 40}):
+    for c in chunk.choices:
+        texts[c.index] += c.text
+whole = [c.text for c in client.completions.create(n=2, seed=9, **{**kw, "max_tokens": 40}).choices]
+check("completions: n streamed choices each give their text", texts == whole, (texts, whole))
 
 # lm-evaluation-harness's loglikelihood request: the prompt's own log-probabilities, echoed.
 for max_tokens in (0, 1):

@@ -246,6 +246,12 @@ impl<'a> Decoding<'a> {
         self.rows.len() + starting
     }
 
+    /// Request `id`'s continuations so far (the tokens each has sampled before the last step;
+    /// a stopped one whole), while the request is in the batch: what a stream sends as it goes.
+    pub fn so_far(&self, id: usize) -> Option<&[Vec<u32>]> {
+        self.requests.get(id)?.as_ref().map(|r| r.outs.as_slice())
+    }
+
     /// The rows the last [`Decoding::step`] ran its forward pass on.
     pub fn last_step(&self) -> StepRows {
         self.last_step

@@ -29,10 +29,55 @@ pub(crate) struct GenerateJob {
     pub adapter: Option<ServedAdapter>,
     /// Where the continuations (generated ids, stop token included) go.
     pub reply: Reply,
+    /// Where a streamed request's new tokens go after each step, `(choice, tokens)`.
+    pub progress: Option<Progress>,
 }
 
 /// Where a request's continuations go.
 pub(crate) type Reply = oneshot::Sender<Result<Vec<Vec<u32>>>>;
+
+/// Where a streamed request's tokens go as they are sampled: `(choice, new tokens)`.
+pub(crate) type Progress = tokio::sync::mpsc::UnboundedSender<Vec<(usize, Vec<u32>)>>;
+
+/// A request in the batch: where its answer goes, its adapter held till then, and for a stream
+/// where its tokens go and how many of each continuation's went.
+struct InBatch {
+    reply: Reply,
+    _adapter: Option<ServedAdapter>,
+    progress: Option<(Progress, Vec<usize>)>,
+}
+
+impl InBatch {
+    /// Sends the tokens of `so_far` (the request's continuations) not sent yet.
+    fn send_new(&mut self, so_far: &[Vec<u32>]) {
+        let Some((progress, sent)) = &mut self.progress else {
+            return;
+        };
+        sent.resize(so_far.len(), 0);
+        let new: Vec<(usize, Vec<u32>)> = so_far
+            .iter()
+            .zip(sent.iter_mut())
+            .enumerate()
+            .filter(|(_, (out, sent))| out.len() > **sent)
+            .map(|(i, (out, sent))| {
+                let new = out[*sent..].to_vec();
+                *sent = out.len();
+                (i, new)
+            })
+            .collect();
+        // A stream whose client went away is cancelled by its closed reply.
+        if !new.is_empty() {
+            let _ = progress.send(new);
+        }
+    }
+}
+
+/// Answers every request in `waiting` with `e` (a step failed for all of them).
+fn fail_all(waiting: &mut HashMap<usize, InBatch>, e: &anyhow::Error) {
+    for (_, r) in waiting.drain() {
+        let _ = r.reply.send(Err(anyhow::anyhow!("{e:#}")));
+    }
+}
 
 /// Most continuations decoded together; a request that would pass it waits for rows to finish
 /// (one larger than this alone still runs, alone).
@@ -49,8 +94,7 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
             .kv_budget(state.kv_budget)
     };
     let mut batch = new_batch();
-    // Each request in the batch: where its answer goes, and its adapter held till then.
-    let mut waiting: HashMap<usize, (Reply, Option<ServedAdapter>)> = HashMap::new();
+    let mut waiting: HashMap<usize, InBatch> = HashMap::new();
     // A request that did not fit the batch yet.
     let mut held: Option<GenerateJob> = None;
     loop {
@@ -82,7 +126,15 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
             };
             match added {
                 Ok(id) => {
-                    waiting.insert(id, (job.reply, job.adapter));
+                    let progress = job.progress.map(|p| (p, Vec::new()));
+                    waiting.insert(
+                        id,
+                        InBatch {
+                            reply: job.reply,
+                            _adapter: job.adapter,
+                            progress,
+                        },
+                    );
                 }
                 Err(e) => {
                     let _ = job.reply.send(Err(e));
@@ -93,16 +145,14 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
         // being decoded: its rows leave the batch and its cache is freed.
         let gone: Vec<usize> = waiting
             .iter()
-            .filter(|(_, (reply, _))| reply.is_closed())
+            .filter(|(_, r)| r.reply.is_closed())
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
             waiting.remove(&id);
             state.metrics.cancelled();
             if let Err(e) = batch.cancel(id) {
-                for (_, (reply, _)) in waiting.drain() {
-                    let _ = reply.send(Err(anyhow::anyhow!("{e:#}")));
-                }
+                fail_all(&mut waiting, &e);
                 batch = new_batch();
                 break;
             }
@@ -114,16 +164,18 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                     state.metrics.decode_step(rows.continuations, rows.prompts);
                 }
                 for (id, outs) in done {
-                    if let Some((reply, _)) = waiting.remove(&id) {
-                        let _ = reply.send(Ok(outs));
+                    if let Some(mut r) = waiting.remove(&id) {
+                        r.send_new(&outs);
+                        let _ = r.reply.send(Ok(outs));
                     }
+                }
+                for (id, r) in waiting.iter_mut().filter(|(_, r)| r.progress.is_some()) {
+                    r.send_new(batch.so_far(*id).unwrap_or_default());
                 }
             }
             Err(e) => {
                 // A step fails for every row in it: answer them all and start a fresh batch.
-                for (_, (reply, _)) in waiting.drain() {
-                    let _ = reply.send(Err(anyhow::anyhow!("{e:#}")));
-                }
+                fail_all(&mut waiting, &e);
                 batch = new_batch();
             }
         }

@@ -3,7 +3,7 @@
 //! log-probability worker's pass ([`super::weigher`]), their tokens weighed where the request
 //! asks, and each turned into a reply's choice (end token and stop strings cut off).
 
-use super::batcher::GenerateJob;
+use super::batcher::{GenerateJob, Progress};
 use super::completions::Sampling;
 use super::logprobs::{texts, Echoed, TokenLogprob};
 use super::weigher::{self, ToWeigh, Weighed};
@@ -30,10 +30,7 @@ pub(super) async fn run(
     ids: Vec<u32>,
     mut sampling: Sampling,
 ) -> Result<(Vec<Choice>, Option<Echoed>, usize), ApiError> {
-    let (_, p) = s.policy.as_ref().expect("checked");
-    if !sampling.ignore_eos {
-        sampling.params.stop_token_ids = p.stop_token_ids.clone();
-    }
+    set_stop_tokens(s, &mut sampling);
     let (outs, weighed) = match sampling.max_tokens {
         1 => one_token(s, &ids, &sampling).await?,
         _ => continuations(s, &ids, &sampling).await?,
@@ -56,6 +53,14 @@ pub(super) async fn run(
     let generated: usize = choices.iter().map(|c| c.generated).sum();
     s.metrics.tokens(prompt_len, generated);
     Ok((choices, echoed, prompt_len))
+}
+
+/// The policy's stop tokens end the continuations (unless `ignore_eos`).
+pub(super) fn set_stop_tokens(s: &Shared, sampling: &mut Sampling) {
+    let (_, p) = s.policy.as_ref().expect("checked");
+    if !sampling.ignore_eos {
+        sampling.params.stop_token_ids = p.stop_token_ids.clone();
+    }
 }
 
 /// The weighed tokens of a prompt's choices: with `echo` and `logprobs`, the prompt's own (its
@@ -159,8 +164,24 @@ async fn one_token(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<
 /// The continuations of `ids` (generated ids, stop token included), decoded by the generation
 /// worker in its running batch.
 async fn generate(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<Vec<Vec<u32>>, ApiError> {
+    let answer = submit(s, ids, sampling, None)?;
+    answer.await.map_err(|_| stopped())?.map_err(ApiError::internal)
+}
+
+/// The generation worker is gone.
+pub(super) fn stopped() -> ApiError {
+    ApiError::internal(anyhow::anyhow!("the generation worker stopped"))
+}
+
+/// Hands `ids` to the generation worker: where its continuations will come, and with
+/// `progress` where its new tokens go after each step.
+pub(super) fn submit(
+    s: &Shared,
+    ids: &[u32],
+    sampling: &Sampling,
+    progress: Option<Progress>,
+) -> Result<tokio::sync::oneshot::Receiver<Result<Vec<Vec<u32>>>>, ApiError> {
     let (reply, answer) = tokio::sync::oneshot::channel();
-    let stopped = || ApiError::internal(anyhow::anyhow!("the generation worker stopped"));
     s.generate_queue
         .lock()
         .map_err(|_| stopped())?
@@ -170,20 +191,21 @@ async fn generate(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<Vec<Ve
             params: sampling.params.clone(),
             adapter: sampling.adapter.clone(),
             reply,
+            progress,
         })
         .map_err(|_| stopped())?;
-    answer.await.map_err(|_| stopped())?.map_err(ApiError::internal)
+    Ok(answer)
 }
 
 /// Whether a generated sequence ends with a stop token.
-fn ended(p: &stepwise_model::LoadedPolicy, out: &[u32]) -> bool {
+pub(super) fn ended(p: &stepwise_model::LoadedPolicy, out: &[u32]) -> bool {
     out.last().is_some_and(|t| p.stop_token_ids.contains(t))
 }
 
 /// A generated sequence as a reply's choice: the end token left out of the text, a stop string
 /// cut off (as OpenAI does) and named in `stop_reason` (as vLLM does); `weighed`, its tokens'
 /// log-probabilities where the request asked for them.
-fn choice(
+pub(super) fn choice(
     p: &stepwise_model::LoadedPolicy,
     out: Vec<u32>,
     s: &Sampling,

@@ -5,6 +5,7 @@
 use super::choices::{run, Choice};
 use super::logprobs::{completion_logprobs, Echoed};
 use super::request::{flag, model_field, number, refuse_unsupported, whole};
+use super::streaming::{self, live, Chunks, Shape};
 use super::{off_async, unix_now, ApiError, Shared};
 use anyhow::Result;
 use axum::body::Bytes;
@@ -285,7 +286,7 @@ fn fit_length(s: &Shared, prompt: usize, sampling: &mut Sampling) -> Result<(), 
     Ok(())
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+pub(super) fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
@@ -351,6 +352,15 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
             Some("prompt"),
         ));
     }
+    if prompts.len() == 1 && live(&sampling) {
+        let state = s.clone();
+        let prompt = prompts.into_iter().next();
+        let (ids, _) = off_async(move || prompt_ids(&state, prompt)).await?;
+        let mut sampling = sampling;
+        fit_length(&s, ids.len(), &mut sampling)?;
+        let chunks = Chunks::new(request_id("cmpl"), sampling.model.clone(), Shape::Completion);
+        return streaming::stream(&s, ids, sampling, chunks);
+    }
     let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
     let each = prompts.into_iter().map(|p| one_prompt(&s, p, sampling.clone()));
     let answered = futures_util::future::try_join_all(each).await?;
@@ -363,24 +373,9 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
     let model = sampling.model.clone();
     let (id, created) = (request_id("cmpl"), unix_now());
     if stream {
-        let mut events = Vec::new();
-        for (i, (c, _)) in choices.iter().enumerate() {
-            for t in &c.pieces {
-                events.push(
-                    json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": i, "text": t, "logprobs": null, "finish_reason": null}]}),
-                );
-            }
-            events.push(json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": i, "text": "", "logprobs": null, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}));
-        }
-        if include_usage {
-            events.push(
-                json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [], "usage": usage(prompt_len, generated)}),
-            );
-        }
-        return Ok(sse(events));
+        let chunks = Chunks::new(id, model, Shape::Completion);
+        let all: Vec<&Choice> = choices.iter().map(|(c, _)| *c).collect();
+        return Ok(sse(&chunks, &all, include_usage.then_some(prompt_len)));
     }
     let body = json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
@@ -484,31 +479,21 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
     })
     .await?;
     fit_length(&s, ids.len(), &mut sampling)?;
-    let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
     let model = sampling.model.clone();
+    let id = request_id("chatcmpl");
+    if live(&sampling) {
+        return streaming::stream(&s, ids, sampling, Chunks::new(id, model, Shape::Chat));
+    }
+    let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
     let (choices, _, prompt_len) = run(&s, ids, sampling).await?;
-    let (id, created) = (request_id("chatcmpl"), unix_now());
+    let created = unix_now();
     if stream {
-        let mut events = Vec::new();
-        for (i, c) in choices.iter().enumerate() {
-            events.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]}));
-            for t in &c.pieces {
-                events.push(
-                    json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null}]}),
-                );
-            }
-            events.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": i, "delta": {}, "logprobs": null, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}));
-        }
-        if include_usage {
-            events.push(
-                json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [], "usage": usage(prompt_len, choices.iter().map(|c| c.generated).sum())}),
-            );
-        }
-        return Ok(sse(events));
+        let chunks = Chunks::new(id, model, Shape::Chat);
+        return Ok(sse(
+            &chunks,
+            &choices.iter().collect::<Vec<_>>(),
+            include_usage.then_some(prompt_len),
+        ));
     }
     let logprobs_of = |c: &Choice| {
         logprobs.map(|_| {
@@ -529,10 +514,20 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
     Ok(Json(body).into_response())
 }
 
-/// Server-sent events: each chunk, then `[DONE]`. The chunks are sent as soon as generation
-/// ends (generation is not yet interleaved with sending).
-fn sse(chunks: Vec<Value>) -> Response {
-    let events = chunks
+/// A stream sent whole once decoding ends (with log-probabilities, `echo`, or several prompts:
+/// [`super::streaming`]): each choice's pieces and end, the usage where `usage_of` gives the
+/// prompt's length, then `[DONE]`.
+fn sse(chunks: &Chunks, choices: &[&Choice], usage_of: Option<usize>) -> Response {
+    let mut all = Vec::new();
+    for (i, c) in choices.iter().enumerate() {
+        all.extend(chunks.start(i));
+        all.extend(c.pieces.iter().map(|t| chunks.text(i, t)));
+        all.push(chunks.finish(i, c));
+    }
+    if let Some(prompt_len) = usage_of {
+        all.push(chunks.usage(prompt_len, choices.iter().map(|c| c.generated).sum()));
+    }
+    let events = all
         .into_iter()
         .map(|c| Ok::<_, Infallible>(Event::default().data(c.to_string())))
         .chain(std::iter::once(Ok(Event::default().data("[DONE]"))));

@@ -30,6 +30,7 @@ pub mod openrlhf;
 mod request;
 pub mod sandbox;
 mod steps;
+mod streaming;
 mod tokenize;
 mod weigher;
 

@@ -1,0 +1,242 @@
+//! Streamed replies (`"stream": true`) of `/v1/completions` and `/v1/chat/completions`, as
+//! server-sent events in OpenAI's chunk shapes. A stream sends each continuation's text as it is
+//! decoded: the generation worker hands the request's new tokens over after every decoding step
+//! ([`super::batcher::Progress`]), and the text they complete goes out at once, but for what
+//! could still turn into a stop string (held back until it cannot) or is an unfinished
+//! character. A stream that asks for log-probabilities or `echo` (which the log-probability
+//! worker computes once the continuations are done), or a completions request of several
+//! prompts, is sent whole once decoding ends.
+
+use super::choices::{choice, ended, stopped, submit, Choice};
+use super::completions::Sampling;
+use super::{unix_now, ApiError, Shared};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use stepwise_model::LoadedPolicy;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+
+/// Which endpoint's chunks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    Completion,
+    Chat,
+}
+
+/// A stream's chunks: one reply's id, time and model in each.
+pub(super) struct Chunks {
+    id: String,
+    created: u64,
+    model: String,
+    shape: Shape,
+}
+
+impl Chunks {
+    pub(super) fn new(id: String, model: String, shape: Shape) -> Self {
+        Chunks {
+            id,
+            created: unix_now(),
+            model,
+            shape,
+        }
+    }
+
+    /// A chunk of `choices`.
+    fn chunk(&self, choices: Value) -> Value {
+        let object = match self.shape {
+            Shape::Completion => "text_completion",
+            Shape::Chat => "chat.completion.chunk",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    /// What opens choice `i` (chat: the assistant's role).
+    pub(super) fn start(&self, i: usize) -> Option<Value> {
+        (self.shape == Shape::Chat).then(|| {
+            self.chunk(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]))
+        })
+    }
+
+    /// Choice `i`'s next `text`.
+    pub(super) fn text(&self, i: usize, text: &str) -> Value {
+        match self.shape {
+            Shape::Completion => {
+                self.chunk(json!([{"index": i, "text": text, "logprobs": null, "finish_reason": null}]))
+            }
+            Shape::Chat => {
+                self.chunk(json!([{"index": i, "delta": {"content": text}, "logprobs": null, "finish_reason": null}]))
+            }
+        }
+    }
+
+    /// Choice `i`'s end.
+    pub(super) fn finish(&self, i: usize, c: &Choice) -> Value {
+        let end = match self.shape {
+            Shape::Completion => json!({"index": i, "text": ""}),
+            Shape::Chat => json!({"index": i, "delta": {}}),
+        };
+        let mut end = end;
+        end["logprobs"] = Value::Null;
+        end["finish_reason"] = json!(c.finish_reason);
+        end["stop_reason"] = c.stop_reason.clone();
+        self.chunk(json!([end]))
+    }
+
+    /// The usage chunk (`stream_options.include_usage`).
+    pub(super) fn usage(&self, prompt: usize, completion: usize) -> Value {
+        let mut c = self.chunk(json!([]));
+        c["usage"] = super::completions::usage(prompt, completion);
+        c
+    }
+}
+
+/// Whether a request's stream is sent as it is decoded (else whole at the end).
+pub(super) fn live(sampling: &Sampling) -> bool {
+    sampling.stream && sampling.logprobs.is_none() && !sampling.echo && sampling.max_tokens >= 2
+}
+
+/// One continuation of a live stream: its tokens so far and the text sent.
+#[derive(Default)]
+struct Continuation {
+    tokens: Vec<u32>,
+    sent: String,
+    /// False once its text so far no longer starts with what was sent (a tokenizer whose
+    /// decoding of a prefix changes later): the rest goes out at the end.
+    steady: bool,
+}
+
+impl Continuation {
+    /// The text its tokens complete that was not sent yet, held back where a stop string could
+    /// still begin (stop strings are cut from the text) or a character is unfinished.
+    fn advance(&mut self, p: &LoadedPolicy, stops: &[String]) -> Option<String> {
+        if !self.steady {
+            return None;
+        }
+        let body = &self.tokens[..self.tokens.len() - usize::from(ended(p, &self.tokens))];
+        let text = p.tokenizer.decode(body).ok()?;
+        let mut safe = text.len();
+        for st in stops {
+            let held = (1..st.len())
+                .rev()
+                .filter_map(|k| st.get(..k))
+                .find(|start| text.ends_with(start))
+                .map_or(0, str::len);
+            safe = safe.min(text.find(st.as_str()).unwrap_or(text.len() - held));
+        }
+        if let Some(at) = text.find('\u{FFFD}') {
+            safe = safe.min(at);
+        }
+        while !text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        if !text.starts_with(&self.sent) {
+            self.steady = false;
+            return None;
+        }
+        let new = text.get(self.sent.len()..safe).filter(|t| !t.is_empty())?.to_string();
+        self.sent.push_str(&new);
+        Some(new)
+    }
+
+    /// What the finished choice `c` has past the text sent.
+    fn rest<'c>(&self, c: &'c Choice) -> &'c str {
+        c.text.strip_prefix(self.sent.as_str()).unwrap_or_else(|| {
+            eprintln!("stepwise serve: a stream's text changed after it was sent; its end is left out");
+            ""
+        })
+    }
+}
+
+/// The streamed reply to `ids` (a prompt already fitted to the context), sent as it is decoded.
+pub(super) fn stream(s: &Shared, ids: Vec<u32>, mut sampling: Sampling, chunks: Chunks) -> Result<Response, ApiError> {
+    super::choices::set_stop_tokens(s, &mut sampling);
+    // The text goes out as it is decoded, not in pieces cut at the end.
+    sampling.stream = false;
+    let (progress, updates) = mpsc::unbounded_channel();
+    let answer = submit(s, &ids, &sampling, Some(progress))?;
+    // A slow reader holds the task back, not the worker: its tokens wait in `updates`.
+    let (events, out) = mpsc::channel::<Value>(64);
+    let state = s.clone();
+    tokio::spawn(async move {
+        let sent = send_as_decoded(&state, &sampling, &chunks, (updates, answer), ids.len(), &events).await;
+        if let Err(e) = sent {
+            let _ = events
+                .send(json!({"error": {"message": e.message, "type": e.kind, "code": e.status.as_u16()}}))
+                .await;
+        } else if let Ok(generated) = sent {
+            state.metrics.tokens(ids.len(), generated);
+        }
+    });
+    let events = tokio_stream::wrappers::ReceiverStream::new(out)
+        .map(|c| Ok::<_, Infallible>(Event::default().data(c.to_string())))
+        .chain(tokio_stream::once(Ok(Event::default().data("[DONE]"))));
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// The client of a stream went away (its events have no reader).
+fn client_gone() -> ApiError {
+    ApiError::internal(anyhow::anyhow!("the client went away"))
+}
+
+/// A streamed request's new tokens after each step, and its continuations at the end.
+type Updates = mpsc::UnboundedReceiver<Vec<(usize, Vec<u32>)>>;
+type Answer = tokio::sync::oneshot::Receiver<anyhow::Result<Vec<Vec<u32>>>>;
+
+/// Sends each continuation's text to `events` as `updates` bring its tokens, then each one's end
+/// (and the usage) once `answer` brings the whole; the tokens generated. Returns early, sending
+/// nothing more, when the client has gone (`events` closed: dropping `answer` cancels the
+/// request in the worker).
+async fn send_as_decoded(
+    s: &Shared,
+    sampling: &Sampling,
+    chunks: &Chunks,
+    (mut updates, mut answer): (Updates, Answer),
+    prompt_len: usize,
+    events: &mpsc::Sender<Value>,
+) -> Result<usize, ApiError> {
+    let (_, p) = s.policy.as_ref().expect("checked");
+    let mut each: Vec<Continuation> = (0..sampling.n)
+        .map(|_| Continuation {
+            steady: true,
+            ..Default::default()
+        })
+        .collect();
+    let gone = |_: mpsc::error::SendError<Value>| client_gone();
+    for i in 0..sampling.n {
+        if let Some(c) = chunks.start(i) {
+            events.send(c).await.map_err(gone)?;
+        }
+    }
+    let outs = loop {
+        tokio::select! {
+            biased;
+            () = events.closed() => return Err(client_gone()),
+            Some(update) = updates.recv() => {
+                for (i, tokens) in update {
+                    let Some(c) = each.get_mut(i) else { continue };
+                    c.tokens.extend(tokens);
+                    if let Some(text) = c.advance(p, &sampling.stop) {
+                        events.send(chunks.text(i, &text)).await.map_err(gone)?;
+                    }
+                }
+            }
+            outs = &mut answer => break outs.map_err(|_| stopped())?.map_err(ApiError::internal)?,
+        }
+    };
+    let mut generated = 0;
+    for (i, (out, c)) in outs.into_iter().zip(&each).enumerate() {
+        let done = choice(p, out, sampling, None).map_err(ApiError::internal)?;
+        generated += done.generated;
+        let rest = c.rest(&done);
+        if !rest.is_empty() {
+            events.send(chunks.text(i, rest)).await.map_err(gone)?;
+        }
+        events.send(chunks.finish(i, &done)).await.map_err(gone)?;
+    }
+    if sampling.include_usage {
+        events.send(chunks.usage(prompt_len, generated)).await.map_err(gone)?;
+    }
+    Ok(generated)
+}
