@@ -97,6 +97,26 @@ pub(super) fn live(sampling: &Sampling) -> bool {
     sampling.stream && sampling.logprobs.is_none() && !sampling.echo && sampling.max_tokens >= 2
 }
 
+/// How much of `text` (a continuation's text so far) can be sent: none of a stop string (the
+/// reply's text ends before it) nor of what could still become one, and no character whose
+/// bytes are not all there yet (decoded as U+FFFD at the end; one in the middle stays, its bytes
+/// completed by no token).
+fn sendable(text: &str, stops: &[String]) -> usize {
+    let mut safe = text.trim_end_matches('\u{FFFD}').len();
+    for st in stops {
+        let could_begin = (1..st.len())
+            .rev()
+            .filter_map(|k| st.get(..k))
+            .find(|start| text.ends_with(start))
+            .map_or(0, str::len);
+        safe = safe.min(text.find(st.as_str()).unwrap_or(text.len() - could_begin));
+    }
+    while !text.is_char_boundary(safe) {
+        safe -= 1;
+    }
+    safe
+}
+
 /// One continuation of a live stream: its tokens so far and the text sent.
 #[derive(Default)]
 struct Continuation {
@@ -116,21 +136,7 @@ impl Continuation {
         }
         let body = &self.tokens[..self.tokens.len() - usize::from(ended(p, &self.tokens))];
         let text = p.tokenizer.decode(body).ok()?;
-        let mut safe = text.len();
-        for st in stops {
-            let held = (1..st.len())
-                .rev()
-                .filter_map(|k| st.get(..k))
-                .find(|start| text.ends_with(start))
-                .map_or(0, str::len);
-            safe = safe.min(text.find(st.as_str()).unwrap_or(text.len() - held));
-        }
-        if let Some(at) = text.find('\u{FFFD}') {
-            safe = safe.min(at);
-        }
-        while !text.is_char_boundary(safe) {
-            safe -= 1;
-        }
+        let safe = sendable(&text, stops);
         if !text.starts_with(&self.sent) {
             self.steady = false;
             return None;
@@ -239,4 +245,22 @@ async fn send_as_decoded(
         events.send(chunks.usage(prompt_len, generated)).await.map_err(gone)?;
     }
     Ok(generated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sendable;
+
+    #[test]
+    fn text_is_held_back_where_a_stop_string_could_begin_or_a_character_is_unfinished() {
+        let stops = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(sendable("hello wor", &stops(&["world"])), "hello ".len());
+        assert_eq!(sendable("hello world and more", &stops(&["world"])), "hello ".len());
+        assert_eq!(sendable("hello", &stops(&["world", "\n\n"])), 5);
+        assert_eq!(sendable("line\n", &stops(&["\n\n"])), 4);
+        assert_eq!(sendable("abc\u{FFFD}", &[]), 3);
+        assert_eq!(sendable("a\u{FFFD}b", &[]), "a\u{FFFD}b".len());
+        assert_eq!(sendable("café", &stops(&["é!"])), "caf".len());
+        assert_eq!(sendable("", &stops(&["x"])), 0);
+    }
 }
