@@ -19,6 +19,7 @@ python=${PYTHON:-python3}
 rank=${RANK:-16}
 work=${WORK:-$(mktemp -d)}
 mkdir -p "$work"
+. "$here/bench/servers.sh"
 "$python" "$here/bench/write_loras.py" "$policy" "$work" "$rank" 2
 opts=(--loads "${LOADS:-10}" --clients "${CLIENTS:-16}" --seconds "${SECONDS_EACH:-60}" --every "${EVERY:-5}"
   --max-tokens "${MAX_TOKENS:-32}")
@@ -26,27 +27,12 @@ measure() { # LABEL URL PID: lora_load.py against the server at URL, then stop i
   "$python" "$here/bench/lora_load.py" "$2" "$work" "${opts[@]}" --json "$work/$1.json"
   kill "$3"; wait "$3" 2>/dev/null || true
 }
-"$stepwise" serve --model "$policy" --allow-runtime-lora-updating --port 0 > /dev/null 2> "$work/stepwise.log" &
-pid=$! url=""
-for _ in $(seq 1 600); do
-  url=$(sed -n 's/^stepwise serve: listening on //p' "$work/stepwise.log")
-  [ -n "$url" ] && break
-  kill -0 $pid 2>/dev/null || { cat "$work/stepwise.log"; exit 1; }
-  sleep 0.5
-done
-measure stepwise "$url" $pid
+serve_stepwise "$work/stepwise.log" --model "$policy" --allow-runtime-lora-updating
+measure stepwise "$URL" $PID
 if [ -n "${VLLM:-}" ]; then
-  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_CPU_OMP_THREADS_BIND=0-$(($(nproc) - 1)) \
-    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_TARGET_DEVICE=cpu \
-    "$VLLM" -m vllm.entrypoints.openai.api_server --model "$policy" --dtype bfloat16 --port 8232 \
-    --enable-lora --max-loras 1 --max-lora-rank "$rank" > "$work/vllm.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 600); do
-    curl -sf localhost:8232/v1/models > /dev/null && break
-    kill -0 $pid 2>/dev/null || { tail -30 "$work/vllm.log"; exit 1; }
-    sleep 1
-  done
-  measure vllm http://127.0.0.1:8232 $pid
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True serve_vllm 8232 "$work/vllm.log" "$policy" \
+    --enable-lora --max-loras 1 --max-lora-rank "$rank"
+  measure vllm "$URL" $PID
 fi
 "$python" - "$work" "$out" <<'PY'
 import json, subprocess, sys

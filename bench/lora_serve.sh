@@ -22,33 +22,20 @@ clients=${CLIENTS:-16} secs=${SECONDS_EACH:-30} warmup=${WARMUP:-5} max_tokens=$
 work=${WORK:-$(mktemp -d)}
 mkdir -p "$work"
 export STEPWISE_CACHE=$work/cache
+. "$here/bench/servers.sh"
 "$python" "$here/bench/write_loras.py" "$policy" "$work" "$rank" 3
 results=$work/results.jsonl
 : > "$results"
 run() { # LABEL MODELS ARGS...: serve with ARGS (`vllm ARGS...`: vLLM), load it, record tokens/s and peak memory
   local label=$1 models=$2; shift 2
-  local log=$work/$label.log pid url=""
+  local log=$work/$label.log pid url
   if [ "$1" = vllm ]; then
     shift
-    VLLM_CPU_OMP_THREADS_BIND=0-$(($(nproc) - 1)) VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} \
-      VLLM_TARGET_DEVICE=cpu "$VLLM" -m vllm.entrypoints.openai.api_server --model "$policy" \
-      --served-model-name "$(basename "$policy")" --dtype bfloat16 --port 8231 "$@" > "$log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 600); do
-      curl -sf localhost:8231/v1/models > /dev/null && { url=http://127.0.0.1:8231; break; }
-      kill -0 $pid 2>/dev/null || { tail -30 "$log"; exit 1; }
-      sleep 1
-    done
+    serve_vllm 8231 "$log" "$policy" --served-model-name "$(basename "$policy")" "$@"
   else
-    "$stepwise" serve "$@" --port 0 > /dev/null 2> "$log" &
-    pid=$!
-    for _ in $(seq 1 600); do
-      url=$(sed -n 's/^stepwise serve: listening on //p' "$log")
-      [ -n "$url" ] && break
-      kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }
-      sleep 0.5
-    done
+    serve_stepwise "$log" "$@"
   fi
+  pid=$PID url=$URL
   "$python" "$here/bench/load_serve.py" "$url" "$models" --clients "$clients" --seconds "$secs" \
     --warmup "$warmup" --max-tokens "$max_tokens" --json "$results.one"
   local hwm

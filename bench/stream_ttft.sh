@@ -16,6 +16,7 @@ stepwise=${STEPWISE:-$here/target/release/stepwise}
 python=${PYTHON:-python3}
 work=${WORK:-$(mktemp -d)}
 mkdir -p "$work"
+. "$here/bench/servers.sh"
 rows=$work/rows.jsonl
 : > "$rows"
 # The random policy's tokenizer (the fixtures') has 600 tokens and its LM head 151936 rows: it
@@ -51,26 +52,11 @@ measure() { # LABEL URL PID
   done
   kill "$3"; wait "$3" 2>/dev/null || true
 }
-"$stepwise" serve --model "$policy" --port 0 > /dev/null 2> "$work/stepwise.log" &
-pid=$! url=""
-for _ in $(seq 1 600); do
-  url=$(sed -n 's/^stepwise serve: listening on //p' "$work/stepwise.log")
-  [ -n "$url" ] && break
-  kill -0 $pid 2>/dev/null || { cat "$work/stepwise.log"; exit 1; }
-  sleep 0.5
-done
-measure stepwise "$url" $pid
+serve_stepwise "$work/stepwise.log" --model "$policy"
+measure stepwise "$URL" $PID
 if [ -n "${VLLM:-}" ]; then
-  VLLM_CPU_OMP_THREADS_BIND=0-$(($(nproc) - 1)) VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} \
-    VLLM_TARGET_DEVICE=cpu "$VLLM" -m vllm.entrypoints.openai.api_server --model "$policy" \
-    --served-model-name "$model" --dtype bfloat16 --port 8233 > "$work/vllm.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 600); do
-    curl -sf localhost:8233/v1/models > /dev/null && break
-    kill -0 $pid 2>/dev/null || { tail -30 "$work/vllm.log"; exit 1; }
-    sleep 1
-  done
-  measure vllm http://127.0.0.1:8233 $pid
+  serve_vllm 8233 "$work/vllm.log" "$policy" --served-model-name "$model"
+  measure vllm "$URL" $PID
 fi
 "$python" - "$rows" "$out" <<'PY'
 import json, subprocess, sys

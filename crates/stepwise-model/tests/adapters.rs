@@ -90,17 +90,24 @@ fn hidden(m: &Model, ids: &[u32], adapter: Option<usize>) -> Tensor {
     m.hidden(Input::padded(&t, None).adapters(vec![adapter])).unwrap()
 }
 
+/// Two adapters of the fixture policy in `dir` (rank 4 on every projection; rank 2 on q, v and
+/// down), each with its merged model.
+fn two_adapters(dir: &Path) -> ((PathBuf, Model), (PathBuf, Model)) {
+    let a = adapter(&dir.join("a"), 4, &ALL, 1, &[]);
+    let b = adapter(&dir.join("b"), 2, &["q_proj", "v_proj", "down_proj"], 9, &[]);
+    let cache = dir.join("cache");
+    let merged = |x: &PathBuf| Model::load(&resolve_in(x.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
+    let (merged_a, merged_b) = (merged(&a), merged(&b));
+    ((a, merged_a), (b, merged_b))
+}
+
 /// Each adapter's rows compute what its merged model computes, in a padded pass, a packed pass
 /// of several sequences with one adapter each, and a prefill continued token by token; rows of
 /// no adapter are the base's.
 #[test]
 fn an_adapter_served_unmerged_computes_what_its_merged_model_computes() {
     let tmp = tempfile::tempdir().unwrap();
-    let a = adapter(&tmp.path().join("a"), 4, &ALL, 1, &[]);
-    let b = adapter(&tmp.path().join("b"), 2, &["q_proj", "v_proj", "down_proj"], 9, &[]);
-    let cache = tmp.path().join("cache");
-    let merged_a = Model::load(&resolve_in(a.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
-    let merged_b = Model::load(&resolve_in(b.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
+    let ((a, merged_a), (b, merged_b)) = two_adapters(tmp.path());
     let base = Model::load(&policy(), &Device::Cpu).unwrap();
     let served = serving(&[("a".into(), a), ("b".into(), b)]);
     assert_eq!(served.adapters().unwrap().names().collect::<Vec<_>>(), ["a", "b"]);
@@ -285,11 +292,7 @@ fn the_packed_engine_serves_adapters_side_by_side() {
 #[test]
 fn adapters_load_and_unload_while_requests_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let a = adapter(&tmp.path().join("a"), 4, &ALL, 1, &[]);
-    let b = adapter(&tmp.path().join("b"), 2, &["q_proj", "v_proj", "down_proj"], 9, &[]);
-    let cache = tmp.path().join("cache");
-    let merged_a = Model::load(&resolve_in(a.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
-    let merged_b = Model::load(&resolve_in(b.clone(), no_base, &cache).unwrap(), &Device::Cpu).unwrap();
+    let ((a, merged_a), (b, merged_b)) = two_adapters(tmp.path());
     let served = serving(&[]);
     assert!(served.adapters().is_none());
     served.load_adapter("x", &a, false).unwrap();
