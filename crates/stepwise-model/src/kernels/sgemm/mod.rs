@@ -649,6 +649,7 @@ unsafe fn tile_bf16<const VECS: usize>(_: usize, _: &[u32], _: &[&[bf16]; COLS],
 }
 
 pub(crate) mod amx;
+mod few;
 mod pack;
 mod pairs;
 pub(crate) use pairs::{matmul_t_bf16_rows, matmul_t_bf16_rows_to_bf16, Bf16Rows};

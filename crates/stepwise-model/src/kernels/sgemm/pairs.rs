@@ -113,6 +113,18 @@ pub(crate) fn matmul_t_bf16_rows(
         }
         return true;
     }
+    match a {
+        Bf16Rows::Rows(rows, stride) if super::few::applies(m) => {
+            super::few::matmul(dst, (rows, stride), w, (m, n, k), accumulate, tasks)
+        }
+        _ => tiles_rows(dst, a, w, (m, n, k), accumulate, tasks),
+    }
+    true
+}
+
+/// [`matmul_t_bf16_rows`] in the tiles, whatever the rows (bf16 products available, the sizes
+/// checked, none of them zero).
+pub(super) fn tiles_rows(dst: &mut [f32], a: Bf16Rows, w: &[bf16], (m, n, k): (usize, usize, usize), accumulate: bool, tasks: usize) {
     let chunks: Vec<usize> = (0..k).step_by(DEPTH).collect();
     let packed: Vec<Vec<u32>> = chunks
         .into_par_iter()
@@ -126,10 +138,10 @@ pub(crate) fn matmul_t_bf16_rows(
         at: dst.as_mut_ptr(),
         stride: n,
     };
-    // SAFETY: bf16 products are available (checked above); `dst` holds `m` rows of `n`, `w`
-    // `n` rows of `k` and `packed` every depth chunk's panels of the `m` rows (asserted above).
+    // SAFETY: bf16 products are available (the caller's check); `dst` holds `m` rows of `n`,
+    // `w` `n` rows of `k` (the caller's assertion) and `packed` every depth chunk's panels of
+    // the `m` rows.
     unsafe { columns_bf16(dst, &packed, w, (m, n, k), accumulate, tasks) };
-    true
 }
 
 /// `dst = bf16(a · wᵀ)` (each sum rounded to the nearest bf16) for the bf16 activations `a`
