@@ -302,15 +302,10 @@ fn adapters_load_and_unload_on_a_running_server() {
 
 /// Unloads the adapter `name` while a long request with it decodes: the request runs to its end.
 fn unload_under_a_running_request(url: &str, name: &str) {
-    let metric = |key: &str| -> f64 {
-        let (_, text) = get(url, "/metrics");
-        let line = text.lines().find(|l| l.starts_with(key)).unwrap().to_string();
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
     let long = json!({"model": name, "prompt": "Count:", "max_tokens": 2000, "n": 4, "ignore_eos": true});
     std::thread::scope(|s| {
         let running = s.spawn(|| post(url, "/v1/completions", &long));
-        while metric("stepwise_decode_steps_total") == 0.0 {
+        while common::server::counter(url, "stepwise_decode_steps_total") == 0 {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let (status, said) = ask(url, "/v1/unload_lora_adapter", "", &json!({"lora_name": name}));

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::server::{exchange, get, post, post_request, serve};
+use common::server::{counter, exchange, get, post, post_request, serve};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -214,16 +214,6 @@ fn the_api_key_guards_everything_but_health_and_is_read_as_clients_send_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--api-key is empty"));
-}
-
-/// The value of a counter in `/metrics`.
-fn counter(url: &str, name: &str) -> u64 {
-    let (_, metrics) = get(url, "/metrics");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
 }
 
 #[test]

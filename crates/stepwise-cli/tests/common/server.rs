@@ -101,6 +101,16 @@ pub fn read_http(s: &mut TcpStream) -> Option<Vec<u8>> {
     }
 }
 
+/// The counter `name` of the server's Prometheus `/metrics`.
+pub fn counter(url: &str, name: &str) -> u64 {
+    let (_, metrics) = get(url, "/metrics");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+}
+
 /// GET `path` from `url`: the status line and the body.
 pub fn get(url: &str, path: &str) -> (String, String) {
     exchange(

@@ -122,23 +122,23 @@ fn sendable(text: &str, stops: &[String]) -> usize {
 struct Continuation {
     tokens: Vec<u32>,
     sent: String,
-    /// False once its text so far no longer starts with what was sent (a tokenizer whose
+    /// Set once its text so far no longer starts with what was sent (a tokenizer whose
     /// decoding of a prefix changes later): the rest goes out at the end.
-    steady: bool,
+    unsteady: bool,
 }
 
 impl Continuation {
     /// The text its tokens complete that was not sent yet, held back where a stop string could
     /// still begin (stop strings are cut from the text) or a character is unfinished.
     fn advance(&mut self, p: &LoadedPolicy, stops: &[String]) -> Option<String> {
-        if !self.steady {
+        if self.unsteady {
             return None;
         }
         let body = &self.tokens[..self.tokens.len() - usize::from(ended(p, &self.tokens))];
         let text = p.tokenizer.decode(body).ok()?;
         let safe = sendable(&text, stops);
         if !text.starts_with(&self.sent) {
-            self.steady = false;
+            self.unsteady = true;
             return None;
         }
         let new = text.get(self.sent.len()..safe).filter(|t| !t.is_empty())?.to_string();
@@ -203,12 +203,7 @@ async fn send_as_decoded(
     events: &mpsc::Sender<Value>,
 ) -> Result<usize, ApiError> {
     let (_, p) = s.policy.as_ref().expect("checked");
-    let mut each: Vec<Continuation> = (0..sampling.n)
-        .map(|_| Continuation {
-            steady: true,
-            ..Default::default()
-        })
-        .collect();
+    let mut each: Vec<Continuation> = (0..sampling.n).map(|_| Continuation::default()).collect();
     let gone = |_: mpsc::error::SendError<Value>| client_gone();
     for i in 0..sampling.n {
         if let Some(c) = chunks.start(i) {
