@@ -2,7 +2,11 @@
 completions for D seconds; reports errors, requests/s, generated tokens/s and latency p50/p99.
 Needs `pip install openai`.
 
-    python bench/load_serve.py http://127.0.0.1:8000 MODEL[,MODEL...] [--clients 64] [--seconds 60] [--max-tokens 32] [--json OUT]
+    python bench/load_serve.py http://127.0.0.1:8000 MODEL[,MODEL...] [--clients 64] [--seconds 60] [--max-tokens 32]
+        [--logprobs K] [--json OUT]
+
+With --logprobs K every completion asks for its tokens' log-probabilities and the K likeliest
+(what an RL trainer's rollouts ask of vLLM); each reply is checked to hold one a token.
 
 Several models (a base and LoRA adapters served on it, `stepwise serve --lora-modules`, vLLM's
 `--enable-lora`): client k asks for model k mod their number.
@@ -17,7 +21,7 @@ from openai import AsyncOpenAI
 PROMPTS = [f"What is {a} + {b}?\n" for a in range(3, 40, 3) for b in range(2, 30, 5)]
 
 
-async def client(api, models, deadline, max_tokens, k, out):
+async def client(api, models, deadline, max_tokens, k, out, logprobs=None):
     model = models[k % len(models)]
     i = k
     while time.perf_counter() < deadline:
@@ -26,8 +30,10 @@ async def client(api, models, deadline, max_tokens, k, out):
             r = await api.completions.create(
                 model=model, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens, temperature=0.8, seed=i,
                 # Every completion runs to max_tokens, so each server generates the same work.
-                extra_body={"ignore_eos": True, "min_tokens": max_tokens},
+                extra_body={"ignore_eos": True, "min_tokens": max_tokens}, logprobs=logprobs,
             )
+            if logprobs is not None and len(r.choices[0].logprobs.token_logprobs) != max_tokens:
+                raise ValueError(f"{len(r.choices[0].logprobs.token_logprobs)} log-probabilities for {max_tokens} tokens")
             out["latency"].append(time.perf_counter() - t)
             out["tokens"] += r.usage.completion_tokens
         except Exception as e:  # counted, never hidden
@@ -43,6 +49,7 @@ async def main():
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--warmup", type=float, default=0, help="seconds of load before the timed run")
+    p.add_argument("--logprobs", type=int, help="ask for each token's log-probability and the K likeliest")
     p.add_argument("--json", help="append the figures to this JSON-lines file")
     a = p.parse_args()
     api = AsyncOpenAI(base_url=f"{a.url}/v1", api_key="none", max_retries=0, timeout=600)
@@ -50,11 +57,11 @@ async def main():
     if a.warmup > 0:
         scratch = {"latency": [], "tokens": 0, "errors": []}
         deadline = time.perf_counter() + a.warmup
-        await asyncio.gather(*(client(api, models, deadline, a.max_tokens, k, scratch) for k in range(a.clients)))
+        await asyncio.gather(*(client(api, models, deadline, a.max_tokens, k, scratch, a.logprobs) for k in range(a.clients)))
     out = {"latency": [], "tokens": 0, "errors": []}
     start = time.perf_counter()
     deadline = start + a.seconds
-    await asyncio.gather(*(client(api, models, deadline, a.max_tokens, k, out) for k in range(a.clients)))
+    await asyncio.gather(*(client(api, models, deadline, a.max_tokens, k, out, a.logprobs) for k in range(a.clients)))
     wall = time.perf_counter() - start
     lat = sorted(out["latency"])
     q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))] if lat else float("nan")
@@ -65,7 +72,7 @@ async def main():
     )
     if a.json:
         import json
-        row = {"models": models, "clients": a.clients, "seconds": round(wall, 2), "requests": len(lat),
+        row = {"models": models, "clients": a.clients, "logprobs": a.logprobs, "seconds": round(wall, 2), "requests": len(lat),
                "errors": len(out["errors"]), "tokens_per_s": round(out["tokens"] / wall, 1),
                "p50_s": round(q(0.5), 3), "p99_s": round(q(0.99), 3)}
         with open(a.json, "a") as f:

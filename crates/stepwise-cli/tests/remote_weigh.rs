@@ -72,7 +72,7 @@ fn counter(url: &str, name: &str) -> f64 {
 }
 
 #[test]
-fn a_requests_choices_are_weighed_in_one_pass_and_concurrent_requests_alike() {
+fn a_requests_choices_are_weighed_as_sampled_its_prompt_in_one_pass_and_concurrent_requests_alike() {
     let server = serve(&[]);
     let (model, tok) = local();
     let ids = tok.encode("What is 4 * 2?\n", false).unwrap();
@@ -97,9 +97,10 @@ fn a_requests_choices_are_weighed_in_one_pass_and_concurrent_requests_alike() {
         &json!({"prompt": ids, "echo": true, "logprobs": 1, "max_tokens": 3, "n": 4,
             "temperature": 0.0, "ignore_eos": true}),
     );
-    // The four choices' tokens (the first's with the echoed prompt's) share one pass.
+    // The echoed prompt is weighed in one pass; the choices' tokens were weighed as they were
+    // sampled (from the decoding steps' logits: no pass of their own).
     assert_eq!(counter(&server.url, "stepwise_logprob_passes_total"), passes + 1.0);
-    assert_eq!(counter(&server.url, "stepwise_logprob_sequences_total"), seqs + 4.0);
+    assert_eq!(counter(&server.url, "stepwise_logprob_sequences_total"), seqs + 1.0);
     for (c, choice) in reply["choices"].as_array().unwrap().iter().enumerate() {
         let served: Vec<f64> = choice["logprobs"]["token_logprobs"]
             .as_array()

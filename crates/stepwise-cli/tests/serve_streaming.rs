@@ -184,3 +184,80 @@ fn a_stream_whose_client_leaves_stops_its_generation() {
         "{steps} decoding steps: the abandoned stream ran to its end"
     );
 }
+
+/// Each choice's `logprobs` put together from `chunks`: completions' `tokens`, `token_logprobs`,
+/// `top_logprobs` and `text_offset` lists, chat's `content`.
+fn joined_logprobs(chunks: &[Value], n: usize) -> Vec<Value> {
+    let mut out = vec![json!({}); n];
+    for c in chunks {
+        for choice in c["choices"].as_array().unwrap() {
+            let i = choice["index"].as_u64().unwrap() as usize;
+            let Some(lp) = choice["logprobs"].as_object() else {
+                continue;
+            };
+            for (key, list) in lp {
+                let all = out[i].as_object_mut().unwrap().entry(key.clone()).or_insert(json!([]));
+                all.as_array_mut()
+                    .unwrap()
+                    .extend(list.as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_streams_log_probabilities_come_as_decoded_and_together_are_the_replys() {
+    let server = serve(&[]);
+    let url = &server.url;
+    for (path, n) in [("/v1/completions", 2), ("/v1/chat/completions", 1)] {
+        let mut ask =
+            json!({"n": n, "max_tokens": 300, "ignore_eos": true, "temperature": 1.0, "seed": 9, "stream": true});
+        match path {
+            "/v1/completions" => {
+                ask["prompt"] = json!("What is 2 + 3?");
+                ask["logprobs"] = json!(2);
+            }
+            _ => {
+                ask["messages"] = json!([{"role": "user", "content": "What is 2 + 3?"}]);
+                ask["logprobs"] = json!(true);
+                ask["top_logprobs"] = json!(2);
+            }
+        }
+        let before = counter(url, "stepwise_decode_steps_total");
+        let mut events = Events::open(url, path, &ask);
+        let mut chunks = Vec::new();
+        while chunks.iter().all(|c: &Value| c["choices"][0]["logprobs"].is_null()) {
+            chunks.push(serde_json::from_str(&events.next().unwrap()).unwrap());
+        }
+        let steps = counter(url, "stepwise_decode_steps_total") - before;
+        assert!(
+            steps < 150,
+            "{path}: the first log-probabilities came after {steps} of 300 steps"
+        );
+        chunks.extend(events.rest());
+        let mut unstreamed = ask.clone();
+        unstreamed["stream"] = json!(false);
+        let reply = post(url, path, &unstreamed);
+        assert_eq!(joined(&chunks, n), whole(&reply), "{path}");
+        let want: Vec<Value> = reply["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["logprobs"].clone())
+            .collect();
+        assert_eq!(joined_logprobs(&chunks, n), want, "{path}");
+        let tokens = want[0]
+            .get("tokens")
+            .or(want[0].get("content"))
+            .unwrap()
+            .as_array()
+            .unwrap();
+        assert_eq!(tokens.len(), 300, "{path}: one a generated token");
+        let with = chunks.iter().filter(|c| !c["choices"][0]["logprobs"].is_null()).count();
+        assert!(
+            with > 20,
+            "{path}: {with} chunks with log-probabilities: not sent as decoded"
+        );
+    }
+}

@@ -10,6 +10,7 @@
 use crate::decode_cache::{DecodeCache, PassAdapters};
 use crate::engine::KvSize;
 use crate::kept_prefixes::KeptPrefixes;
+use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::model::Model;
 pub use crate::sampling::{sample_token, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -76,6 +77,8 @@ pub struct Decoding<'a> {
     last_step: StepRows,
     /// The rows kept after they left, for prompts to start from (`None`: none are kept).
     kept: Option<KeptPrefixes>,
+    /// The log-probabilities of the requests the last step finished, by id.
+    finished: Vec<(usize, Vec<Vec<TokenLogprob>>)>,
 }
 
 /// The rows of one decoding step's forward pass.
@@ -94,6 +97,8 @@ struct Row {
     rng: Box<ChaCha8Rng>,
     /// The token sampled last, fed next.
     next: u32,
+    /// Its log-probability, where the request asks ([`SamplingParams::logprobs`]).
+    weight: Option<TokenLogprob>,
 }
 
 /// A joining request's prompt: `fed` tokens of it are cached.
@@ -111,6 +116,8 @@ struct Request {
     /// Its prompt, where the batch keeps its rows' prefixes (else empty).
     prompt: Vec<u32>,
     outs: Vec<Vec<u32>>,
+    /// Each continuation's tokens' log-probabilities, where asked.
+    logprobs: Vec<Vec<TokenLogprob>>,
     live: usize,
     reserved: usize,
 }
@@ -143,6 +150,11 @@ fn first_draws(logits: &[f32], p: &SamplingParams, n: usize) -> Vec<(Box<ChaCha8
             (rng, next)
         })
         .collect()
+}
+
+/// `next`'s log-probability under `logits`, where `p` asks for them.
+fn weigh(logits: &[f32], next: u32, p: &SamplingParams) -> Option<TokenLogprob> {
+    p.logprobs.map(|k| token_logprob(logits, next, k))
 }
 
 /// The first tokens of `n` continuations of a prompt whose last position gives `logits`: what
@@ -183,6 +195,7 @@ impl<'a> Decoding<'a> {
             requests: Vec::new(),
             last_step: StepRows::default(),
             kept: None,
+            finished: Vec::new(),
         }
     }
 
@@ -252,6 +265,17 @@ impl<'a> Decoding<'a> {
         self.requests.get(id)?.as_ref().map(|r| r.outs.as_slice())
     }
 
+    /// Request `id`'s tokens' log-probabilities so far, one list a continuation, while it is in
+    /// the batch and after the step that finished it (until the next step, or a request added:
+    /// ids are reused once the batch is idle), where its sampling asks for them
+    /// ([`SamplingParams::logprobs`]; else empty lists), the end token's included.
+    pub fn logprobs(&self, id: usize) -> Option<&[Vec<TokenLogprob>]> {
+        match self.requests.get(id) {
+            Some(Some(r)) => Some(r.logprobs.as_slice()),
+            _ => self.finished.iter().find(|(f, _)| *f == id).map(|(_, l)| l.as_slice()),
+        }
+    }
+
     /// The rows the last [`Decoding::step`] ran its forward pass on.
     pub fn last_step(&self) -> StepRows {
         self.last_step
@@ -307,6 +331,7 @@ impl<'a> Decoding<'a> {
             adapter,
             prompt,
             outs: vec![Vec::new(); n],
+            logprobs: vec![Vec::new(); n],
             live,
             reserved,
         }));
@@ -391,6 +416,7 @@ impl<'a> Decoding<'a> {
                 index,
                 rng,
                 next,
+                weight: weigh(logits, next, p),
             })
             .collect();
         let cache = self.cache.as_deref_mut().expect("a batch with rows has a cache");
@@ -447,8 +473,12 @@ impl<'a> Decoding<'a> {
     /// [`Decoding::step`], on whatever thread calls it.
     fn step_on_pool(&mut self) -> Result<Vec<(usize, Vec<Vec<u32>>)>> {
         let mut still = Vec::with_capacity(self.rows.len());
-        for (k, row) in self.rows.iter().enumerate() {
+        self.finished.clear();
+        for (k, row) in self.rows.iter_mut().enumerate() {
             let req = self.requests[row.request].as_mut().expect("a live row's request");
+            if let Some(w) = row.weight.take() {
+                req.logprobs[row.index].push(w);
+            }
             let out = &mut req.outs[row.index];
             out.push(row.next);
             if stops(out, &req.params, self.tok) {
@@ -471,6 +501,7 @@ impl<'a> Decoding<'a> {
             if r.as_ref().is_some_and(|r| r.live == 0) {
                 let r = r.take().expect("checked");
                 self.committed -= r.reserved;
+                self.finished.push((id, r.logprobs));
                 done.push((id, r.outs));
             }
         }
@@ -566,6 +597,7 @@ impl<'a> Decoding<'a> {
                 .for_each(|(row, l)| {
                     let req = requests[row.request].as_ref().expect("a live row's request");
                     row.next = sample_token(l, &req.params, &mut row.rng);
+                    row.weight = weigh(l, row.next, &req.params);
                 });
             prompt_logits = prompts.to_vec();
             Ok(())

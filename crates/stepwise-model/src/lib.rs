@@ -30,6 +30,7 @@ engine! {
     pub mod input;
     pub mod kernels;
     mod kept_prefixes;
+    pub mod logprobs;
     pub mod kv_cache;
     pub mod kv_rows;
     pub mod merged_cache;
@@ -56,6 +57,7 @@ engine! {
     pub use input::{BatchCache, Input};
     pub use kernels::bf16_products_available;
     pub use kv_rows::RowsCache;
+    pub use logprobs::{token_logprob, TokenLogprob};
     pub use checkpoint::checkpoint_fingerprint;
     pub use model::Model;
     pub use precision::{default_precision, set_default_precision, Precision, WeightDtype, PRECISIONS};

@@ -25,6 +25,10 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Strings that end a continuation when the decoded new text ends with one (kept).
     pub stop_strings: Vec<String>,
+    /// With `Some(k)`, each sampled token's log-probability under the model (its logits before
+    /// temperature, top-k and top-p, as vLLM's default) and the `k` likeliest tokens at its
+    /// position are recorded ([`crate::Decoding::logprobs`]).
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -37,6 +41,7 @@ impl Default for SamplingParams {
             seed: 0,
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
+            logprobs: None,
         }
     }
 }

@@ -566,3 +566,56 @@ fn greedy_asks_together_decode_as_each_alone() {
         );
     }
 }
+
+#[test]
+fn each_sampled_tokens_log_probability_is_the_whole_pass_s() {
+    let engine = policy();
+    let asks = |seed: u64, logprobs: Option<usize>| SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 12,
+        seed,
+        logprobs,
+        ..Default::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|p| (0..9 + 4 * p).map(|i| (i * 11 % 400 + 7 + p) as u32).collect())
+        .collect();
+    let mut batch = paged(&engine, 64).prefill_chunk(6);
+    // A request joins a running batch, one asks for none, one stops on a token.
+    let a = batch.join(&prompts[0], 2, asks(1, Some(3))).unwrap();
+    batch.step().unwrap();
+    let b = batch.join(&prompts[1], 1, asks(2, None)).unwrap();
+    let c = batch.join(&prompts[2], 3, asks(3, Some(0))).unwrap();
+    let mut got = std::collections::HashMap::new();
+    while !batch.is_idle() {
+        for (id, outs) in batch.step().unwrap() {
+            got.insert(
+                id,
+                (outs, batch.logprobs(id).expect("kept until the next step").to_vec()),
+            );
+        }
+    }
+    let (_, none) = &got[&b];
+    assert!(
+        none.iter().all(Vec::is_empty),
+        "a request that does not ask records nothing"
+    );
+    for (id, prompt, k) in [(a, &prompts[0], 3), (c, &prompts[2], 0)] {
+        let (outs, lps) = &got[&id];
+        for (out, lp) in outs.iter().zip(lps) {
+            assert_eq!(lp.len(), out.len(), "one a token");
+            let mut seq = prompt.clone();
+            for (&t, w) in out.iter().zip(lp) {
+                let (logits, _) = engine.head_at(&Packed::new(&[&seq]), &[seq.len() - 1], None).unwrap();
+                assert_eq!(
+                    w,
+                    &stepwise_model::token_logprob(&logits, t, k),
+                    "a step's against a whole pass's"
+                );
+                assert_eq!(w.top.len(), k);
+                seq.push(t);
+            }
+        }
+    }
+    assert!(batch.logprobs(a).is_none(), "gone after the next step");
+}

@@ -13,7 +13,7 @@ use super::Shared;
 use anyhow::Result;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use stepwise_model::{Decoding, SamplingParams};
+use stepwise_model::{Decoding, SamplingParams, TokenLogprob};
 use tokio::sync::oneshot;
 
 /// One generation request waiting for the worker.
@@ -27,17 +27,34 @@ pub(crate) struct GenerateJob {
     /// The served adapter they are decoded with (`None`: the base model), held until they are
     /// done.
     pub adapter: Option<ServedAdapter>,
-    /// Where the continuations (generated ids, stop token included) go.
+    /// Where the continuations go.
     pub reply: Reply,
-    /// Where a streamed request's new tokens go after each step, `(choice, tokens)`.
+    /// Where a streamed request's new tokens go after each step.
     pub progress: Option<Progress>,
 }
 
-/// Where a request's continuations go.
-pub(crate) type Reply = oneshot::Sender<Result<Vec<Vec<u32>>>>;
+/// A request's continuations: each one's generated ids (stop token included) and, where its
+/// sampling asks ([`SamplingParams::logprobs`]), their log-probabilities as they were sampled
+/// (else empty lists).
+#[derive(Debug, Default)]
+pub(crate) struct Generated {
+    pub tokens: Vec<Vec<u32>>,
+    pub logprobs: Vec<Vec<TokenLogprob>>,
+}
 
-/// Where a streamed request's tokens go as they are sampled: `(choice, new tokens)`.
-pub(crate) type Progress = tokio::sync::mpsc::UnboundedSender<Vec<(usize, Vec<u32>)>>;
+/// Where a request's continuations go.
+pub(crate) type Reply = oneshot::Sender<Result<Generated>>;
+
+/// A streamed choice's tokens sampled since the last update, and their log-probabilities where
+/// asked.
+pub(crate) struct Update {
+    pub choice: usize,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// Where a streamed request's tokens go as they are sampled.
+pub(crate) type Progress = tokio::sync::mpsc::UnboundedSender<Vec<Update>>;
 
 /// A request in the batch: where its answer goes, its adapter held till then, and for a stream
 /// where its tokens go and how many of each continuation's went.
@@ -48,21 +65,29 @@ struct InBatch {
 }
 
 impl InBatch {
-    /// Sends the tokens of `so_far` (the request's continuations) not sent yet.
-    fn send_new(&mut self, so_far: &[Vec<u32>]) {
+    /// Sends the tokens of `so_far` (the request's continuations) not sent yet, with their
+    /// log-probabilities in `logprobs` (empty lists where not asked).
+    fn send_new(&mut self, so_far: &[Vec<u32>], logprobs: &[Vec<TokenLogprob>]) {
         let Some((progress, sent)) = &mut self.progress else {
             return;
         };
         sent.resize(so_far.len(), 0);
-        let new: Vec<(usize, Vec<u32>)> = so_far
+        let new: Vec<Update> = so_far
             .iter()
             .zip(sent.iter_mut())
             .enumerate()
             .filter(|(_, (out, sent))| out.len() > **sent)
-            .map(|(i, (out, sent))| {
-                let new = out[*sent..].to_vec();
+            .map(|(choice, (out, sent))| {
+                let weighed = logprobs
+                    .get(choice)
+                    .map_or(&[][..], |l| l.get(*sent..).unwrap_or_default());
+                let update = Update {
+                    choice,
+                    tokens: out[*sent..].to_vec(),
+                    logprobs: weighed.to_vec(),
+                };
                 *sent = out.len();
-                (i, new)
+                update
             })
             .collect();
         // A stream whose client went away is cancelled by its closed reply.
@@ -163,14 +188,18 @@ pub(crate) fn generate_worker(state: Shared, jobs: Receiver<GenerateJob>) {
                 if rows.continuations + rows.prompts > 0 {
                     state.metrics.decode_step(rows.continuations, rows.prompts);
                 }
-                for (id, outs) in done {
+                for (id, tokens) in done {
                     if let Some(mut r) = waiting.remove(&id) {
-                        r.send_new(&outs);
-                        let _ = r.reply.send(Ok(outs));
+                        let logprobs = batch.logprobs(id).unwrap_or_default().to_vec();
+                        r.send_new(&tokens, &logprobs);
+                        let _ = r.reply.send(Ok(Generated { tokens, logprobs }));
                     }
                 }
                 for (id, r) in waiting.iter_mut().filter(|(_, r)| r.progress.is_some()) {
-                    r.send_new(batch.so_far(*id).unwrap_or_default());
+                    r.send_new(
+                        batch.so_far(*id).unwrap_or_default(),
+                        batch.logprobs(*id).unwrap_or_default(),
+                    );
                 }
             }
             Err(e) => {

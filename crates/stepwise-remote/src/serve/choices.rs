@@ -3,7 +3,7 @@
 //! log-probability worker's pass ([`super::weigher`]), their tokens weighed where the request
 //! asks, and each turned into a reply's choice (end token and stop strings cut off).
 
-use super::batcher::{GenerateJob, Progress};
+use super::batcher::{GenerateJob, Generated, Progress};
 use super::completions::Sampling;
 use super::logprobs::{texts, Echoed, TokenLogprob};
 use super::weigher::{self, ToWeigh, Weighed};
@@ -74,49 +74,43 @@ struct Weighings {
 }
 
 /// The continuations of `ids` (none with `max_tokens: 0`) decoded by the generation worker in
-/// its running batch ([`super::batcher`]), then weighed where the request asks by the
-/// log-probability worker, packed with every other request in flight ([`super::weigher`]; the
-/// echoed prompt in the same sequence as the first continuation).
+/// its running batch ([`super::batcher`]), their tokens' log-probabilities where the request
+/// asks read from the logits they were sampled from (as vLLM's sampler gives them: no second
+/// pass); with `echo`, the prompt's own weighed by the log-probability worker, packed with every
+/// other request in flight ([`super::weigher`]).
 async fn continuations(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<Vec<u32>>, Weighings), ApiError> {
-    let outs = match sampling.max_tokens {
-        0 => vec![Vec::new(); sampling.n],
-        _ => generate(s, ids, sampling).await?,
-    };
-    let Some(k) = sampling.logprobs else {
-        let choices = vec![None; outs.len()];
-        return Ok((outs, Weighings { prompt: None, choices }));
-    };
-    let last = ids.len().saturating_sub(1);
-    let seqs = outs
-        .iter()
-        .enumerate()
-        .map(|(c, out)| ToWeigh {
-            ids: ids.iter().chain(out).copied().collect(),
-            first: if c == 0 && sampling.echo { 0 } else { last },
+    let echoed = async {
+        if !(sampling.echo && sampling.logprobs.is_some()) {
+            return Ok(None);
+        }
+        let prompt = ToWeigh {
+            ids: ids.to_vec(),
+            first: 0,
             next: false,
             adapter: sampling.adapter.clone(),
-        })
-        .collect();
-    let mut choices: Vec<Vec<Weighed>> = weigher::weigh_all(s, seqs, k)
-        .await
-        .map_err(ApiError::internal)?
-        .into_iter()
-        .map(|w| w.tokens)
-        .collect();
-    let prompt = match (sampling.echo, choices.first_mut()) {
-        (true, Some(first)) => {
-            let generated = first.split_off(last.min(first.len()));
-            Some(std::mem::replace(first, generated))
-        }
-        _ => None,
+        };
+        let k = sampling.logprobs.unwrap_or(0);
+        let mut w = weigher::weigh_all(s, vec![prompt], k)
+            .await
+            .map_err(ApiError::internal)?;
+        Ok(Some(w.remove(0).tokens))
     };
-    Ok((
-        outs,
-        Weighings {
-            prompt,
-            choices: choices.into_iter().map(Some).collect(),
-        },
-    ))
+    let generated = async {
+        match sampling.max_tokens {
+            0 => Ok(Generated {
+                tokens: vec![Vec::new(); sampling.n],
+                logprobs: vec![Vec::new(); sampling.n],
+            }),
+            _ => generate(s, ids, sampling).await,
+        }
+    };
+    let (prompt, generated) = tokio::try_join!(echoed, generated)?;
+    let choices = generated
+        .logprobs
+        .into_iter()
+        .map(|l| sampling.logprobs.map(|_| l))
+        .collect();
+    Ok((generated.tokens, Weighings { prompt, choices }))
 }
 
 /// A one-token request's continuations, sampled from the last row of the pass that weighs the
@@ -152,7 +146,7 @@ async fn one_token(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<
             .map(|out| {
                 sampling
                     .logprobs
-                    .map(|k| out.iter().map(|&t| weigher::reduce(&row, t, k)).collect())
+                    .map(|k| out.iter().map(|&t| stepwise_model::token_logprob(&row, t, k)).collect())
             })
             .collect();
         let prompt = echo.then_some(w.tokens);
@@ -161,9 +155,9 @@ async fn one_token(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<
     .await
 }
 
-/// The continuations of `ids` (generated ids, stop token included), decoded by the generation
-/// worker in its running batch.
-async fn generate(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<Vec<Vec<u32>>, ApiError> {
+/// The continuations of `ids` (generated ids, stop token included, and their log-probabilities
+/// where asked), decoded by the generation worker in its running batch.
+async fn generate(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<Generated, ApiError> {
     let answer = submit(s, ids, sampling, None)?;
     answer.await.map_err(|_| stopped())?.map_err(ApiError::internal)
 }
@@ -180,7 +174,7 @@ pub(super) fn submit(
     ids: &[u32],
     sampling: &Sampling,
     progress: Option<Progress>,
-) -> Result<tokio::sync::oneshot::Receiver<Result<Vec<Vec<u32>>>>, ApiError> {
+) -> Result<tokio::sync::oneshot::Receiver<Result<Generated>>, ApiError> {
     let (reply, answer) = tokio::sync::oneshot::channel();
     s.generate_queue
         .lock()

@@ -3,7 +3,7 @@
 //! token-id prompts), streaming as server-sent events when asked.
 
 use super::choices::{run, Choice};
-use super::logprobs::{completion_logprobs, Echoed};
+use super::logprobs::{chat_logprobs, completion_logprobs, Echoed};
 use super::request::{flag, model_field, number, refuse_unsupported, whole};
 use super::streaming::{self, live, Chunks, Shape};
 use super::{off_async, unix_now, ApiError, Shared};
@@ -148,6 +148,7 @@ fn sampling(s: &Shared, v: &Value, chat: bool) -> Result<Sampling, ApiError> {
             seed,
             stop_token_ids: Vec::new(),
             stop_strings: stop.clone(),
+            logprobs,
         },
         adapter,
         model,
@@ -374,14 +375,22 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
     let (id, created) = (request_id("cmpl"), unix_now());
     if stream {
         let chunks = Chunks::new(id, model, Shape::Completion);
-        let all: Vec<&Choice> = choices.iter().map(|(c, _)| *c).collect();
+        let all: Vec<(&Choice, Value)> = choices
+            .iter()
+            .map(|(c, echoed)| {
+                (
+                    *c,
+                    logprobs.map_or(Value::Null, |_| completion_logprobs(*echoed, &c.tokens, 0)),
+                )
+            })
+            .collect();
         return Ok(sse(&chunks, &all, include_usage.then_some(prompt_len)));
     }
     let body = json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
         "choices": choices.iter().enumerate().map(|(i, (c, echoed))| json!({
             "index": i, "text": c.text,
-            "logprobs": logprobs.map(|_| completion_logprobs(*echoed, &c.tokens)),
+            "logprobs": logprobs.map(|_| completion_logprobs(*echoed, &c.tokens, 0)),
             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
         })).collect::<Vec<_>>(),
         "usage": usage(prompt_len, generated),
@@ -489,20 +498,13 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
     let created = unix_now();
     if stream {
         let chunks = Chunks::new(id, model, Shape::Chat);
-        return Ok(sse(
-            &chunks,
-            &choices.iter().collect::<Vec<_>>(),
-            include_usage.then_some(prompt_len),
-        ));
+        let all: Vec<(&Choice, Value)> = choices
+            .iter()
+            .map(|c| (c, logprobs.map_or(Value::Null, |_| chat_logprobs(&c.tokens))))
+            .collect();
+        return Ok(sse(&chunks, &all, include_usage.then_some(prompt_len)));
     }
-    let logprobs_of = |c: &Choice| {
-        logprobs.map(|_| {
-            json!({"content": c.tokens.iter().map(|(t, lp, top)| json!({
-                "token": t, "logprob": lp, "bytes": t.as_bytes(),
-                "top_logprobs": top.iter().map(|(tt, l)| json!({"token": tt, "logprob": l, "bytes": tt.as_bytes()})).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>()})
-        })
-    };
+    let logprobs_of = |c: &Choice| logprobs.map(|_| chat_logprobs(&c.tokens));
     let body = json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": choices.iter().enumerate().map(|(i, c)| json!({
@@ -514,18 +516,26 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
     Ok(Json(body).into_response())
 }
 
-/// A stream sent whole once decoding ends (with log-probabilities, `echo`, or several prompts:
-/// [`super::streaming`]): each choice's pieces and end, the usage where `usage_of` gives the
-/// prompt's length, then `[DONE]`.
-fn sse(chunks: &Chunks, choices: &[&Choice], usage_of: Option<usize>) -> Response {
+/// A stream sent whole once decoding ends (with `echo`, several prompts, or one token:
+/// [`super::streaming`]): each choice's pieces (its `logprobs` object, or `null`, with the
+/// first) and end, the usage where `usage_of` gives the prompt's length, then `[DONE]`.
+fn sse(chunks: &Chunks, choices: &[(&Choice, Value)], usage_of: Option<usize>) -> Response {
     let mut all = Vec::new();
-    for (i, c) in choices.iter().enumerate() {
+    for (i, (c, logprobs)) in choices.iter().enumerate() {
         all.extend(chunks.start(i));
-        all.extend(c.pieces.iter().map(|t| chunks.text(i, t)));
+        let mut logprobs = Some(logprobs.clone()).filter(|l| !l.is_null());
+        let first = if c.pieces.is_empty() && logprobs.is_some() {
+            vec![String::new()]
+        } else {
+            Vec::new()
+        };
+        for t in c.pieces.iter().chain(&first) {
+            all.push(chunks.text(i, t, logprobs.take().unwrap_or(Value::Null)));
+        }
         all.push(chunks.finish(i, c));
     }
     if let Some(prompt_len) = usage_of {
-        all.push(chunks.usage(prompt_len, choices.iter().map(|c| c.generated).sum()));
+        all.push(chunks.usage(prompt_len, choices.iter().map(|(c, _)| c.generated).sum()));
     }
     let events = all
         .into_iter()

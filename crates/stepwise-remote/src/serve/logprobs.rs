@@ -51,9 +51,10 @@ impl Echoed {
 }
 
 /// A completion choice's `logprobs` object: `tokens`, `token_logprobs`, `top_logprobs` and
-/// `text_offset` (each token's start in the choice's text), the echoed prompt's tokens first
-/// (its first token's log-probability and alternatives `null`) and then the generated ones.
-pub(super) fn completion_logprobs(echoed: Option<&Echoed>, generated: &[TokenLogprob]) -> Value {
+/// `text_offset` (each token's start in the choice's text, counted from `offset`: a stream's
+/// chunk continues its earlier chunks' text), the echoed prompt's tokens first (its first
+/// token's log-probability and alternatives `null`) and then the generated ones.
+pub(super) fn completion_logprobs(echoed: Option<&Echoed>, generated: &[TokenLogprob], offset: usize) -> Value {
     let (mut tokens, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
     if let Some(e) = echoed {
         tokens.push(e.first.as_str());
@@ -68,7 +69,7 @@ pub(super) fn completion_logprobs(echoed: Option<&Echoed>, generated: &[TokenLog
             top.iter().map(|(tt, l)| (tt.clone(), json!(l))).collect(),
         ));
     }
-    let mut offset = 0;
+    let mut offset = offset;
     let offsets: Vec<usize> = tokens
         .iter()
         .map(|t| {
@@ -79,6 +80,22 @@ pub(super) fn completion_logprobs(echoed: Option<&Echoed>, generated: &[TokenLog
         })
         .collect();
     json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// A chat choice's `logprobs` object: `content`, each token's text, log-probability, bytes and
+/// likeliest alternatives.
+pub(super) fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let entry = |t: &str, lp: f32| json!({"token": t, "logprob": lp, "bytes": t.as_bytes()});
+    json!({"content": tokens.iter().map(|(t, lp, top)| {
+        let mut e = entry(t, *lp);
+        e["top_logprobs"] = top.iter().map(|(tt, l)| entry(tt, *l)).collect();
+        e
+    }).collect::<Vec<_>>()})
+}
+
+/// The characters of the tokens' texts (where the next token's text starts).
+pub(super) fn chars(tokens: &[TokenLogprob]) -> usize {
+    tokens.iter().map(|(t, _, _)| t.chars().count()).sum()
 }
 
 #[cfg(test)]
@@ -92,14 +109,19 @@ mod tests {
             rest: vec![(" cat".into(), -1.5, vec![(" cat".into(), -1.5), (" dog".into(), -2.0)])],
         };
         let generated = vec![(" sat".to_string(), -0.5, vec![(" sat".to_string(), -0.5)])];
-        let v = completion_logprobs(Some(&echoed), &generated);
+        let v = completion_logprobs(Some(&echoed), &generated, 0);
         assert_eq!(v["tokens"], json!(["The", " cat", " sat"]));
         assert_eq!(v["token_logprobs"], json!([null, -1.5, -0.5]));
         assert_eq!(v["top_logprobs"][0], Value::Null);
         assert_eq!(v["top_logprobs"][1][" dog"], json!(-2.0));
         assert_eq!(v["text_offset"], json!([0, 3, 7]));
-        let plain = completion_logprobs(None, &generated);
+        let plain = completion_logprobs(None, &generated, 0);
         assert_eq!(plain["token_logprobs"], json!([-0.5]));
         assert_eq!(plain["text_offset"], json!([0]));
+        assert_eq!(completion_logprobs(None, &generated, 9)["text_offset"], json!([9]));
+        let chat = chat_logprobs(&generated);
+        assert_eq!(chat["content"][0]["token"], json!(" sat"));
+        assert_eq!(chat["content"][0]["bytes"], json!([32, 115, 97, 116]));
+        assert_eq!(chat["content"][0]["top_logprobs"][0]["logprob"], json!(-0.5));
     }
 }

@@ -3,12 +3,15 @@
 //! decoded: the generation worker hands the request's new tokens over after every decoding step
 //! ([`super::batcher::Progress`]), and the text they complete goes out at once, but for what
 //! could still turn into a stop string (held back until it cannot) or is an unfinished
-//! character. A stream that asks for log-probabilities or `echo` (which the log-probability
-//! worker computes once the continuations are done), or a completions request of several
-//! prompts, is sent whole once decoding ends.
+//! character. With `logprobs`, each chunk carries the log-probabilities of the tokens sampled
+//! since the last (recorded as they were sampled), so a stream's chunks together hold the
+//! unstreamed reply's. A stream with `echo` (whose prompt the log-probability worker weighs),
+//! or a completions request of several prompts, is sent whole once decoding ends.
 
+use super::batcher::{Generated, Update};
 use super::choices::{choice, ended, stopped, submit, Choice};
 use super::completions::Sampling;
+use super::logprobs::{chars, chat_logprobs, completion_logprobs, texts, TokenLogprob};
 use super::{unix_now, ApiError, Shared};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -59,15 +62,23 @@ impl Chunks {
         })
     }
 
-    /// Choice `i`'s next `text`.
-    pub(super) fn text(&self, i: usize, text: &str) -> Value {
+    /// Choice `i`'s next `text`, with its tokens' `logprobs` object (or `null`).
+    pub(super) fn text(&self, i: usize, text: &str, logprobs: Value) -> Value {
         match self.shape {
             Shape::Completion => {
-                self.chunk(json!([{"index": i, "text": text, "logprobs": null, "finish_reason": null}]))
+                self.chunk(json!([{"index": i, "text": text, "logprobs": logprobs, "finish_reason": null}]))
             }
-            Shape::Chat => {
-                self.chunk(json!([{"index": i, "delta": {"content": text}, "logprobs": null, "finish_reason": null}]))
-            }
+            Shape::Chat => self
+                .chunk(json!([{"index": i, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null}])),
+        }
+    }
+
+    /// The `logprobs` object of `tokens` in this endpoint's shape (a completion's text offsets
+    /// counted from `offset`, the characters of the tokens before them).
+    pub(super) fn logprobs(&self, tokens: &[TokenLogprob], offset: usize) -> Value {
+        match self.shape {
+            Shape::Completion => completion_logprobs(None, tokens, offset),
+            Shape::Chat => chat_logprobs(tokens),
         }
     }
 
@@ -94,7 +105,7 @@ impl Chunks {
 
 /// Whether a request's stream is sent as it is decoded (else whole at the end).
 pub(super) fn live(sampling: &Sampling) -> bool {
-    sampling.stream && sampling.logprobs.is_none() && !sampling.echo && sampling.max_tokens >= 2
+    sampling.stream && !sampling.echo && sampling.max_tokens >= 2
 }
 
 /// How much of `text` (a continuation's text so far) can be sent: none of a stop string (the
@@ -117,11 +128,16 @@ fn sendable(text: &str, stops: &[String]) -> usize {
     safe
 }
 
-/// One continuation of a live stream: its tokens so far and the text sent.
+/// One continuation of a live stream: its tokens so far and the text sent, and with
+/// `logprobs` its tokens' log-probabilities so far and how many were sent.
 #[derive(Default)]
 struct Continuation {
     tokens: Vec<u32>,
     sent: String,
+    weighed: Vec<TokenLogprob>,
+    weighed_sent: usize,
+    /// The characters of the sent tokens' texts (where the next token's text starts).
+    offset: usize,
     /// Set once its text so far no longer starts with what was sent (a tokenizer whose
     /// decoding of a prefix changes later): the rest goes out at the end.
     unsteady: bool,
@@ -144,6 +160,20 @@ impl Continuation {
         let new = text.get(self.sent.len()..safe).filter(|t| !t.is_empty())?.to_string();
         self.sent.push_str(&new);
         Some(new)
+    }
+
+    /// The `logprobs` object of the tokens not sent yet of `finished` (the finished choice's),
+    /// or of those so far, marked sent; `null` without `logprobs`.
+    fn take_logprobs(&mut self, chunks: &Chunks, asked: bool, finished: Option<&[TokenLogprob]>) -> Value {
+        if !asked {
+            return Value::Null;
+        }
+        let all = finished.unwrap_or(&self.weighed);
+        let new = &all[self.weighed_sent.min(all.len())..];
+        let v = chunks.logprobs(new, self.offset);
+        self.offset += chars(new);
+        self.weighed_sent = all.len();
+        v
     }
 
     /// What the finished choice `c` has past the text sent.
@@ -187,8 +217,8 @@ fn client_gone() -> ApiError {
 }
 
 /// A streamed request's new tokens after each step, and its continuations at the end.
-type Updates = mpsc::UnboundedReceiver<Vec<(usize, Vec<u32>)>>;
-type Answer = tokio::sync::oneshot::Receiver<anyhow::Result<Vec<Vec<u32>>>>;
+type Updates = mpsc::UnboundedReceiver<Vec<Update>>;
+type Answer = tokio::sync::oneshot::Receiver<anyhow::Result<Generated>>;
 
 /// Sends each continuation's text to `events` as `updates` bring its tokens, then each one's end
 /// (and the usage) once `answer` brings the whole; the tokens generated. Returns early, sending
@@ -205,6 +235,7 @@ async fn send_as_decoded(
     let (_, p) = s.policy.as_ref().expect("checked");
     let mut each: Vec<Continuation> = (0..sampling.n).map(|_| Continuation::default()).collect();
     let gone = |_: mpsc::error::SendError<Value>| client_gone();
+    let asked = sampling.logprobs.is_some();
     for i in 0..sampling.n {
         if let Some(c) = chunks.start(i) {
             events.send(c).await.map_err(gone)?;
@@ -215,11 +246,13 @@ async fn send_as_decoded(
             biased;
             () = events.closed() => return Err(client_gone()),
             Some(update) = updates.recv() => {
-                for (i, tokens) in update {
+                for Update { choice: i, tokens, logprobs } in update {
                     let Some(c) = each.get_mut(i) else { continue };
                     c.tokens.extend(tokens);
+                    c.weighed.extend(texts(p, logprobs).map_err(ApiError::internal)?);
                     if let Some(text) = c.advance(p, &sampling.stop) {
-                        events.send(chunks.text(i, &text)).await.map_err(gone)?;
+                        let logprobs = c.take_logprobs(chunks, asked, None);
+                        events.send(chunks.text(i, &text, logprobs)).await.map_err(gone)?;
                     }
                 }
             }
@@ -227,12 +260,18 @@ async fn send_as_decoded(
         }
     };
     let mut generated = 0;
-    for (i, (out, c)) in outs.into_iter().zip(&each).enumerate() {
-        let done = choice(p, out, sampling, None).map_err(ApiError::internal)?;
+    let outs = outs
+        .tokens
+        .into_iter()
+        .zip(outs.logprobs.into_iter().map(|l| asked.then_some(l)));
+    for (i, ((out, weighed), c)) in outs.zip(&mut each).enumerate() {
+        let done = choice(p, out, sampling, weighed).map_err(ApiError::internal)?;
         generated += done.generated;
-        let rest = c.rest(&done);
-        if !rest.is_empty() {
-            events.send(chunks.text(i, rest)).await.map_err(gone)?;
+        let rest = c.rest(&done).to_string();
+        let unsent = asked && c.weighed_sent < done.tokens.len();
+        let logprobs = c.take_logprobs(chunks, asked, Some(&done.tokens));
+        if !rest.is_empty() || unsent {
+            events.send(chunks.text(i, &rest, logprobs)).await.map_err(gone)?;
         }
         events.send(chunks.finish(i, &done)).await.map_err(gone)?;
     }

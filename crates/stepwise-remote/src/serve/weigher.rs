@@ -26,13 +26,8 @@ const FLOATS_A_PASS: usize = 1 << 24;
 pub(crate) const TOKENS_A_PASS: usize = 16_384;
 
 /// A token's log-probability given the tokens before it, and the likeliest `k` tokens there
-/// (ids, likeliest first).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Weighed {
-    pub token: u32,
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
+/// (ids, likeliest first): what the generation worker records for a sampled token too.
+pub(crate) use stepwise_model::TokenLogprob as Weighed;
 
 /// A sequence to weigh: the tokens `ids[first + 1..]`, each given those before it, and with
 /// `next` the logits of the token after the last (a one-token continuation is sampled from
@@ -175,7 +170,7 @@ fn weigh(model: &Model, seqs: &[Seq<'_>], rows_a_pass: usize) -> Result<Vec<Weig
     let mut take = |i: usize, at: usize, row: &[f32]| {
         let (s, k) = seqs[i];
         match s.ids.get(at + 1) {
-            Some(&target) => out[i].tokens.push(reduce(row, target, k)),
+            Some(&target) => out[i].tokens.push(stepwise_model::token_logprob(row, target, k)),
             None => out[i].next = Some(row.to_vec()),
         }
     };
@@ -208,31 +203,6 @@ fn weigh(model: &Model, seqs: &[Seq<'_>], rows_a_pass: usize) -> Result<Vec<Weig
     Ok(out)
 }
 
-/// A row of logits (or log-probabilities) as `target`'s log-probability and the `k` likeliest.
-pub(crate) fn reduce(row: &[f32], target: u32, k: usize) -> Weighed {
-    let (best, max) = row
-        .iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b });
-    let lse = max + row.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
-    let k = k.min(row.len());
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if k == 1 {
-        top.push((best as u32, max - lse));
-    } else if k > 1 {
-        let mut all: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect();
-        all.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
-        all.truncate(k);
-        all.sort_by(|a, b| b.1.total_cmp(&a.1));
-        top = all.into_iter().map(|(i, x)| (i, x - lse)).collect();
-    }
-    Weighed {
-        token: target,
-        logprob: row[target as usize] - lse,
-        top,
-    }
-}
-
 /// Weigh `seqs` on the worker (`k` alternatives at each position), in one job: packed together
 /// and with everything else in flight. A sequence with nothing to read gets nothing.
 pub(crate) async fn weigh_all(s: &Shared, seqs: Vec<ToWeigh>, k: usize) -> Result<Vec<Weighing>> {
@@ -253,23 +223,4 @@ pub(crate) async fn weigh_all(s: &Shared, seqs: Vec<ToWeigh>, k: usize) -> Resul
         out[i] = w;
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_row_reduces_to_its_targets_log_probability_and_the_likeliest() {
-        let row = [1.0f32, 3.0, 2.0, 0.0];
-        let lse = row.iter().map(|x| x.exp()).sum::<f32>().ln();
-        let w = reduce(&row, 2, 2);
-        assert!((w.logprob - (2.0 - lse)).abs() < 1e-6);
-        assert_eq!(w.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
-        assert!((w.top[0].1 - (3.0 - lse)).abs() < 1e-6);
-        // Log-probabilities reduce to themselves.
-        let logp: Vec<f32> = row.iter().map(|x| x - lse).collect();
-        assert!((reduce(&logp, 2, 0).logprob - w.logprob).abs() < 1e-6);
-        assert!(reduce(&logp, 0, 0).top.is_empty());
-    }
 }
