@@ -254,8 +254,9 @@ fn serving(model: &Model, clients: usize, new: usize) -> anyhow::Result<f64> {
 
 /// `sample_token` at temperature 0.8 on a row of Qwen2.5's 151,936 logits: `peaked` like a
 /// trained model's (a bulk within ±3, one token in a thousand 28 above it), else the bulk alone
-/// (a random model's): milliseconds a row.
-fn sampling(peaked: bool) -> f64 {
+/// (a random model's): milliseconds a row; and `token_logprob` with the 5 likeliest (what a
+/// request with `logprobs` adds to each of its rows).
+fn sampling(peaked: bool) -> (f64, f64) {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     let logits: Vec<f32> = (0..151_936)
@@ -270,7 +271,12 @@ fn sampling(peaked: bool) -> f64 {
     for _ in 0..rows {
         std::hint::black_box(stepwise_model::generate::sample_token(&logits, &p, &mut rng));
     }
-    t.elapsed().as_secs_f64() * 1e3 / rows as f64
+    let sample = t.elapsed().as_secs_f64() * 1e3 / rows as f64;
+    let t = Instant::now();
+    for r in 0..rows {
+        std::hint::black_box(stepwise_model::token_logprob(&logits, r as u32, 5));
+    }
+    (sample, t.elapsed().as_secs_f64() * 1e3 / rows as f64)
 }
 
 /// The products of one decoding step of `rows` rows at Qwen2.5-0.5B's shape, weights held in
@@ -582,15 +588,13 @@ fn main() -> anyhow::Result<()> {
     }
     if wanted("sampling") {
         for peaked in [true, false] {
-            println!(
-                "sampling 151,936 logits ({}): {:.3} ms a row",
-                if peaked {
-                    "peaked, as a trained model's"
-                } else {
-                    "flat, as a random model's"
-                },
-                sampling(peaked)
-            );
+            let (sample, logprob) = sampling(peaked);
+            let kind = if peaked {
+                "peaked, as a trained model's"
+            } else {
+                "flat, as a random model's"
+            };
+            println!("sampling 151,936 logits ({kind}): {sample:.3} ms a row, its log-probability and the 5 likeliest {logprob:.3} ms");
         }
     }
     if std::env::args().any(|a| a == "--big") {

@@ -63,8 +63,10 @@ impl simd::Kernel for ExpSum<'_> {
 }
 
 /// The `k` largest of `xs` with their indices, largest first (equal ones by ascending index):
-/// one pass, each value compared with the smallest kept.
+/// one pass, each value compared with the smallest kept, a block at a time where none of the
+/// block's values is above it.
 fn likeliest(xs: &[f32], k: usize) -> Vec<(u32, f32)> {
+    const BLOCK: usize = 16;
     let k = k.min(xs.len());
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
     if k == 0 {
@@ -72,14 +74,20 @@ fn likeliest(xs: &[f32], k: usize) -> Vec<(u32, f32)> {
     }
     // Ahead of `b`: larger, or equal with a smaller index (NaN ranks below everything).
     let ahead = |a: (u32, f32), b: (u32, f32)| a.1 > b.1 || (a.1 == b.1 && a.0 < b.0) || (b.1.is_nan() && !a.1.is_nan());
-    for (i, &x) in xs.iter().enumerate() {
-        let c = (i as u32, x);
-        if top.len() == k && !ahead(c, top[k - 1]) {
+    for (b, block) in xs.chunks(BLOCK).enumerate() {
+        // A later index never passes an equal value; NaNs never pass (nor skip a NaN floor).
+        if top.len() == k && block.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m }) <= top[k - 1].1 {
             continue;
         }
-        let at = top.iter().position(|&t| ahead(c, t)).unwrap_or(top.len());
-        top.insert(at, c);
-        top.truncate(k);
+        for (j, &x) in block.iter().enumerate() {
+            let c = ((b * BLOCK + j) as u32, x);
+            if top.len() == k && !ahead(c, top[k - 1]) {
+                continue;
+            }
+            let at = top.iter().position(|&t| ahead(c, t)).unwrap_or(top.len());
+            top.insert(at, c);
+            top.truncate(k);
+        }
     }
     top
 }
@@ -117,7 +125,8 @@ mod tests {
                     assert!((f64::from(*x) - rx).abs() < 1e-4 * rx.abs().max(1.0));
                 }
                 // Log-probabilities give themselves back (a pass's rows may come as either).
-                let logp: Vec<f32> = xs.iter().map(|&x| x - log_sum_exp(&xs)).collect();
+                let lse = log_sum_exp(&xs);
+                let logp: Vec<f32> = xs.iter().map(|&x| x - lse).collect();
                 assert!((token_logprob(&logp, token, k).logprob - got.logprob).abs() < 1e-4);
             }
         }
