@@ -576,7 +576,7 @@ fn main() -> anyhow::Result<()> {
     }
     if wanted("decode") {
         // 512 rows: a prefill's or scoring's products (AMX's tiles where the CPU has them).
-        for rows in [8, 73, 512] {
+        for rows in [1, 4, 5, 8, 9, 16, 73, 512] {
             let (ms, gbs) = decode_products(rows)?;
             // Two bytes a weight, two FLOPs a weight a row.
             let gflops = gbs * rows as f64;
