@@ -54,6 +54,17 @@ for chunk in client.completions.create(n=2, seed=9, stream=True, **{**kw, "max_t
         texts[c.index] += c.text
 whole = [c.text for c in client.completions.create(n=2, seed=9, **{**kw, "max_tokens": 40}).choices]
 check("completions: n streamed choices each give their text", texts == whole, (texts, whole))
+# Log-probabilities streamed with their chunks: put together, the unstreamed reply's.
+got = [[], []]
+for chunk in client.completions.create(n=2, seed=9, stream=True, logprobs=2, **{**kw, "max_tokens": 40}):
+    for c in chunk.choices:
+        if c.logprobs is not None:
+            got[c.index] += list(zip(c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.text_offset))
+want = [
+    list(zip(c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.text_offset))
+    for c in client.completions.create(n=2, seed=9, logprobs=2, **{**kw, "max_tokens": 40}).choices
+]
+check("completions: streamed logprobs put together are the reply's", got == want and len(want[0]) == 40, (got, want))
 
 # lm-evaluation-harness's loglikelihood request: the prompt's own log-probabilities, echoed.
 for max_tokens in (0, 1):
@@ -89,6 +100,16 @@ chat = client.chat.completions.create(model=model, messages=messages, max_tokens
 msg = chat.choices[0].message
 check("chat: an assistant message", msg.role == "assistant" and isinstance(msg.content, str), chat)
 check("chat: logprobs with alternatives", len(chat.choices[0].logprobs.content[0].top_logprobs) == 2)
+streamed = [
+    (t.token, t.logprob, [x.token for x in t.top_logprobs])
+    for ch in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, seed=3, logprobs=True, top_logprobs=2, stream=True
+    )
+    if ch.choices and ch.choices[0].logprobs is not None
+    for t in ch.choices[0].logprobs.content
+]
+want = [(t.token, t.logprob, [x.token for x in t.top_logprobs]) for t in chat.choices[0].logprobs.content]
+check("chat: streamed logprobs put together are the reply's", streamed == want, (streamed, want))
 stream = client.chat.completions.create(model=model, messages=messages, max_tokens=8, seed=3, stream=True)
 text = "".join(ch.choices[0].delta.content or "" for ch in stream)
 check("chat: streaming gives the same text", text == msg.content, (text, msg.content))
