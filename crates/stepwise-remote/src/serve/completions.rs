@@ -524,13 +524,12 @@ fn sse(chunks: &Chunks, choices: &[(&Choice, Value)], usage_of: Option<usize>) -
     for (i, (c, logprobs)) in choices.iter().enumerate() {
         all.extend(chunks.start(i));
         let mut logprobs = Some(logprobs.clone()).filter(|l| !l.is_null());
-        let first = if c.pieces.is_empty() && logprobs.is_some() {
-            vec![String::new()]
-        } else {
-            Vec::new()
-        };
-        for t in c.pieces.iter().chain(&first) {
+        for t in &c.pieces {
             all.push(chunks.text(i, t, logprobs.take().unwrap_or(Value::Null)));
+        }
+        // A choice without text still sends its log-probabilities.
+        if let Some(l) = logprobs {
+            all.push(chunks.text(i, "", l));
         }
         all.push(chunks.finish(i, c));
     }
