@@ -8,6 +8,7 @@
 # POLICY_DIR: bench/make_random_prm.py 0.5b DIR --policy (a copy whose LM head writes text is
 # made in WORK). STEPWISE (default
 # target/release/stepwise), PYTHON (openai), CLIENTS (16), SECONDS_EACH (30), MAX_TOKENS (128),
+# PROMPTS (1: prompts a request, a list of that many),
 # WORK (a scratch folder); VLLM=path/to/python of vLLM's CPU build runs vLLM after stepwise.
 set -euo pipefail
 policy=$(cd "$1" && pwd) out=${2:-}
@@ -46,7 +47,7 @@ model=$(basename "$policy")
 measure() { # LABEL URL PID
   for c in 1 "${CLIENTS:-16}"; do
     "$python" "$here/bench/stream_ttft.py" "$2" "$model" --clients "$c" --seconds "${SECONDS_EACH:-30}" \
-      --max-tokens "${MAX_TOKENS:-128}" --json "$work/one.jsonl"
+      --max-tokens "${MAX_TOKENS:-128}" --prompts "${PROMPTS:-1}" --json "$work/one.jsonl"
     "$python" -c "import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); r['server']=sys.argv[2]; print(json.dumps(r))" \
       "$work/one.jsonl" "$1" >> "$rows"
   done

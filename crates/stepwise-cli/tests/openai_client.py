@@ -89,6 +89,24 @@ check(
     == [c.text for c in client.completions.create(model=model, prompt="What is 4 * 2?\n", n=2, max_tokens=4, seed=5).choices],
     batch,
 )
+# A list of prompts streamed with echo and logprobs: each choice's chunks put together (the
+# prompt's text and log-probabilities first) are the unstreamed reply's choice.
+ask = dict(model=model, prompt=["What is 2 + 3?\n", "What is 4 * 2?\n"], n=2, max_tokens=12, seed=5, echo=True, logprobs=1)
+got = [["", []] for _ in range(4)]
+for chunk in client.completions.create(stream=True, **ask):
+    for c in chunk.choices:
+        got[c.index][0] += c.text
+        if c.logprobs is not None:
+            got[c.index][1] += list(zip(c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.text_offset))
+want = [
+    [c.text, list(zip(c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.text_offset))]
+    for c in client.completions.create(**ask).choices
+]
+check(
+    "completions: a list of prompts streamed with echo and logprobs is the reply",
+    got == want and want[3][0].startswith("What is 4 * 2?\n") and want[3][1][0][1] is None,
+    (got, want),
+)
 try:
     client.completions.create(model=model, prompt="x", max_tokens=0)
     check("errors: max_tokens 0 without echo", False, "accepted")

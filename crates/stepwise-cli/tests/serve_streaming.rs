@@ -261,3 +261,57 @@ fn a_streams_log_probabilities_come_as_decoded_and_together_are_the_replys() {
         );
     }
 }
+
+#[test]
+fn several_prompts_and_echo_stream_as_decoded_and_together_are_the_replys() {
+    let server = serve(&[]);
+    let url = &server.url;
+    let prompts = ["What is 2 + 3?", "Name a prime."];
+    for logprobs in [json!(1), Value::Null] {
+        let ask = json!({"prompt": prompts, "n": 2, "max_tokens": 200, "ignore_eos": true, "echo": true,
+                         "logprobs": logprobs, "temperature": 1.0, "seed": 5, "stream": true,
+                         "stream_options": {"include_usage": true}});
+        let before = counter(url, "stepwise_decode_steps_total");
+        let mut events = Events::open(url, "/v1/completions", &ask);
+        let mut chunks: Vec<Value> = Vec::new();
+        // Every choice of both prompts: its echoed prompt, then generated text.
+        let seen = |chunks: &[Value], i: u64| chunks.iter().filter(|c| c["choices"][0]["index"] == i).count();
+        while (0..4).any(|i| seen(&chunks, i) < 2) {
+            chunks.push(serde_json::from_str(&events.next().unwrap()).unwrap());
+        }
+        let steps = counter(url, "stepwise_decode_steps_total") - before;
+        assert!(
+            steps < 100,
+            "{logprobs}: every choice's text came after {steps} of 200 steps"
+        );
+        chunks.extend(events.rest());
+        let mut unstreamed = ask.clone();
+        unstreamed["stream"] = json!(false);
+        unstreamed.as_object_mut().unwrap().remove("stream_options");
+        let reply = post(url, "/v1/completions", &unstreamed);
+        let streamed = joined(&chunks, 4);
+        assert_eq!(streamed, whole(&reply), "{logprobs}");
+        for (i, (text, _)) in streamed.iter().enumerate() {
+            assert!(text.starts_with(prompts[i / 2]), "{logprobs}: choice {i} `{text}`");
+            let first = chunks.iter().find(|c| c["choices"][0]["index"] == i as u64).unwrap();
+            assert_eq!(first["choices"][0]["text"], prompts[i / 2], "the echo comes first");
+        }
+        let want: Vec<Value> = reply["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                if c["logprobs"].is_null() {
+                    json!({})
+                } else {
+                    c["logprobs"].clone()
+                }
+            })
+            .collect();
+        assert_eq!(joined_logprobs(&chunks, 4), want, "{logprobs}");
+        if !logprobs.is_null() {
+            assert_eq!(want[2]["token_logprobs"][0], Value::Null, "the prompt's first token");
+        }
+        assert_eq!(chunks.last().unwrap()["usage"], reply["usage"], "{logprobs}");
+    }
+}

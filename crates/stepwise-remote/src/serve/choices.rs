@@ -79,22 +79,6 @@ struct Weighings {
 /// pass); with `echo`, the prompt's own weighed by the log-probability worker, packed with every
 /// other request in flight ([`super::weigher`]).
 async fn continuations(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(Vec<Vec<u32>>, Weighings), ApiError> {
-    let echoed = async {
-        if !(sampling.echo && sampling.logprobs.is_some()) {
-            return Ok(None);
-        }
-        let prompt = ToWeigh {
-            ids: ids.to_vec(),
-            first: 0,
-            next: false,
-            adapter: sampling.adapter.clone(),
-        };
-        let k = sampling.logprobs.unwrap_or(0);
-        let mut w = weigher::weigh_all(s, vec![prompt], k)
-            .await
-            .map_err(ApiError::internal)?;
-        Ok(Some(w.remove(0).tokens))
-    };
     let generated = async {
         match sampling.max_tokens {
             0 => Ok(Generated {
@@ -104,13 +88,35 @@ async fn continuations(s: &Shared, ids: &[u32], sampling: &Sampling) -> Result<(
             _ => generate(s, ids, sampling).await,
         }
     };
-    let (prompt, generated) = tokio::try_join!(echoed, generated)?;
+    let (prompt, generated) = tokio::try_join!(weigh_prompt(s, ids, sampling), generated)?;
     let choices = generated
         .logprobs
         .into_iter()
         .map(|l| sampling.logprobs.map(|_| l))
         .collect();
     Ok((generated.tokens, Weighings { prompt, choices }))
+}
+
+/// With `echo` and `logprobs`, the prompt's tokens after the first weighed by the
+/// log-probability worker, packed with every other request in flight ([`super::weigher`]).
+pub(super) async fn weigh_prompt(
+    s: &Shared,
+    ids: &[u32],
+    sampling: &Sampling,
+) -> Result<Option<Vec<Weighed>>, ApiError> {
+    let Some(k) = sampling.logprobs.filter(|_| sampling.echo) else {
+        return Ok(None);
+    };
+    let prompt = ToWeigh {
+        ids: ids.to_vec(),
+        first: 0,
+        next: false,
+        adapter: sampling.adapter.clone(),
+    };
+    let mut w = weigher::weigh_all(s, vec![prompt], k)
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(Some(w.remove(0).tokens))
 }
 
 /// A one-token request's continuations, sampled from the last row of the pass that weighs the

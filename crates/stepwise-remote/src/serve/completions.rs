@@ -306,26 +306,37 @@ fn prompt_list(prompt: Option<Value>) -> Result<Vec<Value>, ApiError> {
     }
 }
 
+/// A request's prompt made ready: its token ids (fitted to the context), how its continuations
+/// are sampled, and with `echo` its text (which leads each of them).
+pub(super) struct Prompt {
+    pub(super) ids: Vec<u32>,
+    pub(super) sampling: Sampling,
+    pub(super) echo: Option<String>,
+}
+
+impl Prompt {
+    /// `prompt` (a string, or token ids) tokenized off the async threads and fitted.
+    async fn of(s: &Shared, prompt: Value, mut sampling: Sampling) -> Result<Self, ApiError> {
+        let state = s.clone();
+        let (ids, text) = off_async(move || prompt_ids(&state, Some(prompt))).await?;
+        fit_length(s, ids.len(), &mut sampling)?;
+        let echo = match (sampling.echo, text) {
+            (false, _) => None,
+            (true, Some(text)) => Some(text),
+            (true, None) => {
+                let (_, p) = s.policy.as_ref().expect("checked");
+                Some(p.tokenizer.decode(&ids).map_err(ApiError::internal)?)
+            }
+        };
+        Ok(Prompt { ids, sampling, echo })
+    }
+}
+
 /// One prompt's choices (the prompt's text before each where `echo` asks), and with `echo` and
 /// `logprobs` the prompt's own tokens with their log-probabilities; and its length in tokens.
-async fn one_prompt(
-    s: &Shared,
-    prompt: Value,
-    mut sampling: Sampling,
-) -> Result<(Vec<Choice>, Option<Echoed>, usize), ApiError> {
-    let state = s.clone();
-    let (ids, text) = off_async(move || prompt_ids(&state, Some(prompt))).await?;
-    fit_length(s, ids.len(), &mut sampling)?;
-    let echoed = match (sampling.echo, text) {
-        (false, _) => String::new(),
-        (true, Some(text)) => text,
-        (true, None) => {
-            let (_, p) = s.policy.as_ref().expect("checked");
-            p.tokenizer.decode(&ids).map_err(ApiError::internal)?
-        }
-    };
-    let (mut choices, echoed_logprobs, prompt_len) = run(s, ids, sampling).await?;
-    if !echoed.is_empty() {
+async fn one_prompt(s: &Shared, prompt: Prompt) -> Result<(Vec<Choice>, Option<Echoed>, usize), ApiError> {
+    let (mut choices, echoed_logprobs, prompt_len) = run(s, prompt.ids, prompt.sampling).await?;
+    if let Some(echoed) = prompt.echo.filter(|e| !e.is_empty()) {
         for c in &mut choices {
             c.text.insert_str(0, &echoed);
             c.pieces.insert(0, echoed.clone());
@@ -353,18 +364,14 @@ pub(crate) async fn completions(State(s): State<Shared>, body: Bytes) -> Result<
             Some("prompt"),
         ));
     }
-    if prompts.len() == 1 && live(&sampling) {
-        let state = s.clone();
-        let prompt = prompts.into_iter().next();
-        let (ids, _) = off_async(move || prompt_ids(&state, prompt)).await?;
-        let mut sampling = sampling;
-        fit_length(&s, ids.len(), &mut sampling)?;
+    let each = prompts.into_iter().map(|p| Prompt::of(&s, p, sampling.clone()));
+    let prompts = futures_util::future::try_join_all(each).await?;
+    if live(&sampling) {
         let chunks = Chunks::new(request_id("cmpl"), sampling.model.clone(), Shape::Completion);
-        return streaming::stream(&s, ids, sampling, chunks);
+        return streaming::stream(&s, prompts, chunks);
     }
     let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
-    let each = prompts.into_iter().map(|p| one_prompt(&s, p, sampling.clone()));
-    let answered = futures_util::future::try_join_all(each).await?;
+    let answered = futures_util::future::try_join_all(prompts.into_iter().map(|p| one_prompt(&s, p))).await?;
     let prompt_len: usize = answered.iter().map(|(_, _, len)| len).sum();
     let choices: Vec<(&Choice, Option<&Echoed>)> = answered
         .iter()
@@ -491,7 +498,12 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
     let model = sampling.model.clone();
     let id = request_id("chatcmpl");
     if live(&sampling) {
-        return streaming::stream(&s, ids, sampling, Chunks::new(id, model, Shape::Chat));
+        let prompt = Prompt {
+            ids,
+            sampling,
+            echo: None,
+        };
+        return streaming::stream(&s, vec![prompt], Chunks::new(id, model, Shape::Chat));
     }
     let (stream, logprobs, include_usage) = (sampling.stream, sampling.logprobs, sampling.include_usage);
     let (choices, _, prompt_len) = run(&s, ids, sampling).await?;
@@ -516,8 +528,8 @@ pub(crate) async fn chat(State(s): State<Shared>, body: Bytes) -> Result<Respons
     Ok(Json(body).into_response())
 }
 
-/// A stream sent whole once decoding ends (with `echo`, several prompts, or one token:
-/// [`super::streaming`]): each choice's pieces (its `logprobs` object, or `null`, with the
+/// A stream sent whole once decoding ends (of one token a continuation, or none:
+/// [`super::streaming::live`]): each choice's pieces (its `logprobs` object, or `null`, with the
 /// first) and end, the usage where `usage_of` gives the prompt's length, then `[DONE]`.
 fn sse(chunks: &Chunks, choices: &[(&Choice, Value)], usage_of: Option<usize>) -> Response {
     let mut all = Vec::new();

@@ -48,6 +48,11 @@ impl Echoed {
             rest: texts(p, rest)?,
         })
     }
+
+    /// The characters of its tokens' texts (where a generated token's text starts).
+    pub(super) fn chars(&self) -> usize {
+        self.first.chars().count() + chars(&self.rest)
+    }
 }
 
 /// A completion choice's `logprobs` object: `tokens`, `token_logprobs`, `top_logprobs` and

@@ -5,21 +5,25 @@
 //! could still turn into a stop string (held back until it cannot) or is an unfinished
 //! character. With `logprobs`, each chunk carries the log-probabilities of the tokens sampled
 //! since the last (recorded as they were sampled), so a stream's chunks together hold the
-//! unstreamed reply's. A stream with `echo` (whose prompt the log-probability worker weighs),
-//! or a completions request of several prompts, is sent whole once decoding ends.
+//! unstreamed reply's. A completions request of several prompts streams them all at once, each
+//! choice's chunks as its tokens come; with `echo`, each choice's first chunk is its prompt's
+//! text (and the prompt's log-probabilities, weighed by the log-probability worker meanwhile).
+//! Only a stream of at most one token a continuation is sent whole at the end.
 
 use super::batcher::{Generated, Update};
-use super::choices::{choice, ended, stopped, submit, Choice};
-use super::completions::Sampling;
-use super::logprobs::{chars, chat_logprobs, completion_logprobs, texts, TokenLogprob};
+use super::choices::{choice, ended, stopped, submit, weigh_prompt, Choice};
+use super::completions::{Prompt, Sampling};
+use super::logprobs::{chars, chat_logprobs, completion_logprobs, texts, Echoed, TokenLogprob};
 use super::{unix_now, ApiError, Shared};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::FuturesUnordered;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use stepwise_model::LoadedPolicy;
 use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::{StreamExt, StreamMap};
 
 /// Which endpoint's chunks.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -103,9 +107,10 @@ impl Chunks {
     }
 }
 
-/// Whether a request's stream is sent as it is decoded (else whole at the end).
+/// Whether a request's stream is sent as it is decoded (else whole at the end: a one-token
+/// continuation, sampled from the pass that weighs its prompt, or none).
 pub(super) fn live(sampling: &Sampling) -> bool {
-    sampling.stream && !sampling.echo && sampling.max_tokens >= 2
+    sampling.stream && sampling.max_tokens >= 2
 }
 
 /// How much of `text` (a continuation's text so far) can be sent: none of a stop string (the
@@ -185,24 +190,36 @@ impl Continuation {
     }
 }
 
-/// The streamed reply to `ids` (a prompt already fitted to the context), sent as it is decoded.
-pub(super) fn stream(s: &Shared, ids: Vec<u32>, mut sampling: Sampling, chunks: Chunks) -> Result<Response, ApiError> {
-    super::choices::set_stop_tokens(s, &mut sampling);
-    // The text goes out as it is decoded, not in pieces cut at the end.
-    sampling.stream = false;
-    let (progress, updates) = mpsc::unbounded_channel();
-    let answer = submit(s, &ids, &sampling, Some(progress))?;
+/// A prompt of a live stream in decoding: where its new tokens come after each step, and where
+/// its continuations will at the end.
+type InFlight = (Updates, Answer);
+
+/// The streamed reply to `prompts` (each already fitted to the context; several for a
+/// completions request of a list of prompts), sent as it is decoded: every prompt's
+/// continuations decoded side by side in the running batch, prompt `k`'s choice `j` being the
+/// reply's choice `k * n + j`.
+pub(super) fn stream(s: &Shared, prompts: Vec<Prompt>, chunks: Chunks) -> Result<Response, ApiError> {
+    let mut in_flight = Vec::with_capacity(prompts.len());
+    let mut prompts = prompts;
+    for prompt in &mut prompts {
+        super::choices::set_stop_tokens(s, &mut prompt.sampling);
+        // The text goes out as it is decoded, not in pieces cut at the end.
+        prompt.sampling.stream = false;
+        let (progress, updates) = mpsc::unbounded_channel();
+        // Should a later prompt be refused, the earlier ones' answers are dropped: cancelled.
+        let answer = submit(s, &prompt.ids, &prompt.sampling, Some(progress))?;
+        in_flight.push((updates, answer));
+    }
     // A slow reader holds the task back, not the worker: its tokens wait in `updates`.
     let (events, out) = mpsc::channel::<Value>(64);
     let state = s.clone();
     tokio::spawn(async move {
-        let sent = send_as_decoded(&state, &sampling, &chunks, (updates, answer), ids.len(), &events).await;
-        if let Err(e) = sent {
-            let _ = events
-                .send(json!({"error": {"message": e.message, "type": e.kind, "code": e.status.as_u16()}}))
-                .await;
-        } else if let Ok(generated) = sent {
-            state.metrics.tokens(ids.len(), generated);
+        match send_as_decoded(&state, &chunks, &prompts, in_flight, &events).await {
+            Ok((prompt, generated)) => state.metrics.tokens(prompt, generated),
+            Err(e) => {
+                let error = json!({"error": {"message": e.message, "type": e.kind, "code": e.status.as_u16()}});
+                let _ = events.send(error).await;
+            }
         }
     });
     let events = tokio_stream::wrappers::ReceiverStream::new(out)
@@ -216,67 +233,145 @@ fn client_gone() -> ApiError {
     ApiError::internal(anyhow::anyhow!("the client went away"))
 }
 
+fn gone(_: mpsc::error::SendError<Value>) -> ApiError {
+    client_gone()
+}
+
 /// A streamed request's new tokens after each step, and its continuations at the end.
 type Updates = mpsc::UnboundedReceiver<Vec<Update>>;
 type Answer = tokio::sync::oneshot::Receiver<anyhow::Result<Generated>>;
 
-/// Sends each continuation's text to `events` as `updates` bring its tokens, then each one's end
-/// (and the usage) once `answer` brings the whole; the tokens generated. Returns early, sending
-/// nothing more, when the client has gone (`events` closed: dropping `answer` cancels the
-/// request in the worker).
+/// Sends each continuation's text to `events` as its prompt's updates bring its tokens (after
+/// the prompt's text, with `echo`), then a prompt's continuations' ends as soon as its answer
+/// brings them whole, and the usage after the last; the prompts' tokens and those generated.
+/// Returns early, sending nothing more, when the client has gone (`events` closed: dropping the
+/// answers cancels the prompts in the worker).
 async fn send_as_decoded(
     s: &Shared,
-    sampling: &Sampling,
     chunks: &Chunks,
-    (mut updates, mut answer): (Updates, Answer),
-    prompt_len: usize,
+    prompts: &[Prompt],
+    in_flight: Vec<InFlight>,
     events: &mpsc::Sender<Value>,
-) -> Result<usize, ApiError> {
+) -> Result<(usize, usize), ApiError> {
     let (_, p) = s.policy.as_ref().expect("checked");
-    let mut each: Vec<Continuation> = (0..sampling.n).map(|_| Continuation::default()).collect();
-    let gone = |_: mpsc::error::SendError<Value>| client_gone();
-    let asked = sampling.logprobs.is_some();
-    for i in 0..sampling.n {
+    let first = &prompts[0].sampling;
+    let (n, asked, include_usage) = (first.n, first.logprobs.is_some(), first.include_usage);
+    let mut each: Vec<Continuation> = (0..n * prompts.len()).map(|_| Continuation::default()).collect();
+    for i in 0..each.len() {
         if let Some(c) = chunks.start(i) {
             events.send(c).await.map_err(gone)?;
         }
     }
-    let outs = loop {
+    send_echoes(s, chunks, prompts, &mut each, events).await?;
+    let mut updates = StreamMap::new();
+    let mut answers = FuturesUnordered::new();
+    for (k, (u, answer)) in in_flight.into_iter().enumerate() {
+        updates.insert(k, UnboundedReceiverStream::new(u));
+        answers.push(async move { (k, answer.await) });
+    }
+    let mut generated = 0;
+    while !answers.is_empty() {
         tokio::select! {
             biased;
             () = events.closed() => return Err(client_gone()),
-            Some(update) = updates.recv() => {
-                for Update { choice: i, tokens, logprobs } in update {
-                    let Some(c) = each.get_mut(i) else { continue };
+            Some((k, update)) = updates.next() => {
+                for Update { choice: j, tokens, logprobs } in update {
+                    let Some(c) = each.get_mut(k * n + j).filter(|_| j < n) else { continue };
                     c.tokens.extend(tokens);
                     c.weighed.extend(texts(p, logprobs).map_err(ApiError::internal)?);
-                    if let Some(text) = c.advance(p, &sampling.stop) {
+                    if let Some(text) = c.advance(p, &prompts[k].sampling.stop) {
                         let logprobs = c.take_logprobs(chunks, asked, None);
-                        events.send(chunks.text(i, &text, logprobs)).await.map_err(gone)?;
+                        events.send(chunks.text(k * n + j, &text, logprobs)).await.map_err(gone)?;
                     }
                 }
             }
-            outs = &mut answer => break outs.map_err(|_| stopped())?.map_err(ApiError::internal)?,
+            Some((k, outs)) = answers.next() => {
+                // What it brought after its answer is in the answer.
+                updates.remove(&k);
+                let outs = outs.map_err(|_| stopped())?.map_err(ApiError::internal)?;
+                let ends = (&prompts[k].sampling, &mut each[k * n..(k + 1) * n], k * n);
+                generated += send_ends(p, chunks, ends, outs, events).await?;
+            }
         }
+    }
+    let prompt_len = prompts.iter().map(|pr| pr.ids.len()).sum();
+    if include_usage {
+        events.send(chunks.usage(prompt_len, generated)).await.map_err(gone)?;
+    }
+    Ok((prompt_len, generated))
+}
+
+/// With `echo`, the first chunk of each prompt's continuations: its text, and with `logprobs`
+/// its tokens' log-probabilities (weighed by the log-probability worker while decoding goes on:
+/// the tokens sampled meanwhile wait in their channels).
+async fn send_echoes(
+    s: &Shared,
+    chunks: &Chunks,
+    prompts: &[Prompt],
+    each: &mut [Continuation],
+    events: &mpsc::Sender<Value>,
+) -> Result<(), ApiError> {
+    if prompts.iter().all(|pr| pr.echo.is_none()) {
+        return Ok(());
+    }
+    let (_, p) = s.policy.as_ref().expect("checked");
+    let weighing = prompts.iter().map(|pr| weigh_prompt(s, &pr.ids, &pr.sampling));
+    let weighed = tokio::select! {
+        biased;
+        () = events.closed() => return Err(client_gone()),
+        weighed = futures_util::future::try_join_all(weighing) => weighed?,
     };
+    let n = each.len() / prompts.len();
+    for (k, (prompt, weighed)) in prompts.iter().zip(weighed).enumerate() {
+        let Some(text) = &prompt.echo else { continue };
+        let echoed = weighed
+            .map(|w| Echoed::of(p, &prompt.ids, w))
+            .transpose()
+            .map_err(ApiError::internal)?;
+        let logprobs = echoed
+            .as_ref()
+            .map_or(Value::Null, |e| completion_logprobs(Some(e), &[], 0));
+        for (j, c) in each[k * n..(k + 1) * n].iter_mut().enumerate() {
+            // The generated tokens' text offsets run on after the prompt's.
+            c.offset = echoed.as_ref().map_or(0, Echoed::chars);
+            events
+                .send(chunks.text(k * n + j, text, logprobs.clone()))
+                .await
+                .map_err(gone)?;
+        }
+    }
+    Ok(())
+}
+
+/// The end of each of a prompt's continuations `each` (the reply's choices from `base`), now
+/// that `outs` brings them whole: what was not sent of its text and log-probabilities, then its
+/// finish reason; the tokens generated.
+async fn send_ends(
+    p: &LoadedPolicy,
+    chunks: &Chunks,
+    (sampling, each, base): (&Sampling, &mut [Continuation], usize),
+    outs: Generated,
+    events: &mpsc::Sender<Value>,
+) -> Result<usize, ApiError> {
+    let asked = sampling.logprobs.is_some();
     let mut generated = 0;
     let outs = outs
         .tokens
         .into_iter()
         .zip(outs.logprobs.into_iter().map(|l| asked.then_some(l)));
-    for (i, ((out, weighed), c)) in outs.zip(&mut each).enumerate() {
+    for (j, ((out, weighed), c)) in outs.zip(each).enumerate() {
         let done = choice(p, out, sampling, weighed).map_err(ApiError::internal)?;
         generated += done.generated;
         let rest = c.rest(&done).to_string();
         let unsent = asked && c.weighed_sent < done.tokens.len();
         let logprobs = c.take_logprobs(chunks, asked, Some(&done.tokens));
         if !rest.is_empty() || unsent {
-            events.send(chunks.text(i, &rest, logprobs)).await.map_err(gone)?;
+            events
+                .send(chunks.text(base + j, &rest, logprobs))
+                .await
+                .map_err(gone)?;
         }
-        events.send(chunks.finish(i, &done)).await.map_err(gone)?;
-    }
-    if sampling.include_usage {
-        events.send(chunks.usage(prompt_len, generated)).await.map_err(gone)?;
+        events.send(chunks.finish(base + j, &done)).await.map_err(gone)?;
     }
     Ok(generated)
 }
