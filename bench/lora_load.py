@@ -2,12 +2,13 @@
 takes, idle and while clients generate, and what reloading costs the clients' tokens/s. The RL
 loop that trains a LoRA and samples its rollouts from a server hands each new adapter over so.
 
-    python bench/lora_load.py URL WORK [--loads 10] [--clients 16] [--seconds 60]
+    python bench/lora_load.py URL WORK [--loads 10] [--names 6] [--clients 16] [--seconds 60]
         [--every 5] [--max-tokens 32] [--json OUT]
 
 WORK holds lora0 and lora1 (bench/write_loras.py). Phases: (1) `x` loaded from lora0, then
-reloaded in place `--loads` times, alternating lora1 and lora0, then unloaded, each call timed
-on an idle server; (2) `x` loaded again, C clients generate from it (bench/load_serve.py) for
+reloaded in place `--loads` times, alternating lora1 and lora0, then unloaded, then `--names`
+loads under new names (as an RL loop that names each step's adapter anew loads them), each
+unloaded after, each call timed on an idle server; (2) `x` loaded again, C clients generate from it (bench/load_serve.py) for
 `--seconds`, first untouched, then with `x` reloaded in place every `--every` seconds. Prints one
 JSON object (and writes it to --json).
 """
@@ -31,8 +32,8 @@ def call(url, route, body):
     return time.perf_counter() - t
 
 
-def load(url, work, k, inplace):
-    return call(url, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(work / f"lora{k}"), "load_inplace": inplace})
+def load(url, work, k, inplace, name="x"):
+    return call(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(work / f"lora{k}"), "load_inplace": inplace})
 
 
 def clients(a, extra=None):
@@ -57,6 +58,7 @@ def main():
     p.add_argument("url")
     p.add_argument("work")
     p.add_argument("--loads", type=int, default=10)
+    p.add_argument("--names", type=int, default=6, help="loads under new names, each unloaded after")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--every", type=float, default=5)
@@ -67,6 +69,10 @@ def main():
     first = load(a.url, work, 0, False)
     again = [load(a.url, work, (i + 1) % 2, True) for i in range(a.loads)]
     unload = call(a.url, "/v1/unload_lora_adapter", {"lora_name": "x"})
+    named = []
+    for i in range(a.names):
+        named.append(load(a.url, work, i % 2, False, f"step{i}"))
+        call(a.url, "/v1/unload_lora_adapter", {"lora_name": f"step{i}"})
     load(a.url, work, 0, False)
     still, _ = clients(a)
 
@@ -84,6 +90,8 @@ def main():
         "first_load_s": round(first, 3),
         "reload_in_place_s": {"median": round(statistics.median(again), 3), "max": round(max(again), 3), "n": len(again)},
         "unload_s": round(unload, 4),
+        "new_name_s": {"median": round(statistics.median(named), 3), "max": round(max(named), 3), "n": len(named)}
+        if named else None,
         "under_load": {
             "clients": a.clients, "seconds": a.seconds, "every_s": a.every,
             "tokens_per_s_still": still["tokens_per_s"], "tokens_per_s_reloading": reloading["tokens_per_s"],

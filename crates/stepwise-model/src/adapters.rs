@@ -16,7 +16,6 @@ use crate::config::ModelConfig;
 use crate::peft::{AdapterConfig, Plan, ADAPTER_WEIGHTS};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Device, Tensor};
-use safetensors::SafeTensors;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -74,19 +73,22 @@ pub(crate) fn push_runs(runs: &mut Vec<Run>, start: usize, seqs: usize, rows: us
     }
 }
 
-/// How an engine reads adapters: the packed engine from host arrays, the CPU decoder as
-/// candle tensors (each holds only its own form).
+/// How an engine reads adapters: each holds only its own form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Form {
-    Host,
+pub enum Form {
+    /// bf16 host arrays, the operands of the packed engine's CPU backend's products.
+    HostBf16,
+    /// f32 host arrays, the reference backend's (the update's specification).
+    HostF32,
+    /// candle tensors, the CPU decoder's.
     Tensors,
 }
 
 /// One adapter's update of one projection, in its engine's [`Form`].
 #[derive(Clone, Debug)]
 enum Pair {
-    /// f32 `A` `[r, in]` and `(s·B)ᵀ` `[r, out]` (the reference backend's), and `A` and `s·B`
-    /// `[out, r]` rounded to bf16 (the CPU backend's products).
+    /// f32 `A` `[r, in]` and `(s·B)ᵀ` `[r, out]` ([`Form::HostF32`]), or `A` and `s·B`
+    /// `[out, r]` rounded to bf16 ([`Form::HostBf16`]); the other pair empty.
     Host {
         a: Vec<f32>,
         bt: Vec<f32>,
@@ -453,9 +455,9 @@ fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>, form: Form) -> R
     );
     let cfg = AdapterConfig::read(dir)?;
     let file = dir.join(ADAPTER_WEIGHTS);
-    let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("{}: not a safetensors file", file.display()))?;
-    let plan = Plan::new(&cfg, &st, &file, shapes)?;
+    // A tensor at a time (crate::tensor_file): not the whole file in fresh memory, nor mapped.
+    let mut st = crate::tensor_file::TensorFile::open(&file)?;
+    let plan = Plan::new(&cfg, &st.shapes(), &file, shapes)?;
     if let Some((name, key)) = plan.replaced.iter().next() {
         bail!(
             "{}: tensor `{key}` replaces the base's `{name}` (modules_to_save or a trained bias); an \
@@ -474,7 +476,7 @@ fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>, form: Form) -> R
                 file.display()
             )
         })?;
-        let tensor = |key: &str| -> Result<(Vec<f32>, Vec<usize>)> {
+        let mut tensor = |key: &str| -> Result<(Vec<f32>, Vec<usize>)> {
             let view = st.tensor(key)?;
             let shape = view.shape().to_vec();
             Ok((to_f32(&view).with_context(|| format!("{}: tensor `{key}`", file.display()))?, shape))
@@ -487,26 +489,40 @@ fn read_pairs(dir: &Path, shapes: &HashMap<String, Vec<usize>>, form: Form) -> R
                 at: Tensor::from_vec(a, (r, k), &Device::Cpu)?.t()?.contiguous()?,
                 bt: Tensor::from_vec(b, (n, r), &Device::Cpu)?.t()?.contiguous()?,
             },
-            Form::Host => {
-                let bf16 = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
-                let mut bt = vec![0f32; r * n];
-                for (o, row) in b.chunks_exact(r).enumerate() {
-                    for (j, &v) in row.iter().enumerate() {
-                        bt[j * n + o] = v;
-                    }
-                }
-                Pair::Host {
-                    a16: bf16(&a),
-                    b16: bf16(&b),
-                    a,
-                    bt,
-                    r,
-                }
-            }
+            Form::HostBf16 | Form::HostF32 => host_pair(form, a, b, r),
         };
         out.push((place, pair));
     }
     Ok(out)
+}
+
+/// `A` `[r, in]` and `s·B` `[out, r]` in a host form: rounded to bf16 as they are, or f32 with
+/// `s·B` transposed.
+fn host_pair(form: Form, a: Vec<f32>, b: Vec<f32>, r: usize) -> Pair {
+    if form == Form::HostBf16 {
+        let bf16 = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
+        return Pair::Host {
+            a16: bf16(&a),
+            b16: bf16(&b),
+            a: Vec::new(),
+            bt: Vec::new(),
+            r,
+        };
+    }
+    let n = b.len() / r.max(1);
+    let mut bt = vec![0f32; r * n];
+    for (o, row) in b.chunks_exact(r).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            bt[j * n + o] = v;
+        }
+    }
+    Pair::Host {
+        a,
+        bt,
+        a16: Vec::new(),
+        b16: Vec::new(),
+        r,
+    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub trait PackedEngine: Send + Sync + std::fmt::Debug {
     /// Serves `adapters` unmerged on its weights (refused where the device has no kernel for
     /// them: the CUDA engine's).
     fn serve_adapters(&self, adapters: Option<std::sync::Arc<crate::Adapters>>) -> Result<()>;
+    /// The form it reads adapters in, or why it serves none ([`PackedDecoder::adapter_form`]).
+    fn adapter_form(&self) -> Result<crate::adapters::Form>;
     /// Each sequence's token log-probabilities (position 0 holds 0), in packed batches of at
     /// most `max_tokens` tokens.
     fn sequence_logprobs(&self, seqs: &[&[u32]], max_tokens: usize) -> Result<Vec<Vec<f32>>>;
@@ -91,6 +93,10 @@ impl<B: TrainBackend + 'static> PackedEngine for PackedDecoder<B> {
 
     fn serve_adapters(&self, adapters: Option<std::sync::Arc<crate::Adapters>>) -> Result<()> {
         PackedDecoder::serve_adapters(self, adapters)
+    }
+
+    fn adapter_form(&self) -> Result<crate::adapters::Form> {
+        PackedDecoder::adapter_form(self)
     }
 
     fn sequence_logprobs(&self, seqs: &[&[u32]], max_tokens: usize) -> Result<Vec<Vec<f32>>> {

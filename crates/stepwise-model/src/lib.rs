@@ -46,6 +46,7 @@ engine! {
     mod primers;
     pub mod sampling;
     pub mod scoring;
+    mod tensor_file;
     pub mod train;
     pub mod transformer;
 

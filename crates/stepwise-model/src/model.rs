@@ -296,7 +296,12 @@ impl Model {
     /// the packed engine's CPU backend) only; an empty list serves none.
     pub fn serve_adapters(&self, list: &[(String, std::path::PathBuf)]) -> Result<()> {
         let config = &self.config;
-        self.change_adapters(|_| crate::Adapters::load(config, list, self.adapter_form()))
+        // An empty list reads none: every engine serves it (the CUDA engine too).
+        let form = match list {
+            [] => crate::adapters::Form::Tensors,
+            _ => self.adapter_form()?,
+        };
+        self.change_adapters(|_| crate::Adapters::load(config, list, form))
     }
 
     /// Serves the PEFT LoRA adapter in `dir` as `name` beside those served (the first free
@@ -308,7 +313,7 @@ impl Model {
             now.check_free(name, inplace)?;
         }
         // Read before the change, which holds up requests naming adapters meanwhile.
-        let read = crate::adapters::ReadAdapter::read(&self.config, name, dir, self.adapter_form())?;
+        let read = crate::adapters::ReadAdapter::read(&self.config, name, dir, self.adapter_form()?)?;
         self.change_adapters(|now| now.with_read(name, read, inplace))
     }
 
@@ -324,11 +329,12 @@ impl Model {
         self.decoder.adapter_table().lease(name)
     }
 
-    /// How its engine reads adapters: the packed engine's host arrays, the CPU decoder's tensors.
-    fn adapter_form(&self) -> crate::adapters::Form {
-        match self.packed {
-            Some(_) => crate::adapters::Form::Host,
-            None => crate::adapters::Form::Tensors,
+    /// How its engine reads adapters (the packed engine's backend's host arrays, the CPU
+    /// decoder's tensors), or why it serves none: asked before an adapter is read.
+    fn adapter_form(&self) -> Result<crate::adapters::Form> {
+        match &self.packed {
+            Some(g) => g.adapter_form(),
+            None => Ok(crate::adapters::Form::Tensors),
         }
     }
 

@@ -296,10 +296,16 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// The plan of the adapter `file`'s tensors (`adapter`) against the base's `shapes`.
-    pub(crate) fn new(cfg: &AdapterConfig, adapter: &SafeTensors, file: &Path, shapes: &HashMap<String, Vec<usize>>) -> Result<Self> {
+    /// The plan of the adapter `file`'s tensors (`adapter`, their shapes by name) against the
+    /// base's `shapes`.
+    pub(crate) fn new(
+        cfg: &AdapterConfig,
+        adapter: &HashMap<String, Vec<usize>>,
+        file: &Path,
+        shapes: &HashMap<String, Vec<usize>>,
+    ) -> Result<Self> {
         let mut plan = Plan::default();
-        let present: std::collections::HashSet<&str> = adapter.names().into_iter().collect();
+        let present: std::collections::HashSet<&str> = adapter.keys().map(String::as_str).collect();
         let mut names: Vec<String> = present.iter().map(|n| n.to_string()).collect();
         names.sort();
         for key in &names {
@@ -328,7 +334,7 @@ impl Plan {
                 .with_context(|| format!("{}: the base model has no `{weight}` to adapt", at()))?;
             ensure!(w.len() == 2, "{}: `{weight}` {w:?} is not a matrix", at());
             let (r, scale) = cfg.scale(module);
-            let (a_shape, b_shape) = (adapter.tensor(key)?.shape().to_vec(), adapter.tensor(&b)?.shape().to_vec());
+            let (a_shape, b_shape) = (adapter[key].clone(), adapter[&b].clone());
             let want = match embedding {
                 true => (vec![r as usize, w[0]], vec![w[1], r as usize]),
                 false => (vec![r as usize, w[1]], vec![w[0], r as usize]),
@@ -347,10 +353,10 @@ impl Plan {
             plan.merged.insert(weight, pair);
         }
         for (name, key) in &plan.replaced {
-            let shape = adapter.tensor(key)?.shape().to_vec();
+            let shape = &adapter[key];
             match shapes.get(name) {
                 Some(w) => ensure!(
-                    *w == shape,
+                    w == shape,
                     "{}: tensor `{key}` {shape:?} replaces `{name}` {w:?} of another shape",
                     file.display()
                 ),
@@ -541,7 +547,12 @@ fn merge(dir: &Path, cfg: &AdapterConfig, base: &Path, out: &Path) -> Result<()>
         .flat_map(|s| s.tensors())
         .map(|(name, view)| (name, view.shape().to_vec()))
         .collect();
-    let plan = Plan::new(cfg, &adapter, &adapter_file, &shapes)?;
+    let adapter_shapes = adapter
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.shape().to_vec()))
+        .collect();
+    let plan = Plan::new(cfg, &adapter_shapes, &adapter_file, &shapes)?;
     let (config, new_head) = merged_config(base, cfg, &plan, &adapter, &shapes)?;
     let mut weight_map = BTreeMap::new();
     for (k, (file, shard)) in files.iter().zip(&shards).enumerate() {

@@ -8,6 +8,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::{fixtures, max_diff};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use stepwise_model::peft::resolve_in;
 use stepwise_model::{Decoding, Input, Model, ModelConfig, SamplingParams};
 
@@ -271,6 +272,19 @@ fn the_packed_engine_serves_adapters_side_by_side() {
     assert!(
         moved > 0.05 && apart < 0.1 * moved,
         "{apart} from the merged model, which is {moved} from the base"
+    );
+    // The reference backend reads its adapters in f32 (the CPU backend in bf16): the same update.
+    let reference = {
+        use stepwise_model::packed_engine::{PackedDecoder, Reference};
+        let dir = policy();
+        let engine = PackedDecoder::load(&dir, ModelConfig::from_dir(&dir).unwrap(), Arc::new(Reference)).unwrap();
+        Model::on_packed(Arc::new(engine)).unwrap()
+    };
+    reference.serve_adapters(&[("a".into(), tmp.path().join("a"))]).unwrap();
+    let on_reference = gap(&logits(&reference, Some(0)), &merged);
+    assert!(
+        on_reference < 0.1 * moved,
+        "the reference backend's: {on_reference} from the merged model"
     );
     let alone: Vec<Vec<Vec<u32>>> = (0..3)
         .map(|k| decode_together(&served, &[(k, [None, Some(0), Some(1)][k])], false).remove(0))

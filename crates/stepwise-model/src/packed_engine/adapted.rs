@@ -7,14 +7,15 @@
 //! such kernel, and a model on it refuses adapters when they are served.
 
 use super::{Backend, Out, PackedDecoder};
-use crate::adapters::{push_runs, Adapters, Proj};
+use crate::adapters::{push_runs, Adapters, Form, Proj};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 use std::sync::Arc;
 
 /// One adapter's update of some rows of a product, for [`super::Backend::lora_add`]:
 /// `y[row, offset..offset + n] += Σ_j (x[row]·a[j])·bt[j]` for the `r` rows `j` of `a` `[r, k]`
-/// and of `bt` `[r, n]` (the scaled `B`, transposed), f32 on the host.
+/// and of `bt` `[r, n]` (the scaled `B`, transposed), f32 on the host; or in bf16, `a16` and
+/// `b16`, as the backend reads them ([`super::Backend::adapter_form`]: the other pair empty).
 #[derive(Clone, Copy, Debug)]
 pub struct LoraPart<'a> {
     /// The rows (ascending, each once).
@@ -146,7 +147,7 @@ impl<'a, B: Backend<F32 = Vec<f32>, Bf16 = Vec<u16>> + ?Sized> From<Out<'a, B>> 
 pub(crate) fn host_lora_add(x: &[u16], mut y: HostOut<'_>, k: usize, width: usize, parts: &[LoraPart<'_>]) -> Result<()> {
     let threads = rayon::current_num_threads().max(1);
     for p in parts {
-        if !fits(p, x, &y, k, width)? {
+        if !fits(p, x, &y, k, width, crate::adapters::Form::HostF32)? {
             continue;
         }
         let m = p.rows.len();
@@ -191,15 +192,16 @@ pub(crate) fn host_lora_add(x: &[u16], mut y: HostOut<'_>, k: usize, width: usiz
     Ok(())
 }
 
-/// Whether part `p` has rows, checked against the buffers (`x` rows of `k`, `y` of `width`).
-pub(crate) fn fits(p: &LoraPart<'_>, x: &[u16], y: &HostOut<'_>, k: usize, width: usize) -> Result<bool> {
+/// Whether part `p` has rows, checked against the buffers (`x` rows of `k`, `y` of `width`) and
+/// its matrices in `form` (the one its backend reads) against the product.
+pub(crate) fn fits(p: &LoraPart<'_>, x: &[u16], y: &HostOut<'_>, k: usize, width: usize, form: Form) -> Result<bool> {
+    let (a, b) = match form {
+        Form::HostBf16 => (p.a16.len(), p.b16.len()),
+        _ => (p.a.len(), p.bt.len()),
+    };
     ensure!(
-        p.a.len() == p.r * k
-            && p.bt.len() == p.r * p.n
-            && p.a16.len() == p.a.len()
-            && p.b16.len() == p.bt.len()
-            && p.offset + p.n <= width,
-        "an adapter's matrices do not fit the product"
+        a == p.r * k && b == p.r * p.n && p.offset + p.n <= width,
+        "an adapter's matrices ({form:?}) do not fit the product"
     );
     let Some(&last) = p.rows.last() else {
         return Ok(false);

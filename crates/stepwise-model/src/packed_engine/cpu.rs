@@ -179,7 +179,10 @@ impl Backend for Cpu {
             head_dim: usize
         ) -> Result<()>;
         copy_block(buf: &mut Vec<u16>, src: usize, dst: usize, block_values: usize) -> Result<()>;
-        serves_adapters() -> bool;
+    }
+
+    fn adapter_form(&self) -> Option<crate::adapters::Form> {
+        Some(crate::adapters::Form::HostBf16)
     }
 
     fn name(&self) -> String {
@@ -217,7 +220,7 @@ impl Backend for Cpu {
         let mut y: super::adapted::HostOut = y.into();
         let mut live = Vec::with_capacity(parts.len());
         for p in parts {
-            if fits(p, x, &y, k, width)? {
+            if fits(p, x, &y, k, width, crate::adapters::Form::HostBf16)? {
                 live.push(p);
             }
         }

@@ -51,7 +51,7 @@ pub use train_backend::{AdamW, TrainBackend};
 
 use crate::config::ModelConfig;
 use crate::packed::Packed;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -271,9 +271,10 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// Block `src`'s values copied over block `dst`'s in `buf` (`block_values` a block).
     fn copy_block(&self, buf: &mut Self::Bf16, src: usize, dst: usize, block_values: usize) -> Result<()>;
-    /// Whether it serves LoRA adapters unmerged ([`Backend::lora_add`]).
-    fn serves_adapters(&self) -> bool {
-        false
+    /// The form it reads LoRA adapters served unmerged in ([`Backend::lora_add`]); `None`: it
+    /// serves none.
+    fn adapter_form(&self) -> Option<crate::adapters::Form> {
+        None
     }
     /// Each part's low-rank update added to its rows of `y` (rows of `width`), from the bf16
     /// rows `x` (of `k`) that the product read: [`LoraPart`]. None by default.
@@ -431,13 +432,20 @@ impl<B: Backend> PackedDecoder<B> {
         &self.backend
     }
 
-    /// Serves `adapters` unmerged on its weights (`None`: none), where the backend can.
-    pub fn serve_adapters(&self, adapters: Option<Arc<crate::Adapters>>) -> Result<()> {
-        if adapters.is_some() && !self.backend.serves_adapters() {
-            bail!(
+    /// The form its backend reads served adapters in, or why it serves none.
+    pub fn adapter_form(&self) -> Result<crate::adapters::Form> {
+        self.backend.adapter_form().with_context(|| {
+            format!(
                 "adapters are served unmerged on the CPU; on {} serve each merged, as a model of its own",
                 self.backend.name()
-            );
+            )
+        })
+    }
+
+    /// Serves `adapters` unmerged on its weights (`None`: none), where the backend can.
+    pub fn serve_adapters(&self, adapters: Option<Arc<crate::Adapters>>) -> Result<()> {
+        if adapters.is_some() {
+            self.adapter_form()?;
         }
         *self.adapters.write().unwrap_or_else(|e| e.into_inner()) = adapters;
         Ok(())

@@ -338,8 +338,8 @@ impl Backend for Reference {
         Ok(())
     }
 
-    fn serves_adapters(&self) -> bool {
-        true
+    fn adapter_form(&self) -> Option<crate::adapters::Form> {
+        Some(crate::adapters::Form::HostF32)
     }
 
     fn lora_add(&self, x: &Vec<u16>, y: Out<'_, Self>, k: usize, width: usize, parts: &[super::LoraPart<'_>]) -> Result<()> {
