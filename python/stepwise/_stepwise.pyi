@@ -1,6 +1,7 @@
 """Type stubs of stepwise's native module (see the docstrings for examples)."""
 
 from os import PathLike
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union, final, overload
 
 Record = Dict[str, Any]
@@ -223,6 +224,19 @@ class Policy:
         """Each option's log-probability as the text after `question` and the steps `prefix`, laid
         out as this policy lays a solution out (with `end`, the end token after it too): one
         forward pass over every option locally, echoed log-probabilities from a server."""
+    def load_adapter(self, name: str, path: Union[str, "PathLike[str]"], replace: bool = False) -> None:
+        """Serve the PEFT LoRA adapter in the folder `path` as `name` on this local policy,
+        unmerged beside the others; `replace=True` puts new weights under a served name."""
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving the adapter `name` (views made with it keep it while they live)."""
+    @property
+    def adapters(self) -> Dict[str, Path]:
+        """The adapters served on this policy's model, `{name: folder}`."""
+    @property
+    def adapter(self) -> Optional[str]:
+        """The adapter this view samples with (`None`: the base model)."""
+    def with_adapter(self, name: Optional[str]) -> "Policy":
+        """This policy sampling and weighing with its served adapter `name` (`None`: the base)."""
 
 def annotate(
     records: Records,

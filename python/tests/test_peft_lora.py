@@ -168,3 +168,57 @@ def test_merge_adapter_writes_a_model_transformers_loads(fixtures, tmp_path):
         assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-4)
     with pytest.raises(stepwise.StepwiseError, match="already exists"):
         stepwise.merge_adapter(adapter, out, base=policy)
+
+
+def test_adapters_loaded_into_a_running_policy(fixtures, tmp_path, monkeypatch):
+    """Adapters PEFT wrote, loaded into a policy already in memory (`load_adapter`, what
+    `stepwise serve --allow-runtime-lora-updating` does for a server): a view of it
+    (`with_adapter`) weighs and samples as the adapter merged into a model of its own, the base
+    stays the base, a replaced adapter's view moves to the new weights, and an unloaded one is
+    kept by the views made before and refused by name after."""
+    monkeypatch.setenv("STEPWISE_CACHE", str(tmp_path / "cache"))
+    policy = fixtures / "qwen2-policy"
+    first, second = tmp_path / "first", tmp_path / "second"
+    peft_adapter(AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32), "all-linear", first)
+    torch.manual_seed(1)
+    peft_adapter(AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32), ["q_proj", "down_proj"], second)
+    question, options = "What is 2 + 3?", ["5.", "6.", "The answer is 5."]
+
+    def weighed(p):
+        return p.loglikelihood(question, options, prefix=["2 + 3 = 5."])
+
+    base = stepwise.Policy(policy, max_tokens=8, temperature=0.0)
+    before = weighed(base)
+    assert base.adapters == {} and base.adapter is None
+    base.load_adapter("tuned", first)
+    assert base.adapters == {"tuned": first}
+    tuned = base.with_adapter("tuned")
+    assert tuned.adapter == "tuned" and 'adapter="tuned"' in repr(tuned)
+    merged_first = weighed(stepwise.Policy(first, temperature=0.0))
+    assert weighed(tuned) == pytest.approx(merged_first, abs=1e-3)
+    assert weighed(base) == before, "the base is untouched"
+    assert max(abs(a - b) for a, b in zip(merged_first, before)) > 0.1, "the adapter moves the model"
+    assert tuned.generate(question, n=1) == stepwise.Policy(first, max_tokens=8, temperature=0.0).generate(question)
+    # A stage takes the view as any policy.
+    assert len(tuned.continue_all([{"question": question, "n": 2}])[0]) == 2
+    with pytest.raises(stepwise.StepwiseError, match="already served"):
+        base.load_adapter("tuned", second)
+    base.load_adapter("tuned", second, replace=True)
+    assert weighed(tuned) == pytest.approx(weighed(stepwise.Policy(second)), abs=1e-3)
+    base.unload_adapter("tuned")
+    assert base.adapters == {}
+    assert weighed(tuned) == pytest.approx(weighed(stepwise.Policy(second)), abs=1e-3), "a view keeps its adapter"
+    with pytest.raises(ValueError, match='no adapter named "tuned" is served'):
+        base.with_adapter("tuned")
+    assert base.with_adapter(None).adapter is None
+
+
+def test_a_servers_adapters_are_not_loaded_from_python():
+    """A policy behind servers names a served adapter as its model; loading one from here is
+    refused with the way to do it, before any request."""
+    remote = stepwise.Policy("http://127.0.0.1:9", served_model="base")
+    with pytest.raises(ValueError, match="served_model=NAME"):
+        remote.load_adapter("x", "/nonexistent")
+    with pytest.raises(ValueError, match="served_model=NAME"):
+        remote.with_adapter("x")
+    assert remote.adapters == {}

@@ -534,6 +534,7 @@ fn a_served_policy_gives_the_local_engines_next_token_likelihoods() {
         params: Default::default(),
         prompt: stepwise_model::Prompt::Text,
         separator: "\n".into(),
+        adapter: None,
     };
     let client = stepwise_remote::client::Client::new(stepwise_remote::client::ServerConfig::new(
         vec![server.url.clone()],

@@ -27,8 +27,21 @@ pub fn generate(
     n: usize,
     p: &SamplingParams,
 ) -> Result<Vec<Vec<u32>>> {
+    generate_with(model, tok, prompt, n, p, None)
+}
+
+/// [`generate`] with the served adapter `adapter` ([`Model::load_adapter`]; `None`: the base
+/// model).
+pub fn generate_with(
+    model: &Model,
+    tok: Option<&Tokenizer>,
+    prompt: &[u32],
+    n: usize,
+    p: &SamplingParams,
+    adapter: Option<usize>,
+) -> Result<Vec<Vec<u32>>> {
     let mut batch = Decoding::new(model, tok).only_for(prompt.len(), n, p.max_new_tokens);
-    batch.add(prompt, n, p.clone())?;
+    batch.add_with(prompt, n, p.clone(), adapter)?;
     loop {
         if let Some((_, outs)) = batch.step()?.pop() {
             return Ok(outs);

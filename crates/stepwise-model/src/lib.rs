@@ -53,7 +53,7 @@ engine! {
     pub use adapters::{AdapterLease, Adapters};
     pub use config::{Family, HeadKind, ModelConfig};
     pub use decode_cache::{DecodeCache, PassAdapters};
-    pub use generate::{first_tokens, generate, Decoding, SamplingParams, StepRows};
+    pub use generate::{first_tokens, generate, generate_with, Decoding, SamplingParams, StepRows};
     pub use incremental::IncrementalScorer;
     pub use input::{BatchCache, Input};
     pub use kernels::bf16_products_available;

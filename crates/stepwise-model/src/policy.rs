@@ -3,7 +3,7 @@
 //! prompt is encoded once and its KV cache shared by the `n` continuations; [`Until::Step`]
 //! stops each at the separator.
 
-use crate::generate::{generate, Decoding, SamplingParams};
+use crate::generate::{generate_with, Decoding, SamplingParams};
 use crate::model::Model;
 use crate::packed_engine::{log_normalizer, logprob_at};
 use crate::prompt::Prompt;
@@ -23,6 +23,10 @@ pub struct EnginePolicy<'a> {
     pub prompt: Prompt,
     /// Text between steps, e.g. `"\n"`, `"\n\n"` or the lab's `"|"`.
     pub separator: String,
+    /// The served adapter it samples and weighs with ([`Model::load_adapter`],
+    /// [`Model::lease_adapter`]: whoever sets it holds a lease on it meanwhile); `None`: the
+    /// base model.
+    pub adapter: Option<usize>,
 }
 
 impl EnginePolicy<'_> {
@@ -70,12 +74,14 @@ impl EnginePolicy<'_> {
             queries.iter().zip(&tokenized).map(|(q, ids)| (q.0, ids.as_slice())).collect();
         crate::packed_engine::check_queries(&with_ids, self.model.config.max_position_embeddings)?;
         match self.model.packed() {
-            Some(engine) => engine.options_after(&with_ids, crate::DEFAULT_MAX_BATCH_TOKENS),
-            None => self.options_packed_end_to_end(&with_ids),
+            // The engine's contexts fed once are the base model's: an adapter's go end to end.
+            Some(engine) if self.adapter.is_none() => engine.options_after(&with_ids, crate::DEFAULT_MAX_BATCH_TOKENS),
+            _ => self.options_packed_end_to_end(&with_ids),
         }
     }
 
-    /// [`Self::options_after`] on the CPU decoder: each context and option one sequence, packed.
+    /// [`Self::options_after`] on the CPU decoder (or with an adapter): each context and option
+    /// one sequence, packed.
     fn options_packed_end_to_end(&self, queries: &[crate::packed_engine::Query<'_>]) -> Result<Vec<Vec<f64>>> {
         let seqs: Vec<(usize, Vec<u32>)> = (queries.iter().enumerate())
             .flat_map(|(q, &(context, options))| options.iter().map(move |o| (q, [context, o].concat())))
@@ -96,7 +102,7 @@ impl EnginePolicy<'_> {
                 .iter()
                 .map(|(q, s)| (queries[*q].0.len() - 1..s.len() - 1).collect())
                 .collect();
-            let (logits, width) = self.model.head_at(&refs, &read, None)?;
+            let (logits, width) = self.model.head_at_with(&refs, &read, None, self.adapter.into_iter().map(Some).collect())?;
             let mut rows = logits.chunks(width.max(1));
             for (q, s) in batch {
                 let mut sum = 0f64;
@@ -166,7 +172,7 @@ impl Policy for EnginePolicy<'_> {
         ids.extend(self.tokenizer.encode(written, false)?);
         let mut params = self.params_after(ids.len(), seed)?;
         params.stop_strings.extend(stop.iter().map(|s| s.to_string()));
-        let out = generate(self.model, Some(self.tokenizer), &ids, 1, &params)?
+        let out = generate_with(self.model, Some(self.tokenizer), &ids, 1, &params, self.adapter)?
             .pop()
             .context("the engine returned no continuation")?;
         let text = self.text_of(&out)?;
@@ -204,7 +210,7 @@ impl Policy for EnginePolicy<'_> {
     ) -> Result<Vec<Continuation>> {
         let sep_id = self.tokenizer.token_id(&self.separator);
         let (ids, params) = self.prepared(question, prefix, seed, until, sep_id)?;
-        generate(self.model, Some(self.tokenizer), &ids, n, &params)?
+        generate_with(self.model, Some(self.tokenizer), &ids, n, &params, self.adapter)?
             .into_iter()
             .map(|out| self.continuation(out, until, sep_id))
             .collect()
@@ -247,7 +253,7 @@ impl<'a> EnginePolicy<'a> {
         let mut failed = false;
         let mut asked = std::collections::HashMap::new();
         for (i, ask) in asks.into_iter().enumerate() {
-            match ask.and_then(|(ids, n, params)| batch.join(&ids, n, params)) {
+            match ask.and_then(|(ids, n, params)| batch.join_with(&ids, n, params, self.adapter)) {
                 Ok(id) => _ = asked.insert(id, i),
                 Err(e) => out[i] = Some(Err(e)),
             }
@@ -396,9 +402,14 @@ impl EngineBatch<'_> {
     /// The prepared asks decoded on the batch, the starts they share fed once first.
     fn decode(&mut self, prepared: Vec<crate::primers::Prepared>, until: Until) -> Vec<Result<Vec<Continuation>>> {
         let (policy, sep_id) = (self.policy, self.sep_id);
-        // Starts the asks share, fed once, level by level (crate::primers).
+        // Starts the asks share, fed once, level by level (crate::primers): the base model's,
+        // kept for it alone (an adapter's keys differ).
         let batch = self.batch_for(&prepared);
-        for primers in crate::primers::primer_levels(&prepared, |p| batch.kept_start(p)) {
+        let levels = match policy.adapter {
+            None => crate::primers::primer_levels(&prepared, |p| batch.kept_start(p)),
+            Some(_) => Vec::new(),
+        };
+        for primers in levels {
             let batch = self.batch_for(&prepared);
             if policy.decode_all(batch, primers, until, sep_id).1 {
                 self.batch = None;
@@ -487,6 +498,7 @@ impl LoadedPolicy {
             },
             prompt,
             separator: separator.to_string(),
+            adapter: None,
         }
     }
 }

@@ -268,6 +268,7 @@ fn sampling<'a>(
         },
         prompt,
         separator: "\n".into(),
+        adapter: None,
     }
 }
 

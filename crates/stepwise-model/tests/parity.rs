@@ -97,6 +97,7 @@ fn greedy_policy<'a>(model: &'a Model, tok: &'a Tokenizer, max: usize) -> stepwi
         params: greedy(max),
         prompt: stepwise_model::Prompt::Text,
         separator: String::new(),
+        adapter: None,
     }
 }
 

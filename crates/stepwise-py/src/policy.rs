@@ -30,6 +30,29 @@ pub struct Policy {
     separator: String,
     prompt: Prompt,
     source: String,
+    /// The served adapter this view samples with ([`Policy::with_adapter`]); `None`: the base.
+    adapter: Option<Arc<ViewAdapter>>,
+}
+
+/// A view's adapter: its name and index, held ([`stepwise_model::AdapterLease`]) while the view
+/// or a call of it lives, so its index stays its own, unloaded or not.
+struct ViewAdapter {
+    name: String,
+    index: usize,
+    _lease: stepwise_model::AdapterLease,
+}
+
+/// What a call takes to its thread: the backend, the settings, and the view's adapter (held
+/// until the call's thread ends, even where the caller was interrupted).
+type CallParts = (
+    Arc<PolicyBackend>,
+    stepwise_remote::backend::PolicySettings,
+    Option<Arc<ViewAdapter>>,
+);
+
+/// The policy of a call's parts.
+fn policy_of<'a>((backend, settings, adapter): &'a CallParts) -> Box<dyn PolicySeam + 'a> {
+    backend.policy_with(settings, adapter.as_ref().map(|a| a.index))
 }
 
 impl Policy {
@@ -40,7 +63,24 @@ impl Policy {
 
     /// It as the seam, continuations also ending at `stop` (code's top-level boundaries).
     pub fn seam_stopping_at(&self, stop: &[String]) -> Box<dyn PolicySeam + '_> {
-        self.backend.policy(&self.settings(stop))
+        (self.backend).policy_with(&self.settings(stop), self.adapter.as_ref().map(|a| a.index))
+    }
+
+    /// A call's parts, for its thread.
+    fn parts(&self) -> CallParts {
+        (self.backend.clone(), self.settings(&[]), self.adapter.clone())
+    }
+
+    /// The local model, whose adapters can be changed; servers' cannot from here.
+    fn model(&self) -> PyResult<&stepwise_model::Model> {
+        match &*self.backend {
+            PolicyBackend::Local(p) => Ok(&p.model),
+            PolicyBackend::Remote(..) => Err(value_error(
+                "a server's adapters are models it serves: load them there (`stepwise serve --lora-modules`, or \
+                 POST /v1/load_lora_adapter with --allow-runtime-lora-updating) and name one as \
+                 stepwise.Policy(url, served_model=NAME)",
+            )),
+        }
     }
 
     fn settings(&self, stop: &[String]) -> stepwise_remote::backend::PolicySettings {
@@ -200,6 +240,82 @@ impl Policy {
             separator: separator.to_string(),
             prompt,
             source,
+            adapter: None,
+        })
+    }
+
+    /// Serves the PEFT LoRA adapter in the folder `path` as `name` on this local policy,
+    /// unmerged beside the others on the same base weights (what `stepwise serve
+    /// --lora-modules` serves; a CPU model only). `replace=True` puts new weights under a name
+    /// served already (a trainer's latest save): its views sample with them from their next
+    /// decoding step. Sample with it through `with_adapter(name)`.
+    ///
+    /// >>> policy.load_adapter("math", "runs/lora/step-200")
+    /// >>> policy.with_adapter("math").generate("What is 2 + 3?")
+    #[pyo3(signature = (name, path, replace=false))]
+    fn load_adapter(&self, py: Python<'_>, name: &str, path: std::path::PathBuf, replace: bool) -> PyResult<()> {
+        let model = self.model()?;
+        without_gil(py, || model.load_adapter(name, &path, replace))
+    }
+
+    /// Stops serving the adapter `name`: it cannot be named again; views made with it before
+    /// keep sampling with it until they are let go.
+    fn unload_adapter(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let model = self.model()?;
+        without_gil(py, || model.unload_adapter(name))
+    }
+
+    /// The adapters served on this policy's model, `{name: folder}` (a server's: none here).
+    #[getter]
+    fn adapters(&self) -> std::collections::BTreeMap<String, std::path::PathBuf> {
+        let PolicyBackend::Local(p) = &*self.backend else {
+            return Default::default();
+        };
+        let served = p.model.adapters();
+        (served.iter().flat_map(|s| s.served()))
+            .map(|(_, name, folder)| (name.to_string(), folder.to_path_buf()))
+            .collect()
+    }
+
+    /// The adapter this view samples with (`None`: the base model).
+    #[getter]
+    fn adapter(&self) -> Option<String> {
+        self.adapter.as_ref().map(|a| a.name.clone())
+    }
+
+    /// This policy sampling and weighing with its served adapter `name` (`None`: the base
+    /// model), the same model and settings: continuations, `loglikelihood` and every stage it is
+    /// given to. The view holds the adapter while it lives: unloaded meanwhile, it still samples
+    /// with it; replaced (`load_adapter(..., replace=True)`), with the new weights.
+    ///
+    /// >>> tuned = policy.with_adapter("math")
+    #[pyo3(signature = (name))]
+    fn with_adapter(&self, name: Option<&str>) -> PyResult<Policy> {
+        let adapter = match name {
+            None => None,
+            Some(name) => {
+                let model = self.model()?;
+                let (index, lease) =
+                    model.lease_adapter(name).ok_or_else(|| {
+                        let served: Vec<String> = self.adapters().into_keys().collect();
+                        value_error(format!(
+                        "no adapter named {name:?} is served (served: {}); load it first with load_adapter(name, path)",
+                        if served.is_empty() { "none".to_string() } else { served.join(", ") }
+                    ))
+                    })?;
+                Some(Arc::new(ViewAdapter {
+                    name: name.to_string(),
+                    index,
+                    _lease: lease,
+                }))
+            }
+        };
+        Ok(Policy {
+            backend: self.backend.clone(),
+            separator: self.separator.clone(),
+            source: self.source.clone(),
+            adapter,
+            ..*self
         })
     }
 
@@ -218,12 +334,10 @@ impl Policy {
     ) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let until = until_of(until)?;
         let n = check_samples(n)?;
-        let (backend, settings, question) = (self.backend.clone(), self.settings(&[]), question.to_string());
+        let (parts, question) = (self.parts(), question.to_string());
         let conts = interruptible(py, move || {
             let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-            backend
-                .policy(&settings)
-                .continue_from(&question, &prefix, n, until, seed)
+            policy_of(&parts).continue_from(&question, &prefix, n, until, seed)
         })?;
         conts.iter().map(|c| continuation_dict(py, c)).collect()
     }
@@ -246,9 +360,9 @@ impl Policy {
         let asks: Vec<(String, Vec<String>, usize, u64)> = (asks.iter().enumerate())
             .map(|(i, a)| ask_of(i, a))
             .collect::<PyResult<_>>()?;
-        let (backend, settings) = (self.backend.clone(), self.settings(&[]));
+        let parts = self.parts();
         let outs = interruptible(py, move || {
-            let policy = backend.policy(&settings);
+            let policy = policy_of(&parts);
             let prefixes: Vec<Vec<&str>> = (asks.iter())
                 .map(|(_, p, ..)| p.iter().map(String::as_str).collect())
                 .collect();
@@ -260,7 +374,7 @@ impl Policy {
                     seed: *seed,
                 })
                 .collect();
-            let threads = backend.client().map_or(1, Client::concurrency);
+            let threads = parts.0.client().map_or(1, Client::concurrency);
             let mut outs = Vec::with_capacity(asks.len());
             continue_each(&*policy, &asks, until, (asks.len(), threads), |_, got| {
                 outs.push(got?);
@@ -277,8 +391,8 @@ impl Policy {
     #[pyo3(signature = (question, n=1, seed=0))]
     fn generate(&self, py: Python<'_>, question: &str, n: usize, seed: u64) -> PyResult<Vec<Vec<String>>> {
         let n = check_samples(n)?;
-        let (backend, settings, question) = (self.backend.clone(), self.settings(&[]), question.to_string());
-        interruptible(py, move || backend.policy(&settings).complete(&question, &[], n, seed))
+        let (parts, question) = (self.parts(), question.to_string());
+        interruptible(py, move || policy_of(&parts).complete(&question, &[], n, seed))
     }
 
     /// Each of `options`' log-probability as the text that follows `question` and the steps
@@ -301,7 +415,7 @@ impl Policy {
         if options.is_empty() {
             return Ok(Vec::new());
         }
-        let (backend, settings, question) = (self.backend.clone(), self.settings(&[]), question.to_string());
+        let (parts, question) = (self.parts(), question.to_string());
         interruptible(py, move || {
             let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
             let options: Vec<&str> = options.iter().map(String::as_str).collect();
@@ -310,8 +424,7 @@ impl Policy {
                 prefix: &prefix,
                 options: &options,
             };
-            let mut weighed = backend
-                .policy(&settings)
+            let mut weighed = policy_of(&parts)
                 .logprobs_after(&[ask], end)?
                 .context("this policy gives no log-probabilities of given texts (a chat prompt served without `server_tokenizer`)")?;
             weighed.pop().context("the policy weighed no options")
@@ -319,7 +432,14 @@ impl Policy {
     }
 
     fn __repr__(&self) -> String {
-        format!("stepwise.Policy({:?}, temperature={})", self.source, self.temperature)
+        let adapter = match &self.adapter {
+            Some(a) => format!(", adapter={:?}", a.name),
+            None => String::new(),
+        };
+        format!(
+            "stepwise.Policy({:?}, temperature={}{adapter})",
+            self.source, self.temperature
+        )
     }
 }
 

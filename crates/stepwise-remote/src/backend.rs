@@ -245,6 +245,14 @@ impl PolicyBackend {
 
     /// It as a [`Policy`] that samples and lays out its prompts as `s` says.
     pub fn policy(&self, s: &PolicySettings) -> Box<dyn Policy + '_> {
+        self.policy_with(s, None)
+    }
+
+    /// [`PolicyBackend::policy`] sampling and weighing with a local model's served adapter at
+    /// index `adapter` (`stepwise_model::Model::lease_adapter`: the caller holds the lease
+    /// meanwhile). Servers name their adapters as models (`RemoteOptions::served_model`): there
+    /// it is not given.
+    pub fn policy_with(&self, s: &PolicySettings, adapter: Option<usize>) -> Box<dyn Policy + '_> {
         match self {
             PolicyBackend::Local(p) => {
                 let mut policy = p.policy(
@@ -255,6 +263,7 @@ impl PolicyBackend {
                 );
                 policy.params.top_p = s.top_p;
                 policy.params.stop_strings = s.stop.clone();
+                policy.adapter = adapter;
                 Box::new(policy)
             }
             PolicyBackend::Remote(client, tokenizer) => Box::new(RemotePolicy {

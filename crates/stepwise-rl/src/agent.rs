@@ -127,6 +127,7 @@ impl Episodes<'_> {
             params: self.params.clone(),
             prompt: self.prompt,
             separator: self.separator.clone(),
+            adapter: None,
         }
     }
 

@@ -475,5 +475,6 @@ fn sampling_policy<'m>(
         params: params.clone(),
         prompt,
         separator: separator.to_string(),
+        adapter: None,
     }
 }

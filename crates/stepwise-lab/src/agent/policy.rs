@@ -90,6 +90,7 @@ pub fn agent_policy<'a>(model: &'a Model, tok: &'a Tokenizer, temperature: f32) 
         },
         prompt: Prompt::Pieces,
         separator: SEP.into(),
+        adapter: None,
     }
 }
 

@@ -122,5 +122,6 @@ pub fn lab_policy<'a>(model: &'a Model, tok: &'a Tokenizer, temperature: f32) ->
         },
         prompt: Prompt::Pieces,
         separator: SEP.into(),
+        adapter: None,
     }
 }
