@@ -71,6 +71,18 @@ impl Policy {
         (self.backend.clone(), self.settings(&[]), self.adapter.clone())
     }
 
+    /// The error for a view of an adapter `name` not served, naming those that are.
+    fn not_served(&self, name: &str) -> PyErr {
+        let served: Vec<String> = self.adapters().into_keys().collect();
+        let served = match served.is_empty() {
+            true => "none".to_string(),
+            false => served.join(", "),
+        };
+        value_error(format!(
+            "no adapter named {name:?} is served (served: {served}); load it first with load_adapter(name, path)"
+        ))
+    }
+
     /// The local model, whose adapters can be changed; servers' cannot from here.
     fn model(&self) -> PyResult<&stepwise_model::Model> {
         match &*self.backend {
@@ -295,14 +307,7 @@ impl Policy {
             None => None,
             Some(name) => {
                 let model = self.model()?;
-                let (index, lease) =
-                    model.lease_adapter(name).ok_or_else(|| {
-                        let served: Vec<String> = self.adapters().into_keys().collect();
-                        value_error(format!(
-                        "no adapter named {name:?} is served (served: {}); load it first with load_adapter(name, path)",
-                        if served.is_empty() { "none".to_string() } else { served.join(", ") }
-                    ))
-                    })?;
+                let (index, lease) = model.lease_adapter(name).ok_or_else(|| self.not_served(name))?;
                 Some(Arc::new(ViewAdapter {
                     name: name.to_string(),
                     index,
