@@ -14,13 +14,7 @@ import subprocess
 import time
 import urllib.request
 
-
-def call(url, route, body):
-    req = urllib.request.Request(url + route, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
-    t = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=600) as r:
-        r.read()
-    return time.perf_counter() - t
+from lora_load import call
 
 
 def one(binary, a):

@@ -106,4 +106,5 @@ def main():
         Path(a.json).write_text(text + "\n")
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -90,6 +90,20 @@ impl Events {
     }
 }
 
+/// The events of `body`'s stream to `path`, read to its end, and how many decoding steps the
+/// server had run since it was asked when `enough` first held of the events read so far.
+fn stream_until(url: &str, path: &str, body: &Value, enough: impl Fn(&[Value]) -> bool) -> (Vec<Value>, u64) {
+    let before = counter(url, "stepwise_decode_steps_total");
+    let mut events = Events::open(url, path, body);
+    let mut chunks = Vec::new();
+    while !enough(&chunks) {
+        chunks.push(serde_json::from_str(&events.next().unwrap()).unwrap());
+    }
+    let steps = counter(url, "stepwise_decode_steps_total") - before;
+    chunks.extend(events.rest());
+    (chunks, steps)
+}
+
 /// Each choice's text put together from `chunks` (completions' `text`, chat's `delta.content`),
 /// and each one's finish reason.
 fn joined(chunks: &[Value], n: usize) -> Vec<(String, String)> {
@@ -224,18 +238,13 @@ fn a_streams_log_probabilities_come_as_decoded_and_together_are_the_replys() {
                 ask["top_logprobs"] = json!(2);
             }
         }
-        let before = counter(url, "stepwise_decode_steps_total");
-        let mut events = Events::open(url, path, &ask);
-        let mut chunks = Vec::new();
-        while chunks.iter().all(|c: &Value| c["choices"][0]["logprobs"].is_null()) {
-            chunks.push(serde_json::from_str(&events.next().unwrap()).unwrap());
-        }
-        let steps = counter(url, "stepwise_decode_steps_total") - before;
+        let (chunks, steps) = stream_until(url, path, &ask, |chunks| {
+            chunks.iter().any(|c| !c["choices"][0]["logprobs"].is_null())
+        });
         assert!(
             steps < 150,
             "{path}: the first log-probabilities came after {steps} of 300 steps"
         );
-        chunks.extend(events.rest());
         let mut unstreamed = ask.clone();
         unstreamed["stream"] = json!(false);
         let reply = post(url, path, &unstreamed);
@@ -271,20 +280,15 @@ fn several_prompts_and_echo_stream_as_decoded_and_together_are_the_replys() {
         let ask = json!({"prompt": prompts, "n": 2, "max_tokens": 200, "ignore_eos": true, "echo": true,
                          "logprobs": logprobs, "temperature": 1.0, "seed": 5, "stream": true,
                          "stream_options": {"include_usage": true}});
-        let before = counter(url, "stepwise_decode_steps_total");
-        let mut events = Events::open(url, "/v1/completions", &ask);
-        let mut chunks: Vec<Value> = Vec::new();
         // Every choice of both prompts: its echoed prompt, then generated text.
         let seen = |chunks: &[Value], i: u64| chunks.iter().filter(|c| c["choices"][0]["index"] == i).count();
-        while (0..4).any(|i| seen(&chunks, i) < 2) {
-            chunks.push(serde_json::from_str(&events.next().unwrap()).unwrap());
-        }
-        let steps = counter(url, "stepwise_decode_steps_total") - before;
+        let (chunks, steps) = stream_until(url, "/v1/completions", &ask, |chunks| {
+            (0..4).all(|i| seen(chunks, i) >= 2)
+        });
         assert!(
             steps < 100,
             "{logprobs}: every choice's text came after {steps} of 200 steps"
         );
-        chunks.extend(events.rest());
         let mut unstreamed = ask.clone();
         unstreamed["stream"] = json!(false);
         unstreamed.as_object_mut().unwrap().remove("stream_options");
