@@ -225,8 +225,8 @@ class Policy:
         out as this policy lays a solution out (with `end`, the end token after it too): one
         forward pass over every option locally, echoed log-probabilities from a server."""
     def load_adapter(self, name: str, path: Union[str, "PathLike[str]"], replace: bool = False) -> None:
-        """Serve the PEFT LoRA adapter in the folder `path` as `name` on this local policy,
-        unmerged beside the others; `replace=True` puts new weights under a served name."""
+        """Serve the PEFT LoRA adapter in `path` (a folder or a Hub id) as `name` on this local
+        policy, unmerged beside the others; `replace=True` puts new weights under a served name."""
     def unload_adapter(self, name: str) -> None:
         """Stop serving the adapter `name` (views made with it keep it while they live)."""
     @property

@@ -203,7 +203,9 @@ def test_adapters_loaded_into_a_running_policy(fixtures, tmp_path, monkeypatch):
     assert len(tuned.continue_all([{"question": question, "n": 2}])[0]) == 2
     with pytest.raises(stepwise.StepwiseError, match="already served"):
         base.load_adapter("tuned", second)
-    base.load_adapter("tuned", second, replace=True)
+    with pytest.raises(stepwise.StepwiseError, match="no adapter found at"):
+        base.load_adapter("missing", tmp_path / "nowhere")
+    base.load_adapter("tuned", str(second), replace=True)
     assert weighed(tuned) == pytest.approx(weighed(stepwise.Policy(second)), abs=1e-3)
     base.unload_adapter("tuned")
     assert base.adapters == {}

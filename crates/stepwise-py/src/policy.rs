@@ -256,7 +256,8 @@ impl Policy {
         })
     }
 
-    /// Serves the PEFT LoRA adapter in the folder `path` as `name` on this local policy,
+    /// Serves the PEFT LoRA adapter in `path` (a folder, or a Hugging Face id found in the cache
+    /// or downloaded) as `name` on this local policy,
     /// unmerged beside the others on the same base weights (what `stepwise serve
     /// --lora-modules` serves; a CPU model only). `replace=True` puts new weights under a name
     /// served already (a trainer's latest save): its views sample with them from their next
@@ -265,9 +266,14 @@ impl Policy {
     /// >>> policy.load_adapter("math", "runs/lora/step-200")
     /// >>> policy.with_adapter("math").generate("What is 2 + 3?")
     #[pyo3(signature = (name, path, replace=false))]
-    fn load_adapter(&self, py: Python<'_>, name: &str, path: std::path::PathBuf, replace: bool) -> PyResult<()> {
+    fn load_adapter(&self, py: Python<'_>, name: &str, path: &Bound<'_, PyAny>, replace: bool) -> PyResult<()> {
         let model = self.model()?;
-        without_gil(py, || model.load_adapter(name, &path, replace))
+        let path = crate::convert::source_arg(path)?;
+        without_gil(py, || {
+            let dir =
+                stepwise_model::hub::resolve_folder(&path).with_context(|| format!("no adapter found at `{path}`"))?;
+            model.load_adapter(name, &dir, replace)
+        })
     }
 
     /// Stops serving the adapter `name`: it cannot be named again; views made with it before
