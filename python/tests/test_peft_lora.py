@@ -201,7 +201,7 @@ def test_adapters_loaded_into_a_running_policy(fixtures, tmp_path, monkeypatch):
     assert tuned.generate(question, n=1) == stepwise.Policy(first, max_tokens=8, temperature=0.0).generate(question)
     # A stage takes the view as any policy.
     assert len(tuned.continue_all([{"question": question, "n": 2}])[0]) == 2
-    with pytest.raises(stepwise.StepwiseError, match="already served"):
+    with pytest.raises(ValueError, match="already served: .*replace=True"):
         base.load_adapter("tuned", second)
     with pytest.raises(stepwise.StepwiseError, match="no adapter found at"):
         base.load_adapter("missing", tmp_path / "nowhere")

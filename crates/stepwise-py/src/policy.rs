@@ -268,6 +268,11 @@ impl Policy {
     #[pyo3(signature = (name, path, replace=false))]
     fn load_adapter(&self, py: Python<'_>, name: &str, path: &Bound<'_, PyAny>, replace: bool) -> PyResult<()> {
         let model = self.model()?;
+        if !replace && self.adapters().contains_key(name) {
+            return Err(value_error(format!(
+                "an adapter named {name:?} is already served: load_adapter({name:?}, path, replace=True) puts new weights in its place"
+            )));
+        }
         let path = crate::convert::source_arg(path)?;
         without_gil(py, || {
             let dir =
