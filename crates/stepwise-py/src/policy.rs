@@ -52,7 +52,12 @@ type CallParts = (
 
 /// The policy of a call's parts.
 fn policy_of<'a>((backend, settings, adapter): &'a CallParts) -> Box<dyn PolicySeam + 'a> {
-    backend.policy_with(settings, adapter.as_ref().map(|a| a.index))
+    backend.policy_with(settings, index_of(adapter))
+}
+
+/// A view's adapter's index (`None`: the base model).
+fn index_of(adapter: &Option<Arc<ViewAdapter>>) -> Option<usize> {
+    adapter.as_ref().map(|a| a.index)
 }
 
 impl Policy {
@@ -63,7 +68,7 @@ impl Policy {
 
     /// It as the seam, continuations also ending at `stop` (code's top-level boundaries).
     pub fn seam_stopping_at(&self, stop: &[String]) -> Box<dyn PolicySeam + '_> {
-        (self.backend).policy_with(&self.settings(stop), self.adapter.as_ref().map(|a| a.index))
+        (self.backend).policy_with(&self.settings(stop), index_of(&self.adapter))
     }
 
     /// A call's parts, for its thread.

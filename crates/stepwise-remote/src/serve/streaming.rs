@@ -331,9 +331,10 @@ async fn send_echoes(
         let logprobs = echoed
             .as_ref()
             .map_or(Value::Null, |e| completion_logprobs(Some(e), &[], 0));
+        // The generated tokens' text offsets run on after the prompt's.
+        let offset = echoed.as_ref().map_or(0, Echoed::chars);
         for (j, c) in each[k * n..(k + 1) * n].iter_mut().enumerate() {
-            // The generated tokens' text offsets run on after the prompt's.
-            c.offset = echoed.as_ref().map_or(0, Echoed::chars);
+            c.offset = offset;
             events
                 .send(chunks.text(k * n + j, text, logprobs.clone()))
                 .await
